@@ -1,0 +1,71 @@
+/* ferry — error codes, logging control and version shared by every layer. */
+#ifndef FERRY_COMMON_H
+#define FERRY_COMMON_H
+
+#include <errno.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FERRY_VERSION_MAJOR 0
+#define FERRY_VERSION_MINOR 1
+#define FERRY_VERSION_PATCH 0
+
+/*
+ * Every ferry function that can fail returns int: 0 (or a non-negative
+ * count) on success, a negative FERRY_E* code on failure. Codes that have an
+ * errno equivalent are that errno, negated; ferry's own codes sit above
+ * FERRY_EBASE so they never collide with errno values.
+ */
+#define FERRY_EINVAL     (-EINVAL)     /* bad argument or malformed input */
+#define FERRY_ENOMEM     (-ENOMEM)     /* out of memory */
+#define FERRY_EAGAIN     (-EAGAIN)     /* would block (window full, queue full) */
+#define FERRY_EBUSY      (-EBUSY)      /* resource pinned by an in-flight or UNKNOWN transfer */
+#define FERRY_ETIMEDOUT  (-ETIMEDOUT)  /* deadline passed */
+#define FERRY_ENOENT     (-ENOENT)     /* no such object, key, peer or region */
+#define FERRY_EEXIST     (-EEXIST)     /* already exists */
+#define FERRY_ENOSPC     (-ENOSPC)     /* no room */
+#define FERRY_EACCES     (-EACCES)     /* refused: wrong remote key or access not allowed */
+#define FERRY_EFAULT     (-EFAULT)     /* address outside a registered region */
+#define FERRY_ECONNRESET (-ECONNRESET) /* peer connection lost */
+#define FERRY_ECONNREFUSED (-ECONNREFUSED) /* peer not listening */
+#define FERRY_EIO        (-EIO)        /* I/O failed */
+#define FERRY_EPROTO     (-EPROTO)     /* protocol violation / corrupt frame */
+#define FERRY_EMSGSIZE   (-EMSGSIZE)   /* frame or request exceeds a hard limit */
+#define FERRY_ERANGE     (-ERANGE)     /* arithmetic overflow or value out of range */
+#define FERRY_ESTALE     (-ESTALE)     /* descriptor belongs to a previous instance of the peer */
+#define FERRY_ENOTSUP    (-ENOTSUP)    /* not supported by this build or transport */
+#define FERRY_ECANCELED  (-ECANCELED)  /* cancelled (engine closing, peer reset) */
+
+#define FERRY_EBASE      4096
+#define FERRY_EAUTH      (-(FERRY_EBASE + 1)) /* authentication with the cluster token failed */
+#define FERRY_EFENCED    (-(FERRY_EBASE + 2)) /* peer fenced: a transfer to it has an UNKNOWN outcome */
+#define FERRY_ECORRUPT   (-(FERRY_EBASE + 3)) /* checksum mismatch */
+#define FERRY_ESTATE     (-(FERRY_EBASE + 4)) /* call not valid in the object's current state */
+#define FERRY_ELOST      (-(FERRY_EBASE + 5)) /* every replica of the object is gone */
+#define FERRY_EREBUILD   (-(FERRY_EBASE + 6)) /* partial apply: parameters must be rebuilt */
+#define FERRY_ELAST      (-(FERRY_EBASE + 6))
+
+/* A static, human-readable text for any code (or "unknown error N"). Never NULL. */
+const char *ferry_strerror(int code);
+
+/* Logging goes to stderr only; a library never prints to stdout.
+ * Level comes from FERRY_LOG=debug|info|warn|error (default warn) and can be
+ * overridden at run time. */
+enum ferry_log_level {
+    FERRY_LOG_DEBUG = 0,
+    FERRY_LOG_INFO = 1,
+    FERRY_LOG_WARN = 2,
+    FERRY_LOG_ERROR = 3,
+    FERRY_LOG_OFF = 4,
+};
+void ferry_log_set_level(enum ferry_log_level level);
+enum ferry_log_level ferry_log_get_level(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

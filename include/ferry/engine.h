@@ -1,0 +1,211 @@
+/* ferry transfer engine: registered memory, peers, one-sided READ/WRITE
+ * batches with tickets, notifications, and a pending-transfer manager.
+ *
+ * Contract (see docs/engine.md):
+ *  - Only registered regions marked remote-accessible can be touched by a
+ *    peer; every remote access is checked against the region's key and
+ *    bounds before a byte moves.
+ *  - A ticket ends in exactly one terminal state: COMPLETED, ABORTED (no
+ *    destination byte was touched), FAILED_DRAINED (I/O began, the
+ *    destination may be modified, nothing is in flight any more). A wait
+ *    that times out reports UNKNOWN: the ticket keeps its local regions
+ *    pinned, is retained by the pending-transfer manager, and new
+ *    submissions to its peers fail with FERRY_EFENCED until it drains or
+ *    the peer is reset. Nothing is ever reported complete that is not.
+ */
+#ifndef FERRY_ENGINE_H
+#define FERRY_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ferry/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ferry_engine ferry_engine;
+typedef struct ferry_region ferry_region;
+typedef struct ferry_ticket ferry_ticket;
+typedef uint32_t ferry_peer_id;
+
+#define FERRY_TOKEN_MAX 256
+#define FERRY_DESC_MAX 256   /* largest exported descriptor blob */
+
+typedef struct ferry_engine_config {
+    /* "HOST:PORT" for the tcp listener; port 0 picks one. Default
+     * "127.0.0.1:0" (FERRY_LISTEN overrides). */
+    char listen_addr[64];
+    /* Cluster token. Default: FERRY_TOKEN, else the file named by
+     * FERRY_TOKEN_FILE. Open fails with FERRY_EAUTH when there is none. */
+    uint8_t token[FERRY_TOKEN_MAX];
+    size_t token_len;
+    /* Force one transport for every peer: "shm", "tcp" or "" (choose per
+     * peer: same host -> shm, else tcp). Default from FERRY_TRANSPORT. */
+    char transport[8];
+    unsigned tcp_streams;      /* connections per tcp peer (default 4) */
+    uint64_t tcp_chunk;        /* split size of large tcp ops (default 1 MiB) */
+    unsigned shm_threads;      /* copy threads for large shm ops (default 2) */
+    uint64_t window_bytes;     /* in-flight byte window per engine (default 1 GiB) */
+    uint32_t window_ops;       /* in-flight operation window (default 4096) */
+    int connect_timeout_ms;    /* per peer connect + handshake (default 5000) */
+} ferry_engine_config;
+
+/* Fill cfg with defaults and the FERRY_* environment. Returns 0, or
+ * FERRY_EINVAL when an environment value is malformed. */
+int ferry_engine_config_init(ferry_engine_config *cfg);
+/* Load a token from a file (trailing newline stripped). */
+int ferry_engine_config_token_file(ferry_engine_config *cfg, const char *path);
+/* Generate a random token as 64 hex characters into out[65]. */
+void ferry_token_generate(char out[65]);
+
+/* Open an engine: starts its listeners and progress threads. The engine
+ * owns everything it creates; ferry_engine_close(NULL) is a no-op. Close
+ * cancels in-flight tickets (they end FAILED_DRAINED or ABORTED), waits for
+ * them to drain, unregisters every region and frees every ticket still held. */
+int ferry_engine_open(const ferry_engine_config *cfg, ferry_engine **out);
+void ferry_engine_close(ferry_engine *e);
+
+/* The engine's endpoint descriptor (instance, host, addresses): a blob of
+ * at most FERRY_DESC_MAX bytes that a peer passes to ferry_peer_add.
+ * Returns the blob length or a negative code. */
+int ferry_engine_export(const ferry_engine *e, void *buf, size_t cap);
+/* Human-readable "tcp://127.0.0.1:PORT" of the listener. */
+const char *ferry_engine_address(const ferry_engine *e);
+
+/* ---- memory ---------------------------------------------------------- */
+enum ferry_mem_kind { FERRY_MEM_HOST = 0, FERRY_MEM_DEVICE = 1 };
+#define FERRY_REMOTE_READ  0x1u
+#define FERRY_REMOTE_WRITE 0x2u
+#define FERRY_REMOTE_RW    (FERRY_REMOTE_READ | FERRY_REMOTE_WRITE)
+
+/* Allocate len bytes of memfd-backed, pre-faulted, page-aligned memory that
+ * same-host peers can map directly (the fast shm path). Free with
+ * ferry_mem_free; freeing memory that a region still covers is FERRY_EBUSY. */
+int ferry_mem_alloc(ferry_engine *e, size_t len, void **addr);
+int ferry_mem_free(ferry_engine *e, void *addr);
+
+/* Register [addr, addr+len) with a fresh random 64-bit remote key. flags:
+ * FERRY_REMOTE_* (0 = local only: usable as the local side of ops, never
+ * touched by a peer). Host memory only for now (FERRY_ENOTSUP otherwise).
+ * The region stays owned by the engine until unregistered or engine close. */
+int ferry_region_register(ferry_engine *e, void *addr, size_t len, unsigned flags,
+                          enum ferry_mem_kind kind, ferry_region **out);
+/* Unregister. FERRY_EBUSY while an in-flight or UNKNOWN ticket uses the
+ * region (the region stays registered and usable). */
+int ferry_region_unregister(ferry_region *r);
+uint64_t ferry_region_key(const ferry_region *r);
+void *ferry_region_addr(const ferry_region *r);
+size_t ferry_region_len(const ferry_region *r);
+/* Export a region descriptor (endpoint + base + len + key + flags). Returns
+ * the blob length (<= FERRY_DESC_MAX) or a negative code. */
+int ferry_region_export(const ferry_region *r, void *buf, size_t cap);
+
+/* ---- peers ----------------------------------------------------------- */
+typedef struct ferry_remote_region {
+    ferry_peer_id peer;
+    uint64_t addr;      /* base in the peer's address space */
+    uint64_t len;
+    uint64_t key;
+    unsigned flags;
+} ferry_remote_region;
+
+/* Add (or find) the peer described by an endpoint blob and connect to it.
+ * The same peer instance always maps to the same id. A blob from a previous
+ * instance of a peer that has restarted on the same address is refused with
+ * FERRY_ESTALE at connect. */
+int ferry_peer_add(ferry_engine *e, const void *desc, size_t len, ferry_peer_id *out);
+/* Decode a region blob, add its peer, fill out. */
+int ferry_region_import(ferry_engine *e, const void *desc, size_t len, ferry_remote_region *out);
+/* Drop every connection to the peer: its in-flight ops fail, their tickets
+ * drain (FAILED_DRAINED or ABORTED), its fence is lifted, and the next
+ * submission reconnects. */
+int ferry_peer_reset(ferry_engine *e, ferry_peer_id peer);
+/* Name of the transport chosen for a peer ("shm"/"tcp"), NULL if unknown. */
+const char *ferry_peer_transport(const ferry_engine *e, ferry_peer_id peer);
+
+/* ---- batches and tickets ---------------------------------------------- */
+enum ferry_opcode { FERRY_OP_READ = 1, FERRY_OP_WRITE = 2, FERRY_OP_NOTIFY = 3 };
+
+/* One operation, in the shape of fi_write: local buffer, length, peer,
+ * remote address, key. local must lie inside a region registered with this
+ * engine. NOTIFY uses peer, tag and value only; it is delivered after every
+ * earlier WRITE of the same batch to that peer is visible there. */
+typedef struct ferry_op {
+    enum ferry_opcode opcode;
+    void *local;
+    uint64_t len;
+    ferry_peer_id peer;
+    uint64_t remote_addr;
+    uint64_t key;
+    uint64_t tag, value;    /* NOTIFY only */
+} ferry_op;
+
+enum ferry_ticket_state {
+    FERRY_TICKET_PENDING = 0,        /* in flight */
+    FERRY_TICKET_COMPLETED = 1,
+    FERRY_TICKET_ABORTED = 2,        /* no destination byte touched */
+    FERRY_TICKET_FAILED_DRAINED = 3, /* I/O began and failed; nothing in flight */
+    FERRY_TICKET_UNKNOWN = 4,        /* a wait timed out; retained and fenced */
+};
+const char *ferry_ticket_state_name(enum ferry_ticket_state s);
+
+#define FERRY_SUBMIT_NONBLOCK 0x1u  /* return FERRY_EAGAIN instead of blocking on a full window */
+
+/* Validate and submit ops[0..n) as one batch. Every op is checked before
+ * anything moves (registered local buffer, known peer, sizes); a bad op
+ * fails the whole call with nothing submitted. Blocks while the in-flight
+ * window is full (a batch larger than the whole window is admitted when the
+ * window is empty), or returns FERRY_EAGAIN with FERRY_SUBMIT_NONBLOCK.
+ * Returns FERRY_EFENCED when a peer of the batch is fenced. On success
+ * *out is a ticket the caller frees with ferry_ticket_free. */
+int ferry_submit(ferry_engine *e, const ferry_op *ops, size_t n, unsigned flags,
+                 ferry_ticket **out);
+/* Wait up to timeout_ms (<0: forever) for a terminal state. Returns the
+ * state (>= 0); a timeout returns FERRY_TICKET_UNKNOWN and fences the
+ * ticket's peers until it drains or they are reset. */
+int ferry_ticket_wait(ferry_ticket *t, int timeout_ms);
+/* Current state without waiting (PENDING, UNKNOWN or terminal). */
+int ferry_ticket_test(const ferry_ticket *t);
+/* First error that failed the ticket (0 when none), e.g. FERRY_EACCES. */
+int ferry_ticket_error(const ferry_ticket *t);
+/* Bytes confirmed moved (for diagnostics). */
+uint64_t ferry_ticket_bytes(const ferry_ticket *t);
+/* Release the caller's handle. A ticket still in flight is handed to the
+ * pending-transfer manager (state UNKNOWN, regions pinned, peers fenced) and
+ * freed by the engine once it drains. NULL is a no-op. */
+void ferry_ticket_free(ferry_ticket *t);
+
+/* Pending-transfer manager: tickets whose outcome is UNKNOWN. */
+typedef struct ferry_pending_info {
+    uint64_t id;
+    ferry_peer_id peer;       /* first fenced peer of the ticket */
+    uint64_t bytes_total;
+    uint64_t age_ms;
+} ferry_pending_info;
+/* Fill up to cap entries; returns how many tickets are pending. */
+int ferry_engine_pending(ferry_engine *e, ferry_pending_info *out, size_t cap);
+
+/* Wait until `count` notifications with `tag` have arrived (and consume
+ * them). values (may be NULL) receives their values in arrival order.
+ * FERRY_ETIMEDOUT after timeout_ms (<0: forever); nothing is consumed then. */
+int ferry_wait_notify(ferry_engine *e, uint64_t tag, uint32_t count, int timeout_ms,
+                      uint64_t *values);
+
+/* Counters since open. */
+typedef struct ferry_engine_stats {
+    uint64_t bytes_written, bytes_read;       /* as initiator, completed */
+    uint64_t ops_completed, ops_failed;
+    uint64_t tickets_completed, tickets_aborted, tickets_failed, tickets_unknown;
+    uint64_t remote_refused;                  /* remote accesses this engine refused as target */
+    uint64_t auth_refused;                    /* connections refused at the handshake */
+    uint64_t frames_rejected;                 /* malformed frames dropped */
+} ferry_engine_stats;
+void ferry_engine_get_stats(const ferry_engine *e, ferry_engine_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,6 @@
+/* ferry — the data plane of RL post-training. Include this for everything. */
+#ifndef FERRY_FERRY_H
+#define FERRY_FERRY_H
+#include "ferry/common.h"
+#include "ferry/engine.h"
+#endif

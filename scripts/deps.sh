@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs the Debian packages ferry's build and tests need.
+#   scripts/deps.sh          install what is missing (as root), else print the apt-get line and fail
+#   scripts/deps.sh --check  exit 0 when everything is present, 1 otherwise; installs nothing
+set -u
+PKGS=(cmake make gcc pkg-config libxxhash-dev libjansson-dev libcmocka-dev libsodium-dev
+      python3-dev python3-numpy python3-pytest iproute2 clang libclang-rt-14-dev)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+[ "${1:-}" = "--check" ] && exit 1
+line="apt-get install -y ${missing[*]}"
+if [ "$(id -u)" -ne 0 ]; then
+  echo "ferry: missing Debian packages; run as root:" >&2
+  echo "  apt-get update && $line" >&2
+  exit 1
+fi
+echo "ferry: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq && apt-get install -y -qq "${missing[@]}"

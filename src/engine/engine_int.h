@@ -1,0 +1,209 @@
+/* Engine internals shared by the engine core and its transports. */
+#ifndef FR_ENGINE_INT_H
+#define FR_ENGINE_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "base/base.h"
+#include "ferry/engine.h"
+#include "wire/wire.h"
+
+typedef struct fr_peer fr_peer;
+typedef struct fr_transport fr_transport;
+
+/* One unit of work posted to a transport: a whole op or a piece of one.
+ * The engine creates chunks; a transport completes each exactly once with
+ * fr_chunk_done, from any thread. */
+typedef struct fr_chunk {
+    struct ferry_ticket *t;
+    enum ferry_opcode opcode;
+    uint8_t *local;            /* READ: destination; WRITE: source */
+    uint64_t remote_addr, key, len;
+    uint64_t tag, value;       /* NOTIFY */
+    uint32_t epoch;            /* notify ordering (engine-private) */
+    uint64_t req_id;           /* transport-private */
+    struct fr_chunk *next;     /* transport-private queue link */
+} fr_chunk;
+
+/* Complete a chunk. status: 0 or a negative FERRY_E* code. touched: the
+ * chunk's destination (remote memory for WRITE, the local buffer for READ)
+ * may have been modified (I/O began). Never called twice for a chunk. */
+void fr_chunk_done(fr_chunk *c, int status, bool touched);
+
+/* Transport ops table: one const instance per transport, chosen per peer. */
+struct fr_transport {
+    const char *name;
+    uint32_t bit;                  /* FR_TRANSPORT_* */
+    uint64_t max_chunk;            /* the engine splits ops larger than this */
+    /* Server side: start listening, fill the engine's endpoint fields that
+     * belong to this transport, and serve authenticated peers. */
+    int (*start)(ferry_engine *e, void **state);
+    /* Stop serving: close the listener and every accepted connection, join
+     * every thread, free state. */
+    void (*stop)(void *state);
+    /* Client side: open the connection(s) to p (handshake included). */
+    int (*connect)(ferry_engine *e, fr_peer *p, void **conn);
+    /* Queue chunks for transfer. Never blocks on the network. Returns 0, or
+     * a negative code when the connection is already dead (then no chunk
+     * was taken: the caller completes them). */
+    int (*post)(void *conn, fr_chunk **chunks, size_t n);
+    /* Fail every queued and in-flight chunk with FERRY_ECONNRESET (touched
+     * as appropriate), close sockets, join threads, free conn. */
+    void (*disconnect)(void *conn);
+    /* false once the connection has failed (the engine then reconnects). */
+    bool (*alive)(void *conn);
+};
+
+extern const fr_transport fr_transport_tcp;
+extern const fr_transport fr_transport_shm;
+
+struct fr_peer {
+    ferry_peer_id id;
+    fr_endpoint ep;
+    const fr_transport *tp;
+    void *conn;                /* NULL until connected */
+    uint32_t fenced;           /* UNKNOWN tickets touching this peer (engine lock) */
+    bool connecting;
+};
+
+/* A registered local region. */
+struct ferry_region {
+    ferry_engine *e;
+    uint8_t *addr;
+    uint64_t len;
+    uint64_t key;
+    unsigned flags;
+    enum ferry_mem_kind kind;
+    uint32_t pins;             /* local tickets using it (engine lock) */
+    atomic_uint remote_refs;   /* remote accesses being served */
+    int memfd;                 /* backing memfd when from ferry_mem_alloc, else -1 */
+    uint64_t memfd_off;        /* offset of addr in the memfd */
+    uint64_t memfd_len;
+    uint32_t memfd_id;
+    int slot;                  /* shm key-table slot */
+};
+
+/* memfd-backed allocation from ferry_mem_alloc. */
+typedef struct fr_mem {
+    uint8_t *addr;
+    uint64_t len;
+    int fd;
+    uint32_t id;
+    uint32_t regions;          /* regions inside it (engine lock) */
+} fr_mem;
+
+/* shm key table: a memfd the owner writes and same-host peers map read-only.
+ * Open addressing on key; each slot guarded by a seqlock. */
+#define FR_KEYTAB_SLOTS 16384u
+#define FR_KEY_EMPTY 0u
+#define FR_KEY_TOMB 1u
+typedef struct fr_keyslot {
+    _Atomic uint64_t seq;
+    _Atomic uint64_t key;
+    uint64_t base, len;
+    uint32_t flags;
+    uint32_t memfd_id;         /* 0: not memfd-backed (use cross-memory attach) */
+    uint64_t memfd_off;
+    uint64_t memfd_len;
+    uint64_t pad;
+} fr_keyslot;
+
+/* Look a key up in a (possibly remote) key table; copies the slot out
+ * consistently. 0 or FERRY_ENOENT. */
+int fr_keytab_lookup(const fr_keyslot *tab, uint64_t key, fr_keyslot *out);
+
+struct ferry_engine {
+    ferry_engine_config cfg;
+    uint8_t auth_key[32];      /* derived from the token */
+    fr_endpoint ep;
+    char address[80];
+
+    pthread_mutex_t lock;      /* regions, mems, peers, tickets, window */
+    pthread_cond_t cond;       /* window and ticket state changes */
+    bool closing;
+
+    ferry_region **regions;    /* sorted by addr */
+    size_t nregions, cap_regions;
+    fr_mem **mems;
+    size_t nmems, cap_mems;
+    uint32_t next_mem_id;
+
+    int keytab_fd;
+    fr_keyslot *keytab;        /* FR_KEYTAB_SLOTS slots */
+
+    fr_peer **peers;           /* index = peer id */
+    size_t npeers, cap_peers;
+
+    uint64_t inflight_bytes;
+    uint32_t inflight_ops;
+    uint64_t next_ticket_id;
+    struct ferry_ticket *tickets;   /* live tickets, doubly linked */
+
+    /* notifications */
+    pthread_mutex_t nlock;
+    pthread_cond_t ncond;
+    struct fr_notify_q *notify;
+    size_t nnotify, cap_notify;
+
+    void *tp_state[2];         /* per transport: [0]=shm, [1]=tcp */
+
+    struct {
+        _Atomic uint64_t bytes_written, bytes_read, ops_completed, ops_failed;
+        _Atomic uint64_t tickets_completed, tickets_aborted, tickets_failed, tickets_unknown;
+        _Atomic uint64_t remote_refused, auth_refused, frames_rejected;
+    } stats;
+};
+
+/* ---- serving remote accesses (target side) ---------------------------- */
+/* Check a remote access and take a reference on the region so it cannot be
+ * unregistered while the access is served. need: FERRY_REMOTE_READ or
+ * FERRY_REMOTE_WRITE. Returns 0 with *ptr set and *reg to release, or
+ * FERRY_EACCES (unknown key, access not allowed) / FERRY_EFAULT (outside the
+ * region) and counts the refusal. */
+int fr_region_acquire(ferry_engine *e, uint64_t key, uint64_t addr, uint64_t len,
+                      unsigned need, ferry_region **reg, uint8_t **ptr);
+void fr_region_release(ferry_region *r);
+/* Look up a region by key for shm MAP (under the engine lock). */
+int fr_region_map_info(ferry_engine *e, uint64_t key, fr_msg_map_resp *out, int *fd);
+
+/* Deliver a notification that arrived from a peer. */
+void fr_notify_deliver(ferry_engine *e, uint64_t tag, uint64_t value);
+
+/* ---- authentication (auth.c) -------------------------------------------- */
+/* Server side of the handshake on a freshly accepted fd. On success returns 0
+ * and fills *auth with the client's AUTH message; on failure replies
+ * AUTH_FAIL where possible, logs who was refused and why, counts it, and
+ * returns FERRY_EAUTH / FERRY_ESTALE / FERRY_EPROTO. */
+int fr_auth_server(ferry_engine *e, int fd, uint16_t role, fr_msg_auth *auth);
+/* Client side: expects the server to be instance p->ep.instance. Returns 0
+ * and the server's pid, or FERRY_EAUTH / FERRY_ESTALE / FERRY_EPROTO /
+ * FERRY_ECONNRESET. */
+int fr_auth_client(ferry_engine *e, int fd, const fr_peer *p, uint16_t role,
+                   uint16_t stream, uint32_t *server_pid);
+
+/* ---- socket I/O helpers (sockio.c) -------------------------------------- */
+/* Blocking, EINTR-safe, all-or-error. Return 0, FERRY_ECONNRESET on EOF or
+ * reset, FERRY_ETIMEDOUT on SO_RCVTIMEO/SO_SNDTIMEO expiry, FERRY_EIO else. */
+int fr_read_full(int fd, void *buf, size_t n);
+int fr_write_full(int fd, const void *buf, size_t n);
+int fr_writev_full(int fd, struct iovec *iov, int iovcnt);
+/* Read and discard n bytes. */
+int fr_drain(int fd, uint64_t n);
+/* Read one frame header + meta and decode it. Decoding failures return
+ * FERRY_EPROTO/FERRY_EMSGSIZE (caller drops the connection). */
+int fr_recv_msg(int fd, fr_frame_hdr *hdr, fr_msg *m);
+/* Encode and send a message that carries no data payload. */
+int fr_send_msg(int fd, const fr_msg *m, uint64_t req_id);
+/* Set SO_RCVTIMEO and SO_SNDTIMEO (ms; 0 clears). */
+int fr_sock_timeouts(int fd, int ms);
+/* Describe the remote end of a socket for log lines ("127.0.0.1:4242"). */
+void fr_sock_peername(int fd, char *buf, size_t len);
+
+/* Stats helper. */
+#define FR_STAT_ADD(e, field, n) atomic_fetch_add_explicit(&(e)->stats.field, (n), memory_order_relaxed)
+
+#endif
