@@ -96,6 +96,13 @@ int ferry_region_register(ferry_engine *e, void *addr, size_t len, unsigned flag
 /* Unregister. FERRY_EBUSY while an in-flight or UNKNOWN ticket uses the
  * region (the region stays registered and usable). */
 int ferry_region_unregister(ferry_region *r);
+/* Unregister many regions; interruption-safe bookkeeping: each success sets
+ * regions[i] = NULL at once, so after a failure the non-NULL entries are
+ * exactly the regions still registered and a retry never unregisters twice.
+ * Returns 0 or the first error (the remaining entries were still tried). */
+int ferry_region_unregister_all(ferry_region **regions, size_t n);
+/* Regions currently registered with the engine. */
+size_t ferry_engine_region_count(ferry_engine *e);
 uint64_t ferry_region_key(const ferry_region *r);
 void *ferry_region_addr(const ferry_region *r);
 size_t ferry_region_len(const ferry_region *r);

@@ -54,7 +54,9 @@ int fr_cond_init_monotonic(pthread_cond_t *cond);
 
 /* ---- randomness (libsodium) ------------------------------------------- */
 void fr_random_bytes(void *buf, size_t n);
-uint64_t fr_random_u64(void);         /* never 0 */
+/* Uniform over [2, UINT64_MAX]: never 0 or 1, which callers reserve as
+ * special key values. */
+uint64_t fr_random_u64(void);
 
 /* ---- hashing (XXH3) --------------------------------------------------- */
 uint64_t fr_hash64(const void *data, size_t len, uint64_t seed);

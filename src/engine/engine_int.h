@@ -23,8 +23,10 @@ typedef struct fr_chunk {
     enum ferry_opcode opcode;
     uint8_t *local;            /* READ: destination; WRITE: source */
     uint64_t remote_addr, key, len;
+    uint64_t span_addr, span_len; /* the whole op's remote range: targets check all of it */
     uint64_t tag, value;       /* NOTIFY */
     uint32_t epoch;            /* notify ordering (engine-private) */
+    ferry_peer_id peer_id;     /* engine-private */
     uint64_t req_id;           /* transport-private */
     struct fr_chunk *next;     /* transport-private queue link */
 } fr_chunk;
@@ -67,7 +69,9 @@ struct fr_peer {
     const fr_transport *tp;
     void *conn;                /* NULL until connected */
     uint32_t fenced;           /* UNKNOWN tickets touching this peer (engine lock) */
-    bool connecting;
+    uint64_t reset_gen;        /* bumped by ferry_peer_reset: drops older fences */
+    bool connecting;           /* a thread is connecting (engine lock) */
+    pthread_rwlock_t rw;       /* read: posting to conn; write: replacing conn */
 };
 
 /* A registered local region. */
@@ -134,6 +138,7 @@ struct ferry_engine {
 
     int keytab_fd;
     fr_keyslot *keytab;        /* FR_KEYTAB_SLOTS slots */
+    ferry_region **slot_region;/* owner-side: region of each key-table slot */
 
     fr_peer **peers;           /* index = peer id */
     size_t npeers, cap_peers;
@@ -160,18 +165,39 @@ struct ferry_engine {
 
 /* ---- serving remote accesses (target side) ---------------------------- */
 /* Check a remote access and take a reference on the region so it cannot be
- * unregistered while the access is served. need: FERRY_REMOTE_READ or
- * FERRY_REMOTE_WRITE. Returns 0 with *ptr set and *reg to release, or
- * FERRY_EACCES (unknown key, access not allowed) / FERRY_EFAULT (outside the
- * region) and counts the refusal. */
-int fr_region_acquire(ferry_engine *e, uint64_t key, uint64_t addr, uint64_t len,
-                      unsigned need, ferry_region **reg, uint8_t **ptr);
+ * unregistered while the access is served. The whole op span
+ * [span_addr, span_addr+span_len) must lie in the region (span_len 0: the
+ * access itself), so every chunk of a partly-outside op is refused. need:
+ * FERRY_REMOTE_READ or FERRY_REMOTE_WRITE. Returns 0 with *ptr (for addr)
+ * set and *reg to release, or FERRY_EACCES (unknown key, access not allowed)
+ * / FERRY_EFAULT (outside the region) and counts the refusal. */
+int fr_region_acquire(ferry_engine *e, const fr_msg_rw *rw, unsigned need, ferry_region **reg,
+                      uint8_t **ptr);
 void fr_region_release(ferry_region *r);
 /* Look up a region by key for shm MAP (under the engine lock). */
 int fr_region_map_info(ferry_engine *e, uint64_t key, fr_msg_map_resp *out, int *fd);
 
+/* Region bookkeeping used by the engine core (region.c). */
+int fr_keytab_create(ferry_engine *e);
+void fr_keytab_destroy(ferry_engine *e);
+void fr_mem_destroy_all(ferry_engine *e);
+void fr_region_destroy_all(ferry_engine *e);
+/* Registered region covering [addr, addr+len) (engine lock held), or NULL. */
+ferry_region *fr_region_find_local(ferry_engine *e, const uint8_t *addr, uint64_t len);
+
+/* Peers (engine.c). Connect the peer if it has no live connection. */
+int fr_peer_connect(ferry_engine *e, ferry_peer_id peer);
+/* Post chunks to the peer's live connection; FERRY_ECONNRESET when there is
+ * none (the caller completes the chunks). from_completion: called from a
+ * transport's completion path (never blocks on a reset in progress). */
+int fr_peer_post(ferry_engine *e, ferry_peer_id peer, fr_chunk **c, size_t n, bool from_completion);
+/* Tickets (ticket.c), for engine close. */
+void fr_tickets_wait_drained(ferry_engine *e);
+void fr_tickets_destroy_all(ferry_engine *e);
+
 /* Deliver a notification that arrived from a peer. */
 void fr_notify_deliver(ferry_engine *e, uint64_t tag, uint64_t value);
+void fr_notify_destroy(ferry_engine *e);
 
 /* ---- authentication (auth.c) -------------------------------------------- */
 /* Server side of the handshake on a freshly accepted fd. On success returns 0

@@ -70,7 +70,11 @@ typedef struct {
 } fr_msg_auth;
 typedef struct { uint8_t mac[FR_WIRE_MAC_LEN]; uint32_t pid; } fr_msg_auth_ok;
 typedef struct { int32_t status; } fr_msg_auth_fail;
-typedef struct { uint64_t key, addr, len; } fr_msg_rw;          /* WRITE (then len data bytes) and READ */
+/* WRITE (then len data bytes) and READ. span_addr/span_len name the whole op
+ * this chunk belongs to: the target checks the whole span on every chunk, so
+ * an op partly outside a region is refused in all its chunks and touches
+ * nothing. span_len == 0 means the span is the chunk itself (span_addr 0). */
+typedef struct { uint64_t key, addr, len, span_addr, span_len; } fr_msg_rw;
 typedef struct { int32_t status; uint64_t len; } fr_msg_read_resp;
 typedef struct { int32_t status; uint64_t value; } fr_msg_ack;
 typedef struct { uint64_t tag, value; } fr_msg_notify;

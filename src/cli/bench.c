@@ -1,0 +1,319 @@
+/* `ferry bench engine`: WRITE and READ throughput between two processes,
+ * with the baseline measured in the same run: for shm a single-threaded
+ * memcpy between two pre-touched buffers; for tcp a plain blocking
+ * send/recv loop over the same number of loopback connections. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+typedef struct bench_opts {
+    const char *transport;
+    uint64_t blocks[8];
+    int nblocks;
+    uint64_t total;
+    unsigned streams, threads, reps;
+    bool json;
+} bench_opts;
+
+typedef struct bench_ctx {
+    bench_opts o;
+    ferry_engine *e;
+    cli_target tgt;
+    ferry_remote_region rr;
+    uint8_t *buf, *buf2;
+    ferry_region *lr;
+} bench_ctx;
+
+/* One timed pass: total bytes as block-sized ops, many tickets in flight. */
+static double engine_pass(bench_ctx *c, enum ferry_opcode op, uint64_t block, uint64_t total)
+{
+    uint64_t nops = total / block;
+    uint64_t per = 64ull << 20;            /* bytes per ticket */
+    uint64_t batch = per / block ? per / block : 1;
+    if (batch > 1024)
+        batch = 1024;
+    ferry_op *ops = calloc(batch, sizeof *ops);
+    uint64_t ntickets = (nops + batch - 1) / batch;
+    ferry_ticket **t = calloc(ntickets, sizeof *t);
+    double t0 = cli_now();
+    for (uint64_t k = 0; k < ntickets; k++) {
+        uint64_t first = k * batch, n = nops - first < batch ? nops - first : batch;
+        for (uint64_t i = 0; i < n; i++) {
+            uint64_t off = (first + i) * block;
+            ops[i] = (ferry_op){.opcode = op, .local = c->buf + off, .len = block, .peer = c->rr.peer,
+                                .remote_addr = c->rr.addr + off, .key = c->rr.key};
+        }
+        if (ferry_submit(c->e, ops, n, 0, &t[k]) < 0) {
+            ntickets = k;
+            break;
+        }
+    }
+    bool ok = true;
+    for (uint64_t k = 0; k < ntickets; k++) {
+        ok &= ferry_ticket_wait(t[k], -1) == FERRY_TICKET_COMPLETED;
+        ferry_ticket_free(t[k]);
+    }
+    double dt = cli_now() - t0;
+    free(ops);
+    free(t);
+    return ok ? (double)(nops * block) / dt / 1e9 : 0;
+}
+
+static double memcpy_pass(bench_ctx *c, uint64_t block, uint64_t total)
+{
+    double t0 = cli_now();
+    for (uint64_t off = 0; off + block <= total; off += block)
+        memcpy(c->buf2 + off, c->buf + off, block);
+    double dt = cli_now() - t0;
+    /* keep the copy observable so it cannot be elided */
+    volatile uint8_t sink = c->buf2[total / 2];
+    (void)sink;
+    return (double)(total / block * block) / dt / 1e9;
+}
+
+typedef struct send_job {
+    unsigned port;
+    const uint8_t *buf;
+    uint64_t bytes, block;
+    bool ok;
+    pthread_t th;
+} send_job;
+
+static void *send_main(void *arg)
+{
+    send_job *j = arg;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)j->port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    j->ok = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    for (uint64_t sent = 0; j->ok && sent < j->bytes;) {
+        uint64_t n = j->bytes - sent < j->block ? j->bytes - sent : j->block;
+        ssize_t w = send(fd, j->buf + sent % (64ull << 20), n, MSG_NOSIGNAL);
+        j->ok = w > 0;
+        sent += w > 0 ? (uint64_t)w : 0;
+    }
+    char ack;
+    j->ok = j->ok && read(fd, &ack, 1) == 1;
+    close(fd);
+    return NULL;
+}
+
+static double socket_pass(bench_ctx *c, uint64_t block, uint64_t total)
+{
+    unsigned n = c->o.streams;
+    if (cli_target_cmd(&c->tgt, NULL, 0, "sink %u %llu %llu", n, (unsigned long long)total,
+                       (unsigned long long)block) < 0)
+        return 0;
+    send_job j[64];
+    double t0 = cli_now();
+    for (unsigned i = 0; i < n; i++) {
+        j[i] = (send_job){.port = c->tgt.sink_port, .buf = c->buf, .block = block,
+                          .bytes = total / n + (i == n - 1 ? total % n : 0)};
+        pthread_create(&j[i].th, NULL, send_main, &j[i]);
+    }
+    bool ok = true;
+    for (unsigned i = 0; i < n; i++) {
+        pthread_join(j[i].th, NULL);
+        ok &= j[i].ok;
+    }
+    double dt = cli_now() - t0;
+    cli_target_cmd(&c->tgt, NULL, 0, "sinkjoin");
+    return ok ? (double)total / dt / 1e9 : 0;
+}
+
+static double best(double (*f)(bench_ctx *, uint64_t, uint64_t), bench_ctx *c, uint64_t block, uint64_t total)
+{
+    double b = 0;
+    for (unsigned r = 0; r < c->o.reps; r++) {
+        double v = f(c, block, total);
+        b = v > b ? v : b;
+    }
+    return b;
+}
+
+static double best_engine(bench_ctx *c, enum ferry_opcode op, uint64_t block, uint64_t total)
+{
+    double b = 0;
+    for (unsigned r = 0; r < c->o.reps; r++) {
+        double v = engine_pass(c, op, block, total);
+        b = v > b ? v : b;
+    }
+    return b;
+}
+
+/* 4 KiB writes per second, with the in-flight window kept full. */
+static double small_ops(bench_ctx *c)
+{
+    enum { BATCH = 64, NT = 64 };
+    uint64_t total_ops = 0, span = c->o.total / 4096;
+    ferry_ticket *ring[NT] = {0};
+    ferry_op ops[BATCH];
+    double t0 = cli_now();
+    uint64_t k = 0;
+    while (cli_now() - t0 < 1.0) {
+        ferry_ticket **slot = &ring[k % NT];
+        if (*slot) {
+            ferry_ticket_wait(*slot, -1);
+            ferry_ticket_free(*slot);
+            *slot = NULL;
+        }
+        for (int i = 0; i < BATCH; i++) {
+            uint64_t off = ((k * BATCH + (uint64_t)i) % span) * 4096;
+            ops[i] = (ferry_op){.opcode = FERRY_OP_WRITE, .local = c->buf + off, .len = 4096,
+                                .peer = c->rr.peer, .remote_addr = c->rr.addr + off, .key = c->rr.key};
+        }
+        if (ferry_submit(c->e, ops, BATCH, 0, slot) < 0)
+            break;
+        total_ops += BATCH;
+        k++;
+    }
+    for (int i = 0; i < NT; i++) {
+        if (ring[i]) {
+            ferry_ticket_wait(ring[i], -1);
+            ferry_ticket_free(ring[i]);
+        }
+    }
+    return (double)total_ops / (cli_now() - t0);
+}
+
+static int parse(int argc, char **argv, bench_opts *o)
+{
+    *o = (bench_opts){.transport = "shm", .total = 1ull << 30, .streams = 4, .threads = 2, .reps = 3};
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--json")) {
+            o->json = true;
+            continue;
+        }
+        if (!v)
+            goto bad;
+        i++;
+        if (!strcmp(a, "--transport") && (!strcmp(v, "shm") || !strcmp(v, "tcp")))
+            o->transport = v;
+        else if (!strcmp(a, "--block") && o->nblocks < 8 && cli_parse_size(v, &o->blocks[o->nblocks]) == 0)
+            o->nblocks++;
+        else if (!strcmp(a, "--total") && cli_parse_size(v, &o->total) == 0)
+            ;
+        else if (!strcmp(a, "--streams") && (o->streams = (unsigned)atoi(v)) > 0 && o->streams <= 64)
+            ;
+        else if (!strcmp(a, "--threads") && (o->threads = (unsigned)atoi(v)) > 0 && o->threads <= 64)
+            ;
+        else if (!strcmp(a, "--reps") && (o->reps = (unsigned)atoi(v)) > 0)
+            ;
+        else
+            goto bad;
+    }
+    if (o->nblocks == 0) {
+        o->blocks[0] = 64 << 10;
+        o->blocks[1] = 1 << 20;
+        o->blocks[2] = 4 << 20;
+        o->nblocks = 3;
+    }
+    for (int i = 0; i < o->nblocks; i++)
+        if (o->blocks[i] > o->total)
+            goto bad;
+    return 0;
+bad:
+    fprintf(stderr, "usage: ferry bench engine [--transport shm|tcp] [--block SIZE]... [--total SIZE]\n"
+                    "                          [--streams N] [--threads N] [--reps N] [--json]\n");
+    return -1;
+}
+
+static int setup(bench_ctx *c, const char *self)
+{
+    if (!getenv("FERRY_TOKEN") && !getenv("FERRY_TOKEN_FILE")) {
+        char tok[65];
+        ferry_token_generate(tok);   /* a private cluster for this run */
+        setenv("FERRY_TOKEN", tok, 1);
+    }
+    ferry_engine_config cfg;
+    int rc = ferry_engine_config_init(&cfg);
+    if (rc < 0)
+        return rc;
+    snprintf(cfg.transport, sizeof cfg.transport, "%s", c->o.transport);
+    cfg.tcp_streams = c->o.streams;
+    cfg.shm_threads = c->o.threads;
+    if ((rc = ferry_engine_open(&cfg, &c->e)) < 0)
+        return rc;
+    void *m1, *m2;
+    if ((rc = ferry_mem_alloc(c->e, c->o.total, &m1)) < 0 || (rc = ferry_mem_alloc(c->e, c->o.total, &m2)) < 0)
+        return rc;
+    c->buf = m1;
+    c->buf2 = m2;
+    memset(c->buf, 0x5A, c->o.total);
+    if ((rc = ferry_region_register(c->e, c->buf, c->o.total, 0, FERRY_MEM_HOST, &c->lr)) < 0)
+        return rc;
+    if ((rc = cli_target_start(&c->tgt, self, c->o.total, NULL)) < 0)
+        return rc;
+    return ferry_region_import(c->e, c->tgt.desc, c->tgt.desc_len, &c->rr);
+}
+
+static int bench_engine(int argc, char **argv, const char *self)
+{
+    bench_ctx c = {0};
+    if (parse(argc, argv, &c.o) < 0)
+        return 2;
+    int rc = setup(&c, self);
+    if (rc < 0) {
+        fprintf(stderr, "ferry bench: setup failed: %s\n", ferry_strerror(rc));
+        cli_target_stop(&c.tgt);
+        ferry_engine_close(c.e);
+        return 1;
+    }
+    bool tcp = !strcmp(c.o.transport, "tcp");
+    engine_pass(&c, FERRY_OP_WRITE, 1 << 20, c.o.total);   /* warm-up: connections, mappings */
+    if (!c.o.json)
+        printf("ferry bench engine: transport %s, %u %s, total %.0f MiB per pass, best of %u\n",
+               c.o.transport, tcp ? c.o.streams : c.o.threads, tcp ? "streams" : "copy threads",
+               (double)c.o.total / (1 << 20), c.o.reps);
+    char js[4096];
+    int jn = snprintf(js, sizeof js, "{\"transport\":\"%s\",\"total_bytes\":%llu,\"streams\":%u,\"threads\":%u,\"results\":[",
+                      c.o.transport, (unsigned long long)c.o.total, c.o.streams, c.o.threads);
+    if (!c.o.json)
+        printf("%-6s %10s %12s %14s %8s\n", "op", "block", "ferry GB/s", "baseline GB/s", "ratio");
+    for (int b = 0; b < c.o.nblocks; b++) {
+        uint64_t blk = c.o.blocks[b];
+        double base = tcp ? best(socket_pass, &c, blk, c.o.total) : best(memcpy_pass, &c, blk, c.o.total);
+        for (int w = 0; w < 2; w++) {
+            enum ferry_opcode op = w == 0 ? FERRY_OP_WRITE : FERRY_OP_READ;
+            double g = best_engine(&c, op, blk, c.o.total);
+            double ratio = base > 0 ? g / base : 0;
+            char sz[32];
+            if (!c.o.json)
+                printf("%-6s %10s %12.2f %14.2f %8.2f\n", w ? "read" : "write", cli_fmt_size(blk, sz, sizeof sz), g, base, ratio);
+            jn += snprintf(js + jn, sizeof js - (size_t)jn,
+                           "%s{\"op\":\"%s\",\"block_bytes\":%llu,\"gbps\":%.3f,\"baseline_gbps\":%.3f,\"ratio\":%.3f}",
+                           b || w ? "," : "", w ? "read" : "write", (unsigned long long)blk, g, base, ratio);
+        }
+    }
+    double sops = small_ops(&c);
+    ferry_engine_stats st;
+    ferry_engine_get_stats(c.e, &st);
+    if (c.o.json)
+        printf("%s],\"small_ops_per_s\":%.0f,\"tickets_failed\":%llu}\n", js, sops,
+               (unsigned long long)(st.tickets_failed + st.tickets_aborted));
+    else
+        printf("small ops: %.0f 4 KiB writes/s (window %u ops)\nbaseline: %s\n", sops, 4096,
+               tcp ? "plain blocking send/recv loop over the same number of loopback connections"
+                   : "single-threaded memcpy between two pre-touched buffers");
+    cli_target_stop(&c.tgt);
+    ferry_engine_close(c.e);
+    return st.tickets_failed + st.tickets_aborted ? 1 : 0;
+}
+
+int cmd_bench(int argc, char **argv, const char *self)
+{
+    if (argc >= 2 && !strcmp(argv[1], "engine"))
+        return bench_engine(argc, argv, self);
+    fprintf(stderr, "usage: ferry bench engine [options]   (see ferry help)\n");
+    return 2;
+}

@@ -1,0 +1,46 @@
+/* ferry command-line tool: shared helpers. Uses the public API only. */
+#ifndef FERRY_CLI_H
+#define FERRY_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <sys/types.h>
+
+#include "ferry/ferry.h"
+
+/* Parse "4M", "64k", "1G", "123" (binary units). 0 on success. */
+int cli_parse_size(const char *s, uint64_t *out);
+/* Format bytes as "4 MiB" etc. into buf. */
+const char *cli_fmt_size(uint64_t n, char *buf, size_t len);
+double cli_now(void);   /* monotonic seconds */
+
+void cli_hex(const uint8_t *b, size_t n, char *out);
+size_t cli_unhex(const char *s, uint8_t *out, size_t cap);
+
+/* A child `ferry _target` process: an engine with one registered memfd
+ * region, plus a plain TCP sink for baselines. Driven over pipes. */
+typedef struct cli_target {
+    pid_t pid;
+    FILE *in, *out;
+    uint8_t desc[FERRY_DESC_MAX];
+    size_t desc_len;
+    unsigned sink_port;
+} cli_target;
+
+int cli_target_start(cli_target *t, const char *self, uint64_t size, const char *listen);
+/* Send a command, read one reply line into reply. 0 if it starts with OK. */
+int cli_target_cmd(cli_target *t, char *reply, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+void cli_target_stop(cli_target *t);
+/* The child side. */
+int cli_target_main(int argc, char **argv);
+
+/* Progress line on stderr (only when stderr is a terminal). */
+void cli_progress(const char *what, double frac);
+void cli_progress_done(void);
+
+int cmd_bench(int argc, char **argv, const char *self);
+int cmd_demo(int argc, char **argv, const char *self);
+
+#endif

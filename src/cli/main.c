@@ -1,0 +1,56 @@
+/* ferry — command-line entry point. */
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: ferry <command> [options]\n"
+            "\n"
+            "commands:\n"
+            "  demo [--json]                 run the main job: an engine transfer between two processes\n"
+            "  bench engine [--transport shm|tcp] [--block SIZE] [--total SIZE]\n"
+            "               [--streams N] [--threads N] [--json]\n"
+            "                                engine throughput against a baseline measured in the same run\n"
+            "  token                         print a new random cluster token\n"
+            "  version                       print the version\n"
+            "\n"
+            "environment: FERRY_TOKEN / FERRY_TOKEN_FILE (cluster token), FERRY_LOG=debug|info|warn|error,\n"
+            "             FERRY_TRANSPORT=shm|tcp (force a transport), FERRY_LISTEN=HOST:PORT\n");
+}
+
+int main(int argc, char **argv)
+{
+    signal(SIGPIPE, SIG_IGN);
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "_target"))
+        return cli_target_main(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench"))
+        return cmd_bench(argc - 1, argv + 1, argv[0]);
+    if (!strcmp(cmd, "demo"))
+        return cmd_demo(argc - 1, argv + 1, argv[0]);
+    if (!strcmp(cmd, "token")) {
+        char t[65];
+        ferry_token_generate(t);
+        printf("%s\n", t);
+        return 0;
+    }
+    if (!strcmp(cmd, "version")) {
+        printf("ferry %d.%d.%d\n", FERRY_VERSION_MAJOR, FERRY_VERSION_MINOR, FERRY_VERSION_PATCH);
+        return 0;
+    }
+    if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
+        usage(stdout);
+        return 0;
+    }
+    fprintf(stderr, "ferry: unknown command '%s'\n\n", cmd);
+    usage(stderr);
+    return 2;
+}

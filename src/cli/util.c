@@ -1,0 +1,179 @@
+/* CLI helpers: sizes, hex, clocks, progress, and the target child process. */
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+int cli_parse_size(const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s)
+        return -1;
+    uint64_t mul = 1;
+    switch (*end) {
+    case 'k': case 'K': mul = 1ull << 10; end++; break;
+    case 'm': case 'M': mul = 1ull << 20; end++; break;
+    case 'g': case 'G': mul = 1ull << 30; end++; break;
+    default: break;
+    }
+    if (*end == 'i' || *end == 'B')
+        end++;
+    if (*end == 'B')
+        end++;
+    if (*end != '\0' || v == 0 || v > UINT64_MAX / mul)
+        return -1;
+    *out = v * mul;
+    return 0;
+}
+
+const char *cli_fmt_size(uint64_t n, char *buf, size_t len)
+{
+    static const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int i = 0;
+    double v = (double)n;
+    while (v >= 1024 && i < 4) {
+        v /= 1024;
+        i++;
+    }
+    if (v == (double)(uint64_t)v)
+        snprintf(buf, len, "%llu %s", (unsigned long long)v, u[i]);
+    else
+        snprintf(buf, len, "%.1f %s", v, u[i]);
+    return buf;
+}
+
+double cli_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void cli_hex(const uint8_t *b, size_t n, char *out)
+{
+    static const char d[] = "0123456789abcdef";
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = d[b[i] >> 4];
+        out[2 * i + 1] = d[b[i] & 15];
+    }
+    out[2 * n] = 0;
+}
+
+size_t cli_unhex(const char *s, uint8_t *out, size_t cap)
+{
+    size_t n = 0;
+    for (; isxdigit((unsigned char)s[0]) && isxdigit((unsigned char)s[1]) && n < cap; s += 2) {
+        char tmp[3] = {s[0], s[1], 0};
+        out[n++] = (uint8_t)strtoul(tmp, NULL, 16);
+    }
+    return n;
+}
+
+static double g_last_progress;
+
+void cli_progress(const char *what, double frac)
+{
+    if (!isatty(2))
+        return;
+    double now = cli_now();
+    if (now - g_last_progress < 0.05 && frac < 1.0)
+        return;
+    g_last_progress = now;
+    int w = 30, filled = (int)(frac * w + 0.5);
+    char bar[32];
+    for (int i = 0; i < w; i++)
+        bar[i] = i < filled ? '#' : '.';
+    bar[w] = 0;
+    fprintf(stderr, "\r  %-28s [%s] %3.0f%%", what, bar, frac * 100);
+    fflush(stderr);
+}
+
+void cli_progress_done(void)
+{
+    if (isatty(2))
+        fprintf(stderr, "\r%80s\r", "");
+}
+
+/* ---- target child ------------------------------------------------------ */
+
+int cli_target_start(cli_target *t, const char *self, uint64_t size, const char *listen)
+{
+    memset(t, 0, sizeof *t);
+    int in[2], out[2];
+    if (pipe2(in, O_CLOEXEC) < 0 || pipe2(out, O_CLOEXEC) < 0)
+        return FERRY_EIO;
+    char sz[32];
+    snprintf(sz, sizeof sz, "%llu", (unsigned long long)size);
+    pid_t pid = fork();
+    if (pid < 0)
+        return FERRY_EIO;
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        dup2(in[0], 0);
+        dup2(out[1], 1);
+        const char *exe = access("/proc/self/exe", X_OK) == 0 ? "/proc/self/exe" : self;
+        execl(exe, "ferry", "_target", "--size", sz, "--listen", listen ? listen : "127.0.0.1:0", (char *)NULL);
+        _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    t->pid = pid;
+    t->in = fdopen(in[1], "w");
+    t->out = fdopen(out[0], "r");
+    char line[1024];
+    if (!fgets(line, sizeof line, t->out) || strncmp(line, "READY ", 6) != 0) {
+        fprintf(stderr, "ferry: target process failed to start%s%s", line[0] ? ": " : "\n", line);
+        cli_target_stop(t);
+        return FERRY_EIO;
+    }
+    char *sp = strchr(line + 6, ' ');
+    t->desc_len = cli_unhex(line + 6, t->desc, sizeof t->desc);
+    t->sink_port = sp ? (unsigned)strtoul(sp + 1, NULL, 10) : 0;
+    return 0;
+}
+
+int cli_target_cmd(cli_target *t, char *reply, size_t cap, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(t->in, fmt, ap);
+    va_end(ap);
+    fputc('\n', t->in);
+    fflush(t->in);
+    char tmp[256];
+    if (!reply) {
+        reply = tmp;
+        cap = sizeof tmp;
+    }
+    if (!fgets(reply, (int)cap, t->out))
+        return -1;
+    reply[strcspn(reply, "\n")] = 0;
+    return strncmp(reply, "OK", 2) == 0 ? 0 : -1;
+}
+
+void cli_target_stop(cli_target *t)
+{
+    if (t->in) {
+        fputs("quit\n", t->in);
+        fclose(t->in);
+    }
+    if (t->out)
+        fclose(t->out);
+    if (t->pid > 0) {
+        int st;
+        /* The child exits on "quit" or on EOF of its stdin; reap it. */
+        waitpid(t->pid, &st, 0);
+    }
+    memset(t, 0, sizeof *t);
+}

@@ -1,0 +1,389 @@
+/* Engine lifecycle, configuration and peers. */
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine/engine_int.h"
+
+/* Index into e->tp_state. */
+enum { TP_SHM = 0, TP_TCP = 1 };
+static const fr_transport *const transports[2] = {&fr_transport_shm, &fr_transport_tcp};
+
+static int env_u64(const char *name, uint64_t *out)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return 0;
+    char *end;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (*end != '\0' || x == 0) {
+        FR_ERROR("engine", "%s=%s is not a positive integer", name, v);
+        return FERRY_EINVAL;
+    }
+    *out = x;
+    return 0;
+}
+
+int ferry_engine_config_token_file(ferry_engine_config *cfg, const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        FR_ERROR("engine", "cannot read token file %s", path);
+        return FERRY_ENOENT;
+    }
+    size_t n = fread(cfg->token, 1, sizeof cfg->token, f);
+    fclose(f);
+    while (n > 0 && (cfg->token[n - 1] == '\n' || cfg->token[n - 1] == '\r'))
+        n--;
+    if (n == 0) {
+        FR_ERROR("engine", "token file %s is empty", path);
+        return FERRY_EINVAL;
+    }
+    cfg->token_len = n;
+    return 0;
+}
+
+int ferry_engine_config_init(ferry_engine_config *cfg)
+{
+    if (!cfg)
+        return FERRY_EINVAL;
+    memset(cfg, 0, sizeof *cfg);
+    snprintf(cfg->listen_addr, sizeof cfg->listen_addr, "%s",
+             getenv("FERRY_LISTEN") ? getenv("FERRY_LISTEN") : "127.0.0.1:0");
+    cfg->tcp_streams = 4;
+    cfg->tcp_chunk = 1u << 20;
+    cfg->shm_threads = 2;
+    cfg->window_bytes = 1ull << 30;
+    cfg->window_ops = 4096;
+    cfg->connect_timeout_ms = 5000;
+    const char *tr = getenv("FERRY_TRANSPORT");
+    if (tr && *tr) {
+        if (strcmp(tr, "shm") != 0 && strcmp(tr, "tcp") != 0) {
+            FR_ERROR("engine", "FERRY_TRANSPORT=%s: expected shm or tcp", tr);
+            return FERRY_EINVAL;
+        }
+        snprintf(cfg->transport, sizeof cfg->transport, "%s", tr);
+    }
+    uint64_t v = cfg->tcp_streams;
+    int rc = env_u64("FERRY_TCP_STREAMS", &v);
+    if (rc < 0)
+        return rc;
+    cfg->tcp_streams = (unsigned)v;
+    const char *tok = getenv("FERRY_TOKEN");
+    if (tok && *tok) {
+        size_t n = strlen(tok);
+        if (n > sizeof cfg->token)
+            return FERRY_EINVAL;
+        memcpy(cfg->token, tok, n);
+        cfg->token_len = n;
+    } else if (getenv("FERRY_TOKEN_FILE")) {
+        return ferry_engine_config_token_file(cfg, getenv("FERRY_TOKEN_FILE"));
+    }
+    return 0;
+}
+
+void ferry_token_generate(char out[65])
+{
+    uint8_t raw[32];
+    fr_random_bytes(raw, sizeof raw);
+    sodium_bin2hex(out, 65, raw, sizeof raw);
+}
+
+/* Host identity: the boot id and the network namespace. Two engines share a
+ * host (and so use shm) only when both match; namespaces joined by veth are
+ * separate hosts, which is how multi-host tests run on one machine. */
+static void host_identity(uint8_t out[16])
+{
+    char buf[128] = {0};
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (!fgets(buf, 64, f))
+            buf[0] = 0;
+        fclose(f);
+    }
+    struct stat st;
+    if (stat("/proc/self/ns/net", &st) == 0)
+        snprintf(buf + strlen(buf), sizeof buf - strlen(buf), "/%llu/%llu",
+                 (unsigned long long)st.st_dev, (unsigned long long)st.st_ino);
+    fr_hash128_t h = fr_hash128(buf, strlen(buf), 0);
+    memcpy(out, h.b, 16);
+}
+
+static int validate_config(const ferry_engine_config *c)
+{
+    if (c->token_len == 0) {
+        FR_ERROR("engine", "no cluster token: set FERRY_TOKEN or FERRY_TOKEN_FILE");
+        return FERRY_EAUTH;
+    }
+    if (c->token_len > FERRY_TOKEN_MAX || c->tcp_streams == 0 || c->tcp_streams > 64 ||
+        c->tcp_chunk == 0 || c->tcp_chunk > FR_WIRE_MAX_DATA || c->shm_threads == 0 ||
+        c->shm_threads > 64 || c->window_bytes == 0 || c->window_ops == 0)
+        return FERRY_EINVAL;
+    if (c->transport[0] && strcmp(c->transport, "shm") != 0 && strcmp(c->transport, "tcp") != 0)
+        return FERRY_EINVAL;
+    return 0;
+}
+
+int ferry_engine_open(const ferry_engine_config *cfg, ferry_engine **out)
+{
+    if (!cfg || !out)
+        return FERRY_EINVAL;
+    int rc = validate_config(cfg);
+    if (rc < 0)
+        return rc;
+    ferry_engine *e = fr_calloc(1, sizeof *e);
+    if (!e)
+        return FERRY_ENOMEM;
+    e->cfg = *cfg;
+    e->keytab_fd = -1;
+    crypto_generichash(e->auth_key, sizeof e->auth_key, cfg->token, cfg->token_len,
+                       (const uint8_t *)"ferry-cluster-token", 19);
+    pthread_mutex_init(&e->lock, NULL);
+    fr_cond_init_monotonic(&e->cond);
+    pthread_mutex_init(&e->nlock, NULL);
+    fr_cond_init_monotonic(&e->ncond);
+    e->ep.instance = fr_random_u64();
+    e->ep.pid = (uint32_t)getpid();
+    host_identity(e->ep.host);
+    rc = fr_keytab_create(e);
+    if (rc < 0)
+        goto fail;
+    for (int i = 0; i < 2; i++) {
+        rc = transports[i]->start(e, &e->tp_state[i]);
+        if (rc < 0) {
+            FR_ERROR("engine", "cannot start the %s transport: %s", transports[i]->name, ferry_strerror(rc));
+            goto fail;
+        }
+    }
+    FR_INFO("engine", "open: %s instance %016llx", e->address, (unsigned long long)e->ep.instance);
+    *out = e;
+    return 0;
+fail:
+    ferry_engine_close(e);
+    return rc;
+}
+
+static void peer_disconnect(ferry_engine *e, fr_peer *p)
+{
+    pthread_rwlock_wrlock(&p->rw);
+    void *conn = p->conn;
+    const fr_transport *tp = p->tp;
+    p->conn = NULL;
+    pthread_rwlock_unlock(&p->rw);
+    if (conn)
+        tp->disconnect(conn);   /* fails and completes every chunk it held */
+    (void)e;
+}
+
+void ferry_engine_close(ferry_engine *e)
+{
+    if (!e)
+        return;
+    pthread_mutex_lock(&e->lock);
+    e->closing = true;
+    pthread_cond_broadcast(&e->cond);
+    pthread_mutex_unlock(&e->lock);
+    for (size_t i = 0; i < e->npeers; i++)
+        if (e->peers[i])
+            peer_disconnect(e, e->peers[i]);
+    fr_tickets_wait_drained(e);
+    for (int i = 0; i < 2; i++)
+        if (e->tp_state[i])
+            transports[i]->stop(e->tp_state[i]);
+    fr_tickets_destroy_all(e);
+    for (size_t i = 0; i < e->npeers; i++) {
+        if (!e->peers[i])
+            continue;
+        pthread_rwlock_destroy(&e->peers[i]->rw);
+        fr_free(e->peers[i]);
+    }
+    fr_free(e->peers);
+    fr_region_destroy_all(e);
+    fr_mem_destroy_all(e);
+    fr_keytab_destroy(e);
+    fr_notify_destroy(e);
+    pthread_mutex_destroy(&e->lock);
+    pthread_cond_destroy(&e->cond);
+    pthread_mutex_destroy(&e->nlock);
+    pthread_cond_destroy(&e->ncond);
+    fr_free(e);
+}
+
+int ferry_engine_export(const ferry_engine *e, void *buf, size_t cap)
+{
+    if (!e || !buf)
+        return FERRY_EINVAL;
+    return fr_endpoint_encode(&e->ep, buf, cap);
+}
+
+const char *ferry_engine_address(const ferry_engine *e) { return e ? e->address : ""; }
+
+/* ---- peers --------------------------------------------------------------- */
+
+static const fr_transport *choose_transport(const ferry_engine *e, const fr_endpoint *ep)
+{
+    if (strcmp(e->cfg.transport, "tcp") == 0)
+        return &fr_transport_tcp;
+    bool same_host = memcmp(ep->host, e->ep.host, 16) == 0;
+    if (strcmp(e->cfg.transport, "shm") == 0 || (same_host && (ep->transports & FR_TRANSPORT_SHM)))
+        return same_host ? &fr_transport_shm : NULL;
+    return (ep->transports & FR_TRANSPORT_TCP) ? &fr_transport_tcp : NULL;
+}
+
+static int peer_add_ep(ferry_engine *e, const fr_endpoint *ep, ferry_peer_id *out)
+{
+    const fr_transport *tp = choose_transport(e, ep);
+    if (!tp) {
+        FR_ERROR("engine", "no common transport with peer instance %016llx", (unsigned long long)ep->instance);
+        return FERRY_ENOTSUP;
+    }
+    pthread_mutex_lock(&e->lock);
+    for (size_t i = 0; i < e->npeers; i++) {
+        if (e->peers[i]->ep.instance == ep->instance) {
+            *out = (ferry_peer_id)i;
+            pthread_mutex_unlock(&e->lock);
+            return 0;
+        }
+    }
+    fr_peer *p = fr_calloc(1, sizeof *p);
+    int rc = p ? fr_grow((void **)&e->peers, &e->cap_peers, e->npeers + 1, sizeof *e->peers) : FERRY_ENOMEM;
+    if (rc < 0) {
+        pthread_mutex_unlock(&e->lock);
+        fr_free(p);
+        return rc;
+    }
+    p->id = (ferry_peer_id)e->npeers;
+    p->ep = *ep;
+    p->tp = tp;
+    pthread_rwlock_init(&p->rw, NULL);
+    e->peers[e->npeers++] = p;
+    *out = p->id;
+    pthread_mutex_unlock(&e->lock);
+    return 0;
+}
+
+int ferry_peer_add(ferry_engine *e, const void *desc, size_t len, ferry_peer_id *out)
+{
+    if (!e || !desc || !out)
+        return FERRY_EINVAL;
+    fr_endpoint ep;
+    int rc = fr_endpoint_decode(desc, len, &ep);
+    if (rc < 0)
+        return rc;
+    rc = peer_add_ep(e, &ep, out);
+    return rc < 0 ? rc : fr_peer_connect(e, *out);
+}
+
+int ferry_region_import(ferry_engine *e, const void *desc, size_t len, ferry_remote_region *out)
+{
+    if (!e || !desc || !out)
+        return FERRY_EINVAL;
+    fr_region_desc d;
+    int rc = fr_region_desc_decode(desc, len, &d);
+    if (rc < 0)
+        return rc;
+    ferry_peer_id id;
+    rc = peer_add_ep(e, &d.ep, &id);
+    if (rc < 0)
+        return rc;
+    rc = fr_peer_connect(e, id);
+    if (rc < 0)
+        return rc;
+    *out = (ferry_remote_region){.peer = id, .addr = d.base, .len = d.len, .key = d.key, .flags = d.flags};
+    return 0;
+}
+
+static fr_peer *peer_get(ferry_engine *e, ferry_peer_id id)
+{
+    pthread_mutex_lock(&e->lock);
+    fr_peer *p = id < e->npeers ? e->peers[id] : NULL;
+    pthread_mutex_unlock(&e->lock);
+    return p;
+}
+
+int fr_peer_connect(ferry_engine *e, ferry_peer_id id)
+{
+    fr_peer *p = peer_get(e, id);
+    if (!p)
+        return FERRY_ENOENT;
+    pthread_rwlock_rdlock(&p->rw);
+    bool ok = p->conn && p->tp->alive(p->conn);
+    pthread_rwlock_unlock(&p->rw);
+    if (ok)
+        return 0;
+
+    pthread_rwlock_wrlock(&p->rw);
+    int rc = 0;
+    if (!(p->conn && p->tp->alive(p->conn))) {
+        void *old = p->conn;
+        p->conn = NULL;
+        if (old)
+            p->tp->disconnect(old);
+        if (e->closing)
+            rc = FERRY_ECANCELED;
+        else
+            rc = p->tp->connect(e, p, &p->conn);
+        if (rc < 0) {
+            p->conn = NULL;
+            FR_WARN("engine", "cannot connect to peer %u over %s: %s", id, p->tp->name, ferry_strerror(rc));
+        }
+    }
+    pthread_rwlock_unlock(&p->rw);
+    return rc;
+}
+
+int fr_peer_post(ferry_engine *e, ferry_peer_id id, fr_chunk **c, size_t n, bool from_completion)
+{
+    fr_peer *p = peer_get(e, id);
+    if (!p)
+        return FERRY_ENOENT;
+    if (from_completion) {
+        /* The connection may be tearing down (and joining the very thread
+         * that runs this completion): never wait for it. */
+        if (pthread_rwlock_tryrdlock(&p->rw) != 0)
+            return FERRY_ECONNRESET;
+    } else {
+        pthread_rwlock_rdlock(&p->rw);
+    }
+    int rc = p->conn ? p->tp->post(p->conn, c, n) : FERRY_ECONNRESET;
+    pthread_rwlock_unlock(&p->rw);
+    return rc;
+}
+
+int ferry_peer_reset(ferry_engine *e, ferry_peer_id id)
+{
+    if (!e)
+        return FERRY_EINVAL;
+    fr_peer *p = peer_get(e, id);
+    if (!p)
+        return FERRY_ENOENT;
+    peer_disconnect(e, p);
+    pthread_mutex_lock(&e->lock);
+    p->fenced = 0;
+    p->reset_gen++;
+    pthread_mutex_unlock(&e->lock);
+    FR_INFO("engine", "peer %u reset", id);
+    return 0;
+}
+
+const char *ferry_peer_transport(const ferry_engine *e, ferry_peer_id id)
+{
+    if (!e)
+        return NULL;
+    fr_peer *p = peer_get((ferry_engine *)e, id);
+    return p ? p->tp->name : NULL;
+}
+
+void ferry_engine_get_stats(const ferry_engine *e, ferry_engine_stats *o)
+{
+    if (!e || !o)
+        return;
+#define LD(f) o->f = atomic_load_explicit(&e->stats.f, memory_order_relaxed)
+    LD(bytes_written); LD(bytes_read); LD(ops_completed); LD(ops_failed);
+    LD(tickets_completed); LD(tickets_aborted); LD(tickets_failed); LD(tickets_unknown);
+    LD(remote_refused); LD(auth_refused); LD(frames_rejected);
+#undef LD
+}

@@ -1,0 +1,198 @@
+/* Blocking socket I/O helpers shared by the engine's socket transports.
+ *
+ * Every write uses MSG_NOSIGNAL so a peer that went away yields EPIPE (mapped
+ * to FERRY_ECONNRESET) instead of killing the process with SIGPIPE. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+
+#include "engine/engine_int.h"
+
+/* Largest fixed meta body of any message; fr_recv_msg refuses frames whose
+ * type claims more (the wire layer would have to be changed to hit this). */
+#define META_MAX 256
+#define DRAIN_BUF (64u << 10)
+
+static int map_errno(int err)
+{
+    switch (err) {
+    case EAGAIN:
+#if EWOULDBLOCK != EAGAIN
+    case EWOULDBLOCK:
+#endif
+        return FERRY_ETIMEDOUT;   /* SO_RCVTIMEO / SO_SNDTIMEO expired */
+    case ECONNRESET:
+    case EPIPE:
+    case ENOTCONN:
+    case ESHUTDOWN:
+        return FERRY_ECONNRESET;
+    default:
+        return FERRY_EIO;
+    }
+}
+
+int fr_read_full(int fd, void *buf, size_t n)
+{
+    uint8_t *p = buf;
+
+    while (n > 0) {
+        /* MSG_WAITALL lets the kernel gather a large payload in one call
+         * instead of waking us for every segment; short returns (signal,
+         * timeout) are handled by the loop. */
+        ssize_t r = recv(fd, p, n, MSG_WAITALL);
+        if (r > 0) {
+            p += r;
+            n -= (size_t)r;
+            continue;
+        }
+        if (r == 0)
+            return FERRY_ECONNRESET;
+        if (errno == EINTR)
+            continue;
+        return map_errno(errno);
+    }
+    return 0;
+}
+
+int fr_write_full(int fd, const void *buf, size_t n)
+{
+    const uint8_t *p = buf;
+
+    while (n > 0) {
+        ssize_t r = send(fd, p, n, MSG_NOSIGNAL);
+        if (r >= 0) {
+            p += r;
+            n -= (size_t)r;
+            continue;
+        }
+        if (errno == EINTR)
+            continue;
+        return map_errno(errno);
+    }
+    return 0;
+}
+
+/* Skip `done` bytes of the vector in place; returns the new first index. */
+static int iov_advance(struct iovec *iov, int iovcnt, int first, size_t done)
+{
+    while (first < iovcnt && done >= iov[first].iov_len) {
+        done -= iov[first].iov_len;
+        first++;
+    }
+    if (first < iovcnt) {
+        iov[first].iov_base = (uint8_t *)iov[first].iov_base + done;
+        iov[first].iov_len -= done;
+    }
+    return first;
+}
+
+int fr_writev_full(int fd, struct iovec *iov, int iovcnt)
+{
+    int first = iov_advance(iov, iovcnt, 0, 0);   /* skip leading empty entries */
+
+    while (first < iovcnt) {
+        int cnt = iovcnt - first;
+        if (cnt > IOV_MAX)
+            cnt = IOV_MAX;
+        struct msghdr mh = { .msg_iov = iov + first, .msg_iovlen = (size_t)cnt };
+        ssize_t r = sendmsg(fd, &mh, MSG_NOSIGNAL);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return map_errno(errno);
+        }
+        first = iov_advance(iov, iovcnt, first, (size_t)r);
+    }
+    return 0;
+}
+
+int fr_drain(int fd, uint64_t n)
+{
+    uint8_t buf[DRAIN_BUF];
+
+    while (n > 0) {
+        size_t step = n < sizeof buf ? (size_t)n : sizeof buf;
+        int rc = fr_read_full(fd, buf, step);
+        if (rc < 0)
+            return rc;
+        n -= step;
+    }
+    return 0;
+}
+
+int fr_recv_msg(int fd, fr_frame_hdr *hdr, fr_msg *m)
+{
+    uint8_t raw[FR_WIRE_HDR_LEN];
+    uint8_t body[META_MAX];
+
+    int rc = fr_read_full(fd, raw, sizeof raw);
+    if (rc < 0)
+        return rc;
+    rc = fr_wire_hdr_decode(raw, sizeof raw, hdr);
+    if (rc < 0)
+        return rc;
+    size_t meta = fr_wire_meta_len(hdr->type);
+    if (meta == 0)
+        return FERRY_EPROTO;
+    if (meta > sizeof body)
+        return FERRY_EMSGSIZE;
+    rc = fr_read_full(fd, body, meta);
+    if (rc < 0)
+        return rc;
+    /* WRITE / READ_RESP data stays in the socket: the caller receives it
+     * straight into its destination once it has validated the meta. */
+    return fr_wire_decode(hdr, body, meta, m);
+}
+
+int fr_send_msg(int fd, const fr_msg *m, uint64_t req_id)
+{
+    uint8_t buf[FR_WIRE_HDR_LEN + META_MAX];
+
+    int n = fr_wire_encode(m, req_id, 0, buf, sizeof buf);
+    if (n < 0)
+        return n;
+    return fr_write_full(fd, buf, (size_t)n);
+}
+
+int fr_sock_timeouts(int fd, int ms)
+{
+    if (ms < 0)
+        ms = 0;
+    struct timeval tv = { .tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000 };
+    if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) < 0 ||
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) < 0)
+        return FERRY_EIO;
+    return 0;
+}
+
+void fr_sock_peername(int fd, char *buf, size_t len)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    char host[INET6_ADDRSTRLEN];
+
+    if (len == 0)
+        return;
+    if (getpeername(fd, (struct sockaddr *)&ss, &sl) < 0) {
+        snprintf(buf, len, "?");
+        return;
+    }
+    if (ss.ss_family == AF_INET) {
+        const struct sockaddr_in *sin = (const struct sockaddr_in *)&ss;
+        inet_ntop(AF_INET, &sin->sin_addr, host, sizeof host);
+        snprintf(buf, len, "%s:%u", host, (unsigned)ntohs(sin->sin_port));
+    } else if (ss.ss_family == AF_INET6) {
+        const struct sockaddr_in6 *sin6 = (const struct sockaddr_in6 *)&ss;
+        inet_ntop(AF_INET6, &sin6->sin6_addr, host, sizeof host);
+        snprintf(buf, len, "[%s]:%u", host, (unsigned)ntohs(sin6->sin6_port));
+    } else if (ss.ss_family == AF_UNIX) {
+        snprintf(buf, len, "unix");
+    } else {
+        snprintf(buf, len, "?");
+    }
+}

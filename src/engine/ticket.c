@@ -1,0 +1,580 @@
+/* Batches, tickets, the in-flight window, notification ordering, fences and
+ * the pending-transfer manager.
+ *
+ * A batch becomes chunks (ops split at the transport's chunk size). A ticket
+ * counts its chunks down; the last completion decides the terminal state
+ * from what happened: no error -> COMPLETED; an error and no destination
+ * byte possibly touched -> ABORTED; an error after I/O began ->
+ * FAILED_DRAINED. Because the decision is taken only when every chunk has
+ * completed, "drained" is true by construction. */
+#include <string.h>
+
+#include "engine/engine_int.h"
+
+/* Per peer of a ticket: notify k may go out once every WRITE chunk to that
+ * peer submitted before it (epochs 0..k) has completed successfully. */
+typedef struct fr_tpeer {
+    ferry_peer_id peer;
+    uint32_t nnotify;
+    uint32_t next_notify;      /* next notify to post */
+    uint32_t *epoch_left;      /* [nnotify + 1] WRITE chunks outstanding per epoch */
+    fr_chunk **notifies;       /* [nnotify] */
+    bool write_failed;
+    bool fenced;               /* this ticket holds a fence on the peer */
+    uint64_t fence_gen;        /* peer reset generation the fence belongs to */
+} fr_tpeer;
+
+struct ferry_ticket {
+    ferry_engine *e;
+    uint64_t id;
+    struct ferry_ticket *prev, *next;
+    fr_chunk *chunks;
+    uint32_t nchunks, left;
+    uint64_t bytes_total, bytes_done, charged_bytes;
+    int error;
+    bool touched;
+    int state;
+    bool unknown, orphan;
+    ferry_region **pins;
+    size_t npins;
+    fr_tpeer *tp;
+    size_t ntp;
+    uint64_t started_ns;
+};
+
+const char *ferry_ticket_state_name(enum ferry_ticket_state s)
+{
+    switch (s) {
+    case FERRY_TICKET_PENDING: return "PENDING";
+    case FERRY_TICKET_COMPLETED: return "COMPLETED";
+    case FERRY_TICKET_ABORTED: return "ABORTED";
+    case FERRY_TICKET_FAILED_DRAINED: return "FAILED_DRAINED";
+    case FERRY_TICKET_UNKNOWN: return "UNKNOWN";
+    }
+    return "?";
+}
+
+static void ticket_destroy(struct ferry_ticket *t)
+{
+    for (size_t i = 0; i < t->ntp; i++) {
+        fr_free(t->tp[i].epoch_left);
+        fr_free(t->tp[i].notifies);
+    }
+    fr_free(t->tp);
+    fr_free(t->pins);
+    fr_free(t->chunks);
+    fr_free(t);
+}
+
+static void unlink_locked(ferry_engine *e, struct ferry_ticket *t)
+{
+    if (t->prev)
+        t->prev->next = t->next;
+    else
+        e->tickets = t->next;
+    if (t->next)
+        t->next->prev = t->prev;
+    t->prev = t->next = NULL;
+}
+
+static fr_tpeer *tpeer_of(struct ferry_ticket *t, ferry_peer_id peer)
+{
+    for (size_t i = 0; i < t->ntp; i++)
+        if (t->tp[i].peer == peer)
+            return &t->tp[i];
+    return NULL;
+}
+
+/* Fence every peer of t (a wait timed out or the caller let go early). */
+static void fence_locked(ferry_engine *e, struct ferry_ticket *t)
+{
+    if (t->unknown)
+        return;
+    t->unknown = true;
+    FR_STAT_ADD(e, tickets_unknown, 1);
+    for (size_t i = 0; i < t->ntp; i++) {
+        fr_peer *p = e->peers[t->tp[i].peer];
+        p->fenced++;
+        t->tp[i].fenced = true;
+        t->tp[i].fence_gen = p->reset_gen;
+    }
+    FR_WARN("engine", "ticket %llu outcome unknown: its peers are fenced until it drains",
+            (unsigned long long)t->id);
+}
+
+static void unfence_locked(ferry_engine *e, struct ferry_ticket *t)
+{
+    for (size_t i = 0; i < t->ntp; i++) {
+        fr_peer *p = e->peers[t->tp[i].peer];
+        if (t->tp[i].fenced && t->tp[i].fence_gen == p->reset_gen && p->fenced > 0)
+            p->fenced--;
+        t->tp[i].fenced = false;
+    }
+}
+
+/* The last chunk completed: decide the terminal state and release. */
+static void finalize_locked(ferry_engine *e, struct ferry_ticket *t)
+{
+    if (t->error == 0) {
+        t->state = FERRY_TICKET_COMPLETED;
+        FR_STAT_ADD(e, tickets_completed, 1);
+    } else if (t->touched) {
+        t->state = FERRY_TICKET_FAILED_DRAINED;
+        FR_STAT_ADD(e, tickets_failed, 1);
+    } else {
+        t->state = FERRY_TICKET_ABORTED;
+        FR_STAT_ADD(e, tickets_aborted, 1);
+    }
+    for (size_t i = 0; i < t->npins; i++)
+        t->pins[i]->pins--;
+    unfence_locked(e, t);
+    pthread_cond_broadcast(&e->cond);
+}
+
+/* Notifies of tp that became ready: a contiguous run of tp->notifies,
+ * starting at *from; returns how many. */
+static size_t ready_notifies_locked(fr_tpeer *tp, size_t *from, bool *failed)
+{
+    *from = tp->next_notify;
+    while (tp->next_notify < tp->nnotify) {
+        uint32_t k = tp->next_notify;
+        bool ready = true;
+        for (uint32_t j = 0; j <= k && ready; j++)
+            ready = tp->epoch_left[j] == 0;
+        if (!ready)
+            break;
+        tp->next_notify++;
+    }
+    *failed = tp->write_failed;
+    return tp->next_notify - *from;
+}
+
+static void post_or_fail(ferry_engine *e, ferry_peer_id peer, fr_chunk **c, size_t n, bool fail,
+                         bool from_completion)
+{
+    if (n == 0)
+        return;
+    /* A notify after a failed WRITE is never sent: it would tell the
+     * receiver that bytes landed which did not. */
+    int rc = fail ? FERRY_ECANCELED : fr_peer_post(e, peer, c, n, from_completion);
+    if (rc < 0)
+        for (size_t i = 0; i < n; i++)
+            fr_chunk_done(c[i], rc, false);
+}
+
+void fr_chunk_done(fr_chunk *c, int status, bool touched)
+{
+    struct ferry_ticket *t = c->t;
+    ferry_engine *e = t->e;
+    fr_chunk **ready = NULL;
+    size_t nready = 0, from = 0;
+    bool fail_notifies = false;
+    ferry_peer_id peer = 0;
+
+    pthread_mutex_lock(&e->lock);
+    if (status == 0 && c->opcode != FERRY_OP_NOTIFY) {
+        t->bytes_done += c->len;
+        touched = true;
+        if (c->opcode == FERRY_OP_WRITE)
+            FR_STAT_ADD(e, bytes_written, c->len);
+        else
+            FR_STAT_ADD(e, bytes_read, c->len);
+    }
+    if (status == 0) {
+        FR_STAT_ADD(e, ops_completed, 1);
+    } else {
+        FR_STAT_ADD(e, ops_failed, 1);
+        if (t->error == 0)
+            t->error = status;
+    }
+    if (touched)
+        t->touched = true;
+    uint64_t charge = c->opcode == FERRY_OP_NOTIFY ? 0 : c->len;
+    e->inflight_bytes -= charge < e->inflight_bytes ? charge : e->inflight_bytes;
+    if (e->inflight_ops > 0)
+        e->inflight_ops--;
+
+    if (c->opcode == FERRY_OP_WRITE) {
+        fr_tpeer *tp = tpeer_of(t, c->peer_id);
+        if (tp && tp->nnotify > 0) {
+            tp->epoch_left[c->epoch]--;
+            if (status < 0)
+                tp->write_failed = true;
+            peer = tp->peer;
+            nready = ready_notifies_locked(tp, &from, &fail_notifies);
+            ready = tp->notifies + from;
+        }
+    }
+    bool last = --t->left == 0;
+    if (last)
+        finalize_locked(e, t);
+    bool free_now = last && t->orphan;
+    if (free_now)
+        unlink_locked(e, t);
+    pthread_cond_broadcast(&e->cond);
+    pthread_mutex_unlock(&e->lock);
+
+    post_or_fail(e, peer, ready, nready, fail_notifies, true);
+    if (free_now)
+        ticket_destroy(t);
+}
+
+/* ---- submit ------------------------------------------------------------- */
+
+typedef struct {
+    size_t nchunks;
+    uint64_t bytes;
+    size_t npeers;
+    ferry_peer_id *peers;
+} batch_shape;
+
+static uint64_t chunk_size(ferry_engine *e, ferry_peer_id peer)
+{
+    const fr_transport *tp = e->peers[peer]->tp;
+    uint64_t cs = tp && tp->max_chunk ? tp->max_chunk : e->cfg.tcp_chunk;
+    if (cs == 0 || cs > FR_WIRE_MAX_DATA)
+        cs = FR_WIRE_MAX_DATA;
+    return cs;
+}
+
+/* Validate every op (engine lock held) and pin the local regions. */
+static int validate_locked(ferry_engine *e, const ferry_op *ops, size_t n, ferry_region **pins)
+{
+    for (size_t i = 0; i < n; i++) {
+        const ferry_op *o = &ops[i];
+        if (o->peer >= e->npeers || !e->peers[o->peer]) {
+            FR_WARN("engine", "op %zu names unknown peer %u", i, o->peer);
+            return FERRY_ENOENT;
+        }
+        if (e->peers[o->peer]->fenced) {
+            FR_WARN("engine", "op %zu: peer %u is fenced (a transfer to it has an unknown outcome)", i, o->peer);
+            return FERRY_EFENCED;
+        }
+        pins[i] = NULL;
+        if (o->opcode == FERRY_OP_NOTIFY)
+            continue;
+        if (o->opcode != FERRY_OP_READ && o->opcode != FERRY_OP_WRITE)
+            return FERRY_EINVAL;
+        if (o->len == 0 || !o->local || o->remote_addr + o->len < o->remote_addr)
+            return FERRY_EINVAL;
+        pins[i] = fr_region_find_local(e, o->local, o->len);
+        if (!pins[i]) {
+            FR_WARN("engine", "op %zu: local buffer %p+%llu is not inside a registered region", i,
+                    o->local, (unsigned long long)o->len);
+            return FERRY_EFAULT;
+        }
+    }
+    return 0;
+}
+
+static int add_peer(struct ferry_ticket *t, ferry_peer_id peer)
+{
+    if (tpeer_of(t, peer))
+        return 0;
+    fr_tpeer *np = fr_reallocarray(t->tp, t->ntp + 1, sizeof *t->tp);
+    if (!np)
+        return FERRY_ENOMEM;
+    t->tp = np;
+    memset(&t->tp[t->ntp], 0, sizeof *t->tp);
+    t->tp[t->ntp++].peer = peer;
+    return 0;
+}
+
+/* Build the ticket and its chunks (no lock held; the engine only grows peers). */
+static int build(ferry_engine *e, const ferry_op *ops, size_t n, struct ferry_ticket *t)
+{
+    size_t nchunks = 0;
+    for (size_t i = 0; i < n; i++) {
+        int rc = add_peer(t, ops[i].peer);
+        if (rc < 0)
+            return rc;
+        fr_tpeer *tp = tpeer_of(t, ops[i].peer);
+        if (ops[i].opcode == FERRY_OP_NOTIFY) {
+            tp->nnotify++;
+            nchunks++;
+        } else {
+            uint64_t cs = chunk_size(e, ops[i].peer);
+            nchunks += (ops[i].len + cs - 1) / cs;
+            t->bytes_total += ops[i].len;
+        }
+    }
+    if (nchunks > UINT32_MAX)
+        return FERRY_ERANGE;
+    for (size_t i = 0; i < t->ntp; i++) {
+        fr_tpeer *tp = &t->tp[i];
+        tp->epoch_left = fr_calloc(tp->nnotify + 1, sizeof *tp->epoch_left);
+        tp->notifies = fr_calloc(tp->nnotify + 1, sizeof *tp->notifies);
+        if (!tp->epoch_left || !tp->notifies)
+            return FERRY_ENOMEM;
+        tp->nnotify = 0;     /* recounted while chunking */
+    }
+    t->chunks = fr_calloc(nchunks, sizeof *t->chunks);
+    if (!t->chunks)
+        return FERRY_ENOMEM;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        const ferry_op *o = &ops[i];
+        fr_tpeer *tp = tpeer_of(t, o->peer);
+        if (o->opcode == FERRY_OP_NOTIFY) {
+            fr_chunk *c = &t->chunks[k++];
+            *c = (fr_chunk){.t = t, .opcode = o->opcode, .peer_id = o->peer, .tag = o->tag,
+                            .value = o->value, .epoch = tp->nnotify};
+            tp->notifies[tp->nnotify++] = c;
+            continue;
+        }
+        uint64_t cs = chunk_size(e, o->peer);
+        for (uint64_t off = 0; off < o->len; off += cs) {
+            fr_chunk *c = &t->chunks[k++];
+            uint64_t len = o->len - off < cs ? o->len - off : cs;
+            *c = (fr_chunk){.t = t, .opcode = o->opcode, .peer_id = o->peer,
+                            .local = (uint8_t *)o->local + off, .remote_addr = o->remote_addr + off,
+                            .key = o->key, .len = len, .epoch = tp->nnotify,
+                            .span_addr = o->remote_addr, .span_len = o->len};
+            if (o->opcode == FERRY_OP_WRITE)
+                tp->epoch_left[tp->nnotify]++;
+        }
+    }
+    t->nchunks = t->left = (uint32_t)nchunks;
+    return 0;
+}
+
+/* Admit the ticket into the window (engine lock held). */
+static int admit_locked(ferry_engine *e, struct ferry_ticket *t, unsigned flags)
+{
+    for (;;) {
+        if (e->closing)
+            return FERRY_ECANCELED;
+        bool empty = e->inflight_bytes == 0 && e->inflight_ops == 0;
+        bool fits = e->inflight_bytes + t->bytes_total <= e->cfg.window_bytes &&
+                    (uint64_t)e->inflight_ops + t->nchunks <= e->cfg.window_ops;
+        if (empty || fits)
+            break;
+        if (flags & FERRY_SUBMIT_NONBLOCK)
+            return FERRY_EAGAIN;
+        pthread_cond_wait(&e->cond, &e->lock);
+    }
+    e->inflight_bytes += t->bytes_total;
+    e->inflight_ops += t->nchunks;
+    return 0;
+}
+
+static int post_all(ferry_engine *e, struct ferry_ticket *t)
+{
+    fr_chunk **list = fr_calloc(t->nchunks ? t->nchunks : 1, sizeof *list);
+    if (!list)
+        return FERRY_ENOMEM;
+    for (size_t p = 0; p < t->ntp; p++) {
+        fr_tpeer *tp = &t->tp[p];
+        size_t from;
+        bool failed;
+        pthread_mutex_lock(&e->lock);
+        /* Notifies with no WRITE before them are ready at once. */
+        size_t n = ready_notifies_locked(tp, &from, &failed);
+        pthread_mutex_unlock(&e->lock);
+        memcpy(list, tp->notifies + from, n * sizeof *list);
+        for (uint32_t i = 0; i < t->nchunks; i++) {
+            fr_chunk *c = &t->chunks[i];
+            if (c->peer_id == tp->peer && c->opcode != FERRY_OP_NOTIFY)
+                list[n++] = c;
+        }
+        post_or_fail(e, tp->peer, list, n, false, false);
+    }
+    fr_free(list);
+    return 0;
+}
+
+int ferry_submit(ferry_engine *e, const ferry_op *ops, size_t n, unsigned flags, ferry_ticket **out)
+{
+    if (!e || !ops || n == 0 || !out)
+        return FERRY_EINVAL;
+    struct ferry_ticket *t = fr_calloc(1, sizeof *t);
+    ferry_region **pins = fr_calloc(n, sizeof *pins);
+    int rc = FERRY_ENOMEM;
+    if (!t || !pins)
+        goto fail;
+    t->e = e;
+    t->state = FERRY_TICKET_PENDING;
+    t->started_ns = fr_now_ns();
+
+    /* Connect every peer first: a refused connect fails the submit with
+     * nothing moved. */
+    for (size_t i = 0; i < n; i++) {
+        rc = fr_peer_connect(e, ops[i].peer);
+        if (rc < 0)
+            goto fail;
+    }
+    pthread_mutex_lock(&e->lock);
+    rc = validate_locked(e, ops, n, pins);
+    pthread_mutex_unlock(&e->lock);
+    if (rc < 0)
+        goto fail;
+    rc = build(e, ops, n, t);
+    if (rc < 0)
+        goto fail;
+
+    pthread_mutex_lock(&e->lock);
+    rc = admit_locked(e, t, flags);
+    if (rc == 0)
+        rc = validate_locked(e, ops, n, pins);   /* regions or fences may have changed while waiting */
+    if (rc < 0) {
+        if (rc != FERRY_EAGAIN && rc != FERRY_ECANCELED) {
+            e->inflight_bytes -= t->bytes_total;
+            e->inflight_ops -= t->nchunks;
+        }
+        pthread_mutex_unlock(&e->lock);
+        goto fail;
+    }
+    /* Pin each distinct region once. */
+    t->pins = pins;
+    for (size_t i = 0; i < n; i++) {
+        if (!pins[i])
+            continue;
+        bool dup = false;
+        for (size_t j = 0; j < t->npins && !dup; j++)
+            dup = t->pins[j] == pins[i];
+        if (!dup) {
+            t->pins[t->npins++] = pins[i];
+            pins[i]->pins++;
+        }
+    }
+    pins = NULL;
+    t->id = ++e->next_ticket_id;
+    t->next = e->tickets;
+    if (e->tickets)
+        e->tickets->prev = t;
+    e->tickets = t;
+    pthread_mutex_unlock(&e->lock);
+
+    *out = t;
+    post_all(e, t);
+    return 0;
+fail:
+    fr_free(pins);
+    if (t)
+        ticket_destroy(t);
+    return rc;
+}
+
+/* ---- waiting, freeing, pending ------------------------------------------ */
+
+int ferry_ticket_wait(ferry_ticket *t, int timeout_ms)
+{
+    if (!t)
+        return FERRY_EINVAL;
+    ferry_engine *e = t->e;
+    uint64_t deadline = fr_deadline_ns(timeout_ms);
+    struct timespec ts = fr_timespec_at(deadline);
+    pthread_mutex_lock(&e->lock);
+    while (t->state == FERRY_TICKET_PENDING) {
+        if (timeout_ms < 0) {
+            pthread_cond_wait(&e->cond, &e->lock);
+            continue;
+        }
+        if (pthread_cond_timedwait(&e->cond, &e->lock, &ts) != 0 && fr_now_ns() >= deadline &&
+            t->state == FERRY_TICKET_PENDING) {
+            fence_locked(e, t);
+            pthread_mutex_unlock(&e->lock);
+            return FERRY_TICKET_UNKNOWN;
+        }
+    }
+    int s = t->state;
+    pthread_mutex_unlock(&e->lock);
+    return s;
+}
+
+int ferry_ticket_test(const ferry_ticket *t)
+{
+    if (!t)
+        return FERRY_EINVAL;
+    pthread_mutex_lock(&t->e->lock);
+    int s = t->state == FERRY_TICKET_PENDING && t->unknown ? FERRY_TICKET_UNKNOWN : t->state;
+    pthread_mutex_unlock(&t->e->lock);
+    return s;
+}
+
+int ferry_ticket_error(const ferry_ticket *t)
+{
+    if (!t)
+        return FERRY_EINVAL;
+    pthread_mutex_lock(&t->e->lock);
+    int err = t->error;
+    pthread_mutex_unlock(&t->e->lock);
+    return err;
+}
+
+uint64_t ferry_ticket_bytes(const ferry_ticket *t)
+{
+    if (!t)
+        return 0;
+    pthread_mutex_lock(&t->e->lock);
+    uint64_t b = t->bytes_done;
+    pthread_mutex_unlock(&t->e->lock);
+    return b;
+}
+
+void ferry_ticket_free(ferry_ticket *t)
+{
+    if (!t)
+        return;
+    ferry_engine *e = t->e;
+    pthread_mutex_lock(&e->lock);
+    if (t->state != FERRY_TICKET_PENDING) {
+        unlink_locked(e, t);
+        pthread_mutex_unlock(&e->lock);
+        ticket_destroy(t);
+        return;
+    }
+    /* Still in flight: the pending-transfer manager keeps it. */
+    t->orphan = true;
+    fence_locked(e, t);
+    pthread_mutex_unlock(&e->lock);
+}
+
+int ferry_engine_pending(ferry_engine *e, ferry_pending_info *out, size_t cap)
+{
+    if (!e)
+        return FERRY_EINVAL;
+    int n = 0;
+    uint64_t now = fr_now_ns();
+    pthread_mutex_lock(&e->lock);
+    for (struct ferry_ticket *t = e->tickets; t; t = t->next) {
+        if (t->state != FERRY_TICKET_PENDING || !t->unknown)
+            continue;
+        if (out && (size_t)n < cap)
+            out[n] = (ferry_pending_info){.id = t->id, .peer = t->ntp ? t->tp[0].peer : 0,
+                                          .bytes_total = t->bytes_total,
+                                          .age_ms = (now - t->started_ns) / 1000000};
+        n++;
+    }
+    pthread_mutex_unlock(&e->lock);
+    return n;
+}
+
+/* Engine close: free every ticket left (all drained by then). */
+void fr_tickets_destroy_all(ferry_engine *e)
+{
+    pthread_mutex_lock(&e->lock);
+    struct ferry_ticket *t = e->tickets;
+    e->tickets = NULL;
+    pthread_mutex_unlock(&e->lock);
+    while (t) {
+        struct ferry_ticket *next = t->next;
+        ticket_destroy(t);
+        t = next;
+    }
+}
+
+/* Wait until no ticket is in flight (engine close, after peers are gone). */
+void fr_tickets_wait_drained(ferry_engine *e)
+{
+    pthread_mutex_lock(&e->lock);
+    for (;;) {
+        bool busy = false;
+        for (struct ferry_ticket *t = e->tickets; t && !busy; t = t->next)
+            busy = t->state == FERRY_TICKET_PENDING;
+        if (!busy)
+            break;
+        pthread_cond_wait(&e->cond, &e->lock);
+    }
+    pthread_mutex_unlock(&e->lock);
+}

@@ -1,0 +1,594 @@
+/* shm transport: same-host peers.
+ *
+ * The target exports a key table (a memfd it writes, peers map read-only)
+ * and, on request, the memfd behind any region allocated with
+ * ferry_mem_alloc. The initiator checks key, access and bounds against the
+ * live key table, then moves bytes itself: memcpy into the mapped memfd, or
+ * cross-memory attach (process_vm_readv/writev) for other registered memory.
+ * The target does no work per transfer. A control connection (abstract unix
+ * socket, authenticated like tcp) carries the fds and notifications; a pidfd
+ * tells the initiator when the target process is gone. */
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "engine/engine_int.h"
+
+/* ---- fd passing ------------------------------------------------------------ */
+
+static int send_with_fd(int sock, const fr_msg *m, int fd)
+{
+    uint8_t buf[FR_WIRE_HDR_LEN + 64];
+    int n = fr_wire_encode(m, 0, 0, buf, sizeof buf);
+    if (n < 0)
+        return n;
+    struct iovec iov = {.iov_base = buf, .iov_len = (size_t)n};
+    union { struct cmsghdr h; char b[CMSG_SPACE(sizeof(int))]; } cm;
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (fd >= 0) {
+        memset(&cm, 0, sizeof cm);
+        mh.msg_control = cm.b;
+        mh.msg_controllen = sizeof cm.b;
+        struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    }
+    ssize_t w;
+    do
+        w = sendmsg(sock, &mh, MSG_NOSIGNAL);
+    while (w < 0 && errno == EINTR);
+    if (w != n)
+        return FERRY_ECONNRESET;
+    return 0;
+}
+
+/* Receive one fixed-size message that may carry an fd (*fd = -1 if none). */
+static int recv_with_fd(int sock, fr_msg *m, int *fd)
+{
+    uint8_t buf[FR_WIRE_HDR_LEN + 64];
+    union { struct cmsghdr h; char b[CMSG_SPACE(sizeof(int))]; } cm;
+    struct iovec iov = {.iov_base = buf, .iov_len = FR_WIRE_HDR_LEN};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b, .msg_controllen = sizeof cm.b};
+    *fd = -1;
+    ssize_t r;
+    do
+        r = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC | MSG_WAITALL);
+    while (r < 0 && errno == EINTR);
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+            memcpy(fd, CMSG_DATA(c), sizeof *fd);
+    if (r != FR_WIRE_HDR_LEN)
+        goto fail;
+    fr_frame_hdr h;
+    int rc = fr_wire_hdr_decode(buf, FR_WIRE_HDR_LEN, &h);
+    size_t ml = rc == 0 ? fr_wire_meta_len(h.type) : 0;
+    if (rc < 0 || ml > 64 || h.len != ml)
+        goto fail;
+    rc = fr_read_full(sock, buf + FR_WIRE_HDR_LEN, ml);
+    if (rc < 0 || fr_wire_decode(&h, buf + FR_WIRE_HDR_LEN, ml, m) < 0)
+        goto fail;
+    return 0;
+fail:
+    if (*fd >= 0)
+        close(*fd);
+    *fd = -1;
+    return r == 0 ? FERRY_ECONNRESET : FERRY_EPROTO;
+}
+
+/* ---- server side ------------------------------------------------------------ */
+
+typedef struct srv_conn {
+    struct shm_server *srv;
+    int fd;
+    pthread_t th;
+    bool done;
+    struct srv_conn *next;
+} srv_conn;
+
+typedef struct shm_server {
+    ferry_engine *e;
+    int lfd;
+    pthread_t accept_th;
+    pthread_mutex_t lock;
+    srv_conn *conns;
+    bool stopping;
+} shm_server;
+
+static void serve_ctrl(ferry_engine *e, int fd)
+{
+    fr_msg_auth auth;
+    fr_sock_timeouts(fd, e->cfg.connect_timeout_ms);
+    if (fr_auth_server(e, fd, FR_ROLE_SHM_CTRL, &auth) < 0)
+        return;
+    fr_sock_timeouts(fd, 0);
+    fr_msg hello = {.type = FR_MSG_SHM_HELLO};
+    hello.u.shm_hello.pid = (uint32_t)getpid();
+    hello.u.shm_hello.table_slots = FR_KEYTAB_SLOTS;
+    if (send_with_fd(fd, &hello, e->keytab_fd) < 0)
+        return;
+    for (;;) {
+        fr_frame_hdr h;
+        fr_msg m;
+        int rc = fr_recv_msg(fd, &h, &m);
+        if (rc == FERRY_ECONNRESET)
+            return;
+        if (rc < 0 || (m.type != FR_MSG_MAP && m.type != FR_MSG_NOTIFY)) {
+            char who[64];
+            fr_sock_peername(fd, who, sizeof who);
+            FR_WARN("shm", "dropping control connection from pid %s: %s", who,
+                    rc < 0 ? ferry_strerror(rc) : "unexpected message");
+            FR_STAT_ADD(e, frames_rejected, 1);
+            return;
+        }
+        if (m.type == FR_MSG_NOTIFY) {
+            fr_notify_deliver(e, m.u.notify.tag, m.u.notify.value);
+            fr_msg ack = {.type = FR_MSG_ACK};
+            if (fr_send_msg(fd, &ack, h.req_id) < 0)
+                return;
+            continue;
+        }
+        fr_msg resp = {.type = FR_MSG_MAP_RESP};
+        int mfd = -1;
+        if (fr_region_map_info(e, m.u.map.key, &resp.u.map_resp, &mfd) < 0)
+            mfd = -1;
+        if (send_with_fd(fd, &resp, mfd) < 0)
+            return;
+    }
+}
+
+static void *srv_conn_main(void *arg)
+{
+    srv_conn *c = arg;
+    serve_ctrl(c->srv->e, c->fd);
+    shutdown(c->fd, SHUT_RDWR);
+    pthread_mutex_lock(&c->srv->lock);
+    c->done = true;
+    pthread_mutex_unlock(&c->srv->lock);
+    return NULL;
+}
+
+/* Join connection threads that finished (server lock held). */
+static void reap_locked(shm_server *s)
+{
+    for (srv_conn **pp = &s->conns; *pp;) {
+        srv_conn *c = *pp;
+        if (!c->done) {
+            pp = &c->next;
+            continue;
+        }
+        *pp = c->next;
+        pthread_join(c->th, NULL);
+        close(c->fd);
+        fr_free(c);
+    }
+}
+
+static void *accept_main(void *arg)
+{
+    shm_server *s = arg;
+    for (;;) {
+        int fd = accept4(s->lfd, NULL, NULL, SOCK_CLOEXEC);
+        pthread_mutex_lock(&s->lock);
+        reap_locked(s);
+        if (s->stopping) {
+            pthread_mutex_unlock(&s->lock);
+            if (fd >= 0)
+                close(fd);
+            return NULL;
+        }
+        srv_conn *c = fd >= 0 ? fr_calloc(1, sizeof *c) : NULL;
+        if (c) {
+            c->srv = s;
+            c->fd = fd;
+            if (pthread_create(&c->th, NULL, srv_conn_main, c) == 0) {
+                c->next = s->conns;
+                s->conns = c;
+            } else {
+                close(fd);
+                fr_free(c);
+            }
+        } else if (fd >= 0) {
+            close(fd);
+        }
+        pthread_mutex_unlock(&s->lock);
+    }
+}
+
+static int shm_start(ferry_engine *e, void **state)
+{
+    shm_server *s = fr_calloc(1, sizeof *s);
+    if (!s)
+        return FERRY_ENOMEM;
+    s->e = e;
+    pthread_mutex_init(&s->lock, NULL);
+    snprintf(e->ep.uds, sizeof e->ep.uds, "ferry-%u-%016llx", (unsigned)getpid(),
+             (unsigned long long)e->ep.instance);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    size_t nl = strlen(e->ep.uds);
+    memcpy(a.sun_path + 1, e->ep.uds, nl);   /* abstract namespace: no file to clean up */
+    socklen_t alen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + nl);
+    s->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (s->lfd < 0 || bind(s->lfd, (struct sockaddr *)&a, alen) < 0 || listen(s->lfd, 128) < 0)
+        goto fail;
+    if (pthread_create(&s->accept_th, NULL, accept_main, s) != 0)
+        goto fail;
+    e->ep.transports |= FR_TRANSPORT_SHM;
+    *state = s;
+    return 0;
+fail:
+    if (s->lfd >= 0)
+        close(s->lfd);
+    pthread_mutex_destroy(&s->lock);
+    fr_free(s);
+    return FERRY_EIO;
+}
+
+static void shm_stop(void *state)
+{
+    shm_server *s = state;
+    pthread_mutex_lock(&s->lock);
+    s->stopping = true;
+    for (srv_conn *c = s->conns; c; c = c->next)
+        shutdown(c->fd, SHUT_RDWR);
+    pthread_mutex_unlock(&s->lock);
+    shutdown(s->lfd, SHUT_RDWR);   /* wakes accept() */
+    pthread_join(s->accept_th, NULL);
+    close(s->lfd);
+    pthread_mutex_lock(&s->lock);
+    while (s->conns) {
+        srv_conn *c = s->conns;
+        s->conns = c->next;
+        pthread_mutex_unlock(&s->lock);
+        pthread_join(c->th, NULL);
+        close(c->fd);
+        fr_free(c);
+        pthread_mutex_lock(&s->lock);
+    }
+    pthread_mutex_unlock(&s->lock);
+    pthread_mutex_destroy(&s->lock);
+    fr_free(s);
+}
+
+/* ---- client side -------------------------------------------------------------- */
+
+typedef struct shm_map {
+    uint32_t memfd_id;
+    uint8_t *addr;
+    uint64_t len;
+} shm_map;
+
+typedef struct shm_conn {
+    ferry_engine *e;
+    ferry_peer_id peer;
+    int ctrl;                  /* control socket */
+    pthread_mutex_t ctrl_lock; /* one request/response at a time */
+    uint64_t next_req;
+    const fr_keyslot *keytab;  /* the target's table, read-only */
+    int pidfd;
+    pid_t pid;
+
+    pthread_mutex_t lock;      /* queue, maps, dead */
+    pthread_cond_t cond;
+    fr_chunk *head, *tail;
+    bool stopping;
+    atomic_bool dead;
+    shm_map *maps;
+    size_t nmaps, cap_maps;
+    pthread_t *workers;
+    unsigned nworkers;
+} shm_conn;
+
+static bool target_alive(shm_conn *c)
+{
+    if (atomic_load(&c->dead))
+        return false;
+    bool alive;
+    if (c->pidfd >= 0) {
+        struct pollfd p = {.fd = c->pidfd, .events = POLLIN};
+        alive = poll(&p, 1, 0) == 0;
+    } else {
+        alive = kill(c->pid, 0) == 0 || errno != ESRCH;
+    }
+    if (!alive)
+        atomic_store(&c->dead, true);
+    return alive;
+}
+
+/* The mapping of a target memfd, asking the target for it the first time. */
+static int get_map(shm_conn *c, const fr_keyslot *s, uint64_t key, uint8_t **base)
+{
+    pthread_mutex_lock(&c->lock);
+    for (size_t i = 0; i < c->nmaps; i++) {
+        if (c->maps[i].memfd_id == s->memfd_id) {
+            *base = c->maps[i].addr;
+            pthread_mutex_unlock(&c->lock);
+            return 0;
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+
+    fr_msg req = {.type = FR_MSG_MAP}, resp;
+    req.u.map.key = key;
+    int fd = -1;
+    pthread_mutex_lock(&c->ctrl_lock);
+    int rc = fr_send_msg(c->ctrl, &req, ++c->next_req);
+    if (rc == 0)
+        rc = recv_with_fd(c->ctrl, &resp, &fd);
+    pthread_mutex_unlock(&c->ctrl_lock);
+    if (rc < 0) {
+        atomic_store(&c->dead, true);
+        return FERRY_ECONNRESET;
+    }
+    if (resp.type != FR_MSG_MAP_RESP || resp.u.map_resp.status < 0 || fd < 0) {
+        if (fd >= 0)
+            close(fd);
+        return resp.type == FR_MSG_MAP_RESP && resp.u.map_resp.status < 0 ? resp.u.map_resp.status : FERRY_EPROTO;
+    }
+    void *p = mmap(NULL, resp.u.map_resp.map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED)
+        return FERRY_ENOMEM;
+    pthread_mutex_lock(&c->lock);
+    rc = fr_grow((void **)&c->maps, &c->cap_maps, c->nmaps + 1, sizeof *c->maps);
+    if (rc == 0)
+        c->maps[c->nmaps++] = (shm_map){.memfd_id = s->memfd_id, .addr = p, .len = resp.u.map_resp.map_len};
+    pthread_mutex_unlock(&c->lock);
+    if (rc < 0) {
+        munmap(p, resp.u.map_resp.map_len);
+        return rc;
+    }
+    *base = p;
+    return 0;
+}
+
+static int cma(shm_conn *c, fr_chunk *k, bool *touched)
+{
+    uint64_t done = 0;
+    while (done < k->len) {
+        struct iovec l = {.iov_base = k->local + done, .iov_len = k->len - done};
+        struct iovec r = {.iov_base = (void *)(uintptr_t)(k->remote_addr + done), .iov_len = k->len - done};
+        ssize_t n = k->opcode == FERRY_OP_WRITE ? process_vm_writev(c->pid, &l, 1, &r, 1, 0)
+                                                : process_vm_readv(c->pid, &l, 1, &r, 1, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            int err = errno;
+            if (err == ESRCH)
+                atomic_store(&c->dead, true);
+            return err == ESRCH ? FERRY_ECONNRESET : err == EPERM ? FERRY_EACCES : FERRY_EFAULT;
+        }
+        *touched = true;
+        done += (uint64_t)n;
+    }
+    return 0;
+}
+
+static void do_notify(shm_conn *c, fr_chunk *k)
+{
+    fr_msg m = {.type = FR_MSG_NOTIFY}, ack;
+    m.u.notify.tag = k->tag;
+    m.u.notify.value = k->value;
+    fr_frame_hdr h;
+    pthread_mutex_lock(&c->ctrl_lock);
+    int rc = fr_send_msg(c->ctrl, &m, ++c->next_req);
+    if (rc == 0)
+        rc = fr_recv_msg(c->ctrl, &h, &ack);
+    pthread_mutex_unlock(&c->ctrl_lock);
+    if (rc < 0 || ack.type != FR_MSG_ACK) {
+        atomic_store(&c->dead, true);
+        fr_chunk_done(k, FERRY_ECONNRESET, false);
+        return;
+    }
+    fr_chunk_done(k, ack.u.ack.status, false);
+}
+
+static void do_rw(shm_conn *c, fr_chunk *k)
+{
+    if (!target_alive(c)) {
+        fr_chunk_done(k, FERRY_ECONNRESET, false);
+        return;
+    }
+    fr_keyslot s;
+    unsigned need = k->opcode == FERRY_OP_WRITE ? FERRY_REMOTE_WRITE : FERRY_REMOTE_READ;
+    if (fr_keytab_lookup(c->keytab, k->key, &s) < 0 || !(s.flags & need)) {
+        fr_chunk_done(k, FERRY_EACCES, false);
+        return;
+    }
+    /* the whole op must fit, so a partly-outside op touches nothing in any chunk */
+    if (k->span_addr < s.base || k->span_addr - s.base > s.len || k->span_len > s.len - (k->span_addr - s.base)) {
+        fr_chunk_done(k, FERRY_EFAULT, false);
+        return;
+    }
+    bool touched = false;
+    int rc;
+    uint8_t *base;
+    if (s.memfd_id != 0 && (rc = get_map(c, &s, k->key, &base)) == 0) {
+        uint8_t *remote = base + s.memfd_off + (k->remote_addr - s.base);
+        touched = true;
+        if (k->opcode == FERRY_OP_WRITE)
+            memcpy(remote, k->local, k->len);
+        else
+            memcpy(k->local, remote, k->len);
+        atomic_thread_fence(memory_order_release);
+    } else {
+        rc = cma(c, k, &touched);
+    }
+    /* A target that died during the copy never gets a COMPLETED. */
+    if (rc == 0 && !target_alive(c))
+        rc = FERRY_ECONNRESET;
+    fr_chunk_done(k, rc, touched);
+}
+
+static void *worker_main(void *arg)
+{
+    shm_conn *c = arg;
+    for (;;) {
+        pthread_mutex_lock(&c->lock);
+        while (!c->head && !c->stopping)
+            pthread_cond_wait(&c->cond, &c->lock);
+        fr_chunk *k = c->head;
+        if (!k) {
+            pthread_mutex_unlock(&c->lock);
+            return NULL;
+        }
+        c->head = k->next;
+        if (!c->head)
+            c->tail = NULL;
+        pthread_mutex_unlock(&c->lock);
+        if (c->stopping)
+            fr_chunk_done(k, FERRY_ECONNRESET, false);
+        else if (k->opcode == FERRY_OP_NOTIFY)
+            do_notify(c, k);
+        else
+            do_rw(c, k);
+    }
+}
+
+static void conn_free(shm_conn *c)
+{
+    for (size_t i = 0; i < c->nmaps; i++)
+        munmap(c->maps[i].addr, c->maps[i].len);
+    fr_free(c->maps);
+    if (c->keytab)
+        munmap((void *)c->keytab, FR_KEYTAB_SLOTS * sizeof(fr_keyslot));
+    if (c->ctrl >= 0)
+        close(c->ctrl);
+    if (c->pidfd >= 0)
+        close(c->pidfd);
+    pthread_mutex_destroy(&c->lock);
+    pthread_mutex_destroy(&c->ctrl_lock);
+    pthread_cond_destroy(&c->cond);
+    fr_free(c->workers);
+    fr_free(c);
+}
+
+static int handshake(ferry_engine *e, fr_peer *p, shm_conn *c)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    size_t nl = strnlen(p->ep.uds, FR_UDS_MAX);
+    if (nl == 0)
+        return FERRY_ENOTSUP;
+    memcpy(a.sun_path + 1, p->ep.uds, nl);
+    socklen_t alen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + nl);
+    c->ctrl = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (c->ctrl < 0)
+        return FERRY_EIO;
+    if (connect(c->ctrl, (struct sockaddr *)&a, alen) < 0)
+        return FERRY_ECONNREFUSED;
+    fr_sock_timeouts(c->ctrl, e->cfg.connect_timeout_ms);
+    uint32_t pid;
+    int rc = fr_auth_client(e, c->ctrl, p, FR_ROLE_SHM_CTRL, 0, &pid);
+    if (rc < 0)
+        return rc;
+    fr_msg hello;
+    int tfd;
+    rc = recv_with_fd(c->ctrl, &hello, &tfd);
+    if (rc < 0)
+        return rc;
+    if (hello.type != FR_MSG_SHM_HELLO || hello.u.shm_hello.table_slots != FR_KEYTAB_SLOTS || tfd < 0) {
+        if (tfd >= 0)
+            close(tfd);
+        return FERRY_EPROTO;
+    }
+    void *t = mmap(NULL, FR_KEYTAB_SLOTS * sizeof(fr_keyslot), PROT_READ, MAP_SHARED, tfd, 0);
+    close(tfd);
+    if (t == MAP_FAILED)
+        return FERRY_ENOMEM;
+    c->keytab = t;
+    c->pid = (pid_t)hello.u.shm_hello.pid;
+    c->pidfd = (int)syscall(SYS_pidfd_open, c->pid, 0);
+    fr_sock_timeouts(c->ctrl, 0);
+    return 0;
+}
+
+static int shm_connect(ferry_engine *e, fr_peer *p, void **out)
+{
+    shm_conn *c = fr_calloc(1, sizeof *c);
+    if (!c)
+        return FERRY_ENOMEM;
+    c->e = e;
+    c->peer = p->id;
+    c->ctrl = -1;
+    c->pidfd = -1;
+    pthread_mutex_init(&c->lock, NULL);
+    pthread_mutex_init(&c->ctrl_lock, NULL);
+    pthread_cond_init(&c->cond, NULL);
+    int rc = handshake(e, p, c);
+    if (rc < 0)
+        goto fail;
+    c->workers = fr_calloc(e->cfg.shm_threads, sizeof *c->workers);
+    rc = FERRY_ENOMEM;
+    if (!c->workers)
+        goto fail;
+    for (; c->nworkers < e->cfg.shm_threads; c->nworkers++)
+        if (pthread_create(&c->workers[c->nworkers], NULL, worker_main, c) != 0)
+            break;
+    if (c->nworkers == 0)
+        goto fail;
+    *out = c;
+    return 0;
+fail:
+    conn_free(c);
+    return rc;
+}
+
+static int shm_post(void *conn, fr_chunk **chunks, size_t n)
+{
+    shm_conn *c = conn;
+    pthread_mutex_lock(&c->lock);
+    if (c->stopping || atomic_load(&c->dead)) {
+        pthread_mutex_unlock(&c->lock);
+        return FERRY_ECONNRESET;
+    }
+    for (size_t i = 0; i < n; i++) {
+        chunks[i]->next = NULL;
+        if (c->tail)
+            c->tail->next = chunks[i];
+        else
+            c->head = chunks[i];
+        c->tail = chunks[i];
+    }
+    pthread_cond_broadcast(&c->cond);
+    pthread_mutex_unlock(&c->lock);
+    return 0;
+}
+
+static void shm_disconnect(void *conn)
+{
+    shm_conn *c = conn;
+    pthread_mutex_lock(&c->lock);
+    c->stopping = true;
+    pthread_cond_broadcast(&c->cond);
+    pthread_mutex_unlock(&c->lock);
+    shutdown(c->ctrl, SHUT_RDWR);   /* unblocks a worker waiting on the target */
+    /* Workers fail what is still queued, finish the copy in hand, and exit. */
+    for (unsigned i = 0; i < c->nworkers; i++)
+        pthread_join(c->workers[i], NULL);
+    conn_free(c);
+}
+
+static bool shm_alive(void *conn)
+{
+    return target_alive(conn);
+}
+
+const fr_transport fr_transport_shm = {
+    .name = "shm",
+    .bit = FR_TRANSPORT_SHM,
+    .max_chunk = 2u << 20,
+    .start = shm_start,
+    .stop = shm_stop,
+    .connect = shm_connect,
+    .post = shm_post,
+    .disconnect = shm_disconnect,
+    .alive = shm_alive,
+};

@@ -1,0 +1,1126 @@
+/* tcp transport: one-sided READ/WRITE/NOTIFY over authenticated TCP streams.
+ *
+ * Server side: an accept thread hands every connection to its own thread,
+ * which authenticates the peer and then serves requests strictly in order,
+ * receiving WRITE payloads straight into the target region and sending READ
+ * data straight from it.
+ *
+ * Client side: a connection to a peer is cfg.tcp_streams TCP streams. Each
+ * stream has a send queue drained by a sender thread and an in-flight FIFO
+ * matched by a receiver thread; the server answers in order, so a reply
+ * always belongs to the head of the in-flight FIFO.
+ *
+ * Chunk ownership (why every chunk completes exactly once): a chunk is in
+ * exactly one of a stream's queue, its in-flight FIFO, its held list, or the
+ * hands of the one thread that unlinked it under the stream lock, and only
+ * that holder completes it. A reply can arrive before the writev that
+ * carried its request has returned (the peer has every byte once the kernel
+ * has copied them); such a chunk is held and the sender completes it after
+ * its writev, so no chunk is completed while a gather list still points at
+ * it. When a connection fails it is marked dead, every socket is shut down
+ * and the threads exit; the last thread of a stream to exit fails what is
+ * left on that stream. */
+#include <arpa/inet.h>
+#include <assert.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "engine/engine_int.h"
+
+#define TAG "tcp"
+#define MAX_STREAMS 64u        /* post() tracks streams in a 64-bit mask */
+#define SEND_BATCH 16          /* chunks per writev */
+#define BATCH_BYTES (1u << 20) /* stop adding payloads to a writev past this */
+#define HDR_CAP 128            /* room for header + meta of WRITE/READ/NOTIFY */
+#define CHUNK_COST 64          /* per-chunk weight in the stream load */
+#define PEER_NAME 64
+
+/* ======================================================================
+ * addresses
+ * ==================================================================== */
+
+/* "A.B.C.D:PORT", "[v6]:PORT" or "localhost:PORT"; numeric only so that
+ * opening an engine never waits on a resolver. */
+static int parse_hostport(const char *in, struct sockaddr_storage *ss, socklen_t *sl)
+{
+    char host[INET6_ADDRSTRLEN];
+    const char *hs = in, *he, *port;
+    bool v6 = in[0] == '[';
+
+    if (v6) {
+        hs = in + 1;
+        he = strchr(hs, ']');
+        if (!he || he[1] != ':')
+            return FERRY_EINVAL;
+        port = he + 2;
+    } else {
+        he = strrchr(in, ':');
+        if (!he)
+            return FERRY_EINVAL;
+        port = he + 1;
+    }
+    size_t hl = (size_t)(he - hs);
+    if (hl == 0 || hl >= sizeof host || *port == '\0' || strlen(port) > 5)
+        return FERRY_EINVAL;
+    memcpy(host, hs, hl);
+    host[hl] = '\0';
+    unsigned long pn = 0;
+    for (const char *q = port; *q; q++) {
+        if (*q < '0' || *q > '9')
+            return FERRY_EINVAL;
+        pn = pn * 10 + (unsigned long)(*q - '0');
+    }
+    if (pn > 65535)
+        return FERRY_EINVAL;
+
+    memset(ss, 0, sizeof *ss);
+    if (!v6 && strcmp(host, "localhost") == 0)
+        strcpy(host, "127.0.0.1");
+    if (v6) {
+        struct sockaddr_in6 *a = (struct sockaddr_in6 *)ss;
+        a->sin6_family = AF_INET6;
+        a->sin6_port = htons((uint16_t)pn);
+        *sl = sizeof *a;
+        return inet_pton(AF_INET6, host, &a->sin6_addr) == 1 ? 0 : FERRY_EINVAL;
+    }
+    struct sockaddr_in *a = (struct sockaddr_in *)ss;
+    a->sin_family = AF_INET;
+    a->sin_port = htons((uint16_t)pn);
+    *sl = sizeof *a;
+    return inet_pton(AF_INET, host, &a->sin_addr) == 1 ? 0 : FERRY_EINVAL;
+}
+
+/* Endpoint fields and "tcp://HOST:PORT" from the bound listener address. */
+static void publish_endpoint(ferry_engine *e, const struct sockaddr_storage *ss)
+{
+    char host[INET6_ADDRSTRLEN] = "?";
+
+    if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)ss;
+        e->ep.family = 6;
+        e->ep.port = ntohs(a->sin6_port);
+        memcpy(e->ep.addr, &a->sin6_addr, 16);
+        inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+        snprintf(e->address, sizeof e->address, "tcp://[%s]:%u", host, (unsigned)e->ep.port);
+    } else {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)ss;
+        e->ep.family = 4;
+        e->ep.port = ntohs(a->sin_port);
+        memset(e->ep.addr, 0, sizeof e->ep.addr);
+        memcpy(e->ep.addr, &a->sin_addr, 4);
+        inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+        snprintf(e->address, sizeof e->address, "tcp://%s:%u", host, (unsigned)e->ep.port);
+    }
+    e->ep.transports |= FR_TRANSPORT_TCP;
+}
+
+/* sockaddr and printable name of a peer's tcp endpoint. */
+static int endpoint_sockaddr(const fr_endpoint *ep, struct sockaddr_storage *ss, socklen_t *sl,
+                             char *name, size_t nlen)
+{
+    char host[INET6_ADDRSTRLEN] = "?";
+
+    memset(ss, 0, sizeof *ss);
+    if (ep->family == 4) {
+        struct sockaddr_in *a = (struct sockaddr_in *)ss;
+        a->sin_family = AF_INET;
+        a->sin_port = htons(ep->port);
+        memcpy(&a->sin_addr, ep->addr, 4);
+        *sl = sizeof *a;
+        inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+        snprintf(name, nlen, "%s:%u", host, (unsigned)ep->port);
+        return 0;
+    }
+    if (ep->family == 6) {
+        struct sockaddr_in6 *a = (struct sockaddr_in6 *)ss;
+        a->sin6_family = AF_INET6;
+        a->sin6_port = htons(ep->port);
+        memcpy(&a->sin6_addr, ep->addr, 16);
+        *sl = sizeof *a;
+        inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+        snprintf(name, nlen, "[%s]:%u", host, (unsigned)ep->port);
+        return 0;
+    }
+    return FERRY_EINVAL;
+}
+
+static void set_nodelay(int fd)
+{
+    const int one = 1;
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+/* ======================================================================
+ * server side
+ * ==================================================================== */
+
+typedef struct tcp_server tcp_server;
+
+typedef struct srv_conn {
+    tcp_server *srv;
+    int fd;                    /* -1 once closed (srv->lock) */
+    bool finished;             /* thread is done; join it (srv->lock) */
+    pthread_t th;
+    char peer[PEER_NAME];
+    struct srv_conn *next;
+} srv_conn;
+
+struct tcp_server {
+    ferry_engine *e;
+    int lfd;
+    pthread_t acceptor;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;       /* cuts the acceptor's error back-off short at stop */
+    bool stopping;
+    srv_conn *conns;           /* every connection thread not yet joined */
+};
+
+static int srv_reply_ack(int fd, uint64_t req_id, int32_t status, uint64_t value)
+{
+    fr_msg m = { .type = FR_MSG_ACK };
+    m.u.ack.status = status;
+    m.u.ack.value = value;
+    return fr_send_msg(fd, &m, req_id);
+}
+
+static int srv_write(ferry_engine *e, int fd, uint64_t req_id, const fr_msg_rw *rw)
+{
+    ferry_region *reg;
+    uint8_t *ptr;
+
+    int rc = fr_region_acquire(e, rw, FERRY_REMOTE_WRITE, &reg, &ptr);
+    if (rc < 0) {
+        /* Refused: swallow the payload so the stream stays in sync; the
+         * target memory is never touched. */
+        int drc = fr_drain(fd, rw->len);
+        return drc < 0 ? drc : srv_reply_ack(fd, req_id, rc, 0);
+    }
+    rc = fr_read_full(fd, ptr, rw->len);
+    fr_region_release(reg);
+    return rc < 0 ? rc : srv_reply_ack(fd, req_id, 0, rw->len);
+}
+
+static int srv_read(ferry_engine *e, int fd, uint64_t req_id, const fr_msg_rw *rw)
+{
+    fr_msg m = { .type = FR_MSG_READ_RESP };
+    ferry_region *reg;
+    uint8_t *ptr;
+    uint8_t hdr[HDR_CAP];
+
+    int rc = fr_region_acquire(e, rw, FERRY_REMOTE_READ, &reg, &ptr);
+    if (rc < 0) {
+        m.u.read_resp.status = rc;
+        return fr_send_msg(fd, &m, req_id);
+    }
+    m.u.read_resp.len = rw->len;
+    int n = fr_wire_encode(&m, req_id, rw->len, hdr, sizeof hdr);
+    if (n >= 0) {
+        struct iovec iov[2] = { { hdr, (size_t)n }, { ptr, (size_t)rw->len } };
+        rc = fr_writev_full(fd, iov, 2);
+    } else {
+        rc = n;
+    }
+    fr_region_release(reg);
+    return rc;
+}
+
+/* Log why a served connection ends: corrupt input is a warning and counted;
+ * a peer going away is routine. */
+static void srv_drop(ferry_engine *e, const srv_conn *sc, int rc)
+{
+    if (rc == FERRY_EPROTO || rc == FERRY_EMSGSIZE) {
+        FR_WARN(TAG, "dropping connection from %s: %s (%s)", sc->peer,
+                rc == FERRY_EPROTO ? "corrupt frame" : "oversized frame", ferry_strerror(rc));
+        FR_STAT_ADD(e, frames_rejected, 1);
+    } else {
+        FR_DEBUG(TAG, "connection from %s closed: %s", sc->peer, ferry_strerror(rc));
+    }
+}
+
+static void srv_serve(ferry_engine *e, srv_conn *sc)
+{
+    const int fd = sc->fd;
+
+    for (;;) {
+        fr_frame_hdr hdr;
+        fr_msg m;
+        int rc = fr_recv_msg(fd, &hdr, &m);
+        if (rc < 0) {
+            srv_drop(e, sc, rc);
+            return;
+        }
+        switch (hdr.type) {
+        case FR_MSG_WRITE:
+            rc = srv_write(e, fd, hdr.req_id, &m.u.rw);
+            break;
+        case FR_MSG_READ:
+            rc = srv_read(e, fd, hdr.req_id, &m.u.rw);
+            break;
+        case FR_MSG_NOTIFY:
+            fr_notify_deliver(e, m.u.notify.tag, m.u.notify.value);
+            rc = srv_reply_ack(fd, hdr.req_id, 0, 0);
+            break;
+        default:
+            /* A well-formed frame that a client must never send here. */
+            FR_WARN(TAG, "dropping connection from %s: unexpected message type %u", sc->peer,
+                    (unsigned)hdr.type);
+            FR_STAT_ADD(e, frames_rejected, 1);
+            return;
+        }
+        if (rc < 0) {
+            srv_drop(e, sc, rc);
+            return;
+        }
+    }
+}
+
+static void *srv_conn_main(void *arg)
+{
+    srv_conn *sc = arg;
+    tcp_server *srv = sc->srv;
+    ferry_engine *e = srv->e;
+    fr_msg_auth auth;
+
+    set_nodelay(sc->fd);
+    fr_sock_peername(sc->fd, sc->peer, sizeof sc->peer);
+    /* A client that connects and then says nothing must not hold a thread
+     * forever: the handshake runs under the connect timeout. */
+    int rc = fr_sock_timeouts(sc->fd, e->cfg.connect_timeout_ms);
+    if (rc == 0)
+        rc = fr_auth_server(e, sc->fd, FR_ROLE_TCP_STREAM, &auth);
+    if (rc == 0)
+        rc = fr_sock_timeouts(sc->fd, 0);
+    if (rc == 0) {
+        FR_DEBUG(TAG, "serving stream %u from %s", (unsigned)auth.stream, sc->peer);
+        srv_serve(e, sc);
+    }
+    /* Close under the lock so stop never shuts down a recycled fd. */
+    pthread_mutex_lock(&srv->lock);
+    close(sc->fd);
+    sc->fd = -1;
+    sc->finished = true;
+    pthread_mutex_unlock(&srv->lock);
+    return NULL;
+}
+
+/* Join connection threads that have ended, so a long-lived server does not
+ * accumulate them. Called by the acceptor only. */
+static void srv_reap(tcp_server *srv)
+{
+    srv_conn *done = NULL;
+
+    pthread_mutex_lock(&srv->lock);
+    for (srv_conn **pp = &srv->conns; *pp;) {
+        srv_conn *sc = *pp;
+        if (!sc->finished) {
+            pp = &sc->next;
+            continue;
+        }
+        *pp = sc->next;
+        sc->next = done;
+        done = sc;
+    }
+    pthread_mutex_unlock(&srv->lock);
+    while (done) {
+        srv_conn *next = done->next;
+        pthread_join(done->th, NULL);
+        fr_free(done);
+        done = next;
+    }
+}
+
+static void srv_spawn(tcp_server *srv, int fd)
+{
+    srv_conn *sc = fr_calloc(1, sizeof *sc);
+    if (!sc) {
+        close(fd);
+        return;
+    }
+    sc->srv = srv;
+    sc->fd = fd;
+    pthread_mutex_lock(&srv->lock);
+    int rc = pthread_create(&sc->th, NULL, srv_conn_main, sc);
+    if (rc == 0) {
+        sc->next = srv->conns;
+        srv->conns = sc;
+    }
+    pthread_mutex_unlock(&srv->lock);
+    if (rc != 0) {
+        FR_WARN(TAG, "cannot start a connection thread: %s", strerror(rc));
+        close(fd);
+        fr_free(sc);
+    }
+}
+
+/* true: stop accepting. Out of descriptors or memory, back off briefly
+ * (woken early by stop) rather than spin on a connection we cannot take. */
+static bool acceptor_error(tcp_server *srv, int err)
+{
+    bool stop;
+
+    pthread_mutex_lock(&srv->lock);
+    stop = srv->stopping;
+    if (!stop && (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM)) {
+        FR_WARN(TAG, "accept: %s; backing off", strerror(err));
+        struct timespec ts = fr_timespec_at(fr_deadline_ns(100));
+        pthread_cond_timedwait(&srv->cond, &srv->lock, &ts);
+        stop = srv->stopping;
+    } else if (!stop && err != EINTR && err != ECONNABORTED && err != EPROTO &&
+               err != EPERM && err != ENETDOWN && err != ENONET && err != EHOSTUNREACH &&
+               err != ENETUNREACH && err != EHOSTDOWN && err != ENOPROTOOPT && err != EOPNOTSUPP) {
+        FR_ERROR(TAG, "accept failed: %s; no longer accepting", strerror(err));
+        stop = true;
+    }
+    pthread_mutex_unlock(&srv->lock);
+    return stop;
+}
+
+static void *acceptor_main(void *arg)
+{
+    tcp_server *srv = arg;
+
+    for (;;) {
+        int fd = accept4(srv->lfd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (acceptor_error(srv, errno))
+                break;
+            continue;
+        }
+        srv_reap(srv);
+        srv_spawn(srv, fd);
+    }
+    return NULL;
+}
+
+static int srv_listen(ferry_engine *e, tcp_server *srv)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    const int one = 1;
+
+    int rc = parse_hostport(e->cfg.listen_addr, &ss, &sl);
+    if (rc < 0) {
+        FR_ERROR(TAG, "bad listen address \"%s\" (want HOST:PORT or [V6]:PORT)", e->cfg.listen_addr);
+        return rc;
+    }
+    srv->lfd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (srv->lfd < 0) {
+        FR_ERROR(TAG, "socket: %s", strerror(errno));
+        return FERRY_EIO;
+    }
+    (void)setsockopt(srv->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(srv->lfd, (struct sockaddr *)&ss, sl) < 0 || listen(srv->lfd, SOMAXCONN) < 0) {
+        FR_ERROR(TAG, "cannot listen on %s: %s", e->cfg.listen_addr, strerror(errno));
+        return FERRY_EIO;
+    }
+    sl = sizeof ss;
+    if (getsockname(srv->lfd, (struct sockaddr *)&ss, &sl) < 0)
+        return FERRY_EIO;
+    publish_endpoint(e, &ss);
+    return 0;
+}
+
+static void tcp_stop(void *state);
+
+static int tcp_start(ferry_engine *e, void **state)
+{
+    tcp_server *srv = fr_calloc(1, sizeof *srv);
+    if (!srv)
+        return FERRY_ENOMEM;
+    srv->e = e;
+    srv->lfd = -1;
+    pthread_mutex_init(&srv->lock, NULL);
+    int rc = fr_cond_init_monotonic(&srv->cond);
+    if (rc < 0) {
+        pthread_mutex_destroy(&srv->lock);
+        fr_free(srv);
+        return rc;
+    }
+    rc = srv_listen(e, srv);
+    if (rc == 0 && pthread_create(&srv->acceptor, NULL, acceptor_main, srv) != 0)
+        rc = FERRY_ENOMEM;
+    if (rc < 0) {
+        if (srv->lfd >= 0)
+            close(srv->lfd);
+        pthread_cond_destroy(&srv->cond);
+        pthread_mutex_destroy(&srv->lock);
+        fr_free(srv);
+        return rc;
+    }
+    FR_DEBUG(TAG, "listening on %s", e->address);
+    *state = srv;
+    return 0;
+}
+
+static void tcp_stop(void *state)
+{
+    tcp_server *srv = state;
+    if (!srv)
+        return;
+
+    pthread_mutex_lock(&srv->lock);
+    srv->stopping = true;
+    pthread_cond_broadcast(&srv->cond);
+    pthread_mutex_unlock(&srv->lock);
+    /* On Linux, shutting a listener down makes a blocked accept() return. */
+    shutdown(srv->lfd, SHUT_RDWR);
+    pthread_join(srv->acceptor, NULL);
+
+    /* The acceptor is gone, so the list only loses fds from here on. */
+    pthread_mutex_lock(&srv->lock);
+    for (srv_conn *sc = srv->conns; sc; sc = sc->next)
+        if (sc->fd >= 0)
+            shutdown(sc->fd, SHUT_RDWR);
+    pthread_mutex_unlock(&srv->lock);
+    while (srv->conns) {
+        srv_conn *sc = srv->conns;
+        srv->conns = sc->next;
+        pthread_join(sc->th, NULL);
+        fr_free(sc);
+    }
+    close(srv->lfd);
+    pthread_cond_destroy(&srv->cond);
+    pthread_mutex_destroy(&srv->lock);
+    fr_free(srv);
+}
+
+/* ======================================================================
+ * client side
+ * ==================================================================== */
+
+typedef struct tcp_conn tcp_conn;
+
+/* A chunk whose reply came in while its writev was still running. */
+typedef struct tcp_held {
+    fr_chunk *ch;
+    int status;
+    bool touched;
+} tcp_held;
+
+typedef struct tcp_stream {
+    tcp_conn *conn;
+    int fd;
+    unsigned idx;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;             /* sender: queue not empty, or conn dead */
+    fr_chunk *qhead, *qtail;         /* posted, not sent */
+    fr_chunk *ihead, *itail;         /* being sent or sent, awaiting the reply, in order */
+    uint64_t next_req;               /* last request id taken for sending (lock) */
+    uint64_t sent_req;               /* last request id whose writev returned (lock) */
+    tcp_held held[SEND_BATCH];       /* replied, not yet sent-complete (lock) */
+    unsigned nheld;
+    unsigned live;                   /* threads running; the last one out fails the rest */
+    _Atomic uint64_t load;           /* weight of chunks not completed: stream choice */
+    pthread_t sender, receiver;
+    bool has_sender, has_receiver;
+    /* Sender-only scratch: encoded headers and the gather list. */
+    uint8_t hdr[SEND_BATCH][HDR_CAP];
+    struct iovec iov[2 * SEND_BATCH];
+} tcp_stream;
+
+struct tcp_conn {
+    ferry_engine *e;
+    char peer[PEER_NAME];
+    atomic_bool dead;
+    atomic_uint rr;                  /* rotates ties in stream choice */
+    unsigned nstreams, ninit;        /* streams; streams whose lock/cond exist */
+    tcp_stream s[];
+};
+
+/* Mark the connection dead and wake every thread of it. The first failure
+ * is logged: as a warning when it breaks transfers or the peer misbehaved,
+ * as info when an idle peer just went away (why == NULL: an orderly
+ * disconnect, nothing to report). */
+static void conn_fail(tcp_conn *c, int rc, const char *why)
+{
+    if (atomic_exchange(&c->dead, true))
+        return;
+    bool busy = false;
+    for (unsigned i = 0; i < c->ninit; i++)
+        busy |= atomic_load_explicit(&c->s[i].load, memory_order_relaxed) != 0;
+    if (why && (busy || rc != FERRY_ECONNRESET))
+        FR_WARN(TAG, "dropping connection to %s: %s (%s)", c->peer, why, ferry_strerror(rc));
+    else if (why)
+        FR_INFO(TAG, "connection to %s closed by the peer", c->peer);
+    for (unsigned i = 0; i < c->ninit; i++) {
+        tcp_stream *s = &c->s[i];
+        if (s->fd >= 0)
+            shutdown(s->fd, SHUT_RDWR);
+        pthread_mutex_lock(&s->lock);
+        pthread_cond_broadcast(&s->cond);
+        pthread_mutex_unlock(&s->lock);
+    }
+}
+
+static uint64_t chunk_cost(const fr_chunk *ch)
+{
+    return ch->len + CHUNK_COST;
+}
+
+static void chunk_finish(tcp_stream *s, fr_chunk *ch, int status, bool touched)
+{
+    atomic_fetch_sub_explicit(&s->load, chunk_cost(ch), memory_order_relaxed);
+    fr_chunk_done(ch, status, touched);
+}
+
+/* Fail a detached list. sent: the chunks had been handed to the socket, so a
+ * WRITE may have reached the target. A READ whose data had started landing
+ * is never on such a list: the receiver holds it and completes it itself. */
+static void fail_list(tcp_stream *s, fr_chunk *ch, bool sent)
+{
+    while (ch) {
+        fr_chunk *next = ch->next;
+        ch->next = NULL;
+        chunk_finish(s, ch, FERRY_ECONNRESET, sent && ch->opcode == FERRY_OP_WRITE);
+        ch = next;
+    }
+}
+
+/* Complete held chunks with the outcome their reply carried. */
+static void finish_held(tcp_stream *s, const tcp_held *h, unsigned n)
+{
+    for (unsigned i = 0; i < n; i++)
+        chunk_finish(s, h[i].ch, h[i].status, h[i].touched);
+}
+
+static void stream_fail_all(tcp_stream *s)
+{
+    tcp_held held[SEND_BATCH];
+
+    pthread_mutex_lock(&s->lock);
+    fr_chunk *inflight = s->ihead, *queued = s->qhead;
+    s->ihead = s->itail = s->qhead = s->qtail = NULL;
+    unsigned nheld = s->nheld;
+    memcpy(held, s->held, nheld * sizeof *held);
+    s->nheld = 0;
+    pthread_mutex_unlock(&s->lock);
+    finish_held(s, held, nheld);
+    fail_list(s, inflight, true);
+    fail_list(s, queued, false);
+}
+
+/* Called by each stream thread as it ends; the connection is dead by then,
+ * so nothing new can be queued on the stream after the last one drains it. */
+static void stream_exit(tcp_stream *s)
+{
+    pthread_mutex_lock(&s->lock);
+    bool last = --s->live == 0;
+    pthread_mutex_unlock(&s->lock);
+    if (last)
+        stream_fail_all(s);
+}
+
+/* ---- sender ------------------------------------------------------------ */
+
+static int encode_request(const fr_chunk *ch, uint8_t *out)
+{
+    fr_msg m = { 0 };
+    uint64_t data = 0;
+
+    switch (ch->opcode) {
+    case FERRY_OP_WRITE:
+        m.type = FR_MSG_WRITE;
+        data = ch->len;
+        /* fallthrough */
+    case FERRY_OP_READ:
+        if (ch->opcode == FERRY_OP_READ)
+            m.type = FR_MSG_READ;
+        m.u.rw.key = ch->key;
+        m.u.rw.addr = ch->remote_addr;
+        m.u.rw.len = ch->len;
+        m.u.rw.span_addr = ch->span_addr;
+        m.u.rw.span_len = ch->span_len;
+        break;
+    case FERRY_OP_NOTIFY:
+        m.type = FR_MSG_NOTIFY;
+        m.u.notify.tag = ch->tag;
+        m.u.notify.value = ch->value;
+        break;
+    default:
+        return FERRY_EINVAL;
+    }
+    return fr_wire_encode(&m, ch->req_id, data, out, HDR_CAP);
+}
+
+/* Wait for work, then move up to SEND_BATCH chunks from the queue to the
+ * in-flight FIFO and build their gather list. Everything read from a chunk
+ * is read here, under the lock, before it can be completed by the receiver.
+ * Chunks the codec refuses go to *bad (never sent). Returns the iov count,
+ * or -1 once the connection is dead. */
+static int sender_take(tcp_stream *s, fr_chunk **bad)
+{
+    tcp_conn *c = s->conn;
+    int niov = 0, nhdr = 0;
+
+    pthread_mutex_lock(&s->lock);
+    while (!s->qhead && !atomic_load(&c->dead))
+        pthread_cond_wait(&s->cond, &s->lock);
+    if (atomic_load(&c->dead)) {
+        pthread_mutex_unlock(&s->lock);
+        return -1;
+    }
+    uint64_t bytes = 0;
+    while (s->qhead && nhdr < SEND_BATCH && bytes < BATCH_BYTES) {
+        fr_chunk *ch = s->qhead;
+        s->qhead = ch->next;
+        if (!s->qhead)
+            s->qtail = NULL;
+        ch->next = NULL;
+        ch->req_id = s->next_req + 1;
+        int n = encode_request(ch, s->hdr[nhdr]);
+        if (n < 0) {
+            ch->next = *bad;
+            *bad = ch;
+            continue;
+        }
+        s->next_req++;
+        s->iov[niov++] = (struct iovec){ s->hdr[nhdr++], (size_t)n };
+        if (ch->opcode == FERRY_OP_WRITE && ch->len > 0) {
+            s->iov[niov++] = (struct iovec){ ch->local, (size_t)ch->len };
+            bytes += ch->len;
+        }
+        if (s->itail)
+            s->itail->next = ch;
+        else
+            s->ihead = ch;
+        s->itail = ch;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return niov;
+}
+
+/* The writev is over: nothing points into the chunks taken so far, so the
+ * ones whose replies already came in can complete now. */
+static void sender_release(tcp_stream *s)
+{
+    tcp_held held[SEND_BATCH];
+
+    pthread_mutex_lock(&s->lock);
+    s->sent_req = s->next_req;
+    unsigned n = s->nheld;
+    memcpy(held, s->held, n * sizeof *held);
+    s->nheld = 0;
+    pthread_mutex_unlock(&s->lock);
+    finish_held(s, held, n);
+}
+
+static void *sender_main(void *arg)
+{
+    tcp_stream *s = arg;
+    tcp_conn *c = s->conn;
+
+    for (;;) {
+        fr_chunk *bad = NULL;
+        int niov = sender_take(s, &bad);
+        while (bad) {
+            fr_chunk *next = bad->next;
+            FR_WARN(TAG, "refusing a chunk the wire cannot carry (len %llu)",
+                    (unsigned long long)bad->len);
+            bad->next = NULL;
+            chunk_finish(s, bad, FERRY_EINVAL, false);
+            bad = next;
+        }
+        if (niov < 0)
+            break;
+        int rc = niov > 0 ? fr_writev_full(s->fd, s->iov, niov) : 0;
+        sender_release(s);
+        if (rc < 0) {
+            conn_fail(c, rc, "send failed");
+            break;
+        }
+    }
+    stream_exit(s);
+    return NULL;
+}
+
+/* ---- receiver ------------------------------------------------------------ */
+
+static bool reply_fits(const fr_chunk *ch, const fr_frame_hdr *hdr, const fr_msg *m)
+{
+    if (ch->req_id != hdr->req_id)
+        return false;
+    switch (ch->opcode) {
+    case FERRY_OP_READ:
+        return hdr->type == FR_MSG_READ_RESP &&
+               (m->u.read_resp.status != 0 || m->u.read_resp.len == ch->len);
+    case FERRY_OP_WRITE:
+        return hdr->type == FR_MSG_ACK && (m->u.ack.status != 0 || m->u.ack.value == ch->len);
+    case FERRY_OP_NOTIFY:
+        return hdr->type == FR_MSG_ACK;
+    default:
+        return false;
+    }
+}
+
+/* Unlink the in-flight head if the reply belongs to it. A reply that does
+ * not leaves the head in place: it fails with the connection. */
+static fr_chunk *pop_reply(tcp_stream *s, const fr_frame_hdr *hdr, const fr_msg *m)
+{
+    pthread_mutex_lock(&s->lock);
+    fr_chunk *ch = s->ihead;
+    if (ch && reply_fits(ch, hdr, m)) {
+        s->ihead = ch->next;
+        if (!s->ihead)
+            s->itail = NULL;
+        ch->next = NULL;
+    } else {
+        ch = NULL;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return ch;
+}
+
+/* Complete a replied chunk, or hold it for the sender while the writev that
+ * carried it is still running. At most one batch can be held. */
+static void reply_done(tcp_stream *s, fr_chunk *ch, int status, bool touched)
+{
+    pthread_mutex_lock(&s->lock);
+    bool hold = ch->req_id > s->sent_req;
+    assert(!hold || s->nheld < SEND_BATCH);   /* only the running batch can be held */
+    if (hold)
+        s->held[s->nheld++] = (tcp_held){ ch, status, touched };
+    pthread_mutex_unlock(&s->lock);
+    if (!hold)
+        chunk_finish(s, ch, status, touched);
+}
+
+static int handle_reply(tcp_stream *s, const fr_frame_hdr *hdr, const fr_msg *m)
+{
+    fr_chunk *ch = pop_reply(s, hdr, m);
+    if (!ch)
+        return FERRY_EPROTO;
+
+    if (hdr->type == FR_MSG_READ_RESP) {
+        int status = m->u.read_resp.status;
+        if (status != 0) {
+            reply_done(s, ch, status, false);
+            return 0;
+        }
+        int rc = fr_read_full(s->fd, ch->local, ch->len);
+        reply_done(s, ch, rc < 0 ? FERRY_ECONNRESET : 0, true);
+        return rc;
+    }
+    int status = m->u.ack.status;
+    /* A refused WRITE was drained by the target: nothing was touched. */
+    reply_done(s, ch, status, ch->opcode == FERRY_OP_WRITE && status == 0);
+    return 0;
+}
+
+static void *receiver_main(void *arg)
+{
+    tcp_stream *s = arg;
+    tcp_conn *c = s->conn;
+
+    for (;;) {
+        fr_frame_hdr hdr;
+        fr_msg m;
+        int rc = fr_recv_msg(s->fd, &hdr, &m);
+        if (rc == 0) {
+            rc = handle_reply(s, &hdr, &m);
+            if (rc == FERRY_EPROTO) {
+                FR_STAT_ADD(c->e, frames_rejected, 1);
+                conn_fail(c, rc, "reply does not match the oldest request");
+                break;
+            }
+        } else if (rc == FERRY_EPROTO || rc == FERRY_EMSGSIZE) {
+            FR_STAT_ADD(c->e, frames_rejected, 1);
+            conn_fail(c, rc, "corrupt reply");
+            break;
+        }
+        if (rc < 0) {
+            conn_fail(c, rc, "receive failed");
+            break;
+        }
+    }
+    stream_exit(s);
+    return NULL;
+}
+
+/* ---- connect / post / disconnect ------------------------------------------ */
+
+/* Milliseconds left before deadline (ns): -1 forever, 0 expired. */
+static int ms_left(uint64_t deadline)
+{
+    if (deadline == UINT64_MAX)
+        return -1;
+    uint64_t now = fr_now_ns();
+    if (now >= deadline)
+        return 0;
+    uint64_t ms = (deadline - now + 999999) / 1000000;
+    return ms > INT32_MAX ? INT32_MAX : (int)ms;
+}
+
+static int connect_errno(int err)
+{
+    if (err == ECONNREFUSED)
+        return FERRY_ECONNREFUSED;
+    if (err == ETIMEDOUT)
+        return FERRY_ETIMEDOUT;
+    return FERRY_EIO;
+}
+
+/* Non-blocking connect bounded by the deadline; leaves fd blocking. */
+static int connect_deadline(int fd, const struct sockaddr_storage *ss, socklen_t sl,
+                            uint64_t deadline)
+{
+    if (connect(fd, (const struct sockaddr *)ss, sl) < 0) {
+        if (errno != EINPROGRESS)
+            return connect_errno(errno);
+        for (;;) {
+            struct pollfd pfd = { .fd = fd, .events = POLLOUT };
+            int ms = ms_left(deadline);
+            if (ms == 0)
+                return FERRY_ETIMEDOUT;
+            int n = poll(&pfd, 1, ms);
+            if (n > 0)
+                break;
+            if (n < 0 && errno != EINTR)
+                return FERRY_EIO;
+        }
+        int err = 0;
+        socklen_t el = sizeof err;
+        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) < 0)
+            return FERRY_EIO;
+        if (err != 0)
+            return connect_errno(err);
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0)
+        return FERRY_EIO;
+    return 0;
+}
+
+static int stream_open(tcp_conn *c, tcp_stream *s, const fr_peer *p,
+                       const struct sockaddr_storage *ss, socklen_t sl, uint64_t deadline)
+{
+    uint32_t pid = 0;
+
+    s->fd = socket(ss->ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (s->fd < 0)
+        return FERRY_EIO;
+    int rc = connect_deadline(s->fd, ss, sl, deadline);
+    if (rc < 0)
+        return rc;
+    set_nodelay(s->fd);
+    int ms = ms_left(deadline);
+    if (ms == 0)
+        return FERRY_ETIMEDOUT;
+    rc = fr_sock_timeouts(s->fd, ms < 0 ? 0 : ms);
+    if (rc < 0)
+        return rc;
+    /* Its code is passed on unchanged: FERRY_ESTALE must reach the caller. */
+    rc = fr_auth_client(c->e, s->fd, p, FR_ROLE_TCP_STREAM, (uint16_t)s->idx, &pid);
+    if (rc < 0)
+        return rc;
+    return fr_sock_timeouts(s->fd, 0);
+}
+
+static int stream_start(tcp_stream *s)
+{
+    pthread_mutex_lock(&s->lock);
+    s->live = 2;
+    pthread_mutex_unlock(&s->lock);
+    s->has_sender = pthread_create(&s->sender, NULL, sender_main, s) == 0;
+    if (s->has_sender)
+        s->has_receiver = pthread_create(&s->receiver, NULL, receiver_main, s) == 0;
+    if (s->has_sender && s->has_receiver)
+        return 0;
+    pthread_mutex_lock(&s->lock);
+    s->live = s->has_sender ? 1 : 0;
+    pthread_mutex_unlock(&s->lock);
+    return FERRY_ENOMEM;
+}
+
+/* Tear down whatever exists: stop and join every thread (the last one of
+ * each stream fails its leftovers), then close and free. */
+/* Close with a reset: payload still queued in our send buffer is dropped
+ * instead of being delivered into the target after its chunks were already
+ * reported failed. */
+static void close_abortive(int fd)
+{
+    const struct linger lg = { .l_onoff = 1, .l_linger = 0 };
+    (void)setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    close(fd);
+}
+
+static void conn_free(tcp_conn *c)
+{
+    conn_fail(c, 0, NULL);
+    for (unsigned i = 0; i < c->ninit; i++) {
+        tcp_stream *s = &c->s[i];
+        if (s->has_sender)
+            pthread_join(s->sender, NULL);
+        if (s->has_receiver)
+            pthread_join(s->receiver, NULL);
+        stream_fail_all(s);   /* empty unless the threads never ran */
+        if (s->fd >= 0)
+            close_abortive(s->fd);
+        pthread_cond_destroy(&s->cond);
+        pthread_mutex_destroy(&s->lock);
+    }
+    fr_free(c);
+}
+
+static tcp_conn *conn_alloc(ferry_engine *e, unsigned ns)
+{
+    tcp_conn *c = fr_calloc(1, sizeof *c + ns * sizeof(tcp_stream));
+    if (!c)
+        return NULL;
+    c->e = e;
+    c->nstreams = ns;
+    atomic_init(&c->dead, false);
+    atomic_init(&c->rr, 0);
+    for (unsigned i = 0; i < ns; i++) {
+        tcp_stream *s = &c->s[i];
+        s->conn = c;
+        s->fd = -1;
+        s->idx = i;
+        atomic_init(&s->load, 0);
+        if (pthread_mutex_init(&s->lock, NULL) != 0)
+            break;
+        if (pthread_cond_init(&s->cond, NULL) != 0) {
+            pthread_mutex_destroy(&s->lock);
+            break;
+        }
+        c->ninit++;
+    }
+    if (c->ninit < ns) {
+        conn_free(c);
+        return NULL;
+    }
+    return c;
+}
+
+static int tcp_connect(ferry_engine *e, fr_peer *p, void **out)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    unsigned ns = e->cfg.tcp_streams;
+    ns = ns < 1 ? 1 : ns > MAX_STREAMS ? MAX_STREAMS : ns;
+
+    if (!(p->ep.transports & FR_TRANSPORT_TCP))
+        return FERRY_ENOTSUP;
+    tcp_conn *c = conn_alloc(e, ns);
+    if (!c)
+        return FERRY_ENOMEM;
+    int rc = endpoint_sockaddr(&p->ep, &ss, &sl, c->peer, sizeof c->peer);
+    const int tmo = e->cfg.connect_timeout_ms;
+    const uint64_t deadline = fr_deadline_ns(tmo > 0 ? tmo : -1);
+    for (unsigned i = 0; rc == 0 && i < ns; i++) {
+        rc = stream_open(c, &c->s[i], p, &ss, sl, deadline);
+        if (rc < 0)   /* the engine reports the failure; this adds where */
+            FR_INFO(TAG, "connect to %s (stream %u) failed: %s", c->peer, i, ferry_strerror(rc));
+    }
+    for (unsigned i = 0; rc == 0 && i < ns; i++)
+        rc = stream_start(&c->s[i]);
+    if (rc < 0) {
+        conn_free(c);
+        return rc;
+    }
+    FR_DEBUG(TAG, "connected to %s with %u streams", c->peer, ns);
+    *out = c;
+    return 0;
+}
+
+/* The stream with the least outstanding weight; ties rotate. */
+static unsigned pick_stream(tcp_conn *c, const uint64_t *added)
+{
+    unsigned n = c->nstreams;
+    unsigned start = atomic_fetch_add_explicit(&c->rr, 1, memory_order_relaxed) % n;
+    unsigned best = start;
+    uint64_t best_w = UINT64_MAX;
+
+    for (unsigned k = 0; k < n; k++) {
+        unsigned i = (start + k) % n;
+        uint64_t w = atomic_load_explicit(&c->s[i].load, memory_order_relaxed) + added[i];
+        if (w < best_w) {
+            best_w = w;
+            best = i;
+        }
+    }
+    return best;
+}
+
+static int tcp_post(void *conn, fr_chunk **chunks, size_t n)
+{
+    tcp_conn *c = conn;
+    fr_chunk *head[MAX_STREAMS] = { 0 }, *tail[MAX_STREAMS] = { 0 };
+    uint64_t added[MAX_STREAMS] = { 0 };
+    uint64_t used = 0;
+
+    if (atomic_load(&c->dead))
+        return FERRY_ECONNRESET;
+    if (n == 0)
+        return 0;
+    /* Sort the chunks into per-stream lists first, then take every stream
+     * lock involved (in index order) so the batch is taken whole or not at
+     * all. */
+    for (size_t i = 0; i < n; i++) {
+        fr_chunk *ch = chunks[i];
+        /* Notifications all ride stream 0 so that they arrive in the order
+         * they were posted; data goes wherever the least is queued. */
+        unsigned k = ch->opcode == FERRY_OP_NOTIFY ? 0 : pick_stream(c, added);
+        ch->next = NULL;
+        if (tail[k])
+            tail[k]->next = ch;
+        else
+            head[k] = ch;
+        tail[k] = ch;
+        added[k] += chunk_cost(ch);
+        used |= 1ull << k;
+    }
+    for (unsigned k = 0; k < c->nstreams; k++)
+        if (used & (1ull << k))
+            pthread_mutex_lock(&c->s[k].lock);
+    /* Checked under the locks: a stream's last thread drains it under its
+     * lock only after the connection was marked dead. */
+    bool dead = atomic_load(&c->dead);
+    for (unsigned k = 0; k < c->nstreams; k++) {
+        if (!(used & (1ull << k)))
+            continue;
+        tcp_stream *s = &c->s[k];
+        if (!dead) {
+            if (s->qtail)
+                s->qtail->next = head[k];
+            else
+                s->qhead = head[k];
+            s->qtail = tail[k];
+            atomic_fetch_add_explicit(&s->load, added[k], memory_order_relaxed);
+            pthread_cond_signal(&s->cond);
+        }
+        pthread_mutex_unlock(&s->lock);
+    }
+    return dead ? FERRY_ECONNRESET : 0;
+}
+
+static void tcp_disconnect(void *conn)
+{
+    if (conn)
+        conn_free(conn);
+}
+
+static bool tcp_alive(void *conn)
+{
+    const tcp_conn *c = conn;
+    return c && !atomic_load(&c->dead);
+}
+
+const fr_transport fr_transport_tcp = {
+    .name = "tcp",
+    .bit = FR_TRANSPORT_TCP,
+    .max_chunk = 0,   /* 0: the engine splits at cfg.tcp_chunk */
+    .start = tcp_start,
+    .stop = tcp_stop,
+    .connect = tcp_connect,
+    .post = tcp_post,
+    .disconnect = tcp_disconnect,
+    .alive = tcp_alive,
+};

@@ -1,0 +1,178 @@
+/* Engine API without peers: configuration, registration, descriptors and
+ * argument checking. Every bad input gets an error and changes nothing. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine_int.h"
+#include "util/testutil.h"
+
+static ferry_engine *open_default(void)
+{
+    ferry_engine_config c;
+    ft_config(&c, NULL);
+    ferry_engine *e = NULL;
+    assert_int_equal(ferry_engine_open(&c, &e), 0);
+    return e;
+}
+
+static void test_config(void **s)
+{
+    (void)s;
+    ferry_engine_config c;
+    ft_config(&c, NULL);
+    ferry_engine *e = NULL;
+    ferry_engine_config bad = c;
+    bad.token_len = 0;
+    assert_int_equal(ferry_engine_open(&bad, &e), FERRY_EAUTH);
+    assert_null(e);
+    bad = c;
+    bad.tcp_streams = 0;
+    assert_int_equal(ferry_engine_open(&bad, &e), FERRY_EINVAL);
+    bad = c;
+    snprintf(bad.transport, sizeof bad.transport, "rdma");
+    assert_int_equal(ferry_engine_open(&bad, &e), FERRY_EINVAL);
+    bad = c;
+    snprintf(bad.listen_addr, sizeof bad.listen_addr, "not-an-address");
+    assert_true(ferry_engine_open(&bad, &e) < 0);
+    assert_null(e);
+    setenv("FERRY_TRANSPORT", "carrier-pigeon", 1);
+    assert_int_equal(ferry_engine_config_init(&bad), FERRY_EINVAL);
+    unsetenv("FERRY_TRANSPORT");
+    assert_int_equal(ferry_engine_config_token_file(&bad, "/nonexistent/token"), FERRY_ENOENT);
+    ferry_engine_close(NULL);   /* a no-op */
+}
+
+static void test_register(void **s)
+{
+    (void)s;
+    ferry_engine *e = open_default();
+    void *m;
+    ferry_region *r, *r2;
+    assert_int_equal(ferry_mem_alloc(e, 10000, &m), 0);
+    assert_int_equal(ferry_region_register(e, NULL, 10, 0, FERRY_MEM_HOST, &r), FERRY_EINVAL);
+    assert_int_equal(ferry_region_register(e, m, 0, 0, FERRY_MEM_HOST, &r), FERRY_EINVAL);
+    assert_int_equal(ferry_region_register(e, m, 10, 0x80, FERRY_MEM_HOST, &r), FERRY_EINVAL);
+    assert_int_equal(ferry_region_register(e, m, 10, 0, FERRY_MEM_DEVICE, &r), FERRY_ENOTSUP);
+    assert_int_equal(ferry_region_register(e, m, 10000, FERRY_REMOTE_RW, FERRY_MEM_HOST, &r), 0);
+    assert_int_equal(ferry_region_register(e, m, 5000, FERRY_REMOTE_READ, FERRY_MEM_HOST, &r2), 0);
+    assert_true(ferry_region_key(r) != ferry_region_key(r2));   /* fresh random keys */
+    assert_true(ferry_region_key(r) > 1);
+    assert_ptr_equal(ferry_region_addr(r), m);
+    assert_int_equal(ferry_region_len(r), 10000);
+    assert_int_equal(ferry_engine_region_count(e), 2);
+    /* memory with regions on it cannot be freed */
+    assert_int_equal(ferry_mem_free(e, m), FERRY_EBUSY);
+    assert_int_equal(ferry_region_unregister(r), 0);
+    assert_int_equal(ferry_region_unregister(r2), 0);
+    assert_int_equal(ferry_engine_region_count(e), 0);
+    assert_int_equal(ferry_mem_free(e, m), 0);
+    assert_int_equal(ferry_mem_free(e, m), FERRY_ENOENT);
+    /* heap memory registers too (shm peers reach it by cross-memory attach) */
+    void *h = malloc(4096);
+    assert_int_equal(ferry_region_register(e, h, 4096, FERRY_REMOTE_RW, FERRY_MEM_HOST, &r), 0);
+    ferry_engine_close(e);   /* unregisters what is left */
+    free(h);
+}
+
+static void test_descriptors(void **s)
+{
+    (void)s;
+    ferry_engine *e = open_default();
+    uint8_t d[FERRY_DESC_MAX];
+    int n = ferry_engine_export(e, d, sizeof d);
+    assert_true(n > 0 && n <= FERRY_DESC_MAX);
+    assert_int_equal(ferry_engine_export(e, d, 8), FERRY_EMSGSIZE);
+    assert_non_null(strstr(ferry_engine_address(e), "tcp://127.0.0.1:"));
+    ferry_peer_id id;
+    /* corrupt descriptors are rejected before any connection is tried */
+    for (int i = 0; i < n; i++) {
+        uint8_t c[FERRY_DESC_MAX];
+        memcpy(c, d, (size_t)n);
+        c[i] ^= 0x40;
+        assert_true(ferry_peer_add(e, c, (size_t)n, &id) < 0);
+    }
+    assert_true(ferry_peer_add(e, d, (size_t)n - 1, &id) < 0);
+    ferry_remote_region rr;
+    assert_true(ferry_region_import(e, d, (size_t)n, &rr) < 0);   /* an endpoint is not a region */
+    /* an engine may talk to itself */
+    assert_int_equal(ferry_peer_add(e, d, (size_t)n, &id), 0);
+    ferry_peer_id id2;
+    assert_int_equal(ferry_peer_add(e, d, (size_t)n, &id2), 0);
+    assert_int_equal(id, id2);   /* same instance, same id */
+    assert_int_equal(ferry_peer_reset(e, 12345), FERRY_ENOENT);
+    ferry_engine_close(e);
+}
+
+static void test_loopback_self(void **s)
+{
+    (void)s;
+    const char *tps[] = {"shm", "tcp"};
+    for (int k = 0; k < 2; k++) {
+        ferry_engine_config c;
+        ft_config(&c, tps[k]);
+        ferry_engine *e;
+        assert_int_equal(ferry_engine_open(&c, &e), 0);
+        void *src, *dst;
+        ferry_region *rs, *rd;
+        assert_int_equal(ferry_mem_alloc(e, 1 << 20, &src), 0);
+        assert_int_equal(ferry_mem_alloc(e, 1 << 20, &dst), 0);
+        assert_int_equal(ferry_region_register(e, src, 1 << 20, 0, FERRY_MEM_HOST, &rs), 0);
+        assert_int_equal(ferry_region_register(e, dst, 1 << 20, FERRY_REMOTE_WRITE, FERRY_MEM_HOST, &rd), 0);
+        uint8_t blob[FERRY_DESC_MAX];
+        int n = ferry_region_export(rd, blob, sizeof blob);
+        ferry_remote_region rr;
+        assert_int_equal(ferry_region_import(e, blob, (size_t)n, &rr), 0);
+        assert_string_equal(ferry_peer_transport(e, rr.peer), tps[k]);
+        ft_pattern(src, 1 << 20, 5, 0);
+        ferry_op ops[2] = {{.opcode = FERRY_OP_WRITE, .local = src, .len = 1 << 20, .peer = rr.peer,
+                            .remote_addr = rr.addr, .key = rr.key},
+                           {.opcode = FERRY_OP_NOTIFY, .peer = rr.peer, .tag = 5, .value = 6}};
+        ferry_ticket *t;
+        assert_int_equal(ferry_submit(e, ops, 2, 0, &t), 0);
+        assert_int_equal(ferry_ticket_wait(t, 30000), FERRY_TICKET_COMPLETED);
+        ferry_ticket_free(t);
+        uint64_t v = 0;
+        assert_int_equal(ferry_wait_notify(e, 5, 1, 10000, &v), 0);
+        assert_int_equal(v, 6);
+        assert_int_equal(ferry_wait_notify(e, 5, 1, 50, NULL), FERRY_ETIMEDOUT);
+        assert_memory_equal(src, dst, 1 << 20);
+        ferry_engine_stats st;
+        ferry_engine_get_stats(e, &st);
+        assert_int_equal(st.bytes_written, 1 << 20);
+        assert_int_equal(st.tickets_completed, 1);
+        ferry_engine_close(e);
+    }
+}
+
+static void test_names(void **s)
+{
+    (void)s;
+    assert_string_equal(ferry_ticket_state_name(FERRY_TICKET_COMPLETED), "COMPLETED");
+    assert_string_equal(ferry_ticket_state_name(FERRY_TICKET_FAILED_DRAINED), "FAILED_DRAINED");
+    assert_non_null(ferry_strerror(FERRY_EFENCED));
+    assert_true(strstr(ferry_strerror(FERRY_EFENCED), "fenced") != NULL);
+    assert_int_equal(ferry_ticket_wait(NULL, 0), FERRY_EINVAL);
+    ferry_ticket_free(NULL);
+}
+
+int main(int argc, char **argv)
+{
+    int rc = ft_main_peer(argc, argv);
+    if (rc >= 0)
+        return rc;
+    ft_token();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_config),
+        cmocka_unit_test(test_register),
+        cmocka_unit_test(test_descriptors),
+        cmocka_unit_test(test_loopback_self),
+        cmocka_unit_test(test_names),
+    };
+    return cmocka_run_group_tests_name("engine_api", tests, NULL, NULL);
+}

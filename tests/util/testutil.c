@@ -1,0 +1,357 @@
+#include "util/testutil.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/base.h"
+
+static char g_token[65];
+
+const char *ft_token(void)
+{
+    if (!g_token[0]) {
+        const char *t = getenv("FERRY_TOKEN");
+        if (t && *t && strlen(t) < sizeof g_token) {
+            snprintf(g_token, sizeof g_token, "%s", t);
+        } else {
+            ferry_token_generate(g_token);
+            setenv("FERRY_TOKEN", g_token, 1);
+        }
+    }
+    return g_token;
+}
+
+void ft_config(ferry_engine_config *cfg, const char *transport)
+{
+    ft_token();
+    ferry_engine_config_init(cfg);
+    snprintf(cfg->transport, sizeof cfg->transport, "%s", transport ? transport : "");
+}
+
+static uint64_t splitmix(uint64_t x)
+{
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+void ft_pattern(uint8_t *buf, uint64_t len, uint64_t seed, uint64_t offset)
+{
+    uint64_t i = 0;
+    while (i < len) {
+        uint64_t pos = offset + i;
+        uint64_t w = splitmix(seed ^ (pos >> 3) * 0x100000001B3ull);
+        unsigned b = (unsigned)(pos & 7);
+        for (; b < 8 && i < len; b++, i++)
+            buf[i] = (uint8_t)(w >> (8 * b));
+    }
+}
+
+uint64_t ft_hash(const void *buf, uint64_t len) { return fr_hash64(buf, len, 0); }
+
+static void hex(const uint8_t *b, size_t n, char *out)
+{
+    for (size_t i = 0; i < n; i++)
+        sprintf(out + 2 * i, "%02x", b[i]);
+}
+
+static size_t unhex(const char *s, uint8_t *out, size_t cap)
+{
+    size_t n = 0;
+    while (s[0] && s[1] && n < cap && s[0] != ' ') {
+        unsigned v;
+        if (sscanf(s, "%2x", &v) != 1)
+            break;
+        out[n++] = (uint8_t)v;
+        s += 2;
+    }
+    return n;
+}
+
+/* ---- the peer process ---------------------------------------------------- */
+
+static int peer_loop(ferry_engine *e, uint8_t *mem, uint64_t size)
+{
+    char line[512];
+    while (fgets(line, sizeof line, stdin)) {
+        unsigned long long a, b, c, d, f;
+        if (strncmp(line, "quit", 4) == 0)
+            break;
+        if (sscanf(line, "fill %llu", &a) == 1) {
+            ft_pattern(mem, size, a, 0);
+            printf("OK\n");
+        } else if (sscanf(line, "hash %llu %llu", &a, &b) == 2) {
+            if (a > size || b > size - a)
+                printf("ERR range\n");
+            else
+                printf("OK %016" PRIx64 "\n", ft_hash(mem + a, b));
+        } else if (sscanf(line, "waitnotify %llu %llu %llu %llu %llu", &a, &b, &c, &d, &f) == 5) {
+            uint64_t vals[64];
+            int rc = ferry_wait_notify(e, a, (uint32_t)b, (int)c, b <= 64 ? vals : NULL);
+            /* hash right at delivery: the writes before the notify must be visible */
+            uint64_t h = d <= size && f <= size - d ? ft_hash(mem + d, f) : 0;
+            if (rc < 0) {
+                printf("ERR %d\n", rc);
+            } else {
+                printf("OK %016" PRIx64, h);
+                for (unsigned long long i = 0; i < b && i < 64; i++)
+                    printf(" %" PRIu64, vals[i]);
+                printf("\n");
+            }
+        } else if (strncmp(line, "stats", 5) == 0) {
+            ferry_engine_stats s;
+            ferry_engine_get_stats(e, &s);
+            printf("OK %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", s.remote_refused, s.auth_refused,
+                   s.frames_rejected);
+        } else {
+            printf("ERR unknown command\n");
+        }
+        fflush(stdout);
+    }
+    return 0;
+}
+
+int ft_main_peer(int argc, char **argv)
+{
+    if (argc < 2 || strcmp(argv[1], "--peer") != 0)
+        return -1;
+    prctl(PR_SET_PDEATHSIG, SIGKILL);   /* never outlive the test */
+    uint64_t size = 1 << 20;
+    bool use_malloc = false;
+    unsigned flags = FERRY_REMOTE_RW;
+    const char *listen = NULL, *token = NULL;
+    for (int i = 2; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--size"))
+            size = strtoull(argv[i + 1], NULL, 10);
+        else if (!strcmp(argv[i], "--mem"))
+            use_malloc = !strcmp(argv[i + 1], "malloc");
+        else if (!strcmp(argv[i], "--flags"))
+            flags = !strcmp(argv[i + 1], "rw") ? FERRY_REMOTE_RW : !strcmp(argv[i + 1], "r") ? FERRY_REMOTE_READ
+                  : !strcmp(argv[i + 1], "w") ? FERRY_REMOTE_WRITE : 0;
+        else if (!strcmp(argv[i], "--listen"))
+            listen = argv[i + 1];
+        else if (!strcmp(argv[i], "--token"))
+            token = argv[i + 1];
+    }
+    ferry_engine_config cfg;
+    ferry_engine_config_init(&cfg);
+    if (token) {
+        memcpy(cfg.token, token, strlen(token));
+        cfg.token_len = strlen(token);
+    }
+    if (listen)
+        snprintf(cfg.listen_addr, sizeof cfg.listen_addr, "%s", listen);
+    ferry_engine *e;
+    int rc = ferry_engine_open(&cfg, &e);
+    if (rc < 0) {
+        printf("FAIL open %d\n", rc);
+        return 1;
+    }
+    void *mem;
+    if (use_malloc) {
+        mem = aligned_alloc(4096, (size + 4095) & ~4095ull);
+        if (mem)
+            memset(mem, 0, size);
+    } else if (ferry_mem_alloc(e, size, &mem) < 0) {
+        mem = NULL;
+    }
+    ferry_region *r;
+    if (!mem || ferry_region_register(e, mem, size, flags, FERRY_MEM_HOST, &r) < 0) {
+        printf("FAIL region\n");
+        return 1;
+    }
+    uint8_t d[FERRY_DESC_MAX], ep[FERRY_DESC_MAX];
+    int dn = ferry_region_export(r, d, sizeof d);
+    int en = ferry_engine_export(e, ep, sizeof ep);
+    char dh[2 * FERRY_DESC_MAX + 1], eh[2 * FERRY_DESC_MAX + 1];
+    hex(d, (size_t)dn, dh);
+    hex(ep, (size_t)en, eh);
+    printf("READY %s %s %p\n", dh, eh, mem);
+    fflush(stdout);
+    rc = peer_loop(e, mem, size);
+    ferry_engine_close(e);
+    return rc;
+}
+
+/* ---- driving a peer ------------------------------------------------------- */
+
+static int read_line(ft_peer *p, char *out, size_t cap, int timeout_ms)
+{
+    uint64_t deadline = fr_deadline_ns(timeout_ms);
+    for (;;) {
+        char *nl = memchr(p->buf, '\n', p->blen);
+        if (nl) {
+            size_t n = (size_t)(nl - p->buf);
+            size_t m = n < cap - 1 ? n : cap - 1;
+            memcpy(out, p->buf, m);
+            out[m] = 0;
+            memmove(p->buf, nl + 1, p->blen - n - 1);
+            p->blen -= n + 1;
+            return 0;
+        }
+        uint64_t now = fr_now_ns();
+        if (now >= deadline || p->blen == sizeof p->buf)
+            return -1;
+        struct pollfd pf = {.fd = p->out_fd, .events = POLLIN};
+        int left = (int)((deadline - now) / 1000000) + 1;
+        if (poll(&pf, 1, left) <= 0)
+            continue;
+        ssize_t r = read(p->out_fd, p->buf + p->blen, sizeof p->buf - p->blen);
+        if (r <= 0)
+            return -1;
+        p->blen += (size_t)r;
+    }
+}
+
+int ft_peer_start(ft_peer *p, const ft_peer_opts *o)
+{
+    memset(p, 0, sizeof *p);
+    p->pid = -1;
+    int in[2], out[2];
+    if (pipe2(in, O_CLOEXEC) < 0 || pipe2(out, O_CLOEXEC) < 0)
+        return -1;
+    char size[32];
+    snprintf(size, sizeof size, "%llu", (unsigned long long)(o->size ? o->size : 1 << 20));
+    const char *argv[16] = {"peer", "--peer", "--size", size, "--mem", o->malloc_mem ? "malloc" : "memfd",
+                            "--flags", o->flags ? o->flags : "rw"};
+    int n = 8;
+    if (o->listen) {
+        argv[n++] = "--listen";
+        argv[n++] = o->listen;
+    }
+    argv[n++] = "--token";
+    argv[n++] = o->token ? o->token : ft_token();
+    argv[n] = NULL;
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        dup2(in[0], 0);
+        dup2(out[1], 1);
+        execv("/proc/self/exe", (char *const *)argv);
+        _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    p->pid = pid;
+    p->in_fd = in[1];
+    p->out_fd = out[0];
+    char line[2048];
+    if (read_line(p, line, sizeof line, 20000) < 0 || strncmp(line, "READY ", 6) != 0) {
+        ft_peer_stop(p);
+        return -1;
+    }
+    char *sp = strchr(line + 6, ' ');
+    if (!sp)
+        return -1;
+    p->desc_len = unhex(line + 6, p->desc, sizeof p->desc);
+    p->ep_len = unhex(sp + 1, p->ep, sizeof p->ep);
+    char *sp2 = strchr(sp + 1, ' ');
+    p->region_addr = sp2 ? strtoull(sp2 + 1, NULL, 16) : 0;
+    p->region_len = o->size ? o->size : 1 << 20;
+    return 0;
+}
+
+static int vsend(ft_peer *p, const char *fmt, va_list ap)
+{
+    char cmd[512];
+    int n = vsnprintf(cmd, sizeof cmd - 1, fmt, ap);
+    if (n < 0 || n >= (int)sizeof cmd - 1)
+        return -1;
+    cmd[n++] = '\n';
+    return write(p->in_fd, cmd, (size_t)n) == n ? 0 : -1;
+}
+
+int ft_peer_send(ft_peer *p, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = vsend(p, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+int ft_peer_reply(ft_peer *p, char *reply, size_t cap, int timeout_ms)
+{
+    char tmp[512];
+    if (!reply) {
+        reply = tmp;
+        cap = sizeof tmp;
+    }
+    if (read_line(p, reply, cap, timeout_ms) < 0)
+        return -1;
+    return strncmp(reply, "OK", 2) == 0 ? 0 : -1;
+}
+
+int ft_peer_cmd(ft_peer *p, char *reply, size_t cap, int timeout_ms, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = vsend(p, fmt, ap);
+    va_end(ap);
+    return rc < 0 ? rc : ft_peer_reply(p, reply, cap, timeout_ms);
+}
+
+uint64_t ft_peer_hash(ft_peer *p, uint64_t off, uint64_t len)
+{
+    char r[128];
+    if (ft_peer_cmd(p, r, sizeof r, 60000, "hash %llu %llu", (unsigned long long)off, (unsigned long long)len) < 0)
+        return 0;
+    return strtoull(r + 3, NULL, 16);
+}
+
+void ft_peer_signal(ft_peer *p, int sig)
+{
+    if (p->pid > 0)
+        kill(p->pid, sig);
+}
+
+int ft_peer_wait_exit(ft_peer *p, int timeout_ms)
+{
+    if (p->pid <= 0)
+        return 0;
+    /* A pidfd becomes readable when the process exits: wait on that. */
+    int pfd = (int)syscall(SYS_pidfd_open, p->pid, 0);
+    if (pfd >= 0) {
+        struct pollfd pf = {.fd = pfd, .events = POLLIN};
+        int r = poll(&pf, 1, timeout_ms);
+        close(pfd);
+        if (r <= 0)
+            return -1;
+    }
+    int st;
+    if (waitpid(p->pid, &st, pfd >= 0 ? 0 : WNOHANG) != p->pid && pfd < 0)
+        return -1;
+    p->pid = -1;
+    return 0;
+}
+
+void ft_peer_stop(ft_peer *p)
+{
+    if (p->pid > 0) {
+        ft_peer_signal(p, SIGCONT);
+        if (write(p->in_fd, "quit\n", 5) != 5 || ft_peer_wait_exit(p, 10000) < 0) {
+            kill(p->pid, SIGKILL);
+            ft_peer_wait_exit(p, 10000);
+        }
+    }
+    if (p->in_fd > 0)
+        close(p->in_fd);
+    if (p->out_fd > 0)
+        close(p->out_fd);
+    p->in_fd = p->out_fd = -1;
+    p->pid = -1;
+}

@@ -1,0 +1,67 @@
+/* Test helpers: peer processes driven over pipes, deadlines, patterns.
+ * A test binary calls ft_main_peer(argc, argv) first thing in main: when
+ * started with --peer it becomes a target process (an engine with one
+ * registered region) that answers line commands on stdin. */
+#ifndef FT_TESTUTIL_H
+#define FT_TESTUTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "ferry/engine.h"
+
+typedef struct ft_peer {
+    pid_t pid;
+    int in_fd;            /* commands to the peer */
+    int out_fd;           /* replies from the peer */
+    char buf[4096];
+    size_t blen;
+    uint8_t desc[FERRY_DESC_MAX];   /* region descriptor */
+    size_t desc_len;
+    uint8_t ep[FERRY_DESC_MAX];     /* endpoint descriptor */
+    size_t ep_len;
+    uint64_t region_addr, region_len;
+} ft_peer;
+
+/* Options of a peer process. */
+typedef struct ft_peer_opts {
+    uint64_t size;           /* region bytes */
+    bool malloc_mem;         /* plain heap memory instead of ferry_mem_alloc (shm then uses CMA) */
+    const char *flags;       /* "rw", "r", "w", "none" */
+    const char *token;       /* NULL: the test's token */
+    const char *listen;      /* NULL: 127.0.0.1:0 */
+} ft_peer_opts;
+
+/* If argv[1] == "--peer", run the peer and return its exit code; else -1. */
+int ft_main_peer(int argc, char **argv);
+
+/* The token every test process shares (random per test run, exported as
+ * FERRY_TOKEN so child processes inherit it). */
+const char *ft_token(void);
+/* An engine config for the test: token, transport forced to `transport`. */
+void ft_config(ferry_engine_config *cfg, const char *transport);
+
+/* Start a peer; waits for READY up to 20 s. 0 or a negative code. */
+int ft_peer_start(ft_peer *p, const ft_peer_opts *o);
+/* Send one command line and wait for its reply line (without "\n").
+ * Returns 0 if the reply starts with "OK", -1 otherwise or on timeout. */
+int ft_peer_cmd(ft_peer *p, char *reply, size_t cap, int timeout_ms, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+/* The two halves of ft_peer_cmd: send a line now, read its reply later. */
+int ft_peer_send(ft_peer *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int ft_peer_reply(ft_peer *p, char *reply, size_t cap, int timeout_ms);
+/* Hash of the peer's region [off, off+len). */
+uint64_t ft_peer_hash(ft_peer *p, uint64_t off, uint64_t len);
+/* Stop: "quit", wait up to 10 s, then SIGKILL. Always reaps. Safe twice. */
+void ft_peer_stop(ft_peer *p);
+void ft_peer_signal(ft_peer *p, int sig);
+/* Wait for the peer process to exit (deadline), reaping it. */
+int ft_peer_wait_exit(ft_peer *p, int timeout_ms);
+
+/* Deterministic pattern: byte i of the stream (seed). */
+void ft_pattern(uint8_t *buf, uint64_t len, uint64_t seed, uint64_t offset);
+uint64_t ft_hash(const void *buf, uint64_t len);
+
+#endif
