@@ -20,6 +20,7 @@ typedef struct fr_tpeer {
     uint32_t *epoch_left;      /* [nnotify + 1] WRITE chunks outstanding per epoch */
     fr_chunk **notifies;       /* [nnotify] */
     bool write_failed;
+    bool posting;              /* a thread is posting this peer's notifies */
     bool fenced;               /* this ticket holds a fence on the peer */
     uint64_t fence_gen;        /* peer reset generation the fence belongs to */
 } fr_tpeer;
@@ -35,6 +36,7 @@ struct ferry_ticket {
     bool touched;
     int state;
     bool unknown, orphan;
+    uint32_t posters;          /* threads posting notifies: keep the ticket alive */
     ferry_region **pins;
     size_t npins;
     fr_tpeer *tp;
@@ -162,14 +164,56 @@ static void post_or_fail(ferry_engine *e, ferry_peer_id peer, fr_chunk **c, size
             fr_chunk_done(c[i], rc, false);
 }
 
+/* An orphaned ticket is freed by whoever sees it terminal with no poster
+ * left (engine lock held); returns true when the caller must destroy it. */
+static bool release_locked(ferry_engine *e, struct ferry_ticket *t)
+{
+    if (!t->orphan || t->state == FERRY_TICKET_PENDING || t->posters > 0)
+        return false;
+    unlink_locked(e, t);
+    return true;
+}
+
+/* Post tp's ready notifies, in order. Only one thread posts for a tpeer at
+ * a time (tp->posting); a completion that finds a poster at work leaves the
+ * newly ready notifies to it, so they can never be posted out of order.
+ * Called with the engine lock held and tp->posting claimed; returns with the
+ * lock released. */
+static void post_notifies(ferry_engine *e, struct ferry_ticket *t, fr_tpeer *tp, bool from_completion)
+{
+    for (;;) {
+        size_t from;
+        bool failed;
+        size_t n = ready_notifies_locked(tp, &from, &failed);
+        if (n == 0)
+            break;
+        pthread_mutex_unlock(&e->lock);
+        post_or_fail(e, tp->peer, tp->notifies + from, n, failed, from_completion);
+        pthread_mutex_lock(&e->lock);
+    }
+    tp->posting = false;
+    t->posters--;
+    bool destroy = release_locked(e, t);
+    pthread_mutex_unlock(&e->lock);
+    if (destroy)
+        ticket_destroy(t);
+}
+
+/* Claim tp for posting (engine lock held). */
+static bool claim_poster_locked(struct ferry_ticket *t, fr_tpeer *tp)
+{
+    if (tp->posting || tp->next_notify >= tp->nnotify)
+        return false;
+    tp->posting = true;
+    t->posters++;
+    return true;
+}
+
 void fr_chunk_done(fr_chunk *c, int status, bool touched)
 {
     struct ferry_ticket *t = c->t;
     ferry_engine *e = t->e;
-    fr_chunk **ready = NULL;
-    size_t nready = 0, from = 0;
-    bool fail_notifies = false;
-    ferry_peer_id peer = 0;
+    fr_tpeer *poster = NULL;
 
     pthread_mutex_lock(&e->lock);
     if (status == 0 && c->opcode != FERRY_OP_NOTIFY) {
@@ -200,22 +244,20 @@ void fr_chunk_done(fr_chunk *c, int status, bool touched)
             tp->epoch_left[c->epoch]--;
             if (status < 0)
                 tp->write_failed = true;
-            peer = tp->peer;
-            nready = ready_notifies_locked(tp, &from, &fail_notifies);
-            ready = tp->notifies + from;
+            if (claim_poster_locked(t, tp))
+                poster = tp;
         }
     }
-    bool last = --t->left == 0;
-    if (last)
+    if (--t->left == 0)
         finalize_locked(e, t);
-    bool free_now = last && t->orphan;
-    if (free_now)
-        unlink_locked(e, t);
     pthread_cond_broadcast(&e->cond);
+    if (poster) {
+        post_notifies(e, t, poster, true);   /* releases the lock, may free t */
+        return;
+    }
+    bool destroy = release_locked(e, t);
     pthread_mutex_unlock(&e->lock);
-
-    post_or_fail(e, peer, ready, nready, fail_notifies, true);
-    if (free_now)
+    if (destroy)
         ticket_destroy(t);
 }
 
@@ -365,13 +407,13 @@ static int post_all(ferry_engine *e, struct ferry_ticket *t)
         return FERRY_ENOMEM;
     for (size_t p = 0; p < t->ntp; p++) {
         fr_tpeer *tp = &t->tp[p];
-        size_t from;
-        bool failed;
-        pthread_mutex_lock(&e->lock);
         /* Notifies with no WRITE before them are ready at once. */
-        size_t n = ready_notifies_locked(tp, &from, &failed);
-        pthread_mutex_unlock(&e->lock);
-        memcpy(list, tp->notifies + from, n * sizeof *list);
+        pthread_mutex_lock(&e->lock);
+        if (claim_poster_locked(t, tp))
+            post_notifies(e, t, tp, false);
+        else
+            pthread_mutex_unlock(&e->lock);
+        size_t n = 0;
         for (uint32_t i = 0; i < t->nchunks; i++) {
             fr_chunk *c = &t->chunks[i];
             if (c->peer_id == tp->peer && c->opcode != FERRY_OP_NOTIFY)
@@ -518,16 +560,13 @@ void ferry_ticket_free(ferry_ticket *t)
         return;
     ferry_engine *e = t->e;
     pthread_mutex_lock(&e->lock);
-    if (t->state != FERRY_TICKET_PENDING) {
-        unlink_locked(e, t);
-        pthread_mutex_unlock(&e->lock);
-        ticket_destroy(t);
-        return;
-    }
-    /* Still in flight: the pending-transfer manager keeps it. */
     t->orphan = true;
-    fence_locked(e, t);
+    if (t->state == FERRY_TICKET_PENDING)
+        fence_locked(e, t);   /* still in flight: the pending-transfer manager keeps it */
+    bool destroy = release_locked(e, t);
     pthread_mutex_unlock(&e->lock);
+    if (destroy)
+        ticket_destroy(t);
 }
 
 int ferry_engine_pending(ferry_engine *e, ferry_pending_info *out, size_t cap)

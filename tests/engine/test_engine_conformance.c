@@ -244,6 +244,38 @@ static void test_notify_after_writes(void **s)
     assert_non_null(strstr(reply, " 41 42"));   /* in order */
 }
 
+/* Many notifies interleaved with writes, chunks spread over every stream:
+ * the notifies arrive in batch order, each after its writes. */
+static void test_notify_order_stress(void **s)
+{
+    (void)s;
+    enum { NN = 50, PER = 3 };
+    uint64_t piece = 384 * 1024;
+    ft_pattern(F.buf, NN * PER * piece, 17, 0);
+    for (int round = 0; round < 4; round++) {
+        assert_int_equal(ft_peer_send(&F.peer, "waitnotify 11 %d 30000 0 %llu", NN,
+                                      (unsigned long long)(NN * PER * piece)), 0);
+        ferry_op ops[NN * (PER + 1)];
+        size_t n = 0;
+        for (int k = 0; k < NN; k++) {
+            for (int j = 0; j < PER; j++) {
+                uint64_t off = (uint64_t)(k * PER + j) * piece;
+                ops[n++] = wr(F.buf + off, piece, off);
+            }
+            ops[n++] = nt(11, (uint64_t)k);
+        }
+        assert_int_equal(run(ops, n, 30000), FERRY_TICKET_COMPLETED);
+        char reply[1024];
+        assert_int_equal(ft_peer_reply(&F.peer, reply, sizeof reply, 30000), 0);
+        assert_true(strtoull(reply + 3, NULL, 16) == ft_hash(F.buf, NN * PER * piece));
+        char *p = strchr(reply + 3, ' ');
+        for (int k = 0; k < NN; k++) {
+            assert_non_null(p);
+            assert_int_equal(strtoull(p + 1, &p, 10), (unsigned long long)k);
+        }
+    }
+}
+
 /* ---- refused accesses --------------------------------------------------------- */
 
 static void assert_refused(ferry_op op, int want_err)
@@ -665,6 +697,7 @@ static const struct CMUnitTest tests[] = {
     T(test_many_ops_per_batch),
     T(test_many_tickets_in_flight),
     T(test_notify_after_writes),
+    T(test_notify_order_stress),
     T(test_wrong_key),
     T(test_out_of_bounds),
     T(test_not_remote_accessible),

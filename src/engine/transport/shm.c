@@ -271,7 +271,10 @@ typedef struct shm_conn {
     ferry_peer_id peer;
     int ctrl;                  /* control socket */
     pthread_mutex_t ctrl_lock; /* one request/response at a time */
+    pthread_cond_t ctrl_cond;  /* notify turn changes */
     uint64_t next_req;
+    uint64_t notify_posted;    /* sequence given to the next posted NOTIFY (lock) */
+    uint64_t notify_turn;      /* sequence of the NOTIFY allowed to go next (ctrl_lock) */
     const fr_keyslot *keytab;  /* the target's table, read-only */
     int pidfd;
     pid_t pid;
@@ -279,7 +282,7 @@ typedef struct shm_conn {
     pthread_mutex_t lock;      /* queue, maps, dead */
     pthread_cond_t cond;
     fr_chunk *head, *tail;
-    bool stopping;
+    atomic_bool stopping;      /* read under ctrl_lock too */
     atomic_bool dead;
     shm_map *maps;
     size_t nmaps, cap_maps;
@@ -372,16 +375,26 @@ static int cma(shm_conn *c, fr_chunk *k, bool *touched)
     return 0;
 }
 
+/* Notifies go out in the order they were posted, whichever copy worker
+ * picked them up: each waits for its turn on the control socket. */
 static void do_notify(shm_conn *c, fr_chunk *k)
 {
     fr_msg m = {.type = FR_MSG_NOTIFY}, ack;
     m.u.notify.tag = k->tag;
     m.u.notify.value = k->value;
     fr_frame_hdr h;
+    int rc = 0;
     pthread_mutex_lock(&c->ctrl_lock);
-    int rc = fr_send_msg(c->ctrl, &m, ++c->next_req);
+    while (c->notify_turn != k->req_id && !c->stopping && !atomic_load(&c->dead))
+        pthread_cond_wait(&c->ctrl_cond, &c->ctrl_lock);
+    if (c->notify_turn != k->req_id)
+        rc = FERRY_ECONNRESET;
+    if (rc == 0)
+        rc = fr_send_msg(c->ctrl, &m, ++c->next_req);
     if (rc == 0)
         rc = fr_recv_msg(c->ctrl, &h, &ack);
+    c->notify_turn++;
+    pthread_cond_broadcast(&c->ctrl_cond);
     pthread_mutex_unlock(&c->ctrl_lock);
     if (rc < 0 || ack.type != FR_MSG_ACK) {
         atomic_store(&c->dead, true);
@@ -466,6 +479,7 @@ static void conn_free(shm_conn *c)
         close(c->pidfd);
     pthread_mutex_destroy(&c->lock);
     pthread_mutex_destroy(&c->ctrl_lock);
+    pthread_cond_destroy(&c->ctrl_cond);
     pthread_cond_destroy(&c->cond);
     fr_free(c->workers);
     fr_free(c);
@@ -521,6 +535,7 @@ static int shm_connect(ferry_engine *e, fr_peer *p, void **out)
     c->pidfd = -1;
     pthread_mutex_init(&c->lock, NULL);
     pthread_mutex_init(&c->ctrl_lock, NULL);
+    pthread_cond_init(&c->ctrl_cond, NULL);
     pthread_cond_init(&c->cond, NULL);
     int rc = handshake(e, p, c);
     if (rc < 0)
@@ -551,6 +566,8 @@ static int shm_post(void *conn, fr_chunk **chunks, size_t n)
     }
     for (size_t i = 0; i < n; i++) {
         chunks[i]->next = NULL;
+        if (chunks[i]->opcode == FERRY_OP_NOTIFY)
+            chunks[i]->req_id = c->notify_posted++;
         if (c->tail)
             c->tail->next = chunks[i];
         else
@@ -570,6 +587,9 @@ static void shm_disconnect(void *conn)
     pthread_cond_broadcast(&c->cond);
     pthread_mutex_unlock(&c->lock);
     shutdown(c->ctrl, SHUT_RDWR);   /* unblocks a worker waiting on the target */
+    pthread_mutex_lock(&c->ctrl_lock);
+    pthread_cond_broadcast(&c->ctrl_cond);
+    pthread_mutex_unlock(&c->ctrl_lock);
     /* Workers fail what is still queued, finish the copy in hand, and exit. */
     for (unsigned i = 0; i < c->nworkers; i++)
         pthread_join(c->workers[i], NULL);
