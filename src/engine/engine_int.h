@@ -222,6 +222,10 @@ int fr_drain(int fd, uint64_t n);
 /* Read one frame header + meta and decode it. Decoding failures return
  * FERRY_EPROTO/FERRY_EMSGSIZE (caller drops the connection). */
 int fr_recv_msg(int fd, fr_frame_hdr *hdr, fr_msg *m);
+/* Same, when every frame expected on fd has a meta of exactly `meta` bytes
+ * (e.g. replies to an initiator): one read instead of two; a frame of
+ * another meta size is FERRY_EPROTO. */
+int fr_recv_msg_sized(int fd, size_t meta, fr_frame_hdr *hdr, fr_msg *m);
 /* Encode and send a message that carries no data payload. */
 int fr_send_msg(int fd, const fr_msg *m, uint64_t req_id);
 /* Set SO_RCVTIMEO and SO_SNDTIMEO (ms; 0 clears). */

@@ -149,6 +149,24 @@ int fr_recv_msg(int fd, fr_frame_hdr *hdr, fr_msg *m)
     return fr_wire_decode(hdr, body, meta, m);
 }
 
+int fr_recv_msg_sized(int fd, size_t meta, fr_frame_hdr *hdr, fr_msg *m)
+{
+    uint8_t raw[FR_WIRE_HDR_LEN + META_MAX];
+    if (meta > META_MAX)
+        return FERRY_EINVAL;
+    /* One read for header and meta: the caller knows every frame it may
+     * receive here has this meta size, so this never reads into a payload. */
+    int rc = fr_read_full(fd, raw, FR_WIRE_HDR_LEN + meta);
+    if (rc < 0)
+        return rc;
+    rc = fr_wire_hdr_decode(raw, FR_WIRE_HDR_LEN, hdr);
+    if (rc < 0)
+        return rc;
+    if (fr_wire_meta_len(hdr->type) != meta)
+        return FERRY_EPROTO;
+    return fr_wire_decode(hdr, raw + FR_WIRE_HDR_LEN, meta, m);
+}
+
 int fr_send_msg(int fd, const fr_msg *m, uint64_t req_id)
 {
     uint8_t buf[FR_WIRE_HDR_LEN + META_MAX];

@@ -282,6 +282,8 @@ static void *sender_main(void *arg)
 
 /* ---- receiver ------------------------------------------------------------ */
 
+#define REPLY_META 16   /* ACK and READ_RESP; any other size fails as a corrupt reply */
+
 static bool reply_fits(const fr_chunk *ch, const fr_frame_hdr *hdr, const fr_msg *m)
 {
     if (ch->req_id != hdr->req_id)
@@ -361,7 +363,8 @@ static void *receiver_main(void *arg)
     for (;;) {
         fr_frame_hdr hdr;
         fr_msg m;
-        int rc = fr_recv_msg(s->fd, &hdr, &m);
+        /* Replies are ACK or READ_RESP, both with a 16-byte meta. */
+        int rc = fr_recv_msg_sized(s->fd, REPLY_META, &hdr, &m);
         if (rc == 0) {
             rc = handle_reply(s, &hdr, &m);
             if (rc == FERRY_EPROTO) {
