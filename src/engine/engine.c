@@ -265,6 +265,12 @@ static int peer_add_ep(ferry_engine *e, const fr_endpoint *ep, ferry_peer_id *ou
     return 0;
 }
 
+static int peer_add_connect(ferry_engine *e, const fr_endpoint *ep, ferry_peer_id *out)
+{
+    int rc = peer_add_ep(e, ep, out);
+    return rc < 0 ? rc : fr_peer_connect(e, *out);
+}
+
 int ferry_peer_add(ferry_engine *e, const void *desc, size_t len, ferry_peer_id *out)
 {
     if (!e || !desc || !out)
@@ -273,8 +279,7 @@ int ferry_peer_add(ferry_engine *e, const void *desc, size_t len, ferry_peer_id 
     int rc = fr_endpoint_decode(desc, len, &ep);
     if (rc < 0)
         return rc;
-    rc = peer_add_ep(e, &ep, out);
-    return rc < 0 ? rc : fr_peer_connect(e, *out);
+    return peer_add_connect(e, &ep, out);
 }
 
 int ferry_region_import(ferry_engine *e, const void *desc, size_t len, ferry_remote_region *out)
@@ -286,10 +291,7 @@ int ferry_region_import(ferry_engine *e, const void *desc, size_t len, ferry_rem
     if (rc < 0)
         return rc;
     ferry_peer_id id;
-    rc = peer_add_ep(e, &d.ep, &id);
-    if (rc < 0)
-        return rc;
-    rc = fr_peer_connect(e, id);
+    rc = peer_add_connect(e, &d.ep, &id);
     if (rc < 0)
         return rc;
     *out = (ferry_remote_region){.peer = id, .addr = d.base, .len = d.len, .key = d.key, .flags = d.flags};
