@@ -408,9 +408,11 @@ int fr_region_acquire(ferry_engine *e, const fr_msg_rw *rw, unsigned need, ferry
 refuse:
     pthread_mutex_unlock(&e->lock);
     FR_STAT_ADD(e, remote_refused, 1);
-    FR_WARN("engine", "refused remote %s of %llu bytes at 0x%llx: %s",
-            need == FERRY_REMOTE_WRITE ? "write" : "read", (unsigned long long)span_len,
-            (unsigned long long)span_addr, rc == FERRY_EFAULT ? "outside the region" : "bad key or access not allowed");
+    if (rw->addr == span_addr)   /* one line per op, not per chunk */
+        FR_WARN("engine", "refused remote %s of %llu bytes at 0x%llx: %s",
+                need == FERRY_REMOTE_WRITE ? "write" : "read", (unsigned long long)span_len,
+                (unsigned long long)span_addr,
+                rc == FERRY_EFAULT ? "outside the region" : "bad key or access not allowed");
     return rc;
 }
 

@@ -124,8 +124,61 @@ static int peer_loop(ferry_engine *e, uint8_t *mem, uint64_t size)
     return 0;
 }
 
+/* One round as the active side: WRITE a pattern into the whole remote
+ * region, READ it back, compare; then a WRITE with a wrong key must abort. */
+static int initiator_main(const char *desc_hex)
+{
+    uint8_t d[FERRY_DESC_MAX];
+    size_t dn = unhex(desc_hex, d, sizeof d);
+    ferry_engine_config cfg;
+    ferry_engine_config_init(&cfg);
+    ferry_engine *e;
+    ferry_remote_region rr;
+    void *a, *b;
+    ferry_region *ra;
+    int rc = ferry_engine_open(&cfg, &e);
+    if (rc == 0)
+        rc = ferry_region_import(e, d, dn, &rr);
+    if (rc == 0)
+        rc = ferry_mem_alloc(e, 2 * rr.len, &a);
+    if (rc == 0)
+        rc = ferry_region_register(e, a, 2 * rr.len, 0, FERRY_MEM_HOST, &ra);
+    if (rc < 0) {
+        printf("FAIL setup %s\n", ferry_strerror(rc));
+        return 1;
+    }
+    b = (uint8_t *)a + rr.len;
+    ft_pattern(a, rr.len, 31, 0);
+    ferry_op ops[2] = {{.opcode = FERRY_OP_WRITE, .local = a, .len = rr.len, .peer = rr.peer,
+                        .remote_addr = rr.addr, .key = rr.key},
+                       {.opcode = FERRY_OP_READ, .local = b, .len = rr.len, .peer = rr.peer,
+                        .remote_addr = rr.addr, .key = rr.key}};
+    ferry_ticket *t;
+    const char *why = NULL;
+    for (int i = 0; i < 2 && !why; i++) {
+        if (ferry_submit(e, &ops[i], 1, 0, &t) < 0 || ferry_ticket_wait(t, 60000) != FERRY_TICKET_COMPLETED)
+            why = i ? "read" : "write";
+        ferry_ticket_free(t);
+    }
+    if (!why && memcmp(a, b, rr.len) != 0)
+        why = "read-back mismatch";
+    ops[0].key ^= 1;
+    if (!why && (ferry_submit(e, &ops[0], 1, 0, &t) < 0 || ferry_ticket_wait(t, 60000) != FERRY_TICKET_ABORTED))
+        why = "wrong key not refused";
+    if (!why)
+        ferry_ticket_free(t);
+    if (why)
+        printf("FAIL %s\n", why);
+    else
+        printf("OK %s %016" PRIx64 "\n", ferry_peer_transport(e, rr.peer), ft_hash(a, rr.len));
+    ferry_engine_close(e);
+    return why ? 1 : 0;
+}
+
 int ft_main_peer(int argc, char **argv)
 {
+    if (argc >= 3 && strcmp(argv[1], "--initiator") == 0)
+        return initiator_main(argv[2]);
     if (argc < 2 || strcmp(argv[1], "--peer") != 0)
         return -1;
     prctl(PR_SET_PDEATHSIG, SIGKILL);   /* never outlive the test */
@@ -188,7 +241,7 @@ int ft_main_peer(int argc, char **argv)
 
 /* ---- driving a peer ------------------------------------------------------- */
 
-static int read_line(ft_peer *p, char *out, size_t cap, int timeout_ms)
+int ft_read_line(ft_peer *p, char *out, size_t cap, int timeout_ms)
 {
     uint64_t deadline = fr_deadline_ns(timeout_ms);
     for (;;) {
@@ -216,32 +269,38 @@ static int read_line(ft_peer *p, char *out, size_t cap, int timeout_ms)
     }
 }
 
-int ft_peer_start(ft_peer *p, const ft_peer_opts *o)
+int ft_spawn(ft_peer *p, const char *netns, const char *const *args)
 {
     memset(p, 0, sizeof *p);
     p->pid = -1;
+    char self[4096];
+    ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (sl <= 0)
+        return -1;
+    self[sl] = 0;
+    const char *argv[40];
+    int n = 0;
+    if (netns) {
+        argv[n++] = "ip";
+        argv[n++] = "netns";
+        argv[n++] = "exec";
+        argv[n++] = netns;
+    }
+    argv[n++] = self;
+    for (int i = 0; args[i] && n < 39; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
     int in[2], out[2];
     if (pipe2(in, O_CLOEXEC) < 0 || pipe2(out, O_CLOEXEC) < 0)
         return -1;
-    char size[32];
-    snprintf(size, sizeof size, "%llu", (unsigned long long)(o->size ? o->size : 1 << 20));
-    const char *argv[16] = {"peer", "--peer", "--size", size, "--mem", o->malloc_mem ? "malloc" : "memfd",
-                            "--flags", o->flags ? o->flags : "rw"};
-    int n = 8;
-    if (o->listen) {
-        argv[n++] = "--listen";
-        argv[n++] = o->listen;
-    }
-    argv[n++] = "--token";
-    argv[n++] = o->token ? o->token : ft_token();
-    argv[n] = NULL;
     pid_t pid = fork();
     if (pid < 0)
         return -1;
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);   /* never outlive the test */
         dup2(in[0], 0);
         dup2(out[1], 1);
-        execv("/proc/self/exe", (char *const *)argv);
+        execvp(argv[0], (char *const *)argv);
         _exit(127);
     }
     close(in[0]);
@@ -249,8 +308,27 @@ int ft_peer_start(ft_peer *p, const ft_peer_opts *o)
     p->pid = pid;
     p->in_fd = in[1];
     p->out_fd = out[0];
+    return 0;
+}
+
+int ft_peer_start(ft_peer *p, const ft_peer_opts *o)
+{
+    char size[32];
+    snprintf(size, sizeof size, "%llu", (unsigned long long)(o->size ? o->size : 1 << 20));
+    const char *argv[16] = {"--peer", "--size", size, "--mem", o->malloc_mem ? "malloc" : "memfd",
+                            "--flags", o->flags ? o->flags : "rw"};
+    int n = 7;
+    if (o->listen) {
+        argv[n++] = "--listen";
+        argv[n++] = o->listen;
+    }
+    argv[n++] = "--token";
+    argv[n++] = o->token ? o->token : ft_token();
+    argv[n] = NULL;
+    if (ft_spawn(p, o->netns, argv) < 0)
+        return -1;
     char line[2048];
-    if (read_line(p, line, sizeof line, 20000) < 0 || strncmp(line, "READY ", 6) != 0) {
+    if (ft_read_line(p, line, sizeof line, 20000) < 0 || strncmp(line, "READY ", 6) != 0) {
         ft_peer_stop(p);
         return -1;
     }
@@ -291,7 +369,7 @@ int ft_peer_reply(ft_peer *p, char *reply, size_t cap, int timeout_ms)
         reply = tmp;
         cap = sizeof tmp;
     }
-    if (read_line(p, reply, cap, timeout_ms) < 0)
+    if (ft_read_line(p, reply, cap, timeout_ms) < 0)
         return -1;
     return strncmp(reply, "OK", 2) == 0 ? 0 : -1;
 }

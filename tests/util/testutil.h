@@ -32,9 +32,13 @@ typedef struct ft_peer_opts {
     const char *flags;       /* "rw", "r", "w", "none" */
     const char *token;       /* NULL: the test's token */
     const char *listen;      /* NULL: 127.0.0.1:0 */
+    const char *netns;       /* run inside this network namespace (ip netns exec) */
 } ft_peer_opts;
 
-/* If argv[1] == "--peer", run the peer and return its exit code; else -1. */
+/* If argv[1] == "--peer", run the peer and return its exit code;
+ * if argv[1] == "--initiator", run one verified transfer round against the
+ * region descriptor argv[2] (hex) and print "OK <transport> <hash>" (the
+ * hash of the pattern written) or "FAIL <why>"; else -1. */
 int ft_main_peer(int argc, char **argv);
 
 /* The token every test process shares (random per test run, exported as
@@ -45,6 +49,11 @@ void ft_config(ferry_engine_config *cfg, const char *transport);
 
 /* Start a peer; waits for READY up to 20 s. 0 or a negative code. */
 int ft_peer_start(ft_peer *p, const ft_peer_opts *o);
+/* Run this test binary with args (NULL-terminated) as a child, optionally
+ * inside a network namespace, its stdin/stdout on pipes (no READY wait). */
+int ft_spawn(ft_peer *p, const char *netns, const char *const *args);
+/* Read one line of the child's output within timeout_ms. 0 or -1. */
+int ft_read_line(ft_peer *p, char *out, size_t cap, int timeout_ms);
 /* Send one command line and wait for its reply line (without "\n").
  * Returns 0 if the reply starts with "OK", -1 otherwise or on timeout. */
 int ft_peer_cmd(ft_peer *p, char *reply, size_t cap, int timeout_ms, const char *fmt, ...)
