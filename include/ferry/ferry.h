@@ -3,4 +3,5 @@
 #define FERRY_FERRY_H
 #include "ferry/common.h"
 #include "ferry/engine.h"
+#include "ferry/reshard.h"
 #endif

@@ -314,6 +314,8 @@ int cmd_bench(int argc, char **argv, const char *self)
 {
     if (argc >= 2 && !strcmp(argv[1], "engine"))
         return bench_engine(argc, argv, self);
-    fprintf(stderr, "usage: ferry bench engine [options]   (see ferry help)\n");
+    if (argc >= 2 && !strcmp(argv[1], "plan"))
+        return cmd_bench_plan(argc - 1, argv + 1);
+    fprintf(stderr, "usage: ferry bench engine|plan [options]   (see ferry help)\n");
     return 2;
 }

@@ -42,5 +42,8 @@ void cli_progress_done(void);
 
 int cmd_bench(int argc, char **argv, const char *self);
 int cmd_demo(int argc, char **argv, const char *self);
+/* plan.c: `ferry plan` and `ferry bench plan` */
+int cmd_plan(int argc, char **argv);
+int cmd_bench_plan(int argc, char **argv);
 
 #endif

@@ -15,6 +15,12 @@ static void usage(FILE *f)
             "  bench engine [--transport shm|tcp] [--block SIZE] [--total SIZE]\n"
             "               [--streams N] [--threads N] [--json]\n"
             "                                engine throughput against a baseline measured in the same run\n"
+            "  bench plan --model PRESET --src LAYOUT --dst LAYOUT [--json]\n"
+            "                                reshard planning time (cold, cached) and peak memory\n"
+            "  plan --model PRESET --src LAYOUT --dst LAYOUT [--runs N] [--dst-rank R] [--json]\n"
+            "  plan SRC.json DST.json [--json]\n"
+            "                                the reshard plan between two layouts or manifests\n"
+            "                                (LAYOUT: fsdp:256, tp:8,dp:16, ep:32,tp:8, pp:4,tp:8; plan --models)\n"
             "  token                         print a new random cluster token\n"
             "  version                       print the version\n"
             "\n"
@@ -34,6 +40,8 @@ int main(int argc, char **argv)
         return cli_target_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench"))
         return cmd_bench(argc - 1, argv + 1, argv[0]);
+    if (!strcmp(cmd, "plan"))
+        return cmd_plan(argc - 1, argv + 1);
     if (!strcmp(cmd, "demo"))
         return cmd_demo(argc - 1, argv + 1, argv[0]);
     if (!strcmp(cmd, "token")) {

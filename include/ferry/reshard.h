@@ -1,0 +1,326 @@
+/* ferry reshard planner: placement manifests, layouts and model presets,
+ * source -> target overlap planning, lowering to byte runs, digests and a
+ * plan cache. See docs/reshard.md and docs/manifest.md.
+ *
+ * Everything here is a pure function of its inputs: no sockets, no store
+ * calls, no transfer buffers. Output order is deterministic.
+ *
+ * Errors: functions that can fail on bad input take a `ferry_error *err`
+ * (may be NULL). On failure they return a negative FERRY_E* code and, when
+ * err is not NULL, write the same code and a NUL-terminated message into it
+ * that names the tensor and fragment at fault, ready to print.
+ *
+ * Threads: a manifest is built by one thread. Once a plan uses it, it is
+ * frozen (further additions fail with FERRY_ESTATE) and may be read from
+ * any thread. Plans are immutable and may be iterated from many threads at
+ * once, one iterator per thread. A plan cache is thread-safe.
+ */
+#ifndef FERRY_RESHARD_H
+#define FERRY_RESHARD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ferry/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FERRY_MAX_DIMS 8
+#define FERRY_DTYPE_MAX 16   /* dtype names are shorter than this */
+
+typedef struct ferry_error {
+    int code;          /* the negative code that was returned */
+    char msg[512];     /* what failed, naming tensor and fragment */
+} ferry_error;
+
+typedef struct ferry_manifest ferry_manifest;
+typedef struct ferry_model ferry_model;
+typedef struct ferry_plan ferry_plan;
+typedef struct ferry_plan_iter ferry_plan_iter;
+typedef struct ferry_plan_cache ferry_plan_cache;
+
+/* ---- data model ------------------------------------------------------ */
+
+/* A logical tensor. Dims are >= 1; ndim 0 is a scalar (one element). */
+typedef struct ferry_tensor_desc {
+    const char *name;             /* unique within a manifest */
+    const char *dtype;            /* "bf16", "f32", ...; see docs/manifest.md */
+    uint32_t itemsize;            /* bytes per element; must match a known dtype */
+    uint32_t ndim;
+    uint64_t shape[FERRY_MAX_DIMS];
+} ferry_tensor_desc;
+
+/* The bytes per element of a known dtype name, or 0 for an unknown one. */
+uint32_t ferry_dtype_size(const char *dtype);
+
+/* One placement fragment: the box [offset, offset+shape) of a tensor held
+ * by one rank. Local storage is row-major and contiguous unless `strides`
+ * (elements, per dim) are given; element (i0..in) of the box lives at
+ * storage_offset + sum(i_d * strides[d]) elements into the local buffer.
+ * A stored manifest also binds the fragment to a store object: its local
+ * buffer starts at byte object_offset of object `object`. */
+typedef struct ferry_fragment {
+    uint32_t tensor;              /* index in the manifest's tensor list */
+    uint32_t rank;
+    uint32_t node;                /* filled by ferry_manifest_fragment */
+    uint32_t replica;             /* copies of one box carry distinct replica numbers */
+    uint64_t offset[FERRY_MAX_DIMS];
+    uint64_t shape[FERRY_MAX_DIMS];
+    bool has_strides;
+    uint64_t strides[FERRY_MAX_DIMS];
+    uint64_t storage_offset;      /* elements */
+    const char *object;           /* NULL: not bound to a store object */
+    uint64_t object_offset;       /* bytes */
+} ferry_fragment;
+
+/* A regular split of one box of a tensor over ranks: the compact form that
+ * layouts use (fsdp:256 on a 1T model is 18M fragments, one split each
+ * tensor). Dim d is cut into parts[d] pieces of ceil(shape/parts) elements,
+ * the last one smaller; parts past the end are empty and their ranks hold
+ * nothing. The piece with index (i0..in) is held by rank
+ * rank + sum(i_d * rank_stride[d]); `replicas` copies of the whole split
+ * sit at rank offsets k * replica_stride with replica numbers replica + k.
+ * Fragments of a split get consecutive ids: copy-major, then pieces in
+ * row-major order, empty pieces skipped. Local storage is contiguous. */
+typedef struct ferry_split {
+    uint32_t tensor;
+    bool whole;                   /* true: the box is the whole tensor (offset/shape ignored) */
+    uint64_t offset[FERRY_MAX_DIMS];
+    uint64_t shape[FERRY_MAX_DIMS];
+    uint32_t parts[FERRY_MAX_DIMS];        /* 0 is read as 1 */
+    uint32_t rank;
+    uint32_t rank_stride[FERRY_MAX_DIMS];
+    uint32_t replicas;                     /* 0 is read as 1 */
+    uint32_t replica_stride;
+    uint32_t replica;
+} ferry_split;
+
+/* A placement manifest: a topology (ranks -> nodes) and fragments.
+ * nodes[r] is the node of rank r; NULL means r / gpus_per_node (8 when 0).
+ * The manifest copies everything it is given. Close drops the caller's
+ * reference: plans keep their own, so a manifest lives until the last
+ * plan using it is freed. ferry_manifest_close(NULL) is a no-op. */
+int ferry_manifest_create(uint32_t nranks, const uint32_t *nodes, uint32_t gpus_per_node,
+                          ferry_manifest **out);
+void ferry_manifest_close(ferry_manifest *m);
+
+/* Add a tensor; returns its index (>= 0). Fails on a duplicate name, an
+ * unknown dtype/itemsize pair, a zero dim, more than FERRY_MAX_DIMS dims or
+ * an element count whose bytes overflow 64 bits. */
+int ferry_manifest_add_tensor(ferry_manifest *m, const ferry_tensor_desc *t, ferry_error *err);
+/* Add one fragment (validated at once: box inside the tensor, rank inside
+ * the topology, strides that never alias, byte spans without overflow). */
+int ferry_manifest_add_fragment(ferry_manifest *m, const ferry_fragment *f, ferry_error *err);
+/* Add a split (same checks for every piece and every copy). */
+int ferry_manifest_add_split(ferry_manifest *m, const ferry_split *s, ferry_error *err);
+/* Whole-manifest checks that single additions cannot make: fragments bound
+ * to the same store object must be on the same rank (an object has one
+ * home) and occupy disjoint byte spans of it. */
+int ferry_manifest_validate(ferry_manifest *m, ferry_error *err);
+
+uint32_t ferry_manifest_rank_count(const ferry_manifest *m);
+uint32_t ferry_manifest_node_of(const ferry_manifest *m, uint32_t rank);
+uint32_t ferry_manifest_tensor_count(const ferry_manifest *m);
+/* Fill *out; the strings stay owned by the manifest. */
+int ferry_manifest_tensor(const ferry_manifest *m, uint32_t index, ferry_tensor_desc *out);
+/* Index of the tensor named `name`, or FERRY_ENOENT. */
+int ferry_manifest_find_tensor(const ferry_manifest *m, const char *name);
+/* Fragments, empty split pieces excluded. */
+uint64_t ferry_manifest_fragment_count(const ferry_manifest *m);
+/* Fragment `id` (0 <= id < count) in full; out->object stays owned by the
+ * manifest. O(log groups). */
+int ferry_manifest_fragment(const ferry_manifest *m, uint64_t id, ferry_fragment *out);
+/* Bytes stored by the fragments on `rank` (sum of their box sizes). */
+int ferry_manifest_rank_bytes(const ferry_manifest *m, uint32_t rank, uint64_t *out);
+
+/* XXH3-128 of a canonical encoding of the tensors and fragments (not the
+ * topology), in the order they were added; the same description gives the
+ * same digest on every machine. A split and the same pieces added one by
+ * one are different descriptions with different digests. */
+int ferry_manifest_digest(ferry_manifest *m, uint8_t out[16]);
+/* XXH3-128 of the rank -> node map. */
+int ferry_manifest_topology_digest(const ferry_manifest *m, uint8_t out[16]);
+/* Lower-case hex of a digest: out holds 33 bytes. */
+void ferry_digest_hex(const uint8_t d[16], char out[33]);
+
+/* JSON (docs/manifest.md). Parsing checks everything the add functions
+ * check; errors name the JSON entry. Text from ferry_manifest_to_json is
+ * freed by the caller with free(). Save writes atomically. */
+int ferry_manifest_from_json(const char *text, size_t len, ferry_manifest **out, ferry_error *err);
+int ferry_manifest_load(const char *path, ferry_manifest **out, ferry_error *err);
+char *ferry_manifest_to_json(const ferry_manifest *m);
+int ferry_manifest_save(const ferry_manifest *m, const char *path, ferry_error *err);
+
+/* ---- models and layouts ---------------------------------------------- */
+
+/* How tensor parallelism cuts a tensor. */
+enum ferry_tp_role {
+    FERRY_TP_REPLICATED = 0,  /* norms, routers, MLA down-projections: whole on every TP rank */
+    FERRY_TP_COLUMN = 1,      /* dim 0 (output features): q/k/v, gate/up, MLA up-projections */
+    FERRY_TP_ROW = 2,         /* dim 1 (input features): o_proj, down_proj */
+    FERRY_TP_VOCAB = 3,       /* dim 0 over the vocabulary: embedding, lm_head */
+};
+
+#define FERRY_LAYER_FIRST (-1)   /* before the layers: embedding (first PP stage) */
+#define FERRY_LAYER_LAST  (-2)   /* after the layers: final norm, lm_head (last PP stage) */
+
+typedef struct ferry_model_tensor {
+    ferry_tensor_desc desc;
+    enum ferry_tp_role role;
+    int32_t layer;     /* 0..layers-1, FERRY_LAYER_FIRST or FERRY_LAYER_LAST */
+    int32_t expert;    /* routed expert index, or -1 */
+} ferry_model_tensor;
+
+/* A model: a named tensor list with roles. Free with ferry_model_free
+ * (NULL is a no-op). */
+int ferry_model_create(const char *name, uint32_t layers, uint32_t experts, ferry_model **out);
+void ferry_model_free(ferry_model *m);
+int ferry_model_add_tensor(ferry_model *m, const ferry_model_tensor *t, ferry_error *err);
+/* Presets with the shapes of the public configs, in bf16: "qwen3-8b",
+ * "qwen3-30b-a3b", "deepseek-v3", "kimi-k2". FERRY_ENOENT for others. */
+int ferry_model_preset(const char *name, ferry_model **out, ferry_error *err);
+/* Name of preset i, or NULL past the last. */
+const char *ferry_model_preset_name(size_t i);
+const char *ferry_model_name(const ferry_model *m);
+uint32_t ferry_model_layers(const ferry_model *m);
+uint32_t ferry_model_experts(const ferry_model *m);
+size_t ferry_model_tensor_count(const ferry_model *m);
+/* Fill *out; strings stay owned by the model. */
+int ferry_model_tensor_at(const ferry_model *m, size_t i, ferry_model_tensor *out);
+uint64_t ferry_model_param_count(const ferry_model *m);
+uint64_t ferry_model_bytes(const ferry_model *m);
+
+/* A parallel layout. Absent dimensions are 1. Ranks are numbered with tp
+ * innermost: rank = (((pp*dp + dp_i)*ep + ep_i)*fsdp + fsdp_i)*tp + tp_i.
+ * Node of a rank: first_node + rank / gpus_per_node. */
+typedef struct ferry_layout {
+    uint32_t fsdp, tp, dp, ep, pp;
+    uint32_t gpus_per_node;   /* 0 means 8 */
+    uint32_t first_node;
+} ferry_layout;
+
+/* Parse "fsdp:256", "tp:8,dp:16", "ep:32,tp:8", "pp:4,tp:8", also
+ * "replicated" (one rank) and "gpn:N" (gpus per node). */
+int ferry_layout_parse(const char *text, ferry_layout *out, ferry_error *err);
+/* Canonical text of a layout into buf; returns its length or a code. */
+int ferry_layout_format(const ferry_layout *l, char *buf, size_t cap);
+/* Ranks in the layout, or 0 when the product overflows 32 bits. */
+uint32_t ferry_layout_ranks(const ferry_layout *l);
+/* Build the placement of every tensor of `model` under `l`:
+ *  fsdp  dim-0 pieces of every tensor (of the TP piece when tp > 1);
+ *  tp    by role: column dim 0, row dim 1, vocab dim 0, replicated whole;
+ *  ep    routed expert e on EP rank e*ep/experts, TP-split inside its EP
+ *        group; other tensors are replicated across EP ranks;
+ *  pp    layer l on stage l*pp/layers, embedding first, head last;
+ *  dp    replicas, each a distinct fragment on a distinct rank.
+ * The caller closes *out. */
+int ferry_layout_build(const ferry_model *model, const ferry_layout *l, ferry_manifest **out,
+                       ferry_error *err);
+
+/* ---- plans ----------------------------------------------------------- */
+
+typedef struct ferry_plan_options {
+    /* Fail with FERRY_EMSGSIZE rather than grow past these. 0: default. */
+    uint64_t max_fragments;   /* per manifest (default 2^36) */
+    uint64_t max_regions;     /* regions of the plan (default 2^40) */
+    uint64_t max_overlaps;    /* (source split, target split) pairs held in memory (default 2^24) */
+} ferry_plan_options;
+
+/* Build the plan that fills every target fragment of `dst` from `src`.
+ * Fails closed (nothing is returned) when: a target tensor is missing from
+ * the source or differs in dtype, itemsize or shape; two source fragments
+ * of a tensor overlap without being identical boxes with distinct replica
+ * numbers; a target fragment is not fully covered by source fragments;
+ * a limit of `opt` (may be NULL) is passed. Both manifests are frozen and
+ * referenced by the plan. Free with ferry_plan_free (NULL is a no-op). */
+int ferry_plan_create(ferry_manifest *src, ferry_manifest *dst, const ferry_plan_options *opt,
+                      ferry_plan **out, ferry_error *err);
+void ferry_plan_free(ferry_plan *p);
+
+typedef struct ferry_plan_stats {
+    uint64_t tensors;          /* target tensors planned */
+    uint64_t src_fragments, dst_fragments;
+    uint64_t regions;          /* (source fragment, target fragment) overlaps */
+    uint64_t runs;             /* lowered byte-run records after coalescing */
+    uint64_t bytes;            /* bytes delivered: every target fragment once */
+    uint64_t max_rank_bytes;   /* most bytes a single target rank receives */
+    double mean_rank_bytes;    /* bytes / target ranks in the topology */
+    uint32_t dst_ranks;
+    double plan_s;             /* wall time ferry_plan_create spent */
+    uint8_t src_digest[16], dst_digest[16], topology_digest[16];
+} ferry_plan_stats;
+int ferry_plan_stats_get(const ferry_plan *p, ferry_plan_stats *out);
+ferry_manifest *ferry_plan_src(const ferry_plan *p);   /* borrowed */
+ferry_manifest *ferry_plan_dst(const ferry_plan *p);   /* borrowed */
+
+/* One overlap: the box of tensor `tensor` that target fragment
+ * `dst_fragment` takes from source fragment `src_fragment`. Tensor indices
+ * are the target manifest's (src_tensor: the source's). When the source
+ * has replicas of the box, the plan picks one: on the target's node when
+ * there is one, else spread by target rank. */
+typedef struct ferry_region {
+    uint32_t tensor, src_tensor;
+    uint32_t ndim;
+    uint64_t src_fragment, dst_fragment;
+    uint32_t src_rank, dst_rank;
+    uint64_t offset[FERRY_MAX_DIMS];   /* global coordinates */
+    uint64_t shape[FERRY_MAX_DIMS];
+    uint64_t bytes;
+} ferry_region;
+
+/* A lowered byte movement: `len` contiguous bytes, repeated over `nouter`
+ * nested loops (outermost first): piece (c0..) starts at
+ * src_offset + sum(c_i * src_stride[i]) and dst_offset + sum(c_i * dst_stride[i]).
+ * Source offsets are into the bound store object when src_object is set,
+ * else into the source fragment's local buffer; target offsets are into the
+ * target fragment's local buffer. Runs next to each other in one object
+ * and one target fragment are coalesced (src_fragment then names the
+ * first). src_object stays valid while the plan lives. */
+typedef struct ferry_run {
+    uint32_t tensor;
+    uint64_t src_fragment, dst_fragment;
+    uint32_t src_rank, dst_rank;
+    const char *src_object;
+    uint64_t src_offset, dst_offset;
+    uint64_t len;
+    uint32_t nouter;
+    uint64_t count[FERRY_MAX_DIMS];
+    uint64_t src_stride[FERRY_MAX_DIMS], dst_stride[FERRY_MAX_DIMS];
+    uint64_t bytes;            /* len * product of counts */
+} ferry_run;
+
+/* Which part of a plan an iterator walks: -1 means any. */
+typedef struct ferry_plan_filter {
+    int64_t tensor;            /* target tensor index */
+    int64_t src_rank, dst_rank;
+} ferry_plan_filter;
+
+/* Iterate regions or runs (one kind per iterator) in plan order: target
+ * tensor, target split, source box, target fragment, source fragment.
+ * filter may be NULL. The iterator references the plan, which must outlive
+ * it. next returns 1 with *out filled, 0 at the end, or a negative code. */
+int ferry_plan_iter_open(const ferry_plan *p, const ferry_plan_filter *filter, ferry_plan_iter **out);
+int ferry_plan_iter_next_region(ferry_plan_iter *it, ferry_region *out);
+int ferry_plan_iter_next_run(ferry_plan_iter *it, ferry_run *out);
+void ferry_plan_iter_close(ferry_plan_iter *it);
+
+/* A cache of plans keyed by (source digest, target digest, topology digest
+ * of both manifests), least recently used evicted past `capacity` plans.
+ * get returns a plan reference the caller frees with ferry_plan_free; a hit
+ * returns the cached plan without planning again (*hit set when not NULL).
+ * A hit still checks the limits of `opt`. Free releases the cache's own
+ * references (NULL is a no-op). */
+int ferry_plan_cache_create(size_t capacity, ferry_plan_cache **out);
+void ferry_plan_cache_free(ferry_plan_cache *c);
+int ferry_plan_cache_get(ferry_plan_cache *c, ferry_manifest *src, ferry_manifest *dst,
+                         const ferry_plan_options *opt, ferry_plan **out, bool *hit,
+                         ferry_error *err);
+size_t ferry_plan_cache_size(ferry_plan_cache *c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

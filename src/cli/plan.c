@@ -1,0 +1,430 @@
+/* `ferry plan` (print a reshard plan between two layouts or two manifest
+ * files) and `ferry bench plan` (cold and cached planning time and peak
+ * memory, against a naive all-pairs planner measured in the same run). */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "cli.h"
+
+typedef struct plan_opts {
+    const char *model, *src, *dst;     /* preset + layouts, or two files */
+    const char *save_src, *save_dst;
+    uint32_t gpn;
+    bool json;
+    long runs;                         /* runs to print */
+    int64_t dst_rank;
+    size_t baseline_tensors;
+} plan_opts;
+
+static int usage_plan(bool bench)
+{
+    if (bench)
+        fprintf(stderr, "usage: ferry bench plan --model PRESET --src LAYOUT --dst LAYOUT [--gpus-per-node N]\n"
+                        "                        [--baseline-tensors N] [--json]\n");
+    else
+        fprintf(stderr, "usage: ferry plan --model PRESET --src LAYOUT --dst LAYOUT [--gpus-per-node N]\n"
+                        "                  [--save-src FILE] [--save-dst FILE] [--runs N] [--dst-rank R] [--json]\n"
+                        "       ferry plan SRC.json DST.json [--runs N] [--dst-rank R] [--json]\n"
+                        "       ferry plan --models\n"
+                        "LAYOUT: comma-separated fsdp:N tp:N dp:N ep:N pp:N (e.g. fsdp:256, tp:8,dp:16,\n"
+                        "        ep:32,tp:8, pp:4,tp:8), or 'replicated'\n");
+    return 2;
+}
+
+static int parse_plan(int argc, char **argv, plan_opts *o, bool bench)
+{
+    memset(o, 0, sizeof *o);
+    o->dst_rank = -1;
+    o->baseline_tensors = 1200;
+    const char *files[2] = {0};
+    int nfiles = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--json")) {
+            o->json = true;
+            continue;
+        }
+        if (a[0] != '-') {
+            if (bench || nfiles == 2)
+                return usage_plan(bench);
+            files[nfiles++] = a;
+            continue;
+        }
+        if (!v)
+            return usage_plan(bench);
+        if (!strcmp(a, "--model"))
+            o->model = v;
+        else if (!strcmp(a, "--src"))
+            o->src = v;
+        else if (!strcmp(a, "--dst"))
+            o->dst = v;
+        else if (!strcmp(a, "--save-src") && !bench)
+            o->save_src = v;
+        else if (!strcmp(a, "--save-dst") && !bench)
+            o->save_dst = v;
+        else if (!strcmp(a, "--gpus-per-node") && atoi(v) > 0)
+            o->gpn = (uint32_t)atoi(v);
+        else if (!strcmp(a, "--runs") && !bench && atol(v) >= 0)
+            o->runs = atol(v);
+        else if (!strcmp(a, "--dst-rank") && !bench && atol(v) >= 0)
+            o->dst_rank = atol(v);
+        else if (!strcmp(a, "--baseline-tensors") && bench && atol(v) >= 0)
+            o->baseline_tensors = (size_t)atol(v);
+        else
+            return usage_plan(bench);
+        i++;
+    }
+    if (nfiles == 2 && !o->model && !o->src && !o->dst) {
+        o->src = files[0];
+        o->dst = files[1];
+        return 0;
+    }
+    if (nfiles || !o->model || !o->src || !o->dst)
+        return usage_plan(bench);
+    return 0;
+}
+
+/* Build (or load) the two manifests. */
+static int load_pair(const plan_opts *o, ferry_manifest **src, ferry_manifest **dst, uint64_t *model_bytes)
+{
+    ferry_error err = {0};
+    *src = *dst = NULL;
+    if (!o->model) {
+        if (ferry_manifest_load(o->src, src, &err) < 0 || ferry_manifest_load(o->dst, dst, &err) < 0)
+            goto fail;
+        return 0;
+    }
+    ferry_model *m;
+    if (ferry_model_preset(o->model, &m, &err) < 0)
+        goto fail;
+    *model_bytes = ferry_model_bytes(m);
+    ferry_layout ls, ld;
+    int rc = ferry_layout_parse(o->src, &ls, &err);
+    if (rc == 0)
+        rc = ferry_layout_parse(o->dst, &ld, &err);
+    if (rc == 0 && o->gpn)
+        ls.gpus_per_node = ld.gpus_per_node = o->gpn;
+    if (rc == 0)
+        rc = ferry_layout_build(m, &ls, src, &err);
+    if (rc == 0)
+        rc = ferry_layout_build(m, &ld, dst, &err);
+    ferry_model_free(m);
+    if (rc < 0)
+        goto fail;
+    return 0;
+fail:
+    fprintf(stderr, "ferry plan: %s\n", err.msg[0] ? err.msg : ferry_strerror(err.code));
+    ferry_manifest_close(*src);
+    ferry_manifest_close(*dst);
+    *src = *dst = NULL;
+    return 1;
+}
+
+static uint32_t node_count(const ferry_manifest *m)
+{
+    uint32_t n = ferry_manifest_rank_count(m), max = 0;
+    for (uint32_t r = 0; r < n; r++)
+        if (ferry_manifest_node_of(m, r) > max)
+            max = ferry_manifest_node_of(m, r);
+    return max + 1;   /* node numbers are dense in layouts; an upper bound otherwise */
+}
+
+static void print_runs(const ferry_plan *p, const plan_opts *o)
+{
+    ferry_plan_filter f = {-1, -1, o->dst_rank};
+    ferry_plan_iter *it;
+    if (ferry_plan_iter_open(p, &f, &it) < 0)
+        return;
+    const ferry_manifest *dst = ferry_plan_dst(p);
+    printf("\n%-52s %10s %5s %14s %10s %5s %12s %10s %s\n", "tensor", "src_frag", "src_r", "src_offset", "dst_frag",
+           "dst_r", "dst_offset", "len", "loops (count x src_stride/dst_stride)");
+    ferry_run r;
+    for (long n = 0; n < o->runs && ferry_plan_iter_next_run(it, &r) == 1; n++) {
+        ferry_tensor_desc t;
+        ferry_manifest_tensor(dst, r.tensor, &t);
+        printf("%-52.52s %10" PRIu64 " %5u %14" PRIu64 " %10" PRIu64 " %5u %12" PRIu64 " %10" PRIu64 " ", t.name,
+               r.src_fragment, r.src_rank, r.src_offset, r.dst_fragment, r.dst_rank, r.dst_offset, r.len);
+        for (uint32_t i = 0; i < r.nouter; i++)
+            printf("%s%" PRIu64 "x%" PRIu64 "/%" PRIu64, i ? " " : "", r.count[i], r.src_stride[i], r.dst_stride[i]);
+        printf("%s%s\n", r.nouter ? "" : "-", r.src_object ? " (object)" : "");
+    }
+    ferry_plan_iter_close(it);
+}
+
+static void print_plan(const plan_opts *o, ferry_plan *p, double build_s)
+{
+    ferry_plan_stats s;
+    ferry_plan_stats_get(p, &s);
+    const ferry_manifest *src = ferry_plan_src(p), *dst = ferry_plan_dst(p);
+    char ds[33], dd[33], dt[33], b1[32], b2[32], b3[32];
+    ferry_digest_hex(s.src_digest, ds);
+    ferry_digest_hex(s.dst_digest, dd);
+    ferry_digest_hex(s.topology_digest, dt);
+    if (o->json) {
+        printf("{\"model\":\"%s\",\"src\":\"%s\",\"dst\":\"%s\",\"tensors\":%" PRIu64 ",\"src_ranks\":%u,"
+               "\"dst_ranks\":%u,\"src_fragments\":%" PRIu64 ",\"dst_fragments\":%" PRIu64 ",\"regions\":%" PRIu64
+               ",\"runs\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"max_rank_bytes\":%" PRIu64 ",\"mean_rank_bytes\":%.1f,"
+               "\"plan_s\":%.6f,\"build_s\":%.6f,\"src_digest\":\"%s\",\"dst_digest\":\"%s\",\"topology_digest\":\"%s\"}\n",
+               o->model ? o->model : "", o->src, o->dst, s.tensors, ferry_manifest_rank_count(src),
+               ferry_manifest_rank_count(dst), s.src_fragments, s.dst_fragments, s.regions, s.runs, s.bytes,
+               s.max_rank_bytes, s.mean_rank_bytes, s.plan_s, build_s, ds, dd, dt);
+        return;
+    }
+    printf("plan  %s%s%s -> %s\n\n", o->model ? o->model : "", o->model ? "  " : "", o->src, o->dst);
+    printf("  %-22s %20s %20s\n", "", "source", "target");
+    printf("  %-22s %20u %20u\n", "ranks", ferry_manifest_rank_count(src), ferry_manifest_rank_count(dst));
+    printf("  %-22s %20u %20u\n", "nodes", node_count(src), node_count(dst));
+    printf("  %-22s %20u %20u\n", "tensors", ferry_manifest_tensor_count(src), ferry_manifest_tensor_count(dst));
+    printf("  %-22s %20" PRIu64 " %20" PRIu64 "\n", "fragments", s.src_fragments, s.dst_fragments);
+    printf("  %-22s %20.20s %20.20s\n\n", "digest", ds, dd);
+    printf("  %-22s %20" PRIu64 "\n", "tensors planned", s.tensors);
+    printf("  %-22s %20" PRIu64 "\n", "regions", s.regions);
+    printf("  %-22s %20" PRIu64 "\n", "runs", s.runs);
+    printf("  %-22s %20" PRIu64 "  (%s)\n", "bytes", s.bytes, cli_fmt_size(s.bytes, b1, sizeof b1));
+    printf("  %-22s %20" PRIu64 "  (%s)\n", "max bytes / dst rank", s.max_rank_bytes,
+           cli_fmt_size(s.max_rank_bytes, b2, sizeof b2));
+    printf("  %-22s %20.0f  (%s)\n", "mean bytes / dst rank", s.mean_rank_bytes,
+           cli_fmt_size((uint64_t)s.mean_rank_bytes, b3, sizeof b3));
+    printf("  %-22s %20.6f s\n", "planning time", s.plan_s);
+    if (build_s > 0)
+        printf("  %-22s %20.6f s\n", "manifest build time", build_s);
+    printf("  %-22s %s\n", "topology digest", dt);
+    if (o->runs)
+        print_runs(p, o);
+}
+
+int cmd_plan(int argc, char **argv)
+{
+    if (argc >= 2 && !strcmp(argv[1], "--models")) {
+        for (size_t i = 0; ferry_model_preset_name(i); i++) {
+            ferry_model *m;
+            if (ferry_model_preset(ferry_model_preset_name(i), &m, NULL) < 0)
+                continue;
+            printf("%-16s %8zu tensors %18" PRIu64 " params %4u layers %4u experts\n", ferry_model_name(m),
+                   ferry_model_tensor_count(m), ferry_model_param_count(m), ferry_model_layers(m),
+                   ferry_model_experts(m));
+            ferry_model_free(m);
+        }
+        return 0;
+    }
+    plan_opts o;
+    if (parse_plan(argc, argv, &o, false))
+        return 2;
+    ferry_manifest *src, *dst;
+    uint64_t mb = 0;
+    double t0 = cli_now();
+    if (load_pair(&o, &src, &dst, &mb))
+        return 1;
+    double build_s = o.model ? cli_now() - t0 : 0;
+    ferry_error err = {0};
+    int rc = 0;
+    if (o.save_src && ferry_manifest_save(src, o.save_src, &err) < 0)
+        rc = 1;
+    if (!rc && o.save_dst && ferry_manifest_save(dst, o.save_dst, &err) < 0)
+        rc = 1;
+    ferry_plan *p = NULL;
+    if (!rc && ferry_plan_create(src, dst, NULL, &p, &err) < 0)
+        rc = 1;
+    if (rc)
+        fprintf(stderr, "ferry plan: %s\n", err.msg);
+    else
+        print_plan(&o, p, build_s);
+    ferry_plan_free(p);
+    ferry_manifest_close(src);
+    ferry_manifest_close(dst);
+    return rc;
+}
+
+/* ---- bench -------------------------------------------------------------- */
+
+static uint64_t peak_rss(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (uint64_t)ru.ru_maxrss * 1024;
+}
+
+typedef struct box { uint32_t tensor; uint32_t ndim; uint64_t off[FERRY_MAX_DIMS], shape[FERRY_MAX_DIMS]; } box;
+
+/* The fragments of tensors [0, ntensors) as boxes: layouts add them in
+ * tensor order, so they are a prefix of the fragment ids. */
+static box *materialize(const ferry_manifest *m, uint32_t ntensors, bool first_copy_only, size_t *n)
+{
+    size_t cap = 1024, k = 0;
+    box *v = malloc(cap * sizeof *v);
+    uint64_t total = ferry_manifest_fragment_count(m);
+    for (uint64_t id = 0; v && id < total; id++) {
+        ferry_fragment f;
+        ferry_manifest_fragment(m, id, &f);
+        if (f.tensor >= ntensors)
+            break;
+        if (first_copy_only && f.replica != 0)
+            continue;
+        if (k == cap) {
+            box *nv = realloc(v, (cap *= 2) * sizeof *v);
+            if (!nv) {
+                free(v);
+                return NULL;
+            }
+            v = nv;
+        }
+        ferry_tensor_desc t;
+        ferry_manifest_tensor(m, f.tensor, &t);
+        v[k].tensor = f.tensor;
+        v[k].ndim = t.ndim;
+        memcpy(v[k].off, f.offset, sizeof f.offset);
+        memcpy(v[k].shape, f.shape, sizeof f.shape);
+        k++;
+    }
+    *n = k;
+    return v;
+}
+
+/* Naive planner: every (source, target) fragment pair of a tensor is
+ * tested. Sources are replica 0 only: the plan reads each box from one
+ * copy, and layouts number one copy of every box 0. */
+static uint64_t naive_regions(const box *s, size_t ns, const box *t, size_t nt)
+{
+    uint64_t n = 0;
+    size_t si = 0;
+    for (size_t ti = 0; ti < nt;) {
+        size_t te = ti;
+        while (te < nt && t[te].tensor == t[ti].tensor)
+            te++;
+        while (si < ns && s[si].tensor < t[ti].tensor)
+            si++;
+        size_t se = si;
+        while (se < ns && s[se].tensor == t[ti].tensor)
+            se++;
+        for (size_t a = ti; a < te; a++)
+            for (size_t b = si; b < se; b++) {
+                bool hit = true;
+                for (uint32_t d = 0; d < t[a].ndim && hit; d++)
+                    hit = s[b].off[d] < t[a].off[d] + t[a].shape[d] && t[a].off[d] < s[b].off[d] + s[b].shape[d];
+                n += hit;
+            }
+        ti = te;
+    }
+    return n;
+}
+
+int cmd_bench_plan(int argc, char **argv)
+{
+    plan_opts o;
+    if (parse_plan(argc, argv, &o, true))
+        return 2;
+    ferry_manifest *src, *dst;
+    uint64_t mb = 0;
+    double t0 = cli_now();
+    if (load_pair(&o, &src, &dst, &mb))
+        return 1;
+    double build_s = cli_now() - t0;
+    ferry_plan_cache *cache;
+    ferry_plan *p = NULL, *p2 = NULL;
+    ferry_error err = {0};
+    bool hit1 = false, hit2 = false;
+    if (ferry_plan_cache_create(8, &cache) < 0)
+        return 1;
+    t0 = cli_now();
+    int rc = ferry_plan_cache_get(cache, src, dst, NULL, &p, &hit1, &err);
+    double cold_s = cli_now() - t0;
+    double cached_s = 0;
+    if (rc == 0) {
+        t0 = cli_now();
+        rc = ferry_plan_cache_get(cache, src, dst, NULL, &p2, &hit2, &err);
+        cached_s = cli_now() - t0;
+    }
+    if (rc < 0) {
+        fprintf(stderr, "ferry bench plan: %s\n", err.msg);
+        ferry_plan_cache_free(cache);
+        return 1;
+    }
+    ferry_plan_stats s;
+    ferry_plan_stats_get(p, &s);
+
+    /* What an executor on target rank 0 does: walk its runs. */
+    ferry_plan_filter f = {-1, -1, 0};
+    ferry_plan_iter *it;
+    uint64_t r0_runs = 0, r0_bytes = 0, r0_want = 0;
+    t0 = cli_now();
+    if (ferry_plan_iter_open(p, &f, &it) == 0) {
+        ferry_run r;
+        while (ferry_plan_iter_next_run(it, &r) == 1) {
+            r0_runs++;
+            r0_bytes += r.bytes;
+        }
+        ferry_plan_iter_close(it);
+    }
+    double r0_s = cli_now() - t0;
+    ferry_manifest_rank_bytes(dst, 0, &r0_want);
+    uint64_t rss = peak_rss();
+
+    /* Baseline in the same run: materialized fragments + all-pairs test,
+     * on the first baseline_tensors tensors; the plan's own regions of
+     * those tensors must agree. */
+    uint32_t nb = (uint32_t)o.baseline_tensors;
+    if (nb > ferry_manifest_tensor_count(dst))
+        nb = ferry_manifest_tensor_count(dst);
+    size_t ns = 0, nt = 0;
+    t0 = cli_now();
+    box *bs = materialize(src, nb, true, &ns), *bt = materialize(dst, nb, false, &nt);
+    uint64_t naive = bs && bt ? naive_regions(bs, ns, bt, nt) : 0;
+    double naive_s = cli_now() - t0;
+    free(bs);
+    free(bt);
+    uint64_t mine = 0;
+    t0 = cli_now();
+    for (uint32_t ti = 0; ti < nb; ti++) {
+        ferry_plan_filter tf = {ti, -1, -1};
+        ferry_region r;
+        if (ferry_plan_iter_open(p, &tf, &it) < 0)
+            break;
+        while (ferry_plan_iter_next_region(it, &r) == 1)
+            mine++;
+        ferry_plan_iter_close(it);
+    }
+    double walk_s = cli_now() - t0;
+    double per_tensor = nb ? naive_s / nb : 0;
+    double naive_est = per_tensor * (double)s.tensors;
+    double frag_bytes = (double)(s.src_fragments + s.dst_fragments) * (double)sizeof(box);
+
+    if (o.json) {
+        printf("{\"model\":\"%s\",\"src\":\"%s\",\"dst\":\"%s\",\"tensors\":%" PRIu64 ",\"src_fragments\":%" PRIu64
+               ",\"dst_fragments\":%" PRIu64 ",\"regions\":%" PRIu64 ",\"runs\":%" PRIu64 ",\"bytes\":%" PRIu64
+               ",\"max_rank_bytes\":%" PRIu64 ",\"build_s\":%.6f,\"cold_s\":%.6f,\"cached_s\":%.9f,\"cache_hit\":%s,"
+               "\"same_plan\":%s,\"peak_rss_bytes\":%" PRIu64 ",\"rank0_runs\":%" PRIu64 ",\"rank0_bytes\":%" PRIu64
+               ",\"rank0_bytes_ok\":%s,\"rank0_walk_s\":%.6f,"
+               "\"baseline\":{\"what\":\"materialized fragments, all-pairs overlap test per tensor\",\"tensors\":%u,"
+               "\"s\":%.6f,\"regions\":%" PRIu64 ",\"plan_regions\":%" PRIu64 ",\"regions_match\":%s,\"plan_walk_s\":%.6f,"
+               "\"extrapolated_s\":%.3f,\"extrapolated_fragment_bytes\":%.0f},\"baseline_ratio\":%.2f}\n",
+               o.model, o.src, o.dst, s.tensors, s.src_fragments, s.dst_fragments, s.regions, s.runs, s.bytes,
+               s.max_rank_bytes, build_s, cold_s, cached_s, hit2 ? "true" : "false", p == p2 ? "true" : "false", rss,
+               r0_runs, r0_bytes, r0_bytes == r0_want ? "true" : "false", r0_s, nb, naive_s, naive, mine,
+               naive == mine ? "true" : "false", walk_s, naive_est, frag_bytes, cold_s > 0 ? naive_est / cold_s : 0);
+    } else {
+        char b1[32], b2[32];
+        printf("bench plan  %s  %s -> %s\n\n", o.model, o.src, o.dst);
+        printf("  tensors %" PRIu64 "  fragments %" PRIu64 " -> %" PRIu64 "  regions %" PRIu64 "  runs %" PRIu64
+               "  bytes %s\n", s.tensors, s.src_fragments, s.dst_fragments, s.regions, s.runs,
+               cli_fmt_size(s.bytes, b1, sizeof b1));
+        printf("  manifest build  %10.6f s\n", build_s);
+        printf("  cold plan       %10.6f s   (validate, digest, plan, stats)\n", cold_s);
+        printf("  cached plan     %10.9f s   (hit: %s, same plan: %s)\n", cached_s, hit2 ? "yes" : "no",
+               p == p2 ? "yes" : "no");
+        printf("  peak rss        %10s\n", cli_fmt_size(rss, b2, sizeof b2));
+        printf("  rank 0 walk     %10.6f s   %" PRIu64 " runs, bytes %s\n", r0_s, r0_runs,
+               r0_bytes == r0_want ? "match its fragments" : "DO NOT match its fragments");
+        printf("  baseline        %10.6f s   naive all-pairs on %u tensors (%" PRIu64 " regions, plan: %" PRIu64
+               " %s)\n", naive_s, nb, naive, mine, naive == mine ? "match" : "MISMATCH");
+        printf("                  %10.3f s   extrapolated to all tensors (%.0f MB of fragment boxes): %.1fx the cold plan\n",
+               naive_est, frag_bytes / 1e6, cold_s > 0 ? naive_est / cold_s : 0);
+    }
+    ferry_plan_free(p);
+    ferry_plan_free(p2);
+    ferry_plan_cache_free(cache);
+    ferry_manifest_close(src);
+    ferry_manifest_close(dst);
+    return naive == mine && r0_bytes == r0_want ? 0 : 1;
+}
