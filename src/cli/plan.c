@@ -16,13 +16,14 @@ typedef struct plan_opts {
     long runs;                         /* runs to print */
     int64_t dst_rank;
     size_t baseline_tensors;
+    bool walk_all;
 } plan_opts;
 
 static int usage_plan(bool bench)
 {
     if (bench)
         fprintf(stderr, "usage: ferry bench plan --model PRESET --src LAYOUT --dst LAYOUT [--gpus-per-node N]\n"
-                        "                        [--baseline-tensors N] [--json]\n");
+                        "                        [--baseline-tensors N] [--walk-all] [--json]\n");
     else
         fprintf(stderr, "usage: ferry plan --model PRESET --src LAYOUT --dst LAYOUT [--gpus-per-node N]\n"
                         "                  [--save-src FILE] [--save-dst FILE] [--runs N] [--dst-rank R] [--json]\n"
@@ -44,6 +45,10 @@ static int parse_plan(int argc, char **argv, plan_opts *o, bool bench)
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--json")) {
             o->json = true;
+            continue;
+        }
+        if (!strcmp(a, "--walk-all") && bench) {
+            o->walk_all = true;
             continue;
         }
         if (a[0] != '-') {
@@ -122,13 +127,25 @@ fail:
     return 1;
 }
 
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
 static uint32_t node_count(const ferry_manifest *m)
 {
-    uint32_t n = ferry_manifest_rank_count(m), max = 0;
+    uint32_t n = ferry_manifest_rank_count(m), distinct = 0;
+    uint32_t *v = malloc(n * sizeof *v);
+    if (!v)
+        return 0;
     for (uint32_t r = 0; r < n; r++)
-        if (ferry_manifest_node_of(m, r) > max)
-            max = ferry_manifest_node_of(m, r);
-    return max + 1;   /* node numbers are dense in layouts; an upper bound otherwise */
+        v[r] = ferry_manifest_node_of(m, r);
+    qsort(v, n, sizeof *v, cmp_u32);
+    for (uint32_t r = 0; r < n; r++)
+        distinct += r == 0 || v[r] != v[r - 1];
+    free(v);
+    return distinct;
 }
 
 static void print_runs(const ferry_plan *p, const plan_opts *o)
@@ -361,6 +378,21 @@ int cmd_bench_plan(int argc, char **argv)
     ferry_manifest_rank_bytes(dst, 0, &r0_want);
     uint64_t rss = peak_rss();
 
+    /* Optionally every run of the plan, as all executors together would. */
+    uint64_t all_runs = 0, all_bytes = 0;
+    double all_s = 0;
+    if (o.walk_all && ferry_plan_iter_open(p, NULL, &it) == 0) {
+        ferry_run r;
+        t0 = cli_now();
+        while (ferry_plan_iter_next_run(it, &r) == 1) {
+            all_runs++;
+            all_bytes += r.bytes;
+        }
+        all_s = cli_now() - t0;
+        ferry_plan_iter_close(it);
+    }
+    bool all_ok = !o.walk_all || (all_runs == s.runs && all_bytes == s.bytes);
+
     /* Baseline in the same run: materialized fragments + all-pairs test,
      * on the first baseline_tensors tensors; the plan's own regions of
      * those tensors must agree. */
@@ -395,13 +427,14 @@ int cmd_bench_plan(int argc, char **argv)
                ",\"dst_fragments\":%" PRIu64 ",\"regions\":%" PRIu64 ",\"runs\":%" PRIu64 ",\"bytes\":%" PRIu64
                ",\"max_rank_bytes\":%" PRIu64 ",\"build_s\":%.6f,\"cold_s\":%.6f,\"cached_s\":%.9f,\"cache_hit\":%s,"
                "\"same_plan\":%s,\"peak_rss_bytes\":%" PRIu64 ",\"rank0_runs\":%" PRIu64 ",\"rank0_bytes\":%" PRIu64
-               ",\"rank0_bytes_ok\":%s,\"rank0_walk_s\":%.6f,"
+               ",\"rank0_bytes_ok\":%s,\"rank0_walk_s\":%.6f,\"walk_all_s\":%.6f,\"walk_all_ok\":%s,"
                "\"baseline\":{\"what\":\"materialized fragments, all-pairs overlap test per tensor\",\"tensors\":%u,"
                "\"s\":%.6f,\"regions\":%" PRIu64 ",\"plan_regions\":%" PRIu64 ",\"regions_match\":%s,\"plan_walk_s\":%.6f,"
                "\"extrapolated_s\":%.3f,\"extrapolated_fragment_bytes\":%.0f},\"baseline_ratio\":%.2f}\n",
                o.model, o.src, o.dst, s.tensors, s.src_fragments, s.dst_fragments, s.regions, s.runs, s.bytes,
                s.max_rank_bytes, build_s, cold_s, cached_s, hit2 ? "true" : "false", p == p2 ? "true" : "false", rss,
-               r0_runs, r0_bytes, r0_bytes == r0_want ? "true" : "false", r0_s, nb, naive_s, naive, mine,
+               r0_runs, r0_bytes, r0_bytes == r0_want ? "true" : "false", r0_s, all_s, all_ok ? "true" : "false",
+               nb, naive_s, naive, mine,
                naive == mine ? "true" : "false", walk_s, naive_est, frag_bytes, cold_s > 0 ? naive_est / cold_s : 0);
     } else {
         char b1[32], b2[32];
@@ -416,6 +449,9 @@ int cmd_bench_plan(int argc, char **argv)
         printf("  peak rss        %10s\n", cli_fmt_size(rss, b2, sizeof b2));
         printf("  rank 0 walk     %10.6f s   %" PRIu64 " runs, bytes %s\n", r0_s, r0_runs,
                r0_bytes == r0_want ? "match its fragments" : "DO NOT match its fragments");
+        if (o.walk_all)
+            printf("  all runs walk   %10.6f s   %" PRIu64 " runs, %s\n", all_s, all_runs,
+                   all_ok ? "count and bytes match the stats" : "DO NOT match the stats");
         printf("  baseline        %10.6f s   naive all-pairs on %u tensors (%" PRIu64 " regions, plan: %" PRIu64
                " %s)\n", naive_s, nb, naive, mine, naive == mine ? "match" : "MISMATCH");
         printf("                  %10.3f s   extrapolated to all tensors (%.0f MB of fragment boxes): %.1fx the cold plan\n",
@@ -426,5 +462,5 @@ int cmd_bench_plan(int argc, char **argv)
     ferry_plan_cache_free(cache);
     ferry_manifest_close(src);
     ferry_manifest_close(dst);
-    return naive == mine && r0_bytes == r0_want ? 0 : 1;
+    return naive == mine && r0_bytes == r0_want && all_ok ? 0 : 1;
 }

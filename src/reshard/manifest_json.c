@@ -191,6 +191,11 @@ static int read_split(rd *r, ferry_manifest *m, uint32_t ti, const json_t *j)
         return rc;
     if (has_off != has_shape)
         return bad(r, "%s", "'offset' and 'shape' come together");
+    bool cut = false;
+    for (uint32_t d = 0; d < nd; d++)
+        cut |= parts[d] > 1;
+    if (cut && !json_object_get(j, "rank_stride"))
+        return bad(r, "%s", "a split into several pieces needs 'rank_stride'");
     s.whole = !has_off;
     for (uint32_t d = 0; d < nd; d++) {
         if (parts[d] > UINT32_MAX || rs[d] > UINT32_MAX)

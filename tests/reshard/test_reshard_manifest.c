@@ -315,6 +315,8 @@ static void test_json_malformed(void **state)
     expect_bad(HEAD TENS "\"fragments\":[{\"tensor\":0,\"split\":{\"rank\":0,\"parts\":[8,1],\"rank_stride\":[1,0]}}]}",
                "outside the topology");
     expect_bad(HEAD TENS "\"fragments\":[{\"tensor\":0,\"split\":{\"rank\":0,\"offset\":[0,0]}}]}", "come together");
+    expect_bad(HEAD TENS "\"fragments\":[{\"tensor\":0,\"split\":{\"rank\":0,\"parts\":[2,1]}}]}",
+               "needs 'rank_stride'");
     expect_bad(HEAD TENS "\"fragments\":[{\"tensor\":0,\"rank\":0,\"split\":{\"rank\":0}}]}", "only 'tensor' and 'split'");
     expect_bad(HEAD "\"tensors\":[{\"name\":\"w\",\"dtype\":\"f32\",\"itemsize\":2,\"shape\":[8]}],\"fragments\":[]}",
                "does not match dtype");

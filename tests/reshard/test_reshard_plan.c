@@ -410,6 +410,35 @@ static void test_tensor_filter_and_order(void **state)
     ferry_model_free(m);
 }
 
+static void test_scalar(void **state)
+{
+    (void)state;
+    ferry_manifest *s, *d;
+    assert_int_equal(ferry_manifest_create(4, NULL, 2, &s), 0);
+    assert_int_equal(ferry_manifest_create(4, NULL, 2, &d), 0);
+    ferry_tensor_desc t = {.name = "step", .dtype = "i64", .itemsize = 8, .ndim = 0};
+    assert_int_equal(ferry_manifest_add_tensor(s, &t, NULL), 0);
+    assert_int_equal(ferry_manifest_add_tensor(d, &t, NULL), 0);
+    ferry_split sp = {.tensor = 0, .whole = true, .rank = 0, .replicas = 2, .replica_stride = 2};
+    assert_int_equal(ferry_manifest_add_split(s, &sp, NULL), 0);
+    sp.replicas = 4;
+    sp.replica_stride = 1;
+    assert_int_equal(ferry_manifest_add_split(d, &sp, NULL), 0);
+    ferry_plan *p = plan(s, d);
+    ferry_run r[8];
+    assert_int_equal(all_runs(p, NULL, r, 8), 4);
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(r[i].len, 8);
+        assert_int_equal(r[i].nouter, 0);
+        assert_int_equal(r[i].dst_rank, (uint32_t)i);
+        /* copies on ranks 0 (node 0) and 2 (node 1): same node wins */
+        assert_int_equal(r[i].src_rank, i < 2 ? 0 : 2);
+    }
+    ferry_plan_free(p);
+    ferry_manifest_close(s);
+    ferry_manifest_close(d);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -421,6 +450,7 @@ int main(void)
         cmocka_unit_test(test_sweep_many_fragments),
         cmocka_unit_test(test_presets_end_to_end),
         cmocka_unit_test(test_tensor_filter_and_order),
+        cmocka_unit_test(test_scalar),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
