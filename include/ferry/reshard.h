@@ -234,8 +234,9 @@ typedef struct ferry_plan_options {
  * the source or differs in dtype, itemsize or shape; two source fragments
  * of a tensor overlap without being identical boxes with distinct replica
  * numbers; a target fragment is not fully covered by source fragments;
- * a limit of `opt` (may be NULL) is passed. Both manifests are frozen and
- * referenced by the plan. Free with ferry_plan_free (NULL is a no-op). */
+ * a limit of `opt` (may be NULL) is passed. On success both manifests are
+ * frozen and referenced by the plan; a failure leaves them as they were.
+ * Free with ferry_plan_free (NULL is a no-op). */
 int ferry_plan_create(ferry_manifest *src, ferry_manifest *dst, const ferry_plan_options *opt,
                       ferry_plan **out, ferry_error *err);
 void ferry_plan_free(ferry_plan *p);

@@ -147,6 +147,15 @@ int fr_manifest_freeze(ferry_manifest *m)
     return 0;
 }
 
+void fr_manifest_thaw(ferry_manifest *m)
+{
+    fr_free(m->tg_start);
+    fr_free(m->tg_list);
+    m->tg_start = NULL;
+    m->tg_list = NULL;
+    m->frozen = false;
+}
+
 typedef struct bound_span { int32_t object; uint64_t start, end; uint32_t group; } bound_span;
 
 static int cmp_span(const void *a, const void *b)

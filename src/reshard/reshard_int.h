@@ -87,8 +87,10 @@ struct ferry_manifest {
     uint32_t *tg_list;        /* ngroups */
 };
 
-/* Freeze: no more additions; build per-tensor group lists. Idempotent. */
+/* Freeze: no more additions; build per-tensor group lists. Idempotent.
+ * Thaw undoes it (only for a manifest no plan holds). */
 int fr_manifest_freeze(ferry_manifest *m);
+void fr_manifest_thaw(ferry_manifest *m);
 void fr_manifest_ref(ferry_manifest *m);
 /* Group holding fragment id (id < nfrags). */
 size_t fr_manifest_group_of(const ferry_manifest *m, uint64_t id);

@@ -526,8 +526,12 @@ int ferry_plan_create(ferry_manifest *src, ferry_manifest *dst, const ferry_plan
         rc = ferry_manifest_validate(dst, err);
     if (rc < 0)
         return rc;
-    if (fr_manifest_freeze(src) < 0 || fr_manifest_freeze(dst) < 0)
+    bool src_was = src->frozen, dst_was = dst->frozen;
+    if (fr_manifest_freeze(src) < 0 || fr_manifest_freeze(dst) < 0) {
+        if (!src_was)
+            fr_manifest_thaw(src);
         return fr_rs_err(err, FERRY_ENOMEM, "out of memory");
+    }
     ferry_plan *p = fr_calloc(1, sizeof *p);
     if (!p)
         return fr_rs_err(err, FERRY_ENOMEM, "out of memory");
@@ -544,6 +548,12 @@ int ferry_plan_create(ferry_manifest *src, ferry_manifest *dst, const ferry_plan
     fr_free(pl.order);
     if (rc < 0) {
         ferry_plan_free(p);
+        /* A failed plan leaves the manifests as they were: the caller may
+         * add what was missing and plan again. */
+        if (!src_was)
+            fr_manifest_thaw(src);
+        if (!dst_was && dst != src)
+            fr_manifest_thaw(dst);
         return rc;
     }
     p->stats.plan_s = (double)(fr_now_ns() - t0) * 1e-9;

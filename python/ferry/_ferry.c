@@ -1,0 +1,66 @@
+/* _ferry: the C extension under the ferry Python package. Module set-up
+ * and the error type; each layer adds its types from its own file. */
+#include "_ferry.h"
+
+PyObject *fp_error;
+
+PyObject *fp_raise(int code, const char *msg)
+{
+    PyObject *e = PyObject_CallFunction(fp_error, "s", msg && *msg ? msg : ferry_strerror(code));
+    if (!e)
+        return NULL;
+    PyObject *c = PyLong_FromLong(code);
+    if (c) {
+        PyObject_SetAttrString(e, "code", c);
+        Py_DECREF(c);
+    }
+    PyErr_SetObject(fp_error, e);
+    Py_DECREF(e);
+    return NULL;
+}
+
+PyObject *fp_raise_err(int code, const ferry_error *err)
+{
+    if (code == FERRY_ENOMEM)
+        return PyErr_NoMemory();
+    return fp_raise(code, err ? err->msg : NULL);
+}
+
+static PyObject *fp_strerror(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    long code = PyLong_AsLong(arg);
+    if (code == -1 && PyErr_Occurred())
+        return NULL;
+    return PyUnicode_FromString(ferry_strerror((int)code));
+}
+
+static PyMethodDef fp_methods[] = {
+    {"strerror", fp_strerror, METH_O, "strerror(code) -> the text of a ferry error code"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef fp_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "ferry._ferry",
+    .m_doc = "C extension of the ferry package (use the ferry modules, not this one)",
+    .m_size = -1,
+    .m_methods = fp_methods,
+};
+
+PyMODINIT_FUNC PyInit__ferry(void)
+{
+    PyObject *m = PyModule_Create(&fp_module);
+    if (!m)
+        return NULL;
+    fp_error = PyErr_NewExceptionWithDoc("ferry.Error", "A ferry call failed; .code is the FERRY_E* code.",
+                                         PyExc_Exception, NULL);
+    if (!fp_error || PyModule_AddObjectRef(m, "Error", fp_error) < 0 || fp_reshard_init(m) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyModule_AddIntConstant(m, "VERSION_MAJOR", FERRY_VERSION_MAJOR);
+    PyModule_AddIntConstant(m, "VERSION_MINOR", FERRY_VERSION_MINOR);
+    PyModule_AddIntConstant(m, "VERSION_PATCH", FERRY_VERSION_PATCH);
+    return m;
+}
