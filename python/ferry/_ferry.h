@@ -17,7 +17,21 @@ PyObject *fp_raise(int code, const char *msg);
 /* Raise from a ferry_error filled by a failed call. */
 PyObject *fp_raise_err(int code, const ferry_error *err);
 
-/* Add the reshard types and functions to module m; 0 or -1. */
-int fp_reshard_init(PyObject *m);
+/* ---- shared by the reshard files ---------------------------------------- */
+#define FP_KWFN(f) (PyCFunction)(void (*)(void))(f)
+/* A sequence of at most FERRY_MAX_DIMS non-negative ints into out, *n its
+ * length; None leaves out untouched and sets *n = UINT32_MAX. 0 or -1. */
+int fp_dims(PyObject *o, uint64_t *out, uint32_t *n, const char *what);
+PyObject *fp_tuple_u64(const uint64_t *v, uint32_t n);
+PyObject *fp_hex16(const uint8_t d[16]);   /* digest as 32 hex chars */
+extern PyTypeObject fp_ManifestType, fp_ModelType;
+/* Wrap a manifest in a Manifest object, stealing the reference. */
+PyObject *fp_manifest_wrap(ferry_manifest *m);
+/* The manifest of a Manifest object, or NULL with TypeError set. */
+ferry_manifest *fp_manifest_of(PyObject *o);
+/* Add each file's types and functions to module m; 0 or -1. */
+int fp_manifest_init(PyObject *m);
+int fp_model_init(PyObject *m);
+int fp_plan_init(PyObject *m);
 
 #endif
