@@ -10,9 +10,9 @@
  * err is not NULL, write the same code and a NUL-terminated message into it
  * that names the tensor and fragment at fault, ready to print.
  *
- * Threads: a manifest is built by one thread. Once a plan uses it, it is
- * frozen (further additions fail with FERRY_ESTATE) and may be read from
- * any thread. Plans are immutable and may be iterated from many threads at
+ * Threads: a manifest is built, and first planned with, by one thread.
+ * Once a plan uses it, it is frozen (further additions fail with
+ * FERRY_ESTATE) and may be read from any thread. Plans are immutable and may be iterated from many threads at
  * once, one iterator per thread. A plan cache is thread-safe.
  */
 #ifndef FERRY_RESHARD_H

@@ -228,8 +228,10 @@ static int new_group(ferry_manifest *m, uint32_t ndim, bool strides, fr_group **
     if (m->ngroups >= FR_MAX_GROUPS)
         return FERRY_EMSGSIZE;
     size_t need = (size_t)ndim * (strides ? 6 : 5);
+    /* +1: the pool exists even when every tensor is a scalar (no pointer
+     * arithmetic on NULL). */
     if (fr_grow((void **)&m->groups, &m->gcap, m->ngroups + 1, sizeof *m->groups) < 0 ||
-        fr_grow((void **)&m->pool, &m->pcap, m->npool + need, sizeof *m->pool) < 0)
+        fr_grow((void **)&m->pool, &m->pcap, m->npool + need + 1, sizeof *m->pool) < 0)
         return FERRY_ENOMEM;
     fr_group *g = &m->groups[m->ngroups];
     memset(g, 0, sizeof *g);

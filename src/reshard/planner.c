@@ -494,13 +494,17 @@ static int plan_all(planner *pl)
         if (p->tensors[ti].npairs)
             s->tensors++;
     }
-    for (size_t g = 0; g < pl->s->ngroups && !p->src_bound; g++)
-        p->src_bound = pl->s->groups[g].object >= 0;
+    /* Runs of two regions can only continue each other inside one store
+     * object; when no object holds two fragments, runs = regions. */
+    size_t bound = 0;
+    for (size_t g = 0; g < pl->s->ngroups; g++)
+        bound += pl->s->groups[g].object >= 0;
+    bool shared = bound > pl->s->nobjects;
     rc = rank_bytes(pl);
     if (rc < 0)
         return rc;
     s->runs = s->regions;
-    if (p->src_bound) {   /* only runs of one store object can coalesce */
+    if (shared) {
         rc = fr_plan_count_runs(p, &s->runs);
         if (rc < 0)
             return fr_rs_err(pl->err, rc, "counting runs: %s", ferry_strerror(rc));

@@ -142,7 +142,6 @@ struct ferry_plan {
     size_t nclasses, ccap;
     uint32_t *members;
     size_t nmembers, mcap;
-    bool src_bound;           /* some source fragment is bound to an object */
     ferry_plan_stats stats;
 };
 
