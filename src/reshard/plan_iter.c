@@ -19,16 +19,20 @@ struct ferry_plan_iter {
     const fr_class *cls;
     uint32_t ndim, itemsize, k;
     uint64_t lo[FR_MAXD], hi[FR_MAXD];      /* target split box ∩ class box */
+    uint64_t s_off[FR_MAXD], s_chunk[FR_MAXD], s_end[FR_MAXD], s_parts[FR_MAXD];   /* class geometry */
     uint64_t jlo[FR_MAXD], jhi[FR_MAXD], j[FR_MAXD];
     /* target piece */
     uint32_t dst_rank;
     uint64_t dst_frag;
     uint64_t toff[FR_MAXD], tshape[FR_MAXD];
+    uint64_t dst_st[FR_MAXD], dst_base;     /* target piece: element strides, storage offset */
     uint64_t a[FR_MAXD], b[FR_MAXD];        /* target piece ∩ class box */
     uint64_t ilo[FR_MAXD], ihi[FR_MAXD], i[FR_MAXD];
-    /* runs */
-    bool have_pending;
-    ferry_run pending;
+    /* runs: buf[cur] is held back, open (it may still be continued) or
+     * ready (to hand out next); the other slot receives the next run */
+    enum { HELD_NONE, HELD_OPEN, HELD_READY } held;
+    int cur;
+    ferry_run buf[2];
 };
 
 int ferry_plan_iter_open(const ferry_plan *p, const ferry_plan_filter *filter, ferry_plan_iter **out)
@@ -78,6 +82,10 @@ static bool setup_pair(ferry_plan_iter *it)
     for (uint32_t d = 0; d < it->ndim; d++) {
         uint64_t to = G_OFF(tm, it->tg)[d], te = to + G_EXT(tm, it->tg)[d], tc = G_CHUNK(tm, it->tg)[d];
         uint64_t so = G_OFF(sm, it->sg)[d], se = so + G_EXT(sm, it->sg)[d];
+        it->s_off[d] = so;
+        it->s_end[d] = se;
+        it->s_chunk[d] = G_CHUNK(sm, it->sg)[d];
+        it->s_parts[d] = G_PARTS(sm, it->sg)[d];
         it->lo[d] = to > so ? to : so;
         it->hi[d] = te < se ? te : se;
         it->jlo[d] = (it->lo[d] - to) / tc;
@@ -109,10 +117,27 @@ static bool advance_source(ferry_plan_iter *it)
     return false;
 }
 
+/* Element strides of a piece of shape `shape` in its local buffer; returns
+ * the storage offset (elements) of its first element. */
+static uint64_t local_strides(const ferry_manifest *m, const fr_group *g, const uint64_t *shape, uint32_t n,
+                              uint64_t *st)
+{
+    if (g->has_strides) {
+        memcpy(st, G_STRIDES(m, g), n * sizeof *st);
+        return g->storage_offset;
+    }
+    uint64_t s = 1;
+    for (int d = (int)n - 1; d >= 0; d--) {
+        st[d] = s;
+        s *= shape[d];
+    }
+    return g->storage_offset;
+}
+
 /* Set up target piece (it->j, it->k); false when the dst filter skips it. */
 static bool setup_cell(ferry_plan_iter *it)
 {
-    const ferry_manifest *tm = it->p->dst, *sm = it->p->src;
+    const ferry_manifest *tm = it->p->dst;
     const fr_group *tg = it->tg;
     it->dst_rank = fr_group_rank(tm, tg, it->j, it->k);
     if (it->f.dst_rank >= 0 && (uint64_t)it->f.dst_rank != it->dst_rank)
@@ -120,7 +145,7 @@ static bool setup_cell(ferry_plan_iter *it)
     uint64_t lin = 0;
     for (uint32_t d = 0; d < it->ndim; d++) {
         uint64_t to = G_OFF(tm, tg)[d], tc = G_CHUNK(tm, tg)[d], te = to + G_EXT(tm, tg)[d];
-        uint64_t so = G_OFF(sm, it->sg)[d], sc = G_CHUNK(sm, it->sg)[d];
+        uint64_t so = it->s_off[d], sc = it->s_chunk[d];
         lin = lin * G_PARTS(tm, tg)[d] + it->j[d];
         it->toff[d] = to + it->j[d] * tc;
         uint64_t end = it->toff[d] + tc < te ? it->toff[d] + tc : te;
@@ -132,6 +157,7 @@ static bool setup_cell(ferry_plan_iter *it)
         it->i[d] = it->ilo[d];
     }
     it->dst_frag = tg->first_id + (uint64_t)it->k * tg->ncells + lin;
+    it->dst_base = local_strides(tm, tg, it->tshape, it->ndim, it->dst_st);
     return true;
 }
 
@@ -177,19 +203,18 @@ static void choose_source(const ferry_plan_iter *it, const uint64_t *idx, uint64
  * also the source group/copy it reads from. */
 static void make_region(const ferry_plan_iter *it, ferry_region *r, const fr_group **sg, uint64_t *spoff)
 {
-    const ferry_manifest *sm = it->p->src;
-    const fr_group *rep = it->sg;
     uint64_t lin = 0, bytes = it->itemsize;
-    memset(r, 0, sizeof *r);
+    memset(r->offset, 0, sizeof r->offset);   /* fixed sizes: inlined stores */
+    memset(r->shape, 0, sizeof r->shape);
     for (uint32_t d = 0; d < it->ndim; d++) {
-        uint64_t so = G_OFF(sm, rep)[d], sc = G_CHUNK(sm, rep)[d], se = so + G_EXT(sm, rep)[d];
-        uint64_t po = so + it->i[d] * sc, pe = po + sc < se ? po + sc : se;
+        uint64_t sc = it->s_chunk[d], se = it->s_end[d];
+        uint64_t po = it->s_off[d] + it->i[d] * sc, pe = po + sc < se ? po + sc : se;
         uint64_t a = it->a[d] > po ? it->a[d] : po, b = it->b[d] < pe ? it->b[d] : pe;
         r->offset[d] = a;
         r->shape[d] = b - a;
         bytes *= b - a;
         spoff[d] = po;
-        lin = lin * G_PARTS(sm, rep)[d] + it->i[d];
+        lin = lin * it->s_parts[d] + it->i[d];
     }
     uint32_t k;
     choose_source(it, it->i, lin, sg, &k, &r->src_rank);
@@ -256,41 +281,23 @@ int ferry_plan_iter_next_region(ferry_plan_iter *it, ferry_region *out)
 
 typedef struct loop { uint64_t count, ss, ds; } loop;
 
-/* Element strides of a piece of shape `shape` in its local buffer; returns
- * the storage offset (elements) of its first element. */
-static uint64_t local_strides(const ferry_manifest *m, const fr_group *g, const uint64_t *shape, uint32_t n,
-                              uint64_t *st)
-{
-    if (g->has_strides) {
-        memcpy(st, G_STRIDES(m, g), n * sizeof *st);
-        return g->storage_offset;
-    }
-    uint64_t s = 1;
-    for (int d = (int)n - 1; d >= 0; d--) {
-        st[d] = s;
-        s *= shape[d];
-    }
-    return g->storage_offset;
-}
-
 static void lower(const ferry_plan_iter *it, const ferry_region *r, const fr_group *sg,
                   const uint64_t *spoff, ferry_run *run)
 {
-    const ferry_plan *p = it->p;
-    const ferry_manifest *sm = p->src, *tm = p->dst;
+    const ferry_manifest *sm = it->p->src;
     uint32_t n = it->ndim, isz = it->itemsize;
-    uint64_t sshape[FR_MAXD], sst[FR_MAXD], dst_[FR_MAXD];
+    uint64_t sshape[FR_MAXD] = {0}, sst[FR_MAXD];
     for (uint32_t d = 0; d < n; d++) {
         uint64_t sc = G_CHUNK(sm, sg)[d], se = G_OFF(sm, sg)[d] + G_EXT(sm, sg)[d];
         sshape[d] = spoff[d] + sc < se ? sc : se - spoff[d];
     }
+    const uint64_t *dst_ = it->dst_st;
     uint64_t so = local_strides(sm, sg, sshape, n, sst);
-    uint64_t dof = local_strides(tm, it->tg, it->tshape, n, dst_);
+    uint64_t dof = it->dst_base;
     for (uint32_t d = 0; d < n; d++) {
         so += (r->offset[d] - spoff[d]) * sst[d];
         dof += (r->offset[d] - it->toff[d]) * dst_[d];
     }
-    memset(run, 0, sizeof *run);
     run->tensor = r->tensor;
     run->src_fragment = r->src_fragment;
     run->dst_fragment = r->dst_fragment;
@@ -298,6 +305,7 @@ static void lower(const ferry_plan_iter *it, const ferry_region *r, const fr_gro
     run->dst_rank = r->dst_rank;
     run->src_offset = so * isz;
     run->dst_offset = dof * isz;
+    run->src_object = NULL;
     if (sg->object >= 0) {
         run->src_object = sm->objects[sg->object];
         run->src_offset += sg->object_offset;
@@ -325,6 +333,9 @@ static void lower(const ferry_plan_iter *it, const ferry_region *r, const fr_gro
     }
     run->len = len;
     run->nouter = m;
+    memset(run->count, 0, sizeof run->count);
+    memset(run->src_stride, 0, sizeof run->src_stride);
+    memset(run->dst_stride, 0, sizeof run->dst_stride);
     for (uint32_t i = 0; i < m; i++) {
         run->count[i] = l[i].count;
         run->src_stride[i] = l[i].ss;
@@ -341,6 +352,12 @@ static bool can_merge(const ferry_run *a, const ferry_run *b)
            a->dst_offset + a->len == b->dst_offset;
 }
 
+/* Only a flat run out of a store object can be continued by the next. */
+static bool may_continue(const ferry_run *r)
+{
+    return r->src_object && r->nouter == 0;
+}
+
 int ferry_plan_iter_next_run(ferry_plan_iter *it, ferry_run *out)
 {
     if (!it || !out)
@@ -349,6 +366,12 @@ int ferry_plan_iter_next_run(ferry_plan_iter *it, ferry_run *out)
         return FERRY_ESTATE;
     it->mode = MODE_RUNS;
     for (;;) {
+        ferry_run *held = &it->buf[it->cur], *next = &it->buf[it->cur ^ 1];
+        if (it->held == HELD_READY) {
+            *out = *held;
+            it->held = HELD_NONE;
+            return 1;
+        }
         ferry_region r;
         const fr_group *sg;
         uint64_t spoff[FR_MAXD];
@@ -356,26 +379,29 @@ int ferry_plan_iter_next_run(ferry_plan_iter *it, ferry_run *out)
         if (rc < 0)
             return rc;
         if (rc == 0) {
-            if (!it->have_pending)
+            if (it->held == HELD_NONE)
                 return 0;
-            *out = it->pending;
-            it->have_pending = false;
+            *out = *held;
+            it->held = HELD_NONE;
             return 1;
         }
-        ferry_run cur;
-        lower(it, &r, sg, spoff, &cur);
-        if (!it->have_pending) {
-            it->pending = cur;
-            it->have_pending = true;
+        if (it->held == HELD_NONE) {   /* most runs: straight to the caller */
+            lower(it, &r, sg, spoff, out);
+            if (!may_continue(out))
+                return 1;
+            *held = *out;
+            it->held = HELD_OPEN;
             continue;
         }
-        if (can_merge(&it->pending, &cur)) {
-            it->pending.len += cur.len;
-            it->pending.bytes += cur.bytes;
+        lower(it, &r, sg, spoff, next);
+        if (can_merge(held, next)) {
+            held->len += next->len;
+            held->bytes += next->bytes;
             continue;
         }
-        *out = it->pending;
-        it->pending = cur;
+        *out = *held;
+        it->cur ^= 1;
+        it->held = may_continue(next) ? HELD_OPEN : HELD_READY;
         return 1;
     }
 }
