@@ -133,7 +133,8 @@ uint64_t ferry_manifest_fragment_count(const ferry_manifest *m);
 /* Fragment `id` (0 <= id < count) in full; out->object stays owned by the
  * manifest. O(log groups). */
 int ferry_manifest_fragment(const ferry_manifest *m, uint64_t id, ferry_fragment *out);
-/* Bytes stored by the fragments on `rank` (sum of their box sizes). */
+/* Bytes stored by the fragments on `rank` (sum of their box sizes);
+ * FERRY_ERANGE if the sum overflows 64 bits. */
 int ferry_manifest_rank_bytes(const ferry_manifest *m, uint32_t rank, uint64_t *out);
 
 /* XXH3-128 of a canonical encoding of the tensors and fragments (not the

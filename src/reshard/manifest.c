@@ -371,10 +371,13 @@ int ferry_manifest_add_split(ferry_manifest *m, const ferry_split *s, ferry_erro
         if (parts[d] == 1)
             chunk[d] = ext[d];
         cells *= parts[d];   /* <= elements of the tensor */
-        maxrank += (want - 1) * (uint64_t)s->rank_stride[d];   /* < 2^64: 8 * 2^32 * 2^32 */
+        bool ovf = fr_mul_u64(want - 1, s->rank_stride[d], &x) < 0 || fr_add_u64(maxrank, x, &maxrank) < 0;
+        if (ovf)
+            maxrank = UINT64_MAX;
     }
     uint64_t reps = s->replicas ? s->replicas : 1;
-    maxrank += (reps - 1) * (uint64_t)s->replica_stride;
+    if (fr_mul_u64(reps - 1, s->replica_stride, &x) < 0 || fr_add_u64(maxrank, x, &maxrank) < 0)
+        maxrank = UINT64_MAX;
     if (maxrank >= m->nranks)
         return fr_rs_err(err, FERRY_EINVAL,
                          "tensor '%s': split at fragment %llu: its pieces reach rank %llu, outside the topology (%u ranks)",

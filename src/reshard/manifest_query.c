@@ -105,8 +105,8 @@ int ferry_manifest_rank_bytes(const ferry_manifest *m, uint32_t rank, uint64_t *
             for (uint32_t d = 0; d < g->ndim; d++)
                 v *= shape[d];
             for (uint32_t k = 0; k < g->replicas; k++)
-                if (fr_group_rank(m, g, idx, k) == rank)
-                    sum += v;
+                if (fr_group_rank(m, g, idx, k) == rank && fr_add_u64(sum, v, &sum) < 0)
+                    return FERRY_ERANGE;
         }
     }
     *out = sum;

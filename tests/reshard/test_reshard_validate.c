@@ -83,6 +83,12 @@ static void test_rank_inside_topology(void **state)
     expect_msg(&err, ferry_manifest_add_split(m, &s, &err), FERRY_EINVAL, "tensor 'w'", "reach rank 4");
     s = (ferry_split){.tensor = 0, .whole = true, .rank = 0, .replicas = 3, .replica_stride = 2};
     expect_msg(&err, ferry_manifest_add_split(m, &s, &err), FERRY_EINVAL, "tensor 'w'", "reach rank 4");
+    /* Reach that wraps 64 bits must not pass as a small rank: piece term
+     * (2^32-2)(2^32-1) = 2^64 - 3*2^32 + 2, copy term 3*2^30 * 4 = 3*2^32;
+     * summed modulo 2^64 that is rank 2. */
+    s = (ferry_split){.tensor = 0, .whole = true, .parts = {UINT32_MAX, 1}, .rank = 0,
+                      .rank_stride = {UINT32_MAX, 0}, .replicas = 3u * (1u << 30) + 1, .replica_stride = 4};
+    expect_msg(&err, ferry_manifest_add_split(m, &s, &err), FERRY_EINVAL, "tensor 'w'", "outside the topology");
     ferry_manifest_close(m);
 }
 
