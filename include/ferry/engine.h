@@ -46,7 +46,7 @@ typedef struct ferry_engine_config {
      * peer: same host -> shm, else tcp). Default from FERRY_TRANSPORT. */
     char transport[8];
     unsigned tcp_streams;      /* connections per tcp peer (default 4) */
-    uint64_t tcp_chunk;        /* split size of large tcp ops (default 1 MiB) */
+    uint64_t tcp_chunk;        /* split size of large tcp ops (default 4 MiB) */
     unsigned shm_threads;      /* copy threads for large shm ops (default 2) */
     uint64_t window_bytes;     /* in-flight byte window per engine (default 1 GiB) */
     uint32_t window_ops;       /* in-flight operation window (default 4096) */

@@ -97,7 +97,7 @@ static void *send_main(void *arg)
     j->ok = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
     for (uint64_t sent = 0; j->ok && sent < j->bytes;) {
         uint64_t n = j->bytes - sent < j->block ? j->bytes - sent : j->block;
-        ssize_t w = send(fd, j->buf + sent % (64ull << 20), n, MSG_NOSIGNAL);
+        ssize_t w = send(fd, j->buf + sent, n, MSG_NOSIGNAL);
         j->ok = w > 0;
         sent += w > 0 ? (uint64_t)w : 0;
     }
@@ -116,7 +116,8 @@ static double socket_pass(bench_ctx *c, uint64_t block, uint64_t total)
     send_job j[64];
     double t0 = cli_now();
     for (unsigned i = 0; i < n; i++) {
-        j[i] = (send_job){.port = c->tgt.sink_port, .buf = c->buf, .block = block,
+        /* stream i sends its own slice of the buffer: the bytes the engine moves */
+        j[i] = (send_job){.port = c->tgt.sink_port, .buf = c->buf + i * (total / n), .block = block,
                           .bytes = total / n + (i == n - 1 ? total % n : 0)};
         pthread_create(&j[i].th, NULL, send_main, &j[i]);
     }

@@ -15,7 +15,7 @@
 
 typedef struct sink_job {
     int lfd;
-    uint8_t *mem;
+    uint8_t *mem;              /* this connection's slice of the region */
     uint64_t memlen, bytes, block;
     pthread_t th;
 } sink_job;
@@ -105,8 +105,12 @@ int cli_target_main(int argc, char **argv)
         if (!strncmp(line, "quit", 4))
             break;
         if (sscanf(line, "sink %llu %llu %llu", &n, &bytes, &block) == 3 && n > 0 && n <= 64) {
+            /* Connection i lands in its own slice of the region, as the
+             * engine's chunks do: the same bytes, the same memory. */
+            uint64_t slice = size / n;
             for (njobs = 0; njobs < n; njobs++) {
-                jobs[njobs] = (sink_job){.lfd = lfd, .mem = mem, .memlen = size,
+                jobs[njobs] = (sink_job){.lfd = lfd, .mem = (uint8_t *)mem + njobs * slice,
+                                         .memlen = njobs == n - 1 ? size - njobs * slice : slice,
                                          .bytes = bytes / n + (njobs == n - 1 ? bytes % n : 0), .block = block};
                 pthread_create(&jobs[njobs].th, NULL, sink_main, &jobs[njobs]);
             }

@@ -54,7 +54,7 @@ int ferry_engine_config_init(ferry_engine_config *cfg)
     snprintf(cfg->listen_addr, sizeof cfg->listen_addr, "%s",
              getenv("FERRY_LISTEN") ? getenv("FERRY_LISTEN") : "127.0.0.1:0");
     cfg->tcp_streams = 4;
-    cfg->tcp_chunk = 1u << 20;
+    cfg->tcp_chunk = 4u << 20;
     cfg->shm_threads = 2;
     cfg->window_bytes = 1ull << 30;
     cfg->window_ops = 4096;

@@ -322,6 +322,9 @@ static void test_out_of_bounds(void **s)
     below.remote_addr = F.rr.addr - 8;
     assert_refused(below, FERRY_EFAULT);
     assert_refused(rd(F.buf, 2 * MiB, F.rr.len - MiB), FERRY_EFAULT);
+    /* several chunks, only the last outside: no chunk may land */
+    assert_refused(wr(F.buf, 16 * MiB + 5, F.rr.len - 12 * MiB), FERRY_EFAULT);
+    assert_refused(rd(F.buf, 16 * MiB + 5, F.rr.len - 12 * MiB), FERRY_EFAULT);
     assert_still_serving();
 }
 
