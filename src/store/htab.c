@@ -26,6 +26,24 @@ void fr_smap_fini(fr_smap *m)
     fr_smap_init(m);
 }
 
+/* Capacity (a power of two, load <= 3/4) for n + extra items, starting
+ * from cap (MIN_CAP when 0); FERRY_ENOMEM when it cannot be addressed. */
+static int grown_cap(size_t n, size_t extra, size_t cap, size_t slot, size_t *out)
+{
+    size_t need = n + extra;
+    if (need < n)
+        return FERRY_ENOMEM;
+    if (cap == 0)
+        cap = MIN_CAP;
+    while (need > cap / 4 * 3) {
+        if (cap > SIZE_MAX / 2 / slot)
+            return FERRY_ENOMEM;
+        cap *= 2;
+    }
+    *out = cap;
+    return 0;
+}
+
 static void sput(fr_sslot *s, size_t cap, uint64_t h, const char *key, void *item)
 {
     size_t i = (size_t)h & (cap - 1);
@@ -38,14 +56,10 @@ static void sput(fr_sslot *s, size_t cap, uint64_t h, const char *key, void *ite
 
 int fr_smap_reserve(fr_smap *m, size_t extra)
 {
-    size_t need = m->n + extra, cap = m->cap ? m->cap : MIN_CAP;
-    if (need < m->n)
-        return FERRY_ENOMEM;
-    while (need > cap / 4 * 3) {
-        if (cap > SIZE_MAX / 2 / sizeof(fr_sslot))
-            return FERRY_ENOMEM;
-        cap *= 2;
-    }
+    size_t cap;
+    int rc = grown_cap(m->n, extra, m->cap, sizeof(fr_sslot), &cap);
+    if (rc < 0)
+        return rc;
     if (cap == m->cap)
         return 0;
     fr_sslot *s = fr_calloc(cap, sizeof(*s));
@@ -159,14 +173,10 @@ static void uput(fr_uslot *s, size_t cap, uint64_t key, void *item)
 
 int fr_umap_reserve(fr_umap *m, size_t extra)
 {
-    size_t need = m->n + extra, cap = m->cap ? m->cap : MIN_CAP;
-    if (need < m->n)
-        return FERRY_ENOMEM;
-    while (need > cap / 4 * 3) {
-        if (cap > SIZE_MAX / 2 / sizeof(fr_uslot))
-            return FERRY_ENOMEM;
-        cap *= 2;
-    }
+    size_t cap;
+    int rc = grown_cap(m->n, extra, m->cap, sizeof(fr_uslot), &cap);
+    if (rc < 0)
+        return rc;
     if (cap == m->cap)
         return 0;
     fr_uslot *s = fr_calloc(cap, sizeof(*s));
