@@ -51,6 +51,17 @@ typedef struct ferry_engine_config {
     uint64_t window_bytes;     /* in-flight byte window per engine (default 1 GiB) */
     uint32_t window_ops;       /* in-flight operation window (default 4096) */
     int connect_timeout_ms;    /* per peer connect + handshake (default 5000) */
+    /* Fault injection for tests (default from FERRY_FAULT; "" = off). A
+     * comma-separated list of KEY=N:
+     *   post_fail_after=N      the first N posts to a transport succeed, later
+     *                          ones fail (chunks end untouched: ABORTED)
+     *   complete_fail_after=N  the first N chunk completions pass, later
+     *                          successes are turned into FERRY_EIO failures
+     *                          (bytes moved: FAILED_DRAINED)
+     *   delay_ms=N             every completion is delayed by N ms
+     *   drop_after=N           after N posted chunks the connection is dropped
+     * Counters are per engine, across peers. */
+    char fault[128];
 } ferry_engine_config;
 
 /* Fill cfg with defaults and the FERRY_* environment. Returns 0, or

@@ -72,6 +72,9 @@ int ferry_engine_config_init(ferry_engine_config *cfg)
     if (rc < 0)
         return rc;
     cfg->tcp_streams = (unsigned)v;
+    const char *fault = getenv("FERRY_FAULT");
+    if (fault && *fault)
+        snprintf(cfg->fault, sizeof cfg->fault, "%s", fault);
     const char *tok = getenv("FERRY_TOKEN");
     if (tok && *tok) {
         size_t n = strlen(tok);
@@ -151,6 +154,14 @@ int ferry_engine_open(const ferry_engine_config *cfg, ferry_engine **out)
     rc = fr_keytab_create(e);
     if (rc < 0)
         goto fail;
+    if (cfg->fault[0]) {
+        rc = fr_fault_create(cfg->fault, &e->fault);
+        if (rc < 0) {
+            FR_ERROR("engine", "bad fault spec \"%s\"", cfg->fault);
+            goto fail;
+        }
+        FR_WARN("engine", "fault injection on: %s", cfg->fault);
+    }
     for (int i = 0; i < 2; i++) {
         rc = transports[i]->start(e, &e->tp_state[i]);
         if (rc < 0) {
@@ -205,6 +216,7 @@ void ferry_engine_close(ferry_engine *e)
     fr_mem_destroy_all(e);
     fr_keytab_destroy(e);
     fr_notify_destroy(e);
+    fr_fault_destroy(e->fault);
     pthread_mutex_destroy(&e->lock);
     pthread_cond_destroy(&e->cond);
     pthread_mutex_destroy(&e->nlock);
@@ -258,6 +270,10 @@ static int peer_add_ep(ferry_engine *e, const fr_endpoint *ep, ferry_peer_id *ou
     p->id = (ferry_peer_id)e->npeers;
     p->ep = *ep;
     p->tp = tp;
+    if (e->fault) {   /* every peer goes through the fault wrapper */
+        p->inner_tp = tp;
+        p->tp = &fr_transport_fault;
+    }
     pthread_rwlock_init(&p->rw, NULL);
     e->peers[e->npeers++] = p;
     *out = p->id;
@@ -376,7 +392,7 @@ const char *ferry_peer_transport(const ferry_engine *e, ferry_peer_id id)
     if (!e)
         return NULL;
     fr_peer *p = peer_get((ferry_engine *)e, id);
-    return p ? p->tp->name : NULL;
+    return p ? (p->inner_tp ? p->inner_tp : p->tp)->name : NULL;
 }
 
 void ferry_engine_get_stats(const ferry_engine *e, ferry_engine_stats *o)

@@ -29,6 +29,10 @@ typedef struct fr_chunk {
     ferry_peer_id peer_id;     /* engine-private */
     uint64_t req_id;           /* transport-private */
     struct fr_chunk *next;     /* transport-private queue link */
+    /* A wrapper transport (fault injection) may intercept the completion:
+     * fr_chunk_done hands the chunk to it once, and it completes it later. */
+    void (*intercept)(struct fr_chunk *c, int status, bool touched);
+    void *intercept_arg;
 } fr_chunk;
 
 /* Complete a chunk. status: 0 or a negative FERRY_E* code. touched: the
@@ -62,11 +66,18 @@ struct fr_transport {
 
 extern const fr_transport fr_transport_tcp;
 extern const fr_transport fr_transport_shm;
+extern const fr_transport fr_transport_fault;   /* wraps p->inner_tp, see fault.c */
+
+/* Fault injection (enabled by ferry_engine_config.fault / FERRY_FAULT). */
+typedef struct fr_fault fr_fault;
+int fr_fault_create(const char *spec, fr_fault **out);
+void fr_fault_destroy(fr_fault *f);
 
 struct fr_peer {
     ferry_peer_id id;
     fr_endpoint ep;
     const fr_transport *tp;
+    const fr_transport *inner_tp; /* the real transport when tp wraps it */
     void *conn;                /* NULL until connected */
     uint32_t fenced;           /* UNKNOWN tickets touching this peer (engine lock) */
     uint64_t reset_gen;        /* bumped by ferry_peer_reset: drops older fences */
@@ -155,6 +166,7 @@ struct ferry_engine {
     size_t nnotify, cap_notify;
 
     void *tp_state[2];         /* per transport: [0]=shm, [1]=tcp */
+    fr_fault *fault;           /* fault injection, NULL when off */
 
     struct {
         _Atomic uint64_t bytes_written, bytes_read, ops_completed, ops_failed;

@@ -211,6 +211,12 @@ static bool claim_poster_locked(struct ferry_ticket *t, fr_tpeer *tp)
 
 void fr_chunk_done(fr_chunk *c, int status, bool touched)
 {
+    if (c->intercept) {
+        void (*hook)(fr_chunk *, int, bool) = c->intercept;
+        c->intercept = NULL;   /* the wrapper completes it for real, once */
+        hook(c, status, touched);
+        return;
+    }
     struct ferry_ticket *t = c->t;
     ferry_engine *e = t->e;
     fr_tpeer *poster = NULL;
@@ -272,7 +278,8 @@ typedef struct {
 
 static uint64_t chunk_size(ferry_engine *e, ferry_peer_id peer)
 {
-    const fr_transport *tp = e->peers[peer]->tp;
+    const fr_peer *p = e->peers[peer];
+    const fr_transport *tp = p->inner_tp ? p->inner_tp : p->tp;   /* a wrapper splits like what it wraps */
     uint64_t cs = tp && tp->max_chunk ? tp->max_chunk : e->cfg.tcp_chunk;
     if (cs == 0 || cs > FR_WIRE_MAX_DATA)
         cs = FR_WIRE_MAX_DATA;
