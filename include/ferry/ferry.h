@@ -4,4 +4,5 @@
 #include "ferry/common.h"
 #include "ferry/engine.h"
 #include "ferry/reshard.h"
+#include "ferry/exec.h"
 #endif

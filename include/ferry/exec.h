@@ -1,0 +1,170 @@
+/* ferry exec data model: runtime binding manifests, attested plans, and
+ * lowering of a plan's regions to engine batches. See docs/exec.md.
+ *
+ * Everything here is pure: no sockets, no engine calls. Lowering produces
+ * ferry_op arrays that an executor submits with ferry_submit.
+ *
+ * Errors follow reshard.h: a negative FERRY_E* code, and when `err` is not
+ * NULL the same code and a message naming the fragment at fault.
+ *
+ * Threads: a binding is built by one thread; once attested it must not be
+ * changed (a change makes its digest, and so the attestation, stale). An
+ * attested plan is immutable and may be read from any thread.
+ */
+#ifndef FERRY_EXEC_H
+#define FERRY_EXEC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ferry/common.h"
+#include "ferry/engine.h"
+#include "ferry/reshard.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ferry_binding ferry_binding;
+typedef struct ferry_attested_plan ferry_attested_plan;
+
+/* ---- runtime binding manifest ------------------------------------------ */
+
+/* Where one placement fragment lives in a live process. Element (i0..in)
+ * of the fragment's box sits at byte
+ *   addr + (storage_offset + sum(i_d * strides[d])) * itemsize
+ * and every such byte lies inside [addr, addr + nbytes). */
+typedef struct ferry_binding_entry {
+    uint64_t fragment;            /* fragment id in the placement manifest */
+    uint64_t addr;                /* base of the local buffer in the holder's address space */
+    uint64_t nbytes;              /* bytes of the local buffer */
+    uint32_t worker;              /* worker (process / worker group) holding it */
+    enum ferry_mem_kind kind;     /* FERRY_MEM_HOST or FERRY_MEM_DEVICE */
+    uint32_t itemsize;            /* must equal the tensor's */
+    uint32_t ndim;                /* must equal the tensor's */
+    uint64_t shape[FERRY_MAX_DIMS];    /* must equal the fragment's box shape */
+    uint64_t strides[FERRY_MAX_DIMS];  /* elements; 0 only on dims of extent 1 */
+    uint64_t storage_offset;      /* elements */
+    uint32_t desc_len;            /* engine endpoint / region descriptor of the holder */
+    uint8_t desc[FERRY_DESC_MAX];
+} ferry_binding_entry;
+
+/* A binding: the runtime state of one side (source or target) of a
+ * reshard at one generation. It holds its own reference to `placement`
+ * (frozen from then on) and records the placement's digest. It need not cover every fragment:
+ * a process needs entries only for the fragments its operations touch.
+ * ferry_binding_free(NULL) is a no-op. */
+int ferry_binding_create(ferry_manifest *placement, uint64_t instance_id, uint64_t generation,
+                         uint64_t lease_id, ferry_binding **out, ferry_error *err);
+void ferry_binding_free(ferry_binding *b);
+
+/* Add one entry, validated at once against the placement: the fragment
+ * exists and has no entry yet; ndim, itemsize and shape match; strides do
+ * not alias (0 only on extent-1 dims); every element lies inside nbytes and
+ * addr + nbytes does not overflow (all arithmetic overflow-checked); the
+ * descriptor fits. The entry is copied. */
+int ferry_binding_add(ferry_binding *b, const ferry_binding_entry *e, ferry_error *err);
+
+uint64_t ferry_binding_instance(const ferry_binding *b);
+uint64_t ferry_binding_generation(const ferry_binding *b);
+uint64_t ferry_binding_lease(const ferry_binding *b);
+size_t ferry_binding_count(const ferry_binding *b);
+/* Entry i in insertion order, or NULL past the end; owned by the binding. */
+const ferry_binding_entry *ferry_binding_entry_at(const ferry_binding *b, size_t i);
+/* Entry of placement fragment `fragment`, or NULL. O(log n). */
+const ferry_binding_entry *ferry_binding_find(const ferry_binding *b, uint64_t fragment);
+/* Digest of the placement the binding was validated against. */
+void ferry_binding_placement_digest(const ferry_binding *b, uint8_t out[16]);
+/* XXH3-128 of the canonical encoding (docs/exec.md): placement digest,
+ * instance, generation, lease, then entries sorted by fragment id. */
+void ferry_binding_digest(const ferry_binding *b, uint8_t out[16]);
+
+/* JSON (docs/exec.md). from_json validates every entry against `placement`
+ * exactly as ferry_binding_add does and checks the recorded placement
+ * digest; errors name the entry and fragment. Text from to_json is freed by
+ * the caller with free(); NULL on out-of-memory. */
+int ferry_binding_from_json(const char *text, size_t len, ferry_manifest *placement,
+                            ferry_binding **out, ferry_error *err);
+char *ferry_binding_to_json(const ferry_binding *b);
+
+/* ---- attested plans ------------------------------------------------------ */
+
+/* Bind `plan` to (source placement digest, target placement digest, source
+ * binding digest, target binding digest, generation). Fails when a
+ * binding was not validated against the plan's manifest of its side or its
+ * generation differs from `generation`. The attested plan holds its own
+ * reference to the plan; the bindings are not referenced (only digests are
+ * kept). Free with ferry_attested_free (NULL is a no-op). */
+int ferry_attest(ferry_plan *plan, const ferry_binding *src, const ferry_binding *dst,
+                 uint64_t generation, ferry_attested_plan **out, ferry_error *err);
+void ferry_attested_free(ferry_attested_plan *a);
+const ferry_plan *ferry_attested_plan_get(const ferry_attested_plan *a);   /* borrowed */
+uint64_t ferry_attested_generation(const ferry_attested_plan *a);
+
+/* Check bindings against an attestation before any byte moves:
+ * FERRY_ESTALE when a binding's generation or digest differs from the
+ * attested one; FERRY_EINVAL when it was validated against a placement
+ * that is not the plan's. Either binding may be NULL (not checked), so a
+ * process can check the side it holds. */
+int ferry_attested_check(const ferry_attested_plan *a, const ferry_binding *src,
+                         const ferry_binding *dst, ferry_error *err);
+
+/* ---- lowering ---------------------------------------------------------- */
+
+enum ferry_exec_mode {
+    FERRY_EXEC_READER = 1,   /* the target process READs from source memory */
+    FERRY_EXEC_SINK = 2,     /* the source process WRITEs into target memory */
+};
+
+/* How the initiator reaches a remote worker: the caller resolves the
+ * worker's descriptor with ferry_peer_add / ferry_region_import. */
+typedef struct ferry_peer_map {
+    uint32_t worker;
+    ferry_peer_id peer;
+    uint64_t key;            /* remote key of the worker's registered memory */
+} ferry_peer_map;
+
+typedef struct ferry_exec_limits {
+    uint64_t max_ops;        /* ops per batch, >= 1 */
+    uint64_t max_bytes;      /* bytes per batch, >= 1; larger runs are split */
+} ferry_exec_limits;
+
+typedef struct ferry_lower_args {
+    enum ferry_exec_mode mode;
+    const uint32_t *workers;  /* selector: initiating workers whose ops to lower */
+    size_t nworkers;          /* >= 1: an empty selector is an error */
+    const ferry_peer_map *peers;
+    size_t npeers;
+    ferry_exec_limits limits;
+} ferry_lower_args;
+
+/* Lowered batches: ops of batch i are ops[batch_start[i] .. batch_start[i+1]). */
+typedef struct ferry_batch_list {
+    ferry_op *ops;
+    size_t nops;
+    size_t *batch_start;      /* nbatches + 1 entries */
+    size_t nbatches;
+    uint64_t bytes;
+} ferry_batch_list;
+
+/* Lower the ops that the selected workers perform. Runs ferry_attested_check
+ * first. Reader mode: initiators are target workers, local = target memory,
+ * remote = source memory, peer/key from the source worker's map entry;
+ * sink mode the reverse, WRITE ops. Every contiguous run of the local and
+ * remote storage becomes one op (split at max_bytes); adjacent ops are
+ * merged. Errors: an empty selector, a selected worker absent from the
+ * initiating binding, or a selection with no planned op (FERRY_EINVAL /
+ * FERRY_ENOENT); a region whose remote fragment has no binding entry or
+ * whose remote worker has no peer mapping (FERRY_ENOENT); overflow
+ * (FERRY_ERANGE). On success the caller frees *out with
+ * ferry_batch_list_free; on failure *out is empty. */
+int ferry_exec_lower(const ferry_attested_plan *a, const ferry_binding *src,
+                     const ferry_binding *dst, const ferry_lower_args *args,
+                     ferry_batch_list *out, ferry_error *err);
+void ferry_batch_list_free(ferry_batch_list *b);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,22 @@
+/* exec layer internals: shared by binding, JSON, attestation and lowering. */
+#ifndef FR_EXEC_INT_H
+#define FR_EXEC_INT_H
+
+#include <stdio.h>
+
+#include "ferry/exec.h"
+
+struct ferry_binding {
+    ferry_manifest *placement;     /* referenced */
+    uint8_t placement_digest[16];
+    uint64_t instance, generation, lease;
+    ferry_binding_entry *v;        /* insertion order */
+    size_t n, cap;
+    size_t *order;                 /* indices into v, sorted by fragment id */
+};
+
+/* Fill err (may be NULL) and return code. */
+int fr_exec_fail(ferry_error *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+#endif

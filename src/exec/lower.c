@@ -1,0 +1,258 @@
+/* Lowering an attested plan's regions to engine batches: one op per
+ * contiguous run of both local storages, split and batched under the
+ * caller's limits, for the workers a process selects. Pure: no engine. */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "exec/exec_int.h"
+
+typedef struct lower_ctx {
+    const ferry_lower_args *args;
+    ferry_batch_list *out;
+    size_t ops_cap, starts_cap;
+    uint64_t batch_ops, batch_bytes;   /* of the open batch */
+    ferry_error *err;
+} lower_ctx;
+
+static bool selected(const ferry_lower_args *a, uint32_t worker)
+{
+    for (size_t i = 0; i < a->nworkers; i++)
+        if (a->workers[i] == worker)
+            return true;
+    return false;
+}
+
+static const ferry_peer_map *peer_of(const ferry_lower_args *a, uint32_t worker)
+{
+    for (size_t i = 0; i < a->npeers; i++)
+        if (a->peers[i].worker == worker)
+            return &a->peers[i];
+    return NULL;
+}
+
+/* Append one op, merging it into the previous op of the open batch when
+ * both sides continue it, else opening a new batch when a limit is hit. */
+static int emit(lower_ctx *c, const ferry_op *op)
+{
+    ferry_batch_list *b = c->out;
+    const ferry_exec_limits *l = &c->args->limits;
+
+    if (c->batch_ops > 0 && c->batch_bytes + op->len <= l->max_bytes) {
+        ferry_op *last = &b->ops[b->nops - 1];
+        if (last->opcode == op->opcode && last->peer == op->peer && last->key == op->key &&
+            (char *)last->local + last->len == (char *)op->local &&
+            last->remote_addr + last->len == op->remote_addr) {
+            last->len += op->len;
+            c->batch_bytes += op->len;
+            b->bytes += op->len;
+            return 0;
+        }
+    }
+    if (c->batch_ops == 0 || c->batch_ops >= l->max_ops || c->batch_bytes + op->len > l->max_bytes) {
+        if (fr_grow((void **)&b->batch_start, &c->starts_cap, b->nbatches + 2, sizeof(size_t)) < 0)
+            return fr_exec_fail(c->err, FERRY_ENOMEM, "lower: out of memory");
+        b->batch_start[b->nbatches++] = b->nops;
+        c->batch_ops = c->batch_bytes = 0;
+    }
+    if (fr_grow((void **)&b->ops, &c->ops_cap, b->nops + 1, sizeof(ferry_op)) < 0)
+        return fr_exec_fail(c->err, FERRY_ENOMEM, "lower: out of memory");
+    b->ops[b->nops++] = *op;
+    c->batch_ops++;
+    c->batch_bytes += op->len;
+    b->bytes += op->len;
+    return 0;
+}
+
+/* Element index of the region's first element in a fragment's storage. */
+static int base_index(const ferry_region *r, const ferry_fragment *f, const ferry_binding_entry *e,
+                      uint64_t *out)
+{
+    uint64_t idx = e->storage_offset, t;
+    for (uint32_t d = 0; d < r->ndim; d++)
+        if (fr_mul_u64(r->offset[d] - f->offset[d], e->strides[d], &t) < 0 || fr_add_u64(idx, t, &idx) < 0)
+            return FERRY_ERANGE;
+    *out = idx;
+    return 0;
+}
+
+/* Byte address of element `idx` of an entry's storage. */
+static int byte_addr(const ferry_binding_entry *e, uint64_t idx, uint64_t *out)
+{
+    uint64_t off;
+    if (fr_mul_u64(idx, e->itemsize, &off) < 0 || fr_add_u64(e->addr, off, out) < 0)
+        return FERRY_ERANGE;
+    return 0;
+}
+
+static int lower_region(lower_ctx *c, const ferry_region *r, const ferry_fragment *fs,
+                        const ferry_binding_entry *es, const ferry_fragment *fd,
+                        const ferry_binding_entry *ed, const ferry_peer_map *pm)
+{
+    const bool reader = c->args->mode == FERRY_EXEC_READER;
+    const uint32_t n = r->ndim;
+    uint64_t sbase, dbase, run = 1, run_bytes, cnt[FERRY_MAX_DIMS] = {0};
+    uint32_t outer = n;   /* dims [0, outer) are looped, [outer, n) form the run */
+
+    if (base_index(r, fs, es, &sbase) < 0 || base_index(r, fd, ed, &dbase) < 0)
+        goto overflow;
+    /* Merge dims innermost first while both storages stay contiguous. */
+    while (outer > 0) {
+        uint32_t d = outer - 1;
+        if (r->shape[d] != 1 && (es->strides[d] != run || ed->strides[d] != run))
+            break;
+        if (fr_mul_u64(run, r->shape[d], &run) < 0)
+            goto overflow;
+        outer--;
+    }
+    if (fr_mul_u64(run, ed->itemsize, &run_bytes) < 0)
+        goto overflow;
+    for (;;) {
+        uint64_t si = sbase, di = dbase, t, sa, da;
+        for (uint32_t d = 0; d < outer; d++) {
+            if (fr_mul_u64(cnt[d], es->strides[d], &t) < 0 || fr_add_u64(si, t, &si) < 0 ||
+                fr_mul_u64(cnt[d], ed->strides[d], &t) < 0 || fr_add_u64(di, t, &di) < 0)
+                goto overflow;
+        }
+        if (byte_addr(es, si, &sa) < 0 || byte_addr(ed, di, &da) < 0)
+            goto overflow;
+        for (uint64_t done = 0; done < run_bytes;) {
+            uint64_t len = run_bytes - done;
+            if (len > c->args->limits.max_bytes)
+                len = c->args->limits.max_bytes;
+            ferry_op op = {
+                .opcode = reader ? FERRY_OP_READ : FERRY_OP_WRITE,
+                .local = (void *)(uintptr_t)((reader ? da : sa) + done),
+                .len = len,
+                .peer = pm->peer,
+                .remote_addr = (reader ? sa : da) + done,
+                .key = pm->key,
+            };
+            int rc = emit(c, &op);
+            if (rc < 0)
+                return rc;
+            done += len;
+        }
+        /* Odometer over the looped dims, last fastest. */
+        uint32_t d = outer;
+        while (d > 0 && ++cnt[d - 1] == r->shape[d - 1])
+            cnt[--d] = 0;
+        if (d == 0)
+            break;
+    }
+    return 0;
+overflow:
+    return fr_exec_fail(c->err, FERRY_ERANGE, "lower: region of source fragment %" PRIu64
+                        " -> target fragment %" PRIu64 " overflows 64-bit addresses",
+                        r->src_fragment, r->dst_fragment);
+}
+
+static int check_args(const ferry_binding *init, const ferry_lower_args *a, ferry_error *err)
+{
+    if (a->mode != FERRY_EXEC_READER && a->mode != FERRY_EXEC_SINK)
+        return fr_exec_fail(err, FERRY_EINVAL, "lower: mode must be reader or sink");
+    if (a->limits.max_ops == 0 || a->limits.max_bytes == 0)
+        return fr_exec_fail(err, FERRY_EINVAL, "lower: max ops and max bytes per batch must be >= 1");
+    if (a->workers == NULL || a->nworkers == 0)
+        return fr_exec_fail(err, FERRY_EINVAL, "lower: the worker selector is empty");
+    for (size_t i = 0; i < a->nworkers; i++) {
+        bool found = false;
+        for (size_t k = 0; k < init->n && !found; k++)
+            found = init->v[k].worker == a->workers[i];
+        if (!found)
+            return fr_exec_fail(err, FERRY_ENOENT, "lower: selected worker %u holds no fragment of the %s binding",
+                                a->workers[i], a->mode == FERRY_EXEC_READER ? "target" : "source");
+    }
+    return 0;
+}
+
+int ferry_exec_lower(const ferry_attested_plan *a, const ferry_binding *src,
+                     const ferry_binding *dst, const ferry_lower_args *args,
+                     ferry_batch_list *out, ferry_error *err)
+{
+    ferry_plan_iter *it = NULL;
+    ferry_region r;
+    int rc;
+
+    if (out == NULL || args == NULL || src == NULL || dst == NULL)
+        return fr_exec_fail(err, FERRY_EINVAL, "lower: bindings, arguments and output are required");
+    memset(out, 0, sizeof(*out));
+    rc = ferry_attested_check(a, src, dst, err);
+    if (rc < 0)
+        return rc;
+    const bool reader = args->mode == FERRY_EXEC_READER;
+    const ferry_binding *init = reader ? dst : src, *remote = reader ? src : dst;
+    rc = check_args(init, args, err);
+    if (rc < 0)
+        return rc;
+    lower_ctx c = {.args = args, .out = out, .err = err};
+    const ferry_plan *p = ferry_attested_plan_get(a);
+    rc = ferry_plan_iter_open(p, NULL, &it);
+    if (rc < 0) {
+        fr_exec_fail(err, rc, "lower: %s", ferry_strerror(rc));
+        goto fail;
+    }
+    while ((rc = ferry_plan_iter_next_region(it, &r)) == 1) {
+        const uint64_t lid = reader ? r.dst_fragment : r.src_fragment;
+        const uint64_t rid = reader ? r.src_fragment : r.dst_fragment;
+        const ferry_binding_entry *le = ferry_binding_find(init, lid);
+        if (le == NULL || !selected(args, le->worker))
+            continue;   /* another process's or another worker's operation */
+        const ferry_binding_entry *re = ferry_binding_find(remote, rid);
+        if (re == NULL) {
+            rc = fr_exec_fail(err, FERRY_ENOENT, "lower: %s fragment %" PRIu64 " (needed by %s fragment %" PRIu64
+                              ") has no binding entry", reader ? "source" : "target", rid,
+                              reader ? "target" : "source", lid);
+            goto fail;
+        }
+        const ferry_peer_map *pm = peer_of(args, re->worker);
+        if (pm == NULL) {
+            rc = fr_exec_fail(err, FERRY_ENOENT, "lower: worker %u holding %s fragment %" PRIu64
+                              " has no peer mapping", re->worker, reader ? "source" : "target", rid);
+            goto fail;
+        }
+        const ferry_binding_entry *es = reader ? re : le, *ed = reader ? le : re;
+        if (es->itemsize != ed->itemsize) {
+            rc = fr_exec_fail(err, FERRY_EINVAL, "lower: source fragment %" PRIu64 " and target fragment %" PRIu64
+                              " differ in itemsize", r.src_fragment, r.dst_fragment);
+            goto fail;
+        }
+        ferry_fragment fs, fd;
+        rc = ferry_manifest_fragment(ferry_plan_src(p), r.src_fragment, &fs);
+        if (rc == 0)
+            rc = ferry_manifest_fragment(ferry_plan_dst(p), r.dst_fragment, &fd);
+        if (rc < 0) {
+            fr_exec_fail(err, rc, "lower: fragment lookup: %s", ferry_strerror(rc));
+            goto fail;
+        }
+        rc = lower_region(&c, &r, &fs, es, &fd, ed, pm);
+        if (rc < 0)
+            goto fail;
+    }
+    if (rc < 0) {
+        fr_exec_fail(err, rc, "lower: plan iteration: %s", ferry_strerror(rc));
+        goto fail;
+    }
+    ferry_plan_iter_close(it);
+    it = NULL;
+    if (out->nops == 0) {
+        rc = fr_exec_fail(err, FERRY_ENOENT, "lower: the selected workers have no planned operation");
+        goto fail;
+    }
+    out->batch_start[out->nbatches] = out->nops;
+    return 0;
+fail:
+    ferry_plan_iter_close(it);
+    ferry_batch_list_free(out);
+    return rc;
+}
+
+void ferry_batch_list_free(ferry_batch_list *b)
+{
+    if (b == NULL)
+        return;
+    fr_free(b->ops);
+    fr_free(b->batch_start);
+    memset(b, 0, sizeof(*b));
+}
