@@ -408,6 +408,8 @@ void fr_wire_hdr_encode(uint8_t *out, uint16_t type, uint64_t req_id, uint32_t l
  * "too large" (EMSGSIZE). */
 static int hdr_len_check(uint16_t type, uint64_t len)
 {
+    if (type >= FR_MSG_STORE_FIRST && type <= FR_MSG_STORE_LAST)
+        return len <= FR_WIRE_STORE_MAX_LEN ? 0 : FERRY_EMSGSIZE;
     const fr_codec *c = codec_of(type);
     if (!c)
         return FERRY_EPROTO;
@@ -469,6 +471,8 @@ int fr_wire_decode(const fr_frame_hdr *hdr, const uint8_t *body, size_t n, fr_ms
     if (rc < 0)
         return rc;
     const fr_codec *c = codec_of(hdr->type);
+    if (!c)
+        return FERRY_EPROTO;   /* a store frame: fr_smsg_decode's */
     if (n < c->meta_len)
         return FERRY_EPROTO;
     fr_msg m;

@@ -50,6 +50,14 @@ enum fr_msg_type {
     FR_MSG_TYPE_MAX = 12,
 };
 
+/* Store protocol frames (wire/store_msg.h) use types in this range and a
+ * variable-length body of at most FR_WIRE_STORE_MAX_LEN bytes instead of a
+ * fixed meta. fr_wire_hdr_decode accepts the whole range (fr_smsg_decode
+ * rejects types it does not know); fr_wire_decode refuses store frames. */
+#define FR_MSG_STORE_FIRST 32
+#define FR_MSG_STORE_LAST 127
+#define FR_WIRE_STORE_MAX_LEN FR_WIRE_MAX_DATA
+
 /* Connection roles announced in AUTH. */
 enum fr_conn_role { FR_ROLE_TCP_STREAM = 1, FR_ROLE_SHM_CTRL = 2 };
 
@@ -104,14 +112,15 @@ typedef struct {
     } u;
 } fr_msg;
 
-/* Size of the fixed meta body of a type; 0 for an unknown type. */
+/* Size of the fixed meta body of a type; 0 for an unknown or store type. */
 size_t fr_wire_meta_len(uint16_t type);
 
 /* Encode a header into out[FR_WIRE_HDR_LEN]. */
 void fr_wire_hdr_encode(uint8_t *out, uint16_t type, uint64_t req_id, uint32_t len);
 /* Decode and validate a header: magic, version, known type, check, and that
  * len is consistent with the type (== meta for fixed messages, >= meta and
- * <= meta + FR_WIRE_MAX_DATA for WRITE/READ_RESP). n < FR_WIRE_HDR_LEN is
+ * <= meta + FR_WIRE_MAX_DATA for WRITE/READ_RESP, <= FR_WIRE_STORE_MAX_LEN
+ * for store types). n < FR_WIRE_HDR_LEN is
  * FERRY_EPROTO (truncated). */
 int fr_wire_hdr_decode(const uint8_t *in, size_t n, fr_frame_hdr *out);
 
@@ -120,7 +129,8 @@ int fr_wire_hdr_decode(const uint8_t *in, size_t n, fr_frame_hdr *out);
  * equal m->u.read_resp.len, or 0 when status != 0; others: 0). Returns bytes
  * written (header + meta) or a negative code. */
 int fr_wire_encode(const fr_msg *m, uint64_t req_id, uint64_t data_len, uint8_t *out, size_t cap);
-/* Decode the meta body of a frame whose header was already decoded. body has
+/* Decode the meta body of a frame whose header was already decoded (not a
+ * store frame: FERRY_EPROTO). body has
  * n bytes (n >= fr_wire_meta_len(hdr->type) needed). Checks cross-field
  * consistency: WRITE rw.len == hdr.len - meta; READ_RESP len == hdr.len - meta
  * when status == 0, and hdr.len == meta when status != 0; READ len <=
