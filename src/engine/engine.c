@@ -142,8 +142,7 @@ int ferry_engine_open(const ferry_engine_config *cfg, ferry_engine **out)
         return FERRY_ENOMEM;
     e->cfg = *cfg;
     e->keytab_fd = -1;
-    crypto_generichash(e->auth_key, sizeof e->auth_key, cfg->token, cfg->token_len,
-                       (const uint8_t *)"ferry-cluster-token", 19);
+    fr_auth_key(cfg->token, cfg->token_len, e->auth_key);
     pthread_mutex_init(&e->lock, NULL);
     fr_cond_init_monotonic(&e->cond);
     pthread_mutex_init(&e->nlock, NULL);

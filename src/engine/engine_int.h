@@ -10,6 +10,7 @@
 
 #include "base/base.h"
 #include "ferry/engine.h"
+#include "wire/sockio.h"
 #include "wire/wire.h"
 
 typedef struct fr_peer fr_peer;
@@ -222,28 +223,6 @@ int fr_auth_server(ferry_engine *e, int fd, uint16_t role, fr_msg_auth *auth);
  * FERRY_ECONNRESET. */
 int fr_auth_client(ferry_engine *e, int fd, const fr_peer *p, uint16_t role,
                    uint16_t stream, uint32_t *server_pid);
-
-/* ---- socket I/O helpers (sockio.c) -------------------------------------- */
-/* Blocking, EINTR-safe, all-or-error. Return 0, FERRY_ECONNRESET on EOF or
- * reset, FERRY_ETIMEDOUT on SO_RCVTIMEO/SO_SNDTIMEO expiry, FERRY_EIO else. */
-int fr_read_full(int fd, void *buf, size_t n);
-int fr_write_full(int fd, const void *buf, size_t n);
-int fr_writev_full(int fd, struct iovec *iov, int iovcnt);
-/* Read and discard n bytes. */
-int fr_drain(int fd, uint64_t n);
-/* Read one frame header + meta and decode it. Decoding failures return
- * FERRY_EPROTO/FERRY_EMSGSIZE (caller drops the connection). */
-int fr_recv_msg(int fd, fr_frame_hdr *hdr, fr_msg *m);
-/* Same, when every frame expected on fd has a meta of exactly `meta` bytes
- * (e.g. replies to an initiator): one read instead of two; a frame of
- * another meta size is FERRY_EPROTO. */
-int fr_recv_msg_sized(int fd, size_t meta, fr_frame_hdr *hdr, fr_msg *m);
-/* Encode and send a message that carries no data payload. */
-int fr_send_msg(int fd, const fr_msg *m, uint64_t req_id);
-/* Set SO_RCVTIMEO and SO_SNDTIMEO (ms; 0 clears). */
-int fr_sock_timeouts(int fd, int ms);
-/* Describe the remote end of a socket for log lines ("127.0.0.1:4242"). */
-void fr_sock_peername(int fd, char *buf, size_t len);
 
 /* Stats helper. */
 #define FR_STAT_ADD(e, field, n) atomic_fetch_add_explicit(&(e)->stats.field, (n), memory_order_relaxed)

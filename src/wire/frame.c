@@ -29,7 +29,7 @@
  * answers FERRY_EMSGSIZE when cap is too small (and then writes nothing).
  *
  * Rules beyond the comments in wire.h: reserved bytes are zero; a status is
- * 0 or in [-(FERRY_EBASE+1000), -1]; AUTH role is 1 or 2; READ and WRITE
+ * 0 or in [-(FERRY_EBASE+1000), -1]; AUTH role is 1..4; READ and WRITE
  * name 1..FR_WIRE_MAX_DATA bytes and addr+len does not wrap; a MAP_RESP
  * with status 0 has map_len > 0 and fd_offset+map_len does not wrap. A
  * READ_RESP with a failed status carries no data; its len field is passed
@@ -357,7 +357,7 @@ static int msg_check(const fr_msg *m, uint64_t data_len)
     int rc;
     switch (m->type) {
     case FR_MSG_AUTH:
-        rc = (m->u.auth.role == FR_ROLE_TCP_STREAM || m->u.auth.role == FR_ROLE_SHM_CTRL)
+        rc = (m->u.auth.role >= FR_ROLE_TCP_STREAM && m->u.auth.role <= FR_ROLE_STORE_NODE)
                  ? 0 : FERRY_EINVAL;
         break;
     case FR_MSG_AUTH_FAIL:

@@ -66,6 +66,9 @@ static const smsg_def defs[] = {
     { FR_SMSG_Q_ACK, "Q_ACK", "id" },
     { FR_SMSG_Q_NACK, "Q_NACK", "id" },
     { FR_SMSG_HEARTBEAT, "HEARTBEAT", "n" },
+    { FR_SMSG_SEGMENT, "SEGMENT", "s" },
+    { FR_SMSG_STATUS, "STATUS", "" },
+    { FR_SMSG_UNWATCH, "UNWATCH", "i" },
     { FR_SMSG_OK, "OK", "" },
     { FR_SMSG_PLACEMENT, "PLACEMENT", "zy" },
     { FR_SMSG_REPLICAS, "REPLICAS", "zuy" },
@@ -78,6 +81,8 @@ static const smsg_def defs[] = {
     { FR_SMSG_BARRIER_DONE, "BARRIER_DONE", "G" },
     { FR_SMSG_RECORDS, "RECORDS", "Q" },
     { FR_SMSG_PUSHED, "PUSHED", "i" },
+    { FR_SMSG_SEGMENT_DESC, "SEGMENT_DESC", "snzD" },
+    { FR_SMSG_STATUS_TEXT, "STATUS_TEXT", "V" },
     { FR_SMSG_ERROR, "ERROR", "SrT" },
 };
 

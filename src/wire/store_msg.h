@@ -59,6 +59,9 @@ enum fr_smsg_type {
     FR_SMSG_Q_ACK = 50,
     FR_SMSG_Q_NACK = 51,
     FR_SMSG_HEARTBEAT = 52,
+    FR_SMSG_SEGMENT = 53,          /* where a segment is: its region descriptor */
+    FR_SMSG_STATUS = 54,           /* the master's state as JSON text */
+    FR_SMSG_UNWATCH = 55,          /* id: the req_id of the WATCH to end */
     /* replies */
     FR_SMSG_OK = 64,
     FR_SMSG_PLACEMENT = 65,
@@ -72,6 +75,8 @@ enum fr_smsg_type {
     FR_SMSG_BARRIER_DONE = 73,
     FR_SMSG_RECORDS = 74,
     FR_SMSG_PUSHED = 75,
+    FR_SMSG_SEGMENT_DESC = 76,
+    FR_SMSG_STATUS_TEXT = 77,
     FR_SMSG_ERROR = 79,
 };
 

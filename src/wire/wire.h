@@ -58,8 +58,11 @@ enum fr_msg_type {
 #define FR_MSG_STORE_LAST 127
 #define FR_WIRE_STORE_MAX_LEN FR_WIRE_MAX_DATA
 
-/* Connection roles announced in AUTH. */
-enum fr_conn_role { FR_ROLE_TCP_STREAM = 1, FR_ROLE_SHM_CTRL = 2 };
+/* Connection roles announced in AUTH: engine transports, and store
+ * protocol connections to the master from clients and from nodes. */
+enum fr_conn_role {
+    FR_ROLE_TCP_STREAM = 1, FR_ROLE_SHM_CTRL = 2, FR_ROLE_STORE_CLIENT = 3, FR_ROLE_STORE_NODE = 4,
+};
 
 typedef struct {
     uint16_t type;

@@ -1,4 +1,4 @@
-/* Blocking socket I/O helpers shared by the engine's socket transports.
+/* Blocking socket I/O helpers for framed messages (see sockio.h).
  *
  * Every write uses MSG_NOSIGNAL so a peer that went away yields EPIPE (mapped
  * to FERRY_ECONNRESET) instead of killing the process with SIGPIPE. */
@@ -11,7 +11,7 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 
-#include "engine/engine_int.h"
+#include "wire/sockio.h"
 
 /* Largest fixed meta body of any message; fr_recv_msg refuses frames whose
  * type claims more (the wire layer would have to be changed to hit this). */

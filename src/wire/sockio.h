@@ -1,0 +1,62 @@
+/* wire layer: blocking socket I/O for framed messages, and the
+ * challenge-response handshake every ferry connection starts with (engine
+ * transports and the store protocol alike).
+ *
+ * The handshake: the server speaks first with CHALLENGE (a random nonce and
+ * its instance id). The client answers AUTH with its own nonce, its
+ * instance, the instance it expects (0: any), its role and stream, and
+ * HMAC-SHA256(key, "ferry-c" | nonce_s | nonce_c | fields). The server
+ * answers AUTH_OK with HMAC(key, "ferry-s" | nonce_c | nonce_s), so the
+ * client knows it talks to a cluster member too, or AUTH_FAIL and closes.
+ * key is derived from the cluster token (fr_auth_key); neither side ever
+ * sends the token. */
+#ifndef FR_SOCKIO_H
+#define FR_SOCKIO_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "wire/wire.h"
+
+/* Blocking, EINTR-safe, all-or-error. Return 0, FERRY_ECONNRESET on EOF or
+ * reset, FERRY_ETIMEDOUT on SO_RCVTIMEO/SO_SNDTIMEO expiry, FERRY_EIO else. */
+int fr_read_full(int fd, void *buf, size_t n);
+int fr_write_full(int fd, const void *buf, size_t n);
+int fr_writev_full(int fd, struct iovec *iov, int iovcnt);
+/* Read and discard n bytes. */
+int fr_drain(int fd, uint64_t n);
+/* Read one frame header + meta and decode it. Decoding failures return
+ * FERRY_EPROTO/FERRY_EMSGSIZE (caller drops the connection). */
+int fr_recv_msg(int fd, fr_frame_hdr *hdr, fr_msg *m);
+/* Same, when every frame expected on fd has a meta of exactly `meta` bytes
+ * (e.g. replies to an initiator): one read instead of two; a frame of
+ * another meta size is FERRY_EPROTO. */
+int fr_recv_msg_sized(int fd, size_t meta, fr_frame_hdr *hdr, fr_msg *m);
+/* Encode and send a message that carries no data payload. */
+int fr_send_msg(int fd, const fr_msg *m, uint64_t req_id);
+/* Set SO_RCVTIMEO and SO_SNDTIMEO (ms; 0 clears). */
+int fr_sock_timeouts(int fd, int ms);
+/* Describe the remote end of a socket for log lines ("127.0.0.1:4242"). */
+void fr_sock_peername(int fd, char *buf, size_t len);
+
+/* ---- handshake (handshake.c) ------------------------------------------- */
+/* The 32-byte HMAC key of a cluster token. */
+void fr_auth_key(const uint8_t *token, size_t len, uint8_t key[32]);
+/* Server side on a freshly accepted fd: send CHALLENGE, check AUTH (MAC,
+ * role, expected instance), answer AUTH_OK with our pid. On failure answer
+ * AUTH_FAIL where possible and return FERRY_EAUTH (wrong token), FERRY_EPROTO
+ * (malformed frame, wrong role), FERRY_ESTALE (client expects another
+ * instance) or the socket error; *why (may be NULL) says why in words. On
+ * success *auth (may be NULL) is the client's AUTH. */
+int fr_handshake_server(int fd, const uint8_t key[32], uint64_t instance, uint16_t role,
+                        fr_msg_auth *auth, const char **why);
+/* Client side. expect_instance 0 accepts any server instance; otherwise a
+ * CHALLENGE from another instance is FERRY_ESTALE before AUTH is sent.
+ * FERRY_EAUTH when the server refuses our token or cannot prove its own.
+ * server_instance and server_pid may be NULL. */
+int fr_handshake_client(int fd, const uint8_t key[32], uint64_t client_instance,
+                        uint64_t expect_instance, uint16_t role, uint16_t stream,
+                        uint64_t *server_instance, uint32_t *server_pid);
+
+#endif
