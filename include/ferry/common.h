@@ -65,6 +65,11 @@ enum ferry_log_level {
 void ferry_log_set_level(enum ferry_log_level level);
 enum ferry_log_level ferry_log_get_level(void);
 
+/* Bytes per element of a dtype name ("bool", "u8", "i8", "fp8_e4m3",
+ * "fp8_e5m2", "f16", "bf16", "i16", "u16", "f32", "i32", "u32", "f64", "i64",
+ * "u64"), or 0 for an unknown one. */
+uint32_t ferry_dtype_size(const char *dtype);
+
 #ifdef __cplusplus
 }
 #endif

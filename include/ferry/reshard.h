@@ -53,9 +53,6 @@ typedef struct ferry_tensor_desc {
     uint64_t shape[FERRY_MAX_DIMS];
 } ferry_tensor_desc;
 
-/* The bytes per element of a known dtype name, or 0 for an unknown one. */
-uint32_t ferry_dtype_size(const char *dtype);
-
 /* One placement fragment: the box [offset, offset+shape) of a tensor held
  * by one rank. Local storage is row-major and contiguous unless `strides`
  * (elements, per dim) are given; element (i0..in) of the box lives at

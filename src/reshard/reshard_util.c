@@ -81,23 +81,3 @@ int fr_strmap_insert(fr_strmap *m, const char *key, uint32_t idx, fr_strmap_key_
     m->n++;
     return 0;
 }
-
-/* ---- dtypes ------------------------------------------------------------- */
-
-static const struct { const char *name; uint32_t size; } dtypes[] = {
-    {"bool", 1}, {"u8", 1}, {"i8", 1}, {"fp8_e4m3", 1}, {"fp8_e5m2", 1},
-    {"f16", 2}, {"bf16", 2}, {"i16", 2}, {"u16", 2},
-    {"f32", 4}, {"i32", 4}, {"u32", 4},
-    {"f64", 8}, {"i64", 8}, {"u64", 8},
-};
-
-uint32_t ferry_dtype_size(const char *dtype)
-{
-    if (!dtype)
-        return 0;
-    for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; i++)
-        if (!strcmp(dtypes[i].name, dtype))
-            return dtypes[i].size;
-    return 0;
-}
-

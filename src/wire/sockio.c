@@ -4,13 +4,18 @@
  * to FERRY_ECONNRESET) instead of killing the process with SIGPIPE. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <unistd.h>
 
+#include "base/base.h"
 #include "wire/sockio.h"
 
 /* Largest fixed meta body of any message; fr_recv_msg refuses frames whose
@@ -213,4 +218,120 @@ void fr_sock_peername(int fd, char *buf, size_t len)
     } else {
         snprintf(buf, len, "?");
     }
+}
+
+/* "A.B.C.D:PORT", "[v6]:PORT" or "localhost:PORT"; numeric only so that
+ * opening an engine never waits on a resolver. */
+int fr_sock_parse_hostport(const char *in, struct sockaddr_storage *ss, socklen_t *sl)
+{
+    char host[INET6_ADDRSTRLEN];
+    const char *hs = in, *he, *port;
+    bool v6 = in[0] == '[';
+
+    if (v6) {
+        hs = in + 1;
+        he = strchr(hs, ']');
+        if (!he || he[1] != ':')
+            return FERRY_EINVAL;
+        port = he + 2;
+    } else {
+        he = strrchr(in, ':');
+        if (!he)
+            return FERRY_EINVAL;
+        port = he + 1;
+    }
+    size_t hl = (size_t)(he - hs);
+    if (hl == 0 || hl >= sizeof host || *port == '\0' || strlen(port) > 5)
+        return FERRY_EINVAL;
+    memcpy(host, hs, hl);
+    host[hl] = '\0';
+    unsigned long pn = 0;
+    for (const char *q = port; *q; q++) {
+        if (*q < '0' || *q > '9')
+            return FERRY_EINVAL;
+        pn = pn * 10 + (unsigned long)(*q - '0');
+    }
+    if (pn > 65535)
+        return FERRY_EINVAL;
+
+    memset(ss, 0, sizeof *ss);
+    if (!v6 && strcmp(host, "localhost") == 0)
+        strcpy(host, "127.0.0.1");
+    if (v6) {
+        struct sockaddr_in6 *a = (struct sockaddr_in6 *)ss;
+        a->sin6_family = AF_INET6;
+        a->sin6_port = htons((uint16_t)pn);
+        *sl = sizeof *a;
+        return inet_pton(AF_INET6, host, &a->sin6_addr) == 1 ? 0 : FERRY_EINVAL;
+    }
+    struct sockaddr_in *a = (struct sockaddr_in *)ss;
+    a->sin_family = AF_INET;
+    a->sin_port = htons((uint16_t)pn);
+    *sl = sizeof *a;
+    return inet_pton(AF_INET, host, &a->sin_addr) == 1 ? 0 : FERRY_EINVAL;
+}
+
+static int connect_errno(int err)
+{
+    if (err == ECONNREFUSED)
+        return FERRY_ECONNREFUSED;
+    if (err == ETIMEDOUT)
+        return FERRY_ETIMEDOUT;
+    return FERRY_EIO;
+}
+
+int fr_sock_connect_deadline(int fd, const struct sockaddr_storage *ss, socklen_t sl,
+                             uint64_t deadline)
+{
+    if (connect(fd, (const struct sockaddr *)ss, sl) < 0) {
+        if (errno != EINPROGRESS)
+            return connect_errno(errno);
+        for (;;) {
+            struct pollfd pfd = { .fd = fd, .events = POLLOUT };
+            uint64_t now = fr_now_ns();
+            if (deadline != UINT64_MAX && now >= deadline)
+                return FERRY_ETIMEDOUT;
+            int ms = -1;
+            if (deadline != UINT64_MAX) {
+                uint64_t left = (deadline - now + 999999) / 1000000;
+                ms = left > INT32_MAX ? INT32_MAX : (int)left;
+            }
+            int n = poll(&pfd, 1, ms);
+            if (n > 0)
+                break;
+            if (n < 0 && errno != EINTR)
+                return FERRY_EIO;
+        }
+        int err = 0;
+        socklen_t el = sizeof err;
+        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) < 0)
+            return FERRY_EIO;
+        if (err != 0)
+            return connect_errno(err);
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0)
+        return FERRY_EIO;
+    return 0;
+}
+
+int fr_sock_connect(const char *addr, int timeout_ms, int *out)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    int rc = fr_sock_parse_hostport(addr, &ss, &sl);
+    if (rc < 0)
+        return rc;
+    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+        return FERRY_EIO;
+    rc = fr_sock_connect_deadline(fd, &ss, sl, fr_deadline_ns(timeout_ms));
+    if (rc < 0) {
+        close(fd);
+        return rc;
+    }
+    const int one = 1;
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    *out = fd;
+    return 0;
 }

@@ -15,6 +15,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 #include <sys/uio.h>
 
 #include "wire/wire.h"
@@ -39,6 +40,18 @@ int fr_send_msg(int fd, const fr_msg *m, uint64_t req_id);
 int fr_sock_timeouts(int fd, int ms);
 /* Describe the remote end of a socket for log lines ("127.0.0.1:4242"). */
 void fr_sock_peername(int fd, char *buf, size_t len);
+
+/* "A.B.C.D:PORT", "[v6]:PORT" or "localhost:PORT" into a socket address;
+ * numeric only, so that nothing ever waits on a resolver. FERRY_EINVAL. */
+int fr_sock_parse_hostport(const char *in, struct sockaddr_storage *ss, socklen_t *sl);
+/* Connect a blocking TCP socket (TCP_NODELAY, close-on-exec) to "HOST:PORT"
+ * within timeout_ms. FERRY_EINVAL (address), FERRY_ECONNREFUSED,
+ * FERRY_ETIMEDOUT, FERRY_EIO. */
+int fr_sock_connect(const char *addr, int timeout_ms, int *fd);
+/* Connect fd (created non-blocking) to ss by deadline_ns (CLOCK_MONOTONIC,
+ * UINT64_MAX: none); leaves fd blocking. */
+int fr_sock_connect_deadline(int fd, const struct sockaddr_storage *ss, socklen_t sl,
+                             uint64_t deadline_ns);
 
 /* ---- handshake (handshake.c) ------------------------------------------- */
 /* The 32-byte HMAC key of a cluster token. */

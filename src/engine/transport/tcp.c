@@ -400,46 +400,6 @@ static int ms_left(uint64_t deadline)
     return ms > INT32_MAX ? INT32_MAX : (int)ms;
 }
 
-static int connect_errno(int err)
-{
-    if (err == ECONNREFUSED)
-        return FERRY_ECONNREFUSED;
-    if (err == ETIMEDOUT)
-        return FERRY_ETIMEDOUT;
-    return FERRY_EIO;
-}
-
-/* Non-blocking connect bounded by the deadline; leaves fd blocking. */
-static int connect_deadline(int fd, const struct sockaddr_storage *ss, socklen_t sl,
-                            uint64_t deadline)
-{
-    if (connect(fd, (const struct sockaddr *)ss, sl) < 0) {
-        if (errno != EINPROGRESS)
-            return connect_errno(errno);
-        for (;;) {
-            struct pollfd pfd = { .fd = fd, .events = POLLOUT };
-            int ms = ms_left(deadline);
-            if (ms == 0)
-                return FERRY_ETIMEDOUT;
-            int n = poll(&pfd, 1, ms);
-            if (n > 0)
-                break;
-            if (n < 0 && errno != EINTR)
-                return FERRY_EIO;
-        }
-        int err = 0;
-        socklen_t el = sizeof err;
-        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) < 0)
-            return FERRY_EIO;
-        if (err != 0)
-            return connect_errno(err);
-    }
-    int fl = fcntl(fd, F_GETFL);
-    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0)
-        return FERRY_EIO;
-    return 0;
-}
-
 static int stream_open(tcp_conn *c, tcp_stream *s, const fr_peer *p,
                        const struct sockaddr_storage *ss, socklen_t sl, uint64_t deadline)
 {
@@ -448,7 +408,7 @@ static int stream_open(tcp_conn *c, tcp_stream *s, const fr_peer *p,
     s->fd = socket(ss->ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (s->fd < 0)
         return FERRY_EIO;
-    int rc = connect_deadline(s->fd, ss, sl, deadline);
+    int rc = fr_sock_connect_deadline(s->fd, ss, sl, deadline);
     if (rc < 0)
         return rc;
     fr_tcp_set_nodelay(s->fd);

@@ -17,57 +17,6 @@
  * addresses
  * ==================================================================== */
 
-/* "A.B.C.D:PORT", "[v6]:PORT" or "localhost:PORT"; numeric only so that
- * opening an engine never waits on a resolver. */
-int fr_tcp_parse_hostport(const char *in, struct sockaddr_storage *ss, socklen_t *sl)
-{
-    char host[INET6_ADDRSTRLEN];
-    const char *hs = in, *he, *port;
-    bool v6 = in[0] == '[';
-
-    if (v6) {
-        hs = in + 1;
-        he = strchr(hs, ']');
-        if (!he || he[1] != ':')
-            return FERRY_EINVAL;
-        port = he + 2;
-    } else {
-        he = strrchr(in, ':');
-        if (!he)
-            return FERRY_EINVAL;
-        port = he + 1;
-    }
-    size_t hl = (size_t)(he - hs);
-    if (hl == 0 || hl >= sizeof host || *port == '\0' || strlen(port) > 5)
-        return FERRY_EINVAL;
-    memcpy(host, hs, hl);
-    host[hl] = '\0';
-    unsigned long pn = 0;
-    for (const char *q = port; *q; q++) {
-        if (*q < '0' || *q > '9')
-            return FERRY_EINVAL;
-        pn = pn * 10 + (unsigned long)(*q - '0');
-    }
-    if (pn > 65535)
-        return FERRY_EINVAL;
-
-    memset(ss, 0, sizeof *ss);
-    if (!v6 && strcmp(host, "localhost") == 0)
-        strcpy(host, "127.0.0.1");
-    if (v6) {
-        struct sockaddr_in6 *a = (struct sockaddr_in6 *)ss;
-        a->sin6_family = AF_INET6;
-        a->sin6_port = htons((uint16_t)pn);
-        *sl = sizeof *a;
-        return inet_pton(AF_INET6, host, &a->sin6_addr) == 1 ? 0 : FERRY_EINVAL;
-    }
-    struct sockaddr_in *a = (struct sockaddr_in *)ss;
-    a->sin_family = AF_INET;
-    a->sin_port = htons((uint16_t)pn);
-    *sl = sizeof *a;
-    return inet_pton(AF_INET, host, &a->sin_addr) == 1 ? 0 : FERRY_EINVAL;
-}
-
 /* Endpoint fields and "tcp://HOST:PORT" from the bound listener address. */
 void fr_tcp_publish_endpoint(ferry_engine *e, const struct sockaddr_storage *ss)
 {

@@ -16,8 +16,6 @@
 #define CHUNK_COST 64          /* per-chunk weight in the stream load */
 #define PEER_NAME 64
 
-/* "A.B.C.D:PORT", "[v6]:PORT" or "localhost:PORT" into a socket address. */
-int fr_tcp_parse_hostport(const char *in, struct sockaddr_storage *ss, socklen_t *sl);
 /* Fill the engine's endpoint and address from the bound listener address. */
 void fr_tcp_publish_endpoint(ferry_engine *e, const struct sockaddr_storage *ss);
 /* The socket address of a peer's tcp endpoint. */

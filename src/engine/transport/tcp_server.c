@@ -260,7 +260,7 @@ static int srv_listen(ferry_engine *e, tcp_server *srv)
     socklen_t sl;
     const int one = 1;
 
-    int rc = fr_tcp_parse_hostport(e->cfg.listen_addr, &ss, &sl);
+    int rc = fr_sock_parse_hostport(e->cfg.listen_addr, &ss, &sl);
     if (rc < 0) {
         FR_ERROR(TAG, "bad listen address \"%s\" (want HOST:PORT or [V6]:PORT)", e->cfg.listen_addr);
         return rc;
