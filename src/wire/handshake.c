@@ -78,7 +78,8 @@ int fr_handshake_server(int fd, const uint8_t key[32], uint64_t instance, uint16
     client_mac(key, nonce_s, &a.u.auth, want);
     if (sodium_memcmp(want, a.u.auth.mac, 32) != 0)
         return refuse(fd, FERRY_EAUTH, "wrong or missing cluster token", why);
-    if (a.u.auth.role != role)
+    uint16_t got = a.u.auth.role;
+    if (role != 0 ? got != role : got != FR_ROLE_STORE_CLIENT && got != FR_ROLE_STORE_NODE)
         return refuse(fd, FERRY_EPROTO, "wrong connection role for this listener", why);
     if (a.u.auth.expect_instance != 0 && a.u.auth.expect_instance != instance)
         return refuse(fd, FERRY_ESTALE, "descriptor of a previous instance", why);

@@ -57,7 +57,9 @@ int fr_sock_connect_deadline(int fd, const struct sockaddr_storage *ss, socklen_
 /* The 32-byte HMAC key of a cluster token. */
 void fr_auth_key(const uint8_t *token, size_t len, uint8_t key[32]);
 /* Server side on a freshly accepted fd: send CHALLENGE, check AUTH (MAC,
- * role, expected instance), answer AUTH_OK with our pid. On failure answer
+ * role, expected instance), answer AUTH_OK with our pid. role 0 accepts
+ * either store role, FR_ROLE_STORE_CLIENT or FR_ROLE_STORE_NODE (the
+ * master serves both on one port; auth->role tells which). On failure answer
  * AUTH_FAIL where possible and return FERRY_EAUTH (wrong token), FERRY_EPROTO
  * (malformed frame, wrong role), FERRY_ESTALE (client expects another
  * instance) or the socket error; *why (may be NULL) says why in words. On

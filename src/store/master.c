@@ -1,0 +1,518 @@
+/* The master server: open/recover, the listening socket and handshakes off
+ * the loop, and the event loop itself (master.h). */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "store/master_int.h"
+#include "wire/sockio.h"
+
+#define U(x) ((unsigned long long)(x))
+
+void fr_master_config_default(fr_master_config *c)
+{
+    memset(c, 0, sizeof *c);
+    snprintf(c->listen, sizeof c->listen, "127.0.0.1:0");
+    c->heartbeat_timeout_ms = 10000;
+    c->pending_timeout_ms = 60000;
+    c->checkpoint_records = 1000000;
+}
+
+uint64_t fr_master_wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void clocks(fr_master *m)
+{
+    m->now_mono = fr_now_ms();
+    m->now_wall = fr_master_wall_ms();
+}
+
+/* ---- open / close ----------------------------------------------------------- */
+
+static int master_new(const fr_master_config *c, bool mem, fr_master **out)
+{
+    *out = NULL;
+    fr_master *m = fr_calloc(1, sizeof *m);
+    if (m == NULL)
+        return FERRY_ENOMEM;
+    m->cfg = *c;
+    m->mem = mem;
+    m->lfd = m->epfd = m->handoff_efd = -1;
+    m->stop_pipe[0] = m->stop_pipe[1] = -1;
+    m->instance = fr_random_u64();
+    fr_dlist_init(&m->conns);
+    fr_dlist_init(&m->watches);
+    fr_dlist_init(&m->waits);
+    fr_dlist_init(&m->pendings);
+    fr_umap_init(&m->nodes);
+    fr_umap_init(&m->segs);
+    pthread_mutex_init(&m->mu, NULL);
+    pthread_cond_init(&m->cv, NULL);
+    *out = m;
+    m->items_cap = FR_MASTER_EVENTS_FRAME;
+    m->events = fr_calloc(FR_MASTER_EVENTS_FRAME, sizeof *m->events);
+    m->items = fr_calloc(FR_MASTER_EVENTS_FRAME, sizeof *m->items);
+    if (m->events == NULL || m->items == NULL)
+        return FERRY_ENOMEM;
+    fr_meta_config mc;
+    fr_meta_config_default(&mc);
+    mc.pending_timeout_ms = c->pending_timeout_ms;
+    int rc = fr_meta_new(&mc, &m->meta);
+    if (rc < 0)
+        return rc;
+    fr_wal_opts wo = { .no_sync = c->no_sync };
+    fr_wal_recovery rep = { 0 };
+    rc = fr_wal_open(c->dir, &wo, m->meta, &m->wal, &rep);
+    if (rc < 0) {
+        if (rc == FERRY_EBUSY)
+            FR_ERROR("master", "directory %s is in use by another master (its LOCK is held)", c->dir);
+        else
+            FR_ERROR("master", "cannot recover %s: %s", c->dir, ferry_strerror(rc));
+        return rc;
+    }
+    FR_INFO("master", "recovered %s: snapshot at %llu, %llu log records replayed, %llu torn bytes",
+            c->dir, U(rep.snapshot_lsn), U(rep.replayed), U(rep.torn_bytes));
+    m->ckpt_records = fr_meta_records(m->meta);
+    clocks(m);
+    return fr_master_segs_recover(m);
+}
+
+static int parse_listen(const char *s, struct sockaddr_in *sa)
+{
+    char host[64];
+    const char *colon = strrchr(s, ':');
+    if (colon == NULL || (size_t)(colon - s) >= sizeof host)
+        return FERRY_EINVAL;
+    memcpy(host, s, (size_t)(colon - s));
+    host[colon - s] = 0;
+    char *end;
+    errno = 0;
+    unsigned long port = strtoul(colon + 1, &end, 10);
+    if (errno || *end || end == colon + 1 || port > 65535)
+        return FERRY_EINVAL;
+    memset(sa, 0, sizeof *sa);
+    sa->sin_family = AF_INET;
+    sa->sin_port = htons((uint16_t)port);
+    if (host[0] == 0 || strcmp(host, "*") == 0)
+        sa->sin_addr.s_addr = htonl(INADDR_ANY);
+    else if (strcmp(host, "localhost") == 0)
+        sa->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    else if (inet_pton(AF_INET, host, &sa->sin_addr) != 1)
+        return FERRY_EINVAL;
+    return 0;
+}
+
+static int open_sockets(fr_master *m)
+{
+    struct sockaddr_in sa;
+    if (parse_listen(m->cfg.listen, &sa) < 0) {
+        FR_ERROR("master", "bad listen address '%s' (want IPv4 HOST:PORT)", m->cfg.listen);
+        return FERRY_EINVAL;
+    }
+    m->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (m->lfd < 0)
+        return FERRY_EIO;
+    int one = 1;
+    setsockopt(m->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(m->lfd, (struct sockaddr *)&sa, sizeof sa) < 0 || listen(m->lfd, 512) < 0) {
+        int e = errno;
+        FR_ERROR("master", "cannot listen on %s: %s", m->cfg.listen, strerror(e));
+        return e == EADDRINUSE ? -EADDRINUSE : e == EACCES ? FERRY_EACCES : FERRY_EIO;
+    }
+    socklen_t sl = sizeof sa;
+    getsockname(m->lfd, (struct sockaddr *)&sa, &sl);
+    char host[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &sa.sin_addr, host, sizeof host);
+    snprintf(m->address, sizeof m->address, "%s:%u", host, (unsigned)ntohs(sa.sin_port));
+    if (pipe2(m->stop_pipe, O_CLOEXEC | O_NONBLOCK) < 0 ||
+        (m->handoff_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0 ||
+        (m->epfd = epoll_create1(EPOLL_CLOEXEC)) < 0)
+        return FERRY_EIO;
+    struct epoll_event ev = { .events = EPOLLIN, .data.ptr = &m->stop_pipe };
+    if (epoll_ctl(m->epfd, EPOLL_CTL_ADD, m->stop_pipe[0], &ev) < 0)
+        return FERRY_EIO;
+    ev.data.ptr = &m->handoff_efd;
+    if (epoll_ctl(m->epfd, EPOLL_CTL_ADD, m->handoff_efd, &ev) < 0)
+        return FERRY_EIO;
+    return 0;
+}
+
+int fr_master_open(const fr_master_config *c, fr_master **out)
+{
+    if (c == NULL || out == NULL || c->dir[0] == 0 || c->token_len == 0 ||
+        c->token_len > sizeof c->token || c->heartbeat_timeout_ms == 0)
+        return FERRY_EINVAL;
+    fr_master *m;
+    int rc = master_new(c, false, &m);
+    if (rc == 0) {
+        fr_auth_key(c->token, c->token_len, m->key);
+        rc = open_sockets(m);
+    }
+    if (rc < 0) {
+        fr_master_close(m);
+        return rc;
+    }
+    FR_INFO("master", "listening on %s (dir %s, instance %016llx)", m->address, c->dir,
+            U(m->instance));
+    *out = m;
+    return 0;
+}
+
+int fr_master_open_mem(const char *dir, fr_master **out)
+{
+    fr_master_config c;
+    fr_master_config_default(&c);
+    if (dir == NULL || strlen(dir) >= sizeof c.dir)
+        return FERRY_EINVAL;
+    snprintf(c.dir, sizeof c.dir, "%s", dir);
+    c.no_sync = true;
+    c.checkpoint_records = 10000;
+    fr_master *m;
+    int rc = master_new(&c, true, &m);
+    if (rc < 0) {
+        fr_master_close(m);
+        return rc;
+    }
+    snprintf(m->address, sizeof m->address, "memory");
+    *out = m;
+    return 0;
+}
+
+const char *fr_master_address(const fr_master *m)
+{
+    return m->address;
+}
+
+void fr_master_stop(fr_master *m)
+{
+    if (m && m->stop_pipe[1] >= 0) {
+        char b = 1;
+        ssize_t n = write(m->stop_pipe[1], &b, 1);
+        (void)n;
+    }
+}
+
+void fr_master_close(fr_master *m)
+{
+    if (m == NULL)
+        return;
+    /* Handshakes in flight: cut them short and wait for their threads. */
+    pthread_mutex_lock(&m->mu);
+    m->closing = true;
+    for (fr_dnode *n = m->pendings.next; n != &m->pendings; n = n->next)
+        shutdown(fr_container_of(n, fr_master_pending, link)->fd, SHUT_RDWR);
+    while (m->npending > 0)
+        pthread_cond_wait(&m->cv, &m->mu);
+    fr_master_handoff *h = m->handoff;
+    m->handoff = NULL;
+    pthread_mutex_unlock(&m->mu);
+    while (h) {
+        fr_master_handoff *next = h->next;
+        close(h->fd);
+        fr_free(h);
+        h = next;
+    }
+    while (!fr_dlist_empty(&m->conns))
+        fr_master_conn_free(fr_container_of(m->conns.next, fr_master_conn, link));
+    if (m->wal && fr_wal_commit(m->wal) < 0)
+        FR_ERROR("master", "final commit failed");
+    fr_wal_close(m->wal, m->meta);
+    fr_meta_destroy(m->meta);
+    fr_master_segs_free(m);
+    int fds[] = { m->lfd, m->epfd, m->handoff_efd, m->stop_pipe[0], m->stop_pipe[1] };
+    for (size_t i = 0; i < sizeof fds / sizeof fds[0]; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    pthread_mutex_destroy(&m->mu);
+    pthread_cond_destroy(&m->cv);
+    fr_free(m->events);
+    fr_free(m->items);
+    fr_free(m);
+}
+
+/* ---- accepting: handshakes off the loop ------------------------------------- */
+
+static void *handshake_main(void *arg)
+{
+    fr_master_pending *p = arg;
+    fr_master *m = p->m;
+    fr_msg_auth auth;
+    const char *why = NULL;
+    fr_sock_timeouts(p->fd, FR_MASTER_HANDSHAKE_MS);
+    int rc = fr_handshake_server(p->fd, m->key, m->instance, 0, &auth, &why);
+    fr_master_handoff *h = NULL;
+    if (rc == 0) {
+        fr_sock_timeouts(p->fd, 0);
+        int fl = fcntl(p->fd, F_GETFL);
+        if (fl < 0 || fcntl(p->fd, F_SETFL, fl | O_NONBLOCK) < 0 ||
+            (h = fr_calloc(1, sizeof *h)) == NULL) {
+            rc = FERRY_EIO;
+            why = "cannot set up the socket";
+        }
+    }
+    if (rc < 0)
+        FR_WARN("master", "refused connection from %s: %s (%s)", p->peer, why ? why : "?",
+                ferry_strerror(rc));
+    pthread_mutex_lock(&m->mu);
+    fr_dlist_remove(&p->link);
+    if (rc == 0 && !m->closing) {
+        h->fd = p->fd;
+        h->role = auth.role;
+        memcpy(h->peer, p->peer, sizeof h->peer);
+        h->next = m->handoff;
+        m->handoff = h;
+        uint64_t one = 1;
+        ssize_t n = write(m->handoff_efd, &one, sizeof one);
+        (void)n;
+    } else {
+        close(p->fd);
+        fr_free(h);
+    }
+    m->npending--;
+    pthread_cond_broadcast(&m->cv);
+    pthread_mutex_unlock(&m->mu);
+    fr_free(p);
+    return NULL;
+}
+
+static void accept_one(fr_master *m, int fd)
+{
+    fr_master_pending *p = fr_calloc(1, sizeof *p);
+    if (p == NULL) {
+        close(fd);
+        return;
+    }
+    p->m = m;
+    p->fd = fd;
+    fr_sock_peername(fd, p->peer, sizeof p->peer);
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    pthread_mutex_lock(&m->mu);
+    if (m->npending >= FR_MASTER_HANDSHAKES_MAX) {
+        pthread_mutex_unlock(&m->mu);
+        FR_WARN("master", "refused connection from %s: too many handshakes in flight", p->peer);
+        close(fd);
+        fr_free(p);
+        return;
+    }
+    fr_dlist_push_back(&m->pendings, &p->link);
+    m->npending++;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&at, 256 * 1024);
+    pthread_t t;
+    if (pthread_create(&t, &at, handshake_main, p) != 0) {
+        fr_dlist_remove(&p->link);
+        m->npending--;
+        close(fd);
+        fr_free(p);
+    }
+    pthread_attr_destroy(&at);
+    pthread_mutex_unlock(&m->mu);
+}
+
+static void *accept_main(void *arg)
+{
+    fr_master *m = arg;
+    struct pollfd pf[2] = { { .fd = m->lfd, .events = POLLIN },
+                            { .fd = m->stop_pipe[0], .events = POLLIN } };
+    for (;;) {
+        if (poll(pf, 2, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            break;
+        }
+        if (pf[1].revents)
+            break;
+        int fd = accept4(m->lfd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd >= 0)
+            accept_one(m, fd);
+        else if (errno == EMFILE || errno == ENFILE)
+            poll(NULL, 0, 100);   /* out of descriptors: let some close */
+    }
+    return NULL;
+}
+
+/* Move authenticated sockets from the handshake threads into the loop. */
+static void take_handoffs(fr_master *m)
+{
+    uint64_t v;
+    ssize_t r = read(m->handoff_efd, &v, sizeof v);
+    (void)r;
+    pthread_mutex_lock(&m->mu);
+    fr_master_handoff *h = m->handoff;
+    m->handoff = NULL;
+    pthread_mutex_unlock(&m->mu);
+    while (h) {
+        fr_master_handoff *next = h->next;
+        fr_master_conn *c = fr_master_conn_new(m, h->fd, h->role, h->peer);
+        struct epoll_event ev = { .events = EPOLLIN, .data.ptr = c };
+        if (c == NULL || epoll_ctl(m->epfd, EPOLL_CTL_ADD, h->fd, &ev) < 0) {
+            if (c) {
+                c->fd = -1;
+                fr_master_conn_free(c);
+            }
+            close(h->fd);
+        } else {
+            c->reading = true;
+            FR_INFO("master", "connection #%llu from %s (%s)", U(c->serial), c->peer,
+                    h->role == FR_ROLE_STORE_NODE ? "node" : "client");
+        }
+        fr_free(h);
+        h = next;
+    }
+}
+
+/* ---- the loop ------------------------------------------------------------------ */
+
+/* After a batch: commit once, then send replies and pushes, then close what
+ * must be closed and checkpoint when due. */
+static void finish_batch(fr_master *m)
+{
+    if (m->fatal == 0 && fr_wal_last_lsn(m->wal) != fr_wal_durable_lsn(m->wal)) {
+        int rc = fr_wal_commit(m->wal);
+        if (rc < 0) {
+            fr_master_note_fatal(m, rc == FERRY_EIO ? rc : FERRY_EIO);
+            return;
+        }
+    }
+    if (m->fatal)
+        return;
+    fr_master_watch_push_all(m);
+    fr_dnode *n = m->conns.next;
+    while (n != &m->conns) {
+        fr_master_conn *c = fr_container_of(n, fr_master_conn, link);
+        n = n->next;
+        if (!c->dead && fr_master_conn_pending_out(c) > 0)
+            fr_master_conn_flush(c);
+        if (c->closing && fr_master_conn_pending_out(c) == 0)
+            c->dead = true;
+        if (c->dead)
+            fr_master_conn_free(c);
+        else
+            fr_master_conn_interest(c);
+    }
+    if (fr_meta_records(m->meta) - m->ckpt_records >= m->cfg.checkpoint_records) {
+        int rc = fr_wal_checkpoint(m->wal, m->meta);
+        if (rc < 0)
+            FR_WARN("master", "checkpoint failed: %s (the log still recovers)", ferry_strerror(rc));
+        m->ckpt_records = fr_meta_records(m->meta);
+    }
+}
+
+static void timers(fr_master *m)
+{
+    if (fr_meta_next_deadline(m->meta) <= m->now_wall) {
+        fr_tick_result tr = { 0 };
+        int rc = fr_meta_tick(m->meta, m->now_wall, &tr);
+        if (rc == FERRY_EIO)
+            fr_master_note_fatal(m, rc);
+        else if (tr.revoked)
+            FR_INFO("master", "revoked %llu pending objects whose writer vanished", U(tr.revoked));
+    }
+    if (fr_master_barrier_next_deadline(m) <= m->now_mono)
+        fr_master_barrier_timeouts(m);
+    if (m->now_mono >= m->next_liveness) {
+        fr_master_liveness(m);
+        m->next_liveness = m->now_mono + FR_MASTER_TICK_MS;
+    }
+}
+
+static int loop_timeout(fr_master *m)
+{
+    uint64_t t = FR_MASTER_TICK_MS;
+    uint64_t d = fr_meta_next_deadline(m->meta);
+    if (d != UINT64_MAX)
+        t = d <= m->now_wall ? 0 : (d - m->now_wall < t ? d - m->now_wall : t);
+    d = fr_master_barrier_next_deadline(m);
+    if (d != UINT64_MAX)
+        t = d <= m->now_mono ? 0 : (d - m->now_mono < t ? d - m->now_mono : t);
+    return (int)t;
+}
+
+int fr_master_run(fr_master *m)
+{
+    if (m == NULL || m->mem)
+        return FERRY_EINVAL;
+    if (pthread_create(&m->acceptor, NULL, accept_main, m) != 0)
+        return FERRY_ENOMEM;
+    m->acceptor_started = true;
+    struct epoll_event evs[256];
+    bool stop = false;
+    clocks(m);
+    m->next_liveness = m->now_mono + FR_MASTER_TICK_MS;
+    while (!stop && m->fatal == 0) {
+        int n = epoll_wait(m->epfd, evs, 256, loop_timeout(m));
+        if (n < 0 && errno != EINTR) {
+            fr_master_note_fatal(m, FERRY_EIO);
+            break;
+        }
+        clocks(m);
+        for (int i = 0; i < n && m->fatal == 0; i++) {
+            void *p = evs[i].data.ptr;
+            if (p == &m->stop_pipe) {
+                stop = true;
+            } else if (p == &m->handoff_efd) {
+                take_handoffs(m);
+            } else {
+                fr_master_conn *c = p;
+                if (c->dead)
+                    continue;
+                if (evs[i].events & EPOLLIN)
+                    fr_master_conn_read(c);
+                else if (evs[i].events & (EPOLLHUP | EPOLLERR))
+                    c->dead = true;
+            }
+        }
+        timers(m);
+        finish_batch(m);
+    }
+    pthread_join(m->acceptor, NULL);
+    m->acceptor_started = false;
+    if (m->fatal == 0)
+        FR_INFO("master", "stopped");
+    return m->fatal;
+}
+
+int fr_master_feed(fr_master *m, uint16_t role, const uint8_t *data, size_t n)
+{
+    if (m == NULL || !m->mem || m->fatal)
+        return m && m->fatal ? m->fatal : FERRY_EINVAL;
+    clocks(m);
+    fr_master_conn *c = fr_master_conn_new(m, -1, role, "memory");
+    if (c == NULL)
+        return FERRY_ENOMEM;
+    int answered = 0;
+    size_t done = 0;
+    while (done < n && !c->dead && !c->closing) {   /* in pieces, as a socket would deliver */
+        size_t k = n - done < 4096 ? n - done : 4096;
+        uint8_t *p = fr_realloc(c->in.p, c->in.len + k);
+        if (p == NULL)
+            break;
+        c->in.p = p;
+        c->in.cap = c->in.len + k;
+        memcpy(p + c->in.len, data + done, k);
+        c->in.len += k;
+        done += k;
+        fr_master_conn_parse(c);
+    }
+    answered = c->frames > INT32_MAX ? INT32_MAX : (int)c->frames;
+    timers(m);
+    c->dead = true;
+    finish_batch(m);
+    return m->fatal ? m->fatal : answered;
+}

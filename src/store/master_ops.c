@@ -1,0 +1,408 @@
+/* The master's request dispatch: one decoded store request -> one meta call
+ * -> one reply queued on the connection (sent after the next commit). */
+#include <errno.h>
+#include <string.h>
+
+#include "store/master_int.h"
+
+#define U(x) ((unsigned long long)(x))
+
+#ifndef FERRY_ENOTCONN   /* an errno code, per the convention, until common.h names it */
+#define FERRY_ENOTCONN (-ENOTCONN)
+#endif
+
+/* A wire name as a C string in out (FR_KEY_MAX + 1 bytes). false: an error
+ * reply was queued. */
+static bool cname(fr_master_conn *c, uint64_t req_id, fr_sbytes s, char *out, const char *what)
+{
+    if (s.n > FR_KEY_MAX) {
+        fr_master_reply_err(c, req_id, FERRY_EINVAL, 0, "%s longer than %d bytes", what,
+                            FR_KEY_MAX);
+        return false;
+    }
+    if (s.n)
+        memcpy(out, s.p, s.n);
+    out[s.n] = 0;
+    return true;
+}
+
+static void reply_rev(fr_master_conn *c, uint64_t req_id, uint64_t rev)
+{
+    fr_smsg r = { .type = FR_SMSG_REVISION, .rev = rev };
+    fr_master_reply(c, req_id, &r);
+}
+
+/* ---- segments -------------------------------------------------------------- */
+
+static void op_mount(fr_master_conn *c, uint64_t id, const fr_smsg *q)
+{
+    fr_master *m = c->m;
+    if (c->role != FR_ROLE_STORE_NODE) {
+        fr_master_reply_err(c, id, FERRY_EACCES, 0, "MOUNT is only accepted from node connections");
+        return;
+    }
+    if (q->node == 0) {
+        fr_master_reply_err(c, id, FERRY_EINVAL, 0, "node id 0 is reserved");
+        return;
+    }
+    fr_seg_info si;
+    if (fr_meta_seg_info(m->meta, q->segment, &si) == 0) {
+        uint64_t g = q->granule ? q->granule : 64;
+        if (si.node != q->node || si.size > q->size || q->size - si.size >= g) {
+            fr_master_reply_err(c, id, FERRY_EEXIST, 0,
+                                "segment %llx is already mounted by node %llx (%llu bytes)",
+                                U(q->segment), U(si.node), U(si.size));
+            return;
+        }
+        FR_INFO("master", "node %llx re-attached segment %llx (%llu bytes)", U(q->node),
+                U(q->segment), U(si.size));
+    } else {
+        int rc = fr_meta_mount(m->meta, q->segment, q->node, q->size, q->granule);
+        if (rc < 0) {
+            fr_master_reply_meta_err(c, id, rc, 0);
+            return;
+        }
+        FR_INFO("master", "node %llx mounted segment %llx (%llu bytes)", U(q->node),
+                U(q->segment), U(q->size));
+    }
+    fr_master_seg *s = fr_umap_get(&m->segs, q->segment);
+    if (s == NULL) {
+        if ((s = fr_calloc(1, sizeof *s)) == NULL || fr_umap_put(&m->segs, q->segment, s) < 0) {
+            fr_free(s);
+            fr_master_reply_err(c, id, FERRY_ENOMEM, 0, "out of memory");
+            return;
+        }
+        s->id = q->segment;
+    }
+    s->node = q->node;
+    s->attached = true;
+    s->desc_len = (uint16_t)q->val.n;
+    memcpy(s->desc, q->val.p, q->val.n);
+    c->node = q->node;
+    fr_master_node_touch(m, q->node);
+    fr_master_reply_ok(c, id);
+}
+
+static void op_unmount(fr_master_conn *c, uint64_t id, const fr_smsg *q)
+{
+    fr_master *m = c->m;
+    uint64_t lost = 0;
+    int rc = fr_meta_unmount(m->meta, q->segment, m->now_wall, &lost);
+    if (rc < 0) {
+        fr_master_reply_meta_err(c, id, rc, 0);
+        return;
+    }
+    fr_free(fr_umap_del(&m->segs, q->segment));
+    FR_INFO("master", "segment %llx unmounted (%llu objects lost)", U(q->segment), U(lost));
+    fr_master_reply_ok(c, id);
+}
+
+static void op_segment(fr_master_conn *c, uint64_t id, const fr_smsg *q)
+{
+    fr_master *m = c->m;
+    fr_seg_info si;
+    if (fr_meta_seg_info(m->meta, q->segment, &si) < 0) {
+        fr_master_reply_err(c, id, FERRY_ENOENT, 0, "segment %llx is not mounted", U(q->segment));
+        return;
+    }
+    const fr_master_seg *s = fr_umap_get(&m->segs, q->segment);
+    if (s == NULL || !s->attached) {
+        fr_master_reply_err(c, id, FERRY_ENOTCONN, 0,
+                            "segment %llx of node %llx has not been re-attached by its node "
+                            "since the master restarted",
+                            U(q->segment), U(si.node));
+        return;
+    }
+    fr_smsg r = { .type = FR_SMSG_SEGMENT_DESC, .segment = si.id, .node = si.node, .size = si.size };
+    r.val.p = s->desc;
+    r.val.n = s->desc_len;
+    fr_master_reply(c, id, &r);
+}
+
+/* ---- objects ----------------------------------------------------------------- */
+
+static void reply_replicas(fr_master_conn *c, uint64_t id, uint16_t type, const fr_obj_desc *d)
+{
+    fr_smsg r = { .type = type, .size = d->size };
+    if (type == FR_SMSG_REPLICAS)
+        r.until = d->lease_until;
+    r.nrep = d->nrep;
+    for (uint32_t i = 0; i < d->nrep && i < FR_SMSG_REPLICAS_MAX; i++)
+        r.rep[i] = (fr_smsg_replica){ d->rep[i].segment, d->rep[i].node, d->rep[i].offset,
+                                      d->size, d->rep[i].preferred };
+    fr_master_reply(c, id, &r);
+}
+
+static void op_put_start(fr_master_conn *c, uint64_t id, const fr_smsg *q)
+{
+    fr_master *m = c->m;
+    uint64_t pref[FR_SMSG_PREFERRED_MAX];
+    uint32_t np = q->npreferred < FR_SMSG_PREFERRED_MAX ? q->npreferred : FR_SMSG_PREFERRED_MAX;
+    for (uint32_t i = 0; i < np; i++)
+        pref[i] = fr_smsg_preferred(q, i);
+    fr_replicate rc = { .replica_num = q->replica_num, .preferred = pref, .npreferred = np,
+                        .hard_pin = q->flag };
+    fr_obj_desc d;
+    int err = fr_meta_put_start(m->meta, m->k1, q->size, &rc, m->now_wall, &d);
+    if (err < 0)
+        fr_master_reply_meta_err(c, id, err, 0);
+    else
+        reply_replicas(c, id, FR_SMSG_PLACEMENT, &d);
+}
+
+static void op_get(fr_master_conn *c, uint64_t id, const fr_smsg *q)
+{
+    fr_master *m = c->m;
+    fr_obj_desc d;
+    int rc;
+    if (q->lease_ms > 0) {
+        rc = fr_meta_get(m->meta, m->k1, q->lease_ms, m->now_wall, &d);
+    } else if ((rc = fr_meta_describe(m->meta, m->k1, &d)) == 0) {
+        if (d.state == FR_OBJ_LOST)
+            rc = fr_meta_exist(m->meta, m->k1);   /* FERRY_ELOST with its sentence */
+        else if (d.state != FR_OBJ_COMPLETE) {
+            fr_master_reply_err(c, id, FERRY_ENOENT, 0,
+                                "object '%s' is still being written (no put_end yet)", m->k1);
+            return;
+        }
+        if (rc >= 0)
+            d.lease_until = 0;
+    } else {
+        fr_master_reply_err(c, id, FERRY_ENOENT, 0, "no object '%s'", m->k1);
+        return;
+    }
+    if (rc < 0)
+        fr_master_reply_meta_err(c, id, rc, 0);
+    else
+        reply_replicas(c, id, FR_SMSG_REPLICAS, &d);
+}
+
+static void op_list(fr_master_conn *c, uint64_t id, const fr_smsg *q)
+{
+    fr_master *m = c->m;
+    fr_keylist kl = { 0 };
+    int rc = fr_meta_list(m->meta, m->k1, m->k2[0] ? m->k2 : NULL, q->limit, &kl);
+    if (rc < 0) {
+        fr_master_reply_meta_err(c, id, rc, 0);
+        return;
+    }
+    if (kl.n > m->items_cap) {
+        fr_smsg_item *it = fr_reallocarray(m->items, kl.n, sizeof *it);
+        if (it == NULL) {
+            fr_free(kl.keys);
+            fr_master_reply_err(c, id, FERRY_ENOMEM, 0, "out of memory");
+            return;
+        }
+        m->items = it;
+        m->items_cap = kl.n;
+    }
+    size_t n = 0, bytes = 0;
+    bool more = kl.more;
+    for (; n < kl.n; n++) {
+        size_t len = strlen(kl.keys[n]);
+        if (bytes + len + 2 > FR_MASTER_FRAME_BYTES) {
+            more = true;
+            break;
+        }
+        bytes += len + 2;
+        m->items[n] = (fr_smsg_item){ .key = { (const uint8_t *)kl.keys[n], (uint32_t)len } };
+    }
+    fr_smsg r = { .type = FR_SMSG_KEYS, .flag = more, .nitems = (uint32_t)n, .items = m->items };
+    fr_master_reply(c, id, &r);
+    fr_free(kl.keys);
+}
+
+/* ---- KV and queues ------------------------------------------------------------ */
+
+static void op_kv(fr_master_conn *c, uint64_t id, const fr_smsg *q)
+{
+    fr_master *m = c->m;
+    uint64_t rev = 0;
+    int rc;
+    switch (q->type) {
+    case FR_SMSG_KV_GET: {
+        fr_kv_view v;
+        if ((rc = fr_meta_kv_get(m->meta, m->k1, &v)) < 0)
+            break;
+        fr_smsg r = { .type = FR_SMSG_KV_VALUE, .rev = v.mod_rev, .create_rev = v.create_rev,
+                      .version = v.version };
+        r.val.p = v.val;
+        r.val.n = (uint32_t)v.len;
+        fr_master_reply(c, id, &r);
+        return;
+    }
+    case FR_SMSG_KV_PUT:
+        rc = fr_meta_kv_put(m->meta, m->k1, q->val.p, q->val.n, &rev);
+        break;
+    case FR_SMSG_KV_CAS:
+        rc = fr_meta_kv_cas(m->meta, m->k1, q->rev, q->val.p, q->val.n, &rev);
+        break;
+    default:
+        rc = fr_meta_kv_delete(m->meta, m->k1, q->rev, &rev);
+        break;
+    }
+    if (rc < 0)
+        fr_master_reply_meta_err(c, id, rc, rc == FERRY_ESTATE ? rev : 0);
+    else
+        reply_rev(c, id, rev);
+}
+
+static void op_pop(fr_master_conn *c, uint64_t id, const fr_smsg *q)
+{
+    fr_master *m = c->m;
+    fr_qrec_view *v = fr_calloc(q->limit, sizeof *v);
+    fr_smsg_item *it = fr_calloc(q->limit, sizeof *it);
+    size_t n = 0;
+    int rc = v && it ? fr_meta_queue_pop(m->meta, m->k1, q->limit, q->lease_ms, m->now_wall, v, &n)
+                     : FERRY_ENOMEM;
+    if (rc < 0) {
+        if (rc == FERRY_ENOMEM && !(v && it))
+            fr_master_reply_err(c, id, rc, 0, "out of memory");
+        else
+            fr_master_reply_meta_err(c, id, rc, 0);
+        goto out;
+    }
+    /* One reply frame must hold them all: records past the budget go back
+     * to the queue (at its tail) rather than being dropped. */
+    size_t keep = 0, bytes = 0;
+    for (; keep < n && bytes + v[keep].len + 16 <= FR_MASTER_FRAME_BYTES; keep++) {
+        bytes += v[keep].len + 16;
+        it[keep] = (fr_smsg_item){ .val = { v[keep].data, (uint32_t)v[keep].len },
+                                   .id = v[keep].id, .deliveries = v[keep].deliveries };
+    }
+    fr_smsg r = { .type = FR_SMSG_RECORDS, .nitems = (uint32_t)keep, .items = it };
+    fr_master_reply(c, id, &r);
+    for (size_t i = keep; i < n; i++) {
+        rc = fr_meta_queue_nack(m->meta, v[i].id, v[i].deliveries);
+        if (rc == FERRY_EIO)
+            fr_master_note_fatal(m, rc);
+    }
+out:
+    fr_free(v);
+    fr_free(it);
+}
+
+static void op_queue(fr_master_conn *c, uint64_t id, const fr_smsg *q)
+{
+    fr_master *m = c->m;
+    int rc;
+    if (q->type == FR_SMSG_Q_PUSH) {
+        uint64_t rid = 0;
+        if ((rc = fr_meta_queue_push(m->meta, m->k1, q->val.p, q->val.n, &rid)) == 0) {
+            fr_smsg r = { .type = FR_SMSG_PUSHED, .id = rid };
+            fr_master_reply(c, id, &r);
+            return;
+        }
+    } else if (q->type == FR_SMSG_Q_ACK) {
+        rc = fr_meta_queue_ack(m->meta, q->id, q->deliveries);
+    } else {
+        rc = fr_meta_queue_nack(m->meta, q->id, q->deliveries);
+    }
+    if (rc < 0)
+        fr_master_reply_meta_err(c, id, rc, 0);
+    else
+        fr_master_reply_ok(c, id);
+}
+
+/* ---- the rest ---------------------------------------------------------------- */
+
+static void op_status(fr_master_conn *c, uint64_t id)
+{
+    char *text = NULL;
+    int rc = fr_master_status_json(c->m, &text);
+    if (rc < 0) {
+        fr_master_reply_err(c, id, rc, 0, "cannot build the status: %s", ferry_strerror(rc));
+        return;
+    }
+    fr_smsg r = { .type = FR_SMSG_STATUS_TEXT };
+    r.val.p = (const uint8_t *)text;
+    r.val.n = (uint32_t)strlen(text);
+    fr_master_reply(c, id, &r);
+    free(text);
+}
+
+/* Names each request carries: 1 = key in k1, 2 = key2 in k2 too. */
+static int names_of(uint16_t type)
+{
+    switch (type) {
+    case FR_SMSG_PUT_START: case FR_SMSG_PUT_END: case FR_SMSG_PUT_REVOKE:
+    case FR_SMSG_GET_REPLICAS: case FR_SMSG_REMOVE: case FR_SMSG_REMOVE_PREFIX:
+    case FR_SMSG_EXIST: case FR_SMSG_KV_GET: case FR_SMSG_KV_PUT: case FR_SMSG_KV_CAS:
+    case FR_SMSG_KV_DELETE: case FR_SMSG_WATCH: case FR_SMSG_Q_PUSH: case FR_SMSG_Q_POP:
+        return 1;
+    case FR_SMSG_LIST: case FR_SMSG_BARRIER:
+        return 2;
+    default:
+        return 0;
+    }
+}
+
+void fr_master_dispatch(fr_master_conn *c, const fr_frame_hdr *h, const fr_smsg *q)
+{
+    fr_master *m = c->m;
+    uint64_t id = h->req_id;
+    int names = names_of(q->type);
+    if (names >= 1 && !cname(c, id, q->key, m->k1, q->type == FR_SMSG_BARRIER ? "name" : "key"))
+        return;
+    if (names >= 2 && !cname(c, id, q->key2, m->k2, q->type == FR_SMSG_BARRIER ? "member" : "key"))
+        return;
+    int rc = 0;
+    switch (q->type) {
+    case FR_SMSG_MOUNT: op_mount(c, id, q); return;
+    case FR_SMSG_UNMOUNT: op_unmount(c, id, q); return;
+    case FR_SMSG_SEGMENT: op_segment(c, id, q); return;
+    case FR_SMSG_PUT_START: op_put_start(c, id, q); return;
+    case FR_SMSG_PUT_END: rc = fr_meta_put_end(m->meta, m->k1, m->now_wall); break;
+    case FR_SMSG_PUT_REVOKE: rc = fr_meta_put_revoke(m->meta, m->k1, m->now_wall); break;
+    case FR_SMSG_GET_REPLICAS: op_get(c, id, q); return;
+    case FR_SMSG_REMOVE: rc = fr_meta_remove(m->meta, m->k1, m->now_wall); break;
+    case FR_SMSG_REMOVE_PREFIX: {
+        fr_remove_counts rm = { 0 };
+        if ((rc = fr_meta_remove_prefix(m->meta, m->k1, m->now_wall, &rm)) < 0)
+            break;
+        fr_smsg r = { .type = FR_SMSG_REMOVED, .count = rm.removed,
+                      .skipped_leased = rm.skipped_leased, .skipped_pending = rm.skipped_pending };
+        fr_master_reply(c, id, &r);
+        return;
+    }
+    case FR_SMSG_EXIST: {
+        if ((rc = fr_meta_exist(m->meta, m->k1)) < 0)
+            break;
+        fr_smsg r = { .type = FR_SMSG_EXISTS, .flag = rc == 1 };
+        fr_master_reply(c, id, &r);
+        return;
+    }
+    case FR_SMSG_LIST: op_list(c, id, q); return;
+    case FR_SMSG_KV_GET: case FR_SMSG_KV_PUT: case FR_SMSG_KV_CAS: case FR_SMSG_KV_DELETE:
+        op_kv(c, id, q);
+        return;
+    case FR_SMSG_WATCH: fr_master_watch_start(c, id, m->k1, q->rev); return;
+    case FR_SMSG_UNWATCH:
+        if (fr_master_watch_stop(c, q->id) < 0)
+            fr_master_reply_err(c, id, FERRY_ENOENT, 0, "no watch with id %llu on this connection",
+                                U(q->id));
+        else
+            fr_master_reply_ok(c, id);
+        return;
+    case FR_SMSG_BARRIER:
+        fr_master_barrier(c, id, m->k1, m->k2, q->members, q->timeout_ms);
+        return;
+    case FR_SMSG_Q_PUSH: case FR_SMSG_Q_ACK: case FR_SMSG_Q_NACK: op_queue(c, id, q); return;
+    case FR_SMSG_Q_POP: op_pop(c, id, q); return;
+    case FR_SMSG_HEARTBEAT:
+        if (c->role == FR_ROLE_STORE_NODE && q->node != 0) {
+            c->node = q->node;
+            fr_master_node_touch(m, q->node);
+        }
+        break;
+    case FR_SMSG_STATUS: op_status(c, id); return;
+    default:
+        fr_master_reply_err(c, id, FERRY_EPROTO, 0, "unknown request type %u", q->type);
+        c->closing = true;
+        return;
+    }
+    if (rc < 0)
+        fr_master_reply_meta_err(c, id, rc, 0);
+    else
+        fr_master_reply_ok(c, id);
+}

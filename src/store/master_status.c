@@ -1,0 +1,93 @@
+/* The master's STATUS document (master_int.h). */
+#include <string.h>
+
+#include "store/master_int.h"
+
+static int add_segments(fr_master *m, json_t *arr)
+{
+    size_t n = fr_meta_segments(m->meta, NULL, 0);
+    uint64_t *ids = fr_calloc(n ? n : 1, sizeof *ids);
+    if (ids == NULL)
+        return FERRY_ENOMEM;
+    n = fr_meta_segments(m->meta, ids, n);
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        fr_seg_info si;
+        if (fr_meta_seg_info(m->meta, ids[i], &si) < 0)
+            continue;
+        const fr_master_seg *s = fr_umap_get(&m->segs, ids[i]);
+        json_t *o = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:b}", "id", (json_int_t)si.id,
+                              "node", (json_int_t)si.node, "size", (json_int_t)si.size,
+                              "used", (json_int_t)si.used, "objects", (json_int_t)si.objects,
+                              "largest_free", (json_int_t)si.largest_free, "attached",
+                              s != NULL && s->attached);
+        if (o == NULL || json_array_append_new(arr, o) < 0)
+            rc = FERRY_ENOMEM;
+    }
+    fr_free(ids);
+    return rc;
+}
+
+static int add_nodes(fr_master *m, json_t *arr)
+{
+    size_t pos = 0;
+    const fr_master_node *nd;
+    while ((nd = fr_umap_next(&m->nodes, &pos)) != NULL) {
+        size_t conns = 0;
+        for (fr_dnode *n = m->conns.next; n != &m->conns; n = n->next)
+            conns += fr_container_of(n, fr_master_conn, link)->node == nd->id;
+        json_t *o = json_pack("{s:I, s:I, s:I}", "id", (json_int_t)nd->id, "heard_ms_ago",
+                              (json_int_t)(m->now_mono - nd->last_heard), "connections",
+                              (json_int_t)conns);
+        if (o == NULL || json_array_append_new(arr, o) < 0)
+            return FERRY_ENOMEM;
+    }
+    return 0;
+}
+
+int fr_master_status_json(fr_master *m, char **out)
+{
+    *out = NULL;
+    fr_keylist kl = { 0 };
+    size_t objects = 0;
+    if (fr_meta_list(m->meta, "", NULL, SIZE_MAX, &kl) == 0) {
+        objects = kl.n;
+        fr_free(kl.keys);
+    }
+    size_t clients = 0;
+    for (fr_dnode *n = m->conns.next; n != &m->conns; n = n->next)
+        clients += fr_container_of(n, fr_master_conn, link)->role == FR_ROLE_STORE_CLIENT;
+    fr_wal_stats ws = { 0 };
+    if (m->wal)
+        fr_wal_stats_get(m->wal, &ws);
+    char inst[24];
+    snprintf(inst, sizeof inst, "%016llx", (unsigned long long)m->instance);
+    json_t *segs = json_array(), *nodes = json_array();
+    json_t *j = json_pack("{s:s, s:s, s:s, s:o, s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:{s:I, s:I, s:I}}",
+                          "address", m->address, "instance", inst, "dir", m->cfg.dir,
+                          "segments", segs, "nodes", nodes,
+                          "clients", (json_int_t)clients, "connections", (json_int_t)m->nconns,
+                          "objects", (json_int_t)objects,
+                          "kv_revision", (json_int_t)fr_meta_kv_revision(m->meta),
+                          "records", (json_int_t)fr_meta_records(m->meta),
+                          "heartbeat_timeout_ms", (json_int_t)m->cfg.heartbeat_timeout_ms,
+                          "wal", "appends", (json_int_t)ws.appends, "fsyncs", (json_int_t)ws.fsyncs,
+                          "snapshots", (json_int_t)ws.snapshots);
+    if (j == NULL)
+        return FERRY_ENOMEM;
+    int rc = add_segments(m, segs);
+    if (rc == 0)
+        rc = add_nodes(m, nodes);
+    if (rc == 0) {
+        *out = json_dumps(j, JSON_COMPACT);
+        if (*out == NULL)
+            rc = FERRY_ENOMEM;
+        else if (strlen(*out) > FR_SMSG_VALUE_MAX) {
+            free(*out);
+            *out = NULL;
+            rc = FERRY_EMSGSIZE;
+        }
+    }
+    json_decref(j);
+    return rc;
+}
