@@ -65,8 +65,8 @@ int fr_master_open_mem(const char *dir, fr_master **out);
  * frame is parsed and dispatched exactly as on a socket, the log is
  * committed, watch pushes are generated, all output is discarded, then the
  * connection is closed (parked barrier arrivals withdrawn). Returns the
- * number of requests answered, or FERRY_EIO if the master hit a fatal
- * error. */
+ * number of frames taken from the stream, or the fatal error (FERRY_EIO)
+ * that stopped the master. */
 int fr_master_feed(fr_master *m, uint16_t role, const uint8_t *data, size_t n);
 
 #endif
