@@ -399,7 +399,9 @@ static void finish_batch(fr_master *m)
         n = n->next;
         if (!c->dead && fr_master_conn_pending_out(c) > 0)
             fr_master_conn_flush(c);
-        if (c->closing && fr_master_conn_pending_out(c) == 0)
+        if (c->closing && !c->shut && !c->dead && fr_master_conn_pending_out(c) == 0)
+            fr_master_conn_shut(c);
+        if (c->shut && m->now_mono >= c->linger_until)
             c->dead = true;
         if (c->dead)
             fr_master_conn_free(c);

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "store/master_int.h"
@@ -223,9 +224,39 @@ void fr_master_conn_parse(fr_master_conn *c)
         b->off = b->len = 0;
 }
 
+/* A shut connection: read and drop until EOF. */
+static void conn_discard(fr_master_conn *c)
+{
+    uint8_t sink[16384];
+    for (;;) {
+        ssize_t n = read(c->fd, sink, sizeof sink);
+        if (n > 0)
+            continue;
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK))
+            c->dead = true;
+        return;
+    }
+}
+
+void fr_master_conn_shut(fr_master_conn *c)
+{
+    if (c->fd < 0 || shutdown(c->fd, SHUT_WR) < 0) {
+        c->dead = true;
+        return;
+    }
+    c->shut = true;
+    c->linger_until = c->m->now_mono + FR_MASTER_LINGER_MS;
+}
+
 void fr_master_conn_read(fr_master_conn *c)
 {
     size_t got = 0;
+    if (c->shut) {
+        conn_discard(c);
+        return;
+    }
     while (!c->dead && !c->closing && got < FR_MASTER_READ_BURST) {
         if (buf_reserve(&c->in, 64 * 1024) < 0) {
             conn_drop(c, "out of memory for input");
@@ -283,7 +314,7 @@ void fr_master_conn_interest(fr_master_conn *c)
 {
     if (c->fd < 0 || c->dead)
         return;
-    bool rd = !c->closing && fr_master_conn_pending_out(c) < FR_MASTER_OUT_HIGH;
+    bool rd = (!c->closing || c->shut) && fr_master_conn_pending_out(c) < FR_MASTER_OUT_HIGH;
     bool wr = fr_master_conn_pending_out(c) > 0;
     if (rd == c->reading && wr == c->writing)
         return;

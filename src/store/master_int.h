@@ -13,6 +13,7 @@
 #define FR_MASTER_READ_BURST (4u << 20)  /* bytes read from one connection per iteration */
 #define FR_MASTER_TICK_MS 100            /* granularity of liveness checks */
 #define FR_MASTER_HANDSHAKE_MS 5000
+#define FR_MASTER_LINGER_MS 1000        /* a closing connection's time to read our last reply */
 #define FR_MASTER_HANDSHAKES_MAX 1024    /* handshakes in flight */
 #define FR_MASTER_EVENTS_FRAME 4096      /* events in one EVENTS frame */
 #define FR_MASTER_FRAME_BYTES (48u << 20) /* budget of one list reply (the wire allows 64 MiB) */
@@ -31,6 +32,8 @@ typedef struct fr_master_conn {
     uint64_t last_seen;          /* monotonic ms of the last frame */
     uint64_t frames;             /* frames received */
     bool closing;                /* flush what is queued, then close */
+    bool shut;                   /* closing, output sent and FIN sent: input is discarded */
+    uint64_t linger_until;       /* monotonic ms: close a shut connection by then */
     bool dead;                   /* close now */
     bool reading;                /* EPOLLIN registered */
     bool writing;                /* EPOLLOUT registered */
@@ -136,6 +139,10 @@ void fr_master_conn_read(fr_master_conn *c);
 void fr_master_conn_parse(fr_master_conn *c);
 /* Write queued output; false when the connection broke. */
 bool fr_master_conn_flush(fr_master_conn *c);
+/* A closing connection whose output is sent: FIN, then discard its input
+ * until EOF or the linger deadline (so the kernel does not reset it with
+ * our last reply unread). */
+void fr_master_conn_shut(fr_master_conn *c);
 /* Update epoll interest after a flush or a change of state. */
 void fr_master_conn_interest(fr_master_conn *c);
 /* Queue one reply frame. Replaces an unencodable reply by an ERROR. */

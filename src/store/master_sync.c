@@ -113,7 +113,7 @@ void fr_master_watch_push_all(fr_master *m)
     while (n != &m->watches) {
         fr_master_watch *w = fr_container_of(n, fr_master_watch, mlink);
         n = n->next;
-        if (w->next_rev > rev || w->c->dead)
+        if (w->next_rev > rev || w->c->dead || w->c->closing)
             continue;
         int rc = watch_emit(w, false);
         if (rc < 0) {   /* compacted past this watcher: it must resync */
@@ -259,7 +259,7 @@ void fr_master_liveness(fr_master *m)
     uint64_t to = m->cfg.heartbeat_timeout_ms;
     for (fr_dnode *n = m->conns.next; n != &m->conns; n = n->next) {
         fr_master_conn *c = fr_container_of(n, fr_master_conn, link);
-        if (!c->dead && m->now_mono - c->last_seen > to) {
+        if (!c->dead && !c->shut && m->now_mono - c->last_seen > to) {
             FR_WARN("master", "closing connection %s (#%llu): silent for %llu ms", c->peer,
                     U(c->serial), U(m->now_mono - c->last_seen));
             c->dead = true;

@@ -1,8 +1,8 @@
 /* libFuzzer target over the master's request path: the input is the byte
  * stream one connection sent after its handshake, fed through the master's
  * per-connection frame parser and dispatcher (fr_master_feed) into a real
- * metadata core and log (a temp directory, no fsync, created once per
- * process). The first input byte picks the mode, the rest is the stream:
+ * metadata core and log (a temp directory, no fsync). The first input
+ * byte picks the mode, the rest is the stream:
  *
  *   bit 0  the connection's role: 0 client, 1 node (may MOUNT)
  *   bit 1  the harness writes the magic, version and a correct check into
@@ -12,6 +12,7 @@
  *
  * The master must never crash, leak or hit a fatal error: only the log's
  * I/O may make it give up, and the log is a local temp directory. */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,8 +26,14 @@
 
 #define FR_FUZZ_CHECK(cond) do { if (!(cond)) abort(); } while (0)
 
+/* The state carries over between inputs (that is how later requests meet
+ * earlier objects), and is started afresh every RESET_EVERY inputs so it
+ * cannot grow without bound. */
+#define RESET_EVERY 4096
+
 static fr_master *g_master;
 static char g_dir[64];
+static unsigned g_inputs;
 
 static void cleanup(void)
 {
@@ -36,15 +43,21 @@ static void cleanup(void)
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
     if (g_dir[0] && system(cmd) != 0)
         fprintf(stderr, "fuzz_master: cannot remove %s\n", g_dir);
+    g_dir[0] = 0;
 }
 
-static void init(void)
+static void start(void)
 {
-    ferry_log_set_level(FERRY_LOG_OFF);
+    static bool once;
+    if (!once) {
+        ferry_log_set_level(FERRY_LOG_OFF);
+        atexit(cleanup);
+        once = true;
+    }
+    cleanup();
     snprintf(g_dir, sizeof g_dir, "/tmp/ferry-fuzz-master-XXXXXX");
     FR_FUZZ_CHECK(mkdtemp(g_dir) != NULL);
     FR_FUZZ_CHECK(fr_master_open_mem(g_dir, &g_master) == 0);
-    atexit(cleanup);
 }
 
 static void put_le(uint8_t *p, uint64_t v, size_t k)
@@ -74,8 +87,8 @@ static void fix_frames(uint8_t *b, size_t n)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    if (g_master == NULL)
-        init();
+    if (g_master == NULL || ++g_inputs % RESET_EVERY == 0)
+        start();
     if (size < 1)
         return 0;
     uint8_t mode = data[0];

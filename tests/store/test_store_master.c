@@ -468,6 +468,25 @@ static void test_kv_watch(void **state)
     m = keymsg(FR_SMSG_KV_GET, "cfg/none");
     expect_error(&a, &m, FERRY_ENOENT);
 
+    /* Pipelined requests are answered in order. */
+    uint64_t sent[100];
+    for (int i = 0; i < 100; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "pipe/%d", i);
+        m = keymsg(i % 2 ? FR_SMSG_KV_GET : FR_SMSG_KV_PUT, key);
+        if (i % 2)
+            snprintf(key, sizeof key, "pipe/%d", i - 1);
+        m.key = S(key);
+        m.val = S("v");
+        sent[i] = tc_send(&a, &m);
+    }
+    for (int i = 0; i < 100; i++) {
+        uint64_t id;
+        assert_int_equal(tc_recv(&a, &id, &r), 0);
+        assert_int_equal(id, sent[i]);
+        assert_int_equal(r.type, i % 2 ? FR_SMSG_KV_VALUE : FR_SMSG_REVISION);
+    }
+
     /* b watches w/ from now on; a's put is pushed to b. */
     m = keymsg(FR_SMSG_WATCH, "w/");
     uint64_t wid = tc_send(&b, &m), got;
@@ -706,6 +725,12 @@ static void test_bad_input(void **state)
     fr_smsg okm = { .type = FR_SMSG_OK };
     int n = fr_smsg_encode(&okm, 5, f, sizeof f);
     raw_dropped(f, (size_t)n, true);          /* a reply sent as a request */
+    uint8_t *more = malloc((size_t)n + 65536);
+    assert_non_null(more);
+    memcpy(more, f, (size_t)n);
+    memset(more + n, 0xa5, 65536);            /* ... with more bytes behind it */
+    raw_dropped(more, (size_t)n + 65536, true);
+    free(more);
     fr_wire_hdr_encode(f, FR_SMSG_PUT_END, 6, 1);
     f[FR_WIRE_HDR_LEN] = 0;
     raw_dropped(f, FR_WIRE_HDR_LEN + 1, true);   /* malformed body */
