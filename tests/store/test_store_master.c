@@ -3,6 +3,7 @@
  * watch, barriers, queues, refused and malformed input, node liveness and
  * restart from the same directory. */
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <setjmp.h>
@@ -37,6 +38,7 @@ typedef struct mproc {
     char dir[64];
     char addr_file[96];
     char addr[64];
+    int exit_code;       /* when m_start failed because the child exited */
 } mproc;
 
 static mproc g_m;   /* the test's master (teardown kills it) */
@@ -53,8 +55,11 @@ static void nap(void)   /* the step of a deadline poll */
     poll(NULL, 0, 10);
 }
 
-/* Start `ferry master` on listen (NULL: any port) with extra args; 0 or -1. */
-static int m_start(mproc *p, const char *listen, const char *hb_ms)
+/* Start `ferry master` on listen (NULL: any port) with a heartbeat timeout
+ * (NULL: the default) and extra args (NULL-terminated, may be NULL); its
+ * stderr goes to DIR/stderr when capture is set. 0 or -1. */
+static int m_start_ex(mproc *p, const char *listen, const char *hb_ms, const char *const *extra,
+                      bool capture)
 {
     const char *bin = getenv("FERRY_BIN");
     if (bin == NULL)
@@ -76,7 +81,11 @@ static int m_start(mproc *p, const char *listen, const char *hb_ms)
         argv[n++] = "--heartbeat-timeout";
         argv[n++] = hb_ms;
     }
+    for (int i = 0; extra && extra[i] && n < 15; i++)
+        argv[n++] = extra[i];
     argv[n] = NULL;
+    char err_path[128];
+    snprintf(err_path, sizeof err_path, "%s/stderr", p->dir);
     pid_t pid = fork();
     if (pid < 0)
         return -1;
@@ -85,6 +94,9 @@ static int m_start(mproc *p, const char *listen, const char *hb_ms)
         int dn = open("/dev/null", O_WRONLY);
         if (dn >= 0)
             dup2(dn, 1);
+        int ef = capture ? open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644) : -1;
+        if (ef >= 0)
+            dup2(ef, 2);
         setenv("FERRY_TOKEN", TOKEN, 1);
         execv(bin, (char *const *)argv);
         _exit(127);
@@ -101,13 +113,36 @@ static int m_start(mproc *p, const char *listen, const char *hb_ms)
                 return 0;
             }
         }
-        if (waitpid(pid, NULL, WNOHANG) == pid) {
+        int st;
+        if (waitpid(pid, &st, WNOHANG) == pid) {
             p->pid = 0;
+            p->exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
             return -1;
         }
         nap();
     }
     return -1;
+}
+
+static int m_start(mproc *p, const char *listen, const char *hb_ms)
+{
+    return m_start_ex(p, listen, hb_ms, NULL, false);
+}
+
+/* Whether DIR/stderr mentions text. */
+static bool stderr_has(const mproc *p, const char *text)
+{
+    char path[128], buf[8192];
+    snprintf(path, sizeof path, "%s/stderr", p->dir);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return false;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    if (strstr(buf, text) == NULL)
+        fprintf(stderr, "stderr of the master: %s\n", buf);
+    return strstr(buf, text) != NULL;
 }
 
 static void m_kill(mproc *p, int sig)
@@ -779,7 +814,8 @@ static void test_node_dead(void **state)
 static void test_restart(void **state)
 {
     (void)state;
-    assert_int_equal(m_start(&g_m, NULL, NULL), 0);
+    const char *ckpt[] = { "--checkpoint-records", "3", NULL };   /* snapshots and logs both */
+    assert_int_equal(m_start_ex(&g_m, NULL, NULL, ckpt, false), 0);
     char addr[64];
     snprintf(addr, sizeof addr, "%s", g_m.addr);
     tc node, cl;
@@ -802,7 +838,7 @@ static void test_restart(void **state)
     tc_close(&cl);
 
     m_kill(&g_m, SIGKILL);
-    assert_int_equal(m_start(&g_m, addr, NULL), 0);
+    assert_int_equal(m_start_ex(&g_m, addr, NULL, ckpt, false), 0);
     assert_string_equal(g_m.addr, addr);
     tc_open(&cl, g_m.addr, FR_ROLE_STORE_CLIENT);
     int st = 0;
@@ -846,8 +882,78 @@ static void test_restart(void **state)
     mproc second = { 0 };
     snprintf(second.dir, sizeof second.dir, "%s", g_m.dir);
     snprintf(second.addr_file, sizeof second.addr_file, "%s/addr2", g_m.dir);
-    assert_int_equal(m_start(&second, NULL, NULL), -1);
+    assert_int_equal(m_start_ex(&second, NULL, NULL, NULL, true), -1);
+    assert_int_equal(second.exit_code, 1);
+    assert_true(stderr_has(&second, "in use by another master"));
+    /* ... and so is its address. */
+    snprintf(second.dir, sizeof second.dir, "/tmp/ferry-master-XXXXXX");
+    assert_non_null(mkdtemp(second.dir));
+    snprintf(second.addr_file, sizeof second.addr_file, "%s/addr", second.dir);
+    assert_int_equal(m_start_ex(&second, addr, NULL, NULL, true), -1);
+    bool in_use = stderr_has(&second, "already in use");
+    m_cleanup(&second);
+    assert_true(in_use);
     assert_int_equal(m_stop(&g_m), 0);
+}
+
+/* After a restart, a node that never re-attaches is declared dead once its
+ * grace period (the heartbeat timeout) ends. */
+static void test_restart_grace(void **state)
+{
+    (void)state;
+    assert_int_equal(m_start(&g_m, NULL, "300"), 0);
+    tc node, cl;
+    tc_open(&node, g_m.addr, FR_ROLE_STORE_NODE);
+    tc_open(&cl, g_m.addr, FR_ROLE_STORE_CLIENT);
+    mount(&node, 41, 3, 1 << 20);
+    put(&cl, "o", 10);
+    tc_close(&node);
+    tc_close(&cl);
+    m_kill(&g_m, SIGKILL);
+    assert_int_equal(m_start(&g_m, NULL, "300"), 0);
+    tc_open(&cl, g_m.addr, FR_ROLE_STORE_CLIENT);
+    int st = 0, e = 1;
+    uint64_t deadline = now_ms() + 10000;
+    while (now_ms() < deadline && (e = exist(&cl, "o", &st)) == 1)
+        nap();
+    assert_int_equal(e, -1);
+    assert_int_equal(st, FERRY_ELOST);
+    tc_close(&cl);
+    assert_int_equal(m_stop(&g_m), 0);
+}
+
+/* The command line: --help, no token, a corrupt log. */
+static void test_cli(void **state)
+{
+    (void)state;
+    char cmd[512];
+    const char *bin = getenv("FERRY_BIN");
+    snprintf(cmd, sizeof cmd, "'%s' master --help >/dev/null", bin);
+    assert_int_equal(system(cmd), 0);
+    snprintf(cmd, sizeof cmd,
+             "env -u FERRY_TOKEN -u FERRY_TOKEN_FILE '%s' master --dir /tmp/x 2>/dev/null", bin);
+    int st = system(cmd);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 2);
+
+    /* A log damaged in the middle (a valid frame after a broken one). */
+    assert_int_equal(m_start(&g_m, NULL, NULL), 0);
+    tc cl;
+    tc_open(&cl, g_m.addr, FR_ROLE_STORE_CLIENT);
+    for (int i = 0; i < 3; i++) {
+        fr_smsg m = keymsg(FR_SMSG_KV_PUT, "k"), r;
+        m.val = S("value");
+        assert_int_equal(tc_call(&cl, &m, &r), FR_SMSG_REVISION);
+    }
+    tc_close(&cl);
+    assert_int_equal(m_stop(&g_m), 0);
+    snprintf(cmd, sizeof cmd,
+             "f=$(ls '%s'/state/wal-*.flog | head -n1) && "
+             "printf 'XXXX' | dd of=\"$f\" bs=1 seek=60 conv=notrunc 2>/dev/null",
+             g_m.dir);
+    assert_int_equal(system(cmd), 0);
+    assert_int_equal(m_start_ex(&g_m, NULL, NULL, NULL, true), -1);
+    assert_int_equal(g_m.exit_code, 1);
+    assert_true(stderr_has(&g_m, "corrupt"));
 }
 
 int main(void)
@@ -865,6 +971,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_bad_input, setup, teardown),
         cmocka_unit_test_setup_teardown(test_node_dead, setup, teardown),
         cmocka_unit_test_setup_teardown(test_restart, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_restart_grace, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cli, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
