@@ -3,6 +3,7 @@
 #define FERRY_FERRY_H
 #include "ferry/common.h"
 #include "ferry/engine.h"
+#include "ferry/store.h"
 #include "ferry/reshard.h"
 #include "ferry/exec.h"
 #endif

@@ -44,6 +44,13 @@ int cmd_bench(int argc, char **argv, const char *self);
 int cmd_demo(int argc, char **argv, const char *self);
 /* master.c: `ferry master` */
 int cmd_master(int argc, char **argv);
+/* node.c: `ferry node`; up.c: `ferry up`, `ferry down`, `ferry status` */
+int cmd_node(int argc, char **argv);
+int cmd_up(int argc, char **argv);
+int cmd_down(int argc, char **argv);
+int cmd_status(int argc, char **argv);
+/* Write text to path through a temporary file and a rename: 0 or -1. */
+int cli_write_file_atomic(const char *path, const char *text);
 /* plan.c: `ferry plan` and `ferry bench plan` */
 int cmd_plan(int argc, char **argv);
 int cmd_bench_plan(int argc, char **argv);

@@ -23,6 +23,12 @@ static void usage(FILE *f)
             "                                (LAYOUT: fsdp:256, tp:8,dp:16, ep:32,tp:8, pp:4,tp:8; plan --models)\n"
             "  master --dir DIR [--listen HOST:PORT] [--addr-file F] ...\n"
             "                                the store's metadata server (master --help)\n"
+            "  node --master HOST:PORT [--size SIZE] [--listen HOST:PORT]\n"
+            "                                this machine's segment of store memory (node --help)\n"
+            "  up [--dir DIR] [--size SIZE] [--detach]\n"
+            "                                a master and a node on this machine; prints the export line\n"
+            "  down [--dir DIR]              stop a cluster started with up --detach\n"
+            "  status [--dir DIR] [--json]   segments, objects, clients of the running master\n"
             "  token                         print a new random cluster token\n"
             "  version                       print the version\n"
             "\n"
@@ -46,6 +52,14 @@ int main(int argc, char **argv)
         return cmd_plan(argc - 1, argv + 1);
     if (!strcmp(cmd, "master"))
         return cmd_master(argc - 1, argv + 1);
+    if (!strcmp(cmd, "node"))
+        return cmd_node(argc - 1, argv + 1);
+    if (!strcmp(cmd, "up"))
+        return cmd_up(argc - 1, argv + 1);
+    if (!strcmp(cmd, "down"))
+        return cmd_down(argc - 1, argv + 1);
+    if (!strcmp(cmd, "status"))
+        return cmd_status(argc - 1, argv + 1);
     if (!strcmp(cmd, "demo"))
         return cmd_demo(argc - 1, argv + 1, argv[0]);
     if (!strcmp(cmd, "token")) {

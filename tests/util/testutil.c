@@ -271,13 +271,19 @@ int ft_read_line(ft_peer *p, char *out, size_t cap, int timeout_ms)
 
 int ft_spawn(ft_peer *p, const char *netns, const char *const *args)
 {
-    memset(p, 0, sizeof *p);
-    p->pid = -1;
     char self[4096];
     ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
     if (sl <= 0)
         return -1;
     self[sl] = 0;
+    return ft_spawn_exe(p, netns, self, args);
+}
+
+int ft_spawn_exe(ft_peer *p, const char *netns, const char *exe, const char *const *args)
+{
+    memset(p, 0, sizeof *p);
+    p->pid = -1;
+    const char *self = exe;
     const char *argv[40];
     int n = 0;
     if (netns) {

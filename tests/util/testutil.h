@@ -52,6 +52,8 @@ int ft_peer_start(ft_peer *p, const ft_peer_opts *o);
 /* Run this test binary with args (NULL-terminated) as a child, optionally
  * inside a network namespace, its stdin/stdout on pipes (no READY wait). */
 int ft_spawn(ft_peer *p, const char *netns, const char *const *args);
+/* The same with another executable. */
+int ft_spawn_exe(ft_peer *p, const char *netns, const char *exe, const char *const *args);
 /* Read one line of the child's output within timeout_ms. 0 or -1. */
 int ft_read_line(ft_peer *p, char *out, size_t cap, int timeout_ms);
 /* Send one command line and wait for its reply line (without "\n").

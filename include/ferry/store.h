@@ -1,0 +1,265 @@
+/* ferry store client: objects in node memory, placed by the master; a KV
+ * space with revisions, compare-and-swap, watch and barriers; leased queues.
+ *
+ * Contract (see docs/store.md):
+ *  - put_start → the client writes the bytes straight into the nodes'
+ *    segments through the transfer engine → put_end makes the object
+ *    visible. A reader never sees a partial object: a failed put is revoked.
+ *  - A read leases the object (config lease_ms): it cannot be removed or
+ *    evicted until the lease ends.
+ *  - Every call is synchronous and thread-safe. The connection to the master
+ *    reconnects by itself; a call that was in flight when the connection was
+ *    lost fails with FERRY_ECONNRESET (its outcome is unknown), later calls
+ *    wait for the master to come back (up to the call timeout).
+ *  - Errors are negative FERRY_E* codes; ferry_store_last_error() gives the
+ *    calling thread's last error as a sentence (often the master's own). */
+#ifndef FERRY_STORE_H
+#define FERRY_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ferry/common.h"
+#include "ferry/engine.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ferry_store ferry_store;
+
+#define FERRY_STORE_KEY_MAX 1024      /* bytes of a key or name */
+#define FERRY_STORE_REPLICAS_MAX 8
+#define FERRY_STORE_VALUE_MAX (16u << 20)  /* a KV value or a queue record */
+
+typedef struct ferry_store_config {
+    /* Master address "HOST:PORT". Default: FERRY_MASTER. */
+    char master[128];
+    /* The client's own engine (token, transport, listen address). The
+     * master connection authenticates with the same token. */
+    ferry_engine_config engine;
+    int timeout_ms;          /* per call, including waiting for a reconnect (default 10000) */
+    uint64_t lease_ms;       /* lease taken by reads (default 5000) */
+    uint32_t heartbeat_ms;   /* heartbeat period to the master (default 1000) */
+} ferry_store_config;
+
+/* Defaults and the FERRY_* environment. FERRY_EINVAL for a malformed value. */
+int ferry_store_config_init(ferry_store_config *cfg);
+/* Connect to the master (authenticating with the token) and open the
+ * client's engine. FERRY_EAUTH for a token the master refuses,
+ * FERRY_ECONNREFUSED/FERRY_ETIMEDOUT when no master answers. */
+int ferry_store_open(const ferry_store_config *cfg, ferry_store **out);
+/* Close the connection and the engine; buffers stay the caller's. NULL ok. */
+void ferry_store_close(ferry_store *s);
+/* The client's engine (to register memory, or to use directly). */
+ferry_engine *ferry_store_engine(ferry_store *s);
+/* The calling thread's last error text ("" if none). */
+const char *ferry_store_last_error(void);
+
+/* ---- registered buffers -------------------------------------------------- */
+/* Register [buf, buf+len) for put_from/get_into without a copy. Buffers that
+ * were not registered are registered for the duration of each call (a
+ * little slower, still no copy). FERRY_EEXIST if it overlaps one already
+ * registered. Unregister: FERRY_ENOENT if buf does not start one. */
+int ferry_store_register_buffer(ferry_store *s, void *buf, size_t len);
+int ferry_store_unregister_buffer(ferry_store *s, void *buf);
+
+/* ---- objects --------------------------------------------------------------- */
+typedef struct ferry_replicate_config {
+    uint32_t replica_num;               /* 0 means 1; at most FERRY_STORE_REPLICAS_MAX */
+    const uint64_t *preferred_segments; /* tried first, in order; a preference only */
+    uint32_t npreferred;
+    bool hard_pin;                      /* never evicted */
+} ferry_replicate_config;
+
+typedef struct ferry_replica_info {
+    uint64_t segment, node, offset;
+    bool preferred;                     /* landed on a segment the caller preferred */
+} ferry_replica_info;
+
+typedef struct ferry_object_desc {
+    uint64_t size;
+    uint32_t nreplicas;
+    ferry_replica_info replicas[FERRY_STORE_REPLICAS_MAX];
+} ferry_object_desc;
+
+/* Store len bytes under key (rc may be NULL: one replica, soft). Any memory
+ * (put_from: the same, documented for registered buffers). placed (may be
+ * NULL) reports where each replica landed. FERRY_EEXIST, FERRY_ENOSPC (with
+ * sizes in the error text), FERRY_EINVAL. A failed transfer revokes the
+ * object: nothing partial is ever visible. */
+int ferry_store_put(ferry_store *s, const char *key, const void *buf, size_t len,
+                    const ferry_replicate_config *rc, ferry_object_desc *placed);
+int ferry_store_put_from(ferry_store *s, const char *key, const void *buf, size_t len,
+                         const ferry_replicate_config *rc, ferry_object_desc *placed);
+/* Many puts: one master round trip to place them all, one engine batch for
+ * the bytes, one round trip to complete them. results[i]: 0 or an error. */
+int ferry_store_batch_put_from(ferry_store *s, const char *const *keys, const void *const *bufs,
+                               const size_t *lens, size_t n, const ferry_replicate_config *rc,
+                               int *results);
+
+/* Read a whole object into a new buffer (*buf, free with ferry_store_free). */
+int ferry_store_get(ferry_store *s, const char *key, void **buf, size_t *len);
+void ferry_store_free(void *buf);
+/* Read a whole object into buf (cap bytes): *len = its size. FERRY_ENOENT,
+ * FERRY_ELOST (its last replica's node died), FERRY_EMSGSIZE if cap is too
+ * small (nothing read, *len says how much is needed). */
+int ferry_store_get_into(ferry_store *s, const char *key, void *buf, size_t cap, size_t *len);
+int ferry_store_batch_get_into(ferry_store *s, const char *const *keys, void *const *bufs,
+                               const size_t *caps, size_t n, int64_t *results);
+
+/* One byte range of an object, read into dst. */
+typedef struct ferry_range {
+    const char *key;
+    uint64_t src_offset;
+    void *dst;
+    uint64_t len;
+} ferry_range;
+/* Read many ranges: one master round trip for all keys, then every read in
+ * parallel through the engine. results[i]: bytes read (len, or fewer when
+ * the object ends first) or a negative error for that range (FERRY_ERANGE:
+ * src_offset past the end). Returns 0 when every range succeeded, else the
+ * first range's error. */
+int ferry_store_get_into_ranges(ferry_store *s, const ferry_range *ranges, size_t n,
+                                int64_t *results);
+
+/* 1 if the object exists and is complete, 0 if not, FERRY_ELOST. */
+int ferry_store_exist(ferry_store *s, const char *key);
+/* FERRY_EBUSY while a reader holds a lease, FERRY_ENOENT. */
+int ferry_store_remove(ferry_store *s, const char *key);
+/* Remove every unleased object whose key starts with prefix. */
+int ferry_store_remove_prefix(ferry_store *s, const char *prefix, uint64_t *removed);
+/* Where an object lives (no lease taken). */
+int ferry_store_get_replica_desc(ferry_store *s, const char *key, ferry_object_desc *out);
+/* Keys with the prefix after `after` (NULL: from the start), ascending, at
+ * most max. *keys is one allocation (free with ferry_store_free) holding the
+ * pointer array and the strings. *more: there are further keys. */
+int ferry_store_list(ferry_store *s, const char *prefix, const char *after, size_t max,
+                     char ***keys, size_t *n, bool *more);
+
+/* ---- structured objects ----------------------------------------------------- */
+/* Named members stored in one object, each aligned to 64 bytes behind a
+ * header that describes them, so a reader fetches one member, or rows of
+ * it, with one ranged read and no deserialisation.
+ * dtype: a name ferry_dtype_size (common.h) knows. nbytes = product(shape)
+ * x its size. */
+#define FERRY_MEMBER_NAME_MAX 63
+#define FERRY_MEMBER_NDIM_MAX 8
+typedef struct ferry_member {
+    char name[FERRY_MEMBER_NAME_MAX + 1];
+    char dtype[8];
+    uint32_t ndim;
+    uint64_t shape[FERRY_MEMBER_NDIM_MAX];
+    uint64_t offset;   /* byte offset in the object (set by put_struct) */
+    uint64_t nbytes;
+} ferry_member;
+/* Store members[i] (name, dtype, ndim, shape; offset and nbytes are
+ * computed) with bytes data[i]. FERRY_EINVAL for a duplicate or bad name,
+ * unknown dtype, bad shape. */
+int ferry_store_put_struct(ferry_store *s, const char *key, const ferry_member *members,
+                           const void *const *data, size_t n, const ferry_replicate_config *rc);
+/* The members of a structured object (up to cap into out; *n = count).
+ * FERRY_EPROTO if the object is not a structured object. */
+int ferry_store_get_members(ferry_store *s, const char *key, ferry_member *out, size_t cap,
+                            size_t *n);
+/* Rows [row_begin, row_end) of member (along its first dimension; a 0-d
+ * member has one row) into dst (cap bytes); *len = bytes read.
+ * FERRY_ENOENT (no such member), FERRY_ERANGE (rows out of bounds),
+ * FERRY_EMSGSIZE (cap too small). */
+int ferry_store_read_member(ferry_store *s, const char *key, const char *member,
+                            uint64_t row_begin, uint64_t row_end, void *dst, size_t cap,
+                            size_t *len);
+
+/* ---- KV ------------------------------------------------------------------------ */
+/* Values are at most FERRY_STORE_VALUE_MAX bytes. Every successful change
+ * takes the next global revision (*rev, may be NULL). */
+typedef struct ferry_kv_value {
+    void *val; size_t len;       /* ferry_store_free(val) */
+    uint64_t mod_rev, create_rev, version;
+} ferry_kv_value;
+int ferry_kv_get(ferry_store *s, const char *key, ferry_kv_value *out);
+int ferry_kv_put(ferry_store *s, const char *key, const void *val, size_t len, uint64_t *rev);
+/* Put only if the key's mod revision is expected (0: must not exist).
+ * FERRY_ESTATE on a conflict, with *rev = the key's current revision. */
+int ferry_kv_cas(ferry_store *s, const char *key, uint64_t expected, const void *val,
+                 size_t len, uint64_t *rev);
+/* expected 0: unconditional. */
+int ferry_kv_delete(ferry_store *s, const char *key, uint64_t expected, uint64_t *rev);
+
+/* Watch: the master pushes every change to keys with the prefix, from
+ * revision from_rev (0: from now on). Survives master restarts (resumes from
+ * the next revision). FERRY_ERANGE if from_rev was compacted away. */
+typedef struct ferry_watch ferry_watch;
+typedef struct ferry_kv_event {
+    uint64_t rev;
+    bool deleted;
+    char *key;                   /* valid until the next ferry_watch_next */
+    void *val; size_t len;
+} ferry_kv_event;
+int ferry_kv_watch(ferry_store *s, const char *prefix, uint64_t from_rev, ferry_watch **out);
+/* Next event, oldest first: 0, or FERRY_ETIMEDOUT after timeout_ms (<0:
+ * forever). */
+int ferry_watch_next(ferry_watch *w, int timeout_ms, ferry_kv_event *ev);
+void ferry_watch_close(ferry_watch *w);
+
+/* Wait until `count` distinct members arrived at barrier `name` (reusable:
+ * the next use starts a new generation). FERRY_ETIMEDOUT after timeout_ms
+ * (0: no timeout); the arrival is then withdrawn. */
+int ferry_barrier(ferry_store *s, const char *name, const char *member, uint32_t count,
+                  uint64_t timeout_ms, uint64_t *generation);
+
+/* ---- queues --------------------------------------------------------------------- */
+typedef struct ferry_qrecord {
+    uint64_t id;
+    uint32_t token;              /* delivery number: pass to ack/nack */
+    void *data; size_t len;      /* ferry_qrecords_free */
+} ferry_qrecord;
+/* Append a record; FERRY_EAGAIN when a bounded queue is full. */
+int ferry_queue_push(ferry_store *s, const char *queue, const void *data, size_t len,
+                     uint64_t *id);
+/* Lease up to max ready records for lease_ms; *n may be 0. */
+int ferry_queue_pop(ferry_store *s, const char *queue, uint32_t max, uint64_t lease_ms,
+                    ferry_qrecord *out, size_t *n);
+void ferry_qrecords_free(ferry_qrecord *recs, size_t n);
+/* ack: the record is done (FERRY_ESTALE if it was delivered again since
+ * your lease lapsed). nack: deliver it again now. */
+int ferry_queue_ack(ferry_store *s, uint64_t id, uint32_t token);
+int ferry_queue_nack(ferry_store *s, uint64_t id, uint32_t token);
+
+/* The master's state as JSON text (ferry_store_free). */
+int ferry_store_status_json(ferry_store *s, char **json);
+
+/* ---- the node process ------------------------------------------------------------- */
+/* A node owns one memfd-backed segment of this machine's memory, pre-faulted
+ * at open, registered with its engine for remote reads and writes and
+ * mounted on the master. Same-host clients map it, so their puts and gets
+ * are one memcpy. The node heartbeats the master and mounts again after a
+ * master restart (the master recognises the segment). Closing the node
+ * unmounts it: objects whose only replica lived there become lost. */
+typedef struct ferry_node ferry_node;
+typedef struct ferry_node_config {
+    char master[128];        /* default FERRY_MASTER */
+    ferry_engine_config engine;  /* its listen address is where clients reach the segment */
+    uint64_t segment_size;   /* bytes (default 1 GiB) */
+    uint32_t heartbeat_ms;   /* default 1000 */
+    int timeout_ms;          /* first connection to the master (default 10000) */
+} ferry_node_config;
+int ferry_node_config_init(ferry_node_config *cfg);
+/* Allocate and pre-fault the segment, connect, mount. FERRY_ENOMEM when the
+ * memory cannot be had, the master's errors otherwise. */
+int ferry_node_open(const ferry_node_config *cfg, ferry_node **out);
+uint64_t ferry_node_id(const ferry_node *n);
+uint64_t ferry_node_segment(const ferry_node *n);
+/* Serve until ferry_node_stop: keeps the mount alive across master
+ * restarts. Returns 0 after a stop. */
+int ferry_node_run(ferry_node *n);
+/* Async-signal-safe. */
+void ferry_node_stop(ferry_node *n);
+/* Unmount (best effort), unregister and free the segment. NULL ok. */
+void ferry_node_close(ferry_node *n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

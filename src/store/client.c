@@ -1,0 +1,302 @@
+/* Store client: open/close, errors, round trips to the master, segment
+ * descriptors and local buffers (store.h). */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "store/client_int.h"
+#include "wire/sockio.h"
+
+#define TAG "store"
+
+static __thread char t_err[1024];
+
+const char *ferry_store_last_error(void)
+{
+    return t_err;
+}
+
+int fr_client_err(int rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(t_err, sizeof t_err, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+fr_sbytes fr_client_str(const char *s)
+{
+    size_t n = s ? strlen(s) : 0;
+    return (fr_sbytes){ .p = n ? (const uint8_t *)s : NULL, .n = (uint32_t)n };
+}
+
+int fr_client_key(const char *key)
+{
+    if (!key || !*key)
+        return fr_client_err(FERRY_EINVAL, "empty key");
+    if (strlen(key) > FERRY_STORE_KEY_MAX)
+        return fr_client_err(FERRY_EINVAL, "key longer than %d bytes", FERRY_STORE_KEY_MAX);
+    return 0;
+}
+
+int ferry_store_config_init(ferry_store_config *cfg)
+{
+    if (!cfg)
+        return FERRY_EINVAL;
+    memset(cfg, 0, sizeof *cfg);
+    int rc = ferry_engine_config_init(&cfg->engine);
+    const char *m = getenv("FERRY_MASTER");
+    if (m && *m) {
+        if (strlen(m) >= sizeof cfg->master)
+            return FERRY_EINVAL;
+        snprintf(cfg->master, sizeof cfg->master, "%s", m);
+    }
+    cfg->timeout_ms = 10000;
+    cfg->lease_ms = 5000;
+    cfg->heartbeat_ms = 1000;
+    return rc;
+}
+
+static void reply_error(const fr_smsg *rep, const char *what)
+{
+    char text[FR_SMSG_TEXT_MAX + 1];
+    size_t n = rep->val.n < FR_SMSG_TEXT_MAX ? rep->val.n : FR_SMSG_TEXT_MAX;
+    if (n)
+        memcpy(text, rep->val.p, n);
+    text[n] = '\0';
+    fr_client_err(rep->status, "%s: %s", what, n ? text : ferry_strerror(rep->status));
+}
+
+static int conn_error(ferry_store *s, int rc, const char *what)
+{
+    if (rc == FERRY_ECONNRESET)
+        return fr_client_err(rc, "%s: connection to the master at %s lost; the outcome is "
+                             "unknown", what, s->cfg.master);
+    return fr_client_err(rc, "%s: master at %s: %s", what, s->cfg.master, ferry_strerror(rc));
+}
+
+int fr_client_rpc_many(ferry_store *s, const fr_smsg *reqs, size_t n, uint16_t want,
+                       fr_smsg *reps, uint8_t **bufs, int *status)
+{
+    const char *what = n ? fr_smsg_type_name(reqs[0].type) : "call";
+    int rc = fr_mconn_call(s->mc, reqs, n, NULL, reps, bufs, s->cfg.timeout_ms);
+    for (size_t i = 0; i < n; i++) {
+        if (rc < 0)
+            status[i] = rc;
+        else if (reps[i].type == FR_SMSG_ERROR) {
+            status[i] = reps[i].status;
+            reply_error(&reps[i], what);
+        } else if (reps[i].type != want) {
+            status[i] = fr_client_err(FERRY_EPROTO, "%s: the master answered %s",
+                                      what, fr_smsg_type_name(reps[i].type));
+        } else
+            status[i] = 0;
+    }
+    if (rc < 0)
+        return conn_error(s, rc, what ? what : "call");
+    return 0;
+}
+
+int fr_client_rpc(ferry_store *s, const fr_smsg *req, uint16_t want, fr_smsg *rep,
+                  uint8_t **buf)
+{
+    int st = 0;
+    int rc = fr_client_rpc_many(s, req, 1, want, rep, buf, &st);
+    return rc < 0 ? rc : st;
+}
+
+void fr_client_free_bufs(uint8_t **bufs, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        fr_free(bufs[i]);
+        bufs[i] = NULL;
+    }
+}
+
+/* ---- segments ------------------------------------------------------------------- */
+
+int fr_client_segment(ferry_store *s, uint64_t id, fr_segref *out)
+{
+    pthread_mutex_lock(&s->lock);
+    fr_segref *r = fr_umap_get(&s->segs, id);
+    if (r)
+        *out = *r;
+    pthread_mutex_unlock(&s->lock);
+    if (r)
+        return 0;
+
+    fr_smsg q = {.type = FR_SMSG_SEGMENT, .segment = id}, rep;
+    uint8_t *buf = NULL;
+    int rc = fr_client_rpc(s, &q, FR_SMSG_SEGMENT_DESC, &rep, &buf);
+    if (rc < 0) {
+        fr_free(buf);
+        return rc;
+    }
+    fr_segref nr = {.id = id, .node = rep.node};
+    rc = ferry_region_import(s->eng, rep.val.p, rep.val.n, &nr.rr);
+    fr_free(buf);
+    if (rc < 0)
+        return fr_client_err(rc, "segment %llu of node %llu: cannot reach its node: %s",
+                             (unsigned long long)id, (unsigned long long)nr.node,
+                             ferry_strerror(rc));
+    fr_segref *keep = fr_malloc(sizeof *keep);
+    if (!keep)
+        return FERRY_ENOMEM;
+    *keep = nr;
+    pthread_mutex_lock(&s->lock);
+    if (!fr_umap_get(&s->segs, id) && fr_umap_put(&s->segs, id, keep) == 0)
+        keep = NULL;
+    pthread_mutex_unlock(&s->lock);
+    fr_free(keep);
+    *out = nr;
+    return 0;
+}
+
+void fr_client_forget_segment(ferry_store *s, uint64_t id)
+{
+    pthread_mutex_lock(&s->lock);
+    fr_free(fr_umap_del(&s->segs, id));
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* ---- local buffers ----------------------------------------------------------------- */
+
+int ferry_store_register_buffer(ferry_store *s, void *buf, size_t len)
+{
+    if (!s || !buf || !len)
+        return fr_client_err(FERRY_EINVAL, "register_buffer: empty buffer");
+    uint8_t *p = buf;
+    pthread_mutex_lock(&s->lock);
+    int rc = 0;
+    for (size_t i = 0; i < s->nbufs && rc == 0; i++)
+        if (p < s->bufs[i].addr + s->bufs[i].len && s->bufs[i].addr < p + len)
+            rc = fr_client_err(FERRY_EEXIST, "register_buffer: overlaps a registered buffer");
+    if (rc == 0)
+        rc = fr_grow((void **)&s->bufs, &s->cap_bufs, s->nbufs + 1, sizeof *s->bufs);
+    ferry_region *reg = NULL;
+    if (rc == 0)
+        rc = ferry_region_register(s->eng, buf, len, 0, FERRY_MEM_HOST, &reg);
+    if (rc == 0)
+        s->bufs[s->nbufs++] = (fr_ubuf){ .addr = p, .len = len, .reg = reg };
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+int ferry_store_unregister_buffer(ferry_store *s, void *buf)
+{
+    if (!s)
+        return FERRY_EINVAL;
+    pthread_mutex_lock(&s->lock);
+    int rc = fr_client_err(FERRY_ENOENT, "unregister_buffer: not a registered buffer");
+    for (size_t i = 0; i < s->nbufs; i++) {
+        if (s->bufs[i].addr != buf)
+            continue;
+        rc = ferry_region_unregister(s->bufs[i].reg);
+        if (rc == 0)
+            s->bufs[i] = s->bufs[--s->nbufs];
+        break;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+int fr_client_local(ferry_store *s, const void *p, size_t len, ferry_region **tmp)
+{
+    const uint8_t *b = p;
+    *tmp = NULL;
+    pthread_mutex_lock(&s->lock);
+    for (size_t i = 0; i < s->nbufs; i++) {
+        if (b >= s->bufs[i].addr && b + len <= s->bufs[i].addr + s->bufs[i].len) {
+            pthread_mutex_unlock(&s->lock);
+            return 0;
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    return ferry_region_register(s->eng, (void *)(uintptr_t)p, len ? len : 1, 0,
+                                 FERRY_MEM_HOST, tmp);
+}
+
+/* ---- open / close --------------------------------------------------------------------- */
+
+int ferry_store_open(const ferry_store_config *cfg, ferry_store **out)
+{
+    if (!cfg || !out)
+        return FERRY_EINVAL;
+    if (!cfg->master[0])
+        return fr_client_err(FERRY_EINVAL, "no master address: set FERRY_MASTER=HOST:PORT "
+                             "(ferry up prints it)");
+    ferry_store *s = fr_calloc(1, sizeof *s);
+    if (!s)
+        return FERRY_ENOMEM;
+    s->cfg = *cfg;
+    if (s->cfg.timeout_ms == 0)
+        s->cfg.timeout_ms = 10000;
+    if (s->cfg.lease_ms == 0)
+        s->cfg.lease_ms = 5000;
+    pthread_mutex_init(&s->lock, NULL);
+    fr_umap_init(&s->segs);
+    fr_umap_init(&s->watches);
+    int rc = ferry_engine_open(&s->cfg.engine, &s->eng);
+    if (rc < 0) {
+        fr_client_err(rc, "cannot open the client's engine: %s", ferry_strerror(rc));
+        goto fail;
+    }
+    uint8_t key[32];
+    fr_auth_key(s->cfg.engine.token, s->cfg.engine.token_len, key);
+    fr_mconn_config mc = {
+        .addr = s->cfg.master, .key = key, .role = FR_ROLE_STORE_CLIENT,
+        .heartbeat_ms = s->cfg.heartbeat_ms, .timeout_ms = s->cfg.timeout_ms,
+        .hooks = { .ctx = s, .push = fr_client_watch_push, .lost = fr_client_watch_lost },
+    };
+    rc = fr_mconn_open(&mc, &s->mc);
+    if (rc < 0) {
+        if (rc == FERRY_EAUTH)
+            fr_client_err(rc, "the master at %s refused our cluster token", s->cfg.master);
+        else
+            fr_client_err(rc, "cannot reach the master at %s: %s", s->cfg.master,
+                          ferry_strerror(rc));
+        goto fail;
+    }
+    *out = s;
+    return 0;
+fail:
+    {
+        char keep[sizeof t_err];
+        memcpy(keep, t_err, sizeof keep);
+        ferry_store_close(s);
+        memcpy(t_err, keep, sizeof keep);
+    }
+    return rc;
+}
+
+void ferry_store_close(ferry_store *s)
+{
+    if (!s)
+        return;
+    fr_mconn_close(s->mc);
+    size_t pos = 0;
+    void *it;
+    while ((it = fr_umap_next(&s->segs, &pos)))
+        fr_free(it);
+    fr_umap_fini(&s->segs);
+    /* Watches are the caller's to close; detach any left open. */
+    fr_umap_fini(&s->watches);
+    for (size_t i = 0; i < s->nbufs; i++)
+        (void)ferry_region_unregister(s->bufs[i].reg);
+    fr_free(s->bufs);
+    ferry_engine_close(s->eng);
+    pthread_mutex_destroy(&s->lock);
+    fr_free(s);
+}
+
+ferry_engine *ferry_store_engine(ferry_store *s)
+{
+    return s ? s->eng : NULL;
+}
+
+void ferry_store_free(void *buf)
+{
+    fr_free(buf);
+}

@@ -1,0 +1,560 @@
+/* Store client: objects — put, get, ranged reads, remove, list (store.h).
+ *
+ * A put is three steps: PUT_START (the master places every replica), the
+ * bytes written by the engine straight into the nodes' segments (a same-host
+ * node's segment is mapped, so that is one memcpy), PUT_END. A transfer
+ * that fails is followed by PUT_REVOKE, so no reader ever sees a partial
+ * object. Batches pipeline every step: one round trip to place n objects,
+ * one engine ticket per object, one round trip to complete them. */
+#include <string.h>
+
+#include "store/client_int.h"
+
+/* Engine waits: the call timeout plus time for the bytes at 100 MB/s. */
+static int xfer_timeout(const ferry_store *s, uint64_t bytes)
+{
+    uint64_t ms = (uint64_t)s->cfg.timeout_ms + bytes / 100000u;
+    return ms > INT32_MAX ? INT32_MAX : (int)ms;
+}
+
+typedef struct xfer {
+    ferry_op *ops;
+    size_t nops, cap;
+    ferry_region **tmp;       /* temporary local registrations */
+    size_t ntmp, cap_tmp;
+} xfer;
+
+static void xfer_free(xfer *x)
+{
+    for (size_t i = 0; i < x->ntmp; i++)
+        (void)ferry_region_unregister(x->tmp[i]);
+    fr_free(x->tmp);
+    fr_free(x->ops);
+    memset(x, 0, sizeof *x);
+}
+
+static int xfer_local(ferry_store *s, xfer *x, const void *p, size_t len)
+{
+    ferry_region *t = NULL;
+    int rc = fr_client_local(s, p, len, &t);
+    if (rc < 0 || !t)
+        return rc;
+    rc = fr_grow((void **)&x->tmp, &x->cap_tmp, x->ntmp + 1, sizeof *x->tmp);
+    if (rc < 0) {
+        (void)ferry_region_unregister(t);
+        return rc;
+    }
+    x->tmp[x->ntmp++] = t;
+    return 0;
+}
+
+static int xfer_op(xfer *x, enum ferry_opcode op, void *local, uint64_t len,
+                   const fr_segref *seg, uint64_t off)
+{
+    int rc = fr_grow((void **)&x->ops, &x->cap, x->nops + 1, sizeof *x->ops);
+    if (rc < 0)
+        return rc;
+    x->ops[x->nops++] = (ferry_op){ .opcode = op, .local = local, .len = len,
+                                    .peer = seg->rr.peer, .remote_addr = seg->rr.addr + off,
+                                    .key = seg->rr.key };
+    return 0;
+}
+
+/* Submit x's ops as one ticket (or nothing when empty). */
+static int xfer_submit(ferry_store *s, xfer *x, ferry_ticket **t)
+{
+    *t = NULL;
+    if (x->nops == 0)
+        return 0;
+    return ferry_submit(s->eng, x->ops, x->nops, 0, t);
+}
+
+/* Wait for a ticket and free it: 0 or an error. */
+static int xfer_wait(ferry_store *s, ferry_ticket *t, uint64_t bytes)
+{
+    if (!t)
+        return 0;
+    int st = ferry_ticket_wait(t, xfer_timeout(s, bytes));
+    int err = ferry_ticket_error(t);
+    ferry_ticket_free(t);
+    if (st == FERRY_TICKET_COMPLETED)
+        return 0;
+    if (st == FERRY_TICKET_UNKNOWN)
+        return FERRY_ETIMEDOUT;
+    return err < 0 ? err : FERRY_EIO;
+}
+
+static void rc_to_msg(const ferry_replicate_config *rc, fr_smsg *q)
+{
+    if (!rc)
+        return;
+    q->replica_num = rc->replica_num;
+    q->flag = rc->hard_pin;
+    q->npreferred = rc->npreferred;
+    q->preferred = rc->preferred_segments;
+}
+
+static void placed_from(const fr_smsg *rep, ferry_object_desc *d)
+{
+    memset(d, 0, sizeof *d);
+    d->size = rep->size;
+    d->nreplicas = rep->nrep;
+    for (uint32_t i = 0; i < rep->nrep && i < FERRY_STORE_REPLICAS_MAX; i++)
+        d->replicas[i] = (ferry_replica_info){ .segment = rep->rep[i].segment,
+                                               .node = rep->rep[i].node,
+                                               .offset = rep->rep[i].offset,
+                                               .preferred = rep->rep[i].preferred };
+}
+
+/* Write object i's bytes to every replica of its placement and submit. */
+static int put_bytes(ferry_store *s, const fr_smsg *pl, const void *buf, size_t len, xfer *x,
+                     ferry_ticket **t)
+{
+    int rc = len ? xfer_local(s, x, buf, len) : 0;
+    for (uint32_t r = 0; r < pl->nrep && rc == 0 && len; r++) {
+        fr_segref seg;
+        rc = fr_client_segment(s, pl->rep[r].segment, &seg);
+        if (rc == 0)
+            rc = xfer_op(x, FERRY_OP_WRITE, (void *)(uintptr_t)buf, len, &seg,
+                         pl->rep[r].offset);
+    }
+    if (rc == 0)
+        rc = xfer_submit(s, x, t);
+    return rc;
+}
+
+static int put_batch(ferry_store *s, const char *const *keys, const void *const *bufs,
+                     const size_t *lens, size_t n, const ferry_replicate_config *rc,
+                     int *results, ferry_object_desc *placed)
+{
+    if (!s || (n && (!keys || !bufs || !lens || !results)))
+        return fr_client_err(FERRY_EINVAL, "put: bad arguments");
+    if (rc && rc->replica_num > FERRY_STORE_REPLICAS_MAX)
+        return fr_client_err(FERRY_EINVAL, "put: replica_num above %d", FERRY_STORE_REPLICAS_MAX);
+    fr_smsg *q = fr_calloc(n ? n : 1, sizeof *q);
+    fr_smsg *rep = fr_calloc(n ? n : 1, sizeof *rep);
+    uint8_t **rb = fr_calloc(n ? n : 1, sizeof *rb);
+    xfer *xs = fr_calloc(n ? n : 1, sizeof *xs);
+    ferry_ticket **ts = fr_calloc(n ? n : 1, sizeof *ts);
+    int *st = fr_calloc(n ? n : 1, sizeof *st);
+    int ret = 0;
+    if (!q || !rep || !rb || !xs || !ts || !st) {
+        ret = FERRY_ENOMEM;
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        results[i] = fr_client_key(keys[i]);
+        if (results[i] < 0) {
+            ret = results[i];
+            goto out;
+        }
+        q[i] = (fr_smsg){ .type = FR_SMSG_PUT_START, .key = fr_client_str(keys[i]),
+                          .size = lens[i] };
+        rc_to_msg(rc, &q[i]);
+    }
+    ret = fr_client_rpc_many(s, q, n, FR_SMSG_PLACEMENT, rep, rb, results);
+    if (ret < 0)
+        goto out;
+    /* Every transfer starts before any is waited for: they run in parallel. */
+    for (size_t i = 0; i < n; i++) {
+        if (results[i] < 0)
+            continue;
+        results[i] = put_bytes(s, &rep[i], bufs[i], lens[i], &xs[i], &ts[i]);
+        if (placed && n == 1)
+            placed_from(&rep[i], placed);
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (rb[i] && results[i] == 0) {
+            results[i] = xfer_wait(s, ts[i], lens[i]);
+            if (results[i] < 0)
+                fr_client_err(results[i], "put %s: writing the bytes failed: %s", keys[i],
+                              ferry_strerror(results[i]));
+        } else if (ts[i]) {
+            (void)xfer_wait(s, ts[i], lens[i]);
+        }
+        xfer_free(&xs[i]);
+    }
+    /* Complete what arrived, revoke what was placed but failed. */
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (rep[i].type != FR_SMSG_PLACEMENT)
+            continue;
+        q[m++] = (fr_smsg){ .type = results[i] == 0 ? FR_SMSG_PUT_END : FR_SMSG_PUT_REVOKE,
+                            .key = fr_client_str(keys[i]) };
+    }
+    uint8_t **eb = fr_calloc(m ? m : 1, sizeof *eb);
+    fr_smsg *er = fr_calloc(m ? m : 1, sizeof *er);
+    if (!eb || !er) {
+        fr_free(eb);
+        fr_free(er);
+        ret = FERRY_ENOMEM;
+        goto out;
+    }
+    ret = fr_client_rpc_many(s, q, m, FR_SMSG_OK, er, eb, st);
+    fr_client_free_bufs(eb, m);
+    fr_free(eb);
+    fr_free(er);
+    m = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (rep[i].type != FR_SMSG_PLACEMENT)
+            continue;
+        if (results[i] == 0)
+            results[i] = st[m];
+        m++;
+    }
+    if (ret == 0)
+        for (size_t i = 0; i < n && ret == 0; i++)
+            ret = results[i] < 0 ? results[i] : 0;
+out:
+    if (rb)
+        fr_client_free_bufs(rb, n);
+    fr_free(q);
+    fr_free(rep);
+    fr_free(rb);
+    fr_free(xs);
+    fr_free(ts);
+    fr_free(st);
+    return ret;
+}
+
+int ferry_store_put(ferry_store *s, const char *key, const void *buf, size_t len,
+                    const ferry_replicate_config *rc, ferry_object_desc *placed)
+{
+    int r = 0;
+    if (len && !buf)
+        return fr_client_err(FERRY_EINVAL, "put %s: no buffer", key ? key : "");
+    return put_batch(s, &key, &buf, &len, 1, rc, &r, placed);
+}
+
+int ferry_store_put_from(ferry_store *s, const char *key, const void *buf, size_t len,
+                         const ferry_replicate_config *rc, ferry_object_desc *placed)
+{
+    return ferry_store_put(s, key, buf, len, rc, placed);
+}
+
+int ferry_store_batch_put_from(ferry_store *s, const char *const *keys, const void *const *bufs,
+                               const size_t *lens, size_t n, const ferry_replicate_config *rc,
+                               int *results)
+{
+    return put_batch(s, keys, bufs, lens, n, rc, results, NULL);
+}
+
+/* ---- reads ------------------------------------------------------------------------------ */
+
+int fr_client_locate(ferry_store *s, const char *const *keys, size_t n, fr_objloc *locs,
+                     int *status)
+{
+    fr_smsg *q = fr_calloc(n ? n : 1, sizeof *q);
+    fr_smsg *rep = fr_calloc(n ? n : 1, sizeof *rep);
+    uint8_t **rb = fr_calloc(n ? n : 1, sizeof *rb);
+    int rc = q && rep && rb ? 0 : FERRY_ENOMEM;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        rc = fr_client_key(keys[i]);
+        q[i] = (fr_smsg){ .type = FR_SMSG_GET_REPLICAS, .key = fr_client_str(keys[i]),
+                          .lease_ms = s->cfg.lease_ms };
+    }
+    if (rc == 0)
+        rc = fr_client_rpc_many(s, q, n, FR_SMSG_REPLICAS, rep, rb, status);
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        if (status[i] < 0)
+            continue;
+        locs[i].size = rep[i].size;
+        locs[i].nrep = rep[i].nrep;
+        memcpy(locs[i].rep, rep[i].rep, sizeof locs[i].rep);
+        if (rep[i].nrep == 0)
+            status[i] = fr_client_err(FERRY_ELOST, "%s has no replica", keys[i]);
+    }
+    if (rb)
+        fr_client_free_bufs(rb, n);
+    fr_free(q);
+    fr_free(rep);
+    fr_free(rb);
+    return rc;
+}
+
+/* Read [off, off+len) of a located object into dst, trying each replica in
+ * turn until one answers. */
+static int read_one(ferry_store *s, const char *key, const fr_objloc *loc, uint64_t off,
+                    void *dst, uint64_t len)
+{
+    if (len == 0)
+        return 0;
+    int rc = FERRY_ELOST;
+    for (uint32_t r = 0; r < loc->nrep; r++) {
+        fr_segref seg;
+        xfer x = {0};
+        ferry_ticket *t = NULL;
+        rc = fr_client_segment(s, loc->rep[r].segment, &seg);
+        if (rc == 0)
+            rc = xfer_local(s, &x, dst, len);
+        if (rc == 0)
+            rc = xfer_op(&x, FERRY_OP_READ, dst, len, &seg, loc->rep[r].offset + off);
+        if (rc == 0)
+            rc = xfer_submit(s, &x, &t);
+        if (rc == 0)
+            rc = xfer_wait(s, t, len);
+        xfer_free(&x);
+        if (rc == 0)
+            return 0;
+        fr_client_err(rc, "reading %s from node %llu (segment %llu) failed: %s", key,
+                      (unsigned long long)loc->rep[r].node,
+                      (unsigned long long)loc->rep[r].segment, ferry_strerror(rc));
+        if (rc == FERRY_ECONNREFUSED || rc == FERRY_ECONNRESET || rc == FERRY_ESTALE)
+            fr_client_forget_segment(s, loc->rep[r].segment);
+    }
+    return rc;
+}
+
+int ferry_store_get_into(ferry_store *s, const char *key, void *buf, size_t cap, size_t *len)
+{
+    if (!s || (cap && !buf))
+        return fr_client_err(FERRY_EINVAL, "get_into: bad arguments");
+    fr_objloc loc;
+    int st = 0;
+    int rc = fr_client_locate(s, &key, 1, &loc, &st);
+    if (rc == 0)
+        rc = st;
+    if (rc < 0)
+        return rc;
+    if (len)
+        *len = loc.size;
+    if (loc.size > cap)
+        return fr_client_err(FERRY_EMSGSIZE, "get_into %s: the object has %llu bytes, the "
+                             "buffer %zu", key, (unsigned long long)loc.size, cap);
+    return read_one(s, key, &loc, 0, buf, loc.size);
+}
+
+int ferry_store_get(ferry_store *s, const char *key, void **buf, size_t *len)
+{
+    if (!s || !buf || !len)
+        return fr_client_err(FERRY_EINVAL, "get: bad arguments");
+    fr_objloc loc;
+    int st = 0;
+    int rc = fr_client_locate(s, &key, 1, &loc, &st);
+    if (rc == 0)
+        rc = st;
+    if (rc < 0)
+        return rc;
+    uint8_t *b = fr_malloc(loc.size ? loc.size : 1);
+    if (!b)
+        return fr_client_err(FERRY_ENOMEM, "get %s: cannot allocate %llu bytes", key,
+                             (unsigned long long)loc.size);
+    rc = read_one(s, key, &loc, 0, b, loc.size);
+    if (rc < 0) {
+        fr_free(b);
+        return rc;
+    }
+    *buf = b;
+    *len = loc.size;
+    return 0;
+}
+
+/* Ranges: one locate round trip for the distinct keys, then one engine
+ * ticket per node so that a failing node fails only its own ranges. */
+typedef struct peer_batch { ferry_peer_id peer; xfer x; ferry_ticket *t; uint64_t bytes; int rc; } peer_batch;
+
+int ferry_store_get_into_ranges(ferry_store *s, const ferry_range *ranges, size_t n,
+                                int64_t *results)
+{
+    if (!s || (n && (!ranges || !results)))
+        return fr_client_err(FERRY_EINVAL, "get_into_ranges: bad arguments");
+    if (n == 0)
+        return 0;
+    const char **keys = fr_calloc(n, sizeof *keys);
+    size_t *kidx = fr_calloc(n, sizeof *kidx);
+    fr_objloc *locs = fr_calloc(n, sizeof *locs);
+    int *st = fr_calloc(n, sizeof *st);
+    size_t *pb_of = fr_calloc(n, sizeof *pb_of);
+    peer_batch *pb = fr_calloc(n, sizeof *pb);
+    size_t nk = 0, npb = 0;
+    int ret = keys && kidx && locs && st && pb_of && pb ? 0 : FERRY_ENOMEM;
+    /* Distinct keys (n is small enough for a quadratic scan to be cheap
+     * next to the round trip; a map would pay off beyond thousands). */
+    for (size_t i = 0; i < n && ret == 0; i++) {
+        size_t k = 0;
+        while (k < nk && strcmp(keys[k], ranges[i].key ? ranges[i].key : "") != 0)
+            k++;
+        if (k == nk)
+            keys[nk++] = ranges[i].key ? ranges[i].key : "";
+        kidx[i] = k;
+    }
+    if (ret == 0)
+        ret = fr_client_locate(s, keys, nk, locs, st);
+    for (size_t i = 0; i < n && ret == 0; i++) {
+        const ferry_range *r = &ranges[i];
+        const fr_objloc *loc = &locs[kidx[i]];
+        pb_of[i] = SIZE_MAX;
+        results[i] = st[kidx[i]];
+        if (results[i] < 0)
+            continue;
+        if (r->src_offset > loc->size || (r->len && !r->dst)) {
+            results[i] = fr_client_err(FERRY_ERANGE, "range of %s at %llu: the object has %llu "
+                                       "bytes", keys[kidx[i]],
+                                       (unsigned long long)r->src_offset,
+                                       (unsigned long long)loc->size);
+            continue;
+        }
+        uint64_t len = loc->size - r->src_offset < r->len ? loc->size - r->src_offset : r->len;
+        results[i] = (int64_t)len;
+        if (len == 0)
+            continue;
+        fr_segref seg;
+        int rc = fr_client_segment(s, loc->rep[0].segment, &seg);
+        for (uint32_t k = 1; rc < 0 && k < loc->nrep; k++)
+            rc = fr_client_segment(s, loc->rep[k].segment, &seg);
+        uint64_t base = 0;
+        for (uint32_t k = 0; k < loc->nrep; k++)
+            if (loc->rep[k].segment == seg.id)
+                base = loc->rep[k].offset;
+        size_t b = 0;
+        while (rc == 0 && b < npb && pb[b].peer != seg.rr.peer)
+            b++;
+        if (rc == 0 && b == npb)
+            pb[npb++].peer = seg.rr.peer;
+        if (rc == 0)
+            rc = xfer_local(s, &pb[b].x, r->dst, len);
+        if (rc == 0)
+            rc = xfer_op(&pb[b].x, FERRY_OP_READ, r->dst, len, &seg, base + r->src_offset);
+        if (rc < 0) {
+            results[i] = rc;
+            continue;
+        }
+        pb[b].bytes += len;
+        pb_of[i] = b;
+    }
+    for (size_t b = 0; b < npb && ret == 0; b++)
+        pb[b].rc = xfer_submit(s, &pb[b].x, &pb[b].t);
+    for (size_t b = 0; b < npb; b++) {
+        if (pb[b].rc == 0)
+            pb[b].rc = xfer_wait(s, pb[b].t, pb[b].bytes);
+        xfer_free(&pb[b].x);
+    }
+    for (size_t i = 0; i < n && ret == 0; i++) {
+        if (pb_of[i] != SIZE_MAX && pb[pb_of[i]].rc < 0)
+            results[i] = fr_client_err(pb[pb_of[i]].rc, "reading %s failed: %s",
+                                       keys[kidx[i]], ferry_strerror(pb[pb_of[i]].rc));
+    }
+    for (size_t i = 0; i < n && ret == 0; i++)
+        if (results[i] < 0)
+            ret = (int)results[i];
+    fr_free(keys);
+    fr_free(kidx);
+    fr_free(locs);
+    fr_free(st);
+    fr_free(pb_of);
+    fr_free(pb);
+    return ret;
+}
+
+int ferry_store_batch_get_into(ferry_store *s, const char *const *keys, void *const *bufs,
+                               const size_t *caps, size_t n, int64_t *results)
+{
+    if (!s || (n && (!keys || !bufs || !caps || !results)))
+        return fr_client_err(FERRY_EINVAL, "batch_get_into: bad arguments");
+    ferry_range *r = fr_calloc(n ? n : 1, sizeof *r);
+    if (!r)
+        return FERRY_ENOMEM;
+    for (size_t i = 0; i < n; i++)
+        r[i] = (ferry_range){ .key = keys[i], .src_offset = 0, .dst = bufs[i], .len = caps[i] };
+    int rc = ferry_store_get_into_ranges(s, r, n, results);
+    fr_free(r);
+    return rc;
+}
+
+/* ---- metadata-only calls ---------------------------------------------------------------- */
+
+int ferry_store_exist(ferry_store *s, const char *key)
+{
+    int rc = fr_client_key(key);
+    if (rc < 0 || !s)
+        return s ? rc : FERRY_EINVAL;
+    fr_smsg q = {.type = FR_SMSG_EXIST, .key = fr_client_str(key)}, rep;
+    uint8_t *b = NULL;
+    rc = fr_client_rpc(s, &q, FR_SMSG_EXISTS, &rep, &b);
+    if (rc == 0)
+        rc = rep.flag ? 1 : 0;
+    fr_free(b);
+    return rc;
+}
+
+int ferry_store_remove(ferry_store *s, const char *key)
+{
+    int rc = fr_client_key(key);
+    if (rc < 0 || !s)
+        return s ? rc : FERRY_EINVAL;
+    fr_smsg q = {.type = FR_SMSG_REMOVE, .key = fr_client_str(key)}, rep;
+    uint8_t *b = NULL;
+    rc = fr_client_rpc(s, &q, FR_SMSG_OK, &rep, &b);
+    fr_free(b);
+    return rc;
+}
+
+int ferry_store_remove_prefix(ferry_store *s, const char *prefix, uint64_t *removed)
+{
+    if (!s || (prefix && strlen(prefix) > FERRY_STORE_KEY_MAX))
+        return fr_client_err(FERRY_EINVAL, "remove_prefix: bad prefix");
+    fr_smsg q = {.type = FR_SMSG_REMOVE_PREFIX, .key = fr_client_str(prefix)}, rep;
+    uint8_t *b = NULL;
+    int rc = fr_client_rpc(s, &q, FR_SMSG_REMOVED, &rep, &b);
+    if (rc == 0 && removed)
+        *removed = rep.count;
+    fr_free(b);
+    return rc;
+}
+
+int ferry_store_get_replica_desc(ferry_store *s, const char *key, ferry_object_desc *out)
+{
+    int rc = fr_client_key(key);
+    if (rc < 0 || !s || !out)
+        return rc < 0 ? rc : FERRY_EINVAL;
+    fr_smsg q = {.type = FR_SMSG_GET_REPLICAS, .key = fr_client_str(key), .lease_ms = 0}, rep;
+    uint8_t *b = NULL;
+    rc = fr_client_rpc(s, &q, FR_SMSG_REPLICAS, &rep, &b);
+    if (rc == 0)
+        placed_from(&rep, out);
+    fr_free(b);
+    return rc;
+}
+
+int ferry_store_list(ferry_store *s, const char *prefix, const char *after, size_t max,
+                     char ***keys, size_t *n, bool *more)
+{
+    if (!s || !keys || !n || max == 0 || (prefix && strlen(prefix) > FERRY_STORE_KEY_MAX) ||
+        (after && strlen(after) > FERRY_STORE_KEY_MAX))
+        return fr_client_err(FERRY_EINVAL, "list: bad arguments");
+    fr_smsg q = {.type = FR_SMSG_LIST, .key = fr_client_str(prefix),
+                 .key2 = fr_client_str(after),
+                 .limit = max > FR_SMSG_LIST_MAX ? FR_SMSG_LIST_MAX : (uint32_t)max}, rep;
+    uint8_t *b = NULL;
+    int rc = fr_client_rpc(s, &q, FR_SMSG_KEYS, &rep, &b);
+    if (rc < 0) {
+        fr_free(b);
+        return rc;
+    }
+    size_t cnt = 0, bytes = 0, pos = 0;
+    fr_smsg_item it;
+    while (fr_smsg_item_next(&rep, &pos, &it)) {
+        cnt++;
+        bytes += it.key.n + 1;
+    }
+    char **arr = fr_malloc((cnt + 1) * sizeof *arr + bytes);
+    if (!arr) {
+        fr_free(b);
+        return FERRY_ENOMEM;
+    }
+    char *p = (char *)(arr + cnt + 1);
+    pos = 0;
+    for (size_t i = 0; fr_smsg_item_next(&rep, &pos, &it); i++) {
+        arr[i] = p;
+        memcpy(p, it.key.p, it.key.n);
+        p[it.key.n] = '\0';
+        p += it.key.n + 1;
+    }
+    arr[cnt] = NULL;
+    *keys = arr;
+    *n = cnt;
+    if (more)
+        *more = rep.flag;
+    fr_free(b);
+    return 0;
+}

@@ -1,0 +1,119 @@
+/* Test helpers for store tests (ftstore.h). */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "util/ftstore.h"
+
+const char *ft_ferry_bin(void)
+{
+    const char *b = getenv("FERRY_BIN");
+    return b && *b ? b : "./ferry";
+}
+
+static int start_master(ft_cluster *c, const char *listen, const char *const *extra)
+{
+    char mdir[300];
+    snprintf(mdir, sizeof mdir, "%s/master", c->dir);
+    const char *args[32] = { "master", "--dir", mdir, "--listen", listen };
+    int n = 5;
+    for (int i = 0; extra && extra[i] && n < 30; i++)
+        args[n++] = extra[i];
+    args[n] = NULL;
+    if (ft_spawn_exe(&c->master, c->master_netns, ft_ferry_bin(), args) != 0)
+        return -1;
+    char line[512];
+    if (ft_read_line(&c->master, line, sizeof line, 20000) != 0)
+        return -1;
+    const char *at = strstr(line, "listening on ");
+    if (!at)
+        return -1;
+    if (sscanf(at + 13, "%63s", c->addr) != 1)
+        return -1;
+    return 0;
+}
+
+int ft_master_start(ft_cluster *c, const char *listen, const char *const *extra)
+{
+    const char *netns = c->master_netns;
+    memset(c, 0, sizeof *c);
+    c->master_netns = netns;
+    c->master.pid = -1;
+    for (int i = 0; i < FT_MAX_NODES; i++)
+        c->node[i].pid = -1;
+    (void)ft_token();
+    snprintf(c->dir, sizeof c->dir, "/tmp/ferry-store-test-XXXXXX");
+    if (!mkdtemp(c->dir))
+        return -1;
+    return start_master(c, listen ? listen : "127.0.0.1:0", extra);
+}
+
+int ft_master_restart(ft_cluster *c, const char *const *extra)
+{
+    char addr[64];
+    snprintf(addr, sizeof addr, "%s", c->addr);
+    return start_master(c, addr, extra);
+}
+
+int ft_node_start(ft_cluster *c, int i, uint64_t size, const char *netns, const char *listen)
+{
+    char sz[32];
+    snprintf(sz, sizeof sz, "%llu", (unsigned long long)size);
+    const char *args[12] = { "node", "--master", c->addr, "--size", sz, "--heartbeat", "100" };
+    int n = 7;
+    if (listen) {
+        args[n++] = "--listen";
+        args[n++] = listen;
+    }
+    args[n] = NULL;
+    if (ft_spawn_exe(&c->node[i], netns, ft_ferry_bin(), args) != 0)
+        return -1;
+    char line[512];
+    if (ft_read_line(&c->node[i], line, sizeof line, 30000) != 0 || !strstr(line, "mounted"))
+        return -1;
+    const char *at = strstr(line, "segment ");
+    c->seg[i] = at ? strtoull(at + 8, NULL, 10) : 0;
+    return 0;
+}
+
+void ft_proc_kill(ft_peer *p, int sig)
+{
+    if (p->pid > 0) {
+        kill(p->pid, sig);
+        if (ft_peer_wait_exit(p, 10000) < 0) {
+            kill(p->pid, SIGKILL);
+            ft_peer_wait_exit(p, 10000);
+        }
+    }
+    if (p->in_fd > 0)
+        close(p->in_fd);
+    if (p->out_fd > 0)
+        close(p->out_fd);
+    p->in_fd = p->out_fd = -1;
+    p->pid = -1;
+}
+
+void ft_cluster_stop(ft_cluster *c)
+{
+    for (int i = 0; i < FT_MAX_NODES; i++)
+        ft_proc_kill(&c->node[i], SIGTERM);
+    ft_proc_kill(&c->master, SIGTERM);
+    if (c->dir[0]) {
+        char cmd[400];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", c->dir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "cannot remove %s\n", c->dir);
+        c->dir[0] = 0;
+    }
+}
+
+void ft_store_config(const ft_cluster *c, ferry_store_config *cfg)
+{
+    ferry_store_config_init(cfg);
+    snprintf(cfg->master, sizeof cfg->master, "%s", c->addr);
+    ft_config(&cfg->engine, "");
+    cfg->timeout_ms = 10000;
+    cfg->heartbeat_ms = 100;
+}

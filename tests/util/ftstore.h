@@ -1,0 +1,40 @@
+/* Test helpers: real `ferry master` and `ferry node` processes (FERRY_BIN)
+ * for store tests. Children die with the test (PDEATHSIG) and are always
+ * reaped by ft_cluster_stop. */
+#ifndef FT_STORE_H
+#define FT_STORE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ferry/store.h"
+#include "util/testutil.h"
+
+#define FT_MAX_NODES 4
+
+typedef struct ft_cluster {
+    char dir[256];              /* temp dir: master state under dir/master */
+    char addr[64];              /* the master's HOST:PORT */
+    ft_peer master;
+    ft_peer node[FT_MAX_NODES];
+    uint64_t seg[FT_MAX_NODES]; /* segment id of each node */
+    const char *master_netns;
+} ft_cluster;
+
+/* Path of the ferry CLI (FERRY_BIN or ./ferry). */
+const char *ft_ferry_bin(void);
+/* Make a temp dir and start a master on listen (NULL: 127.0.0.1:0) with
+ * extra arguments (NULL-terminated, may be NULL). 0 or -1. */
+int ft_master_start(ft_cluster *c, const char *listen, const char *const *extra);
+/* Restart the master on the same dir and address after it died. */
+int ft_master_restart(ft_cluster *c, const char *const *extra);
+/* Start node i with a segment of size bytes (netns and listen may be NULL). */
+int ft_node_start(ft_cluster *c, int i, uint64_t size, const char *netns, const char *listen);
+/* Signal a process and reap it (SIGKILL: a crash). */
+void ft_proc_kill(ft_peer *p, int sig);
+/* Kill everything and remove the temp dir. Safe twice. */
+void ft_cluster_stop(ft_cluster *c);
+/* A store config pointing at c with the test's token. */
+void ft_store_config(const ft_cluster *c, ferry_store_config *cfg);
+
+#endif
