@@ -351,7 +351,14 @@ int ferry_store_get(ferry_store *s, const char *key, void **buf, size_t *len)
 
 /* Ranges: one locate round trip for the distinct keys, then one engine
  * ticket per node so that a failing node fails only its own ranges. */
-typedef struct peer_batch { ferry_peer_id peer; xfer x; ferry_ticket *t; uint64_t bytes; int rc; } peer_batch;
+typedef struct peer_batch {
+    ferry_peer_id peer;
+    uint64_t node;
+    xfer x;
+    ferry_ticket *t;
+    uint64_t bytes;
+    int rc;
+} peer_batch;
 
 int ferry_store_get_into_ranges(ferry_store *s, const ferry_range *ranges, size_t n,
                                 int64_t *results)
@@ -409,8 +416,10 @@ int ferry_store_get_into_ranges(ferry_store *s, const ferry_range *ranges, size_
         size_t b = 0;
         while (rc == 0 && b < npb && pb[b].peer != seg.rr.peer)
             b++;
-        if (rc == 0 && b == npb)
+        if (rc == 0 && b == npb) {
+            pb[npb].node = seg.node;
             pb[npb++].peer = seg.rr.peer;
+        }
         if (rc == 0)
             rc = xfer_local(s, &pb[b].x, r->dst, len);
         if (rc == 0)
@@ -431,8 +440,9 @@ int ferry_store_get_into_ranges(ferry_store *s, const ferry_range *ranges, size_
     }
     for (size_t i = 0; i < n && ret == 0; i++) {
         if (pb_of[i] != SIZE_MAX && pb[pb_of[i]].rc < 0)
-            results[i] = fr_client_err(pb[pb_of[i]].rc, "reading %s failed: %s",
-                                       keys[kidx[i]], ferry_strerror(pb[pb_of[i]].rc));
+            results[i] = fr_client_err(pb[pb_of[i]].rc, "reading %s from node %016llx failed: %s",
+                                       keys[kidx[i]], (unsigned long long)pb[pb_of[i]].node,
+                                       ferry_strerror(pb[pb_of[i]].rc));
     }
     for (size_t i = 0; i < n && ret == 0; i++)
         if (results[i] < 0)
