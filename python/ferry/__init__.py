@@ -1,12 +1,18 @@
 """ferry — the data plane of RL post-training.
 
 Submodules wrap the C library through the ``_ferry`` extension:
-``ferry.reshard`` (placement manifests, layouts, presets, reshard plans).
+``ferry.reshard`` (placement manifests, layouts, presets, reshard plans) and
+``ferry.store`` (the store client: ``ferry.Store``).
 """
 
 from ._ferry import Error, strerror, VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH
 from . import reshard
+from . import store
+from .store import (Store, Watch, ReplicateConfig, NotFoundError, ExistsError, NoSpaceError, LostError, BusyError,
+                    ConflictError, TimeoutError, AuthError, ConnectionError, StaleError)
 
 __version__ = f"{VERSION_MAJOR}.{VERSION_MINOR}.{VERSION_PATCH}"
 
-__all__ = ["Error", "strerror", "reshard", "__version__"]
+__all__ = ["Error", "strerror", "reshard", "store", "Store", "Watch", "ReplicateConfig", "NotFoundError",
+           "ExistsError", "NoSpaceError", "LostError", "BusyError", "ConflictError", "TimeoutError", "AuthError",
+           "ConnectionError", "StaleError", "__version__"]

@@ -33,5 +33,6 @@ ferry_manifest *fp_manifest_of(PyObject *o);
 int fp_manifest_init(PyObject *m);
 int fp_model_init(PyObject *m);
 int fp_plan_init(PyObject *m);
+int fp_store_init(PyObject *m);   /* Store, Watch and the store's error classes */
 
 #endif

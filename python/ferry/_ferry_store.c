@@ -1,0 +1,1614 @@
+/* _ferry: Store and Watch (ferry.Store, ferry.Watch) over include/ferry/store.h,
+ * and the store's error classes. Every blocking call runs with the GIL
+ * released while the Python buffers it reads or writes stay held. */
+#include <string.h>
+
+#include "_ferry.h"
+
+/* ---- errors ------------------------------------------------------------------------ */
+
+static PyObject *err_notfound, *err_exists, *err_nospace, *err_lost, *err_busy, *err_conflict, *err_timeout,
+    *err_auth, *err_conn, *err_stale;
+
+static PyObject *err_class(int code)
+{
+    switch (code) {
+    case FERRY_ENOENT: return err_notfound;
+    case FERRY_EEXIST: return err_exists;
+    case FERRY_ENOSPC: return err_nospace;
+    case FERRY_ELOST: return err_lost;
+    case FERRY_EBUSY: return err_busy;
+    case FERRY_ESTATE: return err_conflict;
+    case FERRY_ETIMEDOUT: return err_timeout;
+    case FERRY_EAUTH: return err_auth;
+    case FERRY_ECONNRESET:
+    case FERRY_ECONNREFUSED: return err_conn;
+    case FERRY_ESTALE: return err_stale;
+    default: return fp_error;
+    }
+}
+
+/* A new exception instance for code (str(e) = msg, e.code = code). */
+static PyObject *err_new(int code, const char *msg)
+{
+    PyObject *e = PyObject_CallFunction(err_class(code), "s", msg && *msg ? msg : ferry_strerror(code));
+    if (!e)
+        return NULL;
+    PyObject *c = PyLong_FromLong(code);
+    if (!c || PyObject_SetAttrString(e, "code", c) < 0) {
+        Py_XDECREF(c);
+        Py_DECREF(e);
+        return NULL;
+    }
+    Py_DECREF(c);
+    return e;
+}
+
+static PyObject *err_throw(PyObject *e)
+{
+    if (e) {
+        PyErr_SetObject((PyObject *)Py_TYPE(e), e);
+        Py_DECREF(e);
+    }
+    return NULL;
+}
+
+/* Raise for code with the calling thread's ferry_store_last_error(). */
+static PyObject *st_raise(int code)
+{
+    return err_throw(err_new(code, ferry_store_last_error()));
+}
+
+/* Raise ConflictError (or whatever code maps to) with .current_revision. */
+static PyObject *st_raise_rev(int code, uint64_t rev)
+{
+    PyObject *e = err_new(code, ferry_store_last_error());
+    if (e && code == FERRY_ESTATE) {
+        PyObject *r = PyLong_FromUnsignedLongLong(rev);
+        if (!r || PyObject_SetAttrString(e, "current_revision", r) < 0)
+            Py_CLEAR(e);
+        Py_XDECREF(r);
+    }
+    return err_throw(e);
+}
+
+/* ---- objects ------------------------------------------------------------------------ */
+
+typedef struct WatchObject WatchObject;
+
+typedef struct {
+    PyObject_HEAD
+    ferry_store *s;
+    PyObject *regs;         /* address -> memoryview holding a registered buffer */
+    int inflight;           /* calls running with the GIL released */
+    WatchObject *watches;   /* open watches: closed before the store */
+} StoreObject;
+
+struct WatchObject {
+    PyObject_HEAD
+    StoreObject *store;     /* strong reference */
+    ferry_watch *w;
+    int inflight;
+    WatchObject *next, **pprev;
+};
+
+static PyTypeObject StoreType, WatchType;
+
+/* Run stmt without the GIL, counted in self->inflight so close() can refuse. */
+#define ST_CALL(self, stmt)                                                                                            \
+    do {                                                                                                               \
+        PyThreadState *st_save_;                                                                                       \
+        (self)->inflight++;                                                                                            \
+        st_save_ = PyEval_SaveThread();                                                                                \
+        stmt;                                                                                                          \
+        PyEval_RestoreThread(st_save_);                                                                                \
+        (self)->inflight--;                                                                                            \
+    } while (0)
+
+static ferry_store *st_of(StoreObject *self)
+{
+    if (!self->s)
+        PyErr_SetString(PyExc_ValueError, "the store is not open (call setup() first)");
+    return self->s;
+}
+
+/* UTF-8 of a str key without NUL bytes; valid while o lives. */
+static const char *key_of(PyObject *o, const char *what)
+{
+    if (!PyUnicode_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "%s must be str, not %.100s", what, Py_TYPE(o)->tp_name);
+        return NULL;
+    }
+    Py_ssize_t n;
+    const char *k = PyUnicode_AsUTF8AndSize(o, &n);
+    if (k && (size_t)n != strlen(k)) {
+        PyErr_Format(PyExc_ValueError, "%s contains a NUL character", what);
+        return NULL;
+    }
+    return k;
+}
+
+static PyObject *str_of(const char *s)
+{
+    return PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "surrogateescape");
+}
+
+static int buf_src(PyObject *o, Py_buffer *v)
+{
+    return PyObject_GetBuffer(o, v, PyBUF_C_CONTIGUOUS);
+}
+
+static int buf_dst(PyObject *o, Py_buffer *v)
+{
+    return PyObject_GetBuffer(o, v, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE);
+}
+
+/* A tuple copy of a sequence (holds its items for the duration of a call). */
+static PyObject *seq_hold(PyObject *o, const char *what)
+{
+    if (PyUnicode_Check(o) || PyBytes_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a list, not %.100s", what, Py_TYPE(o)->tp_name);
+        return NULL;
+    }
+    PyObject *t = PySequence_Tuple(o);
+    if (!t)
+        PyErr_Format(PyExc_TypeError, "%s must be a sequence", what);
+    return t;
+}
+
+/* ---- replicate config --------------------------------------------------------------- */
+
+typedef struct {
+    ferry_replicate_config rc;
+    uint64_t *pref;
+    int set;
+} st_rc;
+
+/* Attribute or dict item name of o: new reference, NULL when missing (no
+ * error) or on error (error set). */
+static PyObject *field_of(PyObject *o, const char *name)
+{
+    if (PyDict_Check(o)) {
+        PyObject *v = PyDict_GetItemString(o, name);
+        Py_XINCREF(v);
+        return v;
+    }
+    PyObject *v = PyObject_GetAttrString(o, name);
+    if (!v && PyErr_ExceptionMatches(PyExc_AttributeError))
+        PyErr_Clear();
+    return v;
+}
+
+static void rc_free(st_rc *r)
+{
+    PyMem_Free(r->pref);
+    r->pref = NULL;
+}
+
+/* ReplicateConfig (or a dict with the same names, or None) into r. 0 or -1. */
+static int rc_from(PyObject *o, st_rc *r)
+{
+    memset(r, 0, sizeof *r);
+    if (!o || o == Py_None)
+        return 0;
+    r->set = 1;
+    PyObject *v = field_of(o, "replica_num");
+    if (PyErr_Occurred())
+        return -1;
+    if (v && v != Py_None) {
+        unsigned long n = PyLong_AsUnsignedLong(v);
+        Py_DECREF(v);
+        if (PyErr_Occurred())
+            return -1;
+        if (n > FERRY_STORE_REPLICAS_MAX) {
+            PyErr_Format(PyExc_ValueError, "replica_num must be at most %d", FERRY_STORE_REPLICAS_MAX);
+            return -1;
+        }
+        r->rc.replica_num = (uint32_t)n;
+    } else {
+        Py_XDECREF(v);
+    }
+    v = field_of(o, "hard_pin");
+    if (PyErr_Occurred())
+        return -1;
+    if (v) {
+        int t = PyObject_IsTrue(v);
+        Py_DECREF(v);
+        if (t < 0)
+            return -1;
+        r->rc.hard_pin = t;
+    }
+    v = field_of(o, "preferred_segments");
+    if (PyErr_Occurred())
+        return -1;
+    if (!v || v == Py_None) {
+        Py_XDECREF(v);
+        return 0;
+    }
+    PyObject *t = seq_hold(v, "preferred_segments");
+    Py_DECREF(v);
+    if (!t)
+        return -1;
+    Py_ssize_t n = PyTuple_GET_SIZE(t);
+    r->pref = PyMem_Malloc(((size_t)n + 1) * sizeof *r->pref);
+    if (!r->pref) {
+        Py_DECREF(t);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        r->pref[i] = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, i));
+        if (PyErr_Occurred()) {
+            Py_DECREF(t);
+            rc_free(r);
+            return -1;
+        }
+    }
+    Py_DECREF(t);
+    r->rc.preferred_segments = r->pref;
+    r->rc.npreferred = (uint32_t)n;
+    return 0;
+}
+
+static const ferry_replicate_config *rc_ptr(const st_rc *r)
+{
+    return r->set ? &r->rc : NULL;
+}
+
+static PyObject *desc_dict(const ferry_object_desc *d)
+{
+    uint32_t n = d->nreplicas <= FERRY_STORE_REPLICAS_MAX ? d->nreplicas : FERRY_STORE_REPLICAS_MAX;
+    PyObject *reps = PyList_New(n);
+    for (uint32_t i = 0; reps && i < n; i++) {
+        const ferry_replica_info *r = &d->replicas[i];
+        PyObject *x = Py_BuildValue("{sKsKsKsO}", "segment", (unsigned long long)r->segment, "node",
+                                    (unsigned long long)r->node, "offset", (unsigned long long)r->offset,
+                                    "preferred", r->preferred ? Py_True : Py_False);
+        if (!x) {
+            Py_CLEAR(reps);
+            break;
+        }
+        PyList_SET_ITEM(reps, i, x);
+    }
+    if (!reps)
+        return NULL;
+    return Py_BuildValue("{sKsN}", "size", (unsigned long long)d->size, "replicas", reps);
+}
+
+/* ---- set-up and lifetime ---------------------------------------------------------- */
+
+static int copy_str(char *dst, size_t cap, const char *src, const char *what)
+{
+    if (strlen(src) >= cap) {
+        PyErr_Format(PyExc_ValueError, "%s is longer than %zu bytes", what, cap - 1);
+        return -1;
+    }
+    strcpy(dst, src);
+    return 0;
+}
+
+static PyObject *st_setup(StoreObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"master", "token", "token_file", "transport", "timeout_ms", "lease_ms", NULL};
+    const char *master = NULL, *token_file = NULL, *transport = NULL;
+    PyObject *token = Py_None, *timeout = Py_None, *lease = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|zOzzOO:setup", kwl, &master, &token, &token_file, &transport,
+                                     &timeout, &lease))
+        return NULL;
+    if (self->s) {
+        PyErr_SetString(PyExc_ValueError, "the store is already set up (close() it first)");
+        return NULL;
+    }
+    if (token != Py_None && token_file) {
+        PyErr_SetString(PyExc_ValueError, "pass token or token_file, not both");
+        return NULL;
+    }
+    ferry_store_config cfg;
+    int rc = ferry_store_config_init(&cfg);
+    if (rc < 0)
+        return st_raise(rc);
+    if (master && copy_str(cfg.master, sizeof cfg.master, master, "master") < 0)
+        return NULL;
+    if (transport && copy_str(cfg.engine.transport, sizeof cfg.engine.transport, transport, "transport") < 0)
+        return NULL;
+    if (token_file) {
+        rc = ferry_engine_config_token_file(&cfg.engine, token_file);
+        if (rc < 0) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "token file %s: %s", token_file, ferry_strerror(rc));
+            return err_throw(err_new(rc, msg));
+        }
+    }
+    if (token != Py_None) {
+        Py_buffer v;
+        if (PyUnicode_Check(token)) {
+            Py_ssize_t n;
+            const char *t = PyUnicode_AsUTF8AndSize(token, &n);
+            if (!t || PyBuffer_FillInfo(&v, NULL, (void *)t, n, 1, PyBUF_SIMPLE) < 0)
+                return NULL;
+        } else if (PyObject_GetBuffer(token, &v, PyBUF_SIMPLE) < 0) {
+            return NULL;
+        }
+        if (v.len == 0 || v.len > FERRY_TOKEN_MAX) {
+            PyBuffer_Release(&v);
+            PyErr_Format(PyExc_ValueError, "token must be 1 to %d bytes", FERRY_TOKEN_MAX);
+            return NULL;
+        }
+        memcpy(cfg.engine.token, v.buf, (size_t)v.len);
+        cfg.engine.token_len = (size_t)v.len;
+        PyBuffer_Release(&v);
+    }
+    if (timeout != Py_None) {
+        long t = PyLong_AsLong(timeout);
+        if (t == -1 && PyErr_Occurred())
+            return NULL;
+        if (t <= 0 || t > INT32_MAX) {
+            PyErr_SetString(PyExc_ValueError, "timeout_ms must be positive");
+            return NULL;
+        }
+        cfg.timeout_ms = (int)t;
+    }
+    if (lease != Py_None) {
+        cfg.lease_ms = PyLong_AsUnsignedLongLong(lease);
+        if (PyErr_Occurred())
+            return NULL;
+    }
+    ferry_store *s = NULL;
+    ST_CALL(self, rc = ferry_store_open(&cfg, &s));
+    memset(&cfg.engine.token, 0, sizeof cfg.engine.token);
+    if (rc < 0)
+        return st_raise(rc);
+    if (self->s) {   /* another thread set it up meanwhile */
+        ST_CALL(self, ferry_store_close(s));
+        PyErr_SetString(PyExc_ValueError, "the store is already set up (close() it first)");
+        return NULL;
+    }
+    self->s = s;
+    Py_RETURN_NONE;
+}
+
+static void watch_unlink(WatchObject *w)
+{
+    if (w->pprev) {
+        *w->pprev = w->next;
+        if (w->next)
+            w->next->pprev = w->pprev;
+        w->next = NULL;
+        w->pprev = NULL;
+    }
+}
+
+static void watch_close_now(WatchObject *w)
+{
+    ferry_watch *fw = w->w;
+    w->w = NULL;
+    watch_unlink(w);
+    if (fw) {
+        Py_BEGIN_ALLOW_THREADS ferry_watch_close(fw);
+        Py_END_ALLOW_THREADS
+    }
+}
+
+static void regs_release(StoreObject *self)
+{
+    if (!self->regs)
+        return;
+    PyObject *k, *v;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(self->regs, &pos, &k, &v)) {
+        PyObject *r = PyObject_CallMethod(v, "release", NULL);
+        if (!r)
+            PyErr_Clear();
+        Py_XDECREF(r);
+    }
+    PyDict_Clear(self->regs);
+}
+
+static void st_close_now(StoreObject *self)
+{
+    while (self->watches)
+        watch_close_now(self->watches);
+    ferry_store *s = self->s;
+    self->s = NULL;
+    if (s) {
+        Py_BEGIN_ALLOW_THREADS ferry_store_close(s);
+        Py_END_ALLOW_THREADS
+    }
+    regs_release(self);   /* the engine unregistered them when it closed */
+}
+
+static PyObject *st_close(StoreObject *self, PyObject *unused)
+{
+    (void)unused;
+    int busy = self->inflight;
+    for (WatchObject *w = self->watches; w; w = w->next)
+        busy += w->inflight;
+    if (busy)
+        return err_throw(err_new(FERRY_EBUSY, "close: calls are still running on this store or its watches"));
+    st_close_now(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *st_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    (void)args;
+    (void)kw;
+    StoreObject *self = (StoreObject *)type->tp_alloc(type, 0);
+    if (!self)
+        return NULL;
+    self->regs = PyDict_New();
+    if (!self->regs) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static void st_dealloc(StoreObject *self)
+{
+    st_close_now(self);
+    Py_CLEAR(self->regs);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *st_enter(StoreObject *self, PyObject *unused)
+{
+    (void)unused;
+    Py_INCREF(self);
+    return (PyObject *)self;
+}
+
+static PyObject *st_exit(StoreObject *self, PyObject *args)
+{
+    (void)args;
+    PyObject *r = st_close(self, NULL);
+    if (!r)
+        return NULL;
+    Py_DECREF(r);
+    Py_RETURN_FALSE;
+}
+
+static PyObject *st_is_open(StoreObject *self, void *closure)
+{
+    (void)closure;
+    return PyBool_FromLong(self->s != NULL);
+}
+
+/* ---- registered buffers -------------------------------------------------------------- */
+
+static PyObject *st_register(StoreObject *self, PyObject *buffer)
+{
+    ferry_store *s = st_of(self);
+    if (!s)
+        return NULL;
+    PyObject *mv = PyMemoryView_FromObject(buffer);
+    if (!mv)
+        return NULL;
+    Py_buffer *v = PyMemoryView_GET_BUFFER(mv);
+    if (!PyBuffer_IsContiguous(v, 'C') || v->len == 0) {
+        PyObject *r = PyObject_CallMethod(mv, "release", NULL);
+        Py_XDECREF(r);
+        Py_DECREF(mv);
+        PyErr_SetString(PyExc_ValueError, "register_buffer: a non-empty C-contiguous buffer is needed");
+        return NULL;
+    }
+    PyObject *addr = PyLong_FromVoidPtr(v->buf);
+    int rc = 0;
+    if (addr)
+        ST_CALL(self, rc = ferry_store_register_buffer(s, v->buf, (size_t)v->len));
+    if (!addr || rc < 0 || PyDict_SetItem(self->regs, addr, mv) < 0) {
+        if (addr && rc == 0)   /* registered but not recorded: undo */
+            ferry_store_unregister_buffer(s, v->buf);
+        Py_XDECREF(addr);
+        PyObject *r = PyObject_CallMethod(mv, "release", NULL);
+        Py_XDECREF(r);
+        Py_DECREF(mv);
+        return rc < 0 ? st_raise(rc) : NULL;
+    }
+    Py_DECREF(addr);
+    Py_DECREF(mv);
+    Py_RETURN_NONE;
+}
+
+static PyObject *st_unregister(StoreObject *self, PyObject *buffer)
+{
+    ferry_store *s = st_of(self);
+    if (!s)
+        return NULL;
+    Py_buffer v;
+    if (PyObject_GetBuffer(buffer, &v, PyBUF_FULL_RO) < 0)
+        return NULL;
+    void *p = v.buf;
+    PyBuffer_Release(&v);
+    int rc;
+    ST_CALL(self, rc = ferry_store_unregister_buffer(s, p));
+    if (rc < 0)
+        return st_raise(rc);
+    PyObject *addr = PyLong_FromVoidPtr(p);
+    if (!addr)
+        return NULL;
+    PyObject *mv = PyDict_GetItemWithError(self->regs, addr);
+    if (mv) {
+        Py_INCREF(mv);
+        PyDict_DelItem(self->regs, addr);
+        PyObject *r = PyObject_CallMethod(mv, "release", NULL);
+        Py_XDECREF(r);
+        Py_DECREF(mv);
+    }
+    Py_DECREF(addr);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* ---- objects --------------------------------------------------------------------------- */
+
+static PyObject *st_put_any(StoreObject *self, PyObject *args, PyObject *kw, int from)
+{
+    static char *kwl[] = {"key", "value", "config", NULL};
+    const char *key;
+    PyObject *val, *cfg = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, from ? "sO|O:put_from" : "sO|O:put", kwl, &key, &val, &cfg))
+        return NULL;
+    ferry_store *s = st_of(self);
+    st_rc r;
+    if (!s || rc_from(cfg, &r) < 0)
+        return NULL;
+    Py_buffer v;
+    if (buf_src(val, &v) < 0) {
+        rc_free(&r);
+        return NULL;
+    }
+    ferry_object_desc placed;
+    memset(&placed, 0, sizeof placed);
+    int rc;
+    if (from)
+        ST_CALL(self, rc = ferry_store_put_from(s, key, v.buf, (size_t)v.len, rc_ptr(&r), &placed));
+    else
+        ST_CALL(self, rc = ferry_store_put(s, key, v.buf, (size_t)v.len, rc_ptr(&r), &placed));
+    PyBuffer_Release(&v);
+    rc_free(&r);
+    return rc < 0 ? st_raise(rc) : desc_dict(&placed);
+}
+
+static PyObject *st_put(StoreObject *self, PyObject *args, PyObject *kw)
+{
+    return st_put_any(self, args, kw, 0);
+}
+
+static PyObject *st_put_from(StoreObject *self, PyObject *args, PyObject *kw)
+{
+    return st_put_any(self, args, kw, 1);
+}
+
+static PyObject *st_get(StoreObject *self, PyObject *args)
+{
+    const char *key;
+    if (!PyArg_ParseTuple(args, "s:get", &key))
+        return NULL;
+    ferry_store *s = st_of(self);
+    if (!s)
+        return NULL;
+    void *buf = NULL;
+    size_t len = 0;
+    int rc;
+    ST_CALL(self, rc = ferry_store_get(s, key, &buf, &len));
+    if (rc < 0)
+        return st_raise(rc);
+    PyObject *b = PyBytes_FromStringAndSize(buf, (Py_ssize_t)len);
+    ferry_store_free(buf);
+    return b;
+}
+
+static PyObject *st_get_into(StoreObject *self, PyObject *args)
+{
+    const char *key;
+    PyObject *dst;
+    if (!PyArg_ParseTuple(args, "sO:get_into", &key, &dst))
+        return NULL;
+    ferry_store *s = st_of(self);
+    Py_buffer v;
+    if (!s || buf_dst(dst, &v) < 0)
+        return NULL;
+    size_t len = 0;
+    int rc;
+    ST_CALL(self, rc = ferry_store_get_into(s, key, v.buf, (size_t)v.len, &len));
+    Py_ssize_t cap = v.len;
+    PyBuffer_Release(&v);
+    if (rc == FERRY_EMSGSIZE) {
+        char msg[FERRY_STORE_KEY_MAX + 128];
+        snprintf(msg, sizeof msg, "get_into %s: the object is %zu bytes, the buffer holds %zd", key, len, cap);
+        return err_throw(err_new(rc, msg));
+    }
+    return rc < 0 ? st_raise(rc) : PyLong_FromSize_t(len);
+}
+
+/* After a batch call that returned rc: whether it failed as a whole (raise)
+ * rather than per item (return the list). unfilled: some result kept its
+ * sentinel; anyneg: some result is negative. */
+static int call_failed(int rc, int unfilled, int anyneg)
+{
+    if (rc >= 0)
+        return 0;
+    if (rc == FERRY_ECONNRESET || rc == FERRY_ECONNREFUSED || rc == FERRY_EAUTH)
+        return 1;
+    return unfilled || !anyneg;
+}
+
+static void views_release(Py_buffer *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        PyBuffer_Release(&v[i]);
+}
+
+static PyObject *st_get_into_ranges(StoreObject *self, PyObject *args)
+{
+    PyObject *ranges;
+    if (!PyArg_ParseTuple(args, "O:get_into_ranges", &ranges))
+        return NULL;
+    ferry_store *s = st_of(self);
+    if (!s)
+        return NULL;
+    PyObject *t = seq_hold(ranges, "ranges");
+    if (!t)
+        return NULL;
+    size_t n = (size_t)PyTuple_GET_SIZE(t), got = 0;
+    ferry_range *r = PyMem_Calloc(n + 1, sizeof *r);
+    Py_buffer *v = PyMem_Calloc(n + 1, sizeof *v);
+    int64_t *res = PyMem_Calloc(n + 1, sizeof *res);
+    PyObject **items = PyMem_Calloc(n + 1, sizeof *items);   /* each range as a tuple */
+    PyObject *out = NULL;
+    if (!r || !v || !res || !items) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++) {
+        PyObject *it = PySequence_Tuple(PyTuple_GET_ITEM(t, i));
+        items[i] = it;
+        Py_ssize_t k = it ? PyTuple_GET_SIZE(it) : 0;
+        if (!it || (k != 3 && k != 4)) {
+            PyErr_Format(PyExc_TypeError, "ranges[%zu] must be (key, src_offset, buffer[, length])", i);
+            goto done;
+        }
+        r[i].key = key_of(PyTuple_GET_ITEM(it, 0), "key");
+        if (!r[i].key)
+            goto done;
+        r[i].src_offset = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(it, 1));
+        if (PyErr_Occurred() || buf_dst(PyTuple_GET_ITEM(it, 2), &v[i]) < 0)
+            goto done;
+        got = i + 1;
+        r[i].dst = v[i].buf;
+        r[i].len = (uint64_t)v[i].len;
+        if (k == 4 && PyTuple_GET_ITEM(it, 3) != Py_None) {
+            uint64_t len = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(it, 3));
+            if (PyErr_Occurred())
+                goto done;
+            if (len > (uint64_t)v[i].len) {
+                PyErr_Format(PyExc_ValueError, "ranges[%zu]: length %llu exceeds the buffer (%zd bytes)", i,
+                             (unsigned long long)len, v[i].len);
+                goto done;
+            }
+            r[i].len = len;
+        }
+        res[i] = INT64_MIN;
+    }
+    int rc = 0;
+    if (n)
+        ST_CALL(self, rc = ferry_store_get_into_ranges(s, r, n, res));
+    int unfilled = 0, anyneg = 0;
+    for (size_t i = 0; i < n; i++) {
+        unfilled |= res[i] == INT64_MIN;
+        anyneg |= res[i] < 0;
+    }
+    if (call_failed(rc, unfilled, anyneg)) {
+        st_raise(rc);
+        goto done;
+    }
+    out = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; out && i < n; i++) {
+        PyObject *x = PyLong_FromLongLong(res[i]);
+        if (!x)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, (Py_ssize_t)i, x);
+    }
+done:
+    if (v)
+        views_release(v, got);
+    if (items)
+        for (size_t i = 0; i < n; i++)
+            Py_XDECREF(items[i]);
+    PyMem_Free(items);
+    PyMem_Free(r);
+    PyMem_Free(v);
+    PyMem_Free(res);
+    Py_DECREF(t);
+    return out;
+}
+
+/* Keys and buffers of a batch: the tuples hold the objects, views the bytes. */
+typedef struct {
+    PyObject *kt, *bt;
+    size_t n, got;
+    const char **keys;
+    Py_buffer *v;
+    void **bufs;
+    size_t *lens;
+} st_batch;
+
+static void batch_free(st_batch *b)
+{
+    if (b->v)
+        views_release(b->v, b->got);
+    PyMem_Free((void *)b->keys);
+    PyMem_Free(b->v);
+    PyMem_Free(b->bufs);
+    PyMem_Free(b->lens);
+    Py_XDECREF(b->kt);
+    Py_XDECREF(b->bt);
+}
+
+static int batch_from(st_batch *b, PyObject *keys, PyObject *bufs, int writable)
+{
+    memset(b, 0, sizeof *b);
+    b->kt = seq_hold(keys, "keys");
+    b->bt = b->kt ? seq_hold(bufs, "buffers") : NULL;
+    if (!b->bt)
+        return -1;
+    b->n = (size_t)PyTuple_GET_SIZE(b->kt);
+    if ((size_t)PyTuple_GET_SIZE(b->bt) != b->n) {
+        PyErr_SetString(PyExc_ValueError, "keys and buffers differ in length");
+        return -1;
+    }
+    b->keys = PyMem_Calloc(b->n + 1, sizeof *b->keys);
+    b->v = PyMem_Calloc(b->n + 1, sizeof *b->v);
+    b->bufs = PyMem_Calloc(b->n + 1, sizeof *b->bufs);
+    b->lens = PyMem_Calloc(b->n + 1, sizeof *b->lens);
+    if (!b->keys || !b->v || !b->bufs || !b->lens) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t i = 0; i < b->n; i++) {
+        b->keys[i] = key_of(PyTuple_GET_ITEM(b->kt, i), "key");
+        PyObject *o = PyTuple_GET_ITEM(b->bt, i);
+        if (!b->keys[i] || (writable ? buf_dst(o, &b->v[i]) : buf_src(o, &b->v[i])) < 0)
+            return -1;
+        b->got = i + 1;
+        b->bufs[i] = b->v[i].buf;
+        b->lens[i] = (size_t)b->v[i].len;
+    }
+    return 0;
+}
+
+static PyObject *st_batch_put_from(StoreObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"keys", "buffers", "config", NULL};
+    PyObject *keys, *bufs, *cfg = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O:batch_put_from", kwl, &keys, &bufs, &cfg))
+        return NULL;
+    ferry_store *s = st_of(self);
+    st_rc r;
+    if (!s || rc_from(cfg, &r) < 0)
+        return NULL;
+    st_batch b;
+    PyObject *out = NULL;
+    int *res = NULL;
+    if (batch_from(&b, keys, bufs, 0) < 0)
+        goto done;
+    res = PyMem_Calloc(b.n + 1, sizeof *res);
+    if (!res) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (size_t i = 0; i < b.n; i++)
+        res[i] = INT32_MIN;
+    int rc = 0;
+    if (b.n)
+        ST_CALL(self, rc = ferry_store_batch_put_from(s, b.keys, (const void *const *)b.bufs, b.lens, b.n,
+                                                      rc_ptr(&r), res));
+    int unfilled = 0, anyneg = 0;
+    for (size_t i = 0; i < b.n; i++) {
+        unfilled |= res[i] == INT32_MIN;
+        anyneg |= res[i] < 0;
+    }
+    if (call_failed(rc, unfilled, anyneg)) {
+        st_raise(rc);
+        goto done;
+    }
+    out = PyList_New((Py_ssize_t)b.n);
+    for (size_t i = 0; out && i < b.n; i++) {
+        PyObject *x = PyLong_FromLong(res[i]);
+        if (!x)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, (Py_ssize_t)i, x);
+    }
+done:
+    PyMem_Free(res);
+    batch_free(&b);
+    rc_free(&r);
+    return out;
+}
+
+static PyObject *st_batch_get_into(StoreObject *self, PyObject *args)
+{
+    PyObject *keys, *bufs;
+    if (!PyArg_ParseTuple(args, "OO:batch_get_into", &keys, &bufs))
+        return NULL;
+    ferry_store *s = st_of(self);
+    if (!s)
+        return NULL;
+    st_batch b;
+    PyObject *out = NULL;
+    int64_t *res = NULL;
+    if (batch_from(&b, keys, bufs, 1) < 0)
+        goto done;
+    res = PyMem_Calloc(b.n + 1, sizeof *res);
+    if (!res) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (size_t i = 0; i < b.n; i++)
+        res[i] = INT64_MIN;
+    int rc = 0;
+    if (b.n)
+        ST_CALL(self, rc = ferry_store_batch_get_into(s, b.keys, b.bufs, b.lens, b.n, res));
+    int unfilled = 0, anyneg = 0;
+    for (size_t i = 0; i < b.n; i++) {
+        unfilled |= res[i] == INT64_MIN;
+        anyneg |= res[i] < 0;
+    }
+    if (call_failed(rc, unfilled, anyneg)) {
+        st_raise(rc);
+        goto done;
+    }
+    out = PyList_New((Py_ssize_t)b.n);
+    for (size_t i = 0; out && i < b.n; i++) {
+        PyObject *x = PyLong_FromLongLong(res[i]);
+        if (!x)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, (Py_ssize_t)i, x);
+    }
+done:
+    PyMem_Free(res);
+    batch_free(&b);
+    return out;
+}
+
+static PyObject *st_is_exist(StoreObject *self, PyObject *args)
+{
+    const char *key;
+    if (!PyArg_ParseTuple(args, "s:is_exist", &key))
+        return NULL;
+    ferry_store *s = st_of(self);
+    if (!s)
+        return NULL;
+    int rc;
+    ST_CALL(self, rc = ferry_store_exist(s, key));
+    return rc < 0 ? st_raise(rc) : PyBool_FromLong(rc > 0);
+}
+
+static PyObject *st_remove(StoreObject *self, PyObject *args)
+{
+    const char *key;
+    if (!PyArg_ParseTuple(args, "s:remove", &key))
+        return NULL;
+    ferry_store *s = st_of(self);
+    if (!s)
+        return NULL;
+    int rc;
+    ST_CALL(self, rc = ferry_store_remove(s, key));
+    if (rc < 0)
+        return st_raise(rc);
+    Py_RETURN_NONE;
+}
+
+static PyObject *st_remove_prefix(StoreObject *self, PyObject *args)
+{
+    const char *prefix;
+    if (!PyArg_ParseTuple(args, "s:remove_prefix", &prefix))
+        return NULL;
+    ferry_store *s = st_of(self);
+    if (!s)
+        return NULL;
+    uint64_t removed = 0;
+    int rc;
+    ST_CALL(self, rc = ferry_store_remove_prefix(s, prefix, &removed));
+    return rc < 0 ? st_raise(rc) : PyLong_FromUnsignedLongLong(removed);
+}
+
+/* list_page(prefix="", after=None, limit=1000) -> (keys, more) */
+static PyObject *st_list_page(StoreObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"prefix", "after", "limit", NULL};
+    const char *prefix = "", *after = NULL;
+    Py_ssize_t limit = 1000;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|szn:list", kwl, &prefix, &after, &limit))
+        return NULL;
+    if (limit < 0) {
+        PyErr_SetString(PyExc_ValueError, "limit must not be negative");
+        return NULL;
+    }
+    ferry_store *s = st_of(self);
+    if (!s)
+        return NULL;
+    char **keys = NULL;
+    size_t n = 0;
+    bool more = false;
+    int rc;
+    ST_CALL(self, rc = ferry_store_list(s, prefix, after, (size_t)limit, &keys, &n, &more));
+    if (rc < 0)
+        return st_raise(rc);
+    PyObject *l = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; l && i < n; i++) {
+        PyObject *k = str_of(keys[i]);
+        if (!k)
+            Py_CLEAR(l);
+        else
+            PyList_SET_ITEM(l, (Py_ssize_t)i, k);
+    }
+    ferry_store_free(keys);
+    return l ? Py_BuildValue("(NO)", l, more ? Py_True : Py_False) : NULL;
+}
+
+static PyObject *st_list(StoreObject *self, PyObject *args, PyObject *kw)
+{
+    PyObject *t = st_list_page(self, args, kw);
+    if (!t)
+        return NULL;
+    PyObject *l = PyTuple_GET_ITEM(t, 0);
+    Py_INCREF(l);
+    Py_DECREF(t);
+    return l;
+}
+
+static PyObject *st_replica_desc(StoreObject *self, PyObject *args)
+{
+    const char *key;
+    if (!PyArg_ParseTuple(args, "s:get_replica_desc", &key))
+        return NULL;
+    ferry_store *s = st_of(self);
+    if (!s)
+        return NULL;
+    ferry_object_desc d;
+    memset(&d, 0, sizeof d);
+    int rc;
+    ST_CALL(self, rc = ferry_store_get_replica_desc(s, key, &d));
+    return rc < 0 ? st_raise(rc) : desc_dict(&d);
+}
+
+/* ---- structured objects ------------------------------------------------------------ */
+
+/* put_struct_raw(key, [(name, dtype, shape, buffer), ...], config=None) */
+static PyObject *st_put_struct_raw(StoreObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"key", "members", "config", NULL};
+    const char *key;
+    PyObject *members, *cfg = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|O:put_struct_raw", kwl, &key, &members, &cfg))
+        return NULL;
+    ferry_store *s = st_of(self);
+    st_rc r;
+    if (!s || rc_from(cfg, &r) < 0)
+        return NULL;
+    PyObject *t = seq_hold(members, "members"), *out = NULL;
+    size_t n = t ? (size_t)PyTuple_GET_SIZE(t) : 0, got = 0;
+    ferry_member *m = PyMem_Calloc(n + 1, sizeof *m);
+    Py_buffer *v = PyMem_Calloc(n + 1, sizeof *v);
+    const void **data = PyMem_Calloc(n + 1, sizeof *data);
+    if (!t)
+        goto done;
+    if (!m || !v || !data) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++) {
+        PyObject *it = PyTuple_GET_ITEM(t, i);
+        const char *name, *dtype;
+        PyObject *shape, *buf;
+        if (!PyTuple_Check(it) || !PyArg_ParseTuple(it, "ssOO", &name, &dtype, &shape, &buf)) {
+            if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError)) {
+                PyErr_Clear();
+                PyErr_Format(PyExc_TypeError, "members[%zu] must be a tuple (name, dtype, shape, buffer)", i);
+            }
+            goto done;
+        }
+        if (copy_str(m[i].name, sizeof m[i].name, name, "member name") < 0 ||
+            copy_str(m[i].dtype, sizeof m[i].dtype, dtype, "dtype") < 0)
+            goto done;
+        PyObject *sh = seq_hold(shape, "shape");
+        if (!sh)
+            goto done;
+        Py_ssize_t nd = PyTuple_GET_SIZE(sh);
+        if (nd > FERRY_MEMBER_NDIM_MAX) {
+            Py_DECREF(sh);
+            PyErr_Format(PyExc_ValueError, "member %s: at most %d dimensions", name, FERRY_MEMBER_NDIM_MAX);
+            goto done;
+        }
+        uint64_t count = 1;
+        for (Py_ssize_t d = 0; d < nd; d++) {
+            m[i].shape[d] = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(sh, d));
+            count *= m[i].shape[d];
+        }
+        m[i].ndim = (uint32_t)nd;
+        Py_DECREF(sh);
+        if (PyErr_Occurred() || buf_src(buf, &v[i]) < 0)
+            goto done;
+        got = i + 1;
+        data[i] = v[i].buf;
+        size_t es = ferry_dtype_size(dtype);
+        if (!es) {
+            PyErr_Format(PyExc_ValueError, "member %s: unknown dtype %s", name, dtype);
+            goto done;
+        }
+        if (count * es != (uint64_t)v[i].len) {
+            PyErr_Format(PyExc_ValueError, "member %s: shape and dtype make %llu bytes, the buffer has %zd", name,
+                         (unsigned long long)(count * es), v[i].len);
+            goto done;
+        }
+    }
+    int rc;
+    ST_CALL(self, rc = ferry_store_put_struct(s, key, m, data, n, rc_ptr(&r)));
+    if (rc < 0)
+        st_raise(rc);
+    else
+        out = Py_NewRef(Py_None);
+done:
+    if (v)
+        views_release(v, got);
+    PyMem_Free(m);
+    PyMem_Free(v);
+    PyMem_Free((void *)data);
+    Py_XDECREF(t);
+    rc_free(&r);
+    return out;
+}
+
+static PyObject *st_get_members(StoreObject *self, PyObject *args)
+{
+    const char *key;
+    if (!PyArg_ParseTuple(args, "s:get_members", &key))
+        return NULL;
+    ferry_store *s = st_of(self);
+    if (!s)
+        return NULL;
+    size_t cap = 64, n = 0;
+    ferry_member *m = NULL;
+    for (;;) {
+        ferry_member *m2 = PyMem_Realloc(m, cap * sizeof *m);
+        if (!m2) {
+            PyMem_Free(m);
+            return PyErr_NoMemory();
+        }
+        m = m2;
+        int rc;
+        ST_CALL(self, rc = ferry_store_get_members(s, key, m, cap, &n));
+        if (rc < 0) {
+            PyMem_Free(m);
+            return st_raise(rc);
+        }
+        if (n <= cap)
+            break;
+        cap = n;
+    }
+    PyObject *l = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; l && i < n; i++) {
+        uint32_t nd = m[i].ndim <= FERRY_MEMBER_NDIM_MAX ? m[i].ndim : FERRY_MEMBER_NDIM_MAX;
+        PyObject *x = Py_BuildValue("{sssssNsKsK}", "name", m[i].name, "dtype", m[i].dtype, "shape",
+                                    fp_tuple_u64(m[i].shape, nd), "offset", (unsigned long long)m[i].offset,
+                                    "nbytes", (unsigned long long)m[i].nbytes);
+        if (!x)
+            Py_CLEAR(l);
+        else
+            PyList_SET_ITEM(l, (Py_ssize_t)i, x);
+    }
+    PyMem_Free(m);
+    return l;
+}
+
+/* read_member_into(key, member, row_begin, row_end, buffer) -> bytes read */
+static PyObject *st_read_member_into(StoreObject *self, PyObject *args)
+{
+    const char *key, *member;
+    unsigned long long a, b;
+    PyObject *dst;
+    if (!PyArg_ParseTuple(args, "ssKKO:read_member_into", &key, &member, &a, &b, &dst))
+        return NULL;
+    ferry_store *s = st_of(self);
+    Py_buffer v;
+    if (!s || buf_dst(dst, &v) < 0)
+        return NULL;
+    size_t len = 0;
+    int rc;
+    ST_CALL(self, rc = ferry_store_read_member(s, key, member, a, b, v.buf, (size_t)v.len, &len));
+    PyBuffer_Release(&v);
+    return rc < 0 ? st_raise(rc) : PyLong_FromSize_t(len);
+}
+
+/* ---- KV ----------------------------------------------------------------------------------- */
+
+static PyObject *st_kv_get(StoreObject *self, PyObject *args)
+{
+    const char *key;
+    if (!PyArg_ParseTuple(args, "s:kv_get", &key))
+        return NULL;
+    ferry_store *s = st_of(self);
+    if (!s)
+        return NULL;
+    ferry_kv_value kv;
+    memset(&kv, 0, sizeof kv);
+    int rc;
+    ST_CALL(self, rc = ferry_kv_get(s, key, &kv));
+    if (rc == FERRY_ENOENT)
+        Py_RETURN_NONE;
+    if (rc < 0)
+        return st_raise(rc);
+    PyObject *b = PyBytes_FromStringAndSize(kv.val, (Py_ssize_t)kv.len);
+    ferry_store_free(kv.val);
+    return b ? Py_BuildValue("(NK)", b, (unsigned long long)kv.mod_rev) : NULL;
+}
+
+static PyObject *st_kv_put(StoreObject *self, PyObject *args)
+{
+    const char *key;
+    PyObject *val;
+    if (!PyArg_ParseTuple(args, "sO:kv_put", &key, &val))
+        return NULL;
+    ferry_store *s = st_of(self);
+    Py_buffer v;
+    if (!s || buf_src(val, &v) < 0)
+        return NULL;
+    uint64_t rev = 0;
+    int rc;
+    ST_CALL(self, rc = ferry_kv_put(s, key, v.buf, (size_t)v.len, &rev));
+    PyBuffer_Release(&v);
+    return rc < 0 ? st_raise(rc) : PyLong_FromUnsignedLongLong(rev);
+}
+
+static PyObject *st_kv_cas(StoreObject *self, PyObject *args)
+{
+    const char *key;
+    unsigned long long expected;
+    PyObject *val;
+    if (!PyArg_ParseTuple(args, "sKO:kv_cas", &key, &expected, &val))
+        return NULL;
+    ferry_store *s = st_of(self);
+    Py_buffer v;
+    if (!s || buf_src(val, &v) < 0)
+        return NULL;
+    uint64_t rev = 0;
+    int rc;
+    ST_CALL(self, rc = ferry_kv_cas(s, key, expected, v.buf, (size_t)v.len, &rev));
+    PyBuffer_Release(&v);
+    return rc < 0 ? st_raise_rev(rc, rev) : PyLong_FromUnsignedLongLong(rev);
+}
+
+static PyObject *st_kv_delete(StoreObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"key", "expected_rev", NULL};
+    const char *key;
+    unsigned long long expected = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|K:kv_delete", kwl, &key, &expected))
+        return NULL;
+    ferry_store *s = st_of(self);
+    if (!s)
+        return NULL;
+    uint64_t rev = 0;
+    int rc;
+    ST_CALL(self, rc = ferry_kv_delete(s, key, expected, &rev));
+    return rc < 0 ? st_raise_rev(rc, rev) : PyLong_FromUnsignedLongLong(rev);
+}
+
+static PyObject *st_watch(StoreObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"prefix", "from_rev", NULL};
+    const char *prefix;
+    unsigned long long from = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|K:watch", kwl, &prefix, &from))
+        return NULL;
+    ferry_store *s = st_of(self);
+    if (!s)
+        return NULL;
+    WatchObject *w = PyObject_New(WatchObject, &WatchType);
+    if (!w)
+        return NULL;
+    w->store = NULL;
+    w->w = NULL;
+    w->inflight = 0;
+    w->next = NULL;
+    w->pprev = NULL;
+    int rc;
+    ferry_watch *fw = NULL;
+    ST_CALL(self, rc = ferry_kv_watch(s, prefix, from, &fw));
+    if (rc < 0) {
+        Py_DECREF(w);
+        return st_raise(rc);
+    }
+    if (!self->s) {   /* closed meanwhile: cannot happen (close refuses), kept safe */
+        ferry_watch_close(fw);
+        Py_DECREF(w);
+        st_of(self);
+        return NULL;
+    }
+    w->w = fw;
+    Py_INCREF(self);
+    w->store = self;
+    w->next = self->watches;
+    if (w->next)
+        w->next->pprev = &w->next;
+    w->pprev = &self->watches;
+    self->watches = w;
+    return (PyObject *)w;
+}
+
+static PyObject *st_barrier(StoreObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"name", "member", "count", "timeout_ms", NULL};
+    const char *name, *member;
+    unsigned int count;
+    unsigned long long timeout = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "ssI|K:barrier", kwl, &name, &member, &count, &timeout))
+        return NULL;
+    ferry_store *s = st_of(self);
+    if (!s)
+        return NULL;
+    uint64_t gen = 0;
+    int rc;
+    ST_CALL(self, rc = ferry_barrier(s, name, member, count, timeout, &gen));
+    return rc < 0 ? st_raise(rc) : PyLong_FromUnsignedLongLong(gen);
+}
+
+/* ---- queues ------------------------------------------------------------------------------ */
+
+static PyObject *st_queue_push(StoreObject *self, PyObject *args)
+{
+    const char *queue;
+    PyObject *data;
+    if (!PyArg_ParseTuple(args, "sO:queue_push", &queue, &data))
+        return NULL;
+    ferry_store *s = st_of(self);
+    Py_buffer v;
+    if (!s || buf_src(data, &v) < 0)
+        return NULL;
+    uint64_t id = 0;
+    int rc;
+    ST_CALL(self, rc = ferry_queue_push(s, queue, v.buf, (size_t)v.len, &id));
+    PyBuffer_Release(&v);
+    return rc < 0 ? st_raise(rc) : PyLong_FromUnsignedLongLong(id);
+}
+
+#define ST_POP_MAX 65536
+
+static PyObject *st_queue_pop(StoreObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"queue", "max", "lease_ms", NULL};
+    const char *queue;
+    unsigned int max = 1;
+    unsigned long long lease = 30000;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|IK:queue_pop", kwl, &queue, &max, &lease))
+        return NULL;
+    if (max == 0 || max > ST_POP_MAX) {
+        PyErr_Format(PyExc_ValueError, "max must be 1 to %d", ST_POP_MAX);
+        return NULL;
+    }
+    ferry_store *s = st_of(self);
+    if (!s)
+        return NULL;
+    ferry_qrecord *recs = PyMem_Calloc(max, sizeof *recs);
+    if (!recs)
+        return PyErr_NoMemory();
+    size_t n = 0;
+    int rc;
+    ST_CALL(self, rc = ferry_queue_pop(s, queue, max, lease, recs, &n));
+    if (rc < 0) {
+        PyMem_Free(recs);
+        return st_raise(rc);
+    }
+    if (n > max)
+        n = max;
+    PyObject *l = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; l && i < n; i++) {
+        PyObject *x = Py_BuildValue("(KIy#)", (unsigned long long)recs[i].id, (unsigned int)recs[i].token,
+                                    recs[i].data ? (const char *)recs[i].data : "", (Py_ssize_t)recs[i].len);
+        if (!x)
+            Py_CLEAR(l);
+        else
+            PyList_SET_ITEM(l, (Py_ssize_t)i, x);
+    }
+    ferry_qrecords_free(recs, n);
+    PyMem_Free(recs);
+    return l;
+}
+
+static PyObject *st_queue_ack_any(StoreObject *self, PyObject *args, int ack)
+{
+    unsigned long long id;
+    unsigned int token;
+    if (!PyArg_ParseTuple(args, ack ? "KI:queue_ack" : "KI:queue_nack", &id, &token))
+        return NULL;
+    ferry_store *s = st_of(self);
+    if (!s)
+        return NULL;
+    int rc;
+    if (ack)
+        ST_CALL(self, rc = ferry_queue_ack(s, id, token));
+    else
+        ST_CALL(self, rc = ferry_queue_nack(s, id, token));
+    if (rc < 0)
+        return st_raise(rc);
+    Py_RETURN_NONE;
+}
+
+static PyObject *st_queue_ack(StoreObject *self, PyObject *args)
+{
+    return st_queue_ack_any(self, args, 1);
+}
+
+static PyObject *st_queue_nack(StoreObject *self, PyObject *args)
+{
+    return st_queue_ack_any(self, args, 0);
+}
+
+static PyObject *st_status(StoreObject *self, PyObject *unused)
+{
+    (void)unused;
+    ferry_store *s = st_of(self);
+    if (!s)
+        return NULL;
+    char *json = NULL;
+    int rc;
+    ST_CALL(self, rc = ferry_store_status_json(s, &json));
+    if (rc < 0)
+        return st_raise(rc);
+    PyObject *mod = PyImport_ImportModule("json");
+    PyObject *d = mod ? PyObject_CallMethod(mod, "loads", "s", json ? json : "null") : NULL;
+    Py_XDECREF(mod);
+    ferry_store_free(json);
+    return d;
+}
+
+static PyObject *st_engine_address(StoreObject *self, PyObject *unused)
+{
+    (void)unused;
+    ferry_store *s = st_of(self);
+    if (!s)
+        return NULL;
+    const char *a = ferry_engine_address(ferry_store_engine(s));
+    return PyUnicode_FromString(a ? a : "");
+}
+
+static PyMethodDef st_methods[] = {
+    {"setup", FP_KWFN(st_setup), METH_VARARGS | METH_KEYWORDS,
+     "setup(master=None, token=None, token_file=None, transport=None, timeout_ms=None, lease_ms=None)\n"
+     "Connect to the master; unset arguments come from FERRY_MASTER, FERRY_TOKEN, FERRY_TOKEN_FILE, ..."},
+    {"close", (PyCFunction)st_close, METH_NOARGS, "close(): close the connection and the client's engine"},
+    {"__enter__", (PyCFunction)st_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)st_exit, METH_VARARGS, NULL},
+    {"register_buffer", (PyCFunction)st_register, METH_O,
+     "register_buffer(buffer): register a C-contiguous buffer for zero-copy transfers (held until unregistered)"},
+    {"unregister_buffer", (PyCFunction)st_unregister, METH_O, "unregister_buffer(buffer)"},
+    {"put", FP_KWFN(st_put), METH_VARARGS | METH_KEYWORDS,
+     "put(key, value, config=None) -> placement dict; value: bytes or any C-contiguous buffer"},
+    {"put_from", FP_KWFN(st_put_from), METH_VARARGS | METH_KEYWORDS,
+     "put_from(key, buffer, config=None) -> placement dict (no copy; fastest on registered buffers)"},
+    {"get", (PyCFunction)st_get, METH_VARARGS, "get(key) -> bytes"},
+    {"get_into", (PyCFunction)st_get_into, METH_VARARGS, "get_into(key, buffer) -> bytes read"},
+    {"get_into_ranges", (PyCFunction)st_get_into_ranges, METH_VARARGS,
+     "get_into_ranges([(key, src_offset, buffer[, length]), ...]) -> [bytes read or -code per range]"},
+    {"batch_put_from", FP_KWFN(st_batch_put_from), METH_VARARGS | METH_KEYWORDS,
+     "batch_put_from(keys, buffers, config=None) -> [0 or -code per key]"},
+    {"batch_get_into", (PyCFunction)st_batch_get_into, METH_VARARGS,
+     "batch_get_into(keys, buffers) -> [bytes read or -code per key]"},
+    {"is_exist", (PyCFunction)st_is_exist, METH_VARARGS, "is_exist(key) -> bool"},
+    {"remove", (PyCFunction)st_remove, METH_VARARGS, "remove(key)"},
+    {"remove_prefix", (PyCFunction)st_remove_prefix, METH_VARARGS, "remove_prefix(prefix) -> number removed"},
+    {"list", FP_KWFN(st_list), METH_VARARGS | METH_KEYWORDS,
+     "list(prefix='', after=None, limit=1000) -> keys, ascending"},
+    {"list_page", FP_KWFN(st_list_page), METH_VARARGS | METH_KEYWORDS,
+     "list_page(prefix='', after=None, limit=1000) -> (keys, more)"},
+    {"get_replica_desc", (PyCFunction)st_replica_desc, METH_VARARGS,
+     "get_replica_desc(key) -> {'size', 'replicas': [{'segment', 'node', 'offset', 'preferred'}]}"},
+    {"put_struct_raw", FP_KWFN(st_put_struct_raw), METH_VARARGS | METH_KEYWORDS,
+     "put_struct_raw(key, [(name, dtype, shape, buffer), ...], config=None)"},
+    {"get_members", (PyCFunction)st_get_members, METH_VARARGS,
+     "get_members(key) -> [{'name', 'dtype', 'shape', 'offset', 'nbytes'}]"},
+    {"read_member_into", (PyCFunction)st_read_member_into, METH_VARARGS,
+     "read_member_into(key, member, row_begin, row_end, buffer) -> bytes read"},
+    {"kv_get", (PyCFunction)st_kv_get, METH_VARARGS, "kv_get(key) -> (value, mod_revision) or None"},
+    {"kv_put", (PyCFunction)st_kv_put, METH_VARARGS, "kv_put(key, value) -> revision"},
+    {"kv_cas", (PyCFunction)st_kv_cas, METH_VARARGS,
+     "kv_cas(key, expected_rev, value) -> revision; ConflictError(.current_revision) on a mismatch"},
+    {"kv_delete", FP_KWFN(st_kv_delete), METH_VARARGS | METH_KEYWORDS,
+     "kv_delete(key, expected_rev=0) -> revision"},
+    {"watch", FP_KWFN(st_watch), METH_VARARGS | METH_KEYWORDS, "watch(prefix, from_rev=0) -> Watch"},
+    {"barrier", FP_KWFN(st_barrier), METH_VARARGS | METH_KEYWORDS,
+     "barrier(name, member, count, timeout_ms=0) -> generation"},
+    {"queue_push", (PyCFunction)st_queue_push, METH_VARARGS, "queue_push(queue, data) -> id"},
+    {"queue_pop", FP_KWFN(st_queue_pop), METH_VARARGS | METH_KEYWORDS,
+     "queue_pop(queue, max=1, lease_ms=30000) -> [(id, token, data), ...]"},
+    {"queue_ack", (PyCFunction)st_queue_ack, METH_VARARGS, "queue_ack(id, token)"},
+    {"queue_nack", (PyCFunction)st_queue_nack, METH_VARARGS, "queue_nack(id, token): deliver again now"},
+    {"status", (PyCFunction)st_status, METH_NOARGS, "status() -> the master's state (dict)"},
+    {"engine_address", (PyCFunction)st_engine_address, METH_NOARGS, "engine_address() -> the client engine's address"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef st_getset[] = {
+    {"is_open", (getter)st_is_open, NULL, "True between setup() and close()", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject StoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "ferry._ferry.Store",
+    .tp_basicsize = sizeof(StoreObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "Store(): a client of the ferry store; call setup() to connect",
+    .tp_new = st_new,
+    .tp_dealloc = (destructor)st_dealloc,
+    .tp_methods = st_methods,
+    .tp_getset = st_getset,
+};
+
+/* ---- Watch ---------------------------------------------------------------------------------- */
+
+#define WATCH_SLICE_MS 200   /* blocking waits wake this often to take signals */
+
+static void watch_dealloc(WatchObject *self)
+{
+    watch_close_now(self);
+    Py_CLEAR(self->store);
+    PyObject_Free(self);
+}
+
+/* The next event as (rev, key, value or None), Py_None on timeout, NULL on error. */
+static PyObject *watch_wait(WatchObject *self, long timeout_ms)
+{
+    if (!self->w) {
+        PyErr_SetString(PyExc_ValueError, "the watch is closed");
+        return NULL;
+    }
+    ferry_kv_event ev;
+    int rc;
+    for (;;) {
+        int slice = timeout_ms < 0 || timeout_ms > WATCH_SLICE_MS ? WATCH_SLICE_MS : (int)timeout_ms;
+        memset(&ev, 0, sizeof ev);
+        ST_CALL(self, rc = ferry_watch_next(self->w, slice, &ev));
+        if (rc != FERRY_ETIMEDOUT)
+            break;
+        if (timeout_ms >= 0) {
+            timeout_ms -= slice;
+            if (timeout_ms <= 0)
+                Py_RETURN_NONE;
+        }
+        if (PyErr_CheckSignals() < 0)
+            return NULL;
+    }
+    if (rc < 0)
+        return st_raise(rc);
+    PyObject *val;
+    if (ev.deleted)
+        val = Py_NewRef(Py_None);
+    else
+        val = PyBytes_FromStringAndSize(ev.val, (Py_ssize_t)ev.len);
+    if (!val)
+        return NULL;
+    PyObject *key = str_of(ev.key ? ev.key : "");
+    if (!key) {
+        Py_DECREF(val);
+        return NULL;
+    }
+    return Py_BuildValue("(KNN)", (unsigned long long)ev.rev, key, val);
+}
+
+static PyObject *watch_next_m(WatchObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"timeout_ms", NULL};
+    long timeout = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|l:next", kwl, &timeout))
+        return NULL;
+    return watch_wait(self, timeout);
+}
+
+static PyObject *watch_iternext(WatchObject *self)
+{
+    if (!self->w)
+        return NULL;   /* closed: the iteration ends */
+    return watch_wait(self, -1);
+}
+
+static PyObject *watch_close_m(WatchObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (self->inflight)
+        return err_throw(err_new(FERRY_EBUSY, "close: another thread is waiting on this watch"));
+    watch_close_now(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *watch_enter(WatchObject *self, PyObject *unused)
+{
+    (void)unused;
+    Py_INCREF(self);
+    return (PyObject *)self;
+}
+
+static PyObject *watch_exit(WatchObject *self, PyObject *args)
+{
+    (void)args;
+    PyObject *r = watch_close_m(self, NULL);
+    if (!r)
+        return NULL;
+    Py_DECREF(r);
+    Py_RETURN_FALSE;
+}
+
+static PyMethodDef watch_methods[] = {
+    {"next", FP_KWFN(watch_next_m), METH_VARARGS | METH_KEYWORDS,
+     "next(timeout_ms=-1) -> (rev, key, value or None if deleted), or None when timeout_ms passed"},
+    {"close", (PyCFunction)watch_close_m, METH_NOARGS, "close()"},
+    {"__enter__", (PyCFunction)watch_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)watch_exit, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject WatchType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "ferry._ferry.Watch",
+    .tp_basicsize = sizeof(WatchObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Watch: changes to the keys under a prefix (Store.watch); iterate or call next()",
+    .tp_dealloc = (destructor)watch_dealloc,
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = (iternextfunc)watch_iternext,
+    .tp_methods = watch_methods,
+};
+
+/* ---- module ------------------------------------------------------------------------------- */
+
+int fp_store_init(PyObject *m)
+{
+    struct {
+        PyObject **slot;
+        const char *name, *doc;
+        PyObject *builtin;
+    } errs[] = {
+        {&err_notfound, "NotFoundError", "No such object, key, member or buffer (FERRY_ENOENT).", NULL},
+        {&err_exists, "ExistsError", "The key already exists (FERRY_EEXIST).", NULL},
+        {&err_nospace, "NoSpaceError", "No segment has room (FERRY_ENOSPC).", NULL},
+        {&err_lost, "LostError", "Every replica of the object is gone (FERRY_ELOST).", NULL},
+        {&err_busy, "BusyError", "Leased or in use (FERRY_EBUSY).", NULL},
+        {&err_conflict, "ConflictError",
+         "A compare-and-swap or conditional call lost (FERRY_ESTATE); .current_revision when known.", NULL},
+        {&err_timeout, "TimeoutError", "The deadline passed (FERRY_ETIMEDOUT).", PyExc_TimeoutError},
+        {&err_auth, "AuthError", "The cluster token was refused (FERRY_EAUTH).", NULL},
+        {&err_conn, "ConnectionError", "The master is unreachable or the connection was lost "
+                                       "(FERRY_ECONNREFUSED, FERRY_ECONNRESET).",
+         PyExc_ConnectionError},
+        {&err_stale, "StaleError", "The record was delivered again since this lease (FERRY_ESTALE).", NULL},
+    };
+    for (size_t i = 0; i < sizeof errs / sizeof errs[0]; i++) {
+        char qual[64];
+        snprintf(qual, sizeof qual, "ferry.%s", errs[i].name);
+        PyObject *base = errs[i].builtin ? PyTuple_Pack(2, fp_error, errs[i].builtin) : Py_NewRef(fp_error);
+        PyObject *dict = PyDict_New();
+        if (!base || !dict ||
+            (errs[i].slot == &err_conflict && PyDict_SetItemString(dict, "current_revision", Py_None) < 0)) {
+            Py_XDECREF(base);
+            Py_XDECREF(dict);
+            return -1;
+        }
+        *errs[i].slot = PyErr_NewExceptionWithDoc(qual, errs[i].doc, base, dict);
+        Py_DECREF(base);
+        Py_DECREF(dict);
+        if (!*errs[i].slot || PyModule_AddObjectRef(m, errs[i].name, *errs[i].slot) < 0)
+            return -1;
+    }
+    PyTypeObject *types[] = {&StoreType, &WatchType};
+    const char *names[] = {"Store", "Watch"};
+    for (int i = 0; i < 2; i++)
+        if (PyType_Ready(types[i]) < 0 || PyModule_AddObjectRef(m, names[i], (PyObject *)types[i]) < 0)
+            return -1;
+    return 0;
+}
