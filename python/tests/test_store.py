@@ -99,42 +99,48 @@ class Cluster:
         return ferry.Store(**kw)
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    if not os.access(FERRY_BIN, os.X_OK):
-        pytest.skip(f"no ferry binary at {FERRY_BIN} (set FERRY_BIN)")
-    tmp = tmp_path_factory.mktemp("store")
+def _start(tmp, nodes, procs, master_args=()):
+    """A master and `nodes` nodes under tmp (their processes appended to
+    procs, for the caller to kill); returns the Cluster once every segment
+    is mounted."""
     token = secrets.token_hex(32)
     tok = tmp / "token"
     tok.write_text(token + "\n")
     os.chmod(tok, 0o600)
-    procs = []
     env = dict(os.environ)
     for k in ("FERRY_MASTER", "FERRY_TOKEN", "FERRY_TOKEN_FILE", "FERRY_FAULT"):
         env.pop(k, None)
+    mlog = tmp / "master.log"
+    with open(mlog, "wb") as lf:
+        master = subprocess.Popen([FERRY_BIN, "master", "--dir", str(tmp / "m"), "--listen", "127.0.0.1:0",
+                                   "--addr-file", str(tmp / "addr"), "--token-file", str(tok), *master_args],
+                                  stdin=subprocess.DEVNULL, stdout=lf, stderr=subprocess.STDOUT, env=env)
+    procs.append(master)
+    addr = _wait_addr(tmp / "addr", master, mlog, time.monotonic() + START_S)
+    for _ in range(nodes):
+        node = subprocess.Popen([FERRY_BIN, "node", "--master", addr, "--size", f"{NODE_SIZE >> 20}M",
+                                 "--token-file", str(tok)],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=None, env=env)
+        procs.append(node)
+        _wait_line(node, "mounted", time.monotonic() + START_S)
+        threading.Thread(target=_drain, args=(node.stdout,), daemon=True).start()
+    c = Cluster(addr, token, str(tok))
+    # every node's segment is visible to clients before the tests start
+    with c.store() as s:
+        deadline = time.monotonic() + START_S
+        while len(s.status()["segments"]) < nodes:
+            assert time.monotonic() < deadline, s.status()
+            time.sleep(0.01)
+    return c
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    if not os.access(FERRY_BIN, os.X_OK):
+        pytest.skip(f"no ferry binary at {FERRY_BIN} (set FERRY_BIN)")
+    procs = []
     try:
-        mlog = tmp / "master.log"
-        with open(mlog, "wb") as lf:
-            master = subprocess.Popen([FERRY_BIN, "master", "--dir", str(tmp / "m"), "--listen", "127.0.0.1:0",
-                                       "--addr-file", str(tmp / "addr"), "--token-file", str(tok)],
-                                      stdin=subprocess.DEVNULL, stdout=lf, stderr=subprocess.STDOUT, env=env)
-        procs.append(master)
-        addr = _wait_addr(tmp / "addr", master, mlog, time.monotonic() + START_S)
-        for i in range(NODES):
-            node = subprocess.Popen([FERRY_BIN, "node", "--master", addr, "--size", f"{NODE_SIZE >> 20}M",
-                                     "--token-file", str(tok)],
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=None, env=env)
-            procs.append(node)
-            _wait_line(node, "mounted", time.monotonic() + START_S)
-            threading.Thread(target=_drain, args=(node.stdout,), daemon=True).start()
-        c = Cluster(addr, token, str(tok))
-        # every node's segment is visible to clients before the tests start
-        with c.store() as s:
-            deadline = time.monotonic() + START_S
-            while len(s.status()["segments"]) < NODES:
-                assert time.monotonic() < deadline, s.status()
-                time.sleep(0.01)
-        yield c
+        yield _start(tmp_path_factory.mktemp("store"), NODES, procs)
     finally:
         for p in reversed(procs):
             _kill(p)
@@ -524,3 +530,45 @@ def test_gil_released_during_calls(cluster, store):
     w.close()
     with pytest.raises(ValueError):
         w.next(0)
+
+
+def test_lease_blocks_remove(cluster):
+    with cluster.store(lease_ms=60000) as s:
+        s.put("lease/a", b"held")
+        s.put("lease/b", b"free")
+        assert s.get("lease/a") == b"held"     # leased for a minute
+        with pytest.raises(ferry.BusyError) as e:
+            s.remove("lease/a")
+        assert e.value.code == -errno.EBUSY and "lease" in str(e.value)
+        assert s.remove_prefix("lease/") == 1   # only the unleased one
+        assert s.list("lease/") == ["lease/a"]
+
+
+def test_lost_object(tmp_path):
+    """A node dies: its objects raise LostError (own cluster: it kills a node)."""
+    if not os.access(FERRY_BIN, os.X_OK):
+        pytest.skip(f"no ferry binary at {FERRY_BIN}")
+    procs = []
+    try:
+        c = _start(tmp_path, 1, procs, ["--heartbeat-timeout", "2000"])
+        with c.store() as s:
+            s.put("lost/x", b"gone soon")
+            assert s.is_exist("lost/x")
+            procs[1].kill()
+            procs[1].wait()
+            deadline = time.monotonic() + START_S
+            while True:
+                try:
+                    s.is_exist("lost/x")
+                except ferry.LostError as e:
+                    assert e.code == -(4096 + 5) and "lost" in str(e)
+                    break
+                assert time.monotonic() < deadline, "the master never declared the node dead"
+                time.sleep(0.05)
+            with pytest.raises(ferry.LostError):
+                s.get("lost/x")
+            with pytest.raises(ferry.LostError):
+                s.get_into("lost/x", bytearray(16))
+    finally:
+        for p in reversed(procs):
+            _kill(p)
