@@ -36,7 +36,9 @@ libs=$(pkg-config --cflags --libs libxxhash jansson libsodium) \
   || die "pkg-config cannot find libxxhash, jansson or libsodium (run scripts/deps.sh)"
 
 shopt -s nullglob
-srcs=("$root"/src/base/*.c "$root"/src/wire/*.c "$root"/src/reshard/*.c "$root"/src/store/*.c "$root"/src/exec/*.c)
+# src/store holds the client library too, which drives the engine.
+srcs=("$root"/src/base/*.c "$root"/src/wire/*.c "$root"/src/engine/*.c "$root"/src/engine/transport/*.c
+      "$root"/src/reshard/*.c "$root"/src/store/*.c "$root"/src/exec/*.c)
 targets=("$root"/tests/fuzz/fuzz_*.c)
 [ ${#targets[@]} -gt 0 ] || die "no targets under tests/fuzz/"
 
