@@ -32,7 +32,8 @@ typedef struct bench_ctx {
 } bench_ctx;
 
 /* One timed pass: total bytes as block-sized ops, many tickets in flight. */
-static double engine_pass(bench_ctx *c, enum ferry_opcode op, uint64_t block, uint64_t total)
+double cli_engine_pass(ferry_engine *e, enum ferry_opcode op, uint8_t *buf,
+                       const ferry_remote_region *rr, uint64_t block, uint64_t total)
 {
     uint64_t nops = total / block;
     uint64_t per = 64ull << 20;            /* bytes per ticket */
@@ -47,10 +48,10 @@ static double engine_pass(bench_ctx *c, enum ferry_opcode op, uint64_t block, ui
         uint64_t first = k * batch, n = nops - first < batch ? nops - first : batch;
         for (uint64_t i = 0; i < n; i++) {
             uint64_t off = (first + i) * block;
-            ops[i] = (ferry_op){.opcode = op, .local = c->buf + off, .len = block, .peer = c->rr.peer,
-                                .remote_addr = c->rr.addr + off, .key = c->rr.key};
+            ops[i] = (ferry_op){.opcode = op, .local = buf + off, .len = block, .peer = rr->peer,
+                                .remote_addr = rr->addr + off, .key = rr->key};
         }
-        if (ferry_submit(c->e, ops, n, 0, &t[k]) < 0) {
+        if (ferry_submit(e, ops, n, 0, &t[k]) < 0) {
             ntickets = k;
             break;
         }
@@ -64,6 +65,11 @@ static double engine_pass(bench_ctx *c, enum ferry_opcode op, uint64_t block, ui
     free(ops);
     free(t);
     return ok ? (double)(nops * block) / dt / 1e9 : 0;
+}
+
+static double engine_pass(bench_ctx *c, enum ferry_opcode op, uint64_t block, uint64_t total)
+{
+    return cli_engine_pass(c->e, op, c->buf, &c->rr, block, total);
 }
 
 static double memcpy_pass(bench_ctx *c, uint64_t block, uint64_t total)
@@ -317,6 +323,8 @@ int cmd_bench(int argc, char **argv, const char *self)
         return bench_engine(argc, argv, self);
     if (argc >= 2 && !strcmp(argv[1], "plan"))
         return cmd_bench_plan(argc - 1, argv + 1);
-    fprintf(stderr, "usage: ferry bench engine|plan [options]   (see ferry help)\n");
+    if (argc >= 2 && !strcmp(argv[1], "store"))
+        return cmd_bench_store(argc - 1, argv + 1, self);
+    fprintf(stderr, "usage: ferry bench engine|plan|store [options]   (see ferry help)\n");
     return 2;
 }

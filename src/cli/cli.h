@@ -41,6 +41,13 @@ void cli_progress(const char *what, double frac);
 void cli_progress_done(void);
 
 int cmd_bench(int argc, char **argv, const char *self);
+/* bench.c: one timed engine pass, total bytes from/to buf as block-sized
+ * ops against rr with many tickets in flight; GB/s, 0 if any op failed. */
+double cli_engine_pass(ferry_engine *e, enum ferry_opcode op, uint8_t *buf,
+                       const ferry_remote_region *rr, uint64_t block, uint64_t total);
+/* bench_store.c: `ferry bench store` and its metadata client child */
+int cmd_bench_store(int argc, char **argv, const char *self);
+int cli_bench_store_client_main(int argc, char **argv);
 int cmd_demo(int argc, char **argv, const char *self);
 /* master.c: `ferry master` */
 int cmd_master(int argc, char **argv);

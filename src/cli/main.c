@@ -15,6 +15,9 @@ static void usage(FILE *f)
             "  bench engine [--transport shm|tcp] [--block SIZE] [--total SIZE]\n"
             "               [--streams N] [--threads N] [--json]\n"
             "                                engine throughput against a baseline measured in the same run\n"
+            "  bench store [--clients N] [--seconds N] [--size SIZE] [--total SIZE] [--object SIZE]\n"
+            "              [--batch N] [--reps N] [--no-sync] [--json]\n"
+            "                                store metadata ops/s, put/get throughput against the engine\n"
             "  bench plan --model PRESET --src LAYOUT --dst LAYOUT [--json]\n"
             "                                reshard planning time (cold, cached) and peak memory\n"
             "  plan --model PRESET --src LAYOUT --dst LAYOUT [--runs N] [--dst-rank R] [--json]\n"
@@ -46,6 +49,8 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     if (!strcmp(cmd, "_target"))
         return cli_target_main(argc - 1, argv + 1);
+    if (!strcmp(cmd, "_bench_store_client"))
+        return cli_bench_store_client_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench"))
         return cmd_bench(argc - 1, argv + 1, argv[0]);
     if (!strcmp(cmd, "plan"))

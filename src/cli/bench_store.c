@@ -1,0 +1,792 @@
+/* `ferry bench store`: the store's metadata rate, and its put/get throughput
+ * against the engine moving the same bytes in the same run.
+ *
+ * A private cluster: a master in a temp dir (fsync on, the durable
+ * configuration, unless --no-sync) and one node, both children of this
+ * process, stopped and removed at the end, on failure and on SIGINT/SIGTERM.
+ *  - metadata: --clients processes (`ferry _bench_store_client`) loop for
+ *    --seconds over 64 zero-length objects: batch_put_from (64 PUT_START and
+ *    64 PUT_END in two pipelined round trips), batch_get_into with capacity
+ *    0 (64 GET_REPLICAS in one), then remove_prefix.
+ *  - throughput: --total bytes as --object objects from one registered
+ *    buffer, put in batches of --batch, read back with batch_get_into into a
+ *    second one; same host (the engine picks shm) and over tcp. The baseline
+ *    is the store client's own engine writing and reading the same bytes in
+ *    the same block size to a `ferry _target` child's region, interleaved
+ *    with the store passes so both see the same noise. Best of --reps.
+ * Reads lease objects; the clients use a 1 ms lease so that the objects can
+ * be removed right after (a longer lease would only delay the removal). */
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+enum { META_BATCH = 64, CLIENTS_MAX = 64, PIDS_MAX = CLIENTS_MAX + 4, BATCH_MAX = 256 };
+
+#define META_GOAL 50000.0
+#define RATIO_GOAL 0.85
+#define XFER_PREFIX "bench-xfer/"
+
+typedef struct bs_opts {
+    uint64_t size, total, object;
+    unsigned clients, seconds, reps, batch;
+    bool json, sync;
+} bs_opts;
+
+typedef struct bs_meta {
+    uint64_t pairs, gets, removed, failed;
+    double secs;
+    uint64_t appends, commits;  /* the master's log during the phase */
+} bs_meta;
+
+typedef struct bs_xfer {
+    char transport[8];          /* what the engine picked for the peer */
+    double put, get, ewrite, eread;
+    uint64_t failed;
+    bool mismatch;
+} bs_xfer;
+
+typedef struct bs_cluster {
+    char dir[256], master[128];
+    pid_t mpid, npid;
+} bs_cluster;
+
+/* Children and the temp dir, for the signal handler. */
+static volatile pid_t g_pids[PIDS_MAX];
+static char g_dir[256];
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+    nanosleep(&ts, NULL);
+}
+
+static void block_signals(sigset_t *old)
+{
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, SIGINT);
+    sigaddset(&s, SIGTERM);
+    sigprocmask(SIG_BLOCK, &s, old);
+}
+
+static void track(pid_t p)
+{
+    for (int i = 0; i < PIDS_MAX && p > 0; i++)
+        if (g_pids[i] <= 0) {
+            g_pids[i] = p;
+            return;
+        }
+}
+
+static void untrack(pid_t p)
+{
+    for (int i = 0; i < PIDS_MAX && p > 0; i++)
+        if (g_pids[i] == p)
+            g_pids[i] = 0;
+}
+
+/* rm -rf through fork and exec: async-signal-safe, so the signal handler
+ * cleans up the same way as the normal path. */
+static void rm_tree(const char *dir)
+{
+    pid_t p = fork();
+    if (p == 0) {
+        execl("/bin/rm", "rm", "-rf", "--", dir, (char *)NULL);
+        _exit(127);
+    }
+    if (p > 0)
+        waitpid(p, NULL, 0);
+}
+
+static void on_signal(int sig)
+{
+    for (int i = 0; i < PIDS_MAX; i++)
+        if (g_pids[i] > 0)
+            kill(g_pids[i], SIGKILL);
+    for (int i = 0; i < PIDS_MAX; i++)
+        if (g_pids[i] > 0)
+            waitpid(g_pids[i], NULL, 0);
+    if (g_dir[0])
+        rm_tree(g_dir);
+    _exit(128 + sig);
+}
+
+/* Run `ferry ARGS...` with stdin/stdout from in/out (-1: inherited). The
+ * child dies with this process; signals are blocked across the fork so the
+ * handler never runs in the child and always sees the pid tracked. */
+static pid_t spawn(const char *self, const char *const *args, int in, int out)
+{
+    const char *exe = access("/proc/self/exe", X_OK) == 0 ? "/proc/self/exe" : self;
+    sigset_t old;
+    block_signals(&old);
+    pid_t p = fork();
+    if (p == 0) {
+        signal(SIGINT, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if ((in >= 0 && dup2(in, 0) < 0) || (out >= 0 && dup2(out, 1) < 0))
+            _exit(127);
+        execv(exe, (char *const *)args);
+        _exit(127);
+    }
+    track(p);
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    return p;
+}
+
+/* SIGTERM, then SIGKILL after 10 s; *p = -1. */
+static void stop_child(pid_t *p)
+{
+    if (*p <= 0)
+        return;
+    untrack(*p);
+    kill(*p, SIGTERM);
+    for (int i = 0; i < 500 && waitpid(*p, NULL, WNOHANG) == 0; i++)
+        sleep_ms(20);
+    if (kill(*p, 0) == 0 || errno != ESRCH) {
+        kill(*p, SIGKILL);
+        waitpid(*p, NULL, 0);
+    }
+    *p = -1;
+}
+
+/* Wait for the file a child writes once ready; -1 if it exits first (then
+ * *child = -1) or after secs. */
+static int wait_file(const char *path, pid_t *child, double secs, char *out, size_t cap)
+{
+    for (double end = cli_now() + secs; cli_now() < end; sleep_ms(20)) {
+        FILE *f = fopen(path, "r");
+        if (f) {
+            size_t n = fread(out, 1, cap - 1, f);
+            fclose(f);
+            out[n] = '\0';
+            out[strcspn(out, "\r\n")] = '\0';
+            if (out[0])
+                return 0;
+        }
+        if (waitpid(*child, NULL, WNOHANG) == *child) {
+            untrack(*child);
+            *child = -1;
+            return -1;
+        }
+    }
+    return -1;
+}
+
+static void cluster_stop(bs_cluster *c)
+{
+    stop_child(&c->npid);
+    stop_child(&c->mpid);
+    if (c->dir[0]) {
+        sigset_t old;
+        block_signals(&old);
+        g_dir[0] = '\0';
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        rm_tree(c->dir);
+    }
+}
+
+static int cluster_start(bs_cluster *c, const bs_opts *o, const char *self)
+{
+    const char *tmp = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    snprintf(c->dir, sizeof c->dir, "%s/ferry-bench-store-XXXXXX", tmp);
+    if (!mkdtemp(c->dir)) {
+        fprintf(stderr, "ferry bench store: cannot create a directory in %s: %s\n", tmp,
+                strerror(errno));
+        c->dir[0] = '\0';
+        return -1;
+    }
+    sigset_t old;
+    block_signals(&old);
+    snprintf(g_dir, sizeof g_dir, "%s", c->dir);
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    char mdir[300], addrf[300], readyf[300], size[32], seg[64];
+    snprintf(mdir, sizeof mdir, "%s/master", c->dir);
+    snprintf(addrf, sizeof addrf, "%s/master.addr", c->dir);
+    snprintf(readyf, sizeof readyf, "%s/node.ready", c->dir);
+    snprintf(size, sizeof size, "%llu", (unsigned long long)o->size);
+    /* Their banners would mix with --json output: stdout goes nowhere. */
+    int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
+    const char *margs[] = { "ferry", "master", "--dir", mdir, "--listen", "127.0.0.1:0",
+                            "--addr-file", addrf, o->sync ? NULL : "--no-sync", NULL };
+    c->mpid = spawn(self, margs, -1, null);
+    if (c->mpid < 0 || wait_file(addrf, &c->mpid, 15, c->master, sizeof c->master) != 0) {
+        fprintf(stderr, "ferry bench store: the master did not start (see its errors above)\n");
+        close(null);
+        return -1;
+    }
+    const char *nargs[] = { "ferry", "node", "--master", c->master, "--size", size,
+                            "--ready-file", readyf, NULL };
+    c->npid = spawn(self, nargs, -1, null);
+    close(null);
+    if (c->npid < 0 || wait_file(readyf, &c->npid, 60, seg, sizeof seg) != 0) {
+        fprintf(stderr, "ferry bench store: the node did not start (see its errors above)\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* A batch call that failed as a whole can leave results at 0: then every
+ * object counts as failed. */
+static uint64_t put_failures(int rc, const int *res, size_t n)
+{
+    uint64_t bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad += res[i] < 0;
+    return rc < 0 && bad == 0 ? n : bad;
+}
+
+/* results start at FERRY_EIO: a call that failed before filling them
+ * counts every object as failed. */
+static uint64_t get_failures(const int64_t *res, size_t n, uint64_t want)
+{
+    uint64_t bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad += res[i] != (int64_t)want;
+    return bad;
+}
+
+/* ---- metadata ---------------------------------------------------------------- */
+
+/* `ferry _bench_store_client MASTER SECONDS ID`: prints READY once
+ * connected, starts on a line on stdin, prints
+ * "DONE pairs gets removed failed seconds". */
+int cli_bench_store_client_main(int argc, char **argv)
+{
+    if (argc != 4) {
+        fprintf(stderr, "usage: ferry _bench_store_client MASTER SECONDS ID\n");
+        return 2;
+    }
+    ferry_store_config cfg;
+    ferry_store *s = NULL;
+    int rc = ferry_store_config_init(&cfg);
+    snprintf(cfg.master, sizeof cfg.master, "%s", argv[1]);
+    cfg.lease_ms = 1;
+    if (rc == 0)
+        rc = ferry_store_open(&cfg, &s);
+    if (rc < 0) {
+        printf("FAIL %s\n", ferry_store_last_error()[0] ? ferry_store_last_error() : ferry_strerror(rc));
+        return 1;
+    }
+    printf("READY\n");
+    fflush(stdout);
+    char line[16];
+    if (!fgets(line, sizeof line, stdin)) {
+        ferry_store_close(s);
+        return 1;
+    }
+    char prefix[64], names[META_BATCH][96];
+    const char *keys[META_BATCH];
+    const void *bufs[META_BATCH] = { 0 };
+    void *dst[META_BATCH] = { 0 };
+    size_t lens[META_BATCH] = { 0 };   /* zero-length: puts and gets are metadata only */
+    int pres[META_BATCH];
+    int64_t gres[META_BATCH];
+    bs_meta m = { 0 };
+    bool said = false;
+    snprintf(prefix, sizeof prefix, "bench-meta/%s/", argv[3]);
+    double secs = atof(argv[2]), t0 = cli_now();
+    for (unsigned long long it = 0; cli_now() - t0 < secs; it++) {
+        for (int k = 0; k < META_BATCH; k++) {
+            snprintf(names[k], sizeof names[k], "%s%llu/%d", prefix, it, k);
+            keys[k] = names[k];
+            gres[k] = FERRY_EIO;
+        }
+        rc = ferry_store_batch_put_from(s, keys, bufs, lens, META_BATCH, NULL, pres);
+        uint64_t bad = put_failures(rc, pres, META_BATCH);
+        m.pairs += META_BATCH - bad;
+        m.failed += bad;
+        rc = ferry_store_batch_get_into(s, keys, dst, lens, META_BATCH, gres);
+        bad = get_failures(gres, META_BATCH, 0);
+        m.gets += META_BATCH - bad;
+        m.failed += bad;
+        uint64_t n = 0;
+        /* This round's objects are still leased for a millisecond: the
+         * next round removes them. */
+        if (ferry_store_remove_prefix(s, prefix, &n) == 0)
+            m.removed += n;
+        if (m.failed && !said) {
+            fprintf(stderr, "ferry bench store: client %s: %s\n", argv[3], ferry_store_last_error());
+            said = true;
+        }
+    }
+    m.secs = cli_now() - t0;
+    for (int i = 0; i < 50 && m.removed < m.pairs; i++) {
+        uint64_t n = 0;
+        sleep_ms(5);
+        if (ferry_store_remove_prefix(s, prefix, &n) == 0)
+            m.removed += n;
+    }
+    printf("DONE %llu %llu %llu %llu %.6f\n", (unsigned long long)m.pairs,
+           (unsigned long long)m.gets, (unsigned long long)m.removed,
+           (unsigned long long)m.failed, m.secs);
+    fflush(stdout);
+    ferry_store_close(s);
+    return 0;
+}
+
+static int meta_phase(const bs_opts *o, const char *self, const char *master, bs_meta *sum)
+{
+    pid_t pids[CLIENTS_MAX];
+    FILE *in[CLIENTS_MAX] = { 0 }, *out[CLIENTS_MAX] = { 0 };
+    char secs[16], line[1200] = "";
+    unsigned n = 0;
+    int rc = 0;
+    snprintf(secs, sizeof secs, "%u", o->seconds);
+    for (; n < o->clients && rc == 0; n++) {
+        int a[2], b[2];
+        char id[16];
+        snprintf(id, sizeof id, "%u", n);
+        if (pipe2(a, O_CLOEXEC) < 0)
+            break;
+        if (pipe2(b, O_CLOEXEC) < 0) {
+            close(a[0]);
+            close(a[1]);
+            break;
+        }
+        const char *args[] = { "ferry", "_bench_store_client", master, secs, id, NULL };
+        pids[n] = spawn(self, args, a[0], b[1]);
+        close(a[0]);
+        close(b[1]);
+        in[n] = fdopen(a[1], "w");
+        out[n] = fdopen(b[0], "r");
+        if (pids[n] < 0 || !in[n] || !out[n])
+            rc = -1;
+    }
+    if (n < o->clients)
+        rc = -1;
+    for (unsigned i = 0; i < n && rc == 0; i++) {
+        if (!fgets(line, sizeof line, out[i]) || strncmp(line, "READY", 5) != 0) {
+            fprintf(stderr, "ferry bench store: metadata client %u did not start%s%s", i,
+                    line[0] ? ": " : "\n", line);
+            rc = -1;
+        }
+        line[0] = '\0';
+    }
+    for (unsigned i = 0; i < n && rc == 0; i++)
+        if (fputs("GO\n", in[i]) < 0 || fflush(in[i]) != 0)
+            rc = -1;
+    for (double t0 = cli_now(); rc == 0 && cli_now() - t0 < o->seconds; sleep_ms(100))
+        cli_progress("metadata", (cli_now() - t0) / o->seconds);
+    for (unsigned i = 0; i < n && rc == 0; i++) {
+        unsigned long long p, g, r, f;
+        double t;
+        if (!fgets(line, sizeof line, out[i]) ||
+            sscanf(line, "DONE %llu %llu %llu %llu %lf", &p, &g, &r, &f, &t) != 5) {
+            fprintf(stderr, "ferry bench store: metadata client %u failed\n", i);
+            rc = -1;
+            break;
+        }
+        sum->pairs += p;
+        sum->gets += g;
+        sum->removed += r;
+        sum->failed += f;
+        sum->secs = t > sum->secs ? t : sum->secs;
+    }
+    cli_progress_done();
+    for (unsigned i = 0; i < n; i++) {
+        if (in[i])
+            fclose(in[i]);   /* EOF: a client still waiting for GO exits */
+        if (out[i])
+            fclose(out[i]);
+        if (pids[i] > 0) {
+            if (rc < 0)
+                kill(pids[i], SIGKILL);
+            untrack(pids[i]);
+            waitpid(pids[i], NULL, 0);
+        }
+    }
+    return rc;
+}
+
+/* The master's log counters from its status: records appended, and group
+ * commits (its "fsyncs" counter, which counts commits with --no-sync too). */
+static int wal_counts(ferry_store *s, uint64_t *appends, uint64_t *commits)
+{
+    char *text = NULL;
+    int rc = ferry_store_status_json(s, &text);
+    json_t *j = rc == 0 ? json_loads(text, 0, NULL) : NULL;
+    json_t *w = json_object_get(j, "wal");
+    *appends = (uint64_t)json_integer_value(json_object_get(w, "appends"));
+    *commits = (uint64_t)json_integer_value(json_object_get(w, "fsyncs"));
+    json_decref(j);
+    ferry_store_free(text);
+    return rc < 0 ? rc : w ? 0 : FERRY_EPROTO;
+}
+
+/* ---- throughput ---------------------------------------------------------------- */
+
+typedef struct xfer_ctx {
+    const bs_opts *o;
+    ferry_store *s;
+    ferry_engine *e;
+    ferry_remote_region rr;
+    uint8_t *src, *dst;
+    const char **keys;
+    uint64_t nobj, bytes;
+} xfer_ctx;
+
+static double put_pass(xfer_ctx *x, const char *what, uint64_t *failed)
+{
+    const void *bufs[BATCH_MAX];
+    size_t lens[BATCH_MAX];
+    int res[BATCH_MAX];
+    double t0 = cli_now();
+    for (uint64_t i = 0; i < x->nobj; i += x->o->batch) {
+        size_t n = x->nobj - i < x->o->batch ? (size_t)(x->nobj - i) : x->o->batch;
+        for (size_t k = 0; k < n; k++) {
+            bufs[k] = x->src + (i + k) * x->o->object;
+            lens[k] = x->o->object;
+        }
+        int rc = ferry_store_batch_put_from(x->s, x->keys + i, bufs, lens, n, NULL, res);
+        *failed += put_failures(rc, res, n);
+        cli_progress(what, (double)(i + n) / (double)x->nobj);
+    }
+    return (double)x->bytes / (cli_now() - t0) / 1e9;
+}
+
+static double get_pass(xfer_ctx *x, const char *what, uint64_t *failed)
+{
+    void *bufs[BATCH_MAX];
+    size_t caps[BATCH_MAX];
+    int64_t res[BATCH_MAX];
+    double t0 = cli_now();
+    for (uint64_t i = 0; i < x->nobj; i += x->o->batch) {
+        size_t n = x->nobj - i < x->o->batch ? (size_t)(x->nobj - i) : x->o->batch;
+        for (size_t k = 0; k < n; k++) {
+            bufs[k] = x->dst + (i + k) * x->o->object;
+            caps[k] = x->o->object;
+            res[k] = FERRY_EIO;
+        }
+        (void)ferry_store_batch_get_into(x->s, x->keys + i, bufs, caps, n, res);
+        *failed += get_failures(res, n, x->o->object);
+        cli_progress(what, (double)(i + n) / (double)x->nobj);
+    }
+    return (double)x->bytes / (cli_now() - t0) / 1e9;
+}
+
+/* Remove the pass's objects once the reads' 1 ms leases have lapsed. */
+static int clear_objects(xfer_ctx *x)
+{
+    uint64_t total = 0;
+    for (int i = 0; i < 200 && total < x->nobj; i++) {
+        uint64_t n = 0;
+        sleep_ms(5);
+        int rc = ferry_store_remove_prefix(x->s, XFER_PREFIX, &n);
+        if (rc < 0)
+            return rc;
+        total += n;
+    }
+    return total == x->nobj ? 0 : FERRY_EBUSY;
+}
+
+static double max2(double a, double b)
+{
+    return a > b ? a : b;
+}
+
+static int xfer_reps(xfer_ctx *x, const char *label, bs_xfer *r)
+{
+    char what[64];
+    uint64_t *w = (uint64_t *)(void *)x->src;
+    for (uint64_t i = 0; i < x->bytes / 8; i++)
+        w[i] = (i + 1) * 0x9E3779B97F4A7C15ull;
+    /* Warm-up of both paths: connections, segment mappings, page tables (as
+     * `ferry bench engine` does), so that --reps 1 is not a cold figure. */
+    if (cli_engine_pass(x->e, FERRY_OP_WRITE, x->src, &x->rr, x->o->object, x->bytes) <= 0)
+        return FERRY_EIO;
+    snprintf(what, sizeof what, "warm-up %s", label);
+    put_pass(x, what, &r->failed);
+    get_pass(x, what, &r->failed);
+    int wrc = clear_objects(x);
+    if (wrc < 0 || r->failed) {
+        fprintf(stderr, "ferry bench store: %s warm-up failed: %s\n", label, ferry_store_last_error());
+        return wrc < 0 ? wrc : FERRY_EIO;
+    }
+    for (unsigned rep = 0; rep < x->o->reps; rep++) {
+        snprintf(what, sizeof what, "put %s %u/%u", label, rep + 1, x->o->reps);
+        r->put = max2(r->put, put_pass(x, what, &r->failed));
+        if (rep == 0)
+            memset(x->dst, 0, x->bytes);
+        snprintf(what, sizeof what, "get %s %u/%u", label, rep + 1, x->o->reps);
+        r->get = max2(r->get, get_pass(x, what, &r->failed));
+        if (rep == 0)
+            r->mismatch = memcmp(x->src, x->dst, x->bytes) != 0;
+        if (r->failed)
+            fprintf(stderr, "ferry bench store: %s: %llu puts/gets failed: %s\n", label,
+                    (unsigned long long)r->failed, ferry_store_last_error());
+        int rc = clear_objects(x);
+        if (rc < 0 || r->failed)
+            return rc < 0 ? rc : FERRY_EIO;
+        snprintf(what, sizeof what, "engine %s %u/%u", label, rep + 1, x->o->reps);
+        cli_progress(what, 0.5);
+        double ew = cli_engine_pass(x->e, FERRY_OP_WRITE, x->src, &x->rr, x->o->object, x->bytes);
+        double er = cli_engine_pass(x->e, FERRY_OP_READ, x->dst, &x->rr, x->o->object, x->bytes);
+        if (ew <= 0 || er <= 0)
+            return FERRY_EIO;
+        r->ewrite = max2(r->ewrite, ew);
+        r->eread = max2(r->eread, er);
+    }
+    cli_progress_done();
+    return 0;
+}
+
+/* One transport: a store client forced to it ("" = the engine's choice),
+ * two registered buffers, the target's region imported into its engine. */
+static int xfer_phase(const bs_opts *o, const char *master, const char *transport,
+                      const cli_target *tgt, const char *label, bs_xfer *r)
+{
+    xfer_ctx x = { .o = o, .nobj = o->total / o->object };
+    x.bytes = x.nobj * o->object;
+    char(*names)[32] = calloc(x.nobj, sizeof *names);
+    x.keys = calloc(x.nobj, sizeof *x.keys);
+    void *src = NULL, *dst = NULL;
+    bool reg_src = false, reg_dst = false;
+    ferry_store_config cfg;
+    int rc = names && x.keys ? ferry_store_config_init(&cfg) : FERRY_ENOMEM;
+    if (rc == 0) {
+        snprintf(cfg.master, sizeof cfg.master, "%s", master);
+        snprintf(cfg.engine.transport, sizeof cfg.engine.transport, "%s", transport);
+        cfg.lease_ms = 1;
+        rc = ferry_store_open(&cfg, &x.s);
+    }
+    for (uint64_t i = 0; rc == 0 && i < x.nobj; i++) {
+        snprintf(names[i], sizeof names[i], XFER_PREFIX "%06llu", (unsigned long long)i);
+        x.keys[i] = names[i];
+    }
+    if (rc == 0) {
+        x.e = ferry_store_engine(x.s);
+        rc = ferry_mem_alloc(x.e, x.bytes, &src);
+    }
+    if (rc == 0)
+        rc = ferry_mem_alloc(x.e, x.bytes, &dst);
+    if (rc == 0 && (rc = ferry_store_register_buffer(x.s, src, x.bytes)) == 0)
+        reg_src = true;
+    if (rc == 0 && (rc = ferry_store_register_buffer(x.s, dst, x.bytes)) == 0)
+        reg_dst = true;
+    if (rc == 0)
+        rc = ferry_region_import(x.e, tgt->desc, tgt->desc_len, &x.rr);
+    if (rc == 0) {
+        x.src = src;
+        x.dst = dst;
+        rc = xfer_reps(&x, label, r);
+        const char *t = ferry_peer_transport(x.e, x.rr.peer);
+        snprintf(r->transport, sizeof r->transport, "%s", t ? t : transport);
+    }
+    if (rc < 0)
+        fprintf(stderr, "ferry bench store: %s pass failed: %s\n", label,
+                ferry_store_last_error()[0] ? ferry_store_last_error() : ferry_strerror(rc));
+    if (reg_src)
+        ferry_store_unregister_buffer(x.s, src);
+    if (reg_dst)
+        ferry_store_unregister_buffer(x.s, dst);
+    if (src)
+        ferry_mem_free(x.e, src);
+    if (dst)
+        ferry_mem_free(x.e, dst);
+    ferry_store_close(x.s);
+    free(names);
+    free(x.keys);
+    return rc;
+}
+
+/* ---- command ---------------------------------------------------------------------- */
+
+static int parse(int argc, char **argv, bs_opts *o)
+{
+    *o = (bs_opts){ .size = 1ull << 30, .total = 512ull << 20, .object = 4ull << 20,
+                    .clients = 4, .seconds = 3, .reps = 3, .batch = 16, .sync = true };
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int n = v ? atoi(v) : 0;
+        if (!strcmp(a, "--json")) {
+            o->json = true;
+            continue;
+        }
+        if (!strcmp(a, "--no-sync")) {
+            o->sync = false;
+            continue;
+        }
+        if (!v)
+            goto bad;
+        i++;
+        if (!strcmp(a, "--size") && cli_parse_size(v, &o->size) == 0)
+            ;
+        else if (!strcmp(a, "--total") && cli_parse_size(v, &o->total) == 0)
+            ;
+        else if (!strcmp(a, "--object") && cli_parse_size(v, &o->object) == 0)
+            ;
+        else if (!strcmp(a, "--clients") && n > 0 && n <= CLIENTS_MAX)
+            o->clients = (unsigned)n;
+        else if (!strcmp(a, "--seconds") && n > 0)
+            o->seconds = (unsigned)n;
+        else if (!strcmp(a, "--reps") && n > 0)
+            o->reps = (unsigned)n;
+        else if (!strcmp(a, "--batch") && n > 0 && n <= BATCH_MAX)
+            o->batch = (unsigned)n;
+        else
+            goto bad;
+    }
+    if (o->object <= o->total && o->total <= o->size && o->object >= 8)
+        return 0;
+    fprintf(stderr, "ferry bench store: need --object <= --total <= --size\n");
+bad:
+    fprintf(stderr,
+            "usage: ferry bench store [--clients N] [--seconds N] [--size SIZE] [--total SIZE]\n"
+            "                         [--object SIZE] [--batch N] [--reps N] [--no-sync] [--json]\n"
+            "  --clients N    metadata client processes (4)\n"
+            "  --seconds N    metadata phase duration (3)\n"
+            "  --size SIZE    the node's segment (1G)\n"
+            "  --total SIZE   bytes per throughput pass (512M)\n"
+            "  --object SIZE  object and engine block size (4M)\n"
+            "  --batch N      objects per batch_put_from / batch_get_into call (16)\n"
+            "  --reps N       best of N passes (3)\n"
+            "  --no-sync      the master does not fsync its log (not the durable setup)\n");
+    return -1;
+}
+
+static double ratio(double v, double base)
+{
+    return base > 0 ? v / base : 0;
+}
+
+static void print_json(const bs_opts *o, const bs_meta *m, const bs_xfer *x)
+{
+    double ops = m->secs > 0 ? (double)(2 * m->pairs + m->gets) / m->secs : 0;
+    bool met = ops >= META_GOAL && ratio(x[0].put, x[0].ewrite) >= RATIO_GOAL &&
+               ratio(x[0].get, x[0].eread) >= RATIO_GOAL;
+    printf("{\"meta_ops_per_s\":%.0f,\"put_pairs_per_s\":%.0f,\"gets_per_s\":%.0f,\"clients\":%u,",
+           ops, m->secs > 0 ? (double)m->pairs / m->secs : 0,
+           m->secs > 0 ? (double)m->gets / m->secs : 0, o->clients);
+    for (int t = 0; t < 2; t++)
+        printf("%s\"transport\":\"%s\",\"put_gbps\":%.3f,\"get_gbps\":%.3f,\"engine_gbps\":%.3f,"
+               "\"engine_read_gbps\":%.3f,\"put_ratio\":%.3f,\"get_ratio\":%.3f%s",
+               t ? "\"tcp\":{" : "", x[t].transport, x[t].put, x[t].get, x[t].ewrite,
+               x[t].eread, ratio(x[t].put, x[t].ewrite), ratio(x[t].get, x[t].eread),
+               t ? "}," : ",");
+    printf("\"meta_log_records\":%llu,\"meta_log_commits\":%llu,", (unsigned long long)m->appends,
+           (unsigned long long)m->commits);
+    printf("\"sync\":%s,\"object_bytes\":%llu,\"total_bytes\":%llu,\"batch\":%u,\"reps\":%u,"
+           "\"failed\":%llu,\"verified\":%s,\"goals_met\":%s}\n",
+           o->sync ? "true" : "false", (unsigned long long)o->object,
+           (unsigned long long)(o->total / o->object * o->object), o->batch, o->reps,
+           (unsigned long long)(m->failed + x[0].failed + x[1].failed),
+           x[0].mismatch || x[1].mismatch ? "false" : "true", met ? "true" : "false");
+}
+
+static void print_table(const bs_opts *o, const bs_meta *m, const bs_xfer *x)
+{
+    double ops = m->secs > 0 ? (double)(2 * m->pairs + m->gets) / m->secs : 0;
+    char row[160], fig[48], base[48];
+    printf("%-28s %16s %16s %7s %10s %4s\n", "phase", "figure", "baseline", "ratio", "goal", "met");
+    snprintf(row, sizeof row, "metadata, %u clients", o->clients);
+    snprintf(fig, sizeof fig, "%.0f ops/s", ops);
+    printf("%-28s %16s %16s %7s %10s %4s\n", row, fig, "-", "-", ">= 50000", ops >= META_GOAL ? "yes" : "no");
+    snprintf(fig, sizeof fig, "%.0f /s", m->secs > 0 ? (double)m->pairs / m->secs : 0);
+    printf("%-28s %16s\n", "  put_start+put_end pairs", fig);
+    snprintf(fig, sizeof fig, "%.0f /s", m->secs > 0 ? (double)m->gets / m->secs : 0);
+    printf("%-28s %16s\n", "  get_replica_list", fig);
+    for (int t = 0; t < 2; t++)
+        for (int g = 0; g < 2; g++) {
+            double v = g ? x[t].get : x[t].put, b = g ? x[t].eread : x[t].ewrite;
+            snprintf(row, sizeof row, "%s, %s (%s)", g ? "get" : "put", t ? "tcp" : "same host",
+                     x[t].transport);
+            snprintf(fig, sizeof fig, "%.2f GB/s", v);
+            snprintf(base, sizeof base, "%.2f GB/s", b);
+            printf("%-28s %16s %16s %7.2f %10s %4s\n", row, fig, base, ratio(v, b), ">= 0.85",
+                   ratio(v, b) >= RATIO_GOAL ? "yes" : "no");
+        }
+    printf("master log during the metadata phase: %llu records in %llu group commits%s\n",
+           (unsigned long long)m->appends, (unsigned long long)m->commits,
+           o->sync ? " (one fdatasync each)" : " (not synced)");
+    char sz[32];
+    printf("baseline: the client's own engine %s %s blocks to/from a target process's region\n",
+           "writing/reading the same bytes as", cli_fmt_size(o->object, sz, sizeof sz));
+    if (m->removed < m->pairs)
+        printf("note: %llu metadata objects were still leased at the end and not removed\n",
+               (unsigned long long)(m->pairs - m->removed));
+    if (m->failed + x[0].failed + x[1].failed || x[0].mismatch || x[1].mismatch)
+        printf("FAILED: %llu puts/gets failed%s\n",
+               (unsigned long long)(m->failed + x[0].failed + x[1].failed),
+               x[0].mismatch || x[1].mismatch ? ", bytes read back differ" : "");
+}
+
+int cmd_bench_store(int argc, char **argv, const char *self)
+{
+    bs_opts o;
+    if (parse(argc, argv, &o) < 0)
+        return 2;
+    if (!getenv("FERRY_TOKEN") && !getenv("FERRY_TOKEN_FILE")) {
+        char tok[65];
+        ferry_token_generate(tok);   /* a private cluster for this run */
+        setenv("FERRY_TOKEN", tok, 1);
+    }
+    struct sigaction sa = { 0 }, old_int, old_term;
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    bs_cluster c = { .mpid = -1, .npid = -1 };
+    cli_target tgt = { 0 };
+    bs_meta m = { 0 };
+    bs_xfer x[2] = { { .transport = "" }, { .transport = "tcp" } };
+    char sz[32], sz2[32];
+    if (!o.json) {
+        printf("ferry bench store: master fsync %s, node segment %s; metadata: %u clients for %u s;\n"
+               "throughput: %llu x %s objects per pass, batches of %u, best of %u\n",
+               o.sync ? "on" : "off", cli_fmt_size(o.size, sz, sizeof sz), o.clients, o.seconds,
+               (unsigned long long)(o.total / o.object), cli_fmt_size(o.object, sz2, sizeof sz2),
+               o.batch, o.reps);
+        fflush(stdout);
+    }
+    int rc = cluster_start(&c, &o, self);
+    ferry_store *admin = NULL;
+    ferry_store_config acfg;
+    uint64_t a0 = 0, f0 = 0;
+    if (rc == 0 && (rc = ferry_store_config_init(&acfg)) == 0) {
+        snprintf(acfg.master, sizeof acfg.master, "%s", c.master);
+        rc = ferry_store_open(&acfg, &admin);
+    }
+    if (rc == 0)
+        rc = wal_counts(admin, &a0, &f0);
+    if (rc == 0)
+        rc = meta_phase(&o, self, c.master, &m);
+    if (rc == 0 && (rc = wal_counts(admin, &m.appends, &m.commits)) == 0) {
+        m.appends -= a0;
+        m.commits -= f0;
+    }
+    ferry_store_close(admin);
+    if (rc == 0) {
+        sigset_t old;
+        block_signals(&old);
+        rc = cli_target_start(&tgt, self, o.total / o.object * o.object, NULL);
+        track(tgt.pid);
+        sigprocmask(SIG_SETMASK, &old, NULL);
+    }
+    if (rc == 0)
+        rc = xfer_phase(&o, c.master, "", &tgt, "same host", &x[0]);
+    if (rc == 0)
+        rc = xfer_phase(&o, c.master, "tcp", &tgt, "tcp", &x[1]);
+    untrack(tgt.pid);
+    if (tgt.pid > 0)
+        cli_target_stop(&tgt);
+    cluster_stop(&c);
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    if (rc < 0)
+        return 1;
+    if (o.json)
+        print_json(&o, &m, x);
+    else
+        print_table(&o, &m, x);
+    return m.failed || x[0].mismatch || x[1].mismatch ? 1 : 0;
+}
