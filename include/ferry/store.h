@@ -94,7 +94,10 @@ int ferry_store_put(ferry_store *s, const char *key, const void *buf, size_t len
 int ferry_store_put_from(ferry_store *s, const char *key, const void *buf, size_t len,
                          const ferry_replicate_config *rc, ferry_object_desc *placed);
 /* Many puts: one master round trip to place them all, one engine batch for
- * the bytes, one round trip to complete them. results[i]: 0 or an error. */
+ * the bytes, one round trip to complete them. results[i]: 0 or an error;
+ * every entry is set, also when the whole call fails (then each holds that
+ * error, or FERRY_ECANCELED for puts never tried). Returns 0 or the first
+ * failure. */
 int ferry_store_batch_put_from(ferry_store *s, const char *const *keys, const void *const *bufs,
                                const size_t *lens, size_t n, const ferry_replicate_config *rc,
                                int *results);
@@ -119,18 +122,20 @@ typedef struct ferry_range {
 /* Read many ranges: one master round trip for all keys, then every read in
  * parallel through the engine. results[i]: bytes read (len, or fewer when
  * the object ends first) or a negative error for that range (FERRY_ERANGE:
- * src_offset past the end). Returns 0 when every range succeeded, else the
- * first range's error. */
+ * src_offset past the end). Every entry is set, also when the whole call
+ * fails. Returns 0 when every range succeeded, else the first failure. */
 int ferry_store_get_into_ranges(ferry_store *s, const ferry_range *ranges, size_t n,
                                 int64_t *results);
 
 /* 1 if the object exists and is complete, 0 if not, FERRY_ELOST. */
 int ferry_store_exist(ferry_store *s, const char *key);
-/* FERRY_EBUSY while a reader holds a lease, FERRY_ENOENT. */
+/* FERRY_EBUSY while a reader holds a lease (every read takes one for the
+ * config's lease_ms, 5 s by default), FERRY_ENOENT. */
 int ferry_store_remove(ferry_store *s, const char *key);
 /* Remove every unleased object whose key starts with prefix. */
 int ferry_store_remove_prefix(ferry_store *s, const char *prefix, uint64_t *removed);
-/* Where an object lives (no lease taken). */
+/* Where an object lives (no lease taken). replicas[i].preferred is
+ * reported by put only (the master does not keep it): false here. */
 int ferry_store_get_replica_desc(ferry_store *s, const char *key, ferry_object_desc *out);
 /* Keys with the prefix after `after` (NULL: from the start), ascending, at
  * most max. *keys is one allocation (free with ferry_store_free) holding the
@@ -148,7 +153,7 @@ int ferry_store_list(ferry_store *s, const char *prefix, const char *after, size
 #define FERRY_MEMBER_NDIM_MAX 8
 typedef struct ferry_member {
     char name[FERRY_MEMBER_NAME_MAX + 1];
-    char dtype[8];
+    char dtype[16];
     uint32_t ndim;
     uint64_t shape[FERRY_MEMBER_NDIM_MAX];
     uint64_t offset;   /* byte offset in the object (set by put_struct) */

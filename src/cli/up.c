@@ -6,7 +6,8 @@
  *   master/       the master's log and snapshots
  *   master.addr   HOST:PORT of the running master
  *   node.ready    the node's segment id once mounted
- *   up.pids       master and node pids of a detached cluster */
+ *   up.pids       master and node pids of a detached cluster
+ *   master.log, node.log   output of a detached cluster */
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -108,12 +109,19 @@ static int ensure_token(const char *dir, char *path, size_t cap)
     return w == (ssize_t)strlen(t) ? 0 : -1;
 }
 
-static pid_t spawn(const char *const *args, bool detach)
+/* Start `ferry ARGS...`. A detached child gets its own session and writes
+ * to log (so that nothing holds our caller's terminal or pipes open). */
+static pid_t spawn(const char *const *args, bool detach, const char *log)
 {
     pid_t p = fork();
     if (p == 0) {
-        if (detach)
+        if (detach) {
             setsid();
+            int in = open("/dev/null", O_RDONLY | O_CLOEXEC);
+            int out = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+            if (in < 0 || out < 0 || dup2(in, 0) < 0 || dup2(out, 1) < 0 || dup2(out, 2) < 0)
+                _exit(127);
+        }
         execv("/proc/self/exe", (char *const *)args);
         _exit(127);
     }
@@ -191,17 +199,22 @@ int cmd_up(int argc, char **argv)
     snprintf(sizes, sizeof sizes, "%llu", (unsigned long long)o.size);
     const char *margs[] = { "ferry", "master", "--dir", mdir, "--listen", o.listen,
                             "--token-file", tok, "--addr-file", addrf, NULL };
-    pid_t mp = spawn(margs, o.detach);
+    char mlog[4200], nlog[4200];
+    snprintf(mlog, sizeof mlog, "%s/master.log", o.dir);
+    snprintf(nlog, sizeof nlog, "%s/node.log", o.dir);
+    pid_t mp = spawn(margs, o.detach, mlog);
     if (mp < 0 || wait_file(addrf, mp, 15, addr, sizeof addr) != 0) {
-        fprintf(stderr, "ferry up: the master did not start (see its errors above)\n");
+        fprintf(stderr, "ferry up: the master did not start (see %s)\n",
+                o.detach ? mlog : "its errors above");
         stop_child(mp);
         return 1;
     }
     const char *nargs[] = { "ferry", "node", "--master", addr, "--size", sizes,
                             "--token-file", tok, "--ready-file", readyf, NULL };
-    pid_t np = spawn(nargs, o.detach);
+    pid_t np = spawn(nargs, o.detach, nlog);
     if (np < 0 || wait_file(readyf, np, 60, seg, sizeof seg) != 0) {
-        fprintf(stderr, "ferry up: the node did not start (see its errors above)\n");
+        fprintf(stderr, "ferry up: the node did not start (see %s)\n",
+                o.detach ? nlog : "its errors above");
         stop_child(np);
         stop_child(mp);
         return 1;

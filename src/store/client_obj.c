@@ -143,9 +143,10 @@ static int put_batch(ferry_store *s, const char *const *keys, const void *const 
         goto out;
     }
     for (size_t i = 0; i < n; i++) {
-        results[i] = fr_client_key(keys[i]);
-        if (results[i] < 0) {
-            ret = results[i];
+        ret = fr_client_key(keys[i]);
+        if (ret < 0) {
+            for (size_t k = 0; k < n; k++)
+                results[k] = k == i ? ret : FERRY_ECANCELED;
             goto out;
         }
         q[i] = (fr_smsg){ .type = FR_SMSG_PUT_START, .key = fr_client_str(keys[i]),
@@ -387,6 +388,8 @@ int ferry_store_get_into_ranges(ferry_store *s, const ferry_range *ranges, size_
     }
     if (ret == 0)
         ret = fr_client_locate(s, keys, nk, locs, st);
+    for (size_t i = 0; i < n && ret < 0; i++)
+        results[i] = ret;   /* every range fails with the call */
     for (size_t i = 0; i < n && ret == 0; i++) {
         const ferry_range *r = &ranges[i];
         const fr_objloc *loc = &locs[kidx[i]];

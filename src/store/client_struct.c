@@ -6,7 +6,7 @@
  *    0  "FRYSTRCT"   8  u32 version (1)   12  u32 members
  *   16  u64 header bytes (a multiple of 64; member data starts there)
  *   24  u64 0
- *   32  per member, 160 bytes: name[64] (NUL-padded), dtype[8] (NUL-padded),
+ *   32  per member, 168 bytes: name[64] (NUL-padded), dtype[16] (NUL-padded),
  *       u32 ndim, u32 0, u64 shape[8], u64 offset, u64 nbytes
  *
  * A reader fetches the header with one ranged read, then exactly the bytes
@@ -18,7 +18,7 @@
 
 #define MAGIC "FRYSTRCT"
 #define HDR_FIXED 32
-#define MEMBER_LEN 160
+#define MEMBER_LEN 168
 #define ALIGN 64
 #define FIRST_READ 4096
 
@@ -84,7 +84,7 @@ int ferry_store_put_struct(ferry_store *s, const char *key, const ferry_member *
                 err = fr_client_err(FERRY_EINVAL, "put_struct %s: member %s appears twice", key,
                                     m->name);
         if (err == 0 && (err = member_bytes(m, &nb)) < 0)
-            fr_client_err(err, "put_struct %s: member %s: unknown dtype '%.8s' or bad shape",
+            fr_client_err(err, "put_struct %s: member %s: unknown dtype '%.15s' or bad shape",
                           key, m->name, m->dtype);
         if (err == 0 && nb && !data[i])
             err = fr_client_err(FERRY_EINVAL, "put_struct %s: member %s has no data", key,
@@ -93,12 +93,12 @@ int ferry_store_put_struct(ferry_store *s, const char *key, const ferry_member *
             break;
         uint8_t *e = h + HDR_FIXED + i * MEMBER_LEN;
         memcpy(e, m->name, strlen(m->name));
-        memcpy(e + 64, m->dtype, strnlen(m->dtype, sizeof m->dtype));
-        e[72] = (uint8_t)m->ndim;
+        memcpy(e + 64, m->dtype, strnlen(m->dtype, sizeof m->dtype - 1));
+        e[80] = (uint8_t)m->ndim;
         for (uint32_t d = 0; d < m->ndim; d++)
-            put64(e + 80 + 8 * d, m->shape[d]);
-        put64(e + 144, total);
-        put64(e + 152, nb);
+            put64(e + 88 + 8 * d, m->shape[d]);
+        put64(e + 152, total);
+        put64(e + 160, nb);
         total = align_up(total + nb);
     }
     put64(h + 16, hdr);
@@ -119,9 +119,9 @@ int ferry_store_put_struct(ferry_store *s, const char *key, const ferry_member *
     memcpy(obj, h, hdr);
     for (size_t i = 0; i < n; i++) {
         const uint8_t *e = h + HDR_FIXED + i * MEMBER_LEN;
-        uint64_t nb = get64(e + 152);
+        uint64_t nb = get64(e + 160);
         if (nb)
-            memcpy(obj + get64(e + 144), data[i], nb);
+            memcpy(obj + get64(e + 152), data[i], nb);
     }
     fr_free(h);
     int r = ferry_store_put(s, key, obj, total, rc, NULL);
@@ -152,16 +152,16 @@ static int parse_header(const char *key, const uint8_t *p, uint64_t n, uint64_t 
         ferry_member m;
         memset(&m, 0, sizeof m);
         memcpy(m.name, e, 64);
-        memcpy(m.dtype, e + 64, 8);
-        if (m.name[FERRY_MEMBER_NAME_MAX] || m.dtype[7] || check_name(m.name) < 0)
+        memcpy(m.dtype, e + 64, 16);
+        if (m.name[FERRY_MEMBER_NAME_MAX] || m.dtype[15] || check_name(m.name) < 0)
             goto bad;
-        m.ndim = (uint32_t)get64(e + 72);
+        m.ndim = (uint32_t)get64(e + 80);
         if (m.ndim > FERRY_MEMBER_NDIM_MAX)
             goto bad;
         for (uint32_t d = 0; d < m.ndim; d++)
-            m.shape[d] = get64(e + 80 + 8 * d);
-        m.offset = get64(e + 144);
-        m.nbytes = get64(e + 152);
+            m.shape[d] = get64(e + 88 + 8 * d);
+        m.offset = get64(e + 152);
+        m.nbytes = get64(e + 160);
         uint64_t nb, end;
         if (member_bytes(&m, &nb) < 0 || nb != m.nbytes || m.offset < hdr ||
             fr_add_u64(m.offset, nb, &end) < 0 || end > size)

@@ -447,7 +447,7 @@ static void test_master_kill9(void **state)
         put_rc[i] = ferry_store_put(f->s, key, buf, sizeof buf, NULL, NULL);
         kv_rc[i] = ferry_kv_put(f->s, key, buf, 8, NULL);
         q_rc[i] = ferry_queue_push(f->s, "crashq", buf, 16, &qid[i]);
-        failures += put_rc[i] != 0;
+        failures += (put_rc[i] != 0) + (kv_rc[i] != 0) + (q_rc[i] != 0);
         cs.progress = i;
     }
     struct timespec ts = { 0, 10 * 1000 * 1000 };
@@ -494,7 +494,8 @@ static void test_master_kill9(void **state)
         assert_true(found);
     }
     ferry_qrecords_free(rec, n);
-    fprintf(stderr, "master kill -9: %d puts acknowledged, %d failed, %d failed-but-complete\n",
+    fprintf(stderr, "master kill -9: %d puts acknowledged, %d calls failed, %d failed puts "
+            "complete\n",
             acked, failures, failed_but_complete);
     cs.done = true;
     pthread_join(t, NULL);
