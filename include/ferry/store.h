@@ -235,6 +235,35 @@ int ferry_queue_nack(ferry_store *s, uint64_t id, uint32_t token);
 /* The master's state as JSON text (ferry_store_free). */
 int ferry_store_status_json(ferry_store *s, char **json);
 
+/* ---- the master process ----------------------------------------------------------- */
+/* The metadata server: an event loop over TCP serving the store protocol,
+ * every change logged (group-committed fsync) before it is acknowledged,
+ * snapshots, node liveness by heartbeats (docs/store.md, "Master server"). */
+typedef struct ferry_master ferry_master;
+typedef struct ferry_master_config {
+    char dir[4096];                 /* state directory (log, snapshots); one master at a time */
+    char listen[64];                /* "HOST:PORT", port 0 picks one (default 127.0.0.1:0) */
+    uint8_t token[FERRY_TOKEN_MAX]; /* cluster token (required) */
+    size_t token_len;
+    uint64_t heartbeat_timeout_ms;  /* a silent connection or node is dead after this (10000) */
+    uint64_t pending_timeout_ms;    /* revoke puts whose writer vanished (60000) */
+    uint64_t checkpoint_records;    /* snapshot after this many log records (1000000) */
+    bool no_sync;                   /* do not fsync the log: tests and benchmarks only */
+} ferry_master_config;
+/* Defaults; the token from FERRY_TOKEN or FERRY_TOKEN_FILE when set. */
+int ferry_master_config_init(ferry_master_config *cfg);
+/* Recover dir and listen. FERRY_EBUSY (another master owns dir),
+ * FERRY_ECORRUPT (a damaged log), -EADDRINUSE, FERRY_EINVAL, FERRY_EIO; each
+ * also logged with a sentence. */
+int ferry_master_open(const ferry_master_config *cfg, ferry_master **out);
+/* "HOST:PORT" actually bound. */
+const char *ferry_master_address(const ferry_master *m);
+/* Serve until ferry_master_stop: 0, or the fatal error (FERRY_EIO: the log
+ * cannot be written; a restart recovers). */
+int ferry_master_run(ferry_master *m);
+void ferry_master_stop(ferry_master *m);    /* async-signal-safe */
+void ferry_master_close(ferry_master *m);   /* NULL ok */
+
 /* ---- the node process ------------------------------------------------------------- */
 /* A node owns one memfd-backed segment of this machine's memory, pre-faulted
  * at open, registered with its engine for remote reads and writes and

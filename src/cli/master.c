@@ -1,8 +1,8 @@
 /* `ferry master`: the store's metadata server in the foreground.
  *
- * The server itself is internal (src/store/master.h, standard headers
- * only); this file parses options, finds the cluster token, reports the
- * bound address and turns SIGTERM/SIGINT into a clean stop. */
+ * The server is ferry_master_* (store.h); this file parses options, finds
+ * the cluster token, reports the bound address and turns SIGTERM/SIGINT
+ * into a clean stop. */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -11,14 +11,13 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "../store/master.h"
 
-static fr_master *g_master;   /* for the signal handler only */
+static ferry_master *g_master;   /* for the signal handler only */
 
 static void on_signal(int sig)
 {
     (void)sig;
-    fr_master_stop(g_master);
+    ferry_master_stop(g_master);
 }
 
 static void master_usage(FILE *f)
@@ -42,7 +41,7 @@ static void master_usage(FILE *f)
             "  --no-sync               do not fsync the log (tests and benchmarks only)\n");
 }
 
-static int read_token_file(const char *path, fr_master_config *c)
+static int read_token_file(const char *path, ferry_master_config *c)
 {
     FILE *f = fopen(path, "r");
     if (f == NULL) {
@@ -61,7 +60,7 @@ static int read_token_file(const char *path, fr_master_config *c)
     return 0;
 }
 
-static int find_token(const char *file, fr_master_config *c)
+static int find_token(const char *file, ferry_master_config *c)
 {
     if (file)
         return read_token_file(file, c);
@@ -113,7 +112,7 @@ static int parse_ms(const char *opt, const char *s, uint64_t *out)
     return 0;
 }
 
-static const char *open_error(int rc, const fr_master_config *c)
+static const char *open_error(int rc, const ferry_master_config *c)
 {
     static char buf[4400];
     if (rc == FERRY_EBUSY)
@@ -132,8 +131,9 @@ static const char *open_error(int rc, const fr_master_config *c)
 
 int cmd_master(int argc, char **argv)
 {
-    fr_master_config c;
-    fr_master_config_default(&c);
+    ferry_master_config c;
+    ferry_master_config_init(&c);
+    c.token_len = 0;   /* found below, with its own error messages */
     const char *token_file = NULL, *addr_file = NULL, *dir = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -184,8 +184,8 @@ int cmd_master(int argc, char **argv)
     if (find_token(token_file, &c) < 0)
         return 2;
 
-    fr_master *m = NULL;
-    int rc = fr_master_open(&c, &m);
+    ferry_master *m = NULL;
+    int rc = ferry_master_open(&c, &m);
     if (rc < 0) {
         fprintf(stderr, "ferry master: cannot start: %s\n", open_error(rc, &c));
         return 1;
@@ -198,18 +198,18 @@ int cmd_master(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
 
-    printf("ferry master listening on %s (dir %s)\n", fr_master_address(m), c.dir);
+    printf("ferry master listening on %s (dir %s)\n", ferry_master_address(m), c.dir);
     fflush(stdout);
-    if (addr_file && write_addr_file(addr_file, fr_master_address(m)) < 0) {
+    if (addr_file && write_addr_file(addr_file, ferry_master_address(m)) < 0) {
         fprintf(stderr, "ferry master: cannot write %s: %s\n", addr_file, strerror(errno));
-        fr_master_close(m);
+        ferry_master_close(m);
         return 1;
     }
-    rc = fr_master_run(m);
+    rc = ferry_master_run(m);
     signal(SIGTERM, SIG_DFL);
     signal(SIGINT, SIG_DFL);
     g_master = NULL;
-    fr_master_close(m);
+    ferry_master_close(m);
     if (rc < 0) {
         fprintf(stderr, "ferry master: stopped on error: %s\n", ferry_strerror(rc));
         return 1;

@@ -1,0 +1,80 @@
+/* The public face of the master (store.h, ferry_master_*): a thin layer
+ * over the internal server of master.h. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "ferry/store.h"
+#include "store/master.h"
+
+struct ferry_master { fr_master *m; };
+
+int ferry_master_config_init(ferry_master_config *cfg)
+{
+    if (!cfg)
+        return FERRY_EINVAL;
+    memset(cfg, 0, sizeof *cfg);
+    fr_master_config d;
+    fr_master_config_default(&d);
+    snprintf(cfg->listen, sizeof cfg->listen, "%s", d.listen);
+    cfg->heartbeat_timeout_ms = d.heartbeat_timeout_ms;
+    cfg->pending_timeout_ms = d.pending_timeout_ms;
+    cfg->checkpoint_records = d.checkpoint_records;
+    /* The engine's config reader knows where tokens come from. */
+    ferry_engine_config ec;
+    int rc = ferry_engine_config_init(&ec);
+    memcpy(cfg->token, ec.token, ec.token_len);
+    cfg->token_len = ec.token_len;
+    return rc;
+}
+
+int ferry_master_open(const ferry_master_config *cfg, ferry_master **out)
+{
+    if (!cfg || !out || cfg->token_len > sizeof ((fr_master_config *)0)->token)
+        return FERRY_EINVAL;
+    fr_master_config c;
+    fr_master_config_default(&c);
+    snprintf(c.dir, sizeof c.dir, "%s", cfg->dir);
+    snprintf(c.listen, sizeof c.listen, "%s", cfg->listen);
+    memcpy(c.token, cfg->token, cfg->token_len);
+    c.token_len = cfg->token_len;
+    c.heartbeat_timeout_ms = cfg->heartbeat_timeout_ms;
+    c.pending_timeout_ms = cfg->pending_timeout_ms;
+    c.checkpoint_records = cfg->checkpoint_records;
+    c.no_sync = cfg->no_sync;
+    ferry_master *m = fr_calloc(1, sizeof *m);
+    if (!m)
+        return FERRY_ENOMEM;
+    int rc = fr_master_open(&c, &m->m);
+    if (rc < 0) {
+        fr_free(m);
+        return rc;
+    }
+    *out = m;
+    return 0;
+}
+
+const char *ferry_master_address(const ferry_master *m)
+{
+    return m ? fr_master_address(m->m) : NULL;
+}
+
+int ferry_master_run(ferry_master *m)
+{
+    return m ? fr_master_run(m->m) : FERRY_EINVAL;
+}
+
+void ferry_master_stop(ferry_master *m)
+{
+    if (m)
+        fr_master_stop(m->m);
+}
+
+void ferry_master_close(ferry_master *m)
+{
+    if (!m)
+        return;
+    fr_master_close(m->m);
+    fr_free(m);
+}
