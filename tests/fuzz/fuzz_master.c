@@ -1,8 +1,8 @@
 /* libFuzzer target over the master's request path: the input is the byte
  * stream one connection sent after its handshake, fed through the master's
  * per-connection frame parser and dispatcher (fr_master_feed) into a real
- * metadata core and log (a temp directory, no fsync). The first input
- * byte picks the mode, the rest is the stream:
+ * metadata core and log (a temp directory, no fsync), fresh for every
+ * input. The first input byte picks the mode, the rest is the stream:
  *
  *   bit 0  the connection's role: 0 client, 1 node (may MOUNT)
  *   bit 1  the harness writes the magic, version and a correct check into
@@ -12,11 +12,13 @@
  *
  * The master must never crash, leak or hit a fatal error: only the log's
  * I/O may make it give up, and the log is a local temp directory. */
+#include <dirent.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <xxhash.h>
 
@@ -26,38 +28,41 @@
 
 #define FR_FUZZ_CHECK(cond) do { if (!(cond)) abort(); } while (0)
 
-/* The state carries over between inputs (that is how later requests meet
- * earlier objects), and is started afresh every RESET_EVERY inputs so it
- * cannot grow without bound. */
-#define RESET_EVERY 4096
+/* Every input starts from an empty master over an empty directory, so a
+ * finding reproduces from its input alone and nothing carries over to look
+ * like a leak. The directory is made once and emptied after each input. */
+static char g_dir[64], g_state[96];
 
-static fr_master *g_master;
-static char g_dir[64];
-static unsigned g_inputs;
+static void empty_state(void)
+{
+    DIR *d = opendir(g_state);
+    if (d == NULL)
+        return;
+    struct dirent *e;
+    char path[512];
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof path, "%s/%s", g_state, e->d_name);
+        unlink(path);
+    }
+    closedir(d);
+    rmdir(g_state);
+}
 
 static void cleanup(void)
 {
-    fr_master_close(g_master);
-    g_master = NULL;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    if (g_dir[0] && system(cmd) != 0)
-        fprintf(stderr, "fuzz_master: cannot remove %s\n", g_dir);
-    g_dir[0] = 0;
+    empty_state();
+    rmdir(g_dir);
 }
 
-static void start(void)
+static void init(void)
 {
-    static bool once;
-    if (!once) {
-        ferry_log_set_level(FERRY_LOG_OFF);
-        atexit(cleanup);
-        once = true;
-    }
-    cleanup();
+    ferry_log_set_level(FERRY_LOG_OFF);
     snprintf(g_dir, sizeof g_dir, "/tmp/ferry-fuzz-master-XXXXXX");
     FR_FUZZ_CHECK(mkdtemp(g_dir) != NULL);
-    FR_FUZZ_CHECK(fr_master_open_mem(g_dir, &g_master) == 0);
+    snprintf(g_state, sizeof g_state, "%s/state", g_dir);
+    atexit(cleanup);
 }
 
 static void put_le(uint8_t *p, uint64_t v, size_t k)
@@ -87,10 +92,12 @@ static void fix_frames(uint8_t *b, size_t n)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    if (g_master == NULL || ++g_inputs % RESET_EVERY == 0)
-        start();
+    if (g_dir[0] == 0)
+        init();
     if (size < 1)
         return 0;
+    fr_master *m = NULL;
+    FR_FUZZ_CHECK(fr_master_open_mem(g_state, &m) == 0);
     uint8_t mode = data[0];
     size_t n = size - 1;
     uint8_t *buf = malloc(n ? n : 1);
@@ -99,8 +106,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (mode & 2)
         fix_frames(buf, n);
     uint16_t role = (mode & 1) ? FR_ROLE_STORE_NODE : FR_ROLE_STORE_CLIENT;
-    int rc = fr_master_feed(g_master, role, buf, n);
+    int rc = fr_master_feed(m, role, buf, n);
     FR_FUZZ_CHECK(rc >= 0);
     free(buf);
+    fr_master_close(m);
+    empty_state();
     return 0;
 }
