@@ -397,10 +397,31 @@ uint64_t ft_peer_hash(ft_peer *p, uint64_t off, uint64_t len)
     return strtoull(r + 3, NULL, 16);
 }
 
+/* The state letter of /proc/PID/stat ('T' when stopped), or 0. */
+static char proc_state(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *rp = strrchr(buf, ')');   /* the name may hold spaces */
+    return rp && rp[1] == ' ' ? rp[2] : 0;
+}
+
 void ft_peer_signal(ft_peer *p, int sig)
 {
-    if (p->pid > 0)
-        kill(p->pid, sig);
+    if (p->pid <= 0)
+        return;
+    kill(p->pid, sig);
+    /* A stop is delivered asynchronously: tests that rely on the peer being
+     * stopped must not race with its last few instructions. */
+    struct timespec ts = { 0, 1000 * 1000 };
+    for (int i = 0; sig == SIGSTOP && i < 5000 && proc_state(p->pid) != 'T'; i++)
+        nanosleep(&ts, NULL);
 }
 
 int ft_peer_wait_exit(ft_peer *p, int timeout_ms)
