@@ -605,7 +605,7 @@ static int xfer_phase(const bs_opts *o, const char *master, const char *transpor
 static int parse(int argc, char **argv, bs_opts *o)
 {
     *o = (bs_opts){ .size = 1ull << 30, .total = 512ull << 20, .object = 4ull << 20,
-                    .clients = 4, .seconds = 3, .reps = 3, .batch = 16, .sync = true };
+                    .clients = 4, .seconds = 3, .reps = 3, .batch = 64, .sync = true };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int n = v ? atoi(v) : 0;
@@ -649,7 +649,7 @@ bad:
             "  --size SIZE    the node's segment (1G)\n"
             "  --total SIZE   bytes per throughput pass (512M)\n"
             "  --object SIZE  object and engine block size (4M)\n"
-            "  --batch N      objects per batch_put_from / batch_get_into call (16)\n"
+            "  --batch N      objects per batch_put_from / batch_get_into call (64)\n"
             "  --reps N       best of N passes (3)\n"
             "  --no-sync      the master does not fsync its log (not the durable setup)\n");
     return -1;
