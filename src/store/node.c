@@ -87,8 +87,9 @@ int ferry_node_open(const ferry_node_config *cfg, ferry_node **out)
     if (!n->cfg.timeout_ms)
         n->cfg.timeout_ms = 10000;
     n->stop[0] = n->stop[1] = -1;
-    n->id = fr_random_u64();
-    n->seg = fr_random_u64();
+    /* 63-bit ids: they stay positive in JSON (status) and Python ints. */
+    n->id = fr_random_u64() >> 1;
+    n->seg = fr_random_u64() >> 1;
     int rc = pipe2(n->stop, O_CLOEXEC | O_NONBLOCK) < 0 ? FERRY_EIO : 0;
     if (rc == 0)
         rc = ferry_engine_open(&n->cfg.engine, &n->eng);
