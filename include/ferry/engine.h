@@ -189,6 +189,9 @@ int ferry_ticket_wait(ferry_ticket *t, int timeout_ms);
 int ferry_ticket_test(const ferry_ticket *t);
 /* First error that failed the ticket (0 when none), e.g. FERRY_EACCES. */
 int ferry_ticket_error(const ferry_ticket *t);
+/* The ticket's id: the id ferry_engine_pending reports while its outcome is
+ * UNKNOWN. */
+uint64_t ferry_ticket_id(const ferry_ticket *t);
 /* Bytes confirmed moved (for diagnostics). */
 uint64_t ferry_ticket_bytes(const ferry_ticket *t);
 /* Release the caller's handle. A ticket still in flight is handed to the

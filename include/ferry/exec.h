@@ -164,6 +164,92 @@ int ferry_exec_lower(const ferry_attested_plan *a, const ferry_binding *src,
                      ferry_batch_list *out, ferry_error *err);
 void ferry_batch_list_free(ferry_batch_list *b);
 
+/* ---- executors ------------------------------------------------------------- */
+
+/* An allocation guard: a token that keeps one of the caller's allocations
+ * (source or target memory) valid while a transfer may touch it. The
+ * executor acquires every guard before the first byte moves and releases
+ * each only once its transfer reached a terminal state. acquire/release
+ * return 0 or a negative error; ids must be distinct. */
+typedef struct ferry_guard {
+    uint64_t id;
+    void *ctx;
+    int (*acquire)(void *ctx, uint64_t id);
+    int (*release)(void *ctx, uint64_t id);
+} ferry_guard;
+
+typedef struct ferry_exec_config {
+    enum ferry_exec_mode mode;
+    ferry_engine *engine;         /* the initiating process's engine */
+    const uint32_t *workers;      /* selector: this process's initiating workers (>= 1) */
+    size_t nworkers;
+    const ferry_peer_map *peers;  /* how to reach the remote workers the ops touch */
+    size_t npeers;
+    ferry_exec_limits limits;     /* per batch; 0 fields: 4096 ops, 64 MiB */
+    uint32_t window;              /* batches in flight (default 8) */
+    int timeout_ms;               /* wait for one batch; on expiry the outcome is UNKNOWN
+                                     (default 60000; < 0: forever) */
+    uint64_t notify_tag;          /* sink: after every WRITE landed, one NOTIFY(tag,
+                                     generation) to each target peer; 0: none */
+    const ferry_guard *guards;    /* tokens for the allocations the ops touch */
+    size_t nguards;
+} ferry_exec_config;
+
+/* What a run did. Owned arrays are freed by ferry_exec_result_free. */
+typedef struct ferry_exec_result {
+    enum ferry_ticket_state state;  /* COMPLETED, ABORTED (no byte of any target touched),
+                                       FAILED_DRAINED (I/O began; nothing in flight),
+                                       UNKNOWN (a batch's wait expired) */
+    int error;                      /* first error (0 when COMPLETED) */
+    uint64_t bytes, ops, batches;   /* planned for this process */
+    uint64_t bytes_done;            /* in batches that completed */
+    uint64_t *pending;              /* pending-transfer ids of UNKNOWN batches */
+    size_t npending;
+    uint64_t *quarantined;          /* guard ids NOT released: their release failed, or
+                                       their transfer is UNKNOWN (release them once
+                                       ferry_engine_pending no longer lists the ids) */
+    size_t nquarantined;
+} ferry_exec_result;
+void ferry_exec_result_free(ferry_exec_result *r);
+
+typedef struct ferry_executor ferry_executor;
+
+/* An executor for one process: the config is copied (arrays too). */
+int ferry_executor_create(const ferry_exec_config *cfg, ferry_executor **out, ferry_error *err);
+/* Run the attested plan's ops of the selected workers: check the bindings
+ * against the attestation, reject duplicate guard ids, acquire every guard
+ * (on a failure: release what was acquired, best effort and complete —
+ * failed releases are quarantined — and return ABORTED), register the
+ * initiating workers' local memory, lower, and keep `window` batches in
+ * flight until all reached a terminal state; then (sink) notify the target
+ * peers, release the guards and unregister the local memory. Returns 0
+ * when the run's state is COMPLETED, else its error; *res is filled in
+ * both cases (free it). Errors before any byte moved (stale binding, bad
+ * selector, duplicate guard, guard acquisition) leave state ABORTED. */
+int ferry_executor_run(ferry_executor *x, const ferry_attested_plan *a, const ferry_binding *src,
+                       const ferry_binding *dst, ferry_exec_result *res, ferry_error *err);
+/* Local memory still registered after a run (a region pinned by an UNKNOWN
+ * batch cannot be unregistered): every unregistration is checkpointed at
+ * once, an interrupted cleanup marks the executor restart-required, and
+ * ferry_executor_cleanup retries only what is still registered — never an
+ * address already released. 0 when nothing is left; FERRY_EBUSY while
+ * something stays pinned. */
+int ferry_executor_cleanup(ferry_executor *x);
+bool ferry_executor_restart_required(const ferry_executor *x);
+size_t ferry_executor_registered(const ferry_executor *x);
+/* Free (after a best-effort cleanup; what stays pinned is left to the
+ * engine, which unregisters it at close). NULL is a no-op. */
+void ferry_executor_free(ferry_executor *x);
+
+/* The workers on the other side that the given workers exchange bytes
+ * with under the plan (a passive sink target uses it to know how many
+ * sources will notify it). Writes up to cap ids, ascending, into out;
+ * *n = how many there are. */
+int ferry_exec_counterparts(const ferry_attested_plan *a, const ferry_binding *src,
+                            const ferry_binding *dst, bool of_target, const uint32_t *workers,
+                            size_t nworkers, uint32_t *out, size_t cap, size_t *n,
+                            ferry_error *err);
+
 #ifdef __cplusplus
 }
 #endif

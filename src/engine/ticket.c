@@ -576,6 +576,11 @@ void ferry_ticket_free(ferry_ticket *t)
         ticket_destroy(t);
 }
 
+uint64_t ferry_ticket_id(const ferry_ticket *t)
+{
+    return t ? t->id : 0;
+}
+
 int ferry_engine_pending(ferry_engine *e, ferry_pending_info *out, size_t cap)
 {
     if (!e)
