@@ -6,4 +6,5 @@
 #include "ferry/store.h"
 #include "ferry/reshard.h"
 #include "ferry/exec.h"
+#include "ferry/weights.h"
 #endif
