@@ -323,6 +323,8 @@ int cmd_bench(int argc, char **argv, const char *self)
         return bench_engine(argc, argv, self);
     if (argc >= 2 && !strcmp(argv[1], "plan"))
         return cmd_bench_plan(argc - 1, argv + 1);
+    if (argc >= 2 && !strcmp(argv[1], "exec"))
+        return cmd_bench_exec(argc - 1, argv + 1, self);
     if (argc >= 2 && !strcmp(argv[1], "store"))
         return cmd_bench_store(argc - 1, argv + 1, self);
     fprintf(stderr, "usage: ferry bench engine|plan|store [options]   (see ferry help)\n");

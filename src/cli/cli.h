@@ -61,5 +61,11 @@ int cli_write_file_atomic(const char *path, const char *text);
 /* plan.c: `ferry plan` and `ferry bench plan` */
 int cmd_plan(int argc, char **argv);
 int cmd_bench_plan(int argc, char **argv);
+/* bench_exec.c: `ferry bench exec`; bench_exec_worker.c: its worker child
+ * and the model slice + plan that parent and workers build alike. */
+int cmd_bench_exec(int argc, char **argv, const char *self);
+int cli_exec_worker_main(int argc, char **argv);
+int cli_exec_plan(const char *preset, uint64_t budget, const char *src, const char *dst,
+                  ferry_plan **out, uint64_t *model_bytes, ferry_error *err);
 
 #endif

@@ -20,6 +20,7 @@ static void usage(FILE *f)
             "                                store metadata ops/s, put/get throughput against the engine\n"
             "  bench plan --model PRESET --src LAYOUT --dst LAYOUT [--json]\n"
             "                                reshard planning time (cold, cached) and peak memory\n"
+            "  bench exec [--bytes SIZE] [--reps N] [--json]  reshard 8 FSDP -> 8 TP4xDP2 processes (sink, reader) vs memcpy\n"
             "  plan --model PRESET --src LAYOUT --dst LAYOUT [--runs N] [--dst-rank R] [--json]\n"
             "  plan SRC.json DST.json [--json]\n"
             "                                the reshard plan between two layouts or manifests\n"
@@ -49,6 +50,8 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     if (!strcmp(cmd, "_target"))
         return cli_target_main(argc - 1, argv + 1);
+    if (!strcmp(cmd, "_exec_worker"))
+        return cli_exec_worker_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "_bench_store_client"))
         return cli_bench_store_client_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench"))
