@@ -2,10 +2,11 @@
 
 Submodules wrap the C library through the ``_ferry`` extension:
 ``ferry.reshard`` (placement manifests, layouts, presets, reshard plans) and
-``ferry.store`` (the store client: ``ferry.Store``).
+``ferry.store`` (the store client: ``ferry.Store``); ``ferry.Engine`` is a
+transfer engine for ``ferry.reshard.execute``.
 """
 
-from ._ferry import Error, strerror, VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH
+from ._ferry import Error, Engine, strerror, VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH
 from . import reshard
 from . import store
 from .store import (Store, Watch, ReplicateConfig, NotFoundError, ExistsError, NoSpaceError, LostError, BusyError,
@@ -13,6 +14,6 @@ from .store import (Store, Watch, ReplicateConfig, NotFoundError, ExistsError, N
 
 __version__ = f"{VERSION_MAJOR}.{VERSION_MINOR}.{VERSION_PATCH}"
 
-__all__ = ["Error", "strerror", "reshard", "store", "Store", "Watch", "ReplicateConfig", "NotFoundError",
+__all__ = ["Error", "Engine", "strerror", "reshard", "store", "Store", "Watch", "ReplicateConfig", "NotFoundError",
            "ExistsError", "NoSpaceError", "LostError", "BusyError", "ConflictError", "TimeoutError", "AuthError",
            "ConnectionError", "StaleError", "__version__"]

@@ -29,10 +29,13 @@ extern PyTypeObject fp_ManifestType, fp_ModelType;
 PyObject *fp_manifest_wrap(ferry_manifest *m);
 /* The manifest of a Manifest object, or NULL with TypeError set. */
 ferry_manifest *fp_manifest_of(PyObject *o);
+/* The plan of a _ferry.Plan object (borrowed), or NULL with TypeError set. */
+ferry_plan *fp_plan_of(PyObject *o);
 /* Add each file's types and functions to module m; 0 or -1. */
 int fp_manifest_init(PyObject *m);
 int fp_model_init(PyObject *m);
 int fp_plan_init(PyObject *m);
 int fp_store_init(PyObject *m);   /* Store, Watch and the store's error classes */
+int fp_exec_init(PyObject *m);    /* Engine, Binding, AttestedPlan, Executor (after fp_store_init) */
 
 #endif

@@ -262,6 +262,15 @@ static PyTypeObject CacheType = {
 };
 
 
+ferry_plan *fp_plan_of(PyObject *o)
+{
+    if (!PyObject_TypeCheck(o, &PlanType) || !((PlanObject *)o)->p) {
+        PyErr_SetString(PyExc_TypeError, "expected a Plan");
+        return NULL;
+    }
+    return ((PlanObject *)o)->p;
+}
+
 int fp_plan_init(PyObject *m)
 {
     PyTypeObject *types[] = {&PlanType, &PlanIterType, &CacheType};

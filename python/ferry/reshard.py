@@ -14,17 +14,23 @@ returns the overlap regions and the lowered byte runs.
 
 Failures raise ``ferry.Error`` with ``.code`` (a negative FERRY_E* code)
 and a message naming the tensor and fragment.
+
+Execution (docs/exec.md, "Python"): bind each side's fragments to live
+arrays with :class:`Binding`, then move the bytes between engines with
+:func:`execute` (or :func:`attest` and :class:`Executor` for repeated runs).
 """
 
 from collections import namedtuple
 
 from . import _ferry
 from ._ferry import Error, Manifest, Model, PlanCache as _PlanCache
+from ._ferry import Binding, AttestedPlan, Executor, Engine
 
 __all__ = [
     "Error", "Manifest", "Model", "Plan", "PlanCache", "Region", "Run", "Loop",
     "preset", "presets", "build", "parse_layout", "dtype_size",
     "LAYER_FIRST", "LAYER_LAST",
+    "Binding", "AttestedPlan", "Executor", "Engine", "attest", "execute", "peers_of",
 ]
 
 LAYER_FIRST = -1  # embedding side (first pipeline stage)
@@ -96,3 +102,77 @@ class PlanCache:
 
     def __len__(self):
         return self._c.size()
+
+
+# ---- execution -------------------------------------------------------------------------
+
+def _plan_of(plan):
+    return plan._p if isinstance(plan, Plan) else plan
+
+
+def attest(plan, src, dst, generation=None):
+    """AttestedPlan binding ``plan`` to both bindings' digests and ``generation``
+    (default: the source binding's). StaleError when a binding is at another
+    generation; Error (EINVAL) when it was validated against another placement."""
+    if generation is None:
+        generation = src.generation
+    return AttestedPlan(_plan_of(plan), src, dst, generation)
+
+
+def peers_of(binding, workers=None):
+    """{worker: desc} from the entries of ``binding`` (the side a process
+    reaches remotely): an entry's ``desc`` is the region descriptor covering
+    its memory (Engine.register), one per worker; entries without one are
+    skipped. ``workers`` limits the result."""
+    peers = {}
+    for e in binding.entries():
+        w = e["worker"]
+        if workers is not None and w not in workers:
+            continue
+        if not e["desc"]:
+            continue   # not reachable from here; a run that needs it fails with NotFoundError
+        if peers.setdefault(w, e["desc"]) != e["desc"]:
+            raise ValueError(f"worker {w} has entries with different descriptors: one region per worker, "
+                             "or pass peers=")
+    return peers
+
+
+def execute(plan, src_binding, dst_binding, mode="sink", *, engine, workers=None, peers=None, generation=None,
+            window=8, notify_tag=0, guards=None, timeout_ms=60000, max_ops=0, max_bytes=0):
+    """Run ``plan`` (a Plan or an AttestedPlan) for this process's workers and
+    return the result dict: state ("COMPLETED"), error, bytes, ops, batches,
+    bytes_done, pending, quarantined.
+
+    mode: "sink" (this process holds source workers and WRITEs into target
+    memory, then NOTIFY(notify_tag, generation) per target peer when
+    notify_tag != 0) or "reader" (this process holds target workers and
+    READs source memory). ``engine`` is this process's Engine; ``workers``
+    the initiating workers it runs (default: every worker of the initiating
+    binding); ``peers`` {remote worker: region descriptor bytes} (default:
+    the ``desc`` of the remote binding's entries, see peers_of), imported
+    into ``engine``. ``guards``: objects with ``.id``, ``.acquire()`` and
+    ``.release()`` (a raise or a False return is a failure), acquired before
+    any byte moves and released after. The run releases the GIL.
+
+    Raises an Error subclass (StaleError for a changed or stale binding,
+    NotFoundError for a selector naming no planned worker, ...) when the run
+    does not complete; ``e.result`` is then the result dict (state ABORTED,
+    FAILED_DRAINED or UNKNOWN) when the run started.
+    """
+    if mode not in ("sink", "reader"):
+        raise ValueError(f"mode: 'sink' or 'reader', not {mode!r}")
+    local, remote = (src_binding, dst_binding) if mode == "sink" else (dst_binding, src_binding)
+    if isinstance(plan, AttestedPlan):
+        attested = plan
+    else:
+        attested = attest(plan, src_binding, dst_binding, generation)
+    if workers is None:
+        workers = sorted({e["worker"] for e in local.entries()})
+    if peers is None:
+        peers = peers_of(remote)
+    x = Executor(engine, mode, list(workers), peers, window=window, timeout_ms=timeout_ms, notify_tag=notify_tag,
+                 guards=guards, max_ops=max_ops, max_bytes=max_bytes)
+    try:
+        return x.run(attested, src_binding, dst_binding)
+    finally:
+        x.close()
