@@ -2,10 +2,12 @@
  * every trainer rank computes for itself (docs/weights.md).
  *
  * Built so far: the deterministic byte-balanced choice of one publisher
- * rank per tensor, the rollout dtype conversion (round-to-nearest-even) and
- * the deterministic object keys of a generation. The publisher, the
- * commit/announce protocol, the subscriber and the update executor are the
- * rest of the weight-update work (issue 5) and are not in this header yet. */
+ * rank per tensor, the rollout dtype conversion (round-to-nearest-even),
+ * the deterministic object keys of a generation, publishing a generation
+ * from every trainer rank with commit/announce and retention, and reading
+ * the active generation's manifest and tensors back from the store. The
+ * single-pull subscriber (parameter-direct and compatibility modes with
+ * reader assignment and pushes) is not in this header yet. */
 #ifndef FERRY_WEIGHTS_H
 #define FERRY_WEIGHTS_H
 
@@ -14,6 +16,7 @@
 
 #include "ferry/common.h"
 #include "ferry/reshard.h"
+#include "ferry/store.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -53,6 +56,91 @@ int ferry_convert(const void *src, const char *src_dtype, void *dst, const char 
  * for an empty model name or one holding '/'. */
 int ferry_weights_key(const char *model, uint64_t generation, const char *fragment, char *buf,
                       size_t cap);
+
+
+/* ---- publishing a generation ------------------------------------------------ */
+
+/* One tensor as a trainer rank holds it: the full, contiguous tensor. */
+typedef struct ferry_weight_tensor {
+    const char *name;
+    const char *dtype;              /* of data */
+    uint32_t ndim;
+    uint64_t shape[FERRY_MAX_DIMS];
+    const void *data;
+} ferry_weight_tensor;
+
+typedef struct ferry_publisher_config {
+    char model[128];                /* no '/' */
+    uint32_t rank, world;           /* this trainer rank of world */
+    const uint32_t *rank_node;      /* node of each trainer rank (world entries) */
+    char out_dtype[16];             /* rollout dtype ("f32","bf16","f16"); "" keeps each tensor's */
+    uint64_t segment;               /* this node's store segment, preferred (0: none) */
+    uint32_t keep;                  /* generations retained (default 2) */
+    uint64_t timeout_ms;            /* barrier wait (default 60000) */
+} ferry_publisher_config;
+
+typedef struct ferry_publish_stats {
+    uint64_t tensors, bytes;              /* stored by this rank */
+    uint64_t total_tensors, total_bytes;  /* the whole generation */
+    uint64_t cross_node_bytes;            /* this rank's bytes that landed off its segment */
+    double put_s, commit_s;
+    uint64_t removed_generations;         /* retention, coordinator only */
+} ferry_publish_stats;
+
+/* Publish `generation` (> every earlier one) from this rank. Every rank of
+ * the world calls it with the same tensors in the same order (each with its
+ * full reconstructed tensor). The rank that ferry_weights_assign picks for a
+ * tensor converts it to out_dtype and stores it once: hard-pinned, one
+ * replica, preferring this node's segment, under ferry_weights_key, with
+ * its XXH3-64 checksum recorded in its part of the manifest. Ranks then
+ * meet at a barrier; rank 0 (the coordinator) checks every part, writes
+ * the manifest and announces the generation with one compare-and-swap of
+ * the model's active key carrying the manifest digest. If any rank failed,
+ * every rank still returns (no hang): the generation's objects are removed,
+ * the previous generation stays active and every rank gets an error naming
+ * the rank and why (FERRY_ECANCELED for ranks that did their part). A rank
+ * that dies makes the barrier time out: the same cleanup. After an
+ * announcement the coordinator removes generations older than the last
+ * `keep` (objects still leased by readers stay until a later publish). */
+int ferry_publish(ferry_store *s, const ferry_publisher_config *cfg, uint64_t generation,
+                  const ferry_weight_tensor *tensors, size_t n, ferry_publish_stats *st,
+                  ferry_error *err);
+
+/* ---- reading a generation ------------------------------------------------------ */
+
+/* One tensor of a published generation. */
+typedef struct ferry_weight_entry {
+    char name[256];
+    char dtype[16];
+    uint32_t ndim;
+    uint64_t shape[FERRY_MAX_DIMS];
+    uint64_t bytes;
+    uint64_t checksum;              /* XXH3-64 of the stored bytes */
+    uint32_t publisher;             /* trainer rank */
+    uint64_t segment;               /* where it landed */
+    char key[384];                  /* store key */
+} ferry_weight_entry;
+
+typedef struct ferry_weight_manifest {
+    uint64_t generation;
+    uint8_t digest[16];             /* XXH3-128 of the manifest text */
+    ferry_weight_entry *entries;
+    size_t n;
+    uint64_t bytes;
+} ferry_weight_manifest;
+
+/* The active generation of a model (0 and FERRY_ENOENT when none). */
+int ferry_weights_active(ferry_store *s, const char *model, uint64_t *generation,
+                         uint8_t digest[16]);
+/* The manifest of a generation, its digest checked against the announced
+ * one when it is the active generation. Free with ferry_weight_manifest_free. */
+int ferry_weights_manifest(ferry_store *s, const char *model, uint64_t generation,
+                           ferry_weight_manifest *out, ferry_error *err);
+void ferry_weight_manifest_free(ferry_weight_manifest *m);
+/* Read entry i's bytes into dst (cap bytes) straight from the store and
+ * verify its checksum: FERRY_ECORRUPT naming the tensor on a mismatch. */
+int ferry_weights_read(ferry_store *s, const ferry_weight_entry *e, void *dst, size_t cap,
+                       ferry_error *err);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,241 @@
+/* Publishing generations from four trainer processes against a real
+ * master and node: every tensor stored once by its assigned rank,
+ * converted to bf16, announced with one CAS and read back bit-exactly; a
+ * trainer that dies mid-publish leaves no announcement and no objects, the
+ * previous generation stays active and every live rank gets an error;
+ * retention keeps two generations; a corrupted tensor is named. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "util/ftstore.h"
+#include "ferry/weights.h"
+
+#define WORLD 4
+#define NT 12
+
+static const uint64_t shapes[NT][2] = {
+    {512, 256}, {256, 256}, {1024, 64}, {64, 64}, {4096, 1}, {300, 7},
+    {128, 512}, {1, 1}, {777, 33}, {256, 128}, {2048, 16}, {512, 512},
+};
+
+static float value(uint64_t gen, size_t t, uint64_t i)
+{
+    return (float)((gen * 7 + t * 3 + i) % 200);   /* exact in bf16 */
+}
+
+static ferry_weight_tensor *make_tensors(uint64_t gen, char names[NT][32])
+{
+    ferry_weight_tensor *t = calloc(NT, sizeof *t);
+    for (size_t k = 0; k < NT; k++) {
+        snprintf(names[k], 32, "layers.%zu.weight", k);
+        uint64_t n = shapes[k][0] * shapes[k][1];
+        float *d = malloc(n * sizeof *d);
+        for (uint64_t i = 0; i < n; i++)
+            d[i] = value(gen, k, i);
+        t[k] = (ferry_weight_tensor){ .name = names[k], .dtype = "f32", .ndim = 2,
+                                      .shape = { shapes[k][0], shapes[k][1] }, .data = d };
+    }
+    return t;
+}
+
+static void free_tensors(ferry_weight_tensor *t)
+{
+    for (size_t k = 0; k < NT; k++)
+        free((void *)t[k].data);
+    free(t);
+}
+
+/* ---- a trainer process ------------------------------------------------------------- */
+
+static int trainer_main(char **argv)
+{
+    const char *addr = argv[0];
+    uint32_t rank = (uint32_t)atoi(argv[1]);
+    uint64_t gen = strtoull(argv[2], NULL, 10);
+    bool die = !strcmp(argv[3], "die");
+    ferry_store_config cfg;
+    ferry_store_config_init(&cfg);
+    snprintf(cfg.master, sizeof cfg.master, "%s", addr);
+    cfg.lease_ms = 1;
+    ferry_store *s = NULL;
+    if (ferry_store_open(&cfg, &s) < 0) {
+        printf("ERR open %s\n", ferry_store_last_error());
+        return 1;
+    }
+    char names[NT][32];
+    ferry_weight_tensor *t = make_tensors(gen, names);
+    static const uint32_t rank_node[WORLD] = {0, 0, 1, 1};
+    if (die) {
+        /* Store one object of the generation, then die before the barrier. */
+        char key[256];
+        ferry_weights_key("tiny", gen, names[0], key, sizeof key);
+        (void)ferry_store_put(s, key, t[0].data, 1024, NULL, NULL);
+        fflush(stdout);
+        _exit(3);
+    }
+    ferry_publisher_config pc = { .model = "tiny", .rank = rank, .world = WORLD,
+                                  .rank_node = rank_node, .out_dtype = "bf16", .keep = 2,
+                                  .timeout_ms = 1500 };
+    ferry_publish_stats st;
+    ferry_error err = {0};
+    int rc = ferry_publish(s, &pc, gen, t, NT, &st, &err);
+    if (rc == 0)
+        printf("OK %llu %llu\n", (unsigned long long)st.tensors, (unsigned long long)st.bytes);
+    else
+        printf("ERR %d %s\n", rc, err.msg);
+    fflush(stdout);
+    free_tensors(t);
+    ferry_store_close(s);
+    return 0;
+}
+
+/* ---- the test ------------------------------------------------------------------------ */
+
+typedef struct fixture { ft_cluster c; ferry_store *s; } fixture;
+
+static int setup(void **state)
+{
+    fixture *f = calloc(1, sizeof *f);
+    *state = f;
+    if (ft_master_start(&f->c, NULL, NULL) != 0 || ft_node_start(&f->c, 0, 64u << 20, NULL, NULL))
+        return -1;
+    ferry_store_config cfg;
+    ft_store_config(&f->c, &cfg);
+    cfg.lease_ms = 1;   /* reads here must not hold back retention */
+    return ferry_store_open(&cfg, &f->s);
+}
+
+static int teardown(void **state)
+{
+    fixture *f = *state;
+    ferry_store_close(f->s);
+    ft_cluster_stop(&f->c);
+    free(f);
+    return 0;
+}
+
+/* Run one publish round: ranks in `die` die; returns how many said OK and
+ * copies the first error line. */
+static int round_of(fixture *f, uint64_t gen, int die_rank, char *first_err, size_t cap)
+{
+    ft_peer p[WORLD];
+    char g[32], r[WORLD][8];
+    snprintf(g, sizeof g, "%llu", (unsigned long long)gen);
+    for (int k = 0; k < WORLD; k++) {
+        snprintf(r[k], sizeof r[k], "%d", k);
+        const char *args[] = { "--trainer", f->c.addr, r[k], g, k == die_rank ? "die" : "ok",
+                               NULL };
+        assert_int_equal(ft_spawn(&p[k], NULL, args), 0);
+    }
+    int ok = 0;
+    first_err[0] = 0;
+    for (int k = 0; k < WORLD; k++) {
+        char line[1024] = "";
+        if (k != die_rank && ft_read_line(&p[k], line, sizeof line, 30000) == 0) {
+            if (!strncmp(line, "OK", 2))
+                ok++;
+            else if (!first_err[0])
+                snprintf(first_err, cap, "%s", line);
+        }
+        ft_peer_wait_exit(&p[k], 10000);
+        ft_proc_kill(&p[k], 9);
+    }
+    return ok;
+}
+
+static void check_generation(fixture *f, uint64_t gen)
+{
+    uint64_t active = 0;
+    uint8_t dg[16];
+    assert_int_equal(ferry_weights_active(f->s, "tiny", &active, dg), 0);
+    assert_int_equal(active, gen);
+    ferry_weight_manifest m;
+    ferry_error err = {0};
+    assert_int_equal(ferry_weights_manifest(f->s, "tiny", gen, &m, &err), 0);
+    assert_int_equal(m.n, NT);
+    assert_memory_equal(m.digest, dg, 16);
+    uint32_t publishers = 0;
+    for (size_t k = 0; k < NT; k++) {
+        const ferry_weight_entry *e = &m.entries[k];
+        char name[32];
+        snprintf(name, sizeof name, "layers.%zu.weight", k);
+        assert_string_equal(e->name, name);
+        assert_string_equal(e->dtype, "bf16");
+        assert_int_equal(e->bytes, shapes[k][0] * shapes[k][1] * 2);
+        publishers |= 1u << e->publisher;
+        uint16_t *b = malloc(e->bytes);
+        assert_int_equal(ferry_weights_read(f->s, e, b, e->bytes, &err), 0);
+        for (uint64_t i = 0; i < e->bytes / 2; i++) {
+            float v;
+            assert_int_equal(ferry_convert(&b[i], "bf16", &v, "f32", 1), 0);
+            if (v != value(gen, k, i))
+                fail_msg("gen %llu tensor %zu element %llu: %f", (unsigned long long)gen, k,
+                         (unsigned long long)i, (double)v);
+        }
+        free(b);
+    }
+    assert_int_equal(publishers, 0xf);   /* the work was spread over every rank */
+    /* A corrupted byte (here: a checksum that does not match) names the tensor. */
+    ferry_weight_entry bad = m.entries[3];
+    bad.checksum ^= 1;
+    uint8_t tmp[64 * 64 * 2];
+    assert_int_equal(ferry_weights_read(f->s, &bad, tmp, sizeof tmp, &err), FERRY_ECORRUPT);
+    assert_non_null(strstr(err.msg, "layers.3.weight"));
+    ferry_weight_manifest_free(&m);
+}
+
+static size_t objects_of(fixture *f, uint64_t gen)
+{
+    char prefix[128];
+    snprintf(prefix, sizeof prefix, "ferry/w/tiny/%020llu/", (unsigned long long)gen);
+    char **keys = NULL;
+    size_t n = 0;
+    assert_int_equal(ferry_store_list(f->s, prefix, NULL, 1000, &keys, &n, NULL), 0);
+    ferry_store_free(keys);
+    return n;
+}
+
+static void test_publish_generations(void **state)
+{
+    fixture *f = *state;
+    char e[1024];
+    assert_int_equal(round_of(f, 1, -1, e, sizeof e), WORLD);
+    check_generation(f, 1);
+    assert_int_equal(objects_of(f, 1), NT);
+
+    /* Rank 3 dies mid-publish: no announcement, nothing left, errors. */
+    assert_int_equal(round_of(f, 2, 3, e, sizeof e), 0);
+    fprintf(stderr, "live ranks said: %s\n", e);
+    assert_non_null(strstr(e, "generation 2 failed"));
+    check_generation(f, 1);
+    assert_int_equal(objects_of(f, 2), 0);
+
+    /* Two more generations: the first one is retired (keep 2). */
+    assert_int_equal(round_of(f, 3, -1, e, sizeof e), WORLD);
+    assert_int_equal(round_of(f, 4, -1, e, sizeof e), WORLD);
+    check_generation(f, 4);
+    assert_int_equal(objects_of(f, 1), 0);
+    assert_int_equal(objects_of(f, 3), NT);
+    assert_int_equal(objects_of(f, 4), NT);
+    /* An older generation cannot be announced over a newer one. */
+    assert_int_equal(round_of(f, 3, -1, e, sizeof e), 0);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 6 && !strcmp(argv[1], "--trainer"))
+        return trainer_main(argv + 2);
+    ft_token();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_publish_generations, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
