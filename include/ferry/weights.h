@@ -5,9 +5,10 @@
  * rank per tensor, the rollout dtype conversion (round-to-nearest-even),
  * the deterministic object keys of a generation, publishing a generation
  * from every trainer rank with commit/announce and retention, and reading
- * the active generation's manifest and tensors back from the store. The
- * single-pull subscriber (parameter-direct and compatibility modes with
- * reader assignment and pushes) is not in this header yet. */
+ * the active generation's manifest and tensors back from the store, and
+ * updating rollout workers from it in parameter-direct and compatibility
+ * form with each worker reading its own demand. The single-pull update
+ * (reader assignment, pushes between workers, pipelining) is not built. */
 #ifndef FERRY_WEIGHTS_H
 #define FERRY_WEIGHTS_H
 
@@ -141,6 +142,53 @@ void ferry_weight_manifest_free(ferry_weight_manifest *m);
  * verify its checksum: FERRY_ECORRUPT naming the tensor on a mismatch. */
 int ferry_weights_read(ferry_store *s, const ferry_weight_entry *e, void *dst, size_t cap,
                        ferry_error *err);
+
+/* ---- updating a rollout worker (store reads) ------------------------------------- */
+
+/* One parameter shard of a rollout worker: the box [offset, offset+shape) of
+ * a published tensor, written to dst with element strides (all 0: row-major
+ * contiguous). Its dtype is the published one (the publisher converted). */
+typedef struct ferry_param_shard {
+    const char *tensor;
+    uint32_t ndim;                       /* the tensor's */
+    uint64_t offset[FERRY_MAX_DIMS];
+    uint64_t shape[FERRY_MAX_DIMS];
+    int64_t strides[FERRY_MAX_DIMS];     /* elements, >= 0 */
+    void *dst;
+} ferry_param_shard;
+
+typedef struct ferry_update_stats {
+    uint64_t generation;
+    uint64_t bytes_read;          /* from the store */
+    uint64_t ranges;              /* byte ranges read */
+    uint64_t tensors;
+    double prepare_s, read_s;
+} ferry_update_stats;
+
+/* Parameter-direct update, each worker reading its own demand from the
+ * store: the active generation's manifest is fetched and checked, every
+ * shard's bytes are read with get_into_ranges straight into dst (runs of a
+ * contiguous inner dimension; other strides through a staging buffer), and
+ * every range's byte count is verified. *generation (in: the worker's
+ * current one) is set to the active generation; nothing is read when it is
+ * already current (return 0, stats.bytes_read 0). Errors name the tensor:
+ * FERRY_ENOENT (not in the generation), FERRY_ERANGE (a box outside it),
+ * FERRY_ELOST (a node holding part of it died). On an error during the
+ * reads the parameters may be partly written: FERRY_EREBUILD (rebuild them
+ * with a full update). This is the baseline path: the single-pull planner
+ * (one reader per byte, pushes to the other consumers) is future work. */
+int ferry_weights_update_direct(ferry_store *s, const char *model, uint64_t *generation,
+                                const ferry_param_shard *shards, size_t n,
+                                ferry_update_stats *st, ferry_error *err);
+
+/* Compatibility update: every tensor of the active generation, whole and
+ * checksum-verified, handed to fn(ctx, entry, data) in manifest order (data
+ * valid during the call) — the shape of a load_weights(iterable) loader.
+ * A non-zero return from fn stops the update with that code. */
+typedef int (*ferry_weights_tensor_fn)(void *ctx, const ferry_weight_entry *e, const void *data);
+int ferry_weights_update_compat(ferry_store *s, const char *model, uint64_t *generation,
+                                ferry_weights_tensor_fn fn, void *ctx, ferry_update_stats *st,
+                                ferry_error *err);
 
 #ifdef __cplusplus
 }

@@ -365,6 +365,16 @@ int ferry_publish(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
     int rc = check_tensors(t, n, c, err);
     if (rc < 0)
         return rc;
+    /* Generations only move forward: refuse before storing (or cleaning up)
+     * anything under an existing generation's keys. */
+    uint64_t active = 0;
+    rc = ferry_weights_active(s, c->model, &active, NULL);
+    if (rc < 0 && rc != FERRY_ENOENT)
+        return fail(err, rc, "publish: cannot read the active generation of %s: %s", c->model,
+                    ferry_store_last_error());
+    if (active >= gen)
+        return fail(err, FERRY_EINVAL, "publish: generation %" PRIu64 " of %s is not newer "
+                    "than the active %" PRIu64, gen, c->model, active);
     uint32_t *pub = malloc((n ? n : 1) * sizeof *pub);
     uint64_t *sizes = malloc((n ? n : 1) * sizeof *sizes);
     if (!pub || !sizes) {

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -105,7 +106,8 @@ static int setup(void **state)
 {
     fixture *f = calloc(1, sizeof *f);
     *state = f;
-    if (ft_master_start(&f->c, NULL, NULL) != 0 || ft_node_start(&f->c, 0, 64u << 20, NULL, NULL))
+    static const char *const extra[] = { "--heartbeat-timeout", "2500", NULL };
+    if (ft_master_start(&f->c, NULL, extra) != 0 || ft_node_start(&f->c, 0, 64u << 20, NULL, NULL))
         return -1;
     ferry_store_config cfg;
     ft_store_config(&f->c, &cfg);
@@ -192,6 +194,80 @@ static void check_generation(fixture *f, uint64_t gen)
     ferry_weight_manifest_free(&m);
 }
 
+
+/* A rollout worker holding rows [half*R/2, (half+1)*R/2) of every tensor
+ * (TP along dim 0), stored with a padded row pitch, updated parameter-direct;
+ * and the same generation through the compatibility path. */
+typedef struct compat_ctx { uint64_t gen; size_t seen; bool bad; } compat_ctx;
+
+static int on_tensor(void *ctx, const ferry_weight_entry *e, const void *data)
+{
+    compat_ctx *c = ctx;
+    size_t k = (size_t)atoi(e->name + 7);
+    const uint16_t *b = data;
+    for (uint64_t i = 0; i < e->bytes / 2; i++) {
+        float v;
+        ferry_convert(&b[i], "bf16", &v, "f32", 1);
+        c->bad |= v != value(c->gen, k, i);
+    }
+    c->seen++;
+    return 0;
+}
+
+static void update_worker(ferry_store *s, uint64_t *cur, uint64_t want_gen, int half)
+{
+    ferry_param_shard sh[NT];
+    uint16_t *buf[NT];
+    for (size_t k = 0; k < NT; k++) {
+        uint64_t rows = shapes[k][0] / 2 + (half ? shapes[k][0] % 2 : 0);
+        uint64_t pitch = shapes[k][1] + 3;   /* padded rows: strided destination */
+        buf[k] = calloc(rows * pitch + 1, 2);
+        sh[k] = (ferry_param_shard){ .tensor = NULL, .ndim = 2,
+                                     .offset = { half ? shapes[k][0] / 2 : 0, 0 },
+                                     .shape = { rows, shapes[k][1] },
+                                     .strides = { (int64_t)pitch, 1 }, .dst = buf[k] };
+    }
+    char names[NT][32];
+    for (size_t k = 0; k < NT; k++) {
+        snprintf(names[k], 32, "layers.%zu.weight", k);
+        sh[k].tensor = names[k];
+    }
+    ferry_update_stats st;
+    ferry_error err = {0};
+    uint64_t g = *cur;
+    assert_int_equal(ferry_weights_update_direct(s, "tiny", &g, sh, NT, &st, &err), 0);
+    assert_int_equal(g, want_gen);
+    uint64_t demand = 0;
+    for (size_t k = 0; k < NT; k++) {
+        uint64_t pitch = shapes[k][1] + 3;
+        demand += sh[k].shape[0] * sh[k].shape[1] * 2;
+        for (uint64_t r = 0; r < sh[k].shape[0]; r++)
+            for (uint64_t c = 0; c < shapes[k][1]; c++) {
+                float v;
+                ferry_convert(&buf[k][r * pitch + c], "bf16", &v, "f32", 1);
+                uint64_t gi = (sh[k].offset[0] + r) * shapes[k][1] + c;
+                if (v != value(want_gen, k, gi))
+                    fail_msg("direct: tensor %zu row %llu col %llu", k, (unsigned long long)r,
+                             (unsigned long long)c);
+            }
+        for (uint64_t r = 0; r < sh[k].shape[0]; r++)   /* padding untouched */
+            for (uint64_t c = shapes[k][1]; c < pitch; c++)
+                assert_int_equal(buf[k][r * pitch + c], 0);
+        free(buf[k]);
+    }
+    assert_int_equal(st.bytes_read, demand);   /* exactly its demand */
+    *cur = g;
+    /* Already current: nothing is read. */
+    assert_int_equal(ferry_weights_update_direct(s, "tiny", &g, sh, 0, &st, &err), 0);
+    assert_int_equal(st.bytes_read, 0);
+    compat_ctx cc = { .gen = want_gen };
+    uint64_t g2 = 0;
+    assert_int_equal(ferry_weights_update_compat(s, "tiny", &g2, on_tensor, &cc, &st, &err), 0);
+    assert_int_equal(g2, want_gen);
+    assert_int_equal(cc.seen, NT);
+    assert_false(cc.bad);
+}
+
 static size_t objects_of(fixture *f, uint64_t gen)
 {
     char prefix[128];
@@ -210,6 +286,9 @@ static void test_publish_generations(void **state)
     assert_int_equal(round_of(f, 1, -1, e, sizeof e), WORLD);
     check_generation(f, 1);
     assert_int_equal(objects_of(f, 1), NT);
+    uint64_t w0 = 0, w1 = 0;
+    update_worker(f->s, &w0, 1, 0);
+    update_worker(f->s, &w1, 1, 1);
 
     /* Rank 3 dies mid-publish: no announcement, nothing left, errors. */
     assert_int_equal(round_of(f, 2, 3, e, sizeof e), 0);
@@ -225,8 +304,42 @@ static void test_publish_generations(void **state)
     assert_int_equal(objects_of(f, 1), 0);
     assert_int_equal(objects_of(f, 3), NT);
     assert_int_equal(objects_of(f, 4), NT);
-    /* An older generation cannot be announced over a newer one. */
+    /* An older generation cannot be published over a newer one, and the
+     * refusal leaves the stored generation alone. */
     assert_int_equal(round_of(f, 3, -1, e, sizeof e), 0);
+    assert_non_null(strstr(e, "not newer"));
+    assert_int_equal(objects_of(f, 3), NT);
+    /* Workers on generation 1 catch up; a new worker loads the active one;
+     * nothing is republished. */
+    update_worker(f->s, &w0, 4, 0);
+    uint64_t fresh = 0;
+    update_worker(f->s, &fresh, 4, 1);
+
+    /* The node holding the generation dies: prepare fails before any
+     * parameter is touched and the worker stays on its generation. */
+    ft_proc_kill(&f->c.node[0], 9);
+    struct timespec ts = { 0, 20 * 1000 * 1000 };
+    char key[256];
+    ferry_weights_key("tiny", 4, "layers.0.weight", key, sizeof key);
+    int ex = 1;
+    for (int i = 0; i < 1000 && ex != FERRY_ELOST; i++) {
+        ex = ferry_store_exist(f->s, key);
+        if (ex != FERRY_ELOST)
+            nanosleep(&ts, NULL);
+    }
+    assert_int_equal(ex, FERRY_ELOST);
+    uint16_t dst[64 * 64];
+    memset(dst, 0, sizeof dst);
+    ferry_param_shard one = { .tensor = "layers.3.weight", .ndim = 2, .shape = { 64, 64 },
+                              .dst = dst };
+    uint64_t g = 3;
+    ferry_error err = {0};
+    assert_int_equal(ferry_weights_update_direct(f->s, "tiny", &g, &one, 1, NULL, &err),
+                     FERRY_ELOST);
+    assert_int_equal(g, 3);
+    assert_non_null(strstr(err.msg, "not whole"));
+    for (size_t i = 0; i < 64 * 64; i++)
+        assert_int_equal(dst[i], 0);
 }
 
 int main(int argc, char **argv)
