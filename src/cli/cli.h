@@ -48,7 +48,8 @@ double cli_engine_pass(ferry_engine *e, enum ferry_opcode op, uint8_t *buf,
 /* bench_store.c: `ferry bench store` and its metadata client child */
 int cmd_bench_store(int argc, char **argv, const char *self);
 int cli_bench_store_client_main(int argc, char **argv);
-int cmd_demo(int argc, char **argv, const char *self);
+int cmd_demo(int argc, char **argv, const char *self);        /* demo_weights.c */
+int cmd_demo_engine(int argc, char **argv, const char *self); /* demo.c */
 /* master.c: `ferry master` */
 int cmd_master(int argc, char **argv);
 /* node.c: `ferry node`; up.c: `ferry up`, `ferry down`, `ferry status` */

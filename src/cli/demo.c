@@ -2,7 +2,7 @@
  * registers memory; this process writes a pattern into it with one-sided
  * WRITEs, tells it with a notification that follows the writes, reads it
  * all back with one-sided READs and checks every byte — over shm and over
- * tcp. (The weight-update demo replaces this when the store lands.) */
+ * tcp. `ferry demo engine`; `ferry demo` is the weight-update demo. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -108,7 +108,7 @@ static void run_one(const char *self, const char *transport, uint64_t total, dem
     ferry_engine_close(e);
 }
 
-int cmd_demo(int argc, char **argv, const char *self)
+int cmd_demo_engine(int argc, char **argv, const char *self)
 {
     bool json = false;
     uint64_t total = 256ull << 20;
@@ -118,7 +118,7 @@ int cmd_demo(int argc, char **argv, const char *self)
         else if (!strcmp(argv[i], "--size") && i + 1 < argc && cli_parse_size(argv[++i], &total) == 0)
             total = (total + DEMO_BLOCK - 1) / DEMO_BLOCK * DEMO_BLOCK;
         else {
-            fprintf(stderr, "usage: ferry demo [--size SIZE] [--json]\n");
+            fprintf(stderr, "usage: ferry demo engine [--size SIZE] [--json]\n");
             return 2;
         }
     }

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "demo_int.h"
 
 static void usage(FILE *f)
 {
@@ -11,7 +12,10 @@ static void usage(FILE *f)
             "usage: ferry <command> [options]\n"
             "\n"
             "commands:\n"
-            "  demo [--json]                 run the main job: an engine transfer between two processes\n"
+            "  demo [--trainers N] [--rollouts N] [--generations N] [--bytes SIZE] [--json]\n"
+            "                                the main job: trainers publish weight generations, rollouts\n"
+            "                                take them (TP shards and whole tensors), every byte checked\n"
+            "  demo engine [--size SIZE]     one-sided engine transfers between two processes\n"
             "  bench engine [--transport shm|tcp] [--block SIZE] [--total SIZE]\n"
             "               [--streams N] [--threads N] [--json]\n"
             "                                engine throughput against a baseline measured in the same run\n"
@@ -48,6 +52,10 @@ int main(int argc, char **argv)
         return 2;
     }
     const char *cmd = argv[1];
+    if (!strcmp(cmd, "_demo_trainer"))
+        return demo_trainer_main(argc - 1, argv + 1);
+    if (!strcmp(cmd, "_demo_rollout"))
+        return demo_rollout_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "_target"))
         return cli_target_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "_exec_worker"))

@@ -1,0 +1,261 @@
+/* The processes of the weight-update demo (`ferry demo`): trainer ranks
+ * that publish generations, rollout workers that take them in
+ * parameter-direct and compatibility form, and the synthetic model they
+ * share (the real tensor shapes of a preset, cut to a byte budget, bf16).
+ * Children are driven over stdin/stdout, one reply line per command. */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "cli.h"
+#include "demo_int.h"
+
+int demo_model_build(const char *preset, uint64_t budget, demo_model *dm)
+{
+    memset(dm, 0, sizeof *dm);
+    ferry_model *m = NULL;
+    ferry_error err = {0};
+    int rc = ferry_model_preset(preset, &m, &err);
+    if (rc < 0)
+        return rc;
+    size_t n = ferry_model_tensor_count(m);
+    dm->t = calloc(n, sizeof *dm->t);
+    if (!dm->t) {
+        ferry_model_free(m);
+        return FERRY_ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        ferry_model_tensor mt;
+        ferry_model_tensor_at(m, i, &mt);
+        uint64_t b = 2;
+        for (uint32_t d = 0; d < mt.desc.ndim; d++)
+            b *= mt.desc.shape[d];
+        if (dm->bytes + b > budget)
+            continue;   /* keep the real shapes; take what fits */
+        demo_tensor *t = &dm->t[dm->n++];
+        snprintf(t->name, sizeof t->name, "%s", mt.desc.name);
+        t->ndim = mt.desc.ndim;
+        memcpy(t->shape, mt.desc.shape, sizeof t->shape);
+        t->bytes = b;
+        dm->bytes += b;
+    }
+    ferry_model_free(m);
+    return dm->n ? 0 : FERRY_EINVAL;
+}
+
+void demo_model_free(demo_model *dm)
+{
+    free(dm->t);
+    memset(dm, 0, sizeof *dm);
+}
+
+/* bf16 bit pattern of element i of tensor t at generation g: finite,
+ * different for every generation, cheap to regenerate for checking. */
+static inline uint16_t bits(uint64_t g, size_t t, uint64_t i)
+{
+    return (uint16_t)(0x3c00u | ((g * 40503u + t * 977u + i) & 0x1ffu));
+}
+
+static void fill(uint16_t *p, uint64_t g, size_t t, uint64_t first, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++)
+        p[i] = bits(g, t, first + i);
+}
+
+/* Rows [*r0, *r0 + *rows) of dim 0 that rollout `rank` of `world` holds. */
+static void tp_rows(const demo_tensor *t, uint32_t rank, uint32_t world, uint64_t *r0,
+                    uint64_t *rows)
+{
+    uint64_t d0 = t->ndim ? t->shape[0] : 1, per = (d0 + world - 1) / world;
+    *r0 = per * rank < d0 ? per * rank : d0;
+    *rows = *r0 + per <= d0 ? per : d0 - *r0;
+}
+
+static uint64_t row_elems(const demo_tensor *t)
+{
+    uint64_t e = 1;
+    for (uint32_t d = 1; d < t->ndim; d++)
+        e *= t->shape[d];
+    return e;
+}
+
+typedef struct role_args {
+    ferry_store *s;
+    demo_model m;
+    uint32_t rank, world;
+    char model[64];
+} role_args;
+
+static int open_role(int argc, char **argv, role_args *a)
+{
+    if (argc != 7)
+        return -1;
+    memset(a, 0, sizeof *a);
+    a->rank = (uint32_t)atoi(argv[2]);
+    a->world = (uint32_t)atoi(argv[3]);
+    snprintf(a->model, sizeof a->model, "%s", argv[4]);
+    uint64_t budget = strtoull(argv[5], NULL, 10);
+    if (demo_model_build(argv[4], budget, &a->m) < 0)
+        return -1;
+    ferry_store_config cfg;
+    ferry_store_config_init(&cfg);
+    snprintf(cfg.master, sizeof cfg.master, "%s", argv[1]);
+    cfg.lease_ms = 2000;
+    cfg.timeout_ms = 60000;
+    if (ferry_store_open(&cfg, &a->s) < 0) {
+        printf("ERR %s\n", ferry_store_last_error());
+        fflush(stdout);
+        return -1;
+    }
+    (void)argv[6];
+    printf("READY\n");
+    fflush(stdout);
+    return 0;
+}
+
+/* ---- trainer ------------------------------------------------------------------------ */
+
+int demo_trainer_main(int argc, char **argv)
+{
+    role_args a;
+    if (open_role(argc, argv, &a) < 0)
+        return 1;
+    uint32_t *rank_node = calloc(a.world, sizeof *rank_node);
+    uint64_t *sizes = calloc(a.m.n, sizeof *sizes);
+    uint32_t *pub = calloc(a.m.n, sizeof *pub);
+    ferry_weight_tensor *wt = calloc(a.m.n, sizeof *wt);
+    /* The whole model's address range, touched only where this rank
+     * publishes: untouched pages cost nothing. */
+    uint8_t *mem = mmap(NULL, a.m.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (!rank_node || !sizes || !pub || !wt || mem == MAP_FAILED)
+        return 1;
+    uint64_t off = 0;
+    for (size_t i = 0; i < a.m.n; i++) {
+        sizes[i] = a.m.t[i].bytes;
+        wt[i] = (ferry_weight_tensor){ .name = a.m.t[i].name, .dtype = "bf16",
+                                       .ndim = a.m.t[i].ndim, .data = mem + off };
+        memcpy(wt[i].shape, a.m.t[i].shape, sizeof wt[i].shape);
+        off += sizes[i];
+    }
+    /* Trainer ranks spread over two nodes, as on a real cluster. */
+    for (uint32_t r = 0; r < a.world; r++)
+        rank_node[r] = r * 2 / a.world;
+    ferry_weights_assign(sizes, a.m.n, rank_node, a.world, pub, NULL);
+    char line[256];
+    while (fgets(line, sizeof line, stdin)) {
+        unsigned long long g;
+        if (sscanf(line, "publish %llu", &g) != 1)
+            break;
+        for (size_t i = 0; i < a.m.n; i++)
+            if (pub[i] == a.rank)
+                fill((uint16_t *)wt[i].data, g, i, 0, sizes[i] / 2);
+        ferry_publisher_config pc = { .rank = a.rank, .world = a.world, .rank_node = rank_node,
+                                      .keep = 2, .timeout_ms = 120000 };
+        snprintf(pc.model, sizeof pc.model, "%s", a.model);
+        ferry_publish_stats st;
+        ferry_error err = {0};
+        double t0 = cli_now();
+        int rc = ferry_publish(a.s, &pc, g, wt, a.m.n, &st, &err);
+        if (rc == 0)
+            printf("OK %.4f %llu %llu\n", cli_now() - t0, (unsigned long long)st.bytes,
+                   (unsigned long long)st.tensors);
+        else
+            printf("ERR %s\n", err.msg);
+        fflush(stdout);
+    }
+    ferry_store_close(a.s);
+    munmap(mem, a.m.bytes);
+    return 0;
+}
+
+/* ---- rollout -------------------------------------------------------------------------- */
+
+typedef struct verify_ctx { const demo_model *m; uint64_t g; uint64_t bad; size_t seen; } verify_ctx;
+
+static int check_full(void *ctx, const ferry_weight_entry *e, const void *data)
+{
+    verify_ctx *v = ctx;
+    size_t t = 0;
+    while (t < v->m->n && strcmp(v->m->t[t].name, e->name) != 0)
+        t++;
+    if (t == v->m->n || e->bytes != v->m->t[t].bytes)
+        return FERRY_EPROTO;
+    const uint16_t *p = data;
+    for (uint64_t i = 0; i < e->bytes / 2; i++)
+        v->bad += p[i] != bits(v->g, t, i);
+    v->seen++;
+    return 0;
+}
+
+int demo_rollout_main(int argc, char **argv)
+{
+    role_args a;
+    if (open_role(argc, argv, &a) < 0)
+        return 1;
+    ferry_param_shard *sh = calloc(a.m.n, sizeof *sh);
+    uint64_t *first = calloc(a.m.n, sizeof *first);
+    size_t ns = 0;
+    for (size_t i = 0; i < a.m.n; i++) {
+        const demo_tensor *t = &a.m.t[i];
+        uint64_t r0, rows;
+        tp_rows(t, a.rank, a.world, &r0, &rows);
+        if (rows == 0)
+            continue;
+        ferry_param_shard *p = &sh[ns];
+        p->tensor = t->name;
+        p->ndim = t->ndim;
+        memcpy(p->shape, t->shape, sizeof p->shape);
+        if (t->ndim) {
+            p->offset[0] = r0;
+            p->shape[0] = rows;
+        }
+        p->dst = malloc(rows * row_elems(t) * 2);
+        if (!p->dst)
+            return 1;
+        first[ns++] = i;
+    }
+    uint64_t cur = 0;
+    char line[256];
+    while (fgets(line, sizeof line, stdin)) {
+        unsigned long long g;
+        ferry_update_stats st;
+        ferry_error err = {0};
+        double t0 = cli_now();
+        if (sscanf(line, "direct %llu", &g) == 1) {
+            int rc = ferry_weights_update_direct(a.s, a.model, &cur, sh, ns, &st, &err);
+            double dt = cli_now() - t0;
+            uint64_t bad = 0;
+            for (size_t k = 0; rc == 0 && k < ns; k++) {
+                const demo_tensor *t = &a.m.t[first[k]];
+                uint64_t n = sh[k].shape[0] * row_elems(t), base = sh[k].offset[0] * row_elems(t);
+                const uint16_t *p = sh[k].dst;
+                for (uint64_t i = 0; i < n; i++)
+                    bad += p[i] != bits(g, first[k], base + i);
+            }
+            if (rc == 0 && cur == g)
+                printf("OK %.4f %llu %llu\n", dt, (unsigned long long)st.bytes_read,
+                       (unsigned long long)bad);
+            else
+                printf("ERR %s\n", rc ? err.msg : "not at the expected generation");
+        } else if (sscanf(line, "compat %llu", &g) == 1) {
+            verify_ctx v = { .m = &a.m, .g = g };
+            uint64_t gen = 0;
+            int rc = ferry_weights_update_compat(a.s, a.model, &gen, check_full, &v, &st, &err);
+            double dt = cli_now() - t0;
+            if (rc == 0 && gen == g && v.seen == a.m.n)
+                printf("OK %.4f %llu %llu\n", dt, (unsigned long long)st.bytes_read,
+                       (unsigned long long)v.bad);
+            else
+                printf("ERR %s\n", rc ? err.msg : "incomplete generation");
+        } else {
+            break;
+        }
+        fflush(stdout);
+    }
+    for (size_t k = 0; k < ns; k++)
+        free(sh[k].dst);
+    free(sh);
+    free(first);
+    ferry_store_close(a.s);
+    return 0;
+}
