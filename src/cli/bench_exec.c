@@ -23,6 +23,7 @@ typedef struct bx_opts {
     const char *model, *src, *dst;
     uint64_t bytes;
     unsigned reps, threads, window;
+    uint64_t max_ops;
     bool json;
 } bx_opts;
 
@@ -36,6 +37,7 @@ typedef struct bx_proc {
 
 typedef struct bx_mode {
     double best_s, best_worker_s, worst_s;
+    uint64_t ops;      /* engine ops of one run, all initiators */
     bool ok;
 } bx_mode;
 
@@ -56,7 +58,7 @@ static void on_signal(int sig)
 static int usage_exec(void)
 {
     fprintf(stderr, "usage: ferry bench exec [--model PRESET] [--bytes SIZE] [--src LAYOUT] [--dst LAYOUT]\n"
-                    "                        [--reps N] [--threads N] [--window N] [--json]\n");
+                    "                        [--reps N] [--threads N] [--window N] [--max-ops N] [--json]\n");
     return 2;
 }
 
@@ -86,6 +88,8 @@ static int parse(int argc, char **argv, bx_opts *o)
             o->threads = (unsigned)atoi(v);
         else if (!strcmp(a, "--window") && atoi(v) > 0)
             o->window = (unsigned)atoi(v);
+        else if (!strcmp(a, "--max-ops") && atoi(v) > 0)
+            o->max_ops = (uint64_t)atoi(v);
         else
             return -1;
     }
@@ -125,11 +129,12 @@ static int spawn(bx_proc *p, const char *self, const bx_opts *o)
         close(in[1]);
         return FERRY_EIO;
     }
-    char rank[16], bytes[32], threads[16], window[16];
+    char rank[16], bytes[32], threads[16], window[16], max_ops[32];
     snprintf(rank, sizeof rank, "%u", p->rank);
     snprintf(bytes, sizeof bytes, "%llu", (unsigned long long)o->bytes);
     snprintf(threads, sizeof threads, "%u", o->threads);
     snprintf(window, sizeof window, "%u", o->window);
+    snprintf(max_ops, sizeof max_ops, "%llu", (unsigned long long)o->max_ops);
     pid_t pid = fork();
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -138,7 +143,7 @@ static int spawn(bx_proc *p, const char *self, const bx_opts *o)
         const char *exe = access("/proc/self/exe", X_OK) == 0 ? "/proc/self/exe" : self;
         execl(exe, "ferry", "_exec_worker", "--side", p->src ? "src" : "dst", "--rank", rank, "--bytes",
               bytes, "--model", o->model, "--src", o->src, "--dst", o->dst, "--threads", threads,
-              "--window", window, (char *)NULL);
+              "--window", window, "--max-ops", max_ops, (char *)NULL);
         _exit(127);
     }
     close(in[0]);
@@ -244,11 +249,13 @@ static int start_all(bx_proc *ps, size_t n, const char *self, const bx_opts *o)
 
 /* One timed run from "go" until every worker reported; then every target
  * checks its elements. Returns wall seconds, or -1 on a failure. */
-static double one_run(bx_proc *ps, size_t n, bool sink, uint64_t tag, double *worker_s, uint64_t *bad)
+static double one_run(bx_proc *ps, size_t n, bool sink, uint64_t tag, double *worker_s, uint64_t *ops,
+                      uint64_t *bad)
 {
     char buf[1024];
     bool fail = false;
     *worker_s = 0;
+    *ops = 0;
     double t0 = cli_now();
     for (size_t i = 0; i < n; i++)
         if (sink || !ps[i].src)
@@ -257,12 +264,14 @@ static double one_run(bx_proc *ps, size_t n, bool sink, uint64_t tag, double *wo
         if (!sink && ps[i].src)
             continue;
         double s;
-        if (reply(&ps[i], buf, sizeof buf) < 0 || sscanf(buf, "DONE %lf", &s) != 1) {
+        unsigned long long k;
+        if (reply(&ps[i], buf, sizeof buf) < 0 || sscanf(buf, "DONE %lf %llu", &s, &k) != 2) {
             fprintf(stderr, "ferry bench exec: %s rank %u: %s\n", ps[i].src ? "source" : "target", ps[i].rank, buf);
             fail = true;
             continue;
         }
         *worker_s = s > *worker_s ? s : *worker_s;
+        *ops += k;
     }
     double dt = cli_now() - t0;
     for (size_t i = 0; i < n; i++)
@@ -290,7 +299,7 @@ static bx_mode run_mode(bx_proc *ps, size_t n, bool sink, unsigned reps, uint64_
     bx_mode m = {.best_s = 1e300, .best_worker_s = 1e300, .ok = true};
     for (unsigned r = 0; r < reps; r++) {
         cli_progress(sink ? "sink runs" : "reader runs", (double)r / reps);
-        double w, dt = one_run(ps, n, sink, 1000 + r, &w, bad);
+        double w, dt = one_run(ps, n, sink, 1000 + r, &w, &m.ops, bad);
         if (dt < 0) {
             m.ok = false;
             break;
@@ -312,12 +321,14 @@ static void report(const bx_opts *o, const ferry_plan_stats *st, uint64_t model_
         printf("{\"sink_s\":%.6f,\"reader_s\":%.6f,\"floor_s\":%.6f,\"sink_ratio\":%.3f,\"reader_ratio\":%.3f,"
                "\"bytes\":%llu,\"processes\":%zu,\"model_bytes\":%llu,\"memcpy_gbps\":%.3f,\"verified\":%s,"
                "\"model\":\"%s\",\"src\":\"%s\",\"dst\":\"%s\",\"reps\":%u,\"sink_worst_s\":%.6f,"
-               "\"reader_worst_s\":%.6f,\"sink_worker_s\":%.6f,\"reader_worker_s\":%.6f,\"regions\":%llu}\n",
+               "\"reader_worst_s\":%.6f,\"sink_worker_s\":%.6f,\"reader_worker_s\":%.6f,\"regions\":%llu,"
+               "\"sink_ops\":%llu,\"reader_ops\":%llu}\n",
                sink->ok ? sink->best_s : 0, reader->ok ? reader->best_s : 0, floor_s, sr, rr,
                (unsigned long long)st->bytes, nprocs, (unsigned long long)model_bytes, gbps,
                verified ? "true" : "false", o->model, o->src, o->dst, o->reps, sink->worst_s, reader->worst_s,
                sink->ok ? sink->best_worker_s : 0, reader->ok ? reader->best_worker_s : 0,
-               (unsigned long long)st->regions);
+               (unsigned long long)st->regions, (unsigned long long)sink->ops,
+               (unsigned long long)reader->ops);
         return;
     }
     char mb[32], bb[32];

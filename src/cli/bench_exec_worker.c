@@ -8,7 +8,7 @@
  *   (start)                      READY <buffer addr hex> <region desc hex>
  *   peer s|d RANK ADDR DESC      (no reply) where every rank's buffer lives
  *   bind                         OK <counterparts> | ERR ...
- *   go sink TAG | go reader      DONE <seconds> | ERR ...
+ *   go sink TAG | go reader      DONE <seconds> <ops> | ERR ...
  *   check                        OK <bad elements>  (targets: verify, then zero)
  *   quit
  *
@@ -38,6 +38,7 @@ typedef struct xw {
     bool is_src;
     uint32_t rank;
     unsigned window;
+    uint64_t max_ops;           /* ops per batch (0: the executor's default) */
     ferry_plan *plan;
     xw_side side[2];            /* 0 source, 1 target */
     ferry_engine *e;
@@ -325,16 +326,18 @@ static int do_bind(xw *w, ferry_error *err)
     return rc;
 }
 
-static int do_run(xw *w, enum ferry_exec_mode mode, uint64_t tag, ferry_error *err)
+static int do_run(xw *w, enum ferry_exec_mode mode, uint64_t tag, uint64_t *ops, ferry_error *err)
 {
     ferry_exec_config cfg = {.mode = mode, .engine = w->e, .workers = &w->rank, .nworkers = 1,
                              .peers = w->pm, .npeers = w->npm, .window = w->window,
+                             .limits = {.max_ops = w->max_ops},
                              .timeout_ms = 60000, .notify_tag = mode == FERRY_EXEC_SINK ? tag : 0};
     ferry_executor *x = NULL;
     ferry_exec_result res = {0};
     int rc = ferry_executor_create(&cfg, &x, err);
     if (rc == 0) {
         rc = ferry_executor_run(x, w->att, w->side[0].b, w->side[1].b, &res, err);
+        *ops = res.ops;
         if (rc < 0 && !err->msg[0])
             snprintf(err->msg, sizeof err->msg, "run ended %s: %s", ferry_ticket_state_name(res.state),
                      ferry_strerror(res.error));
@@ -370,6 +373,8 @@ static int setup(xw *w, int argc, char **argv, ferry_error *err)
             threads = (unsigned)strtoul(v, NULL, 10);
         else if (!strcmp(a, "--window"))
             w->window = (unsigned)strtoul(v, NULL, 10);
+        else if (!strcmp(a, "--max-ops"))
+            w->max_ops = strtoull(v, NULL, 10);
     }
     int rc = cli_exec_plan(model, budget, src, dst, &w->plan, NULL, err);
     if (rc < 0)
@@ -467,19 +472,21 @@ int cli_exec_worker_main(int argc, char **argv)
                 printf("OK %u\n", w.counterparts);
         } else if (sscanf(line, "go sink %llu", &tag) == 1) {
             double t0 = cli_now();
-            rc = w.is_src ? do_run(&w, FERRY_EXEC_SINK, tag, &err)
+            uint64_t ops = 0;
+            rc = w.is_src ? do_run(&w, FERRY_EXEC_SINK, tag, &ops, &err)
                           : ferry_wait_notify(w.e, tag, w.counterparts, 60000, NULL);
             if (rc < 0)
                 reply_err(w.is_src ? "sink run" : "sink wait", rc, &err);
             else
-                printf("DONE %.6f\n", cli_now() - t0);
+                printf("DONE %.6f %llu\n", cli_now() - t0, (unsigned long long)ops);
         } else if (!strncmp(line, "go reader", 9)) {
             double t0 = cli_now();
-            rc = w.is_src ? 0 : do_run(&w, FERRY_EXEC_READER, 0, &err);
+            uint64_t ops = 0;
+            rc = w.is_src ? 0 : do_run(&w, FERRY_EXEC_READER, 0, &ops, &err);
             if (rc < 0)
                 reply_err("reader run", rc, &err);
             else
-                printf("DONE %.6f\n", cli_now() - t0);
+                printf("DONE %.6f %llu\n", cli_now() - t0, (unsigned long long)ops);
         } else if (!strncmp(line, "check", 5)) {
             uint64_t bad = w.is_src ? 0 : walk_mine(&w, false);
             if (!w.is_src)
