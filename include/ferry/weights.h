@@ -7,8 +7,8 @@
  * from every trainer rank with commit/announce and retention, and reading
  * the active generation's manifest and tensors back from the store, and
  * updating rollout workers from it in parameter-direct and compatibility
- * form with each worker reading its own demand. The single-pull update
- * (reader assignment, pushes between workers, pipelining) is not built. */
+ * form with each worker reading its own demand, and the single-pull update
+ * of a rollout group (one store read per byte, pushes between workers). */
 #ifndef FERRY_WEIGHTS_H
 #define FERRY_WEIGHTS_H
 
@@ -162,7 +162,10 @@ typedef struct ferry_update_stats {
     uint64_t bytes_read;          /* from the store */
     uint64_t ranges;              /* byte ranges read */
     uint64_t tensors;
-    double prepare_s, read_s;
+    uint64_t bytes_pushed;        /* single-pull: written into other workers' parameters */
+    uint64_t bytes_received;      /* single-pull: pushed into this worker's parameters */
+    uint64_t group_bytes_read;    /* single-pull: the whole group's store reads */
+    double prepare_s, read_s, push_s;
 } ferry_update_stats;
 
 /* Parameter-direct update, each worker reading its own demand from the
@@ -189,6 +192,41 @@ typedef int (*ferry_weights_tensor_fn)(void *ctx, const ferry_weight_entry *e, c
 int ferry_weights_update_compat(ferry_store *s, const char *model, uint64_t *generation,
                                 ferry_weights_tensor_fn fn, void *ctx, ferry_update_stats *st,
                                 ferry_error *err);
+
+/* ---- single-pull update of a rollout group ------------------------------------------ */
+
+/* The workers of a rollout group update together: their demands (shards)
+ * are merged per tensor into disjoint byte ranges; each range is read from
+ * the store exactly once, by one worker that needs it (the one with the
+ * fewest bytes to read so far: a deterministic choice every worker makes
+ * alike), straight into its own parameters, and pushed one-sided by the
+ * engine into the parameters of every other worker that needs it, followed
+ * by a notification. Data-parallel replicas therefore cost the store one
+ * read per byte, not one per replica. */
+typedef struct ferry_subscriber ferry_subscriber;
+typedef struct ferry_subscriber_config {
+    char model[128];
+    char group[64];          /* the rollout group: every member passes the same */
+    uint32_t rank, world;    /* this worker of the group */
+    uint64_t timeout_ms;     /* barriers and notifications (default 60000) */
+} ferry_subscriber_config;
+
+/* The worker's shards are copied; their buffers stay the caller's and must
+ * stay valid until close (they are registered for remote writes, and the
+ * registrations are reused across updates while address and size stay). */
+int ferry_subscriber_open(ferry_store *s, const ferry_subscriber_config *cfg,
+                          const ferry_param_shard *shards, size_t n, ferry_subscriber **out,
+                          ferry_error *err);
+/* Update to the active generation with the whole group: prepare (manifest,
+ * leases), exchange demands (KV + barrier; every worker must agree on the
+ * generation, else FERRY_ESTATE and all stay), read this worker's ranges,
+ * push, wait for every push aimed at it, post-apply barrier; then
+ * *generation advances. A failed read anywhere is reported to the workers
+ * it would have fed: they return FERRY_EREBUILD (rebuild with a full
+ * update). Every member calls it. */
+int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_update_stats *st,
+                            ferry_error *err);
+void ferry_subscriber_close(ferry_subscriber *sub);
 
 #ifdef __cplusplus
 }

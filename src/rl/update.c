@@ -8,6 +8,7 @@
 
 #include "base/base.h"
 #include "ferry/weights.h"
+#include "rl/rl_int.h"
 
 #define FLUSH_RANGES 8192
 
@@ -31,7 +32,7 @@ static double now_s(void)
 }
 
 /* The active generation and its manifest, unless *generation is current. */
-static int prepare(ferry_store *s, const char *model, uint64_t *generation,
+int fr_rl_prepare(ferry_store *s, const char *model, uint64_t *generation,
                    ferry_weight_manifest *m, bool *current, ferry_error *err)
 {
     uint64_t active = 0;
@@ -109,26 +110,28 @@ static int flush(reader *rd, ferry_error *err)
     return rc < 0 ? rc : 0;
 }
 
-static int add_range(reader *rd, size_t entry, uint64_t off, void *dst, uint64_t len,
+static int add_range(void *ctx, size_t entry, uint64_t off, void *dst, uint64_t len,
                      ferry_error *err)
 {
+    reader *rd = ctx;
     rd->r[rd->n] = (ferry_range){ .key = rd->m->entries[entry].key, .src_offset = off,
                                   .dst = dst, .len = len };
     rd->who[rd->n++] = entry;
     return rd->n == FLUSH_RANGES ? flush(rd, err) : 0;
 }
 
-static int cmp_name(const void *a, const void *b)
+int fr_rl_cmp_entry_name(const void *a, const void *b)
 {
     const ferry_weight_entry *const *x = a, *const *y = b;
     return strcmp((*x)->name, (*y)->name);
 }
 
-/* Ranges of one shard: runs along the innermost dims that are whole in the
- * tensor and contiguous in dst, folded as far out as they stay so. */
-static int shard_ranges(reader *rd, size_t ei, const ferry_param_shard *p, ferry_error *err)
+/* Runs of one shard: along the innermost dims that are whole in the tensor
+ * and contiguous in dst, folded as far out as they stay so. */
+int fr_rl_shard_runs(const ferry_weight_manifest *m, size_t ei, const ferry_param_shard *p,
+                     fr_rl_emit_fn emit, void *ctx, ferry_error *err)
 {
-    const ferry_weight_entry *e = &rd->m->entries[ei];
+    const ferry_weight_entry *e = &m->entries[ei];
     uint32_t nd = e->ndim;
     uint64_t isz = ferry_dtype_size(e->dtype);
     if (p->ndim != nd)
@@ -176,7 +179,7 @@ static int shard_ranges(reader *rd, size_t ei, const ferry_param_shard *p, ferry
             src += (p->offset[d] + i) * ts[d];
             dst += i * (uint64_t)ds[d];
         }
-        int rc = add_range(rd, ei, src * isz, (uint8_t *)p->dst + dst * isz, run * isz, err);
+        int rc = emit(ctx, ei, src * isz, (uint8_t *)p->dst + dst * isz, run * isz, err);
         if (rc < 0)
             return rc;
         uint32_t d = f;
@@ -206,7 +209,7 @@ int ferry_weights_update_direct(ferry_store *s, const char *model, uint64_t *gen
     double t0 = now_s();
     ferry_weight_manifest m = {0};
     bool current = false;
-    int rc = prepare(s, model, generation, &m, &current, err);
+    int rc = fr_rl_prepare(s, model, generation, &m, &current, err);
     st->generation = *generation;
     if (rc < 0 || current)
         return rc;
@@ -219,19 +222,19 @@ int ferry_weights_update_direct(ferry_store *s, const char *model, uint64_t *gen
     for (size_t i = 0; rc == 0 && i < m.n; i++)
         byname[i] = &m.entries[i];
     if (rc == 0)
-        qsort(byname, m.n, sizeof *byname, cmp_name);
+        qsort(byname, m.n, sizeof *byname, fr_rl_cmp_entry_name);
     double t1 = now_s();
     for (size_t i = 0; rc == 0 && i < n; i++) {
         ferry_weight_entry probe;
         snprintf(probe.name, sizeof probe.name, "%s", shards[i].tensor ? shards[i].tensor : "");
         const ferry_weight_entry *pp = &probe;
-        const ferry_weight_entry **hit = bsearch(&pp, byname, m.n, sizeof *byname, cmp_name);
+        const ferry_weight_entry **hit = bsearch(&pp, byname, m.n, sizeof *byname, fr_rl_cmp_entry_name);
         if (!hit) {
             rc = fail(err, FERRY_ENOENT, "tensor %s is not in generation %" PRIu64 " of %s",
                       probe.name, m.generation, model);
             break;
         }
-        rc = shard_ranges(&rd, (size_t)(*hit - m.entries), &shards[i], err);
+        rc = fr_rl_shard_runs(&m, (size_t)(*hit - m.entries), &shards[i], add_range, &rd, err);
         st->tensors++;
     }
     if (rc == 0)
@@ -261,7 +264,7 @@ int ferry_weights_update_compat(ferry_store *s, const char *model, uint64_t *gen
     double t0 = now_s();
     ferry_weight_manifest m = {0};
     bool current = false;
-    int rc = prepare(s, model, generation, &m, &current, err);
+    int rc = fr_rl_prepare(s, model, generation, &m, &current, err);
     st->generation = *generation;
     if (rc < 0 || current)
         return rc;

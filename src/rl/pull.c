@@ -1,0 +1,628 @@
+/* Single-pull update of a rollout group (weights.h, ferry_subscriber_*).
+ *
+ * Every update: each worker computes its demand (runs of source bytes →
+ * its parameter memory), publishes it as a KV record, and after a barrier
+ * reads every member's record. All members then compute the same plan:
+ * per tensor, the run boundaries of all members cut the source into
+ * elementary ranges; each range's consumers are the members whose runs
+ * cover it; the reader is the consumer with the fewest bytes read so far
+ * (ties: lowest rank), in tensor then offset order. A worker reads its
+ * ranges from the store straight into its parameters, WRITEs each range
+ * into the other consumers' parameters (registered remote-writable) and
+ * sends each of them one NOTIFY (value 0, or 1 when its reads failed), then
+ * waits for the notifications of every reader that feeds it, and meets the
+ * group at a post-apply barrier.
+ *
+ * Demand record (little-endian): "FRYDMND1", u64 generation, u32 rank,
+ * u32 regions, u32 runs, u32 0; regions: u64 base, u32 desc length, desc;
+ * runs: u32 entry, u32 region, u64 src_off, u64 len, u64 dst_off. */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "rl/rl_int.h"
+
+#define MAGIC "FRYDMND1"
+#define READ_BATCH 8192
+
+static int fail(ferry_error *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int fail(ferry_error *err, int code, const char *fmt, ...)
+{
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+        err->code = code;
+    }
+    return code;
+}
+
+typedef struct preg { uint8_t *addr; size_t len; ferry_region *reg; } preg;
+
+struct ferry_subscriber {
+    ferry_store *s;
+    ferry_subscriber_config cfg;
+    ferry_param_shard *shards;
+    size_t n;
+    char (*names)[256];
+    preg *regs;               /* one per shard, reused while (addr, len) stay */
+    uint64_t generation;
+};
+
+/* One run of one member. */
+typedef struct grun {
+    uint32_t worker, entry, region;
+    uint64_t src, len, dst_off;
+} grun;
+
+typedef struct member {
+    uint32_t nregions;
+    uint64_t *base;
+    ferry_remote_region *rr;  /* imported into this worker's engine */
+    bool imported;
+} member;
+
+/* ---- my demand ---------------------------------------------------------------------- */
+
+typedef struct collect {
+    grun *v;
+    size_t n, cap;
+    uint32_t region;
+    uint8_t *base;
+    uint32_t rank;
+} collect;
+
+static int collect_run(void *ctx, size_t entry, uint64_t src_off, void *dst, uint64_t len,
+                       ferry_error *err)
+{
+    collect *c = ctx;
+    if (fr_grow((void **)&c->v, &c->cap, c->n + 1, sizeof *c->v) < 0)
+        return fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+    c->v[c->n++] = (grun){ .worker = c->rank, .entry = (uint32_t)entry, .region = c->region,
+                           .src = src_off, .len = len,
+                           .dst_off = (uint64_t)((uint8_t *)dst - c->base) };
+    return 0;
+}
+
+static uint64_t extent_bytes(const ferry_param_shard *p, uint64_t isz)
+{
+    bool strided = false;
+    for (uint32_t d = 0; d < p->ndim; d++)
+        strided |= p->strides[d] != 0;
+    uint64_t last = 0, n = 1;
+    for (uint32_t d = 0; d < p->ndim; d++) {
+        if (p->shape[d] == 0)
+            return 0;
+        n *= p->shape[d];
+        if (strided)
+            last += (p->shape[d] - 1) * (uint64_t)p->strides[d];
+    }
+    return (strided ? last + 1 : n) * isz;
+}
+
+/* Register each shard's memory (reusing what is unchanged) and list my runs. */
+static int my_demand(ferry_subscriber *sub, const ferry_weight_manifest *m, collect *c,
+                     ferry_error *err)
+{
+    const ferry_weight_entry **byname = malloc((m->n ? m->n : 1) * sizeof *byname);
+    if (!byname)
+        return fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+    for (size_t i = 0; i < m->n; i++)
+        byname[i] = &m->entries[i];
+    qsort(byname, m->n, sizeof *byname, fr_rl_cmp_entry_name);
+    int rc = 0;
+    ferry_engine *e = ferry_store_engine(sub->s);
+    for (size_t i = 0; i < sub->n && rc == 0; i++) {
+        ferry_weight_entry probe;
+        snprintf(probe.name, sizeof probe.name, "%s", sub->names[i]);
+        const ferry_weight_entry *pp = &probe;
+        const ferry_weight_entry **hit = bsearch(&pp, byname, m->n, sizeof *byname,
+                                                 fr_rl_cmp_entry_name);
+        if (!hit) {
+            rc = fail(err, FERRY_ENOENT, "tensor %s is not in generation %" PRIu64,
+                      probe.name, m->generation);
+            break;
+        }
+        uint64_t len = extent_bytes(&sub->shards[i], ferry_dtype_size((*hit)->dtype));
+        preg *r = &sub->regs[i];
+        if (r->reg && (r->addr != sub->shards[i].dst || r->len != len)) {
+            (void)ferry_region_unregister(r->reg);
+            r->reg = NULL;
+        }
+        if (!r->reg && len) {
+            rc = ferry_region_register(e, sub->shards[i].dst, len, FERRY_REMOTE_WRITE,
+                                       FERRY_MEM_HOST, &r->reg);
+            if (rc < 0) {
+                fail(err, rc, "subscriber: cannot register the parameters of %s", probe.name);
+                break;
+            }
+            r->addr = sub->shards[i].dst;
+            r->len = len;
+        }
+        c->region = (uint32_t)i;
+        c->base = sub->shards[i].dst;
+        rc = fr_rl_shard_runs(m, (size_t)(*hit - m->entries), &sub->shards[i], collect_run, c,
+                              err);
+    }
+    free(byname);
+    return rc;
+}
+
+/* ---- records -------------------------------------------------------------------------- */
+
+static void put64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++, v >>= 8) p[i] = (uint8_t)v; }
+static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++, v >>= 8) p[i] = (uint8_t)v; }
+static uint64_t get64(const uint8_t *p) { uint64_t v = 0; for (int i = 7; i >= 0; i--) v = v << 8 | p[i]; return v; }
+static uint32_t get32(const uint8_t *p) { uint32_t v = 0; for (int i = 3; i >= 0; i--) v = v << 8 | p[i]; return v; }
+
+static int encode(ferry_subscriber *sub, uint64_t gen, const collect *c, uint8_t **out,
+                  size_t *len)
+{
+    size_t cap = 32 + (size_t)sub->n * (12 + FERRY_DESC_MAX) + c->n * 32;
+    uint8_t *b = malloc(cap), *p = b;
+    if (!b)
+        return FERRY_ENOMEM;
+    memcpy(p, MAGIC, 8);
+    put64(p + 8, gen);
+    put32(p + 16, sub->cfg.rank);
+    put32(p + 20, (uint32_t)sub->n);
+    put32(p + 24, (uint32_t)c->n);
+    put32(p + 28, 0);
+    p += 32;
+    for (size_t i = 0; i < sub->n; i++) {
+        uint8_t desc[FERRY_DESC_MAX];
+        int k = sub->regs[i].reg ? ferry_region_export(sub->regs[i].reg, desc, sizeof desc) : 0;
+        if (k < 0) {
+            free(b);
+            return k;
+        }
+        put64(p, (uint64_t)(uintptr_t)sub->shards[i].dst);
+        put32(p + 8, (uint32_t)k);
+        memcpy(p + 12, desc, (size_t)k);
+        p += 12 + (size_t)k;
+    }
+    for (size_t i = 0; i < c->n; i++) {
+        put32(p, c->v[i].entry);
+        put32(p + 4, c->v[i].region);
+        put64(p + 8, c->v[i].src);
+        put64(p + 16, c->v[i].len);
+        put64(p + 24, c->v[i].dst_off);
+        p += 32;
+    }
+    *out = b;
+    *len = (size_t)(p - b);
+    return 0;
+}
+
+/* Decode a member's record: regions into mb, runs appended to all. Every
+ * count and offset is checked against the bytes there. */
+static int decode(const uint8_t *b, size_t len, uint32_t worker, uint64_t gen, size_t nentries,
+                  ferry_engine *e, bool import, member *mb, collect *all, ferry_error *err)
+{
+    if (len < 32 || memcmp(b, MAGIC, 8) != 0 || get32(b + 16) != worker)
+        return fail(err, FERRY_EPROTO, "subscriber: the demand of worker %u is malformed",
+                    worker);
+    if (get64(b + 8) != gen)
+        return fail(err, FERRY_ESTATE, "subscriber: worker %u is updating to generation %" PRIu64
+                    ", this one to %" PRIu64 "; retry", worker, get64(b + 8), gen);
+    uint32_t nr = get32(b + 20), nruns = get32(b + 24);
+    const uint8_t *p = b + 32, *end = b + len;
+    mb->nregions = nr;
+    mb->base = calloc(nr ? nr : 1, sizeof *mb->base);
+    mb->rr = calloc(nr ? nr : 1, sizeof *mb->rr);
+    if (!mb->base || !mb->rr)
+        return fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+    for (uint32_t i = 0; i < nr; i++) {
+        if (end - p < 12 || get32(p + 8) > FERRY_DESC_MAX || (size_t)(end - p) < 12 + get32(p + 8))
+            return fail(err, FERRY_EPROTO, "subscriber: the demand of worker %u is cut short",
+                        worker);
+        uint32_t dl = get32(p + 8);
+        mb->base[i] = get64(p);
+        if (import && dl) {
+            int rc = ferry_region_import(e, p + 12, dl, &mb->rr[i]);
+            if (rc < 0)
+                return fail(err, rc, "subscriber: cannot reach worker %u: %s", worker,
+                            ferry_strerror(rc));
+        }
+        p += 12 + dl;
+    }
+    mb->imported = import;
+    if ((size_t)(end - p) != (size_t)nruns * 32)
+        return fail(err, FERRY_EPROTO, "subscriber: the demand of worker %u is malformed",
+                    worker);
+    for (uint32_t i = 0; i < nruns; i++, p += 32) {
+        grun r = { .worker = worker, .entry = get32(p), .region = get32(p + 4), .src = get64(p + 8),
+                   .len = get64(p + 16), .dst_off = get64(p + 24) };
+        if (r.entry >= nentries || r.region >= nr)
+            return fail(err, FERRY_EPROTO, "subscriber: worker %u names an unknown tensor or "
+                        "region", worker);
+        if (fr_grow((void **)&all->v, &all->cap, all->n + 1, sizeof *all->v) < 0)
+            return fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+        all->v[all->n++] = r;
+    }
+    return 0;
+}
+
+/* ---- the plan ---------------------------------------------------------------------------- */
+
+static int by_entry_src(const void *a, const void *b)
+{
+    const grun *x = a, *y = b;
+    if (x->entry != y->entry)
+        return x->entry < y->entry ? -1 : 1;
+    if (x->src != y->src)
+        return x->src < y->src ? -1 : 1;
+    return x->worker < y->worker ? -1 : x->worker > y->worker;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+typedef struct work {
+    ferry_range *reads;
+    size_t nreads, cap_reads;
+    ferry_op *pushes;              /* WRITE ops, grouped by target worker later */
+    uint32_t *push_to;
+    size_t npush, cap_push;
+    bool *feeds_me;                /* per worker: it pushes into this worker */
+    uint64_t group_read, my_read, pushed, received;
+} work;
+
+static int add_read(work *w, const char *key, uint64_t off, void *dst, uint64_t len)
+{
+    if (fr_grow((void **)&w->reads, &w->cap_reads, w->nreads + 1, sizeof *w->reads) < 0)
+        return FERRY_ENOMEM;
+    w->reads[w->nreads++] = (ferry_range){ .key = key, .src_offset = off, .dst = dst, .len = len };
+    return 0;
+}
+
+static int add_push(work *w, uint32_t to, void *local, const ferry_remote_region *rr,
+                    uint64_t remote, uint64_t len)
+{
+    size_t cap = w->cap_push;
+    if (fr_grow((void **)&w->pushes, &w->cap_push, w->npush + 1, sizeof *w->pushes) < 0)
+        return FERRY_ENOMEM;
+    if (w->cap_push != cap) {
+        uint32_t *np = realloc(w->push_to, w->cap_push * sizeof *np);
+        if (!np)
+            return FERRY_ENOMEM;
+        w->push_to = np;
+    }
+    w->pushes[w->npush] = (ferry_op){ .opcode = FERRY_OP_WRITE, .local = local, .len = len,
+                                      .peer = rr->peer, .remote_addr = remote, .key = rr->key };
+    w->push_to[w->npush++] = to;
+    return 0;
+}
+
+/* Walk every tensor's elementary ranges and fill my work. */
+static int plan(ferry_subscriber *sub, const ferry_weight_manifest *m, collect *all,
+                member *mbs, work *w, ferry_error *err)
+{
+    uint32_t me = sub->cfg.rank, world = sub->cfg.world;
+    uint64_t *load = calloc(world, sizeof *load);
+    uint64_t *cuts = malloc((all->n * 2 + 1) * sizeof *cuts);
+    if (!load || !cuts) {
+        free(load), free(cuts);
+        return fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+    }
+    qsort(all->v, all->n, sizeof *all->v, by_entry_src);
+    int rc = 0;
+    for (size_t a = 0; a < all->n && rc == 0;) {
+        size_t b = a;
+        while (b < all->n && all->v[b].entry == all->v[a].entry)
+            b++;
+        size_t nc = 0;
+        for (size_t i = a; i < b; i++) {
+            cuts[nc++] = all->v[i].src;
+            cuts[nc++] = all->v[i].src + all->v[i].len;
+        }
+        qsort(cuts, nc, sizeof *cuts, cmp_u64);
+        const char *key = m->entries[all->v[a].entry].key;
+        for (size_t k = 0; k + 1 < nc && rc == 0; k++) {
+            uint64_t lo = cuts[k], hi = cuts[k + 1];
+            if (lo == hi)
+                continue;
+            /* consumers: runs of this tensor that cover [lo, hi) */
+            const grun *reader = NULL;
+            for (size_t i = a; i < b; i++) {
+                const grun *r = &all->v[i];
+                if (r->src <= lo && r->src + r->len >= hi &&
+                    (!reader || load[r->worker] < load[reader->worker] ||
+                     (load[r->worker] == load[reader->worker] && r->worker < reader->worker)))
+                    reader = r;
+            }
+            if (!reader)
+                continue;   /* nobody needs these bytes */
+            load[reader->worker] += hi - lo;
+            w->group_read += hi - lo;
+            uint8_t *rdst = reader->worker == me
+                ? (uint8_t *)sub->shards[reader->region].dst + reader->dst_off + (lo - reader->src)
+                : NULL;
+            if (reader->worker == me) {
+                rc = add_read(w, key, lo, rdst, hi - lo);
+                w->my_read += hi - lo;
+            }
+            for (size_t i = a; i < b && rc == 0; i++) {
+                const grun *r = &all->v[i];
+                if (r == reader || !(r->src <= lo && r->src + r->len >= hi))
+                    continue;
+                if (r->worker == me && reader->worker != me) {
+                    w->feeds_me[reader->worker] = true;
+                    w->received += hi - lo;
+                } else if (reader->worker == me) {
+                    const member *mb = &mbs[r->worker];
+                    uint64_t off = r->dst_off + (lo - r->src);   /* inside the region */
+                    if (r->worker == me) {
+                        /* one worker needing the bytes twice: copy after the reads */
+                        rc = add_push(w, me, rdst, &(ferry_remote_region){0},
+                                      mb->base[r->region] + off, hi - lo);
+                    } else {
+                        rc = add_push(w, r->worker, rdst, &mb->rr[r->region],
+                                      mb->rr[r->region].addr + off, hi - lo);
+                        w->pushed += hi - lo;
+                    }
+                }
+            }
+        }
+        a = b;
+    }
+    free(load);
+    free(cuts);
+    return rc < 0 ? fail(err, rc, "subscriber: planning: %s", ferry_strerror(rc)) : 0;
+}
+
+/* ---- apply ------------------------------------------------------------------------------- */
+
+static int do_reads(ferry_subscriber *sub, work *w, ferry_error *err)
+{
+    int rc = 0;
+    for (size_t at = 0; at < w->nreads && rc == 0; at += READ_BATCH) {
+        size_t n = w->nreads - at < READ_BATCH ? w->nreads - at : READ_BATCH;
+        int64_t *res = calloc(n, sizeof *res);
+        if (!res)
+            return fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+        rc = ferry_store_get_into_ranges(sub->s, w->reads + at, n, res);
+        for (size_t i = 0; i < n; i++)
+            if (res[i] != (int64_t)w->reads[at + i].len) {
+                rc = fail(err, FERRY_EREBUILD, "subscriber: reading %s at %" PRIu64 " failed: %s",
+                          w->reads[at + i].key, w->reads[at + i].src_offset,
+                          res[i] < 0 ? ferry_store_last_error() : "short read");
+                break;
+            }
+        free(res);
+    }
+    return rc;
+}
+
+/* Push to every target (one ticket each, all in flight), then NOTIFY. */
+static int do_pushes(ferry_subscriber *sub, work *w, uint64_t tag, bool reads_ok,
+                     member *mbs, ferry_error *err)
+{
+    ferry_engine *e = ferry_store_engine(sub->s);
+    uint32_t world = sub->cfg.world, me = sub->cfg.rank;
+    /* local copies first (a worker that needs a range twice) */
+    for (size_t i = 0; reads_ok && i < w->npush; i++)
+        if (w->push_to[i] == me)
+            memcpy((void *)(uintptr_t)w->pushes[i].remote_addr, w->pushes[i].local,
+                   w->pushes[i].len);
+    ferry_ticket **t = calloc(world, sizeof *t);
+    ferry_op *ops = malloc((w->npush + 1) * sizeof *ops);
+    if (!t || !ops) {
+        free(t), free(ops);
+        return fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+    }
+    int rc = 0;
+    for (uint32_t to = 0; to < world; to++) {
+        if (to == me)
+            continue;
+        size_t n = 0;
+        for (size_t i = 0; reads_ok && i < w->npush; i++)
+            if (w->push_to[i] == to)
+                ops[n++] = w->pushes[i];
+        bool target = n > 0;
+        for (size_t i = 0; !reads_ok && i < w->npush && !target; i++)
+            target = w->push_to[i] == to;
+        if (!target)
+            continue;
+        /* any region of the target names its peer */
+        ferry_peer_id peer = 0;
+        bool have = false;
+        for (uint32_t r = 0; r < mbs[to].nregions && !have; r++)
+            if (mbs[to].rr[r].key) {
+                peer = mbs[to].rr[r].peer;
+                have = true;
+            }
+        ops[n++] = (ferry_op){ .opcode = FERRY_OP_NOTIFY, .peer = peer, .tag = tag,
+                               .value = reads_ok ? 0 : 1 };
+        int s = ferry_submit(e, ops, n, 0, &t[to]);
+        if (s < 0 && rc == 0)
+            rc = fail(err, s, "subscriber: pushing to worker %u: %s", to, ferry_strerror(s));
+    }
+    for (uint32_t to = 0; to < world; to++) {
+        if (!t[to])
+            continue;
+        int st = ferry_ticket_wait(t[to], sub->cfg.timeout_ms ? (int)sub->cfg.timeout_ms : 60000);
+        int te = ferry_ticket_error(t[to]);
+        ferry_ticket_free(t[to]);
+        if (st != FERRY_TICKET_COMPLETED && rc == 0)
+            rc = fail(err, FERRY_EREBUILD, "subscriber: pushing to worker %u failed: %s", to,
+                      ferry_strerror(te ? te : FERRY_EIO));
+    }
+    free(t);
+    free(ops);
+    return rc;
+}
+
+int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_update_stats *st,
+                            ferry_error *err)
+{
+    ferry_update_stats local = {0};
+    if (!st)
+        st = &local;
+    memset(st, 0, sizeof *st);
+    if (!sub || !generation)
+        return fail(err, FERRY_EINVAL, "subscriber: bad arguments");
+    double t0 = (double)fr_now_ns() / 1e9;
+    ferry_weight_manifest m = {0};
+    bool current = false;
+    uint64_t g = *generation;
+    int rc = fr_rl_prepare(sub->s, sub->cfg.model, &g, &m, &current, err);
+    st->generation = *generation;
+    if (rc < 0 || current)
+        return rc;   /* every member sees the same active generation, or retries */
+    uint32_t world = sub->cfg.world, me = sub->cfg.rank;
+    collect mine = { .rank = me }, all = {0};
+    member *mbs = calloc(world, sizeof *mbs);
+    work w = { .feeds_me = calloc(world, sizeof(bool)) };
+    uint8_t *rec = NULL;
+    size_t reclen = 0;
+    char key[400], bar[400];
+    rc = mbs && w.feeds_me ? my_demand(sub, &m, &mine, err)
+                           : fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+    if (rc == 0)
+        rc = encode(sub, m.generation, &mine, &rec, &reclen);
+    snprintf(key, sizeof key, "ferry/wk/%s/sub/%s/%020" PRIu64 "/%u", sub->cfg.model,
+             sub->cfg.group, m.generation, me);
+    if (rc == 0 && (rc = ferry_kv_put(sub->s, key, rec, reclen, NULL)) < 0)
+        fail(err, rc, "subscriber: cannot publish the demand: %s", ferry_store_last_error());
+    free(rec);
+    /* Everyone meets here even after a local failure, so nobody waits for
+     * a demand that never comes. */
+    snprintf(bar, sizeof bar, "ferry/wb/%s/sub/%s/%020" PRIu64 "/demand", sub->cfg.model,
+             sub->cfg.group, m.generation);
+    char member_name[32];
+    snprintf(member_name, sizeof member_name, "worker %u", me);
+    uint64_t tmo = sub->cfg.timeout_ms ? sub->cfg.timeout_ms : 60000;
+    int brc = ferry_barrier(sub->s, bar, member_name, world, tmo, NULL);
+    if (rc == 0 && brc < 0)
+        rc = fail(err, brc, "subscriber: not every worker of group %s arrived: %s",
+                  sub->cfg.group, ferry_strerror(brc));
+    for (uint32_t k = 0; k < world && rc == 0; k++) {
+        ferry_kv_value v = {0};
+        snprintf(key, sizeof key, "ferry/wk/%s/sub/%s/%020" PRIu64 "/%u", sub->cfg.model,
+                 sub->cfg.group, m.generation, k);
+        rc = ferry_kv_get(sub->s, key, &v);
+        if (rc < 0) {
+            fail(err, rc, "subscriber: worker %u left no demand", k);
+            break;
+        }
+        rc = decode(v.val, v.len, k, m.generation, m.n, ferry_store_engine(sub->s), k != me,
+                    &mbs[k], &all, err);
+        ferry_store_free(v.val);
+    }
+    st->prepare_s = (double)fr_now_ns() / 1e9 - t0;
+    if (rc == 0)
+        rc = plan(sub, &m, &all, mbs, &w, err);
+    double t1 = (double)fr_now_ns() / 1e9;
+    bool reads_ok = false;
+    if (rc == 0) {
+        int rr = do_reads(sub, &w, err);
+        reads_ok = rr == 0;
+        st->read_s = (double)fr_now_ns() / 1e9 - t1;
+        double t2 = (double)fr_now_ns() / 1e9;
+        uint64_t tag = fr_hash64(bar, strlen(bar), 0) | 1;
+        int pr = do_pushes(sub, &w, tag, reads_ok, mbs, err);
+        uint32_t expect = 0;
+        for (uint32_t k = 0; k < world; k++)
+            expect += w.feeds_me[k];
+        uint64_t *vals = calloc(expect ? expect : 1, sizeof *vals);
+        int nr = expect ? ferry_wait_notify(ferry_store_engine(sub->s), tag, expect, (int)tmo,
+                                            vals) : 0;
+        bool fed_ok = nr == 0;
+        for (uint32_t k = 0; nr == 0 && k < expect; k++)
+            fed_ok &= vals[k] == 0;
+        free(vals);
+        st->push_s = (double)fr_now_ns() / 1e9 - t2;
+        rc = rr < 0 ? rr : pr < 0 ? pr : 0;
+        if (rc == 0 && !fed_ok)
+            rc = fail(err, FERRY_EREBUILD, "subscriber: %s from a worker that feeds this one; "
+                      "the parameters must be rebuilt", nr < 0 ? "no notification" : "a failed read");
+    }
+    snprintf(bar, sizeof bar, "ferry/wb/%s/sub/%s/%020" PRIu64 "/applied", sub->cfg.model,
+             sub->cfg.group, m.generation);
+    brc = ferry_barrier(sub->s, bar, member_name, world, tmo, NULL);
+    if (rc == 0 && brc < 0)
+        rc = fail(err, FERRY_EREBUILD, "subscriber: the group did not finish together: %s",
+                  ferry_strerror(brc));
+    /* Every member has read every demand: mine can go. */
+    snprintf(key, sizeof key, "ferry/wk/%s/sub/%s/%020" PRIu64 "/%u", sub->cfg.model,
+             sub->cfg.group, m.generation, me);
+    if (brc == 0)
+        (void)ferry_kv_delete(sub->s, key, 0, NULL);
+    st->bytes_read = w.my_read;
+    st->group_bytes_read = w.group_read;
+    st->bytes_pushed = w.pushed;
+    st->bytes_received = w.received;
+    st->ranges = w.nreads;
+    st->tensors = sub->n;
+    if (rc == 0) {
+        *generation = m.generation;
+        st->generation = m.generation;
+        sub->generation = m.generation;
+    }
+    for (uint32_t k = 0; mbs && k < world; k++) {
+        free(mbs[k].base);
+        free(mbs[k].rr);
+    }
+    free(mbs);
+    free(mine.v);
+    free(all.v);
+    free(w.reads);
+    free(w.pushes);
+    free(w.push_to);
+    free(w.feeds_me);
+    ferry_weight_manifest_free(&m);
+    return rc;
+}
+
+/* ---- open / close --------------------------------------------------------------------------- */
+
+int ferry_subscriber_open(ferry_store *s, const ferry_subscriber_config *cfg,
+                          const ferry_param_shard *shards, size_t n, ferry_subscriber **out,
+                          ferry_error *err)
+{
+    if (!s || !cfg || !out || (n && !shards) || cfg->world == 0 || cfg->rank >= cfg->world ||
+        !cfg->model[0] || !cfg->group[0] || strchr(cfg->group, '/'))
+        return fail(err, FERRY_EINVAL, "subscriber: bad arguments (model, group, rank, world)");
+    ferry_subscriber *sub = calloc(1, sizeof *sub);
+    if (!sub)
+        return FERRY_ENOMEM;
+    sub->s = s;
+    sub->cfg = *cfg;
+    sub->n = n;
+    sub->shards = calloc(n ? n : 1, sizeof *sub->shards);
+    sub->names = calloc(n ? n : 1, sizeof *sub->names);
+    sub->regs = calloc(n ? n : 1, sizeof *sub->regs);
+    if (!sub->shards || !sub->names || !sub->regs) {
+        ferry_subscriber_close(sub);
+        return FERRY_ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        sub->shards[i] = shards[i];
+        snprintf(sub->names[i], sizeof sub->names[i], "%s", shards[i].tensor ? shards[i].tensor : "");
+        sub->shards[i].tensor = sub->names[i];
+    }
+    *out = sub;
+    return 0;
+}
+
+void ferry_subscriber_close(ferry_subscriber *sub)
+{
+    if (!sub)
+        return;
+    for (size_t i = 0; sub->regs && i < sub->n; i++)
+        if (sub->regs[i].reg)
+            (void)ferry_region_unregister(sub->regs[i].reg);
+    free(sub->regs);
+    free(sub->names);
+    free(sub->shards);
+    free(sub);
+}
