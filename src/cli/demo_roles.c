@@ -82,7 +82,7 @@ static uint64_t row_elems(const demo_tensor *t)
 typedef struct role_args {
     ferry_store *s;
     demo_model m;
-    uint32_t rank, world;
+    uint32_t rank, world, dp;
     char model[64];
 } role_args;
 
@@ -107,7 +107,9 @@ static int open_role(int argc, char **argv, role_args *a)
         fflush(stdout);
         return -1;
     }
-    (void)argv[6];
+    a->dp = (uint32_t)atoi(argv[6]);
+    if (a->dp == 0 || a->world % a->dp)
+        a->dp = 1;
     printf("READY\n");
     fflush(stdout);
     return 0;
@@ -195,10 +197,12 @@ int demo_rollout_main(int argc, char **argv)
     ferry_param_shard *sh = calloc(a.m.n, sizeof *sh);
     uint64_t *first = calloc(a.m.n, sizeof *first);
     size_t ns = 0;
+    /* TP over world/dp ranks, each TP shard held by dp replicas */
+    uint32_t tp = a.world / a.dp;
     for (size_t i = 0; i < a.m.n; i++) {
         const demo_tensor *t = &a.m.t[i];
         uint64_t r0, rows;
-        tp_rows(t, a.rank, a.world, &r0, &rows);
+        tp_rows(t, a.rank % tp, tp, &r0, &rows);
         if (rows == 0)
             continue;
         ferry_param_shard *p = &sh[ns];
@@ -214,6 +218,13 @@ int demo_rollout_main(int argc, char **argv)
             return 1;
         first[ns++] = i;
     }
+    ferry_subscriber_config sc = { .rank = a.rank, .world = a.world, .timeout_ms = 120000 };
+    snprintf(sc.model, sizeof sc.model, "%s", a.model);
+    snprintf(sc.group, sizeof sc.group, "demo");
+    ferry_subscriber *sub = NULL;
+    ferry_error oerr = {0};
+    if (ferry_subscriber_open(a.s, &sc, sh, ns, &sub, &oerr) < 0)
+        return 1;
     uint64_t cur = 0;
     char line[256];
     while (fgets(line, sizeof line, stdin)) {
@@ -222,7 +233,7 @@ int demo_rollout_main(int argc, char **argv)
         ferry_error err = {0};
         double t0 = cli_now();
         if (sscanf(line, "direct %llu", &g) == 1) {
-            int rc = ferry_weights_update_direct(a.s, a.model, &cur, sh, ns, &st, &err);
+            int rc = ferry_subscriber_update(sub, &cur, &st, &err);
             double dt = cli_now() - t0;
             uint64_t bad = 0;
             for (size_t k = 0; rc == 0 && k < ns; k++) {
@@ -233,8 +244,8 @@ int demo_rollout_main(int argc, char **argv)
                     bad += p[i] != bits(g, first[k], base + i);
             }
             if (rc == 0 && cur == g)
-                printf("OK %.4f %llu %llu\n", dt, (unsigned long long)st.bytes_read,
-                       (unsigned long long)bad);
+                printf("OK %.4f %llu %llu %llu\n", dt, (unsigned long long)st.bytes_read,
+                       (unsigned long long)bad, (unsigned long long)st.bytes_pushed);
             else
                 printf("ERR %s\n", rc ? err.msg : "not at the expected generation");
         } else if (sscanf(line, "compat %llu", &g) == 1) {
@@ -252,6 +263,7 @@ int demo_rollout_main(int argc, char **argv)
         }
         fflush(stdout);
     }
+    ferry_subscriber_close(sub);
     for (size_t k = 0; k < ns; k++)
         free(sh[k].dst);
     free(sh);

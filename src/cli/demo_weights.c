@@ -130,7 +130,7 @@ static int wait_file(const char *path, pid_t p, char *out, size_t cap)
 }
 
 typedef struct demo_opts {
-    unsigned trainers, rollouts, generations;
+    unsigned trainers, rollouts, generations, dp;
     uint64_t bytes;
     char model[64];
     bool json;
@@ -138,7 +138,7 @@ typedef struct demo_opts {
 
 typedef struct gen_row {
     double publish_s, direct_s, compat_s;
-    uint64_t direct_read, compat_read, bad;
+    uint64_t direct_read, compat_read, bad, pushed;
     bool ok;
     char error[256];
 } gen_row;
@@ -146,7 +146,7 @@ typedef struct gen_row {
 /* Send cmd to every child of a group, wait for every reply; max of the
  * first number each reply gives (its time), sums of the second and third. */
 static bool round_all(child *cs, unsigned n, const char *cmd, double *wall, uint64_t *sum2,
-                      uint64_t *sum3, char *err, size_t errcap)
+                      uint64_t *sum3, uint64_t *sum4, char *err, size_t errcap)
 {
     double t0 = cli_now();
     for (unsigned i = 0; i < n; i++) {
@@ -154,6 +154,7 @@ static bool round_all(child *cs, unsigned n, const char *cmd, double *wall, uint
         fflush(cs[i].in);
     }
     bool ok = true;
+    uint64_t s4 = 0;
     *sum2 = *sum3 = 0;
     for (unsigned i = 0; i < n; i++) {
         char line[1024];
@@ -164,19 +165,23 @@ static bool round_all(child *cs, unsigned n, const char *cmd, double *wall, uint
             continue;
         }
         double t;
-        unsigned long long a = 0, b = 0;
-        if (sscanf(line, "OK %lf %llu %llu", &t, &a, &b) >= 2) {
+        unsigned long long a = 0, b = 0, c = 0;
+        if (sscanf(line, "OK %lf %llu %llu %llu", &t, &a, &b, &c) >= 2) {
             *sum2 += a;
             *sum3 += b;
+            s4 += c;
         }
     }
+    if (sum4)
+        *sum4 = s4;
     *wall = cli_now() - t0;
     return ok;
 }
 
 static int parse(int argc, char **argv, demo_opts *o)
 {
-    *o = (demo_opts){ .trainers = 4, .rollouts = 4, .generations = 3, .bytes = 2ull << 30 };
+    *o = (demo_opts){ .trainers = 4, .rollouts = 4, .generations = 3, .dp = 0,
+                      .bytes = 2ull << 30 };
     snprintf(o->model, sizeof o->model, "qwen3-8b");
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -191,6 +196,8 @@ static int parse(int argc, char **argv, demo_opts *o)
             o->trainers = (unsigned)atoi(v);
         else if (!strcmp(a, "--rollouts"))
             o->rollouts = (unsigned)atoi(v);
+        else if (!strcmp(a, "--dp"))
+            o->dp = (unsigned)atoi(v);
         else if (!strcmp(a, "--generations"))
             o->generations = (unsigned)atoi(v);
         else if (!strcmp(a, "--bytes")) {
@@ -201,7 +208,10 @@ static int parse(int argc, char **argv, demo_opts *o)
         else
             return -1;
     }
+    if (o->dp == 0)
+        o->dp = o->rollouts % 2 == 0 ? 2 : 1;   /* default: TP x DP2 when it divides */
     return o->trainers && o->rollouts && o->generations && o->trainers <= 64 &&
+           o->rollouts % o->dp == 0 &&
                    o->rollouts <= 64 && o->bytes >= (1u << 20) ? 0 : -1;
 }
 
@@ -261,11 +271,14 @@ int cmd_demo(int argc, char **argv, const char *self)
     char sz[32], buf[32];
     if (!o.json)
         fprintf(stderr, "ferry demo: %u trainers publish %u generations of %s (%zu tensors with "
-                "its real shapes, %s bf16) through the store at %s;\n%u rollout workers take each "
-                "one as TP shards (parameter-direct) and whole (compatibility), checking every "
-                "byte.\n", o.trainers, o.generations, o.model, dm.n,
-                cli_fmt_size(dm.bytes, sz, sizeof sz), addr, o.rollouts);
+                "its real shapes, %s bf16) through the store at %s;\n%u rollout workers (TP%u x DP%u) "
+                "take each one parameter-direct, single-pull (every byte read from the store once, "
+                "pushed to its replicas),\nand whole (compatibility), checking every byte.\n",
+                o.trainers, o.generations, o.model, dm.n, cli_fmt_size(dm.bytes, sz, sizeof sz),
+                addr, o.rollouts, o.rollouts / o.dp, o.dp);
     snprintf(buf, sizeof buf, "%llu", (unsigned long long)o.bytes);
+    char dps[16];
+    snprintf(dps, sizeof dps, "%u", o.dp);
     for (unsigned k = 0; k < o.trainers + o.rollouts; k++) {
         bool t = k < o.trainers;
         unsigned r = t ? k : k - o.trainers;
@@ -273,7 +286,7 @@ int cmd_demo(int argc, char **argv, const char *self)
         snprintf(rk, sizeof rk, "%u", r);
         snprintf(ws, sizeof ws, "%u", t ? o.trainers : o.rollouts);
         const char *args[] = { "ferry", t ? "_demo_trainer" : "_demo_rollout", addr, rk, ws,
-                               o.model, buf, "-", NULL };
+                               o.model, buf, dps, NULL };
         child *c = t ? &tr[r] : &ro[r];
         char line[512];
         if (child_start(c, args) < 0 || child_line(c, line, sizeof line) < 0) {
@@ -292,18 +305,18 @@ int cmd_demo(int argc, char **argv, const char *self)
         snprintf(cmd, sizeof cmd, "publish %u", g);
         if (!o.json)
             cli_progress("publish", (double)(g - 1) / ng);
-        row->ok = round_all(tr, o.trainers, cmd, &row->publish_s, &a, &b, row->error,
+        row->ok = round_all(tr, o.trainers, cmd, &row->publish_s, &a, &b, NULL, row->error,
                             sizeof row->error);
         snprintf(cmd, sizeof cmd, "direct %u", g);
         if (row->ok && !o.json)
             cli_progress("direct update", (g - 0.66) / ng);
         row->ok = row->ok && round_all(ro, o.rollouts, cmd, &row->direct_s, &row->direct_read,
-                                       &row->bad, row->error, sizeof row->error);
+                                       &row->bad, &row->pushed, row->error, sizeof row->error);
         snprintf(cmd, sizeof cmd, "compat %u", g);
         if (row->ok && !o.json)
             cli_progress("compat update", (g - 0.33) / ng);
         row->ok = row->ok && round_all(ro, o.rollouts, cmd, &row->compat_s, &row->compat_read,
-                                       &b, row->error, sizeof row->error);
+                                       &b, NULL, row->error, sizeof row->error);
         row->bad += b;
         row->ok = row->ok && row->bad == 0;
         all_ok = all_ok && row->ok;
@@ -312,32 +325,36 @@ int cmd_demo(int argc, char **argv, const char *self)
         cli_progress_done();
     if (o.json) {
         printf("{\"ok\":%s,\"model\":\"%s\",\"tensors\":%zu,\"bytes\":%llu,\"trainers\":%u,"
-               "\"rollouts\":%u,\"generations\":[", all_ok ? "true" : "false", o.model, dm.n,
-               (unsigned long long)dm.bytes, o.trainers, o.rollouts);
+               "\"rollouts\":%u,\"dp\":%u,\"generations\":[", all_ok ? "true" : "false",
+               o.model, dm.n, (unsigned long long)dm.bytes, o.trainers, o.rollouts, o.dp);
         for (unsigned g = 0; g < ng; g++)
             printf("%s{\"generation\":%u,\"publish_s\":%.4f,\"direct_s\":%.4f,"
-                   "\"direct_store_bytes\":%llu,\"direct_read_ratio\":%.3f,\"compat_s\":%.4f,"
+                   "\"direct_store_bytes\":%llu,\"direct_read_ratio\":%.3f,\"direct_pushed_bytes\":%llu,"
+                   "\"compat_s\":%.4f,"
                    "\"compat_store_bytes\":%llu,\"wrong_bytes\":%llu,\"ok\":%s}", g ? "," : "",
                    g + 1, rows[g].publish_s, rows[g].direct_s,
                    (unsigned long long)rows[g].direct_read,
-                   (double)rows[g].direct_read / (double)dm.bytes, rows[g].compat_s,
+                   (double)rows[g].direct_read / (double)dm.bytes,
+                   (unsigned long long)rows[g].pushed, rows[g].compat_s,
                    (unsigned long long)rows[g].compat_read, (unsigned long long)rows[g].bad,
                    rows[g].ok ? "true" : "false");
         printf("]}\n");
     } else {
-        printf("%-4s %10s %10s %10s %14s %10s %14s %s\n", "gen", "publish s", "GB/s",
-               "direct s", "store read", "compat s", "store read", "every byte");
+        printf("%-4s %10s %8s %9s %12s %12s %9s %12s %s\n", "gen", "publish s", "GB/s",
+               "direct s", "store read", "pushed", "compat s", "store read", "every byte");
         for (unsigned g = 0; g < ng; g++) {
-            char r1[32], r2[32];
-            printf("%-4u %10.3f %10.2f %10.3f %14s %10.3f %14s %s\n", g + 1, rows[g].publish_s,
+            char r1[32], r2[32], r3[32];
+            printf("%-4u %10.3f %8.2f %9.3f %12s %12s %9.3f %12s %s\n", g + 1, rows[g].publish_s,
                    rows[g].publish_s > 0 ? (double)dm.bytes / rows[g].publish_s / 1e9 : 0,
                    rows[g].direct_s, cli_fmt_size(rows[g].direct_read, r1, sizeof r1),
+                   cli_fmt_size(rows[g].pushed, r3, sizeof r3),
                    rows[g].compat_s, cli_fmt_size(rows[g].compat_read, r2, sizeof r2),
                    rows[g].ok ? "verified" : rows[g].error[0] ? rows[g].error : "WRONG");
         }
-        printf("direct: each rollout read exactly its own shards (%.2fx the published bytes in "
-               "all); compat: each read every tensor (%ux).\n",
-               (double)rows[0].direct_read / (double)dm.bytes, o.rollouts);
+        printf("direct: the group read %.2fx the published bytes from the store (each byte once; "
+               "a worker-reads-its-own baseline reads %ux); compat: every worker reads every "
+               "tensor (%ux).\n", (double)rows[0].direct_read / (double)dm.bytes, o.dp,
+               o.rollouts);
         printf("%s\n", all_ok ? "demo ok" : "demo FAILED");
     }
     rc = all_ok ? 0 : 1;
