@@ -2,7 +2,10 @@
 #ifndef FERRY_DEMO_INT_H
 #define FERRY_DEMO_INT_H
 
+#include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <sys/types.h>
 
 #include "ferry/ferry.h"
 
@@ -18,8 +21,31 @@ typedef struct demo_model { demo_tensor *t; size_t n; uint64_t bytes; } demo_mod
 int demo_model_build(const char *preset, uint64_t budget, demo_model *dm);
 void demo_model_free(demo_model *dm);
 
-/* Child processes: `ferry _demo_trainer|_demo_rollout MASTER RANK WORLD MODEL BUDGET -`. */
+/* Child processes: `ferry _demo_trainer|_demo_rollout MASTER RANK WORLD MODEL BUDGET DP`.
+ * Trainers answer "publish G"; rollouts "direct G" (single-pull), "naive G"
+ * (each reads its own demand), "compat G"; replies "OK seconds a b c". */
 int demo_trainer_main(int argc, char **argv);
 int demo_rollout_main(int argc, char **argv);
+
+/* A child over pipes. */
+typedef struct child { pid_t pid; FILE *in, *out; } child;
+
+/* A private master and node (unless FERRY_MASTER is set), trainers and
+ * rollouts (TP rollouts/dp x DP dp). */
+typedef struct demo_group {
+    char dir[64];
+    bool own;
+    char addr[128];
+    pid_t master, node;
+    child tr[64], ro[64];
+    unsigned ntr, nro;
+} demo_group;
+int demo_group_start(demo_group *g, const char *model, uint64_t budget, uint64_t model_bytes,
+                     unsigned trainers, unsigned rollouts, unsigned dp, const char *who);
+void demo_group_stop(demo_group *g);
+/* Send cmd to each of cs[0..n), wait for every reply; *wall the time until
+ * the last one; sums of the replies' numbers after the time. */
+bool demo_round(child *cs, unsigned n, const char *cmd, double *wall, uint64_t *sum2,
+                uint64_t *sum3, uint64_t *sum4, char *err, size_t errcap);
 
 #endif

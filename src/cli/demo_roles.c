@@ -225,7 +225,7 @@ int demo_rollout_main(int argc, char **argv)
     ferry_error oerr = {0};
     if (ferry_subscriber_open(a.s, &sc, sh, ns, &sub, &oerr) < 0)
         return 1;
-    uint64_t cur = 0;
+    uint64_t cur = 0, naive_gen = 0;
     char line[256];
     while (fgets(line, sizeof line, stdin)) {
         unsigned long long g;
@@ -246,6 +246,14 @@ int demo_rollout_main(int argc, char **argv)
             if (rc == 0 && cur == g)
                 printf("OK %.4f %llu %llu %llu\n", dt, (unsigned long long)st.bytes_read,
                        (unsigned long long)bad, (unsigned long long)st.bytes_pushed);
+            else
+                printf("ERR %s\n", rc ? err.msg : "not at the expected generation");
+        } else if (sscanf(line, "naive %llu", &g) == 1) {
+            /* The baseline: every worker reads its own demand from the store. */
+            int rc = ferry_weights_update_direct(a.s, a.model, &naive_gen, sh, ns, &st, &err);
+            double dt = cli_now() - t0;
+            if (rc == 0 && naive_gen == g)
+                printf("OK %.4f %llu 0 0\n", dt, (unsigned long long)st.bytes_read);
             else
                 printf("ERR %s\n", rc ? err.msg : "not at the expected generation");
         } else if (sscanf(line, "compat %llu", &g) == 1) {

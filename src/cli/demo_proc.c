@@ -1,0 +1,237 @@
+/* Processes of the weight-update demo and benchmark: a private master and
+ * node (unless FERRY_MASTER is set), trainer and rollout children driven
+ * over pipes (demo_int.h). */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "demo_int.h"
+
+static int child_start(child *c, const char *const *args)
+{
+    memset(c, 0, sizeof *c);
+    int in[2], out[2];
+    if (pipe2(in, O_CLOEXEC) < 0 || pipe2(out, O_CLOEXEC) < 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        dup2(in[0], 0);
+        dup2(out[1], 1);
+        execv("/proc/self/exe", (char *const *)args);
+        _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    c->pid = pid;
+    c->in = fdopen(in[1], "w");
+    c->out = fdopen(out[0], "r");
+    return c->in && c->out ? 0 : -1;
+}
+
+static int child_line(child *c, char *buf, size_t cap)
+{
+    if (!c->out || !fgets(buf, (int)cap, c->out)) {
+        snprintf(buf, cap, "ERR the process exited");
+        return -1;
+    }
+    buf[strcspn(buf, "\n")] = 0;
+    return strncmp(buf, "OK", 2) == 0 || strncmp(buf, "READY", 5) == 0 ? 0 : -1;
+}
+
+static void child_stop(child *c)
+{
+    if (c->in)
+        fclose(c->in);   /* EOF: the child leaves its loop */
+    if (c->out)
+        fclose(c->out);
+    if (c->pid > 0) {
+        for (int i = 0; i < 500; i++) {
+            if (waitpid(c->pid, NULL, WNOHANG) == c->pid) {
+                c->pid = 0;
+                break;
+            }
+            struct timespec ts = { 0, 20 * 1000 * 1000 };
+            nanosleep(&ts, NULL);
+        }
+        if (c->pid > 0) {
+            kill(c->pid, SIGKILL);
+            waitpid(c->pid, NULL, 0);
+        }
+    }
+    memset(c, 0, sizeof *c);
+}
+
+static void child_term(pid_t *p)
+{
+    if (*p <= 0)
+        return;
+    kill(*p, SIGTERM);
+    for (int i = 0; i < 500 && waitpid(*p, NULL, WNOHANG) != *p; i++) {
+        struct timespec ts = { 0, 20 * 1000 * 1000 };
+        nanosleep(&ts, NULL);
+        if (i == 499) {
+            kill(*p, SIGKILL);
+            waitpid(*p, NULL, 0);
+        }
+    }
+    *p = 0;
+}
+
+static pid_t spawn_quiet(const char *const *args)
+{
+    pid_t p = fork();
+    if (p == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int nul = open("/dev/null", O_WRONLY);
+        if (nul >= 0)
+            dup2(nul, 1);
+        execv("/proc/self/exe", (char *const *)args);
+        _exit(127);
+    }
+    return p;
+}
+
+static int wait_file(const char *path, pid_t p, char *out, size_t cap)
+{
+    for (int i = 0; i < 3000; i++) {
+        FILE *f = fopen(path, "r");
+        if (f) {
+            bool ok = fgets(out, (int)cap, f) != NULL;
+            fclose(f);
+            if (ok) {
+                out[strcspn(out, "\n")] = 0;
+                return 0;
+            }
+        }
+        if (waitpid(p, NULL, WNOHANG) == p)
+            return -1;
+        struct timespec ts = { 0, 20 * 1000 * 1000 };
+        nanosleep(&ts, NULL);
+    }
+    return -1;
+}
+
+/* Send cmd to every child of a group, wait for every reply; max of the
+ * first number each reply gives (its time), sums of the second and third. */
+bool demo_round(child *cs, unsigned n, const char *cmd, double *wall, uint64_t *sum2,
+                      uint64_t *sum3, uint64_t *sum4, char *err, size_t errcap)
+{
+    double t0 = cli_now();
+    for (unsigned i = 0; i < n; i++) {
+        fprintf(cs[i].in, "%s\n", cmd);
+        fflush(cs[i].in);
+    }
+    bool ok = true;
+    uint64_t s4 = 0;
+    *sum2 = *sum3 = 0;
+    for (unsigned i = 0; i < n; i++) {
+        char line[1024];
+        if (child_line(&cs[i], line, sizeof line) < 0) {
+            if (ok)
+                snprintf(err, errcap, "%.250s", line);
+            ok = false;
+            continue;
+        }
+        double t;
+        unsigned long long a = 0, b = 0, c = 0;
+        if (sscanf(line, "OK %lf %llu %llu %llu", &t, &a, &b, &c) >= 2) {
+            *sum2 += a;
+            *sum3 += b;
+            s4 += c;
+        }
+    }
+    if (sum4)
+        *sum4 = s4;
+    *wall = cli_now() - t0;
+    return ok;
+}
+
+
+int demo_group_start(demo_group *g, const char *model, uint64_t budget, uint64_t model_bytes,
+                     unsigned trainers, unsigned rollouts, unsigned dp, const char *who)
+{
+    memset(g, 0, sizeof *g);
+    snprintf(g->dir, sizeof g->dir, "/tmp/ferry-demo-XXXXXX");
+    const char *ext = getenv("FERRY_MASTER");
+    if (!getenv("FERRY_TOKEN") && !getenv("FERRY_TOKEN_FILE")) {
+        char tok[65];
+        ferry_token_generate(tok);
+        setenv("FERRY_TOKEN", tok, 1);
+    }
+    if (ext && *ext) {
+        snprintf(g->addr, sizeof g->addr, "%s", ext);
+    } else {
+        if (!mkdtemp(g->dir)) {
+            fprintf(stderr, "%s: cannot make a temp dir\n", who);
+            return -1;
+        }
+        g->own = true;
+        char mdir[160], f1[128], f2[128], seg[64], segsz[32];
+        snprintf(mdir, sizeof mdir, "%s/master", g->dir);
+        snprintf(f1, sizeof f1, "%s/addr", g->dir);
+        snprintf(f2, sizeof f2, "%s/ready", g->dir);
+        /* two generations kept plus one being published */
+        snprintf(segsz, sizeof segsz, "%llu", (unsigned long long)(model_bytes * 3 + (256ull << 20)));
+        const char *ma[] = { "ferry", "master", "--dir", mdir, "--addr-file", f1, NULL };
+        g->master = spawn_quiet(ma);
+        if (g->master <= 0 || wait_file(f1, g->master, g->addr, sizeof g->addr) < 0) {
+            fprintf(stderr, "%s: the master did not start\n", who);
+            return -1;
+        }
+        const char *na[] = { "ferry", "node", "--master", g->addr, "--size", segsz,
+                             "--ready-file", f2, NULL };
+        g->node = spawn_quiet(na);
+        if (g->node <= 0 || wait_file(f2, g->node, seg, sizeof seg) < 0) {
+            fprintf(stderr, "%s: the node did not start (%s bytes of memory)\n", who, segsz);
+            return -1;
+        }
+    }
+    char buf[32], dps[16];
+    snprintf(buf, sizeof buf, "%llu", (unsigned long long)budget);
+    snprintf(dps, sizeof dps, "%u", dp);
+    g->ntr = trainers;
+    g->nro = rollouts;
+    for (unsigned k = 0; k < trainers + rollouts; k++) {
+        bool t = k < trainers;
+        unsigned r = t ? k : k - trainers;
+        char rk[16], ws[16];
+        snprintf(rk, sizeof rk, "%u", r);
+        snprintf(ws, sizeof ws, "%u", t ? trainers : rollouts);
+        const char *args[] = { "ferry", t ? "_demo_trainer" : "_demo_rollout", g->addr, rk, ws,
+                               model, buf, dps, NULL };
+        child *c = t ? &g->tr[r] : &g->ro[r];
+        char line[512] = "";
+        if (child_start(c, args) < 0 || child_line(c, line, sizeof line) < 0) {
+            fprintf(stderr, "%s: a %s did not start: %s\n", who, t ? "trainer" : "rollout", line);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+void demo_group_stop(demo_group *g)
+{
+    for (unsigned k = 0; k < 64; k++) {
+        child_stop(&g->tr[k]);
+        child_stop(&g->ro[k]);
+    }
+    child_term(&g->node);
+    child_term(&g->master);
+    if (g->own) {
+        char cmd[128];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", g->dir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "ferry: could not remove %s\n", g->dir);
+        g->own = false;
+    }
+}
