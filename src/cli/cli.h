@@ -49,6 +49,7 @@ double cli_engine_pass(ferry_engine *e, enum ferry_opcode op, uint8_t *buf,
 int cmd_bench_store(int argc, char **argv, const char *self);
 int cli_bench_store_client_main(int argc, char **argv);
 int cmd_demo(int argc, char **argv, const char *self);        /* demo_weights.c */
+int cmd_bench_weights(int argc, char **argv, const char *self); /* bench_weights.c */
 int cmd_demo_engine(int argc, char **argv, const char *self); /* demo.c */
 /* master.c: `ferry master` */
 int cmd_master(int argc, char **argv);

@@ -43,8 +43,9 @@ typedef struct demo_group {
 int demo_group_start(demo_group *g, const char *model, uint64_t budget, uint64_t model_bytes,
                      unsigned trainers, unsigned rollouts, unsigned dp, const char *who);
 void demo_group_stop(demo_group *g);
-/* Send cmd to each of cs[0..n), wait for every reply; *wall the time until
- * the last one; sums of the replies' numbers after the time. */
+/* Send cmd to each of cs[0..n) (all at once), wait for every reply. *wall:
+ * the longest time a child reported for the command itself (its checking of
+ * the bytes afterwards excluded); sums of the replies' other numbers. */
 bool demo_round(child *cs, unsigned n, const char *cmd, double *wall, uint64_t *sum2,
                 uint64_t *sum3, uint64_t *sum4, char *err, size_t errcap);
 

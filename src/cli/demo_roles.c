@@ -189,6 +189,21 @@ static int check_full(void *ctx, const ferry_weight_entry *e, const void *data)
     return 0;
 }
 
+/* Wrong elements of the shards against generation g. */
+static uint64_t check_shards(const demo_model *m, const ferry_param_shard *sh,
+                             const uint64_t *first, size_t ns, uint64_t g)
+{
+    uint64_t bad = 0;
+    for (size_t k = 0; k < ns; k++) {
+        const demo_tensor *t = &m->t[first[k]];
+        uint64_t n = sh[k].shape[0] * row_elems(t), base = sh[k].offset[0] * row_elems(t);
+        const uint16_t *p = sh[k].dst;
+        for (uint64_t i = 0; i < n; i++)
+            bad += p[i] != bits(g, first[k], base + i);
+    }
+    return bad;
+}
+
 int demo_rollout_main(int argc, char **argv)
 {
     role_args a;
@@ -235,14 +250,7 @@ int demo_rollout_main(int argc, char **argv)
         if (sscanf(line, "direct %llu", &g) == 1) {
             int rc = ferry_subscriber_update(sub, &cur, &st, &err);
             double dt = cli_now() - t0;
-            uint64_t bad = 0;
-            for (size_t k = 0; rc == 0 && k < ns; k++) {
-                const demo_tensor *t = &a.m.t[first[k]];
-                uint64_t n = sh[k].shape[0] * row_elems(t), base = sh[k].offset[0] * row_elems(t);
-                const uint16_t *p = sh[k].dst;
-                for (uint64_t i = 0; i < n; i++)
-                    bad += p[i] != bits(g, first[k], base + i);
-            }
+            uint64_t bad = rc == 0 ? check_shards(&a.m, sh, first, ns, g) : 0;
             if (rc == 0 && cur == g)
                 printf("OK %.4f %llu %llu %llu\n", dt, (unsigned long long)st.bytes_read,
                        (unsigned long long)bad, (unsigned long long)st.bytes_pushed);
@@ -250,10 +258,15 @@ int demo_rollout_main(int argc, char **argv)
                 printf("ERR %s\n", rc ? err.msg : "not at the expected generation");
         } else if (sscanf(line, "naive %llu", &g) == 1) {
             /* The baseline: every worker reads its own demand from the store. */
+            for (size_t k = 0; k < ns; k++)   /* so that the check below means something */
+                memset(sh[k].dst, 0, sh[k].shape[0] * row_elems(&a.m.t[first[k]]) * 2);
+            t0 = cli_now();
             int rc = ferry_weights_update_direct(a.s, a.model, &naive_gen, sh, ns, &st, &err);
             double dt = cli_now() - t0;
+            uint64_t bad = rc == 0 ? check_shards(&a.m, sh, first, ns, g) : 0;
             if (rc == 0 && naive_gen == g)
-                printf("OK %.4f %llu 0 0\n", dt, (unsigned long long)st.bytes_read);
+                printf("OK %.4f %llu %llu 0\n", dt, (unsigned long long)st.bytes_read,
+                       (unsigned long long)bad);
             else
                 printf("ERR %s\n", rc ? err.msg : "not at the expected generation");
         } else if (sscanf(line, "compat %llu", &g) == 1) {

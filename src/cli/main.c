@@ -16,6 +16,8 @@ static void usage(FILE *f)
             "                                the main job: trainers publish weight generations, rollouts\n"
             "                                take them (TP shards and whole tensors), every byte checked\n"
             "  demo engine [--size SIZE]     one-sided engine transfers between two processes\n"
+            "  bench weights [--rollouts N] [--dp N] [--bytes SIZE] [--json]\n"
+            "                                weight-update time (single-pull, naive, compat) against the memcpy floor\n"
             "  bench engine [--transport shm|tcp] [--block SIZE] [--total SIZE]\n"
             "               [--streams N] [--threads N] [--json]\n"
             "                                engine throughput against a baseline measured in the same run\n"

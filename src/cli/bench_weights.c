@@ -1,0 +1,175 @@
+/* `ferry bench weights`: end-to-end weight-update time on one machine.
+ *
+ * A private master and node, trainer and rollout processes (TP x DP2 by
+ * default) as in `ferry demo`. Per generation: publish, then time
+ *   - direct: the single-pull group update (each byte read from the store
+ *     once by one worker, pushed to the replicas),
+ *   - naive: every worker reads its own demand from the store,
+ *   - compat: every worker receives every full tensor (store reads).
+ * The floor, measured in the same run, is the bytes that must land in the
+ * rollouts' parameters (model bytes x DP) divided by the single-thread
+ * memcpy bandwidth of this machine. Every update verifies every byte. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "demo_int.h"
+
+static double memcpy_gbps(void)
+{
+    size_t n = 256u << 20;
+    uint8_t *a = malloc(n), *b = malloc(n);
+    if (!a || !b) {
+        free(a), free(b);
+        return 0;
+    }
+    memset(a, 1, n);
+    memset(b, 2, n);
+    double best = 0;
+    for (int r = 0; r < 3; r++) {
+        double t0 = cli_now();
+        memcpy(b, a, n);
+        double dt = cli_now() - t0;
+        if (dt > 0 && (double)n / dt / 1e9 > best)
+            best = (double)n / dt / 1e9;
+        a[r] = b[n - 1 - (size_t)r];   /* keep the copies observable */
+    }
+    free(a);
+    free(b);
+    return best;
+}
+
+typedef struct bw_opts {
+    unsigned trainers, rollouts, dp, reps;
+    uint64_t bytes;
+    char model[64];
+    bool json;
+} bw_opts;
+
+static int parse(int argc, char **argv, bw_opts *o)
+{
+    *o = (bw_opts){ .trainers = 4, .rollouts = 4, .dp = 2, .reps = 3, .bytes = 1ull << 30 };
+    snprintf(o->model, sizeof o->model, "qwen3-8b");
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--json")) {
+            o->json = true;
+            continue;
+        }
+        if (!v)
+            return -1;
+        i++;
+        if (!strcmp(a, "--trainers"))
+            o->trainers = (unsigned)atoi(v);
+        else if (!strcmp(a, "--rollouts"))
+            o->rollouts = (unsigned)atoi(v);
+        else if (!strcmp(a, "--dp"))
+            o->dp = (unsigned)atoi(v);
+        else if (!strcmp(a, "--reps"))
+            o->reps = (unsigned)atoi(v);
+        else if (!strcmp(a, "--bytes")) {
+            if (cli_parse_size(v, &o->bytes) != 0)
+                return -1;
+        } else if (!strcmp(a, "--model"))
+            snprintf(o->model, sizeof o->model, "%s", v);
+        else
+            return -1;
+    }
+    return o->trainers && o->trainers <= 64 && o->rollouts && o->rollouts <= 64 && o->dp &&
+                   o->rollouts % o->dp == 0 && o->reps && o->bytes >= (1u << 20) ? 0 : -1;
+}
+
+int cmd_bench_weights(int argc, char **argv, const char *self)
+{
+    (void)self;
+    bw_opts o;
+    if (parse(argc, argv, &o) < 0) {
+        fprintf(stderr, "usage: ferry bench weights [--trainers N] [--rollouts N] [--dp N] "
+                        "[--bytes SIZE] [--model PRESET] [--reps N] [--json]\n");
+        return 2;
+    }
+    demo_model dm;
+    if (demo_model_build(o.model, o.bytes, &dm) < 0) {
+        fprintf(stderr, "ferry bench weights: unknown model preset %s\n", o.model);
+        return 2;
+    }
+    double bw = memcpy_gbps();
+    demo_group grp;
+    int rc = 1;
+    double best_direct = 0, best_naive = 0, best_compat = 0;
+    uint64_t direct_read = 0, naive_read = 0, compat_read = 0, pushed = 0;
+    bool ok = true;
+    char err[256] = "";
+    if (demo_group_start(&grp, o.model, o.bytes, dm.bytes, o.trainers, o.rollouts, o.dp,
+                         "ferry bench weights") < 0)
+        goto out;
+    for (unsigned g = 1; g <= o.reps + 1 && ok; g++) {
+        char cmd[64];
+        double t;
+        uint64_t a, b, c;
+        if (!o.json)
+            cli_progress("bench weights", (double)(g - 1) / (o.reps + 1));
+        snprintf(cmd, sizeof cmd, "publish %u", g);
+        ok = demo_round(grp.tr, grp.ntr, cmd, &t, &a, &b, NULL, err, sizeof err);
+        /* generation 1 warms every buffer up and is not counted */
+        snprintf(cmd, sizeof cmd, "direct %u", g);
+        ok = ok && demo_round(grp.ro, grp.nro, cmd, &t, &a, &b, &c, err, sizeof err) && b == 0;
+        if (ok && g > 1 && (best_direct == 0 || t < best_direct)) {
+            best_direct = t;
+            direct_read = a;
+            pushed = c;
+        }
+        snprintf(cmd, sizeof cmd, "naive %u", g);
+        ok = ok && demo_round(grp.ro, grp.nro, cmd, &t, &a, &b, NULL, err, sizeof err);
+        if (ok && g > 1 && (best_naive == 0 || t < best_naive)) {
+            best_naive = t;
+            naive_read = a;
+        }
+        snprintf(cmd, sizeof cmd, "compat %u", g);
+        ok = ok && demo_round(grp.ro, grp.nro, cmd, &t, &a, &b, NULL, err, sizeof err) && b == 0;
+        if (ok && g > 1 && (best_compat == 0 || t < best_compat)) {
+            best_compat = t;
+            compat_read = a;
+        }
+    }
+    if (!o.json)
+        cli_progress_done();
+    if (!ok) {
+        fprintf(stderr, "ferry bench weights: an update failed: %s\n", err);
+        goto out;
+    }
+    uint64_t delivered = dm.bytes * o.dp;
+    double floor_s = bw > 0 ? (double)delivered / (bw * 1e9) : 0;
+    double pub = (double)dm.bytes;
+    if (o.json) {
+        printf("{\"model\":\"%s\",\"bytes\":%llu,\"trainers\":%u,\"rollouts\":%u,\"dp\":%u,"
+               "\"direct_s\":%.4f,\"naive_s\":%.4f,\"compat_s\":%.4f,\"floor_s\":%.4f,"
+               "\"memcpy_gbps\":%.3f,\"direct_ratio_to_floor\":%.3f,\"store_read_ratio\":%.3f,"
+               "\"naive_store_read_ratio\":%.3f,\"compat_store_read_ratio\":%.3f,"
+               "\"pushed_bytes\":%llu,\"verified\":true}\n",
+               o.model, (unsigned long long)dm.bytes, o.trainers, o.rollouts, o.dp, best_direct,
+               best_naive, best_compat, floor_s, bw, floor_s > 0 ? best_direct / floor_s : 0,
+               direct_read / pub, naive_read / pub, compat_read / pub,
+               (unsigned long long)pushed);
+    } else {
+        char sz[32];
+        printf("ferry bench weights: %s, %zu tensors, %s bf16; %u trainers, %u rollouts (TP%u x "
+               "DP%u); best of %u generations after a warm-up one\n", o.model, dm.n,
+               cli_fmt_size(dm.bytes, sz, sizeof sz), o.trainers, o.rollouts, o.rollouts / o.dp,
+               o.dp, o.reps);
+        printf("%-28s %10s %12s %12s\n", "update", "seconds", "x floor", "store read");
+        printf("%-28s %10.3f %12.2f %11.2fx\n", "direct (single-pull)", best_direct,
+               best_direct / floor_s, direct_read / pub);
+        printf("%-28s %10.3f %12.2f %11.2fx\n", "naive (each reads its own)", best_naive,
+               best_naive / floor_s, naive_read / pub);
+        printf("%-28s %10.3f %12.2f %11.2fx\n", "compat (every full tensor)", best_compat,
+               best_compat / floor_s, compat_read / pub);
+        printf("floor: %s into the rollouts' parameters at %.2f GB/s (memcpy, one thread) = "
+               "%.3f s\n", cli_fmt_size(delivered, sz, sizeof sz), bw, floor_s);
+    }
+    rc = 0;
+out:
+    demo_group_stop(&grp);
+    demo_model_free(&dm);
+    return rc;
+}
