@@ -290,6 +290,9 @@ typedef struct shm_conn {
     unsigned nworkers;
 } shm_conn;
 
+#define RUN_MAX 64               /* chunks one worker takes at a time */
+#define RUN_BYTES (256u << 10)   /* ... as long as they are this small together */
+
 static bool target_alive(shm_conn *c)
 {
     if (atomic_load(&c->dead))
@@ -404,65 +407,94 @@ static void do_notify(shm_conn *c, fr_chunk *k)
     fr_chunk_done(k, ack.u.ack.status, false);
 }
 
-static void do_rw(shm_conn *c, fr_chunk *k)
+/* The last mapping a worker used: consecutive chunks usually hit the same
+ * memfd, and maps live as long as the connection. */
+typedef struct map_hint { uint64_t memfd_id; uint8_t *base; } map_hint;
+
+/* Copy one chunk (the target's liveness is checked by the caller). */
+static int copy_one(shm_conn *c, fr_chunk *k, bool *touched, map_hint *h)
 {
-    if (!target_alive(c)) {
-        fr_chunk_done(k, FERRY_ECONNRESET, false);
-        return;
-    }
     fr_keyslot s;
     unsigned need = k->opcode == FERRY_OP_WRITE ? FERRY_REMOTE_WRITE : FERRY_REMOTE_READ;
-    if (fr_keytab_lookup(c->keytab, k->key, &s) < 0 || !(s.flags & need)) {
-        fr_chunk_done(k, FERRY_EACCES, false);
-        return;
-    }
+    if (fr_keytab_lookup(c->keytab, k->key, &s) < 0 || !(s.flags & need))
+        return FERRY_EACCES;
     /* the whole op must fit, so a partly-outside op touches nothing in any chunk */
-    if (k->span_addr < s.base || k->span_addr - s.base > s.len || k->span_len > s.len - (k->span_addr - s.base)) {
-        fr_chunk_done(k, FERRY_EFAULT, false);
-        return;
-    }
-    bool touched = false;
-    int rc;
-    uint8_t *base;
-    if (s.memfd_id != 0 && (rc = get_map(c, &s, k->key, &base)) == 0) {
+    if (k->span_addr < s.base || k->span_addr - s.base > s.len || k->span_len > s.len - (k->span_addr - s.base))
+        return FERRY_EFAULT;
+    int rc = 0;
+    uint8_t *base = NULL;
+    if (s.memfd_id != 0 && h->base && h->memfd_id == s.memfd_id)
+        base = h->base;
+    else if (s.memfd_id != 0 && (rc = get_map(c, &s, k->key, &base)) == 0)
+        *h = (map_hint){ .memfd_id = s.memfd_id, .base = base };
+    if (s.memfd_id != 0 && rc == 0) {
         uint8_t *remote = base + s.memfd_off + (k->remote_addr - s.base);
-        touched = true;
+        *touched = true;
         if (k->opcode == FERRY_OP_WRITE)
             memcpy(remote, k->local, k->len);
         else
             memcpy(k->local, remote, k->len);
-        atomic_thread_fence(memory_order_release);
-    } else {
-        rc = cma(c, k, &touched);
+        return 0;
     }
-    /* A target that died during the copy never gets a COMPLETED. */
-    if (rc == 0 && !target_alive(c))
-        rc = FERRY_ECONNRESET;
-    fr_chunk_done(k, rc, touched);
+    return cma(c, k, touched);
+}
+
+/* Copy a run of READ/WRITE chunks. The target's liveness is checked once
+ * before and once after the run (each check is a syscall, which would
+ * dominate small ops): a target that died during the copies never gets a
+ * COMPLETED for any chunk of the run. */
+static void do_rw_run(shm_conn *c, fr_chunk **ks, size_t n)
+{
+    int rcs[RUN_MAX];
+    bool touched[RUN_MAX];
+    bool alive = target_alive(c);
+    map_hint h = {0};
+    for (size_t i = 0; i < n; i++) {
+        touched[i] = false;
+        rcs[i] = alive ? copy_one(c, ks[i], &touched[i], &h) : FERRY_ECONNRESET;
+    }
+    atomic_thread_fence(memory_order_release);
+    bool still = alive && target_alive(c);
+    for (size_t i = 0; i < n; i++)
+        fr_chunk_done(ks[i], rcs[i] == 0 && !still ? FERRY_ECONNRESET : rcs[i], touched[i]);
 }
 
 static void *worker_main(void *arg)
 {
     shm_conn *c = arg;
+    fr_chunk *run[RUN_MAX];
     for (;;) {
         pthread_mutex_lock(&c->lock);
         while (!c->head && !c->stopping)
             pthread_cond_wait(&c->cond, &c->lock);
-        fr_chunk *k = c->head;
-        if (!k) {
+        if (!c->head) {
             pthread_mutex_unlock(&c->lock);
             return NULL;
         }
-        c->head = k->next;
-        if (!c->head)
-            c->tail = NULL;
+        /* A NOTIFY alone; else consecutive READ/WRITE chunks up to RUN_BYTES
+         * (small ops share one liveness check; big ones still spread over
+         * the workers one chunk each). */
+        size_t n = 0;
+        uint64_t bytes = 0;
+        bool notify = c->head->opcode == FERRY_OP_NOTIFY;
+        while (c->head && n < (notify ? 1u : RUN_MAX) &&
+               (n == 0 || (c->head->opcode != FERRY_OP_NOTIFY && bytes + c->head->len <= RUN_BYTES))) {
+            fr_chunk *k = c->head;
+            c->head = k->next;
+            if (!c->head)
+                c->tail = NULL;
+            bytes += k->len;
+            run[n++] = k;
+        }
         pthread_mutex_unlock(&c->lock);
-        if (c->stopping)
-            fr_chunk_done(k, FERRY_ECONNRESET, false);
-        else if (k->opcode == FERRY_OP_NOTIFY)
-            do_notify(c, k);
-        else
-            do_rw(c, k);
+        if (c->stopping) {
+            for (size_t i = 0; i < n; i++)
+                fr_chunk_done(run[i], FERRY_ECONNRESET, false);
+        } else if (notify) {
+            do_notify(c, run[0]);
+        } else {
+            do_rw_run(c, run, n);
+        }
     }
 }
 
