@@ -2,18 +2,21 @@
 
 Submodules wrap the C library through the ``_ferry`` extension:
 ``ferry.reshard`` (placement manifests, layouts, presets, reshard plans) and
-``ferry.store`` (the store client: ``ferry.Store``); ``ferry.Engine`` is a
-transfer engine for ``ferry.reshard.execute``.
+``ferry.store`` (the store client: ``ferry.Store``), ``ferry.weights``
+(weight updates: ``ferry.WeightPublisher``, ``ferry.WeightSubscriber``);
+``ferry.Engine`` is a transfer engine for ``ferry.reshard.execute``.
 """
 
 from ._ferry import Error, Engine, strerror, VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH
 from . import reshard
 from . import store
+from . import weights
 from .store import (Store, Watch, ReplicateConfig, NotFoundError, ExistsError, NoSpaceError, LostError, BusyError,
                     ConflictError, TimeoutError, AuthError, ConnectionError, StaleError)
+from .weights import WeightPublisher, WeightSubscriber
 
 __version__ = f"{VERSION_MAJOR}.{VERSION_MINOR}.{VERSION_PATCH}"
 
 __all__ = ["Error", "Engine", "strerror", "reshard", "store", "Store", "Watch", "ReplicateConfig", "NotFoundError",
            "ExistsError", "NoSpaceError", "LostError", "BusyError", "ConflictError", "TimeoutError", "AuthError",
-           "ConnectionError", "StaleError", "__version__"]
+           "ConnectionError", "StaleError", "weights", "WeightPublisher", "WeightSubscriber", "__version__"]

@@ -37,5 +37,14 @@ int fp_model_init(PyObject *m);
 int fp_plan_init(PyObject *m);
 int fp_store_init(PyObject *m);   /* Store, Watch and the store's error classes */
 int fp_exec_init(PyObject *m);    /* Engine, Binding, AttestedPlan, Executor (after fp_store_init) */
+int fp_weights_init(PyObject *m); /* WeightSubscriber and the weights_* functions (after fp_store_init) */
+
+/* ---- shared with the store file ------------------------------------------ */
+/* The C handle of a ferry.Store (borrowed), or NULL with TypeError or
+ * ValueError (not open) set. */
+ferry_store *fp_store_handle(PyObject *o);
+/* Count a call or an object using the handle without the GIL (delta +1,
+ * then -1): Store.close() refuses with BusyError while any is counted. */
+void fp_store_busy(PyObject *o, int delta);
 
 #endif

@@ -1565,6 +1565,22 @@ static PyTypeObject WatchType = {
     .tp_methods = watch_methods,
 };
 
+/* ---- for the other files ------------------------------------------------------------------ */
+
+ferry_store *fp_store_handle(PyObject *o)
+{
+    if (!PyObject_TypeCheck(o, &StoreType)) {
+        PyErr_Format(PyExc_TypeError, "expected a ferry.Store, not %.100s", Py_TYPE(o)->tp_name);
+        return NULL;
+    }
+    return st_of((StoreObject *)o);
+}
+
+void fp_store_busy(PyObject *o, int delta)
+{
+    ((StoreObject *)o)->inflight += delta;
+}
+
 /* ---- module ------------------------------------------------------------------------------- */
 
 int fp_store_init(PyObject *m)

@@ -1,0 +1,965 @@
+/* _ferry: weight updates from Python (ferry.weights, ferry.WeightPublisher,
+ * ferry.WeightSubscriber) over include/ferry/weights.h. Thin: every check
+ * of the generation, the manifest and the boxes is the C library's; this
+ * file turns buffers into tensors and shards and adds one check the library
+ * cannot make (a destination's itemsize against the published dtype).
+ * Publishing and updates run with the GIL released while every buffer they
+ * read or write stays held and the store is marked busy (Store.close()
+ * refuses meanwhile); a subscriber keeps its store busy until it is closed. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "_ferry.h"
+
+static PyObject *w_module;   /* borrowed: the _ferry module (m_size -1: lives forever) */
+
+/* ---- errors ------------------------------------------------------------------------ */
+
+/* The store's subclass of Error for code, looked up by name (the store file
+ * owns them), else Error. New reference. */
+static PyObject *w_err_class(int code)
+{
+    const char *name = NULL;
+    switch (code) {
+    case FERRY_ENOENT: name = "NotFoundError"; break;
+    case FERRY_EEXIST: name = "ExistsError"; break;
+    case FERRY_ENOSPC: name = "NoSpaceError"; break;
+    case FERRY_ELOST: name = "LostError"; break;
+    case FERRY_EBUSY: name = "BusyError"; break;
+    case FERRY_ESTATE: name = "ConflictError"; break;
+    case FERRY_ETIMEDOUT: name = "TimeoutError"; break;
+    case FERRY_EAUTH: name = "AuthError"; break;
+    case FERRY_ECONNRESET:
+    case FERRY_ECONNREFUSED: name = "ConnectionError"; break;
+    case FERRY_ESTALE: name = "StaleError"; break;
+    default: break;
+    }
+    PyObject *c = name && w_module ? PyObject_GetAttrString(w_module, name) : NULL;
+    if (!c) {
+        PyErr_Clear();
+        c = Py_NewRef(fp_error);
+    }
+    return c;
+}
+
+/* Raise the Error subclass of code with msg (NULL/empty: strerror) and
+ * e.code. Returns NULL. */
+static PyObject *w_raise(int code, const char *msg)
+{
+    if (code == FERRY_ENOMEM)
+        return PyErr_NoMemory();
+    PyObject *cls = w_err_class(code);
+    PyObject *e = PyObject_CallFunction(cls, "s", msg && *msg ? msg : ferry_strerror(code));
+    Py_DECREF(cls);
+    PyObject *c = e ? PyLong_FromLong(code) : NULL;
+    if (!c || PyObject_SetAttrString(e, "code", c) < 0) {
+        Py_XDECREF(c);
+        Py_XDECREF(e);
+        return NULL;
+    }
+    Py_DECREF(c);
+    PyErr_SetObject((PyObject *)Py_TYPE(e), e);
+    Py_DECREF(e);
+    return NULL;
+}
+
+static PyObject *w_raise_err(int code, const ferry_error *err)
+{
+    return w_raise(code, err ? err->msg : NULL);
+}
+
+/* ---- helpers ----------------------------------------------------------------------- */
+
+/* Run stmt without the GIL with the store marked busy. */
+#define W_CALL(store, stmt)                                                                                            \
+    do {                                                                                                               \
+        PyThreadState *w_save_;                                                                                        \
+        fp_store_busy((store), 1);                                                                                     \
+        w_save_ = PyEval_SaveThread();                                                                                 \
+        stmt;                                                                                                          \
+        PyEval_RestoreThread(w_save_);                                                                                 \
+        fp_store_busy((store), -1);                                                                                    \
+    } while (0)
+
+static int copy_str(char *dst, size_t cap, const char *src, const char *what)
+{
+    size_t n = strlen(src);
+    if (n >= cap) {
+        PyErr_Format(PyExc_ValueError, "%s is too long (at most %zu bytes)", what, cap - 1);
+        return -1;
+    }
+    memcpy(dst, src, n + 1);
+    return 0;
+}
+
+static PyObject *str_of(const char *s)
+{
+    return PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "surrogateescape");
+}
+
+/* UTF-8 of a str without NUL bytes; valid while o lives. */
+static const char *name_of(PyObject *o, const char *what)
+{
+    if (!PyUnicode_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "%s must be str, not %.100s", what, Py_TYPE(o)->tp_name);
+        return NULL;
+    }
+    Py_ssize_t n;
+    const char *k = PyUnicode_AsUTF8AndSize(o, &n);
+    if (k && (size_t)n != strlen(k)) {
+        PyErr_Format(PyExc_ValueError, "%s contains a NUL character", what);
+        return NULL;
+    }
+    return k;
+}
+
+/* A tuple copy of a sequence (holds its items for the duration of a call). */
+static PyObject *seq_hold(PyObject *o, const char *what)
+{
+    if (PyUnicode_Check(o) || PyBytes_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a list, not %.100s", what, Py_TYPE(o)->tp_name);
+        return NULL;
+    }
+    PyObject *t = PySequence_Tuple(o);
+    if (!t)
+        PyErr_Format(PyExc_TypeError, "%s must be a sequence", what);
+    return t;
+}
+
+/* A sequence of non-negative ints into a new array of n entries (PyMem). */
+static uint64_t *u64_seq(PyObject *o, size_t *n, uint64_t max, const char *what)
+{
+    PyObject *seq = seq_hold(o, what);
+    if (!seq)
+        return NULL;
+    size_t len = (size_t)PyTuple_GET_SIZE(seq);
+    uint64_t *v = PyMem_Calloc(len ? len : 1, sizeof *v);
+    if (!v) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (size_t i = 0; i < len; i++) {
+        unsigned long long x = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(seq, (Py_ssize_t)i));
+        if (x == (unsigned long long)-1 && PyErr_Occurred()) {
+            PyErr_Format(PyExc_ValueError, "%s[%zu] must be an int in [0, %llu]", what, i, (unsigned long long)max);
+            goto fail;
+        }
+        if (x > max) {
+            PyErr_Format(PyExc_ValueError, "%s[%zu] = %llu is above %llu", what, i, x, (unsigned long long)max);
+            goto fail;
+        }
+        v[i] = x;
+    }
+    Py_DECREF(seq);
+    *n = len;
+    return v;
+fail:
+    Py_DECREF(seq);
+    PyMem_Free(v);
+    return NULL;
+}
+
+static uint32_t *u32_of(const uint64_t *v, size_t n)
+{
+    uint32_t *o = PyMem_Calloc(n ? n : 1, sizeof *o);
+    if (!o) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++)
+        o[i] = (uint32_t)v[i];
+    return o;
+}
+
+static int dict_set(PyObject *d, const char *k, PyObject *v)
+{
+    if (!v)
+        return -1;
+    int rc = PyDict_SetItemString(d, k, v);
+    Py_DECREF(v);
+    return rc;
+}
+
+static PyObject *u64(uint64_t v)
+{
+    return PyLong_FromUnsignedLongLong(v);
+}
+
+static PyObject *entry_dict(const ferry_weight_entry *e)
+{
+    PyObject *d = PyDict_New();
+    if (!d || dict_set(d, "name", str_of(e->name)) < 0 || dict_set(d, "dtype", str_of(e->dtype)) < 0 ||
+        dict_set(d, "shape", fp_tuple_u64(e->shape, e->ndim)) < 0 || dict_set(d, "bytes", u64(e->bytes)) < 0 ||
+        dict_set(d, "checksum", u64(e->checksum)) < 0 ||
+        dict_set(d, "publisher", PyLong_FromUnsignedLong(e->publisher)) < 0 ||
+        dict_set(d, "segment", u64(e->segment)) < 0 || dict_set(d, "key", str_of(e->key)) < 0) {
+        Py_XDECREF(d);
+        return NULL;
+    }
+    return d;
+}
+
+static PyObject *update_stats_dict(const ferry_update_stats *st)
+{
+    PyObject *d = PyDict_New();
+    if (!d || dict_set(d, "generation", u64(st->generation)) < 0 || dict_set(d, "bytes_read", u64(st->bytes_read)) < 0 ||
+        dict_set(d, "ranges", u64(st->ranges)) < 0 || dict_set(d, "tensors", u64(st->tensors)) < 0 ||
+        dict_set(d, "bytes_pushed", u64(st->bytes_pushed)) < 0 ||
+        dict_set(d, "bytes_received", u64(st->bytes_received)) < 0 ||
+        dict_set(d, "group_bytes_read", u64(st->group_bytes_read)) < 0 ||
+        dict_set(d, "prepare_s", PyFloat_FromDouble(st->prepare_s)) < 0 ||
+        dict_set(d, "read_s", PyFloat_FromDouble(st->read_s)) < 0 ||
+        dict_set(d, "push_s", PyFloat_FromDouble(st->push_s)) < 0) {
+        Py_XDECREF(d);
+        return NULL;
+    }
+    return d;
+}
+
+/* ---- assign, convert, key ------------------------------------------------------------ */
+
+static PyObject *w_assign(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *so, *ro;
+    if (!PyArg_ParseTuple(args, "OO:weights_assign", &so, &ro))
+        return NULL;
+    size_t n = 0, nr = 0;
+    uint64_t *sizes = u64_seq(so, &n, UINT64_MAX, "sizes");
+    if (!sizes)
+        return NULL;
+    uint64_t *nodes64 = u64_seq(ro, &nr, UINT32_MAX, "rank_node");
+    uint32_t *nodes = nodes64 ? u32_of(nodes64, nr) : NULL;
+    uint32_t *pub = nodes ? PyMem_Calloc(n ? n : 1, sizeof *pub) : NULL;
+    PyObject *out = NULL;
+    if (nodes && !pub)
+        PyErr_NoMemory();
+    if (pub) {
+        if (nr > UINT32_MAX) {
+            PyErr_SetString(PyExc_ValueError, "too many ranks");
+        } else {
+            ferry_error err = {0};
+            int rc = ferry_weights_assign(sizes, n, nodes, (uint32_t)nr, pub, &err);
+            if (rc < 0) {
+                w_raise_err(rc, &err);
+            } else if ((out = PyList_New((Py_ssize_t)n))) {
+                for (size_t i = 0; i < n; i++) {
+                    PyObject *x = PyLong_FromUnsignedLong(pub[i]);
+                    if (!x) {
+                        Py_CLEAR(out);
+                        break;
+                    }
+                    PyList_SET_ITEM(out, (Py_ssize_t)i, x);
+                }
+            }
+        }
+    }
+    PyMem_Free(sizes);
+    PyMem_Free(nodes64);
+    PyMem_Free(nodes);
+    PyMem_Free(pub);
+    return out;
+}
+
+/* weights_convert(src, src_dtype, dst, dst_dtype, count): dst a writable
+ * C-contiguous buffer; both must hold count elements. */
+static PyObject *w_convert(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *so, *dobj;
+    const char *sd, *dd;
+    unsigned long long count;
+    if (!PyArg_ParseTuple(args, "OsOsK:weights_convert", &so, &sd, &dobj, &dd, &count))
+        return NULL;
+    uint32_t ss = ferry_dtype_size(sd), ds = ferry_dtype_size(dd);
+    if (!ss || !ds)
+        return w_raise(FERRY_EINVAL, "convert: dtypes are \"f32\", \"bf16\" or \"f16\"");
+    Py_buffer sv, dv;
+    if (PyObject_GetBuffer(so, &sv, PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(dobj, &dv, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&sv);
+        return NULL;
+    }
+    PyObject *out = NULL;
+    const char *sb = sv.buf, *db = dv.buf;
+    if (count > (unsigned long long)sv.len / ss || count > (unsigned long long)dv.len / ds) {
+        PyErr_Format(PyExc_ValueError, "convert: %llu elements do not fit the buffers (%zd and %zd bytes)", count,
+                     sv.len, dv.len);
+    } else if (count && sb < db + count * ds && db < sb + count * ss && !(sb == db && !strcmp(sd, dd))) {
+        PyErr_SetString(PyExc_ValueError, "convert: source and destination overlap");
+    } else {
+        int rc;
+        Py_BEGIN_ALLOW_THREADS rc = ferry_convert(sv.buf, sd, dv.buf, dd, (size_t)count);
+        Py_END_ALLOW_THREADS
+        if (rc < 0)
+            w_raise(rc, "convert: dtypes are \"f32\", \"bf16\" or \"f16\"");
+        else
+            out = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&sv);
+    PyBuffer_Release(&dv);
+    return out;
+}
+
+static PyObject *w_key(PyObject *self, PyObject *args)
+{
+    (void)self;
+    const char *model, *frag;
+    unsigned long long gen;
+    if (!PyArg_ParseTuple(args, "sKs:weights_key", &model, &gen, &frag))
+        return NULL;
+    size_t cap = strlen(model) + strlen(frag) + 64;
+    char *buf = PyMem_Malloc(cap);
+    if (!buf)
+        return PyErr_NoMemory();
+    int rc = ferry_weights_key(model, gen, frag, buf, cap);
+    PyObject *out = rc < 0 ? w_raise(rc, rc == FERRY_EINVAL ? "key: the model name is empty or holds '/'" : NULL)
+                           : PyUnicode_DecodeUTF8(buf, rc, "surrogateescape");
+    PyMem_Free(buf);
+    return out;
+}
+
+/* ---- reading ------------------------------------------------------------------------- */
+
+static PyObject *w_active(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *so;
+    const char *model;
+    if (!PyArg_ParseTuple(args, "Os:weights_active", &so, &model))
+        return NULL;
+    ferry_store *s = fp_store_handle(so);
+    if (!s)
+        return NULL;
+    uint64_t gen = 0;
+    uint8_t dig[16] = {0};
+    int rc;
+    W_CALL(so, rc = ferry_weights_active(s, model, &gen, dig));
+    if (rc == FERRY_ENOENT)
+        Py_RETURN_NONE;
+    if (rc < 0) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "active generation of %s: %s", model, ferry_strerror(rc));
+        return w_raise(rc, msg);
+    }
+    return Py_BuildValue("Ky#", (unsigned long long)gen, (const char *)dig, (Py_ssize_t)16);
+}
+
+static PyObject *w_manifest(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *so;
+    const char *model;
+    unsigned long long gen;
+    if (!PyArg_ParseTuple(args, "OsK:weights_manifest", &so, &model, &gen))
+        return NULL;
+    ferry_store *s = fp_store_handle(so);
+    if (!s)
+        return NULL;
+    ferry_weight_manifest m;
+    memset(&m, 0, sizeof m);
+    ferry_error err = {0};
+    int rc;
+    W_CALL(so, rc = ferry_weights_manifest(s, model, gen, &m, &err));
+    if (rc < 0)
+        return w_raise_err(rc, &err);
+    PyObject *l = PyList_New((Py_ssize_t)m.n);
+    for (size_t i = 0; l && i < m.n; i++) {
+        PyObject *d = entry_dict(&m.entries[i]);
+        if (!d) {
+            Py_CLEAR(l);
+            break;
+        }
+        PyList_SET_ITEM(l, (Py_ssize_t)i, d);
+    }
+    ferry_weight_manifest_free(&m);
+    return l;
+}
+
+/* ---- publishing ---------------------------------------------------------------------- */
+
+/* The ferry dtype of a little-endian struct format character and itemsize. */
+static const char *fmt_dtype(const char *fmt, Py_ssize_t itemsize)
+{
+    if (!fmt)
+        return itemsize == 1 ? "u8" : NULL;
+    if (*fmt == '<' || *fmt == '=' || *fmt == '@')
+        fmt++;
+    if (!fmt[0] || fmt[1])
+        return NULL;
+    const char *d = NULL;
+    switch (fmt[0]) {
+    case 'f': d = "f32"; break;
+    case 'e': d = "f16"; break;
+    case 'd': d = "f64"; break;
+    case '?': d = "bool"; break;
+    case 'b': d = "i8"; break;
+    case 'B': d = "u8"; break;
+    case 'h': d = "i16"; break;
+    case 'H': d = "u16"; break;
+    case 'i':
+    case 'l':
+    case 'q': d = itemsize == 8 ? "i64" : itemsize == 4 ? "i32" : NULL; break;
+    case 'I':
+    case 'L':
+    case 'Q': d = itemsize == 8 ? "u64" : itemsize == 4 ? "u32" : NULL; break;
+    default: break;
+    }
+    return d && ferry_dtype_size(d) == (uint32_t)itemsize ? d : NULL;
+}
+
+/* weights_publish(store, model, rank, world, rank_node, out_dtype, segment,
+ * keep, timeout_ms, generation, tensors) -> stats dict. tensors: (name,
+ * buffer) or (name, buffer, dtype), C-contiguous. */
+static PyObject *w_publish(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *so, *ro, *to;
+    const char *model, *out_dtype;
+    unsigned int rank, world, keep;
+    unsigned long long segment, timeout, gen;
+    if (!PyArg_ParseTuple(args, "OsIIOsKIKKO:weights_publish", &so, &model, &rank, &world, &ro, &out_dtype, &segment,
+                          &keep, &timeout, &gen, &to))
+        return NULL;
+    ferry_store *s = fp_store_handle(so);
+    if (!s)
+        return NULL;
+    ferry_publisher_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    if (copy_str(cfg.model, sizeof cfg.model, model, "model") < 0 ||
+        copy_str(cfg.out_dtype, sizeof cfg.out_dtype, out_dtype, "out_dtype") < 0)
+        return NULL;
+    cfg.rank = rank;
+    cfg.world = world;
+    cfg.segment = segment;
+    cfg.keep = keep;
+    cfg.timeout_ms = timeout;
+    size_t nr = 0;
+    uint64_t *nodes64 = u64_seq(ro, &nr, UINT32_MAX, "rank_node");
+    if (!nodes64)
+        return NULL;
+    uint32_t *nodes = u32_of(nodes64, nr);
+    PyMem_Free(nodes64);
+    if (!nodes)
+        return NULL;
+    if (nr != world) {
+        PyMem_Free(nodes);
+        return PyErr_Format(PyExc_ValueError, "rank_node has %zu entries for a world of %u", nr, world);
+    }
+    cfg.rank_node = nodes;
+    PyObject *items = seq_hold(to, "tensors");
+    if (!items) {
+        PyMem_Free(nodes);
+        return NULL;
+    }
+    size_t n = (size_t)PyTuple_GET_SIZE(items), held = 0;
+    ferry_weight_tensor *t = PyMem_Calloc(n ? n : 1, sizeof *t);
+    Py_buffer *v = PyMem_Calloc(n ? n : 1, sizeof *v);
+    PyObject *out = NULL;
+    if (!t || !v) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++) {
+        PyObject *it = PyTuple_GET_ITEM(items, (Py_ssize_t)i);
+        if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) < 2 || PyTuple_GET_SIZE(it) > 3) {
+            PyErr_Format(PyExc_TypeError, "tensors[%zu] must be (name, array) or (name, array, dtype)", i);
+            goto done;
+        }
+        if (!(t[i].name = name_of(PyTuple_GET_ITEM(it, 0), "tensor name")))
+            goto done;
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(it, 1), &v[i], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+            goto done;
+        held++;
+        if (PyTuple_GET_SIZE(it) == 3) {
+            if (!(t[i].dtype = name_of(PyTuple_GET_ITEM(it, 2), "dtype")))
+                goto done;
+            if (ferry_dtype_size(t[i].dtype) != (uint32_t)v[i].itemsize) {
+                PyErr_Format(PyExc_ValueError, "tensor %s: dtype %s does not match the array's %zd-byte elements",
+                             t[i].name, t[i].dtype, v[i].itemsize);
+                goto done;
+            }
+        } else if (!(t[i].dtype = fmt_dtype(v[i].format, v[i].itemsize))) {
+            PyErr_Format(PyExc_ValueError,
+                         "tensor %s: no ferry dtype for buffer format '%s' (pass (name, array, dtype))", t[i].name,
+                         v[i].format ? v[i].format : "B");
+            goto done;
+        }
+        if (v[i].ndim > FERRY_MAX_DIMS) {
+            PyErr_Format(PyExc_ValueError, "tensor %s: at most %d dims", t[i].name, FERRY_MAX_DIMS);
+            goto done;
+        }
+        t[i].ndim = (uint32_t)v[i].ndim;
+        for (int d = 0; d < v[i].ndim; d++)
+            t[i].shape[d] = (uint64_t)v[i].shape[d];
+        t[i].data = v[i].buf;
+    }
+    ferry_publish_stats st;
+    memset(&st, 0, sizeof st);
+    ferry_error err = {0};
+    int rc;
+    W_CALL(so, rc = ferry_publish(s, &cfg, gen, t, n, &st, &err));
+    if (rc < 0) {
+        w_raise_err(rc, &err);
+        goto done;
+    }
+    out = PyDict_New();
+    if (!out || dict_set(out, "generation", u64(gen)) < 0 || dict_set(out, "tensors", u64(st.tensors)) < 0 ||
+        dict_set(out, "bytes", u64(st.bytes)) < 0 || dict_set(out, "total_tensors", u64(st.total_tensors)) < 0 ||
+        dict_set(out, "total_bytes", u64(st.total_bytes)) < 0 ||
+        dict_set(out, "cross_node_bytes", u64(st.cross_node_bytes)) < 0 ||
+        dict_set(out, "put_s", PyFloat_FromDouble(st.put_s)) < 0 ||
+        dict_set(out, "commit_s", PyFloat_FromDouble(st.commit_s)) < 0 ||
+        dict_set(out, "removed_generations", u64(st.removed_generations)) < 0)
+        Py_CLEAR(out);
+done:
+    for (size_t i = 0; i < held; i++)
+        PyBuffer_Release(&v[i]);
+    PyMem_Free(v);
+    PyMem_Free(t);
+    Py_DECREF(items);
+    PyMem_Free(nodes);
+    return out;
+}
+
+/* ---- shards ---------------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject *items;          /* the caller's shard tuples, held (names live in them) */
+    ferry_param_shard *sh;
+    Py_buffer *views;         /* one held export per shard */
+    Py_ssize_t *itemsize;
+    size_t n, held;
+} w_shards;
+
+static void shards_free(w_shards *w)
+{
+    for (size_t i = 0; i < w->held; i++)
+        PyBuffer_Release(&w->views[i]);
+    PyMem_Free(w->views);
+    PyMem_Free(w->sh);
+    PyMem_Free(w->itemsize);
+    Py_CLEAR(w->items);
+    memset(w, 0, sizeof *w);
+}
+
+/* shards: (tensor name, global offset, writable buffer with strides). The
+ * box's shape and strides are the buffer's; 0 or -1. */
+static int shards_from(w_shards *w, PyObject *o)
+{
+    memset(w, 0, sizeof *w);
+    if (!(w->items = seq_hold(o, "shards")))
+        return -1;
+    size_t n = (size_t)PyTuple_GET_SIZE(w->items);
+    w->sh = PyMem_Calloc(n ? n : 1, sizeof *w->sh);
+    w->views = PyMem_Calloc(n ? n : 1, sizeof *w->views);
+    w->itemsize = PyMem_Calloc(n ? n : 1, sizeof *w->itemsize);
+    if (!w->sh || !w->views || !w->itemsize) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    w->n = n;
+    for (size_t i = 0; i < n; i++) {
+        PyObject *it = PyTuple_GET_ITEM(w->items, (Py_ssize_t)i);
+        ferry_param_shard *sh = &w->sh[i];
+        if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 3) {
+            PyErr_Format(PyExc_TypeError, "shards[%zu] must be (tensor name, offset, array)", i);
+            goto fail;
+        }
+        if (!(sh->tensor = name_of(PyTuple_GET_ITEM(it, 0), "tensor name")))
+            goto fail;
+        Py_buffer *v = &w->views[i];
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(it, 2), v, PyBUF_STRIDES | PyBUF_WRITABLE) < 0)
+            goto fail;
+        w->held++;
+        uint32_t nd = 0;
+        if (fp_dims(PyTuple_GET_ITEM(it, 1), sh->offset, &nd, "offset") < 0)
+            goto fail;
+        if (nd == UINT32_MAX)
+            nd = (uint32_t)v->ndim;   /* None: the origin */
+        if (v->ndim < 1 || v->ndim > FERRY_MAX_DIMS || nd != (uint32_t)v->ndim) {
+            PyErr_Format(PyExc_ValueError, "shard %zu (%s): the array has %d dims and the offset %u", i, sh->tensor,
+                         v->ndim, nd);
+            goto fail;
+        }
+        sh->ndim = nd;
+        sh->dst = v->buf;
+        w->itemsize[i] = v->itemsize;
+        int contiguous = PyBuffer_IsContiguous(v, 'C');
+        for (int d = 0; d < v->ndim; d++) {
+            sh->shape[d] = (uint64_t)v->shape[d];
+            Py_ssize_t b = v->strides ? v->strides[d] : 0;
+            if (contiguous)
+                continue;
+            if (b < 0 || v->itemsize <= 0 || b % v->itemsize) {
+                PyErr_Format(PyExc_ValueError,
+                             "shard %zu (%s): stride %zd of dim %d is not a non-negative multiple of the "
+                             "%zd-byte elements",
+                             i, sh->tensor, b, d, v->itemsize);
+                goto fail;
+            }
+            sh->strides[d] = (int64_t)(b / v->itemsize);
+        }
+    }
+    return 0;
+fail:
+    shards_free(w);
+    return -1;
+}
+
+static int entry_cmp(const void *a, const void *b)
+{
+    return strcmp((*(const ferry_weight_entry *const *)a)->name, (*(const ferry_weight_entry *const *)b)->name);
+}
+
+/* Without the GIL: when the active generation is not current, check that
+ * every shard's itemsize is its published dtype's (the library cannot: it
+ * knows the destination's box, not its element size). A shard naming no
+ * published tensor is left to the update (which names it). 0, or a
+ * negative code with msg set (FERRY_EINVAL: a mismatch). */
+static int shards_check(ferry_store *s, const char *model, uint64_t current, const w_shards *w, char *msg,
+                        size_t cap)
+{
+    uint64_t gen = 0;
+    uint8_t dig[16];
+    int rc = ferry_weights_active(s, model, &gen, dig);
+    if (rc == FERRY_ENOENT || (rc == 0 && gen == current) || w->n == 0)
+        return 0;   /* the update reports no generation / reads nothing */
+    if (rc < 0) {
+        snprintf(msg, cap, "active generation of %s: %s", model, ferry_strerror(rc));
+        return rc;
+    }
+    ferry_weight_manifest m;
+    memset(&m, 0, sizeof m);
+    ferry_error err = {0};
+    if ((rc = ferry_weights_manifest(s, model, gen, &m, &err)) < 0) {
+        snprintf(msg, cap, "%s", err.msg[0] ? err.msg : ferry_strerror(rc));
+        return rc;
+    }
+    const ferry_weight_entry **by = malloc((m.n ? m.n : 1) * sizeof *by);
+    if (!by) {
+        ferry_weight_manifest_free(&m);
+        return FERRY_ENOMEM;
+    }
+    for (size_t i = 0; i < m.n; i++)
+        by[i] = &m.entries[i];
+    qsort(by, m.n, sizeof *by, entry_cmp);
+    ferry_weight_entry key;
+    const ferry_weight_entry *kp = &key;
+    for (size_t i = 0; i < w->n && rc == 0; i++) {
+        snprintf(key.name, sizeof key.name, "%s", w->sh[i].tensor);
+        const ferry_weight_entry **e = bsearch(&kp, by, m.n, sizeof *by, entry_cmp);
+        if (!e)
+            continue;
+        uint32_t size = ferry_dtype_size((*e)->dtype);
+        if (size != (uint32_t)w->itemsize[i]) {
+            snprintf(msg, cap,
+                     "shard %zu (%s): the array's %zd-byte elements do not match the published dtype %s of "
+                     "generation %llu",
+                     i, w->sh[i].tensor, w->itemsize[i], (*e)->dtype, (unsigned long long)gen);
+            rc = FERRY_EINVAL;
+        }
+    }
+    free(by);
+    ferry_weight_manifest_free(&m);
+    return rc;
+}
+
+/* ---- updates --------------------------------------------------------------------------- */
+
+/* weights_update_direct(store, model, shards, generation) -> stats dict. */
+static PyObject *w_update_direct(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *so, *sho;
+    const char *model;
+    unsigned long long gen;
+    if (!PyArg_ParseTuple(args, "OsOK:weights_update_direct", &so, &model, &sho, &gen))
+        return NULL;
+    ferry_store *s = fp_store_handle(so);
+    if (!s)
+        return NULL;
+    w_shards w;
+    if (shards_from(&w, sho) < 0)
+        return NULL;
+    ferry_update_stats st;
+    memset(&st, 0, sizeof st);
+    ferry_error err = {0};
+    uint64_t g = gen;
+    int rc;
+    W_CALL(so, rc = shards_check(s, model, g, &w, err.msg, sizeof err.msg);
+           if (rc == 0) rc = ferry_weights_update_direct(s, model, &g, w.sh, w.n, &st, &err));
+    shards_free(&w);
+    if (rc < 0)
+        return w_raise_err(rc, &err);
+    st.generation = g;
+    return update_stats_dict(&st);
+}
+
+typedef struct {
+    PyObject *fn;
+    PyThreadState *ts;
+    PyObject *exc[3];   /* raised by fn (type, value, traceback): re-raised after the update */
+} compat_ctx;
+
+static int compat_cb(void *ctx, const ferry_weight_entry *e, const void *data)
+{
+    compat_ctx *c = ctx;
+    PyEval_RestoreThread(c->ts);
+    int rc = 0;
+    PyObject *d = entry_dict(e);
+    PyObject *b = d ? PyByteArray_FromStringAndSize(data, (Py_ssize_t)e->bytes) : NULL;
+    PyObject *r = b ? PyObject_CallFunctionObjArgs(c->fn, d, b, NULL) : NULL;
+    if (!r) {
+        PyErr_Fetch(&c->exc[0], &c->exc[1], &c->exc[2]);
+        rc = FERRY_ECANCELED;
+    }
+    Py_XDECREF(r);
+    Py_XDECREF(b);
+    Py_XDECREF(d);
+    c->ts = PyEval_SaveThread();
+    return rc;
+}
+
+/* weights_update_compat(store, model, generation, fn) -> stats dict; fn(entry
+ * dict, bytearray of the tensor) for every tensor in manifest order. */
+static PyObject *w_update_compat(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *so, *fn;
+    const char *model;
+    unsigned long long gen;
+    if (!PyArg_ParseTuple(args, "OsKO:weights_update_compat", &so, &model, &gen, &fn))
+        return NULL;
+    ferry_store *s = fp_store_handle(so);
+    if (!s)
+        return NULL;
+    if (!PyCallable_Check(fn))
+        return PyErr_Format(PyExc_TypeError, "fn must be callable");
+    compat_ctx c = {.fn = fn};
+    ferry_update_stats st;
+    memset(&st, 0, sizeof st);
+    ferry_error err = {0};
+    uint64_t g = gen;
+    int rc;
+    fp_store_busy(so, 1);
+    c.ts = PyEval_SaveThread();
+    rc = ferry_weights_update_compat(s, model, &g, compat_cb, &c, &st, &err);
+    PyEval_RestoreThread(c.ts);
+    fp_store_busy(so, -1);
+    if (c.exc[0]) {
+        PyErr_Restore(c.exc[0], c.exc[1], c.exc[2]);
+        return NULL;
+    }
+    if (rc < 0)
+        return w_raise_err(rc, &err);
+    st.generation = g;
+    return update_stats_dict(&st);
+}
+
+/* ---- WeightSubscriber ------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *store;          /* strong reference, marked busy while open */
+    ferry_subscriber *sub;
+    w_shards shards;          /* the parameter buffers stay held until close */
+    char model[128];
+    uint64_t generation;
+    int inflight;
+} SubObject;
+
+static void sub_close_now(SubObject *self)
+{
+    ferry_subscriber *sub = self->sub;
+    self->sub = NULL;
+    if (sub) {
+        Py_BEGIN_ALLOW_THREADS ferry_subscriber_close(sub);
+        Py_END_ALLOW_THREADS
+        fp_store_busy(self->store, -1);
+    }
+    shards_free(&self->shards);
+}
+
+static int sub_init(SubObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"store", "model", "group", "rank", "world", "shards", "timeout_ms", NULL};
+    PyObject *so, *sho;
+    const char *model, *group;
+    unsigned int rank, world;
+    unsigned long long timeout = 60000;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OssIIO|K:WeightSubscriber", kwl, &so, &model, &group, &rank, &world,
+                                     &sho, &timeout))
+        return -1;
+    if (self->sub || self->store) {
+        PyErr_SetString(PyExc_ValueError, "the subscriber is already open");
+        return -1;
+    }
+    ferry_store *s = fp_store_handle(so);
+    if (!s)
+        return -1;
+    ferry_subscriber_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    if (copy_str(cfg.model, sizeof cfg.model, model, "model") < 0 ||
+        copy_str(cfg.group, sizeof cfg.group, group, "group") < 0)
+        return -1;
+    memcpy(self->model, cfg.model, sizeof self->model);
+    cfg.rank = rank;
+    cfg.world = world;
+    cfg.timeout_ms = timeout;
+    if (shards_from(&self->shards, sho) < 0)
+        return -1;
+    ferry_error err = {0};
+    ferry_subscriber *sub = NULL;
+    int rc;
+    W_CALL(so, rc = ferry_subscriber_open(s, &cfg, self->shards.sh, self->shards.n, &sub, &err));
+    if (rc < 0) {
+        shards_free(&self->shards);
+        w_raise_err(rc, &err);
+        return -1;
+    }
+    self->sub = sub;
+    self->store = Py_NewRef(so);
+    fp_store_busy(so, 1);   /* until close */
+    return 0;
+}
+
+static SubObject *sub_open(SubObject *self)
+{
+    if (!self->sub) {
+        PyErr_SetString(PyExc_ValueError, "the subscriber is closed");
+        return NULL;
+    }
+    if (self->inflight) {
+        w_raise(FERRY_EBUSY, "an update is already running on this subscriber");
+        return NULL;
+    }
+    return self;
+}
+
+static PyObject *sub_update(SubObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (!sub_open(self))
+        return NULL;
+    ferry_store *s = fp_store_handle(self->store);
+    if (!s)
+        return NULL;
+    ferry_update_stats st;
+    memset(&st, 0, sizeof st);
+    ferry_error err = {0};
+    uint64_t g = self->generation;
+    int rc;
+    self->inflight++;
+    Py_BEGIN_ALLOW_THREADS rc = shards_check(s, self->model, g, &self->shards, err.msg, sizeof err.msg);
+    if (rc == 0)
+        rc = ferry_subscriber_update(self->sub, &g, &st, &err);
+    Py_END_ALLOW_THREADS self->inflight--;
+    if (rc < 0)
+        return w_raise_err(rc, &err);
+    self->generation = g;
+    st.generation = g;
+    return update_stats_dict(&st);
+}
+
+static PyObject *sub_close(SubObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (self->inflight)
+        return w_raise(FERRY_EBUSY, "close: an update is still running on this subscriber");
+    sub_close_now(self);
+    Py_CLEAR(self->store);
+    Py_RETURN_NONE;
+}
+
+static PyObject *sub_enter(SubObject *self, PyObject *unused)
+{
+    (void)unused;
+    return Py_NewRef((PyObject *)self);
+}
+
+static PyObject *sub_exit(SubObject *self, PyObject *args)
+{
+    (void)args;
+    PyObject *r = sub_close(self, NULL);
+    if (!r)
+        return NULL;
+    Py_DECREF(r);
+    Py_RETURN_FALSE;
+}
+
+static void sub_dealloc(SubObject *self)
+{
+    sub_close_now(self);
+    Py_CLEAR(self->store);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *sub_get_generation(SubObject *self, void *closure)
+{
+    (void)closure;
+    return PyLong_FromUnsignedLongLong(self->generation);
+}
+
+static PyObject *sub_get_closed(SubObject *self, void *closure)
+{
+    (void)closure;
+    return PyBool_FromLong(self->sub == NULL);
+}
+
+static PyMethodDef sub_methods[] = {
+    {"update", (PyCFunction)sub_update, METH_NOARGS,
+     "update() -> stats: take the active generation with the whole group (every member calls it)"},
+    {"close", (PyCFunction)sub_close, METH_NOARGS, "close(): deregister the parameters and release the arrays"},
+    {"__enter__", (PyCFunction)sub_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)sub_exit, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef sub_getset[] = {
+    {"generation", (getter)sub_get_generation, NULL, "the generation the parameters hold (0: none yet)", NULL},
+    {"closed", (getter)sub_get_closed, NULL, "whether close() ran", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject SubType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ferry.WeightSubscriber",
+    .tp_basicsize = sizeof(SubObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "WeightSubscriber(store, model, group, rank, world, shards, timeout_ms=60000): single-pull "
+              "updates of a rollout group's parameters (see ferry.weights)",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)sub_init,
+    .tp_dealloc = (destructor)sub_dealloc,
+    .tp_methods = sub_methods,
+    .tp_getset = sub_getset,
+};
+
+/* ---- module ------------------------------------------------------------------------------- */
+
+static PyMethodDef w_methods[] = {
+    {"weights_assign", w_assign, METH_VARARGS, "weights_assign(sizes, rank_node) -> publisher rank per tensor"},
+    {"weights_convert", w_convert, METH_VARARGS, "weights_convert(src, src_dtype, dst, dst_dtype, count)"},
+    {"weights_key", w_key, METH_VARARGS, "weights_key(model, generation, fragment) -> store key"},
+    {"weights_active", w_active, METH_VARARGS, "weights_active(store, model) -> (generation, digest) or None"},
+    {"weights_manifest", w_manifest, METH_VARARGS, "weights_manifest(store, model, generation) -> [entry dict]"},
+    {"weights_publish", w_publish, METH_VARARGS,
+     "weights_publish(store, model, rank, world, rank_node, out_dtype, segment, keep, timeout_ms, generation, "
+     "tensors) -> stats"},
+    {"weights_update_direct", w_update_direct, METH_VARARGS,
+     "weights_update_direct(store, model, shards, generation) -> stats"},
+    {"weights_update_compat", w_update_compat, METH_VARARGS,
+     "weights_update_compat(store, model, generation, fn) -> stats; fn(entry, bytearray) per tensor"},
+    {NULL, NULL, 0, NULL},
+};
+
+int fp_weights_init(PyObject *m)
+{
+    w_module = m;
+    if (PyModule_AddFunctions(m, w_methods) < 0 || PyType_Ready(&SubType) < 0 ||
+        PyModule_AddObjectRef(m, "WeightSubscriber", (PyObject *)&SubType) < 0)
+        return -1;
+    return 0;
+}

@@ -1,0 +1,211 @@
+"""ferry.weights: publishing policy generations from trainer ranks and
+updating rollout workers from the store (docs/weights.md, "Python").
+
+- :class:`WeightPublisher` — every trainer rank publishes the same ordered
+  tensors; each tensor is stored once by the rank ``assign`` picks.
+- :class:`WeightSubscriber` — single-pull update of a rollout group: each
+  byte read from the store once by one worker and pushed to the others.
+- :func:`update_direct` — each worker reads its own demand (the baseline).
+- :func:`update_compat` — every full tensor, for a ``load_weights(iterable)``
+  loader.
+- :func:`active`, :func:`manifest`, :func:`assign`, :func:`convert`,
+  :func:`key`.
+
+Arrays are numpy arrays. bf16 has no numpy dtype: bf16 data is carried in
+``uint16`` arrays (the raw 16-bit words), f16 in ``float16``, f32 in
+``float32``. Every call that touches the store runs with the GIL released.
+"""
+
+import collections
+
+from . import _ferry
+from ._ferry import WeightSubscriber
+
+__all__ = ["WeightPublisher", "WeightSubscriber", "assign", "convert", "key", "active", "manifest",
+           "update_direct", "update_compat", "CompatUpdate", "numpy_dtype"]
+
+# ferry dtype -> numpy dtype name of its arrays
+_NUMPY = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "uint16",
+          "i64": "int64", "i32": "int32", "i16": "int16", "i8": "int8",
+          "u64": "uint64", "u32": "uint32", "u16": "uint16", "u8": "uint8", "bool": "bool",
+          "fp8_e4m3": "uint8", "fp8_e5m2": "uint8"}
+_CONVERTIBLE = ("f32", "bf16", "f16")
+
+
+def numpy_dtype(dtype):
+    """The numpy dtype that holds elements of ferry dtype ``dtype`` ("bf16" ->
+    uint16 raw words, "f16" -> float16, "f32" -> float32, ...)."""
+    import numpy as np
+    try:
+        return np.dtype(_NUMPY[dtype])
+    except KeyError:
+        raise ValueError(f"unknown ferry dtype {dtype!r} (known: {sorted(_NUMPY)})") from None
+
+
+def assign(sizes, rank_node):
+    """The publisher rank of each tensor (``ferry_weights_assign``): sizes in
+    bytes, in tensor order; ``rank_node[r]`` the node of trainer rank r. The
+    same inputs give the same answer on every rank."""
+    return _ferry.weights_assign(list(sizes), list(rank_node))
+
+
+def convert(array, src_dtype, dst_dtype):
+    """A new array holding ``array``'s elements converted from ``src_dtype`` to
+    ``dst_dtype`` ("f32", "bf16", "f16"; round to nearest, ties to even), same
+    shape. The input's itemsize must be ``src_dtype``'s (bf16: a uint16 array
+    of raw words); the output is float32 for "f32", float16 for "f16" and
+    uint16 (raw words) for "bf16"."""
+    import numpy as np
+    for d in (src_dtype, dst_dtype):
+        if d not in _CONVERTIBLE:
+            raise ValueError(f"convert: dtype {d!r} is not one of {_CONVERTIBLE}")
+    a = np.ascontiguousarray(array)
+    if a.dtype.itemsize != numpy_dtype(src_dtype).itemsize:
+        raise ValueError(f"convert: {a.dtype} elements are not {src_dtype}")
+    out = np.empty(a.shape, dtype=numpy_dtype(dst_dtype))
+    _ferry.weights_convert(a, src_dtype, out, dst_dtype, a.size)
+    return out
+
+
+def key(model, generation, fragment):
+    """The store key of one object of a generation:
+    ``ferry/w/<model>/<generation, 20 digits>/<fragment>``."""
+    return _ferry.weights_key(model, generation, fragment)
+
+
+def active(store, model):
+    """``(generation, digest)`` of the model's announced generation (digest:
+    the 16-byte XXH3-128 of its manifest), or None when none is."""
+    return _ferry.weights_active(store, model)
+
+
+def manifest(store, model, generation=None):
+    """The tensors of a generation (default: the active one), in publish
+    order: dicts with name, dtype, shape, bytes, checksum (XXH3-64),
+    publisher (trainer rank), segment and key. The digest is checked when it
+    is the active generation."""
+    if generation is None:
+        a = active(store, model)
+        if a is None:
+            raise _ferry.NotFoundError(f"model {model} has no active generation")
+        generation = a[0]
+    return _ferry.weights_manifest(store, model, int(generation))
+
+
+def _tensor_item(i, t):
+    import numpy as np
+    if not isinstance(t, (tuple, list)) or len(t) not in (2, 3):
+        raise TypeError(f"tensors[{i}] must be (name, array) or (name, array, dtype)")
+    name, a = t[0], t[1]
+    if not isinstance(a, np.ndarray):
+        a = np.asarray(a)
+    if not a.flags.c_contiguous:
+        raise ValueError(f"tensor {name}: the array is not C-contiguous")
+    if len(t) == 3:
+        return (name, a, t[2])
+    if a.dtype == np.float32 or a.dtype == np.float16:
+        return (name, a)
+    raise ValueError(f"tensor {name}: dtype {a.dtype}: pass float32/float16 arrays, "
+                     f"or (name, array, dtype) (bf16: a uint16 array of raw words)")
+
+
+class WeightPublisher:
+    """One trainer rank's publisher of a model's generations.
+
+    ``rank_node[r]`` is the node of trainer rank r (default: all on node 0);
+    ``out_dtype`` the rollout dtype ("f32", "bf16", "f16"; None keeps each
+    tensor's); ``segment`` this node's store segment, preferred for the
+    tensors this rank stores (0: none); ``keep`` generations retained;
+    ``timeout_ms`` the wait for every rank at the barrier."""
+
+    def __init__(self, store, model, rank, world, rank_node=None, out_dtype=None, segment=0, keep=2,
+                 timeout_ms=60000):
+        if rank_node is None:
+            rank_node = [0] * world
+        rank_node = [int(n) for n in rank_node]
+        if len(rank_node) != world:
+            raise ValueError(f"rank_node has {len(rank_node)} entries for a world of {world}")
+        if not 0 <= rank < world:
+            raise ValueError(f"rank {rank} is not in a world of {world}")
+        if out_dtype is not None and out_dtype not in _CONVERTIBLE:
+            raise ValueError(f"out_dtype {out_dtype!r} is not one of {_CONVERTIBLE}")
+        self.store, self.model, self.rank, self.world = store, model, rank, world
+        self.rank_node, self.out_dtype, self.segment = rank_node, out_dtype, segment
+        self.keep, self.timeout_ms = keep, timeout_ms
+
+    def publish(self, generation, tensors):
+        """Publish ``generation`` (newer than every earlier one) from this
+        rank: every rank passes the same ordered ``(name, array)`` list —
+        float32/float16 arrays, or ``(name, uint16_array, "bf16")`` — each
+        the full, C-contiguous tensor. Returns this rank's stats (tensors,
+        bytes, total_tensors, total_bytes, cross_node_bytes, put_s,
+        commit_s, removed_generations). Raises a ferry.Error subclass when
+        any rank failed (no generation is announced then)."""
+        items = [_tensor_item(i, t) for i, t in enumerate(tensors)]
+        return _ferry.weights_publish(self.store, self.model, self.rank, self.world, self.rank_node,
+                                      self.out_dtype or "", self.segment, self.keep, self.timeout_ms,
+                                      int(generation), items)
+
+    def __repr__(self):
+        return f"WeightPublisher(model={self.model!r}, rank={self.rank}, world={self.world})"
+
+
+def update_direct(store, model, shards, generation=0):
+    """Parameter-direct update, this worker reading its own demand from the
+    store. ``shards``: ``(tensor_name, global_offset, array)`` — the array
+    (any writable strided numpy array, e.g. a view into a padded buffer)
+    receives the box ``[offset, offset + array.shape)`` of the published
+    tensor; its itemsize must be the published dtype's. ``generation`` is
+    the worker's current one: nothing is read when it is already active.
+    Returns stats; ``stats["generation"]`` is the generation now held."""
+    return _ferry.weights_update_direct(store, model, list(shards), int(generation))
+
+
+def _array(entry, data):
+    import numpy as np
+    return np.frombuffer(data, dtype=numpy_dtype(entry["dtype"])).reshape(entry["shape"])
+
+
+class CompatUpdate:
+    """The tensors of one compatibility update: iterate for ``(name,
+    array)`` pairs in manifest order (each array is dropped from here as it
+    is yielded); ``generation`` and ``stats`` tell what was read."""
+
+    def __init__(self, items, stats):
+        self._items = items
+        self.stats = stats
+        self.generation = stats["generation"]
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            return self._items.popleft()
+        except IndexError:
+            raise StopIteration from None
+
+    def __len__(self):
+        return len(self._items)
+
+
+def update_compat(store, model, generation=0, fn=None):
+    """Compatibility update: every tensor of the active generation, whole
+    and checksum-verified, in manifest order, as numpy arrays of the
+    published dtype (bf16: uint16 raw words; convert with :func:`convert`).
+
+    With ``fn``: ``fn(name, array)`` is called for each tensor as it is
+    read (one tensor in memory at a time; the array is the caller's to
+    keep; an exception from fn stops the update and propagates); returns
+    the stats. Without: every tensor is read first and a
+    :class:`CompatUpdate` is returned — an iterator of ``(name, array)``
+    ready for ``load_weights(iterable)``, which holds the whole generation
+    in memory until iterated (prefer ``fn`` for large models). Nothing is
+    read when ``generation`` is already the active one (empty iterator)."""
+    if fn is not None:
+        return _ferry.weights_update_compat(store, model, int(generation),
+                                            lambda e, data: fn(e["name"], _array(e, data)))
+    items = collections.deque()
+    stats = _ferry.weights_update_compat(store, model, int(generation),
+                                         lambda e, data: items.append((e["name"], _array(e, data))))
+    return CompatUpdate(items, stats)

@@ -1,0 +1,426 @@
+"""ferry.weights against a real cluster: one `ferry master` and one `ferry
+node` started for this module (FERRY_BIN, default build/ferry). Trainer ranks
+and rollout workers are threads, each with its own ferry.Store."""
+
+import os
+import secrets
+import selectors
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import ferry
+from ferry import weights
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FERRY_BIN = os.environ.get("FERRY_BIN", os.path.join(REPO, "build", "ferry"))
+NODE_SIZE = 64 << 20
+START_S = 30.0          # deadline for the master and the node to come up
+RUN_S = 60.0            # deadline for a group of rank threads
+TIMEOUT_MS = 20000      # barriers inside ferry
+
+
+def _kill(p):
+    if p.poll() is None:
+        p.terminate()
+        try:
+            p.wait(5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _log_tail(path):
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()[-3000:]
+    except OSError:
+        return ""
+
+
+def _wait_addr(path, proc, log, deadline):
+    """HOST:PORT from the master's address file, polled until the deadline."""
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"ferry master exited with {proc.returncode}:\n{_log_tail(log)}")
+        try:
+            with open(path) as f:
+                addr = f.read().strip()
+            if addr:
+                return addr
+        except FileNotFoundError:
+            pass
+        time.sleep(0.01)
+    raise RuntimeError(f"ferry master did not write {path} in {START_S} s:\n{_log_tail(log)}")
+
+
+def _wait_line(proc, word, deadline):
+    """Read proc's stdout line by line until one contains word."""
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    seen = []
+    buf = b""
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(f"no '{word}' line in {START_S} s; output so far: {seen}")
+            if not sel.select(left):
+                continue
+            chunk = os.read(proc.stdout.fileno(), 4096)
+            if not chunk:
+                raise RuntimeError(f"exited ({proc.wait()}) before '{word}'; output: {seen}")
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                text = line.decode(errors="replace")
+                seen.append(text)
+                if word in text:
+                    return text
+    finally:
+        sel.close()
+
+
+def _drain(stream):
+    for _ in iter(lambda: stream.read(4096), b""):
+        pass
+
+
+class Cluster:
+    def __init__(self, addr, token_file):
+        self.addr, self.token_file = addr, token_file
+
+    def store(self, **kw):
+        kw.setdefault("master", self.addr)
+        kw.setdefault("token_file", self.token_file)
+        return ferry.Store(**kw)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    if not os.access(FERRY_BIN, os.X_OK):
+        pytest.skip(f"no ferry binary at {FERRY_BIN} (set FERRY_BIN)")
+    tmp = tmp_path_factory.mktemp("weights")
+    procs, drains = [], []
+    try:
+        tok = tmp / "token"
+        tok.write_text(secrets.token_hex(32) + "\n")
+        os.chmod(tok, 0o600)
+        env = dict(os.environ)
+        for k in ("FERRY_MASTER", "FERRY_TOKEN", "FERRY_TOKEN_FILE", "FERRY_FAULT"):
+            env.pop(k, None)
+        mlog = tmp / "master.log"
+        with open(mlog, "wb") as lf:
+            master = subprocess.Popen([FERRY_BIN, "master", "--dir", str(tmp / "m"), "--listen", "127.0.0.1:0",
+                                       "--addr-file", str(tmp / "addr"), "--token-file", str(tok)],
+                                      stdin=subprocess.DEVNULL, stdout=lf, stderr=subprocess.STDOUT, env=env)
+        procs.append(master)
+        addr = _wait_addr(tmp / "addr", master, mlog, time.monotonic() + START_S)
+        node = subprocess.Popen([FERRY_BIN, "node", "--master", addr, "--size", f"{NODE_SIZE >> 20}M",
+                                 "--token-file", str(tok)],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=None, env=env)
+        procs.append(node)
+        _wait_line(node, "mounted", time.monotonic() + START_S)
+        drain = threading.Thread(target=_drain, args=(node.stdout,), daemon=True)
+        drain.start()
+        drains.append((drain, node.stdout))
+        c = Cluster(addr, str(tok))
+        with c.store() as s:
+            deadline = time.monotonic() + START_S
+            while len(s.status()["segments"]) < 1:
+                assert time.monotonic() < deadline, s.status()
+                time.sleep(0.01)
+        yield c
+    finally:
+        for p in reversed(procs):
+            _kill(p)
+        for t, stream in drains:
+            t.join(5)        # the node is gone: its output ends
+            if not t.is_alive():
+                stream.close()
+
+
+@pytest.fixture(scope="module")
+def store(cluster):
+    s = cluster.store()
+    yield s
+    s.close()
+
+
+def _run_ranks(world, fn):
+    """fn(rank, barrier) on `world` threads at once; returns their results
+    in rank order (or their exceptions, as objects)."""
+    barrier = threading.Barrier(world, timeout=RUN_S)
+    out = [None] * world
+
+    def body(r):
+        try:
+            out[r] = fn(r, barrier)
+        except BaseException as e:   # noqa: B902 - handed to the test
+            out[r] = e
+
+    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(world)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + RUN_S
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+        assert not t.is_alive(), "a rank thread did not finish in time"
+    return out
+
+
+def _raise_any(results):
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return results
+
+
+# ---- the published model --------------------------------------------------------------------
+
+def _source(gen):
+    """The ordered tensors every rank passes: f32, f16 and bf16 (raw words)."""
+    rng = np.random.default_rng(gen)
+    # values with few mantissa bits, so that f16 and bf16 hold them exactly too
+    w = (rng.integers(-64, 64, size=(7, 5)) / 8).astype(np.float32)
+    b = (rng.integers(-64, 64, size=(11,)) / 4).astype(np.float32)
+    h = (rng.integers(-64, 64, size=(4, 3)) / 16).astype(np.float16)
+    e32 = (rng.integers(-512, 512, size=(6, 9)) / 2).astype(np.float32)
+    e = weights.convert(e32, "f32", "bf16")    # uint16 words
+    big = rng.standard_normal((33, 17)).astype(np.float32)   # not exact in bf16: rounding is checked
+    return [("layers.0.w", w), ("layers.0.b", b), ("layers.1.h", h), ("layers.1.e", e, "bf16"), ("big", big)]
+
+
+def _publish(cluster, model, gen, world=2, **kw):
+    tensors = _source(gen)
+
+    def rank(r, barrier):
+        with cluster.store() as s:
+            pub = ferry.WeightPublisher(s, model, r, world, timeout_ms=TIMEOUT_MS, **kw)
+            barrier.wait()   # the ranks publish concurrently
+            return pub.publish(gen, tensors)
+
+    return tensors, _run_ranks(world, rank)
+
+
+@pytest.fixture(scope="module")
+def plain(cluster):
+    """Model "plain" generation 1, each tensor in its own dtype."""
+    tensors, res = _publish(cluster, "plain", 1)
+    return tensors, _raise_any(res)
+
+
+@pytest.fixture(scope="module")
+def rollout(cluster):
+    """Model "rollout" generation 1, every tensor stored as bf16."""
+    tensors, res = _publish(cluster, "rollout", 1, out_dtype="bf16", rank_node=[0, 1])
+    return tensors, _raise_any(res)
+
+
+def _expected(t, out_dtype):
+    """(ferry dtype, array) a tensor is published as."""
+    dt = t[2] if len(t) == 3 else {"float32": "f32", "float16": "f16"}[t[1].dtype.name]
+    if out_dtype is None or out_dtype == dt:
+        return dt, t[1]
+    return out_dtype, weights.convert(t[1], dt, out_dtype)
+
+
+# ---- pure functions ----------------------------------------------------------------------------
+
+def test_assign_deterministic_balanced():
+    sizes = [100, 60, 50, 40, 10]
+    a = weights.assign(sizes, [0, 0, 1, 1])
+    assert a == weights.assign(sizes, [0, 0, 1, 1])
+    # LPT: 100 -> node 0 (rank 0); 60 -> node 1 (rank 2); 50 -> node 1 (rank 3);
+    # 40 -> node 0 (rank 1); 10 -> node 1 (rank 3, the lighter one)
+    assert a == [0, 2, 3, 1, 3]
+    node = [0, 0, 1, 1]
+    load = [sum(s for s, r in zip(sizes, a) if node[r] == n) for n in (0, 1)]
+    assert abs(load[0] - load[1]) <= max(sizes)
+    many = [((i * 7919) % 97 + 1) * 1000 for i in range(400)]
+    b = weights.assign(many, [0] * 4)
+    per = [sum(s for s, r in zip(many, b) if r == k) for k in range(4)]
+    assert max(per) - min(per) <= max(many) and set(b) == {0, 1, 2, 3}
+    with pytest.raises(ferry.Error):
+        weights.assign([1, 2], [])
+
+
+def test_convert_roundtrip_exact():
+    vals = np.array([0.0, 1.0, -2.0, 0.5, 3.75, -1024.0, 2.0 ** -10, 1.5 * 2 ** 20], dtype=np.float32)
+    b = weights.convert(vals, "f32", "bf16")
+    assert b.dtype == np.uint16 and b[1] == 0x3F80 and b[2] == 0xC000
+    assert np.array_equal(weights.convert(b, "bf16", "f32"), vals)
+    small = vals[:6]                      # within f16's range
+    h = weights.convert(small.reshape(2, 3), "f32", "f16")
+    assert h.dtype == np.float16 and h.shape == (2, 3)
+    assert np.array_equal(h.reshape(-1), small.astype(np.float16))
+    assert np.array_equal(weights.convert(h, "f16", "f32").reshape(-1), small)
+    assert np.isinf(weights.convert(vals[-1:], "f32", "f16")[0])   # beyond f16's range
+    # narrowing rounds to nearest, ties to even
+    ties = np.array([1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8], dtype=np.float32)
+    assert list(weights.convert(ties, "f32", "bf16")) == [0x3F80, 0x3F82]
+    with pytest.raises(ValueError):
+        weights.convert(vals, "f64", "f32")
+    with pytest.raises(ValueError):
+        weights.convert(vals, "f16", "f32")   # float32 elements are not f16
+
+
+def test_key():
+    assert weights.key("m", 3, "layers.0.w") == "ferry/w/m/00000000000000000003/layers.0.w"
+    with pytest.raises(ferry.Error):
+        weights.key("a/b", 1, "x")
+
+
+# ---- publishing and reading back --------------------------------------------------------------
+
+def test_publish_and_manifest(store, plain):
+    tensors, stats = plain
+    assert len(stats) == 2
+    assert sum(s["tensors"] for s in stats) == len(tensors) == stats[0]["total_tensors"]
+    total = sum(t[1].nbytes for t in tensors)
+    assert sum(s["bytes"] for s in stats) == total == stats[0]["total_bytes"]
+    gen, digest = weights.active(store, "plain")
+    assert gen == 1 and isinstance(digest, bytes) and len(digest) == 16
+    m = weights.manifest(store, "plain")
+    assert m == weights.manifest(store, "plain", 1)
+    assert [e["name"] for e in m] == [t[0] for t in tensors]
+    assert [e["dtype"] for e in m] == ["f32", "f32", "f16", "bf16", "f32"]
+    assert [e["shape"] for e in m] == [t[1].shape for t in tensors]
+    assert [e["bytes"] for e in m] == [t[1].nbytes for t in tensors]
+    assert [e["publisher"] for e in m] == weights.assign([t[1].nbytes for t in tensors], [0, 0])
+    assert {e["publisher"] for e in m} == {0, 1}
+    assert all(e["key"] == weights.key("plain", 1, e["name"]) for e in m)
+    assert all(isinstance(e["checksum"], int) for e in m)
+    assert weights.active(store, "no-such-model") is None
+    with pytest.raises(ferry.NotFoundError):
+        weights.manifest(store, "no-such-model")
+
+
+def test_publish_older_generation_raises(cluster, store):
+    _, res = _publish(cluster, "older", 2)
+    _raise_any(res)
+    _, res = _publish(cluster, "older", 1)
+    assert all(isinstance(r, ferry.Error) for r in res), res
+    assert "generation" in str(res[0])
+    _, res = _publish(cluster, "older", 2)   # not newer either
+    assert all(isinstance(r, ferry.Error) for r in res), res
+    assert weights.active(store, "older")[0] == 2
+
+
+def test_publish_bad_input(store):
+    pub = ferry.WeightPublisher(store, "bad", 0, 1)
+    with pytest.raises(ValueError):
+        pub.publish(1, [("x", np.zeros((4, 4), np.float32)[:, ::2])])   # not C-contiguous
+    with pytest.raises(ValueError):
+        pub.publish(1, [("x", np.zeros(4, np.int64))])                  # no rollout dtype
+    with pytest.raises(ValueError):
+        pub.publish(1, [("x", np.zeros(4, np.float32), "bf16")])        # itemsize mismatch
+    with pytest.raises(ValueError):
+        ferry.WeightPublisher(store, "bad", 0, 2, rank_node=[0])
+    assert weights.active(store, "bad") is None
+
+
+# ---- compatibility updates -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("model,out_dtype", [("plain", None), ("rollout", "bf16")])
+def test_update_compat(store, plain, rollout, model, out_dtype):
+    tensors = (plain if model == "plain" else rollout)[0]
+    it = weights.update_compat(store, model)
+    assert it.generation == 1 and it.stats["tensors"] == len(tensors)
+    got = list(it)
+    assert [n for n, _ in got] == [t[0] for t in tensors]
+    for (name, a), t in zip(got, tensors):
+        dt, want = _expected(t, out_dtype)
+        assert a.dtype == weights.numpy_dtype(dt), name
+        assert a.shape == want.shape and np.array_equal(a, want), name
+    if out_dtype == "bf16":
+        # the rounded tensor widens back to within bf16's precision
+        big = dict(got)["big"]
+        src = tensors[-1][1]
+        back = weights.convert(big, "bf16", "f32")
+        assert not np.array_equal(back, src)
+        assert np.allclose(back, src, rtol=2.0 ** -8, atol=0)
+    # already current: nothing read
+    again = weights.update_compat(store, model, generation=1)
+    assert len(again) == 0 and again.stats["bytes_read"] == 0
+    # callback form, stopped by an exception from the callback
+    seen = []
+    st = weights.update_compat(store, model, fn=lambda n, a: seen.append((n, a.copy())))
+    assert st["generation"] == 1 and [n for n, _ in seen] == [t[0] for t in tensors]
+    with pytest.raises(KeyError):
+        weights.update_compat(store, model, fn=lambda n, a: {}[n])
+
+
+# ---- parameter-direct updates (each worker reads its own demand) ---------------------------------
+
+def test_update_direct_tp_halves_padded(store, plain):
+    tensors = dict((t[0], t[1]) for t in plain[0])
+    src = tensors["layers.0.w"]          # (7, 5) f32
+    bsrc = tensors["big"]                # (33, 17) f32
+    for half in (0, 1):
+        r0 = 0 if half == 0 else 4
+        rows = 4 if half == 0 else 3
+        buf = np.zeros((rows, 5 + 3), np.float32)   # padded rows: a strided destination
+        dst = buf[:, :5]
+        bbuf = np.zeros((17, 17 + 2), np.float32)
+        bdst = bbuf[:, :17]
+        b0 = 0 if half == 0 else 17
+        bdst = bdst[:33 - b0] if half else bdst[:17]
+        shards = [("layers.0.w", (r0, 0), dst), ("big", (b0, 0), bdst)]
+        st = weights.update_direct(store, "plain", shards)
+        assert st["generation"] == 1
+        assert st["bytes_read"] == dst.nbytes + bdst.nbytes    # exactly its demand
+        assert np.array_equal(dst, src[r0:r0 + rows])
+        assert np.array_equal(bdst, bsrc[b0:b0 + bdst.shape[0]])
+        assert not buf[:, 5:].any() and not bbuf[:, 17:].any()   # padding untouched
+        assert weights.update_direct(store, "plain", shards, generation=1)["bytes_read"] == 0
+    # a box outside the tensor, a missing tensor, a wrong element size
+    with pytest.raises(ferry.Error):
+        weights.update_direct(store, "plain", [("layers.0.w", (5, 0), np.zeros((4, 5), np.float32))])
+    with pytest.raises(ferry.NotFoundError):
+        weights.update_direct(store, "plain", [("nope", (0,), np.zeros(4, np.float32))])
+    wrong = np.zeros((7, 5), np.float16)
+    with pytest.raises(ferry.Error) as e:
+        weights.update_direct(store, "plain", [("layers.0.w", (0, 0), wrong)])
+    assert "layers.0.w" in str(e.value) and not wrong.any()
+    with pytest.raises(ValueError):
+        weights.update_direct(store, "plain", [("layers.0.w", (0, 0), np.zeros((7, 5), np.float32)[::-1])])
+
+
+# ---- single-pull subscriber (DP2: both workers hold the same shard) ------------------------------
+
+def test_subscriber_dp2(cluster, store, rollout):
+    tensors = rollout[0]
+    m = weights.manifest(store, "rollout")
+    published = sum(e["bytes"] for e in m)
+    arrays = [[np.zeros(e["shape"], weights.numpy_dtype(e["dtype"])) for e in m] for _ in range(2)]
+    # one destination padded (strided) on worker 1
+    pad = np.zeros((7, 5 + 2), np.uint16)
+    arrays[1][0] = pad[:, :5]
+
+    def worker(r, barrier):
+        with cluster.store() as s:
+            shards = [(e["name"], (0,) * len(e["shape"]), a) for e, a in zip(m, arrays[r])]
+            with ferry.WeightSubscriber(s, "rollout", "dp", r, 2, shards, timeout_ms=TIMEOUT_MS) as sub:
+                assert sub.generation == 0 and not sub.closed
+                with pytest.raises(ferry.BusyError):
+                    s.close()    # the subscriber uses the store until it is closed
+                barrier.wait()
+                st = sub.update()
+                assert sub.generation == 1
+            assert sub.closed
+            return st
+
+    stats = _raise_any(_run_ranks(2, worker))
+    assert all(st["generation"] == 1 for st in stats)
+    assert stats[0]["group_bytes_read"] == stats[1]["group_bytes_read"] == published
+    assert sum(st["bytes_read"] for st in stats) == published          # each byte read once
+    assert sum(st["bytes_pushed"] for st in stats) == published        # and pushed to the replica
+    assert sum(st["bytes_received"] for st in stats) == published
+    for r in range(2):
+        for t, a in zip(tensors, arrays[r]):
+            assert np.array_equal(a, _expected(t, "bf16")[1]), (r, t[0])
+    assert not pad[:, 5:].any()
