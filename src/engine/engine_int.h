@@ -157,6 +157,7 @@ struct ferry_engine {
 
     uint64_t inflight_bytes;
     uint32_t inflight_ops;
+    uint32_t admit_waiters;    /* submitters blocked on the window (lock) */
     uint64_t next_ticket_id;
     struct ferry_ticket *tickets;   /* live tickets, doubly linked */
 

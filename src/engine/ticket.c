@@ -254,9 +254,13 @@ void fr_chunk_done(fr_chunk *c, int status, bool touched)
                 poster = tp;
         }
     }
+    /* Waiters care about a ticket ending (finalize wakes them) or, for a
+     * submitter blocked on the window, about room: waking every waiter on
+     * each chunk would cost a context switch per small op. */
     if (--t->left == 0)
         finalize_locked(e, t);
-    pthread_cond_broadcast(&e->cond);
+    else if (e->admit_waiters)
+        pthread_cond_broadcast(&e->cond);
     if (poster) {
         post_notifies(e, t, poster, true);   /* releases the lock, may free t */
         return;
@@ -400,7 +404,9 @@ static int admit_locked(ferry_engine *e, struct ferry_ticket *t, unsigned flags)
             break;
         if (flags & FERRY_SUBMIT_NONBLOCK)
             return FERRY_EAGAIN;
+        e->admit_waiters++;
         pthread_cond_wait(&e->cond, &e->lock);
+        e->admit_waiters--;
     }
     e->inflight_bytes += t->bytes_total;
     e->inflight_ops += t->nchunks;

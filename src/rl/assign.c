@@ -1,16 +1,21 @@
 /* Publisher assignment and object keys (weights.h). */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/base.h"
 #include "ferry/weights.h"
+#include "rl/rl_int.h"
 
-static int fail(ferry_error *err, int code, const char *msg)
+int fr_rl_fail(ferry_error *err, int code, const char *fmt, ...)
 {
     if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
         err->code = code;
-        snprintf(err->msg, sizeof err->msg, "%s", msg);
     }
     return code;
 }
@@ -42,7 +47,7 @@ int ferry_weights_assign(const uint64_t *tensor_bytes, size_t ntensors,
                          ferry_error *err)
 {
     if (nranks == 0 || !rank_node || (ntensors && (!tensor_bytes || !publisher)))
-        return fail(err, FERRY_EINVAL, "assign: no trainer ranks or no arrays");
+        return fr_rl_fail(err, FERRY_EINVAL, "assign: no trainer ranks or no arrays");
     /* Ranks sorted by (node, rank): each node's ranks are one run. */
     uint64_t *rk = malloc(nranks * sizeof *rk);
     uint64_t *rank_load = calloc(nranks, sizeof *rank_load);
@@ -50,7 +55,7 @@ int ferry_weights_assign(const uint64_t *tensor_bytes, size_t ntensors,
     item *it = malloc((ntensors ? ntensors : 1) * sizeof *it);
     if (!rk || !rank_load || !nodes || !it) {
         free(rk), free(rank_load), free(nodes), free(it);
-        return fail(err, FERRY_ENOMEM, "assign: out of memory");
+        return fr_rl_fail(err, FERRY_ENOMEM, "assign: out of memory");
     }
     for (uint32_t r = 0; r < nranks; r++)
         rk[r] = (uint64_t)rank_node[r] << 32 | r;

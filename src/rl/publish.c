@@ -18,22 +18,10 @@
 
 #include "base/base.h"
 #include "ferry/weights.h"
+#include "rl/rl_int.h"
 
 #define TAG "weights"
 
-static int fail(ferry_error *err, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int fail(ferry_error *err, int code, const char *fmt, ...)
-{
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-        va_end(ap);
-        err->code = code;
-    }
-    return code;
-}
 
 /* A growing text buffer. */
 typedef struct sbuf { char *p; size_t n, cap; bool oom; } sbuf;
@@ -93,14 +81,14 @@ static int check_tensors(const ferry_weight_tensor *t, size_t n, const ferry_pub
     for (size_t i = 0; i < n; i++) {
         if (!t[i].name || !*t[i].name || strpbrk(t[i].name, "\t\n") ||
             strlen(t[i].name) >= sizeof ((ferry_weight_entry *)0)->name)
-            return fail(err, FERRY_EINVAL, "publish: tensor %zu has no usable name", i);
+            return fr_rl_fail(err, FERRY_EINVAL, "publish: tensor %zu has no usable name", i);
         if (!t[i].dtype || !ferry_dtype_size(t[i].dtype) || t[i].ndim > FERRY_MAX_DIMS ||
             !ferry_dtype_size(out_dtype(c, &t[i])))
-            return fail(err, FERRY_EINVAL, "publish: tensor %s: unknown dtype or too many dims",
+            return fr_rl_fail(err, FERRY_EINVAL, "publish: tensor %s: unknown dtype or too many dims",
                         t[i].name);
         if (strcmp(t[i].dtype, out_dtype(c, &t[i])) != 0 &&
             ferry_convert(NULL, t[i].dtype, NULL, out_dtype(c, &t[i]), 0) < 0)
-            return fail(err, FERRY_EINVAL, "publish: tensor %s: cannot convert %s to %s",
+            return fr_rl_fail(err, FERRY_EINVAL, "publish: tensor %s: cannot convert %s to %s",
                         t[i].name, t[i].dtype, out_dtype(c, &t[i]));
     }
     return 0;
@@ -123,13 +111,13 @@ static int put_mine(ferry_store *s, const ferry_publisher_config *c, uint64_t ge
         char key[1100];
         int rc2 = ferry_weights_key(c->model, gen, t[i].name, key, sizeof key);
         if (rc2 < 0 || rc2 > FERRY_STORE_KEY_MAX)
-            return fail(err, FERRY_EINVAL, "publish: tensor %s: key too long", t[i].name);
+            return fr_rl_fail(err, FERRY_EINVAL, "publish: tensor %s: key too long", t[i].name);
         const void *data = t[i].data;
         void *conv = NULL;
         if (strcmp(od, t[i].dtype) != 0) {
             conv = malloc(nb ? nb : 1);
             if (!conv)
-                return fail(err, FERRY_ENOMEM, "publish: tensor %s: no memory to convert",
+                return fr_rl_fail(err, FERRY_ENOMEM, "publish: tensor %s: no memory to convert",
                             t[i].name);
             (void)ferry_convert(t[i].data, t[i].dtype, conv, od, elems);
             data = conv;
@@ -139,7 +127,7 @@ static int put_mine(ferry_store *s, const ferry_publisher_config *c, uint64_t ge
         int rc = ferry_store_put_from(s, key, data, nb, &repl, &d);
         free(conv);
         if (rc < 0)
-            return fail(err, rc, "publish: rank %u could not store %s (%" PRIu64 " bytes): %s",
+            return fr_rl_fail(err, rc, "publish: rank %u could not store %s (%" PRIu64 " bytes): %s",
                         c->rank, t[i].name, nb, ferry_store_last_error());
         uint64_t seg = d.nreplicas ? d.replicas[0].segment : 0;
         st->tensors++;
@@ -361,7 +349,7 @@ int ferry_publish(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
     memset(st, 0, sizeof *st);
     if (!s || !c || gen == 0 || c->world == 0 || c->rank >= c->world || !c->rank_node ||
         (n && !t) || !c->model[0] || strchr(c->model, '/'))
-        return fail(err, FERRY_EINVAL, "publish: bad arguments (model, rank, world, generation)");
+        return fr_rl_fail(err, FERRY_EINVAL, "publish: bad arguments (model, rank, world, generation)");
     int rc = check_tensors(t, n, c, err);
     if (rc < 0)
         return rc;
@@ -370,16 +358,16 @@ int ferry_publish(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
     uint64_t active = 0;
     rc = ferry_weights_active(s, c->model, &active, NULL);
     if (rc < 0 && rc != FERRY_ENOENT)
-        return fail(err, rc, "publish: cannot read the active generation of %s: %s", c->model,
+        return fr_rl_fail(err, rc, "publish: cannot read the active generation of %s: %s", c->model,
                     ferry_store_last_error());
     if (active >= gen)
-        return fail(err, FERRY_EINVAL, "publish: generation %" PRIu64 " of %s is not newer "
+        return fr_rl_fail(err, FERRY_EINVAL, "publish: generation %" PRIu64 " of %s is not newer "
                     "than the active %" PRIu64, gen, c->model, active);
     uint32_t *pub = malloc((n ? n : 1) * sizeof *pub);
     uint64_t *sizes = malloc((n ? n : 1) * sizeof *sizes);
     if (!pub || !sizes) {
         free(pub), free(sizes);
-        return fail(err, FERRY_ENOMEM, "publish: out of memory");
+        return fr_rl_fail(err, FERRY_ENOMEM, "publish: out of memory");
     }
     for (size_t i = 0; i < n; i++) {
         sizes[i] = tensor_bytes(&t[i], out_dtype(c, &t[i]));
@@ -442,9 +430,9 @@ int ferry_publish(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
     }
     st->commit_s = (double)fr_now_ns() / 1e9 - t1;
     if (my_rc < 0)
-        return fail(err, my_rc, "%s", mine.msg);
+        return fr_rl_fail(err, my_rc, "%s", mine.msg);
     if (decision < 0)
-        return fail(err, decision, "publish of %s generation %" PRIu64 " failed: %s", c->model,
+        return fr_rl_fail(err, decision, "publish of %s generation %" PRIu64 " failed: %s", c->model,
                     gen, why);
     return 0;
 }
@@ -512,14 +500,14 @@ int ferry_weights_manifest(ferry_store *s, const char *model, uint64_t generatio
                            ferry_weight_manifest *out, ferry_error *err)
 {
     if (!s || !model || !out)
-        return fail(err, FERRY_EINVAL, "manifest: bad arguments");
+        return fr_rl_fail(err, FERRY_EINVAL, "manifest: bad arguments");
     memset(out, 0, sizeof *out);
     char k[300];
     kv_key(k, sizeof k, model, generation, "manifest");
     ferry_kv_value v = {0};
     int rc = ferry_kv_get(s, k, &v);
     if (rc < 0)
-        return fail(err, rc, "manifest of %s generation %" PRIu64 ": %s", model, generation,
+        return fr_rl_fail(err, rc, "manifest of %s generation %" PRIu64 ": %s", model, generation,
                     ferry_store_last_error());
     fr_hash128_t d = fr_hash128(v.val, v.len, 0);
     memcpy(out->digest, d.b, 16);
@@ -528,7 +516,7 @@ int ferry_weights_manifest(ferry_store *s, const char *model, uint64_t generatio
     if (ferry_weights_active(s, model, &active, want) == 0 && active == generation &&
         memcmp(want, out->digest, 16) != 0) {
         ferry_store_free(v.val);
-        return fail(err, FERRY_ECORRUPT, "manifest of %s generation %" PRIu64
+        return fr_rl_fail(err, FERRY_ECORRUPT, "manifest of %s generation %" PRIu64
                     " does not match the announced digest", model, generation);
     }
     size_t lines = 0;
@@ -537,7 +525,7 @@ int ferry_weights_manifest(ferry_store *s, const char *model, uint64_t generatio
     out->entries = calloc(lines ? lines : 1, sizeof *out->entries);
     if (!out->entries) {
         ferry_store_free(v.val);
-        return fail(err, FERRY_ENOMEM, "manifest: out of memory");
+        return fr_rl_fail(err, FERRY_ENOMEM, "manifest: out of memory");
     }
     char *p = v.val;
     for (size_t i = 0; i < lines && rc == 0; i++) {
@@ -550,7 +538,7 @@ int ferry_weights_manifest(ferry_store *s, const char *model, uint64_t generatio
     ferry_store_free(v.val);
     if (rc < 0) {
         ferry_weight_manifest_free(out);
-        return fail(err, rc, "manifest of %s generation %" PRIu64 " is malformed", model,
+        return fr_rl_fail(err, rc, "manifest of %s generation %" PRIu64 " is malformed", model,
                     generation);
     }
     out->n = lines;
@@ -571,13 +559,13 @@ int ferry_weights_read(ferry_store *s, const ferry_weight_entry *e, void *dst, s
                        ferry_error *err)
 {
     if (!s || !e || (cap && !dst))
-        return fail(err, FERRY_EINVAL, "read: bad arguments");
+        return fr_rl_fail(err, FERRY_EINVAL, "read: bad arguments");
     size_t len = 0;
     int rc = ferry_store_get_into(s, e->key, dst, cap, &len);
     if (rc < 0)
-        return fail(err, rc, "tensor %s: %s", e->name, ferry_store_last_error());
+        return fr_rl_fail(err, rc, "tensor %s: %s", e->name, ferry_store_last_error());
     if (len != e->bytes || fr_hash64(dst, len, 0) != e->checksum)
-        return fail(err, FERRY_ECORRUPT, "tensor %s: %zu bytes read fail the checksum of the "
+        return fr_rl_fail(err, FERRY_ECORRUPT, "tensor %s: %zu bytes read fail the checksum of the "
                     "published %" PRIu64 " bytes", e->name, len, e->bytes);
     return 0;
 }

@@ -28,19 +28,6 @@
 #define MAGIC "FRYDMND1"
 #define READ_BATCH 8192
 
-static int fail(ferry_error *err, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int fail(ferry_error *err, int code, const char *fmt, ...)
-{
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-        va_end(ap);
-        err->code = code;
-    }
-    return code;
-}
 
 typedef struct preg { uint8_t *addr; size_t len; ferry_region *reg; } preg;
 
@@ -82,7 +69,7 @@ static int collect_run(void *ctx, size_t entry, uint64_t src_off, void *dst, uin
 {
     collect *c = ctx;
     if (fr_grow((void **)&c->v, &c->cap, c->n + 1, sizeof *c->v) < 0)
-        return fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+        return fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
     c->v[c->n++] = (grun){ .worker = c->rank, .entry = (uint32_t)entry, .region = c->region,
                            .src = src_off, .len = len,
                            .dst_off = (uint64_t)((uint8_t *)dst - c->base) };
@@ -111,7 +98,7 @@ static int my_demand(ferry_subscriber *sub, const ferry_weight_manifest *m, coll
 {
     const ferry_weight_entry **byname = malloc((m->n ? m->n : 1) * sizeof *byname);
     if (!byname)
-        return fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+        return fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
     for (size_t i = 0; i < m->n; i++)
         byname[i] = &m->entries[i];
     qsort(byname, m->n, sizeof *byname, fr_rl_cmp_entry_name);
@@ -124,7 +111,7 @@ static int my_demand(ferry_subscriber *sub, const ferry_weight_manifest *m, coll
         const ferry_weight_entry **hit = bsearch(&pp, byname, m->n, sizeof *byname,
                                                  fr_rl_cmp_entry_name);
         if (!hit) {
-            rc = fail(err, FERRY_ENOENT, "tensor %s is not in generation %" PRIu64,
+            rc = fr_rl_fail(err, FERRY_ENOENT, "tensor %s is not in generation %" PRIu64,
                       probe.name, m->generation);
             break;
         }
@@ -138,7 +125,7 @@ static int my_demand(ferry_subscriber *sub, const ferry_weight_manifest *m, coll
             rc = ferry_region_register(e, sub->shards[i].dst, len, FERRY_REMOTE_WRITE,
                                        FERRY_MEM_HOST, &r->reg);
             if (rc < 0) {
-                fail(err, rc, "subscriber: cannot register the parameters of %s", probe.name);
+                fr_rl_fail(err, rc, "subscriber: cannot register the parameters of %s", probe.name);
                 break;
             }
             r->addr = sub->shards[i].dst;
@@ -205,10 +192,10 @@ static int decode(const uint8_t *b, size_t len, uint32_t worker, uint64_t gen, s
                   ferry_engine *e, bool import, member *mb, collect *all, ferry_error *err)
 {
     if (len < 32 || memcmp(b, MAGIC, 8) != 0 || get32(b + 16) != worker)
-        return fail(err, FERRY_EPROTO, "subscriber: the demand of worker %u is malformed",
+        return fr_rl_fail(err, FERRY_EPROTO, "subscriber: the demand of worker %u is malformed",
                     worker);
     if (get64(b + 8) != gen)
-        return fail(err, FERRY_ESTATE, "subscriber: worker %u is updating to generation %" PRIu64
+        return fr_rl_fail(err, FERRY_ESTATE, "subscriber: worker %u is updating to generation %" PRIu64
                     ", this one to %" PRIu64 "; retry", worker, get64(b + 8), gen);
     uint32_t nr = get32(b + 20), nruns = get32(b + 24);
     const uint8_t *p = b + 32, *end = b + len;
@@ -216,33 +203,33 @@ static int decode(const uint8_t *b, size_t len, uint32_t worker, uint64_t gen, s
     mb->base = calloc(nr ? nr : 1, sizeof *mb->base);
     mb->rr = calloc(nr ? nr : 1, sizeof *mb->rr);
     if (!mb->base || !mb->rr)
-        return fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+        return fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
     for (uint32_t i = 0; i < nr; i++) {
         if (end - p < 12 || get32(p + 8) > FERRY_DESC_MAX || (size_t)(end - p) < 12 + get32(p + 8))
-            return fail(err, FERRY_EPROTO, "subscriber: the demand of worker %u is cut short",
+            return fr_rl_fail(err, FERRY_EPROTO, "subscriber: the demand of worker %u is cut short",
                         worker);
         uint32_t dl = get32(p + 8);
         mb->base[i] = get64(p);
         if (import && dl) {
             int rc = ferry_region_import(e, p + 12, dl, &mb->rr[i]);
             if (rc < 0)
-                return fail(err, rc, "subscriber: cannot reach worker %u: %s", worker,
+                return fr_rl_fail(err, rc, "subscriber: cannot reach worker %u: %s", worker,
                             ferry_strerror(rc));
         }
         p += 12 + dl;
     }
     mb->imported = import;
     if ((size_t)(end - p) != (size_t)nruns * 32)
-        return fail(err, FERRY_EPROTO, "subscriber: the demand of worker %u is malformed",
+        return fr_rl_fail(err, FERRY_EPROTO, "subscriber: the demand of worker %u is malformed",
                     worker);
     for (uint32_t i = 0; i < nruns; i++, p += 32) {
         grun r = { .worker = worker, .entry = get32(p), .region = get32(p + 4), .src = get64(p + 8),
                    .len = get64(p + 16), .dst_off = get64(p + 24) };
         if (r.entry >= nentries || r.region >= nr)
-            return fail(err, FERRY_EPROTO, "subscriber: worker %u names an unknown tensor or "
+            return fr_rl_fail(err, FERRY_EPROTO, "subscriber: worker %u names an unknown tensor or "
                         "region", worker);
         if (fr_grow((void **)&all->v, &all->cap, all->n + 1, sizeof *all->v) < 0)
-            return fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+            return fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
         all->v[all->n++] = r;
     }
     return 0;
@@ -311,7 +298,7 @@ static int plan(ferry_subscriber *sub, const ferry_weight_manifest *m, collect *
     uint64_t *cuts = malloc((all->n * 2 + 1) * sizeof *cuts);
     if (!load || !cuts) {
         free(load), free(cuts);
-        return fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+        return fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
     }
     qsort(all->v, all->n, sizeof *all->v, by_entry_src);
     int rc = 0;
@@ -376,7 +363,7 @@ static int plan(ferry_subscriber *sub, const ferry_weight_manifest *m, collect *
     }
     free(load);
     free(cuts);
-    return rc < 0 ? fail(err, rc, "subscriber: planning: %s", ferry_strerror(rc)) : 0;
+    return rc < 0 ? fr_rl_fail(err, rc, "subscriber: planning: %s", ferry_strerror(rc)) : 0;
 }
 
 /* ---- apply ------------------------------------------------------------------------------- */
@@ -388,11 +375,11 @@ static int do_reads(ferry_subscriber *sub, work *w, ferry_error *err)
         size_t n = w->nreads - at < READ_BATCH ? w->nreads - at : READ_BATCH;
         int64_t *res = calloc(n, sizeof *res);
         if (!res)
-            return fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+            return fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
         rc = ferry_store_get_into_ranges(sub->s, w->reads + at, n, res);
         for (size_t i = 0; i < n; i++)
             if (res[i] != (int64_t)w->reads[at + i].len) {
-                rc = fail(err, FERRY_EREBUILD, "subscriber: reading %s at %" PRIu64 " failed: %s",
+                rc = fr_rl_fail(err, FERRY_EREBUILD, "subscriber: reading %s at %" PRIu64 " failed: %s",
                           w->reads[at + i].key, w->reads[at + i].src_offset,
                           res[i] < 0 ? ferry_store_last_error() : "short read");
                 break;
@@ -417,7 +404,7 @@ static int do_pushes(ferry_subscriber *sub, work *w, uint64_t tag, bool reads_ok
     ferry_op *ops = malloc((w->npush + 1) * sizeof *ops);
     if (!t || !ops) {
         free(t), free(ops);
-        return fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+        return fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
     }
     int rc = 0;
     for (uint32_t to = 0; to < world; to++) {
@@ -444,7 +431,7 @@ static int do_pushes(ferry_subscriber *sub, work *w, uint64_t tag, bool reads_ok
                                .value = reads_ok ? 0 : 1 };
         int s = ferry_submit(e, ops, n, 0, &t[to]);
         if (s < 0 && rc == 0)
-            rc = fail(err, s, "subscriber: pushing to worker %u: %s", to, ferry_strerror(s));
+            rc = fr_rl_fail(err, s, "subscriber: pushing to worker %u: %s", to, ferry_strerror(s));
     }
     for (uint32_t to = 0; to < world; to++) {
         if (!t[to])
@@ -453,7 +440,7 @@ static int do_pushes(ferry_subscriber *sub, work *w, uint64_t tag, bool reads_ok
         int te = ferry_ticket_error(t[to]);
         ferry_ticket_free(t[to]);
         if (st != FERRY_TICKET_COMPLETED && rc == 0)
-            rc = fail(err, FERRY_EREBUILD, "subscriber: pushing to worker %u failed: %s", to,
+            rc = fr_rl_fail(err, FERRY_EREBUILD, "subscriber: pushing to worker %u failed: %s", to,
                       ferry_strerror(te ? te : FERRY_EIO));
     }
     free(t);
@@ -469,7 +456,7 @@ int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_u
         st = &local;
     memset(st, 0, sizeof *st);
     if (!sub || !generation)
-        return fail(err, FERRY_EINVAL, "subscriber: bad arguments");
+        return fr_rl_fail(err, FERRY_EINVAL, "subscriber: bad arguments");
     double t0 = (double)fr_now_ns() / 1e9;
     ferry_weight_manifest m = {0};
     bool current = false;
@@ -486,13 +473,13 @@ int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_u
     size_t reclen = 0;
     char key[400], bar[400];
     rc = mbs && w.feeds_me ? my_demand(sub, &m, &mine, err)
-                           : fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+                           : fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
     if (rc == 0)
         rc = encode(sub, m.generation, &mine, &rec, &reclen);
     snprintf(key, sizeof key, "ferry/wk/%s/sub/%s/%020" PRIu64 "/%u", sub->cfg.model,
              sub->cfg.group, m.generation, me);
     if (rc == 0 && (rc = ferry_kv_put(sub->s, key, rec, reclen, NULL)) < 0)
-        fail(err, rc, "subscriber: cannot publish the demand: %s", ferry_store_last_error());
+        fr_rl_fail(err, rc, "subscriber: cannot publish the demand: %s", ferry_store_last_error());
     free(rec);
     /* Everyone meets here even after a local failure, so nobody waits for
      * a demand that never comes. */
@@ -503,7 +490,7 @@ int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_u
     uint64_t tmo = sub->cfg.timeout_ms ? sub->cfg.timeout_ms : 60000;
     int brc = ferry_barrier(sub->s, bar, member_name, world, tmo, NULL);
     if (rc == 0 && brc < 0)
-        rc = fail(err, brc, "subscriber: not every worker of group %s arrived: %s",
+        rc = fr_rl_fail(err, brc, "subscriber: not every worker of group %s arrived: %s",
                   sub->cfg.group, ferry_strerror(brc));
     for (uint32_t k = 0; k < world && rc == 0; k++) {
         ferry_kv_value v = {0};
@@ -511,7 +498,7 @@ int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_u
                  sub->cfg.group, m.generation, k);
         rc = ferry_kv_get(sub->s, key, &v);
         if (rc < 0) {
-            fail(err, rc, "subscriber: worker %u left no demand", k);
+            fr_rl_fail(err, rc, "subscriber: worker %u left no demand", k);
             break;
         }
         rc = decode(v.val, v.len, k, m.generation, m.n, ferry_store_engine(sub->s), k != me,
@@ -543,14 +530,14 @@ int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_u
         st->push_s = (double)fr_now_ns() / 1e9 - t2;
         rc = rr < 0 ? rr : pr < 0 ? pr : 0;
         if (rc == 0 && !fed_ok)
-            rc = fail(err, FERRY_EREBUILD, "subscriber: %s from a worker that feeds this one; "
+            rc = fr_rl_fail(err, FERRY_EREBUILD, "subscriber: %s from a worker that feeds this one; "
                       "the parameters must be rebuilt", nr < 0 ? "no notification" : "a failed read");
     }
     snprintf(bar, sizeof bar, "ferry/wb/%s/sub/%s/%020" PRIu64 "/applied", sub->cfg.model,
              sub->cfg.group, m.generation);
     brc = ferry_barrier(sub->s, bar, member_name, world, tmo, NULL);
     if (rc == 0 && brc < 0)
-        rc = fail(err, FERRY_EREBUILD, "subscriber: the group did not finish together: %s",
+        rc = fr_rl_fail(err, FERRY_EREBUILD, "subscriber: the group did not finish together: %s",
                   ferry_strerror(brc));
     /* Every member has read every demand: mine can go. */
     snprintf(key, sizeof key, "ferry/wk/%s/sub/%s/%020" PRIu64 "/%u", sub->cfg.model,
@@ -591,7 +578,7 @@ int ferry_subscriber_open(ferry_store *s, const ferry_subscriber_config *cfg,
 {
     if (!s || !cfg || !out || (n && !shards) || cfg->world == 0 || cfg->rank >= cfg->world ||
         !cfg->model[0] || !cfg->group[0] || strchr(cfg->group, '/'))
-        return fail(err, FERRY_EINVAL, "subscriber: bad arguments (model, group, rank, world)");
+        return fr_rl_fail(err, FERRY_EINVAL, "subscriber: bad arguments (model, group, rank, world)");
     ferry_subscriber *sub = calloc(1, sizeof *sub);
     if (!sub)
         return FERRY_ENOMEM;

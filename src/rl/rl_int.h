@@ -6,6 +6,10 @@
 
 #include "ferry/weights.h"
 
+/* Fill err (may be NULL) with code and a message; returns code. */
+int fr_rl_fail(ferry_error *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 /* The active generation and its manifest (every object leased), unless
  * *generation is already the active one (*current). */
 int fr_rl_prepare(ferry_store *s, const char *model, uint64_t *generation,

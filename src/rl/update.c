@@ -12,19 +12,6 @@
 
 #define FLUSH_RANGES 8192
 
-static int fail(ferry_error *err, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int fail(ferry_error *err, int code, const char *fmt, ...)
-{
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-        va_end(ap);
-        err->code = code;
-    }
-    return code;
-}
 
 static double now_s(void)
 {
@@ -39,7 +26,7 @@ int fr_rl_prepare(ferry_store *s, const char *model, uint64_t *generation,
     *current = false;
     int rc = ferry_weights_active(s, model, &active, NULL);
     if (rc < 0)
-        return fail(err, rc, "no generation of %s is active (%s)", model, ferry_strerror(rc));
+        return fr_rl_fail(err, rc, "no generation of %s is active (%s)", model, ferry_strerror(rc));
     if (active == *generation) {
         *current = true;
         return 0;
@@ -53,19 +40,19 @@ int fr_rl_prepare(ferry_store *s, const char *model, uint64_t *generation,
     size_t *caps = calloc(m->n ? m->n : 1, sizeof *caps);
     int64_t *res = calloc(m->n ? m->n : 1, sizeof *res);
     if (!keys || !bufs || !caps || !res) {
-        rc = fail(err, FERRY_ENOMEM, "update: out of memory");
+        rc = fr_rl_fail(err, FERRY_ENOMEM, "update: out of memory");
     } else {
         for (size_t i = 0; i < m->n; i++)
             keys[i] = m->entries[i].key;
         rc = ferry_store_batch_get_into(s, keys, bufs, caps, m->n, res);
         for (size_t i = 0; rc < 0 && i < m->n; i++)
             if (res[i] < 0) {
-                rc = fail(err, (int)res[i], "generation %" PRIu64 " of %s is not whole: tensor "
+                rc = fr_rl_fail(err, (int)res[i], "generation %" PRIu64 " of %s is not whole: tensor "
                           "%s: %s", active, model, m->entries[i].name, ferry_store_last_error());
                 break;
             }
         if (rc < 0 && err && !err->msg[0])
-            fail(err, rc, "update: %s", ferry_store_last_error());
+            fr_rl_fail(err, rc, "update: %s", ferry_store_last_error());
     }
     free(keys), free(bufs), free(caps), free(res);
     if (rc < 0)
@@ -90,7 +77,7 @@ static int flush(reader *rd, ferry_error *err)
         return 0;
     int64_t *res = calloc(rd->n, sizeof *res);
     if (!res)
-        return fail(err, FERRY_ENOMEM, "update: out of memory");
+        return fr_rl_fail(err, FERRY_ENOMEM, "update: out of memory");
     int rc = ferry_store_get_into_ranges(rd->s, rd->r, rd->n, res);
     for (size_t i = 0; i < rd->n; i++) {
         if (res[i] == (int64_t)rd->r[i].len) {
@@ -98,7 +85,7 @@ static int flush(reader *rd, ferry_error *err)
             continue;
         }
         const ferry_weight_entry *e = &rd->m->entries[rd->who[i]];
-        rc = fail(err, FERRY_EREBUILD, "tensor %s: a read of %" PRIu64 " bytes at %" PRIu64
+        rc = fr_rl_fail(err, FERRY_EREBUILD, "tensor %s: a read of %" PRIu64 " bytes at %" PRIu64
                   " returned %" PRId64 " (%s); the parameters must be rebuilt", e->name,
                   rd->r[i].len, rd->r[i].src_offset, res[i],
                   res[i] < 0 ? ferry_store_last_error() : "short");
@@ -135,14 +122,14 @@ int fr_rl_shard_runs(const ferry_weight_manifest *m, size_t ei, const ferry_para
     uint32_t nd = e->ndim;
     uint64_t isz = ferry_dtype_size(e->dtype);
     if (p->ndim != nd)
-        return fail(err, FERRY_EINVAL, "shard of %s has %u dims, the tensor %u", e->name,
+        return fr_rl_fail(err, FERRY_EINVAL, "shard of %s has %u dims, the tensor %u", e->name,
                     p->ndim, nd);
     int64_t ds[FERRY_MAX_DIMS];
     uint64_t ts[FERRY_MAX_DIMS], inner = 1, dinner = 1;
     bool strided = false;
     for (uint32_t d = nd; d-- > 0;) {
         if (p->offset[d] > e->shape[d] || p->shape[d] > e->shape[d] - p->offset[d])
-            return fail(err, FERRY_ERANGE, "shard of %s: dim %u [%" PRIu64 ", +%" PRIu64
+            return fr_rl_fail(err, FERRY_ERANGE, "shard of %s: dim %u [%" PRIu64 ", +%" PRIu64
                         ") outside %" PRIu64, e->name, d, p->offset[d], p->shape[d],
                         e->shape[d]);
         if (p->strides[d])
@@ -205,7 +192,7 @@ int ferry_weights_update_direct(ferry_store *s, const char *model, uint64_t *gen
         st = &local;
     memset(st, 0, sizeof *st);
     if (!s || !model || !generation || (n && !shards))
-        return fail(err, FERRY_EINVAL, "update: bad arguments");
+        return fr_rl_fail(err, FERRY_EINVAL, "update: bad arguments");
     double t0 = now_s();
     ferry_weight_manifest m = {0};
     bool current = false;
@@ -218,7 +205,7 @@ int ferry_weights_update_direct(ferry_store *s, const char *model, uint64_t *gen
     reader rd = { .s = s, .r = malloc(FLUSH_RANGES * sizeof *rd.r),
                   .who = malloc(FLUSH_RANGES * sizeof *rd.who), .st = st, .m = &m };
     if (!byname || !rd.r || !rd.who)
-        rc = fail(err, FERRY_ENOMEM, "update: out of memory");
+        rc = fr_rl_fail(err, FERRY_ENOMEM, "update: out of memory");
     for (size_t i = 0; rc == 0 && i < m.n; i++)
         byname[i] = &m.entries[i];
     if (rc == 0)
@@ -230,7 +217,7 @@ int ferry_weights_update_direct(ferry_store *s, const char *model, uint64_t *gen
         const ferry_weight_entry *pp = &probe;
         const ferry_weight_entry **hit = bsearch(&pp, byname, m.n, sizeof *byname, fr_rl_cmp_entry_name);
         if (!hit) {
-            rc = fail(err, FERRY_ENOENT, "tensor %s is not in generation %" PRIu64 " of %s",
+            rc = fr_rl_fail(err, FERRY_ENOENT, "tensor %s is not in generation %" PRIu64 " of %s",
                       probe.name, m.generation, model);
             break;
         }
@@ -260,7 +247,7 @@ int ferry_weights_update_compat(ferry_store *s, const char *model, uint64_t *gen
         st = &local;
     memset(st, 0, sizeof *st);
     if (!s || !model || !generation || !fn)
-        return fail(err, FERRY_EINVAL, "update: bad arguments");
+        return fr_rl_fail(err, FERRY_EINVAL, "update: bad arguments");
     double t0 = now_s();
     ferry_weight_manifest m = {0};
     bool current = false;
@@ -277,7 +264,7 @@ int ferry_weights_update_compat(ferry_store *s, const char *model, uint64_t *gen
         if (e->bytes > cap) {
             void *nb = realloc(buf, e->bytes);
             if (!nb) {
-                rc = fail(err, FERRY_ENOMEM, "tensor %s: cannot allocate %" PRIu64 " bytes",
+                rc = fr_rl_fail(err, FERRY_ENOMEM, "tensor %s: cannot allocate %" PRIu64 " bytes",
                           e->name, e->bytes);
                 break;
             }
@@ -291,7 +278,7 @@ int ferry_weights_update_compat(ferry_store *s, const char *model, uint64_t *gen
             st->tensors++;
             rc = fn(ctx, e, buf);
             if (rc != 0)
-                fail(err, rc, "the loader stopped at tensor %s (%d)", e->name, rc);
+                fr_rl_fail(err, rc, "the loader stopped at tensor %s (%d)", e->name, rc);
         }
     }
     free(buf);
