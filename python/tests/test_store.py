@@ -2,10 +2,6 @@
 processes started for this module (FERRY_BIN, default build/ferry)."""
 
 import errno
-import os
-import secrets
-import selectors
-import subprocess
 import threading
 import time
 
@@ -13,144 +9,13 @@ import numpy as np
 import pytest
 
 import ferry
+from conftest import NODE_SIZE, START_S, cluster_fixture, require_ferry_bin, running_cluster
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-FERRY_BIN = os.environ.get("FERRY_BIN", os.path.join(REPO, "build", "ferry"))
 NODES = 2
-NODE_SIZE = 64 << 20
-START_S = 30.0          # deadline for the master and each node to come up
 
 FERRY_EAUTH = -(4096 + 1)
 
-
-def _kill(p):
-    if p.poll() is None:
-        p.terminate()
-        try:
-            p.wait(5)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
-def _log_tail(path):
-    try:
-        with open(path, errors="replace") as f:
-            return f.read()[-3000:]
-    except OSError:
-        return ""
-
-
-def _wait_addr(path, proc, log, deadline):
-    """HOST:PORT from the master's address file, polled until the deadline."""
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"ferry master exited with {proc.returncode}:\n{_log_tail(log)}")
-        try:
-            with open(path) as f:
-                addr = f.read().strip()
-            if addr:
-                return addr
-        except FileNotFoundError:
-            pass
-        time.sleep(0.01)
-    raise RuntimeError(f"ferry master did not write {path} in {START_S} s:\n{_log_tail(log)}")
-
-
-def _wait_line(proc, word, deadline):
-    """Read proc's stdout line by line until one contains word."""
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    seen = []
-    buf = b""
-    try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise RuntimeError(f"no '{word}' line in {START_S} s; output so far: {seen}")
-            if not sel.select(left):
-                continue
-            chunk = os.read(proc.stdout.fileno(), 4096)
-            if not chunk:
-                raise RuntimeError(f"exited ({proc.wait()}) before '{word}'; output: {seen}")
-            buf += chunk
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                text = line.decode(errors="replace")
-                seen.append(text)
-                if word in text:
-                    return text
-    finally:
-        sel.close()
-
-
-def _drain(stream):
-    for _ in iter(lambda: stream.read(4096), b""):
-        pass
-
-
-class Cluster:
-    def __init__(self, addr, token, token_file):
-        self.addr, self.token, self.token_file = addr, token, token_file
-
-    def store(self, **kw):
-        kw.setdefault("master", self.addr)
-        kw.setdefault("token_file", self.token_file)
-        return ferry.Store(**kw)
-
-
-def _start(tmp, nodes, procs, master_args=()):
-    """A master and `nodes` nodes under tmp (their processes appended to
-    procs, for the caller to kill); returns the Cluster once every segment
-    is mounted."""
-    token = secrets.token_hex(32)
-    tok = tmp / "token"
-    tok.write_text(token + "\n")
-    os.chmod(tok, 0o600)
-    env = dict(os.environ)
-    for k in ("FERRY_MASTER", "FERRY_TOKEN", "FERRY_TOKEN_FILE", "FERRY_FAULT"):
-        env.pop(k, None)
-    mlog = tmp / "master.log"
-    with open(mlog, "wb") as lf:
-        master = subprocess.Popen([FERRY_BIN, "master", "--dir", str(tmp / "m"), "--listen", "127.0.0.1:0",
-                                   "--addr-file", str(tmp / "addr"), "--token-file", str(tok), *master_args],
-                                  stdin=subprocess.DEVNULL, stdout=lf, stderr=subprocess.STDOUT, env=env)
-    procs.append(master)
-    addr = _wait_addr(tmp / "addr", master, mlog, time.monotonic() + START_S)
-    for _ in range(nodes):
-        node = subprocess.Popen([FERRY_BIN, "node", "--master", addr, "--size", f"{NODE_SIZE >> 20}M",
-                                 "--token-file", str(tok)],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=None, env=env)
-        procs.append(node)
-        _wait_line(node, "mounted", time.monotonic() + START_S)
-        threading.Thread(target=_drain, args=(node.stdout,), daemon=True).start()
-    c = Cluster(addr, token, str(tok))
-    # every node's segment is visible to clients before the tests start
-    with c.store() as s:
-        deadline = time.monotonic() + START_S
-        while len(s.status()["segments"]) < nodes:
-            assert time.monotonic() < deadline, s.status()
-            time.sleep(0.01)
-    return c
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    if not os.access(FERRY_BIN, os.X_OK):
-        pytest.skip(f"no ferry binary at {FERRY_BIN} (set FERRY_BIN)")
-    procs = []
-    try:
-        yield _start(tmp_path_factory.mktemp("store"), NODES, procs)
-    finally:
-        for p in reversed(procs):
-            _kill(p)
-
-
-@pytest.fixture(scope="module")
-def store(cluster):
-    s = cluster.store()
-    yield s
-    s.close()
+cluster = cluster_fixture(NODES, "store")
 
 
 def test_put_get_roundtrip(store):
@@ -546,11 +411,9 @@ def test_lease_blocks_remove(cluster):
 
 def test_lost_object(tmp_path):
     """A node dies: its objects raise LostError (own cluster: it kills a node)."""
-    if not os.access(FERRY_BIN, os.X_OK):
-        pytest.skip(f"no ferry binary at {FERRY_BIN}")
-    procs = []
-    try:
-        c = _start(tmp_path, 1, procs, ["--heartbeat-timeout", "2000"])
+    require_ferry_bin()
+    with running_cluster(tmp_path, 1, ["--heartbeat-timeout", "2000"]) as c:
+        procs = c.procs
         with c.store() as s:
             s.put("lost/x", b"gone soon")
             assert s.is_exist("lost/x")
@@ -569,6 +432,3 @@ def test_lost_object(tmp_path):
                 s.get("lost/x")
             with pytest.raises(ferry.LostError):
                 s.get_into("lost/x", bytearray(16))
-    finally:
-        for p in reversed(procs):
-            _kill(p)

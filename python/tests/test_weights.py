@@ -2,10 +2,6 @@
 node` started for this module (FERRY_BIN, default build/ferry). Trainer ranks
 and rollout workers are threads, each with its own ferry.Store."""
 
-import os
-import secrets
-import selectors
-import subprocess
 import threading
 import time
 
@@ -13,141 +9,13 @@ import numpy as np
 import pytest
 
 import ferry
+from conftest import cluster_fixture
 from ferry import weights
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-FERRY_BIN = os.environ.get("FERRY_BIN", os.path.join(REPO, "build", "ferry"))
-NODE_SIZE = 64 << 20
-START_S = 30.0          # deadline for the master and the node to come up
 RUN_S = 60.0            # deadline for a group of rank threads
 TIMEOUT_MS = 20000      # barriers inside ferry
 
-
-def _kill(p):
-    if p.poll() is None:
-        p.terminate()
-        try:
-            p.wait(5)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
-def _log_tail(path):
-    try:
-        with open(path, errors="replace") as f:
-            return f.read()[-3000:]
-    except OSError:
-        return ""
-
-
-def _wait_addr(path, proc, log, deadline):
-    """HOST:PORT from the master's address file, polled until the deadline."""
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"ferry master exited with {proc.returncode}:\n{_log_tail(log)}")
-        try:
-            with open(path) as f:
-                addr = f.read().strip()
-            if addr:
-                return addr
-        except FileNotFoundError:
-            pass
-        time.sleep(0.01)
-    raise RuntimeError(f"ferry master did not write {path} in {START_S} s:\n{_log_tail(log)}")
-
-
-def _wait_line(proc, word, deadline):
-    """Read proc's stdout line by line until one contains word."""
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    seen = []
-    buf = b""
-    try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise RuntimeError(f"no '{word}' line in {START_S} s; output so far: {seen}")
-            if not sel.select(left):
-                continue
-            chunk = os.read(proc.stdout.fileno(), 4096)
-            if not chunk:
-                raise RuntimeError(f"exited ({proc.wait()}) before '{word}'; output: {seen}")
-            buf += chunk
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                text = line.decode(errors="replace")
-                seen.append(text)
-                if word in text:
-                    return text
-    finally:
-        sel.close()
-
-
-def _drain(stream):
-    for _ in iter(lambda: stream.read(4096), b""):
-        pass
-
-
-class Cluster:
-    def __init__(self, addr, token_file):
-        self.addr, self.token_file = addr, token_file
-
-    def store(self, **kw):
-        kw.setdefault("master", self.addr)
-        kw.setdefault("token_file", self.token_file)
-        return ferry.Store(**kw)
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    if not os.access(FERRY_BIN, os.X_OK):
-        pytest.skip(f"no ferry binary at {FERRY_BIN} (set FERRY_BIN)")
-    tmp = tmp_path_factory.mktemp("weights")
-    procs, drains = [], []
-    try:
-        tok = tmp / "token"
-        tok.write_text(secrets.token_hex(32) + "\n")
-        os.chmod(tok, 0o600)
-        env = dict(os.environ)
-        for k in ("FERRY_MASTER", "FERRY_TOKEN", "FERRY_TOKEN_FILE", "FERRY_FAULT"):
-            env.pop(k, None)
-        mlog = tmp / "master.log"
-        with open(mlog, "wb") as lf:
-            master = subprocess.Popen([FERRY_BIN, "master", "--dir", str(tmp / "m"), "--listen", "127.0.0.1:0",
-                                       "--addr-file", str(tmp / "addr"), "--token-file", str(tok)],
-                                      stdin=subprocess.DEVNULL, stdout=lf, stderr=subprocess.STDOUT, env=env)
-        procs.append(master)
-        addr = _wait_addr(tmp / "addr", master, mlog, time.monotonic() + START_S)
-        node = subprocess.Popen([FERRY_BIN, "node", "--master", addr, "--size", f"{NODE_SIZE >> 20}M",
-                                 "--token-file", str(tok)],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=None, env=env)
-        procs.append(node)
-        _wait_line(node, "mounted", time.monotonic() + START_S)
-        drain = threading.Thread(target=_drain, args=(node.stdout,), daemon=True)
-        drain.start()
-        drains.append((drain, node.stdout))
-        c = Cluster(addr, str(tok))
-        with c.store() as s:
-            deadline = time.monotonic() + START_S
-            while len(s.status()["segments"]) < 1:
-                assert time.monotonic() < deadline, s.status()
-                time.sleep(0.01)
-        yield c
-    finally:
-        for p in reversed(procs):
-            _kill(p)
-        for t, stream in drains:
-            t.join(5)        # the node is gone: its output ends
-            if not t.is_alive():
-                stream.close()
-
-
-@pytest.fixture(scope="module")
-def store(cluster):
-    s = cluster.store()
-    yield s
-    s.close()
+cluster = cluster_fixture(1, "weights")
 
 
 def _run_ranks(world, fn):
