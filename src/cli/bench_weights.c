@@ -39,51 +39,11 @@ static double memcpy_gbps(void)
     return best;
 }
 
-typedef struct bw_opts {
-    unsigned trainers, rollouts, dp, reps;
-    uint64_t bytes;
-    char model[64];
-    bool json;
-} bw_opts;
-
-static int parse(int argc, char **argv, bw_opts *o)
-{
-    *o = (bw_opts){ .trainers = 4, .rollouts = 4, .dp = 2, .reps = 3, .bytes = 1ull << 30 };
-    snprintf(o->model, sizeof o->model, "qwen3-8b");
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--json")) {
-            o->json = true;
-            continue;
-        }
-        if (!v)
-            return -1;
-        i++;
-        if (!strcmp(a, "--trainers"))
-            o->trainers = (unsigned)atoi(v);
-        else if (!strcmp(a, "--rollouts"))
-            o->rollouts = (unsigned)atoi(v);
-        else if (!strcmp(a, "--dp"))
-            o->dp = (unsigned)atoi(v);
-        else if (!strcmp(a, "--reps"))
-            o->reps = (unsigned)atoi(v);
-        else if (!strcmp(a, "--bytes")) {
-            if (cli_parse_size(v, &o->bytes) != 0)
-                return -1;
-        } else if (!strcmp(a, "--model"))
-            snprintf(o->model, sizeof o->model, "%s", v);
-        else
-            return -1;
-    }
-    return o->trainers && o->trainers <= 64 && o->rollouts && o->rollouts <= 64 && o->dp &&
-                   o->rollouts % o->dp == 0 && o->reps && o->bytes >= (1u << 20) ? 0 : -1;
-}
-
 int cmd_bench_weights(int argc, char **argv, const char *self)
 {
     (void)self;
-    bw_opts o;
-    if (parse(argc, argv, &o) < 0) {
+    demo_opts o;
+    if (demo_parse(argc, argv, "--reps", 3, 1ull << 30, &o) < 0) {
         fprintf(stderr, "usage: ferry bench weights [--trainers N] [--rollouts N] [--dp N] "
                         "[--bytes SIZE] [--model PRESET] [--reps N] [--json]\n");
         return 2;
@@ -103,12 +63,12 @@ int cmd_bench_weights(int argc, char **argv, const char *self)
     if (demo_group_start(&grp, o.model, o.bytes, dm.bytes, o.trainers, o.rollouts, o.dp,
                          "ferry bench weights") < 0)
         goto out;
-    for (unsigned g = 1; g <= o.reps + 1 && ok; g++) {
+    for (unsigned g = 1; g <= o.count + 1 && ok; g++) {
         char cmd[64];
         double t;
         uint64_t a, b, c;
         if (!o.json)
-            cli_progress("bench weights", (double)(g - 1) / (o.reps + 1));
+            cli_progress("bench weights", (double)(g - 1) / (o.count + 1));
         snprintf(cmd, sizeof cmd, "publish %u", g);
         ok = demo_round(grp.tr, grp.ntr, cmd, &t, &a, &b, NULL, err, sizeof err);
         /* generation 1 warms every buffer up and is not counted */
@@ -156,7 +116,7 @@ int cmd_bench_weights(int argc, char **argv, const char *self)
         printf("ferry bench weights: %s, %zu tensors, %s bf16; %u trainers, %u rollouts (TP%u x "
                "DP%u); best of %u generations after a warm-up one\n", o.model, dm.n,
                cli_fmt_size(dm.bytes, sz, sizeof sz), o.trainers, o.rollouts, o.rollouts / o.dp,
-               o.dp, o.reps);
+               o.dp, o.count);
         printf("%-28s %10s %12s %12s\n", "update", "seconds", "x floor", "store read");
         printf("%-28s %10.3f %12.2f %11.2fx\n", "direct (single-pull)", best_direct,
                best_direct / floor_s, direct_read / pub);

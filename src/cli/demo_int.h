@@ -27,6 +27,18 @@ void demo_model_free(demo_model *dm);
 int demo_trainer_main(int argc, char **argv);
 int demo_rollout_main(int argc, char **argv);
 
+/* Options shared by `ferry demo` and `ferry bench weights`: --trainers,
+ * --rollouts, --dp (0: 2 when it divides the rollouts), --bytes, --model,
+ * --json, and a count flag (--generations / --reps). */
+typedef struct demo_opts {
+    unsigned trainers, rollouts, dp, count;
+    uint64_t bytes;
+    char model[64];
+    bool json;
+} demo_opts;
+int demo_parse(int argc, char **argv, const char *count_flag, unsigned count, uint64_t bytes,
+               demo_opts *o);
+
 /* A child over pipes. */
 typedef struct child { pid_t pid; FILE *in, *out; } child;
 

@@ -236,3 +236,39 @@ void demo_group_stop(demo_group *g)
         g->own = false;
     }
 }
+
+int demo_parse(int argc, char **argv, const char *count_flag, unsigned count, uint64_t bytes,
+               demo_opts *o)
+{
+    *o = (demo_opts){ .trainers = 4, .rollouts = 4, .count = count, .bytes = bytes };
+    snprintf(o->model, sizeof o->model, "qwen3-8b");
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--json")) {
+            o->json = true;
+            continue;
+        }
+        if (!v)
+            return -1;
+        i++;
+        if (!strcmp(a, "--trainers"))
+            o->trainers = (unsigned)atoi(v);
+        else if (!strcmp(a, "--rollouts"))
+            o->rollouts = (unsigned)atoi(v);
+        else if (!strcmp(a, "--dp"))
+            o->dp = (unsigned)atoi(v);
+        else if (!strcmp(a, count_flag))
+            o->count = (unsigned)atoi(v);
+        else if (!strcmp(a, "--bytes")) {
+            if (cli_parse_size(v, &o->bytes) != 0)
+                return -1;
+        } else if (!strcmp(a, "--model"))
+            snprintf(o->model, sizeof o->model, "%s", v);
+        else
+            return -1;
+    }
+    if (o->dp == 0)
+        o->dp = o->rollouts % 2 == 0 ? 2 : 1;   /* default: TP x DP2 when it divides */
+    return o->trainers && o->trainers <= 64 && o->rollouts && o->rollouts <= 64 &&
+                   o->rollouts % o->dp == 0 && o->count && o->bytes >= (1u << 20) ? 0 : -1;
+}

@@ -13,12 +13,6 @@
 #include "cli.h"
 #include "demo_int.h"
 
-typedef struct demo_opts {
-    unsigned trainers, rollouts, generations, dp;
-    uint64_t bytes;
-    char model[64];
-    bool json;
-} demo_opts;
 
 typedef struct gen_row {
     double publish_s, direct_s, compat_s;
@@ -27,49 +21,12 @@ typedef struct gen_row {
     char error[256];
 } gen_row;
 
-static int parse(int argc, char **argv, demo_opts *o)
-{
-    *o = (demo_opts){ .trainers = 4, .rollouts = 4, .generations = 3, .dp = 0,
-                      .bytes = 2ull << 30 };
-    snprintf(o->model, sizeof o->model, "qwen3-8b");
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--json")) {
-            o->json = true;
-            continue;
-        }
-        if (!v)
-            return -1;
-        i++;
-        if (!strcmp(a, "--trainers"))
-            o->trainers = (unsigned)atoi(v);
-        else if (!strcmp(a, "--rollouts"))
-            o->rollouts = (unsigned)atoi(v);
-        else if (!strcmp(a, "--dp"))
-            o->dp = (unsigned)atoi(v);
-        else if (!strcmp(a, "--generations"))
-            o->generations = (unsigned)atoi(v);
-        else if (!strcmp(a, "--bytes")) {
-            if (cli_parse_size(v, &o->bytes) != 0)
-                return -1;
-        } else if (!strcmp(a, "--model"))
-            snprintf(o->model, sizeof o->model, "%s", v);
-        else
-            return -1;
-    }
-    if (o->dp == 0)
-        o->dp = o->rollouts % 2 == 0 ? 2 : 1;   /* default: TP x DP2 when it divides */
-    return o->trainers && o->rollouts && o->generations && o->trainers <= 64 &&
-           o->rollouts % o->dp == 0 &&
-                   o->rollouts <= 64 && o->bytes >= (1u << 20) ? 0 : -1;
-}
-
 int cmd_demo(int argc, char **argv, const char *self)
 {
     if (argc >= 2 && !strcmp(argv[1], "engine"))
         return cmd_demo_engine(argc - 1, argv + 1, self);
     demo_opts o;
-    if (parse(argc, argv, &o) < 0) {
+    if (demo_parse(argc, argv, "--generations", 3, 2ull << 30, &o) < 0) {
         fprintf(stderr, "usage: ferry demo [--trainers N] [--rollouts N] [--generations N]\n"
                         "                  [--bytes SIZE] [--model PRESET] [--json]\n"
                         "       ferry demo engine [--size SIZE] [--json]\n");
@@ -92,10 +49,10 @@ int cmd_demo(int argc, char **argv, const char *self)
                 "its real shapes, %s bf16) through the store at %s;\n%u rollout workers (TP%u x DP%u) "
                 "take each one parameter-direct, single-pull (every byte read from the store once, "
                 "pushed to its replicas),\nand whole (compatibility), checking every byte.\n",
-                o.trainers, o.generations, o.model, dm.n, cli_fmt_size(dm.bytes, sz, sizeof sz),
+                o.trainers, o.count, o.model, dm.n, cli_fmt_size(dm.bytes, sz, sizeof sz),
                 grp.addr, o.rollouts, o.rollouts / o.dp, o.dp);
     gen_row rows[64] = {{0}};
-    unsigned ng = o.generations > 64 ? 64 : o.generations;
+    unsigned ng = o.count > 64 ? 64 : o.count;
     bool all_ok = true;
     for (unsigned g = 1; g <= ng; g++) {
         gen_row *row = &rows[g - 1];

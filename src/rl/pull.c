@@ -461,7 +461,7 @@ int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_u
     ferry_weight_manifest m = {0};
     bool current = false;
     uint64_t g = *generation;
-    int rc = fr_rl_prepare(sub->s, sub->cfg.model, &g, &m, &current, err);
+    int rc = fr_rl_prepare(sub->s, sub->cfg.model, &g, &m, &current, st, err);
     st->generation = *generation;
     if (rc < 0 || current)
         return rc;   /* every member sees the same active generation, or retries */

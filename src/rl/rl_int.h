@@ -11,9 +11,11 @@ int fr_rl_fail(ferry_error *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* The active generation and its manifest (every object leased), unless
- * *generation is already the active one (*current). */
+ * *generation is already the active one (*current). Sets st->generation
+ * (the current one) and st->prepare_s. */
 int fr_rl_prepare(ferry_store *s, const char *model, uint64_t *generation,
-                  ferry_weight_manifest *m, bool *current, ferry_error *err);
+                  ferry_weight_manifest *m, bool *current, ferry_update_stats *st,
+                  ferry_error *err);
 
 /* One contiguous run of a shard: bytes [src_off, src_off+len) of manifest
  * entry `entry` go to dst. */

@@ -18,9 +18,23 @@ static double now_s(void)
     return (double)fr_now_ns() / 1e9;
 }
 
+static int prepare_once(ferry_store *s, const char *model, uint64_t *generation,
+                        ferry_weight_manifest *m, bool *current, ferry_error *err);
+
 /* The active generation and its manifest, unless *generation is current. */
 int fr_rl_prepare(ferry_store *s, const char *model, uint64_t *generation,
-                   ferry_weight_manifest *m, bool *current, ferry_error *err)
+                  ferry_weight_manifest *m, bool *current, ferry_update_stats *st,
+                  ferry_error *err)
+{
+    double t0 = now_s();
+    int rc = prepare_once(s, model, generation, m, current, err);
+    st->generation = *generation;
+    st->prepare_s = now_s() - t0;
+    return rc;
+}
+
+static int prepare_once(ferry_store *s, const char *model, uint64_t *generation,
+                        ferry_weight_manifest *m, bool *current, ferry_error *err)
 {
     uint64_t active = 0;
     *current = false;
@@ -193,14 +207,11 @@ int ferry_weights_update_direct(ferry_store *s, const char *model, uint64_t *gen
     memset(st, 0, sizeof *st);
     if (!s || !model || !generation || (n && !shards))
         return fr_rl_fail(err, FERRY_EINVAL, "update: bad arguments");
-    double t0 = now_s();
     ferry_weight_manifest m = {0};
     bool current = false;
-    int rc = fr_rl_prepare(s, model, generation, &m, &current, err);
-    st->generation = *generation;
+    int rc = fr_rl_prepare(s, model, generation, &m, &current, st, err);
     if (rc < 0 || current)
         return rc;
-    st->prepare_s = now_s() - t0;
     const ferry_weight_entry **byname = malloc((m.n ? m.n : 1) * sizeof *byname);
     reader rd = { .s = s, .r = malloc(FLUSH_RANGES * sizeof *rd.r),
                   .who = malloc(FLUSH_RANGES * sizeof *rd.who), .st = st, .m = &m };
@@ -248,14 +259,11 @@ int ferry_weights_update_compat(ferry_store *s, const char *model, uint64_t *gen
     memset(st, 0, sizeof *st);
     if (!s || !model || !generation || !fn)
         return fr_rl_fail(err, FERRY_EINVAL, "update: bad arguments");
-    double t0 = now_s();
     ferry_weight_manifest m = {0};
     bool current = false;
-    int rc = fr_rl_prepare(s, model, generation, &m, &current, err);
-    st->generation = *generation;
+    int rc = fr_rl_prepare(s, model, generation, &m, &current, st, err);
     if (rc < 0 || current)
         return rc;
-    st->prepare_s = now_s() - t0;
     double t1 = now_s();
     void *buf = NULL;
     size_t cap = 0;

@@ -476,30 +476,30 @@ int ferry_store_batch_get_into(ferry_store *s, const char *const *keys, void *co
 
 /* ---- metadata-only calls ---------------------------------------------------------------- */
 
-int ferry_store_exist(ferry_store *s, const char *key)
+/* One request that names a key: the key checked, one round trip. */
+static int key_rpc(ferry_store *s, const char *key, uint16_t type, uint16_t want, fr_smsg *rep)
 {
     int rc = fr_client_key(key);
     if (rc < 0 || !s)
         return s ? rc : FERRY_EINVAL;
-    fr_smsg q = {.type = FR_SMSG_EXIST, .key = fr_client_str(key)}, rep;
+    fr_smsg q = {.type = type, .key = fr_client_str(key)};
     uint8_t *b = NULL;
-    rc = fr_client_rpc(s, &q, FR_SMSG_EXISTS, &rep, &b);
-    if (rc == 0)
-        rc = rep.flag ? 1 : 0;
-    fr_free(b);
+    rc = fr_client_rpc(s, &q, want, rep, &b);
+    fr_free(b);   /* callers use only fixed fields of the reply */
     return rc;
+}
+
+int ferry_store_exist(ferry_store *s, const char *key)
+{
+    fr_smsg rep;
+    int rc = key_rpc(s, key, FR_SMSG_EXIST, FR_SMSG_EXISTS, &rep);
+    return rc < 0 ? rc : rep.flag ? 1 : 0;
 }
 
 int ferry_store_remove(ferry_store *s, const char *key)
 {
-    int rc = fr_client_key(key);
-    if (rc < 0 || !s)
-        return s ? rc : FERRY_EINVAL;
-    fr_smsg q = {.type = FR_SMSG_REMOVE, .key = fr_client_str(key)}, rep;
-    uint8_t *b = NULL;
-    rc = fr_client_rpc(s, &q, FR_SMSG_OK, &rep, &b);
-    fr_free(b);
-    return rc;
+    fr_smsg rep;
+    return key_rpc(s, key, FR_SMSG_REMOVE, FR_SMSG_OK, &rep);
 }
 
 int ferry_store_remove_prefix(ferry_store *s, const char *prefix, uint64_t *removed)
