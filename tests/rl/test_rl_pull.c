@@ -1,7 +1,8 @@
 /* Single-pull update of a rollout group: four rollout processes in TP2 x
  * DP2 (each TP shard held by two replicas) take two generations together;
  * the store serves every published byte exactly once (1.00x), the other
- * replica gets it pushed, and every parameter byte is checked. */
+ * replica gets it pushed, and every parameter byte is checked. Then a
+ * reader whose engine fails during apply: both workers get FERRY_EREBUILD. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -35,7 +36,8 @@ static void names_of(char names[NT][32])
 
 /* ---- a rollout process ------------------------------------------------------------------ */
 
-static int rollout_main(const char *addr, uint32_t rank)
+static int rollout_main(const char *addr, uint32_t rank, uint32_t world, uint32_t tpdeg,
+                        const char *group, uint64_t timeout_ms)
 {
     ferry_store_config cfg;
     ferry_store_config_init(&cfg);
@@ -48,17 +50,18 @@ static int rollout_main(const char *addr, uint32_t rank)
     }
     char names[NT][32];
     names_of(names);
-    uint32_t tp = rank % 2;   /* ranks 0,2 hold TP shard 0; 1,3 shard 1 */
+    uint32_t tp = rank % tpdeg;   /* TP shard of this rank; the others are its DP replicas */
     ferry_param_shard sh[NT];
     for (size_t k = 0; k < NT; k++) {
-        uint64_t half = (shapes[k][0] + 1) / 2, r0 = tp * half;
+        uint64_t half = (shapes[k][0] + tpdeg - 1) / tpdeg, r0 = tp * half;
         uint64_t rows = r0 + half <= shapes[k][0] ? half : shapes[k][0] - r0;
         sh[k] = (ferry_param_shard){ .tensor = names[k], .ndim = 2, .offset = { r0, 0 },
                                      .shape = { rows, shapes[k][1] },
                                      .dst = calloc(rows * shapes[k][1], 2) };
     }
-    ferry_subscriber_config sc = { .model = "pull", .group = "rollout", .rank = rank,
-                                   .world = WORLD, .timeout_ms = 20000 };
+    ferry_subscriber_config sc = { .model = "pull", .rank = rank, .world = world,
+                                   .timeout_ms = timeout_ms };
+    snprintf(sc.group, sizeof sc.group, "%s", group);
     ferry_subscriber *sub = NULL;
     ferry_error err = {0};
     if (ferry_subscriber_open(s, &sc, sh, NT, &sub, &err) < 0) {
@@ -139,7 +142,7 @@ static void test_single_pull(void **state)
     for (int k = 0; k < WORLD; k++) {
         char rk[8];
         snprintf(rk, sizeof rk, "%d", k);
-        const char *args[] = { "--rollout", c.addr, rk, NULL };
+        const char *args[] = { "--rollout", c.addr, rk, "4", "2", "rollout", "20000", NULL };
         assert_int_equal(ft_spawn(&r[k], NULL, args), 0);
         char line[256];
         assert_int_equal(ft_read_line(&r[k], line, sizeof line, 20000), 0);
@@ -171,14 +174,45 @@ static void test_single_pull(void **state)
     }
     for (int k = 0; k < WORLD; k++)
         ft_peer_stop(&r[k]);
+
+    /* A reader fails during apply (its engine cannot post: no read, no push,
+     * no notification): the worker it feeds gets FERRY_EREBUILD, not a
+     * hang, and so does the reader. */
+    ft_peer f[2];
+    for (int k = 0; k < 2; k++) {
+        char rk[8];
+        snprintf(rk, sizeof rk, "%d", k);
+        if (k == 1)
+            setenv("FERRY_FAULT", "post_fail_after=0", 1);
+        const char *args[] = { "--rollout", c.addr, rk, "2", "1", "faulty", "1500", NULL };
+        assert_int_equal(ft_spawn(&f[k], NULL, args), 0);
+        unsetenv("FERRY_FAULT");
+        char line[256];
+        assert_int_equal(ft_read_line(&f[k], line, sizeof line, 20000), 0);
+        assert_string_equal(line, "READY");
+    }
+    (void)publish(s, 3);
+    for (int k = 0; k < 2; k++)
+        assert_int_equal(ft_peer_send(&f[k], "update 3"), 0);
+    for (int k = 0; k < 2; k++) {
+        char line[512];
+        assert_int_not_equal(ft_peer_reply(&f[k], line, sizeof line, 30000), 0);
+        fprintf(stderr, "faulty group, worker %d: %s\n", k, line);
+        char want[32];
+        snprintf(want, sizeof want, "ERR %d ", FERRY_EREBUILD);
+        assert_true(strncmp(line, want, strlen(want)) == 0);
+    }
+    for (int k = 0; k < 2; k++)
+        ft_peer_stop(&f[k]);
     ferry_store_close(s);
     ft_cluster_stop(&c);
 }
 
 int main(int argc, char **argv)
 {
-    if (argc == 4 && !strcmp(argv[1], "--rollout"))
-        return rollout_main(argv[2], (uint32_t)atoi(argv[3]));
+    if (argc == 8 && !strcmp(argv[1], "--rollout"))
+        return rollout_main(argv[2], (uint32_t)atoi(argv[3]), (uint32_t)atoi(argv[4]),
+                            (uint32_t)atoi(argv[5]), argv[6], strtoull(argv[7], NULL, 10));
     ft_token();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_single_pull),
