@@ -17,6 +17,42 @@ PyObject *fp_raise(int code, const char *msg);
 /* Raise from a ferry_error filled by a failed call. */
 PyObject *fp_raise_err(int code, const ferry_error *err);
 
+/* ---- errors as the store's Error subclasses, conversions (_ferry_util.c) -- */
+/* The Error subclass of code (NotFoundError, BusyError, ...; the store file
+ * owns them), else Error. Borrowed. */
+PyObject *fp_err_class(int code);
+/* A new instance of fp_err_class(code): str(e) msg (NULL or empty:
+ * ferry_strerror(code)), e.code code. NULL with an error set on failure. */
+PyObject *fp_err_new(int code, const char *msg);
+/* Raise e (stealing it; NULL: the error already set). Returns NULL. */
+PyObject *fp_err_throw(PyObject *e);
+/* Raise fp_err_new(code, msg), or MemoryError for FERRY_ENOMEM. NULL. */
+PyObject *fp_raise_class(int code, const char *msg);
+/* fp_raise_class with the message of a ferry_error filled by a failed call. */
+PyObject *fp_raise_err_class(int code, const ferry_error *err);
+/* UTF-8 of a str without NUL bytes (what names it in errors); valid while
+ * o lives. NULL with TypeError or ValueError. */
+const char *fp_key_of(PyObject *o, const char *what);
+/* str from UTF-8 (undecodable bytes as surrogates). */
+PyObject *fp_str_of(const char *s);
+/* src into dst of cap bytes, NUL included; ValueError when too long. 0 or -1. */
+int fp_copy_str(char *dst, size_t cap, const char *src, const char *what);
+/* A tuple copy of a sequence (holds its items for the duration of a call);
+ * str and bytes refused. */
+PyObject *fp_seq_hold(PyObject *o, const char *what);
+
+/* Run stmt without the GIL with the ferry.Store so marked busy
+ * (fp_store_busy) meanwhile. */
+#define FP_STORE_CALL(store, stmt)                                                                                     \
+    do {                                                                                                               \
+        PyThreadState *fp_save_;                                                                                       \
+        fp_store_busy((store), 1);                                                                                     \
+        fp_save_ = PyEval_SaveThread();                                                                                \
+        stmt;                                                                                                          \
+        PyEval_RestoreThread(fp_save_);                                                                                \
+        fp_store_busy((store), -1);                                                                                    \
+    } while (0)
+
 /* ---- shared by the reshard files ---------------------------------------- */
 #define FP_KWFN(f) (PyCFunction)(void (*)(void))(f)
 /* A sequence of at most FERRY_MAX_DIMS non-negative ints into out, *n its

@@ -10,35 +10,7 @@
 
 #include "_ferry.h"
 
-static PyObject *exec_module;   /* borrowed: the _ferry module (m_size -1: lives forever) */
-
 /* ---- errors ------------------------------------------------------------------------ */
-
-/* The store's subclass of Error for code, looked up by name (the store file
- * owns them), else Error. New reference. */
-static PyObject *err_class(int code)
-{
-    const char *name = NULL;
-    switch (code) {
-    case FERRY_ENOENT: name = "NotFoundError"; break;
-    case FERRY_EEXIST: name = "ExistsError"; break;
-    case FERRY_ENOSPC: name = "NoSpaceError"; break;
-    case FERRY_EBUSY: name = "BusyError"; break;
-    case FERRY_ESTATE: name = "ConflictError"; break;
-    case FERRY_ETIMEDOUT: name = "TimeoutError"; break;
-    case FERRY_EAUTH: name = "AuthError"; break;
-    case FERRY_ECONNRESET:
-    case FERRY_ECONNREFUSED: name = "ConnectionError"; break;
-    case FERRY_ESTALE: name = "StaleError"; break;
-    default: break;
-    }
-    PyObject *c = name && exec_module ? PyObject_GetAttrString(exec_module, name) : NULL;
-    if (!c) {
-        PyErr_Clear();
-        c = Py_NewRef(fp_error);
-    }
-    return c;
-}
 
 /* Raise the Error subclass of code with msg (NULL/empty: strerror), e.code,
  * and when given e.result (stolen) and e.__cause__ (stolen). Returns NULL. */
@@ -48,30 +20,17 @@ static PyObject *ex_raise(int code, const char *msg, PyObject *result, PyObject 
         Py_XDECREF(cause);
         return PyErr_NoMemory();
     }
-    PyObject *cls = err_class(code);
-    PyObject *e = PyObject_CallFunction(cls, "s", msg && *msg ? msg : ferry_strerror(code));
-    Py_DECREF(cls);
-    PyObject *c = e ? PyLong_FromLong(code) : NULL;
-    if (!c || PyObject_SetAttrString(e, "code", c) < 0 ||
-        (result && PyObject_SetAttrString(e, "result", result) < 0)) {
-        Py_XDECREF(c);
+    PyObject *e = fp_err_new(code, msg);
+    if (!e || (result && PyObject_SetAttrString(e, "result", result) < 0)) {
         Py_XDECREF(e);
         Py_XDECREF(result);
         Py_XDECREF(cause);
         return NULL;
     }
-    Py_DECREF(c);
     Py_XDECREF(result);
     if (cause)
         PyException_SetCause(e, cause);   /* steals cause */
-    PyErr_SetObject((PyObject *)Py_TYPE(e), e);
-    Py_DECREF(e);
-    return NULL;
-}
-
-static PyObject *ex_raise_err(int code, const ferry_error *err)
-{
-    return ex_raise(code, err ? err->msg : NULL, NULL, NULL);
+    return fp_err_throw(e);
 }
 
 static PyObject *busy_error(const char *what)
@@ -226,7 +185,7 @@ static int binding_init(BindingObject *self, PyObject *args, PyObject *kw)
     ferry_error err = {0};
     int rc = ferry_binding_create(m, inst, gen, lease, &self->b, &err);
     if (rc < 0) {
-        ex_raise_err(rc, &err);
+        fp_raise_err_class(rc, &err);
         return -1;
     }
     return 0;
@@ -252,7 +211,7 @@ static int binding_add_entry(BindingObject *self, const ferry_binding_entry *e)
     ferry_error err = {0};
     int rc = ferry_binding_add(self->b, e, &err);
     if (rc < 0) {
-        ex_raise_err(rc, &err);
+        fp_raise_err_class(rc, &err);
         return -1;
     }
     return 0;
@@ -383,7 +342,7 @@ static PyObject *binding_from_json(PyObject *cls, PyObject *args)
     ferry_error err = {0};
     int rc = ferry_binding_from_json(text, (size_t)len, m, &b, &err);
     if (rc < 0)
-        return ex_raise_err(rc, &err);
+        return fp_raise_err_class(rc, &err);
     BindingObject *o = (BindingObject *)((PyTypeObject *)cls)->tp_alloc((PyTypeObject *)cls, 0);
     if (!o) {
         ferry_binding_free(b);
@@ -913,7 +872,7 @@ static PyObject *attested_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     ferry_error err = {0};
     int rc = ferry_attest(p, s->b, d->b, gen, &a, &err);
     if (rc < 0)
-        return ex_raise_err(rc, &err);
+        return fp_raise_err_class(rc, &err);
     AttestedObject *o = PyObject_New(AttestedObject, &AttestedType);
     if (!o) {
         ferry_attested_free(a);
@@ -954,7 +913,7 @@ static PyObject *attested_check(AttestedObject *self, PyObject *args, PyObject *
     ferry_error err = {0};
     int rc = ferry_attested_check(self->a, s, d, &err);
     if (rc < 0)
-        return ex_raise_err(rc, &err);
+        return fp_raise_err_class(rc, &err);
     Py_RETURN_NONE;
 }
 
@@ -988,7 +947,7 @@ static PyObject *attested_counterparts(AttestedObject *self, PyObject *args, PyO
     PyMem_Free(w);
     PyObject *l = NULL;
     if (rc < 0)
-        ex_raise_err(rc, &err);
+        fp_raise_err_class(rc, &err);
     else {
         l = PyList_New((Py_ssize_t)n);
         for (size_t i = 0; l && i < n; i++) {
@@ -1250,7 +1209,7 @@ static PyObject *executor_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     ferry_error err = {0};
     int rc = ferry_executor_create(&cfg, &self->x, &err);
     if (rc < 0) {
-        ex_raise_err(rc, &err);
+        fp_raise_err_class(rc, &err);
         goto fail;
     }
     PyMem_Free(w);
@@ -1437,7 +1396,6 @@ static PyTypeObject ExecutorType = {
 
 int fp_exec_init(PyObject *m)
 {
-    exec_module = m;
     PyTypeObject *types[] = {&BindingType, &EngineType, &AttestedType, &ExecutorType};
     const char *names[] = {"Binding", "Engine", "AttestedPlan", "Executor"};
     for (int i = 0; i < 4; i++)

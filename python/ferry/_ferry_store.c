@@ -10,7 +10,7 @@
 static PyObject *err_notfound, *err_exists, *err_nospace, *err_lost, *err_busy, *err_conflict, *err_timeout,
     *err_auth, *err_conn, *err_stale;
 
-static PyObject *err_class(int code)
+PyObject *fp_err_class(int code)
 {
     switch (code) {
     case FERRY_ENOENT: return err_notfound;
@@ -28,48 +28,23 @@ static PyObject *err_class(int code)
     }
 }
 
-/* A new exception instance for code (str(e) = msg, e.code = code). */
-static PyObject *err_new(int code, const char *msg)
-{
-    PyObject *e = PyObject_CallFunction(err_class(code), "s", msg && *msg ? msg : ferry_strerror(code));
-    if (!e)
-        return NULL;
-    PyObject *c = PyLong_FromLong(code);
-    if (!c || PyObject_SetAttrString(e, "code", c) < 0) {
-        Py_XDECREF(c);
-        Py_DECREF(e);
-        return NULL;
-    }
-    Py_DECREF(c);
-    return e;
-}
-
-static PyObject *err_throw(PyObject *e)
-{
-    if (e) {
-        PyErr_SetObject((PyObject *)Py_TYPE(e), e);
-        Py_DECREF(e);
-    }
-    return NULL;
-}
-
 /* Raise for code with the calling thread's ferry_store_last_error(). */
 static PyObject *st_raise(int code)
 {
-    return err_throw(err_new(code, ferry_store_last_error()));
+    return fp_err_throw(fp_err_new(code, ferry_store_last_error()));
 }
 
 /* Raise ConflictError (or whatever code maps to) with .current_revision. */
 static PyObject *st_raise_rev(int code, uint64_t rev)
 {
-    PyObject *e = err_new(code, ferry_store_last_error());
+    PyObject *e = fp_err_new(code, ferry_store_last_error());
     if (e && code == FERRY_ESTATE) {
         PyObject *r = PyLong_FromUnsignedLongLong(rev);
         if (!r || PyObject_SetAttrString(e, "current_revision", r) < 0)
             Py_CLEAR(e);
         Py_XDECREF(r);
     }
-    return err_throw(e);
+    return fp_err_throw(e);
 }
 
 /* ---- objects ------------------------------------------------------------------------ */
@@ -95,42 +70,13 @@ struct WatchObject {
 static PyTypeObject StoreType, WatchType;
 
 /* Run stmt without the GIL, counted in self->inflight so close() can refuse. */
-#define ST_CALL(self, stmt)                                                                                            \
-    do {                                                                                                               \
-        PyThreadState *st_save_;                                                                                       \
-        (self)->inflight++;                                                                                            \
-        st_save_ = PyEval_SaveThread();                                                                                \
-        stmt;                                                                                                          \
-        PyEval_RestoreThread(st_save_);                                                                                \
-        (self)->inflight--;                                                                                            \
-    } while (0)
+#define ST_CALL(self, stmt) FP_STORE_CALL((PyObject *)(self), stmt)
 
 static ferry_store *st_of(StoreObject *self)
 {
     if (!self->s)
         PyErr_SetString(PyExc_ValueError, "the store is not open (call setup() first)");
     return self->s;
-}
-
-/* UTF-8 of a str key without NUL bytes; valid while o lives. */
-static const char *key_of(PyObject *o, const char *what)
-{
-    if (!PyUnicode_Check(o)) {
-        PyErr_Format(PyExc_TypeError, "%s must be str, not %.100s", what, Py_TYPE(o)->tp_name);
-        return NULL;
-    }
-    Py_ssize_t n;
-    const char *k = PyUnicode_AsUTF8AndSize(o, &n);
-    if (k && (size_t)n != strlen(k)) {
-        PyErr_Format(PyExc_ValueError, "%s contains a NUL character", what);
-        return NULL;
-    }
-    return k;
-}
-
-static PyObject *str_of(const char *s)
-{
-    return PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "surrogateescape");
 }
 
 static int buf_src(PyObject *o, Py_buffer *v)
@@ -141,19 +87,6 @@ static int buf_src(PyObject *o, Py_buffer *v)
 static int buf_dst(PyObject *o, Py_buffer *v)
 {
     return PyObject_GetBuffer(o, v, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE);
-}
-
-/* A tuple copy of a sequence (holds its items for the duration of a call). */
-static PyObject *seq_hold(PyObject *o, const char *what)
-{
-    if (PyUnicode_Check(o) || PyBytes_Check(o)) {
-        PyErr_Format(PyExc_TypeError, "%s must be a list, not %.100s", what, Py_TYPE(o)->tp_name);
-        return NULL;
-    }
-    PyObject *t = PySequence_Tuple(o);
-    if (!t)
-        PyErr_Format(PyExc_TypeError, "%s must be a sequence", what);
-    return t;
 }
 
 /* ---- replicate config --------------------------------------------------------------- */
@@ -225,7 +158,7 @@ static int rc_from(PyObject *o, st_rc *r)
         Py_XDECREF(v);
         return 0;
     }
-    PyObject *t = seq_hold(v, "preferred_segments");
+    PyObject *t = fp_seq_hold(v, "preferred_segments");
     Py_DECREF(v);
     if (!t)
         return -1;
@@ -277,16 +210,6 @@ static PyObject *desc_dict(const ferry_object_desc *d)
 
 /* ---- set-up and lifetime ---------------------------------------------------------- */
 
-static int copy_str(char *dst, size_t cap, const char *src, const char *what)
-{
-    if (strlen(src) >= cap) {
-        PyErr_Format(PyExc_ValueError, "%s is longer than %zu bytes", what, cap - 1);
-        return -1;
-    }
-    strcpy(dst, src);
-    return 0;
-}
-
 static PyObject *st_setup(StoreObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwl[] = {"master", "token", "token_file", "transport", "timeout_ms", "lease_ms", NULL};
@@ -307,16 +230,16 @@ static PyObject *st_setup(StoreObject *self, PyObject *args, PyObject *kw)
     int rc = ferry_store_config_init(&cfg);
     if (rc < 0)
         return st_raise(rc);
-    if (master && copy_str(cfg.master, sizeof cfg.master, master, "master") < 0)
+    if (master && fp_copy_str(cfg.master, sizeof cfg.master, master, "master") < 0)
         return NULL;
-    if (transport && copy_str(cfg.engine.transport, sizeof cfg.engine.transport, transport, "transport") < 0)
+    if (transport && fp_copy_str(cfg.engine.transport, sizeof cfg.engine.transport, transport, "transport") < 0)
         return NULL;
     if (token_file) {
         rc = ferry_engine_config_token_file(&cfg.engine, token_file);
         if (rc < 0) {
             char msg[512];
             snprintf(msg, sizeof msg, "token file %s: %s", token_file, ferry_strerror(rc));
-            return err_throw(err_new(rc, msg));
+            return fp_err_throw(fp_err_new(rc, msg));
         }
     }
     if (token != Py_None) {
@@ -424,7 +347,7 @@ static PyObject *st_close(StoreObject *self, PyObject *unused)
     for (WatchObject *w = self->watches; w; w = w->next)
         busy += w->inflight;
     if (busy)
-        return err_throw(err_new(FERRY_EBUSY, "close: calls are still running on this store or its watches"));
+        return fp_err_throw(fp_err_new(FERRY_EBUSY, "close: calls are still running on this store or its watches"));
     st_close_now(self);
     Py_RETURN_NONE;
 }
@@ -618,7 +541,7 @@ static PyObject *st_get_into(StoreObject *self, PyObject *args)
     if (rc == FERRY_EMSGSIZE) {
         char msg[FERRY_STORE_KEY_MAX + 128];
         snprintf(msg, sizeof msg, "get_into %s: the object is %zu bytes, the buffer holds %zd", key, len, cap);
-        return err_throw(err_new(rc, msg));
+        return fp_err_throw(fp_err_new(rc, msg));
     }
     return rc < 0 ? st_raise(rc) : PyLong_FromSize_t(len);
 }
@@ -649,7 +572,7 @@ static PyObject *st_get_into_ranges(StoreObject *self, PyObject *args)
     ferry_store *s = st_of(self);
     if (!s)
         return NULL;
-    PyObject *t = seq_hold(ranges, "ranges");
+    PyObject *t = fp_seq_hold(ranges, "ranges");
     if (!t)
         return NULL;
     size_t n = (size_t)PyTuple_GET_SIZE(t), got = 0;
@@ -670,7 +593,7 @@ static PyObject *st_get_into_ranges(StoreObject *self, PyObject *args)
             PyErr_Format(PyExc_TypeError, "ranges[%zu] must be (key, src_offset, buffer[, length])", i);
             goto done;
         }
-        r[i].key = key_of(PyTuple_GET_ITEM(it, 0), "key");
+        r[i].key = fp_key_of(PyTuple_GET_ITEM(it, 0), "key");
         if (!r[i].key)
             goto done;
         r[i].src_offset = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(it, 1));
@@ -751,8 +674,8 @@ static void batch_free(st_batch *b)
 static int batch_from(st_batch *b, PyObject *keys, PyObject *bufs, int writable)
 {
     memset(b, 0, sizeof *b);
-    b->kt = seq_hold(keys, "keys");
-    b->bt = b->kt ? seq_hold(bufs, "buffers") : NULL;
+    b->kt = fp_seq_hold(keys, "keys");
+    b->bt = b->kt ? fp_seq_hold(bufs, "buffers") : NULL;
     if (!b->bt)
         return -1;
     b->n = (size_t)PyTuple_GET_SIZE(b->kt);
@@ -769,7 +692,7 @@ static int batch_from(st_batch *b, PyObject *keys, PyObject *bufs, int writable)
         return -1;
     }
     for (size_t i = 0; i < b->n; i++) {
-        b->keys[i] = key_of(PyTuple_GET_ITEM(b->kt, i), "key");
+        b->keys[i] = fp_key_of(PyTuple_GET_ITEM(b->kt, i), "key");
         PyObject *o = PyTuple_GET_ITEM(b->bt, i);
         if (!b->keys[i] || (writable ? buf_dst(o, &b->v[i]) : buf_src(o, &b->v[i])) < 0)
             return -1;
@@ -942,7 +865,7 @@ static PyObject *st_list_page(StoreObject *self, PyObject *args, PyObject *kw)
         return st_raise(rc);
     PyObject *l = PyList_New((Py_ssize_t)n);
     for (size_t i = 0; l && i < n; i++) {
-        PyObject *k = str_of(keys[i]);
+        PyObject *k = fp_str_of(keys[i]);
         if (!k)
             Py_CLEAR(l);
         else
@@ -992,7 +915,7 @@ static PyObject *st_put_struct_raw(StoreObject *self, PyObject *args, PyObject *
     st_rc r;
     if (!s || rc_from(cfg, &r) < 0)
         return NULL;
-    PyObject *t = seq_hold(members, "members"), *out = NULL;
+    PyObject *t = fp_seq_hold(members, "members"), *out = NULL;
     size_t n = t ? (size_t)PyTuple_GET_SIZE(t) : 0, got = 0;
     ferry_member *m = PyMem_Calloc(n + 1, sizeof *m);
     Py_buffer *v = PyMem_Calloc(n + 1, sizeof *v);
@@ -1014,10 +937,10 @@ static PyObject *st_put_struct_raw(StoreObject *self, PyObject *args, PyObject *
             }
             goto done;
         }
-        if (copy_str(m[i].name, sizeof m[i].name, name, "member name") < 0 ||
-            copy_str(m[i].dtype, sizeof m[i].dtype, dtype, "dtype") < 0)
+        if (fp_copy_str(m[i].name, sizeof m[i].name, name, "member name") < 0 ||
+            fp_copy_str(m[i].dtype, sizeof m[i].dtype, dtype, "dtype") < 0)
             goto done;
-        PyObject *sh = seq_hold(shape, "shape");
+        PyObject *sh = fp_seq_hold(shape, "shape");
         if (!sh)
             goto done;
         Py_ssize_t nd = PyTuple_GET_SIZE(sh);
@@ -1494,7 +1417,7 @@ static PyObject *watch_wait(WatchObject *self, long timeout_ms)
         val = PyBytes_FromStringAndSize(ev.val, (Py_ssize_t)ev.len);
     if (!val)
         return NULL;
-    PyObject *key = str_of(ev.key ? ev.key : "");
+    PyObject *key = fp_str_of(ev.key ? ev.key : "");
     if (!key) {
         Py_DECREF(val);
         return NULL;
@@ -1522,7 +1445,7 @@ static PyObject *watch_close_m(WatchObject *self, PyObject *unused)
 {
     (void)unused;
     if (self->inflight)
-        return err_throw(err_new(FERRY_EBUSY, "close: another thread is waiting on this watch"));
+        return fp_err_throw(fp_err_new(FERRY_EBUSY, "close: another thread is waiting on this watch"));
     watch_close_now(self);
     Py_RETURN_NONE;
 }

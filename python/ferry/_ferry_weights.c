@@ -11,125 +11,10 @@
 
 #include "_ferry.h"
 
-static PyObject *w_module;   /* borrowed: the _ferry module (m_size -1: lives forever) */
-
-/* ---- errors ------------------------------------------------------------------------ */
-
-/* The store's subclass of Error for code, looked up by name (the store file
- * owns them), else Error. New reference. */
-static PyObject *w_err_class(int code)
-{
-    const char *name = NULL;
-    switch (code) {
-    case FERRY_ENOENT: name = "NotFoundError"; break;
-    case FERRY_EEXIST: name = "ExistsError"; break;
-    case FERRY_ENOSPC: name = "NoSpaceError"; break;
-    case FERRY_ELOST: name = "LostError"; break;
-    case FERRY_EBUSY: name = "BusyError"; break;
-    case FERRY_ESTATE: name = "ConflictError"; break;
-    case FERRY_ETIMEDOUT: name = "TimeoutError"; break;
-    case FERRY_EAUTH: name = "AuthError"; break;
-    case FERRY_ECONNRESET:
-    case FERRY_ECONNREFUSED: name = "ConnectionError"; break;
-    case FERRY_ESTALE: name = "StaleError"; break;
-    default: break;
-    }
-    PyObject *c = name && w_module ? PyObject_GetAttrString(w_module, name) : NULL;
-    if (!c) {
-        PyErr_Clear();
-        c = Py_NewRef(fp_error);
-    }
-    return c;
-}
-
-/* Raise the Error subclass of code with msg (NULL/empty: strerror) and
- * e.code. Returns NULL. */
-static PyObject *w_raise(int code, const char *msg)
-{
-    if (code == FERRY_ENOMEM)
-        return PyErr_NoMemory();
-    PyObject *cls = w_err_class(code);
-    PyObject *e = PyObject_CallFunction(cls, "s", msg && *msg ? msg : ferry_strerror(code));
-    Py_DECREF(cls);
-    PyObject *c = e ? PyLong_FromLong(code) : NULL;
-    if (!c || PyObject_SetAttrString(e, "code", c) < 0) {
-        Py_XDECREF(c);
-        Py_XDECREF(e);
-        return NULL;
-    }
-    Py_DECREF(c);
-    PyErr_SetObject((PyObject *)Py_TYPE(e), e);
-    Py_DECREF(e);
-    return NULL;
-}
-
-static PyObject *w_raise_err(int code, const ferry_error *err)
-{
-    return w_raise(code, err ? err->msg : NULL);
-}
-
-/* ---- helpers ----------------------------------------------------------------------- */
-
-/* Run stmt without the GIL with the store marked busy. */
-#define W_CALL(store, stmt)                                                                                            \
-    do {                                                                                                               \
-        PyThreadState *w_save_;                                                                                        \
-        fp_store_busy((store), 1);                                                                                     \
-        w_save_ = PyEval_SaveThread();                                                                                 \
-        stmt;                                                                                                          \
-        PyEval_RestoreThread(w_save_);                                                                                 \
-        fp_store_busy((store), -1);                                                                                    \
-    } while (0)
-
-static int copy_str(char *dst, size_t cap, const char *src, const char *what)
-{
-    size_t n = strlen(src);
-    if (n >= cap) {
-        PyErr_Format(PyExc_ValueError, "%s is too long (at most %zu bytes)", what, cap - 1);
-        return -1;
-    }
-    memcpy(dst, src, n + 1);
-    return 0;
-}
-
-static PyObject *str_of(const char *s)
-{
-    return PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "surrogateescape");
-}
-
-/* UTF-8 of a str without NUL bytes; valid while o lives. */
-static const char *name_of(PyObject *o, const char *what)
-{
-    if (!PyUnicode_Check(o)) {
-        PyErr_Format(PyExc_TypeError, "%s must be str, not %.100s", what, Py_TYPE(o)->tp_name);
-        return NULL;
-    }
-    Py_ssize_t n;
-    const char *k = PyUnicode_AsUTF8AndSize(o, &n);
-    if (k && (size_t)n != strlen(k)) {
-        PyErr_Format(PyExc_ValueError, "%s contains a NUL character", what);
-        return NULL;
-    }
-    return k;
-}
-
-/* A tuple copy of a sequence (holds its items for the duration of a call). */
-static PyObject *seq_hold(PyObject *o, const char *what)
-{
-    if (PyUnicode_Check(o) || PyBytes_Check(o)) {
-        PyErr_Format(PyExc_TypeError, "%s must be a list, not %.100s", what, Py_TYPE(o)->tp_name);
-        return NULL;
-    }
-    PyObject *t = PySequence_Tuple(o);
-    if (!t)
-        PyErr_Format(PyExc_TypeError, "%s must be a sequence", what);
-    return t;
-}
-
 /* A sequence of non-negative ints into a new array of n entries (PyMem). */
 static uint64_t *u64_seq(PyObject *o, size_t *n, uint64_t max, const char *what)
 {
-    PyObject *seq = seq_hold(o, what);
+    PyObject *seq = fp_seq_hold(o, what);
     if (!seq)
         return NULL;
     size_t len = (size_t)PyTuple_GET_SIZE(seq);
@@ -189,11 +74,11 @@ static PyObject *u64(uint64_t v)
 static PyObject *entry_dict(const ferry_weight_entry *e)
 {
     PyObject *d = PyDict_New();
-    if (!d || dict_set(d, "name", str_of(e->name)) < 0 || dict_set(d, "dtype", str_of(e->dtype)) < 0 ||
+    if (!d || dict_set(d, "name", fp_str_of(e->name)) < 0 || dict_set(d, "dtype", fp_str_of(e->dtype)) < 0 ||
         dict_set(d, "shape", fp_tuple_u64(e->shape, e->ndim)) < 0 || dict_set(d, "bytes", u64(e->bytes)) < 0 ||
         dict_set(d, "checksum", u64(e->checksum)) < 0 ||
         dict_set(d, "publisher", PyLong_FromUnsignedLong(e->publisher)) < 0 ||
-        dict_set(d, "segment", u64(e->segment)) < 0 || dict_set(d, "key", str_of(e->key)) < 0) {
+        dict_set(d, "segment", u64(e->segment)) < 0 || dict_set(d, "key", fp_str_of(e->key)) < 0) {
         Py_XDECREF(d);
         return NULL;
     }
@@ -242,7 +127,7 @@ static PyObject *w_assign(PyObject *self, PyObject *args)
             ferry_error err = {0};
             int rc = ferry_weights_assign(sizes, n, nodes, (uint32_t)nr, pub, &err);
             if (rc < 0) {
-                w_raise_err(rc, &err);
+                fp_raise_err_class(rc, &err);
             } else if ((out = PyList_New((Py_ssize_t)n))) {
                 for (size_t i = 0; i < n; i++) {
                     PyObject *x = PyLong_FromUnsignedLong(pub[i]);
@@ -274,7 +159,7 @@ static PyObject *w_convert(PyObject *self, PyObject *args)
         return NULL;
     uint32_t ss = ferry_dtype_size(sd), ds = ferry_dtype_size(dd);
     if (!ss || !ds)
-        return w_raise(FERRY_EINVAL, "convert: dtypes are \"f32\", \"bf16\" or \"f16\"");
+        return fp_raise_class(FERRY_EINVAL, "convert: dtypes are \"f32\", \"bf16\" or \"f16\"");
     Py_buffer sv, dv;
     if (PyObject_GetBuffer(so, &sv, PyBUF_C_CONTIGUOUS) < 0)
         return NULL;
@@ -294,7 +179,7 @@ static PyObject *w_convert(PyObject *self, PyObject *args)
         Py_BEGIN_ALLOW_THREADS rc = ferry_convert(sv.buf, sd, dv.buf, dd, (size_t)count);
         Py_END_ALLOW_THREADS
         if (rc < 0)
-            w_raise(rc, "convert: dtypes are \"f32\", \"bf16\" or \"f16\"");
+            fp_raise_class(rc, "convert: dtypes are \"f32\", \"bf16\" or \"f16\"");
         else
             out = Py_NewRef(Py_None);
     }
@@ -315,7 +200,7 @@ static PyObject *w_key(PyObject *self, PyObject *args)
     if (!buf)
         return PyErr_NoMemory();
     int rc = ferry_weights_key(model, gen, frag, buf, cap);
-    PyObject *out = rc < 0 ? w_raise(rc, rc == FERRY_EINVAL ? "key: the model name is empty or holds '/'" : NULL)
+    PyObject *out = rc < 0 ? fp_raise_class(rc, rc == FERRY_EINVAL ? "key: the model name is empty or holds '/'" : NULL)
                            : PyUnicode_DecodeUTF8(buf, rc, "surrogateescape");
     PyMem_Free(buf);
     return out;
@@ -336,13 +221,13 @@ static PyObject *w_active(PyObject *self, PyObject *args)
     uint64_t gen = 0;
     uint8_t dig[16] = {0};
     int rc;
-    W_CALL(so, rc = ferry_weights_active(s, model, &gen, dig));
+    FP_STORE_CALL(so, rc = ferry_weights_active(s, model, &gen, dig));
     if (rc == FERRY_ENOENT)
         Py_RETURN_NONE;
     if (rc < 0) {
         char msg[256];
         snprintf(msg, sizeof msg, "active generation of %s: %s", model, ferry_strerror(rc));
-        return w_raise(rc, msg);
+        return fp_raise_class(rc, msg);
     }
     return Py_BuildValue("Ky#", (unsigned long long)gen, (const char *)dig, (Py_ssize_t)16);
 }
@@ -362,9 +247,9 @@ static PyObject *w_manifest(PyObject *self, PyObject *args)
     memset(&m, 0, sizeof m);
     ferry_error err = {0};
     int rc;
-    W_CALL(so, rc = ferry_weights_manifest(s, model, gen, &m, &err));
+    FP_STORE_CALL(so, rc = ferry_weights_manifest(s, model, gen, &m, &err));
     if (rc < 0)
-        return w_raise_err(rc, &err);
+        return fp_raise_err_class(rc, &err);
     PyObject *l = PyList_New((Py_ssize_t)m.n);
     for (size_t i = 0; l && i < m.n; i++) {
         PyObject *d = entry_dict(&m.entries[i]);
@@ -428,8 +313,8 @@ static PyObject *w_publish(PyObject *self, PyObject *args)
         return NULL;
     ferry_publisher_config cfg;
     memset(&cfg, 0, sizeof cfg);
-    if (copy_str(cfg.model, sizeof cfg.model, model, "model") < 0 ||
-        copy_str(cfg.out_dtype, sizeof cfg.out_dtype, out_dtype, "out_dtype") < 0)
+    if (fp_copy_str(cfg.model, sizeof cfg.model, model, "model") < 0 ||
+        fp_copy_str(cfg.out_dtype, sizeof cfg.out_dtype, out_dtype, "out_dtype") < 0)
         return NULL;
     cfg.rank = rank;
     cfg.world = world;
@@ -449,7 +334,7 @@ static PyObject *w_publish(PyObject *self, PyObject *args)
         return PyErr_Format(PyExc_ValueError, "rank_node has %zu entries for a world of %u", nr, world);
     }
     cfg.rank_node = nodes;
-    PyObject *items = seq_hold(to, "tensors");
+    PyObject *items = fp_seq_hold(to, "tensors");
     if (!items) {
         PyMem_Free(nodes);
         return NULL;
@@ -468,13 +353,13 @@ static PyObject *w_publish(PyObject *self, PyObject *args)
             PyErr_Format(PyExc_TypeError, "tensors[%zu] must be (name, array) or (name, array, dtype)", i);
             goto done;
         }
-        if (!(t[i].name = name_of(PyTuple_GET_ITEM(it, 0), "tensor name")))
+        if (!(t[i].name = fp_key_of(PyTuple_GET_ITEM(it, 0), "tensor name")))
             goto done;
         if (PyObject_GetBuffer(PyTuple_GET_ITEM(it, 1), &v[i], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
             goto done;
         held++;
         if (PyTuple_GET_SIZE(it) == 3) {
-            if (!(t[i].dtype = name_of(PyTuple_GET_ITEM(it, 2), "dtype")))
+            if (!(t[i].dtype = fp_key_of(PyTuple_GET_ITEM(it, 2), "dtype")))
                 goto done;
             if (ferry_dtype_size(t[i].dtype) != (uint32_t)v[i].itemsize) {
                 PyErr_Format(PyExc_ValueError, "tensor %s: dtype %s does not match the array's %zd-byte elements",
@@ -500,9 +385,9 @@ static PyObject *w_publish(PyObject *self, PyObject *args)
     memset(&st, 0, sizeof st);
     ferry_error err = {0};
     int rc;
-    W_CALL(so, rc = ferry_publish(s, &cfg, gen, t, n, &st, &err));
+    FP_STORE_CALL(so, rc = ferry_publish(s, &cfg, gen, t, n, &st, &err));
     if (rc < 0) {
-        w_raise_err(rc, &err);
+        fp_raise_err_class(rc, &err);
         goto done;
     }
     out = PyDict_New();
@@ -550,7 +435,7 @@ static void shards_free(w_shards *w)
 static int shards_from(w_shards *w, PyObject *o)
 {
     memset(w, 0, sizeof *w);
-    if (!(w->items = seq_hold(o, "shards")))
+    if (!(w->items = fp_seq_hold(o, "shards")))
         return -1;
     size_t n = (size_t)PyTuple_GET_SIZE(w->items);
     w->sh = PyMem_Calloc(n ? n : 1, sizeof *w->sh);
@@ -568,7 +453,7 @@ static int shards_from(w_shards *w, PyObject *o)
             PyErr_Format(PyExc_TypeError, "shards[%zu] must be (tensor name, offset, array)", i);
             goto fail;
         }
-        if (!(sh->tensor = name_of(PyTuple_GET_ITEM(it, 0), "tensor name")))
+        if (!(sh->tensor = fp_key_of(PyTuple_GET_ITEM(it, 0), "tensor name")))
             goto fail;
         Py_buffer *v = &w->views[i];
         if (PyObject_GetBuffer(PyTuple_GET_ITEM(it, 2), v, PyBUF_STRIDES | PyBUF_WRITABLE) < 0)
@@ -689,11 +574,11 @@ static PyObject *w_update_direct(PyObject *self, PyObject *args)
     ferry_error err = {0};
     uint64_t g = gen;
     int rc;
-    W_CALL(so, rc = shards_check(s, model, g, &w, err.msg, sizeof err.msg);
+    FP_STORE_CALL(so, rc = shards_check(s, model, g, &w, err.msg, sizeof err.msg);
            if (rc == 0) rc = ferry_weights_update_direct(s, model, &g, w.sh, w.n, &st, &err));
     shards_free(&w);
     if (rc < 0)
-        return w_raise_err(rc, &err);
+        return fp_raise_err_class(rc, &err);
     st.generation = g;
     return update_stats_dict(&st);
 }
@@ -754,7 +639,7 @@ static PyObject *w_update_compat(PyObject *self, PyObject *args)
         return NULL;
     }
     if (rc < 0)
-        return w_raise_err(rc, &err);
+        return fp_raise_err_class(rc, &err);
     st.generation = g;
     return update_stats_dict(&st);
 }
@@ -802,8 +687,8 @@ static int sub_init(SubObject *self, PyObject *args, PyObject *kw)
         return -1;
     ferry_subscriber_config cfg;
     memset(&cfg, 0, sizeof cfg);
-    if (copy_str(cfg.model, sizeof cfg.model, model, "model") < 0 ||
-        copy_str(cfg.group, sizeof cfg.group, group, "group") < 0)
+    if (fp_copy_str(cfg.model, sizeof cfg.model, model, "model") < 0 ||
+        fp_copy_str(cfg.group, sizeof cfg.group, group, "group") < 0)
         return -1;
     memcpy(self->model, cfg.model, sizeof self->model);
     cfg.rank = rank;
@@ -814,10 +699,10 @@ static int sub_init(SubObject *self, PyObject *args, PyObject *kw)
     ferry_error err = {0};
     ferry_subscriber *sub = NULL;
     int rc;
-    W_CALL(so, rc = ferry_subscriber_open(s, &cfg, self->shards.sh, self->shards.n, &sub, &err));
+    FP_STORE_CALL(so, rc = ferry_subscriber_open(s, &cfg, self->shards.sh, self->shards.n, &sub, &err));
     if (rc < 0) {
         shards_free(&self->shards);
-        w_raise_err(rc, &err);
+        fp_raise_err_class(rc, &err);
         return -1;
     }
     self->sub = sub;
@@ -833,7 +718,7 @@ static SubObject *sub_open(SubObject *self)
         return NULL;
     }
     if (self->inflight) {
-        w_raise(FERRY_EBUSY, "an update is already running on this subscriber");
+        fp_raise_class(FERRY_EBUSY, "an update is already running on this subscriber");
         return NULL;
     }
     return self;
@@ -858,7 +743,7 @@ static PyObject *sub_update(SubObject *self, PyObject *unused)
         rc = ferry_subscriber_update(self->sub, &g, &st, &err);
     Py_END_ALLOW_THREADS self->inflight--;
     if (rc < 0)
-        return w_raise_err(rc, &err);
+        return fp_raise_err_class(rc, &err);
     self->generation = g;
     st.generation = g;
     return update_stats_dict(&st);
@@ -868,7 +753,7 @@ static PyObject *sub_close(SubObject *self, PyObject *unused)
 {
     (void)unused;
     if (self->inflight)
-        return w_raise(FERRY_EBUSY, "close: an update is still running on this subscriber");
+        return fp_raise_class(FERRY_EBUSY, "close: an update is still running on this subscriber");
     sub_close_now(self);
     Py_CLEAR(self->store);
     Py_RETURN_NONE;
@@ -957,7 +842,6 @@ static PyMethodDef w_methods[] = {
 
 int fp_weights_init(PyObject *m)
 {
-    w_module = m;
     if (PyModule_AddFunctions(m, w_methods) < 0 || PyType_Ready(&SubType) < 0 ||
         PyModule_AddObjectRef(m, "WeightSubscriber", (PyObject *)&SubType) < 0)
         return -1;
