@@ -564,6 +564,48 @@ static void views_release(Py_buffer *v, size_t n)
         PyBuffer_Release(&v[i]);
 }
 
+/* The per-item results of a batch call for n items, each set to its
+ * sentinel (never written by the call): int with INT32_MIN, or with wide
+ * int64_t with INT64_MIN. NULL with MemoryError. */
+static void *results_new(size_t n, int wide)
+{
+    void *res = PyMem_Calloc(n + 1, wide ? sizeof(int64_t) : sizeof(int));
+    if (!res) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (wide)
+            ((int64_t *)res)[i] = INT64_MIN;
+        else
+            ((int *)res)[i] = INT32_MIN;
+    }
+    return res;
+}
+
+/* After a batch call that returned rc with results res (from results_new):
+ * raise when it failed as a whole, else the results as a list of ints. */
+static PyObject *results_list(int rc, const void *res, size_t n, int wide)
+{
+    int unfilled = 0, anyneg = 0;
+    for (size_t i = 0; i < n; i++) {
+        int64_t x = wide ? ((const int64_t *)res)[i] : ((const int *)res)[i];
+        unfilled |= x == (wide ? INT64_MIN : INT32_MIN);
+        anyneg |= x < 0;
+    }
+    if (call_failed(rc, unfilled, anyneg))
+        return st_raise(rc);
+    PyObject *out = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; out && i < n; i++) {
+        PyObject *x = PyLong_FromLongLong(wide ? ((const int64_t *)res)[i] : ((const int *)res)[i]);
+        if (!x)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, (Py_ssize_t)i, x);
+    }
+    return out;
+}
+
 static PyObject *st_get_into_ranges(StoreObject *self, PyObject *args)
 {
     PyObject *ranges;
@@ -578,7 +620,7 @@ static PyObject *st_get_into_ranges(StoreObject *self, PyObject *args)
     size_t n = (size_t)PyTuple_GET_SIZE(t), got = 0;
     ferry_range *r = PyMem_Calloc(n + 1, sizeof *r);
     Py_buffer *v = PyMem_Calloc(n + 1, sizeof *v);
-    int64_t *res = PyMem_Calloc(n + 1, sizeof *res);
+    int64_t *res = results_new(n, 1);
     PyObject **items = PyMem_Calloc(n + 1, sizeof *items);   /* each range as a tuple */
     PyObject *out = NULL;
     if (!r || !v || !res || !items) {
@@ -613,28 +655,11 @@ static PyObject *st_get_into_ranges(StoreObject *self, PyObject *args)
             }
             r[i].len = len;
         }
-        res[i] = INT64_MIN;
     }
     int rc = 0;
     if (n)
         ST_CALL(self, rc = ferry_store_get_into_ranges(s, r, n, res));
-    int unfilled = 0, anyneg = 0;
-    for (size_t i = 0; i < n; i++) {
-        unfilled |= res[i] == INT64_MIN;
-        anyneg |= res[i] < 0;
-    }
-    if (call_failed(rc, unfilled, anyneg)) {
-        st_raise(rc);
-        goto done;
-    }
-    out = PyList_New((Py_ssize_t)n);
-    for (size_t i = 0; out && i < n; i++) {
-        PyObject *x = PyLong_FromLongLong(res[i]);
-        if (!x)
-            Py_CLEAR(out);
-        else
-            PyList_SET_ITEM(out, (Py_ssize_t)i, x);
-    }
+    out = results_list(rc, res, n, 1);
 done:
     if (v)
         views_release(v, got);
@@ -718,34 +743,14 @@ static PyObject *st_batch_put_from(StoreObject *self, PyObject *args, PyObject *
     int *res = NULL;
     if (batch_from(&b, keys, bufs, 0) < 0)
         goto done;
-    res = PyMem_Calloc(b.n + 1, sizeof *res);
-    if (!res) {
-        PyErr_NoMemory();
+    res = results_new(b.n, 0);
+    if (!res)
         goto done;
-    }
-    for (size_t i = 0; i < b.n; i++)
-        res[i] = INT32_MIN;
     int rc = 0;
     if (b.n)
         ST_CALL(self, rc = ferry_store_batch_put_from(s, b.keys, (const void *const *)b.bufs, b.lens, b.n,
                                                       rc_ptr(&r), res));
-    int unfilled = 0, anyneg = 0;
-    for (size_t i = 0; i < b.n; i++) {
-        unfilled |= res[i] == INT32_MIN;
-        anyneg |= res[i] < 0;
-    }
-    if (call_failed(rc, unfilled, anyneg)) {
-        st_raise(rc);
-        goto done;
-    }
-    out = PyList_New((Py_ssize_t)b.n);
-    for (size_t i = 0; out && i < b.n; i++) {
-        PyObject *x = PyLong_FromLong(res[i]);
-        if (!x)
-            Py_CLEAR(out);
-        else
-            PyList_SET_ITEM(out, (Py_ssize_t)i, x);
-    }
+    out = results_list(rc, res, b.n, 0);
 done:
     PyMem_Free(res);
     batch_free(&b);
@@ -766,33 +771,13 @@ static PyObject *st_batch_get_into(StoreObject *self, PyObject *args)
     int64_t *res = NULL;
     if (batch_from(&b, keys, bufs, 1) < 0)
         goto done;
-    res = PyMem_Calloc(b.n + 1, sizeof *res);
-    if (!res) {
-        PyErr_NoMemory();
+    res = results_new(b.n, 1);
+    if (!res)
         goto done;
-    }
-    for (size_t i = 0; i < b.n; i++)
-        res[i] = INT64_MIN;
     int rc = 0;
     if (b.n)
         ST_CALL(self, rc = ferry_store_batch_get_into(s, b.keys, b.bufs, b.lens, b.n, res));
-    int unfilled = 0, anyneg = 0;
-    for (size_t i = 0; i < b.n; i++) {
-        unfilled |= res[i] == INT64_MIN;
-        anyneg |= res[i] < 0;
-    }
-    if (call_failed(rc, unfilled, anyneg)) {
-        st_raise(rc);
-        goto done;
-    }
-    out = PyList_New((Py_ssize_t)b.n);
-    for (size_t i = 0; out && i < b.n; i++) {
-        PyObject *x = PyLong_FromLongLong(res[i]);
-        if (!x)
-            Py_CLEAR(out);
-        else
-            PyList_SET_ITEM(out, (Py_ssize_t)i, x);
-    }
+    out = results_list(rc, res, b.n, 1);
 done:
     PyMem_Free(res);
     batch_free(&b);
