@@ -40,6 +40,11 @@ int fp_copy_str(char *dst, size_t cap, const char *src, const char *what);
 /* A tuple copy of a sequence (holds its items for the duration of a call);
  * str and bytes refused. */
 PyObject *fp_seq_hold(PyObject *o, const char *what);
+/* __enter__ of a context manager: self. */
+PyObject *fp_enter(PyObject *self, PyObject *unused);
+/* __exit__ from the result of the object's close(): NULL when it raised,
+ * else False (exceptions propagate). Steals r. */
+PyObject *fp_exit_result(PyObject *r);
 
 /* Run stmt without the GIL with the ferry.Store so marked busy
  * (fp_store_busy) meanwhile. */

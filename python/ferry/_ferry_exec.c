@@ -795,12 +795,6 @@ static PyObject *engine_get_closed(EngineObject *self, void *c)
     return PyBool_FromLong(self->e == NULL);
 }
 
-static PyObject *engine_enter(PyObject *self, PyObject *unused)
-{
-    (void)unused;
-    return Py_NewRef(self);
-}
-
 static PyObject *engine_exit(EngineObject *self, PyObject *args)
 {
     (void)args;
@@ -822,7 +816,7 @@ static PyMethodDef engine_methods[] = {
     {"stats", (PyCFunction)engine_stats, METH_NOARGS, "counters since open"},
     {"close", (PyCFunction)engine_close, METH_NOARGS,
      "close: frees the engine's executors, drains, unregisters everything, drops the array references"},
-    {"__enter__", engine_enter, METH_NOARGS, NULL},
+    {"__enter__", fp_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)engine_exit, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
 };

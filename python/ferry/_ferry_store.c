@@ -374,21 +374,10 @@ static void st_dealloc(StoreObject *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static PyObject *st_enter(StoreObject *self, PyObject *unused)
-{
-    (void)unused;
-    Py_INCREF(self);
-    return (PyObject *)self;
-}
-
 static PyObject *st_exit(StoreObject *self, PyObject *args)
 {
     (void)args;
-    PyObject *r = st_close(self, NULL);
-    if (!r)
-        return NULL;
-    Py_DECREF(r);
-    Py_RETURN_FALSE;
+    return fp_exit_result(st_close(self, NULL));
 }
 
 static PyObject *st_is_open(StoreObject *self, void *closure)
@@ -1291,7 +1280,7 @@ static PyMethodDef st_methods[] = {
      "setup(master=None, token=None, token_file=None, transport=None, timeout_ms=None, lease_ms=None)\n"
      "Connect to the master; unset arguments come from FERRY_MASTER, FERRY_TOKEN, FERRY_TOKEN_FILE, ..."},
     {"close", (PyCFunction)st_close, METH_NOARGS, "close(): close the connection and the client's engine"},
-    {"__enter__", (PyCFunction)st_enter, METH_NOARGS, NULL},
+    {"__enter__", fp_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)st_exit, METH_VARARGS, NULL},
     {"register_buffer", (PyCFunction)st_register, METH_O,
      "register_buffer(buffer): register a C-contiguous buffer for zero-copy transfers (held until unregistered)"},
@@ -1435,28 +1424,17 @@ static PyObject *watch_close_m(WatchObject *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
-static PyObject *watch_enter(WatchObject *self, PyObject *unused)
-{
-    (void)unused;
-    Py_INCREF(self);
-    return (PyObject *)self;
-}
-
 static PyObject *watch_exit(WatchObject *self, PyObject *args)
 {
     (void)args;
-    PyObject *r = watch_close_m(self, NULL);
-    if (!r)
-        return NULL;
-    Py_DECREF(r);
-    Py_RETURN_FALSE;
+    return fp_exit_result(watch_close_m(self, NULL));
 }
 
 static PyMethodDef watch_methods[] = {
     {"next", FP_KWFN(watch_next_m), METH_VARARGS | METH_KEYWORDS,
      "next(timeout_ms=-1) -> (rev, key, value or None if deleted), or None when timeout_ms passed"},
     {"close", (PyCFunction)watch_close_m, METH_NOARGS, "close()"},
-    {"__enter__", (PyCFunction)watch_enter, METH_NOARGS, NULL},
+    {"__enter__", fp_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)watch_exit, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
 };

@@ -82,3 +82,17 @@ PyObject *fp_seq_hold(PyObject *o, const char *what)
         PyErr_Format(PyExc_TypeError, "%s must be a sequence", what);
     return t;
 }
+
+PyObject *fp_enter(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    return Py_NewRef(self);
+}
+
+PyObject *fp_exit_result(PyObject *r)
+{
+    if (!r)
+        return NULL;
+    Py_DECREF(r);
+    Py_RETURN_FALSE;
+}

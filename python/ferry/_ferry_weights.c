@@ -759,20 +759,10 @@ static PyObject *sub_close(SubObject *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
-static PyObject *sub_enter(SubObject *self, PyObject *unused)
-{
-    (void)unused;
-    return Py_NewRef((PyObject *)self);
-}
-
 static PyObject *sub_exit(SubObject *self, PyObject *args)
 {
     (void)args;
-    PyObject *r = sub_close(self, NULL);
-    if (!r)
-        return NULL;
-    Py_DECREF(r);
-    Py_RETURN_FALSE;
+    return fp_exit_result(sub_close(self, NULL));
 }
 
 static void sub_dealloc(SubObject *self)
@@ -798,7 +788,7 @@ static PyMethodDef sub_methods[] = {
     {"update", (PyCFunction)sub_update, METH_NOARGS,
      "update() -> stats: take the active generation with the whole group (every member calls it)"},
     {"close", (PyCFunction)sub_close, METH_NOARGS, "close(): deregister the parameters and release the arrays"},
-    {"__enter__", (PyCFunction)sub_enter, METH_NOARGS, NULL},
+    {"__enter__", fp_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)sub_exit, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
