@@ -1046,21 +1046,28 @@ static PyObject *st_kv_get(StoreObject *self, PyObject *args)
     return b ? Py_BuildValue("(NK)", b, (unsigned long long)kv.mod_rev) : NULL;
 }
 
-static PyObject *st_kv_put(StoreObject *self, PyObject *args)
+/* f(s, name, bytes of the buffer, &n) for (name, buffer) args; returns n. */
+static PyObject *st_name_buf_u64(StoreObject *self, PyObject *args, const char *fmt,
+                                 int (*f)(ferry_store *, const char *, const void *, size_t, uint64_t *))
 {
-    const char *key;
-    PyObject *val;
-    if (!PyArg_ParseTuple(args, "sO:kv_put", &key, &val))
+    const char *name;
+    PyObject *buf;
+    if (!PyArg_ParseTuple(args, fmt, &name, &buf))
         return NULL;
     ferry_store *s = st_of(self);
     Py_buffer v;
-    if (!s || buf_src(val, &v) < 0)
+    if (!s || buf_src(buf, &v) < 0)
         return NULL;
-    uint64_t rev = 0;
+    uint64_t n = 0;
     int rc;
-    ST_CALL(self, rc = ferry_kv_put(s, key, v.buf, (size_t)v.len, &rev));
+    ST_CALL(self, rc = f(s, name, v.buf, (size_t)v.len, &n));
     PyBuffer_Release(&v);
-    return rc < 0 ? st_raise(rc) : PyLong_FromUnsignedLongLong(rev);
+    return rc < 0 ? st_raise(rc) : PyLong_FromUnsignedLongLong(n);
+}
+
+static PyObject *st_kv_put(StoreObject *self, PyObject *args)
+{
+    return st_name_buf_u64(self, args, "sO:kv_put", ferry_kv_put);
 }
 
 static PyObject *st_kv_cas(StoreObject *self, PyObject *args)
@@ -1160,19 +1167,7 @@ static PyObject *st_barrier(StoreObject *self, PyObject *args, PyObject *kw)
 
 static PyObject *st_queue_push(StoreObject *self, PyObject *args)
 {
-    const char *queue;
-    PyObject *data;
-    if (!PyArg_ParseTuple(args, "sO:queue_push", &queue, &data))
-        return NULL;
-    ferry_store *s = st_of(self);
-    Py_buffer v;
-    if (!s || buf_src(data, &v) < 0)
-        return NULL;
-    uint64_t id = 0;
-    int rc;
-    ST_CALL(self, rc = ferry_queue_push(s, queue, v.buf, (size_t)v.len, &id));
-    PyBuffer_Release(&v);
-    return rc < 0 ? st_raise(rc) : PyLong_FromUnsignedLongLong(id);
+    return st_name_buf_u64(self, args, "sO:queue_push", ferry_queue_push);
 }
 
 #define ST_POP_MAX 65536
