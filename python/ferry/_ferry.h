@@ -40,6 +40,8 @@ int fp_copy_str(char *dst, size_t cap, const char *src, const char *what);
 /* A tuple copy of a sequence (holds its items for the duration of a call);
  * str and bytes refused. */
 PyObject *fp_seq_hold(PyObject *o, const char *what);
+/* Ready type t and add it to module m as name. 0 or -1. */
+int fp_add_type(PyObject *m, const char *name, PyTypeObject *t);
 /* __enter__ of a context manager: self. */
 PyObject *fp_enter(PyObject *self, PyObject *unused);
 /* __exit__ from the result of the object's close(): NULL when it raised,

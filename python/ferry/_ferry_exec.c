@@ -1390,10 +1390,8 @@ static PyTypeObject ExecutorType = {
 
 int fp_exec_init(PyObject *m)
 {
-    PyTypeObject *types[] = {&BindingType, &EngineType, &AttestedType, &ExecutorType};
-    const char *names[] = {"Binding", "Engine", "AttestedPlan", "Executor"};
-    for (int i = 0; i < 4; i++)
-        if (PyType_Ready(types[i]) < 0 || PyModule_AddObjectRef(m, names[i], (PyObject *)types[i]) < 0)
-            return -1;
+    if (fp_add_type(m, "Binding", &BindingType) < 0 || fp_add_type(m, "Engine", &EngineType) < 0 ||
+        fp_add_type(m, "AttestedPlan", &AttestedType) < 0 || fp_add_type(m, "Executor", &ExecutorType) < 0)
+        return -1;
     return 0;
 }

@@ -432,7 +432,5 @@ ferry_manifest *fp_manifest_of(PyObject *o)
 
 int fp_manifest_init(PyObject *m)
 {
-    if (PyType_Ready(&fp_ManifestType) < 0)
-        return -1;
-    return PyModule_AddObjectRef(m, "Manifest", (PyObject *)&fp_ManifestType);
+    return fp_add_type(m, "Manifest", &fp_ManifestType);
 }

@@ -230,7 +230,7 @@ static PyMethodDef fns[] = {
 
 int fp_model_init(PyObject *m)
 {
-    if (PyType_Ready(&fp_ModelType) < 0 || PyModule_AddObjectRef(m, "Model", (PyObject *)&fp_ModelType) < 0)
+    if (fp_add_type(m, "Model", &fp_ModelType) < 0)
         return -1;
     for (PyMethodDef *f = fns; f->ml_name; f++) {
         PyObject *fo = PyCFunction_New(f, NULL);

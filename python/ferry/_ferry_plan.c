@@ -273,10 +273,8 @@ ferry_plan *fp_plan_of(PyObject *o)
 
 int fp_plan_init(PyObject *m)
 {
-    PyTypeObject *types[] = {&PlanType, &PlanIterType, &CacheType};
-    const char *names[] = {"Plan", "PlanIter", "PlanCache"};
-    for (int i = 0; i < 3; i++)
-        if (PyType_Ready(types[i]) < 0 || PyModule_AddObjectRef(m, names[i], (PyObject *)types[i]) < 0)
-            return -1;
+    if (fp_add_type(m, "Plan", &PlanType) < 0 || fp_add_type(m, "PlanIter", &PlanIterType) < 0 ||
+        fp_add_type(m, "PlanCache", &CacheType) < 0)
+        return -1;
     return 0;
 }

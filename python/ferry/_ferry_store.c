@@ -1502,10 +1502,7 @@ int fp_store_init(PyObject *m)
         if (!*errs[i].slot || PyModule_AddObjectRef(m, errs[i].name, *errs[i].slot) < 0)
             return -1;
     }
-    PyTypeObject *types[] = {&StoreType, &WatchType};
-    const char *names[] = {"Store", "Watch"};
-    for (int i = 0; i < 2; i++)
-        if (PyType_Ready(types[i]) < 0 || PyModule_AddObjectRef(m, names[i], (PyObject *)types[i]) < 0)
-            return -1;
+    if (fp_add_type(m, "Store", &StoreType) < 0 || fp_add_type(m, "Watch", &WatchType) < 0)
+        return -1;
     return 0;
 }

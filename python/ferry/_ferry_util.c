@@ -96,3 +96,8 @@ PyObject *fp_exit_result(PyObject *r)
     Py_DECREF(r);
     Py_RETURN_FALSE;
 }
+
+int fp_add_type(PyObject *m, const char *name, PyTypeObject *t)
+{
+    return PyType_Ready(t) < 0 || PyModule_AddObjectRef(m, name, (PyObject *)t) < 0 ? -1 : 0;
+}

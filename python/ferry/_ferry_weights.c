@@ -575,7 +575,7 @@ static PyObject *w_update_direct(PyObject *self, PyObject *args)
     uint64_t g = gen;
     int rc;
     FP_STORE_CALL(so, rc = shards_check(s, model, g, &w, err.msg, sizeof err.msg);
-           if (rc == 0) rc = ferry_weights_update_direct(s, model, &g, w.sh, w.n, &st, &err));
+                  if (rc == 0) rc = ferry_weights_update_direct(s, model, &g, w.sh, w.n, &st, &err));
     shards_free(&w);
     if (rc < 0)
         return fp_raise_err_class(rc, &err);
@@ -832,8 +832,7 @@ static PyMethodDef w_methods[] = {
 
 int fp_weights_init(PyObject *m)
 {
-    if (PyModule_AddFunctions(m, w_methods) < 0 || PyType_Ready(&SubType) < 0 ||
-        PyModule_AddObjectRef(m, "WeightSubscriber", (PyObject *)&SubType) < 0)
+    if (PyModule_AddFunctions(m, w_methods) < 0 || fp_add_type(m, "WeightSubscriber", &SubType) < 0)
         return -1;
     return 0;
 }
