@@ -16,58 +16,24 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "util/ftnetns.h"
 #include "util/ftstore.h"
 
-#define ADDR_A "10.213.9.1"
-#define ADDR_B "10.213.9.2"
 #define MB (1u << 20)
 
-static char ns_a[32], ns_b[32], veth_a[16], veth_b[16];
-static bool have_ns;
-
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...)
-{
-    char cmd[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int rc = system(cmd);
-    if (rc != 0)
-        fprintf(stderr, "netns test: '%s' failed (%d)\n", cmd, rc);
-    return rc;
-}
+static ft_netns ns;
 
 static int group_setup(void **s)
 {
     (void)s;
-    if (geteuid() != 0 || system("ip netns list >/dev/null 2>&1") != 0)
-        return 0;
-    pid_t pid = getpid();
-    snprintf(ns_a, sizeof ns_a, "ferrys-%d-a", (int)pid);
-    snprintf(ns_b, sizeof ns_b, "ferrys-%d-b", (int)pid);
-    snprintf(veth_a, sizeof veth_a, "sa%d", (int)pid % 100000000);
-    snprintf(veth_b, sizeof veth_b, "sb%d", (int)pid % 100000000);
-    have_ns = sh("ip netns add %s", ns_a) == 0 && sh("ip netns add %s", ns_b) == 0 &&
-              sh("ip link add %s type veth peer name %s", veth_a, veth_b) == 0 &&
-              sh("ip link set %s netns %s", veth_a, ns_a) == 0 &&
-              sh("ip link set %s netns %s", veth_b, ns_b) == 0 &&
-              sh("ip -n %s addr add " ADDR_A "/24 dev %s", ns_a, veth_a) == 0 &&
-              sh("ip -n %s addr add " ADDR_B "/24 dev %s", ns_b, veth_b) == 0 &&
-              sh("ip -n %s link set %s up", ns_a, veth_a) == 0 &&
-              sh("ip -n %s link set %s up", ns_b, veth_b) == 0 &&
-              sh("ip -n %s link set lo up", ns_a) == 0 && sh("ip -n %s link set lo up", ns_b) == 0;
+    ft_netns_create(&ns, "ferrys", 9);
     return 0;
 }
 
 static int group_teardown(void **s)
 {
     (void)s;
-    if (ns_a[0])
-        sh("ip netns del %s", ns_a);
-    if (ns_b[0])
-        sh("ip netns del %s", ns_b);
+    ft_netns_destroy(&ns);
     return 0;
 }
 
@@ -161,22 +127,18 @@ static int start_client(ft_peer *p, const char *netns, const char *master, const
 static void test_two_hosts(void **state)
 {
     (void)state;
-    if (!have_ns) {
-        fprintf(stderr, "skipped: multi-host test needs root and iproute2 to create network "
-                        "namespaces\n");
-        skip();
-    }
+    FT_NEED_NETNS(&ns);
     ft_cluster c;
     memset(&c, 0, sizeof c);
-    c.master_netns = ns_a;
+    c.master_netns = ns.a;
     ft_peer ca = { .pid = -1 }, cb = { .pid = -1 };
     char reply[600];
-    int ok = ft_master_start(&c, ADDR_A ":0", (const char *const[]){ "--heartbeat-timeout",
+    int ok = ft_master_start(&c, ns.listen_a, (const char *const[]){ "--heartbeat-timeout",
                                                                      "800", NULL }) == 0;
-    ok = ok && ft_node_start(&c, 0, 16 * MB, ns_a, ADDR_A ":0") == 0;
-    ok = ok && ft_node_start(&c, 1, 16 * MB, ns_b, ADDR_B ":0") == 0;
-    ok = ok && start_client(&ca, ns_a, c.addr, ADDR_A ":0") == 0;
-    ok = ok && start_client(&cb, ns_b, c.addr, ADDR_B ":0") == 0;
+    ok = ok && ft_node_start(&c, 0, 16 * MB, ns.a, ns.listen_a) == 0;
+    ok = ok && ft_node_start(&c, 1, 16 * MB, ns.b, ns.listen_b) == 0;
+    ok = ok && start_client(&ca, ns.a, c.addr, ns.listen_a) == 0;
+    ok = ok && start_client(&cb, ns.b, c.addr, ns.listen_b) == 0;
     if (!ok) {
         ft_proc_kill(&ca, SIGKILL);
         ft_proc_kill(&cb, SIGKILL);
@@ -196,7 +158,7 @@ static void test_two_hosts(void **state)
     char got3[600];
     snprintf(got3, sizeof got3, "%s", reply);
     /* Restart it: new puts work and are read across hosts. */
-    int r4 = ft_node_start(&c, 0, 16 * MB, ns_a, ADDR_A ":0");
+    int r4 = ft_node_start(&c, 0, 16 * MB, ns.a, ns.listen_a);
     int r5 = r4 == 0 ? ft_peer_cmd(&ca, reply, sizeof reply, 20000, "put k2 %u 12 %llu", 2 * MB,
                                    (unsigned long long)c.seg[0]) : -1;
     int r6 = r5 == 0 ? ft_peer_cmd(&cb, reply, sizeof reply, 20000, "ranges k2 %u 12", 2 * MB)

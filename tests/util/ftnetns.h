@@ -1,0 +1,30 @@
+/* Test helper: two "hosts" on one machine — network namespaces joined by a
+ * veth pair, made by the test and always removed by it. Needs root and
+ * iproute2; otherwise ft_netns_create says so and returns false. */
+#ifndef FT_NETNS_H
+#define FT_NETNS_H
+
+#include <stdbool.h>
+
+typedef struct ft_netns {
+    char a[32], b[32];          /* namespace names */
+    char veth_a[16], veth_b[16];
+    char addr_a[16], addr_b[16];
+    char listen_a[24], listen_b[24];   /* "ADDR:0" */
+    bool up;
+} ft_netns;
+
+/* Namespaces "<tag>-<pid>-a|b" with addresses 10.213.<subnet>.1 and .2. */
+bool ft_netns_create(ft_netns *n, const char *tag, int subnet);
+void ft_netns_destroy(ft_netns *n);
+/* In a test: skip with the reason when the namespaces could not be made. */
+#define FT_NEED_NETNS(n)                                                               \
+    do {                                                                               \
+        if (!(n)->up) {                                                                \
+            fprintf(stderr, "skipped: multi-host test needs root and iproute2 to "    \
+                            "create network namespaces\n");                            \
+            skip();                                                                    \
+        }                                                                              \
+    } while (0)
+
+#endif
