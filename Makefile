@@ -31,6 +31,10 @@ demo: all
 bench: all
 	$(BUILD)/ferry bench engine --transport shm
 	$(BUILD)/ferry bench engine --transport tcp
+	$(BUILD)/ferry bench store
+	$(BUILD)/ferry bench exec
+	$(BUILD)/ferry bench weights
+	$(BUILD)/ferry bench plan --model kimi-k2 --src fsdp:256 --dst ep:16,tp:8
 
 clean:
 	rm -rf build build-san build-fuzz
