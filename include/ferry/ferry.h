@@ -6,5 +6,6 @@
 #include "ferry/store.h"
 #include "ferry/reshard.h"
 #include "ferry/exec.h"
+#include "ferry/samples.h"
 #include "ferry/weights.h"
 #endif

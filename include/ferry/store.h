@@ -220,6 +220,10 @@ typedef struct ferry_qrecord {
     uint32_t token;              /* delivery number: pass to ack/nack */
     void *data; size_t len;      /* ferry_qrecords_free */
 } ferry_qrecord;
+/* Bound a queue: a push finding `bound` records outstanding (ready +
+ * leased) fails with FERRY_EAGAIN (0: unbounded, the default). Durable like
+ * every other change; records already queued stay. */
+int ferry_queue_config(ferry_store *s, const char *queue, uint64_t bound);
 /* Append a record; FERRY_EAGAIN when a bounded queue is full. */
 int ferry_queue_push(ferry_store *s, const char *queue, const void *data, size_t len,
                      uint64_t *id);

@@ -1,7 +1,7 @@
 /* Publishing a weight generation from every trainer rank, and reading it
  * back (weights.h). KV layout of a model M (generation G as 20 digits):
  *
- *   ferry/wk/M/active          "G <digest hex>": the announced generation
+ *   ferry/wk/M/active          "G <digest hex>[ <policy record JSON>]": the announced generation
  *   ferry/wk/M/history         announced generations still stored, ascending
  *   ferry/wk/M/G/part/R        rank R's part: "ok" or "failed <why>", then its lines
  *   ferry/wk/M/G/manifest      every line, in tensor order (the digest is over this text)
@@ -18,6 +18,7 @@
 
 #include "base/base.h"
 #include "ferry/weights.h"
+#include "rl/policy_int.h"
 #include "rl/rl_int.h"
 
 #define TAG "weights"
@@ -212,7 +213,8 @@ static int gather(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
 
 /* Announce gen with one CAS of the active key; then retention. */
 static int announce(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
-                    const sbuf *manifest, ferry_publish_stats *st, char *why, size_t whycap)
+                    const char *record, const sbuf *manifest, ferry_publish_stats *st,
+                    char *why, size_t whycap)
 {
     char k[300];
     kv_key(k, sizeof k, c->model, gen, "manifest");
@@ -222,9 +224,16 @@ static int announce(ferry_store *s, const ferry_publisher_config *c, uint64_t ge
         return rc;
     }
     fr_hash128_t d = fr_hash128(manifest->p ? manifest->p : "", manifest->n, 0);
-    char hex[33], val[64];
+    char hex[33];
     fr_hash128_hex(d, hex);
-    snprintf(val, sizeof val, "%" PRIu64 " %s", gen, hex);
+    /* "G digest[ record]": the policy record rides on the same CAS. */
+    sbuf val = {0};
+    sb_printf(&val, "%" PRIu64 " %s%s%s", gen, hex, record ? " " : "", record ? record : "");
+    if (val.oom) {
+        free(val.p);
+        snprintf(why, whycap, "out of memory");
+        return FERRY_ENOMEM;
+    }
     kv_key(k, sizeof k, c->model, 0, "active");
     ferry_kv_value cur = {0};
     uint64_t expected = 0, active = 0;
@@ -235,14 +244,17 @@ static int announce(ferry_store *s, const ferry_publisher_config *c, uint64_t ge
         ferry_store_free(cur.val);
     } else if (rc != FERRY_ENOENT) {
         snprintf(why, whycap, "cannot read the active generation: %s", ferry_store_last_error());
+        free(val.p);
         return rc;
     }
     if (active >= gen) {
         snprintf(why, whycap, "generation %" PRIu64 " is not newer than the active %" PRIu64,
                  gen, active);
+        free(val.p);
         return FERRY_EINVAL;
     }
-    rc = ferry_kv_cas(s, k, expected, val, strlen(val), NULL);
+    rc = ferry_kv_cas(s, k, expected, val.p, val.n, NULL);
+    free(val.p);
     if (rc < 0) {
         snprintf(why, whycap, "announcing lost a race: %s", ferry_store_last_error());
         return rc;
@@ -343,6 +355,13 @@ int ferry_publish(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
                   const ferry_weight_tensor *t, size_t n, ferry_publish_stats *st,
                   ferry_error *err)
 {
+    return fr_rl_publish(s, c, gen, NULL, t, n, st, err);
+}
+
+int fr_rl_publish(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
+                  const char *record, const ferry_weight_tensor *t, size_t n,
+                  ferry_publish_stats *st, ferry_error *err)
+{
     ferry_publish_stats local = {0};
     if (!st)
         st = &local;
@@ -417,7 +436,7 @@ int ferry_publish(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
             decision = gather(s, c, gen, n, &man, why, sizeof why);
         }
         if (decision == 0)
-            decision = announce(s, c, gen, &man, st, why, sizeof why);
+            decision = announce(s, c, gen, record, &man, st, why, sizeof why);
         free(man.p);
         if (decision < 0)
             cleanup(s, c, gen);

@@ -427,6 +427,18 @@ static int q_settle(ferry_store *s, uint16_t type, uint64_t id, uint32_t token)
     return rc;
 }
 
+int ferry_queue_config(ferry_store *s, const char *queue, uint64_t bound)
+{
+    int rc = fr_client_key(queue);
+    if (rc < 0 || !s)
+        return rc < 0 ? rc : FERRY_EINVAL;
+    fr_smsg q = {.type = FR_SMSG_Q_CONFIG, .key = fr_client_str(queue), .size = bound}, rep;
+    uint8_t *b = NULL;
+    rc = fr_client_rpc(s, &q, FR_SMSG_OK, &rep, &b);
+    fr_free(b);
+    return rc;
+}
+
 int ferry_queue_ack(ferry_store *s, uint64_t id, uint32_t token)
 {
     return q_settle(s, FR_SMSG_Q_ACK, id, token);

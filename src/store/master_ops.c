@@ -293,6 +293,8 @@ static void op_queue(fr_master_conn *c, uint64_t id, const fr_smsg *q)
             fr_master_reply(c, id, &r);
             return;
         }
+    } else if (q->type == FR_SMSG_Q_CONFIG) {
+        rc = fr_meta_queue_config(m->meta, m->k1, q->size);
     } else if (q->type == FR_SMSG_Q_ACK) {
         rc = fr_meta_queue_ack(m->meta, q->id, q->deliveries);
     } else {
@@ -329,6 +331,7 @@ static int names_of(uint16_t type)
     case FR_SMSG_GET_REPLICAS: case FR_SMSG_REMOVE: case FR_SMSG_REMOVE_PREFIX:
     case FR_SMSG_EXIST: case FR_SMSG_KV_GET: case FR_SMSG_KV_PUT: case FR_SMSG_KV_CAS:
     case FR_SMSG_KV_DELETE: case FR_SMSG_WATCH: case FR_SMSG_Q_PUSH: case FR_SMSG_Q_POP:
+    case FR_SMSG_Q_CONFIG:
         return 1;
     case FR_SMSG_LIST: case FR_SMSG_BARRIER:
         return 2;
@@ -387,7 +390,9 @@ void fr_master_dispatch(fr_master_conn *c, const fr_frame_hdr *h, const fr_smsg 
     case FR_SMSG_BARRIER:
         fr_master_barrier(c, id, m->k1, m->k2, q->members, q->timeout_ms);
         return;
-    case FR_SMSG_Q_PUSH: case FR_SMSG_Q_ACK: case FR_SMSG_Q_NACK: op_queue(c, id, q); return;
+    case FR_SMSG_Q_PUSH: case FR_SMSG_Q_ACK: case FR_SMSG_Q_NACK: case FR_SMSG_Q_CONFIG:
+        op_queue(c, id, q);
+        return;
     case FR_SMSG_Q_POP: op_pop(c, id, q); return;
     case FR_SMSG_HEARTBEAT:
         if (c->role == FR_ROLE_STORE_NODE && q->node != 0) {

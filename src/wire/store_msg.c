@@ -69,6 +69,7 @@ static const smsg_def defs[] = {
     { FR_SMSG_SEGMENT, "SEGMENT", "s" },
     { FR_SMSG_STATUS, "STATUS", "" },
     { FR_SMSG_UNWATCH, "UNWATCH", "i" },
+    { FR_SMSG_Q_CONFIG, "Q_CONFIG", "Kz" },
     { FR_SMSG_OK, "OK", "" },
     { FR_SMSG_PLACEMENT, "PLACEMENT", "zy" },
     { FR_SMSG_REPLICAS, "REPLICAS", "zuy" },

@@ -62,6 +62,7 @@ enum fr_smsg_type {
     FR_SMSG_SEGMENT = 53,          /* where a segment is: its region descriptor */
     FR_SMSG_STATUS = 54,           /* the master's state as JSON text */
     FR_SMSG_UNWATCH = 55,          /* id: the req_id of the WATCH to end */
+    FR_SMSG_Q_CONFIG = 56,         /* size: the queue's bound (0: unbounded) */
     /* replies */
     FR_SMSG_OK = 64,
     FR_SMSG_PLACEMENT = 65,

@@ -21,7 +21,7 @@ static const uint16_t all_types[] = {
     FR_SMSG_GET_REPLICAS, FR_SMSG_REMOVE, FR_SMSG_REMOVE_PREFIX, FR_SMSG_EXIST, FR_SMSG_LIST,
     FR_SMSG_KV_GET, FR_SMSG_KV_PUT, FR_SMSG_KV_CAS, FR_SMSG_KV_DELETE, FR_SMSG_WATCH,
     FR_SMSG_BARRIER, FR_SMSG_Q_PUSH, FR_SMSG_Q_POP, FR_SMSG_Q_ACK, FR_SMSG_Q_NACK,
-    FR_SMSG_HEARTBEAT, FR_SMSG_SEGMENT, FR_SMSG_STATUS, FR_SMSG_UNWATCH, FR_SMSG_OK,
+    FR_SMSG_HEARTBEAT, FR_SMSG_SEGMENT, FR_SMSG_STATUS, FR_SMSG_UNWATCH, FR_SMSG_Q_CONFIG, FR_SMSG_OK,
     FR_SMSG_PLACEMENT, FR_SMSG_REPLICAS, FR_SMSG_REMOVED, FR_SMSG_EXISTS, FR_SMSG_KEYS,
     FR_SMSG_KV_VALUE, FR_SMSG_REVISION, FR_SMSG_EVENTS, FR_SMSG_BARRIER_DONE, FR_SMSG_RECORDS,
     FR_SMSG_PUSHED, FR_SMSG_SEGMENT_DESC, FR_SMSG_STATUS_TEXT, FR_SMSG_ERROR,
@@ -81,6 +81,7 @@ static void sample(uint16_t type, fr_smsg *m)
     case FR_SMSG_SEGMENT: m->segment = 9; break;
     case FR_SMSG_STATUS: break;
     case FR_SMSG_UNWATCH: m->id = 77; break;
+    case FR_SMSG_Q_CONFIG: m->key = S("rollouts"); m->size = 1024; break;
     case FR_SMSG_OK: break;
     case FR_SMSG_REPLICAS: m->until = 123456789;   /* fall through */
     case FR_SMSG_PLACEMENT:
@@ -518,7 +519,7 @@ static void test_field_rules(void **state)
 static void test_unknown_types(void **state)
 {
     (void)state;
-    static const uint16_t bad[] = { 0, FR_MSG_WRITE, FR_MSG_TYPE_MAX, 31, 56, 63, 78, 80,
+    static const uint16_t bad[] = { 0, FR_MSG_WRITE, FR_MSG_TYPE_MAX, 31, 57, 63, 78, 80,
                                     127, 128, UINT16_MAX };
     uint8_t out[BUF_MAX];
     uint8_t body[4] = { 0 };
