@@ -70,4 +70,9 @@ int cli_exec_worker_main(int argc, char **argv);
 int cli_exec_plan(const char *preset, uint64_t budget, const char *src, const char *dst,
                   ferry_plan **out, uint64_t *model_bytes, ferry_error *err);
 
+/* plan_model.c: `ferry plan --nic BW`: the weight update of the modelled
+ * cluster per NIC for ferry direct, compatibility, broadcast and naive. */
+int cli_plan_model(const char *model, const char *src, const char *dst, uint32_t gpn, const char *nic,
+                   uint32_t nics_per_node, bool json);
+
 #endif

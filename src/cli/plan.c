@@ -17,6 +17,8 @@ typedef struct plan_opts {
     int64_t dst_rank;
     size_t baseline_tensors;
     bool walk_all;
+    const char *nic;                   /* --nic: the at-scale update model (plan_model.c) */
+    uint32_t nics;
 } plan_opts;
 
 static int usage_plan(bool bench)
@@ -27,6 +29,8 @@ static int usage_plan(bool bench)
     else
         fprintf(stderr, "usage: ferry plan --model PRESET --src LAYOUT --dst LAYOUT [--gpus-per-node N]\n"
                         "                  [--save-src FILE] [--save-dst FILE] [--runs N] [--dst-rank R] [--json]\n"
+                        "       ferry plan --model PRESET --src LAYOUT --dst LAYOUT [--gpus-per-node N]\n"
+                        "                  --nic 400gbps [--nics-per-node N] [--json]   (weight update per NIC)\n"
                         "       ferry plan SRC.json DST.json [--runs N] [--dst-rank R] [--json]\n"
                         "       ferry plan --models\n"
                         "LAYOUT: comma-separated fsdp:N tp:N dp:N ep:N pp:N (e.g. fsdp:256, tp:8,dp:16,\n"
@@ -75,6 +79,10 @@ static int parse_plan(int argc, char **argv, plan_opts *o, bool bench)
             o->runs = atol(v);
         else if (!strcmp(a, "--dst-rank") && !bench && atol(v) >= 0)
             o->dst_rank = atol(v);
+        else if (!strcmp(a, "--nic") && !bench)
+            o->nic = v;
+        else if (!strcmp(a, "--nics-per-node") && !bench && atoi(v) > 0)
+            o->nics = (uint32_t)atoi(v);
         else if (!strcmp(a, "--baseline-tensors") && bench && atol(v) >= 0)
             o->baseline_tensors = (size_t)atol(v);
         else
@@ -229,6 +237,8 @@ int cmd_plan(int argc, char **argv)
     plan_opts o;
     if (parse_plan(argc, argv, &o, false))
         return 2;
+    if (o.nic)
+        return cli_plan_model(o.model, o.src, o.dst, o.gpn, o.nic, o.nics, o.json);
     ferry_manifest *src, *dst;
     uint64_t mb = 0;
     double t0 = cli_now();

@@ -27,4 +27,99 @@ int fr_rl_shard_runs(const ferry_weight_manifest *m, size_t ei, const ferry_para
 /* qsort/bsearch order of entry pointers by name. */
 int fr_rl_cmp_entry_name(const void *a, const void *b);
 
+/* ---- reader assignment (readers.c) ------------------------------------------------
+ *
+ * Which worker reads each demanded byte of a source object from the store,
+ * and whom it pushes it to. A pure function of its inputs: the objects in
+ * the order they are given, each object's demand runs (in any order), the
+ * worker -> node map and the options; no pointers, hashing, randomness or
+ * timing. Loads carry over from object to object (one handle per plan).
+ *
+ * Per object: the ends of every run cut the object into elementary ranges
+ * (sweep over sorted ends: O(runs log runs + ranges x consumers)); ranges
+ * wanted by two or more workers are cut into `chunk`-byte pieces so that
+ * the pieces of a wide range get different readers. Each piece gets one
+ * reader among its consumers: the one whose choice leaves the lowest
+ * NIC load, max(in, out), on the busiest of the nodes it touches (the
+ * reader's node takes in the read when the object lives elsewhere and
+ * sends out the pushes: once per other node holding a consumer with
+ * relay, once per remote consumer run without; every other consumer node
+ * takes the pushes in); ties: the lower resulting load of the reader's
+ * own node, fewer bytes added to NICs (a reader on the object's node reads
+ * locally), fewer bytes read so far by the worker, the lower worker id.
+ * Then, with relay, one consumer per other node (the one that forwarded
+ * the fewest bytes so far, ties: lower worker id) receives the
+ * piece (hop 1) and forwards it to the other consumers of its node (hop 2);
+ * consumers on the reader's node get it from the reader (hop 1). Without
+ * relay every consumer gets it from the reader (hop 1). A worker whose two
+ * runs cover the same bytes gets a push from itself (a local copy). */
+
+#define FR_RD_NO_NODE UINT32_MAX   /* an object not on any node of the map */
+
+/* One demand run: bytes [off, off+len) of the object, wanted by worker. */
+typedef struct fr_rd_demand {
+    uint32_t worker;
+    uint64_t off, len;
+} fr_rd_demand;
+
+/* One piece: read once by demand run `reader` (an index into the object's
+ * demand array); its pushes are pushes[push .. push+npush). */
+typedef struct fr_rd_range {
+    uint64_t off, len;
+    uint32_t reader;
+    uint32_t npush;
+    size_t push;
+} fr_rd_range;
+
+/* A push of the piece into demand run `to`, from demand run `from` (the
+ * reader's run, or on hop 2 the run of the node's delegate). */
+typedef struct fr_rd_push {
+    uint32_t from, to;
+    uint32_t hop;           /* 1: from the reader; 2: forwarded inside a node */
+} fr_rd_push;
+
+/* Per node, bytes through its NIC (cross-node only) and inside it. */
+typedef struct fr_rd_load {
+    uint64_t read_in;       /* store reads by its workers of objects on other nodes */
+    uint64_t push_in;       /* pushes received from other nodes */
+    uint64_t push_out;      /* pushes sent to other nodes */
+    uint64_t serve_out;     /* its objects read by workers on other nodes */
+    uint64_t intra;         /* pushes between (or inside) workers of the node */
+} fr_rd_load;
+
+typedef struct fr_rd_summary {
+    uint64_t store_read;          /* bytes read from the store: each demanded byte once */
+    uint64_t pushed_cross, pushed_intra;
+    uint64_t max_in, max_out;     /* NIC in = read_in + push_in; out = push_out + serve_out */
+    double mean_in, mean_out;     /* over all nnodes nodes */
+    uint32_t max_in_node, max_out_node;
+    uint64_t ranges, pushes;
+} fr_rd_summary;
+
+typedef struct fr_rd_config {
+    uint32_t nworkers;
+    const uint32_t *worker_node;  /* nworkers entries, each < nnodes */
+    uint32_t nnodes;
+    uint64_t chunk;               /* piece size of shared ranges; 0: never cut */
+    bool relay;                   /* one cross-node push per node, then forwarded */
+} fr_rd_config;
+
+typedef struct fr_readers fr_readers;
+
+/* The config's arrays are copied. FERRY_EINVAL, FERRY_ENOMEM. */
+int fr_readers_open(const fr_rd_config *cfg, fr_readers **out);
+void fr_readers_close(fr_readers *r);
+/* Assign one object of `size` bytes living on node src_node (< nnodes or
+ * FR_RD_NO_NODE) wanted by d[0..n) (runs of length 0 are ignored; runs may
+ * overlap, also runs of one worker). *ranges / *pushes point into the
+ * handle, valid until the next call; ranges are in offset order, a range's
+ * pushes in (hop, node, worker) order. FERRY_EINVAL for a worker out of
+ * range or a run past the end, FERRY_ENOMEM. */
+int fr_readers_object(fr_readers *r, uint32_t src_node, uint64_t size, const fr_rd_demand *d,
+                      size_t n, const fr_rd_range **ranges, size_t *nranges,
+                      const fr_rd_push **pushes, size_t *npushes);
+/* Loads of nodes 0..nnodes-1 so far (borrowed) and their summary. */
+const fr_rd_load *fr_readers_loads(const fr_readers *r);
+void fr_readers_summary(const fr_readers *r, fr_rd_summary *out);
+
 #endif
