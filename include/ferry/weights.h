@@ -209,6 +209,9 @@ typedef struct ferry_subscriber_config {
     char group[64];          /* the rollout group: every member passes the same */
     uint32_t rank, world;    /* this worker of the group */
     uint64_t timeout_ms;     /* barriers and notifications (default 60000) */
+    uint32_t node;           /* this worker's node (any id; 0 for all: one node). Readers
+                              * are chosen to balance every node's NIC load, and a range
+                              * crosses to another node once, then is forwarded there */
 } ferry_subscriber_config;
 
 /* The worker's shards are copied; their buffers stay the caller's and must

@@ -2,20 +2,24 @@
  *
  * Every update: each worker computes its demand (runs of source bytes →
  * its parameter memory), publishes it as a KV record, and after a barrier
- * reads every member's record. All members then compute the same plan:
- * per tensor, the run boundaries of all members cut the source into
- * elementary ranges; each range's consumers are the members whose runs
- * cover it; the reader is the consumer with the fewest bytes read so far
- * (ties: lowest rank), in tensor then offset order. A worker reads its
- * ranges from the store straight into its parameters, WRITEs each range
- * into the other consumers' parameters (registered remote-writable) and
- * sends each of them one NOTIFY (value 0, or 1 when its reads failed), then
- * waits for the notifications of every reader that feeds it, and meets the
- * group at a post-apply barrier.
+ * reads every member's record. All members then compute the same plan
+ * (readers.c, in tensor then offset order): per tensor, the run boundaries
+ * of all members cut the source into elementary ranges, shared ones into
+ * 4 MiB pieces; each piece's reader is a consumer chosen to balance the
+ * members' nodes' NIC loads (the store counts as off every node); a piece
+ * goes to another node once, to one consumer there, which forwards it to
+ * the others of its node. A worker reads its ranges from the store
+ * straight into its parameters, WRITEs each range into the other
+ * consumers' parameters (registered remote-writable) and sends each of
+ * them one NOTIFY (value 0, or 1 when its reads failed), waits for the
+ * notifications of every reader that feeds it, then forwards what it
+ * received for its node (WRITEs and a NOTIFY with a second tag; value 1
+ * when what it was to forward did not arrive), waits for the forwarders
+ * that feed it, and meets the group at a post-apply barrier.
  *
  * Demand record (little-endian): "FRYDMND1", u64 generation, u32 rank,
- * u32 regions, u32 runs, u32 0; regions: u64 base, u32 desc length, desc;
- * runs: u32 entry, u32 region, u64 src_off, u64 len, u64 dst_off. */
+ * u32 regions, u32 runs, u32 node; regions: u64 base, u32 desc length,
+ * desc; runs: u32 entry, u32 region, u64 src_off, u64 len, u64 dst_off. */
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -27,6 +31,7 @@
 
 #define MAGIC "FRYDMND1"
 #define READ_BATCH 8192
+#define PIECE (4ull << 20)   /* shared ranges are cut so that their pieces get different readers */
 
 
 typedef struct preg { uint8_t *addr; size_t len; ferry_region *reg; } preg;
@@ -48,6 +53,7 @@ typedef struct grun {
 } grun;
 
 typedef struct member {
+    uint32_t node;
     uint32_t nregions;
     uint64_t *base;
     ferry_remote_region *rr;  /* imported into this worker's engine */
@@ -159,7 +165,7 @@ static int encode(ferry_subscriber *sub, uint64_t gen, const collect *c, uint8_t
     put32(p + 16, sub->cfg.rank);
     put32(p + 20, (uint32_t)sub->n);
     put32(p + 24, (uint32_t)c->n);
-    put32(p + 28, 0);
+    put32(p + 28, sub->cfg.node);
     p += 32;
     for (size_t i = 0; i < sub->n; i++) {
         uint8_t desc[FERRY_DESC_MAX];
@@ -198,6 +204,7 @@ static int decode(const uint8_t *b, size_t len, uint32_t worker, uint64_t gen, s
         return fr_rl_fail(err, FERRY_ESTATE, "subscriber: worker %u is updating to generation %" PRIu64
                     ", this one to %" PRIu64 "; retry", worker, get64(b + 8), gen);
     uint32_t nr = get32(b + 20), nruns = get32(b + 24);
+    mb->node = get32(b + 28);
     const uint8_t *p = b + 32, *end = b + len;
     mb->nregions = nr;
     mb->base = calloc(nr ? nr : 1, sizeof *mb->base);
@@ -247,19 +254,24 @@ static int by_entry_src(const void *a, const void *b)
     return x->worker < y->worker ? -1 : x->worker > y->worker;
 }
 
-static int cmp_u64(const void *a, const void *b)
+static int cmp_u32(const void *a, const void *b)
 {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
     return x < y ? -1 : x > y;
 }
+
+/* The pushes of one hop: WRITE ops, grouped by target worker when sent. */
+typedef struct pushes {
+    ferry_op *ops;
+    uint32_t *to;
+    size_t n, cap;
+    bool *feeds_me;                /* per worker: it pushes into this worker on this hop */
+} pushes;
 
 typedef struct work {
     ferry_range *reads;
     size_t nreads, cap_reads;
-    ferry_op *pushes;              /* WRITE ops, grouped by target worker later */
-    uint32_t *push_to;
-    size_t npush, cap_push;
-    bool *feeds_me;                /* per worker: it pushes into this worker */
+    pushes hop[2];                 /* from the reader; forwarded inside a node */
     uint64_t group_read, my_read, pushed, received;
 } work;
 
@@ -271,98 +283,127 @@ static int add_read(work *w, const char *key, uint64_t off, void *dst, uint64_t 
     return 0;
 }
 
-static int add_push(work *w, uint32_t to, void *local, const ferry_remote_region *rr,
+static int add_push(pushes *ps, uint32_t to, void *local, const ferry_remote_region *rr,
                     uint64_t remote, uint64_t len)
 {
-    size_t cap = w->cap_push;
-    if (fr_grow((void **)&w->pushes, &w->cap_push, w->npush + 1, sizeof *w->pushes) < 0)
+    size_t cap = ps->cap;
+    if (fr_grow((void **)&ps->ops, &ps->cap, ps->n + 1, sizeof *ps->ops) < 0)
         return FERRY_ENOMEM;
-    if (w->cap_push != cap) {
-        uint32_t *np = realloc(w->push_to, w->cap_push * sizeof *np);
+    if (ps->cap != cap) {
+        uint32_t *np = realloc(ps->to, ps->cap * sizeof *np);
         if (!np)
             return FERRY_ENOMEM;
-        w->push_to = np;
+        ps->to = np;
     }
-    w->pushes[w->npush] = (ferry_op){ .opcode = FERRY_OP_WRITE, .local = local, .len = len,
-                                      .peer = rr->peer, .remote_addr = remote, .key = rr->key };
-    w->push_to[w->npush++] = to;
+    ps->ops[ps->n] = (ferry_op){ .opcode = FERRY_OP_WRITE, .local = local, .len = len,
+                                 .peer = rr->peer, .remote_addr = remote, .key = rr->key };
+    ps->to[ps->n++] = to;
     return 0;
 }
 
-/* Walk every tensor's elementary ranges and fill my work. */
+/* Where bytes [off, off+len) of run r's source land in my parameters. */
+static uint8_t *my_dst(const ferry_subscriber *sub, const grun *r, uint64_t off)
+{
+    return (uint8_t *)sub->shards[r->region].dst + r->dst_off + (off - r->src);
+}
+
+/* Node of every member as dense ids 0..n-1 (readers.c wants them small). */
+static uint32_t dense_nodes(const member *mbs, uint32_t world, uint32_t *wnode)
+{
+    uint32_t *v = malloc(world * sizeof *v), n = 0;
+    if (!v)
+        return 0;
+    for (uint32_t k = 0; k < world; k++)
+        v[k] = mbs[k].node;
+    qsort(v, world, sizeof *v, cmp_u32);
+    for (uint32_t k = 0; k < world; k++)
+        if (k == 0 || v[k] != v[n - 1])
+            v[n++] = v[k];
+    for (uint32_t k = 0; k < world; k++)
+        wnode[k] = (uint32_t)((uint32_t *)bsearch(&mbs[k].node, v, n, sizeof *v, cmp_u32) - v);
+    free(v);
+    return n;
+}
+
+/* My part of one piece: its read if I am the reader, the pushes I send,
+ * and who feeds me. */
+static int plan_piece(ferry_subscriber *sub, const char *key, const grun *runs,
+                      const fr_rd_range *g, const fr_rd_push *p, member *mbs, work *w)
+{
+    uint32_t me = sub->cfg.rank;
+    const grun *reader = &runs[g->reader];
+    w->group_read += g->len;
+    if (reader->worker == me) {
+        if (add_read(w, key, g->off, my_dst(sub, reader, g->off), g->len) < 0)
+            return FERRY_ENOMEM;
+        w->my_read += g->len;
+    }
+    for (size_t k = g->push; k < g->push + g->npush; k++) {
+        const grun *f = &runs[p[k].from], *t = &runs[p[k].to];
+        pushes *ps = &w->hop[p[k].hop == 2];
+        if (f->worker != me) {
+            if (t->worker == me) {
+                ps->feeds_me[f->worker] = true;
+                w->received += g->len;
+            }
+            continue;
+        }
+        const member *mb = &mbs[t->worker];
+        uint64_t off = t->dst_off + (g->off - t->src);   /* inside the region */
+        int rc;
+        if (t->worker == me) {
+            /* one worker needing the bytes twice: a copy after they arrive */
+            rc = add_push(ps, me, my_dst(sub, f, g->off), &(ferry_remote_region){0},
+                          mb->base[t->region] + off, g->len);
+        } else {
+            rc = add_push(ps, t->worker, my_dst(sub, f, g->off), &mb->rr[t->region],
+                          mb->rr[t->region].addr + off, g->len);
+            w->pushed += g->len;
+        }
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* Walk every tensor's pieces and fill my work. */
 static int plan(ferry_subscriber *sub, const ferry_weight_manifest *m, collect *all,
                 member *mbs, work *w, ferry_error *err)
 {
-    uint32_t me = sub->cfg.rank, world = sub->cfg.world;
-    uint64_t *load = calloc(world, sizeof *load);
-    uint64_t *cuts = malloc((all->n * 2 + 1) * sizeof *cuts);
-    if (!load || !cuts) {
-        free(load), free(cuts);
-        return fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
-    }
+    uint32_t world = sub->cfg.world;
+    uint32_t *wnode = malloc(world * sizeof *wnode);
+    fr_rd_demand *d = malloc((all->n ? all->n : 1) * sizeof *d);
+    fr_readers *rd = NULL;
+    int rc = wnode && d ? 0 : FERRY_ENOMEM;
+    fr_rd_config cfg = { .nworkers = world, .worker_node = wnode, .chunk = PIECE, .relay = true };
+    if (rc == 0 && (cfg.nnodes = dense_nodes(mbs, world, wnode)) == 0)
+        rc = FERRY_ENOMEM;
+    if (rc == 0)
+        rc = fr_readers_open(&cfg, &rd);
     qsort(all->v, all->n, sizeof *all->v, by_entry_src);
-    int rc = 0;
     for (size_t a = 0; a < all->n && rc == 0;) {
         size_t b = a;
         while (b < all->n && all->v[b].entry == all->v[a].entry)
             b++;
-        size_t nc = 0;
-        for (size_t i = a; i < b; i++) {
-            cuts[nc++] = all->v[i].src;
-            cuts[nc++] = all->v[i].src + all->v[i].len;
+        for (size_t i = a; i < b; i++)
+            d[i - a] = (fr_rd_demand){ all->v[i].worker, all->v[i].src, all->v[i].len };
+        const ferry_weight_entry *e = &m->entries[all->v[a].entry];
+        const fr_rd_range *g;
+        const fr_rd_push *p;
+        size_t ng, np;
+        rc = fr_readers_object(rd, FR_RD_NO_NODE, e->bytes, d, b - a, &g, &ng, &p, &np);
+        if (rc == FERRY_EINVAL) {
+            free(wnode), free(d), fr_readers_close(rd);
+            return fr_rl_fail(err, FERRY_EPROTO, "subscriber: a demand for %s lies outside it",
+                              e->name);
         }
-        qsort(cuts, nc, sizeof *cuts, cmp_u64);
-        const char *key = m->entries[all->v[a].entry].key;
-        for (size_t k = 0; k + 1 < nc && rc == 0; k++) {
-            uint64_t lo = cuts[k], hi = cuts[k + 1];
-            if (lo == hi)
-                continue;
-            /* consumers: runs of this tensor that cover [lo, hi) */
-            const grun *reader = NULL;
-            for (size_t i = a; i < b; i++) {
-                const grun *r = &all->v[i];
-                if (r->src <= lo && r->src + r->len >= hi &&
-                    (!reader || load[r->worker] < load[reader->worker] ||
-                     (load[r->worker] == load[reader->worker] && r->worker < reader->worker)))
-                    reader = r;
-            }
-            if (!reader)
-                continue;   /* nobody needs these bytes */
-            load[reader->worker] += hi - lo;
-            w->group_read += hi - lo;
-            uint8_t *rdst = reader->worker == me
-                ? (uint8_t *)sub->shards[reader->region].dst + reader->dst_off + (lo - reader->src)
-                : NULL;
-            if (reader->worker == me) {
-                rc = add_read(w, key, lo, rdst, hi - lo);
-                w->my_read += hi - lo;
-            }
-            for (size_t i = a; i < b && rc == 0; i++) {
-                const grun *r = &all->v[i];
-                if (r == reader || !(r->src <= lo && r->src + r->len >= hi))
-                    continue;
-                if (r->worker == me && reader->worker != me) {
-                    w->feeds_me[reader->worker] = true;
-                    w->received += hi - lo;
-                } else if (reader->worker == me) {
-                    const member *mb = &mbs[r->worker];
-                    uint64_t off = r->dst_off + (lo - r->src);   /* inside the region */
-                    if (r->worker == me) {
-                        /* one worker needing the bytes twice: copy after the reads */
-                        rc = add_push(w, me, rdst, &(ferry_remote_region){0},
-                                      mb->base[r->region] + off, hi - lo);
-                    } else {
-                        rc = add_push(w, r->worker, rdst, &mb->rr[r->region],
-                                      mb->rr[r->region].addr + off, hi - lo);
-                        w->pushed += hi - lo;
-                    }
-                }
-            }
-        }
+        for (size_t i = 0; i < ng && rc == 0; i++)
+            rc = plan_piece(sub, e->key, all->v + a, &g[i], p, mbs, w);
         a = b;
     }
-    free(load);
-    free(cuts);
+    free(wnode);
+    free(d);
+    fr_readers_close(rd);
     return rc < 0 ? fr_rl_fail(err, rc, "subscriber: planning: %s", ferry_strerror(rc)) : 0;
 }
 
@@ -390,18 +431,18 @@ static int do_reads(ferry_subscriber *sub, work *w, ferry_error *err)
 }
 
 /* Push to every target (one ticket each, all in flight), then NOTIFY. */
-static int do_pushes(ferry_subscriber *sub, work *w, uint64_t tag, bool reads_ok,
+static int do_pushes(ferry_subscriber *sub, const pushes *w, uint64_t tag, bool reads_ok,
                      member *mbs, ferry_error *err)
 {
     ferry_engine *e = ferry_store_engine(sub->s);
     uint32_t world = sub->cfg.world, me = sub->cfg.rank;
     /* local copies first (a worker that needs a range twice) */
-    for (size_t i = 0; reads_ok && i < w->npush; i++)
-        if (w->push_to[i] == me)
-            memcpy((void *)(uintptr_t)w->pushes[i].remote_addr, w->pushes[i].local,
-                   w->pushes[i].len);
+    for (size_t i = 0; reads_ok && i < w->n; i++)
+        if (w->to[i] == me)
+            memcpy((void *)(uintptr_t)w->ops[i].remote_addr, w->ops[i].local,
+                   w->ops[i].len);
     ferry_ticket **t = calloc(world, sizeof *t);
-    ferry_op *ops = malloc((w->npush + 1) * sizeof *ops);
+    ferry_op *ops = malloc((w->n + 1) * sizeof *ops);
     if (!t || !ops) {
         free(t), free(ops);
         return fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
@@ -411,12 +452,12 @@ static int do_pushes(ferry_subscriber *sub, work *w, uint64_t tag, bool reads_ok
         if (to == me)
             continue;
         size_t n = 0;
-        for (size_t i = 0; reads_ok && i < w->npush; i++)
-            if (w->push_to[i] == to)
-                ops[n++] = w->pushes[i];
+        for (size_t i = 0; reads_ok && i < w->n; i++)
+            if (w->to[i] == to)
+                ops[n++] = w->ops[i];
         bool target = n > 0;
-        for (size_t i = 0; !reads_ok && i < w->npush && !target; i++)
-            target = w->push_to[i] == to;
+        for (size_t i = 0; !reads_ok && i < w->n && !target; i++)
+            target = w->to[i] == to;
         if (!target)
             continue;
         /* any region of the target names its peer */
@@ -468,11 +509,12 @@ int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_u
     uint32_t world = sub->cfg.world, me = sub->cfg.rank;
     collect mine = { .rank = me }, all = {0};
     member *mbs = calloc(world, sizeof *mbs);
-    work w = { .feeds_me = calloc(world, sizeof(bool)) };
+    work w = { .hop = { { .feeds_me = calloc(world, sizeof(bool)) },
+                        { .feeds_me = calloc(world, sizeof(bool)) } } };
     uint8_t *rec = NULL;
     size_t reclen = 0;
     char key[400], bar[400];
-    rc = mbs && w.feeds_me ? my_demand(sub, &m, &mine, err)
+    rc = mbs && w.hop[0].feeds_me && w.hop[1].feeds_me ? my_demand(sub, &m, &mine, err)
                            : fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
     if (rc == 0)
         rc = encode(sub, m.generation, &mine, &rec, &reclen);
@@ -515,18 +557,28 @@ int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_u
         reads_ok = rr == 0;
         st->read_s = (double)fr_now_ns() / 1e9 - t1;
         double t2 = (double)fr_now_ns() / 1e9;
-        uint64_t tag = fr_hash64(bar, strlen(bar), 0) | 1;
-        int pr = do_pushes(sub, &w, tag, reads_ok, mbs, err);
-        uint32_t expect = 0;
-        for (uint32_t k = 0; k < world; k++)
-            expect += w.feeds_me[k];
-        uint64_t *vals = calloc(expect ? expect : 1, sizeof *vals);
-        int nr = expect ? ferry_wait_notify(ferry_store_engine(sub->s), tag, expect, (int)tmo,
-                                            vals) : 0;
-        bool fed_ok = nr == 0;
-        for (uint32_t k = 0; nr == 0 && k < expect; k++)
-            fed_ok &= vals[k] == 0;
-        free(vals);
+        /* hop 1 from the readers, then hop 2: what arrived, forwarded
+         * inside each node (marked failed when it did not arrive) */
+        int pr = 0, nr = 0;
+        bool fed_ok = true, ok = reads_ok;
+        for (int h = 0; h < 2; h++) {
+            uint64_t tag = fr_hash64(bar, strlen(bar), (uint64_t)h) | 1;
+            int s = do_pushes(sub, &w.hop[h], tag, ok, mbs, err);
+            pr = pr < 0 ? pr : s;
+            uint32_t expect = 0;
+            for (uint32_t k = 0; k < world; k++)
+                expect += w.hop[h].feeds_me[k];
+            uint64_t *vals = calloc(expect ? expect : 1, sizeof *vals);
+            int n = !vals ? FERRY_ENOMEM
+                  : expect ? ferry_wait_notify(ferry_store_engine(sub->s), tag, expect, (int)tmo, vals)
+                  : 0;
+            for (uint32_t k = 0; n == 0 && k < expect; k++)
+                fed_ok &= vals[k] == 0;
+            free(vals);
+            if (n < 0)
+                fed_ok = false, nr = n;
+            ok = fed_ok;
+        }
         st->push_s = (double)fr_now_ns() / 1e9 - t2;
         rc = rr < 0 ? rr : pr < 0 ? pr : 0;
         if (rc == 0 && !fed_ok)
@@ -563,9 +615,11 @@ int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_u
     free(mine.v);
     free(all.v);
     free(w.reads);
-    free(w.pushes);
-    free(w.push_to);
-    free(w.feeds_me);
+    for (int h = 0; h < 2; h++) {
+        free(w.hop[h].ops);
+        free(w.hop[h].to);
+        free(w.hop[h].feeds_me);
+    }
     ferry_weight_manifest_free(&m);
     return rc;
 }

@@ -214,8 +214,10 @@ static int assign_piece(fr_readers *r, uint32_t src, uint64_t off, uint64_t len,
      * reader's by its read and its pushes, the others' by what they are
      * pushed. Score a reader by the highest resulting load among those
      * nodes (the top two "not the reader" loads give it in O(1)), then by
-     * its own node's resulting load, the bytes it adds to NICs, the bytes
-     * its worker read so far, and the lower worker id. */
+     * its own node's resulting load, max(in, out) and then in + out (so
+     * that the direction that is not the busiest one balances too), the
+     * bytes it adds to NICs, the bytes its worker read so far, and the
+     * lower worker id. */
     uint64_t top1 = 0, top2 = 0;
     uint32_t top1_node = UINT32_MAX;
     for (uint32_t k = 0; k < nd; k++) {
@@ -232,7 +234,8 @@ static int assign_piece(fr_readers *r, uint32_t src, uint64_t off, uint64_t len,
         }
     }
     size_t best = 0;
-    uint64_t best_score = UINT64_MAX, best_own = UINT64_MAX, best_added = UINT64_MAX;
+    uint64_t best_score = UINT64_MAX, best_own = UINT64_MAX, best_sum = UINT64_MAX;
+    uint64_t best_added = UINT64_MAX;
     for (size_t i = 0; i < m; i++) {
         if (i && c[i].worker == c[i - 1].worker)
             continue;
@@ -242,11 +245,12 @@ static int assign_piece(fr_readers *r, uint32_t src, uint64_t off, uint64_t len,
         uint64_t add_in = src != n ? len : 0, add_out = pushes * len;
         uint64_t in = l->read_in + l->push_in + add_in;
         uint64_t out = l->push_out + l->serve_out + add_out;
-        uint64_t own = in > out ? in : out, added = add_in + add_out;
+        uint64_t own = in > out ? in : out, sum = in + out, added = add_in + add_out;
         uint64_t others = n == top1_node ? top2 : top1;
         uint64_t score = own > others ? own : others;
         int cmp = score != best_score ? (score < best_score ? -1 : 1)
                 : own != best_own ? (own < best_own ? -1 : 1)
+                : sum != best_sum ? (sum < best_sum ? -1 : 1)
                 : added != best_added ? (added < best_added ? -1 : 1)
                 : r->wread[c[i].worker] != r->wread[c[best].worker]
                     ? (r->wread[c[i].worker] < r->wread[c[best].worker] ? -1 : 1)
@@ -255,6 +259,7 @@ static int assign_piece(fr_readers *r, uint32_t src, uint64_t off, uint64_t len,
             best = i;
             best_score = score;
             best_own = own;
+            best_sum = sum;
             best_added = added;
         }
     }

@@ -45,8 +45,9 @@ int fr_rl_cmp_entry_name(const void *a, const void *b);
  * sends out the pushes: once per other node holding a consumer with
  * relay, once per remote consumer run without; every other consumer node
  * takes the pushes in); ties: the lower resulting load of the reader's
- * own node, fewer bytes added to NICs (a reader on the object's node reads
- * locally), fewer bytes read so far by the worker, the lower worker id.
+ * own node (max(in, out), then in + out), fewer bytes added to NICs (a
+ * reader on the object's node reads locally), fewer bytes read so far by
+ * the worker, the lower worker id.
  * Then, with relay, one consumer per other node (the one that forwarded
  * the fewest bytes so far, ties: lower worker id) receives the
  * piece (hop 1) and forwards it to the other consumers of its node (hop 2);

@@ -1,8 +1,10 @@
 /* Reader assignment (src/rl/readers.c): every demanded byte has exactly one
  * reader and reaches every run that wants it once; readers consume what
  * they read; the answer depends on the input, not its order; NIC loads
- * stay balanced; and `ferry plan --nic` (the at-scale model built on it)
- * runs on kimi-k2 and ranks ferry direct no slower than the baselines. */
+ * stay balanced; a subscriber group over two nodes reads each byte once
+ * and forwards inside a node; and `ferry plan --nic` (the at-scale model
+ * built on it) runs on kimi-k2 and ranks ferry direct no slower than the
+ * baselines. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,6 +17,7 @@
 #include <jansson.h>
 
 #include "rl/rl_int.h"
+#include "util/ftstore.h"
 
 #define MIB (1ull << 20)
 
@@ -341,6 +344,164 @@ static void test_chunks_split_fanout(void **state)
     free(o.d);
 }
 
+/* ---- a subscriber group over two nodes -------------------------------------------------- */
+
+#define NT 4
+static const uint64_t shapes[NT][2] = { {1536, 2048}, {512, 512}, {333, 77}, {2, 2} };
+
+static uint16_t bits(uint64_t g, size_t t, uint64_t i)
+{
+    return (uint16_t)(0x3c00u | ((g * 40503u + t * 977u + i) & 0x1ffu));
+}
+
+static void names_of(char names[NT][32])
+{
+    for (size_t k = 0; k < NT; k++)
+        snprintf(names[k], 32, "relay.%zu.weight", k);
+}
+
+/* A DP replica holding every tensor whole, on logical node `node`. */
+static int rollout_main(const char *addr, uint32_t rank, uint32_t world, uint32_t node)
+{
+    ferry_store_config cfg;
+    ferry_store_config_init(&cfg);
+    snprintf(cfg.master, sizeof cfg.master, "%s", addr);
+    cfg.lease_ms = 1;
+    ferry_store *s = NULL;
+    if (ferry_store_open(&cfg, &s) < 0) {
+        printf("ERR open %s\n", ferry_store_last_error());
+        return 1;
+    }
+    char names[NT][32];
+    names_of(names);
+    ferry_param_shard sh[NT];
+    for (size_t k = 0; k < NT; k++)
+        sh[k] = (ferry_param_shard){ .tensor = names[k], .ndim = 2, .shape = { shapes[k][0], shapes[k][1] },
+                                     .dst = calloc(shapes[k][0] * shapes[k][1], 2) };
+    ferry_subscriber_config sc = { .model = "relay", .group = "g", .rank = rank, .world = world,
+                                   .timeout_ms = 20000, .node = node };
+    ferry_subscriber *sub = NULL;
+    ferry_error err = {0};
+    if (ferry_subscriber_open(s, &sc, sh, NT, &sub, &err) < 0) {
+        printf("ERR %s\n", err.msg);
+        return 1;
+    }
+    printf("READY\n");
+    fflush(stdout);
+    uint64_t gen = 0;
+    char line[128];
+    while (fgets(line, sizeof line, stdin)) {
+        unsigned long long want;
+        if (sscanf(line, "update %llu", &want) != 1)
+            break;
+        ferry_update_stats st;
+        int rc = ferry_subscriber_update(sub, &gen, &st, &err);
+        uint64_t bad = 0;
+        for (size_t k = 0; rc == 0 && k < NT; k++) {
+            const uint16_t *p = sh[k].dst;
+            for (uint64_t i = 0; i < shapes[k][0] * shapes[k][1]; i++)
+                bad += p[i] != bits(want, k, i);
+        }
+        if (rc == 0 && gen == want)
+            printf("OK %llu %llu %llu %llu %llu\n", (unsigned long long)st.bytes_read,
+                   (unsigned long long)st.group_bytes_read, (unsigned long long)st.bytes_pushed,
+                   (unsigned long long)st.bytes_received, (unsigned long long)bad);
+        else
+            printf("ERR %d %s\n", rc, err.msg);
+        fflush(stdout);
+    }
+    ferry_subscriber_close(sub);
+    for (size_t k = 0; k < NT; k++)
+        free(sh[k].dst);
+    ferry_store_close(s);
+    return 0;
+}
+
+static uint64_t publish(ferry_store *s, uint64_t g)
+{
+    char names[NT][32];
+    names_of(names);
+    ferry_weight_tensor t[NT];
+    uint64_t total = 0;
+    for (size_t k = 0; k < NT; k++) {
+        uint64_t n = shapes[k][0] * shapes[k][1];
+        uint16_t *d = malloc(n * 2);
+        for (uint64_t i = 0; i < n; i++)
+            d[i] = bits(g, k, i);
+        t[k] = (ferry_weight_tensor){ .name = names[k], .dtype = "bf16", .ndim = 2,
+                                      .shape = { shapes[k][0], shapes[k][1] }, .data = d };
+        total += n * 2;
+    }
+    uint32_t node0 = 0;
+    ferry_publisher_config pc = { .model = "relay", .rank = 0, .world = 1, .rank_node = &node0,
+                                  .keep = 2, .timeout_ms = 10000 };
+    ferry_error err = {0};
+    assert_int_equal(ferry_publish(s, &pc, g, t, NT, NULL, &err), 0);
+    for (size_t k = 0; k < NT; k++)
+        free((void *)t[k].data);
+    return total;
+}
+
+/* Four DP replicas, two per node (nodes 7 and 9: any ids). Every piece is
+ * read once, pushed to the reader's neighbour, sent to the other node once
+ * and forwarded there: 3 pushes per byte, and both nodes read. */
+static void test_subscriber_two_nodes(void **state)
+{
+    (void)state;
+    enum { WORLD = 4 };
+    ft_cluster c;
+    memset(&c, 0, sizeof c);
+    assert_int_equal(ft_master_start(&c, NULL, NULL), 0);
+    assert_int_equal(ft_node_start(&c, 0, 64u << 20, NULL, NULL), 0);
+    ferry_store_config cfg;
+    ft_store_config(&c, &cfg);
+    cfg.lease_ms = 1;
+    ferry_store *s = NULL;
+    assert_int_equal(ferry_store_open(&cfg, &s), 0);
+    ft_peer r[WORLD];
+    for (int k = 0; k < WORLD; k++) {
+        char rk[8], nd[8];
+        snprintf(rk, sizeof rk, "%d", k);
+        snprintf(nd, sizeof nd, "%d", k < 2 ? 7 : 9);
+        const char *args[] = { "--rollout", c.addr, rk, "4", nd, NULL };
+        assert_int_equal(ft_spawn(&r[k], NULL, args), 0);
+        char line[256];
+        assert_int_equal(ft_read_line(&r[k], line, sizeof line, 20000), 0);
+        assert_string_equal(line, "READY");
+    }
+    for (uint64_t g = 1; g <= 2; g++) {
+        uint64_t published = publish(s, g);
+        for (int k = 0; k < WORLD; k++)
+            assert_int_equal(ft_peer_send(&r[k], "update %llu", (unsigned long long)g), 0);
+        uint64_t read = 0, pushed = 0, received = 0, node_read[2] = {0};
+        for (int k = 0; k < WORLD; k++) {
+            char line[512];
+            assert_int_equal(ft_peer_reply(&r[k], line, sizeof line, 30000), 0);
+            unsigned long long a, b, c2, d, bad;
+            if (sscanf(line, "OK %llu %llu %llu %llu %llu", &a, &b, &c2, &d, &bad) != 5)
+                fail_msg("worker %d: %s", k, line);
+            assert_int_equal(bad, 0);
+            assert_int_equal(b, published);
+            read += a;
+            node_read[k / 2] += a;
+            pushed += c2;
+            received += d;
+        }
+        fprintf(stderr, "two nodes, generation %llu: published %llu, read %llu (node 7: %llu, "
+                "node 9: %llu), pushed %llu\n", (unsigned long long)g, (unsigned long long)published,
+                (unsigned long long)read, (unsigned long long)node_read[0],
+                (unsigned long long)node_read[1], (unsigned long long)pushed);
+        assert_int_equal(read, published);
+        assert_int_equal(pushed, 3 * published);
+        assert_int_equal(received, 3 * published);
+        assert_true(node_read[0] > 0 && node_read[1] > 0);
+    }
+    for (int k = 0; k < WORLD; k++)
+        ft_peer_stop(&r[k]);
+    ferry_store_close(s);
+    ft_cluster_stop(&c);
+}
+
 /* ---- the at-scale model ---------------------------------------------------------------- */
 
 static double strategy(json_t *root, const char *name, const char *key)
@@ -387,8 +548,12 @@ static void test_plan_model_cli(void **state)
     json_decref(root);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc == 6 && !strcmp(argv[1], "--rollout"))
+        return rollout_main(argv[2], (uint32_t)atoi(argv[3]), (uint32_t)atoi(argv[4]),
+                            (uint32_t)atoi(argv[5]));
+    ft_token();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_byte_once),
         cmocka_unit_test(test_bad_input),
@@ -396,6 +561,7 @@ int main(void)
         cmocka_unit_test(test_reader_prefers_local),
         cmocka_unit_test(test_nic_balance),
         cmocka_unit_test(test_chunks_split_fanout),
+        cmocka_unit_test(test_subscriber_two_nodes),
         cmocka_unit_test(test_plan_model_cli),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
