@@ -36,6 +36,20 @@
 
 typedef struct preg { uint8_t *addr; size_t len; ferry_region *reg; } preg;
 
+/* The last plan: readers.c's answer for every tensor, reused while the
+ * group's demands (tensor, worker, source range), the tensors' sizes and
+ * the members' nodes stay the same — a new generation of the same model
+ * and layout costs no planning. */
+typedef struct plan_cache {
+    bool valid, reused;
+    fr_hash128_t key;
+    fr_rd_range *ranges;      /* push indices into pushes */
+    size_t *base;             /* per range: its tensor's first run in the sorted runs */
+    size_t n, cap, cap_base;
+    fr_rd_push *pushes;
+    size_t npushes, cap_pushes;
+} plan_cache;
+
 struct ferry_subscriber {
     ferry_store *s;
     ferry_subscriber_config cfg;
@@ -44,6 +58,7 @@ struct ferry_subscriber {
     char (*names)[256];
     preg *regs;               /* one per shard, reused while (addr, len) stay */
     uint64_t generation;
+    plan_cache plan;
 };
 
 /* One run of one member. */
@@ -366,21 +381,36 @@ static int plan_piece(ferry_subscriber *sub, const char *key, const grun *runs,
     return 0;
 }
 
-/* Walk every tensor's pieces and fill my work. */
-static int plan(ferry_subscriber *sub, const ferry_weight_manifest *m, collect *all,
-                member *mbs, work *w, ferry_error *err)
+/* What the plan depends on: the members' nodes, every run's (tensor,
+ * worker, source range) in plan order and the tensors' sizes. */
+static fr_hash128_t plan_key(const collect *all, const ferry_weight_manifest *m,
+                             const uint32_t *wnode, uint32_t world)
 {
-    uint32_t world = sub->cfg.world;
-    uint32_t *wnode = malloc(world * sizeof *wnode);
+    fr_hasher *h = fr_hasher_new(0x66727264);
+    if (!h)
+        return (fr_hash128_t){{0}};
+    fr_hasher_update(h, &world, sizeof world);
+    fr_hasher_update(h, wnode, world * sizeof *wnode);
+    for (size_t i = 0; i < all->n; i++) {
+        const grun *r = &all->v[i];
+        uint64_t v[5] = { r->entry, r->worker, r->src, r->len, m->entries[r->entry].bytes };
+        fr_hasher_update(h, v, sizeof v);
+    }
+    fr_hash128_t k = fr_hasher_digest(h);
+    fr_hasher_free(h);
+    return k;
+}
+
+/* Every tensor's pieces from readers.c, into the cache. */
+static int plan_all(plan_cache *pc, const ferry_weight_manifest *m, const collect *all,
+                    const uint32_t *wnode, uint32_t nnodes, uint32_t world, ferry_error *err)
+{
     fr_rd_demand *d = malloc((all->n ? all->n : 1) * sizeof *d);
     fr_readers *rd = NULL;
-    int rc = wnode && d ? 0 : FERRY_ENOMEM;
-    fr_rd_config cfg = { .nworkers = world, .worker_node = wnode, .chunk = PIECE, .relay = true };
-    if (rc == 0 && (cfg.nnodes = dense_nodes(mbs, world, wnode)) == 0)
-        rc = FERRY_ENOMEM;
-    if (rc == 0)
-        rc = fr_readers_open(&cfg, &rd);
-    qsort(all->v, all->n, sizeof *all->v, by_entry_src);
+    fr_rd_config cfg = { .nworkers = world, .worker_node = wnode, .nnodes = nnodes,
+                         .chunk = PIECE, .relay = true };
+    int rc = d ? fr_readers_open(&cfg, &rd) : FERRY_ENOMEM;
+    pc->n = pc->npushes = 0;
     for (size_t a = 0; a < all->n && rc == 0;) {
         size_t b = a;
         while (b < all->n && all->v[b].entry == all->v[a].entry)
@@ -393,19 +423,64 @@ static int plan(ferry_subscriber *sub, const ferry_weight_manifest *m, collect *
         size_t ng, np;
         rc = fr_readers_object(rd, FR_RD_NO_NODE, e->bytes, d, b - a, &g, &ng, &p, &np);
         if (rc == FERRY_EINVAL) {
-            free(wnode), free(d), fr_readers_close(rd);
-            return fr_rl_fail(err, FERRY_EPROTO, "subscriber: a demand for %s lies outside it",
-                              e->name);
+            rc = fr_rl_fail(err, FERRY_EPROTO, "subscriber: a demand for %s lies outside it",
+                            e->name);
+            break;
         }
-        for (size_t i = 0; i < ng && rc == 0; i++)
-            rc = plan_piece(sub, e->key, all->v + a, &g[i], p, mbs, w);
+        if (rc == 0 && (fr_grow((void **)&pc->ranges, &pc->cap, pc->n + ng, sizeof *pc->ranges) < 0 ||
+                        fr_grow((void **)&pc->base, &pc->cap_base, pc->n + ng, sizeof *pc->base) < 0 ||
+                        fr_grow((void **)&pc->pushes, &pc->cap_pushes, pc->npushes + np,
+                                sizeof *pc->pushes) < 0))
+            rc = FERRY_ENOMEM;
+        for (size_t i = 0; i < ng && rc == 0; i++) {
+            pc->ranges[pc->n] = g[i];
+            pc->ranges[pc->n].push += pc->npushes;
+            pc->base[pc->n++] = a;
+        }
+        if (rc == 0 && np)
+            memcpy(pc->pushes + pc->npushes, p, np * sizeof *p);
+        pc->npushes += np;
         a = b;
     }
-    free(wnode);
     free(d);
     fr_readers_close(rd);
-    return rc < 0 ? fr_rl_fail(err, rc, "subscriber: planning: %s", ferry_strerror(rc)) : 0;
+    if (rc < 0 && rc != FERRY_EPROTO)
+        fr_rl_fail(err, rc, "subscriber: planning: %s", ferry_strerror(rc));
+    return rc;
 }
+
+/* Plan (or reuse the last plan) and fill my work from it. */
+static int plan(ferry_subscriber *sub, const ferry_weight_manifest *m, collect *all,
+                member *mbs, work *w, ferry_error *err)
+{
+    uint32_t world = sub->cfg.world, nnodes;
+    plan_cache *pc = &sub->plan;
+    uint32_t *wnode = malloc(world * sizeof *wnode);
+    if (!wnode || (nnodes = dense_nodes(mbs, world, wnode)) == 0) {
+        free(wnode);
+        return fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+    }
+    qsort(all->v, all->n, sizeof *all->v, by_entry_src);
+    fr_hash128_t key = plan_key(all, m, wnode, world);
+    pc->reused = pc->valid && memcmp(&key, &pc->key, sizeof key) == 0;
+    int rc = 0;
+    if (!pc->reused) {
+        pc->valid = false;
+        rc = plan_all(pc, m, all, wnode, nnodes, world, err);
+        pc->valid = rc == 0;
+        pc->key = key;
+    }
+    free(wnode);
+    for (size_t i = 0; i < pc->n && rc == 0; i++) {
+        const grun *runs = all->v + pc->base[i];
+        rc = plan_piece(sub, m->entries[runs->entry].key, runs, &pc->ranges[i], pc->pushes, mbs, w);
+        if (rc < 0)
+            fr_rl_fail(err, rc, "subscriber: planning: %s", ferry_strerror(rc));
+    }
+    return rc;
+}
+
+bool fr_subscriber_plan_reused(const ferry_subscriber *sub) { return sub && sub->plan.reused; }
 
 /* ---- apply ------------------------------------------------------------------------------- */
 
@@ -663,6 +738,9 @@ void ferry_subscriber_close(ferry_subscriber *sub)
         if (sub->regs[i].reg)
             (void)ferry_region_unregister(sub->regs[i].reg);
     free(sub->regs);
+    free(sub->plan.ranges);
+    free(sub->plan.base);
+    free(sub->plan.pushes);
     free(sub->names);
     free(sub->shards);
     free(sub);

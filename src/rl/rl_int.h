@@ -123,4 +123,8 @@ int fr_readers_object(fr_readers *r, uint32_t src_node, uint64_t size, const fr_
 const fr_rd_load *fr_readers_loads(const fr_readers *r);
 void fr_readers_summary(const fr_readers *r, fr_rd_summary *out);
 
+/* pull.c: whether the subscriber's last update reused the plan of the one
+ * before (same demands, tensor sizes and nodes: no reader assignment). */
+bool fr_subscriber_plan_reused(const ferry_subscriber *sub);
+
 #endif

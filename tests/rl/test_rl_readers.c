@@ -403,9 +403,10 @@ static int rollout_main(const char *addr, uint32_t rank, uint32_t world, uint32_
                 bad += p[i] != bits(want, k, i);
         }
         if (rc == 0 && gen == want)
-            printf("OK %llu %llu %llu %llu %llu\n", (unsigned long long)st.bytes_read,
+            printf("OK %llu %llu %llu %llu %llu %d\n", (unsigned long long)st.bytes_read,
                    (unsigned long long)st.group_bytes_read, (unsigned long long)st.bytes_pushed,
-                   (unsigned long long)st.bytes_received, (unsigned long long)bad);
+                   (unsigned long long)st.bytes_received, (unsigned long long)bad,
+                   fr_subscriber_plan_reused(sub));
         else
             printf("ERR %d %s\n", rc, err.msg);
         fflush(stdout);
@@ -444,7 +445,8 @@ static uint64_t publish(ferry_store *s, uint64_t g)
 
 /* Four DP replicas, two per node (nodes 7 and 9: any ids). Every piece is
  * read once, pushed to the reader's neighbour, sent to the other node once
- * and forwarded there: 3 pushes per byte, and both nodes read. */
+ * and forwarded there: 3 pushes per byte, and both nodes read. The second
+ * generation reuses the first one's plan. */
 static void test_subscriber_two_nodes(void **state)
 {
     (void)state;
@@ -469,7 +471,7 @@ static void test_subscriber_two_nodes(void **state)
         assert_int_equal(ft_read_line(&r[k], line, sizeof line, 20000), 0);
         assert_string_equal(line, "READY");
     }
-    for (uint64_t g = 1; g <= 2; g++) {
+    for (uint64_t g = 1; g <= 3; g++) {
         uint64_t published = publish(s, g);
         for (int k = 0; k < WORLD; k++)
             assert_int_equal(ft_peer_send(&r[k], "update %llu", (unsigned long long)g), 0);
@@ -478,10 +480,12 @@ static void test_subscriber_two_nodes(void **state)
             char line[512];
             assert_int_equal(ft_peer_reply(&r[k], line, sizeof line, 30000), 0);
             unsigned long long a, b, c2, d, bad;
-            if (sscanf(line, "OK %llu %llu %llu %llu %llu", &a, &b, &c2, &d, &bad) != 5)
+            int reused;
+            if (sscanf(line, "OK %llu %llu %llu %llu %llu %d", &a, &b, &c2, &d, &bad, &reused) != 6)
                 fail_msg("worker %d: %s", k, line);
             assert_int_equal(bad, 0);
             assert_int_equal(b, published);
+            assert_int_equal(reused, g > 1);   /* the same demands: the plan is reused */
             read += a;
             node_read[k / 2] += a;
             pushed += c2;
