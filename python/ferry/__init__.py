@@ -4,6 +4,8 @@ Submodules wrap the C library through the ``_ferry`` extension:
 ``ferry.reshard`` (placement manifests, layouts, presets, reshard plans) and
 ``ferry.store`` (the store client: ``ferry.Store``), ``ferry.weights``
 (weight updates: ``ferry.WeightPublisher``, ``ferry.WeightSubscriber``);
+``ferry.samples`` (rollout/update disaggregation: versioned records,
+``ferry.PolicyRegistry``, ``ferry.SampleQueue``, ``ferry.KVCacheGate``);
 ``ferry.Engine`` is a transfer engine for ``ferry.reshard.execute``.
 """
 
@@ -11,12 +13,17 @@ from ._ferry import Error, Engine, strerror, VERSION_MAJOR, VERSION_MINOR, VERSI
 from . import reshard
 from . import store
 from . import weights
+from . import samples
 from .store import (Store, Watch, ReplicateConfig, NotFoundError, ExistsError, NoSpaceError, LostError, BusyError,
                     ConflictError, TimeoutError, AuthError, ConnectionError, StaleError)
 from .weights import WeightPublisher, WeightSubscriber
+from .samples import (RolloutSession, UpdateSession, PolicyVersion, PolicyRegistry, PolicyWatch, SampleQueue, Sample,
+                      KVCacheGate, QueueFullError)
 
 __version__ = f"{VERSION_MAJOR}.{VERSION_MINOR}.{VERSION_PATCH}"
 
 __all__ = ["Error", "Engine", "strerror", "reshard", "store", "Store", "Watch", "ReplicateConfig", "NotFoundError",
            "ExistsError", "NoSpaceError", "LostError", "BusyError", "ConflictError", "TimeoutError", "AuthError",
-           "ConnectionError", "StaleError", "weights", "WeightPublisher", "WeightSubscriber", "__version__"]
+           "ConnectionError", "StaleError", "weights", "WeightPublisher", "WeightSubscriber", "samples", "RolloutSession",
+           "UpdateSession", "PolicyVersion", "PolicyRegistry", "PolicyWatch", "SampleQueue", "Sample", "KVCacheGate",
+           "QueueFullError", "__version__"]
