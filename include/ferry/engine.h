@@ -150,15 +150,27 @@ enum ferry_opcode { FERRY_OP_READ = 1, FERRY_OP_WRITE = 2, FERRY_OP_NOTIFY = 3 }
 /* One operation, in the shape of fi_write: local buffer, length, peer,
  * remote address, key. local must lie inside a region registered with this
  * engine. NOTIFY uses peer, tag and value only; it is delivered after every
- * earlier WRITE of the same batch to that peer is visible there. */
+ * earlier WRITE of the same batch to that peer is visible there.
+ *
+ * Strided form (READ/WRITE): count 0 or 1 is one contiguous run of len
+ * bytes; count > 1 is `count` rows of len bytes each, row i at
+ * local + i*local_stride and remote_addr + i*remote_stride (the op moves
+ * count*len bytes). Its local extent [local, local + (count-1)*local_stride
+ * + len) must lie inside one registered region, and the target checks its
+ * whole remote span [remote_addr, remote_addr + (count-1)*remote_stride +
+ * len) before any row moves. Arithmetic that overflows is FERRY_EINVAL.
+ * Rows whose destinations overlap land in no particular order. The fields
+ * sit at the end, so a zero-initialised op is contiguous. */
 typedef struct ferry_op {
     enum ferry_opcode opcode;
     void *local;
-    uint64_t len;
+    uint64_t len;           /* bytes per row (the whole op when count <= 1) */
     ferry_peer_id peer;
     uint64_t remote_addr;
     uint64_t key;
     uint64_t tag, value;    /* NOTIFY only */
+    uint64_t count;         /* rows; 0 or 1: contiguous */
+    uint64_t local_stride, remote_stride;   /* bytes between rows (count > 1) */
 } ferry_op;
 
 enum ferry_ticket_state {

@@ -24,6 +24,9 @@ typedef struct fr_chunk {
     enum ferry_opcode opcode;
     uint8_t *local;            /* READ: destination; WRITE: source */
     uint64_t remote_addr, key, len;
+    /* rows > 1 (only to transports with .strided): rows of len bytes, row i
+     * at local + i*lstride and remote_addr + i*rstride; 0 or 1: one run. */
+    uint64_t rows, lstride, rstride;
     uint64_t span_addr, span_len; /* the whole op's remote range: targets check all of it */
     uint64_t tag, value;       /* NOTIFY */
     uint32_t epoch;            /* notify ordering (engine-private) */
@@ -36,6 +39,12 @@ typedef struct fr_chunk {
     void *intercept_arg;
 } fr_chunk;
 
+/* Bytes a chunk moves. */
+static inline uint64_t fr_chunk_bytes(const fr_chunk *c)
+{
+    return c->rows > 1 ? c->rows * c->len : c->len;
+}
+
 /* Complete a chunk. status: 0 or a negative FERRY_E* code. touched: the
  * chunk's destination (remote memory for WRITE, the local buffer for READ)
  * may have been modified (I/O began). Never called twice for a chunk. */
@@ -46,6 +55,9 @@ struct fr_transport {
     const char *name;
     uint32_t bit;                  /* FR_TRANSPORT_* */
     uint64_t max_chunk;            /* the engine splits ops larger than this */
+    /* Takes chunks of several rows (fr_chunk.rows); otherwise the engine
+     * posts a strided op as one chunk per row. */
+    bool strided;
     /* Server side: start listening, fill the engine's endpoint fields that
      * belong to this transport, and serve authenticated peers. */
     int (*start)(ferry_engine *e, void **state);

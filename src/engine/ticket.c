@@ -221,14 +221,15 @@ void fr_chunk_done(fr_chunk *c, int status, bool touched)
     ferry_engine *e = t->e;
     fr_tpeer *poster = NULL;
 
+    const uint64_t bytes = c->opcode == FERRY_OP_NOTIFY ? 0 : fr_chunk_bytes(c);
     pthread_mutex_lock(&e->lock);
     if (status == 0 && c->opcode != FERRY_OP_NOTIFY) {
-        t->bytes_done += c->len;
+        t->bytes_done += bytes;
         touched = true;
         if (c->opcode == FERRY_OP_WRITE)
-            FR_STAT_ADD(e, bytes_written, c->len);
+            FR_STAT_ADD(e, bytes_written, bytes);
         else
-            FR_STAT_ADD(e, bytes_read, c->len);
+            FR_STAT_ADD(e, bytes_read, bytes);
     }
     if (status == 0) {
         FR_STAT_ADD(e, ops_completed, 1);
@@ -239,8 +240,7 @@ void fr_chunk_done(fr_chunk *c, int status, bool touched)
     }
     if (touched)
         t->touched = true;
-    uint64_t charge = c->opcode == FERRY_OP_NOTIFY ? 0 : c->len;
-    e->inflight_bytes -= charge < e->inflight_bytes ? charge : e->inflight_bytes;
+    e->inflight_bytes -= bytes < e->inflight_bytes ? bytes : e->inflight_bytes;
     if (e->inflight_ops > 0)
         e->inflight_ops--;
 
@@ -280,14 +280,64 @@ typedef struct {
     ferry_peer_id *peers;
 } batch_shape;
 
-static uint64_t chunk_size(ferry_engine *e, ferry_peer_id peer)
+/* A wrapper transport (fault injection) chunks like what it wraps. */
+static const fr_transport *real_transport(ferry_engine *e, ferry_peer_id peer)
 {
     const fr_peer *p = e->peers[peer];
-    const fr_transport *tp = p->inner_tp ? p->inner_tp : p->tp;   /* a wrapper splits like what it wraps */
+    return p->inner_tp ? p->inner_tp : p->tp;
+}
+
+static uint64_t chunk_size(ferry_engine *e, ferry_peer_id peer)
+{
+    const fr_transport *tp = real_transport(e, peer);
     uint64_t cs = tp && tp->max_chunk ? tp->max_chunk : e->cfg.tcp_chunk;
     if (cs == 0 || cs > FR_WIRE_MAX_DATA)
         cs = FR_WIRE_MAX_DATA;
     return cs;
+}
+
+/* Whether the peer's transport takes chunks of several rows. */
+static bool takes_rows(ferry_engine *e, ferry_peer_id peer)
+{
+    const fr_transport *tp = real_transport(e, peer);
+    return tp && tp->strided;
+}
+
+static uint64_t op_rows(const ferry_op *o)
+{
+    return o->count > 1 ? o->count : 1;
+}
+
+/* What a READ/WRITE covers: its local extent, its remote span and the
+ * bytes it moves. FERRY_EINVAL when any of them, or an end address,
+ * overflows 64 bits. */
+static int op_extent(const ferry_op *o, uint64_t *lext, uint64_t *rext, uint64_t *bytes)
+{
+    const uint64_t rows = op_rows(o);
+    uint64_t t, end;
+    if (fr_mul_u64(rows, o->len, bytes) < 0 ||
+        fr_mul_u64(rows - 1, o->local_stride, &t) < 0 || fr_add_u64(t, o->len, lext) < 0 ||
+        fr_mul_u64(rows - 1, o->remote_stride, &t) < 0 || fr_add_u64(t, o->len, rext) < 0 ||
+        fr_add_u64((uint64_t)(uintptr_t)o->local, *lext, &end) < 0 ||
+        fr_add_u64(o->remote_addr, *rext, &end) < 0)
+        return FERRY_EINVAL;
+    return 0;
+}
+
+/* How an op is cut for its peer's transport. A strided op to a transport
+ * that takes rows goes as chunks of up to *per rows (as many as fit a
+ * chunk); otherwise each row goes alone, in pieces of at most cs bytes
+ * (*per = 0). Returns the number of chunks (at most the op's bytes, so it
+ * cannot overflow). */
+static uint64_t op_chunks(const ferry_op *o, uint64_t cs, bool strided, uint64_t *per)
+{
+    const uint64_t rows = op_rows(o);
+    if (rows > 1 && strided && o->len <= cs) {
+        *per = cs / o->len;
+        return rows / *per + (rows % *per != 0);
+    }
+    *per = 0;
+    return rows * (o->len / cs + (o->len % cs != 0));
 }
 
 /* Validate every op (engine lock held) and pin the local regions. */
@@ -308,12 +358,13 @@ static int validate_locked(ferry_engine *e, const ferry_op *ops, size_t n, ferry
             continue;
         if (o->opcode != FERRY_OP_READ && o->opcode != FERRY_OP_WRITE)
             return FERRY_EINVAL;
-        if (o->len == 0 || !o->local || o->remote_addr + o->len < o->remote_addr)
+        uint64_t lext, rext, bytes;
+        if (o->len == 0 || !o->local || op_extent(o, &lext, &rext, &bytes) < 0)
             return FERRY_EINVAL;
-        pins[i] = fr_region_find_local(e, o->local, o->len);
+        pins[i] = fr_region_find_local(e, o->local, lext);
         if (!pins[i]) {
             FR_WARN("engine", "op %zu: local buffer %p+%llu is not inside a registered region", i,
-                    o->local, (unsigned long long)o->len);
+                    o->local, (unsigned long long)lext);
             return FERRY_EFAULT;
         }
     }
@@ -346,13 +397,16 @@ static int build(ferry_engine *e, const ferry_op *ops, size_t n, struct ferry_ti
             tp->nnotify++;
             nchunks++;
         } else {
-            uint64_t cs = chunk_size(e, ops[i].peer);
-            nchunks += (ops[i].len + cs - 1) / cs;
-            t->bytes_total += ops[i].len;
+            uint64_t per, lext = 0, rext = 0, bytes = 0;
+            (void)op_extent(&ops[i], &lext, &rext, &bytes);   /* validated */
+            uint64_t k = op_chunks(&ops[i], chunk_size(e, ops[i].peer), takes_rows(e, ops[i].peer), &per);
+            if (k > UINT32_MAX || fr_add_u64(t->bytes_total, bytes, &t->bytes_total) < 0)
+                return FERRY_ERANGE;
+            nchunks += k;
         }
+        if (nchunks > UINT32_MAX)
+            return FERRY_ERANGE;
     }
-    if (nchunks > UINT32_MAX)
-        return FERRY_ERANGE;
     for (size_t i = 0; i < t->ntp; i++) {
         fr_tpeer *tp = &t->tp[i];
         tp->epoch_left = fr_calloc(tp->nnotify + 1, sizeof *tp->epoch_left);
@@ -375,16 +429,40 @@ static int build(ferry_engine *e, const ferry_op *ops, size_t n, struct ferry_ti
             tp->notifies[tp->nnotify++] = c;
             continue;
         }
-        uint64_t cs = chunk_size(e, o->peer);
-        for (uint64_t off = 0; off < o->len; off += cs) {
-            fr_chunk *c = &t->chunks[k++];
-            uint64_t len = o->len - off < cs ? o->len - off : cs;
-            *c = (fr_chunk){.t = t, .opcode = o->opcode, .peer_id = o->peer,
-                            .local = (uint8_t *)o->local + off, .remote_addr = o->remote_addr + off,
-                            .key = o->key, .len = len, .epoch = tp->nnotify,
-                            .span_addr = o->remote_addr, .span_len = o->len};
-            if (o->opcode == FERRY_OP_WRITE)
-                tp->epoch_left[tp->nnotify]++;
+        const uint64_t cs = chunk_size(e, o->peer), rows = op_rows(o);
+        uint64_t per, lext = 0, rext = 0, bytes = 0;
+        (void)op_extent(o, &lext, &rext, &bytes);   /* validated */
+        (void)op_chunks(o, cs, takes_rows(e, o->peer), &per);
+        /* Every chunk carries the whole op's span: the target refuses all
+         * of a partly-outside op. Row addresses stay inside the validated
+         * extents, so they cannot overflow. */
+        const fr_chunk proto = {.t = t, .opcode = o->opcode, .peer_id = o->peer, .key = o->key,
+                                .epoch = tp->nnotify, .span_addr = o->remote_addr, .span_len = rext};
+        for (uint64_t r = 0; r < rows; r += per ? per : 1) {
+            uint8_t *local = (uint8_t *)o->local + r * o->local_stride;
+            uint64_t remote = o->remote_addr + r * o->remote_stride;
+            if (per) {   /* rows [r, r + n) in one chunk */
+                fr_chunk *c = &t->chunks[k++];
+                *c = proto;
+                c->local = local;
+                c->remote_addr = remote;
+                c->len = o->len;
+                c->rows = rows - r < per ? rows - r : per;
+                c->lstride = o->local_stride;
+                c->rstride = o->remote_stride;
+                if (o->opcode == FERRY_OP_WRITE)
+                    tp->epoch_left[tp->nnotify]++;
+                continue;
+            }
+            for (uint64_t off = 0; off < o->len; off += cs) {
+                fr_chunk *c = &t->chunks[k++];
+                *c = proto;
+                c->local = local + off;
+                c->remote_addr = remote + off;
+                c->len = o->len - off < cs ? o->len - off : cs;
+                if (o->opcode == FERRY_OP_WRITE)
+                    tp->epoch_left[tp->nnotify]++;
+            }
         }
     }
     t->nchunks = t->left = (uint32_t)nchunks;

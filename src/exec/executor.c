@@ -217,7 +217,7 @@ static uint64_t batch_bytes(const ferry_batch_list *bl, size_t b)
 {
     uint64_t s = 0;
     for (size_t i = bl->batch_start[b]; i < bl->batch_start[b + 1]; i++)
-        s += bl->ops[i].len;
+        s += bl->ops[i].count > 1 ? bl->ops[i].count * bl->ops[i].len : bl->ops[i].len;
     return s;
 }
 

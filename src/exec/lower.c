@@ -1,6 +1,9 @@
 /* Lowering an attested plan's regions to engine batches: one op per
  * contiguous run of both local storages, split and batched under the
- * caller's limits, for the workers a process selects. Pure: no engine. */
+ * caller's limits, for the workers a process selects; runs of equal length
+ * at constant strides on both sides become one strided op (ferry_op.count),
+ * so a region cut across rows on one side and columns on the other costs
+ * one engine op, not one per row. Pure: no engine. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +16,10 @@ typedef struct lower_ctx {
     ferry_batch_list *out;
     size_t ops_cap, starts_cap;
     uint64_t batch_ops, batch_bytes;   /* of the open batch */
+    /* Local binding entry of the region being lowered, and of the last op:
+     * the executor registers each entry as its own region, and an op's
+     * local extent must lie inside one. */
+    const ferry_binding_entry *cur_local, *last_local;
     ferry_error *err;
 } lower_ctx;
 
@@ -32,22 +39,57 @@ static const ferry_peer_map *peer_of(const ferry_lower_args *a, uint32_t worker)
     return NULL;
 }
 
-/* Append one op, merging it into the previous op of the open batch when
- * both sides continue it, else opening a new batch when a limit is hit. */
+/* Whether op (one run) is the next row of last: equal length, and on both
+ * sides one stride further. A contiguous last op takes the strides from
+ * op; rows never overlap (strides >= len), so the rows of a strided op
+ * land exactly as the separate ops would have. */
+static bool next_row(ferry_op *last, const ferry_op *op)
+{
+    const uint64_t la = (uint64_t)(uintptr_t)last->local, lb = (uint64_t)(uintptr_t)op->local;
+    if (last->len != op->len)
+        return false;
+    if (last->count <= 1) {
+        if (lb < la || lb - la < op->len || op->remote_addr < last->remote_addr ||
+            op->remote_addr - last->remote_addr < op->len)
+            return false;
+        last->local_stride = lb - la;
+        last->remote_stride = op->remote_addr - last->remote_addr;
+        last->count = 2;
+        return true;
+    }
+    uint64_t t, lnext, rnext;
+    if (fr_mul_u64(last->count, last->local_stride, &t) < 0 || fr_add_u64(la, t, &lnext) < 0 ||
+        fr_mul_u64(last->count, last->remote_stride, &t) < 0 ||
+        fr_add_u64(last->remote_addr, t, &rnext) < 0 || lnext != lb || rnext != op->remote_addr)
+        return false;
+    last->count++;
+    return true;
+}
+
+/* Append one op (a single run), merging it into the previous op of the
+ * open batch when both sides continue it contiguously or it is that op's
+ * next row, else opening a new batch when a limit is hit. */
 static int emit(lower_ctx *c, const ferry_op *op)
 {
     ferry_batch_list *b = c->out;
     const ferry_exec_limits *l = &c->args->limits;
 
-    if (c->batch_ops > 0 && c->batch_bytes + op->len <= l->max_bytes) {
+    if (c->batch_ops > 0 && c->batch_bytes + op->len <= l->max_bytes && c->last_local == c->cur_local) {
         ferry_op *last = &b->ops[b->nops - 1];
-        if (last->opcode == op->opcode && last->peer == op->peer && last->key == op->key &&
-            (char *)last->local + last->len == (char *)op->local &&
-            last->remote_addr + last->len == op->remote_addr) {
-            last->len += op->len;
-            c->batch_bytes += op->len;
-            b->bytes += op->len;
-            return 0;
+        if (last->opcode == op->opcode && last->peer == op->peer && last->key == op->key) {
+            bool merged = false;
+            if (last->count <= 1 && (char *)last->local + last->len == (char *)op->local &&
+                last->remote_addr + last->len == op->remote_addr) {
+                last->len += op->len;
+                merged = true;
+            } else {
+                merged = next_row(last, op);
+            }
+            if (merged) {
+                c->batch_bytes += op->len;
+                b->bytes += op->len;
+                return 0;
+            }
         }
     }
     if (c->batch_ops == 0 || c->batch_ops >= l->max_ops || c->batch_bytes + op->len > l->max_bytes) {
@@ -59,6 +101,7 @@ static int emit(lower_ctx *c, const ferry_op *op)
     if (fr_grow((void **)&b->ops, &c->ops_cap, b->nops + 1, sizeof(ferry_op)) < 0)
         return fr_exec_fail(c->err, FERRY_ENOMEM, "lower: out of memory");
     b->ops[b->nops++] = *op;
+    c->last_local = c->cur_local;
     c->batch_ops++;
     c->batch_bytes += op->len;
     b->bytes += op->len;
@@ -97,6 +140,7 @@ static int lower_region(lower_ctx *c, const ferry_region *r, const ferry_fragmen
 
     if (base_index(r, fs, es, &sbase) < 0 || base_index(r, fd, ed, &dbase) < 0)
         goto overflow;
+    c->cur_local = reader ? ed : es;
     /* Merge dims innermost first while both storages stay contiguous. */
     while (outer > 0) {
         uint32_t d = outer - 1;

@@ -404,6 +404,149 @@ static void test_wrong_token_refused(void **s)
     ft_peer_stop(&other);
 }
 
+/* ---- strided ops ------------------------------------------------------------- */
+
+static ferry_op strided(ferry_op o, uint64_t count, uint64_t lstride, uint64_t rstride)
+{
+    o.count = count;
+    o.local_stride = lstride;
+    o.remote_stride = rstride;
+    return o;
+}
+
+/* A strided WRITE over a peer filled with `seed`: the peer's bytes in
+ * [0, check) must be the fill with exactly the rows replaced. */
+static void strided_write_case(uint64_t seed, uint64_t loff, uint64_t roff, uint64_t rows,
+                               uint64_t len, uint64_t ls, uint64_t rs)
+{
+    assert_int_equal(ft_peer_cmd(&F.peer, NULL, 0, 30000, "fill %llu", (unsigned long long)seed), 0);
+    uint64_t lext = (rows - 1) * ls + len, rext = (rows - 1) * rs + len;
+    uint64_t check = roff + rext + 4096;
+    assert_true(loff + lext <= F.buflen && check <= F.rr.len);
+    ft_pattern(F.buf + loff, lext, seed + 1, 0);
+    uint8_t *want = malloc(check);
+    ft_pattern(want, check, seed, 0);
+    for (uint64_t i = 0; i < rows; i++)
+        memcpy(want + roff + i * rs, F.buf + loff + i * ls, len);
+    ferry_op w = strided(wr(F.buf + loff, len, roff), rows, ls, rs);
+    ferry_ticket *t;
+    assert_int_equal(ferry_submit(F.e, &w, 1, 0, &t), 0);
+    assert_int_equal(ferry_ticket_wait(t, 60000), FERRY_TICKET_COMPLETED);
+    assert_int_equal(ferry_ticket_bytes(t), rows * len);
+    ferry_ticket_free(t);
+    assert_true(ft_peer_hash(&F.peer, 0, check) == ft_hash(want, check));
+    free(want);
+}
+
+/* A strided READ from a peer filled with `seed` into a local buffer set to
+ * 0xC5: every row matches the peer, every other byte is still 0xC5. */
+static void strided_read_case(uint64_t seed, uint64_t loff, uint64_t roff, uint64_t rows,
+                              uint64_t len, uint64_t ls, uint64_t rs)
+{
+    assert_int_equal(ft_peer_cmd(&F.peer, NULL, 0, 30000, "fill %llu", (unsigned long long)seed), 0);
+    uint64_t lext = (rows - 1) * ls + len, check = loff + lext + 4096;
+    assert_true(check <= F.buflen && roff + (rows - 1) * rs + len <= F.rr.len);
+    memset(F.buf, 0xC5, check);
+    uint8_t *want = malloc(check), *row = malloc(len);
+    memset(want, 0xC5, check);
+    for (uint64_t i = 0; i < rows; i++) {
+        ft_pattern(row, len, seed, roff + i * rs);
+        memcpy(want + loff + i * ls, row, len);
+    }
+    ferry_op r = strided(rd(F.buf + loff, len, roff), rows, ls, rs);
+    assert_int_equal(run(&r, 1, 60000), FERRY_TICKET_COMPLETED);
+    assert_memory_equal(F.buf, want, check);
+    free(row);
+    free(want);
+}
+
+static void test_strided(void **s)
+{
+    (void)s;
+    /* odd sizes and strides; strided remote with contiguous local (the
+     * TP-column case) and the reverse; rows spread over several chunks;
+     * rows larger than a chunk (each row split) */
+    strided_write_case(40, 3, 7, 300, 2050, 2051, 4099);
+    strided_write_case(41, 0, 64, 512, 2048, 2048, 8192);
+    strided_write_case(42, 5, 1, 700, 6144, 12288, 6144);
+    strided_write_case(43, 0, 0, 3000, 2050, 2050, 4100);
+    strided_write_case(44, 1, 3, 3, 3 * MiB + 1, 3 * MiB + 9, 4 * MiB);
+    strided_write_case(45, 0, 9, 1, 4096, 0, 0);   /* count 1: one contiguous run */
+    strided_read_case(50, 3, 7, 300, 2050, 4099, 2051);
+    strided_read_case(51, 0, 64, 512, 2048, 8192, 2048);
+    strided_read_case(52, 1, 5, 3000, 2050, 4100, 2050);
+    strided_read_case(53, 2, 3, 3, 3 * MiB + 1, 4 * MiB, 3 * MiB + 9);
+    strided_read_case(54, 0, 0, 100, 8, 8, 0);     /* remote stride 0: one row read 100 times */
+    assert_still_serving();
+}
+
+/* A strided WRITE, then a NOTIFY: the peer hashes its memory when the
+ * notification arrives, so every row must be visible by then. NOTIFY
+ * ignores the strided fields. */
+static void test_strided_then_notify(void **s)
+{
+    (void)s;
+    const uint64_t rows = 2000, len = 3000, rs = 4096, span = (rows - 1) * rs + len;
+    assert_int_equal(ft_peer_cmd(&F.peer, NULL, 0, 30000, "fill 60"), 0);
+    uint8_t *want = malloc(span);
+    ft_pattern(want, span, 60, 0);
+    ft_pattern(F.buf, rows * len, 61, 0);
+    for (uint64_t i = 0; i < rows; i++)
+        memcpy(want + i * rs, F.buf + i * len, len);
+    assert_int_equal(ft_peer_send(&F.peer, "waitnotify 8 1 30000 0 %llu", (unsigned long long)span), 0);
+    ferry_op ops[2] = {strided(wr(F.buf, len, 0), rows, len, rs), strided(nt(8, 77), 5, 1, 1)};
+    assert_int_equal(run(ops, 2, 30000), FERRY_TICKET_COMPLETED);
+    char reply[256];
+    assert_int_equal(ft_peer_reply(&F.peer, reply, sizeof reply, 30000), 0);
+    assert_true(strtoull(reply + 3, NULL, 16) == ft_hash(want, span));
+    assert_non_null(strstr(reply, " 77"));
+    free(want);
+}
+
+static void test_strided_refused(void **s)
+{
+    (void)s;
+    assert_int_equal(ft_peer_cmd(&F.peer, NULL, 0, 30000, "fill 7"), 0);
+    /* only the last row runs one byte past the region: no row may land */
+    const uint64_t rows = 1000, len = 4096, rs = 8192;
+    uint64_t roff = F.rr.len - ((rows - 1) * rs + len) + 1;
+    assert_refused(strided(wr(F.buf, len, roff), rows, len, rs), FERRY_EFAULT);
+    memset(F.buf, 0xAB, rows * len);
+    assert_refused(strided(rd(F.buf, len, roff), rows, len, rs), FERRY_EFAULT);
+    for (uint64_t i = 0; i < rows * len; i++)
+        if (F.buf[i] != 0xAB)
+            fail_msg("local byte %llu changed by a refused READ", (unsigned long long)i);
+    /* the same rows one byte lower fit */
+    ft_pattern(F.buf, rows * len, 8, 0);
+    ferry_op ok = strided(wr(F.buf, len, roff - 1), rows, len, rs);
+    assert_int_equal(run(&ok, 1, 30000), FERRY_TICKET_COMPLETED);
+
+    /* overflowing arithmetic: nothing is submitted */
+    ferry_ticket *t = NULL;
+    ferry_op o = strided(wr(F.buf, 16, 0), UINT64_MAX / 2, 16, 4);          /* count*len */
+    assert_int_equal(ferry_submit(F.e, &o, 1, 0, &t), FERRY_EINVAL);
+    o = strided(wr(F.buf, 16, 0), 3, 16, UINT64_MAX / 2);                    /* (count-1)*remote_stride */
+    assert_int_equal(ferry_submit(F.e, &o, 1, 0, &t), FERRY_EINVAL);
+    o = strided(wr(F.buf, 16, 0), 3, UINT64_MAX / 2, 16);                    /* (count-1)*local_stride */
+    assert_int_equal(ferry_submit(F.e, &o, 1, 0, &t), FERRY_EINVAL);
+    o = strided(wr(F.buf, 16, 0), 2, 16, UINT64_MAX - F.rr.addr);            /* remote end */
+    assert_int_equal(ferry_submit(F.e, &o, 1, 0, &t), FERRY_EINVAL);
+    o = strided(wr(F.buf, 0, 0), 4, 16, 16);                                 /* zero-length rows */
+    assert_int_equal(ferry_submit(F.e, &o, 1, 0, &t), FERRY_EINVAL);
+
+    /* local extent outside registered memory: the first row is inside, the
+     * last runs past the region; and unregistered memory altogether */
+    o = strided(wr(F.buf, 64, 0), 3, F.buflen / 2, 64);
+    assert_int_equal(ferry_submit(F.e, &o, 1, 0, &t), FERRY_EFAULT);
+    o = strided(rd(F.buf, 64, 0), 3, F.buflen / 2, 64);
+    assert_int_equal(ferry_submit(F.e, &o, 1, 0, &t), FERRY_EFAULT);
+    uint8_t stack[256];
+    o = strided(wr(stack, 16, 0), 4, 64, 64);
+    assert_int_equal(ferry_submit(F.e, &o, 1, 0, &t), FERRY_EFAULT);
+    assert_null(t);
+    assert_still_serving();
+}
+
 /* ---- failures of the peer --------------------------------------------------------- */
 
 /* A batch that cannot finish while the peer is stopped: writes, then a
@@ -701,6 +844,9 @@ static const struct CMUnitTest tests[] = {
     T(test_many_tickets_in_flight),
     T(test_notify_after_writes),
     T(test_notify_order_stress),
+    T(test_strided),
+    T(test_strided_then_notify),
+    T(test_strided_refused),
     T(test_wrong_key),
     T(test_out_of_bounds),
     T(test_not_remote_accessible),

@@ -133,6 +133,44 @@ static void test_dropped_connection(void **s)
     assert_true(ft_peer_hash(&F.peer, 8 * MiB, 2 * MiB) == ft_hash(F.buf + 8 * MiB, 2 * MiB));
 }
 
+/* Faults count chunks: a strided op is one chunk per group of rows over
+ * shm (up to the 2 MiB chunk size) and one per row over tcp. */
+static ferry_op strided_write(uint64_t off, uint64_t rows, uint64_t len, uint64_t rstride)
+{
+    return (ferry_op){.opcode = FERRY_OP_WRITE, .local = F.buf, .len = len, .peer = F.rr.peer,
+                      .remote_addr = F.rr.addr + off, .key = F.rr.key, .count = rows,
+                      .local_stride = len, .remote_stride = rstride};
+}
+
+static void test_strided_faults(void **s)
+{
+    (void)s;
+    setup_fault("post_fail_after=1");
+    ferry_op w = strided_write(0, 256, 1024, 2048);
+    ferry_ticket *t;
+    assert_int_equal(ferry_submit(F.e, &w, 1, 0, &t), 0);
+    assert_int_equal(ferry_ticket_wait(t, 30000), FERRY_TICKET_COMPLETED);
+    ferry_ticket_free(t);
+    uint64_t before = ft_peer_hash(&F.peer, MiB, 2 * MiB);
+    w = strided_write(MiB, 512, 1024, 2048);
+    assert_int_equal(ferry_submit(F.e, &w, 1, 0, &t), 0);
+    assert_int_equal(ferry_ticket_wait(t, 30000), FERRY_TICKET_ABORTED);   /* no row left */
+    assert_int_equal(ferry_ticket_error(t), FERRY_EIO);
+    assert_int_equal(ferry_ticket_bytes(t), 0);
+    ferry_ticket_free(t);
+    assert_true(ft_peer_hash(&F.peer, MiB, 2 * MiB) == before);
+    teardown(NULL);
+
+    setup_fault("complete_fail_after=1");
+    w = strided_write(0, 4096, 1024, 2048);   /* 4 MiB of rows in 8 MiB */
+    assert_int_equal(ferry_submit(F.e, &w, 1, 0, &t), 0);
+    assert_int_equal(ferry_ticket_wait(t, 30000), FERRY_TICKET_FAILED_DRAINED);
+    assert_int_equal(ferry_ticket_error(t), FERRY_EIO);
+    /* only the first chunk's rows are confirmed: a group over shm, a row over tcp */
+    assert_int_equal(ferry_ticket_bytes(t), strcmp(g_tp, "shm") == 0 ? 2 * MiB : 1024);
+    ferry_ticket_free(t);
+}
+
 static void test_bad_spec(void **s)
 {
     (void)s;
@@ -151,6 +189,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test_teardown(test_completion_turned_into_failure, teardown),
     cmocka_unit_test_teardown(test_delay_gives_unknown_then_completes, teardown),
     cmocka_unit_test_teardown(test_dropped_connection, teardown),
+    cmocka_unit_test_teardown(test_strided_faults, teardown),
     cmocka_unit_test_teardown(test_bad_spec, teardown),
 };
 

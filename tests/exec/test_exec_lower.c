@@ -174,6 +174,8 @@ static void free_side(side *s)
 
 /* Execute a batch list as the engine would: READ copies remote -> local,
  * WRITE local -> remote. Checks the limits and the peer/key of each op. */
+static uint64_t g_strided;   /* strided ops seen by simulate() */
+
 static void simulate(const ferry_batch_list *bl, const ferry_exec_limits *lim, enum ferry_exec_mode mode)
 {
     uint64_t total = 0;
@@ -190,11 +192,21 @@ static void simulate(const ferry_batch_list *bl, const ferry_exec_limits *lim, e
             assert_int_equal(op->opcode, mode == FERRY_EXEC_READER ? FERRY_OP_READ : FERRY_OP_WRITE);
             assert_int_equal(op->key, op->peer * 7u + 1);
             assert_true(op->len > 0);
-            bytes += op->len;
-            if (op->opcode == FERRY_OP_READ)
-                memcpy(op->local, (void *)(uintptr_t)op->remote_addr, op->len);
-            else
-                memcpy((void *)(uintptr_t)op->remote_addr, op->local, op->len);
+            /* a strided op: rows that never overlap, on either side */
+            uint64_t rows = op->count > 1 ? op->count : 1;
+            if (rows > 1) {
+                assert_true(op->local_stride >= op->len && op->remote_stride >= op->len);
+                g_strided++;
+            }
+            bytes += rows * op->len;
+            for (uint64_t k = 0; k < rows; k++) {
+                uint8_t *local = (uint8_t *)op->local + k * op->local_stride;
+                uint8_t *remote = (uint8_t *)(uintptr_t)(op->remote_addr + k * op->remote_stride);
+                if (op->opcode == FERRY_OP_READ)
+                    memcpy(local, remote, op->len);
+                else
+                    memcpy(remote, local, op->len);
+            }
         }
         assert_true(bytes <= lim->max_bytes);
         total += bytes;
@@ -273,6 +285,7 @@ static void test_oracle_random(void **state)
     (void)state;
     for (int i = 0; i < 300; i++)
         one_case();
+    assert_true(g_strided > 0);   /* the random layouts do produce strided ops */
 }
 
 /* Fixture for the scoping and selector tests: an 8x4 f32 tensor, source
@@ -394,11 +407,82 @@ static void test_scoping_and_selectors(void **state)
     ferry_manifest_close(x.dm);
 }
 
+/* Rows on the source, columns on the target: each (source, target) region
+ * is rows of a few elements at the source's row pitch, one strided op. */
+static void test_rows_to_columns_strided(void **state)
+{
+    (void)state;
+    ferry_tensor_desc t = {.name = "w", .dtype = "f32", .itemsize = 4, .ndim = 2, .shape = {8, 4}};
+    ferry_manifest *sm, *dm;
+    assert_int_equal(ferry_manifest_create(2, NULL, 8, &sm), 0);
+    assert_int_equal(ferry_manifest_create(2, NULL, 8, &dm), 0);
+    assert_int_equal(ferry_manifest_add_tensor(sm, &t, NULL), 0);
+    assert_int_equal(ferry_manifest_add_tensor(dm, &t, NULL), 0);
+    ferry_split rs = {.tensor = 0, .whole = true, .parts = {2, 1}, .rank_stride = {1, 0}};
+    ferry_split cs = {.tensor = 0, .whole = true, .parts = {1, 2}, .rank_stride = {0, 1}};
+    assert_int_equal(ferry_manifest_add_split(sm, &rs, NULL), 0);
+    assert_int_equal(ferry_manifest_add_split(dm, &cs, NULL), 0);
+    ferry_plan *p;
+    assert_int_equal(ferry_plan_create(sm, dm, NULL, &p, NULL), 0);
+    static uint8_t sbuf[2][64], dbuf[2][64];
+    ferry_binding *bs, *bd;
+    assert_int_equal(ferry_binding_create(sm, 1, 1, 1, &bs, NULL), 0);
+    assert_int_equal(ferry_binding_create(dm, 1, 1, 1, &bd, NULL), 0);
+    for (uint64_t f = 0; f < 2; f++) {
+        ferry_binding_entry e = {.fragment = f, .nbytes = 64, .itemsize = 4, .ndim = 2, .shape = {4, 4},
+                                 .strides = {4, 1}, .kind = FERRY_MEM_HOST, .worker = (uint32_t)f,
+                                 .addr = (uint64_t)(uintptr_t)sbuf[f]};
+        assert_int_equal(ferry_binding_add(bs, &e, NULL), 0);
+        e = (ferry_binding_entry){.fragment = f, .nbytes = 64, .itemsize = 4, .ndim = 2, .shape = {8, 2},
+                                  .strides = {2, 1}, .kind = FERRY_MEM_HOST, .worker = 10 + (uint32_t)f,
+                                  .addr = (uint64_t)(uintptr_t)dbuf[f]};
+        assert_int_equal(ferry_binding_add(bd, &e, NULL), 0);
+    }
+    ferry_attested_plan *a;
+    ferry_error err = {0};
+    assert_int_equal(ferry_attest(p, bs, bd, 1, &a, &err), 0);
+    ferry_peer_map pm[] = {{.worker = 10, .peer = 3, .key = 9}, {.worker = 11, .peer = 4, .key = 9}};
+    uint32_t w = 0;
+    ferry_lower_args args = {.mode = FERRY_EXEC_SINK, .workers = &w, .nworkers = 1, .peers = pm,
+                             .npeers = 2, .limits = {.max_ops = 16, .max_bytes = 1 << 20}};
+    ferry_batch_list bl;
+    if (ferry_exec_lower(a, bs, bd, &args, &bl, &err) < 0)
+        fail_msg("%s", err.msg);
+    assert_int_equal(bl.nops, 2);   /* one per target, not one per row */
+    assert_int_equal(bl.bytes, 64);
+    for (size_t i = 0; i < 2; i++) {
+        const ferry_op *op = &bl.ops[i];
+        uint64_t k = op->peer - 3;
+        assert_int_equal(op->count, 4);
+        assert_int_equal(op->len, 8);
+        assert_int_equal(op->local_stride, 16);
+        assert_int_equal(op->remote_stride, 8);
+        assert_ptr_equal(op->local, sbuf[0] + 8 * k);
+        assert_int_equal(op->remote_addr, (uint64_t)(uintptr_t)dbuf[k]);
+    }
+    ferry_batch_list_free(&bl);
+    /* a byte limit cuts the rows into several strided ops */
+    args.limits.max_bytes = 16;
+    if (ferry_exec_lower(a, bs, bd, &args, &bl, &err) < 0)
+        fail_msg("%s", err.msg);
+    assert_int_equal(bl.nops, 4);
+    for (size_t i = 0; i < bl.nops; i++)
+        assert_int_equal(bl.ops[i].count, 2);
+    ferry_batch_list_free(&bl);
+    ferry_attested_free(a);
+    ferry_binding_free(bs);
+    ferry_binding_free(bd);
+    ferry_plan_free(p);
+    ferry_manifest_close(sm);
+    ferry_manifest_close(dm);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_oracle_random),
         cmocka_unit_test(test_scoping_and_selectors),
+        cmocka_unit_test(test_rows_to_columns_strided),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

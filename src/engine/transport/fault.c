@@ -6,7 +6,12 @@
  * every completion, or drop the connection after N posted chunks (every
  * chunk in flight then fails; the next submit reconnects). Completions are
  * intercepted through fr_chunk.intercept, so the engine above runs its real
- * ticket, notify and fence logic on what it sees. */
+ * ticket, notify and fence logic on what it sees.
+ *
+ * Every count is of chunks, and the engine cuts ops for the transport
+ * underneath (p->inner_tp): a strided op is one chunk per group of rows
+ * (up to the chunk size) over shm and one chunk per row over tcp, so a
+ * fault hits a whole group of rows, or one row, at a time. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

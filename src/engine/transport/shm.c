@@ -356,12 +356,13 @@ static int get_map(shm_conn *c, const fr_keyslot *s, uint64_t key, uint8_t **bas
     return 0;
 }
 
-static int cma(shm_conn *c, fr_chunk *k, bool *touched)
+/* Cross-memory attach of one row of a chunk. */
+static int cma_row(shm_conn *c, const fr_chunk *k, uint8_t *local, uint64_t remote, bool *touched)
 {
     uint64_t done = 0;
     while (done < k->len) {
-        struct iovec l = {.iov_base = k->local + done, .iov_len = k->len - done};
-        struct iovec r = {.iov_base = (void *)(uintptr_t)(k->remote_addr + done), .iov_len = k->len - done};
+        struct iovec l = {.iov_base = local + done, .iov_len = k->len - done};
+        struct iovec r = {.iov_base = (void *)(uintptr_t)(remote + done), .iov_len = k->len - done};
         ssize_t n = k->opcode == FERRY_OP_WRITE ? process_vm_writev(c->pid, &l, 1, &r, 1, 0)
                                                 : process_vm_readv(c->pid, &l, 1, &r, 1, 0);
         if (n < 0 && errno == EINTR)
@@ -376,6 +377,15 @@ static int cma(shm_conn *c, fr_chunk *k, bool *touched)
         done += (uint64_t)n;
     }
     return 0;
+}
+
+static int cma(shm_conn *c, const fr_chunk *k, bool *touched)
+{
+    const uint64_t rows = k->rows > 1 ? k->rows : 1;
+    int rc = 0;
+    for (uint64_t i = 0; i < rows && rc == 0; i++)
+        rc = cma_row(c, k, k->local + i * k->lstride, k->remote_addr + i * k->rstride, touched);
+    return rc;
 }
 
 /* Notifies go out in the order they were posted, whichever copy worker
@@ -428,12 +438,16 @@ static int copy_one(shm_conn *c, fr_chunk *k, bool *touched, map_hint *h)
     else if (s.memfd_id != 0 && (rc = get_map(c, &s, k->key, &base)) == 0)
         *h = (map_hint){ .memfd_id = s.memfd_id, .base = base };
     if (s.memfd_id != 0 && rc == 0) {
+        /* Every row lies inside the span checked above. */
         uint8_t *remote = base + s.memfd_off + (k->remote_addr - s.base);
+        const uint64_t rows = k->rows > 1 ? k->rows : 1;
         *touched = true;
         if (k->opcode == FERRY_OP_WRITE)
-            memcpy(remote, k->local, k->len);
+            for (uint64_t i = 0; i < rows; i++)
+                memcpy(remote + i * k->rstride, k->local + i * k->lstride, k->len);
         else
-            memcpy(k->local, remote, k->len);
+            for (uint64_t i = 0; i < rows; i++)
+                memcpy(k->local + i * k->lstride, remote + i * k->rstride, k->len);
         return 0;
     }
     return cma(c, k, touched);
@@ -478,12 +492,12 @@ static void *worker_main(void *arg)
         uint64_t bytes = 0;
         bool notify = c->head->opcode == FERRY_OP_NOTIFY;
         while (c->head && n < (notify ? 1u : RUN_MAX) &&
-               (n == 0 || (c->head->opcode != FERRY_OP_NOTIFY && bytes + c->head->len <= RUN_BYTES))) {
+               (n == 0 || (c->head->opcode != FERRY_OP_NOTIFY && bytes + fr_chunk_bytes(c->head) <= RUN_BYTES))) {
             fr_chunk *k = c->head;
             c->head = k->next;
             if (!c->head)
                 c->tail = NULL;
-            bytes += k->len;
+            bytes += fr_chunk_bytes(k);
             run[n++] = k;
         }
         pthread_mutex_unlock(&c->lock);
@@ -637,6 +651,7 @@ const fr_transport fr_transport_shm = {
     .name = "shm",
     .bit = FR_TRANSPORT_SHM,
     .max_chunk = 2u << 20,
+    .strided = true,   /* a chunk of rows is one run of memcpy under one check */
     .start = shm_start,
     .stop = shm_stop,
     .connect = shm_connect,

@@ -164,6 +164,10 @@ static int encode_request(const fr_chunk *ch, uint8_t *out)
     fr_msg m = { 0 };
     uint64_t data = 0;
 
+    /* The wire carries one run per request: the engine posts a strided op
+     * to this transport as one chunk per row (it has no .strided). */
+    if (ch->rows > 1)
+        return FERRY_EINVAL;
     switch (ch->opcode) {
     case FERRY_OP_WRITE:
         m.type = FR_MSG_WRITE;
