@@ -196,13 +196,16 @@ int ferry_weights_update_compat(ferry_store *s, const char *model, uint64_t *gen
 /* ---- single-pull update of a rollout group ------------------------------------------ */
 
 /* The workers of a rollout group update together: their demands (shards)
- * are merged per tensor into disjoint byte ranges; each range is read from
- * the store exactly once, by one worker that needs it (the one with the
- * fewest bytes to read so far: a deterministic choice every worker makes
- * alike), straight into its own parameters, and pushed one-sided by the
- * engine into the parameters of every other worker that needs it, followed
- * by a notification. Data-parallel replicas therefore cost the store one
- * read per byte, not one per replica. */
+ * are merged per tensor into disjoint byte ranges (shared ones cut into
+ * 4 MiB pieces); each range is read from the store exactly once, by one
+ * worker that needs it (chosen to balance the NIC load of the workers'
+ * nodes: a deterministic choice every worker makes alike, reused across
+ * generations while the demands stay), straight into its own parameters,
+ * and pushed one-sided by the engine into the parameters of the other
+ * workers that need it — once per other node, to one worker there that
+ * forwards it to the rest of its node — each push followed by a
+ * notification. Data-parallel replicas therefore cost the store one read
+ * per byte, not one per replica, and a node's NIC one transfer per byte. */
 typedef struct ferry_subscriber ferry_subscriber;
 typedef struct ferry_subscriber_config {
     char model[128];
