@@ -154,6 +154,20 @@ def test_push_pop_read_ack_and_envelope_agreement(s1):
         q.pop(1)
 
 
+def test_open_objects_keep_the_store_busy(cluster):
+    s = cluster.store()
+    q = ferry.SampleQueue(s, "busy-store")
+    w = ferry.PolicyRegistry(s, "busy-model").watch()
+    with pytest.raises(ferry.BusyError):
+        s.close()
+    q.close()
+    with pytest.raises(ferry.BusyError):
+        s.close()
+    w.close()
+    s.close()
+    assert not s.is_open
+
+
 def test_stale_drop_vs_recompute(s1):
     with ferry.SampleQueue(s1, "st", input_version=3, max_policy_lag=0, stale_policy="drop") as q:
         for v in (1, 2, 3):
