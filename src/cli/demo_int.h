@@ -55,6 +55,19 @@ typedef struct demo_group {
 int demo_group_start(demo_group *g, const char *model, uint64_t budget, uint64_t model_bytes,
                      unsigned trainers, unsigned rollouts, unsigned dp, const char *who);
 void demo_group_stop(demo_group *g);
+/* Only the temp dir and the cluster (a master and a node with a segment of
+ * seg_bytes, unless FERRY_MASTER is set); demo_group_stop ends them. */
+int demo_cluster_start(demo_group *g, uint64_t seg_bytes, const char *who);
+/* One child `/proc/self/exe args` over pipes; its next line (0 for "OK..."
+ * or "READY..."); close its stdin and reap it. */
+int demo_child_start(child *c, const char *const *args);
+int demo_child_line(child *c, char *buf, size_t cap);
+void demo_child_stop(child *c);
+
+/* `ferry demo rl` and its children. */
+int cmd_demo_rl(int argc, char **argv);
+int demo_rl_rollout_main(int argc, char **argv);
+int demo_rl_update_main(int argc, char **argv);
 /* Send cmd to each of cs[0..n) (all at once), wait for every reply. *wall:
  * the longest time a child reported for the command itself (its checking of
  * the bytes afterwards excluded); sums of the replies' other numbers. */

@@ -14,7 +14,7 @@
 #include "cli.h"
 #include "demo_int.h"
 
-static int child_start(child *c, const char *const *args)
+int demo_child_start(child *c, const char *const *args)
 {
     memset(c, 0, sizeof *c);
     int in[2], out[2];
@@ -38,7 +38,7 @@ static int child_start(child *c, const char *const *args)
     return c->in && c->out ? 0 : -1;
 }
 
-static int child_line(child *c, char *buf, size_t cap)
+int demo_child_line(child *c, char *buf, size_t cap)
 {
     if (!c->out || !fgets(buf, (int)cap, c->out)) {
         snprintf(buf, cap, "ERR the process exited");
@@ -48,7 +48,7 @@ static int child_line(child *c, char *buf, size_t cap)
     return strncmp(buf, "OK", 2) == 0 || strncmp(buf, "READY", 5) == 0 ? 0 : -1;
 }
 
-static void child_stop(child *c)
+void demo_child_stop(child *c)
 {
     if (c->in)
         fclose(c->in);   /* EOF: the child leaves its loop */
@@ -137,7 +137,7 @@ bool demo_round(child *cs, unsigned n, const char *cmd, double *wall, uint64_t *
     *sum2 = *sum3 = 0;
     for (unsigned i = 0; i < n; i++) {
         char line[1024];
-        if (child_line(&cs[i], line, sizeof line) < 0) {
+        if (demo_child_line(&cs[i], line, sizeof line) < 0) {
             if (ok)
                 snprintf(err, errcap, "%.250s", line);
             ok = false;
@@ -158,8 +158,7 @@ bool demo_round(child *cs, unsigned n, const char *cmd, double *wall, uint64_t *
     return ok;
 }
 
-int demo_group_start(demo_group *g, const char *model, uint64_t budget, uint64_t model_bytes,
-                     unsigned trainers, unsigned rollouts, unsigned dp, const char *who)
+int demo_cluster_start(demo_group *g, uint64_t seg_bytes, const char *who)
 {
     memset(g, 0, sizeof *g);
     snprintf(g->dir, sizeof g->dir, "/tmp/ferry-demo-XXXXXX");
@@ -169,34 +168,42 @@ int demo_group_start(demo_group *g, const char *model, uint64_t budget, uint64_t
         ferry_token_generate(tok);
         setenv("FERRY_TOKEN", tok, 1);
     }
+    if (!mkdtemp(g->dir)) {
+        fprintf(stderr, "%s: cannot make a temp dir\n", who);
+        return -1;
+    }
+    g->own = true;   /* the dir; the cluster only without FERRY_MASTER */
     if (ext && *ext) {
         snprintf(g->addr, sizeof g->addr, "%s", ext);
-    } else {
-        if (!mkdtemp(g->dir)) {
-            fprintf(stderr, "%s: cannot make a temp dir\n", who);
-            return -1;
-        }
-        g->own = true;
-        char mdir[160], f1[128], f2[128], seg[64], segsz[32];
-        snprintf(mdir, sizeof mdir, "%s/master", g->dir);
-        snprintf(f1, sizeof f1, "%s/addr", g->dir);
-        snprintf(f2, sizeof f2, "%s/ready", g->dir);
-        /* two generations kept plus one being published */
-        snprintf(segsz, sizeof segsz, "%llu", (unsigned long long)(model_bytes * 3 + (256ull << 20)));
-        const char *ma[] = { "ferry", "master", "--dir", mdir, "--addr-file", f1, NULL };
-        g->master = spawn_quiet(ma);
-        if (g->master <= 0 || wait_file(f1, g->master, g->addr, sizeof g->addr) < 0) {
-            fprintf(stderr, "%s: the master did not start\n", who);
-            return -1;
-        }
-        const char *na[] = { "ferry", "node", "--master", g->addr, "--size", segsz,
-                             "--ready-file", f2, NULL };
-        g->node = spawn_quiet(na);
-        if (g->node <= 0 || wait_file(f2, g->node, seg, sizeof seg) < 0) {
-            fprintf(stderr, "%s: the node did not start (%s bytes of memory)\n", who, segsz);
-            return -1;
-        }
+        return 0;
     }
+    char mdir[160], f1[128], f2[128], seg[64], segsz[32];
+    snprintf(mdir, sizeof mdir, "%s/master", g->dir);
+    snprintf(f1, sizeof f1, "%s/addr", g->dir);
+    snprintf(f2, sizeof f2, "%s/ready", g->dir);
+    snprintf(segsz, sizeof segsz, "%llu", (unsigned long long)seg_bytes);
+    const char *ma[] = { "ferry", "master", "--dir", mdir, "--addr-file", f1, NULL };
+    g->master = spawn_quiet(ma);
+    if (g->master <= 0 || wait_file(f1, g->master, g->addr, sizeof g->addr) < 0) {
+        fprintf(stderr, "%s: the master did not start\n", who);
+        return -1;
+    }
+    const char *na[] = { "ferry", "node", "--master", g->addr, "--size", segsz,
+                         "--ready-file", f2, NULL };
+    g->node = spawn_quiet(na);
+    if (g->node <= 0 || wait_file(f2, g->node, seg, sizeof seg) < 0) {
+        fprintf(stderr, "%s: the node did not start (%s bytes of memory)\n", who, segsz);
+        return -1;
+    }
+    return 0;
+}
+
+int demo_group_start(demo_group *g, const char *model, uint64_t budget, uint64_t model_bytes,
+                     unsigned trainers, unsigned rollouts, unsigned dp, const char *who)
+{
+    /* two generations kept plus one being published */
+    if (demo_cluster_start(g, model_bytes * 3 + (256ull << 20), who) < 0)
+        return -1;
     char buf[32], dps[16];
     snprintf(buf, sizeof buf, "%llu", (unsigned long long)budget);
     snprintf(dps, sizeof dps, "%u", dp);
@@ -212,7 +219,7 @@ int demo_group_start(demo_group *g, const char *model, uint64_t budget, uint64_t
                                model, buf, dps, NULL };
         child *c = t ? &g->tr[r] : &g->ro[r];
         char line[512] = "";
-        if (child_start(c, args) < 0 || child_line(c, line, sizeof line) < 0) {
+        if (demo_child_start(c, args) < 0 || demo_child_line(c, line, sizeof line) < 0) {
             fprintf(stderr, "%s: a %s did not start: %s\n", who, t ? "trainer" : "rollout", line);
             return -1;
         }
@@ -223,8 +230,8 @@ int demo_group_start(demo_group *g, const char *model, uint64_t budget, uint64_t
 void demo_group_stop(demo_group *g)
 {
     for (unsigned k = 0; k < 64; k++) {
-        child_stop(&g->tr[k]);
-        child_stop(&g->ro[k]);
+        demo_child_stop(&g->tr[k]);
+        demo_child_stop(&g->ro[k]);
     }
     child_term(&g->node);
     child_term(&g->master);

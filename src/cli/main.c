@@ -16,6 +16,8 @@ static void usage(FILE *f)
             "                                the main job: trainers publish weight generations, rollouts\n"
             "                                take them (TP shards and whole tensors), every byte checked\n"
             "  demo engine [--size SIZE]     one-sided engine transfers between two processes\n"
+            "  demo rl [--rollouts N] [--updaters N] [--max-policy-lag K] [--stale drop|recompute] [--json]\n"
+            "                                rollout and update processes exchanging samples and policy versions\n"
             "  bench weights [--rollouts N] [--dp N] [--bytes SIZE] [--json]\n"
             "                                weight-update time (single-pull, naive, compat) against the memcpy floor\n"
             "  bench engine [--transport shm|tcp] [--block SIZE] [--total SIZE]\n"
@@ -58,6 +60,10 @@ int main(int argc, char **argv)
         return demo_trainer_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "_demo_rollout"))
         return demo_rollout_main(argc - 1, argv + 1);
+    if (!strcmp(cmd, "_demo_rl_rollout"))
+        return demo_rl_rollout_main(argc - 1, argv + 1);
+    if (!strcmp(cmd, "_demo_rl_update"))
+        return demo_rl_update_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "_target"))
         return cli_target_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "_exec_worker"))
