@@ -204,10 +204,10 @@ static int add_push(fr_readers *r, uint32_t from, uint32_t to, uint32_t hop)
     return 0;
 }
 
-/* One piece [off, off+len) wanted by the m consumers r->c[0..m), whose
- * distinct nodes are r->nodes[0..nd) with counts in r->ncons. */
-static int assign_piece(fr_readers *r, uint32_t src, uint64_t off, uint64_t len, size_t m,
-                        uint32_t nd)
+/* The reader of a piece of len bytes wanted by the m consumers r->c[0..m),
+ * whose distinct nodes are r->nodes[0..nd) with counts in r->ncons: its
+ * index in r->c. */
+static size_t choose_reader(const fr_readers *r, uint32_t src, uint64_t len, size_t m, uint32_t nd)
 {
     const cons *c = r->c;
     /* Each choice raises the node loads of every consumer node: the
@@ -263,6 +263,17 @@ static int assign_piece(fr_readers *r, uint32_t src, uint64_t off, uint64_t len,
             best_added = added;
         }
     }
+    return best;
+}
+
+/* One piece [off, off+len) wanted by the m consumers r->c[0..m), whose
+ * distinct nodes are r->nodes[0..nd) with counts in r->ncons: its reader,
+ * its pushes, the loads. */
+static int assign_piece(fr_readers *r, uint32_t src, uint64_t off, uint64_t len, size_t m,
+                        uint32_t nd)
+{
+    const cons *c = r->c;
+    size_t best = choose_reader(r, src, len, m, nd);
     const cons *rd = &c[best];
     uint32_t rn = rd->node;
     if (fr_grow((void **)&r->ranges, &r->cap_ranges, r->nranges + 1, sizeof *r->ranges) < 0)
