@@ -11,7 +11,9 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include <cmocka.h>
 #include <jansson.h>
@@ -517,28 +519,67 @@ static double strategy(json_t *root, const char *name, const char *key)
     return json_number_value(v);
 }
 
-static void test_plan_model_cli(void **state)
+/* `ferry plan ARGS --json` parsed, or NULL with *status its exit status. */
+static json_t *plan_json(const char *args, int *status)
 {
-    (void)state;
     const char *bin = getenv("FERRY_BIN");
     if (!bin) {
         fprintf(stderr, "FERRY_BIN not set (run through ctest): skipping the CLI test\n");
         skip();
     }
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "%s plan --model kimi-k2 --src fsdp:256 --dst ep:16,tp:8 "
-             "--gpus-per-node 8 --nic 400gbps --json", bin);
+    snprintf(cmd, sizeof cmd, "%s plan %s --json 2>/dev/null", bin, args);
     FILE *f = popen(cmd, "r");
     assert_non_null(f);
     static char buf[1 << 16];
     size_t n = fread(buf, 1, sizeof buf - 1, f);
     buf[n] = 0;
-    assert_int_equal(pclose(f), 0);
+    int st = pclose(f);
+    *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    if (*status != 0)
+        return NULL;
     json_error_t je;
     json_t *root = json_loads(buf, 0, &je);
     if (!root)
         fprintf(stderr, "not JSON (%s): %s\n", je.text, buf);
     assert_non_null(root);
+    return root;
+}
+
+/* Units and NICs per node: 100 Gb/s is 12.5 GB/s; two NICs halve the
+ * time and the per-NIC bytes. A rate without a unit is refused. */
+static void test_plan_model_options(void **state)
+{
+    (void)state;
+    const char *base = "--model qwen3-30b-a3b --src fsdp:16 --dst ep:4,tp:2,dp:2 --gpus-per-node 4";
+    char args[512];
+    int st;
+    snprintf(args, sizeof args, "%s --nic 100gbps", base);
+    json_t *a = plan_json(args, &st);
+    assert_int_equal(st, 0);
+    snprintf(args, sizeof args, "%s --nic 12.5GB/s --nics-per-node 2", base);
+    json_t *b = plan_json(args, &st);
+    assert_int_equal(st, 0);
+    assert_true(strategy(a, "direct", "time_s") > 0);
+    assert_true(fabs(strategy(a, "direct", "time_s") - 2 * strategy(b, "direct", "time_s")) < 1e-5);
+    assert_true(fabs(strategy(a, "naive", "max_in_bytes") - 2 * strategy(b, "naive", "max_in_bytes")) <= 2);
+    assert_true(strategy(a, "direct", "store_read_bytes") == strategy(b, "direct", "store_read_bytes"));
+    /* the lower bound is a bound */
+    assert_true(strategy(a, "lower_bound", "time_s") <= strategy(a, "direct", "time_s"));
+    json_decref(a);
+    json_decref(b);
+    snprintf(args, sizeof args, "%s --nic 400", base);
+    assert_null(plan_json(args, &st));
+    assert_int_equal(st, 2);
+}
+
+static void test_plan_model_cli(void **state)
+{
+    (void)state;
+    int st;
+    json_t *root = plan_json("--model kimi-k2 --src fsdp:256 --dst ep:16,tp:8 --gpus-per-node 8 "
+                             "--nic 400gbps", &st);
+    assert_int_equal(st, 0);
     double direct = strategy(root, "direct", "time_s"), naive = strategy(root, "naive", "time_s");
     double bcast = strategy(root, "broadcast", "time_s"), compat = strategy(root, "compat", "time_s");
     fprintf(stderr, "kimi-k2 fsdp:256 -> ep:16,tp:8 at 400 Gb/s: direct %.3f s, compat %.3f s, "
@@ -566,6 +607,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_nic_balance),
         cmocka_unit_test(test_chunks_split_fanout),
         cmocka_unit_test(test_subscriber_two_nodes),
+        cmocka_unit_test(test_plan_model_options),
         cmocka_unit_test(test_plan_model_cli),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
