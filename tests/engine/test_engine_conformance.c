@@ -80,6 +80,14 @@ static int setup_with(uint64_t peer_size, uint64_t local_size, const ft_peer_opt
 
 static int setup_small(void **s) { (void)s; return setup_with(64 * MiB, 64 * MiB, NULL); }
 
+/* The peer's region in plain heap memory: shm copies with cross-memory
+ * attach instead of through a memfd mapping. */
+static int setup_heap(void **s)
+{
+    (void)s;
+    return setup_with(64 * MiB, 64 * MiB, &(ft_peer_opts){.size = 64 * MiB, .malloc_mem = true});
+}
+
 static int teardown(void **s)
 {
     (void)s;
@@ -847,6 +855,8 @@ static const struct CMUnitTest tests[] = {
     T(test_strided),
     T(test_strided_then_notify),
     T(test_strided_refused),
+    cmocka_unit_test_setup_teardown(test_strided, setup_heap, teardown),
+    cmocka_unit_test_setup_teardown(test_strided_refused, setup_heap, teardown),
     T(test_wrong_key),
     T(test_out_of_bounds),
     T(test_not_remote_accessible),
