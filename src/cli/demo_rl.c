@@ -689,7 +689,7 @@ int cmd_demo_rl(int argc, char **argv)
                duplicated, dropped, recomputed, stale, popped, waits, o.steps + 1, bad, total_s,
                ok ? "true" : "false");
     } else {
-        printf("\n  %-34s %12s\n", "", "");
+        printf("\n");
         printf("  %-34s %12.1f\n", "samples trained per second", samples_s);
         printf("  %-34s %12" PRIu64 "\n", "samples produced", produced);
         printf("  %-34s %12" PRIu64 "\n", "samples trained (acked)", trained);
