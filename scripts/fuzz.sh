@@ -38,7 +38,7 @@ libs=$(pkg-config --cflags --libs libxxhash jansson libsodium) \
 shopt -s nullglob
 # src/store holds the client library too, which drives the engine.
 srcs=("$root"/src/base/*.c "$root"/src/wire/*.c "$root"/src/engine/*.c "$root"/src/engine/transport/*.c
-      "$root"/src/reshard/*.c "$root"/src/store/*.c "$root"/src/exec/*.c "$root"/src/rl/*.c)
+      "$root"/src/reshard/*.c "$root"/src/store/*.c "$root"/src/exec/*.c "$root"/src/rl/*.c "$root"/src/sparse/*.c)
 targets=("$root"/tests/fuzz/fuzz_*.c)
 [ ${#targets[@]} -gt 0 ] || die "no targets under tests/fuzz/"
 

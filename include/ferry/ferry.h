@@ -7,5 +7,6 @@
 #include "ferry/reshard.h"
 #include "ferry/exec.h"
 #include "ferry/samples.h"
+#include "ferry/sparse.h"
 #include "ferry/weights.h"
 #endif

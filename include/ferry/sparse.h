@@ -1,0 +1,224 @@
+/* ferry sparse COO weight deltas (docs/sparse.md): one structured object
+ * per logical tensor update, a compact tile index, an address-free planner
+ * that reads only the index, ranged reads of the entries each target box
+ * needs (read once per node), boundary filtering, rebasing to target-local
+ * coordinates, and scatter apply with a base-generation fence.
+ *
+ * Object (a structured object, ferry_store_put_struct), key
+ *   "ferry/sp/<tensor_id>/<base, 20 digits>-<delta, 20 digits>/<placement>"
+ * with members
+ *   "meta"        u8[n]          the descriptor as JSON (ferry_sparse_desc)
+ *   "tile_coords" i64[ntiles, ndim]   tile coordinates (element // tile), ascending
+ *   "tile_ptr"    i64[ntiles + 1]     entries of tile i: [tile_ptr[i], tile_ptr[i+1])
+ *   "indices"     i32|i64[nnz, ndim]  global element coordinates
+ *   "values"      f32|bf16|f16[nnz]
+ * Entries are sorted by (tile coordinate, element coordinate), row-major
+ * order of each; indices and values share entry offsets, so rows
+ * [start, end) of both are one logical range. */
+#ifndef FERRY_SPARSE_H
+#define FERRY_SPARSE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ferry/common.h"
+#include "ferry/store.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FERRY_SPARSE_NDIM_MAX 8
+#define FERRY_SPARSE_ID_MAX 200
+
+enum ferry_sparse_apply {
+    FERRY_SPARSE_SCATTER_ADD = 0,   /* values are deltas: dst += v */
+    FERRY_SPARSE_SCATTER_SET = 1,   /* values are exact new values: dst = v */
+};
+
+/* Source placement of a logical weight over a named placement axis
+ * (e.g. "ep"): OWNER — the object belongs to one index of the axis (an EP
+ * expert: only targets with that index read it); REPLICATE — every index
+ * reads it (a non-EP/shared weight). */
+enum ferry_sparse_placement_kind { FERRY_SPARSE_REPLICATE = 0, FERRY_SPARSE_OWNER = 1 };
+typedef struct ferry_sparse_placement {
+    enum ferry_sparse_placement_kind kind;
+    char axis[16];            /* "" for REPLICATE over nothing */
+    uint32_t owner;           /* OWNER: the axis index owning the object */
+} ferry_sparse_placement;
+
+/* Duplicate coordinates in one put: FERRY_SPARSE_SCATTER_ADD sums them
+ * (in float32, then converted), FERRY_SPARSE_SCATTER_SET refuses them
+ * (FERRY_EINVAL naming the coordinate) — documented in docs/sparse.md. */
+typedef struct ferry_sparse_desc {
+    char tensor_id[FERRY_SPARSE_ID_MAX + 1];
+    uint32_t ndim;
+    uint64_t shape[FERRY_SPARSE_NDIM_MAX];      /* global shape */
+    uint64_t base_generation, delta_generation; /* base < delta */
+    ferry_sparse_placement placement;
+    uint64_t tile[FERRY_SPARSE_NDIM_MAX];       /* tile shape; all 0 on put: chosen from shape */
+    enum ferry_sparse_apply apply;
+    char index_dtype[8];                        /* "i32" or "i64" */
+    char value_dtype[8];                        /* "f32", "bf16" or "f16" */
+    uint64_t nnz;                               /* after duplicate handling */
+    uint64_t ntiles;                            /* non-empty tiles */
+} ferry_sparse_desc;
+
+/* ---- put ------------------------------------------------------------------------- */
+
+/* Validate (every index inside shape, dtypes, nnz > 0 consistent with the
+ * arrays, base < delta, ndim 1..8), sort, build the tile index and store one
+ * structured object (hard-pinned, one replica). indices: nnz x ndim of
+ * index_dtype, global coordinates; values: nnz of value_dtype. d->nnz is
+ * the input count; d->tile all 0 picks a tile shape (docs/sparse.md); on
+ * success *out (may be NULL) is the stored descriptor (nnz after duplicates,
+ * ntiles, the tile shape) and key (may be NULL) the object's key.
+ * Idempotent per logical key (tensor, base, delta, placement): putting the
+ * same logical key again returns FERRY_EEXIST and stores nothing, so a
+ * retry never creates a second object. Bad input: FERRY_EINVAL with a
+ * sentence in err; nothing stored. */
+int ferry_put_sparse_object(ferry_store *s, const ferry_sparse_desc *d, const void *indices,
+                            const void *values, ferry_sparse_desc *out, char *key, size_t keycap,
+                            ferry_error *err);
+
+/* Owner admission for a weight several source ranks hold (a replicated,
+ * non-EP weight): exactly one caller per logical key is admitted (*admitted
+ * true: compute the delta and put it); every other caller is told to skip.
+ * A compare-and-swap on "ferry/sp/<tensor>/<base>-<delta>/<placement>/owner"
+ * naming the rank. */
+int ferry_sparse_admit(ferry_store *s, const ferry_sparse_desc *d, uint32_t rank, bool *admitted,
+                       ferry_error *err);
+
+/* ---- the compact index --------------------------------------------------------------- */
+
+typedef struct ferry_sparse_index {
+    char key[512];
+    ferry_sparse_desc desc;
+    int64_t *tile_coords;        /* ntiles x ndim */
+    int64_t *tile_ptr;           /* ntiles + 1 */
+    void *aux;                   /* the planner's secondary indexes (built lazily) */
+} ferry_sparse_index;
+
+/* Read only meta, tile_coords and tile_ptr of a sparse object (never
+ * indices or values). FERRY_EPROTO when the object is not a sparse object
+ * or its index is inconsistent (tile_ptr not ascending, ends != nnz, tiles
+ * out of the shape). */
+int ferry_sparse_index_read(ferry_store *s, const char *key, ferry_sparse_index *out,
+                            ferry_error *err);
+void ferry_sparse_index_free(ferry_sparse_index *ix);
+
+/* ---- the planner (pure: no store, no payload) ------------------------------------------ */
+
+/* A target: a logical box of a tensor on a node, at an index of the
+ * placement axis. */
+typedef struct ferry_sparse_target {
+    char tensor_id[FERRY_SPARSE_ID_MAX + 1];
+    uint32_t node;
+    uint32_t axis_index;              /* e.g. its EP rank (owner filtering) */
+    uint32_t ndim;
+    uint64_t offset[FERRY_SPARSE_NDIM_MAX], shape[FERRY_SPARSE_NDIM_MAX];   /* global box */
+} ferry_sparse_target;
+
+/* An entry range of one source object for one target. */
+typedef struct ferry_sparse_range {
+    uint64_t start, end;              /* entry offsets */
+    bool boundary;                    /* holds tiles crossing the box: filter coordinates */
+} ferry_sparse_range;
+
+/* One physical read: a unique (source, node, entry range) after dedup. */
+typedef struct ferry_sparse_read {
+    uint32_t source, node;
+    uint64_t start, end;
+} ferry_sparse_read;
+
+/* What (source, target) pair needs: ranges[first, first + n). */
+typedef struct ferry_sparse_pair {
+    uint32_t source, target;
+    size_t first, n;
+} ferry_sparse_pair;
+
+typedef struct ferry_sparse_plan_stats {
+    uint64_t pairs;                  /* (source, target) pairs after placement filtering */
+    uint64_t filtered_out;           /* pairs placement filtering removed */
+    uint64_t tiles_hit;
+    uint64_t groups_visited;         /* row/column groups the 2-D path looked at */
+    uint64_t nd_fallback_tiles;      /* tiles the N-D path scanned (bounded, counted) */
+    uint64_t ranges, ranges_coalesced_from;
+    uint64_t unique_reads, dedup_hits; /* physical reads after dedup; ranges served by one */
+    double plan_s;
+} ferry_sparse_plan_stats;
+
+typedef struct ferry_sparse_plan {
+    ferry_sparse_pair *pairs; size_t npairs;
+    ferry_sparse_range *ranges; size_t nranges;
+    ferry_sparse_read *reads; size_t nreads;
+    ferry_sparse_plan_stats stats;
+} ferry_sparse_plan;
+
+/* Plan a whole target batch in one call: placement filtering (OWNER: only
+ * targets whose axis_index == owner; REPLICATE: all), box intersection, tile
+ * selection through row-group/column-group secondary indexes for 2-D (the
+ * direction with fewer candidate groups; never a scan of nnz), a generic
+ * N-D path (bounded, counted), ranges sorted and coalesced, boundary tiles
+ * flagged, reads deduplicated by (source, node, range). Sources and targets
+ * match by tensor_id. The planner may build and keep secondary indexes in
+ * sources[i]->aux. */
+int ferry_sparse_plan_batch(ferry_sparse_index *const *sources, size_t nsources,
+                            const ferry_sparse_target *targets, size_t ntargets,
+                            ferry_sparse_plan *out, ferry_error *err);
+void ferry_sparse_plan_free(ferry_sparse_plan *p);
+
+/* ---- execution ------------------------------------------------------------------------ */
+
+/* A target-local COO result. */
+typedef struct ferry_sparse_result {
+    uint32_t target;                 /* index into the targets array */
+    char tensor_id[FERRY_SPARSE_ID_MAX + 1];
+    uint32_t ndim;
+    uint64_t shape[FERRY_SPARSE_NDIM_MAX];   /* the target's local shape */
+    uint64_t base_generation, delta_generation;
+    enum ferry_sparse_apply apply;
+    char value_dtype[8];
+    uint64_t nnz;
+    int64_t *indices;                /* nnz x ndim, target-local */
+    void *values;                    /* nnz of value_dtype */
+} ferry_sparse_result;
+
+typedef struct ferry_sparse_stats {
+    uint64_t source_objects;         /* distinct source objects read */
+    uint64_t non_ep_source_object_count;  /* distinct REPLICATE objects */
+    uint64_t index_gets, index_cache_hits;
+    uint64_t unique_range_gets;      /* physical ranged reads (indices+values as one) */
+    uint64_t full_indices_values_get_count;  /* reads of a whole object's entries (fallback) */
+    uint64_t dedup_hits;             /* target ranges served by another target's read */
+    uint64_t bytes_read;             /* entry bytes read (indices + values) */
+    uint64_t entries_read, entries_kept, boundary_filtered;
+    double plan_s, read_s, filter_s;
+} ferry_sparse_stats;
+
+/* For the targets (all on this node, or each read on its node: reads are
+ * deduplicated per target node): index reads (cached in a per-store cache),
+ * planning, ranged reads of indices/values, boundary filtering, rebasing.
+ * keys: the source objects (the manifest). *out: ntargets-independent
+ * array of results (one per (source, target) pair with entries, or an
+ * empty one). publish_prefix non-NULL: also store each result as a
+ * target-local structured object under "<prefix>/<target>/<tensor>". */
+int ferry_read_sparse_objects(ferry_store *s, const char *const *keys, size_t nkeys,
+                              const ferry_sparse_target *targets, size_t ntargets,
+                              const char *publish_prefix, ferry_sparse_result **out,
+                              size_t *nout, ferry_sparse_stats *st, ferry_error *err);
+void ferry_sparse_results_free(ferry_sparse_result *r, size_t n);
+
+/* Apply a result into a dense local buffer (row-major, r->shape, dtype
+ * "f32", "bf16" or "f16"): scatter_add or scatter_set. Base fence: when
+ * r->apply is SCATTER_ADD and current_generation != r->base_generation,
+ * FERRY_ESTATE naming both generations and nothing changes. *
+ * new_generation (may be NULL) = r->delta_generation on success. */
+int ferry_sparse_apply(const ferry_sparse_result *r, void *dst, const char *dst_dtype,
+                       uint64_t current_generation, uint64_t *new_generation, ferry_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
