@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "ferry/common.h"
+#include "ferry/reshard.h"   /* ferry_error */
 #include "ferry/store.h"
 
 #ifdef __cplusplus

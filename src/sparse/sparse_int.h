@@ -1,0 +1,67 @@
+/* sparse layer internals shared by object.c (put, admission, the index
+ * read), planner.c (the pure batch planner) and exec.c (ranged reads,
+ * filtering, rebasing, apply). Internal names are fr_sp_ / fr_sparse_. */
+#ifndef FR_SPARSE_INT_H
+#define FR_SPARSE_INT_H
+
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "ferry/reshard.h"
+#include "ferry/sparse.h"
+
+/* Fail with code and a sentence in err (may be NULL); returns code. Inline
+ * so that every file of the layer can use it whichever lands first. */
+static inline int fr_sp_fail(ferry_error *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static inline int fr_sp_fail(ferry_error *err, int code, const char *fmt, ...)
+{
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+        err->code = code;
+    }
+    return code;
+}
+
+/* Frees what the planner keeps in ferry_sparse_index.aux (its lazily built
+ * secondary indexes). NULL ok. Implemented by planner.c; called by
+ * ferry_sparse_index_free (object.c). */
+void fr_sparse_aux_free(void *aux);
+
+/* The "meta" member: the descriptor as JSON. Encode: *out is a NUL-
+ * terminated string (free()), *len its length without the NUL. Decode:
+ * parses and checks every field (schema "ferry.sparse_object", ndim 1..8,
+ * shape and tile entries > 0, base < delta, dtypes known, placement kind
+ * and axis) — the decoder of bytes that come from the store, fuzzed by
+ * tests/fuzz/fuzz_sparse_meta.c. FERRY_EPROTO with a sentence on anything
+ * malformed. Implemented in object.c. */
+int fr_sparse_meta_encode(const ferry_sparse_desc *d, char **out, size_t *len);
+int fr_sparse_meta_decode(const char *text, size_t len, ferry_sparse_desc *out, ferry_error *err);
+
+/* "ferry/sp/<tensor>/<base %020>-<delta %020>/<placement>" where placement
+ * renders as "rep" / "rep-<axis>" / "own-<axis>-<owner>". Returns the
+ * length, FERRY_EMSGSIZE when cap is too small. Implemented in object.c. */
+int fr_sparse_key(const ferry_sparse_desc *d, char *buf, size_t cap);
+
+/* Bytes of one element of a value dtype ("f32" 4, "bf16"/"f16" 2) or of an
+ * index dtype ("i32" 4, "i64" 8); 0 for anything else. */
+static inline size_t fr_sp_value_size(const char *dt)
+{
+    if (!dt) return 0;
+    if (dt[0] == 'f' && dt[1] == '3' && dt[2] == '2' && !dt[3]) return 4;
+    if (dt[0] == 'f' && dt[1] == '1' && dt[2] == '6' && !dt[3]) return 2;
+    if (dt[0] == 'b' && dt[1] == 'f' && dt[2] == '1' && dt[3] == '6' && !dt[4]) return 2;
+    return 0;
+}
+static inline size_t fr_sp_index_size(const char *dt)
+{
+    if (!dt || dt[0] != 'i') return 0;
+    if (dt[1] == '3' && dt[2] == '2' && !dt[3]) return 4;
+    if (dt[1] == '6' && dt[2] == '4' && !dt[3]) return 8;
+    return 0;
+}
+
+#endif
