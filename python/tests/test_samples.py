@@ -206,7 +206,12 @@ def test_max_policy_lag_admission(s1):
         st = q.stats()
         assert (st["stale"], st["dropped"], st["admitted"]) == (1, 1, 3)
         assert st["ahead"] >= 1                                  # v6 handed back, maybe more than once
-        q.ack(got)
+        # a released sample is delivered again at once, to whoever pops next
+        q.release(got[:1])
+        (again,) = _pop_n(q, 1)
+        assert again.session == got[0].session and again.token > got[0].token
+        assert q.ack([again] + got[1:]) == [True, True, True]
+        assert q.ack(got[:1]) == [False]                         # the released delivery is gone
         q.set_version(6)
         assert q.input_version == 6
         (s6,) = _pop_n(q, 1)
@@ -317,6 +322,34 @@ def test_policy_publish_watch_history(cluster, store):
     with reg.watch() as w2:
         assert w2.next(5000).version_id == 2
         assert w2.next(20) is None
+
+
+def test_policy_publish_two_ranks(cluster):
+    """Every trainer rank publishes; the version is announced once, for both."""
+    barrier, out = threading.Barrier(2, timeout=WAIT_S), [None, None]
+    tensors = [("a", _w(1)), ("b", np.ones((4, 3), np.float16))]
+
+    def rank(r):
+        try:
+            with cluster.store() as s:
+                barrier.wait()
+                out[r] = ferry.PolicyRegistry(s, "pol2").publish(1, tensors, metadata={"ranks": 2}, rank=r, world=2,
+                                                                 timeout_ms=int(WAIT_S * 1000))
+        except BaseException as e:   # noqa: B902 - handed to the test
+            out[r] = e
+
+    threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT_S * 2)
+    assert all(isinstance(o, dict) for o in out), out
+    assert sum(o["tensors"] for o in out) == 2 and all(o["total_tensors"] == 2 for o in out)
+    with cluster.store() as s:
+        reg = ferry.PolicyRegistry(s, "pol2")
+        assert reg.current().metadata == {"ranks": 2}
+        assert [h.version_id for h in reg.history()] == [1]   # rank 0 appends it, once
+        assert [e["name"] for e in weights.manifest(s, "pol2")] == ["a", "b"]
 
 
 # ---- the KV-reuse gate ----------------------------------------------------------------------
