@@ -119,6 +119,7 @@ int ferry_policy_history(ferry_store *s, const char *model, ferry_policy_version
  * first, if any); FERRY_ETIMEDOUT after timeout_ms (< 0: forever). Versions
  * announced in between are skipped: a rollout worker wants the newest. */
 typedef struct ferry_policy_watch ferry_policy_watch;
+/* Errors of open are the store's (ferry_store_last_error() says why). */
 int ferry_policy_watch_open(ferry_store *s, const char *model, ferry_policy_watch **out);
 int ferry_policy_watch_next(ferry_policy_watch *w, int timeout_ms, ferry_policy_version *out,
                             ferry_error *err);
@@ -182,6 +183,8 @@ int ferry_sample_queue_open(ferry_store *s, const ferry_sample_queue_config *cfg
 void ferry_sample_queue_close(ferry_sample_queue *q);
 /* Change the consumer's input version (after an optimizer step). */
 void ferry_sample_queue_set_version(ferry_sample_queue *q, uint64_t input_version);
+/* A queue handle is for one thread at a time; stats read from another
+ * thread while it works are a snapshot that may be a step behind. */
 void ferry_sample_queue_stats(const ferry_sample_queue *q, ferry_sample_stats *out);
 
 /* Store the payload and push the record (rs's refs are filled in and its

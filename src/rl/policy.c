@@ -223,6 +223,13 @@ int ferry_policy_watch_open(ferry_store *s, const char *model, ferry_policy_watc
         free(w);
         return rc;
     }
+    if (from == 0 && ferry_kv_get(s, w->key, &v) == 0) {
+        /* announced between the read and the watch: take it now (the
+         * watch's copy of it is skipped as not newer) */
+        if (parse_active(model, v.val, v.len, &w->first, NULL) == 0)
+            w->have_first = true;
+        ferry_store_free(v.val);
+    }
     *out = w;
     return 0;
 }

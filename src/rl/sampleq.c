@@ -376,28 +376,55 @@ static int claim_uid(ferry_sample_queue *q, const ferry_sample *smp)
 }
 
 /* Stale sample: drop it, or hand it back to the rollout side. */
+/* Whether another record of this sample's uid holds the claim (a retried
+ * push being trained elsewhere): then its payload must stay. */
+static bool claimed_elsewhere(ferry_sample_queue *q, const ferry_sample *smp)
+{
+    char key[300], val[32];
+    snprintf(key, sizeof key, "ferry/rl/%s/claim/%016" PRIx64, q->cfg.queue, smp->uid);
+    snprintf(val, sizeof val, "%" PRIu64, smp->id);
+    ferry_kv_value v = {0};
+    if (ferry_kv_get(q->s, key, &v) < 0)
+        return false;
+    bool other = !(v.len == strlen(val) && !memcmp(v.val, val, v.len));
+    ferry_store_free(v.val);
+    return other;
+}
+
+/* Stale sample: drop it, or hand it back to the rollout side. The record
+ * is acked first, so only the consumer whose ack holds acts on it (a lapsed
+ * lease cannot make two recompute requests); a recompute request that
+ * cannot be pushed after that is counted dropped, with a warning. */
 static int reject(ferry_sample_queue *q, ferry_sample *smp, ferry_error *err)
 {
+    (void)err;
+    int rc = ack_retry(q, smp->id, smp->token);
+    if (rc < 0)
+        return 0;   /* delivered again to someone else meanwhile: theirs */
     q->st.stale++;
+    bool keep_payload = claimed_elsewhere(q, smp);
     if (q->cfg.stale_policy == FERRY_STALE_RECOMPUTE) {
         snprintf(smp->session.status, sizeof smp->session.status, "recompute");
         smp->session.prompt_ref[0] = smp->session.output_ref[0] = '\0';
         smp->session.logprob_ref[0] = smp->session.reward_ref[0] = '\0';
         char *rec = NULL;
-        int rc = envelope(&smp->session, smp->uid, smp->pushed_at_ms, NULL, "", &rec);
+        ferry_error e2 = {0};
+        rc = envelope(&smp->session, smp->uid, smp->pushed_at_ms, NULL, "", &rec);
         if (rc == 0)
-            rc = push_record(q, q->recompute, rec, NULL, err);
+            rc = push_record(q, q->recompute, rec, NULL, &e2);
         free(rec);
-        if (rc < 0) {
-            (void)ferry_queue_nack(q->s, smp->id, smp->token);
-            return rc;
+        if (rc == 0) {
+            q->st.recompute++;
+        } else {
+            FR_WARN("rl", "queue %s: sample '%s' is stale and could not be sent back for "
+                    "recompute (%s): dropped", q->cfg.queue, smp->session.session_id,
+                    e2.msg[0] ? e2.msg : ferry_strerror(rc));
+            q->st.dropped++;
         }
-        q->st.recompute++;
     } else {
         q->st.dropped++;
     }
-    int rc = ack_retry(q, smp->id, smp->token);
-    if (rc == 0)
+    if (!keep_payload)
         remove_payload(q, smp->payload);
     return 0;
 }
@@ -422,8 +449,8 @@ static int pop_from(ferry_sample_queue *q, const char *queue, bool samples, uint
                           ferry_store_last_error());
     }
     uint64_t now = wall_ms();
-    size_t k = 0;
-    for (size_t i = 0; i < got; i++) {
+    size_t k = 0, i;
+    for (i = 0; i < got; i++) {
         ferry_sample *smp = &out[k];
         ferry_error e2 = {0};
         if (decode_envelope(recs[i].data, recs[i].len, smp, &e2) < 0) {
@@ -478,6 +505,8 @@ static int pop_from(ferry_sample_queue *q, const char *queue, bool samples, uint
     }
     if (rc < 0) {
         /* hand back whatever was not looked at yet, and the admitted ones */
+        for (size_t j = i + 1; j < got; j++)
+            (void)ferry_queue_nack(q->s, recs[j].id, recs[j].token);
         for (size_t j = 0; j < k; j++) {
             (void)ferry_queue_nack(q->s, out[j].id, out[j].token);
             ferry_sample_clear(&out[j]);
