@@ -86,6 +86,14 @@ typedef struct ferry_publish_stats {
     uint64_t cross_node_bytes;            /* this rank's bytes that landed off its segment */
     double put_s, commit_s;
     uint64_t removed_generations;         /* retention, coordinator only */
+    /* Phases of put_s and commit_s (appended): */
+    double convert_s;                     /* dtype conversion and checksums (in put_s) */
+    double store_s;                       /* the store puts (in put_s) */
+    double barrier_s;                     /* waiting for every rank (in commit_s) */
+    double decide_s;                      /* gather + announce + retention, or waiting for
+                                           * the coordinator's decision (in commit_s) */
+    uint64_t local_bytes;                 /* this rank's bytes that landed on its segment
+                                           * (with cfg.segment; bytes = local + cross-node) */
 } ferry_publish_stats;
 
 /* Publish `generation` (> every earlier one) from this rank. Every rank of
@@ -166,6 +174,26 @@ typedef struct ferry_update_stats {
     uint64_t bytes_received;      /* single-pull: pushed into this worker's parameters */
     uint64_t group_bytes_read;    /* single-pull: the whole group's store reads */
     double prepare_s, read_s, push_s;
+    /* Appended (docs/weights.md, "Counters"). Single-pull only unless said;
+     * 0 elsewhere. Phases: prepare_s covers the manifest and leases and the
+     * demand exchange; read_s is the time inside store reads (summed over
+     * batches); push_s runs from the end of the last read to the end of the
+     * forwards (what the pushes cost beyond the reads they overlap). */
+    double exchange_s;            /* demands to the KV, barrier, every demand read back
+                                   * (inside prepare_s) */
+    double plan_s;                /* planning (or reusing the last plan) */
+    double forward_s;             /* hop 2, forwarding inside the node (inside push_s) */
+    double barrier_s;             /* the post-apply barrier */
+    double apply_s;               /* reads + pushes + forwards, wall */
+    uint64_t batches;             /* this worker's read batches (pipelined with its pushes) */
+    /* The whole group's plan (every worker computes the same plan, so every
+     * worker reports the same figures): */
+    uint64_t group_pushed_cross;  /* pushed from one node to another (each byte once per
+                                   * other node holding a consumer) */
+    uint64_t group_pushed_intra;  /* pushed between workers of one node, forwards included */
+    uint32_t nodes;               /* distinct nodes of the group (ferry_subscriber_nodes) */
+    uint64_t nic_max_in, nic_max_out;    /* the busiest node's NIC, each direction */
+    double nic_mean_in, nic_mean_out;    /* mean over the group's nodes */
 } ferry_update_stats;
 
 /* Parameter-direct update, each worker reading its own demand from the
@@ -215,6 +243,10 @@ typedef struct ferry_subscriber_config {
     uint32_t node;           /* this worker's node (any id; 0 for all: one node). Readers
                               * are chosen to balance every node's NIC load, and a range
                               * crosses to another node once, then is forwarded there */
+    uint64_t batch_bytes;    /* (appended) apply runs in batches of about this many bytes
+                              * of this worker's reads: the pushes of batch k are in flight
+                              * while batch k+1 is read, at most two batches at once
+                              * (0: 64 MiB) */
 } ferry_subscriber_config;
 
 /* The worker's shards are copied; their buffers stay the caller's and must
@@ -233,6 +265,24 @@ int ferry_subscriber_open(ferry_store *s, const ferry_subscriber_config *cfg,
 int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_update_stats *st,
                             ferry_error *err);
 void ferry_subscriber_close(ferry_subscriber *sub);
+
+/* Per node of the group, what the last update's plan moved (the same on
+ * every worker): NIC bytes are cross-node only; the store counts as off
+ * every node, so every store read crosses the reader's NIC. */
+typedef struct ferry_update_node {
+    uint32_t node;                /* the id the members passed in ferry_subscriber_config.node */
+    uint32_t workers;             /* members on it */
+    uint64_t store_read;          /* bytes its workers read from the store */
+    uint64_t pushed_in;           /* pushed to it from other nodes */
+    uint64_t pushed_out;          /* pushed from it to other nodes */
+    uint64_t pushed_intra;        /* pushed between (or inside) its workers, forwards included */
+    uint64_t nic_in, nic_out;     /* store_read + pushed_in; pushed_out */
+} ferry_update_node;
+/* Fill out[0..cap) in ascending node id with the last update's figures;
+ * returns the number of nodes (which may exceed cap: call again with more
+ * room), 0 before any update that planned. FERRY_EINVAL for a NULL sub or
+ * a NULL out with cap > 0. */
+int ferry_subscriber_nodes(const ferry_subscriber *sub, ferry_update_node *out, size_t cap);
 
 #ifdef __cplusplus
 }

@@ -32,6 +32,8 @@
 #define MAGIC "FRYDMND1"
 #define READ_BATCH 8192
 #define PIECE (4ull << 20)   /* shared ranges are cut so that their pieces get different readers */
+#define BATCH_BYTES (64ull << 20)   /* default ferry_subscriber_config.batch_bytes */
+#define WATERMARK 2          /* batches in flight: the pushes of one while the next is read */
 
 
 typedef struct preg { uint8_t *addr; size_t len; ferry_region *reg; } preg;
@@ -48,6 +50,13 @@ typedef struct plan_cache {
     size_t n, cap, cap_base;
     fr_rd_push *pushes;
     size_t npushes, cap_pushes;
+    /* what the plan moves, for the counters: the summary and, per node in
+     * ascending id, its id, members, store reads and loads */
+    fr_rd_summary sum;
+    uint32_t nnodes;
+    uint32_t *node_id, *node_workers;
+    uint64_t *node_read;
+    fr_rd_load *loads;
 } plan_cache;
 
 struct ferry_subscriber {
@@ -279,6 +288,7 @@ static int cmp_u32(const void *a, const void *b)
 typedef struct pushes {
     ferry_op *ops;
     uint32_t *to;
+    size_t *dep;                   /* hop 1: the index of my read that brings the bytes */
     size_t n, cap;
     bool *feeds_me;                /* per worker: it pushes into this worker on this hop */
 } pushes;
@@ -298,20 +308,27 @@ static int add_read(work *w, const char *key, uint64_t off, void *dst, uint64_t 
     return 0;
 }
 
-static int add_push(pushes *ps, uint32_t to, void *local, const ferry_remote_region *rr,
-                    uint64_t remote, uint64_t len)
+static int add_push(pushes *ps, uint32_t to, size_t dep, void *local,
+                    const ferry_remote_region *rr, uint64_t remote, uint64_t len)
 {
     size_t cap = ps->cap;
     if (fr_grow((void **)&ps->ops, &ps->cap, ps->n + 1, sizeof *ps->ops) < 0)
         return FERRY_ENOMEM;
     if (ps->cap != cap) {
         uint32_t *np = realloc(ps->to, ps->cap * sizeof *np);
-        if (!np)
+        if (np)
+            ps->to = np;
+        size_t *nd = realloc(ps->dep, ps->cap * sizeof *nd);
+        if (nd)
+            ps->dep = nd;
+        if (!np || !nd) {
+            ps->cap = cap;   /* to and dep keep their old size */
             return FERRY_ENOMEM;
-        ps->to = np;
+        }
     }
     ps->ops[ps->n] = (ferry_op){ .opcode = FERRY_OP_WRITE, .local = local, .len = len,
                                  .peer = rr->peer, .remote_addr = remote, .key = rr->key };
+    ps->dep[ps->n] = dep;
     ps->to[ps->n++] = to;
     return 0;
 }
@@ -322,10 +339,12 @@ static uint8_t *my_dst(const ferry_subscriber *sub, const grun *r, uint64_t off)
     return (uint8_t *)sub->shards[r->region].dst + r->dst_off + (off - r->src);
 }
 
-/* Node of every member as dense ids 0..n-1 (readers.c wants them small). */
-static uint32_t dense_nodes(const member *mbs, uint32_t world, uint32_t *wnode)
+/* Node of every member as dense ids 0..n-1 (readers.c wants them small);
+ * *ids (the caller frees) gets the real ids in ascending order. */
+static uint32_t dense_nodes(const member *mbs, uint32_t world, uint32_t *wnode, uint32_t **ids)
 {
     uint32_t *v = malloc(world * sizeof *v), n = 0;
+    *ids = v;
     if (!v)
         return 0;
     for (uint32_t k = 0; k < world; k++)
@@ -336,7 +355,6 @@ static uint32_t dense_nodes(const member *mbs, uint32_t world, uint32_t *wnode)
             v[n++] = v[k];
     for (uint32_t k = 0; k < world; k++)
         wnode[k] = (uint32_t)((uint32_t *)bsearch(&mbs[k].node, v, n, sizeof *v, cmp_u32) - v);
-    free(v);
     return n;
 }
 
@@ -353,6 +371,7 @@ static int plan_piece(ferry_subscriber *sub, const char *key, const grun *runs,
             return FERRY_ENOMEM;
         w->my_read += g->len;
     }
+    size_t dep = w->nreads ? w->nreads - 1 : 0;   /* hop 1 leaves from the reader: my last read */
     for (size_t k = g->push; k < g->push + g->npush; k++) {
         const grun *f = &runs[p[k].from], *t = &runs[p[k].to];
         pushes *ps = &w->hop[p[k].hop == 2];
@@ -368,10 +387,10 @@ static int plan_piece(ferry_subscriber *sub, const char *key, const grun *runs,
         int rc;
         if (t->worker == me) {
             /* one worker needing the bytes twice: a copy after they arrive */
-            rc = add_push(ps, me, my_dst(sub, f, g->off), &(ferry_remote_region){0},
+            rc = add_push(ps, me, dep, my_dst(sub, f, g->off), &(ferry_remote_region){0},
                           mb->base[t->region] + off, g->len);
         } else {
-            rc = add_push(ps, t->worker, my_dst(sub, f, g->off), &mb->rr[t->region],
+            rc = add_push(ps, t->worker, dep, my_dst(sub, f, g->off), &mb->rr[t->region],
                           mb->rr[t->region].addr + off, g->len);
             w->pushed += g->len;
         }
@@ -403,13 +422,27 @@ static fr_hash128_t plan_key(const collect *all, const ferry_weight_manifest *m,
 
 /* Every tensor's pieces from readers.c, into the cache. */
 static int plan_all(plan_cache *pc, const ferry_weight_manifest *m, const collect *all,
-                    const uint32_t *wnode, uint32_t nnodes, uint32_t world, ferry_error *err)
+                    const uint32_t *wnode, const uint32_t *ids, uint32_t nnodes, uint32_t world,
+                    ferry_error *err)
 {
     fr_rd_demand *d = malloc((all->n ? all->n : 1) * sizeof *d);
     fr_readers *rd = NULL;
     fr_rd_config cfg = { .nworkers = world, .worker_node = wnode, .nnodes = nnodes,
                          .chunk = PIECE, .relay = true };
-    int rc = d ? fr_readers_open(&cfg, &rd) : FERRY_ENOMEM;
+    free(pc->node_id), free(pc->node_workers), free(pc->node_read), free(pc->loads);
+    pc->nnodes = 0;
+    pc->node_id = malloc(nnodes * sizeof *pc->node_id);
+    pc->node_workers = calloc(nnodes, sizeof *pc->node_workers);
+    pc->node_read = calloc(nnodes, sizeof *pc->node_read);
+    pc->loads = calloc(nnodes, sizeof *pc->loads);
+    int rc = d && pc->node_id && pc->node_workers && pc->node_read && pc->loads
+                 ? fr_readers_open(&cfg, &rd) : FERRY_ENOMEM;
+    if (rc == 0) {
+        memcpy(pc->node_id, ids, nnodes * sizeof *ids);
+        for (uint32_t k = 0; k < world; k++)
+            pc->node_workers[wnode[k]]++;
+        pc->nnodes = nnodes;
+    }
     pc->n = pc->npushes = 0;
     for (size_t a = 0; a < all->n && rc == 0;) {
         size_t b = a;
@@ -440,7 +473,13 @@ static int plan_all(plan_cache *pc, const ferry_weight_manifest *m, const collec
         if (rc == 0 && np)
             memcpy(pc->pushes + pc->npushes, p, np * sizeof *p);
         pc->npushes += np;
+        for (size_t i = 0; i < ng && rc == 0; i++)
+            pc->node_read[wnode[all->v[a + g[i].reader].worker]] += g[i].len;
         a = b;
+    }
+    if (rc == 0) {
+        fr_readers_summary(rd, &pc->sum);
+        memcpy(pc->loads, fr_readers_loads(rd), nnodes * sizeof *pc->loads);
     }
     free(d);
     fr_readers_close(rd);
@@ -453,11 +492,11 @@ static int plan_all(plan_cache *pc, const ferry_weight_manifest *m, const collec
 static int plan(ferry_subscriber *sub, const ferry_weight_manifest *m, collect *all,
                 member *mbs, work *w, ferry_error *err)
 {
-    uint32_t world = sub->cfg.world, nnodes;
+    uint32_t world = sub->cfg.world, nnodes = 0, *ids = NULL;
     plan_cache *pc = &sub->plan;
     uint32_t *wnode = malloc(world * sizeof *wnode);
-    if (!wnode || (nnodes = dense_nodes(mbs, world, wnode)) == 0) {
-        free(wnode);
+    if (!wnode || (nnodes = dense_nodes(mbs, world, wnode, &ids)) == 0) {
+        free(wnode), free(ids);
         return fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
     }
     qsort(all->v, all->n, sizeof *all->v, by_entry_src);
@@ -466,11 +505,12 @@ static int plan(ferry_subscriber *sub, const ferry_weight_manifest *m, collect *
     int rc = 0;
     if (!pc->reused) {
         pc->valid = false;
-        rc = plan_all(pc, m, all, wnode, nnodes, world, err);
+        rc = plan_all(pc, m, all, wnode, ids, nnodes, world, err);
         pc->valid = rc == 0;
         pc->key = key;
     }
     free(wnode);
+    free(ids);
     for (size_t i = 0; i < pc->n && rc == 0; i++) {
         const grun *runs = all->v + pc->base[i];
         rc = plan_piece(sub, m->entries[runs->entry].key, runs, &pc->ranges[i], pc->pushes, mbs, w);
@@ -482,13 +522,46 @@ static int plan(ferry_subscriber *sub, const ferry_weight_manifest *m, collect *
 
 bool fr_subscriber_plan_reused(const ferry_subscriber *sub) { return sub && sub->plan.reused; }
 
+int ferry_subscriber_nodes(const ferry_subscriber *sub, ferry_update_node *out, size_t cap)
+{
+    if (!sub || (cap && !out))
+        return FERRY_EINVAL;
+    const plan_cache *pc = &sub->plan;
+    if (!pc->valid)
+        return 0;
+    for (uint32_t n = 0; n < pc->nnodes && n < cap; n++) {
+        const fr_rd_load *l = &pc->loads[n];
+        out[n] = (ferry_update_node){ .node = pc->node_id[n], .workers = pc->node_workers[n],
+                                      .store_read = pc->node_read[n], .pushed_in = l->push_in,
+                                      .pushed_out = l->push_out, .pushed_intra = l->intra,
+                                      .nic_in = l->read_in + l->push_in,
+                                      .nic_out = l->push_out + l->serve_out };
+    }
+    return (int)pc->nnodes;
+}
+
+/* The group's figures of the plan into the stats. */
+static void plan_stats(const plan_cache *pc, ferry_update_stats *st)
+{
+    if (!pc->valid)
+        return;
+    st->group_pushed_cross = pc->sum.pushed_cross;
+    st->group_pushed_intra = pc->sum.pushed_intra;
+    st->nodes = pc->nnodes;
+    st->nic_max_in = pc->sum.max_in;
+    st->nic_max_out = pc->sum.max_out;
+    st->nic_mean_in = pc->sum.mean_in;
+    st->nic_mean_out = pc->sum.mean_out;
+}
+
 /* ---- apply ------------------------------------------------------------------------------- */
 
-static int do_reads(ferry_subscriber *sub, work *w, ferry_error *err)
+/* My reads [from, to), every byte count checked. */
+static int do_reads(ferry_subscriber *sub, work *w, size_t from, size_t to, ferry_error *err)
 {
     int rc = 0;
-    for (size_t at = 0; at < w->nreads && rc == 0; at += READ_BATCH) {
-        size_t n = w->nreads - at < READ_BATCH ? w->nreads - at : READ_BATCH;
+    for (size_t at = from; at < to && rc == 0; at += READ_BATCH) {
+        size_t n = to - at < READ_BATCH ? to - at : READ_BATCH;
         int64_t *res = calloc(n, sizeof *res);
         if (!res)
             return fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
@@ -564,6 +637,147 @@ static int do_pushes(ferry_subscriber *sub, const pushes *w, uint64_t tag, bool 
     return rc;
 }
 
+static ferry_peer_id peer_of(const member *mb)
+{
+    for (uint32_t r = 0; r < mb->nregions; r++)
+        if (mb->rr[r].key)
+            return mb->rr[r].peer;
+    return 0;
+}
+
+/* Wait for and free the tickets t[0..world); a failed one marks its target. */
+static int wait_tickets(ferry_subscriber *sub, ferry_ticket **t, bool *failed, ferry_error *err)
+{
+    int rc = 0;
+    for (uint32_t to = 0; to < sub->cfg.world; to++) {
+        if (!t[to])
+            continue;
+        int st = ferry_ticket_wait(t[to], sub->cfg.timeout_ms ? (int)sub->cfg.timeout_ms : 60000);
+        int te = ferry_ticket_error(t[to]);
+        ferry_ticket_free(t[to]);
+        t[to] = NULL;
+        if (st != FERRY_TICKET_COMPLETED) {
+            failed[to] = true;
+            if (rc == 0)
+                rc = fr_rl_fail(err, FERRY_EREBUILD, "subscriber: pushing to worker %u failed: %s",
+                                to, ferry_strerror(te ? te : FERRY_EIO));
+        }
+    }
+    return rc;
+}
+
+/* Hop 1 as a pipeline: my reads in batches of about batch_bytes; the
+ * pushes of a batch leave (one ticket per target, not waited for) as soon
+ * as its reads are in, and the next batch is read while they are in
+ * flight. At most WATERMARK batches are in flight: before reading batch k
+ * the pushes of batch k - WATERMARK must have completed. Once every push
+ * has completed, each target gets one NOTIFY: 0, or 1 when my reads (or a
+ * push to it) failed, so that it knows to rebuild. The reads land in my
+ * own parameters, which are the pushes' source: no staging copy. */
+static int pipeline_hop1(ferry_subscriber *sub, work *w, uint64_t tag, member *mbs,
+                         bool *reads_ok, ferry_update_stats *st, ferry_error *err)
+{
+    ferry_engine *e = ferry_store_engine(sub->s);
+    const pushes *ps = &w->hop[0];
+    uint32_t world = sub->cfg.world, me = sub->cfg.rank;
+    uint64_t budget = sub->cfg.batch_bytes ? sub->cfg.batch_bytes : BATCH_BYTES;
+    ferry_ticket **t = calloc((size_t)world * (WATERMARK + 1), sizeof *t);
+    bool *target = calloc(world, sizeof *target), *failed = calloc(world, sizeof *failed);
+    ferry_op *ops = malloc((ps->n + 1) * sizeof *ops);
+    if (!t || !target || !failed || !ops) {
+        free(t), free(target), free(failed), free(ops);
+        *reads_ok = false;
+        return fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+    }
+    for (size_t i = 0; i < ps->n; i++)
+        target[ps->to[i]] |= ps->to[i] != me;
+    int rc = 0;
+    *reads_ok = true;
+    size_t ra = 0, pa = 0;
+    for (uint64_t b = 0; ra < w->nreads; b++) {
+        ferry_ticket **slot = t + (size_t)world * (b % WATERMARK);
+        int wr = wait_tickets(sub, slot, failed, err);   /* batch b - WATERMARK */
+        rc = rc < 0 ? rc : wr;
+        size_t rb = ra;
+        for (uint64_t bytes = 0; rb < w->nreads && (rb == ra || bytes < budget); rb++)
+            bytes += w->reads[rb].len;
+        double t0 = (double)fr_now_ns() / 1e9;
+        int rr = do_reads(sub, w, ra, rb, err);
+        st->read_s += (double)fr_now_ns() / 1e9 - t0;
+        st->batches++;
+        if (rr < 0) {
+            *reads_ok = false;
+            rc = rr;
+            break;
+        }
+        size_t pb = pa;
+        while (pb < ps->n && ps->dep[pb] < rb)
+            pb++;
+        for (size_t i = pa; i < pb; i++)   /* a worker needing a range twice */
+            if (ps->to[i] == me)
+                memcpy((void *)(uintptr_t)ps->ops[i].remote_addr, ps->ops[i].local, ps->ops[i].len);
+        for (uint32_t to = 0; to < world; to++) {
+            size_t n = 0;
+            for (size_t i = pa; to != me && !failed[to] && i < pb; i++)
+                if (ps->to[i] == to)
+                    ops[n++] = ps->ops[i];
+            if (n == 0)
+                continue;
+            int s = ferry_submit(e, ops, n, 0, &slot[to]);
+            if (s < 0) {
+                slot[to] = NULL;
+                failed[to] = true;
+                if (rc == 0)
+                    rc = fr_rl_fail(err, FERRY_EREBUILD, "subscriber: pushing to worker %u: %s", to,
+                                    ferry_strerror(s));
+            }
+        }
+        ra = rb;
+        pa = pb;
+    }
+    for (int k = 0; k < WATERMARK; k++) {
+        int wr = wait_tickets(sub, t + (size_t)world * k, failed, err);
+        rc = rc < 0 ? rc : wr;
+    }
+    /* every WRITE has completed: the notifications follow them */
+    ferry_ticket **nt = t + (size_t)world * WATERMARK;
+    for (uint32_t to = 0; to < world; to++) {
+        if (!target[to])
+            continue;
+        ferry_op op = { .opcode = FERRY_OP_NOTIFY, .peer = peer_of(&mbs[to]), .tag = tag,
+                        .value = *reads_ok && !failed[to] ? 0 : 1 };
+        int s = ferry_submit(e, &op, 1, 0, &nt[to]);
+        if (s < 0) {
+            nt[to] = NULL;
+            if (rc == 0)
+                rc = fr_rl_fail(err, s, "subscriber: notifying worker %u: %s", to, ferry_strerror(s));
+        }
+    }
+    int wr = wait_tickets(sub, nt, failed, err);
+    rc = rc < 0 ? rc : wr;
+    free(t), free(target), free(failed), free(ops);
+    return rc;
+}
+
+/* Wait for the notifications of every worker that feeds me on hop h:
+ * *fed_ok false when one failed or did not come (*nr the wait's code). */
+static void wait_fed(ferry_subscriber *sub, const pushes *ps, uint64_t tag, int tmo, bool *fed_ok,
+                     int *nr)
+{
+    uint32_t expect = 0;
+    for (uint32_t k = 0; k < sub->cfg.world; k++)
+        expect += ps->feeds_me[k];
+    uint64_t *vals = calloc(expect ? expect : 1, sizeof *vals);
+    int n = !vals ? FERRY_ENOMEM
+          : expect ? ferry_wait_notify(ferry_store_engine(sub->s), tag, expect, tmo, vals)
+          : 0;
+    for (uint32_t k = 0; n == 0 && k < expect; k++)
+        *fed_ok &= vals[k] == 0;
+    free(vals);
+    if (n < 0)
+        *fed_ok = false, *nr = n;
+}
+
 int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_update_stats *st,
                             ferry_error *err)
 {
@@ -593,6 +807,7 @@ int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_u
                            : fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
     if (rc == 0)
         rc = encode(sub, m.generation, &mine, &rec, &reclen);
+    double tx = (double)fr_now_ns() / 1e9;
     snprintf(key, sizeof key, "ferry/wk/%s/sub/%s/%020" PRIu64 "/%u", sub->cfg.model,
              sub->cfg.group, m.generation, me);
     if (rc == 0 && (rc = ferry_kv_put(sub->s, key, rec, reclen, NULL)) < 0)
@@ -622,47 +837,42 @@ int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_u
                     &mbs[k], &all, err);
         ferry_store_free(v.val);
     }
-    st->prepare_s = (double)fr_now_ns() / 1e9 - t0;
+    double t1 = (double)fr_now_ns() / 1e9;
+    st->prepare_s = t1 - t0;
+    st->exchange_s = t1 - tx;
     if (rc == 0)
         rc = plan(sub, &m, &all, mbs, &w, err);
-    double t1 = (double)fr_now_ns() / 1e9;
-    bool reads_ok = false;
+    double t2 = (double)fr_now_ns() / 1e9;
+    st->plan_s = t2 - t1;
     if (rc == 0) {
-        int rr = do_reads(sub, &w, err);
-        reads_ok = rr == 0;
-        st->read_s = (double)fr_now_ns() / 1e9 - t1;
-        double t2 = (double)fr_now_ns() / 1e9;
-        /* hop 1 from the readers, then hop 2: what arrived, forwarded
-         * inside each node (marked failed when it did not arrive) */
-        int pr = 0, nr = 0;
-        bool fed_ok = true, ok = reads_ok;
-        for (int h = 0; h < 2; h++) {
-            uint64_t tag = fr_hash64(bar, strlen(bar), (uint64_t)h) | 1;
-            int s = do_pushes(sub, &w.hop[h], tag, ok, mbs, err);
-            pr = pr < 0 ? pr : s;
-            uint32_t expect = 0;
-            for (uint32_t k = 0; k < world; k++)
-                expect += w.hop[h].feeds_me[k];
-            uint64_t *vals = calloc(expect ? expect : 1, sizeof *vals);
-            int n = !vals ? FERRY_ENOMEM
-                  : expect ? ferry_wait_notify(ferry_store_engine(sub->s), tag, expect, (int)tmo, vals)
-                  : 0;
-            for (uint32_t k = 0; n == 0 && k < expect; k++)
-                fed_ok &= vals[k] == 0;
-            free(vals);
-            if (n < 0)
-                fed_ok = false, nr = n;
-            ok = fed_ok;
-        }
-        st->push_s = (double)fr_now_ns() / 1e9 - t2;
-        rc = rr < 0 ? rr : pr < 0 ? pr : 0;
+        plan_stats(&sub->plan, st);
+        /* hop 1 from the readers, pipelined with the reads; then hop 2:
+         * what arrived, forwarded inside each node (marked failed when it
+         * did not arrive) */
+        bool reads_ok = false, fed_ok = true;
+        int nr = 0;
+        uint64_t tag1 = fr_hash64(bar, strlen(bar), 0) | 1, tag2 = fr_hash64(bar, strlen(bar), 1) | 1;
+        int pr = pipeline_hop1(sub, &w, tag1, mbs, &reads_ok, st, err);
+        wait_fed(sub, &w.hop[0], tag1, (int)tmo, &fed_ok, &nr);
+        double t4 = (double)fr_now_ns() / 1e9;
+        int fr = do_pushes(sub, &w.hop[1], tag2, fed_ok, mbs, err);
+        pr = pr < 0 ? pr : fr;
+        wait_fed(sub, &w.hop[1], tag2, (int)tmo, &fed_ok, &nr);
+        double t5 = (double)fr_now_ns() / 1e9;
+        st->forward_s = t5 - t4;
+        st->apply_s = t5 - t2;
+        /* the part of apply after the last read ended */
+        st->push_s = st->apply_s - st->read_s > 0 ? st->apply_s - st->read_s : 0;
+        rc = pr;
         if (rc == 0 && !fed_ok)
             rc = fr_rl_fail(err, FERRY_EREBUILD, "subscriber: %s from a worker that feeds this one; "
                       "the parameters must be rebuilt", nr < 0 ? "no notification" : "a failed read");
     }
     snprintf(bar, sizeof bar, "ferry/wb/%s/sub/%s/%020" PRIu64 "/applied", sub->cfg.model,
              sub->cfg.group, m.generation);
+    double t6 = (double)fr_now_ns() / 1e9;
     brc = ferry_barrier(sub->s, bar, member_name, world, tmo, NULL);
+    st->barrier_s = (double)fr_now_ns() / 1e9 - t6;
     if (rc == 0 && brc < 0)
         rc = fr_rl_fail(err, FERRY_EREBUILD, "subscriber: the group did not finish together: %s",
                   ferry_strerror(brc));
@@ -693,6 +903,7 @@ int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_u
     for (int h = 0; h < 2; h++) {
         free(w.hop[h].ops);
         free(w.hop[h].to);
+        free(w.hop[h].dep);
         free(w.hop[h].feeds_me);
     }
     ferry_weight_manifest_free(&m);
@@ -741,6 +952,10 @@ void ferry_subscriber_close(ferry_subscriber *sub)
     free(sub->plan.ranges);
     free(sub->plan.base);
     free(sub->plan.pushes);
+    free(sub->plan.node_id);
+    free(sub->plan.node_workers);
+    free(sub->plan.node_read);
+    free(sub->plan.loads);
     free(sub->names);
     free(sub->shards);
     free(sub);

@@ -1,7 +1,9 @@
 /* Single-pull update of a rollout group: four rollout processes in TP2 x
- * DP2 (each TP shard held by two replicas) take two generations together;
- * the store serves every published byte exactly once (1.00x), the other
- * replica gets it pushed, and every parameter byte is checked. Then a
+ * DP2 (each TP shard held by two replicas) take two generations together,
+ * applying in 64 KiB batches (reads of one batch overlap the pushes of the
+ * one before); the store serves every published byte exactly once (1.00x),
+ * the other replica gets it pushed, every parameter byte is checked, and
+ * the group counters every worker reports say the same. Then a
  * reader whose engine fails during apply: both workers get FERRY_EREBUILD. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -60,7 +62,8 @@ static int rollout_main(const char *addr, uint32_t rank, uint32_t world, uint32_
                                      .dst = calloc(rows * shapes[k][1], 2) };
     }
     ferry_subscriber_config sc = { .model = "pull", .rank = rank, .world = world,
-                                   .timeout_ms = timeout_ms };
+                                   .timeout_ms = timeout_ms,
+                                   .batch_bytes = 64u << 10 };   /* apply in several batches */
     snprintf(sc.group, sizeof sc.group, "%s", group);
     ferry_subscriber *sub = NULL;
     ferry_error err = {0};
@@ -84,10 +87,18 @@ static int rollout_main(const char *addr, uint32_t rank, uint32_t world, uint32_
             for (uint64_t i = 0; i < sh[k].shape[0] * shapes[k][1]; i++)
                 bad += p[i] != bits(want, k, sh[k].offset[0] * shapes[k][1] + i);
         }
+        ferry_update_node nd[2];
+        int nn = ferry_subscriber_nodes(sub, nd, 2);
         if (rc == 0 && gen == want)
-            printf("OK %llu %llu %llu %llu %llu\n", (unsigned long long)st.bytes_read,
+            printf("OK %llu %llu %llu %llu %llu %llu %llu %u %d %llu %llu %llu\n",
+                   (unsigned long long)st.bytes_read,
                    (unsigned long long)st.group_bytes_read, (unsigned long long)st.bytes_pushed,
-                   (unsigned long long)st.bytes_received, (unsigned long long)bad);
+                   (unsigned long long)st.bytes_received, (unsigned long long)bad,
+                   (unsigned long long)st.group_pushed_cross,
+                   (unsigned long long)st.group_pushed_intra, st.nodes, nn,
+                   (unsigned long long)(nn == 1 ? nd[0].store_read : 0),
+                   (unsigned long long)(nn == 1 ? nd[0].pushed_intra : 0),
+                   (unsigned long long)st.batches);
         else
             printf("ERR %d %s\n", rc, err.msg);
         fflush(stdout);
@@ -152,15 +163,28 @@ static void test_single_pull(void **state)
         uint64_t published = publish(s, g);
         for (int k = 0; k < WORLD; k++)
             assert_int_equal(ft_peer_send(&r[k], "update %llu", (unsigned long long)g), 0);
-        uint64_t read = 0, pushed = 0, received = 0;
+        uint64_t read = 0, pushed = 0, received = 0, batches = 0;
         for (int k = 0; k < WORLD; k++) {
             char line[512];
             assert_int_equal(ft_peer_reply(&r[k], line, sizeof line, 30000), 0);
-            unsigned long long a, b, c2, d, bad;
-            if (sscanf(line, "OK %llu %llu %llu %llu %llu", &a, &b, &c2, &d, &bad) != 5)
+            unsigned long long a, b, c2, d, bad, cross, intra, nread, nintra, nb;
+            unsigned nodes;
+            int nn;
+            if (sscanf(line, "OK %llu %llu %llu %llu %llu %llu %llu %u %d %llu %llu %llu", &a, &b,
+                       &c2, &d, &bad, &cross, &intra, &nodes, &nn, &nread, &nintra, &nb) != 12)
                 fail_msg("worker %d: %s", k, line);
             assert_int_equal(bad, 0);
             assert_int_equal(b, published);   /* the group read every byte once */
+            /* the group's counters: one node, nothing crosses, each byte
+             * pushed once to the other replica; store reads = the union
+             * of the demands = every published byte */
+            assert_int_equal(nodes, 1);
+            assert_int_equal(nn, 1);
+            assert_int_equal(cross, 0);
+            assert_int_equal(intra, published);
+            assert_int_equal(nintra, published);
+            assert_int_equal(nread, published);
+            batches += nb;
             read += a;
             pushed += c2;
             received += d;
@@ -171,6 +195,7 @@ static void test_single_pull(void **state)
         assert_int_equal(read, published);
         assert_int_equal(pushed, published);     /* each byte to the other replica */
         assert_int_equal(received, published);
+        assert_true(batches > WORLD);   /* 64 KiB batches: the reads were pipelined */
     }
     for (int k = 0; k < WORLD; k++)
         ft_peer_stop(&r[k]);

@@ -381,7 +381,8 @@ static int rollout_main(const char *addr, uint32_t rank, uint32_t world, uint32_
         sh[k] = (ferry_param_shard){ .tensor = names[k], .ndim = 2, .shape = { shapes[k][0], shapes[k][1] },
                                      .dst = calloc(shapes[k][0] * shapes[k][1], 2) };
     ferry_subscriber_config sc = { .model = "relay", .group = "g", .rank = rank, .world = world,
-                                   .timeout_ms = 20000, .node = node };
+                                   .timeout_ms = 20000, .node = node,
+                                   .batch_bytes = 1 };   /* every read its own batch */
     ferry_subscriber *sub = NULL;
     ferry_error err = {0};
     if (ferry_subscriber_open(s, &sc, sh, NT, &sub, &err) < 0) {
@@ -404,12 +405,26 @@ static int rollout_main(const char *addr, uint32_t rank, uint32_t world, uint32_
             for (uint64_t i = 0; i < shapes[k][0] * shapes[k][1]; i++)
                 bad += p[i] != bits(want, k, i);
         }
-        if (rc == 0 && gen == want)
-            printf("OK %llu %llu %llu %llu %llu %d\n", (unsigned long long)st.bytes_read,
+        ferry_update_node nd[4];
+        int nn = ferry_subscriber_nodes(sub, nd, 4);
+        if (rc == 0 && gen == want && nn == 2) {
+            printf("OK %llu %llu %llu %llu %llu %d %llu %llu", (unsigned long long)st.bytes_read,
                    (unsigned long long)st.group_bytes_read, (unsigned long long)st.bytes_pushed,
                    (unsigned long long)st.bytes_received, (unsigned long long)bad,
-                   fr_subscriber_plan_reused(sub));
-        else
+                   fr_subscriber_plan_reused(sub), (unsigned long long)st.batches,
+                   (unsigned long long)st.ranges);
+            /* the group's counters, then per node */
+            printf(" %llu %llu %u %llu %llu %.1f %.1f", (unsigned long long)st.group_pushed_cross,
+                   (unsigned long long)st.group_pushed_intra, st.nodes,
+                   (unsigned long long)st.nic_max_in, (unsigned long long)st.nic_max_out,
+                   st.nic_mean_in, st.nic_mean_out);
+            for (int k = 0; k < nn; k++)
+                printf(" %u %u %llu %llu %llu %llu %llu %llu", nd[k].node, nd[k].workers,
+                       (unsigned long long)nd[k].store_read, (unsigned long long)nd[k].pushed_in,
+                       (unsigned long long)nd[k].pushed_out, (unsigned long long)nd[k].pushed_intra,
+                       (unsigned long long)nd[k].nic_in, (unsigned long long)nd[k].nic_out);
+            printf("\n");
+        } else
             printf("ERR %d %s\n", rc, err.msg);
         fflush(stdout);
     }
@@ -418,6 +433,48 @@ static int rollout_main(const char *addr, uint32_t rank, uint32_t world, uint32_
         free(sh[k].dst);
     ferry_store_close(s);
     return 0;
+}
+
+/* The group's counters a worker printed (after its own figures), checked
+ * against what the plan must do for DP4 over two nodes: each published
+ * byte read once, sent across once, pushed twice inside nodes (to the
+ * reader's neighbour, and forwarded on the other node). node_read gets the
+ * plan's store reads per node. */
+static void check_counters(const char *p, uint64_t published, uint64_t node_read[2])
+{
+    unsigned long long cross, intra, max_in, max_out;
+    unsigned nodes;
+    double mean_in, mean_out;
+    int at = 0;
+    assert_int_equal(sscanf(p, " %llu %llu %u %llu %llu %lf %lf%n", &cross, &intra, &nodes,
+                            &max_in, &max_out, &mean_in, &mean_out, &at), 7);
+    assert_int_equal(cross, published);
+    assert_int_equal(intra, 2 * published);
+    assert_int_equal(nodes, 2);
+    unsigned long long in_sum = 0, out_sum = 0, in_max = 0, out_max = 0, cross_out = 0;
+    for (int k = 0; k < 2; k++) {
+        unsigned id, workers;
+        unsigned long long rd, pin, pout, pintra, nin, nout;
+        int more = 0;
+        p += at;
+        assert_int_equal(sscanf(p, " %u %u %llu %llu %llu %llu %llu %llu%n", &id, &workers, &rd,
+                                &pin, &pout, &pintra, &nin, &nout, &more), 8);
+        at = more;
+        assert_int_equal(id, k ? 9 : 7);                 /* ascending real ids */
+        assert_int_equal(workers, 2);
+        assert_int_equal(nin, rd + pin);                 /* every store read crosses a NIC */
+        assert_int_equal(nout, pout);
+        node_read[k] = rd;
+        in_sum += nin, out_sum += nout, cross_out += pout;
+        in_max = nin > in_max ? nin : in_max;
+        out_max = nout > out_max ? nout : out_max;
+        (void)pintra;
+    }
+    assert_int_equal(cross_out, published);
+    assert_int_equal(max_in, in_max);
+    assert_int_equal(max_out, out_max);
+    assert_true(mean_in > (double)in_sum / 2 - 1 && mean_in < (double)in_sum / 2 + 1);
+    assert_true(mean_out > (double)out_sum / 2 - 1 && mean_out < (double)out_sum / 2 + 1);
 }
 
 static uint64_t publish(ferry_store *s, uint64_t g)
@@ -448,7 +505,10 @@ static uint64_t publish(ferry_store *s, uint64_t g)
 /* Four DP replicas, two per node (nodes 7 and 9: any ids). Every piece is
  * read once, pushed to the reader's neighbour, sent to the other node once
  * and forwarded there: 3 pushes per byte, and both nodes read. The second
- * generation reuses the first one's plan. */
+ * generation reuses the first one's plan. The counters every worker
+ * reports for the group agree with that: store reads = the union of the
+ * demands = the published bytes, one cross-node push and two intra-node
+ * ones per byte, per node figures that add up, apply in several batches. */
 static void test_subscriber_two_nodes(void **state)
 {
     (void)state;
@@ -477,19 +537,30 @@ static void test_subscriber_two_nodes(void **state)
         uint64_t published = publish(s, g);
         for (int k = 0; k < WORLD; k++)
             assert_int_equal(ft_peer_send(&r[k], "update %llu", (unsigned long long)g), 0);
-        uint64_t read = 0, pushed = 0, received = 0, node_read[2] = {0};
+        uint64_t read = 0, pushed = 0, received = 0, node_read[2] = {0}, own_read[2] = {0};
+        uint64_t batches = 0;
+        char first[1024] = "";
         for (int k = 0; k < WORLD; k++) {
-            char line[512];
+            char line[1024];
             assert_int_equal(ft_peer_reply(&r[k], line, sizeof line, 30000), 0);
-            unsigned long long a, b, c2, d, bad;
-            int reused;
-            if (sscanf(line, "OK %llu %llu %llu %llu %llu %d", &a, &b, &c2, &d, &bad, &reused) != 6)
+            unsigned long long a, b, c2, d, bad, nb, nr;
+            int reused, at = 0;
+            if (sscanf(line, "OK %llu %llu %llu %llu %llu %d %llu %llu%n", &a, &b, &c2, &d, &bad,
+                       &reused, &nb, &nr, &at) != 8)
                 fail_msg("worker %d: %s", k, line);
+            assert_int_equal(nb, nr);   /* batch_bytes 1: one read per batch */
+            batches += nb;
+            /* the group's figures: the same on every worker */
+            if (k == 0)
+                snprintf(first, sizeof first, "%s", line + at);
+            else
+                assert_string_equal(line + at, first);
+            check_counters(line + at, published, node_read);
             assert_int_equal(bad, 0);
             assert_int_equal(b, published);
             assert_int_equal(reused, g > 1);   /* the same demands: the plan is reused */
             read += a;
-            node_read[k / 2] += a;
+            own_read[k / 2] += a;
             pushed += c2;
             received += d;
         }
@@ -501,6 +572,10 @@ static void test_subscriber_two_nodes(void **state)
         assert_int_equal(pushed, 3 * published);
         assert_int_equal(received, 3 * published);
         assert_true(node_read[0] > 0 && node_read[1] > 0);
+        assert_int_equal(node_read[0] + node_read[1], published);   /* per node, from the plan */
+        assert_int_equal(own_read[0], node_read[0]);   /* what the workers did is what it says */
+        assert_int_equal(own_read[1], node_read[1]);
+        assert_true(batches > WORLD);   /* some worker pipelined several batches */
     }
     for (int k = 0; k < WORLD; k++)
         ft_peer_stop(&r[k]);
