@@ -46,6 +46,12 @@ int fr_sparse_meta_decode(const char *text, size_t len, ferry_sparse_desc *out, 
  * length, FERRY_EMSGSIZE when cap is too small. Implemented in object.c. */
 int fr_sparse_key(const ferry_sparse_desc *d, char *buf, size_t cap);
 
+/* ferry_sparse_index_read that also returns the "indices" and "values"
+ * member descriptions (offsets for ranged reads; either may be NULL).
+ * Implemented in object.c. */
+int fr_sparse_index_load(ferry_store *s, const char *key, ferry_sparse_index *out,
+                         ferry_member *indices, ferry_member *values, ferry_error *err);
+
 /* Bytes of one element of a value dtype ("f32" 4, "bf16"/"f16" 2) or of an
  * index dtype ("i32" 4, "i64" 8); 0 for anything else. */
 static inline size_t fr_sp_value_size(const char *dt)
