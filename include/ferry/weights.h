@@ -86,12 +86,12 @@ typedef struct ferry_publish_stats {
     uint64_t cross_node_bytes;            /* this rank's bytes that landed off its segment */
     double put_s, commit_s;
     uint64_t removed_generations;         /* retention, coordinator only */
-    /* Phases of put_s and commit_s (appended): */
+    /* Appended. Phases, in order: put_s (= convert_s + store_s), barrier_s,
+     * commit_s (the coordinator's gather, announce and retention, or the
+     * wait for its decision). */
     double convert_s;                     /* dtype conversion and checksums (in put_s) */
     double store_s;                       /* the store puts (in put_s) */
-    double barrier_s;                     /* waiting for every rank (in commit_s) */
-    double decide_s;                      /* gather + announce + retention, or waiting for
-                                           * the coordinator's decision (in commit_s) */
+    double barrier_s;                     /* recording this rank's part, waiting for every rank */
     uint64_t local_bytes;                 /* this rank's bytes that landed on its segment
                                            * (with cfg.segment; bytes = local + cross-node) */
 } ferry_publish_stats;

@@ -95,11 +95,51 @@ static PyObject *update_stats_dict(const ferry_update_stats *st)
         dict_set(d, "group_bytes_read", u64(st->group_bytes_read)) < 0 ||
         dict_set(d, "prepare_s", PyFloat_FromDouble(st->prepare_s)) < 0 ||
         dict_set(d, "read_s", PyFloat_FromDouble(st->read_s)) < 0 ||
-        dict_set(d, "push_s", PyFloat_FromDouble(st->push_s)) < 0) {
+        dict_set(d, "push_s", PyFloat_FromDouble(st->push_s)) < 0 ||
+        dict_set(d, "exchange_s", PyFloat_FromDouble(st->exchange_s)) < 0 ||
+        dict_set(d, "plan_s", PyFloat_FromDouble(st->plan_s)) < 0 ||
+        dict_set(d, "forward_s", PyFloat_FromDouble(st->forward_s)) < 0 ||
+        dict_set(d, "barrier_s", PyFloat_FromDouble(st->barrier_s)) < 0 ||
+        dict_set(d, "apply_s", PyFloat_FromDouble(st->apply_s)) < 0 ||
+        dict_set(d, "batches", u64(st->batches)) < 0 ||
+        dict_set(d, "group_pushed_cross", u64(st->group_pushed_cross)) < 0 ||
+        dict_set(d, "group_pushed_intra", u64(st->group_pushed_intra)) < 0 ||
+        dict_set(d, "nic_max_in", u64(st->nic_max_in)) < 0 ||
+        dict_set(d, "nic_max_out", u64(st->nic_max_out)) < 0 ||
+        dict_set(d, "nic_mean_in", PyFloat_FromDouble(st->nic_mean_in)) < 0 ||
+        dict_set(d, "nic_mean_out", PyFloat_FromDouble(st->nic_mean_out)) < 0) {
         Py_XDECREF(d);
         return NULL;
     }
     return d;
+}
+
+/* The group's per-node figures of a subscriber's last update as a list of
+ * dicts (ascending node id). */
+static PyObject *nodes_list(const ferry_subscriber *sub)
+{
+    int n = ferry_subscriber_nodes(sub, NULL, 0);
+    ferry_update_node *v = PyMem_Calloc(n > 0 ? (size_t)n : 1, sizeof *v);
+    if (!v)
+        return PyErr_NoMemory();
+    n = n > 0 ? ferry_subscriber_nodes(sub, v, (size_t)n) : 0;
+    PyObject *l = PyList_New(0);
+    for (int i = 0; l && i < n; i++) {
+        const ferry_update_node *x = &v[i];
+        PyObject *d = PyDict_New();
+        if (!d || dict_set(d, "node", PyLong_FromUnsignedLong(x->node)) < 0 ||
+            dict_set(d, "workers", PyLong_FromUnsignedLong(x->workers)) < 0 ||
+            dict_set(d, "store_read", u64(x->store_read)) < 0 ||
+            dict_set(d, "pushed_in", u64(x->pushed_in)) < 0 ||
+            dict_set(d, "pushed_out", u64(x->pushed_out)) < 0 ||
+            dict_set(d, "pushed_intra", u64(x->pushed_intra)) < 0 ||
+            dict_set(d, "nic_in", u64(x->nic_in)) < 0 || dict_set(d, "nic_out", u64(x->nic_out)) < 0 ||
+            PyList_Append(l, d) < 0)
+            Py_CLEAR(l);
+        Py_XDECREF(d);
+    }
+    PyMem_Free(v);
+    return l;
 }
 
 /* ---- assign, convert, key ------------------------------------------------------------ */
@@ -397,7 +437,11 @@ static PyObject *w_publish(PyObject *self, PyObject *args)
         dict_set(out, "cross_node_bytes", u64(st.cross_node_bytes)) < 0 ||
         dict_set(out, "put_s", PyFloat_FromDouble(st.put_s)) < 0 ||
         dict_set(out, "commit_s", PyFloat_FromDouble(st.commit_s)) < 0 ||
-        dict_set(out, "removed_generations", u64(st.removed_generations)) < 0)
+        dict_set(out, "removed_generations", u64(st.removed_generations)) < 0 ||
+        dict_set(out, "convert_s", PyFloat_FromDouble(st.convert_s)) < 0 ||
+        dict_set(out, "store_s", PyFloat_FromDouble(st.store_s)) < 0 ||
+        dict_set(out, "barrier_s", PyFloat_FromDouble(st.barrier_s)) < 0 ||
+        dict_set(out, "local_bytes", u64(st.local_bytes)) < 0)
         Py_CLEAR(out);
 done:
     for (size_t i = 0; i < held; i++)
@@ -670,13 +714,14 @@ static void sub_close_now(SubObject *self)
 
 static int sub_init(SubObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwl[] = {"store", "model", "group", "rank", "world", "shards", "timeout_ms", NULL};
+    static char *kwl[] = {"store", "model", "group", "rank", "world", "shards", "timeout_ms", "node",
+                          "batch_bytes", NULL};
     PyObject *so, *sho;
     const char *model, *group;
-    unsigned int rank, world;
-    unsigned long long timeout = 60000;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OssIIO|K:WeightSubscriber", kwl, &so, &model, &group, &rank, &world,
-                                     &sho, &timeout))
+    unsigned int rank, world, node = 0;
+    unsigned long long timeout = 60000, batch = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OssIIO|KIK:WeightSubscriber", kwl, &so, &model, &group, &rank,
+                                     &world, &sho, &timeout, &node, &batch))
         return -1;
     if (self->sub || self->store) {
         PyErr_SetString(PyExc_ValueError, "the subscriber is already open");
@@ -694,6 +739,8 @@ static int sub_init(SubObject *self, PyObject *args, PyObject *kw)
     cfg.rank = rank;
     cfg.world = world;
     cfg.timeout_ms = timeout;
+    cfg.node = node;
+    cfg.batch_bytes = batch;
     if (shards_from(&self->shards, sho) < 0)
         return -1;
     ferry_error err = {0};
@@ -746,7 +793,10 @@ static PyObject *sub_update(SubObject *self, PyObject *unused)
         return fp_raise_err_class(rc, &err);
     self->generation = g;
     st.generation = g;
-    return update_stats_dict(&st);
+    PyObject *d = update_stats_dict(&st);
+    if (d && dict_set(d, "nodes", nodes_list(self->sub)) < 0)
+        Py_CLEAR(d);
+    return d;
 }
 
 static PyObject *sub_close(SubObject *self, PyObject *unused)
@@ -803,7 +853,7 @@ static PyTypeObject SubType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ferry.WeightSubscriber",
     .tp_basicsize = sizeof(SubObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = "WeightSubscriber(store, model, group, rank, world, shards, timeout_ms=60000): single-pull "
+    .tp_doc = "WeightSubscriber(store, model, group, rank, world, shards, timeout_ms=60000, node=0, batch_bytes=0): single-pull "
               "updates of a rollout group's parameters (see ferry.weights)",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)sub_init,

@@ -150,6 +150,9 @@ def test_publish_and_manifest(store, plain):
     assert sum(s["tensors"] for s in stats) == len(tensors) == stats[0]["total_tensors"]
     total = sum(t[1].nbytes for t in tensors)
     assert sum(s["bytes"] for s in stats) == total == stats[0]["total_bytes"]
+    for s in stats:   # phases and where the bytes landed
+        assert s["put_s"] >= s["convert_s"] >= 0 and s["store_s"] >= 0 and s["barrier_s"] >= 0
+        assert s["local_bytes"] + s["cross_node_bytes"] in (0, s["bytes"])
     gen, digest = weights.active(store, "plain")
     assert gen == 1 and isinstance(digest, bytes) and len(digest) == 16
     m = weights.manifest(store, "plain")
@@ -272,7 +275,9 @@ def test_subscriber_dp2(cluster, store, rollout):
     def worker(r, barrier):
         with cluster.store() as s:
             shards = [(e["name"], (0,) * len(e["shape"]), a) for e, a in zip(m, arrays[r])]
-            with ferry.WeightSubscriber(s, "rollout", "dp", r, 2, shards, timeout_ms=TIMEOUT_MS) as sub:
+            # one worker per node (ids 2 and 5), tiny batches: the pipeline runs
+            with ferry.WeightSubscriber(s, "rollout", "dp", r, 2, shards, timeout_ms=TIMEOUT_MS,
+                                        node=2 + 3 * r, batch_bytes=64) as sub:
                 assert sub.generation == 0 and not sub.closed
                 with pytest.raises(ferry.BusyError):
                     s.close()    # the subscriber uses the store until it is closed
@@ -288,6 +293,26 @@ def test_subscriber_dp2(cluster, store, rollout):
     assert sum(st["bytes_read"] for st in stats) == published          # each byte read once
     assert sum(st["bytes_pushed"] for st in stats) == published        # and pushed to the replica
     assert sum(st["bytes_received"] for st in stats) == published
+    # the group's counters, the same on both workers: every byte crosses
+    # from the reader's node to the other one once, nothing inside a node
+    for k in ("group_pushed_cross", "group_pushed_intra", "nic_max_in", "nic_max_out",
+              "nic_mean_in", "nic_mean_out", "nodes"):
+        assert stats[0][k] == stats[1][k], k
+    st = stats[0]
+    assert st["group_pushed_cross"] == published and st["group_pushed_intra"] == 0
+    nodes = st["nodes"]
+    assert [n["node"] for n in nodes] == [2, 5] and all(n["workers"] == 1 for n in nodes)
+    assert sum(n["store_read"] for n in nodes) == published            # the union of the demands
+    assert [n["store_read"] for n in nodes] == [stats[0]["bytes_read"], stats[1]["bytes_read"]]
+    assert sum(n["pushed_out"] for n in nodes) == sum(n["pushed_in"] for n in nodes) == published
+    assert st["nic_max_in"] == max(n["nic_in"] for n in nodes)
+    assert st["nic_mean_out"] == pytest.approx(published / 2)
+    assert all(s["batches"] >= 1 for s in stats)
+    for s in stats:
+        for k in ("prepare_s", "exchange_s", "plan_s", "read_s", "push_s", "forward_s", "barrier_s",
+                  "apply_s"):
+            assert s[k] >= 0, k
+        assert s["exchange_s"] <= s["prepare_s"]
     for r in range(2):
         for t, a in zip(tensors, arrays[r]):
             assert np.array_equal(a, _expected(t, "bf16")[1]), (r, t[0])

@@ -115,6 +115,7 @@ static int put_mine(ferry_store *s, const ferry_publisher_config *c, uint64_t ge
             return fr_rl_fail(err, FERRY_EINVAL, "publish: tensor %s: key too long", t[i].name);
         const void *data = t[i].data;
         void *conv = NULL;
+        uint64_t c0 = fr_now_ns();
         if (strcmp(od, t[i].dtype) != 0) {
             conv = malloc(nb ? nb : 1);
             if (!conv)
@@ -124,8 +125,11 @@ static int put_mine(ferry_store *s, const ferry_publisher_config *c, uint64_t ge
             data = conv;
         }
         uint64_t sum = fr_hash64(data, nb, 0);
+        uint64_t c1 = fr_now_ns();
         ferry_object_desc d = {0};
         int rc = ferry_store_put_from(s, key, data, nb, &repl, &d);
+        st->convert_s += (double)(c1 - c0) / 1e9;
+        st->store_s += (double)(fr_now_ns() - c1) / 1e9;
         free(conv);
         if (rc < 0)
             return fr_rl_fail(err, rc, "publish: rank %u could not store %s (%" PRIu64 " bytes): %s",
@@ -135,6 +139,8 @@ static int put_mine(ferry_store *s, const ferry_publisher_config *c, uint64_t ge
         st->bytes += nb;
         if (c->segment && seg != c->segment)
             st->cross_node_bytes += nb;
+        else if (c->segment)
+            st->local_bytes += nb;
         sb_printf(part, "%s\t%s\t", t[i].name, od);
         for (uint32_t k = 0; k < t[i].ndim; k++)
             sb_printf(part, "%s%" PRIu64, k ? "," : "", t[i].shape[k]);
@@ -425,6 +431,7 @@ int fr_rl_publish(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
     int brc = ferry_barrier(s, k, member, c->world, tmo, NULL);
 
     double t1 = (double)fr_now_ns() / 1e9;
+    st->barrier_s = t1 - t0 - st->put_s;   /* recording the part, then the barrier */
     int decision;
     if (c->rank == 0) {
         sbuf man = {0};
