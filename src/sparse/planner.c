@@ -181,9 +181,10 @@ typedef struct sp_query {
     const ferry_sparse_index *ix;
     uint64_t lo[FERRY_SPARSE_NDIM_MAX], hi[FERRY_SPARSE_NDIM_MAX];     /* element box, hi exclusive */
     int64_t tlo[FERRY_SPARSE_NDIM_MAX], thi[FERRY_SPARSE_NDIM_MAX];    /* tile box, inclusive */
-    sp_hit *hits;
-    size_t nhits, cap;
-    bool sorted;                 /* hits arrived in ascending position */
+    sp_hit *hits, *tmp;          /* tmp: merge scratch */
+    size_t nhits, cap, tmpcap;
+    size_t *runs;                /* starts of the ascending runs hits arrived in */
+    size_t nruns, runcap;
     ferry_sparse_plan_stats *st;
 } sp_query;
 
@@ -208,10 +209,48 @@ static int emit(sp_query *q, uint64_t pos)
         return 0;
     if (fr_grow((void **)&q->hits, &q->cap, q->nhits + 1, sizeof *q->hits) < 0)
         return FERRY_ENOMEM;
-    if (q->nhits && q->hits[q->nhits - 1].pos > pos)
-        q->sorted = false;
     q->hits[q->nhits++] = (sp_hit){pos, !tile_inside(q, pos)};
     q->st->tiles_hit++;
+    return 0;
+}
+
+static int push_run(sp_query *q)
+{
+    if (fr_grow((void **)&q->runs, &q->runcap, q->nruns + 1, sizeof *q->runs) < 0)
+        return FERRY_ENOMEM;
+    q->runs[q->nruns++] = q->nhits;
+    return 0;
+}
+
+/* Hits into ascending position by merging the runs pairwise: O(K log G)
+ * for K hits in G runs (the column path; the row and N-D paths make one). */
+static int merge_runs(sp_query *q)
+{
+    if (q->nruns <= 1 || q->nhits <= 1)
+        return 0;
+    if (fr_grow((void **)&q->tmp, &q->tmpcap, q->nhits, sizeof *q->tmp) < 0)
+        return FERRY_ENOMEM;
+    while (q->nruns > 1) {
+        size_t w = 0;
+        for (size_t i = 0; i < q->nruns; i += 2) {
+            size_t a = q->runs[i], m = i + 1 < q->nruns ? q->runs[i + 1] : q->nhits;
+            size_t e = i + 2 < q->nruns ? q->runs[i + 2] : q->nhits, x = a, y = m, k = a;
+            while (x < m && y < e)
+                q->tmp[k++] = q->hits[x].pos <= q->hits[y].pos ? q->hits[x++] : q->hits[y++];
+            while (x < m)
+                q->tmp[k++] = q->hits[x++];
+            while (y < e)
+                q->tmp[k++] = q->hits[y++];
+            q->runs[w++] = a;
+        }
+        q->nruns = w;
+        sp_hit *h = q->hits;
+        size_t c = q->cap;
+        q->hits = q->tmp;
+        q->cap = q->tmpcap;
+        q->tmp = h;
+        q->tmpcap = c;
+    }
     return 0;
 }
 
@@ -253,8 +292,10 @@ static int select_2d(sp_query *q, const sp_aux *a)
     const sp_groups *g = by_rows ? &a->rows : &a->cols;
     size_t glo = by_rows ? rlo : clo, ghi = by_rows ? rhi : chi;
     int o = by_rows ? 1 : 0;
-    q->sorted = by_rows;
     for (size_t i = glo; i < ghi; i++) {
+        /* A column group's tiles ascend in position: one run each. */
+        if ((!by_rows || i == glo) && push_run(q) < 0)
+            return FERRY_ENOMEM;
         const sp_item *it = g->items + g->first[i];
         size_t n = g->first[i + 1] - g->first[i];
         size_t lo = bound_items(it, n, q->tlo[o], false), hi = bound_items(it, n, q->thi[o], true);
@@ -274,7 +315,8 @@ static int select_nd(sp_query *q)
     const int64_t *c = q->ix->tile_coords;
     size_t T = (size_t)d->ntiles;
     size_t lo = bound64(c, T, d->ndim, q->tlo[0], false), hi = bound64(c, T, d->ndim, q->thi[0], true);
-    q->sorted = true;
+    if (push_run(q) < 0)
+        return FERRY_ENOMEM;
     for (size_t i = lo; i < hi; i++) {
         const int64_t *t = c + i * d->ndim;
         uint32_t k = 1;
@@ -285,12 +327,6 @@ static int select_nd(sp_query *q)
             return FERRY_ENOMEM;
     }
     return 0;
-}
-
-static int hit_cmp(const void *a, const void *b)
-{
-    const sp_hit *x = a, *y = b;
-    return x->pos < y->pos ? -1 : x->pos > y->pos;
 }
 
 /* ---- the batch ------------------------------------------------------------------------ */
@@ -304,8 +340,8 @@ typedef struct sp_out {
  * coalesced range is boundary if any of its tiles is). */
 static int add_ranges(sp_out *o, sp_query *q, size_t *n)
 {
-    if (!q->sorted && q->nhits > 1)
-        qsort(q->hits, q->nhits, sizeof *q->hits, hit_cmp);
+    if (merge_runs(q) < 0)
+        return FERRY_ENOMEM;
     const int64_t *ptr = q->ix->tile_ptr;
     ferry_sparse_plan *p = o->p;
     size_t first = p->nranges;
@@ -350,6 +386,7 @@ static int plan_pair(sp_out *o, sp_query *q, ferry_sparse_index *ix, uint32_t si
     const ferry_sparse_desc *d = &ix->desc;
     q->ix = ix;
     q->nhits = 0;
+    q->nruns = 0;
     /* The source box is the whole tensor and the target box lies inside it,
      * so the overlap is the target box. */
     for (uint32_t k = 0; k < d->ndim; k++) {
@@ -457,12 +494,16 @@ int ferry_sparse_plan_batch(ferry_sparse_index *const *sources, size_t nsources,
         goto fail;
     }
     fr_free(q.hits);
+    fr_free(q.tmp);
+    fr_free(q.runs);
     out->stats.pairs = out->npairs;
     out->stats.ranges = out->nranges;
     out->stats.plan_s = (double)(fr_now_ns() - t0) / 1e9;
     return 0;
 fail:
     fr_free(q.hits);
+    fr_free(q.tmp);
+    fr_free(q.runs);
     ferry_sparse_plan_free(out);
     return rc;
 }
