@@ -1,0 +1,556 @@
+/* The sparse executor (sparse.h, docs/sparse.md "Execution", "Apply"):
+ * compact indexes through a small cache, the batch plan, one ranged read
+ * per unique (source, node, range) covering rows of both indices and
+ * values, fan-out to every pair that needs the range, boundary filtering,
+ * rebasing to target-local coordinates, optional publication; and the
+ * scatter apply with its base-generation fence. */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "ferry/weights.h"
+#include "sparse/sparse_int.h"
+
+/* ---- the index cache ------------------------------------------------------------------ */
+/* Compact indexes (and the planner's secondary indexes in aux) outlive a
+ * call, keyed by (store handle, key). The store handle is opaque to this
+ * layer, so the cache is process-wide; an entry is used only while the
+ * object still has the size and replica placement it had when read (one
+ * metadata round trip, no lease), which also guards against a store handle
+ * address reused by a later ferry_store_open. A call takes its entries out
+ * and puts them back when done, so concurrent calls never share one (and the
+ * planner may build aux without locks). Bounded in entries and bytes. */
+#define CACHE_ENTRIES 64
+#define CACHE_BYTES (256u << 20)
+
+typedef struct sp_cached {
+    ferry_store *s;
+    uint64_t size, segment, offset;   /* the object's identity when read */
+    ferry_member mi, mv;              /* indices and values members */
+    ferry_sparse_index ix;
+    uint64_t bytes, stamp;
+    bool used;
+} sp_cached;
+
+static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
+static sp_cached cache[CACHE_ENTRIES];
+static uint64_t cache_bytes, cache_clock;
+
+static uint64_t index_bytes(const ferry_sparse_index *ix)
+{
+    return ix->desc.ntiles * (ix->desc.ndim + 1) * 8 + sizeof *ix;
+}
+
+static bool cache_take(ferry_store *s, const char *key, const ferry_object_desc *od,
+                       sp_cached *out)
+{
+    bool hit = false;
+    pthread_mutex_lock(&cache_mu);
+    for (size_t i = 0; i < CACHE_ENTRIES; i++) {
+        sp_cached *c = &cache[i];
+        if (!c->used || c->s != s || strcmp(c->ix.key, key) != 0)
+            continue;
+        if (od->nreplicas && c->size == od->size && c->segment == od->replicas[0].segment &&
+            c->offset == od->replicas[0].offset) {
+            *out = *c;
+            hit = true;
+        } else {
+            ferry_sparse_index_free(&c->ix);
+        }
+        cache_bytes -= c->bytes;
+        memset(c, 0, sizeof *c);
+        break;
+    }
+    pthread_mutex_unlock(&cache_mu);
+    return hit;
+}
+
+static void cache_put(sp_cached *e)
+{
+    pthread_mutex_lock(&cache_mu);
+    bool keep = e->bytes <= CACHE_BYTES;
+    for (size_t i = 0; i < CACHE_ENTRIES && keep; i++)
+        if (cache[i].used && cache[i].s == e->s && strcmp(cache[i].ix.key, e->ix.key) == 0)
+            keep = false;   /* another call put it back first */
+    while (keep) {
+        sp_cached *slot = NULL, *victim = NULL;
+        for (size_t i = 0; i < CACHE_ENTRIES; i++) {
+            if (!cache[i].used)
+                slot = slot ? slot : &cache[i];
+            else if (!victim || cache[i].stamp < victim->stamp)
+                victim = &cache[i];
+        }
+        if (slot && cache_bytes + e->bytes <= CACHE_BYTES) {
+            e->stamp = ++cache_clock;
+            e->used = true;
+            *slot = *e;
+            cache_bytes += e->bytes;
+            pthread_mutex_unlock(&cache_mu);
+            return;
+        }
+        if (!victim)
+            break;
+        ferry_sparse_index_free(&victim->ix);
+        cache_bytes -= victim->bytes;
+        memset(victim, 0, sizeof *victim);
+    }
+    pthread_mutex_unlock(&cache_mu);
+    ferry_sparse_index_free(&e->ix);
+}
+
+/* ---- one call's state ------------------------------------------------------------------ */
+
+typedef struct sp_src {
+    sp_cached c;
+    bool have;
+} sp_src;
+
+typedef struct sp_buf {
+    void *indices, *values;    /* rows [start, end) of the read */
+    uint64_t uses;
+} sp_buf;
+
+typedef struct sp_rkey {
+    uint32_t source, node;
+    uint64_t start;
+    size_t read;
+} sp_rkey;
+
+typedef struct sp_call {
+    ferry_store *s;
+    sp_src *src;
+    size_t nsrc;
+    ferry_sparse_index **ixs;
+    ferry_sparse_plan plan;
+    sp_buf *bufs;
+    sp_rkey *order;            /* reads sorted by (source, node, start) */
+    ferry_sparse_stats st;
+} sp_call;
+
+static int get_sources(sp_call *c, const char *const *keys, size_t nkeys, ferry_error *err)
+{
+    c->src = fr_calloc(nkeys ? nkeys : 1, sizeof *c->src);
+    c->ixs = fr_calloc(nkeys ? nkeys : 1, sizeof *c->ixs);
+    if (!c->src || !c->ixs)
+        return fr_sp_fail(err, FERRY_ENOMEM, "read_sparse_objects: out of memory");
+    for (size_t i = 0; i < nkeys; i++) {
+        if (!keys[i])
+            return fr_sp_fail(err, FERRY_EINVAL, "read_sparse_objects: key %zu is NULL", i);
+        bool dup = false;
+        for (size_t j = 0; j < c->nsrc && !dup; j++)
+            dup = strcmp(c->src[j].c.ix.key, keys[i]) == 0;
+        if (dup)
+            continue;
+        ferry_object_desc od;
+        int rc = ferry_store_get_replica_desc(c->s, keys[i], &od);
+        if (rc < 0)
+            return fr_sp_fail(err, rc, "read_sparse_objects %s: %s", keys[i],
+                              ferry_store_last_error());
+        sp_src *e = &c->src[c->nsrc];
+        if (cache_take(c->s, keys[i], &od, &e->c)) {
+            c->st.index_cache_hits++;
+        } else {
+            rc = fr_sparse_index_load(c->s, keys[i], &e->c.ix, &e->c.mi, &e->c.mv, err);
+            if (rc < 0)
+                return rc;
+            c->st.index_gets++;
+            e->c.s = c->s;
+            e->c.size = od.size;
+            e->c.segment = od.nreplicas ? od.replicas[0].segment : 0;
+            e->c.offset = od.nreplicas ? od.replicas[0].offset : 0;
+            e->c.bytes = index_bytes(&e->c.ix);
+        }
+        e->have = true;
+        c->ixs[c->nsrc++] = &e->c.ix;
+        c->st.source_objects++;
+        c->st.non_ep_source_object_count += e->c.ix.desc.placement.kind == FERRY_SPARSE_REPLICATE;
+    }
+    return 0;
+}
+
+static int rkey_cmp(const void *a, const void *b)
+{
+    const sp_rkey *x = a, *y = b;
+    if (x->source != y->source)
+        return x->source < y->source ? -1 : 1;
+    if (x->node != y->node)
+        return x->node < y->node ? -1 : 1;
+    return x->start < y->start ? -1 : x->start > y->start;
+}
+
+/* The read holding [start, end) of source on node, or SIZE_MAX. */
+static size_t find_read(const sp_call *c, uint32_t source, uint32_t node, uint64_t start,
+                        uint64_t end)
+{
+    size_t lo = 0, hi = c->plan.nreads;
+    while (lo < hi) {   /* first read after (source, node, start) */
+        size_t mid = lo + (hi - lo) / 2;
+        const sp_rkey *r = &c->order[mid];
+        bool le = r->source < source || (r->source == source && (r->node < node ||
+                  (r->node == node && r->start <= start)));
+        if (le)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == 0)
+        return SIZE_MAX;
+    size_t i = c->order[lo - 1].read;
+    const ferry_sparse_read *r = &c->plan.reads[i];
+    return r->source == source && r->node == node && r->start <= start && end <= r->end
+               ? i : SIZE_MAX;
+}
+
+/* Rows of indices and values of every unique read: one batch of ranged
+ * reads (two ranges a read), one master round trip for all. */
+static int do_reads(sp_call *c, ferry_error *err)
+{
+    size_t n = c->plan.nreads;
+    c->bufs = fr_calloc(n ? n : 1, sizeof *c->bufs);
+    c->order = fr_calloc(n ? n : 1, sizeof *c->order);
+    ferry_range *r = fr_calloc(2 * n + 1, sizeof *r);
+    int64_t *res = fr_calloc(2 * n + 1, sizeof *res);
+    int rc = 0;
+    if (!c->bufs || !c->order || !r || !res) {
+        rc = fr_sp_fail(err, FERRY_ENOMEM, "read_sparse_objects: out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const ferry_sparse_read *rd = &c->plan.reads[i];
+        if (rd->source >= c->nsrc) {
+            rc = fr_sp_fail(err, FERRY_EPROTO, "read_sparse_objects: plan read %zu names source "
+                            "%" PRIu32 " of %zu", i, rd->source, c->nsrc);
+            goto out;
+        }
+        const sp_cached *e = &c->src[rd->source].c;
+        const ferry_sparse_desc *d = &e->ix.desc;
+        if (rd->start >= rd->end || rd->end > d->nnz) {
+            rc = fr_sp_fail(err, FERRY_EPROTO, "read_sparse_objects %s: plan read [%" PRIu64
+                            ", %" PRIu64 ") outside 0..%" PRIu64, e->ix.key, rd->start, rd->end,
+                            d->nnz);
+            goto out;
+        }
+        uint64_t rows = rd->end - rd->start;
+        uint64_t irow = e->mi.nbytes / d->nnz, vrow = e->mv.nbytes / d->nnz;
+        c->bufs[i].indices = fr_malloc(rows * irow);
+        c->bufs[i].values = fr_malloc(rows * vrow);
+        if (!c->bufs[i].indices || !c->bufs[i].values) {
+            rc = fr_sp_fail(err, FERRY_ENOMEM, "read_sparse_objects: out of memory for %" PRIu64
+                            " entries", rows);
+            goto out;
+        }
+        r[2 * i] = (ferry_range){e->ix.key, e->mi.offset + rd->start * irow, c->bufs[i].indices,
+                                 rows * irow};
+        r[2 * i + 1] = (ferry_range){e->ix.key, e->mv.offset + rd->start * vrow,
+                                     c->bufs[i].values, rows * vrow};
+        c->order[i] = (sp_rkey){rd->source, rd->node, rd->start, i};
+        c->st.unique_range_gets++;
+        c->st.full_indices_values_get_count += rd->start == 0 && rd->end == d->nnz;
+        c->st.bytes_read += rows * (irow + vrow);
+        c->st.entries_read += rows;
+    }
+    uint64_t t0 = fr_now_ns();
+    if (n && (rc = ferry_store_get_into_ranges(c->s, r, 2 * n, res)) < 0) {
+        fr_sp_fail(err, rc, "read_sparse_objects: ranged read: %s", ferry_store_last_error());
+        goto out;
+    }
+    for (size_t i = 0; i < 2 * n; i++)
+        if ((uint64_t)res[i] != r[i].len) {
+            rc = fr_sp_fail(err, FERRY_EPROTO, "read_sparse_objects %s: short ranged read",
+                            r[i].key);
+            goto out;
+        }
+    c->st.read_s = (double)(fr_now_ns() - t0) / 1e9;
+    qsort(c->order, n, sizeof *c->order, rkey_cmp);
+out:
+    fr_free(r);
+    fr_free(res);
+    return rc;
+}
+
+static int64_t coord(const void *buf, size_t isz, uint64_t row, uint32_t ndim, uint32_t k)
+{
+    if (isz == 4) {
+        int32_t v;
+        memcpy(&v, (const uint8_t *)buf + (row * ndim + k) * 4, 4);
+        return v;
+    }
+    int64_t v;
+    memcpy(&v, (const uint8_t *)buf + (row * ndim + k) * 8, 8);
+    return v;
+}
+
+/* One (source, target) pair: its ranges out of the reads, filtered and
+ * rebased. */
+static int make_result(sp_call *c, const ferry_sparse_pair *p, const ferry_sparse_target *t,
+                       ferry_sparse_result *res, ferry_error *err)
+{
+    const sp_cached *e = &c->src[p->source].c;
+    const ferry_sparse_desc *d = &e->ix.desc;
+    size_t isz = fr_sp_index_size(d->index_dtype), vsz = fr_sp_value_size(d->value_dtype);
+    res->target = p->target;
+    snprintf(res->tensor_id, sizeof res->tensor_id, "%s", d->tensor_id);
+    res->ndim = d->ndim;
+    memcpy(res->shape, t->shape, sizeof res->shape);
+    res->base_generation = d->base_generation;
+    res->delta_generation = d->delta_generation;
+    res->apply = d->apply;
+    snprintf(res->value_dtype, sizeof res->value_dtype, "%s", d->value_dtype);
+    uint64_t cap = 0;
+    for (size_t j = 0; j < p->n; j++) {
+        const ferry_sparse_range *g = &c->plan.ranges[p->first + j];
+        cap += g->end - g->start;
+    }
+    if (cap == 0)
+        return 0;
+    res->indices = fr_malloc(cap * d->ndim * sizeof(int64_t));
+    res->values = fr_malloc(cap * vsz);
+    if (!res->indices || !res->values)
+        return fr_sp_fail(err, FERRY_ENOMEM, "read_sparse_objects: out of memory");
+    uint64_t lo[FERRY_SPARSE_NDIM_MAX], hi[FERRY_SPARSE_NDIM_MAX], o = 0;
+    for (uint32_t k = 0; k < d->ndim; k++) {
+        lo[k] = t->offset[k];
+        hi[k] = t->offset[k] + t->shape[k];
+    }
+    for (size_t j = 0; j < p->n; j++) {
+        const ferry_sparse_range *g = &c->plan.ranges[p->first + j];
+        size_t ri = find_read(c, p->source, t->node, g->start, g->end);
+        if (ri == SIZE_MAX)
+            return fr_sp_fail(err, FERRY_EPROTO, "read_sparse_objects %s: the plan has no read "
+                              "for range [%" PRIu64 ", %" PRIu64 ") of target %" PRIu32,
+                              e->ix.key, g->start, g->end, p->target);
+        sp_buf *b = &c->bufs[ri];
+        c->st.dedup_hits += b->uses++ > 0;
+        uint64_t base = c->plan.reads[ri].start;
+        for (uint64_t row = g->start - base; row < g->end - base; row++) {
+            bool keep = true;
+            for (uint32_t k = 0; k < d->ndim && g->boundary; k++) {
+                int64_t x = coord(b->indices, isz, row, d->ndim, k);
+                keep = keep && x >= 0 && (uint64_t)x >= lo[k] && (uint64_t)x < hi[k];
+            }
+            if (!keep) {
+                c->st.boundary_filtered++;
+                continue;
+            }
+            for (uint32_t k = 0; k < d->ndim; k++)
+                res->indices[o * d->ndim + k] =
+                    coord(b->indices, isz, row, d->ndim, k) - (int64_t)lo[k];
+            memcpy((uint8_t *)res->values + o * vsz, (const uint8_t *)b->values + row * vsz, vsz);
+            o++;
+        }
+    }
+    res->nnz = o;
+    c->st.entries_kept += o;
+    return 0;
+}
+
+static int publish(ferry_store *s, const char *prefix, const ferry_sparse_result *r,
+                   ferry_error *err)
+{
+    char key[FERRY_STORE_KEY_MAX + 1];
+    int n = snprintf(key, sizeof key, "%s/%" PRIu32 "/%s", prefix, r->target, r->tensor_id);
+    if (n < 0 || (size_t)n >= sizeof key)
+        return fr_sp_fail(err, FERRY_EINVAL, "read_sparse_objects: publish key too long");
+    json_t *shape = json_array();
+    for (uint32_t k = 0; k < r->ndim; k++)
+        json_array_append_new(shape, json_integer((json_int_t)r->shape[k]));
+    json_t *j = json_pack("{s:s, s:i, s:s, s:s, s:I, s:o, s:I, s:I, s:s, s:s, s:I}",
+                          "schema", "ferry.sparse_local", "version", 1, "tensor_id", r->tensor_id,
+                          "coordinate_space", "local", "target", (json_int_t)r->target,
+                          "shape", shape, "base_generation", (json_int_t)r->base_generation,
+                          "delta_generation", (json_int_t)r->delta_generation,
+                          "apply", r->apply == FERRY_SPARSE_SCATTER_SET ? "scatter_set"
+                                                                        : "scatter_add",
+                          "value_dtype", r->value_dtype, "nnz", (json_int_t)r->nnz);
+    char *meta = j ? fr_json_dump_canonical(j) : NULL;
+    json_decref(j);
+    if (!meta)
+        return fr_sp_fail(err, FERRY_ENOMEM, "read_sparse_objects: out of memory");
+    ferry_member m[3];
+    memset(m, 0, sizeof m);
+    snprintf(m[0].name, sizeof m[0].name, "meta");
+    snprintf(m[0].dtype, sizeof m[0].dtype, "u8");
+    m[0].ndim = 1;
+    m[0].shape[0] = strlen(meta);
+    snprintf(m[1].name, sizeof m[1].name, "indices");
+    snprintf(m[1].dtype, sizeof m[1].dtype, "i64");
+    m[1].ndim = 2;
+    m[1].shape[0] = r->nnz;
+    m[1].shape[1] = r->ndim;
+    snprintf(m[2].name, sizeof m[2].name, "values");
+    snprintf(m[2].dtype, sizeof m[2].dtype, "%s", r->value_dtype);
+    m[2].ndim = 1;
+    m[2].shape[0] = r->nnz;
+    const void *data[3] = {meta, r->indices, r->values};
+    ferry_replicate_config rc = {.replica_num = 1, .hard_pin = true};
+    int st = ferry_store_put_struct(s, key, m, data, 3, &rc);
+    free(meta);
+    if (st < 0)
+        return fr_sp_fail(err, st, "read_sparse_objects: publish %s: %s", key,
+                          ferry_store_last_error());
+    return 0;
+}
+
+static void call_end(sp_call *c)
+{
+    for (size_t i = 0; i < c->plan.nreads && c->bufs; i++) {
+        fr_free(c->bufs[i].indices);
+        fr_free(c->bufs[i].values);
+    }
+    fr_free(c->bufs);
+    fr_free(c->order);
+    ferry_sparse_plan_free(&c->plan);
+    for (size_t i = 0; i < c->nsrc; i++)
+        if (c->src[i].have)
+            cache_put(&c->src[i].c);
+    fr_free(c->src);
+    fr_free(c->ixs);
+}
+
+int ferry_read_sparse_objects(ferry_store *s, const char *const *keys, size_t nkeys,
+                              const ferry_sparse_target *targets, size_t ntargets,
+                              const char *publish_prefix, ferry_sparse_result **out,
+                              size_t *nout, ferry_sparse_stats *st, ferry_error *err)
+{
+    if (!s || (nkeys && !keys) || (ntargets && !targets) || !out || !nout)
+        return fr_sp_fail(err, FERRY_EINVAL, "read_sparse_objects: store, keys, targets and out "
+                          "are required");
+    *out = NULL;
+    *nout = 0;
+    sp_call c;
+    memset(&c, 0, sizeof c);
+    c.s = s;
+    ferry_sparse_result *res = NULL;
+    size_t nres = 0;
+    int rc = get_sources(&c, keys, nkeys, err);
+    if (rc == 0)
+        rc = ferry_sparse_plan_batch(c.ixs, c.nsrc, targets, ntargets, &c.plan, err);
+    if (rc < 0)
+        goto fail;
+    c.st.plan_s = c.plan.stats.plan_s;
+    if ((rc = do_reads(&c, err)) < 0)
+        goto fail;
+    uint64_t t0 = fr_now_ns();
+    res = fr_calloc(c.plan.npairs ? c.plan.npairs : 1, sizeof *res);
+    if (!res) {
+        rc = fr_sp_fail(err, FERRY_ENOMEM, "read_sparse_objects: out of memory");
+        goto fail;
+    }
+    for (size_t i = 0; i < c.plan.npairs; i++) {
+        const ferry_sparse_pair *p = &c.plan.pairs[i];
+        if (p->source >= c.nsrc || p->target >= ntargets ||
+            p->first + p->n > c.plan.nranges) {
+            rc = fr_sp_fail(err, FERRY_EPROTO, "read_sparse_objects: plan pair %zu is malformed",
+                            i);
+            goto fail;
+        }
+        nres++;
+        if ((rc = make_result(&c, p, &targets[p->target], &res[i], err)) < 0)
+            goto fail;
+    }
+    c.st.filter_s = (double)(fr_now_ns() - t0) / 1e9;
+    for (size_t i = 0; i < nres && publish_prefix; i++)
+        if ((rc = publish(s, publish_prefix, &res[i], err)) < 0)
+            goto fail;
+    if (st)
+        *st = c.st;
+    call_end(&c);
+    *out = res;
+    *nout = nres;
+    return 0;
+fail:
+    if (st)
+        *st = c.st;
+    ferry_sparse_results_free(res, nres);
+    call_end(&c);
+    return rc;
+}
+
+void ferry_sparse_results_free(ferry_sparse_result *r, size_t n)
+{
+    if (!r)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        fr_free(r[i].indices);
+        fr_free(r[i].values);
+    }
+    fr_free(r);
+}
+
+/* ---- apply ------------------------------------------------------------------------------ */
+
+int ferry_sparse_apply(const ferry_sparse_result *r, void *dst, const char *dst_dtype,
+                       uint64_t current_generation, uint64_t *new_generation, ferry_error *err)
+{
+    if (!r || (r->nnz && (!dst || !r->indices || !r->values)))
+        return fr_sp_fail(err, FERRY_EINVAL, "sparse_apply: result, buffer, indices and values "
+                          "are required");
+    size_t dsz = fr_sp_value_size(dst_dtype), vsz = fr_sp_value_size(r->value_dtype);
+    if (!dsz || !vsz)
+        return fr_sp_fail(err, FERRY_EINVAL, "sparse_apply %s: dtypes must be f32, bf16 or f16 "
+                          "(buffer '%s', values '%.7s')", r->tensor_id, dst_dtype ? dst_dtype : "",
+                          r->value_dtype);
+    if (r->ndim < 1 || r->ndim > FERRY_SPARSE_NDIM_MAX)
+        return fr_sp_fail(err, FERRY_EINVAL, "sparse_apply %s: ndim %" PRIu32 " outside 1..%d",
+                          r->tensor_id, r->ndim, FERRY_SPARSE_NDIM_MAX);
+    if (r->apply == FERRY_SPARSE_SCATTER_ADD && current_generation != r->base_generation)
+        return fr_sp_fail(err, FERRY_ESTATE, "sparse_apply %s: the delta %" PRIu64 " -> %" PRIu64
+                          " applies to base generation %" PRIu64 " but the buffer holds "
+                          "generation %" PRIu64 "; nothing changed", r->tensor_id,
+                          r->base_generation, r->delta_generation, r->base_generation,
+                          current_generation);
+    if (r->apply != FERRY_SPARSE_SCATTER_ADD && r->apply != FERRY_SPARSE_SCATTER_SET)
+        return fr_sp_fail(err, FERRY_EINVAL, "sparse_apply %s: unknown apply mode %d",
+                          r->tensor_id, (int)r->apply);
+    uint64_t total = 1;
+    for (uint32_t k = 0; k < r->ndim; k++)
+        if (fr_mul_u64(total, r->shape[k], &total) < 0)
+            return fr_sp_fail(err, FERRY_EINVAL, "sparse_apply %s: shape overflows",
+                              r->tensor_id);
+    /* Every index first: a bad one must leave the buffer untouched. */
+    for (uint64_t i = 0; i < r->nnz; i++)
+        for (uint32_t k = 0; k < r->ndim; k++) {
+            int64_t x = r->indices[i * r->ndim + k];
+            if (x < 0 || (uint64_t)x >= r->shape[k])
+                return fr_sp_fail(err, FERRY_EINVAL, "sparse_apply %s: entry %" PRIu64 " has "
+                                  "coordinate %" PRId64 " in dimension %" PRIu32 ", outside 0..%"
+                                  PRIu64 "; nothing changed", r->tensor_id, i, x, k,
+                                  r->shape[k]);
+        }
+    enum { CH = 1024 };
+    float vf[CH];
+    uint8_t *d = dst;
+    bool set = r->apply == FERRY_SPARSE_SCATTER_SET, f32 = dsz == 4;
+    for (uint64_t i0 = 0; i0 < r->nnz; i0 += CH) {
+        size_t n = r->nnz - i0 < CH ? (size_t)(r->nnz - i0) : CH;
+        ferry_convert((const uint8_t *)r->values + i0 * vsz, r->value_dtype, vf, "f32", n);
+        for (size_t q = 0; q < n; q++) {
+            const int64_t *x = r->indices + (i0 + q) * r->ndim;
+            uint64_t lin = 0;
+            for (uint32_t k = 0; k < r->ndim; k++)
+                lin = lin * r->shape[k] + (uint64_t)x[k];
+            uint8_t *p = d + lin * dsz;
+            float v = vf[q];
+            if (f32) {
+                if (!set) {
+                    float cur;
+                    memcpy(&cur, p, 4);
+                    v += cur;
+                }
+                memcpy(p, &v, 4);
+            } else {
+                if (!set) {
+                    float cur;
+                    ferry_convert(p, dst_dtype, &cur, "f32", 1);
+                    v += cur;
+                }
+                ferry_convert(&v, "f32", p, dst_dtype, 1);
+            }
+        }
+    }
+    if (new_generation)
+        *new_generation = r->delta_generation;
+    return 0;
+}
