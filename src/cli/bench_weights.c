@@ -12,8 +12,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "cli.h"
 #include "demo_int.h"
+
+/* The counters the children leave beside their replies (demo_roles.c; to
+ * be declared in demo_int.h). */
+int demo_counters_open(char *dir, size_t cap);
+void demo_counters_close(const char *dir);
+json_t *demo_counters_collect(const char *dir, const char *role, unsigned n);
 
 static double memcpy_gbps(void)
 {
@@ -60,6 +68,10 @@ int cmd_bench_weights(int argc, char **argv, const char *self)
     uint64_t direct_read = 0, naive_read = 0, compat_read = 0, pushed = 0;
     bool ok = true;
     char err[256] = "";
+    char cdir[64] = "";
+    json_t *counters = NULL;   /* of the best direct update */
+    if (demo_counters_open(cdir, sizeof cdir) < 0)
+        cdir[0] = 0;
     if (demo_group_start(&grp, o.model, o.bytes, dm.bytes, o.trainers, o.rollouts, o.dp,
                          "ferry bench weights") < 0)
         goto out;
@@ -74,11 +86,15 @@ int cmd_bench_weights(int argc, char **argv, const char *self)
         /* generation 1 warms every buffer up and is not counted */
         snprintf(cmd, sizeof cmd, "direct %u", g);
         ok = ok && demo_round(grp.ro, grp.nro, cmd, &t, &a, &b, &c, err, sizeof err) && b == 0;
+        json_t *cj = ok && cdir[0] ? demo_counters_collect(cdir, "rollout", grp.nro) : NULL;
         if (ok && g > 1 && (best_direct == 0 || t < best_direct)) {
             best_direct = t;
             direct_read = a;
             pushed = c;
+            json_decref(counters);
+            counters = json_incref(cj);
         }
+        json_decref(cj);
         snprintf(cmd, sizeof cmd, "naive %u", g);
         ok = ok && demo_round(grp.ro, grp.nro, cmd, &t, &a, &b, NULL, err, sizeof err);
         if (ok && g > 1 && (best_naive == 0 || t < best_naive)) {
@@ -101,16 +117,18 @@ int cmd_bench_weights(int argc, char **argv, const char *self)
     uint64_t delivered = dm.bytes * o.dp;
     double floor_s = bw > 0 ? (double)delivered / (bw * 1e9) : 0;
     double pub = (double)dm.bytes;
+    char *cjs = counters ? json_dumps(counters, JSON_COMPACT | JSON_PRESERVE_ORDER |
+                                                     JSON_REAL_PRECISION(10)) : NULL;
     if (o.json) {
         printf("{\"model\":\"%s\",\"bytes\":%llu,\"trainers\":%u,\"rollouts\":%u,\"dp\":%u,"
                "\"direct_s\":%.4f,\"naive_s\":%.4f,\"compat_s\":%.4f,\"floor_s\":%.4f,"
                "\"memcpy_gbps\":%.3f,\"direct_ratio_to_floor\":%.3f,\"store_read_ratio\":%.3f,"
                "\"naive_store_read_ratio\":%.3f,\"compat_store_read_ratio\":%.3f,"
-               "\"pushed_bytes\":%llu,\"verified\":true}\n",
+               "\"pushed_bytes\":%llu,\"verified\":true,\"direct_counters\":%s}\n",
                o.model, (unsigned long long)dm.bytes, o.trainers, o.rollouts, o.dp, best_direct,
                best_naive, best_compat, floor_s, bw, floor_s > 0 ? best_direct / floor_s : 0,
                direct_read / pub, naive_read / pub, compat_read / pub,
-               (unsigned long long)pushed);
+               (unsigned long long)pushed, cjs ? cjs : "null");
     } else {
         char sz[32];
         printf("ferry bench weights: %s, %zu tensors, %s bf16; %u trainers, %u rollouts (TP%u x "
@@ -126,10 +144,25 @@ int cmd_bench_weights(int argc, char **argv, const char *self)
                best_compat / floor_s, compat_read / pub);
         printf("floor: %s into the rollouts' parameters at %.2f GB/s (memcpy, one thread) = "
                "%.3f s\n", cli_fmt_size(delivered, sz, sizeof sz), bw, floor_s);
+        if (counters) {
+            const json_t *u = counters;
+#define N(k) json_number_value(json_object_get(u, k))
+            printf("direct, slowest worker (s): prepare %.3f (exchange %.3f), plan %.3f, read %.3f, "
+                   "push %.3f (forward %.3f), barrier %.3f; apply %.3f in %.0f batches; pushed "
+                   "cross-node %.0f, intra-node %.0f bytes; NIC in max/mean %.2f\n",
+                   N("prepare_s"), N("exchange_s"), N("plan_s"), N("read_s"), N("push_s"),
+                   N("forward_s"), N("barrier_s"), N("apply_s"), N("batches"), N("pushed_cross"),
+                   N("pushed_intra"), N("nic_max_ratio_in"));
+#undef N
+        }
     }
+    free(cjs);
     rc = 0;
 out:
     demo_group_stop(&grp);
     demo_model_free(&dm);
+    json_decref(counters);
+    if (cdir[0])
+        demo_counters_close(cdir);
     return rc;
 }

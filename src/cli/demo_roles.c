@@ -3,9 +3,13 @@
  * parameter-direct and compatibility form, and the synthetic model they
  * share (the real tensor shapes of a preset, cut to a byte budget, bf16).
  * Children are driven over stdin/stdout, one reply line per command. */
+#include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
+
+#include <jansson.h>
 
 #include "cli.h"
 #include "demo_int.h"
@@ -77,6 +81,145 @@ static uint64_t row_elems(const demo_tensor *t)
     for (uint32_t d = 1; d < t->ndim; d++)
         e *= t->shape[d];
     return e;
+}
+
+/* ---- counters --------------------------------------------------------------------------
+ *
+ * The children's replies carry a few numbers; the counters travel beside
+ * them: when FERRY_DEMO_STATS names a directory, each child writes the
+ * counters of its last command there as one JSON object
+ * (trainer-R.json, rollout-R.json) before it replies, and the parent reads
+ * them after the round (demo_counters_collect). */
+
+static void stats_write(const char *role, uint32_t rank, json_t *j)
+{
+    const char *dir = getenv("FERRY_DEMO_STATS");
+    if (dir && *dir && j) {
+        char path[512], tmp[520];
+        snprintf(path, sizeof path, "%s/%s-%u.json", dir, role, rank);
+        snprintf(tmp, sizeof tmp, "%s.tmp", path);
+        if (json_dump_file(j, tmp, JSON_COMPACT) == 0)
+            (void)rename(tmp, path);
+    }
+    json_decref(j);
+}
+
+static json_t *publish_json(const ferry_publish_stats *st)
+{
+    return json_pack("{s:I,s:I,s:I,s:I,s:f,s:f,s:f,s:f,s:f}", "bytes", (json_int_t)st->bytes,
+                     "tensors", (json_int_t)st->tensors, "cross_node_bytes",
+                     (json_int_t)st->cross_node_bytes, "local_bytes", (json_int_t)st->local_bytes,
+                     "put_s", st->put_s, "convert_s", st->convert_s, "store_s", st->store_s,
+                     "barrier_s", st->barrier_s, "commit_s", st->commit_s);
+}
+
+static json_t *update_json(const ferry_subscriber *sub, const ferry_update_stats *st)
+{
+    json_t *j = json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,"
+                          "s:f,s:f,s:f,s:f}",
+                          "bytes_read", (json_int_t)st->bytes_read,
+                          "group_bytes_read", (json_int_t)st->group_bytes_read,
+                          "bytes_pushed", (json_int_t)st->bytes_pushed,
+                          "bytes_received", (json_int_t)st->bytes_received,
+                          "batches", (json_int_t)st->batches,
+                          "pushed_cross", (json_int_t)st->group_pushed_cross,
+                          "pushed_intra", (json_int_t)st->group_pushed_intra,
+                          "nic_max_in", (json_int_t)st->nic_max_in,
+                          "nic_max_out", (json_int_t)st->nic_max_out,
+                          "nic_mean_in", st->nic_mean_in, "nic_mean_out", st->nic_mean_out,
+                          "prepare_s", st->prepare_s, "exchange_s", st->exchange_s,
+                          "plan_s", st->plan_s, "read_s", st->read_s, "push_s", st->push_s,
+                          "forward_s", st->forward_s, "barrier_s", st->barrier_s,
+                          "apply_s", st->apply_s, "nic_max_ratio_in",
+                          st->nic_mean_in > 0 ? (double)st->nic_max_in / st->nic_mean_in : 0.0,
+                          "nic_max_ratio_out",
+                          st->nic_mean_out > 0 ? (double)st->nic_max_out / st->nic_mean_out : 0.0);
+    int n = ferry_subscriber_nodes(sub, NULL, 0);
+    ferry_update_node *v = n > 0 ? calloc((size_t)n, sizeof *v) : NULL;
+    json_t *nodes = json_array();
+    if (!j) {
+        free(v);
+        json_decref(nodes);
+        return NULL;
+    }
+    n = v ? ferry_subscriber_nodes(sub, v, (size_t)n) : 0;
+    for (int i = 0; i < n; i++)
+        json_array_append_new(nodes, json_pack("{s:i,s:i,s:I,s:I,s:I,s:I,s:I,s:I}", "node",
+                                               (int)v[i].node, "workers", (int)v[i].workers,
+                                               "store_read", (json_int_t)v[i].store_read,
+                                               "pushed_in", (json_int_t)v[i].pushed_in,
+                                               "pushed_out", (json_int_t)v[i].pushed_out,
+                                               "pushed_intra", (json_int_t)v[i].pushed_intra,
+                                               "nic_in", (json_int_t)v[i].nic_in,
+                                               "nic_out", (json_int_t)v[i].nic_out));
+    free(v);
+    json_object_set_new(j, "nodes", nodes);
+    return j;
+}
+
+int demo_counters_open(char *dir, size_t cap)
+{
+    snprintf(dir, cap, "/tmp/ferry-counters-XXXXXX");
+    if (!mkdtemp(dir))
+        return -1;
+    return setenv("FERRY_DEMO_STATS", dir, 1);
+}
+
+void demo_counters_close(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        char path[512];
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        (void)unlink(path);
+    }
+    if (d)
+        closedir(d);
+    (void)rmdir(dir);
+    unsetenv("FERRY_DEMO_STATS");
+}
+
+/* The n children's files of a role merged: byte counts summed, times the
+ * longest (the group waits for its slowest member), the group's figures
+ * (the same in every rollout) and nodes from rank 0. A new reference, or
+ * NULL when a file is missing. */
+json_t *demo_counters_collect(const char *dir, const char *role, unsigned n)
+{
+    static const char *const sums[] = { "bytes", "tensors", "cross_node_bytes", "local_bytes",
+                                        "bytes_read", "bytes_pushed", "bytes_received", "batches" };
+    json_t *out = NULL;
+    for (unsigned r = 0; r < n; r++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s-%u.json", dir, role, r);
+        json_t *j = json_load_file(path, 0, NULL);
+        if (!j) {
+            json_decref(out);
+            return NULL;
+        }
+        (void)unlink(path);   /* a later round must not see it again */
+        if (!out) {
+            out = j;
+            continue;
+        }
+        const char *k;
+        json_t *v;
+        json_object_foreach(j, k, v) {
+            json_t *o = json_object_get(out, k);
+            bool sum = false;
+            for (size_t i = 0; i < sizeof sums / sizeof *sums; i++)
+                sum |= !strcmp(k, sums[i]);
+            if (sum && json_is_integer(v))
+                json_integer_set(o, json_integer_value(o) + json_integer_value(v));
+            else if (json_is_real(v) && strlen(k) > 2 && !strcmp(k + strlen(k) - 2, "_s") &&
+                     json_real_value(v) > json_real_value(o))
+                json_real_set(o, json_real_value(v));
+        }
+        json_decref(j);
+    }
+    return out;
 }
 
 typedef struct role_args {
@@ -158,6 +301,8 @@ int demo_trainer_main(int argc, char **argv)
         ferry_error err = {0};
         double t0 = cli_now();
         int rc = ferry_publish(a.s, &pc, g, wt, a.m.n, &st, &err);
+        if (rc == 0)
+            stats_write("trainer", a.rank, publish_json(&st));
         if (rc == 0)
             printf("OK %.4f %llu %llu\n", cli_now() - t0, (unsigned long long)st.bytes,
                    (unsigned long long)st.tensors);
@@ -250,6 +395,8 @@ int demo_rollout_main(int argc, char **argv)
         if (sscanf(line, "direct %llu", &g) == 1) {
             int rc = ferry_subscriber_update(sub, &cur, &st, &err);
             double dt = cli_now() - t0;
+            if (rc == 0)
+                stats_write("rollout", a.rank, update_json(sub, &st));
             uint64_t bad = rc == 0 ? check_shards(&a.m, sh, first, ns, g) : 0;
             if (rc == 0 && cur == g)
                 printf("OK %.4f %llu %llu %llu\n", dt, (unsigned long long)st.bytes_read,

@@ -10,8 +10,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "cli.h"
 #include "demo_int.h"
+
+/* The counters the children leave beside their replies (demo_roles.c; to
+ * be declared in demo_int.h): open sets FERRY_DEMO_STATS for the children
+ * started after it. */
+int demo_counters_open(char *dir, size_t cap);
+void demo_counters_close(const char *dir);
+json_t *demo_counters_collect(const char *dir, const char *role, unsigned n);
 
 
 typedef struct gen_row {
@@ -19,7 +28,52 @@ typedef struct gen_row {
     uint64_t direct_read, compat_read, bad, pushed;
     bool ok;
     char error[256];
+    json_t *publish, *update;   /* counters: merged over trainers, over rollouts */
 } gen_row;
+
+static double num(const json_t *o, const char *k)
+{
+    return json_number_value(json_object_get(o, k));
+}
+
+/* The per-phase table of the direct updates and their counters. */
+static void print_phases(const gen_row *rows, unsigned ng, uint64_t model_bytes)
+{
+    printf("\ndirect update phases (slowest worker, s) and counters (the group's plan):\n");
+    printf("%-4s %8s %8s %8s %8s %8s %8s %8s %8s %7s %10s %10s %10s %s\n", "gen", "prepare",
+           "exchange", "plan", "read", "push", "forward", "barrier", "apply", "batches",
+           "store read", "cross", "intra", "NIC in max/mean");
+    for (unsigned g = 0; g < ng; g++) {
+        const json_t *u = rows[g].update;
+        if (!u)
+            continue;
+        char r1[32], r2[32], r3[32];
+        printf("%-4u %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %7.0f %10s %10s %10s %15.2fx\n",
+               g + 1, num(u, "prepare_s"), num(u, "exchange_s"), num(u, "plan_s"), num(u, "read_s"),
+               num(u, "push_s"), num(u, "forward_s"), num(u, "barrier_s"), num(u, "apply_s"),
+               num(u, "batches"), cli_fmt_size((uint64_t)num(u, "group_bytes_read"), r1, sizeof r1),
+               cli_fmt_size((uint64_t)num(u, "pushed_cross"), r2, sizeof r2),
+               cli_fmt_size((uint64_t)num(u, "pushed_intra"), r3, sizeof r3),
+               num(u, "nic_max_ratio_in"));
+    }
+    const json_t *u = rows[ng - 1].update, *p = rows[ng - 1].publish;
+    size_t i;
+    json_t *n;
+    json_array_foreach(json_object_get(u, "nodes"), i, n) {
+        char a[32], b[32], c[32], d[32];
+        printf("node %.0f (%.0f workers): store read %s, pushed in %s, out %s, intra %s\n",
+               num(n, "node"), num(n, "workers"),
+               cli_fmt_size((uint64_t)num(n, "store_read"), a, sizeof a),
+               cli_fmt_size((uint64_t)num(n, "pushed_in"), b, sizeof b),
+               cli_fmt_size((uint64_t)num(n, "pushed_out"), c, sizeof c),
+               cli_fmt_size((uint64_t)num(n, "pushed_intra"), d, sizeof d));
+    }
+    if (p)
+        printf("publish (slowest rank, s): convert %.3f, store %.3f, barrier %.3f, commit %.3f; "
+               "cross-node bytes %.0f of %llu\n", num(p, "convert_s"), num(p, "store_s"),
+               num(p, "barrier_s"), num(p, "commit_s"), num(p, "cross_node_bytes"),
+               (unsigned long long)model_bytes);
+}
 
 int cmd_demo(int argc, char **argv, const char *self)
 {
@@ -41,7 +95,11 @@ int cmd_demo(int argc, char **argv, const char *self)
         return 2;
     }
     int rc = 1;
+    gen_row rows[64] = {{0}};   /* before any goto: the counters are freed at out */
     demo_group grp;
+    char cdir[64] = "";
+    if (demo_counters_open(cdir, sizeof cdir) < 0)
+        cdir[0] = 0;
     if (demo_group_start(&grp, o.model, o.bytes, dm.bytes, o.trainers, o.rollouts, o.dp,
                          "ferry demo") < 0)
         goto out;
@@ -54,7 +112,6 @@ int cmd_demo(int argc, char **argv, const char *self)
                 "pushed to its replicas),\nand whole (compatibility), checking every byte.\n",
                 o.trainers, o.count, o.model, dm.n, cli_fmt_size(dm.bytes, sz, sizeof sz),
                 grp.addr, o.rollouts, o.rollouts / o.dp, o.dp);
-    gen_row rows[64] = {{0}};
     unsigned ng = o.count > 64 ? 64 : o.count;
     bool all_ok = true;
     for (unsigned g = 1; g <= ng; g++) {
@@ -66,11 +123,15 @@ int cmd_demo(int argc, char **argv, const char *self)
             cli_progress("publish", (double)(g - 1) / ng);
         row->ok = demo_round(tr, o.trainers, cmd, &row->publish_s, &a, &b, NULL, row->error,
                             sizeof row->error);
+        if (row->ok && cdir[0])
+            row->publish = demo_counters_collect(cdir, "trainer", o.trainers);
         snprintf(cmd, sizeof cmd, "direct %u", g);
         if (row->ok && !o.json)
             cli_progress("direct update", (g - 0.66) / ng);
         row->ok = row->ok && demo_round(ro, o.rollouts, cmd, &row->direct_s, &row->direct_read,
                                        &row->bad, &row->pushed, row->error, sizeof row->error);
+        if (row->ok && cdir[0])
+            row->update = demo_counters_collect(cdir, "rollout", o.rollouts);
         snprintf(cmd, sizeof cmd, "compat %u", g);
         if (row->ok && !o.json)
             cli_progress("compat update", (g - 0.33) / ng);
@@ -86,17 +147,24 @@ int cmd_demo(int argc, char **argv, const char *self)
         printf("{\"ok\":%s,\"model\":\"%s\",\"tensors\":%zu,\"bytes\":%llu,\"trainers\":%u,"
                "\"rollouts\":%u,\"dp\":%u,\"generations\":[", all_ok ? "true" : "false",
                o.model, dm.n, (unsigned long long)dm.bytes, o.trainers, o.rollouts, o.dp);
-        for (unsigned g = 0; g < ng; g++)
+        for (unsigned g = 0; g < ng; g++) {
+            json_t *c = json_object();
+            json_object_set(c, "publish", rows[g].publish ? rows[g].publish : json_null());
+            json_object_set(c, "update", rows[g].update ? rows[g].update : json_null());
+            char *cj = json_dumps(c, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
             printf("%s{\"generation\":%u,\"publish_s\":%.4f,\"direct_s\":%.4f,"
                    "\"direct_store_bytes\":%llu,\"direct_read_ratio\":%.3f,\"direct_pushed_bytes\":%llu,"
                    "\"compat_s\":%.4f,"
-                   "\"compat_store_bytes\":%llu,\"wrong_bytes\":%llu,\"ok\":%s}", g ? "," : "",
-                   g + 1, rows[g].publish_s, rows[g].direct_s,
+                   "\"compat_store_bytes\":%llu,\"wrong_bytes\":%llu,\"ok\":%s,\"counters\":%s}",
+                   g ? "," : "", g + 1, rows[g].publish_s, rows[g].direct_s,
                    (unsigned long long)rows[g].direct_read,
                    (double)rows[g].direct_read / (double)dm.bytes,
                    (unsigned long long)rows[g].pushed, rows[g].compat_s,
                    (unsigned long long)rows[g].compat_read, (unsigned long long)rows[g].bad,
-                   rows[g].ok ? "true" : "false");
+                   rows[g].ok ? "true" : "false", cj ? cj : "null");
+            free(cj);
+            json_decref(c);
+        }
         printf("]}\n");
     } else {
         printf("%-4s %10s %8s %9s %12s %12s %9s %12s %s\n", "gen", "publish s", "GB/s",
@@ -114,11 +182,19 @@ int cmd_demo(int argc, char **argv, const char *self)
                "a worker-reads-its-own baseline reads %ux); compat: every worker reads every "
                "tensor (%ux).\n", (double)rows[0].direct_read / (double)dm.bytes, o.dp,
                o.rollouts);
+        if (rows[ng - 1].update)
+            print_phases(rows, ng, dm.bytes);
         printf("%s\n", all_ok ? "demo ok" : "demo FAILED");
     }
     rc = all_ok ? 0 : 1;
 out:
     demo_group_stop(&grp);
     demo_model_free(&dm);
+    for (unsigned g = 0; g < 64; g++) {
+        json_decref(rows[g].publish);
+        json_decref(rows[g].update);
+    }
+    if (cdir[0])
+        demo_counters_close(cdir);
     return rc;
 }
