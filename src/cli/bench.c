@@ -329,6 +329,8 @@ int cmd_bench(int argc, char **argv, const char *self)
         return cmd_bench_store(argc - 1, argv + 1, self);
     if (argc >= 2 && !strcmp(argv[1], "weights"))
         return cmd_bench_weights(argc - 1, argv + 1, self);
-    fprintf(stderr, "usage: ferry bench engine|plan|store|exec|weights [options]   (see ferry help)\n");
+    if (argc >= 2 && !strcmp(argv[1], "sparse"))
+        return cmd_bench_sparse(argc - 1, argv + 1);
+    fprintf(stderr, "usage: ferry bench engine|plan|store|exec|weights|sparse [options]   (see ferry help)\n");
     return 2;
 }

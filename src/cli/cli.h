@@ -75,4 +75,7 @@ int cli_exec_plan(const char *preset, uint64_t budget, const char *src, const ch
 int cli_plan_model(const char *model, const char *src, const char *dst, uint32_t gpn, const char *nic,
                    uint32_t nics_per_node, bool json);
 
+/* bench_sparse.c: `ferry bench sparse`, the sparse planner vs a scan of nnz */
+int cmd_bench_sparse(int argc, char **argv);
+
 #endif
