@@ -6,7 +6,9 @@ Submodules wrap the C library through the ``_ferry`` extension:
 (weight updates: ``ferry.WeightPublisher``, ``ferry.WeightSubscriber``);
 ``ferry.samples`` (rollout/update disaggregation: versioned records,
 ``ferry.PolicyRegistry``, ``ferry.SampleQueue``, ``ferry.KVCacheGate``);
-``ferry.Engine`` is a transfer engine for ``ferry.reshard.execute``.
+``ferry.sparse`` (sparse COO weight deltas: ``ferry.put_sparse_object``,
+``ferry.read_sparse_objects``, ``ferry.sparse_apply``); ``ferry.Engine`` is a
+transfer engine for ``ferry.reshard.execute``.
 """
 
 from ._ferry import Error, Engine, strerror, VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH
@@ -14,11 +16,13 @@ from . import reshard
 from . import store
 from . import weights
 from . import samples
+from . import sparse
 from .store import (Store, Watch, ReplicateConfig, NotFoundError, ExistsError, NoSpaceError, LostError, BusyError,
                     ConflictError, TimeoutError, AuthError, ConnectionError, StaleError)
 from .weights import WeightPublisher, WeightSubscriber
 from .samples import (RolloutSession, UpdateSession, PolicyVersion, PolicyRegistry, PolicyWatch, SampleQueue, Sample,
                       KVCacheGate, QueueFullError)
+from .sparse import put_sparse_object, sparse_admit, read_sparse_objects, sparse_apply
 
 __version__ = f"{VERSION_MAJOR}.{VERSION_MINOR}.{VERSION_PATCH}"
 
@@ -26,4 +30,5 @@ __all__ = ["Error", "Engine", "strerror", "reshard", "store", "Store", "Watch", 
            "ExistsError", "NoSpaceError", "LostError", "BusyError", "ConflictError", "TimeoutError", "AuthError",
            "ConnectionError", "StaleError", "weights", "WeightPublisher", "WeightSubscriber", "samples", "RolloutSession",
            "UpdateSession", "PolicyVersion", "PolicyRegistry", "PolicyWatch", "SampleQueue", "Sample", "KVCacheGate",
-           "QueueFullError", "__version__"]
+           "QueueFullError", "sparse", "put_sparse_object", "sparse_admit", "read_sparse_objects",
+           "sparse_apply", "__version__"]

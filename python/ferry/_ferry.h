@@ -82,6 +82,7 @@ int fp_store_init(PyObject *m);   /* Store, Watch and the store's error classes 
 int fp_exec_init(PyObject *m);    /* Engine, Binding, AttestedPlan, Executor (after fp_store_init) */
 int fp_weights_init(PyObject *m); /* WeightSubscriber and the weights_* functions (after fp_store_init) */
 int fp_samples_init(PyObject *m); /* PolicyWatch, SampleQueue, Sample, KVCacheGate, QueueFullError (after fp_store_init) */
+int fp_sparse_init(PyObject *m);  /* sparse_put, sparse_admit, sparse_read, sparse_apply (after fp_store_init) */
 
 /* ---- shared with the store file ------------------------------------------ */
 /* The C handle of a ferry.Store (borrowed), or NULL with TypeError or

@@ -1,0 +1,488 @@
+/* _ferry: sparse COO weight deltas from Python (ferry.sparse) over
+ * include/ferry/sparse.h: put, owner admission, the batched read of
+ * target-local results with its counters, and scatter apply.
+ *
+ * Thin: validation, sorting, planning, the fence are the C library's.
+ * Descriptors, targets and results cross as dicts and tuples; array data as
+ * buffers (ferry.sparse turns numpy arrays into buffers and results back
+ * into arrays). Store calls and apply run with the GIL released while the
+ * buffers they read or write stay held. Errors raise the store's Error
+ * subclasses (FERRY_ESTATE, the base fence: ConflictError; FERRY_EEXIST:
+ * ExistsError; FERRY_ENOENT: NotFoundError; others ferry.Error). */
+#include <string.h>
+
+#include "_ferry.h"
+#include "ferry/sparse.h"
+
+static int dset(PyObject *d, const char *k, PyObject *v)
+{
+    if (!v)
+        return -1;
+    int rc = PyDict_SetItemString(d, k, v);
+    Py_DECREF(v);
+    return rc;
+}
+
+static PyObject *u64(uint64_t v)
+{
+    return PyLong_FromUnsignedLongLong(v);
+}
+
+/* ---- descriptors ------------------------------------------------------------------------ */
+
+/* d[k] as a non-negative 64-bit int (absent: *out unchanged when opt). 0 or -1. */
+static int d_u64(PyObject *d, const char *k, uint64_t *out, bool opt)
+{
+    PyObject *v = PyDict_GetItemString(d, k);
+    if (!v) {
+        if (opt)
+            return 0;
+        PyErr_Format(PyExc_KeyError, "sparse descriptor: %s is missing", k);
+        return -1;
+    }
+    if (!PyLong_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int, not %.100s", k, Py_TYPE(v)->tp_name);
+        return -1;
+    }
+    unsigned long long x = PyLong_AsUnsignedLongLong(v);
+    if (x == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Format(PyExc_ValueError, "%s must be a non-negative 64-bit int", k);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+static int d_str(PyObject *d, const char *k, char *dst, size_t cap)
+{
+    PyObject *v = PyDict_GetItemString(d, k);
+    if (!v) {
+        PyErr_Format(PyExc_KeyError, "sparse descriptor: %s is missing", k);
+        return -1;
+    }
+    const char *s = fp_key_of(v, k);
+    return s ? fp_copy_str(dst, cap, s, k) : -1;
+}
+
+/* A sequence of 1..FERRY_SPARSE_NDIM_MAX non-negative ints; *n its length. */
+static int dims_of(PyObject *o, uint64_t *out, uint32_t *n, const char *what)
+{
+    PyObject *t = fp_seq_hold(o, what);
+    if (!t)
+        return -1;
+    Py_ssize_t nd = PyTuple_GET_SIZE(t);
+    if (nd < 1 || nd > FERRY_SPARSE_NDIM_MAX) {
+        Py_DECREF(t);
+        PyErr_Format(PyExc_ValueError, "%s must have 1..%d dimensions, not %zd", what, FERRY_SPARSE_NDIM_MAX, nd);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nd; i++) {
+        PyObject *x = PyTuple_GET_ITEM(t, i);
+        unsigned long long v = PyLong_Check(x) ? PyLong_AsUnsignedLongLong(x) : (unsigned long long)-1;
+        if (!PyLong_Check(x) || (v == (unsigned long long)-1 && PyErr_Occurred())) {
+            Py_DECREF(t);
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "%s[%zd] must be a non-negative int", what, i);
+            return -1;
+        }
+        out[i] = v;
+    }
+    *n = (uint32_t)nd;
+    Py_DECREF(t);
+    return 0;
+}
+
+static int apply_of(const char *s, enum ferry_sparse_apply *a)
+{
+    if (!strcmp(s, "scatter_add"))
+        *a = FERRY_SPARSE_SCATTER_ADD;
+    else if (!strcmp(s, "scatter_set"))
+        *a = FERRY_SPARSE_SCATTER_SET;
+    else {
+        PyErr_Format(PyExc_ValueError, "apply must be \"scatter_add\" or \"scatter_set\", not \"%.40s\"", s);
+        return -1;
+    }
+    return 0;
+}
+
+static const char *apply_name(enum ferry_sparse_apply a)
+{
+    return a == FERRY_SPARSE_SCATTER_SET ? "scatter_set" : "scatter_add";
+}
+
+/* The dict ferry.sparse builds into a descriptor: tensor_id, shape,
+ * base_generation, delta_generation, placement_kind ("owner"|"replicate"),
+ * placement_axis, placement_owner, tile (None: chosen), apply,
+ * index_dtype, value_dtype, nnz. */
+static int desc_of(PyObject *d, ferry_sparse_desc *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!PyDict_Check(d)) {
+        PyErr_Format(PyExc_TypeError, "descriptor must be a dict, not %.100s", Py_TYPE(d)->tp_name);
+        return -1;
+    }
+    char kind[16], apply[16];
+    uint64_t owner = 0;
+    if (d_str(d, "tensor_id", out->tensor_id, sizeof out->tensor_id) < 0 ||
+        d_u64(d, "base_generation", &out->base_generation, false) < 0 ||
+        d_u64(d, "delta_generation", &out->delta_generation, false) < 0 ||
+        d_str(d, "placement_kind", kind, sizeof kind) < 0 ||
+        d_str(d, "placement_axis", out->placement.axis, sizeof out->placement.axis) < 0 ||
+        d_u64(d, "placement_owner", &owner, true) < 0 || d_str(d, "apply", apply, sizeof apply) < 0 ||
+        apply_of(apply, &out->apply) < 0 || d_str(d, "index_dtype", out->index_dtype, sizeof out->index_dtype) < 0 ||
+        d_str(d, "value_dtype", out->value_dtype, sizeof out->value_dtype) < 0 ||
+        d_u64(d, "nnz", &out->nnz, true) < 0)
+        return -1;
+    if (!strcmp(kind, "owner"))
+        out->placement.kind = FERRY_SPARSE_OWNER;
+    else if (!strcmp(kind, "replicate"))
+        out->placement.kind = FERRY_SPARSE_REPLICATE;
+    else {
+        PyErr_Format(PyExc_ValueError, "placement kind must be \"owner\" or \"replicate\", not \"%s\"", kind);
+        return -1;
+    }
+    if (owner > UINT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "placement owner must fit in 32 bits");
+        return -1;
+    }
+    out->placement.owner = (uint32_t)owner;
+    PyObject *shape = PyDict_GetItemString(d, "shape"), *tile = PyDict_GetItemString(d, "tile");
+    if (!shape) {
+        PyErr_SetString(PyExc_KeyError, "sparse descriptor: shape is missing");
+        return -1;
+    }
+    if (dims_of(shape, out->shape, &out->ndim, "global_shape") < 0)
+        return -1;
+    if (tile && tile != Py_None) {
+        uint32_t tn = 0;
+        if (dims_of(tile, out->tile, &tn, "tile_shape") < 0)
+            return -1;
+        if (tn != out->ndim) {
+            PyErr_Format(PyExc_ValueError, "tile_shape has %u dimensions, the tensor %u", tn, out->ndim);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static PyObject *desc_dict(const ferry_sparse_desc *d)
+{
+    uint32_t nd = d->ndim <= FERRY_SPARSE_NDIM_MAX ? d->ndim : FERRY_SPARSE_NDIM_MAX;
+    PyObject *pl = Py_BuildValue("{sssNsI}", "kind", d->placement.kind == FERRY_SPARSE_OWNER ? "owner" : "replicate",
+                                 "axis", fp_str_of(d->placement.axis), "owner", (unsigned)d->placement.owner);
+    PyObject *o = PyDict_New();
+    if (!o || !pl || dset(o, "tensor_id", fp_str_of(d->tensor_id)) < 0 ||
+        dset(o, "shape", fp_tuple_u64(d->shape, nd)) < 0 ||
+        dset(o, "base_generation", u64(d->base_generation)) < 0 ||
+        dset(o, "delta_generation", u64(d->delta_generation)) < 0 ||
+        PyDict_SetItemString(o, "placement", pl) < 0 || dset(o, "tile", fp_tuple_u64(d->tile, nd)) < 0 ||
+        dset(o, "apply", PyUnicode_FromString(apply_name(d->apply))) < 0 ||
+        dset(o, "index_dtype", PyUnicode_FromString(d->index_dtype)) < 0 ||
+        dset(o, "value_dtype", PyUnicode_FromString(d->value_dtype)) < 0 || dset(o, "nnz", u64(d->nnz)) < 0 ||
+        dset(o, "ntiles", u64(d->ntiles)) < 0) {
+        Py_XDECREF(pl);
+        Py_XDECREF(o);
+        return NULL;
+    }
+    Py_DECREF(pl);
+    return o;
+}
+
+/* ---- put, admit ------------------------------------------------------------------------- */
+
+/* sparse_put(store, desc, indices, values) -> (key, stored desc) */
+static PyObject *sp_put(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *so, *dd, *io, *vo;
+    if (!PyArg_ParseTuple(args, "OOOO:sparse_put", &so, &dd, &io, &vo))
+        return NULL;
+    ferry_store *s = fp_store_handle(so);
+    ferry_sparse_desc d;
+    if (!s || desc_of(dd, &d) < 0)
+        return NULL;
+    uint32_t isz = ferry_dtype_size(d.index_dtype), vsz = ferry_dtype_size(d.value_dtype);
+    if ((strcmp(d.index_dtype, "i32") && strcmp(d.index_dtype, "i64")) ||
+        (strcmp(d.value_dtype, "f32") && strcmp(d.value_dtype, "bf16") && strcmp(d.value_dtype, "f16")))
+        return PyErr_Format(PyExc_ValueError, "put_sparse_object %s: index dtype %s (i32 or i64) or value dtype %s "
+                            "(f32, bf16 or f16) not supported", d.tensor_id, d.index_dtype, d.value_dtype);
+    Py_buffer iv, vv;
+    if (PyObject_GetBuffer(io, &iv, PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(vo, &vv, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&iv);
+        return NULL;
+    }
+    PyObject *out = NULL;
+    if ((uint64_t)iv.len != d.nnz * d.ndim * isz || (uint64_t)vv.len != d.nnz * vsz) {
+        PyErr_Format(PyExc_ValueError, "put_sparse_object %s: %llu entries of %u dimensions need %llu index bytes and "
+                     "%llu value bytes; the buffers hold %zd and %zd", d.tensor_id, (unsigned long long)d.nnz,
+                     d.ndim, (unsigned long long)(d.nnz * d.ndim * isz), (unsigned long long)(d.nnz * vsz), iv.len,
+                     vv.len);
+        goto done;
+    }
+    ferry_sparse_desc stored;
+    ferry_error err = {0};
+    char key[600];
+    int rc;
+    FP_STORE_CALL(so, rc = ferry_put_sparse_object(s, &d, iv.buf, vv.buf, &stored, key, sizeof key, &err));
+    if (rc < 0) {
+        fp_raise_err_class(rc, &err);
+        goto done;
+    }
+    out = Py_BuildValue("(NN)", fp_str_of(key), desc_dict(&stored));
+done:
+    PyBuffer_Release(&iv);
+    PyBuffer_Release(&vv);
+    return out;
+}
+
+/* sparse_admit(store, desc, rank) -> bool */
+static PyObject *sp_admit(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *so, *dd;
+    unsigned int rank;
+    if (!PyArg_ParseTuple(args, "OOI:sparse_admit", &so, &dd, &rank))
+        return NULL;
+    ferry_store *s = fp_store_handle(so);
+    ferry_sparse_desc d;
+    if (!s || desc_of(dd, &d) < 0)
+        return NULL;
+    ferry_error err = {0};
+    bool admitted = false;
+    int rc;
+    FP_STORE_CALL(so, rc = ferry_sparse_admit(s, &d, rank, &admitted, &err));
+    if (rc < 0)
+        return fp_raise_err_class(rc, &err);
+    return PyBool_FromLong(admitted);
+}
+
+/* ---- read ------------------------------------------------------------------------------ */
+
+/* (tensor_id, node, axis_index, offset, shape) into t. */
+static int target_of(PyObject *o, size_t i, ferry_sparse_target *t)
+{
+    memset(t, 0, sizeof *t);
+    const char *id;
+    unsigned int node, axis;
+    PyObject *off, *shape;
+    if (!PyTuple_Check(o) || !PyArg_ParseTuple(o, "sIIOO", &id, &node, &axis, &off, &shape)) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "targets[%zu] must be (tensor_id, node, axis_index, offset, shape)", i);
+        return -1;
+    }
+    uint32_t no = 0, ns = 0;
+    char what[48];
+    snprintf(what, sizeof what, "targets[%zu].offset", i);
+    if (fp_copy_str(t->tensor_id, sizeof t->tensor_id, id, "tensor_id") < 0 || dims_of(off, t->offset, &no, what) < 0)
+        return -1;
+    snprintf(what, sizeof what, "targets[%zu].shape", i);
+    if (dims_of(shape, t->shape, &ns, what) < 0)
+        return -1;
+    if (no != ns) {
+        PyErr_Format(PyExc_ValueError, "targets[%zu]: offset has %u dimensions, shape %u", i, no, ns);
+        return -1;
+    }
+    t->node = node;
+    t->axis_index = axis;
+    t->ndim = ns;
+    return 0;
+}
+
+static PyObject *bytes_of(const void *p, size_t n)
+{
+    PyObject *b = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)n);
+    if (b && n)
+        memcpy(PyByteArray_AS_STRING(b), p, n);
+    return b;
+}
+
+static PyObject *result_dict(const ferry_sparse_result *r)
+{
+    uint32_t nd = r->ndim <= FERRY_SPARSE_NDIM_MAX ? r->ndim : FERRY_SPARSE_NDIM_MAX;
+    uint32_t vsz = ferry_dtype_size(r->value_dtype);
+    PyObject *o = PyDict_New();
+    if (!o || dset(o, "target", PyLong_FromUnsignedLong(r->target)) < 0 ||
+        dset(o, "tensor_id", fp_str_of(r->tensor_id)) < 0 || dset(o, "shape", fp_tuple_u64(r->shape, nd)) < 0 ||
+        dset(o, "base_generation", u64(r->base_generation)) < 0 ||
+        dset(o, "delta_generation", u64(r->delta_generation)) < 0 ||
+        dset(o, "apply", PyUnicode_FromString(apply_name(r->apply))) < 0 ||
+        dset(o, "value_dtype", PyUnicode_FromString(r->value_dtype)) < 0 || dset(o, "nnz", u64(r->nnz)) < 0 ||
+        dset(o, "indices", bytes_of(r->indices, r->nnz * nd * sizeof(int64_t))) < 0 ||
+        dset(o, "values", bytes_of(r->values, r->nnz * vsz)) < 0) {
+        Py_XDECREF(o);
+        return NULL;
+    }
+    return o;
+}
+
+static PyObject *stats_dict(const ferry_sparse_stats *st)
+{
+    return Py_BuildValue("{sKsKsKsKsKsKsKsKsKsKsKsdsdsd}",
+                         "source_objects", (unsigned long long)st->source_objects,
+                         "non_ep_source_object_count", (unsigned long long)st->non_ep_source_object_count,
+                         "index_gets", (unsigned long long)st->index_gets,
+                         "index_cache_hits", (unsigned long long)st->index_cache_hits,
+                         "unique_range_gets", (unsigned long long)st->unique_range_gets,
+                         "full_indices_values_get_count", (unsigned long long)st->full_indices_values_get_count,
+                         "dedup_hits", (unsigned long long)st->dedup_hits,
+                         "bytes_read", (unsigned long long)st->bytes_read,
+                         "entries_read", (unsigned long long)st->entries_read,
+                         "entries_kept", (unsigned long long)st->entries_kept,
+                         "boundary_filtered", (unsigned long long)st->boundary_filtered,
+                         "plan_s", st->plan_s, "read_s", st->read_s, "filter_s", st->filter_s);
+}
+
+/* sparse_read(store, keys, targets, publish_prefix) -> ([result dict], stats dict) */
+static PyObject *sp_read(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *so, *ko, *to, *po;
+    if (!PyArg_ParseTuple(args, "OOOO:sparse_read", &so, &ko, &to, &po))
+        return NULL;
+    ferry_store *s = fp_store_handle(so);
+    if (!s)
+        return NULL;
+    const char *prefix = NULL;
+    if (po != Py_None && !(prefix = fp_key_of(po, "publish_prefix")))
+        return NULL;
+    PyObject *kt = fp_seq_hold(ko, "keys"), *tt = kt ? fp_seq_hold(to, "targets") : NULL, *out = NULL;
+    size_t nk = kt ? (size_t)PyTuple_GET_SIZE(kt) : 0, nt = tt ? (size_t)PyTuple_GET_SIZE(tt) : 0;
+    const char **keys = PyMem_Calloc(nk + 1, sizeof *keys);
+    ferry_sparse_target *tg = PyMem_Calloc(nt + 1, sizeof *tg);
+    ferry_sparse_result *res = NULL;
+    size_t nres = 0;
+    if (!tt)
+        goto done;
+    if (!keys || !tg) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (size_t i = 0; i < nk; i++)
+        if (!(keys[i] = fp_key_of(PyTuple_GET_ITEM(kt, (Py_ssize_t)i), "keys[i]")))
+            goto done;
+    for (size_t i = 0; i < nt; i++)
+        if (target_of(PyTuple_GET_ITEM(tt, (Py_ssize_t)i), i, &tg[i]) < 0)
+            goto done;
+    ferry_sparse_stats st;
+    memset(&st, 0, sizeof st);
+    ferry_error err = {0};
+    int rc;
+    FP_STORE_CALL(so, rc = ferry_read_sparse_objects(s, keys, nk, tg, nt, prefix, &res, &nres, &st, &err));
+    if (rc < 0) {
+        fp_raise_err_class(rc, &err);
+        goto done;
+    }
+    PyObject *l = PyList_New((Py_ssize_t)nres);
+    for (size_t i = 0; l && i < nres; i++) {
+        PyObject *r = result_dict(&res[i]);
+        if (!r)
+            Py_CLEAR(l);
+        else
+            PyList_SET_ITEM(l, (Py_ssize_t)i, r);
+    }
+    if (l)
+        out = Py_BuildValue("(NN)", l, stats_dict(&st));
+done:
+    ferry_sparse_results_free(res, nres);
+    PyMem_Free(keys);
+    PyMem_Free(tg);
+    Py_XDECREF(kt);
+    Py_XDECREF(tt);
+    return out;
+}
+
+/* ---- apply ------------------------------------------------------------------------------ */
+
+/* sparse_apply(result dict, indices, values, dst, dst_dtype, current_generation) -> new generation.
+ * indices: int64 [nnz, ndim]; values: nnz of the result's value_dtype. */
+static PyObject *sp_apply(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *rd, *io, *vo, *dst;
+    const char *dst_dtype;
+    unsigned long long cur;
+    if (!PyArg_ParseTuple(args, "OOOOsK:sparse_apply", &rd, &io, &vo, &dst, &dst_dtype, &cur))
+        return NULL;
+    if (!PyDict_Check(rd))
+        return PyErr_Format(PyExc_TypeError, "result must be a dict, not %.100s", Py_TYPE(rd)->tp_name);
+    ferry_sparse_result r;
+    memset(&r, 0, sizeof r);
+    char apply[16];
+    PyObject *shape = PyDict_GetItemString(rd, "shape");
+    if (d_str(rd, "tensor_id", r.tensor_id, sizeof r.tensor_id) < 0 ||
+        d_u64(rd, "base_generation", &r.base_generation, false) < 0 ||
+        d_u64(rd, "delta_generation", &r.delta_generation, false) < 0 || d_str(rd, "apply", apply, sizeof apply) < 0 ||
+        apply_of(apply, &r.apply) < 0 || d_str(rd, "value_dtype", r.value_dtype, sizeof r.value_dtype) < 0 ||
+        d_u64(rd, "nnz", &r.nnz, false) < 0)
+        return NULL;
+    if (!shape)
+        return PyErr_Format(PyExc_KeyError, "result: shape is missing");
+    if (dims_of(shape, r.shape, &r.ndim, "result shape") < 0)
+        return NULL;
+    uint32_t vsz = ferry_dtype_size(r.value_dtype), dsz = ferry_dtype_size(dst_dtype);
+    if (!vsz || !dsz)
+        return PyErr_Format(PyExc_ValueError, "sparse_apply %s: value dtype %s or buffer dtype %s unknown",
+                            r.tensor_id, r.value_dtype, dst_dtype);
+    uint64_t elems = 1;
+    for (uint32_t k = 0; k < r.ndim; k++)
+        elems *= r.shape[k];
+    Py_buffer iv, vv, dv;
+    if (PyObject_GetBuffer(io, &iv, PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(vo, &vv, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&iv);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(dst, &dv, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&iv);
+        PyBuffer_Release(&vv);
+        return NULL;
+    }
+    PyObject *out = NULL;
+    if ((uint64_t)iv.len != r.nnz * r.ndim * sizeof(int64_t) || (uint64_t)vv.len != r.nnz * vsz) {
+        PyErr_Format(PyExc_ValueError, "sparse_apply %s: %llu entries need %llu index bytes (int64) and %llu value "
+                     "bytes; the arrays hold %zd and %zd", r.tensor_id, (unsigned long long)r.nnz,
+                     (unsigned long long)(r.nnz * r.ndim * 8), (unsigned long long)(r.nnz * vsz), iv.len, vv.len);
+        goto done;
+    }
+    if ((uint64_t)dv.len != elems * dsz) {
+        PyErr_Format(PyExc_ValueError, "sparse_apply %s: the buffer holds %zd bytes, the target's local shape "
+                     "needs %llu of %s", r.tensor_id, dv.len, (unsigned long long)(elems * dsz), dst_dtype);
+        goto done;
+    }
+    r.indices = iv.buf;
+    r.values = vv.buf;
+    ferry_error err = {0};
+    uint64_t gen = 0;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ferry_sparse_apply(&r, dv.buf, dst_dtype, cur, &gen, &err);
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        fp_raise_err_class(rc, &err);
+    else
+        out = u64(gen);
+done:
+    PyBuffer_Release(&iv);
+    PyBuffer_Release(&vv);
+    PyBuffer_Release(&dv);
+    return out;
+}
+
+static PyMethodDef sparse_methods[] = {
+    {"sparse_put", sp_put, METH_VARARGS, "sparse_put(store, desc, indices, values) -> (key, stored desc)"},
+    {"sparse_admit", sp_admit, METH_VARARGS, "sparse_admit(store, desc, rank) -> admitted"},
+    {"sparse_read", sp_read, METH_VARARGS,
+     "sparse_read(store, keys, [(tensor_id, node, axis_index, offset, shape)], publish_prefix) "
+     "-> ([result dict], counters dict)"},
+    {"sparse_apply", sp_apply, METH_VARARGS,
+     "sparse_apply(result, indices, values, dst, dst_dtype, current_generation) -> new generation"},
+    {NULL, NULL, 0, NULL},
+};
+
+int fp_sparse_init(PyObject *m)
+{
+    return PyModule_AddFunctions(m, sparse_methods);
+}
