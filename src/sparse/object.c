@@ -11,7 +11,7 @@
 #include "sparse/sparse_int.h"
 
 #define SCHEMA "ferry.sparse_object"
-#define TILE_TARGET 65536u        /* elements per default tile */
+#define TILE_TARGET 16384u        /* elements per default tile */
 #define META_MAX (1u << 20)       /* bytes of a meta member we accept */
 
 /* ---- key and meta ------------------------------------------------------------------- */
@@ -254,8 +254,10 @@ out:
 
 /* The default tile: about TILE_TARGET elements, as square as the shape
  * allows. Dimensions are visited smallest first; each takes the r-th root
- * of the remaining budget (r = dimensions left), capped by its extent, so a
- * short dimension hands its unused share to the longer ones. */
+ * of the remaining budget (r = dimensions left) rounded down to a power of
+ * two (so tile edges fall on the power-of-two splits TP layouts make),
+ * capped by its extent, so a short dimension hands its unused share to the
+ * longer ones. */
 static void default_tile(const uint64_t *shape, uint32_t ndim, uint64_t *tile)
 {
     uint32_t ord[FERRY_SPARSE_NDIM_MAX];
@@ -280,6 +282,8 @@ static void default_tile(const uint64_t *shape, uint32_t ndim, uint64_t *tile)
                 break;
             x = y;
         }
+        while (x & (x - 1))
+            x &= x - 1;   /* the highest power of two <= x */
         uint64_t t = x < shape[ord[i]] ? x : shape[ord[i]];
         tile[ord[i]] = t;
         budget /= t;

@@ -1,5 +1,5 @@
 /* sparse layer internals shared by object.c (put, admission, the index
- * read), planner.c (the pure batch planner) and exec.c (ranged reads,
+ * read), sparse_plan.c (the pure batch planner) and exec.c (ranged reads,
  * filtering, rebasing, apply). Internal names are fr_sp_ / fr_sparse_. */
 #ifndef FR_SPARSE_INT_H
 #define FR_SPARSE_INT_H
@@ -27,7 +27,7 @@ static inline int fr_sp_fail(ferry_error *err, int code, const char *fmt, ...)
 }
 
 /* Frees what the planner keeps in ferry_sparse_index.aux (its lazily built
- * secondary indexes). NULL ok. Implemented by planner.c; called by
+ * secondary indexes). NULL ok. Implemented by sparse_plan.c; called by
  * ferry_sparse_index_free (object.c). */
 void fr_sparse_aux_free(void *aux);
 

@@ -340,7 +340,7 @@ static void print_stats(const char *what, const ferry_sparse_stats *s)
 
 /* ---- the RFC's cases --------------------------------------------------------------------- */
 
-/* Non-EP weight [1024, 2048] (default tiles 256 x 256), EP2 x TP2 with TP
+/* Non-EP weight [1024, 2048] (tiles 256 x 256), EP2 x TP2 with TP
  * splitting rows in two: both EP replicas on one node share the two TP
  * ranges. */
 static void test_acceptance_non_ep(void **state)
@@ -353,7 +353,9 @@ static void test_acceptance_non_ep(void **state)
             uint64_t off[2] = {512 * tp, 0};
             t[ep * 2 + tp] = mktarget("shared.w", 0, ep, 2, off, half);
         }
-    spcase c = {.d = mkdesc("shared.w", 2, shape), .nnz = 20000, .t = t, .nt = 4,
+    ferry_sparse_desc dd = mkdesc("shared.w", 2, shape);
+    dd.tile[0] = dd.tile[1] = 256;   /* the counts below are for 256 x 256 tiles */
+    spcase c = {.d = dd, .nnz = 20000, .t = t, .nt = 4,
                 .dst_dtype = "bf16"};
     ferry_sparse_stats st;
     ferry_sparse_desc put;
@@ -411,7 +413,9 @@ static void test_ep_expert(void **state)
         uint64_t off[2] = {0, 384 * (i % 2)};
         t[i] = mktarget("expert.3.w1", i / 2, i / 2, 2, off, box);
     }
-    spcase c = {.d = mkdesc("expert.3.w1", 2, shape), .nnz = 8000, .t = t, .nt = 4,
+    ferry_sparse_desc dd = mkdesc("expert.3.w1", 2, shape);
+    dd.tile[0] = dd.tile[1] = 256;   /* 384 cuts through these tiles */
+    spcase c = {.d = dd, .nnz = 8000, .t = t, .nt = 4,
                 .dst_dtype = "f32"};
     c.d.placement.kind = FERRY_SPARSE_OWNER;
     c.d.placement.owner = 1;
