@@ -42,6 +42,18 @@ static inline int fr_add_u64(uint64_t a, uint64_t b, uint64_t *out)
 static inline int fr_mul_u64(uint64_t a, uint64_t b, uint64_t *out)
 { return __builtin_mul_overflow(a, b, out) ? FERRY_ERANGE : 0; }
 
+/* ---- bf16 --------------------------------------------------------------- */
+/* f32 bits -> bf16, to nearest, ties to even (an overflow carries into the
+ * infinity); NaNs stay NaNs, made quiet, sign kept. */
+static inline uint16_t fr_bf16_from_f32_bits(uint32_t u)
+{
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x0040u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+/* bf16 -> f32 bits: exact. */
+static inline uint32_t fr_bf16_to_f32_bits(uint16_t h) { return (uint32_t)h << 16; }
+
 /* ---- time ------------------------------------------------------------- */
 uint64_t fr_now_ns(void);             /* CLOCK_MONOTONIC */
 uint64_t fr_now_ms(void);

@@ -21,14 +21,6 @@ static int kind(const char *d)
     return 0;
 }
 
-static uint16_t bf16_from_bits(uint32_t u)
-{
-    if ((u & 0x7fffffffu) > 0x7f800000u)          /* NaN: keep sign, make quiet */
-        return (uint16_t)((u >> 16) | 0x0040u);
-    uint32_t bias = 0x7fffu + ((u >> 16) & 1u);   /* ties to even */
-    return (uint16_t)((u + bias) >> 16);          /* overflow carries into inf */
-}
-
 static uint16_t f16_from_bits(uint32_t u)
 {
     uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
@@ -105,7 +97,7 @@ int ferry_convert(const void *src, const char *src_dtype, void *dst, const char 
             memcpy(d + i * ds, &u, 4);
             continue;
         }
-        uint16_t h = dk == BF16 ? bf16_from_bits(u) : f16_from_bits(u);
+        uint16_t h = dk == BF16 ? fr_bf16_from_f32_bits(u) : f16_from_bits(u);
         memcpy(d + i * ds, &h, 2);
     }
     return 0;

@@ -481,6 +481,25 @@ void ferry_sparse_results_free(ferry_sparse_result *r, size_t n)
 
 /* ---- apply ------------------------------------------------------------------------------ */
 
+/* bf16 through the base layer's inline conversion (the hot path of apply
+ * into bf16 weights); the same rounding as ferry_convert. */
+static inline float bf16_to_f32(const uint8_t *p)
+{
+    uint32_t u = fr_bf16_to_f32_bits((uint16_t)(p[0] | p[1] << 8));
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline void f32_to_bf16(float f, uint8_t *p)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint16_t h = fr_bf16_from_f32_bits(u);
+    p[0] = (uint8_t)h;
+    p[1] = (uint8_t)(h >> 8);
+}
+
 int ferry_sparse_apply(const ferry_sparse_result *r, void *dst, const char *dst_dtype,
                        uint64_t current_generation, uint64_t *new_generation, ferry_error *err)
 {
@@ -523,6 +542,7 @@ int ferry_sparse_apply(const ferry_sparse_result *r, void *dst, const char *dst_
     float vf[CH];
     uint8_t *d = dst;
     bool set = r->apply == FERRY_SPARSE_SCATTER_SET, f32 = dsz == 4;
+    bool bf16 = !strcmp(dst_dtype, "bf16");
     for (uint64_t i0 = 0; i0 < r->nnz; i0 += CH) {
         size_t n = r->nnz - i0 < CH ? (size_t)(r->nnz - i0) : CH;
         ferry_convert((const uint8_t *)r->values + i0 * vsz, r->value_dtype, vf, "f32", n);
@@ -540,6 +560,8 @@ int ferry_sparse_apply(const ferry_sparse_result *r, void *dst, const char *dst_
                     v += cur;
                 }
                 memcpy(p, &v, 4);
+            } else if (bf16) {
+                f32_to_bf16(set ? v : v + bf16_to_f32(p), p);
             } else {
                 if (!set) {
                     float cur;
