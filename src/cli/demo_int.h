@@ -74,4 +74,5 @@ int demo_rl_update_main(int argc, char **argv);
 bool demo_round(child *cs, unsigned n, const char *cmd, double *wall, uint64_t *sum2,
                 uint64_t *sum3, uint64_t *sum4, char *err, size_t errcap);
 
+int cmd_demo_sparse(int argc, char **argv);   /* `ferry demo sparse` and its _demo_sparse_* children */
 #endif

@@ -64,6 +64,8 @@ int main(int argc, char **argv)
         return demo_rl_rollout_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "_demo_rl_update"))
         return demo_rl_update_main(argc - 1, argv + 1);
+    if (!strncmp(cmd, "_demo_sparse_", 13))
+        return cmd_demo_sparse(argc - 1, argv + 1);
     if (!strcmp(cmd, "_target"))
         return cli_target_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "_exec_worker"))
