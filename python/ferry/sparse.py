@@ -119,17 +119,16 @@ def _desc(tensor_id, global_shape, generation, source_placement, tile_shape, app
             "index_dtype": index_dtype, "value_dtype": value_dtype, "nnz": nnz}
 
 
-def _value_dtype(values, value_dtype):
+def _value_dtype(values, value_dtype, what="values"):
     name = _VALUE_DTYPES.get(values.dtype.name)
     if value_dtype is not None:
         if value_dtype not in _NUMPY_OF:
-            raise ValueError(f"value_dtype must be 'f32', 'bf16' or 'f16', not {value_dtype!r}")
+            raise ValueError(f"the dtype of {what} must be 'f32', 'bf16' or 'f16', not {value_dtype!r}")
         if np.dtype(_NUMPY_OF[value_dtype]) != values.dtype:
-            raise ValueError(f"values are {values.dtype}; value_dtype {value_dtype} needs "
-                             f"{np.dtype(_NUMPY_OF[value_dtype])}")
+            raise ValueError(f"{what} are {values.dtype}; {value_dtype} needs {np.dtype(_NUMPY_OF[value_dtype])}")
         return value_dtype
     if name is None:
-        raise ValueError(f"values must be float32, float16 or bf16 held as uint16, not {values.dtype}")
+        raise ValueError(f"{what} must be float32, float16 or bf16 held as uint16, not {values.dtype}")
     return name
 
 
@@ -231,7 +230,7 @@ def sparse_apply(result, dense, current_generation, dense_dtype=None):
                          f"{tuple(result.shape)}")
     if not dense.flags.c_contiguous or not dense.flags.writeable:
         raise ValueError(f"sparse_apply {result.tensor_id}: the array must be C-contiguous and writable")
-    ddt = _value_dtype(dense, dense_dtype)
+    ddt = _value_dtype(dense, dense_dtype, "the dense array's elements")
     idx = np.ascontiguousarray(result.indices, dtype="<i8")
     val = np.ascontiguousarray(result.values)
     if idx.ndim != 2 or idx.shape != (val.shape[0], len(result.shape)):
