@@ -1,4 +1,4 @@
-/* `ferry demo sparse`: sparse COO weight deltas in the weights path. A
+/* `ferry demo --sparse`: sparse COO weight deltas in the weights path. A
  * local cluster (unless FERRY_MASTER is set), trainer processes and rollout
  * processes in EP x TP over MoE-shaped tensors: routed experts owned by one
  * EP rank (OWNER), attention and a shared expert replicated across EP
@@ -512,10 +512,10 @@ static int demo_sparse_rollout_main(int argc, char **argv)
 static int usage_sparse(void)
 {
     fprintf(stderr,
-            "usage: ferry demo sparse [--rollouts N (4)] [--ep N (2)] [--trainers N (2)]\n"
-            "                         [--generations N (3)] [--density FRACTION (0.01)]\n"
-            "                         [--hidden N (512)] [--ffn N (1024)] [--experts N (8)]\n"
-            "                         [--layers N (1)] [--tile N (0: chosen)] [--json]\n");
+            "usage: ferry demo --sparse [--rollouts N (4)] [--ep N (2)] [--trainers N (2)]\n"
+            "                          [--generations N (3)] [--density FRACTION (0.01)]\n"
+            "                          [--hidden N (512)] [--ffn N (1024)] [--experts N (8)]\n"
+            "                          [--layers N (1)] [--tile N (0: chosen)] [--json]\n");
     return 2;
 }
 
