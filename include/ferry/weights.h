@@ -182,7 +182,9 @@ typedef struct ferry_update_stats {
     double exchange_s;            /* demands to the KV, barrier, every demand read back
                                    * (inside prepare_s) */
     double plan_s;                /* planning (or reusing the last plan) */
-    double forward_s;             /* hop 2, forwarding inside the node (inside push_s) */
+    double forward_s;             /* from the end of this worker's own reads and pushes to
+                                   * the last byte forwarded to it and by it (inside push_s;
+                                   * forwards also run earlier, between read batches) */
     double barrier_s;             /* the post-apply barrier */
     double apply_s;               /* reads + pushes + forwards, wall */
     uint64_t batches;             /* this worker's read batches (pipelined with its pushes) */
@@ -245,8 +247,10 @@ typedef struct ferry_subscriber_config {
                               * crosses to another node once, then is forwarded there */
     uint64_t batch_bytes;    /* (appended) apply runs in batches of about this many bytes
                               * of this worker's reads: the pushes of batch k are in flight
-                              * while batch k+1 is read, at most two batches at once
-                              * (0: 64 MiB) */
+                              * (and forwarded inside the other nodes as they land) while
+                              * batch k+1 is read, at most two batches at once (0: 64 MiB;
+                              * a batch holds at least one range; shared ranges are 4 MiB
+                              * pieces) */
 } ferry_subscriber_config;
 
 /* The worker's shards are copied; their buffers stay the caller's and must
@@ -257,11 +261,13 @@ int ferry_subscriber_open(ferry_store *s, const ferry_subscriber_config *cfg,
                           ferry_error *err);
 /* Update to the active generation with the whole group: prepare (manifest,
  * leases), exchange demands (KV + barrier; every worker must agree on the
- * generation, else FERRY_ESTATE and all stay), read this worker's ranges,
- * push, wait for every push aimed at it, post-apply barrier; then
- * *generation advances. A failed read anywhere is reported to the workers
- * it would have fed: they return FERRY_EREBUILD (rebuild with a full
- * update). Every member calls it. */
+ * generation, else FERRY_ESTATE and all stay), read this worker's ranges
+ * and push them as a pipeline of batches (cfg.batch_bytes), forward what
+ * lands for its node, wait for every push aimed at it, post-apply barrier;
+ * then *generation advances. A failed read anywhere is reported to the
+ * workers it would have fed (those that got all their bytes before it are
+ * not affected): they return FERRY_EREBUILD (rebuild with a full update).
+ * Every member calls it. */
 int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_update_stats *st,
                             ferry_error *err);
 void ferry_subscriber_close(ferry_subscriber *sub);

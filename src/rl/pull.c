@@ -9,13 +9,13 @@
  * members' nodes' NIC loads (the store counts as off every node); a piece
  * goes to another node once, to one consumer there, which forwards it to
  * the others of its node. A worker reads its ranges from the store
- * straight into its parameters, WRITEs each range into the other
- * consumers' parameters (registered remote-writable) and sends each of
- * them one NOTIFY (value 0, or 1 when its reads failed), waits for the
- * notifications of every reader that feeds it, then forwards what it
- * received for its node (WRITEs and a NOTIFY with a second tag; value 1
- * when what it was to forward did not arrive), waits for the forwarders
- * that feed it, and meets the group at a post-apply barrier.
+ * straight into its parameters, in batches, and WRITEs each batch into the
+ * other consumers' parameters (registered remote-writable) while it reads
+ * the next one; NOTIFYs tell each consumer how many of its WRITEs have
+ * landed (or that no more will come), so a worker that forwards for its
+ * node forwards what has landed while the rest is still being read, and
+ * every worker knows when all its bytes are there ("apply" below). Then
+ * the group meets at a post-apply barrier.
  *
  * Demand record (little-endian): "FRYDMND1", u64 generation, u32 rank,
  * u32 regions, u32 runs, u32 node; regions: u64 base, u32 desc length,
@@ -284,13 +284,23 @@ static int cmp_u32(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* The pushes of one hop: WRITE ops, grouped by target worker when sent. */
+/* The pushes of one hop: WRITE ops in plan order, grouped by target
+ * worker when sent, and what this worker sends and receives on the hop,
+ * per worker (the notification protocol, "apply" below). */
 typedef struct pushes {
     ferry_op *ops;
     uint32_t *to;
-    size_t *dep;                   /* hop 1: the index of my read that brings the bytes */
+    size_t *dep;                   /* hop 1: the index of my read that brings the bytes;
+                                    * hop 2: how many of via's hop-1 WRITEs into me
+                                    * must have landed */
+    uint32_t *via;                 /* hop 2: the reader whose WRITE brings the bytes
+                                    * (UINT32_MAX: none to wait for) */
     size_t n, cap;
-    bool *feeds_me;                /* per worker: it pushes into this worker on this hop */
+    uint64_t *expect, *got;        /* receiving: WRITEs each worker sends me, landed so far */
+    bool *failed;                  /* receiving: it sends me nothing more */
+    uint64_t *total, *sent, *done; /* sending: WRITEs to each worker, submitted, landed */
+    bool *progress;                /* sending, hop 1: it forwards my bytes: tell it early */
+    bool *out_failed;              /* sending: it gets nothing more (told FAILED) */
 } pushes;
 
 typedef struct work {
@@ -298,7 +308,30 @@ typedef struct work {
     size_t nreads, cap_reads;
     pushes hop[2];                 /* from the reader; forwarded inside a node */
     uint64_t group_read, my_read, pushed, received;
+    uint64_t *scratch;             /* per push of a piece: the count covering it */
+    size_t cap_scratch;
 } work;
+
+static int pushes_init(pushes *ps, uint32_t world)
+{
+    ps->expect = calloc(world, sizeof *ps->expect);
+    ps->got = calloc(world, sizeof *ps->got);
+    ps->failed = calloc(world, sizeof *ps->failed);
+    ps->total = calloc(world, sizeof *ps->total);
+    ps->sent = calloc(world, sizeof *ps->sent);
+    ps->done = calloc(world, sizeof *ps->done);
+    ps->progress = calloc(world, sizeof *ps->progress);
+    ps->out_failed = calloc(world, sizeof *ps->out_failed);
+    return ps->expect && ps->got && ps->failed && ps->total && ps->sent && ps->done &&
+                   ps->progress && ps->out_failed ? 0 : FERRY_ENOMEM;
+}
+
+static void pushes_free(pushes *ps)
+{
+    free(ps->ops), free(ps->to), free(ps->dep), free(ps->via);
+    free(ps->expect), free(ps->got), free(ps->failed), free(ps->total), free(ps->sent);
+    free(ps->done), free(ps->progress), free(ps->out_failed);
+}
 
 static int add_read(work *w, const char *key, uint64_t off, void *dst, uint64_t len)
 {
@@ -308,7 +341,7 @@ static int add_read(work *w, const char *key, uint64_t off, void *dst, uint64_t 
     return 0;
 }
 
-static int add_push(pushes *ps, uint32_t to, size_t dep, void *local,
+static int add_push(pushes *ps, uint32_t to, size_t dep, uint32_t via, void *local,
                     const ferry_remote_region *rr, uint64_t remote, uint64_t len)
 {
     size_t cap = ps->cap;
@@ -321,14 +354,18 @@ static int add_push(pushes *ps, uint32_t to, size_t dep, void *local,
         size_t *nd = realloc(ps->dep, ps->cap * sizeof *nd);
         if (nd)
             ps->dep = nd;
-        if (!np || !nd) {
-            ps->cap = cap;   /* to and dep keep their old size */
+        uint32_t *nv = realloc(ps->via, ps->cap * sizeof *nv);
+        if (nv)
+            ps->via = nv;
+        if (!np || !nd || !nv) {
+            ps->cap = cap;   /* to, dep and via keep their old size */
             return FERRY_ENOMEM;
         }
     }
     ps->ops[ps->n] = (ferry_op){ .opcode = FERRY_OP_WRITE, .local = local, .len = len,
                                  .peer = rr->peer, .remote_addr = remote, .key = rr->key };
     ps->dep[ps->n] = dep;
+    ps->via[ps->n] = via;
     ps->to[ps->n++] = to;
     return 0;
 }
@@ -371,27 +408,42 @@ static int plan_piece(ferry_subscriber *sub, const char *key, const grun *runs,
             return FERRY_ENOMEM;
         w->my_read += g->len;
     }
-    size_t dep = w->nreads ? w->nreads - 1 : 0;   /* hop 1 leaves from the reader: my last read */
+    size_t read = w->nreads ? w->nreads - 1 : 0;   /* hop 1 leaves from the reader: my last read */
+    if (fr_grow((void **)&w->scratch, &w->cap_scratch, g->npush ? g->npush : 1,
+                sizeof *w->scratch) < 0)
+        return FERRY_ENOMEM;
     for (size_t k = g->push; k < g->push + g->npush; k++) {
         const grun *f = &runs[p[k].from], *t = &runs[p[k].to];
-        pushes *ps = &w->hop[p[k].hop == 2];
+        bool hop2 = p[k].hop == 2;
+        pushes *ps = &w->hop[hop2];
         if (f->worker != me) {
             if (t->worker == me) {
-                ps->feeds_me[f->worker] = true;
+                w->scratch[k - g->push] = ++ps->expect[f->worker];
                 w->received += g->len;
             }
+            if (hop2 && reader->worker == me)
+                w->hop[0].progress[f->worker] = true;   /* it forwards what I read */
             continue;
         }
+        size_t dep = read;
+        uint32_t via = UINT32_MAX;
+        for (size_t j = g->push; hop2 && j < k; j++)   /* the hop-1 WRITE into my run f */
+            if (p[j].hop == 1 && p[j].to == p[k].from && runs[p[j].from].worker != me) {
+                dep = (size_t)w->scratch[j - g->push];
+                via = runs[p[j].from].worker;
+                break;
+            }
         const member *mb = &mbs[t->worker];
         uint64_t off = t->dst_off + (g->off - t->src);   /* inside the region */
         int rc;
         if (t->worker == me) {
             /* one worker needing the bytes twice: a copy after they arrive */
-            rc = add_push(ps, me, dep, my_dst(sub, f, g->off), &(ferry_remote_region){0},
+            rc = add_push(ps, me, dep, via, my_dst(sub, f, g->off), &(ferry_remote_region){0},
                           mb->base[t->region] + off, g->len);
         } else {
-            rc = add_push(ps, t->worker, dep, my_dst(sub, f, g->off), &mb->rr[t->region],
+            rc = add_push(ps, t->worker, dep, via, my_dst(sub, f, g->off), &mb->rr[t->region],
                           mb->rr[t->region].addr + off, g->len);
+            ps->total[t->worker]++;
             w->pushed += g->len;
         }
         if (rc < 0)
@@ -578,65 +630,6 @@ static int do_reads(ferry_subscriber *sub, work *w, size_t from, size_t to, ferr
     return rc;
 }
 
-/* Push to every target (one ticket each, all in flight), then NOTIFY. */
-static int do_pushes(ferry_subscriber *sub, const pushes *w, uint64_t tag, bool reads_ok,
-                     member *mbs, ferry_error *err)
-{
-    ferry_engine *e = ferry_store_engine(sub->s);
-    uint32_t world = sub->cfg.world, me = sub->cfg.rank;
-    /* local copies first (a worker that needs a range twice) */
-    for (size_t i = 0; reads_ok && i < w->n; i++)
-        if (w->to[i] == me)
-            memcpy((void *)(uintptr_t)w->ops[i].remote_addr, w->ops[i].local,
-                   w->ops[i].len);
-    ferry_ticket **t = calloc(world, sizeof *t);
-    ferry_op *ops = malloc((w->n + 1) * sizeof *ops);
-    if (!t || !ops) {
-        free(t), free(ops);
-        return fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
-    }
-    int rc = 0;
-    for (uint32_t to = 0; to < world; to++) {
-        if (to == me)
-            continue;
-        size_t n = 0;
-        for (size_t i = 0; reads_ok && i < w->n; i++)
-            if (w->to[i] == to)
-                ops[n++] = w->ops[i];
-        bool target = n > 0;
-        for (size_t i = 0; !reads_ok && i < w->n && !target; i++)
-            target = w->to[i] == to;
-        if (!target)
-            continue;
-        /* any region of the target names its peer */
-        ferry_peer_id peer = 0;
-        bool have = false;
-        for (uint32_t r = 0; r < mbs[to].nregions && !have; r++)
-            if (mbs[to].rr[r].key) {
-                peer = mbs[to].rr[r].peer;
-                have = true;
-            }
-        ops[n++] = (ferry_op){ .opcode = FERRY_OP_NOTIFY, .peer = peer, .tag = tag,
-                               .value = reads_ok ? 0 : 1 };
-        int s = ferry_submit(e, ops, n, 0, &t[to]);
-        if (s < 0 && rc == 0)
-            rc = fr_rl_fail(err, s, "subscriber: pushing to worker %u: %s", to, ferry_strerror(s));
-    }
-    for (uint32_t to = 0; to < world; to++) {
-        if (!t[to])
-            continue;
-        int st = ferry_ticket_wait(t[to], sub->cfg.timeout_ms ? (int)sub->cfg.timeout_ms : 60000);
-        int te = ferry_ticket_error(t[to]);
-        ferry_ticket_free(t[to]);
-        if (st != FERRY_TICKET_COMPLETED && rc == 0)
-            rc = fr_rl_fail(err, FERRY_EREBUILD, "subscriber: pushing to worker %u failed: %s", to,
-                      ferry_strerror(te ? te : FERRY_EIO));
-    }
-    free(t);
-    free(ops);
-    return rc;
-}
-
 static ferry_peer_id peer_of(const member *mb)
 {
     for (uint32_t r = 0; r < mb->nregions; r++)
@@ -645,137 +638,290 @@ static ferry_peer_id peer_of(const member *mb)
     return 0;
 }
 
-/* Wait for and free the tickets t[0..world); a failed one marks its target. */
-static int wait_tickets(ferry_subscriber *sub, ferry_ticket **t, bool *failed, ferry_error *err)
+/* How a receiver learns what landed. On each hop a sender S sends a target
+ * T its WRITEs in plan order; once some have completed, a NOTIFY (tag of
+ * the hop) carries S << NV_SHIFT | how many of them have landed, or
+ * S << NV_SHIFT | NV_FAILED when S will send T nothing more (its reads, a
+ * push to T, or what it was to forward failed). A NOTIFY is submitted
+ * only after the WRITEs it counts have completed, so it never overtakes
+ * them. T knows from the plan how many WRITEs each S has for it: it is
+ * done with S when the count reaches that number or S failed. On hop 1 a
+ * reader tells the workers that forward its bytes after every batch, so
+ * that they forward batch k while batch k+1 is read (the scatter stage of
+ * the pipeline); the others, and hop 2, hear once, at the end. */
+#define NV_SHIFT 40
+#define NV_FAILED (1ull << 39)
+#define NV_COUNT (NV_FAILED - 1)
+
+typedef struct apply {
+    ferry_subscriber *sub;
+    ferry_engine *e;
+    work *w;
+    member *mbs;
+    uint64_t tag[2];
+    int rc;                        /* the first failure of my sends (EREBUILD for me) */
+    ferry_error *err;
+    ferry_ticket **t[2];           /* per hop, WATERMARK slots x world WRITE tickets */
+    uint64_t *at[2];               /* per hop and slot: what each target's count reaches */
+    ferry_ticket **nt;             /* NOTIFY tickets in flight, reaped before the next ones */
+    uint32_t *nto;                 /* their targets */
+    size_t nnt, cap_nt, cap_nto;
+    ferry_op *ops;                 /* scratch for one target's WRITEs */
+    size_t fnext;                  /* hop 2: WRITEs [0, fnext) are submitted */
+    uint64_t fround;
+    bool fstop;                    /* a worker feeding my forwards failed or went quiet */
+} apply;
+
+static int fail_once(apply *ap, int code, const char *fmt, uint32_t to)
 {
-    int rc = 0;
-    for (uint32_t to = 0; to < sub->cfg.world; to++) {
+    if (ap->rc == 0)
+        ap->rc = fr_rl_fail(ap->err, FERRY_EREBUILD, fmt, to, ferry_strerror(code));
+    return ap->rc;
+}
+
+static void notify(apply *ap, int h, uint32_t to, uint64_t value)
+{
+    uint64_t v = (uint64_t)ap->sub->cfg.rank << NV_SHIFT | value;
+    ferry_op op = { .opcode = FERRY_OP_NOTIFY, .peer = peer_of(&ap->mbs[to]), .tag = ap->tag[h],
+                    .value = v };
+    if (fr_grow((void **)&ap->nt, &ap->cap_nt, ap->nnt + 1, sizeof *ap->nt) < 0 ||
+        fr_grow((void **)&ap->nto, &ap->cap_nto, ap->nnt + 1, sizeof *ap->nto) < 0) {
+        fail_once(ap, FERRY_ENOMEM, "subscriber: notifying worker %u: %s", to);
+        return;
+    }
+    int s = ferry_submit(ap->e, &op, 1, 0, &ap->nt[ap->nnt]);
+    if (s < 0)
+        fail_once(ap, s, "subscriber: notifying worker %u: %s", to);
+    else
+        ap->nto[ap->nnt++] = to;
+}
+
+static void reap_notifies(apply *ap)
+{
+    int tmo = ap->sub->cfg.timeout_ms ? (int)ap->sub->cfg.timeout_ms : 60000;
+    for (size_t i = 0; i < ap->nnt; i++) {
+        int st = ferry_ticket_wait(ap->nt[i], tmo);
+        int te = ferry_ticket_error(ap->nt[i]);
+        ferry_ticket_free(ap->nt[i]);
+        if (st != FERRY_TICKET_COMPLETED)
+            fail_once(ap, te ? te : FERRY_EIO, "subscriber: notifying worker %u failed: %s",
+                      ap->nto[i]);
+    }
+    ap->nnt = 0;
+}
+
+/* WRITEs [a, b) of hop h: local copies now, one ticket per other target
+ * into slot (not waited for). */
+static void send_ops(apply *ap, int h, size_t slot, size_t a, size_t b)
+{
+    const pushes *ps = &ap->w->hop[h];
+    uint32_t world = ap->sub->cfg.world, me = ap->sub->cfg.rank;
+    ferry_ticket **t = ap->t[h] + slot * world;
+    uint64_t *at = ap->at[h] + slot * world;
+    for (size_t i = a; i < b; i++)   /* a worker needing a range twice */
+        if (ps->to[i] == me)
+            memcpy((void *)(uintptr_t)ps->ops[i].remote_addr, ps->ops[i].local, ps->ops[i].len);
+    for (uint32_t to = 0; to < world; to++) {
+        size_t n = 0;
+        for (size_t i = a; to != me && !ps->out_failed[to] && i < b; i++)
+            if (ps->to[i] == to)
+                ap->ops[n++] = ps->ops[i];
+        if (n == 0)
+            continue;
+        int s = ferry_submit(ap->e, ap->ops, n, 0, &t[to]);
+        if (s < 0) {
+            t[to] = NULL;
+            ap->w->hop[h].out_failed[to] = true;
+            notify(ap, h, to, NV_FAILED);
+            fail_once(ap, s, "subscriber: pushing to worker %u: %s", to);
+            continue;
+        }
+        ap->w->hop[h].sent[to] += n;
+        at[to] = ap->w->hop[h].sent[to];
+    }
+}
+
+/* Wait for the tickets of a slot; tell each target what landed (early
+ * only where it forwards my bytes; always once all of it did), or that it
+ * gets nothing more. The notifications before have landed first, so that
+ * a target hears its counts in order and nothing after its last one. */
+static void settle(apply *ap, int h, size_t slot)
+{
+    reap_notifies(ap);
+    pushes *ps = &ap->w->hop[h];
+    uint32_t world = ap->sub->cfg.world;
+    ferry_ticket **t = ap->t[h] + slot * world;
+    const uint64_t *at = ap->at[h] + slot * world;
+    int tmo = ap->sub->cfg.timeout_ms ? (int)ap->sub->cfg.timeout_ms : 60000;
+    for (uint32_t to = 0; to < world; to++) {
         if (!t[to])
             continue;
-        int st = ferry_ticket_wait(t[to], sub->cfg.timeout_ms ? (int)sub->cfg.timeout_ms : 60000);
+        int st = ferry_ticket_wait(t[to], tmo);
         int te = ferry_ticket_error(t[to]);
         ferry_ticket_free(t[to]);
         t[to] = NULL;
+        if (ps->out_failed[to])
+            continue;
         if (st != FERRY_TICKET_COMPLETED) {
-            failed[to] = true;
-            if (rc == 0)
-                rc = fr_rl_fail(err, FERRY_EREBUILD, "subscriber: pushing to worker %u failed: %s",
-                                to, ferry_strerror(te ? te : FERRY_EIO));
+            ps->out_failed[to] = true;
+            notify(ap, h, to, NV_FAILED);
+            fail_once(ap, te ? te : FERRY_EIO, "subscriber: pushing to worker %u failed: %s", to);
+            continue;
         }
+        if (at[to] <= ps->done[to])
+            continue;
+        ps->done[to] = at[to];
+        if (ps->done[to] == ps->total[to] || ps->progress[to])
+            notify(ap, h, to, ps->done[to]);
     }
-    return rc;
 }
 
-/* Hop 1 as a pipeline: my reads in batches of about batch_bytes; the
- * pushes of a batch leave (one ticket per target, not waited for) as soon
- * as its reads are in, and the next batch is read while they are in
- * flight. At most WATERMARK batches are in flight: before reading batch k
- * the pushes of batch k - WATERMARK must have completed. Once every push
- * has completed, each target gets one NOTIFY: 0, or 1 when my reads (or a
- * push to it) failed, so that it knows to rebuild. The reads land in my
- * own parameters, which are the pushes' source: no staging copy. */
-static int pipeline_hop1(ferry_subscriber *sub, work *w, uint64_t tag, member *mbs,
-                         bool *reads_ok, ferry_update_stats *st, ferry_error *err)
+/* After the last settle: every target still short gets FAILED. */
+static void finish(apply *ap, int h)
 {
-    ferry_engine *e = ferry_store_engine(sub->s);
-    const pushes *ps = &w->hop[0];
-    uint32_t world = sub->cfg.world, me = sub->cfg.rank;
-    uint64_t budget = sub->cfg.batch_bytes ? sub->cfg.batch_bytes : BATCH_BYTES;
-    ferry_ticket **t = calloc((size_t)world * (WATERMARK + 1), sizeof *t);
-    bool *target = calloc(world, sizeof *target), *failed = calloc(world, sizeof *failed);
-    ferry_op *ops = malloc((ps->n + 1) * sizeof *ops);
-    if (!t || !target || !failed || !ops) {
-        free(t), free(target), free(failed), free(ops);
-        *reads_ok = false;
-        return fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+    pushes *ps = &ap->w->hop[h];
+    reap_notifies(ap);
+    for (uint32_t to = 0; to < ap->sub->cfg.world; to++)
+        if (ps->total[to] && !ps->out_failed[to] && ps->done[to] < ps->total[to]) {
+            ps->out_failed[to] = true;
+            notify(ap, h, to, NV_FAILED);
+        }
+}
+
+static bool fed(const pushes *ps, uint32_t world, bool *ok)
+{
+    bool all = true;
+    for (uint32_t k = 0; k < world; k++) {
+        if (ps->failed[k])
+            *ok = false;
+        else if (ps->got[k] < ps->expect[k])
+            all = false;
     }
-    for (size_t i = 0; i < ps->n; i++)
-        target[ps->to[i]] |= ps->to[i] != me;
-    int rc = 0;
+    return all;
+}
+
+/* Take one notification of hop h, waiting up to timeout_ms. */
+static int take(apply *ap, int h, int timeout_ms)
+{
+    uint64_t v = 0;
+    int rc = ferry_wait_notify(ap->e, ap->tag[h], 1, timeout_ms, &v);
+    if (rc < 0)
+        return rc;
+    pushes *ps = &ap->w->hop[h];
+    uint64_t from = v >> NV_SHIFT;
+    if (from >= ap->sub->cfg.world)
+        return 0;
+    if (v & NV_FAILED)
+        ps->failed[from] = true;
+    else if ((v & NV_COUNT) > ps->got[from])
+        ps->got[from] = v & NV_COUNT;
+    return 0;
+}
+
+/* Hop 2: submit the forwards whose bytes have landed, in plan order. */
+static void forward(apply *ap)
+{
+    const pushes *p2 = &ap->w->hop[1], *p1 = &ap->w->hop[0];
+    size_t b = ap->fnext;
+    for (; b < p2->n && !ap->fstop; b++) {
+        uint32_t v = p2->via[b];
+        if (v == UINT32_MAX)
+            continue;
+        if (p1->failed[v])
+            ap->fstop = true;
+        if (p1->failed[v] || p1->got[v] < p2->dep[b])
+            break;
+    }
+    if (b == ap->fnext)
+        return;
+    size_t slot = (size_t)(ap->fround++ % WATERMARK);
+    settle(ap, 1, slot);
+    send_ops(ap, 1, slot, ap->fnext, b);
+    ap->fnext = b;
+}
+
+/* The pipeline of one worker: my reads in batches of about batch_bytes;
+ * the WRITEs of a batch leave (one ticket per target, not waited for) as
+ * soon as its reads are in, and the next batch is read while they are in
+ * flight; at most WATERMARK batches are in flight (before reading batch k
+ * the WRITEs of batch k - WATERMARK must have landed). Between batches and
+ * then until every worker feeding me has told me everything, what landed
+ * for my node is forwarded (hop 2). The reads land in my parameters,
+ * which are the WRITEs' source: no staging copy. */
+static int run_apply(apply *ap, bool *reads_ok, bool *fed_ok, int *quiet, ferry_update_stats *st)
+{
+    ferry_subscriber *sub = ap->sub;
+    work *w = ap->w;
+    const pushes *p1 = &w->hop[0];
+    uint32_t world = sub->cfg.world;
+    int tmo = sub->cfg.timeout_ms ? (int)sub->cfg.timeout_ms : 60000;
+    uint64_t budget = sub->cfg.batch_bytes ? sub->cfg.batch_bytes : BATCH_BYTES;
     *reads_ok = true;
     size_t ra = 0, pa = 0;
     for (uint64_t b = 0; ra < w->nreads; b++) {
-        ferry_ticket **slot = t + (size_t)world * (b % WATERMARK);
-        int wr = wait_tickets(sub, slot, failed, err);   /* batch b - WATERMARK */
-        rc = rc < 0 ? rc : wr;
+        size_t slot = (size_t)(b % WATERMARK);
+        settle(ap, 0, slot);   /* batch b - WATERMARK */
         size_t rb = ra;
         for (uint64_t bytes = 0; rb < w->nreads && (rb == ra || bytes < budget); rb++)
             bytes += w->reads[rb].len;
         double t0 = (double)fr_now_ns() / 1e9;
-        int rr = do_reads(sub, w, ra, rb, err);
+        int rr = do_reads(sub, w, ra, rb, ap->err);
         st->read_s += (double)fr_now_ns() / 1e9 - t0;
         st->batches++;
         if (rr < 0) {
             *reads_ok = false;
-            rc = rr;
+            if (ap->rc == 0)
+                ap->rc = rr;
             break;
         }
         size_t pb = pa;
-        while (pb < ps->n && ps->dep[pb] < rb)
+        while (pb < p1->n && p1->dep[pb] < rb)
             pb++;
-        for (size_t i = pa; i < pb; i++)   /* a worker needing a range twice */
-            if (ps->to[i] == me)
-                memcpy((void *)(uintptr_t)ps->ops[i].remote_addr, ps->ops[i].local, ps->ops[i].len);
-        for (uint32_t to = 0; to < world; to++) {
-            size_t n = 0;
-            for (size_t i = pa; to != me && !failed[to] && i < pb; i++)
-                if (ps->to[i] == to)
-                    ops[n++] = ps->ops[i];
-            if (n == 0)
-                continue;
-            int s = ferry_submit(e, ops, n, 0, &slot[to]);
-            if (s < 0) {
-                slot[to] = NULL;
-                failed[to] = true;
-                if (rc == 0)
-                    rc = fr_rl_fail(err, FERRY_EREBUILD, "subscriber: pushing to worker %u: %s", to,
-                                    ferry_strerror(s));
-            }
-        }
+        send_ops(ap, 0, slot, pa, pb);
         ra = rb;
         pa = pb;
+        while (take(ap, 0, 0) == 0)
+            ;
+        forward(ap);
     }
-    for (int k = 0; k < WATERMARK; k++) {
-        int wr = wait_tickets(sub, t + (size_t)world * k, failed, err);
-        rc = rc < 0 ? rc : wr;
+    for (size_t k = 0; k < WATERMARK; k++)   /* the older batch first */
+        settle(ap, 0, (size_t)((st->batches + k) % WATERMARK));
+    finish(ap, 0);
+    double t1 = (double)fr_now_ns() / 1e9;
+    /* what reaches me, forwarded as it lands */
+    uint64_t deadline = fr_now_ns() + (uint64_t)tmo * 1000000u;
+    bool ok = true;
+    while (!fed(&w->hop[0], world, &ok)) {
+        uint64_t now = fr_now_ns();
+        int left = now < deadline ? (int)((deadline - now) / 1000000u) : 0;
+        int r = take(ap, 0, left);
+        if (r < 0) {
+            *quiet = r;
+            ap->fstop = true;
+            break;
+        }
+        forward(ap);
     }
-    /* every WRITE has completed: the notifications follow them */
-    ferry_ticket **nt = t + (size_t)world * WATERMARK;
-    for (uint32_t to = 0; to < world; to++) {
-        if (!target[to])
-            continue;
-        ferry_op op = { .opcode = FERRY_OP_NOTIFY, .peer = peer_of(&mbs[to]), .tag = tag,
-                        .value = *reads_ok && !failed[to] ? 0 : 1 };
-        int s = ferry_submit(e, &op, 1, 0, &nt[to]);
-        if (s < 0) {
-            nt[to] = NULL;
-            if (rc == 0)
-                rc = fr_rl_fail(err, s, "subscriber: notifying worker %u: %s", to, ferry_strerror(s));
+    forward(ap);
+    for (size_t k = 0; k < WATERMARK; k++)
+        settle(ap, 1, (size_t)((ap->fround + k) % WATERMARK));
+    finish(ap, 1);
+    reap_notifies(ap);
+    deadline = fr_now_ns() + (uint64_t)tmo * 1000000u;
+    while (!fed(&w->hop[1], world, &ok)) {
+        uint64_t now = fr_now_ns();
+        int left = now < deadline ? (int)((deadline - now) / 1000000u) : 0;
+        int r = take(ap, 1, left);
+        if (r < 0) {
+            *quiet = r;
+            ok = false;
+            break;
         }
     }
-    int wr = wait_tickets(sub, nt, failed, err);
-    rc = rc < 0 ? rc : wr;
-    free(t), free(target), free(failed), free(ops);
-    return rc;
-}
-
-/* Wait for the notifications of every worker that feeds me on hop h:
- * *fed_ok false when one failed or did not come (*nr the wait's code). */
-static void wait_fed(ferry_subscriber *sub, const pushes *ps, uint64_t tag, int tmo, bool *fed_ok,
-                     int *nr)
-{
-    uint32_t expect = 0;
-    for (uint32_t k = 0; k < sub->cfg.world; k++)
-        expect += ps->feeds_me[k];
-    uint64_t *vals = calloc(expect ? expect : 1, sizeof *vals);
-    int n = !vals ? FERRY_ENOMEM
-          : expect ? ferry_wait_notify(ferry_store_engine(sub->s), tag, expect, tmo, vals)
-          : 0;
-    for (uint32_t k = 0; n == 0 && k < expect; k++)
-        *fed_ok &= vals[k] == 0;
-    free(vals);
-    if (n < 0)
-        *fed_ok = false, *nr = n;
+    (void)fed(&w->hop[0], world, &ok);
+    *fed_ok = ok && *quiet == 0;
+    st->forward_s = (double)fr_now_ns() / 1e9 - t1;
+    return ap->rc;
 }
 
 int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_update_stats *st,
@@ -798,12 +944,12 @@ int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_u
     uint32_t world = sub->cfg.world, me = sub->cfg.rank;
     collect mine = { .rank = me }, all = {0};
     member *mbs = calloc(world, sizeof *mbs);
-    work w = { .hop = { { .feeds_me = calloc(world, sizeof(bool)) },
-                        { .feeds_me = calloc(world, sizeof(bool)) } } };
+    work w = {0};
     uint8_t *rec = NULL;
     size_t reclen = 0;
     char key[400], bar[400];
-    rc = mbs && w.hop[0].feeds_me && w.hop[1].feeds_me ? my_demand(sub, &m, &mine, err)
+    rc = mbs && pushes_init(&w.hop[0], world) == 0 && pushes_init(&w.hop[1], world) == 0
+             ? my_demand(sub, &m, &mine, err)
                            : fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
     if (rc == 0)
         rc = encode(sub, m.generation, &mine, &rec, &reclen);
@@ -846,27 +992,32 @@ int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_u
     st->plan_s = t2 - t1;
     if (rc == 0) {
         plan_stats(&sub->plan, st);
-        /* hop 1 from the readers, pipelined with the reads; then hop 2:
-         * what arrived, forwarded inside each node (marked failed when it
-         * did not arrive) */
-        bool reads_ok = false, fed_ok = true;
-        int nr = 0;
-        uint64_t tag1 = fr_hash64(bar, strlen(bar), 0) | 1, tag2 = fr_hash64(bar, strlen(bar), 1) | 1;
-        int pr = pipeline_hop1(sub, &w, tag1, mbs, &reads_ok, st, err);
-        wait_fed(sub, &w.hop[0], tag1, (int)tmo, &fed_ok, &nr);
-        double t4 = (double)fr_now_ns() / 1e9;
-        int fr = do_pushes(sub, &w.hop[1], tag2, fed_ok, mbs, err);
-        pr = pr < 0 ? pr : fr;
-        wait_fed(sub, &w.hop[1], tag2, (int)tmo, &fed_ok, &nr);
-        double t5 = (double)fr_now_ns() / 1e9;
-        st->forward_s = t5 - t4;
-        st->apply_s = t5 - t2;
-        /* the part of apply after the last read ended */
+        /* reads, pushes and forwards as one pipeline (run_apply) */
+        apply ap = { .sub = sub, .e = ferry_store_engine(sub->s), .w = &w, .mbs = mbs, .err = err,
+                     .tag = { fr_hash64(bar, strlen(bar), 0) | 1, fr_hash64(bar, strlen(bar), 1) | 1 } };
+        size_t nmax = w.hop[0].n > w.hop[1].n ? w.hop[0].n : w.hop[1].n;
+        for (int h = 0; h < 2; h++) {
+            ap.t[h] = calloc((size_t)world * WATERMARK, sizeof *ap.t[h]);
+            ap.at[h] = calloc((size_t)world * WATERMARK, sizeof *ap.at[h]);
+        }
+        ap.ops = malloc((nmax ? nmax : 1) * sizeof *ap.ops);
+        bool reads_ok = false, fed_ok = false;
+        int quiet = 0;
+        if (!ap.t[0] || !ap.t[1] || !ap.at[0] || !ap.at[1] || !ap.ops)
+            rc = fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+        else
+            rc = run_apply(&ap, &reads_ok, &fed_ok, &quiet, st);
+        for (int h = 0; h < 2; h++)
+            free(ap.t[h]), free(ap.at[h]);
+        free(ap.ops);
+        free(ap.nt);
+        free(ap.nto);
+        st->apply_s = (double)fr_now_ns() / 1e9 - t2;
+        /* the part of apply after the time spent reading */
         st->push_s = st->apply_s - st->read_s > 0 ? st->apply_s - st->read_s : 0;
-        rc = pr;
         if (rc == 0 && !fed_ok)
             rc = fr_rl_fail(err, FERRY_EREBUILD, "subscriber: %s from a worker that feeds this one; "
-                      "the parameters must be rebuilt", nr < 0 ? "no notification" : "a failed read");
+                      "the parameters must be rebuilt", quiet < 0 ? "no notification" : "a failed read");
     }
     snprintf(bar, sizeof bar, "ferry/wb/%s/sub/%s/%020" PRIu64 "/applied", sub->cfg.model,
              sub->cfg.group, m.generation);
@@ -900,12 +1051,9 @@ int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_u
     free(mine.v);
     free(all.v);
     free(w.reads);
-    for (int h = 0; h < 2; h++) {
-        free(w.hop[h].ops);
-        free(w.hop[h].to);
-        free(w.hop[h].dep);
-        free(w.hop[h].feeds_me);
-    }
+    for (int h = 0; h < 2; h++)
+        pushes_free(&w.hop[h]);
+    free(w.scratch);
     ferry_weight_manifest_free(&m);
     return rc;
 }

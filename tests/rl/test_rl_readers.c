@@ -362,8 +362,10 @@ static void names_of(char names[NT][32])
         snprintf(names[k], 32, "relay.%zu.weight", k);
 }
 
-/* A DP replica holding every tensor whole, on logical node `node`. */
-static int rollout_main(const char *addr, uint32_t rank, uint32_t world, uint32_t node)
+/* A DP replica holding every tensor whole, on logical node `node`, in
+ * subscriber group `group`. */
+static int rollout_main(const char *addr, uint32_t rank, uint32_t world, uint32_t node,
+                        const char *group, uint64_t timeout_ms)
 {
     ferry_store_config cfg;
     ferry_store_config_init(&cfg);
@@ -380,9 +382,10 @@ static int rollout_main(const char *addr, uint32_t rank, uint32_t world, uint32_
     for (size_t k = 0; k < NT; k++)
         sh[k] = (ferry_param_shard){ .tensor = names[k], .ndim = 2, .shape = { shapes[k][0], shapes[k][1] },
                                      .dst = calloc(shapes[k][0] * shapes[k][1], 2) };
-    ferry_subscriber_config sc = { .model = "relay", .group = "g", .rank = rank, .world = world,
-                                   .timeout_ms = 20000, .node = node,
+    ferry_subscriber_config sc = { .model = "relay", .rank = rank, .world = world,
+                                   .timeout_ms = timeout_ms, .node = node,
                                    .batch_bytes = 1 };   /* every read its own batch */
+    snprintf(sc.group, sizeof sc.group, "%s", group);
     ferry_subscriber *sub = NULL;
     ferry_error err = {0};
     if (ferry_subscriber_open(s, &sc, sh, NT, &sub, &err) < 0) {
@@ -527,7 +530,7 @@ static void test_subscriber_two_nodes(void **state)
         char rk[8], nd[8];
         snprintf(rk, sizeof rk, "%d", k);
         snprintf(nd, sizeof nd, "%d", k < 2 ? 7 : 9);
-        const char *args[] = { "--rollout", c.addr, rk, "4", nd, NULL };
+        const char *args[] = { "--rollout", c.addr, rk, "4", nd, "g", "20000", NULL };
         assert_int_equal(ft_spawn(&r[k], NULL, args), 0);
         char line[256];
         assert_int_equal(ft_read_line(&r[k], line, sizeof line, 20000), 0);
@@ -579,6 +582,52 @@ static void test_subscriber_two_nodes(void **state)
     }
     for (int k = 0; k < WORLD; k++)
         ft_peer_stop(&r[k]);
+
+    /* A reader whose engine fails part-way through apply (after a few
+     * posts: some batches read and pushed, then its reads fail): nobody
+     * hangs; every worker it feeds, directly or through a forward on the
+     * other node, returns FERRY_EREBUILD (told FAILED, or no word before
+     * the timeout) and so does the reader; a worker that returns 0 holds
+     * every byte of the generation. */
+    const char *fault = getenv("FT_READER_FAULT") ? getenv("FT_READER_FAULT") : "post_fail_after=8";
+    int faulty = getenv("FT_READER_FAULTY") ? atoi(getenv("FT_READER_FAULTY")) : 3;
+    ft_peer f[WORLD];
+    for (int k = 0; k < WORLD; k++) {
+        if (k == faulty)
+            setenv("FERRY_FAULT", fault, 1);
+        char rk[8], nd[8];
+        snprintf(rk, sizeof rk, "%d", k);
+        snprintf(nd, sizeof nd, "%d", k < 2 ? 7 : 9);
+        const char *args[] = { "--rollout", c.addr, rk, "4", nd, "f", "2000", NULL };
+        assert_int_equal(ft_spawn(&f[k], NULL, args), 0);
+        unsetenv("FERRY_FAULT");
+        char line[256];
+        assert_int_equal(ft_read_line(&f[k], line, sizeof line, 20000), 0);
+        assert_string_equal(line, "READY");
+    }
+    (void)publish(s, 4);
+    for (int k = 0; k < WORLD; k++)
+        assert_int_equal(ft_peer_send(&f[k], "update 4"), 0);
+    int rebuild = 0;
+    char want[32];
+    snprintf(want, sizeof want, "ERR %d ", FERRY_EREBUILD);
+    for (int k = 0; k < WORLD; k++) {
+        char line[1024];
+        int rr = ft_peer_reply(&f[k], line, sizeof line, 30000);
+        fprintf(stderr, "failing reader, worker %d: %.200s\n", k, line);
+        if (rr == 0) {
+            unsigned long long a, b, c2, d, bad;
+            assert_int_equal(sscanf(line, "OK %llu %llu %llu %llu %llu", &a, &b, &c2, &d, &bad), 5);
+            assert_int_equal(bad, 0);
+            assert_true(k != faulty);
+        } else {
+            assert_true(strncmp(line, want, strlen(want)) == 0);
+            rebuild++;
+        }
+    }
+    assert_true(rebuild >= 2);   /* the reader and at least one worker it feeds */
+    for (int k = 0; k < WORLD; k++)
+        ft_peer_stop(&f[k]);
     ferry_store_close(s);
     ft_cluster_stop(&c);
 }
@@ -670,9 +719,9 @@ static void test_plan_model_cli(void **state)
 
 int main(int argc, char **argv)
 {
-    if (argc == 6 && !strcmp(argv[1], "--rollout"))
+    if (argc == 8 && !strcmp(argv[1], "--rollout"))
         return rollout_main(argv[2], (uint32_t)atoi(argv[3]), (uint32_t)atoi(argv[4]),
-                            (uint32_t)atoi(argv[5]));
+                            (uint32_t)atoi(argv[5]), argv[6], strtoull(argv[7], NULL, 10));
     ft_token();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_byte_once),
