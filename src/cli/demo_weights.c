@@ -81,12 +81,15 @@ int cmd_demo(int argc, char **argv, const char *self)
         return cmd_demo_engine(argc - 1, argv + 1, self);
     if (argc >= 2 && !strcmp(argv[1], "rl"))
         return cmd_demo_rl(argc - 1, argv + 1);
+    if (argc >= 2 && !strcmp(argv[1], "--sparse"))
+        return cmd_demo_sparse(argc - 1, argv + 1);
     demo_opts o;
     if (demo_parse(argc, argv, "--generations", 3, 2ull << 30, &o) < 0) {
         fprintf(stderr, "usage: ferry demo [--trainers N] [--rollouts N] [--generations N]\n"
                         "                  [--bytes SIZE] [--model PRESET] [--json]\n"
                         "       ferry demo engine [--size SIZE] [--json]\n"
-                        "       ferry demo rl [--rollouts N] [--updaters N] [--steps N] ... (--help)\n");
+                        "       ferry demo rl [--rollouts N] [--updaters N] [--steps N] ... (--help)\n"
+                        "       ferry demo --sparse [--density D] [--generations N] ... (--help)\n");
         return 2;
     }
     demo_model dm;

@@ -18,6 +18,7 @@ static void usage(FILE *f)
             "  demo engine [--size SIZE]     one-sided engine transfers between two processes\n"
             "  demo rl [--rollouts N] [--updaters N] [--max-policy-lag K] [--stale drop|recompute] [--json]\n"
             "                                rollout and update processes exchanging samples and policy versions\n"
+            "  demo --sparse [--density D] [--json]  sparse COO delta generations applied by EP x TP rollouts\n"
             "  bench weights [--rollouts N] [--dp N] [--bytes SIZE] [--json]\n"
             "                                weight-update time (single-pull, naive, compat) against the memcpy floor\n"
             "  bench engine [--transport shm|tcp] [--block SIZE] [--total SIZE]\n"
