@@ -312,6 +312,8 @@ int demo_trainer_main(int argc, char **argv)
     }
     ferry_store_close(a.s);
     munmap(mem, a.m.bytes);
+    free(rank_node), free(sizes), free(pub), free(wt);
+    demo_model_free(&a.m);
     return 0;
 }
 
@@ -437,5 +439,6 @@ int demo_rollout_main(int argc, char **argv)
     free(sh);
     free(first);
     ferry_store_close(a.s);
+    demo_model_free(&a.m);
     return 0;
 }
