@@ -70,6 +70,7 @@ int cmd_bench_weights(int argc, char **argv, const char *self)
     char err[256] = "";
     char cdir[64] = "";
     json_t *counters = NULL;   /* of the best direct update */
+    json_t *pcounters = NULL;  /* of the publish before it */
     if (demo_counters_open(cdir, sizeof cdir) < 0)
         cdir[0] = 0;
     if (demo_group_start(&grp, o.model, o.bytes, dm.bytes, o.trainers, o.rollouts, o.dp,
@@ -83,6 +84,7 @@ int cmd_bench_weights(int argc, char **argv, const char *self)
             cli_progress("bench weights", (double)(g - 1) / (o.count + 1));
         snprintf(cmd, sizeof cmd, "publish %u", g);
         ok = demo_round(grp.tr, grp.ntr, cmd, &t, &a, &b, NULL, err, sizeof err);
+        json_t *pj = ok && cdir[0] ? demo_counters_collect(cdir, "trainer", grp.ntr) : NULL;
         /* generation 1 warms every buffer up and is not counted */
         snprintf(cmd, sizeof cmd, "direct %u", g);
         ok = ok && demo_round(grp.ro, grp.nro, cmd, &t, &a, &b, &c, err, sizeof err) && b == 0;
@@ -93,8 +95,11 @@ int cmd_bench_weights(int argc, char **argv, const char *self)
             pushed = c;
             json_decref(counters);
             counters = json_incref(cj);
+            json_decref(pcounters);
+            pcounters = json_incref(pj);
         }
         json_decref(cj);
+        json_decref(pj);
         snprintf(cmd, sizeof cmd, "naive %u", g);
         ok = ok && demo_round(grp.ro, grp.nro, cmd, &t, &a, &b, NULL, err, sizeof err);
         if (ok && g > 1 && (best_naive == 0 || t < best_naive)) {
@@ -119,16 +124,19 @@ int cmd_bench_weights(int argc, char **argv, const char *self)
     double pub = (double)dm.bytes;
     char *cjs = counters ? json_dumps(counters, JSON_COMPACT | JSON_PRESERVE_ORDER |
                                                      JSON_REAL_PRECISION(10)) : NULL;
+    char *pjs = pcounters ? json_dumps(pcounters, JSON_COMPACT | JSON_PRESERVE_ORDER |
+                                                       JSON_REAL_PRECISION(10)) : NULL;
     if (o.json) {
         printf("{\"model\":\"%s\",\"bytes\":%llu,\"trainers\":%u,\"rollouts\":%u,\"dp\":%u,"
                "\"direct_s\":%.4f,\"naive_s\":%.4f,\"compat_s\":%.4f,\"floor_s\":%.4f,"
                "\"memcpy_gbps\":%.3f,\"direct_ratio_to_floor\":%.3f,\"store_read_ratio\":%.3f,"
                "\"naive_store_read_ratio\":%.3f,\"compat_store_read_ratio\":%.3f,"
-               "\"pushed_bytes\":%llu,\"verified\":true,\"direct_counters\":%s}\n",
+               "\"pushed_bytes\":%llu,\"verified\":true,\"direct_counters\":%s,"
+               "\"publish_counters\":%s}\n",
                o.model, (unsigned long long)dm.bytes, o.trainers, o.rollouts, o.dp, best_direct,
                best_naive, best_compat, floor_s, bw, floor_s > 0 ? best_direct / floor_s : 0,
                direct_read / pub, naive_read / pub, compat_read / pub,
-               (unsigned long long)pushed, cjs ? cjs : "null");
+               (unsigned long long)pushed, cjs ? cjs : "null", pjs ? pjs : "null");
     } else {
         char sz[32];
         printf("ferry bench weights: %s, %zu tensors, %s bf16; %u trainers, %u rollouts (TP%u x "
@@ -157,11 +165,13 @@ int cmd_bench_weights(int argc, char **argv, const char *self)
         }
     }
     free(cjs);
+    free(pjs);
     rc = 0;
 out:
     demo_group_stop(&grp);
     demo_model_free(&dm);
     json_decref(counters);
+    json_decref(pcounters);
     if (cdir[0])
         demo_counters_close(cdir);
     return rc;
