@@ -8,7 +8,9 @@
  * the active generation's manifest and tensors back from the store, and
  * updating rollout workers from it in parameter-direct and compatibility
  * form with each worker reading its own demand, and the single-pull update
- * of a rollout group (one store read per byte, pushes between workers). */
+ * of a rollout group (one store read per byte, pushes between workers,
+ * applied as a read -> push -> forward pipeline), with counters for every
+ * publish and update. */
 #ifndef FERRY_WEIGHTS_H
 #define FERRY_WEIGHTS_H
 
