@@ -17,11 +17,6 @@
 #include "cli.h"
 #include "demo_int.h"
 
-/* The counters the children leave beside their replies (demo_roles.c; to
- * be declared in demo_int.h). */
-int demo_counters_open(char *dir, size_t cap);
-void demo_counters_close(const char *dir);
-json_t *demo_counters_collect(const char *dir, const char *role, unsigned n);
 
 static double memcpy_gbps(void)
 {

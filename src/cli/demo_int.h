@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <sys/types.h>
 
+#include <jansson.h>
+
 #include "ferry/ferry.h"
 
 typedef struct demo_tensor {
@@ -63,6 +65,14 @@ int demo_cluster_start(demo_group *g, uint64_t seg_bytes, const char *who);
 int demo_child_start(child *c, const char *const *args);
 int demo_child_line(child *c, char *buf, size_t cap);
 void demo_child_stop(child *c);
+
+/* The counters the weight demo's children leave beside their replies
+ * (demo_roles.c): open makes a temp dir and sets FERRY_DEMO_STATS for the
+ * children started after it; collect merges role-0..n-1 into one JSON
+ * object; close removes the dir. */
+int demo_counters_open(char *dir, size_t cap);
+void demo_counters_close(const char *dir);
+json_t *demo_counters_collect(const char *dir, const char *role, unsigned n);
 
 /* `ferry demo rl` and its children. */
 int cmd_demo_rl(int argc, char **argv);

@@ -15,12 +15,6 @@
 #include "cli.h"
 #include "demo_int.h"
 
-/* The counters the children leave beside their replies (demo_roles.c; to
- * be declared in demo_int.h): open sets FERRY_DEMO_STATS for the children
- * started after it. */
-int demo_counters_open(char *dir, size_t cap);
-void demo_counters_close(const char *dir);
-json_t *demo_counters_collect(const char *dir, const char *role, unsigned n);
 
 
 typedef struct gen_row {
