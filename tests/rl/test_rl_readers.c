@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <math.h>
 #include <string.h>
+#include <time.h>
 #include <sys/wait.h>
 
 #include <cmocka.h>
@@ -626,6 +627,64 @@ static void test_subscriber_two_nodes(void **state)
         }
     }
     assert_true(rebuild >= 2);   /* the reader and at least one worker it feeds */
+    for (int k = 0; k < WORLD; k++)
+        ft_peer_stop(&f[k]);
+
+    /* A reader *process* killed (SIGKILL) during the update: its
+     * completions are slowed (delay_ms) so it is still applying when it
+     * dies, right after every demand of the group is in (the exchange is
+     * over). Nobody hangs; the workers it fed get FERRY_EREBUILD; a worker
+     * that returns 0 holds every byte. */
+    for (int k = 0; k < WORLD; k++) {
+        if (k == faulty)
+            setenv("FERRY_FAULT", "delay_ms=300", 1);
+        char rk[8], nd[8];
+        snprintf(rk, sizeof rk, "%d", k);
+        snprintf(nd, sizeof nd, "%d", k < 2 ? 7 : 9);
+        const char *args[] = { "--rollout", c.addr, rk, "4", nd, "k", "3000", NULL };
+        assert_int_equal(ft_spawn(&f[k], NULL, args), 0);
+        unsetenv("FERRY_FAULT");
+        char line[256];
+        assert_int_equal(ft_read_line(&f[k], line, sizeof line, 20000), 0);
+        assert_string_equal(line, "READY");
+    }
+    (void)publish(s, 5);
+    for (int k = 0; k < WORLD; k++)
+        assert_int_equal(ft_peer_send(&f[k], "update 5"), 0);
+    bool exchanged = false;
+    for (int i = 0; i < 2000 && !exchanged; i++) {   /* deadline 20 s */
+        exchanged = true;
+        for (int k = 0; k < WORLD && exchanged; k++) {
+            char key[256];
+            snprintf(key, sizeof key, "ferry/wk/relay/sub/k/%020d/%d", 5, k);
+            ferry_kv_value v = {0};
+            exchanged = ferry_kv_get(s, key, &v) == 0;
+            ferry_store_free(v.val);
+        }
+        if (!exchanged) {
+            struct timespec ts = { 0, 10 * 1000 * 1000 };
+            nanosleep(&ts, NULL);
+        }
+    }
+    assert_true(exchanged);
+    ft_proc_kill(&f[faulty], SIGKILL);
+    rebuild = 0;
+    for (int k = 0; k < WORLD; k++) {
+        if (k == faulty)
+            continue;
+        char line[1024];
+        int rr = ft_peer_reply(&f[k], line, sizeof line, 30000);
+        fprintf(stderr, "reader killed, worker %d: %.200s\n", k, line);
+        if (rr == 0) {
+            unsigned long long a, b, c2, d, bad;
+            assert_int_equal(sscanf(line, "OK %llu %llu %llu %llu %llu", &a, &b, &c2, &d, &bad), 5);
+            assert_int_equal(bad, 0);
+        } else {
+            assert_true(strncmp(line, want, strlen(want)) == 0);
+            rebuild++;
+        }
+    }
+    assert_true(rebuild >= 1);   /* at least one worker it fed */
     for (int k = 0; k < WORLD; k++)
         ft_peer_stop(&f[k]);
     ferry_store_close(s);
