@@ -1,0 +1,102 @@
+/* ferry weight updates, compatibility mode through single-pull: every
+ * worker of a rollout group receives every full tensor of the active
+ * generation (for an existing load_weights(name, tensor) loader) while the
+ * store serves each published byte once (docs/weights_compat.md).
+ *
+ * Per tensor one leader (byte-balanced over the group's nodes, then over
+ * the workers of a node; every worker computes the same) reads it from the
+ * store into its staging buffer, WRITEs it once into the staging buffer of
+ * one delegate on every other node, and into the staging of the other
+ * workers of its own node; each delegate forwards it to the other workers
+ * of its node (same host: shm). Every WRITE is followed by a NOTIFY that
+ * says it landed (or that it never will). Each worker verifies the
+ * tensor's XXH3-64 checksum from the manifest and hands it to the loader
+ * callback, in manifest order. */
+#ifndef FERRY_WEIGHTS_COMPAT_H
+#define FERRY_WEIGHTS_COMPAT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ferry/weights.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ferry_compat_group ferry_compat_group;
+
+typedef struct ferry_compat_config {
+    char model[128];
+    char group[64];          /* the rollout group: every member passes the same; no '/' */
+    uint32_t rank, world;    /* this worker of the group */
+    uint32_t node;           /* this worker's node (any id; the same for all: one node) */
+    uint64_t staging_bytes;  /* this worker's staging buffer (0: 256 MiB); at least the
+                              * largest tensor, else an update fails with FERRY_EMSGSIZE
+                              * on every worker; tensors travel in batches that fit */
+    uint64_t timeout_ms;     /* barriers and notifications (0: 60000) */
+} ferry_compat_config;
+
+typedef struct ferry_compat_stats {
+    uint64_t generation;
+    /* this worker */
+    uint64_t tensors, bytes;        /* handed to the callback */
+    uint64_t tensors_led;           /* tensors it led (read from the store) */
+    uint64_t bytes_read;            /* its store reads */
+    uint64_t bytes_sent_cross;      /* WRITEs that landed on another node's worker */
+    uint64_t bytes_sent_intra;      /* WRITEs that landed on a worker of its node */
+    uint64_t bytes_received;        /* WRITEs that landed in its staging */
+    uint32_t batches;               /* staging batches of the update */
+    uint32_t imported;              /* remote staging regions imported (0: all reused) */
+    /* the group's plan (the same on every worker) */
+    uint64_t group_bytes_read;      /* = the published bytes: each read once */
+    uint64_t group_cross_bytes;     /* = (nodes - 1) x published: one WRITE per remote node */
+    uint64_t group_intra_bytes;     /* = (workers - nodes) x published: the fan-out */
+    uint32_t nodes;
+    /* phases (s): prepare (manifest, objects checked and leased) and the
+     * exchange (KV record + barrier + every record read) before anything
+     * moves; then per batch: reads (store, summed), waiting for notifications
+     * and forwarding, checksums, the callback, the batch barriers (and the
+     * abort check); apply is the wall time of all batches */
+    double prepare_s, exchange_s, plan_s, read_s, wait_s, verify_s, load_s, barrier_s, apply_s;
+    double total_s;
+} ferry_compat_stats;
+
+/* Allocate and register this worker's staging buffer (shm-mappable,
+ * remote-writable) with the store client's engine; it is reused across
+ * updates until close. Local only: the group meets at the first update.
+ * FERRY_EINVAL for bad arguments (world 0, rank >= world, empty model or
+ * group, a '/' in the group), FERRY_ENOMEM. */
+int ferry_compat_group_open(ferry_store *s, const ferry_compat_config *cfg,
+                            ferry_compat_group **out, ferry_error *err);
+
+/* Update to the active generation with the whole group (every member
+ * calls it; a worker already at the active generation returns 0 at once,
+ * so members are kept at the same generation). fn(ctx, entry, data) gets
+ * every tensor whole and checksum-verified, in manifest order; data is
+ * valid during the call only (it points into the staging buffer).
+ *
+ * Prepare (nothing moves, fn is not called): the manifest (digest
+ * checked), a share of the objects checked and leased by each worker, the
+ * staging size; each worker's verdict goes to the KV and after a barrier
+ * every worker reads every verdict: one failure makes every worker return
+ * it (FERRY_ENOENT / FERRY_ELOST naming the tensor, FERRY_EMSGSIZE, ...),
+ * a member at another generation FERRY_ESTATE; *generation stays.
+ * Apply: batches of tensors; a leader's failed read (or checksum), a
+ * failed WRITE, a FAILED or missing notification, a checksum mismatch on
+ * arrival or a non-zero return of fn stop the update on every worker after
+ * that batch: each returns FERRY_EREBUILD (the loader has part of a
+ * generation; the message names the tensor and the cause where known), or
+ * fn's code on the worker whose fn stopped it. Nobody hangs: every wait
+ * ends after timeout_ms. On success *generation advances. */
+int ferry_compat_group_update(ferry_compat_group *g, uint64_t *generation,
+                              ferry_weights_tensor_fn fn, void *ctx, ferry_compat_stats *st,
+                              ferry_error *err);
+
+/* Unregister and free the staging buffer. NULL ok. */
+void ferry_compat_group_close(ferry_compat_group *g);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

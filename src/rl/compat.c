@@ -1,0 +1,748 @@
+/* Compatibility mode through single-pull (weights_compat.h): every worker
+ * of a rollout group gets every full tensor; the store serves each byte
+ * once.
+ *
+ * An update: prepare (manifest, a share of the objects leased by each
+ * worker, the staging size) → one KV record per worker ("verdict": ok or
+ * why not, its node, staging size and region descriptor, a nonce) →
+ * barrier → every record read: one failure fails everyone before anything
+ * moves; otherwise every worker computes the same plan (leaders,
+ * delegates, batches) and the records' nonces name this attempt (the
+ * NOTIFY tag, the batch barrier). Then, batch by batch: leaders read their
+ * tensors into their staging and WRITE each one, followed by a NOTIFY in
+ * the same engine batch (sent only once the WRITE landed), to the other
+ * workers of their node and to one delegate per other node; delegates
+ * forward what lands to the rest of their node; everyone verifies and
+ * calls the loader in manifest order. Every tensor sits at the same
+ * offset in every worker's staging, so a WRITE needs no addressing beyond
+ * the plan. A worker that fails posts an abort key before the batch
+ * barrier; after the barrier everyone reads it and all stop together.
+ *
+ * Record (little-endian): "FRYCOMP1", u64 generation, u32 rank, u32 node,
+ * i32 verdict, u32 pad, u64 nonce, u64 staging bytes, u32 desc length,
+ * u32 message length, desc, message. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "ferry/weights_compat.h"
+#include "rl/rl_int.h"
+
+#define MAGIC "FRYCOMP1"
+#define HDR 56
+#define STAGING_DEFAULT (256ull << 20)
+#define SLOT_ALIGN 64ull
+#define NV_FAILED 1ull          /* notification value: tensor << 1 | FAILED */
+#define POLL_MS 20              /* notification waits are cut into slices to reap tickets */
+
+typedef struct mate {
+    uint32_t node, dnode;       /* as passed; dense 0..nnodes-1 */
+    uint64_t staging;
+    uint8_t desc[FERRY_DESC_MAX];
+    uint32_t desc_len;
+    ferry_remote_region rr;
+    bool imported;
+} mate;
+
+struct ferry_compat_group {
+    ferry_store *s;
+    ferry_compat_config cfg;
+    ferry_engine *e;
+    uint8_t *staging;
+    ferry_region *reg;
+    uint8_t desc[FERRY_DESC_MAX];
+    uint32_t desc_len;
+    mate *mates;
+    uint64_t generation;
+};
+
+static double now_s(void) { return (double)fr_now_ns() / 1e9; }
+static uint64_t tmo_of(const ferry_compat_group *g) { return g->cfg.timeout_ms ? g->cfg.timeout_ms : 60000; }
+
+static void put64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++, v >>= 8) p[i] = (uint8_t)v; }
+static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++, v >>= 8) p[i] = (uint8_t)v; }
+static uint64_t get64(const uint8_t *p) { uint64_t v = 0; for (int i = 7; i >= 0; i--) v = v << 8 | p[i]; return v; }
+static uint32_t get32(const uint8_t *p) { uint32_t v = 0; for (int i = 3; i >= 0; i--) v = v << 8 | p[i]; return v; }
+
+/* ---- prepare ------------------------------------------------------------------------- */
+
+/* The active generation's manifest and, leased, the objects of my share
+ * (tensor i with i % world == rank): between them the workers check every
+ * object once. */
+static int prepare(ferry_compat_group *g, uint64_t *active, ferry_weight_manifest *m,
+                   ferry_error *err)
+{
+    const char *model = g->cfg.model;
+    int rc = ferry_weights_active(g->s, model, active, NULL);
+    if (rc < 0)
+        return fr_rl_fail(err, rc, "no generation of %s is active (%s)", model, ferry_strerror(rc));
+    if (*active == g->generation)
+        return 0;
+    rc = ferry_weights_manifest(g->s, model, *active, m, err);
+    if (rc < 0)
+        return rc;
+    for (size_t i = 0; i < m->n; i++)
+        if (m->entries[i].bytes > g->cfg.staging_bytes)
+            return fr_rl_fail(err, FERRY_EMSGSIZE, "tensor %s (%" PRIu64 " bytes) does not fit in "
+                              "the staging buffer of worker %u (%" PRIu64 " bytes)",
+                              m->entries[i].name, m->entries[i].bytes, g->cfg.rank,
+                              g->cfg.staging_bytes);
+    size_t n = 0, cap = m->n / g->cfg.world + 1;
+    const char **keys = malloc(cap * sizeof *keys);
+    size_t *who = malloc(cap * sizeof *who);
+    void **bufs = calloc(cap, sizeof *bufs);
+    size_t *caps = calloc(cap, sizeof *caps);
+    int64_t *res = calloc(cap, sizeof *res);
+    if (!keys || !who || !bufs || !caps || !res) {
+        rc = fr_rl_fail(err, FERRY_ENOMEM, "compat: out of memory");
+        goto out;
+    }
+    for (size_t i = g->cfg.rank; i < m->n; i += g->cfg.world) {
+        who[n] = i;
+        keys[n++] = m->entries[i].key;
+    }
+    rc = n ? ferry_store_batch_get_into(g->s, keys, bufs, caps, n, res) : 0;
+    for (size_t i = 0; rc < 0 && i < n; i++)
+        if (res[i] < 0) {
+            rc = fr_rl_fail(err, (int)res[i], "generation %" PRIu64 " of %s is not whole: tensor "
+                            "%s: %s", *active, model, m->entries[who[i]].name,
+                            ferry_store_last_error());
+            break;
+        }
+    if (rc < 0 && err && !err->msg[0])
+        fr_rl_fail(err, rc, "compat: %s", ferry_store_last_error());
+out:
+    free(keys), free(who), free(bufs), free(caps), free(res);
+    return rc;
+}
+
+/* ---- the exchange --------------------------------------------------------------------- */
+
+static void rec_key(const ferry_compat_group *g, uint32_t rank, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "ferry/wc/%s/%s/rec/%u", g->cfg.model, g->cfg.group, rank);
+}
+
+static int put_record(ferry_compat_group *g, uint64_t gen, int verdict, uint64_t nonce,
+                      const char *msg)
+{
+    size_t ml = verdict < 0 ? strlen(msg) : 0;
+    uint8_t *b = malloc(HDR + g->desc_len + ml);
+    if (!b)
+        return FERRY_ENOMEM;
+    memcpy(b, MAGIC, 8);
+    put64(b + 8, gen);
+    put32(b + 16, g->cfg.rank);
+    put32(b + 20, g->cfg.node);
+    put32(b + 24, (uint32_t)verdict);
+    put32(b + 28, 0);
+    put64(b + 32, nonce);
+    put64(b + 40, g->cfg.staging_bytes);
+    put32(b + 48, g->desc_len);
+    put32(b + 52, (uint32_t)ml);
+    memcpy(b + HDR, g->desc, g->desc_len);
+    memcpy(b + HDR + g->desc_len, msg, ml);
+    char key[400];
+    rec_key(g, g->cfg.rank, key, sizeof key);
+    int rc = ferry_kv_put(g->s, key, b, HDR + g->desc_len + ml, NULL);
+    free(b);
+    return rc;
+}
+
+/* Read every record: the group's verdict, the mates' nodes and regions,
+ * the attempt's id. */
+static int read_records(ferry_compat_group *g, uint64_t gen, uint64_t *id, uint32_t *imported,
+                        ferry_error *err)
+{
+    uint32_t world = g->cfg.world;
+    fr_hasher *h = fr_hasher_new(0x77636f6d);
+    if (!h)
+        return fr_rl_fail(err, FERRY_ENOMEM, "compat: out of memory");
+    int rc = 0;
+    for (uint32_t k = 0; k < world && rc == 0; k++) {
+        char key[400];
+        ferry_kv_value v = {0};
+        rec_key(g, k, key, sizeof key);
+        rc = ferry_kv_get(g->s, key, &v);
+        if (rc < 0) {
+            fr_rl_fail(err, rc, "compat: worker %u left no record", k);
+            break;
+        }
+        const uint8_t *b = v.val;
+        uint32_t dl = v.len >= HDR ? get32(b + 48) : 0, ml = v.len >= HDR ? get32(b + 52) : 0;
+        if (v.len < HDR || memcmp(b, MAGIC, 8) != 0 || get32(b + 16) != k ||
+            dl > FERRY_DESC_MAX || (uint64_t)HDR + dl + ml != v.len) {
+            rc = fr_rl_fail(err, FERRY_EPROTO, "compat: the record of worker %u is malformed", k);
+        } else if ((int32_t)get32(b + 24) < 0) {
+            int code = (int32_t)get32(b + 24);
+            rc = fr_rl_fail(err, code, "worker %u: %.*s", k, (int)(ml > 400 ? 400 : ml),
+                            (const char *)b + HDR + dl);
+        } else if (get64(b + 8) != gen) {
+            rc = fr_rl_fail(err, FERRY_ESTATE, "compat: worker %u is updating to generation %" PRIu64
+                            ", this one to %" PRIu64 "; retry", k, get64(b + 8), gen);
+        } else {
+            mate *mt = &g->mates[k];
+            mt->node = get32(b + 20);
+            mt->staging = get64(b + 40);
+            fr_hasher_update(h, b + 32, 8);
+            if (k != g->cfg.rank && (!mt->imported || mt->desc_len != dl ||
+                                     memcmp(mt->desc, b + HDR, dl) != 0)) {
+                mt->imported = false;
+                rc = ferry_region_import(g->e, b + HDR, dl, &mt->rr);
+                if (rc < 0) {
+                    fr_rl_fail(err, rc, "compat: cannot reach worker %u: %s", k, ferry_strerror(rc));
+                } else {
+                    memcpy(mt->desc, b + HDR, dl);
+                    mt->desc_len = dl;
+                    mt->imported = true;
+                    (*imported)++;
+                }
+            }
+        }
+        ferry_store_free(v.val);
+    }
+    fr_hash128_t d = fr_hasher_digest(h);
+    fr_hasher_free(h);
+    memcpy(id, d.b, sizeof *id);
+    return rc;
+}
+
+/* ---- the plan ----------------------------------------------------------------------------- */
+
+typedef struct plan {
+    uint32_t nnodes;
+    uint32_t *nworkers;       /* per dense node */
+    uint32_t *leader;         /* per tensor */
+    uint32_t *delegate;       /* per tensor x node: who receives it there first */
+    uint64_t *off;            /* per tensor: its place in every staging buffer */
+    size_t *bstart;           /* batch k: tensors [bstart[k], bstart[k+1]) */
+    size_t nbatches;
+} plan;
+
+static void plan_free(plan *p)
+{
+    free(p->nworkers), free(p->leader), free(p->delegate), free(p->off), free(p->bstart);
+}
+
+typedef struct lpt { uint64_t bytes; size_t i; } lpt;
+static int by_size_desc(const void *a, const void *b)
+{
+    const lpt *x = a, *y = b;
+    if (x->bytes != y->bytes)
+        return x->bytes > y->bytes ? -1 : 1;
+    return x->i < y->i ? -1 : x->i > y->i;
+}
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Leaders: ferry_weights_assign over the workers' nodes (longest first, to
+ * the node with the fewest leader bytes, then its worker with the fewest),
+ * so every node's NIC sends about the same. Delegates, in the same order:
+ * on the leader's node the leader; on another node the worker there with
+ * the fewest fan-out bytes so far (ties: lower rank). Batches: tensors in
+ * manifest order, each at a 64-byte aligned offset, as many as fit in the
+ * smallest staging buffer of the group. */
+static int make_plan(ferry_compat_group *g, const ferry_weight_manifest *m, plan *p)
+{
+    uint32_t world = g->cfg.world;
+    size_t n = m->n;
+    uint32_t *ids = malloc(world * sizeof *ids), *rn = malloc(world * sizeof *rn);
+    uint64_t *bytes = malloc((n ? n : 1) * sizeof *bytes), *fan = calloc(world, sizeof *fan);
+    lpt *ord = malloc((n ? n : 1) * sizeof *ord);
+    int rc = FERRY_ENOMEM;
+    if (!ids || !rn || !bytes || !fan || !ord)
+        goto out;
+    uint64_t cap = UINT64_MAX;
+    for (uint32_t k = 0; k < world; k++) {
+        ids[k] = rn[k] = g->mates[k].node;
+        if (g->mates[k].staging < cap)
+            cap = g->mates[k].staging;
+    }
+    qsort(ids, world, sizeof *ids, cmp_u32);
+    uint32_t nn = 0;
+    for (uint32_t k = 0; k < world; k++)
+        if (k == 0 || ids[k] != ids[nn - 1])
+            ids[nn++] = ids[k];
+    p->nnodes = nn;
+    p->nworkers = calloc(nn, sizeof *p->nworkers);
+    p->leader = malloc((n ? n : 1) * sizeof *p->leader);
+    p->delegate = malloc((n ? n : 1) * nn * sizeof *p->delegate);
+    p->off = malloc((n ? n : 1) * sizeof *p->off);
+    p->bstart = malloc((n + 1) * sizeof *p->bstart);
+    if (!p->nworkers || !p->leader || !p->delegate || !p->off || !p->bstart)
+        goto out;
+    for (uint32_t k = 0; k < world; k++) {
+        mate *mt = &g->mates[k];
+        mt->dnode = (uint32_t)((uint32_t *)bsearch(&mt->node, ids, nn, sizeof *ids, cmp_u32) - ids);
+        p->nworkers[mt->dnode]++;
+    }
+    for (size_t i = 0; i < n; i++) {
+        bytes[i] = m->entries[i].bytes;
+        ord[i] = (lpt){ bytes[i], i };
+    }
+    if ((rc = ferry_weights_assign(bytes, n, rn, world, p->leader, NULL)) < 0)
+        goto out;
+    qsort(ord, n, sizeof *ord, by_size_desc);
+    for (size_t j = 0; j < n; j++) {
+        size_t i = ord[j].i;
+        uint32_t l = p->leader[i], ln = g->mates[l].dnode;
+        for (uint32_t d = 0; d < nn; d++) {
+            uint32_t best = l;
+            for (uint32_t k = 0; d != ln && k < world; k++)
+                if (g->mates[k].dnode == d && (best == l || fan[k] < fan[best]))
+                    best = k;
+            p->delegate[i * nn + d] = best;
+            fan[best] += bytes[i] * (p->nworkers[d] - 1);
+        }
+    }
+    p->nbatches = 0;
+    uint64_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t o = (at + SLOT_ALIGN - 1) & ~(SLOT_ALIGN - 1);
+        if (i == 0 || o + bytes[i] > cap) {
+            p->bstart[p->nbatches++] = i;
+            o = 0;
+        }
+        p->off[i] = o;
+        at = o + bytes[i];
+    }
+    p->bstart[p->nbatches] = n;
+    rc = 0;
+out:
+    free(ids), free(rn), free(bytes), free(fan), free(ord);
+    return rc;
+}
+
+/* ---- apply ---------------------------------------------------------------------------------- */
+
+enum { PENDING = 0, LANDED = 1, FAILED = 2 };
+
+typedef struct sent {
+    ferry_ticket *t;
+    size_t tensor;
+    uint32_t to;
+    bool write;
+} sent;
+
+typedef struct apply {
+    ferry_compat_group *g;
+    const ferry_weight_manifest *m;
+    const plan *p;
+    ferry_weights_tensor_fn fn;
+    void *ctx;
+    ferry_compat_stats *st;
+    ferry_error *err;
+    uint64_t tag;
+    uint8_t *state;           /* per tensor */
+    sent *out;
+    size_t nout, cap_out;
+    size_t next;              /* the next tensor to hand to fn */
+    int rc;                   /* my first failure */
+    bool derived;             /* it was a FAILED from a sender: the sender posts the cause */
+} apply;
+
+static int failf(apply *ap, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int failf(apply *ap, int code, const char *fmt, ...)
+{
+    if (ap->rc)
+        return ap->rc;
+    ap->rc = code;
+    if (ap->err) {
+        va_list va;
+        va_start(va, fmt);
+        vsnprintf(ap->err->msg, sizeof ap->err->msg, fmt, va);
+        va_end(va);
+        ap->err->code = code;
+    }
+    return code;
+}
+
+/* One engine batch to worker `to`: the tensor's bytes into the same place
+ * of its staging and a NOTIFY after them (not sent if the WRITE fails:
+ * the ticket then says so and the target is told FAILED), or only a
+ * NOTIFY saying FAILED. Not waited for. */
+static void send(apply *ap, size_t t, uint32_t to, bool ok)
+{
+    ferry_compat_group *g = ap->g;
+    const mate *mt = &g->mates[to];
+    ferry_op ops[2];
+    size_t n = 0;
+    uint64_t len = ap->m->entries[t].bytes;
+    if (ok && len)
+        ops[n++] = (ferry_op){ .opcode = FERRY_OP_WRITE, .local = g->staging + ap->p->off[t],
+                               .len = len, .peer = mt->rr.peer,
+                               .remote_addr = mt->rr.addr + ap->p->off[t], .key = mt->rr.key };
+    ops[n++] = (ferry_op){ .opcode = FERRY_OP_NOTIFY, .peer = mt->rr.peer, .tag = ap->tag,
+                           .value = (uint64_t)t << 1 | (ok ? 0 : NV_FAILED) };
+    if (fr_grow((void **)&ap->out, &ap->cap_out, ap->nout + 1, sizeof *ap->out) < 0) {
+        failf(ap, FERRY_EREBUILD, "compat: out of memory sending tensor %s", ap->m->entries[t].name);
+        return;
+    }
+    ferry_ticket *tk = NULL;
+    int rc = ferry_submit(g->e, ops, n, 0, &tk);
+    if (rc < 0) {
+        failf(ap, FERRY_EREBUILD, "compat: sending tensor %s to worker %u: %s",
+              ap->m->entries[t].name, to, ferry_strerror(rc));
+        return;   /* the target hears nothing: it times out */
+    }
+    ap->out[ap->nout++] = (sent){ tk, t, to, ok && len };
+}
+
+/* Who gets tensor t from me: as its leader, the other workers of my node
+ * and the delegate of every other node; as the delegate of my node (the
+ * leader elsewhere), the other workers of my node. */
+static void send_all(apply *ap, size_t t, bool ok)
+{
+    const plan *p = ap->p;
+    ferry_compat_group *g = ap->g;
+    uint32_t me = g->cfg.rank, mine = g->mates[me].dnode, l = p->leader[t];
+    for (uint32_t k = 0; k < g->cfg.world; k++) {
+        if (k == me)
+            continue;
+        uint32_t kn = g->mates[k].dnode;
+        if (l == me ? (kn == mine || p->delegate[t * p->nnodes + kn] == k)
+                    : (kn == mine && p->delegate[t * p->nnodes + mine] == me))
+            send(ap, t, k, ok);
+    }
+}
+
+/* Reap finished tickets (all of them, waiting, when wait). A WRITE that
+ * failed leaves its target without a NOTIFY: it is told FAILED now. */
+static void reap(apply *ap, bool wait)
+{
+    ferry_compat_group *g = ap->g;
+    uint64_t deadline = fr_now_ns() + tmo_of(g) * 1000000ull;
+    size_t keep = 0, n = ap->nout, nfailed = 0;
+    sent *failed = n ? malloc(n * sizeof *failed) : NULL;
+    for (size_t i = 0; i < n; i++) {
+        sent s = ap->out[i];
+        uint64_t now = fr_now_ns();
+        int left = now < deadline ? (int)((deadline - now) / 1000000u) : 0;
+        int state = wait ? ferry_ticket_wait(s.t, left) : ferry_ticket_test(s.t);
+        if (state == FERRY_TICKET_PENDING) {
+            ap->out[keep++] = s;
+            continue;
+        }
+        int te = ferry_ticket_error(s.t);
+        ferry_ticket_free(s.t);
+        if (state == FERRY_TICKET_COMPLETED) {
+            if (s.write) {
+                uint64_t len = ap->m->entries[s.tensor].bytes;
+                if (g->mates[s.to].dnode == g->mates[g->cfg.rank].dnode)
+                    ap->st->bytes_sent_intra += len;
+                else
+                    ap->st->bytes_sent_cross += len;
+            }
+            continue;
+        }
+        failf(ap, FERRY_EREBUILD, "compat: sending tensor %s to worker %u failed: %s",
+              ap->m->entries[s.tensor].name, s.to, ferry_strerror(te ? te : FERRY_EIO));
+        if (s.write && failed)   /* told below (without memory: it times out) */
+            failed[nfailed++] = s;
+    }
+    ap->nout = keep;
+    for (size_t i = 0; i < nfailed; i++)
+        send(ap, failed[i].tensor, failed[i].to, false);
+    free(failed);
+}
+
+/* Hand the tensors that are there, in manifest order, to the loader. */
+static void deliver(apply *ap, size_t end)
+{
+    ferry_compat_group *g = ap->g;
+    while (ap->rc == 0 && ap->next < end && ap->state[ap->next] != PENDING) {
+        size_t t = ap->next;
+        const ferry_weight_entry *e = &ap->m->entries[t];
+        if (ap->state[t] == FAILED) {
+            ap->derived = ap->rc == 0;
+            failf(ap, FERRY_EREBUILD, "tensor %s did not arrive (its leader, worker %u, could not "
+                  "read or send it); the loaded weights must be rebuilt", e->name, ap->p->leader[t]);
+            return;
+        }
+        const uint8_t *data = g->staging + ap->p->off[t];
+        if (ap->p->leader[t] != g->cfg.rank) {   /* a leader checked it as it read it */
+            double t0 = now_s();
+            bool good = fr_hash64(data, e->bytes, 0) == e->checksum;
+            ap->st->verify_s += now_s() - t0;
+            if (!good) {
+                failf(ap, FERRY_EREBUILD, "tensor %s arrived with the wrong checksum; the loaded "
+                      "weights must be rebuilt", e->name);
+                return;
+            }
+        }
+        double t1 = now_s();
+        int r = ap->fn(ap->ctx, e, data);
+        ap->st->load_s += now_s() - t1;
+        if (r != 0) {
+            failf(ap, r, "the loader stopped at tensor %s (%d)", e->name, r);
+            return;
+        }
+        ap->st->tensors++;
+        ap->st->bytes += e->bytes;
+        ap->next++;
+    }
+}
+
+/* One notification: tensor t landed here (forward it if I am my node's
+ * delegate for it) or will not. */
+static void on_notify(apply *ap, uint64_t v, size_t a, size_t b)
+{
+    size_t t = (size_t)(v >> 1);
+    uint32_t me = ap->g->cfg.rank;
+    if (t < a || t >= b || ap->p->leader[t] == me || ap->state[t] != PENDING)
+        return;   /* not this batch's, or not mine to receive: ignore */
+    bool ok = !(v & NV_FAILED);
+    ap->state[t] = ok ? LANDED : FAILED;
+    if (ok)
+        ap->st->bytes_received += ap->m->entries[t].bytes;
+    send_all(ap, t, ok);
+}
+
+static bool settled(const apply *ap, size_t a, size_t b)
+{
+    for (size_t t = a; t < b; t++)
+        if (ap->state[t] == PENDING)
+            return false;
+    return true;
+}
+
+/* Batch [a, b): my reads and sends, then what comes to me, forwarded and
+ * loaded as it lands. */
+static void run_batch(apply *ap, size_t a, size_t b)
+{
+    ferry_compat_group *g = ap->g;
+    uint32_t me = g->cfg.rank;
+    uint64_t v;
+    for (size_t t = a; t < b; t++) {
+        if (ap->p->leader[t] != me)
+            continue;
+        const ferry_weight_entry *e = &ap->m->entries[t];
+        ferry_error rerr = {0};
+        double t0 = now_s();
+        int r = ferry_weights_read(g->s, e, g->staging + ap->p->off[t], e->bytes, &rerr);
+        ap->st->read_s += now_s() - t0;
+        if (r < 0)
+            failf(ap, FERRY_EREBUILD, "%s; the loaded weights must be rebuilt", rerr.msg);
+        else {
+            ap->st->bytes_read += e->bytes;
+            ap->st->tensors_led++;
+        }
+        ap->state[t] = r < 0 ? FAILED : LANDED;
+        send_all(ap, t, r == 0);
+        while (ferry_wait_notify(g->e, ap->tag, 1, 0, &v) == 0)
+            on_notify(ap, v, a, b);
+    }
+    double t1 = now_s();
+    uint64_t deadline = fr_now_ns() + tmo_of(g) * 1000000ull;
+    deliver(ap, b);
+    while (!settled(ap, a, b)) {
+        uint64_t now = fr_now_ns();
+        if (now >= deadline) {
+            size_t t = a;
+            while (ap->state[t] != PENDING)
+                t++;
+            failf(ap, FERRY_EREBUILD, "compat: no notification for tensor %s within %" PRIu64
+                  " ms; the loaded weights must be rebuilt", ap->m->entries[t].name, tmo_of(g));
+            for (t = a; t < b; t++)   /* whoever waits on me hears it */
+                if (ap->state[t] == PENDING) {
+                    ap->state[t] = FAILED;
+                    if (ap->p->delegate[t * ap->p->nnodes + g->mates[me].dnode] == me)
+                        send_all(ap, t, false);
+                }
+            break;
+        }
+        uint64_t left = (deadline - now) / 1000000u;
+        if (ferry_wait_notify(g->e, ap->tag, 1, left < POLL_MS ? (int)left : POLL_MS, &v) == 0)
+            on_notify(ap, v, a, b);
+        reap(ap, false);
+        deliver(ap, b);
+    }
+    reap(ap, true);
+    deliver(ap, b);
+    ap->st->wait_s += now_s() - t1;
+}
+
+/* Every batch; after each, a barrier and the abort check. */
+static int run_apply(apply *ap, uint64_t id)
+{
+    ferry_compat_group *g = ap->g;
+    const plan *p = ap->p;
+    char bar[400], abort_key[400], member[32];
+    snprintf(bar, sizeof bar, "ferry/wc/%s/%s/%016" PRIx64 "/batch", g->cfg.model, g->cfg.group, id);
+    snprintf(abort_key, sizeof abort_key, "ferry/wc/%s/%s/%016" PRIx64 "/abort", g->cfg.model,
+             g->cfg.group, id);
+    snprintf(member, sizeof member, "worker %u", g->cfg.rank);
+    bool posted = false;
+    for (size_t k = 0; k < (p->nbatches ? p->nbatches : 1); k++) {
+        if (p->nbatches)
+            run_batch(ap, p->bstart[k], p->bstart[k + 1]);
+        ap->st->batches++;
+        double t0 = now_s();
+        if (ap->rc && !ap->derived && !posted) {   /* the first cause posted wins */
+            char why[600];
+            int n = snprintf(why, sizeof why, "worker %u: %s", g->cfg.rank,
+                             ap->err ? ap->err->msg : ferry_strerror(ap->rc));
+            (void)ferry_kv_cas(g->s, abort_key, 0, why,
+                               (size_t)(n < (int)sizeof why ? n : (int)sizeof why - 1), NULL);
+            posted = true;
+        }
+        int brc = ferry_barrier(g->s, bar, member, g->cfg.world, tmo_of(g), NULL);
+        if (brc < 0) {
+            failf(ap, FERRY_EREBUILD, "compat: the group did not finish batch %zu together: %s",
+                  k, ferry_strerror(brc));
+            ap->st->barrier_s += now_s() - t0;
+            return ap->rc;
+        }
+        ferry_kv_value v = {0};
+        int arc = ferry_kv_get(g->s, abort_key, &v);
+        ap->st->barrier_s += now_s() - t0;
+        if (arc == 0) {
+            /* the cause, for those that only heard of it */
+            if (ap->rc == 0 || ap->derived) {
+                ap->rc = 0;
+                failf(ap, FERRY_EREBUILD, "%.*s",
+                      (int)(v.len > 400 ? 400 : v.len), (const char *)v.val);
+            }
+            ferry_store_free(v.val);
+            return ap->rc;
+        }
+        if (ap->rc)
+            return ap->rc;
+    }
+    return 0;
+}
+
+int ferry_compat_group_update(ferry_compat_group *g, uint64_t *generation,
+                              ferry_weights_tensor_fn fn, void *ctx, ferry_compat_stats *st,
+                              ferry_error *err)
+{
+    ferry_compat_stats local = {0};
+    if (!st)
+        st = &local;
+    memset(st, 0, sizeof *st);
+    if (err)
+        err->msg[0] = 0;
+    if (!g || !generation || !fn)
+        return fr_rl_fail(err, FERRY_EINVAL, "compat: bad arguments");
+    double t0 = now_s();
+    g->generation = *generation;
+    st->generation = *generation;
+    ferry_weight_manifest m = {0};
+    uint64_t active = 0;
+    ferry_error perr = {0};
+    int verdict = prepare(g, &active, &m, &perr);
+    if (verdict == 0 && active == g->generation)
+        return 0;   /* current; every member sees the same active generation */
+    if (verdict < 0 && active == 0) {
+        if (err)
+            *err = perr;
+        return verdict;   /* nothing announced: nobody goes further */
+    }
+    double t1 = now_s();
+    st->prepare_s = t1 - t0;
+    /* Every worker records its verdict, even a failed one, so nobody waits
+     * for a record that never comes. */
+    int rc = put_record(g, active, verdict, fr_random_u64(), perr.msg);
+    if (rc < 0)
+        fr_rl_fail(err, rc, "compat: cannot record this worker's verdict: %s",
+                   ferry_store_last_error());
+    char bar[400], member[32];
+    snprintf(bar, sizeof bar, "ferry/wc/%s/%s/prepared", g->cfg.model, g->cfg.group);
+    snprintf(member, sizeof member, "worker %u", g->cfg.rank);
+    int brc = ferry_barrier(g->s, bar, member, g->cfg.world, tmo_of(g), NULL);
+    if (rc == 0 && brc < 0)
+        rc = fr_rl_fail(err, brc, "compat: not every worker of group %s arrived: %s",
+                        g->cfg.group, ferry_strerror(brc));
+    uint64_t id = 0;
+    if (rc == 0)
+        rc = read_records(g, active, &id, &st->imported, err);
+    double t2 = now_s();
+    st->exchange_s = t2 - t1;
+    plan p = {0};
+    if (rc == 0 && (rc = make_plan(g, &m, &p)) < 0)
+        fr_rl_fail(err, rc, "compat: planning: %s", ferry_strerror(rc));
+    double t3 = now_s();
+    st->plan_s = t3 - t2;
+    if (rc == 0) {
+        uint64_t total = m.bytes;
+        st->nodes = p.nnodes;
+        st->group_bytes_read = total;
+        st->group_cross_bytes = total * (p.nnodes - 1);
+        st->group_intra_bytes = total * (g->cfg.world - p.nnodes);
+        apply ap = { .g = g, .m = &m, .p = &p, .fn = fn, .ctx = ctx, .st = st, .err = err,
+                     .tag = id | 1, .state = calloc(m.n ? m.n : 1, 1) };
+        rc = ap.state ? run_apply(&ap, id)
+                      : fr_rl_fail(err, FERRY_ENOMEM, "compat: out of memory");
+        reap(&ap, true);   /* nothing stays in flight after a failure */
+        free(ap.out);
+        free(ap.state);
+        st->apply_s = now_s() - t3;
+    }
+    plan_free(&p);
+    if (rc == 0) {
+        g->generation = m.generation;
+        *generation = m.generation;
+        st->generation = m.generation;
+    }
+    ferry_weight_manifest_free(&m);
+    st->total_s = now_s() - t0;
+    return rc;
+}
+
+/* ---- open / close --------------------------------------------------------------------------- */
+
+int ferry_compat_group_open(ferry_store *s, const ferry_compat_config *cfg,
+                            ferry_compat_group **out, ferry_error *err)
+{
+    if (!s || !cfg || !out || cfg->world == 0 || cfg->rank >= cfg->world || !cfg->model[0] ||
+        strchr(cfg->model, '/') || !cfg->group[0] || strchr(cfg->group, '/'))
+        return fr_rl_fail(err, FERRY_EINVAL, "compat: bad arguments (model, group, rank, world)");
+    ferry_compat_group *g = calloc(1, sizeof *g);
+    if (!g)
+        return fr_rl_fail(err, FERRY_ENOMEM, "compat: out of memory");
+    g->s = s;
+    g->cfg = *cfg;
+    if (!g->cfg.staging_bytes)
+        g->cfg.staging_bytes = STAGING_DEFAULT;
+    g->e = ferry_store_engine(s);
+    g->mates = calloc(cfg->world, sizeof *g->mates);
+    int rc = g->mates ? ferry_mem_alloc(g->e, (size_t)g->cfg.staging_bytes, (void **)&g->staging)
+                      : FERRY_ENOMEM;
+    if (rc < 0) {
+        g->staging = NULL;
+        fr_rl_fail(err, rc, "compat: cannot allocate %" PRIu64 " bytes of staging: %s",
+                   g->cfg.staging_bytes, ferry_strerror(rc));
+        goto fail;
+    }
+    rc = ferry_region_register(g->e, g->staging, (size_t)g->cfg.staging_bytes, FERRY_REMOTE_WRITE,
+                               FERRY_MEM_HOST, &g->reg);
+    int dl = rc == 0 ? ferry_region_export(g->reg, g->desc, sizeof g->desc) : rc;
+    if (dl < 0) {
+        rc = dl;
+        fr_rl_fail(err, rc, "compat: cannot register the staging buffer: %s", ferry_strerror(rc));
+        goto fail;
+    }
+    g->desc_len = (uint32_t)dl;
+    *out = g;
+    return 0;
+fail:
+    ferry_compat_group_close(g);
+    return rc;
+}
+
+void ferry_compat_group_close(ferry_compat_group *g)
+{
+    if (!g)
+        return;
+    if (g->reg)
+        (void)ferry_region_unregister(g->reg);
+    if (g->staging)
+        (void)ferry_mem_free(g->e, g->staging);
+    free(g->mates);
+    free(g);
+}

@@ -1,0 +1,363 @@
+/* Compatibility mode through single-pull: four rollout processes as two
+ * "nodes" of two (node ids 7 and 9; one machine, so shm carries every
+ * WRITE) against a real master and node take published generations with a
+ * staging buffer smaller than the model (several batches): every worker
+ * gets every tensor, in manifest order, bit-exact; the group's store reads
+ * equal the published bytes (the naive compat path reads world x that);
+ * the WRITEs that cross nodes add up to (nodes - 1) x published, those
+ * inside a node to (workers - nodes) x published; the second generation
+ * imports no region and registers nothing new. Then failures: an object
+ * removed before an update fails prepare on every worker (nothing loaded,
+ * the generation stays); an object whose bytes no longer match their
+ * checksum fails its leader's read during apply and every worker returns
+ * FERRY_EREBUILD (nobody hangs); the next generation loads again. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "util/ftstore.h"
+#include "ferry/weights_compat.h"
+
+#define NT 9
+#define WORLD 4
+#define MODEL "compat"
+static const uint64_t shapes[NT][2] = {
+    {1024, 256}, {512, 512}, {2048, 64}, {333, 77}, {4096, 1}, {2, 2}, {700, 300}, {1, 1},
+    {640, 129},
+};
+static const uint32_t node_of[WORLD] = { 7, 7, 9, 9 };
+
+static uint16_t bits(uint64_t g, size_t t, uint64_t i)
+{
+    return (uint16_t)(0x3c00u | ((g * 40503u + t * 977u + i * 31u) & 0x3ffu));
+}
+
+static void names_of(char names[NT][32])
+{
+    for (size_t k = 0; k < NT; k++)
+        snprintf(names[k], 32, "model.%zu.weight", k);
+}
+
+/* ---- a rollout process ------------------------------------------------------------------ */
+
+typedef struct check {
+    uint64_t gen;
+    size_t seen;           /* tensors handed over, in order */
+    uint64_t bad;          /* wrong bytes, wrong order, wrong size */
+} check;
+
+static int load(void *ctx, const ferry_weight_entry *e, const void *data)
+{
+    check *c = ctx;
+    char names[NT][32];
+    names_of(names);
+    size_t k = c->seen++;
+    if (k >= NT || strcmp(e->name, names[k]) != 0 || e->bytes != shapes[k][0] * shapes[k][1] * 2) {
+        c->bad++;
+        return 0;
+    }
+    const uint16_t *p = data;
+    for (uint64_t i = 0; i < shapes[k][0] * shapes[k][1]; i++)
+        c->bad += p[i] != bits(c->gen, k, i);
+    return 0;
+}
+
+static int rollout_main(const char *addr, const char *group, uint32_t rank, uint32_t world,
+                        uint64_t staging, uint64_t timeout_ms)
+{
+    ferry_store_config cfg;
+    ferry_store_config_init(&cfg);
+    snprintf(cfg.master, sizeof cfg.master, "%s", addr);
+    cfg.lease_ms = 1;
+    ferry_store *s = NULL;
+    if (ferry_store_open(&cfg, &s) < 0) {
+        printf("ERR open %s\n", ferry_store_last_error());
+        return 1;
+    }
+    /* world 4: nodes 7, 7, 9, 9; world 2: nodes 7, 9 */
+    ferry_compat_config cc = { .model = MODEL, .rank = rank, .world = world,
+                               .node = node_of[world == WORLD ? rank : rank * 2],
+                               .staging_bytes = staging, .timeout_ms = timeout_ms };
+    snprintf(cc.group, sizeof cc.group, "%s", group);
+    ferry_compat_group *g = NULL;
+    ferry_error err = {0};
+    if (ferry_compat_group_open(s, &cc, &g, &err) < 0) {
+        printf("ERR %s\n", err.msg);
+        return 1;
+    }
+    printf("READY\n");
+    fflush(stdout);
+    uint64_t gen = 0;
+    char line[128];
+    while (fgets(line, sizeof line, stdin)) {
+        unsigned long long want;
+        if (sscanf(line, "update %llu", &want) != 1)
+            break;
+        check c = { .gen = want };
+        ferry_compat_stats st;
+        size_t regions = ferry_engine_region_count(ferry_store_engine(s));
+        int rc = ferry_compat_group_update(g, &gen, load, &c, &st, &err);
+        size_t regions_after = ferry_engine_region_count(ferry_store_engine(s));
+        if (rc == 0 && gen == want)
+            printf("OK %llu %llu %llu %llu %llu %llu %llu %llu %u %u %u %zu %llu %zu %zu"
+                   " | prepare %.4f exchange %.4f plan %.4f read %.4f wait %.4f verify %.4f"
+                   " load %.4f barrier %.4f apply %.4f total %.4f\n",
+                   (unsigned long long)st.bytes_read, (unsigned long long)st.bytes_sent_cross,
+                   (unsigned long long)st.bytes_sent_intra, (unsigned long long)st.bytes_received,
+                   (unsigned long long)st.group_bytes_read, (unsigned long long)st.group_cross_bytes,
+                   (unsigned long long)st.group_intra_bytes, (unsigned long long)st.bytes,
+                   st.nodes, st.batches, st.imported, c.seen, (unsigned long long)c.bad, regions,
+                   regions_after, st.prepare_s, st.exchange_s, st.plan_s, st.read_s, st.wait_s,
+                   st.verify_s, st.load_s, st.barrier_s, st.apply_s, st.total_s);
+        else
+            printf("ERR %d %llu %zu %s\n", rc, (unsigned long long)gen, c.seen, err.msg);
+        fflush(stdout);
+    }
+    ferry_compat_group_close(g);
+    ferry_store_close(s);
+    return 0;
+}
+
+/* ---- the test ------------------------------------------------------------------------------ */
+
+static uint64_t publish(ferry_store *s, uint64_t g)
+{
+    char names[NT][32];
+    names_of(names);
+    ferry_weight_tensor t[NT];
+    uint64_t total = 0;
+    for (size_t k = 0; k < NT; k++) {
+        uint64_t n = shapes[k][0] * shapes[k][1];
+        uint16_t *d = malloc(n * 2);
+        for (uint64_t i = 0; i < n; i++)
+            d[i] = bits(g, k, i);
+        t[k] = (ferry_weight_tensor){ .name = names[k], .dtype = "bf16", .ndim = 2,
+                                      .shape = { shapes[k][0], shapes[k][1] }, .data = d };
+        total += n * 2;
+    }
+    uint32_t node0 = 0;
+    ferry_publisher_config pc = { .model = MODEL, .rank = 0, .world = 1, .rank_node = &node0,
+                                  .keep = 2, .timeout_ms = 10000 };
+    ferry_error err = {0};
+    assert_int_equal(ferry_publish(s, &pc, g, t, NT, NULL, &err), 0);
+    for (size_t k = 0; k < NT; k++)
+        free((void *)t[k].data);
+    return total;
+}
+
+/* Every worker takes generation g; sums its counters. */
+static void update_ok(ft_peer *r, uint64_t g, uint64_t published, unsigned want_imported)
+{
+    for (int k = 0; k < WORLD; k++)
+        assert_int_equal(ft_peer_send(&r[k], "update %llu", (unsigned long long)g), 0);
+    uint64_t read = 0, cross = 0, intra = 0, received = 0;
+    unsigned batches = 0;
+    for (int k = 0; k < WORLD; k++) {
+        char line[1024];
+        if (ft_peer_reply(&r[k], line, sizeof line, 60000) != 0)
+            fail_msg("worker %d: %s", k, line);
+        unsigned long long a, b, c2, d, gr, gc, gi, bytes, bad;
+        unsigned nodes, nb, imported;
+        size_t seen, regions, regions_after;
+        if (sscanf(line, "OK %llu %llu %llu %llu %llu %llu %llu %llu %u %u %u %zu %llu %zu %zu",
+                   &a, &b, &c2, &d, &gr, &gc, &gi, &bytes, &nodes, &nb, &imported, &seen, &bad,
+                   &regions, &regions_after) != 15)
+            fail_msg("worker %d: %s", k, line);
+        fprintf(stderr, "generation %llu, worker %d (node %u): %s\n", (unsigned long long)g, k,
+                node_of[k], line);
+        assert_int_equal(bad, 0);
+        assert_int_equal(seen, NT);                 /* every tensor, in manifest order */
+        assert_int_equal(bytes, published);
+        /* the plan's figures, the same on every worker */
+        assert_int_equal(nodes, 2);
+        assert_int_equal(gr, published);
+        assert_int_equal(gc, (2 - 1) * published);
+        assert_int_equal(gi, (WORLD - 2) * published);
+        assert_int_equal(imported, want_imported);  /* the other three staging regions, once */
+        assert_int_equal(regions, regions_after);   /* nothing registered by an update */
+        assert_true(nb > 1);                        /* the staging holds part of the model */
+        if (k == 0)
+            batches = nb;
+        assert_int_equal(nb, batches);
+        read += a;
+        cross += b;
+        intra += c2;
+        received += d;
+    }
+    fprintf(stderr, "generation %llu: published %llu, store read %llu (%.2fx; the naive compat "
+            "path reads %.2fx), cross-node WRITEs %llu (%.2fx), intra-node %llu (%.2fx), "
+            "received %llu, %u batches\n",
+            (unsigned long long)g, (unsigned long long)published, (unsigned long long)read,
+            (double)read / (double)published, (double)WORLD, (unsigned long long)cross,
+            (double)cross / (double)published, (unsigned long long)intra,
+            (double)intra / (double)published, (unsigned long long)received, batches);
+    assert_int_equal(read, published);               /* each byte read from the store once */
+    assert_int_equal(cross, (2 - 1) * published);    /* one WRITE per remote node */
+    assert_int_equal(intra, (WORLD - 2) * published);
+    assert_int_equal(received, (WORLD - 1) * published);
+}
+
+/* Every worker fails generation g with code `want` (or, want 0, any
+ * error) within the deadline; returns how many named `needle`. */
+static int update_fails(ft_peer *r, uint64_t g, int want, uint64_t stays, const char *needle,
+                        size_t max_seen)
+{
+    for (int k = 0; k < WORLD; k++)
+        assert_int_equal(ft_peer_send(&r[k], "update %llu", (unsigned long long)g), 0);
+    int named = 0;
+    for (int k = 0; k < WORLD; k++) {
+        char line[1024];
+        assert_int_not_equal(ft_peer_reply(&r[k], line, sizeof line, 60000), 0);
+        fprintf(stderr, "generation %llu, worker %d: %s\n", (unsigned long long)g, k, line);
+        int code;
+        unsigned long long gen;
+        size_t seen;
+        if (sscanf(line, "ERR %d %llu %zu", &code, &gen, &seen) != 3)
+            fail_msg("worker %d: %s", k, line);
+        if (want)
+            assert_int_equal(code, want);
+        assert_int_equal(gen, stays);               /* the worker keeps its generation */
+        assert_true(seen <= max_seen);
+        named += strstr(line, needle) != NULL;
+    }
+    return named;
+}
+
+static void test_compat_group(void **state)
+{
+    (void)state;
+    ft_cluster c;
+    memset(&c, 0, sizeof c);
+    assert_int_equal(ft_master_start(&c, NULL, NULL), 0);
+    assert_int_equal(ft_node_start(&c, 0, 64u << 20, NULL, NULL), 0);
+    ferry_store_config cfg;
+    ft_store_config(&c, &cfg);
+    cfg.lease_ms = 1;
+    ferry_store *s = NULL;
+    assert_int_equal(ferry_store_open(&cfg, &s), 0);
+    ft_peer r[WORLD];
+    for (int k = 0; k < WORLD; k++) {
+        char rk[8];
+        snprintf(rk, sizeof rk, "%d", k);
+        /* 768 KiB of staging: the largest tensor fits, the model (2.1 MiB) does not */
+        const char *args[] = { "--rollout", c.addr, "rollout", rk, "4", "786432", "5000", NULL };
+        assert_int_equal(ft_spawn(&r[k], NULL, args), 0);
+        char line[256];
+        assert_int_equal(ft_read_line(&r[k], line, sizeof line, 20000), 0);
+        assert_string_equal(line, "READY");
+    }
+    uint64_t published = publish(s, 1);
+    update_ok(r, 1, published, WORLD - 1);
+    published = publish(s, 2);
+    update_ok(r, 2, published, 0);                  /* registrations reused */
+
+    /* The naive compatibility path, measured: each worker reads everything. */
+    check c0 = { .gen = 2 };
+    ferry_update_stats nst;
+    uint64_t g0 = 0;
+    ferry_error nerr = {0};
+    assert_int_equal(ferry_weights_update_compat(s, MODEL, &g0, load, &c0, &nst, &nerr), 0);
+    assert_int_equal(c0.bad, 0);
+    assert_int_equal(nst.bytes_read, published);
+    fprintf(stderr, "naive compat: one worker reads %llu bytes from the store; a group of %d "
+            "reads %llu (%.2fx)\n", (unsigned long long)nst.bytes_read, WORLD,
+            (unsigned long long)nst.bytes_read * WORLD, (double)WORLD);
+
+    char names[NT][32];
+    names_of(names);
+    /* An object gone before the update: prepare fails on every worker,
+     * nothing is loaded, everyone stays on generation 2. */
+    (void)publish(s, 3);
+    char key[256];
+    assert_true(ferry_weights_key(MODEL, 3, names[6], key, sizeof key) > 0);
+    assert_int_equal(ferry_store_remove(s, key), 0);
+    assert_int_equal(update_fails(r, 3, 0, 2, names[6], 0), WORLD);
+
+    /* An object whose bytes no longer match the manifest: prepare passes,
+     * its leader's read fails the checksum during apply, every worker
+     * returns FERRY_EREBUILD, and none waits for the tensor forever. */
+    (void)publish(s, 4);
+    assert_true(ferry_weights_key(MODEL, 4, names[6], key, sizeof key) > 0);
+    assert_int_equal(ferry_store_remove(s, key), 0);
+    size_t len = shapes[6][0] * shapes[6][1] * 2;
+    uint8_t *junk = calloc(1, len);
+    assert_int_equal(ferry_store_put(s, key, junk, len, NULL, NULL), 0);
+    free(junk);
+    int named = update_fails(r, 4, FERRY_EREBUILD, 2, "checksum", 6);
+    assert_int_equal(named, WORLD);   /* the leader's reason reaches everyone */
+
+    /* and the group recovers with the next generation */
+    published = publish(s, 5);
+    update_ok(r, 5, published, 0);
+
+    for (int k = 0; k < WORLD; k++)
+        ft_peer_stop(&r[k]);
+    ferry_store_close(s);
+    ft_cluster_stop(&c);
+}
+
+/* A worker whose engine fails every post (FERRY_FAULT=post_fail_after=0:
+ * no store read, no WRITE, no NOTIFY) in a group of two on two nodes: the
+ * other one hears nothing for the tensors that worker leads and gives up
+ * after the group timeout; both return FERRY_EREBUILD, neither hangs. */
+static void test_compat_silent_leader(void **state)
+{
+    (void)state;
+    ft_cluster c;
+    memset(&c, 0, sizeof c);
+    assert_int_equal(ft_master_start(&c, NULL, NULL), 0);
+    assert_int_equal(ft_node_start(&c, 0, 64u << 20, NULL, NULL), 0);
+    ferry_store_config cfg;
+    ft_store_config(&c, &cfg);
+    cfg.lease_ms = 1;
+    ferry_store *s = NULL;
+    assert_int_equal(ferry_store_open(&cfg, &s), 0);
+    ft_peer f[2];
+    for (int k = 0; k < 2; k++) {
+        char rk[8];
+        snprintf(rk, sizeof rk, "%d", k);
+        if (k == 1)
+            setenv("FERRY_FAULT", "post_fail_after=0", 1);
+        const char *args[] = { "--rollout", c.addr, "faulty", rk, "2", "786432", "1500", NULL };
+        assert_int_equal(ft_spawn(&f[k], NULL, args), 0);
+        unsetenv("FERRY_FAULT");
+        char line[256];
+        assert_int_equal(ft_read_line(&f[k], line, sizeof line, 20000), 0);
+        assert_string_equal(line, "READY");
+    }
+    (void)publish(s, 1);
+    for (int k = 0; k < 2; k++)
+        assert_int_equal(ft_peer_send(&f[k], "update 1"), 0);
+    for (int k = 0; k < 2; k++) {
+        char line[1024];
+        assert_int_not_equal(ft_peer_reply(&f[k], line, sizeof line, 30000), 0);
+        fprintf(stderr, "faulty group, worker %d: %s\n", k, line);
+        char want[32];
+        snprintf(want, sizeof want, "ERR %d 0 ", FERRY_EREBUILD);
+        assert_true(strncmp(line, want, strlen(want)) == 0);
+    }
+    for (int k = 0; k < 2; k++)
+        ft_peer_stop(&f[k]);
+    ferry_store_close(s);
+    ft_cluster_stop(&c);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 8 && !strcmp(argv[1], "--rollout"))
+        return rollout_main(argv[2], argv[3], (uint32_t)atoi(argv[4]), (uint32_t)atoi(argv[5]),
+                            strtoull(argv[6], NULL, 10), strtoull(argv[7], NULL, 10));
+    ft_token();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_compat_group),
+        cmocka_unit_test(test_compat_silent_leader),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
