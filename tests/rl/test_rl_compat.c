@@ -10,7 +10,9 @@
  * removed before an update fails prepare on every worker (nothing loaded,
  * the generation stays); an object whose bytes no longer match their
  * checksum fails its leader's read during apply and every worker returns
- * FERRY_EREBUILD (nobody hangs); the next generation loads again. */
+ * FERRY_EREBUILD (nobody hangs); the next generation loads again. A
+ * worker that goes silent makes the other time out, not hang; a staging
+ * buffer smaller than a tensor is refused by every worker. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -349,6 +351,48 @@ static void test_compat_silent_leader(void **state)
     ft_cluster_stop(&c);
 }
 
+/* A staging buffer smaller than the largest tensor (512 KiB) on one
+ * worker of two: both refuse the generation before anything moves. */
+static void test_compat_staging_too_small(void **state)
+{
+    (void)state;
+    ft_cluster c;
+    memset(&c, 0, sizeof c);
+    assert_int_equal(ft_master_start(&c, NULL, NULL), 0);
+    assert_int_equal(ft_node_start(&c, 0, 64u << 20, NULL, NULL), 0);
+    ferry_store_config cfg;
+    ft_store_config(&c, &cfg);
+    cfg.lease_ms = 1;
+    ferry_store *s = NULL;
+    assert_int_equal(ferry_store_open(&cfg, &s), 0);
+    ft_peer f[2];
+    for (int k = 0; k < 2; k++) {
+        char rk[8];
+        snprintf(rk, sizeof rk, "%d", k);
+        const char *args[] = { "--rollout", c.addr, "small", rk, "2", k ? "262144" : "786432",
+                               "5000", NULL };
+        assert_int_equal(ft_spawn(&f[k], NULL, args), 0);
+        char line[256];
+        assert_int_equal(ft_read_line(&f[k], line, sizeof line, 20000), 0);
+        assert_string_equal(line, "READY");
+    }
+    (void)publish(s, 1);
+    for (int k = 0; k < 2; k++)
+        assert_int_equal(ft_peer_send(&f[k], "update 1"), 0);
+    for (int k = 0; k < 2; k++) {
+        char line[1024];
+        assert_int_not_equal(ft_peer_reply(&f[k], line, sizeof line, 30000), 0);
+        fprintf(stderr, "small staging, worker %d: %s\n", k, line);
+        char want[32];
+        snprintf(want, sizeof want, "ERR %d 0 0 worker 1: ", FERRY_EMSGSIZE);
+        assert_true(strncmp(line, want, strlen(want)) == 0);
+    }
+    for (int k = 0; k < 2; k++)
+        ft_peer_stop(&f[k]);
+    ferry_store_close(s);
+    ft_cluster_stop(&c);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 8 && !strcmp(argv[1], "--rollout"))
@@ -358,6 +402,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_compat_group),
         cmocka_unit_test(test_compat_silent_leader),
+        cmocka_unit_test(test_compat_staging_too_small),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
