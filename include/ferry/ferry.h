@@ -9,4 +9,5 @@
 #include "ferry/samples.h"
 #include "ferry/sparse.h"
 #include "ferry/weights.h"
+#include "ferry/weights_compat.h"
 #endif
