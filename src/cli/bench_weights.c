@@ -5,7 +5,10 @@
  *   - direct: the single-pull group update (each byte read from the store
  *     once by one worker, pushed to the replicas),
  *   - naive: every worker reads its own demand from the store,
- *   - compat: every worker receives every full tensor (store reads).
+ *   - compat: every worker receives every full tensor through the group
+ *     update (each tensor read from the store once by its leader, written
+ *     to the other workers),
+ *   - naive compat: every worker reads every full tensor from the store.
  * The floor, measured in the same run, is the bytes that must land in the
  * rollouts' parameters (model bytes x DP) divided by the single-thread
  * memcpy bandwidth of this machine. Every update verifies every byte. */
@@ -59,13 +62,14 @@ int cmd_bench_weights(int argc, char **argv, const char *self)
     double bw = memcpy_gbps();
     demo_group grp;
     int rc = 1;
-    double best_direct = 0, best_naive = 0, best_compat = 0;
-    uint64_t direct_read = 0, naive_read = 0, compat_read = 0, pushed = 0;
+    double best_direct = 0, best_naive = 0, best_compat = 0, best_ncompat = 0;
+    uint64_t direct_read = 0, naive_read = 0, compat_read = 0, ncompat_read = 0, pushed = 0;
     bool ok = true;
     char err[256] = "";
     char cdir[64] = "";
     json_t *counters = NULL;   /* of the best direct update */
     json_t *pcounters = NULL;  /* of the publish before it */
+    json_t *ccounters = NULL;  /* of the best compat group update */
     if (demo_counters_open(cdir, sizeof cdir) < 0)
         cdir[0] = 0;
     if (demo_group_start(&grp, o.model, o.bytes, dm.bytes, o.trainers, o.rollouts, o.dp,
@@ -103,9 +107,19 @@ int cmd_bench_weights(int argc, char **argv, const char *self)
         }
         snprintf(cmd, sizeof cmd, "compat %u", g);
         ok = ok && demo_round(grp.ro, grp.nro, cmd, &t, &a, &b, NULL, err, sizeof err) && b == 0;
+        json_t *kj = ok && cdir[0] ? demo_counters_collect(cdir, "compat", grp.nro) : NULL;
         if (ok && g > 1 && (best_compat == 0 || t < best_compat)) {
             best_compat = t;
             compat_read = a;
+            json_decref(ccounters);
+            ccounters = json_incref(kj);
+        }
+        json_decref(kj);
+        snprintf(cmd, sizeof cmd, "naive_compat %u", g);
+        ok = ok && demo_round(grp.ro, grp.nro, cmd, &t, &a, &b, NULL, err, sizeof err) && b == 0;
+        if (ok && g > 1 && (best_ncompat == 0 || t < best_ncompat)) {
+            best_ncompat = t;
+            ncompat_read = a;
         }
     }
     if (!o.json)
@@ -121,17 +135,23 @@ int cmd_bench_weights(int argc, char **argv, const char *self)
                                                      JSON_REAL_PRECISION(10)) : NULL;
     char *pjs = pcounters ? json_dumps(pcounters, JSON_COMPACT | JSON_PRESERVE_ORDER |
                                                        JSON_REAL_PRECISION(10)) : NULL;
+    char *kjs = ccounters ? json_dumps(ccounters, JSON_COMPACT | JSON_PRESERVE_ORDER |
+                                                       JSON_REAL_PRECISION(10)) : NULL;
     if (o.json) {
         printf("{\"model\":\"%s\",\"bytes\":%llu,\"trainers\":%u,\"rollouts\":%u,\"dp\":%u,"
                "\"direct_s\":%.4f,\"naive_s\":%.4f,\"compat_s\":%.4f,\"floor_s\":%.4f,"
                "\"memcpy_gbps\":%.3f,\"direct_ratio_to_floor\":%.3f,\"store_read_ratio\":%.3f,"
                "\"naive_store_read_ratio\":%.3f,\"compat_store_read_ratio\":%.3f,"
                "\"pushed_bytes\":%llu,\"verified\":true,\"direct_counters\":%s,"
-               "\"publish_counters\":%s}\n",
+               "\"publish_counters\":%s,\"naive_compat_s\":%.4f,"
+               "\"naive_compat_store_read_ratio\":%.3f,\"compat_to_naive_compat\":%.3f,"
+               "\"compat_counters\":%s}\n",
                o.model, (unsigned long long)dm.bytes, o.trainers, o.rollouts, o.dp, best_direct,
                best_naive, best_compat, floor_s, bw, floor_s > 0 ? best_direct / floor_s : 0,
                direct_read / pub, naive_read / pub, compat_read / pub,
-               (unsigned long long)pushed, cjs ? cjs : "null", pjs ? pjs : "null");
+               (unsigned long long)pushed, cjs ? cjs : "null", pjs ? pjs : "null", best_ncompat,
+               ncompat_read / pub, best_ncompat > 0 ? best_compat / best_ncompat : 0,
+               kjs ? kjs : "null");
     } else {
         char sz[32];
         printf("ferry bench weights: %s, %zu tensors, %s bf16; %u trainers, %u rollouts (TP%u x "
@@ -143,8 +163,10 @@ int cmd_bench_weights(int argc, char **argv, const char *self)
                best_direct / floor_s, direct_read / pub);
         printf("%-28s %10.3f %12.2f %11.2fx\n", "naive (each reads its own)", best_naive,
                best_naive / floor_s, naive_read / pub);
-        printf("%-28s %10.3f %12.2f %11.2fx\n", "compat (every full tensor)", best_compat,
+        printf("%-28s %10.3f %12.2f %11.2fx\n", "compat (group, leaders)", best_compat,
                best_compat / floor_s, compat_read / pub);
+        printf("%-28s %10.3f %12.2f %11.2fx\n", "naive compat (each reads all)", best_ncompat,
+               best_ncompat / floor_s, ncompat_read / pub);
         printf("floor: %s into the rollouts' parameters at %.2f GB/s (memcpy, one thread) = "
                "%.3f s\n", cli_fmt_size(delivered, sz, sizeof sz), bw, floor_s);
         if (counters) {
@@ -161,12 +183,14 @@ int cmd_bench_weights(int argc, char **argv, const char *self)
     }
     free(cjs);
     free(pjs);
+    free(kjs);
     rc = 0;
 out:
     demo_group_stop(&grp);
     demo_model_free(&dm);
     json_decref(counters);
     json_decref(pcounters);
+    json_decref(ccounters);
     if (cdir[0])
         demo_counters_close(cdir);
     return rc;

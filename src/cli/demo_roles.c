@@ -157,6 +157,25 @@ static json_t *update_json(const ferry_subscriber *sub, const ferry_update_stats
     return j;
 }
 
+static json_t *compat_json(const ferry_compat_stats *st)
+{
+    return json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,"
+                     "s:f,s:f}",
+                     "tensors", (json_int_t)st->tensors, "bytes", (json_int_t)st->bytes,
+                     "bytes_read", (json_int_t)st->bytes_read,
+                     "bytes_sent_cross", (json_int_t)st->bytes_sent_cross,
+                     "bytes_sent_intra", (json_int_t)st->bytes_sent_intra,
+                     "bytes_received", (json_int_t)st->bytes_received,
+                     "batches", (json_int_t)st->batches,
+                     "group_bytes_read", (json_int_t)st->group_bytes_read,
+                     "group_cross_bytes", (json_int_t)st->group_cross_bytes,
+                     "group_intra_bytes", (json_int_t)st->group_intra_bytes,
+                     "prepare_s", st->prepare_s, "exchange_s", st->exchange_s, "plan_s", st->plan_s,
+                     "read_s", st->read_s, "wait_s", st->wait_s, "verify_s", st->verify_s,
+                     "load_s", st->load_s, "barrier_s", st->barrier_s, "apply_s", st->apply_s,
+                     "total_s", st->total_s);
+}
+
 int demo_counters_open(char *dir, size_t cap)
 {
     snprintf(dir, cap, "/tmp/ferry-counters-XXXXXX");
@@ -189,7 +208,8 @@ void demo_counters_close(const char *dir)
 json_t *demo_counters_collect(const char *dir, const char *role, unsigned n)
 {
     static const char *const sums[] = { "bytes", "tensors", "cross_node_bytes", "local_bytes",
-                                        "bytes_read", "bytes_pushed", "bytes_received", "batches" };
+                                        "bytes_read", "bytes_pushed", "bytes_received", "batches",
+                                        "bytes_sent_cross", "bytes_sent_intra" };
     json_t *out = NULL;
     for (unsigned r = 0; r < n; r++) {
         char path[512];
@@ -387,7 +407,23 @@ int demo_rollout_main(int argc, char **argv)
     ferry_error oerr = {0};
     if (ferry_subscriber_open(a.s, &sc, sh, ns, &sub, &oerr) < 0)
         return 1;
-    uint64_t cur = 0, naive_gen = 0;
+    /* Compatibility mode: the same group, one staging buffer per worker
+     * that holds the largest tensor (256 MiB at least), kept open across
+     * generations so its registration is reused. */
+    uint64_t largest = 0;
+    for (size_t i = 0; i < a.m.n; i++)
+        largest = a.m.t[i].bytes > largest ? a.m.t[i].bytes : largest;
+    ferry_compat_config cc = { .rank = a.rank, .world = a.world, .timeout_ms = 120000,
+                               .staging_bytes = largest > (256ull << 20) ? largest : 256ull << 20 };
+    snprintf(cc.model, sizeof cc.model, "%s", a.model);
+    snprintf(cc.group, sizeof cc.group, "demo");
+    ferry_compat_group *cg = NULL;
+    if (ferry_compat_group_open(a.s, &cc, &cg, &oerr) < 0) {
+        printf("ERR %s\n", oerr.msg);
+        fflush(stdout);
+        return 1;
+    }
+    uint64_t cur = 0, naive_gen = 0, compat_gen = 0;
     char line[256];
     while (fgets(line, sizeof line, stdin)) {
         unsigned long long g;
@@ -419,6 +455,21 @@ int demo_rollout_main(int argc, char **argv)
             else
                 printf("ERR %s\n", rc ? err.msg : "not at the expected generation");
         } else if (sscanf(line, "compat %llu", &g) == 1) {
+            /* The group update: each byte read from the store once, by the
+             * tensor's leader, and written to the others. */
+            verify_ctx v = { .m = &a.m, .g = g };
+            ferry_compat_stats cs;
+            int rc = ferry_compat_group_update(cg, &compat_gen, check_full, &v, &cs, &err);
+            double dt = cli_now() - t0;
+            if (rc == 0)
+                stats_write("compat", a.rank, compat_json(&cs));
+            if (rc == 0 && compat_gen == g && v.seen == a.m.n)
+                printf("OK %.4f %llu %llu\n", dt, (unsigned long long)cs.bytes_read,
+                       (unsigned long long)v.bad);
+            else
+                printf("ERR %s\n", rc ? err.msg : "incomplete generation");
+        } else if (sscanf(line, "naive_compat %llu", &g) == 1) {
+            /* The baseline: every worker reads every tensor from the store. */
             verify_ctx v = { .m = &a.m, .g = g };
             uint64_t gen = 0;
             int rc = ferry_weights_update_compat(a.s, a.model, &gen, check_full, &v, &st, &err);
@@ -433,6 +484,7 @@ int demo_rollout_main(int argc, char **argv)
         }
         fflush(stdout);
     }
+    ferry_compat_group_close(cg);
     ferry_subscriber_close(sub);
     for (size_t k = 0; k < ns; k++)
         free(sh[k].dst);

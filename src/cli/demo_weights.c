@@ -4,7 +4,8 @@
  * that take every generation in parameter-direct form (their own TP shard
  * of every tensor, straight into their parameter buffers) and in
  * compatibility form (every full tensor, checksum-verified, as a
- * load_weights loader would get it). Every parameter byte is checked
+ * load_weights loader would get it; the group update: each tensor read from
+ * the store once, by its leader, and written to the other rollouts). Every parameter byte is checked
  * against values computed independently in each process. `ferry demo
  * engine` runs the engine demo. */
 #include <stdlib.h>
@@ -23,6 +24,7 @@ typedef struct gen_row {
     bool ok;
     char error[256];
     json_t *publish, *update;   /* counters: merged over trainers, over rollouts */
+    json_t *compat;             /* the compatibility update's, merged over rollouts */
 } gen_row;
 
 static double num(const json_t *o, const char *k)
@@ -106,7 +108,8 @@ int cmd_demo(int argc, char **argv, const char *self)
         fprintf(stderr, "ferry demo: %u trainers publish %u generations of %s (%zu tensors with "
                 "its real shapes, %s bf16) through the store at %s;\n%u rollout workers (TP%u x DP%u) "
                 "take each one parameter-direct, single-pull (every byte read from the store once, "
-                "pushed to its replicas),\nand whole (compatibility), checking every byte.\n",
+                "pushed to its replicas),\nand whole (compatibility: each tensor read once by its leader and "
+                "written to the others), checking every byte.\n",
                 o.trainers, o.count, o.model, dm.n, cli_fmt_size(dm.bytes, sz, sizeof sz),
                 grp.addr, o.rollouts, o.rollouts / o.dp, o.dp);
     unsigned ng = o.count > 64 ? 64 : o.count;
@@ -134,6 +137,8 @@ int cmd_demo(int argc, char **argv, const char *self)
             cli_progress("compat update", (g - 0.33) / ng);
         row->ok = row->ok && demo_round(ro, o.rollouts, cmd, &row->compat_s, &row->compat_read,
                                        &b, NULL, row->error, sizeof row->error);
+        if (row->ok && cdir[0])
+            row->compat = demo_counters_collect(cdir, "compat", o.rollouts);
         row->bad += b;
         row->ok = row->ok && row->bad == 0;
         all_ok = all_ok && row->ok;
@@ -148,16 +153,19 @@ int cmd_demo(int argc, char **argv, const char *self)
             json_t *c = json_object();
             json_object_set(c, "publish", rows[g].publish ? rows[g].publish : json_null());
             json_object_set(c, "update", rows[g].update ? rows[g].update : json_null());
+            json_object_set(c, "compat", rows[g].compat ? rows[g].compat : json_null());
             char *cj = json_dumps(c, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
             printf("%s{\"generation\":%u,\"publish_s\":%.4f,\"direct_s\":%.4f,"
                    "\"direct_store_bytes\":%llu,\"direct_read_ratio\":%.3f,\"direct_pushed_bytes\":%llu,"
                    "\"compat_s\":%.4f,"
-                   "\"compat_store_bytes\":%llu,\"wrong_bytes\":%llu,\"ok\":%s,\"counters\":%s}",
+                   "\"compat_store_bytes\":%llu,\"compat_read_ratio\":%.3f,\"wrong_bytes\":%llu,"
+                   "\"ok\":%s,\"counters\":%s}",
                    g ? "," : "", g + 1, rows[g].publish_s, rows[g].direct_s,
                    (unsigned long long)rows[g].direct_read,
                    (double)rows[g].direct_read / (double)dm.bytes,
                    (unsigned long long)rows[g].pushed, rows[g].compat_s,
-                   (unsigned long long)rows[g].compat_read, (unsigned long long)rows[g].bad,
+                   (unsigned long long)rows[g].compat_read,
+                   (double)rows[g].compat_read / (double)dm.bytes, (unsigned long long)rows[g].bad,
                    rows[g].ok ? "true" : "false", cj ? cj : "null");
             free(cj);
             json_decref(c);
@@ -176,9 +184,10 @@ int cmd_demo(int argc, char **argv, const char *self)
                    rows[g].ok ? "verified" : rows[g].error[0] ? rows[g].error : "WRONG");
         }
         printf("direct: the group read %.2fx the published bytes from the store (each byte once; "
-               "a worker-reads-its-own baseline reads %ux); compat: every worker reads every "
-               "tensor (%ux).\n", (double)rows[0].direct_read / (double)dm.bytes, o.dp,
-               o.rollouts);
+               "a worker-reads-its-own baseline reads %ux); compat: the group read %.2fx (each "
+               "tensor once, by its leader, written to the other workers; every worker reading "
+               "every tensor reads %ux).\n", (double)rows[0].direct_read / (double)dm.bytes, o.dp,
+               (double)rows[0].compat_read / (double)dm.bytes, o.rollouts);
         if (rows[ng - 1].update)
             print_phases(rows, ng, dm.bytes);
         printf("%s\n", all_ok ? "demo ok" : "demo FAILED");
@@ -190,6 +199,7 @@ out:
     for (unsigned g = 0; g < 64; g++) {
         json_decref(rows[g].publish);
         json_decref(rows[g].update);
+        json_decref(rows[g].compat);
     }
     if (cdir[0])
         demo_counters_close(cdir);

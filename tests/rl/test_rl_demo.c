@@ -1,7 +1,8 @@
 /* `ferry demo` end to end at a small size through the built binary: it
  * starts its own master and node, trainers and rollouts, and must verify
  * every byte of every generation in both update forms, with the direct
- * form reading exactly the published bytes once. */
+ * and the compatibility (group) forms reading exactly the published bytes
+ * once. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -31,6 +32,7 @@ static void test_demo_small(void **state)
     assert_non_null(strstr(out, "\"ok\":true"));
     assert_non_null(strstr(out, "\"generation\":2"));
     assert_non_null(strstr(out, "\"direct_read_ratio\":1.000"));
+    assert_non_null(strstr(out, "\"compat_read_ratio\":1.000"));
     assert_null(strstr(out, "\"ok\":false"));
 }
 
