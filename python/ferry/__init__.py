@@ -3,7 +3,8 @@
 Submodules wrap the C library through the ``_ferry`` extension:
 ``ferry.reshard`` (placement manifests, layouts, presets, reshard plans) and
 ``ferry.store`` (the store client: ``ferry.Store``), ``ferry.weights``
-(weight updates: ``ferry.WeightPublisher``, ``ferry.WeightSubscriber``);
+(weight updates: ``ferry.WeightPublisher``, ``ferry.WeightSubscriber``,
+``ferry.CompatGroup``);
 ``ferry.samples`` (rollout/update disaggregation: versioned records,
 ``ferry.PolicyRegistry``, ``ferry.SampleQueue``, ``ferry.KVCacheGate``);
 ``ferry.sparse`` (sparse COO weight deltas: ``ferry.put_sparse_object``,
@@ -19,7 +20,7 @@ from . import samples
 from . import sparse
 from .store import (Store, Watch, ReplicateConfig, NotFoundError, ExistsError, NoSpaceError, LostError, BusyError,
                     ConflictError, TimeoutError, AuthError, ConnectionError, StaleError)
-from .weights import WeightPublisher, WeightSubscriber
+from .weights import WeightPublisher, WeightSubscriber, CompatGroup
 from .samples import (RolloutSession, UpdateSession, PolicyVersion, PolicyRegistry, PolicyWatch, SampleQueue, Sample,
                       KVCacheGate, QueueFullError)
 from .sparse import put_sparse_object, sparse_admit, read_sparse_objects, sparse_apply
@@ -28,7 +29,7 @@ __version__ = f"{VERSION_MAJOR}.{VERSION_MINOR}.{VERSION_PATCH}"
 
 __all__ = ["Error", "Engine", "strerror", "reshard", "store", "Store", "Watch", "ReplicateConfig", "NotFoundError",
            "ExistsError", "NoSpaceError", "LostError", "BusyError", "ConflictError", "TimeoutError", "AuthError",
-           "ConnectionError", "StaleError", "weights", "WeightPublisher", "WeightSubscriber", "samples", "RolloutSession",
+           "ConnectionError", "StaleError", "weights", "WeightPublisher", "WeightSubscriber", "CompatGroup", "samples", "RolloutSession",
            "UpdateSession", "PolicyVersion", "PolicyRegistry", "PolicyWatch", "SampleQueue", "Sample", "KVCacheGate",
            "QueueFullError", "sparse", "put_sparse_object", "sparse_admit", "read_sparse_objects",
            "sparse_apply", "__version__"]

@@ -1,5 +1,6 @@
 /* _ferry: weight updates from Python (ferry.weights, ferry.WeightPublisher,
- * ferry.WeightSubscriber) over include/ferry/weights.h. Thin: every check
+ * ferry.WeightSubscriber, ferry.CompatGroup) over include/ferry/weights.h
+ * and include/ferry/weights_compat.h. Thin: every check
  * of the generation, the manifest and the boxes is the C library's; this
  * file turns buffers into tensors and shards and adds one check the library
  * cannot make (a destination's itemsize against the published dtype).
@@ -862,6 +863,201 @@ static PyTypeObject SubType = {
     .tp_getset = sub_getset,
 };
 
+/* ---- CompatGroup ------------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *store;          /* strong reference, marked busy while open */
+    ferry_compat_group *g;
+    uint64_t generation;
+    int inflight;
+} CompatObject;
+
+static void cg_close_now(CompatObject *self)
+{
+    ferry_compat_group *g = self->g;
+    self->g = NULL;
+    if (g) {
+        Py_BEGIN_ALLOW_THREADS ferry_compat_group_close(g);
+        Py_END_ALLOW_THREADS
+        fp_store_busy(self->store, -1);
+    }
+}
+
+static int cg_init(CompatObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"store", "model", "group", "rank", "world", "node", "staging_bytes", "timeout_ms", NULL};
+    PyObject *so;
+    const char *model, *group;
+    unsigned int rank, world, node = 0;
+    unsigned long long staging = 0, timeout = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OssII|IKK:CompatGroup", kwl, &so, &model, &group, &rank, &world,
+                                     &node, &staging, &timeout))
+        return -1;
+    if (self->g || self->store) {
+        PyErr_SetString(PyExc_ValueError, "the compat group is already open");
+        return -1;
+    }
+    ferry_store *s = fp_store_handle(so);
+    if (!s)
+        return -1;
+    ferry_compat_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    if (fp_copy_str(cfg.model, sizeof cfg.model, model, "model") < 0 ||
+        fp_copy_str(cfg.group, sizeof cfg.group, group, "group") < 0)
+        return -1;
+    cfg.rank = rank;
+    cfg.world = world;
+    cfg.node = node;
+    cfg.staging_bytes = staging;
+    cfg.timeout_ms = timeout;
+    ferry_error err = {0};
+    ferry_compat_group *g = NULL;
+    int rc;
+    FP_STORE_CALL(so, rc = ferry_compat_group_open(s, &cfg, &g, &err));
+    if (rc < 0) {
+        fp_raise_err_class(rc, &err);
+        return -1;
+    }
+    self->g = g;
+    self->store = Py_NewRef(so);
+    fp_store_busy(so, 1);   /* until close: the staging is registered with its engine */
+    return 0;
+}
+
+static PyObject *compat_stats_dict(const ferry_compat_stats *st)
+{
+    PyObject *d = PyDict_New();
+    if (!d || dict_set(d, "generation", u64(st->generation)) < 0 || dict_set(d, "tensors", u64(st->tensors)) < 0 ||
+        dict_set(d, "bytes", u64(st->bytes)) < 0 || dict_set(d, "tensors_led", u64(st->tensors_led)) < 0 ||
+        dict_set(d, "bytes_read", u64(st->bytes_read)) < 0 ||
+        dict_set(d, "bytes_sent_cross", u64(st->bytes_sent_cross)) < 0 ||
+        dict_set(d, "bytes_sent_intra", u64(st->bytes_sent_intra)) < 0 ||
+        dict_set(d, "bytes_received", u64(st->bytes_received)) < 0 ||
+        dict_set(d, "batches", PyLong_FromUnsignedLong(st->batches)) < 0 ||
+        dict_set(d, "imported", PyLong_FromUnsignedLong(st->imported)) < 0 ||
+        dict_set(d, "group_bytes_read", u64(st->group_bytes_read)) < 0 ||
+        dict_set(d, "group_cross_bytes", u64(st->group_cross_bytes)) < 0 ||
+        dict_set(d, "group_intra_bytes", u64(st->group_intra_bytes)) < 0 ||
+        dict_set(d, "nodes", PyLong_FromUnsignedLong(st->nodes)) < 0 ||
+        dict_set(d, "prepare_s", PyFloat_FromDouble(st->prepare_s)) < 0 ||
+        dict_set(d, "exchange_s", PyFloat_FromDouble(st->exchange_s)) < 0 ||
+        dict_set(d, "plan_s", PyFloat_FromDouble(st->plan_s)) < 0 ||
+        dict_set(d, "read_s", PyFloat_FromDouble(st->read_s)) < 0 ||
+        dict_set(d, "wait_s", PyFloat_FromDouble(st->wait_s)) < 0 ||
+        dict_set(d, "verify_s", PyFloat_FromDouble(st->verify_s)) < 0 ||
+        dict_set(d, "load_s", PyFloat_FromDouble(st->load_s)) < 0 ||
+        dict_set(d, "barrier_s", PyFloat_FromDouble(st->barrier_s)) < 0 ||
+        dict_set(d, "apply_s", PyFloat_FromDouble(st->apply_s)) < 0 ||
+        dict_set(d, "total_s", PyFloat_FromDouble(st->total_s)) < 0) {
+        Py_XDECREF(d);
+        return NULL;
+    }
+    return d;
+}
+
+/* update(fn) -> stats dict; fn(entry dict, bytearray of the tensor) for every
+ * tensor in manifest order. An exception from fn stops the update on every
+ * worker (this one re-raises it, the others get FERRY_EREBUILD). */
+static PyObject *cg_update(CompatObject *self, PyObject *args)
+{
+    PyObject *fn;
+    if (!PyArg_ParseTuple(args, "O:update", &fn))
+        return NULL;
+    if (!PyCallable_Check(fn))
+        return PyErr_Format(PyExc_TypeError, "fn must be callable");
+    if (!self->g) {
+        PyErr_SetString(PyExc_ValueError, "the compat group is closed");
+        return NULL;
+    }
+    if (self->inflight)
+        return fp_raise_class(FERRY_EBUSY, "an update is already running on this compat group");
+    compat_ctx c = {.fn = fn};
+    ferry_compat_stats st;
+    memset(&st, 0, sizeof st);
+    ferry_error err = {0};
+    uint64_t g = self->generation;
+    int rc;
+    self->inflight++;
+    c.ts = PyEval_SaveThread();
+    rc = ferry_compat_group_update(self->g, &g, compat_cb, &c, &st, &err);
+    PyEval_RestoreThread(c.ts);
+    self->inflight--;
+    if (c.exc[0]) {
+        PyErr_Restore(c.exc[0], c.exc[1], c.exc[2]);
+        return NULL;
+    }
+    if (rc < 0)
+        return fp_raise_err_class(rc, &err);
+    self->generation = g;
+    st.generation = g;
+    return compat_stats_dict(&st);
+}
+
+static PyObject *cg_close(CompatObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (self->inflight)
+        return fp_raise_class(FERRY_EBUSY, "close: an update is still running on this compat group");
+    cg_close_now(self);
+    Py_CLEAR(self->store);
+    Py_RETURN_NONE;
+}
+
+static PyObject *cg_exit(CompatObject *self, PyObject *args)
+{
+    (void)args;
+    return fp_exit_result(cg_close(self, NULL));
+}
+
+static void cg_dealloc(CompatObject *self)
+{
+    cg_close_now(self);
+    Py_CLEAR(self->store);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *cg_get_generation(CompatObject *self, void *closure)
+{
+    (void)closure;
+    return PyLong_FromUnsignedLongLong(self->generation);
+}
+
+static PyObject *cg_get_closed(CompatObject *self, void *closure)
+{
+    (void)closure;
+    return PyBool_FromLong(self->g == NULL);
+}
+
+static PyMethodDef cg_methods[] = {
+    {"update", (PyCFunction)cg_update, METH_VARARGS,
+     "update(fn) -> stats: take the active generation with the whole group (every member calls it); "
+     "fn(entry, bytearray) per tensor"},
+    {"close", (PyCFunction)cg_close, METH_NOARGS, "close(): deregister and free the staging buffer"},
+    {"__enter__", fp_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)cg_exit, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef cg_getset[] = {
+    {"generation", (getter)cg_get_generation, NULL, "the generation last loaded (0: none yet)", NULL},
+    {"closed", (getter)cg_get_closed, NULL, "whether close() ran", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject CompatType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ferry._CompatGroup",
+    .tp_basicsize = sizeof(CompatObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "_CompatGroup(store, model, group, rank, world, node=0, staging_bytes=0, timeout_ms=0): the "
+              "compatibility-mode group update (see ferry.CompatGroup)",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)cg_init,
+    .tp_dealloc = (destructor)cg_dealloc,
+    .tp_methods = cg_methods,
+    .tp_getset = cg_getset,
+};
+
 /* ---- module ------------------------------------------------------------------------------- */
 
 static PyMethodDef w_methods[] = {
@@ -882,7 +1078,8 @@ static PyMethodDef w_methods[] = {
 
 int fp_weights_init(PyObject *m)
 {
-    if (PyModule_AddFunctions(m, w_methods) < 0 || fp_add_type(m, "WeightSubscriber", &SubType) < 0)
+    if (PyModule_AddFunctions(m, w_methods) < 0 || fp_add_type(m, "WeightSubscriber", &SubType) < 0 ||
+        fp_add_type(m, "_CompatGroup", &CompatType) < 0)
         return -1;
     return 0;
 }

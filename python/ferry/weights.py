@@ -7,7 +7,9 @@ updating rollout workers from the store (docs/weights.md, "Python").
   byte read from the store once by one worker and pushed to the others.
 - :func:`update_direct` — each worker reads its own demand (the baseline).
 - :func:`update_compat` — every full tensor, for a ``load_weights(iterable)``
-  loader.
+  loader, this worker reading every tensor from the store.
+- :class:`CompatGroup` — the same for a rollout group, each tensor read from
+  the store once (by its leader) and written to the other workers.
 - :func:`active`, :func:`manifest`, :func:`assign`, :func:`convert`,
   :func:`key`.
 
@@ -21,8 +23,8 @@ import collections
 from . import _ferry
 from ._ferry import WeightSubscriber
 
-__all__ = ["WeightPublisher", "WeightSubscriber", "assign", "convert", "key", "active", "manifest",
-           "update_direct", "update_compat", "CompatUpdate", "numpy_dtype"]
+__all__ = ["WeightPublisher", "WeightSubscriber", "CompatGroup", "assign", "convert", "key", "active",
+           "manifest", "update_direct", "update_compat", "CompatUpdate", "numpy_dtype"]
 
 # ferry dtype -> numpy dtype name of its arrays
 _NUMPY = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "uint16",
@@ -209,3 +211,72 @@ def update_compat(store, model, generation=0, fn=None):
     stats = _ferry.weights_update_compat(store, model, int(generation),
                                          lambda e, data: items.append((e["name"], _array(e, data))))
     return CompatUpdate(items, stats)
+
+
+class CompatGroup:
+    """Compatibility mode for a rollout group: every worker gets every full
+    tensor of the active generation, while the store serves each published
+    byte once (``ferry_compat_group_*``, docs/weights.md).
+
+    Per tensor one leader (byte-balanced over the members' nodes) reads it
+    from the store and writes it once into a delegate on every other node
+    and into the other workers of its node; delegates forward it inside
+    their node. Every member of ``group`` (the same name, ``world`` members,
+    ranks 0..world-1) opens one and calls :meth:`update` together.
+    ``node``: this worker's node (any int; the same for all: one node);
+    ``staging_bytes``: this worker's staging buffer, at least the largest
+    tensor (0: 256 MiB); ``timeout_ms``: barriers and notifications (0:
+    60000). The store stays busy (``Store.close()`` raises ``BusyError``)
+    until :meth:`close`."""
+
+    def __init__(self, store, model, group, rank, world, node=0, staging_bytes=0, timeout_ms=0):
+        self._g = _ferry._CompatGroup(store, model, group, int(rank), int(world), int(node),
+                                      int(staging_bytes), int(timeout_ms))
+        self.model, self.group, self.rank, self.world = model, group, rank, world
+
+    @property
+    def generation(self):
+        """The generation last loaded (0: none yet)."""
+        return self._g.generation
+
+    @property
+    def closed(self):
+        return self._g.closed
+
+    def update(self, fn=None):
+        """Take the active generation with the whole group (every member
+        calls it). With ``fn``: ``fn(name, array)`` for each tensor in
+        manifest order, whole and checksum-verified, as it arrives (the
+        array is the caller's to keep; an exception from ``fn`` stops the
+        update on every worker: it propagates here, the others raise
+        ``ferry.Error`` FERRY_EREBUILD); returns the stats. Without: a
+        :class:`CompatUpdate`, an iterator of ``(name, array)`` holding the
+        whole generation in memory until iterated. Nothing moves when the
+        group is already at the active generation. Stats: ``tensors``,
+        ``bytes``, ``tensors_led``, ``bytes_read`` (this worker's store
+        reads), ``bytes_sent_cross``, ``bytes_sent_intra``,
+        ``bytes_received``, ``batches``, ``imported``, the group's
+        ``group_bytes_read`` (= the published bytes), ``group_cross_bytes``,
+        ``group_intra_bytes``, ``nodes``, and the phases ``prepare_s``,
+        ``exchange_s``, ``plan_s``, ``read_s``, ``wait_s``, ``verify_s``,
+        ``load_s``, ``barrier_s``, ``apply_s``, ``total_s``."""
+        if fn is not None:
+            return self._g.update(lambda e, data: fn(e["name"], _array(e, data)))
+        items = collections.deque()
+        stats = self._g.update(lambda e, data: items.append((e["name"], _array(e, data))))
+        return CompatUpdate(items, stats)
+
+    def close(self):
+        """Deregister and free the staging buffer; the store is free again."""
+        self._g.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __repr__(self):
+        return (f"CompatGroup(model={self.model!r}, group={self.group!r}, rank={self.rank}, "
+                f"world={self.world})")

@@ -1,7 +1,10 @@
 """ferry.weights against a real cluster: one `ferry master` and one `ferry
 node` started for this module (FERRY_BIN, default build/ferry). Trainer ranks
-and rollout workers are threads, each with its own ferry.Store."""
+and rollout workers are threads, each with its own ferry.Store; the
+compatibility group's workers are processes (multiprocessing, spawn)."""
 
+import multiprocessing
+import queue
 import threading
 import time
 
@@ -317,3 +320,110 @@ def test_subscriber_dp2(cluster, store, rollout):
         for t, a in zip(tensors, arrays[r]):
             assert np.array_equal(a, _expected(t, "bf16")[1]), (r, t[0])
     assert not pad[:, 5:].any()
+
+
+# ---- compatibility mode for a group (ferry.CompatGroup), worker processes ------------------------
+
+def _compat_worker(addr, token_file, model, rank, world, node, barrier, out):
+    """One rollout process of a CompatGroup: generations 1 and 2 (published
+    from _source, as bf16), each checked against what the process computes
+    itself; the iterator form on odd ranks, the callback form on even ones.
+    Between the two it meets the parent at `barrier` twice (done with 1;
+    2 is published). Puts (rank, [per generation: stats, names, wrong
+    tensors, tensors of an update when current, its bytes read]) or
+    (rank, error text)."""
+    try:
+        res = []
+        with ferry.Store(master=addr, token_file=token_file) as s:
+            with ferry.CompatGroup(s, model, "cg", rank, world, node=node, staging_bytes=1152,
+                                   timeout_ms=TIMEOUT_MS) as g:
+                with pytest.raises(ferry.BusyError):
+                    s.close()    # the staging is registered with the store's engine
+                for gen in (1, 2):
+                    if gen == 2:
+                        barrier.wait()       # done with 1
+                        barrier.wait()       # 2 is published
+                    if rank % 2:
+                        it = g.update()
+                        got, st = list(it), it.stats
+                    else:
+                        got = []
+                        st = g.update(lambda n, a: got.append((n, a.copy())))
+                    assert g.generation == gen
+                    want = [(t[0], _expected(t, "bf16")[1]) for t in _source(gen)]
+                    wrong = [n for (n, a), (m, w) in zip(got, want)
+                             if n != m or a.dtype != w.dtype or a.shape != w.shape or
+                             not np.array_equal(a, w)]
+                    again = g.update()       # current: nothing moves
+                    res.append((st, [n for n, _ in got], wrong, len(again), again.stats["bytes_read"]))
+            assert g.closed
+        out.put((rank, res))
+    except BaseException as e:   # noqa: B902 - reported to the parent
+        out.put((rank, repr(e)))
+
+
+def test_compat_group_processes(cluster, store):
+    """Four rollout processes on two nodes (7, 7, 9, 9): every worker gets
+    every tensor exactly, the group reads the published bytes once from the
+    store; 1152 bytes of staging (the largest tensor is 1122): two batches."""
+    world, nodes, model = 4, [7, 7, 9, 9], "cgroup"
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(world + 1, timeout=RUN_S)
+    out = ctx.Queue()
+    tensors, res = _publish(cluster, model, 1, out_dtype="bf16")
+    _raise_any(res)
+    published = sum(e["bytes"] for e in weights.manifest(store, model, 1))
+    procs = [ctx.Process(target=_compat_worker, daemon=True,
+                         args=(cluster.addr, cluster.token_file, model, r, world, nodes[r], barrier, out))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    results = {}
+    try:
+        barrier.wait()                   # generation 1 done everywhere
+        _raise_any(_publish(cluster, model, 2, out_dtype="bf16")[1])
+        barrier.wait()
+        deadline = time.monotonic() + RUN_S
+        while len(results) < world:
+            try:
+                r, v = out.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                pytest.fail(f"compat workers did not report in time (got {sorted(results)})")
+            results[r] = v
+    except threading.BrokenBarrierError:
+        while not out.empty():          # a worker failed before the barrier: say why
+            r, v = out.get()
+            results[r] = v
+        pytest.fail(f"a compat worker did not reach the barrier: {results}")
+    finally:
+        for p in procs:
+            p.join(RUN_S)
+            if p.is_alive():
+                p.kill()
+    for r in range(world):
+        assert not isinstance(results[r], str), (r, results[r])
+    names = [t[0] for t in tensors]
+    for gi, gen in enumerate((1, 2)):
+        stats = [results[r][gi][0] for r in range(world)]
+        for r in range(world):
+            st, got, wrong, n_again, read_again = results[r][gi]
+            assert got == names and wrong == [], (gen, r, wrong)      # every tensor, exactly
+            assert st["generation"] == gen and st["tensors"] == len(names)
+            assert st["bytes"] == published
+            assert n_again == 0 and read_again == 0                   # current: nothing moved
+            assert st["group_bytes_read"] == published and st["nodes"] == 2
+            assert st["group_cross_bytes"] == published               # (2 nodes - 1) x published
+            assert st["group_intra_bytes"] == 2 * published           # (4 workers - 2 nodes) x published
+            assert st["batches"] > 1
+            for k in ("prepare_s", "exchange_s", "plan_s", "read_s", "wait_s", "verify_s", "load_s",
+                      "barrier_s", "apply_s", "total_s"):
+                assert st[k] >= 0, k
+        assert sum(st["bytes_read"] for st in stats) == published     # the store read once per byte
+        assert sum(st["tensors_led"] for st in stats) == len(names)
+        assert sum(st["bytes_sent_cross"] for st in stats) == published
+        assert sum(st["bytes_sent_intra"] for st in stats) == 2 * published
+        assert sum(st["bytes_received"] for st in stats) == 3 * published
+        if gen == 2:
+            assert all(st["imported"] == 0 for st in stats)          # registrations reused
+        else:
+            assert all(st["imported"] == world - 1 for st in stats)
