@@ -253,6 +253,12 @@ typedef struct ferry_subscriber_config {
                               * batch k+1 is read, at most two batches at once (0: 64 MiB;
                               * a batch holds at least one range; shared ranges are 4 MiB
                               * pieces) */
+    uint64_t local_segment;  /* (appended) the store segment on this worker's node (0: unknown).
+                              * Exchanged with the demands: a tensor stored on a segment that
+                              * members of node X named lives on X, so it is read by a worker
+                              * on X where the NIC loads allow it, and that read counts as
+                              * inside the node (not NIC in); tensors on a segment nobody
+                              * named (or named from two nodes) count as off every node */
 } ferry_subscriber_config;
 
 /* The worker's shards are copied; their buffers stay the caller's and must

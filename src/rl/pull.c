@@ -6,7 +6,8 @@
  * (readers.c, in tensor then offset order): per tensor, the run boundaries
  * of all members cut the source into elementary ranges, shared ones into
  * 4 MiB pieces; each piece's reader is a consumer chosen to balance the
- * members' nodes' NIC loads (the store counts as off every node); a piece
+ * members' nodes' NIC loads (a tensor on a segment some members named as
+ * their node's lives on that node, the rest off every node); a piece
  * goes to another node once, to one consumer there, which forwards it to
  * the others of its node. A worker reads its ranges from the store
  * straight into its parameters, in batches, and WRITEs each batch into the
@@ -17,8 +18,8 @@
  * every worker knows when all its bytes are there ("apply" below). Then
  * the group meets at a post-apply barrier.
  *
- * Demand record (little-endian): "FRYDMND1", u64 generation, u32 rank,
- * u32 regions, u32 runs, u32 node; regions: u64 base, u32 desc length,
+ * Demand record (little-endian): "FRYDMND2", u64 generation, u32 rank,
+ * u32 regions, u32 runs, u32 node, u64 local segment; regions: u64 base, u32 desc length,
  * desc; runs: u32 entry, u32 region, u64 src_off, u64 len, u64 dst_off. */
 #include <inttypes.h>
 #include <stdarg.h>
@@ -29,7 +30,8 @@
 #include "base/base.h"
 #include "rl/rl_int.h"
 
-#define MAGIC "FRYDMND1"
+#define MAGIC "FRYDMND2"
+#define HDR 40
 #define READ_BATCH 8192
 #define PIECE (4ull << 20)   /* shared ranges are cut so that their pieces get different readers */
 #define BATCH_BYTES (64ull << 20)   /* default ferry_subscriber_config.batch_bytes */
@@ -78,6 +80,7 @@ typedef struct grun {
 
 typedef struct member {
     uint32_t node;
+    uint64_t segment;         /* the store segment on its node (0: unknown) */
     uint32_t nregions;
     uint64_t *base;
     ferry_remote_region *rr;  /* imported into this worker's engine */
@@ -180,7 +183,7 @@ static uint32_t get32(const uint8_t *p) { uint32_t v = 0; for (int i = 3; i >= 0
 static int encode(ferry_subscriber *sub, uint64_t gen, const collect *c, uint8_t **out,
                   size_t *len)
 {
-    size_t cap = 32 + (size_t)sub->n * (12 + FERRY_DESC_MAX) + c->n * 32;
+    size_t cap = HDR + (size_t)sub->n * (12 + FERRY_DESC_MAX) + c->n * 32;
     uint8_t *b = malloc(cap), *p = b;
     if (!b)
         return FERRY_ENOMEM;
@@ -190,7 +193,8 @@ static int encode(ferry_subscriber *sub, uint64_t gen, const collect *c, uint8_t
     put32(p + 20, (uint32_t)sub->n);
     put32(p + 24, (uint32_t)c->n);
     put32(p + 28, sub->cfg.node);
-    p += 32;
+    put64(p + 32, sub->cfg.local_segment);
+    p += HDR;
     for (size_t i = 0; i < sub->n; i++) {
         uint8_t desc[FERRY_DESC_MAX];
         int k = sub->regs[i].reg ? ferry_region_export(sub->regs[i].reg, desc, sizeof desc) : 0;
@@ -221,7 +225,7 @@ static int encode(ferry_subscriber *sub, uint64_t gen, const collect *c, uint8_t
 static int decode(const uint8_t *b, size_t len, uint32_t worker, uint64_t gen, size_t nentries,
                   ferry_engine *e, bool import, member *mb, collect *all, ferry_error *err)
 {
-    if (len < 32 || memcmp(b, MAGIC, 8) != 0 || get32(b + 16) != worker)
+    if (len < HDR || memcmp(b, MAGIC, 8) != 0 || get32(b + 16) != worker)
         return fr_rl_fail(err, FERRY_EPROTO, "subscriber: the demand of worker %u is malformed",
                     worker);
     if (get64(b + 8) != gen)
@@ -229,7 +233,8 @@ static int decode(const uint8_t *b, size_t len, uint32_t worker, uint64_t gen, s
                     ", this one to %" PRIu64 "; retry", worker, get64(b + 8), gen);
     uint32_t nr = get32(b + 20), nruns = get32(b + 24);
     mb->node = get32(b + 28);
-    const uint8_t *p = b + 32, *end = b + len;
+    mb->segment = get64(b + 32);
+    const uint8_t *p = b + HDR, *end = b + len;
     mb->nregions = nr;
     mb->base = calloc(nr ? nr : 1, sizeof *mb->base);
     mb->rr = calloc(nr ? nr : 1, sizeof *mb->rr);
@@ -395,6 +400,23 @@ static uint32_t dense_nodes(const member *mbs, uint32_t world, uint32_t *wnode, 
     return n;
 }
 
+/* The dense node a tensor stored on `segment` lives on: that of the members
+ * that named it as their node's segment; FR_RD_NO_NODE when nobody did,
+ * for segment 0, or when members of two nodes named it (then where it
+ * lives is not known). */
+static uint32_t segment_node(const member *mbs, const uint32_t *wnode, uint32_t world,
+                             uint64_t segment)
+{
+    uint32_t n = FR_RD_NO_NODE;
+    for (uint32_t k = 0; segment && k < world; k++)
+        if (mbs[k].segment == segment) {
+            if (n != FR_RD_NO_NODE && n != wnode[k])
+                return FR_RD_NO_NODE;
+            n = wnode[k];
+        }
+    return n;
+}
+
 /* My part of one piece: its read if I am the reader, the pushes I send,
  * and who feeds me. */
 static int plan_piece(ferry_subscriber *sub, const char *key, const grun *runs,
@@ -453,9 +475,10 @@ static int plan_piece(ferry_subscriber *sub, const char *key, const grun *runs,
 }
 
 /* What the plan depends on: the members' nodes, every run's (tensor,
- * worker, source range) in plan order and the tensors' sizes. */
+ * worker, source range) in plan order, the tensors' sizes and the nodes
+ * they live on. */
 static fr_hash128_t plan_key(const collect *all, const ferry_weight_manifest *m,
-                             const uint32_t *wnode, uint32_t world)
+                             const uint32_t *wnode, const uint32_t *src, uint32_t world)
 {
     fr_hasher *h = fr_hasher_new(0x66727264);
     if (!h)
@@ -464,7 +487,8 @@ static fr_hash128_t plan_key(const collect *all, const ferry_weight_manifest *m,
     fr_hasher_update(h, wnode, world * sizeof *wnode);
     for (size_t i = 0; i < all->n; i++) {
         const grun *r = &all->v[i];
-        uint64_t v[5] = { r->entry, r->worker, r->src, r->len, m->entries[r->entry].bytes };
+        uint64_t v[6] = { r->entry, r->worker, r->src, r->len, m->entries[r->entry].bytes,
+                          src[r->entry] };
         fr_hasher_update(h, v, sizeof v);
     }
     fr_hash128_t k = fr_hasher_digest(h);
@@ -474,8 +498,8 @@ static fr_hash128_t plan_key(const collect *all, const ferry_weight_manifest *m,
 
 /* Every tensor's pieces from readers.c, into the cache. */
 static int plan_all(plan_cache *pc, const ferry_weight_manifest *m, const collect *all,
-                    const uint32_t *wnode, const uint32_t *ids, uint32_t nnodes, uint32_t world,
-                    ferry_error *err)
+                    const uint32_t *wnode, const uint32_t *src, const uint32_t *ids,
+                    uint32_t nnodes, uint32_t world, ferry_error *err)
 {
     fr_rd_demand *d = malloc((all->n ? all->n : 1) * sizeof *d);
     fr_readers *rd = NULL;
@@ -506,7 +530,7 @@ static int plan_all(plan_cache *pc, const ferry_weight_manifest *m, const collec
         const fr_rd_range *g;
         const fr_rd_push *p;
         size_t ng, np;
-        rc = fr_readers_object(rd, FR_RD_NO_NODE, e->bytes, d, b - a, &g, &ng, &p, &np);
+        rc = fr_readers_object(rd, src[all->v[a].entry], e->bytes, d, b - a, &g, &ng, &p, &np);
         if (rc == FERRY_EINVAL) {
             rc = fr_rl_fail(err, FERRY_EPROTO, "subscriber: a demand for %s lies outside it",
                             e->name);
@@ -547,21 +571,25 @@ static int plan(ferry_subscriber *sub, const ferry_weight_manifest *m, collect *
     uint32_t world = sub->cfg.world, nnodes = 0, *ids = NULL;
     plan_cache *pc = &sub->plan;
     uint32_t *wnode = malloc(world * sizeof *wnode);
-    if (!wnode || (nnodes = dense_nodes(mbs, world, wnode, &ids)) == 0) {
-        free(wnode), free(ids);
+    uint32_t *src = malloc((m->n ? m->n : 1) * sizeof *src);
+    if (!wnode || !src || (nnodes = dense_nodes(mbs, world, wnode, &ids)) == 0) {
+        free(wnode), free(src), free(ids);
         return fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
     }
+    for (size_t i = 0; i < m->n; i++)
+        src[i] = segment_node(mbs, wnode, world, m->entries[i].segment);
     qsort(all->v, all->n, sizeof *all->v, by_entry_src);
-    fr_hash128_t key = plan_key(all, m, wnode, world);
+    fr_hash128_t key = plan_key(all, m, wnode, src, world);
     pc->reused = pc->valid && memcmp(&key, &pc->key, sizeof key) == 0;
     int rc = 0;
     if (!pc->reused) {
         pc->valid = false;
-        rc = plan_all(pc, m, all, wnode, ids, nnodes, world, err);
+        rc = plan_all(pc, m, all, wnode, src, ids, nnodes, world, err);
         pc->valid = rc == 0;
         pc->key = key;
     }
     free(wnode);
+    free(src);
     free(ids);
     for (size_t i = 0; i < pc->n && rc == 0; i++) {
         const grun *runs = all->v + pc->base[i];

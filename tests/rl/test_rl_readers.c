@@ -364,9 +364,10 @@ static void names_of(char names[NT][32])
 }
 
 /* A DP replica holding every tensor whole, on logical node `node`, in
- * subscriber group `group`. */
+ * subscriber group `group`, naming `segment` as its node's store segment
+ * (0: unknown). */
 static int rollout_main(const char *addr, uint32_t rank, uint32_t world, uint32_t node,
-                        const char *group, uint64_t timeout_ms)
+                        const char *group, uint64_t timeout_ms, uint64_t segment)
 {
     ferry_store_config cfg;
     ferry_store_config_init(&cfg);
@@ -385,7 +386,8 @@ static int rollout_main(const char *addr, uint32_t rank, uint32_t world, uint32_
                                      .dst = calloc(shapes[k][0] * shapes[k][1], 2) };
     ferry_subscriber_config sc = { .model = "relay", .rank = rank, .world = world,
                                    .timeout_ms = timeout_ms, .node = node,
-                                   .batch_bytes = 1 };   /* every read its own batch */
+                                   .batch_bytes = 1,     /* every read its own batch */
+                                   .local_segment = segment };
     snprintf(sc.group, sizeof sc.group, "%s", group);
     ferry_subscriber *sub = NULL;
     ferry_error err = {0};
@@ -700,6 +702,101 @@ static void test_subscriber_two_nodes(void **state)
 
 /* ---- the at-scale model ---------------------------------------------------------------- */
 
+/* Segment locality: the same DP4 group over nodes 7 and 9, the store's
+ * only segment named by the workers of node 7 as their node's
+ * (local_segment), node 9 naming none. Every tensor lives on node 7, so
+ * node 7's workers read every byte, their reads stay inside the node
+ * (NIC in of node 7 = 0), and node 9 takes every byte in once, pushed. */
+static void test_subscriber_segment_local(void **state)
+{
+    (void)state;
+    enum { WORLD = 4 };
+    ft_cluster c;
+    memset(&c, 0, sizeof c);
+    assert_int_equal(ft_master_start(&c, NULL, NULL), 0);
+    assert_int_equal(ft_node_start(&c, 0, 64u << 20, NULL, NULL), 0);
+    ferry_store_config cfg;
+    ft_store_config(&c, &cfg);
+    cfg.lease_ms = 1;
+    ferry_store *s = NULL;
+    assert_int_equal(ferry_store_open(&cfg, &s), 0);
+    uint64_t published = publish(s, 1);
+    ferry_weight_manifest m;
+    memset(&m, 0, sizeof m);
+    assert_int_equal(ferry_weights_manifest(s, "relay", 1, &m, NULL), 0);
+    uint64_t seg = m.entries[0].segment;
+    assert_true(seg != 0);
+    for (size_t i = 0; i < m.n; i++)
+        assert_int_equal(m.entries[i].segment, seg);   /* one store node */
+    ferry_weight_manifest_free(&m);
+    ft_peer r[WORLD];
+    for (int k = 0; k < WORLD; k++) {
+        char rk[8], nd[8], sg[32];
+        snprintf(rk, sizeof rk, "%d", k);
+        snprintf(nd, sizeof nd, "%d", k < 2 ? 7 : 9);
+        snprintf(sg, sizeof sg, "%llu", k < 2 ? (unsigned long long)seg : 0ull);
+        const char *args[] = { "--rollout", c.addr, rk, "4", nd, "s", "20000", sg, NULL };
+        assert_int_equal(ft_spawn(&r[k], NULL, args), 0);
+        char line[256];
+        assert_int_equal(ft_read_line(&r[k], line, sizeof line, 20000), 0);
+        assert_string_equal(line, "READY");
+    }
+    for (int k = 0; k < WORLD; k++)
+        assert_int_equal(ft_peer_send(&r[k], "update 1"), 0);
+    uint64_t own_read[2] = {0};
+    for (int k = 0; k < WORLD; k++) {
+        char line[1024];
+        assert_int_equal(ft_peer_reply(&r[k], line, sizeof line, 30000), 0);
+        unsigned long long a, b, c2, d, bad, nb, nr, cross, intra, max_in, max_out;
+        unsigned nodes;
+        double mean_in, mean_out;
+        int reused, at = 0, at2 = 0;
+        if (sscanf(line, "OK %llu %llu %llu %llu %llu %d %llu %llu%n", &a, &b, &c2, &d, &bad,
+                   &reused, &nb, &nr, &at) != 8)
+            fail_msg("worker %d: %s", k, line);
+        assert_int_equal(bad, 0);
+        assert_int_equal(b, published);
+        own_read[k / 2] += a;
+        const char *p = line + at;
+        assert_int_equal(sscanf(p, " %llu %llu %u %llu %llu %lf %lf%n", &cross, &intra, &nodes,
+                                &max_in, &max_out, &mean_in, &mean_out, &at2), 7);
+        assert_int_equal(cross, published);        /* every byte to node 9 once */
+        assert_int_equal(intra, 2 * published);
+        assert_int_equal(max_in, published);       /* node 9's pushes in, nothing else */
+        assert_int_equal(max_out, published);      /* node 7's pushes out */
+        p += at2;
+        for (int n = 0; n < 2; n++) {
+            unsigned id, workers;
+            unsigned long long rd, pin, pout, pintra, nin, nout;
+            int more = 0;
+            assert_int_equal(sscanf(p, " %u %u %llu %llu %llu %llu %llu %llu%n", &id, &workers, &rd,
+                                    &pin, &pout, &pintra, &nin, &nout, &more), 8);
+            p += more;
+            assert_int_equal(id, n ? 9 : 7);
+            if (n == 0) {   /* node 7 holds the segment: it reads everything, locally */
+                assert_int_equal(rd, published);
+                assert_int_equal(nin, 0);
+                assert_int_equal(pin, 0);
+                assert_int_equal(nout, published);
+            } else {        /* node 9 reads nothing and takes every byte in once */
+                assert_int_equal(rd, 0);
+                assert_int_equal(nin, published);
+                assert_int_equal(pin, published);
+                assert_int_equal(nout, 0);
+            }
+        }
+        if (k == 0)
+            fprintf(stderr, "segment on node 7: published %llu, %s\n",
+                    (unsigned long long)published, line + at);
+    }
+    assert_int_equal(own_read[0], published);   /* the workers of node 7 read it all */
+    assert_int_equal(own_read[1], 0);
+    for (int k = 0; k < WORLD; k++)
+        ft_peer_stop(&r[k]);
+    ferry_store_close(s);
+    ft_cluster_stop(&c);
+}
+
 static double strategy(json_t *root, const char *name, const char *key)
 {
     json_t *s = json_object_get(root, name);
@@ -785,9 +882,10 @@ static void test_plan_model_cli(void **state)
 
 int main(int argc, char **argv)
 {
-    if (argc == 8 && !strcmp(argv[1], "--rollout"))
+    if ((argc == 8 || argc == 9) && !strcmp(argv[1], "--rollout"))
         return rollout_main(argv[2], (uint32_t)atoi(argv[3]), (uint32_t)atoi(argv[4]),
-                            (uint32_t)atoi(argv[5]), argv[6], strtoull(argv[7], NULL, 10));
+                            (uint32_t)atoi(argv[5]), argv[6], strtoull(argv[7], NULL, 10),
+                            argc == 9 ? strtoull(argv[8], NULL, 10) : 0);
     ft_token();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_byte_once),
@@ -797,6 +895,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_nic_balance),
         cmocka_unit_test(test_chunks_split_fanout),
         cmocka_unit_test(test_subscriber_two_nodes),
+        cmocka_unit_test(test_subscriber_segment_local),
         cmocka_unit_test(test_plan_model_options),
         cmocka_unit_test(test_plan_model_cli),
     };
