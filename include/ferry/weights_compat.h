@@ -35,6 +35,10 @@ typedef struct ferry_compat_config {
                               * largest tensor, else an update fails with FERRY_EMSGSIZE
                               * on every worker; tensors travel in batches that fit */
     uint64_t timeout_ms;     /* barriers and notifications (0: 60000) */
+    uint64_t local_segment;  /* (appended) the store segment on this worker's node (0:
+                              * unknown). A tensor stored on a segment that members of node X
+                              * named is led by a worker on X (its read stays inside the
+                              * node); the others are balanced over all nodes as before */
 } ferry_compat_config;
 
 typedef struct ferry_compat_stats {

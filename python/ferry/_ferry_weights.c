@@ -716,13 +716,13 @@ static void sub_close_now(SubObject *self)
 static int sub_init(SubObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwl[] = {"store", "model", "group", "rank", "world", "shards", "timeout_ms", "node",
-                          "batch_bytes", NULL};
+                          "batch_bytes", "local_segment", NULL};
     PyObject *so, *sho;
     const char *model, *group;
     unsigned int rank, world, node = 0;
-    unsigned long long timeout = 60000, batch = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OssIIO|KIK:WeightSubscriber", kwl, &so, &model, &group, &rank,
-                                     &world, &sho, &timeout, &node, &batch))
+    unsigned long long timeout = 60000, batch = 0, segment = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OssIIO|KIKK:WeightSubscriber", kwl, &so, &model, &group, &rank,
+                                     &world, &sho, &timeout, &node, &batch, &segment))
         return -1;
     if (self->sub || self->store) {
         PyErr_SetString(PyExc_ValueError, "the subscriber is already open");
@@ -742,6 +742,7 @@ static int sub_init(SubObject *self, PyObject *args, PyObject *kw)
     cfg.timeout_ms = timeout;
     cfg.node = node;
     cfg.batch_bytes = batch;
+    cfg.local_segment = segment;
     if (shards_from(&self->shards, sho) < 0)
         return -1;
     ferry_error err = {0};
@@ -854,7 +855,8 @@ static PyTypeObject SubType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ferry.WeightSubscriber",
     .tp_basicsize = sizeof(SubObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = "WeightSubscriber(store, model, group, rank, world, shards, timeout_ms=60000, node=0, batch_bytes=0): single-pull "
+    .tp_doc = "WeightSubscriber(store, model, group, rank, world, shards, timeout_ms=60000, node=0, batch_bytes=0, "
+              "local_segment=0): single-pull "
               "updates of a rollout group's parameters (see ferry.weights)",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)sub_init,
@@ -886,13 +888,14 @@ static void cg_close_now(CompatObject *self)
 
 static int cg_init(CompatObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwl[] = {"store", "model", "group", "rank", "world", "node", "staging_bytes", "timeout_ms", NULL};
+    static char *kwl[] = {"store", "model", "group", "rank", "world", "node", "staging_bytes", "timeout_ms",
+                          "local_segment", NULL};
     PyObject *so;
     const char *model, *group;
     unsigned int rank, world, node = 0;
-    unsigned long long staging = 0, timeout = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OssII|IKK:CompatGroup", kwl, &so, &model, &group, &rank, &world,
-                                     &node, &staging, &timeout))
+    unsigned long long staging = 0, timeout = 0, segment = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OssII|IKKK:CompatGroup", kwl, &so, &model, &group, &rank, &world,
+                                     &node, &staging, &timeout, &segment))
         return -1;
     if (self->g || self->store) {
         PyErr_SetString(PyExc_ValueError, "the compat group is already open");
@@ -911,6 +914,7 @@ static int cg_init(CompatObject *self, PyObject *args, PyObject *kw)
     cfg.node = node;
     cfg.staging_bytes = staging;
     cfg.timeout_ms = timeout;
+    cfg.local_segment = segment;
     ferry_error err = {0};
     ferry_compat_group *g = NULL;
     int rc;
@@ -1049,7 +1053,7 @@ static PyTypeObject CompatType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ferry._CompatGroup",
     .tp_basicsize = sizeof(CompatObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = "_CompatGroup(store, model, group, rank, world, node=0, staging_bytes=0, timeout_ms=0): the "
+    .tp_doc = "_CompatGroup(store, model, group, rank, world, node=0, staging_bytes=0, timeout_ms=0, local_segment=0): the "
               "compatibility-mode group update (see ferry.CompatGroup)",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)cg_init,

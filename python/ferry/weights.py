@@ -226,12 +226,16 @@ class CompatGroup:
     ``node``: this worker's node (any int; the same for all: one node);
     ``staging_bytes``: this worker's staging buffer, at least the largest
     tensor (0: 256 MiB); ``timeout_ms``: barriers and notifications (0:
-    60000). The store stays busy (``Store.close()`` raises ``BusyError``)
-    until :meth:`close`."""
+    60000); ``local_segment``: the store segment on this worker's node (0:
+    unknown; a tensor stored on a segment that members of node X named is
+    led by a worker on X, so its read stays inside the node). The store
+    stays busy (``Store.close()`` raises ``BusyError``) until
+    :meth:`close`."""
 
-    def __init__(self, store, model, group, rank, world, node=0, staging_bytes=0, timeout_ms=0):
+    def __init__(self, store, model, group, rank, world, node=0, staging_bytes=0, timeout_ms=0,
+                 local_segment=0):
         self._g = _ferry._CompatGroup(store, model, group, int(rank), int(world), int(node),
-                                      int(staging_bytes), int(timeout_ms))
+                                      int(staging_bytes), int(timeout_ms), int(local_segment))
         self.model, self.group, self.rank, self.world = model, group, rank, world
 
     @property

@@ -324,7 +324,7 @@ def test_subscriber_dp2(cluster, store, rollout):
 
 # ---- compatibility mode for a group (ferry.CompatGroup), worker processes ------------------------
 
-def _compat_worker(addr, token_file, model, rank, world, node, barrier, out):
+def _compat_worker(addr, token_file, model, rank, world, node, segment, barrier, out):
     """One rollout process of a CompatGroup: generations 1 and 2 (published
     from _source, as bf16), each checked against what the process computes
     itself; the iterator form on odd ranks, the callback form on even ones.
@@ -336,7 +336,7 @@ def _compat_worker(addr, token_file, model, rank, world, node, barrier, out):
         res = []
         with ferry.Store(master=addr, token_file=token_file) as s:
             with ferry.CompatGroup(s, model, "cg", rank, world, node=node, staging_bytes=1152,
-                                   timeout_ms=TIMEOUT_MS) as g:
+                                   timeout_ms=TIMEOUT_MS, local_segment=segment) as g:
                 with pytest.raises(ferry.BusyError):
                     s.close()    # the staging is registered with the store's engine
                 for gen in (1, 2):
@@ -365,16 +365,22 @@ def _compat_worker(addr, token_file, model, rank, world, node, barrier, out):
 def test_compat_group_processes(cluster, store):
     """Four rollout processes on two nodes (7, 7, 9, 9): every worker gets
     every tensor exactly, the group reads the published bytes once from the
-    store; 1152 bytes of staging (the largest tensor is 1122): two batches."""
+    store; 1152 bytes of staging (the largest tensor is 1122): two batches.
+    The workers of node 7 name the store's segment as their node's: they
+    lead every tensor, node 9 reads nothing."""
     world, nodes, model = 4, [7, 7, 9, 9], "cgroup"
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(world + 1, timeout=RUN_S)
     out = ctx.Queue()
     tensors, res = _publish(cluster, model, 1, out_dtype="bf16")
     _raise_any(res)
-    published = sum(e["bytes"] for e in weights.manifest(store, model, 1))
+    m = weights.manifest(store, model, 1)
+    published = sum(e["bytes"] for e in m)
+    segment = m[0]["segment"]
+    assert segment and all(e["segment"] == segment for e in m)   # one store node
     procs = [ctx.Process(target=_compat_worker, daemon=True,
-                         args=(cluster.addr, cluster.token_file, model, r, world, nodes[r], barrier, out))
+                         args=(cluster.addr, cluster.token_file, model, r, world, nodes[r],
+                               segment if nodes[r] == 7 else 0, barrier, out))
              for r in range(world)]
     for p in procs:
         p.start()
@@ -419,6 +425,7 @@ def test_compat_group_processes(cluster, store):
                       "barrier_s", "apply_s", "total_s"):
                 assert st[k] >= 0, k
         assert sum(st["bytes_read"] for st in stats) == published     # the store read once per byte
+        assert stats[2]["bytes_read"] == stats[3]["bytes_read"] == 0   # led where the segment is
         assert sum(st["tensors_led"] for st in stats) == len(names)
         assert sum(st["bytes_sent_cross"] for st in stats) == published
         assert sum(st["bytes_sent_intra"] for st in stats) == 2 * published

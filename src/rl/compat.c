@@ -18,9 +18,9 @@
  * the plan. A worker that fails posts an abort key before the batch
  * barrier; after the barrier everyone reads it and all stop together.
  *
- * Record (little-endian): "FRYCOMP1", u64 generation, u32 rank, u32 node,
+ * Record (little-endian): "FRYCOMP2", u64 generation, u32 rank, u32 node,
  * i32 verdict, u32 pad, u64 nonce, u64 staging bytes, u32 desc length,
- * u32 message length, desc, message. */
+ * u32 message length, u64 local segment, desc, message. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,8 +30,8 @@
 #include "ferry/weights_compat.h"
 #include "rl/rl_int.h"
 
-#define MAGIC "FRYCOMP1"
-#define HDR 56
+#define MAGIC "FRYCOMP2"
+#define HDR 64
 #define STAGING_DEFAULT (256ull << 20)
 #define SLOT_ALIGN 64ull
 #define NV_FAILED 1ull          /* notification value: tensor << 1 | FAILED */
@@ -39,6 +39,7 @@
 
 typedef struct mate {
     uint32_t node, dnode;       /* as passed; dense 0..nnodes-1 */
+    uint64_t segment;           /* the store segment on its node (0: unknown) */
     uint64_t staging;
     uint8_t desc[FERRY_DESC_MAX];
     uint32_t desc_len;
@@ -142,6 +143,7 @@ static int put_record(ferry_compat_group *g, uint64_t gen, int verdict, uint64_t
     put64(b + 40, g->cfg.staging_bytes);
     put32(b + 48, g->desc_len);
     put32(b + 52, (uint32_t)ml);
+    put64(b + 56, g->cfg.local_segment);
     memcpy(b + HDR, g->desc, g->desc_len);
     memcpy(b + HDR + g->desc_len, msg, ml);
     char key[400];
@@ -186,6 +188,7 @@ static int read_records(ferry_compat_group *g, uint64_t gen, uint64_t *id, uint3
             mate *mt = &g->mates[k];
             mt->node = get32(b + 20);
             mt->staging = get64(b + 40);
+            mt->segment = get64(b + 56);
             fr_hasher_update(h, b + 32, 8);
             if (k != g->cfg.rank && (!mt->imported || mt->desc_len != dl ||
                                      memcmp(mt->desc, b + HDR, dl) != 0)) {
@@ -240,26 +243,45 @@ static int cmp_u32(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Leaders: ferry_weights_assign over the workers' nodes (longest first, to
- * the node with the fewest leader bytes, then its worker with the fewest),
- * so every node's NIC sends about the same. Delegates, in the same order:
- * on the leader's node the leader; on another node the worker there with
- * the fewest fan-out bytes so far (ties: lower rank). Batches: tensors in
- * manifest order, each at a 64-byte aligned offset, as many as fit in the
- * smallest staging buffer of the group. */
+/* The dense node a tensor stored on `segment` lives on: that of the
+ * members that named it; UINT32_MAX when nobody did, for 0, or when
+ * members of two nodes named it. */
+static uint32_t segment_node(const ferry_compat_group *g, uint64_t segment)
+{
+    uint32_t n = UINT32_MAX;
+    for (uint32_t k = 0; segment && k < g->cfg.world; k++)
+        if (g->mates[k].segment == segment) {
+            if (n != UINT32_MAX && n != g->mates[k].dnode)
+                return UINT32_MAX;
+            n = g->mates[k].dnode;
+        }
+    return n;
+}
+
+/* Leaders, longest tensor first (ties: lower index): a tensor on a
+ * segment that members of node X named goes to X (its read stays inside
+ * the node), any other to the node with the fewest leader bytes so far
+ * (ties: lower node id) — ferry_weights_assign's rule — and inside the
+ * node to its worker with the fewest (ties: lower rank), so every node's
+ * NIC sends about the same. Delegates, in the same order: on the leader's
+ * node the leader; on another node the worker there with the fewest
+ * fan-out bytes so far (ties: lower rank). Batches: tensors in manifest
+ * order, each at a 64-byte aligned offset, as many as fit in the smallest
+ * staging buffer of the group. */
 static int make_plan(ferry_compat_group *g, const ferry_weight_manifest *m, plan *p)
 {
     uint32_t world = g->cfg.world;
     size_t n = m->n;
-    uint32_t *ids = malloc(world * sizeof *ids), *rn = malloc(world * sizeof *rn);
+    uint32_t *ids = malloc(world * sizeof *ids);
     uint64_t *bytes = malloc((n ? n : 1) * sizeof *bytes), *fan = calloc(world, sizeof *fan);
+    uint64_t *wload = calloc(world, sizeof *wload), *nload = calloc(world, sizeof *nload);
     lpt *ord = malloc((n ? n : 1) * sizeof *ord);
     int rc = FERRY_ENOMEM;
-    if (!ids || !rn || !bytes || !fan || !ord)
+    if (!ids || !bytes || !fan || !wload || !nload || !ord)
         goto out;
     uint64_t cap = UINT64_MAX;
     for (uint32_t k = 0; k < world; k++) {
-        ids[k] = rn[k] = g->mates[k].node;
+        ids[k] = g->mates[k].node;
         if (g->mates[k].staging < cap)
             cap = g->mates[k].staging;
     }
@@ -285,9 +307,24 @@ static int make_plan(ferry_compat_group *g, const ferry_weight_manifest *m, plan
         bytes[i] = m->entries[i].bytes;
         ord[i] = (lpt){ bytes[i], i };
     }
-    if ((rc = ferry_weights_assign(bytes, n, rn, world, p->leader, NULL)) < 0)
-        goto out;
     qsort(ord, n, sizeof *ord, by_size_desc);
+    for (size_t j = 0; j < n; j++) {
+        size_t i = ord[j].i;
+        uint32_t d = segment_node(g, m->entries[i].segment);
+        if (d == UINT32_MAX) {
+            d = 0;
+            for (uint32_t x = 1; x < nn; x++)
+                if (nload[x] < nload[d])
+                    d = x;
+        }
+        uint32_t best = UINT32_MAX;
+        for (uint32_t k = 0; k < world; k++)
+            if (g->mates[k].dnode == d && (best == UINT32_MAX || wload[k] < wload[best]))
+                best = k;
+        p->leader[i] = best;
+        nload[d] += bytes[i];
+        wload[best] += bytes[i];
+    }
     for (size_t j = 0; j < n; j++) {
         size_t i = ord[j].i;
         uint32_t l = p->leader[i], ln = g->mates[l].dnode;
@@ -314,7 +351,7 @@ static int make_plan(ferry_compat_group *g, const ferry_weight_manifest *m, plan
     p->bstart[p->nbatches] = n;
     rc = 0;
 out:
-    free(ids), free(rn), free(bytes), free(fan), free(ord);
+    free(ids), free(bytes), free(fan), free(wload), free(nload), free(ord);
     return rc;
 }
 

@@ -72,7 +72,7 @@ static int load(void *ctx, const ferry_weight_entry *e, const void *data)
 }
 
 static int rollout_main(const char *addr, const char *group, uint32_t rank, uint32_t world,
-                        uint64_t staging, uint64_t timeout_ms)
+                        uint64_t staging, uint64_t timeout_ms, uint64_t segment)
 {
     ferry_store_config cfg;
     ferry_store_config_init(&cfg);
@@ -86,7 +86,8 @@ static int rollout_main(const char *addr, const char *group, uint32_t rank, uint
     /* world 4: nodes 7, 7, 9, 9; world 2: nodes 7, 9 */
     ferry_compat_config cc = { .model = MODEL, .rank = rank, .world = world,
                                .node = node_of[world == WORLD ? rank : rank * 2],
-                               .staging_bytes = staging, .timeout_ms = timeout_ms };
+                               .staging_bytes = staging, .timeout_ms = timeout_ms,
+                               .local_segment = segment };
     snprintf(cc.group, sizeof cc.group, "%s", group);
     ferry_compat_group *g = NULL;
     ferry_error err = {0};
@@ -154,6 +155,9 @@ static uint64_t publish(ferry_store *s, uint64_t g)
     return total;
 }
 
+/* Per worker, the store reads and cross-node WRITEs of the last update_ok. */
+static uint64_t last_read[WORLD], last_cross[WORLD];
+
 /* Every worker takes generation g; sums its counters. */
 static void update_ok(ft_peer *r, uint64_t g, uint64_t published, unsigned want_imported)
 {
@@ -188,6 +192,8 @@ static void update_ok(ft_peer *r, uint64_t g, uint64_t published, unsigned want_
         if (k == 0)
             batches = nb;
         assert_int_equal(nb, batches);
+        last_read[k] = a;
+        last_cross[k] = b;
         read += a;
         cross += b;
         intra += c2;
@@ -393,16 +399,71 @@ static void test_compat_staging_too_small(void **state)
     ft_cluster_stop(&c);
 }
 
+/* Segment locality: the store's only segment named by the workers of node
+ * 7 as their node's (local_segment), node 9 naming none. Every tensor is
+ * led on node 7 (its reads stay inside the node; the leaders balanced over
+ * the two workers there), node 9 reads nothing and takes every byte in
+ * once; every worker still gets every tensor, bit-exact. */
+static void test_compat_segment_local(void **state)
+{
+    (void)state;
+    ft_cluster c;
+    memset(&c, 0, sizeof c);
+    assert_int_equal(ft_master_start(&c, NULL, NULL), 0);
+    assert_int_equal(ft_node_start(&c, 0, 64u << 20, NULL, NULL), 0);
+    ferry_store_config cfg;
+    ft_store_config(&c, &cfg);
+    cfg.lease_ms = 1;
+    ferry_store *s = NULL;
+    assert_int_equal(ferry_store_open(&cfg, &s), 0);
+    uint64_t published = publish(s, 1);
+    ferry_weight_manifest m;
+    memset(&m, 0, sizeof m);
+    assert_int_equal(ferry_weights_manifest(s, MODEL, 1, &m, NULL), 0);
+    uint64_t seg = m.entries[0].segment;
+    assert_true(seg != 0);
+    ferry_weight_manifest_free(&m);
+    ft_peer r[WORLD];
+    for (int k = 0; k < WORLD; k++) {
+        char rk[8], sg[32];
+        snprintf(rk, sizeof rk, "%d", k);
+        snprintf(sg, sizeof sg, "%llu", node_of[k] == 7 ? (unsigned long long)seg : 0ull);
+        const char *args[] = { "--rollout", c.addr, "seg", rk, "4", "786432", "20000", sg, NULL };
+        assert_int_equal(ft_spawn(&r[k], NULL, args), 0);
+        char line[256];
+        assert_int_equal(ft_read_line(&r[k], line, sizeof line, 20000), 0);
+        assert_string_equal(line, "READY");
+    }
+    update_ok(r, 1, published, WORLD - 1);
+    fprintf(stderr, "segment on node 7: store reads %llu %llu | %llu %llu, cross-node WRITEs "
+            "%llu %llu | %llu %llu\n", (unsigned long long)last_read[0],
+            (unsigned long long)last_read[1], (unsigned long long)last_read[2],
+            (unsigned long long)last_read[3], (unsigned long long)last_cross[0],
+            (unsigned long long)last_cross[1], (unsigned long long)last_cross[2],
+            (unsigned long long)last_cross[3]);
+    assert_int_equal(last_read[0] + last_read[1], published);   /* node 7 leads every tensor */
+    assert_true(last_read[0] > 0 && last_read[1] > 0);         /* balanced inside node 7 */
+    assert_int_equal(last_read[2] + last_read[3], 0);
+    assert_int_equal(last_cross[0] + last_cross[1], published); /* node 9 takes it in once */
+    assert_int_equal(last_cross[2] + last_cross[3], 0);
+    for (int k = 0; k < WORLD; k++)
+        ft_peer_stop(&r[k]);
+    ferry_store_close(s);
+    ft_cluster_stop(&c);
+}
+
 int main(int argc, char **argv)
 {
-    if (argc == 8 && !strcmp(argv[1], "--rollout"))
+    if ((argc == 8 || argc == 9) && !strcmp(argv[1], "--rollout"))
         return rollout_main(argv[2], argv[3], (uint32_t)atoi(argv[4]), (uint32_t)atoi(argv[5]),
-                            strtoull(argv[6], NULL, 10), strtoull(argv[7], NULL, 10));
+                            strtoull(argv[6], NULL, 10), strtoull(argv[7], NULL, 10),
+                            argc == 9 ? strtoull(argv[8], NULL, 10) : 0);
     ft_token();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_compat_group),
         cmocka_unit_test(test_compat_silent_leader),
         cmocka_unit_test(test_compat_staging_too_small),
+        cmocka_unit_test(test_compat_segment_local),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
