@@ -153,7 +153,9 @@ typedef struct ferry_batch_list {
  * remote = source memory, peer/key from the source worker's map entry;
  * sink mode the reverse, WRITE ops. Every contiguous run of the local and
  * remote storage becomes one op (split at max_bytes); adjacent ops are
- * merged. Errors: an empty selector, a selected worker absent from the
+ * merged, and runs of equal length at constant local and remote strides
+ * (rows of one region) become one strided op (ferry_op.count > 1) inside
+ * one local binding entry. Errors: an empty selector, a selected worker absent from the
  * initiating binding, or a selection with no planned op (FERRY_EINVAL /
  * FERRY_ENOENT); a region whose remote fragment has no binding entry or
  * whose remote worker has no peer mapping (FERRY_ENOENT); overflow
