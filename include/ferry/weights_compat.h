@@ -64,6 +64,15 @@ typedef struct ferry_compat_stats {
      * abort check); apply is the wall time of all batches */
     double prepare_s, exchange_s, plan_s, read_s, wait_s, verify_s, load_s, barrier_s, apply_s;
     double total_s;
+    /* (appended) the pipeline: staging_slots is 2 when the staging is split
+     * in two halves (batch k in half k % 2; the reads and sends of batch k+1
+     * go out while batch k is still forwarded, verified and loaded, and a
+     * half is written again only after every worker finished the batch it
+     * held), 1 when the largest tensor needs more than half; pipelined_batches
+     * counts the batches whose reads and sends went out before the previous
+     * batch was finished (batches - 1 with two halves) */
+    uint32_t staging_slots;
+    uint32_t pipelined_batches;
 } ferry_compat_stats;
 
 /* Allocate and register this worker's staging buffer (shm-mappable,

@@ -15,8 +15,11 @@
  * forward what lands to the rest of their node; everyone verifies and
  * calls the loader in manifest order. Every tensor sits at the same
  * offset in every worker's staging, so a WRITE needs no addressing beyond
- * the plan. A worker that fails posts an abort key before the batch
- * barrier; after the barrier everyone reads it and all stop together.
+ * the plan. The staging is two halves, batch k in half k % 2: the reads
+ * and sends of batch k+1 go out before batch k is finished, and a half is
+ * written again only after the barrier of the batch it held. A worker
+ * that fails posts an abort key before the batch barrier; after the
+ * barrier everyone reads it and all stop together.
  *
  * Record (little-endian): "FRYCOMP2", u64 generation, u32 rank, u32 node,
  * i32 verdict, u32 pad, u64 nonce, u64 staging bytes, u32 desc length,
@@ -222,6 +225,8 @@ typedef struct plan {
     uint64_t *off;            /* per tensor: its place in every staging buffer */
     size_t *bstart;           /* batch k: tensors [bstart[k], bstart[k+1]) */
     size_t nbatches;
+    uint32_t slots;           /* 2: batch k sits in half k % 2 of the staging (pipelined);
+                               * 1: a tensor needs more than half, batches take turns */
 } plan;
 
 static void plan_free(plan *p)
@@ -266,8 +271,11 @@ static uint32_t segment_node(const ferry_compat_group *g, uint64_t segment)
  * NIC sends about the same. Delegates, in the same order: on the leader's
  * node the leader; on another node the worker there with the fewest
  * fan-out bytes so far (ties: lower rank). Batches: tensors in manifest
- * order, each at a 64-byte aligned offset, as many as fit in the smallest
- * staging buffer of the group. */
+ * order, each at a 64-byte aligned offset, as many as fit in one half of
+ * the smallest staging buffer of the group, batch k in half k % 2 (so the
+ * reads of batch k+1 need not wait for batch k to be loaded); when the
+ * largest tensor needs more than half, in the whole buffer, one batch at a
+ * time. */
 static int make_plan(ferry_compat_group *g, const ferry_weight_manifest *m, plan *p)
 {
     uint32_t world = g->cfg.world;
@@ -337,16 +345,21 @@ static int make_plan(ferry_compat_group *g, const ferry_weight_manifest *m, plan
             fan[best] += bytes[i] * (p->nworkers[d] - 1);
         }
     }
+    uint64_t half = (cap / 2) & ~(SLOT_ALIGN - 1), largest = 0;
+    for (size_t i = 0; i < n; i++)
+        largest = bytes[i] > largest ? bytes[i] : largest;
+    p->slots = largest <= half ? 2 : 1;
+    uint64_t room = p->slots == 2 ? half : cap;
     p->nbatches = 0;
     uint64_t at = 0;
     for (size_t i = 0; i < n; i++) {
         uint64_t o = (at + SLOT_ALIGN - 1) & ~(SLOT_ALIGN - 1);
-        if (i == 0 || o + bytes[i] > cap) {
+        if (i == 0 || o + bytes[i] > room) {
             p->bstart[p->nbatches++] = i;
             o = 0;
         }
-        p->off[i] = o;
         at = o + bytes[i];
+        p->off[i] = o + (p->slots == 2 && p->nbatches % 2 == 0 ? half : 0);
     }
     p->bstart[p->nbatches] = n;
     rc = 0;
@@ -548,9 +561,12 @@ static bool settled(const apply *ap, size_t a, size_t b)
     return true;
 }
 
-/* Batch [a, b): my reads and sends, then what comes to me, forwarded and
- * loaded as it lands. */
-static void run_batch(apply *ap, size_t a, size_t b)
+/* My reads and sends of batch [a, b) (its tensors I lead). Meanwhile
+ * what lands of tensors [lo, hi) is forwarded and, up to `ready`, handed
+ * to the loader: with two staging halves the previous batch is still
+ * arriving while this one is read, and the next one's leaders may
+ * already be sending it. */
+static void lead(apply *ap, size_t a, size_t b, size_t lo, size_t hi, size_t ready)
 {
     ferry_compat_group *g = ap->g;
     uint32_t me = g->cfg.rank;
@@ -572,8 +588,19 @@ static void run_batch(apply *ap, size_t a, size_t b)
         ap->state[t] = r < 0 ? FAILED : LANDED;
         send_all(ap, t, r == 0);
         while (ferry_wait_notify(g->e, ap->tag, 1, 0, &v) == 0)
-            on_notify(ap, v, a, b);
+            on_notify(ap, v, lo, hi);
+        deliver(ap, ready);
     }
+}
+
+/* The rest of batch [a, b): what comes to me, forwarded and loaded as it
+ * lands; notifications of the next batch, up to `hi`, are taken too (its
+ * leaders may already be sending it). */
+static void finish(apply *ap, size_t a, size_t b, size_t hi)
+{
+    ferry_compat_group *g = ap->g;
+    uint32_t me = g->cfg.rank;
+    uint64_t v;
     double t1 = now_s();
     uint64_t deadline = fr_now_ns() + tmo_of(g) * 1000000ull;
     deliver(ap, b);
@@ -595,7 +622,7 @@ static void run_batch(apply *ap, size_t a, size_t b)
         }
         uint64_t left = (deadline - now) / 1000000u;
         if (ferry_wait_notify(g->e, ap->tag, 1, left < POLL_MS ? (int)left : POLL_MS, &v) == 0)
-            on_notify(ap, v, a, b);
+            on_notify(ap, v, a, hi);
         reap(ap, false);
         deliver(ap, b);
     }
@@ -604,7 +631,11 @@ static void run_batch(apply *ap, size_t a, size_t b)
     ap->st->wait_s += now_s() - t1;
 }
 
-/* Every batch; after each, a barrier and the abort check. */
+/* Every batch; after each, a barrier and the abort check. With two
+ * staging halves the reads and sends of batch k+1 go out before batch k
+ * is finished: the half they fill held batch k-1, which every worker
+ * finished before the barrier after it (so a half is written again only
+ * once the whole group is done with it: the watermark is two batches). */
 static int run_apply(apply *ap, uint64_t id)
 {
     ferry_compat_group *g = ap->g;
@@ -615,9 +646,24 @@ static int run_apply(apply *ap, uint64_t id)
              g->cfg.group, id);
     snprintf(member, sizeof member, "worker %u", g->cfg.rank);
     bool posted = false;
-    for (size_t k = 0; k < (p->nbatches ? p->nbatches : 1); k++) {
-        if (p->nbatches)
-            run_batch(ap, p->bstart[k], p->bstart[k + 1]);
+    const size_t nb = p->nbatches;
+    const bool two = p->slots == 2;
+    ap->st->staging_slots = p->slots;
+    if (two && nb)
+        lead(ap, p->bstart[0], p->bstart[1], 0, p->bstart[nb > 1 ? 2 : 1], 0);
+    for (size_t k = 0; k < (nb ? nb : 1); k++) {
+        if (nb) {
+            /* notifications can come for this batch and, with two halves, the next */
+            size_t a = p->bstart[k], b = p->bstart[k + 1];
+            size_t hi = two && k + 1 < nb ? p->bstart[k + 2] : b;
+            if (!two)
+                lead(ap, a, b, a, b, b);
+            else if (k + 1 < nb) {
+                lead(ap, b, hi, a, hi, b);
+                ap->st->pipelined_batches++;
+            }
+            finish(ap, a, b, hi);
+        }
         ap->st->batches++;
         double t0 = now_s();
         if (ap->rc && !ap->derived && !posted) {   /* the first cause posted wins */

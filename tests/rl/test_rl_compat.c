@@ -109,7 +109,7 @@ static int rollout_main(const char *addr, const char *group, uint32_t rank, uint
         int rc = ferry_compat_group_update(g, &gen, load, &c, &st, &err);
         size_t regions_after = ferry_engine_region_count(ferry_store_engine(s));
         if (rc == 0 && gen == want)
-            printf("OK %llu %llu %llu %llu %llu %llu %llu %llu %u %u %u %zu %llu %zu %zu"
+            printf("OK %llu %llu %llu %llu %llu %llu %llu %llu %u %u %u %zu %llu %zu %zu %u %u"
                    " | prepare %.4f exchange %.4f plan %.4f read %.4f wait %.4f verify %.4f"
                    " load %.4f barrier %.4f apply %.4f total %.4f\n",
                    (unsigned long long)st.bytes_read, (unsigned long long)st.bytes_sent_cross,
@@ -117,7 +117,7 @@ static int rollout_main(const char *addr, const char *group, uint32_t rank, uint
                    (unsigned long long)st.group_bytes_read, (unsigned long long)st.group_cross_bytes,
                    (unsigned long long)st.group_intra_bytes, (unsigned long long)st.bytes,
                    st.nodes, st.batches, st.imported, c.seen, (unsigned long long)c.bad, regions,
-                   regions_after, st.prepare_s, st.exchange_s, st.plan_s, st.read_s, st.wait_s,
+                   regions_after, st.staging_slots, st.pipelined_batches, st.prepare_s, st.exchange_s, st.plan_s, st.read_s, st.wait_s,
                    st.verify_s, st.load_s, st.barrier_s, st.apply_s, st.total_s);
         else
             printf("ERR %d %llu %zu %s\n", rc, (unsigned long long)gen, c.seen, err.msg);
@@ -159,7 +159,8 @@ static uint64_t publish(ferry_store *s, uint64_t g)
 static uint64_t last_read[WORLD], last_cross[WORLD];
 
 /* Every worker takes generation g; sums its counters. */
-static void update_ok(ft_peer *r, uint64_t g, uint64_t published, unsigned want_imported)
+static void update_ok(ft_peer *r, uint64_t g, uint64_t published, unsigned want_imported,
+                      unsigned want_slots)
 {
     for (int k = 0; k < WORLD; k++)
         assert_int_equal(ft_peer_send(&r[k], "update %llu", (unsigned long long)g), 0);
@@ -170,11 +171,11 @@ static void update_ok(ft_peer *r, uint64_t g, uint64_t published, unsigned want_
         if (ft_peer_reply(&r[k], line, sizeof line, 60000) != 0)
             fail_msg("worker %d: %s", k, line);
         unsigned long long a, b, c2, d, gr, gc, gi, bytes, bad;
-        unsigned nodes, nb, imported;
+        unsigned nodes, nb, imported, slots, pipelined;
         size_t seen, regions, regions_after;
-        if (sscanf(line, "OK %llu %llu %llu %llu %llu %llu %llu %llu %u %u %u %zu %llu %zu %zu",
+        if (sscanf(line, "OK %llu %llu %llu %llu %llu %llu %llu %llu %u %u %u %zu %llu %zu %zu %u %u",
                    &a, &b, &c2, &d, &gr, &gc, &gi, &bytes, &nodes, &nb, &imported, &seen, &bad,
-                   &regions, &regions_after) != 15)
+                   &regions, &regions_after, &slots, &pipelined) != 17)
             fail_msg("worker %d: %s", k, line);
         fprintf(stderr, "generation %llu, worker %d (node %u): %s\n", (unsigned long long)g, k,
                 node_of[k], line);
@@ -192,6 +193,15 @@ static void update_ok(ft_peer *r, uint64_t g, uint64_t published, unsigned want_
         if (k == 0)
             batches = nb;
         assert_int_equal(nb, batches);
+        /* two staging halves: every batch after the first was read and sent
+         * while the one before it was still on its way (one buffer: none) */
+        assert_int_equal(slots, want_slots);
+        if (want_slots == 2) {
+            assert_true(nb > 2);
+            assert_int_equal(pipelined, nb - 1);
+        } else {
+            assert_int_equal(pipelined, 0);
+        }
         last_read[k] = a;
         last_cross[k] = b;
         read += a;
@@ -254,17 +264,18 @@ static void test_compat_group(void **state)
     for (int k = 0; k < WORLD; k++) {
         char rk[8];
         snprintf(rk, sizeof rk, "%d", k);
-        /* 768 KiB of staging: the largest tensor fits, the model (2.1 MiB) does not */
-        const char *args[] = { "--rollout", c.addr, "rollout", rk, "4", "786432", "5000", NULL };
+        /* 1 MiB of staging: the largest tensor (512 KiB) fits in either half, the
+         * model (2.1 MiB) in neither: five batches, pipelined */
+        const char *args[] = { "--rollout", c.addr, "rollout", rk, "4", "1048576", "5000", NULL };
         assert_int_equal(ft_spawn(&r[k], NULL, args), 0);
         char line[256];
         assert_int_equal(ft_read_line(&r[k], line, sizeof line, 20000), 0);
         assert_string_equal(line, "READY");
     }
     uint64_t published = publish(s, 1);
-    update_ok(r, 1, published, WORLD - 1);
+    update_ok(r, 1, published, WORLD - 1, 2);
     published = publish(s, 2);
-    update_ok(r, 2, published, 0);                  /* registrations reused */
+    update_ok(r, 2, published, 0, 2);               /* registrations reused */
 
     /* The naive compatibility path, measured: each worker reads everything. */
     check c0 = { .gen = 2 };
@@ -303,7 +314,7 @@ static void test_compat_group(void **state)
 
     /* and the group recovers with the next generation */
     published = publish(s, 5);
-    update_ok(r, 5, published, 0);
+    update_ok(r, 5, published, 0, 2);
 
     for (int k = 0; k < WORLD; k++)
         ft_peer_stop(&r[k]);
@@ -333,7 +344,7 @@ static void test_compat_silent_leader(void **state)
         snprintf(rk, sizeof rk, "%d", k);
         if (k == 1)
             setenv("FERRY_FAULT", "post_fail_after=0", 1);
-        const char *args[] = { "--rollout", c.addr, "faulty", rk, "2", "786432", "1500", NULL };
+        const char *args[] = { "--rollout", c.addr, "faulty", rk, "2", "1048576", "1500", NULL };
         assert_int_equal(ft_spawn(&f[k], NULL, args), 0);
         unsetenv("FERRY_FAULT");
         char line[256];
@@ -434,7 +445,8 @@ static void test_compat_segment_local(void **state)
         assert_int_equal(ft_read_line(&r[k], line, sizeof line, 20000), 0);
         assert_string_equal(line, "READY");
     }
-    update_ok(r, 1, published, WORLD - 1);
+    /* 768 KiB of staging: the largest tensor fits, not in half: one batch at a time */
+    update_ok(r, 1, published, WORLD - 1, 1);
     fprintf(stderr, "segment on node 7: store reads %llu %llu | %llu %llu, cross-node WRITEs "
             "%llu %llu | %llu %llu\n", (unsigned long long)last_read[0],
             (unsigned long long)last_read[1], (unsigned long long)last_read[2],
