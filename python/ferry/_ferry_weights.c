@@ -944,6 +944,8 @@ static PyObject *compat_stats_dict(const ferry_compat_stats *st)
         dict_set(d, "group_cross_bytes", u64(st->group_cross_bytes)) < 0 ||
         dict_set(d, "group_intra_bytes", u64(st->group_intra_bytes)) < 0 ||
         dict_set(d, "nodes", PyLong_FromUnsignedLong(st->nodes)) < 0 ||
+        dict_set(d, "staging_slots", PyLong_FromUnsignedLong(st->staging_slots)) < 0 ||
+        dict_set(d, "pipelined_batches", PyLong_FromUnsignedLong(st->pipelined_batches)) < 0 ||
         dict_set(d, "prepare_s", PyFloat_FromDouble(st->prepare_s)) < 0 ||
         dict_set(d, "exchange_s", PyFloat_FromDouble(st->exchange_s)) < 0 ||
         dict_set(d, "plan_s", PyFloat_FromDouble(st->plan_s)) < 0 ||

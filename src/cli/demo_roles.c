@@ -159,8 +159,8 @@ static json_t *update_json(const ferry_subscriber *sub, const ferry_update_stats
 
 static json_t *compat_json(const ferry_compat_stats *st)
 {
-    return json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,"
-                     "s:f,s:f}",
+    return json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:f,s:f,s:f,s:f,s:f,"
+                     "s:f,s:f,s:f,s:f}",
                      "tensors", (json_int_t)st->tensors, "bytes", (json_int_t)st->bytes,
                      "bytes_read", (json_int_t)st->bytes_read,
                      "bytes_sent_cross", (json_int_t)st->bytes_sent_cross,
@@ -170,6 +170,8 @@ static json_t *compat_json(const ferry_compat_stats *st)
                      "group_bytes_read", (json_int_t)st->group_bytes_read,
                      "group_cross_bytes", (json_int_t)st->group_cross_bytes,
                      "group_intra_bytes", (json_int_t)st->group_intra_bytes,
+                     "staging_slots", (json_int_t)st->staging_slots,
+                     "pipelined_batches", (json_int_t)st->pipelined_batches,
                      "prepare_s", st->prepare_s, "exchange_s", st->exchange_s, "plan_s", st->plan_s,
                      "read_s", st->read_s, "wait_s", st->wait_s, "verify_s", st->verify_s,
                      "load_s", st->load_s, "barrier_s", st->barrier_s, "apply_s", st->apply_s,
