@@ -61,8 +61,10 @@ static int prepare_once(ferry_store *s, const char *model, uint64_t *generation,
         rc = ferry_store_batch_get_into(s, keys, bufs, caps, m->n, res);
         for (size_t i = 0; rc < 0 && i < m->n; i++)
             if (res[i] < 0) {
+                /* the store's last error may be about another key of the batch */
                 rc = fr_rl_fail(err, (int)res[i], "generation %" PRIu64 " of %s is not whole: tensor "
-                          "%s: %s", active, model, m->entries[i].name, ferry_store_last_error());
+                          "%s (%s): %s", active, model, m->entries[i].name, m->entries[i].key,
+                          ferry_strerror((int)res[i]));
                 break;
             }
         if (rc < 0 && err && !err->msg[0])

@@ -521,7 +521,8 @@ static void test_subscriber_two_nodes(void **state)
     enum { WORLD = 4 };
     ft_cluster c;
     memset(&c, 0, sizeof c);
-    assert_int_equal(ft_master_start(&c, NULL, NULL), 0);
+    static const char *const hb[] = { "--heartbeat-timeout", "3000", NULL };   /* node death below */
+    assert_int_equal(ft_master_start(&c, NULL, hb), 0);
     assert_int_equal(ft_node_start(&c, 0, 64u << 20, NULL, NULL), 0);
     ferry_store_config cfg;
     ft_store_config(&c, &cfg);
@@ -694,6 +695,46 @@ static void test_subscriber_two_nodes(void **state)
         }
     }
     assert_true(rebuild >= 1);   /* at least one worker it fed */
+    for (int k = 0; k < WORLD; k++)
+        ft_peer_stop(&f[k]);
+
+    /* The node holding a generation dies before the update: prepare fails
+     * on every worker (FERRY_ELOST) before any byte moves, and none of them
+     * advances. */
+    (void)publish(s, 6);
+    for (int k = 0; k < WORLD; k++) {
+        char rk[8], nd[8];
+        snprintf(rk, sizeof rk, "%d", k);
+        snprintf(nd, sizeof nd, "%d", k < 2 ? 7 : 9);
+        const char *args[] = { "--rollout", c.addr, rk, "4", nd, "n", "3000", NULL };
+        assert_int_equal(ft_spawn(&f[k], NULL, args), 0);
+        char line[256];
+        assert_int_equal(ft_read_line(&f[k], line, sizeof line, 20000), 0);
+        assert_string_equal(line, "READY");
+    }
+    ft_proc_kill(&c.node[0], SIGKILL);
+    char names[NT][32], key[256];
+    names_of(names);
+    ferry_weights_key("relay", 6, names[0], key, sizeof key);
+    int ex = 1;
+    for (int i = 0; i < 2000 && ex != FERRY_ELOST; i++) {   /* deadline 20 s */
+        ex = ferry_store_exist(s, key);
+        if (ex != FERRY_ELOST) {
+            struct timespec ts = { 0, 10 * 1000 * 1000 };
+            nanosleep(&ts, NULL);
+        }
+    }
+    assert_int_equal(ex, FERRY_ELOST);
+    for (int k = 0; k < WORLD; k++)
+        assert_int_equal(ft_peer_send(&f[k], "update 6"), 0);
+    char lost[32];
+    snprintf(lost, sizeof lost, "ERR %d ", FERRY_ELOST);
+    for (int k = 0; k < WORLD; k++) {
+        char line[1024];
+        assert_int_equal(ft_peer_reply(&f[k], line, sizeof line, 30000), -1);
+        fprintf(stderr, "node lost, worker %d: %.200s\n", k, line);
+        assert_true(strncmp(line, lost, strlen(lost)) == 0);
+    }
     for (int k = 0; k < WORLD; k++)
         ft_peer_stop(&f[k]);
     ferry_store_close(s);
