@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "util/testutil.h"
 
 /* ---- errors ------------------------------------------------------------- */
 
@@ -613,12 +614,33 @@ static void test_json_files(void **state)
     assert_int_equal(rmdir(dir), 0);
 }
 
+/* The harness itself: stopping a peer that has already exited (and is not
+ * yet reaped) writes "quit" into a pipe with no reader. That must be EPIPE
+ * and a clean stop, not a SIGPIPE that kills the test (a CI run once lost
+ * test_engine_netns this way when a failed initiator exited first). */
+static void test_harness_stop_after_exit(void **s)
+{
+    (void)s;
+    ft_peer p;
+    const char *args[] = {"-c", "exit 0", NULL};
+    assert_int_equal(ft_spawn_exe(&p, NULL, "/bin/sh", args), 0);
+    siginfo_t si;
+    memset(&si, 0, sizeof si);
+    /* wait for the exit without reaping it: the pid stays a zombie */
+    assert_int_equal(waitid(P_PID, (id_t)p.pid, &si, WEXITED | WNOWAIT), 0);
+    assert_int_equal(si.si_pid, p.pid);
+    ft_peer_stop(&p);                 /* would die of SIGPIPE before the fix */
+    assert_int_equal(p.pid, -1);
+    assert_int_equal(waitpid(-1, NULL, WNOHANG), -1);   /* reaped, nothing left */
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 2 && strcmp(argv[1], "--report-log-level") == 0)
         return (int)ferry_log_get_level();
 
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_harness_stop_after_exit),
         cmocka_unit_test(test_strerror_known),
         cmocka_unit_test(test_strerror_unknown),
         cmocka_unit_test(test_strerror_thread_local),

@@ -296,6 +296,11 @@ int ft_spawn_exe(ft_peer *p, const char *netns, const char *exe, const char *con
     for (int i = 0; args[i] && n < 39; i++)
         argv[n++] = args[i];
     argv[n] = NULL;
+    /* The test writes commands into the peer's stdin; a peer that has
+     * already exited (a failed initiator printing its last line, a killed
+     * node) must turn that write into EPIPE, never a SIGPIPE that kills the
+     * whole test. */
+    signal(SIGPIPE, SIG_IGN);
     int in[2], out[2];
     if (pipe2(in, O_CLOEXEC) < 0 || pipe2(out, O_CLOEXEC) < 0)
         return -1;
@@ -304,6 +309,7 @@ int ft_spawn_exe(ft_peer *p, const char *netns, const char *exe, const char *con
         return -1;
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);   /* never outlive the test */
+        signal(SIGPIPE, SIG_DFL);           /* the peer gets the default back */
         dup2(in[0], 0);
         dup2(out[1], 1);
         execvp(argv[0], (char *const *)argv);
