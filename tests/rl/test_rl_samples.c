@@ -146,29 +146,10 @@ static void test_version_rules(void **state)
 
 /* ---- cluster fixture ------------------------------------------------------------------- */
 
-typedef struct fixture { ft_cluster c; ferry_store *s; } fixture;
+typedef ft_solo fixture;
 
-static int setup(void **state)
-{
-    fixture *f = calloc(1, sizeof *f);
-    *state = f;
-    static const char *const extra[] = { "--heartbeat-timeout", "10000", NULL };
-    if (ft_master_start(&f->c, NULL, extra) != 0 || ft_node_start(&f->c, 0, 64u << 20, NULL, NULL))
-        return -1;
-    ferry_store_config cfg;
-    ft_store_config(&f->c, &cfg);
-    cfg.lease_ms = 1;   /* reads must not hold back payload removal */
-    return ferry_store_open(&cfg, &f->s);
-}
-
-static int teardown(void **state)
-{
-    fixture *f = *state;
-    ferry_store_close(f->s);
-    ft_cluster_stop(&f->c);
-    free(f);
-    return 0;
-}
+static int setup(void **state) { return ft_solo_setup(state, 64u << 20, 10000); }
+static int teardown(void **state) { return ft_solo_teardown(state); }
 
 static void sleep_ms(long ms)
 {

@@ -117,3 +117,32 @@ void ft_store_config(const ft_cluster *c, ferry_store_config *cfg)
     cfg->timeout_ms = 10000;
     cfg->heartbeat_ms = 100;
 }
+
+int ft_solo_setup(void **state, uint64_t seg_size, int heartbeat_timeout_ms)
+{
+    ft_solo *f = calloc(1, sizeof *f);
+    *state = f;
+    if (!f)
+        return -1;
+    char hb[24];
+    snprintf(hb, sizeof hb, "%d", heartbeat_timeout_ms);
+    const char *const extra[] = { "--heartbeat-timeout", hb, NULL };
+    if (ft_master_start(&f->c, NULL, extra) != 0 || ft_node_start(&f->c, 0, seg_size, NULL, NULL) != 0)
+        return -1;
+    ferry_store_config cfg;
+    ft_store_config(&f->c, &cfg);
+    cfg.lease_ms = 1;
+    return ferry_store_open(&cfg, &f->s);
+}
+
+int ft_solo_teardown(void **state)
+{
+    ft_solo *f = *state;
+    if (!f)
+        return 0;
+    ferry_store_close(f->s);
+    ft_cluster_stop(&f->c);
+    free(f);
+    *state = NULL;
+    return 0;
+}
