@@ -2,6 +2,7 @@
  * UpdateSession, PolicyVersion. Encoding is canonical (sorted keys,
  * compact); decoding checks every field's presence, type and length. */
 #include <jansson.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,8 +74,76 @@ static int set_list(json_t *o, const char *k, char *const *v, size_t n)
     return json_object_set_new(o, k, a) == 0 ? 0 : FERRY_ENOMEM;
 }
 
-static int finish(json_t *o, int rc, char **json)
+/* ---- the three records' fields ------------------------------------------------------- */
+
+/* A record is a list of fields at offsets in its struct; one encoder and one
+ * decoder walk the list. Decoding goes in list order, so the first bad
+ * field named in an error is the first in this order. Every record ends
+ * with its optional "metadata" object. */
+enum fkind { F_STR, F_U64, F_LIST };
+typedef struct field {
+    const char *k;
+    enum fkind kind;
+    size_t off;    /* the member */
+    size_t aux;    /* F_STR: the array's size; F_LIST: the count member's offset */
+} field;
+
+#define STR(T, m, k) { k, F_STR, offsetof(T, m), sizeof(((T *)0)->m) }
+#define U64(T, m, k) { k, F_U64, offsetof(T, m), 0 }
+#define LIST(T, m, n, k) { k, F_LIST, offsetof(T, m), offsetof(T, n) }
+
+static const field rollout_fields[] = {
+    STR(ferry_rollout_session, session_id, "session_id"),
+    STR(ferry_rollout_session, episode_id, "episode_id"),
+    STR(ferry_rollout_session, request_id, "request_id"),
+    STR(ferry_rollout_session, prompt_ref, "prompt_ref"),
+    STR(ferry_rollout_session, output_ref, "output_ref"),
+    STR(ferry_rollout_session, logprob_ref, "logprob_ref"),
+    STR(ferry_rollout_session, reward_ref, "reward_ref"),
+    STR(ferry_rollout_session, kv_ref, "kv_ref"),
+    STR(ferry_rollout_session, status, "status"),
+    U64(ferry_rollout_session, policy_version, "policy_version"),
+};
+static const field update_fields[] = {
+    STR(ferry_update_session, update_id, "update_id"),
+    STR(ferry_update_session, status, "status"),
+    U64(ferry_update_session, input_version, "input_policy_version"),
+    U64(ferry_update_session, output_version, "output_policy_version"),
+    LIST(ferry_update_session, trajectory_refs, ntrajectory, "trajectory_refs"),
+    LIST(ferry_update_session, reward_refs, nreward, "reward_refs"),
+    LIST(ferry_update_session, logprob_refs, nlogprob, "logprob_refs"),
+};
+static const field policy_fields[] = {
+    STR(ferry_policy_version, model, "model"),
+    U64(ferry_policy_version, version, "version_id"),
+    U64(ferry_policy_version, parent, "parent_version_id"),
+    U64(ferry_policy_version, created_at_step, "created_at_step"),
+    U64(ferry_policy_version, weight_generation, "weight_generation"),
+};
+#define NF(a) (sizeof(a) / sizeof((a)[0]))
+
+#define AT(rec, off, T) ((T *)(void *)((char *)(rec) + (off)))
+
+static int encode(const void *rec, const field *f, size_t nf, const char *meta, char **json)
 {
+    if (!rec || !json)
+        return FERRY_EINVAL;
+    json_t *o = json_object();
+    if (!o)
+        return FERRY_ENOMEM;
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < nf; i++) {
+        const void *m = (const char *)rec + f[i].off;
+        if (f[i].kind == F_STR)
+            rc = set_str(o, f[i].k, m);
+        else if (f[i].kind == F_U64)
+            rc = set_u64(o, f[i].k, *(const uint64_t *)m);
+        else
+            rc = set_list(o, f[i].k, *(char *const *const *)m,
+                          *(const size_t *)(const void *)((const char *)rec + f[i].aux));
+    }
+    if (rc == 0)
+        rc = set_meta(o, meta);
     if (rc == 0) {
         *json = fr_json_dump_canonical(o);
         if (!*json)
@@ -86,71 +155,17 @@ static int finish(json_t *o, int rc, char **json)
 
 int ferry_rollout_session_to_json(const ferry_rollout_session *r, char **json)
 {
-    if (!r || !json)
-        return FERRY_EINVAL;
-    json_t *o = json_object();
-    if (!o)
-        return FERRY_ENOMEM;
-    int rc = 0;
-    const struct { const char *k, *v; } s[] = {
-        { "session_id", r->session_id }, { "episode_id", r->episode_id },
-        { "request_id", r->request_id }, { "prompt_ref", r->prompt_ref },
-        { "output_ref", r->output_ref }, { "logprob_ref", r->logprob_ref },
-        { "reward_ref", r->reward_ref }, { "kv_ref", r->kv_ref }, { "status", r->status },
-    };
-    for (size_t i = 0; rc == 0 && i < sizeof s / sizeof s[0]; i++)
-        rc = set_str(o, s[i].k, s[i].v);
-    if (rc == 0)
-        rc = set_u64(o, "policy_version", r->policy_version);
-    if (rc == 0)
-        rc = set_meta(o, r->metadata);
-    return finish(o, rc, json);
+    return encode(r, rollout_fields, NF(rollout_fields), r ? r->metadata : NULL, json);
 }
 
 int ferry_update_session_to_json(const ferry_update_session *r, char **json)
 {
-    if (!r || !json)
-        return FERRY_EINVAL;
-    json_t *o = json_object();
-    if (!o)
-        return FERRY_ENOMEM;
-    int rc = set_str(o, "update_id", r->update_id);
-    if (rc == 0)
-        rc = set_str(o, "status", r->status);
-    if (rc == 0)
-        rc = set_u64(o, "input_policy_version", r->input_version);
-    if (rc == 0)
-        rc = set_u64(o, "output_policy_version", r->output_version);
-    if (rc == 0)
-        rc = set_list(o, "trajectory_refs", r->trajectory_refs, r->ntrajectory);
-    if (rc == 0)
-        rc = set_list(o, "reward_refs", r->reward_refs, r->nreward);
-    if (rc == 0)
-        rc = set_list(o, "logprob_refs", r->logprob_refs, r->nlogprob);
-    if (rc == 0)
-        rc = set_meta(o, r->metadata);
-    return finish(o, rc, json);
+    return encode(r, update_fields, NF(update_fields), r ? r->metadata : NULL, json);
 }
 
 int ferry_policy_version_to_json(const ferry_policy_version *r, char **json)
 {
-    if (!r || !json)
-        return FERRY_EINVAL;
-    json_t *o = json_object();
-    if (!o)
-        return FERRY_ENOMEM;
-    int rc = set_str(o, "model", r->model);
-    if (rc == 0)
-        rc = set_u64(o, "version_id", r->version);
-    if (rc == 0)
-        rc = set_u64(o, "parent_version_id", r->parent);
-    if (rc == 0)
-        rc = set_u64(o, "created_at_step", r->created_at_step);
-    if (rc == 0)
-        rc = set_u64(o, "weight_generation", r->weight_generation);
-    if (rc == 0)
-        rc = set_meta(o, r->metadata);
-    return finish(o, rc, json);
+    return encode(r, policy_fields, NF(policy_fields), r ? r->metadata : NULL, json);
 }
 
 /* ---- decoding ------------------------------------------------------------------------- */
@@ -236,32 +251,36 @@ static int parse(const char *json, size_t len, json_t **o, ferry_error *err)
     return 0;
 }
 
+/* Decode the fields of f and the metadata into rec (zeroed first); on an
+ * error the caller clears rec. */
+static int decode(const char *json, size_t len, void *rec, size_t size, const field *f,
+                  size_t nf, char **meta, ferry_error *err)
+{
+    memset(rec, 0, size);
+    json_t *o = NULL;
+    int rc = parse(json, len, &o, err);
+    for (size_t i = 0; rc == 0 && i < nf; i++) {
+        if (f[i].kind == F_STR)
+            rc = get_str(o, f[i].k, AT(rec, f[i].off, char), f[i].aux, err);
+        else if (f[i].kind == F_U64)
+            rc = get_u64(o, f[i].k, AT(rec, f[i].off, uint64_t), err);
+        else
+            rc = get_list(o, f[i].k, AT(rec, f[i].off, char **), AT(rec, f[i].aux, size_t),
+                          err);
+    }
+    if (rc == 0)
+        rc = get_meta(o, meta, err);
+    json_decref(o);
+    return rc;
+}
+
 int ferry_rollout_session_from_json(const char *json, size_t len, ferry_rollout_session *out,
                                     ferry_error *err)
 {
     if (!out)
         return FERRY_EINVAL;
-    memset(out, 0, sizeof *out);
-    json_t *o = NULL;
-    int rc = parse(json, len, &o, err);
-    const struct { const char *k; char *dst; size_t cap; } s[] = {
-        { "session_id", out->session_id, sizeof out->session_id },
-        { "episode_id", out->episode_id, sizeof out->episode_id },
-        { "request_id", out->request_id, sizeof out->request_id },
-        { "prompt_ref", out->prompt_ref, sizeof out->prompt_ref },
-        { "output_ref", out->output_ref, sizeof out->output_ref },
-        { "logprob_ref", out->logprob_ref, sizeof out->logprob_ref },
-        { "reward_ref", out->reward_ref, sizeof out->reward_ref },
-        { "kv_ref", out->kv_ref, sizeof out->kv_ref },
-        { "status", out->status, sizeof out->status },
-    };
-    for (size_t i = 0; rc == 0 && i < sizeof s / sizeof s[0]; i++)
-        rc = get_str(o, s[i].k, s[i].dst, s[i].cap, err);
-    if (rc == 0)
-        rc = get_u64(o, "policy_version", &out->policy_version, err);
-    if (rc == 0)
-        rc = get_meta(o, &out->metadata, err);
-    json_decref(o);
+    int rc = decode(json, len, out, sizeof *out, rollout_fields, NF(rollout_fields),
+                    &out->metadata, err);
     if (rc < 0)
         ferry_rollout_session_clear(out);
     return rc;
@@ -272,26 +291,8 @@ int ferry_update_session_from_json(const char *json, size_t len, ferry_update_se
 {
     if (!out)
         return FERRY_EINVAL;
-    memset(out, 0, sizeof *out);
-    json_t *o = NULL;
-    int rc = parse(json, len, &o, err);
-    if (rc == 0)
-        rc = get_str(o, "update_id", out->update_id, sizeof out->update_id, err);
-    if (rc == 0)
-        rc = get_str(o, "status", out->status, sizeof out->status, err);
-    if (rc == 0)
-        rc = get_u64(o, "input_policy_version", &out->input_version, err);
-    if (rc == 0)
-        rc = get_u64(o, "output_policy_version", &out->output_version, err);
-    if (rc == 0)
-        rc = get_list(o, "trajectory_refs", &out->trajectory_refs, &out->ntrajectory, err);
-    if (rc == 0)
-        rc = get_list(o, "reward_refs", &out->reward_refs, &out->nreward, err);
-    if (rc == 0)
-        rc = get_list(o, "logprob_refs", &out->logprob_refs, &out->nlogprob, err);
-    if (rc == 0)
-        rc = get_meta(o, &out->metadata, err);
-    json_decref(o);
+    int rc = decode(json, len, out, sizeof *out, update_fields, NF(update_fields),
+                    &out->metadata, err);
     if (rc < 0)
         ferry_update_session_clear(out);
     return rc;
@@ -302,22 +303,8 @@ int ferry_policy_version_from_json(const char *json, size_t len, ferry_policy_ve
 {
     if (!out)
         return FERRY_EINVAL;
-    memset(out, 0, sizeof *out);
-    json_t *o = NULL;
-    int rc = parse(json, len, &o, err);
-    if (rc == 0)
-        rc = get_str(o, "model", out->model, sizeof out->model, err);
-    if (rc == 0)
-        rc = get_u64(o, "version_id", &out->version, err);
-    if (rc == 0)
-        rc = get_u64(o, "parent_version_id", &out->parent, err);
-    if (rc == 0)
-        rc = get_u64(o, "created_at_step", &out->created_at_step, err);
-    if (rc == 0)
-        rc = get_u64(o, "weight_generation", &out->weight_generation, err);
-    if (rc == 0)
-        rc = get_meta(o, &out->metadata, err);
-    json_decref(o);
+    int rc = decode(json, len, out, sizeof *out, policy_fields, NF(policy_fields),
+                    &out->metadata, err);
     if (rc < 0)
         ferry_policy_version_clear(out);
     return rc;
