@@ -5,6 +5,8 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stddef.h>
+#include <stdint.h>
 
 #include "ferry/ferry.h"
 
@@ -35,6 +37,9 @@ PyObject *fp_raise_err_class(int code, const ferry_error *err);
 const char *fp_key_of(PyObject *o, const char *what);
 /* str from UTF-8 (undecodable bytes as surrogates). */
 PyObject *fp_str_of(const char *s);
+/* An int as a uint64_t: TypeError when v is not an int, ValueError when it
+ * is negative or too large (messages name it what). 0 or -1. */
+int fp_u64_of(PyObject *v, const char *what, uint64_t *out);
 /* src into dst of cap bytes, NUL included; ValueError when too long. 0 or -1. */
 int fp_copy_str(char *dst, size_t cap, const char *src, const char *what);
 /* A tuple copy of a sequence (holds its items for the duration of a call);
@@ -47,6 +52,88 @@ PyObject *fp_enter(PyObject *self, PyObject *unused);
 /* __exit__ from the result of the object's close(): NULL when it raised,
  * else False (exceptions propagate). Steals r. */
 PyObject *fp_exit_result(PyObject *r);
+
+/* The fields of the type object of a class instantiated from Python: its
+ * tp_new is PyType_GenericNew and pfx_init, pfx_dealloc, pfx_methods and
+ * pfx_getset are its other slots (more designated fields may follow). */
+#define FP_CLASS(pfx, T, name, flags, doc)                                                                             \
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = (name), .tp_basicsize = sizeof(T), .tp_flags = (flags), .tp_doc = (doc), \
+        .tp_new = PyType_GenericNew, .tp_init = (initproc)pfx##_init, .tp_dealloc = (destructor)pfx##_dealloc,        \
+        .tp_methods = pfx##_methods, .tp_getset = pfx##_getset
+
+/* The close(), __enter__ and __exit__ entries of a method table, and the
+ * `closed` entry of a getset table, for pfx_close, pfx_exit, pfx_get_closed. */
+#define FP_CLOSE_METHODS(pfx, close_doc)                                                                               \
+    {"close", (PyCFunction)pfx##_close, METH_NOARGS, close_doc}, {"__enter__", fp_enter, METH_NOARGS, NULL},          \
+        {"__exit__", (PyCFunction)pfx##_exit, METH_VARARGS, NULL}
+#define FP_CLOSED_GETTER(pfx, doc) {"closed", (getter)pfx##_get_closed, NULL, doc, NULL}
+
+/* ---- dicts, lists and getters from C values (_ferry_util.c) ------------- */
+static inline PyObject *fp_u64(uint64_t v)
+{
+    return PyLong_FromUnsignedLongLong(v);
+}
+/* d[k] = v, stealing v (NULL: an error is already set). 0 or -1. */
+int fp_dict_set(PyObject *d, const char *k, PyObject *v);
+/* A list of the n values (ints; str by fp_str_of). NULL with an error set. */
+PyObject *fp_list_u64(const uint64_t *v, size_t n);
+PyObject *fp_list_u32(const uint32_t *v, size_t n);
+PyObject *fp_list_str(char *const *v, size_t n);
+
+/* A member of a C struct that goes into a dict under its own name: its
+ * kind (from its C type, by FP_FIELD) and offset. A table of
+ * FP_FIELD(T, member) turns a counters struct into a dict in table order. */
+enum fp_kind { FP_KIND_U64, FP_KIND_U32, FP_KIND_F64, FP_KIND_STR /* char *, by fp_str_of */ };
+typedef struct {
+    const char *key;
+    enum fp_kind kind;
+    size_t off;
+} fp_field;
+#define FP_KIND_OF(x)                                                                                                  \
+    _Generic((x), uint64_t: FP_KIND_U64, uint32_t: FP_KIND_U32, double: FP_KIND_F64, char *: FP_KIND_STR)
+#define FP_FIELD(T, m) {#m, FP_KIND_OF(((T *)0)->m), offsetof(T, m)}
+#define FP_NFIELDS(f) (sizeof(f) / sizeof((f)[0]))
+/* d[f[i].key] = the field of s for each of the n fields. 0 or -1. */
+int fp_dict_put_fields(PyObject *d, const void *s, const fp_field *f, size_t n);
+/* A new dict of the n fields of s (NULL with an error set). */
+PyObject *fp_dict_of_fields(const void *s, const fp_field *f, size_t n);
+#define FP_FIELDS_DICT(s, f) fp_dict_of_fields((s), (f), FP_NFIELDS(f))
+/* A getter of the uint64_t at offset (uintptr_t)closure of the object:
+ * {"name", fp_get_u64, NULL, doc, FP_OFFSET(T, member)}. */
+PyObject *fp_get_u64(PyObject *self, void *closure);
+#define FP_OFFSET(T, m) ((void *)(uintptr_t)offsetof(T, m))
+
+/* close(), __exit__, tp_dealloc and the `closed` getter (pfx_close,
+ * pfx_exit, pfx_dealloc, pfx_get_closed) of an object type T that holds a
+ * ferry.Store in self->store and its C handle in self->handle, released by
+ * pfx_close_now(self) (which also drops the store's busy mark). close()
+ * raises BusyError(busy_msg) while self->inflight counts a call. */
+#define FP_STORE_HOLDER_CLOSE(pfx, T, handle, busy_msg)                                                                \
+    static PyObject *pfx##_close(T *self, PyObject *unused)                                                            \
+    {                                                                                                                  \
+        (void)unused;                                                                                                  \
+        if (self->inflight)                                                                                            \
+            return fp_raise_class(FERRY_EBUSY, busy_msg);                                                              \
+        pfx##_close_now(self);                                                                                         \
+        Py_CLEAR(self->store);                                                                                         \
+        Py_RETURN_NONE;                                                                                                \
+    }                                                                                                                  \
+    static PyObject *pfx##_exit(T *self, PyObject *args)                                                               \
+    {                                                                                                                  \
+        (void)args;                                                                                                    \
+        return fp_exit_result(pfx##_close(self, NULL));                                                                \
+    }                                                                                                                  \
+    static void pfx##_dealloc(T *self)                                                                                 \
+    {                                                                                                                  \
+        pfx##_close_now(self);                                                                                         \
+        Py_CLEAR(self->store);                                                                                         \
+        Py_TYPE(self)->tp_free((PyObject *)self);                                                                      \
+    }                                                                                                                  \
+    static PyObject *pfx##_get_closed(T *self, void *closure)                                                          \
+    {                                                                                                                  \
+        (void)closure;                                                                                                 \
+        return PyBool_FromLong(self->handle == NULL);                                                                  \
+    }
 
 /* Run stmt without the GIL with the ferry.Store so marked busy
  * (fp_store_busy) meanwhile. */
@@ -83,6 +170,15 @@ int fp_exec_init(PyObject *m);    /* Engine, Binding, AttestedPlan, Executor (af
 int fp_weights_init(PyObject *m); /* WeightSubscriber and the weights_* functions (after fp_store_init) */
 int fp_samples_init(PyObject *m); /* PolicyWatch, SampleQueue, Sample, KVCacheGate, QueueFullError (after fp_store_init) */
 int fp_sparse_init(PyObject *m);  /* sparse_put, sparse_admit, sparse_read, sparse_apply (after fp_store_init) */
+
+/* ---- shared by the publish calls (_ferry_weights.c, policy_publish) ------- */
+/* cfg, zeroed, from the arguments both publish calls take (rank_node left
+ * NULL). 0 or -1 with ValueError (a name too long). */
+int fp_publisher_config(ferry_publisher_config *cfg, const char *model, const char *out_dtype, uint32_t rank,
+                        uint32_t world, uint64_t segment, uint32_t keep, uint64_t timeout_ms);
+/* d["generation"] and the counters of a publish (all: with the phase times
+ * and local_bytes that weights_publish reports). 0 or -1. */
+int fp_publish_stats_put(PyObject *d, uint64_t generation, const ferry_publish_stats *st, bool all);
 
 /* ---- shared with the store file ------------------------------------------ */
 /* The C handle of a ferry.Store (borrowed), or NULL with TypeError or

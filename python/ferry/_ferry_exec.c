@@ -442,16 +442,8 @@ static PyGetSetDef binding_getset[] = {
 static PySequenceMethods binding_seq = {.sq_length = (lenfunc)binding_len};
 
 static PyTypeObject BindingType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "ferry._ferry.Binding",
-    .tp_basicsize = sizeof(BindingObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Binding(manifest, instance=0, generation=0, lease=0): where a placement's fragments live now",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)binding_init,
-    .tp_dealloc = (destructor)binding_dealloc,
-    .tp_methods = binding_methods,
-    .tp_getset = binding_getset,
+    FP_CLASS(binding, BindingObject, "ferry._ferry.Binding", Py_TPFLAGS_DEFAULT,
+             "Binding(manifest, instance=0, generation=0, lease=0): where a placement's fragments live now"),
     .tp_as_sequence = &binding_seq,
 };
 
@@ -690,20 +682,7 @@ static PyObject *engine_wait_notify(EngineObject *self, PyObject *args, PyObject
     rc = ferry_wait_notify(self->e, tag, count, timeout, vals);
     Py_END_ALLOW_THREADS
     self->busy--;
-    PyObject *l = NULL;
-    if (rc < 0)
-        ex_raise(rc, NULL, NULL, NULL);
-    else {
-        l = PyList_New(count);
-        for (unsigned i = 0; l && i < count; i++) {
-            PyObject *x = PyLong_FromUnsignedLongLong(vals[i]);
-            if (!x) {
-                Py_CLEAR(l);
-                break;
-            }
-            PyList_SET_ITEM(l, i, x);
-        }
-    }
+    PyObject *l = rc < 0 ? ex_raise(rc, NULL, NULL, NULL) : fp_list_u64(vals, count);
     PyMem_Free(vals);
     return l;
 }
@@ -771,14 +750,13 @@ static PyObject *engine_stats(EngineObject *self, PyObject *unused)
         return NULL;
     ferry_engine_stats s;
     ferry_engine_get_stats(self->e, &s);
-    return Py_BuildValue("{sK,sK,sK,sK,sK,sK,sK,sK,sK}", "bytes_written", (unsigned long long)s.bytes_written,
-                         "bytes_read", (unsigned long long)s.bytes_read, "ops_completed",
-                         (unsigned long long)s.ops_completed, "ops_failed", (unsigned long long)s.ops_failed,
-                         "tickets_completed", (unsigned long long)s.tickets_completed, "tickets_aborted",
-                         (unsigned long long)s.tickets_aborted, "tickets_failed",
-                         (unsigned long long)s.tickets_failed, "tickets_unknown",
-                         (unsigned long long)s.tickets_unknown, "remote_refused",
-                         (unsigned long long)s.remote_refused);
+#define F(m) FP_FIELD(ferry_engine_stats, m)
+    static const fp_field f[] = {
+        F(bytes_written), F(bytes_read), F(ops_completed), F(ops_failed), F(tickets_completed),
+        F(tickets_aborted), F(tickets_failed), F(tickets_unknown), F(remote_refused),
+    };
+#undef F
+    return FP_FIELDS_DICT(&s, f);
 }
 
 static PyObject *engine_get_address(EngineObject *self, void *c)
@@ -814,31 +792,21 @@ static PyMethodDef engine_methods[] = {
     {"pending", (PyCFunction)engine_pending, METH_NOARGS, "transfers whose outcome is UNKNOWN, as dicts"},
     {"region_count", (PyCFunction)engine_region_count, METH_NOARGS, "regions registered with the engine"},
     {"stats", (PyCFunction)engine_stats, METH_NOARGS, "counters since open"},
-    {"close", (PyCFunction)engine_close, METH_NOARGS,
-     "close: frees the engine's executors, drains, unregisters everything, drops the array references"},
-    {"__enter__", fp_enter, METH_NOARGS, NULL},
-    {"__exit__", (PyCFunction)engine_exit, METH_VARARGS, NULL},
+    FP_CLOSE_METHODS(engine, "close: frees the engine's executors, drains, unregisters everything, drops the array "
+                             "references"),
     {NULL, NULL, 0, NULL},
 };
 
 static PyGetSetDef engine_getset[] = {
     {"address", (getter)engine_get_address, NULL, "tcp://HOST:PORT of the listener", NULL},
-    {"closed", (getter)engine_get_closed, NULL, "True after close()", NULL},
+    FP_CLOSED_GETTER(engine, "True after close()"),
     {NULL, NULL, NULL, NULL, NULL},
 };
 
 static PyTypeObject EngineType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "ferry.Engine",
-    .tp_basicsize = sizeof(EngineObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Engine(transport=None, token=None, listen=None): a ferry transfer engine (token from "
-              "FERRY_TOKEN / FERRY_TOKEN_FILE unless given)",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)engine_init,
-    .tp_dealloc = (destructor)engine_dealloc,
-    .tp_methods = engine_methods,
-    .tp_getset = engine_getset,
+    FP_CLASS(engine, EngineObject, "ferry.Engine", Py_TPFLAGS_DEFAULT,
+             "Engine(transport=None, token=None, listen=None): a ferry transfer engine (token from "
+             "FERRY_TOKEN / FERRY_TOKEN_FILE unless given)"),
 };
 
 /* ---- AttestedPlan ------------------------------------------------------------------- */
@@ -939,20 +907,7 @@ static PyObject *attested_counterparts(AttestedObject *self, PyObject *args, PyO
             n = n2;
     }
     PyMem_Free(w);
-    PyObject *l = NULL;
-    if (rc < 0)
-        fp_raise_err_class(rc, &err);
-    else {
-        l = PyList_New((Py_ssize_t)n);
-        for (size_t i = 0; l && i < n; i++) {
-            PyObject *x = PyLong_FromUnsignedLong(out[i]);
-            if (!x) {
-                Py_CLEAR(l);
-                break;
-            }
-            PyList_SET_ITEM(l, (Py_ssize_t)i, x);
-        }
-    }
+    PyObject *l = rc < 0 ? fp_raise_err_class(rc, &err) : fp_list_u32(out, n);
     PyMem_Free(out);
     return l;
 }
@@ -1223,20 +1178,6 @@ fail:
     return NULL;
 }
 
-static PyObject *ids_list(const uint64_t *v, size_t n)
-{
-    PyObject *l = PyList_New((Py_ssize_t)n);
-    for (size_t i = 0; l && i < n; i++) {
-        PyObject *x = PyLong_FromUnsignedLongLong(v[i]);
-        if (!x) {
-            Py_CLEAR(l);
-            break;
-        }
-        PyList_SET_ITEM(l, (Py_ssize_t)i, x);
-    }
-    return l;
-}
-
 static const char *state_name(enum ferry_ticket_state s)
 {
     switch (s) {
@@ -1254,8 +1195,8 @@ static PyObject *result_dict(const ferry_exec_result *r)
     return Py_BuildValue("{ss,si,sK,sK,sK,sK,sN,sN}", "state", state_name(r->state), "error", r->error, "bytes",
                          (unsigned long long)r->bytes, "ops", (unsigned long long)r->ops, "batches",
                          (unsigned long long)r->batches, "bytes_done", (unsigned long long)r->bytes_done,
-                         "pending", ids_list(r->pending, r->npending), "quarantined",
-                         ids_list(r->quarantined, r->nquarantined));
+                         "pending", fp_list_u64(r->pending, r->npending), "quarantined",
+                         fp_list_u64(r->quarantined, r->nquarantined));
 }
 
 /* A target array bound read-only would be written behind numpy's back. */

@@ -408,16 +408,8 @@ static PyGetSetDef manifest_getset[] = {
 };
 
 PyTypeObject fp_ManifestType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "ferry._ferry.Manifest",
-    .tp_basicsize = sizeof(ManifestObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Manifest(ranks, nodes=None, gpus_per_node=8): a placement manifest",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)manifest_init,
-    .tp_dealloc = (destructor)manifest_dealloc,
-    .tp_methods = manifest_methods,
-    .tp_getset = manifest_getset,
+    FP_CLASS(manifest, ManifestObject, "ferry._ferry.Manifest", Py_TPFLAGS_DEFAULT,
+             "Manifest(ranks, nodes=None, gpus_per_node=8): a placement manifest"),
 };
 
 ferry_manifest *fp_manifest_of(PyObject *o)

@@ -114,16 +114,8 @@ static PyGetSetDef model_getset[] = {
 };
 
 PyTypeObject fp_ModelType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "ferry._ferry.Model",
-    .tp_basicsize = sizeof(ModelObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Model(name, layers, experts=0): a tensor list with parallelism roles",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)model_init,
-    .tp_dealloc = (destructor)model_dealloc,
-    .tp_methods = model_methods,
-    .tp_getset = model_getset,
+    FP_CLASS(model, ModelObject, "ferry._ferry.Model", Py_TPFLAGS_DEFAULT,
+             "Model(name, layers, experts=0): a tensor list with parallelism roles"),
 };
 
 /* ---- functions ------------------------------------------------------------------------ */

@@ -55,15 +55,23 @@ static int options_from(PyObject *kw, ferry_plan_options *o)
     return 0;
 }
 
+/* (src, dst, **limits): two Manifests and the plan options. 0 or -1. */
+static int plan_args(PyObject *args, PyObject *kw, ferry_manifest **src, ferry_manifest **dst, ferry_plan_options *o)
+{
+    PyObject *so, *dobj;
+    if (!PyArg_ParseTuple(args, "OO", &so, &dobj))
+        return -1;
+    *src = fp_manifest_of(so);
+    *dst = *src ? fp_manifest_of(dobj) : NULL;
+    return !*dst || options_from(kw, o) < 0 ? -1 : 0;
+}
+
 static PyObject *plan_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
     (void)type;
-    PyObject *so, *dobj;
-    if (!PyArg_ParseTuple(args, "OO", &so, &dobj))
-        return NULL;
-    ferry_manifest *src = fp_manifest_of(so), *dst = src ? fp_manifest_of(dobj) : NULL;
+    ferry_manifest *src, *dst;
     ferry_plan_options o;
-    if (!dst || options_from(kw, &o) < 0)
+    if (plan_args(args, kw, &src, &dst, &o) < 0)
         return NULL;
     ferry_plan *p;
     ferry_error err = {0};
@@ -82,13 +90,18 @@ static PyObject *plan_stats(PlanObject *self, PyObject *unused)
     (void)unused;
     ferry_plan_stats s;
     ferry_plan_stats_get(self->p, &s);
-    return Py_BuildValue("{sK,sK,sK,sK,sK,sK,sK,sd,sI,sd,sN,sN,sN}", "tensors", (unsigned long long)s.tensors,
-                         "src_fragments", (unsigned long long)s.src_fragments, "dst_fragments",
-                         (unsigned long long)s.dst_fragments, "regions", (unsigned long long)s.regions, "runs",
-                         (unsigned long long)s.runs, "bytes", (unsigned long long)s.bytes, "max_rank_bytes",
-                         (unsigned long long)s.max_rank_bytes, "mean_rank_bytes", s.mean_rank_bytes, "dst_ranks",
-                         s.dst_ranks, "plan_s", s.plan_s, "src_digest", fp_hex16(s.src_digest), "dst_digest",
-                         fp_hex16(s.dst_digest), "topology_digest", fp_hex16(s.topology_digest));
+#define F(m) FP_FIELD(ferry_plan_stats, m)
+    static const fp_field f[] = {
+        F(tensors), F(src_fragments), F(dst_fragments), F(regions), F(runs),
+        F(bytes), F(max_rank_bytes), F(mean_rank_bytes), F(dst_ranks), F(plan_s),
+    };
+#undef F
+    PyObject *d = FP_FIELDS_DICT(&s, f);
+    if (d && (fp_dict_set(d, "src_digest", fp_hex16(s.src_digest)) < 0 ||
+              fp_dict_set(d, "dst_digest", fp_hex16(s.dst_digest)) < 0 ||
+              fp_dict_set(d, "topology_digest", fp_hex16(s.topology_digest)) < 0))
+        Py_CLEAR(d);
+    return d;
 }
 
 static PyObject *plan_iter(PlanObject *self, PyObject *args, PyObject *kw)
@@ -221,12 +234,9 @@ static void cache_dealloc(CacheObject *self)
 
 static PyObject *cache_get(CacheObject *self, PyObject *args, PyObject *kw)
 {
-    PyObject *so, *dobj;
-    if (!PyArg_ParseTuple(args, "OO", &so, &dobj))
-        return NULL;
-    ferry_manifest *src = fp_manifest_of(so), *dst = src ? fp_manifest_of(dobj) : NULL;
+    ferry_manifest *src, *dst;
     ferry_plan_options o;
-    if (!dst || options_from(kw, &o) < 0)
+    if (plan_args(args, kw, &src, &dst, &o) < 0)
         return NULL;
     ferry_plan *p;
     bool hit;

@@ -40,20 +40,6 @@ static PyObject *sp_raise_err(int rc, const ferry_error *err)
     return sp_raise(rc, err ? err->msg : NULL);
 }
 
-static int dict_set(PyObject *d, const char *k, PyObject *v)
-{
-    if (!v)
-        return -1;
-    int rc = PyDict_SetItemString(d, k, v);
-    Py_DECREF(v);
-    return rc;
-}
-
-static PyObject *u64(uint64_t v)
-{
-    return PyLong_FromUnsignedLongLong(v);
-}
-
 /* ---- records <-> dicts ----------------------------------------------------------------- */
 
 /* d[k] (absent or None: "") into dst. 0 or -1. */
@@ -74,17 +60,7 @@ static int d_u64(PyObject *d, const char *k, uint64_t *out)
     *out = 0;
     if (!v || v == Py_None)
         return 0;
-    if (!PyLong_Check(v)) {
-        PyErr_Format(PyExc_TypeError, "%s must be an int, not %.100s", k, Py_TYPE(v)->tp_name);
-        return -1;
-    }
-    unsigned long long x = PyLong_AsUnsignedLongLong(v);
-    if (x == (unsigned long long)-1 && PyErr_Occurred()) {
-        PyErr_Format(PyExc_ValueError, "%s must be a non-negative 64-bit int", k);
-        return -1;
-    }
-    *out = x;
-    return 0;
+    return fp_u64_of(v, k, out);
 }
 
 /* d["metadata"]: None or absent -> NULL, else JSON text copied with strdup
@@ -178,15 +154,16 @@ static PyObject *meta_obj(const char *m)
 static PyObject *rollout_dict(const ferry_rollout_session *r)
 {
     PyObject *d = PyDict_New();
-    if (!d || dict_set(d, "session_id", fp_str_of(r->session_id)) < 0 ||
-        dict_set(d, "episode_id", fp_str_of(r->episode_id)) < 0 ||
-        dict_set(d, "request_id", fp_str_of(r->request_id)) < 0 ||
-        dict_set(d, "policy_version", u64(r->policy_version)) < 0 ||
-        dict_set(d, "prompt_ref", fp_str_of(r->prompt_ref)) < 0 ||
-        dict_set(d, "output_ref", fp_str_of(r->output_ref)) < 0 ||
-        dict_set(d, "logprob_ref", fp_str_of(r->logprob_ref)) < 0 ||
-        dict_set(d, "reward_ref", fp_str_of(r->reward_ref)) < 0 || dict_set(d, "kv_ref", fp_str_of(r->kv_ref)) < 0 ||
-        dict_set(d, "status", fp_str_of(r->status)) < 0 || dict_set(d, "metadata", meta_obj(r->metadata)) < 0) {
+    if (!d || fp_dict_set(d, "session_id", fp_str_of(r->session_id)) < 0 ||
+        fp_dict_set(d, "episode_id", fp_str_of(r->episode_id)) < 0 ||
+        fp_dict_set(d, "request_id", fp_str_of(r->request_id)) < 0 ||
+        fp_dict_set(d, "policy_version", fp_u64(r->policy_version)) < 0 ||
+        fp_dict_set(d, "prompt_ref", fp_str_of(r->prompt_ref)) < 0 ||
+        fp_dict_set(d, "output_ref", fp_str_of(r->output_ref)) < 0 ||
+        fp_dict_set(d, "logprob_ref", fp_str_of(r->logprob_ref)) < 0 ||
+        fp_dict_set(d, "reward_ref", fp_str_of(r->reward_ref)) < 0 ||
+        fp_dict_set(d, "kv_ref", fp_str_of(r->kv_ref)) < 0 ||
+        fp_dict_set(d, "status", fp_str_of(r->status)) < 0 || fp_dict_set(d, "metadata", meta_obj(r->metadata)) < 0) {
         Py_XDECREF(d);
         return NULL;
     }
@@ -209,29 +186,16 @@ static int update_of(PyObject *d, ferry_update_session *r)
     return 0;
 }
 
-static PyObject *str_list(char *const *v, size_t n)
-{
-    PyObject *l = PyList_New((Py_ssize_t)n);
-    for (size_t i = 0; l && i < n; i++) {
-        PyObject *s = fp_str_of(v[i]);
-        if (!s)
-            Py_CLEAR(l);
-        else
-            PyList_SET_ITEM(l, (Py_ssize_t)i, s);
-    }
-    return l;
-}
-
 static PyObject *update_dict(const ferry_update_session *r)
 {
     PyObject *d = PyDict_New();
-    if (!d || dict_set(d, "update_id", fp_str_of(r->update_id)) < 0 ||
-        dict_set(d, "input_policy_version", u64(r->input_version)) < 0 ||
-        dict_set(d, "output_policy_version", u64(r->output_version)) < 0 ||
-        dict_set(d, "trajectory_refs", str_list(r->trajectory_refs, r->ntrajectory)) < 0 ||
-        dict_set(d, "reward_refs", str_list(r->reward_refs, r->nreward)) < 0 ||
-        dict_set(d, "logprob_refs", str_list(r->logprob_refs, r->nlogprob)) < 0 ||
-        dict_set(d, "status", fp_str_of(r->status)) < 0 || dict_set(d, "metadata", meta_obj(r->metadata)) < 0) {
+    if (!d || fp_dict_set(d, "update_id", fp_str_of(r->update_id)) < 0 ||
+        fp_dict_set(d, "input_policy_version", fp_u64(r->input_version)) < 0 ||
+        fp_dict_set(d, "output_policy_version", fp_u64(r->output_version)) < 0 ||
+        fp_dict_set(d, "trajectory_refs", fp_list_str(r->trajectory_refs, r->ntrajectory)) < 0 ||
+        fp_dict_set(d, "reward_refs", fp_list_str(r->reward_refs, r->nreward)) < 0 ||
+        fp_dict_set(d, "logprob_refs", fp_list_str(r->logprob_refs, r->nlogprob)) < 0 ||
+        fp_dict_set(d, "status", fp_str_of(r->status)) < 0 || fp_dict_set(d, "metadata", meta_obj(r->metadata)) < 0) {
         Py_XDECREF(d);
         return NULL;
     }
@@ -254,10 +218,11 @@ static int policy_of(PyObject *d, ferry_policy_version *r)
 static PyObject *policy_dict(const ferry_policy_version *r)
 {
     PyObject *d = PyDict_New();
-    if (!d || dict_set(d, "version_id", u64(r->version)) < 0 || dict_set(d, "parent_version_id", u64(r->parent)) < 0 ||
-        dict_set(d, "created_at_step", u64(r->created_at_step)) < 0 ||
-        dict_set(d, "weight_generation", u64(r->weight_generation)) < 0 ||
-        dict_set(d, "model", fp_str_of(r->model)) < 0 || dict_set(d, "metadata", meta_obj(r->metadata)) < 0) {
+    if (!d || fp_dict_set(d, "version_id", fp_u64(r->version)) < 0 ||
+        fp_dict_set(d, "parent_version_id", fp_u64(r->parent)) < 0 ||
+        fp_dict_set(d, "created_at_step", fp_u64(r->created_at_step)) < 0 ||
+        fp_dict_set(d, "weight_generation", fp_u64(r->weight_generation)) < 0 ||
+        fp_dict_set(d, "model", fp_str_of(r->model)) < 0 || fp_dict_set(d, "metadata", meta_obj(r->metadata)) < 0) {
         Py_XDECREF(d);
         return NULL;
     }
@@ -280,42 +245,6 @@ static PyObject *json_result(int rc, char *json, const char *what)
     return s;
 }
 
-static PyObject *r_rollout_to_json(PyObject *self, PyObject *d)
-{
-    (void)self;
-    ferry_rollout_session r;
-    char *json = NULL;
-    int rc = 0;
-    if (rollout_of(d, &r) == 0)
-        rc = ferry_rollout_session_to_json(&r, &json);
-    ferry_rollout_session_clear(&r);
-    return PyErr_Occurred() ? NULL : json_result(rc, json, "rollout session");
-}
-
-static PyObject *r_update_to_json(PyObject *self, PyObject *d)
-{
-    (void)self;
-    ferry_update_session r;
-    char *json = NULL;
-    int rc = 0;
-    if (update_of(d, &r) == 0)
-        rc = ferry_update_session_to_json(&r, &json);
-    ferry_update_session_clear(&r);
-    return PyErr_Occurred() ? NULL : json_result(rc, json, "update session");
-}
-
-static PyObject *r_policy_to_json(PyObject *self, PyObject *d)
-{
-    (void)self;
-    ferry_policy_version r;
-    char *json = NULL;
-    int rc = 0;
-    if (policy_of(d, &r) == 0)
-        rc = ferry_policy_version_to_json(&r, &json);
-    ferry_policy_version_clear(&r);
-    return PyErr_Occurred() ? NULL : json_result(rc, json, "policy version");
-}
-
 /* The UTF-8 bytes of a str or bytes-like argument. */
 static int text_of(PyObject *o, Py_buffer *v)
 {
@@ -327,56 +256,41 @@ static int text_of(PyObject *o, Py_buffer *v)
     return PyObject_GetBuffer(o, v, PyBUF_SIMPLE);
 }
 
-static PyObject *r_rollout_from_json(PyObject *self, PyObject *o)
-{
-    (void)self;
-    Py_buffer v;
-    if (text_of(o, &v) < 0)
-        return NULL;
-    ferry_rollout_session r;
-    ferry_error err = {0};
-    int rc = ferry_rollout_session_from_json(v.buf, (size_t)v.len, &r, &err);
-    PyBuffer_Release(&v);
-    if (rc < 0)
-        return sp_raise_err(rc, &err);
-    PyObject *d = rollout_dict(&r);
-    ferry_rollout_session_clear(&r);
-    return d;
-}
+/* r_<rec>_to_json(dict) -> JSON text and r_<rec>_from_json(text) -> dict for
+ * the record type ferry_<type>: <rec>_of and <rec>_dict convert it, the
+ * library's ferry_<type>_to_json/_from_json/_clear encode, decode and free. */
+#define SP_RECORD_JSON(rec, type, what)                                                                                \
+    static PyObject *r_##rec##_to_json(PyObject *self, PyObject *d)                                                    \
+    {                                                                                                                  \
+        (void)self;                                                                                                    \
+        ferry_##type r;                                                                                                \
+        char *json = NULL;                                                                                             \
+        int rc = 0;                                                                                                    \
+        if (rec##_of(d, &r) == 0)                                                                                      \
+            rc = ferry_##type##_to_json(&r, &json);                                                                    \
+        ferry_##type##_clear(&r);                                                                                      \
+        return PyErr_Occurred() ? NULL : json_result(rc, json, what);                                                  \
+    }                                                                                                                  \
+    static PyObject *r_##rec##_from_json(PyObject *self, PyObject *o)                                                  \
+    {                                                                                                                  \
+        (void)self;                                                                                                    \
+        Py_buffer v;                                                                                                   \
+        if (text_of(o, &v) < 0)                                                                                        \
+            return NULL;                                                                                               \
+        ferry_##type r;                                                                                                \
+        ferry_error err = {0};                                                                                         \
+        int rc = ferry_##type##_from_json(v.buf, (size_t)v.len, &r, &err);                                             \
+        PyBuffer_Release(&v);                                                                                          \
+        if (rc < 0)                                                                                                    \
+            return sp_raise_err(rc, &err);                                                                             \
+        PyObject *out = rec##_dict(&r);                                                                                \
+        ferry_##type##_clear(&r);                                                                                      \
+        return out;                                                                                                    \
+    }
 
-static PyObject *r_update_from_json(PyObject *self, PyObject *o)
-{
-    (void)self;
-    Py_buffer v;
-    if (text_of(o, &v) < 0)
-        return NULL;
-    ferry_update_session r;
-    ferry_error err = {0};
-    int rc = ferry_update_session_from_json(v.buf, (size_t)v.len, &r, &err);
-    PyBuffer_Release(&v);
-    if (rc < 0)
-        return sp_raise_err(rc, &err);
-    PyObject *d = update_dict(&r);
-    ferry_update_session_clear(&r);
-    return d;
-}
-
-static PyObject *r_policy_from_json(PyObject *self, PyObject *o)
-{
-    (void)self;
-    Py_buffer v;
-    if (text_of(o, &v) < 0)
-        return NULL;
-    ferry_policy_version r;
-    ferry_error err = {0};
-    int rc = ferry_policy_version_from_json(v.buf, (size_t)v.len, &r, &err);
-    PyBuffer_Release(&v);
-    if (rc < 0)
-        return sp_raise_err(rc, &err);
-    PyObject *d = policy_dict(&r);
-    ferry_policy_version_clear(&r);
-    return d;
-}
+SP_RECORD_JSON(rollout, rollout_session, "rollout session")
+SP_RECORD_JSON(update, update_session, "update session")
+SP_RECORD_JSON(policy, policy_version, "policy version")
 
 static PyObject *r_admit(PyObject *self, PyObject *args)
 {
@@ -411,15 +325,8 @@ static PyObject *p_publish(PyObject *self, PyObject *args)
     if (!s)
         return NULL;
     ferry_publisher_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    if (fp_copy_str(cfg.model, sizeof cfg.model, model, "model") < 0 ||
-        fp_copy_str(cfg.out_dtype, sizeof cfg.out_dtype, out_dtype, "out_dtype") < 0)
+    if (fp_publisher_config(&cfg, model, out_dtype, rank, world, segment, keep, timeout) < 0)
         return NULL;
-    cfg.rank = rank;
-    cfg.world = world;
-    cfg.segment = segment;
-    cfg.keep = keep;
-    cfg.timeout_ms = timeout;
     PyObject *nodes_t = fp_seq_hold(ro, "rank_node"), *items = NULL, *out = NULL;
     uint32_t *nodes = NULL;
     ferry_weight_tensor *t = NULL;
@@ -488,14 +395,8 @@ static PyObject *p_publish(PyObject *self, PyObject *args)
         goto done;
     }
     out = PyDict_New();
-    if (!out || dict_set(out, "version", u64(pv.version)) < 0 || dict_set(out, "generation", u64(pv.version)) < 0 ||
-        dict_set(out, "tensors", u64(st.tensors)) < 0 || dict_set(out, "bytes", u64(st.bytes)) < 0 ||
-        dict_set(out, "total_tensors", u64(st.total_tensors)) < 0 ||
-        dict_set(out, "total_bytes", u64(st.total_bytes)) < 0 ||
-        dict_set(out, "cross_node_bytes", u64(st.cross_node_bytes)) < 0 ||
-        dict_set(out, "put_s", PyFloat_FromDouble(st.put_s)) < 0 ||
-        dict_set(out, "commit_s", PyFloat_FromDouble(st.commit_s)) < 0 ||
-        dict_set(out, "removed_generations", u64(st.removed_generations)) < 0)
+    if (!out || fp_dict_set(out, "version", fp_u64(pv.version)) < 0 ||
+        fp_publish_stats_put(out, pv.version, &st, false) < 0)
         Py_CLEAR(out);
 done:
     for (size_t i = 0; i < held; i++)
@@ -649,59 +550,23 @@ static PyObject *pw_next(WatchObject *self, PyObject *args, PyObject *kw)
     return d;
 }
 
-static PyObject *pw_close(WatchObject *self, PyObject *unused)
-{
-    (void)unused;
-    if (self->inflight)
-        return sp_raise(FERRY_EBUSY, "close: another thread is waiting on this policy watch");
-    pw_close_now(self);
-    Py_CLEAR(self->store);
-    Py_RETURN_NONE;
-}
-
-static PyObject *pw_exit(WatchObject *self, PyObject *args)
-{
-    (void)args;
-    return fp_exit_result(pw_close(self, NULL));
-}
-
-static void pw_dealloc(WatchObject *self)
-{
-    pw_close_now(self);
-    Py_CLEAR(self->store);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-static PyObject *pw_get_closed(WatchObject *self, void *closure)
-{
-    (void)closure;
-    return PyBool_FromLong(self->w == NULL);
-}
+FP_STORE_HOLDER_CLOSE(pw, WatchObject, w, "close: another thread is waiting on this policy watch")
 
 static PyMethodDef pw_methods[] = {
     {"next", FP_KWFN(pw_next), METH_VARARGS | METH_KEYWORDS,
      "next(timeout_ms=-1) -> the next version newer than any returned (a dict), or None after timeout_ms"},
-    {"close", (PyCFunction)pw_close, METH_NOARGS, "close()"},
-    {"__enter__", fp_enter, METH_NOARGS, NULL},
-    {"__exit__", (PyCFunction)pw_exit, METH_VARARGS, NULL},
+    FP_CLOSE_METHODS(pw, "close()"),
     {NULL, NULL, 0, NULL},
 };
 
 static PyGetSetDef pw_getset[] = {
-    {"closed", (getter)pw_get_closed, NULL, "whether close() ran", NULL},
+    FP_CLOSED_GETTER(pw, "whether close() ran"),
     {NULL, NULL, NULL, NULL, NULL},
 };
 
 static PyTypeObject WatchType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ferry._ferry.PolicyWatch",
-    .tp_basicsize = sizeof(WatchObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = "PolicyWatch(store, model): new policy versions of a model, by a watch on its announcing key",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)pw_init,
-    .tp_dealloc = (destructor)pw_dealloc,
-    .tp_methods = pw_methods,
-    .tp_getset = pw_getset,
+    FP_CLASS(pw, WatchObject, "ferry._ferry.PolicyWatch", Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+             "PolicyWatch(store, model): new policy versions of a model, by a watch on its announcing key"),
 };
 
 /* ---- Sample -------------------------------------------------------------------------------- */
@@ -736,7 +601,7 @@ static PyObject *sm_wrap(ferry_sample *smp)
     static PyObject *sm_get_##field(SampleObject *self, void *closure)                                                 \
     {                                                                                                                  \
         (void)closure;                                                                                                 \
-        return u64(self->s.field);                                                                                     \
+        return fp_u64(self->s.field);                                                                                  \
     }
 SM_U64(id)
 SM_U64(token)
@@ -1150,54 +1015,17 @@ static PyObject *sq_stats(QueueObject *self, PyObject *unused)
     }
     ferry_sample_stats st;
     ferry_sample_queue_stats(self->q, &st);
-    const struct { const char *k; uint64_t v; } f[] = {
-        {"pushed", st.pushed},       {"push_waits", st.push_waits}, {"push_full", st.push_full},
-        {"push_retries", st.push_retries}, {"popped", st.popped}, {"admitted", st.admitted},
-        {"stale", st.stale},         {"dropped", st.dropped},       {"recompute", st.recompute},
-        {"ahead", st.ahead},         {"redelivered", st.redelivered}, {"duplicates", st.duplicates},
-        {"acked", st.acked},         {"ack_stale", st.ack_stale},   {"recompute_popped", st.recompute_popped},
+#define F(m) FP_FIELD(ferry_sample_stats, m)
+    static const fp_field f[] = {
+        F(pushed), F(push_waits), F(push_full), F(push_retries), F(popped), F(admitted),
+        F(stale), F(dropped), F(recompute), F(ahead), F(redelivered), F(duplicates),
+        F(acked), F(ack_stale), F(recompute_popped),
     };
-    PyObject *d = PyDict_New();
-    for (size_t i = 0; d && i < sizeof f / sizeof f[0]; i++)
-        if (dict_set(d, f[i].k, u64(f[i].v)) < 0)
-            Py_CLEAR(d);
-    return d;
+#undef F
+    return FP_FIELDS_DICT(&st, f);
 }
 
-static PyObject *sq_close(QueueObject *self, PyObject *unused)
-{
-    (void)unused;
-    if (self->inflight)
-        return sp_raise(FERRY_EBUSY, "close: another thread is using this sample queue");
-    sq_close_now(self);
-    Py_CLEAR(self->store);
-    Py_RETURN_NONE;
-}
-
-static PyObject *sq_exit(QueueObject *self, PyObject *args)
-{
-    (void)args;
-    return fp_exit_result(sq_close(self, NULL));
-}
-
-static void sq_dealloc(QueueObject *self)
-{
-    sq_close_now(self);
-    Py_CLEAR(self->store);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-static PyObject *sq_get_input_version(QueueObject *self, void *closure)
-{
-    (void)closure;
-    return u64(self->input_version);
-}
-
-static PyObject *sq_get_closed(QueueObject *self, void *closure)
-{
-    (void)closure;
-    return PyBool_FromLong(self->q == NULL);
-}
+FP_STORE_HOLDER_CLOSE(sq, QueueObject, q, "close: another thread is using this sample queue")
 
 static PyMethodDef sq_methods[] = {
     {"push", FP_KWFN(sq_push), METH_VARARGS | METH_KEYWORDS,
@@ -1210,29 +1038,20 @@ static PyMethodDef sq_methods[] = {
     {"release", (PyCFunction)sq_release, METH_O, "release(samples): give them back now"},
     {"set_version", (PyCFunction)sq_set_version, METH_O, "set_version(v): the consumer's input version"},
     {"stats", (PyCFunction)sq_stats, METH_NOARGS, "stats() -> dict of counters"},
-    {"close", (PyCFunction)sq_close, METH_NOARGS, "close()"},
-    {"__enter__", fp_enter, METH_NOARGS, NULL},
-    {"__exit__", (PyCFunction)sq_exit, METH_VARARGS, NULL},
+    FP_CLOSE_METHODS(sq, "close()"),
     {NULL, NULL, 0, NULL},
 };
 
 static PyGetSetDef sq_getset[] = {
-    {"input_version", (getter)sq_get_input_version, NULL, "the consumer's input version", NULL},
-    {"closed", (getter)sq_get_closed, NULL, "whether close() ran", NULL},
+    {"input_version", fp_get_u64, NULL, "the consumer's input version", FP_OFFSET(QueueObject, input_version)},
+    FP_CLOSED_GETTER(sq, "whether close() ran"),
     {NULL, NULL, NULL, NULL, NULL},
 };
 
 static PyTypeObject QueueType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ferry._ferry.SampleQueue",
-    .tp_basicsize = sizeof(QueueObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = "SampleQueue(store, queue, bound=0, fail_when_full=False, push_timeout_ms=0, input_version=0, "
-              "max_policy_lag=0, stale_policy=\"drop\", lease_ms=0, consumer=\"\"): a leased sample queue",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)sq_init,
-    .tp_dealloc = (destructor)sq_dealloc,
-    .tp_methods = sq_methods,
-    .tp_getset = sq_getset,
+    FP_CLASS(sq, QueueObject, "ferry._ferry.SampleQueue", Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+             "SampleQueue(store, queue, bound=0, fail_when_full=False, push_timeout_ms=0, input_version=0, "
+             "max_policy_lag=0, stale_policy=\"drop\", lease_ms=0, consumer=\"\"): a leased sample queue"),
 };
 
 /* ---- KVCacheGate ----------------------------------------------------------------------------- */
@@ -1404,15 +1223,16 @@ static PyObject *kv_retire(GateObject *self, PyObject *arg)
     kv_add(self, &d);
     if (rc < 0)
         return sp_raise(rc, ferry_store_last_error());
-    return u64(removed);
+    return fp_u64(removed);
 }
 
 static PyObject *kv_stats(GateObject *self, PyObject *unused)
 {
     (void)unused;
-    return Py_BuildValue("{sKsKsKsK}", "stored", (unsigned long long)self->st.stored, "hits",
-                         (unsigned long long)self->st.hits, "refused", (unsigned long long)self->st.refused, "retired",
-                         (unsigned long long)self->st.retired);
+#define F(m) FP_FIELD(ferry_kvcache_stats, m)
+    static const fp_field f[] = {F(stored), F(hits), F(refused), F(retired)};
+#undef F
+    return FP_FIELDS_DICT(&self->st, f);
 }
 
 static PyObject *kv_get_ns(GateObject *self, void *closure)
@@ -1442,15 +1262,8 @@ static PyGetSetDef kv_getset[] = {
 };
 
 static PyTypeObject GateType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ferry._ferry.KVCacheGate",
-    .tp_basicsize = sizeof(GateObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = "KVCacheGate(store, ns): KV cache objects kept under the policy version that made them",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)kv_init,
-    .tp_dealloc = (destructor)kv_dealloc,
-    .tp_methods = kv_methods,
-    .tp_getset = kv_getset,
+    FP_CLASS(kv, GateObject, "ferry._ferry.KVCacheGate", Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+             "KVCacheGate(store, ns): KV cache objects kept under the policy version that made them"),
 };
 
 static PyObject *kv_ref_version(PyObject *self, PyObject *arg)
@@ -1462,7 +1275,7 @@ static PyObject *kv_ref_version(PyObject *self, PyObject *arg)
     uint64_t v = 0;
     if (ferry_kvcache_ref_version(ref, &v) < 0)
         return PyErr_Format(PyExc_ValueError, "%.400s is not a KV cache reference", ref);
-    return u64(v);
+    return fp_u64(v);
 }
 
 /* ---- module ------------------------------------------------------------------------------- */

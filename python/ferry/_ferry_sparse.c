@@ -14,20 +14,6 @@
 #include "_ferry.h"
 #include "ferry/sparse.h"
 
-static int dset(PyObject *d, const char *k, PyObject *v)
-{
-    if (!v)
-        return -1;
-    int rc = PyDict_SetItemString(d, k, v);
-    Py_DECREF(v);
-    return rc;
-}
-
-static PyObject *u64(uint64_t v)
-{
-    return PyLong_FromUnsignedLongLong(v);
-}
-
 /* ---- descriptors ------------------------------------------------------------------------ */
 
 /* d[k] as a non-negative 64-bit int (absent: *out unchanged when opt). 0 or -1. */
@@ -40,17 +26,7 @@ static int d_u64(PyObject *d, const char *k, uint64_t *out, bool opt)
         PyErr_Format(PyExc_KeyError, "sparse descriptor: %s is missing", k);
         return -1;
     }
-    if (!PyLong_Check(v)) {
-        PyErr_Format(PyExc_TypeError, "%s must be an int, not %.100s", k, Py_TYPE(v)->tp_name);
-        return -1;
-    }
-    unsigned long long x = PyLong_AsUnsignedLongLong(v);
-    if (x == (unsigned long long)-1 && PyErr_Occurred()) {
-        PyErr_Format(PyExc_ValueError, "%s must be a non-negative 64-bit int", k);
-        return -1;
-    }
-    *out = x;
-    return 0;
+    return fp_u64_of(v, k, out);
 }
 
 static int d_str(PyObject *d, const char *k, char *dst, size_t cap)
@@ -171,15 +147,16 @@ static PyObject *desc_dict(const ferry_sparse_desc *d)
     PyObject *pl = Py_BuildValue("{sssNsI}", "kind", d->placement.kind == FERRY_SPARSE_OWNER ? "owner" : "replicate",
                                  "axis", fp_str_of(d->placement.axis), "owner", (unsigned)d->placement.owner);
     PyObject *o = PyDict_New();
-    if (!o || !pl || dset(o, "tensor_id", fp_str_of(d->tensor_id)) < 0 ||
-        dset(o, "shape", fp_tuple_u64(d->shape, nd)) < 0 ||
-        dset(o, "base_generation", u64(d->base_generation)) < 0 ||
-        dset(o, "delta_generation", u64(d->delta_generation)) < 0 ||
-        PyDict_SetItemString(o, "placement", pl) < 0 || dset(o, "tile", fp_tuple_u64(d->tile, nd)) < 0 ||
-        dset(o, "apply", PyUnicode_FromString(apply_name(d->apply))) < 0 ||
-        dset(o, "index_dtype", PyUnicode_FromString(d->index_dtype)) < 0 ||
-        dset(o, "value_dtype", PyUnicode_FromString(d->value_dtype)) < 0 || dset(o, "nnz", u64(d->nnz)) < 0 ||
-        dset(o, "ntiles", u64(d->ntiles)) < 0) {
+    if (!o || !pl || fp_dict_set(o, "tensor_id", fp_str_of(d->tensor_id)) < 0 ||
+        fp_dict_set(o, "shape", fp_tuple_u64(d->shape, nd)) < 0 ||
+        fp_dict_set(o, "base_generation", fp_u64(d->base_generation)) < 0 ||
+        fp_dict_set(o, "delta_generation", fp_u64(d->delta_generation)) < 0 ||
+        PyDict_SetItemString(o, "placement", pl) < 0 || fp_dict_set(o, "tile", fp_tuple_u64(d->tile, nd)) < 0 ||
+        fp_dict_set(o, "apply", PyUnicode_FromString(apply_name(d->apply))) < 0 ||
+        fp_dict_set(o, "index_dtype", PyUnicode_FromString(d->index_dtype)) < 0 ||
+        fp_dict_set(o, "value_dtype", PyUnicode_FromString(d->value_dtype)) < 0 ||
+        fp_dict_set(o, "nnz", fp_u64(d->nnz)) < 0 ||
+        fp_dict_set(o, "ntiles", fp_u64(d->ntiles)) < 0) {
         Py_XDECREF(pl);
         Py_XDECREF(o);
         return NULL;
@@ -303,36 +280,29 @@ static PyObject *result_dict(const ferry_sparse_result *r)
     uint32_t nd = r->ndim <= FERRY_SPARSE_NDIM_MAX ? r->ndim : FERRY_SPARSE_NDIM_MAX;
     uint32_t vsz = ferry_dtype_size(r->value_dtype);
     PyObject *o = PyDict_New();
-    if (!o || dset(o, "target", PyLong_FromUnsignedLong(r->target)) < 0 ||
-        dset(o, "tensor_id", fp_str_of(r->tensor_id)) < 0 || dset(o, "shape", fp_tuple_u64(r->shape, nd)) < 0 ||
-        dset(o, "base_generation", u64(r->base_generation)) < 0 ||
-        dset(o, "delta_generation", u64(r->delta_generation)) < 0 ||
-        dset(o, "apply", PyUnicode_FromString(apply_name(r->apply))) < 0 ||
-        dset(o, "value_dtype", PyUnicode_FromString(r->value_dtype)) < 0 || dset(o, "nnz", u64(r->nnz)) < 0 ||
-        dset(o, "indices", bytes_of(r->indices, r->nnz * nd * sizeof(int64_t))) < 0 ||
-        dset(o, "values", bytes_of(r->values, r->nnz * vsz)) < 0) {
+    if (!o || fp_dict_set(o, "target", PyLong_FromUnsignedLong(r->target)) < 0 ||
+        fp_dict_set(o, "tensor_id", fp_str_of(r->tensor_id)) < 0 ||
+        fp_dict_set(o, "shape", fp_tuple_u64(r->shape, nd)) < 0 ||
+        fp_dict_set(o, "base_generation", fp_u64(r->base_generation)) < 0 ||
+        fp_dict_set(o, "delta_generation", fp_u64(r->delta_generation)) < 0 ||
+        fp_dict_set(o, "apply", PyUnicode_FromString(apply_name(r->apply))) < 0 ||
+        fp_dict_set(o, "value_dtype", PyUnicode_FromString(r->value_dtype)) < 0 ||
+        fp_dict_set(o, "nnz", fp_u64(r->nnz)) < 0 ||
+        fp_dict_set(o, "indices", bytes_of(r->indices, r->nnz * nd * sizeof(int64_t))) < 0 ||
+        fp_dict_set(o, "values", bytes_of(r->values, r->nnz * vsz)) < 0) {
         Py_XDECREF(o);
         return NULL;
     }
     return o;
 }
 
-static PyObject *stats_dict(const ferry_sparse_stats *st)
-{
-    return Py_BuildValue("{sKsKsKsKsKsKsKsKsKsKsKsdsdsd}",
-                         "source_objects", (unsigned long long)st->source_objects,
-                         "non_ep_source_object_count", (unsigned long long)st->non_ep_source_object_count,
-                         "index_gets", (unsigned long long)st->index_gets,
-                         "index_cache_hits", (unsigned long long)st->index_cache_hits,
-                         "unique_range_gets", (unsigned long long)st->unique_range_gets,
-                         "full_indices_values_get_count", (unsigned long long)st->full_indices_values_get_count,
-                         "dedup_hits", (unsigned long long)st->dedup_hits,
-                         "bytes_read", (unsigned long long)st->bytes_read,
-                         "entries_read", (unsigned long long)st->entries_read,
-                         "entries_kept", (unsigned long long)st->entries_kept,
-                         "boundary_filtered", (unsigned long long)st->boundary_filtered,
-                         "plan_s", st->plan_s, "read_s", st->read_s, "filter_s", st->filter_s);
-}
+#define F(m) FP_FIELD(ferry_sparse_stats, m)
+static const fp_field stats_fields[] = {
+    F(source_objects), F(non_ep_source_object_count), F(index_gets), F(index_cache_hits), F(unique_range_gets),
+    F(full_indices_values_get_count), F(dedup_hits), F(bytes_read), F(entries_read), F(entries_kept),
+    F(boundary_filtered), F(plan_s), F(read_s), F(filter_s),
+};
+#undef F
 
 /* sparse_read(store, keys, targets, publish_prefix) -> ([result dict], stats dict) */
 static PyObject *sp_read(PyObject *self, PyObject *args)
@@ -383,7 +353,7 @@ static PyObject *sp_read(PyObject *self, PyObject *args)
             PyList_SET_ITEM(l, (Py_ssize_t)i, r);
     }
     if (l)
-        out = Py_BuildValue("(NN)", l, stats_dict(&st));
+        out = Py_BuildValue("(NN)", l, FP_FIELDS_DICT(&st, stats_fields));
 done:
     ferry_sparse_results_free(res, nres);
     PyMem_Free(keys);
@@ -463,7 +433,7 @@ static PyObject *sp_apply(PyObject *self, PyObject *args)
     if (rc < 0)
         fp_raise_err_class(rc, &err);
     else
-        out = u64(gen);
+        out = fp_u64(gen);
 done:
     PyBuffer_Release(&iv);
     PyBuffer_Release(&vv);

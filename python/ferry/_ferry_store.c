@@ -837,14 +837,7 @@ static PyObject *st_list_page(StoreObject *self, PyObject *args, PyObject *kw)
     ST_CALL(self, rc = ferry_store_list(s, prefix, after, (size_t)limit, &keys, &n, &more));
     if (rc < 0)
         return st_raise(rc);
-    PyObject *l = PyList_New((Py_ssize_t)n);
-    for (size_t i = 0; l && i < n; i++) {
-        PyObject *k = fp_str_of(keys[i]);
-        if (!k)
-            Py_CLEAR(l);
-        else
-            PyList_SET_ITEM(l, (Py_ssize_t)i, k);
-    }
+    PyObject *l = fp_list_str(keys, n);
     ferry_store_free(keys);
     return l ? Py_BuildValue("(NO)", l, more ? Py_True : Py_False) : NULL;
 }
@@ -1274,9 +1267,7 @@ static PyMethodDef st_methods[] = {
     {"setup", FP_KWFN(st_setup), METH_VARARGS | METH_KEYWORDS,
      "setup(master=None, token=None, token_file=None, transport=None, timeout_ms=None, lease_ms=None)\n"
      "Connect to the master; unset arguments come from FERRY_MASTER, FERRY_TOKEN, FERRY_TOKEN_FILE, ..."},
-    {"close", (PyCFunction)st_close, METH_NOARGS, "close(): close the connection and the client's engine"},
-    {"__enter__", fp_enter, METH_NOARGS, NULL},
-    {"__exit__", (PyCFunction)st_exit, METH_VARARGS, NULL},
+    FP_CLOSE_METHODS(st, "close(): close the connection and the client's engine"),
     {"register_buffer", (PyCFunction)st_register, METH_O,
      "register_buffer(buffer): register a C-contiguous buffer for zero-copy transfers (held until unregistered)"},
     {"unregister_buffer", (PyCFunction)st_unregister, METH_O, "unregister_buffer(buffer)"},

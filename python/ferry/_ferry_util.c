@@ -1,5 +1,6 @@
 /* _ferry: helpers shared by the extension's source files (errors raised as
- * the store's Error subclasses, str/key conversions, sequences). */
+ * the store's Error subclasses, str/key conversions, sequences, dicts and
+ * lists from C values). */
 #include <string.h>
 
 #include "_ferry.h"
@@ -55,6 +56,21 @@ const char *fp_key_of(PyObject *o, const char *what)
     return k;
 }
 
+int fp_u64_of(PyObject *v, const char *what, uint64_t *out)
+{
+    if (!PyLong_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int, not %.100s", what, Py_TYPE(v)->tp_name);
+        return -1;
+    }
+    unsigned long long x = PyLong_AsUnsignedLongLong(v);
+    if (x == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Format(PyExc_ValueError, "%s must be a non-negative 64-bit int", what);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
 PyObject *fp_str_of(const char *s)
 {
     return PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "surrogateescape");
@@ -100,4 +116,93 @@ PyObject *fp_exit_result(PyObject *r)
 int fp_add_type(PyObject *m, const char *name, PyTypeObject *t)
 {
     return PyType_Ready(t) < 0 || PyModule_AddObjectRef(m, name, (PyObject *)t) < 0 ? -1 : 0;
+}
+
+int fp_dict_set(PyObject *d, const char *k, PyObject *v)
+{
+    if (!v)
+        return -1;
+    int rc = PyDict_SetItemString(d, k, v);
+    Py_DECREF(v);
+    return rc;
+}
+
+/* The value of kind k at p, as a new object. */
+static PyObject *value_at(const void *p, enum fp_kind k)
+{
+    switch (k) {
+    case FP_KIND_U64: {
+        uint64_t x;
+        memcpy(&x, p, sizeof x);
+        return PyLong_FromUnsignedLongLong(x);
+    }
+    case FP_KIND_U32: {
+        uint32_t x;
+        memcpy(&x, p, sizeof x);
+        return PyLong_FromUnsignedLong(x);
+    }
+    case FP_KIND_F64: {
+        double x;
+        memcpy(&x, p, sizeof x);
+        return PyFloat_FromDouble(x);
+    }
+    case FP_KIND_STR: {
+        const char *x;
+        memcpy(&x, p, sizeof x);
+        return fp_str_of(x);
+    }
+    }
+    PyErr_SetString(PyExc_SystemError, "_ferry: unknown field kind");
+    return NULL;
+}
+
+/* A list of the n values of kind k, size bytes apart from v. */
+static PyObject *list_of(const void *v, size_t n, size_t size, enum fp_kind k)
+{
+    PyObject *l = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; l && i < n; i++) {
+        PyObject *x = value_at((const char *)v + i * size, k);
+        if (!x) {
+            Py_CLEAR(l);
+            break;
+        }
+        PyList_SET_ITEM(l, (Py_ssize_t)i, x);
+    }
+    return l;
+}
+
+PyObject *fp_list_u64(const uint64_t *v, size_t n)
+{
+    return list_of(v, n, sizeof *v, FP_KIND_U64);
+}
+
+PyObject *fp_list_u32(const uint32_t *v, size_t n)
+{
+    return list_of(v, n, sizeof *v, FP_KIND_U32);
+}
+
+PyObject *fp_list_str(char *const *v, size_t n)
+{
+    return list_of(v, n, sizeof *v, FP_KIND_STR);
+}
+
+int fp_dict_put_fields(PyObject *d, const void *s, const fp_field *f, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (fp_dict_set(d, f[i].key, value_at((const char *)s + f[i].off, f[i].kind)) < 0)
+            return -1;
+    return 0;
+}
+
+PyObject *fp_dict_of_fields(const void *s, const fp_field *f, size_t n)
+{
+    PyObject *d = PyDict_New();
+    if (d && fp_dict_put_fields(d, s, f, n) < 0)
+        Py_CLEAR(d);
+    return d;
+}
+
+PyObject *fp_get_u64(PyObject *self, void *closure)
+{
+    return value_at((const char *)self + (uintptr_t)closure, FP_KIND_U64);
 }

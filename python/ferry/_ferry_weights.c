@@ -58,62 +58,34 @@ static uint32_t *u32_of(const uint64_t *v, size_t n)
     return o;
 }
 
-static int dict_set(PyObject *d, const char *k, PyObject *v)
-{
-    if (!v)
-        return -1;
-    int rc = PyDict_SetItemString(d, k, v);
-    Py_DECREF(v);
-    return rc;
-}
-
-static PyObject *u64(uint64_t v)
-{
-    return PyLong_FromUnsignedLongLong(v);
-}
-
 static PyObject *entry_dict(const ferry_weight_entry *e)
 {
     PyObject *d = PyDict_New();
-    if (!d || dict_set(d, "name", fp_str_of(e->name)) < 0 || dict_set(d, "dtype", fp_str_of(e->dtype)) < 0 ||
-        dict_set(d, "shape", fp_tuple_u64(e->shape, e->ndim)) < 0 || dict_set(d, "bytes", u64(e->bytes)) < 0 ||
-        dict_set(d, "checksum", u64(e->checksum)) < 0 ||
-        dict_set(d, "publisher", PyLong_FromUnsignedLong(e->publisher)) < 0 ||
-        dict_set(d, "segment", u64(e->segment)) < 0 || dict_set(d, "key", fp_str_of(e->key)) < 0) {
+    if (!d || fp_dict_set(d, "name", fp_str_of(e->name)) < 0 || fp_dict_set(d, "dtype", fp_str_of(e->dtype)) < 0 ||
+        fp_dict_set(d, "shape", fp_tuple_u64(e->shape, e->ndim)) < 0 || fp_dict_set(d, "bytes", fp_u64(e->bytes)) < 0 ||
+        fp_dict_set(d, "checksum", fp_u64(e->checksum)) < 0 ||
+        fp_dict_set(d, "publisher", PyLong_FromUnsignedLong(e->publisher)) < 0 ||
+        fp_dict_set(d, "segment", fp_u64(e->segment)) < 0 || fp_dict_set(d, "key", fp_str_of(e->key)) < 0) {
         Py_XDECREF(d);
         return NULL;
     }
     return d;
 }
 
-static PyObject *update_stats_dict(const ferry_update_stats *st)
-{
-    PyObject *d = PyDict_New();
-    if (!d || dict_set(d, "generation", u64(st->generation)) < 0 || dict_set(d, "bytes_read", u64(st->bytes_read)) < 0 ||
-        dict_set(d, "ranges", u64(st->ranges)) < 0 || dict_set(d, "tensors", u64(st->tensors)) < 0 ||
-        dict_set(d, "bytes_pushed", u64(st->bytes_pushed)) < 0 ||
-        dict_set(d, "bytes_received", u64(st->bytes_received)) < 0 ||
-        dict_set(d, "group_bytes_read", u64(st->group_bytes_read)) < 0 ||
-        dict_set(d, "prepare_s", PyFloat_FromDouble(st->prepare_s)) < 0 ||
-        dict_set(d, "read_s", PyFloat_FromDouble(st->read_s)) < 0 ||
-        dict_set(d, "push_s", PyFloat_FromDouble(st->push_s)) < 0 ||
-        dict_set(d, "exchange_s", PyFloat_FromDouble(st->exchange_s)) < 0 ||
-        dict_set(d, "plan_s", PyFloat_FromDouble(st->plan_s)) < 0 ||
-        dict_set(d, "forward_s", PyFloat_FromDouble(st->forward_s)) < 0 ||
-        dict_set(d, "barrier_s", PyFloat_FromDouble(st->barrier_s)) < 0 ||
-        dict_set(d, "apply_s", PyFloat_FromDouble(st->apply_s)) < 0 ||
-        dict_set(d, "batches", u64(st->batches)) < 0 ||
-        dict_set(d, "group_pushed_cross", u64(st->group_pushed_cross)) < 0 ||
-        dict_set(d, "group_pushed_intra", u64(st->group_pushed_intra)) < 0 ||
-        dict_set(d, "nic_max_in", u64(st->nic_max_in)) < 0 ||
-        dict_set(d, "nic_max_out", u64(st->nic_max_out)) < 0 ||
-        dict_set(d, "nic_mean_in", PyFloat_FromDouble(st->nic_mean_in)) < 0 ||
-        dict_set(d, "nic_mean_out", PyFloat_FromDouble(st->nic_mean_out)) < 0) {
-        Py_XDECREF(d);
-        return NULL;
-    }
-    return d;
-}
+#define F(m) FP_FIELD(ferry_update_stats, m)
+static const fp_field update_fields[] = {
+    F(generation), F(bytes_read), F(ranges), F(tensors), F(bytes_pushed), F(bytes_received),
+    F(group_bytes_read), F(prepare_s), F(read_s), F(push_s), F(exchange_s), F(plan_s), F(forward_s),
+    F(barrier_s), F(apply_s), F(batches), F(group_pushed_cross), F(group_pushed_intra), F(nic_max_in),
+    F(nic_max_out), F(nic_mean_in), F(nic_mean_out),
+};
+#undef F
+
+#define F(m) FP_FIELD(ferry_update_node, m)
+static const fp_field node_fields[] = {
+    F(node), F(workers), F(store_read), F(pushed_in), F(pushed_out), F(pushed_intra), F(nic_in), F(nic_out),
+};
+#undef F
 
 /* The group's per-node figures of a subscriber's last update as a list of
  * dicts (ascending node id). */
@@ -126,16 +98,8 @@ static PyObject *nodes_list(const ferry_subscriber *sub)
     n = n > 0 ? ferry_subscriber_nodes(sub, v, (size_t)n) : 0;
     PyObject *l = PyList_New(0);
     for (int i = 0; l && i < n; i++) {
-        const ferry_update_node *x = &v[i];
-        PyObject *d = PyDict_New();
-        if (!d || dict_set(d, "node", PyLong_FromUnsignedLong(x->node)) < 0 ||
-            dict_set(d, "workers", PyLong_FromUnsignedLong(x->workers)) < 0 ||
-            dict_set(d, "store_read", u64(x->store_read)) < 0 ||
-            dict_set(d, "pushed_in", u64(x->pushed_in)) < 0 ||
-            dict_set(d, "pushed_out", u64(x->pushed_out)) < 0 ||
-            dict_set(d, "pushed_intra", u64(x->pushed_intra)) < 0 ||
-            dict_set(d, "nic_in", u64(x->nic_in)) < 0 || dict_set(d, "nic_out", u64(x->nic_out)) < 0 ||
-            PyList_Append(l, d) < 0)
+        PyObject *d = FP_FIELDS_DICT(&v[i], node_fields);
+        if (!d || PyList_Append(l, d) < 0)
             Py_CLEAR(l);
         Py_XDECREF(d);
     }
@@ -169,15 +133,8 @@ static PyObject *w_assign(PyObject *self, PyObject *args)
             int rc = ferry_weights_assign(sizes, n, nodes, (uint32_t)nr, pub, &err);
             if (rc < 0) {
                 fp_raise_err_class(rc, &err);
-            } else if ((out = PyList_New((Py_ssize_t)n))) {
-                for (size_t i = 0; i < n; i++) {
-                    PyObject *x = PyLong_FromUnsignedLong(pub[i]);
-                    if (!x) {
-                        Py_CLEAR(out);
-                        break;
-                    }
-                    PyList_SET_ITEM(out, (Py_ssize_t)i, x);
-                }
+            } else {
+                out = fp_list_u32(pub, n);
             }
         }
     }
@@ -306,6 +263,38 @@ static PyObject *w_manifest(PyObject *self, PyObject *args)
 
 /* ---- publishing ---------------------------------------------------------------------- */
 
+int fp_publisher_config(ferry_publisher_config *cfg, const char *model, const char *out_dtype, uint32_t rank,
+                        uint32_t world, uint64_t segment, uint32_t keep, uint64_t timeout_ms)
+{
+    memset(cfg, 0, sizeof *cfg);
+    if (fp_copy_str(cfg->model, sizeof cfg->model, model, "model") < 0 ||
+        fp_copy_str(cfg->out_dtype, sizeof cfg->out_dtype, out_dtype, "out_dtype") < 0)
+        return -1;
+    cfg->rank = rank;
+    cfg->world = world;
+    cfg->segment = segment;
+    cfg->keep = keep;
+    cfg->timeout_ms = timeout_ms;
+    return 0;
+}
+
+/* weights_publish's counters after "generation"; policy_publish reports
+ * the first PUBLISH_BASE_FIELDS (those that predate the phase times). */
+#define F(m) FP_FIELD(ferry_publish_stats, m)
+static const fp_field publish_fields[] = {
+    F(tensors), F(bytes), F(total_tensors), F(total_bytes), F(cross_node_bytes), F(put_s),
+    F(commit_s), F(removed_generations), F(convert_s), F(store_s), F(barrier_s), F(local_bytes),
+};
+#undef F
+#define PUBLISH_BASE_FIELDS 8
+
+int fp_publish_stats_put(PyObject *d, uint64_t generation, const ferry_publish_stats *st, bool all)
+{
+    if (fp_dict_set(d, "generation", fp_u64(generation)) < 0)
+        return -1;
+    return fp_dict_put_fields(d, st, publish_fields, all ? FP_NFIELDS(publish_fields) : PUBLISH_BASE_FIELDS);
+}
+
 /* The ferry dtype of a little-endian struct format character and itemsize. */
 static const char *fmt_dtype(const char *fmt, Py_ssize_t itemsize)
 {
@@ -353,15 +342,8 @@ static PyObject *w_publish(PyObject *self, PyObject *args)
     if (!s)
         return NULL;
     ferry_publisher_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    if (fp_copy_str(cfg.model, sizeof cfg.model, model, "model") < 0 ||
-        fp_copy_str(cfg.out_dtype, sizeof cfg.out_dtype, out_dtype, "out_dtype") < 0)
+    if (fp_publisher_config(&cfg, model, out_dtype, rank, world, segment, keep, timeout) < 0)
         return NULL;
-    cfg.rank = rank;
-    cfg.world = world;
-    cfg.segment = segment;
-    cfg.keep = keep;
-    cfg.timeout_ms = timeout;
     size_t nr = 0;
     uint64_t *nodes64 = u64_seq(ro, &nr, UINT32_MAX, "rank_node");
     if (!nodes64)
@@ -432,17 +414,7 @@ static PyObject *w_publish(PyObject *self, PyObject *args)
         goto done;
     }
     out = PyDict_New();
-    if (!out || dict_set(out, "generation", u64(gen)) < 0 || dict_set(out, "tensors", u64(st.tensors)) < 0 ||
-        dict_set(out, "bytes", u64(st.bytes)) < 0 || dict_set(out, "total_tensors", u64(st.total_tensors)) < 0 ||
-        dict_set(out, "total_bytes", u64(st.total_bytes)) < 0 ||
-        dict_set(out, "cross_node_bytes", u64(st.cross_node_bytes)) < 0 ||
-        dict_set(out, "put_s", PyFloat_FromDouble(st.put_s)) < 0 ||
-        dict_set(out, "commit_s", PyFloat_FromDouble(st.commit_s)) < 0 ||
-        dict_set(out, "removed_generations", u64(st.removed_generations)) < 0 ||
-        dict_set(out, "convert_s", PyFloat_FromDouble(st.convert_s)) < 0 ||
-        dict_set(out, "store_s", PyFloat_FromDouble(st.store_s)) < 0 ||
-        dict_set(out, "barrier_s", PyFloat_FromDouble(st.barrier_s)) < 0 ||
-        dict_set(out, "local_bytes", u64(st.local_bytes)) < 0)
+    if (!out || fp_publish_stats_put(out, gen, &st, true) < 0)
         Py_CLEAR(out);
 done:
     for (size_t i = 0; i < held; i++)
@@ -625,7 +597,7 @@ static PyObject *w_update_direct(PyObject *self, PyObject *args)
     if (rc < 0)
         return fp_raise_err_class(rc, &err);
     st.generation = g;
-    return update_stats_dict(&st);
+    return FP_FIELDS_DICT(&st, update_fields);
 }
 
 typedef struct {
@@ -686,7 +658,7 @@ static PyObject *w_update_compat(PyObject *self, PyObject *args)
     if (rc < 0)
         return fp_raise_err_class(rc, &err);
     st.generation = g;
-    return update_stats_dict(&st);
+    return FP_FIELDS_DICT(&st, update_fields);
 }
 
 /* ---- WeightSubscriber ------------------------------------------------------------------ */
@@ -795,74 +767,32 @@ static PyObject *sub_update(SubObject *self, PyObject *unused)
         return fp_raise_err_class(rc, &err);
     self->generation = g;
     st.generation = g;
-    PyObject *d = update_stats_dict(&st);
-    if (d && dict_set(d, "nodes", nodes_list(self->sub)) < 0)
+    PyObject *d = FP_FIELDS_DICT(&st, update_fields);
+    if (d && fp_dict_set(d, "nodes", nodes_list(self->sub)) < 0)
         Py_CLEAR(d);
     return d;
 }
 
-static PyObject *sub_close(SubObject *self, PyObject *unused)
-{
-    (void)unused;
-    if (self->inflight)
-        return fp_raise_class(FERRY_EBUSY, "close: an update is still running on this subscriber");
-    sub_close_now(self);
-    Py_CLEAR(self->store);
-    Py_RETURN_NONE;
-}
-
-static PyObject *sub_exit(SubObject *self, PyObject *args)
-{
-    (void)args;
-    return fp_exit_result(sub_close(self, NULL));
-}
-
-static void sub_dealloc(SubObject *self)
-{
-    sub_close_now(self);
-    Py_CLEAR(self->store);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-static PyObject *sub_get_generation(SubObject *self, void *closure)
-{
-    (void)closure;
-    return PyLong_FromUnsignedLongLong(self->generation);
-}
-
-static PyObject *sub_get_closed(SubObject *self, void *closure)
-{
-    (void)closure;
-    return PyBool_FromLong(self->sub == NULL);
-}
+FP_STORE_HOLDER_CLOSE(sub, SubObject, sub, "close: an update is still running on this subscriber")
 
 static PyMethodDef sub_methods[] = {
     {"update", (PyCFunction)sub_update, METH_NOARGS,
      "update() -> stats: take the active generation with the whole group (every member calls it)"},
-    {"close", (PyCFunction)sub_close, METH_NOARGS, "close(): deregister the parameters and release the arrays"},
-    {"__enter__", fp_enter, METH_NOARGS, NULL},
-    {"__exit__", (PyCFunction)sub_exit, METH_VARARGS, NULL},
+    FP_CLOSE_METHODS(sub, "close(): deregister the parameters and release the arrays"),
     {NULL, NULL, 0, NULL},
 };
 
 static PyGetSetDef sub_getset[] = {
-    {"generation", (getter)sub_get_generation, NULL, "the generation the parameters hold (0: none yet)", NULL},
-    {"closed", (getter)sub_get_closed, NULL, "whether close() ran", NULL},
+    {"generation", fp_get_u64, NULL, "the generation the parameters hold (0: none yet)",
+     FP_OFFSET(SubObject, generation)},
+    FP_CLOSED_GETTER(sub, "whether close() ran"),
     {NULL, NULL, NULL, NULL, NULL},
 };
 
 static PyTypeObject SubType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ferry.WeightSubscriber",
-    .tp_basicsize = sizeof(SubObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = "WeightSubscriber(store, model, group, rank, world, shards, timeout_ms=60000, node=0, batch_bytes=0, "
-              "local_segment=0): single-pull "
-              "updates of a rollout group's parameters (see ferry.weights)",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)sub_init,
-    .tp_dealloc = (destructor)sub_dealloc,
-    .tp_methods = sub_methods,
-    .tp_getset = sub_getset,
+    FP_CLASS(sub, SubObject, "ferry.WeightSubscriber", Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+             "WeightSubscriber(store, model, group, rank, world, shards, timeout_ms=60000, node=0, batch_bytes=0, "
+             "local_segment=0): single-pull updates of a rollout group's parameters (see ferry.weights)"),
 };
 
 /* ---- CompatGroup ------------------------------------------------------------------------ */
@@ -929,38 +859,14 @@ static int cg_init(CompatObject *self, PyObject *args, PyObject *kw)
     return 0;
 }
 
-static PyObject *compat_stats_dict(const ferry_compat_stats *st)
-{
-    PyObject *d = PyDict_New();
-    if (!d || dict_set(d, "generation", u64(st->generation)) < 0 || dict_set(d, "tensors", u64(st->tensors)) < 0 ||
-        dict_set(d, "bytes", u64(st->bytes)) < 0 || dict_set(d, "tensors_led", u64(st->tensors_led)) < 0 ||
-        dict_set(d, "bytes_read", u64(st->bytes_read)) < 0 ||
-        dict_set(d, "bytes_sent_cross", u64(st->bytes_sent_cross)) < 0 ||
-        dict_set(d, "bytes_sent_intra", u64(st->bytes_sent_intra)) < 0 ||
-        dict_set(d, "bytes_received", u64(st->bytes_received)) < 0 ||
-        dict_set(d, "batches", PyLong_FromUnsignedLong(st->batches)) < 0 ||
-        dict_set(d, "imported", PyLong_FromUnsignedLong(st->imported)) < 0 ||
-        dict_set(d, "group_bytes_read", u64(st->group_bytes_read)) < 0 ||
-        dict_set(d, "group_cross_bytes", u64(st->group_cross_bytes)) < 0 ||
-        dict_set(d, "group_intra_bytes", u64(st->group_intra_bytes)) < 0 ||
-        dict_set(d, "nodes", PyLong_FromUnsignedLong(st->nodes)) < 0 ||
-        dict_set(d, "staging_slots", PyLong_FromUnsignedLong(st->staging_slots)) < 0 ||
-        dict_set(d, "pipelined_batches", PyLong_FromUnsignedLong(st->pipelined_batches)) < 0 ||
-        dict_set(d, "prepare_s", PyFloat_FromDouble(st->prepare_s)) < 0 ||
-        dict_set(d, "exchange_s", PyFloat_FromDouble(st->exchange_s)) < 0 ||
-        dict_set(d, "plan_s", PyFloat_FromDouble(st->plan_s)) < 0 ||
-        dict_set(d, "read_s", PyFloat_FromDouble(st->read_s)) < 0 ||
-        dict_set(d, "wait_s", PyFloat_FromDouble(st->wait_s)) < 0 ||
-        dict_set(d, "verify_s", PyFloat_FromDouble(st->verify_s)) < 0 ||
-        dict_set(d, "load_s", PyFloat_FromDouble(st->load_s)) < 0 ||
-        dict_set(d, "barrier_s", PyFloat_FromDouble(st->barrier_s)) < 0 ||
-        dict_set(d, "apply_s", PyFloat_FromDouble(st->apply_s)) < 0 ||
-        dict_set(d, "total_s", PyFloat_FromDouble(st->total_s)) < 0) {
-        Py_XDECREF(d);
-        return NULL;
-    }
-    return d;
-}
+#define F(m) FP_FIELD(ferry_compat_stats, m)
+static const fp_field compat_fields[] = {
+    F(generation), F(tensors), F(bytes), F(tensors_led), F(bytes_read), F(bytes_sent_cross), F(bytes_sent_intra),
+    F(bytes_received), F(batches), F(imported), F(group_bytes_read), F(group_cross_bytes), F(group_intra_bytes),
+    F(nodes), F(staging_slots), F(pipelined_batches), F(prepare_s), F(exchange_s), F(plan_s), F(read_s),
+    F(wait_s), F(verify_s), F(load_s), F(barrier_s), F(apply_s), F(total_s),
+};
+#undef F
 
 /* update(fn) -> stats dict; fn(entry dict, bytearray of the tensor) for every
  * tensor in manifest order. An exception from fn stops the update on every
@@ -997,71 +903,30 @@ static PyObject *cg_update(CompatObject *self, PyObject *args)
         return fp_raise_err_class(rc, &err);
     self->generation = g;
     st.generation = g;
-    return compat_stats_dict(&st);
+    return FP_FIELDS_DICT(&st, compat_fields);
 }
 
-static PyObject *cg_close(CompatObject *self, PyObject *unused)
-{
-    (void)unused;
-    if (self->inflight)
-        return fp_raise_class(FERRY_EBUSY, "close: an update is still running on this compat group");
-    cg_close_now(self);
-    Py_CLEAR(self->store);
-    Py_RETURN_NONE;
-}
-
-static PyObject *cg_exit(CompatObject *self, PyObject *args)
-{
-    (void)args;
-    return fp_exit_result(cg_close(self, NULL));
-}
-
-static void cg_dealloc(CompatObject *self)
-{
-    cg_close_now(self);
-    Py_CLEAR(self->store);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-static PyObject *cg_get_generation(CompatObject *self, void *closure)
-{
-    (void)closure;
-    return PyLong_FromUnsignedLongLong(self->generation);
-}
-
-static PyObject *cg_get_closed(CompatObject *self, void *closure)
-{
-    (void)closure;
-    return PyBool_FromLong(self->g == NULL);
-}
+FP_STORE_HOLDER_CLOSE(cg, CompatObject, g, "close: an update is still running on this compat group")
 
 static PyMethodDef cg_methods[] = {
     {"update", (PyCFunction)cg_update, METH_VARARGS,
      "update(fn) -> stats: take the active generation with the whole group (every member calls it); "
      "fn(entry, bytearray) per tensor"},
-    {"close", (PyCFunction)cg_close, METH_NOARGS, "close(): deregister and free the staging buffer"},
-    {"__enter__", fp_enter, METH_NOARGS, NULL},
-    {"__exit__", (PyCFunction)cg_exit, METH_VARARGS, NULL},
+    FP_CLOSE_METHODS(cg, "close(): deregister and free the staging buffer"),
     {NULL, NULL, 0, NULL},
 };
 
 static PyGetSetDef cg_getset[] = {
-    {"generation", (getter)cg_get_generation, NULL, "the generation last loaded (0: none yet)", NULL},
-    {"closed", (getter)cg_get_closed, NULL, "whether close() ran", NULL},
+    {"generation", fp_get_u64, NULL, "the generation last loaded (0: none yet)",
+     FP_OFFSET(CompatObject, generation)},
+    FP_CLOSED_GETTER(cg, "whether close() ran"),
     {NULL, NULL, NULL, NULL, NULL},
 };
 
 static PyTypeObject CompatType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ferry._CompatGroup",
-    .tp_basicsize = sizeof(CompatObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = "_CompatGroup(store, model, group, rank, world, node=0, staging_bytes=0, timeout_ms=0, local_segment=0): the "
-              "compatibility-mode group update (see ferry.CompatGroup)",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)cg_init,
-    .tp_dealloc = (destructor)cg_dealloc,
-    .tp_methods = cg_methods,
-    .tp_getset = cg_getset,
+    FP_CLASS(cg, CompatObject, "ferry._CompatGroup", Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+             "_CompatGroup(store, model, group, rank, world, node=0, staging_bytes=0, timeout_ms=0, "
+             "local_segment=0): the compatibility-mode group update (see ferry.CompatGroup)"),
 };
 
 /* ---- module ------------------------------------------------------------------------------- */
