@@ -135,6 +135,14 @@ PyObject *fp_get_u64(PyObject *self, void *closure);
         return PyBool_FromLong(self->handle == NULL);                                                                  \
     }
 
+/* For an object over a C handle: 0 when handle is set and, with busy_msg,
+ * no call is in flight; else -1 with ValueError("the <what> is closed") or
+ * BusyError(busy_msg). */
+int fp_check_open(const void *handle, int inflight, const char *what, const char *busy_msg);
+/* For __init__: 0, or -1 with ValueError("the <what> is already open")
+ * when open. */
+int fp_check_unopened(int open, const char *what);
+
 /* Run stmt without the GIL with the ferry.Store so marked busy
  * (fp_store_busy) meanwhile. */
 #define FP_STORE_CALL(store, stmt)                                                                                     \

@@ -492,10 +492,8 @@ static int pw_init(WatchObject *self, PyObject *args, PyObject *kw)
     const char *model;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "Os:PolicyWatch", kwl, &so, &model))
         return -1;
-    if (self->w || self->store) {
-        PyErr_SetString(PyExc_ValueError, "the watch is already open");
+    if (fp_check_unopened(self->w || self->store, "watch") < 0)
         return -1;
-    }
     ferry_store *s = fp_store_handle(so);
     if (!s)
         return -1;
@@ -522,12 +520,8 @@ static PyObject *pw_next(WatchObject *self, PyObject *args, PyObject *kw)
     long timeout = -1;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "|l:next", kwl, &timeout))
         return NULL;
-    if (!self->w) {
-        PyErr_SetString(PyExc_ValueError, "the watch is closed");
+    if (fp_check_open(self->w, self->inflight, "watch", "another thread is waiting on this policy watch") < 0)
         return NULL;
-    }
-    if (self->inflight)
-        return sp_raise(FERRY_EBUSY, "another thread is waiting on this policy watch");
     ferry_policy_version pv;
     ferry_error err = {0};
     int rc;
@@ -687,10 +681,8 @@ static int sq_init(QueueObject *self, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTupleAndKeywords(args, kw, "Os|KpKKIsKs:SampleQueue", kwl, &so, &queue, &bound, &fail,
                                      &push_timeout, &input, &lag, &policy, &lease, &consumer))
         return -1;
-    if (self->q || self->store) {
-        PyErr_SetString(PyExc_ValueError, "the queue is already open");
+    if (fp_check_unopened(self->q || self->store, "queue") < 0)
         return -1;
-    }
     ferry_store *s = fp_store_handle(so);
     if (!s)
         return -1;
@@ -731,15 +723,8 @@ static int sq_init(QueueObject *self, PyObject *args, PyObject *kw)
 /* The queue, open and idle; NULL with an error set. */
 static ferry_sample_queue *sq_ready(QueueObject *self)
 {
-    if (!self->q) {
-        PyErr_SetString(PyExc_ValueError, "the sample queue is closed");
-        return NULL;
-    }
-    if (self->inflight) {
-        sp_raise(FERRY_EBUSY, "another thread is using this sample queue (open one per thread)");
-        return NULL;
-    }
-    return self->q;
+    const char *busy = "another thread is using this sample queue (open one per thread)";
+    return fp_check_open(self->q, self->inflight, "sample queue", busy) < 0 ? NULL : self->q;
 }
 
 #define SQ_CALL(self, stmt)                                                                                            \
@@ -1009,10 +994,8 @@ static PyObject *sq_set_version(QueueObject *self, PyObject *arg)
 static PyObject *sq_stats(QueueObject *self, PyObject *unused)
 {
     (void)unused;
-    if (!self->q) {
-        PyErr_SetString(PyExc_ValueError, "the sample queue is closed");
+    if (fp_check_open(self->q, 0, "sample queue", NULL) < 0)
         return NULL;
-    }
     ferry_sample_stats st;
     ferry_sample_queue_stats(self->q, &st);
 #define F(m) FP_FIELD(ferry_sample_stats, m)

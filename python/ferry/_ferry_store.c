@@ -1348,10 +1348,8 @@ static void watch_dealloc(WatchObject *self)
 /* The next event as (rev, key, value or None), Py_None on timeout, NULL on error. */
 static PyObject *watch_wait(WatchObject *self, long timeout_ms)
 {
-    if (!self->w) {
-        PyErr_SetString(PyExc_ValueError, "the watch is closed");
+    if (fp_check_open(self->w, 0, "watch", NULL) < 0)
         return NULL;
-    }
     ferry_kv_event ev;
     int rc;
     for (;;) {

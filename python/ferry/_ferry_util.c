@@ -118,6 +118,28 @@ int fp_add_type(PyObject *m, const char *name, PyTypeObject *t)
     return PyType_Ready(t) < 0 || PyModule_AddObjectRef(m, name, (PyObject *)t) < 0 ? -1 : 0;
 }
 
+int fp_check_open(const void *handle, int inflight, const char *what, const char *busy_msg)
+{
+    if (!handle) {
+        PyErr_Format(PyExc_ValueError, "the %s is closed", what);
+        return -1;
+    }
+    if (busy_msg && inflight) {
+        fp_raise_class(FERRY_EBUSY, busy_msg);
+        return -1;
+    }
+    return 0;
+}
+
+int fp_check_unopened(int open, const char *what)
+{
+    if (open) {
+        PyErr_Format(PyExc_ValueError, "the %s is already open", what);
+        return -1;
+    }
+    return 0;
+}
+
 int fp_dict_set(PyObject *d, const char *k, PyObject *v)
 {
     if (!v)

@@ -696,10 +696,8 @@ static int sub_init(SubObject *self, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OssIIO|KIKK:WeightSubscriber", kwl, &so, &model, &group, &rank,
                                      &world, &sho, &timeout, &node, &batch, &segment))
         return -1;
-    if (self->sub || self->store) {
-        PyErr_SetString(PyExc_ValueError, "the subscriber is already open");
+    if (fp_check_unopened(self->sub || self->store, "subscriber") < 0)
         return -1;
-    }
     ferry_store *s = fp_store_handle(so);
     if (!s)
         return -1;
@@ -734,15 +732,8 @@ static int sub_init(SubObject *self, PyObject *args, PyObject *kw)
 
 static SubObject *sub_open(SubObject *self)
 {
-    if (!self->sub) {
-        PyErr_SetString(PyExc_ValueError, "the subscriber is closed");
-        return NULL;
-    }
-    if (self->inflight) {
-        fp_raise_class(FERRY_EBUSY, "an update is already running on this subscriber");
-        return NULL;
-    }
-    return self;
+    const char *busy = "an update is already running on this subscriber";
+    return fp_check_open(self->sub, self->inflight, "subscriber", busy) < 0 ? NULL : self;
 }
 
 static PyObject *sub_update(SubObject *self, PyObject *unused)
@@ -827,10 +818,8 @@ static int cg_init(CompatObject *self, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OssII|IKKK:CompatGroup", kwl, &so, &model, &group, &rank, &world,
                                      &node, &staging, &timeout, &segment))
         return -1;
-    if (self->g || self->store) {
-        PyErr_SetString(PyExc_ValueError, "the compat group is already open");
+    if (fp_check_unopened(self->g || self->store, "compat group") < 0)
         return -1;
-    }
     ferry_store *s = fp_store_handle(so);
     if (!s)
         return -1;
@@ -878,12 +867,9 @@ static PyObject *cg_update(CompatObject *self, PyObject *args)
         return NULL;
     if (!PyCallable_Check(fn))
         return PyErr_Format(PyExc_TypeError, "fn must be callable");
-    if (!self->g) {
-        PyErr_SetString(PyExc_ValueError, "the compat group is closed");
+    const char *busy = "an update is already running on this compat group";
+    if (fp_check_open(self->g, self->inflight, "compat group", busy) < 0)
         return NULL;
-    }
-    if (self->inflight)
-        return fp_raise_class(FERRY_EBUSY, "an update is already running on this compat group");
     compat_ctx c = {.fn = fn};
     ferry_compat_stats st;
     memset(&st, 0, sizeof st);
