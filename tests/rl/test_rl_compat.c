@@ -24,7 +24,7 @@
 
 #include <cmocka.h>
 
-#include "util/ftstore.h"
+#include "util/ftgroup.h"
 #include "ferry/weights_compat.h"
 
 #define NT 9
@@ -41,11 +41,8 @@ static uint16_t bits(uint64_t g, size_t t, uint64_t i)
     return (uint16_t)(0x3c00u | ((g * 40503u + t * 977u + i * 31u) & 0x3ffu));
 }
 
-static void names_of(char names[NT][32])
-{
-    for (size_t k = 0; k < NT; k++)
-        snprintf(names[k], 32, "model.%zu.weight", k);
-}
+static const ftg_model model = { .name = MODEL, .prefix = "model", .nt = NT, .shapes = shapes,
+                                  .bits = bits };
 
 /* ---- a rollout process ------------------------------------------------------------------ */
 
@@ -59,7 +56,7 @@ static int load(void *ctx, const ferry_weight_entry *e, const void *data)
 {
     check *c = ctx;
     char names[NT][32];
-    names_of(names);
+    ftg_names(&model, names);
     size_t k = c->seen++;
     if (k >= NT || strcmp(e->name, names[k]) != 0 || e->bytes != shapes[k][0] * shapes[k][1] * 2) {
         c->bad++;
@@ -71,104 +68,95 @@ static int load(void *ctx, const ferry_weight_entry *e, const void *data)
     return 0;
 }
 
+typedef struct rollout {
+    ferry_store *s;
+    ferry_compat_group *g;
+    uint64_t gen;
+} rollout;
+
+static void rollout_update(void *ctx, uint64_t want)
+{
+    rollout *w = ctx;
+    check c = { .gen = want };
+    ferry_compat_stats st;
+    ferry_error err = {0};
+    size_t regions = ferry_engine_region_count(ferry_store_engine(w->s));
+    int rc = ferry_compat_group_update(w->g, &w->gen, load, &c, &st, &err);
+    size_t regions_after = ferry_engine_region_count(ferry_store_engine(w->s));
+    if (rc == 0 && w->gen == want)
+        printf("OK %llu %llu %llu %llu %llu %llu %llu %llu %u %u %u %zu %llu %zu %zu %u %u"
+               " | prepare %.4f exchange %.4f plan %.4f read %.4f wait %.4f verify %.4f"
+               " load %.4f barrier %.4f apply %.4f total %.4f\n",
+               (unsigned long long)st.bytes_read, (unsigned long long)st.bytes_sent_cross,
+               (unsigned long long)st.bytes_sent_intra, (unsigned long long)st.bytes_received,
+               (unsigned long long)st.group_bytes_read, (unsigned long long)st.group_cross_bytes,
+               (unsigned long long)st.group_intra_bytes, (unsigned long long)st.bytes,
+               st.nodes, st.batches, st.imported, c.seen, (unsigned long long)c.bad, regions,
+               regions_after, st.staging_slots, st.pipelined_batches, st.prepare_s, st.exchange_s, st.plan_s, st.read_s, st.wait_s,
+               st.verify_s, st.load_s, st.barrier_s, st.apply_s, st.total_s);
+    else
+        printf("ERR %d %llu %zu %s\n", rc, (unsigned long long)w->gen, c.seen, err.msg);
+}
+
 static int rollout_main(const char *addr, const char *group, uint32_t rank, uint32_t world,
                         uint64_t staging, uint64_t timeout_ms, uint64_t segment)
 {
-    ferry_store_config cfg;
-    ferry_store_config_init(&cfg);
-    snprintf(cfg.master, sizeof cfg.master, "%s", addr);
-    cfg.lease_ms = 1;
-    ferry_store *s = NULL;
-    if (ferry_store_open(&cfg, &s) < 0) {
-        printf("ERR open %s\n", ferry_store_last_error());
+    rollout w = {0};
+    if (ftg_worker_store(addr, &w.s) < 0)
         return 1;
-    }
     /* world 4: nodes 7, 7, 9, 9; world 2: nodes 7, 9 */
     ferry_compat_config cc = { .model = MODEL, .rank = rank, .world = world,
                                .node = node_of[world == WORLD ? rank : rank * 2],
                                .staging_bytes = staging, .timeout_ms = timeout_ms,
                                .local_segment = segment };
     snprintf(cc.group, sizeof cc.group, "%s", group);
-    ferry_compat_group *g = NULL;
     ferry_error err = {0};
-    if (ferry_compat_group_open(s, &cc, &g, &err) < 0) {
+    if (ferry_compat_group_open(w.s, &cc, &w.g, &err) < 0) {
         printf("ERR %s\n", err.msg);
         return 1;
     }
-    printf("READY\n");
-    fflush(stdout);
-    uint64_t gen = 0;
-    char line[128];
-    while (fgets(line, sizeof line, stdin)) {
-        unsigned long long want;
-        if (sscanf(line, "update %llu", &want) != 1)
-            break;
-        check c = { .gen = want };
-        ferry_compat_stats st;
-        size_t regions = ferry_engine_region_count(ferry_store_engine(s));
-        int rc = ferry_compat_group_update(g, &gen, load, &c, &st, &err);
-        size_t regions_after = ferry_engine_region_count(ferry_store_engine(s));
-        if (rc == 0 && gen == want)
-            printf("OK %llu %llu %llu %llu %llu %llu %llu %llu %u %u %u %zu %llu %zu %zu %u %u"
-                   " | prepare %.4f exchange %.4f plan %.4f read %.4f wait %.4f verify %.4f"
-                   " load %.4f barrier %.4f apply %.4f total %.4f\n",
-                   (unsigned long long)st.bytes_read, (unsigned long long)st.bytes_sent_cross,
-                   (unsigned long long)st.bytes_sent_intra, (unsigned long long)st.bytes_received,
-                   (unsigned long long)st.group_bytes_read, (unsigned long long)st.group_cross_bytes,
-                   (unsigned long long)st.group_intra_bytes, (unsigned long long)st.bytes,
-                   st.nodes, st.batches, st.imported, c.seen, (unsigned long long)c.bad, regions,
-                   regions_after, st.staging_slots, st.pipelined_batches, st.prepare_s, st.exchange_s, st.plan_s, st.read_s, st.wait_s,
-                   st.verify_s, st.load_s, st.barrier_s, st.apply_s, st.total_s);
-        else
-            printf("ERR %d %llu %zu %s\n", rc, (unsigned long long)gen, c.seen, err.msg);
-        fflush(stdout);
-    }
-    ferry_compat_group_close(g);
-    ferry_store_close(s);
+    ftg_worker_serve(rollout_update, &w);
+    ferry_compat_group_close(w.g);
+    ferry_store_close(w.s);
     return 0;
 }
 
 /* ---- the test ------------------------------------------------------------------------------ */
 
-static uint64_t publish(ferry_store *s, uint64_t g)
+/* The arguments of rollout_main but the rank. */
+typedef struct rollout_opts {
+    const char *addr, *group, *world;
+    const char *staging, *staging0;   /* staging bytes; rank 0's (NULL: the same) */
+    const char *timeout_ms;
+    uint64_t seg7;   /* the segment node 7's workers name as theirs (0: none named) */
+} rollout_opts;
+
+static void rollout_args(const void *ctx, int rank, ftg_args *a)
 {
-    char names[NT][32];
-    names_of(names);
-    ferry_weight_tensor t[NT];
-    uint64_t total = 0;
-    for (size_t k = 0; k < NT; k++) {
-        uint64_t n = shapes[k][0] * shapes[k][1];
-        uint16_t *d = malloc(n * 2);
-        for (uint64_t i = 0; i < n; i++)
-            d[i] = bits(g, k, i);
-        t[k] = (ferry_weight_tensor){ .name = names[k], .dtype = "bf16", .ndim = 2,
-                                      .shape = { shapes[k][0], shapes[k][1] }, .data = d };
-        total += n * 2;
-    }
-    uint32_t node0 = 0;
-    ferry_publisher_config pc = { .model = MODEL, .rank = 0, .world = 1, .rank_node = &node0,
-                                  .keep = 2, .timeout_ms = 10000 };
-    ferry_error err = {0};
-    assert_int_equal(ferry_publish(s, &pc, g, t, NT, NULL, &err), 0);
-    for (size_t k = 0; k < NT; k++)
-        free((void *)t[k].data);
-    return total;
+    const rollout_opts *o = ctx;
+    snprintf(a->buf[0], sizeof a->buf[0], "%d", rank);
+    snprintf(a->buf[1], sizeof a->buf[1], "%llu",
+             node_of[rank] == 7 ? (unsigned long long)o->seg7 : 0ull);
+    const char *v[] = { "--rollout", o->addr, o->group, a->buf[0], o->world,
+                        rank == 0 && o->staging0 ? o->staging0 : o->staging, o->timeout_ms,
+                        o->seg7 ? a->buf[1] : NULL, NULL };
+    memcpy(a->argv, v, sizeof v);
 }
 
 /* Per worker, the store reads and cross-node WRITEs of the last update_ok. */
 static uint64_t last_read[WORLD], last_cross[WORLD];
 
 /* Every worker takes generation g; sums its counters. */
-static void update_ok(ft_peer *r, uint64_t g, uint64_t published, unsigned want_imported,
+static void update_ok(ftg_env *e, uint64_t g, uint64_t published, unsigned want_imported,
                       unsigned want_slots)
 {
-    for (int k = 0; k < WORLD; k++)
-        assert_int_equal(ft_peer_send(&r[k], "update %llu", (unsigned long long)g), 0);
+    assert_int_equal(ftg_send(e, "update %llu", (unsigned long long)g), 0);
+    ftg_collect(e, 60000, -1);
     uint64_t read = 0, cross = 0, intra = 0, received = 0;
     unsigned batches = 0;
     for (int k = 0; k < WORLD; k++) {
-        char line[1024];
-        if (ft_peer_reply(&r[k], line, sizeof line, 60000) != 0)
+        const char *line = e->line[k];
+        if (e->rc[k] != 0)
             fail_msg("worker %d: %s", k, line);
         unsigned long long a, b, c2, d, gr, gc, gi, bytes, bad;
         unsigned nodes, nb, imported, slots, pipelined;
@@ -224,15 +212,15 @@ static void update_ok(ft_peer *r, uint64_t g, uint64_t published, unsigned want_
 
 /* Every worker fails generation g with code `want` (or, want 0, any
  * error) within the deadline; returns how many named `needle`. */
-static int update_fails(ft_peer *r, uint64_t g, int want, uint64_t stays, const char *needle,
+static int update_fails(ftg_env *e, uint64_t g, int want, uint64_t stays, const char *needle,
                         size_t max_seen)
 {
-    for (int k = 0; k < WORLD; k++)
-        assert_int_equal(ft_peer_send(&r[k], "update %llu", (unsigned long long)g), 0);
+    assert_int_equal(ftg_send(e, "update %llu", (unsigned long long)g), 0);
+    ftg_collect(e, 60000, -1);
     int named = 0;
     for (int k = 0; k < WORLD; k++) {
-        char line[1024];
-        assert_int_not_equal(ft_peer_reply(&r[k], line, sizeof line, 60000), 0);
+        const char *line = e->line[k];
+        assert_int_not_equal(e->rc[k], 0);
         fprintf(stderr, "generation %llu, worker %d: %s\n", (unsigned long long)g, k, line);
         int code;
         unsigned long long gen;
@@ -250,39 +238,24 @@ static int update_fails(ft_peer *r, uint64_t g, int want, uint64_t stays, const 
 
 static void test_compat_group(void **state)
 {
-    (void)state;
-    ft_cluster c;
-    memset(&c, 0, sizeof c);
-    assert_int_equal(ft_master_start(&c, NULL, NULL), 0);
-    assert_int_equal(ft_node_start(&c, 0, 64u << 20, NULL, NULL), 0);
-    ferry_store_config cfg;
-    ft_store_config(&c, &cfg);
-    cfg.lease_ms = 1;
-    ferry_store *s = NULL;
-    assert_int_equal(ferry_store_open(&cfg, &s), 0);
-    ft_peer r[WORLD];
-    for (int k = 0; k < WORLD; k++) {
-        char rk[8];
-        snprintf(rk, sizeof rk, "%d", k);
-        /* 1 MiB of staging: the largest tensor (512 KiB) fits in either half, the
-         * model (2.1 MiB) in neither: five batches, pipelined */
-        const char *args[] = { "--rollout", c.addr, "rollout", rk, "4", "1048576", "5000", NULL };
-        assert_int_equal(ft_spawn(&r[k], NULL, args), 0);
-        char line[256];
-        assert_int_equal(ft_read_line(&r[k], line, sizeof line, 20000), 0);
-        assert_string_equal(line, "READY");
-    }
-    uint64_t published = publish(s, 1);
-    update_ok(r, 1, published, WORLD - 1, 2);
-    published = publish(s, 2);
-    update_ok(r, 2, published, 0, 2);               /* registrations reused */
+    ftg_env *e = *state;
+    /* 1 MiB of staging: the largest tensor (512 KiB) fits in either half, the
+     * model (2.1 MiB) in neither: five batches, pipelined */
+    const rollout_opts group = { .addr = e->c.addr, .group = "rollout", .world = "4",
+                                 .staging = "1048576", .timeout_ms = "5000" };
+    assert_int_equal(ftg_start(e, WORLD, rollout_args, &group, -1, NULL), 0);
+    uint64_t published = 0;
+    assert_int_equal(ftg_publish(e->s, &model, 1, &published), 0);
+    update_ok(e, 1, published, WORLD - 1, 2);
+    assert_int_equal(ftg_publish(e->s, &model, 2, &published), 0);
+    update_ok(e, 2, published, 0, 2);               /* registrations reused */
 
     /* The naive compatibility path, measured: each worker reads everything. */
     check c0 = { .gen = 2 };
     ferry_update_stats nst;
     uint64_t g0 = 0;
     ferry_error nerr = {0};
-    assert_int_equal(ferry_weights_update_compat(s, MODEL, &g0, load, &c0, &nst, &nerr), 0);
+    assert_int_equal(ferry_weights_update_compat(e->s, MODEL, &g0, load, &c0, &nst, &nerr), 0);
     assert_int_equal(c0.bad, 0);
     assert_int_equal(nst.bytes_read, published);
     fprintf(stderr, "naive compat: one worker reads %llu bytes from the store; a group of %d "
@@ -290,36 +263,48 @@ static void test_compat_group(void **state)
             (unsigned long long)nst.bytes_read * WORLD, (double)WORLD);
 
     char names[NT][32];
-    names_of(names);
+    ftg_names(&model, names);
     /* An object gone before the update: prepare fails on every worker,
      * nothing is loaded, everyone stays on generation 2. */
-    (void)publish(s, 3);
+    assert_int_equal(ftg_publish(e->s, &model, 3, NULL), 0);
     char key[256];
     assert_true(ferry_weights_key(MODEL, 3, names[6], key, sizeof key) > 0);
-    assert_int_equal(ferry_store_remove(s, key), 0);
-    assert_int_equal(update_fails(r, 3, 0, 2, names[6], 0), WORLD);
+    assert_int_equal(ferry_store_remove(e->s, key), 0);
+    assert_int_equal(update_fails(e, 3, 0, 2, names[6], 0), WORLD);
 
     /* An object whose bytes no longer match the manifest: prepare passes,
      * its leader's read fails the checksum during apply, every worker
      * returns FERRY_EREBUILD, and none waits for the tensor forever. */
-    (void)publish(s, 4);
+    assert_int_equal(ftg_publish(e->s, &model, 4, NULL), 0);
     assert_true(ferry_weights_key(MODEL, 4, names[6], key, sizeof key) > 0);
-    assert_int_equal(ferry_store_remove(s, key), 0);
+    assert_int_equal(ferry_store_remove(e->s, key), 0);
     size_t len = shapes[6][0] * shapes[6][1] * 2;
     uint8_t *junk = calloc(1, len);
-    assert_int_equal(ferry_store_put(s, key, junk, len, NULL, NULL), 0);
+    assert_int_equal(ferry_store_put(e->s, key, junk, len, NULL, NULL), 0);
     free(junk);
-    int named = update_fails(r, 4, FERRY_EREBUILD, 2, "checksum", 6);
+    int named = update_fails(e, 4, FERRY_EREBUILD, 2, "checksum", 6);
     assert_int_equal(named, WORLD);   /* the leader's reason reaches everyone */
 
     /* and the group recovers with the next generation */
-    published = publish(s, 5);
-    update_ok(r, 5, published, 0, 2);
+    assert_int_equal(ftg_publish(e->s, &model, 5, &published), 0);
+    update_ok(e, 5, published, 0, 2);
+}
 
-    for (int k = 0; k < WORLD; k++)
-        ft_peer_stop(&r[k]);
-    ferry_store_close(s);
-    ft_cluster_stop(&c);
+/* A group of two on two nodes started with o (worker fault_rank with
+ * FERRY_FAULT=fault) refuses generation 1 on both workers, each reply
+ * starting with `want`. */
+static void pair_refuses(ftg_env *e, const rollout_opts *o, int fault_rank, const char *fault,
+                         const char *what, const char *want)
+{
+    assert_int_equal(ftg_start(e, 2, rollout_args, o, fault_rank, fault), 0);
+    assert_int_equal(ftg_publish(e->s, &model, 1, NULL), 0);
+    assert_int_equal(ftg_send(e, "update 1"), 0);
+    ftg_collect(e, 30000, -1);
+    for (int k = 0; k < 2; k++) {
+        assert_int_not_equal(e->rc[k], 0);
+        fprintf(stderr, "%s, worker %d: %s\n", what, k, e->line[k]);
+        assert_true(strncmp(e->line[k], want, strlen(want)) == 0);
+    }
 }
 
 /* A worker whose engine fails every post (FERRY_FAULT=post_fail_after=0:
@@ -328,86 +313,24 @@ static void test_compat_group(void **state)
  * after the group timeout; both return FERRY_EREBUILD, neither hangs. */
 static void test_compat_silent_leader(void **state)
 {
-    (void)state;
-    ft_cluster c;
-    memset(&c, 0, sizeof c);
-    assert_int_equal(ft_master_start(&c, NULL, NULL), 0);
-    assert_int_equal(ft_node_start(&c, 0, 64u << 20, NULL, NULL), 0);
-    ferry_store_config cfg;
-    ft_store_config(&c, &cfg);
-    cfg.lease_ms = 1;
-    ferry_store *s = NULL;
-    assert_int_equal(ferry_store_open(&cfg, &s), 0);
-    ft_peer f[2];
-    for (int k = 0; k < 2; k++) {
-        char rk[8];
-        snprintf(rk, sizeof rk, "%d", k);
-        if (k == 1)
-            setenv("FERRY_FAULT", "post_fail_after=0", 1);
-        const char *args[] = { "--rollout", c.addr, "faulty", rk, "2", "1048576", "1500", NULL };
-        assert_int_equal(ft_spawn(&f[k], NULL, args), 0);
-        unsetenv("FERRY_FAULT");
-        char line[256];
-        assert_int_equal(ft_read_line(&f[k], line, sizeof line, 20000), 0);
-        assert_string_equal(line, "READY");
-    }
-    (void)publish(s, 1);
-    for (int k = 0; k < 2; k++)
-        assert_int_equal(ft_peer_send(&f[k], "update 1"), 0);
-    for (int k = 0; k < 2; k++) {
-        char line[1024];
-        assert_int_not_equal(ft_peer_reply(&f[k], line, sizeof line, 30000), 0);
-        fprintf(stderr, "faulty group, worker %d: %s\n", k, line);
-        char want[32];
-        snprintf(want, sizeof want, "ERR %d 0 ", FERRY_EREBUILD);
-        assert_true(strncmp(line, want, strlen(want)) == 0);
-    }
-    for (int k = 0; k < 2; k++)
-        ft_peer_stop(&f[k]);
-    ferry_store_close(s);
-    ft_cluster_stop(&c);
+    ftg_env *e = *state;
+    const rollout_opts o = { .addr = e->c.addr, .group = "faulty", .world = "2",
+                             .staging = "1048576", .timeout_ms = "1500" };
+    char want[32];
+    snprintf(want, sizeof want, "ERR %d 0 ", FERRY_EREBUILD);
+    pair_refuses(e, &o, 1, "post_fail_after=0", "faulty group", want);
 }
 
 /* A staging buffer smaller than the largest tensor (512 KiB) on one
  * worker of two: both refuse the generation before anything moves. */
 static void test_compat_staging_too_small(void **state)
 {
-    (void)state;
-    ft_cluster c;
-    memset(&c, 0, sizeof c);
-    assert_int_equal(ft_master_start(&c, NULL, NULL), 0);
-    assert_int_equal(ft_node_start(&c, 0, 64u << 20, NULL, NULL), 0);
-    ferry_store_config cfg;
-    ft_store_config(&c, &cfg);
-    cfg.lease_ms = 1;
-    ferry_store *s = NULL;
-    assert_int_equal(ferry_store_open(&cfg, &s), 0);
-    ft_peer f[2];
-    for (int k = 0; k < 2; k++) {
-        char rk[8];
-        snprintf(rk, sizeof rk, "%d", k);
-        const char *args[] = { "--rollout", c.addr, "small", rk, "2", k ? "262144" : "786432",
-                               "5000", NULL };
-        assert_int_equal(ft_spawn(&f[k], NULL, args), 0);
-        char line[256];
-        assert_int_equal(ft_read_line(&f[k], line, sizeof line, 20000), 0);
-        assert_string_equal(line, "READY");
-    }
-    (void)publish(s, 1);
-    for (int k = 0; k < 2; k++)
-        assert_int_equal(ft_peer_send(&f[k], "update 1"), 0);
-    for (int k = 0; k < 2; k++) {
-        char line[1024];
-        assert_int_not_equal(ft_peer_reply(&f[k], line, sizeof line, 30000), 0);
-        fprintf(stderr, "small staging, worker %d: %s\n", k, line);
-        char want[32];
-        snprintf(want, sizeof want, "ERR %d 0 0 worker 1: ", FERRY_EMSGSIZE);
-        assert_true(strncmp(line, want, strlen(want)) == 0);
-    }
-    for (int k = 0; k < 2; k++)
-        ft_peer_stop(&f[k]);
-    ferry_store_close(s);
-    ft_cluster_stop(&c);
+    ftg_env *e = *state;
+    const rollout_opts o = { .addr = e->c.addr, .group = "small", .world = "2",
+                             .staging = "262144", .staging0 = "786432", .timeout_ms = "5000" };
+    char want[32];
+    snprintf(want, sizeof want, "ERR %d 0 0 worker 1: ", FERRY_EMSGSIZE);
+    pair_refuses(e, &o, -1, NULL, "small staging", want);
 }
 
 /* Segment locality: the store's only segment named by the workers of node
@@ -417,36 +340,20 @@ static void test_compat_staging_too_small(void **state)
  * once; every worker still gets every tensor, bit-exact. */
 static void test_compat_segment_local(void **state)
 {
-    (void)state;
-    ft_cluster c;
-    memset(&c, 0, sizeof c);
-    assert_int_equal(ft_master_start(&c, NULL, NULL), 0);
-    assert_int_equal(ft_node_start(&c, 0, 64u << 20, NULL, NULL), 0);
-    ferry_store_config cfg;
-    ft_store_config(&c, &cfg);
-    cfg.lease_ms = 1;
-    ferry_store *s = NULL;
-    assert_int_equal(ferry_store_open(&cfg, &s), 0);
-    uint64_t published = publish(s, 1);
+    ftg_env *e = *state;
+    uint64_t published = 0;
+    assert_int_equal(ftg_publish(e->s, &model, 1, &published), 0);
     ferry_weight_manifest m;
     memset(&m, 0, sizeof m);
-    assert_int_equal(ferry_weights_manifest(s, MODEL, 1, &m, NULL), 0);
+    assert_int_equal(ferry_weights_manifest(e->s, MODEL, 1, &m, NULL), 0);
     uint64_t seg = m.entries[0].segment;
     assert_true(seg != 0);
     ferry_weight_manifest_free(&m);
-    ft_peer r[WORLD];
-    for (int k = 0; k < WORLD; k++) {
-        char rk[8], sg[32];
-        snprintf(rk, sizeof rk, "%d", k);
-        snprintf(sg, sizeof sg, "%llu", node_of[k] == 7 ? (unsigned long long)seg : 0ull);
-        const char *args[] = { "--rollout", c.addr, "seg", rk, "4", "786432", "20000", sg, NULL };
-        assert_int_equal(ft_spawn(&r[k], NULL, args), 0);
-        char line[256];
-        assert_int_equal(ft_read_line(&r[k], line, sizeof line, 20000), 0);
-        assert_string_equal(line, "READY");
-    }
+    const rollout_opts o = { .addr = e->c.addr, .group = "seg", .world = "4",
+                             .staging = "786432", .timeout_ms = "20000", .seg7 = seg };
+    assert_int_equal(ftg_start(e, WORLD, rollout_args, &o, -1, NULL), 0);
     /* 768 KiB of staging: the largest tensor fits, not in half: one batch at a time */
-    update_ok(r, 1, published, WORLD - 1, 1);
+    update_ok(e, 1, published, WORLD - 1, 1);
     fprintf(stderr, "segment on node 7: store reads %llu %llu | %llu %llu, cross-node WRITEs "
             "%llu %llu | %llu %llu\n", (unsigned long long)last_read[0],
             (unsigned long long)last_read[1], (unsigned long long)last_read[2],
@@ -458,10 +365,6 @@ static void test_compat_segment_local(void **state)
     assert_int_equal(last_read[2] + last_read[3], 0);
     assert_int_equal(last_cross[0] + last_cross[1], published); /* node 9 takes it in once */
     assert_int_equal(last_cross[2] + last_cross[3], 0);
-    for (int k = 0; k < WORLD; k++)
-        ft_peer_stop(&r[k]);
-    ferry_store_close(s);
-    ft_cluster_stop(&c);
 }
 
 int main(int argc, char **argv)
@@ -472,10 +375,10 @@ int main(int argc, char **argv)
                             argc == 9 ? strtoull(argv[8], NULL, 10) : 0);
     ft_token();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_compat_group),
-        cmocka_unit_test(test_compat_silent_leader),
-        cmocka_unit_test(test_compat_staging_too_small),
-        cmocka_unit_test(test_compat_segment_local),
+        cmocka_unit_test_setup_teardown(test_compat_group, ftg_setup, ftg_teardown),
+        cmocka_unit_test_setup_teardown(test_compat_silent_leader, ftg_setup, ftg_teardown),
+        cmocka_unit_test_setup_teardown(test_compat_staging_too_small, ftg_setup, ftg_teardown),
+        cmocka_unit_test_setup_teardown(test_compat_segment_local, ftg_setup, ftg_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -16,7 +16,7 @@
 
 #include <cmocka.h>
 
-#include "util/ftstore.h"
+#include "util/ftgroup.h"
 #include "ferry/weights.h"
 
 #define WORLD 4
@@ -62,15 +62,9 @@ static int trainer_main(char **argv)
     uint32_t rank = (uint32_t)atoi(argv[1]);
     uint64_t gen = strtoull(argv[2], NULL, 10);
     bool die = !strcmp(argv[3], "die");
-    ferry_store_config cfg;
-    ferry_store_config_init(&cfg);
-    snprintf(cfg.master, sizeof cfg.master, "%s", addr);
-    cfg.lease_ms = 1;
     ferry_store *s = NULL;
-    if (ferry_store_open(&cfg, &s) < 0) {
-        printf("ERR open %s\n", ferry_store_last_error());
+    if (ftg_worker_store(addr, &s) < 0)
         return 1;
-    }
     char names[NT][32];
     ferry_weight_tensor *t = make_tensors(gen, names);
     static const uint32_t rank_node[WORLD] = {0, 0, 1, 1};
@@ -100,60 +94,35 @@ static int trainer_main(char **argv)
 
 /* ---- the test ------------------------------------------------------------------------ */
 
-typedef struct fixture { ft_cluster c; ferry_store *s; } fixture;
+/* The arguments of trainer_main after the rank. */
+typedef struct round_opts { const char *addr; char gen[32]; int die_rank; } round_opts;
 
-static int setup(void **state)
+static void trainer_args(const void *ctx, int rank, ftg_args *a)
 {
-    fixture *f = calloc(1, sizeof *f);
-    *state = f;
-    static const char *const extra[] = { "--heartbeat-timeout", "2500", NULL };
-    if (ft_master_start(&f->c, NULL, extra) != 0 || ft_node_start(&f->c, 0, 64u << 20, NULL, NULL))
-        return -1;
-    ferry_store_config cfg;
-    ft_store_config(&f->c, &cfg);
-    cfg.lease_ms = 1;   /* reads here must not hold back retention */
-    return ferry_store_open(&cfg, &f->s);
+    const round_opts *o = ctx;
+    snprintf(a->buf[0], sizeof a->buf[0], "%d", rank);
+    const char *v[] = { "--trainer", o->addr, a->buf[0], o->gen, rank == o->die_rank ? "die" : "ok",
+                        NULL };
+    memcpy(a->argv, v, sizeof v);
 }
 
-static int teardown(void **state)
+/* Run one publish round: rank die_rank (-1: none) dies; returns how many
+ * said OK and copies the first error line. */
+static int round_of(ftg_env *f, uint64_t gen, int die_rank, char *first_err, size_t cap)
 {
-    fixture *f = *state;
-    ferry_store_close(f->s);
-    ft_cluster_stop(&f->c);
-    free(f);
-    return 0;
-}
-
-/* Run one publish round: ranks in `die` die; returns how many said OK and
- * copies the first error line. */
-static int round_of(fixture *f, uint64_t gen, int die_rank, char *first_err, size_t cap)
-{
-    ft_peer p[WORLD];
-    char g[32], r[WORLD][8];
-    snprintf(g, sizeof g, "%llu", (unsigned long long)gen);
-    for (int k = 0; k < WORLD; k++) {
-        snprintf(r[k], sizeof r[k], "%d", k);
-        const char *args[] = { "--trainer", f->c.addr, r[k], g, k == die_rank ? "die" : "ok",
-                               NULL };
-        assert_int_equal(ft_spawn(&p[k], NULL, args), 0);
-    }
-    int ok = 0;
+    round_opts o = { .addr = f->c.addr, .die_rank = die_rank };
+    snprintf(o.gen, sizeof o.gen, "%llu", (unsigned long long)gen);
+    assert_int_equal(ftg_spawn(f, WORLD, trainer_args, &o, -1, NULL), 0);
+    int ok = ftg_collect(f, 30000, die_rank);
     first_err[0] = 0;
-    for (int k = 0; k < WORLD; k++) {
-        char line[1024] = "";
-        if (k != die_rank && ft_read_line(&p[k], line, sizeof line, 30000) == 0) {
-            if (!strncmp(line, "OK", 2))
-                ok++;
-            else if (!first_err[0])
-                snprintf(first_err, cap, "%s", line);
-        }
-        ft_peer_wait_exit(&p[k], 10000);
-        ft_proc_kill(&p[k], 9);
-    }
+    for (int k = 0; k < WORLD && !first_err[0]; k++)
+        if (f->rc[k] != 0 && f->line[k][0])
+            snprintf(first_err, cap, "%s", f->line[k]);
+    ftg_stop(f);   /* each has exited or does within 10 s; else SIGKILL */
     return ok;
 }
 
-static void check_generation(fixture *f, uint64_t gen)
+static void check_generation(ftg_env *f, uint64_t gen)
 {
     uint64_t active = 0;
     uint8_t dg[16];
@@ -268,7 +237,7 @@ static void update_worker(ferry_store *s, uint64_t *cur, uint64_t want_gen, int 
     assert_false(cc.bad);
 }
 
-static size_t objects_of(fixture *f, uint64_t gen)
+static size_t objects_of(ftg_env *f, uint64_t gen)
 {
     char prefix[128];
     snprintf(prefix, sizeof prefix, "ferry/w/tiny/%020llu/", (unsigned long long)gen);
@@ -281,7 +250,7 @@ static size_t objects_of(fixture *f, uint64_t gen)
 
 static void test_publish_generations(void **state)
 {
-    fixture *f = *state;
+    ftg_env *f = *state;
     char e[1024];
     assert_int_equal(round_of(f, 1, -1, e, sizeof e), WORLD);
     check_generation(f, 1);
@@ -347,8 +316,11 @@ int main(int argc, char **argv)
     if (argc == 6 && !strcmp(argv[1], "--trainer"))
         return trainer_main(argv + 2);
     ft_token();
+    /* the node's death below is noticed in 2.5 s */
+    static const char *const master_hb[] = { "--heartbeat-timeout", "2500", NULL };
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_publish_generations, setup, teardown),
+        cmocka_unit_test_prestate_setup_teardown(test_publish_generations, ftg_setup, ftg_teardown,
+                                                 (void *)master_hb),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

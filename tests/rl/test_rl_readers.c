@@ -20,7 +20,7 @@
 #include <jansson.h>
 
 #include "rl/rl_int.h"
-#include "util/ftstore.h"
+#include "util/ftgroup.h"
 
 #define MIB (1ull << 20)
 
@@ -352,15 +352,33 @@ static void test_chunks_split_fanout(void **state)
 #define NT 4
 static const uint64_t shapes[NT][2] = { {1536, 2048}, {512, 512}, {333, 77}, {2, 2} };
 
-static uint16_t bits(uint64_t g, size_t t, uint64_t i)
-{
-    return (uint16_t)(0x3c00u | ((g * 40503u + t * 977u + i) & 0x1ffu));
-}
+static const ftg_model model = { .name = "relay", .prefix = "relay", .nt = NT, .shapes = shapes,
+                                  .bits = ftg_bits };
 
-static void names_of(char names[NT][32])
+static void rollout_report(const ftg_sub *w, uint64_t want, int rc, const ferry_update_stats *st,
+                           uint64_t bad, const ferry_error *err)
 {
-    for (size_t k = 0; k < NT; k++)
-        snprintf(names[k], 32, "relay.%zu.weight", k);
+    ferry_update_node nd[4];
+    int nn = ferry_subscriber_nodes(w->sub, nd, 4);
+    if (rc == 0 && w->gen == want && nn == 2) {
+        printf("OK %llu %llu %llu %llu %llu %d %llu %llu", (unsigned long long)st->bytes_read,
+               (unsigned long long)st->group_bytes_read, (unsigned long long)st->bytes_pushed,
+               (unsigned long long)st->bytes_received, (unsigned long long)bad,
+               fr_subscriber_plan_reused(w->sub), (unsigned long long)st->batches,
+               (unsigned long long)st->ranges);
+        /* the group's counters, then per node */
+        printf(" %llu %llu %u %llu %llu %.1f %.1f", (unsigned long long)st->group_pushed_cross,
+               (unsigned long long)st->group_pushed_intra, st->nodes,
+               (unsigned long long)st->nic_max_in, (unsigned long long)st->nic_max_out,
+               st->nic_mean_in, st->nic_mean_out);
+        for (int k = 0; k < nn; k++)
+            printf(" %u %u %llu %llu %llu %llu %llu %llu", nd[k].node, nd[k].workers,
+                   (unsigned long long)nd[k].store_read, (unsigned long long)nd[k].pushed_in,
+                   (unsigned long long)nd[k].pushed_out, (unsigned long long)nd[k].pushed_intra,
+                   (unsigned long long)nd[k].nic_in, (unsigned long long)nd[k].nic_out);
+        printf("\n");
+    } else
+        printf("ERR %d %s\n", rc, err->msg);
 }
 
 /* A DP replica holding every tensor whole, on logical node `node`, in
@@ -369,76 +387,35 @@ static void names_of(char names[NT][32])
 static int rollout_main(const char *addr, uint32_t rank, uint32_t world, uint32_t node,
                         const char *group, uint64_t timeout_ms, uint64_t segment)
 {
-    ferry_store_config cfg;
-    ferry_store_config_init(&cfg);
-    snprintf(cfg.master, sizeof cfg.master, "%s", addr);
-    cfg.lease_ms = 1;
-    ferry_store *s = NULL;
-    if (ferry_store_open(&cfg, &s) < 0) {
-        printf("ERR open %s\n", ferry_store_last_error());
-        return 1;
-    }
-    char names[NT][32];
-    names_of(names);
-    ferry_param_shard sh[NT];
-    for (size_t k = 0; k < NT; k++)
-        sh[k] = (ferry_param_shard){ .tensor = names[k], .ndim = 2, .shape = { shapes[k][0], shapes[k][1] },
-                                     .dst = calloc(shapes[k][0] * shapes[k][1], 2) };
     ferry_subscriber_config sc = { .model = "relay", .rank = rank, .world = world,
                                    .timeout_ms = timeout_ms, .node = node,
                                    .batch_bytes = 1,     /* every read its own batch */
                                    .local_segment = segment };
     snprintf(sc.group, sizeof sc.group, "%s", group);
-    ferry_subscriber *sub = NULL;
-    ferry_error err = {0};
-    if (ferry_subscriber_open(s, &sc, sh, NT, &sub, &err) < 0) {
-        printf("ERR %s\n", err.msg);
+    ftg_sub w;
+    if (ftg_sub_open(&w, &model, addr, &sc, 0, 1) < 0)   /* every tensor whole */
         return 1;
-    }
-    printf("READY\n");
-    fflush(stdout);
-    uint64_t gen = 0;
-    char line[128];
-    while (fgets(line, sizeof line, stdin)) {
-        unsigned long long want;
-        if (sscanf(line, "update %llu", &want) != 1)
-            break;
-        ferry_update_stats st;
-        int rc = ferry_subscriber_update(sub, &gen, &st, &err);
-        uint64_t bad = 0;
-        for (size_t k = 0; rc == 0 && k < NT; k++) {
-            const uint16_t *p = sh[k].dst;
-            for (uint64_t i = 0; i < shapes[k][0] * shapes[k][1]; i++)
-                bad += p[i] != bits(want, k, i);
-        }
-        ferry_update_node nd[4];
-        int nn = ferry_subscriber_nodes(sub, nd, 4);
-        if (rc == 0 && gen == want && nn == 2) {
-            printf("OK %llu %llu %llu %llu %llu %d %llu %llu", (unsigned long long)st.bytes_read,
-                   (unsigned long long)st.group_bytes_read, (unsigned long long)st.bytes_pushed,
-                   (unsigned long long)st.bytes_received, (unsigned long long)bad,
-                   fr_subscriber_plan_reused(sub), (unsigned long long)st.batches,
-                   (unsigned long long)st.ranges);
-            /* the group's counters, then per node */
-            printf(" %llu %llu %u %llu %llu %.1f %.1f", (unsigned long long)st.group_pushed_cross,
-                   (unsigned long long)st.group_pushed_intra, st.nodes,
-                   (unsigned long long)st.nic_max_in, (unsigned long long)st.nic_max_out,
-                   st.nic_mean_in, st.nic_mean_out);
-            for (int k = 0; k < nn; k++)
-                printf(" %u %u %llu %llu %llu %llu %llu %llu", nd[k].node, nd[k].workers,
-                       (unsigned long long)nd[k].store_read, (unsigned long long)nd[k].pushed_in,
-                       (unsigned long long)nd[k].pushed_out, (unsigned long long)nd[k].pushed_intra,
-                       (unsigned long long)nd[k].nic_in, (unsigned long long)nd[k].nic_out);
-            printf("\n");
-        } else
-            printf("ERR %d %s\n", rc, err.msg);
-        fflush(stdout);
-    }
-    ferry_subscriber_close(sub);
-    for (size_t k = 0; k < NT; k++)
-        free(sh[k].dst);
-    ferry_store_close(s);
+    ftg_sub_serve(&w, rollout_report);
+    ftg_sub_close(&w);
     return 0;
+}
+
+/* The arguments of rollout_main for a DP4 group over nodes 7 (ranks 0 and
+ * 1) and 9 (ranks 2 and 3). */
+typedef struct rollout_opts {
+    const char *addr, *group, *timeout_ms;
+    uint64_t seg7;   /* the segment node 7's workers name as theirs (0: none named) */
+} rollout_opts;
+
+static void rollout_args(const void *ctx, int rank, ftg_args *a)
+{
+    const rollout_opts *o = ctx;
+    snprintf(a->buf[0], sizeof a->buf[0], "%d", rank);
+    snprintf(a->buf[1], sizeof a->buf[1], "%d", rank < 2 ? 7 : 9);
+    snprintf(a->buf[2], sizeof a->buf[2], "%llu", rank < 2 ? (unsigned long long)o->seg7 : 0ull);
+    const char *v[] = { "--rollout", o->addr, a->buf[0], "4", a->buf[1], o->group, o->timeout_ms,
+                        o->seg7 ? a->buf[2] : NULL, NULL };
+    memcpy(a->argv, v, sizeof v);
 }
 
 /* The group's counters a worker printed (after its own figures), checked
@@ -483,31 +460,6 @@ static void check_counters(const char *p, uint64_t published, uint64_t node_read
     assert_true(mean_out > (double)out_sum / 2 - 1 && mean_out < (double)out_sum / 2 + 1);
 }
 
-static uint64_t publish(ferry_store *s, uint64_t g)
-{
-    char names[NT][32];
-    names_of(names);
-    ferry_weight_tensor t[NT];
-    uint64_t total = 0;
-    for (size_t k = 0; k < NT; k++) {
-        uint64_t n = shapes[k][0] * shapes[k][1];
-        uint16_t *d = malloc(n * 2);
-        for (uint64_t i = 0; i < n; i++)
-            d[i] = bits(g, k, i);
-        t[k] = (ferry_weight_tensor){ .name = names[k], .dtype = "bf16", .ndim = 2,
-                                      .shape = { shapes[k][0], shapes[k][1] }, .data = d };
-        total += n * 2;
-    }
-    uint32_t node0 = 0;
-    ferry_publisher_config pc = { .model = "relay", .rank = 0, .world = 1, .rank_node = &node0,
-                                  .keep = 2, .timeout_ms = 10000 };
-    ferry_error err = {0};
-    assert_int_equal(ferry_publish(s, &pc, g, t, NT, NULL, &err), 0);
-    for (size_t k = 0; k < NT; k++)
-        free((void *)t[k].data);
-    return total;
-}
-
 /* Four DP replicas, two per node (nodes 7 and 9: any ids). Every piece is
  * read once, pushed to the reader's neighbour, sent to the other node once
  * and forwarded there: 3 pushes per byte, and both nodes read. The second
@@ -517,39 +469,21 @@ static uint64_t publish(ferry_store *s, uint64_t g)
  * ones per byte, per node figures that add up, apply in several batches. */
 static void test_subscriber_two_nodes(void **state)
 {
-    (void)state;
     enum { WORLD = 4 };
-    ft_cluster c;
-    memset(&c, 0, sizeof c);
-    static const char *const hb[] = { "--heartbeat-timeout", "3000", NULL };   /* node death below */
-    assert_int_equal(ft_master_start(&c, NULL, hb), 0);
-    assert_int_equal(ft_node_start(&c, 0, 64u << 20, NULL, NULL), 0);
-    ferry_store_config cfg;
-    ft_store_config(&c, &cfg);
-    cfg.lease_ms = 1;
-    ferry_store *s = NULL;
-    assert_int_equal(ferry_store_open(&cfg, &s), 0);
-    ft_peer r[WORLD];
-    for (int k = 0; k < WORLD; k++) {
-        char rk[8], nd[8];
-        snprintf(rk, sizeof rk, "%d", k);
-        snprintf(nd, sizeof nd, "%d", k < 2 ? 7 : 9);
-        const char *args[] = { "--rollout", c.addr, rk, "4", nd, "g", "20000", NULL };
-        assert_int_equal(ft_spawn(&r[k], NULL, args), 0);
-        char line[256];
-        assert_int_equal(ft_read_line(&r[k], line, sizeof line, 20000), 0);
-        assert_string_equal(line, "READY");
-    }
+    ftg_env *e = *state;   /* the master's heartbeat timeout 3 s: node death below */
+    const rollout_opts group = { .addr = e->c.addr, .group = "g", .timeout_ms = "20000" };
+    assert_int_equal(ftg_start(e, WORLD, rollout_args, &group, -1, NULL), 0);
     for (uint64_t g = 1; g <= 3; g++) {
-        uint64_t published = publish(s, g);
-        for (int k = 0; k < WORLD; k++)
-            assert_int_equal(ft_peer_send(&r[k], "update %llu", (unsigned long long)g), 0);
+        uint64_t published = 0;
+        assert_int_equal(ftg_publish(e->s, &model, g, &published), 0);
+        assert_int_equal(ftg_send(e, "update %llu", (unsigned long long)g), 0);
+        ftg_collect(e, 30000, -1);
         uint64_t read = 0, pushed = 0, received = 0, node_read[2] = {0}, own_read[2] = {0};
         uint64_t batches = 0;
         char first[1024] = "";
         for (int k = 0; k < WORLD; k++) {
-            char line[1024];
-            assert_int_equal(ft_peer_reply(&r[k], line, sizeof line, 30000), 0);
+            const char *line = e->line[k];
+            assert_int_equal(e->rc[k], 0);
             unsigned long long a, b, c2, d, bad, nb, nr;
             int reused, at = 0;
             if (sscanf(line, "OK %llu %llu %llu %llu %llu %d %llu %llu%n", &a, &b, &c2, &d, &bad,
@@ -584,8 +518,6 @@ static void test_subscriber_two_nodes(void **state)
         assert_int_equal(own_read[1], node_read[1]);
         assert_true(batches > WORLD);   /* some worker pipelined several batches */
     }
-    for (int k = 0; k < WORLD; k++)
-        ft_peer_stop(&r[k]);
 
     /* A reader whose engine fails part-way through apply (after a few
      * posts: some batches read and pushed, then its reads fail): nobody
@@ -595,29 +527,17 @@ static void test_subscriber_two_nodes(void **state)
      * every byte of the generation. */
     const char *fault = getenv("FT_READER_FAULT") ? getenv("FT_READER_FAULT") : "post_fail_after=8";
     int faulty = getenv("FT_READER_FAULTY") ? atoi(getenv("FT_READER_FAULTY")) : 3;
-    ft_peer f[WORLD];
-    for (int k = 0; k < WORLD; k++) {
-        if (k == faulty)
-            setenv("FERRY_FAULT", fault, 1);
-        char rk[8], nd[8];
-        snprintf(rk, sizeof rk, "%d", k);
-        snprintf(nd, sizeof nd, "%d", k < 2 ? 7 : 9);
-        const char *args[] = { "--rollout", c.addr, rk, "4", nd, "f", "2000", NULL };
-        assert_int_equal(ft_spawn(&f[k], NULL, args), 0);
-        unsetenv("FERRY_FAULT");
-        char line[256];
-        assert_int_equal(ft_read_line(&f[k], line, sizeof line, 20000), 0);
-        assert_string_equal(line, "READY");
-    }
-    (void)publish(s, 4);
-    for (int k = 0; k < WORLD; k++)
-        assert_int_equal(ft_peer_send(&f[k], "update 4"), 0);
+    const rollout_opts failing = { .addr = e->c.addr, .group = "f", .timeout_ms = "2000" };
+    assert_int_equal(ftg_start(e, WORLD, rollout_args, &failing, faulty, fault), 0);
+    assert_int_equal(ftg_publish(e->s, &model, 4, NULL), 0);
+    assert_int_equal(ftg_send(e, "update 4"), 0);
+    ftg_collect(e, 30000, -1);
     int rebuild = 0;
     char want[32];
     snprintf(want, sizeof want, "ERR %d ", FERRY_EREBUILD);
     for (int k = 0; k < WORLD; k++) {
-        char line[1024];
-        int rr = ft_peer_reply(&f[k], line, sizeof line, 30000);
+        const char *line = e->line[k];
+        int rr = e->rc[k];
         fprintf(stderr, "failing reader, worker %d: %.200s\n", k, line);
         if (rr == 0) {
             unsigned long long a, b, c2, d, bad;
@@ -630,8 +550,6 @@ static void test_subscriber_two_nodes(void **state)
         }
     }
     assert_true(rebuild >= 2);   /* the reader and at least one worker it feeds */
-    for (int k = 0; k < WORLD; k++)
-        ft_peer_stop(&f[k]);
 
     /* A reader *process* killed (SIGKILL) during the update: its
      * completions are slowed (delay_ms) so it is still applying when it
@@ -639,22 +557,10 @@ static void test_subscriber_two_nodes(void **state)
      * over). Nobody hangs; the workers it fed get FERRY_EREBUILD (or, when
      * the kill came before they reached it, a connection error with their
      * parameters untouched); a worker that returns 0 holds every byte. */
-    for (int k = 0; k < WORLD; k++) {
-        if (k == faulty)
-            setenv("FERRY_FAULT", "delay_ms=300", 1);
-        char rk[8], nd[8];
-        snprintf(rk, sizeof rk, "%d", k);
-        snprintf(nd, sizeof nd, "%d", k < 2 ? 7 : 9);
-        const char *args[] = { "--rollout", c.addr, rk, "4", nd, "k", "3000", NULL };
-        assert_int_equal(ft_spawn(&f[k], NULL, args), 0);
-        unsetenv("FERRY_FAULT");
-        char line[256];
-        assert_int_equal(ft_read_line(&f[k], line, sizeof line, 20000), 0);
-        assert_string_equal(line, "READY");
-    }
-    (void)publish(s, 5);
-    for (int k = 0; k < WORLD; k++)
-        assert_int_equal(ft_peer_send(&f[k], "update 5"), 0);
+    const rollout_opts killed = { .addr = e->c.addr, .group = "k", .timeout_ms = "3000" };
+    assert_int_equal(ftg_start(e, WORLD, rollout_args, &killed, faulty, "delay_ms=300"), 0);
+    assert_int_equal(ftg_publish(e->s, &model, 5, NULL), 0);
+    assert_int_equal(ftg_send(e, "update 5"), 0);
     bool exchanged = false;
     for (int i = 0; i < 2000 && !exchanged; i++) {   /* deadline 20 s */
         exchanged = true;
@@ -662,7 +568,7 @@ static void test_subscriber_two_nodes(void **state)
             char key[256];
             snprintf(key, sizeof key, "ferry/wk/relay/sub/k/%020d/%d", 5, k);
             ferry_kv_value v = {0};
-            exchanged = ferry_kv_get(s, key, &v) == 0;
+            exchanged = ferry_kv_get(e->s, key, &v) == 0;
             ferry_store_free(v.val);
         }
         if (!exchanged) {
@@ -671,13 +577,14 @@ static void test_subscriber_two_nodes(void **state)
         }
     }
     assert_true(exchanged);
-    ft_proc_kill(&f[faulty], SIGKILL);
+    ft_proc_kill(&e->w[faulty], SIGKILL);
+    ftg_collect(e, 30000, faulty);
     rebuild = 0;
     for (int k = 0; k < WORLD; k++) {
         if (k == faulty)
             continue;
-        char line[1024];
-        int rr = ft_peer_reply(&f[k], line, sizeof line, 30000);
+        const char *line = e->line[k];
+        int rr = e->rc[k];
         fprintf(stderr, "reader killed, worker %d: %.200s\n", k, line);
         if (rr == 0) {
             unsigned long long a, b, c2, d, bad;
@@ -695,50 +602,36 @@ static void test_subscriber_two_nodes(void **state)
         }
     }
     assert_true(rebuild >= 1);   /* at least one worker it fed */
-    for (int k = 0; k < WORLD; k++)
-        ft_peer_stop(&f[k]);
 
     /* The node holding a generation dies before the update: prepare fails
      * on every worker (FERRY_ELOST) before any byte moves, and none of them
      * advances. */
-    (void)publish(s, 6);
-    for (int k = 0; k < WORLD; k++) {
-        char rk[8], nd[8];
-        snprintf(rk, sizeof rk, "%d", k);
-        snprintf(nd, sizeof nd, "%d", k < 2 ? 7 : 9);
-        const char *args[] = { "--rollout", c.addr, rk, "4", nd, "n", "3000", NULL };
-        assert_int_equal(ft_spawn(&f[k], NULL, args), 0);
-        char line[256];
-        assert_int_equal(ft_read_line(&f[k], line, sizeof line, 20000), 0);
-        assert_string_equal(line, "READY");
-    }
-    ft_proc_kill(&c.node[0], SIGKILL);
+    assert_int_equal(ftg_publish(e->s, &model, 6, NULL), 0);
+    const rollout_opts lost_node = { .addr = e->c.addr, .group = "n", .timeout_ms = "3000" };
+    assert_int_equal(ftg_start(e, WORLD, rollout_args, &lost_node, -1, NULL), 0);
+    ft_proc_kill(&e->c.node[0], SIGKILL);
     char names[NT][32], key[256];
-    names_of(names);
+    ftg_names(&model, names);
     ferry_weights_key("relay", 6, names[0], key, sizeof key);
     int ex = 1;
     for (int i = 0; i < 2000 && ex != FERRY_ELOST; i++) {   /* deadline 20 s */
-        ex = ferry_store_exist(s, key);
+        ex = ferry_store_exist(e->s, key);
         if (ex != FERRY_ELOST) {
             struct timespec ts = { 0, 10 * 1000 * 1000 };
             nanosleep(&ts, NULL);
         }
     }
     assert_int_equal(ex, FERRY_ELOST);
-    for (int k = 0; k < WORLD; k++)
-        assert_int_equal(ft_peer_send(&f[k], "update 6"), 0);
+    assert_int_equal(ftg_send(e, "update 6"), 0);
+    ftg_collect(e, 30000, -1);
     char lost[32];
     snprintf(lost, sizeof lost, "ERR %d ", FERRY_ELOST);
     for (int k = 0; k < WORLD; k++) {
-        char line[1024];
-        assert_int_equal(ft_peer_reply(&f[k], line, sizeof line, 30000), -1);
+        const char *line = e->line[k];
+        assert_int_equal(e->rc[k], -1);
         fprintf(stderr, "node lost, worker %d: %.200s\n", k, line);
         assert_true(strncmp(line, lost, strlen(lost)) == 0);
     }
-    for (int k = 0; k < WORLD; k++)
-        ft_peer_stop(&f[k]);
-    ferry_store_close(s);
-    ft_cluster_stop(&c);
 }
 
 /* ---- the at-scale model ---------------------------------------------------------------- */
@@ -750,44 +643,26 @@ static void test_subscriber_two_nodes(void **state)
  * (NIC in of node 7 = 0), and node 9 takes every byte in once, pushed. */
 static void test_subscriber_segment_local(void **state)
 {
-    (void)state;
     enum { WORLD = 4 };
-    ft_cluster c;
-    memset(&c, 0, sizeof c);
-    assert_int_equal(ft_master_start(&c, NULL, NULL), 0);
-    assert_int_equal(ft_node_start(&c, 0, 64u << 20, NULL, NULL), 0);
-    ferry_store_config cfg;
-    ft_store_config(&c, &cfg);
-    cfg.lease_ms = 1;
-    ferry_store *s = NULL;
-    assert_int_equal(ferry_store_open(&cfg, &s), 0);
-    uint64_t published = publish(s, 1);
+    ftg_env *e = *state;
+    uint64_t published = 0;
+    assert_int_equal(ftg_publish(e->s, &model, 1, &published), 0);
     ferry_weight_manifest m;
     memset(&m, 0, sizeof m);
-    assert_int_equal(ferry_weights_manifest(s, "relay", 1, &m, NULL), 0);
+    assert_int_equal(ferry_weights_manifest(e->s, "relay", 1, &m, NULL), 0);
     uint64_t seg = m.entries[0].segment;
     assert_true(seg != 0);
     for (size_t i = 0; i < m.n; i++)
         assert_int_equal(m.entries[i].segment, seg);   /* one store node */
     ferry_weight_manifest_free(&m);
-    ft_peer r[WORLD];
-    for (int k = 0; k < WORLD; k++) {
-        char rk[8], nd[8], sg[32];
-        snprintf(rk, sizeof rk, "%d", k);
-        snprintf(nd, sizeof nd, "%d", k < 2 ? 7 : 9);
-        snprintf(sg, sizeof sg, "%llu", k < 2 ? (unsigned long long)seg : 0ull);
-        const char *args[] = { "--rollout", c.addr, rk, "4", nd, "s", "20000", sg, NULL };
-        assert_int_equal(ft_spawn(&r[k], NULL, args), 0);
-        char line[256];
-        assert_int_equal(ft_read_line(&r[k], line, sizeof line, 20000), 0);
-        assert_string_equal(line, "READY");
-    }
-    for (int k = 0; k < WORLD; k++)
-        assert_int_equal(ft_peer_send(&r[k], "update 1"), 0);
+    const rollout_opts group = { .addr = e->c.addr, .group = "s", .timeout_ms = "20000", .seg7 = seg };
+    assert_int_equal(ftg_start(e, WORLD, rollout_args, &group, -1, NULL), 0);
+    assert_int_equal(ftg_send(e, "update 1"), 0);
+    ftg_collect(e, 30000, -1);
     uint64_t own_read[2] = {0};
     for (int k = 0; k < WORLD; k++) {
-        char line[1024];
-        assert_int_equal(ft_peer_reply(&r[k], line, sizeof line, 30000), 0);
+        const char *line = e->line[k];
+        assert_int_equal(e->rc[k], 0);
         unsigned long long a, b, c2, d, bad, nb, nr, cross, intra, max_in, max_out;
         unsigned nodes;
         double mean_in, mean_out;
@@ -832,10 +707,6 @@ static void test_subscriber_segment_local(void **state)
     }
     assert_int_equal(own_read[0], published);   /* the workers of node 7 read it all */
     assert_int_equal(own_read[1], 0);
-    for (int k = 0; k < WORLD; k++)
-        ft_peer_stop(&r[k]);
-    ferry_store_close(s);
-    ft_cluster_stop(&c);
 }
 
 static double strategy(json_t *root, const char *name, const char *key)
@@ -919,6 +790,8 @@ static void test_plan_model_cli(void **state)
 
 int main(int argc, char **argv)
 {
+    /* test_subscriber_two_nodes kills the store's node: the master notices in 3 s */
+    static const char *const master_hb[] = { "--heartbeat-timeout", "3000", NULL };
     if ((argc == 8 || argc == 9) && !strcmp(argv[1], "--rollout"))
         return rollout_main(argv[2], (uint32_t)atoi(argv[3]), (uint32_t)atoi(argv[4]),
                             (uint32_t)atoi(argv[5]), argv[6], strtoull(argv[7], NULL, 10),
@@ -931,8 +804,9 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_reader_prefers_local),
         cmocka_unit_test(test_nic_balance),
         cmocka_unit_test(test_chunks_split_fanout),
-        cmocka_unit_test(test_subscriber_two_nodes),
-        cmocka_unit_test(test_subscriber_segment_local),
+        cmocka_unit_test_prestate_setup_teardown(test_subscriber_two_nodes, ftg_setup, ftg_teardown,
+                                                 (void *)master_hb),
+        cmocka_unit_test_setup_teardown(test_subscriber_segment_local, ftg_setup, ftg_teardown),
         cmocka_unit_test(test_plan_model_options),
         cmocka_unit_test(test_plan_model_cli),
     };
