@@ -16,21 +16,12 @@ int ftg_setup(void **state)
         return -1;
     for (int k = 0; k < FTG_MAX; k++)
         e->w[k].pid = -1;
-    if (ft_master_start(&e->c, NULL, extra) != 0 || ft_node_start(&e->c, 0, 64u << 20, NULL, NULL) != 0)
-        goto fail;
-    ferry_store_config cfg;
-    ft_store_config(&e->c, &cfg);
-    cfg.lease_ms = 1;
-    if (ferry_store_open(&cfg, &e->s) != 0)
-        goto fail;
+    if (ft_solo_open(&e->c, &e->s, 64u << 20, extra) != 0) {
+        free(e);   /* cmocka runs no teardown after a failed setup */
+        return -1;
+    }
     *state = e;
     return 0;
-fail:
-    /* cmocka runs no teardown after a failed setup */
-    ferry_store_close(e->s);
-    ft_cluster_stop(&e->c);
-    free(e);
-    return -1;
 }
 
 int ftg_teardown(void **state)
@@ -39,8 +30,7 @@ int ftg_teardown(void **state)
     if (!e)
         return 0;
     ftg_stop(e);
-    ferry_store_close(e->s);
-    ft_cluster_stop(&e->c);
+    ft_solo_close(&e->c, &e->s);
     free(e);
     *state = NULL;
     return 0;

@@ -118,21 +118,44 @@ void ft_store_config(const ft_cluster *c, ferry_store_config *cfg)
     cfg->heartbeat_ms = 100;
 }
 
+int ft_solo_open(ft_cluster *c, ferry_store **s, uint64_t seg_size, const char *const *extra)
+{
+    *s = NULL;
+    if (ft_master_start(c, NULL, extra) != 0 || ft_node_start(c, 0, seg_size, NULL, NULL) != 0)
+        goto fail;
+    ferry_store_config cfg;
+    ft_store_config(c, &cfg);
+    cfg.lease_ms = 1;
+    if (ferry_store_open(&cfg, s) != 0)
+        goto fail;
+    return 0;
+fail:
+    ft_solo_close(c, s);
+    return -1;
+}
+
+void ft_solo_close(ft_cluster *c, ferry_store **s)
+{
+    ferry_store_close(*s);
+    *s = NULL;
+    ft_cluster_stop(c);
+}
+
 int ft_solo_setup(void **state, uint64_t seg_size, int heartbeat_timeout_ms)
 {
     ft_solo *f = calloc(1, sizeof *f);
-    *state = f;
+    *state = NULL;
     if (!f)
         return -1;
     char hb[24];
     snprintf(hb, sizeof hb, "%d", heartbeat_timeout_ms);
     const char *const extra[] = { "--heartbeat-timeout", hb, NULL };
-    if (ft_master_start(&f->c, NULL, extra) != 0 || ft_node_start(&f->c, 0, seg_size, NULL, NULL) != 0)
+    if (ft_solo_open(&f->c, &f->s, seg_size, extra) != 0) {
+        free(f);   /* cmocka runs no teardown after a failed setup */
         return -1;
-    ferry_store_config cfg;
-    ft_store_config(&f->c, &cfg);
-    cfg.lease_ms = 1;
-    return ferry_store_open(&cfg, &f->s);
+    }
+    *state = f;
+    return 0;
 }
 
 int ft_solo_teardown(void **state)
@@ -140,8 +163,7 @@ int ft_solo_teardown(void **state)
     ft_solo *f = *state;
     if (!f)
         return 0;
-    ferry_store_close(f->s);
-    ft_cluster_stop(&f->c);
+    ft_solo_close(&f->c, &f->s);
     free(f);
     *state = NULL;
     return 0;

@@ -37,11 +37,16 @@ void ft_cluster_stop(ft_cluster *c);
 /* A store config pointing at c with the test's token. */
 void ft_store_config(const ft_cluster *c, ferry_store_config *cfg);
 
-/* The fixture most store-level tests share: a master with the given
- * heartbeat timeout, one node with a seg_size segment, and a store client
- * whose reads lease for 1 ms (a read never holds back a removal or a
- * retention the test waits on). For cmocka setup/teardown: *state gets the
- * ft_solo. */
+/* A master with extra arguments (NULL-terminated, may be NULL), one node
+ * with a seg_size segment, and a store client whose reads lease for 1 ms (a
+ * read never holds back a removal or a retention the test waits on). On
+ * failure everything started is stopped again. 0 or -1. */
+int ft_solo_open(ft_cluster *c, ferry_store **s, uint64_t seg_size, const char *const *extra);
+/* Close the client and stop the cluster. Safe twice. */
+void ft_solo_close(ft_cluster *c, ferry_store **s);
+
+/* The same as a cmocka fixture: *state gets the ft_solo (the master's
+ * heartbeat timeout as given). */
 typedef struct ft_solo { ft_cluster c; ferry_store *s; } ft_solo;
 int ft_solo_setup(void **state, uint64_t seg_size, int heartbeat_timeout_ms);
 int ft_solo_teardown(void **state);
