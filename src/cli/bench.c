@@ -1,7 +1,10 @@
 /* `ferry bench engine`: WRITE and READ throughput between two processes,
  * with the baseline measured in the same run: for shm a single-threaded
  * memcpy between two pre-touched buffers; for tcp a plain blocking
- * send/recv loop over the same number of loopback connections. */
+ * send/recv loop over the same number of loopback connections. With
+ * --rows: a strided transfer (rows of --row bytes, --stride apart at the
+ * target, packed here) as one strided op against its baseline, the same
+ * rows as one plain op each. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -19,6 +22,7 @@ typedef struct bench_opts {
     int nblocks;
     uint64_t total;
     unsigned streams, threads, reps;
+    uint64_t rows, row, stride;   /* rows > 0: the strided comparison only */
     bool json;
 } bench_opts;
 
@@ -192,9 +196,80 @@ static double small_ops(bench_ctx *c)
     return (double)total_ops / (cli_now() - t0);
 }
 
+/* One timed pass of the rows, as one strided op or as one plain op per row
+ * (what a strided op cost a transport that took no rows), in one batch.
+ * Seconds, or 0 when the batch failed. */
+static double rows_pass(bench_ctx *c, enum ferry_opcode op, bool strided)
+{
+    const uint64_t n = strided ? 1 : c->o.rows;
+    ferry_op *ops = calloc(n, sizeof *ops);
+    ferry_ticket *t;
+    if (!ops)
+        return 0;
+    for (uint64_t i = 0; i < n; i++)
+        ops[i] = (ferry_op){.opcode = op, .local = c->buf + i * c->o.row, .len = c->o.row, .peer = c->rr.peer,
+                            .remote_addr = c->rr.addr + i * c->o.stride, .key = c->rr.key};
+    if (strided) {
+        ops[0].count = c->o.rows;
+        ops[0].local_stride = c->o.row;
+        ops[0].remote_stride = c->o.stride;
+    }
+    double t0 = cli_now();
+    bool ok = ferry_submit(c->e, ops, n, 0, &t) == 0;
+    if (ok) {
+        ok = ferry_ticket_wait(t, -1) == FERRY_TICKET_COMPLETED;
+        ferry_ticket_free(t);
+    }
+    double dt = cli_now() - t0;
+    free(ops);
+    return ok ? dt : 0;
+}
+
+/* Fastest of --reps passes; 0 if any failed. */
+static double best_rows(bench_ctx *c, enum ferry_opcode op, bool strided)
+{
+    double b = 0;
+    for (unsigned r = 0; r < c->o.reps; r++) {
+        double v = rows_pass(c, op, strided);
+        if (v == 0)
+            return 0;
+        b = b == 0 || v < b ? v : b;
+    }
+    return b;
+}
+
+static void bench_rows(bench_ctx *c)
+{
+    char sz[32], st[32];
+    if (c->o.json)
+        printf("{\"transport\":\"%s\",\"rows\":%llu,\"row_bytes\":%llu,\"stride\":%llu,\"results\":[",
+               c->o.transport, (unsigned long long)c->o.rows, (unsigned long long)c->o.row,
+               (unsigned long long)c->o.stride);
+    else
+        printf("ferry bench engine: transport %s, %llu rows of %s, remote stride %s, best of %u\n"
+               "%-6s %14s %14s %8s\n", c->o.transport, (unsigned long long)c->o.rows,
+               cli_fmt_size(c->o.row, sz, sizeof sz), cli_fmt_size(c->o.stride, st, sizeof st), c->o.reps,
+               "op", "per-row ms", "strided ms", "ratio");
+    for (int w = 0; w < 2; w++) {
+        enum ferry_opcode op = w == 0 ? FERRY_OP_WRITE : FERRY_OP_READ;
+        double rowwise = best_rows(c, op, false), strided = best_rows(c, op, true);
+        double ratio = strided > 0 ? rowwise / strided : 0;
+        if (c->o.json)
+            printf("%s{\"op\":\"%s\",\"per_row_ms\":%.3f,\"strided_ms\":%.3f,\"ratio\":%.2f}", w ? "," : "",
+                   w ? "read" : "write", rowwise * 1e3, strided * 1e3, ratio);
+        else
+            printf("%-6s %14.2f %14.2f %8.2f\n", w ? "read" : "write", rowwise * 1e3, strided * 1e3, ratio);
+    }
+    if (c->o.json)
+        printf("]}\n");
+    else
+        printf("per-row: the same rows as one plain op each, in one batch; ratio = per-row / strided time\n");
+}
+
 static int parse(int argc, char **argv, bench_opts *o)
 {
-    *o = (bench_opts){.transport = "shm", .total = 1ull << 30, .streams = 4, .threads = 2, .reps = 3};
+    *o = (bench_opts){.transport = "shm", .total = 1ull << 30, .streams = 4, .threads = 2, .reps = 3,
+                      .row = 4 << 10, .stride = 16 << 10};
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--json")) {
@@ -216,9 +291,20 @@ static int parse(int argc, char **argv, bench_opts *o)
             ;
         else if (!strcmp(a, "--reps") && (o->reps = (unsigned)atoi(v)) > 0)
             ;
+        else if (!strcmp(a, "--rows") && (o->rows = strtoull(v, NULL, 10)) > 0 && o->rows <= 1u << 24)
+            ;
+        else if (!strcmp(a, "--row") && cli_parse_size(v, &o->row) == 0 && o->row > 0)
+            ;
+        else if (!strcmp(a, "--stride") && cli_parse_size(v, &o->stride) == 0)
+            ;
         else
             goto bad;
     }
+    /* the rows must fit the buffers: packed here, stride apart there */
+    uint64_t ext;
+    if (o->rows && (__builtin_mul_overflow(o->rows - 1, o->stride, &ext) || o->row > o->total ||
+                    ext > o->total - o->row || o->rows * o->row > o->total))
+        goto bad;
     if (o->nblocks == 0) {
         o->blocks[0] = 64 << 10;
         o->blocks[1] = 1 << 20;
@@ -231,7 +317,8 @@ static int parse(int argc, char **argv, bench_opts *o)
     return 0;
 bad:
     fprintf(stderr, "usage: ferry bench engine [--transport shm|tcp] [--block SIZE]... [--total SIZE]\n"
-                    "                          [--streams N] [--threads N] [--reps N] [--json]\n");
+                    "                          [--streams N] [--threads N] [--reps N] [--json]\n"
+                    "                          [--rows N [--row SIZE] [--stride SIZE]]\n");
     return -1;
 }
 
@@ -264,6 +351,45 @@ static int setup(bench_ctx *c, const char *self)
     return ferry_region_import(c->e, c->tgt.desc, c->tgt.desc_len, &c->rr);
 }
 
+/* The throughput table against the baseline, then small ops. */
+static void bench_blocks(bench_ctx *c, bool tcp)
+{
+    if (!c->o.json)
+        printf("ferry bench engine: transport %s, %u %s, total %.0f MiB per pass, best of %u\n",
+               c->o.transport, tcp ? c->o.streams : c->o.threads, tcp ? "streams" : "copy threads",
+               (double)c->o.total / (1 << 20), c->o.reps);
+    char js[4096];
+    int jn = snprintf(js, sizeof js, "{\"transport\":\"%s\",\"total_bytes\":%llu,\"streams\":%u,\"threads\":%u,\"results\":[",
+                      c->o.transport, (unsigned long long)c->o.total, c->o.streams, c->o.threads);
+    if (!c->o.json)
+        printf("%-6s %10s %12s %14s %8s\n", "op", "block", "ferry GB/s", "baseline GB/s", "ratio");
+    for (int b = 0; b < c->o.nblocks; b++) {
+        uint64_t blk = c->o.blocks[b];
+        double base = tcp ? best(socket_pass, c, blk, c->o.total) : best(memcpy_pass, c, blk, c->o.total);
+        for (int w = 0; w < 2; w++) {
+            enum ferry_opcode op = w == 0 ? FERRY_OP_WRITE : FERRY_OP_READ;
+            double g = best_engine(c, op, blk, c->o.total);
+            double ratio = base > 0 ? g / base : 0;
+            char sz[32];
+            if (!c->o.json)
+                printf("%-6s %10s %12.2f %14.2f %8.2f\n", w ? "read" : "write", cli_fmt_size(blk, sz, sizeof sz), g, base, ratio);
+            jn += snprintf(js + jn, sizeof js - (size_t)jn,
+                           "%s{\"op\":\"%s\",\"block_bytes\":%llu,\"gbps\":%.3f,\"baseline_gbps\":%.3f,\"ratio\":%.3f}",
+                           b || w ? "," : "", w ? "read" : "write", (unsigned long long)blk, g, base, ratio);
+        }
+    }
+    double sops = small_ops(c);
+    ferry_engine_stats st;
+    ferry_engine_get_stats(c->e, &st);
+    if (c->o.json)
+        printf("%s],\"small_ops_per_s\":%.0f,\"tickets_failed\":%llu}\n", js, sops,
+               (unsigned long long)(st.tickets_failed + st.tickets_aborted));
+    else
+        printf("small ops: %.0f 4 KiB writes/s (window %u ops)\nbaseline: %s\n", sops, 4096,
+               tcp ? "plain blocking send/recv loop over the same number of loopback connections"
+                   : "single-threaded memcpy between two pre-touched buffers");
+}
+
 static int bench_engine(int argc, char **argv, const char *self)
 {
     bench_ctx c = {0};
@@ -276,42 +402,13 @@ static int bench_engine(int argc, char **argv, const char *self)
         ferry_engine_close(c.e);
         return 1;
     }
-    bool tcp = !strcmp(c.o.transport, "tcp");
     engine_pass(&c, FERRY_OP_WRITE, 1 << 20, c.o.total);   /* warm-up: connections, mappings */
-    if (!c.o.json)
-        printf("ferry bench engine: transport %s, %u %s, total %.0f MiB per pass, best of %u\n",
-               c.o.transport, tcp ? c.o.streams : c.o.threads, tcp ? "streams" : "copy threads",
-               (double)c.o.total / (1 << 20), c.o.reps);
-    char js[4096];
-    int jn = snprintf(js, sizeof js, "{\"transport\":\"%s\",\"total_bytes\":%llu,\"streams\":%u,\"threads\":%u,\"results\":[",
-                      c.o.transport, (unsigned long long)c.o.total, c.o.streams, c.o.threads);
-    if (!c.o.json)
-        printf("%-6s %10s %12s %14s %8s\n", "op", "block", "ferry GB/s", "baseline GB/s", "ratio");
-    for (int b = 0; b < c.o.nblocks; b++) {
-        uint64_t blk = c.o.blocks[b];
-        double base = tcp ? best(socket_pass, &c, blk, c.o.total) : best(memcpy_pass, &c, blk, c.o.total);
-        for (int w = 0; w < 2; w++) {
-            enum ferry_opcode op = w == 0 ? FERRY_OP_WRITE : FERRY_OP_READ;
-            double g = best_engine(&c, op, blk, c.o.total);
-            double ratio = base > 0 ? g / base : 0;
-            char sz[32];
-            if (!c.o.json)
-                printf("%-6s %10s %12.2f %14.2f %8.2f\n", w ? "read" : "write", cli_fmt_size(blk, sz, sizeof sz), g, base, ratio);
-            jn += snprintf(js + jn, sizeof js - (size_t)jn,
-                           "%s{\"op\":\"%s\",\"block_bytes\":%llu,\"gbps\":%.3f,\"baseline_gbps\":%.3f,\"ratio\":%.3f}",
-                           b || w ? "," : "", w ? "read" : "write", (unsigned long long)blk, g, base, ratio);
-        }
-    }
-    double sops = small_ops(&c);
+    if (c.o.rows)
+        bench_rows(&c);
+    else
+        bench_blocks(&c, !strcmp(c.o.transport, "tcp"));
     ferry_engine_stats st;
     ferry_engine_get_stats(c.e, &st);
-    if (c.o.json)
-        printf("%s],\"small_ops_per_s\":%.0f,\"tickets_failed\":%llu}\n", js, sops,
-               (unsigned long long)(st.tickets_failed + st.tickets_aborted));
-    else
-        printf("small ops: %.0f 4 KiB writes/s (window %u ops)\nbaseline: %s\n", sops, 4096,
-               tcp ? "plain blocking send/recv loop over the same number of loopback connections"
-                   : "single-threaded memcpy between two pre-touched buffers");
     cli_target_stop(&c.tgt);
     ferry_engine_close(c.e);
     return st.tickets_failed + st.tickets_aborted ? 1 : 0;

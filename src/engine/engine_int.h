@@ -56,8 +56,13 @@ struct fr_transport {
     uint32_t bit;                  /* FR_TRANSPORT_* */
     uint64_t max_chunk;            /* the engine splits ops larger than this */
     /* Takes chunks of several rows (fr_chunk.rows); otherwise the engine
-     * posts a strided op as one chunk per row. */
+     * posts a strided op as one chunk per row. With .strided: max_rows is
+     * the most rows in one chunk (0: as many as fit max_chunk), and
+     * disjoint_rows says the transport cannot carry rows that overlap at
+     * the target (remote stride < len): such an op goes one row a chunk. */
     bool strided;
+    bool disjoint_rows;
+    uint32_t max_rows;
     /* Server side: start listening, fill the engine's endpoint fields that
      * belong to this transport, and serve authenticated peers. */
     int (*start)(ferry_engine *e, void **state);

@@ -296,11 +296,15 @@ static uint64_t chunk_size(ferry_engine *e, ferry_peer_id peer)
     return cs;
 }
 
-/* Whether the peer's transport takes chunks of several rows. */
-static bool takes_rows(ferry_engine *e, ferry_peer_id peer)
+/* The most rows of op o that its peer's transport takes in one chunk: 0
+ * when it takes none (each row goes alone), UINT64_MAX when only the chunk
+ * size limits it. */
+static uint64_t row_limit(ferry_engine *e, const ferry_op *o)
 {
-    const fr_transport *tp = real_transport(e, peer);
-    return tp && tp->strided;
+    const fr_transport *tp = real_transport(e, o->peer);
+    if (!tp || !tp->strided || (tp->disjoint_rows && o->remote_stride < o->len))
+        return 0;
+    return tp->max_rows ? tp->max_rows : UINT64_MAX;
 }
 
 static uint64_t op_rows(const ferry_op *o)
@@ -325,15 +329,15 @@ static int op_extent(const ferry_op *o, uint64_t *lext, uint64_t *rext, uint64_t
 }
 
 /* How an op is cut for its peer's transport. A strided op to a transport
- * that takes rows goes as chunks of up to *per rows (as many as fit a
- * chunk); otherwise each row goes alone, in pieces of at most cs bytes
- * (*per = 0). Returns the number of chunks (at most the op's bytes, so it
- * cannot overflow). */
-static uint64_t op_chunks(const ferry_op *o, uint64_t cs, bool strided, uint64_t *per)
+ * that takes rows (limit > 0, see row_limit) goes as chunks of up to *per
+ * rows (as many as fit a chunk, at most limit); otherwise each row goes
+ * alone, in pieces of at most cs bytes (*per = 0). Returns the number of
+ * chunks (at most the op's bytes, so it cannot overflow). */
+static uint64_t op_chunks(const ferry_op *o, uint64_t cs, uint64_t limit, uint64_t *per)
 {
     const uint64_t rows = op_rows(o);
-    if (rows > 1 && strided && o->len <= cs) {
-        *per = cs / o->len;
+    if (rows > 1 && limit > 0 && o->len <= cs) {
+        *per = cs / o->len < limit ? cs / o->len : limit;
         return rows / *per + (rows % *per != 0);
     }
     *per = 0;
@@ -399,7 +403,7 @@ static int build(ferry_engine *e, const ferry_op *ops, size_t n, struct ferry_ti
         } else {
             uint64_t per, lext = 0, rext = 0, bytes = 0;
             (void)op_extent(&ops[i], &lext, &rext, &bytes);   /* validated */
-            uint64_t k = op_chunks(&ops[i], chunk_size(e, ops[i].peer), takes_rows(e, ops[i].peer), &per);
+            uint64_t k = op_chunks(&ops[i], chunk_size(e, ops[i].peer), row_limit(e, &ops[i]), &per);
             if (k > UINT32_MAX || fr_add_u64(t->bytes_total, bytes, &t->bytes_total) < 0)
                 return FERRY_ERANGE;
             nchunks += k;
@@ -432,7 +436,7 @@ static int build(ferry_engine *e, const ferry_op *ops, size_t n, struct ferry_ti
         const uint64_t cs = chunk_size(e, o->peer), rows = op_rows(o);
         uint64_t per, lext = 0, rext = 0, bytes = 0;
         (void)op_extent(o, &lext, &rext, &bytes);   /* validated */
-        (void)op_chunks(o, cs, takes_rows(e, o->peer), &per);
+        (void)op_chunks(o, cs, row_limit(e, o), &per);
         /* Every chunk carries the whole op's span: the target refuses all
          * of a partly-outside op. Row addresses stay inside the validated
          * extents, so they cannot overflow. */

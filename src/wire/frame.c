@@ -20,6 +20,9 @@
  *   MAP_RESP      32  status i32 @0, rsv u32 @4, region_base u64 @8,
  *                     fd_offset u64 @16, map_len u64 @24
  *   SHM_HELLO      8  pid u32 @0, table_slots u32 @4
+ *   WRITE_ROWS,   56  key u64 @0, addr u64 @8, len u64 @16 (one row),
+ *   READ_ROWS         span_addr u64 @24, span_len u64 @32, stride u64 @40,
+ *                     rows u32 @48, rsv u32 @52
  *
  * Validation is shared by the encoder and the decoder so that whatever one
  * side accepts the other produces. The one function (msg_check) answers
@@ -30,7 +33,10 @@
  *
  * Rules beyond the comments in wire.h: reserved bytes are zero; a status is
  * 0 or in [-(FERRY_EBASE+1000), -1]; AUTH role is 1..4; READ and WRITE
- * name 1..FR_WIRE_MAX_DATA bytes and addr+len does not wrap; a MAP_RESP
+ * name 1..FR_WIRE_MAX_DATA bytes and addr+len does not wrap; READ_ROWS and
+ * WRITE_ROWS have 2 <= rows, 0 < len <= stride, rows*len <= FR_WIRE_MAX_DATA
+ * (else FERRY_EMSGSIZE) and an extent addr + (rows-1)*stride + len that
+ * does not wrap; the chunk (its extent, for rows) lies in its span; a MAP_RESP
  * with status 0 has map_len > 0 and fd_offset+map_len does not wrap. A
  * READ_RESP with a failed status carries no data; its len field is passed
  * through unchecked. */
@@ -178,6 +184,32 @@ static bool dec_rw(const uint8_t *p, fr_msg *m)
     return true;
 }
 
+static void enc_rows(const fr_msg *m, uint8_t *p)
+{
+    const fr_msg_rows *r = &m->u.rows;
+    put64(p, r->key);
+    put64(p + 8, r->addr);
+    put64(p + 16, r->len);
+    put64(p + 24, r->span_addr);
+    put64(p + 32, r->span_len);
+    put64(p + 40, r->stride);
+    put32(p + 48, r->rows);
+    put32(p + 52, 0);
+}
+
+static bool dec_rows(const uint8_t *p, fr_msg *m)
+{
+    fr_msg_rows *r = &m->u.rows;
+    r->key = get64(p);
+    r->addr = get64(p + 8);
+    r->len = get64(p + 16);
+    r->span_addr = get64(p + 24);
+    r->span_len = get64(p + 32);
+    r->stride = get64(p + 40);
+    r->rows = get32(p + 48);
+    return get32(p + 52) == 0;
+}
+
 static void enc_read_resp(const fr_msg *m, uint8_t *p)
 {
     put_status(p, m->u.read_resp.status);
@@ -283,6 +315,8 @@ static const fr_codec codecs[FR_MSG_TYPE_MAX + 1] = {
     [FR_MSG_MAP] = { 8, false, enc_map, dec_map },
     [FR_MSG_MAP_RESP] = { 32, false, enc_map_resp, dec_map_resp },
     [FR_MSG_SHM_HELLO] = { 8, false, enc_shm_hello, dec_shm_hello },
+    [FR_MSG_WRITE_ROWS] = { 56, true, enc_rows, dec_rows },
+    [FR_MSG_READ_ROWS] = { 56, false, enc_rows, dec_rows },
 };
 
 static const fr_codec *codec_of(uint16_t type)
@@ -305,6 +339,19 @@ static bool status_ok(int32_t s)
     return s <= 0 && s >= FR_STATUS_MIN;
 }
 
+/* The span, when given, must contain the chunk [addr, end). */
+static int span_check(uint64_t addr, uint64_t end, uint64_t span_addr, uint64_t span_len)
+{
+    uint64_t span_end;
+    if (span_len == 0)
+        return span_addr == 0 ? 0 : FERRY_EINVAL;
+    if (__builtin_add_overflow(span_addr, span_len, &span_end))
+        return FERRY_EINVAL;
+    if (addr < span_addr || end > span_end)
+        return FERRY_EINVAL;
+    return 0;
+}
+
 /* A READ or WRITE names 1..FR_WIRE_MAX_DATA bytes that fit in the u64
  * address space; anything else cannot describe a real transfer. */
 static int rw_check(const fr_msg_rw *rw)
@@ -316,15 +363,23 @@ static int rw_check(const fr_msg_rw *rw)
         return FERRY_EMSGSIZE;
     if (__builtin_add_overflow(rw->addr, rw->len, &end))
         return FERRY_EINVAL;
-    /* The span, when given, must contain the chunk. */
-    uint64_t span_end;
-    if (rw->span_len == 0)
-        return rw->span_addr == 0 ? 0 : FERRY_EINVAL;
-    if (__builtin_add_overflow(rw->span_addr, rw->span_len, &span_end))
+    return span_check(rw->addr, end, rw->span_addr, rw->span_len);
+}
+
+/* READ_ROWS / WRITE_ROWS: disjoint rows in ascending order (one row or
+ * overlapping rows go as plain READ/WRITE), at most one frame's worth of
+ * data, and an extent that fits in the u64 address space. */
+static int rows_check(const fr_msg_rows *r)
+{
+    uint64_t bytes, ext, end;
+    if (r->rows < 2 || r->len == 0 || r->stride < r->len)
         return FERRY_EINVAL;
-    if (rw->addr < rw->span_addr || end > span_end)
+    if (__builtin_mul_overflow(r->len, (uint64_t)r->rows, &bytes) || bytes > FR_WIRE_MAX_DATA)
+        return FERRY_EMSGSIZE;
+    if (__builtin_mul_overflow((uint64_t)r->rows - 1, r->stride, &ext) ||
+        __builtin_add_overflow(ext, r->len, &ext) || __builtin_add_overflow(r->addr, ext, &end))
         return FERRY_EINVAL;
-    return 0;
+    return span_check(r->addr, end, r->span_addr, r->span_len);
 }
 
 static int read_resp_check(const fr_msg_read_resp *r, uint64_t data_len)
@@ -368,6 +423,12 @@ static int msg_check(const fr_msg *m, uint64_t data_len)
         return rc < 0 ? rc : (m->u.rw.len == data_len ? 0 : FERRY_EINVAL);
     case FR_MSG_READ:
         rc = rw_check(&m->u.rw);
+        break;
+    case FR_MSG_WRITE_ROWS:
+        rc = rows_check(&m->u.rows);
+        return rc < 0 ? rc : (fr_msg_rows_bytes(&m->u.rows) == data_len ? 0 : FERRY_EINVAL);
+    case FR_MSG_READ_ROWS:
+        rc = rows_check(&m->u.rows);
         break;
     case FR_MSG_READ_RESP:
         return read_resp_check(&m->u.read_resp, data_len);

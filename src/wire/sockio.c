@@ -116,6 +116,79 @@ int fr_writev_full(int fd, struct iovec *iov, int iovcnt)
     return 0;
 }
 
+static int readv_full(int fd, struct iovec *iov, int iovcnt)
+{
+    int first = iov_advance(iov, iovcnt, 0, 0);
+
+    while (first < iovcnt) {
+        struct msghdr mh = { .msg_iov = iov + first, .msg_iovlen = (size_t)(iovcnt - first) };
+        ssize_t r = recvmsg(fd, &mh, MSG_WAITALL);
+        if (r > 0) {
+            first = iov_advance(iov, iovcnt, first, (size_t)r);
+            continue;
+        }
+        if (r == 0)
+            return FERRY_ECONNRESET;
+        if (errno == EINTR)
+            continue;
+        return map_errno(errno);
+    }
+    return 0;
+}
+
+/* Gather up to ROWS_IOV runs of rows [*row, rows) into iov starting at
+ * iov[n]; rows that touch (stride == len) share one entry. Advances *row. */
+#define ROWS_IOV 256
+static int rows_iov(struct iovec *iov, int n, uint8_t *base, uint64_t *row, uint64_t rows,
+                    uint64_t len, uint64_t stride)
+{
+    for (; *row < rows; (*row)++) {
+        uint8_t *p = base + *row * stride;
+        if (n > 0 && (uint8_t *)iov[n - 1].iov_base + iov[n - 1].iov_len == p &&
+            iov[n - 1].iov_len <= SIZE_MAX - len) {
+            iov[n - 1].iov_len += len;
+            continue;
+        }
+        if (n == ROWS_IOV)
+            break;
+        iov[n++] = (struct iovec){ p, (size_t)len };
+    }
+    return n;
+}
+
+int fr_read_rows(int fd, uint8_t *base, uint64_t rows, uint64_t len, uint64_t stride)
+{
+    struct iovec iov[ROWS_IOV];
+    uint64_t row = 0;
+
+    while (row < rows) {
+        int n = rows_iov(iov, 0, base, &row, rows, len, stride);
+        int rc = readv_full(fd, iov, n);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+int fr_write_rows(int fd, const void *head, size_t hlen, const uint8_t *base, uint64_t rows,
+                  uint64_t len, uint64_t stride)
+{
+    struct iovec iov[ROWS_IOV];
+    uint64_t row = 0;
+    int n = 0;
+
+    if (hlen > 0)
+        iov[n++] = (struct iovec){ (void *)head, hlen };
+    do {
+        n = rows_iov(iov, n, (uint8_t *)base, &row, rows, len, stride);
+        int rc = fr_writev_full(fd, iov, n);
+        if (rc < 0)
+            return rc;
+        n = 0;
+    } while (row < rows);
+    return 0;
+}
+
 int fr_drain(int fd, uint64_t n)
 {
     uint8_t buf[DRAIN_BUF];

@@ -25,6 +25,13 @@
 int fr_read_full(int fd, void *buf, size_t n);
 int fr_write_full(int fd, const void *buf, size_t n);
 int fr_writev_full(int fd, struct iovec *iov, int iovcnt);
+/* Strided payloads: rows*len bytes on the socket, packed, that are rows of
+ * len bytes in memory, row i at base + i*stride (any stride: rows may
+ * overlap or touch). fr_write_rows sends head (hlen bytes, may be 0) first.
+ * At most a few hundred iovecs per system call, whatever rows is. */
+int fr_read_rows(int fd, uint8_t *base, uint64_t rows, uint64_t len, uint64_t stride);
+int fr_write_rows(int fd, const void *head, size_t hlen, const uint8_t *base, uint64_t rows,
+                  uint64_t len, uint64_t stride);
 /* Read and discard n bytes. */
 int fr_drain(int fd, uint64_t n);
 /* Read one frame header + meta and decode it. Decoding failures return

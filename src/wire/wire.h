@@ -12,9 +12,10 @@
  *    16   4  len     bytes after the header (meta + data)
  *    20   4  check   low 32 bits of XXH3-64 of bytes 0..19
  *
- * Every message starts with a fixed-size "meta" body. WRITE and READ_RESP
- * carry a data payload after their meta: the receiver decodes the meta,
- * validates it, and then receives the data straight into its destination.
+ * Every message starts with a fixed-size "meta" body. WRITE, WRITE_ROWS and
+ * READ_RESP carry a data payload after their meta: the receiver decodes the
+ * meta, validates it, and then receives the data straight into its
+ * destination.
  * Decoders never read past their input and reject anything malformed with
  * FERRY_EPROTO (bad magic/version/type/check/length) or FERRY_EMSGSIZE
  * (length above the hard limit for the type). */
@@ -47,7 +48,9 @@ enum fr_msg_type {
     FR_MSG_MAP = 10,      /* shm: ask for the memfd behind a region */
     FR_MSG_MAP_RESP = 11, /* shm: reply; the fd travels as SCM_RIGHTS */
     FR_MSG_SHM_HELLO = 12,/* shm: server -> client after AUTH_OK; key-table fd as SCM_RIGHTS */
-    FR_MSG_TYPE_MAX = 12,
+    FR_MSG_WRITE_ROWS = 13, /* meta + the rows' data packed back to back; answered by ACK */
+    FR_MSG_READ_ROWS = 14,  /* answered by READ_RESP carrying the rows packed */
+    FR_MSG_TYPE_MAX = 14,
 };
 
 /* Store protocol frames (wire/store_msg.h) use types in this range and a
@@ -86,6 +89,12 @@ typedef struct { int32_t status; } fr_msg_auth_fail;
  * an op partly outside a region is refused in all its chunks and touches
  * nothing. span_len == 0 means the span is the chunk itself (span_addr 0). */
 typedef struct { uint64_t key, addr, len, span_addr, span_len; } fr_msg_rw;
+/* WRITE_ROWS (then rows*len data bytes) and READ_ROWS: rows of len bytes,
+ * row i at addr + i*stride at the target; the initiator's own layout does
+ * not travel. 2 <= rows, 0 < len <= stride, rows*len <= FR_WIRE_MAX_DATA,
+ * and addr + (rows-1)*stride + len (the chunk's extent) neither wraps nor
+ * leaves the span, which means what it means for fr_msg_rw. */
+typedef struct { uint64_t key, addr, len, stride, span_addr, span_len; uint32_t rows; } fr_msg_rows;
 typedef struct { int32_t status; uint64_t len; } fr_msg_read_resp;
 typedef struct { int32_t status; uint64_t value; } fr_msg_ack;
 typedef struct { uint64_t tag, value; } fr_msg_notify;
@@ -106,6 +115,7 @@ typedef struct {
         fr_msg_auth_ok auth_ok;
         fr_msg_auth_fail auth_fail;
         fr_msg_rw rw;                 /* WRITE, READ */
+        fr_msg_rows rows;             /* WRITE_ROWS, READ_ROWS */
         fr_msg_read_resp read_resp;
         fr_msg_ack ack;
         fr_msg_notify notify;
@@ -115,6 +125,12 @@ typedef struct {
     } u;
 } fr_msg;
 
+/* Bytes a valid WRITE_ROWS/READ_ROWS moves: rows * len. */
+static inline uint64_t fr_msg_rows_bytes(const fr_msg_rows *r)
+{
+    return (uint64_t)r->rows * r->len;
+}
+
 /* Size of the fixed meta body of a type; 0 for an unknown or store type. */
 size_t fr_wire_meta_len(uint16_t type);
 
@@ -122,20 +138,22 @@ size_t fr_wire_meta_len(uint16_t type);
 void fr_wire_hdr_encode(uint8_t *out, uint16_t type, uint64_t req_id, uint32_t len);
 /* Decode and validate a header: magic, version, known type, check, and that
  * len is consistent with the type (== meta for fixed messages, >= meta and
- * <= meta + FR_WIRE_MAX_DATA for WRITE/READ_RESP, <= FR_WIRE_STORE_MAX_LEN
+ * <= meta + FR_WIRE_MAX_DATA for WRITE/WRITE_ROWS/READ_RESP, <= FR_WIRE_STORE_MAX_LEN
  * for store types). n < FR_WIRE_HDR_LEN is
  * FERRY_EPROTO (truncated). */
 int fr_wire_hdr_decode(const uint8_t *in, size_t n, fr_frame_hdr *out);
 
 /* Encode header + meta of m into out (cap bytes). data_len is the number of
- * data bytes that will follow (WRITE: must equal m->u.rw.len; READ_RESP: must
+ * data bytes that will follow (WRITE: must equal m->u.rw.len; WRITE_ROWS:
+ * fr_msg_rows_bytes(&m->u.rows); READ_RESP: must
  * equal m->u.read_resp.len, or 0 when status != 0; others: 0). Returns bytes
  * written (header + meta) or a negative code. */
 int fr_wire_encode(const fr_msg *m, uint64_t req_id, uint64_t data_len, uint8_t *out, size_t cap);
 /* Decode the meta body of a frame whose header was already decoded (not a
  * store frame: FERRY_EPROTO). body has
  * n bytes (n >= fr_wire_meta_len(hdr->type) needed). Checks cross-field
- * consistency: WRITE rw.len == hdr.len - meta; READ_RESP len == hdr.len - meta
+ * consistency: WRITE rw.len == hdr.len - meta; WRITE_ROWS rows*len == hdr.len
+ * - meta; the READ/WRITE_ROWS bounds above; READ_RESP len == hdr.len - meta
  * when status == 0, and hdr.len == meta when status != 0; READ len <=
  * FR_WIRE_MAX_DATA and len > 0; statuses are <= 0. */
 int fr_wire_decode(const fr_frame_hdr *hdr, const uint8_t *body, size_t n, fr_msg *out);

@@ -555,6 +555,84 @@ static void test_strided_refused(void **s)
     assert_still_serving();
 }
 
+/* Chunks the engine cuts a strided op into for the transport under test:
+ * rows grouped up to the chunk size and the transport's row limit, or one
+ * row a chunk where it takes no rows. */
+static uint64_t strided_chunks(uint64_t rows, uint64_t len, uint64_t rstride)
+{
+    const fr_transport *tp = strcmp(g_tp, "shm") == 0 ? &fr_transport_shm : &fr_transport_tcp;
+    uint64_t cs = tp->max_chunk ? tp->max_chunk : F.e->cfg.tcp_chunk;
+    if (!tp->strided || (tp->disjoint_rows && rstride < len))
+        return rows;
+    uint64_t per = cs / len;
+    if (tp->max_rows && per > tp->max_rows)
+        per = tp->max_rows;
+    return (rows + per - 1) / per;
+}
+
+static uint64_t peer_refusals(void)
+{
+    char reply[128];
+    unsigned long long refused, auth, frames;
+    assert_int_equal(ft_peer_cmd(&F.peer, reply, sizeof reply, 30000, "stats"), 0);
+    assert_int_equal(sscanf(reply, "OK %llu %llu %llu", &refused, &auth, &frames), 3);
+    return refused;
+}
+
+/* One strided op, counted: completions (one per chunk: over tcp one per
+ * request) as ops_completed here, and, over tcp, requests the peer refused
+ * as its remote_refused. */
+static uint64_t completions_of(ferry_op op, int want_state)
+{
+    ferry_engine_stats a, b;
+    ferry_engine_get_stats(F.e, &a);
+    assert_int_equal(run(&op, 1, 60000), want_state);
+    ferry_engine_get_stats(F.e, &b);
+    return (b.ops_completed - a.ops_completed) + (b.ops_failed - a.ops_failed);
+}
+
+/* A strided op costs a request per chunk of rows, not per row: a TP column
+ * shard (4096 rows of 1 KiB, stride 4 KiB) is a handful of requests over
+ * tcp (its row limit) and over shm (its chunk size), and a peer that
+ * refuses it counts one refusal per request it was sent. Rows that overlap
+ * at the target still go one by one over tcp (the wire carries disjoint
+ * rows only). */
+static void test_strided_requests(void **s)
+{
+    (void)s;
+    const uint64_t rows = 4096, len = 1024, rs = 4096, span = (rows - 1) * rs + len;
+    const uint64_t want = strided_chunks(rows, len, rs);
+    assert_true(want <= rows / 256);   /* not a request per row */
+    assert_int_equal(ft_peer_cmd(&F.peer, NULL, 0, 30000, "fill 70"), 0);
+    uint8_t *expect = malloc(span);
+    ft_pattern(expect, span, 70, 0);
+    ft_pattern(F.buf, rows * len, 71, 0);
+    for (uint64_t i = 0; i < rows; i++)
+        memcpy(expect + i * rs, F.buf + i * len, len);
+    assert_int_equal(completions_of(strided(wr(F.buf, len, 0), rows, len, rs), FERRY_TICKET_COMPLETED), want);
+    assert_true(ft_peer_hash(&F.peer, 0, span) == ft_hash(expect, span));
+    /* back into rows 2 KiB apart locally: scattered on arrival */
+    memset(F.buf, 0xC5, rows * 2 * len);
+    assert_int_equal(completions_of(strided(rd(F.buf, len, 0), rows, 2 * len, rs), FERRY_TICKET_COMPLETED), want);
+    for (uint64_t i = 0; i < rows; i++) {
+        assert_memory_equal(F.buf + i * 2 * len, expect + i * rs, len);
+        assert_int_equal(F.buf[i * 2 * len + len], 0xC5);
+    }
+    free(expect);
+
+    /* the last row one byte out: every request refused, none applied */
+    const uint64_t roff = F.rr.len - span + 1;
+    uint64_t before = peer_refusals();
+    assert_int_equal(completions_of(strided(wr(F.buf, len, roff), rows, len, rs), FERRY_TICKET_ABORTED), want);
+    uint64_t refused = peer_refusals() - before;
+    assert_int_equal(refused, strcmp(g_tp, "tcp") == 0 ? want : 0);   /* shm checks at the initiator */
+
+    /* overlapping remote rows (stride 0: the same row read 64 times) */
+    assert_int_equal(completions_of(strided(rd(F.buf, 512, 0), 64, 512, 0), FERRY_TICKET_COMPLETED),
+                     strided_chunks(64, 512, 0));
+    assert_still_serving();
+}
+
 /* ---- failures of the peer --------------------------------------------------------- */
 
 /* A batch that cannot finish while the peer is stopped: writes, then a
@@ -855,6 +933,7 @@ static const struct CMUnitTest tests[] = {
     T(test_strided),
     T(test_strided_then_notify),
     T(test_strided_refused),
+    T(test_strided_requests),
     cmocka_unit_test_setup_teardown(test_strided, setup_heap, teardown),
     cmocka_unit_test_setup_teardown(test_strided_refused, setup_heap, teardown),
     T(test_wrong_key),

@@ -12,7 +12,10 @@
  *
  * Whenever a decode succeeds the value is encoded again, and the encoding
  * must reproduce the accepted input bytes exactly (every encoding is
- * canonical) and decode to the identical value; anything else aborts. */
+ * canonical) and decode to the identical value; anything else aborts. A
+ * decoded READ_ROWS/WRITE_ROWS must also describe rows a target can serve
+ * without overflow (rows_sane). corpus_wire/ seeds every message type,
+ * the strided ones (*_rows) included, in modes 0, 1 and 4. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,6 +62,24 @@ static void msg_round_trip(const fr_frame_hdr *h, const fr_msg *m, const uint8_t
     FR_FUZZ_CHECK(memcmp(m, &m2, sizeof m2) == 0);
 }
 
+/* What a target computes from an accepted strided request must not wrap:
+ * the extent, its end, the packed size, and the size is the frame's. */
+static void rows_sane(const fr_frame_hdr *h, const fr_msg *m)
+{
+    if (h->type != FR_MSG_READ_ROWS && h->type != FR_MSG_WRITE_ROWS)
+        return;
+    const fr_msg_rows *r = &m->u.rows;
+    uint64_t ext, end;
+    FR_FUZZ_CHECK(r->rows >= 2 && r->len > 0 && r->stride >= r->len);
+    FR_FUZZ_CHECK(fr_msg_rows_bytes(r) <= FR_WIRE_MAX_DATA);
+    FR_FUZZ_CHECK(!__builtin_mul_overflow((uint64_t)r->rows - 1, r->stride, &ext) &&
+                  !__builtin_add_overflow(ext, r->len, &ext) &&
+                  !__builtin_add_overflow(r->addr, ext, &end));
+    FR_FUZZ_CHECK(r->span_len == 0 || (r->addr >= r->span_addr && end - r->span_addr <= r->span_len));
+    if (h->type == FR_MSG_WRITE_ROWS)
+        FR_FUZZ_CHECK(h->len - fr_wire_meta_len(h->type) == fr_msg_rows_bytes(r));
+}
+
 static void fuzz_frame(const uint8_t *in, size_t n)
 {
     fr_frame_hdr h;
@@ -68,6 +89,7 @@ static void fuzz_frame(const uint8_t *in, size_t n)
         return;
     if (fr_wire_decode(&h, in + FR_WIRE_HDR_LEN, n - FR_WIRE_HDR_LEN, &m) < 0)
         return;
+    rows_sane(&h, &m);
     msg_round_trip(&h, &m, in + FR_WIRE_HDR_LEN, b);
     FR_FUZZ_CHECK(memcmp(b, in, FR_WIRE_HDR_LEN) == 0);
 }

@@ -23,6 +23,7 @@ static const uint16_t all_types[] = {
     FR_MSG_CHALLENGE, FR_MSG_AUTH, FR_MSG_AUTH_OK, FR_MSG_AUTH_FAIL,
     FR_MSG_WRITE, FR_MSG_READ, FR_MSG_READ_RESP, FR_MSG_ACK,
     FR_MSG_NOTIFY, FR_MSG_MAP, FR_MSG_MAP_RESP, FR_MSG_SHM_HELLO,
+    FR_MSG_WRITE_ROWS, FR_MSG_READ_ROWS,
 };
 #define NTYPES (sizeof all_types / sizeof all_types[0])
 
@@ -64,13 +65,14 @@ static size_t expected_meta_len(uint16_t type)
     case FR_MSG_READ_RESP: case FR_MSG_ACK: case FR_MSG_NOTIFY: return 16;
     case FR_MSG_MAP: case FR_MSG_SHM_HELLO: return 8;
     case FR_MSG_MAP_RESP: return 32;
+    case FR_MSG_WRITE_ROWS: case FR_MSG_READ_ROWS: return 56;
     default: return 0;
     }
 }
 
 static bool has_data(uint16_t type)
 {
-    return type == FR_MSG_WRITE || type == FR_MSG_READ_RESP;
+    return type == FR_MSG_WRITE || type == FR_MSG_WRITE_ROWS || type == FR_MSG_READ_RESP;
 }
 
 /* A valid message of each type with distinctive field values; *data_len is
@@ -130,6 +132,17 @@ static void sample(uint16_t type, fr_msg *m, uint64_t *data_len)
     case FR_MSG_SHM_HELLO:
         m->u.shm_hello.pid = 4242;
         m->u.shm_hello.table_slots = 16384;
+        break;
+    case FR_MSG_WRITE_ROWS:
+    case FR_MSG_READ_ROWS:
+        m->u.rows.key = 0x1112131415161718u;
+        m->u.rows.addr = 0x7F0000100000u;
+        m->u.rows.len = 4096;
+        m->u.rows.stride = 16384;
+        m->u.rows.rows = 1000;
+        m->u.rows.span_addr = 0x7F0000000000u;
+        m->u.rows.span_len = 64u << 20;
+        *data_len = type == FR_MSG_WRITE_ROWS ? 1000 * 4096 : 0;
         break;
     }
 }
@@ -387,6 +400,17 @@ static void expected_meta(const fr_msg *m, uint8_t *p)
         le(p, m->u.shm_hello.pid, 4);
         le(p + 4, m->u.shm_hello.table_slots, 4);
         break;
+    case FR_MSG_WRITE_ROWS:
+    case FR_MSG_READ_ROWS:
+        le(p, m->u.rows.key, 8);
+        le(p + 8, m->u.rows.addr, 8);
+        le(p + 16, m->u.rows.len, 8);
+        le(p + 24, m->u.rows.span_addr, 8);
+        le(p + 32, m->u.rows.span_len, 8);
+        le(p + 40, m->u.rows.stride, 8);
+        le(p + 48, m->u.rows.rows, 4);
+        le(p + 52, 0, 4);
+        break;
     }
 }
 
@@ -500,6 +524,7 @@ static void test_decode_reserved(void **state)
     static const struct { uint16_t type; size_t off; } rsv[] = {
         { FR_MSG_AUTH, 52 }, { FR_MSG_AUTH_OK, 36 }, { FR_MSG_AUTH_FAIL, 4 },
         { FR_MSG_READ_RESP, 4 }, { FR_MSG_ACK, 4 }, { FR_MSG_MAP_RESP, 4 },
+        { FR_MSG_WRITE_ROWS, 52 }, { FR_MSG_READ_ROWS, 52 },
     };
     for (size_t i = 0; i < sizeof rsv / sizeof rsv[0]; i++) {
         for (size_t b = 0; b < 4; b++) {

@@ -62,7 +62,7 @@ typedef struct tcp_stream {
     bool has_sender, has_receiver;
     /* Sender-only scratch: encoded headers and the gather list. */
     uint8_t hdr[SEND_BATCH][HDR_CAP];
-    struct iovec iov[2 * SEND_BATCH];
+    struct iovec iov[SEND_IOV];
 } tcp_stream;
 
 struct tcp_conn {
@@ -101,7 +101,7 @@ static void conn_fail(tcp_conn *c, int rc, const char *why)
 
 static uint64_t chunk_cost(const fr_chunk *ch)
 {
-    return ch->len + CHUNK_COST;
+    return fr_chunk_bytes(ch) + CHUNK_COST;
 }
 
 static void chunk_finish(tcp_stream *s, fr_chunk *ch, int status, bool touched)
@@ -164,10 +164,20 @@ static int encode_request(const fr_chunk *ch, uint8_t *out)
     fr_msg m = { 0 };
     uint64_t data = 0;
 
-    /* The wire carries one run per request: the engine posts a strided op
-     * to this transport as one chunk per row (it has no .strided). */
-    if (ch->rows > 1)
-        return FERRY_EINVAL;
+    if (ch->rows > 1) {
+        /* Rows of a strided op: one request, the rows packed on the wire.
+         * The engine cuts at ROWS_MAX rows and sends rows that overlap at
+         * the target one by one (.disjoint_rows), which the codec checks. */
+        if (ch->rows > ROWS_MAX ||
+            (ch->opcode != FERRY_OP_WRITE && ch->opcode != FERRY_OP_READ))
+            return FERRY_EINVAL;
+        m.type = ch->opcode == FERRY_OP_WRITE ? FR_MSG_WRITE_ROWS : FR_MSG_READ_ROWS;
+        m.u.rows = (fr_msg_rows){ .key = ch->key, .addr = ch->remote_addr, .len = ch->len,
+                                  .stride = ch->rstride, .span_addr = ch->span_addr,
+                                  .span_len = ch->span_len, .rows = (uint32_t)ch->rows };
+        data = ch->opcode == FERRY_OP_WRITE ? fr_chunk_bytes(ch) : 0;
+        return fr_wire_encode(&m, ch->req_id, data, out, HDR_CAP);
+    }
     switch (ch->opcode) {
     case FERRY_OP_WRITE:
         m.type = FR_MSG_WRITE;
@@ -193,9 +203,33 @@ static int encode_request(const fr_chunk *ch, uint8_t *out)
     return fr_wire_encode(&m, ch->req_id, data, out, HDR_CAP);
 }
 
+/* Gather entries a chunk's payload takes: a WRITE's local rows, one each
+ * unless they touch (local stride == len); nothing for READ and NOTIFY. */
+static uint64_t payload_iovs(const fr_chunk *ch)
+{
+    if (ch->opcode != FERRY_OP_WRITE)
+        return 0;
+    return ch->rows > 1 && ch->lstride != ch->len ? ch->rows : 1;
+}
+
+/* Append a WRITE's payload to the gather list at iov[n]; returns the new
+ * count (n + payload_iovs(ch)). */
+static int gather_payload(struct iovec *iov, int n, const fr_chunk *ch)
+{
+    if (ch->rows <= 1 || ch->lstride == ch->len) {
+        iov[n++] = (struct iovec){ ch->local, (size_t)fr_chunk_bytes(ch) };
+        return n;
+    }
+    for (uint64_t i = 0; i < ch->rows; i++)
+        iov[n++] = (struct iovec){ ch->local + i * ch->lstride, (size_t)ch->len };
+    return n;
+}
+
 /* Wait for work, then move up to SEND_BATCH chunks from the queue to the
- * in-flight FIFO and build their gather list. Everything read from a chunk
- * is read here, under the lock, before it can be completed by the receiver.
+ * in-flight FIFO and build their gather list (at most SEND_IOV entries: a
+ * chunk that would not fit waits for the next batch, and any one chunk the
+ * codec takes fits an empty list). Everything read from a chunk is read
+ * here, under the lock, before it can be completed by the receiver.
  * Chunks the codec refuses go to *bad (never sent). Returns the iov count,
  * or -1 once the connection is dead. */
 static int sender_take(tcp_stream *s, fr_chunk **bad)
@@ -213,6 +247,8 @@ static int sender_take(tcp_stream *s, fr_chunk **bad)
     uint64_t bytes = 0;
     while (s->qhead && nhdr < SEND_BATCH && bytes < BATCH_BYTES) {
         fr_chunk *ch = s->qhead;
+        if (niov > 0 && (uint64_t)niov + 1 + payload_iovs(ch) > SEND_IOV)
+            break;
         s->qhead = ch->next;
         if (!s->qhead)
             s->qtail = NULL;
@@ -226,9 +262,9 @@ static int sender_take(tcp_stream *s, fr_chunk **bad)
         }
         s->next_req++;
         s->iov[niov++] = (struct iovec){ s->hdr[nhdr++], (size_t)n };
-        if (ch->opcode == FERRY_OP_WRITE && ch->len > 0) {
-            s->iov[niov++] = (struct iovec){ ch->local, (size_t)ch->len };
-            bytes += ch->len;
+        if (ch->opcode == FERRY_OP_WRITE) {
+            niov = gather_payload(s->iov, niov, ch);
+            bytes += fr_chunk_bytes(ch);
         }
         if (s->itail)
             s->itail->next = ch;
@@ -265,8 +301,8 @@ static void *sender_main(void *arg)
         int niov = sender_take(s, &bad);
         while (bad) {
             fr_chunk *next = bad->next;
-            FR_WARN(TAG, "refusing a chunk the wire cannot carry (len %llu)",
-                    (unsigned long long)bad->len);
+            FR_WARN(TAG, "refusing a chunk the wire cannot carry (%llu rows of %llu bytes)",
+                    (unsigned long long)(bad->rows > 1 ? bad->rows : 1), (unsigned long long)bad->len);
             bad->next = NULL;
             chunk_finish(s, bad, FERRY_EINVAL, false);
             bad = next;
@@ -295,9 +331,10 @@ static bool reply_fits(const fr_chunk *ch, const fr_frame_hdr *hdr, const fr_msg
     switch (ch->opcode) {
     case FERRY_OP_READ:
         return hdr->type == FR_MSG_READ_RESP &&
-               (m->u.read_resp.status != 0 || m->u.read_resp.len == ch->len);
+               (m->u.read_resp.status != 0 || m->u.read_resp.len == fr_chunk_bytes(ch));
     case FERRY_OP_WRITE:
-        return hdr->type == FR_MSG_ACK && (m->u.ack.status != 0 || m->u.ack.value == ch->len);
+        return hdr->type == FR_MSG_ACK &&
+               (m->u.ack.status != 0 || m->u.ack.value == fr_chunk_bytes(ch));
     case FERRY_OP_NOTIFY:
         return hdr->type == FR_MSG_ACK;
     default:
@@ -349,7 +386,9 @@ static int handle_reply(tcp_stream *s, const fr_frame_hdr *hdr, const fr_msg *m)
             reply_done(s, ch, status, false);
             return 0;
         }
-        int rc = fr_read_full(s->fd, ch->local, ch->len);
+        /* A strided READ's rows arrive packed; scatter them to the local rows. */
+        int rc = ch->rows > 1 ? fr_read_rows(s->fd, ch->local, ch->rows, ch->len, ch->lstride)
+                              : fr_read_full(s->fd, ch->local, ch->len);
         reply_done(s, ch, rc < 0 ? FERRY_ECONNRESET : 0, true);
         return rc;
     }
@@ -623,6 +662,11 @@ const fr_transport fr_transport_tcp = {
     .name = "tcp",
     .bit = FR_TRANSPORT_TCP,
     .max_chunk = 0,   /* 0: the engine splits at cfg.tcp_chunk */
+    /* A strided op goes as chunks of up to ROWS_MAX rows (and at most a
+     * chunk's bytes), one WRITE_ROWS/READ_ROWS request each. */
+    .strided = true,
+    .disjoint_rows = true,
+    .max_rows = ROWS_MAX,
     .start = fr_tcp_start,
     .stop = fr_tcp_stop,
     .connect = tcp_connect,

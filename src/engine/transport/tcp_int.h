@@ -4,6 +4,7 @@
 #ifndef FR_TCP_INT_H
 #define FR_TCP_INT_H
 
+#include <limits.h>
 #include <sys/socket.h>
 
 #include "engine/engine_int.h"
@@ -12,7 +13,12 @@
 #define MAX_STREAMS 64u        /* post() tracks streams in a 64-bit mask */
 #define SEND_BATCH 16          /* chunks per writev */
 #define BATCH_BYTES (1u << 20) /* stop adding payloads to a writev past this */
-#define HDR_CAP 128            /* room for header + meta of WRITE/READ/NOTIFY */
+/* Entries in a sender's gather list: one writev is one sendmsg. */
+#define SEND_IOV IOV_MAX
+/* Rows in one strided chunk (fr_transport.max_rows): a WRITE of this many
+ * rows and its header fit in one gather list with room to spare. */
+#define ROWS_MAX (SEND_IOV / 2)
+#define HDR_CAP 128            /* room for header + meta of WRITE/READ/NOTIFY and the _ROWS forms */
 #define CHUNK_COST 64          /* per-chunk weight in the stream load */
 #define PEER_NAME 64
 

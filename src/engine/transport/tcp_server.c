@@ -1,7 +1,9 @@
 /* tcp transport, serving side: an accept thread hands every connection to
  * its own thread, which authenticates the peer and then serves requests
  * strictly in order, receiving WRITE payloads straight into the target region
- * and sending READ data straight from it. */
+ * and sending READ data straight from it. A strided request (WRITE_ROWS,
+ * READ_ROWS) is checked whole, first row to last, before a byte moves; its
+ * rows travel packed and are scattered or gathered with iovecs. */
 #include <arpa/inet.h>
 #include <assert.h>
 #include <errno.h>
@@ -86,6 +88,54 @@ static int srv_read(ferry_engine *e, int fd, uint64_t req_id, const fr_msg_rw *r
     return rc;
 }
 
+/* The access a strided request makes, as a READ/WRITE of its extent: the
+ * first row's start to the last row's end, inside the op's span (the
+ * decoder checked that it neither wraps nor leaves the span). Checking it
+ * before any byte moves refuses the whole request when any row is out. */
+static fr_msg_rw rows_extent(const fr_msg_rows *r)
+{
+    return (fr_msg_rw){ .key = r->key, .addr = r->addr,
+                        .len = ((uint64_t)r->rows - 1) * r->stride + r->len,
+                        .span_addr = r->span_addr, .span_len = r->span_len };
+}
+
+static int srv_write_rows(ferry_engine *e, int fd, uint64_t req_id, const fr_msg_rows *r)
+{
+    const fr_msg_rw ext = rows_extent(r);
+    const uint64_t bytes = fr_msg_rows_bytes(r);
+    ferry_region *reg;
+    uint8_t *ptr;
+
+    int rc = fr_region_acquire(e, &ext, FERRY_REMOTE_WRITE, &reg, &ptr);
+    if (rc < 0) {
+        int drc = fr_drain(fd, bytes);
+        return drc < 0 ? drc : srv_reply_ack(fd, req_id, rc, 0);
+    }
+    rc = fr_read_rows(fd, ptr, r->rows, r->len, r->stride);
+    fr_region_release(reg);
+    return rc < 0 ? rc : srv_reply_ack(fd, req_id, 0, bytes);
+}
+
+static int srv_read_rows(ferry_engine *e, int fd, uint64_t req_id, const fr_msg_rows *r)
+{
+    const fr_msg_rw ext = rows_extent(r);
+    fr_msg m = { .type = FR_MSG_READ_RESP };
+    ferry_region *reg;
+    uint8_t *ptr;
+    uint8_t hdr[HDR_CAP];
+
+    int rc = fr_region_acquire(e, &ext, FERRY_REMOTE_READ, &reg, &ptr);
+    if (rc < 0) {
+        m.u.read_resp.status = rc;
+        return fr_send_msg(fd, &m, req_id);
+    }
+    m.u.read_resp.len = fr_msg_rows_bytes(r);
+    int n = fr_wire_encode(&m, req_id, m.u.read_resp.len, hdr, sizeof hdr);
+    rc = n < 0 ? n : fr_write_rows(fd, hdr, (size_t)n, ptr, r->rows, r->len, r->stride);
+    fr_region_release(reg);
+    return rc;
+}
+
 /* Log why a served connection ends: corrupt input is a warning and counted;
  * a peer going away is routine. */
 static void srv_drop(ferry_engine *e, const srv_conn *sc, int rc)
@@ -117,6 +167,12 @@ static void srv_serve(ferry_engine *e, srv_conn *sc)
             break;
         case FR_MSG_READ:
             rc = srv_read(e, fd, hdr.req_id, &m.u.rw);
+            break;
+        case FR_MSG_WRITE_ROWS:
+            rc = srv_write_rows(e, fd, hdr.req_id, &m.u.rows);
+            break;
+        case FR_MSG_READ_ROWS:
+            rc = srv_read_rows(e, fd, hdr.req_id, &m.u.rows);
             break;
         case FR_MSG_NOTIFY:
             fr_notify_deliver(e, m.u.notify.tag, m.u.notify.value);
