@@ -235,7 +235,9 @@ int ft_main_peer(int argc, char **argv)
     printf("READY %s %s %p\n", dh, eh, mem);
     fflush(stdout);
     rc = peer_loop(e, mem, size);
-    ferry_engine_close(e);
+    ferry_engine_close(e);   /* releases the region and engine-allocated memory */
+    if (use_malloc)
+        free(mem);
     return rc;
 }
 

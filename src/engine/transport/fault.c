@@ -10,8 +10,9 @@
  *
  * Every count is of chunks, and the engine cuts ops for the transport
  * underneath (p->inner_tp): a strided op is one chunk per group of rows
- * (up to the chunk size) over shm and one chunk per row over tcp, so a
- * fault hits a whole group of rows, or one row, at a time. */
+ * (up to the chunk size over shm; up to 512 rows and the chunk size over
+ * tcp, one row at a time when the remote rows overlap), so a fault hits a
+ * whole group of rows at a time. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
