@@ -10,25 +10,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include <cmocka.h>
+
+#include "util/ftstore.h"
 
 static void test_demo_small(void **state)
 {
     (void)state;
-    const char *bin = getenv("FERRY_BIN");
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "%s demo --bytes 48M --trainers 3 --rollouts 2 --generations 2 "
-             "--json", bin && *bin ? bin : "./ferry");
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
     static char out[1 << 16];
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
+    int st = ft_run(out, sizeof out, "%s demo --bytes 48M --trainers 3 --rollouts 2 --generations 2 --json",
+                    ft_ferry_bin());
     fprintf(stderr, "%s", out);
-    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    assert_int_equal(st, 0);
     assert_non_null(strstr(out, "\"ok\":true"));
     assert_non_null(strstr(out, "\"generation\":2"));
     assert_non_null(strstr(out, "\"direct_read_ratio\":1.000"));

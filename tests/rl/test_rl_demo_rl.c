@@ -10,24 +10,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include <cmocka.h>
+
+#include "util/ftstore.h"
 
 static char out[1 << 16];
 
 static void run(const char *args)
 {
-    const char *bin = getenv("FERRY_BIN");
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "%s demo rl %s --json", bin && *bin ? bin : "./ferry", args);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
+    int st = ft_run(out, sizeof out, "%s demo rl %s --json", ft_ferry_bin(), args);
     fprintf(stderr, "%s: %s", args, out);
-    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    assert_int_equal(st, 0);
 }
 
 static double num(const char *key)
@@ -72,16 +66,8 @@ static void test_drop_two_updaters(void **state)
 static void test_bad_bound_refused(void **state)
 {
     (void)state;
-    const char *bin = getenv("FERRY_BIN");
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "%s demo rl --batch 32 --updaters 2 --bound 64 2>&1",
-             bin && *bin ? bin : "./ferry");
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 2);
+    int st = ft_run(out, sizeof out, "%s demo rl --batch 32 --updaters 2 --bound 64 2>&1", ft_ferry_bin());
+    assert_int_equal(st, 2);
     assert_non_null(strstr(out, "must exceed batch x updaters"));
 }
 

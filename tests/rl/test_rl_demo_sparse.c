@@ -12,26 +12,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include <cmocka.h>
 #include <jansson.h>
+
+#include "util/ftstore.h"
 
 static char out[1 << 17];
 
 /* Run `ferry demo --sparse ARGS --json`; the exit status. */
 static int run(const char *args)
 {
-    const char *bin = getenv("FERRY_BIN");
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "%s demo --sparse %s --json", bin && *bin ? bin : "./ferry", args);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
+    int st = ft_run(out, sizeof out, "%s demo --sparse %s --json", ft_ferry_bin(), args);
     fprintf(stderr, "%s: %s", args, out);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return st;
 }
 
 static json_int_t get_int(const json_t *o, const char *k)
@@ -82,15 +76,8 @@ static void test_sparse_generations(void **state)
 static void test_bad_shape_refused(void **state)
 {
     (void)state;
-    const char *bin = getenv("FERRY_BIN");
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "%s demo --sparse --rollouts 3 --ep 2 2>&1", bin && *bin ? bin : "./ferry");
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 2);
+    int st = ft_run(out, sizeof out, "%s demo --sparse --rollouts 3 --ep 2 2>&1", ft_ferry_bin());
+    assert_int_equal(st, 2);
     assert_non_null(strstr(out, "usage: ferry demo"));
 }
 

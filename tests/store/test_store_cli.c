@@ -14,24 +14,6 @@
 
 #include "util/ftstore.h"
 
-/* Run a shell command, capture its stdout (at most cap-1 bytes). */
-static int run(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int run(char *out, size_t cap, const char *fmt, ...)
-{
-    char cmd[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    FILE *p = popen(cmd, "r");
-    if (!p)
-        return -1;
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 static void test_up_status_down(void **state)
 {
     (void)state;
@@ -39,15 +21,15 @@ static void test_up_status_down(void **state)
     assert_non_null(mkdtemp(dir));
     char out[8192];
     const char *bin = ft_ferry_bin();
-    int up = run(out, sizeof out, "FERRY_TOKEN= FERRY_TOKEN_FILE= %s up --dir %s --size 32M --detach",
+    int up = ft_run(out, sizeof out, "FERRY_TOKEN= FERRY_TOKEN_FILE= %s up --dir %s --size 32M --detach",
                  bin, dir);
     char *exp = strstr(out, "export FERRY_MASTER=");
     char master[64] = "";
     if (exp)
         sscanf(exp, "export FERRY_MASTER=%63s", master);
-    int st = up == 0 ? run(out, sizeof out, "%s status --dir %s --json", bin, dir) : -1;
+    int st = up == 0 ? ft_run(out, sizeof out, "%s status --dir %s --json", bin, dir) : -1;
     bool has_seg = strstr(out, "\"segments\"") && strstr(out, "33554432");
-    int st2 = up == 0 ? run(out, sizeof out, "%s status --dir %s", bin, dir) : -1;
+    int st2 = up == 0 ? ft_run(out, sizeof out, "%s status --dir %s", bin, dir) : -1;
     bool table = strstr(out, "32 MiB") != NULL;
     /* The token file written by up authenticates a client; none refuses it. */
     char tok[300];
@@ -61,9 +43,9 @@ static void test_up_status_down(void **state)
         open_rc = ferry_store_open(&cfg, &s);
     int put_rc = s ? ferry_store_put(s, "hello", "world", 5, NULL, NULL) : -1;
     ferry_store_close(s);
-    int down = run(out, sizeof out, "%s down --dir %s", bin, dir);
-    int again = run(out, sizeof out, "%s down --dir %s 2>&1", bin, dir);
-    int gone = run(out, sizeof out, "%s status --dir %s 2>&1", bin, dir);
+    int down = ft_run(out, sizeof out, "%s down --dir %s", bin, dir);
+    int again = ft_run(out, sizeof out, "%s down --dir %s 2>&1", bin, dir);
+    int gone = ft_run(out, sizeof out, "%s status --dir %s 2>&1", bin, dir);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     assert_int_equal(system(cmd), 0);

@@ -468,3 +468,22 @@ void ft_peer_stop(ft_peer *p)
     p->in_fd = p->out_fd = -1;
     p->pid = -1;
 }
+
+int ft_run(char *out, size_t cap, const char *fmt, ...)
+{
+    char cmd[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    int len = vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    out[0] = 0;
+    if (len < 0 || (size_t)len >= sizeof cmd)
+        return -1;
+    FILE *p = popen(cmd, "r");
+    if (!p)
+        return -1;
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}

@@ -72,6 +72,11 @@ void ft_peer_signal(ft_peer *p, int sig);
 int ft_peer_wait_exit(ft_peer *p, int timeout_ms);
 
 /* Deterministic pattern: byte i of the stream (seed). */
+/* Run a shell command (printf-style) and capture its stdout into out (at
+ * most cap - 1 bytes, NUL-terminated). Its exit status, or -1 when it could
+ * not be started or did not exit normally. */
+int ft_run(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 void ft_pattern(uint8_t *buf, uint64_t len, uint64_t seed, uint64_t offset);
 uint64_t ft_hash(const void *buf, uint64_t len);
 
