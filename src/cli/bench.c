@@ -279,32 +279,40 @@ static int parse(int argc, char **argv, bench_opts *o)
         if (!v)
             goto bad;
         i++;
+        int rc = 0;
         if (!strcmp(a, "--transport") && (!strcmp(v, "shm") || !strcmp(v, "tcp")))
             o->transport = v;
-        else if (!strcmp(a, "--block") && o->nblocks < 8 && cli_parse_size(v, &o->blocks[o->nblocks]) == 0)
-            o->nblocks++;
-        else if (!strcmp(a, "--total") && cli_parse_size(v, &o->total) == 0)
-            ;
-        else if (!strcmp(a, "--streams") && (o->streams = (unsigned)atoi(v)) > 0 && o->streams <= 64)
-            ;
-        else if (!strcmp(a, "--threads") && (o->threads = (unsigned)atoi(v)) > 0 && o->threads <= 64)
-            ;
-        else if (!strcmp(a, "--reps") && (o->reps = (unsigned)atoi(v)) > 0)
-            ;
-        else if (!strcmp(a, "--rows") && (o->rows = strtoull(v, NULL, 10)) > 0 && o->rows <= 1u << 24)
-            ;
-        else if (!strcmp(a, "--row") && cli_parse_size(v, &o->row) == 0 && o->row > 0)
-            ;
-        else if (!strcmp(a, "--stride") && cli_parse_size(v, &o->stride) == 0)
-            ;
+        else if (!strcmp(a, "--block") && o->nblocks == 8) {
+            fprintf(stderr, "ferry bench engine: at most 8 --block sizes\n");
+            goto bad;
+        } else if (!strcmp(a, "--block"))
+            rc = cli_opt_size(a, v, 1, UINT64_MAX, &o->blocks[o->nblocks++]);
+        else if (!strcmp(a, "--total"))
+            rc = cli_opt_size(a, v, 1, UINT64_MAX, &o->total);
+        else if (!strcmp(a, "--streams"))
+            rc = cli_opt_unsigned(a, v, 1, 64, &o->streams);
+        else if (!strcmp(a, "--threads"))
+            rc = cli_opt_unsigned(a, v, 1, 64, &o->threads);
+        else if (!strcmp(a, "--reps"))
+            rc = cli_opt_unsigned(a, v, 1, 100000, &o->reps);
+        else if (!strcmp(a, "--rows"))
+            rc = cli_opt_uint(a, v, 1, 1u << 24, &o->rows);
+        else if (!strcmp(a, "--row"))
+            rc = cli_opt_size(a, v, 1, UINT64_MAX, &o->row);
+        else if (!strcmp(a, "--stride"))
+            rc = cli_opt_size(a, v, 1, UINT64_MAX, &o->stride);
         else
+            goto bad;
+        if (rc < 0)
             goto bad;
     }
     /* the rows must fit the buffers: packed here, stride apart there */
     uint64_t ext;
     if (o->rows && (__builtin_mul_overflow(o->rows - 1, o->stride, &ext) || o->row > o->total ||
-                    ext > o->total - o->row || o->rows * o->row > o->total))
+                    ext > o->total - o->row || o->rows * o->row > o->total)) {
+        fprintf(stderr, "ferry bench engine: --rows of --row bytes, --stride apart, do not fit in --total\n");
         goto bad;
+    }
     if (o->nblocks == 0) {
         o->blocks[0] = 64 << 10;
         o->blocks[1] = 1 << 20;
@@ -312,8 +320,10 @@ static int parse(int argc, char **argv, bench_opts *o)
         o->nblocks = 3;
     }
     for (int i = 0; i < o->nblocks; i++)
-        if (o->blocks[i] > o->total)
+        if (o->blocks[i] > o->total) {
+            fprintf(stderr, "ferry bench engine: a --block is larger than --total\n");
             goto bad;
+        }
     return 0;
 bad:
     fprintf(stderr, "usage: ferry bench engine [--transport shm|tcp] [--block SIZE]... [--total SIZE]\n"

@@ -74,23 +74,26 @@ static int parse(int argc, char **argv, bx_opts *o)
         if (!v)
             return -1;
         i++;
+        int rc = 0;
         if (!strcmp(a, "--model"))
             o->model = v;
         else if (!strcmp(a, "--src"))
             o->src = v;
         else if (!strcmp(a, "--dst"))
             o->dst = v;
-        else if (!strcmp(a, "--bytes") && cli_parse_size(v, &o->bytes) == 0)
-            ;
-        else if (!strcmp(a, "--reps") && atoi(v) > 0)
-            o->reps = (unsigned)atoi(v);
-        else if (!strcmp(a, "--threads") && atoi(v) > 0 && atoi(v) <= 64)
-            o->threads = (unsigned)atoi(v);
-        else if (!strcmp(a, "--window") && atoi(v) > 0)
-            o->window = (unsigned)atoi(v);
-        else if (!strcmp(a, "--max-ops") && atoi(v) > 0)
-            o->max_ops = (uint64_t)atoi(v);
+        else if (!strcmp(a, "--bytes"))
+            rc = cli_opt_size(a, v, 1, UINT64_MAX, &o->bytes);
+        else if (!strcmp(a, "--reps"))
+            rc = cli_opt_unsigned(a, v, 1, 100000, &o->reps);
+        else if (!strcmp(a, "--threads"))
+            rc = cli_opt_unsigned(a, v, 1, 64, &o->threads);
+        else if (!strcmp(a, "--window"))   /* batches in flight; the engine's own op window is 4096 */
+            rc = cli_opt_unsigned(a, v, 1, 4096, &o->window);
+        else if (!strcmp(a, "--max-ops"))
+            rc = cli_opt_uint(a, v, 1, 1u << 24, &o->max_ops);
         else
+            return -1;
+        if (rc < 0)
             return -1;
     }
     return 0;

@@ -342,28 +342,49 @@ static int run_case(ferry_store *s, const sp_case_in *c, const sp_opts *op, sp_r
     return 0;
 }
 
+/* "RxC", each side 1..2048. */
+static int parse_tile(const char *opt, const char *v, uint64_t tile[2])
+{
+    char buf[64];
+    const char *x = strchr(v, 'x');
+    size_t n = x ? (size_t)(x - v) : 0;
+    uint64_t r, c;
+    if (x && n < sizeof buf) {
+        memcpy(buf, v, n);
+        buf[n] = 0;
+        if (cli_parse_uint(buf, &r) == 0 && cli_parse_uint(x + 1, &c) == 0 && r >= 1 && r <= 2048 &&
+            c >= 1 && c <= 2048) {
+            tile[0] = r;
+            tile[1] = c;
+            return 0;
+        }
+    }
+    fprintf(stderr, "ferry: %s wants ROWSxCOLS, each a whole number from 1 to 2048, not '%s'\n", opt, v);
+    return -1;
+}
+
 static int parse(int argc, char **argv, sp_opts *o)
 {
     *o = (sp_opts){.reps = 5, .tp = 8, .tile = {128, 128}, .seed = 0x9e3779b97f4a7c15ull};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        unsigned long long x, y;
         if (!strcmp(a, "--json") || !strcmp(a, "--no-store")) {
             *(a[2] == 'j' ? &o->json : &o->no_store) = true;
             continue;
         }
         if (!v)
             return -1;
-        if (!strcmp(a, "--reps") && (o->reps = (unsigned)atoi(v)) > 0)
-            i++;
-        else if (!strcmp(a, "--tp") && (o->tp = (unsigned)atoi(v)) > 0 && o->tp <= 64)
-            i++;
-        else if (!strcmp(a, "--tile") && sscanf(v, "%llux%llu", &x, &y) == 2 && x > 0 && y > 0 && x <= 2048 &&
-                 y <= 2048) {
-            o->tile[0] = x;
-            o->tile[1] = y;
-            i++;
-        } else
+        i++;
+        int rc;
+        if (!strcmp(a, "--reps"))
+            rc = cli_opt_unsigned(a, v, 1, 100000, &o->reps);
+        else if (!strcmp(a, "--tp"))
+            rc = cli_opt_unsigned(a, v, 1, 64, &o->tp);
+        else if (!strcmp(a, "--tile"))
+            rc = parse_tile(a, v, o->tile);
+        else
+            return -1;
+        if (rc < 0)
             return -1;
     }
     return 0;

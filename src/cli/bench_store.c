@@ -608,7 +608,6 @@ static int parse(int argc, char **argv, bs_opts *o)
                     .clients = 4, .seconds = 3, .reps = 3, .batch = 64, .sync = true };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int n = v ? atoi(v) : 0;
         if (!strcmp(a, "--json")) {
             o->json = true;
             continue;
@@ -620,21 +619,24 @@ static int parse(int argc, char **argv, bs_opts *o)
         if (!v)
             goto bad;
         i++;
-        if (!strcmp(a, "--size") && cli_parse_size(v, &o->size) == 0)
-            ;
-        else if (!strcmp(a, "--total") && cli_parse_size(v, &o->total) == 0)
-            ;
-        else if (!strcmp(a, "--object") && cli_parse_size(v, &o->object) == 0)
-            ;
-        else if (!strcmp(a, "--clients") && n > 0 && n <= CLIENTS_MAX)
-            o->clients = (unsigned)n;
-        else if (!strcmp(a, "--seconds") && n > 0)
-            o->seconds = (unsigned)n;
-        else if (!strcmp(a, "--reps") && n > 0)
-            o->reps = (unsigned)n;
-        else if (!strcmp(a, "--batch") && n > 0 && n <= BATCH_MAX)
-            o->batch = (unsigned)n;
+        int rc;
+        if (!strcmp(a, "--size"))   /* the node's segment: ferry node wants 1 MiB at least */
+            rc = cli_opt_size(a, v, 1u << 20, UINT64_MAX, &o->size);
+        else if (!strcmp(a, "--total"))
+            rc = cli_opt_size(a, v, 1, UINT64_MAX, &o->total);
+        else if (!strcmp(a, "--object"))
+            rc = cli_opt_size(a, v, 8, UINT64_MAX, &o->object);
+        else if (!strcmp(a, "--clients"))
+            rc = cli_opt_unsigned(a, v, 1, CLIENTS_MAX, &o->clients);
+        else if (!strcmp(a, "--seconds"))
+            rc = cli_opt_unsigned(a, v, 1, 3600, &o->seconds);
+        else if (!strcmp(a, "--reps"))
+            rc = cli_opt_unsigned(a, v, 1, 100000, &o->reps);
+        else if (!strcmp(a, "--batch"))
+            rc = cli_opt_unsigned(a, v, 1, BATCH_MAX, &o->batch);
         else
+            goto bad;
+        if (rc < 0)
             goto bad;
     }
     if (o->object <= o->total && o->total <= o->size && o->object >= 8)

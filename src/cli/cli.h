@@ -11,6 +11,21 @@
 
 /* Parse "4M", "64k", "1G", "123" (binary units). 0 on success. */
 int cli_parse_size(const char *s, uint64_t *out);
+/* Parse a whole decimal number: digits only (no sign, no spaces, no
+ * trailing characters), no overflow. 0 on success, -1 otherwise; silent. */
+int cli_parse_uint(const char *s, uint64_t *out);
+
+/* The value v of the user-facing option opt (e.g. "--rollouts"), within
+ * [min, max]. On success 0 and *out set; on bad input one line to stderr
+ * that names opt, the range and v, e.g.
+ *   ferry: --rollouts wants a whole number from 1 to 64, not '3x'
+ * and -1, *out untouched. The caller exits with status 2. */
+int cli_opt_uint(const char *opt, const char *v, uint64_t min, uint64_t max, uint64_t *out);
+int cli_opt_unsigned(const char *opt, const char *v, unsigned min, unsigned max, unsigned *out);
+/* A finite decimal number (strtod syntax, no leading space, nothing after). */
+int cli_opt_double(const char *opt, const char *v, double min, double max, double *out);
+/* A size as cli_parse_size reads it; max UINT64_MAX: no upper bound. */
+int cli_opt_size(const char *opt, const char *v, uint64_t min, uint64_t max, uint64_t *out);
 /* Format bytes as "4 MiB" etc. into buf. */
 const char *cli_fmt_size(uint64_t n, char *buf, size_t len);
 double cli_now(void);   /* monotonic seconds */

@@ -115,9 +115,11 @@ int cmd_demo_engine(int argc, char **argv, const char *self)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json"))
             json = true;
-        else if (!strcmp(argv[i], "--size") && i + 1 < argc && cli_parse_size(argv[++i], &total) == 0)
+        else if (!strcmp(argv[i], "--size") && i + 1 < argc &&
+                 cli_opt_size(argv[i], argv[i + 1], 1, 1ull << 40, &total) == 0) {
             total = (total + DEMO_BLOCK - 1) / DEMO_BLOCK * DEMO_BLOCK;
-        else {
+            i++;
+        } else {
             fprintf(stderr, "usage: ferry demo engine [--size SIZE] [--json]\n");
             return 2;
         }

@@ -249,6 +249,8 @@ int demo_parse(int argc, char **argv, const char *count_flag, unsigned count, ui
 {
     *o = (demo_opts){ .trainers = 4, .rollouts = 4, .count = count, .bytes = bytes };
     snprintf(o->model, sizeof o->model, "qwen3-8b");
+    /* ferry demo keeps one row per generation, 64 at most */
+    unsigned count_max = !strcmp(count_flag, "--generations") ? 64 : 100000;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--json")) {
@@ -258,24 +260,30 @@ int demo_parse(int argc, char **argv, const char *count_flag, unsigned count, ui
         if (!v)
             return -1;
         i++;
+        int rc = 0;
         if (!strcmp(a, "--trainers"))
-            o->trainers = (unsigned)atoi(v);
+            rc = cli_opt_unsigned(a, v, 1, 64, &o->trainers);
         else if (!strcmp(a, "--rollouts"))
-            o->rollouts = (unsigned)atoi(v);
-        else if (!strcmp(a, "--dp"))
-            o->dp = (unsigned)atoi(v);
+            rc = cli_opt_unsigned(a, v, 1, 64, &o->rollouts);
+        else if (!strcmp(a, "--dp"))   /* 0: the default below */
+            rc = cli_opt_unsigned(a, v, 0, 64, &o->dp);
         else if (!strcmp(a, count_flag))
-            o->count = (unsigned)atoi(v);
-        else if (!strcmp(a, "--bytes")) {
-            if (cli_parse_size(v, &o->bytes) != 0)
-                return -1;
-        } else if (!strcmp(a, "--model"))
+            rc = cli_opt_unsigned(a, v, 1, count_max, &o->count);
+        else if (!strcmp(a, "--bytes"))
+            rc = cli_opt_size(a, v, 1u << 20, UINT64_MAX, &o->bytes);
+        else if (!strcmp(a, "--model"))
             snprintf(o->model, sizeof o->model, "%s", v);
         else
+            return -1;
+        if (rc < 0)
             return -1;
     }
     if (o->dp == 0)
         o->dp = o->rollouts % 2 == 0 ? 2 : 1;   /* default: TP x DP2 when it divides */
+    if (o->rollouts % o->dp) {
+        fprintf(stderr, "ferry: --rollouts %u is not a multiple of --dp %u\n", o->rollouts, o->dp);
+        return -1;
+    }
     return o->trainers && o->trainers <= 64 && o->rollouts && o->rollouts <= 64 &&
                    o->rollouts % o->dp == 0 && o->count && o->bytes >= (1u << 20) ? 0 : -1;
 }

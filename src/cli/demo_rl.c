@@ -434,23 +434,36 @@ static int parse_rl(int argc, char **argv, rl_opts *o)
         if (!v)
             return -1;
         i++;
-        if (!strcmp(a, "--rollouts")) o->rollouts = (unsigned)atoi(v);
-        else if (!strcmp(a, "--updaters")) o->updaters = (unsigned)atoi(v);
-        else if (!strcmp(a, "--steps")) o->steps = (unsigned)atoi(v);
-        else if (!strcmp(a, "--batch")) o->batch = (unsigned)atoi(v);
-        else if (!strcmp(a, "--tokens")) o->tokens = (unsigned)atoi(v);
-        else if (!strcmp(a, "--bound")) o->bound = strtoull(v, NULL, 10);
-        else if (!strcmp(a, "--max-policy-lag")) o->lag = (unsigned)atoi(v);
-        else if (!strcmp(a, "--rate")) o->rate = atof(v);
-        else if (!strcmp(a, "--train-ms")) o->train_ms = atof(v);
+        int rc = 0;
+        if (!strcmp(a, "--rollouts"))
+            rc = cli_opt_unsigned(a, v, 1, 64, &o->rollouts);
+        else if (!strcmp(a, "--updaters"))
+            rc = cli_opt_unsigned(a, v, 1, 64, &o->updaters);
+        else if (!strcmp(a, "--steps"))
+            rc = cli_opt_unsigned(a, v, 1, 100000, &o->steps);
+        else if (!strcmp(a, "--batch"))
+            rc = cli_opt_unsigned(a, v, 1, 65536, &o->batch);
+        else if (!strcmp(a, "--tokens"))
+            rc = cli_opt_unsigned(a, v, 1, 1u << 20, &o->tokens);
+        else if (!strcmp(a, "--bound"))   /* 0: 2 x batch x updaters */
+            rc = cli_opt_uint(a, v, 0, 1000000000, &o->bound);
+        else if (!strcmp(a, "--max-policy-lag"))
+            rc = cli_opt_unsigned(a, v, 0, 1000000, &o->lag);
+        else if (!strcmp(a, "--rate"))   /* 0: as fast as it can */
+            rc = cli_opt_double(a, v, 0, 1e6, &o->rate);
+        else if (!strcmp(a, "--train-ms"))
+            rc = cli_opt_double(a, v, 0, 3600e3, &o->train_ms);
         else if (!strcmp(a, "--stale")) {
-            if (strcmp(v, "drop") && strcmp(v, "recompute"))
+            if (strcmp(v, "drop") && strcmp(v, "recompute")) {
+                fprintf(stderr, "ferry: --stale wants drop or recompute, not '%s'\n", v);
                 return -1;
+            }
             o->recompute = !strcmp(v, "recompute");
-        } else if (!strcmp(a, "--weights")) {
-            if (cli_parse_size(v, &o->weight_bytes) != 0)
-                return -1;
-        } else
+        } else if (!strcmp(a, "--weights"))
+            rc = cli_opt_size(a, v, 4096 * NT, 1ull << 40, &o->weight_bytes);
+        else
+            return -1;
+        if (rc < 0)
             return -1;
     }
     /* The bound counts leased records too: below the batches every update

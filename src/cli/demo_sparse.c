@@ -535,26 +535,49 @@ static int parse_sparse(int argc, char **argv, sp_spec *o)
         if (!v)
             return -1;
         i++;
-        if (!strcmp(a, "--rollouts")) rollouts = (unsigned)atoi(v);
-        else if (!strcmp(a, "--ep")) o->ep = (unsigned)atoi(v);
-        else if (!strcmp(a, "--trainers")) o->trainers = (unsigned)atoi(v);
-        else if (!strcmp(a, "--generations")) o->gens = (unsigned)atoi(v);
-        else if (!strcmp(a, "--hidden")) o->hidden = (unsigned)atoi(v);
-        else if (!strcmp(a, "--ffn")) o->ffn = (unsigned)atoi(v);
-        else if (!strcmp(a, "--experts")) o->experts = (unsigned)atoi(v);
-        else if (!strcmp(a, "--layers")) o->layers = (unsigned)atoi(v);
-        else if (!strcmp(a, "--tile")) o->tile = strtoull(v, NULL, 10);
+        int rc = 0;
+        if (!strcmp(a, "--rollouts"))
+            rc = cli_opt_unsigned(a, v, 1, 64, &rollouts);
+        else if (!strcmp(a, "--ep"))
+            rc = cli_opt_unsigned(a, v, 1, 64, &o->ep);
+        else if (!strcmp(a, "--trainers"))
+            rc = cli_opt_unsigned(a, v, 1, 64, &o->trainers);
+        else if (!strcmp(a, "--generations"))
+            rc = cli_opt_unsigned(a, v, 1, 64, &o->gens);
+        else if (!strcmp(a, "--hidden"))
+            rc = cli_opt_unsigned(a, v, 1, 16384, &o->hidden);
+        else if (!strcmp(a, "--ffn"))
+            rc = cli_opt_unsigned(a, v, 1, 65536, &o->ffn);
+        else if (!strcmp(a, "--experts"))
+            rc = cli_opt_unsigned(a, v, 1, 256, &o->experts);
+        else if (!strcmp(a, "--layers"))
+            rc = cli_opt_unsigned(a, v, 1, 64, &o->layers);
+        else if (!strcmp(a, "--tile"))   /* 0: the library's choice; larger is cut to the shape */
+            rc = cli_opt_uint(a, v, 0, 65536, &o->tile);
         else if (!strcmp(a, "--density")) {
-            double d = atof(v);
-            if (!(d > 0 && d <= 1))
-                return -1;
-            o->ppm = (uint32_t)(d * 1e6 + 0.5);
+            double d;
+            /* at least one entry per million: the children count in ppm */
+            if ((rc = cli_opt_double(a, v, 1e-6, 1, &d)) == 0)
+                o->ppm = (uint32_t)(d * 1e6 + 0.5);
         } else
             return -1;
+        if (rc < 0)
+            return -1;
     }
-    if (!o->ep || rollouts % o->ep)
+    if (rollouts % o->ep) {
+        fprintf(stderr, "ferry: --rollouts %u is not a multiple of --ep %u\n", rollouts, o->ep);
         return -1;
+    }
     o->tp = rollouts / o->ep;
+    if (o->experts % o->ep) {
+        fprintf(stderr, "ferry: --experts %u is not a multiple of --ep %u\n", o->experts, o->ep);
+        return -1;
+    }
+    if (o->hidden % o->tp || o->ffn % o->tp) {
+        fprintf(stderr, "ferry: --hidden %u and --ffn %u must be multiples of TP = --rollouts / --ep = %u\n",
+                o->hidden, o->ffn, o->tp);
+        return -1;
+    }
     return rollouts >= 1 && rollouts <= 64 && o->trainers >= 1 && o->trainers <= 64 &&
                    o->gens >= 1 && o->gens <= 64 && o->layers >= 1 && o->layers <= 64 &&
                    o->experts >= o->ep && o->experts % o->ep == 0 && o->experts <= 256 &&

@@ -99,19 +99,6 @@ static int write_addr_file(const char *path, const char *addr)
     return 0;
 }
 
-static int parse_ms(const char *opt, const char *s, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || *end || end == s || s[0] == '-' || v == 0) {
-        fprintf(stderr, "ferry master: %s wants a positive number, not '%s'\n", opt, s);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
 static const char *open_error(int rc, const ferry_master_config *c)
 {
     static char buf[4400];
@@ -160,14 +147,14 @@ int cmd_master(int argc, char **argv)
             token_file = v;
         else if (!strcmp(a, "--addr-file"))
             addr_file = v;
-        else if (!strcmp(a, "--heartbeat-timeout")) {
-            if (parse_ms(a, v, &c.heartbeat_timeout_ms) < 0)
+        else if (!strcmp(a, "--heartbeat-timeout")) {   /* up to a day */
+            if (cli_opt_uint(a, v, 1, 86400000, &c.heartbeat_timeout_ms) < 0)
                 return 2;
         } else if (!strcmp(a, "--pending-timeout")) {
-            if (parse_ms(a, v, &c.pending_timeout_ms) < 0)
+            if (cli_opt_uint(a, v, 1, 86400000, &c.pending_timeout_ms) < 0)
                 return 2;
         } else if (!strcmp(a, "--checkpoint-records")) {
-            if (parse_ms(a, v, &c.checkpoint_records) < 0)
+            if (cli_opt_uint(a, v, 1, 1000000000, &c.checkpoint_records) < 0)
                 return 2;
         } else {
             fprintf(stderr, "ferry master: unknown option %s\n\n", a);

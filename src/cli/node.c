@@ -72,10 +72,8 @@ int cmd_node(int argc, char **argv)
         if (!strcmp(a, "--master"))
             snprintf(cfg.master, sizeof cfg.master, "%s", v);
         else if (!strcmp(a, "--size")) {
-            if (cli_parse_size(v, &cfg.segment_size) != 0 || cfg.segment_size < (1u << 20)) {
-                fprintf(stderr, "ferry node: bad --size '%s' (at least 1M)\n", v);
+            if (cli_opt_size(a, v, 1u << 20, UINT64_MAX, &cfg.segment_size) < 0)
                 return 2;
-            }
         } else if (!strcmp(a, "--listen"))
             snprintf(cfg.engine.listen_addr, sizeof cfg.engine.listen_addr, "%s", v);
         else if (!strcmp(a, "--token-file")) {
@@ -84,13 +82,8 @@ int cmd_node(int argc, char **argv)
                 return 2;
             }
         } else if (!strcmp(a, "--heartbeat")) {
-            char *end;
-            unsigned long ms = strtoul(v, &end, 10);
-            if (*end || ms == 0 || ms > 60000) {
-                fprintf(stderr, "ferry node: bad --heartbeat '%s' (1..60000 ms)\n", v);
+            if (cli_opt_unsigned(a, v, 1, 60000, &cfg.heartbeat_ms) < 0)
                 return 2;
-            }
-            cfg.heartbeat_ms = (uint32_t)ms;
         } else if (!strcmp(a, "--ready-file"))
             ready = v;
         else {

@@ -63,6 +63,8 @@ static int parse_plan(int argc, char **argv, plan_opts *o, bool bench)
         }
         if (!v)
             return usage_plan(bench);
+        uint64_t n;
+        int rc = 0;
         if (!strcmp(a, "--model"))
             o->model = v;
         else if (!strcmp(a, "--src"))
@@ -73,19 +75,24 @@ static int parse_plan(int argc, char **argv, plan_opts *o, bool bench)
             o->save_src = v;
         else if (!strcmp(a, "--save-dst") && !bench)
             o->save_dst = v;
-        else if (!strcmp(a, "--gpus-per-node") && atoi(v) > 0)
-            o->gpn = (uint32_t)atoi(v);
-        else if (!strcmp(a, "--runs") && !bench && atol(v) >= 0)
-            o->runs = atol(v);
-        else if (!strcmp(a, "--dst-rank") && !bench && atol(v) >= 0)
-            o->dst_rank = atol(v);
-        else if (!strcmp(a, "--nic") && !bench)
+        else if (!strcmp(a, "--gpus-per-node"))
+            rc = cli_opt_unsigned(a, v, 1, 1024, &o->gpn);
+        else if (!strcmp(a, "--runs") && !bench) {
+            if ((rc = cli_opt_uint(a, v, 0, 1000000000, &n)) == 0)
+                o->runs = (long)n;
+        } else if (!strcmp(a, "--dst-rank") && !bench) {
+            if ((rc = cli_opt_uint(a, v, 0, UINT32_MAX, &n)) == 0)   /* ranks are uint32 */
+                o->dst_rank = (int64_t)n;
+        } else if (!strcmp(a, "--nic") && !bench)
             o->nic = v;
-        else if (!strcmp(a, "--nics-per-node") && !bench && atoi(v) > 0)
-            o->nics = (uint32_t)atoi(v);
-        else if (!strcmp(a, "--baseline-tensors") && bench && atol(v) >= 0)
-            o->baseline_tensors = (size_t)atol(v);
-        else
+        else if (!strcmp(a, "--nics-per-node") && !bench)
+            rc = cli_opt_unsigned(a, v, 1, 64, &o->nics);
+        else if (!strcmp(a, "--baseline-tensors") && bench) {
+            if ((rc = cli_opt_uint(a, v, 0, 100000000, &n)) == 0)
+                o->baseline_tensors = (size_t)n;
+        } else
+            return usage_plan(bench);
+        if (rc < 0)
             return usage_plan(bench);
         i++;
     }

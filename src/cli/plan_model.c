@@ -15,6 +15,7 @@
  * run per row there — a billion runs for kimi-k2 — and one run here). The
  * reader assignment is the code the subscriber runs (src/rl/readers.c). */
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -67,7 +68,7 @@ static int parse_bw(const char *s, double *out)
 {
     char *end;
     double v = strtod(s, &end);
-    if (end == s || v <= 0)
+    if (end == s || !(v > 0) || !isfinite(v))
         return -1;
     double mul = 1;
     switch (*end) {
@@ -442,7 +443,7 @@ int cli_plan_model(const char *model, const char *src, const char *dst, uint32_t
 {
     double bw;
     if (parse_bw(nic, &bw) < 0) {
-        fprintf(stderr, "ferry plan: --nic %s: give a rate like 400gbps, 100Gb/s or 25GB/s\n", nic);
+        fprintf(stderr, "ferry: --nic wants a rate such as 400gbps, 100Gb/s or 25GB/s, not '%s'\n", nic);
         return 2;
     }
     if (!model) {

@@ -68,10 +68,8 @@ static int parse(const char *cmd, int argc, char **argv, up_opts *o)
         else if (v && !strcmp(a, "--master"))
             snprintf(o->master, sizeof o->master, "%s", argv[++i]);
         else if (v && !strcmp(a, "--size")) {
-            if (cli_parse_size(argv[++i], &o->size) != 0 || o->size < (1u << 20)) {
-                fprintf(stderr, "ferry %s: bad --size '%s' (at least 1M)\n", cmd, argv[i]);
+            if (cli_opt_size(a, argv[++i], 1u << 20, UINT64_MAX, &o->size) < 0)
                 return -1;
-            }
         } else {
             fprintf(stderr, "ferry %s: unknown option or missing value: %s\n", cmd, a);
             return -1;

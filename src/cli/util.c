@@ -2,6 +2,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,8 @@
 int cli_parse_size(const char *s, uint64_t *out)
 {
     char *end;
+    if (!isdigit((unsigned char)s[0]))
+        return -1;   /* strtoull would take spaces and a sign: "-1" is not 16 EiB */
     errno = 0;
     unsigned long long v = strtoull(s, &end, 10);
     if (errno || end == s)
@@ -35,6 +38,78 @@ int cli_parse_size(const char *s, uint64_t *out)
         return -1;
     *out = v * mul;
     return 0;
+}
+
+int cli_parse_uint(const char *s, uint64_t *out)
+{
+    if (!*s)
+        return -1;
+    for (const char *p = s; *p; p++)
+        if (!isdigit((unsigned char)*p))
+            return -1;
+    errno = 0;
+    unsigned long long v = strtoull(s, NULL, 10);
+    if (errno)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+int cli_opt_uint(const char *opt, const char *v, uint64_t min, uint64_t max, uint64_t *out)
+{
+    uint64_t x;
+    if (cli_parse_uint(v, &x) == 0 && x >= min && x <= max) {
+        *out = x;
+        return 0;
+    }
+    fprintf(stderr, "ferry: %s wants a whole number from %llu to %llu, not '%s'\n", opt,
+            (unsigned long long)min, (unsigned long long)max, v);
+    return -1;
+}
+
+int cli_opt_unsigned(const char *opt, const char *v, unsigned min, unsigned max, unsigned *out)
+{
+    uint64_t x;
+    if (cli_opt_uint(opt, v, min, max, &x) < 0)
+        return -1;
+    *out = (unsigned)x;
+    return 0;
+}
+
+int cli_opt_double(const char *opt, const char *v, double min, double max, double *out)
+{
+    if (*v && !isspace((unsigned char)*v)) {
+        char *end;
+        errno = 0;
+        double x = strtod(v, &end);
+        if (end != v && !*end && errno != ERANGE && isfinite(x) && x >= min && x <= max) {
+            *out = x;
+            return 0;
+        }
+    }
+    fprintf(stderr, "ferry: %s wants a number from %.15g to %.15g, not '%s'\n", opt, min, max, v);
+    return -1;
+}
+
+int cli_opt_size(const char *opt, const char *v, uint64_t min, uint64_t max, uint64_t *out)
+{
+    uint64_t x;
+    if (cli_parse_size(v, &x) == 0 && x >= min && x <= max) {
+        *out = x;
+        return 0;
+    }
+    char lo[32], hi[32];
+    cli_fmt_size(min, lo, sizeof lo);
+    cli_fmt_size(max, hi, sizeof hi);
+    const char *eg = min >= (1u << 20) ? "64M or 4G" : "64K, 4M or 1G";
+    if (max == UINT64_MAX && min <= 1)
+        fprintf(stderr, "ferry: %s wants a size such as %s, not '%s'\n", opt, eg, v);
+    else if (max == UINT64_MAX)
+        fprintf(stderr, "ferry: %s wants a size of at least %s (such as %s), not '%s'\n", opt, lo, eg, v);
+    else
+        fprintf(stderr, "ferry: %s wants a size from %s to %s (such as %s), not '%s'\n", opt, lo, hi, eg,
+                v);
+    return -1;
 }
 
 const char *cli_fmt_size(uint64_t n, char *buf, size_t len)

@@ -1,0 +1,141 @@
+/* The CLI's numeric options through the built binary: a bad value (trailing
+ * characters, no digits, a sign, out of range) is refused before anything
+ * starts, with exit status 2 and one line that names the option and the
+ * value; a good one still works. Every command here would start processes
+ * (a cluster, workers, a benchmark) if its value were taken, so each runs
+ * under `timeout` and must return at once. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "util/ftstore.h"
+#include "util/testutil.h"
+
+static char out[1 << 16];
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* `ferry ARGS` must fail with status 2, its first line "ferry: OPT ...
+ * 'BAD'", before it starts anything: within seconds on a loaded machine,
+ * where a started cluster or benchmark would run far longer (a master or a
+ * node forever, until `timeout` ends it with 124). */
+static void refused(const char *args, const char *opt, const char *bad)
+{
+    double t0 = now();
+    int st = ft_run(out, sizeof out, "timeout 60 %s %s 2>&1", ft_ferry_bin(), args);
+    double dt = now() - t0;
+    fprintf(stderr, "ferry %s -> %d in %.2f s: %.*s\n", args, st, dt, (int)strcspn(out, "\n"), out);
+    assert_int_equal(st, 2);
+    assert_true(dt < 15);
+    char want[160];
+    snprintf(want, sizeof want, "ferry: %s wants ", opt);
+    assert_int_equal(strncmp(out, want, strlen(want)), 0);   /* the reason comes first */
+    snprintf(want, sizeof want, "'%s'\n", bad);
+    const char *nl = strchr(out, '\n');
+    assert_non_null(nl);
+    const char *q = strstr(out, want);
+    assert_true(q && q < nl + 1);   /* the value, on that same line */
+}
+
+static void test_demo_rl(void **state)
+{
+    (void)state;
+    refused("demo rl --rollouts 3x", "--rollouts", "3x");
+    assert_non_null(strstr(out, "usage: ferry demo rl"));   /* the usage still follows */
+    refused("demo rl --rollouts abc", "--rollouts", "abc");
+    refused("demo rl --rollouts 65", "--rollouts", "65");
+    refused("demo rl --steps 0", "--steps", "0");
+    refused("demo rl --rate inf", "--rate", "inf");
+    refused("demo rl --train-ms 5ms", "--train-ms", "5ms");
+    refused("demo rl --weights 1K", "--weights", "1K");
+}
+
+static void test_demo(void **state)
+{
+    (void)state;
+    refused("demo --trainers -1", "--trainers", "-1");
+    refused("demo --rollouts 99999999999999999999999", "--rollouts", "99999999999999999999999");
+    refused("demo --generations 65", "--generations", "65");
+    refused("demo --bytes 512K", "--bytes", "512K");
+    refused("demo --sparse --density 2x", "--density", "2x");
+    refused("demo --sparse --density 0", "--density", "0");
+    refused("demo --sparse --ep 2.5", "--ep", "2.5");
+    refused("demo engine --size 4X", "--size", "4X");
+}
+
+static void test_bench(void **state)
+{
+    (void)state;
+    refused("bench exec --reps 0", "--reps", "0");
+    refused("bench exec --reps x", "--reps", "x");
+    refused("bench exec --threads 65", "--threads", "65");
+    refused("bench engine --streams 4q", "--streams", "4q");
+    refused("bench engine --block -1", "--block", "-1");
+    refused("bench engine --rows ' 8'", "--rows", " 8");
+    refused("bench store --clients 0", "--clients", "0");
+    refused("bench store --size 1x", "--size", "1x");
+    refused("bench weights --reps +3", "--reps", "+3");
+    refused("bench sparse --tile 0x4", "--tile", "0x4");
+    refused("bench sparse --tile 16x16x", "--tile", "16x16x");
+}
+
+static void test_plan(void **state)
+{
+    (void)state;
+    refused("plan --model qwen3-8b --src fsdp:8 --dst tp:4,dp:2 --runs 5x", "--runs", "5x");
+    refused("plan --model qwen3-8b --src fsdp:8 --dst tp:4,dp:2 --dst-rank -1", "--dst-rank", "-1");
+    refused("plan --model qwen3-8b --src fsdp:8 --dst tp:4,dp:2 --gpus-per-node 0", "--gpus-per-node",
+            "0");
+    refused("plan --model qwen3-8b --src fsdp:8 --dst tp:4,dp:2 --nic nangbps", "--nic", "nangbps");
+    refused("bench plan --model qwen3-8b --src fsdp:8 --dst tp:4,dp:2 --baseline-tensors 1e3",
+            "--baseline-tensors", "1e3");
+
+    /* good values still work */
+    int st = ft_run(out, sizeof out,
+                    "%s plan --model qwen3-8b --src fsdp:8 --dst tp:4,dp:2 --gpus-per-node 8 --runs 3 "
+                    "--dst-rank 1 2>&1", ft_ferry_bin());
+    assert_int_equal(st, 0);
+    assert_non_null(strstr(out, "model.embed_tokens.weight"));
+    assert_null(strstr(out, "ferry: "));
+}
+
+static void test_master_node_up(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/ferry-cli-args-XXXXXX", cmd[256];
+    assert_non_null(mkdtemp(dir));
+    snprintf(cmd, sizeof cmd, "master --dir %s/m --heartbeat-timeout 10x", dir);
+    refused(cmd, "--heartbeat-timeout", "10x");
+    snprintf(cmd, sizeof cmd, "master --dir %s/m --checkpoint-records 0", dir);
+    refused(cmd, "--checkpoint-records", "0");
+    refused("node --master 127.0.0.1:1 --heartbeat 60001", "--heartbeat", "60001");
+    refused("node --master 127.0.0.1:1 --size 512K", "--size", "512K");
+    snprintf(cmd, sizeof cmd, "up --dir %s/u --size 1x", dir);
+    refused(cmd, "--size", "1x");
+    ft_run(out, sizeof out, "rm -rf '%s'", dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_demo_rl),
+        cmocka_unit_test(test_demo),
+        cmocka_unit_test(test_bench),
+        cmocka_unit_test(test_plan),
+        cmocka_unit_test(test_master_node_up),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
