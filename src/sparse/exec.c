@@ -270,18 +270,6 @@ out:
     return rc;
 }
 
-static int64_t coord(const void *buf, size_t isz, uint64_t row, uint32_t ndim, uint32_t k)
-{
-    if (isz == 4) {
-        int32_t v;
-        memcpy(&v, (const uint8_t *)buf + (row * ndim + k) * 4, 4);
-        return v;
-    }
-    int64_t v;
-    memcpy(&v, (const uint8_t *)buf + (row * ndim + k) * 8, 8);
-    return v;
-}
-
 /* One (source, target) pair: its ranges out of the reads, filtered and
  * rebased. */
 static int make_result(sp_call *c, const ferry_sparse_pair *p, const ferry_sparse_target *t,
@@ -327,7 +315,7 @@ static int make_result(sp_call *c, const ferry_sparse_pair *p, const ferry_spars
         for (uint64_t row = g->start - base; row < g->end - base; row++) {
             bool keep = true;
             for (uint32_t k = 0; k < d->ndim && g->boundary; k++) {
-                int64_t x = coord(b->indices, isz, row, d->ndim, k);
+                int64_t x = fr_sp_coord(b->indices, isz, row, d->ndim, k);
                 keep = keep && x >= 0 && (uint64_t)x >= lo[k] && (uint64_t)x < hi[k];
             }
             if (!keep) {
@@ -336,7 +324,7 @@ static int make_result(sp_call *c, const ferry_sparse_pair *p, const ferry_spars
             }
             for (uint32_t k = 0; k < d->ndim; k++)
                 res->indices[o * d->ndim + k] =
-                    coord(b->indices, isz, row, d->ndim, k) - (int64_t)lo[k];
+                    fr_sp_coord(b->indices, isz, row, d->ndim, k) - (int64_t)lo[k];
             memcpy((uint8_t *)res->values + o * vsz, (const uint8_t *)b->values + row * vsz, vsz);
             o++;
         }

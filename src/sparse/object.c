@@ -327,18 +327,6 @@ static int radix_sort(sortent *a, size_t n)
     return 0;
 }
 
-static int64_t coord_at(const void *indices, size_t isz, uint64_t i, uint32_t ndim, uint32_t k)
-{
-    if (isz == 4) {
-        int32_t v;
-        memcpy(&v, (const uint8_t *)indices + (i * ndim + k) * 4, 4);
-        return v;
-    }
-    int64_t v;
-    memcpy(&v, (const uint8_t *)indices + (i * ndim + k) * 8, 8);
-    return v;
-}
-
 static void fmt_coord(char *buf, size_t cap, const int64_t *c, uint32_t ndim)
 {
     size_t o = 0;
@@ -382,12 +370,12 @@ static int make_keys(const ferry_sparse_desc *d, const void *indices, size_t isz
     for (uint64_t i = 0; i < d->nnz; i++) {
         uint64_t t = 0, e = 0;
         for (uint32_t k = 0; k < d->ndim; k++) {
-            int64_t c = coord_at(indices, isz, i, d->ndim, k);
+            int64_t c = fr_sp_coord(indices, isz, i, d->ndim, k);
             if (c < 0 || (uint64_t)c >= d->shape[k]) {
                 int64_t cc[FERRY_SPARSE_NDIM_MAX];
                 char a[200], s[200];
                 for (uint32_t q = 0; q < d->ndim; q++)
-                    cc[q] = coord_at(indices, isz, i, d->ndim, q);
+                    cc[q] = fr_sp_coord(indices, isz, i, d->ndim, q);
                 fmt_coord(a, sizeof a, cc, d->ndim);
                 fmt_shape(s, sizeof s, d->shape, d->ndim);
                 return fr_sp_fail(err, FERRY_EINVAL,
@@ -425,7 +413,7 @@ static int build_sorted(const ferry_sparse_desc *d, const void *indices, const v
             int64_t cc[FERRY_SPARSE_NDIM_MAX];
             char a[200];
             for (uint32_t q = 0; q < d->ndim; q++)
-                cc[q] = coord_at(indices, isz, b->ent[i].idx, d->ndim, q);
+                cc[q] = fr_sp_coord(indices, isz, b->ent[i].idx, d->ndim, q);
             fmt_coord(a, sizeof a, cc, d->ndim);
             return fr_sp_fail(err, FERRY_EINVAL,
                               "put_sparse_object %s: coordinate (%s) appears twice (entries %"
@@ -459,7 +447,7 @@ static int build_sorted(const ferry_sparse_desc *d, const void *indices, const v
         if (!i || b->ent[i].key / vol != b->ent[i - 1].key / vol) {
             for (uint32_t k = 0; k < d->ndim; k++)
                 b->tile_coords[t * d->ndim + k] =
-                    coord_at(indices, isz, src, d->ndim, k) / (int64_t)d->tile[k];
+                    fr_sp_coord(indices, isz, src, d->ndim, k) / (int64_t)d->tile[k];
             b->tile_ptr[t++] = (int64_t)o;
         }
         o++;

@@ -5,6 +5,8 @@
 #define FR_SPARSE_INT_H
 
 #include <stdarg.h>
+#include <stdint.h>
+#include <string.h>
 #include <stdio.h>
 
 #include "ferry/reshard.h"
@@ -68,6 +70,22 @@ static inline size_t fr_sp_index_size(const char *dt)
     if (dt[1] == '3' && dt[2] == '2' && !dt[3]) return 4;
     if (dt[1] == '6' && dt[2] == '4' && !dt[3]) return 8;
     return 0;
+}
+
+/* Coordinate k of entry i in an nnz x ndim index array of isz-byte (4: i32,
+ * 8: i64) integers; unaligned buffers are fine. */
+static inline int64_t fr_sp_coord(const void *indices, size_t isz, uint64_t i, uint32_t ndim,
+                                  uint32_t k)
+{
+    const uint8_t *p = (const uint8_t *)indices + (i * ndim + k) * isz;
+    if (isz == 4) {
+        int32_t v;
+        memcpy(&v, p, 4);
+        return v;
+    }
+    int64_t v;
+    memcpy(&v, p, 8);
+    return v;
 }
 
 #endif
