@@ -192,6 +192,10 @@ int fp_publish_stats_put(PyObject *d, uint64_t generation, const ferry_publish_s
 /* The C handle of a ferry.Store (borrowed), or NULL with TypeError or
  * ValueError (not open) set. */
 ferry_store *fp_store_handle(PyObject *o);
+/* Parse the positional arguments (store, str) with fmt ("Os:name") and
+ * return the store's C handle (*so: the ferry.Store, *str: the string), or
+ * NULL with an error set. */
+ferry_store *fp_store_str_args(PyObject *args, const char *fmt, PyObject **so, const char **str);
 /* Count a call or an object using the handle without the GIL (delta +1,
  * then -1): Store.close() refuses with BusyError while any is counted. */
 void fp_store_busy(PyObject *o, int delta);

@@ -416,9 +416,7 @@ static PyObject *p_current(PyObject *self, PyObject *args)
     (void)self;
     PyObject *so;
     const char *model;
-    if (!PyArg_ParseTuple(args, "Os:policy_current", &so, &model))
-        return NULL;
-    ferry_store *s = fp_store_handle(so);
+    ferry_store *s = fp_store_str_args(args, "Os:policy_current", &so, &model);
     if (!s)
         return NULL;
     ferry_policy_version pv;
@@ -440,9 +438,7 @@ static PyObject *p_history(PyObject *self, PyObject *args)
     (void)self;
     PyObject *so;
     const char *model;
-    if (!PyArg_ParseTuple(args, "Os:policy_history", &so, &model))
-        return NULL;
-    ferry_store *s = fp_store_handle(so);
+    ferry_store *s = fp_store_str_args(args, "Os:policy_history", &so, &model);
     if (!s)
         return NULL;
     ferry_policy_version *h = PyMem_Calloc(SP_HISTORY_MAX, sizeof *h);

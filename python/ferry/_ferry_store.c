@@ -1446,6 +1446,13 @@ ferry_store *fp_store_handle(PyObject *o)
     return st_of((StoreObject *)o);
 }
 
+ferry_store *fp_store_str_args(PyObject *args, const char *fmt, PyObject **so, const char **str)
+{
+    if (!PyArg_ParseTuple(args, fmt, so, str))
+        return NULL;
+    return fp_store_handle(*so);
+}
+
 void fp_store_busy(PyObject *o, int delta)
 {
     ((StoreObject *)o)->inflight += delta;

@@ -211,9 +211,7 @@ static PyObject *w_active(PyObject *self, PyObject *args)
     (void)self;
     PyObject *so;
     const char *model;
-    if (!PyArg_ParseTuple(args, "Os:weights_active", &so, &model))
-        return NULL;
-    ferry_store *s = fp_store_handle(so);
+    ferry_store *s = fp_store_str_args(args, "Os:weights_active", &so, &model);
     if (!s)
         return NULL;
     uint64_t gen = 0;
