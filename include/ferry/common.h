@@ -39,6 +39,7 @@ extern "C" {
 #define FERRY_ESTALE     (-ESTALE)     /* descriptor belongs to a previous instance of the peer */
 #define FERRY_ENOTSUP    (-ENOTSUP)    /* not supported by this build or transport */
 #define FERRY_ECANCELED  (-ECANCELED)  /* cancelled (engine closing, peer reset) */
+#define FERRY_EUNREACH   (-EHOSTUNREACH) /* node unreachable (suspect or reconnecting): its objects are kept */
 
 #define FERRY_EBASE      4096
 #define FERRY_EAUTH      (-(FERRY_EBASE + 1)) /* authentication with the cluster token failed */

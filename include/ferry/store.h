@@ -242,14 +242,20 @@ int ferry_store_status_json(ferry_store *s, char **json);
 /* ---- the master process ----------------------------------------------------------- */
 /* The metadata server: an event loop over TCP serving the store protocol,
  * every change logged (group-committed fsync) before it is acknowledged,
- * snapshots, node liveness by heartbeats (docs/store.md, "Master server"). */
+ * snapshots, node and client liveness (docs/store.md, "Liveness"): a silent
+ * node is suspect (unreachable, objects kept), never dead by a timeout
+ * alone unless dead_after_ms is set. */
 typedef struct ferry_master ferry_master;
 typedef struct ferry_master_config {
     char dir[4096];                 /* state directory (log, snapshots); one master at a time */
     char listen[64];                /* "HOST:PORT", port 0 picks one (default 127.0.0.1:0) */
     uint8_t token[FERRY_TOKEN_MAX]; /* cluster token (required) */
     size_t token_len;
-    uint64_t heartbeat_timeout_ms;  /* a silent connection or node is dead after this (10000) */
+    uint64_t heartbeat_timeout_ms;  /* a node or client silent this long is suspect (10000) */
+    uint64_t grace_ms;              /* a node or client whose connection closed is declared dead
+                                     * (objects lost; puts revoked, queue leases returned) after
+                                     * this unless it reconnects (0: heartbeat_timeout_ms) */
+    uint64_t dead_after_ms;         /* a suspect node is declared dead after this (0: never) */
     uint64_t pending_timeout_ms;    /* revoke puts whose writer vanished (60000) */
     uint64_t checkpoint_records;    /* snapshot after this many log records (1000000) */
     bool no_sync;                   /* do not fsync the log: tests and benchmarks only */
@@ -278,6 +284,12 @@ void ferry_master_close(ferry_master *m);   /* NULL ok */
 typedef struct ferry_node ferry_node;
 typedef struct ferry_node_config {
     char master[128];        /* default FERRY_MASTER */
+    /* A name that stays the same when the node restarts (a new process is a
+     * new incarnation: new node and segment ids). When a node mounts under
+     * the name of one that is gone or suspect, the master declares the old
+     * one dead at once instead of waiting out its grace period; a live node
+     * keeps its name. "" (default): no name. */
+    char name[64];
     ferry_engine_config engine;  /* its listen address is where clients reach the segment */
     uint64_t segment_size;   /* bytes (default 1 GiB) */
     uint32_t heartbeat_ms;   /* default 1000 */

@@ -26,6 +26,7 @@ static const char *fr_errno_text(int code)
     case FERRY_ESTALE:       return "stale: descriptor belongs to a previous instance of the peer";
     case FERRY_ENOTSUP:      return "operation not supported by this build or transport";
     case FERRY_ECANCELED:    return "operation cancelled";
+    case FERRY_EUNREACH:     return "node unreachable: its objects are kept until it is back or declared dead";
     default:                 return NULL;
     }
 }

@@ -24,17 +24,27 @@ static void master_usage(FILE *f)
 {
     fprintf(f,
             "usage: ferry master --dir DIR [--listen HOST:PORT] [--token-file F]\n"
-            "                    [--heartbeat-timeout MS] [--pending-timeout MS]\n"
-            "                    [--checkpoint-records N] [--addr-file F] [--no-sync]\n"
+            "                    [--heartbeat-timeout MS] [--grace MS] [--dead-after MS]\n"
+            "                    [--pending-timeout MS] [--checkpoint-records N]\n"
+            "                    [--addr-file F] [--no-sync]\n"
             "\n"
             "Serve the store's metadata (segments, objects, KV, barriers, queues) over TCP.\n"
             "Every change is logged in DIR before it is acknowledged; a restart on the same\n"
-            "DIR recovers it. Nodes that owned segments get --heartbeat-timeout to re-attach.\n"
+            "DIR recovers it. Nodes that owned segments get --grace to re-attach.\n"
+            "\n"
+            "A node or client silent for --heartbeat-timeout is suspect: nothing new is placed\n"
+            "on a suspect node and reads of its objects fail fast, but its objects are kept and\n"
+            "come back when it is heard again. A node is declared dead (its objects lost) only\n"
+            "when its connection closed and it did not reconnect within --grace, a new node of\n"
+            "the same name mounted, or it stayed suspect past --dead-after.\n"
             "\n"
             "  --dir DIR               state directory (created if needed; one master at a time)\n"
             "  --listen HOST:PORT      address to serve (default 127.0.0.1:0: any free port)\n"
             "  --token-file F          cluster token (else FERRY_TOKEN, else FERRY_TOKEN_FILE)\n"
-            "  --heartbeat-timeout MS  a connection or node silent this long is dead (10000)\n"
+            "  --heartbeat-timeout MS  a node or client silent this long is suspect (10000)\n"
+            "  --grace MS              a peer whose connection closed is dead after this unless\n"
+            "                          it reconnects (default: the heartbeat timeout)\n"
+            "  --dead-after MS         a suspect node is dead after this (default 0: never)\n"
             "  --pending-timeout MS    revoke objects whose writer vanished mid-put (60000)\n"
             "  --checkpoint-records N  snapshot after N log records (1000000)\n"
             "  --addr-file F           write HOST:PORT to F once listening (atomically)\n"
@@ -150,6 +160,12 @@ int cmd_master(int argc, char **argv)
         else if (!strcmp(a, "--heartbeat-timeout")) {   /* up to a day */
             if (cli_opt_uint(a, v, 1, 86400000, &c.heartbeat_timeout_ms) < 0)
                 return 2;
+        } else if (!strcmp(a, "--grace")) {
+            if (cli_opt_uint(a, v, 1, 86400000, &c.grace_ms) < 0)
+                return 2;
+        } else if (!strcmp(a, "--dead-after")) {   /* 0: never */
+            if (cli_opt_uint(a, v, 0, 30ull * 86400000, &c.dead_after_ms) < 0)
+                return 2;
         } else if (!strcmp(a, "--pending-timeout")) {
             if (cli_opt_uint(a, v, 1, 86400000, &c.pending_timeout_ms) < 0)
                 return 2;
@@ -172,6 +188,12 @@ int cmd_master(int argc, char **argv)
         return 2;
 
     ferry_master *m = NULL;
+    if (c.dead_after_ms != 0 && c.dead_after_ms < c.heartbeat_timeout_ms) {
+        fprintf(stderr, "ferry master: --dead-after %llu must be 0 or at least the heartbeat "
+                "timeout (%llu)\n", (unsigned long long)c.dead_after_ms,
+                (unsigned long long)c.heartbeat_timeout_ms);
+        return 2;
+    }
     int rc = ferry_master_open(&c, &m);
     if (rc < 0) {
         fprintf(stderr, "ferry master: cannot start: %s\n", open_error(rc, &c));

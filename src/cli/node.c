@@ -19,7 +19,8 @@ static void node_usage(FILE *f)
 {
     fprintf(f,
             "usage: ferry node --master HOST:PORT [--size SIZE] [--listen HOST:PORT]\n"
-            "                  [--token-file F] [--ready-file F] [--heartbeat MS]\n"
+            "                  [--name NAME] [--token-file F] [--ready-file F]\n"
+            "                  [--heartbeat MS]\n"
             "\n"
             "Own one segment of this machine's memory (memfd, pre-faulted), serve remote\n"
             "reads and writes into it and mount it on the master. Same-host clients map it.\n"
@@ -28,6 +29,10 @@ static void node_usage(FILE *f)
             "  --size SIZE          segment bytes: 64M, 4G, ... (default 1G)\n"
             "  --listen HOST:PORT   where remote clients reach the segment (default\n"
             "                       FERRY_LISTEN, else 127.0.0.1:0)\n"
+            "  --name NAME          a name that stays the same across restarts (at most 63\n"
+            "                       bytes): when a node of this name mounts again, the master\n"
+            "                       declares the old process's objects lost at once instead\n"
+            "                       of after its grace period (default: none)\n"
             "  --token-file F       cluster token (else FERRY_TOKEN, else FERRY_TOKEN_FILE)\n"
             "  --ready-file F       write the segment id to F once mounted (atomically)\n"
             "  --heartbeat MS       heartbeat period to the master (default 1000; keep it\n"
@@ -74,6 +79,13 @@ int cmd_node(int argc, char **argv)
         else if (!strcmp(a, "--size")) {
             if (cli_opt_size(a, v, 1u << 20, UINT64_MAX, &cfg.segment_size) < 0)
                 return 2;
+        } else if (!strcmp(a, "--name")) {
+            if (strlen(v) >= sizeof cfg.name) {
+                fprintf(stderr, "ferry node: --name is at most %zu bytes, not %zu\n",
+                        sizeof cfg.name - 1, strlen(v));
+                return 2;
+            }
+            snprintf(cfg.name, sizeof cfg.name, "%s", v);
         } else if (!strcmp(a, "--listen"))
             snprintf(cfg.engine.listen_addr, sizeof cfg.engine.listen_addr, "%s", v);
         else if (!strcmp(a, "--token-file")) {

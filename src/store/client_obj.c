@@ -7,6 +7,7 @@
  * object. Batches pipeline every step: one round trip to place n objects,
  * one engine ticket per object, one round trip to complete them. */
 #include <string.h>
+#include <time.h>
 
 #include "store/client_int.h"
 
@@ -123,6 +124,52 @@ static int put_bytes(ferry_store *s, const fr_smsg *pl, const void *buf, size_t 
     return rc;
 }
 
+/* PUT_START for every request. The ones refused because too few segments
+ * are reachable just now (a node reconnecting, the master just restarted)
+ * are asked again, with back-off, until the call's timeout. */
+static int place(ferry_store *s, fr_smsg *q, size_t n, fr_smsg *rep, uint8_t **rb, int *results)
+{
+    uint64_t deadline = fr_now_ms() + (uint64_t)s->cfg.timeout_ms;
+    int ret = fr_client_rpc_many(s, q, n, FR_SMSG_PLACEMENT, rep, rb, results);
+    for (unsigned wait = 20; ret == 0; wait = wait < 160 ? wait * 2 : 200) {
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++)
+            k += results[i] == FERRY_EUNREACH;
+        if (k == 0 || fr_now_ms() + wait >= deadline)
+            break;
+        struct timespec ts = { 0, (long)wait * 1000000L };
+        nanosleep(&ts, NULL);
+        size_t *idx = fr_calloc(k, sizeof *idx);
+        fr_smsg *q2 = fr_calloc(k, sizeof *q2), *rep2 = fr_calloc(k, sizeof *rep2);
+        uint8_t **rb2 = fr_calloc(k, sizeof *rb2);
+        int *res2 = fr_calloc(k, sizeof *res2);
+        if (idx && q2 && rep2 && rb2 && res2) {
+            k = 0;
+            for (size_t i = 0; i < n; i++)
+                if (results[i] == FERRY_EUNREACH) {
+                    fr_free(rb[i]);
+                    rb[i] = NULL;
+                    idx[k] = i;
+                    q2[k++] = q[i];
+                }
+            ret = fr_client_rpc_many(s, q2, k, FR_SMSG_PLACEMENT, rep2, rb2, res2);
+            for (size_t j = 0; j < k; j++) {
+                rep[idx[j]] = rep2[j];
+                rb[idx[j]] = rb2[j];
+                results[idx[j]] = ret < 0 ? ret : res2[j];
+            }
+        } else {
+            ret = FERRY_ENOMEM;
+        }
+        fr_free(idx);
+        fr_free(q2);
+        fr_free(rep2);
+        fr_free(rb2);
+        fr_free(res2);
+    }
+    return ret;
+}
+
 static int put_batch(ferry_store *s, const char *const *keys, const void *const *bufs,
                      const size_t *lens, size_t n, const ferry_replicate_config *rc,
                      int *results, ferry_object_desc *placed)
@@ -153,7 +200,7 @@ static int put_batch(ferry_store *s, const char *const *keys, const void *const 
                           .size = lens[i] };
         rc_to_msg(rc, &q[i]);
     }
-    ret = fr_client_rpc_many(s, q, n, FR_SMSG_PLACEMENT, rep, rb, results);
+    ret = place(s, q, n, rep, rb, results);
     if (ret < 0)
         goto out;
     /* Every transfer starts before any is waited for: they run in parallel. */

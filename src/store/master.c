@@ -23,6 +23,8 @@ void fr_master_config_default(fr_master_config *c)
     memset(c, 0, sizeof *c);
     snprintf(c->listen, sizeof c->listen, "127.0.0.1:0");
     c->heartbeat_timeout_ms = 10000;
+    c->grace_ms = 0;
+    c->dead_after_ms = 0;
     c->pending_timeout_ms = 60000;
     c->checkpoint_records = 1000000;
 }
@@ -36,7 +38,16 @@ uint64_t fr_master_wall_ms(void)
 
 static void clocks(fr_master *m)
 {
-    m->now_mono = fr_now_ms();
+    uint64_t mono = fr_now_ms();
+    uint64_t step = m->now_mono != 0 && mono > m->now_mono ? mono - m->now_mono : 0;
+    if (step > FR_MASTER_STALL_MS) {
+        if (step >= 2 * m->cfg.heartbeat_timeout_ms / 5)
+            FR_INFO("master", "the master did not run for %llu ms; that time is not held "
+                    "against its peers", U(step));
+        step = FR_MASTER_STALL_MS;
+    }
+    m->live += step;
+    m->now_mono = mono;
     m->now_wall = fr_master_wall_ms();
 }
 
@@ -49,6 +60,9 @@ static int master_new(const fr_master_config *c, bool mem, fr_master **out)
     if (m == NULL)
         return FERRY_ENOMEM;
     m->cfg = *c;
+    if (m->cfg.grace_ms == 0)
+        m->cfg.grace_ms = m->cfg.heartbeat_timeout_ms;
+    m->live = 1;   /* 0 never names a moment */
     m->mem = mem;
     m->lfd = m->epfd = m->handoff_efd = -1;
     m->stop_pipe[0] = m->stop_pipe[1] = -1;
@@ -59,6 +73,7 @@ static int master_new(const fr_master_config *c, bool mem, fr_master **out)
     fr_dlist_init(&m->pendings);
     fr_umap_init(&m->nodes);
     fr_umap_init(&m->segs);
+    fr_umap_init(&m->clients);
     pthread_mutex_init(&m->mu, NULL);
     pthread_cond_init(&m->cv, NULL);
     *out = m;
@@ -155,6 +170,11 @@ int fr_master_open(const fr_master_config *c, fr_master **out)
     if (c == NULL || out == NULL || c->dir[0] == 0 || c->token_len == 0 ||
         c->token_len > sizeof c->token || c->heartbeat_timeout_ms == 0)
         return FERRY_EINVAL;
+    if (c->dead_after_ms != 0 && c->dead_after_ms < c->heartbeat_timeout_ms) {
+        FR_ERROR("master", "dead-after (%llu ms) must not be shorter than the heartbeat "
+                 "timeout (%llu ms)", U(c->dead_after_ms), U(c->heartbeat_timeout_ms));
+        return FERRY_EINVAL;
+    }
     fr_master *m;
     int rc = master_new(c, false, &m);
     if (rc == 0) {
@@ -214,11 +234,18 @@ void fr_master_close(fr_master *m)
     m->closing = true;
     for (fr_dnode *n = m->pendings.next; n != &m->pendings; n = n->next)
         shutdown(fr_container_of(n, fr_master_pending, link)->fd, SHUT_RDWR);
-    while (m->npending > 0)
+    while (m->npending > 0 || m->nprobes > 0)
         pthread_cond_wait(&m->cv, &m->mu);
     fr_master_handoff *h = m->handoff;
     m->handoff = NULL;
+    fr_master_probe *pr = m->probed;
+    m->probed = NULL;
     pthread_mutex_unlock(&m->mu);
+    while (pr) {
+        fr_master_probe *next = pr->next;
+        fr_free(pr);
+        pr = next;
+    }
     while (h) {
         fr_master_handoff *next = h->next;
         close(h->fd);
@@ -271,6 +298,7 @@ static void *handshake_main(void *arg)
     if (rc == 0 && !m->closing) {
         h->fd = p->fd;
         h->role = auth.role;
+        h->instance = auth.client_instance;
         memcpy(h->peer, p->peer, sizeof h->peer);
         h->next = m->handoff;
         m->handoff = h;
@@ -357,9 +385,14 @@ static void take_handoffs(fr_master *m)
     fr_master_handoff *h = m->handoff;
     m->handoff = NULL;
     pthread_mutex_unlock(&m->mu);
+    fr_master_probes_done(m);
     while (h) {
         fr_master_handoff *next = h->next;
         fr_master_conn *c = fr_master_conn_new(m, h->fd, h->role, h->peer);
+        if (c != NULL) {
+            c->instance = h->instance;
+            fr_master_client_attach(c);
+        }
         struct epoll_event ev = { .events = EPOLLIN, .data.ptr = c };
         if (c == NULL || epoll_ctl(m->epfd, EPOLL_CTL_ADD, h->fd, &ev) < 0) {
             if (c) {
@@ -403,10 +436,13 @@ static void finish_batch(fr_master *m)
             fr_master_conn_shut(c);
         if (c->shut && m->now_mono >= c->linger_until)
             c->dead = true;
-        if (c->dead)
+        if (c->dead) {
             fr_master_conn_free(c);
-        else
-            fr_master_conn_interest(c);
+            continue;
+        }
+        if (c->held && fr_master_conn_pending_out(c) < FR_MASTER_OUT_HIGH)
+            m->resume = true;   /* drained: its buffered requests go next iteration */
+        fr_master_conn_interest(c);
     }
     if (fr_meta_records(m->meta) - m->ckpt_records >= m->cfg.checkpoint_records) {
         int rc = fr_wal_checkpoint(m->wal, m->meta);
@@ -434,8 +470,24 @@ static void timers(fr_master *m)
     }
 }
 
+/* Connections held for back-pressure whose output drained: dispatch the
+ * requests they had already sent. */
+static void resume_held(fr_master *m)
+{
+    m->resume = false;
+    for (fr_dnode *n = m->conns.next; n != &m->conns && m->fatal == 0; n = n->next) {
+        fr_master_conn *c = fr_container_of(n, fr_master_conn, link);
+        if (c->held && !c->dead && fr_master_conn_pending_out(c) < FR_MASTER_OUT_HIGH) {
+            c->held = false;
+            fr_master_conn_parse(c);
+        }
+    }
+}
+
 static int loop_timeout(fr_master *m)
 {
+    if (m->resume)
+        return 0;
     uint64_t t = FR_MASTER_TICK_MS;
     uint64_t d = fr_meta_next_deadline(m->meta);
     if (d != UINT64_MAX)
@@ -480,6 +532,8 @@ int fr_master_run(fr_master *m)
                     c->dead = true;
             }
         }
+        if (m->resume)
+            resume_held(m);
         timers(m);
         finish_batch(m);
     }

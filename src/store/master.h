@@ -28,7 +28,10 @@ typedef struct fr_master_config {
     char listen[64];                /* "HOST:PORT", port 0 picks one; default "127.0.0.1:0" */
     uint8_t token[256];             /* cluster token (required) */
     size_t token_len;
-    uint64_t heartbeat_timeout_ms;  /* default 10000 */
+    uint64_t heartbeat_timeout_ms;  /* default 10000: a peer silent this long is suspect */
+    uint64_t grace_ms;              /* a node or client whose connection closed is dead after
+                                     * this unless it reconnects; 0: heartbeat_timeout_ms */
+    uint64_t dead_after_ms;         /* a suspect peer is dead after this; 0 (default): never */
     uint64_t pending_timeout_ms;    /* default 60000: a PENDING object whose writer vanished is revoked */
     uint64_t checkpoint_records;    /* snapshot after this many log records, default 1000000 */
     bool no_sync;                   /* tests/bench only: the log is not fsynced */

@@ -19,6 +19,8 @@ int ferry_master_config_init(ferry_master_config *cfg)
     fr_master_config_default(&d);
     snprintf(cfg->listen, sizeof cfg->listen, "%s", d.listen);
     cfg->heartbeat_timeout_ms = d.heartbeat_timeout_ms;
+    cfg->grace_ms = d.grace_ms;
+    cfg->dead_after_ms = d.dead_after_ms;
     cfg->pending_timeout_ms = d.pending_timeout_ms;
     cfg->checkpoint_records = d.checkpoint_records;
     /* The engine's config reader knows where tokens come from. */
@@ -40,6 +42,8 @@ int ferry_master_open(const ferry_master_config *cfg, ferry_master **out)
     memcpy(c.token, cfg->token, cfg->token_len);
     c.token_len = cfg->token_len;
     c.heartbeat_timeout_ms = cfg->heartbeat_timeout_ms;
+    c.grace_ms = cfg->grace_ms;
+    c.dead_after_ms = cfg->dead_after_ms;
     c.pending_timeout_ms = cfg->pending_timeout_ms;
     c.checkpoint_records = cfg->checkpoint_records;
     c.no_sync = cfg->no_sync;

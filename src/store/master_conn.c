@@ -20,7 +20,7 @@ fr_master_conn *fr_master_conn_new(fr_master *m, int fd, uint16_t role, const ch
     c->serial = ++m->serial;
     c->role = role;
     snprintf(c->peer, sizeof c->peer, "%s", peer ? peer : "?");
-    c->last_seen = m->now_mono;
+    c->last_seen = m->live;
     fr_dlist_init(&c->watches);
     fr_dlist_init(&c->waits);
     fr_dlist_push_back(&m->conns, &c->link);
@@ -33,6 +33,7 @@ void fr_master_conn_free(fr_master_conn *c)
     if (c == NULL)
         return;
     fr_master *m = c->m;
+    fr_master_conn_gone(c);
     while (!fr_dlist_empty(&c->waits))
         fr_master_wait_free(fr_container_of(c->waits.next, fr_master_wait, clink), true);
     while (!fr_dlist_empty(&c->watches))
@@ -159,11 +160,7 @@ void fr_master_reply_meta_err(fr_master_conn *c, uint64_t req_id, int code, uint
 /* One complete frame: header h, body at b. */
 static void conn_frame(fr_master_conn *c, const fr_frame_hdr *h, const uint8_t *b)
 {
-    fr_master *m = c->m;
-    c->last_seen = m->now_mono;
     c->frames++;
-    if (c->node != 0)
-        fr_master_node_touch(m, c->node);
     const char *name = fr_smsg_type_name(h->type);
     if (!fr_smsg_is_request(h->type)) {
         if (name)
@@ -193,6 +190,13 @@ void fr_master_conn_parse(fr_master_conn *c)
 {
     fr_master_buf *b = &c->in;
     while (!c->dead && !c->closing && c->m->fatal == 0) {
+        /* Back-pressure: replies the peer has not taken yet stop us from
+         * answering more; what it sent waits in c->in, and we stop reading
+         * (fr_master_conn_interest) until the output drains. */
+        if (fr_master_conn_pending_out(c) >= FR_MASTER_OUT_HIGH) {
+            c->held = true;
+            break;
+        }
         size_t avail = b->len - b->off;
         if (avail < FR_WIRE_HDR_LEN)
             break;
@@ -257,7 +261,7 @@ void fr_master_conn_read(fr_master_conn *c)
         conn_discard(c);
         return;
     }
-    while (!c->dead && !c->closing && got < FR_MASTER_READ_BURST) {
+    while (!c->dead && !c->closing && !c->held && got < FR_MASTER_READ_BURST) {
         if (buf_reserve(&c->in, 64 * 1024) < 0) {
             conn_drop(c, "out of memory for input");
             return;
@@ -266,6 +270,7 @@ void fr_master_conn_read(fr_master_conn *c)
         if (n > 0) {
             c->in.len += (size_t)n;
             got += (size_t)n;
+            c->last_seen = c->m->live;   /* any byte is a sign of life, not only a frame */
             fr_master_conn_parse(c);
             continue;
         }
@@ -314,7 +319,8 @@ void fr_master_conn_interest(fr_master_conn *c)
 {
     if (c->fd < 0 || c->dead)
         return;
-    bool rd = (!c->closing || c->shut) && fr_master_conn_pending_out(c) < FR_MASTER_OUT_HIGH;
+    bool rd = c->shut || (!c->closing && !c->held &&
+                          fr_master_conn_pending_out(c) < FR_MASTER_OUT_HIGH);
     bool wr = fr_master_conn_pending_out(c) > 0;
     if (rd == c->reading && wr == c->writing)
         return;

@@ -12,6 +12,9 @@
 #define FR_MASTER_OUT_HIGH (64u << 20)   /* stop reading a connection above this unsent output */
 #define FR_MASTER_READ_BURST (4u << 20)  /* bytes read from one connection per iteration */
 #define FR_MASTER_TICK_MS 100            /* granularity of liveness checks */
+#define FR_MASTER_STALL_MS 500           /* most of one loop iteration the liveness clock counts */
+#define FR_MASTER_PROBE_MS 5000          /* a MOUNT's probe of the node's engine */
+#define FR_MASTER_PROBES_MAX 16          /* probes in flight */
 #define FR_MASTER_HANDSHAKE_MS 5000
 #define FR_MASTER_LINGER_MS 1000        /* a closing connection's time to read our last reply */
 #define FR_MASTER_HANDSHAKES_MAX 1024    /* handshakes in flight */
@@ -21,15 +24,20 @@
 /* A byte buffer: data in [off, len). */
 typedef struct fr_master_buf { uint8_t *p; size_t off, len, cap; } fr_master_buf;
 
+typedef struct fr_master_client fr_master_client;
+
 typedef struct fr_master_conn {
     fr_master *m;
     int fd;                      /* -1: in-memory (fr_master_feed) */
     uint64_t serial;
     uint16_t role;               /* FR_ROLE_STORE_CLIENT / FR_ROLE_STORE_NODE */
     uint64_t node;               /* node id this connection speaks for (0: none) */
+    uint64_t instance;           /* the peer's instance from its handshake (0: unknown) */
+    fr_master_client *client;    /* client role with an instance: its record */
     char peer[64];
     fr_master_buf in, out;
-    uint64_t last_seen;          /* monotonic ms of the last frame */
+    uint64_t last_seen;          /* liveness clock (fr_master.live) of the last byte read */
+    bool held;                   /* input left unparsed: its output is over FR_MASTER_OUT_HIGH */
     uint64_t frames;             /* frames received */
     bool closing;                /* flush what is queued, then close */
     bool shut;                   /* closing, output sent and FIN sent: input is discarded */
@@ -61,10 +69,44 @@ typedef struct fr_master_wait {
     fr_dnode mlink, clink;
 } fr_master_wait;
 
+/* A node as the master sees it: live (its connection is heard), suspect
+ * (connected but silent past the heartbeat timeout) or gone (its connection
+ * closed). Suspect and gone nodes are unreachable: their segments get no
+ * new placement and reads of their objects fail fast, but nothing is lost
+ * until the node is declared dead (docs/store.md, "Liveness"). */
 typedef struct fr_master_node {
-    uint64_t id;
-    uint64_t last_heard;         /* monotonic ms */
+    uint64_t id;                 /* random per node process: its incarnation */
+    char name[FR_SMSG_NAME_MAX + 1];  /* stable across incarnations ("": none) */
+    fr_master_conn *conn;        /* NULL while gone */
+    uint64_t gone_since;         /* liveness clock when its connection closed (gone) */
+    uint64_t quiet_since;        /* liveness clock of its last sign of life */
+    uint64_t unreachable_wall;   /* wall ms it became unreachable; 0: reachable */
+    bool suspect;
 } fr_master_node;
+
+/* A client process, by the instance id of its connection (stable across
+ * its reconnects): what it holds is released only when it is gone past
+ * the grace period. */
+struct fr_master_client {
+    uint64_t instance;
+    fr_master_conn *conn;        /* NULL while gone */
+    uint64_t gone_since;         /* liveness clock */
+    char peer[64];
+    bool suspect;
+};
+
+/* A MOUNT waiting for its probe of the node's engine (off the loop). */
+typedef struct fr_master_probe {
+    fr_master *m;
+    uint64_t conn_serial, req_id;
+    uint64_t segment, node, size, granule;
+    char name[FR_SMSG_NAME_MAX + 1];
+    uint8_t desc[FR_SMSG_DESC_MAX];
+    uint16_t desc_len;
+    int rc;                      /* the probe's result */
+    char why[320];
+    struct fr_master_probe *next;
+} fr_master_probe;
 
 typedef struct fr_master_seg {
     uint64_t id, node;
@@ -77,6 +119,7 @@ typedef struct fr_master_seg {
 typedef struct fr_master_handoff {
     int fd;
     uint16_t role;
+    uint64_t instance;           /* the peer's client_instance */
     char peer[64];
     struct fr_master_handoff *next;
 } fr_master_handoff;
@@ -102,6 +145,9 @@ struct fr_master {
     int fatal;                   /* first fatal error; ends the loop */
     uint64_t serial;
     uint64_t now_mono, now_wall; /* clocks of the current iteration */
+    uint64_t live;               /* liveness clock, ms: advances at most FR_MASTER_STALL_MS per
+                                  * iteration, so time the loop did not run is never held
+                                  * against a peer */
     uint64_t ckpt_records;       /* fr_meta_records at the last checkpoint */
     uint64_t next_liveness;      /* monotonic ms */
     fr_dnode conns;
@@ -109,6 +155,8 @@ struct fr_master {
     fr_dnode watches;
     fr_dnode waits;
     fr_umap nodes;               /* id -> fr_master_node */
+    fr_umap clients;             /* instance -> fr_master_client */
+    bool resume;                 /* a held connection drained: parse it next iteration */
     fr_umap segs;                /* id -> fr_master_seg */
     /* scratch of the dispatcher (the loop is single-threaded) */
     char k1[FR_KEY_MAX + 1], k2[FR_KEY_MAX + 1];
@@ -123,6 +171,8 @@ struct fr_master {
     fr_dnode pendings;           /* fr_master_pending, under mu */
     size_t npending;
     fr_master_handoff *handoff;  /* under mu */
+    fr_master_probe *probed;     /* finished probes, under mu */
+    size_t nprobes;              /* probes in flight, under mu */
     bool closing;                /* under mu */
 };
 
@@ -167,8 +217,28 @@ void fr_master_barrier(fr_master_conn *c, uint64_t req_id, const char *name, con
 void fr_master_wait_free(fr_master_wait *w, bool leave);
 void fr_master_barrier_timeouts(fr_master *m);
 uint64_t fr_master_barrier_next_deadline(const fr_master *m);
-void fr_master_node_touch(fr_master *m, uint64_t node);
 void fr_master_liveness(fr_master *m);
+/* A node-role connection spoke for node id (MOUNT done or HEARTBEAT): it is
+ * that node's connection from now on, and the node is live. NULL when the
+ * node is unknown. */
+fr_master_node *fr_master_node_heard(fr_master_conn *c, uint64_t node);
+/* Forget a node: its segments are unmounted in the meta (objects whose
+ * last replica was there are lost). why says it in the log. */
+void fr_master_node_dead(fr_master *m, fr_master_node *nd, const char *why);
+/* Recompute whether a node's segments are reachable and tell the meta. */
+void fr_master_node_reach(fr_master *m, fr_master_node *nd);
+fr_master_node *fr_master_node_get(fr_master *m, uint64_t node, bool create);
+/* A connection is being freed: the node or client it spoke for is gone. */
+void fr_master_conn_gone(fr_master_conn *c);
+/* A new client-role connection with an instance id: find or make its
+ * client record (a previous connection of the same client is superseded). */
+void fr_master_client_attach(fr_master_conn *c);
+/* Finished probes: mount or refuse (master_ops.c). */
+void fr_master_probes_done(fr_master *m);
+/* Probe the engine a MOUNT's descriptor names, off the loop; the MOUNT is
+ * answered when it is done (master_probe.c). FERRY_EAGAIN: too many in
+ * flight. */
+int fr_master_probe_start(fr_master_conn *c, uint64_t req_id, const fr_smsg *q);
 int fr_master_status_json(fr_master *m, char **out);
 /* Segment descriptors known to this master: seed from recovered segments. */
 int fr_master_segs_recover(fr_master *m);

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <string.h>
 
+#include "ferry/engine.h"
 #include "store/master_int.h"
 
 #define U(x) ((unsigned long long)(x))
@@ -34,58 +35,195 @@ static void reply_rev(fr_master_conn *c, uint64_t req_id, uint64_t rev)
 
 /* ---- segments -------------------------------------------------------------- */
 
-static void op_mount(fr_master_conn *c, uint64_t id, const fr_smsg *q)
+/* A live node other than `node` with the same name, or NULL. */
+static fr_master_node *same_name(fr_master *m, const char *name, uint64_t node)
+{
+    if (name[0] == 0)
+        return NULL;
+    size_t pos = 0;
+    fr_master_node *nd;
+    while ((nd = fr_umap_next(&m->nodes, &pos)) != NULL)
+        if (nd->id != node && strcmp(nd->name, name) == 0)
+            return nd;
+    return NULL;
+}
+
+/* Everything a MOUNT must satisfy before its probe. false: refused. */
+static bool mount_valid(fr_master_conn *c, uint64_t id, const fr_smsg *q)
 {
     fr_master *m = c->m;
     if (c->role != FR_ROLE_STORE_NODE) {
-        fr_master_reply_err(c, id, FERRY_EACCES, 0, "MOUNT is only accepted from node connections");
-        return;
+        fr_master_reply_err(c, id, FERRY_EACCES, 0,
+                            "only a node's own connection may mount a segment");
+        return false;
     }
     if (q->node == 0) {
         fr_master_reply_err(c, id, FERRY_EINVAL, 0, "node id 0 is reserved");
-        return;
+        return false;
+    }
+    if (q->key.n > FR_SMSG_NAME_MAX || memchr(q->key.p, 0, q->key.n) != NULL) {
+        fr_master_reply_err(c, id, FERRY_EINVAL, 0, "a node name is at most %d bytes, no NUL",
+                            FR_SMSG_NAME_MAX);
+        return false;
+    }
+    fr_region_desc rd;
+    if (fr_region_desc_decode(q->val.p, q->val.n, &rd) < 0) {
+        fr_master_reply_err(c, id, FERRY_EINVAL, 0,
+                            "segment %llx: its descriptor (%u bytes) is not a region descriptor",
+                            U(q->segment), (unsigned)q->val.n);
+        return false;
+    }
+    if (rd.len < q->size || (rd.flags & FERRY_REMOTE_RW) != FERRY_REMOTE_RW ||
+        rd.mem_kind != FERRY_MEM_HOST) {
+        fr_master_reply_err(c, id, FERRY_EINVAL, 0,
+                            "segment %llx of %llu bytes: its descriptor covers %llu bytes of %s "
+                            "memory, %s; want host memory, readable and writable by peers",
+                            U(q->segment), U(q->size), U(rd.len),
+                            rd.mem_kind == FERRY_MEM_HOST ? "host" : "device",
+                            (rd.flags & FERRY_REMOTE_RW) == FERRY_REMOTE_RW ? "read-write"
+                                                                           : "not read-write");
+        return false;
     }
     fr_seg_info si;
-    if (fr_meta_seg_info(m->meta, q->segment, &si) == 0) {
-        uint64_t g = q->granule ? q->granule : 64;
-        if (si.node != q->node || si.size > q->size || q->size - si.size >= g) {
-            fr_master_reply_err(c, id, FERRY_EEXIST, 0,
-                                "segment %llx is already mounted by node %llx (%llu bytes)",
-                                U(q->segment), U(si.node), U(si.size));
+    if (fr_meta_seg_info(m->meta, q->segment, &si) == 0 && si.node != q->node) {
+        fr_master_reply_err(c, id, FERRY_EEXIST, 0,
+                            "segment %llx is already mounted by node %llx (%llu bytes)",
+                            U(q->segment), U(si.node), U(si.size));
+        return false;
+    }
+    char name[FR_SMSG_NAME_MAX + 1];
+    memcpy(name, q->key.p, q->key.n);
+    name[q->key.n] = 0;
+    const fr_master_node *other = same_name(m, name, q->node);
+    if (other != NULL && other->conn != NULL && !other->suspect) {
+        fr_master_reply_err(c, id, FERRY_EEXIST, 0,
+                            "node name '%s' belongs to live node %llx (%s); a new incarnation "
+                            "may mount once that one is gone", name, U(other->id),
+                            other->conn->peer);
+        return false;
+    }
+    return true;
+}
+
+static void op_mount(fr_master_conn *c, uint64_t id, const fr_smsg *q)
+{
+    if (!mount_valid(c, id, q))
+        return;
+    int rc = fr_master_probe_start(c, id, q);
+    if (rc < 0)
+        fr_master_reply_err(c, id, rc, 0, "cannot probe segment %llx now: %s; mount again",
+                            U(q->segment), ferry_strerror(rc));
+}
+
+/* The probe answered: mount (or re-attach) and make the node live. */
+static void mount_finish(fr_master_conn *c, const fr_master_probe *p)
+{
+    fr_master *m = c->m;
+    uint64_t id = p->req_id;
+    fr_master_node *other = same_name(m, p->name, p->node);
+    if (other != NULL) {
+        if (other->conn != NULL && !other->suspect) {
+            fr_master_reply_err(c, id, FERRY_EEXIST, 0, "node name '%s' belongs to live node %llx",
+                                p->name, U(other->id));
             return;
         }
-        FR_INFO("master", "node %llx re-attached segment %llx (%llu bytes)", U(q->node),
-                U(q->segment), U(si.size));
+        char why[160];
+        snprintf(why, sizeof why, "a new incarnation of node '%s' (%llx) mounted", p->name,
+                 U(p->node));
+        fr_master_node_dead(m, other, why);
+        if (m->fatal)
+            return;
+    }
+    fr_seg_info si;
+    if (fr_meta_seg_info(m->meta, p->segment, &si) == 0) {
+        uint64_t g = p->granule ? p->granule : 64;
+        if (si.node != p->node || si.size > p->size || p->size - si.size >= g) {
+            fr_master_reply_err(c, id, FERRY_EEXIST, 0,
+                                "segment %llx is already mounted by node %llx (%llu bytes)",
+                                U(p->segment), U(si.node), U(si.size));
+            return;
+        }
+        FR_INFO("master", "node %llx re-attached segment %llx (%llu bytes)", U(p->node),
+                U(p->segment), U(si.size));
     } else {
-        int rc = fr_meta_mount(m->meta, q->segment, q->node, q->size, q->granule);
+        int rc = fr_meta_mount(m->meta, p->segment, p->node, p->size, p->granule);
         if (rc < 0) {
             fr_master_reply_meta_err(c, id, rc, 0);
             return;
         }
-        FR_INFO("master", "node %llx mounted segment %llx (%llu bytes)", U(q->node),
-                U(q->segment), U(q->size));
+        FR_INFO("master", "node %llx%s%s%s mounted segment %llx (%llu bytes)", U(p->node),
+                p->name[0] ? " ('" : "", p->name, p->name[0] ? "')" : "", U(p->segment),
+                U(p->size));
     }
-    fr_master_seg *s = fr_umap_get(&m->segs, q->segment);
+    fr_master_seg *s = fr_umap_get(&m->segs, p->segment);
+    fr_master_node *nd = fr_master_node_get(m, p->node, true);
     if (s == NULL) {
-        if ((s = fr_calloc(1, sizeof *s)) == NULL || fr_umap_put(&m->segs, q->segment, s) < 0) {
+        if ((s = fr_calloc(1, sizeof *s)) == NULL || fr_umap_put(&m->segs, p->segment, s) < 0) {
             fr_free(s);
-            fr_master_reply_err(c, id, FERRY_ENOMEM, 0, "out of memory");
-            return;
+            s = NULL;
+        } else {
+            s->id = p->segment;
         }
-        s->id = q->segment;
     }
-    s->node = q->node;
+    if (s == NULL || nd == NULL) {
+        fr_master_reply_err(c, id, FERRY_ENOMEM, 0, "out of memory");
+        return;
+    }
+    s->node = p->node;
     s->attached = true;
-    s->desc_len = (uint16_t)q->val.n;
-    memcpy(s->desc, q->val.p, q->val.n);
-    c->node = q->node;
-    fr_master_node_touch(m, q->node);
+    s->desc_len = p->desc_len;
+    memcpy(s->desc, p->desc, p->desc_len);
+    if (p->name[0])
+        snprintf(nd->name, sizeof nd->name, "%s", p->name);
+    fr_master_node_heard(c, p->node);
     fr_master_reply_ok(c, id);
+}
+
+void fr_master_probes_done(fr_master *m)
+{
+    pthread_mutex_lock(&m->mu);
+    fr_master_probe *p = m->probed;
+    m->probed = NULL;
+    pthread_mutex_unlock(&m->mu);
+    while (p) {
+        fr_master_probe *next = p->next;
+        fr_master_conn *c = NULL;
+        for (fr_dnode *n = m->conns.next; n != &m->conns && c == NULL; n = n->next) {
+            fr_master_conn *x = fr_container_of(n, fr_master_conn, link);
+            if (x->serial == p->conn_serial && !x->dead)
+                c = x;
+        }
+        if (c == NULL)
+            FR_INFO("master", "node %llx left before its mount of segment %llx was probed",
+                    U(p->node), U(p->segment));
+        else if (p->rc < 0)
+            fr_master_reply_err(c, p->req_id, p->rc, 0, "segment %llx is not mounted: %s",
+                                U(p->segment), p->why);
+        else
+            mount_finish(c, p);
+        if (c != NULL && p->rc < 0)
+            FR_WARN("master", "refused the mount of segment %llx from %s: %s", U(p->segment),
+                    c->peer, p->why);
+        fr_free(p);
+        p = next;
+    }
 }
 
 static void op_unmount(fr_master_conn *c, uint64_t id, const fr_smsg *q)
 {
     fr_master *m = c->m;
+    fr_seg_info si;
+    if (fr_meta_seg_info(m->meta, q->segment, &si) < 0) {
+        fr_master_reply_err(c, id, FERRY_ENOENT, 0, "segment %llx is not mounted", U(q->segment));
+        return;
+    }
+    const fr_master_node *nd = fr_master_node_get(m, si.node, false);
+    if (c->role != FR_ROLE_STORE_NODE || nd == NULL || nd->conn != c) {
+        fr_master_reply_err(c, id, FERRY_EACCES, 0,
+                            "segment %llx belongs to node %llx: only that node's own connection "
+                            "may unmount it", U(q->segment), U(si.node));
+        return;
+    }
     uint64_t lost = 0;
     int rc = fr_meta_unmount(m->meta, q->segment, m->now_wall, &lost);
     if (rc < 0) {
@@ -144,10 +282,13 @@ static void op_put_start(fr_master_conn *c, uint64_t id, const fr_smsg *q)
                         .hard_pin = q->flag };
     fr_obj_desc d;
     int err = fr_meta_put_start(m->meta, m->k1, q->size, &rc, m->now_wall, &d);
-    if (err < 0)
+    if (err < 0) {
         fr_master_reply_meta_err(c, id, err, 0);
-    else
-        reply_replicas(c, id, FR_SMSG_PLACEMENT, &d);
+        return;
+    }
+    if (c->client != NULL)   /* revoked at once if this client goes away */
+        fr_meta_set_writer(m->meta, m->k1, c->client->instance);
+    reply_replicas(c, id, FR_SMSG_PLACEMENT, &d);
 }
 
 static void op_get(fr_master_conn *c, uint64_t id, const fr_smsg *q)
@@ -157,7 +298,7 @@ static void op_get(fr_master_conn *c, uint64_t id, const fr_smsg *q)
     int rc;
     if (q->lease_ms > 0) {
         rc = fr_meta_get(m->meta, m->k1, q->lease_ms, m->now_wall, &d);
-    } else if ((rc = fr_meta_describe(m->meta, m->k1, &d)) == 0) {
+    } else if ((rc = fr_meta_describe(m->meta, m->k1, &d)) == 0) {   /* where it is, all replicas */
         if (d.state == FR_OBJ_LOST)
             rc = fr_meta_exist(m->meta, m->k1);   /* FERRY_ELOST with its sentence */
         else if (d.state != FR_OBJ_COMPLETE) {
@@ -269,6 +410,8 @@ static void op_pop(fr_master_conn *c, uint64_t id, const fr_smsg *q)
         bytes += v[keep].len + 16;
         it[keep] = (fr_smsg_item){ .val = { v[keep].data, (uint32_t)v[keep].len },
                                    .id = v[keep].id, .deliveries = v[keep].deliveries };
+        if (c->client != NULL)   /* returned at once if this client goes away */
+            fr_meta_set_holder(m->meta, v[keep].id, v[keep].deliveries, c->client->instance);
     }
     fr_smsg r = { .type = FR_SMSG_RECORDS, .nitems = (uint32_t)keep, .items = it };
     fr_master_reply(c, id, &r);
@@ -395,10 +538,10 @@ void fr_master_dispatch(fr_master_conn *c, const fr_frame_hdr *h, const fr_smsg 
         return;
     case FR_SMSG_Q_POP: op_pop(c, id, q); return;
     case FR_SMSG_HEARTBEAT:
-        if (c->role == FR_ROLE_STORE_NODE && q->node != 0) {
-            c->node = q->node;
-            fr_master_node_touch(m, q->node);
-        }
+        /* Any byte read already counts as a sign of life; a node's heartbeat
+         * also says which node speaks (after a reconnect, before a re-MOUNT). */
+        if (c->role == FR_ROLE_STORE_NODE && q->node != 0)
+            (void)fr_master_node_heard(c, q->node);
         break;
     case FR_SMSG_STATUS: op_status(c, id); return;
     default:

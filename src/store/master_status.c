@@ -28,17 +28,21 @@ static int add_segments(fr_master *m, json_t *arr)
     return rc;
 }
 
+static const char *node_state(const fr_master_node *nd)
+{
+    return nd->conn == NULL ? "gone" : nd->suspect ? "suspect" : "live";
+}
+
 static int add_nodes(fr_master *m, json_t *arr)
 {
     size_t pos = 0;
     const fr_master_node *nd;
     while ((nd = fr_umap_next(&m->nodes, &pos)) != NULL) {
-        size_t conns = 0;
-        for (fr_dnode *n = m->conns.next; n != &m->conns; n = n->next)
-            conns += fr_container_of(n, fr_master_conn, link)->node == nd->id;
-        json_t *o = json_pack("{s:I, s:I, s:I}", "id", (json_int_t)nd->id, "heard_ms_ago",
-                              (json_int_t)(m->now_mono - nd->last_heard), "connections",
-                              (json_int_t)conns);
+        uint64_t heard = nd->conn ? nd->conn->last_seen : nd->gone_since;
+        json_t *o = json_pack("{s:I, s:s, s:s, s:I, s:I}", "id", (json_int_t)nd->id, "name",
+                              nd->name, "state", node_state(nd), "heard_ms_ago",
+                              (json_int_t)(m->live - heard), "connections",
+                              (json_int_t)(nd->conn != NULL));
         if (o == NULL || json_array_append_new(arr, o) < 0)
             return FERRY_ENOMEM;
     }
@@ -54,19 +58,29 @@ int fr_master_status_json(fr_master *m, char **out)
         objects = kl.n;
         fr_free(kl.keys);
     }
-    size_t clients = 0;
+    size_t clients = 0, suspect = 0, gone = 0, pos = 0;
     for (fr_dnode *n = m->conns.next; n != &m->conns; n = n->next)
         clients += fr_container_of(n, fr_master_conn, link)->role == FR_ROLE_STORE_CLIENT;
+    const fr_master_client *cl;
+    while ((cl = fr_umap_next(&m->clients, &pos)) != NULL) {
+        suspect += cl->conn != NULL && cl->suspect;
+        gone += cl->conn == NULL;
+    }
     fr_wal_stats ws = { 0 };
     if (m->wal)
         fr_wal_stats_get(m->wal, &ws);
     char inst[24];
     snprintf(inst, sizeof inst, "%016llx", (unsigned long long)m->instance);
     json_t *segs = json_array(), *nodes = json_array();
-    json_t *j = json_pack("{s:s, s:s, s:s, s:o, s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:{s:I, s:I, s:I}}",
+    json_t *j = json_pack("{s:s, s:s, s:s, s:o, s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:{s:I, s:I, s:I}}",
                           "address", m->address, "instance", inst, "dir", m->cfg.dir,
                           "segments", segs, "nodes", nodes,
-                          "clients", (json_int_t)clients, "connections", (json_int_t)m->nconns,
+                          "clients", (json_int_t)clients,
+                          "clients_suspect", (json_int_t)suspect,
+                          "clients_gone", (json_int_t)gone,
+                          "grace_ms", (json_int_t)m->cfg.grace_ms,
+                          "dead_after_ms", (json_int_t)m->cfg.dead_after_ms,
+                          "connections", (json_int_t)m->nconns,
                           "objects", (json_int_t)objects,
                           "kv_revision", (json_int_t)fr_meta_kv_revision(m->meta),
                           "records", (json_int_t)fr_meta_records(m->meta),

@@ -108,7 +108,7 @@ static int write_frames(fr_mconn *c, const uint8_t *buf, size_t len)
     int rc = fd < 0 ? FERRY_ECONNRESET : fr_write_full(fd, buf, len);
     if (rc < 0 && fd >= 0)
         shutdown(fd, SHUT_RDWR);   /* the receiver notices and reconnects */
-    c->last_send_ns = fr_now_ns();
+    __atomic_store_n(&c->last_send_ns, fr_now_ns(), __ATOMIC_RELAXED);
     pthread_mutex_unlock(&c->wlock);
     return rc;
 }
@@ -322,10 +322,33 @@ static void dispatch(fr_mconn *c, const fr_frame_hdr *h, uint8_t *body, const fr
     fr_free(body);
 }
 
+/* A heartbeat never waits on the data path: not behind a request another
+ * thread is writing (the master counts those bytes as our sign of life),
+ * not on a socket whose buffer is full (then the master is not reading us,
+ * and it does not hold its own back-pressure against us). Skipped, it is
+ * tried again a quarter period later. */
 static void heartbeat(fr_mconn *c)
 {
+    uint64_t now = fr_now_ns();
+    if (pthread_mutex_trylock(&c->wlock) != 0) {
+        __atomic_store_n(&c->last_send_ns, now - (uint64_t)c->cfg.heartbeat_ms * 750000u,
+                         __ATOMIC_RELAXED);
+        return;
+    }
+    pthread_mutex_lock(&c->lock);
+    int fd = c->fd;
+    uint64_t id = c->next_id++;
+    pthread_mutex_unlock(&c->lock);
     fr_smsg hb = {.type = FR_SMSG_HEARTBEAT, .node = c->cfg.node};
-    (void)fr_mconn_send(c, &hb, fr_mconn_reserve_id(c), 0);
+    uint8_t frame[64];
+    int n = fr_smsg_encode(&hb, id, frame, sizeof frame);
+    struct pollfd p = {.fd = fd, .events = POLLOUT};
+    bool room = fd >= 0 && poll(&p, 1, 0) == 1 && (p.revents & POLLOUT);
+    if (n > 0 && room && fr_write_full(fd, frame, (size_t)n) < 0)
+        shutdown(fd, SHUT_RDWR);   /* the receiver notices and reconnects */
+    uint64_t next = room ? now : now - (uint64_t)c->cfg.heartbeat_ms * 750000u;
+    __atomic_store_n(&c->last_send_ns, next, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&c->wlock);
 }
 
 /* Sleep up to ms unless woken for close. */
@@ -372,7 +395,7 @@ static void *receiver(void *arg)
             continue;
         }
         uint64_t hb_ns = (uint64_t)c->cfg.heartbeat_ms * 1000000u;
-        uint64_t since = fr_now_ns() - c->last_send_ns;
+        uint64_t since = fr_now_ns() - __atomic_load_n(&c->last_send_ns, __ATOMIC_RELAXED);
         if (since >= hb_ns) {
             heartbeat(c);
             continue;

@@ -20,6 +20,8 @@ typedef struct meta_seg {
     fr_dnode lru;             /* replicas of evictable objects, least recently used first */
     uint64_t nreps;
     uint64_t lru_bytes;       /* bytes held by the replicas on lru */
+    uint64_t unreachable_since; /* wall ms its node became unreachable; 0: reachable. Not
+                               * logged: the master's view of its nodes (meta_hold.c) */
 } meta_seg;
 
 typedef struct meta_rep {
@@ -39,6 +41,7 @@ struct meta_obj {
     uint64_t lease_until, touch_seq, created;
     uint64_t lost_node, lost_at;
     fr_dnode pending;         /* in fr_meta.pending while PENDING */
+    uint64_t writer;          /* client that started a PENDING put; 0: unknown. Not logged */
     meta_rep rep[];
 };
 
@@ -77,6 +80,7 @@ typedef struct qrec {
     fr_dnode link;            /* in q->ready while READY */
     fr_avl_node by_lease;     /* in fr_meta.qleases while LEASED, by (until, id) */
     bool mark;
+    uint64_t holder;          /* client holding the lease while LEASED; 0: unknown. Not logged */
     size_t len;
     uint8_t data[];
 } qrec;

@@ -45,12 +45,14 @@ static int build_cands(fr_meta *m, const fr_replicate *rc, size_t *ncand)
         bool dup = false;
         for (size_t k = 0; k < n && !dup; k++)
             dup = m->cand[k].s == s;
-        if (s == NULL || dup)
+        if (s == NULL || dup || s->unreachable_since != 0)
             continue;
         m->cand[n++] = (meta_cand){ .s = s, .pref = true };
     }
     size_t npref = n;
     while ((s = fr_umap_next(&m->segs, &pos)) != NULL) {
+        if (s->unreachable_since != 0)   /* its node is suspect: nothing new goes there */
+            continue;
         bool dup = false;
         for (size_t k = 0; k < npref && !dup; k++)
             dup = m->cand[k].s == s;
@@ -105,7 +107,8 @@ static int place_evicting(fr_meta *m, meta_cand *c, uint64_t size, uint64_t now)
     return 1;
 }
 
-static void fill_desc(const meta_obj *o, fr_obj_desc *out)
+/* reachable_only: leave out replicas on segments whose node is unreachable. */
+static void fill_desc(const meta_obj *o, bool reachable_only, fr_obj_desc *out)
 {
     memset(out, 0, sizeof(*out));
     out->size = o->size;
@@ -114,7 +117,7 @@ static void fill_desc(const meta_obj *o, fr_obj_desc *out)
     out->lease_until = o->lease_until;
     for (uint32_t i = 0; i < o->nslots; i++) {
         const meta_rep *p = &o->rep[i];
-        if (p->seg == NULL)
+        if (p->seg == NULL || (reachable_only && p->seg->unreachable_since != 0))
             continue;
         out->rep[out->nrep++] = (fr_replica_desc){ p->seg->id, p->seg->node, p->off, false };
     }
@@ -122,10 +125,11 @@ static void fill_desc(const meta_obj *o, fr_obj_desc *out)
 
 static int lost(fr_meta *m, const meta_obj *o)
 {
+    uint64_t ago = m->clock > o->lost_at ? m->clock - o->lost_at : 0;
     return meta_fail(m, FERRY_ELOST,
-                     "object '%s' is lost: its last replica was on node %llu, declared dead "
-                     "(or unmounted) at %llu ms; put it again",
-                     o->key, (unsigned long long)o->lost_node, (unsigned long long)o->lost_at);
+                     "object '%s' is lost: its last replica was on node %llx, declared dead "
+                     "(or unmounted) %llu s ago; put it again",
+                     o->key, (unsigned long long)o->lost_node, (unsigned long long)(ago / 1000));
 }
 
 static int check_replicate(fr_meta *m, const fr_replicate *rc, uint32_t *want)
@@ -176,11 +180,17 @@ int fr_meta_put_start(fr_meta *m, const char *key, uint64_t size, const fr_repli
     if (old != NULL && old->state != FR_OBJ_LOST)
         return meta_fail(m, FERRY_EEXIST, "object '%s' already exists (%s)", key,
                          meta_obj_state_name(old->state));
-    if (m->segs.n < want)
-        return meta_fail(m, FERRY_ENOSPC, "object '%s' needs %u distinct segments; %zu mounted",
-                         key, want, m->segs.n);
     if ((err = build_cands(m, rc, &ncand)) < 0)
         return err;
+    if (ncand < want && m->segs.n >= want)   /* transient: the client tries again */
+        return meta_fail(m, FERRY_EUNREACH,
+                         "object '%s' needs %u distinct segments: %zu of the %zu mounted are on "
+                         "reachable nodes now (the others' nodes are not heard from or "
+                         "reconnecting)",
+                         key, want, ncand, m->segs.n);
+    if (ncand < want)
+        return meta_fail(m, FERRY_ENOSPC, "object '%s' needs %u distinct segments; %zu mounted",
+                         key, want, m->segs.n);
 
     /* Pass 1: segments with room below the watermark, in candidate order. */
     for (size_t i = 0; i < ncand && got < want; i++) {
@@ -221,7 +231,7 @@ int fr_meta_put_start(fr_meta *m, const char *key, uint64_t size, const fr_repli
     if ((err = meta_commit(m, &r)) < 0)
         return err;
     if (out != NULL) {
-        fill_desc(meta_obj_find(m, key), out);
+        fill_desc(meta_obj_find(m, key), false, out);
         for (uint32_t i = 0, k = 0; i < ncand && k < out->nrep; i++)
             if (m->cand[i].chosen)
                 out->rep[k++].preferred = m->cand[i].pref;
@@ -271,6 +281,30 @@ static int unreadable(fr_meta *m, const char *key, const meta_obj *o)
     return meta_fail(m, FERRY_ENOENT, "object '%s' is still being written (no put_end yet)", key);
 }
 
+/* A read needs one replica whose node is reachable; the others are kept
+ * (their node may come back). */
+static int reachable(fr_meta *m, const meta_obj *o, uint64_t now)
+{
+    const meta_seg *worst = NULL;
+    for (uint32_t i = 0; i < o->nslots; i++) {
+        const meta_seg *s = o->rep[i].seg;
+        if (s == NULL)
+            continue;
+        if (s->unreachable_since == 0)
+            return 0;
+        if (worst == NULL || s->unreachable_since > worst->unreachable_since)
+            worst = s;
+    }
+    if (worst == NULL)
+        return 0;
+    uint64_t ago = now > worst->unreachable_since ? now - worst->unreachable_since : 0;
+    return meta_fail(m, FERRY_EUNREACH,
+                     "object '%s' is only on node %llx, unreachable for %llu.%01llu s (not heard "
+                     "from, or reconnecting); its data is kept: retry when the node is back",
+                     o->key, (unsigned long long)worst->node, (unsigned long long)(ago / 1000),
+                     (unsigned long long)(ago % 1000 / 100));
+}
+
 int fr_meta_get(fr_meta *m, const char *key, uint64_t lease_ms, uint64_t now_ms, fr_obj_desc *out)
 {
     int err = meta_check_name(m, "object key", key);
@@ -280,13 +314,15 @@ int fr_meta_get(fr_meta *m, const char *key, uint64_t lease_ms, uint64_t now_ms,
     meta_obj *o = meta_obj_find(m, key);
     if (o == NULL || o->state != FR_OBJ_COMPLETE)
         return unreadable(m, key, o);
+    if ((err = reachable(m, o, now)) < 0)
+        return err;
     if (fr_add_u64(now, lease_ms, &until) < 0)
         until = UINT64_MAX;
     fr_rec r = { .type = FR_REC_OBJ_LEASE, .key = meta_span(key), .until = until };
     if ((err = meta_commit(m, &r)) < 0)
         return err;
     if (out != NULL)
-        fill_desc(o, out);
+        fill_desc(o, true, out);
     return 0;
 }
 
@@ -297,7 +333,7 @@ int fr_meta_describe(const fr_meta *m, const char *key, fr_obj_desc *out)
     const meta_obj *o = fr_smap_get(&m->objs, key, fr_smap_hash(key));
     if (o == NULL)
         return FERRY_ENOENT;
-    fill_desc(o, out);
+    fill_desc(o, false, out);
     return 0;
 }
 
@@ -313,8 +349,9 @@ int fr_meta_remove(fr_meta *m, const char *key, uint64_t now_ms)
     if (o->state == FR_OBJ_PENDING)
         return meta_fail(m, FERRY_ESTATE, "object '%s' is pending: revoke it instead", key);
     if (o->state == FR_OBJ_COMPLETE && leased(o, now))
-        return meta_fail(m, FERRY_EBUSY, "object '%s' is leased to a reader until %llu ms",
-                         key, (unsigned long long)o->lease_until);
+        return meta_fail(m, FERRY_EBUSY,
+                         "object '%s' is leased to a reader for %llu ms more; remove it after",
+                         key, (unsigned long long)(o->lease_until - now));
     fr_rec r = { .type = FR_REC_OBJ_REMOVE, .key = meta_span(key) };
     return meta_commit(m, &r);
 }

@@ -65,7 +65,8 @@ static int mount(ferry_node *n)
     uint64_t epoch = fr_mconn_epoch(n->mc);
     fr_smsg q = {.type = FR_SMSG_MOUNT, .segment = n->seg, .node = n->id,
                  .size = n->cfg.segment_size,
-                 .val = {.p = n->desc, .n = (uint32_t)n->desc_len}};
+                 .val = {.p = n->desc, .n = (uint32_t)n->desc_len},
+                 .key = {.p = (const uint8_t *)n->cfg.name, .n = (uint32_t)strlen(n->cfg.name)}};
     int rc = node_call(n, &q, n->cfg.timeout_ms);
     if (rc == 0) {
         n->mounted_epoch = epoch;
@@ -78,7 +79,8 @@ static int mount(ferry_node *n)
 
 int ferry_node_open(const ferry_node_config *cfg, ferry_node **out)
 {
-    if (!cfg || !out || !cfg->master[0] || cfg->segment_size < 4096)
+    if (!cfg || !out || !cfg->master[0] || cfg->segment_size < 4096 ||
+        strnlen(cfg->name, sizeof cfg->name) >= sizeof cfg->name)
         return FERRY_EINVAL;
     ferry_node *n = fr_calloc(1, sizeof *n);
     if (!n)
@@ -136,14 +138,17 @@ int ferry_node_run(ferry_node *n)
 {
     if (!n)
         return FERRY_EINVAL;
+    uint64_t next_try = 0;
     for (;;) {
         struct pollfd p = { .fd = n->stop[0], .events = POLLIN };
         if (poll(&p, 1, 100) > 0)
             return 0;
         /* A new connection means the master restarted or the link dropped:
-         * mount again so the master knows where the segment is. */
-        if (fr_mconn_epoch(n->mc) != n->mounted_epoch)
-            (void)mount(n);
+         * mount again so the master knows where the segment is (and again
+         * a second later if the master refused, say while it probes). */
+        if (fr_mconn_epoch(n->mc) != n->mounted_epoch && fr_now_ms() >= next_try &&
+            mount(n) < 0)
+            next_try = fr_now_ms() + 1000;
     }
 }
 

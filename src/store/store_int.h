@@ -302,6 +302,24 @@ int fr_meta_seg_info(const fr_meta *m, uint64_t seg_id, fr_seg_info *out);
  * When that exceeds cap nothing is written: call again with room. */
 size_t fr_meta_segments(const fr_meta *m, uint64_t *ids, size_t cap);
 
+/* -- the master's view of liveness (meta_hold.c; nothing here is logged) -- */
+/* Mark a segment unreachable since wall time since_ms (its node is suspect
+ * or disconnected), or reachable again (since_ms 0). An unreachable segment
+ * gets no new placement and reads of objects with no reachable replica fail
+ * with FERRY_EUNREACH; its objects stay. A recovered or newly mounted
+ * segment is reachable until marked. FERRY_ENOENT if not mounted. */
+int fr_meta_seg_set_reachable(fr_meta *m, uint64_t seg_id, uint64_t since_ms);
+/* Tag a PENDING object with the client that started it, a LEASED queue
+ * record with the client that popped it (token: its delivery number). */
+void fr_meta_set_writer(fr_meta *m, const char *key, uint64_t client);
+void fr_meta_set_holder(fr_meta *m, uint64_t rec_id, uint32_t token, uint64_t client);
+/* A client is gone: revoke the PENDING puts it started and return the
+ * queue records it holds to their queues (delivered again at once).
+ * Counts in *revoked and *returned (may be NULL). Errors are those of the
+ * log (FERRY_EIO). */
+int fr_meta_release_client(fr_meta *m, uint64_t client, uint64_t now_ms, uint64_t *revoked,
+                           uint64_t *returned);
+
 /* -- objects -- */
 enum fr_obj_state { FR_OBJ_PENDING = 1, FR_OBJ_COMPLETE = 2, FR_OBJ_LOST = 3 };
 typedef struct fr_replicate {
@@ -330,8 +348,10 @@ typedef struct fr_obj_desc {
  * leased at now_ms) from that segment, least recently used first; the
  * evictions are kept even if the put fails. The object is PENDING
  * (invisible) until put_end. A LOST object of the same key is replaced.
- * FERRY_EEXIST (key pending or complete), FERRY_ENOSPC (fewer than
- * replica_num segments can hold it), FERRY_EINVAL. out may be NULL. */
+ * Segments of unreachable nodes are never chosen. FERRY_EEXIST (key
+ * pending or complete), FERRY_ENOSPC (fewer than replica_num segments can
+ * hold it), FERRY_EUNREACH (enough segments are mounted but too few are
+ * reachable now: transient), FERRY_EINVAL. out may be NULL. */
 int fr_meta_put_start(fr_meta *m, const char *key, uint64_t size, const fr_replicate *rc,
                       uint64_t now_ms, fr_obj_desc *out);
 /* PENDING -> COMPLETE (visible; most recently used). FERRY_ENOENT,
@@ -341,8 +361,10 @@ int fr_meta_put_end(fr_meta *m, const char *key, uint64_t now_ms);
 int fr_meta_put_revoke(fr_meta *m, const char *key, uint64_t now_ms);
 /* Replicas of a COMPLETE object under a lease until max(current lease,
  * now_ms + lease_ms); marks it most recently used. While leased the object
- * cannot be removed or evicted. FERRY_ENOENT (absent or pending),
- * FERRY_ELOST (with the node and time in the message). */
+ * cannot be removed or evicted. Only
+ * replicas on reachable segments are listed: FERRY_EUNREACH when none is
+ * (the message names the node and for how long). FERRY_ENOENT (absent or
+ * pending), FERRY_ELOST (with the node and time in the message). */
 int fr_meta_get(fr_meta *m, const char *key, uint64_t lease_ms, uint64_t now_ms, fr_obj_desc *out);
 /* Where an object lives, any state, no lease, no LRU touch. */
 int fr_meta_describe(const fr_meta *m, const char *key, fr_obj_desc *out);

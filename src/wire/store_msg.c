@@ -45,7 +45,7 @@
 typedef struct { uint16_t type; const char *name; const char *fields; } smsg_def;
 
 static const smsg_def defs[] = {
-    { FR_SMSG_MOUNT, "MOUNT", "snzgD" },
+    { FR_SMSG_MOUNT, "MOUNT", "snzgDP" },
     { FR_SMSG_UNMOUNT, "UNMOUNT", "s" },
     { FR_SMSG_PUT_START, "PUT_START", "KzRFx" },
     { FR_SMSG_PUT_END, "PUT_END", "K" },

@@ -28,6 +28,7 @@
 #define FR_SMSG_KEY_MAX 4096           /* bytes of a key, prefix or name */
 #define FR_SMSG_VALUE_MAX (16u << 20)  /* a KV value or a queue record */
 #define FR_SMSG_DESC_MAX FR_DESC_MAX   /* a mount's region descriptor blob */
+#define FR_SMSG_NAME_MAX 63            /* a node's name in MOUNT (the key field) */
 #define FR_SMSG_TEXT_MAX 1024          /* an error reply's text */
 #define FR_SMSG_PREFERRED_MAX 64       /* preferred segments of one put_start */
 #define FR_SMSG_REPLICAS_MAX 8

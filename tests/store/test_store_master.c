@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "ferry/engine.h"
 #include "wire/sockio.h"
 #include "wire/store_msg.h"
 
@@ -326,10 +327,37 @@ static void ok(tc *c, const fr_smsg *req)
     assert_int_equal(t, FR_SMSG_OK);
 }
 
+/* The engine behind the test's raw nodes: the master probes the endpoint a
+ * MOUNT's descriptor names before it accepts the segment. */
+static ferry_engine *g_eng;
+static size_t g_desc_len;   /* of the last descriptor made */
+
+static fr_sbytes region_desc(uint64_t size)
+{
+    static uint8_t blob[FERRY_DESC_MAX];
+    if (g_eng == NULL) {
+        ferry_engine_config cfg;
+        ferry_engine_config_init(&cfg);
+        memcpy(cfg.token, TOKEN, strlen(TOKEN));
+        cfg.token_len = strlen(TOKEN);
+        snprintf(cfg.transport, sizeof cfg.transport, "tcp");
+        assert_int_equal(ferry_engine_open(&cfg, &g_eng), 0);
+    }
+    void *mem = calloc(1, size);   /* lives as long as the engine: the test's */
+    assert_non_null(mem);
+    ferry_region *r;
+    assert_int_equal(ferry_region_register(g_eng, mem, size, FERRY_REMOTE_RW, FERRY_MEM_HOST, &r),
+                     0);
+    int n = ferry_region_export(r, blob, sizeof blob);
+    assert_true(n > 0);
+    g_desc_len = (size_t)n;
+    return (fr_sbytes){ blob, (uint32_t)n };
+}
+
 static void mount(tc *node, uint64_t seg, uint64_t node_id, uint64_t size)
 {
     fr_smsg m = { .type = FR_SMSG_MOUNT, .segment = seg, .node = node_id, .size = size,
-                  .val = S("fake-region-descriptor") };
+                  .val = region_desc(size) };
     ok(node, &m);
 }
 
@@ -452,7 +480,7 @@ static void test_objects(void **state)
     m = (fr_smsg){ .type = FR_SMSG_SEGMENT, .segment = 11 };
     assert_int_equal(tc_call(&cl, &m, &r), FR_SMSG_SEGMENT_DESC);
     assert_int_equal(r.node, 7);
-    assert_int_equal(r.val.n, strlen("fake-region-descriptor"));
+    assert_int_equal(r.val.n, g_desc_len);
     m.segment = 99;
     expect_error(&cl, &m, FERRY_ENOENT);
     m = (fr_smsg){ .type = FR_SMSG_STATUS };
@@ -775,6 +803,33 @@ static void test_bad_input(void **state)
     assert_int_equal(m_stop(&g_m), 0);
 }
 
+/* A read's reply: REPLICAS (0) or the ERROR status, its text in why. */
+static int get_status(tc *c, const char *key, char *why, size_t cap)
+{
+    fr_smsg m = keymsg(FR_SMSG_GET_REPLICAS, key), r;
+    m.lease_ms = 1;
+    if (tc_call(c, &m, &r) == FR_SMSG_REPLICAS)
+        return 0;
+    snprintf(why, cap, "%.*s", (int)r.val.n, (const char *)r.val.p);
+    return r.status;
+}
+
+static const char *node_state(tc *c)
+{
+    static char state[16];
+    fr_smsg m = { .type = FR_SMSG_STATUS }, r;
+    assert_int_equal(tc_call(c, &m, &r), FR_SMSG_STATUS_TEXT);
+    json_t *j = json_loadb((const char *)r.val.p, r.val.n, 0, NULL);
+    assert_non_null(j);
+    json_t *nd = json_array_get(json_object_get(j, "nodes"), 0);
+    snprintf(state, sizeof state, "%s", nd ? json_string_value(json_object_get(nd, "state")) : "none");
+    json_decref(j);
+    return state;
+}
+
+/* Liveness: a silent node is suspect (unreachable, objects kept), heard
+ * again it is live with every object; only a closed connection past the
+ * grace period makes it dead. */
 static void test_node_dead(void **state)
 {
     (void)state;
@@ -784,28 +839,162 @@ static void test_node_dead(void **state)
     tc_open(&cl, g_m.addr, FR_ROLE_STORE_CLIENT);
     mount(&node, 21, 9, 1 << 20);
     put(&cl, "obj", 100);
+    assert_string_equal(node_state(&cl), "live");
     /* The node falls silent (its socket stays open). The client keeps
      * talking, which is its heartbeat. */
-    uint64_t deadline = now_ms() + 10000;
+    char why[1100] = "";
     int st = 0, e = 0;
-    while (now_ms() < deadline) {
-        e = exist(&cl, "obj", &st);
-        if (e < 0)
-            break;
-        assert_int_equal(e, 1);
+    uint64_t deadline = now_ms() + 20000;
+    while (now_ms() < deadline && (e = get_status(&cl, "obj", why, sizeof why)) == 0)
         nap();
-    }
+    assert_int_equal(e, FERRY_EUNREACH);
+    assert_non_null(strstr(why, "unreachable"));
+    assert_non_null(strstr(why, "node 9"));
+    assert_non_null(strstr(why, "kept"));
+    assert_string_equal(node_state(&cl), "suspect");
+    assert_int_equal(exist(&cl, "obj", &st), 1);   /* kept */
+    fr_smsg m = keymsg(FR_SMSG_PUT_START, "new"), r;
+    m.size = 10;
+    expect_error(&cl, &m, FERRY_EUNREACH);         /* nothing new goes to it */
+    /* Only the node's own connection may unmount its segment. */
+    m = (fr_smsg){ .type = FR_SMSG_UNMOUNT, .segment = 21 };
+    expect_error(&cl, &m, FERRY_EACCES);
+    tc other;
+    tc_open(&other, g_m.addr, FR_ROLE_STORE_NODE);
+    expect_error(&other, &m, FERRY_EACCES);
+    tc_close(&other);
+    /* Heard again: reachable, the object is back. */
+    m = (fr_smsg){ .type = FR_SMSG_HEARTBEAT, .node = 9 };
+    tc_send(&node, &m);
+    deadline = now_ms() + 20000;
+    while (now_ms() < deadline && (e = get_status(&cl, "obj", why, sizeof why)) != 0)
+        nap();
+    assert_int_equal(e, 0);
+    assert_string_equal(node_state(&cl), "live");
+    /* Its connection closes: dead once the grace period (the heartbeat
+     * timeout here) passes without a reconnect. */
+    tc_close(&node);
+    deadline = now_ms() + 20000;
+    while (now_ms() < deadline && (e = exist(&cl, "obj", &st)) == 1)
+        nap();
     assert_int_equal(e, -1);
     assert_int_equal(st, FERRY_ELOST);
-    fr_smsg m = keymsg(FR_SMSG_GET_REPLICAS, "obj"), r;
+    m = keymsg(FR_SMSG_GET_REPLICAS, "obj");
     assert_int_equal(tc_call(&cl, &m, &r), FR_SMSG_ERROR);
     assert_int_equal(r.status, FERRY_ELOST);
     assert_non_null(memmem(r.val.p, r.val.n, "node", 4));
     m = (fr_smsg){ .type = FR_SMSG_SEGMENT, .segment = 21 };
     expect_error(&cl, &m, FERRY_ENOENT);
-    /* The silent node's connection was closed. */
-    uint64_t id;
-    assert_int_equal(tc_recv(&node, &id, &r), FERRY_ECONNRESET);
+    tc_close(&cl);
+    assert_int_equal(m_stop(&g_m), 0);
+}
+
+/* MOUNT takes a well-formed descriptor whose engine answers; UNMOUNT only
+ * from the connection that mounted. */
+static void test_mount_checks(void **state)
+{
+    (void)state;
+    assert_int_equal(m_start(&g_m, NULL, NULL), 0);
+    tc node, cl;
+    tc_open(&node, g_m.addr, FR_ROLE_STORE_NODE);
+    tc_open(&cl, g_m.addr, FR_ROLE_STORE_CLIENT);
+    /* Junk descriptors of every size up to a real one's are refused. */
+    uint8_t junk[FERRY_DESC_MAX];
+    memset(junk, 0x5a, sizeof junk);
+    for (uint32_t n = 1; n <= 200; n += 33) {
+        fr_smsg m = { .type = FR_SMSG_MOUNT, .segment = 40, .node = 4, .size = 1 << 20,
+                      .val = { junk, n } };
+        expect_error(&node, &m, FERRY_EINVAL);
+    }
+    /* A real descriptor too small for the segment; one of an engine that
+     * is gone (its endpoint no longer answers). */
+    fr_smsg m = { .type = FR_SMSG_MOUNT, .segment = 40, .node = 4, .size = 2 << 20,
+                  .val = region_desc(1 << 20) };
+    expect_error(&node, &m, FERRY_EINVAL);
+    ferry_engine_config cfg;
+    ferry_engine_config_init(&cfg);
+    memcpy(cfg.token, TOKEN, strlen(TOKEN));
+    cfg.token_len = strlen(TOKEN);
+    snprintf(cfg.transport, sizeof cfg.transport, "tcp");
+    ferry_engine *gone;
+    assert_int_equal(ferry_engine_open(&cfg, &gone), 0);
+    void *mem = calloc(1, 1 << 20);
+    ferry_region *reg;
+    assert_int_equal(ferry_region_register(gone, mem, 1 << 20, FERRY_REMOTE_RW, FERRY_MEM_HOST,
+                                           &reg), 0);
+    uint8_t blob[FERRY_DESC_MAX];
+    int bl = ferry_region_export(reg, blob, sizeof blob);
+    assert_true(bl > 0);
+    ferry_region_unregister(reg);
+    ferry_engine_close(gone);
+    free(mem);
+    m.size = 1 << 20;
+    m.val = (fr_sbytes){ blob, (uint32_t)bl };
+    fr_smsg r;
+    assert_int_equal(tc_call(&node, &m, &r), FR_SMSG_ERROR);
+    assert_non_null(memmem(r.val.p, r.val.n, "did not answer a probe", 22));
+    /* None of them left a segment: a put finds no room. */
+    fr_smsg p = keymsg(FR_SMSG_PUT_START, "x");
+    p.size = 10;
+    expect_error(&cl, &p, FERRY_ENOSPC);
+    /* A good one; then a client and another node cannot unmount it. */
+    mount(&node, 41, 5, 1 << 20);
+    put(&cl, "kept", 10);
+    fr_smsg u = { .type = FR_SMSG_UNMOUNT, .segment = 41 };
+    expect_error(&cl, &u, FERRY_EACCES);
+    tc other;
+    tc_open(&other, g_m.addr, FR_ROLE_STORE_NODE);
+    expect_error(&other, &u, FERRY_EACCES);
+    tc_close(&other);
+    int st = 0;
+    assert_int_equal(exist(&cl, "kept", &st), 1);
+    /* A second node cannot take the name of a live one. */
+    m = (fr_smsg){ .type = FR_SMSG_MOUNT, .segment = 42, .node = 6, .size = 1 << 20,
+                   .val = region_desc(1 << 20), .key = S("rack1") };
+    ok(&node, &m);
+    tc_open(&other, g_m.addr, FR_ROLE_STORE_NODE);
+    m = (fr_smsg){ .type = FR_SMSG_MOUNT, .segment = 43, .node = 7, .size = 1 << 20,
+                   .val = region_desc(1 << 20), .key = S("rack1") };
+    expect_error(&other, &m, FERRY_EEXIST);
+    tc_close(&other);
+    ok(&node, &u);   /* the owner may */
+    assert_int_equal(exist(&cl, "kept", &st), -1);
+    assert_int_equal(st, FERRY_ELOST);
+    tc_close(&node);
+    tc_close(&cl);
+    assert_int_equal(m_stop(&g_m), 0);
+}
+
+/* A new incarnation of a named node (its process restarted) makes the old
+ * one dead at once, without waiting out the grace period. */
+static void test_new_incarnation(void **state)
+{
+    (void)state;
+    const char *const grace[] = { "--grace", "600000", NULL };
+    assert_int_equal(m_start_ex(&g_m, NULL, NULL, grace, false), 0);
+    tc node, cl;
+    tc_open(&node, g_m.addr, FR_ROLE_STORE_NODE);
+    tc_open(&cl, g_m.addr, FR_ROLE_STORE_CLIENT);
+    fr_smsg m = { .type = FR_SMSG_MOUNT, .segment = 50, .node = 10, .size = 1 << 20,
+                  .val = region_desc(1 << 20), .key = S("host-a") };
+    ok(&node, &m);
+    put(&cl, "old", 10);
+    tc_close(&node);   /* the process died: gone, within its (long) grace */
+    int st = 0;
+    assert_int_equal(exist(&cl, "old", &st), 1);
+    char why[1100];
+    uint64_t deadline = now_ms() + 20000;
+    int e = 0;
+    while (now_ms() < deadline && (e = get_status(&cl, "old", why, sizeof why)) == 0)
+        nap();
+    assert_int_equal(e, FERRY_EUNREACH);
+    tc_open(&node, g_m.addr, FR_ROLE_STORE_NODE);
+    m = (fr_smsg){ .type = FR_SMSG_MOUNT, .segment = 51, .node = 11, .size = 1 << 20,
+                   .val = region_desc(1 << 20), .key = S("host-a") };
+    ok(&node, &m);
+    assert_int_equal(exist(&cl, "old", &st), -1);
+    assert_int_equal(st, FERRY_ELOST);
+    put(&cl, "new", 10);
     tc_close(&node);
     tc_close(&cl);
     assert_int_equal(m_stop(&g_m), 0);
@@ -872,7 +1061,7 @@ static void test_restart(void **state)
     tc other;
     tc_open(&other, g_m.addr, FR_ROLE_STORE_NODE);
     m = (fr_smsg){ .type = FR_SMSG_MOUNT, .segment = 31, .node = 6, .size = 1 << 20,
-                   .val = S("d") };
+                   .val = region_desc(1 << 20) };
     expect_error(&other, &m, FERRY_EEXIST);
     tc_close(&other);
     tc_close(&node);
@@ -970,6 +1159,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_queue, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_input, setup, teardown),
         cmocka_unit_test_setup_teardown(test_node_dead, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_mount_checks, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_new_incarnation, setup, teardown),
         cmocka_unit_test_setup_teardown(test_restart, setup, teardown),
         cmocka_unit_test_setup_teardown(test_restart_grace, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cli, setup, teardown),
