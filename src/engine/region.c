@@ -116,6 +116,27 @@ static fr_mem *mem_find(ferry_engine *e, const uint8_t *addr, uint64_t len)
     return NULL;
 }
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23   /* Linux 5.14 */
+#endif
+
+/* Pre-fault: first touches cost ~1 GB/s here, never pay them mid-transfer.
+ * In slices, not with MAP_POPULATE: populating holds the process's mmap
+ * lock, and a gigabyte of it would stall every other thread that needs the
+ * lock (a malloc growing its arena, a heartbeat thread among them) for
+ * seconds. */
+static void prefault(uint8_t *p, size_t len, size_t page)
+{
+    const size_t slice = 16u << 20;
+    for (size_t off = 0; off < len; off += slice) {
+        size_t n = len - off < slice ? len - off : slice;
+        if (madvise(p + off, n, MADV_POPULATE_WRITE) == 0)
+            continue;
+        for (size_t k = 0; k < n; k += page)   /* older kernels: touch each page */
+            ((volatile uint8_t *)p)[off + k] = 0;
+    }
+}
+
 int ferry_mem_alloc(ferry_engine *e, size_t len, void **addr)
 {
     if (!e || !addr || len == 0)
@@ -130,10 +151,10 @@ int ferry_mem_alloc(ferry_engine *e, size_t len, void **addr)
         goto fail;
     if (ftruncate(m->fd, (off_t)rounded) < 0)
         goto fail;
-    /* Pre-fault: first touches cost ~1 GB/s here, never pay them mid-transfer. */
-    void *p = mmap(NULL, rounded, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, m->fd, 0);
+    void *p = mmap(NULL, rounded, PROT_READ | PROT_WRITE, MAP_SHARED, m->fd, 0);
     if (p == MAP_FAILED)
         goto fail;
+    prefault(p, rounded, (size_t)page);
     m->addr = p;
     m->len = rounded;
     pthread_mutex_lock(&e->lock);

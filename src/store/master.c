@@ -41,6 +41,7 @@ static void clocks(fr_master *m)
     uint64_t mono = fr_now_ms();
     uint64_t step = m->now_mono != 0 && mono > m->now_mono ? mono - m->now_mono : 0;
     if (step > FR_MASTER_STALL_MS) {
+        m->lstats.stalls++;
         if (step >= 2 * m->cfg.heartbeat_timeout_ms / 5)
             FR_INFO("master", "the master did not run for %llu ms; that time is not held "
                     "against its peers", U(step));
@@ -440,7 +441,7 @@ static void finish_batch(fr_master *m)
             fr_master_conn_free(c);
             continue;
         }
-        if (c->held && fr_master_conn_pending_out(c) < FR_MASTER_OUT_HIGH)
+        if (c->held && !fr_master_conn_backed_up(c))
             m->resume = true;   /* drained: its buffered requests go next iteration */
         fr_master_conn_interest(c);
     }
@@ -477,7 +478,7 @@ static void resume_held(fr_master *m)
     m->resume = false;
     for (fr_dnode *n = m->conns.next; n != &m->conns && m->fatal == 0; n = n->next) {
         fr_master_conn *c = fr_container_of(n, fr_master_conn, link);
-        if (c->held && !c->dead && fr_master_conn_pending_out(c) < FR_MASTER_OUT_HIGH) {
+        if (c->held && !c->dead && !fr_master_conn_backed_up(c)) {
             c->held = false;
             fr_master_conn_parse(c);
         }

@@ -44,6 +44,7 @@ void fr_master_conn_free(fr_master_conn *c)
         epoll_ctl(m->epfd, EPOLL_CTL_DEL, c->fd, NULL);
         close(c->fd);
     }
+    m->out_total -= fr_master_conn_pending_out(c);
     fr_free(c->in.p);
     fr_free(c->out.p);
     fr_free(c);
@@ -52,6 +53,13 @@ void fr_master_conn_free(fr_master_conn *c)
 size_t fr_master_conn_pending_out(const fr_master_conn *c)
 {
     return c->out.len - c->out.off;
+}
+
+bool fr_master_conn_backed_up(const fr_master_conn *c)
+{
+    size_t out = fr_master_conn_pending_out(c);
+    return out >= FR_MASTER_OUT_HIGH ||
+           (c->m->out_total >= FR_MASTER_OUT_TOTAL && out >= FR_MASTER_OUT_LOW);
 }
 
 /* Room for `need` more bytes after len, compacting first. */
@@ -101,6 +109,7 @@ static int put_frame(fr_master_conn *c, uint64_t req_id, const fr_smsg *r)
     if (rc < 0)
         return rc;
     c->out.len += (size_t)rc;
+    c->m->out_total += (size_t)rc;
     return 0;
 }
 
@@ -193,7 +202,9 @@ void fr_master_conn_parse(fr_master_conn *c)
         /* Back-pressure: replies the peer has not taken yet stop us from
          * answering more; what it sent waits in c->in, and we stop reading
          * (fr_master_conn_interest) until the output drains. */
-        if (fr_master_conn_pending_out(c) >= FR_MASTER_OUT_HIGH) {
+        if (fr_master_conn_backed_up(c)) {
+            if (!c->held)
+                c->m->lstats.holds++;
             c->held = true;
             break;
         }
@@ -294,6 +305,7 @@ bool fr_master_conn_flush(fr_master_conn *c)
 {
     fr_master_buf *b = &c->out;
     if (c->fd < 0) {   /* in-memory: output is discarded */
+        c->m->out_total -= b->len - b->off;
         b->off = b->len = 0;
         return true;
     }
@@ -301,6 +313,7 @@ bool fr_master_conn_flush(fr_master_conn *c)
         ssize_t n = write(c->fd, b->p + b->off, b->len - b->off);
         if (n > 0) {
             b->off += (size_t)n;
+            c->m->out_total -= (size_t)n;
             continue;
         }
         if (n < 0 && errno == EINTR)
@@ -319,8 +332,7 @@ void fr_master_conn_interest(fr_master_conn *c)
 {
     if (c->fd < 0 || c->dead)
         return;
-    bool rd = c->shut || (!c->closing && !c->held &&
-                          fr_master_conn_pending_out(c) < FR_MASTER_OUT_HIGH);
+    bool rd = c->shut || (!c->closing && !c->held && !fr_master_conn_backed_up(c));
     bool wr = fr_master_conn_pending_out(c) > 0;
     if (rd == c->reading && wr == c->writing)
         return;

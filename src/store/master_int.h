@@ -10,6 +10,9 @@
 #include "wire/store_msg.h"
 
 #define FR_MASTER_OUT_HIGH (64u << 20)   /* stop reading a connection above this unsent output */
+#define FR_MASTER_OUT_TOTAL (256u << 20) /* ... or above FR_MASTER_OUT_LOW while every connection's
+                                          * unsent output together passes this */
+#define FR_MASTER_OUT_LOW (1u << 20)
 #define FR_MASTER_READ_BURST (4u << 20)  /* bytes read from one connection per iteration */
 #define FR_MASTER_TICK_MS 100            /* granularity of liveness checks */
 #define FR_MASTER_STALL_MS 500           /* most of one loop iteration the liveness clock counts */
@@ -157,6 +160,10 @@ struct fr_master {
     fr_umap nodes;               /* id -> fr_master_node */
     fr_umap clients;             /* instance -> fr_master_client */
     bool resume;                 /* a held connection drained: parse it next iteration */
+    size_t out_total;            /* unsent reply bytes over every connection */
+    struct {                     /* since start, in STATUS */
+        uint64_t suspected, declared_dead, clients_released, stalls, holds;
+    } lstats;
     fr_umap segs;                /* id -> fr_master_seg */
     /* scratch of the dispatcher (the loop is single-threaded) */
     char k1[FR_KEY_MAX + 1], k2[FR_KEY_MAX + 1];
@@ -203,6 +210,9 @@ void fr_master_reply_err(fr_master_conn *c, uint64_t req_id, int code, uint64_t 
 /* ERROR with fr_meta_errmsg (or strerror when it is empty); notes FERRY_EIO. */
 void fr_master_reply_meta_err(fr_master_conn *c, uint64_t req_id, int code, uint64_t detail);
 size_t fr_master_conn_pending_out(const fr_master_conn *c);
+/* Back-pressure: true when c must not be answered more until its output
+ * drains (its own limit, or the master's total with c a big part of it). */
+bool fr_master_conn_backed_up(const fr_master_conn *c);
 
 /* master_ops.c */
 void fr_master_dispatch(fr_master_conn *c, const fr_frame_hdr *h, const fr_smsg *r);

@@ -101,6 +101,7 @@ void fr_master_node_dead(fr_master *m, fr_master_node *nd, const char *why)
         fr_master_note_fatal(m, rc);
         return;
     }
+    m->lstats.declared_dead += rc == 0;
     if (rc == 0)
         FR_WARN("master", "node %llx%s%s%s declared dead: %s; its segments are unmounted, %llu "
                 "objects lost", U(nd->id), nd->name[0] ? " ('" : "", nd->name,
@@ -149,6 +150,16 @@ void fr_master_client_attach(fr_master_conn *c)
     c->client = cl;
 }
 
+static bool node_has_segments(fr_master *m, uint64_t node)
+{
+    size_t pos = 0;
+    const fr_master_seg *s;
+    while ((s = fr_umap_next(&m->segs, &pos)) != NULL)
+        if (s->node == node)
+            return true;
+    return false;
+}
+
 void fr_master_conn_gone(fr_master_conn *c)
 {
     fr_master *m = c->m;
@@ -170,6 +181,12 @@ void fr_master_conn_gone(fr_master_conn *c)
         nd->gone_since = m->live ? m->live : 1;
         if (m->closing)
             continue;
+        if (!node_has_segments(m, nd->id)) {   /* it unmounted first: a clean exit */
+            FR_INFO("master", "node %llx left", U(nd->id));
+            fr_free(fr_umap_del(&m->nodes, nd->id));
+            pos = 0;   /* the walk restarts: a delete may move entries */
+            continue;
+        }
         FR_WARN("master", "node %llx disconnected: unreachable until it reconnects; declared "
                 "dead if it has not within %.1f s", U(nd->id), secs(m->cfg.grace_ms));
         fr_master_node_reach(m, nd);
@@ -194,6 +211,7 @@ static bool node_tick(fr_master *m, fr_master_node *nd)
     if (!nd->suspect && quiet > cfg->heartbeat_timeout_ms) {
         nd->suspect = true;
         nd->quiet_since = nd->conn->last_seen;
+        m->lstats.suspected++;
         FR_WARN("master", "node %llx is suspect: not heard for %.1f s; nothing new is placed "
                 "there and reads of its objects fail until it is heard again (they are kept)",
                 U(nd->id), secs(quiet));
@@ -222,6 +240,7 @@ static bool client_tick(fr_master *m, fr_master_client *cl)
         int rc = fr_meta_release_client(m->meta, cl->instance, m->now_wall, &revoked, &returned);
         if (rc == FERRY_EIO)
             fr_master_note_fatal(m, rc);
+        m->lstats.clients_released += revoked || returned;
         if (revoked || returned)
             FR_INFO("master", "client %s gone for %.1f s: %llu unfinished puts revoked, %llu "
                     "queue records delivered again", cl->peer, secs(gone), U(revoked),

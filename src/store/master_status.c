@@ -71,10 +71,21 @@ int fr_master_status_json(fr_master *m, char **out)
         fr_wal_stats_get(m->wal, &ws);
     char inst[24];
     snprintf(inst, sizeof inst, "%016llx", (unsigned long long)m->instance);
+    size_t held = 0;
+    for (fr_dnode *n = m->conns.next; n != &m->conns; n = n->next)
+        held += fr_container_of(n, fr_master_conn, link)->held;
+    json_t *live = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+                             "nodes_suspected", (json_int_t)m->lstats.suspected,
+                             "nodes_declared_dead", (json_int_t)m->lstats.declared_dead,
+                             "clients_released", (json_int_t)m->lstats.clients_released,
+                             "master_stalls", (json_int_t)m->lstats.stalls,
+                             "holds", (json_int_t)m->lstats.holds,
+                             "connections_held", (json_int_t)held,
+                             "unsent_reply_bytes", (json_int_t)m->out_total);
     json_t *segs = json_array(), *nodes = json_array();
-    json_t *j = json_pack("{s:s, s:s, s:s, s:o, s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:{s:I, s:I, s:I}}",
+    json_t *j = json_pack("{s:s, s:s, s:s, s:o, s:o, s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:{s:I, s:I, s:I}}",
                           "address", m->address, "instance", inst, "dir", m->cfg.dir,
-                          "segments", segs, "nodes", nodes,
+                          "segments", segs, "nodes", nodes, "liveness", live,
                           "clients", (json_int_t)clients,
                           "clients_suspect", (json_int_t)suspect,
                           "clients_gone", (json_int_t)gone,
