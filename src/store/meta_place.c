@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ferry/store.h"
 #include "store/meta_int.h"
 
 typedef struct meta_cand {
@@ -340,6 +341,9 @@ int fr_meta_get(fr_meta *m, const char *key, uint64_t lease_ms, uint64_t now_ms,
     int err = meta_check_name(m, "object key", key);
     if (err < 0)
         return err;
+    if (lease_ms > FERRY_STORE_LEASE_MAX_MS)
+        return meta_fail(m, FERRY_EINVAL, "a read's lease of %llu ms is above the longest, %u ms "
+                         "(an hour)", (unsigned long long)lease_ms, FERRY_STORE_LEASE_MAX_MS);
     uint64_t now = meta_now(m, now_ms), until;
     meta_obj *o = meta_obj_find(m, key);
     if (o == NULL || o->state != FR_OBJ_COMPLETE)
