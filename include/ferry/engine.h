@@ -223,7 +223,16 @@ int ferry_engine_pending(ferry_engine *e, ferry_pending_info *out, size_t cap);
 
 /* Wait until `count` notifications with `tag` have arrived (and consume
  * them). values (may be NULL) receives their values in arrival order.
- * FERRY_ETIMEDOUT after timeout_ms (<0: forever); nothing is consumed then. */
+ * FERRY_ETIMEDOUT after timeout_ms (<0: forever); nothing is consumed then.
+ *
+ * Unconsumed notifications are bounded per (sending peer, tag): when a
+ * peer has FERRY_NOTIFY_PENDING_MAX of them waiting on a tag, each new one
+ * from it drops its oldest (counted in ferry_engine_stats.notify_dropped,
+ * a warning logged once until that backlog is consumed). Counts stay exact
+ * below the bound; past it a waiter sees the newest FERRY_NOTIFY_PENDING_MAX
+ * of that peer, never a dropped one, and a wait for more than that which
+ * only this peer's notifications could satisfy ends only by its timeout. */
+#define FERRY_NOTIFY_PENDING_MAX 65536u
 int ferry_wait_notify(ferry_engine *e, uint64_t tag, uint32_t count, int timeout_ms,
                       uint64_t *values);
 
@@ -235,6 +244,8 @@ typedef struct ferry_engine_stats {
     uint64_t remote_refused;                  /* remote accesses this engine refused as target */
     uint64_t auth_refused;                    /* connections refused at the handshake */
     uint64_t frames_rejected;                 /* malformed frames dropped */
+    uint64_t notify_dropped;                  /* notifications dropped unconsumed (the bound
+                                               * FERRY_NOTIFY_PENDING_MAX, or out of memory) */
 } ferry_engine_stats;
 void ferry_engine_get_stats(const ferry_engine *e, ferry_engine_stats *out);
 

@@ -32,6 +32,11 @@ typedef struct ferry_store ferry_store;
 #define FERRY_STORE_KEY_MAX 1024      /* bytes of a key or name */
 #define FERRY_STORE_REPLICAS_MAX 8
 #define FERRY_STORE_VALUE_MAX (16u << 20)  /* a KV value or a queue record */
+/* The longest lease a read or a queue pop may take, an hour: a lease is
+ * what frees an object or a record again when its holder dies, so a
+ * longer one is refused (FERRY_EINVAL) rather than pinning it for good. */
+#define FERRY_STORE_LEASE_MAX_MS 3600000u
+#define FERRY_STORE_POP_MAX 4096u          /* records of one ferry_queue_pop */
 
 typedef struct ferry_store_config {
     /* Master address "HOST:PORT". Default: FERRY_MASTER. */
@@ -40,7 +45,8 @@ typedef struct ferry_store_config {
      * master connection authenticates with the same token. */
     ferry_engine_config engine;
     int timeout_ms;          /* per call, including waiting for a reconnect (default 10000) */
-    uint64_t lease_ms;       /* lease taken by reads (default 5000) */
+    uint64_t lease_ms;       /* lease taken by reads (default 5000; at most
+                              * FERRY_STORE_LEASE_MAX_MS, else open fails) */
     uint32_t heartbeat_ms;   /* heartbeat period to the master (default 1000) */
 } ferry_store_config;
 
@@ -227,7 +233,8 @@ int ferry_queue_config(ferry_store *s, const char *queue, uint64_t bound);
 /* Append a record; FERRY_EAGAIN when a bounded queue is full. */
 int ferry_queue_push(ferry_store *s, const char *queue, const void *data, size_t len,
                      uint64_t *id);
-/* Lease up to max ready records for lease_ms; *n may be 0. */
+/* Lease up to max ready records for lease_ms; *n may be 0. max is 1 to
+ * FERRY_STORE_POP_MAX, lease_ms 1 to FERRY_STORE_LEASE_MAX_MS (FERRY_EINVAL). */
 int ferry_queue_pop(ferry_store *s, const char *queue, uint32_t max, uint64_t lease_ms,
                     ferry_qrecord *out, size_t *n);
 void ferry_qrecords_free(ferry_qrecord *recs, size_t n);

@@ -14,7 +14,7 @@
 
 #include "_ferry.h"
 
-#define SP_POP_MAX 4096       /* the library's own cap on one pop */
+#define SP_POP_MAX ((int)FERRY_STORE_POP_MAX)   /* the store's cap on one pop */
 #define SP_HISTORY_MAX 1024   /* the registry keeps the last 1024 versions */
 #define SP_SLICE_MS 200       /* blocking waits wake this often to take signals */
 

@@ -89,6 +89,47 @@ static int buf_dst(PyObject *o, Py_buffer *v)
     return PyObject_GetBuffer(o, v, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE);
 }
 
+/* The integer o (anything with __index__) in lo..hi into *out; ValueError
+ * naming what and the range otherwise. The store's revisions, ids, counts
+ * and leases are unsigned: a negative one is refused here rather than
+ * wrapping around to a huge value (kv_cas(expected_rev=-1) would become
+ * 2**64-1). 0 or -1. */
+static int st_uint(PyObject *o, const char *what, unsigned long long lo, unsigned long long hi,
+                   unsigned long long *out)
+{
+    PyObject *i = PyNumber_Index(o);
+    if (!i)
+        return -1;
+    unsigned long long v = PyLong_AsUnsignedLongLong(i);
+    int bad = 0;
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            Py_DECREF(i);
+            return -1;
+        }
+        PyErr_Clear();
+        bad = 1;
+    }
+    if (bad || v < lo || v > hi) {
+        if (hi == UINT64_MAX)
+            PyErr_Format(PyExc_ValueError, "%s must be an integer from %llu to 2**64-1, not %R", what, lo, i);
+        else
+            PyErr_Format(PyExc_ValueError, "%s must be an integer from %llu to %llu, not %R", what, lo, hi, i);
+        Py_DECREF(i);
+        return -1;
+    }
+    Py_DECREF(i);
+    *out = v;
+    return 0;
+}
+
+/* st_uint for an optional argument: None or absent (NULL) keeps *out. */
+static int st_uint_opt(PyObject *o, const char *what, unsigned long long lo, unsigned long long hi,
+                       unsigned long long *out)
+{
+    return !o || o == Py_None ? 0 : st_uint(o, what, lo, hi, out);
+}
+
 /* ---- replicate config --------------------------------------------------------------- */
 
 typedef struct {
@@ -129,14 +170,11 @@ static int rc_from(PyObject *o, st_rc *r)
     if (PyErr_Occurred())
         return -1;
     if (v && v != Py_None) {
-        unsigned long n = PyLong_AsUnsignedLong(v);
+        unsigned long long n = 0;
+        int bad = st_uint(v, "replica_num", 0, FERRY_STORE_REPLICAS_MAX, &n);
         Py_DECREF(v);
-        if (PyErr_Occurred())
+        if (bad < 0)
             return -1;
-        if (n > FERRY_STORE_REPLICAS_MAX) {
-            PyErr_Format(PyExc_ValueError, "replica_num must be at most %d", FERRY_STORE_REPLICAS_MAX);
-            return -1;
-        }
         r->rc.replica_num = (uint32_t)n;
     } else {
         Py_XDECREF(v);
@@ -170,8 +208,10 @@ static int rc_from(PyObject *o, st_rc *r)
         return -1;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        r->pref[i] = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, i));
-        if (PyErr_Occurred()) {
+        unsigned long long id = 0;
+        int bad = st_uint(PyTuple_GET_ITEM(t, i), "a preferred segment id", 0, UINT64_MAX, &id);
+        r->pref[i] = id;
+        if (bad < 0) {
             Py_DECREF(t);
             rc_free(r);
             return -1;
@@ -272,9 +312,10 @@ static PyObject *st_setup(StoreObject *self, PyObject *args, PyObject *kw)
         cfg.timeout_ms = (int)t;
     }
     if (lease != Py_None) {
-        cfg.lease_ms = PyLong_AsUnsignedLongLong(lease);
-        if (PyErr_Occurred())
+        unsigned long long l = 0;
+        if (st_uint(lease, "lease_ms", 0, FERRY_STORE_LEASE_MAX_MS, &l) < 0)
             return NULL;
+        cfg.lease_ms = l;
     }
     ferry_store *s = NULL;
     ST_CALL(self, rc = ferry_store_open(&cfg, &s));
@@ -627,15 +668,20 @@ static PyObject *st_get_into_ranges(StoreObject *self, PyObject *args)
         r[i].key = fp_key_of(PyTuple_GET_ITEM(it, 0), "key");
         if (!r[i].key)
             goto done;
-        r[i].src_offset = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(it, 1));
-        if (PyErr_Occurred() || buf_dst(PyTuple_GET_ITEM(it, 2), &v[i]) < 0)
+        char what[48];
+        unsigned long long u = 0;
+        snprintf(what, sizeof what, "ranges[%zu]: src_offset", i);
+        if (st_uint(PyTuple_GET_ITEM(it, 1), what, 0, UINT64_MAX, &u) < 0 ||
+            buf_dst(PyTuple_GET_ITEM(it, 2), &v[i]) < 0)
             goto done;
+        r[i].src_offset = u;
         got = i + 1;
         r[i].dst = v[i].buf;
         r[i].len = (uint64_t)v[i].len;
         if (k == 4 && PyTuple_GET_ITEM(it, 3) != Py_None) {
-            uint64_t len = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(it, 3));
-            if (PyErr_Occurred())
+            unsigned long long len = 0;
+            snprintf(what, sizeof what, "ranges[%zu]: length", i);
+            if (st_uint(PyTuple_GET_ITEM(it, 3), what, 0, UINT64_MAX, &len) < 0)
                 goto done;
             if (len > (uint64_t)v[i].len) {
                 PyErr_Format(PyExc_ValueError, "ranges[%zu]: length %llu exceeds the buffer (%zd bytes)", i,
@@ -917,13 +963,16 @@ static PyObject *st_put_struct_raw(StoreObject *self, PyObject *args, PyObject *
             goto done;
         }
         uint64_t count = 1;
-        for (Py_ssize_t d = 0; d < nd; d++) {
-            m[i].shape[d] = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(sh, d));
+        int bad = 0;
+        for (Py_ssize_t d = 0; d < nd && !bad; d++) {
+            unsigned long long x = 0;
+            bad = st_uint(PyTuple_GET_ITEM(sh, d), "a shape dimension", 0, UINT64_MAX, &x);
+            m[i].shape[d] = x;
             count *= m[i].shape[d];
         }
         m[i].ndim = (uint32_t)nd;
         Py_DECREF(sh);
-        if (PyErr_Occurred() || buf_src(buf, &v[i]) < 0)
+        if (bad < 0 || buf_src(buf, &v[i]) < 0)
             goto done;
         got = i + 1;
         data[i] = v[i].buf;
@@ -1001,9 +1050,10 @@ static PyObject *st_get_members(StoreObject *self, PyObject *args)
 static PyObject *st_read_member_into(StoreObject *self, PyObject *args)
 {
     const char *key, *member;
-    unsigned long long a, b;
-    PyObject *dst;
-    if (!PyArg_ParseTuple(args, "ssKKO:read_member_into", &key, &member, &a, &b, &dst))
+    unsigned long long a = 0, b = 0;
+    PyObject *oa, *ob, *dst;
+    if (!PyArg_ParseTuple(args, "ssOOO:read_member_into", &key, &member, &oa, &ob, &dst) ||
+        st_uint(oa, "row_begin", 0, UINT64_MAX, &a) < 0 || st_uint(ob, "row_end", 0, UINT64_MAX, &b) < 0)
         return NULL;
     ferry_store *s = st_of(self);
     Py_buffer v;
@@ -1066,9 +1116,10 @@ static PyObject *st_kv_put(StoreObject *self, PyObject *args)
 static PyObject *st_kv_cas(StoreObject *self, PyObject *args)
 {
     const char *key;
-    unsigned long long expected;
-    PyObject *val;
-    if (!PyArg_ParseTuple(args, "sKO:kv_cas", &key, &expected, &val))
+    unsigned long long expected = 0;
+    PyObject *oexp, *val;
+    if (!PyArg_ParseTuple(args, "sOO:kv_cas", &key, &oexp, &val) ||
+        st_uint(oexp, "expected_rev", 0, UINT64_MAX, &expected) < 0)
         return NULL;
     ferry_store *s = st_of(self);
     Py_buffer v;
@@ -1086,7 +1137,9 @@ static PyObject *st_kv_delete(StoreObject *self, PyObject *args, PyObject *kw)
     static char *kwl[] = {"key", "expected_rev", NULL};
     const char *key;
     unsigned long long expected = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|K:kv_delete", kwl, &key, &expected))
+    PyObject *oexp = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|O:kv_delete", kwl, &key, &oexp) ||
+        st_uint_opt(oexp, "expected_rev", 0, UINT64_MAX, &expected) < 0)
         return NULL;
     ferry_store *s = st_of(self);
     if (!s)
@@ -1102,7 +1155,9 @@ static PyObject *st_watch(StoreObject *self, PyObject *args, PyObject *kw)
     static char *kwl[] = {"prefix", "from_rev", NULL};
     const char *prefix;
     unsigned long long from = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|K:watch", kwl, &prefix, &from))
+    PyObject *ofrom = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|O:watch", kwl, &prefix, &ofrom) ||
+        st_uint_opt(ofrom, "from_rev", 0, UINT64_MAX, &from) < 0)
         return NULL;
     ferry_store *s = st_of(self);
     if (!s)
@@ -1143,16 +1198,18 @@ static PyObject *st_barrier(StoreObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwl[] = {"name", "member", "count", "timeout_ms", NULL};
     const char *name, *member;
-    unsigned int count;
-    unsigned long long timeout = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "ssI|K:barrier", kwl, &name, &member, &count, &timeout))
+    unsigned long long count = 0, timeout = 0;
+    PyObject *ocount, *otimeout = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "ssO|O:barrier", kwl, &name, &member, &ocount, &otimeout) ||
+        st_uint(ocount, "count", 0, UINT32_MAX, &count) < 0 ||
+        st_uint_opt(otimeout, "timeout_ms", 0, UINT64_MAX, &timeout) < 0)
         return NULL;
     ferry_store *s = st_of(self);
     if (!s)
         return NULL;
     uint64_t gen = 0;
     int rc;
-    ST_CALL(self, rc = ferry_barrier(s, name, member, count, timeout, &gen));
+    ST_CALL(self, rc = ferry_barrier(s, name, member, (uint32_t)count, timeout, &gen));
     return rc < 0 ? st_raise(rc) : PyLong_FromUnsignedLongLong(gen);
 }
 
@@ -1163,20 +1220,18 @@ static PyObject *st_queue_push(StoreObject *self, PyObject *args)
     return st_name_buf_u64(self, args, "sO:queue_push", ferry_queue_push);
 }
 
-#define ST_POP_MAX 65536
+#define ST_POP_MAX FERRY_STORE_POP_MAX
 
 static PyObject *st_queue_pop(StoreObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwl[] = {"queue", "max", "lease_ms", NULL};
     const char *queue;
-    unsigned int max = 1;
-    unsigned long long lease = 30000;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|IK:queue_pop", kwl, &queue, &max, &lease))
+    unsigned long long max = 1, lease = 30000;
+    PyObject *omax = NULL, *olease = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|OO:queue_pop", kwl, &queue, &omax, &olease) ||
+        st_uint_opt(omax, "max", 1, ST_POP_MAX, &max) < 0 ||
+        st_uint_opt(olease, "lease_ms", 1, FERRY_STORE_LEASE_MAX_MS, &lease) < 0)
         return NULL;
-    if (max == 0 || max > ST_POP_MAX) {
-        PyErr_Format(PyExc_ValueError, "max must be 1 to %d", ST_POP_MAX);
-        return NULL;
-    }
     ferry_store *s = st_of(self);
     if (!s)
         return NULL;
@@ -1185,7 +1240,7 @@ static PyObject *st_queue_pop(StoreObject *self, PyObject *args, PyObject *kw)
         return PyErr_NoMemory();
     size_t n = 0;
     int rc;
-    ST_CALL(self, rc = ferry_queue_pop(s, queue, max, lease, recs, &n));
+    ST_CALL(self, rc = ferry_queue_pop(s, queue, (uint32_t)max, lease, recs, &n));
     if (rc < 0) {
         PyMem_Free(recs);
         return st_raise(rc);
@@ -1208,18 +1263,19 @@ static PyObject *st_queue_pop(StoreObject *self, PyObject *args, PyObject *kw)
 
 static PyObject *st_queue_ack_any(StoreObject *self, PyObject *args, int ack)
 {
-    unsigned long long id;
-    unsigned int token;
-    if (!PyArg_ParseTuple(args, ack ? "KI:queue_ack" : "KI:queue_nack", &id, &token))
+    unsigned long long id = 0, token = 0;
+    PyObject *oid, *otoken;
+    if (!PyArg_ParseTuple(args, ack ? "OO:queue_ack" : "OO:queue_nack", &oid, &otoken) ||
+        st_uint(oid, "id", 0, UINT64_MAX, &id) < 0 || st_uint(otoken, "token", 0, UINT32_MAX, &token) < 0)
         return NULL;
     ferry_store *s = st_of(self);
     if (!s)
         return NULL;
     int rc;
     if (ack)
-        ST_CALL(self, rc = ferry_queue_ack(s, id, token));
+        ST_CALL(self, rc = ferry_queue_ack(s, id, (uint32_t)token));
     else
-        ST_CALL(self, rc = ferry_queue_nack(s, id, token));
+        ST_CALL(self, rc = ferry_queue_nack(s, id, (uint32_t)token));
     if (rc < 0)
         return st_raise(rc);
     Py_RETURN_NONE;

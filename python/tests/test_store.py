@@ -432,3 +432,73 @@ def test_lost_object(tmp_path):
                 s.get("lost/x")
             with pytest.raises(ferry.LostError):
                 s.get_into("lost/x", bytearray(16))
+
+
+LEASE_MAX_MS = 3600000   # FERRY_STORE_LEASE_MAX_MS
+POP_MAX = 4096           # FERRY_STORE_POP_MAX
+
+
+def test_unsigned_arguments_refuse_negatives(store):
+    """Revisions, ids, tokens, offsets, counts and leases are unsigned in C:
+    a negative is a ValueError naming the argument, never a wrapped-around
+    2**64-1 (kv_cas(expected_rev=-1) compared against that revision)."""
+    r = store.kv_put("neg/a", b"x")
+    with pytest.raises(ValueError, match=r"expected_rev .*not -1"):
+        store.kv_cas("neg/a", -1, b"y")
+    with pytest.raises(ValueError, match="expected_rev"):
+        store.kv_cas("neg/a", 2**64, b"y")
+    with pytest.raises(ValueError, match="expected_rev"):
+        store.kv_delete("neg/a", expected_rev=-1)
+    assert store.kv_get("neg/a") == (b"x", r)
+    with pytest.raises(ValueError, match="from_rev"):
+        store.watch("neg/", from_rev=-1)
+    with pytest.raises(TypeError):
+        store.kv_cas("neg/a", 1.5, b"y")
+    assert store.kv_cas("neg/a", np.uint64(r), b"y") > r   # any integer type is fine
+    with pytest.raises(ValueError, match="count"):
+        store.barrier("neg/b", "m", -1, timeout_ms=100)
+    with pytest.raises(ValueError, match="timeout_ms"):
+        store.barrier("neg/b", "m", 1, timeout_ms=-1)
+    qid = store.queue_push("neg/q", b"rec")
+    with pytest.raises(ValueError, match="id"):
+        store.queue_ack(-1, 0)
+    with pytest.raises(ValueError, match="token"):
+        store.queue_nack(qid, -1)
+    with pytest.raises(ValueError, match="row_begin"):
+        store.read_member_into("neg/s", "w", -1, 1, bytearray(8))
+    store.put("neg/obj", b"0123456789")
+    with pytest.raises(ValueError, match=r"ranges\[0\]: src_offset"):
+        store.get_into_ranges([("neg/obj", -1, bytearray(4))])
+    with pytest.raises(ValueError, match=r"ranges\[0\]: length"):
+        store.get_into_ranges([("neg/obj", 0, bytearray(4), -1)])
+    with pytest.raises(ValueError, match="replica_num"):
+        store.put("neg/r", b"x", {"replica_num": -1})
+    with pytest.raises(ValueError, match="preferred segment"):
+        store.put("neg/r", b"x", ferry.ReplicateConfig(preferred_segments=[-1]))
+    with pytest.raises(ValueError, match="shape"):
+        store.put_struct_raw("neg/s", [("w", "f32", (-1,), bytearray(4))])
+    assert not store.is_exist("neg/r") and not store.is_exist("neg/s")
+    # the record was never touched: its first delivery is still to come
+    (rec,) = store.queue_pop("neg/q", max=1)
+    assert rec[0] == qid and rec[2] == b"rec"
+    store.queue_ack(rec[0], rec[1])
+
+
+def test_queue_pop_and_lease_bounds(cluster, store):
+    """queue_pop's cap is the C library's (1 to 4096) and a lease is at most
+    an hour; the errors name the range."""
+    qid = store.queue_push("bound/q", b"r")
+    for bad in (POP_MAX + 1, 0, -1, 65536):
+        with pytest.raises(ValueError, match=f"max must be an integer from 1 to {POP_MAX}"):
+            store.queue_pop("bound/q", max=bad)
+    for bad in (0, -1, LEASE_MAX_MS + 1, 2**64 - 1):
+        with pytest.raises(ValueError, match=f"lease_ms must be an integer from 1 to {LEASE_MAX_MS}"):
+            store.queue_pop("bound/q", max=1, lease_ms=bad)
+    (rec,) = store.queue_pop("bound/q", max=POP_MAX, lease_ms=LEASE_MAX_MS)
+    assert rec[0] == qid and rec[1] == 1   # the refused pops leased nothing
+    store.queue_ack(rec[0], rec[1])
+    for bad in (-1, LEASE_MAX_MS + 1):
+        with pytest.raises(ValueError, match="lease_ms"):
+            cluster.store(lease_ms=bad)
+    with cluster.store(lease_ms=LEASE_MAX_MS) as s:
+        assert s.is_open

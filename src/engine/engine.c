@@ -401,6 +401,6 @@ void ferry_engine_get_stats(const ferry_engine *e, ferry_engine_stats *o)
 #define LD(f) o->f = atomic_load_explicit(&e->stats.f, memory_order_relaxed)
     LD(bytes_written); LD(bytes_read); LD(ops_completed); LD(ops_failed);
     LD(tickets_completed); LD(tickets_aborted); LD(tickets_failed); LD(tickets_unknown);
-    LD(remote_refused); LD(auth_refused); LD(frames_rejected);
+    LD(remote_refused); LD(auth_refused); LD(frames_rejected); LD(notify_dropped);
 #undef LD
 }

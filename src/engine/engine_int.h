@@ -183,6 +183,7 @@ struct ferry_engine {
     pthread_cond_t ncond;
     struct fr_notify_q *notify;
     size_t nnotify, cap_notify;
+    uint64_t notify_seq;       /* arrival number of the next notification (nlock) */
 
     void *tp_state[2];         /* per transport: [0]=shm, [1]=tcp */
     fr_fault *fault;           /* fault injection, NULL when off */
@@ -191,6 +192,7 @@ struct ferry_engine {
         _Atomic uint64_t bytes_written, bytes_read, ops_completed, ops_failed;
         _Atomic uint64_t tickets_completed, tickets_aborted, tickets_failed, tickets_unknown;
         _Atomic uint64_t remote_refused, auth_refused, frames_rejected;
+        _Atomic uint64_t notify_dropped;
     } stats;
 };
 
@@ -226,8 +228,10 @@ int fr_peer_post(ferry_engine *e, ferry_peer_id peer, fr_chunk **c, size_t n, bo
 void fr_tickets_wait_drained(ferry_engine *e);
 void fr_tickets_destroy_all(ferry_engine *e);
 
-/* Deliver a notification that arrived from a peer. */
-void fr_notify_deliver(ferry_engine *e, uint64_t tag, uint64_t value);
+/* Deliver a notification that arrived from a peer: peer is the sending
+ * engine's instance (from its authenticated handshake), which the bound on
+ * unconsumed notifications (FERRY_NOTIFY_PENDING_MAX) is counted per. */
+void fr_notify_deliver(ferry_engine *e, uint64_t peer, uint64_t tag, uint64_t value);
 void fr_notify_destroy(ferry_engine *e);
 
 /* ---- authentication (auth.c) -------------------------------------------- */

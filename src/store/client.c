@@ -227,6 +227,10 @@ int ferry_store_open(const ferry_store_config *cfg, ferry_store **out)
     if (!cfg->master[0])
         return fr_client_err(FERRY_EINVAL, "no master address: set FERRY_MASTER=HOST:PORT "
                              "(ferry up prints it)");
+    if (cfg->lease_ms > FERRY_STORE_LEASE_MAX_MS)
+        return fr_client_err(FERRY_EINVAL, "lease_ms %llu is above the longest lease, %u ms "
+                             "(an hour)", (unsigned long long)cfg->lease_ms,
+                             FERRY_STORE_LEASE_MAX_MS);
     ferry_store *s = fr_calloc(1, sizeof *s);
     if (!s)
         return FERRY_ENOMEM;

@@ -377,12 +377,23 @@ int ferry_queue_push(ferry_store *s, const char *queue, const void *data, size_t
     return rc;
 }
 
+/* One cap on a pop everywhere: the public one, the wire's and the log's. */
+_Static_assert(FERRY_STORE_POP_MAX == FR_SMSG_POP_MAX && FR_SMSG_POP_MAX == FR_POP_MAX,
+               "the pop caps of store.h, the wire and the log differ");
+
 int ferry_queue_pop(ferry_store *s, const char *queue, uint32_t max, uint64_t lease_ms,
                     ferry_qrecord *out, size_t *n)
 {
     int rc = fr_client_key(queue);
-    if (rc < 0 || !s || !out || !n || max == 0 || max > FR_SMSG_POP_MAX || lease_ms == 0)
+    if (rc < 0 || !s || !out || !n)
         return rc < 0 ? rc : fr_client_err(FERRY_EINVAL, "queue_pop: bad arguments");
+    if (max == 0 || max > FERRY_STORE_POP_MAX)
+        return fr_client_err(FERRY_EINVAL, "queue_pop: max %u is not in 1..%u", max,
+                             FERRY_STORE_POP_MAX);
+    if (lease_ms == 0 || lease_ms > FERRY_STORE_LEASE_MAX_MS)
+        return fr_client_err(FERRY_EINVAL, "queue_pop: a lease of %llu ms is not in 1..%u ms "
+                             "(an hour at most)", (unsigned long long)lease_ms,
+                             FERRY_STORE_LEASE_MAX_MS);
     fr_smsg q = {.type = FR_SMSG_Q_POP, .key = fr_client_str(queue), .limit = max,
                  .lease_ms = lease_ms}, rep;
     uint8_t *b = NULL;

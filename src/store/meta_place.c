@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ferry/store.h"
 #include "store/meta_int.h"
 
 typedef struct meta_cand {
@@ -81,14 +82,66 @@ static int evict_one(fr_meta *m, meta_seg *s, uint64_t now)
     return 0;
 }
 
+static int cmp_rep_off(const void *a, const void *b)
+{
+    const meta_rep *x = *(meta_rep *const *)a, *y = *(meta_rep *const *)b;
+    return x->off < y->off ? -1 : x->off > y->off;
+}
+
+/* Whether len bytes would fit on s once eviction took everything it may
+ * take (soft objects not leased at now): the free runs left then are the
+ * gaps between the replicas that stay (leased, hard-pinned, pending), and
+ * one of them must hold len at the allocator's alignment. O(replicas on
+ * s); it runs only when the object does not fit already. */
+static int fits_after_eviction(fr_meta *m, const meta_seg *s, uint64_t len, uint64_t now,
+                               bool *fits)
+{
+    size_t n = 0;
+    if (meta_scratch(m, s->nreps) < 0)
+        return meta_fail(m, FERRY_ENOMEM, "out of memory placing an object");
+    for (const fr_dnode *d = s->reps.next; d != &s->reps; d = d->next) {
+        meta_rep *p = fr_container_of(d, meta_rep, in_seg);
+        if (!fr_dlist_linked(&p->in_lru) || leased(p->obj, now))
+            m->scratch[n++] = p;
+    }
+    fr_sort(m->scratch, n, sizeof(void *), cmp_rep_off);
+    fr_segalloc_stats st;
+    fr_segalloc_get_stats(s->alloc, &st);
+    uint64_t al = m->cfg.align > s->granule ? m->cfg.align : s->granule, from = 0;
+    *fits = false;
+    for (size_t i = 0; i <= n && !*fits; i++) {
+        const meta_rep *p = i < n ? m->scratch[i] : NULL;
+        uint64_t to = p != NULL ? p->off : st.size;
+        uint64_t start = (from + al - 1) & ~(al - 1);
+        *fits = start >= from && start <= to && to - start >= len;
+        if (p != NULL && p->off + fr_segalloc_round(s->alloc, p->obj->size) > from)
+            from = p->off + fr_segalloc_round(s->alloc, p->obj->size);
+    }
+    return 0;
+}
+
+/* 1 if the object fits on c now or after evicting, 0 if not, or an error. */
+static int can_place(fr_meta *m, const meta_cand *c, uint64_t size, uint64_t now)
+{
+    uint64_t len = fr_segalloc_round(c->s->alloc, size), off;
+    if (len > c->s->size - seg_used(c->s) + c->s->lru_bytes)
+        return 0;
+    if (fr_segalloc_find(c->s->alloc, len, m->cfg.align, &off) == 0)
+        return 1;
+    bool fits = false;
+    int rc = fits_after_eviction(m, c->s, len, now, &fits);
+    return rc < 0 ? rc : fits;
+}
+
 /* Place on c: with eviction, until the object fits without passing the
- * watermark or nothing more can go (then it is placed if it fits at all). */
+ * watermark or nothing more can go (then it is placed if it fits at all).
+ * A placement that cannot succeed evicts nothing. */
 static int place_evicting(fr_meta *m, meta_cand *c, uint64_t size, uint64_t now)
 {
     uint64_t len = fr_segalloc_round(c->s->alloc, size), off;
-    /* Evicting everything soft could not make room: evict nothing. */
-    if (len > c->s->size - seg_used(c->s) + c->s->lru_bytes)
-        return 0;
+    int can = can_place(m, c, size, now);
+    if (can <= 0)
+        return can;
     for (;;) {
         int fit = fr_segalloc_find(c->s->alloc, len, m->cfg.align, &off);
         if (fit == 0 && seg_used(c->s) + len <= c->s->hw_limit)
@@ -202,7 +255,19 @@ int fr_meta_put_start(fr_meta *m, const char *key, uint64_t size, const fr_repli
             got++;
         }
     }
-    /* Pass 2: make room by evicting, in the same order. */
+    /* Pass 2: make room by evicting, in the same order. With more than one
+     * replica still to place, first make sure that enough candidates can
+     * take one, so that a put that fails evicts nothing (evicting on one
+     * segment only ever frees room on the others). */
+    uint32_t can = got;
+    for (size_t i = 0; want - got > 1 && i < ncand && can < want; i++) {
+        int c = m->cand[i].chosen ? 0 : can_place(m, &m->cand[i], size, now);
+        if (c < 0)
+            return c;
+        can += (uint32_t)c;
+    }
+    if (want - got > 1 && can < want)
+        return no_room(m, key, size, want, can, ncand);
     for (size_t i = 0; i < ncand && got < want; i++) {
         if (m->cand[i].chosen)
             continue;
@@ -310,6 +375,9 @@ int fr_meta_get(fr_meta *m, const char *key, uint64_t lease_ms, uint64_t now_ms,
     int err = meta_check_name(m, "object key", key);
     if (err < 0)
         return err;
+    if (lease_ms > FERRY_STORE_LEASE_MAX_MS)
+        return meta_fail(m, FERRY_EINVAL, "a read's lease of %llu ms is above the longest, %u ms "
+                         "(an hour)", (unsigned long long)lease_ms, FERRY_STORE_LEASE_MAX_MS);
     uint64_t now = meta_now(m, now_ms), until;
     meta_obj *o = meta_obj_find(m, key);
     if (o == NULL || o->state != FR_OBJ_COMPLETE)

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ferry/store.h"
 #include "store/meta_int.h"
 
 int meta_qlease_cmp(const fr_avl_node *a, const fr_avl_node *b)
@@ -254,9 +255,11 @@ int fr_meta_queue_pop(fr_meta *m, const char *queue_name, uint32_t n, uint64_t l
     int rc = meta_check_name(m, "queue name", queue_name);
     if (rc < 0)
         return rc;
-    if (n == 0 || n > FR_POP_MAX || lease_ms == 0 || out == NULL || nout == NULL)
-        return meta_fail(m, FERRY_EINVAL, "pop of %u records with a %llu ms lease", n,
-                         (unsigned long long)lease_ms);
+    if (n == 0 || n > FR_POP_MAX || out == NULL || nout == NULL)
+        return meta_fail(m, FERRY_EINVAL, "a pop takes 1 to %d records, not %u", FR_POP_MAX, n);
+    if (lease_ms == 0 || lease_ms > FERRY_STORE_LEASE_MAX_MS)
+        return meta_fail(m, FERRY_EINVAL, "a pop's lease of %llu ms is not in 1..%u ms (an hour "
+                         "at most)", (unsigned long long)lease_ms, FERRY_STORE_LEASE_MAX_MS);
     uint64_t now = meta_now(m, now_ms), until;
     *nout = 0;
     queue *q = q_find(m, queue_name);

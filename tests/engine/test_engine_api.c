@@ -150,6 +150,82 @@ static void test_loopback_self(void **s)
     }
 }
 
+/* Submit n NOTIFYs (tag, values first..first+n-1) from e to peer, in
+ * batches, and wait for each batch to complete. */
+static void send_notifies(ferry_engine *e, ferry_peer_id peer, uint64_t tag, uint64_t first,
+                          uint64_t n)
+{
+    enum { BATCH = 256 };
+    ferry_op ops[BATCH];
+    for (uint64_t done = 0; done < n;) {
+        uint32_t k = n - done < BATCH ? (uint32_t)(n - done) : BATCH;
+        for (uint32_t i = 0; i < k; i++)
+            ops[i] = (ferry_op){ .opcode = FERRY_OP_NOTIFY, .peer = peer, .tag = tag,
+                                 .value = first + done + i };
+        ferry_ticket *t;
+        assert_int_equal(ferry_submit(e, ops, k, 0, &t), 0);
+        assert_int_equal(ferry_ticket_wait(t, 60000), FERRY_TICKET_COMPLETED);
+        ferry_ticket_free(t);
+        done += k;
+    }
+}
+
+/* Notifications nobody consumes are bounded per (peer, tag): past
+ * FERRY_NOTIFY_PENDING_MAX a sender's oldest are dropped and counted, the
+ * other senders' are kept, and a waiter sees the newest in arrival order. */
+static void test_notify_bound(void **s)
+{
+    (void)s;
+    const char *tps[] = {"shm", "tcp"};
+    enum { EXTRA = 1000, OTHER = 3 };
+    const uint64_t total = FERRY_NOTIFY_PENDING_MAX + EXTRA, tag = 9;
+    uint64_t *vals = malloc(FERRY_NOTIFY_PENDING_MAX * sizeof *vals);
+    assert_non_null(vals);
+    for (int k = 0; k < 2; k++) {
+        ferry_engine_config c;
+        ft_config(&c, tps[k]);
+        ferry_engine *e, *other;
+        assert_int_equal(ferry_engine_open(&c, &e), 0);
+        assert_int_equal(ferry_engine_open(&c, &other), 0);
+        void *m;
+        ferry_region *r;
+        assert_int_equal(ferry_mem_alloc(e, 4096, &m), 0);
+        assert_int_equal(ferry_region_register(e, m, 4096, FERRY_REMOTE_WRITE, FERRY_MEM_HOST, &r), 0);
+        uint8_t blob[FERRY_DESC_MAX];
+        int n = ferry_region_export(r, blob, sizeof blob);
+        ferry_remote_region self, from_other;
+        assert_int_equal(ferry_region_import(e, blob, (size_t)n, &self), 0);
+        assert_int_equal(ferry_region_import(other, blob, (size_t)n, &from_other), 0);
+
+        /* Another sender first: its few are never dropped for e's flood. */
+        send_notifies(other, from_other.peer, tag, 1u << 30, OTHER);
+        send_notifies(e, self.peer, tag, 0, total);
+        ferry_engine_stats st;
+        ferry_engine_get_stats(e, &st);
+        assert_int_equal(st.notify_dropped, EXTRA);
+        assert_int_equal(ferry_wait_notify(e, tag, OTHER, 10000, vals), 0);
+        for (int i = 0; i < OTHER; i++)
+            assert_int_equal(vals[i], (1u << 30) + (uint64_t)i);
+        /* e's newest, oldest first: EXTRA .. total-1 */
+        assert_int_equal(ferry_wait_notify(e, tag, FERRY_NOTIFY_PENDING_MAX, 10000, vals), 0);
+        for (uint64_t i = 0; i < FERRY_NOTIFY_PENDING_MAX; i++)
+            if (vals[i] != EXTRA + i)
+                fail_msg("notification %llu has value %llu, want %llu", (unsigned long long)i,
+                         (unsigned long long)vals[i], (unsigned long long)(EXTRA + i));
+        assert_int_equal(ferry_wait_notify(e, tag, 1, 50, NULL), FERRY_ETIMEDOUT);
+        /* Below the bound counts are exact again. */
+        send_notifies(e, self.peer, tag, 7, 2);
+        assert_int_equal(ferry_wait_notify(e, tag, 2, 10000, vals), 0);
+        assert_int_equal(vals[0], 7);
+        assert_int_equal(vals[1], 8);
+        ferry_engine_get_stats(e, &st);
+        assert_int_equal(st.notify_dropped, EXTRA);
+        ferry_engine_close(other);
+        ferry_engine_close(e);
+    }
+    free(vals);
+}
+
 static void test_names(void **s)
 {
     (void)s;
@@ -172,6 +248,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_register),
         cmocka_unit_test(test_descriptors),
         cmocka_unit_test(test_loopback_self),
+        cmocka_unit_test(test_notify_bound),
         cmocka_unit_test(test_names),
     };
     return cmocka_run_group_tests_name("engine_api", tests, NULL, NULL);

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -142,6 +143,39 @@ static void test_single_pull(void **state)
     }
 }
 
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* One worker of a group of two (the other never comes): its first barrier
+ * times out, and the update returns then, within about ONE timeout, instead
+ * of waiting the timeout again at the post-apply barrier. The timeout is
+ * seconds long and the bound generous (1.8x), so scheduling noise on a
+ * loaded machine cannot decide the verdict; before, the call took 2x. */
+static void test_first_barrier_fails(void **state)
+{
+    ftg_env *e = *state;
+    const double timeout_s = 4.0;
+    const rollout_opts alone = { e->c.addr, "2", "1", "alone", "4000" };
+    assert_int_equal(ftg_start(e, 1, rollout_args, &alone, -1, NULL), 0);
+    assert_int_equal(ftg_publish(e->s, &model, 1, NULL), 0);
+    double t0 = now_s();
+    assert_int_equal(ftg_send(e, "update 1"), 0);
+    ftg_collect(e, 60000, -1);
+    double took = now_s() - t0;
+    fprintf(stderr, "lone worker: %s (after %.2f s, timeout %.1f s)\n", e->line[0], took,
+            timeout_s);
+    assert_int_not_equal(e->rc[0], 0);
+    char want[32];
+    snprintf(want, sizeof want, "ERR %d ", FERRY_ETIMEDOUT);
+    assert_true(strncmp(e->line[0], want, strlen(want)) == 0);
+    assert_non_null(strstr(e->line[0], "not every worker"));
+    assert_true(took < 1.8 * timeout_s);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 8 && !strcmp(argv[1], "--rollout"))
@@ -150,6 +184,7 @@ int main(int argc, char **argv)
     ft_token();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_single_pull, ftg_setup, ftg_teardown),
+        cmocka_unit_test_setup_teardown(test_first_barrier_fails, ftg_setup, ftg_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

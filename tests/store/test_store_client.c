@@ -15,7 +15,10 @@
 
 #include <cmocka.h>
 
+#include "base/base.h"
+#include "store/mconn.h"
 #include "util/ftstore.h"
+#include "wire/sockio.h"
 
 #define MB (1u << 20)
 
@@ -356,6 +359,86 @@ static void test_wrong_token(void **state)
     assert_int_equal(ferry_store_exist(f->s, "anything"), 0);   /* still served */
 }
 
+/* ---- lease bounds ------------------------------------------------------------------------- */
+
+/* One request straight to the master over a connection of our own, past
+ * the client library's checks: the reply's status (0 unless ERROR) and
+ * its text. */
+static int raw_call(const fixture *f, const fr_smsg *req, char *text, size_t cap)
+{
+    uint8_t key[32];
+    fr_auth_key((const uint8_t *)ft_token(), strlen(ft_token()), key);
+    fr_mconn_config mc = { .addr = f->c.addr, .key = key, .role = FR_ROLE_STORE_CLIENT,
+                           .timeout_ms = 10000 };
+    fr_mconn *c = NULL;
+    assert_int_equal(fr_mconn_open(&mc, &c), 0);
+    fr_smsg rep;
+    uint8_t *buf = NULL;
+    assert_int_equal(fr_mconn_call(c, req, 1, NULL, &rep, &buf, 10000), 0);
+    int st = rep.type == FR_SMSG_ERROR ? rep.status : 0;
+    size_t n = st && rep.val.n < cap ? rep.val.n : 0;
+    memcpy(text, rep.val.p, n);
+    text[n] = '\0';
+    fr_free(buf);
+    fr_mconn_close(c);
+    return st;
+}
+
+/* A lease has a maximum (FERRY_STORE_LEASE_MAX_MS): beyond it the client
+ * refuses, and so does the master for a request from any client, so no
+ * lease can make an object unremovable or a record undeliverable for good. */
+static void test_lease_bounds(void **state)
+{
+    fixture *f = *state;
+    ferry_store_config cfg;
+    ferry_store *s = NULL;
+    ft_store_config(&f->c, &cfg);
+    cfg.lease_ms = UINT64_MAX;
+    assert_int_equal(ferry_store_open(&cfg, &s), FERRY_EINVAL);
+    assert_null(s);
+    assert_non_null(strstr(ferry_store_last_error(), "longest lease"));
+    cfg.lease_ms = FERRY_STORE_LEASE_MAX_MS + 1;
+    assert_int_equal(ferry_store_open(&cfg, &s), FERRY_EINVAL);
+    cfg.lease_ms = FERRY_STORE_LEASE_MAX_MS;
+    assert_int_equal(ferry_store_open(&cfg, &s), 0);
+    ferry_store_close(s);
+
+    /* Reads: a lease beyond the maximum from a raw client leases nothing. */
+    assert_int_equal(ferry_store_put(f->s, "lease/obj", "abc", 3, NULL, NULL), 0);
+    char text[512];
+    fr_smsg get = { .type = FR_SMSG_GET_REPLICAS, .key = { (const uint8_t *)"lease/obj", 9 },
+                    .lease_ms = UINT64_MAX };
+    assert_int_equal(raw_call(f, &get, text, sizeof text), FERRY_EINVAL);
+    assert_non_null(strstr(text, "longest"));
+    get.lease_ms = FERRY_STORE_LEASE_MAX_MS + 1;
+    assert_int_equal(raw_call(f, &get, text, sizeof text), FERRY_EINVAL);
+    assert_int_equal(ferry_store_remove(f->s, "lease/obj"), 0);
+
+    /* Pops: the client and the master refuse; the record stays ready. */
+    uint64_t id = 0;
+    ferry_qrecord rec[2];
+    size_t n = 7;
+    assert_int_equal(ferry_queue_push(f->s, "lease/q", "r", 1, &id), 0);
+    assert_int_equal(ferry_queue_pop(f->s, "lease/q", 1, UINT64_MAX, rec, &n), FERRY_EINVAL);
+    assert_non_null(strstr(ferry_store_last_error(), "an hour at most"));
+    assert_int_equal(ferry_queue_pop(f->s, "lease/q", 1, FERRY_STORE_LEASE_MAX_MS + 1, rec, &n),
+                     FERRY_EINVAL);
+    fr_smsg pop = { .type = FR_SMSG_Q_POP, .key = { (const uint8_t *)"lease/q", 7 }, .limit = 1,
+                    .lease_ms = UINT64_MAX };
+    assert_int_equal(raw_call(f, &pop, text, sizeof text), FERRY_EINVAL);
+    assert_non_null(strstr(text, "an hour at most"));
+    assert_int_equal(ferry_queue_pop(f->s, "lease/q", FERRY_STORE_POP_MAX + 1, 1000, rec, &n),
+                     FERRY_EINVAL);
+    assert_non_null(strstr(ferry_store_last_error(), "1..4096"));
+    n = 0;
+    assert_int_equal(ferry_queue_pop(f->s, "lease/q", 1, FERRY_STORE_LEASE_MAX_MS, rec, &n), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(rec[0].id, id);
+    assert_int_equal(rec[0].token, 1);   /* its first delivery: nothing leased it before */
+    assert_int_equal(ferry_queue_ack(f->s, id, rec[0].token), 0);
+    ferry_qrecords_free(rec, n);
+}
+
 /* ---- node death -------------------------------------------------------------------------- */
 
 static int setup_hb(void **state)
@@ -510,6 +593,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_replicas, setup2, teardown),
         cmocka_unit_test_setup_teardown(test_kv_watch_barrier_queue, setup1, teardown),
         cmocka_unit_test_setup_teardown(test_wrong_token, setup1, teardown),
+        cmocka_unit_test_setup_teardown(test_lease_bounds, setup1, teardown),
         cmocka_unit_test_setup_teardown(test_node_death, setup_hb, teardown),
         cmocka_unit_test_setup_teardown(test_master_kill9, setup1, teardown),
     };

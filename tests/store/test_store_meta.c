@@ -196,6 +196,93 @@ static void test_hard_pin_and_enospc(void **state)
     fr_meta_destroy(m);
 }
 
+/* A placement that cannot succeed evicts nothing: leased objects (like
+ * pinned and pending ones) stay where they are, so neither their bytes nor
+ * the free runs they cut count as room that eviction could make. */
+#define MiB (1024 * KiB)
+static void test_eviction_futile(void **state)
+{
+    (void)state;
+    fr_meta *m = mk(1.0);
+    fr_obj_desc d;
+    assert_int_equal(fr_meta_mount(m, 1, 1, 64 * MiB, 0), 0);
+    put(m, "leased", 8 * MiB, NULL, 1, NULL);
+    assert_int_equal(fr_meta_get(m, "leased", 1000, 2, &d), 0);   /* until 1002 */
+    const char *soft[] = { "s0", "s1", "s2", "s3" };
+    for (int i = 0; i < 4; i++)
+        put(m, soft[i], 14 * MiB, NULL, 3 + (uint64_t)i, NULL);
+    /* 64 MiB: room only if the leased object went too. */
+    assert_int_equal(fr_meta_put_start(m, "big", 64 * MiB, NULL, 10, NULL), FERRY_ENOSPC);
+    assert_true(errmsg_has(m, "no room"));
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(fr_meta_exist(m, soft[i]), 1);
+    assert_int_equal(fr_meta_exist(m, "leased"), 1);
+    fr_seg_info si;
+    assert_int_equal(fr_meta_seg_info(m, 1, &si), 0);
+    assert_int_equal(si.used, 64 * MiB);
+    assert_int_equal(si.objects, 5);
+    /* Once the lease has ended, the same put evicts all five and fits. */
+    put(m, "big", 64 * MiB, NULL, 1002, NULL);
+    assert_int_equal(fr_meta_exist(m, "leased"), 0);
+    assert_int_equal(fr_meta_exist(m, "s3"), 0);
+    fr_meta_destroy(m);
+
+    /* Enough bytes in all, but the leased object sits in the middle: the
+     * largest run eviction could free is 32 KiB, so a 40 KiB put evicts
+     * nothing; a 32 KiB one fits after evicting the LRU objects. */
+    m = mk(1.0);
+    assert_int_equal(fr_meta_mount(m, 1, 1, 64 * KiB, 0), 0);
+    put(m, "a", 16 * KiB, NULL, 1, &d);
+    assert_int_equal(d.rep[0].offset, 0);
+    put(m, "b", 16 * KiB, NULL, 2, &d);
+    assert_int_equal(d.rep[0].offset, 16 * KiB);
+    put(m, "c", 32 * KiB, NULL, 3, &d);
+    assert_int_equal(d.rep[0].offset, 32 * KiB);
+    assert_int_equal(fr_meta_get(m, "b", 1000, 4, NULL), 0);
+    assert_int_equal(fr_meta_put_start(m, "x", 40 * KiB, NULL, 5, NULL), FERRY_ENOSPC);
+    assert_int_equal(fr_meta_exist(m, "a"), 1);
+    assert_int_equal(fr_meta_exist(m, "c"), 1);
+    put(m, "y", 32 * KiB, NULL, 6, &d);
+    assert_int_equal(d.rep[0].offset, 32 * KiB);
+    assert_int_equal(fr_meta_exist(m, "b"), 1);
+    assert_int_equal(fr_meta_exist(m, "c"), 0);
+    /* A hard-pinned object blocks the same way. */
+    fr_meta_destroy(m);
+    m = mk(1.0);
+    fr_replicate pin = { .hard_pin = true };
+    assert_int_equal(fr_meta_mount(m, 1, 1, 64 * KiB, 0), 0);
+    put(m, "a", 16 * KiB, NULL, 1, NULL);
+    put(m, "p", 16 * KiB, &pin, 2, NULL);
+    put(m, "c", 32 * KiB, NULL, 3, NULL);
+    assert_int_equal(fr_meta_put_start(m, "x", 40 * KiB, NULL, 5, NULL), FERRY_ENOSPC);
+    assert_int_equal(fr_meta_exist(m, "a"), 1);
+    assert_int_equal(fr_meta_exist(m, "c"), 1);
+    fr_meta_destroy(m);
+
+    /* Two replicas, and only one of two segments can make room: the put
+     * fails without evicting on the segment that could have. */
+    m = mk(1.0);
+    fr_replicate two = { .replica_num = 2 };
+    fr_replicate on1 = { .preferred = (uint64_t[]){ 1 }, .npreferred = 1 };
+    fr_replicate on2 = { .preferred = (uint64_t[]){ 2 }, .npreferred = 1 };
+    assert_int_equal(fr_meta_mount(m, 1, 1, 64 * KiB, 0), 0);
+    assert_int_equal(fr_meta_mount(m, 2, 2, 64 * KiB, 0), 0);
+    put(m, "soft1", 64 * KiB, &on1, 1, &d);
+    assert_int_equal(d.rep[0].segment, 1);
+    put(m, "held2", 64 * KiB, &on2, 2, &d);
+    assert_int_equal(d.rep[0].segment, 2);
+    assert_int_equal(fr_meta_get(m, "held2", 1000, 3, NULL), 0);
+    assert_int_equal(fr_meta_put_start(m, "x", 32 * KiB, &two, 4, NULL), FERRY_ENOSPC);
+    assert_true(errmsg_has(m, "only 1 of 2 segments"));
+    assert_int_equal(fr_meta_exist(m, "soft1"), 1);
+    /* One replica goes where eviction can make room. */
+    put(m, "y", 32 * KiB, NULL, 5, &d);
+    assert_int_equal(d.rep[0].segment, 1);
+    assert_int_equal(fr_meta_exist(m, "soft1"), 0);
+    assert_int_equal(fr_meta_exist(m, "held2"), 1);
+    fr_meta_destroy(m);
+}
+
 /* ---- leases ------------------------------------------------------------- */
 
 static void test_leases(void **state)
@@ -745,6 +832,7 @@ int main(void)
         cmocka_unit_test(test_eviction_lru),
         cmocka_unit_test(test_eviction_watermark),
         cmocka_unit_test(test_hard_pin_and_enospc),
+        cmocka_unit_test(test_eviction_futile),
         cmocka_unit_test(test_leases),
         cmocka_unit_test(test_states_and_list),
         cmocka_unit_test(test_node_death),

@@ -130,7 +130,7 @@ static void serve_ctrl(ferry_engine *e, int fd)
             return;
         }
         if (m.type == FR_MSG_NOTIFY) {
-            fr_notify_deliver(e, m.u.notify.tag, m.u.notify.value);
+            fr_notify_deliver(e, auth.client_instance, m.u.notify.tag, m.u.notify.value);
             fr_msg ack = {.type = FR_MSG_ACK};
             if (fr_send_msg(fd, &ack, h.req_id) < 0)
                 return;

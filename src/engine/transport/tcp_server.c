@@ -149,7 +149,7 @@ static void srv_drop(ferry_engine *e, const srv_conn *sc, int rc)
     }
 }
 
-static void srv_serve(ferry_engine *e, srv_conn *sc)
+static void srv_serve(ferry_engine *e, srv_conn *sc, uint64_t peer_instance)
 {
     const int fd = sc->fd;
 
@@ -175,7 +175,7 @@ static void srv_serve(ferry_engine *e, srv_conn *sc)
             rc = srv_read_rows(e, fd, hdr.req_id, &m.u.rows);
             break;
         case FR_MSG_NOTIFY:
-            fr_notify_deliver(e, m.u.notify.tag, m.u.notify.value);
+            fr_notify_deliver(e, peer_instance, m.u.notify.tag, m.u.notify.value);
             rc = srv_reply_ack(fd, hdr.req_id, 0, 0);
             break;
         default:
@@ -210,7 +210,7 @@ static void *srv_conn_main(void *arg)
         rc = fr_sock_timeouts(sc->fd, 0);
     if (rc == 0) {
         FR_DEBUG(TAG, "serving stream %u from %s", (unsigned)auth.stream, sc->peer);
-        srv_serve(e, sc);
+        srv_serve(e, sc, auth.client_instance);
     }
     /* Close under the lock so stop never shuts down a recycled fd. */
     pthread_mutex_lock(&srv->lock);
