@@ -243,8 +243,7 @@ typedef struct ferry_subscriber_config {
     char model[128];
     char group[64];          /* the rollout group: every member passes the same */
     uint32_t rank, world;    /* this worker of the group */
-    uint64_t timeout_ms;     /* the whole update: every wait in it (barriers, pushes,
-                              * notifications) ends by then (default 60000) */
+    uint64_t timeout_ms;     /* barriers and notifications (default 60000) */
     uint32_t node;           /* this worker's node (any id; 0 for all: one node). Readers
                               * are chosen to balance every node's NIC load, and a range
                               * crosses to another node once, then is forwarded there */

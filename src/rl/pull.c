@@ -695,21 +695,10 @@ typedef struct apply {
     uint32_t *nto;                 /* their targets */
     size_t nnt, cap_nt, cap_nto;
     ferry_op *ops;                 /* scratch for one target's WRITEs */
-    uint64_t deadline;             /* the update's (fr_now_ns): every wait ends by it */
     size_t fnext;                  /* hop 2: WRITEs [0, fnext) are submitted */
     uint64_t fround;
     bool fstop;                    /* a worker feeding my forwards failed or went quiet */
 } apply;
-
-/* What is left until deadline for one wait, in ms: at least 1, since a
- * barrier takes 0 as "no timeout" (a wait past the deadline still asks
- * once, so a group that is all there already passes). */
-static int left_ms(uint64_t deadline)
-{
-    uint64_t now = fr_now_ns();
-    uint64_t ms = now < deadline ? (deadline - now) / 1000000u : 0;
-    return ms < 1 ? 1 : ms > INT32_MAX ? INT32_MAX : (int)ms;
-}
 
 static int fail_once(apply *ap, int code, const char *fmt, uint32_t to)
 {
@@ -737,8 +726,9 @@ static void notify(apply *ap, int h, uint32_t to, uint64_t value)
 
 static void reap_notifies(apply *ap)
 {
+    int tmo = ap->sub->cfg.timeout_ms ? (int)ap->sub->cfg.timeout_ms : 60000;
     for (size_t i = 0; i < ap->nnt; i++) {
-        int st = ferry_ticket_wait(ap->nt[i], left_ms(ap->deadline));
+        int st = ferry_ticket_wait(ap->nt[i], tmo);
         int te = ferry_ticket_error(ap->nt[i]);
         ferry_ticket_free(ap->nt[i]);
         if (st != FERRY_TICKET_COMPLETED)
@@ -790,10 +780,11 @@ static void settle(apply *ap, int h, size_t slot)
     uint32_t world = ap->sub->cfg.world;
     ferry_ticket **t = ap->t[h] + slot * world;
     const uint64_t *at = ap->at[h] + slot * world;
+    int tmo = ap->sub->cfg.timeout_ms ? (int)ap->sub->cfg.timeout_ms : 60000;
     for (uint32_t to = 0; to < world; to++) {
         if (!t[to])
             continue;
-        int st = ferry_ticket_wait(t[to], left_ms(ap->deadline));
+        int st = ferry_ticket_wait(t[to], tmo);
         int te = ferry_ticket_error(t[to]);
         ferry_ticket_free(t[to]);
         t[to] = NULL;
@@ -891,6 +882,7 @@ static int run_apply(apply *ap, bool *reads_ok, bool *fed_ok, int *quiet, ferry_
     work *w = ap->w;
     const pushes *p1 = &w->hop[0];
     uint32_t world = sub->cfg.world;
+    int tmo = sub->cfg.timeout_ms ? (int)sub->cfg.timeout_ms : 60000;
     uint64_t budget = sub->cfg.batch_bytes ? sub->cfg.batch_bytes : BATCH_BYTES;
     *reads_ok = true;
     size_t ra = 0, pa = 0;
@@ -925,9 +917,12 @@ static int run_apply(apply *ap, bool *reads_ok, bool *fed_ok, int *quiet, ferry_
     finish(ap, 0);
     double t1 = (double)fr_now_ns() / 1e9;
     /* what reaches me, forwarded as it lands */
+    uint64_t deadline = fr_now_ns() + (uint64_t)tmo * 1000000u;
     bool ok = true;
     while (!fed(&w->hop[0], world, &ok)) {
-        int r = take(ap, 0, left_ms(ap->deadline));
+        uint64_t now = fr_now_ns();
+        int left = now < deadline ? (int)((deadline - now) / 1000000u) : 0;
+        int r = take(ap, 0, left);
         if (r < 0) {
             *quiet = r;
             ap->fstop = true;
@@ -940,8 +935,11 @@ static int run_apply(apply *ap, bool *reads_ok, bool *fed_ok, int *quiet, ferry_
         settle(ap, 1, (size_t)((ap->fround + k) % WATERMARK));
     finish(ap, 1);
     reap_notifies(ap);
+    deadline = fr_now_ns() + (uint64_t)tmo * 1000000u;
     while (!fed(&w->hop[1], world, &ok)) {
-        int r = take(ap, 1, left_ms(ap->deadline));
+        uint64_t now = fr_now_ns();
+        int left = now < deadline ? (int)((deadline - now) / 1000000u) : 0;
+        int r = take(ap, 1, left);
         if (r < 0) {
             *quiet = r;
             ok = false;
@@ -964,11 +962,6 @@ int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_u
     if (!sub || !generation)
         return fr_rl_fail(err, FERRY_EINVAL, "subscriber: bad arguments");
     double t0 = (double)fr_now_ns() / 1e9;
-    /* One timeout for the whole update: every wait in it (the barriers,
-     * pushes, notifications) ends by this deadline, so a call returns
-     * within about timeout_ms whatever fails. */
-    uint64_t tmo = sub->cfg.timeout_ms ? sub->cfg.timeout_ms : 60000;
-    uint64_t deadline = fr_now_ns() + (tmo < INT32_MAX ? tmo : INT32_MAX) * 1000000ull;
     ferry_weight_manifest m = {0};
     bool current = false;
     uint64_t g = *generation;
@@ -1000,7 +993,8 @@ int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_u
              sub->cfg.group, m.generation);
     char member_name[32];
     snprintf(member_name, sizeof member_name, "worker %u", me);
-    int brc = ferry_barrier(sub->s, bar, member_name, world, (uint64_t)left_ms(deadline), NULL);
+    uint64_t tmo = sub->cfg.timeout_ms ? sub->cfg.timeout_ms : 60000;
+    int brc = ferry_barrier(sub->s, bar, member_name, world, tmo, NULL);
     if (rc == 0 && brc < 0)
         rc = fr_rl_fail(err, brc, "subscriber: not every worker of group %s arrived: %s",
                   sub->cfg.group, ferry_strerror(brc));
@@ -1028,7 +1022,6 @@ int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_u
         plan_stats(&sub->plan, st);
         /* reads, pushes and forwards as one pipeline (run_apply) */
         apply ap = { .sub = sub, .e = ferry_store_engine(sub->s), .w = &w, .mbs = mbs, .err = err,
-                     .deadline = deadline,
                      .tag = { fr_hash64(bar, strlen(bar), 0) | 1, fr_hash64(bar, strlen(bar), 1) | 1 } };
         size_t nmax = w.hop[0].n > w.hop[1].n ? w.hop[0].n : w.hop[1].n;
         for (int h = 0; h < 2; h++) {
@@ -1063,7 +1056,7 @@ int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_u
         snprintf(bar, sizeof bar, "ferry/wb/%s/sub/%s/%020" PRIu64 "/applied", sub->cfg.model,
                  sub->cfg.group, m.generation);
         double t6 = (double)fr_now_ns() / 1e9;
-        brc = ferry_barrier(sub->s, bar, member_name, world, (uint64_t)left_ms(deadline), NULL);
+        brc = ferry_barrier(sub->s, bar, member_name, world, tmo, NULL);
         st->barrier_s = (double)fr_now_ns() / 1e9 - t6;
         if (rc == 0 && brc < 0)
             rc = fr_rl_fail(err, FERRY_EREBUILD, "subscriber: the group did not finish together: %s",
