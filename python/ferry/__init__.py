@@ -19,7 +19,7 @@ from . import weights
 from . import samples
 from . import sparse
 from .store import (Store, Watch, ReplicateConfig, NotFoundError, ExistsError, NoSpaceError, LostError, BusyError,
-                    ConflictError, TimeoutError, AuthError, ConnectionError, StaleError)
+                    ConflictError, TimeoutError, AuthError, ConnectionError, StaleError, UnreachableError)
 from .weights import WeightPublisher, WeightSubscriber, CompatGroup
 from .samples import (RolloutSession, UpdateSession, PolicyVersion, PolicyRegistry, PolicyWatch, SampleQueue, Sample,
                       KVCacheGate, QueueFullError)
@@ -29,7 +29,7 @@ __version__ = f"{VERSION_MAJOR}.{VERSION_MINOR}.{VERSION_PATCH}"
 
 __all__ = ["Error", "Engine", "strerror", "reshard", "store", "Store", "Watch", "ReplicateConfig", "NotFoundError",
            "ExistsError", "NoSpaceError", "LostError", "BusyError", "ConflictError", "TimeoutError", "AuthError",
-           "ConnectionError", "StaleError", "weights", "WeightPublisher", "WeightSubscriber", "CompatGroup", "samples", "RolloutSession",
+           "ConnectionError", "StaleError", "UnreachableError", "weights", "WeightPublisher", "WeightSubscriber", "CompatGroup", "samples", "RolloutSession",
            "UpdateSession", "PolicyVersion", "PolicyRegistry", "PolicyWatch", "SampleQueue", "Sample", "KVCacheGate",
            "QueueFullError", "sparse", "put_sparse_object", "sparse_admit", "read_sparse_objects",
            "sparse_apply", "__version__"]

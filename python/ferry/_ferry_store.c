@@ -8,7 +8,7 @@
 /* ---- errors ------------------------------------------------------------------------ */
 
 static PyObject *err_notfound, *err_exists, *err_nospace, *err_lost, *err_busy, *err_conflict, *err_timeout,
-    *err_auth, *err_conn, *err_stale;
+    *err_auth, *err_conn, *err_stale, *err_unreach;
 
 PyObject *fp_err_class(int code)
 {
@@ -24,6 +24,7 @@ PyObject *fp_err_class(int code)
     case FERRY_ECONNRESET:
     case FERRY_ECONNREFUSED: return err_conn;
     case FERRY_ESTALE: return err_stale;
+    case FERRY_EUNREACH: return err_unreach;
     default: return fp_error;
     }
 }
@@ -1536,6 +1537,9 @@ int fp_store_init(PyObject *m)
                                        "(FERRY_ECONNREFUSED, FERRY_ECONNRESET).",
          PyExc_ConnectionError},
         {&err_stale, "StaleError", "The record was delivered again since this lease (FERRY_ESTALE).", NULL},
+        {&err_unreach, "UnreachableError",
+         "The object's node is not heard from or reconnecting (FERRY_EUNREACH); its data is kept: "
+         "retry later.", NULL},
     };
     for (size_t i = 0; i < sizeof errs / sizeof errs[0]; i++) {
         char qual[64];

@@ -8,11 +8,11 @@ and :class:`ReplicateConfig`. See docs/store.md ("Python").
 
 from . import _ferry
 from ._ferry import (Error, NotFoundError, ExistsError, NoSpaceError, LostError, BusyError, ConflictError,
-                     TimeoutError, AuthError, ConnectionError, StaleError, Watch)
+                     TimeoutError, AuthError, ConnectionError, StaleError, UnreachableError, Watch)
 
 __all__ = ["Store", "Watch", "ReplicateConfig", "Error", "NotFoundError", "ExistsError", "NoSpaceError",
            "LostError", "BusyError", "ConflictError", "TimeoutError", "AuthError", "ConnectionError",
-           "StaleError", "dtype_name"]
+           "StaleError", "UnreachableError", "dtype_name"]
 
 
 class ReplicateConfig:
