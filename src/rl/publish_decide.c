@@ -10,13 +10,16 @@
  * One decision per attempt: the coordinator claims it with a
  * compare-and-swap ("A deciding", or straight to "A failed ..."), and a
  * rank that waited timeout_ms in vain writes "A failed <timed out> the
- * coordinator (rank 0) gave no decision ..." with the same kind of
- * compare-and-swap, so either the coordinator decides or the waiting ranks
- * do, never both; every rank returns what the status says. Only after a
- * claim does the coordinator announce; a rank that finds "A deciding" at
- * its deadline cannot know whether the announcement will still happen: it
- * reports a timeout and keeps its objects (the next announcement's sweep
- * removes them if this one never comes). */
+ * coordinator (rank 0) gave no decision ..." with a compare-and-swap too
+ * (over nothing, an earlier attempt's status, or "A deciding"), so either
+ * the coordinator decides or the waiting ranks do, and every rank returns
+ * what the status says. A coordinator that claimed announces only within
+ * half of timeout_ms of the barrier, and writes its decision over its own
+ * claim only: a waiting rank that finds "A deciding" at its deadline with
+ * nothing announced may decide the attempt failed. (Left open: an
+ * announcing compare-and-swap sent in time but applied by the master more
+ * than half the timeout later.)
+ */
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -188,8 +191,8 @@ static int gather(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
 /* Write the manifest and probes, then announce gen with one CAS of the
  * active key; *prev: the generation active before. 0, or d says why not. */
 static int announce(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
-                    const char *record, const char *man, size_t mlen, uint64_t *prev,
-                    fr_pub_decision *d)
+                    const char *record, const char *man, size_t mlen, uint64_t cas_by_ns,
+                    uint64_t *prev, fr_pub_decision *d)
 {
     char k[300];
     fr_wk_key(k, sizeof k, c->model, gen, "manifest");
@@ -228,6 +231,14 @@ static int announce(ferry_store *s, const ferry_publisher_config *c, uint64_t ge
         return rc;
     }
     *prev = active;
+    if (fr_now_ns() > cas_by_ns) {
+        /* The other ranks give up on a decision timeout_ms after the
+         * barrier: past half of it, announcing could contradict them. */
+        failed(d, FERRY_ETIMEDOUT, "the coordinator (rank 0) could not announce it within %"
+               PRIu64 " ms of the barrier", (c->timeout_ms ? c->timeout_ms : 60000) / 2);
+        free(val);
+        return d->rc;
+    }
     if (active >= gen) {
         failed(d, FERRY_EINVAL, "generation %" PRIu64 " is not newer than the active %" PRIu64,
                gen, active);
@@ -254,7 +265,8 @@ static int announce(ferry_store *s, const ferry_publisher_config *c, uint64_t ge
 /* Claim attempt's decision: "A failed ..." when d already holds a failure,
  * else "A deciding". 0 when claimed; else d holds the decision there is
  * (the waiting ranks gave up first) or why nothing could be written. */
-static int claim(ferry_store *s, const char *sk, uint64_t attempt, fr_pub_decision *d)
+static int claim(ferry_store *s, const char *sk, uint64_t attempt, uint64_t *rev,
+                 fr_pub_decision *d)
 {
     char sv[700];
     if (d->rc < 0)
@@ -268,7 +280,7 @@ static int claim(ferry_store *s, const char *sk, uint64_t attempt, fr_pub_decisi
             take(d, &st);   /* the other ranks gave up waiting: their decision stands */
             return FERRY_ECANCELED;
         }
-        if (rc == 0 && (rc = status_cas(s, sk, st.rev, sv)) == FERRY_ESTATE)
+        if (rc == 0 && (rc = ferry_kv_cas(s, sk, st.rev, sv, strlen(sv), rev)) == FERRY_ESTATE)
             continue;
         if (rc == 0)
             return 0;
@@ -284,26 +296,34 @@ static int claim(ferry_store *s, const char *sk, uint64_t attempt, fr_pub_decisi
 void fr_rl_decide(ferry_store *s, const ferry_publisher_config *c, uint64_t gen, uint64_t attempt,
                   size_t n, const char *record, ferry_publish_stats *pst, fr_pub_decision *d)
 {
+    uint64_t tmo = c->timeout_ms ? c->timeout_ms : 60000;
+    uint64_t cas_by = fr_deadline_ns((int64_t)(tmo / 2));
     char sk[300], sv[700];
     fr_wk_key(sk, sizeof sk, c->model, gen, "status");
     memset(d, 0, sizeof *d);
     char *man = NULL;
     size_t mlen = 0;
+    uint64_t rev = 0;
     int grc = gather(s, c, gen, n, &man, &mlen, d);
-    if (claim(s, sk, attempt, d) < 0 || grc < 0) {
+    if (claim(s, sk, attempt, &rev, d) < 0 || grc < 0) {
         free(man);
         return;
     }
     uint64_t prev = 0;
-    int arc = announce(s, c, gen, record, man, mlen, &prev, d);
+    int arc = announce(s, c, gen, record, man, mlen, cas_by, &prev, d);
     free(man);
     if (arc == 0)
         snprintf(sv, sizeof sv, "%" PRIu64 " ok", attempt);
     else
         snprintf(sv, sizeof sv, "%" PRIu64 " failed %d %s", attempt, d->rc, d->why);
-    /* Claimed: the status is ours to write (a waiting rank that misses
-     * this reads the active key). */
-    (void)ferry_kv_put(s, sk, sv, strlen(sv), NULL);
+    /* Over our own claim only: the waiting ranks replace "deciding" once
+     * they give up, and then theirs is the decision every rank returns. */
+    status st;
+    if (ferry_kv_cas(s, sk, rev, sv, strlen(sv), NULL) == FERRY_ESTATE &&
+        status_get(s, sk, &st) == 0 && st.attempt == attempt && st.kind >= ST_OK) {
+        take(d, &st);
+        arc = arc == 0 && d->rc < 0 ? d->rc : arc;
+    }
     if (arc == 0) {
         d->rc = 0;
         fr_rl_keep(s, c, gen, prev, pst);
@@ -312,13 +332,17 @@ void fr_rl_decide(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
 
 /* ---- the other ranks --------------------------------------------------------------------- */
 
-/* At the deadline: take the decision there is, or make one. */
+/* At the deadline: take the decision there is, or make one. A coordinator
+ * that claimed the decision ("deciding") announces within half the
+ * timeout or not at all, so at the deadline an attempt still "deciding"
+ * and not announced has failed: its coordinator died (or hangs). */
 static void give_up(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
                     uint64_t attempt, uint64_t tmo, const char *sk, fr_pub_decision *d)
 {
     char sv[300];
     snprintf(sv, sizeof sv, "%" PRIu64 " failed %d the coordinator (rank 0) gave no decision "
              "within %" PRIu64 " ms", attempt, FERRY_ETIMEDOUT, tmo);
+    bool deciding = false;
     for (int tries = 0; tries < 8; tries++) {
         status st;
         int rc = status_get(s, sk, &st);
@@ -326,19 +350,21 @@ static void give_up(ferry_store *s, const ferry_publisher_config *c, uint64_t ge
             take(d, &st);
             return;
         }
-        if (rc == 0 && st.attempt == attempt && st.rev && st.kind == ST_DECIDING) {
+        deciding = rc == 0 && st.attempt == attempt && st.rev && st.kind == ST_DECIDING;
+        if (deciding) {
             uint64_t now = 0;
             if (fr_rl_active_read(s, c->model, &now, NULL) == 0 && now == gen) {
                 d->rc = 0;   /* announced; the coordinator died before saying so */
                 return;
             }
-            d->keep = true;
-            failed(d, FERRY_ETIMEDOUT, "the coordinator (rank 0) began announcing it and gave "
-                   "no decision within %" PRIu64 " ms (it may still be announced)", tmo);
-            return;
         }
         if (rc == 0 && (rc = status_cas(s, sk, st.rev, sv)) == FERRY_ESTATE)
             continue;
+        if (rc == 0)
+            break;
+        /* Nothing written: when the coordinator had claimed, whether it
+         * announced stays unknown: keep this rank's objects. */
+        d->keep = deciding;
         break;
     }
     failed(d, FERRY_ETIMEDOUT, "the coordinator (rank 0) gave no decision within %" PRIu64 " ms",

@@ -85,7 +85,9 @@ static size_t first_of(uint32_t rank)
  * barrier); die_own (store this rank's first tensor, exit before the
  * barrier); arrive_die (store this rank's first tensor, meet the others at
  * the publish barrier, exit before any decision: a coordinator that dies
- * during the publish); baddtype (this rank alone passes an unknown dtype);
+ * during the publish); claim_die (the same, after claiming the decision
+ * as a coordinator does before announcing); baddtype (this rank alone
+ * passes an unknown dtype);
  * dupname (this rank alone names two tensors alike); abort (this rank
  * calls ferry_publish_abort instead of publishing). */
 static int trainer_main(char **argv)
@@ -99,16 +101,24 @@ static int trainer_main(char **argv)
         return 1;
     char names[NT][32];
     ferry_weight_tensor *t = make_tensors(gen, names);
-    if (!strcmp(mode, "die") || !strcmp(mode, "die_own") || !strcmp(mode, "arrive_die")) {
+    if (strstr(mode, "die")) {
         size_t k = !strcmp(mode, "die") ? 0 : first_of(rank);
         char key[256];
         ferry_weights_key("tiny", gen, names[k], key, sizeof key);
         (void)ferry_store_put(s, key, t[k].data, 1024, NULL, NULL);
-        if (!strcmp(mode, "arrive_die")) {
+        if (!strcmp(mode, "arrive_die") || !strcmp(mode, "claim_die")) {
             char bk[128], member[32];
             snprintf(bk, sizeof bk, "ferry/wk/tiny/%020llu/parts", (unsigned long long)gen);
             snprintf(member, sizeof member, "rank %u", rank);
-            (void)ferry_barrier(s, bk, member, WORLD, 30000, NULL);
+            uint64_t a = 0;
+            (void)ferry_barrier(s, bk, member, WORLD, 30000, &a);
+            if (!strcmp(mode, "claim_die")) {
+                /* claim the decision (docs/weights.md, the status key), then die */
+                char sk[128], sv[64];
+                snprintf(sk, sizeof sk, "ferry/wk/tiny/%020llu/status", (unsigned long long)gen);
+                snprintf(sv, sizeof sv, "%llu deciding", (unsigned long long)a);
+                (void)ferry_kv_put(s, sk, sv, strlen(sv), NULL);
+            }
         }
         fflush(stdout);
         _exit(3);
@@ -427,6 +437,13 @@ static void test_publish_coordinator_dies(void **state)
     check_generation(f, 2);
     /* Rank 0 meets the others at the barrier and dies before deciding. */
     assert_int_equal(round_mode(f, 3, 0, "arrive_die", 1500, e, sizeof e), 0);
+    same_lines(f, 0);
+    assert_non_null(strstr(e, "generation 3 failed: the coordinator (rank 0) gave no decision "
+                              "within 1500 ms"));
+    assert_int_equal(objects_of(f, 3), 1);
+    check_generation(f, 2);
+    /* The same, rank 0 dying after claiming the decision, before announcing. */
+    assert_int_equal(round_mode(f, 3, 0, "claim_die", 1500, e, sizeof e), 0);
     same_lines(f, 0);
     assert_non_null(strstr(e, "generation 3 failed: the coordinator (rank 0) gave no decision "
                               "within 1500 ms"));
