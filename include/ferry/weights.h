@@ -14,6 +14,7 @@
 #ifndef FERRY_WEIGHTS_H
 #define FERRY_WEIGHTS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -96,6 +97,9 @@ typedef struct ferry_publish_stats {
     double barrier_s;                     /* recording this rank's part, waiting for every rank */
     uint64_t local_bytes;                 /* this rank's bytes that landed on its segment
                                            * (with cfg.segment; bytes = local + cross-node) */
+    uint64_t swept_generations;           /* (appended) coordinator only: generations older than
+                                           * this one that were never announced, whose leftover
+                                           * objects this publish removed */
 } ferry_publish_stats;
 
 /* Publish `generation` (> every earlier one) from this rank. Every rank of
@@ -103,19 +107,41 @@ typedef struct ferry_publish_stats {
  * full reconstructed tensor). The rank that ferry_weights_assign picks for a
  * tensor converts it to out_dtype and stores it once: hard-pinned, one
  * replica, preferring this node's segment, under ferry_weights_key, with
- * its XXH3-64 checksum recorded in its part of the manifest. Ranks then
- * meet at a barrier; rank 0 (the coordinator) checks every part, writes
- * the manifest and announces the generation with one compare-and-swap of
- * the model's active key carrying the manifest digest. If any rank failed,
- * every rank still returns (no hang): the generation's objects are removed,
- * the previous generation stays active and every rank gets an error naming
- * the rank and why (FERRY_ECANCELED for ranks that did their part). A rank
- * that dies makes the barrier time out: the same cleanup. After an
- * announcement the coordinator removes generations older than the last
- * `keep` (objects still leased by readers stay until a later publish). */
+ * its XXH3-64 checksum recorded in its part of the manifest (a leftover
+ * object of an earlier failed attempt at this generation is replaced).
+ * Ranks then meet at a barrier; the barrier's release numbers the attempt.
+ * Rank 0 (the coordinator) checks every part, claims the attempt's decision,
+ * writes the manifest and announces the generation with one
+ * compare-and-swap of the model's active key carrying the manifest digest.
+ *
+ * Every rank of an attempt gets the same answer: 0 on every rank, or the
+ * same code and message on every rank ("publish of M generation G failed:
+ * rank R: <why>" with the failing rank's own code, e.g. FERRY_EINVAL for a
+ * bad tensor; FERRY_ETIMEDOUT "not every trainer rank arrived within T ms"
+ * when a rank never reached the barrier; FERRY_ETIMEDOUT "the coordinator
+ * (rank 0) gave no decision within T ms" when it died after the barrier).
+ * A failed rank still takes part (it fails the attempt at once, not after
+ * the timeout). On a failure the previous generation stays active and
+ * every live rank removes the objects it stored; objects of ranks that died
+ * are replaced by a retry of the generation, or removed by the next
+ * announcement of a newer one (docs/weights.md, "Failures and cleanup").
+ * After an announcement the coordinator removes generations older than the
+ * last `keep` (objects still leased by readers stay until a later publish).
+ * A generation that is not newer than the active one is refused on every
+ * rank before anything is stored (FERRY_EINVAL). */
 int ferry_publish(ferry_store *s, const ferry_publisher_config *cfg, uint64_t generation,
                   const ferry_weight_tensor *tensors, size_t n, ferry_publish_stats *st,
                   ferry_error *err);
+
+/* This rank cannot publish `generation` (why: its reason, e.g. a check of
+ * its own inputs failed before it could call ferry_publish). It takes part
+ * in the attempt with a failed part, so the other ranks fail at once rather
+ * than after cfg->timeout_ms, and returns the error every rank of the
+ * attempt gets: FERRY_EINVAL "publish of M generation G failed: rank R:
+ * <why>" (or, like ferry_publish, a timeout when a rank never arrived).
+ * cfg->rank_node may be NULL. Never returns 0. */
+int ferry_publish_abort(ferry_store *s, const ferry_publisher_config *cfg, uint64_t generation,
+                        const char *why, ferry_error *err);
 
 /* ---- reading a generation ------------------------------------------------------ */
 
@@ -140,7 +166,27 @@ typedef struct ferry_weight_manifest {
     uint64_t bytes;
 } ferry_weight_manifest;
 
-/* The active generation of a model (0 and FERRY_ENOENT when none). */
+/* The announced generation of a model and whether its objects are still
+ * there. Every publish records one object key per store segment the
+ * generation landed on; each is checked (one existence check per segment,
+ * no lease). */
+typedef struct ferry_weights_status {
+    uint64_t generation;            /* the announced generation (0: none) */
+    uint8_t digest[16];             /* XXH3-128 of its manifest */
+    uint32_t segments;              /* store segments holding its objects (0: not recorded) */
+    uint32_t lost_segments;         /* of them, whose objects are gone (lost or removed) */
+    bool lost;                      /* lost_segments > 0: the generation cannot be loaded */
+} ferry_weights_status;
+/* 0 when the generation is whole; FERRY_ENOENT when none was announced;
+ * FERRY_ELOST when objects of it are gone — a node holding them restarted
+ * or died — with *out filled and err saying "generation G of M is lost:
+ * ...; publish generation G+1 or later" (a lost number is never reused:
+ * workers that loaded G before the loss still hold it). */
+int ferry_weights_active_status(ferry_store *s, const char *model, ferry_weights_status *out,
+                                ferry_error *err);
+/* The active generation of a model (0 and FERRY_ENOENT when none), checked
+ * as ferry_weights_active_status: FERRY_ELOST (with *generation and digest
+ * set) when its objects are gone. */
 int ferry_weights_active(ferry_store *s, const char *model, uint64_t *generation,
                          uint8_t digest[16]);
 /* The manifest of a generation, its digest checked against the announced

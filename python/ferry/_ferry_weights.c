@@ -214,18 +214,15 @@ static PyObject *w_active(PyObject *self, PyObject *args)
     ferry_store *s = fp_store_str_args(args, "Os:weights_active", &so, &model);
     if (!s)
         return NULL;
-    uint64_t gen = 0;
-    uint8_t dig[16] = {0};
+    ferry_weights_status ws;
+    ferry_error err = {0};
     int rc;
-    FP_STORE_CALL(so, rc = ferry_weights_active(s, model, &gen, dig));
+    FP_STORE_CALL(so, rc = ferry_weights_active_status(s, model, &ws, &err));
     if (rc == FERRY_ENOENT)
         Py_RETURN_NONE;
-    if (rc < 0) {
-        char msg[256];
-        snprintf(msg, sizeof msg, "active generation of %s: %s", model, ferry_strerror(rc));
-        return fp_raise_class(rc, msg);
-    }
-    return Py_BuildValue("Ky#", (unsigned long long)gen, (const char *)dig, (Py_ssize_t)16);
+    if (rc < 0)
+        return fp_raise_err_class(rc, &err);   /* LostError: "generation G of M is lost: ..." */
+    return Py_BuildValue("Ky#", (unsigned long long)ws.generation, (const char *)ws.digest, (Py_ssize_t)16);
 }
 
 static PyObject *w_manifest(PyObject *self, PyObject *args)
@@ -282,6 +279,7 @@ int fp_publisher_config(ferry_publisher_config *cfg, const char *model, const ch
 static const fp_field publish_fields[] = {
     F(tensors), F(bytes), F(total_tensors), F(total_bytes), F(cross_node_bytes), F(put_s),
     F(commit_s), F(removed_generations), F(convert_s), F(store_s), F(barrier_s), F(local_bytes),
+    F(swept_generations),
 };
 #undef F
 #define PUBLISH_BASE_FIELDS 8
@@ -323,9 +321,71 @@ static const char *fmt_dtype(const char *fmt, Py_ssize_t itemsize)
     return d && ferry_dtype_size(d) == (uint32_t)itemsize ? d : NULL;
 }
 
+/* A Python exception is set: this rank cannot publish generation gen (its
+ * own check failed before it reached ferry_publish). Tell the other ranks
+ * through ferry_publish_abort, so that they fail now rather than after the
+ * timeout, and raise the error every rank of the attempt gets, with this
+ * rank's own exception as its __cause__. Returns NULL. */
+static PyObject *publish_abort_raise(PyObject *so, ferry_store *s, ferry_publisher_config *cfg, uint64_t gen)
+{
+    PyObject *type, *val, *tb;
+    PyErr_Fetch(&type, &val, &tb);
+    PyErr_NormalizeException(&type, &val, &tb);
+    if (tb && val)
+        PyException_SetTraceback(val, tb);
+    PyObject *str = val ? PyObject_Str(val) : NULL;
+    const char *u = str ? PyUnicode_AsUTF8(str) : NULL;
+    char why[512];
+    snprintf(why, sizeof why, "%s", u && *u ? u : (type ? ((PyTypeObject *)type)->tp_name : "a check failed"));
+    if (!u)
+        PyErr_Clear();
+    Py_XDECREF(str);
+    ferry_error err = {0};
+    int rc;
+    cfg->rank_node = NULL;
+    FP_STORE_CALL(so, rc = ferry_publish_abort(s, cfg, gen, why, &err));
+    fp_raise_err_class(rc, &err);
+    PyObject *t2, *v2, *tb2;
+    PyErr_Fetch(&t2, &v2, &tb2);
+    PyErr_NormalizeException(&t2, &v2, &tb2);
+    if (v2 && val) {
+        PyException_SetCause(v2, Py_NewRef(val));
+        PyException_SetContext(v2, Py_NewRef(val));
+    }
+    Py_XDECREF(type);
+    Py_XDECREF(val);
+    Py_XDECREF(tb);
+    PyErr_Restore(t2, v2, tb2);
+    return NULL;
+}
+
+/* weights_publish_abort(store, model, rank, world, timeout_ms, generation,
+ * why): this rank cannot publish; raises what every rank gets. */
+static PyObject *w_publish_abort(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *so;
+    const char *model, *why;
+    unsigned int rank, world;
+    unsigned long long timeout, gen;
+    if (!PyArg_ParseTuple(args, "OsIIKKs:weights_publish_abort", &so, &model, &rank, &world, &timeout, &gen, &why))
+        return NULL;
+    ferry_store *s = fp_store_handle(so);
+    if (!s)
+        return NULL;
+    ferry_publisher_config cfg;
+    if (fp_publisher_config(&cfg, model, "", rank, world, 0, 0, timeout) < 0)
+        return NULL;
+    ferry_error err = {0};
+    int rc;
+    FP_STORE_CALL(so, rc = ferry_publish_abort(s, &cfg, gen, why, &err));
+    return fp_raise_err_class(rc, &err);
+}
+
 /* weights_publish(store, model, rank, world, rank_node, out_dtype, segment,
  * keep, timeout_ms, generation, tensors) -> stats dict. tensors: (name,
- * buffer) or (name, buffer, dtype), C-contiguous. */
+ * buffer) or (name, buffer, dtype), C-contiguous. A tensor or rank_node this
+ * rank cannot use fails the attempt on every rank (publish_abort_raise). */
 static PyObject *w_publish(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -342,28 +402,29 @@ static PyObject *w_publish(PyObject *self, PyObject *args)
     ferry_publisher_config cfg;
     if (fp_publisher_config(&cfg, model, out_dtype, rank, world, segment, keep, timeout) < 0)
         return NULL;
-    size_t nr = 0;
+    size_t nr = 0, n = 0, held = 0;
+    bool called = false;
+    uint32_t *nodes = NULL;
+    PyObject *items = NULL, *out = NULL;
+    ferry_weight_tensor *t = NULL;
+    Py_buffer *v = NULL;
     uint64_t *nodes64 = u64_seq(ro, &nr, UINT32_MAX, "rank_node");
     if (!nodes64)
-        return NULL;
-    uint32_t *nodes = u32_of(nodes64, nr);
+        goto done;
+    nodes = u32_of(nodes64, nr);
     PyMem_Free(nodes64);
     if (!nodes)
-        return NULL;
+        goto done;
     if (nr != world) {
-        PyMem_Free(nodes);
-        return PyErr_Format(PyExc_ValueError, "rank_node has %zu entries for a world of %u", nr, world);
+        PyErr_Format(PyExc_ValueError, "rank_node has %zu entries for a world of %u", nr, world);
+        goto done;
     }
     cfg.rank_node = nodes;
-    PyObject *items = fp_seq_hold(to, "tensors");
-    if (!items) {
-        PyMem_Free(nodes);
-        return NULL;
-    }
-    size_t n = (size_t)PyTuple_GET_SIZE(items), held = 0;
-    ferry_weight_tensor *t = PyMem_Calloc(n ? n : 1, sizeof *t);
-    Py_buffer *v = PyMem_Calloc(n ? n : 1, sizeof *v);
-    PyObject *out = NULL;
+    if (!(items = fp_seq_hold(to, "tensors")))
+        goto done;
+    n = (size_t)PyTuple_GET_SIZE(items);
+    t = PyMem_Calloc(n ? n : 1, sizeof *t);
+    v = PyMem_Calloc(n ? n : 1, sizeof *v);
     if (!t || !v) {
         PyErr_NoMemory();
         goto done;
@@ -406,6 +467,7 @@ static PyObject *w_publish(PyObject *self, PyObject *args)
     memset(&st, 0, sizeof st);
     ferry_error err = {0};
     int rc;
+    called = true;
     FP_STORE_CALL(so, rc = ferry_publish(s, &cfg, gen, t, n, &st, &err));
     if (rc < 0) {
         fp_raise_err_class(rc, &err);
@@ -415,11 +477,13 @@ static PyObject *w_publish(PyObject *self, PyObject *args)
     if (!out || fp_publish_stats_put(out, gen, &st, true) < 0)
         Py_CLEAR(out);
 done:
+    if (!called && PyErr_Occurred())
+        publish_abort_raise(so, s, &cfg, gen);   /* failed here, before ferry_publish */
     for (size_t i = 0; i < held; i++)
         PyBuffer_Release(&v[i]);
     PyMem_Free(v);
     PyMem_Free(t);
-    Py_DECREF(items);
+    Py_XDECREF(items);
     PyMem_Free(nodes);
     return out;
 }
@@ -525,8 +589,8 @@ static int shards_check(ferry_store *s, const char *model, uint64_t current, con
     uint64_t gen = 0;
     uint8_t dig[16];
     int rc = ferry_weights_active(s, model, &gen, dig);
-    if (rc == FERRY_ENOENT || (rc == 0 && gen == current) || w->n == 0)
-        return 0;   /* the update reports no generation / reads nothing */
+    if (rc == FERRY_ENOENT || rc == FERRY_ELOST || (rc == 0 && gen == current) || w->n == 0)
+        return 0;   /* the update reports no generation, or what is lost / reads nothing */
     if (rc < 0) {
         snprintf(msg, cap, "active generation of %s: %s", model, ferry_strerror(rc));
         return rc;
@@ -921,6 +985,9 @@ static PyMethodDef w_methods[] = {
     {"weights_key", w_key, METH_VARARGS, "weights_key(model, generation, fragment) -> store key"},
     {"weights_active", w_active, METH_VARARGS, "weights_active(store, model) -> (generation, digest) or None"},
     {"weights_manifest", w_manifest, METH_VARARGS, "weights_manifest(store, model, generation) -> [entry dict]"},
+    {"weights_publish_abort", w_publish_abort, METH_VARARGS,
+     "weights_publish_abort(store, model, rank, world, timeout_ms, generation, why): this rank cannot publish; "
+     "raises the error every rank gets"},
     {"weights_publish", w_publish, METH_VARARGS,
      "weights_publish(store, model, rank, world, rank_node, out_dtype, segment, keep, timeout_ms, generation, "
      "tensors) -> stats"},

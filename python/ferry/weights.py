@@ -77,7 +77,11 @@ def key(model, generation, fragment):
 
 def active(store, model):
     """``(generation, digest)`` of the model's announced generation (digest:
-    the 16-byte XXH3-128 of its manifest), or None when none is."""
+    the 16-byte XXH3-128 of its manifest), or None when none is. Raises
+    ``ferry.LostError`` ("generation G of M is lost: ...; publish generation
+    G+1 or later") when its objects are gone — a node holding them restarted
+    or died: it is not current any more, and the next publish must use a
+    newer number."""
     return _ferry.weights_active(store, model)
 
 
@@ -141,12 +145,32 @@ class WeightPublisher:
         float32/float16 arrays, or ``(name, uint16_array, "bf16")`` — each
         the full, C-contiguous tensor. Returns this rank's stats (tensors,
         bytes, total_tensors, total_bytes, cross_node_bytes, put_s,
-        commit_s, removed_generations). Raises a ferry.Error subclass when
-        any rank failed (no generation is announced then)."""
-        items = [_tensor_item(i, t) for i, t in enumerate(tensors)]
+        commit_s, removed_generations, swept_generations, ...).
+
+        Every rank gets the same outcome: the stats, or the same
+        ``ferry.Error`` subclass with one message ("publish of M generation G
+        failed: rank R: why"). A rank whose own check of its tensors fails
+        (not C-contiguous, no rollout dtype, ...) still takes part and fails
+        the attempt at once for every rank; it raises that error with its
+        own exception (ValueError, TypeError) as ``__cause__``. Nothing is
+        announced then, and the generation may be retried."""
+        try:
+            items = [_tensor_item(i, t) for i, t in enumerate(tensors)]
+        except Exception as e:   # noqa: B902 - every rank must hear of it
+            self._abort(generation, e)
         return _ferry.weights_publish(self.store, self.model, self.rank, self.world, self.rank_node,
                                       self.out_dtype or "", self.segment, self.keep, self.timeout_ms,
                                       int(generation), items)
+
+    def _abort(self, generation, exc):
+        """This rank cannot publish ``generation`` (exc says why): fail the
+        attempt for every rank and raise what they all get, from exc."""
+        try:
+            _ferry.weights_publish_abort(self.store, self.model, self.rank, self.world, self.timeout_ms,
+                                         int(generation), str(exc) or type(exc).__name__)
+        except _ferry.Error as e:
+            raise e from exc
+        raise exc   # not reached: the abort always raises
 
     def __repr__(self):
         return f"WeightPublisher(model={self.model!r}, rank={self.rank}, world={self.world})"

@@ -4,13 +4,16 @@ and rollout workers are threads, each with its own ferry.Store; the
 compatibility group's workers are processes (multiprocessing, spawn)."""
 
 import multiprocessing
+import os
 import queue
+import subprocess
 import threading
 import time
 
 import numpy as np
 import pytest
 
+import conftest
 import ferry
 from conftest import cluster_fixture
 from ferry import weights
@@ -185,16 +188,108 @@ def test_publish_older_generation_raises(cluster, store):
 
 
 def test_publish_bad_input(store):
+    """A tensor this rank cannot publish fails the attempt (for every rank:
+    test_publish_python_check_fails_every_rank) with ferry.Error, its own
+    ValueError the cause; checked in Python or in the extension alike."""
     pub = ferry.WeightPublisher(store, "bad", 0, 1)
-    with pytest.raises(ValueError):
-        pub.publish(1, [("x", np.zeros((4, 4), np.float32)[:, ::2])])   # not C-contiguous
-    with pytest.raises(ValueError):
-        pub.publish(1, [("x", np.zeros(4, np.int64))])                  # no rollout dtype
-    with pytest.raises(ValueError):
-        pub.publish(1, [("x", np.zeros(4, np.float32), "bf16")])        # itemsize mismatch
+    for tensors, why in [([("x", np.zeros((4, 4), np.float32)[:, ::2])], "not C-contiguous"),
+                         ([("x", np.zeros(4, np.int64))], "dtype int64"),          # no rollout dtype
+                         ([("x", np.zeros(4, np.float32), "bf16")], "does not match")]:   # itemsize
+        with pytest.raises(ferry.Error) as e:
+            pub.publish(1, tensors)
+        assert isinstance(e.value.__cause__, ValueError), e.value
+        assert str(e.value).startswith("publish of bad generation 1 failed: rank 0: tensor x: ")
+        assert why in str(e.value), str(e.value)
     with pytest.raises(ValueError):
         ferry.WeightPublisher(store, "bad", 0, 2, rank_node=[0])
     assert weights.active(store, "bad") is None
+
+
+def test_publish_python_check_fails_every_rank(cluster, store):
+    """One rank's own check fails (a non-C-contiguous array) before it
+    reaches the C publish: every rank raises at once (their barrier waits
+    twice as long as the deadline on the threads) the same class with one
+    message naming the rank and why; nothing is announced; the generation
+    then publishes."""
+    model, world = "pycheck", 3
+    tensors = _source(1)
+    bad = [("layers.0.w", np.zeros((7, 10), np.float32)[:, ::2])] + tensors[1:]
+
+    def rank(r, barrier):
+        with cluster.store() as s:
+            pub = ferry.WeightPublisher(s, model, r, world, timeout_ms=int(2 * RUN_S * 1000))
+            barrier.wait()
+            return pub.publish(1, bad if r == 1 else tensors)
+
+    res = _run_ranks(world, rank)
+    assert all(isinstance(r, ferry.Error) for r in res), res
+    assert len({type(r) for r in res}) == 1 and len({str(r) for r in res}) == 1, res
+    msg = str(res[0])
+    assert msg.startswith("publish of pycheck generation 1 failed: rank 1: tensor layers.0.w: "), msg
+    assert "not C-contiguous" in msg and "failed: failed" not in msg, msg
+    assert isinstance(res[1].__cause__, ValueError)      # the rank's own error, chained
+    assert weights.active(store, model) is None
+    assert store.list(f"ferry/w/{model}/{1:020d}/") == []    # no object left behind
+    _, res = _publish(cluster, model, 1, world=world)
+    _raise_any(res)
+    assert weights.active(store, model)[0] == 1
+
+
+def _start_node(c, tmp_path):
+    """One more `ferry node` for cluster c; returns the process once mounted."""
+    env = {k: v for k, v in os.environ.items() if k not in ("FERRY_MASTER", "FERRY_TOKEN", "FERRY_TOKEN_FILE")}
+    node = subprocess.Popen([conftest.FERRY_BIN, "node", "--master", c.addr, "--size",
+                             f"{conftest.NODE_SIZE >> 20}M", "--token-file", c.token_file],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=None, env=env)
+    c.procs.append(node)
+    conftest._wait_line(node, "mounted", time.monotonic() + conftest.START_S)
+    threading.Thread(target=conftest._drain, args=(node.stdout,), daemon=True).start()
+    return node
+
+
+def _lost(s, key):
+    try:
+        return not s.is_exist(key)
+    except ferry.LostError:
+        return True
+
+
+def test_node_restart_reports_lost_generation(tmp_path):
+    """The node restarts (stopped cleanly, a new one started): its memory
+    and every object of the active generation are gone. weights.active and
+    PolicyRegistry.current raise LostError saying so instead of presenting
+    the generation as current; a newer generation publishes (the lost
+    number is not reused)."""
+    conftest.require_ferry_bin()
+    with conftest.running_cluster(tmp_path, 1) as c:
+        _, res = _publish(c, "restart", 1, world=1)
+        _raise_any(res)
+        with c.store() as s:
+            assert weights.active(s, "restart")[0] == 1
+            old = c.procs[1]
+            old.terminate()
+            old.wait(conftest.START_S)
+            _start_node(c, tmp_path)
+            key = weights.key("restart", 1, "layers.0.w")
+            deadline = time.monotonic() + conftest.START_S
+            while not _lost(s, key):
+                assert time.monotonic() < deadline, "the restarted node's objects did not go"
+                time.sleep(0.01)
+            with pytest.raises(ferry.LostError) as e:
+                weights.active(s, "restart")
+            assert "generation 1 of restart is lost" in str(e.value), str(e.value)
+            with pytest.raises(ferry.LostError) as e:
+                ferry.PolicyRegistry(s, "restart").current()
+            assert "generation 1 of restart is lost" in str(e.value), str(e.value)
+            _, res = _publish(c, "restart", 1, world=1)
+            assert isinstance(res[0], ferry.Error) and "not newer" in str(res[0]), res
+            tensors, res = _publish(c, "restart", 2, world=1)
+            _raise_any(res)
+            assert weights.active(s, "restart")[0] == 2
+            assert ferry.PolicyRegistry(s, "restart").current().version_id == 2
+            got = list(weights.update_compat(s, "restart"))
+            assert [n for n, _ in got] == [t[0] for t in tensors]
+            assert all(np.array_equal(a, t[1]) for (_, a), t in zip(got, tensors))
 
 
 # ---- compatibility updates -----------------------------------------------------------------------

@@ -79,7 +79,7 @@ static int prepare(ferry_compat_group *g, uint64_t *active, ferry_weight_manifes
                    ferry_error *err)
 {
     const char *model = g->cfg.model;
-    int rc = ferry_weights_active(g->s, model, active, NULL);
+    int rc = fr_rl_active_read(g->s, model, active, NULL);
     if (rc < 0)
         return fr_rl_fail(err, rc, "no generation of %s is active (%s)", model, ferry_strerror(rc));
     if (*active == g->generation)

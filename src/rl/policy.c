@@ -12,6 +12,7 @@
 #include "base/base.h"
 #include "ferry/samples.h"
 #include "rl/policy_int.h"
+#include "rl/publish_int.h"
 #include "rl/rl_int.h"
 
 #define HISTORY_MAX 1024
@@ -146,6 +147,13 @@ int ferry_policy_current(ferry_store *s, const char *model, ferry_policy_version
                           ferry_store_last_error());
     rc = parse_active(model, v.val, v.len, out, err);
     ferry_store_free(v.val);
+    if (rc < 0)
+        return rc;
+    /* Not current when its weights are gone (a node restarted or died). */
+    ferry_weights_status ws = { .generation = out->version };
+    rc = fr_rl_check_whole(s, model, &ws, err);
+    if (rc < 0)
+        ferry_policy_version_clear(out);
     return rc;
 }
 
@@ -212,6 +220,13 @@ int ferry_policy_watch_open(ferry_store *s, const char *model, ferry_policy_watc
         if (parse_active(model, v.val, v.len, &w->first, NULL) == 0)
             w->have_first = true;
         ferry_store_free(v.val);
+        /* A version whose weights are gone is not current: not returned
+         * first (the next announcement is). */
+        ferry_weights_status ws = { .generation = w->first.version };
+        if (w->have_first && fr_rl_check_whole(s, model, &ws, NULL) == FERRY_ELOST) {
+            ferry_policy_version_clear(&w->first);
+            w->have_first = false;
+        }
     } else if (rc != FERRY_ENOENT) {
         free(w);
         return rc;

@@ -1,4 +1,4 @@
-/* rl layer internals shared by update.c and pull.c. */
+/* rl layer internals shared by update.c, pull.c, compat.c and the publish files. */
 #ifndef FR_RL_INT_H
 #define FR_RL_INT_H
 
@@ -9,6 +9,13 @@
 /* Fill err (may be NULL) with code and a message; returns code. */
 int fr_rl_fail(ferry_error *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* The announced generation and digest (may be NULL) from the active key
+ * alone, without checking that its objects are still there (publish.c
+ * and updates, which lease every object anyway; ferry_weights_active does
+ * check). 0, FERRY_ENOENT, FERRY_EPROTO, or the store's error. */
+int fr_rl_active_read(ferry_store *s, const char *model, uint64_t *generation,
+                      uint8_t digest[16]);
 
 /* The active generation and its manifest (every object leased), unless
  * *generation is already the active one (*current). Sets st->generation

@@ -1,10 +1,17 @@
 /* Publishing generations from four trainer processes against a real
  * master and node: every tensor stored once by its assigned rank,
  * converted to bf16, announced with one CAS and read back bit-exactly; a
- * trainer that dies mid-publish leaves no announcement and no objects, the
- * previous generation stays active and every live rank gets an error;
- * retention keeps two generations; a corrupted tensor is named. */
+ * trainer that dies mid-publish leaves no announcement, the previous
+ * generation stays active and every live rank gets the same error;
+ * retention keeps two generations; a corrupted tensor is named. Failures:
+ * a retried generation decides afresh; a coordinator that dies before or
+ * during a publish leaves the others' objects removed and its own to the
+ * retry or the next announcement; one rank's own failure fails every rank
+ * at once with one message; after a node restart the active generation is
+ * reported lost and a newer one publishes. */
 #include <setjmp.h>
+#include <signal.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -17,6 +24,7 @@
 #include <cmocka.h>
 
 #include "util/ftgroup.h"
+#include "ferry/samples.h"
 #include "ferry/weights.h"
 
 #define WORLD 4
@@ -56,32 +64,77 @@ static void free_tensors(ferry_weight_tensor *t)
 
 /* ---- a trainer process ------------------------------------------------------------- */
 
+static const uint32_t rank_node[WORLD] = {0, 0, 1, 1};
+
+/* The first tensor ferry_weights_assign gives this rank (bf16 sizes). */
+static size_t first_of(uint32_t rank)
+{
+    uint64_t sizes[NT];
+    uint32_t pub[NT];
+    for (size_t k = 0; k < NT; k++)
+        sizes[k] = shapes[k][0] * shapes[k][1] * 2;
+    if (ferry_weights_assign(sizes, NT, rank_node, WORLD, pub, NULL) < 0)
+        return 0;
+    for (size_t k = 0; k < NT; k++)
+        if (pub[k] == rank)
+            return k;
+    return 0;
+}
+
+/* Modes: ok; die (store one object under tensor 0's key, exit before the
+ * barrier); die_own (store this rank's first tensor, exit before the
+ * barrier); arrive_die (store this rank's first tensor, meet the others at
+ * the publish barrier, exit before any decision: a coordinator that dies
+ * during the publish); claim_die (the same, after claiming the decision
+ * as a coordinator does before announcing); baddtype (this rank alone
+ * passes an unknown dtype);
+ * dupname (this rank alone names two tensors alike); abort (this rank
+ * calls ferry_publish_abort instead of publishing). */
 static int trainer_main(char **argv)
 {
-    const char *addr = argv[0];
+    const char *addr = argv[0], *mode = argv[3];
     uint32_t rank = (uint32_t)atoi(argv[1]);
     uint64_t gen = strtoull(argv[2], NULL, 10);
-    bool die = !strcmp(argv[3], "die");
+    uint64_t timeout = strtoull(argv[4], NULL, 10);
     ferry_store *s = NULL;
     if (ftg_worker_store(addr, &s) < 0)
         return 1;
     char names[NT][32];
     ferry_weight_tensor *t = make_tensors(gen, names);
-    static const uint32_t rank_node[WORLD] = {0, 0, 1, 1};
-    if (die) {
-        /* Store one object of the generation, then die before the barrier. */
+    if (strstr(mode, "die")) {
+        size_t k = !strcmp(mode, "die") ? 0 : first_of(rank);
         char key[256];
-        ferry_weights_key("tiny", gen, names[0], key, sizeof key);
-        (void)ferry_store_put(s, key, t[0].data, 1024, NULL, NULL);
+        ferry_weights_key("tiny", gen, names[k], key, sizeof key);
+        (void)ferry_store_put(s, key, t[k].data, 1024, NULL, NULL);
+        if (!strcmp(mode, "arrive_die") || !strcmp(mode, "claim_die")) {
+            char bk[128], member[32];
+            snprintf(bk, sizeof bk, "ferry/wk/tiny/%020llu/parts", (unsigned long long)gen);
+            snprintf(member, sizeof member, "rank %u", rank);
+            uint64_t a = 0;
+            (void)ferry_barrier(s, bk, member, WORLD, 30000, &a);
+            if (!strcmp(mode, "claim_die")) {
+                /* claim the decision (docs/weights.md, the status key), then die */
+                char sk[128], sv[64];
+                snprintf(sk, sizeof sk, "ferry/wk/tiny/%020llu/status", (unsigned long long)gen);
+                snprintf(sv, sizeof sv, "%llu deciding", (unsigned long long)a);
+                (void)ferry_kv_put(s, sk, sv, strlen(sv), NULL);
+            }
+        }
         fflush(stdout);
         _exit(3);
     }
+    if (!strcmp(mode, "baddtype"))
+        t[5].dtype = "q7";
+    if (!strcmp(mode, "dupname"))
+        t[3].name = t[2].name;   /* two tensors under one key */
     ferry_publisher_config pc = { .model = "tiny", .rank = rank, .world = WORLD,
                                   .rank_node = rank_node, .out_dtype = "bf16", .keep = 2,
-                                  .timeout_ms = 1500 };
+                                  .timeout_ms = timeout };
     ferry_publish_stats st;
     ferry_error err = {0};
-    int rc = ferry_publish(s, &pc, gen, t, NT, &st, &err);
+    int rc = !strcmp(mode, "abort")
+                 ? ferry_publish_abort(s, &pc, gen, "the trainer's own check failed", &err)
+                 : ferry_publish(s, &pc, gen, t, NT, &st, &err);
     if (rc == 0)
         printf("OK %llu %llu\n", (unsigned long long)st.tensors, (unsigned long long)st.bytes);
     else
@@ -95,31 +148,60 @@ static int trainer_main(char **argv)
 /* ---- the test ------------------------------------------------------------------------ */
 
 /* The arguments of trainer_main after the rank. */
-typedef struct round_opts { const char *addr; char gen[32]; int die_rank; } round_opts;
+typedef struct round_opts {
+    const char *addr;
+    char gen[32], timeout[32];
+    int odd_rank;              /* the rank that runs odd_mode (-1: none) */
+    const char *odd_mode;
+} round_opts;
 
 static void trainer_args(const void *ctx, int rank, ftg_args *a)
 {
     const round_opts *o = ctx;
     snprintf(a->buf[0], sizeof a->buf[0], "%d", rank);
-    const char *v[] = { "--trainer", o->addr, a->buf[0], o->gen, rank == o->die_rank ? "die" : "ok",
-                        NULL };
+    const char *v[] = { "--trainer", o->addr, a->buf[0], o->gen,
+                        rank == o->odd_rank ? o->odd_mode : "ok", o->timeout, NULL };
     memcpy(a->argv, v, sizeof v);
 }
 
-/* Run one publish round: rank die_rank (-1: none) dies; returns how many
- * said OK and copies the first error line. */
-static int round_of(ftg_env *f, uint64_t gen, int die_rank, char *first_err, size_t cap)
+/* Run one publish round: rank odd_rank (-1: none) runs odd_mode, the others
+ * publish with timeout_ms; the replies are collected within 30 s (a rank
+ * that dies is skipped). Returns how many said OK and copies the first
+ * error line. */
+static int round_mode(ftg_env *f, uint64_t gen, int odd_rank, const char *odd_mode,
+                      uint64_t timeout_ms, char *first_err, size_t cap)
 {
-    round_opts o = { .addr = f->c.addr, .die_rank = die_rank };
+    round_opts o = { .addr = f->c.addr, .odd_rank = odd_rank, .odd_mode = odd_mode };
     snprintf(o.gen, sizeof o.gen, "%llu", (unsigned long long)gen);
+    snprintf(o.timeout, sizeof o.timeout, "%llu", (unsigned long long)timeout_ms);
     assert_int_equal(ftg_spawn(f, WORLD, trainer_args, &o, -1, NULL), 0);
-    int ok = ftg_collect(f, 30000, die_rank);
+    bool dies = odd_mode && strstr(odd_mode, "die");
+    int ok = ftg_collect(f, 30000, dies ? odd_rank : -1);
     first_err[0] = 0;
     for (int k = 0; k < WORLD && !first_err[0]; k++)
         if (f->rc[k] != 0 && f->line[k][0])
             snprintf(first_err, cap, "%s", f->line[k]);
     ftg_stop(f);   /* each has exited or does within 10 s; else SIGKILL */
     return ok;
+}
+
+/* The same with rank die_rank (-1: none) dying before the barrier. */
+static int round_of(ftg_env *f, uint64_t gen, int die_rank, char *first_err, size_t cap)
+{
+    return round_mode(f, gen, die_rank, "die", 1500, first_err, cap);
+}
+
+/* Every rank that replied (all but skip) printed the same line. */
+static void same_lines(const ftg_env *f, int skip)
+{
+    int first = skip == 0 ? 1 : 0;
+    for (int k = 0; k < WORLD; k++) {
+        if (k == skip)
+            continue;
+        fprintf(stderr, "  rank %d: %s\n", k, f->line[k]);
+        if (strcmp(f->line[k], f->line[first]) != 0)
+            fail_msg("rank %d said \"%s\", rank %d \"%s\"", k, f->line[k], first, f->line[first]);
+    }
 }
 
 static void check_generation(ftg_env *f, uint64_t gen)
@@ -259,15 +341,19 @@ static void test_publish_generations(void **state)
     update_worker(f->s, &w0, 1, 0);
     update_worker(f->s, &w1, 1, 1);
 
-    /* Rank 3 dies mid-publish: no announcement, nothing left, errors. */
+    /* Rank 3 dies mid-publish: no announcement, errors; the live ranks
+     * removed what they stored (what the dead one stored, if its put beat
+     * the owner's, stays until the next announcement). */
     assert_int_equal(round_of(f, 2, 3, e, sizeof e), 0);
     fprintf(stderr, "live ranks said: %s\n", e);
     assert_non_null(strstr(e, "generation 2 failed"));
     check_generation(f, 1);
-    assert_int_equal(objects_of(f, 2), 0);
+    assert_true(objects_of(f, 2) <= 1);
 
-    /* Two more generations: the first one is retired (keep 2). */
+    /* Two more generations: the first one is retired (keep 2); nothing of
+     * the failed generation 2 is left. */
     assert_int_equal(round_of(f, 3, -1, e, sizeof e), WORLD);
+    assert_int_equal(objects_of(f, 2), 0);
     assert_int_equal(round_of(f, 4, -1, e, sizeof e), WORLD);
     check_generation(f, 4);
     assert_int_equal(objects_of(f, 1), 0);
@@ -311,9 +397,157 @@ static void test_publish_generations(void **state)
         assert_int_equal(dst[i], 0);
 }
 
+/* A failed attempt leaves a decision behind: retrying the same generation
+ * must give every rank the retry's decision, not the old one. */
+static void test_publish_retry_after_failure(void **state)
+{
+    ftg_env *f = *state;
+    char e[1024];
+    assert_int_equal(round_of(f, 1, -1, e, sizeof e), WORLD);
+    /* Rank 3 dies before the barrier: every live rank fails alike. */
+    assert_int_equal(round_of(f, 2, 3, e, sizeof e), 0);
+    same_lines(f, 3);
+    assert_non_null(strstr(e, "publish of tiny generation 2 failed: not every trainer rank "
+                              "arrived within 1500 ms"));
+    assert_null(strstr(e, "failed: failed"));
+    check_generation(f, 1);
+    /* The retry of generation 2: every rank announces. */
+    assert_int_equal(round_of(f, 2, -1, e, sizeof e), WORLD);
+    check_generation(f, 2);
+    assert_int_equal(objects_of(f, 2), NT);
+}
+
+/* A coordinator that dies before or during a publish: the other ranks
+ * remove what they stored and fail alike; the retry replaces what the
+ * coordinator left; the next announcement removes the objects of a
+ * generation that was never announced. */
+static void test_publish_coordinator_dies(void **state)
+{
+    ftg_env *f = *state;
+    char e[1024];
+    assert_int_equal(round_of(f, 1, -1, e, sizeof e), WORLD);
+    /* Rank 0 stores its first tensor, then dies before the barrier. */
+    assert_int_equal(round_mode(f, 2, 0, "die_own", 1500, e, sizeof e), 0);
+    same_lines(f, 0);
+    assert_non_null(strstr(e, "generation 2 failed: not every trainer rank arrived"));
+    assert_int_equal(objects_of(f, 2), 1);   /* only the dead rank's own object */
+    check_generation(f, 1);
+    /* The retry replaces the dead rank's leftover and announces. */
+    assert_int_equal(round_of(f, 2, -1, e, sizeof e), WORLD);
+    check_generation(f, 2);
+    /* Rank 0 meets the others at the barrier and dies before deciding. */
+    assert_int_equal(round_mode(f, 3, 0, "arrive_die", 1500, e, sizeof e), 0);
+    same_lines(f, 0);
+    assert_non_null(strstr(e, "generation 3 failed: the coordinator (rank 0) gave no decision "
+                              "within 1500 ms"));
+    assert_int_equal(objects_of(f, 3), 1);
+    check_generation(f, 2);
+    /* The same, rank 0 dying after claiming the decision, before announcing. */
+    assert_int_equal(round_mode(f, 3, 0, "claim_die", 1500, e, sizeof e), 0);
+    same_lines(f, 0);
+    assert_non_null(strstr(e, "generation 3 failed: the coordinator (rank 0) gave no decision "
+                              "within 1500 ms"));
+    assert_int_equal(objects_of(f, 3), 1);
+    check_generation(f, 2);
+    /* Generation 4 is announced: generation 3 never was and never can be,
+     * so its leftover goes; 2 stays (keep 2). */
+    assert_int_equal(round_of(f, 4, -1, e, sizeof e), WORLD);
+    check_generation(f, 4);
+    assert_int_equal(objects_of(f, 3), 0);
+    assert_int_equal(objects_of(f, 2), NT);
+    assert_int_equal(objects_of(f, 1), 0);
+}
+
+/* One rank fails before it stores anything (a check of its own): every
+ * rank fails at once (the others wait up to a minute otherwise) with the
+ * same code and message, naming the rank and the reason. */
+static void test_publish_one_rank_fails(void **state)
+{
+    ftg_env *f = *state;
+    char e[1024];
+    assert_int_equal(round_mode(f, 1, 2, "baddtype", 60000, e, sizeof e), 0);
+    same_lines(f, -1);
+    char want[128];
+    snprintf(want, sizeof want, "ERR %d publish of tiny generation 1 failed: rank 2: tensor "
+             "layers.5.weight", FERRY_EINVAL);
+    assert_non_null(strstr(e, want));
+    assert_int_equal(objects_of(f, 1), 0);
+    uint64_t active = 0;
+    assert_int_equal(ferry_weights_active(f->s, "tiny", &active, NULL), FERRY_ENOENT);
+    /* The same through ferry_publish_abort (what the Python wrapper calls
+     * when its own checks fail). */
+    assert_int_equal(round_mode(f, 1, 1, "abort", 60000, e, sizeof e), 0);
+    same_lines(f, -1);
+    snprintf(want, sizeof want, "ERR %d publish of tiny generation 1 failed: rank 1: the "
+             "trainer's own check failed", FERRY_EINVAL);
+    assert_string_equal(e, want);
+    assert_int_equal(objects_of(f, 1), 0);
+    /* Two tensors of one name (one key) are refused, not overwritten. */
+    assert_int_equal(round_mode(f, 1, 3, "dupname", 60000, e, sizeof e), 0);
+    same_lines(f, -1);
+    snprintf(want, sizeof want, "ERR %d publish of tiny generation 1 failed: rank 3: tensor "
+             "layers.2.weight is named twice", FERRY_EINVAL);
+    assert_string_equal(e, want);
+    assert_int_equal(objects_of(f, 1), 0);
+    /* Then the generation publishes. */
+    assert_int_equal(round_mode(f, 1, -1, NULL, 60000, e, sizeof e), WORLD);
+    check_generation(f, 1);
+}
+
+/* The node restarts (stopped cleanly: its segment is unmounted and every
+ * object of the active generation is lost; a new node comes up empty): the
+ * active generation is reported lost, not current, and a newer generation
+ * publishes. */
+static void test_publish_after_node_restart(void **state)
+{
+    ftg_env *f = *state;
+    char e[1024];
+    assert_int_equal(round_of(f, 1, -1, e, sizeof e), WORLD);
+    check_generation(f, 1);
+    ft_proc_kill(&f->c.node[0], SIGTERM);
+    assert_int_equal(ft_node_start(&f->c, 0, 64u << 20, NULL, NULL), 0);
+    char key[256];
+    ferry_weights_key("tiny", 1, "layers.0.weight", key, sizeof key);
+    int ex = 1;
+    struct timespec ts = { 0, 20 * 1000 * 1000 };
+    for (int i = 0; i < 1000 && ex == 1; i++) {   /* deadline 20 s */
+        ex = ferry_store_exist(f->s, key);
+        if (ex == 1)
+            nanosleep(&ts, NULL);
+    }
+    assert_int_not_equal(ex, 1);
+    uint64_t active = 0;
+    uint8_t dg[16];
+    assert_int_equal(ferry_weights_active(f->s, "tiny", &active, dg), FERRY_ELOST);
+    assert_int_equal(active, 1);   /* the number stays known: the next one must be newer */
+    ferry_weights_status ws;
+    ferry_error err = {0};
+    assert_int_equal(ferry_weights_active_status(f->s, "tiny", &ws, &err), FERRY_ELOST);
+    fprintf(stderr, "status: %s\n", err.msg);
+    assert_int_equal(ws.generation, 1);
+    assert_true(ws.lost);
+    assert_int_equal(ws.segments, 1);
+    assert_int_equal(ws.lost_segments, 1);
+    assert_non_null(strstr(err.msg, "generation 1 of tiny is lost"));
+    ferry_policy_version pv;
+    assert_int_equal(ferry_policy_current(f->s, "tiny", &pv, &err), FERRY_ELOST);
+    assert_non_null(strstr(err.msg, "generation 1 of tiny is lost"));
+    /* The lost number is not reused; the next one publishes onto the new node. */
+    assert_int_equal(round_of(f, 1, -1, e, sizeof e), 0);
+    assert_non_null(strstr(e, "not newer"));
+    assert_int_equal(round_of(f, 2, -1, e, sizeof e), WORLD);
+    check_generation(f, 2);
+    assert_int_equal(ferry_weights_active_status(f->s, "tiny", &ws, &err), 0);
+    assert_false(ws.lost);
+    assert_int_equal(ws.lost_segments, 0);
+    assert_int_equal(ferry_policy_current(f->s, "tiny", &pv, &err), 0);
+    assert_int_equal(pv.version, 2);
+    ferry_policy_version_clear(&pv);
+}
+
 int main(int argc, char **argv)
 {
-    if (argc == 6 && !strcmp(argv[1], "--trainer"))
+    if (argc == 7 && !strcmp(argv[1], "--trainer"))
         return trainer_main(argv + 2);
     ft_token();
     /* the node's death below is noticed in 2.5 s */
@@ -321,6 +555,10 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_prestate_setup_teardown(test_publish_generations, ftg_setup, ftg_teardown,
                                                  (void *)master_hb),
+        cmocka_unit_test_setup_teardown(test_publish_retry_after_failure, ftg_setup, ftg_teardown),
+        cmocka_unit_test_setup_teardown(test_publish_coordinator_dies, ftg_setup, ftg_teardown),
+        cmocka_unit_test_setup_teardown(test_publish_one_rank_fails, ftg_setup, ftg_teardown),
+        cmocka_unit_test_setup_teardown(test_publish_after_node_restart, ftg_setup, ftg_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

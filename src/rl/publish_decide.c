@@ -1,0 +1,416 @@
+/* The decision of one publish attempt (publish.c): the coordinator's
+ * gather, claim and announcement, and the other ranks' wait for it.
+ *
+ * An attempt is numbered by the release of the generation's barrier (A:
+ * every rank released together gets the same number; a retry gets a new
+ * one), and its decision lives in the generation's status key as
+ * "A deciding", "A ok" or "A failed <code> <why>". A status of another
+ * attempt (an earlier failed one) is never taken for this one's.
+ *
+ * One decision per attempt: the coordinator claims it with a
+ * compare-and-swap ("A deciding", or straight to "A failed ..."), and a
+ * rank that waited timeout_ms in vain writes "A failed <timed out> the
+ * coordinator (rank 0) gave no decision ..." with a compare-and-swap too
+ * (over nothing, an earlier attempt's status, or "A deciding"), so either
+ * the coordinator decides or the waiting ranks do, and every rank returns
+ * what the status says. A coordinator that claimed announces only within
+ * half of timeout_ms of the barrier, and writes its decision over its own
+ * claim only: a waiting rank that finds "A deciding" at its deadline with
+ * nothing announced may decide the attempt failed. (Left open: an
+ * announcing compare-and-swap sent in time but applied by the master more
+ * than half the timeout later.)
+ */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/base.h"
+#include "ferry/weights.h"
+#include "rl/publish_int.h"
+#include "rl/rl_int.h"
+
+enum { ST_NONE, ST_DECIDING, ST_OK, ST_FAILED };
+
+typedef struct status {
+    uint64_t rev;        /* the key's mod revision (0: absent) */
+    uint64_t attempt;
+    int kind;            /* ST_NONE: absent, unreadable or of no attempt */
+    int code;
+    char why[600];
+} status;
+
+static void parse_status(const char *v, size_t len, status *st)
+{
+    char buf[700];
+    snprintf(buf, sizeof buf, "%.*s", (int)(len < sizeof buf ? len : sizeof buf - 1), v);
+    char *e = NULL;
+    st->kind = ST_NONE;
+    st->attempt = strtoull(buf, &e, 10);
+    if (e == buf || *e != ' ')
+        return;
+    e++;
+    if (!strcmp(e, "deciding")) {
+        st->kind = ST_DECIDING;
+    } else if (!strcmp(e, "ok")) {
+        st->kind = ST_OK;
+    } else if (!strncmp(e, "failed ", 7)) {
+        char *w = NULL;
+        st->code = (int)strtol(e + 7, &w, 10);
+        if (w == e + 7 || st->code >= 0)
+            return;
+        st->kind = ST_FAILED;
+        snprintf(st->why, sizeof st->why, "%s", *w == ' ' ? w + 1 : w);
+    }
+}
+
+static int status_get(ferry_store *s, const char *key, status *st)
+{
+    memset(st, 0, sizeof *st);
+    ferry_kv_value v = {0};
+    int rc = ferry_kv_get(s, key, &v);
+    if (rc == FERRY_ENOENT)
+        return 0;
+    if (rc < 0)
+        return rc;
+    st->rev = v.mod_rev;
+    parse_status(v.val, v.len, st);
+    ferry_store_free(v.val);
+    return 0;
+}
+
+/* Replace the status of revision rev (0: absent) with val: 0, FERRY_ESTATE. */
+static int status_cas(ferry_store *s, const char *key, uint64_t rev, const char *val)
+{
+    return ferry_kv_cas(s, key, rev, val, strlen(val), NULL);
+}
+
+static void take(fr_pub_decision *d, const status *st)
+{
+    d->rc = st->kind == ST_OK ? 0 : st->code;
+    snprintf(d->why, sizeof d->why, "%s", st->kind == ST_OK ? "" : st->why);
+}
+
+static void failed(fr_pub_decision *d, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void failed(fr_pub_decision *d, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(d->why, sizeof d->why, fmt, ap);
+    va_end(ap);
+    d->rc = code;
+}
+
+/* ---- the coordinator ----------------------------------------------------------------- */
+
+typedef struct line { size_t idx; const char *p; size_t n; } line;
+
+static int by_idx(const void *a, const void *b)
+{
+    const line *x = a, *y = b;
+    return x->idx < y->idx ? -1 : x->idx > y->idx;
+}
+
+/* Every rank's part: on success *manifest (malloc'd) is the text in tensor
+ * order; else d says which rank failed and why, with its code. */
+static int gather(ferry_store *s, const ferry_publisher_config *c, uint64_t gen, size_t n,
+                  char **manifest, size_t *mlen, fr_pub_decision *d)
+{
+    ferry_kv_value *parts = calloc(c->world, sizeof *parts);
+    line *lines = calloc(n ? n : 1, sizeof *lines);
+    size_t nl = 0, total = 0;
+    int rc = parts && lines ? 0 : FERRY_ENOMEM;
+    if (rc < 0)
+        failed(d, rc, "the coordinator (rank 0) ran out of memory");
+    for (uint32_t r = 0; r < c->world && rc == 0; r++) {
+        char k[300], what[32];
+        snprintf(what, sizeof what, "part/%u", r);
+        fr_wk_key(k, sizeof k, c->model, gen, what);
+        rc = ferry_kv_get(s, k, &parts[r]);
+        if (rc < 0) {
+            failed(d, rc, "rank %u left no part (%s)", r, ferry_strerror(rc));
+            break;
+        }
+        const char *p = parts[r].val, *end = p + parts[r].len;
+        const char *eol = memchr(p, '\n', (size_t)(end - p));
+        if (!eol || (size_t)(eol - p) != 2 || strncmp(p, "ok", 2) != 0) {
+            status st = {0};
+            char tmp[700];
+            snprintf(tmp, sizeof tmp, "0 %.*s", (int)((eol ? eol : end) - p), p);
+            parse_status(tmp, strlen(tmp), &st);
+            if (st.kind == ST_FAILED)
+                failed(d, st.code, "rank %u: %s", r, st.why);
+            else
+                failed(d, FERRY_EPROTO, "rank %u left a malformed part", r);
+            rc = d->rc;
+            break;
+        }
+        for (p = eol + 1; p < end && rc == 0;) {
+            const char *e = memchr(p, '\n', (size_t)(end - p));
+            const char *tab = e ? e : end;
+            while (tab > p && tab[-1] != '\t')
+                tab--;
+            size_t idx = (size_t)strtoull(tab, NULL, 10);
+            if (!e || nl >= n || idx >= n) {
+                failed(d, FERRY_EPROTO, "rank %u left a malformed part", r);
+                rc = d->rc;
+                break;
+            }
+            lines[nl++] = (line){ .idx = idx, .p = p, .n = (size_t)(e - p) + 1 };
+            total += (size_t)(e - p) + 1;
+            p = e + 1;
+        }
+    }
+    if (rc == 0 && nl != n) {
+        failed(d, FERRY_EPROTO, "the parts hold %zu of %zu tensors", nl, n);
+        rc = d->rc;
+    }
+    if (rc == 0) {
+        qsort(lines, nl, sizeof *lines, by_idx);
+        *manifest = malloc(total + 1);
+        *mlen = 0;
+        if (!*manifest) {
+            failed(d, FERRY_ENOMEM, "the coordinator (rank 0) ran out of memory");
+            rc = d->rc;
+        }
+        for (size_t i = 0; rc == 0 && i < nl; i++) {
+            memcpy(*manifest + *mlen, lines[i].p, lines[i].n);
+            *mlen += lines[i].n;
+        }
+    }
+    for (uint32_t r = 0; parts && r < c->world; r++)
+        ferry_store_free(parts[r].val);
+    free(parts);
+    free(lines);
+    return rc;
+}
+
+/* Write the manifest and probes, then announce gen with one CAS of the
+ * active key; *prev: the generation active before. 0, or d says why not. */
+static int announce(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
+                    const char *record, const char *man, size_t mlen, uint64_t cas_by_ns,
+                    uint64_t *prev, fr_pub_decision *d)
+{
+    char k[300];
+    fr_wk_key(k, sizeof k, c->model, gen, "manifest");
+    int rc = ferry_kv_put(s, k, man, mlen, NULL);
+    if (rc < 0) {
+        failed(d, rc, "cannot store the manifest: %s", ferry_store_last_error());
+        return rc;
+    }
+    if ((rc = fr_rl_probe_put(s, c->model, gen, man, mlen)) < 0) {
+        failed(d, rc, "cannot store the generation's probes: %s", ferry_store_last_error());
+        return rc;
+    }
+    fr_hash128_t dg = fr_hash128(man, mlen, 0);
+    char hex[33];
+    fr_hash128_hex(dg, hex);
+    /* "G digest[ record]": the policy record rides on the same CAS. */
+    size_t vcap = 64 + (record ? strlen(record) : 0);
+    char *val = malloc(vcap);
+    if (!val) {
+        failed(d, FERRY_ENOMEM, "the coordinator (rank 0) ran out of memory");
+        return d->rc;
+    }
+    int vn = snprintf(val, vcap, "%" PRIu64 " %s%s%s", gen, hex, record ? " " : "",
+                      record ? record : "");
+    fr_wk_key(k, sizeof k, c->model, 0, "active");
+    ferry_kv_value cur = {0};
+    uint64_t expected = 0, active = 0;
+    rc = ferry_kv_get(s, k, &cur);
+    if (rc == 0) {
+        expected = cur.mod_rev;
+        active = strtoull(cur.val, NULL, 10);
+        ferry_store_free(cur.val);
+    } else if (rc != FERRY_ENOENT) {
+        failed(d, rc, "cannot read the active generation: %s", ferry_store_last_error());
+        free(val);
+        return rc;
+    }
+    *prev = active;
+    if (fr_now_ns() > cas_by_ns) {
+        /* The other ranks give up on a decision timeout_ms after the
+         * barrier: past half of it, announcing could contradict them. */
+        failed(d, FERRY_ETIMEDOUT, "the coordinator (rank 0) could not announce it within %"
+               PRIu64 " ms of the barrier", (c->timeout_ms ? c->timeout_ms : 60000) / 2);
+        free(val);
+        return d->rc;
+    }
+    if (active >= gen) {
+        failed(d, FERRY_EINVAL, "generation %" PRIu64 " is not newer than the active %" PRIu64,
+               gen, active);
+        free(val);
+        return d->rc;
+    }
+    rc = ferry_kv_cas(s, k, expected, val, (size_t)vn, NULL);
+    free(val);
+    if (rc == FERRY_ESTATE) {
+        failed(d, rc, "another publish announced a generation of %s meanwhile", c->model);
+        return rc;
+    }
+    if (rc < 0) {
+        /* The CAS may have landed before its reply was lost: look. */
+        uint64_t now = 0;
+        if (fr_rl_active_read(s, c->model, &now, NULL) == 0 && now == gen)
+            return 0;
+        failed(d, rc, "cannot announce: %s", ferry_store_last_error());
+        return rc;
+    }
+    return 0;
+}
+
+/* Claim attempt's decision: "A failed ..." when d already holds a failure,
+ * else "A deciding". 0 when claimed; else d holds the decision there is
+ * (the waiting ranks gave up first) or why nothing could be written. */
+static int claim(ferry_store *s, const char *sk, uint64_t attempt, uint64_t *rev,
+                 fr_pub_decision *d)
+{
+    char sv[700];
+    if (d->rc < 0)
+        snprintf(sv, sizeof sv, "%" PRIu64 " failed %d %s", attempt, d->rc, d->why);
+    else
+        snprintf(sv, sizeof sv, "%" PRIu64 " deciding", attempt);
+    for (int tries = 0; tries < 8; tries++) {
+        status st;
+        int rc = status_get(s, sk, &st);
+        if (rc == 0 && st.attempt == attempt && st.kind != ST_NONE && st.rev) {
+            take(d, &st);   /* the other ranks gave up waiting: their decision stands */
+            return FERRY_ECANCELED;
+        }
+        if (rc == 0 && (rc = ferry_kv_cas(s, sk, st.rev, sv, strlen(sv), rev)) == FERRY_ESTATE)
+            continue;
+        if (rc == 0)
+            return 0;
+        failed(d, rc, "the coordinator (rank 0) cannot record its decision: %s",
+               ferry_store_last_error());
+        return rc;
+    }
+    failed(d, FERRY_ESTATE, "the coordinator (rank 0) cannot record its decision: the status "
+           "keeps changing");
+    return FERRY_ESTATE;
+}
+
+void fr_rl_decide(ferry_store *s, const ferry_publisher_config *c, uint64_t gen, uint64_t attempt,
+                  size_t n, const char *record, ferry_publish_stats *pst, fr_pub_decision *d)
+{
+    uint64_t tmo = c->timeout_ms ? c->timeout_ms : 60000;
+    uint64_t cas_by = fr_deadline_ns((int64_t)(tmo / 2));
+    char sk[300], sv[700];
+    fr_wk_key(sk, sizeof sk, c->model, gen, "status");
+    memset(d, 0, sizeof *d);
+    char *man = NULL;
+    size_t mlen = 0;
+    uint64_t rev = 0;
+    int grc = gather(s, c, gen, n, &man, &mlen, d);
+    if (claim(s, sk, attempt, &rev, d) < 0 || grc < 0) {
+        free(man);
+        return;
+    }
+    uint64_t prev = 0;
+    int arc = announce(s, c, gen, record, man, mlen, cas_by, &prev, d);
+    free(man);
+    if (arc == 0)
+        snprintf(sv, sizeof sv, "%" PRIu64 " ok", attempt);
+    else
+        snprintf(sv, sizeof sv, "%" PRIu64 " failed %d %s", attempt, d->rc, d->why);
+    /* Over our own claim only: the waiting ranks replace "deciding" once
+     * they give up, and then theirs is the decision every rank returns. */
+    status st;
+    if (ferry_kv_cas(s, sk, rev, sv, strlen(sv), NULL) == FERRY_ESTATE &&
+        status_get(s, sk, &st) == 0 && st.attempt == attempt && st.kind >= ST_OK) {
+        take(d, &st);
+        arc = arc == 0 && d->rc < 0 ? d->rc : arc;
+    }
+    if (arc == 0) {
+        d->rc = 0;
+        fr_rl_keep(s, c, gen, prev, pst);
+    }
+}
+
+/* ---- the other ranks --------------------------------------------------------------------- */
+
+/* At the deadline: take the decision there is, or make one. A coordinator
+ * that claimed the decision ("deciding") announces within half the
+ * timeout or not at all, so at the deadline an attempt still "deciding"
+ * and not announced has failed: its coordinator died (or hangs). */
+static void give_up(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
+                    uint64_t attempt, uint64_t tmo, const char *sk, fr_pub_decision *d)
+{
+    char sv[300];
+    snprintf(sv, sizeof sv, "%" PRIu64 " failed %d the coordinator (rank 0) gave no decision "
+             "within %" PRIu64 " ms", attempt, FERRY_ETIMEDOUT, tmo);
+    bool deciding = false;
+    for (int tries = 0; tries < 8; tries++) {
+        status st;
+        int rc = status_get(s, sk, &st);
+        if (rc == 0 && st.attempt == attempt && st.rev && (st.kind == ST_OK || st.kind == ST_FAILED)) {
+            take(d, &st);
+            return;
+        }
+        deciding = rc == 0 && st.attempt == attempt && st.rev && st.kind == ST_DECIDING;
+        if (deciding) {
+            uint64_t now = 0;
+            if (fr_rl_active_read(s, c->model, &now, NULL) == 0 && now == gen) {
+                d->rc = 0;   /* announced; the coordinator died before saying so */
+                return;
+            }
+        }
+        if (rc == 0 && (rc = status_cas(s, sk, st.rev, sv)) == FERRY_ESTATE)
+            continue;
+        if (rc == 0)
+            break;
+        /* Nothing written: when the coordinator had claimed, whether it
+         * announced stays unknown: keep this rank's objects. */
+        d->keep = deciding;
+        break;
+    }
+    failed(d, FERRY_ETIMEDOUT, "the coordinator (rank 0) gave no decision within %" PRIu64 " ms",
+           tmo);
+}
+
+void fr_rl_await(ferry_store *s, const ferry_publisher_config *c, uint64_t gen, uint64_t attempt,
+                 fr_pub_decision *d)
+{
+    memset(d, 0, sizeof *d);
+    char sk[300];
+    fr_wk_key(sk, sizeof sk, c->model, gen, "status");
+    uint64_t tmo = c->timeout_ms ? c->timeout_ms : 60000;
+    uint64_t deadline = fr_deadline_ns(tmo);
+    ferry_watch *w = NULL;
+    for (;;) {
+        /* Watch from now on, then read what is there; each change is read
+         * again (there are two: "deciding", then the decision). */
+        if (!w && ferry_kv_watch(s, sk, 0, &w) < 0)
+            w = NULL;
+        status st;
+        if (status_get(s, sk, &st) == 0 && st.attempt == attempt && st.rev &&
+            (st.kind == ST_OK || st.kind == ST_FAILED)) {
+            ferry_watch_close(w);
+            take(d, &st);
+            return;
+        }
+        uint64_t now = fr_now_ns();
+        if (now >= deadline)
+            break;
+        int left = (int)((deadline - now + 999999) / 1000000);
+        if (w) {
+            ferry_kv_event ev;
+            int rc = ferry_watch_next(w, left, &ev);
+            if (rc == FERRY_ETIMEDOUT)
+                break;
+            if (rc < 0) {   /* the watch broke: open another */
+                ferry_watch_close(w);
+                w = NULL;
+            }
+        } else {
+            /* No watch to be had (the master is unreachable?): look again soon. */
+            struct timespec ts = { 0, 20 * 1000 * 1000 };
+            nanosleep(&ts, NULL);
+        }
+    }
+    ferry_watch_close(w);
+    give_up(s, c, gen, attempt, tmo, sk, d);
+}
