@@ -12,9 +12,10 @@
 #define FR_MASTER_OUT_HIGH (64u << 20)   /* stop reading a connection above this unsent output */
 #define FR_MASTER_READ_BURST (4u << 20)  /* bytes read from one connection per iteration */
 #define FR_MASTER_TICK_MS 100            /* granularity of liveness checks */
-#define FR_MASTER_HANDSHAKE_MS 5000
+#define FR_MASTER_HANDSHAKE_MS 5000     /* a handshake's deadline, from accept */
 #define FR_MASTER_LINGER_MS 1000        /* a closing connection's time to read our last reply */
-#define FR_MASTER_HANDSHAKES_MAX 1024    /* handshakes in flight */
+#define FR_MASTER_HANDSHAKES_MAX 1024    /* handshakes in flight (at most 1/4 of RLIMIT_NOFILE) */
+#define FR_MASTER_HANDSHAKES_PER_SOURCE 256 /* handshakes in flight from one address */
 #define FR_MASTER_EVENTS_FRAME 4096      /* events in one EVENTS frame */
 #define FR_MASTER_FRAME_BYTES (48u << 20) /* budget of one list reply (the wire allows 64 MiB) */
 
@@ -81,13 +82,6 @@ typedef struct fr_master_handoff {
     struct fr_master_handoff *next;
 } fr_master_handoff;
 
-typedef struct fr_master_pending {   /* a handshake in flight */
-    fr_master *m;
-    int fd;
-    char peer[64];
-    fr_dnode link;
-} fr_master_pending;
-
 struct fr_master {
     fr_master_config cfg;
     fr_meta *meta;
@@ -118,12 +112,9 @@ struct fr_master {
     /* accept side */
     pthread_t acceptor;
     bool acceptor_started;
+    struct fr_hsgate *gate;      /* handshakes in flight, run by the acceptor */
     pthread_mutex_t mu;
-    pthread_cond_t cv;
-    fr_dnode pendings;           /* fr_master_pending, under mu */
-    size_t npending;
     fr_master_handoff *handoff;  /* under mu */
-    bool closing;                /* under mu */
 };
 
 /* clocks */
