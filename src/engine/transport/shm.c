@@ -147,8 +147,11 @@ static void *srv_conn_main(void *arg)
 {
     srv_conn *c = arg;
     serve_ctrl(c->srv->e, c->fd);
-    shutdown(c->fd, SHUT_RDWR);
+    /* Its descriptor goes now, not when the next connection reaps the
+     * thread; under the lock, so stop never shuts down a recycled fd. */
     pthread_mutex_lock(&c->srv->lock);
+    close(c->fd);
+    c->fd = -1;
     c->done = true;
     pthread_mutex_unlock(&c->srv->lock);
     return NULL;
@@ -165,7 +168,6 @@ static void reap_locked(shm_server *s)
         }
         *pp = c->next;
         pthread_join(c->th, NULL);
-        close(c->fd);
         fr_free(c);
     }
 }
@@ -256,7 +258,8 @@ static void shm_stop(void *state)
     pthread_mutex_lock(&s->lock);
     s->stopping = true;
     for (srv_conn *c = s->conns; c; c = c->next)
-        shutdown(c->fd, SHUT_RDWR);
+        if (c->fd >= 0)
+            shutdown(c->fd, SHUT_RDWR);
     pthread_mutex_unlock(&s->lock);
     fr_hsgate_stop(s->gate);
     pthread_join(s->accept_th, NULL);   /* it closed the handshakes in flight */
@@ -267,8 +270,7 @@ static void shm_stop(void *state)
         srv_conn *c = s->conns;
         s->conns = c->next;
         pthread_mutex_unlock(&s->lock);
-        pthread_join(c->th, NULL);
-        close(c->fd);
+        pthread_join(c->th, NULL);   /* it closed its descriptor */
         fr_free(c);
         pthread_mutex_lock(&s->lock);
     }
