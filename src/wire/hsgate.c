@@ -67,8 +67,11 @@ struct fr_hsgate {
     int lfd, epfd, wakefd;
     uint64_t deadline_ns;
     uint32_t max_inflight, max_per_source;
+    /* Slots are taken from the free lists, else the next never-used one:
+     * pages of the arrays are touched only as far as the peak in flight. */
     gconn *slots, *free_conn;
     gsrc *srcs, *free_src, **buckets;
+    uint32_t slots_used, srcs_used;
     uint32_t nbuckets;            /* a power of two */
     gconn *head, *tail;
     uint32_t n;
@@ -182,7 +185,7 @@ static gsrc *src_find(fr_hsgate *g, const uint8_t key[SRC_KEY])
 static gsrc *src_heaviest(fr_hsgate *g)
 {
     gsrc *best = NULL;
-    for (uint32_t i = 0; i < g->max_inflight; i++) {
+    for (uint32_t i = 0; i < g->srcs_used; i++) {
         gsrc *s = &g->srcs[i];
         if (s->n > 0 && (!best || s->n > best->n ||
                          (s->n == best->n && s->head->deadline < best->head->deadline)))
@@ -302,16 +305,18 @@ static void conn_admit(fr_hsgate *g, int fd, const struct sockaddr_storage *ss, 
     make_room(g, key, now);
     gsrc *s = src_find(g, key);
     if (!s) {   /* sources never outnumber handshakes, so there is a free one */
-        s = g->free_src;
-        g->free_src = s->hnext;
+        s = g->free_src ? g->free_src : &g->srcs[g->srcs_used++];
+        if (s == g->free_src)
+            g->free_src = s->hnext;
         memcpy(s->key, key, SRC_KEY);
         s->head = s->tail = NULL;
         gsrc **b = src_bucket(g, key);
         s->hnext = *b;
         *b = s;
     }
-    gconn *c = g->free_conn;
-    g->free_conn = c->next;
+    gconn *c = g->free_conn ? g->free_conn : &g->slots[g->slots_used++];
+    if (c == g->free_conn)
+        g->free_conn = c->next;
     c->fd = fd;
     c->deadline = now + g->deadline_ns;
     c->src = s;
@@ -533,13 +538,6 @@ int fr_hsgate_open(const fr_hsgate_config *c, int lfd, fr_hsgate **out)
     int rc = FERRY_ENOMEM;
     if (!g->slots || !g->srcs || !g->buckets)
         goto fail;
-    for (uint32_t i = g->max_inflight; i-- > 0;) {
-        g->slots[i].fd = -1;
-        g->slots[i].next = g->free_conn;
-        g->free_conn = &g->slots[i];
-        g->srcs[i].hnext = g->free_src;
-        g->free_src = &g->srcs[i];
-    }
     rc = FERRY_EIO;
     int fl = fcntl(lfd, F_GETFL);
     if (fl < 0 || fcntl(lfd, F_SETFL, fl | O_NONBLOCK) < 0)
