@@ -385,11 +385,13 @@ static bool accept_some(fr_hsgate *g, uint64_t now)
             g->paused_until = now + (uint64_t)PAUSE_MS * 1000000u;
             return true;
         }
-        if (e == EINVAL || e == EBADF || e == ENOTSOCK || e == EOPNOTSUPP) {
+        if (e == EINVAL || e == EBADF || e == ENOTSOCK || e == EFAULT) {
             FR_ERROR(g->tag, "accept failed: %s; no longer accepting", strerror(e));
             return false;
         }
-        /* ECONNABORTED, EINTR, EPROTO, network errors: that one connection */
+        /* ECONNABORTED, EINTR, EPERM, and the network errors accept(2) says
+         * to treat like EAGAIN (EPROTO, EOPNOTSUPP, ENETDOWN, ...): that one
+         * connection only. */
     }
     return true;
 }

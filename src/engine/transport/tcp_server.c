@@ -2,9 +2,10 @@
  * flight (wire/hsgate.h: a deadline from accept, caps in flight and per
  * source address) and hands each authenticated connection to its own
  * thread, which serves requests strictly in order, receiving WRITE payloads
- * straight into the target region and sending READ data straight from it. A strided request (WRITE_ROWS,
- * READ_ROWS) is checked whole, first row to last, before a byte moves; its
- * rows travel packed and are scattered or gathered with iovecs. */
+ * straight into the target region and sending READ data straight from it.
+ * A strided request (WRITE_ROWS, READ_ROWS) is checked whole, first row to
+ * last, before a byte moves; its rows travel packed and are scattered or
+ * gathered with iovecs. */
 #include <arpa/inet.h>
 #include <assert.h>
 #include <errno.h>
