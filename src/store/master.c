@@ -1,5 +1,6 @@
 /* The master server: open/recover, the listening socket and handshakes off
- * the loop, and the event loop itself (master.h). */
+ * the loop (on the acceptor, through wire/hsgate.h), and the event loop
+ * itself (master.h). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -14,6 +15,7 @@
 #include <unistd.h>
 
 #include "store/master_int.h"
+#include "wire/hsgate.h"
 #include "wire/sockio.h"
 
 #define U(x) ((unsigned long long)(x))
@@ -71,7 +73,6 @@ static int master_new(const fr_master_config *c, bool mem, fr_master **out)
     fr_dlist_init(&m->conns);
     fr_dlist_init(&m->watches);
     fr_dlist_init(&m->waits);
-    fr_dlist_init(&m->pendings);
     fr_umap_init(&m->nodes);
     fr_umap_init(&m->segs);
     fr_umap_init(&m->clients);
@@ -166,6 +167,8 @@ static int open_sockets(fr_master *m)
     return 0;
 }
 
+static int accept_open(fr_master *m);   /* the accept path, below */
+
 int fr_master_open(const fr_master_config *c, fr_master **out)
 {
     if (c == NULL || out == NULL || c->dir[0] == 0 || c->token_len == 0 ||
@@ -181,6 +184,8 @@ int fr_master_open(const fr_master_config *c, fr_master **out)
     if (rc == 0) {
         fr_auth_key(c->token, c->token_len, m->key);
         rc = open_sockets(m);
+        if (rc == 0)
+            rc = accept_open(m);
     }
     if (rc < 0) {
         fr_master_close(m);
@@ -230,12 +235,12 @@ void fr_master_close(fr_master *m)
 {
     if (m == NULL)
         return;
-    /* Handshakes in flight: cut them short and wait for their threads. */
+    /* No handshake is in flight: the acceptor closed them before
+     * fr_master_run joined it. */
+    fr_hsgate_close(m->gate);
     pthread_mutex_lock(&m->mu);
     m->closing = true;
-    for (fr_dnode *n = m->pendings.next; n != &m->pendings; n = n->next)
-        shutdown(fr_container_of(n, fr_master_pending, link)->fd, SHUT_RDWR);
-    while (m->npending > 0 || m->nprobes > 0)
+    while (m->nprobes > 0)   /* probes in flight hold m: wait for them */
         pthread_cond_wait(&m->cv, &m->mu);
     fr_master_handoff *h = m->handoff;
     m->handoff = NULL;
@@ -265,7 +270,6 @@ void fr_master_close(fr_master *m)
         if (fds[i] >= 0)
             close(fds[i]);
     pthread_mutex_destroy(&m->mu);
-    pthread_cond_destroy(&m->cv);
     fr_free(m->events);
     fr_free(m->items);
     fr_free(m);
@@ -273,106 +277,50 @@ void fr_master_close(fr_master *m)
 
 /* ---- accepting: handshakes off the loop ------------------------------------- */
 
-static void *handshake_main(void *arg)
+/* The gate's callback for an authenticated socket (on the acceptor):
+ * queue it for the loop. */
+static void handshake_done(void *arg, int fd, const fr_msg_auth *auth, const char *peer)
 {
-    fr_master_pending *p = arg;
-    fr_master *m = p->m;
-    fr_msg_auth auth;
-    const char *why = NULL;
-    fr_sock_timeouts(p->fd, FR_MASTER_HANDSHAKE_MS);
-    int rc = fr_handshake_server(p->fd, m->key, m->instance, 0, &auth, &why);
+    fr_master *m = arg;
     fr_master_handoff *h = NULL;
-    if (rc == 0) {
-        fr_sock_timeouts(p->fd, 0);
-        int fl = fcntl(p->fd, F_GETFL);
-        if (fl < 0 || fcntl(p->fd, F_SETFL, fl | O_NONBLOCK) < 0 ||
-            (h = fr_calloc(1, sizeof *h)) == NULL) {
-            rc = FERRY_EIO;
-            why = "cannot set up the socket";
-        }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0 ||
+        (h = fr_calloc(1, sizeof *h)) == NULL) {
+        FR_WARN("master", "refused connection from %s: cannot set up the socket", peer);
+        close(fd);
+        return;
     }
-    if (rc < 0)
-        FR_WARN("master", "refused connection from %s: %s (%s)", p->peer, why ? why : "?",
-                ferry_strerror(rc));
     pthread_mutex_lock(&m->mu);
-    fr_dlist_remove(&p->link);
-    if (rc == 0 && !m->closing) {
-        h->fd = p->fd;
-        h->role = auth.role;
-        h->instance = auth.client_instance;
-        memcpy(h->peer, p->peer, sizeof h->peer);
-        h->next = m->handoff;
-        m->handoff = h;
-        uint64_t one = 1;
-        ssize_t n = write(m->handoff_efd, &one, sizeof one);
-        (void)n;
-    } else {
-        close(p->fd);
-        fr_free(h);
-    }
-    m->npending--;
-    pthread_cond_broadcast(&m->cv);
+    h->fd = fd;
+    h->role = auth->role;
+    h->instance = auth->client_instance;
+    snprintf(h->peer, sizeof h->peer, "%s", peer);
+    h->next = m->handoff;
+    m->handoff = h;
+    uint64_t one = 1;
+    ssize_t n = write(m->handoff_efd, &one, sizeof one);
+    (void)n;
     pthread_mutex_unlock(&m->mu);
-    fr_free(p);
-    return NULL;
 }
 
-static void accept_one(fr_master *m, int fd)
+/* Every handshake runs on the acceptor, non-blocking (wire/hsgate.h): a
+ * deadline from accept, caps in flight and per source address, one thread
+ * however many connect. */
+static int accept_open(fr_master *m)
 {
-    fr_master_pending *p = fr_calloc(1, sizeof *p);
-    if (p == NULL) {
-        close(fd);
-        return;
-    }
-    p->m = m;
-    p->fd = fd;
-    fr_sock_peername(fd, p->peer, sizeof p->peer);
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    pthread_mutex_lock(&m->mu);
-    if (m->npending >= FR_MASTER_HANDSHAKES_MAX) {
-        pthread_mutex_unlock(&m->mu);
-        FR_WARN("master", "refused connection from %s: too many handshakes in flight", p->peer);
-        close(fd);
-        fr_free(p);
-        return;
-    }
-    fr_dlist_push_back(&m->pendings, &p->link);
-    m->npending++;
-    pthread_attr_t at;
-    pthread_attr_init(&at);
-    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    pthread_attr_setstacksize(&at, 256 * 1024);
-    pthread_t t;
-    if (pthread_create(&t, &at, handshake_main, p) != 0) {
-        fr_dlist_remove(&p->link);
-        m->npending--;
-        close(fd);
-        fr_free(p);
-    }
-    pthread_attr_destroy(&at);
-    pthread_mutex_unlock(&m->mu);
+    const fr_hsgate_config gc = {
+        .tag = "master", .key = m->key, .instance = m->instance, .role = 0,
+        .deadline_ms = FR_MASTER_HANDSHAKE_MS, .max_inflight = FR_MASTER_HANDSHAKES_MAX,
+        .max_per_source = FR_MASTER_HANDSHAKES_PER_SOURCE, .stop_fd = m->stop_pipe[0],
+        .ready = handshake_done, .arg = m,
+    };
+    return fr_hsgate_open(&gc, m->lfd, &m->gate);
 }
 
 static void *accept_main(void *arg)
 {
     fr_master *m = arg;
-    struct pollfd pf[2] = { { .fd = m->lfd, .events = POLLIN },
-                            { .fd = m->stop_pipe[0], .events = POLLIN } };
-    for (;;) {
-        if (poll(pf, 2, -1) < 0) {
-            if (errno == EINTR)
-                continue;
-            break;
-        }
-        if (pf[1].revents)
-            break;
-        int fd = accept4(m->lfd, NULL, NULL, SOCK_CLOEXEC);
-        if (fd >= 0)
-            accept_one(m, fd);
-        else if (errno == EMFILE || errno == ENFILE)
-            poll(NULL, 0, 100);   /* out of descriptors: let some close */
-    }
+    (void)fr_hsgate_run(m->gate);   /* a failure is logged; the loop serves on */
     return NULL;
 }
 
@@ -538,6 +486,7 @@ int fr_master_run(fr_master *m)
         timers(m);
         finish_batch(m);
     }
+    fr_hsgate_stop(m->gate);   /* a fatal error ends the loop without the stop pipe */
     pthread_join(m->acceptor, NULL);
     m->acceptor_started = false;
     if (m->fatal == 0)

@@ -3,9 +3,10 @@
  * An epoll event loop over TCP that serves the store protocol
  * (wire/store_msg.h) by driving the metadata core (fr_meta) and its
  * write-ahead log (fr_wal). One thread owns the loop and the meta; an accept
- * thread runs the handshake of each new connection on a short-lived thread
- * (5 s socket timeout) and hands authenticated sockets to the loop, so a
- * client that never answers cannot stall anyone.
+ * thread runs every handshake in flight (non-blocking, a 5 s deadline from
+ * accept, capped in flight and per source address: wire/hsgate.h) and hands
+ * authenticated sockets to the loop, so a client that never answers, or
+ * answers a byte at a time, cannot stall anyone.
  *
  * Each loop iteration decodes and applies every complete request of every
  * readable connection, commits the log once, and only then sends the

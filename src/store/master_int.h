@@ -18,9 +18,10 @@
 #define FR_MASTER_STALL_MS 500           /* most of one loop iteration the liveness clock counts */
 #define FR_MASTER_PROBE_MS 5000          /* a MOUNT's probe of the node's engine */
 #define FR_MASTER_PROBES_MAX 16          /* probes in flight */
-#define FR_MASTER_HANDSHAKE_MS 5000
+#define FR_MASTER_HANDSHAKE_MS 5000     /* a handshake's deadline, from accept */
 #define FR_MASTER_LINGER_MS 1000        /* a closing connection's time to read our last reply */
-#define FR_MASTER_HANDSHAKES_MAX 1024    /* handshakes in flight */
+#define FR_MASTER_HANDSHAKES_MAX 1024    /* handshakes in flight (at most 1/4 of RLIMIT_NOFILE) */
+#define FR_MASTER_HANDSHAKES_PER_SOURCE 256 /* handshakes in flight from one address */
 #define FR_MASTER_EVENTS_FRAME 4096      /* events in one EVENTS frame */
 #define FR_MASTER_FRAME_BYTES (48u << 20) /* budget of one list reply (the wire allows 64 MiB) */
 
@@ -127,13 +128,6 @@ typedef struct fr_master_handoff {
     struct fr_master_handoff *next;
 } fr_master_handoff;
 
-typedef struct fr_master_pending {   /* a handshake in flight */
-    fr_master *m;
-    int fd;
-    char peer[64];
-    fr_dnode link;
-} fr_master_pending;
-
 struct fr_master {
     fr_master_config cfg;
     fr_meta *meta;
@@ -173,10 +167,9 @@ struct fr_master {
     /* accept side */
     pthread_t acceptor;
     bool acceptor_started;
+    struct fr_hsgate *gate;      /* handshakes in flight, run by the acceptor */
     pthread_mutex_t mu;
-    pthread_cond_t cv;
-    fr_dnode pendings;           /* fr_master_pending, under mu */
-    size_t npending;
+    pthread_cond_t cv;           /* a probe finished (fr_master_close waits for them) */
     fr_master_handoff *handoff;  /* under mu */
     fr_master_probe *probed;     /* finished probes, under mu */
     size_t nprobes;              /* probes in flight, under mu */

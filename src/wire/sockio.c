@@ -203,12 +203,60 @@ int fr_drain(int fd, uint64_t n)
     return 0;
 }
 
-int fr_recv_msg(int fd, fr_frame_hdr *hdr, fr_msg *m)
+int fr_read_full_by(int fd, void *buf, size_t n, uint64_t deadline_ns)
+{
+    uint8_t *p = buf;
+
+    while (n > 0) {
+        /* Wait only for the time left: a peer that sends a byte now and
+         * then gets no more time than one that sends nothing. */
+        int ms = -1;
+        if (deadline_ns != UINT64_MAX) {
+            uint64_t now = fr_now_ns();
+            if (now >= deadline_ns)
+                return FERRY_ETIMEDOUT;
+            uint64_t left = (deadline_ns - now + 999999) / 1000000;
+            ms = left > INT32_MAX ? INT32_MAX : (int)left;
+        }
+        struct pollfd pf = { .fd = fd, .events = POLLIN };
+        int k = poll(&pf, 1, ms);
+        if (k < 0 && errno != EINTR)
+            return FERRY_EIO;
+        if (k <= 0)
+            continue;   /* the deadline is checked above */
+        ssize_t r = recv(fd, p, n, MSG_DONTWAIT);
+        if (r > 0) {
+            p += r;
+            n -= (size_t)r;
+            continue;
+        }
+        if (r == 0)
+            return FERRY_ECONNRESET;
+        if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)
+            continue;
+        return map_errno(errno);
+    }
+    return 0;
+}
+
+uint64_t fr_sock_rcv_deadline(int fd)
+{
+    struct timeval tv = { 0 };
+    socklen_t len = sizeof tv;
+    if (getsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, &len) < 0 || (tv.tv_sec == 0 && tv.tv_usec == 0))
+        return UINT64_MAX;
+    return fr_now_ns() + (uint64_t)tv.tv_sec * 1000000000u + (uint64_t)tv.tv_usec * 1000u;
+}
+
+/* One frame header + meta; deadline NULL: plain blocking reads under the
+ * socket's timeouts. */
+static int recv_msg(int fd, const uint64_t *deadline, fr_frame_hdr *hdr, fr_msg *m)
 {
     uint8_t raw[FR_WIRE_HDR_LEN];
     uint8_t body[META_MAX];
 
-    int rc = fr_read_full(fd, raw, sizeof raw);
+    int rc = deadline ? fr_read_full_by(fd, raw, sizeof raw, *deadline)
+                      : fr_read_full(fd, raw, sizeof raw);
     if (rc < 0)
         return rc;
     rc = fr_wire_hdr_decode(raw, sizeof raw, hdr);
@@ -219,12 +267,22 @@ int fr_recv_msg(int fd, fr_frame_hdr *hdr, fr_msg *m)
         return FERRY_EPROTO;
     if (meta > sizeof body)
         return FERRY_EMSGSIZE;
-    rc = fr_read_full(fd, body, meta);
+    rc = deadline ? fr_read_full_by(fd, body, meta, *deadline) : fr_read_full(fd, body, meta);
     if (rc < 0)
         return rc;
     /* WRITE / READ_RESP data stays in the socket: the caller receives it
      * straight into its destination once it has validated the meta. */
     return fr_wire_decode(hdr, body, meta, m);
+}
+
+int fr_recv_msg(int fd, fr_frame_hdr *hdr, fr_msg *m)
+{
+    return recv_msg(fd, NULL, hdr, m);
+}
+
+int fr_recv_msg_by(int fd, uint64_t deadline_ns, fr_frame_hdr *hdr, fr_msg *m)
+{
+    return recv_msg(fd, &deadline_ns, hdr, m);
 }
 
 int fr_recv_msg_sized(int fd, size_t meta, fr_frame_hdr *hdr, fr_msg *m)

@@ -37,7 +37,16 @@ int fr_drain(int fd, uint64_t n);
 /* Read one frame header + meta and decode it. Decoding failures return
  * FERRY_EPROTO/FERRY_EMSGSIZE (caller drops the connection). */
 int fr_recv_msg(int fd, fr_frame_hdr *hdr, fr_msg *m);
-/* Same, when every frame expected on fd has a meta of exactly `meta` bytes
+/* Deadline forms: the whole call ends by deadline_ns (CLOCK_MONOTONIC,
+ * UINT64_MAX: none) whatever the peer sends. Each read first polls for the
+ * time left, so bytes arriving one at a time do not extend it, unlike
+ * SO_RCVTIMEO, which restarts with every byte. FERRY_ETIMEDOUT at the
+ * deadline; the socket may be blocking or not. */
+int fr_read_full_by(int fd, void *buf, size_t n, uint64_t deadline_ns);
+int fr_recv_msg_by(int fd, uint64_t deadline_ns, fr_frame_hdr *hdr, fr_msg *m);
+/* Now plus the socket's SO_RCVTIMEO as a deadline (UINT64_MAX when none). */
+uint64_t fr_sock_rcv_deadline(int fd);
+/* Same as fr_recv_msg, when every frame expected on fd has a meta of exactly `meta` bytes
  * (e.g. replies to an initiator): one read instead of two; a frame of
  * another meta size is FERRY_EPROTO. */
 int fr_recv_msg_sized(int fd, size_t meta, fr_frame_hdr *hdr, fr_msg *m);
@@ -64,7 +73,10 @@ int fr_sock_connect_deadline(int fd, const struct sockaddr_storage *ss, socklen_
 /* The 32-byte HMAC key of a cluster token. */
 void fr_auth_key(const uint8_t *token, size_t len, uint8_t key[32]);
 /* Server side on a freshly accepted fd: send CHALLENGE, check AUTH (MAC,
- * role, expected instance), answer AUTH_OK with our pid. role 0 accepts
+ * role, expected instance), answer AUTH_OK with our pid. The socket's
+ * receive timeout (fr_sock_timeouts), when set, is the deadline of the
+ * whole handshake from this call (FERRY_ETIMEDOUT), however the peer
+ * spaces its bytes; the same holds for fr_handshake_client. role 0 accepts
  * either store role, FR_ROLE_STORE_CLIENT or FR_ROLE_STORE_NODE (the
  * master serves both on one port; auth->role tells which). On failure answer
  * AUTH_FAIL where possible and return FERRY_EAUTH (wrong token), FERRY_EPROTO
@@ -73,6 +85,35 @@ void fr_auth_key(const uint8_t *token, size_t len, uint8_t key[32]);
  * success *auth (may be NULL) is the client's AUTH. */
 int fr_handshake_server(int fd, const uint8_t key[32], uint64_t instance, uint16_t role,
                         fr_msg_auth *auth, const char **why);
+/* The server side without blocking, for a listener that runs many
+ * handshakes on one thread (hsgate.h): the same frames and checks as
+ * fr_handshake_server, driven by the caller's poll loop on a non-blocking
+ * socket. The state is plain memory (no allocation, nothing to free). */
+#define FR_HS_BUF 128   /* the largest handshake frame (AUTH: 112 bytes) fits */
+enum { FR_HS_WANT_READ = 1, FR_HS_WANT_WRITE = 2 };
+typedef struct fr_hs_server {
+    uint8_t nonce_s[FR_WIRE_NONCE_LEN];
+    uint8_t buf[FR_HS_BUF];     /* the frame being sent or received */
+    uint16_t len, off;          /* its length and the bytes done */
+    uint8_t state;
+    int result;                 /* the outcome, once decided */
+    const char *why;            /* a refusal in words (static text) */
+    fr_msg_auth auth;           /* the client's AUTH, once accepted */
+} fr_hs_server;
+/* Queue the CHALLENGE. */
+void fr_hs_server_init(fr_hs_server *h, uint64_t instance);
+/* Do what the socket allows now: FR_HS_WANT_READ or FR_HS_WANT_WRITE
+ * (call again when fd is readable / writable), 0 once AUTH_OK is sent
+ * (h->auth is the client's AUTH; the socket holds nothing of ours and
+ * nothing the client sent after AUTH has been read), or the refusal code
+ * of fr_handshake_server with h->why, after AUTH_FAIL was sent where the
+ * socket allowed. Reads never go past the AUTH frame. */
+int fr_hs_server_step(fr_hs_server *h, int fd, const uint8_t key[32], uint64_t instance,
+                      uint16_t role);
+/* Give up (deadline, eviction): send AUTH_FAIL with code when the socket
+ * is between frames and takes it at once; the caller closes fd. */
+void fr_hs_server_abort(fr_hs_server *h, int fd, int code);
+
 /* Client side. expect_instance 0 accepts any server instance; otherwise a
  * CHALLENGE from another instance is FERRY_ESTALE before AUTH is sent.
  * FERRY_EAUTH when the server refuses our token or cannot prove its own.

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "engine/engine_int.h"
+#include "wire/hsgate.h"
 
 /* ---- fd passing ------------------------------------------------------------ */
 
@@ -89,6 +90,7 @@ fail:
 typedef struct srv_conn {
     struct shm_server *srv;
     int fd;
+    uint64_t peer_instance;    /* the client engine's instance, from its AUTH */
     pthread_t th;
     bool done;
     struct srv_conn *next;
@@ -97,19 +99,16 @@ typedef struct srv_conn {
 typedef struct shm_server {
     ferry_engine *e;
     int lfd;
+    fr_hsgate *gate;           /* accepting and handshakes, on accept_th */
     pthread_t accept_th;
     pthread_mutex_t lock;
     srv_conn *conns;
     bool stopping;
 } shm_server;
 
-static void serve_ctrl(ferry_engine *e, int fd)
+/* An authenticated control connection (the gate ran its handshake). */
+static void serve_ctrl(ferry_engine *e, int fd, uint64_t peer_instance)
 {
-    fr_msg_auth auth;
-    fr_sock_timeouts(fd, e->cfg.connect_timeout_ms);
-    if (fr_auth_server(e, fd, FR_ROLE_SHM_CTRL, &auth) < 0)
-        return;
-    fr_sock_timeouts(fd, 0);
     fr_msg hello = {.type = FR_MSG_SHM_HELLO};
     hello.u.shm_hello.pid = (uint32_t)getpid();
     hello.u.shm_hello.table_slots = FR_KEYTAB_SLOTS;
@@ -130,7 +129,7 @@ static void serve_ctrl(ferry_engine *e, int fd)
             return;
         }
         if (m.type == FR_MSG_NOTIFY) {
-            fr_notify_deliver(e, auth.client_instance, m.u.notify.tag, m.u.notify.value);
+            fr_notify_deliver(e, peer_instance, m.u.notify.tag, m.u.notify.value);
             fr_msg ack = {.type = FR_MSG_ACK};
             if (fr_send_msg(fd, &ack, h.req_id) < 0)
                 return;
@@ -148,9 +147,12 @@ static void serve_ctrl(ferry_engine *e, int fd)
 static void *srv_conn_main(void *arg)
 {
     srv_conn *c = arg;
-    serve_ctrl(c->srv->e, c->fd);
-    shutdown(c->fd, SHUT_RDWR);
+    serve_ctrl(c->srv->e, c->fd, c->peer_instance);
+    /* Its descriptor goes now, not when the next connection reaps the
+     * thread; under the lock, so stop never shuts down a recycled fd. */
     pthread_mutex_lock(&c->srv->lock);
+    close(c->fd);
+    c->fd = -1;
     c->done = true;
     pthread_mutex_unlock(&c->srv->lock);
     return NULL;
@@ -167,40 +169,49 @@ static void reap_locked(shm_server *s)
         }
         *pp = c->next;
         pthread_join(c->th, NULL);
-        close(c->fd);
         fr_free(c);
     }
+}
+
+/* The gate's callback (on accept_th): an authenticated control connection
+ * gets its own thread. Those are not capped: they proved the token. */
+static void ctrl_ready(void *arg, int fd, const fr_msg_auth *auth, const char *peer)
+{
+    shm_server *s = arg;
+    (void)peer;
+    pthread_mutex_lock(&s->lock);
+    reap_locked(s);
+    srv_conn *c = s->stopping ? NULL : fr_calloc(1, sizeof *c);
+    if (c) {
+        c->srv = s;
+        c->fd = fd;
+        c->peer_instance = auth->client_instance;
+        if (pthread_create(&c->th, NULL, srv_conn_main, c) == 0) {
+            c->next = s->conns;
+            s->conns = c;
+        } else {
+            close(fd);
+            fr_free(c);
+        }
+    } else {
+        close(fd);
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+static void ctrl_failed(void *arg, int code)
+{
+    shm_server *s = arg;
+    FR_STAT_ADD(s->e, auth_refused, 1);
+    if (code == FERRY_EPROTO)
+        FR_STAT_ADD(s->e, frames_rejected, 1);
 }
 
 static void *accept_main(void *arg)
 {
     shm_server *s = arg;
-    for (;;) {
-        int fd = accept4(s->lfd, NULL, NULL, SOCK_CLOEXEC);
-        pthread_mutex_lock(&s->lock);
-        reap_locked(s);
-        if (s->stopping) {
-            pthread_mutex_unlock(&s->lock);
-            if (fd >= 0)
-                close(fd);
-            return NULL;
-        }
-        srv_conn *c = fd >= 0 ? fr_calloc(1, sizeof *c) : NULL;
-        if (c) {
-            c->srv = s;
-            c->fd = fd;
-            if (pthread_create(&c->th, NULL, srv_conn_main, c) == 0) {
-                c->next = s->conns;
-                s->conns = c;
-            } else {
-                close(fd);
-                fr_free(c);
-            }
-        } else if (fd >= 0) {
-            close(fd);
-        }
-        pthread_mutex_unlock(&s->lock);
-    }
+    (void)fr_hsgate_run(s->gate);   /* a failure is logged */
+    return NULL;
 }
 
 static int shm_start(ferry_engine *e, void **state)
@@ -219,12 +230,22 @@ static int shm_start(ferry_engine *e, void **state)
     s->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (s->lfd < 0 || bind(s->lfd, (struct sockaddr *)&a, alen) < 0 || listen(s->lfd, 128) < 0)
         goto fail;
+    /* Every peer here is a local process: the source a cap counts is its
+     * user (SO_PEERCRED). */
+    const fr_hsgate_config gc = {
+        .tag = "shm", .key = e->auth_key, .instance = e->ep.instance, .role = FR_ROLE_SHM_CTRL,
+        .deadline_ms = e->cfg.connect_timeout_ms > 0 ? (unsigned)e->cfg.connect_timeout_ms : 0,
+        .stop_fd = -1, .ready = ctrl_ready, .failed = ctrl_failed, .arg = s,
+    };
+    if (fr_hsgate_open(&gc, s->lfd, &s->gate) < 0)
+        goto fail;
     if (pthread_create(&s->accept_th, NULL, accept_main, s) != 0)
         goto fail;
     e->ep.transports |= FR_TRANSPORT_SHM;
     *state = s;
     return 0;
 fail:
+    fr_hsgate_close(s->gate);
     if (s->lfd >= 0)
         close(s->lfd);
     pthread_mutex_destroy(&s->lock);
@@ -238,18 +259,19 @@ static void shm_stop(void *state)
     pthread_mutex_lock(&s->lock);
     s->stopping = true;
     for (srv_conn *c = s->conns; c; c = c->next)
-        shutdown(c->fd, SHUT_RDWR);
+        if (c->fd >= 0)
+            shutdown(c->fd, SHUT_RDWR);
     pthread_mutex_unlock(&s->lock);
-    shutdown(s->lfd, SHUT_RDWR);   /* wakes accept() */
-    pthread_join(s->accept_th, NULL);
+    fr_hsgate_stop(s->gate);
+    pthread_join(s->accept_th, NULL);   /* it closed the handshakes in flight */
+    fr_hsgate_close(s->gate);
     close(s->lfd);
     pthread_mutex_lock(&s->lock);
     while (s->conns) {
         srv_conn *c = s->conns;
         s->conns = c->next;
         pthread_mutex_unlock(&s->lock);
-        pthread_join(c->th, NULL);
-        close(c->fd);
+        pthread_join(c->th, NULL);   /* it closed its descriptor */
         fr_free(c);
         pthread_mutex_lock(&s->lock);
     }

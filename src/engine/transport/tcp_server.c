@@ -1,9 +1,11 @@
-/* tcp transport, serving side: an accept thread hands every connection to
- * its own thread, which authenticates the peer and then serves requests
- * strictly in order, receiving WRITE payloads straight into the target region
- * and sending READ data straight from it. A strided request (WRITE_ROWS,
- * READ_ROWS) is checked whole, first row to last, before a byte moves; its
- * rows travel packed and are scattered or gathered with iovecs. */
+/* tcp transport, serving side: an accept thread runs every handshake in
+ * flight (wire/hsgate.h: a deadline from accept, caps in flight and per
+ * source address) and hands each authenticated connection to its own
+ * thread, which serves requests strictly in order, receiving WRITE payloads
+ * straight into the target region and sending READ data straight from it.
+ * A strided request (WRITE_ROWS, READ_ROWS) is checked whole, first row to
+ * last, before a byte moves; its rows travel packed and are scattered or
+ * gathered with iovecs. */
 #include <arpa/inet.h>
 #include <assert.h>
 #include <errno.h>
@@ -17,6 +19,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 #include "engine/transport/tcp_int.h"
+#include "wire/hsgate.h"
 
 typedef struct tcp_server tcp_server;
 
@@ -26,16 +29,16 @@ typedef struct srv_conn {
     bool finished;             /* thread is done; join it (srv->lock) */
     pthread_t th;
     char peer[PEER_NAME];
+    uint64_t peer_instance;    /* the client engine's instance, from its AUTH */
     struct srv_conn *next;
 } srv_conn;
 
 struct tcp_server {
     ferry_engine *e;
     int lfd;
+    fr_hsgate *gate;           /* accepting and handshakes, on the acceptor */
     pthread_t acceptor;
     pthread_mutex_t lock;
-    pthread_cond_t cond;       /* cuts the acceptor's error back-off short at stop */
-    bool stopping;
     srv_conn *conns;           /* every connection thread not yet joined */
 };
 
@@ -195,29 +198,13 @@ static void srv_serve(ferry_engine *e, srv_conn *sc, uint64_t peer_instance)
 static void *srv_conn_main(void *arg)
 {
     srv_conn *sc = arg;
-    tcp_server *srv = sc->srv;
-    ferry_engine *e = srv->e;
-    fr_msg_auth auth;
-
-    fr_tcp_set_nodelay(sc->fd);
-    fr_sock_peername(sc->fd, sc->peer, sizeof sc->peer);
-    /* A client that connects and then says nothing must not hold a thread
-     * forever: the handshake runs under the connect timeout. */
-    int rc = fr_sock_timeouts(sc->fd, e->cfg.connect_timeout_ms);
-    if (rc == 0)
-        rc = fr_auth_server(e, sc->fd, FR_ROLE_TCP_STREAM, &auth);
-    if (rc == 0)
-        rc = fr_sock_timeouts(sc->fd, 0);
-    if (rc == 0) {
-        FR_DEBUG(TAG, "serving stream %u from %s", (unsigned)auth.stream, sc->peer);
-        srv_serve(e, sc, auth.client_instance);
-    }
+    srv_serve(sc->srv->e, sc, sc->peer_instance);
     /* Close under the lock so stop never shuts down a recycled fd. */
-    pthread_mutex_lock(&srv->lock);
+    pthread_mutex_lock(&sc->srv->lock);
     close(sc->fd);
     sc->fd = -1;
     sc->finished = true;
-    pthread_mutex_unlock(&srv->lock);
+    pthread_mutex_unlock(&sc->srv->lock);
     return NULL;
 }
 
@@ -247,8 +234,13 @@ static void srv_reap(tcp_server *srv)
     }
 }
 
-static void srv_spawn(tcp_server *srv, int fd)
+/* The gate's callback (on the acceptor): an authenticated stream gets its
+ * own thread. Authenticated connections are not capped: they proved the
+ * cluster token (docs/engine.md, "Listeners"). */
+static void srv_ready(void *arg, int fd, const fr_msg_auth *auth, const char *peer)
 {
+    tcp_server *srv = arg;
+    srv_reap(srv);
     srv_conn *sc = fr_calloc(1, sizeof *sc);
     if (!sc) {
         close(fd);
@@ -256,6 +248,9 @@ static void srv_spawn(tcp_server *srv, int fd)
     }
     sc->srv = srv;
     sc->fd = fd;
+    sc->peer_instance = auth->client_instance;
+    snprintf(sc->peer, sizeof sc->peer, "%s", peer);
+    FR_DEBUG(TAG, "serving stream %u from %s", (unsigned)auth->stream, peer);
     pthread_mutex_lock(&srv->lock);
     int rc = pthread_create(&sc->th, NULL, srv_conn_main, sc);
     if (rc == 0) {
@@ -270,43 +265,18 @@ static void srv_spawn(tcp_server *srv, int fd)
     }
 }
 
-/* true: stop accepting. Out of descriptors or memory, back off briefly
- * (woken early by stop) rather than spin on a connection we cannot take. */
-static bool acceptor_error(tcp_server *srv, int err)
+static void srv_failed(void *arg, int code)
 {
-    bool stop;
-
-    pthread_mutex_lock(&srv->lock);
-    stop = srv->stopping;
-    if (!stop && (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM)) {
-        FR_WARN(TAG, "accept: %s; backing off", strerror(err));
-        struct timespec ts = fr_timespec_at(fr_deadline_ns(100));
-        pthread_cond_timedwait(&srv->cond, &srv->lock, &ts);
-        stop = srv->stopping;
-    } else if (!stop && err != EINTR && err != ECONNABORTED && err != EPROTO &&
-               err != EPERM && err != ENETDOWN && err != ENONET && err != EHOSTUNREACH &&
-               err != ENETUNREACH && err != EHOSTDOWN && err != ENOPROTOOPT && err != EOPNOTSUPP) {
-        FR_ERROR(TAG, "accept failed: %s; no longer accepting", strerror(err));
-        stop = true;
-    }
-    pthread_mutex_unlock(&srv->lock);
-    return stop;
+    tcp_server *srv = arg;
+    FR_STAT_ADD(srv->e, auth_refused, 1);
+    if (code == FERRY_EPROTO)
+        FR_STAT_ADD(srv->e, frames_rejected, 1);
 }
 
 static void *acceptor_main(void *arg)
 {
     tcp_server *srv = arg;
-
-    for (;;) {
-        int fd = accept4(srv->lfd, NULL, NULL, SOCK_CLOEXEC);
-        if (fd < 0) {
-            if (acceptor_error(srv, errno))
-                break;
-            continue;
-        }
-        srv_reap(srv);
-        srv_spawn(srv, fd);
-    }
+    (void)fr_hsgate_run(srv->gate);   /* a failure is logged */
     return NULL;
 }
 
@@ -346,19 +316,22 @@ int fr_tcp_start(ferry_engine *e, void **state)
     srv->e = e;
     srv->lfd = -1;
     pthread_mutex_init(&srv->lock, NULL);
-    int rc = fr_cond_init_monotonic(&srv->cond);
-    if (rc < 0) {
-        pthread_mutex_destroy(&srv->lock);
-        fr_free(srv);
-        return rc;
+    int rc = srv_listen(e, srv);
+    if (rc == 0) {
+        const fr_hsgate_config gc = {
+            .tag = TAG, .key = e->auth_key, .instance = e->ep.instance,
+            .role = FR_ROLE_TCP_STREAM,
+            .deadline_ms = e->cfg.connect_timeout_ms > 0 ? (unsigned)e->cfg.connect_timeout_ms : 0,
+            .stop_fd = -1, .ready = srv_ready, .failed = srv_failed, .arg = srv,
+        };
+        rc = fr_hsgate_open(&gc, srv->lfd, &srv->gate);
     }
-    rc = srv_listen(e, srv);
     if (rc == 0 && pthread_create(&srv->acceptor, NULL, acceptor_main, srv) != 0)
         rc = FERRY_ENOMEM;
     if (rc < 0) {
+        fr_hsgate_close(srv->gate);
         if (srv->lfd >= 0)
             close(srv->lfd);
-        pthread_cond_destroy(&srv->cond);
         pthread_mutex_destroy(&srv->lock);
         fr_free(srv);
         return rc;
@@ -374,13 +347,9 @@ void fr_tcp_stop(void *state)
     if (!srv)
         return;
 
-    pthread_mutex_lock(&srv->lock);
-    srv->stopping = true;
-    pthread_cond_broadcast(&srv->cond);
-    pthread_mutex_unlock(&srv->lock);
-    /* On Linux, shutting a listener down makes a blocked accept() return. */
-    shutdown(srv->lfd, SHUT_RDWR);
-    pthread_join(srv->acceptor, NULL);
+    fr_hsgate_stop(srv->gate);
+    pthread_join(srv->acceptor, NULL);   /* it closed the handshakes in flight */
+    fr_hsgate_close(srv->gate);
 
     /* The acceptor is gone, so the list only loses fds from here on. */
     pthread_mutex_lock(&srv->lock);
@@ -395,7 +364,6 @@ void fr_tcp_stop(void *state)
         fr_free(sc);
     }
     close(srv->lfd);
-    pthread_cond_destroy(&srv->cond);
     pthread_mutex_destroy(&srv->lock);
     fr_free(srv);
 }
