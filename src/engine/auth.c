@@ -1,23 +1,8 @@
-/* The engine's side of the connection handshake (wire/handshake.c): who
- * was refused and why goes to the log and the stats. */
+/* The engine's client side of the connection handshake (wire/handshake.c);
+ * the serving side runs in each listener's accept gate (wire/hsgate.h). */
 #include <string.h>
 
 #include "engine/engine_int.h"
-
-int fr_auth_server(ferry_engine *e, int fd, uint16_t role, fr_msg_auth *auth)
-{
-    const char *why = "";
-    int rc = fr_handshake_server(fd, e->auth_key, e->ep.instance, role, auth, &why);
-    if (rc < 0) {
-        char who[64];
-        fr_sock_peername(fd, who, sizeof who);
-        FR_WARN("auth", "refused connection from %s: %s", who, why);
-        FR_STAT_ADD(e, auth_refused, 1);
-        if (rc == FERRY_EPROTO)
-            FR_STAT_ADD(e, frames_rejected, 1);
-    }
-    return rc;
-}
 
 int fr_auth_client(ferry_engine *e, int fd, const fr_peer *p, uint16_t role, uint16_t stream,
                    uint32_t *server_pid)

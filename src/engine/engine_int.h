@@ -235,11 +235,6 @@ void fr_notify_deliver(ferry_engine *e, uint64_t peer, uint64_t tag, uint64_t va
 void fr_notify_destroy(ferry_engine *e);
 
 /* ---- authentication (auth.c) -------------------------------------------- */
-/* Server side of the handshake on a freshly accepted fd. On success returns 0
- * and fills *auth with the client's AUTH message; on failure replies
- * AUTH_FAIL where possible, logs who was refused and why, counts it, and
- * returns FERRY_EAUTH / FERRY_ESTALE / FERRY_EPROTO. */
-int fr_auth_server(ferry_engine *e, int fd, uint16_t role, fr_msg_auth *auth);
 /* Client side: expects the server to be instance p->ep.instance. Returns 0
  * and the server's pid, or FERRY_EAUTH / FERRY_ESTALE / FERRY_EPROTO /
  * FERRY_ECONNRESET. */
