@@ -260,16 +260,14 @@ int ferry_sample_push(ferry_sample_queue *q, ferry_rollout_session *rs,
 
 /* ---- pop ---------------------------------------------------------------------------------- */
 
-/* Stale sample: drop it, or hand it back to the rollout side. Its claim is
- * marked done first (a compare-and-swap on this delivery's claim: if a
- * lapsed lease let the record go to another consumer, only one of the two
- * acts, so there are never two recompute requests), then the recompute
- * request is pushed, then the record finished. A recompute request that
- * cannot be pushed is counted dropped, with a warning. */
-static void reject(ferry_sample_queue *q, ferry_sample *smp, uint64_t rev)
+/* Stale sample, its claim already taken as done (fr_sq_take: a
+ * compare-and-swap, so if a lapsed lease let the record go to a second
+ * consumer only one of the two acts, and there are never two recompute
+ * requests): drop it, or hand it back to the rollout side, then finish the
+ * record. A recompute request that cannot be pushed is counted dropped,
+ * with a warning. */
+static void reject(ferry_sample_queue *q, ferry_sample *smp)
 {
-    if (fr_sq_mark_done(q, smp, true, rev) < 0)
-        return;   /* delivered again to someone else meanwhile: theirs */
     q->st.stale++;
     if (q->cfg.stale_policy == FERRY_STALE_RECOMPUTE) {
         snprintf(smp->session.status, sizeof smp->session.status, "recompute");
@@ -337,8 +335,15 @@ static int pop_from(ferry_sample_queue *q, const char *queue, bool samples, uint
         q->st.popped++;
         if (recs[i].token > 1)
             q->st.redelivered++;
-        uint64_t rev = 0;
-        int t = fr_sq_take(q, smp, &rev);
+        enum ferry_version_verdict vd = ferry_policy_admit(
+            smp->session.policy_version, q->cfg.input_version, q->cfg.max_policy_lag);
+        if (vd == FERRY_VERSION_AHEAD) {   /* back, unclaimed, until the consumer catches up */
+            q->st.ahead++;
+            (void)ferry_queue_nack(q->s, smp->id, smp->token);
+            ferry_sample_clear(smp);
+            continue;
+        }
+        int t = fr_sq_take(q, smp, vd == FERRY_VERSION_STALE);
         if (t < 0) {
             (void)ferry_queue_nack(q->s, smp->id, smp->token);
             ferry_sample_clear(smp);
@@ -357,16 +362,8 @@ static int pop_from(ferry_sample_queue *q, const char *queue, bool samples, uint
             ferry_sample_clear(smp);
             continue;
         }
-        enum ferry_version_verdict vd = ferry_policy_admit(
-            smp->session.policy_version, q->cfg.input_version, q->cfg.max_policy_lag);
         if (vd == FERRY_VERSION_STALE) {
-            reject(q, smp, rev);
-            ferry_sample_clear(smp);
-            continue;
-        }
-        if (vd == FERRY_VERSION_AHEAD) {
-            q->st.ahead++;
-            (void)ferry_queue_nack(q->s, smp->id, smp->token);
+            reject(q, smp);
             ferry_sample_clear(smp);
             continue;
         }
@@ -442,7 +439,7 @@ int ferry_sample_ack(ferry_sample_queue *q, const ferry_sample *smp, size_t n, b
         if (!x->payload[0]) {   /* a recompute request: a record and nothing else */
             rc = fr_sq_ack_retry(q, x->id, x->token);
         } else {
-            rc = fr_sq_mark_done(q, x, false, 0);
+            rc = fr_sq_mark_done(q, x);
             if (rc == 0)
                 fr_sq_finish(q, x->payload, x->uid, x->id, x->token);
         }

@@ -107,7 +107,8 @@ static int claim_get(ferry_sample_queue *q, const char *key, cval *c)
     return ok ? 0 : FERRY_EPROTO;
 }
 
-static void add_claim(ferry_sample_queue *q, const ferry_sample *smp, const char *key)
+static void add_claim(ferry_sample_queue *q, const ferry_sample *smp, const char *key,
+                      uint64_t rev)
 {
     if (q->nclaims == q->capclaims) {
         size_t nc = q->capclaims ? q->capclaims * 2 : 256;
@@ -118,18 +119,32 @@ static void add_claim(ferry_sample_queue *q, const ferry_sample *smp, const char
         q->capclaims = nc;
     }
     fr_sq_claim *c = &q->claims[q->nclaims++];
-    c->version = smp->session.policy_version;
-    c->uid = smp->uid;
+    *c = (fr_sq_claim){ .version = smp->session.policy_version, .uid = smp->uid, .id = smp->id,
+                        .rev = rev, .token = smp->token };
     snprintf(c->key, sizeof c->key, "%s", key);
+}
+
+/* The revision at which this handle took smp's delivery's claim (newest
+ * first: an ack follows its pop closely). */
+static bool claim_rev(const ferry_sample_queue *q, const ferry_sample *smp, uint64_t *rev)
+{
+    for (size_t i = q->nclaims; i-- > 0;) {
+        const fr_sq_claim *c = &q->claims[i];
+        if (c->uid == smp->uid && c->id == smp->id && c->token == smp->token) {
+            *rev = c->rev;
+            return true;
+        }
+    }
+    return false;
 }
 
 /* ---- taking and committing ------------------------------------------------------------- */
 
-int fr_sq_take(ferry_sample_queue *q, const ferry_sample *smp, uint64_t *rev)
+int fr_sq_take(ferry_sample_queue *q, const ferry_sample *smp, bool done)
 {
     char key[300], val[64];
     claim_key(q, smp->uid, key, sizeof key);
-    int n = claim_text(val, sizeof val, smp, false);
+    int n = claim_text(val, sizeof val, smp, done);
     unsigned wait = 2;
     uint64_t dl = fr_deadline_ns((int64_t)q->cfg.push_timeout_ms);
     for (int round = 0;; round++) {
@@ -144,12 +159,12 @@ int fr_sq_take(ferry_sample_queue *q, const ferry_sample *smp, uint64_t *rev)
                 continue;   /* deleted in between: take it fresh */
             if (rc == FERRY_EPROTO || (rc == 0 && c.id != smp->id))
                 return FR_SQ_DUPLICATE;
-            if (rc == 0 && c.done)
-                return FR_SQ_DONE;
-            if (rc == 0 && c.token == smp->token) {
-                *rev = c.rev;   /* our own take, whose reply was lost */
+            if (rc == 0 && c.token == smp->token && c.done == done) {
+                add_claim(q, smp, key, c.rev);   /* our own take, whose reply was lost */
                 return FR_SQ_TAKEN;
             }
+            if (rc == 0 && c.done)
+                return FR_SQ_DONE;
             if (rc == 0 && c.token > smp->token)
                 return FR_SQ_LATE;
             if (rc == 0)   /* an earlier delivery of this record: this one takes over */
@@ -158,8 +173,7 @@ int fr_sq_take(ferry_sample_queue *q, const ferry_sample *smp, uint64_t *rev)
                 continue;
         }
         if (rc == 0) {
-            add_claim(q, smp, key);
-            *rev = r;
+            add_claim(q, smp, key, r);
             return FR_SQ_TAKEN;
         }
         if (!fr_sq_retryable(rc) || fr_now_ns() >= dl)
@@ -188,8 +202,10 @@ static int claim_mine(ferry_sample_queue *q, const char *key, const ferry_sample
     return c.done ? 1 : 0;
 }
 
-int fr_sq_mark_done(ferry_sample_queue *q, const ferry_sample *smp, bool have_rev, uint64_t rev)
+int fr_sq_mark_done(ferry_sample_queue *q, const ferry_sample *smp)
 {
+    uint64_t rev = 0;
+    bool have_rev = claim_rev(q, smp, &rev);   /* else one more round trip to read it */
     char key[300], val[64];
     claim_key(q, smp->uid, key, sizeof key);
     int n = claim_text(val, sizeof val, smp, true);

@@ -11,8 +11,13 @@
 
 #define FR_SQ_DEFERRED_MAX 4096
 
-/* A claim this handle took; deleted once its version leaves the lag window. */
-typedef struct fr_sq_claim { uint64_t version, uid; char key[300]; } fr_sq_claim;
+/* A claim this handle took (for delivery `token` of record `id`, at
+ * revision `rev`); deleted once its version leaves the lag window. */
+typedef struct fr_sq_claim {
+    uint64_t version, uid, id, rev;
+    uint32_t token;
+    char key[300];
+} fr_sq_claim;
 
 /* A finished record whose payload removal a reader's lease refused: the
  * record stays leased (unacked) until the payload is gone, then is acked. */
@@ -48,16 +53,16 @@ enum fr_sq_take {
     FR_SQ_LATE,        /* a newer delivery of this record holds it: not ours */
 };
 /* Claim smp's uid for this delivery (record id and token): an enum
- * fr_sq_take, *rev the claim's revision when FR_SQ_TAKEN; or a negative
- * code when the master stayed unreachable. */
-int fr_sq_take(ferry_sample_queue *q, const ferry_sample *smp, uint64_t *rev);
-/* Mark this delivery's sample done in its claim (the commit point of an ack
- * or a stale rejection): from then on every delivery of the record is
- * finished, never handed out. have_rev: rev is the revision fr_sq_take
- * returned; otherwise the claim is looked up. 0; FERRY_ESTALE when the
- * record was delivered again since (or this delivery was acked already);
- * another negative code when the master stayed unreachable. */
-int fr_sq_mark_done(ferry_sample_queue *q, const ferry_sample *smp, bool have_rev, uint64_t rev);
+ * fr_sq_take, or a negative code when the master stayed unreachable. done:
+ * claim it as done at once (a stale sample: its rejection commits with the
+ * claim itself), so FR_SQ_TAKEN means committed. */
+int fr_sq_take(ferry_sample_queue *q, const ferry_sample *smp, bool done);
+/* Mark this delivery's claim done (the commit point of an ack): from then
+ * on every delivery of the record is finished, never handed out. 0;
+ * FERRY_ESTALE when the record was delivered again since (or this delivery
+ * was acked already); another negative code when the master stayed
+ * unreachable. */
+int fr_sq_mark_done(ferry_sample_queue *q, const ferry_sample *smp);
 /* End a record whose sample is done: remove the payload, then ack the
  * record, never the other way round. A removal refused by a reader's lease
  * is deferred with the record, which stays leased until then. */
