@@ -95,6 +95,15 @@ static void interrupted(const char *what, const char *const *args, const char *r
         if (!ready)
             sleep_ms(10);
     }
+    if (!ready) {   /* stop it before failing: a SIGINT lets it clean up after itself */
+        kill(p.pid, SIGINT);
+        if (ft_wait_status(p.pid, 60000, &(int){0}) < 0) {
+            kill(p.pid, SIGKILL);
+            waitpid(p.pid, NULL, 0);
+        }
+        p.pid = -1;
+        ft_peer_stop(&p);
+    }
     assert_true(ready);
     n = ft_children(p.pid, kids, KIDS);
     for (size_t i = 0; i < n; i++)
