@@ -266,25 +266,45 @@ static void bench_rows(bench_ctx *c)
         printf("per-row: the same rows as one plain op each, in one batch; ratio = per-row / strided time\n");
 }
 
+static void usage_engine(FILE *f)
+{
+    fprintf(f, "usage: ferry bench engine [--transport shm|tcp (shm)] [--block SIZE]... (64K 1M 4M)\n"
+               "                          [--total SIZE (1G)] [--streams N (4)] [--threads N (2)]\n"
+               "                          [--reps N (3)] [--json]\n"
+               "                          [--rows N [--row SIZE (4K)] [--stride SIZE (16K)]]\n"
+               "\n"
+               "Engine throughput against a baseline measured in the same run (memcpy for shm,\n"
+               "a plain socket loop for tcp).\n");
+}
+
 static int parse(int argc, char **argv, bench_opts *o)
 {
     *o = (bench_opts){.transport = "shm", .total = 1ull << 30, .streams = 4, .threads = 2, .reps = 3,
                       .row = 4 << 10, .stride = 16 << 10};
+    static const char *const value_opts[] = { "--transport", "--block", "--total", "--streams",
+                                              "--threads", "--reps", "--rows", "--row", "--stride",
+                                              NULL };
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (cli_is_help(a))
+            return CLI_HELP;
         if (!strcmp(a, "--json")) {
             o->json = true;
             continue;
         }
         if (!v)
-            goto bad;
+            return cli_bad_arg("bench engine", a, value_opts);
         i++;
         int rc = 0;
-        if (!strcmp(a, "--transport") && (!strcmp(v, "shm") || !strcmp(v, "tcp")))
+        if (!strcmp(a, "--transport")) {
+            if (strcmp(v, "shm") && strcmp(v, "tcp")) {
+                fprintf(stderr, "ferry: --transport wants shm or tcp, not '%s'\n", v);
+                return -1;
+            }
             o->transport = v;
-        else if (!strcmp(a, "--block") && o->nblocks == 8) {
+        } else if (!strcmp(a, "--block") && o->nblocks == 8) {
             fprintf(stderr, "ferry bench engine: at most 8 --block sizes\n");
-            goto bad;
+            return -1;
         } else if (!strcmp(a, "--block"))
             rc = cli_opt_size(a, v, 1, UINT64_MAX, &o->blocks[o->nblocks++]);
         else if (!strcmp(a, "--total"))
@@ -302,16 +322,16 @@ static int parse(int argc, char **argv, bench_opts *o)
         else if (!strcmp(a, "--stride"))
             rc = cli_opt_size(a, v, 1, UINT64_MAX, &o->stride);
         else
-            goto bad;
+            return cli_bad_arg("bench engine", a, NULL);
         if (rc < 0)
-            goto bad;
+            return -1;
     }
     /* the rows must fit the buffers: packed here, stride apart there */
     uint64_t ext;
     if (o->rows && (__builtin_mul_overflow(o->rows - 1, o->stride, &ext) || o->row > o->total ||
                     ext > o->total - o->row || o->rows * o->row > o->total)) {
         fprintf(stderr, "ferry bench engine: --rows of --row bytes, --stride apart, do not fit in --total\n");
-        goto bad;
+        return -1;
     }
     if (o->nblocks == 0) {
         o->blocks[0] = 64 << 10;
@@ -322,14 +342,9 @@ static int parse(int argc, char **argv, bench_opts *o)
     for (int i = 0; i < o->nblocks; i++)
         if (o->blocks[i] > o->total) {
             fprintf(stderr, "ferry bench engine: a --block is larger than --total\n");
-            goto bad;
+            return -1;
         }
     return 0;
-bad:
-    fprintf(stderr, "usage: ferry bench engine [--transport shm|tcp] [--block SIZE]... [--total SIZE]\n"
-                    "                          [--streams N] [--threads N] [--reps N] [--json]\n"
-                    "                          [--rows N [--row SIZE] [--stride SIZE]]\n");
-    return -1;
 }
 
 static int setup(bench_ctx *c, const char *self)
@@ -403,8 +418,9 @@ static void bench_blocks(bench_ctx *c, bool tcp)
 static int bench_engine(int argc, char **argv, const char *self)
 {
     bench_ctx c = {0};
-    if (parse(argc, argv, &c.o) < 0)
-        return 2;
+    int pr = parse(argc, argv, &c.o);
+    if (pr != 0)
+        return cli_usage_exit(pr, usage_engine);
     int rc = setup(&c, self);
     if (rc < 0) {
         fprintf(stderr, "ferry bench: setup failed: %s\n", ferry_strerror(rc));
@@ -424,6 +440,12 @@ static int bench_engine(int argc, char **argv, const char *self)
     return st.tickets_failed + st.tickets_aborted ? 1 : 0;
 }
 
+static void usage_bench(FILE *f)
+{
+    fprintf(f, "usage: ferry bench engine|plan|store|exec|weights|sparse [options]\n"
+               "       (ferry bench WHAT --help for each one's options)\n");
+}
+
 int cmd_bench(int argc, char **argv, const char *self)
 {
     if (argc >= 2 && !strcmp(argv[1], "engine"))
@@ -438,6 +460,9 @@ int cmd_bench(int argc, char **argv, const char *self)
         return cmd_bench_weights(argc - 1, argv + 1, self);
     if (argc >= 2 && !strcmp(argv[1], "sparse"))
         return cmd_bench_sparse(argc - 1, argv + 1);
-    fprintf(stderr, "usage: ferry bench engine|plan|store|exec|weights|sparse [options]   (see ferry help)\n");
-    return 2;
+    if (argc < 2)
+        fprintf(stderr, "ferry bench: which benchmark?\n");
+    else if (!cli_is_help(argv[1]))
+        fprintf(stderr, "ferry bench: unknown benchmark '%s'\n", argv[1]);
+    return cli_usage_exit(argc >= 2 && cli_is_help(argv[1]) ? CLI_HELP : -1, usage_bench);
 }

@@ -55,24 +55,31 @@ static void on_signal(int sig)
     _exit(128 + sig);
 }
 
-static int usage_exec(void)
+static void usage_exec(FILE *f)
 {
-    fprintf(stderr, "usage: ferry bench exec [--model PRESET] [--bytes SIZE] [--src LAYOUT] [--dst LAYOUT]\n"
-                    "                        [--reps N] [--threads N] [--window N] [--max-ops N] [--json]\n");
-    return 2;
+    fprintf(f, "usage: ferry bench exec [--model PRESET (qwen3-8b)] [--bytes SIZE (1G)] [--src LAYOUT (fsdp:8)]\n"
+               "                        [--dst LAYOUT (tp:4,dp:2)] [--reps N (3)] [--threads N] [--window N]\n"
+               "                        [--max-ops N] [--json]\n"
+               "\n"
+               "Reshard a model slice between worker processes (sink and reader executors) against\n"
+               "the memcpy floor measured in the same run.\n");
 }
 
 static int parse(int argc, char **argv, bx_opts *o)
 {
     *o = (bx_opts){.model = "qwen3-8b", .src = "fsdp:8", .dst = "tp:4,dp:2", .bytes = 1ull << 30, .reps = 3};
+    static const char *const value_opts[] = { "--model", "--src", "--dst", "--bytes", "--reps",
+                                              "--threads", "--window", "--max-ops", NULL };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (cli_is_help(a))
+            return CLI_HELP;
         if (!strcmp(a, "--json")) {
             o->json = true;
             continue;
         }
         if (!v)
-            return -1;
+            return cli_bad_arg("bench exec", a, value_opts);
         i++;
         int rc = 0;
         if (!strcmp(a, "--model"))
@@ -92,7 +99,7 @@ static int parse(int argc, char **argv, bx_opts *o)
         else if (!strcmp(a, "--max-ops"))
             rc = cli_opt_uint(a, v, 1, 1u << 24, &o->max_ops);
         else
-            return -1;
+            return cli_bad_arg("bench exec", a, NULL);
         if (rc < 0)
             return -1;
     }
@@ -355,8 +362,9 @@ static void report(const bx_opts *o, const ferry_plan_stats *st, uint64_t model_
 int cmd_bench_exec(int argc, char **argv, const char *self)
 {
     bx_opts o;
-    if (parse(argc, argv, &o) < 0)
-        return usage_exec();
+    int pr = parse(argc, argv, &o);
+    if (pr != 0)
+        return cli_usage_exit(pr, usage_exec);
     if (!getenv("FERRY_TOKEN") && !getenv("FERRY_TOKEN_FILE")) {
         char tok[65];
         ferry_token_generate(tok);   /* a private cluster for this run */

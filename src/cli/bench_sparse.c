@@ -363,17 +363,28 @@ static int parse_tile(const char *opt, const char *v, uint64_t tile[2])
     return -1;
 }
 
+static void usage_sparse(FILE *f)
+{
+    fprintf(f, "usage: ferry bench sparse [--tp N (8)] [--tile RxC (128x128)] [--reps N (5)] [--no-store]\n"
+               "                          [--json]\n"
+               "\n"
+               "The sparse planner against a scan of every nonzero, and the reads it plans from the store.\n");
+}
+
 static int parse(int argc, char **argv, sp_opts *o)
 {
     *o = (sp_opts){.reps = 5, .tp = 8, .tile = {128, 128}, .seed = 0x9e3779b97f4a7c15ull};
+    static const char *const value_opts[] = { "--reps", "--tp", "--tile", NULL };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (cli_is_help(a))
+            return CLI_HELP;
         if (!strcmp(a, "--json") || !strcmp(a, "--no-store")) {
             *(a[2] == 'j' ? &o->json : &o->no_store) = true;
             continue;
         }
         if (!v)
-            return -1;
+            return cli_bad_arg("bench sparse", a, value_opts);
         i++;
         int rc;
         if (!strcmp(a, "--reps"))
@@ -383,7 +394,7 @@ static int parse(int argc, char **argv, sp_opts *o)
         else if (!strcmp(a, "--tile"))
             rc = parse_tile(a, v, o->tile);
         else
-            return -1;
+            return cli_bad_arg("bench sparse", a, NULL);
         if (rc < 0)
             return -1;
     }
@@ -425,10 +436,9 @@ static void print_case(const sp_opts *op, const sp_case_in *c, const sp_result *
 int cmd_bench_sparse(int argc, char **argv)
 {
     sp_opts op;
-    if (parse(argc, argv, &op) < 0) {
-        fprintf(stderr, "usage: ferry bench sparse [--tp N] [--tile RxC] [--reps N] [--no-store] [--json]\n");
-        return 2;
-    }
+    int pr = parse(argc, argv, &op);
+    if (pr != 0)
+        return cli_usage_exit(pr, usage_sparse);
     static const char *const names[] = {"expert.w1", "shared"};
     static const uint64_t shapes[][2] = {{2048, 7168}, {7168, 7168}};
     static const double dens[] = {0.001, 0.01, 0.05};

@@ -602,12 +602,31 @@ static int xfer_phase(const bs_opts *o, const char *master, const char *transpor
 
 /* ---- command ---------------------------------------------------------------------- */
 
+static void usage_store(FILE *f)
+{
+    fprintf(f,
+            "usage: ferry bench store [--clients N] [--seconds N] [--size SIZE] [--total SIZE]\n"
+            "                         [--object SIZE] [--batch N] [--reps N] [--no-sync] [--json]\n"
+            "  --clients N    metadata client processes (4)\n"
+            "  --seconds N    metadata phase duration (3)\n"
+            "  --size SIZE    the node's segment (1G)\n"
+            "  --total SIZE   bytes per throughput pass (512M)\n"
+            "  --object SIZE  object and engine block size (4M)\n"
+            "  --batch N      objects per batch_put_from / batch_get_into call (64)\n"
+            "  --reps N       best of N passes (3)\n"
+            "  --no-sync      the master does not fsync its log (not the durable setup)\n");
+}
+
 static int parse(int argc, char **argv, bs_opts *o)
 {
     *o = (bs_opts){ .size = 1ull << 30, .total = 512ull << 20, .object = 4ull << 20,
                     .clients = 4, .seconds = 3, .reps = 3, .batch = 64, .sync = true };
+    static const char *const value_opts[] = { "--size", "--total", "--object", "--clients",
+                                              "--seconds", "--reps", "--batch", NULL };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (cli_is_help(a))
+            return CLI_HELP;
         if (!strcmp(a, "--json")) {
             o->json = true;
             continue;
@@ -617,7 +636,7 @@ static int parse(int argc, char **argv, bs_opts *o)
             continue;
         }
         if (!v)
-            goto bad;
+            return cli_bad_arg("bench store", a, value_opts);
         i++;
         int rc;
         if (!strcmp(a, "--size"))   /* the node's segment: ferry node wants 1 MiB at least */
@@ -635,25 +654,13 @@ static int parse(int argc, char **argv, bs_opts *o)
         else if (!strcmp(a, "--batch"))
             rc = cli_opt_unsigned(a, v, 1, BATCH_MAX, &o->batch);
         else
-            goto bad;
+            return cli_bad_arg("bench store", a, NULL);
         if (rc < 0)
-            goto bad;
+            return -1;
     }
     if (o->object <= o->total && o->total <= o->size && o->object >= 8)
         return 0;
     fprintf(stderr, "ferry bench store: need --object <= --total <= --size\n");
-bad:
-    fprintf(stderr,
-            "usage: ferry bench store [--clients N] [--seconds N] [--size SIZE] [--total SIZE]\n"
-            "                         [--object SIZE] [--batch N] [--reps N] [--no-sync] [--json]\n"
-            "  --clients N    metadata client processes (4)\n"
-            "  --seconds N    metadata phase duration (3)\n"
-            "  --size SIZE    the node's segment (1G)\n"
-            "  --total SIZE   bytes per throughput pass (512M)\n"
-            "  --object SIZE  object and engine block size (4M)\n"
-            "  --batch N      objects per batch_put_from / batch_get_into call (64)\n"
-            "  --reps N       best of N passes (3)\n"
-            "  --no-sync      the master does not fsync its log (not the durable setup)\n");
     return -1;
 }
 
@@ -726,8 +733,9 @@ static void print_table(const bs_opts *o, const bs_meta *m, const bs_xfer *x)
 int cmd_bench_store(int argc, char **argv, const char *self)
 {
     bs_opts o;
-    if (parse(argc, argv, &o) < 0)
-        return 2;
+    int pr = parse(argc, argv, &o);
+    if (pr != 0)
+        return cli_usage_exit(pr, usage_store);
     if (!getenv("FERRY_TOKEN") && !getenv("FERRY_TOKEN_FILE")) {
         char tok[65];
         ferry_token_generate(tok);   /* a private cluster for this run */

@@ -45,15 +45,19 @@ static double memcpy_gbps(void)
     return best;
 }
 
+static void usage_weights(FILE *f)
+{
+    fprintf(f, "usage: ferry bench weights [--trainers N (4)] [--rollouts N (4)] [--dp N] "
+               "[--bytes SIZE (1G)] [--model PRESET (qwen3-8b)] [--reps N (3)] [--json]\n");
+}
+
 int cmd_bench_weights(int argc, char **argv, const char *self)
 {
     (void)self;
     demo_opts o;
-    if (demo_parse(argc, argv, "--reps", 3, 1ull << 30, &o) < 0) {
-        fprintf(stderr, "usage: ferry bench weights [--trainers N] [--rollouts N] [--dp N] "
-                        "[--bytes SIZE] [--model PRESET] [--reps N] [--json]\n");
-        return 2;
-    }
+    int pr = demo_parse("bench weights", argc, argv, "--reps", 3, 1ull << 30, &o);
+    if (pr != 0)
+        return cli_usage_exit(pr, usage_weights);
     demo_model dm;
     if (demo_model_build(o.model, o.bytes, &dm) < 0) {
         fprintf(stderr, "ferry bench weights: unknown model preset %s\n", o.model);

@@ -26,6 +26,20 @@ int cli_opt_unsigned(const char *opt, const char *v, unsigned min, unsigned max,
 int cli_opt_double(const char *opt, const char *v, double min, double max, double *out);
 /* A size as cli_parse_size reads it; max UINT64_MAX: no upper bound. */
 int cli_opt_size(const char *opt, const char *v, uint64_t min, uint64_t max, uint64_t *out);
+/* Option loops. A command's loop returns 0 (run), CLI_HELP (it met -h or
+ * --help: nothing is started, the usage goes to stdout, exit 0) or -1 (a
+ * line on stderr said what is wrong: the usage follows there, exit 2);
+ * cli_usage_exit turns that into the exit status. */
+#define CLI_HELP 1
+bool cli_is_help(const char *a);
+/* a is an argument that no option of cmd ("demo rl") took: one line to
+ * stderr naming it, e.g. "ferry demo rl: unknown option '--bogus'", and -1.
+ * value_opts (NULL-terminated, may be NULL) are cmd's options that take a
+ * value: a last argument that is one of them is reported as missing it. */
+int cli_bad_arg(const char *cmd, const char *a, const char *const *value_opts);
+/* pr from an option loop: CLI_HELP prints usage to stdout and gives 0, a
+ * negative pr prints it to stderr and gives 2. */
+int cli_usage_exit(int pr, void (*usage)(FILE *f));
 /* Format bytes as "4 MiB" etc. into buf. */
 const char *cli_fmt_size(uint64_t n, char *buf, size_t len);
 double cli_now(void);   /* monotonic seconds */
@@ -73,6 +87,62 @@ int cmd_node(int argc, char **argv);
 int cmd_up(int argc, char **argv);
 int cmd_down(int argc, char **argv);
 int cmd_status(int argc, char **argv);
+/* up_proc.c: a process as /proc shows it: start time (clock ticks after
+ * boot, /proc/PID/stat field 22) and command line (NUL-separated). */
+typedef struct cli_proc {
+    int pid;
+    unsigned long long start;
+    char cmd[8192];
+    size_t cmdlen;
+} cli_proc;
+/* 0, or -1 when there is no such process. */
+int cli_proc_read(int pid, cli_proc *p);
+/* The same pid, start time and command line: the same process. */
+bool cli_proc_same(const cli_proc *a, const cli_proc *b);
+/* Its command line for a message ("sleep 100"). */
+const char *cli_proc_show(const cli_proc *p, char *buf, size_t cap);
+/* A pidfd on pid (-1 where the kernel has none, or there is no such
+ * process: errno ESRCH). Opened before the identity is read, it refers to
+ * the process that was read, so a signal through it reaches nobody else. */
+int cli_proc_open(int pid);
+/* SIGTERM, then SIGKILL after 10 s, through pidfd (or kill(pid) when it is
+ * -1); 0 once it is gone, -1 if it could not be stopped. */
+int cli_proc_stop(int pidfd, int pid);
+/* The kernel's count of OOM kills so far (/proc/vmstat oom_kill). */
+uint64_t cli_oom_kills(void);
+/* "exited with status 1", "was killed by SIGKILL (out of memory?)": a wait
+ * status in words, `when` (" at start", or "") after the verb; oom_before
+ * from cli_oom_kills before the process started. */
+void cli_exit_reason(int status, uint64_t oom_before, const char *when, char *buf, size_t cap);
+/* The last lines (at most 16) of a log file, indented, or that it is empty. */
+void cli_print_log_tail(FILE *out, const char *path, int lines);
+
+/* up_pids.c: DIR/up.pids, the master (r[0]) and the node (r[1]) of a
+ * detached cluster. legacy: a record of a file written before start times
+ * were kept ("MASTER_PID NODE_PID"): only its command line can vouch for it
+ * (`ferry ROLE` naming DIR's file). */
+typedef struct cli_pidrec { const char *role; cli_proc p; bool legacy; } cli_pidrec;
+int cli_pids_write(const char *path, const cli_proc *master, const cli_proc *node);
+/* 0, or -1 when there is no readable file with both records. */
+int cli_pids_read(const char *path, cli_pidrec r[2]);
+enum { CLI_P_OURS, CLI_P_GONE, CLI_P_OTHER };
+/* What runs under a record's pid now: CLI_P_OURS (the recorded process),
+ * CLI_P_GONE (nothing, or it exited), CLI_P_OTHER (the pid went to another
+ * process: *now says which). dir: the state directory (legacy records). */
+int cli_pids_check(const cli_pidrec *r, const char *dir, cli_proc *now);
+
+/* up_mem.c: what a node started now could take. */
+typedef struct cli_mem {
+    uint64_t avail;              /* MemAvailable (UINT64_MAX: unknown) */
+    bool cg;                     /* a cgroup memory limit applies: */
+    uint64_t cg_limit, cg_used;  /*   the tightest one and its use */
+    char cg_file[640];           /*   the file it was read from */
+} cli_mem;
+/* proc: "/proc", cgroot: "/sys/fs/cgroup". -1 when nothing could be read. */
+int cli_mem_probe(const char *proc, const char *cgroot, cli_mem *m);
+/* The smaller of MemAvailable and what the cgroup limit leaves. */
+uint64_t cli_mem_headroom(const cli_mem *m);
+
 /* Write text to path through a temporary file and a rename: 0 or -1. */
 int cli_write_file_atomic(const char *path, const char *text);
 /* plan.c: `ferry plan` and `ferry bench plan` */

@@ -108,22 +108,41 @@ static void run_one(const char *self, const char *transport, uint64_t total, dem
     ferry_engine_close(e);
 }
 
+static void usage_engine(FILE *f)
+{
+    fprintf(f, "usage: ferry demo engine [--size SIZE (256M)] [--json]\n"
+               "\n"
+               "A target process registers SIZE bytes; this process writes them with one-sided\n"
+               "WRITEs and reads them back with READs over shm and over tcp, checking every byte.\n");
+}
+
+static int parse_engine(int argc, char **argv, uint64_t *total, bool *json)
+{
+    static const char *const value_opts[] = { "--size", NULL };
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (cli_is_help(a))
+            return CLI_HELP;
+        if (!strcmp(a, "--json")) {
+            *json = true;
+        } else if (!strcmp(a, "--size") && i + 1 < argc) {
+            if (cli_opt_size(a, argv[++i], 1, 1ull << 40, total) < 0)
+                return -1;
+            *total = (*total + DEMO_BLOCK - 1) / DEMO_BLOCK * DEMO_BLOCK;
+        } else {
+            return cli_bad_arg("demo engine", a, value_opts);
+        }
+    }
+    return 0;
+}
+
 int cmd_demo_engine(int argc, char **argv, const char *self)
 {
     bool json = false;
     uint64_t total = 256ull << 20;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--json"))
-            json = true;
-        else if (!strcmp(argv[i], "--size") && i + 1 < argc &&
-                 cli_opt_size(argv[i], argv[i + 1], 1, 1ull << 40, &total) == 0) {
-            total = (total + DEMO_BLOCK - 1) / DEMO_BLOCK * DEMO_BLOCK;
-            i++;
-        } else {
-            fprintf(stderr, "usage: ferry demo engine [--size SIZE] [--json]\n");
-            return 2;
-        }
-    }
+    int pr = parse_engine(argc, argv, &total, &json);
+    if (pr != 0)
+        return cli_usage_exit(pr, usage_engine);
     if (!getenv("FERRY_TOKEN") && !getenv("FERRY_TOKEN_FILE")) {
         char tok[65];
         ferry_token_generate(tok);

@@ -38,8 +38,9 @@ typedef struct demo_opts {
     char model[64];
     bool json;
 } demo_opts;
-int demo_parse(int argc, char **argv, const char *count_flag, unsigned count, uint64_t bytes,
-               demo_opts *o);
+/* cmd names the command in messages ("demo"); 0, CLI_HELP or -1 (cli.h). */
+int demo_parse(const char *cmd, int argc, char **argv, const char *count_flag, unsigned count,
+               uint64_t bytes, demo_opts *o);
 
 /* A child over pipes. */
 typedef struct child { pid_t pid; FILE *in, *out; } child;
@@ -85,4 +86,21 @@ bool demo_round(child *cs, unsigned n, const char *cmd, double *wall, uint64_t *
                 uint64_t *sum3, uint64_t *sum4, char *err, size_t errcap);
 
 int cmd_demo_sparse(int argc, char **argv);   /* `ferry demo sparse` and its _demo_sparse_* children */
+
+/* demo_signals.c: from demo_signals_start on (call it before any thread
+ * starts; demo_cluster_start and demo_counters_open do), SIGINT and SIGTERM
+ * kill every child started through demo_fork, remove every directory made
+ * by demo_mkdtemp and end the process by that signal. */
+int demo_signals_start(void);
+/* fork(): the child (0) gets SIGINT and SIGTERM unblocked for its exec;
+ * the parent tracks it until demo_reaped. -1 once a signal is being
+ * handled. */
+pid_t demo_fork(void);
+void demo_reaped(pid_t pid);
+/* Whether a signal is being handled (the children are being killed). */
+bool demo_stopping(void);
+/* mkdtemp(tmpl) and remember it (tmpl shorter than 128): 0 or -1. */
+int demo_mkdtemp(char *tmpl);
+/* Remove dir and everything in it, and forget it. */
+void demo_rmtree(const char *dir);
 #endif

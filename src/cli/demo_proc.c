@@ -20,9 +20,11 @@ int demo_child_start(child *c, const char *const *args)
     int in[2], out[2];
     if (pipe2(in, O_CLOEXEC) < 0 || pipe2(out, O_CLOEXEC) < 0)
         return -1;
-    pid_t pid = fork();
-    if (pid < 0)
+    pid_t pid = demo_fork();
+    if (pid < 0) {
+        close(in[0]), close(in[1]), close(out[0]), close(out[1]);
         return -1;
+    }
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         dup2(in[0], 0);
@@ -41,7 +43,7 @@ int demo_child_start(child *c, const char *const *args)
 int demo_child_line(child *c, char *buf, size_t cap)
 {
     if (!c->out || !fgets(buf, (int)cap, c->out)) {
-        snprintf(buf, cap, "ERR the process exited");
+        snprintf(buf, cap, demo_stopping() ? "ERR interrupted" : "ERR the process exited");
         return -1;
     }
     buf[strcspn(buf, "\n")] = 0;
@@ -55,8 +57,9 @@ void demo_child_stop(child *c)
     if (c->out)
         fclose(c->out);
     if (c->pid > 0) {
+        pid_t pid = c->pid;
         for (int i = 0; i < 500; i++) {
-            if (waitpid(c->pid, NULL, WNOHANG) == c->pid) {
+            if (waitpid(pid, NULL, WNOHANG) == pid) {
                 c->pid = 0;
                 break;
             }
@@ -64,9 +67,10 @@ void demo_child_stop(child *c)
             nanosleep(&ts, NULL);
         }
         if (c->pid > 0) {
-            kill(c->pid, SIGKILL);
-            waitpid(c->pid, NULL, 0);
+            kill(pid, SIGKILL);
+            waitpid(pid, NULL, 0);
         }
+        demo_reaped(pid);
     }
     memset(c, 0, sizeof *c);
 }
@@ -84,12 +88,13 @@ static void child_term(pid_t *p)
             waitpid(*p, NULL, 0);
         }
     }
+    demo_reaped(*p);
     *p = 0;
 }
 
 static pid_t spawn_quiet(const char *const *args)
 {
-    pid_t p = fork();
+    pid_t p = demo_fork();
     if (p == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         int nul = open("/dev/null", O_WRONLY);
@@ -101,7 +106,9 @@ static pid_t spawn_quiet(const char *const *args)
     return p;
 }
 
-static int wait_file(const char *path, pid_t p, char *out, size_t cap)
+/* Wait for the file p writes once ready; a p that exits first is reaped
+ * (and *p cleared). 0 or -1. */
+static int wait_file(const char *path, pid_t *p, char *out, size_t cap)
 {
     for (int i = 0; i < 3000; i++) {
         FILE *f = fopen(path, "r");
@@ -113,8 +120,11 @@ static int wait_file(const char *path, pid_t p, char *out, size_t cap)
                 return 0;
             }
         }
-        if (waitpid(p, NULL, WNOHANG) == p)
+        if (waitpid(*p, NULL, WNOHANG) == *p) {
+            demo_reaped(*p);
+            *p = 0;
             return -1;
+        }
         struct timespec ts = { 0, 20 * 1000 * 1000 };
         nanosleep(&ts, NULL);
     }
@@ -168,7 +178,7 @@ int demo_cluster_start(demo_group *g, uint64_t seg_bytes, const char *who)
         ferry_token_generate(tok);
         setenv("FERRY_TOKEN", tok, 1);
     }
-    if (!mkdtemp(g->dir)) {
+    if (demo_signals_start() < 0 || demo_mkdtemp(g->dir) < 0) {
         fprintf(stderr, "%s: cannot make a temp dir\n", who);
         return -1;
     }
@@ -184,14 +194,14 @@ int demo_cluster_start(demo_group *g, uint64_t seg_bytes, const char *who)
     snprintf(segsz, sizeof segsz, "%llu", (unsigned long long)seg_bytes);
     const char *ma[] = { "ferry", "master", "--dir", mdir, "--addr-file", f1, NULL };
     g->master = spawn_quiet(ma);
-    if (g->master <= 0 || wait_file(f1, g->master, g->addr, sizeof g->addr) < 0) {
+    if (g->master <= 0 || wait_file(f1, &g->master, g->addr, sizeof g->addr) < 0) {
         fprintf(stderr, "%s: the master did not start\n", who);
         return -1;
     }
     const char *na[] = { "ferry", "node", "--master", g->addr, "--size", segsz,
                          "--ready-file", f2, NULL };
     g->node = spawn_quiet(na);
-    if (g->node <= 0 || wait_file(f2, g->node, seg, sizeof seg) < 0) {
+    if (g->node <= 0 || wait_file(f2, &g->node, seg, sizeof seg) < 0) {
         fprintf(stderr, "%s: the node did not start (%s bytes of memory)\n", who, segsz);
         return -1;
     }
@@ -236,29 +246,30 @@ void demo_group_stop(demo_group *g)
     child_term(&g->node);
     child_term(&g->master);
     if (g->own) {
-        char cmd[128];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", g->dir);
-        if (system(cmd) != 0)
-            fprintf(stderr, "ferry: could not remove %s\n", g->dir);
+        demo_rmtree(g->dir);
         g->own = false;
     }
 }
 
-int demo_parse(int argc, char **argv, const char *count_flag, unsigned count, uint64_t bytes,
-               demo_opts *o)
+int demo_parse(const char *cmd, int argc, char **argv, const char *count_flag, unsigned count,
+               uint64_t bytes, demo_opts *o)
 {
+    const char *const value_opts[] = { "--trainers", "--rollouts", "--dp", count_flag, "--bytes",
+                                       "--model", NULL };
     *o = (demo_opts){ .trainers = 4, .rollouts = 4, .count = count, .bytes = bytes };
     snprintf(o->model, sizeof o->model, "qwen3-8b");
     /* ferry demo keeps one row per generation, 64 at most */
     unsigned count_max = !strcmp(count_flag, "--generations") ? 64 : 100000;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (cli_is_help(a))
+            return CLI_HELP;
         if (!strcmp(a, "--json")) {
             o->json = true;
             continue;
         }
         if (!v)
-            return -1;
+            return cli_bad_arg(cmd, a, value_opts);
         i++;
         int rc = 0;
         if (!strcmp(a, "--trainers"))
@@ -274,7 +285,7 @@ int demo_parse(int argc, char **argv, const char *count_flag, unsigned count, ui
         else if (!strcmp(a, "--model"))
             snprintf(o->model, sizeof o->model, "%s", v);
         else
-            return -1;
+            return cli_bad_arg(cmd, a, NULL);
         if (rc < 0)
             return -1;
     }

@@ -410,14 +410,16 @@ int demo_rl_update_main(int argc, char **argv)
 
 /* ---- the parent -------------------------------------------------------------------------- */
 
-static int usage_rl(void)
+static void usage_rl(FILE *f)
 {
-    fprintf(stderr,
-            "usage: ferry demo rl [--rollouts N] [--updaters N] [--steps N] [--batch N]\n"
-            "                     [--rate SAMPLES_PER_S] [--train-ms MS] [--max-policy-lag K]\n"
-            "                     [--stale drop|recompute] [--tokens N] [--bound N (2 x batch x updaters)]\n"
-            "                     [--weights SIZE] [--json]\n");
-    return 2;
+    fprintf(f,
+            "usage: ferry demo rl [--rollouts N (3)] [--updaters N (1)] [--steps N (6)] [--batch N (64)]\n"
+            "                     [--rate SAMPLES_PER_S (60)] [--train-ms MS (100)] [--max-policy-lag K (0)]\n"
+            "                     [--stale drop|recompute (recompute)] [--tokens N (256)]\n"
+            "                     [--bound N (2 x batch x updaters)] [--weights SIZE (8M)] [--json]\n"
+            "\n"
+            "Rollout and update processes exchange samples through a sample queue and policy\n"
+            "versions through the weights registry; every sample is accounted for.\n");
 }
 
 static int parse_rl(int argc, char **argv, rl_opts *o)
@@ -425,14 +427,19 @@ static int parse_rl(int argc, char **argv, rl_opts *o)
     *o = (rl_opts){ .rollouts = 3, .updaters = 1, .steps = 6, .batch = 64, .tokens = 256,
                     .lag = 0, .rate = 60, .train_ms = 100, .weight_bytes = 8u << 20,
                     .bound = 0, .recompute = true };
+    static const char *const value_opts[] = { "--rollouts", "--updaters", "--steps", "--batch",
+                                              "--tokens", "--bound", "--max-policy-lag", "--rate",
+                                              "--train-ms", "--stale", "--weights", NULL };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (cli_is_help(a))
+            return CLI_HELP;
         if (!strcmp(a, "--json")) {
             o->json = true;
             continue;
         }
         if (!v)
-            return -1;
+            return cli_bad_arg("demo rl", a, value_opts);
         i++;
         int rc = 0;
         if (!strcmp(a, "--rollouts"))
@@ -462,7 +469,7 @@ static int parse_rl(int argc, char **argv, rl_opts *o)
         } else if (!strcmp(a, "--weights"))
             rc = cli_opt_size(a, v, 4096 * NT, 1ull << 40, &o->weight_bytes);
         else
-            return -1;
+            return cli_bad_arg("demo rl", a, NULL);
         if (rc < 0)
             return -1;
     }
@@ -551,8 +558,9 @@ static double pct_d(vec *v, double p)
 int cmd_demo_rl(int argc, char **argv)
 {
     rl_opts o;
-    if (parse_rl(argc, argv, &o) < 0)
-        return usage_rl();
+    int pr = parse_rl(argc, argv, &o);
+    if (pr != 0)
+        return cli_usage_exit(pr, usage_rl);
     demo_group g;
     child ro[64], up[64];
     memset(ro, 0, sizeof ro);

@@ -3,7 +3,6 @@
  * parameter-direct and compatibility form, and the synthetic model they
  * share (the real tensor shapes of a preset, cut to a byte budget, bf16).
  * Children are driven over stdin/stdout, one reply line per command. */
-#include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -181,25 +180,14 @@ static json_t *compat_json(const ferry_compat_stats *st)
 int demo_counters_open(char *dir, size_t cap)
 {
     snprintf(dir, cap, "/tmp/ferry-counters-XXXXXX");
-    if (!mkdtemp(dir))
+    if (demo_signals_start() < 0 || demo_mkdtemp(dir) < 0)
         return -1;
     return setenv("FERRY_DEMO_STATS", dir, 1);
 }
 
 void demo_counters_close(const char *dir)
 {
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    while (d && (e = readdir(d))) {
-        char path[512];
-        if (e->d_name[0] == '.')
-            continue;
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        (void)unlink(path);
-    }
-    if (d)
-        closedir(d);
-    (void)rmdir(dir);
+    demo_rmtree(dir);
     unsetenv("FERRY_DEMO_STATS");
 }
 

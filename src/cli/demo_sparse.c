@@ -509,14 +509,16 @@ static int demo_sparse_rollout_main(int argc, char **argv)
 
 /* ---- the parent --------------------------------------------------------------------------- */
 
-static int usage_sparse(void)
+static void usage_sparse(FILE *f)
 {
-    fprintf(stderr,
+    fprintf(f,
             "usage: ferry demo --sparse [--rollouts N (4)] [--ep N (2)] [--trainers N (2)]\n"
             "                          [--generations N (3)] [--density FRACTION (0.01)]\n"
             "                          [--hidden N (512)] [--ffn N (1024)] [--experts N (8)]\n"
-            "                          [--layers N (1)] [--tile N (0: chosen)] [--json]\n");
-    return 2;
+            "                          [--layers N (1)] [--tile N (0: chosen)] [--json]\n"
+            "\n"
+            "Trainers publish a dense base generation and sparse COO delta generations of an MoE\n"
+            "layer; EP x TP rollouts read only the entries of their own boxes and apply them.\n");
 }
 
 static int parse_sparse(int argc, char **argv, sp_spec *o)
@@ -524,6 +526,9 @@ static int parse_sparse(int argc, char **argv, sp_spec *o)
     *o = (sp_spec){ .hidden = 512, .ffn = 1024, .experts = 8, .ep = 2, .tp = 0, .layers = 1,
                     .trainers = 2, .gens = 3, .ppm = 10000 };
     unsigned rollouts = 4;
+    static const char *const value_opts[] = { "--rollouts", "--ep", "--trainers", "--generations",
+                                              "--hidden", "--ffn", "--experts", "--layers", "--tile",
+                                              "--density", NULL };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--json")) {
@@ -532,8 +537,10 @@ static int parse_sparse(int argc, char **argv, sp_spec *o)
         }
         if (!strcmp(a, "--sparse") || !strcmp(a, "sparse"))
             continue;   /* however the dispatcher passed its own word */
+        if (cli_is_help(a))
+            return CLI_HELP;
         if (!v)
-            return -1;
+            return cli_bad_arg("demo --sparse", a, value_opts);
         i++;
         int rc = 0;
         if (!strcmp(a, "--rollouts"))
@@ -560,7 +567,7 @@ static int parse_sparse(int argc, char **argv, sp_spec *o)
             if ((rc = cli_opt_double(a, v, 1e-6, 1, &d)) == 0)
                 o->ppm = (uint32_t)(d * 1e6 + 0.5);
         } else
-            return -1;
+            return cli_bad_arg("demo --sparse", a, NULL);
         if (rc < 0)
             return -1;
     }
@@ -769,8 +776,9 @@ int cmd_demo_sparse(int argc, char **argv)
     if (argc >= 1 && !strcmp(argv[0], "_demo_sparse_rollout"))
         return demo_sparse_rollout_main(argc, argv);
     sp_spec m;
-    if (parse_sparse(argc, argv, &m) < 0)
-        return usage_sparse();
+    int pr = parse_sparse(argc, argv, &m);
+    if (pr != 0)
+        return cli_usage_exit(pr, usage_sparse);
     unsigned R = m.ep * m.tp;
     char model[64], spec[160], sz[32];
     snprintf(model, sizeof model, "demosp%d", (int)getpid());

@@ -71,6 +71,19 @@ static void print_phases(const gen_row *rows, unsigned ng, uint64_t model_bytes)
                (unsigned long long)model_bytes);
 }
 
+static void demo_usage(FILE *f)
+{
+    fprintf(f, "usage: ferry demo [--trainers N (4)] [--rollouts N (4)] [--dp N (2 if it divides)]\n"
+               "                  [--generations N (3)] [--bytes SIZE (2G)] [--model PRESET (qwen3-8b)]\n"
+               "                  [--json]\n"
+               "       ferry demo engine [--size SIZE] [--json]\n"
+               "       ferry demo rl [--rollouts N] [--updaters N] [--steps N] ... (--help)\n"
+               "       ferry demo --sparse [--density D] [--generations N] ... (--help)\n"
+               "\n"
+               "Trainer processes publish weight generations of a model with its real tensor shapes;\n"
+               "rollout processes take each one parameter-direct and whole, checking every byte.\n");
+}
+
 int cmd_demo(int argc, char **argv, const char *self)
 {
     if (argc >= 2 && !strcmp(argv[1], "engine"))
@@ -80,14 +93,9 @@ int cmd_demo(int argc, char **argv, const char *self)
     if (argc >= 2 && !strcmp(argv[1], "--sparse"))
         return cmd_demo_sparse(argc - 1, argv + 1);
     demo_opts o;
-    if (demo_parse(argc, argv, "--generations", 3, 2ull << 30, &o) < 0) {
-        fprintf(stderr, "usage: ferry demo [--trainers N] [--rollouts N] [--generations N]\n"
-                        "                  [--bytes SIZE] [--model PRESET] [--json]\n"
-                        "       ferry demo engine [--size SIZE] [--json]\n"
-                        "       ferry demo rl [--rollouts N] [--updaters N] [--steps N] ... (--help)\n"
-                        "       ferry demo --sparse [--density D] [--generations N] ... (--help)\n");
-        return 2;
-    }
+    int pr = demo_parse("demo", argc, argv, "--generations", 3, 2ull << 30, &o);
+    if (pr != 0)
+        return cli_usage_exit(pr, demo_usage);
     demo_model dm;
     if (demo_model_build(o.model, o.bytes, &dm) < 0) {
         fprintf(stderr, "ferry demo: unknown model preset %s (ferry plan --models)\n", o.model);

@@ -1,5 +1,6 @@
 /* ferry — command-line entry point. */
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -49,6 +50,16 @@ static void usage(FILE *f)
             "             FERRY_TRANSPORT=shm|tcp (force a transport), FERRY_LISTEN=HOST:PORT\n");
 }
 
+static void usage_token(FILE *f)
+{
+    fprintf(f, "usage: ferry token\n\nPrint a new random cluster token (64 hex digits).\n");
+}
+
+static void usage_version(FILE *f)
+{
+    fprintf(f, "usage: ferry version\n");
+}
+
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -89,14 +100,21 @@ int main(int argc, char **argv)
         return cmd_status(argc - 1, argv + 1);
     if (!strcmp(cmd, "demo"))
         return cmd_demo(argc - 1, argv + 1, argv[0]);
-    if (!strcmp(cmd, "token")) {
-        char t[65];
-        ferry_token_generate(t);
-        printf("%s\n", t);
-        return 0;
-    }
-    if (!strcmp(cmd, "version")) {
-        printf("ferry %d.%d.%d\n", FERRY_VERSION_MAJOR, FERRY_VERSION_MINOR, FERRY_VERSION_PATCH);
+    if (!strcmp(cmd, "--version"))
+        cmd = "version";
+    if (!strcmp(cmd, "token") || !strcmp(cmd, "version")) {
+        bool token = !strcmp(cmd, "token");
+        if (argc > 2) {   /* neither takes options */
+            int pr = cli_is_help(argv[2]) ? CLI_HELP : cli_bad_arg(cmd, argv[2], NULL);
+            return cli_usage_exit(pr, token ? usage_token : usage_version);
+        }
+        if (token) {
+            char t[65];
+            ferry_token_generate(t);
+            printf("%s\n", t);
+        } else {
+            printf("ferry %d.%d.%d\n", FERRY_VERSION_MAJOR, FERRY_VERSION_MINOR, FERRY_VERSION_PATCH);
+        }
         return 0;
     }
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {

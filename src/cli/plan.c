@@ -21,13 +21,13 @@ typedef struct plan_opts {
     uint32_t nics;
 } plan_opts;
 
-static int usage_plan(bool bench)
+static void usage_plan(FILE *f, bool bench)
 {
     if (bench)
-        fprintf(stderr, "usage: ferry bench plan --model PRESET --src LAYOUT --dst LAYOUT [--gpus-per-node N]\n"
+        fprintf(f, "usage: ferry bench plan --model PRESET --src LAYOUT --dst LAYOUT [--gpus-per-node N]\n"
                         "                        [--baseline-tensors N] [--walk-all] [--json]\n");
     else
-        fprintf(stderr, "usage: ferry plan --model PRESET --src LAYOUT --dst LAYOUT [--gpus-per-node N]\n"
+        fprintf(f, "usage: ferry plan --model PRESET --src LAYOUT --dst LAYOUT [--gpus-per-node N]\n"
                         "                  [--save-src FILE] [--save-dst FILE] [--runs N] [--dst-rank R] [--json]\n"
                         "       ferry plan --model PRESET --src LAYOUT --dst LAYOUT [--gpus-per-node N]\n"
                         "                  --nic 400gbps [--nics-per-node N] [--json]   (weight update per NIC)\n"
@@ -35,8 +35,10 @@ static int usage_plan(bool bench)
                         "       ferry plan --models\n"
                         "LAYOUT: comma-separated fsdp:N tp:N dp:N ep:N pp:N (e.g. fsdp:256, tp:8,dp:16,\n"
                         "        ep:32,tp:8, pp:4,tp:8), or 'replicated'\n");
-    return 2;
 }
+
+static void usage_plan_cmd(FILE *f) { usage_plan(f, false); }
+static void usage_bench_plan(FILE *f) { usage_plan(f, true); }
 
 static int parse_plan(int argc, char **argv, plan_opts *o, bool bench)
 {
@@ -45,8 +47,15 @@ static int parse_plan(int argc, char **argv, plan_opts *o, bool bench)
     o->baseline_tensors = 1200;
     const char *files[2] = {0};
     int nfiles = 0;
+    const char *cmd = bench ? "bench plan" : "plan";
+    static const char *const value_opts[] = { "--model", "--src", "--dst", "--save-src",
+                                              "--save-dst", "--gpus-per-node", "--runs",
+                                              "--dst-rank", "--nic", "--nics-per-node",
+                                              "--baseline-tensors", NULL };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (cli_is_help(a))
+            return CLI_HELP;
         if (!strcmp(a, "--json")) {
             o->json = true;
             continue;
@@ -57,12 +66,12 @@ static int parse_plan(int argc, char **argv, plan_opts *o, bool bench)
         }
         if (a[0] != '-') {
             if (bench || nfiles == 2)
-                return usage_plan(bench);
+                return cli_bad_arg(cmd, a, NULL);
             files[nfiles++] = a;
             continue;
         }
         if (!v)
-            return usage_plan(bench);
+            return cli_bad_arg(cmd, a, value_opts);
         uint64_t n;
         int rc = 0;
         if (!strcmp(a, "--model"))
@@ -91,9 +100,9 @@ static int parse_plan(int argc, char **argv, plan_opts *o, bool bench)
             if ((rc = cli_opt_uint(a, v, 0, 100000000, &n)) == 0)
                 o->baseline_tensors = (size_t)n;
         } else
-            return usage_plan(bench);
+            return cli_bad_arg(cmd, a, NULL);
         if (rc < 0)
-            return usage_plan(bench);
+            return -1;
         i++;
     }
     if (nfiles == 2 && !o->model && !o->src && !o->dst) {
@@ -101,8 +110,11 @@ static int parse_plan(int argc, char **argv, plan_opts *o, bool bench)
         o->dst = files[1];
         return 0;
     }
-    if (nfiles || !o->model || !o->src || !o->dst)
-        return usage_plan(bench);
+    if (nfiles || !o->model || !o->src || !o->dst) {
+        fprintf(stderr, "ferry %s: wants --model, --src and --dst%s\n", cmd,
+                bench ? "" : ", or two manifest files");
+        return -1;
+    }
     return 0;
 }
 
@@ -242,8 +254,9 @@ int cmd_plan(int argc, char **argv)
         return 0;
     }
     plan_opts o;
-    if (parse_plan(argc, argv, &o, false))
-        return 2;
+    int pr = parse_plan(argc, argv, &o, false);
+    if (pr != 0)
+        return cli_usage_exit(pr, usage_plan_cmd);
     if (o.nic)
         return cli_plan_model(o.model, o.src, o.dst, o.gpn, o.nic, o.nics, o.json);
     ferry_manifest *src, *dst;
@@ -347,8 +360,9 @@ static uint64_t naive_regions(const box *s, size_t ns, const box *t, size_t nt)
 int cmd_bench_plan(int argc, char **argv)
 {
     plan_opts o;
-    if (parse_plan(argc, argv, &o, true))
-        return 2;
+    int pr = parse_plan(argc, argv, &o, true);
+    if (pr != 0)
+        return cli_usage_exit(pr, usage_bench_plan);
     ferry_manifest *src, *dst;
     uint64_t mb = 0;
     double t0 = cli_now();

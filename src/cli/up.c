@@ -6,7 +6,11 @@
  *   master/       the master's log and snapshots
  *   master.addr   HOST:PORT of the running master
  *   node.ready    the node's segment id once mounted
- *   up.pids       master and node pids of a detached cluster
+ *   up.lock       held (flock) by `ferry up` and inherited by its master and
+ *                 node: while any of them runs, another `ferry up` on the
+ *                 directory is refused before it changes anything
+ *   up.pids       master and node of a detached cluster: pid, start time and
+ *                 command line each, so `ferry down` signals only them
  *   master.log, node.log   output of a detached cluster */
 #include <errno.h>
 #include <fcntl.h>
@@ -15,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -47,35 +52,71 @@ static void default_dir(char *out, size_t cap)
         snprintf(out, cap, "%s/.ferry", getenv("HOME") ? getenv("HOME") : ".");
 }
 
+/* up, down and status each take their own options: 0, CLI_HELP or -1. */
 static int parse(const char *cmd, int argc, char **argv, up_opts *o)
 {
     memset(o, 0, sizeof *o);
     default_dir(o->dir, sizeof o->dir);
     snprintf(o->listen, sizeof o->listen, "127.0.0.1:0");
     o->size = 1ull << 30;
+    bool up = !strcmp(cmd, "up"), status = !strcmp(cmd, "status");
+    static const char *const up_vals[] = { "--dir", "--size", "--listen", NULL };
+    static const char *const status_vals[] = { "--dir", "--master", NULL };
+    static const char *const down_vals[] = { "--dir", NULL };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--detach"))
+        if (cli_is_help(a))
+            return CLI_HELP;
+        if (up && !strcmp(a, "--detach"))
             o->detach = true;
-        else if (!strcmp(a, "--json"))
+        else if (status && !strcmp(a, "--json"))
             o->json = true;
-        else if (!strcmp(a, "--help") || !strcmp(a, "-h"))
-            return 1;
         else if (v && !strcmp(a, "--dir"))
             snprintf(o->dir, sizeof o->dir, "%s", argv[++i]);
-        else if (v && !strcmp(a, "--listen"))
+        else if (v && up && !strcmp(a, "--listen"))
             snprintf(o->listen, sizeof o->listen, "%s", argv[++i]);
-        else if (v && !strcmp(a, "--master"))
+        else if (v && status && !strcmp(a, "--master"))
             snprintf(o->master, sizeof o->master, "%s", argv[++i]);
-        else if (v && !strcmp(a, "--size")) {
+        else if (v && up && !strcmp(a, "--size")) {
             if (cli_opt_size(a, argv[++i], 1u << 20, UINT64_MAX, &o->size) < 0)
                 return -1;
         } else {
-            fprintf(stderr, "ferry %s: unknown option or missing value: %s\n", cmd, a);
-            return -1;
+            return cli_bad_arg(cmd, a, up ? up_vals : status ? status_vals : down_vals);
         }
     }
     return 0;
+}
+
+static void up_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: ferry up [--dir DIR] [--size SIZE (1G)] [--listen HOST:PORT (127.0.0.1:0)] [--detach]\n"
+            "\n"
+            "Start a master and a node on this machine (state in DIR, default $FERRY_HOME or\n"
+            "~/.ferry; a token is generated there once) and print the line that points clients\n"
+            "at it. It stays in the foreground; Ctrl-C stops both. --detach returns at once\n"
+            "and leaves them running for `ferry down`. A --size above the memory this machine\n"
+            "(and its cgroup) has available is refused before anything starts, and so is a\n"
+            "second `ferry up` on a DIR whose cluster runs.\n");
+}
+
+static void down_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: ferry down [--dir DIR]\n"
+            "\n"
+            "Stop the master and the node that `ferry up --detach` started in DIR. A recorded\n"
+            "pid that now belongs to another process (same pid, other start time or command\n"
+            "line) is left alone.\n");
+}
+
+static void status_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: ferry status [--dir DIR | --master HOST:PORT] [--json]\n"
+            "\n"
+            "Segments (size, used, objects, attached), nodes, clients, objects and the KV\n"
+            "revision of the running master (DIR/master.addr, or --master).\n");
 }
 
 static int read_small(const char *path, char *out, size_t cap)
@@ -107,9 +148,12 @@ static int ensure_token(const char *dir, char *path, size_t cap)
     return w == (ssize_t)strlen(t) ? 0 : -1;
 }
 
-/* Start `ferry ARGS...`. A detached child gets its own session and writes
- * to log (so that nothing holds our caller's terminal or pipes open). */
-static pid_t spawn(const char *const *args, bool detach, const char *log)
+/* ---- starting and stopping ------------------------------------------------------------------- */
+
+/* Start `ferry ARGS...`; it inherits keep_fd (the directory's lock). A
+ * detached child gets its own session and writes to log (so that nothing
+ * holds our caller's terminal or pipes open). */
+static pid_t spawn(const char *const *args, bool detach, const char *log, int keep_fd)
 {
     pid_t p = fork();
     if (p == 0) {
@@ -120,6 +164,8 @@ static pid_t spawn(const char *const *args, bool detach, const char *log)
             if (in < 0 || out < 0 || dup2(in, 0) < 0 || dup2(out, 1) < 0 || dup2(out, 2) < 0)
                 _exit(127);
         }
+        if (keep_fd >= 0 && fcntl(keep_fd, F_SETFD, 0) < 0)
+            _exit(127);
         execv("/proc/self/exe", (char *const *)args);
         _exit(127);
     }
@@ -127,16 +173,17 @@ static pid_t spawn(const char *const *args, bool detach, const char *log)
 }
 
 /* Wait for a file to appear (the child writes it once ready) or the child
- * to exit; deadline in seconds. */
-static int wait_file(const char *path, pid_t child, double secs, char *out, size_t cap)
+ * to exit; deadline in seconds. 0: ready; 1: the child exited (*status,
+ * reaped); -1: neither within the deadline. */
+static int wait_file(const char *path, pid_t child, double secs, char *out, size_t cap,
+                     int *status)
 {
     double end = cli_now() + secs;
     while (cli_now() < end) {
         if (read_small(path, out, cap) == 0)
             return 0;
-        int st;
-        if (waitpid(child, &st, WNOHANG) == child)
-            return -1;
+        if (waitpid(child, status, WNOHANG) == child)
+            return 1;
         struct timespec ts = { 0, 20 * 1000 * 1000 };
         nanosleep(&ts, NULL);
     }
@@ -158,40 +205,137 @@ static void stop_child(pid_t p)
     waitpid(p, NULL, 0);
 }
 
-static void up_usage(FILE *f)
+/* Why a child did not come up, with what its log says when it has one. */
+static void explain_start(const char *who, int w, int status, uint64_t oom0, double secs,
+                          bool detach, const char *log)
 {
-    fprintf(f,
-            "usage: ferry up [--dir DIR] [--size SIZE] [--listen HOST:PORT] [--detach]\n"
-            "       ferry down [--dir DIR]\n"
-            "       ferry status [--dir DIR | --master HOST:PORT] [--json]\n"
-            "\n"
-            "up starts a master and a node on this machine (state in DIR, default\n"
-            "$FERRY_HOME or ~/.ferry; a token is generated there once) and prints the\n"
-            "line that points clients at it. It stays in the foreground; Ctrl-C stops\n"
-            "both. --detach returns at once and leaves them running for `ferry down`.\n");
+    char why[160];
+    if (w == 1) {
+        cli_exit_reason(status, oom0, " at start", why, sizeof why);
+        fprintf(stderr, "ferry up: the %s %s; nothing is left running\n", who, why);
+    } else {
+        fprintf(stderr, "ferry up: the %s was not ready after %.0f s; stopped, nothing is left "
+                "running\n", who, secs);
+    }
+    if (detach)
+        cli_print_log_tail(stderr, log, 8);
+    else
+        fprintf(stderr, "  (its own messages, if any, are above)\n");
+}
+
+/* --size against what the machine (and its cgroup) can give now. */
+static int check_size(const up_opts *o)
+{
+    cli_mem m;
+    if (cli_mem_probe("/proc", "/sys/fs/cgroup", &m) < 0 || o->size <= cli_mem_headroom(&m))
+        return 0;
+    char a[32], b[32] = "unknown", c[32], d[32], e[32];
+    cli_fmt_size(o->size, a, sizeof a);
+    if (m.avail != UINT64_MAX)
+        cli_fmt_size(m.avail, b, sizeof b);
+    if (m.cg)
+        fprintf(stderr, "ferry up: --size %s is more than this machine can give a node now: "
+                "MemAvailable is %s, and the cgroup limit of %s (%s) has %s in use, leaving %s. "
+                "Nothing was started; choose a smaller --size.\n", a, b,
+                cli_fmt_size(m.cg_limit, c, sizeof c), m.cg_file,
+                cli_fmt_size(m.cg_used, d, sizeof d),
+                cli_fmt_size(m.cg_limit - m.cg_used, e, sizeof e));
+    else
+        fprintf(stderr, "ferry up: --size %s is more than this machine can give a node now: "
+                "MemAvailable is %s (/proc/meminfo) and no cgroup memory limit applies. "
+                "Nothing was started; choose a smaller --size.\n", a, b);
+    return -1;
+}
+
+/* Why DIR/up.lock is held: the detached cluster of up.pids, or another up. */
+static void explain_running(const char *dir, const char *pidf, const char *addrf)
+{
+    cli_pidrec r[2];
+    cli_proc now;
+    char addr[128] = "";
+    (void)read_small(addrf, addr, sizeof addr);
+    if (cli_pids_read(pidf, r) == 0 && cli_pids_check(&r[0], dir, &now) == CLI_P_OURS)
+        fprintf(stderr, "ferry up: a cluster started with --detach runs in %s already (master "
+                "%s, pid %d; node pid %d); nothing was changed. `ferry down --dir %s` stops "
+                "it.\n", dir, addr[0] ? addr : "?", r[0].p.pid, r[1].p.pid, dir);
+    else
+        fprintf(stderr, "ferry up: another `ferry up` holds %s/up.lock (one in the foreground, "
+                "or the master or node of one that was killed%s%s); nothing was changed.\n",
+                dir, addr[0] ? ": master " : "", addr);
+}
+
+/* Take DIR/up.lock: its fd, -2 when it is held, -1 on an error. */
+static int take_lock(const char *dir)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/up.lock", dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return -1;
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+        return fd;
+    int e = errno;
+    close(fd);
+    errno = e;
+    return e == EWOULDBLOCK ? -2 : -1;
+}
+
+/* A cluster recorded in up.pids still running (one started before up.lock
+ * existed): refuse. A stale record goes. */
+static int check_old_pids(const char *dir, const char *pidf, const char *addrf)
+{
+    cli_pidrec r[2];
+    if (cli_pids_read(pidf, r) < 0) {
+        (void)remove(pidf);
+        return 0;
+    }
+    cli_proc now;
+    for (int k = 0; k < 2; k++)
+        if (cli_pids_check(&r[k], dir, &now) == CLI_P_OURS) {
+            explain_running(dir, pidf, addrf);
+            return -1;
+        }
+    fprintf(stderr, "ferry up: removed a stale %s (its processes are gone)\n", pidf);
+    (void)remove(pidf);
+    return 0;
 }
 
 int cmd_up(int argc, char **argv)
 {
     up_opts o;
     int pr = parse("up", argc, argv, &o);
-    if (pr != 0) {
-        up_usage(pr > 0 ? stdout : stderr);
-        return pr > 0 ? 0 : 2;
-    }
+    if (pr != 0)
+        return cli_usage_exit(pr, up_usage);
+    if (check_size(&o) < 0)
+        return 1;
     char tok[4200], mdir[4200], addrf[4200], readyf[4200], pidf[4200], addr[128], seg[64];
     char sizes[32];
     snprintf(mdir, sizeof mdir, "%s/master", o.dir);
     snprintf(addrf, sizeof addrf, "%s/master.addr", o.dir);
     snprintf(readyf, sizeof readyf, "%s/node.ready", o.dir);
     snprintf(pidf, sizeof pidf, "%s/up.pids", o.dir);
-    if ((mkdir(o.dir, 0700) != 0 && errno != EEXIST) || ensure_token(o.dir, tok, sizeof tok)) {
-        fprintf(stderr, "ferry up: cannot prepare %s: %s\n", o.dir, strerror(errno));
+    if (mkdir(o.dir, 0700) != 0 && errno != EEXIST) {
+        fprintf(stderr, "ferry up: cannot make %s: %s\n", o.dir, strerror(errno));
         return 1;
     }
-    if (access(pidf, F_OK) == 0)
-        fprintf(stderr, "ferry up: %s exists: a detached cluster may still run (ferry down)\n",
-                pidf);
+    int lock = take_lock(o.dir);
+    if (lock == -2) {
+        explain_running(o.dir, pidf, addrf);
+        return 1;
+    }
+    if (lock < 0) {
+        fprintf(stderr, "ferry up: cannot lock %s/up.lock: %s\n", o.dir, strerror(errno));
+        return 1;
+    }
+    if (check_old_pids(o.dir, pidf, addrf) < 0) {
+        close(lock);
+        return 1;
+    }
+    if (ensure_token(o.dir, tok, sizeof tok) < 0) {
+        fprintf(stderr, "ferry up: cannot write the token %s: %s\n", tok, strerror(errno));
+        close(lock);
+        return 1;
+    }
     remove(addrf);
     remove(readyf);
     snprintf(sizes, sizeof sizes, "%llu", (unsigned long long)o.size);
@@ -200,21 +344,26 @@ int cmd_up(int argc, char **argv)
     char mlog[4200], nlog[4200];
     snprintf(mlog, sizeof mlog, "%s/master.log", o.dir);
     snprintf(nlog, sizeof nlog, "%s/node.log", o.dir);
-    pid_t mp = spawn(margs, o.detach, mlog);
-    if (mp < 0 || wait_file(addrf, mp, 15, addr, sizeof addr) != 0) {
-        fprintf(stderr, "ferry up: the master did not start (see %s)\n",
-                o.detach ? mlog : "its errors above");
-        stop_child(mp);
+    uint64_t oom0 = cli_oom_kills();
+    int st = 0;
+    pid_t mp = spawn(margs, o.detach, mlog, lock);
+    int w = mp < 0 ? 1 : wait_file(addrf, mp, 15, addr, sizeof addr, &st);
+    if (w != 0) {
+        explain_start("master", w, st, oom0, 15, o.detach, mlog);
+        if (w < 0)
+            stop_child(mp);
         return 1;
     }
     const char *nargs[] = { "ferry", "node", "--master", addr, "--size", sizes,
                             "--token-file", tok, "--ready-file", readyf, NULL };
-    pid_t np = spawn(nargs, o.detach, nlog);
-    if (np < 0 || wait_file(readyf, np, 60, seg, sizeof seg) != 0) {
-        fprintf(stderr, "ferry up: the node did not start (see %s)\n",
-                o.detach ? nlog : "its errors above");
-        stop_child(np);
+    pid_t np = spawn(nargs, o.detach, nlog, lock);
+    w = np < 0 ? 1 : wait_file(readyf, np, 60, seg, sizeof seg, &st);
+    if (w != 0) {
+        explain_start("node", w, st, oom0, 60, o.detach, nlog);
+        if (w < 0)
+            stop_child(np);
         stop_child(mp);
+        remove(addrf);
         return 1;
     }
     printf("ferry up: master at %s, node segment %s (%s), state in %s\n", addr, seg,
@@ -222,9 +371,9 @@ int cmd_up(int argc, char **argv)
     printf("export FERRY_MASTER=%s FERRY_TOKEN_FILE=%s\n", addr, tok);
     fflush(stdout);
     if (o.detach) {
-        char text[64];
-        snprintf(text, sizeof text, "%d %d\n", (int)mp, (int)np);
-        if (cli_write_file_atomic(pidf, text) != 0) {
+        cli_proc pm, pn;
+        if (cli_proc_read(mp, &pm) < 0 || cli_proc_read(np, &pn) < 0 ||
+            cli_pids_write(pidf, &pm, &pn) != 0) {
             fprintf(stderr, "ferry up: cannot write %s; stopping\n", pidf);
             stop_child(np);
             stop_child(mp);
@@ -238,10 +387,11 @@ int cmd_up(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     int rc = 0;
     while (!g_stop) {
-        int st;
         pid_t p = waitpid(-1, &st, 0);
         if (p == mp || p == np) {
-            fprintf(stderr, "ferry up: the %s exited; stopping\n", p == mp ? "master" : "node");
+            char why[160];
+            cli_exit_reason(st, oom0, "", why, sizeof why);
+            fprintf(stderr, "ferry up: the %s %s; stopping\n", p == mp ? "master" : "node", why);
             if (p == mp)
                 mp = -1;
             else
@@ -261,27 +411,57 @@ int cmd_down(int argc, char **argv)
 {
     up_opts o;
     int pr = parse("down", argc, argv, &o);
-    if (pr != 0) {
-        up_usage(pr > 0 ? stdout : stderr);
-        return pr > 0 ? 0 : 2;
-    }
-    char pidf[4200], text[64];
+    if (pr != 0)
+        return cli_usage_exit(pr, down_usage);
+    char pidf[4200], f[4200];
     snprintf(pidf, sizeof pidf, "%s/up.pids", o.dir);
-    int mp = 0, np = 0;
-    if (read_small(pidf, text, sizeof text) != 0 || sscanf(text, "%d %d", &mp, &np) != 2) {
+    cli_pidrec r[2];
+    if (cli_pids_read(pidf, r) != 0) {
         fprintf(stderr, "ferry down: no detached cluster in %s\n", o.dir);
         return 1;
     }
-    stop_child(np);
-    stop_child(mp);
+    int stopped = 0, failed = 0, which = 0;
+    for (int k = 1; k >= 0; k--) {   /* the node first: it unmounts from a live master */
+        cli_proc now;
+        int fd = r[k].p.pid > 0 ? cli_proc_open(r[k].p.pid) : -1;
+        int st = fd < 0 && errno == ESRCH ? CLI_P_GONE : cli_pids_check(&r[k], o.dir, &now);
+        char shown[200];
+        if (st == CLI_P_OURS && cli_proc_stop(fd, r[k].p.pid) == 0) {
+            stopped++;
+            which = k;
+        } else if (st == CLI_P_OURS) {
+            fprintf(stderr, "ferry down: the %s (pid %d) did not stop\n", r[k].role, r[k].p.pid);
+            failed++;
+        } else if (st == CLI_P_GONE) {
+            fprintf(stderr, "ferry down: the %s (pid %d) was not running any more\n", r[k].role,
+                    r[k].p.pid);
+        } else {
+            fprintf(stderr, "ferry down: pid %d is not the %s that `ferry up` started in %s any "
+                    "more (it is now `%s`); left alone\n", r[k].p.pid, r[k].role, o.dir,
+                    cli_proc_show(&now, shown, sizeof shown));
+        }
+        if (fd >= 0)
+            close(fd);
+    }
+    if (failed)
+        return 1;
     remove(pidf);
-    char f[4200];
     snprintf(f, sizeof f, "%s/master.addr", o.dir);
     remove(f);
     snprintf(f, sizeof f, "%s/node.ready", o.dir);
     remove(f);
-    printf("ferry down: stopped the master (pid %d) and the node (pid %d)\n", mp, np);
-    return 0;
+    if (stopped == 2) {
+        printf("ferry down: stopped the master (pid %d) and the node (pid %d)\n", r[0].p.pid,
+               r[1].p.pid);
+        return 0;
+    }
+    if (stopped == 1) {
+        printf("ferry down: stopped the %s (pid %d)\n", r[which].role, r[which].p.pid);
+        return 0;
+    }
+    fprintf(stderr, "ferry down: no cluster of %s was running; its stale up.pids is removed\n",
+            o.dir);
+    return 1;
 }
 
 static void print_status(json_t *j)
@@ -314,10 +494,8 @@ int cmd_status(int argc, char **argv)
 {
     up_opts o;
     int pr = parse("status", argc, argv, &o);
-    if (pr != 0) {
-        up_usage(pr > 0 ? stdout : stderr);
-        return pr > 0 ? 0 : 2;
-    }
+    if (pr != 0)
+        return cli_usage_exit(pr, status_usage);
     ferry_store_config cfg;
     ferry_store_config_init(&cfg);
     char f[4200], addr[128];

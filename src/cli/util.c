@@ -112,6 +112,33 @@ int cli_opt_size(const char *opt, const char *v, uint64_t min, uint64_t max, uin
     return -1;
 }
 
+bool cli_is_help(const char *a)
+{
+    return !strcmp(a, "-h") || !strcmp(a, "--help");
+}
+
+int cli_bad_arg(const char *cmd, const char *a, const char *const *value_opts)
+{
+    for (size_t i = 0; value_opts && value_opts[i]; i++)
+        if (!strcmp(a, value_opts[i])) {
+            fprintf(stderr, "ferry %s: %s needs a value\n", cmd, a);
+            return -1;
+        }
+    fprintf(stderr, "ferry %s: unknown %s '%s'\n", cmd, a[0] == '-' ? "option" : "argument", a);
+    return -1;
+}
+
+int cli_usage_exit(int pr, void (*usage)(FILE *f))
+{
+    if (pr == CLI_HELP) {
+        usage(stdout);
+        return 0;
+    }
+    fputc('\n', stderr);
+    usage(stderr);
+    return 2;
+}
+
 const char *cli_fmt_size(uint64_t n, char *buf, size_t len)
 {
     static const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -194,6 +221,12 @@ int cli_target_start(cli_target *t, const char *self, uint64_t size, const char 
     if (pid < 0)
         return FERRY_EIO;
     if (pid == 0) {
+        /* a demo's parent blocks these for its signal thread; exec keeps the mask */
+        sigset_t set;
+        sigemptyset(&set);
+        sigaddset(&set, SIGINT);
+        sigaddset(&set, SIGTERM);
+        sigprocmask(SIG_UNBLOCK, &set, NULL);
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         dup2(in[0], 0);
         dup2(out[1], 1);

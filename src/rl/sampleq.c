@@ -5,15 +5,16 @@
  *
  * Keys of queue Q:
  *   ferry/rl/Q/<version, 20 digits>/<uid, 16 hex>   the payload object
- *   ferry/rl/Q/claim/<uid>                          KV: the record id training it
+ *   ferry/rl/Q/claim/<uid>                          KV: the delivery training it
  *   queue "Q" (samples), queue "Q.recompute" (sent back to the rollout side)
  *
  * Exactly-once training: a push interrupted by a master restart is retried,
  * so one sample (uid) may sit in the queue as two records. The first record
- * to be admitted claims the uid with a compare-and-swap; a later record of
- * the same uid finds the claim held by another record id and is acked away
- * as a duplicate, while a redelivery of the same record (a lapsed lease)
- * finds its own id and proceeds. */
+ * popped claims the uid with a compare-and-swap; a later record of the same
+ * uid finds the claim held by another record id and is acked away as a
+ * duplicate, while a redelivery of the same record (a lapsed lease) takes
+ * the claim over. An ack commits in the claim first, then removes the
+ * payload, then acks the record (sampleq_claim.c). */
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -25,41 +26,8 @@
 #include "base/base.h"
 #include "ferry/samples.h"
 #include "rl/rl_int.h"
+#include "rl/sampleq_int.h"
 
-#define DEFERRED_MAX 4096
-
-typedef struct claim { uint64_t version; char key[300]; } claim;
-typedef struct deferred { uint64_t after_ms; char key[FERRY_RECORD_REF_MAX + 1]; } deferred;
-
-struct ferry_sample_queue {
-    ferry_store *s;
-    ferry_sample_queue_config cfg;
-    char recompute[160];
-    ferry_sample_stats st;
-    claim *claims; size_t nclaims, capclaims;
-    deferred *def; size_t ndef;
-};
-
-static uint64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-static bool retryable(int rc)
-{
-    return rc == FERRY_ECONNRESET || rc == FERRY_ECONNREFUSED || rc == -EPIPE ||
-           rc == -ENOTCONN;
-}
-
-/* Back off before a retry: 2 ms doubling to 100 ms. */
-static void backoff(unsigned *ms)
-{
-    struct timespec ts = { 0, (long)*ms * 1000000L };
-    nanosleep(&ts, NULL);
-    *ms = *ms < 50 ? *ms * 2 : 100;
-}
 
 int ferry_sample_queue_open(ferry_store *s, const ferry_sample_queue_config *cfg,
                             ferry_sample_queue **out, ferry_error *err)
@@ -94,13 +62,13 @@ int ferry_sample_queue_open(ferry_store *s, const ferry_sample_queue_config *cfg
     return 0;
 }
 
-static void retry_deferred(ferry_sample_queue *q, bool all);
-
 void ferry_sample_queue_close(ferry_sample_queue *q)
 {
     if (!q)
         return;
-    retry_deferred(q, true);   /* a removal still refused now stays with the version's prefix */
+    /* A record whose payload is still leased by a reader stays leased; it is
+     * delivered again once its lease lapses and finished by whoever pops it. */
+    fr_sq_retry_deferred(q, true);
     free(q->claims);
     free(q->def);
     free(q);
@@ -116,38 +84,6 @@ void ferry_sample_clear(ferry_sample *smp)
 {
     if (smp)
         ferry_rollout_session_clear(&smp->session);
-}
-
-/* ---- payload removal (a read lease may hold it for a few seconds) ------------------- */
-
-static void remove_payload(ferry_sample_queue *q, const char *key)
-{
-    if (!key[0])
-        return;
-    int rc = ferry_store_remove(q->s, key);
-    if (rc != FERRY_EBUSY || q->ndef >= DEFERRED_MAX)
-        return;
-    if (!q->def && !(q->def = calloc(DEFERRED_MAX, sizeof *q->def)))
-        return;
-    deferred *d = &q->def[q->ndef++];
-    d->after_ms = wall_ms() + 100;
-    snprintf(d->key, sizeof d->key, "%s", key);
-}
-
-static void retry_deferred(ferry_sample_queue *q, bool all)
-{
-    uint64_t now = wall_ms();
-    size_t keep = 0;
-    for (size_t i = 0; i < q->ndef; i++) {
-        deferred *d = &q->def[i];
-        if ((all || d->after_ms <= now) && ferry_store_remove(q->s, d->key) == FERRY_EBUSY) {
-            d->after_ms = now + 100;
-            q->def[keep++] = *d;
-        } else if (!all && d->after_ms > now) {
-            q->def[keep++] = *d;
-        }
-    }
-    q->ndef = keep;
 }
 
 /* ---- push ------------------------------------------------------------------------------ */
@@ -237,7 +173,7 @@ static int push_record(ferry_sample_queue *q, const char *queue, const char *rec
             return fr_rl_fail(err, rc, "sample queue %s is full (bound %" PRIu64 ")", queue,
                               q->cfg.bound);
         }
-        if (rc != FERRY_EAGAIN && !retryable(rc))
+        if (rc != FERRY_EAGAIN && !fr_sq_retryable(rc))
             return fr_rl_fail(err, rc, "sample queue %s: push failed: %s", queue,
                               ferry_store_last_error());
         if (rc == FERRY_EAGAIN && !waited) {
@@ -250,7 +186,7 @@ static int push_record(ferry_sample_queue *q, const char *queue, const char *rec
             return fr_rl_fail(err, FERRY_ETIMEDOUT, "sample queue %s: %s for %" PRIu64 " ms",
                               queue, rc == FERRY_EAGAIN ? "no room" : "master unreachable",
                               q->cfg.push_timeout_ms);
-        backoff(&wait);
+        fr_sq_backoff(&wait);
     }
 }
 
@@ -297,15 +233,15 @@ int ferry_sample_push(ferry_sample_queue *q, ferry_rollout_session *rs,
         rc = ferry_store_put_struct(q->s, key, m, data, nm, &rc1);
         if (rc == 0)
             break;
-        if (!retryable(rc) || fr_now_ns() >= dl)
+        if (!fr_sq_retryable(rc) || fr_now_ns() >= dl)
             return fr_rl_fail(err, rc, "sample_push: storing the payload of '%s': %s",
                               rs->session_id, ferry_store_last_error());
         q->st.push_retries++;
-        backoff(&wait);
+        fr_sq_backoff(&wait);
     }
     snprintf(rs->status, sizeof rs->status, "ready_for_update");
     char *rec = NULL;
-    rc = envelope(rs, uid, wall_ms(), d, key, &rec);
+    rc = envelope(rs, uid, fr_sq_wall_ms(), d, key, &rec);
     if (rc < 0) {
         (void)ferry_store_remove(q->s, key);
         return fr_rl_fail(err, rc, "sample_push: the record of session '%s' cannot be encoded",
@@ -324,92 +260,22 @@ int ferry_sample_push(ferry_sample_queue *q, ferry_rollout_session *rs,
 
 /* ---- pop ---------------------------------------------------------------------------------- */
 
-static int ack_retry(ferry_sample_queue *q, uint64_t id, uint32_t token)
+/* Stale sample, its claim already taken as done (fr_sq_take: a
+ * compare-and-swap, so if a lapsed lease let the record go to a second
+ * consumer only one of the two acts, and there are never two recompute
+ * requests): drop it, or hand it back to the rollout side, then finish the
+ * record. A recompute request that cannot be pushed is counted dropped,
+ * with a warning. */
+static void reject(ferry_sample_queue *q, ferry_sample *smp)
 {
-    unsigned wait = 2;
-    bool retried = false;
-    uint64_t dl = fr_deadline_ns((int64_t)q->cfg.push_timeout_ms);
-    for (;;) {
-        int rc = ferry_queue_ack(q->s, id, token);
-        if (rc == FERRY_ENOENT && retried)
-            return 0;   /* the first try landed; its reply was lost */
-        if (!retryable(rc) || fr_now_ns() >= dl)
-            return rc;
-        retried = true;
-        backoff(&wait);
-    }
-}
-
-static void add_claim(ferry_sample_queue *q, uint64_t version, const char *key)
-{
-    if (q->nclaims == q->capclaims) {
-        size_t nc = q->capclaims ? q->capclaims * 2 : 256;
-        claim *n = realloc(q->claims, nc * sizeof *n);
-        if (!n)
-            return;
-        q->claims = n;
-        q->capclaims = nc;
-    }
-    q->claims[q->nclaims].version = version;
-    snprintf(q->claims[q->nclaims++].key, sizeof q->claims[0].key, "%s", key);
-}
-
-/* 1: this record may train the sample; 0: a duplicate; < 0: an error. */
-static int claim_uid(ferry_sample_queue *q, const ferry_sample *smp)
-{
-    char key[300], val[32];
-    snprintf(key, sizeof key, "ferry/rl/%s/claim/%016" PRIx64, q->cfg.queue, smp->uid);
-    snprintf(val, sizeof val, "%" PRIu64, smp->id);
-    int rc = ferry_kv_cas(q->s, key, 0, val, strlen(val), NULL);
-    if (rc == 0) {
-        add_claim(q, smp->session.policy_version, key);
-        return 1;
-    }
-    if (rc != FERRY_ESTATE)
-        return rc;
-    ferry_kv_value v = {0};
-    if ((rc = ferry_kv_get(q->s, key, &v)) < 0)
-        return rc;
-    bool mine = v.len == strlen(val) && !memcmp(v.val, val, v.len);
-    ferry_store_free(v.val);
-    return mine ? 1 : 0;
-}
-
-/* Stale sample: drop it, or hand it back to the rollout side. */
-/* Whether another record of this sample's uid holds the claim (a retried
- * push being trained elsewhere): then its payload must stay. */
-static bool claimed_elsewhere(ferry_sample_queue *q, const ferry_sample *smp)
-{
-    char key[300], val[32];
-    snprintf(key, sizeof key, "ferry/rl/%s/claim/%016" PRIx64, q->cfg.queue, smp->uid);
-    snprintf(val, sizeof val, "%" PRIu64, smp->id);
-    ferry_kv_value v = {0};
-    if (ferry_kv_get(q->s, key, &v) < 0)
-        return false;
-    bool other = !(v.len == strlen(val) && !memcmp(v.val, val, v.len));
-    ferry_store_free(v.val);
-    return other;
-}
-
-/* Stale sample: drop it, or hand it back to the rollout side. The record
- * is acked first, so only the consumer whose ack holds acts on it (a lapsed
- * lease cannot make two recompute requests); a recompute request that
- * cannot be pushed after that is counted dropped, with a warning. */
-static int reject(ferry_sample_queue *q, ferry_sample *smp, ferry_error *err)
-{
-    (void)err;
-    int rc = ack_retry(q, smp->id, smp->token);
-    if (rc < 0)
-        return 0;   /* delivered again to someone else meanwhile: theirs */
     q->st.stale++;
-    bool keep_payload = claimed_elsewhere(q, smp);
     if (q->cfg.stale_policy == FERRY_STALE_RECOMPUTE) {
         snprintf(smp->session.status, sizeof smp->session.status, "recompute");
         smp->session.prompt_ref[0] = smp->session.output_ref[0] = '\0';
         smp->session.logprob_ref[0] = smp->session.reward_ref[0] = '\0';
         char *rec = NULL;
         ferry_error e2 = {0};
-        rc = envelope(&smp->session, smp->uid, smp->pushed_at_ms, NULL, "", &rec);
+        int rc = envelope(&smp->session, smp->uid, smp->pushed_at_ms, NULL, "", &rec);
         if (rc == 0)
             rc = push_record(q, q->recompute, rec, NULL, &e2);
         free(rec);
@@ -424,9 +290,7 @@ static int reject(ferry_sample_queue *q, ferry_sample *smp, ferry_error *err)
     } else {
         q->st.dropped++;
     }
-    if (!keep_payload)
-        remove_payload(q, smp->payload);
-    return 0;
+    fr_sq_finish(q, smp->payload, smp->uid, smp->id, smp->token);
 }
 
 static int pop_from(ferry_sample_queue *q, const char *queue, bool samples, uint32_t max,
@@ -435,7 +299,7 @@ static int pop_from(ferry_sample_queue *q, const char *queue, bool samples, uint
     if (!q || !out || !n || max == 0)
         return fr_rl_fail(err, FERRY_EINVAL, "sample_pop: bad arguments");
     *n = 0;
-    retry_deferred(q, false);
+    fr_sq_retry_deferred(q, false);
     if (max > 4096)
         max = 4096;
     ferry_qrecord *recs = calloc(max, sizeof *recs);
@@ -448,7 +312,7 @@ static int pop_from(ferry_sample_queue *q, const char *queue, bool samples, uint
         return fr_rl_fail(err, rc, "sample queue %s: pop failed: %s", queue,
                           ferry_store_last_error());
     }
-    uint64_t now = wall_ms();
+    uint64_t now = fr_sq_wall_ms();
     size_t k = 0, i;
     for (i = 0; i < got; i++) {
         ferry_sample *smp = &out[k];
@@ -473,32 +337,35 @@ static int pop_from(ferry_sample_queue *q, const char *queue, bool samples, uint
             q->st.redelivered++;
         enum ferry_version_verdict vd = ferry_policy_admit(
             smp->session.policy_version, q->cfg.input_version, q->cfg.max_policy_lag);
-        if (vd == FERRY_VERSION_STALE) {
-            rc = reject(q, smp, err);
-            ferry_sample_clear(smp);
-            if (rc < 0)
-                break;
-            continue;
-        }
-        if (vd == FERRY_VERSION_AHEAD) {
+        if (vd == FERRY_VERSION_AHEAD) {   /* back, unclaimed, until the consumer catches up */
             q->st.ahead++;
             (void)ferry_queue_nack(q->s, smp->id, smp->token);
             ferry_sample_clear(smp);
             continue;
         }
-        int c = claim_uid(q, smp);
-        if (c == 0) {
-            q->st.duplicates++;
-            (void)ack_retry(q, smp->id, smp->token);   /* the payload belongs to the claimer */
+        int t = fr_sq_take(q, smp, vd == FERRY_VERSION_STALE);
+        if (t < 0) {
+            (void)ferry_queue_nack(q->s, smp->id, smp->token);
+            ferry_sample_clear(smp);
+            rc = fr_rl_fail(err, t, "sample queue %s: claiming a sample: %s", queue,
+                            ferry_store_last_error());
+            break;
+        }
+        if (t != FR_SQ_TAKEN) {
+            if (t == FR_SQ_DUPLICATE) {   /* the payload belongs to the claimer */
+                q->st.duplicates++;
+                (void)fr_sq_ack_retry(q, smp->id, smp->token);
+            } else if (t == FR_SQ_DONE) {   /* acked by a consumer that died before the end */
+                q->st.duplicates++;
+                fr_sq_finish(q, smp->payload, smp->uid, smp->id, smp->token);
+            }
             ferry_sample_clear(smp);
             continue;
         }
-        if (c < 0) {
-            (void)ferry_queue_nack(q->s, smp->id, smp->token);
+        if (vd == FERRY_VERSION_STALE) {
+            reject(q, smp);
             ferry_sample_clear(smp);
-            rc = fr_rl_fail(err, c, "sample queue %s: claiming a sample: %s", queue,
-                            ferry_store_last_error());
-            break;
+            continue;
         }
         q->st.admitted++;
         k++;
@@ -567,19 +434,26 @@ int ferry_sample_ack(ferry_sample_queue *q, const ferry_sample *smp, size_t n, b
     int first = 0;
     size_t nstale = 0;
     for (size_t i = 0; i < n; i++) {
-        int rc = ack_retry(q, smp[i].id, smp[i].token);
+        const ferry_sample *x = &smp[i];
+        int rc;
+        if (!x->payload[0]) {   /* a recompute request: a record and nothing else */
+            rc = fr_sq_ack_retry(q, x->id, x->token);
+        } else {
+            rc = fr_sq_mark_done(q, x);
+            if (rc == 0)
+                fr_sq_finish(q, x->payload, x->uid, x->id, x->token);
+        }
         if (ok)
             ok[i] = rc == 0;
         if (rc == 0) {
             q->st.acked++;
-            remove_payload(q, smp[i].payload);
         } else if (rc == FERRY_ESTALE || rc == FERRY_ENOENT) {
             q->st.ack_stale++;
             nstale++;
             if (!first)
                 first = FERRY_ESTALE;
         } else if (!first || first == FERRY_ESTALE) {
-            first = fr_rl_fail(err, rc, "sample_ack: sample '%s': %s", smp[i].session.session_id,
+            first = fr_rl_fail(err, rc, "sample_ack: sample '%s': %s", x->session.session_id,
                                ferry_store_last_error());
         }
     }
@@ -607,17 +481,7 @@ void ferry_sample_queue_set_version(ferry_sample_queue *q, uint64_t input_versio
     if (!q)
         return;
     q->cfg.input_version = input_version;
-    /* Claims of versions now beyond the lag window can go: a duplicate of
-     * such a sample is stale and never trained. */
-    size_t keep = 0;
-    for (size_t i = 0; i < q->nclaims; i++) {
-        claim *c = &q->claims[i];
-        if (c->version + q->cfg.max_policy_lag < input_version)
-            (void)ferry_kv_delete(q->s, c->key, 0, NULL);
-        else
-            q->claims[keep++] = *c;
-    }
-    q->nclaims = keep;
+    fr_sq_drop_claims(q, input_version);
 }
 
 /* ---- the KV-reuse gate ------------------------------------------------------------------ */

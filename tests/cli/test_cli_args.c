@@ -1,7 +1,9 @@
-/* The CLI's numeric options through the built binary: a bad value (trailing
+/* The CLI's options through the built binary: a bad value (trailing
  * characters, no digits, a sign, out of range) is refused before anything
  * starts, with exit status 2 and one line that names the option and the
- * value; a good one still works. Every command here would start processes
+ * value; a good one still works; every command's -h/--help prints its
+ * usage to stdout and exits 0 without starting anything; an unknown option
+ * is a usage error naming it, exit 2. Every command here would start processes
  * (a cluster, workers, a benchmark) if its value were taken, so each runs
  * under `timeout` and must return at once. */
 #include <setjmp.h>
@@ -128,6 +130,118 @@ static void test_master_node_up(void **state)
     ft_run(out, sizeof out, "rm -rf '%s'", dir);
 }
 
+/* ---- -h/--help and unknown options -------------------------------------------------------- */
+
+/* The commands and the first words of their usage. Each would start
+ * processes (a cluster, workers, a benchmark) if it ran. */
+static const char *const cmds[][2] = {
+    { "demo", "usage: ferry demo " },
+    { "demo rl", "usage: ferry demo rl " },
+    { "demo --sparse", "usage: ferry demo --sparse " },
+    { "demo engine", "usage: ferry demo engine " },
+    { "bench", "usage: ferry bench " },
+    { "bench engine", "usage: ferry bench engine " },
+    { "bench store", "usage: ferry bench store " },
+    { "bench weights", "usage: ferry bench weights " },
+    { "bench plan", "usage: ferry bench plan " },
+    { "bench exec", "usage: ferry bench exec " },
+    { "bench sparse", "usage: ferry bench sparse " },
+    { "up", "usage: ferry up " },
+    { "down", "usage: ferry down " },
+    { "status", "usage: ferry status " },
+    { "master", "usage: ferry master " },
+    { "node", "usage: ferry node " },
+    { "plan", "usage: ferry plan " },
+    { "token", "usage: ferry token" },
+    { "version", "usage: ferry version" },
+};
+
+static char err[1 << 16];
+
+/* `ferry ARGS`: its stdout in out, its stderr in err, its exit status. */
+static int run_split(const char *args, double *secs)
+{
+    char path[] = "/tmp/ferry-cli-err-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    double t0 = now();
+    int st = ft_run(out, sizeof out, "timeout 60 %s %s 2>%s", ft_ferry_bin(), args, path);
+    *secs = now() - t0;
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(err, 1, sizeof err - 1, f) : 0;
+    err[n] = 0;
+    if (f)
+        fclose(f);
+    unlink(path);
+    return st;
+}
+
+/* -h and --help, also after other options: the usage on stdout, nothing
+ * on stderr, exit 0, at once (nothing started: a started demo, cluster or
+ * benchmark runs far longer, and prints its banner on stderr first). */
+static void test_help(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/ferry-cli-help-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        const char *forms[] = { "--help", "-h", "--json --help" };
+        for (size_t k = 0; k < 3; k++) {
+            bool json = k == 2;
+            if (json && strncmp(cmds[i][0], "demo", 4) && strcmp(cmds[i][0], "status"))
+                continue;   /* --json first: only where it is an option */
+            char args[256];
+            snprintf(args, sizeof args, "%s %s", cmds[i][0], forms[k]);
+            if (!strcmp(cmds[i][0], "up") || !strcmp(cmds[i][0], "down") ||
+                !strcmp(cmds[i][0], "master"))
+                snprintf(args, sizeof args, "%s --dir %s/%s %s", cmds[i][0], dir, cmds[i][0],
+                         forms[k]);
+            double dt;
+            int st = run_split(args, &dt);
+            fprintf(stderr, "ferry %s -> %d in %.2f s: %.*s | stderr: %.*s\n", args, st, dt,
+                    (int)strcspn(out, "\n"), out, (int)strcspn(err, "\n"), err);
+            assert_int_equal(st, 0);
+            assert_true(dt < 15);
+            assert_int_equal(strncmp(out, cmds[i][1], strlen(cmds[i][1])), 0);
+            assert_string_equal(err, "");
+        }
+    }
+    /* nothing was made in the state directories either */
+    int st = ft_run(out, sizeof out, "ls -A '%s'", dir);
+    assert_int_equal(st, 0);
+    assert_string_equal(out, "");
+    ft_run(out, sizeof out, "rm -rf '%s'", dir);
+    /* and the top level */
+    double dt;
+    assert_int_equal(run_split("--help", &dt), 0);
+    assert_int_equal(strncmp(out, "usage: ferry <command>", 22), 0);
+}
+
+/* An option no command knows: exit 2, nothing on stdout, a first line on
+ * stderr that names it. */
+static void test_unknown_option(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        char args[256];
+        snprintf(args, sizeof args, "%s --no-such-option 3", cmds[i][0]);
+        double dt;
+        int st = run_split(args, &dt);
+        fprintf(stderr, "ferry %s -> %d in %.2f s: %.*s\n", args, st, dt,
+                (int)strcspn(err, "\n"), err);
+        assert_int_equal(st, 2);
+        assert_true(dt < 15);
+        assert_string_equal(out, "");
+        const char *nl = strchr(err, '\n'), *q = strstr(err, "--no-such-option");
+        assert_true(q && nl && q < nl);
+    }
+    /* a value option given last, without its value */
+    double dt;
+    assert_int_equal(run_split("demo rl --steps", &dt), 2);
+    assert_int_equal(strncmp(err, "ferry demo rl: --steps needs a value", 36), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -136,6 +250,8 @@ int main(void)
         cmocka_unit_test(test_bench),
         cmocka_unit_test(test_plan),
         cmocka_unit_test(test_master_node_up),
+        cmocka_unit_test(test_help),
+        cmocka_unit_test(test_unknown_option),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

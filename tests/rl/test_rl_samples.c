@@ -564,6 +564,150 @@ static void test_redelivery_after_kill9(void **state)
     ferry_sample_queue_close(q);
 }
 
+/* ---- consumers killed inside ack ------------------------------------------------------------ */
+
+/* The child: pop up to 4 samples, read each payload (its reads lease the
+ * object for the store's default 5 s, so the ack's removal is often
+ * refused and deferred), say "ACK n" and ack them; again and again until
+ * killed. Its samples' leases last 500 ms, so a dead child's records come
+ * back soon. */
+static int acker_main(char **argv)
+{
+    ferry_store_config cfg;
+    ferry_store_config_init(&cfg);
+    snprintf(cfg.master, sizeof cfg.master, "%s", argv[0]);
+    ferry_store *s = NULL;
+    if (ferry_store_open(&cfg, &s) < 0) {
+        printf("ERR open %s\n", ferry_store_last_error());
+        return 1;
+    }
+    ferry_sample_queue_config qc = { .input_version = 1, .lease_ms = 500 };
+    snprintf(qc.queue, sizeof qc.queue, "ak");
+    ferry_sample_queue *q = NULL;
+    ferry_error err = {0};
+    if (ferry_sample_queue_open(s, &qc, &q, &err) < 0) {
+        printf("ERR %s\n", err.msg);
+        return 1;
+    }
+    printf("READY\n");
+    fflush(stdout);
+    for (;;) {
+        ferry_sample b[4];
+        size_t n = 0;
+        if (ferry_sample_pop(q, 4, b, &n, &err) < 0 || n == 0) {
+            sleep_ms(2);
+            continue;
+        }
+        for (size_t i = 0; i < n; i++) {
+            int32_t tok[16];
+            float lp[16], rw[1];
+            if (ferry_sample_read(q, &b[i], NULL, tok, lp, rw, &err) < 0)
+                printf("ERR read %s\n", err.msg);
+        }
+        printf("ACK %zu\n", n);
+        fflush(stdout);
+        (void)ferry_sample_ack(q, b, n, NULL, &err);
+        for (size_t i = 0; i < n; i++)
+            ferry_sample_clear(&b[i]);
+    }
+}
+
+/* Whether queue "ak" holds no record, ready or leased: with a bound of 1 a
+ * push is refused exactly when one is outstanding. A probe that got in is
+ * taken out again. */
+static bool ak_empty(ferry_store *s)
+{
+    assert_int_equal(ferry_queue_config(s, "ak", 1), 0);
+    uint64_t id = 0;
+    int rc = ferry_queue_push(s, "ak", "probe", 5, &id);
+    if (rc == 0) {
+        ferry_qrecord r[1];
+        size_t n = 0;
+        assert_int_equal(ferry_queue_pop(s, "ak", 1, 60000, r, &n), 0);
+        assert_int_equal(n, 1);
+        assert_int_equal(r[0].id, id);
+        assert_int_equal(ferry_queue_ack(s, r[0].id, r[0].token), 0);
+        ferry_qrecords_free(r, n);
+    } else {
+        assert_int_equal(rc, FERRY_EAGAIN);
+    }
+    assert_int_equal(ferry_queue_config(s, "ak", 0), 0);
+    return rc == 0;
+}
+
+/* Consumers SIGKILLed at varied points of ferry_sample_ack (and around it):
+ * afterwards every record still in the queue is delivered again with its
+ * payload there, and once the queue is empty no payload object is left. */
+static void test_ack_killed_no_orphan(void **state)
+{
+    fixture *f = *state;
+    enum { SAMPLES = 400, KILLS = 40 };
+    ferry_sample_queue *q = open_q(f, "ak", 1, 0, FERRY_STALE_DROP);
+    for (int i = 0; i < SAMPLES; i++) {
+        char sid[16];
+        snprintf(sid, sizeof sid, "a%03d", i);
+        assert_int_equal(push_one(q, sid, 1, i), 0);
+    }
+    static const long delay_us[] = { 0, 50, 150, 300, 600, 1000, 1600, 2500 };
+    int kills = 0, read_errors = 0;
+    for (int k = 0; k < KILLS; k++) {
+        ft_peer p;
+        const char *args[] = { "--acker", f->c.addr, NULL };
+        assert_int_equal(ft_spawn(&p, NULL, args), 0);
+        char line[512] = "";
+        bool acking = false;
+        while (!acking && ft_read_line(&p, line, sizeof line, 30000) == 0) {
+            acking = !strncmp(line, "ACK ", 4);
+            read_errors += !strncmp(line, "ERR read", 8);
+        }
+        if (acking) {   /* kill it inside this ack, at a point that varies */
+            struct timespec ts = { 0, delay_us[k % 8] * 1000L };
+            nanosleep(&ts, NULL);
+            kills++;
+        }
+        ft_proc_kill(&p, SIGKILL);
+        if (!acking)
+            break;   /* nothing left to pop */
+    }
+    /* Drain: every record comes back once the dead children's leases lapse
+     * and must still have its payload; then the queue is empty. */
+    int drained = 0, missing = 0;
+    bool empty = false;
+    for (int w = 0; w < 6000 && !empty; w++) {
+        ferry_sample b[64];
+        size_t n = 0;
+        ferry_error err = {0};
+        assert_int_equal(ferry_sample_pop(q, 64, b, &n, &err), 0);
+        for (size_t i = 0; i < n; i++) {
+            int32_t tok[16];
+            float lp[16], rw[1];
+            missing += ferry_sample_read(q, &b[i], NULL, tok, lp, rw, &err) < 0;
+        }
+        if (n)
+            assert_int_equal(ferry_sample_ack(q, b, n, NULL, &err), 0);
+        for (size_t i = 0; i < n; i++)
+            ferry_sample_clear(&b[i]);
+        drained += (int)n;
+        if (n == 0 && !(empty = ak_empty(f->s)))
+            sleep_ms(10);
+    }
+    ferry_sample_queue_close(q);   /* its last deferred removals */
+    char **keys = NULL;
+    size_t orphans = 0;
+    assert_int_equal(ferry_store_list(f->s, "ferry/rl/ak/", NULL, 1000, &keys, &orphans, NULL), 0);
+    for (size_t i = 0; i < orphans && i < 5; i++)
+        print_message("orphan payload: %s\n", keys[i]);
+    ferry_store_free(keys);
+    print_message("%d consumers killed inside ack; the drain then popped %d samples, %d of them "
+                  "without a payload; queue empty: %s; payload objects left: %zu\n", kills,
+                  drained, missing, empty ? "yes" : "no", orphans);
+    assert_true(kills >= 30);
+    assert_int_equal(read_errors, 0);
+    assert_true(empty);
+    assert_int_equal(missing, 0);
+    assert_int_equal(orphans, 0);
+}
+
 /* ---- the master killed mid-flow ------------------------------------------------------------- */
 
 enum { FLOW_N = 240 };
@@ -746,6 +890,8 @@ int main(int argc, char **argv)
 {
     if (argc == 3 && !strcmp(argv[1], "--consumer"))
         return consumer_main(argv + 2);
+    if (argc == 3 && !strcmp(argv[1], "--acker"))
+        return acker_main(argv + 2);
     ft_token();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_records_roundtrip),
@@ -755,6 +901,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_payload_and_ack, setup, teardown),
         cmocka_unit_test_setup_teardown(test_backpressure, setup, teardown),
         cmocka_unit_test_setup_teardown(test_redelivery_after_kill9, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ack_killed_no_orphan, setup, teardown),
         cmocka_unit_test_setup_teardown(test_master_kill9_flow, setup, teardown),
         cmocka_unit_test_setup_teardown(test_kv_gate, setup, teardown),
     };

@@ -1,5 +1,6 @@
 #include "util/testutil.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -486,4 +487,104 @@ int ft_run(char *out, size_t cap, const char *fmt, ...)
     out[n] = 0;
     int st = pclose(p);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* ---- processes ------------------------------------------------------------------------ */
+
+int ft_wait_status(pid_t pid, int timeout_ms, int *status)
+{
+    int pfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    if (pfd >= 0) {
+        struct pollfd pf = {.fd = pfd, .events = POLLIN};
+        int r = poll(&pf, 1, timeout_ms);
+        close(pfd);
+        if (r <= 0)
+            return -1;
+        return waitpid(pid, status, 0) == pid ? 0 : -1;
+    }
+    for (int waited = 0; waited <= timeout_ms; waited += 10) {
+        if (waitpid(pid, status, WNOHANG) == pid)
+            return 0;
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    return -1;
+}
+
+/* Fields of /proc/PID/stat after the command name: [0] is field 3 (state). */
+static int stat_fields(pid_t pid, char *state, long long *ppid, unsigned long long *start)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = 0;
+    char *q = strrchr(buf, ')');
+    if (!q || sscanf(q + 1, " %c %lld", state, ppid) != 2)
+        return -1;
+    for (int field = 3; field < 22 && q; field++)
+        q = strchr(q + 1, ' ');
+    return q && sscanf(q, " %llu", start) == 1 ? 0 : -1;
+}
+
+size_t ft_children(pid_t parent, pid_t *out, size_t cap)
+{
+    DIR *d = opendir("/proc");
+    size_t n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d)) && n < cap) {
+        char *end;
+        long pid = strtol(e->d_name, &end, 10);
+        char st;
+        long long pp;
+        unsigned long long start;
+        if (*end || pid <= 0 || stat_fields((pid_t)pid, &st, &pp, &start) < 0)
+            continue;
+        if (pp == parent)
+            out[n++] = (pid_t)pid;
+    }
+    if (d)
+        closedir(d);
+    return n;
+}
+
+int ft_proc_cmdline(pid_t pid, char *out, size_t cap)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/cmdline", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, out, cap - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    for (ssize_t i = 0; i < n; i++)
+        if (out[i] == 0)
+            out[i] = ' ';
+    while (n > 0 && out[n - 1] == ' ')
+        n--;
+    out[n] = 0;
+    return 0;
+}
+
+unsigned long long ft_proc_start(pid_t pid)
+{
+    char st;
+    long long pp;
+    unsigned long long start;
+    return stat_fields(pid, &st, &pp, &start) == 0 ? start : 0;
+}
+
+bool ft_proc_alive(pid_t pid, unsigned long long start)
+{
+    char st;
+    long long pp;
+    unsigned long long s;
+    return stat_fields(pid, &st, &pp, &s) == 0 && s == start && st != 'Z' && st != 'X';
 }

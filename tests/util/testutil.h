@@ -77,6 +77,21 @@ int ft_peer_wait_exit(ft_peer *p, int timeout_ms);
  * not be started or did not exit normally. */
 int ft_run(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/* Processes as /proc shows them (for tests of process hygiene). */
+/* Wait up to timeout_ms for child pid to exit and reap it: 0 and its wait
+ * status, or -1 (still running). */
+int ft_wait_status(pid_t pid, int timeout_ms, int *status);
+/* Up to cap pids whose parent is parent; how many. */
+size_t ft_children(pid_t parent, pid_t *out, size_t cap);
+/* The command line with its arguments joined by spaces: 0, or -1 when the
+ * process is gone (or has none: a zombie). */
+int ft_proc_cmdline(pid_t pid, char *out, size_t cap);
+/* Its start time (/proc/PID/stat field 22), 0 when there is no such process. */
+unsigned long long ft_proc_start(pid_t pid);
+/* Whether the process that had this pid and start time still runs (a
+ * zombie does not). */
+bool ft_proc_alive(pid_t pid, unsigned long long start);
+
 void ft_pattern(uint8_t *buf, uint64_t len, uint64_t seed, uint64_t offset);
 uint64_t ft_hash(const void *buf, uint64_t len);
 
