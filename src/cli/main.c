@@ -3,6 +3,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "cli.h"
 #include "demo_int.h"
@@ -60,9 +61,22 @@ static void usage_version(FILE *f)
     fprintf(f, "usage: ferry version\n");
 }
 
+/* A master or node serves many connections, and the listeners cap the
+ * handshakes in flight at a quarter of the descriptor limit: take up
+ * to 65536 of the hard limit (commonly 1024 soft, much more hard). */
+static void raise_nofile(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max && rl.rlim_cur < 65536) {
+        rl.rlim_cur = rl.rlim_max < 65536 ? rl.rlim_max : 65536;
+        (void)setrlimit(RLIMIT_NOFILE, &rl);
+    }
+}
+
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
+    raise_nofile();
     if (argc < 2) {
         usage(stderr);
         return 2;

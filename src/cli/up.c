@@ -354,7 +354,15 @@ int cmd_up(int argc, char **argv)
             stop_child(mp);
         return 1;
     }
-    const char *nargs[] = { "ferry", "node", "--master", addr, "--size", sizes,
+    /* The node's name follows the directory, so a node restarted by a
+     * later `ferry up --dir` is known as a new incarnation of this one and
+     * the old one's objects are declared lost at once (docs/store.md). */
+    uint64_t h = 1469598103934665603ull;
+    for (const char *c = o.dir; *c; c++)
+        h = (h ^ (unsigned char)*c) * 1099511628211ull;
+    char name[32];
+    snprintf(name, sizeof name, "up-%016llx", (unsigned long long)h);
+    const char *nargs[] = { "ferry", "node", "--master", addr, "--size", sizes, "--name", name,
                             "--token-file", tok, "--ready-file", readyf, NULL };
     pid_t np = spawn(nargs, o.detach, nlog, lock);
     w = np < 0 ? 1 : wait_file(readyf, np, 60, seg, sizeof seg, &st);
