@@ -117,6 +117,9 @@ size_t ferry_engine_region_count(ferry_engine *e);
 uint64_t ferry_region_key(const ferry_region *r);
 void *ferry_region_addr(const ferry_region *r);
 size_t ferry_region_len(const ferry_region *r);
+/* Whether a region registered with e covers [addr, addr+len) (so it can
+ * be the local side of ops as it is). */
+bool ferry_region_covers(ferry_engine *e, const void *addr, size_t len);
 /* Export a region descriptor (endpoint + base + len + key + flags). Returns
  * the blob length (<= FERRY_DESC_MAX) or a negative code. */
 int ferry_region_export(const ferry_region *r, void *buf, size_t cap);

@@ -291,6 +291,16 @@ typedef struct ferry_run {
     uint64_t bytes;            /* len * product of counts */
 } ferry_run;
 
+/* Lower a copy of one box of `shape` elements (itemsize bytes each)
+ * between two strided layouts (element strides per dim) into one run:
+ * len, nouter, count, src_stride, dst_stride and bytes are set (offsets,
+ * fragments and ranks are left to the caller). Contiguous inner dims fold
+ * into len, contiguous neighbours into one loop. The lowering every plan
+ * run goes through, for copies between two local layouts (a replica's
+ * push, a piece into a staging buffer). */
+void ferry_box_lower(uint32_t ndim, const uint64_t *shape, uint32_t itemsize,
+                     const uint64_t *src_strides, const uint64_t *dst_strides, ferry_run *run);
+
 /* Which part of a plan an iterator walks: -1 means any. */
 typedef struct ferry_plan_filter {
     int64_t tensor;            /* target tensor index */

@@ -133,6 +133,23 @@ typedef struct ferry_range {
 int ferry_store_get_into_ranges(ferry_store *s, const ferry_range *ranges, size_t n,
                                 int64_t *results);
 
+/* Rows of one object read into memory: row i is bytes [src_offset + i *
+ * src_stride, + len) of the object, landing at dst + i * dst_stride. */
+typedef struct ferry_strided_range {
+    const char *key;
+    uint64_t src_offset;
+    void *dst;
+    uint64_t len;            /* bytes per row */
+    uint64_t count;          /* rows; 0 or 1: one contiguous range */
+    uint64_t src_stride, dst_stride;   /* bytes from one row to the next */
+} ferry_strided_range;
+/* Read many strided ranges as get_into_ranges does (one master round trip,
+ * one engine op per range whatever its row count). The whole extent must
+ * lie inside the object (FERRY_ERANGE otherwise, nothing read for that
+ * range); results[i]: len * count, or the range's error. */
+int ferry_store_get_into_strided(ferry_store *s, const ferry_strided_range *ranges, size_t n,
+                                 int64_t *results);
+
 /* 1 if the object exists and is complete, 0 if not, FERRY_ELOST. */
 int ferry_store_exist(ferry_store *s, const char *key);
 /* FERRY_EBUSY while a reader holds a lease (every read takes one for the

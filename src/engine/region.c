@@ -247,6 +247,16 @@ ferry_region *fr_region_find_local(ferry_engine *e, const uint8_t *addr, uint64_
     return NULL;
 }
 
+bool ferry_region_covers(ferry_engine *e, const void *addr, size_t len)
+{
+    if (!e || !addr)
+        return false;
+    pthread_mutex_lock(&e->lock);
+    bool yes = fr_region_find_local(e, addr, len) != NULL;
+    pthread_mutex_unlock(&e->lock);
+    return yes;
+}
+
 int ferry_region_register(ferry_engine *e, void *addr, size_t len, unsigned flags,
                           enum ferry_mem_kind kind, ferry_region **out)
 {

@@ -279,7 +279,6 @@ int ferry_plan_iter_next_region(ferry_plan_iter *it, ferry_region *out)
 
 /* ---- lowering ----------------------------------------------------------- */
 
-typedef struct loop { uint64_t count, ss, ds; } loop;
 
 static void lower(const ferry_plan_iter *it, const ferry_region *r, const fr_group *sg,
                   const uint64_t *spoff, ferry_run *run)
@@ -310,37 +309,7 @@ static void lower(const ferry_plan_iter *it, const ferry_region *r, const fr_gro
         run->src_object = sm->objects[sg->object];
         run->src_offset += sg->object_offset;
     }
-    /* Loops over dims with more than one element, outermost first; then
-     * fold contiguous inner dims into len and contiguous neighbours into
-     * one loop. */
-    loop l[FR_MAXD];
-    uint32_t nl = 0;
-    for (uint32_t d = 0; d < n; d++)
-        if (r->shape[d] > 1)
-            l[nl++] = (loop){r->shape[d], sst[d] * isz, dst_[d] * isz};
-    uint64_t len = isz;
-    while (nl && l[nl - 1].ss == len && l[nl - 1].ds == len)
-        len *= l[--nl].count;
-    uint32_t m = 0;
-    for (uint32_t i = 0; i < nl; i++) {
-        if (m && l[m - 1].ss == l[i].ss * l[i].count && l[m - 1].ds == l[i].ds * l[i].count) {
-            l[m - 1].count *= l[i].count;
-            l[m - 1].ss = l[i].ss;
-            l[m - 1].ds = l[i].ds;
-            continue;
-        }
-        l[m++] = l[i];
-    }
-    run->len = len;
-    run->nouter = m;
-    memset(run->count, 0, sizeof run->count);
-    memset(run->src_stride, 0, sizeof run->src_stride);
-    memset(run->dst_stride, 0, sizeof run->dst_stride);
-    for (uint32_t i = 0; i < m; i++) {
-        run->count[i] = l[i].count;
-        run->src_stride[i] = l[i].ss;
-        run->dst_stride[i] = l[i].ds;
-    }
+    ferry_box_lower(n, r->shape, isz, sst, dst_, run);
     run->bytes = r->bytes;
 }
 
@@ -404,6 +373,47 @@ int ferry_plan_iter_next_run(ferry_plan_iter *it, ferry_run *out)
         it->held = may_continue(next) ? HELD_OPEN : HELD_READY;
         return 1;
     }
+}
+
+typedef struct loop { uint64_t count, ss, ds; } loop;
+
+void ferry_box_lower(uint32_t ndim, const uint64_t *shape, uint32_t itemsize,
+                     const uint64_t *src_strides, const uint64_t *dst_strides, ferry_run *run)
+{
+    /* Loops over dims with more than one element, outermost first; then
+     * fold contiguous inner dims into len and contiguous neighbours into
+     * one loop. */
+    loop l[FR_MAXD];
+    uint32_t nl = 0;
+    for (uint32_t d = 0; d < ndim && d < FR_MAXD; d++)
+        if (shape[d] > 1)
+            l[nl++] = (loop){shape[d], src_strides[d] * itemsize, dst_strides[d] * itemsize};
+    uint64_t len = itemsize;
+    while (nl && l[nl - 1].ss == len && l[nl - 1].ds == len)
+        len *= l[--nl].count;
+    uint32_t m = 0;
+    for (uint32_t i = 0; i < nl; i++) {
+        if (m && l[m - 1].ss == l[i].ss * l[i].count && l[m - 1].ds == l[i].ds * l[i].count) {
+            l[m - 1].count *= l[i].count;
+            l[m - 1].ss = l[i].ss;
+            l[m - 1].ds = l[i].ds;
+            continue;
+        }
+        l[m++] = l[i];
+    }
+    run->len = len;
+    run->nouter = m;
+    memset(run->count, 0, sizeof run->count);
+    memset(run->src_stride, 0, sizeof run->src_stride);
+    memset(run->dst_stride, 0, sizeof run->dst_stride);
+    uint64_t bytes = len;
+    for (uint32_t i = 0; i < m; i++) {
+        run->count[i] = l[i].count;
+        run->src_stride[i] = l[i].ss;
+        run->dst_stride[i] = l[i].ds;
+        bytes *= l[i].count;
+    }
+    run->bytes = bytes;
 }
 
 int fr_plan_count_runs(const ferry_plan *p, uint64_t *out)

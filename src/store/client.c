@@ -214,6 +214,8 @@ int fr_client_local(ferry_store *s, const void *p, size_t len, ferry_region **tm
         }
     }
     pthread_mutex_unlock(&s->lock);
+    if (ferry_region_covers(s->eng, p, len ? len : 1))   /* registered with the engine itself */
+        return 0;
     return ferry_region_register(s->eng, (void *)(uintptr_t)p, len ? len : 1, 0,
                                  FERRY_MEM_HOST, tmp);
 }

@@ -408,13 +408,41 @@ typedef struct peer_batch {
     int rc;
 } peer_batch;
 
-int ferry_store_get_into_ranges(ferry_store *s, const ferry_range *ranges, size_t n,
-                                int64_t *results)
+/* One read: rows of len bytes, row i at src + i * sstride in the object and
+ * at dst + i * dstride in memory (count 1: one contiguous range). clip:
+ * a range that runs past the object's end reads what is there (ranged
+ * gets); otherwise the whole extent must be inside (strided gets). */
+typedef struct rread {
+    const char *key;
+    uint64_t src, len, count, sstride, dstride;
+    void *dst;
+} rread;
+
+/* Distinct keys of the reads into keys[], kidx[i] the key of read i. */
+static int distinct_keys(const rread *r, size_t n, const char **keys, size_t *kidx, size_t *nk)
 {
-    if (!s || (n && (!ranges || !results)))
-        return fr_client_err(FERRY_EINVAL, "get_into_ranges: bad arguments");
-    if (n == 0)
-        return 0;
+    fr_smap m;
+    fr_smap_init(&m);
+    int rc = fr_smap_reserve(&m, n);
+    *nk = 0;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        const char *k = r[i].key ? r[i].key : "";
+        uint64_t h = fr_smap_hash(k);
+        void *hit = fr_smap_get(&m, k, h);
+        if (hit) {
+            kidx[i] = (size_t)(uintptr_t)hit - 1;
+            continue;
+        }
+        kidx[i] = *nk;
+        keys[(*nk)++] = k;
+        rc = fr_smap_put(&m, k, h, (void *)(uintptr_t)*nk);
+    }
+    fr_smap_fini(&m);
+    return rc;
+}
+
+static int read_all(ferry_store *s, const rread *rr, size_t n, bool clip, int64_t *results)
+{
     const char **keys = fr_calloc(n, sizeof *keys);
     size_t *kidx = fr_calloc(n, sizeof *kidx);
     fr_objloc *locs = fr_calloc(n, sizeof *locs);
@@ -423,36 +451,36 @@ int ferry_store_get_into_ranges(ferry_store *s, const ferry_range *ranges, size_
     peer_batch *pb = fr_calloc(n, sizeof *pb);
     size_t nk = 0, npb = 0;
     int ret = keys && kidx && locs && st && pb_of && pb ? 0 : FERRY_ENOMEM;
-    /* Distinct keys (n is small enough for a quadratic scan to be cheap
-     * next to the round trip; a map would pay off beyond thousands). */
-    for (size_t i = 0; i < n && ret == 0; i++) {
-        size_t k = 0;
-        while (k < nk && strcmp(keys[k], ranges[i].key ? ranges[i].key : "") != 0)
-            k++;
-        if (k == nk)
-            keys[nk++] = ranges[i].key ? ranges[i].key : "";
-        kidx[i] = k;
-    }
+    if (ret == 0)
+        ret = distinct_keys(rr, n, keys, kidx, &nk);
     if (ret == 0)
         ret = fr_client_locate(s, keys, nk, locs, st);
     for (size_t i = 0; i < n && ret < 0; i++)
         results[i] = ret;   /* every range fails with the call */
     for (size_t i = 0; i < n && ret == 0; i++) {
-        const ferry_range *r = &ranges[i];
+        const rread *r = &rr[i];
         const fr_objloc *loc = &locs[kidx[i]];
         pb_of[i] = SIZE_MAX;
         results[i] = st[kidx[i]];
         if (results[i] < 0)
             continue;
-        if (r->src_offset > loc->size || (r->len && !r->dst)) {
-            results[i] = fr_client_err(FERRY_ERANGE, "range of %s at %llu: the object has %llu "
-                                       "bytes", keys[kidx[i]],
-                                       (unsigned long long)r->src_offset,
-                                       (unsigned long long)loc->size);
+        uint64_t rows = r->count ? r->count : 1, len = r->len, end = 0;
+        bool bad = r->src > loc->size || (len && !r->dst);
+        if (!bad && rows > 1)
+            bad = fr_mul_u64(rows - 1, r->sstride, &end) < 0 || fr_add_u64(end, r->src, &end) < 0 ||
+                  fr_add_u64(end, len, &end) < 0 || end > loc->size;
+        else if (!bad && !clip)
+            bad = fr_add_u64(r->src, len, &end) < 0 || end > loc->size;
+        if (bad) {
+            results[i] = fr_client_err(FERRY_ERANGE, "reading %s at %llu (%llu rows of %llu "
+                                       "bytes): the object has %llu bytes", keys[kidx[i]],
+                                       (unsigned long long)r->src, (unsigned long long)rows,
+                                       (unsigned long long)len, (unsigned long long)loc->size);
             continue;
         }
-        uint64_t len = loc->size - r->src_offset < r->len ? loc->size - r->src_offset : r->len;
-        results[i] = (int64_t)len;
+        if (rows == 1 && loc->size - r->src < len)
+            len = loc->size - r->src;   /* clip: the object ends first */
+        results[i] = (int64_t)(len * rows);
         if (len == 0)
             continue;
         fr_segref seg;
@@ -470,15 +498,22 @@ int ferry_store_get_into_ranges(ferry_store *s, const ferry_range *ranges, size_
             pb[npb].node = seg.node;
             pb[npb++].peer = seg.rr.peer;
         }
+        uint64_t extent = (rows - 1) * r->dstride + len;
         if (rc == 0)
-            rc = xfer_local(s, &pb[b].x, r->dst, len);
+            rc = xfer_local(s, &pb[b].x, r->dst, extent);
         if (rc == 0)
-            rc = xfer_op(&pb[b].x, FERRY_OP_READ, r->dst, len, &seg, base + r->src_offset);
+            rc = xfer_op(&pb[b].x, FERRY_OP_READ, r->dst, len, &seg, base + r->src);
+        if (rc == 0 && rows > 1) {
+            ferry_op *op = &pb[b].x.ops[pb[b].x.nops - 1];
+            op->count = rows;
+            op->local_stride = r->dstride;
+            op->remote_stride = r->sstride;
+        }
         if (rc < 0) {
             results[i] = rc;
             continue;
         }
-        pb[b].bytes += len;
+        pb[b].bytes += len * rows;
         pb_of[i] = b;
     }
     for (size_t b = 0; b < npb && ret == 0; b++)
@@ -504,6 +539,44 @@ int ferry_store_get_into_ranges(ferry_store *s, const ferry_range *ranges, size_
     fr_free(pb_of);
     fr_free(pb);
     return ret;
+}
+
+int ferry_store_get_into_ranges(ferry_store *s, const ferry_range *ranges, size_t n,
+                                int64_t *results)
+{
+    if (!s || (n && (!ranges || !results)))
+        return fr_client_err(FERRY_EINVAL, "get_into_ranges: bad arguments");
+    if (n == 0)
+        return 0;
+    rread *rr = fr_calloc(n, sizeof *rr);
+    if (!rr)
+        return fr_client_err(FERRY_ENOMEM, "get_into_ranges: out of memory");
+    for (size_t i = 0; i < n; i++)
+        rr[i] = (rread){ .key = ranges[i].key, .src = ranges[i].src_offset, .len = ranges[i].len,
+                         .count = 1, .dst = ranges[i].dst };
+    int rc = read_all(s, rr, n, true, results);
+    fr_free(rr);
+    return rc;
+}
+
+int ferry_store_get_into_strided(ferry_store *s, const ferry_strided_range *ranges, size_t n,
+                                 int64_t *results)
+{
+    if (!s || (n && (!ranges || !results)))
+        return fr_client_err(FERRY_EINVAL, "strided get: bad arguments");
+    if (n == 0)
+        return 0;
+    rread *rr = fr_calloc(n, sizeof *rr);
+    if (!rr)
+        return fr_client_err(FERRY_ENOMEM, "strided get: out of memory");
+    for (size_t i = 0; i < n; i++)
+        rr[i] = (rread){ .key = ranges[i].key, .src = ranges[i].src_offset, .len = ranges[i].len,
+                         .count = ranges[i].count ? ranges[i].count : 1,
+                         .sstride = ranges[i].src_stride, .dstride = ranges[i].dst_stride,
+                         .dst = ranges[i].dst };
+    int rc = read_all(s, rr, n, false, results);
+    fr_free(rr);
+    return rc;
 }
 
 int ferry_store_batch_get_into(ferry_store *s, const char *const *keys, void *const *bufs,

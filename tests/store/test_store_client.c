@@ -152,6 +152,27 @@ static void test_ranges_and_batches(void **state)
     assert_int_equal(out[4], 0);
     assert_int_equal(out[5], FERRY_ENOENT);
 
+    /* Strided rows: a column slice of r/3 seen as 1024 rows of 1024 bytes
+     * (bytes 100..399 of each row) into rows 512 bytes apart; one whose
+     * last row would pass the end is refused whole. */
+    memset(dst, 0, 2 * MB);
+    ferry_strided_range sr[] = {
+        { "r/3", 100, dst, 300, 1000, 1024, 512 },
+        { "r/3", 100, dst + MB, 300, 1025, 1024, 512 },   /* last row past LEN - 3 */
+        { "r/4", 5, dst + MB + 600000, 77, 1, 0, 0 },
+    };
+    int64_t so[3];
+    assert_int_not_equal(ferry_store_get_into_strided(f->s, sr, 3, so), 0);
+    assert_int_equal(so[0], 300 * 1000);
+    for (int row = 0; row < 1000; row++) {
+        assert_memory_equal(dst + row * 512, src[3] + row * 1024 + 100, 300);
+        assert_int_equal(dst[row * 512 + 300], 0);   /* the gap between rows untouched */
+    }
+    assert_int_equal(so[1], FERRY_ERANGE);
+    assert_int_equal(dst[MB], 0);
+    assert_int_equal(so[2], 77);
+    assert_memory_equal(dst + MB + 600000, src[4] + 5, 77);
+
     void *gb[K];
     size_t caps[K];
     int64_t gr[K];
