@@ -152,6 +152,36 @@ int ferry_manifest_load(const char *path, ferry_manifest **out, ferry_error *err
 char *ferry_manifest_to_json(const ferry_manifest *m);
 int ferry_manifest_save(const ferry_manifest *m, const char *path, ferry_error *err);
 
+/* ---- stored manifests and packing ------------------------------------- */
+
+/* The stored form of placement m: the same topology and tensors (dtype
+ * replaced when not NULL), the copy numbered 0 of every box (other
+ * replicas dropped: a box is stored once), contiguous row-major local
+ * storage (strides dropped), no object bindings. Splits stay splits. The
+ * caller closes *out. */
+int ferry_manifest_stored(const ferry_manifest *m, const char *dtype, ferry_manifest **out,
+                          ferry_error *err);
+
+/* Where every fragment of a manifest lives when each rank's fragments are
+ * packed into store objects: in fragment-id order, each at an offset
+ * aligned to `align` (a power of two), a new object begun when the next
+ * fragment would take the current one past max_bytes (a larger fragment
+ * gets an object of its own). A pure function of the manifest, so a
+ * reader needs no table of bindings. The pack references m. */
+typedef struct ferry_pack ferry_pack;
+typedef struct ferry_packed {
+    uint32_t rank;       /* the fragment's rank */
+    uint32_t object;     /* object number on that rank, from 0 */
+    uint64_t offset;     /* bytes into the object */
+    uint64_t bytes;      /* the fragment's box, contiguous */
+} ferry_packed;
+int ferry_manifest_pack(const ferry_manifest *m, uint64_t align, uint64_t max_bytes,
+                        ferry_pack **out, ferry_error *err);
+void ferry_pack_free(ferry_pack *p);   /* NULL ok */
+int ferry_pack_fragment(const ferry_pack *p, uint64_t id, ferry_packed *out);
+uint32_t ferry_pack_objects(const ferry_pack *p, uint32_t rank);
+uint64_t ferry_pack_object_bytes(const ferry_pack *p, uint32_t rank, uint32_t object);
+
 /* ---- models and layouts ---------------------------------------------- */
 
 /* How tensor parallelism cuts a tensor. */

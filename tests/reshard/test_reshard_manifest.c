@@ -330,6 +330,82 @@ static void test_json_malformed(void **state)
     expect_bad("{\"format\":\"ferry.manifest\",\"version\":1,\"format\":\"x\"}", "duplicate");
 }
 
+
+/* The stored form keeps copy 0 of every box, contiguous, in the new dtype;
+ * the packing puts every rank's fragments in id order, aligned, in objects
+ * no larger than the cap unless one fragment is larger itself. */
+static void test_stored_and_pack(void **state)
+{
+    (void)state;
+    ferry_manifest *m, *s;
+    ferry_error err = {0};
+    assert_int_equal(ferry_manifest_create(4, NULL, 2, &m), 0);
+    add_tensor(m, "w", "f32", 2, (uint64_t)10, (uint64_t)6);   /* 240 B */
+    add_tensor(m, "b", "f32", 1, (uint64_t)7);                 /* 28 B */
+    /* w: 3 dim-0 pieces (4, 4, 2 rows) on ranks 0..2, a second copy on 1..3 */
+    ferry_split sp = {.tensor = 0, .whole = true, .parts = {3, 1}, .rank = 0,
+                      .rank_stride = {1, 0}, .replicas = 2, .replica_stride = 1};
+    assert_int_equal(ferry_manifest_add_split(m, &sp, &err), 0);
+    /* b: whole on rank 3 with strides (padded), copy 1 on rank 0 */
+    ferry_fragment f = {.tensor = 1, .rank = 3, .shape = {7}, .has_strides = true,
+                        .strides = {2}};
+    assert_int_equal(ferry_manifest_add_fragment(m, &f, &err), 0);
+    f.rank = 0;
+    f.replica = 1;
+    f.has_strides = false;
+    assert_int_equal(ferry_manifest_add_fragment(m, &f, &err), 0);
+    assert_int_equal(ferry_manifest_fragment_count(m), 8);
+
+    assert_int_equal(ferry_manifest_stored(m, "bf16", &s, &err), 0);
+    assert_int_equal(ferry_manifest_fragment_count(s), 4);   /* 3 pieces of w, b once */
+    ferry_tensor_desc td;
+    assert_int_equal(ferry_manifest_tensor(s, 0, &td), 0);
+    assert_string_equal(td.dtype, "bf16");
+    assert_int_equal(td.itemsize, 2);
+    ferry_fragment g;
+    assert_int_equal(ferry_manifest_fragment(s, 3, &g), 0);
+    assert_int_equal(g.rank, 3);
+    assert_false(g.has_strides);
+    assert_int_equal(ferry_manifest_fragment(s, 2, &g), 0);
+    assert_int_equal(g.offset[0], 8);
+    assert_int_equal(g.shape[0], 2);
+    assert_int_equal(ferry_manifest_stored(m, "float", &s, &err), FERRY_EINVAL);
+
+    /* 64-byte alignment, 64-byte objects: w's 48-byte pieces one per object. */
+    ferry_pack *p;
+    assert_int_equal(ferry_manifest_pack(m, 64, 64, &p, &err), 0);
+    ferry_packed k;
+    assert_int_equal(ferry_pack_fragment(p, 0, &k), 0);   /* w piece 0, copy 0: rank 0 */
+    assert_int_equal(k.rank, 0);
+    assert_int_equal(k.object, 0);
+    assert_int_equal(k.offset, 0);
+    assert_int_equal(k.bytes, 96);
+    assert_int_equal(ferry_pack_fragment(p, 7, &k), 0);   /* b copy 1 on rank 0 */
+    assert_int_equal(k.rank, 0);
+    assert_int_equal(k.object, 1);                        /* 96 + 28 > 64: a new object */
+    assert_int_equal(k.offset, 0);
+    assert_int_equal(k.bytes, 28);
+    assert_int_equal(ferry_pack_objects(p, 0), 2);
+    assert_int_equal(ferry_pack_object_bytes(p, 0, 0), 96);
+    assert_int_equal(ferry_pack_fragment(p, 5, &k), 0);   /* w piece 2 copy 1: rank 3 */
+    assert_int_equal(k.rank, 3);
+    assert_int_equal(ferry_pack_fragment(p, 6, &k), 0);   /* b copy 0 on rank 3 after it */
+    assert_int_equal(k.rank, 3);
+    assert_int_equal(k.object, 1);                        /* 48 -> 64 aligned + 28 > 64: a new one */
+    ferry_pack_free(p);
+    /* Large objects: everything of a rank in one, aligned. */
+    assert_int_equal(ferry_manifest_pack(m, 64, 1 << 20, &p, &err), 0);
+    assert_int_equal(ferry_pack_fragment(p, 7, &k), 0);
+    assert_int_equal(k.object, 0);
+    assert_int_equal(k.offset, 128);   /* after rank 0's 96-byte piece, aligned */
+    assert_int_equal(ferry_pack_fragment(p, 6, &k), 0);
+    assert_int_equal(k.offset, 64);    /* after rank 3's 48-byte piece of w */
+    assert_int_equal(ferry_pack_fragment(p, 8, &k), FERRY_EINVAL);
+    ferry_pack_free(p);
+    ferry_manifest_close(s);
+    ferry_manifest_close(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -340,6 +416,7 @@ int main(void)
         cmocka_unit_test(test_json_round_trip),
         cmocka_unit_test(test_json_hand_written),
         cmocka_unit_test(test_json_malformed),
+        cmocka_unit_test(test_stored_and_pack),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
