@@ -133,6 +133,32 @@ int ferry_publish(ferry_store *s, const ferry_publisher_config *cfg, uint64_t ge
                   const ferry_weight_tensor *tensors, size_t n, ferry_publish_stats *st,
                   ferry_error *err);
 
+/* One piece this rank holds of a placement: fragment `fragment` of the
+ * placement manifest, its bytes at data, laid out as the fragment says
+ * (its strides and storage offset; contiguous when it has none) in its
+ * tensor's dtype. */
+typedef struct ferry_shard_data {
+    uint64_t fragment;
+    const void *data;
+} ferry_shard_data;
+
+/* Publish `generation` from the pieces this rank holds, with no gather:
+ * every rank passes the same placement (a ferry_manifest of the whole
+ * trainer world: FSDP, TP, PP, EP shards or any mix; world ranks) and the
+ * data of its own fragments. Each box is stored once — by the rank holding
+ * its copy numbered 0 (other copies are replicas and need no data) —
+ * converted to out_dtype, packed with the rank's other pieces into
+ * hard-pinned objects of one replica on its node's segment, each piece's
+ * XXH3-64 recorded. Before anything is stored, every rank checks the
+ * placement covers every tensor exactly once and that it was given every
+ * piece it must store; the coordinator checks that every rank passed the
+ * same placement (names, dtypes, shapes, order and pieces), naming the rank
+ * and tensor that differ. Announcement, failures, cleanup and retention as
+ * for ferry_publish. The placement is frozen. */
+int ferry_publish_shards(ferry_store *s, const ferry_publisher_config *cfg, uint64_t generation,
+                         ferry_manifest *placement, const ferry_shard_data *mine, size_t n,
+                         ferry_publish_stats *st, ferry_error *err);
+
 /* This rank cannot publish `generation` (why: its reason, e.g. a check of
  * its own inputs failed before it could call ferry_publish). It takes part
  * in the attempt with a failed part, so the other ranks fail at once rather
@@ -156,6 +182,12 @@ typedef struct ferry_weight_entry {
     uint32_t publisher;             /* trainer rank */
     uint64_t segment;               /* where it landed */
     char key[384];                  /* store key */
+    /* A tensor is stored as the pieces its trainers held (docs/weights.md,
+     * "Stored generations"): publisher, segment and key above are those of
+     * its first piece, checksum is 0 (every piece has its own, checked by
+     * ferry_weights_read). */
+    uint32_t index;                 /* (appended) its index in the stored placement */
+    void *internal;                 /* (appended) the generation it belongs to */
 } ferry_weight_entry;
 
 typedef struct ferry_weight_manifest {
@@ -164,6 +196,9 @@ typedef struct ferry_weight_manifest {
     ferry_weight_entry *entries;
     size_t n;
     uint64_t bytes;
+    ferry_manifest *stored;         /* (appended) the stored placement: every piece of every
+                                     * tensor, its rank and box (borrowed until free) */
+    void *internal;                 /* (appended) */
 } ferry_weight_manifest;
 
 /* The announced generation of a model and whether its objects are still

@@ -270,47 +270,80 @@ static int open_role(int argc, char **argv, role_args *a)
 
 /* ---- trainer ------------------------------------------------------------------------ */
 
+/* The trainers' placement: every tensor cut along dim 0 into `world`
+ * pieces, piece r on rank r (FSDP); *mine gets this rank's pieces, with
+ * their first row and row count. */
+typedef struct shard_of { size_t tensor; uint64_t fragment, r0, rows; } shard_of;
+
+static int fsdp_placement(const demo_model *m, uint32_t world, uint32_t rank,
+                          ferry_manifest **out, shard_of **mine, size_t *nmine)
+{
+    int rc = ferry_manifest_create(world, NULL, 1, out);
+    for (size_t i = 0; i < m->n && rc >= 0; i++) {
+        ferry_tensor_desc d = { .name = m->t[i].name, .dtype = "bf16", .itemsize = 2,
+                                .ndim = m->t[i].ndim };
+        memcpy(d.shape, m->t[i].shape, sizeof d.shape);
+        rc = ferry_manifest_add_tensor(*out, &d, NULL);
+        ferry_split sp = { .tensor = (uint32_t)i, .whole = true, .parts = { world },
+                           .rank_stride = { 1 } };
+        if (rc >= 0)
+            rc = ferry_manifest_add_split(*out, &sp, NULL);
+    }
+    *mine = calloc(m->n ? m->n : 1, sizeof **mine);
+    *nmine = 0;
+    uint64_t nf = rc >= 0 && *mine ? ferry_manifest_fragment_count(*out) : 0;
+    for (uint64_t id = 0; id < nf; id++) {
+        ferry_fragment f;
+        if (ferry_manifest_fragment(*out, id, &f) == 0 && f.rank == rank)
+            (*mine)[(*nmine)++] = (shard_of){ f.tensor, id, m->t[f.tensor].ndim ? f.offset[0] : 0,
+                                              m->t[f.tensor].ndim ? f.shape[0] : 1 };
+    }
+    return rc < 0 || !*mine ? -1 : 0;
+}
+
 int demo_trainer_main(int argc, char **argv)
 {
     role_args a;
     if (open_role(argc, argv, &a) < 0)
         return 1;
-    uint32_t *rank_node = calloc(a.world, sizeof *rank_node);
-    uint64_t *sizes = calloc(a.m.n, sizeof *sizes);
-    uint32_t *pub = calloc(a.m.n, sizeof *pub);
-    ferry_weight_tensor *wt = calloc(a.m.n, sizeof *wt);
-    /* The whole model's address range, touched only where this rank
-     * publishes: untouched pages cost nothing. */
-    uint8_t *mem = mmap(NULL, a.m.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (!rank_node || !sizes || !pub || !wt || mem == MAP_FAILED)
+    /* Each rank holds its FSDP shards only, and publishes them as they
+     * are: no gather (ferry_publish_shards). */
+    ferry_manifest *pl = NULL;
+    shard_of *mine = NULL;
+    size_t nmine = 0;
+    if (fsdp_placement(&a.m, a.world, a.rank, &pl, &mine, &nmine) < 0) {
+        printf("ERR cannot describe the trainers' placement\n");
+        fflush(stdout);
         return 1;
-    uint64_t off = 0;
-    for (size_t i = 0; i < a.m.n; i++) {
-        sizes[i] = a.m.t[i].bytes;
-        wt[i] = (ferry_weight_tensor){ .name = a.m.t[i].name, .dtype = "bf16",
-                                       .ndim = a.m.t[i].ndim, .data = mem + off };
-        memcpy(wt[i].shape, a.m.t[i].shape, sizeof wt[i].shape);
-        off += sizes[i];
     }
-    /* Trainer ranks spread over two nodes, as on a real cluster. */
-    for (uint32_t r = 0; r < a.world; r++)
-        rank_node[r] = r * 2 / a.world;
-    ferry_weights_assign(sizes, a.m.n, rank_node, a.world, pub, NULL);
+    uint64_t bytes = 0;
+    for (size_t k = 0; k < nmine; k++)
+        bytes += mine[k].rows * row_elems(&a.m.t[mine[k].tensor]) * 2;
+    uint8_t *mem = malloc(bytes ? bytes : 1);
+    ferry_shard_data *data = calloc(nmine ? nmine : 1, sizeof *data);
+    if (!mem || !data)
+        return 1;
+    for (size_t k = 0, off = 0; k < nmine; k++) {
+        data[k] = (ferry_shard_data){ .fragment = mine[k].fragment, .data = mem + off };
+        off += mine[k].rows * row_elems(&a.m.t[mine[k].tensor]) * 2;
+    }
     char line[256];
     while (fgets(line, sizeof line, stdin)) {
         unsigned long long g;
         if (sscanf(line, "publish %llu", &g) != 1)
             break;
-        for (size_t i = 0; i < a.m.n; i++)
-            if (pub[i] == a.rank)
-                fill((uint16_t *)wt[i].data, g, i, 0, sizes[i] / 2);
-        ferry_publisher_config pc = { .rank = a.rank, .world = a.world, .rank_node = rank_node,
-                                      .keep = 2, .timeout_ms = 120000 };
+        for (size_t k = 0; k < nmine; k++) {
+            uint64_t re = row_elems(&a.m.t[mine[k].tensor]);
+            fill((uint16_t *)(uintptr_t)data[k].data, g, mine[k].tensor, mine[k].r0 * re,
+                 mine[k].rows * re);
+        }
+        ferry_publisher_config pc = { .rank = a.rank, .world = a.world, .keep = 2,
+                                      .timeout_ms = 120000 };
         snprintf(pc.model, sizeof pc.model, "%s", a.model);
         ferry_publish_stats st;
         ferry_error err = {0};
         double t0 = cli_now();
-        int rc = ferry_publish(a.s, &pc, g, wt, a.m.n, &st, &err);
+        int rc = ferry_publish_shards(a.s, &pc, g, pl, data, nmine, &st, &err);
         if (rc == 0)
             stats_write("trainer", a.rank, publish_json(&st));
         if (rc == 0)
@@ -321,8 +354,10 @@ int demo_trainer_main(int argc, char **argv)
         fflush(stdout);
     }
     ferry_store_close(a.s);
-    munmap(mem, a.m.bytes);
-    free(rank_node), free(sizes), free(pub), free(wt);
+    free(mem);
+    free(data);
+    free(mine);
+    ferry_manifest_close(pl);
     demo_model_free(&a.m);
     return 0;
 }

@@ -11,10 +11,12 @@
 int fr_rl_fail(ferry_error *err, int code, const char *fmt, ...)
 {
     if (err) {
+        char msg[sizeof err->msg];   /* the arguments may be err->msg itself */
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        vsnprintf(msg, sizeof msg, fmt, ap);
         va_end(ap);
+        memcpy(err->msg, msg, sizeof msg);
         err->code = code;
     }
     return code;

@@ -31,6 +31,7 @@
 
 #include "base/base.h"
 #include "ferry/weights_compat.h"
+#include "rl/gen_int.h"
 #include "rl/rl_int.h"
 
 #define MAGIC "FRYCOMP2"
@@ -93,34 +94,9 @@ static int prepare(ferry_compat_group *g, uint64_t *active, ferry_weight_manifes
                               "the staging buffer of worker %u (%" PRIu64 " bytes)",
                               m->entries[i].name, m->entries[i].bytes, g->cfg.rank,
                               g->cfg.staging_bytes);
-    size_t n = 0, cap = m->n / g->cfg.world + 1;
-    const char **keys = malloc(cap * sizeof *keys);
-    size_t *who = malloc(cap * sizeof *who);
-    void **bufs = calloc(cap, sizeof *bufs);
-    size_t *caps = calloc(cap, sizeof *caps);
-    int64_t *res = calloc(cap, sizeof *res);
-    if (!keys || !who || !bufs || !caps || !res) {
-        rc = fr_rl_fail(err, FERRY_ENOMEM, "compat: out of memory");
-        goto out;
-    }
-    for (size_t i = g->cfg.rank; i < m->n; i += g->cfg.world) {
-        who[n] = i;
-        keys[n++] = m->entries[i].key;
-    }
-    rc = n ? ferry_store_batch_get_into(g->s, keys, bufs, caps, n, res) : 0;
-    for (size_t i = 0; rc < 0 && i < n; i++)
-        if (res[i] < 0) {
-            rc = fr_rl_fail(err, (int)res[i], "generation %" PRIu64 " of %s is not whole: tensor "
-                            "%s: %s", *active, model, m->entries[who[i]].name,
-                            ferry_store_last_error());
-            break;
-        }
-    if (rc < 0 && err && !err->msg[0])
-        fr_rl_fail(err, rc, "compat: %s", ferry_store_last_error());
-out:
-    free(keys), free(who), free(bufs), free(caps), free(res);
-    return rc;
+    return fr_gen_lease_all(g->s, fr_gen_of(m), err);
 }
+
 
 /* ---- the exchange --------------------------------------------------------------------- */
 
@@ -517,11 +493,12 @@ static void deliver(apply *ap, size_t end)
         const uint8_t *data = g->staging + ap->p->off[t];
         if (ap->p->leader[t] != g->cfg.rank) {   /* a leader checked it as it read it */
             double t0 = now_s();
-            bool good = fr_hash64(data, e->bytes, 0) == e->checksum;
+            ferry_error verr = {0};
+            bool good = fr_gen_verify_tensor(g->s, fr_gen_of(ap->m), e->index, data, &verr) == 0;
             ap->st->verify_s += now_s() - t0;
             if (!good) {
-                failf(ap, FERRY_EREBUILD, "tensor %s arrived with the wrong checksum; the loaded "
-                      "weights must be rebuilt", e->name);
+                failf(ap, FERRY_EREBUILD, "%s as it arrived; the loaded weights must be rebuilt",
+                      verr.msg);
                 return;
             }
         }

@@ -4,18 +4,22 @@
  *
  *   ferry/wk/M/active       "G <digest hex>[ <policy record JSON>]": the announced generation
  *   ferry/wk/M/history      announced generations still stored, ascending
- *   ferry/wk/M/G/part/R     rank R's part of its current attempt: "ok" then its lines, or
+ *   ferry/wk/M/G/part/R     rank R's part of its current attempt: "ok 2" then "<digest of
+ *                           its stored placement> <objects> <segment> <checksums hash>", or
  *                           "failed <code> <why>"; removed once the attempt is decided
  *   ferry/wk/M/G/parts      the barrier every rank of an attempt meets at; the number of
  *                           its release numbers the attempt (A)
  *   ferry/wk/M/G/status     attempt A's decision: "A deciding", "A ok", "A failed <code> <why>"
  *                           (publish_decide.c)
- *   ferry/wk/M/G/manifest   every line, in tensor order (the digest is over this text)
+ *   ferry/wk/M/G/manifest   the generation text (gen_int.h; the digest is over it)
  *   ferry/wk/M/G/probe      "segment TAB key" of one object per store segment it landed on
  *
- * A line: name TAB dtype TAB shape (d0,d1,..) TAB bytes TAB checksum (hex)
- * TAB publisher TAB segment TAB store key TAB tensor index. Objects live
- * under ferry_weights_key(M, G, name).
+ * What the trainers hold is a placement (a reshard manifest); its stored
+ * form is packed into each rank's objects (gen_int.h, publish_mine.c). A
+ * publish of whole tensors is the placement "rank r holds the pieces it is
+ * assigned": tensors larger than a tenth of a rank's share (and 1 MiB)
+ * are cut into dim-0 pieces first, so no rank stores much more than its
+ * share.
  *
  * Cleanup (docs/weights.md, "Failures and cleanup"): a rank removes only
  * what it stored itself in the current attempt, when the attempt fails;
@@ -31,190 +35,19 @@
 
 #include "base/base.h"
 #include "ferry/weights.h"
+#include "rl/gen_int.h"
 #include "rl/policy_int.h"
 #include "rl/publish_int.h"
 #include "rl/rl_int.h"
 
-/* A growing text buffer. */
-typedef struct sbuf { char *p; size_t n, cap; bool oom; } sbuf;
-
-static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf *b, const char *fmt, ...)
-{
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int k = vsnprintf(b->p ? b->p + b->n : NULL, b->p ? b->cap - b->n : 0, fmt, ap);
-        va_end(ap);
-        if (k < 0) {
-            b->oom = true;
-            return;
-        }
-        if (b->p && b->n + (size_t)k < b->cap) {
-            b->n += (size_t)k;
-            return;
-        }
-        size_t nc = (b->cap ? b->cap * 2 : 4096) + (size_t)k;
-        char *np = realloc(b->p, nc);
-        if (!np) {
-            b->oom = true;
-            return;
-        }
-        b->p = np;
-        b->cap = nc;
-    }
-}
-
-static uint64_t tensor_bytes(const ferry_weight_tensor *t, const char *dtype)
-{
-    uint64_t b = ferry_dtype_size(dtype);
-    for (uint32_t d = 0; d < t->ndim; d++)
-        if (fr_mul_u64(b, t->shape[d], &b) < 0)
-            return 0;
-    return b;
-}
-
-static const char *out_dtype(const ferry_publisher_config *c, const ferry_weight_tensor *t)
-{
-    return c->out_dtype[0] ? c->out_dtype : t->dtype;
-}
-
-static int by_name(const void *a, const void *b)
-{
-    return strcmp((*(const ferry_weight_tensor *const *)a)->name,
-                  (*(const ferry_weight_tensor *const *)b)->name);
-}
-
-/* Two tensors of one name would share a key (and the second would replace
- * the first: put_one replaces leftovers). */
-static int check_names_unique(const ferry_weight_tensor *t, size_t n, ferry_error *err)
-{
-    const ferry_weight_tensor **by = malloc((n ? n : 1) * sizeof *by);
-    if (!by)
-        return fr_rl_fail(err, FERRY_ENOMEM, "out of memory checking the tensor names");
-    for (size_t i = 0; i < n; i++)
-        by[i] = &t[i];
-    qsort(by, n, sizeof *by, by_name);
-    int rc = 0;
-    for (size_t i = 1; i < n && rc == 0; i++)
-        if (!strcmp(by[i - 1]->name, by[i]->name))
-            rc = fr_rl_fail(err, FERRY_EINVAL, "tensor %s is named twice", by[i]->name);
-    free(by);
-    return rc;
-}
-
-static int check_tensors(const ferry_weight_tensor *t, size_t n, const ferry_publisher_config *c,
-                         ferry_error *err)
-{
-    for (size_t i = 0; i < n; i++) {
-        if (!t[i].name || !*t[i].name || strpbrk(t[i].name, "\t\n") ||
-            strlen(t[i].name) >= sizeof ((ferry_weight_entry *)0)->name)
-            return fr_rl_fail(err, FERRY_EINVAL, "tensor %zu has no usable name", i);
-        if (!t[i].dtype || !ferry_dtype_size(t[i].dtype) || t[i].ndim > FERRY_MAX_DIMS ||
-            !ferry_dtype_size(out_dtype(c, &t[i])))
-            return fr_rl_fail(err, FERRY_EINVAL, "tensor %s: unknown dtype or too many dims",
-                        t[i].name);
-        if (strcmp(t[i].dtype, out_dtype(c, &t[i])) != 0 &&
-            ferry_convert(NULL, t[i].dtype, NULL, out_dtype(c, &t[i]), 0) < 0)
-            return fr_rl_fail(err, FERRY_EINVAL, "tensor %s: cannot convert %s to %s",
-                        t[i].name, t[i].dtype, out_dtype(c, &t[i]));
-    }
-    return check_names_unique(t, n, err);
-}
-
-/* What this rank stored in the current attempt (tensor indices). */
-typedef struct mine { size_t *idx; size_t n; } mine;
-
-/* Put one object; an object already under the key is the leftover of an
- * earlier attempt at this generation (never announced: the caller checked
- * that the generation is newer than the active one) and is replaced. */
-static int put_one(ferry_store *s, const char *key, const void *data, uint64_t nb,
-                   const ferry_replicate_config *repl, ferry_object_desc *d)
-{
-    int rc = ferry_store_put_from(s, key, data, nb, repl, d);
-    if (rc != FERRY_EEXIST)
-        return rc;
-    rc = ferry_store_remove(s, key);
-    if (rc < 0 && rc != FERRY_ENOENT)
-        return rc;
-    return ferry_store_put_from(s, key, data, nb, repl, d);
-}
-
-/* Store this rank's tensors; append their lines to part. Returns 0 or the
- * first failure (the rest of the rank's tensors are not stored). */
-static int put_mine(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
-                    const ferry_weight_tensor *t, size_t n, const uint32_t *pub, sbuf *part,
-                    mine *m, ferry_publish_stats *st, ferry_error *err)
-{
-    ferry_replicate_config repl = { .replica_num = 1, .hard_pin = true,
-                                  .preferred_segments = &c->segment,
-                                  .npreferred = c->segment ? 1 : 0 };
-    for (size_t i = 0; i < n; i++) {
-        if (pub[i] != c->rank)
-            continue;
-        const char *od = out_dtype(c, &t[i]);
-        uint64_t nb = tensor_bytes(&t[i], od), elems = nb / ferry_dtype_size(od);
-        char key[1100];
-        int rc2 = ferry_weights_key(c->model, gen, t[i].name, key, sizeof key);
-        if (rc2 < 0 || rc2 > FERRY_STORE_KEY_MAX)
-            return fr_rl_fail(err, FERRY_EINVAL, "tensor %s: key too long", t[i].name);
-        const void *data = t[i].data;
-        void *conv = NULL;
-        uint64_t c0 = fr_now_ns();
-        if (strcmp(od, t[i].dtype) != 0) {
-            conv = malloc(nb ? nb : 1);
-            if (!conv)
-                return fr_rl_fail(err, FERRY_ENOMEM, "tensor %s: no memory to convert it",
-                            t[i].name);
-            (void)ferry_convert(t[i].data, t[i].dtype, conv, od, elems);
-            data = conv;
-        }
-        uint64_t sum = fr_hash64(data, nb, 0);
-        uint64_t c1 = fr_now_ns();
-        ferry_object_desc d = {0};
-        int rc = put_one(s, key, data, nb, &repl, &d);
-        st->convert_s += (double)(c1 - c0) / 1e9;
-        st->store_s += (double)(fr_now_ns() - c1) / 1e9;
-        free(conv);
-        if (rc < 0)
-            return fr_rl_fail(err, rc, "could not store %s (%" PRIu64 " bytes): %s", t[i].name, nb,
-                        ferry_store_last_error());
-        m->idx[m->n++] = i;
-        uint64_t seg = d.nreplicas ? d.replicas[0].segment : 0;
-        st->tensors++;
-        st->bytes += nb;
-        if (c->segment && seg != c->segment)
-            st->cross_node_bytes += nb;
-        else if (c->segment)
-            st->local_bytes += nb;
-        sb_printf(part, "%s\t%s\t", t[i].name, od);
-        for (uint32_t k = 0; k < t[i].ndim; k++)
-            sb_printf(part, "%s%" PRIu64, k ? "," : "", t[i].shape[k]);
-        sb_printf(part, "\t%" PRIu64 "\t%016" PRIx64 "\t%u\t%" PRIu64 "\t%s\t%zu\n", nb, sum,
-                  c->rank, seg, key, i);
-    }
-    return 0;
-}
-
-/* The attempt failed: remove what this rank stored in it. */
-static void remove_mine(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
-                        const ferry_weight_tensor *t, const mine *m)
-{
-    for (size_t j = 0; j < m->n; j++) {
-        char key[1100];
-        if (ferry_weights_key(c->model, gen, t[m->idx[j]].name, key, sizeof key) > 0)
-            (void)ferry_store_remove(s, key);
-    }
-}
-
 /* ---- one attempt ------------------------------------------------------------------------ */
 
-/* Every rank's side: store (unless `why`, this rank's own failure, is
- * given), leave a part, meet at the barrier, then decide (rank 0) or wait
- * for the decision. */
+/* Every rank's side: prepare and store (unless `why`, this rank's own
+ * failure, is given, or the placement is missing), leave a part, meet at
+ * the barrier, then decide (rank 0) or wait for the decision. */
 static int attempt(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
-                   const char *record, const ferry_weight_tensor *t, size_t n, const char *why,
-                   ferry_publish_stats *st, ferry_error *err)
+                   const char *record, ferry_manifest *placement, const ferry_shard_data *data,
+                   size_t n, const char *why, ferry_publish_stats *st, ferry_error *err)
 {
     /* Generations only move forward: refuse before storing (or replacing)
      * anything under an existing generation's keys. */
@@ -226,50 +59,45 @@ static int attempt(ferry_store *s, const ferry_publisher_config *c, uint64_t gen
     if (active >= gen)
         return fr_rl_fail(err, FERRY_EINVAL, "publish: generation %" PRIu64 " of %s is not newer "
                     "than the active %" PRIu64, gen, c->model, active);
-    mine m = { .idx = malloc((n ? n : 1) * sizeof *m.idx) };
-    uint32_t *pub = malloc((n ? n : 1) * sizeof *pub);
-    uint64_t *sizes = malloc((n ? n : 1) * sizeof *sizes);
-    if (!m.idx || !pub || !sizes) {
-        free(m.idx), free(pub), free(sizes);
-        return fr_rl_fail(err, FERRY_ENOMEM, "publish: out of memory");
-    }
     double t0 = (double)fr_now_ns() / 1e9;
-    sbuf part = {0};
+    fr_pub_mine mine = {0};
     ferry_error me = {0};
-    int my_rc = why ? fr_rl_fail(&me, FERRY_EINVAL, "%s", why) : check_tensors(t, n, c, &me);
+    int my_rc = why ? fr_rl_fail(&me, FERRY_EINVAL, "%s", why)
+                    : fr_pub_mine_prepare(&mine, c, placement, data, n, &me);
     if (my_rc == 0) {
-        for (size_t i = 0; i < n; i++) {
-            sizes[i] = tensor_bytes(&t[i], out_dtype(c, &t[i]));
-            st->total_tensors++;
-            st->total_bytes += sizes[i];
+        st->total_tensors = ferry_manifest_tensor_count(mine.stored);
+        for (uint64_t id = 0; id < ferry_manifest_fragment_count(mine.stored); id++) {
+            ferry_packed pk;
+            (void)ferry_pack_fragment(mine.pack, id, &pk);
+            st->total_bytes += pk.bytes;
         }
-        my_rc = ferry_weights_assign(sizes, n, c->rank_node, c->world, pub, &me);
+        my_rc = fr_pub_mine_store(s, c, gen, placement, &mine, st, &me);
     }
-    if (my_rc == 0)
-        my_rc = put_mine(s, c, gen, t, n, pub, &part, &m, st, &me);
-    free(pub);
-    free(sizes);
     st->put_s = (double)fr_now_ns() / 1e9 - t0;
 
     /* Every rank leaves its part, good or bad, and meets the others. */
-    sbuf pv = {0};
-    if (my_rc < 0)
-        sb_printf(&pv, "failed %d %s\n", my_rc, me.msg[0] ? me.msg : ferry_strerror(my_rc));
-    else
-        sb_printf(&pv, "ok\n%.*s", (int)part.n, part.p ? part.p : "");
-    free(part.p);
+    char pv[900], dh[33];
+    if (my_rc < 0) {
+        snprintf(pv, sizeof pv, "failed %d %s\n", my_rc, me.msg[0] ? me.msg : ferry_strerror(my_rc));
+        for (char *q = pv + 7; *q && q[1]; q++)
+            if (*q == '\n')
+                *q = ' ';
+    } else {
+        ferry_digest_hex(mine.digest, dh);
+        snprintf(pv, sizeof pv, "ok 2\n%s %u %" PRIu64 " %016" PRIx64 "\n", dh, mine.nobjects,
+                 mine.segment, mine.sums_hash);
+    }
     char pk[300], bk[300], what[32], member[32];
     snprintf(what, sizeof what, "part/%u", c->rank);
     fr_wk_key(pk, sizeof pk, c->model, gen, what);
     uint64_t tmo = c->timeout_ms ? c->timeout_ms : 60000;
-    rc = pv.oom ? FERRY_ENOMEM : ferry_kv_put(s, pk, pv.p, pv.n, NULL);
-    free(pv.p);
+    rc = ferry_kv_put(s, pk, pv, strlen(pv), NULL);
     fr_pub_decision d = {0};
     if (rc < 0) {
         /* Without a part of this attempt it must not arrive (the
          * coordinator would read an earlier attempt's). */
-        remove_mine(s, c, gen, t, &m);
-        free(m.idx);
+        fr_pub_mine_remove(s, c, gen, &mine);
+        fr_pub_mine_free(&mine);
         return fr_rl_fail(err, rc, "publish of %s generation %" PRIu64 " failed: rank %u cannot "
                           "record its part: %s", c->model, gen, c->rank, ferry_store_last_error());
     }
@@ -287,15 +115,15 @@ static int attempt(ferry_store *s, const ferry_publisher_config *c, uint64_t gen
         snprintf(d.why, sizeof d.why, "rank %u cannot meet the other ranks: %s", c->rank,
                  ferry_store_last_error());
     } else if (c->rank == 0) {
-        fr_rl_decide(s, c, gen, a, n, record, st, &d);
+        fr_rl_decide(s, c, gen, a, my_rc == 0 ? &mine : NULL, record, st, &d);
     } else {
         fr_rl_await(s, c, gen, a, &d);
     }
     st->commit_s = (double)fr_now_ns() / 1e9 - t1;
     (void)ferry_kv_delete(s, pk, 0, NULL);   /* decided: nobody reads it again */
     if (d.rc < 0 && !d.keep)
-        remove_mine(s, c, gen, t, &m);
-    free(m.idx);
+        fr_pub_mine_remove(s, c, gen, &mine);
+    fr_pub_mine_free(&mine);
     if (d.rc < 0)
         return fr_rl_fail(err, d.rc, "publish of %s generation %" PRIu64 " failed: %s", c->model,
                           gen, d.why);
@@ -306,6 +134,143 @@ static bool config_ok(ferry_store *s, const ferry_publisher_config *c, uint64_t 
 {
     return s && c && gen != 0 && c->world != 0 && c->rank < c->world && c->model[0] &&
            !strchr(c->model, '/') && memchr(c->model, '\0', sizeof c->model);
+}
+
+int ferry_publish_shards(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
+                         ferry_manifest *placement, const ferry_shard_data *mine, size_t n,
+                         ferry_publish_stats *st, ferry_error *err)
+{
+    ferry_publish_stats local = {0};
+    if (!st)
+        st = &local;
+    memset(st, 0, sizeof *st);
+    if (!config_ok(s, c, gen) || !placement || (n && !mine))
+        return fr_rl_fail(err, FERRY_EINVAL, "publish: bad arguments (model, rank, world, "
+                          "generation, placement)");
+    return attempt(s, c, gen, NULL, placement, mine, n, NULL, st, err);
+}
+
+/* ---- whole tensors: the placement of their assigned pieces -------------------------------- */
+
+static int by_name(const void *a, const void *b)
+{
+    return strcmp((*(const ferry_weight_tensor *const *)a)->name,
+                  (*(const ferry_weight_tensor *const *)b)->name);
+}
+
+static int check_names_unique(const ferry_weight_tensor *t, size_t n, ferry_error *err)
+{
+    const ferry_weight_tensor **by = malloc((n ? n : 1) * sizeof *by);
+    if (!by)
+        return fr_rl_fail(err, FERRY_ENOMEM, "out of memory checking the tensor names");
+    for (size_t i = 0; i < n; i++)
+        by[i] = &t[i];
+    qsort(by, n, sizeof *by, by_name);
+    int rc = 0;
+    for (size_t i = 1; i < n && rc == 0; i++)
+        if (!strcmp(by[i - 1]->name, by[i]->name))
+            rc = fr_rl_fail(err, FERRY_EINVAL, "tensor %s is named twice", by[i]->name);
+    free(by);
+    return rc;
+}
+
+static int check_tensors(const ferry_weight_tensor *t, size_t n, ferry_error *err)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (!t[i].name || !*t[i].name)
+            return fr_rl_fail(err, FERRY_EINVAL, "tensor %zu has no usable name", i);
+        if (!t[i].dtype || !ferry_dtype_size(t[i].dtype) || t[i].ndim > FERRY_MAX_DIMS)
+            return fr_rl_fail(err, FERRY_EINVAL, "tensor %s: unknown dtype or too many dims",
+                              t[i].name);
+        for (uint32_t d = 0; d < t[i].ndim; d++)
+            if (t[i].shape[d] == 0)
+                return fr_rl_fail(err, FERRY_EINVAL, "tensor %s: dimension %u is 0", t[i].name, d);
+        if (!t[i].data)
+            return fr_rl_fail(err, FERRY_EINVAL, "tensor %s: no data", t[i].name);
+    }
+    return check_names_unique(t, n, err);
+}
+
+/* The placement of whole tensors: each cut along dim 0 into pieces of at
+ * most a tenth of a rank's share or 1 MiB (whole rows), the pieces assigned by
+ * ferry_weights_assign, so no rank stores more than about 1.1x its share.
+ * *data gets this rank's pieces (pointers into the tensors). */
+static int whole_placement(const ferry_publisher_config *c, const ferry_weight_tensor *t, size_t n,
+                           ferry_manifest **out, ferry_shard_data **data, size_t *ndata,
+                           ferry_error *err)
+{
+    const char *od = c->out_dtype;
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t b = ferry_dtype_size(od[0] ? od : t[i].dtype);
+        for (uint32_t d = 0; d < t[i].ndim; d++)
+            b *= t[i].shape[d];
+        total += b;
+    }
+    /* Pieces of a tenth of a rank's share keep every rank within about
+     * 1.1x of it; below 1 MiB a cut is not worth a piece. One rank stores
+     * everything anyway: no cut. */
+    uint64_t cap = c->world > 1 ? total / c->world / 10 : UINT64_MAX;
+    if (cap < (1u << 20))
+        cap = 1u << 20;
+    typedef struct { size_t t; uint64_t row0, rows, bytes; } cut;
+    cut *cuts = NULL;
+    size_t ncuts = 0, ccap = 0;
+    int rc = ferry_manifest_create(c->world, NULL, 1, out);
+    for (size_t i = 0; i < n && rc >= 0; i++) {
+        ferry_tensor_desc d = { .name = t[i].name, .dtype = t[i].dtype,
+                                .itemsize = ferry_dtype_size(t[i].dtype), .ndim = t[i].ndim };
+        memcpy(d.shape, t[i].shape, sizeof d.shape);
+        rc = ferry_manifest_add_tensor(*out, &d, err);
+        uint64_t rows = t[i].ndim ? t[i].shape[0] : 1, row = ferry_dtype_size(od[0] ? od : t[i].dtype);
+        for (uint32_t k = 1; k < t[i].ndim; k++)
+            row *= t[i].shape[k];
+        uint64_t per = cap / row ? cap / row : 1;   /* rows per piece */
+        for (uint64_t r0 = 0; r0 < rows && rc >= 0; r0 += per) {
+            if (fr_grow((void **)&cuts, &ccap, ncuts + 1, sizeof *cuts) < 0)
+                rc = FERRY_ENOMEM;
+            else
+                cuts[ncuts++] = (cut){ i, r0, rows - r0 < per ? rows - r0 : per,
+                                       (rows - r0 < per ? rows - r0 : per) * row };
+        }
+    }
+    uint64_t *sizes = malloc((ncuts ? ncuts : 1) * sizeof *sizes);
+    uint32_t *pub = malloc((ncuts ? ncuts : 1) * sizeof *pub);
+    if (rc >= 0 && (!sizes || !pub))
+        rc = FERRY_ENOMEM;
+    for (size_t k = 0; k < ncuts && rc >= 0; k++)
+        sizes[k] = cuts[k].bytes;
+    if (rc >= 0)
+        rc = ferry_weights_assign(sizes, ncuts, c->rank_node, c->world, pub, err);
+    size_t dcap = 0;
+    for (size_t k = 0; k < ncuts && rc >= 0; k++) {
+        const ferry_weight_tensor *x = &t[cuts[k].t];
+        ferry_fragment f = { .tensor = (uint32_t)cuts[k].t, .rank = pub[k] };
+        for (uint32_t d = 0; d < x->ndim; d++)
+            f.shape[d] = x->shape[d];
+        if (x->ndim) {
+            f.offset[0] = cuts[k].row0;
+            f.shape[0] = cuts[k].rows;
+        }
+        uint64_t id = ferry_manifest_fragment_count(*out);
+        rc = ferry_manifest_add_fragment(*out, &f, err);
+        if (rc >= 0 && pub[k] == c->rank) {
+            uint64_t inrow = ferry_dtype_size(x->dtype);
+            for (uint32_t d = 1; d < x->ndim; d++)
+                inrow *= x->shape[d];
+            if (fr_grow((void **)data, &dcap, *ndata + 1, sizeof **data) < 0)
+                rc = FERRY_ENOMEM;
+            else
+                (*data)[(*ndata)++] = (ferry_shard_data){
+                    .fragment = id, .data = (const uint8_t *)x->data + cuts[k].row0 * inrow };
+        }
+    }
+    free(cuts);
+    free(sizes);
+    free(pub);
+    if (rc < 0 && !(err && err->msg[0]))
+        fr_rl_fail(err, rc, "publish: %s", ferry_strerror(rc));
+    return rc < 0 ? rc : 0;
 }
 
 int ferry_publish(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
@@ -325,7 +290,19 @@ int fr_rl_publish(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
     memset(st, 0, sizeof *st);
     if (!config_ok(s, c, gen) || !c->rank_node || (n && !t))
         return fr_rl_fail(err, FERRY_EINVAL, "publish: bad arguments (model, rank, world, generation)");
-    return attempt(s, c, gen, record, t, n, NULL, st, err);
+    ferry_manifest *pl = NULL;
+    ferry_shard_data *data = NULL;
+    size_t nd = 0;
+    ferry_error me = {0};
+    int my_rc = check_tensors(t, n, &me);
+    if (my_rc == 0)
+        my_rc = whole_placement(c, t, n, &pl, &data, &nd, &me);
+    int rc = attempt(s, c, gen, record, pl, data, nd, my_rc < 0 ? me.msg : NULL, st, err);
+    if (my_rc < 0 && rc < 0 && err)
+        err->code = rc;
+    free(data);
+    ferry_manifest_close(pl);
+    return rc;
 }
 
 int ferry_publish_abort(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
@@ -339,7 +316,7 @@ int ferry_publish_abort(ferry_store *s, const ferry_publisher_config *c, uint64_
     for (char *p = w; *p; p++)
         if (*p == '\n' || *p == '\t')
             *p = ' ';   /* one line in the part and the status */
-    int rc = attempt(s, c, gen, NULL, NULL, 0, w, &st, err);
+    int rc = attempt(s, c, gen, NULL, NULL, NULL, 0, w, &st, err);
     return rc < 0 ? rc : fr_rl_fail(err, FERRY_EPROTO, "publish of %s generation %" PRIu64
                                     " was announced without rank %u", c->model, gen, c->rank);
 }

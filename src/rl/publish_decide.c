@@ -29,6 +29,7 @@
 
 #include "base/base.h"
 #include "ferry/weights.h"
+#include "rl/gen_int.h"
 #include "rl/publish_int.h"
 #include "rl/rl_int.h"
 
@@ -106,86 +107,123 @@ static void failed(fr_pub_decision *d, int code, const char *fmt, ...)
 
 /* ---- the coordinator ----------------------------------------------------------------- */
 
-typedef struct line { size_t idx; const char *p; size_t n; } line;
-
-static int by_idx(const void *a, const void *b)
+/* Where rank r's declaration differs from the coordinator's: the first
+ * tensor whose name, dtype and shape, or pieces differ. */
+static void differs(ferry_store *s, const ferry_publisher_config *c, uint64_t gen, uint32_t r,
+                    const fr_pub_mine *mine, fr_pub_decision *d)
 {
-    const line *x = a, *y = b;
-    return x->idx < y->idx ? -1 : x->idx > y->idx;
+    char key[FR_GEN_KEY], what[40];
+    snprintf(what, sizeof what, "r%u.decl", r);
+    (void)fr_gen_file_key(c->model, gen, what, key, sizeof key);
+    void *buf = NULL;
+    size_t len = 0;
+    if (ferry_store_get(s, key, &buf, &len) < 0 || len < 8) {
+        failed(d, FERRY_EINVAL, "rank %u passed another placement than rank 0", r);
+        ferry_store_free(buf);
+        return;
+    }
+    const uint64_t *theirs = buf, *ours = mine->decl;
+    uint64_t nt = theirs[0];
+    if (nt != ours[0] || len != (nt * 3 + 1) * 8) {
+        failed(d, FERRY_EINVAL, "rank %u passed %" PRIu64 " tensors, rank 0 %" PRIu64, r, nt,
+               ours[0]);
+    } else {
+        failed(d, FERRY_EINVAL, "rank %u passed another placement than rank 0", r);
+        for (uint64_t t = 0; t < nt; t++) {
+            const uint64_t *a = ours + 1 + 3 * t, *b = theirs + 1 + 3 * t;
+            ferry_tensor_desc td;
+            (void)ferry_manifest_tensor(mine->stored, (uint32_t)t, &td);
+            if (a[0] != b[0]) {
+                failed(d, FERRY_EINVAL, "rank %u passes another tensor than %s at position %"
+                       PRIu64 " (names or their order differ)", r, td.name, t);
+                break;
+            }
+            if (a[1] != b[1]) {
+                failed(d, FERRY_EINVAL, "rank %u passes tensor %s with another dtype or shape "
+                       "than rank 0", r, td.name);
+                break;
+            }
+            if (a[2] != b[2]) {
+                failed(d, FERRY_EINVAL, "rank %u places tensor %s in other pieces than rank 0",
+                       r, td.name);
+                break;
+            }
+        }
+    }
+    ferry_store_free(buf);
 }
 
-/* Every rank's part: on success *manifest (malloc'd) is the text in tensor
- * order; else d says which rank failed and why, with its code. */
-static int gather(ferry_store *s, const ferry_publisher_config *c, uint64_t gen, size_t n,
-                  char **manifest, size_t *mlen, fr_pub_decision *d)
+/* Every rank's part, checked against the coordinator's own: on success
+ * *gentext (malloc'd) is the generation text (gen_int.h); else d says
+ * which rank failed or differs and why, with its code. */
+static int gather(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
+                  const fr_pub_mine *mine, char **gentext, size_t *glen, fr_pub_decision *d)
 {
-    ferry_kv_value *parts = calloc(c->world, sizeof *parts);
-    line *lines = calloc(n ? n : 1, sizeof *lines);
-    size_t nl = 0, total = 0;
-    int rc = parts && lines ? 0 : FERRY_ENOMEM;
-    if (rc < 0)
-        failed(d, rc, "the coordinator (rank 0) ran out of memory");
+    size_t cap = 256 + (size_t)c->world * 96, n = 0;
+    char *text = malloc(cap), dh[33];
+    if (!text) {
+        failed(d, FERRY_ENOMEM, "the coordinator (rank 0) ran out of memory");
+        return d->rc;
+    }
+    int rc = 0;
+    if (mine) {
+        ferry_digest_hex(mine->digest, dh);
+        fr_hash128_t jh = fr_hash128(mine->json, mine->json_len, 0);
+        char jhex[33];
+        fr_hash128_hex(jh, jhex);
+        n += (size_t)snprintf(text + n, cap - n, "ferry-gen 2\nmanifest %zu %s\n", mine->json_len,
+                              jhex);
+    }
     for (uint32_t r = 0; r < c->world && rc == 0; r++) {
         char k[300], what[32];
         snprintf(what, sizeof what, "part/%u", r);
         fr_wk_key(k, sizeof k, c->model, gen, what);
-        rc = ferry_kv_get(s, k, &parts[r]);
+        ferry_kv_value v = {0};
+        rc = ferry_kv_get(s, k, &v);
         if (rc < 0) {
             failed(d, rc, "rank %u left no part (%s)", r, ferry_strerror(rc));
             break;
         }
-        const char *p = parts[r].val, *end = p + parts[r].len;
-        const char *eol = memchr(p, '\n', (size_t)(end - p));
-        if (!eol || (size_t)(eol - p) != 2 || strncmp(p, "ok", 2) != 0) {
+        char line[1000];
+        snprintf(line, sizeof line, "%.*s", (int)(v.len < sizeof line ? v.len : sizeof line - 1),
+                 (const char *)v.val);
+        ferry_store_free(v.val);
+        char hex[40];
+        unsigned no;
+        unsigned long long seg, sh;
+        if (strncmp(line, "ok 2\n", 5) != 0) {
             status st = {0};
-            char tmp[700];
-            snprintf(tmp, sizeof tmp, "0 %.*s", (int)((eol ? eol : end) - p), p);
+            char tmp[1100];
+            char *eol = strchr(line, '\n');
+            if (eol)
+                *eol = '\0';
+            snprintf(tmp, sizeof tmp, "0 %s", line);
             parse_status(tmp, strlen(tmp), &st);
             if (st.kind == ST_FAILED)
                 failed(d, st.code, "rank %u: %s", r, st.why);
             else
                 failed(d, FERRY_EPROTO, "rank %u left a malformed part", r);
             rc = d->rc;
-            break;
-        }
-        for (p = eol + 1; p < end && rc == 0;) {
-            const char *e = memchr(p, '\n', (size_t)(end - p));
-            const char *tab = e ? e : end;
-            while (tab > p && tab[-1] != '\t')
-                tab--;
-            size_t idx = (size_t)strtoull(tab, NULL, 10);
-            if (!e || nl >= n || idx >= n) {
-                failed(d, FERRY_EPROTO, "rank %u left a malformed part", r);
-                rc = d->rc;
-                break;
-            }
-            lines[nl++] = (line){ .idx = idx, .p = p, .n = (size_t)(e - p) + 1 };
-            total += (size_t)(e - p) + 1;
-            p = e + 1;
-        }
-    }
-    if (rc == 0 && nl != n) {
-        failed(d, FERRY_EPROTO, "the parts hold %zu of %zu tensors", nl, n);
-        rc = d->rc;
-    }
-    if (rc == 0) {
-        qsort(lines, nl, sizeof *lines, by_idx);
-        *manifest = malloc(total + 1);
-        *mlen = 0;
-        if (!*manifest) {
-            failed(d, FERRY_ENOMEM, "the coordinator (rank 0) ran out of memory");
+        } else if (sscanf(line + 5, "%39s %u %llu %llx", hex, &no, &seg, &sh) != 4) {
+            failed(d, FERRY_EPROTO, "rank %u left a malformed part", r);
             rc = d->rc;
-        }
-        for (size_t i = 0; rc == 0 && i < nl; i++) {
-            memcpy(*manifest + *mlen, lines[i].p, lines[i].n);
-            *mlen += lines[i].n;
+        } else if (!mine) {
+            failed(d, FERRY_EPROTO, "rank 0 has no placement");   /* its own part said why */
+            rc = d->rc;
+        } else if (strcmp(hex, dh) != 0) {
+            differs(s, c, gen, r, mine, d);
+            rc = d->rc;
+        } else {
+            n += (size_t)snprintf(text + n, cap - n, "rank %u %llu %u %016llx\n", r, seg, no, sh);
         }
     }
-    for (uint32_t r = 0; parts && r < c->world; r++)
-        ferry_store_free(parts[r].val);
-    free(parts);
-    free(lines);
-    return rc;
+    if (rc < 0) {
+        free(text);
+        return rc;
+    }
+    *gentext = text;
+    *glen = n;
+    return 0;
 }
 
 /* Write the manifest and probes, then announce gen with one CAS of the
@@ -294,7 +332,8 @@ static int claim(ferry_store *s, const char *sk, uint64_t attempt, uint64_t *rev
 }
 
 void fr_rl_decide(ferry_store *s, const ferry_publisher_config *c, uint64_t gen, uint64_t attempt,
-                  size_t n, const char *record, ferry_publish_stats *pst, fr_pub_decision *d)
+                  const fr_pub_mine *mine, const char *record, ferry_publish_stats *pst,
+                  fr_pub_decision *d)
 {
     uint64_t tmo = c->timeout_ms ? c->timeout_ms : 60000;
     uint64_t cas_by = fr_deadline_ns((int64_t)(tmo / 2));
@@ -304,7 +343,7 @@ void fr_rl_decide(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
     char *man = NULL;
     size_t mlen = 0;
     uint64_t rev = 0;
-    int grc = gather(s, c, gen, n, &man, &mlen, d);
+    int grc = gather(s, c, gen, mine, &man, &mlen, d);
     if (claim(s, sk, attempt, &rev, d) < 0 || grc < 0) {
         free(man);
         return;

@@ -35,6 +35,50 @@ int fr_rl_probe_put(ferry_store *s, const char *model, uint64_t gen, const char 
 void fr_rl_keep(ferry_store *s, const ferry_publisher_config *c, uint64_t gen, uint64_t prev,
                 ferry_publish_stats *st);
 
+/* ---- this rank's pieces (publish_mine.c) ----------------------------------------- */
+
+typedef struct fr_pub_piece {
+    uint64_t sid;                /* its fragment id in the stored manifest */
+    ferry_fragment src;          /* its fragment in the placement given (layout of data) */
+    const void *data;
+    ferry_packed at;             /* where it is packed */
+} fr_pub_piece;
+
+typedef struct fr_pub_mine {
+    ferry_manifest *stored;      /* the placement's stored form */
+    ferry_pack *pack;
+    uint8_t digest[16];          /* of the stored manifest: what every rank must agree on */
+    fr_pub_piece *pieces;        /* what this rank stores, in id order */
+    size_t npieces;
+    uint32_t nobjects;
+    uint64_t *sums;              /* per piece */
+    uint64_t sums_hash;
+    uint64_t segment;            /* where its objects landed */
+    uint64_t *decl;              /* ntensors, then per tensor 3 hashes (name; dtype and
+                                  * shape; pieces) */
+    uint32_t ntensors;
+    char *json;                  /* rank 0: the stored manifest's JSON */
+    size_t json_len;
+} fr_pub_mine;
+
+/* Check the placement (ranks, dtypes, every tensor covered once), make
+ * its stored form, packing and declaration, and find this rank's pieces
+ * and their data. Nothing is stored. */
+int fr_pub_mine_prepare(fr_pub_mine *p, const ferry_publisher_config *c, ferry_manifest *placement,
+                        const ferry_shard_data *data, size_t n, ferry_error *err);
+/* Pack, convert, checksum and store this rank's objects, its checksums and
+ * declaration (and rank 0 the manifest JSON). */
+int fr_pub_mine_store(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
+                      ferry_manifest *placement, fr_pub_mine *p, ferry_publish_stats *st,
+                      ferry_error *err);
+/* Remove what fr_pub_mine_store stored (an attempt failed). */
+void fr_pub_mine_remove(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
+                        const fr_pub_mine *p);
+void fr_pub_mine_free(fr_pub_mine *p);
+/* Put, replacing a leftover of an earlier attempt under the key. */
+int fr_pub_put(ferry_store *s, const char *key, const void *data, uint64_t nb,
+               const ferry_replicate_config *repl, ferry_object_desc *d);
+
 /* ---- the decision of one attempt (publish_decide.c) ----------------------------- */
 
 typedef struct fr_pub_decision {
@@ -44,11 +88,13 @@ typedef struct fr_pub_decision {
     char why[600];       /* the failure, without "publish of M generation G failed: " */
 } fr_pub_decision;
 
-/* The coordinator: gather the n tensors' parts, claim attempt's decision,
+/* The coordinator (mine: its own pieces and declaration): gather every
+ * rank's part and check they agree, claim attempt's decision,
  * announce (with record, may be NULL), write the decision, then retention
  * and the sweep (fr_rl_keep). */
 void fr_rl_decide(ferry_store *s, const ferry_publisher_config *c, uint64_t gen, uint64_t attempt,
-                  size_t n, const char *record, ferry_publish_stats *st, fr_pub_decision *d);
+                  const fr_pub_mine *mine, const char *record, ferry_publish_stats *st,
+                  fr_pub_decision *d);
 /* Every other rank: wait up to cfg->timeout_ms for attempt's decision;
  * then take the one there is or decide the attempt failed. */
 void fr_rl_await(ferry_store *s, const ferry_publisher_config *c, uint64_t gen, uint64_t attempt,

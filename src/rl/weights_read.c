@@ -8,6 +8,7 @@
 
 #include "base/base.h"
 #include "ferry/weights.h"
+#include "rl/gen_int.h"
 #include "rl/publish_int.h"
 #include "rl/rl_int.h"
 
@@ -52,30 +53,31 @@ int fr_rl_active_read(ferry_store *s, const char *model, uint64_t *generation,
 int fr_rl_probe_put(ferry_store *s, const char *model, uint64_t gen, const char *manifest,
                     size_t len)
 {
-    /* Fields 7 and 8 of a manifest line (1-based) are the segment and the key. */
+    /* One object per store segment: the first object of the first rank
+     * whose objects landed there ("rank R SEGMENT OBJECTS ..." lines). */
     size_t cap = 4096, n = 0, nseg = 0, segcap = 16;
-    char *out = malloc(cap);
+    char *out = malloc(cap), *text = malloc(len + 1);
     uint64_t *segs = malloc(segcap * sizeof *segs);
-    int rc = out && segs ? 0 : FERRY_ENOMEM;
-    for (const char *p = manifest, *end = manifest + len; rc == 0 && p < end;) {
-        const char *eol = memchr(p, '\n', (size_t)(end - p));
-        if (!eol)
-            eol = end;
-        const char *f[9] = { p };
-        int nf = 1;
-        for (const char *q = p; q < eol && nf < 9; q++)
-            if (*q == '\t')
-                f[nf++] = q + 1;
-        p = eol + 1;
-        if (nf < 9)
+    int rc = out && segs && text ? 0 : FERRY_ENOMEM;
+    if (text) {
+        memcpy(text, manifest, len);
+        text[len] = '\0';
+    }
+    char *save = NULL;
+    for (char *l = rc == 0 ? strtok_r(text, "\n", &save) : NULL; l && rc == 0;
+         l = strtok_r(NULL, "\n", &save)) {
+        unsigned r, no;
+        unsigned long long seg;
+        if (sscanf(l, "rank %u %llu %u", &r, &seg, &no) != 3 || no == 0)
             continue;
-        uint64_t seg = strtoull(f[6], NULL, 10);
         bool seen = false;
         for (size_t i = 0; i < nseg && !seen; i++)
             seen = segs[i] == seg;
         if (seen)
             continue;
-        size_t klen = (size_t)(f[8] - 1 - f[7]);
+        char key[FR_GEN_KEY];
+        if (fr_gen_object_key(model, gen, r, 0, key, sizeof key) < 0)
+            continue;
         if (nseg == segcap) {
             uint64_t *ns = realloc(segs, 2 * segcap * sizeof *segs);
             if (!ns) {
@@ -85,17 +87,17 @@ int fr_rl_probe_put(ferry_store *s, const char *model, uint64_t gen, const char 
             segs = ns;
             segcap *= 2;
         }
-        if (n + klen + 32 > cap) {
-            char *no = realloc(out, 2 * cap + klen + 32);
-            if (!no) {
+        if (n + strlen(key) + 32 > cap) {
+            char *no2 = realloc(out, 2 * cap + strlen(key) + 32);
+            if (!no2) {
                 rc = FERRY_ENOMEM;
                 break;
             }
-            out = no;
-            cap = 2 * cap + klen + 32;
+            out = no2;
+            cap = 2 * cap + strlen(key) + 32;
         }
         segs[nseg++] = seg;
-        n += (size_t)snprintf(out + n, cap - n, "%" PRIu64 "\t%.*s\n", seg, (int)klen, f[7]);
+        n += (size_t)snprintf(out + n, cap - n, "%llu\t%s\n", seg, key);
     }
     if (rc == 0) {
         char k[300];
@@ -104,6 +106,7 @@ int fr_rl_probe_put(ferry_store *s, const char *model, uint64_t gen, const char 
     }
     free(out);
     free(segs);
+    free(text);
     return rc;
 }
 
@@ -181,83 +184,19 @@ int ferry_weights_active(ferry_store *s, const char *model, uint64_t *generation
 
 /* ---- manifests and tensors ------------------------------------------------------------- */
 
-static int parse_line(char *p, ferry_weight_entry *e)
-{
-    char *f[9];
-    for (int i = 0; i < 9; i++) {
-        f[i] = strsep(&p, "\t");
-        if (!f[i])
-            return FERRY_EPROTO;
-    }
-    memset(e, 0, sizeof *e);
-    if (strlen(f[0]) >= sizeof e->name || strlen(f[1]) >= sizeof e->dtype ||
-        strlen(f[7]) >= sizeof e->key)
-        return FERRY_EPROTO;
-    strcpy(e->name, f[0]);
-    strcpy(e->dtype, f[1]);
-    for (char *q = f[2]; *q && e->ndim < FERRY_MAX_DIMS;) {
-        char *end;
-        e->shape[e->ndim++] = strtoull(q, &end, 10);
-        q = *end == ',' ? end + 1 : end;
-        if (end == q && *q)
-            return FERRY_EPROTO;
-    }
-    e->bytes = strtoull(f[3], NULL, 10);
-    e->checksum = strtoull(f[4], NULL, 16);
-    e->publisher = (uint32_t)strtoul(f[5], NULL, 10);
-    e->segment = strtoull(f[6], NULL, 10);
-    strcpy(e->key, f[7]);
-    return 0;
-}
-
 int ferry_weights_manifest(ferry_store *s, const char *model, uint64_t generation,
                            ferry_weight_manifest *out, ferry_error *err)
 {
     if (!s || !model || !out)
         return fr_rl_fail(err, FERRY_EINVAL, "manifest: bad arguments");
     memset(out, 0, sizeof *out);
-    char k[300];
-    fr_wk_key(k, sizeof k, model, generation, "manifest");
-    ferry_kv_value v = {0};
-    int rc = ferry_kv_get(s, k, &v);
+    fr_gen *g = NULL;
+    int rc = fr_gen_load(s, model, generation, &g, err);
+    if (rc == 0)
+        rc = fr_gen_to_manifest(g, out, err);
     if (rc < 0)
-        return fr_rl_fail(err, rc, "manifest of %s generation %" PRIu64 ": %s", model, generation,
-                    ferry_store_last_error());
-    fr_hash128_t d = fr_hash128(v.val, v.len, 0);
-    memcpy(out->digest, d.b, 16);
-    uint64_t active = 0;
-    uint8_t want[16];
-    if (fr_rl_active_read(s, model, &active, want) == 0 && active == generation &&
-        memcmp(want, out->digest, 16) != 0) {
-        ferry_store_free(v.val);
-        return fr_rl_fail(err, FERRY_ECORRUPT, "manifest of %s generation %" PRIu64
-                    " does not match the announced digest", model, generation);
-    }
-    size_t lines = 0;
-    for (size_t i = 0; i < v.len; i++)
-        lines += ((char *)v.val)[i] == '\n';
-    out->entries = calloc(lines ? lines : 1, sizeof *out->entries);
-    if (!out->entries) {
-        ferry_store_free(v.val);
-        return fr_rl_fail(err, FERRY_ENOMEM, "manifest: out of memory");
-    }
-    char *p = v.val;
-    for (size_t i = 0; i < lines && rc == 0; i++) {
-        char *e = strchr(p, '\n');
-        *e = '\0';
-        rc = parse_line(p, &out->entries[i]);
-        out->bytes += out->entries[i].bytes;
-        p = e + 1;
-    }
-    ferry_store_free(v.val);
-    if (rc < 0) {
-        ferry_weight_manifest_free(out);
-        return fr_rl_fail(err, rc, "manifest of %s generation %" PRIu64 " is malformed", model,
-                    generation);
-    }
-    out->n = lines;
-    out->generation = generation;
-    return 0;
+        fr_gen_free(g);
+    return rc;
 }
 
 void ferry_weight_manifest_free(ferry_weight_manifest *m)
@@ -265,21 +204,15 @@ void ferry_weight_manifest_free(ferry_weight_manifest *m)
     if (!m)
         return;
     free(m->entries);
-    m->entries = NULL;
-    m->n = 0;
+    fr_gen_free(m->internal);
+    memset(m, 0, sizeof *m);
 }
 
 int ferry_weights_read(ferry_store *s, const ferry_weight_entry *e, void *dst, size_t cap,
                        ferry_error *err)
 {
-    if (!s || !e || (cap && !dst))
-        return fr_rl_fail(err, FERRY_EINVAL, "read: bad arguments");
-    size_t len = 0;
-    int rc = ferry_store_get_into(s, e->key, dst, cap, &len);
-    if (rc < 0)
-        return fr_rl_fail(err, rc, "tensor %s: %s", e->name, ferry_store_last_error());
-    if (len != e->bytes || fr_hash64(dst, len, 0) != e->checksum)
-        return fr_rl_fail(err, FERRY_ECORRUPT, "tensor %s: %zu bytes read fail the checksum of the "
-                    "published %" PRIu64 " bytes", e->name, len, e->bytes);
-    return 0;
+    if (!s || !e || (cap && !dst) || !e->internal)
+        return fr_rl_fail(err, FERRY_EINVAL, "read: bad arguments (an entry of a manifest from "
+                          "ferry_weights_manifest)");
+    return fr_gen_read_tensor(s, e->internal, e->index, dst, cap, NULL, err);
 }

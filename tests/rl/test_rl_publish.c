@@ -23,6 +23,7 @@
 
 #include <cmocka.h>
 
+#include "rl/gen_int.h"
 #include "util/ftgroup.h"
 #include "ferry/samples.h"
 #include "ferry/weights.h"
@@ -103,8 +104,8 @@ static int trainer_main(char **argv)
     ferry_weight_tensor *t = make_tensors(gen, names);
     if (strstr(mode, "die")) {
         size_t k = !strcmp(mode, "die") ? 0 : first_of(rank);
-        char key[256];
-        ferry_weights_key("tiny", gen, names[k], key, sizeof key);
+        char key[FR_GEN_KEY];   /* what a rank dying mid-publish leaves: its first object */
+        fr_gen_object_key("tiny", gen, rank, 0, key, sizeof key);
         (void)ferry_store_put(s, key, t[k].data, 1024, NULL, NULL);
         if (!strcmp(mode, "arrive_die") || !strcmp(mode, "claim_die")) {
             char bk[128], member[32];
@@ -225,7 +226,9 @@ static void check_generation(ftg_env *f, uint64_t gen)
         assert_int_equal(e->bytes, shapes[k][0] * shapes[k][1] * 2);
         publishers |= 1u << e->publisher;
         uint16_t *b = malloc(e->bytes);
-        assert_int_equal(ferry_weights_read(f->s, e, b, e->bytes, &err), 0);
+        int rrc = ferry_weights_read(f->s, e, b, e->bytes, &err);
+        if (rrc != 0)
+            fail_msg("reading %s: %s", e->name, err.msg);
         for (uint64_t i = 0; i < e->bytes / 2; i++) {
             float v;
             assert_int_equal(ferry_convert(&b[i], "bf16", &v, "f32", 1), 0);
@@ -236,12 +239,15 @@ static void check_generation(ftg_env *f, uint64_t gen)
         free(b);
     }
     assert_int_equal(publishers, 0xf);   /* the work was spread over every rank */
-    /* A corrupted byte (here: a checksum that does not match) names the tensor. */
-    ferry_weight_entry bad = m.entries[3];
-    bad.checksum ^= 1;
+    /* A corrupted byte of a piece names the tensor and the piece: what a
+     * reader checks after every read (and a compatibility receiver after
+     * every tensor). */
     uint8_t tmp[64 * 64 * 2];
-    assert_int_equal(ferry_weights_read(f->s, &bad, tmp, sizeof tmp, &err), FERRY_ECORRUPT);
+    assert_int_equal(ferry_weights_read(f->s, &m.entries[3], tmp, sizeof tmp, &err), 0);
+    tmp[5] ^= 0x40;
+    assert_int_equal(fr_gen_verify_tensor(f->s, fr_gen_of(&m), 3, tmp, &err), FERRY_ECORRUPT);
     assert_non_null(strstr(err.msg, "layers.3.weight"));
+    assert_non_null(strstr(err.msg, "checksum"));
     ferry_weight_manifest_free(&m);
 }
 
@@ -286,7 +292,9 @@ static void update_worker(ferry_store *s, uint64_t *cur, uint64_t want_gen, int 
     ferry_update_stats st;
     ferry_error err = {0};
     uint64_t g = *cur;
-    assert_int_equal(ferry_weights_update_direct(s, "tiny", &g, sh, NT, &st, &err), 0);
+    int urc = ferry_weights_update_direct(s, "tiny", &g, sh, NT, &st, &err);
+    if (urc != 0)
+        fail_msg("update_direct: %d %s", urc, err.msg);
     assert_int_equal(g, want_gen);
     uint64_t demand = 0;
     for (size_t k = 0; k < NT; k++) {
@@ -330,13 +338,26 @@ static size_t objects_of(ftg_env *f, uint64_t gen)
     return n;
 }
 
+/* Objects of a whole generation: every rank's packed objects, checksums
+ * and declaration, and the placement. */
+static size_t full_objects(ftg_env *f, uint64_t gen)
+{
+    fr_gen *g = NULL;
+    assert_int_equal(fr_gen_load(f->s, "tiny", gen, &g, NULL), 0);
+    size_t n = 1;
+    for (uint32_t r = 0; r < g->nranks; r++)
+        n += g->ranks[r].nobjects + 2;
+    fr_gen_free(g);
+    return n;
+}
+
 static void test_publish_generations(void **state)
 {
     ftg_env *f = *state;
     char e[1024];
     assert_int_equal(round_of(f, 1, -1, e, sizeof e), WORLD);
     check_generation(f, 1);
-    assert_int_equal(objects_of(f, 1), NT);
+    assert_int_equal(objects_of(f, 1), full_objects(f, 1));
     uint64_t w0 = 0, w1 = 0;
     update_worker(f->s, &w0, 1, 0);
     update_worker(f->s, &w1, 1, 1);
@@ -357,13 +378,13 @@ static void test_publish_generations(void **state)
     assert_int_equal(round_of(f, 4, -1, e, sizeof e), WORLD);
     check_generation(f, 4);
     assert_int_equal(objects_of(f, 1), 0);
-    assert_int_equal(objects_of(f, 3), NT);
-    assert_int_equal(objects_of(f, 4), NT);
+    assert_int_equal(objects_of(f, 3), full_objects(f, 3));
+    assert_int_equal(objects_of(f, 4), full_objects(f, 4));
     /* An older generation cannot be published over a newer one, and the
      * refusal leaves the stored generation alone. */
     assert_int_equal(round_of(f, 3, -1, e, sizeof e), 0);
     assert_non_null(strstr(e, "not newer"));
-    assert_int_equal(objects_of(f, 3), NT);
+    assert_int_equal(objects_of(f, 3), full_objects(f, 3));
     /* Workers on generation 1 catch up; a new worker loads the active one;
      * nothing is republished. */
     update_worker(f->s, &w0, 4, 0);
@@ -374,8 +395,8 @@ static void test_publish_generations(void **state)
      * parameter is touched and the worker stays on its generation. */
     ft_proc_kill(&f->c.node[0], 9);
     struct timespec ts = { 0, 20 * 1000 * 1000 };
-    char key[256];
-    ferry_weights_key("tiny", 4, "layers.0.weight", key, sizeof key);
+    char key[FR_GEN_KEY];
+    fr_gen_object_key("tiny", 4, 0, 0, key, sizeof key);   /* rank 0's first object */
     int ex = 1;
     for (int i = 0; i < 1000 && ex != FERRY_ELOST; i++) {
         ex = ferry_store_exist(f->s, key);
@@ -414,7 +435,7 @@ static void test_publish_retry_after_failure(void **state)
     /* The retry of generation 2: every rank announces. */
     assert_int_equal(round_of(f, 2, -1, e, sizeof e), WORLD);
     check_generation(f, 2);
-    assert_int_equal(objects_of(f, 2), NT);
+    assert_int_equal(objects_of(f, 2), full_objects(f, 2));
 }
 
 /* A coordinator that dies before or during a publish: the other ranks
@@ -454,7 +475,7 @@ static void test_publish_coordinator_dies(void **state)
     assert_int_equal(round_of(f, 4, -1, e, sizeof e), WORLD);
     check_generation(f, 4);
     assert_int_equal(objects_of(f, 3), 0);
-    assert_int_equal(objects_of(f, 2), NT);
+    assert_int_equal(objects_of(f, 2), full_objects(f, 2));
     assert_int_equal(objects_of(f, 1), 0);
 }
 

@@ -128,8 +128,9 @@ static void test_single_pull(void **state)
     /* A reader fails during apply (its engine cannot post: no read, no push,
      * no notification): the worker it feeds gets FERRY_EREBUILD, not a
      * hang, and so does the reader. */
+    /* (One post goes: the read of the generation's placement in prepare.) */
     const rollout_opts faulty = { e->c.addr, "2", "1", "faulty", "1500" };
-    assert_int_equal(ftg_start(e, 2, rollout_args, &faulty, 1, "post_fail_after=0"), 0);
+    assert_int_equal(ftg_start(e, 2, rollout_args, &faulty, 1, "post_fail_after=1"), 0);
     assert_int_equal(ftg_publish(e->s, &model, 3, NULL), 0);
     assert_int_equal(ftg_send(e, "update 3"), 0);
     ftg_collect(e, 30000, -1);
@@ -141,6 +142,22 @@ static void test_single_pull(void **state)
         snprintf(want, sizeof want, "ERR %d ", FERRY_EREBUILD);
         assert_true(strncmp(line, want, strlen(want)) == 0);
     }
+    /* A worker that cannot even prepare (no post at all) tells the group:
+     * the other fails at once, saying which worker and that nothing was
+     * written. */
+    ftg_stop(e);
+    const rollout_opts broken = { e->c.addr, "2", "1", "broken", "20000" };
+    assert_int_equal(ftg_start(e, 2, rollout_args, &broken, 1, "post_fail_after=0"), 0);
+    assert_int_equal(ftg_publish(e->s, &model, 4, NULL), 0);
+    assert_int_equal(ftg_send(e, "update 4"), 0);
+    ftg_collect(e, 30000, -1);
+    for (int k = 0; k < 2; k++) {
+        fprintf(stderr, "broken group, worker %d: %s\n", k, e->line[k]);
+        assert_int_not_equal(e->rc[k], 0);
+        assert_null(strstr(e->line[k], "timed out"));   /* nobody waited out the 20 s */
+    }
+    assert_non_null(strstr(e->line[0], "worker 1"));
+    assert_non_null(strstr(e->line[0], "nothing was written"));
 }
 
 static double now_s(void)

@@ -1,0 +1,129 @@
+/* rl internals: a weight generation as it is stored (gen.c), shared by
+ * publishing (publish*.c) and every consumer (update.c, pull.c, compat.c).
+ *
+ * A generation G of model M is the trainers' placement in its stored form
+ * (reshard's ferry_manifest_stored: copy 0 of every box, contiguous, in
+ * the published dtype) packed into store objects (ferry_manifest_pack):
+ *
+ *   objects  ferry/w/M/G/manifest.json   the stored manifest (reshard JSON)
+ *            ferry/w/M/G/r<R>.<k>        rank R's packed fragments, object k
+ *            ferry/w/M/G/r<R>.sums       XXH3-64 of each of R's fragments (u64 LE, id order)
+ *            ferry/w/M/G/r<R>.decl       R's declaration (gen_decl: hashes per tensor)
+ *   KV       ferry/wk/M/G/manifest       the generation text below; its XXH3-128 is the
+ *                                        digest the announcement carries
+ *
+ *   ferry-gen 2
+ *   manifest <bytes> <xxh3-128 hex of manifest.json>
+ *   rank <R> <segment> <objects> <xxh3-64 hex of r<R>.sums>
+ *   ...                                   (one line per rank, ascending)
+ */
+#ifndef FR_RL_GEN_INT_H
+#define FR_RL_GEN_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ferry/weights.h"
+
+#define FR_GEN_ALIGN 64                  /* a fragment's offset in its object */
+#define FR_GEN_OBJECT_MAX (256ull << 20) /* packed objects are at most this (unless one
+                                          * fragment is larger) */
+#define FR_GEN_KEY 384
+
+typedef struct fr_gen_rank {
+    uint64_t segment;            /* where its objects landed (0: unknown) */
+    uint32_t nobjects;
+    uint64_t sums_hash;
+    uint64_t *sums;              /* loaded on demand: per own fragment, in id order */
+    size_t nsums;
+    char **keys;                 /* its objects' store keys */
+} fr_gen_rank;
+
+typedef struct fr_gen {
+    char model[128];
+    uint64_t generation;
+    uint8_t digest[16];
+    ferry_manifest *m;           /* the stored manifest, frozen */
+    ferry_pack *pack;
+    uint32_t nranks;
+    fr_gen_rank *ranks;
+    uint32_t *ordinal;           /* per fragment: its index among its rank's (for sums);
+                                  * built with the first sums loaded */
+    ferry_plan *whole;           /* every tensor whole on one rank: reads of whole tensors */
+    ferry_manifest *whole_m;
+} fr_gen;
+
+/* Object keys of a generation. */
+int fr_gen_object_key(const char *model, uint64_t gen, uint32_t rank, uint32_t object, char *out,
+                      size_t cap);
+int fr_gen_file_key(const char *model, uint64_t gen, const char *what, char *out, size_t cap);
+
+/* Read generation gen of model: its text (checked against the announced
+ * digest when it is the active one), the stored manifest, the packing.
+ * Free with fr_gen_free (NULL ok). */
+int fr_gen_load(ferry_store *s, const char *model, uint64_t gen, fr_gen **out, ferry_error *err);
+void fr_gen_free(fr_gen *g);
+
+/* Where source fragment frag of g lives: its store key (borrowed from g),
+ * offset in that object and bytes. */
+int fr_gen_where(const fr_gen *g, uint64_t frag, const char **key, uint64_t *offset,
+                 uint64_t *bytes);
+
+/* One strided store read of a planned run: rows of len bytes from source
+ * fragment frag (src: offset inside the fragment) into memory. */
+typedef struct fr_gread {
+    uint64_t frag, src;
+    uint8_t *dst;
+    uint64_t len, count, sstride, dstride;
+} fr_gread;
+/* Append the reads of run (its dst_offset taken from dst_base) to *v:
+ * one per combination of its outer loops but the innermost. */
+int fr_gread_add(fr_gread **v, size_t *n, size_t *cap, const ferry_run *run, uint8_t *dst_base);
+/* Do reads v[0..n) (in batches, keys resolved through g); every byte
+ * count is checked. *bytes (may be NULL) adds what was read. */
+int fr_gread_run(ferry_store *s, const fr_gen *g, const fr_gread *v, size_t n, uint64_t *bytes,
+                 ferry_error *err);
+/* XXH3-64 of fragment frag as published (loads its rank's sums). */
+int fr_gen_checksum(ferry_store *s, fr_gen *g, uint64_t frag, uint64_t *out, ferry_error *err);
+
+/* Read a whole tensor of g into dst (row-major, contiguous, cap bytes)
+ * and check each fragment against its checksum: FERRY_ECORRUPT naming the
+ * tensor and fragment. */
+int fr_gen_read_tensor(ferry_store *s, fr_gen *g, uint32_t tensor, void *dst, size_t cap,
+                       uint64_t *bytes_read, ferry_error *err);
+
+/* Check a whole tensor (row-major, contiguous at data) against its
+ * fragments' checksums: FERRY_ECORRUPT naming the tensor and fragment. */
+int fr_gen_verify_tensor(ferry_store *s, fr_gen *g, uint32_t tensor, const void *data,
+                         ferry_error *err);
+
+/* XXH3 (streaming, 64 bits of the 128) of a piece's packed bytes: what a
+ * fragment's checksum is; fr_gen_box_hash gives the same over a box in
+ * any layout. */
+uint64_t fr_gen_bytes_hash(const void *data, size_t len);
+/* Hash a box of a buffer in row-major element order, as XXH3-64 of its
+ * bytes packed: what a fragment's checksum covers. */
+uint64_t fr_gen_box_hash(const uint8_t *base, uint32_t ndim, const uint64_t *shape,
+                         const uint64_t *strides, uint32_t itemsize);
+
+/* Lease every object of g (one master round trip): FERRY_ELOST naming the
+ * object when one is gone, before anything is read. */
+int fr_gen_lease_all(ferry_store *s, const fr_gen *g, ferry_error *err);
+
+/* A target manifest of `ranks` ranks (0 is read as 1) holding shards[i] on
+ * rank rank_of[i] (NULL: all on rank 0), with g's tensors; empty shards are
+ * left out, so fragment j is shards[(*shard_of)[j]] (free it):
+ * FERRY_ENOENT for a tensor not in g, FERRY_ERANGE for a box outside it,
+ * FERRY_EINVAL for a bad shape or strides. */
+int fr_rl_target(const fr_gen *g, const ferry_param_shard *shards, size_t n, uint32_t ranks,
+                 const uint32_t *rank_of, ferry_manifest **out, size_t **shard_of,
+                 ferry_error *err);
+
+/* Fill the public manifest from g (entries per tensor); m keeps a reference
+ * (g is freed with the manifest). */
+int fr_gen_to_manifest(fr_gen *g, ferry_weight_manifest *m, ferry_error *err);
+/* The generation behind a manifest filled by ferry_weights_manifest. */
+fr_gen *fr_gen_of(const ferry_weight_manifest *m);
+
+#endif

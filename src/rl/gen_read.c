@@ -1,0 +1,253 @@
+/* Reading a stored generation through the reshard planner (gen_int.h):
+ * planned runs become strided store reads; whole tensors are a target of
+ * every tensor whole, checked fragment by fragment against the checksums
+ * the publishers recorded. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "rl/gen_int.h"
+#include "rl/rl_int.h"
+
+#define READ_BATCH 8192
+
+int fr_gread_add(fr_gread **v, size_t *n, size_t *cap, const ferry_run *run, uint8_t *dst_base)
+{
+    /* The innermost loop rides in the strided read; outer ones are unrolled. */
+    uint32_t outer = run->nouter ? run->nouter - 1 : 0;
+    uint64_t reps = 1, ctr[FERRY_MAX_DIMS] = {0};
+    for (uint32_t i = 0; i < outer; i++)
+        reps *= run->count[i];
+    if (fr_grow((void **)v, cap, *n + reps, sizeof **v) < 0)
+        return FERRY_ENOMEM;
+    for (uint64_t r = 0; r < reps; r++) {
+        uint64_t so = run->src_offset, dof = run->dst_offset;
+        for (uint32_t i = 0; i < outer; i++) {
+            so += ctr[i] * run->src_stride[i];
+            dof += ctr[i] * run->dst_stride[i];
+        }
+        fr_gread *g = &(*v)[(*n)++];
+        *g = (fr_gread){ .frag = run->src_fragment, .src = so, .dst = dst_base + dof,
+                         .len = run->len, .count = 1 };
+        if (run->nouter) {
+            g->count = run->count[outer];
+            g->sstride = run->src_stride[outer];
+            g->dstride = run->dst_stride[outer];
+        }
+        for (int i = (int)outer - 1; i >= 0 && ++ctr[i] == run->count[i]; i--)
+            ctr[i] = 0;
+    }
+    return 0;
+}
+
+int fr_gread_run(ferry_store *s, const fr_gen *g, const fr_gread *v, size_t n, uint64_t *bytes,
+                 ferry_error *err)
+{
+    size_t batch = n < READ_BATCH ? n : READ_BATCH;
+    ferry_strided_range *r = malloc((batch ? batch : 1) * sizeof *r);
+    int64_t *res = malloc((batch ? batch : 1) * sizeof *res);
+    int rc = r && res ? 0 : fr_rl_fail(err, FERRY_ENOMEM, "out of memory for the reads");
+    for (size_t at = 0; at < n && rc == 0; at += batch) {
+        size_t k = n - at < batch ? n - at : batch;
+        for (size_t i = 0; i < k && rc == 0; i++) {
+            const fr_gread *x = &v[at + i];
+            const char *key;
+            uint64_t off;
+            if (fr_gen_where(g, x->frag, &key, &off, NULL) < 0)
+                rc = fr_rl_fail(err, FERRY_EPROTO, "a read names fragment %" PRIu64 ", not in "
+                                "generation %" PRIu64, x->frag, g->generation);
+            r[i] = (ferry_strided_range){ .key = key, .src_offset = off + x->src, .dst = x->dst,
+                                          .len = x->len, .count = x->count,
+                                          .src_stride = x->sstride, .dst_stride = x->dstride };
+        }
+        if (rc < 0)
+            break;
+        rc = ferry_store_get_into_strided(s, r, k, res);
+        for (size_t i = 0; i < k; i++) {
+            uint64_t want = r[i].len * (r[i].count ? r[i].count : 1);
+            if (res[i] == (int64_t)want) {
+                if (bytes)
+                    *bytes += want;
+                continue;
+            }
+            rc = fr_rl_fail(err, res[i] < 0 ? (int)res[i] : FERRY_EIO,
+                            "reading %s at %" PRIu64 " failed: %s", r[i].key, r[i].src_offset,
+                            res[i] < 0 ? ferry_store_last_error() : "short read");
+            break;
+        }
+    }
+    free(r);
+    free(res);
+    return rc;
+}
+
+/* ---- whole tensors --------------------------------------------------------------------- */
+
+/* The plan of every tensor whole on one rank, made once per generation. */
+static int whole_plan(fr_gen *g, ferry_error *err)
+{
+    if (g->whole)
+        return 0;
+    uint32_t nt = ferry_manifest_tensor_count(g->m);
+    int rc = ferry_manifest_create(1, NULL, 1, &g->whole_m);
+    for (uint32_t t = 0; t < nt && rc == 0; t++) {
+        ferry_tensor_desc d;
+        rc = ferry_manifest_tensor(g->m, t, &d);
+        if (rc == 0)
+            rc = ferry_manifest_add_tensor(g->whole_m, &d, err);
+        ferry_split sp = { .tensor = t, .whole = true };
+        if (rc >= 0)
+            rc = ferry_manifest_add_split(g->whole_m, &sp, err);
+    }
+    if (rc >= 0)
+        rc = ferry_plan_create(g->m, g->whole_m, NULL, &g->whole, err);
+    return rc < 0 ? rc : 0;
+}
+
+int fr_gen_verify_tensor(ferry_store *s, fr_gen *g, uint32_t tensor, const void *data,
+                         ferry_error *err)
+{
+    ferry_tensor_desc d;
+    int rc = ferry_manifest_tensor(g->m, tensor, &d);
+    if (rc < 0)
+        return fr_rl_fail(err, FERRY_EINVAL, "no tensor %u", tensor);
+    uint64_t strides[FERRY_MAX_DIMS], st = 1;
+    for (int k = (int)d.ndim - 1; k >= 0; k--) {
+        strides[k] = st;
+        st *= d.shape[k];
+    }
+    if ((rc = whole_plan(g, err)) < 0)
+        return rc;
+    /* The tensor's fragments, from the plan's regions (each once). */
+    ferry_plan_filter f = { .tensor = tensor, .src_rank = -1, .dst_rank = -1 };
+    ferry_plan_iter *it = NULL;
+    rc = ferry_plan_iter_open(g->whole, &f, &it);
+    ferry_region r;
+    uint64_t last = UINT64_MAX;
+    while (rc == 0 && (rc = ferry_plan_iter_next_region(it, &r)) == 1) {
+        rc = 0;
+        if (r.src_fragment == last)
+            continue;
+        last = r.src_fragment;
+        ferry_fragment fr;
+        uint64_t want = 0;
+        if ((rc = ferry_manifest_fragment(g->m, r.src_fragment, &fr)) < 0 ||
+            (rc = fr_gen_checksum(s, g, r.src_fragment, &want, err)) < 0)
+            break;
+        uint64_t off = 0;
+        for (uint32_t k = 0; k < d.ndim; k++)
+            off += fr.offset[k] * strides[k];
+        if (fr_gen_box_hash((const uint8_t *)data + off * d.itemsize, d.ndim, fr.shape, strides,
+                            d.itemsize) != want)
+            rc = fr_rl_fail(err, FERRY_ECORRUPT, "tensor %s: the bytes of fragment %" PRIu64
+                            " (published by rank %u) fail its checksum", d.name, r.src_fragment,
+                            fr.rank);
+    }
+    ferry_plan_iter_close(it);
+    return rc < 0 ? rc : 0;
+}
+
+int fr_gen_read_tensor(ferry_store *s, fr_gen *g, uint32_t tensor, void *dst, size_t cap,
+                       uint64_t *bytes_read, ferry_error *err)
+{
+    ferry_tensor_desc d;
+    int rc = ferry_manifest_tensor(g->m, tensor, &d);
+    if (rc < 0)
+        return fr_rl_fail(err, FERRY_EINVAL, "no tensor %u in generation %" PRIu64, tensor,
+                          g->generation);
+    uint64_t bytes = d.itemsize;
+    for (uint32_t k = 0; k < d.ndim; k++)
+        bytes *= d.shape[k];
+    if (cap < bytes)
+        return fr_rl_fail(err, FERRY_EMSGSIZE, "tensor %s: %" PRIu64 " bytes, the buffer holds %zu",
+                          d.name, bytes, cap);
+    if ((rc = whole_plan(g, err)) < 0)
+        return rc;
+    ferry_plan_filter f = { .tensor = tensor, .src_rank = -1, .dst_rank = -1 };
+    ferry_plan_iter *it = NULL;
+    fr_gread *v = NULL;
+    size_t nv = 0, capv = 0;
+    rc = ferry_plan_iter_open(g->whole, &f, &it);
+    ferry_run run;
+    while (rc == 0 && (rc = ferry_plan_iter_next_run(it, &run)) == 1) {
+        rc = fr_gread_add(&v, &nv, &capv, &run, dst);
+    }
+    ferry_plan_iter_close(it);
+    if (rc < 0 && !(err && err->msg[0]))
+        fr_rl_fail(err, rc, "tensor %s: planning its read: %s", d.name, ferry_strerror(rc));
+    if (rc == 0)
+        rc = fr_gread_run(s, g, v, nv, bytes_read, err);
+    if (rc == 0)
+        rc = fr_gen_verify_tensor(s, g, tensor, dst, err);
+    free(v);
+    return rc;
+}
+
+/* ---- the public manifest ------------------------------------------------------------------ */
+
+int fr_gen_to_manifest(fr_gen *g, ferry_weight_manifest *out, ferry_error *err)
+{
+    memset(out, 0, sizeof *out);
+    uint32_t nt = ferry_manifest_tensor_count(g->m);
+    out->entries = calloc(nt ? nt : 1, sizeof *out->entries);
+    if (!out->entries)
+        return fr_rl_fail(err, FERRY_ENOMEM, "manifest: out of memory");
+    if (whole_plan(g, err) < 0) {
+        free(out->entries);
+        out->entries = NULL;
+        return err ? err->code : FERRY_EINVAL;
+    }
+    /* The first fragment of each tensor names a publisher and an object. */
+    uint64_t nf = ferry_manifest_fragment_count(g->m);
+    uint64_t *first = malloc((nt ? nt : 1) * sizeof *first);
+    if (!first) {
+        free(out->entries);
+        return fr_rl_fail(err, FERRY_ENOMEM, "manifest: out of memory");
+    }
+    for (uint32_t t = 0; t < nt; t++)
+        first[t] = UINT64_MAX;
+    for (uint64_t id = 0; id < nf; id++) {
+        ferry_fragment fr;
+        if (ferry_manifest_fragment(g->m, id, &fr) == 0 && first[fr.tensor] == UINT64_MAX)
+            first[fr.tensor] = id;
+    }
+    for (uint32_t t = 0; t < nt; t++) {
+        ferry_weight_entry *e = &out->entries[t];
+        ferry_tensor_desc d;
+        (void)ferry_manifest_tensor(g->m, t, &d);
+        snprintf(e->name, sizeof e->name, "%s", d.name);
+        snprintf(e->dtype, sizeof e->dtype, "%s", d.dtype);
+        e->ndim = d.ndim;
+        e->bytes = d.itemsize;
+        for (uint32_t k = 0; k < d.ndim; k++) {
+            e->shape[k] = d.shape[k];
+            e->bytes *= d.shape[k];
+        }
+        e->index = t;
+        e->internal = g;
+        if (first[t] != UINT64_MAX) {
+            ferry_packed p;
+            const char *key = "";
+            (void)ferry_pack_fragment(g->pack, first[t], &p);
+            (void)fr_gen_where(g, first[t], &key, NULL, NULL);
+            e->publisher = p.rank;
+            e->segment = p.rank < g->nranks ? g->ranks[p.rank].segment : 0;
+            snprintf(e->key, sizeof e->key, "%s", key);
+        }
+        out->bytes += e->bytes;
+    }
+    free(first);
+    out->n = nt;
+    out->generation = g->generation;
+    memcpy(out->digest, g->digest, 16);
+    out->stored = g->m;
+    out->internal = g;
+    return 0;
+}
+
+fr_gen *fr_gen_of(const ferry_weight_manifest *m)
+{
+    return m ? m->internal : NULL;
+}

@@ -1,0 +1,325 @@
+/* One trainer rank's side of a publish (publish_int.h, "this rank's
+ * pieces"): check the placement, find the pieces this rank stores, pack
+ * them into objects (converting, checksumming), and the declaration the
+ * coordinator compares across ranks. Stored layout: gen_int.h. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "rl/gen_int.h"
+#include "rl/publish_int.h"
+#include "rl/rl_int.h"
+
+void fr_pub_mine_free(fr_pub_mine *p)
+{
+    if (!p)
+        return;
+    ferry_manifest_close(p->stored);
+    ferry_pack_free(p->pack);
+    free(p->pieces);
+    free(p->sums);
+    free(p->decl);
+    free(p->json);
+    memset(p, 0, sizeof *p);
+}
+
+static int by_fragment(const void *a, const void *b)
+{
+    const ferry_shard_data *x = a, *y = b;
+    return x->fragment < y->fragment ? -1 : x->fragment > y->fragment;
+}
+
+/* Every tensor covered exactly once by the stored copies: a plan onto
+ * every tensor whole fails, naming the tensor, when one is not. */
+static int check_cover(ferry_manifest *stored, ferry_error *err)
+{
+    ferry_manifest *whole = NULL;
+    uint32_t nt = ferry_manifest_tensor_count(stored);
+    int rc = ferry_manifest_create(1, NULL, 1, &whole);
+    for (uint32_t t = 0; t < nt && rc >= 0; t++) {
+        ferry_tensor_desc d;
+        rc = ferry_manifest_tensor(stored, t, &d);
+        if (rc == 0)
+            rc = ferry_manifest_add_tensor(whole, &d, err);
+        ferry_split sp = { .tensor = t, .whole = true };
+        if (rc >= 0)
+            rc = ferry_manifest_add_split(whole, &sp, err);
+    }
+    ferry_plan *p = NULL;
+    if (rc >= 0)
+        rc = ferry_plan_create(stored, whole, NULL, &p, err);
+    ferry_plan_free(p);
+    ferry_manifest_close(whole);
+    if (rc < 0 && err)
+        return fr_rl_fail(err, rc, "the placement does not hold every tensor exactly once: %s",
+                          err->msg);
+    return rc < 0 ? rc : 0;
+}
+
+/* Per tensor: hashes of its name, of its dtype and shape, of its stored
+ * pieces (rank, box), so the coordinator can say where two ranks differ. */
+static int make_decl(fr_pub_mine *p, ferry_error *err)
+{
+    uint32_t nt = ferry_manifest_tensor_count(p->stored);
+    p->ntensors = nt;
+    p->decl = calloc((size_t)nt * 3 + 1, sizeof *p->decl);
+    if (!p->decl)
+        return fr_rl_fail(err, FERRY_ENOMEM, "publish: out of memory");
+    p->decl[0] = nt;
+    for (uint32_t t = 0; t < nt; t++) {
+        ferry_tensor_desc d;
+        (void)ferry_manifest_tensor(p->stored, t, &d);
+        uint64_t *h = p->decl + 1 + 3 * (size_t)t;
+        h[0] = fr_hash64(d.name, strlen(d.name), 0);
+        h[1] = fr_hash64(d.dtype, strlen(d.dtype), d.ndim);
+        h[1] = fr_hash64(d.shape, d.ndim * sizeof d.shape[0], h[1]);
+    }
+    uint64_t nf = ferry_manifest_fragment_count(p->stored);
+    for (uint64_t id = 0; id < nf; id++) {
+        ferry_fragment f;
+        (void)ferry_manifest_fragment(p->stored, id, &f);
+        ferry_tensor_desc d;
+        (void)ferry_manifest_tensor(p->stored, f.tensor, &d);
+        uint64_t rec[1 + 2 * FERRY_MAX_DIMS] = { f.rank };
+        for (uint32_t k = 0; k < d.ndim; k++) {
+            rec[1 + k] = f.offset[k];
+            rec[1 + FERRY_MAX_DIMS + k] = f.shape[k];
+        }
+        uint64_t *h = p->decl + 1 + 3 * (size_t)f.tensor + 2;
+        *h = fr_hash64(rec, sizeof rec, *h);
+    }
+    return 0;
+}
+
+/* The stored copies this rank holds, with their data: the k-th source
+ * fragment numbered replica 0 is stored fragment k. */
+static int find_mine(fr_pub_mine *p, const ferry_publisher_config *c, ferry_manifest *placement,
+                     const ferry_shard_data *data, size_t n, ferry_error *err)
+{
+    ferry_shard_data *by = malloc((n ? n : 1) * sizeof *by);
+    if (!by)
+        return fr_rl_fail(err, FERRY_ENOMEM, "publish: out of memory");
+    memcpy(by, data, n * sizeof *by);
+    qsort(by, n, sizeof *by, by_fragment);
+    uint64_t nf = ferry_manifest_fragment_count(placement), sid = 0;
+    size_t cap = 0;
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        ferry_fragment f;
+        if (by[i].fragment >= nf || (i && by[i].fragment == by[i - 1].fragment))
+            rc = fr_rl_fail(err, FERRY_EINVAL, "rank %u: data for fragment %" PRIu64 " is %s",
+                            c->rank, by[i].fragment, by[i].fragment >= nf ? "not in the placement"
+                                                                           : "given twice");
+        else if (ferry_manifest_fragment(placement, by[i].fragment, &f) == 0 && f.rank != c->rank)
+            rc = fr_rl_fail(err, FERRY_EINVAL, "rank %u: fragment %" PRIu64 " is on rank %u, not "
+                            "this one", c->rank, by[i].fragment, f.rank);
+    }
+    for (uint64_t id = 0; id < nf && rc == 0; id++) {
+        ferry_fragment f;
+        if ((rc = ferry_manifest_fragment(placement, id, &f)) < 0)
+            break;
+        if (f.replica != 0)
+            continue;   /* a replica: stored by the holder of copy 0 */
+        uint64_t me = sid++;
+        if (f.rank != c->rank)
+            continue;
+        ferry_shard_data key = { .fragment = id };
+        const ferry_shard_data *hit = bsearch(&key, by, n, sizeof *by, by_fragment);
+        if (!hit || !hit->data) {
+            ferry_tensor_desc d;
+            (void)ferry_manifest_tensor(placement, f.tensor, &d);
+            rc = fr_rl_fail(err, FERRY_EINVAL, "rank %u holds fragment %" PRIu64 " of tensor %s "
+                            "(stored once, by it) but was given no data for it", c->rank, id,
+                            d.name);
+            break;
+        }
+        if (fr_grow((void **)&p->pieces, &cap, p->npieces + 1, sizeof *p->pieces) < 0) {
+            rc = fr_rl_fail(err, FERRY_ENOMEM, "publish: out of memory");
+            break;
+        }
+        fr_pub_piece *pc = &p->pieces[p->npieces++];
+        *pc = (fr_pub_piece){ .sid = me, .src = f, .data = hit->data };
+        (void)ferry_pack_fragment(p->pack, me, &pc->at);
+    }
+    free(by);
+    return rc;
+}
+
+int fr_pub_mine_prepare(fr_pub_mine *p, const ferry_publisher_config *c, ferry_manifest *placement,
+                        const ferry_shard_data *data, size_t n, ferry_error *err)
+{
+    memset(p, 0, sizeof *p);
+    if (ferry_manifest_rank_count(placement) != c->world)
+        return fr_rl_fail(err, FERRY_EINVAL, "the placement has %u ranks, the trainer world %u",
+                          ferry_manifest_rank_count(placement), c->world);
+    uint32_t nt = ferry_manifest_tensor_count(placement);
+    for (uint32_t t = 0; t < nt; t++) {
+        ferry_tensor_desc d;
+        (void)ferry_manifest_tensor(placement, t, &d);
+        if (c->out_dtype[0] && strcmp(d.dtype, c->out_dtype) != 0 &&
+            ferry_convert(NULL, d.dtype, NULL, c->out_dtype, 0) < 0)
+            return fr_rl_fail(err, FERRY_EINVAL, "tensor %s: cannot convert %s to %s", d.name,
+                              d.dtype, c->out_dtype);
+        if (strpbrk(d.name, "\t\n") || strlen(d.name) >= sizeof ((ferry_weight_entry *)0)->name)
+            return fr_rl_fail(err, FERRY_EINVAL, "tensor %u has no usable name", t);
+    }
+    int rc = ferry_manifest_stored(placement, c->out_dtype[0] ? c->out_dtype : NULL, &p->stored,
+                                   err);
+    if (rc == 0)
+        rc = check_cover(p->stored, err);
+    if (rc == 0)
+        rc = ferry_manifest_digest(p->stored, p->digest);
+    if (rc == 0)
+        rc = ferry_manifest_pack(p->stored, FR_GEN_ALIGN, FR_GEN_OBJECT_MAX, &p->pack, err);
+    if (rc == 0)
+        rc = make_decl(p, err);
+    if (rc == 0)
+        rc = find_mine(p, c, placement, data, n, err);
+    if (rc == 0 && c->rank == 0) {
+        p->json = ferry_manifest_to_json(p->stored);
+        p->json_len = p->json ? strlen(p->json) : 0;
+        if (!p->json)
+            rc = fr_rl_fail(err, FERRY_ENOMEM, "publish: out of memory");
+    }
+    p->nobjects = p->pack ? ferry_pack_objects(p->pack, c->rank) : 0;
+    return rc;
+}
+
+/* ---- storing ------------------------------------------------------------------------------ */
+
+/* Piece pc into its packed place at base: rows copied or converted out of
+ * its source layout. */
+static void pack_piece(const fr_pub_piece *pc, const ferry_tensor_desc *src,
+                       const char *out_dtype, uint8_t *base)
+{
+    uint64_t st[FERRY_MAX_DIMS], dense[FERRY_MAX_DIMS], s = 1;
+    for (int d = (int)src->ndim - 1; d >= 0; d--) {
+        dense[d] = s;
+        s *= pc->src.shape[d];
+    }
+    memcpy(st, pc->src.has_strides ? pc->src.strides : dense, sizeof st);
+    ferry_run run;   /* in elements: itemsize 1 */
+    ferry_box_lower(src->ndim, pc->src.shape, 1, st, dense, &run);
+    uint32_t isz = src->itemsize, osz = ferry_dtype_size(out_dtype);
+    bool same = strcmp(src->dtype, out_dtype) == 0;
+    const uint8_t *in = (const uint8_t *)pc->data + pc->src.storage_offset * isz;
+    uint8_t *out = base + pc->at.offset;
+    uint64_t rows = 1, ctr[FERRY_MAX_DIMS] = {0};
+    for (uint32_t i = 0; i < run.nouter; i++)
+        rows *= run.count[i];
+    for (uint64_t r = 0; r < rows; r++) {
+        uint64_t so = 0, dof = 0;
+        for (uint32_t i = 0; i < run.nouter; i++) {
+            so += ctr[i] * run.src_stride[i];
+            dof += ctr[i] * run.dst_stride[i];
+        }
+        if (same)
+            memcpy(out + dof * osz, in + so * isz, run.len * isz);
+        else
+            (void)ferry_convert(in + so * isz, src->dtype, out + dof * osz, out_dtype, run.len);
+        for (int i = (int)run.nouter - 1; i >= 0 && ++ctr[i] == run.count[i]; i--)
+            ctr[i] = 0;
+    }
+}
+
+/* Put one object; an object already under the key is the leftover of an
+ * earlier attempt at this generation (never announced: the caller checked
+ * that the generation is newer than the active one) and is replaced. */
+int fr_pub_put(ferry_store *s, const char *key, const void *data, uint64_t nb,
+               const ferry_replicate_config *repl, ferry_object_desc *d)
+{
+    int rc = ferry_store_put_from(s, key, data, nb, repl, d);
+    if (rc != FERRY_EEXIST)
+        return rc;
+    rc = ferry_store_remove(s, key);
+    if (rc < 0 && rc != FERRY_ENOENT)
+        return rc;
+    return ferry_store_put_from(s, key, data, nb, repl, d);
+}
+
+int fr_pub_mine_store(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
+                      ferry_manifest *placement, fr_pub_mine *p, ferry_publish_stats *st,
+                      ferry_error *err)
+{
+    ferry_replicate_config repl = { .replica_num = 1, .hard_pin = true,
+                                    .preferred_segments = &c->segment,
+                                    .npreferred = c->segment ? 1 : 0 };
+    p->sums = calloc(p->npieces ? p->npieces : 1, sizeof *p->sums);
+    if (!p->sums)
+        return fr_rl_fail(err, FERRY_ENOMEM, "publish: out of memory");
+    size_t next = 0;   /* pieces are in id order, and so in object order */
+    int rc = 0;
+    for (uint32_t k = 0; k < p->nobjects && rc == 0; k++) {
+        uint64_t nb = ferry_pack_object_bytes(p->pack, c->rank, k);
+        uint8_t *buf = calloc(1, nb ? nb : 1);   /* alignment gaps are zeros */
+        if (!buf)
+            return fr_rl_fail(err, FERRY_ENOMEM, "publish: no memory to pack %" PRIu64 " bytes", nb);
+        uint64_t c0 = fr_now_ns();
+        for (; next < p->npieces && p->pieces[next].at.object == k; next++) {
+            fr_pub_piece *pc = &p->pieces[next];
+            ferry_tensor_desc src;
+            (void)ferry_manifest_tensor(placement, pc->src.tensor, &src);
+            pack_piece(pc, &src, c->out_dtype[0] ? c->out_dtype : src.dtype, buf);
+            p->sums[next] = fr_gen_bytes_hash(buf + pc->at.offset, pc->at.bytes);
+            st->tensors += next == 0 || p->pieces[next - 1].src.tensor != pc->src.tensor;
+            st->bytes += pc->at.bytes;
+        }
+        uint64_t c1 = fr_now_ns();
+        char key[FR_GEN_KEY];
+        ferry_object_desc d = {0};
+        (void)fr_gen_object_key(c->model, gen, c->rank, k, key, sizeof key);
+        rc = fr_pub_put(s, key, buf, nb, &repl, &d);
+        free(buf);
+        st->convert_s += (double)(c1 - c0) / 1e9;
+        st->store_s += (double)(fr_now_ns() - c1) / 1e9;
+        if (rc < 0)
+            return fr_rl_fail(err, rc, "could not store %" PRIu64 " bytes of rank %u's pieces: %s",
+                              nb, c->rank, ferry_store_last_error());
+        p->segment = d.nreplicas ? d.replicas[0].segment : 0;
+        if (c->segment && p->segment != c->segment)
+            st->cross_node_bytes += nb;
+        else if (c->segment)
+            st->local_bytes += nb;
+    }
+    char key[FR_GEN_KEY];
+    struct { const char *what; const void *data; uint64_t len; } extra[3] = {
+        { "sums", p->sums, p->npieces * 8 },
+        { "decl", p->decl, ((uint64_t)p->ntensors * 3 + 1) * 8 },
+        { NULL, p->json, p->json_len },
+    };
+    p->sums_hash = fr_hash64(p->sums, p->npieces * 8, 0);
+    for (int i = 0; i < 3 && rc == 0; i++) {
+        if (!extra[i].what && !p->json)
+            continue;
+        char what[40];
+        if (extra[i].what)
+            snprintf(what, sizeof what, "r%u.%s", c->rank, extra[i].what);
+        else
+            snprintf(what, sizeof what, "manifest.json");
+        (void)fr_gen_file_key(c->model, gen, what, key, sizeof key);
+        rc = fr_pub_put(s, key, extra[i].data, extra[i].len, &repl, NULL);
+        if (rc < 0)
+            fr_rl_fail(err, rc, "could not store %s: %s", what, ferry_store_last_error());
+    }
+    return rc;
+}
+
+void fr_pub_mine_remove(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
+                        const fr_pub_mine *p)
+{
+    char key[FR_GEN_KEY];
+    for (uint32_t k = 0; k < p->nobjects; k++)
+        if (fr_gen_object_key(c->model, gen, c->rank, k, key, sizeof key) > 0)
+            (void)ferry_store_remove(s, key);
+    const char *what[] = { "sums", "decl" };
+    for (int i = 0; i < 2; i++) {
+        char w[40];
+        snprintf(w, sizeof w, "r%u.%s", c->rank, what[i]);
+        if (fr_gen_file_key(c->model, gen, w, key, sizeof key) > 0)
+            (void)ferry_store_remove(s, key);
+    }
+    if (c->rank == 0 && fr_gen_file_key(c->model, gen, "manifest.json", key, sizeof key) > 0)
+        (void)ferry_store_remove(s, key);
+}

@@ -1,0 +1,107 @@
+/* rl internals of the single-pull group update (pull.c, pull_plan.c).
+ *
+ * Every member describes its parameter shards as fragments of a target
+ * placement (tensor, box, element strides, address, registration) in a
+ * demand record. From every member's record, every member computes the
+ * same group plan: identical boxes form replica sets; a set held by more
+ * than one member is cut into pieces of whole rows (about 4 MiB), and
+ * each piece gets one reader among the holders (readers.c: NIC balance,
+ * one push per other node, then forwarded inside it). A member's own
+ * reads are a target placement of the pieces it reads, planned against
+ * the generation's stored placement by the reshard planner (strided runs,
+ * one store read each); a push is the piece's box copied from the
+ * reader's buffer into another holder's, lowered by ferry_box_lower into
+ * strided WRITEs. Records carry boxes, not runs: a kimi-k2 worker of an
+ * EP16 x TP8 group describes ~5,000 shards in ~300 KB. */
+#ifndef FR_RL_PULL_INT_H
+#define FR_RL_PULL_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ferry/weights.h"
+#include "rl/gen_int.h"
+#include "rl/rl_int.h"
+
+#define FR_SUB_PIECE (4ull << 20)   /* shared sets are cut into pieces of about this */
+
+/* One member's shard as a fragment of the group's target placement. */
+typedef struct fr_sfrag {
+    uint32_t worker, shard, tensor, ndim;
+    const uint64_t *dims;        /* offset[ndim], shape[ndim], strides[ndim] (elements) */
+    uint64_t addr;               /* its memory in the member's process */
+} fr_sfrag;
+
+typedef struct fr_member {
+    uint32_t node;
+    uint64_t segment;            /* the store segment on its node (0: unknown) */
+    uint32_t nshards;
+    uint64_t *dims;              /* every shard's dims (fr_sfrag.dims point into it) */
+    fr_sfrag *frags;
+    uint64_t *key, *len;         /* per shard: remote key and registered length */
+    ferry_peer_id peer;          /* its engine, imported (the worker id when not) */
+} fr_member;
+
+/* The pushes of one hop: WRITE ops in plan order and what this worker
+ * sends and receives on the hop, per worker (the notification protocol,
+ * pull.c "apply"). */
+typedef struct fr_pushes {
+    ferry_op *ops;
+    uint32_t *to;
+    size_t *dep;                   /* hop 1: the index of my read piece that brings the bytes;
+                                    * hop 2: how many of via's hop-1 WRITEs into me
+                                    * must have landed */
+    uint32_t *via;                 /* hop 2: the reader whose WRITE brings the bytes
+                                    * (UINT32_MAX: none to wait for) */
+    size_t n, cap;
+    uint64_t *expect, *total;      /* plan: WRITEs each worker sends me; I send each */
+    bool *progress;                /* plan, hop 1: it forwards my bytes: tell it early */
+    uint64_t *got, *sent, *done;   /* run: landed so far; submitted; landed (sending) */
+    bool *failed, *out_failed;     /* run: it sends me nothing more; it gets nothing more */
+} fr_pushes;
+
+/* One piece this worker reads: greads [first, first + n) of work.greads. */
+typedef struct fr_rpiece {
+    size_t first, n;
+    uint64_t bytes;
+} fr_rpiece;
+
+typedef struct fr_work {
+    fr_rpiece *reads;
+    size_t nreads, cap_reads;
+    fr_gread *greads;
+    size_t ngreads, cap_greads;
+    fr_pushes hop[2];              /* from the reader; forwarded inside a node */
+    uint64_t group_read, my_read, pushed, received;
+    /* the group's plan, for the counters (the same on every worker) */
+    fr_rd_summary sum;
+    uint32_t nnodes;
+    uint32_t *node_id, *node_workers;
+    uint64_t *node_read;
+    fr_rd_load *loads;
+    uint64_t sets, shared_sets;    /* replica sets, of them held by more than one member */
+} fr_work;
+
+/* This worker's demand record (gen_int.h's placement: tensor indices of g). */
+int fr_sub_encode(const ferry_subscriber_config *cfg, const fr_gen *g,
+                  const ferry_param_shard *shards, size_t n, ferry_region *const *regs,
+                  ferry_engine *e, uint8_t **out, size_t *len, ferry_error *err);
+/* Decode member `worker`'s record into mb; with e,
+ * its endpoint is imported (else mb->peer = worker). Every count, tensor
+ * and box is checked against g. */
+int fr_sub_decode(const uint8_t *b, size_t len, uint32_t worker, uint64_t gen, const fr_gen *g,
+                  ferry_engine *e, fr_member *mb, ferry_error *err);
+void fr_member_free(fr_member *mb);
+
+/* The whole plan of worker `me` of a group of `world`: its read pieces
+ * with their strided reads (planned against g's stored placement), its
+ * pushes and what it receives. Pure: no store or engine calls. */
+int fr_sub_plan(const fr_gen *g, const fr_member *mbs, uint32_t world, uint32_t me,
+                fr_work *w, ferry_error *err);
+int fr_work_init(fr_work *w, uint32_t world);
+void fr_work_free(fr_work *w);
+/* Forget the run state of a reused plan (what landed, was sent, failed). */
+void fr_work_reset(fr_work *w, uint32_t world);
+
+#endif

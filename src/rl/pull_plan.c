@@ -1,0 +1,650 @@
+/* The single-pull group plan (pull_int.h): demand records and, from every
+ * member's, this worker's reads and pushes.
+ *
+ * Demand record (little-endian): "FRYDMND3", u64 generation, u32 rank,
+ * u32 shards, u32 node, u32 endpoint length, u64 local segment, the
+ * engine's endpoint blob; per shard: u32 tensor (index in the stored
+ * placement), u32 ndim, u64 address, u64 registered length, u64 remote
+ * key, then offset[ndim], shape[ndim], strides[ndim] (u64, elements). */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "rl/pull_int.h"
+
+#define MAGIC "FRYDMND3"
+#define HDR 40
+
+static void put64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++, v >>= 8) p[i] = (uint8_t)v; }
+static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++, v >>= 8) p[i] = (uint8_t)v; }
+static uint64_t get64(const uint8_t *p) { uint64_t v = 0; for (int i = 7; i >= 0; i--) v = v << 8 | p[i]; return v; }
+static uint32_t get32(const uint8_t *p) { uint32_t v = 0; for (int i = 3; i >= 0; i--) v = v << 8 | p[i]; return v; }
+
+/* ---- records -------------------------------------------------------------------------- */
+
+int fr_sub_encode(const ferry_subscriber_config *cfg, const fr_gen *g,
+                  const ferry_param_shard *shards, size_t n, ferry_region *const *regs,
+                  ferry_engine *e, uint8_t **out, size_t *len, ferry_error *err)
+{
+    uint8_t ep[FERRY_DESC_MAX];
+    int el = ferry_engine_export(e, ep, sizeof ep);
+    if (el < 0)
+        return fr_rl_fail(err, el, "subscriber: cannot describe this worker's engine");
+    size_t cap = HDR + (size_t)el;
+    for (size_t i = 0; i < n; i++)
+        cap += 32 + 24 * (size_t)shards[i].ndim;
+    uint8_t *b = malloc(cap), *p = b;
+    if (!b)
+        return fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+    uint32_t nonempty = 0;   /* a shard with an empty box holds nothing: left out */
+    for (size_t i = 0; i < n; i++) {
+        bool empty = false;
+        for (uint32_t k = 0; k < shards[i].ndim && k < FERRY_MAX_DIMS; k++)
+            empty |= shards[i].shape[k] == 0;
+        nonempty += !empty;
+    }
+    memcpy(p, MAGIC, 8);
+    put64(p + 8, g->generation);
+    put32(p + 16, cfg->rank);
+    put32(p + 20, nonempty);
+    put32(p + 24, cfg->node);
+    put32(p + 28, (uint32_t)el);
+    put64(p + 32, cfg->local_segment);
+    memcpy(p + HDR, ep, (size_t)el);
+    p += HDR + (size_t)el;
+    for (size_t i = 0; i < n; i++) {
+        const ferry_param_shard *s = &shards[i];
+        int ti = ferry_manifest_find_tensor(g->m, s->tensor ? s->tensor : "");
+        ferry_tensor_desc d;
+        if (ti < 0 || ferry_manifest_tensor(g->m, (uint32_t)ti, &d) < 0) {
+            free(b);
+            return fr_rl_fail(err, FERRY_ENOENT, "tensor %s is not in generation %" PRIu64 " of %s",
+                              s->tensor ? s->tensor : "(null)", g->generation, g->model);
+        }
+        if (s->ndim != d.ndim) {
+            free(b);
+            return fr_rl_fail(err, FERRY_EINVAL, "shard of %s has %u dims, the tensor %u", d.name,
+                              s->ndim, d.ndim);
+        }
+        bool strided = false, empty = false;
+        for (uint32_t k = 0; k < d.ndim; k++)
+            empty |= s->shape[k] == 0;
+        if (empty)
+            continue;
+        for (uint32_t k = 0; k < d.ndim; k++) {
+            if (s->offset[k] > d.shape[k] || s->shape[k] > d.shape[k] - s->offset[k] ||
+                s->strides[k] < 0) {
+                free(b);
+                return fr_rl_fail(err, FERRY_ERANGE, "shard of %s: dim %u [%" PRIu64 ", +%" PRIu64
+                                  ") is empty or outside %" PRIu64, d.name, k, s->offset[k],
+                                  s->shape[k], d.shape[k]);
+            }
+            strided |= s->strides[k] != 0;
+        }
+        put32(p, (uint32_t)ti);
+        put32(p + 4, d.ndim);
+        put64(p + 8, (uint64_t)(uintptr_t)s->dst);
+        put64(p + 16, regs[i] ? ferry_region_len(regs[i]) : 0);
+        put64(p + 24, regs[i] ? ferry_region_key(regs[i]) : 0);
+        p += 32;
+        uint64_t dense = 1;
+        for (int k = (int)d.ndim - 1; k >= 0; k--) {
+            put64(p + 8 * (size_t)k, s->offset[k]);
+            put64(p + 8 * (d.ndim + (size_t)k), s->shape[k]);
+            put64(p + 8 * (2 * d.ndim + (size_t)k),
+                  strided ? (s->strides[k] ? (uint64_t)s->strides[k] : 1) : dense);
+            dense *= s->shape[k];
+        }
+        p += 24 * (size_t)d.ndim;
+    }
+    *out = b;
+    *len = (size_t)(p - b);
+    return 0;
+}
+
+void fr_member_free(fr_member *mb)
+{
+    if (!mb)
+        return;
+    free(mb->dims);
+    free(mb->frags);
+    free(mb->key);
+    free(mb->len);
+    memset(mb, 0, sizeof *mb);
+}
+
+int fr_sub_decode(const uint8_t *b, size_t len, uint32_t worker, uint64_t gen, const fr_gen *g,
+                  ferry_engine *e, fr_member *mb, ferry_error *err)
+{
+    memset(mb, 0, sizeof *mb);
+    if (len < HDR || memcmp(b, MAGIC, 8) != 0 || get32(b + 16) != worker)
+        return fr_rl_fail(err, FERRY_EPROTO, "subscriber: the demand of worker %u is malformed",
+                          worker);
+    if (get64(b + 8) != gen)
+        return fr_rl_fail(err, FERRY_ESTATE, "subscriber: worker %u is updating to generation %"
+                          PRIu64 ", this one to %" PRIu64 "; retry", worker, get64(b + 8), gen);
+    uint32_t ns = get32(b + 20), el = get32(b + 28);
+    mb->node = get32(b + 24);
+    mb->segment = get64(b + 32);
+    if (el > FERRY_DESC_MAX || len - HDR < el)
+        return fr_rl_fail(err, FERRY_EPROTO, "subscriber: the demand of worker %u is cut short",
+                          worker);
+    size_t ndims = 0;
+    for (const uint8_t *q = b + HDR + el; q + 32 <= b + len && ndims < len; ) {
+        uint32_t nd = get32(q + 4);
+        if (nd > FERRY_MAX_DIMS)
+            break;
+        ndims += 3 * (size_t)nd;
+        q += 32 + 24 * (size_t)nd;
+    }
+    mb->dims = malloc((ndims ? ndims : 1) * sizeof *mb->dims);
+    mb->frags = calloc(ns ? ns : 1, sizeof *mb->frags);
+    mb->key = calloc(ns ? ns : 1, sizeof *mb->key);
+    mb->len = calloc(ns ? ns : 1, sizeof *mb->len);
+    if (!mb->dims || !mb->frags || !mb->key || !mb->len)
+        return fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+    mb->nshards = ns;
+    mb->peer = worker;
+    if (e) {
+        int rc = ferry_peer_add(e, b + HDR, el, &mb->peer);
+        if (rc < 0)
+            return fr_rl_fail(err, rc, "subscriber: cannot reach worker %u: %s", worker,
+                              ferry_strerror(rc));
+    }
+    size_t at = 0;
+    const uint8_t *p = b + HDR + el, *end = b + len;
+    uint32_t nt = ferry_manifest_tensor_count(g->m);
+    for (uint32_t i = 0; i < ns; i++) {
+        if (end - p < 32)
+            return fr_rl_fail(err, FERRY_EPROTO, "subscriber: the demand of worker %u is cut short",
+                              worker);
+        fr_sfrag *f = &mb->frags[i];
+        f->worker = worker;
+        f->shard = i;
+        f->tensor = get32(p);
+        f->ndim = get32(p + 4);
+        f->addr = get64(p + 8);
+        mb->len[i] = get64(p + 16);
+        mb->key[i] = get64(p + 24);
+        ferry_tensor_desc d;
+        if (f->tensor >= nt || ferry_manifest_tensor(g->m, f->tensor, &d) < 0 || f->ndim != d.ndim ||
+            (size_t)(end - p - 32) < 24 * (size_t)f->ndim || at + 3 * (size_t)f->ndim > ndims)
+            return fr_rl_fail(err, FERRY_EPROTO, "subscriber: worker %u names an unknown tensor or "
+                              "a bad shard", worker);
+        p += 32;
+        for (uint32_t k = 0; k < 3 * f->ndim; k++)
+            mb->dims[at + k] = get64(p + 8 * k);
+        f->dims = mb->dims + at;
+        at += 3 * (size_t)f->ndim;
+        for (uint32_t k = 0; k < f->ndim; k++) {
+            uint64_t o = get64(p + 8 * k), s = get64(p + 8 * (f->ndim + k));
+            if (s == 0 || o > d.shape[k] || s > d.shape[k] - o)
+                return fr_rl_fail(err, FERRY_EPROTO, "subscriber: worker %u demands a box outside "
+                                  "tensor %s", worker, d.name);
+        }
+        p += 24 * (size_t)f->ndim;
+    }
+    if (p != end)
+        return fr_rl_fail(err, FERRY_EPROTO, "subscriber: the demand of worker %u is malformed",
+                          worker);
+    return 0;
+}
+
+/* ---- the plan ---------------------------------------------------------------------------- */
+
+static int cmp_frag(const void *a, const void *b)
+{
+    const fr_sfrag *x = *(const fr_sfrag *const *)a, *y = *(const fr_sfrag *const *)b;
+    if (x->tensor != y->tensor)
+        return x->tensor < y->tensor ? -1 : 1;
+    for (uint32_t k = 0; k < 2 * x->ndim; k++)   /* offset, then shape (same ndim) */
+        if (x->dims[k] != y->dims[k])
+            return x->dims[k] < y->dims[k] ? -1 : 1;
+    if (x->worker != y->worker)
+        return x->worker < y->worker ? -1 : 1;
+    return x->shard < y->shard ? -1 : x->shard > y->shard;
+}
+
+static bool same_box(const fr_sfrag *a, const fr_sfrag *b)
+{
+    return a->tensor == b->tensor && memcmp(a->dims, b->dims, 16 * (size_t)a->ndim) == 0;
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+int fr_work_init(fr_work *w, uint32_t world)
+{
+    memset(w, 0, sizeof *w);
+    for (int h = 0; h < 2; h++) {
+        fr_pushes *ps = &w->hop[h];
+        ps->expect = calloc(world, sizeof *ps->expect);
+        ps->got = calloc(world, sizeof *ps->got);
+        ps->failed = calloc(world, sizeof *ps->failed);
+        ps->total = calloc(world, sizeof *ps->total);
+        ps->sent = calloc(world, sizeof *ps->sent);
+        ps->done = calloc(world, sizeof *ps->done);
+        ps->progress = calloc(world, sizeof *ps->progress);
+        ps->out_failed = calloc(world, sizeof *ps->out_failed);
+        if (!ps->expect || !ps->got || !ps->failed || !ps->total || !ps->sent || !ps->done ||
+            !ps->progress || !ps->out_failed)
+            return FERRY_ENOMEM;
+    }
+    return 0;
+}
+
+void fr_work_reset(fr_work *w, uint32_t world)
+{
+    for (int h = 0; h < 2; h++) {
+        fr_pushes *ps = &w->hop[h];
+        memset(ps->got, 0, world * sizeof *ps->got);
+        memset(ps->sent, 0, world * sizeof *ps->sent);
+        memset(ps->done, 0, world * sizeof *ps->done);
+        memset(ps->failed, 0, world * sizeof *ps->failed);
+        memset(ps->out_failed, 0, world * sizeof *ps->out_failed);
+    }
+}
+
+void fr_work_free(fr_work *w)
+{
+    for (int h = 0; h < 2; h++) {
+        fr_pushes *ps = &w->hop[h];
+        free(ps->ops), free(ps->to), free(ps->dep), free(ps->via);
+        free(ps->expect), free(ps->got), free(ps->failed), free(ps->total), free(ps->sent);
+        free(ps->done), free(ps->progress), free(ps->out_failed);
+    }
+    free(w->reads);
+    free(w->greads);
+    free(w->node_id), free(w->node_workers), free(w->node_read), free(w->loads);
+    memset(w, 0, sizeof *w);
+}
+
+static int add_push(fr_pushes *ps, const ferry_op *op, uint32_t to, size_t dep, uint32_t via)
+{
+    size_t cap = ps->cap;
+    if (fr_grow((void **)&ps->ops, &ps->cap, ps->n + 1, sizeof *ps->ops) < 0)
+        return FERRY_ENOMEM;
+    if (ps->cap != cap) {
+        uint32_t *nt = realloc(ps->to, ps->cap * sizeof *nt);
+        if (nt)
+            ps->to = nt;
+        size_t *nd = realloc(ps->dep, ps->cap * sizeof *nd);
+        if (nd)
+            ps->dep = nd;
+        uint32_t *nv = realloc(ps->via, ps->cap * sizeof *nv);
+        if (nv)
+            ps->via = nv;
+        if (!nt || !nd || !nv) {
+            ps->cap = cap;   /* to, dep and via keep their old size */
+            return FERRY_ENOMEM;
+        }
+    }
+    ps->ops[ps->n] = *op;
+    ps->dep[ps->n] = dep;
+    ps->via[ps->n] = via;
+    ps->to[ps->n++] = to;
+    return 0;
+}
+
+/* Everything one plan needs while it walks the sets. */
+typedef struct planner {
+    const fr_gen *g;
+    const fr_member *mbs;
+    uint32_t world, me;
+    fr_work *w;
+    uint32_t *wnode;
+    fr_readers *rd;
+    fr_rd_demand *d;
+    size_t capd;
+    uint64_t *scratch;             /* per push of a piece: the count covering it */
+    size_t caps;
+    ferry_manifest *rt;            /* my read pieces as a target placement */
+    uint32_t *rshard;              /* per read piece: my shard */
+    size_t caprs;
+    uint32_t *tnode;               /* per tensor: the dense node its bytes live on, or
+                                    * FR_RD_NO_NODE (NULL: nobody named a segment) */
+} planner;
+
+/* The dense node a segment lives on: that of the members that named it as
+ * their node's; FR_RD_NO_NODE when nobody did, for segment 0, or when
+ * members of two nodes named it. */
+static uint32_t segment_node(const planner *P, uint64_t segment)
+{
+    uint32_t n = FR_RD_NO_NODE;
+    for (uint32_t k = 0; segment && k < P->world; k++)
+        if (P->mbs[k].segment == segment) {
+            if (n != FR_RD_NO_NODE && n != P->wnode[k])
+                return FR_RD_NO_NODE;
+            n = P->wnode[k];
+        }
+    return n;
+}
+
+/* Where each tensor's stored bytes live, when members named their nodes'
+ * segments: a tensor all of whose pieces landed on one segment lives on
+ * that segment's node, so a reader there reads it locally. */
+static int tensor_nodes(planner *P)
+{
+    bool named = false;
+    for (uint32_t k = 0; k < P->world; k++)
+        named |= P->mbs[k].segment != 0;
+    if (!named)
+        return 0;
+    const fr_gen *g = P->g;
+    uint32_t nt = ferry_manifest_tensor_count(g->m);
+    uint64_t *seg = malloc((nt ? nt : 1) * sizeof *seg);
+    P->tnode = malloc((nt ? nt : 1) * sizeof *P->tnode);
+    if (!seg || !P->tnode) {
+        free(seg);
+        return FERRY_ENOMEM;
+    }
+    for (uint32_t t = 0; t < nt; t++)
+        seg[t] = UINT64_MAX;   /* none seen yet */
+    for (uint64_t id = 0; id < ferry_manifest_fragment_count(g->m); id++) {
+        ferry_fragment f;
+        (void)ferry_manifest_fragment(g->m, id, &f);
+        uint64_t s = f.rank < g->nranks ? g->ranks[f.rank].segment : 0;
+        seg[f.tensor] = seg[f.tensor] == UINT64_MAX || seg[f.tensor] == s ? s : 0;
+    }
+    for (uint32_t t = 0; t < nt; t++)
+        P->tnode[t] = seg[t] == UINT64_MAX ? FR_RD_NO_NODE : segment_node(P, seg[t]);
+    free(seg);
+    return 0;
+}
+
+/* The copy of rows [row0, row0 + rows) of a set's box from fragment f to
+ * fragment t: one run (the lowering every push goes through). */
+static void piece_run(const ferry_tensor_desc *d, const fr_sfrag *f, const fr_sfrag *t,
+                      uint64_t row0, uint64_t rows, ferry_run *run)
+{
+    uint64_t shape[FERRY_MAX_DIMS];
+    memcpy(shape, f->dims + f->ndim, f->ndim * sizeof *shape);
+    if (f->ndim)
+        shape[0] = rows;
+    ferry_box_lower(f->ndim, shape, d->itemsize, f->dims + 2 * f->ndim, t->dims + 2 * t->ndim, run);
+    run->src_offset = f->ndim ? row0 * f->dims[2 * f->ndim] * d->itemsize : 0;
+    run->dst_offset = t->ndim ? row0 * t->dims[2 * t->ndim] * d->itemsize : 0;
+}
+
+static uint64_t run_ops(const ferry_run *r)
+{
+    uint64_t n = 1;
+    for (uint32_t i = 0; i + 1 < r->nouter; i++)
+        n *= r->count[i];
+    return n;
+}
+
+/* The WRITEs of one push (outer loops unrolled, the innermost strided). */
+static int push_ops(planner *P, const ferry_run *r, const fr_sfrag *f, const fr_sfrag *t,
+                    uint32_t hop, size_t dep, uint32_t via)
+{
+    const fr_member *mt = &P->mbs[t->worker];
+    bool self = t->worker == P->me;
+    uint32_t outer = r->nouter ? r->nouter - 1 : 0;
+    uint64_t reps = run_ops(r), ctr[FERRY_MAX_DIMS] = {0};
+    for (uint64_t k = 0; k < reps; k++) {
+        uint64_t so = r->src_offset, dof = r->dst_offset;
+        for (uint32_t i = 0; i < outer; i++) {
+            so += ctr[i] * r->src_stride[i];
+            dof += ctr[i] * r->dst_stride[i];
+        }
+        ferry_op op = { .opcode = FERRY_OP_WRITE, .local = (void *)(uintptr_t)(f->addr + so),
+                        .len = r->len, .peer = self ? 0 : mt->peer, .remote_addr = t->addr + dof,
+                        .key = self ? 0 : mt->key[t->shard] };
+        if (r->nouter) {
+            op.count = r->count[outer];
+            op.local_stride = r->src_stride[outer];
+            op.remote_stride = r->dst_stride[outer];
+        }
+        if (add_push(&P->w->hop[hop - 1], &op, t->worker, dep, via) < 0)
+            return FERRY_ENOMEM;
+        for (int i = (int)outer - 1; i >= 0 && ++ctr[i] == r->count[i]; i--)
+            ctr[i] = 0;
+    }
+    return 0;
+}
+
+/* My read of rows [row0, +rows) of fragment f: a fragment of the read
+ * target (its box within f, f's strides). Returns its index. */
+static int add_read(planner *P, const fr_sfrag *f, uint64_t row0, uint64_t rows, uint64_t bytes,
+                    size_t *idx)
+{
+    fr_work *w = P->w;
+    ferry_fragment fr = { .tensor = f->tensor, .rank = 0, .has_strides = true };
+    for (uint32_t k = 0; k < f->ndim; k++) {
+        fr.offset[k] = f->dims[k];
+        fr.shape[k] = f->dims[f->ndim + k];
+        fr.strides[k] = f->dims[2 * f->ndim + k];
+    }
+    if (f->ndim) {
+        fr.offset[0] += row0;
+        fr.shape[0] = rows;
+        fr.storage_offset = row0 * fr.strides[0];
+    }
+    if (fr_grow((void **)&w->reads, &w->cap_reads, w->nreads + 1, sizeof *w->reads) < 0 ||
+        fr_grow((void **)&P->rshard, &P->caprs, w->nreads + 1, sizeof *P->rshard) < 0)
+        return FERRY_ENOMEM;
+    int rc = ferry_manifest_add_fragment(P->rt, &fr, NULL);
+    if (rc < 0)
+        return rc;
+    P->rshard[w->nreads] = f->shard;
+    w->reads[w->nreads] = (fr_rpiece){ .bytes = bytes };
+    *idx = w->nreads++;
+    return 0;
+}
+
+/* One replica set fs[0..k): its pieces, their readers and pushes; my part. */
+static int plan_set(planner *P, const fr_sfrag *const *fs, size_t k)
+{
+    fr_work *w = P->w;
+    ferry_tensor_desc d;
+    (void)ferry_manifest_tensor(P->g->m, fs[0]->tensor, &d);
+    uint32_t nd = fs[0]->ndim;
+    uint64_t rows = nd ? fs[0]->dims[nd] : 1, row = d.itemsize;
+    for (uint32_t i = 1; i < nd; i++)
+        row *= fs[0]->dims[nd + i];
+    uint64_t per = k > 1 ? (FR_SUB_PIECE / row ? FR_SUB_PIECE / row : 1) : rows;
+    uint64_t np = (rows + per - 1) / per;
+    w->sets++;
+    w->shared_sets += k > 1;
+    if (fr_grow((void **)&P->d, &P->capd, np * k, sizeof *P->d) < 0)
+        return FERRY_ENOMEM;
+    for (uint64_t p = 0; p < np; p++) {
+        uint64_t r = rows - p * per < per ? rows - p * per : per;
+        for (size_t j = 0; j < k; j++)
+            P->d[p * k + j] = (fr_rd_demand){ fs[j]->worker, p * per * row, r * row };
+    }
+    const fr_rd_range *g;
+    const fr_rd_push *pu;
+    size_t ng, npu;
+    uint32_t src = P->tnode ? P->tnode[fs[0]->tensor] : FR_RD_NO_NODE;
+    int rc = fr_readers_object(P->rd, src, rows * row, P->d, np * k, &g, &ng, &pu, &npu);
+    if (rc < 0)
+        return rc;
+    for (size_t q = 0; q < ng; q++) {
+        uint64_t p = g[q].off / (per * row), row0 = p * per, nrows = g[q].len / row;
+        const fr_sfrag *reader = fs[g[q].reader % k];
+        w->group_read += g[q].len;
+        w->node_read[P->wnode[reader->worker]] += g[q].len;
+        size_t read = 0;
+        if (reader->worker == P->me) {
+            if ((rc = add_read(P, reader, row0, nrows, g[q].len, &read)) < 0)
+                return rc;
+            w->my_read += g[q].len;
+        }
+        if (fr_grow((void **)&P->scratch, &P->caps, g[q].npush ? g[q].npush : 1,
+                    sizeof *P->scratch) < 0)
+            return FERRY_ENOMEM;
+        for (size_t x = g[q].push; x < g[q].push + g[q].npush; x++) {
+            const fr_sfrag *f = fs[pu[x].from % k], *t = fs[pu[x].to % k];
+            uint32_t hop = pu[x].hop;
+            fr_pushes *ps = &w->hop[hop - 1];
+            ferry_run run;
+            piece_run(&d, f, t, row0, nrows, &run);
+            uint64_t nops = run_ops(&run);
+            if (f->worker != P->me) {
+                if (t->worker == P->me) {
+                    ps->expect[f->worker] += nops;
+                    P->scratch[x - g[q].push] = ps->expect[f->worker];
+                    w->received += g[q].len;
+                }
+                if (hop == 2 && reader->worker == P->me)
+                    w->hop[0].progress[f->worker] = true;   /* it forwards what I read */
+                continue;
+            }
+            size_t dep = read;
+            uint32_t via = UINT32_MAX;
+            for (size_t j = g[q].push; hop == 2 && j < x; j++)   /* the hop-1 WRITE into f */
+                if (pu[j].hop == 1 && pu[j].to == pu[x].from &&
+                    fs[pu[j].from % k]->worker != P->me) {
+                    dep = (size_t)P->scratch[j - g[q].push];
+                    via = fs[pu[j].from % k]->worker;
+                    break;
+                }
+            if ((rc = push_ops(P, &run, f, t, hop, dep, via)) < 0)
+                return rc;
+            if (t->worker != P->me) {
+                ps->total[t->worker] += nops;
+                w->pushed += g[q].len;
+            }
+        }
+    }
+    return 0;
+}
+
+/* My reads: the read target planned against the stored placement, each
+ * run a strided read into my shard, grouped by piece in piece order. */
+static int plan_reads(planner *P, ferry_error *err)
+{
+    fr_work *w = P->w;
+    if (w->nreads == 0)
+        return 0;
+    ferry_plan *plan = NULL;
+    ferry_plan_iter *it = NULL;
+    fr_gread *v = NULL;
+    size_t nv = 0, cap = 0, *piece = NULL, capp = 0;
+    int rc = ferry_plan_create(P->g->m, P->rt, NULL, &plan, err);
+    if (rc == 0)
+        rc = ferry_plan_iter_open(plan, NULL, &it);
+    ferry_run run;
+    while (rc == 0 && (rc = ferry_plan_iter_next_run(it, &run)) == 1) {
+        size_t before = nv;
+        const fr_sfrag *f = &P->mbs[P->me].frags[P->rshard[run.dst_fragment]];
+        rc = fr_gread_add(&v, &nv, &cap, &run, (uint8_t *)(uintptr_t)f->addr);
+        if (rc == 0 && fr_grow((void **)&piece, &capp, nv, sizeof *piece) < 0)
+            rc = FERRY_ENOMEM;
+        for (size_t i = before; rc == 0 && i < nv; i++)
+            piece[i] = (size_t)run.dst_fragment;
+    }
+    ferry_plan_iter_close(it);
+    ferry_plan_free(plan);
+    /* Counting sort by piece: the pipeline reads piece by piece. */
+    if (rc == 0 && (w->greads = malloc((nv ? nv : 1) * sizeof *w->greads)) == NULL)
+        rc = FERRY_ENOMEM;
+    for (size_t i = 0; rc == 0 && i < nv; i++)
+        w->reads[piece[i]].n++;
+    for (size_t i = 0, at = 0; rc == 0 && i < w->nreads; i++) {
+        w->reads[i].first = at;
+        at += w->reads[i].n;
+        w->reads[i].n = 0;
+    }
+    for (size_t i = 0; rc == 0 && i < nv; i++) {
+        fr_rpiece *rp = &w->reads[piece[i]];
+        w->greads[rp->first + rp->n++] = v[i];
+    }
+    w->ngreads = w->cap_greads = nv;
+    free(v);
+    free(piece);
+    if (rc < 0 && err && !err->msg[0])
+        fr_rl_fail(err, rc, "subscriber: planning the reads: %s", ferry_strerror(rc));
+    return rc;
+}
+
+/* Node of every member as dense ids 0..n-1 (readers.c wants them small). */
+static int dense_nodes(planner *P)
+{
+    uint32_t world = P->world, *v = malloc(world * sizeof *v), n = 0;
+    fr_work *w = P->w;
+    if (!v)
+        return FERRY_ENOMEM;
+    for (uint32_t k = 0; k < world; k++)
+        v[k] = P->mbs[k].node;
+    qsort(v, world, sizeof *v, cmp_u32);
+    for (uint32_t k = 0; k < world; k++)
+        if (k == 0 || v[k] != v[n - 1])
+            v[n++] = v[k];
+    for (uint32_t k = 0; k < world; k++)
+        P->wnode[k] = (uint32_t)((uint32_t *)bsearch(&P->mbs[k].node, v, n, sizeof *v, cmp_u32) - v);
+    w->nnodes = n;
+    w->node_id = v;
+    w->node_workers = calloc(n, sizeof *w->node_workers);
+    w->node_read = calloc(n, sizeof *w->node_read);
+    w->loads = calloc(n, sizeof *w->loads);
+    if (!w->node_workers || !w->node_read || !w->loads)
+        return FERRY_ENOMEM;
+    for (uint32_t k = 0; k < world; k++)
+        w->node_workers[P->wnode[k]]++;
+    return 0;
+}
+
+int fr_sub_plan(const fr_gen *g, const fr_member *mbs, uint32_t world, uint32_t me, fr_work *w,
+                ferry_error *err)
+{
+    planner P = { .g = g, .mbs = mbs, .world = world, .me = me, .w = w };
+    size_t total = 0;
+    for (uint32_t k = 0; k < world; k++)
+        total += mbs[k].nshards;
+    const fr_sfrag **all = malloc((total ? total : 1) * sizeof *all);
+    P.wnode = malloc(world * sizeof *P.wnode);
+    int rc = all && P.wnode ? dense_nodes(&P) : FERRY_ENOMEM;
+    fr_rd_config cfg = { .nworkers = world, .worker_node = P.wnode, .nnodes = w->nnodes,
+                         .chunk = 0, .relay = true };
+    if (rc == 0)
+        rc = fr_readers_open(&cfg, &P.rd);
+    if (rc == 0)
+        rc = tensor_nodes(&P);
+    if (rc == 0)
+        rc = ferry_manifest_create(1, NULL, 1, &P.rt);
+    uint32_t nt = ferry_manifest_tensor_count(g->m);
+    for (uint32_t t = 0; t < nt && rc >= 0; t++) {
+        ferry_tensor_desc d;
+        rc = ferry_manifest_tensor(g->m, t, &d);
+        if (rc == 0)
+            rc = ferry_manifest_add_tensor(P.rt, &d, err);
+    }
+    size_t n = 0;
+    for (uint32_t k = 0; rc >= 0 && k < world; k++)
+        for (uint32_t i = 0; i < mbs[k].nshards; i++)
+            all[n++] = &mbs[k].frags[i];
+    if (rc >= 0) {
+        rc = 0;
+        qsort(all, n, sizeof *all, cmp_frag);
+    }
+    for (size_t a = 0; a < n && rc == 0;) {
+        size_t b = a + 1;
+        while (b < n && same_box(all[a], all[b]))
+            b++;
+        rc = plan_set(&P, all + a, b - a);
+        a = b;
+    }
+    if (rc == 0) {
+        fr_readers_summary(P.rd, &w->sum);
+        memcpy(w->loads, fr_readers_loads(P.rd), w->nnodes * sizeof *w->loads);
+        rc = plan_reads(&P, err);
+    } else if (!(err && err->msg[0])) {
+        fr_rl_fail(err, rc, "subscriber: planning: %s", ferry_strerror(rc));
+    }
+    fr_readers_close(P.rd);
+    ferry_manifest_close(P.rt);
+    free(P.rshard);
+    free(P.tnode);
+    free(P.scratch);
+    free(P.d);
+    free(P.wnode);
+    free(all);
+    return rc;
+}
