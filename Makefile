@@ -13,6 +13,9 @@
 # SANITIZE=1` and `make fuzz`.
 SANITIZE ?= 0
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+# Tests twice the cores at once: most of a multi-process test's time is
+# spent waiting on its processes, not computing.
+TEST_JOBS ?= $(shell echo $$(( $(JOBS) * 2 )))
 FUZZ_SECONDS ?= 60
 FUZZ_JOBS ?= 2
 FUZZ_BUILD := build-fuzz
@@ -45,7 +48,7 @@ deps:
 	scripts/deps.sh
 
 test: all fuzz-build
-	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
+	cd $(BUILD) && ctest --output-on-failure -j$(TEST_JOBS)
 
 fuzz: fuzz-build
 	scripts/fuzz.sh $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZ_JOBS)
