@@ -1,7 +1,24 @@
-# Thin wrapper over CMake. `make`, `make test`, `make demo`, `make bench`.
-# SANITIZE=1 builds into build-san/ with AddressSanitizer + UBSan.
+# Thin wrapper over CMake.
+#   make                 build into build/ (RelWithDebInfo)
+#   make test            build, then the whole suite: unit, multi-process,
+#                        conformance, Python, and every fuzz target's seed
+#                        corpus replayed plus a fixed number of executions
+#   make test SANITIZE=1 the same, built into build-san/ with ASan + UBSan
+#   make fuzz            timed fuzzing: every fuzz target for FUZZ_SECONDS
+#                        seconds (default 60), two at a time; fails on a
+#                        finding and says where the input was kept
+#   make demo, make bench
+# The fuzz targets live in their own build, build-fuzz/ (clang, libFuzzer,
+# ASan + UBSan), compiled once and shared by `make test`, `make test
+# SANITIZE=1` and `make fuzz`.
 SANITIZE ?= 0
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+# Tests twice the cores at once: most of a multi-process test's time is
+# spent waiting on its processes, not computing.
+TEST_JOBS ?= $(shell echo $$(( $(JOBS) * 2 )))
+FUZZ_SECONDS ?= 60
+FUZZ_JOBS ?= 2
+FUZZ_BUILD := build-fuzz
 ifeq ($(SANITIZE),1)
 BUILD := build-san
 CMAKE_FLAGS := -DFERRY_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
@@ -10,20 +27,31 @@ BUILD := build
 CMAKE_FLAGS := -DCMAKE_BUILD_TYPE=RelWithDebInfo
 endif
 
-.PHONY: all deps test demo bench clean
+.PHONY: all deps test fuzz fuzz-build demo bench clean
 
 all: $(BUILD)/Makefile
 	@$(MAKE) --no-print-directory -C $(BUILD) -j$(JOBS)
 
 $(BUILD)/Makefile: CMakeLists.txt
 	@scripts/deps.sh --check || scripts/deps.sh
-	cmake -S . -B $(BUILD) $(CMAKE_FLAGS)
+	cmake -S . -B $(BUILD) $(CMAKE_FLAGS) -DFERRY_FUZZ_DIR=$(CURDIR)/$(FUZZ_BUILD)
+
+fuzz-build: $(FUZZ_BUILD)/Makefile
+	@$(MAKE) --no-print-directory -C $(FUZZ_BUILD) -j$(JOBS)
+
+$(FUZZ_BUILD)/Makefile: CMakeLists.txt
+	@scripts/deps.sh --check || scripts/deps.sh
+	@command -v clang >/dev/null || { echo "ferry: clang not found; the fuzz targets (which make test runs) need clang and libclang-rt-14-dev: run scripts/deps.sh" >&2; exit 1; }
+	cmake -S . -B $(FUZZ_BUILD) -DCMAKE_C_COMPILER=clang -DFERRY_FUZZ=ON
 
 deps:
 	scripts/deps.sh
 
-test: all
-	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
+test: all fuzz-build
+	cd $(BUILD) && ctest --output-on-failure -j$(TEST_JOBS)
+
+fuzz: fuzz-build
+	scripts/fuzz.sh $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZ_JOBS)
 
 demo: all
 	$(BUILD)/ferry demo

@@ -1,93 +1,81 @@
 #!/usr/bin/env bash
-# Build every libFuzzer target tests/fuzz/fuzz_<name>.c and give each a short
-# run on a copy of its seed corpus tests/fuzz/corpus_<name>/ (if there is
-# one). ctest calls it as the fuzz_decoders test:
+# Timed fuzzing of every libFuzzer target of the fuzz build (`make fuzz`,
+# which builds FUZZDIR first):
 #
-#   scripts/fuzz.sh OUTDIR
+#   scripts/fuzz.sh FUZZDIR SECONDS [JOBS]
 #
-# Each run stops after FERRY_FUZZ_SECONDS seconds (default 60) or 1,000,000
-# executions, whichever comes first. Prints one line per target; exits
-# non-zero if any target fails to build or finds a crash (the reproducer is
-# left in OUTDIR as fuzz_<name>-crash-*).
+# Each target tests/fuzz/fuzz_<name>.c (built as FUZZDIR/fuzz_<name>) fuzzes
+# for SECONDS seconds from its seed corpus tests/fuzz/corpus_<name>/, JOBS
+# targets at a time (default 2). New inputs go to FUZZDIR/run/fuzz_<name>/
+# corpus (emptied at the start; the seed directories are never written).
+# Prints one line per target as it ends; exits non-zero if any target finds
+# a crash, leak, undefined behaviour or hang (one input running past 60 s):
+# the input is kept in FUZZDIR/run/fuzz_<name>/ as crash-*, leak-*,
+# timeout-* or oom-*, and the line names it with the command that
+# reproduces it.
 set -euo pipefail
 
-die() { echo "fuzz.sh: $*" >&2; exit 1; }
+die() { echo "fuzz.sh: $*" >&2; exit 2; }
 
-[ $# -eq 1 ] || { echo "usage: $0 OUTDIR" >&2; exit 2; }
+[ $# -ge 2 ] && [ $# -le 3 ] || { echo "usage: $0 FUZZDIR SECONDS [JOBS]" >&2; exit 2; }
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-mkdir -p "$1"
-out=$(cd "$1" && pwd)
-seconds=${FERRY_FUZZ_SECONDS:-60}
-runs=1000000
-[[ $seconds =~ ^[1-9][0-9]*$ ]] || die "FERRY_FUZZ_SECONDS must be a positive integer, not '$seconds'"
-
-command -v clang >/dev/null || die "clang not found; install it: apt-get install clang libclang-rt-14-dev"
-
-# Without clang's libFuzzer runtime every target would fail to link with an
-# obscure error; say what is missing instead.
-probe="$out/.libfuzzer-probe"
-printf 'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n)\n{ (void)d; (void)n; return 0; }\n' >"$probe.c"
-if ! clang -fsanitize=fuzzer,address,undefined "$probe.c" -o "$probe" 2>"$probe.log"; then
-  cat "$probe.log" >&2
-  die "clang cannot link the libFuzzer runtime; install it: apt-get install libclang-rt-14-dev"
-fi
-
-libs=$(pkg-config --cflags --libs libxxhash jansson libsodium) \
-  || die "pkg-config cannot find libxxhash, jansson or libsodium (run scripts/deps.sh)"
+[ -d "$1" ] || die "no fuzz build in $1 (make fuzz builds it)"
+dir=$(cd "$1" && pwd)
+seconds=$2 jobs=${3:-2}
+[[ $seconds =~ ^[1-9][0-9]*$ ]] || die "SECONDS must be a positive whole number, not '$seconds'"
+[[ $jobs =~ ^[1-9][0-9]*$ ]] || die "JOBS must be a positive whole number, not '$jobs'"
 
 shopt -s nullglob
-# src/store holds the client library too, which drives the engine.
-srcs=("$root"/src/base/*.c "$root"/src/wire/*.c "$root"/src/engine/*.c "$root"/src/engine/transport/*.c
-      "$root"/src/reshard/*.c "$root"/src/store/*.c "$root"/src/exec/*.c "$root"/src/rl/*.c "$root"/src/sparse/*.c)
-targets=("$root"/tests/fuzz/fuzz_*.c)
-[ ${#targets[@]} -gt 0 ] || die "no targets under tests/fuzz/"
-
-# -fno-sanitize-recover: an undefined-behaviour report is a finding, so it
-# must stop the run like a crash rather than scroll past.
-# shellcheck disable=SC2054  # the commas are clang's, not array separators
-cflags=(-std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined
-        -fno-sanitize-recover=undefined -I"$root/include" -I"$root/src")
-
-build() { # name source -> 0 when OUTDIR/name was built
-  # $libs is a list of flags: split on purpose.
-  # shellcheck disable=SC2086
-  clang "${cflags[@]}" "$2" "${srcs[@]}" $libs -lpthread -o "$out/$1" 2>"$out/$1.build.log"
-}
-
-run() { # name -> libFuzzer's exit status; log in OUTDIR/name.log
-  local name=$1 corpus="$out/corpus_${1#fuzz_}" seeds="$root/tests/fuzz/corpus_${1#fuzz_}"
-  rm -rf "$corpus"
-  mkdir -p "$corpus"
-  if [ -d "$seeds" ]; then cp -R "$seeds"/. "$corpus"/; fi
-  # -timeout: one input running this long is a hang, reported as a crash.
-  (cd "$out" && "$out/$name" -max_total_time="$seconds" -runs="$runs" -timeout=25 \
-     -print_final_stats=1 -artifact_prefix="$out/$name-" "$corpus") >"$out/$name.log" 2>&1
-}
-
-failed=0
-for src in "${targets[@]}"; do
+names=()
+for src in "$root"/tests/fuzz/fuzz_*.c; do
   name=$(basename "$src" .c)
-  if ! build "$name" "$src"; then
-    echo "$name: BUILD FAILED"
-    cat "$out/$name.build.log"
-    failed=1
-    continue
-  fi
-  t0=$(date +%s%N)
-  rc=0
-  run "$name" || rc=$?
-  t1=$(date +%s%N)
-  ms=$(( (t1 - t0) / 1000000 ))
-  execs=$(sed -n 's/^stat::number_of_executed_units: *\([0-9]*\).*/\1/p' "$out/$name.log" | tail -n 1)
-  execs=${execs:-0}
-  rate=$(( ms > 0 ? execs * 1000 / ms : 0 ))
-  line=$(printf '%s: %s execs in %d.%03d s (%s/s)' "$name" "$execs" $((ms / 1000)) $((ms % 1000)) "$rate")
-  if [ "$rc" -ne 0 ]; then
-    echo "$line: FAILED (exit $rc)"
-    tail -n 60 "$out/$name.log"
-    failed=1
-  else
-    echo "$line: ok"
-  fi
+  [ -x "$dir/$name" ] || die "$dir/$name is not built (make fuzz builds it)"
+  names+=("$name")
 done
+[ ${#names[@]} -gt 0 ] || die "no targets under tests/fuzz/"
+
+fuzz_one() { # name -> libFuzzer's exit status; one line on stdout
+  local name=$1 work="$dir/run/$1" seeds="$root/tests/fuzz/corpus_${1#fuzz_}" rc=0
+  rm -rf "$work"
+  mkdir -p "$work/corpus"
+  local t0 t1
+  t0=$(date +%s%N)
+  # -timeout is a hang detector: an input here takes milliseconds.
+  "$dir/$name" -max_total_time="$seconds" -timeout=60 -print_final_stats=1 \
+    -artifact_prefix="$work/" "$work/corpus" "$seeds" >"$work/$name.log" 2>&1 || rc=$?
+  t1=$(date +%s%N)
+  local ms=$(( (t1 - t0) / 1000000 )) execs
+  execs=$(sed -n 's/^stat::number_of_executed_units: *\([0-9]*\).*/\1/p' "$work/$name.log" | tail -n 1)
+  execs=${execs:-0}
+  local line
+  line=$(printf '%s: %s execs in %d.%03d s (%s/s)' "$name" "$execs" $((ms / 1000)) $((ms % 1000)) \
+         $(( ms > 0 ? execs * 1000 / ms : 0 )))
+  if [ "$rc" -eq 0 ]; then
+    echo "$line: ok"
+    return 0
+  fi
+  echo "$line: FAILED (exit $rc); log in $work/$name.log"
+  tail -n 60 "$work/$name.log" | sed "s/^/  $name| /"
+  local a
+  for a in "$work"/crash-* "$work"/leak-* "$work"/timeout-* "$work"/oom-*; do
+    echo "$name: input kept in $a; reproduce with: $dir/$name $a"
+  done
+  return "$rc"
+}
+
+echo "fuzzing ${#names[@]} targets for $seconds s each, $jobs at a time"
+failed=0 running=0
+for name in "${names[@]}"; do
+  if [ "$running" -ge "$jobs" ]; then
+    wait -n || failed=1
+    running=$((running - 1))
+  fi
+  fuzz_one "$name" &
+  running=$((running + 1))
+done
+while [ "$running" -gt 0 ]; do
+  wait -n || failed=1
+  running=$((running - 1))
+done
+[ "$failed" -eq 0 ] && echo "fuzzing: no findings" || echo "fuzzing: FAILED (see above)"
 exit "$failed"

@@ -719,15 +719,35 @@ static void test_peer_killed_mid_transfer(void **s)
     assert_still_serving();
 }
 
+/* A port for a peer that must come back on the same address, taken below
+ * the kernel's ephemeral range: a port from binding port 0 could go to any
+ * other process's connect() or bind(:0) between the peer's stop and its
+ * restart, and on a busy machine running tests side by side that is a
+ * chance, not never. Bound once with SO_REUSEADDR, as the listener does. */
 static uint16_t free_port(void)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t l = sizeof a;
-    bind(fd, (struct sockaddr *)&a, sizeof a);
-    getsockname(fd, (struct sockaddr *)&a, &l);
-    close(fd);
-    return ntohs(a.sin_port);
+    unsigned lo = 32768, hi = 60999;
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+    if (f) {
+        if (fscanf(f, "%u %u", &lo, &hi) != 2)
+            lo = 32768;
+        fclose(f);
+    }
+    assert_true(lo > 11000);
+    for (int i = 0; i < 1000; i++) {
+        uint16_t port = (uint16_t)(10000 + fr_random_u64() % (lo - 10000));
+        int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+        assert_true(fd >= 0);
+        (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port),
+                                .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        int rc = bind(fd, (struct sockaddr *)&a, sizeof a);
+        close(fd);
+        if (rc == 0)
+            return port;
+    }
+    fail_msg("no free port below %u", lo);
+    return 0;
 }
 
 static void test_peer_restart_same_address(void **s)

@@ -56,6 +56,16 @@ void ft_pattern(uint8_t *buf, uint64_t len, uint64_t seed, uint64_t offset)
         uint64_t pos = offset + i;
         uint64_t w = splitmix(seed ^ (pos >> 3) * 0x100000001B3ull);
         unsigned b = (unsigned)(pos & 7);
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        /* A whole word in one store, the same bytes as the loop below:
+         * byte by byte, filling 1 GiB took a third of the conformance
+         * suite's time. */
+        if (b == 0 && len - i >= 8) {
+            memcpy(buf + i, &w, 8);
+            i += 8;
+            continue;
+        }
+#endif
         for (; b < 8 && i < len; b++, i++)
             buf[i] = (uint8_t)(w >> (8 * b));
     }
