@@ -41,6 +41,7 @@ struct ferry_subscriber {
      * generation) and the stored placement stay the same: a new generation
      * of the same model and layout costs no planning. */
     fr_work plan;
+    fr_member *mbs;           /* the members of the last plan, decoded */
     bool valid, reused;
     fr_hash128_t key;
 };
@@ -543,32 +544,48 @@ static int exchange(ferry_subscriber *sub, const fr_gen *g, uint64_t gen, const 
     return rc;
 }
 
+static void free_members(ferry_subscriber *sub)
+{
+    for (uint32_t k = 0; sub->mbs && k < sub->cfg.world; k++)
+        fr_member_free(&sub->mbs[k]);
+    free(sub->mbs);
+    sub->mbs = NULL;
+}
+
 /* The plan for this update: the last one when nothing it depends on
- * changed, else a new one from every member's record. */
+ * changed (every record but its generation, the stored placement: a
+ * hash, no decoding), else a new one from every member's decoded record. */
 static int plan(ferry_subscriber *sub, const fr_gen *g, const ferry_kv_value *recs,
-                fr_member *mbs, ferry_error *err)
+                ferry_error *err)
 {
     uint32_t world = sub->cfg.world, me = sub->cfg.rank;
     fr_hash128_t key = plan_key(recs, world, g);
-    int rc = 0;
-    /* Every record is decoded (and checked) each time: its generation must
-     * match, and the engine must know every peer. */
-    for (uint32_t k = 0; k < world && rc == 0; k++)
-        rc = fr_sub_decode(recs[k].val, recs[k].len, k, g->generation, g,
-                           k != me ? ferry_store_engine(sub->s) : NULL, &mbs[k], err);
-    if (rc < 0)
-        return rc;
     sub->reused = sub->valid && memcmp(&key, &sub->key, sizeof key) == 0;
+    for (uint32_t k = 0; sub->reused && k < world; k++) {   /* the generation the hash skips */
+        const uint8_t *b = recs[k].val;
+        uint64_t gen = 0;
+        for (int i = 7; i >= 0; i--)
+            gen = gen << 8 | b[8 + i];
+        if (gen != g->generation)
+            return fr_rl_fail(err, FERRY_ESTATE, "subscriber: worker %u is updating to generation "
+                              "%" PRIu64 ", this one to %" PRIu64 "; retry", k, gen, g->generation);
+    }
     if (sub->reused) {
         fr_work_reset(&sub->plan, world);
         return 0;
     }
     fr_work_free(&sub->plan);
+    free_members(sub);
     sub->valid = false;
-    rc = fr_work_init(&sub->plan, world);
+    sub->mbs = calloc(world, sizeof *sub->mbs);
+    int rc = sub->mbs ? fr_work_init(&sub->plan, world) : FERRY_ENOMEM;
     if (rc < 0)
         return fr_rl_fail(err, rc, "subscriber: out of memory");
-    rc = fr_sub_plan(g, mbs, world, me, &sub->plan, err);
+    for (uint32_t k = 0; k < world && rc == 0; k++)
+        rc = fr_sub_decode(recs[k].val, recs[k].len, k, g->generation, g,
+                           k != me ? ferry_store_engine(sub->s) : NULL, &sub->mbs[k], err);
+    if (rc == 0)
+        rc = fr_sub_plan(g, sub->mbs, world, me, &sub->plan, err);
     sub->valid = rc == 0;
     sub->key = key;
     return rc;
@@ -606,12 +623,11 @@ int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_u
         prc = fr_rl_fail(&perr, FERRY_ESTATE, "generation %" PRIu64 " became current meanwhile",
                          active);
     uint32_t world = sub->cfg.world, me = sub->cfg.rank;
-    fr_member *mbs = calloc(world, sizeof *mbs);
     ferry_kv_value *recs = calloc(world, sizeof *recs);
     char bar[400], key[400];
     int brc = -1;
     double tx = (double)fr_now_ns() / 1e9;
-    rc = mbs && recs ? exchange(sub, g, active, &perr, bar, sizeof bar, recs, &brc, err)
+    rc = recs ? exchange(sub, g, active, &perr, bar, sizeof bar, recs, &brc, err)
                      : fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
     if (prc < 0 && err)
         *err = perr;   /* my own failure, not the group's echo of it */
@@ -619,14 +635,14 @@ int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_u
     st->prepare_s = t1 - t0;
     st->exchange_s = t1 - tx;
     if (rc == 0)
-        rc = plan(sub, g, recs, mbs, err);
+        rc = plan(sub, g, recs, err);
     double t2 = (double)fr_now_ns() / 1e9;
     st->plan_s = t2 - t1;
     fr_work *w = &sub->plan;
     if (rc == 0) {
         plan_stats(w, st);
         /* reads, pushes and forwards as one pipeline (run_apply) */
-        apply ap = { .sub = sub, .e = ferry_store_engine(sub->s), .w = w, .mbs = mbs, .g = g,
+        apply ap = { .sub = sub, .e = ferry_store_engine(sub->s), .w = w, .mbs = sub->mbs, .g = g,
                      .err = err,
                      .tag = { fr_hash64(bar, strlen(bar), 0) | 1, fr_hash64(bar, strlen(bar), 1) | 1 } };
         size_t nmax = w->hop[0].n > w->hop[1].n ? w->hop[0].n : w->hop[1].n;
@@ -690,11 +706,8 @@ int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_u
         st->generation = m.generation;
         sub->generation = m.generation;
     }
-    for (uint32_t k = 0; mbs && k < world; k++)
-        fr_member_free(&mbs[k]);
     for (uint32_t k = 0; recs && k < world; k++)
         ferry_store_free(recs[k].val);
-    free(mbs);
     free(recs);
     ferry_weight_manifest_free(&m);
     return rc;
@@ -740,6 +753,7 @@ void ferry_subscriber_close(ferry_subscriber *sub)
             (void)ferry_region_unregister(sub->regs[i].reg);
     free(sub->regs);
     fr_work_free(&sub->plan);
+    free_members(sub);
     free(sub->names);
     free(sub->shards);
     free(sub);

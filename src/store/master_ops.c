@@ -61,7 +61,7 @@ static bool mount_valid(fr_master_conn *c, uint64_t id, const fr_smsg *q)
         fr_master_reply_err(c, id, FERRY_EINVAL, 0, "node id 0 is reserved");
         return false;
     }
-    if (q->key.n > FR_SMSG_NAME_MAX || memchr(q->key.p, 0, q->key.n) != NULL) {
+    if (q->key.n > FR_SMSG_NAME_MAX || (q->key.n && memchr(q->key.p, 0, q->key.n) != NULL)) {
         fr_master_reply_err(c, id, FERRY_EINVAL, 0, "a node name is at most %d bytes, no NUL",
                             FR_SMSG_NAME_MAX);
         return false;
@@ -91,8 +91,9 @@ static bool mount_valid(fr_master_conn *c, uint64_t id, const fr_smsg *q)
                             U(q->segment), U(si.node), U(si.size));
         return false;
     }
-    char name[FR_SMSG_NAME_MAX + 1];
-    memcpy(name, q->key.p, q->key.n);
+    char name[FR_SMSG_NAME_MAX + 1] = "";
+    if (q->key.n)
+        memcpy(name, q->key.p, q->key.n);
     name[q->key.n] = 0;
     const fr_master_node *other = same_name(m, name, q->node);
     if (other != NULL && other->conn != NULL && !other->suspect) {

@@ -103,8 +103,9 @@ int fr_master_probe_start(fr_master_conn *c, uint64_t req_id, const fr_smsg *q)
     *p = (fr_master_probe){ .m = m, .conn_serial = c->serial, .req_id = req_id,
                             .segment = q->segment, .node = q->node, .size = q->size,
                             .granule = q->granule, .desc_len = (uint16_t)q->val.n };
-    memcpy(p->desc, q->val.p, q->val.n);
-    memcpy(p->name, q->key.p, q->key.n);
+    memcpy(p->desc, q->val.p, q->val.n);   /* a validated descriptor: n >= 1 */
+    if (q->key.n)
+        memcpy(p->name, q->key.p, q->key.n);
     if (m->mem) {   /* no sockets: taken as answered (fuzzing, unit tests) */
         p->next = m->probed;
         m->probed = p;
