@@ -68,6 +68,28 @@ PyObject *fp_exit_result(PyObject *r);
         {"__exit__", (PyCFunction)pfx##_exit, METH_VARARGS, NULL}
 #define FP_CLOSED_GETTER(pfx, doc) {"closed", (getter)pfx##_get_closed, NULL, doc, NULL}
 
+/* ---- memory arguments (_ferry_mem.c) --------------------------------------- */
+/* A view of the memory of o for a call: like PyObject_GetBuffer(o, v, flags)
+ * (release it with PyBuffer_Release), but o may also be a torch tensor (CPU;
+ * one that requires grad is exported detached), any object with __dlpack__
+ * or a DLPack capsule. Refused, naming o as `what` and describing it (type,
+ * dtype, shape): not contiguous when flags need it (any flags without
+ * PyBUF_STRIDES, or PyBUF_C_CONTIGUOUS), read-only with PyBUF_WRITABLE
+ * (ValueError); device memory (ValueError "device memory (cuda:0) is not
+ * supported yet"); not memory at all (TypeError). 0 or -1. */
+int fp_buf_get(PyObject *o, Py_buffer *v, int flags, const char *what);
+/* The ferry dtype of a view's elements ("bf16" for a torch bfloat16 tensor,
+ * from the struct format otherwise), or NULL when it has none. */
+const char *fp_buf_dtype(const Py_buffer *v);
+/* The ferry dtype of a struct format with that itemsize (NULL format: "u8"
+ * for 1-byte items), or NULL. */
+const char *fp_format_dtype(const char *fmt, Py_ssize_t itemsize);
+/* A ferry._ferry.Memory over o's memory (new reference), or NULL raised. */
+PyObject *fp_memory(PyObject *o, const char *what);
+/* "torch.Tensor of torch.float32, shape [4, 4]": what o is, for messages. */
+PyObject *fp_describe(PyObject *o);
+int fp_mem_init(PyObject *m);     /* Memory and memory() */
+
 /* ---- dicts, lists and getters from C values (_ferry_util.c) ------------- */
 static inline PyObject *fp_u64(uint64_t v)
 {

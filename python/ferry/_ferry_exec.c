@@ -243,7 +243,7 @@ static PyObject *binding_add(BindingObject *self, PyObject *args, PyObject *kw)
     BoundView *bv = PyMem_Calloc(1, sizeof *bv);
     if (!bv)
         return PyErr_NoMemory();
-    if (PyObject_GetBuffer(arr, &bv->view, PyBUF_STRIDES) < 0) {
+    if (fp_buf_get(arr, &bv->view, PyBUF_STRIDES, "bind: array") < 0) {
         PyMem_Free(bv);
         return NULL;
     }
@@ -616,7 +616,7 @@ static PyObject *engine_register(EngineObject *self, PyObject *args, PyObject *k
         return PyErr_NoMemory();
     /* Peers may write into it: then it must be writable. Any layout: the
      * whole span from the first to one past the last element is registered. */
-    if (PyObject_GetBuffer(arr, v, PyBUF_STRIDES | ((flags & FERRY_REMOTE_WRITE) ? PyBUF_WRITABLE : 0)) < 0) {
+    if (fp_buf_get(arr, v, PyBUF_STRIDES | ((flags & FERRY_REMOTE_WRITE) ? PyBUF_WRITABLE : 0), "register: array") < 0) {
         PyMem_Free(v);
         return NULL;
     }

@@ -372,7 +372,9 @@ static PyObject *p_publish(PyObject *self, PyObject *args)
         if (!(t[i].name = fp_key_of(PyTuple_GET_ITEM(it, 0), "tensor name")) ||
             !(t[i].dtype = fp_key_of(PyTuple_GET_ITEM(it, 2), "dtype")))
             goto done;
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(it, 1), &v[i], PyBUF_C_CONTIGUOUS) < 0)
+        char what[96];
+        snprintf(what, sizeof what, "tensors[%zu] (%.40s)", i, t[i].name);
+        if (fp_buf_get(PyTuple_GET_ITEM(it, 1), &v[i], PyBUF_C_CONTIGUOUS, what) < 0)
             goto done;
         held++;
         if (ferry_dtype_size(t[i].dtype) != (uint32_t)v[i].itemsize || v[i].ndim > FERRY_MAX_DIMS) {
@@ -733,15 +735,15 @@ static ferry_sample_queue *sq_ready(QueueObject *self)
 /* A C-contiguous buffer of 4-byte elements of struct kind c ('i' or 'f'). */
 static int buf4(PyObject *o, Py_buffer *v, char c, int writable, const char *what)
 {
-    if (PyObject_GetBuffer(o, v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0)
+    if (fp_buf_get(o, v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0), what) < 0)
         return -1;
-    const char *f = v->format ? v->format : "B";
-    if (*f == '<' || *f == '=' || *f == '@')
-        f++;
-    int ok = v->itemsize == 4 && f[0] && !f[1] && (f[0] == c || (c == 'i' && f[0] == 'l'));
-    if (!ok) {
-        PyErr_Format(PyExc_TypeError, "%s must be a C-contiguous %s array, not format '%s' with %zd-byte items", what,
-                     c == 'i' ? "int32" : "float32", v->format ? v->format : "B", v->itemsize);
+    const char *dt = fp_buf_dtype(v);
+    const char *want = c == 'i' ? "i32" : "f32";
+    if (!dt || strcmp(dt, want)) {
+        PyObject *d = fp_describe(o);
+        PyErr_Format(PyExc_TypeError, "%s (%S) must hold %s elements (%s), not %s", what, d ? d : Py_None,
+                     c == 'i' ? "int32" : "float32", want, dt ? dt : "untyped bytes");
+        Py_XDECREF(d);
         PyBuffer_Release(v);
         return -1;
     }
@@ -1085,7 +1087,9 @@ static PyObject *kv_put(GateObject *self, PyObject *args)
     unsigned long long version;
     const char *name;
     Py_buffer v;
-    if (!PyArg_ParseTuple(args, "Ksy*:put", &version, &name, &v))
+    PyObject *data;
+    if (!PyArg_ParseTuple(args, "KsO:put", &version, &name, &data) ||
+        fp_buf_get(data, &v, PyBUF_C_CONTIGUOUS, "KVCacheGate.put: data") < 0)
         return NULL;
     ferry_store *s = kv_store(self);
     PyObject *out = NULL;
@@ -1165,7 +1169,9 @@ static PyObject *kv_get_into(GateObject *self, PyObject *args)
     const char *ref;
     unsigned long long active;
     Py_buffer v;
-    if (!PyArg_ParseTuple(args, "sKw*:get_into", &ref, &active, &v))
+    PyObject *dst;
+    if (!PyArg_ParseTuple(args, "sKO:get_into", &ref, &active, &dst) ||
+        fp_buf_get(dst, &v, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE, "KVCacheGate.get_into: buffer") < 0)
         return NULL;
     ferry_store *s = kv_store(self);
     PyObject *out = NULL;

@@ -184,9 +184,9 @@ static PyObject *sp_put(PyObject *self, PyObject *args)
         return PyErr_Format(PyExc_ValueError, "put_sparse_object %s: index dtype %s (i32 or i64) or value dtype %s "
                             "(f32, bf16 or f16) not supported", d.tensor_id, d.index_dtype, d.value_dtype);
     Py_buffer iv, vv;
-    if (PyObject_GetBuffer(io, &iv, PyBUF_C_CONTIGUOUS) < 0)
+    if (fp_buf_get(io, &iv, PyBUF_C_CONTIGUOUS, "put_sparse_object: indices") < 0)
         return NULL;
-    if (PyObject_GetBuffer(vo, &vv, PyBUF_C_CONTIGUOUS) < 0) {
+    if (fp_buf_get(vo, &vv, PyBUF_C_CONTIGUOUS, "put_sparse_object: values") < 0) {
         PyBuffer_Release(&iv);
         return NULL;
     }
@@ -399,13 +399,13 @@ static PyObject *sp_apply(PyObject *self, PyObject *args)
     for (uint32_t k = 0; k < r.ndim; k++)
         elems *= r.shape[k];
     Py_buffer iv, vv, dv;
-    if (PyObject_GetBuffer(io, &iv, PyBUF_C_CONTIGUOUS) < 0)
+    if (fp_buf_get(io, &iv, PyBUF_C_CONTIGUOUS, "sparse_apply: indices") < 0)
         return NULL;
-    if (PyObject_GetBuffer(vo, &vv, PyBUF_C_CONTIGUOUS) < 0) {
+    if (fp_buf_get(vo, &vv, PyBUF_C_CONTIGUOUS, "sparse_apply: values") < 0) {
         PyBuffer_Release(&iv);
         return NULL;
     }
-    if (PyObject_GetBuffer(dst, &dv, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+    if (fp_buf_get(dst, &dv, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE, "sparse_apply: dense") < 0) {
         PyBuffer_Release(&iv);
         PyBuffer_Release(&vv);
         return NULL;

@@ -159,9 +159,9 @@ static PyObject *w_convert(PyObject *self, PyObject *args)
     if (!ss || !ds)
         return fp_raise_class(FERRY_EINVAL, "convert: dtypes are \"f32\", \"bf16\" or \"f16\"");
     Py_buffer sv, dv;
-    if (PyObject_GetBuffer(so, &sv, PyBUF_C_CONTIGUOUS) < 0)
+    if (fp_buf_get(so, &sv, PyBUF_C_CONTIGUOUS, "convert: source") < 0)
         return NULL;
-    if (PyObject_GetBuffer(dobj, &dv, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+    if (fp_buf_get(dobj, &dv, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE, "convert: destination") < 0) {
         PyBuffer_Release(&sv);
         return NULL;
     }
@@ -291,35 +291,6 @@ int fp_publish_stats_put(PyObject *d, uint64_t generation, const ferry_publish_s
     return fp_dict_put_fields(d, st, publish_fields, all ? FP_NFIELDS(publish_fields) : PUBLISH_BASE_FIELDS);
 }
 
-/* The ferry dtype of a little-endian struct format character and itemsize. */
-static const char *fmt_dtype(const char *fmt, Py_ssize_t itemsize)
-{
-    if (!fmt)
-        return itemsize == 1 ? "u8" : NULL;
-    if (*fmt == '<' || *fmt == '=' || *fmt == '@')
-        fmt++;
-    if (!fmt[0] || fmt[1])
-        return NULL;
-    const char *d = NULL;
-    switch (fmt[0]) {
-    case 'f': d = "f32"; break;
-    case 'e': d = "f16"; break;
-    case 'd': d = "f64"; break;
-    case '?': d = "bool"; break;
-    case 'b': d = "i8"; break;
-    case 'B': d = "u8"; break;
-    case 'h': d = "i16"; break;
-    case 'H': d = "u16"; break;
-    case 'i':
-    case 'l':
-    case 'q': d = itemsize == 8 ? "i64" : itemsize == 4 ? "i32" : NULL; break;
-    case 'I':
-    case 'L':
-    case 'Q': d = itemsize == 8 ? "u64" : itemsize == 4 ? "u32" : NULL; break;
-    default: break;
-    }
-    return d && ferry_dtype_size(d) == (uint32_t)itemsize ? d : NULL;
-}
 
 /* A Python exception is set: this rank cannot publish generation gen (its
  * own check failed before it reached ferry_publish). Tell the other ranks
@@ -437,7 +408,9 @@ static PyObject *w_publish(PyObject *self, PyObject *args)
         }
         if (!(t[i].name = fp_key_of(PyTuple_GET_ITEM(it, 0), "tensor name")))
             goto done;
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(it, 1), &v[i], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        char what[96];
+        snprintf(what, sizeof what, "tensors[%zu] (%.40s)", i, t[i].name);
+        if (fp_buf_get(PyTuple_GET_ITEM(it, 1), &v[i], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT, what) < 0)
             goto done;
         held++;
         if (PyTuple_GET_SIZE(it) == 3) {
@@ -448,7 +421,7 @@ static PyObject *w_publish(PyObject *self, PyObject *args)
                              t[i].name, t[i].dtype, v[i].itemsize);
                 goto done;
             }
-        } else if (!(t[i].dtype = fmt_dtype(v[i].format, v[i].itemsize))) {
+        } else if (!(t[i].dtype = fp_buf_dtype(&v[i]))) {
             PyErr_Format(PyExc_ValueError,
                          "tensor %s: no ferry dtype for buffer format '%s' (pass (name, array, dtype))", t[i].name,
                          v[i].format ? v[i].format : "B");
@@ -535,7 +508,9 @@ static int shards_from(w_shards *w, PyObject *o)
         if (!(sh->tensor = fp_key_of(PyTuple_GET_ITEM(it, 0), "tensor name")))
             goto fail;
         Py_buffer *v = &w->views[i];
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(it, 2), v, PyBUF_STRIDES | PyBUF_WRITABLE) < 0)
+        char what[96];
+        snprintf(what, sizeof what, "shards[%zu] (%.40s)", i, sh->tensor);
+        if (fp_buf_get(PyTuple_GET_ITEM(it, 2), v, PyBUF_STRIDES | PyBUF_WRITABLE, what) < 0)
             goto fail;
         w->held++;
         uint32_t nd = 0;
