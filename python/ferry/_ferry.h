@@ -13,8 +13,9 @@
 /* _ferry.Error: raised with str(e) the message and e.code the negative
  * FERRY_E* code. */
 extern PyObject *fp_error;
-/* Raise Error for code with msg (NULL or empty: ferry_strerror(code));
- * returns NULL. */
+/* Raise the class of code (fp_err_class: the same class for a code in every
+ * module) with msg (NULL or empty: ferry_strerror(code)); MemoryError for
+ * FERRY_ENOMEM. Returns NULL. */
 PyObject *fp_raise(int code, const char *msg);
 /* Raise from a ferry_error filled by a failed call. */
 PyObject *fp_raise_err(int code, const ferry_error *err);
@@ -89,6 +90,7 @@ PyObject *fp_memory(PyObject *o, const char *what);
 /* "torch.Tensor of torch.float32, shape [4, 4]": what o is, for messages. */
 PyObject *fp_describe(PyObject *o);
 int fp_mem_init(PyObject *m);     /* Memory and memory() */
+int fp_log_init(PyObject *m);     /* the log bridge (_ferry_log.c): _log_install, log_flush, ... */
 
 /* ---- dicts, lists and getters from C values (_ferry_util.c) ------------- */
 static inline PyObject *fp_u64(uint64_t v)

@@ -23,16 +23,7 @@ static PyObject *err_queue_full;
 /* Raise for rc with msg (NULL or empty: ferry_strerror(rc)). NULL. */
 static PyObject *sp_raise(int rc, const char *msg)
 {
-    if (rc != FERRY_EAGAIN)
-        return fp_raise_class(rc, msg);
-    PyObject *e = PyObject_CallFunction(err_queue_full, "s", msg && *msg ? msg : ferry_strerror(rc));
-    PyObject *c = e ? PyLong_FromLong(rc) : NULL;
-    if (c && PyObject_SetAttrString(e, "code", c) < 0)
-        Py_CLEAR(e);
-    Py_XDECREF(c);
-    if (!c)
-        Py_CLEAR(e);
-    return fp_err_throw(e);
+    return fp_raise_class(rc, msg);   /* FERRY_EAGAIN: QueueFullError, as everywhere */
 }
 
 static PyObject *sp_raise_err(int rc, const ferry_error *err)
@@ -1160,7 +1151,7 @@ static PyObject *kv_get(GateObject *self, PyObject *args)
             return sp_raise(rc, ferry_store_last_error());
         /* replaced by a larger object in between: again */
     }
-    return sp_raise(FERRY_EAGAIN, "kvcache get: the object kept changing size");
+    return sp_raise(FERRY_EBUSY, "kvcache get: the object kept changing size while it was read; retry");
 }
 
 /* get_into(ref, active_version, buffer) -> bytes read. */
@@ -1285,16 +1276,8 @@ static PyMethodDef sp_methods[] = {
 
 int fp_samples_init(PyObject *m)
 {
-    PyObject *dict = PyDict_New();
-    if (!dict)
-        return -1;
-    err_queue_full = PyErr_NewExceptionWithDoc("ferry.QueueFullError",
-                                               "A bounded sample queue is full and fail_when_full is set "
-                                               "(FERRY_EAGAIN).",
-                                               fp_error, dict);
-    Py_DECREF(dict);
-    if (!err_queue_full || PyModule_AddObjectRef(m, "QueueFullError", err_queue_full) < 0 ||
-        PyModule_AddFunctions(m, sp_methods) < 0 || fp_add_type(m, "PolicyWatch", &WatchType) < 0 ||
+    err_queue_full = fp_err_class(FERRY_EAGAIN);   /* made by fp_store_init, as every error class */
+    if (!err_queue_full || PyModule_AddFunctions(m, sp_methods) < 0 || fp_add_type(m, "PolicyWatch", &WatchType) < 0 ||
         fp_add_type(m, "SampleQueue", &QueueType) < 0 || fp_add_type(m, "Sample", &SampleType) < 0 ||
         fp_add_type(m, "KVCacheGate", &GateType) < 0)
         return -1;

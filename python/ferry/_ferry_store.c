@@ -8,7 +8,7 @@
 /* ---- errors ------------------------------------------------------------------------ */
 
 static PyObject *err_notfound, *err_exists, *err_nospace, *err_lost, *err_busy, *err_conflict, *err_timeout,
-    *err_auth, *err_conn, *err_stale, *err_unreach;
+    *err_auth, *err_conn, *err_stale, *err_unreach, *err_full;
 
 PyObject *fp_err_class(int code)
 {
@@ -25,6 +25,7 @@ PyObject *fp_err_class(int code)
     case FERRY_ECONNREFUSED: return err_conn;
     case FERRY_ESTALE: return err_stale;
     case FERRY_EUNREACH: return err_unreach;
+    case FERRY_EAGAIN: return err_full;
     default: return fp_error;
     }
 }
@@ -1808,6 +1809,9 @@ int fp_store_init(PyObject *m)
         {&err_unreach, "UnreachableError",
          "The object's node is not heard from or reconnecting (FERRY_EUNREACH); its data is kept: "
          "retry later.", NULL},
+        {&err_full, "QueueFullError",
+         "A bounded queue is full (FERRY_EAGAIN): a sample queue with fail_when_full, a store queue with a "
+         "bound; retry after consumers made room.", NULL},
     };
     for (size_t i = 0; i < sizeof errs / sizeof errs[0]; i++) {
         char qual[64];

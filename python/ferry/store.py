@@ -15,11 +15,11 @@ import ctypes
 from . import _ferry
 from . import _tensors
 from ._ferry import (Error, NotFoundError, ExistsError, NoSpaceError, LostError, BusyError, ConflictError,
-                     TimeoutError, AuthError, ConnectionError, StaleError, UnreachableError, Watch)
+                     TimeoutError, AuthError, ConnectionError, StaleError, UnreachableError, QueueFullError, Watch)
 
 __all__ = ["Store", "Watch", "ReplicateConfig", "Error", "NotFoundError", "ExistsError", "NoSpaceError",
            "LostError", "BusyError", "ConflictError", "TimeoutError", "AuthError", "ConnectionError",
-           "StaleError", "UnreachableError", "dtype_name", "TENSOR_MEMBER"]
+           "StaleError", "UnreachableError", "QueueFullError", "dtype_name", "TENSOR_MEMBER"]
 
 # the member of an object stored by put_tensor
 TENSOR_MEMBER = "tensor"

@@ -56,7 +56,7 @@ static int kv_change(ferry_store *s, uint16_t type, const char *key, uint64_t ex
 {
     int rc = fr_client_key(key);
     if (rc == 0)
-        rc = check_value(fr_smsg_type_name(type), val, len);
+        rc = check_value(type == FR_SMSG_KV_CAS ? "kv_cas" : "kv_put", val, len);
     if (rc < 0 || !s)
         return rc < 0 ? rc : FERRY_EINVAL;
     fr_smsg q = {.type = type, .key = fr_client_str(key), .rev = expected,
