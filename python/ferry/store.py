@@ -11,6 +11,7 @@ through :mod:`ferry.torch`). See docs/store.md ("Python") and docs/python.md.
 """
 
 import ctypes
+import time
 
 from . import _ferry
 from . import _tensors
@@ -266,31 +267,43 @@ class Store(_ferry.Store):
 
     # ---- Mooncake's other calls -------------------------------------------------------
 
-    def upsert(self, key, value, config=None):
+    def upsert(self, key, value, config=None, timeout_ms=10000):
         """Put ``value`` under ``key``, replacing the object there (Mooncake's
         upsert). Not atomic: the old object is removed, then the new one put,
-        so a reader in between gets NotFoundError; BusyError while the old
-        one is being read (its lease says for how long). Returns 0."""
-        return self._upsert(self.put, key, (value,), config)
+        so a reader in between gets NotFoundError. An object read in the
+        last lease (``setup(lease_ms=...)``, 5 s by default) is leased to its
+        reader and cannot be removed: upsert waits up to ``timeout_ms`` for
+        the lease to lapse, then raises BusyError (saying for how much
+        longer it is leased). Returns 0."""
+        return self._upsert(self.put, key, (value,), config, timeout_ms)
 
-    def upsert_from(self, key, buffer, size=None, config=None):
+    def upsert_from(self, key, buffer, size=None, config=None, timeout_ms=10000):
         """upsert from an array, tensor or buffer without a copy, or from an
         address inside a registered buffer with its size. Returns 0."""
         if size is not None and not isinstance(size, int) and config is None:
             size, config = None, size          # upsert_from(key, buffer, config)
         args = (buffer,) if size is None else (buffer, size)
-        return self._upsert(self.put_from, key, args, config)
+        return self._upsert(self.put_from, key, args, config, timeout_ms)
 
-    def _upsert(self, put, key, args, config, attempts=4):
-        for _ in range(attempts):
+    def _upsert(self, put, key, args, config, timeout_ms):
+        deadline = time.monotonic() + timeout_ms / 1000.0
+        wait = 0.005
+        while True:
             try:
                 return put(key, *args, config=config)
             except ExistsError:
-                try:
-                    self.remove(key)
-                except NotFoundError:
-                    pass                         # removed by someone else meanwhile
-        raise ExistsError(f"upsert of '{key}': another writer put it again {attempts} times in a row")
+                pass
+            try:
+                self.remove(key)
+            except NotFoundError:
+                pass                             # removed by someone else meanwhile: put again
+            except BusyError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(min(wait, max(0.0, deadline - time.monotonic())))   # a reader's lease: let it lapse
+                wait = min(wait * 2, 0.1)
+            if time.monotonic() >= deadline:
+                raise ExistsError(f"upsert of '{key}': other writers kept putting it for {timeout_ms} ms")
 
     def batch_is_exist(self, keys):
         """For each key: 1 when the object exists, 0 when not, or the

@@ -8,7 +8,8 @@ entry point is the ferry call of the same name with ``framework="torch"``.
 ``import ferry`` does not import torch; ``import ferry.torch`` does.
 
 - :class:`Store` — a :class:`ferry.Store` whose tensor results are torch
-  (``get_tensor``, ``get_tensor_into`` on an address, ``read_member``).
+  (``get_tensor``, ``get_tensor_into`` on an address, ``read_member``), and
+  :class:`ReplicateConfig` beside it, as ``mooncake.store`` has them.
 - :class:`CompatGroup`, :func:`update_compat` — compatibility updates
   yielding ``(name, tensor)``.
 - :func:`get_tensor`, :func:`read_member`, :func:`read_sparse_objects`,
@@ -23,8 +24,9 @@ from . import samples as _samples
 from . import sparse as _sparse
 from . import store as _store
 from . import weights as _weights
+from .store import ReplicateConfig
 
-__all__ = ["Store", "CompatGroup", "update_compat", "get_tensor", "get_tensor_into", "read_member",
+__all__ = ["Store", "ReplicateConfig", "CompatGroup", "update_compat", "get_tensor", "get_tensor_into", "read_member",
            "read_sparse_objects", "read_sample", "convert", "torch_dtype", "ferry_dtype", "empty"]
 
 FRAMEWORK = "torch"
