@@ -830,6 +830,7 @@ typedef struct {
     PyObject *store;          /* strong reference, marked busy while open */
     ferry_compat_group *g;
     uint64_t generation;
+    unsigned int rank;
     int inflight;
 } CompatObject;
 
@@ -880,6 +881,7 @@ static int cg_init(CompatObject *self, PyObject *args, PyObject *kw)
         return -1;
     }
     self->g = g;
+    self->rank = rank;
     self->store = Py_NewRef(so);
     fp_store_busy(so, 1);   /* until close: the staging is registered with its engine */
     return 0;
@@ -896,7 +898,9 @@ static const fp_field compat_fields[] = {
 
 /* update(fn) -> stats dict; fn(entry dict, bytearray of the tensor) for every
  * tensor in manifest order. An exception from fn stops the update on every
- * worker (this one re-raises it, the others get FERRY_EREBUILD). */
+ * worker, and every worker raises the same: FERRY_EREBUILD with the text the
+ * others are told ("worker R: ..."); here the exception from fn is its
+ * __cause__. */
 static PyObject *cg_update(CompatObject *self, PyObject *args)
 {
     PyObject *fn;
@@ -919,8 +923,18 @@ static PyObject *cg_update(CompatObject *self, PyObject *args)
     PyEval_RestoreThread(c.ts);
     self->inflight--;
     if (c.exc[0]) {
-        PyErr_Restore(c.exc[0], c.exc[1], c.exc[2]);
-        return NULL;
+        PyErr_NormalizeException(&c.exc[0], &c.exc[1], &c.exc[2]);
+        if (c.exc[2] && c.exc[1])
+            PyException_SetTraceback(c.exc[1], c.exc[2]);
+        char msg[sizeof err.msg + 32];
+        snprintf(msg, sizeof msg, "worker %u: %s", self->rank, err.msg[0] ? err.msg : "the loader stopped");
+        PyObject *e = fp_err_new(FERRY_EREBUILD, msg);
+        if (e && c.exc[1])
+            PyException_SetCause(e, Py_NewRef(c.exc[1]));
+        Py_XDECREF(c.exc[0]);
+        Py_XDECREF(c.exc[1]);
+        Py_XDECREF(c.exc[2]);
+        return fp_err_throw(e);
     }
     if (rc < 0)
         return fp_raise_err_class(rc, &err);

@@ -181,7 +181,7 @@ class Store(_ferry.Store):
         for m in self.get_members(key):
             if m["name"] == member:
                 return m
-        raise NotFoundError(f"{key} has no member {member!r}")
+        raise NotFoundError(f"reading member {member!r} of '{key}': it has no such member")
 
     def read_member(self, key, member, rows=None, out=None, framework=None):
         """Rows ``[a, b)`` (``rows=(a, b)``, along dimension 0; None: all) of

@@ -296,8 +296,10 @@ class CompatGroup:
         calls it). With ``fn``: ``fn(name, array)`` for each tensor in
         manifest order, whole and checksum-verified, as it arrives (the
         array is the caller's to keep; an exception from ``fn`` stops the
-        update on every worker: it propagates here, the others raise
-        ``ferry.Error`` FERRY_EREBUILD); returns the stats. Without: a
+        update on every worker, and every worker raises the same
+        ``ferry.Error`` (code FERRY_EREBUILD, "worker R: the loader stopped
+        at tensor T ..."), here with fn's exception as ``__cause__``);
+        returns the stats. Without: a
         :class:`CompatUpdate`, an iterator of ``(name, array)`` holding the
         whole generation in memory until iterated. Arrays are numpy, or torch
         tensors with ``framework="torch"`` (default: the group's). Nothing moves when the
