@@ -26,7 +26,8 @@ static PyObject *fp_strerror(PyObject *self, PyObject *arg)
 }
 
 static PyMethodDef fp_methods[] = {
-    {"strerror", fp_strerror, METH_O, "strerror(code) -> the text of a ferry error code"},
+    {"strerror", fp_strerror, METH_O, "strerror($module, code, /)\n--\n\n"
+     "strerror(code) -> the text of a ferry error code"},
     {NULL, NULL, 0, NULL},
 };
 

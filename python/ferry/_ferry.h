@@ -65,7 +65,7 @@ PyObject *fp_exit_result(PyObject *r);
 /* The close(), __enter__ and __exit__ entries of a method table, and the
  * `closed` entry of a getset table, for pfx_close, pfx_exit, pfx_get_closed. */
 #define FP_CLOSE_METHODS(pfx, close_doc)                                                                               \
-    {"close", (PyCFunction)pfx##_close, METH_NOARGS, close_doc}, {"__enter__", fp_enter, METH_NOARGS, NULL},          \
+    {"close", (PyCFunction)pfx##_close, METH_NOARGS, "close($self, /)\n--\n\n" close_doc}, {"__enter__", fp_enter, METH_NOARGS, NULL},          \
         {"__exit__", (PyCFunction)pfx##_exit, METH_VARARGS, NULL}
 #define FP_CLOSED_GETTER(pfx, doc) {"closed", (getter)pfx##_get_closed, NULL, doc, NULL}
 

@@ -207,11 +207,16 @@ static PyObject *log_get_level(PyObject *self, PyObject *unused)
 }
 
 static PyMethodDef log_functions[] = {
-    {"_log_install", (PyCFunction)log_install, METH_O, "_log_install(emit): send the library's log lines to emit"},
-    {"_log_uninstall", (PyCFunction)log_uninstall, METH_NOARGS, "_log_uninstall(): log to stderr again"},
-    {"log_flush", (PyCFunction)log_flush, METH_NOARGS, "log_flush(): deliver the queued log lines now"},
-    {"_log_set_level", (PyCFunction)log_set_level, METH_O, "_log_set_level(n): the library's threshold (0..4)"},
-    {"_log_get_level", (PyCFunction)log_get_level, METH_NOARGS, "_log_get_level() -> the threshold (0..4)"},
+    {"_log_install", (PyCFunction)log_install, METH_O, "_log_install($module, emit, /)\n--\n\n"
+     "_log_install(emit): send the library's log lines to emit"},
+    {"_log_uninstall", (PyCFunction)log_uninstall, METH_NOARGS, "_log_uninstall($module, /)\n--\n\n"
+     "_log_uninstall(): log to stderr again"},
+    {"log_flush", (PyCFunction)log_flush, METH_NOARGS, "log_flush($module, /)\n--\n\n"
+     "log_flush(): deliver the queued log lines now"},
+    {"_log_set_level", (PyCFunction)log_set_level, METH_O, "_log_set_level($module, n, /)\n--\n\n"
+     "_log_set_level(n): the library's threshold (0..4)"},
+    {"_log_get_level", (PyCFunction)log_get_level, METH_NOARGS, "_log_get_level($module, /)\n--\n\n"
+     "_log_get_level() -> the threshold (0..4)"},
     {NULL, NULL, 0, NULL},
 };
 

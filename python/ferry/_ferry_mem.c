@@ -670,6 +670,7 @@ static PyObject *fp_memory_fn(PyObject *self, PyObject *args, PyObject *kw)
 
 static PyMethodDef mem_functions[] = {
     {"memory", FP_KWFN(fp_memory_fn), METH_VARARGS | METH_KEYWORDS,
+     "memory($module, /, obj, what='buffer', writable=False)\n--\n\n"
      "memory(obj, what='buffer', writable=False) -> Memory: the memory of an array, buffer or tensor (CPU), "
      "held until the Memory is dropped; errors name it `what`"},
     {NULL, NULL, 0, NULL},

@@ -442,12 +442,16 @@ done:
 }
 
 static PyMethodDef sparse_methods[] = {
-    {"sparse_put", sp_put, METH_VARARGS, "sparse_put(store, desc, indices, values) -> (key, stored desc)"},
-    {"sparse_admit", sp_admit, METH_VARARGS, "sparse_admit(store, desc, rank) -> admitted"},
+    {"sparse_put", sp_put, METH_VARARGS, "sparse_put($module, store, desc, indices, values, /)\n--\n\n"
+     "sparse_put(store, desc, indices, values) -> (key, stored desc)"},
+    {"sparse_admit", sp_admit, METH_VARARGS, "sparse_admit($module, store, desc, rank, /)\n--\n\n"
+     "sparse_admit(store, desc, rank) -> admitted"},
     {"sparse_read", sp_read, METH_VARARGS,
+     "sparse_read($module, store, keys, targets, publish_prefix, /)\n--\n\n"
      "sparse_read(store, keys, [(tensor_id, node, axis_index, offset, shape)], publish_prefix) "
      "-> ([result dict], counters dict)"},
     {"sparse_apply", sp_apply, METH_VARARGS,
+     "sparse_apply($module, result, indices, values, dst, dst_dtype, current_generation, /)\n--\n\n"
      "sparse_apply(result, indices, values, dst, dst_dtype, current_generation) -> new generation"},
     {NULL, NULL, 0, NULL},
 };

@@ -1584,62 +1584,94 @@ static PyObject *st_engine_address(StoreObject *self, PyObject *unused)
 
 static PyMethodDef st_methods[] = {
     {"setup", FP_KWFN(st_setup), METH_VARARGS | METH_KEYWORDS,
+     "setup($self, /, master=None, token=None, token_file=None, transport=None, timeout_ms=None, lease_ms=None)\n--\n\n"
      "setup(master=None, token=None, token_file=None, transport=None, timeout_ms=None, lease_ms=None)\n"
      "Connect to the master; unset arguments come from FERRY_MASTER, FERRY_TOKEN, FERRY_TOKEN_FILE, ..."},
     FP_CLOSE_METHODS(st, "close(): close the connection and the client's engine"),
     {"register_buffer", FP_KWFN(st_register), METH_VARARGS | METH_KEYWORDS,
+     "register_buffer($self, /, buffer, size=None)\n--\n\n"
      "register_buffer(buffer, size=None) -> 0: register an array, tensor or buffer (held until unregistered), or "
      "Mooncake's (ptr, size) (the caller keeps that memory alive)"},
-    {"unregister_buffer", (PyCFunction)st_unregister, METH_O, "unregister_buffer(buffer or ptr) -> 0"},
+    {"unregister_buffer", (PyCFunction)st_unregister, METH_O,
+     "unregister_buffer($self, buffer, /)\n--\n\nunregister_buffer(buffer or ptr) -> 0"},
     {"put", FP_KWFN(st_put), METH_VARARGS | METH_KEYWORDS,
+     "put($self, /, key, value, config=None)\n--\n\n"
      "put(key, value, config=None) -> 0; value: bytes, an array, a tensor or any contiguous buffer"},
     {"put_from", FP_KWFN(st_put_from), METH_VARARGS | METH_KEYWORDS,
+     "put_from($self, /, key, buffer, size=None, config=None)\n--\n\n"
      "put_from(key, buffer, size=None, config=None) -> 0 (no copy; fastest on registered buffers); buffer: an "
      "array, tensor or buffer, or an address inside a registered buffer with its size"},
     {"put_placed", FP_KWFN(st_put_placed), METH_VARARGS | METH_KEYWORDS,
+     "put_placed($self, /, key, value, config=None)\n--\n\n"
      "put_placed(key, value, config=None) -> placement dict {'size', 'replicas': [...]} (as put_from)"},
-    {"get", (PyCFunction)st_get, METH_VARARGS, "get(key) -> bytes"},
+    {"get", (PyCFunction)st_get, METH_VARARGS, "get($self, key, /)\n--\n\n"
+     "get(key) -> bytes"},
     {"get_into", FP_KWFN(st_get_into), METH_VARARGS | METH_KEYWORDS,
+     "get_into($self, /, key, buffer, size=None)\n--\n\n"
      "get_into(key, buffer, size=None) -> bytes read; buffer: an array, tensor or writable buffer, or an address "
      "inside a registered buffer with its size"},
     {"get_into_ranges", (PyCFunction)st_get_into_ranges, METH_VARARGS,
+     "get_into_ranges($self, ranges, /)\n--\n\n"
      "get_into_ranges([(key, src_offset, buffer[, length]), ...]) -> [bytes read or -code per range]"},
     {"batch_put_from", FP_KWFN(st_batch_put_from), METH_VARARGS | METH_KEYWORDS,
+     "batch_put_from($self, /, keys, buffers, sizes=None, config=None)\n--\n\n"
      "batch_put_from(keys, buffers, sizes=None, config=None) -> [0 or -code per key]"},
     {"batch_get_into", FP_KWFN(st_batch_get_into), METH_VARARGS | METH_KEYWORDS,
+     "batch_get_into($self, /, keys, buffers, sizes=None)\n--\n\n"
      "batch_get_into(keys, buffers, sizes=None) -> [bytes read or -code per key]"},
-    {"is_exist", (PyCFunction)st_is_exist, METH_VARARGS, "is_exist(key) -> 1 or 0"},
-    {"remove", (PyCFunction)st_remove, METH_VARARGS, "remove(key) -> 0"},
-    {"remove_prefix", (PyCFunction)st_remove_prefix, METH_VARARGS, "remove_prefix(prefix) -> number removed"},
+    {"is_exist", (PyCFunction)st_is_exist, METH_VARARGS, "is_exist($self, key, /)\n--\n\n"
+     "is_exist(key) -> 1 or 0"},
+    {"remove", (PyCFunction)st_remove, METH_VARARGS, "remove($self, key, /)\n--\n\n"
+     "remove(key) -> 0"},
+    {"remove_prefix", (PyCFunction)st_remove_prefix, METH_VARARGS, "remove_prefix($self, prefix, /)\n--\n\n"
+     "remove_prefix(prefix) -> number removed"},
     {"list", FP_KWFN(st_list), METH_VARARGS | METH_KEYWORDS,
+     "list($self, /, prefix='', after=None, limit=1000)\n--\n\n"
      "list(prefix='', after=None, limit=1000) -> keys, ascending"},
     {"list_page", FP_KWFN(st_list_page), METH_VARARGS | METH_KEYWORDS,
+     "list_page($self, /, prefix='', after=None, limit=1000)\n--\n\n"
      "list_page(prefix='', after=None, limit=1000) -> (keys, more)"},
     {"get_replica_desc", (PyCFunction)st_replica_desc, METH_VARARGS,
+     "get_replica_desc($self, key, /)\n--\n\n"
      "get_replica_desc(key) -> {'size', 'replicas': [{'segment', 'node', 'offset', 'preferred'}]}"},
     {"put_struct_raw", FP_KWFN(st_put_struct_raw), METH_VARARGS | METH_KEYWORDS,
+     "put_struct_raw($self, /, key, members, config=None)\n--\n\n"
      "put_struct_raw(key, [(name, dtype, shape, buffer), ...], config=None)"},
     {"get_members", (PyCFunction)st_get_members, METH_VARARGS,
+     "get_members($self, key, /)\n--\n\n"
      "get_members(key) -> [{'name', 'dtype', 'shape', 'offset', 'nbytes'}]"},
     {"read_member_into", FP_KWFN(st_read_member_into), METH_VARARGS | METH_KEYWORDS,
+     "read_member_into($self, /, key, member, row_begin, row_end, buffer, size=None)\n--\n\n"
      "read_member_into(key, member, row_begin, row_end, buffer, size=None) -> bytes read (raw bytes; buffer: an "
      "array, tensor or writable buffer, or an address inside a registered buffer with its size)"},
-    {"kv_get", (PyCFunction)st_kv_get, METH_VARARGS, "kv_get(key) -> (value, mod_revision) or None"},
-    {"kv_put", (PyCFunction)st_kv_put, METH_VARARGS, "kv_put(key, value) -> revision"},
+    {"kv_get", (PyCFunction)st_kv_get, METH_VARARGS, "kv_get($self, key, /)\n--\n\n"
+     "kv_get(key) -> (value, mod_revision) or None"},
+    {"kv_put", (PyCFunction)st_kv_put, METH_VARARGS, "kv_put($self, key, value, /)\n--\n\n"
+     "kv_put(key, value) -> revision"},
     {"kv_cas", (PyCFunction)st_kv_cas, METH_VARARGS,
+     "kv_cas($self, key, expected_rev, value, /)\n--\n\n"
      "kv_cas(key, expected_rev, value) -> revision; ConflictError(.current_revision) on a mismatch"},
     {"kv_delete", FP_KWFN(st_kv_delete), METH_VARARGS | METH_KEYWORDS,
+     "kv_delete($self, /, key, expected_rev=0)\n--\n\n"
      "kv_delete(key, expected_rev=0) -> revision"},
-    {"watch", FP_KWFN(st_watch), METH_VARARGS | METH_KEYWORDS, "watch(prefix, from_rev=0) -> Watch"},
+    {"watch", FP_KWFN(st_watch), METH_VARARGS | METH_KEYWORDS, "watch($self, /, prefix, from_rev=0)\n--\n\n"
+     "watch(prefix, from_rev=0) -> Watch"},
     {"barrier", FP_KWFN(st_barrier), METH_VARARGS | METH_KEYWORDS,
+     "barrier($self, /, name, member, count, timeout_ms=0)\n--\n\n"
      "barrier(name, member, count, timeout_ms=0) -> generation"},
-    {"queue_push", (PyCFunction)st_queue_push, METH_VARARGS, "queue_push(queue, data) -> id"},
+    {"queue_push", (PyCFunction)st_queue_push, METH_VARARGS, "queue_push($self, queue, data, /)\n--\n\n"
+     "queue_push(queue, data) -> id"},
     {"queue_pop", FP_KWFN(st_queue_pop), METH_VARARGS | METH_KEYWORDS,
+     "queue_pop($self, /, queue, max=1, lease_ms=30000)\n--\n\n"
      "queue_pop(queue, max=1, lease_ms=30000) -> [(id, token, data), ...]"},
-    {"queue_ack", (PyCFunction)st_queue_ack, METH_VARARGS, "queue_ack(id, token)"},
-    {"queue_nack", (PyCFunction)st_queue_nack, METH_VARARGS, "queue_nack(id, token): deliver again now"},
-    {"status", (PyCFunction)st_status, METH_NOARGS, "status() -> the master's state (dict)"},
-    {"engine_address", (PyCFunction)st_engine_address, METH_NOARGS, "engine_address() -> the client engine's address"},
+    {"queue_ack", (PyCFunction)st_queue_ack, METH_VARARGS, "queue_ack($self, id, token, /)\n--\n\n"
+     "queue_ack(id, token)"},
+    {"queue_nack", (PyCFunction)st_queue_nack, METH_VARARGS, "queue_nack($self, id, token, /)\n--\n\n"
+     "queue_nack(id, token): deliver again now"},
+    {"status", (PyCFunction)st_status, METH_NOARGS, "status($self, /)\n--\n\n"
+     "status() -> the master's state (dict)"},
+    {"engine_address", (PyCFunction)st_engine_address, METH_NOARGS, "engine_address($self, /)\n--\n\n"
+     "engine_address() -> the client engine's address"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1653,7 +1685,7 @@ static PyTypeObject StoreType = {
     .tp_name = "ferry._ferry.Store",
     .tp_basicsize = sizeof(StoreObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = "Store(): a client of the ferry store; call setup() to connect",
+    .tp_doc = "Store()\n--\n\n" "Store(): a client of the ferry store; call setup() to connect",
     .tp_new = st_new,
     .tp_dealloc = (destructor)st_dealloc,
     .tp_methods = st_methods,
@@ -1742,8 +1774,10 @@ static PyObject *watch_exit(WatchObject *self, PyObject *args)
 
 static PyMethodDef watch_methods[] = {
     {"next", FP_KWFN(watch_next_m), METH_VARARGS | METH_KEYWORDS,
+     "next($self, /, timeout_ms=-1)\n--\n\n"
      "next(timeout_ms=-1) -> (rev, key, value or None if deleted), or None when timeout_ms passed"},
-    {"close", (PyCFunction)watch_close_m, METH_NOARGS, "close()"},
+    {"close", (PyCFunction)watch_close_m, METH_NOARGS, "close($self, /)\n--\n\n"
+     "close()"},
     {"__enter__", fp_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)watch_exit, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},

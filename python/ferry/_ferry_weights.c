@@ -805,6 +805,7 @@ FP_STORE_HOLDER_CLOSE(sub, SubObject, sub, "close: an update is still running on
 
 static PyMethodDef sub_methods[] = {
     {"update", (PyCFunction)sub_update, METH_NOARGS,
+     "update($self, /)\n--\n\n"
      "update() -> stats: take the active generation with the whole group (every member calls it)"},
     FP_CLOSE_METHODS(sub, "close(): deregister the parameters and release the arrays"),
     {NULL, NULL, 0, NULL},
@@ -819,7 +820,7 @@ static PyGetSetDef sub_getset[] = {
 
 static PyTypeObject SubType = {
     FP_CLASS(sub, SubObject, "ferry.WeightSubscriber", Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-             "WeightSubscriber(store, model, group, rank, world, shards, timeout_ms=60000, node=0, batch_bytes=0, "
+             "WeightSubscriber(store, model, group, rank, world, shards, timeout_ms=60000, node=0, batch_bytes=0, local_segment=0)\n--\n\n" "WeightSubscriber(store, model, group, rank, world, shards, timeout_ms=60000, node=0, batch_bytes=0, "
              "local_segment=0): single-pull updates of a rollout group's parameters (see ferry.weights)"),
 };
 
@@ -947,6 +948,7 @@ FP_STORE_HOLDER_CLOSE(cg, CompatObject, g, "close: an update is still running on
 
 static PyMethodDef cg_methods[] = {
     {"update", (PyCFunction)cg_update, METH_VARARGS,
+     "update($self, fn, /)\n--\n\n"
      "update(fn) -> stats: take the active generation with the whole group (every member calls it); "
      "fn(entry, bytearray) per tensor"},
     FP_CLOSE_METHODS(cg, "close(): deregister and free the staging buffer"),
@@ -962,27 +964,36 @@ static PyGetSetDef cg_getset[] = {
 
 static PyTypeObject CompatType = {
     FP_CLASS(cg, CompatObject, "ferry._CompatGroup", Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-             "_CompatGroup(store, model, group, rank, world, node=0, staging_bytes=0, timeout_ms=0, "
+             "_CompatGroup(store, model, group, rank, world, node=0, staging_bytes=0, timeout_ms=0, local_segment=0)\n--\n\n" "_CompatGroup(store, model, group, rank, world, node=0, staging_bytes=0, timeout_ms=0, "
              "local_segment=0): the compatibility-mode group update (see ferry.CompatGroup)"),
 };
 
 /* ---- module ------------------------------------------------------------------------------- */
 
 static PyMethodDef w_methods[] = {
-    {"weights_assign", w_assign, METH_VARARGS, "weights_assign(sizes, rank_node) -> publisher rank per tensor"},
-    {"weights_convert", w_convert, METH_VARARGS, "weights_convert(src, src_dtype, dst, dst_dtype, count)"},
-    {"weights_key", w_key, METH_VARARGS, "weights_key(model, generation, fragment) -> store key"},
-    {"weights_active", w_active, METH_VARARGS, "weights_active(store, model) -> (generation, digest) or None"},
-    {"weights_manifest", w_manifest, METH_VARARGS, "weights_manifest(store, model, generation) -> [entry dict]"},
+    {"weights_assign", w_assign, METH_VARARGS, "weights_assign($module, sizes, rank_node, /)\n--\n\n"
+     "weights_assign(sizes, rank_node) -> publisher rank per tensor"},
+    {"weights_convert", w_convert, METH_VARARGS, "weights_convert($module, src, src_dtype, dst, dst_dtype, count, /)\n--\n\n"
+     "weights_convert(src, src_dtype, dst, dst_dtype, count)"},
+    {"weights_key", w_key, METH_VARARGS, "weights_key($module, model, generation, fragment, /)\n--\n\n"
+     "weights_key(model, generation, fragment) -> store key"},
+    {"weights_active", w_active, METH_VARARGS, "weights_active($module, store, model, /)\n--\n\n"
+     "weights_active(store, model) -> (generation, digest) or None"},
+    {"weights_manifest", w_manifest, METH_VARARGS, "weights_manifest($module, store, model, generation, /)\n--\n\n"
+     "weights_manifest(store, model, generation) -> [entry dict]"},
     {"weights_publish_abort", w_publish_abort, METH_VARARGS,
+     "weights_publish_abort($module, store, model, rank, world, timeout_ms, generation, why, /)\n--\n\n"
      "weights_publish_abort(store, model, rank, world, timeout_ms, generation, why): this rank cannot publish; "
      "raises the error every rank gets"},
     {"weights_publish", w_publish, METH_VARARGS,
+     "weights_publish($module, store, model, rank, world, rank_node, out_dtype, segment, keep, timeout_ms, generation, tensors, /)\n--\n\n"
      "weights_publish(store, model, rank, world, rank_node, out_dtype, segment, keep, timeout_ms, generation, "
      "tensors) -> stats"},
     {"weights_update_direct", w_update_direct, METH_VARARGS,
+     "weights_update_direct($module, store, model, shards, generation, /)\n--\n\n"
      "weights_update_direct(store, model, shards, generation) -> stats"},
     {"weights_update_compat", w_update_compat, METH_VARARGS,
+     "weights_update_compat($module, store, model, generation, fn, /)\n--\n\n"
      "weights_update_compat(store, model, generation, fn) -> stats; fn(entry, bytearray) per tensor"},
     {NULL, NULL, 0, NULL},
 };
