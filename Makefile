@@ -1,4 +1,5 @@
-# Thin wrapper over CMake. `make`, `make test`, `make demo`, `make bench`.
+# Thin wrapper over CMake. `make`, `make test`, `make demo`, `make bench`,
+# `make install PREFIX=DIR`.
 # SANITIZE=1 builds into build-san/ with AddressSanitizer + UBSan.
 SANITIZE ?= 0
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
@@ -10,7 +11,7 @@ BUILD := build
 CMAKE_FLAGS := -DCMAKE_BUILD_TYPE=RelWithDebInfo
 endif
 
-.PHONY: all deps test demo bench clean
+.PHONY: all deps test demo bench clean install
 
 all: $(BUILD)/Makefile
 	@$(MAKE) --no-print-directory -C $(BUILD) -j$(JOBS)
@@ -39,3 +40,9 @@ bench: all
 
 clean:
 	rm -rf build build-san build-fuzz
+
+# `make install PREFIX=/opt/ferry`: libferry.so (versioned SONAME) and .a, the
+# headers, the ferry CLI and lib/pkgconfig/ferry.pc under PREFIX.
+PREFIX ?= /usr/local
+install: all
+	cmake --install $(BUILD) --prefix $(PREFIX)

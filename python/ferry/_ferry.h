@@ -10,6 +10,30 @@
 
 #include "ferry/ferry.h"
 
+/* CPython 3.9 lacks these 3.10 conveniences: the package builds for >= 3.9. */
+#if PY_VERSION_HEX < 0x030A0000
+static inline PyObject *fp_newref_(PyObject *o)
+{
+    Py_INCREF(o);
+    return o;
+}
+#define Py_NewRef(o) fp_newref_((PyObject *)(o))
+static inline int PyModule_AddObjectRef(PyObject *m, const char *name, PyObject *v)
+{
+    if (!v) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_SystemError, "PyModule_AddObjectRef: NULL value");
+        return -1;
+    }
+    Py_INCREF(v);
+    if (PyModule_AddObject(m, name, v) < 0) {
+        Py_DECREF(v);
+        return -1;
+    }
+    return 0;
+}
+#endif
+
 /* _ferry.Error: raised with str(e) the message and e.code the negative
  * FERRY_E* code. */
 extern PyObject *fp_error;
