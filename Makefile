@@ -8,6 +8,7 @@
 #                        seconds (default 60), two at a time; fails on a
 #                        finding and says where the input was kept
 #   make demo, make bench
+#   make install PREFIX=DIR  libferry, headers, the CLI and ferry.pc
 # The fuzz targets live in their own build, build-fuzz/ (clang, libFuzzer,
 # ASan + UBSan), compiled once and shared by `make test`, `make test
 # SANITIZE=1` and `make fuzz`.
@@ -27,7 +28,7 @@ BUILD := build
 CMAKE_FLAGS := -DCMAKE_BUILD_TYPE=RelWithDebInfo
 endif
 
-.PHONY: all deps test fuzz fuzz-build demo bench clean
+.PHONY: all deps test fuzz fuzz-build demo bench clean install
 
 all: $(BUILD)/Makefile
 	@$(MAKE) --no-print-directory -C $(BUILD) -j$(JOBS)
@@ -67,3 +68,9 @@ bench: all
 
 clean:
 	rm -rf build build-san build-fuzz
+
+# `make install PREFIX=/opt/ferry`: libferry.so (versioned SONAME) and .a, the
+# headers, the ferry CLI and lib/pkgconfig/ferry.pc under PREFIX.
+PREFIX ?= /usr/local
+install: all
+	cmake --install $(BUILD) --prefix $(PREFIX)

@@ -3,8 +3,12 @@
 #   scripts/deps.sh          install what is missing (as root), else print the apt-get line and fail
 #   scripts/deps.sh --check  exit 0 when everything is present, 1 otherwise; installs nothing
 set -u
+# libdlpack-dev: the DLPack header the Python extension takes tensors with;
+# python3-venv: the environment `pip install .` goes into (README.md);
+# python3-torch: the Python tests of torch tensors in and out.
 PKGS=(cmake make gcc pkg-config libxxhash-dev libjansson-dev libcmocka-dev libsodium-dev
-      python3-dev python3-numpy python3-pytest iproute2 clang libclang-rt-14-dev)
+      python3-dev python3-numpy python3-pytest iproute2 clang libclang-rt-14-dev
+      libdlpack-dev python3-venv python3-torch)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -53,9 +53,10 @@ extern "C" {
 /* A static, human-readable text for any code (or "unknown error N"). Never NULL. */
 const char *ferry_strerror(int code);
 
-/* Logging goes to stderr only; a library never prints to stdout.
- * Level comes from FERRY_LOG=debug|info|warn|error (default warn) and can be
- * overridden at run time. */
+/* Logging goes to stderr (or to a callback: ferry_log_set_callback); a
+ * library never prints to stdout. Level comes from
+ * FERRY_LOG=debug|info|warn|error (default warn) and can be overridden at
+ * run time. */
 enum ferry_log_level {
     FERRY_LOG_DEBUG = 0,
     FERRY_LOG_INFO = 1,
@@ -65,6 +66,15 @@ enum ferry_log_level {
 };
 void ferry_log_set_level(enum ferry_log_level level);
 enum ferry_log_level ferry_log_get_level(void);
+/* Where log lines go instead of stderr: fn(arg, level, tag, msg) is called
+ * on the thread that logs, for each line at or above the level, with the
+ * subsystem tag and the message without the "ferry[pid] LEVEL tag: " head
+ * or a newline (both valid only during the call). fn must return quickly
+ * and must not call into ferry. NULL fn restores stderr. Process-wide, like
+ * the level; a line logged on another thread while this runs may still
+ * reach the previous callback. */
+typedef void (*ferry_log_fn)(void *arg, enum ferry_log_level level, const char *tag, const char *msg);
+void ferry_log_set_callback(ferry_log_fn fn, void *arg);
 
 /* Bytes per element of a dtype name ("bool", "u8", "i8", "fp8_e4m3",
  * "fp8_e5m2", "f16", "bf16", "i16", "u16", "f32", "i32", "u32", "f64", "i64",

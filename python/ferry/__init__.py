@@ -10,9 +10,17 @@ Submodules wrap the C library through the ``_ferry`` extension:
 ``ferry.sparse`` (sparse COO weight deltas: ``ferry.put_sparse_object``,
 ``ferry.read_sparse_objects``, ``ferry.sparse_apply``); ``ferry.Engine`` is a
 transfer engine for ``ferry.reshard.execute``.
+
+Memory goes in as numpy arrays, buffers, torch tensors (CPU) or DLPack
+objects; results are numpy unless ``framework="torch"`` is passed, or taken
+through ``ferry.torch`` (imported on its own: ``import ferry`` does not
+import torch). The library's log lines go to logging's ``ferry`` logger
+(``ferry.set_log_level`` sets the library's threshold). See docs/python.md.
 """
 
 from ._ferry import Error, Engine, strerror, VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH
+from . import _log
+from ._log import set_log_level, get_log_level, log_flush
 from . import reshard
 from . import store
 from . import weights
@@ -27,9 +35,12 @@ from .sparse import put_sparse_object, sparse_admit, read_sparse_objects, sparse
 
 __version__ = f"{VERSION_MAJOR}.{VERSION_MINOR}.{VERSION_PATCH}"
 
+_log._install()
+
 __all__ = ["Error", "Engine", "strerror", "reshard", "store", "Store", "Watch", "ReplicateConfig", "NotFoundError",
            "ExistsError", "NoSpaceError", "LostError", "BusyError", "ConflictError", "TimeoutError", "AuthError",
-           "ConnectionError", "StaleError", "UnreachableError", "weights", "WeightPublisher", "WeightSubscriber", "CompatGroup", "samples", "RolloutSession",
-           "UpdateSession", "PolicyVersion", "PolicyRegistry", "PolicyWatch", "SampleQueue", "Sample", "KVCacheGate",
-           "QueueFullError", "sparse", "put_sparse_object", "sparse_admit", "read_sparse_objects",
-           "sparse_apply", "__version__"]
+           "ConnectionError", "StaleError", "UnreachableError", "weights", "WeightPublisher", "WeightSubscriber",
+           "CompatGroup", "samples", "RolloutSession", "UpdateSession", "PolicyVersion", "PolicyRegistry",
+           "PolicyWatch", "SampleQueue", "Sample", "KVCacheGate", "QueueFullError", "sparse", "put_sparse_object",
+           "sparse_admit", "read_sparse_objects", "sparse_apply", "set_log_level", "get_log_level", "log_flush",
+           "__version__"]

@@ -4,26 +4,16 @@
 
 PyObject *fp_error;
 
+/* One class per code everywhere (fp_err_class): a FERRY_ENOENT from a
+ * manifest call is the same NotFoundError as from the store. */
 PyObject *fp_raise(int code, const char *msg)
 {
-    PyObject *e = PyObject_CallFunction(fp_error, "s", msg && *msg ? msg : ferry_strerror(code));
-    if (!e)
-        return NULL;
-    PyObject *c = PyLong_FromLong(code);
-    if (c) {
-        PyObject_SetAttrString(e, "code", c);
-        Py_DECREF(c);
-    }
-    PyErr_SetObject(fp_error, e);
-    Py_DECREF(e);
-    return NULL;
+    return fp_raise_class(code, msg);
 }
 
 PyObject *fp_raise_err(int code, const ferry_error *err)
 {
-    if (code == FERRY_ENOMEM)
-        return PyErr_NoMemory();
-    return fp_raise(code, err ? err->msg : NULL);
+    return fp_raise_class(code, err ? err->msg : NULL);
 }
 
 static PyObject *fp_strerror(PyObject *self, PyObject *arg)
@@ -36,7 +26,8 @@ static PyObject *fp_strerror(PyObject *self, PyObject *arg)
 }
 
 static PyMethodDef fp_methods[] = {
-    {"strerror", fp_strerror, METH_O, "strerror(code) -> the text of a ferry error code"},
+    {"strerror", fp_strerror, METH_O, "strerror($module, code, /)\n--\n\n"
+     "strerror(code) -> the text of a ferry error code"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -55,7 +46,7 @@ PyMODINIT_FUNC PyInit__ferry(void)
         return NULL;
     fp_error = PyErr_NewExceptionWithDoc("ferry.Error", "A ferry call failed; .code is the FERRY_E* code.",
                                          PyExc_Exception, NULL);
-    if (!fp_error || PyModule_AddObjectRef(m, "Error", fp_error) < 0 || fp_manifest_init(m) < 0 || fp_model_init(m) < 0 ||
+    if (!fp_error || PyModule_AddObjectRef(m, "Error", fp_error) < 0 || fp_mem_init(m) < 0 || fp_log_init(m) < 0 || fp_manifest_init(m) < 0 || fp_model_init(m) < 0 ||
         fp_plan_init(m) < 0 || fp_store_init(m) < 0 || fp_exec_init(m) < 0 ||
         fp_weights_init(m) < 0 || fp_samples_init(m) < 0 || fp_sparse_init(m) < 0) {
         Py_DECREF(m);

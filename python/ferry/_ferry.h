@@ -10,11 +10,36 @@
 
 #include "ferry/ferry.h"
 
+/* CPython 3.9 lacks these 3.10 conveniences: the package builds for >= 3.9. */
+#if PY_VERSION_HEX < 0x030A0000
+static inline PyObject *fp_newref_(PyObject *o)
+{
+    Py_INCREF(o);
+    return o;
+}
+#define Py_NewRef(o) fp_newref_((PyObject *)(o))
+static inline int PyModule_AddObjectRef(PyObject *m, const char *name, PyObject *v)
+{
+    if (!v) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_SystemError, "PyModule_AddObjectRef: NULL value");
+        return -1;
+    }
+    Py_INCREF(v);
+    if (PyModule_AddObject(m, name, v) < 0) {
+        Py_DECREF(v);
+        return -1;
+    }
+    return 0;
+}
+#endif
+
 /* _ferry.Error: raised with str(e) the message and e.code the negative
  * FERRY_E* code. */
 extern PyObject *fp_error;
-/* Raise Error for code with msg (NULL or empty: ferry_strerror(code));
- * returns NULL. */
+/* Raise the class of code (fp_err_class: the same class for a code in every
+ * module) with msg (NULL or empty: ferry_strerror(code)); MemoryError for
+ * FERRY_ENOMEM. Returns NULL. */
 PyObject *fp_raise(int code, const char *msg);
 /* Raise from a ferry_error filled by a failed call. */
 PyObject *fp_raise_err(int code, const ferry_error *err);
@@ -64,9 +89,32 @@ PyObject *fp_exit_result(PyObject *r);
 /* The close(), __enter__ and __exit__ entries of a method table, and the
  * `closed` entry of a getset table, for pfx_close, pfx_exit, pfx_get_closed. */
 #define FP_CLOSE_METHODS(pfx, close_doc)                                                                               \
-    {"close", (PyCFunction)pfx##_close, METH_NOARGS, close_doc}, {"__enter__", fp_enter, METH_NOARGS, NULL},          \
+    {"close", (PyCFunction)pfx##_close, METH_NOARGS, "close($self, /)\n--\n\n" close_doc}, {"__enter__", fp_enter, METH_NOARGS, NULL},          \
         {"__exit__", (PyCFunction)pfx##_exit, METH_VARARGS, NULL}
 #define FP_CLOSED_GETTER(pfx, doc) {"closed", (getter)pfx##_get_closed, NULL, doc, NULL}
+
+/* ---- memory arguments (_ferry_mem.c) --------------------------------------- */
+/* A view of the memory of o for a call: like PyObject_GetBuffer(o, v, flags)
+ * (release it with PyBuffer_Release), but o may also be a torch tensor (CPU;
+ * one that requires grad is exported detached), any object with __dlpack__
+ * or a DLPack capsule. Refused, naming o as `what` and describing it (type,
+ * dtype, shape): not contiguous when flags need it (any flags without
+ * PyBUF_STRIDES, or PyBUF_C_CONTIGUOUS), read-only with PyBUF_WRITABLE
+ * (ValueError); device memory (ValueError "device memory (cuda:0) is not
+ * supported yet"); not memory at all (TypeError). 0 or -1. */
+int fp_buf_get(PyObject *o, Py_buffer *v, int flags, const char *what);
+/* The ferry dtype of a view's elements ("bf16" for a torch bfloat16 tensor,
+ * from the struct format otherwise), or NULL when it has none. */
+const char *fp_buf_dtype(const Py_buffer *v);
+/* The ferry dtype of a struct format with that itemsize (NULL format: "u8"
+ * for 1-byte items), or NULL. */
+const char *fp_format_dtype(const char *fmt, Py_ssize_t itemsize);
+/* A ferry._ferry.Memory over o's memory (new reference), or NULL raised. */
+PyObject *fp_memory(PyObject *o, const char *what);
+/* "torch.Tensor of torch.float32, shape [4, 4]": what o is, for messages. */
+PyObject *fp_describe(PyObject *o);
+int fp_mem_init(PyObject *m);     /* Memory and memory() */
+int fp_log_init(PyObject *m);     /* the log bridge (_ferry_log.c): _log_install, log_flush, ... */
 
 /* ---- dicts, lists and getters from C values (_ferry_util.c) ------------- */
 static inline PyObject *fp_u64(uint64_t v)

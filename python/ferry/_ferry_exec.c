@@ -243,7 +243,7 @@ static PyObject *binding_add(BindingObject *self, PyObject *args, PyObject *kw)
     BoundView *bv = PyMem_Calloc(1, sizeof *bv);
     if (!bv)
         return PyErr_NoMemory();
-    if (PyObject_GetBuffer(arr, &bv->view, PyBUF_STRIDES) < 0) {
+    if (fp_buf_get(arr, &bv->view, PyBUF_STRIDES, "bind: array") < 0) {
         PyMem_Free(bv);
         return NULL;
     }
@@ -416,19 +416,27 @@ static PyObject *binding_get_lease(BindingObject *self, void *c)
 
 static PyMethodDef binding_methods[] = {
     {"add", FP_KWFN(binding_add), METH_VARARGS | METH_KEYWORDS,
+     "add($self, /, fragment, array, worker=0, desc=b'')\n--\n\n"
      "add(fragment, array, worker=0, desc=b''): bind a fragment to an array (buffer protocol; strides in "
      "whole elements, none negative); the array stays referenced while the binding lives"},
     {"add_raw", FP_KWFN(binding_add_raw), METH_VARARGS | METH_KEYWORDS,
+     "add_raw($self, /, fragment, addr, nbytes, shape, strides, itemsize, worker=0, desc=b'', kind='host', storage_offset=0)\n--\n\n"
      "add_raw(fragment, addr, nbytes, shape, strides, itemsize, worker=0, desc=b'', kind='host', "
      "storage_offset=0): bind raw memory (strides in elements); nothing is kept alive"},
-    {"digest", (PyCFunction)binding_digest, METH_NOARGS, "XXH3-128 hex of the canonical encoding"},
+    {"digest", (PyCFunction)binding_digest, METH_NOARGS, "digest($self, /)\n--\n\n"
+     "XXH3-128 hex of the canonical encoding"},
     {"placement_digest", (PyCFunction)binding_placement_digest, METH_NOARGS,
+     "placement_digest($self, /)\n--\n\n"
      "digest of the placement manifest the binding was validated against"},
-    {"to_json", (PyCFunction)binding_to_json, METH_NOARGS, "the JSON text (docs/exec.md)"},
+    {"to_json", (PyCFunction)binding_to_json, METH_NOARGS, "to_json($self, /)\n--\n\n"
+     "the JSON text (docs/exec.md)"},
     {"from_json", (PyCFunction)binding_from_json, METH_VARARGS | METH_CLASS,
+     "from_json($type, text, manifest, /)\n--\n\n"
      "Binding.from_json(text, manifest): read and validate against the placement"},
-    {"entries", (PyCFunction)binding_entries, METH_NOARGS, "entries in insertion order, as dicts"},
-    {"entry", (PyCFunction)binding_entry, METH_O, "entry(fragment) -> dict (KeyError when not bound)"},
+    {"entries", (PyCFunction)binding_entries, METH_NOARGS, "entries($self, /)\n--\n\n"
+     "entries in insertion order, as dicts"},
+    {"entry", (PyCFunction)binding_entry, METH_O, "entry($self, fragment, /)\n--\n\n"
+     "entry(fragment) -> dict (KeyError when not bound)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -443,7 +451,7 @@ static PySequenceMethods binding_seq = {.sq_length = (lenfunc)binding_len};
 
 static PyTypeObject BindingType = {
     FP_CLASS(binding, BindingObject, "ferry._ferry.Binding", Py_TPFLAGS_DEFAULT,
-             "Binding(manifest, instance=0, generation=0, lease=0): where a placement's fragments live now"),
+             "Binding(manifest, instance=0, generation=0, lease=0)\n--\n\n" "Binding(manifest, instance=0, generation=0, lease=0): where a placement's fragments live now"),
     .tp_as_sequence = &binding_seq,
 };
 
@@ -616,7 +624,7 @@ static PyObject *engine_register(EngineObject *self, PyObject *args, PyObject *k
         return PyErr_NoMemory();
     /* Peers may write into it: then it must be writable. Any layout: the
      * whole span from the first to one past the last element is registered. */
-    if (PyObject_GetBuffer(arr, v, PyBUF_STRIDES | ((flags & FERRY_REMOTE_WRITE) ? PyBUF_WRITABLE : 0)) < 0) {
+    if (fp_buf_get(arr, v, PyBUF_STRIDES | ((flags & FERRY_REMOTE_WRITE) ? PyBUF_WRITABLE : 0), "register: array") < 0) {
         PyMem_Free(v);
         return NULL;
     }
@@ -781,17 +789,24 @@ static PyObject *engine_exit(EngineObject *self, PyObject *args)
 
 static PyMethodDef engine_methods[] = {
     {"register", FP_KWFN(engine_register), METH_VARARGS | METH_KEYWORDS,
+     "register($self, /, array, remote=True)\n--\n\n"
      "register(array, remote=True) -> region descriptor bytes. remote: True/'rw', 'read', 'write', or "
      "False (local only). The array stays referenced until close()"},
-    {"export", (PyCFunction)engine_export, METH_NOARGS, "the engine's endpoint descriptor (bytes)"},
+    {"export", (PyCFunction)engine_export, METH_NOARGS, "export($self, /)\n--\n\n"
+     "the engine's endpoint descriptor (bytes)"},
     {"wait_notify", FP_KWFN(engine_wait_notify), METH_VARARGS | METH_KEYWORDS,
+     "wait_notify($self, /, tag, count, timeout_ms=-1)\n--\n\n"
      "wait_notify(tag, count, timeout_ms=-1) -> values of count notifications of tag (GIL released)"},
     {"peer_transport", (PyCFunction)engine_peer_transport, METH_O,
+     "peer_transport($self, desc, /)\n--\n\n"
      "peer_transport(desc) -> 'shm', 'tcp' or None: the transport to the peer of an endpoint or region "
      "descriptor (adds the peer)"},
-    {"pending", (PyCFunction)engine_pending, METH_NOARGS, "transfers whose outcome is UNKNOWN, as dicts"},
-    {"region_count", (PyCFunction)engine_region_count, METH_NOARGS, "regions registered with the engine"},
-    {"stats", (PyCFunction)engine_stats, METH_NOARGS, "counters since open"},
+    {"pending", (PyCFunction)engine_pending, METH_NOARGS, "pending($self, /)\n--\n\n"
+     "transfers whose outcome is UNKNOWN, as dicts"},
+    {"region_count", (PyCFunction)engine_region_count, METH_NOARGS, "region_count($self, /)\n--\n\n"
+     "regions registered with the engine"},
+    {"stats", (PyCFunction)engine_stats, METH_NOARGS, "stats($self, /)\n--\n\n"
+     "counters since open"},
     FP_CLOSE_METHODS(engine, "close: frees the engine's executors, drains, unregisters everything, drops the array "
                              "references"),
     {NULL, NULL, 0, NULL},
@@ -805,7 +820,7 @@ static PyGetSetDef engine_getset[] = {
 
 static PyTypeObject EngineType = {
     FP_CLASS(engine, EngineObject, "ferry.Engine", Py_TPFLAGS_DEFAULT,
-             "Engine(transport=None, token=None, listen=None): a ferry transfer engine (token from "
+             "Engine(transport=None, token=None, listen=None)\n--\n\n" "Engine(transport=None, token=None, listen=None): a ferry transfer engine (token from "
              "FERRY_TOKEN / FERRY_TOKEN_FILE unless given)"),
 };
 
@@ -920,8 +935,10 @@ static PyObject *attested_get_generation(AttestedObject *self, void *c)
 
 static PyMethodDef attested_methods[] = {
     {"check", FP_KWFN(attested_check), METH_VARARGS | METH_KEYWORDS,
+     "check($self, /, src=None, dst=None)\n--\n\n"
      "check(src=None, dst=None): StaleError when a binding changed since attestation"},
     {"counterparts", FP_KWFN(attested_counterparts), METH_VARARGS | METH_KEYWORDS,
+     "counterparts($self, /, src, dst, workers, of_target=False)\n--\n\n"
      "counterparts(src, dst, workers, of_target=False) -> the other side's workers these exchange bytes with"},
     {NULL, NULL, 0, NULL},
 };
@@ -936,7 +953,7 @@ static PyTypeObject AttestedType = {
     .tp_name = "ferry._ferry.AttestedPlan",
     .tp_basicsize = sizeof(AttestedObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "AttestedPlan(plan, src, dst, generation): a plan bound to its placements, bindings and generation",
+    .tp_doc = "AttestedPlan(plan, src, dst, generation)\n--\n\n" "AttestedPlan(plan, src, dst, generation): a plan bound to its placements, bindings and generation",
     .tp_new = attested_new,
     .tp_dealloc = (destructor)attested_dealloc,
     .tp_methods = attested_methods,
@@ -1302,11 +1319,14 @@ static PyObject *executor_close(ExecutorObject *self, PyObject *unused)
 
 static PyMethodDef executor_methods[] = {
     {"run", FP_KWFN(executor_run), METH_VARARGS | METH_KEYWORDS,
+     "run($self, /, attested, src, dst)\n--\n\n"
      "run(attested, src, dst) -> result dict (state, error, bytes, ops, batches, bytes_done, pending, "
      "quarantined); raises an Error subclass with .result unless COMPLETED (GIL released)"},
     {"cleanup", (PyCFunction)executor_cleanup, METH_NOARGS,
+     "cleanup($self, /)\n--\n\n"
      "retry unregistering local memory left pinned: True when nothing is left"},
-    {"close", (PyCFunction)executor_close, METH_NOARGS, "free the executor (best-effort cleanup)"},
+    {"close", (PyCFunction)executor_close, METH_NOARGS, "close($self, /)\n--\n\n"
+     "free the executor (best-effort cleanup)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1321,7 +1341,7 @@ static PyTypeObject ExecutorType = {
     .tp_name = "ferry._ferry.Executor",
     .tp_basicsize = sizeof(ExecutorObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Executor(engine, mode, workers, peers=None, window=8, timeout_ms=60000, notify_tag=0, guards=None, "
+    .tp_doc = "Executor(engine, mode, workers, peers=None, window=8, timeout_ms=60000, notify_tag=0, guards=None, max_ops=0, max_bytes=0)\n--\n\n" "Executor(engine, mode, workers, peers=None, window=8, timeout_ms=60000, notify_tag=0, guards=None, "
               "max_ops=0, max_bytes=0): runs attested plans for one process's workers",
     .tp_new = executor_new,
     .tp_dealloc = (destructor)executor_dealloc,

@@ -378,25 +378,40 @@ static PyObject *manifest_get_nfrags(ManifestObject *self, void *c)
 }
 
 static PyMethodDef manifest_methods[] = {
-    {"add_tensor", FP_KWFN(manifest_add_tensor), METH_VARARGS | METH_KEYWORDS, "add_tensor(name, dtype, shape) -> index"},
+    {"add_tensor", FP_KWFN(manifest_add_tensor), METH_VARARGS | METH_KEYWORDS, "add_tensor($self, /, name, dtype, shape)\n--\n\n"
+     "add_tensor(name, dtype, shape) -> index"},
     {"add_fragment", FP_KWFN(manifest_add_fragment), METH_VARARGS | METH_KEYWORDS,
+     "add_fragment($self, /, tensor, rank, offset=None, shape=None, replica=0, strides=None, storage_offset=0, object=None, object_offset=0)\n--\n\n"
      "add_fragment(tensor, rank, offset=None, shape=None, replica=0, strides=None, storage_offset=0, object=None, "
      "object_offset=0)"},
     {"add_split", FP_KWFN(manifest_add_split), METH_VARARGS | METH_KEYWORDS,
+     "add_split($self, /, tensor, rank=0, parts=None, rank_stride=None, offset=None, shape=None, replicas=1, replica_stride=0, replica=0)\n--\n\n"
      "add_split(tensor, rank=0, parts=None, rank_stride=None, offset=None, shape=None, replicas=1, "
      "replica_stride=0, replica=0)"},
-    {"validate", (PyCFunction)manifest_validate, METH_NOARGS, "whole-manifest checks"},
-    {"tensor", (PyCFunction)manifest_tensor, METH_O, "tensor(i) -> (name, dtype, itemsize, shape)"},
-    {"find_tensor", (PyCFunction)manifest_find_tensor, METH_O, "find_tensor(name) -> index (KeyError)"},
-    {"fragment", (PyCFunction)manifest_fragment, METH_O, "fragment(id) -> dict"},
-    {"rank_bytes", (PyCFunction)manifest_rank_bytes, METH_O, "rank_bytes(rank) -> bytes the rank stores"},
-    {"node_of", (PyCFunction)manifest_node_of, METH_O, "node_of(rank) -> node"},
-    {"digest", (PyCFunction)manifest_digest, METH_NOARGS, "XXH3-128 hex of the tensors and fragments"},
-    {"topology_digest", (PyCFunction)manifest_topology_digest, METH_NOARGS, "XXH3-128 hex of the topology"},
-    {"to_json", (PyCFunction)manifest_to_json, METH_NOARGS, "the JSON text (docs/manifest.md)"},
-    {"save", (PyCFunction)manifest_save, METH_O, "save(path): write the JSON atomically"},
-    {"from_json", (PyCFunction)manifest_from_json, METH_O | METH_CLASS, "Manifest.from_json(text)"},
-    {"load", (PyCFunction)manifest_load, METH_O | METH_CLASS, "Manifest.load(path)"},
+    {"validate", (PyCFunction)manifest_validate, METH_NOARGS, "validate($self, /)\n--\n\n"
+     "whole-manifest checks"},
+    {"tensor", (PyCFunction)manifest_tensor, METH_O, "tensor($self, i, /)\n--\n\n"
+     "tensor(i) -> (name, dtype, itemsize, shape)"},
+    {"find_tensor", (PyCFunction)manifest_find_tensor, METH_O, "find_tensor($self, name, /)\n--\n\n"
+     "find_tensor(name) -> index (KeyError)"},
+    {"fragment", (PyCFunction)manifest_fragment, METH_O, "fragment($self, id, /)\n--\n\n"
+     "fragment(id) -> dict"},
+    {"rank_bytes", (PyCFunction)manifest_rank_bytes, METH_O, "rank_bytes($self, rank, /)\n--\n\n"
+     "rank_bytes(rank) -> bytes the rank stores"},
+    {"node_of", (PyCFunction)manifest_node_of, METH_O, "node_of($self, rank, /)\n--\n\n"
+     "node_of(rank) -> node"},
+    {"digest", (PyCFunction)manifest_digest, METH_NOARGS, "digest($self, /)\n--\n\n"
+     "XXH3-128 hex of the tensors and fragments"},
+    {"topology_digest", (PyCFunction)manifest_topology_digest, METH_NOARGS, "topology_digest($self, /)\n--\n\n"
+     "XXH3-128 hex of the topology"},
+    {"to_json", (PyCFunction)manifest_to_json, METH_NOARGS, "to_json($self, /)\n--\n\n"
+     "the JSON text (docs/manifest.md)"},
+    {"save", (PyCFunction)manifest_save, METH_O, "save($self, path, /)\n--\n\n"
+     "save(path): write the JSON atomically"},
+    {"from_json", (PyCFunction)manifest_from_json, METH_O | METH_CLASS, "from_json($type, text, /)\n--\n\n"
+     "Manifest.from_json(text)"},
+    {"load", (PyCFunction)manifest_load, METH_O | METH_CLASS, "load($type, path, /)\n--\n\n"
+     "Manifest.load(path)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -409,7 +424,7 @@ static PyGetSetDef manifest_getset[] = {
 
 PyTypeObject fp_ManifestType = {
     FP_CLASS(manifest, ManifestObject, "ferry._ferry.Manifest", Py_TPFLAGS_DEFAULT,
-             "Manifest(ranks, nodes=None, gpus_per_node=8): a placement manifest"),
+             "Manifest(ranks, nodes=None, gpus_per_node=8)\n--\n\n" "Manifest(ranks, nodes=None, gpus_per_node=8): a placement manifest"),
 };
 
 ferry_manifest *fp_manifest_of(PyObject *o)

@@ -98,8 +98,10 @@ static PyObject *model_get(ModelObject *self, void *what)
 
 static PyMethodDef model_methods[] = {
     {"add_tensor", FP_KWFN(model_add_tensor), METH_VARARGS | METH_KEYWORDS,
+     "add_tensor($self, /, name, dtype, shape, role, layer, expert=-1)\n--\n\n"
      "add_tensor(name, dtype, shape, role, layer, expert=-1); layer -1: embedding side, -2: head side"},
-    {"tensors", (PyCFunction)model_tensors, METH_NOARGS, "[(name, dtype, shape, role, layer, expert)]"},
+    {"tensors", (PyCFunction)model_tensors, METH_NOARGS, "tensors($self, /)\n--\n\n"
+     "[(name, dtype, shape, role, layer, expert)]"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -115,7 +117,7 @@ static PyGetSetDef model_getset[] = {
 
 PyTypeObject fp_ModelType = {
     FP_CLASS(model, ModelObject, "ferry._ferry.Model", Py_TPFLAGS_DEFAULT,
-             "Model(name, layers, experts=0): a tensor list with parallelism roles"),
+             "Model(name, layers, experts=0)\n--\n\n" "Model(name, layers, experts=0): a tensor list with parallelism roles"),
 };
 
 /* ---- functions ------------------------------------------------------------------------ */
@@ -210,12 +212,17 @@ static PyObject *fn_dtype_size(PyObject *self, PyObject *arg)
 }
 
 static PyMethodDef fns[] = {
-    {"preset", fn_preset, METH_O, "preset(name) -> Model"},
-    {"presets", fn_presets, METH_NOARGS, "names of the model presets"},
-    {"parse_layout", fn_parse_layout, METH_O, "parse_layout(text) -> dict"},
+    {"preset", fn_preset, METH_O, "preset(name, /)\n--\n\n"
+     "preset(name) -> Model"},
+    {"presets", fn_presets, METH_NOARGS, "presets(/)\n--\n\n"
+     "names of the model presets"},
+    {"parse_layout", fn_parse_layout, METH_O, "parse_layout(text, /)\n--\n\n"
+     "parse_layout(text) -> dict"},
     {"build", FP_KWFN(fn_build), METH_VARARGS | METH_KEYWORDS,
+     "build(model, layout, gpus_per_node=0)\n--\n\n"
      "build(model, layout, gpus_per_node=0) -> Manifest of the model under the layout"},
-    {"dtype_size", fn_dtype_size, METH_O, "dtype_size(name) -> bytes per element (0: unknown)"},
+    {"dtype_size", fn_dtype_size, METH_O, "dtype_size(name, /)\n--\n\n"
+     "dtype_size(name) -> bytes per element (0: unknown)"},
     {NULL, NULL, 0, NULL},
 };
 

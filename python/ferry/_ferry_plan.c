@@ -173,8 +173,10 @@ static PyObject *iter_next(PlanIterObject *self)
 }
 
 static PyMethodDef plan_methods[] = {
-    {"stats", (PyCFunction)plan_stats, METH_NOARGS, "dict of counts, bytes, time and digests"},
+    {"stats", (PyCFunction)plan_stats, METH_NOARGS, "stats($self, /)\n--\n\n"
+     "dict of counts, bytes, time and digests"},
     {"iter", FP_KWFN(plan_iter), METH_VARARGS | METH_KEYWORDS,
+     "iter($self, /, kind, tensor=-1, src_rank=-1, dst_rank=-1)\n--\n\n"
      "iter(kind, tensor=-1, src_rank=-1, dst_rank=-1): 'regions' -> (tensor, src_tensor, src_fragment, "
      "dst_fragment, src_rank, dst_rank, offset, shape, bytes); 'runs' -> (tensor, src_fragment, dst_fragment, "
      "src_rank, dst_rank, src_object, src_offset, dst_offset, len, loops, bytes)"},
@@ -186,7 +188,7 @@ static PyTypeObject PlanType = {
     .tp_name = "ferry._ferry.Plan",
     .tp_basicsize = sizeof(PlanObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Plan(src, dst, max_fragments=0, max_regions=0, max_overlaps=0)",
+    .tp_doc = "Plan(src, dst, max_fragments=0, max_regions=0, max_overlaps=0)\n--\n\n" "Plan(src, dst, max_fragments=0, max_regions=0, max_overlaps=0)",
     .tp_new = plan_new,
     .tp_dealloc = (destructor)plan_dealloc,
     .tp_methods = plan_methods,
@@ -254,8 +256,10 @@ static PyObject *cache_len(CacheObject *self, PyObject *unused)
 }
 
 static PyMethodDef cache_methods[] = {
-    {"get", FP_KWFN(cache_get), METH_VARARGS | METH_KEYWORDS, "get(src, dst, **limits) -> (Plan, hit)"},
-    {"size", (PyCFunction)cache_len, METH_NOARGS, "plans held"},
+    {"get", FP_KWFN(cache_get), METH_VARARGS | METH_KEYWORDS, "get($self, /, src, dst, **limits)\n--\n\n"
+     "get(src, dst, **limits) -> (Plan, hit)"},
+    {"size", (PyCFunction)cache_len, METH_NOARGS, "size($self, /)\n--\n\n"
+     "plans held"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -264,7 +268,7 @@ static PyTypeObject CacheType = {
     .tp_name = "ferry._ferry.PlanCache",
     .tp_basicsize = sizeof(CacheObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "PlanCache(capacity=16): plans keyed by manifest and topology digests",
+    .tp_doc = "PlanCache(capacity=16)\n--\n\n" "PlanCache(capacity=16): plans keyed by manifest and topology digests",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)cache_init,
     .tp_dealloc = (destructor)cache_dealloc,

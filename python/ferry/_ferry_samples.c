@@ -23,16 +23,7 @@ static PyObject *err_queue_full;
 /* Raise for rc with msg (NULL or empty: ferry_strerror(rc)). NULL. */
 static PyObject *sp_raise(int rc, const char *msg)
 {
-    if (rc != FERRY_EAGAIN)
-        return fp_raise_class(rc, msg);
-    PyObject *e = PyObject_CallFunction(err_queue_full, "s", msg && *msg ? msg : ferry_strerror(rc));
-    PyObject *c = e ? PyLong_FromLong(rc) : NULL;
-    if (c && PyObject_SetAttrString(e, "code", c) < 0)
-        Py_CLEAR(e);
-    Py_XDECREF(c);
-    if (!c)
-        Py_CLEAR(e);
-    return fp_err_throw(e);
+    return fp_raise_class(rc, msg);   /* FERRY_EAGAIN: QueueFullError, as everywhere */
 }
 
 static PyObject *sp_raise_err(int rc, const ferry_error *err)
@@ -372,7 +363,9 @@ static PyObject *p_publish(PyObject *self, PyObject *args)
         if (!(t[i].name = fp_key_of(PyTuple_GET_ITEM(it, 0), "tensor name")) ||
             !(t[i].dtype = fp_key_of(PyTuple_GET_ITEM(it, 2), "dtype")))
             goto done;
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(it, 1), &v[i], PyBUF_C_CONTIGUOUS) < 0)
+        char what[96];
+        snprintf(what, sizeof what, "tensors[%zu] (%.40s)", i, t[i].name);
+        if (fp_buf_get(PyTuple_GET_ITEM(it, 1), &v[i], PyBUF_C_CONTIGUOUS, what) < 0)
             goto done;
         held++;
         if (ferry_dtype_size(t[i].dtype) != (uint32_t)v[i].itemsize || v[i].ndim > FERRY_MAX_DIMS) {
@@ -544,6 +537,7 @@ FP_STORE_HOLDER_CLOSE(pw, WatchObject, w, "close: another thread is waiting on t
 
 static PyMethodDef pw_methods[] = {
     {"next", FP_KWFN(pw_next), METH_VARARGS | METH_KEYWORDS,
+     "next($self, /, timeout_ms=-1)\n--\n\n"
      "next(timeout_ms=-1) -> the next version newer than any returned (a dict), or None after timeout_ms"},
     FP_CLOSE_METHODS(pw, "close()"),
     {NULL, NULL, 0, NULL},
@@ -556,7 +550,7 @@ static PyGetSetDef pw_getset[] = {
 
 static PyTypeObject WatchType = {
     FP_CLASS(pw, WatchObject, "ferry._ferry.PolicyWatch", Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-             "PolicyWatch(store, model): new policy versions of a model, by a watch on its announcing key"),
+             "PolicyWatch(store, model)\n--\n\n" "PolicyWatch(store, model): new policy versions of a model, by a watch on its announcing key"),
 };
 
 /* ---- Sample -------------------------------------------------------------------------------- */
@@ -733,15 +727,15 @@ static ferry_sample_queue *sq_ready(QueueObject *self)
 /* A C-contiguous buffer of 4-byte elements of struct kind c ('i' or 'f'). */
 static int buf4(PyObject *o, Py_buffer *v, char c, int writable, const char *what)
 {
-    if (PyObject_GetBuffer(o, v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0)
+    if (fp_buf_get(o, v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0), what) < 0)
         return -1;
-    const char *f = v->format ? v->format : "B";
-    if (*f == '<' || *f == '=' || *f == '@')
-        f++;
-    int ok = v->itemsize == 4 && f[0] && !f[1] && (f[0] == c || (c == 'i' && f[0] == 'l'));
-    if (!ok) {
-        PyErr_Format(PyExc_TypeError, "%s must be a C-contiguous %s array, not format '%s' with %zd-byte items", what,
-                     c == 'i' ? "int32" : "float32", v->format ? v->format : "B", v->itemsize);
+    const char *dt = fp_buf_dtype(v);
+    const char *want = c == 'i' ? "i32" : "f32";
+    if (!dt || strcmp(dt, want)) {
+        PyObject *d = fp_describe(o);
+        PyErr_Format(PyExc_TypeError, "%s (%S) must hold %s elements (%s), not %s", what, d ? d : Py_None,
+                     c == 'i' ? "int32" : "float32", want, dt ? dt : "untyped bytes");
+        Py_XDECREF(d);
         PyBuffer_Release(v);
         return -1;
     }
@@ -1008,15 +1002,23 @@ FP_STORE_HOLDER_CLOSE(sq, QueueObject, q, "close: another thread is using this s
 
 static PyMethodDef sq_methods[] = {
     {"push", FP_KWFN(sq_push), METH_VARARGS | METH_KEYWORDS,
+     "push($self, /, session, tokens, logprobs, rewards, prompt=None)\n--\n\n"
      "push(session, tokens, logprobs, rewards, prompt=None) -> (record id, session dict with refs)"},
-    {"pop", FP_KWFN(sq_pop), METH_VARARGS | METH_KEYWORDS, "pop(max=1) -> [Sample] admitted by the version rule"},
+    {"pop", FP_KWFN(sq_pop), METH_VARARGS | METH_KEYWORDS, "pop($self, /, max=1)\n--\n\n"
+     "pop(max=1) -> [Sample] admitted by the version rule"},
     {"pop_recompute", FP_KWFN(sq_pop_recompute), METH_VARARGS | METH_KEYWORDS,
+     "pop_recompute($self, /, max=1)\n--\n\n"
      "pop_recompute(max=1) -> [Sample] sent back for recompute (sessions only)"},
-    {"read", (PyCFunction)sq_read, METH_VARARGS, "read(sample, prompt, tokens, logprobs, rewards): into buffers"},
-    {"ack", (PyCFunction)sq_ack, METH_O, "ack(samples) -> [bool]: trained; False: delivered again, not acked"},
-    {"release", (PyCFunction)sq_release, METH_O, "release(samples): give them back now"},
-    {"set_version", (PyCFunction)sq_set_version, METH_O, "set_version(v): the consumer's input version"},
-    {"stats", (PyCFunction)sq_stats, METH_NOARGS, "stats() -> dict of counters"},
+    {"read", (PyCFunction)sq_read, METH_VARARGS, "read($self, sample, prompt, tokens, logprobs, rewards, /)\n--\n\n"
+     "read(sample, prompt, tokens, logprobs, rewards): into buffers"},
+    {"ack", (PyCFunction)sq_ack, METH_O, "ack($self, samples, /)\n--\n\n"
+     "ack(samples) -> [bool]: trained; False: delivered again, not acked"},
+    {"release", (PyCFunction)sq_release, METH_O, "release($self, samples, /)\n--\n\n"
+     "release(samples): give them back now"},
+    {"set_version", (PyCFunction)sq_set_version, METH_O, "set_version($self, v, /)\n--\n\n"
+     "set_version(v): the consumer's input version"},
+    {"stats", (PyCFunction)sq_stats, METH_NOARGS, "stats($self, /)\n--\n\n"
+     "stats() -> dict of counters"},
     FP_CLOSE_METHODS(sq, "close()"),
     {NULL, NULL, 0, NULL},
 };
@@ -1029,7 +1031,7 @@ static PyGetSetDef sq_getset[] = {
 
 static PyTypeObject QueueType = {
     FP_CLASS(sq, QueueObject, "ferry._ferry.SampleQueue", Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-             "SampleQueue(store, queue, bound=0, fail_when_full=False, push_timeout_ms=0, input_version=0, "
+             "SampleQueue(store, queue, bound=0, fail_when_full=False, push_timeout_ms=0, input_version=0, max_policy_lag=0, stale_policy=\"drop\", lease_ms=0, consumer=\"\")\n--\n\n" "SampleQueue(store, queue, bound=0, fail_when_full=False, push_timeout_ms=0, input_version=0, "
              "max_policy_lag=0, stale_policy=\"drop\", lease_ms=0, consumer=\"\"): a leased sample queue"),
 };
 
@@ -1085,7 +1087,9 @@ static PyObject *kv_put(GateObject *self, PyObject *args)
     unsigned long long version;
     const char *name;
     Py_buffer v;
-    if (!PyArg_ParseTuple(args, "Ksy*:put", &version, &name, &v))
+    PyObject *data;
+    if (!PyArg_ParseTuple(args, "KsO:put", &version, &name, &data) ||
+        fp_buf_get(data, &v, PyBUF_C_CONTIGUOUS, "KVCacheGate.put: data") < 0)
         return NULL;
     ferry_store *s = kv_store(self);
     PyObject *out = NULL;
@@ -1156,7 +1160,7 @@ static PyObject *kv_get(GateObject *self, PyObject *args)
             return sp_raise(rc, ferry_store_last_error());
         /* replaced by a larger object in between: again */
     }
-    return sp_raise(FERRY_EAGAIN, "kvcache get: the object kept changing size");
+    return sp_raise(FERRY_EBUSY, "kvcache get: the object kept changing size while it was read; retry");
 }
 
 /* get_into(ref, active_version, buffer) -> bytes read. */
@@ -1165,7 +1169,9 @@ static PyObject *kv_get_into(GateObject *self, PyObject *args)
     const char *ref;
     unsigned long long active;
     Py_buffer v;
-    if (!PyArg_ParseTuple(args, "sKw*:get_into", &ref, &active, &v))
+    PyObject *dst;
+    if (!PyArg_ParseTuple(args, "sKO:get_into", &ref, &active, &dst) ||
+        fp_buf_get(dst, &v, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE, "KVCacheGate.get_into: buffer") < 0)
         return NULL;
     ferry_store *s = kv_store(self);
     PyObject *out = NULL;
@@ -1227,11 +1233,16 @@ static void kv_dealloc(GateObject *self)
 }
 
 static PyMethodDef kv_methods[] = {
-    {"put", (PyCFunction)kv_put, METH_VARARGS, "put(version, name, data) -> reference"},
-    {"get", (PyCFunction)kv_get, METH_VARARGS, "get(ref, active_version) -> bytes; StaleError for another version"},
-    {"get_into", (PyCFunction)kv_get_into, METH_VARARGS, "get_into(ref, active_version, buffer) -> bytes read"},
-    {"retire", (PyCFunction)kv_retire, METH_O, "retire(version) -> objects removed"},
-    {"stats", (PyCFunction)kv_stats, METH_NOARGS, "stats() -> {stored, hits, refused, retired}"},
+    {"put", (PyCFunction)kv_put, METH_VARARGS, "put($self, version, name, data, /)\n--\n\n"
+     "put(version, name, data) -> reference"},
+    {"get", (PyCFunction)kv_get, METH_VARARGS, "get($self, ref, active_version, /)\n--\n\n"
+     "get(ref, active_version) -> bytes; StaleError for another version"},
+    {"get_into", (PyCFunction)kv_get_into, METH_VARARGS, "get_into($self, ref, active_version, buffer, /)\n--\n\n"
+     "get_into(ref, active_version, buffer) -> bytes read"},
+    {"retire", (PyCFunction)kv_retire, METH_O, "retire($self, version, /)\n--\n\n"
+     "retire(version) -> objects removed"},
+    {"stats", (PyCFunction)kv_stats, METH_NOARGS, "stats($self, /)\n--\n\n"
+     "stats() -> {stored, hits, refused, retired}"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1242,7 +1253,7 @@ static PyGetSetDef kv_getset[] = {
 
 static PyTypeObject GateType = {
     FP_CLASS(kv, GateObject, "ferry._ferry.KVCacheGate", Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-             "KVCacheGate(store, ns): KV cache objects kept under the policy version that made them"),
+             "KVCacheGate(store, ns)\n--\n\n" "KVCacheGate(store, ns): KV cache objects kept under the policy version that made them"),
 };
 
 static PyObject *kv_ref_version(PyObject *self, PyObject *arg)
@@ -1260,35 +1271,38 @@ static PyObject *kv_ref_version(PyObject *self, PyObject *arg)
 /* ---- module ------------------------------------------------------------------------------- */
 
 static PyMethodDef sp_methods[] = {
-    {"rollout_session_to_json", r_rollout_to_json, METH_O, "rollout_session_to_json(dict) -> canonical JSON text"},
-    {"rollout_session_from_json", r_rollout_from_json, METH_O, "rollout_session_from_json(text) -> dict"},
-    {"update_session_to_json", r_update_to_json, METH_O, "update_session_to_json(dict) -> canonical JSON text"},
-    {"update_session_from_json", r_update_from_json, METH_O, "update_session_from_json(text) -> dict"},
-    {"policy_version_to_json", r_policy_to_json, METH_O, "policy_version_to_json(dict) -> canonical JSON text"},
-    {"policy_version_from_json", r_policy_from_json, METH_O, "policy_version_from_json(text) -> dict"},
+    {"rollout_session_to_json", r_rollout_to_json, METH_O, "rollout_session_to_json($module, dict, /)\n--\n\n"
+     "rollout_session_to_json(dict) -> canonical JSON text"},
+    {"rollout_session_from_json", r_rollout_from_json, METH_O, "rollout_session_from_json($module, text, /)\n--\n\n"
+     "rollout_session_from_json(text) -> dict"},
+    {"update_session_to_json", r_update_to_json, METH_O, "update_session_to_json($module, dict, /)\n--\n\n"
+     "update_session_to_json(dict) -> canonical JSON text"},
+    {"update_session_from_json", r_update_from_json, METH_O, "update_session_from_json($module, text, /)\n--\n\n"
+     "update_session_from_json(text) -> dict"},
+    {"policy_version_to_json", r_policy_to_json, METH_O, "policy_version_to_json($module, dict, /)\n--\n\n"
+     "policy_version_to_json(dict) -> canonical JSON text"},
+    {"policy_version_from_json", r_policy_from_json, METH_O, "policy_version_from_json($module, text, /)\n--\n\n"
+     "policy_version_from_json(text) -> dict"},
     {"policy_admit", r_admit, METH_VARARGS,
+     "policy_admit($module, sample_version, input_version, max_policy_lag, /)\n--\n\n"
      "policy_admit(sample_version, input_version, max_policy_lag) -> \"admit\", \"stale\" or \"ahead\""},
     {"policy_publish", p_publish, METH_VARARGS,
+     "policy_publish($module, store, model, rank, world, rank_node, out_dtype, segment, keep, timeout_ms, record, tensors, /)\n--\n\n"
      "policy_publish(store, model, rank, world, rank_node, out_dtype, segment, keep, timeout_ms, record, tensors) "
      "-> stats"},
-    {"policy_current", p_current, METH_VARARGS, "policy_current(store, model) -> version dict or None"},
-    {"policy_history", p_history, METH_VARARGS, "policy_history(store, model) -> [version dict], oldest first"},
-    {"kvcache_ref_version", kv_ref_version, METH_O, "kvcache_ref_version(ref) -> the version it was made under"},
+    {"policy_current", p_current, METH_VARARGS, "policy_current($module, store, model, /)\n--\n\n"
+     "policy_current(store, model) -> version dict or None"},
+    {"policy_history", p_history, METH_VARARGS, "policy_history($module, store, model, /)\n--\n\n"
+     "policy_history(store, model) -> [version dict], oldest first"},
+    {"kvcache_ref_version", kv_ref_version, METH_O, "kvcache_ref_version($module, ref, /)\n--\n\n"
+     "kvcache_ref_version(ref) -> the version it was made under"},
     {NULL, NULL, 0, NULL},
 };
 
 int fp_samples_init(PyObject *m)
 {
-    PyObject *dict = PyDict_New();
-    if (!dict)
-        return -1;
-    err_queue_full = PyErr_NewExceptionWithDoc("ferry.QueueFullError",
-                                               "A bounded sample queue is full and fail_when_full is set "
-                                               "(FERRY_EAGAIN).",
-                                               fp_error, dict);
-    Py_DECREF(dict);
-    if (!err_queue_full || PyModule_AddObjectRef(m, "QueueFullError", err_queue_full) < 0 ||
-        PyModule_AddFunctions(m, sp_methods) < 0 || fp_add_type(m, "PolicyWatch", &WatchType) < 0 ||
+    err_queue_full = fp_err_class(FERRY_EAGAIN);   /* made by fp_store_init, as every error class */
+    if (!err_queue_full || PyModule_AddFunctions(m, sp_methods) < 0 || fp_add_type(m, "PolicyWatch", &WatchType) < 0 ||
         fp_add_type(m, "SampleQueue", &QueueType) < 0 || fp_add_type(m, "Sample", &SampleType) < 0 ||
         fp_add_type(m, "KVCacheGate", &GateType) < 0)
         return -1;

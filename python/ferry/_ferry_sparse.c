@@ -184,9 +184,9 @@ static PyObject *sp_put(PyObject *self, PyObject *args)
         return PyErr_Format(PyExc_ValueError, "put_sparse_object %s: index dtype %s (i32 or i64) or value dtype %s "
                             "(f32, bf16 or f16) not supported", d.tensor_id, d.index_dtype, d.value_dtype);
     Py_buffer iv, vv;
-    if (PyObject_GetBuffer(io, &iv, PyBUF_C_CONTIGUOUS) < 0)
+    if (fp_buf_get(io, &iv, PyBUF_C_CONTIGUOUS, "put_sparse_object: indices") < 0)
         return NULL;
-    if (PyObject_GetBuffer(vo, &vv, PyBUF_C_CONTIGUOUS) < 0) {
+    if (fp_buf_get(vo, &vv, PyBUF_C_CONTIGUOUS, "put_sparse_object: values") < 0) {
         PyBuffer_Release(&iv);
         return NULL;
     }
@@ -399,13 +399,13 @@ static PyObject *sp_apply(PyObject *self, PyObject *args)
     for (uint32_t k = 0; k < r.ndim; k++)
         elems *= r.shape[k];
     Py_buffer iv, vv, dv;
-    if (PyObject_GetBuffer(io, &iv, PyBUF_C_CONTIGUOUS) < 0)
+    if (fp_buf_get(io, &iv, PyBUF_C_CONTIGUOUS, "sparse_apply: indices") < 0)
         return NULL;
-    if (PyObject_GetBuffer(vo, &vv, PyBUF_C_CONTIGUOUS) < 0) {
+    if (fp_buf_get(vo, &vv, PyBUF_C_CONTIGUOUS, "sparse_apply: values") < 0) {
         PyBuffer_Release(&iv);
         return NULL;
     }
-    if (PyObject_GetBuffer(dst, &dv, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+    if (fp_buf_get(dst, &dv, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE, "sparse_apply: dense") < 0) {
         PyBuffer_Release(&iv);
         PyBuffer_Release(&vv);
         return NULL;
@@ -442,12 +442,16 @@ done:
 }
 
 static PyMethodDef sparse_methods[] = {
-    {"sparse_put", sp_put, METH_VARARGS, "sparse_put(store, desc, indices, values) -> (key, stored desc)"},
-    {"sparse_admit", sp_admit, METH_VARARGS, "sparse_admit(store, desc, rank) -> admitted"},
+    {"sparse_put", sp_put, METH_VARARGS, "sparse_put($module, store, desc, indices, values, /)\n--\n\n"
+     "sparse_put(store, desc, indices, values) -> (key, stored desc)"},
+    {"sparse_admit", sp_admit, METH_VARARGS, "sparse_admit($module, store, desc, rank, /)\n--\n\n"
+     "sparse_admit(store, desc, rank) -> admitted"},
     {"sparse_read", sp_read, METH_VARARGS,
+     "sparse_read($module, store, keys, targets, publish_prefix, /)\n--\n\n"
      "sparse_read(store, keys, [(tensor_id, node, axis_index, offset, shape)], publish_prefix) "
      "-> ([result dict], counters dict)"},
     {"sparse_apply", sp_apply, METH_VARARGS,
+     "sparse_apply($module, result, indices, values, dst, dst_dtype, current_generation, /)\n--\n\n"
      "sparse_apply(result, indices, values, dst, dst_dtype, current_generation) -> new generation"},
     {NULL, NULL, 0, NULL},
 };

@@ -8,7 +8,7 @@
 /* ---- errors ------------------------------------------------------------------------ */
 
 static PyObject *err_notfound, *err_exists, *err_nospace, *err_lost, *err_busy, *err_conflict, *err_timeout,
-    *err_auth, *err_conn, *err_stale, *err_unreach;
+    *err_auth, *err_conn, *err_stale, *err_unreach, *err_full;
 
 PyObject *fp_err_class(int code)
 {
@@ -25,6 +25,7 @@ PyObject *fp_err_class(int code)
     case FERRY_ECONNREFUSED: return err_conn;
     case FERRY_ESTALE: return err_stale;
     case FERRY_EUNREACH: return err_unreach;
+    case FERRY_EAGAIN: return err_full;
     default: return fp_error;
     }
 }
@@ -80,14 +81,14 @@ static ferry_store *st_of(StoreObject *self)
     return self->s;
 }
 
-static int buf_src(PyObject *o, Py_buffer *v)
+static int buf_src(PyObject *o, Py_buffer *v, const char *what)
 {
-    return PyObject_GetBuffer(o, v, PyBUF_C_CONTIGUOUS);
+    return fp_buf_get(o, v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT, what);
 }
 
-static int buf_dst(PyObject *o, Py_buffer *v)
+static int buf_dst(PyObject *o, Py_buffer *v, const char *what)
 {
-    return PyObject_GetBuffer(o, v, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE);
+    return fp_buf_get(o, v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE, what);
 }
 
 /* The integer o (anything with __index__) in lo..hi into *out; ValueError
@@ -180,7 +181,9 @@ static int rc_from(PyObject *o, st_rc *r)
     } else {
         Py_XDECREF(v);
     }
-    v = field_of(o, "hard_pin");
+    v = field_of(o, "with_hard_pin");   /* Mooncake's name */
+    if (!v && !PyErr_Occurred())
+        v = field_of(o, "hard_pin");
     if (PyErr_Occurred())
         return -1;
     if (v) {
@@ -190,36 +193,55 @@ static int rc_from(PyObject *o, st_rc *r)
             return -1;
         r->rc.hard_pin = t;
     }
-    v = field_of(o, "preferred_segments");
+    /* Mooncake's preferred_segment (one) goes first, then preferred_segments */
+    PyObject *one = field_of(o, "preferred_segment");
     if (PyErr_Occurred())
         return -1;
-    if (!v || v == Py_None) {
-        Py_XDECREF(v);
-        return 0;
-    }
-    PyObject *t = fp_seq_hold(v, "preferred_segments");
-    Py_DECREF(v);
-    if (!t)
+    if (one == Py_None || (one && PyUnicode_Check(one) && PyUnicode_GetLength(one) == 0))
+        Py_CLEAR(one);
+    v = field_of(o, "preferred_segments");
+    if (PyErr_Occurred()) {
+        Py_XDECREF(one);
         return -1;
-    Py_ssize_t n = PyTuple_GET_SIZE(t);
+    }
+    if (v == Py_None)
+        Py_CLEAR(v);
+    PyObject *t = v ? fp_seq_hold(v, "preferred_segments") : PyTuple_New(0);
+    Py_XDECREF(v);
+    if (!t) {
+        Py_XDECREF(one);
+        return -1;
+    }
+    Py_ssize_t nt = PyTuple_GET_SIZE(t), n = nt + (one ? 1 : 0);
     r->pref = PyMem_Malloc(((size_t)n + 1) * sizeof *r->pref);
     if (!r->pref) {
         Py_DECREF(t);
+        Py_XDECREF(one);
         PyErr_NoMemory();
         return -1;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = one && i == 0 ? one : PyTuple_GET_ITEM(t, i - (one ? 1 : 0));
         unsigned long long id = 0;
-        int bad = st_uint(PyTuple_GET_ITEM(t, i), "a preferred segment id", 0, UINT64_MAX, &id);
+        int bad;
+        if (PyUnicode_Check(x)) {
+            PyErr_Format(PyExc_TypeError, "preferred segment %R: ferry names segments by their id (an int, as in "
+                         "Store.status()['segments'] and get_replica_desc()), not by a host name", x);
+            bad = -1;
+        } else {
+            bad = st_uint(x, "a preferred segment id", 0, UINT64_MAX, &id);
+        }
         r->pref[i] = id;
         if (bad < 0) {
             Py_DECREF(t);
+            Py_XDECREF(one);
             rc_free(r);
             return -1;
         }
     }
     Py_DECREF(t);
-    r->rc.preferred_segments = r->pref;
+    Py_XDECREF(one);
+    r->rc.preferred_segments = n ? r->pref : NULL;
     r->rc.npreferred = (uint32_t)n;
     return 0;
 }
@@ -391,7 +413,7 @@ static PyObject *st_close(StoreObject *self, PyObject *unused)
     if (busy)
         return fp_err_throw(fp_err_new(FERRY_EBUSY, "close: calls are still running on this store or its watches"));
     st_close_now(self);
-    Py_RETURN_NONE;
+    return PyLong_FromLong(0);
 }
 
 static PyObject *st_new(PyTypeObject *type, PyObject *args, PyObject *kw)
@@ -428,52 +450,220 @@ static PyObject *st_is_open(StoreObject *self, void *closure)
     return PyBool_FromLong(self->s != NULL);
 }
 
+/* ---- memory arguments ------------------------------------------------------------------ */
+
+/* The registration holding [p, p+len) (borrowed: the registered memoryview,
+ * or the size of a raw (ptr, size) registration), or NULL (no error). */
+static PyObject *reg_covering(StoreObject *self, uintptr_t p, size_t len)
+{
+    PyObject *k, *v;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(self->regs, &pos, &k, &v)) {
+        uintptr_t a = (uintptr_t)PyLong_AsVoidPtr(k);
+        size_t n = PyLong_Check(v) ? PyLong_AsSize_t(v) : (size_t)PyMemoryView_GET_BUFFER(v)->len;
+        if (PyErr_Occurred()) {
+            PyErr_Clear();
+            continue;
+        }
+        if (p >= a && len <= n && p - a <= n - len)
+            return v;
+    }
+    return NULL;
+}
+
+/* One memory argument of a call: an object (array, buffer, tensor, DLPack),
+ * or Mooncake's raw address, whose size comes with it. */
+typedef struct {
+    Py_buffer v;      /* v.obj set: a held view (of the object, or of the
+                         registration covering a raw address) */
+    void *ptr;
+    size_t len;
+} st_mem;
+
+static void mem_release(st_mem *m)
+{
+    if (m->v.obj)
+        PyBuffer_Release(&m->v);
+    m->v.obj = NULL;
+}
+
+/* size (None or absent: the whole buffer) of a memory argument. */
+static int size_of(PyObject *size, const char *what, int *given, size_t *out)
+{
+    *given = size && size != Py_None;
+    if (!*given)
+        return 0;
+    unsigned long long n = 0;
+    char w[160];
+    snprintf(w, sizeof w, "%s: size", what);
+    if (st_uint(size, w, 0, PY_SSIZE_T_MAX, &n) < 0)
+        return -1;
+    *out = (size_t)n;
+    return 0;
+}
+
+/* o as memory for a call (writable: a destination); size optional for an
+ * object (then at most its bytes: the first size bytes), required for an int
+ * address, which must lie inside a buffer registered with register_buffer
+ * (the registration is held for the call). 0 or -1 raised. */
+static int mem_get(StoreObject *self, PyObject *o, PyObject *size, int writable, const char *what, st_mem *m)
+{
+    memset(m, 0, sizeof *m);
+    int given = 0;
+    size_t n = 0;
+    if (size_of(size, what, &given, &n) < 0)
+        return -1;
+    if (PyLong_Check(o) && !PyBool_Check(o)) {
+        if (!given) {
+            PyErr_Format(PyExc_TypeError, "%s: an address (int) needs its size: (ptr, size)", what);
+            return -1;
+        }
+        void *p = PyLong_AsVoidPtr(o);
+        if (!p && PyErr_Occurred())
+            return -1;
+        PyObject *reg = reg_covering(self, (uintptr_t)p, n);
+        if (!reg) {
+            PyErr_Format(PyExc_ValueError, "%s: address %p (%zu bytes) is not inside a buffer registered with "
+                         "register_buffer(); register it first, or pass the array or tensor itself", what, p, n);
+            return -1;
+        }
+        /* a registered object stays alive while this call holds a view of it */
+        if (!PyLong_Check(reg) && PyObject_GetBuffer(reg, &m->v, PyBUF_SIMPLE) < 0)
+            return -1;
+        if (m->v.obj && writable && m->v.readonly) {
+            mem_release(m);
+            PyErr_Format(PyExc_ValueError, "%s: address %p is inside a read-only registered buffer", what, p);
+            return -1;
+        }
+        m->ptr = p;
+        m->len = n;
+        return 0;
+    }
+    if ((writable ? buf_dst(o, &m->v, what) : buf_src(o, &m->v, what)) < 0) {
+        m->v.obj = NULL;
+        return -1;
+    }
+    m->ptr = m->v.buf;
+    m->len = (size_t)m->v.len;
+    if (given) {
+        if (n > m->len) {
+            PyErr_Format(PyExc_ValueError, "%s: size %zu is larger than the buffer (%zu bytes)", what, n, m->len);
+            mem_release(m);
+            return -1;
+        }
+        m->len = n;
+    }
+    return 0;
+}
+
+/* A config given in the place of Mooncake's size (ferry's older
+ * put_from(key, buffer, config)): a dict or anything with replica_num. */
+static int config_like(PyObject *o)
+{
+    return o && o != Py_None && !PyLong_Check(o) && (PyDict_Check(o) || PyObject_HasAttrString(o, "replica_num"));
+}
+
 /* ---- registered buffers -------------------------------------------------------------- */
 
-static PyObject *st_register(StoreObject *self, PyObject *buffer)
+/* register_buffer(buffer) or register_buffer(ptr, size) -> 0 */
+static PyObject *st_register(StoreObject *self, PyObject *args, PyObject *kw)
 {
+    static char *kwl[] = {"buffer", "size", NULL};
+    PyObject *buffer, *size = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:register_buffer", kwl, &buffer, &size))
+        return NULL;
     ferry_store *s = st_of(self);
     if (!s)
         return NULL;
-    PyObject *mv = PyMemoryView_FromObject(buffer);
-    if (!mv)
+    int given = 0;
+    size_t n = 0;
+    if (size_of(size, "register_buffer", &given, &n) < 0)
         return NULL;
-    Py_buffer *v = PyMemoryView_GET_BUFFER(mv);
-    if (!PyBuffer_IsContiguous(v, 'C') || v->len == 0) {
-        PyObject *r = PyObject_CallMethod(mv, "release", NULL);
-        Py_XDECREF(r);
-        Py_DECREF(mv);
-        PyErr_SetString(PyExc_ValueError, "register_buffer: a non-empty C-contiguous buffer is needed");
-        return NULL;
+    PyObject *hold = NULL;   /* what the registry keeps: a memoryview, or the raw size */
+    void *p;
+    if (PyLong_Check(buffer) && !PyBool_Check(buffer)) {
+        if (!given || n == 0) {
+            PyErr_SetString(PyExc_ValueError, "register_buffer(ptr, size): a raw address needs a positive size");
+            return NULL;
+        }
+        p = PyLong_AsVoidPtr(buffer);
+        if (!p) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "register_buffer: address 0");
+            return NULL;
+        }
+        hold = PyLong_FromSize_t(n);
+    } else {
+        PyObject *mem = fp_memory(buffer, "register_buffer: buffer");
+        if (!mem)
+            return NULL;
+        hold = PyMemoryView_FromObject(mem);
+        Py_DECREF(mem);
+        if (!hold)
+            return NULL;
+        Py_buffer *v = PyMemoryView_GET_BUFFER(hold);
+        p = v->buf;
+        int bad = !PyBuffer_IsContiguous(v, 'C') || v->len == 0 || (given && (n == 0 || n > (size_t)v->len));
+        if (bad) {
+            PyObject *r = PyObject_CallMethod(hold, "release", NULL);
+            Py_XDECREF(r);
+            Py_DECREF(hold);
+            PyErr_SetString(PyExc_ValueError, "register_buffer: a non-empty contiguous buffer is needed (and a size "
+                            "within it)");
+            return NULL;
+        }
+        if (given && n < (size_t)v->len) {   /* the first n bytes only */
+            Py_DECREF(hold);
+            PyErr_SetString(PyExc_ValueError, "register_buffer(buffer, size): size must be the buffer's size; "
+                            "register a slice to register part of it");
+            return NULL;
+        }
+        n = (size_t)v->len;
     }
-    PyObject *addr = PyLong_FromVoidPtr(v->buf);
+    PyObject *addr = hold ? PyLong_FromVoidPtr(p) : NULL;
     int rc = 0;
     if (addr)
-        ST_CALL(self, rc = ferry_store_register_buffer(s, v->buf, (size_t)v->len));
-    if (!addr || rc < 0 || PyDict_SetItem(self->regs, addr, mv) < 0) {
+        ST_CALL(self, rc = ferry_store_register_buffer(s, p, n));
+    if (!addr || rc < 0 || PyDict_SetItem(self->regs, addr, hold) < 0) {
         if (addr && rc == 0)   /* registered but not recorded: undo */
-            ferry_store_unregister_buffer(s, v->buf);
+            ferry_store_unregister_buffer(s, p);
         Py_XDECREF(addr);
-        PyObject *r = PyObject_CallMethod(mv, "release", NULL);
-        Py_XDECREF(r);
-        Py_DECREF(mv);
+        if (hold && PyMemoryView_Check(hold)) {
+            PyObject *r = PyObject_CallMethod(hold, "release", NULL);
+            Py_XDECREF(r);
+        }
+        Py_XDECREF(hold);
         return rc < 0 ? st_raise(rc) : NULL;
     }
     Py_DECREF(addr);
-    Py_DECREF(mv);
-    Py_RETURN_NONE;
+    Py_DECREF(hold);
+    return PyLong_FromLong(0);
 }
 
+/* unregister_buffer(buffer or ptr) -> 0 */
 static PyObject *st_unregister(StoreObject *self, PyObject *buffer)
 {
     ferry_store *s = st_of(self);
     if (!s)
         return NULL;
-    Py_buffer v;
-    if (PyObject_GetBuffer(buffer, &v, PyBUF_FULL_RO) < 0)
-        return NULL;
-    void *p = v.buf;
-    PyBuffer_Release(&v);
+    void *p;
+    if (PyLong_Check(buffer) && !PyBool_Check(buffer)) {
+        p = PyLong_AsVoidPtr(buffer);
+        if (!p && PyErr_Occurred())
+            return NULL;
+    } else {
+        PyObject *mem = fp_memory(buffer, "unregister_buffer: buffer");
+        if (!mem)
+            return NULL;
+        PyObject *a = PyObject_GetAttrString(mem, "ptr");
+        Py_DECREF(mem);
+        if (!a)
+            return NULL;
+        p = PyLong_AsVoidPtr(a);
+        Py_DECREF(a);
+        if (!p && PyErr_Occurred())
+            return NULL;
+    }
     int rc;
     ST_CALL(self, rc = ferry_store_unregister_buffer(s, p));
     if (rc < 0)
@@ -485,54 +675,79 @@ static PyObject *st_unregister(StoreObject *self, PyObject *buffer)
     if (mv) {
         Py_INCREF(mv);
         PyDict_DelItem(self->regs, addr);
-        PyObject *r = PyObject_CallMethod(mv, "release", NULL);
-        Py_XDECREF(r);
+        if (PyMemoryView_Check(mv)) {
+            PyObject *r = PyObject_CallMethod(mv, "release", NULL);
+            if (!r)   /* a call on another thread holds it: freed when that call ends */
+                PyErr_Clear();
+            Py_XDECREF(r);
+        }
         Py_DECREF(mv);
     }
     Py_DECREF(addr);
     if (PyErr_Occurred())
         return NULL;
-    Py_RETURN_NONE;
+    return PyLong_FromLong(0);
 }
 
 /* ---- objects --------------------------------------------------------------------------- */
 
-static PyObject *st_put_any(StoreObject *self, PyObject *args, PyObject *kw, int from)
+enum { PUT_COPY, PUT_FROM, PUT_PLACED };
+
+static PyObject *st_put_any(StoreObject *self, PyObject *args, PyObject *kw, int how)
 {
-    static char *kwl[] = {"key", "value", "config", NULL};
+    static char *kwl_put[] = {"key", "value", "config", NULL};
+    static char *kwl_from[] = {"key", "buffer", "size", "config", NULL};
     const char *key;
-    PyObject *val, *cfg = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, from ? "sO|O:put_from" : "sO|O:put", kwl, &key, &val, &cfg))
+    PyObject *val, *size = Py_None, *cfg = Py_None;
+    int ok = how == PUT_FROM
+                 ? PyArg_ParseTupleAndKeywords(args, kw, "sO|OO:put_from", kwl_from, &key, &val, &size, &cfg)
+                 : PyArg_ParseTupleAndKeywords(args, kw, how == PUT_COPY ? "sO|O:put" : "sO|O:put_placed", kwl_put,
+                                               &key, &val, &cfg);
+    if (!ok)
         return NULL;
+    if (config_like(size) && cfg == Py_None) {   /* put_from(key, buffer, config) */
+        cfg = size;
+        size = Py_None;
+    }
     ferry_store *s = st_of(self);
     st_rc r;
     if (!s || rc_from(cfg, &r) < 0)
         return NULL;
-    Py_buffer v;
-    if (buf_src(val, &v) < 0) {
+    char what[FERRY_STORE_KEY_MAX + 48];
+    snprintf(what, sizeof what, "%s('%s'): %s", how == PUT_FROM ? "put_from" : how == PUT_COPY ? "put" : "put_placed",
+             key, how == PUT_FROM ? "buffer" : "value");
+    st_mem m;
+    if (mem_get(self, val, size, 0, what, &m) < 0) {
         rc_free(&r);
         return NULL;
     }
     ferry_object_desc placed;
     memset(&placed, 0, sizeof placed);
     int rc;
-    if (from)
-        ST_CALL(self, rc = ferry_store_put_from(s, key, v.buf, (size_t)v.len, rc_ptr(&r), &placed));
+    if (how == PUT_COPY)
+        ST_CALL(self, rc = ferry_store_put(s, key, m.ptr, m.len, rc_ptr(&r), &placed));
     else
-        ST_CALL(self, rc = ferry_store_put(s, key, v.buf, (size_t)v.len, rc_ptr(&r), &placed));
-    PyBuffer_Release(&v);
+        ST_CALL(self, rc = ferry_store_put_from(s, key, m.ptr, m.len, rc_ptr(&r), &placed));
+    mem_release(&m);
     rc_free(&r);
-    return rc < 0 ? st_raise(rc) : desc_dict(&placed);
+    if (rc < 0)
+        return st_raise(rc);
+    return how == PUT_PLACED ? desc_dict(&placed) : PyLong_FromLong(0);
 }
 
 static PyObject *st_put(StoreObject *self, PyObject *args, PyObject *kw)
 {
-    return st_put_any(self, args, kw, 0);
+    return st_put_any(self, args, kw, PUT_COPY);
 }
 
 static PyObject *st_put_from(StoreObject *self, PyObject *args, PyObject *kw)
 {
-    return st_put_any(self, args, kw, 1);
+    return st_put_any(self, args, kw, PUT_FROM);
+}
+
+static PyObject *st_put_placed(StoreObject *self, PyObject *args, PyObject *kw)
+{
+    return st_put_any(self, args, kw, PUT_PLACED);
 }
 
 static PyObject *st_get(StoreObject *self, PyObject *args)
@@ -554,24 +769,31 @@ static PyObject *st_get(StoreObject *self, PyObject *args)
     return b;
 }
 
-static PyObject *st_get_into(StoreObject *self, PyObject *args)
+/* get_into(key, buffer, size=None) -> bytes read; buffer may be an address */
+static PyObject *st_get_into(StoreObject *self, PyObject *args, PyObject *kw)
 {
+    static char *kwl[] = {"key", "buffer", "size", NULL};
     const char *key;
-    PyObject *dst;
-    if (!PyArg_ParseTuple(args, "sO:get_into", &key, &dst))
+    PyObject *dst, *size = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|O:get_into", kwl, &key, &dst, &size))
         return NULL;
     ferry_store *s = st_of(self);
-    Py_buffer v;
-    if (!s || buf_dst(dst, &v) < 0)
+    if (!s)
+        return NULL;
+    char what[FERRY_STORE_KEY_MAX + 32];
+    snprintf(what, sizeof what, "get_into('%s'): buffer", key);
+    st_mem m;
+    if (mem_get(self, dst, size, 1, what, &m) < 0)
         return NULL;
     size_t len = 0;
     int rc;
-    ST_CALL(self, rc = ferry_store_get_into(s, key, v.buf, (size_t)v.len, &len));
-    Py_ssize_t cap = v.len;
-    PyBuffer_Release(&v);
+    ST_CALL(self, rc = ferry_store_get_into(s, key, m.ptr, m.len, &len));
+    size_t cap = m.len;
+    mem_release(&m);
     if (rc == FERRY_EMSGSIZE) {
         char msg[FERRY_STORE_KEY_MAX + 128];
-        snprintf(msg, sizeof msg, "get_into %s: the object is %zu bytes, the buffer holds %zd", key, len, cap);
+        snprintf(msg, sizeof msg, "get_into('%s'): the object is %zu bytes, the buffer holds %zu; nothing was read",
+                 key, len, cap);
         return fp_err_throw(fp_err_new(rc, msg));
     }
     return rc < 0 ? st_raise(rc) : PyLong_FromSize_t(len);
@@ -672,8 +894,10 @@ static PyObject *st_get_into_ranges(StoreObject *self, PyObject *args)
         char what[48];
         unsigned long long u = 0;
         snprintf(what, sizeof what, "ranges[%zu]: src_offset", i);
-        if (st_uint(PyTuple_GET_ITEM(it, 1), what, 0, UINT64_MAX, &u) < 0 ||
-            buf_dst(PyTuple_GET_ITEM(it, 2), &v[i]) < 0)
+        if (st_uint(PyTuple_GET_ITEM(it, 1), what, 0, UINT64_MAX, &u) < 0)
+            goto done;
+        snprintf(what, sizeof what, "ranges[%zu]: buffer", i);
+        if (buf_dst(PyTuple_GET_ITEM(it, 2), &v[i], what) < 0)
             goto done;
         r[i].src_offset = u;
         got = i + 1;
@@ -710,29 +934,34 @@ done:
     return out;
 }
 
-/* Keys and buffers of a batch: the tuples hold the objects, views the bytes. */
+/* Keys and buffers of a batch: the tuples hold the objects, mems the bytes. */
 typedef struct {
-    PyObject *kt, *bt;
+    PyObject *kt, *bt, *st;
     size_t n, got;
     const char **keys;
-    Py_buffer *v;
+    st_mem *m;
     void **bufs;
     size_t *lens;
 } st_batch;
 
 static void batch_free(st_batch *b)
 {
-    if (b->v)
-        views_release(b->v, b->got);
+    if (b->m)
+        for (size_t i = 0; i < b->got; i++)
+            mem_release(&b->m[i]);
     PyMem_Free((void *)b->keys);
-    PyMem_Free(b->v);
+    PyMem_Free(b->m);
     PyMem_Free(b->bufs);
     PyMem_Free(b->lens);
     Py_XDECREF(b->kt);
     Py_XDECREF(b->bt);
+    Py_XDECREF(b->st);
 }
 
-static int batch_from(st_batch *b, PyObject *keys, PyObject *bufs, int writable)
+/* keys, buffers (objects or addresses) and sizes (None, or one per buffer;
+ * required for addresses) of a batch call named fn. 0 or -1. */
+static int batch_from(StoreObject *self, st_batch *b, PyObject *keys, PyObject *bufs, PyObject *sizes, int writable,
+                      const char *fn)
 {
     memset(b, 0, sizeof *b);
     b->kt = fp_seq_hold(keys, "keys");
@@ -741,35 +970,52 @@ static int batch_from(st_batch *b, PyObject *keys, PyObject *bufs, int writable)
         return -1;
     b->n = (size_t)PyTuple_GET_SIZE(b->kt);
     if ((size_t)PyTuple_GET_SIZE(b->bt) != b->n) {
-        PyErr_SetString(PyExc_ValueError, "keys and buffers differ in length");
+        PyErr_Format(PyExc_ValueError, "%s: %zu keys but %zd buffers", fn, b->n, PyTuple_GET_SIZE(b->bt));
         return -1;
     }
+    if (sizes && sizes != Py_None) {
+        if (!(b->st = fp_seq_hold(sizes, "sizes")))
+            return -1;
+        if ((size_t)PyTuple_GET_SIZE(b->st) != b->n) {
+            PyErr_Format(PyExc_ValueError, "%s: %zu keys but %zd sizes", fn, b->n, PyTuple_GET_SIZE(b->st));
+            return -1;
+        }
+    }
     b->keys = PyMem_Calloc(b->n + 1, sizeof *b->keys);
-    b->v = PyMem_Calloc(b->n + 1, sizeof *b->v);
+    b->m = PyMem_Calloc(b->n + 1, sizeof *b->m);
     b->bufs = PyMem_Calloc(b->n + 1, sizeof *b->bufs);
     b->lens = PyMem_Calloc(b->n + 1, sizeof *b->lens);
-    if (!b->keys || !b->v || !b->bufs || !b->lens) {
+    if (!b->keys || !b->m || !b->bufs || !b->lens) {
         PyErr_NoMemory();
         return -1;
     }
     for (size_t i = 0; i < b->n; i++) {
         b->keys[i] = fp_key_of(PyTuple_GET_ITEM(b->kt, i), "key");
-        PyObject *o = PyTuple_GET_ITEM(b->bt, i);
-        if (!b->keys[i] || (writable ? buf_dst(o, &b->v[i]) : buf_src(o, &b->v[i])) < 0)
+        if (!b->keys[i])
+            return -1;
+        char what[FERRY_STORE_KEY_MAX + 64];
+        snprintf(what, sizeof what, "%s: buffers[%zu] (for '%s')", fn, i, b->keys[i]);
+        if (mem_get(self, PyTuple_GET_ITEM(b->bt, i), b->st ? PyTuple_GET_ITEM(b->st, i) : NULL, writable, what,
+                    &b->m[i]) < 0)
             return -1;
         b->got = i + 1;
-        b->bufs[i] = b->v[i].buf;
-        b->lens[i] = (size_t)b->v[i].len;
+        b->bufs[i] = b->m[i].ptr;
+        b->lens[i] = b->m[i].len;
     }
     return 0;
 }
 
+/* batch_put_from(keys, buffers, sizes=None, config=None) */
 static PyObject *st_batch_put_from(StoreObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwl[] = {"keys", "buffers", "config", NULL};
-    PyObject *keys, *bufs, *cfg = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O:batch_put_from", kwl, &keys, &bufs, &cfg))
+    static char *kwl[] = {"keys", "buffers", "sizes", "config", NULL};
+    PyObject *keys, *bufs, *sizes = Py_None, *cfg = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OO:batch_put_from", kwl, &keys, &bufs, &sizes, &cfg))
         return NULL;
+    if (config_like(sizes) && cfg == Py_None) {   /* batch_put_from(keys, buffers, config) */
+        cfg = sizes;
+        sizes = Py_None;
+    }
     ferry_store *s = st_of(self);
     st_rc r;
     if (!s || rc_from(cfg, &r) < 0)
@@ -777,7 +1023,7 @@ static PyObject *st_batch_put_from(StoreObject *self, PyObject *args, PyObject *
     st_batch b;
     PyObject *out = NULL;
     int *res = NULL;
-    if (batch_from(&b, keys, bufs, 0) < 0)
+    if (batch_from(self, &b, keys, bufs, sizes, 0, "batch_put_from") < 0)
         goto done;
     res = results_new(b.n, 0);
     if (!res)
@@ -794,10 +1040,12 @@ done:
     return out;
 }
 
-static PyObject *st_batch_get_into(StoreObject *self, PyObject *args)
+/* batch_get_into(keys, buffers, sizes=None) */
+static PyObject *st_batch_get_into(StoreObject *self, PyObject *args, PyObject *kw)
 {
-    PyObject *keys, *bufs;
-    if (!PyArg_ParseTuple(args, "OO:batch_get_into", &keys, &bufs))
+    static char *kwl[] = {"keys", "buffers", "sizes", NULL};
+    PyObject *keys, *bufs, *sizes = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O:batch_get_into", kwl, &keys, &bufs, &sizes))
         return NULL;
     ferry_store *s = st_of(self);
     if (!s)
@@ -805,7 +1053,7 @@ static PyObject *st_batch_get_into(StoreObject *self, PyObject *args)
     st_batch b;
     PyObject *out = NULL;
     int64_t *res = NULL;
-    if (batch_from(&b, keys, bufs, 1) < 0)
+    if (batch_from(self, &b, keys, bufs, sizes, 1, "batch_get_into") < 0)
         goto done;
     res = results_new(b.n, 1);
     if (!res)
@@ -830,7 +1078,7 @@ static PyObject *st_is_exist(StoreObject *self, PyObject *args)
         return NULL;
     int rc;
     ST_CALL(self, rc = ferry_store_exist(s, key));
-    return rc < 0 ? st_raise(rc) : PyBool_FromLong(rc > 0);
+    return rc < 0 ? st_raise(rc) : PyLong_FromLong(rc > 0);
 }
 
 static PyObject *st_remove(StoreObject *self, PyObject *args)
@@ -845,7 +1093,7 @@ static PyObject *st_remove(StoreObject *self, PyObject *args)
     ST_CALL(self, rc = ferry_store_remove(s, key));
     if (rc < 0)
         return st_raise(rc);
-    Py_RETURN_NONE;
+    return PyLong_FromLong(0);
 }
 
 static PyObject *st_remove_prefix(StoreObject *self, PyObject *args)
@@ -973,7 +1221,9 @@ static PyObject *st_put_struct_raw(StoreObject *self, PyObject *args, PyObject *
         }
         m[i].ndim = (uint32_t)nd;
         Py_DECREF(sh);
-        if (bad < 0 || buf_src(buf, &v[i]) < 0)
+        char what[FERRY_STORE_KEY_MAX + 96];
+        snprintf(what, sizeof what, "put_struct('%s'): member %s", key, name);
+        if (bad < 0 || buf_src(buf, &v[i], what) < 0)
             goto done;
         got = i + 1;
         data[i] = v[i].buf;
@@ -1047,23 +1297,30 @@ static PyObject *st_get_members(StoreObject *self, PyObject *args)
     return l;
 }
 
-/* read_member_into(key, member, row_begin, row_end, buffer) -> bytes read */
-static PyObject *st_read_member_into(StoreObject *self, PyObject *args)
+/* read_member_into(key, member, row_begin, row_end, buffer, size=None) -> bytes
+ * read; buffer may be an address inside a registered buffer (with size). */
+static PyObject *st_read_member_into(StoreObject *self, PyObject *args, PyObject *kw)
 {
+    static char *kwl[] = {"key", "member", "row_begin", "row_end", "buffer", "size", NULL};
     const char *key, *member;
     unsigned long long a = 0, b = 0;
-    PyObject *oa, *ob, *dst;
-    if (!PyArg_ParseTuple(args, "ssOOO:read_member_into", &key, &member, &oa, &ob, &dst) ||
+    PyObject *oa, *ob, *dst, *size = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "ssOOO|O:read_member_into", kwl, &key, &member, &oa, &ob, &dst,
+                                     &size) ||
         st_uint(oa, "row_begin", 0, UINT64_MAX, &a) < 0 || st_uint(ob, "row_end", 0, UINT64_MAX, &b) < 0)
         return NULL;
     ferry_store *s = st_of(self);
-    Py_buffer v;
-    if (!s || buf_dst(dst, &v) < 0)
+    if (!s)
+        return NULL;
+    char what[FERRY_STORE_KEY_MAX + 96];
+    snprintf(what, sizeof what, "read_member_into('%s', '%.40s'): buffer", key, member);
+    st_mem m;
+    if (mem_get(self, dst, size, 1, what, &m) < 0)
         return NULL;
     size_t len = 0;
     int rc;
-    ST_CALL(self, rc = ferry_store_read_member(s, key, member, a, b, v.buf, (size_t)v.len, &len));
-    PyBuffer_Release(&v);
+    ST_CALL(self, rc = ferry_store_read_member(s, key, member, a, b, m.ptr, m.len, &len));
+    mem_release(&m);
     return rc < 0 ? st_raise(rc) : PyLong_FromSize_t(len);
 }
 
@@ -1099,8 +1356,11 @@ static PyObject *st_name_buf_u64(StoreObject *self, PyObject *args, const char *
     if (!PyArg_ParseTuple(args, fmt, &name, &buf))
         return NULL;
     ferry_store *s = st_of(self);
+    char what[FERRY_STORE_KEY_MAX + 48];
+    const char *fn = strchr(fmt, ':');
+    snprintf(what, sizeof what, "%s('%s'): value", fn ? fn + 1 : "call", name);
     Py_buffer v;
-    if (!s || buf_src(buf, &v) < 0)
+    if (!s || buf_src(buf, &v, what) < 0)
         return NULL;
     uint64_t n = 0;
     int rc;
@@ -1123,8 +1383,10 @@ static PyObject *st_kv_cas(StoreObject *self, PyObject *args)
         st_uint(oexp, "expected_rev", 0, UINT64_MAX, &expected) < 0)
         return NULL;
     ferry_store *s = st_of(self);
+    char what[FERRY_STORE_KEY_MAX + 32];
+    snprintf(what, sizeof what, "kv_cas('%s'): value", key);
     Py_buffer v;
-    if (!s || buf_src(val, &v) < 0)
+    if (!s || buf_src(val, &v, what) < 0)
         return NULL;
     uint64_t rev = 0;
     int rc;
@@ -1322,55 +1584,94 @@ static PyObject *st_engine_address(StoreObject *self, PyObject *unused)
 
 static PyMethodDef st_methods[] = {
     {"setup", FP_KWFN(st_setup), METH_VARARGS | METH_KEYWORDS,
+     "setup($self, /, master=None, token=None, token_file=None, transport=None, timeout_ms=None, lease_ms=None)\n--\n\n"
      "setup(master=None, token=None, token_file=None, transport=None, timeout_ms=None, lease_ms=None)\n"
      "Connect to the master; unset arguments come from FERRY_MASTER, FERRY_TOKEN, FERRY_TOKEN_FILE, ..."},
     FP_CLOSE_METHODS(st, "close(): close the connection and the client's engine"),
-    {"register_buffer", (PyCFunction)st_register, METH_O,
-     "register_buffer(buffer): register a C-contiguous buffer for zero-copy transfers (held until unregistered)"},
-    {"unregister_buffer", (PyCFunction)st_unregister, METH_O, "unregister_buffer(buffer)"},
+    {"register_buffer", FP_KWFN(st_register), METH_VARARGS | METH_KEYWORDS,
+     "register_buffer($self, /, buffer, size=None)\n--\n\n"
+     "register_buffer(buffer, size=None) -> 0: register an array, tensor or buffer (held until unregistered), or "
+     "Mooncake's (ptr, size) (the caller keeps that memory alive)"},
+    {"unregister_buffer", (PyCFunction)st_unregister, METH_O,
+     "unregister_buffer($self, buffer, /)\n--\n\nunregister_buffer(buffer or ptr) -> 0"},
     {"put", FP_KWFN(st_put), METH_VARARGS | METH_KEYWORDS,
-     "put(key, value, config=None) -> placement dict; value: bytes or any C-contiguous buffer"},
+     "put($self, /, key, value, config=None)\n--\n\n"
+     "put(key, value, config=None) -> 0; value: bytes, an array, a tensor or any contiguous buffer"},
     {"put_from", FP_KWFN(st_put_from), METH_VARARGS | METH_KEYWORDS,
-     "put_from(key, buffer, config=None) -> placement dict (no copy; fastest on registered buffers)"},
-    {"get", (PyCFunction)st_get, METH_VARARGS, "get(key) -> bytes"},
-    {"get_into", (PyCFunction)st_get_into, METH_VARARGS, "get_into(key, buffer) -> bytes read"},
+     "put_from($self, /, key, buffer, size=None, config=None)\n--\n\n"
+     "put_from(key, buffer, size=None, config=None) -> 0 (no copy; fastest on registered buffers); buffer: an "
+     "array, tensor or buffer, or an address inside a registered buffer with its size"},
+    {"put_placed", FP_KWFN(st_put_placed), METH_VARARGS | METH_KEYWORDS,
+     "put_placed($self, /, key, value, config=None)\n--\n\n"
+     "put_placed(key, value, config=None) -> placement dict {'size', 'replicas': [...]} (as put_from)"},
+    {"get", (PyCFunction)st_get, METH_VARARGS, "get($self, key, /)\n--\n\n"
+     "get(key) -> bytes"},
+    {"get_into", FP_KWFN(st_get_into), METH_VARARGS | METH_KEYWORDS,
+     "get_into($self, /, key, buffer, size=None)\n--\n\n"
+     "get_into(key, buffer, size=None) -> bytes read; buffer: an array, tensor or writable buffer, or an address "
+     "inside a registered buffer with its size"},
     {"get_into_ranges", (PyCFunction)st_get_into_ranges, METH_VARARGS,
+     "get_into_ranges($self, ranges, /)\n--\n\n"
      "get_into_ranges([(key, src_offset, buffer[, length]), ...]) -> [bytes read or -code per range]"},
     {"batch_put_from", FP_KWFN(st_batch_put_from), METH_VARARGS | METH_KEYWORDS,
-     "batch_put_from(keys, buffers, config=None) -> [0 or -code per key]"},
-    {"batch_get_into", (PyCFunction)st_batch_get_into, METH_VARARGS,
-     "batch_get_into(keys, buffers) -> [bytes read or -code per key]"},
-    {"is_exist", (PyCFunction)st_is_exist, METH_VARARGS, "is_exist(key) -> bool"},
-    {"remove", (PyCFunction)st_remove, METH_VARARGS, "remove(key)"},
-    {"remove_prefix", (PyCFunction)st_remove_prefix, METH_VARARGS, "remove_prefix(prefix) -> number removed"},
+     "batch_put_from($self, /, keys, buffers, sizes=None, config=None)\n--\n\n"
+     "batch_put_from(keys, buffers, sizes=None, config=None) -> [0 or -code per key]"},
+    {"batch_get_into", FP_KWFN(st_batch_get_into), METH_VARARGS | METH_KEYWORDS,
+     "batch_get_into($self, /, keys, buffers, sizes=None)\n--\n\n"
+     "batch_get_into(keys, buffers, sizes=None) -> [bytes read or -code per key]"},
+    {"is_exist", (PyCFunction)st_is_exist, METH_VARARGS, "is_exist($self, key, /)\n--\n\n"
+     "is_exist(key) -> 1 or 0"},
+    {"remove", (PyCFunction)st_remove, METH_VARARGS, "remove($self, key, /)\n--\n\n"
+     "remove(key) -> 0"},
+    {"remove_prefix", (PyCFunction)st_remove_prefix, METH_VARARGS, "remove_prefix($self, prefix, /)\n--\n\n"
+     "remove_prefix(prefix) -> number removed"},
     {"list", FP_KWFN(st_list), METH_VARARGS | METH_KEYWORDS,
+     "list($self, /, prefix='', after=None, limit=1000)\n--\n\n"
      "list(prefix='', after=None, limit=1000) -> keys, ascending"},
     {"list_page", FP_KWFN(st_list_page), METH_VARARGS | METH_KEYWORDS,
+     "list_page($self, /, prefix='', after=None, limit=1000)\n--\n\n"
      "list_page(prefix='', after=None, limit=1000) -> (keys, more)"},
     {"get_replica_desc", (PyCFunction)st_replica_desc, METH_VARARGS,
+     "get_replica_desc($self, key, /)\n--\n\n"
      "get_replica_desc(key) -> {'size', 'replicas': [{'segment', 'node', 'offset', 'preferred'}]}"},
     {"put_struct_raw", FP_KWFN(st_put_struct_raw), METH_VARARGS | METH_KEYWORDS,
+     "put_struct_raw($self, /, key, members, config=None)\n--\n\n"
      "put_struct_raw(key, [(name, dtype, shape, buffer), ...], config=None)"},
     {"get_members", (PyCFunction)st_get_members, METH_VARARGS,
+     "get_members($self, key, /)\n--\n\n"
      "get_members(key) -> [{'name', 'dtype', 'shape', 'offset', 'nbytes'}]"},
-    {"read_member_into", (PyCFunction)st_read_member_into, METH_VARARGS,
-     "read_member_into(key, member, row_begin, row_end, buffer) -> bytes read"},
-    {"kv_get", (PyCFunction)st_kv_get, METH_VARARGS, "kv_get(key) -> (value, mod_revision) or None"},
-    {"kv_put", (PyCFunction)st_kv_put, METH_VARARGS, "kv_put(key, value) -> revision"},
+    {"read_member_into", FP_KWFN(st_read_member_into), METH_VARARGS | METH_KEYWORDS,
+     "read_member_into($self, /, key, member, row_begin, row_end, buffer, size=None)\n--\n\n"
+     "read_member_into(key, member, row_begin, row_end, buffer, size=None) -> bytes read (raw bytes; buffer: an "
+     "array, tensor or writable buffer, or an address inside a registered buffer with its size)"},
+    {"kv_get", (PyCFunction)st_kv_get, METH_VARARGS, "kv_get($self, key, /)\n--\n\n"
+     "kv_get(key) -> (value, mod_revision) or None"},
+    {"kv_put", (PyCFunction)st_kv_put, METH_VARARGS, "kv_put($self, key, value, /)\n--\n\n"
+     "kv_put(key, value) -> revision"},
     {"kv_cas", (PyCFunction)st_kv_cas, METH_VARARGS,
+     "kv_cas($self, key, expected_rev, value, /)\n--\n\n"
      "kv_cas(key, expected_rev, value) -> revision; ConflictError(.current_revision) on a mismatch"},
     {"kv_delete", FP_KWFN(st_kv_delete), METH_VARARGS | METH_KEYWORDS,
+     "kv_delete($self, /, key, expected_rev=0)\n--\n\n"
      "kv_delete(key, expected_rev=0) -> revision"},
-    {"watch", FP_KWFN(st_watch), METH_VARARGS | METH_KEYWORDS, "watch(prefix, from_rev=0) -> Watch"},
+    {"watch", FP_KWFN(st_watch), METH_VARARGS | METH_KEYWORDS, "watch($self, /, prefix, from_rev=0)\n--\n\n"
+     "watch(prefix, from_rev=0) -> Watch"},
     {"barrier", FP_KWFN(st_barrier), METH_VARARGS | METH_KEYWORDS,
+     "barrier($self, /, name, member, count, timeout_ms=0)\n--\n\n"
      "barrier(name, member, count, timeout_ms=0) -> generation"},
-    {"queue_push", (PyCFunction)st_queue_push, METH_VARARGS, "queue_push(queue, data) -> id"},
+    {"queue_push", (PyCFunction)st_queue_push, METH_VARARGS, "queue_push($self, queue, data, /)\n--\n\n"
+     "queue_push(queue, data) -> id"},
     {"queue_pop", FP_KWFN(st_queue_pop), METH_VARARGS | METH_KEYWORDS,
+     "queue_pop($self, /, queue, max=1, lease_ms=30000)\n--\n\n"
      "queue_pop(queue, max=1, lease_ms=30000) -> [(id, token, data), ...]"},
-    {"queue_ack", (PyCFunction)st_queue_ack, METH_VARARGS, "queue_ack(id, token)"},
-    {"queue_nack", (PyCFunction)st_queue_nack, METH_VARARGS, "queue_nack(id, token): deliver again now"},
-    {"status", (PyCFunction)st_status, METH_NOARGS, "status() -> the master's state (dict)"},
-    {"engine_address", (PyCFunction)st_engine_address, METH_NOARGS, "engine_address() -> the client engine's address"},
+    {"queue_ack", (PyCFunction)st_queue_ack, METH_VARARGS, "queue_ack($self, id, token, /)\n--\n\n"
+     "queue_ack(id, token)"},
+    {"queue_nack", (PyCFunction)st_queue_nack, METH_VARARGS, "queue_nack($self, id, token, /)\n--\n\n"
+     "queue_nack(id, token): deliver again now"},
+    {"status", (PyCFunction)st_status, METH_NOARGS, "status($self, /)\n--\n\n"
+     "status() -> the master's state (dict)"},
+    {"engine_address", (PyCFunction)st_engine_address, METH_NOARGS, "engine_address($self, /)\n--\n\n"
+     "engine_address() -> the client engine's address"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1384,7 +1685,7 @@ static PyTypeObject StoreType = {
     .tp_name = "ferry._ferry.Store",
     .tp_basicsize = sizeof(StoreObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = "Store(): a client of the ferry store; call setup() to connect",
+    .tp_doc = "Store()\n--\n\n" "Store(): a client of the ferry store; call setup() to connect",
     .tp_new = st_new,
     .tp_dealloc = (destructor)st_dealloc,
     .tp_methods = st_methods,
@@ -1473,8 +1774,10 @@ static PyObject *watch_exit(WatchObject *self, PyObject *args)
 
 static PyMethodDef watch_methods[] = {
     {"next", FP_KWFN(watch_next_m), METH_VARARGS | METH_KEYWORDS,
+     "next($self, /, timeout_ms=-1)\n--\n\n"
      "next(timeout_ms=-1) -> (rev, key, value or None if deleted), or None when timeout_ms passed"},
-    {"close", (PyCFunction)watch_close_m, METH_NOARGS, "close()"},
+    {"close", (PyCFunction)watch_close_m, METH_NOARGS, "close($self, /)\n--\n\n"
+     "close()"},
     {"__enter__", fp_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)watch_exit, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
@@ -1540,6 +1843,9 @@ int fp_store_init(PyObject *m)
         {&err_unreach, "UnreachableError",
          "The object's node is not heard from or reconnecting (FERRY_EUNREACH); its data is kept: "
          "retry later.", NULL},
+        {&err_full, "QueueFullError",
+         "A bounded queue is full (FERRY_EAGAIN): a sample queue with fail_when_full, a store queue with a "
+         "bound; retry after consumers made room.", NULL},
     };
     for (size_t i = 0; i < sizeof errs / sizeof errs[0]; i++) {
         char qual[64];

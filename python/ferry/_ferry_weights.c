@@ -159,9 +159,9 @@ static PyObject *w_convert(PyObject *self, PyObject *args)
     if (!ss || !ds)
         return fp_raise_class(FERRY_EINVAL, "convert: dtypes are \"f32\", \"bf16\" or \"f16\"");
     Py_buffer sv, dv;
-    if (PyObject_GetBuffer(so, &sv, PyBUF_C_CONTIGUOUS) < 0)
+    if (fp_buf_get(so, &sv, PyBUF_C_CONTIGUOUS, "convert: source") < 0)
         return NULL;
-    if (PyObject_GetBuffer(dobj, &dv, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+    if (fp_buf_get(dobj, &dv, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE, "convert: destination") < 0) {
         PyBuffer_Release(&sv);
         return NULL;
     }
@@ -291,35 +291,6 @@ int fp_publish_stats_put(PyObject *d, uint64_t generation, const ferry_publish_s
     return fp_dict_put_fields(d, st, publish_fields, all ? FP_NFIELDS(publish_fields) : PUBLISH_BASE_FIELDS);
 }
 
-/* The ferry dtype of a little-endian struct format character and itemsize. */
-static const char *fmt_dtype(const char *fmt, Py_ssize_t itemsize)
-{
-    if (!fmt)
-        return itemsize == 1 ? "u8" : NULL;
-    if (*fmt == '<' || *fmt == '=' || *fmt == '@')
-        fmt++;
-    if (!fmt[0] || fmt[1])
-        return NULL;
-    const char *d = NULL;
-    switch (fmt[0]) {
-    case 'f': d = "f32"; break;
-    case 'e': d = "f16"; break;
-    case 'd': d = "f64"; break;
-    case '?': d = "bool"; break;
-    case 'b': d = "i8"; break;
-    case 'B': d = "u8"; break;
-    case 'h': d = "i16"; break;
-    case 'H': d = "u16"; break;
-    case 'i':
-    case 'l':
-    case 'q': d = itemsize == 8 ? "i64" : itemsize == 4 ? "i32" : NULL; break;
-    case 'I':
-    case 'L':
-    case 'Q': d = itemsize == 8 ? "u64" : itemsize == 4 ? "u32" : NULL; break;
-    default: break;
-    }
-    return d && ferry_dtype_size(d) == (uint32_t)itemsize ? d : NULL;
-}
 
 /* A Python exception is set: this rank cannot publish generation gen (its
  * own check failed before it reached ferry_publish). Tell the other ranks
@@ -437,7 +408,9 @@ static PyObject *w_publish(PyObject *self, PyObject *args)
         }
         if (!(t[i].name = fp_key_of(PyTuple_GET_ITEM(it, 0), "tensor name")))
             goto done;
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(it, 1), &v[i], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        char what[96];
+        snprintf(what, sizeof what, "tensors[%zu] (%.40s)", i, t[i].name);
+        if (fp_buf_get(PyTuple_GET_ITEM(it, 1), &v[i], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT, what) < 0)
             goto done;
         held++;
         if (PyTuple_GET_SIZE(it) == 3) {
@@ -448,7 +421,7 @@ static PyObject *w_publish(PyObject *self, PyObject *args)
                              t[i].name, t[i].dtype, v[i].itemsize);
                 goto done;
             }
-        } else if (!(t[i].dtype = fmt_dtype(v[i].format, v[i].itemsize))) {
+        } else if (!(t[i].dtype = fp_buf_dtype(&v[i]))) {
             PyErr_Format(PyExc_ValueError,
                          "tensor %s: no ferry dtype for buffer format '%s' (pass (name, array, dtype))", t[i].name,
                          v[i].format ? v[i].format : "B");
@@ -535,7 +508,9 @@ static int shards_from(w_shards *w, PyObject *o)
         if (!(sh->tensor = fp_key_of(PyTuple_GET_ITEM(it, 0), "tensor name")))
             goto fail;
         Py_buffer *v = &w->views[i];
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(it, 2), v, PyBUF_STRIDES | PyBUF_WRITABLE) < 0)
+        char what[96];
+        snprintf(what, sizeof what, "shards[%zu] (%.40s)", i, sh->tensor);
+        if (fp_buf_get(PyTuple_GET_ITEM(it, 2), v, PyBUF_STRIDES | PyBUF_WRITABLE, what) < 0)
             goto fail;
         w->held++;
         uint32_t nd = 0;
@@ -830,6 +805,7 @@ FP_STORE_HOLDER_CLOSE(sub, SubObject, sub, "close: an update is still running on
 
 static PyMethodDef sub_methods[] = {
     {"update", (PyCFunction)sub_update, METH_NOARGS,
+     "update($self, /)\n--\n\n"
      "update() -> stats: take the active generation with the whole group (every member calls it)"},
     FP_CLOSE_METHODS(sub, "close(): deregister the parameters and release the arrays"),
     {NULL, NULL, 0, NULL},
@@ -844,7 +820,7 @@ static PyGetSetDef sub_getset[] = {
 
 static PyTypeObject SubType = {
     FP_CLASS(sub, SubObject, "ferry.WeightSubscriber", Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-             "WeightSubscriber(store, model, group, rank, world, shards, timeout_ms=60000, node=0, batch_bytes=0, "
+             "WeightSubscriber(store, model, group, rank, world, shards, timeout_ms=60000, node=0, batch_bytes=0, local_segment=0)\n--\n\n" "WeightSubscriber(store, model, group, rank, world, shards, timeout_ms=60000, node=0, batch_bytes=0, "
              "local_segment=0): single-pull updates of a rollout group's parameters (see ferry.weights)"),
 };
 
@@ -855,6 +831,7 @@ typedef struct {
     PyObject *store;          /* strong reference, marked busy while open */
     ferry_compat_group *g;
     uint64_t generation;
+    unsigned int rank;
     int inflight;
 } CompatObject;
 
@@ -905,6 +882,7 @@ static int cg_init(CompatObject *self, PyObject *args, PyObject *kw)
         return -1;
     }
     self->g = g;
+    self->rank = rank;
     self->store = Py_NewRef(so);
     fp_store_busy(so, 1);   /* until close: the staging is registered with its engine */
     return 0;
@@ -921,7 +899,9 @@ static const fp_field compat_fields[] = {
 
 /* update(fn) -> stats dict; fn(entry dict, bytearray of the tensor) for every
  * tensor in manifest order. An exception from fn stops the update on every
- * worker (this one re-raises it, the others get FERRY_EREBUILD). */
+ * worker, and every worker raises the same: FERRY_EREBUILD with the text the
+ * others are told ("worker R: ..."); here the exception from fn is its
+ * __cause__. */
 static PyObject *cg_update(CompatObject *self, PyObject *args)
 {
     PyObject *fn;
@@ -944,8 +924,18 @@ static PyObject *cg_update(CompatObject *self, PyObject *args)
     PyEval_RestoreThread(c.ts);
     self->inflight--;
     if (c.exc[0]) {
-        PyErr_Restore(c.exc[0], c.exc[1], c.exc[2]);
-        return NULL;
+        PyErr_NormalizeException(&c.exc[0], &c.exc[1], &c.exc[2]);
+        if (c.exc[2] && c.exc[1])
+            PyException_SetTraceback(c.exc[1], c.exc[2]);
+        char msg[sizeof err.msg + 32];
+        snprintf(msg, sizeof msg, "worker %u: %s", self->rank, err.msg[0] ? err.msg : "the loader stopped");
+        PyObject *e = fp_err_new(FERRY_EREBUILD, msg);
+        if (e && c.exc[1])
+            PyException_SetCause(e, Py_NewRef(c.exc[1]));
+        Py_XDECREF(c.exc[0]);
+        Py_XDECREF(c.exc[1]);
+        Py_XDECREF(c.exc[2]);
+        return fp_err_throw(e);
     }
     if (rc < 0)
         return fp_raise_err_class(rc, &err);
@@ -958,6 +948,7 @@ FP_STORE_HOLDER_CLOSE(cg, CompatObject, g, "close: an update is still running on
 
 static PyMethodDef cg_methods[] = {
     {"update", (PyCFunction)cg_update, METH_VARARGS,
+     "update($self, fn, /)\n--\n\n"
      "update(fn) -> stats: take the active generation with the whole group (every member calls it); "
      "fn(entry, bytearray) per tensor"},
     FP_CLOSE_METHODS(cg, "close(): deregister and free the staging buffer"),
@@ -973,27 +964,36 @@ static PyGetSetDef cg_getset[] = {
 
 static PyTypeObject CompatType = {
     FP_CLASS(cg, CompatObject, "ferry._CompatGroup", Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-             "_CompatGroup(store, model, group, rank, world, node=0, staging_bytes=0, timeout_ms=0, "
+             "_CompatGroup(store, model, group, rank, world, node=0, staging_bytes=0, timeout_ms=0, local_segment=0)\n--\n\n" "_CompatGroup(store, model, group, rank, world, node=0, staging_bytes=0, timeout_ms=0, "
              "local_segment=0): the compatibility-mode group update (see ferry.CompatGroup)"),
 };
 
 /* ---- module ------------------------------------------------------------------------------- */
 
 static PyMethodDef w_methods[] = {
-    {"weights_assign", w_assign, METH_VARARGS, "weights_assign(sizes, rank_node) -> publisher rank per tensor"},
-    {"weights_convert", w_convert, METH_VARARGS, "weights_convert(src, src_dtype, dst, dst_dtype, count)"},
-    {"weights_key", w_key, METH_VARARGS, "weights_key(model, generation, fragment) -> store key"},
-    {"weights_active", w_active, METH_VARARGS, "weights_active(store, model) -> (generation, digest) or None"},
-    {"weights_manifest", w_manifest, METH_VARARGS, "weights_manifest(store, model, generation) -> [entry dict]"},
+    {"weights_assign", w_assign, METH_VARARGS, "weights_assign($module, sizes, rank_node, /)\n--\n\n"
+     "weights_assign(sizes, rank_node) -> publisher rank per tensor"},
+    {"weights_convert", w_convert, METH_VARARGS, "weights_convert($module, src, src_dtype, dst, dst_dtype, count, /)\n--\n\n"
+     "weights_convert(src, src_dtype, dst, dst_dtype, count)"},
+    {"weights_key", w_key, METH_VARARGS, "weights_key($module, model, generation, fragment, /)\n--\n\n"
+     "weights_key(model, generation, fragment) -> store key"},
+    {"weights_active", w_active, METH_VARARGS, "weights_active($module, store, model, /)\n--\n\n"
+     "weights_active(store, model) -> (generation, digest) or None"},
+    {"weights_manifest", w_manifest, METH_VARARGS, "weights_manifest($module, store, model, generation, /)\n--\n\n"
+     "weights_manifest(store, model, generation) -> [entry dict]"},
     {"weights_publish_abort", w_publish_abort, METH_VARARGS,
+     "weights_publish_abort($module, store, model, rank, world, timeout_ms, generation, why, /)\n--\n\n"
      "weights_publish_abort(store, model, rank, world, timeout_ms, generation, why): this rank cannot publish; "
      "raises the error every rank gets"},
     {"weights_publish", w_publish, METH_VARARGS,
+     "weights_publish($module, store, model, rank, world, rank_node, out_dtype, segment, keep, timeout_ms, generation, tensors, /)\n--\n\n"
      "weights_publish(store, model, rank, world, rank_node, out_dtype, segment, keep, timeout_ms, generation, "
      "tensors) -> stats"},
     {"weights_update_direct", w_update_direct, METH_VARARGS,
+     "weights_update_direct($module, store, model, shards, generation, /)\n--\n\n"
      "weights_update_direct(store, model, shards, generation) -> stats"},
     {"weights_update_compat", w_update_compat, METH_VARARGS,
+     "weights_update_compat($module, store, model, generation, fn, /)\n--\n\n"
      "weights_update_compat(store, model, generation, fn) -> stats; fn(entry, bytearray) per tensor"},
     {NULL, NULL, 0, NULL},
 };

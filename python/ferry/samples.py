@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 
 from . import _ferry
+from . import _tensors
 from ._ferry import QueueFullError
 
 __all__ = ["RolloutSession", "UpdateSession", "PolicyVersion", "PolicyRegistry", "PolicyWatch", "SampleQueue",
@@ -143,12 +144,8 @@ class PolicyWatch(_ferry.PolicyWatch):
 
 
 def _publish_item(i, t):
-    import numpy as np
     from .weights import _tensor_item
-    item = _tensor_item(i, t)
-    if len(item) == 3:
-        return item
-    return (item[0], item[1], "f32" if item[1].dtype == np.float32 else "f16")
+    return _tensor_item(i, t)
 
 
 class PolicyRegistry:
@@ -226,6 +223,8 @@ def _c_samples(samples):
 
 def _array(a, dtype, what):
     import numpy as np
+    if _tensors.is_torch(a) or (not isinstance(a, np.ndarray) and hasattr(a, "__dlpack__")):
+        a, _ = _tensors.as_numpy(a, what)      # shares the tensor's memory
     a = np.asarray(a)
     want = np.dtype(dtype)
     if a.dtype != want:
@@ -289,14 +288,18 @@ class SampleQueue(_ferry.SampleQueue):
         recompute (sessions only). Ack them after pushing the recomputed one."""
         return [Sample(c) for c in super().pop_recompute(int(max))]
 
-    def read(self, sample):
+    def read(self, sample, framework="numpy"):
         """The payload of a popped sample: ``{"prompt", "tokens", "logprobs",
-        "rewards"}`` as new numpy arrays (int32, int32, float32, float32)."""
-        import numpy as np
+        "rewards"}`` as new numpy arrays (int32, int32, float32, float32), or
+        torch tensors with ``framework="torch"``."""
         c = sample._c if isinstance(sample, Sample) else sample
-        out = {"prompt": np.empty(c.prompt_len, np.int32), "tokens": np.empty(c.ntokens, np.int32),
-               "logprobs": np.empty(c.ntokens, np.float32), "rewards": np.empty(c.nrewards, np.float32)}
-        super().read(c, *(a if a.size else None for a in out.values()))
+        fw = _tensors.check_framework(framework)
+        out = {"prompt": _tensors.empty((c.prompt_len,), "i32", fw),
+               "tokens": _tensors.empty((c.ntokens,), "i32", fw),
+               "logprobs": _tensors.empty((c.ntokens,), "f32", fw),
+               "rewards": _tensors.empty((c.nrewards,), "f32", fw)}
+        super().read(c, *(a if n else None for a, n in
+                          zip(out.values(), (c.prompt_len, c.ntokens, c.ntokens, c.nrewards))))
         return out
 
     def ack(self, samples):

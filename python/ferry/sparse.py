@@ -2,16 +2,21 @@
 
 - :func:`put_sparse_object` — one COO object per logical tensor update
   (global coordinates; indices ``int32``/``int64`` ``[nnz, ndim]``, values
-  ``float32``, ``float16`` or bf16 held as ``uint16``), validated, sorted by
+  ``float32``, ``float16`` or bf16 — ``torch.bfloat16``, or numpy ``uint16``
+  words; numpy arrays or torch tensors), validated, sorted by
   tile and stored once; returns the key and the stored descriptor.
 - :func:`sparse_admit` — for a weight several trainer ranks hold: exactly one
   rank per logical key is admitted to compute and put.
 - :func:`read_sparse_objects` — target-local COO results of a batch of
   targets (:class:`Target` or dicts), each needed entry range read once per
   node; returns ``(results, counters)``.
-- :func:`sparse_apply` — scatter a result into a dense numpy array behind
-  the base-generation fence (:class:`ferry.ConflictError` when the array
-  holds another generation; the array is then unchanged).
+- :func:`sparse_apply` — scatter a result into a dense numpy array or torch
+  tensor, in place, behind the base-generation fence
+  (:class:`ferry.ConflictError` when it holds another generation; it is
+  then unchanged).
+
+Results are numpy arrays, or torch tensors with ``framework="torch"``
+(bf16 values as ``torch.bfloat16``; numpy has no bf16: ``uint16`` words).
 
 Everything that touches the store runs with the GIL released. Errors are
 :class:`ferry.Error` subclasses (``ExistsError`` for a logical key already
@@ -24,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _ferry
+from . import _tensors
 
 __all__ = ["Target", "SparseResult", "put_sparse_object", "sparse_admit", "read_sparse_objects", "sparse_apply",
            "COUNTERS"]
@@ -55,7 +61,9 @@ class Target:
 class SparseResult:
     """A target-local COO result: ``indices`` int64 ``[nnz, ndim]`` in the
     target's local coordinates, ``values`` ``[nnz]`` of ``value_dtype``
-    (bf16 as ``uint16``). ``target`` indexes the targets passed in."""
+    (numpy: bf16 as ``uint16`` words; torch: ``torch.bfloat16``), numpy
+    arrays or torch tensors as read_sparse_objects was asked. ``target``
+    indexes the targets passed in."""
     target: int
     tensor_id: str
     shape: tuple
@@ -63,8 +71,8 @@ class SparseResult:
     delta_generation: int
     apply: str
     value_dtype: str
-    indices: np.ndarray
-    values: np.ndarray
+    indices: object
+    values: object
 
     @property
     def nnz(self):
@@ -119,7 +127,19 @@ def _desc(tensor_id, global_shape, generation, source_placement, tile_shape, app
             "index_dtype": index_dtype, "value_dtype": value_dtype, "nnz": nnz}
 
 
-def _value_dtype(values, value_dtype, what="values"):
+def _numpy_of(x, what, writable=False):
+    """(numpy array, ferry dtype or None) sharing x's memory: tensors and
+    DLPack objects through ferry's export, anything else through numpy."""
+    if isinstance(x, np.ndarray):
+        return x, None
+    if _tensors.is_torch(x) or hasattr(x, "__dlpack__"):
+        return _tensors.as_numpy(x, what, writable)
+    return np.asarray(x), None
+
+
+def _value_dtype(values, value_dtype, what="values", known=None):
+    if known == "bf16" and value_dtype in (None, "bf16"):
+        return "bf16"
     name = _VALUE_DTYPES.get(values.dtype.name)
     if value_dtype is not None:
         if value_dtype not in _NUMPY_OF:
@@ -143,8 +163,8 @@ def put_sparse_object(store, tensor_id, global_shape, indices, values, generatio
     duplicates refused). Returns ``(key, descriptor dict)`` — the stored nnz,
     ntiles and tile shape. ``ExistsError`` when the logical key (tensor,
     base, delta, placement) is already stored: nothing is stored twice."""
-    idx = np.asarray(indices)
-    val = np.asarray(values)
+    idx, _ = _numpy_of(indices, f"put_sparse_object {tensor_id}: indices")
+    val, vknown = _numpy_of(values, f"put_sparse_object {tensor_id}: values")
     shape = _dims(global_shape, "global_shape")
     if idx.dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
         raise ValueError(f"put_sparse_object {tensor_id}: indices must be int32 or int64, not {idx.dtype}")
@@ -154,7 +174,7 @@ def put_sparse_object(store, tensor_id, global_shape, indices, values, generatio
     if val.ndim != 1 or val.shape[0] != idx.shape[0]:
         raise ValueError(f"put_sparse_object {tensor_id}: {idx.shape[0]} index rows but values have shape "
                          f"{list(val.shape)} (nnz must match)")
-    vdt = _value_dtype(val, value_dtype)
+    vdt = _value_dtype(val, value_dtype, known=vknown)
     idx = np.ascontiguousarray(idx.astype(idx.dtype.newbyteorder("<"), copy=False))
     val = np.ascontiguousarray(val.astype(val.dtype.newbyteorder("<"), copy=False))
     d = _desc(tensor_id, shape, generation, source_placement, tile_shape, apply,
@@ -190,7 +210,7 @@ def _target(t, i):
     return (t.tensor_id, node, axis, _dims(t.offset, f"targets[{i}].offset"), _dims(t.shape, f"targets[{i}].shape"))
 
 
-def read_sparse_objects(store, keys, targets, publish_prefix=None):
+def read_sparse_objects(store, keys, targets, publish_prefix=None, framework="numpy"):
     """Target-local COO results of the source objects ``keys`` (the
     manifest) for ``targets`` (:class:`Target` or dicts with the same
     names): ``(results, counters)``. One :class:`SparseResult` per (source,
@@ -198,7 +218,9 @@ def read_sparse_objects(store, keys, targets, publish_prefix=None):
     ``counters`` holds every ``ferry_sparse_stats`` field (:data:`COUNTERS`).
     Within the call each unique entry range is read once per node and fanned
     out to the targets that need it. ``publish_prefix``: each result is also
-    stored as ``<prefix>/<target index>/<tensor_id>``."""
+    stored as ``<prefix>/<target index>/<tensor_id>``. Indices and values are
+    numpy arrays, or torch tensors with ``framework="torch"``."""
+    fw = _tensors.check_framework(framework)
     if isinstance(keys, str):
         keys = [keys]
     tgt = [_target(t, i) for i, t in enumerate(targets)]
@@ -206,33 +228,36 @@ def read_sparse_objects(store, keys, targets, publish_prefix=None):
     out = []
     for r in raw:
         nd = len(r["shape"])
-        idx = np.frombuffer(r["indices"], dtype="<i8").reshape(r["nnz"], nd)
-        val = np.frombuffer(r["values"], dtype=np.dtype(_NUMPY_OF[r["value_dtype"]]).newbyteorder("<"))
+        idx = _tensors.from_buffer(r["indices"], "i64", (r["nnz"], nd), fw)
+        val = _tensors.from_buffer(r["values"], r["value_dtype"], (r["nnz"],), fw)
         out.append(SparseResult(r["target"], r["tensor_id"], tuple(r["shape"]), r["base_generation"],
                                 r["delta_generation"], r["apply"], r["value_dtype"], idx, val))
     return out, counters
 
 
 def sparse_apply(result, dense, current_generation, dense_dtype=None):
-    """Scatter ``result`` into ``dense`` (a C-contiguous, writable numpy
-    array of the result's local shape: float32, float16, or bf16 as uint16 —
-    ``dense_dtype`` may say "bf16"). ``scatter_add`` is fenced: when
+    """Scatter ``result`` into ``dense`` in place (a contiguous, writable
+    numpy array or torch tensor of the result's local shape: float32,
+    float16 or bf16 — ``torch.bfloat16``, or numpy ``uint16`` words, for
+    which ``dense_dtype`` may say "bf16"). ``scatter_add`` is fenced: when
     ``current_generation`` is not the delta's base generation it raises
     :class:`ferry.ConflictError` and ``dense`` is unchanged; so does any
     index outside the shape (``ferry.Error``). Returns the new generation
     (the delta generation)."""
     if not isinstance(result, SparseResult):
         raise TypeError(f"result must be a ferry.sparse.SparseResult, not {type(result).__name__}")
-    if not isinstance(dense, np.ndarray):
-        raise TypeError(f"dense must be a numpy array, not {type(dense).__name__}")
+    if not isinstance(dense, np.ndarray) and not _tensors.is_torch(dense) and not hasattr(dense, "__dlpack__"):
+        raise TypeError(f"dense must be a numpy array or a tensor, not {type(dense).__name__}")
+    what = f"sparse_apply {result.tensor_id}: dense"
     if tuple(dense.shape) != tuple(result.shape):
-        raise ValueError(f"sparse_apply {result.tensor_id}: the array has shape {tuple(dense.shape)}, the target "
-                         f"{tuple(result.shape)}")
-    if not dense.flags.c_contiguous or not dense.flags.writeable:
-        raise ValueError(f"sparse_apply {result.tensor_id}: the array must be C-contiguous and writable")
-    ddt = _value_dtype(dense, dense_dtype, "the dense array's elements")
-    idx = np.ascontiguousarray(result.indices, dtype="<i8")
-    val = np.ascontiguousarray(result.values)
+        raise ValueError(f"{what} ({_tensors.describe(dense)}) has shape {list(dense.shape)}, the target "
+                         f"{list(result.shape)}")
+    arr, dknown = _numpy_of(dense, what, writable=True)
+    if not arr.flags.c_contiguous or not arr.flags.writeable:
+        raise ValueError(f"{what} ({_tensors.describe(dense)}) must be C-contiguous and writable")
+    ddt = _value_dtype(arr, dense_dtype, "the dense array's elements", known=dknown)
+    idx = np.ascontiguousarray(_numpy_of(result.indices, "result.indices")[0], dtype="<i8")
+    val = np.ascontiguousarray(_numpy_of(result.values, "result.values")[0])
     if idx.ndim != 2 or idx.shape != (val.shape[0], len(result.shape)):
         raise ValueError(f"sparse_apply {result.tensor_id}: indices {list(idx.shape)} do not match "
                          f"{val.shape[0]} values of a {len(result.shape)}-D target")
@@ -241,4 +266,4 @@ def sparse_apply(result, dense, current_generation, dense_dtype=None):
          "nnz": int(val.shape[0])}
     if int(current_generation) < 0:
         raise ValueError("current_generation is non-negative")
-    return _ferry.sparse_apply(r, idx, val, dense, ddt, int(current_generation))
+    return _ferry.sparse_apply(r, idx, val, arr, ddt, int(current_generation))

@@ -2,88 +2,141 @@
 by a master, KV with revisions, watch, barriers, leased queues).
 
 The C extension (``ferry._ferry.Store``) does every call with the GIL
-released; this module adds the numpy-facing helpers of structured objects
-and :class:`ReplicateConfig`. See docs/store.md ("Python").
+released; this module adds the tensor-facing helpers (structured objects,
+``put_tensor``/``get_tensor``), the Mooncake-style calls built on them
+(``upsert``, ``batch_is_exist``, ``get_size``) and :class:`ReplicateConfig`.
+Memory arguments are numpy arrays, buffers, torch tensors or DLPack objects;
+results are numpy arrays, or torch tensors with ``framework="torch"`` (or
+through :mod:`ferry.torch`). See docs/store.md ("Python") and docs/python.md.
 """
 
+import ctypes
+import time
+
 from . import _ferry
+from . import _tensors
 from ._ferry import (Error, NotFoundError, ExistsError, NoSpaceError, LostError, BusyError, ConflictError,
-                     TimeoutError, AuthError, ConnectionError, StaleError, UnreachableError, Watch)
+                     TimeoutError, AuthError, ConnectionError, StaleError, UnreachableError, QueueFullError, Watch)
 
 __all__ = ["Store", "Watch", "ReplicateConfig", "Error", "NotFoundError", "ExistsError", "NoSpaceError",
            "LostError", "BusyError", "ConflictError", "TimeoutError", "AuthError", "ConnectionError",
-           "StaleError", "UnreachableError", "dtype_name"]
+           "StaleError", "UnreachableError", "QueueFullError", "dtype_name", "TENSOR_MEMBER"]
+
+# the member of an object stored by put_tensor
+TENSOR_MEMBER = "tensor"
 
 
 class ReplicateConfig:
-    """Where a put may land: ``replica_num`` copies on distinct segments
-    (0 means 1, at most 8), ``preferred_segments`` tried first in order (a
-    preference, not a requirement: see ``preferred`` in the placement), and
-    ``hard_pin`` (never evicted). A dict with the same names works too."""
+    """Where a put may land (Mooncake's ``ReplicateConfig`` names).
 
-    __slots__ = ("replica_num", "preferred_segments", "hard_pin")
+    ``replica_num`` copies on distinct segments (0 means 1, at most 8);
+    ``preferred_segments`` (segment ids) tried first in order, after
+    ``preferred_segment`` when set — a preference, not a requirement (see
+    ``preferred`` in :meth:`Store.put_placed`); ``with_hard_pin``: never
+    evicted (``hard_pin`` is the same attribute). ``with_soft_pin`` and
+    ``prefer_alloc_in_same_node`` are accepted for Mooncake code and have no
+    effect: ferry evicts unpinned objects least recently used first and
+    places by preference and free space. ``ReplicateConfig()`` then setting
+    attributes works as in Mooncake; a dict with the same names works too."""
 
-    def __init__(self, replica_num=1, preferred_segments=(), hard_pin=False):
+    __slots__ = ("replica_num", "preferred_segments", "with_hard_pin", "with_soft_pin", "preferred_segment",
+                 "prefer_alloc_in_same_node")
+
+    def __init__(self, replica_num=1, preferred_segments=(), with_hard_pin=False, *, hard_pin=None,
+                 with_soft_pin=False, preferred_segment=None, prefer_alloc_in_same_node=False):
         self.replica_num = replica_num
         self.preferred_segments = list(preferred_segments)
-        self.hard_pin = hard_pin
+        self.with_hard_pin = bool(with_hard_pin if hard_pin is None else hard_pin)
+        self.with_soft_pin = with_soft_pin
+        self.preferred_segment = preferred_segment
+        self.prefer_alloc_in_same_node = prefer_alloc_in_same_node
+
+    @property
+    def hard_pin(self):
+        """The same as ``with_hard_pin``."""
+        return self.with_hard_pin
+
+    @hard_pin.setter
+    def hard_pin(self, value):
+        self.with_hard_pin = bool(value)
 
     def __repr__(self):
         return (f"ReplicateConfig(replica_num={self.replica_num!r}, "
-                f"preferred_segments={self.preferred_segments!r}, hard_pin={self.hard_pin!r})")
-
-
-# numpy dtype name -> ferry dtype name (bf16 has no numpy type: see dtype_name)
-_DTYPES = {
-    "float64": "f64", "float32": "f32", "float16": "f16",
-    "int64": "i64", "int32": "i32", "int16": "i16", "int8": "i8",
-    "uint64": "u64", "uint32": "u32", "uint16": "u16", "uint8": "u8",
-    "bool": "bool",
-}
-_NUMPY = {v: k for k, v in _DTYPES.items()}
-_NUMPY["bf16"] = "uint16"   # read back as raw 16-bit words
+                f"preferred_segments={self.preferred_segments!r}, with_hard_pin={self.with_hard_pin!r})")
 
 
 def dtype_name(dtype):
-    """The ferry dtype name ("f32", "i64", "bool", ...) of a numpy dtype."""
+    """The ferry dtype name ("f32", "i64", "bool", ...) of a numpy dtype or
+    a torch dtype (``torch.bfloat16`` -> "bf16")."""
+    s = str(dtype)
+    if s.startswith("torch."):
+        for k, v in _tensors.TORCH.items():
+            if s == "torch." + v:
+                return k
+        raise ValueError(f"dtype {s} has no ferry name")
     import numpy as np
     dt = np.dtype(dtype)
     if dt.byteorder == ">" or (dt.byteorder == "=" and np.little_endian is False):
         raise ValueError(f"dtype {dt}: only little-endian data is stored")
     try:
-        return _DTYPES[dt.name]
+        return _tensors.FROM_NUMPY[dt.name]
     except KeyError:
-        raise ValueError(f"dtype {dt} has no ferry name (known: {sorted(_DTYPES)})") from None
+        raise ValueError(f"dtype {dt} has no ferry name (known: {sorted(_tensors.FROM_NUMPY)})") from None
 
 
 def _member_of(name, value):
-    """(name, ferry dtype, shape, C-contiguous array) of one put_struct value."""
-    import numpy as np
+    """(name, ferry dtype, shape, contiguous buffer) of one put_struct value."""
     override = None
     if isinstance(value, tuple):
         if len(value) != 2 or not isinstance(value[1], str):
-            raise TypeError(f"member {name}: a value is an array or (array, dtype name)")
+            raise TypeError(f"member {name}: a value is an array or tensor, or (array, dtype name)")
         value, override = value
-    a = np.asarray(value)
-    if not a.flags.c_contiguous:
-        a = np.ascontiguousarray(a)   # keeps 0-d arrays 0-d, unlike ascontiguousarray alone
-    if override is None:
-        dt = dtype_name(a.dtype)
+    if _tensors.is_torch(value):
+        if value.requires_grad:
+            value = value.detach()
+        if not value.is_contiguous():
+            value = value.contiguous()   # put_struct copies into the object anyway
+        dt = _tensors.dtype_of(value)
+        if dt is None:
+            raise ValueError(f"member {name}: dtype {value.dtype} has no ferry name")
+        shape, itemsize = tuple(value.shape), value.element_size()
     else:
+        import numpy as np
+        dl_dt = None
+        if not isinstance(value, np.ndarray) and not hasattr(value, "__array_interface__") and \
+                hasattr(value, "__dlpack__"):
+            value, dl_dt = _tensors.as_numpy(value, f"member {name}")
+        a = np.asarray(value)
+        if not a.flags.c_contiguous:
+            a = np.ascontiguousarray(a)   # keeps 0-d arrays 0-d
+        value, shape, itemsize = a, a.shape, a.dtype.itemsize
+        dt = None if override is not None else dl_dt or dtype_name(a.dtype)
+    if override is not None:
+        if _tensors.SIZES.get(override, 0) != itemsize:
+            raise ValueError(f"member {name}: dtype {override} does not match the {itemsize}-byte elements of "
+                             f"{_tensors.describe(value)}")
         dt = override
-        if _ferry_dtype_size(dt) != a.dtype.itemsize:
-            raise ValueError(f"member {name}: dtype {dt} does not match the array's {a.dtype} elements")
-    return (name, dt, a.shape, a)
+    return (name, dt, shape, value)
 
 
-def _ferry_dtype_size(name):
-    sizes = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "i16": 2, "i8": 1,
-             "u64": 8, "u32": 4, "u16": 2, "u8": 1, "bool": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
-    return sizes.get(name, 0)
+def _check_dest(out, dtype, nbytes, what):
+    """Refuse a destination whose dtype or size does not fit ``nbytes`` of
+    ferry ``dtype``, before anything is read. Untyped bytes (u8, bytearray)
+    of at least nbytes fit any dtype."""
+    got = _tensors.dtype_of(out)
+    m = _ferry.memory(out, what, True)
+    if got in (None, "u8") and dtype != "u8":
+        if m.nbytes < nbytes:
+            raise ValueError(f"{what} ({_tensors.describe(out)}) holds {m.nbytes} bytes; {nbytes} are needed")
+        return
+    if got != dtype and not (dtype == "bf16" and got == "u16") and not (dtype.startswith("fp8") and got == "u8"):
+        raise ValueError(f"{what} ({_tensors.describe(out)}) has dtype {got}; the stored data is {dtype}")
+    if m.nbytes != nbytes:
+        raise ValueError(f"{what} ({_tensors.describe(out)}) holds {m.nbytes} bytes; the stored data is {nbytes}")
 
 
 class Store(_ferry.Store):
-    """A client of the ferry store (Mooncake-style names).
+    """A client of the ferry store, with Mooncake's names and signatures.
 
     ``store = ferry.Store(); store.setup(master="10.0.0.1:7700",
     token_file="/etc/ferry/token")``; unset arguments come from FERRY_MASTER,
@@ -91,54 +144,184 @@ class Store(_ferry.Store):
     calls ``setup(**kw)`` at once when given arguments. A context manager:
     ``with Store(master=...) as s: ...`` closes at the end.
 
-    Errors are :class:`ferry.Error` subclasses with ``.code`` (the negative
-    FERRY_E* code) and the master's sentence as the message.
+    ``framework`` ("numpy" or "torch") is what tensor results are made of
+    when a call is not told otherwise (``ferry.torch.Store`` defaults to
+    torch). Errors are :class:`ferry.Error` subclasses with ``.code`` (the
+    negative FERRY_E* code) and a message saying what failed.
     """
 
-    def __init__(self, **kw):
+    framework = "numpy"
+
+    def __init__(self, framework=None, **kw):
+        if framework is not None:
+            self.framework = _tensors.check_framework(framework)
         if kw:
             self.setup(**kw)
 
+    def _fw(self, framework):
+        return self.framework if framework is None else _tensors.check_framework(framework)
+
+    # ---- structured objects -------------------------------------------------------
+
     def put_struct(self, key, members, config=None):
-        """Store a dict ``{name: array}`` as one structured object.
+        """Store a dict ``{name: array or tensor}`` as one structured object.
 
         A value is a numpy array (any array_like; copied only when not
-        C-contiguous), or ``(array, dtype_name)`` to store it under another
-        ferry dtype of the same element size: bfloat16 data goes in as
-        ``(uint16_array, "bf16")``. Members keep the dict's order."""
+        C-contiguous), a torch tensor of any dtype ferry knows (bf16
+        included; ``nn.Parameter`` and tensors that require grad as they
+        are), or ``(array, dtype_name)`` to store it under another ferry
+        dtype of the same element size (bfloat16 words in numpy:
+        ``(uint16_array, "bf16")``). Members keep the dict's order. Returns 0."""
         items = members.items() if hasattr(members, "items") else members
         raw = [_member_of(str(name), value) for name, value in items]
-        return self.put_struct_raw(key, raw, config)
+        self.put_struct_raw(key, raw, config)
+        return 0
 
-    def read_member(self, key, member, rows=None):
-        """Rows ``[a, b)`` (``rows=(a, b)``, along dimension 0; None: all) of
-        a member as a new numpy array of the member's dtype (bf16 comes back
-        as uint16 words) and shape ``(b - a,) + shape[1:]``. A 0-d member
-        has one row and comes back 0-d when rows is None."""
-        import numpy as np
+    def _member(self, key, member):
         for m in self.get_members(key):
             if m["name"] == member:
-                break
-        else:
-            raise NotFoundError(f"{key}: no member {member!r}")
+                return m
+        raise NotFoundError(f"reading member {member!r} of '{key}': it has no such member")
+
+    def read_member(self, key, member, rows=None, out=None, framework=None):
+        """Rows ``[a, b)`` (``rows=(a, b)``, along dimension 0; None: all) of
+        a member, shape ``(b - a,) + shape[1:]``, as a new numpy array of the
+        member's dtype (bf16 as uint16 words, fp8 as uint8) or, with
+        ``framework="torch"``, a torch tensor (bf16 as torch.bfloat16). A 0-d
+        member has one row and comes back 0-d when rows is None. With
+        ``out`` (an array, tensor or buffer of that dtype and size, or raw
+        bytes of at least that size) the rows are written into it in place
+        and it is returned; a mismatch is refused before anything is read."""
+        m = self._member(key, member)
         shape = tuple(m["shape"])
-        npdt = np.dtype(_NUMPY.get(m["dtype"], "uint8"))
-        if m["dtype"] not in _NUMPY:   # fp8 and other 1-byte kinds: raw bytes
-            if _ferry_dtype_size(m["dtype"]) != 1:
-                raise ValueError(f"member {member}: dtype {m['dtype']} has no numpy type")
         if not shape:
             if rows not in (None, (0, 1)):
                 raise ValueError("a 0-d member has one row: rows=(0, 1)")
-            out = np.empty((), dtype=npdt)
-            self.read_member_into(key, member, 0, 1, out)
-            return out
-        a, b = (0, shape[0]) if rows is None else rows
-        if not (0 <= a <= b <= shape[0]):
-            raise IndexError(f"rows ({a}, {b}) outside member {member} with {shape[0]} rows")
-        out = np.empty((b - a,) + shape[1:], dtype=npdt)
-        if out.nbytes:
+            a, b, oshape = 0, 1, ()
+        else:
+            a, b = (0, shape[0]) if rows is None else rows
+            if not (0 <= a <= b <= shape[0]):
+                raise IndexError(f"rows ({a}, {b}) outside member {member} with {shape[0]} rows")
+            oshape = (b - a,) + shape[1:]
+        size = _tensors.SIZES.get(m["dtype"], 1)
+        n = size
+        for x in oshape:
+            n *= x
+        if out is None:
+            out = _tensors.empty(oshape, m["dtype"], self._fw(framework))
+        else:
+            _check_dest(out, m["dtype"], n, f"read_member('{key}', '{member}'): out")
+        if n:
             self.read_member_into(key, member, a, b, out)
         return out
+
+    # ---- tensors (Mooncake's put_tensor / get_tensor) -----------------------------
+
+    def put_tensor(self, key, tensor, config=None):
+        """Store one tensor or array (any dtype ferry knows, bf16 included)
+        with its dtype and shape: a structured object with one member,
+        ``"tensor"``. Returns 0 (Mooncake's convention); errors raise."""
+        return self.put_struct(key, {TENSOR_MEMBER: tensor}, config)
+
+    def _tensor_member(self, key):
+        ms = self.get_members(key)
+        if len(ms) != 1:
+            names = [m["name"] for m in ms]
+            raise ValueError(f"{key} holds {len(ms)} members {names}, not one tensor: use read_member")
+        return ms[0]
+
+    def get_tensor(self, key, framework=None):
+        """The tensor stored under ``key`` by put_tensor (or any structured
+        object of one member) as a numpy array, or a torch tensor with
+        ``framework="torch"`` — of its dtype (bf16: torch.bfloat16; numpy has
+        none: uint16 words) and shape. NotFoundError when there is none."""
+        m = self._tensor_member(key)
+        return self.read_member(key, m["name"], framework=framework)
+
+    def get_tensor_into(self, key, buffer, size=None, framework=None):
+        """Read the tensor under ``key`` into ``buffer`` — an array or tensor
+        of the stored dtype and element count, raw bytes of at least its
+        size, or (Mooncake's form) an address inside a registered buffer with
+        its ``size`` — and return it viewed with the stored shape and dtype:
+        the destination itself (same data pointer) when it already has them.
+        Dtype and size mismatches are refused before anything is read."""
+        m = self._tensor_member(key)
+        dtype, shape = m["dtype"], tuple(m["shape"])
+        nbytes = m["nbytes"]
+        what = f"get_tensor_into('{key}'): buffer"
+        if isinstance(buffer, int) and not isinstance(buffer, bool):
+            if size is None:
+                raise TypeError(f"{what}: an address (int) needs its size")
+            if size < nbytes:
+                raise ValueError(f"{what}: {size} bytes at the address; the tensor is {nbytes}")
+            if nbytes:
+                self.read_member_into(key, m["name"], 0, shape[0] if shape else 1, buffer, size)
+            fw = self._fw(framework)
+            raw = (ctypes.c_char * nbytes).from_address(buffer)
+            view = _tensors.from_buffer(raw, dtype, shape, fw) if nbytes else _tensors.empty(shape, dtype, fw)
+            return view
+        _check_dest(buffer, dtype, nbytes, what)
+        if nbytes:
+            self.read_member_into(key, m["name"], 0, shape[0] if shape else 1, buffer)
+        return _reshaped(buffer, dtype, shape)
+
+    # ---- Mooncake's other calls -------------------------------------------------------
+
+    def upsert(self, key, value, config=None, timeout_ms=10000):
+        """Put ``value`` under ``key``, replacing the object there (Mooncake's
+        upsert). Not atomic: the old object is removed, then the new one put,
+        so a reader in between gets NotFoundError. An object read in the
+        last lease (``setup(lease_ms=...)``, 5 s by default) is leased to its
+        reader and cannot be removed: upsert waits up to ``timeout_ms`` for
+        the lease to lapse, then raises BusyError (saying for how much
+        longer it is leased). Returns 0."""
+        return self._upsert(self.put, key, (value,), config, timeout_ms)
+
+    def upsert_from(self, key, buffer, size=None, config=None, timeout_ms=10000):
+        """upsert from an array, tensor or buffer without a copy, or from an
+        address inside a registered buffer with its size. Returns 0."""
+        if size is not None and not isinstance(size, int) and config is None:
+            size, config = None, size          # upsert_from(key, buffer, config)
+        args = (buffer,) if size is None else (buffer, size)
+        return self._upsert(self.put_from, key, args, config, timeout_ms)
+
+    def _upsert(self, put, key, args, config, timeout_ms):
+        deadline = time.monotonic() + timeout_ms / 1000.0
+        wait = 0.005
+        while True:
+            try:
+                return put(key, *args, config=config)
+            except ExistsError:
+                pass
+            try:
+                self.remove(key)
+            except NotFoundError:
+                pass                             # removed by someone else meanwhile: put again
+            except BusyError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(min(wait, max(0.0, deadline - time.monotonic())))   # a reader's lease: let it lapse
+                wait = min(wait * 2, 0.1)
+            if time.monotonic() >= deadline:
+                raise ExistsError(f"upsert of '{key}': other writers kept putting it for {timeout_ms} ms")
+
+    def batch_is_exist(self, keys):
+        """For each key: 1 when the object exists, 0 when not, or the
+        negative FERRY_E* code of a failure for that key (LostError:
+        ``-ELOST``). Connection and authentication failures raise."""
+        out = []
+        for k in keys:
+            try:
+                out.append(self.is_exist(k))
+            except (ConnectionError, AuthError):
+                raise
+            except Error as e:
+                out.append(e.code)
+        return out
+
+    def get_size(self, key):
+        """The object's size in bytes (NotFoundError when there is none)."""
+        return self.get_replica_desc(key)["size"]
 
     def list_all(self, prefix="", page=1000):
         """Every key with the prefix, paging through list_page."""
@@ -149,3 +332,27 @@ class Store(_ferry.Store):
             if not more or not got:
                 return keys
             after = got[-1]
+
+
+def _reshaped(buf, dtype, shape):
+    """buf (an array or tensor with the bytes of a tensor of ferry dtype
+    and shape) viewed as that tensor; buf itself when it already is."""
+    if _tensors.is_torch(buf):
+        import torch
+        want = _tensors.torch_dtype(dtype)
+        t = buf if buf.dtype == want else buf.view(torch.uint8).reshape(-1)[:_nbytes(dtype, shape)].view(want)
+        return t if tuple(t.shape) == tuple(shape) else t.reshape(shape)
+    import numpy as np
+    if isinstance(buf, np.ndarray):
+        want = _tensors.numpy_dtype(dtype)
+        a = buf if buf.dtype == want else buf.reshape(-1).view(np.uint8)[:_nbytes(dtype, shape)].view(want)
+        return a if a.shape == tuple(shape) else a.reshape(shape)
+    a, _ = _tensors.as_numpy(buf, "buffer")
+    return a.reshape(-1).view(np.uint8)[:_nbytes(dtype, shape)].view(_tensors.numpy_dtype(dtype)).reshape(shape)
+
+
+def _nbytes(dtype, shape):
+    n = _tensors.SIZES[dtype]
+    for x in shape:
+        n *= x
+    return n

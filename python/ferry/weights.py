@@ -13,35 +13,31 @@ updating rollout workers from the store (docs/weights.md, "Python").
 - :func:`active`, :func:`manifest`, :func:`assign`, :func:`convert`,
   :func:`key`.
 
-Arrays are numpy arrays. bf16 has no numpy dtype: bf16 data is carried in
-``uint16`` arrays (the raw 16-bit words), f16 in ``float16``, f32 in
-``float32``. Every call that touches the store runs with the GIL released.
+Tensors go in as numpy arrays, torch tensors (bf16 as torch.bfloat16;
+nn.Parameter and tensors that require grad as they are) or DLPack objects.
+What comes back is numpy unless ``framework="torch"`` is passed (or the
+:mod:`ferry.torch` entry points are used): bf16 has no numpy dtype, so
+numpy results carry bf16 in ``uint16`` arrays (the raw 16-bit words); torch
+results are ``torch.bfloat16``. Every call that touches the store runs with
+the GIL released.
 """
 
 import collections
 
 from . import _ferry
+from . import _tensors
 from ._ferry import WeightSubscriber
 
 __all__ = ["WeightPublisher", "WeightSubscriber", "CompatGroup", "assign", "convert", "key", "active",
            "manifest", "update_direct", "update_compat", "CompatUpdate", "numpy_dtype"]
 
-# ferry dtype -> numpy dtype name of its arrays
-_NUMPY = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "uint16",
-          "i64": "int64", "i32": "int32", "i16": "int16", "i8": "int8",
-          "u64": "uint64", "u32": "uint32", "u16": "uint16", "u8": "uint8", "bool": "bool",
-          "fp8_e4m3": "uint8", "fp8_e5m2": "uint8"}
 _CONVERTIBLE = ("f32", "bf16", "f16")
 
 
 def numpy_dtype(dtype):
     """The numpy dtype that holds elements of ferry dtype ``dtype`` ("bf16" ->
     uint16 raw words, "f16" -> float16, "f32" -> float32, ...)."""
-    import numpy as np
-    try:
-        return np.dtype(_NUMPY[dtype])
-    except KeyError:
-        raise ValueError(f"unknown ferry dtype {dtype!r} (known: {sorted(_NUMPY)})") from None
+    return _tensors.numpy_dtype(dtype)
 
 
 def assign(sizes, rank_node):
@@ -51,20 +47,25 @@ def assign(sizes, rank_node):
     return _ferry.weights_assign(list(sizes), list(rank_node))
 
 
-def convert(array, src_dtype, dst_dtype):
+def convert(array, src_dtype, dst_dtype, framework="numpy"):
     """A new array holding ``array``'s elements converted from ``src_dtype`` to
     ``dst_dtype`` ("f32", "bf16", "f16"; round to nearest, ties to even), same
-    shape. The input's itemsize must be ``src_dtype``'s (bf16: a uint16 array
-    of raw words); the output is float32 for "f32", float16 for "f16" and
-    uint16 (raw words) for "bf16"."""
+    shape. ``array``: a numpy array (bf16: uint16 raw words) or a tensor
+    whose itemsize is ``src_dtype``'s. The output is numpy (float32, float16,
+    uint16 words for "bf16") or, with ``framework="torch"``, a torch tensor
+    (torch.bfloat16 for "bf16")."""
     import numpy as np
     for d in (src_dtype, dst_dtype):
         if d not in _CONVERTIBLE:
             raise ValueError(f"convert: dtype {d!r} is not one of {_CONVERTIBLE}")
-    a = np.ascontiguousarray(array)
+    if isinstance(array, np.ndarray) or not (_tensors.is_torch(array) or hasattr(array, "__dlpack__")):
+        a = np.ascontiguousarray(array)
+    else:
+        a, _ = _tensors.as_numpy(array, "convert: array")
+        a = np.ascontiguousarray(a)
     if a.dtype.itemsize != numpy_dtype(src_dtype).itemsize:
         raise ValueError(f"convert: {a.dtype} elements are not {src_dtype}")
-    out = np.empty(a.shape, dtype=numpy_dtype(dst_dtype))
+    out = _tensors.empty(a.shape, dst_dtype, framework)
     _ferry.weights_convert(a, src_dtype, out, dst_dtype, a.size)
     return out
 
@@ -99,10 +100,22 @@ def manifest(store, model, generation=None):
 
 
 def _tensor_item(i, t):
+    """(name, memory, dtype) of one tensor to publish, checked here so that a
+    bad tensor fails the attempt on every rank (see publish)."""
     import numpy as np
     if not isinstance(t, (tuple, list)) or len(t) not in (2, 3):
         raise TypeError(f"tensors[{i}] must be (name, array) or (name, array, dtype)")
     name, a = t[0], t[1]
+    if _tensors.is_torch(a) or (not isinstance(a, np.ndarray) and hasattr(a, "__dlpack__")):
+        m = _ferry.memory(a, f"tensor {name}")      # device memory and the like refused here
+        if not m.contiguous:
+            raise ValueError(f"tensor {name} ({_tensors.describe(a)}) is not contiguous: pass t.contiguous()")
+        if len(t) == 3:
+            return (name, a, t[2])
+        if m.dtype in _CONVERTIBLE:
+            return (name, a, m.dtype)
+        raise ValueError(f"tensor {name}: dtype {getattr(a, 'dtype', m.dtype)}: pass float32, float16 or "
+                         f"bfloat16 tensors, or (name, tensor, dtype)")
     if not isinstance(a, np.ndarray):
         a = np.asarray(a)
     if not a.flags.c_contiguous:
@@ -110,9 +123,9 @@ def _tensor_item(i, t):
     if len(t) == 3:
         return (name, a, t[2])
     if a.dtype == np.float32 or a.dtype == np.float16:
-        return (name, a)
-    raise ValueError(f"tensor {name}: dtype {a.dtype}: pass float32/float16 arrays, "
-                     f"or (name, array, dtype) (bf16: a uint16 array of raw words)")
+        return (name, a, "f32" if a.dtype == np.float32 else "f16")
+    raise ValueError(f"tensor {name}: dtype {a.dtype}: pass float32/float16 arrays or tensors, "
+                     f"or (name, array, dtype) (bf16 in numpy: a uint16 array of raw words)")
 
 
 class WeightPublisher:
@@ -141,9 +154,11 @@ class WeightPublisher:
 
     def publish(self, generation, tensors):
         """Publish ``generation`` (newer than every earlier one) from this
-        rank: every rank passes the same ordered ``(name, array)`` list —
-        float32/float16 arrays, or ``(name, uint16_array, "bf16")`` — each
-        the full, C-contiguous tensor. Returns this rank's stats (tensors,
+        rank: every rank passes the same ordered ``(name, tensor)`` list —
+        float32/float16 numpy arrays, torch tensors of float32, float16 or
+        bfloat16 (nn.Parameter and tensors that require grad as they are),
+        or ``(name, uint16_array, "bf16")`` — each the full, contiguous
+        tensor. Returns this rank's stats (tensors,
         bytes, total_tensors, total_bytes, cross_node_bytes, put_s,
         commit_s, removed_generations, swept_generations, ...).
 
@@ -179,7 +194,8 @@ class WeightPublisher:
 def update_direct(store, model, shards, generation=0):
     """Parameter-direct update, this worker reading its own demand from the
     store. ``shards``: ``(tensor_name, global_offset, array)`` — the array
-    (any writable strided numpy array, e.g. a view into a padded buffer)
+    (any writable strided numpy array or CPU torch tensor, e.g. a view into
+    a padded buffer or a model's parameter, written in place)
     receives the box ``[offset, offset + array.shape)`` of the published
     tensor; its itemsize must be the published dtype's. ``generation`` is
     the worker's current one: nothing is read when it is already active.
@@ -187,9 +203,9 @@ def update_direct(store, model, shards, generation=0):
     return _ferry.weights_update_direct(store, model, list(shards), int(generation))
 
 
-def _array(entry, data):
-    import numpy as np
-    return np.frombuffer(data, dtype=numpy_dtype(entry["dtype"])).reshape(entry["shape"])
+def _array(entry, data, framework="numpy"):
+    """The tensor of a manifest entry over its bytes (a bytearray: shared)."""
+    return _tensors.from_buffer(data, entry["dtype"], entry["shape"], framework)
 
 
 class CompatUpdate:
@@ -215,10 +231,11 @@ class CompatUpdate:
         return len(self._items)
 
 
-def update_compat(store, model, generation=0, fn=None):
+def update_compat(store, model, generation=0, fn=None, framework="numpy"):
     """Compatibility update: every tensor of the active generation, whole
     and checksum-verified, in manifest order, as numpy arrays of the
-    published dtype (bf16: uint16 raw words; convert with :func:`convert`).
+    published dtype (bf16: uint16 raw words; convert with :func:`convert`)
+    or, with ``framework="torch"``, torch tensors (bf16: torch.bfloat16).
 
     With ``fn``: ``fn(name, array)`` is called for each tensor as it is
     read (one tensor in memory at a time; the array is the caller's to
@@ -228,12 +245,13 @@ def update_compat(store, model, generation=0, fn=None):
     ready for ``load_weights(iterable)``, which holds the whole generation
     in memory until iterated (prefer ``fn`` for large models). Nothing is
     read when ``generation`` is already the active one (empty iterator)."""
+    fw = _tensors.check_framework(framework)
     if fn is not None:
         return _ferry.weights_update_compat(store, model, int(generation),
-                                            lambda e, data: fn(e["name"], _array(e, data)))
+                                            lambda e, data: fn(e["name"], _array(e, data, fw)))
     items = collections.deque()
     stats = _ferry.weights_update_compat(store, model, int(generation),
-                                         lambda e, data: items.append((e["name"], _array(e, data))))
+                                         lambda e, data: items.append((e["name"], _array(e, data, fw))))
     return CompatUpdate(items, stats)
 
 
@@ -252,12 +270,14 @@ class CompatGroup:
     tensor (0: 256 MiB); ``timeout_ms``: barriers and notifications (0:
     60000); ``local_segment``: the store segment on this worker's node (0:
     unknown; a tensor stored on a segment that members of node X named is
-    led by a worker on X, so its read stays inside the node). The store
-    stays busy (``Store.close()`` raises ``BusyError``) until
+    led by a worker on X, so its read stays inside the node);
+    ``framework``: what :meth:`update` hands back, "numpy" or "torch". The
+    store stays busy (``Store.close()`` raises ``BusyError``) until
     :meth:`close`."""
 
     def __init__(self, store, model, group, rank, world, node=0, staging_bytes=0, timeout_ms=0,
-                 local_segment=0):
+                 local_segment=0, framework="numpy"):
+        self.framework = _tensors.check_framework(framework)
         self._g = _ferry._CompatGroup(store, model, group, int(rank), int(world), int(node),
                                       int(staging_bytes), int(timeout_ms), int(local_segment))
         self.model, self.group, self.rank, self.world = model, group, rank, world
@@ -271,15 +291,18 @@ class CompatGroup:
     def closed(self):
         return self._g.closed
 
-    def update(self, fn=None):
+    def update(self, fn=None, framework=None):
         """Take the active generation with the whole group (every member
         calls it). With ``fn``: ``fn(name, array)`` for each tensor in
         manifest order, whole and checksum-verified, as it arrives (the
         array is the caller's to keep; an exception from ``fn`` stops the
-        update on every worker: it propagates here, the others raise
-        ``ferry.Error`` FERRY_EREBUILD); returns the stats. Without: a
+        update on every worker, and every worker raises the same
+        ``ferry.Error`` (code FERRY_EREBUILD, "worker R: the loader stopped
+        at tensor T ..."), here with fn's exception as ``__cause__``);
+        returns the stats. Without: a
         :class:`CompatUpdate`, an iterator of ``(name, array)`` holding the
-        whole generation in memory until iterated. Nothing moves when the
+        whole generation in memory until iterated. Arrays are numpy, or torch
+        tensors with ``framework="torch"`` (default: the group's). Nothing moves when the
         group is already at the active generation. Stats: ``tensors``,
         ``bytes``, ``tensors_led``, ``bytes_read`` (this worker's store
         reads), ``bytes_sent_cross``, ``bytes_sent_intra``,
@@ -288,10 +311,11 @@ class CompatGroup:
         ``group_intra_bytes``, ``nodes``, and the phases ``prepare_s``,
         ``exchange_s``, ``plan_s``, ``read_s``, ``wait_s``, ``verify_s``,
         ``load_s``, ``barrier_s``, ``apply_s``, ``total_s``."""
+        fw = self.framework if framework is None else _tensors.check_framework(framework)
         if fn is not None:
-            return self._g.update(lambda e, data: fn(e["name"], _array(e, data)))
+            return self._g.update(lambda e, data: fn(e["name"], _array(e, data, fw)))
         items = collections.deque()
-        stats = self._g.update(lambda e, data: items.append((e["name"], _array(e, data))))
+        stats = self._g.update(lambda e, data: items.append((e["name"], _array(e, data, fw))))
         return CompatUpdate(items, stats)
 
     def close(self):

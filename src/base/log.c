@@ -1,4 +1,4 @@
-/* Logging: one level for the process, lines to stderr. */
+/* Logging: one level for the process, lines to stderr or to a callback. */
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -13,6 +13,11 @@
  * lines are dropped, seeded once from FERRY_LOG. */
 static atomic_int fr_log_level = FERRY_LOG_WARN;
 static pthread_once_t fr_log_once = PTHREAD_ONCE_INIT;
+
+/* Process-wide as the level is: where lines go instead of stderr. */
+static pthread_mutex_t fr_log_sink_lock = PTHREAD_MUTEX_INITIALIZER;
+static ferry_log_fn fr_log_sink;
+static void *fr_log_sink_arg;
 
 static const char *const fr_level_names[] = {
     [FERRY_LOG_DEBUG] = "DEBUG",
@@ -62,6 +67,14 @@ enum ferry_log_level ferry_log_get_level(void)
     return (enum ferry_log_level)atomic_load(&fr_log_level);
 }
 
+void ferry_log_set_callback(ferry_log_fn fn, void *arg)
+{
+    pthread_mutex_lock(&fr_log_sink_lock);
+    fr_log_sink = fn;
+    fr_log_sink_arg = fn ? arg : NULL;
+    pthread_mutex_unlock(&fr_log_sink_lock);
+}
+
 bool fr_log_on(enum ferry_log_level level)
 {
     int l = (int)level;
@@ -109,6 +122,28 @@ static void fr_log_emit(char *line, int len)
     fr_write_all(line, n + 1);
 }
 
+/* The message alone (no head, no trailing newline) to the callback. */
+static void fr_log_to_sink(ferry_log_fn fn, void *arg, enum ferry_log_level level, const char *tag,
+                           const char *fmt, va_list ap)
+{
+    char stack[1024], *heap = NULL, *msg = stack;
+    va_list ap2;
+    va_copy(ap2, ap);
+    int n = vsnprintf(stack, sizeof stack, fmt, ap);
+    if (n >= (int)sizeof stack && (heap = malloc((size_t)n + 1)) != NULL) {
+        vsnprintf(heap, (size_t)n + 1, fmt, ap2);
+        msg = heap;
+    }
+    va_end(ap2);
+    if (n < 0)
+        return;
+    size_t len = strlen(msg);
+    if (len > 0 && msg[len - 1] == '\n')
+        msg[len - 1] = '\0';
+    fn(arg, level, tag != NULL ? tag : "-", msg);
+    free(heap);
+}
+
 void fr_log(enum ferry_log_level level, const char *tag, const char *fmt, ...)
 {
     if (!fr_log_on(level))
@@ -116,6 +151,18 @@ void fr_log(enum ferry_log_level level, const char *tag, const char *fmt, ...)
     int saved_errno = errno; /* callers often log before returning -errno */
     char stack[1024];
     va_list ap;
+
+    pthread_mutex_lock(&fr_log_sink_lock);
+    ferry_log_fn sink = fr_log_sink;
+    void *sink_arg = fr_log_sink_arg;
+    pthread_mutex_unlock(&fr_log_sink_lock);
+    if (sink != NULL) {
+        va_start(ap, fmt);
+        fr_log_to_sink(sink, sink_arg, level, tag, fmt, ap);
+        va_end(ap);
+        errno = saved_errno;
+        return;
+    }
 
     va_start(ap, fmt);
     int len = fr_log_format(stack, sizeof(stack), level, tag, fmt, ap);

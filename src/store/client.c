@@ -59,6 +59,49 @@ int ferry_store_config_init(ferry_store_config *cfg)
     return rc;
 }
 
+/* What a request does, in words, for the errors a user reads: "put of
+ * 'k'", "reading 'k'" (several: "reading 16 objects ('k0', ...)"). Never
+ * the protocol's name of the message. */
+void fr_client_describe(const fr_smsg *q, size_t n, char *out, size_t cap)
+{
+    char key[224];
+    int kn = q->key.n > 200 ? 200 : (int)q->key.n;
+    if (n > 1)
+        snprintf(key, sizeof key, "%zu objects ('%.*s'%s)", n, kn, q->key.p ? (const char *)q->key.p : "",
+                 n > 1 ? ", ..." : "");
+    else
+        snprintf(key, sizeof key, "'%.*s'%s", kn, q->key.p ? (const char *)q->key.p : "",
+                 q->key.n > 200 ? "..." : "");
+    switch (q->type) {
+    case FR_SMSG_PUT_START: snprintf(out, cap, "put of %s", key); break;
+    case FR_SMSG_PUT_END: snprintf(out, cap, "completing the put of %s", key); break;
+    case FR_SMSG_PUT_REVOKE: snprintf(out, cap, "undoing the failed put of %s", key); break;
+    case FR_SMSG_GET_REPLICAS: snprintf(out, cap, "reading %s", key); break;
+    case FR_SMSG_REMOVE: snprintf(out, cap, "removing %s", key); break;
+    case FR_SMSG_REMOVE_PREFIX: snprintf(out, cap, "removing the objects under %s", key); break;
+    case FR_SMSG_EXIST: snprintf(out, cap, "checking whether %s exists", key); break;
+    case FR_SMSG_LIST: snprintf(out, cap, "listing the keys under %s", key); break;
+    case FR_SMSG_KV_GET: snprintf(out, cap, "reading KV key %s", key); break;
+    case FR_SMSG_KV_PUT: snprintf(out, cap, "writing KV key %s", key); break;
+    case FR_SMSG_KV_CAS: snprintf(out, cap, "compare-and-swap of KV key %s", key); break;
+    case FR_SMSG_KV_DELETE: snprintf(out, cap, "deleting KV key %s", key); break;
+    case FR_SMSG_WATCH: snprintf(out, cap, "watching the keys under %s", key); break;
+    case FR_SMSG_UNWATCH: snprintf(out, cap, "ending a watch"); break;
+    case FR_SMSG_BARRIER: snprintf(out, cap, "barrier %s", key); break;
+    case FR_SMSG_Q_PUSH: snprintf(out, cap, "pushing to queue %s", key); break;
+    case FR_SMSG_Q_POP: snprintf(out, cap, "popping from queue %s", key); break;
+    case FR_SMSG_Q_ACK: snprintf(out, cap, "acknowledging queue record %llu", (unsigned long long)q->id); break;
+    case FR_SMSG_Q_NACK: snprintf(out, cap, "handing back queue record %llu", (unsigned long long)q->id); break;
+    case FR_SMSG_Q_CONFIG: snprintf(out, cap, "setting the bound of queue %s", key); break;
+    case FR_SMSG_SEGMENT: snprintf(out, cap, "locating segment %llu", (unsigned long long)q->segment); break;
+    case FR_SMSG_STATUS: snprintf(out, cap, "reading the master's status"); break;
+    case FR_SMSG_MOUNT: snprintf(out, cap, "mounting a segment"); break;
+    case FR_SMSG_UNMOUNT: snprintf(out, cap, "unmounting segment %llu", (unsigned long long)q->segment); break;
+    case FR_SMSG_HEARTBEAT: snprintf(out, cap, "a heartbeat"); break;
+    default: snprintf(out, cap, "a call to the master"); break;
+    }
+}
+
 static void reply_error(const fr_smsg *rep, const char *what)
 {
     char text[FR_SMSG_TEXT_MAX + 1];
@@ -80,22 +123,29 @@ static int conn_error(ferry_store *s, int rc, const char *what)
 int fr_client_rpc_many(ferry_store *s, const fr_smsg *reqs, size_t n, uint16_t want,
                        fr_smsg *reps, uint8_t **bufs, int *status)
 {
-    const char *what = n ? fr_smsg_type_name(reqs[0].type) : "call";
+    char what[320];
+    if (n)
+        fr_client_describe(&reqs[0], n, what, sizeof what);
+    else
+        snprintf(what, sizeof what, "a call to the master");
     int rc = fr_mconn_call(s->mc, reqs, n, NULL, reps, bufs, s->cfg.timeout_ms);
     for (size_t i = 0; i < n; i++) {
         if (rc < 0)
             status[i] = rc;
         else if (reps[i].type == FR_SMSG_ERROR) {
+            char one[320];
+            fr_client_describe(&reqs[i], 1, one, sizeof one);   /* names this item's key */
             status[i] = reps[i].status;
-            reply_error(&reps[i], what);
+            reply_error(&reps[i], one);
         } else if (reps[i].type != want) {
-            status[i] = fr_client_err(FERRY_EPROTO, "%s: the master answered %s",
-                                      what, fr_smsg_type_name(reps[i].type));
+            status[i] = fr_client_err(FERRY_EPROTO, "%s: the master sent an answer of another kind "
+                                      "(message type %u): client and master versions differ?",
+                                      what, (unsigned)reps[i].type);
         } else
             status[i] = 0;
     }
     if (rc < 0)
-        return conn_error(s, rc, what ? what : "call");
+        return conn_error(s, rc, what);
     return 0;
 }
 

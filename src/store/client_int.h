@@ -39,6 +39,8 @@ int fr_client_rpc(ferry_store *s, const fr_smsg *req, uint16_t want, fr_smsg *re
 int fr_client_rpc_many(ferry_store *s, const fr_smsg *reqs, size_t n, uint16_t want,
                        fr_smsg *reps, uint8_t **bufs, int *status);
 void fr_client_free_bufs(uint8_t **bufs, size_t n);
+/* What request q (the first of n) does, in words for error messages. */
+void fr_client_describe(const fr_smsg *q, size_t n, char *out, size_t cap);
 /* Where segment id lives (asks the master the first time). */
 int fr_client_segment(ferry_store *s, uint64_t id, fr_segref *out);
 /* Forget a segment (its node restarted or failed). */

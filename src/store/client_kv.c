@@ -56,7 +56,7 @@ static int kv_change(ferry_store *s, uint16_t type, const char *key, uint64_t ex
 {
     int rc = fr_client_key(key);
     if (rc == 0)
-        rc = check_value(fr_smsg_type_name(type), val, len);
+        rc = check_value(type == FR_SMSG_KV_CAS ? "kv_cas" : "kv_put", val, len);
     if (rc < 0 || !s)
         return rc < 0 ? rc : FERRY_EINVAL;
     fr_smsg q = {.type = type, .key = fr_client_str(key), .rev = expected,
@@ -217,11 +217,11 @@ static int subscribe(ferry_watch *w, uint64_t from)
         size_t n = rep.val.n;
         memcpy(text, rep.val.p ? (const void *)rep.val.p : "", n);
         text[n] = 0;
-        st = fr_client_err(rep.status, "watch %s: %s", w->prefix, text);
+        st = fr_client_err(rep.status, "watching the keys under '%s': %s", w->prefix, text);
     } else if (rc == 0 && rep.type != FR_SMSG_EVENTS) {
         st = fr_client_err(FERRY_EPROTO, "watch: unexpected reply");
     } else if (rc < 0) {
-        st = fr_client_err(rc, "watch %s: %s", w->prefix, ferry_strerror(rc));
+        st = fr_client_err(rc, "watching the keys under '%s': %s", w->prefix, ferry_strerror(rc));
     }
     if (st == 0) {
         pthread_mutex_lock(&w->lock);
@@ -345,9 +345,9 @@ int ferry_barrier(ferry_store *s, const char *name, const char *member, uint32_t
                    ? -1 : (int)timeout_ms + s->cfg.timeout_ms;
     rc = fr_mconn_call(s->mc, &q, 1, NULL, &rep, &b, wait);
     if (rc < 0)
-        rc = fr_client_err(rc, "barrier %s: %s", name, ferry_strerror(rc));
+        rc = fr_client_err(rc, "barrier '%s': %s", name, ferry_strerror(rc));
     else if (rep.type == FR_SMSG_ERROR)
-        rc = fr_client_err(rep.status, "barrier %s: %.*s", name, (int)rep.val.n,
+        rc = fr_client_err(rep.status, "barrier '%s': %.*s", name, (int)rep.val.n,
                            rep.val.p ? (const char *)rep.val.p : "");
     else if (rep.type != FR_SMSG_BARRIER_DONE)
         rc = fr_client_err(FERRY_EPROTO, "barrier: unexpected reply");
