@@ -10,6 +10,10 @@
 #include "base/base.h"
 #include "base/convert_int.h"
 
+#if FR_CONV_X86
+#include <cpuid.h>
+#endif
+
 fr_ftype fr_ftype_of(const char *dtype)
 {
     if (!dtype)
@@ -190,9 +194,15 @@ bool fr_conv_path_available(fr_conv_path path)
     case FR_CONV_PORTABLE:
         return true;
 #if FR_CONV_X86
-    case FR_CONV_AVX2:
+    case FR_CONV_AVX2: {
+        /* F16C through cpuid: clang's __builtin_cpu_supports has no "f16c";
+         * its state is the AVX state that the "avx2" check already found
+         * enabled by the OS */
+        unsigned a, b, c, d;
         __builtin_cpu_init();
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+        return __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) &&
+               (c & bit_F16C);
+    }
     case FR_CONV_AVX512:
         __builtin_cpu_init();
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
