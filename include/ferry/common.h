@@ -81,6 +81,19 @@ void ferry_log_set_callback(ferry_log_fn fn, void *arg);
  * "u64"), or 0 for an unknown one. */
 uint32_t ferry_dtype_size(const char *dtype);
 
+/* Convert count elements between "f32", "bf16" and "f16" (any pair; the
+ * same dtype copies). Widening is exact, bit for bit (a NaN keeps its
+ * payload). Narrowing rounds to nearest, ties to even, once (bf16 <-> f16
+ * goes through f32, which holds both exactly); values beyond the target's
+ * range become infinities; NaNs stay NaNs (made quiet, sign kept); f16
+ * subnormals are produced and read exactly. The result does not depend on
+ * the FPU's rounding mode or flush-to-zero state. Vectorised (AVX-512 or
+ * AVX2 + F16C chosen at run time, generic SIMD elsewhere); no alignment
+ * needed. src and dst must not overlap unless equal with equal dtypes.
+ * FERRY_EINVAL for another dtype, or NULL buffers with count > 0. */
+int ferry_convert(const void *src, const char *src_dtype, void *dst, const char *dst_dtype,
+                  size_t count);
+
 #ifdef __cplusplus
 }
 #endif

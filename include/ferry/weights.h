@@ -46,13 +46,8 @@ int ferry_weights_assign(const uint64_t *tensor_bytes, size_t ntensors,
                          const uint32_t *rank_node, uint32_t nranks, uint32_t *publisher,
                          ferry_error *err);
 
-/* Convert count elements between "f32", "bf16" and "f16" (any pair; the
- * same dtype copies). Narrowing rounds to nearest, ties to even; values
- * beyond the target's range become infinities; NaNs stay NaNs (quiet, sign
- * kept); f16 subnormals are produced and read exactly. src and dst must not
- * overlap unless equal with equal dtypes. FERRY_EINVAL for another dtype. */
-int ferry_convert(const void *src, const char *src_dtype, void *dst, const char *dst_dtype,
-                  size_t count);
+/* ferry_convert (f32 / bf16 / f16 conversion, used for the rollout dtype)
+ * is declared in ferry/common.h, included above. */
 
 /* The store key of one object of a generation:
  * "ferry/w/<model>/<generation, 20 digits>/<fragment>". Returns the length

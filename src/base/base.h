@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <time.h>
 #include <pthread.h>
 
@@ -42,7 +43,10 @@ static inline int fr_add_u64(uint64_t a, uint64_t b, uint64_t *out)
 static inline int fr_mul_u64(uint64_t a, uint64_t b, uint64_t *out)
 { return __builtin_mul_overflow(a, b, out) ? FERRY_ERANGE : 0; }
 
-/* ---- bf16 --------------------------------------------------------------- */
+/* ---- dtype conversion: f32, bf16, f16 (convert.c) ------------------------ */
+/* The scalar reference of every conversion, one element at a time. The bulk
+ * paths of fr_convert are checked bit for bit against these. */
+
 /* f32 bits -> bf16, to nearest, ties to even (an overflow carries into the
  * infinity); NaNs stay NaNs, made quiet, sign kept. */
 static inline uint16_t fr_bf16_from_f32_bits(uint32_t u)
@@ -53,6 +57,116 @@ static inline uint16_t fr_bf16_from_f32_bits(uint32_t u)
 }
 /* bf16 -> f32 bits: exact. */
 static inline uint32_t fr_bf16_to_f32_bits(uint16_t h) { return (uint32_t)h << 16; }
+
+/* f32 bits -> f16, to nearest, ties to even: beyond f16's range (|x| that
+ * rounds to 65536 or more) an infinity; f16 subnormals produced exactly;
+ * NaNs stay NaNs (made quiet, sign and the top payload bits kept). */
+static inline uint16_t fr_f16_from_f32_bits(uint32_t u)
+{
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u)
+        return sign | 0x7e00u | (uint16_t)((a >> 13) & 0x1ffu);   /* quiet NaN */
+    if (a >= 0x477ff000u)                     /* rounds to >= 65536: infinity */
+        return sign | 0x7c00u;
+    if (a < 0x38800000u) {                    /* below 2^-14: f16 subnormal or zero */
+        if (a < 0x33000000u)                  /* at most half the smallest subnormal */
+            return sign;
+        uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u;
+        uint32_t shift = 126 - e;             /* value / 2^-24 = m * 2^(e - 126) */
+        uint32_t q = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (q & 1u)))
+            q++;
+        return sign | (uint16_t)q;
+    }
+    /* normal: rebias the exponent, round the mantissa from 23 to 10 bits */
+    uint32_t v = a - 0x38000000u;             /* exponent - 112 */
+    uint32_t q = v >> 13, rem = v & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (q & 1u)))
+        q++;                                  /* may carry into the exponent: still right */
+    return sign | (uint16_t)q;
+}
+
+/* f16 -> f32 bits: exact, subnormals included; a NaN keeps its payload bit
+ * for bit (a signalling one stays signalling). */
+static inline uint32_t fr_f16_to_f32_bits(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0x1f)
+        return sign | 0x7f800000u | (m << 13);
+    if (e != 0)
+        return sign | ((e + 112) << 23) | (m << 13);
+    if (m == 0)
+        return sign;
+    uint32_t sh = 0;                          /* subnormal: normalise */
+    while (!(m & 0x400u)) {
+        m <<= 1;
+        sh++;
+    }
+    return sign | ((113 - sh) << 23) | ((m & 0x3ffu) << 13);
+}
+
+/* The element types fr_convert handles; 0 for any other dtype name. */
+typedef enum fr_ftype { FR_FT_NONE = 0, FR_FT_F32, FR_FT_BF16, FR_FT_F16 } fr_ftype;
+fr_ftype fr_ftype_of(const char *dtype);
+
+/* One element of type t (not FR_FT_NONE) at p, no alignment needed: read
+ * as f32, or written from f32 with the rounding above. For code that
+ * touches scattered elements; runs of them go through fr_convert. */
+static inline float fr_elem_load_f32(const void *p, fr_ftype t)
+{
+    uint32_t u;
+    if (t == FR_FT_F32) {
+        memcpy(&u, p, 4);
+    } else {
+        uint16_t h;
+        memcpy(&h, p, 2);
+        u = t == FR_FT_BF16 ? fr_bf16_to_f32_bits(h) : fr_f16_to_f32_bits(h);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline void fr_elem_store_f32(void *p, fr_ftype t, float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if (t == FR_FT_F32) {
+        memcpy(p, &u, 4);
+        return;
+    }
+    uint16_t h = t == FR_FT_BF16 ? fr_bf16_from_f32_bits(u) : fr_f16_from_f32_bits(u);
+    memcpy(p, &h, 2);
+}
+
+/* Implementations of the bulk conversion. FR_CONV_AUTO picks the fastest
+ * the CPU runs (AVX-512, then AVX2 + F16C, then portable); the others exist
+ * so that tests and `ferry bench weights` can run each one. */
+typedef enum fr_conv_path {
+    FR_CONV_AUTO = 0,
+    FR_CONV_SCALAR,      /* the reference above, one element at a time */
+    FR_CONV_PORTABLE,    /* branch-free C the compiler vectorises */
+    FR_CONV_AVX2,        /* x86-64: AVX2 + F16C */
+    FR_CONV_AVX512,      /* x86-64: AVX-512 F + BW */
+    FR_CONV_NPATHS
+} fr_conv_path;
+/* Whether this build and CPU can run a path (FR_CONV_AUTO always). */
+bool fr_conv_path_available(fr_conv_path path);
+/* "auto", "scalar", "portable", "avx2", "avx512"; "?" for another value. */
+const char *fr_conv_path_name(fr_conv_path path);
+/* The path FR_CONV_AUTO resolves to on this CPU. */
+fr_conv_path fr_conv_path_best(void);
+
+/* Convert count elements from src (type st) to dst (type dt): any pair; the
+ * same type copies (memmove). Results are identical, bit for bit, on every
+ * path and independent of the FPU's rounding mode and flush-to-zero state.
+ * No alignment needed; src and dst must not overlap unless equal with equal
+ * types. FERRY_EINVAL for FR_FT_NONE, NULL buffers with count > 0 or an
+ * unknown path; FERRY_ENOTSUP for a path this CPU cannot run. */
+int fr_convert(const void *src, fr_ftype st, void *dst, fr_ftype dt, size_t count);
+int fr_convert_path(fr_conv_path path, const void *src, fr_ftype st, void *dst, fr_ftype dt,
+                    size_t count);
 
 /* ---- time ------------------------------------------------------------- */
 uint64_t fr_now_ns(void);             /* CLOCK_MONOTONIC */

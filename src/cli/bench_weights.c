@@ -21,49 +21,118 @@
 #include "demo_int.h"
 
 
-static double memcpy_gbps(void)
+/* Single-thread memcpy and f32 -> bf16 / f16 conversion (ferry_convert)
+ * over the same pre-touched buffers, best of a few passes each, the three
+ * interleaved so that load from other processes hits them alike. Rates are
+ * input bytes per second; the memcpy one is also the floor's bandwidth. */
+typedef struct conv_bench {
+    double memcpy_gbps, bf16_gbps, f16_gbps;
+} conv_bench;
+
+enum { CONV_BYTES = 256u << 20, CONV_PASSES = 5 };
+
+static double rate(size_t n, double t0, double best)
 {
-    size_t n = 256u << 20;
-    uint8_t *a = malloc(n), *b = malloc(n);
+    double dt = cli_now() - t0, r = dt > 0 ? (double)n / dt / 1e9 : 0;
+    return r > best ? r : best;
+}
+
+static int bench_convert(conv_bench *cb)
+{
+    size_t n = CONV_BYTES, count = n / 4;
+    float *a = malloc(n);
+    uint8_t *b = malloc(n);
+    *cb = (conv_bench){ 0 };
     if (!a || !b) {
         free(a), free(b);
-        return 0;
+        return -1;
     }
-    memset(a, 1, n);
+    uint32_t x = 12345;
+    for (size_t i = 0; i < count; i++) {   /* weights-like values in (-1, 1), pages touched */
+        x = x * 1664525u + 1013904223u;
+        a[i] = ((float)(x >> 8) - 8388608.0f) / 8388608.0f;
+    }
     memset(b, 2, n);
-    double best = 0;
-    for (int r = 0; r < 3; r++) {
+    int rc = 0;
+    for (int r = 0; r < CONV_PASSES && rc == 0; r++) {
         double t0 = cli_now();
         memcpy(b, a, n);
-        double dt = cli_now() - t0;
-        if (dt > 0 && (double)n / dt / 1e9 > best)
-            best = (double)n / dt / 1e9;
-        a[r] = b[n - 1 - (size_t)r];   /* keep the copies observable */
+        cb->memcpy_gbps = rate(n, t0, cb->memcpy_gbps);
+        b[r] ^= ((uint8_t *)a)[n - 1 - (size_t)r];   /* keep the copy observable */
+        t0 = cli_now();
+        rc = ferry_convert(a, "f32", b, "bf16", count);
+        cb->bf16_gbps = rate(n, t0, cb->bf16_gbps);
+        t0 = cli_now();
+        rc = rc ? rc : ferry_convert(a, "f32", b, "f16", count);
+        cb->f16_gbps = rate(n, t0, cb->f16_gbps);
     }
     free(a);
     free(b);
-    return best;
+    return rc;
+}
+
+static double ratio(double a, double b) { return b > 0 ? a / b : 0; }
+
+static void print_convert(const conv_bench *cb, bool json)
+{
+    if (json) {
+        printf("{\"memcpy_gbps\":%.3f,\"convert_bf16_gbps\":%.3f,\"convert_f16_gbps\":%.3f,"
+               "\"convert_ratio\":%.3f,\"convert_ratio_f16\":%.3f}\n", cb->memcpy_gbps,
+               cb->bf16_gbps, cb->f16_gbps, ratio(cb->bf16_gbps, cb->memcpy_gbps),
+               ratio(cb->f16_gbps, cb->memcpy_gbps));
+        return;
+    }
+    printf("conversion, one thread, 256 MiB f32 in, best of %d: memcpy %.2f GB/s; f32 -> bf16 "
+           "%.2f GB/s (convert_ratio %.3f); f32 -> f16 %.2f GB/s (%.3f)\n", CONV_PASSES,
+           cb->memcpy_gbps, cb->bf16_gbps, ratio(cb->bf16_gbps, cb->memcpy_gbps), cb->f16_gbps,
+           ratio(cb->f16_gbps, cb->memcpy_gbps));
 }
 
 static void usage_weights(FILE *f)
 {
     fprintf(f, "usage: ferry bench weights [--trainers N (4)] [--rollouts N (4)] [--dp N] "
-               "[--bytes SIZE (1G)] [--model PRESET (qwen3-8b)] [--reps N (3)] [--json]\n");
+               "[--bytes SIZE (1G)] [--model PRESET (qwen3-8b)] [--reps N (3)] [--json]\n"
+               "                           [--convert-only]\n"
+               "  --convert-only  only the f32 -> bf16/f16 conversion against memcpy (no "
+               "cluster)\n");
 }
 
 int cmd_bench_weights(int argc, char **argv, const char *self)
 {
     (void)self;
+    /* --convert-only is this command's own; the rest are the demo's */
+    bool convert_only = false;
+    char **args = malloc(((size_t)argc + 1) * sizeof *args);
+    if (!args)
+        return 1;
+    int nargs = 0;
+    for (int i = 0; i < argc; i++) {
+        if (i > 0 && !strcmp(argv[i], "--convert-only"))
+            convert_only = true;
+        else
+            args[nargs++] = argv[i];
+    }
+    args[nargs] = NULL;
     demo_opts o;
-    int pr = demo_parse("bench weights", argc, argv, "--reps", 3, 1ull << 30, &o);
+    int pr = demo_parse("bench weights", nargs, args, "--reps", 3, 1ull << 30, &o);
+    free(args);
     if (pr != 0)
         return cli_usage_exit(pr, usage_weights);
+    conv_bench cb;
+    if (bench_convert(&cb) < 0) {
+        fprintf(stderr, "ferry bench weights: no memory for the 2 x 256 MiB conversion buffers\n");
+        return 1;
+    }
+    if (convert_only) {
+        print_convert(&cb, o.json);
+        return 0;
+    }
     demo_model dm;
     if (demo_model_build(o.model, o.bytes, &dm) < 0) {
         fprintf(stderr, "ferry bench weights: unknown model preset %s\n", o.model);
         return 2;
     }
-    double bw = memcpy_gbps();
+    double bw = cb.memcpy_gbps;
     demo_group grp;
     int rc = 1;
     double best_direct = 0, best_naive = 0, best_compat = 0, best_ncompat = 0;
@@ -149,13 +218,15 @@ int cmd_bench_weights(int argc, char **argv, const char *self)
                "\"pushed_bytes\":%llu,\"verified\":true,\"direct_counters\":%s,"
                "\"publish_counters\":%s,\"naive_compat_s\":%.4f,"
                "\"naive_compat_store_read_ratio\":%.3f,\"compat_to_naive_compat\":%.3f,"
-               "\"compat_counters\":%s}\n",
+               "\"compat_counters\":%s,\"convert_bf16_gbps\":%.3f,\"convert_f16_gbps\":%.3f,"
+               "\"convert_ratio\":%.3f,\"convert_ratio_f16\":%.3f}\n",
                o.model, (unsigned long long)dm.bytes, o.trainers, o.rollouts, o.dp, best_direct,
                best_naive, best_compat, floor_s, bw, floor_s > 0 ? best_direct / floor_s : 0,
                direct_read / pub, naive_read / pub, compat_read / pub,
                (unsigned long long)pushed, cjs ? cjs : "null", pjs ? pjs : "null", best_ncompat,
                ncompat_read / pub, best_ncompat > 0 ? best_compat / best_ncompat : 0,
-               kjs ? kjs : "null");
+               kjs ? kjs : "null", cb.bf16_gbps, cb.f16_gbps, ratio(cb.bf16_gbps, bw),
+               ratio(cb.f16_gbps, bw));
     } else {
         char sz[32];
         printf("ferry bench weights: %s, %zu tensors, %s bf16; %u trainers, %u rollouts (TP%u x "
@@ -184,6 +255,7 @@ int cmd_bench_weights(int argc, char **argv, const char *self)
                    N("pushed_intra"), N("nic_max_ratio_in"));
 #undef N
         }
+        print_convert(&cb, false);
     }
     free(cjs);
     free(pjs);

@@ -10,7 +10,6 @@
 #include <string.h>
 
 #include "base/base.h"
-#include "ferry/weights.h"
 #include "sparse/sparse_int.h"
 
 /* ---- the index cache ------------------------------------------------------------------ */
@@ -469,25 +468,6 @@ void ferry_sparse_results_free(ferry_sparse_result *r, size_t n)
 
 /* ---- apply ------------------------------------------------------------------------------ */
 
-/* bf16 through the base layer's inline conversion (the hot path of apply
- * into bf16 weights); the same rounding as ferry_convert. */
-static inline float bf16_to_f32(const uint8_t *p)
-{
-    uint32_t u = fr_bf16_to_f32_bits((uint16_t)(p[0] | p[1] << 8));
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline void f32_to_bf16(float f, uint8_t *p)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint16_t h = fr_bf16_from_f32_bits(u);
-    p[0] = (uint8_t)h;
-    p[1] = (uint8_t)(h >> 8);
-}
-
 int ferry_sparse_apply(const ferry_sparse_result *r, void *dst, const char *dst_dtype,
                        uint64_t current_generation, uint64_t *new_generation, ferry_error *err)
 {
@@ -526,14 +506,17 @@ int ferry_sparse_apply(const ferry_sparse_result *r, void *dst, const char *dst_
                                   PRIu64 "; nothing changed", r->tensor_id, i, x, k,
                                   r->shape[k]);
         }
+    /* values widen to f32 a chunk at a time (the base layer's bulk
+     * conversion); the scattered buffer elements one by one (its inline
+     * per-element one, the same rounding) */
     enum { CH = 1024 };
     float vf[CH];
     uint8_t *d = dst;
-    bool set = r->apply == FERRY_SPARSE_SCATTER_SET, f32 = dsz == 4;
-    bool bf16 = !strcmp(dst_dtype, "bf16");
+    bool set = r->apply == FERRY_SPARSE_SCATTER_SET;
+    fr_ftype dft = fr_ftype_of(dst_dtype), vft = fr_ftype_of(r->value_dtype);
     for (uint64_t i0 = 0; i0 < r->nnz; i0 += CH) {
         size_t n = r->nnz - i0 < CH ? (size_t)(r->nnz - i0) : CH;
-        ferry_convert((const uint8_t *)r->values + i0 * vsz, r->value_dtype, vf, "f32", n);
+        fr_convert((const uint8_t *)r->values + i0 * vsz, vft, vf, FR_FT_F32, n);
         for (size_t q = 0; q < n; q++) {
             const int64_t *x = r->indices + (i0 + q) * r->ndim;
             uint64_t lin = 0;
@@ -541,23 +524,9 @@ int ferry_sparse_apply(const ferry_sparse_result *r, void *dst, const char *dst_
                 lin = lin * r->shape[k] + (uint64_t)x[k];
             uint8_t *p = d + lin * dsz;
             float v = vf[q];
-            if (f32) {
-                if (!set) {
-                    float cur;
-                    memcpy(&cur, p, 4);
-                    v += cur;
-                }
-                memcpy(p, &v, 4);
-            } else if (bf16) {
-                f32_to_bf16(set ? v : v + bf16_to_f32(p), p);
-            } else {
-                if (!set) {
-                    float cur;
-                    ferry_convert(p, dst_dtype, &cur, "f32", 1);
-                    v += cur;
-                }
-                ferry_convert(&v, "f32", p, dst_dtype, 1);
-            }
+            if (!set)
+                v += fr_elem_load_f32(p, dft);
+            fr_elem_store_f32(p, dft, v);
         }
     }
     if (new_generation)

@@ -7,7 +7,6 @@
 #include <string.h>
 
 #include "base/base.h"
-#include "ferry/weights.h"
 #include "sparse/sparse_int.h"
 
 #define SCHEMA "ferry.sparse_object"
@@ -393,9 +392,7 @@ static int make_keys(const ferry_sparse_desc *d, const void *indices, size_t isz
 
 static float value_f32(const void *values, const char *dt, size_t vsz, uint64_t i)
 {
-    float f;
-    ferry_convert((const uint8_t *)values + i * vsz, dt, &f, "f32", 1);
-    return f;
+    return fr_elem_load_f32((const uint8_t *)values + i * vsz, fr_ftype_of(dt));
 }
 
 /* Merge duplicates (policy in sparse.h), gather indices and values in
@@ -442,7 +439,7 @@ static int build_sorted(const ferry_sparse_desc *d, const void *indices, const v
             float sum = 0.0f;
             for (uint64_t q = i; q < j; q++)
                 sum += value_f32(values, d->value_dtype, vsz, b->ent[q].idx);
-            ferry_convert(&sum, "f32", (uint8_t *)b->values + o * vsz, d->value_dtype, 1);
+            fr_elem_store_f32((uint8_t *)b->values + o * vsz, fr_ftype_of(d->value_dtype), sum);
         }
         if (!i || b->ent[i].key / vol != b->ent[i - 1].key / vol) {
             for (uint32_t k = 0; k < d->ndim; k++)
