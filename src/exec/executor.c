@@ -13,7 +13,7 @@
  *   6. release the guards (all quarantined when a batch is UNKNOWN: its
  *      memory may still be written), unregister the local memory with
  *      checkpointed bookkeeping.
- * The state follows DESIGN.md: once any byte moved, a failure is
+ * The state follows the engine contract (docs/design.md): once any byte moved, a failure is
  * FAILED_DRAINED, never ABORTED; a batch whose wait expired makes the run
  * UNKNOWN and its pending id is reported. */
 #include <inttypes.h>
