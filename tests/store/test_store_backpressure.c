@@ -120,6 +120,10 @@ static void run(int nconn, uint64_t bound)
     assert_int_equal(ft_master_start(&c, NULL, NULL), 0);
     ferry_store_config cfg;
     ft_store_config(&c, &cfg);
+    /* A generous deadline: under ASan on loaded cores the master builds eight
+     * 16 MiB replies while this client asks for its status (a 10 s default
+     * timed out once). */
+    cfg.timeout_ms = 120000;
     ferry_store *s;
     assert_int_equal(ferry_store_open(&cfg, &s), 0);
     uint8_t *val = malloc(VALUE);
