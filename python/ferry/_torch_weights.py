@@ -151,7 +151,7 @@ def publish_module(publisher, generation, module, layout=None, *, buffers=False,
     this rank's publish stats; every rank gets the same outcome."""
     items = _named(module, buffers)
     if layout is None:
-        return publisher.publish(generation, [(n, t) for n, t in items])
+        return publisher.publish(generation, [(n, t, _tensors.dtype_of(t)) for n, t in items])
     shapes = shapes or {}
     tensors = []
     for n, t in items:
