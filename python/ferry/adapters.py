@@ -171,6 +171,14 @@ class _Tracking:
     def __init__(self, engine, w):
         self.engine, self.w = engine, w
 
+    @property
+    def generation(self):
+        return self.w.generation
+
+    @property
+    def stats(self):
+        return self.w.stats
+
     def __iter__(self):
         return self
 

@@ -95,7 +95,9 @@ def test_verl_checkpoint_engine(cluster):
                     for n, t in ws:
                         names.append(n)
                         yield n, t
-                m.load_weights(seen(e.receive_weights_sync()))
+                it = e.receive_weights_sync()
+                m.load_weights(seen(it))
+                assert it.generation == step and it.stats["tensors"] == len(names)
                 return names
 
             sent = _threads([lambda e=e: send(e) for e in trainer_engines])
