@@ -47,11 +47,11 @@ TRAINERS, ROLLOUTS, LAYOUT = 4, 4, "tp:2,dp:2"
 
 
 def _ctx():
-    """forkserver with torch and ferry preloaded: each worker is a fork of a
-    process that imported torch once (an import of torch takes many seconds
-    on a loaded machine)."""
+    """forkserver with torch, ferry and this module preloaded: each worker is
+    a fork of a process that imported them once (an import of torch takes
+    many seconds on a loaded machine)."""
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "ferry", "ferry.torch", "ferry.adapters", "gpt_model"])
+    ctx.set_forkserver_preload(["torch", "ferry", "ferry.torch", "ferry.adapters", "gpt_model", __name__])
     return ctx
 
 
@@ -148,14 +148,18 @@ def _rollout(addr, token_file, rank, restarted, cmd, out):
         def logits(tag):
             """Logits from the full weights rebuilt with the TP peer's shards."""
             peer = dp * 2 + (1 - tp)
-            for kind, m in (("f32", m32), ("bf16", m16)):
-                for n, p in m.named_parameters():
-                    s.put_tensor(f"x/{tag}/{kind}/{rank}/{n}", p.detach())
+            for kind, m in (("f32", m32), ("bf16", m16)):     # one object per module: few round trips
+                s.put_tensor(f"x/{tag}/{kind}/{rank}", torch.cat([p.detach().reshape(-1).view(torch.uint8)
+                                                                 for _, p in m.named_parameters()]))
             s.barrier(f"x/{tag}/{dp}", str(rank), 2, TIMEOUT_MS)
             res = {"generation": sub.generation}
             for kind, m in (("f32", m32), ("bf16", m16)):
                 mine = {n: p.detach() for n, p in m.named_parameters()}
-                theirs = {n: ft.get_tensor(s, f"x/{tag}/{kind}/{peer}/{n}") for n in mine}
+                flat, theirs, at = ft.get_tensor(s, f"x/{tag}/{kind}/{peer}"), {}, 0
+                for n, p in mine.items():
+                    nb = p.numel() * p.element_size()
+                    theirs[n] = flat[at:at + nb].view(p.dtype).view(p.shape)
+                    at += nb
                 full = gm.vllm_to_trainer([mine, theirs] if tp == 0 else [theirs, mine], 2)
                 with torch.no_grad():
                     res[kind] = gm.bits(gm.forward(full, gm.TOKENS))
