@@ -461,6 +461,130 @@ done:
     return out;
 }
 
+/* The bytes a fragment's data must hold: its dense size, or, with strides,
+ * up to its last element past the storage offset. 0 for an empty box. */
+static uint64_t fragment_extent(const ferry_fragment *f, uint32_t ndim, uint32_t itemsize)
+{
+    uint64_t last = 0, dense = 1;
+    for (uint32_t d = 0; d < ndim; d++) {
+        if (f->shape[d] == 0)
+            return 0;
+        dense *= f->shape[d];
+        last += (f->shape[d] - 1) * (f->has_strides ? f->strides[d] : 0);
+    }
+    return f->has_strides ? (f->storage_offset + last + 1) * itemsize : dense * itemsize;
+}
+
+/* One (fragment id, buffer) of weights_publish_shards, checked against the
+ * placement: the fragment exists and is this rank's, and the buffer holds
+ * what the fragment says, in its tensor's dtype. 0 or -1 raised. */
+static int shard_item(ferry_manifest *pl, uint32_t rank, PyObject *it, size_t i, ferry_shard_data *d,
+                      Py_buffer *v, size_t *held)
+{
+    if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 2) {
+        PyErr_Format(PyExc_TypeError, "mine[%zu] must be (fragment id, buffer)", i);
+        return -1;
+    }
+    unsigned long long id = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(it, 0));
+    if (id == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Format(PyExc_TypeError, "mine[%zu]: the fragment id must be a non-negative int", i);
+        return -1;
+    }
+    ferry_fragment f;
+    ferry_tensor_desc t;
+    if (ferry_manifest_fragment(pl, id, &f) < 0 || ferry_manifest_tensor(pl, f.tensor, &t) < 0) {
+        PyErr_Format(PyExc_ValueError, "mine[%zu]: fragment %llu is not in the placement", i, id);
+        return -1;
+    }
+    if (f.rank != rank) {
+        PyErr_Format(PyExc_ValueError, "mine[%zu]: fragment %llu (tensor %s) is rank %u's, not this rank's (%u)", i,
+                     id, t.name, f.rank, rank);
+        return -1;
+    }
+    char what[96];
+    snprintf(what, sizeof what, "fragment %llu (%.40s)", id, t.name);
+    if (fp_buf_get(PyTuple_GET_ITEM(it, 1), v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT, what) < 0)
+        return -1;
+    (*held)++;
+    const char *bd = fp_buf_dtype(v);
+    if (bd && strcmp(bd, "u8") != 0 && strcmp(bd, t.dtype) != 0) {
+        PyErr_Format(PyExc_ValueError, "%s: the buffer holds %s elements; the tensor is %s", what, bd, t.dtype);
+        return -1;
+    }
+    uint64_t need = fragment_extent(&f, t.ndim, t.itemsize);
+    if (f.has_strides ? (uint64_t)v->len < need : (uint64_t)v->len != need) {
+        PyErr_Format(PyExc_ValueError, "%s: the buffer holds %zd bytes; the fragment needs %s%llu", what, v->len,
+                     f.has_strides ? "at least " : "", (unsigned long long)need);
+        return -1;
+    }
+    d->fragment = id;
+    d->data = v->buf;
+    return 0;
+}
+
+/* weights_publish_shards(store, model, rank, world, out_dtype, segment, keep,
+ * timeout_ms, generation, placement, mine) -> stats dict. placement: a
+ * Manifest of the whole trainer world (frozen by the call); mine: (fragment
+ * id, buffer) for the fragments this rank holds. A buffer this rank cannot
+ * use fails the attempt on every rank (publish_abort_raise). */
+static PyObject *w_publish_shards(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *so, *po, *mo;
+    const char *model, *out_dtype;
+    unsigned int rank, world, keep;
+    unsigned long long segment, timeout, gen;
+    if (!PyArg_ParseTuple(args, "OsIIsKIKKOO:weights_publish_shards", &so, &model, &rank, &world, &out_dtype,
+                          &segment, &keep, &timeout, &gen, &po, &mo))
+        return NULL;
+    ferry_store *s = fp_store_handle(so);
+    if (!s)
+        return NULL;
+    ferry_publisher_config cfg;
+    if (fp_publisher_config(&cfg, model, out_dtype, rank, world, segment, keep, timeout) < 0)
+        return NULL;
+    size_t n = 0, held = 0;
+    bool called = false;
+    PyObject *items = NULL, *out = NULL;
+    ferry_shard_data *d = NULL;
+    Py_buffer *v = NULL;
+    ferry_manifest *pl = fp_manifest_of(po);
+    if (!pl || !(items = fp_seq_hold(mo, "mine")))
+        goto done;
+    n = (size_t)PyTuple_GET_SIZE(items);
+    d = PyMem_Calloc(n ? n : 1, sizeof *d);
+    v = PyMem_Calloc(n ? n : 1, sizeof *v);
+    if (!d || !v) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (shard_item(pl, rank, PyTuple_GET_ITEM(items, (Py_ssize_t)i), i, &d[i], &v[i], &held) < 0)
+            goto done;
+    ferry_publish_stats st;
+    memset(&st, 0, sizeof st);
+    ferry_error err = {0};
+    int rc;
+    called = true;
+    FP_STORE_CALL(so, rc = ferry_publish_shards(s, &cfg, gen, pl, d, n, &st, &err));
+    if (rc < 0) {
+        fp_raise_err_class(rc, &err);
+        goto done;
+    }
+    out = PyDict_New();
+    if (!out || fp_publish_stats_put(out, gen, &st, true) < 0)
+        Py_CLEAR(out);
+done:
+    if (!called && PyErr_Occurred())
+        publish_abort_raise(so, s, &cfg, gen);   /* failed here, before ferry_publish_shards */
+    for (size_t i = 0; i < held; i++)
+        PyBuffer_Release(&v[i]);
+    PyMem_Free(v);
+    PyMem_Free(d);
+    Py_XDECREF(items);
+    return out;
+}
+
 /* ---- shards ---------------------------------------------------------------------------- */
 
 typedef struct {
@@ -989,6 +1113,10 @@ static PyMethodDef w_methods[] = {
      "weights_publish($module, store, model, rank, world, rank_node, out_dtype, segment, keep, timeout_ms, generation, tensors, /)\n--\n\n"
      "weights_publish(store, model, rank, world, rank_node, out_dtype, segment, keep, timeout_ms, generation, "
      "tensors) -> stats"},
+    {"weights_publish_shards", w_publish_shards, METH_VARARGS,
+     "weights_publish_shards($module, store, model, rank, world, out_dtype, segment, keep, timeout_ms, generation, placement, mine, /)\n--\n\n"
+     "weights_publish_shards(store, model, rank, world, out_dtype, segment, keep, timeout_ms, generation, "
+     "placement, mine) -> stats; mine: [(fragment id, buffer)]"},
     {"weights_update_direct", w_update_direct, METH_VARARGS,
      "weights_update_direct($module, store, model, shards, generation, /)\n--\n\n"
      "weights_update_direct(store, model, shards, generation) -> stats"},

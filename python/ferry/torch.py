@@ -15,6 +15,12 @@ entry point is the ferry call of the same name with ``framework="torch"``.
 - :func:`get_tensor`, :func:`read_member`, :func:`read_sparse_objects`,
   :func:`read_sample`, :func:`convert` — for a store or queue made elsewhere.
 - :func:`torch_dtype`, :func:`ferry_dtype` — dtype names both ways.
+- torch models (docs/python.md, "torch models"): :func:`publish_module`
+  (a module or state dict, whole or from the shards of a layout),
+  :class:`Subscriber` (parameter-direct into a module's parameters, by
+  layout and role rules), :func:`weights` (the compatibility iterator for
+  ``model.load_weights``), :class:`NameMap` (trainer -> rollout names,
+  fused targets included), :func:`role_of`, :func:`build_layout`.
 """
 
 import torch as _torch   # the point of this module: fail here, not later, without torch
@@ -25,9 +31,12 @@ from . import sparse as _sparse
 from . import store as _store
 from . import weights as _weights
 from .store import ReplicateConfig
+from ._torch_weights import (DEFAULT_RULES, ROLES, NameMap, Subscriber, Weights, build_layout, publish_module,
+                             role_of, weights)
 
 __all__ = ["Store", "ReplicateConfig", "CompatGroup", "update_compat", "get_tensor", "get_tensor_into", "read_member",
-           "read_sparse_objects", "read_sample", "convert", "torch_dtype", "ferry_dtype", "empty"]
+           "read_sparse_objects", "read_sample", "convert", "torch_dtype", "ferry_dtype", "empty", "ROLES", "DEFAULT_RULES",
+           "NameMap", "Subscriber", "Weights", "build_layout", "publish_module", "role_of", "weights"]
 
 FRAMEWORK = "torch"
 

@@ -177,6 +177,29 @@ class WeightPublisher:
                                       self.out_dtype or "", self.segment, self.keep, self.timeout_ms,
                                       int(generation), items)
 
+    def publish_shards(self, generation, placement, mine):
+        """Publish ``generation`` from the pieces this rank holds, with no
+        gather (``ferry_publish_shards``): ``placement`` is a
+        :class:`ferry.reshard.Manifest` of the whole trainer world (FSDP,
+        TP, PP shards or any mix; every rank passes the same one, and the
+        call freezes it), ``mine`` the ``(fragment id, buffer)`` pairs of
+        this rank's fragments — a C-contiguous array or CPU tensor holding
+        the fragment's box in its tensor's dtype, or, for a fragment with
+        strides, the storage those strides and its storage offset index.
+        Each box is stored once, by the rank holding its copy 0; replicas
+        need no data. ``rank_node`` is not used: the nodes are the
+        placement's. Returns this rank's stats; every rank gets the same
+        outcome, as for :meth:`publish`: a buffer this rank cannot use
+        (another fragment's, of the wrong size or dtype, not contiguous)
+        fails the attempt for every rank at once."""
+        try:
+            mine = [tuple(m) for m in mine]
+        except Exception as e:   # noqa: B902 - every rank must hear of it
+            self._abort(generation, e)
+        return _ferry.weights_publish_shards(self.store, self.model, self.rank, self.world, self.out_dtype or "",
+                                             self.segment, self.keep, self.timeout_ms, int(generation), placement,
+                                             mine)
+
     def _abort(self, generation, exc):
         """This rank cannot publish ``generation`` (exc says why): fail the
         attempt for every rank and raise what they all get, from exc."""

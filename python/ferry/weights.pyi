@@ -2,7 +2,7 @@ from typing import Any, Callable, Dict, Iterator, List, Literal, Optional, Seque
 
 import numpy
 
-from ._ferry import Buffer, WeightSubscriber
+from ._ferry import Buffer, Manifest, WeightSubscriber
 from .store import Store
 
 Framework = Literal["numpy", "torch"]
@@ -27,6 +27,7 @@ class WeightPublisher:
     def __init__(self, store: Store, model: str, rank: int, world: int, rank_node: Optional[Sequence[int]] = ...,
                  out_dtype: Optional[str] = ..., segment: int = ..., keep: int = ..., timeout_ms: int = ...) -> None: ...
     def publish(self, generation: int, tensors: Sequence[TensorItem]) -> Dict[str, Any]: ...
+    def publish_shards(self, generation: int, placement: Manifest, mine: Sequence[Tuple[int, Buffer]]) -> Dict[str, Any]: ...
 
 class CompatUpdate:
     stats: Dict[str, Any]

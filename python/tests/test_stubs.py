@@ -12,7 +12,7 @@ import pytest
 
 import ferry
 
-MODULES = ["ferry", "ferry.store", "ferry.weights", "ferry.samples", "ferry.sparse", "ferry.reshard", "ferry.torch"]
+MODULES = ["ferry", "ferry.store", "ferry.weights", "ferry.samples", "ferry.sparse", "ferry.reshard", "ferry.torch", "ferry.adapters"]
 PKG = os.path.dirname(ferry.__file__)
 
 
@@ -34,7 +34,7 @@ class Stub:
         self.defs, self.imports = {}, {}
         pkg = "ferry"
         for node in parse_stub(modname).body:
-            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 self.defs[node.name] = node
             elif isinstance(node, (ast.Assign, ast.AnnAssign)):
                 for t in (node.targets if isinstance(node, ast.Assign) else [node.target]):
@@ -126,14 +126,14 @@ def test_signatures_are_real_and_match_the_stubs():
             continue
         if rt in (["*args", "**kwargs"],):
             problems.append(f"{mn}.{name}: signature is (*args, **kwargs)")
-        if isinstance(node, ast.FunctionDef):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             if params_of(node) != rt:
                 problems.append(f"{mn}.{name}: stub {params_of(node)} != runtime {rt}")
             checked += 1
             continue
         if not isinstance(node, ast.ClassDef):
             continue
-        methods = {n.name: n for n in node.body if isinstance(n, ast.FunctionDef)}
+        methods = {n.name: n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
         if "__init__" in methods and obj.__init__ is not object.__init__:
             if params_of(methods["__init__"]) != rt:
                 problems.append(f"{mn}.{name}(): stub {params_of(methods['__init__'])} != runtime {rt}")

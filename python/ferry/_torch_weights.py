@@ -1,0 +1,469 @@
+"""ferry.torch's weight helpers (re-exported there; docs/python.md, "torch
+models"): layouts of a torch module's tensors by role rule, publishing a
+module from the pieces a rank holds, a subscriber over a module's
+parameters, the compatibility iterator and the trainer -> rollout name map.
+
+Nothing here moves bytes itself: publishing is ``WeightPublisher.publish``
+or ``publish_shards``, updates are ``WeightSubscriber`` (single-pull) or
+``weights.update_direct``, compatibility is ``update_compat`` or a
+``CompatGroup``. This file decides which tensor goes where.
+"""
+
+import errno
+import fnmatch
+import queue
+import re
+import threading
+
+import torch
+
+from . import _ferry
+from . import _tensors
+from . import reshard as _reshard
+from . import weights as _weights
+
+ROLES = ("column", "row", "vocab", "replicated")
+
+# Megatron's and vLLM's conventions for torch Linear weights ([out, in]):
+# column-parallel splits dim 0 (the outputs), row-parallel dim 1 (the
+# inputs), vocab-parallel dim 0 of an embedding or head. First match wins;
+# a tensor no rule matches is replicated.
+DEFAULT_RULES = (
+    ("*embed_tokens*", "vocab"), ("*wte*", "vocab"), ("*tok_embed*", "vocab"), ("*lm_head*", "vocab"),
+    ("*embed.weight", "vocab"),
+    ("*qkv_proj*", "column"), ("*q_proj*", "column"), ("*k_proj*", "column"), ("*v_proj*", "column"),
+    ("*gate_up_proj*", "column"), ("*gate_proj*", "column"), ("*up_proj*", "column"),
+    ("*c_attn*", "column"), ("*c_fc*", "column"), ("*fc1*", "column"), ("*w1.*", "column"), ("*w3.*", "column"),
+    ("*o_proj*", "row"), ("*out_proj*", "row"), ("*down_proj*", "row"), ("*c_proj*", "row"), ("*fc2*", "row"),
+    ("*w2.*", "row"),
+)
+
+
+FERRY_ESTATE = -(4096 + 4)   # include/ferry/common.h
+
+
+def _err(cls, code, msg):
+    e = cls(msg)
+    e.code = code
+    return e
+
+
+def _stale(msg):
+    return _err(_ferry.StaleError, -errno.ESTALE, msg)
+
+
+def role_of(name, ndim, rules=None, roles=None):
+    """The TP role of tensor ``name``: ``roles[name]`` when given (a per-tensor
+    override), else the first ``(pattern, role)`` of ``rules`` (default
+    :data:`DEFAULT_RULES`; fnmatch patterns) that matches, else
+    "replicated". A 1-dim tensor whose role is "row" is replicated: the bias
+    of a row-parallel layer is added once, after the reduction."""
+    role = None
+    if roles and name in roles:
+        role = roles[name]
+    else:
+        for pattern, r in (DEFAULT_RULES if rules is None else rules):
+            if fnmatch.fnmatchcase(name, pattern):
+                role = r
+                break
+    role = role or "replicated"
+    if role not in ROLES:
+        raise ValueError(f"tensor {name}: role {role!r} is not one of {ROLES}")
+    if role == "row" and ndim < 2:
+        role = "replicated"
+    return role
+
+
+def _layers(names):
+    """The pipeline layer of each name: its first number; tensors before the
+    first numbered one are the embedding side, those after the last the
+    head side (the stages reshard.build gives them)."""
+    nums = [re.search(r"\d+", n) for n in names]
+    found = [i for i, m in enumerate(nums) if m]
+    out = []
+    for i, m in enumerate(nums):
+        if m:
+            out.append(int(m.group()))
+        elif not found or i < found[0]:
+            out.append(_reshard.LAYER_FIRST)
+        else:
+            out.append(_reshard.LAYER_LAST)
+    return out
+
+
+def build_layout(model, tensors, layout, rules=None, roles=None):
+    """The placement (:class:`ferry.reshard.Manifest`) of ``tensors`` —
+    ``(name, shape, dtype)`` with the full shapes, in order — under
+    ``layout`` ("tp:2,dp:2", "fsdp:4", ...), each tensor's role from
+    :func:`role_of`: ``reshard.build`` over a model made from them."""
+    tensors = [(n, tuple(int(x) for x in s), d) for n, s, d in tensors]
+    layers = _layers([t[0] for t in tensors])
+    m = _reshard.Model(model, max([l for l in layers if l >= 0], default=0) + 1)
+    for (name, shape, dtype), layer in zip(tensors, layers):
+        m.add_tensor(name, dtype, list(shape), role_of(name, len(shape), rules, roles), layer)
+    return _reshard.build(m, layout)
+
+
+def _boxes(placement, rank, replica0=False):
+    """{tensor index: [(fragment id, offset, shape)]} of rank's fragments."""
+    out = {}
+    for fid in range(placement.fragment_count):
+        f = placement.fragment(fid)
+        if f["rank"] != rank or (replica0 and f["replica"] != 0):
+            continue
+        out.setdefault(f["tensor"], []).append((fid, f["offset"], f["shape"]))
+    return out
+
+
+def _named(module_or_dict, buffers):
+    """(name, tensor) of a module's parameters (and buffers), or a dict's items."""
+    if isinstance(module_or_dict, torch.nn.Module):
+        items = list(module_or_dict.named_parameters())
+        if buffers:
+            items += [(n, b) for n, b in module_or_dict.named_buffers() if b is not None]
+        return items
+    return list(dict(module_or_dict).items())
+
+
+def _box_view(t, offset, shape):
+    v = t
+    for d, (o, n) in enumerate(zip(offset, shape)):
+        v = v.narrow(d, o, n)
+    return v
+
+
+def publish_module(publisher, generation, module, layout=None, *, buffers=False, rules=None, roles=None,
+                   shapes=None):
+    """Publish ``generation`` of a module's parameters (``named_parameters()``;
+    with ``buffers=True`` its buffers too) or of a state dict, from every
+    trainer rank of ``publisher`` (a :class:`ferry.WeightPublisher`).
+
+    Without ``layout`` every rank passes its full tensors and each tensor is
+    stored once by the rank ``assign`` picks (``publish``). With ``layout``
+    ("fsdp:4", "tp:2,fsdp:2", ...: ranks = the publisher's world) the
+    generation is published from shards (``publish_shards``): the layout's
+    placement of the tensors (roles by ``rules``/``roles``, as
+    :func:`role_of`) says which box each rank stores. A rank's tensor is
+    either the full tensor (its box is cut out of it: a view, copied only
+    when it is not contiguous — row-parallel boxes) or already the box
+    (a TP- or FSDP-sharded module); ``shapes`` ({name: full shape}) gives the
+    full shapes of sharded tensors (default: each tensor's own). Returns
+    this rank's publish stats; every rank gets the same outcome."""
+    items = _named(module, buffers)
+    if layout is None:
+        return publisher.publish(generation, [(n, t, _tensors.dtype_of(t)) for n, t in items])
+    shapes = shapes or {}
+    tensors = []
+    for n, t in items:
+        tensors.append((n, tuple(shapes.get(n, tuple(t.shape))), _tensors.dtype_of(t)))
+    placement = build_layout(publisher.model, tensors, layout, rules, roles)
+    if placement.ranks != publisher.world:
+        raise ValueError(f"layout {layout!r} has {placement.ranks} ranks; the trainer world is {publisher.world}")
+    mine = []
+    for ti, boxes in _boxes(placement, publisher.rank, replica0=True).items():
+        name, t = items[ti]
+        full = tensors[ti][1]
+        data = t.detach()
+        for fid, off, shp in boxes:
+            if tuple(data.shape) == tuple(full):
+                v = _box_view(data, off, shp)
+            elif tuple(data.shape) == tuple(shp):
+                v = data
+            else:
+                raise ValueError(f"tensor {name}: shape {list(data.shape)} is neither the full {list(full)} nor "
+                                 f"rank {publisher.rank}'s box {list(shp)} of layout {layout!r}")
+            mine.append((fid, v if v.is_contiguous() else v.contiguous()))
+    return publisher.publish_shards(generation, placement, mine)
+
+
+class NameMap:
+    """Trainer tensor names -> rollout parameter names.
+
+    ``mapping``: None (names kept), a dict (names it has are renamed, the
+    others kept; a value of None drops the tensor) or a callable
+    ``name -> str | None`` (None: the rollout has no such tensor).
+    ``stacked``: fused rollout parameters the way vLLM's
+    ``stacked_params_mapping`` lists them, ``(param_name, shard_name,
+    shard_id)``: a mapped name containing ``shard_name`` goes into the rows
+    of the parameter named with ``param_name`` in its place, the parts
+    stacked along dim 0 in the order listed (q, k, v -> qkv_proj; gate, up
+    -> gate_up_proj)."""
+
+    def __init__(self, mapping=None, stacked=()):
+        if mapping is not None and not (callable(mapping) or isinstance(mapping, dict)):
+            raise TypeError("mapping: a dict, a callable or None")
+        self.mapping = mapping
+        self.stacked = [tuple(s) for s in stacked]
+
+    @classmethod
+    def of(cls, names):
+        """A NameMap from None, a dict, a callable or a NameMap."""
+        return names if isinstance(names, NameMap) else cls(names)
+
+    def rename(self, name):
+        """The rollout name of trainer tensor ``name`` (before fusing), or None."""
+        if self.mapping is None:
+            return name
+        if isinstance(self.mapping, dict):
+            return self.mapping.get(name, name)
+        return self.mapping(name)
+
+    def target(self, name):
+        """``(rollout parameter, part)`` of trainer tensor ``name``: part is
+        the position of a fused shard (0 for q, 1 for k, ...) or None; None
+        when the rollout has no such tensor."""
+        r = self.rename(name)
+        if r is None:
+            return None
+        for param_name, shard_name, _ in self.stacked:
+            if shard_name in r:
+                parts = [s for p, s, _ in self.stacked if p == param_name]
+                return r.replace(shard_name, param_name), parts.index(shard_name)
+        return r, None
+
+
+class _Dest:
+    """One rollout parameter the subscriber writes, as it was at open."""
+
+    def __init__(self, name, p):
+        self.name, self.p = name, p
+        self.ptr, self.shape, self.stride, self.dtype = p.data_ptr(), tuple(p.shape), p.stride(), p.dtype
+
+    def check(self):
+        p = self.p
+        if (p.data_ptr(), tuple(p.shape), p.stride(), p.dtype) != (self.ptr, self.shape, self.stride, self.dtype):
+            raise _stale(f"parameter {self.name} was re-bound after the subscriber opened (p.data = ...): it is now "
+                         f"{_tensors.describe(p)} at {p.data_ptr():#x}, the subscriber writes the storage at "
+                         f"{self.ptr:#x} (shape {list(self.shape)}, {self.dtype}); nothing was written — close the "
+                         f"subscriber and open a new one over the new storage")
+
+
+class Subscriber:
+    """A rollout worker's parameter-direct subscription: the active
+    generation's tensors written straight into a torch module's parameters
+    (their storages registered; no copy on the worker).
+
+    ``layout`` ("tp:2,dp:2"; this worker is ``rank`` of its ranks) and the
+    role rules (``rules``, ``roles``: :func:`role_of`, the roles
+    ``reshard.build`` knows) say which box of each published tensor the
+    worker holds; ``names`` (a :class:`NameMap`, dict or callable) which
+    parameter receives it, fused ones included (q/k/v into the row slices
+    of qkv_proj). The module's parameters (and buffers with
+    ``buffers=True``) hold the boxes: a parameter's shape must be its box's
+    (or the stacked boxes' of a fused one), its dtype the published one.
+    ``tensors``: the published ``(name, shape, dtype)`` list (default: the
+    active generation's manifest). With ``group`` the workers of the layout
+    update together (``WeightSubscriber``: each byte read once, pushed to
+    the replicas); without, each reads its own demand."""
+
+    def __init__(self, store, model, module, layout, rank, group=None, *, names=None, rules=None, roles=None,
+                 buffers=False, tensors=None, node=0, timeout_ms=60000, batch_bytes=0, local_segment=0):
+        self.store, self.model, self.rank, self.layout, self.group = store, model, int(rank), layout, group
+        self.names = NameMap.of(names)
+        if tensors is None:
+            tensors = [(e["name"], e["shape"], e["dtype"]) for e in _weights.manifest(store, model)]
+        placement = build_layout(model, tensors, layout, rules, roles)
+        self.world = placement.ranks
+        if not 0 <= self.rank < self.world:
+            raise ValueError(f"rank {rank} is not in layout {layout!r} ({self.world} ranks)")
+        params = dict(_named(module, buffers))
+        self.shards, self._dests = self._plan(tensors, placement, params)
+        self.generation = 0
+        self._sub = None
+        if group is not None:
+            self._sub = _weights.WeightSubscriber(store, model, group, self.rank, self.world, self.shards,
+                                                  timeout_ms=timeout_ms, node=node, batch_bytes=batch_bytes,
+                                                  local_segment=local_segment)
+
+    def _plan(self, tensors, placement, params):
+        boxes = _boxes(placement, self.rank)
+        fused = {}     # rollout name -> [(part, tensor index, offset, shape)]
+        for ti, (name, shape, dtype) in enumerate(tensors):
+            tgt = self.names.target(name)
+            if tgt is None or ti not in boxes:
+                continue
+            if len(boxes[ti]) != 1:
+                raise ValueError(f"tensor {name}: layout {self.layout!r} gives rank {self.rank} "
+                                 f"{len(boxes[ti])} pieces; a parameter holds one box")
+            _, off, shp = boxes[ti][0]
+            fused.setdefault(tgt[0], []).append((tgt[1] if tgt[1] is not None else -1, ti, off, shp))
+        shards, dests = [], {}
+        for pname, parts in fused.items():
+            if pname not in params:
+                raise ValueError(f"tensor {tensors[parts[0][1]][0]} maps to {pname}, which the module does not "
+                                 f"have")
+            p = params[pname]
+            parts.sort(key=lambda x: x[0])
+            rows = sum(s[0] for _, _, _, s in parts) if parts[0][0] >= 0 else parts[0][3][0]
+            want = (rows,) + tuple(parts[0][3][1:])
+            if tuple(p.shape) != want or (parts[0][0] < 0 and len(parts) > 1):
+                raise ValueError(f"parameter {pname} has shape {list(p.shape)}; layout {self.layout!r} gives rank "
+                                 f"{self.rank} {' + '.join(str(list(s)) for *_, s in parts)} of "
+                                 f"{', '.join(tensors[t][0] for _, t, _, _ in parts)}")
+            at = 0
+            for _, ti, off, shp in parts:
+                name, _, dtype = tensors[ti]
+                if _tensors.dtype_of(p) != dtype:
+                    raise ValueError(f"parameter {pname} is {p.dtype}; tensor {name} is published as {dtype}")
+                dst = p.data.narrow(0, at, shp[0]) if parts[0][0] >= 0 else p.data
+                at += shp[0]
+                shards.append((name, tuple(off), dst))
+            dests[pname] = _Dest(pname, p)
+        return shards, dests
+
+    def check(self):
+        """Raise ``ferry.StaleError`` naming the first parameter re-bound
+        since open (``p.data = other``): an update would write the old storage."""
+        for d in self._dests.values():
+            d.check()
+
+    def update(self, alone=False):
+        """Take the active generation into the parameters; returns the stats
+        (``generation``: the one held now). With a group, every member calls
+        it (single-pull); ``alone=True`` (or no group) reads this worker's
+        own demand — a worker that restarted while the others hold the active
+        generation. Nothing moves when the parameters hold the active one.
+        A re-bound parameter raises ``ferry.StaleError`` before anything is
+        read (the group's other members then time out after
+        ``timeout_ms``)."""
+        self.check()
+        act = _weights.active(self.store, self.model)
+        if act is not None and act[0] <= self.generation:
+            return {"generation": self.generation, "bytes_read": 0}   # current, or a newer sparse delta
+        if self._sub is None or alone:
+            st = _weights.update_direct(self.store, self.model, self.shards, self.generation)
+        else:
+            st = self._sub.update()
+        self.generation = st["generation"]
+        return st
+
+    def apply_sparse(self, keys, node=0):
+        """Apply the sparse delta objects ``keys`` (``put_sparse_object``)
+        to the parameters in place: each shard reads the entries of its box
+        (``read_sparse_objects``) and ``sparse_apply`` adds (or sets) them.
+        Every delta must apply to the generation the parameters hold (its
+        base; else ``ferry.ConflictError`` and nothing changed) and lead to
+        one generation, which they hold afterwards (returned). Returns
+        ``(generation, counters)``."""
+        from . import sparse as _sparse
+        self.check()
+        targets = [_sparse.Target(name, node, 0, tuple(off), tuple(dst.shape)) for name, off, dst in self.shards]
+        results, counters = _sparse.read_sparse_objects(self.store, list(keys), targets, framework="torch")
+        gens = {r.delta_generation for r in results}
+        if len(gens) > 1:
+            raise ValueError(f"the deltas lead to generations {sorted(gens)}; apply one generation at a time")
+        for r in results:   # the fence of every delta before the first write
+            if r.apply == "scatter_add" and r.base_generation != self.generation:
+                raise _err(_ferry.ConflictError, FERRY_ESTATE, f"sparse delta of {r.tensor_id}: {r.base_generation} -> "
+                                           f"{r.delta_generation} applies to generation {r.base_generation}; the "
+                                           f"parameters hold {self.generation}; nothing changed")
+        for r in results:
+            _sparse.sparse_apply(r, self.shards[r.target][2], self.generation)
+        if gens:
+            self.generation = gens.pop()
+        return self.generation, counters
+
+    def close(self):
+        """Release the parameters' registrations and the store."""
+        if self._sub is not None:
+            self._sub.close()
+            self._sub = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __repr__(self):
+        return (f"ferry.torch.Subscriber(model={self.model!r}, layout={self.layout!r}, rank={self.rank}, "
+                f"params={len(self._dests)}, generation={self.generation})")
+
+
+class Weights:
+    """An iterator of ``(rollout name, torch.Tensor)`` of one compatibility
+    update, ready for ``model.load_weights(weights)``; ``generation`` is the
+    generation it carries and ``stats`` (once iterated to the end) what was
+    read. Tensors stream: each is handed over as it arrives, at most
+    ``depth`` waiting, so the generation is never all in memory; a loader
+    that stops early (or raises) stops the update (on every worker of a
+    group)."""
+
+    _END = object()
+
+    def __init__(self, run, names, generation, depth=16):
+        self.names, self.generation, self.stats = NameMap.of(names), generation, None
+        self._q = queue.Queue(depth)
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._produce, args=(run,), name="ferry-weights", daemon=True)
+        self._t.start()
+
+    def _produce(self, run):
+        def fn(name, t):
+            to = self.names.rename(name)
+            while to is not None:
+                if self._stop.is_set():
+                    raise RuntimeError("the loader stopped taking tensors")
+                try:
+                    self._q.put((to, t), timeout=0.1)
+                    return
+                except queue.Full:
+                    continue
+        try:
+            self.stats = run(fn)
+            self._q.put((self._END, None))
+        except BaseException as e:   # noqa: B902 - handed to the consumer
+            self._q.put((self._END, e))
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._t is None:
+            raise StopIteration
+        name, t = self._q.get()
+        if name is self._END:
+            self._t.join()
+            self._t = None
+            if t is not None:
+                raise t
+            if self.stats:
+                self.generation = self.stats.get("generation", self.generation)
+            raise StopIteration
+        return name, t
+
+    def close(self):
+        """Stop the update if it is still running and wait for it."""
+        if self._t is None:
+            return
+        self._stop.set()
+        while self._t.is_alive():
+            try:
+                self._q.get(timeout=0.1)
+            except queue.Empty:
+                pass
+        self._t.join()
+        self._t = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:   # noqa: B902 - interpreter shutdown
+            pass
+
+
+def weights(store, model, names=None, group=None, generation=0):
+    """The compatibility iterator: every tensor of the active generation as
+    ``(rollout name, torch.Tensor)`` (names through ``names``: a
+    :class:`NameMap`, dict or callable; a fused target is the loader's
+    business, as vLLM's ``stacked_params_mapping`` is), whole and
+    checksum-verified, in manifest order, streamed (:class:`Weights`). With
+    ``group`` (a ``ferry.CompatGroup``) the group's members take it together
+    (each byte read from the store once); without, this worker reads every
+    tensor (``update_compat``; nothing when ``generation`` is the active
+    one)."""
+    if group is not None:
+        return Weights(lambda fn: group.update(fn, framework="torch"), names, group.generation)
+    return Weights(lambda fn: _weights.update_compat(store, model, generation, fn, framework="torch"), names,
+                   generation)

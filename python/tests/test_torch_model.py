@@ -1,0 +1,323 @@
+"""A real model through ferry (docs/python.md, "torch models"): a GPT-style
+decoder (gpt_model.py) trained by 4 trainer processes and served by 4
+rollout processes in TP2 x DP2, against a private master and node.
+
+Trainers publish generations 1 and 2 (one Adam step between them) from
+their FSDP4 shards (``ferry.torch.publish_module(..., layout="fsdp:4")``),
+as f32 ("gpt") and as bf16 ("gpt16"). Every rollout updates
+parameter-direct into the f32 torch parameters of a vLLM-style module
+(fused qkv_proj / gate_up_proj, TP-sharded; ``ferry.torch.Subscriber``, a
+single-pull group) and through compatibility mode into the bf16 one's
+``load_weights`` (``ferry.adapters.WorkerExtension``, a CompatGroup). Each
+rollout then rebuilds the full weights from its TP pair (through the
+store) and computes logits on a fixed input: equal to the trainers'
+reference bit for bit in f32, and to the reference cast to bf16 in bf16.
+A rollout killed with SIGKILL and restarted loads the active generation
+alone, with no republish; a sparse delta (generation 3) applied to the
+torch parameters equals the trainers' dense result.
+
+Exact equality is asked of the rebuilt full weights, not of a TP forward:
+a row-parallel layer's all-reduce sums in another order than the
+trainers' matmul, so its f32 logits differ in the last bits whatever the
+transfer did."""
+
+import multiprocessing
+import os
+import queue
+import signal
+import time
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import ferry                              # noqa: E402
+import ferry.adapters                     # noqa: E402
+import ferry.torch as ft                  # noqa: E402
+from ferry import weights                 # noqa: E402
+
+import gpt_model as gm                    # noqa: E402
+from conftest import cluster_fixture      # noqa: E402
+
+cluster = cluster_fixture(1, "torch_model")
+RUN_S = 240.0          # deadline for every reply of a worker (a generous bound, not a measure)
+TIMEOUT_MS = 120000
+TRAINERS, ROLLOUTS, LAYOUT = 4, 4, "tp:2,dp:2"
+
+
+def _ctx():
+    """forkserver with torch, ferry and this module preloaded: each worker is
+    a fork of a process that imported them once (an import of torch takes
+    many seconds on a loaded machine)."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "ferry", "ferry.torch", "ferry.adapters", "gpt_model", __name__])
+    return ctx
+
+
+def _reply(out, who, fn):
+    try:
+        out.put((who, fn()))
+    except BaseException as e:   # noqa: B902 - the parent reports it
+        import traceback
+        out.put((who, "ERROR " + "".join(traceback.format_exception(type(e), e, e.__traceback__))[-3000:]))
+
+
+# ---- trainers -------------------------------------------------------------------------------
+
+def _delta(model, seed=7, per_tensor=5):
+    """A sparse delta of a few entries of every 2-dim tensor: {name: (indices, values)}."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, p in model.named_parameters():
+        if p.dim() != 2:
+            continue
+        idx = torch.stack([torch.randint(0, p.shape[d], (per_tensor,), generator=g) for d in range(2)], 1)
+        idx = torch.unique(idx, dim=0)
+        out[name] = (idx, torch.randn(idx.shape[0], generator=g) * 0.01)
+    return out
+
+
+def _trainer(addr, token_file, rank, cmd, out):
+    torch.set_num_threads(1)
+    model = gm.GPT()
+    with ferry.Store(master=addr, token_file=token_file) as s:
+        pubs = [ferry.WeightPublisher(s, "gpt", rank, TRAINERS, timeout_ms=TIMEOUT_MS),
+                ferry.WeightPublisher(s, "gpt16", rank, TRAINERS, out_dtype="bf16", timeout_ms=TIMEOUT_MS)]
+
+        def publish(gen):
+            st = [ft.publish_module(p, gen, model, layout="fsdp:4") for p in pubs]
+            with torch.no_grad():
+                ref = gm.forward(dict(model.named_parameters()), gm.TOKENS)
+                ref16 = gm.forward({n: p.bfloat16() for n, p in model.named_parameters()}, gm.TOKENS)
+            return {"stats": st, "ref": gm.bits(ref), "ref16": gm.bits(ref16)}
+
+        def sparse():
+            delta = _delta(model)
+            keys = {}
+            with torch.no_grad():
+                for name, (idx, val) in delta.items():
+                    p = dict(model.named_parameters())[name]
+                    if ferry.sparse_admit(s, name, tuple(p.shape), (2, 3), ("replicate", "tp"), rank=rank):
+                        keys[name], _ = ferry.put_sparse_object(s, name, tuple(p.shape), idx, val, generation=(2, 3),
+                                                                source_placement=("replicate", "tp"))
+                    p.index_put_(tuple(idx.t()), val, accumulate=True)     # the dense result
+                ref = gm.forward(dict(model.named_parameters()), gm.TOKENS)
+            return {"keys": keys, "ref": gm.bits(ref)}
+
+        _reply(out, ("trainer", rank), lambda: publish(1))
+        assert cmd.get(timeout=RUN_S) == "step"
+        _reply(out, ("trainer", rank), lambda: (gm.train_step(model), publish(2))[1])
+        assert cmd.get(timeout=RUN_S) == "sparse"
+        _reply(out, ("trainer", rank), sparse)
+
+
+# ---- rollouts -------------------------------------------------------------------------------
+
+class _Worker(ferry.adapters.WorkerExtension):
+    """What a vLLM worker gives its extension: model_runner.model and rank."""
+
+    def __init__(self, model, rank):
+        self.model_runner = types.SimpleNamespace(model=model)
+        self.rank = rank
+
+
+def _rollout(addr, token_file, rank, restarted, cmd, out):
+    torch.set_num_threads(1)
+    tp, dp = rank % 2, rank // 2
+    m32 = gm.VLLMGPT(2, tp, torch.float32)
+    m16 = gm.VLLMGPT(2, tp, torch.bfloat16)
+    ptrs = {n: p.data_ptr() for n, p in m32.named_parameters()}
+    with ft.Store(master=addr, token_file=token_file) as s:
+        sub = ft.Subscriber(s, "gpt", m32, LAYOUT, rank, group="direct", names=ft.NameMap(gm.hf_name, gm.STACKED),
+                            timeout_ms=TIMEOUT_MS)
+        w = _Worker(m16, rank)
+        w.init_ferry(store=s, model="gpt16", group="compat", world_size=ROLLOUTS, names=gm.hf_name,
+                     staging_bytes=1 << 20, timeout_ms=TIMEOUT_MS)
+        alone = restarted
+
+        def update():
+            nonlocal alone
+            st = sub.update(alone=alone)
+            g16 = w.update_weights_from_ferry(alone=alone)
+            alone = False
+            return {"generation": sub.generation, "gen16": g16, "bytes_read": st["bytes_read"],
+                    "group_bytes_read": st.get("group_bytes_read"),
+                    "same_storage": all(p.data_ptr() == ptrs[n] for n, p in m32.named_parameters())}
+
+        def logits(tag):
+            """Logits from the full weights rebuilt with the TP peer's shards."""
+            peer = dp * 2 + (1 - tp)
+            for kind, m in (("f32", m32), ("bf16", m16)):     # one object per module: few round trips
+                s.put_tensor(f"x/{tag}/{kind}/{rank}", torch.cat([p.detach().reshape(-1).view(torch.uint8)
+                                                                 for _, p in m.named_parameters()]))
+            s.barrier(f"x/{tag}/{dp}", str(rank), 2, TIMEOUT_MS)
+            res = {"generation": sub.generation}
+            for kind, m in (("f32", m32), ("bf16", m16)):
+                mine = {n: p.detach() for n, p in m.named_parameters()}
+                flat, theirs, at = ft.get_tensor(s, f"x/{tag}/{kind}/{peer}"), {}, 0
+                for n, p in mine.items():
+                    nb = p.numel() * p.element_size()
+                    theirs[n] = flat[at:at + nb].view(p.dtype).view(p.shape)
+                    at += nb
+                full = gm.vllm_to_trainer([mine, theirs] if tp == 0 else [theirs, mine], 2)
+                with torch.no_grad():
+                    res[kind] = gm.bits(gm.forward(full, gm.TOKENS))
+            s.barrier(f"x/{tag}/{dp}/read", str(rank), 2, TIMEOUT_MS)   # the peer read mine
+            return res
+
+        def sparse(keys):
+            gen, counters = sub.apply_sparse(keys)
+            return {"generation": gen, "entries": counters["entries_kept"]}
+
+        while True:
+            c = cmd.get(timeout=RUN_S)
+            if c[0] == "exit":
+                break
+            fn = {"update": update, "logits": lambda: logits(c[1]), "sparse": lambda: sparse(c[1]),
+                  "rebind": lambda: _rebind(sub, m32)}[c[0]]
+            _reply(out, ("rollout", rank), fn)
+        sub.close()
+        w.close_ferry()
+
+
+def _rebind(sub, m):
+    """p.data = other after open: the next update must refuse, naming it."""
+    p = dict(m.named_parameters())["model.layers.1.self_attn.o_proj.weight"]
+    old = p.data
+    p.data = p.data.clone()
+    try:
+        sub.update(alone=True)
+        return "no error"
+    except ferry.StaleError as e:
+        return str(e)
+    finally:
+        p.data = old
+
+
+# ---- the test -------------------------------------------------------------------------------
+
+class _Job:
+    def __init__(self, ctx, cluster):
+        self.ctx, self.cluster = ctx, cluster
+        self.out = ctx.Queue()
+        self.procs, self.cmds = {}, {}
+
+    def start(self, who, target, *args):
+        q = self.ctx.Queue()
+        p = self.ctx.Process(target=target, args=(self.cluster.addr, self.cluster.token_file, who[1], *args, q,
+                                                 self.out), daemon=True)
+        p.start()
+        self.procs[who], self.cmds[who] = p, q
+
+    def send(self, whos, c):
+        for w in whos:
+            self.cmds[w].put(c)
+
+    def replies(self, whos):
+        got, deadline = {}, time.monotonic() + RUN_S
+        while len(got) < len(whos):
+            try:
+                who, v = self.out.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                dead = {w: p.exitcode for w, p in self.procs.items() if p.exitcode is not None}
+                pytest.fail(f"no reply from {sorted(set(whos) - set(got))} in {RUN_S} s (exited: {dead})")
+            if isinstance(v, str) and v.startswith("ERROR"):
+                pytest.fail(f"{who}: {v}")
+            got[who] = v
+        return got
+
+    def stop(self):
+        for w, p in self.procs.items():
+            if p.is_alive() and w[0] == "rollout":
+                self.cmds[w].put(("exit",))
+        for p in self.procs.values():
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+
+
+def _check_logits(got, refs, gen):
+    for who, v in got.items():
+        assert v["generation"] == gen, (who, v["generation"])
+        assert v["f32"] == refs["ref"], f"{who}: f32 logits differ from the trainers' at generation {gen}"
+        assert v["bf16"] == refs["ref16"], f"{who}: bf16 logits differ from the reference cast to bf16"
+
+
+def test_gpt_trainers_to_tp2_dp2_rollouts(cluster, store):
+    t0 = time.monotonic()
+    ctx = _ctx()
+    job = _Job(ctx, cluster)
+    trainers = [("trainer", r) for r in range(TRAINERS)]
+    rollouts = [("rollout", r) for r in range(ROLLOUTS)]
+    try:
+        for w in trainers:
+            job.start(w, _trainer)
+        pub1 = job.replies(trainers)
+        ref1 = pub1[trainers[0]]
+        assert all(v["ref"] == ref1["ref"] for v in pub1.values())        # the trainers agree
+        st = pub1[trainers[0]]["stats"][0]
+        assert st["total_tensors"] == len(gm._trainer_names())
+        assert sum(v["stats"][0]["bytes"] for v in pub1.values()) == st["total_bytes"]
+        assert all(v["stats"][0]["bytes"] > 0 for v in pub1.values())     # every FSDP rank stored its quarter
+        for w in rollouts:
+            job.start(w, _rollout, False)
+        job.send(rollouts, ("update",))
+        up1 = job.replies(rollouts)
+        assert all(v["generation"] == 1 and v["gen16"] == 1 and v["same_storage"] for v in up1.values()), up1
+        # single-pull: the group read each published byte once
+        assert sum(v["bytes_read"] for v in up1.values()) == st["total_bytes"]
+        assert all(v["group_bytes_read"] == st["total_bytes"] for v in up1.values())
+        job.send(rollouts, ("logits", "g1"))
+        _check_logits(job.replies(rollouts), ref1, 1)
+
+        job.send(trainers, "step")
+        pub2 = job.replies(trainers)
+        ref2 = pub2[trainers[0]]
+        assert ref2["ref"] != ref1["ref"]                                   # the step changed the model
+        job.send(rollouts, ("update",))
+        up2 = job.replies(rollouts)
+        assert all(v["generation"] == 2 and v["gen16"] == 2 and v["same_storage"] for v in up2.values()), up2
+        job.send(rollouts, ("logits", "g2"))
+        _check_logits(job.replies(rollouts), ref2, 2)
+
+        # p.data re-bound after open: refused, naming the parameter, nothing written
+        job.send([rollouts[0]], ("rebind",))
+        msg = job.replies([rollouts[0]])[rollouts[0]]
+        assert "model.layers.1.self_attn.o_proj.weight was re-bound" in msg, msg
+
+        # a rollout killed and restarted: the active generation, no republish
+        victim = rollouts[3]
+        os.kill(job.procs[victim].pid, signal.SIGKILL)
+        job.procs[victim].join(30)
+        assert job.procs[victim].exitcode == -signal.SIGKILL
+        active = weights.active(store, "gpt")
+        job.start(victim, _rollout, True)
+        job.send([victim], ("update",))
+        up = job.replies([victim])[victim]
+        assert up["generation"] == 2 and up["gen16"] == 2 and up["bytes_read"] > 0, up
+        assert weights.active(store, "gpt") == active                       # nothing was republished
+        job.send([rollouts[2], victim], ("logits", "restart"))
+        _check_logits(job.replies([rollouts[2], victim]), ref2, 2)
+
+        # a sparse delta 2 -> 3 applied to the torch parameters = the dense result
+        job.send(trainers, "sparse")
+        sp = job.replies(trainers)
+        keys = sorted(k for v in sp.values() for k in v["keys"].values())
+        assert len(keys) == sum(1 for n in gm._trainer_names() if n.endswith("weight")
+                                and not any(x in n for x in ("ln", "norm")))   # each 2-dim tensor once
+        ref3 = sp[trainers[0]]
+        assert all(v["ref"] == ref3["ref"] for v in sp.values())
+        job.send(rollouts, ("sparse", keys))
+        applied = job.replies(rollouts)
+        assert all(v["generation"] == 3 and v["entries"] > 0 for v in applied.values()), applied
+        job.send(rollouts, ("logits", "g3"))
+        got = job.replies(rollouts)
+        for who, v in got.items():
+            assert v["generation"] == 3 and v["f32"] == ref3["ref"], f"{who}: the sparse result differs"
+    finally:
+        job.stop()
+    print(f"\nreal model: {len(gm._trainer_names())} tensors, {st['total_bytes']} bytes f32; "
+          f"{TRAINERS} trainers (fsdp:4), {ROLLOUTS} rollouts ({LAYOUT}); generations 1, 2, restart, sparse 3: "
+          f"logits exact in f32 and bf16; {time.monotonic() - t0:.1f} s")
