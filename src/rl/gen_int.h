@@ -120,6 +120,13 @@ int fr_rl_target(const fr_gen *g, const ferry_param_shard *shards, size_t n, uin
                  const uint32_t *rank_of, ferry_manifest **out, size_t **shard_of,
                  ferry_error *err);
 
+/* A rollout binding against its tensor d (the generation's): the bytes its
+ * box spans in its buffer (strides as given, 0s: row-major contiguous)
+ * into *span; FERRY_EINVAL naming the tensor and box when they pass
+ * p->dst_bytes (when given) or the buffer is NULL. */
+int fr_rl_shard_check(const ferry_param_shard *p, const ferry_tensor_desc *d, uint64_t *span,
+                      ferry_error *err);
+
 /* Fill the public manifest from g (entries per tensor); m keeps a reference
  * (g is freed with the manifest). */
 int fr_gen_to_manifest(fr_gen *g, ferry_weight_manifest *m, ferry_error *err);

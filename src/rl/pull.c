@@ -90,6 +90,9 @@ static int register_shards(ferry_subscriber *sub, const fr_gen *g, ferry_error *
                               p->tensor, g->generation);
         ferry_tensor_desc d;
         (void)ferry_manifest_tensor(g->m, (uint32_t)ti, &d);
+        int crc = fr_rl_shard_check(p, &d, NULL, err);   /* a buffer too small: refused */
+        if (crc < 0)
+            return crc;
         bool strided = false;
         uint64_t last = 0, n = 1;
         for (uint32_t k = 0; k < p->ndim && k < d.ndim; k++) {
