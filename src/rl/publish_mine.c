@@ -459,7 +459,12 @@ int fr_pub_mine_store(ferry_store *s, const ferry_publisher_config *c, uint64_t 
         ferry_object_desc d = {0};
         (void)fr_gen_object_key(c->model, gen, c->rank, k, key, sizeof key);
         rc = fr_pub_put(s, key, buf, nb, &repl, &d);
-        free(buf);
+        /* A put that timed out may still be read by the engine (its
+         * outcome is unknown until the transfer drains): its source must
+         * outlive it, so it is left allocated (a failed attempt's cost;
+         * freeing it made the engine's copy fault). */
+        if (rc != FERRY_ETIMEDOUT)
+            free(buf);
         st->convert_s += (double)(c1 - c0) / 1e9;
         st->store_s += (double)(fr_now_ns() - c1) / 1e9;
         if (rc < 0)
