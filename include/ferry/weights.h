@@ -241,6 +241,10 @@ typedef struct ferry_param_shard {
     uint64_t shape[FERRY_MAX_DIMS];
     int64_t strides[FERRY_MAX_DIMS];     /* elements, >= 0 */
     void *dst;
+    uint64_t dst_bytes;                  /* (appended) bytes of the buffer at dst; 0: not
+                                          * said. A box whose last element lies past them
+                                          * is refused at prepare (FERRY_EINVAL naming the
+                                          * tensor and box), before anything is written */
 } ferry_param_shard;
 
 typedef struct ferry_update_stats {

@@ -192,6 +192,46 @@ int fr_gen_where(const fr_gen *g, uint64_t frag, const char **key, uint64_t *off
     return 0;
 }
 
+/* ---- rollout bindings ------------------------------------------------------------------- */
+
+static void dims_text(char *buf, size_t cap, const uint64_t *v, uint32_t n)
+{
+    size_t k = (size_t)snprintf(buf, cap, "[");
+    for (uint32_t i = 0; i < n && k < cap; i++)
+        k += (size_t)snprintf(buf + k, cap - k, "%s%" PRIu64, i ? "," : "", v[i]);
+    if (k < cap)
+        snprintf(buf + k, cap - k, "]");
+}
+
+int fr_rl_shard_check(const ferry_param_shard *p, const ferry_tensor_desc *d, uint64_t *span,
+                      ferry_error *err)
+{
+    bool strided = false, empty = false;
+    uint64_t n = 1, last = 0;
+    uint32_t nd = p->ndim < d->ndim ? p->ndim : d->ndim;
+    for (uint32_t k = 0; k < nd; k++) {
+        strided |= p->strides[k] != 0;
+        empty |= p->shape[k] == 0;
+        n *= p->shape[k];
+    }
+    for (uint32_t k = 0; strided && k < nd; k++)
+        last += (p->shape[k] ? p->shape[k] - 1 : 0) * (uint64_t)(p->strides[k] > 0 ? p->strides[k] : 0);
+    uint64_t bytes = empty ? 0 : (strided ? last + 1 : n) * d->itemsize;
+    if (span)
+        *span = bytes;
+    if (!bytes || (p->dst && (!p->dst_bytes || bytes <= p->dst_bytes)))
+        return 0;
+    char off[200], shp[200];
+    dims_text(off, sizeof off, p->offset, nd);
+    dims_text(shp, sizeof shp, p->shape, nd);
+    if (!p->dst)
+        return fr_rl_fail(err, FERRY_EINVAL, "tensor %s: the shard at offset %s, shape %s has no "
+                          "buffer", d->name, off, shp);
+    return fr_rl_fail(err, FERRY_EINVAL, "tensor %s: the shard at offset %s, shape %s spans %"
+                      PRIu64 " bytes of its buffer, which holds %" PRIu64, d->name, off, shp,
+                      bytes, p->dst_bytes);
+}
+
 /* ---- checksums ------------------------------------------------------------------------ */
 
 uint64_t fr_gen_bytes_hash(const void *data, size_t len)

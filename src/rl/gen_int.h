@@ -120,6 +120,32 @@ int fr_rl_target(const fr_gen *g, const ferry_param_shard *shards, size_t n, uin
                  const uint32_t *rank_of, ferry_manifest **out, size_t **shard_of,
                  ferry_error *err);
 
+/* A rollout binding against its tensor d (the generation's): the bytes its
+ * box spans in its buffer (strides as given, 0s: row-major contiguous)
+ * into *span; FERRY_EINVAL naming the tensor and box when they pass
+ * p->dst_bytes (when given) or the buffer is NULL. */
+int fr_rl_shard_check(const ferry_param_shard *p, const ferry_tensor_desc *d, uint64_t *span,
+                      ferry_error *err);
+
+/* The memory of a rollout worker's shards registered for remote writes
+ * (spans.c): shards whose bytes touch or overlap share one region (an
+ * engine holds at most 16,384). */
+typedef struct fr_rl_spans {
+    size_t n;                    /* merged spans (regions) */
+    uint8_t **base;
+    uint64_t *len;
+    ferry_region **reg;
+    size_t *of;                  /* per shard: its span (SIZE_MAX: it spans no byte) */
+    size_t nshards;
+} fr_rl_spans;
+/* Register the spans of shards (addr[i], len[i] bytes; 0: none), keeping
+ * the regions of the last call when the merged spans are the same. */
+int fr_rl_spans_register(ferry_engine *e, uint8_t *const *addr, const uint64_t *len, size_t n,
+                         fr_rl_spans *sp, ferry_error *err);
+/* The region holding shard i (NULL when it spans no byte). */
+ferry_region *fr_rl_spans_region(const fr_rl_spans *sp, size_t shard);
+void fr_rl_spans_free(fr_rl_spans *sp);   /* unregisters; NULL ok */
+
 /* Fill the public manifest from g (entries per tensor); m keeps a reference
  * (g is freed with the manifest). */
 int fr_gen_to_manifest(fr_gen *g, ferry_weight_manifest *m, ferry_error *err);

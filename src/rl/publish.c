@@ -195,9 +195,9 @@ static int check_tensors(const ferry_weight_tensor *t, size_t n, ferry_error *er
  * most a tenth of a rank's share or 1 MiB (whole rows), the pieces assigned by
  * ferry_weights_assign, so no rank stores more than about 1.1x its share.
  * *data gets this rank's pieces (pointers into the tensors). */
-static int whole_placement(const ferry_publisher_config *c, const ferry_weight_tensor *t, size_t n,
-                           ferry_manifest **out, ferry_shard_data **data, size_t *ndata,
-                           ferry_error *err)
+int fr_rl_whole_placement(const ferry_publisher_config *c, const ferry_weight_tensor *t, size_t n,
+                          ferry_manifest **out, ferry_shard_data **data, size_t *ndata,
+                          ferry_error *err)
 {
     const char *od = c->out_dtype;
     uint64_t total = 0;
@@ -296,7 +296,7 @@ int fr_rl_publish(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
     ferry_error me = {0};
     int my_rc = check_tensors(t, n, &me);
     if (my_rc == 0)
-        my_rc = whole_placement(c, t, n, &pl, &data, &nd, &me);
+        my_rc = fr_rl_whole_placement(c, t, n, &pl, &data, &nd, &me);
     int rc = attempt(s, c, gen, record, pl, data, nd, my_rc < 0 ? me.msg : NULL, st, err);
     if (my_rc < 0 && rc < 0 && err)
         err->code = rc;

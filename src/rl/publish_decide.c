@@ -124,30 +124,28 @@ static void differs(ferry_store *s, const ferry_publisher_config *c, uint64_t ge
     }
     const uint64_t *theirs = buf, *ours = mine->decl;
     uint64_t nt = theirs[0];
-    if (nt != ours[0] || len != (nt * 3 + 1) * 8) {
+    if (nt != ours[0] || len != (nt * FR_PUB_DECL + 1) * 8) {
         failed(d, FERRY_EINVAL, "rank %u passed %" PRIu64 " tensors, rank 0 %" PRIu64, r, nt,
                ours[0]);
     } else {
         failed(d, FERRY_EINVAL, "rank %u passed another placement than rank 0", r);
+        static const char *const what[FR_PUB_DECL] = {
+            NULL, "in another dtype", "with another shape", "in other pieces" };
         for (uint64_t t = 0; t < nt; t++) {
-            const uint64_t *a = ours + 1 + 3 * t, *b = theirs + 1 + 3 * t;
+            const uint64_t *a = ours + 1 + FR_PUB_DECL * t, *b = theirs + 1 + FR_PUB_DECL * t;
             ferry_tensor_desc td;
             (void)ferry_manifest_tensor(mine->stored, (uint32_t)t, &td);
-            if (a[0] != b[0]) {
+            int k = 0;
+            while (k < FR_PUB_DECL && a[k] == b[k])
+                k++;
+            if (k == 0)
                 failed(d, FERRY_EINVAL, "rank %u passes another tensor than %s at position %"
-                       PRIu64 " (names or their order differ)", r, td.name, t);
+                       PRIu64 " (names or their order differ from rank 0's)", r, td.name, t);
+            else if (k < FR_PUB_DECL)
+                failed(d, FERRY_EINVAL, "rank %u passes tensor %s %s than rank 0", r, td.name,
+                       what[k]);
+            if (k < FR_PUB_DECL)
                 break;
-            }
-            if (a[1] != b[1]) {
-                failed(d, FERRY_EINVAL, "rank %u passes tensor %s with another dtype or shape "
-                       "than rank 0", r, td.name);
-                break;
-            }
-            if (a[2] != b[2]) {
-                failed(d, FERRY_EINVAL, "rank %u places tensor %s in other pieces than rank 0",
-                       r, td.name);
-                break;
-            }
         }
     }
     ferry_store_free(buf);

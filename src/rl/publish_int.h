@@ -35,7 +35,17 @@ int fr_rl_probe_put(ferry_store *s, const char *model, uint64_t gen, const char 
 void fr_rl_keep(ferry_store *s, const ferry_publisher_config *c, uint64_t gen, uint64_t prev,
                 ferry_publish_stats *st);
 
+/* The placement of a publish of whole tensors (publish.c): each tensor cut
+ * along dim 0 into pieces small against a rank's share, the pieces
+ * assigned by ferry_weights_assign; *data (malloc'd, *ndata entries) gets
+ * this rank's pieces, pointing into the tensors. The caller closes *out. */
+int fr_rl_whole_placement(const ferry_publisher_config *c, const ferry_weight_tensor *t, size_t n,
+                          ferry_manifest **out, ferry_shard_data **data, size_t *ndata,
+                          ferry_error *err);
+
 /* ---- this rank's pieces (publish_mine.c) ----------------------------------------- */
+
+#define FR_PUB_DECL 4             /* hashes per tensor in a declaration */
 
 typedef struct fr_pub_piece {
     uint64_t sid;                /* its fragment id in the stored manifest */
@@ -47,15 +57,16 @@ typedef struct fr_pub_piece {
 typedef struct fr_pub_mine {
     ferry_manifest *stored;      /* the placement's stored form */
     ferry_pack *pack;
-    uint8_t digest[16];          /* of the stored manifest: what every rank must agree on */
+    uint8_t digest[16];          /* of the stored manifest and the declaration: what every
+                                  * rank must agree on */
     fr_pub_piece *pieces;        /* what this rank stores, in id order */
     size_t npieces;
     uint32_t nobjects;
     uint64_t *sums;              /* per piece */
     uint64_t sums_hash;
     uint64_t segment;            /* where its objects landed */
-    uint64_t *decl;              /* ntensors, then per tensor 3 hashes (name; dtype and
-                                  * shape; pieces) */
+    uint64_t *decl;              /* ntensors, then per tensor FR_PUB_DECL hashes (name;
+                                  * dtype as held; shape; pieces) */
     uint32_t ntensors;
     char *json;                  /* rank 0: the stored manifest's JSON */
     size_t json_len;

@@ -31,16 +31,174 @@ static int by_fragment(const void *a, const void *b)
     return x->fragment < y->fragment ? -1 : x->fragment > y->fragment;
 }
 
-/* Every tensor covered exactly once by the stored copies: a plan onto
- * every tensor whole fails, naming the tensor, when one is not. */
-static int check_cover(ferry_manifest *stored, ferry_error *err)
+static const char *dims(char *buf, size_t cap, const uint64_t *v, uint32_t n)
+{
+    size_t k = (size_t)snprintf(buf, cap, "[");
+    for (uint32_t i = 0; i < n && k < cap; i++)
+        k += (size_t)snprintf(buf + k, cap - k, "%s%" PRIu64, i ? "," : "", v[i]);
+    if (k < cap)
+        snprintf(buf + k, cap - k, "]");
+    return buf;
+}
+
+typedef struct box { uint64_t off[FERRY_MAX_DIMS], end[FERRY_MAX_DIMS]; } box;
+
+static bool box_holds(const box *b, uint32_t nd, const uint64_t *p)
+{
+    for (uint32_t d = 0; d < nd; d++)
+        if (p[d] < b->off[d] || p[d] >= b->end[d])
+            return false;
+    return true;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* A box of tensor d that none of b[0..n) holds: the lexicographically
+ * first element no box holds (each of its coordinates is 0 or the end of
+ * some box in that dim, so only those are tried), grown dim by dim from
+ * the last as far as no box starts. false when every element is held, or
+ * when the search would take too long (a placement of very many pieces). */
+static bool find_gap(const ferry_tensor_desc *d, const box *b, size_t n, uint64_t *off,
+                     uint64_t *shape)
+{
+    uint32_t nd = d->ndim;
+    uint64_t *cand[FERRY_MAX_DIMS] = {0}, nc[FERRY_MAX_DIMS], work = 1;
+    bool found = false, ok = true;
+    for (uint32_t k = 0; k < nd && ok; k++) {
+        cand[k] = malloc((n + 1) * sizeof *cand[k]);
+        ok = cand[k] != NULL;
+        size_t c = 0;
+        for (size_t i = 0; ok && i <= n; i++) {
+            uint64_t v = i == n ? 0 : b[i].end[k];
+            if (v < d->shape[k])
+                cand[k][c++] = v;
+        }
+        if (ok) {
+            qsort(cand[k], c, sizeof *cand[k], cmp_u64);
+            size_t u = 0;
+            for (size_t i = 0; i < c; i++)
+                if (!u || cand[k][u - 1] != cand[k][i])
+                    cand[k][u++] = cand[k][i];
+            nc[k] = u;
+            work = work * u > (1ull << 40) ? (1ull << 40) : work * u;
+        }
+    }
+    if (ok && work * (n ? n : 1) <= (1ull << 28)) {
+        uint64_t ctr[FERRY_MAX_DIMS] = {0};
+        for (;;) {
+            for (uint32_t k = 0; k < nd; k++)
+                off[k] = cand[k][ctr[k]];
+            size_t i = 0;
+            while (i < n && !box_holds(&b[i], nd, off))
+                i++;
+            if (i == n) {
+                found = true;
+                break;
+            }
+            int k = (int)nd - 1;
+            while (k >= 0 && ++ctr[k] == nc[k])
+                ctr[k--] = 0;
+            if (k < 0)
+                break;
+        }
+    }
+    for (uint32_t k = 0; k < nd; k++)
+        free(cand[k]);
+    if (!found)
+        return false;
+    /* Grow: the box so far is held by nobody, so a box meeting it in every
+     * other dim lies wholly before or after it in dim k. */
+    for (uint32_t k = 0; k < nd; k++)
+        shape[k] = 1;
+    for (int k = (int)nd - 1; k >= 0; k--) {
+        uint64_t end = d->shape[k];
+        for (size_t i = 0; i < n; i++) {
+            bool meets = true;
+            for (uint32_t j = 0; j < nd && meets; j++)
+                meets = (int)j == k || (b[i].off[j] < off[j] + shape[j] && b[i].end[j] > off[j]);
+            if (meets && b[i].off[k] >= off[k] && b[i].off[k] < end)
+                end = b[i].off[k];
+        }
+        shape[k] = end - off[k];
+    }
+    return true;
+}
+
+/* The first tensor of m whose fragments (copy 0 only, with copy0) leave
+ * elements unheld, described into err. FERRY_EINVAL when one is found, 0
+ * when every element is held. */
+static int name_gap(ferry_manifest *m, bool copy0, const char *what, ferry_error *err)
+{
+    uint32_t nt = ferry_manifest_tensor_count(m);
+    uint64_t nf = ferry_manifest_fragment_count(m);
+    uint64_t *vol = calloc(nt ? nt : 1, sizeof *vol);
+    if (!vol)
+        return fr_rl_fail(err, FERRY_ENOMEM, "publish: out of memory");
+    for (uint64_t id = 0; id < nf; id++) {
+        ferry_fragment f;
+        (void)ferry_manifest_fragment(m, id, &f);
+        if (copy0 && f.replica != 0)
+            continue;
+        uint64_t v = 1;
+        for (uint32_t k = 0; k < FERRY_MAX_DIMS && f.shape[k]; k++)
+            v *= f.shape[k];
+        vol[f.tensor] += v;
+    }
+    int rc = 0;
+    for (uint32_t t = 0; t < nt && rc == 0; t++) {
+        ferry_tensor_desc d;
+        (void)ferry_manifest_tensor(m, t, &d);
+        uint64_t elems = 1;
+        for (uint32_t k = 0; k < d.ndim; k++)
+            elems *= d.shape[k];
+        if (vol[t] >= elems)
+            continue;   /* held (or overlapping: the planner says where) */
+        box *b = NULL;
+        size_t n = 0, cap = 0;
+        for (uint64_t id = 0; id < nf; id++) {
+            ferry_fragment f;
+            (void)ferry_manifest_fragment(m, id, &f);
+            if (f.tensor != t || (copy0 && f.replica != 0))
+                continue;
+            if (fr_grow((void **)&b, &cap, n + 1, sizeof *b) < 0)
+                break;
+            for (uint32_t k = 0; k < d.ndim; k++) {
+                b[n].off[k] = f.offset[k];
+                b[n].end[k] = f.offset[k] + f.shape[k];
+            }
+            n++;
+        }
+        uint64_t off[FERRY_MAX_DIMS], shape[FERRY_MAX_DIMS];
+        char b1[160], b2[160];
+        if (find_gap(&d, b, n, off, shape))
+            rc = fr_rl_fail(err, FERRY_EINVAL, "tensor %s: %s the box at offset %s, shape %s "
+                            "(%" PRIu64 " of %" PRIu64 " elements held)", d.name, what,
+                            dims(b1, sizeof b1, off, d.ndim), dims(b2, sizeof b2, shape, d.ndim),
+                            vol[t], elems);
+        else
+            rc = fr_rl_fail(err, FERRY_EINVAL, "tensor %s: %s some of its elements (%" PRIu64
+                            " of %" PRIu64 " held)", d.name, what, vol[t], elems);
+        free(b);
+    }
+    free(vol);
+    return rc;
+}
+
+/* A plan of m onto every tensor whole: the planner's checks of a source
+ * (boxes that overlap are declared replicas of one box; every element is
+ * held). */
+static int plan_whole(ferry_manifest *m, ferry_error *err)
 {
     ferry_manifest *whole = NULL;
-    uint32_t nt = ferry_manifest_tensor_count(stored);
+    uint32_t nt = ferry_manifest_tensor_count(m);
     int rc = ferry_manifest_create(1, NULL, 1, &whole);
     for (uint32_t t = 0; t < nt && rc >= 0; t++) {
         ferry_tensor_desc d;
-        rc = ferry_manifest_tensor(stored, t, &d);
+        rc = ferry_manifest_tensor(m, t, &d);
         if (rc == 0)
             rc = ferry_manifest_add_tensor(whole, &d, err);
         ferry_split sp = { .tensor = t, .whole = true };
@@ -49,47 +207,77 @@ static int check_cover(ferry_manifest *stored, ferry_error *err)
     }
     ferry_plan *p = NULL;
     if (rc >= 0)
-        rc = ferry_plan_create(stored, whole, NULL, &p, err);
+        rc = ferry_plan_create(m, whole, NULL, &p, err);
     ferry_plan_free(p);
     ferry_manifest_close(whole);
-    if (rc < 0 && err)
-        return fr_rl_fail(err, rc, "the placement does not hold every tensor exactly once: %s",
-                          err->msg);
     return rc < 0 ? rc : 0;
 }
 
-/* Per tensor: hashes of its name, of its dtype and shape, of its stored
- * pieces (rank, box), so the coordinator can say where two ranks differ. */
-static int make_decl(fr_pub_mine *p, ferry_error *err)
+/* Every tensor held exactly once: the placement's pieces either tile it
+ * or overlap only as declared replicas (identical boxes, distinct replica
+ * numbers: the planner names the two fragments, their ranks and boxes,
+ * otherwise), and copy 0 of every box (what is stored) tiles it. A box no
+ * rank holds is named. */
+static int check_cover(ferry_manifest *placement, ferry_manifest *stored, ferry_error *err)
+{
+    ferry_error pe = {0};
+    int rc = plan_whole(placement, &pe);
+    if (rc < 0) {
+        if (name_gap(placement, false, "no rank holds", err) < 0)
+            return err ? err->code : FERRY_EINVAL;
+        return fr_rl_fail(err, rc, "the placement does not hold every tensor exactly once: %s",
+                          pe.msg);
+    }
+    /* Replicas dropped: a box declared only as copies numbered above 0
+     * is stored by nobody. */
+    if (ferry_manifest_fragment_count(stored) == ferry_manifest_fragment_count(placement) ||
+        plan_whole(stored, &pe) == 0)
+        return 0;
+    if (name_gap(placement, true, "no rank holds copy 0 of", err) < 0)
+        return err ? err->code : FERRY_EINVAL;
+    return fr_rl_fail(err, FERRY_EINVAL, "the placement's copies numbered 0 do not hold every "
+                      "tensor exactly once: %s", pe.msg);
+}
+
+/* Per tensor: hashes of its name, of the dtype this rank holds it in (the
+ * placement's, before any conversion), of its shape and of its stored
+ * pieces (rank, box), so the coordinator can say where two ranks differ;
+ * then p->digest covers the stored manifest and the declaration. */
+static int make_decl(fr_pub_mine *p, ferry_manifest *placement, ferry_error *err)
 {
     uint32_t nt = ferry_manifest_tensor_count(p->stored);
     p->ntensors = nt;
-    p->decl = calloc((size_t)nt * 3 + 1, sizeof *p->decl);
+    p->decl = calloc((size_t)nt * FR_PUB_DECL + 1, sizeof *p->decl);
     if (!p->decl)
         return fr_rl_fail(err, FERRY_ENOMEM, "publish: out of memory");
     p->decl[0] = nt;
     for (uint32_t t = 0; t < nt; t++) {
-        ferry_tensor_desc d;
+        ferry_tensor_desc d, src;
         (void)ferry_manifest_tensor(p->stored, t, &d);
-        uint64_t *h = p->decl + 1 + 3 * (size_t)t;
+        (void)ferry_manifest_tensor(placement, t, &src);
+        uint64_t *h = p->decl + 1 + FR_PUB_DECL * (size_t)t;
         h[0] = fr_hash64(d.name, strlen(d.name), 0);
-        h[1] = fr_hash64(d.dtype, strlen(d.dtype), d.ndim);
-        h[1] = fr_hash64(d.shape, d.ndim * sizeof d.shape[0], h[1]);
+        h[1] = fr_hash64(src.dtype, strlen(src.dtype), 0);
+        h[2] = fr_hash64(d.shape, d.ndim * sizeof d.shape[0], d.ndim);
     }
     uint64_t nf = ferry_manifest_fragment_count(p->stored);
     for (uint64_t id = 0; id < nf; id++) {
         ferry_fragment f;
         (void)ferry_manifest_fragment(p->stored, id, &f);
-        ferry_tensor_desc d;
-        (void)ferry_manifest_tensor(p->stored, f.tensor, &d);
         uint64_t rec[1 + 2 * FERRY_MAX_DIMS] = { f.rank };
-        for (uint32_t k = 0; k < d.ndim; k++) {
+        for (uint32_t k = 0; k < FERRY_MAX_DIMS; k++) {
             rec[1 + k] = f.offset[k];
             rec[1 + FERRY_MAX_DIMS + k] = f.shape[k];
         }
-        uint64_t *h = p->decl + 1 + 3 * (size_t)f.tensor + 2;
+        uint64_t *h = p->decl + 1 + FR_PUB_DECL * (size_t)f.tensor + 3;
         *h = fr_hash64(rec, sizeof rec, *h);
     }
+    uint8_t both[16 + 16];
+    memcpy(both, p->digest, 16);
+    fr_hash128_t dh = fr_hash128(p->decl, ((size_t)nt * FR_PUB_DECL + 1) * 8, 0);
+    memcpy(both + 16, dh.b, 16);
+    fr_hash128_t all = fr_hash128(both, sizeof both, 0);
+    memcpy(p->digest, all.b, 16);
     return 0;
 }
 
@@ -168,13 +356,13 @@ int fr_pub_mine_prepare(fr_pub_mine *p, const ferry_publisher_config *c, ferry_m
     int rc = ferry_manifest_stored(placement, c->out_dtype[0] ? c->out_dtype : NULL, &p->stored,
                                    err);
     if (rc == 0)
-        rc = check_cover(p->stored, err);
+        rc = check_cover(placement, p->stored, err);
     if (rc == 0)
         rc = ferry_manifest_digest(p->stored, p->digest);
     if (rc == 0)
         rc = ferry_manifest_pack(p->stored, FR_GEN_ALIGN, FR_GEN_OBJECT_MAX, &p->pack, err);
     if (rc == 0)
-        rc = make_decl(p, err);
+        rc = make_decl(p, placement, err);
     if (rc == 0)
         rc = find_mine(p, c, placement, data, n, err);
     if (rc == 0 && c->rank == 0) {
@@ -271,7 +459,12 @@ int fr_pub_mine_store(ferry_store *s, const ferry_publisher_config *c, uint64_t 
         ferry_object_desc d = {0};
         (void)fr_gen_object_key(c->model, gen, c->rank, k, key, sizeof key);
         rc = fr_pub_put(s, key, buf, nb, &repl, &d);
-        free(buf);
+        /* A put that timed out may still be read by the engine (its
+         * outcome is unknown until the transfer drains): its source must
+         * outlive it, so it is left allocated (a failed attempt's cost;
+         * freeing it made the engine's copy fault). */
+        if (rc != FERRY_ETIMEDOUT)
+            free(buf);
         st->convert_s += (double)(c1 - c0) / 1e9;
         st->store_s += (double)(fr_now_ns() - c1) / 1e9;
         if (rc < 0)
@@ -286,7 +479,7 @@ int fr_pub_mine_store(ferry_store *s, const ferry_publisher_config *c, uint64_t 
     char key[FR_GEN_KEY];
     struct { const char *what; const void *data; uint64_t len; } extra[3] = {
         { "sums", p->sums, p->npieces * 8 },
-        { "decl", p->decl, ((uint64_t)p->ntensors * 3 + 1) * 8 },
+        { "decl", p->decl, ((uint64_t)p->ntensors * FR_PUB_DECL + 1) * 8 },
         { NULL, p->json, p->json_len },
     };
     p->sums_hash = fr_hash64(p->sums, p->npieces * 8, 0);

@@ -27,15 +27,13 @@
 #define BATCH_BYTES (64ull << 20)   /* default ferry_subscriber_config.batch_bytes */
 #define WATERMARK 2          /* batches in flight: the pushes of one while the next is read */
 
-typedef struct preg { uint8_t *addr; size_t len; ferry_region *reg; } preg;
-
 struct ferry_subscriber {
     ferry_store *s;
     ferry_subscriber_config cfg;
     ferry_param_shard *shards;
     size_t n;
     char (*names)[256];
-    preg *regs;               /* one per shard, reused while (addr, len) stay */
+    fr_rl_spans spans;        /* the shards' memory, registered; reused while it stays */
     uint64_t generation;
     /* The last plan, reused while every member's record (but its
      * generation) and the stored placement stay the same: a new generation
@@ -78,43 +76,31 @@ static void plan_stats(const fr_work *w, ferry_update_stats *st)
     st->nic_mean_out = w->sum.mean_out;
 }
 
-/* Register each shard's memory remote-writable, reusing what is unchanged. */
+/* Register the shards' memory remote-writable (shards that touch share a
+ * region: spans.c), reusing what is unchanged. */
 static int register_shards(ferry_subscriber *sub, const fr_gen *g, ferry_error *err)
 {
-    ferry_engine *e = ferry_store_engine(sub->s);
-    for (size_t i = 0; i < sub->n; i++) {
+    uint8_t **addr = malloc((sub->n ? sub->n : 1) * sizeof *addr);
+    uint64_t *len = malloc((sub->n ? sub->n : 1) * sizeof *len);
+    int rc = addr && len ? 0 : fr_rl_fail(err, FERRY_ENOMEM, "out of memory");
+    for (size_t i = 0; i < sub->n && rc == 0; i++) {
         const ferry_param_shard *p = &sub->shards[i];
         int ti = ferry_manifest_find_tensor(g->m, p->tensor);
-        if (ti < 0)
-            return fr_rl_fail(err, FERRY_ENOENT, "tensor %s is not in generation %" PRIu64,
-                              p->tensor, g->generation);
+        if (ti < 0) {
+            rc = fr_rl_fail(err, FERRY_ENOENT, "tensor %s is not in generation %" PRIu64,
+                            p->tensor, g->generation);
+            break;
+        }
         ferry_tensor_desc d;
         (void)ferry_manifest_tensor(g->m, (uint32_t)ti, &d);
-        bool strided = false;
-        uint64_t last = 0, n = 1;
-        for (uint32_t k = 0; k < p->ndim && k < d.ndim; k++) {
-            strided |= p->strides[k] != 0;
-            n *= p->shape[k];
-        }
-        for (uint32_t k = 0; strided && k < p->ndim; k++)
-            last += (p->shape[k] ? p->shape[k] - 1 : 0) * (uint64_t)p->strides[k];
-        size_t len = (size_t)((strided ? last + 1 : n) * d.itemsize);
-        preg *r = &sub->regs[i];
-        if (r->reg && (r->addr != p->dst || r->len != len)) {
-            (void)ferry_region_unregister(r->reg);
-            r->reg = NULL;
-        }
-        if (!r->reg && len) {
-            int rc = ferry_region_register(e, p->dst, len, FERRY_REMOTE_WRITE, FERRY_MEM_HOST,
-                                           &r->reg);
-            if (rc < 0)
-                return fr_rl_fail(err, rc, "subscriber: cannot register the parameters of %s",
-                                  p->tensor);
-            r->addr = p->dst;
-            r->len = len;
-        }
+        addr[i] = p->dst;
+        rc = fr_rl_shard_check(p, &d, &len[i], err);   /* a buffer too small: refused */
     }
-    return 0;
+    if (rc == 0)
+        rc = fr_rl_spans_register(ferry_store_engine(sub->s), addr, len, sub->n, &sub->spans, err);
+    free(addr);
+    free(len);
+    return rc;
 }
 
 /* My read pieces [from, to), every byte count checked. */
@@ -494,7 +480,7 @@ static int exchange(ferry_subscriber *sub, const fr_gen *g, uint64_t gen, const 
         ferry_region **regs = malloc((sub->n ? sub->n : 1) * sizeof *regs);
         rc = regs ? register_shards(sub, g, err) : fr_rl_fail(err, FERRY_ENOMEM, "out of memory");
         for (size_t i = 0; rc == 0 && i < sub->n; i++)
-            regs[i] = sub->regs[i].reg;
+            regs[i] = fr_rl_spans_region(&sub->spans, i);
         if (rc == 0)
             rc = fr_sub_encode(&sub->cfg, g, sub->shards, sub->n, regs, ferry_store_engine(sub->s),
                                &rec, &reclen, err);
@@ -730,8 +716,7 @@ int ferry_subscriber_open(ferry_store *s, const ferry_subscriber_config *cfg,
     sub->n = n;
     sub->shards = calloc(n ? n : 1, sizeof *sub->shards);
     sub->names = calloc(n ? n : 1, sizeof *sub->names);
-    sub->regs = calloc(n ? n : 1, sizeof *sub->regs);
-    if (!sub->shards || !sub->names || !sub->regs) {
+    if (!sub->shards || !sub->names) {
         ferry_subscriber_close(sub);
         return FERRY_ENOMEM;
     }
@@ -748,10 +733,7 @@ void ferry_subscriber_close(ferry_subscriber *sub)
 {
     if (!sub)
         return;
-    for (size_t i = 0; sub->regs && i < sub->n; i++)
-        if (sub->regs[i].reg)
-            (void)ferry_region_unregister(sub->regs[i].reg);
-    free(sub->regs);
+    fr_rl_spans_free(&sub->spans);
     fr_work_free(&sub->plan);
     free_members(sub);
     free(sub->names);

@@ -90,6 +90,8 @@ int fr_rl_target(const fr_gen *g, const ferry_param_shard *shards, size_t n, uin
                             p->ndim, d.ndim);
             break;
         }
+        if ((rc = fr_rl_shard_check(p, &d, NULL, err)) < 0)   /* a buffer too small */
+            break;
         ferry_fragment f = { .tensor = (uint32_t)ti, .rank = rank_of ? rank_of[i] : 0 };
         bool strided = false, empty = false;
         for (uint32_t k = 0; k < d.ndim; k++) {
