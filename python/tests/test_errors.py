@@ -57,7 +57,7 @@ def test_common_store_failures_say_what_failed(cluster, store):
     msgs.append(check_message(failure(lambda: store.barrier("e/bar", "a", 2, timeout_ms=50), ferry.TimeoutError),
                               "'e/bar'"))
     store.queue_push("e/q", b"r")
-    (rid, tok, _), = store.queue_pop("e/q", lease_ms=1)
+    (rid, tok, _), = store.queue_pop("e/q", lease_ms=60000)   # not 1: it lapsed before the nack under load
     store.queue_nack(rid, tok)
     (rid2, tok2, _), = store.queue_pop("e/q", lease_ms=60000)
     msgs.append(check_message(failure(lambda: store.queue_ack(rid, tok), ferry.StaleError), str(rid)))
