@@ -262,10 +262,7 @@ int cmd_master(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
 
-    printf("ferry master listening on %s (dir %s)\n", ferry_master_address(m), c->dir);
-    if (mx)
-        printf("ferry master metrics on http://%s/metrics\n", cli_metrics_address(mx));
-    fflush(stdout);
+    /* The files before the lines: whoever read the lines finds the files. */
     const char *bad = NULL;
     if (x.addr_file[0] && write_addr_file(x.addr_file, ferry_master_address(m)) < 0)
         bad = x.addr_file;
@@ -277,6 +274,10 @@ int cmd_master(int argc, char **argv)
         ferry_master_close(m);
         return 1;
     }
+    printf("ferry master listening on %s (dir %s)\n", ferry_master_address(m), c->dir);
+    if (mx)
+        printf("ferry master metrics on http://%s/metrics\n", cli_metrics_address(mx));
+    fflush(stdout);
     rc = ferry_master_run(m);
     signal(SIGTERM, SIG_DFL);
     signal(SIGINT, SIG_DFL);

@@ -165,14 +165,8 @@ int cmd_node(int argc, char **argv)
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-    char sz[32];
-    printf("ferry node %016llx: segment %llu (%s) mounted on the master at %s\n",
-           (unsigned long long)ferry_node_id(n), (unsigned long long)ferry_node_segment(n),
-           cli_fmt_size(cfg->segment_size, sz, sizeof sz), cfg->master);
-    if (mx)
-        printf("ferry node metrics on http://%s/metrics\n", cli_metrics_address(mx));
-    fflush(stdout);
-    /* The metrics file first: a ready file means everything asked for is up. */
+    /* The metrics file, the ready file, then the lines: a ready file means
+     * everything asked for is up, and whoever read the lines finds the files. */
     if (mx && x.metrics_file[0] && cli_metrics_write_file(mx, x.metrics_file) != 0)
         fprintf(stderr, "ferry node: cannot write %s: %s\n", x.metrics_file, strerror(errno));
     if (x.ready[0]) {
@@ -181,6 +175,13 @@ int cmd_node(int argc, char **argv)
         if (cli_write_file_atomic(x.ready, text) != 0)
             fprintf(stderr, "ferry node: cannot write %s: %s\n", x.ready, strerror(errno));
     }
+    char sz[32];
+    printf("ferry node %016llx: segment %llu (%s) mounted on the master at %s\n",
+           (unsigned long long)ferry_node_id(n), (unsigned long long)ferry_node_segment(n),
+           cli_fmt_size(cfg->segment_size, sz, sizeof sz), cfg->master);
+    if (mx)
+        printf("ferry node metrics on http://%s/metrics\n", cli_metrics_address(mx));
+    fflush(stdout);
     rc = ferry_node_run(n);
     g_node = NULL;
     cli_metrics_stop(mx);   /* before the node it reads goes */

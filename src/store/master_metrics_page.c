@@ -105,8 +105,13 @@ static void wal(FILE *f, fr_master *m)
     uint64_t cum = 0;
     for (size_t b = 0; b < FR_MX_WAL_BUCKETS; b++) {
         cum += x->wal_bucket[b];
-        fprintf(f, "ferry_master_wal_commit_seconds_bucket{le=\"%g\"} %llu\n",
-                (double)fr_mx_wal_le[b] / 1e9, U(cum));
+        char le[32];   /* "0.00005", not "5e-05": the bound as people write it */
+        int n = snprintf(le, sizeof le, "%.9f", (double)fr_mx_wal_le[b] / 1e9);
+        while (n > 1 && le[n - 1] == '0')
+            le[--n] = '\0';
+        if (le[n - 1] == '.')
+            le[n - 1] = '\0';
+        fprintf(f, "ferry_master_wal_commit_seconds_bucket{le=\"%s\"} %llu\n", le, U(cum));
     }
     cum += x->wal_bucket[FR_MX_WAL_BUCKETS];
     fprintf(f, "ferry_master_wal_commit_seconds_bucket{le=\"+Inf\"} %llu\n", U(cum));
