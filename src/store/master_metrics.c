@@ -71,12 +71,14 @@ void fr_master_mx_error(fr_master *m)
     m->mx.errors[m->mx.op]++;
 }
 
-void fr_master_mx_objects(fr_master *m, uint16_t reply_type, uint64_t size)
+void fr_master_mx_objects(fr_master *m, uint16_t reply_type, uint64_t size, uint64_t lease_until)
 {
-    if (reply_type == FR_SMSG_PLACEMENT)
+    if (reply_type == FR_SMSG_PLACEMENT) {
         m->mx.put_bytes += size;
-    else if (reply_type == FR_SMSG_REPLICAS)
+    } else if (reply_type == FR_SMSG_REPLICAS) {
         m->mx.get_bytes += size;
+        m->mx.leases += lease_until != 0;
+    }
 }
 
 /* Upper bounds of the commit-latency buckets, in nanoseconds: 50 us to 5 s,

@@ -44,6 +44,7 @@ typedef struct fr_master_mx {
     unsigned op;                  /* the request answered now: index into requests/errors */
     uint64_t requests[FR_MX_OPS], errors[FR_MX_OPS];
     uint64_t put_bytes, get_bytes;
+    uint64_t leases;              /* read leases granted (GET_REPLICAS with a lease) */
     uint64_t lost;                /* objects that became LOST (unmount, node death) */
     uint64_t redelivered;         /* queue records whose lease lapsed */
     uint64_t returned;            /* queue records taken back from a client that is gone */
@@ -73,7 +74,8 @@ int fr_master_mx_open(fr_master_mx *x, int epfd);
 void fr_master_mx_request(fr_master *m, uint16_t type);   /* a frame arrived: op := type */
 void fr_master_mx_op(fr_master *m, uint16_t type);        /* an answer for type follows */
 void fr_master_mx_error(fr_master *m);                    /* an ERROR reply is queued */
-void fr_master_mx_objects(fr_master *m, uint16_t reply_type, uint64_t size);
+/* A PLACEMENT or REPLICAS reply (lease_until 0: no lease). */
+void fr_master_mx_objects(fr_master *m, uint16_t reply_type, uint64_t size, uint64_t lease_until);
 void fr_master_mx_wal_commit(fr_master *m, uint64_t ns);
 /* The gate's failed callback (acceptor thread): arg is the master. */
 void fr_master_mx_handshake_failed(void *arg, int code);
@@ -93,15 +95,14 @@ int fr_master_mx_text(fr_master *m, int wait_ms, char **out);
 /* The Prometheus text itself (loop thread). NULL: out of memory. */
 char *fr_master_mx_render(fr_master *m);
 
-/* What the meta can say about itself in one walk (meta_gauges.c). */
+/* What the meta can say about itself in O(1) (meta_gauges.c). */
 typedef struct fr_meta_gauges {
     uint64_t complete, pending, lost;    /* objects by state */
     uint64_t complete_bytes;             /* bytes of COMPLETE objects */
-    uint64_t leased;                     /* objects under a read lease at now */
     uint64_t evictions;                  /* since this meta was made */
     uint64_t queues;
 } fr_meta_gauges;
-void fr_meta_gauges_get(const fr_meta *m, uint64_t now_ms, fr_meta_gauges *out);
+void fr_meta_gauges_get(const fr_meta *m, fr_meta_gauges *out);
 typedef struct fr_meta_qgauge { const char *name; uint64_t ready, leased, bound; } fr_meta_qgauge;
 /* Up to cap queues (any order); returns how many there are. Names are
  * borrowed until the next mutation. */

@@ -158,14 +158,15 @@ static void handshakes(FILE *f, fr_master *m)
 static void objects(FILE *f, fr_master *m)
 {
     fr_meta_gauges g;
-    fr_meta_gauges_get(m->meta, m->now_wall, &g);
+    fr_meta_gauges_get(m->meta, &g);
     fr_mx_family(f, "ferry_master_objects", "gauge", "Objects now, by state.");
     fprintf(f, "ferry_master_objects{state=\"complete\"} %llu\n", U(g.complete));
     fprintf(f, "ferry_master_objects{state=\"pending\"} %llu\n", U(g.pending));
     fprintf(f, "ferry_master_objects{state=\"lost\"} %llu\n", U(g.lost));
     one(f, "ferry_master_object_bytes", "gauge", "Bytes of complete objects (one replica each).",
         g.complete_bytes);
-    one(f, "ferry_master_object_leases", "gauge", "Objects under a read lease now.", g.leased);
+    one(f, "ferry_master_object_leases_total", "counter",
+        "Read leases granted (replicas handed out under a lease).", m->mx.leases);
     one(f, "ferry_master_put_bytes_total", "counter",
         "Bytes of objects placed by put_start (the master sees sizes, never payload).",
         m->mx.put_bytes);

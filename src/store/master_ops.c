@@ -271,7 +271,7 @@ static void reply_replicas(fr_master_conn *c, uint64_t id, uint16_t type, const 
     for (uint32_t i = 0; i < d->nrep && i < FR_SMSG_REPLICAS_MAX; i++)
         r.rep[i] = (fr_smsg_replica){ d->rep[i].segment, d->rep[i].node, d->rep[i].offset,
                                       d->size, d->rep[i].preferred };
-    fr_master_mx_objects(c->m, type, d->size);
+    fr_master_mx_objects(c->m, type, d->size, d->lease_until);
     fr_master_reply(c, id, &r);
 }
 

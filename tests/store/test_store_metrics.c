@@ -244,14 +244,26 @@ bad:
 
 /* ---- scraping ------------------------------------------------------------------- */
 
+/* The page at url into page: NULL, or why it could not be had or parsed. */
+static const char *try_scrape(const char *url)
+{
+    static char why[256];
+    int st = ft_run(page, sizeof page, "curl -sS --fail --max-time 60 '%s'", url);
+    if (st != 0) {
+        snprintf(why, sizeof why, "curl %s exited with %d: %.100s", url, st, page);
+        return why;
+    }
+    const char *bad = check_exposition(page);
+    if (bad)
+        snprintf(why, sizeof why, "%s is not valid exposition text: %s", url, bad);
+    return bad ? why : NULL;
+}
+
 static void scrape(const char *url)
 {
-    int st = ft_run(page, sizeof page, "curl -sS --fail --max-time 60 '%s'", url);
-    if (st != 0)
-        fail_msg("curl %s exited with %d: %s", url, st, page);
-    const char *why = check_exposition(page);
+    const char *why = try_scrape(url);
     if (why)
-        fail_msg("%s is not valid exposition text: %s", url, why);
+        fail_msg("%s", why);
 }
 
 /* The value of one series ("name{labels}" exactly as printed), -1 if absent. */
@@ -357,7 +369,7 @@ static void test_format(void **state)
         "ferry_master_connections", "ferry_master_handshakes_refused_total",
         "ferry_master_wal_commit_seconds", "ferry_master_evictions_total",
         "ferry_master_objects_lost_total", "ferry_master_queue_ready_records",
-        "ferry_master_queue_redeliveries_total", "ferry_master_object_leases",
+        "ferry_master_queue_redeliveries_total", "ferry_master_object_leases_total",
         "ferry_master_queue_leased_records", "ferry_master_nodes",
     };
     for (size_t i = 0; i < sizeof families / sizeof families[0]; i++) {
@@ -389,6 +401,8 @@ static void test_counters_move(void **state)
     double obj0 = value_in(page, "ferry_master_objects{state=\"complete\"}");
     double kv0 = value_in(page, "ferry_master_requests_total{op=\"kv_put\"}");
     double wal0 = value_in(page, "ferry_master_wal_commit_seconds_count");
+    double lease0 = value_in(page, "ferry_master_object_leases_total");
+    double bytes0 = value_in(page, "ferry_master_object_bytes");
     assert_true(put0 >= 0 && pb0 >= 0 && err0 >= 0 && obj0 >= 0 && wal0 >= 0);
     static uint8_t buf[3000];
     const size_t sizes[] = { 1000, 2000, 3000 };
@@ -410,6 +424,8 @@ static void test_counters_move(void **state)
     assert_true(value_in(page, "ferry_master_get_bytes_total") == gb0 + 6000);
     assert_true(value_in(page, "ferry_master_request_errors_total{op=\"get_replicas\"}") == err0 + 1);
     assert_true(value_in(page, "ferry_master_objects{state=\"complete\"}") == obj0 + 3);
+    assert_true(value_in(page, "ferry_master_object_bytes") == bytes0 + 6000);
+    assert_true(value_in(page, "ferry_master_object_leases_total") == lease0 + 3);   /* lease_ms 1 */
     /* every acknowledged change was committed to the log first */
     assert_true(value_in(page, "ferry_master_wal_commit_seconds_count") > wal0);
     assert_true(value_in(page, "ferry_master_wal_commit_seconds_sum") > 0);
@@ -625,6 +641,41 @@ static void test_evictions_and_lost(void **state)
     assert_true(value_in(page, "ferry_master_segments") == 0);
 }
 
+/* `ferry up --metrics --detach`: both URLs printed, kept in the state
+ * directory, and each serving its page; `ferry down` stops both. */
+static void test_up_metrics(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/ferry-up-metrics-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    static char out[1 << 14];
+    int st = ft_run(out, sizeof out, "%s up --dir %s --size 32M --metrics --detach 2>&1",
+                    ft_ferry_bin(), dir);
+    fprintf(stderr, "ferry up --metrics --detach -> %d: %s", st, out);
+    const char *at = strstr(out, "metrics at ");
+    char mu[128] = "", nu[128] = "";
+    bool ok = st == 0 && at && sscanf(at, "metrics at %127s (master) and %127s", mu, nu) == 2;
+    char f[300], text[160];
+    if (ok) {
+        snprintf(f, sizeof f, "%s/master.metrics", dir);
+        FILE *fp = fopen(f, "r");
+        ok = fp && fgets(text, sizeof text, fp) && !strncmp(text, mu, strlen(mu));
+        if (fp)
+            fclose(fp);
+    }
+    /* nothing here may end the test before `ferry down` */
+    if (ok && !(ok = try_scrape(mu) == NULL))
+        fprintf(stderr, "%s\n", try_scrape(mu));
+    ok = ok && value_in(page, "ferry_master_nodes{state=\"live\"}") == 1;
+    if (ok && !(ok = try_scrape(nu) == NULL))
+        fprintf(stderr, "%s\n", try_scrape(nu));
+    ok = ok && value_in(page, "ferry_node_registrations_total") == 1;
+    int down = ft_run(out, sizeof out, "%s down --dir %s 2>&1", ft_ferry_bin(), dir);
+    ft_run(out, sizeof out, "rm -rf '%s'", dir);
+    assert_true(ok);
+    assert_int_equal(down, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -634,6 +685,7 @@ int main(void)
         cmocka_unit_test(test_queues),
         cmocka_unit_test(test_node_served),
         cmocka_unit_test(test_hostile_http),
+        cmocka_unit_test(test_up_metrics),
         cmocka_unit_test(test_evictions_and_lost),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
