@@ -170,9 +170,10 @@ static void objects(FILE *f, fr_master *m)
     one(f, "ferry_master_put_bytes_total", "counter",
         "Bytes of objects placed by put_start (the master sees sizes, never payload).",
         m->mx.put_bytes);
-    one(f, "ferry_master_get_bytes_total", "counter",
-        "Bytes of objects whose replicas were handed to readers (whole objects; a ranged "
-        "read moves less).", m->mx.get_bytes);
+    one(f, "ferry_master_get_object_bytes_total", "counter",
+        "Sizes of the objects whose replicas were handed to readers, one per lookup: a "
+        "ranged read counts its whole object, so this bounds what readers moved, it does "
+        "not measure it (readers move bytes without the master).", m->mx.get_bytes);
     one(f, "ferry_master_evictions_total", "counter",
         "Soft objects evicted to make room for new ones.", g.evictions);
     one(f, "ferry_master_objects_lost_total", "counter",

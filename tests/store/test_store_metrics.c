@@ -166,7 +166,7 @@ static const char *check_exposition(const char *text)
                     snprintf(why, sizeof why, "bad type '%s' of %s", rest, name);
                     goto bad;
                 }
-                snprintf(f->type, sizeof f->type, "%s", rest);
+                snprintf(f->type, sizeof f->type, "%.15s", rest);
                 last_bucket = inf_bucket = -1;
             }
             continue;
@@ -364,7 +364,7 @@ static void test_format(void **state)
     scrape(murl);
     const char *families[] = {
         "ferry_master_requests_total", "ferry_master_request_errors_total",
-        "ferry_master_put_bytes_total", "ferry_master_get_bytes_total", "ferry_master_objects",
+        "ferry_master_put_bytes_total", "ferry_master_get_object_bytes_total", "ferry_master_objects",
         "ferry_master_segment_used_bytes", "ferry_master_segment_free_bytes",
         "ferry_master_connections", "ferry_master_handshakes_refused_total",
         "ferry_master_wal_commit_seconds", "ferry_master_evictions_total",
@@ -396,7 +396,7 @@ static void test_counters_move(void **state)
     double put0 = value_in(page, "ferry_master_requests_total{op=\"put_start\"}");
     double end0 = value_in(page, "ferry_master_requests_total{op=\"put_end\"}");
     double pb0 = value_in(page, "ferry_master_put_bytes_total");
-    double gb0 = value_in(page, "ferry_master_get_bytes_total");
+    double gb0 = value_in(page, "ferry_master_get_object_bytes_total");
     double err0 = value_in(page, "ferry_master_request_errors_total{op=\"get_replicas\"}");
     double obj0 = value_in(page, "ferry_master_objects{state=\"complete\"}");
     double kv0 = value_in(page, "ferry_master_requests_total{op=\"kv_put\"}");
@@ -421,7 +421,7 @@ static void test_counters_move(void **state)
     assert_true(value_in(page, "ferry_master_requests_total{op=\"put_start\"}") == put0 + 3);
     assert_true(value_in(page, "ferry_master_requests_total{op=\"put_end\"}") == end0 + 3);
     assert_true(value_in(page, "ferry_master_put_bytes_total") == pb0 + 6000);
-    assert_true(value_in(page, "ferry_master_get_bytes_total") == gb0 + 6000);
+    assert_true(value_in(page, "ferry_master_get_object_bytes_total") == gb0 + 6000);
     assert_true(value_in(page, "ferry_master_request_errors_total{op=\"get_replicas\"}") == err0 + 1);
     assert_true(value_in(page, "ferry_master_objects{state=\"complete\"}") == obj0 + 3);
     assert_true(value_in(page, "ferry_master_object_bytes") == bytes0 + 6000);
