@@ -55,8 +55,11 @@ const char *ferry_strerror(int code);
 
 /* Logging goes to stderr (or to a callback: ferry_log_set_callback); a
  * library never prints to stdout. Level comes from
- * FERRY_LOG=debug|info|warn|error (default warn) and can be overridden at
- * run time. */
+ * FERRY_LOG=debug|info|warn|error|off (default warn) and can be overridden
+ * at run time. Every line on stderr carries the time (UTC, ISO 8601 with
+ * milliseconds), the level, the subsystem and the pid:
+ *   2025-01-31T12:34:56.789Z ferry[1234] WARN master: message
+ * (docs/operations.md, "Logs"). */
 enum ferry_log_level {
     FERRY_LOG_DEBUG = 0,
     FERRY_LOG_INFO = 1,
@@ -66,13 +69,26 @@ enum ferry_log_level {
 };
 void ferry_log_set_level(enum ferry_log_level level);
 enum ferry_log_level ferry_log_get_level(void);
+/* The form of lines on stderr: FERRY_LOG_TEXT as above, or FERRY_LOG_JSON,
+ * one object per line:
+ *   {"ts":"2025-01-31T12:34:56.789Z","level":"warn","subsystem":"master",
+ *    "pid":1234,"msg":"message"}
+ * (strings escaped, bytes that are not UTF-8 as U+FFFD). The default comes
+ * from FERRY_LOG_FORMAT=text|json (text when unset or unrecognised).
+ * Process-wide, like the level. */
+enum ferry_log_format {
+    FERRY_LOG_TEXT = 0,
+    FERRY_LOG_JSON = 1,
+};
+void ferry_log_set_format(enum ferry_log_format format);
+enum ferry_log_format ferry_log_get_format(void);
 /* Where log lines go instead of stderr: fn(arg, level, tag, msg) is called
  * on the thread that logs, for each line at or above the level, with the
- * subsystem tag and the message without the "ferry[pid] LEVEL tag: " head
- * or a newline (both valid only during the call). fn must return quickly
- * and must not call into ferry. NULL fn restores stderr. Process-wide, like
- * the level; a line logged on another thread while this runs may still
- * reach the previous callback. */
+ * subsystem tag and the message without the time, pid and level or a
+ * trailing newline (both strings valid only during the call); the format
+ * does not apply. fn must return quickly and must not call into ferry.
+ * NULL fn restores stderr. Process-wide, like the level; a line logged on
+ * another thread while this runs may still reach the previous callback. */
 typedef void (*ferry_log_fn)(void *arg, enum ferry_log_level level, const char *tag, const char *msg);
 void ferry_log_set_callback(ferry_log_fn fn, void *arg);
 

@@ -249,6 +249,11 @@ typedef struct ferry_engine_stats {
     uint64_t frames_rejected;                 /* malformed frames dropped */
     uint64_t notify_dropped;                  /* notifications dropped unconsumed (the bound
                                                * FERRY_NOTIFY_PENDING_MAX, or out of memory) */
+    /* As target, over tcp: bytes peers read from and wrote into this
+     * engine's regions. Same-host peers over shm move bytes without this
+     * process; what it serves them is the mapping (shm_maps_served). */
+    uint64_t served_read_bytes, served_write_bytes;
+    uint64_t shm_maps_served;
 } ferry_engine_stats;
 void ferry_engine_get_stats(const ferry_engine *e, ferry_engine_stats *out);
 

@@ -297,6 +297,16 @@ const char *ferry_master_address(const ferry_master *m);
 int ferry_master_run(ferry_master *m);
 void ferry_master_stop(ferry_master *m);    /* async-signal-safe */
 void ferry_master_close(ferry_master *m);   /* NULL ok */
+/* The master's counters and gauges as Prometheus text (format 0.0.4; every
+ * series in docs/operations.md, "Metrics"), for an HTTP server such as
+ * `ferry master --metrics`. Any thread, while ferry_master_run runs: the
+ * loop renders the text itself and publishes it, so nothing here reads the
+ * loop's state. A snapshot at most 100 ms old is returned at once; an older
+ * one makes the loop render anew, waited for up to wait_ms (the latest one
+ * there is comes back when the loop does not answer in time, or has
+ * stopped). FERRY_EAGAIN before the loop published its first. *text is
+ * NUL-terminated: ferry_store_free. */
+int ferry_master_metrics(ferry_master *m, int wait_ms, char **text);
 
 /* ---- the node process ------------------------------------------------------------- */
 /* A node owns one memfd-backed segment of this machine's memory, pre-faulted
@@ -330,6 +340,11 @@ uint64_t ferry_node_segment(const ferry_node *n);
 int ferry_node_run(ferry_node *n);
 /* Async-signal-safe. */
 void ferry_node_stop(ferry_node *n);
+/* The node's counters as Prometheus text (docs/operations.md, "Metrics"):
+ * its segment, its registrations (mounts) with the master, the bytes its
+ * engine served to remote peers per transport. Any thread, while the node
+ * is open. *text: ferry_store_free. */
+int ferry_node_metrics(ferry_node *n, char **text);
 /* Unmount (best effort), unregister and free the segment. NULL ok. */
 void ferry_node_close(ferry_node *n);
 

@@ -17,10 +17,26 @@
 
 /* ---- logging ---------------------------------------------------------- */
 /* One function, a level and a subsystem tag ("engine", "tcp", ...). Lines go
- * to stderr as "ferry[pid] LEVEL tag: message". Thread-safe. */
+ * to stderr as "2025-01-31T12:34:56.789Z ferry[pid] LEVEL tag: message"
+ * (one such line per line of a message), or as one JSON object per call
+ * under FERRY_LOG_FORMAT=json, or to the callback of ferry_log_set_callback.
+ * Thread-safe. */
 void fr_log(enum ferry_log_level level, const char *tag, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 bool fr_log_on(enum ferry_log_level level);
+/* Now in UTC as ISO 8601 with milliseconds, "2025-01-31T12:34:56.789Z"
+ * (FR_LOG_TS_LEN characters and a NUL). 0, or -1 when the clock cannot be
+ * read as a date (the text is then all zeros). */
+#define FR_LOG_TS_LEN 24
+int fr_log_timestamp(char out[FR_LOG_TS_LEN + 1]);
+/* The n bytes of s as the inside of a JSON string: quotes, backslashes and
+ * control characters escaped, bytes that are not UTF-8 as U+FFFD. out has
+ * room for 6 * n bytes; returns the bytes written (no NUL). */
+size_t fr_json_escape(char *out, const char *s, size_t n);
+/* Bytes of the UTF-8 sequence of a character >= 0x80 at s (n bytes left):
+ * 2 to 4, or 0 when it is not UTF-8 (overlong forms, surrogates and values
+ * above U+10FFFF are not). */
+size_t fr_utf8_seq_len(const unsigned char *s, size_t n);
 #define FR_DEBUG(tag, ...) do { if (fr_log_on(FERRY_LOG_DEBUG)) fr_log(FERRY_LOG_DEBUG, tag, __VA_ARGS__); } while (0)
 #define FR_INFO(tag, ...)  fr_log(FERRY_LOG_INFO, tag, __VA_ARGS__)
 #define FR_WARN(tag, ...)  fr_log(FERRY_LOG_WARN, tag, __VA_ARGS__)

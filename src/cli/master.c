@@ -1,8 +1,9 @@
 /* `ferry master`: the store's metadata server in the foreground.
  *
- * The server is ferry_master_* (store.h); this file parses options, finds
- * the cluster token, reports the bound address and turns SIGTERM/SIGINT
- * into a clean stop. */
+ * The server is ferry_master_* (store.h); this file parses options (the
+ * command line over a --config file: cli_config.h), finds the cluster
+ * token, reports the bound address, serves --metrics (metrics_http.h) and
+ * turns SIGTERM/SIGINT into a clean stop. */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -11,6 +12,8 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "cli_config.h"
+#include "metrics_http.h"
 
 static ferry_master *g_master;   /* for the signal handler only */
 
@@ -26,7 +29,8 @@ static void master_usage(FILE *f)
             "usage: ferry master --dir DIR [--listen HOST:PORT] [--token-file F]\n"
             "                    [--heartbeat-timeout MS] [--grace MS] [--dead-after MS]\n"
             "                    [--pending-timeout MS] [--checkpoint-records N]\n"
-            "                    [--addr-file F] [--no-sync]\n"
+            "                    [--addr-file F] [--no-sync] [--metrics HOST:PORT]\n"
+            "                    [--metrics-file F] [--config FILE]\n"
             "\n"
             "Serve the store's metadata (segments, objects, KV, barriers, queues) over TCP.\n"
             "Every change is logged in DIR before it is acknowledged; a restart on the same\n"
@@ -48,7 +52,13 @@ static void master_usage(FILE *f)
             "  --pending-timeout MS    revoke objects whose writer vanished mid-put (60000)\n"
             "  --checkpoint-records N  snapshot after N log records (1000000)\n"
             "  --addr-file F           write HOST:PORT to F once listening (atomically)\n"
-            "  --no-sync               do not fsync the log (tests and benchmarks only)\n");
+            "  --no-sync               do not fsync the log (tests and benchmarks only)\n"
+            "  --metrics HOST:PORT     serve Prometheus metrics at http://HOST:PORT/metrics\n"
+            "                          (port 0: any free one; default: no metrics server)\n"
+            "  --metrics-file F        write the metrics URL to F once serving (atomically)\n"
+            "  --config FILE           options from a JSON object whose keys are the option\n"
+            "                          names (\"dir\", \"heartbeat-timeout\", ...); options on\n"
+            "                          the command line override it (docs/operations.md)\n");
 }
 
 static int read_token_file(const char *path, ferry_master_config *c)
@@ -126,77 +136,122 @@ static const char *open_error(int rc, const ferry_master_config *c)
     return buf;
 }
 
-int cmd_master(int argc, char **argv)
-{
+static const cli_optdef master_opts[] = {
+    { "dir", CLI_OPT_STR }, { "listen", CLI_OPT_STR }, { "token-file", CLI_OPT_STR },
+    { "heartbeat-timeout", CLI_OPT_NUM }, { "grace", CLI_OPT_NUM }, { "dead-after", CLI_OPT_NUM },
+    { "pending-timeout", CLI_OPT_NUM }, { "checkpoint-records", CLI_OPT_NUM },
+    { "addr-file", CLI_OPT_STR }, { "no-sync", CLI_OPT_FLAG }, { "metrics", CLI_OPT_STR },
+    { "metrics-file", CLI_OPT_STR },
+};
+
+typedef struct master_ctx {
     ferry_master_config c;
-    ferry_master_config_init(&c);
-    c.token_len = 0;   /* found below, with its own error messages */
-    const char *token_file = NULL, *addr_file = NULL, *dir = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            master_usage(stdout);
-            return 0;
-        }
-        if (!strcmp(a, "--no-sync")) {
-            c.no_sync = true;
-            continue;
-        }
-        if (v == NULL) {
-            fprintf(stderr, "ferry master: unknown option or missing value: %s\n\n", a);
-            master_usage(stderr);
-            return 2;
-        }
-        i++;
-        if (!strcmp(a, "--dir"))
-            dir = v;
-        else if (!strcmp(a, "--listen"))
-            snprintf(c.listen, sizeof c.listen, "%s", v);
-        else if (!strcmp(a, "--token-file"))
-            token_file = v;
-        else if (!strcmp(a, "--addr-file"))
-            addr_file = v;
-        else if (!strcmp(a, "--heartbeat-timeout")) {   /* up to a day */
-            if (cli_opt_uint(a, v, 1, 86400000, &c.heartbeat_timeout_ms) < 0)
-                return 2;
-        } else if (!strcmp(a, "--grace")) {
-            if (cli_opt_uint(a, v, 1, 86400000, &c.grace_ms) < 0)
-                return 2;
-        } else if (!strcmp(a, "--dead-after")) {   /* 0: never */
-            if (cli_opt_uint(a, v, 0, 30ull * 86400000, &c.dead_after_ms) < 0)
-                return 2;
-        } else if (!strcmp(a, "--pending-timeout")) {
-            if (cli_opt_uint(a, v, 1, 86400000, &c.pending_timeout_ms) < 0)
-                return 2;
-        } else if (!strcmp(a, "--checkpoint-records")) {
-            if (cli_opt_uint(a, v, 1, 1000000000, &c.checkpoint_records) < 0)
-                return 2;
-        } else {
-            fprintf(stderr, "ferry master: unknown option %s\n\n", a);
-            master_usage(stderr);
-            return 2;
-        }
+    char dir[4096], token_file[4096], addr_file[4096], metrics[64], metrics_file[4096];
+} master_ctx;
+
+/* A string option into its buffer, refused when it does not fit. */
+static int set_str(const char *opt, const char *v, char *dst, size_t cap)
+{
+    if (strlen(v) >= cap) {
+        fprintf(stderr, "ferry master: --%s is at most %zu bytes, not %zu\n", opt, cap - 1,
+                strlen(v));
+        return -1;
     }
-    if (dir == NULL || strlen(dir) >= sizeof c.dir) {
+    snprintf(dst, cap, "%s", v);
+    return 0;
+}
+
+static int master_apply(void *arg, const char *name, const char *v)
+{
+    master_ctx *x = arg;
+    ferry_master_config *c = &x->c;
+    char opt[64];
+    snprintf(opt, sizeof opt, "--%s", name);
+    if (!strcmp(name, "dir"))
+        return set_str(name, v, x->dir, sizeof x->dir);
+    if (!strcmp(name, "listen"))
+        return set_str(name, v, c->listen, sizeof c->listen);
+    if (!strcmp(name, "token-file"))
+        return set_str(name, v, x->token_file, sizeof x->token_file);
+    if (!strcmp(name, "addr-file"))
+        return set_str(name, v, x->addr_file, sizeof x->addr_file);
+    if (!strcmp(name, "metrics"))
+        return set_str(name, v, x->metrics, sizeof x->metrics);
+    if (!strcmp(name, "metrics-file"))
+        return set_str(name, v, x->metrics_file, sizeof x->metrics_file);
+    if (!strcmp(name, "no-sync")) {
+        c->no_sync = true;
+        return 0;
+    }
+    if (!strcmp(name, "heartbeat-timeout"))   /* up to a day */
+        return cli_opt_uint(opt, v, 1, 86400000, &c->heartbeat_timeout_ms);
+    if (!strcmp(name, "grace"))
+        return cli_opt_uint(opt, v, 1, 86400000, &c->grace_ms);
+    if (!strcmp(name, "dead-after"))   /* 0: never */
+        return cli_opt_uint(opt, v, 0, 30ull * 86400000, &c->dead_after_ms);
+    if (!strcmp(name, "pending-timeout"))
+        return cli_opt_uint(opt, v, 1, 86400000, &c->pending_timeout_ms);
+    if (!strcmp(name, "checkpoint-records"))
+        return cli_opt_uint(opt, v, 1, 1000000000, &c->checkpoint_records);
+    fprintf(stderr, "ferry master: option --%s is not handled\n", name);   /* a table bug */
+    return -1;
+}
+
+static int master_page(void *arg, char **text)
+{
+    return ferry_master_metrics(arg, 2000, text);
+}
+
+/* Parse the command line and the --config file into x: 0, or the exit
+ * status (0 after --help, 2 on a usage error). */
+static int master_parse(int argc, char **argv, master_ctx *x, bool *run)
+{
+    *run = false;
+    memset(x, 0, sizeof *x);
+    ferry_master_config_init(&x->c);
+    x->c.token_len = 0;   /* found below, with its own error messages */
+    cli_args a;
+    size_t nopts = sizeof master_opts / sizeof master_opts[0];
+    int pr = cli_args_parse("master", argc, argv, master_opts, nopts, &a);
+    if (pr == 0 && cli_args_apply("master", &a, master_opts, nopts, master_apply, x) < 0)
+        pr = -1;
+    if (pr != 0)
+        return cli_usage_exit(pr, master_usage);
+    if (x->dir[0] == 0) {
         fprintf(stderr, "ferry master: --dir DIR is required\n\n");
         master_usage(stderr);
         return 2;
     }
-    snprintf(c.dir, sizeof c.dir, "%s", dir);
-    if (find_token(token_file, &c) < 0)
+    snprintf(x->c.dir, sizeof x->c.dir, "%s", x->dir);
+    if (find_token(x->token_file[0] ? x->token_file : NULL, &x->c) < 0)
         return 2;
-
-    ferry_master *m = NULL;
-    if (c.dead_after_ms != 0 && c.dead_after_ms < c.heartbeat_timeout_ms) {
+    if (x->c.dead_after_ms != 0 && x->c.dead_after_ms < x->c.heartbeat_timeout_ms) {
         fprintf(stderr, "ferry master: --dead-after %llu must be 0 or at least the heartbeat "
-                "timeout (%llu)\n", (unsigned long long)c.dead_after_ms,
-                (unsigned long long)c.heartbeat_timeout_ms);
+                "timeout (%llu)\n", (unsigned long long)x->c.dead_after_ms,
+                (unsigned long long)x->c.heartbeat_timeout_ms);
         return 2;
     }
-    int rc = ferry_master_open(&c, &m);
+    *run = true;
+    return 0;
+}
+
+int cmd_master(int argc, char **argv)
+{
+    master_ctx x;
+    bool run;
+    int st = master_parse(argc, argv, &x, &run);
+    if (!run)
+        return st;
+    ferry_master_config *c = &x.c;
+    ferry_master *m = NULL;
+    int rc = ferry_master_open(c, &m);
     if (rc < 0) {
-        fprintf(stderr, "ferry master: cannot start: %s\n", open_error(rc, &c));
+        fprintf(stderr, "ferry master: cannot start: %s\n", open_error(rc, c));
+        return 1;
+    }
+    cli_metrics *mx = NULL;
+    if (x.metrics[0] && cli_metrics_start("master", x.metrics, master_page, m, &mx) < 0) {
+        ferry_master_close(m);
         return 1;
     }
     g_master = m;
@@ -207,17 +262,27 @@ int cmd_master(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
 
-    printf("ferry master listening on %s (dir %s)\n", ferry_master_address(m), c.dir);
-    fflush(stdout);
-    if (addr_file && write_addr_file(addr_file, ferry_master_address(m)) < 0) {
-        fprintf(stderr, "ferry master: cannot write %s: %s\n", addr_file, strerror(errno));
+    /* The files before the lines: whoever read the lines finds the files. */
+    const char *bad = NULL;
+    if (x.addr_file[0] && write_addr_file(x.addr_file, ferry_master_address(m)) < 0)
+        bad = x.addr_file;
+    else if (mx && x.metrics_file[0] && cli_metrics_write_file(mx, x.metrics_file) < 0)
+        bad = x.metrics_file;
+    if (bad) {
+        fprintf(stderr, "ferry master: cannot write %s: %s\n", bad, strerror(errno));
+        cli_metrics_stop(mx);
         ferry_master_close(m);
         return 1;
     }
+    printf("ferry master listening on %s (dir %s)\n", ferry_master_address(m), c->dir);
+    if (mx)
+        printf("ferry master metrics on http://%s/metrics\n", cli_metrics_address(mx));
+    fflush(stdout);
     rc = ferry_master_run(m);
     signal(SIGTERM, SIG_DFL);
     signal(SIGINT, SIG_DFL);
     g_master = NULL;
+    cli_metrics_stop(mx);   /* before the master it reads goes */
     ferry_master_close(m);
     if (rc < 0) {
         fprintf(stderr, "ferry master: stopped on error: %s\n", ferry_strerror(rc));

@@ -11,7 +11,8 @@
  *                 directory is refused before it changes anything
  *   up.pids       master and node of a detached cluster: pid, start time and
  *                 command line each, so `ferry down` signals only them
- *   master.log, node.log   output of a detached cluster */
+ *   master.log, node.log   output of a detached cluster
+ *   master.metrics, node.metrics   their metrics URLs (with --metrics) */
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -31,7 +32,7 @@ typedef struct up_opts {
     char dir[4096];
     char listen[64];
     uint64_t size;
-    bool detach, json;
+    bool detach, json, metrics;
     char master[128];
 } up_opts;
 
@@ -69,6 +70,8 @@ static int parse(const char *cmd, int argc, char **argv, up_opts *o)
             return CLI_HELP;
         if (up && !strcmp(a, "--detach"))
             o->detach = true;
+        else if (up && !strcmp(a, "--metrics"))
+            o->metrics = true;
         else if (status && !strcmp(a, "--json"))
             o->json = true;
         else if (v && !strcmp(a, "--dir"))
@@ -91,13 +94,16 @@ static void up_usage(FILE *f)
 {
     fprintf(f,
             "usage: ferry up [--dir DIR] [--size SIZE (1G)] [--listen HOST:PORT (127.0.0.1:0)] [--detach]\n"
+            "                [--metrics]\n"
             "\n"
             "Start a master and a node on this machine (state in DIR, default $FERRY_HOME or\n"
             "~/.ferry; a token is generated there once) and print the line that points clients\n"
             "at it. It stays in the foreground; Ctrl-C stops both. --detach returns at once\n"
             "and leaves them running for `ferry down`. A --size above the memory this machine\n"
             "(and its cgroup) has available is refused before anything starts, and so is a\n"
-            "second `ferry up` on a DIR whose cluster runs.\n");
+            "second `ferry up` on a DIR whose cluster runs. --metrics has the master and the\n"
+            "node serve Prometheus metrics on free loopback ports (their URLs are printed and\n"
+            "kept in DIR/master.metrics and DIR/node.metrics; docs/operations.md).\n");
 }
 
 static void down_usage(FILE *f)
@@ -309,11 +315,14 @@ int cmd_up(int argc, char **argv)
     if (check_size(&o) < 0)
         return 1;
     char tok[4200], mdir[4200], addrf[4200], readyf[4200], pidf[4200], addr[128], seg[64];
+    char mmf[4200], nmf[4200], murl[128] = "", nurl[128] = "";
     char sizes[32];
     snprintf(mdir, sizeof mdir, "%s/master", o.dir);
     snprintf(addrf, sizeof addrf, "%s/master.addr", o.dir);
     snprintf(readyf, sizeof readyf, "%s/node.ready", o.dir);
     snprintf(pidf, sizeof pidf, "%s/up.pids", o.dir);
+    snprintf(mmf, sizeof mmf, "%s/master.metrics", o.dir);
+    snprintf(nmf, sizeof nmf, "%s/node.metrics", o.dir);
     if (mkdir(o.dir, 0700) != 0 && errno != EEXIST) {
         fprintf(stderr, "ferry up: cannot make %s: %s\n", o.dir, strerror(errno));
         return 1;
@@ -338,9 +347,15 @@ int cmd_up(int argc, char **argv)
     }
     remove(addrf);
     remove(readyf);
+    remove(mmf);
+    remove(nmf);
     snprintf(sizes, sizeof sizes, "%llu", (unsigned long long)o.size);
+    /* The metrics file is written after the address file: waiting for it
+     * last waits for both. */
     const char *margs[] = { "ferry", "master", "--dir", mdir, "--listen", o.listen,
-                            "--token-file", tok, "--addr-file", addrf, NULL };
+                            "--token-file", tok, "--addr-file", addrf,
+                            o.metrics ? "--metrics" : NULL, "127.0.0.1:0", "--metrics-file", mmf,
+                            NULL };
     char mlog[4200], nlog[4200];
     snprintf(mlog, sizeof mlog, "%s/master.log", o.dir);
     snprintf(nlog, sizeof nlog, "%s/node.log", o.dir);
@@ -348,6 +363,8 @@ int cmd_up(int argc, char **argv)
     int st = 0;
     pid_t mp = spawn(margs, o.detach, mlog, lock);
     int w = mp < 0 ? 1 : wait_file(addrf, mp, 15, addr, sizeof addr, &st);
+    if (w == 0 && o.metrics)
+        w = wait_file(mmf, mp, 15, murl, sizeof murl, &st);
     if (w != 0) {
         explain_start("master", w, st, oom0, 15, o.detach, mlog);
         if (w < 0)
@@ -363,7 +380,9 @@ int cmd_up(int argc, char **argv)
     char name[32];
     snprintf(name, sizeof name, "up-%016llx", (unsigned long long)h);
     const char *nargs[] = { "ferry", "node", "--master", addr, "--size", sizes, "--name", name,
-                            "--token-file", tok, "--ready-file", readyf, NULL };
+                            "--token-file", tok, "--ready-file", readyf,
+                            o.metrics ? "--metrics" : NULL, "127.0.0.1:0", "--metrics-file", nmf,
+                            NULL };
     pid_t np = spawn(nargs, o.detach, nlog, lock);
     w = np < 0 ? 1 : wait_file(readyf, np, 60, seg, sizeof seg, &st);
     if (w != 0) {
@@ -376,6 +395,8 @@ int cmd_up(int argc, char **argv)
     }
     printf("ferry up: master at %s, node segment %s (%s), state in %s\n", addr, seg,
            cli_fmt_size(o.size, sizes, sizeof sizes), o.dir);
+    if (o.metrics && read_small(nmf, nurl, sizeof nurl) == 0)   /* written before node.ready */
+        printf("ferry up: metrics at %s (master) and %s (node)\n", murl, nurl);
     printf("export FERRY_MASTER=%s FERRY_TOKEN_FILE=%s\n", addr, tok);
     fflush(stdout);
     if (o.detach) {
@@ -412,6 +433,8 @@ int cmd_up(int argc, char **argv)
     stop_child(mp);
     remove(addrf);
     remove(readyf);
+    remove(mmf);
+    remove(nmf);
     return rc;
 }
 
@@ -457,6 +480,10 @@ int cmd_down(int argc, char **argv)
     snprintf(f, sizeof f, "%s/master.addr", o.dir);
     remove(f);
     snprintf(f, sizeof f, "%s/node.ready", o.dir);
+    remove(f);
+    snprintf(f, sizeof f, "%s/master.metrics", o.dir);
+    remove(f);
+    snprintf(f, sizeof f, "%s/node.metrics", o.dir);
     remove(f);
     if (stopped == 2) {
         printf("ferry down: stopped the master (pid %d) and the node (pid %d)\n", r[0].p.pid,

@@ -193,6 +193,7 @@ struct ferry_engine {
         _Atomic uint64_t tickets_completed, tickets_aborted, tickets_failed, tickets_unknown;
         _Atomic uint64_t remote_refused, auth_refused, frames_rejected;
         _Atomic uint64_t notify_dropped;
+        _Atomic uint64_t served_read_bytes, served_write_bytes, shm_maps_served;
     } stats;
 };
 

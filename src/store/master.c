@@ -79,6 +79,8 @@ static int master_new(const fr_master_config *c, bool mem, fr_master **out)
     pthread_mutex_init(&m->mu, NULL);
     pthread_cond_init(&m->cv, NULL);
     *out = m;
+    if (fr_master_mx_init(&m->mx) < 0)
+        return FERRY_ENOMEM;
     m->items_cap = FR_MASTER_EVENTS_FRAME;
     m->events = fr_calloc(FR_MASTER_EVENTS_FRAME, sizeof *m->events);
     m->items = fr_calloc(FR_MASTER_EVENTS_FRAME, sizeof *m->items);
@@ -164,7 +166,7 @@ static int open_sockets(fr_master *m)
     ev.data.ptr = &m->handoff_efd;
     if (epoll_ctl(m->epfd, EPOLL_CTL_ADD, m->handoff_efd, &ev) < 0)
         return FERRY_EIO;
-    return 0;
+    return fr_master_mx_open(&m->mx, m->epfd);
 }
 
 static int accept_open(fr_master *m);   /* the accept path, below */
@@ -270,6 +272,7 @@ void fr_master_close(fr_master *m)
         if (fds[i] >= 0)
             close(fds[i]);
     pthread_mutex_destroy(&m->mu);
+    fr_master_mx_fini(&m->mx);
     fr_free(m->events);
     fr_free(m->items);
     fr_free(m);
@@ -312,7 +315,7 @@ static int accept_open(fr_master *m)
         .tag = "master", .key = m->key, .instance = m->instance, .role = 0,
         .deadline_ms = FR_MASTER_HANDSHAKE_MS, .max_inflight = FR_MASTER_HANDSHAKES_MAX,
         .max_per_source = FR_MASTER_HANDSHAKES_PER_SOURCE, .stop_fd = m->stop_pipe[0],
-        .ready = handshake_done, .arg = m,
+        .ready = handshake_done, .failed = fr_master_mx_handshake_failed, .arg = m,
     };
     return fr_hsgate_open(&gc, m->lfd, &m->gate);
 }
@@ -366,7 +369,9 @@ static void take_handoffs(fr_master *m)
 static void finish_batch(fr_master *m)
 {
     if (m->fatal == 0 && fr_wal_last_lsn(m->wal) != fr_wal_durable_lsn(m->wal)) {
+        uint64_t t0 = fr_now_ns();
         int rc = fr_wal_commit(m->wal);
+        fr_master_mx_wal_commit(m, fr_now_ns() - t0);
         if (rc < 0) {
             fr_master_note_fatal(m, rc == FERRY_EIO ? rc : FERRY_EIO);
             return;
@@ -408,7 +413,8 @@ static void timers(fr_master *m)
         int rc = fr_meta_tick(m->meta, m->now_wall, &tr);
         if (rc == FERRY_EIO)
             fr_master_note_fatal(m, rc);
-        else if (tr.revoked)
+        m->mx.redelivered += tr.redelivered;
+        if (rc != FERRY_EIO && tr.revoked)
             FR_INFO("master", "revoked %llu pending objects whose writer vanished", U(tr.revoked));
     }
     if (fr_master_barrier_next_deadline(m) <= m->now_mono)
@@ -458,6 +464,7 @@ int fr_master_run(fr_master *m)
     bool stop = false;
     clocks(m);
     m->next_liveness = m->now_mono + FR_MASTER_TICK_MS;
+    fr_master_mx_publish(m, true);   /* readers have a snapshot from the start */
     while (!stop && m->fatal == 0) {
         int n = epoll_wait(m->epfd, evs, 256, loop_timeout(m));
         if (n < 0 && errno != EINTR) {
@@ -471,6 +478,8 @@ int fr_master_run(fr_master *m)
                 stop = true;
             } else if (p == &m->handoff_efd) {
                 take_handoffs(m);
+            } else if (p == &m->mx.wake_fd) {
+                fr_master_mx_woken(m);
             } else {
                 fr_master_conn *c = p;
                 if (c->dead)
@@ -485,7 +494,9 @@ int fr_master_run(fr_master *m)
             resume_held(m);
         timers(m);
         finish_batch(m);
+        fr_master_mx_publish(m, false);
     }
+    fr_master_mx_stopped(m);
     fr_hsgate_stop(m->gate);   /* a fatal error ends the loop without the stop pipe */
     pthread_join(m->acceptor, NULL);
     m->acceptor_started = false;

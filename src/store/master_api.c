@@ -7,6 +7,7 @@
 #include "base/base.h"
 #include "ferry/store.h"
 #include "store/master.h"
+#include "store/master_metrics.h"
 
 struct ferry_master { fr_master *m; };
 
@@ -81,4 +82,11 @@ void ferry_master_close(ferry_master *m)
         return;
     fr_master_close(m->m);
     fr_free(m);
+}
+
+int ferry_master_metrics(ferry_master *m, int wait_ms, char **out)
+{
+    if (!m || !out)
+        return FERRY_EINVAL;
+    return fr_master_mx_text(m->m, wait_ms < 0 ? 0 : wait_ms, out);
 }

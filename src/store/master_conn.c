@@ -141,6 +141,7 @@ static void reply_text(fr_master_conn *c, uint64_t req_id, int code, uint64_t de
     fr_smsg r = { .type = FR_SMSG_ERROR, .status = code < 0 ? code : FERRY_EIO, .rev = detail };
     r.val.p = (const uint8_t *)text;
     r.val.n = (uint32_t)n;
+    fr_master_mx_error(c->m);
     if (put_frame(c, req_id, &r) < 0)
         conn_drop(c, "cannot queue an error reply");
 }
@@ -170,6 +171,7 @@ void fr_master_reply_meta_err(fr_master_conn *c, uint64_t req_id, int code, uint
 static void conn_frame(fr_master_conn *c, const fr_frame_hdr *h, const uint8_t *b)
 {
     c->frames++;
+    fr_master_mx_request(c->m, h->type);
     const char *name = fr_smsg_type_name(h->type);
     if (!fr_smsg_is_request(h->type)) {
         if (name)

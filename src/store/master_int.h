@@ -6,6 +6,7 @@
 #define FR_STORE_MASTER_INT_H
 
 #include "store/master.h"
+#include "store/master_metrics.h"
 #include "store/store_int.h"
 #include "wire/store_msg.h"
 
@@ -158,6 +159,7 @@ struct fr_master {
     struct {                     /* since start, in STATUS */
         uint64_t suspected, declared_dead, clients_released, stalls, holds;
     } lstats;
+    fr_master_mx mx;             /* metrics: counters and the published snapshot */
     fr_umap segs;                /* id -> fr_master_seg */
     /* scratch of the dispatcher (the loop is single-threaded) */
     char k1[FR_KEY_MAX + 1], k2[FR_KEY_MAX + 1];

@@ -102,6 +102,7 @@ void fr_master_node_dead(fr_master *m, fr_master_node *nd, const char *why)
         return;
     }
     m->lstats.declared_dead += rc == 0;
+    m->mx.lost += lost;
     if (rc == 0)
         FR_WARN("master", "node %llx%s%s%s declared dead: %s; its segments are unmounted, %llu "
                 "objects lost", U(nd->id), nd->name[0] ? " ('" : "", nd->name,
@@ -241,6 +242,7 @@ static bool client_tick(fr_master *m, fr_master_client *cl)
         if (rc == FERRY_EIO)
             fr_master_note_fatal(m, rc);
         m->lstats.clients_released += revoked || returned;
+        m->mx.returned += returned;
         if (revoked || returned)
             FR_INFO("master", "client %s gone for %.1f s: %llu unfinished puts revoked, %llu "
                     "queue records delivered again", cl->peer, secs(gone), U(revoked),

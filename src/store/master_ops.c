@@ -186,6 +186,7 @@ void fr_master_probes_done(fr_master *m)
     fr_master_probe *p = m->probed;
     m->probed = NULL;
     pthread_mutex_unlock(&m->mu);
+    fr_master_mx_op(m, FR_SMSG_MOUNT);
     while (p) {
         fr_master_probe *next = p->next;
         fr_master_conn *c = NULL;
@@ -232,6 +233,7 @@ static void op_unmount(fr_master_conn *c, uint64_t id, const fr_smsg *q)
         return;
     }
     fr_free(fr_umap_del(&m->segs, q->segment));
+    m->mx.lost += lost;
     FR_INFO("master", "segment %llx unmounted (%llu objects lost)", U(q->segment), U(lost));
     fr_master_reply_ok(c, id);
 }
@@ -269,6 +271,7 @@ static void reply_replicas(fr_master_conn *c, uint64_t id, uint16_t type, const 
     for (uint32_t i = 0; i < d->nrep && i < FR_SMSG_REPLICAS_MAX; i++)
         r.rep[i] = (fr_smsg_replica){ d->rep[i].segment, d->rep[i].node, d->rep[i].offset,
                                       d->size, d->rep[i].preferred };
+    fr_master_mx_objects(c->m, type, d->size, d->lease_until);
     fr_master_reply(c, id, &r);
 }
 

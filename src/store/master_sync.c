@@ -116,6 +116,7 @@ void fr_master_watch_push_all(fr_master *m)
             continue;
         int rc = watch_emit(w, false);
         if (rc < 0) {   /* compacted past this watcher: it must resync */
+            fr_master_mx_op(m, FR_SMSG_WATCH);
             fr_master_reply_meta_err(w->c, w->req_id, rc, rev + 1);
             fr_master_watch_free(w);
         }
@@ -192,6 +193,7 @@ void fr_master_barrier_timeouts(fr_master *m)
             continue;
         fr_barrier_state st = { 0 };
         (void)fr_meta_barrier_status(m->meta, w->name, &st);
+        fr_master_mx_op(m, FR_SMSG_BARRIER);
         fr_master_reply_err(w->c, w->req_id, FERRY_ETIMEDOUT, 0,
                             "barrier '%s' timed out after %llu ms with %u of %u members", w->name,
                             U(w->timeout_ms), st.arrived, st.count);

@@ -118,6 +118,9 @@ struct fr_meta {
     bool broken, loading;
     uint64_t load_count;
     uint64_t last_lost;       /* set by unmount/node-death applies */
+    uint64_t evictions;       /* soft objects evicted by placement since made (metrics) */
+    uint64_t nobj[4];         /* objects by state (enum fr_obj_state), kept by meta_obj.c */
+    uint64_t complete_bytes;  /* bytes of COMPLETE objects, likewise */
     void **scratch;           /* for applies and read-only walks */
     size_t scratch_cap;
     struct meta_cand *cand;   /* placement candidates (put_start only) */

@@ -61,8 +61,18 @@ static void touch(fr_meta *m, meta_obj *o)
     }
 }
 
+/* The counts of objects by state (metrics): d = -1 before o changes state
+ * or goes, +1 after it got one. */
+static void obj_count(fr_meta *m, const meta_obj *o, int d)
+{
+    m->nobj[o->state & 3] += (uint64_t)(int64_t)d;
+    if (o->state == FR_OBJ_COMPLETE)
+        m->complete_bytes += (uint64_t)(int64_t)d * o->size;
+}
+
 static void obj_free(fr_meta *m, meta_obj *o)
 {
+    obj_count(m, o, -1);
     for (uint32_t i = 0; i < o->nslots; i++) {
         meta_rep *p = &o->rep[i];
         if (p->seg == NULL)
@@ -150,6 +160,7 @@ static int put_start_apply(fr_meta *m, const fr_rec *r)
     if (rc < 0)
         return rc;
     o->state = FR_OBJ_PENDING;
+    obj_count(m, o, 1);
     o->hard_pin = r->flag != 0;
     o->created = meta_now(m, r->time);
     o->touch_seq = ++m->touch_seq;
@@ -168,6 +179,7 @@ static int snap_obj_apply(fr_meta *m, const fr_rec *r)
     if (rc < 0)
         return rc;
     o->state = (uint32_t)r->state;
+    obj_count(m, o, 1);
     o->hard_pin = r->flag != 0;
     o->lease_until = r->until;
     o->touch_seq = r->seq;
@@ -192,7 +204,9 @@ int meta_obj_apply(fr_meta *m, const fr_rec *r)
     case FR_REC_PUT_END:
         if (o->state != FR_OBJ_PENDING)
             return meta_fail(m, FERRY_ESTATE, "object '%s' is %s, not pending", k, state_name(o->state));
+        obj_count(m, o, -1);
         o->state = FR_OBJ_COMPLETE;
+        obj_count(m, o, 1);
         fr_dlist_remove(&o->pending);
         touch(m, o);
         return 0;
@@ -236,7 +250,9 @@ void meta_drop_seg(fr_meta *m, meta_seg *s, uint64_t node, uint64_t now)
             continue;
         /* The last replica is gone: the object stays as a LOST marker so
          * readers learn what happened instead of "no such object". */
+        obj_count(m, o, -1);
         o->state = FR_OBJ_LOST;
+        obj_count(m, o, 1);
         o->lost_node = node;
         o->lost_at = now;
         o->lease_until = 0;
@@ -254,6 +270,8 @@ void meta_obj_free_all(fr_meta *m)
     while ((o = fr_smap_next(&m->objs, &pos)) != NULL)
         fr_free(o);
     fr_smap_fini(&m->objs);
+    memset(m->nobj, 0, sizeof m->nobj);
+    m->complete_bytes = 0;
 }
 
 static int cmp_touch(const void *a, const void *b)

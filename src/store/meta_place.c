@@ -77,6 +77,7 @@ static int evict_one(fr_meta *m, meta_seg *s, uint64_t now)
                  (unsigned long long)o->size, (unsigned long long)s->id);
         fr_rec r = { .type = FR_REC_OBJ_EVICT, .key = meta_span(o->key) };
         int rc = meta_commit(m, &r);
+        m->evictions += rc >= 0;
         return rc < 0 ? rc : 1;
     }
     return 0;

@@ -9,6 +9,7 @@
 
 #include "base/base.h"
 #include "ferry/store.h"
+#include "store/master_metrics.h"
 #include "store/mconn.h"
 #include "wire/sockio.h"
 
@@ -25,6 +26,8 @@ struct ferry_node {
     fr_mconn *mc;
     uint64_t mounted_epoch;
     int stop[2];
+    _Atomic uint64_t mounts, mount_failures;   /* metrics (node_metrics.c) */
+    atomic_bool mounted;
 };
 
 int ferry_node_config_init(ferry_node_config *cfg)
@@ -68,6 +71,8 @@ static int mount(ferry_node *n)
                  .val = {.p = n->desc, .n = (uint32_t)n->desc_len},
                  .key = {.p = (const uint8_t *)n->cfg.name, .n = (uint32_t)strlen(n->cfg.name)}};
     int rc = node_call(n, &q, n->cfg.timeout_ms);
+    atomic_fetch_add(rc == 0 ? &n->mounts : &n->mount_failures, 1);
+    atomic_store(&n->mounted, rc == 0);
     if (rc == 0) {
         n->mounted_epoch = epoch;
         FR_INFO(TAG, "segment %llu (%llu bytes) mounted on the master at %s",
@@ -132,6 +137,19 @@ uint64_t ferry_node_id(const ferry_node *n)
 uint64_t ferry_node_segment(const ferry_node *n)
 {
     return n ? n->seg : 0;
+}
+
+void fr_node_counters_get(const ferry_node *n, fr_node_counters *o)
+{
+    *o = (fr_node_counters){ .id = n->id, .segment = n->seg, .segment_size = n->cfg.segment_size,
+                             .mounts = atomic_load(&n->mounts),
+                             .mount_failures = atomic_load(&n->mount_failures),
+                             .mounted = atomic_load(&n->mounted) };
+}
+
+ferry_engine *fr_node_engine(ferry_node *n)
+{
+    return n->eng;
 }
 
 int ferry_node_run(ferry_node *n)

@@ -115,6 +115,29 @@ static char *capture_stderr(void (*fn)(void))
     return buf;
 }
 
+/* Every line starts with a UTC timestamp ("2025-01-31T12:34:56.789Z "):
+ * check its shape and drop it, leaving "ferry[pid] LEVEL tag: message"
+ * lines (tests/base/test_base_log.c tests the head itself). */
+static void strip_timestamps(char *out)
+{
+    char *w = out;
+    for (char *line = out; *line;) {
+        char *nl = strchr(line, '\n');
+        assert_non_null(nl);
+        assert_true(nl - line > 25);
+        for (int i = 0; i < 24; i++)
+            assert_true(i == 4 || i == 7 ? line[i] == '-' : i == 10 ? line[i] == 'T'
+                        : i == 13 || i == 16 ? line[i] == ':' : i == 19 ? line[i] == '.'
+                        : i == 23 ? line[i] == 'Z' : (line[i] >= '0' && line[i] <= '9'));
+        assert_int_equal(line[24], ' ');
+        size_t n = (size_t)(nl - line) - 25 + 1;
+        memmove(w, line + 25, n);
+        w += n;
+        line = nl + 1;
+    }
+    *w = '\0';
+}
+
 static void log_some(void)
 {
     ferry_log_set_level(FERRY_LOG_WARN);
@@ -133,6 +156,7 @@ static void test_log_format(void **state)
     char want[256];
 
     char *out = capture_stderr(log_some);
+    strip_timestamps(out);
     snprintf(want, sizeof(want), "ferry[%ld] WARN test: hello 42\nferry[%ld] ERROR net: ends with newline\n",
              (long)getpid(), (long)getpid());
     assert_string_equal(out, want);
@@ -197,6 +221,7 @@ static void test_log_threads(void **state)
 
     char *out = capture_stderr(log_threads);
     ferry_log_set_level(old);
+    strip_timestamps(out);
     snprintf(prefix, sizeof(prefix), "ferry[%ld] ERROR thr: ", (long)getpid());
     for (char *line = out, *nl; (nl = strchr(line, '\n')) != NULL; line = nl + 1, n++) {
         int t, i, used = 0;

@@ -139,6 +139,8 @@ static void serve_ctrl(ferry_engine *e, int fd, uint64_t peer_instance)
         int mfd = -1;
         if (fr_region_map_info(e, m.u.map.key, &resp.u.map_resp, &mfd) < 0)
             mfd = -1;
+        else
+            FR_STAT_ADD(e, shm_maps_served, 1);
         if (send_with_fd(fd, &resp, mfd) < 0)
             return;
     }

@@ -64,6 +64,8 @@ static int srv_write(ferry_engine *e, int fd, uint64_t req_id, const fr_msg_rw *
     }
     rc = fr_read_full(fd, ptr, rw->len);
     fr_region_release(reg);
+    if (rc >= 0)
+        FR_STAT_ADD(e, served_write_bytes, rw->len);
     return rc < 0 ? rc : srv_reply_ack(fd, req_id, 0, rw->len);
 }
 
@@ -88,6 +90,8 @@ static int srv_read(ferry_engine *e, int fd, uint64_t req_id, const fr_msg_rw *r
         rc = n;
     }
     fr_region_release(reg);
+    if (rc >= 0)
+        FR_STAT_ADD(e, served_read_bytes, rw->len);
     return rc;
 }
 
@@ -116,6 +120,8 @@ static int srv_write_rows(ferry_engine *e, int fd, uint64_t req_id, const fr_msg
     }
     rc = fr_read_rows(fd, ptr, r->rows, r->len, r->stride);
     fr_region_release(reg);
+    if (rc >= 0)
+        FR_STAT_ADD(e, served_write_bytes, bytes);
     return rc < 0 ? rc : srv_reply_ack(fd, req_id, 0, bytes);
 }
 
@@ -136,6 +142,8 @@ static int srv_read_rows(ferry_engine *e, int fd, uint64_t req_id, const fr_msg_
     int n = fr_wire_encode(&m, req_id, m.u.read_resp.len, hdr, sizeof hdr);
     rc = n < 0 ? n : fr_write_rows(fd, hdr, (size_t)n, ptr, r->rows, r->len, r->stride);
     fr_region_release(reg);
+    if (rc >= 0)
+        FR_STAT_ADD(e, served_read_bytes, m.u.read_resp.len);
     return rc;
 }
 
