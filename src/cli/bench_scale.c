@@ -1,5 +1,5 @@
 /* `ferry bench weights --scale`: the single-pull group plan of every worker
- * of a large rollout group, in one process, with no store and no network
+ * of a large rollout group, on one machine, with no store and no network
  * (docs/weights.md, "Scale benchmark").
  *
  * It runs the code a subscriber runs between the demand barrier and the
@@ -9,15 +9,17 @@
  * the rollout layout, and each worker's plan is fr_sub_plan_records over
  * all the records — decode, replica sets, reader assignment, push
  * lowering, reads planned by the reshard planner — first cold (nothing
- * cached), then again with the same records (the plan cache's hit).
+ * cached), then with the next generation's records (the same layouts:
+ * the plan cache must hit).
  *
  * Processes: the parent builds the generation; a child builds the rollout
- * placement and the records and sends them back; a second child, which
- * holds only what a worker holds at that point (the generation and the
- * records), plans for every worker in turn and reports its times and its
+ * placement and the records and sends them back; then each worker is
+ * planned in a child of its own, which holds what a worker holds at that
+ * point (the generation and the records) and reports its times and its
  * peak resident memory (VmHWM). Every plan is checked: the group reads
  * the model once, every worker gets exactly its demand (read or pushed),
- * and the workers' own reads add up to the group's. */
+ * every worker computes the same group figures, and the workers' own
+ * reads add up to the group's. */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -62,7 +64,7 @@ static void usage_scale(FILE *f)
                "(fsdp:256)]\n"
                "                           [--dst LAYOUT (ep:16,tp:8)] [--gpus-per-node N (8)] "
                "[--workers N (all)] [--json]\n"
-               "  plans the single-pull update of every rollout worker of dst in one process "
+               "  plans the single-pull update of every rollout worker of dst on this machine "
                "(no store, no network)\n");
 }
 
@@ -587,7 +589,10 @@ int cmd_bench_scale(int argc, char **argv)
     ferry_error err = {0};
     ferry_model *model = NULL;
     fr_gen *g = NULL;
-    int rc = ferry_model_preset(o.model, &model, &err);
+    ferry_layout dl;
+    int rc = ferry_layout_parse(o.dst, &dl, &err);   /* before anything is built */
+    if (rc == 0)
+        rc = ferry_model_preset(o.model, &model, &err);
     if (rc == 0)
         rc = build_gen(model, o.src, &g, &err);
     if (rc < 0) {
