@@ -320,6 +320,73 @@ static void test_digest_checked(void **state)
     scene_close(&s);
 }
 
+/* Three dims, the second replica's shards padded in two of them: a read
+ * run then has two loops (more reads than runs: the reads leave their
+ * presized array for the heap) and a push one WRITE per plane. */
+static void test_three_dims_padded(void **state)
+{
+    (void)state;
+    ferry_model *m = NULL;
+    ferry_error err = {0};
+    assert_int_equal(ferry_model_create("scale3", 1, 0, &m), 0);
+    ferry_model_tensor t = { .desc = { .name = "w3", .dtype = "bf16", .itemsize = 2, .ndim = 3,
+                                       .shape = { 256, 64, 32 } },
+                             .role = FERRY_TP_ROW, .layer = 0, .expert = -1 };
+    assert_int_equal(ferry_model_add_tensor(m, &t, &err), 0);
+    scene s = { .model = m, .g = gen_of(m, 1) };
+    ferry_layout l;
+    assert_int_equal(ferry_layout_parse("tp:8,dp:2", &l, &err), 0);
+    assert_int_equal(ferry_layout_build(m, &l, &s.dst, &err), 0);
+    ferry_engine_config cfg;
+    ft_config(&cfg, NULL);
+    assert_int_equal(ferry_engine_open(&cfg, &s.e), 0);
+    ferry_kv_value *recs = calloc(WORLD, sizeof *recs);
+    assert_non_null(recs);
+    for (uint32_t r = 0; r < WORLD; r++) {   /* box [256, 8, 32]; ranks 8-15 padded */
+        ferry_param_shard sh = { .tensor = "w3", .ndim = 3, .offset = { 0, (r % 8) * 8, 0 },
+                                 .shape = { 256, 8, 32 }, .dst = (void *)(uintptr_t)((uint64_t)r << 40) };
+        if (r >= 8)
+            sh.strides[0] = 8 * 40 + 16, sh.strides[1] = 40, sh.strides[2] = 1;
+        ferry_region *regs[1] = {0};
+        ferry_subscriber_config sc = { .rank = r, .world = WORLD, .node = r / 8 };
+        uint8_t *b = NULL;
+        size_t len = 0;
+        assert_int_equal(fr_sub_encode(&sc, s.g, &sh, 1, regs, s.e, &b, &len, &err), 0);
+        recs[r] = (ferry_kv_value){ .val = b, .len = len };
+    }
+    uint64_t reads = 0, pushes = 0, mine = 0, group = 0;
+    for (uint32_t me = 0; me < WORLD; me++) {
+        fr_sub_cache c = {0};
+        ferry_kv_value *copy = copy_of(recs);
+        assert_int_equal(fr_sub_plan_records(&c, s.g, copy, WORLD, me, NULL, &err), 0);
+        const fr_work *w = &c.plan;
+        for (size_t i = 0; i < w->ngreads; i++) {   /* against fsdp:4 pieces [64, 64, 32] */
+            const fr_gread *r = &w->greads[i];
+            assert_int_equal(r->len, me >= 8 ? 64 : 512);
+            assert_int_equal(r->count, me >= 8 ? 8 : 64);
+            assert_int_equal(r->sstride, me >= 8 ? 64 : 64 * 32 * 2);
+        }
+        if (w->nreads)
+            assert_int_equal(w->ngreads, me >= 8 ? 4 * 64 : 4);
+        reads += w->ngreads;
+        for (size_t i = 0; i < w->hop[0].n; i++) {   /* a plane of 8 rows of 64 bytes */
+            assert_int_equal(w->hop[0].ops[i].len, 64);
+            assert_int_equal(w->hop[0].ops[i].count, 8);
+        }
+        pushes += w->hop[0].n + w->hop[1].n;
+        mine += w->my_read;
+        group = w->group_read;
+        fr_sub_cache_free(&c);
+        free(copy);
+    }
+    assert_int_equal(group, 256 * 64 * 32 * 2);
+    assert_int_equal(mine, group);
+    assert_int_equal(pushes, 8 * 256);   /* each box once to its other replica, by plane */
+    assert_true(reads >= 8 * 4);
+    records_free(recs);
+    scene_close(&s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -327,6 +394,7 @@ int main(void)
         cmocka_unit_test(test_strided_reads_and_pushes),
         cmocka_unit_test(test_plan_cache),
         cmocka_unit_test(test_digest_checked),
+        cmocka_unit_test(test_three_dims_padded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
