@@ -342,42 +342,53 @@ static int check_plan(const fr_sub_cache *c, uint32_t me, const fr_gen *g, worke
 /* Worker me's planning, as at an update: cold (nothing kept), then the
  * next generation with the same layouts (the records differ in their
  * generation only, as fr_sub_encode writes them; the plan is kept). */
-/* Touch every page this process inherited resident (one read each,
+/* Touch every page this process inherited resident (one byte of each,
  * the pages /proc/self/pagemap says are present). A worker holds the
  * generation and the records in memory it has touched already (it built
  * them); a forked child has not, and where the hypervisor shadows page
  * tables (the development machines) the first touch of each page in the
  * child costs about as much as a fresh page. Pages that are not present
- * are left alone: touching them would make them resident. */
+ * are left alone (touching them would make them resident), and so are
+ * mappings of 16 GiB and more (a sanitizer's shadow, no worker's data).
+ * The byte goes through a pipe, so that a page that cannot be read is an
+ * EFAULT, not a crash. */
 static void touch_inherited(void)
 {
     FILE *f = fopen("/proc/self/maps", "r");
-    int pm = open("/proc/self/pagemap", O_RDONLY);
-    char line[512];
-    volatile uint8_t sink = 0;
+    int pm = open("/proc/self/pagemap", O_RDONLY), p[2] = { -1, -1 };
+    char line[4096], sink[4096];
     unsigned long page = (unsigned long)sysconf(_SC_PAGESIZE);
     uint64_t ent[512];
-    while (f && pm >= 0 && fgets(line, sizeof line, f)) {
+    size_t queued = 0;
+    if (!f || pm < 0 || pipe2(p, O_NONBLOCK) < 0)
+        goto out;
+    while (fgets(line, sizeof line, f)) {
         unsigned long lo, hi;
         char perm[8];
-        if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perm) != 3 || perm[0] != 'r' || perm[1] != 'w')
+        if (!strchr(line, '\n') || sscanf(line, "%lx-%lx %7s", &lo, &hi, perm) != 3 ||
+            perm[0] != 'r' || perm[1] != 'w' || hi - lo >= (16ul << 30))
             continue;
         for (unsigned long a = lo; a < hi;) {
             size_t n = (hi - a) / page < 512 ? (hi - a) / page : 512;
             ssize_t got = pread(pm, ent, n * sizeof *ent, (off_t)(a / page * sizeof *ent));
             if (got <= 0)
                 break;
-            for (size_t i = 0; i < (size_t)got / sizeof *ent; i++)
-                if (ent[i] >> 63)   /* present */
-                    sink ^= *(volatile const uint8_t *)(a + i * page);
+            for (size_t i = 0; i < (size_t)got / sizeof *ent; i++) {
+                if (!(ent[i] >> 63))   /* not present */
+                    continue;
+                if (write(p[1], (const void *)(a + i * page), 1) == 1 && ++queued == sizeof sink)
+                    queued = read(p[0], sink, sizeof sink) > 0 ? 0 : queued;
+            }
             a += n * page;
         }
     }
+out:
+    if (p[0] >= 0)
+        close(p[0]), close(p[1]);
     if (pm >= 0)
         close(pm);
     if (f)
         fclose(f);
-    (void)sink;
 }
 
 static void plan_worker(const fr_gen *g, ferry_kv_value *recs, uint32_t world, uint32_t me,
