@@ -92,14 +92,19 @@ static void usage_weights(FILE *f)
 {
     fprintf(f, "usage: ferry bench weights [--trainers N (4)] [--rollouts N (4)] [--dp N] "
                "[--bytes SIZE (1G)] [--model PRESET (qwen3-8b)] [--reps N (3)] [--json]\n"
-               "                           [--convert-only]\n"
+               "                           [--convert-only] | --scale [...] (see --scale --help)\n"
                "  --convert-only  only the f32 -> bf16/f16 conversion against memcpy (no "
                "cluster)\n");
 }
 
+int cmd_bench_scale(int argc, char **argv);   /* bench_scale.c */
+
 int cmd_bench_weights(int argc, char **argv, const char *self)
 {
     (void)self;
+    for (int i = 1; i < argc; i++)   /* --scale: the group plan at scale, no cluster */
+        if (!strcmp(argv[i], "--scale"))
+            return cmd_bench_scale(argc, argv);
     /* --convert-only is this command's own; the rest are the demo's */
     bool convert_only = false;
     char **args = malloc(((size_t)argc + 1) * sizeof *args);

@@ -107,6 +107,7 @@ static int load_manifest(ferry_store *s, fr_gen *g, uint64_t bytes, const uint8_
         return fr_rl_fail(err, FERRY_ECORRUPT, "the placement of %s generation %" PRIu64
                           " does not match its digest", g->model, g->generation);
     }
+    memcpy(g->placement, hash, 16);
     rc = ferry_manifest_from_json(text, got, &g->m, err);
     free(text);
     if (rc < 0)

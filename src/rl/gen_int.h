@@ -44,6 +44,8 @@ typedef struct fr_gen {
     char model[128];
     uint64_t generation;
     uint8_t digest[16];
+    uint8_t placement[16];       /* XXH3-128 of manifest.json: the stored placement's identity
+                                  * (all 0: unknown) */
     ferry_manifest *m;           /* the stored manifest, frozen */
     ferry_pack *pack;
     uint32_t nranks;

@@ -38,20 +38,17 @@ struct ferry_subscriber {
     /* The last plan, reused while every member's record (but its
      * generation) and the stored placement stay the same: a new generation
      * of the same model and layout costs no planning. */
-    fr_work plan;
-    fr_member *mbs;           /* the members of the last plan, decoded */
-    bool valid, reused;
-    fr_hash128_t key;
+    fr_sub_cache pc;
 };
 
-bool fr_subscriber_plan_reused(const ferry_subscriber *sub) { return sub && sub->reused; }
+bool fr_subscriber_plan_reused(const ferry_subscriber *sub) { return sub && sub->pc.reused; }
 
 int ferry_subscriber_nodes(const ferry_subscriber *sub, ferry_update_node *out, size_t cap)
 {
     if (!sub || (cap && !out))
         return FERRY_EINVAL;
-    const fr_work *w = &sub->plan;
-    if (!sub->valid)
+    const fr_work *w = &sub->pc.plan;
+    if (!sub->pc.valid)
         return 0;
     for (uint32_t n = 0; n < w->nnodes && n < cap; n++) {
         const fr_rd_load *l = &w->loads[n];
@@ -416,30 +413,6 @@ static int run_apply(apply *ap, bool *reads_ok, bool *fed_ok, int *quiet, ferry_
     return ap->rc;
 }
 
-/* What the plan depends on: every member's record but its generation,
- * and the stored placement the reads are planned against. */
-static fr_hash128_t plan_key(const ferry_kv_value *recs, uint32_t world, const fr_gen *g)
-{
-    fr_hasher *h = fr_hasher_new(0x66727264);
-    if (!h)
-        return (fr_hash128_t){{0}};
-    uint8_t dg[16];
-    (void)ferry_manifest_digest(g->m, dg);
-    fr_hasher_update(h, dg, sizeof dg);
-    fr_hasher_update(h, &world, sizeof world);
-    for (uint32_t k = 0; k < world; k++) {
-        uint64_t len = recs[k].len;
-        fr_hasher_update(h, &len, sizeof len);
-        if (recs[k].len > 16) {
-            fr_hasher_update(h, recs[k].val, 8);   /* the magic; then skip the generation */
-            fr_hasher_update(h, (const uint8_t *)recs[k].val + 16, recs[k].len - 16);
-        }
-    }
-    fr_hash128_t k = fr_hasher_digest(h);
-    fr_hasher_free(h);
-    return k;
-}
-
 /* Every member's demand: mine out, then all of them in (after the barrier). */
 /* The record of a worker that could not take part: its error, so the
  * others fail at once with it instead of waiting for it. */
@@ -530,53 +503,6 @@ static int exchange(ferry_subscriber *sub, const fr_gen *g, uint64_t gen, const 
     return rc;
 }
 
-static void free_members(ferry_subscriber *sub)
-{
-    for (uint32_t k = 0; sub->mbs && k < sub->cfg.world; k++)
-        fr_member_free(&sub->mbs[k]);
-    free(sub->mbs);
-    sub->mbs = NULL;
-}
-
-/* The plan for this update: the last one when nothing it depends on
- * changed (every record but its generation, the stored placement: a
- * hash, no decoding), else a new one from every member's decoded record. */
-static int plan(ferry_subscriber *sub, const fr_gen *g, const ferry_kv_value *recs,
-                ferry_error *err)
-{
-    uint32_t world = sub->cfg.world, me = sub->cfg.rank;
-    fr_hash128_t key = plan_key(recs, world, g);
-    sub->reused = sub->valid && memcmp(&key, &sub->key, sizeof key) == 0;
-    for (uint32_t k = 0; sub->reused && k < world; k++) {   /* the generation the hash skips */
-        const uint8_t *b = recs[k].val;
-        uint64_t gen = 0;
-        for (int i = 7; i >= 0; i--)
-            gen = gen << 8 | b[8 + i];
-        if (gen != g->generation)
-            return fr_rl_fail(err, FERRY_ESTATE, "subscriber: worker %u is updating to generation "
-                              "%" PRIu64 ", this one to %" PRIu64 "; retry", k, gen, g->generation);
-    }
-    if (sub->reused) {
-        fr_work_reset(&sub->plan, world);
-        return 0;
-    }
-    fr_work_free(&sub->plan);
-    free_members(sub);
-    sub->valid = false;
-    sub->mbs = calloc(world, sizeof *sub->mbs);
-    int rc = sub->mbs ? fr_work_init(&sub->plan, world) : FERRY_ENOMEM;
-    if (rc < 0)
-        return fr_rl_fail(err, rc, "subscriber: out of memory");
-    for (uint32_t k = 0; k < world && rc == 0; k++)
-        rc = fr_sub_decode(recs[k].val, recs[k].len, k, g->generation, g,
-                           k != me ? ferry_store_engine(sub->s) : NULL, &sub->mbs[k], err);
-    if (rc == 0)
-        rc = fr_sub_plan(g, sub->mbs, world, me, &sub->plan, err);
-    sub->valid = rc == 0;
-    sub->key = key;
-    return rc;
-}
-
 int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_update_stats *st,
                             ferry_error *err)
 {
@@ -621,14 +547,14 @@ int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_u
     st->prepare_s = t1 - t0;
     st->exchange_s = t1 - tx;
     if (rc == 0)
-        rc = plan(sub, g, recs, err);
+        rc = fr_sub_plan_records(&sub->pc, g, recs, world, me, ferry_store_engine(sub->s), err);
     double t2 = (double)fr_now_ns() / 1e9;
     st->plan_s = t2 - t1;
-    fr_work *w = &sub->plan;
+    fr_work *w = &sub->pc.plan;
     if (rc == 0) {
         plan_stats(w, st);
         /* reads, pushes and forwards as one pipeline (run_apply) */
-        apply ap = { .sub = sub, .e = ferry_store_engine(sub->s), .w = w, .mbs = sub->mbs, .g = g,
+        apply ap = { .sub = sub, .e = ferry_store_engine(sub->s), .w = w, .mbs = sub->pc.mbs, .g = g,
                      .err = err,
                      .tag = { fr_hash64(bar, strlen(bar), 0) | 1, fr_hash64(bar, strlen(bar), 1) | 1 } };
         size_t nmax = w->hop[0].n > w->hop[1].n ? w->hop[0].n : w->hop[1].n;
@@ -678,7 +604,7 @@ int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_u
              sub->cfg.group, active, me);
     if (brc == 0)
         (void)ferry_kv_delete(sub->s, key, 0, NULL);
-    if (sub->valid) {
+    if (sub->pc.valid) {
         st->bytes_read = w->my_read;
         st->group_bytes_read = w->group_read;
         st->bytes_pushed = w->pushed;
@@ -734,8 +660,7 @@ void ferry_subscriber_close(ferry_subscriber *sub)
     if (!sub)
         return;
     fr_rl_spans_free(&sub->spans);
-    fr_work_free(&sub->plan);
-    free_members(sub);
+    fr_sub_cache_free(&sub->pc);
     free(sub->names);
     free(sub->shards);
     free(sub);

@@ -1,4 +1,5 @@
-/* rl internals of the single-pull group update (pull.c, pull_plan.c).
+/* rl internals of the single-pull group update (pull.c, pull_demand.c,
+ * pull_plan.c).
  *
  * Every member describes its parameter shards as fragments of a target
  * placement (tensor, box, element strides, address, registration) in a
@@ -12,7 +13,8 @@
  * one store read each); a push is the piece's box copied from the
  * reader's buffer into another holder's, lowered by ferry_box_lower into
  * strided WRITEs. Records carry boxes, not runs: a kimi-k2 worker of an
- * EP16 x TP8 group describes ~5,000 shards in ~300 KB. */
+ * EP16 x TP8 group describes its ~5,200 shards in at most 406,832 bytes
+ * (`ferry bench weights --scale`). */
 #ifndef FR_RL_PULL_INT_H
 #define FR_RL_PULL_INT_H
 
@@ -21,27 +23,38 @@
 #include <stdint.h>
 
 #include "ferry/weights.h"
-#include "rl/gen_int.h"
-#include "rl/rl_int.h"
+/* siblings by their own names, so that the CLI (whose include path is the
+ * public headers) can reach the planning code too */
+#include "gen_int.h"
+#include "rl_int.h"
 
 #define FR_SUB_PIECE (4ull << 20)   /* shared sets are cut into pieces of about this */
 
 /* One member's shard as a fragment of the group's target placement. */
 typedef struct fr_sfrag {
     uint32_t worker, shard, tensor, ndim;
-    const uint64_t *dims;        /* offset[ndim], shape[ndim], strides[ndim] (elements) */
+    const uint64_t *dims;        /* offset[ndim], shape[ndim], strides[ndim] (elements): in
+                                  * the record itself where it is aligned (little-endian
+                                  * hosts), else a copy */
     uint64_t addr;               /* its memory in the member's process */
+    uint64_t key;                /* its registration's remote key */
 } fr_sfrag;
 
 typedef struct fr_member {
     uint32_t node;
     uint64_t segment;            /* the store segment on its node (0: unknown) */
     uint32_t nshards;
-    uint64_t *dims;              /* every shard's dims (fr_sfrag.dims point into it) */
     fr_sfrag *frags;
-    uint64_t *key, *len;         /* per shard: remote key and registered length */
     ferry_peer_id peer;          /* its engine, imported (the worker id when not) */
+    void *owned;                 /* frags and dims, when allocated for it */
 } fr_member;
+
+/* Memory for a plan's large arrays: an anonymous mapping asked for huge
+ * pages. On machines whose page tables the hypervisor shadows (the
+ * development machines), the first touch of each fresh 4 KiB page costs
+ * more than what the plan computes in it. *mapped: what to unmap. */
+void *fr_sub_map(size_t n, size_t *mapped);
+void fr_sub_unmap(void *p, size_t mapped);
 
 /* The pushes of one hop: WRITE ops in plan order and what this worker
  * sends and receives on the hop, per worker (the notification protocol,
@@ -72,6 +85,7 @@ typedef struct fr_work {
     size_t nreads, cap_reads;
     fr_gread *greads;
     size_t ngreads, cap_greads;
+    size_t greads_mapped;          /* greads is a mapping of this size (fr_sub_map), or 0 */
     fr_pushes hop[2];              /* from the reader; forwarded inside a node */
     uint64_t group_read, my_read, pushed, received;
     /* the group's plan, for the counters (the same on every worker) */
@@ -87,11 +101,15 @@ typedef struct fr_work {
 int fr_sub_encode(const ferry_subscriber_config *cfg, const fr_gen *g,
                   const ferry_param_shard *shards, size_t n, ferry_region *const *regs,
                   ferry_engine *e, uint8_t **out, size_t *len, ferry_error *err);
-/* Decode member `worker`'s record into mb; with e,
- * its endpoint is imported (else mb->peer = worker). Every count, tensor
- * and box is checked against g. */
+/* Decode member `worker`'s record into mb; with e, its endpoint is
+ * imported (else mb->peer = worker). Every count, tensor and box is
+ * checked against g, and the record against its digest. mb points into
+ * the record, which must outlive it. Its arrays are carved out of space,
+ * fr_sub_decode_size(b, len) bytes (8-aligned), or allocated when space
+ * is NULL. */
 int fr_sub_decode(const uint8_t *b, size_t len, uint32_t worker, uint64_t gen, const fr_gen *g,
-                  ferry_engine *e, fr_member *mb, ferry_error *err);
+                  ferry_engine *e, fr_member *mb, void *space, ferry_error *err);
+size_t fr_sub_decode_size(const uint8_t *b, size_t len);
 void fr_member_free(fr_member *mb);
 
 /* The whole plan of worker `me` of a group of `world`: its read pieces
@@ -103,5 +121,30 @@ int fr_work_init(fr_work *w, uint32_t world);
 void fr_work_free(fr_work *w);
 /* Forget the run state of a reused plan (what landed, was sent, failed). */
 void fr_work_reset(fr_work *w, uint32_t world);
+
+/* What a member keeps between updates: its last plan and the members it
+ * was built from, reused while every member's record (but its generation)
+ * and the stored placement hash the same. Zero it to start. */
+typedef struct fr_sub_cache {
+    fr_work plan;
+    fr_member *mbs;                /* world of them, decoded */
+    ferry_kv_value *recs;          /* the records they point into, owned */
+    uint32_t world;
+    void *arena;                   /* the members' arrays (fr_sub_map) */
+    size_t arena_len;
+    bool valid, reused;            /* a plan is held; the last call reused it */
+    uint8_t key[16];
+} fr_sub_cache;
+
+/* The plan of worker `me` from every member's record recs[0..world)
+ * (record k is worker k's): the cached one when nothing it depends on
+ * changed (the records' digests and the stored placement, hashed: nothing
+ * decoded, c->reused), else every record decoded (with e, the others'
+ * endpoints imported) and planned anew; then the cache takes the records
+ * over (recs[k].val is set to NULL; it frees them with ferry_store_free).
+ * FERRY_ESTATE when a member is at another generation. */
+int fr_sub_plan_records(fr_sub_cache *c, const fr_gen *g, ferry_kv_value *recs,
+                        uint32_t world, uint32_t me, ferry_engine *e, ferry_error *err);
+void fr_sub_cache_free(fr_sub_cache *c);
 
 #endif

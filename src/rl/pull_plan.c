@@ -1,195 +1,11 @@
-/* The single-pull group plan (pull_int.h): demand records and, from every
- * member's, this worker's reads and pushes.
- *
- * Demand record (little-endian): "FRYDMND3", u64 generation, u32 rank,
- * u32 shards, u32 node, u32 endpoint length, u64 local segment, the
- * engine's endpoint blob; per shard: u32 tensor (index in the stored
- * placement), u32 ndim, u64 address, u64 registered length, u64 remote
- * key, then offset[ndim], shape[ndim], strides[ndim] (u64, elements). */
+/* The single-pull group plan (pull_int.h): from every member's demand
+ * (pull_demand.c), this worker's reads and pushes. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/base.h"
 #include "rl/pull_int.h"
-
-#define MAGIC "FRYDMND3"
-#define HDR 40
-
-static void put64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++, v >>= 8) p[i] = (uint8_t)v; }
-static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++, v >>= 8) p[i] = (uint8_t)v; }
-static uint64_t get64(const uint8_t *p) { uint64_t v = 0; for (int i = 7; i >= 0; i--) v = v << 8 | p[i]; return v; }
-static uint32_t get32(const uint8_t *p) { uint32_t v = 0; for (int i = 3; i >= 0; i--) v = v << 8 | p[i]; return v; }
-
-/* ---- records -------------------------------------------------------------------------- */
-
-int fr_sub_encode(const ferry_subscriber_config *cfg, const fr_gen *g,
-                  const ferry_param_shard *shards, size_t n, ferry_region *const *regs,
-                  ferry_engine *e, uint8_t **out, size_t *len, ferry_error *err)
-{
-    uint8_t ep[FERRY_DESC_MAX];
-    int el = ferry_engine_export(e, ep, sizeof ep);
-    if (el < 0)
-        return fr_rl_fail(err, el, "subscriber: cannot describe this worker's engine");
-    size_t cap = HDR + (size_t)el;
-    for (size_t i = 0; i < n; i++)
-        cap += 32 + 24 * (size_t)shards[i].ndim;
-    uint8_t *b = malloc(cap), *p = b;
-    if (!b)
-        return fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
-    uint32_t nonempty = 0;   /* a shard with an empty box holds nothing: left out */
-    for (size_t i = 0; i < n; i++) {
-        bool empty = false;
-        for (uint32_t k = 0; k < shards[i].ndim && k < FERRY_MAX_DIMS; k++)
-            empty |= shards[i].shape[k] == 0;
-        nonempty += !empty;
-    }
-    memcpy(p, MAGIC, 8);
-    put64(p + 8, g->generation);
-    put32(p + 16, cfg->rank);
-    put32(p + 20, nonempty);
-    put32(p + 24, cfg->node);
-    put32(p + 28, (uint32_t)el);
-    put64(p + 32, cfg->local_segment);
-    memcpy(p + HDR, ep, (size_t)el);
-    p += HDR + (size_t)el;
-    for (size_t i = 0; i < n; i++) {
-        const ferry_param_shard *s = &shards[i];
-        int ti = ferry_manifest_find_tensor(g->m, s->tensor ? s->tensor : "");
-        ferry_tensor_desc d;
-        if (ti < 0 || ferry_manifest_tensor(g->m, (uint32_t)ti, &d) < 0) {
-            free(b);
-            return fr_rl_fail(err, FERRY_ENOENT, "tensor %s is not in generation %" PRIu64 " of %s",
-                              s->tensor ? s->tensor : "(null)", g->generation, g->model);
-        }
-        if (s->ndim != d.ndim) {
-            free(b);
-            return fr_rl_fail(err, FERRY_EINVAL, "shard of %s has %u dims, the tensor %u", d.name,
-                              s->ndim, d.ndim);
-        }
-        bool strided = false, empty = false;
-        for (uint32_t k = 0; k < d.ndim; k++)
-            empty |= s->shape[k] == 0;
-        if (empty)
-            continue;
-        for (uint32_t k = 0; k < d.ndim; k++) {
-            if (s->offset[k] > d.shape[k] || s->shape[k] > d.shape[k] - s->offset[k] ||
-                s->strides[k] < 0) {
-                free(b);
-                return fr_rl_fail(err, FERRY_ERANGE, "shard of %s: dim %u [%" PRIu64 ", +%" PRIu64
-                                  ") is empty or outside %" PRIu64, d.name, k, s->offset[k],
-                                  s->shape[k], d.shape[k]);
-            }
-            strided |= s->strides[k] != 0;
-        }
-        put32(p, (uint32_t)ti);
-        put32(p + 4, d.ndim);
-        put64(p + 8, (uint64_t)(uintptr_t)s->dst);
-        put64(p + 16, regs[i] ? ferry_region_len(regs[i]) : 0);
-        put64(p + 24, regs[i] ? ferry_region_key(regs[i]) : 0);
-        p += 32;
-        uint64_t dense = 1;
-        for (int k = (int)d.ndim - 1; k >= 0; k--) {
-            put64(p + 8 * (size_t)k, s->offset[k]);
-            put64(p + 8 * (d.ndim + (size_t)k), s->shape[k]);
-            put64(p + 8 * (2 * d.ndim + (size_t)k),
-                  strided ? (s->strides[k] ? (uint64_t)s->strides[k] : 1) : dense);
-            dense *= s->shape[k];
-        }
-        p += 24 * (size_t)d.ndim;
-    }
-    *out = b;
-    *len = (size_t)(p - b);
-    return 0;
-}
-
-void fr_member_free(fr_member *mb)
-{
-    if (!mb)
-        return;
-    free(mb->dims);
-    free(mb->frags);
-    free(mb->key);
-    free(mb->len);
-    memset(mb, 0, sizeof *mb);
-}
-
-int fr_sub_decode(const uint8_t *b, size_t len, uint32_t worker, uint64_t gen, const fr_gen *g,
-                  ferry_engine *e, fr_member *mb, ferry_error *err)
-{
-    memset(mb, 0, sizeof *mb);
-    if (len < HDR || memcmp(b, MAGIC, 8) != 0 || get32(b + 16) != worker)
-        return fr_rl_fail(err, FERRY_EPROTO, "subscriber: the demand of worker %u is malformed",
-                          worker);
-    if (get64(b + 8) != gen)
-        return fr_rl_fail(err, FERRY_ESTATE, "subscriber: worker %u is updating to generation %"
-                          PRIu64 ", this one to %" PRIu64 "; retry", worker, get64(b + 8), gen);
-    uint32_t ns = get32(b + 20), el = get32(b + 28);
-    mb->node = get32(b + 24);
-    mb->segment = get64(b + 32);
-    if (el > FERRY_DESC_MAX || len - HDR < el)
-        return fr_rl_fail(err, FERRY_EPROTO, "subscriber: the demand of worker %u is cut short",
-                          worker);
-    size_t ndims = 0;
-    for (const uint8_t *q = b + HDR + el; q + 32 <= b + len && ndims < len; ) {
-        uint32_t nd = get32(q + 4);
-        if (nd > FERRY_MAX_DIMS)
-            break;
-        ndims += 3 * (size_t)nd;
-        q += 32 + 24 * (size_t)nd;
-    }
-    mb->dims = malloc((ndims ? ndims : 1) * sizeof *mb->dims);
-    mb->frags = calloc(ns ? ns : 1, sizeof *mb->frags);
-    mb->key = calloc(ns ? ns : 1, sizeof *mb->key);
-    mb->len = calloc(ns ? ns : 1, sizeof *mb->len);
-    if (!mb->dims || !mb->frags || !mb->key || !mb->len)
-        return fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
-    mb->nshards = ns;
-    mb->peer = worker;
-    if (e) {
-        int rc = ferry_peer_add(e, b + HDR, el, &mb->peer);
-        if (rc < 0)
-            return fr_rl_fail(err, rc, "subscriber: cannot reach worker %u: %s", worker,
-                              ferry_strerror(rc));
-    }
-    size_t at = 0;
-    const uint8_t *p = b + HDR + el, *end = b + len;
-    uint32_t nt = ferry_manifest_tensor_count(g->m);
-    for (uint32_t i = 0; i < ns; i++) {
-        if (end - p < 32)
-            return fr_rl_fail(err, FERRY_EPROTO, "subscriber: the demand of worker %u is cut short",
-                              worker);
-        fr_sfrag *f = &mb->frags[i];
-        f->worker = worker;
-        f->shard = i;
-        f->tensor = get32(p);
-        f->ndim = get32(p + 4);
-        f->addr = get64(p + 8);
-        mb->len[i] = get64(p + 16);
-        mb->key[i] = get64(p + 24);
-        ferry_tensor_desc d;
-        if (f->tensor >= nt || ferry_manifest_tensor(g->m, f->tensor, &d) < 0 || f->ndim != d.ndim ||
-            (size_t)(end - p - 32) < 24 * (size_t)f->ndim || at + 3 * (size_t)f->ndim > ndims)
-            return fr_rl_fail(err, FERRY_EPROTO, "subscriber: worker %u names an unknown tensor or "
-                              "a bad shard", worker);
-        p += 32;
-        for (uint32_t k = 0; k < 3 * f->ndim; k++)
-            mb->dims[at + k] = get64(p + 8 * k);
-        f->dims = mb->dims + at;
-        at += 3 * (size_t)f->ndim;
-        for (uint32_t k = 0; k < f->ndim; k++) {
-            uint64_t o = get64(p + 8 * k), s = get64(p + 8 * (f->ndim + k));
-            if (s == 0 || o > d.shape[k] || s > d.shape[k] - o)
-                return fr_rl_fail(err, FERRY_EPROTO, "subscriber: worker %u demands a box outside "
-                                  "tensor %s", worker, d.name);
-        }
-        p += 24 * (size_t)f->ndim;
-    }
-    if (p != end)
-        return fr_rl_fail(err, FERRY_EPROTO, "subscriber: the demand of worker %u is malformed",
-                          worker);
-    return 0;
-}
 
 /* ---- the plan ---------------------------------------------------------------------------- */
 
@@ -258,7 +74,10 @@ void fr_work_free(fr_work *w)
         free(ps->done), free(ps->progress), free(ps->out_failed);
     }
     free(w->reads);
-    free(w->greads);
+    if (w->greads_mapped)
+        fr_sub_unmap(w->greads, w->greads_mapped);
+    else
+        free(w->greads);
     free(w->node_id), free(w->node_workers), free(w->node_read), free(w->loads);
     memset(w, 0, sizeof *w);
 }
@@ -303,6 +122,7 @@ typedef struct planner {
     uint64_t *scratch;             /* per push of a piece: the count covering it */
     size_t caps;
     ferry_manifest *rt;            /* my read pieces as a target placement */
+    uint32_t *rtid;                /* per tensor: its index in rt (UINT32_MAX: not there yet) */
     uint32_t *rshard;              /* per read piece: my shard */
     size_t caprs;
     uint32_t *tnode;               /* per tensor: the dense node its bytes live on, or
@@ -394,7 +214,7 @@ static int push_ops(planner *P, const ferry_run *r, const fr_sfrag *f, const fr_
         }
         ferry_op op = { .opcode = FERRY_OP_WRITE, .local = (void *)(uintptr_t)(f->addr + so),
                         .len = r->len, .peer = self ? 0 : mt->peer, .remote_addr = t->addr + dof,
-                        .key = self ? 0 : mt->key[t->shard] };
+                        .key = self ? 0 : t->key };
         if (r->nouter) {
             op.count = r->count[outer];
             op.local_stride = r->src_stride[outer];
@@ -414,7 +234,15 @@ static int add_read(planner *P, const fr_sfrag *f, uint64_t row0, uint64_t rows,
                     size_t *idx)
 {
     fr_work *w = P->w;
-    ferry_fragment fr = { .tensor = f->tensor, .rank = 0, .has_strides = true };
+    if (P->rtid[f->tensor] == UINT32_MAX) {   /* the target holds only tensors I read */
+        ferry_tensor_desc d;
+        (void)ferry_manifest_tensor(P->g->m, f->tensor, &d);
+        int ti = ferry_manifest_add_tensor(P->rt, &d, NULL);
+        if (ti < 0)
+            return ti;
+        P->rtid[f->tensor] = (uint32_t)ti;
+    }
+    ferry_fragment fr = { .tensor = P->rtid[f->tensor], .rank = 0, .has_strides = true };
     for (uint32_t k = 0; k < f->ndim; k++) {
         fr.offset[k] = f->dims[k];
         fr.shape[k] = f->dims[f->ndim + k];
@@ -517,7 +345,10 @@ static int plan_set(planner *P, const fr_sfrag *const *fs, size_t k)
 }
 
 /* My reads: the read target planned against the stored placement, each
- * run a strided read into my shard, grouped by piece in piece order. */
+ * run a strided read into my shard, grouped by piece in piece order. The
+ * planner yields runs target fragment by target fragment, in the order
+ * the pieces were added, so the reads come grouped already; a counting
+ * sort by piece is the fallback. */
 static int plan_reads(planner *P, ferry_error *err)
 {
     fr_work *w = P->w;
@@ -525,39 +356,71 @@ static int plan_reads(planner *P, ferry_error *err)
         return 0;
     ferry_plan *plan = NULL;
     ferry_plan_iter *it = NULL;
+    ferry_plan_stats ps;
     fr_gread *v = NULL;
-    size_t nv = 0, cap = 0, *piece = NULL, capp = 0;
+    uint32_t *piece = NULL;
+    size_t nv = 0, cap = 0, capp = 0;
+    bool ordered = true;
     int rc = ferry_plan_create(P->g->m, P->rt, NULL, &plan, err);
+    size_t vmapped = 0;   /* v is a mapping (fr_sub_map) of this size */
+    if (rc == 0 && ferry_plan_stats_get(plan, &ps) == 0 && ps.runs) {   /* a read per run in 2-D */
+        if ((v = fr_sub_map(ps.runs * sizeof *v, &vmapped)) != NULL)
+            cap = ps.runs;
+        if (!v || fr_grow((void **)&piece, &capp, ps.runs, sizeof *piece) < 0)
+            rc = FERRY_ENOMEM;
+    }
     if (rc == 0)
         rc = ferry_plan_iter_open(plan, NULL, &it);
     ferry_run run;
     while (rc == 0 && (rc = ferry_plan_iter_next_run(it, &run)) == 1) {
         size_t before = nv;
+        uint64_t reps = 1;   /* the reads of this run (its outer loops but the innermost) */
+        for (uint32_t i = 0; i + 1 < run.nouter; i++)
+            reps *= run.count[i];
+        if (vmapped && nv + reps > cap) {   /* more than a read per run: onto the heap */
+            fr_gread *h = malloc(2 * (nv + reps) * sizeof *h);
+            if (!h) {
+                rc = FERRY_ENOMEM;
+                break;
+            }
+            memcpy(h, v, nv * sizeof *v);
+            fr_sub_unmap(v, vmapped);
+            v = h, cap = 2 * (nv + reps), vmapped = 0;
+        }
         const fr_sfrag *f = &P->mbs[P->me].frags[P->rshard[run.dst_fragment]];
         rc = fr_gread_add(&v, &nv, &cap, &run, (uint8_t *)(uintptr_t)f->addr);
         if (rc == 0 && fr_grow((void **)&piece, &capp, nv, sizeof *piece) < 0)
             rc = FERRY_ENOMEM;
+        ordered &= before == 0 || piece[before - 1] <= run.dst_fragment;
         for (size_t i = before; rc == 0 && i < nv; i++)
-            piece[i] = (size_t)run.dst_fragment;
+            piece[i] = (uint32_t)run.dst_fragment;
     }
     ferry_plan_iter_close(it);
     ferry_plan_free(plan);
-    /* Counting sort by piece: the pipeline reads piece by piece. */
-    if (rc == 0 && (w->greads = malloc((nv ? nv : 1) * sizeof *w->greads)) == NULL)
-        rc = FERRY_ENOMEM;
     for (size_t i = 0; rc == 0 && i < nv; i++)
         w->reads[piece[i]].n++;
     for (size_t i = 0, at = 0; rc == 0 && i < w->nreads; i++) {
         w->reads[i].first = at;
         at += w->reads[i].n;
-        w->reads[i].n = 0;
+        w->reads[i].n = ordered ? w->reads[i].n : 0;
     }
-    for (size_t i = 0; rc == 0 && i < nv; i++) {
+    if (rc == 0 && ordered) {
+        w->greads = v;
+        w->greads_mapped = vmapped;
+        v = NULL;
+    } else if (rc == 0 && (w->greads = malloc((nv ? nv : 1) * sizeof *w->greads)) == NULL) {
+        rc = FERRY_ENOMEM;
+    }
+    for (size_t i = 0; rc == 0 && !ordered && i < nv; i++) {
         fr_rpiece *rp = &w->reads[piece[i]];
         w->greads[rp->first + rp->n++] = v[i];
     }
-    w->ngreads = w->cap_greads = nv;
-    free(v);
+    w->ngreads = nv;
+    w->cap_greads = rc == 0 && ordered ? cap : nv;
+    if (vmapped)
+        fr_sub_unmap(v, vmapped);
+    else
+        free(v);
     free(piece);
     if (rc < 0 && err && !err->msg[0])
         fr_rl_fail(err, rc, "subscriber: planning the reads: %s", ferry_strerror(rc));
@@ -591,6 +454,35 @@ static int dense_nodes(planner *P)
     return 0;
 }
 
+/* Every member's fragments in cmp_frag's order (tensor, box, worker,
+ * shard): a counting sort by tensor, in worker and shard order, so that
+ * only each tensor's few boxes are left to sort (none when it has one). */
+static int sort_frags(planner *P, const fr_sfrag **all)
+{
+    uint32_t nt = ferry_manifest_tensor_count(P->g->m);
+    size_t *at = calloc((size_t)nt + 1, sizeof *at);
+    if (!at)
+        return FERRY_ENOMEM;
+    for (uint32_t k = 0; k < P->world; k++)
+        for (uint32_t i = 0; i < P->mbs[k].nshards; i++)
+            at[P->mbs[k].frags[i].tensor + 1]++;
+    for (uint32_t t = 0; t < nt; t++)
+        at[t + 1] += at[t];
+    for (uint32_t k = 0; k < P->world; k++)
+        for (uint32_t i = 0; i < P->mbs[k].nshards; i++)
+            all[at[P->mbs[k].frags[i].tensor]++] = &P->mbs[k].frags[i];
+    for (uint32_t t = 0; t < nt; t++) {
+        size_t a = t ? at[t - 1] : 0, b = at[t];
+        for (size_t i = a + 1; i < b; i++)
+            if (cmp_frag(&all[i - 1], &all[i]) > 0) {
+                qsort(all + a, b - a, sizeof *all, cmp_frag);
+                break;
+            }
+    }
+    free(at);
+    return 0;
+}
+
 int fr_sub_plan(const fr_gen *g, const fr_member *mbs, uint32_t world, uint32_t me, fr_work *w,
                 ferry_error *err)
 {
@@ -610,20 +502,13 @@ int fr_sub_plan(const fr_gen *g, const fr_member *mbs, uint32_t world, uint32_t 
     if (rc == 0)
         rc = ferry_manifest_create(1, NULL, 1, &P.rt);
     uint32_t nt = ferry_manifest_tensor_count(g->m);
-    for (uint32_t t = 0; t < nt && rc >= 0; t++) {
-        ferry_tensor_desc d;
-        rc = ferry_manifest_tensor(g->m, t, &d);
-        if (rc == 0)
-            rc = ferry_manifest_add_tensor(P.rt, &d, err);
-    }
-    size_t n = 0;
-    for (uint32_t k = 0; rc >= 0 && k < world; k++)
-        for (uint32_t i = 0; i < mbs[k].nshards; i++)
-            all[n++] = &mbs[k].frags[i];
-    if (rc >= 0) {
-        rc = 0;
-        qsort(all, n, sizeof *all, cmp_frag);
-    }
+    if (rc == 0 && !(P.rtid = malloc((nt ? nt : 1) * sizeof *P.rtid)))
+        rc = FERRY_ENOMEM;
+    for (uint32_t t = 0; rc == 0 && t < nt; t++)
+        P.rtid[t] = UINT32_MAX;
+    size_t n = total;
+    if (rc == 0)
+        rc = sort_frags(&P, all);
     for (size_t a = 0; a < n && rc == 0;) {
         size_t b = a + 1;
         while (b < n && same_box(all[a], all[b]))
@@ -640,6 +525,7 @@ int fr_sub_plan(const fr_gen *g, const fr_member *mbs, uint32_t world, uint32_t 
     }
     fr_readers_close(P.rd);
     ferry_manifest_close(P.rt);
+    free(P.rtid);
     free(P.rshard);
     free(P.tnode);
     free(P.scratch);

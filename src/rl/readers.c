@@ -370,6 +370,35 @@ static int assign_range(fr_readers *r, uint32_t src, const fr_rd_demand *d, size
     return 0;
 }
 
+/* An object one run wants (most of them in a large group: an expert's TP
+ * shard has one holder): what the sweep below gives for it, without the
+ * sweep — one range, read by its only consumer, no pushes. */
+static int single(fr_readers *r, uint32_t src, uint64_t size, const fr_rd_demand *d,
+                  const fr_rd_range **ranges, size_t *nranges, const fr_rd_push **pushes,
+                  size_t *npushes)
+{
+    if (d->worker >= r->cfg.nworkers || d->off > size || d->len > size - d->off)
+        return FERRY_EINVAL;
+    if (d->len) {
+        if (fr_grow((void **)&r->ranges, &r->cap_ranges, 1, sizeof *r->ranges) < 0)
+            return FERRY_ENOMEM;
+        uint32_t rn = r->wnode[d->worker];
+        r->ranges[0] = (fr_rd_range){ .off = d->off, .len = d->len, .reader = 0, .push = 0 };
+        r->nranges = 1;
+        r->wread[d->worker] += d->len;
+        r->store_read += d->len;
+        if (src != rn) {
+            r->load[rn].read_in += d->len;
+            if (src != FR_RD_NO_NODE)
+                r->load[src].serve_out += d->len;
+        }
+    }
+    r->nranges_all += r->nranges;
+    *ranges = r->ranges, *nranges = r->nranges;
+    *pushes = r->pushes, *npushes = 0;
+    return 0;
+}
+
 int fr_readers_object(fr_readers *r, uint32_t src_node, uint64_t size, const fr_rd_demand *d,
                       size_t n, const fr_rd_range **ranges, size_t *nranges,
                       const fr_rd_push **pushes, size_t *npushes)
@@ -379,6 +408,8 @@ int fr_readers_object(fr_readers *r, uint32_t src_node, uint64_t size, const fr_
         return FERRY_EINVAL;
     r->nranges = r->npushes = 0;
     *ranges = NULL, *pushes = NULL, *nranges = *npushes = 0;
+    if (n == 1)
+        return single(r, src_node, size, d, ranges, nranges, pushes, npushes);
     if (reserve(r, n) < 0)
         return FERRY_ENOMEM;
     size_t k = 0;
