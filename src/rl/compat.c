@@ -363,6 +363,7 @@ typedef struct sent {
     size_t tensor;
     uint32_t to;
     bool write;
+    uint64_t bytes;           /* what its WRITEs move */
 } sent;
 
 typedef struct apply {
@@ -407,44 +408,30 @@ static void send(apply *ap, size_t t, uint32_t to, bool ok)
 {
     ferry_compat_group *g = ap->g;
     const mate *mt = &g->mates[to];
-    uint64_t len = ap->m->entries[t].bytes, pieces = ok && len ? (len + CHUNK - 1) / CHUNK : 0;
-    /* Each piece but the last is followed by a PROGRESS notification (the
-     * engine sends one only once the WRITEs before it landed), so that a
-     * receiver of a large tensor sees it coming instead of waiting for the
-     * whole of it in silence. */
-    ferry_op one[2], *ops = pieces > 1 ? malloc(2 * pieces * sizeof *ops) : one;
+    /* the last piece of a large tensor (send_all), or all of a small one */
+    uint64_t at = ok ? ap->m->entries[t].bytes / CHUNK * CHUNK : 0;
+    at = at == ap->m->entries[t].bytes && at ? at - CHUNK : at;
+    uint64_t len = ok ? ap->m->entries[t].bytes - at : 0;
+    ferry_op ops[2];
     size_t n = 0;
-    if (!ops) {
-        failf(ap, FERRY_EREBUILD, "compat: out of memory sending tensor %s", ap->m->entries[t].name);
-        return;
-    }
-    for (uint64_t k = 0; k < pieces; k++) {
-        uint64_t at = k * CHUNK, l = len - at < CHUNK ? len - at : CHUNK;
+    if (len)
         ops[n++] = (ferry_op){ .opcode = FERRY_OP_WRITE, .local = g->staging + ap->p->off[t] + at,
-                               .len = l, .peer = mt->rr.peer,
+                               .len = len, .peer = mt->rr.peer,
                                .remote_addr = mt->rr.addr + ap->p->off[t] + at, .key = mt->rr.key };
-        if (k + 1 < pieces)
-            ops[n++] = (ferry_op){ .opcode = FERRY_OP_NOTIFY, .peer = mt->rr.peer, .tag = ap->tag,
-                                   .value = NV_PROGRESS | (uint64_t)t << 1 };
-    }
     ops[n++] = (ferry_op){ .opcode = FERRY_OP_NOTIFY, .peer = mt->rr.peer, .tag = ap->tag,
                            .value = (uint64_t)t << 1 | (ok ? 0 : NV_FAILED) };
     if (fr_grow((void **)&ap->out, &ap->cap_out, ap->nout + 1, sizeof *ap->out) < 0) {
-        if (ops != one)
-            free(ops);
         failf(ap, FERRY_EREBUILD, "compat: out of memory sending tensor %s", ap->m->entries[t].name);
         return;
     }
     ferry_ticket *tk = NULL;
     int rc = ferry_submit(g->e, ops, n, 0, &tk);
-    if (ops != one)
-        free(ops);
     if (rc < 0) {
         failf(ap, FERRY_EREBUILD, "compat: sending tensor %s to worker %u: %s",
               ap->m->entries[t].name, to, ferry_strerror(rc));
         return;   /* the target hears nothing: it times out */
     }
-    ap->out[ap->nout++] = (sent){ tk, t, to, ok && len };
+    ap->out[ap->nout++] = (sent){ tk, t, to, ok && len, ok ? len : 0 };
 }
 
 /* Whether worker k gets tensor t from me: as its leader, the other
@@ -462,11 +449,70 @@ static bool feeds(const apply *ap, size_t t, uint32_t k)
                    : (kn == mine && p->delegate[t * p->nnodes + mine] == me);
 }
 
+/* Tensor t to everyone I feed. A large one goes in CHUNK pieces, piece by
+ * piece to every target in turn (so that no target waits in silence while
+ * the whole tensor goes to the others first), each but the last followed
+ * by a PROGRESS notification in its engine batch; the last piece and the
+ * tensor's notification go once every earlier piece to that target landed
+ * (FAILED if one did not). */
 static void send_all(apply *ap, size_t t, bool ok)
 {
-    for (uint32_t k = 0; k < ap->g->cfg.world; k++)
-        if (feeds(ap, t, k))
-            send(ap, t, k, ok);
+    ferry_compat_group *g = ap->g;
+    const uint32_t world = g->cfg.world;
+    const uint64_t len = ap->m->entries[t].bytes;
+    uint64_t pieces = ok ? (len + CHUNK - 1) / CHUNK : 0;
+    ferry_ticket **tk = pieces > 1 ? calloc((size_t)world * (pieces - 1), sizeof *tk) : NULL;
+    bool *bad = pieces > 1 ? calloc(world, sizeof *bad) : NULL;
+    if (pieces > 1 && (!tk || !bad)) {
+        free(tk), free(bad);
+        failf(ap, FERRY_EREBUILD, "compat: out of memory sending tensor %s", ap->m->entries[t].name);
+        pieces = 0;
+        ok = false;
+    }
+    for (uint64_t p = 0; p + 1 < pieces; p++)
+        for (uint32_t k = 0; k < world; k++) {
+            if (!feeds(ap, t, k) || bad[k])
+                continue;
+            const mate *mt = &g->mates[k];
+            uint64_t at = p * CHUNK;
+            ferry_op ops[2] = {
+                { .opcode = FERRY_OP_WRITE, .local = g->staging + ap->p->off[t] + at, .len = CHUNK,
+                  .peer = mt->rr.peer, .remote_addr = mt->rr.addr + ap->p->off[t] + at,
+                  .key = mt->rr.key },
+                { .opcode = FERRY_OP_NOTIFY, .peer = mt->rr.peer, .tag = ap->tag,
+                  .value = NV_PROGRESS | (uint64_t)t << 1 } };
+            int rc = ferry_submit(g->e, ops, 2, 0, &tk[(size_t)k * (pieces - 1) + p]);
+            if (rc < 0) {
+                bad[k] = true;
+                failf(ap, FERRY_EREBUILD, "compat: sending tensor %s to worker %u: %s",
+                      ap->m->entries[t].name, k, ferry_strerror(rc));
+            }
+        }
+    for (uint32_t k = 0; k < world; k++) {
+        if (!feeds(ap, t, k))
+            continue;
+        for (uint64_t p = 0; p + 1 < pieces; p++) {
+            ferry_ticket *x = tk[(size_t)k * (pieces - 1) + p];
+            if (!x)
+                continue;
+            int st = ferry_ticket_wait(x, (int)tmo_of(g));   /* one piece: a liveness bound */
+            int te = ferry_ticket_error(x);
+            ferry_ticket_free(x);
+            if (st == FERRY_TICKET_COMPLETED && !bad[k]) {
+                if (g->mates[k].dnode == g->mates[g->cfg.rank].dnode)
+                    ap->st->bytes_sent_intra += CHUNK;
+                else
+                    ap->st->bytes_sent_cross += CHUNK;
+            } else if (!bad[k]) {
+                bad[k] = true;
+                failf(ap, FERRY_EREBUILD, "compat: sending tensor %s to worker %u failed: %s",
+                      ap->m->entries[t].name, k, ferry_strerror(te ? te : FERRY_EIO));
+            }
+        }
+        send(ap, t, k, ok && !(bad && bad[k]));
+    }
+    free(tk);
+    free(bad);
 }
 
 /* Tell those waiting for tensor t from me that a piece of it was read. */
@@ -482,7 +528,7 @@ static void progress_all(apply *ap, size_t t)
         if (fr_grow((void **)&ap->out, &ap->cap_out, ap->nout + 1, sizeof *ap->out) < 0 ||
             ferry_submit(g->e, &op, 1, 0, &tk) < 0)
             continue;   /* a hint only: the tensor's own notification says what happened */
-        ap->out[ap->nout++] = (sent){ tk, t, k, false };
+        ap->out[ap->nout++] = (sent){ tk, t, k, false, 0 };
     }
 }
 
@@ -534,7 +580,7 @@ static void reap(apply *ap, bool wait)
         ferry_ticket_free(s.t);
         if (state == FERRY_TICKET_COMPLETED) {
             if (s.write) {
-                uint64_t len = ap->m->entries[s.tensor].bytes;
+                uint64_t len = s.bytes;
                 if (g->mates[s.to].dnode == g->mates[g->cfg.rank].dnode)
                     ap->st->bytes_sent_intra += len;
                 else
