@@ -9,9 +9,11 @@
  *     update (each tensor read from the store once by its leader, written
  *     to the other workers),
  *   - naive compat: every worker reads every full tensor from the store.
- * The floor, measured in the same run, is the bytes that must land in the
- * rollouts' parameters (model bytes x DP) divided by the single-thread
- * memcpy bandwidth of this machine. Every update verifies every byte. */
+ * The floors, measured in the same run, are the bytes an update must
+ * deliver divided by the single-thread memcpy bandwidth of this machine:
+ * for the direct updates what lands in the rollouts' parameters (model
+ * bytes x DP), for the compat ones every full tensor in every rollout
+ * (model bytes x rollouts). Every update verifies every byte. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -206,8 +208,9 @@ int cmd_bench_weights(int argc, char **argv, const char *self)
         fprintf(stderr, "ferry bench weights: an update failed: %s\n", err);
         goto out;
     }
-    uint64_t delivered = dm.bytes * o.dp;
+    uint64_t delivered = dm.bytes * o.dp, cdelivered = dm.bytes * o.rollouts;
     double floor_s = bw > 0 ? (double)delivered / (bw * 1e9) : 0;
+    double cfloor_s = bw > 0 ? (double)cdelivered / (bw * 1e9) : 0;
     double pub = (double)dm.bytes;
     char *cjs = counters ? json_dumps(counters, JSON_COMPACT | JSON_PRESERVE_ORDER |
                                                      JSON_REAL_PRECISION(10)) : NULL;
@@ -224,31 +227,35 @@ int cmd_bench_weights(int argc, char **argv, const char *self)
                "\"publish_counters\":%s,\"naive_compat_s\":%.4f,"
                "\"naive_compat_store_read_ratio\":%.3f,\"compat_to_naive_compat\":%.3f,"
                "\"compat_counters\":%s,\"convert_bf16_gbps\":%.3f,\"convert_f16_gbps\":%.3f,"
-               "\"convert_ratio\":%.3f,\"convert_ratio_f16\":%.3f}\n",
+               "\"convert_ratio\":%.3f,\"convert_ratio_f16\":%.3f,\"compat_floor_s\":%.4f,"
+               "\"compat_ratio_to_floor\":%.3f}\n",
                o.model, (unsigned long long)dm.bytes, o.trainers, o.rollouts, o.dp, best_direct,
                best_naive, best_compat, floor_s, bw, floor_s > 0 ? best_direct / floor_s : 0,
                direct_read / pub, naive_read / pub, compat_read / pub,
                (unsigned long long)pushed, cjs ? cjs : "null", pjs ? pjs : "null", best_ncompat,
                ncompat_read / pub, best_ncompat > 0 ? best_compat / best_ncompat : 0,
                kjs ? kjs : "null", cb.bf16_gbps, cb.f16_gbps, ratio(cb.bf16_gbps, bw),
-               ratio(cb.f16_gbps, bw));
+               ratio(cb.f16_gbps, bw), cfloor_s, ratio(best_compat, cfloor_s));
     } else {
         char sz[32];
         printf("ferry bench weights: %s, %zu tensors, %s bf16; %u trainers, %u rollouts (TP%u x "
                "DP%u); best of %u generations after a warm-up one\n", o.model, dm.n,
                cli_fmt_size(dm.bytes, sz, sizeof sz), o.trainers, o.rollouts, o.rollouts / o.dp,
                o.dp, o.count);
-        printf("%-28s %10s %12s %12s\n", "update", "seconds", "x floor", "store read");
+        printf("%-28s %10s %12s %12s\n", "update", "seconds", "x its floor", "store read");
         printf("%-28s %10.3f %12.2f %11.2fx\n", "direct (single-pull)", best_direct,
                best_direct / floor_s, direct_read / pub);
         printf("%-28s %10.3f %12.2f %11.2fx\n", "naive (each reads its own)", best_naive,
                best_naive / floor_s, naive_read / pub);
         printf("%-28s %10.3f %12.2f %11.2fx\n", "compat (group, leaders)", best_compat,
-               best_compat / floor_s, compat_read / pub);
+               ratio(best_compat, cfloor_s), compat_read / pub);
         printf("%-28s %10.3f %12.2f %11.2fx\n", "naive compat (each reads all)", best_ncompat,
-               best_ncompat / floor_s, ncompat_read / pub);
+               ratio(best_ncompat, cfloor_s), ncompat_read / pub);
         printf("floor: %s into the rollouts' parameters at %.2f GB/s (memcpy, one thread) = "
                "%.3f s\n", cli_fmt_size(delivered, sz, sizeof sz), bw, floor_s);
+        printf("compat floor: %s (every full tensor into every rollout) at %.2f GB/s = %.3f s "
+               "(compat_ratio_to_floor %.2f)\n", cli_fmt_size(cdelivered, sz, sizeof sz), bw,
+               cfloor_s, ratio(best_compat, cfloor_s));
         if (counters) {
             const json_t *u = counters;
 #define N(k) json_number_value(json_object_get(u, k))

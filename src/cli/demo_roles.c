@@ -364,7 +364,18 @@ int demo_trainer_main(int argc, char **argv)
 
 /* ---- rollout -------------------------------------------------------------------------- */
 
-typedef struct verify_ctx { const demo_model *m; uint64_t g; uint64_t bad; size_t seen; } verify_ctx;
+/* The expected values repeat every 512 elements (bits()), so a block of
+ * PATTERN of them, a multiple of that, is the expectation for every
+ * block of a tensor: the loader compares with memcmp at memory speed and
+ * counts element by element only in a block that differs. */
+enum { PATTERN = 32768 };
+typedef struct verify_ctx {
+    const demo_model *m;
+    uint64_t g;
+    uint64_t bad;
+    size_t seen;
+    uint16_t pat[PATTERN];
+} verify_ctx;
 
 static int check_full(void *ctx, const ferry_weight_entry *e, const void *data)
 {
@@ -374,9 +385,17 @@ static int check_full(void *ctx, const ferry_weight_entry *e, const void *data)
         t++;
     if (t == v->m->n || e->bytes != v->m->t[t].bytes)
         return FERRY_EPROTO;
+    for (uint64_t i = 0; i < PATTERN; i++)
+        v->pat[i] = bits(v->g, t, i);
     const uint16_t *p = data;
-    for (uint64_t i = 0; i < e->bytes / 2; i++)
-        v->bad += p[i] != bits(v->g, t, i);
+    const uint64_t n = e->bytes / 2;
+    for (uint64_t at = 0; at < n; at += PATTERN) {
+        uint64_t k = n - at < PATTERN ? n - at : PATTERN;
+        if (memcmp(p + at, v->pat, k * 2) == 0)
+            continue;
+        for (uint64_t i = 0; i < k; i++)
+            v->bad += p[at + i] != v->pat[i];
+    }
     v->seen++;
     return 0;
 }
@@ -433,13 +452,15 @@ int demo_rollout_main(int argc, char **argv)
     if (ferry_subscriber_open(a.s, &sc, sh, ns, &sub, &oerr) < 0)
         return 1;
     /* Compatibility mode: the same group, one staging buffer per worker
-     * that holds the largest tensor (256 MiB at least), kept open across
+     * that holds the largest tensor and the whole model up to 1 GiB (256 MiB
+     * at least): few batches, so few batch barriers; kept open across
      * generations so its registration is reused. */
-    uint64_t largest = 0;
+    uint64_t largest = 0, staging = a.m.bytes < (1ull << 30) ? a.m.bytes : 1ull << 30;
     for (size_t i = 0; i < a.m.n; i++)
         largest = a.m.t[i].bytes > largest ? a.m.t[i].bytes : largest;
+    staging = largest > staging ? largest : staging;
     ferry_compat_config cc = { .rank = a.rank, .world = a.world, .timeout_ms = 120000,
-                               .staging_bytes = largest > (256ull << 20) ? largest : 256ull << 20 };
+                               .staging_bytes = staging > (256ull << 20) ? staging : 256ull << 20 };
     snprintf(cc.model, sizeof cc.model, "%s", a.model);
     snprintf(cc.group, sizeof cc.group, "demo");
     ferry_compat_group *cg = NULL;
@@ -482,28 +503,36 @@ int demo_rollout_main(int argc, char **argv)
         } else if (sscanf(line, "compat %llu", &g) == 1) {
             /* The group update: each byte read from the store once, by the
              * tensor's leader, and written to the others. */
-            verify_ctx v = { .m = &a.m, .g = g };
+            verify_ctx *v = calloc(1, sizeof *v);
+            if (!v)
+                return 1;
+            *v = (verify_ctx){ .m = &a.m, .g = g };
             ferry_compat_stats cs;
-            int rc = ferry_compat_group_update(cg, &compat_gen, check_full, &v, &cs, &err);
+            int rc = ferry_compat_group_update(cg, &compat_gen, check_full, v, &cs, &err);
             double dt = cli_now() - t0;
             if (rc == 0)
                 stats_write("compat", a.rank, compat_json(&cs));
-            if (rc == 0 && compat_gen == g && v.seen == a.m.n)
+            if (rc == 0 && compat_gen == g && v->seen == a.m.n)
                 printf("OK %.4f %llu %llu\n", dt, (unsigned long long)cs.bytes_read,
-                       (unsigned long long)v.bad);
+                       (unsigned long long)v->bad);
             else
                 printf("ERR %s\n", rc ? err.msg : "incomplete generation");
+            free(v);
         } else if (sscanf(line, "naive_compat %llu", &g) == 1) {
             /* The baseline: every worker reads every tensor from the store. */
-            verify_ctx v = { .m = &a.m, .g = g };
+            verify_ctx *v = calloc(1, sizeof *v);
+            if (!v)
+                return 1;
+            *v = (verify_ctx){ .m = &a.m, .g = g };
             uint64_t gen = 0;
-            int rc = ferry_weights_update_compat(a.s, a.model, &gen, check_full, &v, &st, &err);
+            int rc = ferry_weights_update_compat(a.s, a.model, &gen, check_full, v, &st, &err);
             double dt = cli_now() - t0;
-            if (rc == 0 && gen == g && v.seen == a.m.n)
+            if (rc == 0 && gen == g && v->seen == a.m.n)
                 printf("OK %.4f %llu %llu\n", dt, (unsigned long long)st.bytes_read,
-                       (unsigned long long)v.bad);
+                       (unsigned long long)v->bad);
             else
                 printf("ERR %s\n", rc ? err.msg : "incomplete generation");
+            free(v);
         } else {
             break;
         }

@@ -12,8 +12,15 @@
  * tensors into their staging and WRITE each one, followed by a NOTIFY in
  * the same engine batch (sent only once the WRITE landed), to the other
  * workers of their node and to one delegate per other node; delegates
- * forward what lands to the rest of their node; everyone verifies and
- * calls the loader in manifest order. Every tensor sits at the same
+ * forward what lands to the rest of their node; everyone calls the loader
+ * in manifest order. A tensor is checked against its checksum once on
+ * every node, by whoever brings it there (the leader from the store, a
+ * delegate from the network, before it forwards); a copy from a worker of
+ * the same node over shm is not hashed again. A tensor larger than CHUNK
+ * is read and written in pieces, each followed by a PROGRESS notification,
+ * and a receiver's wait is a liveness deadline: it runs out only after
+ * timeout_ms in which nothing of the attempt came (finish()), never for a
+ * whole tensor or batch. Every tensor sits at the same
  * offset in every worker's staging, so a WRITE needs no addressing beyond
  * the plan. The staging is two halves, batch k in half k % 2: the reads
  * and sends of batch k+1 go out before batch k is finished, and a half is
@@ -39,7 +46,10 @@
 #define STAGING_DEFAULT (256ull << 20)
 #define SLOT_ALIGN 64ull
 #define NV_FAILED 1ull          /* notification value: tensor << 1 | FAILED */
+#define NV_PROGRESS (1ull << 63) /* ... or PROGRESS | tensor << 1: a piece of it was read or
+                                  * landed, more follows (the sender is alive and moving) */
 #define POLL_MS 20              /* notification waits are cut into slices to reap tickets */
+#define CHUNK (64ull << 20)     /* a tensor moves in pieces of this much, each one progress */
 
 typedef struct mate {
     uint32_t node, dnode;       /* as passed; dense 0..nnodes-1 */
@@ -353,6 +363,7 @@ typedef struct sent {
     size_t tensor;
     uint32_t to;
     bool write;
+    uint64_t bytes;           /* what its WRITEs move */
 } sent;
 
 typedef struct apply {
@@ -365,6 +376,7 @@ typedef struct apply {
     ferry_error *err;
     uint64_t tag;
     uint8_t *state;           /* per tensor */
+    uint64_t silent_ns;       /* time spent waiting since the last notification came */
     sent *out;
     size_t nout, cap_out;
     size_t next;              /* the next tensor to hand to fn */
@@ -396,13 +408,16 @@ static void send(apply *ap, size_t t, uint32_t to, bool ok)
 {
     ferry_compat_group *g = ap->g;
     const mate *mt = &g->mates[to];
+    /* the last piece of a large tensor (send_all), or all of a small one */
+    uint64_t at = ok ? ap->m->entries[t].bytes / CHUNK * CHUNK : 0;
+    at = at == ap->m->entries[t].bytes && at ? at - CHUNK : at;
+    uint64_t len = ok ? ap->m->entries[t].bytes - at : 0;
     ferry_op ops[2];
     size_t n = 0;
-    uint64_t len = ap->m->entries[t].bytes;
-    if (ok && len)
-        ops[n++] = (ferry_op){ .opcode = FERRY_OP_WRITE, .local = g->staging + ap->p->off[t],
+    if (len)
+        ops[n++] = (ferry_op){ .opcode = FERRY_OP_WRITE, .local = g->staging + ap->p->off[t] + at,
                                .len = len, .peer = mt->rr.peer,
-                               .remote_addr = mt->rr.addr + ap->p->off[t], .key = mt->rr.key };
+                               .remote_addr = mt->rr.addr + ap->p->off[t] + at, .key = mt->rr.key };
     ops[n++] = (ferry_op){ .opcode = FERRY_OP_NOTIFY, .peer = mt->rr.peer, .tag = ap->tag,
                            .value = (uint64_t)t << 1 | (ok ? 0 : NV_FAILED) };
     if (fr_grow((void **)&ap->out, &ap->cap_out, ap->nout + 1, sizeof *ap->out) < 0) {
@@ -416,25 +431,133 @@ static void send(apply *ap, size_t t, uint32_t to, bool ok)
               ap->m->entries[t].name, to, ferry_strerror(rc));
         return;   /* the target hears nothing: it times out */
     }
-    ap->out[ap->nout++] = (sent){ tk, t, to, ok && len };
+    ap->out[ap->nout++] = (sent){ tk, t, to, ok && len, ok ? len : 0 };
 }
 
-/* Who gets tensor t from me: as its leader, the other workers of my node
- * and the delegate of every other node; as the delegate of my node (the
- * leader elsewhere), the other workers of my node. */
-static void send_all(apply *ap, size_t t, bool ok)
+/* Whether worker k gets tensor t from me: as its leader, the other
+ * workers of my node and the delegate of every other node; as the
+ * delegate of my node (the leader elsewhere), the other workers of my node. */
+static bool feeds(const apply *ap, size_t t, uint32_t k)
 {
     const plan *p = ap->p;
-    ferry_compat_group *g = ap->g;
+    const ferry_compat_group *g = ap->g;
     uint32_t me = g->cfg.rank, mine = g->mates[me].dnode, l = p->leader[t];
-    for (uint32_t k = 0; k < g->cfg.world; k++) {
-        if (k == me)
-            continue;
-        uint32_t kn = g->mates[k].dnode;
-        if (l == me ? (kn == mine || p->delegate[t * p->nnodes + kn] == k)
-                    : (kn == mine && p->delegate[t * p->nnodes + mine] == me))
-            send(ap, t, k, ok);
+    if (k == me)
+        return false;
+    uint32_t kn = g->mates[k].dnode;
+    return l == me ? (kn == mine || p->delegate[t * p->nnodes + kn] == k)
+                   : (kn == mine && p->delegate[t * p->nnodes + mine] == me);
+}
+
+/* Tensor t to everyone I feed. A large one goes in CHUNK pieces, piece by
+ * piece to every target in turn (so that no target waits in silence while
+ * the whole tensor goes to the others first), each but the last followed
+ * by a PROGRESS notification in its engine batch; the last piece and the
+ * tensor's notification go once every earlier piece to that target landed
+ * (FAILED if one did not). */
+static void send_all(apply *ap, size_t t, bool ok)
+{
+    ferry_compat_group *g = ap->g;
+    const uint32_t world = g->cfg.world;
+    const uint64_t len = ap->m->entries[t].bytes;
+    uint64_t pieces = ok ? (len + CHUNK - 1) / CHUNK : 0;
+    ferry_ticket **tk = pieces > 1 ? calloc((size_t)world * (pieces - 1), sizeof *tk) : NULL;
+    bool *bad = pieces > 1 ? calloc(world, sizeof *bad) : NULL;
+    if (pieces > 1 && (!tk || !bad)) {
+        free(tk), free(bad);
+        failf(ap, FERRY_EREBUILD, "compat: out of memory sending tensor %s", ap->m->entries[t].name);
+        pieces = 0;
+        ok = false;
     }
+    for (uint64_t p = 0; p + 1 < pieces; p++)
+        for (uint32_t k = 0; k < world; k++) {
+            if (!feeds(ap, t, k) || bad[k])
+                continue;
+            const mate *mt = &g->mates[k];
+            uint64_t at = p * CHUNK;
+            ferry_op ops[2] = {
+                { .opcode = FERRY_OP_WRITE, .local = g->staging + ap->p->off[t] + at, .len = CHUNK,
+                  .peer = mt->rr.peer, .remote_addr = mt->rr.addr + ap->p->off[t] + at,
+                  .key = mt->rr.key },
+                { .opcode = FERRY_OP_NOTIFY, .peer = mt->rr.peer, .tag = ap->tag,
+                  .value = NV_PROGRESS | (uint64_t)t << 1 } };
+            int rc = ferry_submit(g->e, ops, 2, 0, &tk[(size_t)k * (pieces - 1) + p]);
+            if (rc < 0) {
+                bad[k] = true;
+                failf(ap, FERRY_EREBUILD, "compat: sending tensor %s to worker %u: %s",
+                      ap->m->entries[t].name, k, ferry_strerror(rc));
+            }
+        }
+    for (uint32_t k = 0; k < world; k++) {
+        if (!feeds(ap, t, k))
+            continue;
+        for (uint64_t p = 0; p + 1 < pieces; p++) {
+            ferry_ticket *x = tk[(size_t)k * (pieces - 1) + p];
+            if (!x)
+                continue;
+            int st = ferry_ticket_wait(x, (int)tmo_of(g));   /* one piece: a liveness bound */
+            int te = ferry_ticket_error(x);
+            ferry_ticket_free(x);
+            if (st == FERRY_TICKET_COMPLETED && !bad[k]) {
+                if (g->mates[k].dnode == g->mates[g->cfg.rank].dnode)
+                    ap->st->bytes_sent_intra += CHUNK;
+                else
+                    ap->st->bytes_sent_cross += CHUNK;
+            } else if (!bad[k]) {
+                bad[k] = true;
+                failf(ap, FERRY_EREBUILD, "compat: sending tensor %s to worker %u failed: %s",
+                      ap->m->entries[t].name, k, ferry_strerror(te ? te : FERRY_EIO));
+            }
+        }
+        send(ap, t, k, ok && !(bad && bad[k]));
+    }
+    free(tk);
+    free(bad);
+}
+
+/* Tell those waiting for tensor t from me that a piece of it was read. */
+static void progress_all(apply *ap, size_t t)
+{
+    ferry_compat_group *g = ap->g;
+    for (uint32_t k = 0; k < g->cfg.world; k++) {
+        if (!feeds(ap, t, k))
+            continue;
+        ferry_op op = { .opcode = FERRY_OP_NOTIFY, .peer = g->mates[k].rr.peer, .tag = ap->tag,
+                        .value = NV_PROGRESS | (uint64_t)t << 1 };
+        ferry_ticket *tk = NULL;
+        if (fr_grow((void **)&ap->out, &ap->cap_out, ap->nout + 1, sizeof *ap->out) < 0 ||
+            ferry_submit(g->e, &op, 1, 0, &tk) < 0)
+            continue;   /* a hint only: the tensor's own notification says what happened */
+        ap->out[ap->nout++] = (sent){ tk, t, k, false, 0 };
+    }
+}
+
+/* Who sends me tensor t: its leader when it is on my node, else the
+ * delegate of my node (the leader when that is me). */
+static uint32_t sender_of(const apply *ap, size_t t)
+{
+    const ferry_compat_group *g = ap->g;
+    uint32_t me = g->cfg.rank, mine = g->mates[me].dnode, l = ap->p->leader[t];
+    if (g->mates[l].dnode == mine)
+        return l;
+    uint32_t d = ap->p->delegate[t * ap->p->nnodes + mine];
+    return d == me ? l : d;
+}
+
+/* Whether tensor t must be checked against its checksum as it lands here.
+ * A tensor is checked on every node by the worker that brings it there:
+ * its leader as it reads it from the store, the delegate of every other
+ * node as it arrives from the network. A copy from a worker of this node
+ * over shm is a memcpy of those checked bytes and is not hashed again;
+ * anything else is. */
+static bool check_on_arrival(const apply *ap, size_t t)
+{
+    const ferry_compat_group *g = ap->g;
+    uint32_t from = sender_of(ap, t);
+    if (g->mates[from].dnode != g->mates[g->cfg.rank].dnode)
+        return true;
+    const char *tr = ferry_peer_transport(g->e, g->mates[from].rr.peer);
+    return !tr || strcmp(tr, "shm") != 0;
 }
 
 /* Reap finished tickets (all of them, waiting, when wait). A WRITE that
@@ -442,14 +565,13 @@ static void send_all(apply *ap, size_t t, bool ok)
 static void reap(apply *ap, bool wait)
 {
     ferry_compat_group *g = ap->g;
-    uint64_t deadline = fr_now_ns() + tmo_of(g) * 1000000ull;
     size_t keep = 0, n = ap->nout, nfailed = 0;
     sent *failed = n ? malloc(n * sizeof *failed) : NULL;
     for (size_t i = 0; i < n; i++) {
         sent s = ap->out[i];
-        uint64_t now = fr_now_ns();
-        int left = now < deadline ? (int)((deadline - now) / 1000000u) : 0;
-        int state = wait ? ferry_ticket_wait(s.t, left) : ferry_ticket_test(s.t);
+        /* each ticket is a tensor (its pieces land one after the other):
+         * the timeout is per ticket, not for everything in flight */
+        int state = wait ? ferry_ticket_wait(s.t, (int)tmo_of(g)) : ferry_ticket_test(s.t);
         if (state == FERRY_TICKET_PENDING) {
             ap->out[keep++] = s;
             continue;
@@ -458,7 +580,7 @@ static void reap(apply *ap, bool wait)
         ferry_ticket_free(s.t);
         if (state == FERRY_TICKET_COMPLETED) {
             if (s.write) {
-                uint64_t len = ap->m->entries[s.tensor].bytes;
+                uint64_t len = s.bytes;
                 if (g->mates[s.to].dnode == g->mates[g->cfg.rank].dnode)
                     ap->st->bytes_sent_intra += len;
                 else
@@ -491,17 +613,6 @@ static void deliver(apply *ap, size_t end)
             return;
         }
         const uint8_t *data = g->staging + ap->p->off[t];
-        if (ap->p->leader[t] != g->cfg.rank) {   /* a leader checked it as it read it */
-            double t0 = now_s();
-            ferry_error verr = {0};
-            bool good = fr_gen_verify_tensor(g->s, fr_gen_of(ap->m), e->index, data, &verr) == 0;
-            ap->st->verify_s += now_s() - t0;
-            if (!good) {
-                failf(ap, FERRY_EREBUILD, "%s as it arrived; the loaded weights must be rebuilt",
-                      verr.msg);
-                return;
-            }
-        }
         double t1 = now_s();
         int r = ap->fn(ap->ctx, e, data);
         ap->st->load_s += now_s() - t1;
@@ -519,14 +630,29 @@ static void deliver(apply *ap, size_t end)
  * delegate for it) or will not. */
 static void on_notify(apply *ap, uint64_t v, size_t a, size_t b)
 {
+    ferry_compat_group *g = ap->g;
+    ap->silent_ns = 0;   /* the group moves: the deadline starts again */
+    if (v & NV_PROGRESS)
+        return;
     size_t t = (size_t)(v >> 1);
-    uint32_t me = ap->g->cfg.rank;
+    uint32_t me = g->cfg.rank;
     if (t < a || t >= b || ap->p->leader[t] == me || ap->state[t] != PENDING)
         return;   /* not this batch's, or not mine to receive: ignore */
     bool ok = !(v & NV_FAILED);
-    ap->state[t] = ok ? LANDED : FAILED;
     if (ok)
         ap->st->bytes_received += ap->m->entries[t].bytes;
+    if (ok && check_on_arrival(ap, t)) {   /* before it is forwarded or loaded */
+        const ferry_weight_entry *e = &ap->m->entries[t];
+        double t0 = now_s();
+        ferry_error verr = {0};
+        ok = fr_gen_verify_tensor(g->s, fr_gen_of(ap->m), e->index, g->staging + ap->p->off[t],
+                                  &verr) == 0;
+        ap->st->verify_s += now_s() - t0;
+        if (!ok)
+            failf(ap, FERRY_EREBUILD, "%s as it arrived; the loaded weights must be rebuilt",
+                  verr.msg);
+    }
+    ap->state[t] = ok ? LANDED : FAILED;
     send_all(ap, t, ok);
 }
 
@@ -536,6 +662,82 @@ static bool settled(const apply *ap, size_t a, size_t b)
         if (ap->state[t] == PENDING)
             return false;
     return true;
+}
+
+/* The reads of one whole tensor split so that none moves more than CHUNK
+ * bytes: rows of a strided read in groups, a long row in pieces. */
+static int split_reads(const fr_gread *v, size_t n, fr_gread **out, size_t *nout)
+{
+    size_t cap = 0;
+    *out = NULL;
+    *nout = 0;
+    for (size_t i = 0; i < n; i++) {
+        fr_gread x = v[i];
+        uint64_t rows = x.count > 1 ? x.count : 1;
+        if (x.len <= CHUNK) {
+            uint64_t per = CHUNK / (x.len ? x.len : 1);
+            for (uint64_t r = 0; r < rows; r += per) {
+                if (fr_grow((void **)out, &cap, *nout + 1, sizeof **out) < 0)
+                    return FERRY_ENOMEM;
+                fr_gread y = x;
+                y.src += r * x.sstride;
+                y.dst += r * x.dstride;
+                y.count = rows - r < per ? rows - r : per;
+                (*out)[(*nout)++] = y;
+            }
+            continue;
+        }
+        for (uint64_t r = 0; r < rows; r++)
+            for (uint64_t at = 0; at < x.len; at += CHUNK) {
+                if (fr_grow((void **)out, &cap, *nout + 1, sizeof **out) < 0)
+                    return FERRY_ENOMEM;
+                fr_gread y = { .frag = x.frag, .src = x.src + r * x.sstride + at,
+                               .dst = x.dst + r * x.dstride + at, .count = 1,
+                               .len = x.len - at < CHUNK ? x.len - at : CHUNK };
+                (*out)[(*nout)++] = y;
+            }
+    }
+    return 0;
+}
+
+/* Read tensor t from the store into its place in my staging and check it
+ * against its checksums. A large one is read in pieces of about CHUNK
+ * bytes, and after each piece those waiting for it hear that it moves. */
+static int read_tensor(apply *ap, size_t t, ferry_error *err)
+{
+    ferry_compat_group *g = ap->g;
+    const ferry_weight_entry *e = &ap->m->entries[t];
+    uint8_t *dst = g->staging + ap->p->off[t];
+    fr_gen *gen = fr_gen_of(ap->m);
+    if (e->bytes <= CHUNK || !gen->whole)
+        return ferry_weights_read(g->s, e, dst, e->bytes, err);
+    ferry_plan_filter f = { .tensor = e->index, .src_rank = -1, .dst_rank = -1 };
+    ferry_plan_iter *it = NULL;
+    fr_gread *v = NULL, *pc = NULL;
+    size_t nv = 0, capv = 0, np = 0;
+    int rc = ferry_plan_iter_open(gen->whole, &f, &it);
+    ferry_run run;
+    while (rc == 0 && (rc = ferry_plan_iter_next_run(it, &run)) == 1)
+        rc = fr_gread_add(&v, &nv, &capv, &run, dst);
+    ferry_plan_iter_close(it);
+    if (rc == 0)
+        rc = split_reads(v, nv, &pc, &np);
+    if (rc < 0)
+        rc = fr_rl_fail(err, rc, "tensor %s: planning its read: %s", e->name, ferry_strerror(rc));
+    for (size_t i = 0; rc == 0 && i < np;) {
+        size_t j = i;
+        for (uint64_t bytes = 0; j < np && (j == i || bytes + pc[j].len * pc[j].count <= CHUNK); j++)
+            bytes += pc[j].len * pc[j].count;
+        rc = fr_gread_run(g->s, gen, pc + i, j - i, NULL, err);
+        if (rc == 0 && j < np)
+            progress_all(ap, t);
+        i = j;
+    }
+    if (rc == 0)
+        rc = fr_gen_verify_tensor(g->s, gen, e->index, dst, err);
+    free(v);
+    free(pc);
+    return rc;
 }
 
 /* My reads and sends of batch [a, b) (its tensors I lead). Meanwhile
@@ -554,7 +756,7 @@ static void lead(apply *ap, size_t a, size_t b, size_t lo, size_t hi, size_t rea
         const ferry_weight_entry *e = &ap->m->entries[t];
         ferry_error rerr = {0};
         double t0 = now_s();
-        int r = ferry_weights_read(g->s, e, g->staging + ap->p->off[t], e->bytes, &rerr);
+        int r = read_tensor(ap, t, &rerr);
         ap->st->read_s += now_s() - t0;
         if (r < 0)
             failf(ap, FERRY_EREBUILD, "%s; the loaded weights must be rebuilt", rerr.msg);
@@ -579,16 +781,30 @@ static void finish(apply *ap, size_t a, size_t b, size_t hi)
     uint32_t me = g->cfg.rank;
     uint64_t v;
     double t1 = now_s();
-    uint64_t deadline = fr_now_ns() + tmo_of(g) * 1000000ull;
+    const uint64_t limit = tmo_of(g) * 1000000ull;
+    /* A liveness deadline, not one for the batch: it counts only the time
+     * spent waiting here since the last notification of this attempt (a
+     * piece that landed or was read anywhere in the group, a tensor), so a
+     * slow group that keeps moving never runs out, while a sender that died
+     * or stopped leaves its receivers waiting timeout_ms at most. Time this
+     * worker spent elsewhere (loading, checking) is not counted, and what
+     * queued meanwhile is taken before the deadline is looked at. */
+    ap->silent_ns = 0;
     deliver(ap, b);
     while (!settled(ap, a, b)) {
-        uint64_t now = fr_now_ns();
-        if (now >= deadline) {
+        while (ferry_wait_notify(g->e, ap->tag, 1, 0, &v) == 0)
+            on_notify(ap, v, a, hi);
+        reap(ap, false);
+        deliver(ap, b);
+        if (settled(ap, a, b))
+            break;
+        if (ap->silent_ns >= limit) {
             size_t t = a;
             while (ap->state[t] != PENDING)
                 t++;
-            failf(ap, FERRY_EREBUILD, "compat: no notification for tensor %s within %" PRIu64
-                  " ms; the loaded weights must be rebuilt", ap->m->entries[t].name, tmo_of(g));
+            failf(ap, FERRY_EREBUILD, "compat: nothing came from worker %u for tensor %s for %"
+                  PRIu64 " ms (it died, hung or cannot reach this worker); the loaded weights "
+                  "must be rebuilt", sender_of(ap, t), ap->m->entries[t].name, tmo_of(g));
             for (t = a; t < b; t++)   /* whoever waits on me hears it */
                 if (ap->state[t] == PENDING) {
                     ap->state[t] = FAILED;
@@ -597,11 +813,11 @@ static void finish(apply *ap, size_t a, size_t b, size_t hi)
                 }
             break;
         }
-        uint64_t left = (deadline - now) / 1000000u;
-        if (ferry_wait_notify(g->e, ap->tag, 1, left < POLL_MS ? (int)left : POLL_MS, &v) == 0)
+        uint64_t w0 = fr_now_ns();
+        if (ferry_wait_notify(g->e, ap->tag, 1, POLL_MS, &v) == 0)
             on_notify(ap, v, a, hi);
-        reap(ap, false);
-        deliver(ap, b);
+        else
+            ap->silent_ns += fr_now_ns() - w0;
     }
     reap(ap, true);
     deliver(ap, b);
@@ -653,8 +869,10 @@ static int run_apply(apply *ap, uint64_t id)
         }
         int brc = ferry_barrier(g->s, bar, member, g->cfg.world, tmo_of(g), NULL);
         if (brc < 0) {
-            failf(ap, FERRY_EREBUILD, "compat: the group did not finish batch %zu together: %s",
-                  k, ferry_strerror(brc));
+            failf(ap, FERRY_EREBUILD, "compat: the group did not finish batch %zu together "
+                  "within %" PRIu64 " ms of this worker arriving (a worker died, hung or cannot "
+                  "reach the master): %s; the loaded weights must be rebuilt", k, tmo_of(g),
+                  ferry_strerror(brc));
             ap->st->barrier_s += now_s() - t0;
             return ap->rc;
         }

@@ -14,6 +14,7 @@
  * worker that goes silent makes the other time out, not hang; a staging
  * buffer smaller than a tensor is refused by every worker. */
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -52,6 +53,7 @@ typedef struct check {
     uint64_t gen;
     size_t seen;           /* tensors handed over, in order */
     uint64_t bad;          /* wrong bytes, wrong order, wrong size */
+    size_t die_at;         /* this process kills itself when handed this tensor (0: never) */
 } check;
 
 static int load(void *ctx, const ferry_weight_entry *e, const void *data)
@@ -60,6 +62,8 @@ static int load(void *ctx, const ferry_weight_entry *e, const void *data)
     char names[NT][32];
     ftg_names(&model, names);
     size_t k = c->seen++;
+    if (c->die_at && k == c->die_at)
+        raise(SIGKILL);   /* in the middle of the update: what it leads stops coming */
     if (k >= NT || strcmp(e->name, names[k]) != 0 || e->bytes != shapes[k][0] * shapes[k][1] * 2) {
         c->bad++;
         return 0;
@@ -74,12 +78,13 @@ typedef struct rollout {
     ferry_store *s;
     ferry_compat_group *g;
     uint64_t gen;
+    size_t die_at;
 } rollout;
 
 static void rollout_update(void *ctx, uint64_t want)
 {
     rollout *w = ctx;
-    check c = { .gen = want };
+    check c = { .gen = want, .die_at = w->die_at };
     ferry_compat_stats st;
     ferry_error err = {0};
     size_t regions = ferry_engine_region_count(ferry_store_engine(w->s));
@@ -101,9 +106,9 @@ static void rollout_update(void *ctx, uint64_t want)
 }
 
 static int rollout_main(const char *addr, const char *group, uint32_t rank, uint32_t world,
-                        uint64_t staging, uint64_t timeout_ms, uint64_t segment)
+                        uint64_t staging, uint64_t timeout_ms, uint64_t segment, size_t die_at)
 {
-    rollout w = {0};
+    rollout w = { .die_at = die_at };
     if (ftg_worker_store(addr, &w.s) < 0)
         return 1;
     /* world 4: nodes 7, 7, 9, 9; world 2: nodes 7, 9 */
@@ -131,6 +136,8 @@ typedef struct rollout_opts {
     const char *staging, *staging0;   /* staging bytes; rank 0's (NULL: the same) */
     const char *timeout_ms;
     uint64_t seg7;   /* the segment node 7's workers name as theirs (0: none named) */
+    int die_rank;    /* this worker kills itself at its die_at-th tensor (die_at 0: none) */
+    size_t die_at;
 } rollout_opts;
 
 static void rollout_args(const void *ctx, int rank, ftg_args *a)
@@ -139,9 +146,11 @@ static void rollout_args(const void *ctx, int rank, ftg_args *a)
     snprintf(a->buf[0], sizeof a->buf[0], "%d", rank);
     snprintf(a->buf[1], sizeof a->buf[1], "%llu",
              node_of[rank] == 7 ? (unsigned long long)o->seg7 : 0ull);
+    snprintf(a->buf[2], sizeof a->buf[2], "%zu", o->die_at && rank == o->die_rank ? o->die_at : 0);
     const char *v[] = { "--rollout", o->addr, o->group, a->buf[0], o->world,
                         rank == 0 && o->staging0 ? o->staging0 : o->staging, o->timeout_ms,
-                        o->seg7 ? a->buf[1] : NULL, NULL };
+                        o->seg7 || o->die_at ? a->buf[1] : NULL, o->die_at ? a->buf[2] : NULL,
+                        NULL };
     memcpy(a->argv, v, sizeof v);
 }
 
@@ -399,18 +408,59 @@ static void test_compat_segment_local(void **state)
     assert_int_equal(last_cross[2] + last_cross[3], 0);
 }
 
+/* A worker killed in the middle of an update (SIGKILL from inside its
+ * loader, at its third tensor, after it led and sent part of the first
+ * batches): the three others do not wait for it for ever, nor for a fixed
+ * time per tensor: once nothing of the attempt has come for the group
+ * timeout (2 s of silence) they fail with FERRY_EREBUILD, still at their
+ * generation, each saying what it waited for. */
+static void test_compat_killed_peer(void **state)
+{
+    ftg_env *e = *state;
+    const rollout_opts o = { .addr = e->c.addr, .group = "killed", .world = "4",
+                             .staging = "1048576", .timeout_ms = "2000", .die_rank = 1,
+                             .die_at = 2 };
+    assert_int_equal(ftg_start(e, WORLD, rollout_args, &o, -1, NULL), 0);
+    assert_int_equal(ftg_publish(e->s, &model, 1, NULL), 0);
+    assert_int_equal(ftg_send(e, "update 1"), 0);
+    /* a generous deadline on the replies; the dead worker gives none */
+    assert_int_equal(ftg_collect(e, 60000, 1), 0);
+    for (int k = 0; k < WORLD; k++) {
+        if (k == 1)
+            continue;
+        const char *line = e->line[k];
+        fprintf(stderr, "killed peer, worker %d: %s\n", k, line);
+        int code;
+        unsigned long long gen;
+        size_t seen;
+        if (sscanf(line, "ERR %d %llu %zu", &code, &gen, &seen) != 3)
+            fail_msg("worker %d: %s", k, line);
+        assert_int_equal(code, FERRY_EREBUILD);
+        assert_int_equal(gen, 0);
+        assert_true(seen < NT);
+        /* what it waited for: a sender that went quiet, or the group at a batch */
+        assert_true(strstr(line, "nothing came from worker") != NULL ||
+                    strstr(line, "did not finish batch") != NULL);
+        assert_non_null(strstr(line, "2000 ms"));
+    }
+    /* the dead one's reply: none, its stdout closed */
+    assert_int_not_equal(ft_peer_reply(&e->w[1], e->line[1], sizeof e->line[1], 10000), 0);
+}
+
 int main(int argc, char **argv)
 {
-    if ((argc == 8 || argc == 9) && !strcmp(argv[1], "--rollout"))
+    if (argc >= 8 && argc <= 10 && !strcmp(argv[1], "--rollout"))
         return rollout_main(argv[2], argv[3], (uint32_t)atoi(argv[4]), (uint32_t)atoi(argv[5]),
                             strtoull(argv[6], NULL, 10), strtoull(argv[7], NULL, 10),
-                            argc == 9 ? strtoull(argv[8], NULL, 10) : 0);
+                            argc >= 9 ? strtoull(argv[8], NULL, 10) : 0,
+                            argc == 10 ? (size_t)strtoull(argv[9], NULL, 10) : 0);
     ft_token();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_compat_group, ftg_setup, ftg_teardown),
         cmocka_unit_test_setup_teardown(test_compat_silent_leader, ftg_setup, ftg_teardown),
         cmocka_unit_test_setup_teardown(test_compat_staging_too_small, ftg_setup, ftg_teardown),
         cmocka_unit_test_setup_teardown(test_compat_segment_local, ftg_setup, ftg_teardown),
+        cmocka_unit_test_setup_teardown(test_compat_killed_peer, ftg_setup, ftg_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
