@@ -77,6 +77,8 @@ int cli_proc_open(int pid)
 #ifdef SYS_pidfd_open
     return (int)syscall(SYS_pidfd_open, pid, 0);
 #else
+    /* Headers without pidfd_open: no pidfd, and the caller signals by PID
+     * after checking the process's start time and command line (send_sig). */
     (void)pid;
     errno = ENOSYS;
     return -1;

@@ -35,7 +35,8 @@ bool ft_netns_create(ft_netns *n, const char *tag, int subnet)
     snprintf(n->addr_b, sizeof n->addr_b, "10.213.%d.2", subnet);
     snprintf(n->listen_a, sizeof n->listen_a, "%s:0", n->addr_a);
     snprintf(n->listen_b, sizeof n->listen_b, "%s:0", n->addr_b);
-    n->up = sh("ip netns add %s", n->a) == 0 && sh("ip netns add %s", n->b) == 0 &&
+    n->allowed = sh("ip netns add %s", n->a) == 0;
+    n->up = n->allowed && sh("ip netns add %s", n->b) == 0 &&
             sh("ip link add %s type veth peer name %s", n->veth_a, n->veth_b) == 0 &&
             sh("ip link set %s netns %s", n->veth_a, n->a) == 0 &&
             sh("ip link set %s netns %s", n->veth_b, n->b) == 0 &&
