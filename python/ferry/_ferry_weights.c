@@ -291,6 +291,21 @@ int fp_publish_stats_put(PyObject *d, uint64_t generation, const ferry_publish_s
     return fp_dict_put_fields(d, st, publish_fields, all ? FP_NFIELDS(publish_fields) : PUBLISH_BASE_FIELDS);
 }
 
+/* What a publish returns to Python: its stats as a dict, or the error raised
+ * (NULL). */
+static PyObject *publish_outcome(int rc, const ferry_error *err, uint64_t gen,
+                                 const ferry_publish_stats *st)
+{
+    if (rc < 0) {
+        fp_raise_err_class(rc, err);
+        return NULL;
+    }
+    PyObject *out = PyDict_New();
+    if (out && fp_publish_stats_put(out, gen, st, true) < 0)
+        Py_CLEAR(out);
+    return out;
+}
+
 
 /* A Python exception is set: this rank cannot publish generation gen (its
  * own check failed before it reached ferry_publish). Tell the other ranks
@@ -442,13 +457,7 @@ static PyObject *w_publish(PyObject *self, PyObject *args)
     int rc;
     called = true;
     FP_STORE_CALL(so, rc = ferry_publish(s, &cfg, gen, t, n, &st, &err));
-    if (rc < 0) {
-        fp_raise_err_class(rc, &err);
-        goto done;
-    }
-    out = PyDict_New();
-    if (!out || fp_publish_stats_put(out, gen, &st, true) < 0)
-        Py_CLEAR(out);
+    out = publish_outcome(rc, &err, gen, &st);
 done:
     if (!called && PyErr_Occurred())
         publish_abort_raise(so, s, &cfg, gen);   /* failed here, before ferry_publish */
@@ -567,13 +576,7 @@ static PyObject *w_publish_shards(PyObject *self, PyObject *args)
     int rc;
     called = true;
     FP_STORE_CALL(so, rc = ferry_publish_shards(s, &cfg, gen, pl, d, n, &st, &err));
-    if (rc < 0) {
-        fp_raise_err_class(rc, &err);
-        goto done;
-    }
-    out = PyDict_New();
-    if (!out || fp_publish_stats_put(out, gen, &st, true) < 0)
-        Py_CLEAR(out);
+    out = publish_outcome(rc, &err, gen, &st);
 done:
     if (!called && PyErr_Occurred())
         publish_abort_raise(so, s, &cfg, gen);   /* failed here, before ferry_publish_shards */
