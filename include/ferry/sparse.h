@@ -196,6 +196,19 @@ typedef struct ferry_sparse_stats {
     uint64_t bytes_read;             /* entry bytes read (indices + values) */
     uint64_t entries_read, entries_kept, boundary_filtered;
     double plan_s, read_s, filter_s;
+    /* Appended (docs/sparse.md, "Counters"). The compact indexes: */
+    uint64_t index_checks;           /* cached indexes checked against the store (one metadata
+                                      * round trip each) */
+    uint64_t index_bytes_read;       /* meta + tile_coords + tile_ptr bytes read (index_gets) */
+    double index_s;                  /* checks and reads of the compact indexes, wall */
+    /* The per-range reads, split by member: every unique read is one range
+     * of `indices` and one of `values`; the indices ranges go in one batch,
+     * then the values ranges in another, so each is timed on its own
+     * (read_s = index_range_s + value_range_s). */
+    uint64_t index_range_gets;       /* ranges of the indices member read (= unique_range_gets) */
+    uint64_t index_range_bytes;      /* their bytes (the coordinates) */
+    uint64_t value_range_bytes;      /* bytes of the values ranges (bytes_read = the two) */
+    double index_range_s, value_range_s;
 } ferry_sparse_stats;
 
 /* For the targets (all on this node, or each read on its node: reads are
@@ -210,6 +223,36 @@ int ferry_read_sparse_objects(ferry_store *s, const char *const *keys, size_t nk
                               const char *publish_prefix, ferry_sparse_result **out,
                               size_t *nout, ferry_sparse_stats *st, ferry_error *err);
 void ferry_sparse_results_free(ferry_sparse_result *r, size_t n);
+/* sum += x, field by field (counters and times alike). */
+void ferry_sparse_stats_add(ferry_sparse_stats *sum, const ferry_sparse_stats *x);
+
+/* Where a result lands: a view of the target box in memory — element
+ * (i0, ..., in) of the box at data + sum(ik * strides[k]) elements. The
+ * box may be a slice of a larger parameter (a row slice: data at the
+ * slice's first row, strides of the whole buffer), one part of a fused
+ * parameter (q of qkv_proj), a transposed view (strides (1, rows)), or a
+ * contiguous buffer (strides all 0). */
+typedef struct ferry_sparse_view {
+    void *data;                      /* element (0, ..., 0) of the box */
+    char dtype[8];                   /* "f32", "bf16" or "f16" */
+    uint32_t ndim;                   /* the result's */
+    uint64_t shape[FERRY_SPARSE_NDIM_MAX];    /* the result's local shape */
+    int64_t strides[FERRY_SPARSE_NDIM_MAX];   /* elements, >= 0; all 0: row-major contiguous */
+    uint64_t bytes;                  /* bytes at data the view may reach (0: not said); a view
+                                      * whose last element lies past them is refused */
+} ferry_sparse_view;
+
+/* Apply a result into a view (scatter_add or scatter_set), with the base
+ * fence of ferry_sparse_apply. Refused before any write (FERRY_EINVAL, the
+ * sentence names the tensor and ends "nothing changed"): a shape other
+ * than the result's, a negative stride, strides under which two elements
+ * of the box share an address (checked by the sufficient rule: sorted by
+ * stride, each dimension's stride is at least the extent the smaller ones
+ * span), a view reaching past v->bytes, an index outside the shape.
+ * new_generation (may be NULL) = r->delta_generation on success. */
+int ferry_sparse_apply_view(const ferry_sparse_result *r, const ferry_sparse_view *v,
+                            uint64_t current_generation, uint64_t *new_generation,
+                            ferry_error *err);
 
 /* Apply a result into a dense local buffer (row-major, r->shape, dtype
  * "f32", "bf16" or "f16"): scatter_add or scatter_set. Base fence: when

@@ -20,6 +20,7 @@
 
 #include "ferry/common.h"
 #include "ferry/reshard.h"
+#include "ferry/sparse.h"
 #include "ferry/store.h"
 
 #ifdef __cplusplus
@@ -377,6 +378,107 @@ typedef struct ferry_update_node {
  * room), 0 before any update that planned. FERRY_EINVAL for a NULL sub or
  * a NULL out with cap > 0. */
 int ferry_subscriber_nodes(const ferry_subscriber *sub, ferry_update_node *out, size_t cap);
+
+/* ---- sparse generations (docs/sparse.md, "Sparse generations") ---------------------------- */
+
+/* What an announcement of a sparse generation did. */
+typedef struct ferry_sparse_announce_stats {
+    uint64_t objects;                /* sparse objects of the generation */
+    uint64_t nnz;                    /* their entries, summed */
+    uint64_t dense_generation;       /* the dense generation the chain starts at */
+    uint32_t chain;                  /* generations of the chain, the dense one and this included */
+    uint64_t removed_generations;    /* retention: generations retired by this announcement */
+    double announce_s;
+} ferry_sparse_announce_stats;
+
+/* Announce sparse generation `generation` of model: the delta base ->
+ * generation made of the sparse objects keys[0..nkeys) (ferry_put_sparse_object,
+ * each of base `base` and delta `generation`; nkeys 0: nothing changed).
+ * One compare-and-swap of the model's active key, the same one a dense
+ * publish makes: the active generation advances to `generation`, and its
+ * generation text (which the announced digest covers) records its base,
+ * the base's digest and the dense generation its chain starts at. Then
+ * retention as for ferry_publish (`keep`, 0: 2), widened so that the
+ * chain from the dense generation to this one stays whole; a retired
+ * sparse generation's objects are removed with it.
+ * Refused before anything is written: FERRY_ESTATE when `base` is not the
+ * active generation (the sentence names both) or another announcement
+ * wins the compare-and-swap; FERRY_EINVAL for a key that is not a sparse
+ * object of (base, generation), a tensor the dense generation does not
+ * have or has in another shape, a key named twice, generation <= base, or
+ * a chain that would pass FR_SGEN_CHAIN_MAX (64) generations (publish a
+ * dense one); FERRY_ENOENT for a missing object. Called by one process
+ * (the trainers' coordinator) once every rank's objects are stored. */
+int ferry_sparse_announce(ferry_store *s, const char *model, uint64_t base, uint64_t generation,
+                          const char *const *keys, size_t nkeys, uint32_t keep,
+                          ferry_sparse_announce_stats *st, ferry_error *err);
+
+/* One sparse generation of a chain: the delta base -> generation. */
+typedef struct ferry_sparse_link {
+    uint64_t generation, base;
+    char **keys;                     /* its objects */
+    size_t nkeys;
+} ferry_sparse_link;
+
+/* What a worker holding `held` needs to reach the active generation. */
+typedef struct ferry_sparse_chain {
+    uint64_t active;                 /* the active generation */
+    uint64_t dense;                  /* the dense generation the active chain starts at (the
+                                      * active one when it is dense) */
+    bool load_dense;                 /* load `dense` whole first: the worker holds no
+                                      * generation of the chain (fresh, older, or off it) */
+    ferry_sparse_link *links;        /* then apply these, in order (none: dense, or current) */
+    size_t nlinks;
+} ferry_sparse_chain;
+
+/* The rule (docs/sparse.md): the active chain is D -> g1 -> ... -> gk, D
+ * dense. A worker holding D or some gi applies the links after it; any
+ * other worker (0: fresh) loads D whole, then applies every link; a worker
+ * holding the active generation needs nothing. FERRY_ESTATE when held is
+ * newer than the active generation; FERRY_ENOENT when nothing is active;
+ * FERRY_ELOST naming the generation when a link's text is gone;
+ * FERRY_ECORRUPT when a link does not match the digest that names it.
+ * Free with ferry_sparse_chain_free (NULL ok). */
+int ferry_sparse_chain_resolve(ferry_store *s, const char *model, uint64_t held,
+                               ferry_sparse_chain *out, ferry_error *err);
+void ferry_sparse_chain_free(ferry_sparse_chain *c);
+
+typedef struct ferry_sparse_update_config {
+    char model[128];
+    uint32_t axis_index;             /* this worker's index of the placement axis (its EP rank):
+                                      * OWNER objects reach only the matching index */
+    bool no_dense;                   /* never load a dense generation: a worker that is not on
+                                      * the active chain is refused (FERRY_ESTATE), nothing applied */
+} ferry_sparse_update_config;
+
+typedef struct ferry_sparse_update_stats {
+    uint64_t generation;             /* held after the call */
+    uint64_t dense_generation;       /* loaded whole first (0: none) */
+    uint64_t dense_bytes, dense_ranges;
+    uint64_t deltas;                 /* sparse generations applied */
+    uint64_t entries_applied;
+    ferry_sparse_stats read;         /* the chain's sparse reads, summed */
+    double resolve_s, read_s, dense_s, apply_s;
+} ferry_sparse_update_stats;
+
+/* Bring a worker's shards (boxes of the published tensors, each with its
+ * buffer and element strides: a slice of a larger parameter, one part of a
+ * fused one, a transposed view; ferry_param_shard, in the published dtype)
+ * from *generation to the active generation by the rule of
+ * ferry_sparse_chain_resolve. Every link's objects are read for the
+ * shards' boxes and every delta's base checked against the generation it
+ * will be applied to before anything is written; then the dense
+ * generation is loaded (when the rule says so) and the deltas applied in
+ * order. Nothing is read when *generation is the active one. Refused with
+ * nothing written: a shard naming a tensor the chain's dense generation
+ * lacks (FERRY_ENOENT), a box outside its tensor (FERRY_ERANGE), a
+ * buffer too small or strides that overlap (FERRY_EINVAL), an off-chain
+ * worker with cfg->no_dense (FERRY_ESTATE), a failed read. A failure
+ * after the first write (a dense read failing midway): FERRY_EREBUILD.
+ * On success *generation is the active one. */
+int ferry_sparse_update(ferry_store *s, const ferry_sparse_update_config *cfg,
+                        const ferry_param_shard *shards, size_t n, uint64_t *generation,
+                        ferry_sparse_update_stats *st, ferry_error *err);
 
 #ifdef __cplusplus
 }

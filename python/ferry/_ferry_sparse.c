@@ -300,7 +300,8 @@ static PyObject *result_dict(const ferry_sparse_result *r)
 static const fp_field stats_fields[] = {
     F(source_objects), F(non_ep_source_object_count), F(index_gets), F(index_cache_hits), F(unique_range_gets),
     F(full_indices_values_get_count), F(dedup_hits), F(bytes_read), F(entries_read), F(entries_kept),
-    F(boundary_filtered), F(plan_s), F(read_s), F(filter_s),
+    F(boundary_filtered), F(plan_s), F(read_s), F(filter_s), F(index_checks), F(index_bytes_read), F(index_s),
+    F(index_range_gets), F(index_range_bytes), F(value_range_bytes), F(index_range_s), F(value_range_s),
 };
 #undef F
 
@@ -405,7 +406,7 @@ static PyObject *sp_apply(PyObject *self, PyObject *args)
         PyBuffer_Release(&iv);
         return NULL;
     }
-    if (fp_buf_get(dst, &dv, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE, "sparse_apply: dense") < 0) {
+    if (fp_buf_get(dst, &dv, PyBUF_STRIDES | PyBUF_WRITABLE, "sparse_apply: dense") < 0) {
         PyBuffer_Release(&iv);
         PyBuffer_Release(&vv);
         return NULL;
@@ -417,18 +418,38 @@ static PyObject *sp_apply(PyObject *self, PyObject *args)
                      (unsigned long long)(r.nnz * r.ndim * 8), (unsigned long long)(r.nnz * vsz), iv.len, vv.len);
         goto done;
     }
-    if ((uint64_t)dv.len != elems * dsz) {
-        PyErr_Format(PyExc_ValueError, "sparse_apply %s: the buffer holds %zd bytes, the target's local shape "
-                     "needs %llu of %s", r.tensor_id, dv.len, (unsigned long long)(elems * dsz), dst_dtype);
+    /* The destination is a view: its shape must be the target's, its
+     * strides (in elements) go to the library, which refuses overlapping
+     * or negative ones before any write. */
+    ferry_sparse_view view = {.data = dv.buf, .ndim = (uint32_t)dv.ndim};
+    snprintf(view.dtype, sizeof view.dtype, "%s", dst_dtype);
+    bool shape_ok = dv.ndim == (int)r.ndim && dv.itemsize == (Py_ssize_t)dsz;
+    for (int k = 0; shape_ok && k < dv.ndim; k++) {
+        shape_ok = (uint64_t)dv.shape[k] == r.shape[k];
+        view.shape[k] = (uint64_t)dv.shape[k];
+        Py_ssize_t b = dv.strides ? dv.strides[k] : 0;
+        if (dv.strides && (b % dv.itemsize)) {
+            PyErr_Format(PyExc_ValueError, "sparse_apply %s: stride %zd of dimension %d is not a multiple of the "
+                         "%zd-byte elements", r.tensor_id, b, k, dv.itemsize);
+            goto done;
+        }
+        view.strides[k] = dv.strides ? (int64_t)(b / dv.itemsize) : 0;
+    }
+    if (!shape_ok || (dv.ndim == 0 && (uint64_t)dv.len != elems * dsz)) {
+        PyErr_Format(PyExc_ValueError, "sparse_apply %s: the destination (%d dims of %zd-byte elements, %zd bytes) "
+                     "is not the target's local shape of %u dims in %s", r.tensor_id, dv.ndim, dv.itemsize,
+                     dv.len, r.ndim, dst_dtype);
         goto done;
     }
+    if (!dv.strides || PyBuffer_IsContiguous(&dv, 'C'))
+        memset(view.strides, 0, sizeof view.strides);
     r.indices = iv.buf;
     r.values = vv.buf;
     ferry_error err = {0};
     uint64_t gen = 0;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = ferry_sparse_apply(&r, dv.buf, dst_dtype, cur, &gen, &err);
+    rc = ferry_sparse_apply_view(&r, &view, cur, &gen, &err);
     Py_END_ALLOW_THREADS
     if (rc < 0)
         fp_raise_err_class(rc, &err);
@@ -456,7 +477,16 @@ static PyMethodDef sparse_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+PyObject *fp_sparse_stats_dict(const ferry_sparse_stats *st)
+{
+    return FP_FIELDS_DICT(st, stats_fields);
+}
+
+int fp_sparse_gen_init(PyObject *m);   /* _ferry_sparse_gen.c */
+
 int fp_sparse_init(PyObject *m)
 {
-    return PyModule_AddFunctions(m, sparse_methods);
+    if (PyModule_AddFunctions(m, sparse_methods) < 0)
+        return -1;
+    return fp_sparse_gen_init(m);
 }

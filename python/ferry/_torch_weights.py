@@ -260,8 +260,10 @@ class Subscriber:
                  buffers=False, tensors=None, node=0, timeout_ms=60000, batch_bytes=0, local_segment=0):
         self.store, self.model, self.rank, self.layout, self.group = store, model, int(rank), layout, group
         self.names = NameMap.of(names)
-        if tensors is None:
-            tensors = [(e["name"], e["shape"], e["dtype"]) for e in _weights.manifest(store, model)]
+        if tensors is None:   # the dense generation the active chain starts at (the active one when dense)
+            from . import sparse as _sparse
+            dense = _sparse.chain(store, model, 0)["dense"]
+            tensors = [(e["name"], e["shape"], e["dtype"]) for e in _weights.manifest(store, model, dense)]
         placement = build_layout(model, tensors, layout, rules, roles)
         self.world = placement.ranks
         if not 0 <= self.rank < self.world:
@@ -330,6 +332,13 @@ class Subscriber:
         act = _weights.active(self.store, self.model)
         if act is not None and act[0] <= self.generation:
             return {"generation": self.generation, "bytes_read": 0}   # current, or a newer sparse delta
+        from . import sparse as _sparse
+        if act is not None and _sparse.chain(self.store, self.model, self.generation)["links"]:
+            # a sparse generation is active: follow its chain (each worker reads its own entries)
+            st = _sparse.update(self.store, self.model, self.shards, self.generation)
+            self.generation = st["generation"]
+            st["bytes_read"] = st["dense_bytes"] + st["read"]["bytes_read"]
+            return st
         if self._sub is None or alone:
             st = _weights.update_direct(self.store, self.model, self.shards, self.generation)
         else:

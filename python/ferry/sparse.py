@@ -10,10 +10,16 @@
 - :func:`read_sparse_objects` — target-local COO results of a batch of
   targets (:class:`Target` or dicts), each needed entry range read once per
   node; returns ``(results, counters)``.
-- :func:`sparse_apply` — scatter a result into a dense numpy array or torch
-  tensor, in place, behind the base-generation fence
-  (:class:`ferry.ConflictError` when it holds another generation; it is
-  then unchanged).
+- :func:`sparse_apply` — scatter a result into a numpy array or torch
+  tensor of the target's shape, in place — contiguous or any strided view
+  (a row slice of a larger parameter, one part of a fused one, a transposed
+  view) — behind the base-generation fence (:class:`ferry.ConflictError`
+  when it holds another generation; it is then unchanged).
+- :func:`announce` — a sparse generation into the weights registry (one
+  compare-and-swap of the active key, retention as for a dense publish);
+  :func:`chain` — what a worker holding a generation needs to reach the
+  active one; :func:`update` — follow it into the worker's arrays (load the
+  dense generation first when the worker is not on the chain).
 
 Results are numpy arrays, or torch tensors with ``framework="torch"``
 (bf16 values as ``torch.bfloat16``; numpy has no bf16: ``uint16`` words).
@@ -32,12 +38,13 @@ from . import _ferry
 from . import _tensors
 
 __all__ = ["Target", "SparseResult", "put_sparse_object", "sparse_admit", "read_sparse_objects", "sparse_apply",
-           "COUNTERS"]
+           "announce", "chain", "update", "COUNTERS"]
 
 # Every ferry_sparse_stats field, in the header's order.
 COUNTERS = ("source_objects", "non_ep_source_object_count", "index_gets", "index_cache_hits", "unique_range_gets",
             "full_indices_values_get_count", "dedup_hits", "bytes_read", "entries_read", "entries_kept",
-            "boundary_filtered", "plan_s", "read_s", "filter_s")
+            "boundary_filtered", "plan_s", "read_s", "filter_s", "index_checks", "index_bytes_read", "index_s",
+            "index_range_gets", "index_range_bytes", "value_range_bytes", "index_range_s", "value_range_s")
 
 _VALUE_DTYPES = {"float32": "f32", "float16": "f16", "uint16": "bf16"}   # bf16 travels as raw 16-bit words
 _NUMPY_OF = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
@@ -236,10 +243,13 @@ def read_sparse_objects(store, keys, targets, publish_prefix=None, framework="nu
 
 
 def sparse_apply(result, dense, current_generation, dense_dtype=None):
-    """Scatter ``result`` into ``dense`` in place (a contiguous, writable
-    numpy array or torch tensor of the result's local shape: float32,
-    float16 or bf16 — ``torch.bfloat16``, or numpy ``uint16`` words, for
-    which ``dense_dtype`` may say "bf16"). ``scatter_add`` is fenced: when
+    """Scatter ``result`` into ``dense`` in place: a writable numpy array or
+    torch tensor of the result's local shape — contiguous, or any strided
+    view of a larger buffer (``p[16:40]``, a third of a fused ``qkv``,
+    ``p.t()``; its strides are passed on, and strides under which two
+    elements share an address are refused) — float32, float16 or bf16
+    (``torch.bfloat16``, or numpy ``uint16`` words, for which
+    ``dense_dtype`` may say "bf16"). ``scatter_add`` is fenced: when
     ``current_generation`` is not the delta's base generation it raises
     :class:`ferry.ConflictError` and ``dense`` is unchanged; so does any
     index outside the shape (``ferry.Error``). Returns the new generation
@@ -253,8 +263,8 @@ def sparse_apply(result, dense, current_generation, dense_dtype=None):
         raise ValueError(f"{what} ({_tensors.describe(dense)}) has shape {list(dense.shape)}, the target "
                          f"{list(result.shape)}")
     arr, dknown = _numpy_of(dense, what, writable=True)
-    if not arr.flags.c_contiguous or not arr.flags.writeable:
-        raise ValueError(f"{what} ({_tensors.describe(dense)}) must be C-contiguous and writable")
+    if not arr.flags.writeable:
+        raise ValueError(f"{what} ({_tensors.describe(dense)}) must be writable")
     ddt = _value_dtype(arr, dense_dtype, "the dense array's elements", known=dknown)
     idx = np.ascontiguousarray(_numpy_of(result.indices, "result.indices")[0], dtype="<i8")
     val = np.ascontiguousarray(_numpy_of(result.values, "result.values")[0])
@@ -267,3 +277,64 @@ def sparse_apply(result, dense, current_generation, dense_dtype=None):
     if int(current_generation) < 0:
         raise ValueError("current_generation is non-negative")
     return _ferry.sparse_apply(r, idx, val, arr, ddt, int(current_generation))
+
+
+# ---- sparse generations -------------------------------------------------------------------------
+
+
+def announce(store, model, base, generation, keys, keep=2):
+    """Announce sparse generation ``generation`` of ``model``: the delta
+    ``base -> generation`` made of the sparse objects ``keys`` (each put
+    with ``generation=(base, generation)``). One compare-and-swap of the
+    model's active key, the same one a dense publish makes: the active
+    generation advances and its record names the base and the dense
+    generation the chain starts at. ``base`` must be the active generation
+    (else :class:`ferry.ConflictError`, nothing announced); a key that is
+    not a sparse object of ``(base, generation)``, a tensor the dense
+    generation does not have (or has in another shape) or a key named twice
+    raises :class:`ferry.Error` (``FERRY_EINVAL``). Retention as for a dense
+    publish (``keep`` generations), never breaking the chain to the active
+    generation; retired sparse generations lose their objects. Returns
+    ``{"generation", "objects", "nnz", "dense_generation", "chain",
+    "removed_generations", "announce_s"}``."""
+    if isinstance(keys, str):
+        keys = [keys]
+    return _ferry.sparse_announce(store, str(model), int(base), int(generation), list(keys), int(keep))
+
+
+def chain(store, model, generation=0):
+    """What a worker holding ``generation`` (0: none) needs to reach the
+    active generation: ``{"active", "dense", "load_dense", "links"}`` —
+    load generation ``dense`` whole first when ``load_dense``, then apply
+    each link (``{"generation", "base", "keys"}``) in order. The rule
+    (docs/sparse.md): a worker on the active chain applies the deltas after
+    its generation; any other loads the chain's dense generation first."""
+    return _ferry.sparse_chain(store, str(model), int(generation))
+
+
+def update(store, model, shards, generation=0, axis_index=0, no_dense=False):
+    """Bring a worker's ``shards`` — ``(tensor_name, global_offset, array)``,
+    the array any writable numpy array or CPU torch tensor of the box's
+    shape in the published dtype, strided views included (a row slice of a
+    larger parameter, a part of a fused one, a transposed view) — from
+    ``generation`` to the active one by the rule of :func:`chain`. Every
+    delta is read and every fence and view checked before the first write;
+    a worker off the chain with ``no_dense=True`` raises
+    :class:`ferry.ConflictError` with nothing written. ``axis_index``: the
+    worker's index of the placement axis (its EP rank: OWNER objects reach
+    only it). Returns stats: ``generation`` (now held), ``dense_generation``
+    (loaded first, 0: none), ``dense_bytes``, ``dense_ranges``, ``deltas``,
+    ``entries_applied``, ``read`` (the sparse counters, :data:`COUNTERS`,
+    summed over the chain), ``resolve_s``, ``read_s``, ``dense_s``,
+    ``apply_s``."""
+    items = []
+    for i, sh in enumerate(shards):
+        if not isinstance(sh, (tuple, list)) or len(sh) != 3:
+            raise TypeError(f"shards[{i}] must be (tensor name, offset, array)")
+        name, off, arr = sh
+        if isinstance(arr, np.ndarray):
+            a = arr
+        else:
+            a, _ = _numpy_of(arr, f"shards[{i}] ({name})", writable=True)
+        items.append((name, None if off is None else tuple(int(x) for x in off), a))
+    return _ferry.sparse_update(store, str(model), int(axis_index), bool(no_dense), items, int(generation))

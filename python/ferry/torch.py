@@ -18,7 +18,8 @@ entry point is the ferry call of the same name with ``framework="torch"``.
 - torch models (docs/python.md, "torch models"): :func:`publish_module`
   (a module or state dict, whole or from the shards of a layout),
   :class:`Subscriber` (parameter-direct into a module's parameters, by
-  layout and role rules), :func:`weights` (the compatibility iterator for
+  layout and role rules; with a sparse generation active its ``update()``
+  follows the registry's chain: ``ferry.sparse.update``), :func:`weights` (the compatibility iterator for
   ``model.load_weights``), :class:`NameMap` (trainer -> rollout names,
   fused targets included), :func:`role_of`, :func:`build_layout`.
 """

@@ -253,5 +253,174 @@ def test_bad_input_raises_clearly_and_stores_nothing(s1):
         ferry.sparse_apply(r, np.zeros((4, 5), np.float32), 1)
     with pytest.raises(ValueError, match="float32, float16 or bf16"):
         ferry.sparse_apply(r, np.zeros((4, 4), np.float64), 1)
-    with pytest.raises(ValueError, match="C-contiguous and writable"):
-        ferry.sparse_apply(r, np.zeros((4, 4), np.float32).T, 1)
+    ro = np.zeros((4, 4), np.float32)
+    ro.setflags(write=False)
+    with pytest.raises(ValueError, match="writable"):
+        ferry.sparse_apply(r, ro, 1)
+    # a view whose strides put two elements on one address: refused by the library, nothing written
+    base = np.zeros(32, np.float32)
+    overlap = np.lib.stride_tricks.as_strided(base, shape=(4, 4), strides=(4, 4))
+    with pytest.raises(ferry.Error, match="on one address"):
+        ferry.sparse_apply(r, overlap, 1)
+    assert not base.any()
+
+
+# ---- apply into real parameter views ------------------------------------------------------------
+
+
+def _read_whole(store, key, tid, shape, offset=None, box=None):
+    offset = offset or (0,) * len(shape)
+    (r,), _ = ferry.read_sparse_objects(store, [key], [Target(tid, 0, 0, offset, box or shape)])
+    return r
+
+
+def test_apply_into_torch_views(s1):
+    """Non-contiguous torch views as destinations (their strides are passed
+    on): a row slice of a larger parameter, a transposed view, the k third of
+    a fused bf16 qkv; every element checked, every byte outside untouched."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(16)
+    R, C = 32, 24
+    tid = _tid("views.w")
+    idx, val = _delta(rng, (R, C), 0.2)
+    key, _ = ferry.put_sparse_object(s1, tid, (R, C), idx, val, (4, 5), ("replicate", "ep"))
+    delta = np.zeros((R, C), np.float32)
+    delta[idx[:, 0], idx[:, 1]] = val
+    old = (np.arange(R * C, dtype=np.float32).reshape(R, C) % 17) - 8
+
+    # rows [8, 24) of the tensor in rows [10, 26) of a larger [40, C + 8] buffer (padded rows too)
+    big = torch.full((40, C + 8), -100.0)
+    big[2:2 + R, :C] = torch.from_numpy(old)
+    before = big.clone()
+    view = big[10:26, :C]
+    assert not view.is_contiguous()
+    r = _read_whole(s1, key, tid, (R, C), (8, 0), (16, C))
+    assert ferry.sparse_apply(r, view, 4) == 5
+    want = before.clone()
+    want[10:26, :C] += torch.from_numpy(delta[8:24])
+    assert torch.equal(big, want)
+
+    # a transposed view: the parameter is stored [C, R], the box is its .t()
+    tr = torch.from_numpy(np.ascontiguousarray(old.T))
+    r = _read_whole(s1, key, tid, (R, C))
+    ferry.sparse_apply(r, tr.t(), 4)
+    assert torch.equal(tr.t(), torch.from_numpy(old + delta))
+
+    # k, one third of a fused qkv [3R, C] in bf16
+    qkv = torch.from_numpy(np.concatenate([old, old + 1, old + 2])).to(torch.bfloat16)
+    before = qkv.clone()
+    ferry.sparse_apply(r, qkv[R:2 * R], 4)
+    assert torch.equal(qkv[:R], before[:R]) and torch.equal(qkv[2 * R:], before[2 * R:])
+    assert torch.equal(qkv[R:2 * R].float(), torch.from_numpy(old + 1 + delta))
+
+    # numpy: a strided view too, and the fence leaves it unchanged
+    a = np.zeros((R, 2 * C), np.float32)
+    with pytest.raises(ferry.ConflictError, match="nothing changed"):
+        ferry.sparse_apply(r, a[:, ::2], 3)
+    assert not a.any()
+    ferry.sparse_apply(r, a[:, ::2], 4)
+    assert np.array_equal(a[:, ::2], delta) and not a[:, 1::2].any()
+
+
+def test_read_counters_split_by_member(s1):
+    rng = np.random.default_rng(17)
+    tid = _tid("cnt.w")
+    idx, val = _delta(rng, (64, 64), 0.05)
+    key, desc = ferry.put_sparse_object(s1, tid, (64, 64), idx, val, (1, 2), ("replicate", "ep"),
+                                        tile_shape=(16, 16))
+    targets = [Target(tid, 0, 0, (0, 0), (32, 64)), Target(tid, 0, 0, (32, 0), (32, 64))]
+    _, c = ferry.read_sparse_objects(s1, [key], targets)
+    assert set(COUNTERS) <= set(c)
+    assert c["index_checks"] == 1 and c["index_gets"] == 1 and c["index_bytes_read"] > 0
+    assert c["index_range_gets"] == c["unique_range_gets"] == 2
+    assert c["index_range_bytes"] == desc["nnz"] * 2 * 8 and c["value_range_bytes"] == desc["nnz"] * 4
+    assert c["index_range_bytes"] + c["value_range_bytes"] == c["bytes_read"]
+    _, c = ferry.read_sparse_objects(s1, [key], targets)
+    assert c["index_gets"] == 0 and c["index_cache_hits"] == 1 and c["index_bytes_read"] == 0
+
+
+# ---- sparse generations in the registry -----------------------------------------------------------
+
+
+def test_sparse_generations_chain(s1):
+    """Dense g1, sparse g2 (base 1) and g3 (base 2) announced; a worker at g1
+    follows the chain, a fresh one (a transposed torch view among its shards)
+    loads g1 then both deltas; a stale base is refused, nothing applied;
+    ferry.torch's Subscriber follows the chain too."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(18)
+    model = f"pysg{next(_seq)}"
+    names = [f"{model}.a", f"{model}.b"]
+    shapes = [(24, 16), (40,)]
+    w = {1: [np.arange(np.prod(s), dtype=np.float32).reshape(s) % 13 for s in shapes]}
+    ferry.WeightPublisher(s1, model, 0, 1, out_dtype="f32").publish(1, list(zip(names, w[1])))
+    at1 = [np.zeros(s, np.float32) for s in shapes]
+    st = ferry.sparse.update(s1, model, [(n, None, a) for n, a in zip(names, at1)])
+    assert st["generation"] == 1 and st["dense_generation"] == 1
+    keys = {}
+    for g in (2, 3):
+        w[g], keys[g] = [], []
+        for n, s, prev in zip(names, shapes, w[g - 1]):
+            idx, val = _delta(rng, s, 0.2)
+            k, _ = ferry.put_sparse_object(s1, n, s, idx, val, (g - 1, g), ("replicate", "ep"))
+            d = np.zeros(s, np.float32)
+            d[tuple(idx.T)] = val
+            w[g].append(prev + d)
+            keys[g].append(k)
+        if g == 3:   # on a base that is no longer active: refused, g2 stays active
+            with pytest.raises(ferry.ConflictError, match="active generation is 2"):
+                ferry.sparse.announce(s1, model, 1, 3, keys[g])
+            assert ferry.weights.active(s1, model)[0] == 2
+        a = ferry.sparse.announce(s1, model, g - 1, g, keys[g])
+        assert a["objects"] == 2 and a["dense_generation"] == 1 and a["chain"] == g
+    assert ferry.weights.active(s1, model)[0] == 3
+    ch = ferry.sparse.chain(s1, model, 0)
+    assert ch["active"] == 3 and ch["dense"] == 1 and ch["load_dense"]
+    assert [l["generation"] for l in ch["links"]] == [2, 3] and sorted(ch["links"][1]["keys"]) == sorted(keys[3])
+    assert [l["generation"] for l in ferry.sparse.chain(s1, model, 2)["links"]] == [3]
+
+    # a worker at g1: g2 then g3
+    st = ferry.sparse.update(s1, model, [(n, None, a) for n, a in zip(names, at1)], generation=1)
+    assert st["generation"] == 3 and st["deltas"] == 2 and st["dense_generation"] == 0
+    assert st["read"]["source_objects"] == 4
+    for got, want in zip(at1, w[3]):
+        assert np.array_equal(got, want)
+
+    # a fresh worker, `a` held transposed in a torch tensor
+    ta = torch.zeros(shapes[0][::-1])
+    tb = torch.zeros(shapes[1])
+    st = ferry.sparse.update(s1, model, [(names[0], None, ta.t()), (names[1], (0,), tb)])
+    assert st["dense_generation"] == 1 and st["deltas"] == 2 and st["dense_bytes"] == (24 * 16 + 40) * 4
+    assert np.array_equal(ta.t().numpy(), w[3][0]) and np.array_equal(tb.numpy(), w[3][1])
+
+    # a worker that is not on the chain, with no dense load allowed: refused, nothing written
+    fresh = np.zeros(shapes[0], np.float32)
+    with pytest.raises(ferry.ConflictError, match="not on the active chain"):
+        ferry.sparse.update(s1, model, [(names[0], None, fresh)], no_dense=True)
+    assert not fresh.any()
+    # g3's delta applied by hand to a buffer at g1: the fence
+    (r,), _ = ferry.read_sparse_objects(s1, [keys[3][0]], [Target(names[0], 0, 0, (0, 0), shapes[0])])
+    held = w[1][0].copy()
+    with pytest.raises(ferry.ConflictError, match="base generation 2 but the buffer holds generation 1"):
+        ferry.sparse_apply(r, held, 1)
+    assert np.array_equal(held, w[1][0])
+    # a dense update cannot load a delta, and says what can
+    with pytest.raises(ferry.ConflictError, match="ferry_sparse_update"):
+        ferry.weights.update_direct(s1, model, [(names[1], None, np.zeros(40, np.float32))], 1)
+
+    # ferry.torch: a Subscriber opened while g3 (sparse) is active follows the chain
+    import ferry.torch as ft
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Parameter(torch.zeros(shapes[0]))
+            self.b = torch.nn.Parameter(torch.zeros(shapes[1]))
+
+    mod = M()
+    sub = ft.Subscriber(s1, model, mod, "dp:1", 0, names={names[0]: "a", names[1]: "b"})
+    st = sub.update()
+    assert st["generation"] == 3 and sub.generation == 3 and st["dense_generation"] == 1
+    assert np.array_equal(mod.a.detach().numpy(), w[3][0]) and np.array_equal(mod.b.detach().numpy(), w[3][1])
+    assert sub.update()["bytes_read"] == 0
+    sub.close()

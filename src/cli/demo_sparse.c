@@ -100,6 +100,9 @@ static sp_tensor *sp_model(const char *model, const sp_spec *m, size_t *n)
         for (const char *c = t[i].name; *c; c++)
             h = (h ^ (uint8_t)*c) * 1099511628211ull;
         t[i].seed = h;
+        /* published under its sparse id: a sparse generation's tensors are
+         * the dense generation's names (sparse keys carry no model) */
+        snprintf(t[i].name, sizeof t[i].name, "%.95s", t[i].id);
     }
     return t;
 }
@@ -378,17 +381,26 @@ static uint64_t ro_check(ro_state *r, const sp_tensor *t, uint32_t ppm, uint64_t
 /* Read the generation's results, refuse a stale base once (nothing may
  * change), apply, check. Reply "OK read_s apply_s" then the counters. */
 static int ro_apply(ferry_store *s, ro_state *r, const sp_tensor *t, const sp_spec *m,
-                    const char *dir, uint64_t g, ferry_error *err)
+                    const char *model, uint64_t g, ferry_error *err)
 {
-    size_t nk = 0, nres = 0;
-    char **keys = sp_keys(dir, g, m->trainers, &nk);
+    size_t nres = 0;
     ferry_sparse_result *res = NULL;
     ferry_sparse_stats st;
     memset(&st, 0, sizeof st);
     double t0 = cli_now();
-    int rc = keys ? ferry_read_sparse_objects(s, (const char *const *)keys, nk, r->tg, r->nt, NULL,
-                                              &res, &nres, &st, err) : FERRY_ENOMEM;
-    sp_keys_free(keys, nk);
+    /* what the registry says this rollout needs: the one delta r->gen -> g */
+    ferry_sparse_chain ch;
+    int rc = ferry_sparse_chain_resolve(s, model, r->gen, &ch, err);
+    if (rc == 0 && (ch.load_dense || ch.nlinks != 1 || ch.links[0].generation != g)) {
+        snprintf(err->msg, sizeof err->msg, "the registry gives generation %" PRIu64 " a chain of %zu "
+                 "deltas to %" PRIu64 "%s, not the delta to %" PRIu64, r->gen, ch.nlinks, ch.active,
+                 ch.load_dense ? " after a dense load" : "", g);
+        rc = FERRY_ESTATE;
+    }
+    if (rc == 0)
+        rc = ferry_read_sparse_objects(s, (const char *const *)ch.links[0].keys, ch.links[0].nkeys,
+                                       r->tg, r->nt, NULL, &res, &nres, &st, err);
+    ferry_sparse_chain_free(&ch);
     if (rc < 0)
         return rc;
     double t1 = cli_now();
@@ -419,11 +431,13 @@ static int ro_apply(ferry_store *s, ro_state *r, const sp_tensor *t, const sp_sp
     uint64_t wrong = ro_check(r, t, m->ppm, g);
     printf("OK %.6f %.6f %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64
            " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64
-           " %" PRIu64 " %zu %.6f\n", t1 - t0, apply_s, st.bytes_read, r->dense_bytes,
+           " %" PRIu64 " %zu %.6f %" PRIu64 " %" PRIu64 " %.6f %" PRIu64 " %" PRIu64 " %.6f %.6f\n",
+           t1 - t0, apply_s, st.bytes_read, r->dense_bytes,
            st.entries_read, st.entries_kept, st.unique_range_gets, st.dedup_hits,
            st.full_indices_values_get_count, st.source_objects, st.non_ep_source_object_count,
            st.index_gets, st.index_cache_hits, st.boundary_filtered, wrong, fence_ok, nres,
-           st.plan_s);
+           st.plan_s, st.index_checks, st.index_bytes_read, st.index_s, st.index_range_bytes,
+           st.value_range_bytes, st.index_range_s, st.value_range_s);
     return 0;
 }
 
@@ -434,7 +448,7 @@ static int demo_sparse_rollout_main(int argc, char **argv)
     sp_spec m;
     if (argc != 6 || spec_parse(argv[5], &m) < 0)
         return 2;
-    const char *addr = argv[1], *model = argv[3], *dir = argv[4];
+    const char *addr = argv[1], *model = argv[3];
     unsigned rank = (unsigned)atoi(argv[2]);
     size_t n;
     sp_tensor *t = sp_model(model, &m, &n);
@@ -483,7 +497,25 @@ static int demo_sparse_rollout_main(int argc, char **argv)
                 printf("OK %.6f %" PRIu64 " %" PRIu64 "\n", secs, us.bytes_read, wrong);
             }
         } else if (sscanf(line, "apply %llu", &g) == 1 && g >= 2) {
-            rc = ro_apply(s, &r, t, &m, dir, g, &err);
+            rc = ro_apply(s, &r, t, &m, model, g, &err);
+        } else if (!strncmp(line, "join", 4)) {
+            /* a fresh worker (a restart): empty boxes, generation 0, and the
+             * registry's rule to the active generation */
+            for (size_t k = 0; k < r.nt; k++)
+                memset(r.buf[k], 0, r.tg[k].shape[0] * r.tg[k].shape[1] * 2);
+            ferry_sparse_update_config uc = { .axis_index = rank / m.tp };
+            snprintf(uc.model, sizeof uc.model, "%s", model);
+            ferry_sparse_update_stats us;
+            uint64_t gen = 0;
+            double t0 = cli_now();
+            rc = ferry_sparse_update(s, &uc, sh, r.nt, &gen, &us, &err);
+            double secs = cli_now() - t0;
+            if (rc == 0) {
+                uint64_t wrong = gen == r.gen ? ro_check(&r, t, m.ppm, gen) : UINT64_MAX;
+                printf("OK %.6f %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %"
+                       PRIu64 "\n", secs, gen, us.dense_generation, us.dense_bytes, us.deltas,
+                       us.read.bytes_read, wrong);
+            }
         } else {
             rc = FERRY_EINVAL;
             snprintf(err.msg, sizeof err.msg, "unknown command %.60s", line);
@@ -612,18 +644,26 @@ static bool sp_round(child *cs, unsigned n, const char *cmd, char (*lines)[512],
 }
 
 enum { C_READ_S, C_APPLY_S, C_BYTES, C_DENSE, C_EREAD, C_EKEPT, C_RANGES, C_DEDUP, C_FULL,
-       C_SOURCES, C_NONEP, C_IGETS, C_IHITS, C_BFILT, C_WRONG, C_FENCE, C_RESULTS, C_PLAN_S, C_N };
+       C_SOURCES, C_NONEP, C_IGETS, C_IHITS, C_BFILT, C_WRONG, C_FENCE, C_RESULTS, C_PLAN_S,
+       C_ICHECKS, C_IBYTES, C_INDEX_S, C_IRBYTES, C_VRBYTES, C_IRANGE_S, C_VRANGE_S, C_N };
 static const char *const c_names[C_N] = {
     "read_s", "apply_s", "bytes_read", "dense_bytes", "entries_read", "entries_kept",
     "unique_range_gets", "dedup_hits", "full_indices_values_get_count", "source_objects",
     "non_ep_source_object_count", "index_gets", "index_cache_hits", "boundary_filtered",
-    "wrong_elements", "fence", "results", "plan_s",
+    "wrong_elements", "fence", "results", "plan_s", "index_checks", "index_bytes_read",
+    "index_s", "index_range_bytes", "value_range_bytes", "index_range_s", "value_range_s",
 };
+static bool c_timed(int k)
+{
+    return k == C_READ_S || k == C_APPLY_S || k == C_PLAN_S || k == C_INDEX_S ||
+           k == C_IRANGE_S || k == C_VRANGE_S;
+}
 
 typedef struct gen_row {
     double put_s, c[C_N];         /* c: times as the slowest rollout, counts summed */
     uint64_t puts, skipped, nnz, put_bytes, fence_refused;
     ferry_sparse_stats node;      /* one batched read of every rollout's boxes */
+    ferry_sparse_announce_stats ann;   /* the generation's announcement */
     bool ok;
     char error[256];
 } gen_row;
@@ -631,22 +671,25 @@ typedef struct gen_row {
 /* The same generation read once for all rollouts' boxes on their node, as a
  * node-level reader would: what per-node dedup saves. */
 static int node_read(ferry_store *s, const sp_tensor *t, size_t n, const sp_spec *m,
-                     const char *dir, uint64_t g, ferry_sparse_stats *st, ferry_error *err)
+                     const char *model, uint64_t g, ferry_sparse_stats *st, ferry_error *err)
 {
     unsigned R = m->ep * m->tp;
     ferry_sparse_target *tg = calloc(n * R, sizeof *tg);
-    size_t *tix = calloc(n, sizeof *tix), nt = 0, nk = 0, nres = 0;
-    char **keys = sp_keys(dir, g, m->trainers, &nk);
-    int rc = FERRY_ENOMEM;
-    if (tg && tix && keys) {
+    size_t *tix = calloc(n, sizeof *tix), nt = 0, nres = 0;
+    ferry_sparse_chain ch;
+    int rc = ferry_sparse_chain_resolve(s, model, g - 1, &ch, err);
+    if (rc == 0 && (!tg || !tix || ch.nlinks < 1))
+        rc = FERRY_ENOMEM;
+    if (rc == 0) {
         for (unsigned r = 0; r < R; r++)
             nt += sp_targets(t, n, m, r, tg + nt, tix);
         ferry_sparse_result *res = NULL;
-        rc = ferry_read_sparse_objects(s, (const char *const *)keys, nk, tg, nt, NULL, &res, &nres,
-                                       st, err);
+        rc = ferry_read_sparse_objects(s, (const char *const *)ch.links[0].keys, ch.links[0].nkeys,
+                                       tg, nt, NULL, &res, &nres, st, err);
         ferry_sparse_results_free(res, nres);
     }
-    sp_keys_free(keys, nk);
+    if (rc == 0 || rc == FERRY_ENOMEM)
+        ferry_sparse_chain_free(&ch);
     free(tg);
     free(tix);
     return rc;
@@ -656,9 +699,10 @@ static json_t *row_json(const gen_row *r, unsigned g)
 {
     json_t *c = json_object(), *nd = json_object();
     for (int k = 0; k < C_N; k++)
-        if (k != C_READ_S && k != C_APPLY_S && k != C_FENCE && k != C_PLAN_S)
+        if (k != C_READ_S && k != C_APPLY_S && k != C_FENCE && !c_timed(k))
             json_object_set_new(c, c_names[k], json_integer((json_int_t)r->c[k]));
-    json_object_set_new(c, "plan_s", json_real(r->c[C_PLAN_S]));
+        else if (c_timed(k) && k != C_READ_S && k != C_APPLY_S)
+            json_object_set_new(c, c_names[k], json_real(r->c[k]));
     const ferry_sparse_stats *x = &r->node;
     json_object_set_new(nd, "unique_range_gets", json_integer((json_int_t)x->unique_range_gets));
     json_object_set_new(nd, "dedup_hits", json_integer((json_int_t)x->dedup_hits));
@@ -670,6 +714,11 @@ static json_t *row_json(const gen_row *r, unsigned g)
     json_object_set_new(nd, "non_ep_source_object_count",
                         json_integer((json_int_t)x->non_ep_source_object_count));
     double ratio = r->c[C_DENSE] > 0 ? r->c[C_BYTES] / r->c[C_DENSE] : 0;
+    json_object_set_new(c, "announce", json_pack("{s:I, s:I, s:i, s:I, s:f}", "objects",
+                        (json_int_t)r->ann.objects, "dense_generation",
+                        (json_int_t)r->ann.dense_generation, "chain", (int)r->ann.chain,
+                        "removed_generations", (json_int_t)r->ann.removed_generations,
+                        "announce_s", r->ann.announce_s));
     return json_pack("{s:i, s:b, s:I, s:I, s:I, s:f, s:I, s:I, s:f, s:f, s:f, s:I, s:I, s:o, s:o, s:s}",
                      "generation", (int)g, "ok", r->ok, "nnz", (json_int_t)r->nnz,
                      "puts", (json_int_t)r->puts, "admission_skips", (json_int_t)r->skipped,
@@ -723,7 +772,7 @@ static int start_children(demo_group *g, const char *model, const char *spec, co
 
 /* One delta generation: put, apply, the node-level read. */
 static void run_gen(ferry_store *s, child *tr, child *ro, const sp_tensor *t, size_t n,
-                    const sp_spec *m, const char *dir, unsigned g, gen_row *row)
+                    const sp_spec *m, const char *dir, const char *model, unsigned g, gen_row *row)
 {
     static char lines[64][512];
     unsigned R = m->ep * m->tp;
@@ -738,6 +787,17 @@ static void run_gen(ferry_store *s, child *tr, child *ro, const sp_tensor *t, si
             row->puts += a, row->skipped += b, row->nnz += c, row->put_bytes += d;
         }
     }
+    /* the coordinator announces the generation: one compare-and-swap of
+     * the model's active key, as a dense publish makes */
+    ferry_error aerr = {0};
+    size_t nk = 0;
+    char **keys = row->ok ? sp_keys(dir, g, m->trainers, &nk) : NULL;
+    if (row->ok && (!keys || ferry_sparse_announce(s, model, g - 1, g, (const char *const *)keys, nk,
+                                                   2, &row->ann, &aerr) < 0)) {
+        snprintf(row->error, sizeof row->error, "announce: %.200s", aerr.msg);
+        row->ok = false;
+    }
+    sp_keys_free(keys, nk);
     snprintf(cmd, sizeof cmd, "apply %u", g);
     row->ok = row->ok && sp_round(ro, R, cmd, lines, row->error, sizeof row->error);
     for (unsigned i = 0; row->ok && i < R; i++) {
@@ -751,14 +811,14 @@ static void run_gen(ferry_store *s, child *tr, child *ro, const sp_tensor *t, si
                 break;
             }
             p = end;
-            bool timed = k == C_READ_S || k == C_APPLY_S || k == C_PLAN_S;
+            bool timed = c_timed(k);
             row->c[k] = timed ? (v > row->c[k] ? v : row->c[k]) : row->c[k] + v;
             if (k == C_FENCE)
                 row->fence_refused += v == 1;
         }
     }
     ferry_error err = {0};
-    if (row->ok && node_read(s, t, n, m, dir, g, &row->node, &err) < 0) {
+    if (row->ok && node_read(s, t, n, m, model, g, &row->node, &err) < 0) {
         snprintf(row->error, sizeof row->error, "node read: %.200s", err.msg);
         row->ok = false;
     }
@@ -842,7 +902,7 @@ int cmd_demo_sparse(int argc, char **argv)
     for (unsigned k = 0; k < m.gens; k++) {
         if (!m.json)
             cli_progress("delta generations", (double)k / m.gens);
-        run_gen(s, tr, ro, t, n, &m, g.dir, k + 2, &rows[k]);
+        run_gen(s, tr, ro, t, n, &m, g.dir, model, k + 2, &rows[k]);
         all_ok = all_ok && rows[k].ok;
         if (!rows[k].ok) {
             m.gens = k + 1;
@@ -851,18 +911,37 @@ int cmd_demo_sparse(int argc, char **argv)
     }
     if (!m.json)
         cli_progress_done();
+    /* A fresh rollout (rollout 0 restarted with nothing): the registry's
+     * rule gives it the dense generation and the whole chain. */
+    double join_s = 0;
+    unsigned long long j_gen = 0, j_dense = 0, j_dbytes = 0, j_deltas = 0, j_sbytes = 0,
+                       j_wrong = 1;
+    bool join_ok = all_ok && sp_round(ro, 1, "join", lines, err, sizeof err) &&
+                   sscanf(lines[0], "OK %lf %llu %llu %llu %llu %llu %llu", &join_s, &j_gen,
+                          &j_dense, &j_dbytes, &j_deltas, &j_sbytes, &j_wrong) == 7 &&
+                   j_wrong == 0 && j_gen == m.gens + 1ull && j_dense == 1 && j_deltas == m.gens;
+    if (all_ok && !join_ok && !err[0])
+        snprintf(err, sizeof err, "the fresh rollout got generation %llu (dense %llu + %llu "
+                 "deltas), %llu elements wrong", j_gen, j_dense, j_deltas, j_wrong);
+    all_ok = all_ok && join_ok;
     if (m.json) {
         json_t *gens = json_array();
         for (unsigned k = 0; k < m.gens; k++)
             json_array_append_new(gens, row_json(&rows[k], k + 2));
-        json_t *o = json_pack("{s:b, s:i, s:i, s:i, s:i, s:f, s:i, s:I, s:I, s:{s:f, s:f, s:I, s:I}, s:o}",
+        json_t *o = json_pack("{s:b, s:i, s:i, s:i, s:i, s:f, s:i, s:I, s:I, s:{s:f, s:f, s:I, s:I}, s:o, "
+                              "s:{s:b, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:s}}",
                               "ok", all_ok, "trainers", (int)m.trainers, "rollouts", (int)R,
                               "ep", (int)m.ep, "tp", (int)m.tp, "density", m.ppm / 1e6,
                               "tensors", (int)n, "parameters", (json_int_t)params,
                               "dense_model_bytes", (json_int_t)(params * 2), "base",
                               "publish_s", pub_s, "load_s", load_s,
                               "load_bytes", (json_int_t)load_bytes,
-                              "wrong_elements", (json_int_t)load_wrong, "generations", gens);
+                              "wrong_elements", (json_int_t)load_wrong, "generations", gens,
+                              "fresh_worker", "ok", join_ok, "generation", (json_int_t)j_gen,
+                              "dense_generation", (json_int_t)j_dense,
+                              "dense_bytes", (json_int_t)j_dbytes, "deltas", (json_int_t)j_deltas,
+                              "sparse_bytes", (json_int_t)j_sbytes, "s", join_s,
+                              "wrong_elements", (json_int_t)j_wrong, "error", err);
         char *txt = o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(8))
                       : NULL;
         printf("%s\n", txt ? txt : "{\"ok\":false}");
@@ -871,6 +950,14 @@ int cmd_demo_sparse(int argc, char **argv)
     } else {
         print_table(rows, m.gens);
         const gen_row *l = &rows[m.gens - 1];
+        char db[32];
+        printf("\nevery generation announced in the registry (one compare-and-swap each; the "
+               "last: chain of %u from dense generation %" PRIu64 ", %.3f s);\na fresh rollout "
+               "restarted after generation %u: dense generation %llu (%s) + %llu deltas (%s) in "
+               "%.3f s, %s\n", l->ann.chain, l->ann.dense_generation, l->ann.announce_s,
+               m.gens + 1, j_dense, cli_fmt_size(j_dbytes, db, sizeof db), j_deltas,
+               cli_fmt_size(j_sbytes, sz, sizeof sz), join_s,
+               join_ok ? "every byte verified" : err);
         printf("\nsparse read: index + value bytes the rollouts read (%.0f entries for %.0f kept; "
                "each rollout reads its own boxes);\ndense: what a dense update of the same boxes "
                "reads. ranges/dedup/full: unique range gets, dedup hits, full-object gets summed "

@@ -163,6 +163,19 @@ int fr_gen_load(ferry_store *s, const char *model, uint64_t gen, fr_gen **out, f
                         " does not match the announced digest", model, gen);
     uint64_t mbytes = 0;
     uint8_t mhash[16];
+    fr_sgen sg = {0};
+    if (rc == 0 && fr_sgen_is(v.val, v.len)) {
+        /* A delta is not a whole generation: say what can load it. */
+        bool ok = fr_sgen_parse(v.val, v.len, gen, &sg) == 0;
+        rc = ok ? fr_rl_fail(err, FERRY_ESTATE, "generation %" PRIu64 " of %s is a sparse delta "
+                             "on generation %" PRIu64 " (its chain starts at dense generation %"
+                             PRIu64 "): a dense update cannot load it; update with "
+                             "ferry_sparse_update, which applies the chain (loading generation %"
+                             PRIu64 " first when needed)", gen, model, sg.base, sg.dense, sg.dense)
+                : fr_rl_fail(err, FERRY_EPROTO, "the manifest of %s generation %" PRIu64 " is a "
+                             "malformed sparse generation", model, gen);
+        fr_sgen_free(&sg);
+    }
     if (rc == 0 && (rc = parse_text(g, v.val, &mbytes, mhash)) < 0)
         fr_rl_fail(err, rc, "the manifest of %s generation %" PRIu64 " is malformed (or of an "
                    "older ferry)", model, gen);

@@ -154,4 +154,48 @@ int fr_gen_to_manifest(fr_gen *g, ferry_weight_manifest *m, ferry_error *err);
 /* The generation behind a manifest filled by ferry_weights_manifest. */
 fr_gen *fr_gen_of(const ferry_weight_manifest *m);
 
+/* Read the boxes of shards[0..n) of generation g from the store into
+ * their buffers (parameter-direct, each shard its own demand; strides as
+ * the shards give them): the reads every byte count of which is checked.
+ * *bytes and *ranges (may be NULL) add what was read. On a failed read the
+ * buffers may be partly written: FERRY_EREBUILD. */
+int fr_gen_read_shards(ferry_store *s, fr_gen *g, const ferry_param_shard *shards, size_t n,
+                       uint64_t *bytes, uint64_t *ranges, ferry_error *err);
+
+/* ---- sparse generations (gen_sparse.c) ---------------------------------------------------
+ *
+ * A sparse generation G of model M is announced like a dense one (the
+ * active key "G <digest>", the digest over its generation text in
+ * ferry/wk/M/G/manifest), but its text is
+ *
+ *   ferry-sparse 1
+ *   base <F> <xxh3-128 hex of F's generation text>
+ *   dense <D>                              the dense generation the chain starts at
+ *   object <key>                           one line per sparse object (sparse.h), any order
+ *   ...
+ *
+ * so a chain G -> F -> ... -> D is checked link by link from the digest the
+ * active key carries. */
+
+#define FR_SGEN_MAGIC "ferry-sparse 1\n"
+#define FR_SGEN_CHAIN_MAX 64     /* generations a chain holds at most, the dense one included */
+
+typedef struct fr_sgen {
+    uint64_t generation, base, dense;
+    uint8_t base_digest[16];
+    char **keys;
+    size_t nkeys;
+} fr_sgen;
+
+/* Whether a generation text is a sparse generation's. */
+bool fr_sgen_is(const char *text, size_t len);
+/* Parse a sparse generation text (FERRY_EPROTO when malformed). */
+int fr_sgen_parse(const char *text, size_t len, uint64_t generation, fr_sgen *out);
+void fr_sgen_free(fr_sgen *g);
+/* Retention: remove the sparse objects of generation g of model (and their
+ * admission keys). true when none is left, also when g is not a sparse
+ * generation or its text is gone; false while a reader still leases one
+ * (the generation stays listed until a later publish). */
+bool fr_sgen_drop_objects(ferry_store *s, const char *model, uint64_t g);
+
 #endif

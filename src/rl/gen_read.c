@@ -251,3 +251,40 @@ fr_gen *fr_gen_of(const ferry_weight_manifest *m)
 {
     return m ? m->internal : NULL;
 }
+
+/* ---- a worker's shards of a given generation --------------------------------------------- */
+
+int fr_gen_read_shards(ferry_store *s, fr_gen *g, const ferry_param_shard *shards, size_t n,
+                       uint64_t *bytes, uint64_t *ranges, ferry_error *err)
+{
+    ferry_manifest *tgt = NULL;
+    ferry_plan *plan = NULL;
+    ferry_plan_iter *it = NULL;
+    fr_gread *v = NULL;
+    size_t nv = 0, cap = 0, *shard_of = NULL;
+    int rc = fr_rl_target(g, shards, n, 1, NULL, &tgt, &shard_of, err);
+    if (rc == 0)
+        rc = ferry_plan_create(g->m, tgt, NULL, &plan, err);
+    if (rc == 0)
+        rc = ferry_plan_iter_open(plan, NULL, &it);
+    ferry_run run;
+    while (rc == 0 && (rc = ferry_plan_iter_next_run(it, &run)) == 1)
+        rc = fr_gread_add(&v, &nv, &cap, &run, shards[shard_of[run.dst_fragment]].dst);
+    ferry_plan_iter_close(it);
+    if (rc < 0 && err && !err->msg[0])
+        fr_rl_fail(err, rc, "planning the reads of generation %" PRIu64 ": %s", g->generation,
+                   ferry_strerror(rc));
+    if (rc == 0) {
+        ferry_error e = {0};
+        rc = fr_gread_run(s, g, v, nv, bytes, &e);
+        if (ranges)
+            *ranges += nv;
+        if (rc < 0)   /* the parameters may be partly written */
+            rc = fr_rl_fail(err, FERRY_EREBUILD, "%s; the parameters must be rebuilt", e.msg);
+    }
+    free(v);
+    free(shard_of);
+    ferry_plan_free(plan);
+    ferry_manifest_close(tgt);
+    return rc;
+}

@@ -18,6 +18,7 @@
 
 #include "base/base.h"
 #include "ferry/weights.h"
+#include "rl/gen_int.h"
 #include "rl/publish_int.h"
 
 #define GENS_MAX 256   /* generations the history lists at most */
@@ -42,6 +43,8 @@ static void drop_keys(ferry_store *s, const ferry_publisher_config *c, uint64_t 
 /* Remove generation g's objects; true when none is left (leased ones stay). */
 static bool drop_objects(ferry_store *s, const char *model, uint64_t g)
 {
+    if (!fr_sgen_drop_objects(s, model, g))   /* a sparse generation's objects (gen_sparse.c) */
+        return false;
     char prefix[300];
     int kl = ferry_weights_key(model, g, "x", prefix, sizeof prefix);
     if (kl <= 0)

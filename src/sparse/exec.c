@@ -128,6 +128,18 @@ typedef struct sp_call {
     ferry_sparse_stats st;
 } sp_call;
 
+/* Bytes of an object's meta member: its canonical JSON, which the
+ * decoded descriptor re-encodes to exactly. */
+static uint64_t meta_bytes(const ferry_sparse_desc *d)
+{
+    char *text = NULL;
+    size_t len = 0;
+    if (fr_sparse_meta_encode(d, &text, &len) < 0)
+        return 0;
+    free(text);
+    return len;
+}
+
 static int get_sources(sp_call *c, const char *const *keys, size_t nkeys, ferry_error *err)
 {
     c->src = fr_calloc(nkeys ? nkeys : 1, sizeof *c->src);
@@ -143,7 +155,9 @@ static int get_sources(sp_call *c, const char *const *keys, size_t nkeys, ferry_
         if (dup)
             continue;
         ferry_object_desc od;
+        uint64_t t0 = fr_now_ns();
         int rc = ferry_store_get_replica_desc(c->s, keys[i], &od);
+        c->st.index_checks++;
         if (rc < 0)
             return fr_sp_fail(err, rc, "read_sparse_objects %s: %s", keys[i],
                               ferry_store_last_error());
@@ -152,15 +166,20 @@ static int get_sources(sp_call *c, const char *const *keys, size_t nkeys, ferry_
             c->st.index_cache_hits++;
         } else {
             rc = fr_sparse_index_load(c->s, keys[i], &e->c.ix, &e->c.mi, &e->c.mv, err);
-            if (rc < 0)
+            if (rc < 0) {
+                c->st.index_s += (double)(fr_now_ns() - t0) / 1e9;
                 return rc;
+            }
             c->st.index_gets++;
+            c->st.index_bytes_read += meta_bytes(&e->c.ix.desc) +
+                                      e->c.ix.desc.ntiles * (e->c.ix.desc.ndim + 1) * 8 + 8;
             e->c.s = c->s;
             e->c.size = od.size;
             e->c.segment = od.nreplicas ? od.replicas[0].segment : 0;
             e->c.offset = od.nreplicas ? od.replicas[0].offset : 0;
             e->c.bytes = index_bytes(&e->c.ix);
         }
+        c->st.index_s += (double)(fr_now_ns() - t0) / 1e9;
         e->have = true;
         c->ixs[c->nsrc++] = &e->c.ix;
         c->st.source_objects++;
@@ -240,20 +259,33 @@ static int do_reads(sp_call *c, ferry_error *err)
                             " entries", rows);
             goto out;
         }
-        r[2 * i] = (ferry_range){e->ix.key, e->mi.offset + rd->start * irow, c->bufs[i].indices,
-                                 rows * irow};
-        r[2 * i + 1] = (ferry_range){e->ix.key, e->mv.offset + rd->start * vrow,
-                                     c->bufs[i].values, rows * vrow};
+        /* indices ranges first, values ranges after: two batches */
+        r[i] = (ferry_range){e->ix.key, e->mi.offset + rd->start * irow, c->bufs[i].indices,
+                             rows * irow};
+        r[n + i] = (ferry_range){e->ix.key, e->mv.offset + rd->start * vrow, c->bufs[i].values,
+                                 rows * vrow};
+        c->st.index_range_gets++;
+        c->st.index_range_bytes += rows * irow;
+        c->st.value_range_bytes += rows * vrow;
         c->order[i] = (sp_rkey){rd->source, rd->node, rd->start, i};
         c->st.unique_range_gets++;
         c->st.full_indices_values_get_count += rd->start == 0 && rd->end == d->nnz;
         c->st.bytes_read += rows * (irow + vrow);
         c->st.entries_read += rows;
     }
-    uint64_t t0 = fr_now_ns();
-    if (n && (rc = ferry_store_get_into_ranges(c->s, r, 2 * n, res)) < 0) {
-        fr_sp_fail(err, rc, "read_sparse_objects: ranged read: %s", ferry_store_last_error());
-        goto out;
+    /* The coordinates and the values in two batches (one master round trip
+     * each), so that each is timed on its own. */
+    for (int part = 0; part < 2 && n; part++) {
+        uint64_t t0 = fr_now_ns();
+        rc = ferry_store_get_into_ranges(c->s, r + part * n, n, res + part * n);
+        double dt = (double)(fr_now_ns() - t0) / 1e9;
+        *(part ? &c->st.value_range_s : &c->st.index_range_s) = dt;
+        c->st.read_s += dt;
+        if (rc < 0) {
+            fr_sp_fail(err, rc, "read_sparse_objects: ranged read of the %s: %s",
+                       part ? "values" : "indices", ferry_store_last_error());
+            goto out;
+        }
     }
     for (size_t i = 0; i < 2 * n; i++)
         if ((uint64_t)res[i] != r[i].len) {
@@ -261,7 +293,6 @@ static int do_reads(sp_call *c, ferry_error *err)
                             r[i].key);
             goto out;
         }
-    c->st.read_s = (double)(fr_now_ns() - t0) / 1e9;
     qsort(c->order, n, sizeof *c->order, rkey_cmp);
 out:
     fr_free(r);
@@ -466,70 +497,30 @@ void ferry_sparse_results_free(ferry_sparse_result *r, size_t n)
     fr_free(r);
 }
 
-/* ---- apply ------------------------------------------------------------------------------ */
-
-int ferry_sparse_apply(const ferry_sparse_result *r, void *dst, const char *dst_dtype,
-                       uint64_t current_generation, uint64_t *new_generation, ferry_error *err)
+void ferry_sparse_stats_add(ferry_sparse_stats *sum, const ferry_sparse_stats *x)
 {
-    if (!r || (r->nnz && (!dst || !r->indices || !r->values)))
-        return fr_sp_fail(err, FERRY_EINVAL, "sparse_apply: result, buffer, indices and values "
-                          "are required");
-    size_t dsz = fr_sp_value_size(dst_dtype), vsz = fr_sp_value_size(r->value_dtype);
-    if (!dsz || !vsz)
-        return fr_sp_fail(err, FERRY_EINVAL, "sparse_apply %s: dtypes must be f32, bf16 or f16 "
-                          "(buffer '%s', values '%.7s')", r->tensor_id, dst_dtype ? dst_dtype : "",
-                          r->value_dtype);
-    if (r->ndim < 1 || r->ndim > FERRY_SPARSE_NDIM_MAX)
-        return fr_sp_fail(err, FERRY_EINVAL, "sparse_apply %s: ndim %" PRIu32 " outside 1..%d",
-                          r->tensor_id, r->ndim, FERRY_SPARSE_NDIM_MAX);
-    if (r->apply == FERRY_SPARSE_SCATTER_ADD && current_generation != r->base_generation)
-        return fr_sp_fail(err, FERRY_ESTATE, "sparse_apply %s: the delta %" PRIu64 " -> %" PRIu64
-                          " applies to base generation %" PRIu64 " but the buffer holds "
-                          "generation %" PRIu64 "; nothing changed", r->tensor_id,
-                          r->base_generation, r->delta_generation, r->base_generation,
-                          current_generation);
-    if (r->apply != FERRY_SPARSE_SCATTER_ADD && r->apply != FERRY_SPARSE_SCATTER_SET)
-        return fr_sp_fail(err, FERRY_EINVAL, "sparse_apply %s: unknown apply mode %d",
-                          r->tensor_id, (int)r->apply);
-    uint64_t total = 1;
-    for (uint32_t k = 0; k < r->ndim; k++)
-        if (fr_mul_u64(total, r->shape[k], &total) < 0)
-            return fr_sp_fail(err, FERRY_EINVAL, "sparse_apply %s: shape overflows",
-                              r->tensor_id);
-    /* Every index first: a bad one must leave the buffer untouched. */
-    for (uint64_t i = 0; i < r->nnz; i++)
-        for (uint32_t k = 0; k < r->ndim; k++) {
-            int64_t x = r->indices[i * r->ndim + k];
-            if (x < 0 || (uint64_t)x >= r->shape[k])
-                return fr_sp_fail(err, FERRY_EINVAL, "sparse_apply %s: entry %" PRIu64 " has "
-                                  "coordinate %" PRId64 " in dimension %" PRIu32 ", outside 0..%"
-                                  PRIu64 "; nothing changed", r->tensor_id, i, x, k,
-                                  r->shape[k]);
-        }
-    /* values widen to f32 a chunk at a time (the base layer's bulk
-     * conversion); the scattered buffer elements one by one (its inline
-     * per-element one, the same rounding) */
-    enum { CH = 1024 };
-    float vf[CH];
-    uint8_t *d = dst;
-    bool set = r->apply == FERRY_SPARSE_SCATTER_SET;
-    fr_ftype dft = fr_ftype_of(dst_dtype), vft = fr_ftype_of(r->value_dtype);
-    for (uint64_t i0 = 0; i0 < r->nnz; i0 += CH) {
-        size_t n = r->nnz - i0 < CH ? (size_t)(r->nnz - i0) : CH;
-        fr_convert((const uint8_t *)r->values + i0 * vsz, vft, vf, FR_FT_F32, n);
-        for (size_t q = 0; q < n; q++) {
-            const int64_t *x = r->indices + (i0 + q) * r->ndim;
-            uint64_t lin = 0;
-            for (uint32_t k = 0; k < r->ndim; k++)
-                lin = lin * r->shape[k] + (uint64_t)x[k];
-            uint8_t *p = d + lin * dsz;
-            float v = vf[q];
-            if (!set)
-                v += fr_elem_load_f32(p, dft);
-            fr_elem_store_f32(p, dft, v);
-        }
-    }
-    if (new_generation)
-        *new_generation = r->delta_generation;
-    return 0;
+    if (!sum || !x)
+        return;
+    sum->source_objects += x->source_objects;
+    sum->non_ep_source_object_count += x->non_ep_source_object_count;
+    sum->index_gets += x->index_gets;
+    sum->index_cache_hits += x->index_cache_hits;
+    sum->unique_range_gets += x->unique_range_gets;
+    sum->full_indices_values_get_count += x->full_indices_values_get_count;
+    sum->dedup_hits += x->dedup_hits;
+    sum->bytes_read += x->bytes_read;
+    sum->entries_read += x->entries_read;
+    sum->entries_kept += x->entries_kept;
+    sum->boundary_filtered += x->boundary_filtered;
+    sum->plan_s += x->plan_s;
+    sum->read_s += x->read_s;
+    sum->filter_s += x->filter_s;
+    sum->index_checks += x->index_checks;
+    sum->index_bytes_read += x->index_bytes_read;
+    sum->index_s += x->index_s;
+    sum->index_range_gets += x->index_range_gets;
+    sum->index_range_bytes += x->index_range_bytes;
+    sum->value_range_bytes += x->value_range_bytes;
+    sum->index_range_s += x->index_range_s;
+    sum->value_range_s += x->value_range_s;
 }

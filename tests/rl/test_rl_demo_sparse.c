@@ -4,7 +4,11 @@
  * move fewer sparse bytes than a dense update of the same boxes, need no
  * full-object get (the tiles are small enough that no box needs a whole
  * object), refuse a stale base in every rollout, and the node-batched read
- * must dedup the replicated tensors' ranges between the EP replicas. */
+ * must dedup the replicated tensors' ranges between the EP replicas. Every
+ * generation is announced in the weights registry (the chain grows from
+ * dense generation 1), the rollouts take each delta's keys from it, and a
+ * rollout restarted fresh at the end gets dense generation 1 plus the whole
+ * chain, every byte verified. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -69,7 +73,26 @@ static void test_sparse_generations(void **state)
         assert_true(get_int(nd, "dedup_hits") > 0);
         assert_true(get_int(nd, "unique_range_gets") < get_int(c, "unique_range_gets"));
         assert_true(get_int(nd, "bytes_read") < get_int(c, "bytes_read"));
+        /* the index reads and the per-member ranged reads, counted */
+        assert_int_equal(get_int(c, "index_checks"), get_int(c, "source_objects"));
+        assert_int_equal(get_int(c, "index_range_bytes") + get_int(c, "value_range_bytes"),
+                         get_int(c, "bytes_read"));
+        assert_true(get_int(c, "index_range_bytes") > get_int(c, "value_range_bytes"));
+        assert_true(get_int(c, "index_bytes_read") > 0 || get_int(c, "index_cache_hits") > 0);
+        const json_t *an = json_object_get(c, "announce");
+        assert_int_equal(get_int(an, "objects"), 12);
+        assert_int_equal(get_int(an, "dense_generation"), 1);
+        assert_int_equal(get_int(an, "chain"), (json_int_t)i + 2);   /* 1 -> 2 (-> 3) */
     }
+    const json_t *fw = json_object_get(o, "fresh_worker");
+    assert_non_null(fw);
+    assert_true(json_is_true(json_object_get(fw, "ok")));
+    assert_int_equal(get_int(fw, "generation"), 3);
+    assert_int_equal(get_int(fw, "dense_generation"), 1);
+    assert_int_equal(get_int(fw, "deltas"), 2);
+    assert_int_equal(get_int(fw, "wrong_elements"), 0);
+    assert_true(get_int(fw, "dense_bytes") > 0);
+    assert_true(get_int(fw, "sparse_bytes") > 0);
     json_decref(o);
 }
 

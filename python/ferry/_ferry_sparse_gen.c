@@ -1,0 +1,265 @@
+/* _ferry: sparse generations from Python (ferry.sparse.announce, chain,
+ * update) over include/ferry/weights.h: the announcement of a sparse
+ * generation, the chain a worker needs, and the update that follows it
+ * into the worker's arrays (any writable strided numpy array or CPU torch
+ * tensor; their strides are passed on). Store calls run with the GIL
+ * released while the arrays stay held. */
+#include <string.h>
+
+#include "_ferry.h"
+#include "ferry/weights.h"
+
+PyObject *fp_sparse_stats_dict(const ferry_sparse_stats *st);   /* _ferry_sparse.c */
+
+/* sparse_announce(store, model, base, generation, keys, keep) -> stats dict */
+static PyObject *sg_announce(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *so, *ko;
+    const char *model;
+    unsigned long long base, gen;
+    unsigned keep;
+    if (!PyArg_ParseTuple(args, "OsKKOI:sparse_announce", &so, &model, &base, &gen, &ko, &keep))
+        return NULL;
+    ferry_store *s = fp_store_handle(so);
+    if (!s)
+        return NULL;
+    PyObject *kt = fp_seq_hold(ko, "keys"), *out = NULL;
+    if (!kt)
+        return NULL;
+    size_t nk = (size_t)PyTuple_GET_SIZE(kt);
+    const char **keys = PyMem_Calloc(nk + 1, sizeof *keys);
+    if (!keys) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (size_t i = 0; i < nk; i++)
+        if (!(keys[i] = fp_key_of(PyTuple_GET_ITEM(kt, (Py_ssize_t)i), "keys[i]")))
+            goto done;
+    ferry_sparse_announce_stats st;
+    memset(&st, 0, sizeof st);
+    ferry_error err = {0};
+    int rc;
+    FP_STORE_CALL(so, rc = ferry_sparse_announce(s, model, base, gen, keys, nk, keep, &st, &err));
+    if (rc < 0) {
+        fp_raise_err_class(rc, &err);
+        goto done;
+    }
+    out = Py_BuildValue("{s:K,s:K,s:K,s:K,s:I,s:K,s:d}", "generation", gen, "objects",
+                        (unsigned long long)st.objects, "nnz", (unsigned long long)st.nnz,
+                        "dense_generation", (unsigned long long)st.dense_generation, "chain", st.chain,
+                        "removed_generations", (unsigned long long)st.removed_generations,
+                        "announce_s", st.announce_s);
+done:
+    PyMem_Free(keys);
+    Py_DECREF(kt);
+    return out;
+}
+
+/* sparse_chain(store, model, held) -> {"active", "dense", "load_dense", "links": [...]} */
+static PyObject *sg_chain(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *so;
+    const char *model;
+    unsigned long long held;
+    if (!PyArg_ParseTuple(args, "OsK:sparse_chain", &so, &model, &held))
+        return NULL;
+    ferry_store *s = fp_store_handle(so);
+    if (!s)
+        return NULL;
+    ferry_sparse_chain ch;
+    memset(&ch, 0, sizeof ch);
+    ferry_error err = {0};
+    int rc;
+    FP_STORE_CALL(so, rc = ferry_sparse_chain_resolve(s, model, held, &ch, &err));
+    if (rc < 0)
+        return fp_raise_err_class(rc, &err);
+    PyObject *links = PyList_New((Py_ssize_t)ch.nlinks), *out = NULL;
+    for (size_t i = 0; links && i < ch.nlinks; i++) {
+        PyObject *l = Py_BuildValue("{s:K,s:K,s:N}", "generation", (unsigned long long)ch.links[i].generation,
+                                    "base", (unsigned long long)ch.links[i].base, "keys",
+                                    fp_list_str(ch.links[i].keys, ch.links[i].nkeys));
+        if (!l)
+            Py_CLEAR(links);
+        else
+            PyList_SET_ITEM(links, (Py_ssize_t)i, l);
+    }
+    if (links)
+        out = Py_BuildValue("{s:K,s:K,s:O,s:N}", "active", (unsigned long long)ch.active, "dense",
+                            (unsigned long long)ch.dense, "load_dense", ch.load_dense ? Py_True : Py_False,
+                            "links", links);
+    ferry_sparse_chain_free(&ch);
+    return out;
+}
+
+/* ---- shards: (tensor name, global offset, writable strided array) ------------------------- */
+
+typedef struct {
+    PyObject *items;
+    ferry_param_shard *sh;
+    Py_buffer *views;
+    size_t n, held;
+} sg_shards;
+
+static void sg_shards_free(sg_shards *w)
+{
+    for (size_t i = 0; i < w->held; i++)
+        PyBuffer_Release(&w->views[i]);
+    PyMem_Free(w->views);
+    PyMem_Free(w->sh);
+    Py_CLEAR(w->items);
+    memset(w, 0, sizeof *w);
+}
+
+static int sg_shards_from(sg_shards *w, PyObject *o)
+{
+    memset(w, 0, sizeof *w);
+    if (!(w->items = fp_seq_hold(o, "shards")))
+        return -1;
+    size_t n = (size_t)PyTuple_GET_SIZE(w->items);
+    w->sh = PyMem_Calloc(n ? n : 1, sizeof *w->sh);
+    w->views = PyMem_Calloc(n ? n : 1, sizeof *w->views);
+    if (!w->sh || !w->views) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    w->n = n;
+    for (size_t i = 0; i < n; i++) {
+        PyObject *it = PyTuple_GET_ITEM(w->items, (Py_ssize_t)i);
+        ferry_param_shard *sh = &w->sh[i];
+        if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 3) {
+            PyErr_Format(PyExc_TypeError, "shards[%zu] must be (tensor name, offset, array)", i);
+            goto fail;
+        }
+        if (!(sh->tensor = fp_key_of(PyTuple_GET_ITEM(it, 0), "tensor name")))
+            goto fail;
+        Py_buffer *v = &w->views[i];
+        char what[96];
+        snprintf(what, sizeof what, "shards[%zu] (%.40s)", i, sh->tensor);
+        if (fp_buf_get(PyTuple_GET_ITEM(it, 2), v, PyBUF_STRIDES | PyBUF_WRITABLE, what) < 0)
+            goto fail;
+        w->held++;
+        uint32_t nd = 0;
+        if (fp_dims(PyTuple_GET_ITEM(it, 1), sh->offset, &nd, "offset") < 0)
+            goto fail;
+        if (nd == UINT32_MAX)
+            nd = (uint32_t)v->ndim;
+        if (v->ndim < 1 || v->ndim > FERRY_SPARSE_NDIM_MAX || nd != (uint32_t)v->ndim) {
+            PyErr_Format(PyExc_ValueError, "shard %zu (%s): the array has %d dims and the offset %u", i,
+                         sh->tensor, v->ndim, nd);
+            goto fail;
+        }
+        sh->ndim = nd;
+        sh->dst = v->buf;
+        int contiguous = PyBuffer_IsContiguous(v, 'C');
+        for (int d = 0; d < v->ndim; d++) {
+            sh->shape[d] = (uint64_t)v->shape[d];
+            Py_ssize_t b = v->strides ? v->strides[d] : 0;
+            if (contiguous)
+                continue;
+            if (b < 0 || v->itemsize <= 0 || b % v->itemsize) {
+                PyErr_Format(PyExc_ValueError, "shard %zu (%s): stride %zd of dim %d is not a non-negative "
+                             "multiple of the %zd-byte elements", i, sh->tensor, b, d, v->itemsize);
+                goto fail;
+            }
+            sh->strides[d] = (int64_t)(b / v->itemsize);
+        }
+    }
+    return 0;
+fail:
+    sg_shards_free(w);
+    return -1;
+}
+
+/* Without the GIL: each shard's element size against the published dtype
+ * of its tensor in the dense generation the chain starts at (the library
+ * knows the box, not the element size). 0 or a code with msg. */
+static int sg_itemsizes(ferry_store *s, const char *model, uint64_t held, const sg_shards *w, char *msg,
+                        size_t cap)
+{
+    ferry_sparse_chain ch;
+    ferry_error err = {0};
+    int rc = ferry_sparse_chain_resolve(s, model, held, &ch, &err);
+    if (rc < 0 || ch.active == held) {
+        ferry_sparse_chain_free(&ch);
+        return 0;   /* the update reports it, or has nothing to do */
+    }
+    ferry_weight_manifest m;
+    memset(&m, 0, sizeof m);
+    rc = ferry_weights_manifest(s, model, ch.dense, &m, &err);
+    ferry_sparse_chain_free(&ch);
+    if (rc < 0)
+        return 0;   /* the update names it */
+    for (size_t i = 0; i < w->n && rc == 0; i++)
+        for (size_t e = 0; e < m.n; e++)
+            if (!strcmp(m.entries[e].name, w->sh[i].tensor) &&
+                ferry_dtype_size(m.entries[e].dtype) != (uint32_t)w->views[i].itemsize) {
+                snprintf(msg, cap, "shard %zu (%s): the array's %zd-byte elements do not match the published "
+                         "dtype %s; nothing applied", i, w->sh[i].tensor, w->views[i].itemsize,
+                         m.entries[e].dtype);
+                rc = FERRY_EINVAL;
+                break;
+            }
+    ferry_weight_manifest_free(&m);
+    return rc;
+}
+
+/* sparse_update(store, model, axis_index, no_dense, shards, generation) -> stats dict */
+static PyObject *sg_update(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *so, *sho;
+    const char *model;
+    unsigned axis;
+    int no_dense;
+    unsigned long long gen;
+    if (!PyArg_ParseTuple(args, "OsIpOK:sparse_update", &so, &model, &axis, &no_dense, &sho, &gen))
+        return NULL;
+    ferry_store *s = fp_store_handle(so);
+    if (!s)
+        return NULL;
+    ferry_sparse_update_config cfg = {.axis_index = axis, .no_dense = no_dense != 0};
+    if (fp_copy_str(cfg.model, sizeof cfg.model, model, "model") < 0)
+        return NULL;
+    sg_shards w;
+    if (sg_shards_from(&w, sho) < 0)
+        return NULL;
+    ferry_sparse_update_stats st;
+    memset(&st, 0, sizeof st);
+    ferry_error err = {0};
+    uint64_t g = gen;
+    int rc;
+    FP_STORE_CALL(so, rc = sg_itemsizes(s, model, g, &w, err.msg, sizeof err.msg);
+                  if (rc == 0) rc = ferry_sparse_update(s, &cfg, w.sh, w.n, &g, &st, &err));
+    sg_shards_free(&w);
+    if (rc < 0)
+        return fp_raise_err_class(rc, &err);
+    PyObject *read = fp_sparse_stats_dict(&st.read);
+    if (!read)
+        return NULL;
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:N,s:d,s:d,s:d,s:d}", "generation", (unsigned long long)g,
+                         "dense_generation", (unsigned long long)st.dense_generation, "dense_bytes",
+                         (unsigned long long)st.dense_bytes, "dense_ranges", (unsigned long long)st.dense_ranges,
+                         "deltas", (unsigned long long)st.deltas, "entries_applied",
+                         (unsigned long long)st.entries_applied, "read", read, "resolve_s", st.resolve_s,
+                         "read_s", st.read_s, "dense_s", st.dense_s, "apply_s", st.apply_s);
+}
+
+static PyMethodDef sparse_gen_methods[] = {
+    {"sparse_announce", sg_announce, METH_VARARGS,
+     "sparse_announce($module, store, model, base, generation, keys, keep, /)\n--\n\n"
+     "sparse_announce(store, model, base, generation, keys, keep) -> stats dict"},
+    {"sparse_chain", sg_chain, METH_VARARGS,
+     "sparse_chain($module, store, model, held, /)\n--\n\n"
+     "sparse_chain(store, model, held) -> {active, dense, load_dense, links}"},
+    {"sparse_update", sg_update, METH_VARARGS,
+     "sparse_update($module, store, model, axis_index, no_dense, shards, generation, /)\n--\n\n"
+     "sparse_update(store, model, axis_index, no_dense, [(tensor, offset, array)], generation) -> stats dict"},
+    {NULL, NULL, 0, NULL},
+};
+
+int fp_sparse_gen_init(PyObject *m)
+{
+    return PyModule_AddFunctions(m, sparse_gen_methods);
+}

@@ -1,0 +1,464 @@
+/* Sparse generations in the weights registry (weights.h, docs/sparse.md
+ * "Sparse generations"): the generation text (gen_int.h), the
+ * announcement (one compare-and-swap of the active key, as a dense
+ * publish makes), the chain from the active generation back to its dense
+ * one, and retention of sparse objects. The update that follows a chain
+ * is gen_sparse_update.c. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "rl/gen_int.h"
+#include "rl/publish_int.h"
+#include "rl/rl_int.h"
+
+/* ---- the generation text ------------------------------------------------------------------ */
+
+bool fr_sgen_is(const char *text, size_t len)
+{
+    size_t m = strlen(FR_SGEN_MAGIC);
+    return text && len >= m && memcmp(text, FR_SGEN_MAGIC, m) == 0;
+}
+
+void fr_sgen_free(fr_sgen *g)
+{
+    if (!g)
+        return;
+    for (size_t i = 0; i < g->nkeys; i++)
+        free(g->keys[i]);
+    free(g->keys);
+    memset(g, 0, sizeof *g);
+}
+
+static int hex_digest(const char *h, uint8_t out[16])
+{
+    if (strlen(h) != 32)
+        return FERRY_EPROTO;
+    for (int i = 0; i < 16; i++) {
+        unsigned x;
+        if (sscanf(h + 2 * i, "%2x", &x) != 1)
+            return FERRY_EPROTO;
+        out[i] = (uint8_t)x;
+    }
+    return 0;
+}
+
+int fr_sgen_parse(const char *text, size_t len, uint64_t generation, fr_sgen *out)
+{
+    memset(out, 0, sizeof *out);
+    out->generation = generation;
+    if (!fr_sgen_is(text, len))
+        return FERRY_EPROTO;
+    char *t = malloc(len + 1);
+    if (!t)
+        return FERRY_ENOMEM;
+    memcpy(t, text, len);
+    t[len] = '\0';
+    char *save = NULL, *line = strtok_r(t, "\n", &save);   /* the magic */
+    int rc = 0, have = 0;
+    size_t cap = 0;
+    while (rc == 0 && (line = strtok_r(NULL, "\n", &save)) != NULL) {
+        unsigned long long a;
+        char hx[40];
+        if (sscanf(line, "base %llu %39s", &a, hx) == 2 && hex_digest(hx, out->base_digest) == 0) {
+            out->base = a;
+            have |= 1;
+        } else if (sscanf(line, "dense %llu", &a) == 1) {
+            out->dense = a;
+            have |= 2;
+        } else if (!strncmp(line, "object ", 7) && line[7]) {
+            if (fr_grow((void **)&out->keys, &cap, out->nkeys + 1, sizeof *out->keys) < 0 ||
+                !(out->keys[out->nkeys] = strdup(line + 7)))
+                rc = FERRY_ENOMEM;
+            else
+                out->nkeys++;
+        } else {
+            rc = FERRY_EPROTO;
+        }
+    }
+    free(t);
+    if (rc == 0 && (have != 3 || out->base >= generation || out->dense > out->base ||
+                    out->dense == 0))
+        rc = FERRY_EPROTO;
+    if (rc < 0)
+        fr_sgen_free(out);
+    return rc;
+}
+
+/* A generation's text, NUL-terminated (free), and its digest. */
+static int text_get(ferry_store *s, const char *model, uint64_t gen, char **text, size_t *len,
+                    uint8_t digest[16])
+{
+    char k[300];
+    fr_wk_key(k, sizeof k, model, gen, "manifest");
+    ferry_kv_value v = {0};
+    int rc = ferry_kv_get(s, k, &v);
+    if (rc < 0)
+        return rc;
+    *text = malloc(v.len + 1);
+    if (!*text) {
+        ferry_store_free(v.val);
+        return FERRY_ENOMEM;
+    }
+    memcpy(*text, v.val, v.len);
+    (*text)[v.len] = '\0';
+    *len = v.len;
+    fr_hash128_t h = fr_hash128(v.val, v.len, 0);
+    memcpy(digest, h.b, 16);
+    ferry_store_free(v.val);
+    return 0;
+}
+
+/* ---- the chain ---------------------------------------------------------------------------- */
+
+void ferry_sparse_chain_free(ferry_sparse_chain *c)
+{
+    if (!c)
+        return;
+    for (size_t i = 0; i < c->nlinks; i++) {
+        for (size_t k = 0; k < c->links[i].nkeys; k++)
+            free(c->links[i].keys[k]);
+        free(c->links[i].keys);
+    }
+    free(c->links);
+    memset(c, 0, sizeof *c);
+}
+
+/* The chain from generation top (its text must hash to digest) down to
+ * its dense generation: out->links newest first, out->dense. */
+static int walk(ferry_store *s, const char *model, uint64_t top, const uint8_t digest[16],
+                ferry_sparse_chain *out, ferry_error *err)
+{
+    uint64_t g = top;
+    uint8_t want[16];
+    memcpy(want, digest, 16);
+    size_t cap = 0;
+    for (int depth = 0;; depth++) {
+        char *text = NULL;
+        size_t len = 0;
+        uint8_t got[16];
+        int rc = text_get(s, model, g, &text, &len, got);
+        if (rc == FERRY_ENOENT)
+            return fr_rl_fail(err, FERRY_ELOST, "generation %" PRIu64 " of %s, a link of the chain "
+                              "to the active generation %" PRIu64 ", is gone (retired or never "
+                              "written); publish a dense generation", g, model, top);
+        if (rc < 0)
+            return fr_rl_fail(err, rc, "cannot read generation %" PRIu64 " of %s: %s", g, model,
+                              ferry_store_last_error());
+        if (memcmp(got, want, 16) != 0) {
+            free(text);
+            return fr_rl_fail(err, FERRY_ECORRUPT, "generation %" PRIu64 " of %s does not match "
+                              "the digest %s names it by", g, model,
+                              g == top ? "the announcement" : "the next link");
+        }
+        if (!fr_sgen_is(text, len)) {   /* the dense root */
+            free(text);
+            out->dense = g;
+            return 0;
+        }
+        fr_sgen sg;
+        rc = fr_sgen_parse(text, len, g, &sg);
+        free(text);
+        if (rc < 0)
+            return fr_rl_fail(err, rc, "generation %" PRIu64 " of %s is a malformed sparse "
+                              "generation", g, model);
+        if (depth + 1 >= FR_SGEN_CHAIN_MAX ||
+            fr_grow((void **)&out->links, &cap, out->nlinks + 1, sizeof *out->links) < 0) {
+            fr_sgen_free(&sg);
+            return fr_rl_fail(err, depth + 1 >= FR_SGEN_CHAIN_MAX ? FERRY_EPROTO : FERRY_ENOMEM,
+                              "the chain of %s from generation %" PRIu64 " is too long", model,
+                              top);
+        }
+        out->links[out->nlinks++] = (ferry_sparse_link){ .generation = g, .base = sg.base,
+                                                         .keys = sg.keys, .nkeys = sg.nkeys };
+        sg.keys = NULL;
+        sg.nkeys = 0;
+        g = sg.base;
+        memcpy(want, sg.base_digest, 16);
+    }
+}
+
+int ferry_sparse_chain_resolve(ferry_store *s, const char *model, uint64_t held,
+                               ferry_sparse_chain *out, ferry_error *err)
+{
+    if (!s || !model || !*model || strchr(model, '/') || !out)
+        return fr_rl_fail(err, FERRY_EINVAL, "sparse chain: bad arguments (store, model, out)");
+    memset(out, 0, sizeof *out);
+    uint8_t dg[16];
+    int rc = fr_rl_active_read(s, model, &out->active, dg);
+    if (rc == FERRY_ENOENT)
+        return fr_rl_fail(err, rc, "no generation of %s was announced", model);
+    if (rc < 0)
+        return fr_rl_fail(err, rc, "cannot read the active generation of %s: %s", model,
+                          ferry_store_last_error());
+    if (held > out->active)
+        return fr_rl_fail(err, FERRY_ESTATE, "the worker holds generation %" PRIu64 " of %s, newer "
+                          "than the active generation %" PRIu64, held, model, out->active);
+    if (held == out->active)
+        return 0;
+    if ((rc = walk(s, model, out->active, dg, out, err)) < 0) {
+        ferry_sparse_chain_free(out);
+        return rc;
+    }
+    /* links newest first; links[i].base == held: held is on the chain and
+     * needs links[i] .. links[0]. Off the chain: the dense one, then all. */
+    size_t keep = out->nlinks;
+    bool on = false;
+    for (size_t i = 0; i < out->nlinks && !on; i++)
+        if (out->links[i].base == held) {
+            keep = i + 1;
+            on = true;
+        }
+    out->load_dense = !on;
+    for (size_t i = keep; i < out->nlinks; i++) {
+        for (size_t k = 0; k < out->links[i].nkeys; k++)
+            free(out->links[i].keys[k]);
+        free(out->links[i].keys);
+    }
+    out->nlinks = keep;
+    for (size_t i = 0; i < keep / 2; i++) {
+        ferry_sparse_link t = out->links[i];
+        out->links[i] = out->links[keep - 1 - i];
+        out->links[keep - 1 - i] = t;
+    }
+    return 0;
+}
+
+/* ---- announcing ------------------------------------------------------------------------------ */
+
+static int key_cmp(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Every key a sparse object of (base, gen) whose tensor the dense
+ * generation holds in the same shape; counts into st; the distinct
+ * segments' probe lines appended to *probe. */
+static int check_objects(ferry_store *s, const char *model, uint64_t base, uint64_t gen,
+                         const fr_gen *dense, const char *const *keys, size_t n,
+                         ferry_sparse_announce_stats *st, char **probe, ferry_error *err)
+{
+    const char **sorted = malloc((n ? n : 1) * sizeof *sorted);
+    uint64_t *segs = malloc((n ? n : 1) * sizeof *segs);
+    size_t nseg = 0, plen = 0, pcap = 0;
+    int rc = sorted && segs ? 0 : fr_rl_fail(err, FERRY_ENOMEM, "out of memory");
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        if (!(sorted[i] = keys[i]))
+            rc = fr_rl_fail(err, FERRY_EINVAL, "sparse announce of %s generation %" PRIu64 ": key %zu "
+                            "is NULL; nothing announced", model, gen, i);
+    if (rc == 0)
+        qsort(sorted, n, sizeof *sorted, key_cmp);
+    for (size_t i = 1; rc == 0 && i < n; i++)
+        if (!strcmp(sorted[i - 1], sorted[i]))
+            rc = fr_rl_fail(err, FERRY_EINVAL, "sparse announce of %s generation %" PRIu64 ": %s is "
+                            "named twice; nothing announced", model, gen, sorted[i]);
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        ferry_sparse_index ix;
+        ferry_error e = {0};
+        rc = ferry_sparse_index_read(s, keys[i], &ix, &e);
+        if (rc < 0) {
+            rc = fr_rl_fail(err, rc == FERRY_EPROTO ? FERRY_EINVAL : rc, "sparse announce of %s "
+                            "generation %" PRIu64 ": %s; nothing announced", model, gen, e.msg);
+            break;
+        }
+        const ferry_sparse_desc *d = &ix.desc;
+        int t = ferry_manifest_find_tensor(dense->m, d->tensor_id);
+        ferry_tensor_desc td = {0};
+        bool same = t >= 0 && ferry_manifest_tensor(dense->m, (uint32_t)t, &td) == 0 &&
+                    td.ndim == d->ndim;
+        for (uint32_t k = 0; same && k < d->ndim; k++)
+            same = td.shape[k] == d->shape[k];
+        if (d->base_generation != base || d->delta_generation != gen)
+            rc = fr_rl_fail(err, FERRY_EINVAL, "sparse announce of %s generation %" PRIu64 ": %s is "
+                            "the delta %" PRIu64 " -> %" PRIu64 ", not %" PRIu64 " -> %" PRIu64
+                            "; nothing announced", model, gen, keys[i], d->base_generation,
+                            d->delta_generation, base, gen);
+        else if (t < 0)
+            rc = fr_rl_fail(err, FERRY_EINVAL, "sparse announce of %s generation %" PRIu64 ": tensor "
+                            "%s of %s is not in dense generation %" PRIu64 "; nothing announced",
+                            model, gen, d->tensor_id, keys[i], dense->generation);
+        else if (!same)
+            rc = fr_rl_fail(err, FERRY_EINVAL, "sparse announce of %s generation %" PRIu64 ": tensor "
+                            "%s of %s has another shape than in dense generation %" PRIu64
+                            "; nothing announced", model, gen, d->tensor_id, keys[i],
+                            dense->generation);
+        st->objects++;
+        st->nnz += d->nnz;
+        ferry_sparse_index_free(&ix);
+        ferry_object_desc od;
+        if (rc == 0 && ferry_store_get_replica_desc(s, keys[i], &od) == 0 && od.nreplicas) {
+            bool seen = false;
+            for (size_t k = 0; k < nseg && !seen; k++)
+                seen = segs[k] == od.replicas[0].segment;
+            size_t need = plen + strlen(keys[i]) + 32;
+            if (!seen && fr_grow((void **)probe, &pcap, need, 1) < 0) {
+                rc = fr_rl_fail(err, FERRY_ENOMEM, "out of memory");
+            } else if (!seen) {
+                segs[nseg++] = od.replicas[0].segment;
+                plen += (size_t)snprintf(*probe + plen, pcap - plen, "%" PRIu64 "\t%s\n",
+                                         od.replicas[0].segment, keys[i]);
+            }
+        }
+    }
+    free(sorted);
+    free(segs);
+    return rc;
+}
+
+/* The generation text of (base -> gen) over keys. */
+static char *text_make(uint64_t base, const uint8_t base_digest[16], uint64_t dense,
+                       const char *const *keys, size_t n, size_t *len)
+{
+    size_t cap = 200;
+    for (size_t i = 0; i < n; i++)
+        cap += strlen(keys[i]) + 8;
+    char *t = malloc(cap), hex[33];
+    if (!t)
+        return NULL;
+    ferry_digest_hex(base_digest, hex);
+    size_t k = (size_t)snprintf(t, cap, "%sbase %" PRIu64 " %s\ndense %" PRIu64 "\n", FR_SGEN_MAGIC,
+                                base, hex, dense);
+    for (size_t i = 0; i < n; i++)
+        k += (size_t)snprintf(t + k, cap - k, "object %s\n", keys[i]);
+    *len = k;
+    return t;
+}
+
+int ferry_sparse_announce(ferry_store *s, const char *model, uint64_t base, uint64_t gen,
+                          const char *const *keys, size_t nkeys, uint32_t keep,
+                          ferry_sparse_announce_stats *st, ferry_error *err)
+{
+    ferry_sparse_announce_stats local;
+    if (!st)
+        st = &local;
+    memset(st, 0, sizeof *st);
+    uint64_t t0 = fr_now_ns();
+    if (!s || !model || !*model || strchr(model, '/') || strlen(model) >= 128 || (nkeys && !keys))
+        return fr_rl_fail(err, FERRY_EINVAL, "sparse announce: bad arguments (store, model, keys)");
+    if (gen <= base || base == 0)
+        return fr_rl_fail(err, FERRY_EINVAL, "sparse announce of %s: generation %" PRIu64 " must be "
+                          "newer than its base %" PRIu64 " (>= 1); nothing announced", model, gen,
+                          base);
+    char ak[300];
+    fr_wk_key(ak, sizeof ak, model, 0, "active");
+    ferry_kv_value cur = {0};
+    int rc = ferry_kv_get(s, ak, &cur);
+    if (rc == FERRY_ENOENT)
+        return fr_rl_fail(err, FERRY_ESTATE, "sparse announce of %s generation %" PRIu64 ": no "
+                          "generation is active, so base %" PRIu64 " is not; publish it dense "
+                          "first; nothing announced", model, gen, base);
+    if (rc < 0)
+        return fr_rl_fail(err, rc, "sparse announce of %s: cannot read the active generation: %s",
+                          model, ferry_store_last_error());
+    uint64_t expected = cur.mod_rev, active = strtoull(cur.val, NULL, 10);
+    ferry_store_free(cur.val);
+    if (active != base)
+        return fr_rl_fail(err, FERRY_ESTATE, "sparse announce of %s generation %" PRIu64 ": its "
+                          "base is %" PRIu64 " but the active generation is %" PRIu64 "; a delta "
+                          "is announced only on the active generation; nothing announced", model,
+                          gen, base, active);
+    ferry_sparse_chain ch;
+    if ((rc = ferry_sparse_chain_resolve(s, model, 0, &ch, err)) < 0)
+        return rc;
+    /* ch: the active chain as a fresh worker sees it (every link) */
+    if (ch.active != base) {
+        ferry_sparse_chain_free(&ch);
+        return fr_rl_fail(err, FERRY_ESTATE, "sparse announce of %s generation %" PRIu64 ": the "
+                          "active generation moved on while announcing; nothing announced", model,
+                          gen);
+    }
+    st->dense_generation = ch.dense;
+    st->chain = (uint32_t)ch.nlinks + 2;
+    ferry_sparse_chain_free(&ch);
+    if (st->chain > FR_SGEN_CHAIN_MAX)
+        return fr_rl_fail(err, FERRY_EINVAL, "sparse announce of %s generation %" PRIu64 ": the "
+                          "chain from dense generation %" PRIu64 " would hold %u generations, more "
+                          "than %d; publish a dense generation; nothing announced", model, gen,
+                          st->dense_generation, st->chain, FR_SGEN_CHAIN_MAX);
+    fr_gen *dense = NULL;
+    char *probe = NULL, *text = NULL, *btext = NULL;
+    size_t blen = 0, tlen = 0;
+    uint8_t bdg[16];
+    if ((rc = fr_gen_load(s, model, st->dense_generation, &dense, err)) == 0)
+        rc = check_objects(s, model, base, gen, dense, keys, nkeys, st, &probe, err);
+    fr_gen_free(dense);
+    if (rc == 0 && (rc = text_get(s, model, base, &btext, &blen, bdg)) < 0)
+        fr_rl_fail(err, rc, "sparse announce of %s: cannot read generation %" PRIu64 ": %s", model,
+                   base, ferry_strerror(rc));
+    free(btext);
+    if (rc == 0 && !(text = text_make(base, bdg, st->dense_generation, keys, nkeys, &tlen)))
+        rc = fr_rl_fail(err, FERRY_ENOMEM, "out of memory");
+    char k[300];
+    if (rc == 0) {
+        fr_wk_key(k, sizeof k, model, gen, "manifest");
+        if ((rc = ferry_kv_put(s, k, text, tlen, NULL)) < 0)
+            fr_rl_fail(err, rc, "sparse announce of %s: cannot store the generation text: %s",
+                       model, ferry_store_last_error());
+    }
+    if (rc == 0) {
+        fr_wk_key(k, sizeof k, model, gen, "probe");
+        if ((rc = ferry_kv_put(s, k, probe ? probe : "", probe ? strlen(probe) : 0, NULL)) < 0)
+            fr_rl_fail(err, rc, "sparse announce of %s: cannot store the probes: %s", model,
+                       ferry_store_last_error());
+    }
+    if (rc == 0) {
+        fr_hash128_t dg = fr_hash128(text, tlen, 0);
+        char hex[33], val[64];
+        fr_hash128_hex(dg, hex);
+        int vn = snprintf(val, sizeof val, "%" PRIu64 " %s", gen, hex);
+        rc = ferry_kv_cas(s, ak, expected, val, (size_t)vn, NULL);
+        uint64_t now = 0;
+        if (rc == FERRY_ESTATE)
+            fr_rl_fail(err, rc, "sparse announce of %s generation %" PRIu64 ": another publish "
+                       "announced a generation meanwhile; nothing announced", model, gen);
+        else if (rc < 0 && fr_rl_active_read(s, model, &now, NULL) == 0 && now == gen)
+            rc = 0;   /* the CAS landed before its reply was lost */
+        else if (rc < 0)
+            fr_rl_fail(err, rc, "sparse announce of %s: cannot announce: %s", model,
+                       ferry_store_last_error());
+    }
+    free(text);
+    free(probe);
+    if (rc < 0)
+        return rc;
+    /* Retention: the rule of a dense publish, but never the chain that
+     * leads to the active generation (it is the tail of the history). */
+    ferry_publisher_config pc = { .world = 0, .keep = keep ? keep : 2 };
+    snprintf(pc.model, sizeof pc.model, "%s", model);
+    if (pc.keep < st->chain)
+        pc.keep = st->chain;
+    ferry_publish_stats ps = {0};
+    fr_rl_keep(s, &pc, gen, base, &ps);
+    st->removed_generations = ps.removed_generations;
+    st->announce_s = (double)(fr_now_ns() - t0) / 1e9;
+    return 0;
+}
+
+/* ---- retention ------------------------------------------------------------------------------- */
+
+bool fr_sgen_drop_objects(ferry_store *s, const char *model, uint64_t g)
+{
+    char *text = NULL;
+    size_t len = 0;
+    uint8_t dg[16];
+    if (text_get(s, model, g, &text, &len, dg) < 0)
+        return true;   /* no text: nothing of it is known here */
+    fr_sgen sg;
+    int rc = fr_sgen_is(text, len) ? fr_sgen_parse(text, len, g, &sg) : -1;
+    free(text);
+    if (rc < 0)
+        return true;   /* a dense generation (or unreadable): its objects are ferry/w/ */
+    bool gone = true;
+    for (size_t i = 0; i < sg.nkeys; i++) {
+        int r = ferry_store_remove(s, sg.keys[i]);
+        if (r < 0 && r != FERRY_ENOENT)
+            gone = false;   /* leased: a later publish retires it */
+        char ok[FERRY_STORE_KEY_MAX + 16];
+        snprintf(ok, sizeof ok, "%s/owner", sg.keys[i]);
+        (void)ferry_kv_delete(s, ok, 0, NULL);
+    }
+    fr_sgen_free(&sg);
+    return gone;
+}
