@@ -450,6 +450,35 @@ static void test_retention(void **state)
     worker_check(&w, &m, 6);
 }
 
+/* A sparse generation with no objects (nothing changed) is a link like
+ * any other. */
+static void test_empty_delta(void **state)
+{
+    ft_solo *f = *state;
+    static model m;
+    static worker w;
+    model_init(&m, "sgempty");
+    publish_dense(f->s, &m, 1);
+    worker_init(&w, &m, false);
+    ferry_sparse_update_stats st;
+    ferry_error err = {0};
+    assert_int_equal(update(f->s, &m, &w, false, &st, &err), 0);
+    ferry_sparse_announce_stats as;
+    assert_int_equal(ferry_sparse_announce(f->s, m.name, 1, 2, NULL, 0, 2, &as, &err), 0);
+    assert_int_equal(as.objects, 0);
+    memcpy(m.w[2], m.w[1], sizeof m.w[2]);
+    ferry_sparse_chain ch;
+    assert_int_equal(ferry_sparse_chain_resolve(f->s, m.name, 1, &ch, &err), 0);
+    assert_int_equal(ch.nlinks, 1);
+    assert_int_equal(ch.links[0].nkeys, 0);
+    ferry_sparse_chain_free(&ch);
+    assert_int_equal(update(f->s, &m, &w, false, &st, &err), 0);
+    assert_int_equal(w.held, 2);
+    assert_int_equal(st.deltas, 1);
+    assert_int_equal(st.entries_applied, 0);
+    worker_check(&w, &m, 2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -457,6 +486,7 @@ int main(void)
         cmocka_unit_test(test_fresh_and_restarted),
         cmocka_unit_test(test_wrong_base),
         cmocka_unit_test(test_retention),
+        cmocka_unit_test(test_empty_delta),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
