@@ -203,9 +203,14 @@ class _Ctx:
         self.store = ft.Store(master=a["addr"], token_file=a["token_file"])
 
     def start(self):
-        """Leave the barrier: the variant's clock starts here."""
+        """Leave the barrier: the variant's clock starts here (and this
+        process's CPU clock, all its threads, for cpu())."""
         dist.barrier()
+        self.cpu0 = time.process_time()
         return time.monotonic()
+
+    def cpu(self):
+        return time.process_time() - self.cpu0
 
     def close(self):
         self.store.close()
@@ -277,8 +282,8 @@ def _trainer(a, rank, cmd, out):
         else:
             st = ft.publish_module(pub, gen, module, layout=SRC_LAYOUT, shapes=L.shapes)
             ph["publish_s"] = time.monotonic() - t0
-            ph["put_s"], ph["commit_s"] = st.get("put_s", 0.0), st.get("commit_s", 0.0)
-        return {"t0": t0, "phases": ph}
+            ph.update({"publish." + k: v for k, v in st.items() if k.endswith("_s")})
+        return {"t0": t0, "cpu_s": c.cpu(), "phases": ph}
 
     _serve(("trainer", rank), cmd, out, {"round": new_round, "run": run})
     for f in os.listdir(shm_dir) if rank == 0 else ():
@@ -360,8 +365,9 @@ def _rollout(a, rank, cmd, out):
             if st["generation"] != gen:
                 raise RuntimeError(f"the update took generation {st['generation']}, not {gen}")
             ph["update_s"] = time.monotonic() - t1
-        t_end = time.monotonic()
-        return {"t0": t0, "t1": t_end, "phases": ph, "params": [digest(p) for p in params]}
+            ph.update({"update." + k: v for k, v in st.items() if k.endswith("_s")})
+        t_end, cpu = time.monotonic(), c.cpu()
+        return {"t0": t0, "t1": t_end, "cpu_s": cpu, "phases": ph, "params": [digest(p) for p in params]}
 
     _serve(("rollout", rank), cmd, out, {"run": run})
     sub.close()
@@ -409,6 +415,22 @@ class Cluster:
             timer.cancel()
         self.log.flush()
         raise RuntimeError(f"ferry up exited ({self.proc.wait()}) before it was ready: {' | '.join(got)}")
+
+    def cpu_s(self):
+        """CPU seconds the master and the node (the children of ferry up) have used so far."""
+        total = 0
+        try:
+            kids = set()
+            for tid in os.listdir(f"/proc/{self.proc.pid}/task"):
+                with open(f"/proc/{self.proc.pid}/task/{tid}/children") as f:
+                    kids.update(f.read().split())
+            for pid in kids:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])     # utime, stime (fields 14, 15)
+        except OSError:
+            return 0.0
+        return total / os.sysconf("SC_CLK_TCK")
 
     def stop(self):
         if self.proc.poll() is None:
@@ -501,9 +523,10 @@ def _median(xs):
     return statistics.median(xs) if xs else 0.0
 
 
-def run(cfg, rounds=5, warmup=1, timeout_s=600, log=None):
+def run(cfg, rounds=5, warmup=1, timeout_s=600, log=None, variants=VARIANTS):
     """Run the benchmark; returns the result dict (the JSON). ``log``: a
-    callable taking progress lines (default: none)."""
+    callable taking progress lines (default: none); ``variants``: a subset
+    to run (for profiling one of them; the speedups need all three)."""
     log = log or (lambda s: None)
     if rounds < 1 or warmup < 0:
         raise ValueError("rounds must be at least 1 and warmup at least 0")
@@ -536,13 +559,15 @@ def run(cfg, rounds=5, warmup=1, timeout_s=600, log=None):
             for (_, r), v in got.items():
                 if v["shards"] != want_shards[r]:
                     raise RuntimeError(f"round {rnd}: trainer {r}'s shards differ from the values computed here")
-            order = VARIANTS[rnd % 3:] + VARIANTS[:rnd % 3]
+            order = [v for v in VARIANTS[rnd % 3:] + VARIANTS[:rnd % 3] if v in variants]
             for variant in order:
                 gen += variant == "ferry_shard"
+                ccpu = cluster.cpu_s()
                 got = job.ask(trainers + rollouts, "run", variant, rnd, gen)
+                ccpu = cluster.cpu_s() - ccpu
                 checks += _check(L, variant, rnd, got, want)
                 t = max(v["t1"] for w, v in got.items() if w[0] == "rollout") - min(v["t0"] for v in got.values())
-                ph = {}
+                ph = {"cpu_s": sum(v["cpu_s"] for v in got.values()), "cluster_cpu_s": ccpu}
                 for _, v in got.items():
                     for k, x in v["phases"].items():
                         ph[k] = max(ph.get(k, 0.0), x)
@@ -554,15 +579,16 @@ def run(cfg, rounds=5, warmup=1, timeout_s=600, log=None):
         res = {"params": L.params, "model_bytes": model_bytes, "tensors": len(L.names), "trainers": TRAINERS,
                "rollouts": ROLLOUTS, "src_layout": SRC_LAYOUT, "dst_layout": DST_LAYOUT, "rounds": rounds,
                "warmup": warmup, "config": cfg}
-        for v in VARIANTS:
+        for v in variants:
             res[v + "_s"] = _median(times[v])
-        res["speedup_vs_torch_save"] = res["torch_save_s"] / res["ferry_shard_s"] if res["ferry_shard_s"] else 0.0
-        res["speedup_vs_gloo"] = res["gloo_bcast_s"] / res["ferry_shard_s"] if res["ferry_shard_s"] else 0.0
+        if set(variants) == set(VARIANTS):
+            res["speedup_vs_torch_save"] = res["torch_save_s"] / res["ferry_shard_s"] if res["ferry_shard_s"] else 0.0
+            res["speedup_vs_gloo"] = res["gloo_bcast_s"] / res["ferry_shard_s"] if res["ferry_shard_s"] else 0.0
         res["hashes_ok"] = True
         res["hash_checks"] = checks
-        res["rounds_s"] = {v: times[v] for v in VARIANTS}
+        res["rounds_s"] = {v: times[v] for v in variants}
         res["phases_s"] = {v: {k: _median([p[k] for p in phases[v]]) for k in (phases[v][0] if phases[v] else {})}
-                           for v in VARIANTS}
+                           for v in variants}
         res["loadavg_start"], res["loadavg_end"] = list(load0), list(os.getloadavg())
         return res
     finally:
@@ -614,18 +640,24 @@ def main(argv=None):
     ap.add_argument("--timeout", type=_positive, default=600, help="seconds any one step may take")
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     ap.add_argument("--quiet", action="store_true", help="no per-round lines on stderr")
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help="the variants to run, comma-separated (one alone: for profiling; no speedups then)")
     o = ap.parse_args(argv)
     cfg = {"hidden": o.hidden, "layers": o.layers, "ffn": o.ffn, "vocab": o.vocab, "ctx": o.ctx}
     for k in ("hidden", "ffn", "vocab", "ctx"):
         if cfg[k] % (TRAINERS * 2):
             ap.error(f"--{k} must be a multiple of {TRAINERS * 2} (FSDP4 and TP2 cut it evenly), not {cfg[k]}")
+    variants = tuple(v for v in o.variants.split(",") if v)
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad or not variants:
+        ap.error(f"--variants: {', '.join(bad) or 'none'} not among {', '.join(VARIANTS)}")
     log = None if o.quiet else (lambda s: print("ferry.bench_torch: " + s, file=sys.stderr, flush=True))
     try:
-        res = run(cfg, o.rounds, o.warmup, o.timeout, log)
+        res = run(cfg, o.rounds, o.warmup, o.timeout, log, variants)
     except (RuntimeError, TimeoutError, OSError, ferry.Error) as e:
         print(f"ferry.bench_torch: {e}", file=sys.stderr)
         return 1
-    print(json.dumps(res) if o.json else human(res), flush=True)
+    print(json.dumps(res) if o.json or "speedup_vs_gloo" not in res else human(res), flush=True)
     return 0
 
 

@@ -93,6 +93,13 @@ static void print_human(const json_t *r)
            (long long)num(r, "tensors"), (long long)num(r, "trainers"),
            json_string_value(json_object_get(r, "src_layout")), (long long)num(r, "rollouts"),
            json_string_value(json_object_get(r, "dst_layout")), (long long)num(r, "rounds"));
+    if (!json_object_get(r, "speedup_vs_gloo")) {   /* --variants: some of them only */
+        printf("  ferry shard publish + direct update %.3f s, torch.save %.3f s, gloo %.3f s "
+               "(0: not run); %lld parameter hashes equal to the trainers' model\n",
+               num(r, "ferry_shard_s"), num(r, "torch_save_s"), num(r, "gloo_bcast_s"),
+               (long long)num(r, "hash_checks"));
+        return;
+    }
     printf("  torch.save/load via /dev/shm %.3f s, gloo broadcast %.3f s, ferry shard publish + "
            "direct update %.3f s: %.2fx and %.2fx faster (goal 2.0); %lld parameter hashes equal "
            "to the trainers' model\n",
@@ -107,6 +114,7 @@ static void usage_torch(FILE *f)
                "[--hidden N (1024)] [--layers N (8)]\n"
                "                                   [--ffn N (4096)] [--vocab N (15000)] "
                "[--ctx N (1024)] [--timeout S (600)] [--quiet]\n"
+               "                                   [--variants torch_save,gloo_bcast,ferry_shard]\n"
                "  runs $FERRY_PYTHON (default /usr/bin/python3) -m ferry.bench_torch; "
                "--help there says more\n");
 }
@@ -197,7 +205,7 @@ int cmd_bench_torch(int argc, char **argv, const char *self)
     }
     json_error_t jerr;
     json_t *r = line ? json_loads(line, 0, &jerr) : NULL;
-    if (!r || !json_is_object(r) || !json_object_get(r, "ferry_shard_s")) {
+    if (!r || !json_is_object(r) || !json_object_get(r, "hash_checks")) {
         fprintf(stderr, "ferry bench weights --torch: %s -m ferry.bench_torch printed no result "
                 "object\n", py);
         json_decref(r);
