@@ -243,6 +243,8 @@ def _trainer(a, rank, cmd, out):
     shm_dir = a["shm_dir"]
 
     def new_round(rnd):
+        for f in os.listdir(shm_dir) if rank == 0 else ():   # the last round's file, outside any timing
+            os.unlink(os.path.join(shm_dir, f))
         for ti in range(len(L.names)):
             fill(views[ti], rnd, rank, ti)
         return {"shards": [digest(views[ti]) for ti in range(len(L.names))]}
