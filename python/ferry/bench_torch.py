@@ -398,9 +398,13 @@ class Cluster:
         self.proc = subprocess.Popen([_ferry_bin(), "up", "--dir", os.path.join(tmp, "ferry"), "--size",
                                       f"{size >> 20}M", "--listen", "127.0.0.1:0"], stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=self.log, env=env)
-        line = self._export_line()
-        kv = dict(x.split("=", 1) for x in line.split()[1:])
-        self.addr, self.token_file = kv["FERRY_MASTER"], kv["FERRY_TOKEN_FILE"]
+        try:
+            line = self._export_line()
+            kv = dict(x.split("=", 1) for x in line.split()[1:])
+            self.addr, self.token_file = kv["FERRY_MASTER"], kv["FERRY_TOKEN_FILE"]
+        except BaseException:
+            self.stop()
+            raise
         threading.Thread(target=lambda: self.proc.stdout.read(), daemon=True).start()
 
     def _export_line(self):
@@ -479,8 +483,10 @@ class Job:
         for w, p in self.procs.items():
             if p.is_alive():
                 self.cmds[w].put(("exit",))
+        deadline = time.monotonic() + 30     # one deadline for all: a worker stuck in a collective is killed
         for p in self.procs.values():
-            p.join(30)
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in self.procs.values():
             if p.is_alive():
                 p.kill()
                 p.join(5)
