@@ -618,18 +618,22 @@ def human(res):
             f"{res['hash_checks']} parameter hashes equal to the trainers' model")
 
 
-def _positive(x):
-    n = int(x)
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"wants a whole number of at least 1, not {x!r}")
+def _whole(x, least):
+    try:
+        n = int(x)
+    except ValueError:
+        n = least - 1
+    if n < least:
+        raise argparse.ArgumentTypeError(f"wants a whole number of at least {least}, not {x!r}")
     return n
+
+
+def _positive(x):
+    return _whole(x, 1)
 
 
 def _count(x):
-    n = int(x)
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"wants a whole number of at least 0, not {x!r}")
-    return n
+    return _whole(x, 0)
 
 
 def main(argv=None):
