@@ -64,6 +64,7 @@ bench: all
 	$(BUILD)/ferry bench exec
 	$(BUILD)/ferry bench weights
 	$(BUILD)/ferry bench weights --scale
+	$(BUILD)/ferry bench weights --torch
 	$(BUILD)/ferry bench plan --model kimi-k2 --src fsdp:256 --dst ep:16,tp:8
 	$(BUILD)/ferry bench sparse
 

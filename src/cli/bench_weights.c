@@ -100,6 +100,7 @@ static void usage_weights(FILE *f)
 }
 
 int cmd_bench_scale(int argc, char **argv);   /* bench_scale.c */
+int cmd_bench_torch(int argc, char **argv, const char *self);   /* bench_torch.c */
 
 int cmd_bench_weights(int argc, char **argv, const char *self)
 {
@@ -107,6 +108,9 @@ int cmd_bench_weights(int argc, char **argv, const char *self)
     for (int i = 1; i < argc; i++)   /* --scale: the group plan at scale, no cluster */
         if (!strcmp(argv[i], "--scale"))
             return cmd_bench_scale(argc, argv);
+    for (int i = 1; i < argc; i++)   /* --torch: against torch.save and gloo (Python) */
+        if (!strcmp(argv[i], "--torch"))
+            return cmd_bench_torch(argc, argv, self);
     /* --convert-only is this command's own; the rest are the demo's */
     bool convert_only = false;
     char **args = malloc(((size_t)argc + 1) * sizeof *args);

@@ -1,0 +1,222 @@
+/* `ferry bench weights --torch`: the torch comparison of docs/weights.md
+ * ("Against torch.save and gloo"). The benchmark itself is Python
+ * (python/ferry/bench_torch.py: torch, gloo and the ferry package); this
+ * launcher runs it with the interpreter $FERRY_PYTHON (default
+ * /usr/bin/python3, where Debian's torch lives), the package built next to
+ * this binary (build/python) ahead of an installed one, and this binary as
+ * the `ferry up` it starts, then relays its JSON (--json) or prints one
+ * line from it. The module's progress lines and errors go to stderr as
+ * they come. */
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "cli.h"
+
+#define BT_MAX_ARGS 64
+
+/* The path of this binary: /proc/self/exe, else argv[0] as given. */
+static void self_path(const char *self, char *out, size_t cap)
+{
+    ssize_t n = readlink("/proc/self/exe", out, cap - 1);
+    if (n > 0) {
+        out[n] = '\0';
+        return;
+    }
+    snprintf(out, cap, "%s", self);
+}
+
+/* PYTHONPATH with DIR/python first when the package was built there. */
+static int set_pythonpath(const char *exe)
+{
+    char dir[PATH_MAX], probe[PATH_MAX + 32], path[2 * PATH_MAX + 40];
+    snprintf(dir, sizeof dir, "%s", exe);
+    char *slash = strrchr(dir, '/');
+    if (!slash)
+        return 0;   /* found on PATH with no directory: the installed package */
+    *slash = '\0';
+    snprintf(probe, sizeof probe, "%s/python/ferry/__init__.py", dir);
+    struct stat st;
+    if (stat(probe, &st) != 0)
+        return 0;
+    const char *old = getenv("PYTHONPATH");
+    if (old && *old)
+        snprintf(path, sizeof path, "%s/python:%s", dir, old);
+    else
+        snprintf(path, sizeof path, "%s/python", dir);
+    return setenv("PYTHONPATH", path, 1);
+}
+
+/* Read all of fd into a NUL-terminated buffer (NULL on no memory). */
+static char *read_all(int fd)
+{
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        if (len + 1 >= cap) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) {
+                free(buf);
+                return NULL;
+            }
+            buf = nb, cap *= 2;
+        }
+        ssize_t n = read(fd, buf + len, cap - 1 - len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        len += (size_t)n;
+    }
+    if (buf)
+        buf[len] = '\0';
+    return buf;
+}
+
+static double num(const json_t *o, const char *k)
+{
+    return json_number_value(json_object_get(o, k));
+}
+
+static void print_human(const json_t *r)
+{
+    char sz[32];
+    printf("torch model: %.1fM parameters (%s bf16, %lld tensors), %lld trainers %s -> %lld "
+           "rollouts %s; median of %lld rounds:\n",
+           num(r, "params") / 1e6, cli_fmt_size((uint64_t)num(r, "model_bytes"), sz, sizeof sz),
+           (long long)num(r, "tensors"), (long long)num(r, "trainers"),
+           json_string_value(json_object_get(r, "src_layout")), (long long)num(r, "rollouts"),
+           json_string_value(json_object_get(r, "dst_layout")), (long long)num(r, "rounds"));
+    if (!json_object_get(r, "speedup_vs_gloo")) {   /* --variants: some of them only */
+        printf("  ferry shard publish + direct update %.3f s, torch.save %.3f s, gloo %.3f s "
+               "(0: not run); %lld parameter hashes equal to the trainers' model\n",
+               num(r, "ferry_shard_s"), num(r, "torch_save_s"), num(r, "gloo_bcast_s"),
+               (long long)num(r, "hash_checks"));
+        return;
+    }
+    printf("  torch.save/load via /dev/shm %.3f s, gloo broadcast %.3f s, ferry shard publish + "
+           "direct update %.3f s: %.2fx and %.2fx faster (goal 2.0); %lld parameter hashes equal "
+           "to the trainers' model\n",
+           num(r, "torch_save_s"), num(r, "gloo_bcast_s"), num(r, "ferry_shard_s"),
+           num(r, "speedup_vs_torch_save"), num(r, "speedup_vs_gloo"),
+           (long long)num(r, "hash_checks"));
+}
+
+static void usage_torch(FILE *f)
+{
+    fprintf(f, "usage: ferry bench weights --torch [--json] [--rounds N (5)] [--warmup N (1)] "
+               "[--hidden N (1024)] [--layers N (8)]\n"
+               "                                   [--ffn N (4096)] [--vocab N (15000)] "
+               "[--ctx N (1024)] [--timeout S (600)] [--quiet]\n"
+               "                                   [--variants torch_save,gloo_bcast,ferry_shard]\n"
+               "  runs $FERRY_PYTHON (default /usr/bin/python3) -m ferry.bench_torch; "
+               "--help there says more\n");
+}
+
+int cmd_bench_torch(int argc, char **argv, const char *self)
+{
+    char exe[PATH_MAX];
+    const char *args[BT_MAX_ARGS + 6];
+    const char *py = getenv("FERRY_PYTHON");
+    bool json = false, help = false;
+    int n = 0;
+    py = py && *py ? py : "/usr/bin/python3";
+    args[n++] = py;
+    args[n++] = "-m";
+    args[n++] = "ferry.bench_torch";
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--torch"))
+            continue;
+        if (!strcmp(argv[i], "--json"))
+            json = true;
+        help = help || cli_is_help(argv[i]);
+        if (n >= BT_MAX_ARGS) {
+            fprintf(stderr, "ferry bench weights --torch: more than %d arguments\n", BT_MAX_ARGS - 4);
+            return cli_usage_exit(-1, usage_torch);
+        }
+        if (strcmp(argv[i], "--json"))
+            args[n++] = argv[i];
+    }
+    if (!help)
+        args[n++] = "--json";   /* the module's JSON is what this relays */
+    args[n] = NULL;
+    self_path(self, exe, sizeof exe);
+    if (set_pythonpath(exe) < 0 || setenv("FERRY_BIN", exe, 1) < 0) {
+        fprintf(stderr, "ferry bench weights --torch: cannot set the environment: %s\n", strerror(errno));
+        return 1;
+    }
+    if (help) {   /* the module's own help, straight to stdout */
+        usage_torch(stdout);
+        fflush(stdout);
+        execv(py, (char *const *)args);
+        fprintf(stderr, "ferry bench weights --torch: cannot run %s: %s (set FERRY_PYTHON)\n", py,
+                strerror(errno));
+        return 1;
+    }
+    int pfd[2];
+    if (pipe(pfd) < 0) {
+        fprintf(stderr, "ferry bench weights --torch: pipe: %s\n", strerror(errno));
+        return 1;
+    }
+    fflush(stdout);
+    uint64_t oom0 = cli_oom_kills();
+    pid_t pid = fork();
+    if (pid < 0) {
+        fprintf(stderr, "ferry bench weights --torch: fork: %s\n", strerror(errno));
+        close(pfd[0]), close(pfd[1]);
+        return 1;
+    }
+    if (pid == 0) {
+        dup2(pfd[1], STDOUT_FILENO);
+        close(pfd[0]), close(pfd[1]);
+        execv(py, (char *const *)args);
+        fprintf(stderr, "ferry bench weights --torch: cannot run %s: %s (set FERRY_PYTHON to a "
+                "python3 with torch)\n", py, strerror(errno));
+        _exit(127);
+    }
+    close(pfd[1]);
+    char *out = read_all(pfd[0]);
+    close(pfd[0]);
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        char why[160];
+        cli_exit_reason(st, oom0, "", why, sizeof why);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 127)
+            fprintf(stderr, "ferry bench weights --torch: %s -m ferry.bench_torch %s\n", py, why);
+        free(out);
+        return WIFEXITED(st) && WEXITSTATUS(st) == 2 ? 2 : 1;   /* 2: its usage error */
+    }
+    /* the result is the module's last line */
+    size_t len = out ? strlen(out) : 0;
+    while (len > 0 && (out[len - 1] == '\n' || out[len - 1] == ' '))
+        out[--len] = '\0';
+    const char *line = NULL;
+    if (len > 0) {
+        line = strrchr(out, '\n');
+        line = line ? line + 1 : out;
+    }
+    json_error_t jerr;
+    json_t *r = line ? json_loads(line, 0, &jerr) : NULL;
+    if (!r || !json_is_object(r) || !json_object_get(r, "hash_checks")) {
+        fprintf(stderr, "ferry bench weights --torch: %s -m ferry.bench_torch printed no result "
+                "object\n", py);
+        json_decref(r);
+        free(out);
+        return 1;
+    }
+    if (json)
+        printf("%s\n", line);
+    else
+        print_human(r);
+    json_decref(r);
+    free(out);
+    return 0;
+}
