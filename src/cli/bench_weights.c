@@ -92,7 +92,7 @@ static void print_convert(const conv_bench *cb, bool json)
 
 static void usage_weights(FILE *f)
 {
-    fprintf(f, "usage: ferry bench weights [--trainers N (4)] [--rollouts N (4)] [--dp N] "
+    fprintf(f, "usage: ferry bench weights [--trainers N (4)] [--rollouts N (4)] [--dp N (2 if it divides)] "
                "[--bytes SIZE (1G)] [--model PRESET (qwen3-8b)] [--reps N (3)] [--json]\n"
                "                           [--convert-only] | --scale [...] (see --scale --help)\n"
                "  --convert-only  only the f32 -> bf16/f16 conversion against memcpy (no "

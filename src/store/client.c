@@ -188,7 +188,7 @@ int fr_client_segment(ferry_store *s, uint64_t id, fr_segref *out)
     rc = ferry_region_import(s->eng, rep.val.p, rep.val.n, &nr.rr);
     fr_free(buf);
     if (rc < 0)
-        return fr_client_err(rc, "segment %llu of node %llu: cannot reach its node: %s",
+        return fr_client_err(rc, "segment %llu of node %016llx: cannot reach its node: %s",
                              (unsigned long long)id, (unsigned long long)nr.node,
                              ferry_strerror(rc));
     fr_segref *keep = fr_malloc(sizeof *keep);

@@ -87,7 +87,7 @@ static bool mount_valid(fr_master_conn *c, uint64_t id, const fr_smsg *q)
     fr_seg_info si;
     if (fr_meta_seg_info(m->meta, q->segment, &si) == 0 && si.node != q->node) {
         fr_master_reply_err(c, id, FERRY_EEXIST, 0,
-                            "segment %llx is already mounted by node %llx (%llu bytes)",
+                            "segment %llx is already mounted by node %016llx (%llu bytes)",
                             U(q->segment), U(si.node), U(si.size));
         return false;
     }
@@ -98,7 +98,7 @@ static bool mount_valid(fr_master_conn *c, uint64_t id, const fr_smsg *q)
     const fr_master_node *other = same_name(m, name, q->node);
     if (other != NULL && other->conn != NULL && !other->suspect) {
         fr_master_reply_err(c, id, FERRY_EEXIST, 0,
-                            "node name '%s' belongs to live node %llx (%s); a new incarnation "
+                            "node name '%s' belongs to live node %016llx (%s); a new incarnation "
                             "may mount once that one is gone", name, U(other->id),
                             other->conn->peer);
         return false;
@@ -124,12 +124,12 @@ static void mount_finish(fr_master_conn *c, const fr_master_probe *p)
     fr_master_node *other = same_name(m, p->name, p->node);
     if (other != NULL) {
         if (other->conn != NULL && !other->suspect) {
-            fr_master_reply_err(c, id, FERRY_EEXIST, 0, "node name '%s' belongs to live node %llx",
+            fr_master_reply_err(c, id, FERRY_EEXIST, 0, "node name '%s' belongs to live node %016llx",
                                 p->name, U(other->id));
             return;
         }
         char why[160];
-        snprintf(why, sizeof why, "a new incarnation of node '%s' (%llx) mounted", p->name,
+        snprintf(why, sizeof why, "a new incarnation of node '%s' (%016llx) mounted", p->name,
                  U(p->node));
         fr_master_node_dead(m, other, why);
         if (m->fatal)
@@ -140,11 +140,11 @@ static void mount_finish(fr_master_conn *c, const fr_master_probe *p)
         uint64_t g = p->granule ? p->granule : 64;
         if (si.node != p->node || si.size > p->size || p->size - si.size >= g) {
             fr_master_reply_err(c, id, FERRY_EEXIST, 0,
-                                "segment %llx is already mounted by node %llx (%llu bytes)",
+                                "segment %llx is already mounted by node %016llx (%llu bytes)",
                                 U(p->segment), U(si.node), U(si.size));
             return;
         }
-        FR_INFO("master", "node %llx re-attached segment %llx (%llu bytes)", U(p->node),
+        FR_INFO("master", "node %016llx re-attached segment %llx (%llu bytes)", U(p->node),
                 U(p->segment), U(si.size));
     } else {
         int rc = fr_meta_mount(m->meta, p->segment, p->node, p->size, p->granule);
@@ -152,7 +152,7 @@ static void mount_finish(fr_master_conn *c, const fr_master_probe *p)
             fr_master_reply_meta_err(c, id, rc, 0);
             return;
         }
-        FR_INFO("master", "node %llx%s%s%s mounted segment %llx (%llu bytes)", U(p->node),
+        FR_INFO("master", "node %016llx%s%s%s mounted segment %llx (%llu bytes)", U(p->node),
                 p->name[0] ? " ('" : "", p->name, p->name[0] ? "')" : "", U(p->segment),
                 U(p->size));
     }
@@ -196,7 +196,7 @@ void fr_master_probes_done(fr_master *m)
                 c = x;
         }
         if (c == NULL)
-            FR_INFO("master", "node %llx left before its mount of segment %llx was probed",
+            FR_INFO("master", "node %016llx left before its mount of segment %llx was probed",
                     U(p->node), U(p->segment));
         else if (p->rc < 0)
             fr_master_reply_err(c, p->req_id, p->rc, 0, "segment %llx is not mounted: %s",
@@ -222,7 +222,7 @@ static void op_unmount(fr_master_conn *c, uint64_t id, const fr_smsg *q)
     const fr_master_node *nd = fr_master_node_get(m, si.node, false);
     if (c->role != FR_ROLE_STORE_NODE || nd == NULL || nd->conn != c) {
         fr_master_reply_err(c, id, FERRY_EACCES, 0,
-                            "segment %llx belongs to node %llx: only that node's own connection "
+                            "segment %llx belongs to node %016llx: only that node's own connection "
                             "may unmount it", U(q->segment), U(si.node));
         return;
     }
@@ -249,7 +249,7 @@ static void op_segment(fr_master_conn *c, uint64_t id, const fr_smsg *q)
     const fr_master_seg *s = fr_umap_get(&m->segs, q->segment);
     if (s == NULL || !s->attached) {
         fr_master_reply_err(c, id, FERRY_ENOTCONN, 0,
-                            "segment %llx of node %llx has not been re-attached by its node "
+                            "segment %llx of node %016llx has not been re-attached by its node "
                             "since the master restarted",
                             U(q->segment), U(si.node));
         return;

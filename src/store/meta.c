@@ -330,7 +330,7 @@ static int seg_apply(fr_meta *m, const fr_rec *r)
             if (s->node == r->node)
                 m->scratch[n++] = s;
         if (n == 0)
-            return meta_fail(m, FERRY_ENOENT, "node %llu has no mounted segment",
+            return meta_fail(m, FERRY_ENOENT, "node %016llx has no mounted segment",
                              (unsigned long long)r->node);
         meta_now(m, r->time);
         for (size_t i = 0; i < n; i++)
