@@ -107,24 +107,11 @@ int cmd_bench_weights(int argc, char **argv, const char *self)
     for (int i = 1; i < argc; i++)   /* --scale: the group plan at scale, no cluster */
         if (!strcmp(argv[i], "--scale"))
             return cmd_bench_scale(argc, argv);
-    /* --convert-only is this command's own; the rest are the demo's */
-    bool convert_only = false;
-    char **args = malloc(((size_t)argc + 1) * sizeof *args);
-    if (!args)
-        return 1;
-    int nargs = 0;
-    for (int i = 0; i < argc; i++) {
-        if (i > 0 && !strcmp(argv[i], "--convert-only"))
-            convert_only = true;
-        else
-            args[nargs++] = argv[i];
-    }
-    args[nargs] = NULL;
-    demo_opts o;
-    int pr = demo_parse("bench weights", nargs, args, "--reps", 3, 1ull << 30, &o);
-    free(args);
+    demo_opts o;   /* the demo's options, and --convert-only */
+    int pr = demo_parse("bench weights", argc, argv, "--reps", 3, 1ull << 30, &o);
     if (pr != 0)
         return cli_usage_exit(pr, usage_weights);
+    bool convert_only = o.convert_only;
     conv_bench cb;
     if (bench_convert(&cb) < 0) {
         fprintf(stderr, "ferry bench weights: no memory for the 2 x 256 MiB conversion buffers\n");

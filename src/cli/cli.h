@@ -33,11 +33,6 @@ int cli_opt_size(const char *opt, const char *v, uint64_t min, uint64_t max, uin
  * cli_usage_exit turns that into the exit status. */
 #define CLI_HELP 1
 bool cli_is_help(const char *a);
-/* a is an argument that no option of cmd ("demo rl") took: one line to
- * stderr naming it, e.g. "ferry demo rl: unknown option '--bogus'", and -1.
- * value_opts (NULL-terminated, may be NULL) are cmd's options that take a
- * value: a last argument that is one of them is reported as missing it. */
-int cli_bad_arg(const char *cmd, const char *a, const char *const *value_opts);
 /* pr from an option loop: CLI_HELP prints usage to stdout and gives 0, a
  * negative pr prints it to stderr and gives 2. */
 int cli_usage_exit(int pr, void (*usage)(FILE *f));

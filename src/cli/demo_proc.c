@@ -258,8 +258,11 @@ int demo_parse(const char *cmd, int argc, char **argv, const char *count_flag, u
     snprintf(o->model, sizeof o->model, "qwen3-8b");
     /* ferry demo keeps one row per generation, 64 at most */
     unsigned count_max = !strcmp(count_flag, "--generations") ? 64 : 100000;
+    /* bench weights (--reps) also has --convert-only */
+    bool bench = !strcmp(count_flag, "--reps");
     char spec[128];
-    snprintf(spec, sizeof spec, "trainers=,rollouts=,dp=,%s=,bytes=,model=,json", count_flag + 2);
+    snprintf(spec, sizeof spec, "trainers=,rollouts=,dp=,%s=,bytes=,model=,json%s", count_flag + 2,
+             bench ? ",convert-only" : "");
     cli_getopt g;
     cli_getopt_init(&g, cmd, argc, argv, spec);
     while (cli_getopt_next(&g)) {
@@ -267,6 +270,8 @@ int demo_parse(const char *cmd, int argc, char **argv, const char *count_flag, u
         int rc = 0;
         if (!strcmp(a, "--json"))
             o->json = true;
+        else if (!strcmp(a, "--convert-only"))
+            o->convert_only = true;
         else if (!strcmp(a, "--trainers"))
             rc = cli_opt_unsigned(a, v, 1, 64, &o->trainers);
         else if (!strcmp(a, "--rollouts"))

@@ -404,7 +404,10 @@ int cmd_up(int argc, char **argv)
         remove(addrf);
         return 1;
     }
-    printf("ferry up: master at %s, node segment %s (%s), state in %s\n", addr, seg,
+    uint64_t segid = 0;   /* node.ready holds it in decimal; shown as every id is */
+    (void)cli_parse_uint(seg, &segid);
+    printf("ferry up: master at %s, node segment %016llx (%s), state in %s\n", addr,
+           (unsigned long long)segid,
            cli_fmt_size(o.size, sizes, sizeof sizes), o.dir);
     if (o.metrics && read_small(nmf, nurl, sizeof nurl) == 0)   /* written before node.ready */
         printf("ferry up: metrics at %s (master) and %s (node)\n", murl, nurl);
@@ -516,12 +519,12 @@ static void print_status(json_t *j)
     printf("master %s (instance %s)\n", json_string_value(json_object_get(j, "address")),
            json_string_value(json_object_get(j, "instance")) ?
            json_string_value(json_object_get(j, "instance")) : "?");
-    printf("%-22s %-18s %10s %10s %8s %s\n", "segment", "node", "size", "used", "objects",
+    printf("%-18s %-18s %10s %10s %8s %s\n", "segment", "node", "size", "used", "objects",
            "attached");
     size_t i;
     json_t *s;
     json_array_foreach(json_object_get(j, "segments"), i, s) {
-        printf("%-22llu %016llx   %10s %10s %8lld %s\n",
+        printf("%016llx   %016llx   %10s %10s %8lld %s\n",
                (unsigned long long)json_integer_value(json_object_get(s, "id")),
                (unsigned long long)json_integer_value(json_object_get(s, "node")),
                cli_fmt_size((uint64_t)json_integer_value(json_object_get(s, "size")), a, sizeof a),

@@ -117,17 +117,6 @@ bool cli_is_help(const char *a)
     return !strcmp(a, "-h") || !strcmp(a, "--help");
 }
 
-int cli_bad_arg(const char *cmd, const char *a, const char *const *value_opts)
-{
-    for (size_t i = 0; value_opts && value_opts[i]; i++)
-        if (!strcmp(a, value_opts[i])) {
-            fprintf(stderr, "ferry %s: %s needs a value\n", cmd, a);
-            return -1;
-        }
-    fprintf(stderr, "ferry %s: unknown %s '%s'\n", cmd, a[0] == '-' ? "option" : "argument", a);
-    return -1;
-}
-
 int cli_usage_exit(int pr, void (*usage)(FILE *f))
 {
     if (pr == CLI_HELP) {

@@ -73,7 +73,7 @@ static int evict_one(fr_meta *m, meta_seg *s, uint64_t now)
         meta_obj *o = fr_container_of(n, meta_rep, in_lru)->obj;
         if (leased(o, now))
             continue;
-        FR_DEBUG("store", "evicting '%s' (%llu bytes) for room on segment %llu", o->key,
+        FR_DEBUG("store", "evicting '%s' (%llu bytes) for room on segment %016llx", o->key,
                  (unsigned long long)o->size, (unsigned long long)s->id);
         fr_rec r = { .type = FR_REC_OBJ_EVICT, .key = meta_span(o->key) };
         int rc = meta_commit(m, &r);

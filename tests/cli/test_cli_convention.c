@@ -1,5 +1,4 @@
-/* The command-line convention (docs/operations.md, "Command-line
- * convention"), for every command `ferry help` lists and the internal
+/* The command-line convention (docs/operations.md, "Command line"), for every command `ferry help` lists and the internal
  * _target: --help and -h print the command's usage on stdout and exit 0;
  * --bogus exits 2 and the first line on stderr names '--bogus'; the
  * --opt=value form reaches the option (a bad value is refused by that
@@ -8,8 +7,9 @@
  * the top-level help names every command and sub-form; plan --models
  * --json; progress without a terminal is whole lines without '\r'; and a
  * cluster of `ferry up --detach` is shown by `ferry status` with its one
- * node, whose id has the same 16 hex digits in status, the master's log
- * and the node's metrics. Commands that would start processes are
+ * node, the node's id and the segment's each the same 16 hex digits in
+ * ferry up's line, status's tables, the master's log, the node's metrics
+ * and status's JSON. Commands that would start processes are
  * refused before they do, so each returns at once (under `timeout`). */
 #include <ctype.h>
 #include <setjmp.h>
@@ -155,6 +155,10 @@ static void test_equals_form(void **state)
     first_line_has("--json takes no value");
     assert_int_equal(run("up --dir=/nonexistent/ferry-conv --det"), 2);
     first_line_has("'--det' (did you mean --detach?)");
+    assert_int_equal(run("master --dir=/nonexistent/ferry-conv --heartbeat 500"), 2);
+    first_line_has("'--heartbeat' (did you mean --heartbeat-timeout?)");
+    assert_int_equal(run("bench weights --convert-only=1"), 2);   /* the bench's own flag */
+    first_line_has("--convert-only takes no value");
     assert_int_equal(run("demo engine extra"), 2);
     first_line_has("unexpected argument 'extra'");
     /* a top-level word that is no command */
@@ -301,24 +305,32 @@ static void test_status_and_node_ids(void **state)
     int st = run("up --detach --metrics --dir=%s --size=64M", g_dir);
     unsetenv("FERRY_LOG");
     assert_int_equal(st, 0);
+    char up_seg[64];
+    const char *u = strstr(out, "node segment ");
+    assert_non_null(u);
+    assert_int_equal(sscanf(u + 13, "%63s", up_seg), 1);
     assert_int_equal(run("status --dir=%s", g_dir), 0);
     assert_non_null(strstr(out, ", nodes 1, "));   /* not 0: the nodes are an array */
-    char id_seg[64], id_node[64], id[32];
+    char seg[64], id_seg[64], id_node[64], id[32];
+    assert_true(word_after(out, "segment ", 0, seg, sizeof seg));
     assert_true(word_after(out, "segment ", 1, id_seg, sizeof id_seg));
     assert_true(word_after(out, "node ", 0, id_node, sizeof id_node));
+    assert_true(is_id(seg));
+    assert_string_equal(seg, up_seg);   /* ferry up's line: the same form */
     assert_true(is_id(id_node));
     assert_string_equal(id_seg, id_node);
     /* the master's log line of the mount */
     char log[1 << 15];
     assert_int_equal(ft_run(log, sizeof log, "cat '%s/master.log'", g_dir), 0);
-    char want[64];
+    char want[256];
     snprintf(want, sizeof want, "node %s", id_node);
     const char *l = strstr(log, want);
     assert_non_null(l);
-    assert_non_null(strstr(l, "mounted segment"));
+    snprintf(want, sizeof want, "mounted segment %s ", seg);
+    assert_non_null(strstr(l, want));
     /* the node's metrics label */
     assert_int_equal(ft_run(out, sizeof out, "curl -sf \"$(cat '%s/node.metrics')\"", g_dir), 0);
-    snprintf(want, sizeof want, "ferry_node_info{node=\"%s\"", id_node);
+    snprintf(want, sizeof want, "ferry_node_info{node=\"%s\",segment=\"%s\"", id_node, seg);
     assert_non_null(strstr(out, want));
     /* the JSON form carries the same id, as a number */
     assert_int_equal(run("status --json --dir %s", g_dir), 0);
