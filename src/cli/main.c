@@ -27,7 +27,8 @@ static void usage(FILE *f)
             "  demo --sparse [--density D] [--rollouts N] [--ep N] [--generations N] [--json] ...\n"
             "                                sparse COO delta generations applied by EP x TP rollouts\n"
             "  bench weights [--rollouts N] [--dp N] [--bytes SIZE] [--model PRESET] [--reps N] [--json]\n"
-            "                                weight-update time (single-pull, naive, compat) against the memcpy floor\n"
+            "                                weight-update time (single-pull, naive, compat) against\n"
+            "                                the memcpy floor\n"
             "  bench weights --convert-only [--json]\n"
             "                                dtype conversion (f32 -> bf16/f16) against memcpy\n"
             "  bench weights --scale [--model PRESET] [--src LAYOUT] [--dst LAYOUT] [--workers N] [--json]\n"
@@ -71,7 +72,7 @@ static void usage(FILE *f)
             "environment: FERRY_TOKEN / FERRY_TOKEN_FILE (cluster token), FERRY_MASTER=HOST:PORT,\n"
             "             FERRY_HOME (state of up/down/status), FERRY_LOG=debug|info|warn|error|off,\n"
             "             FERRY_LOG_FORMAT=json, FERRY_TRANSPORT=shm|tcp (force a transport),\n"
-            "             FERRY_LISTEN=HOST:PORT\n");
+            "             FERRY_LISTEN=HOST:PORT, FERRY_PROGRESS_SECONDS=N (progress lines off a terminal)\n");
 }
 
 static void usage_token(FILE *f)
