@@ -281,22 +281,16 @@ static int parse(int argc, char **argv, bench_opts *o)
 {
     *o = (bench_opts){.transport = "shm", .total = 1ull << 30, .streams = 4, .threads = 2, .reps = 3,
                       .row = 4 << 10, .stride = 16 << 10};
-    static const char *const value_opts[] = { "--transport", "--block", "--total", "--streams",
-                                              "--threads", "--reps", "--rows", "--row", "--stride",
-                                              NULL };
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (cli_is_help(a))
-            return CLI_HELP;
-        if (!strcmp(a, "--json")) {
-            o->json = true;
-            continue;
-        }
-        if (!v)
-            return cli_bad_arg("bench engine", a, value_opts);
-        i++;
+    /* argv[0] is "bench", argv[1] "engine" */
+    cli_getopt g;
+    cli_getopt_init(&g, "bench engine", argc - 1, argv + 1,
+                    "transport=,block=,total=,streams=,threads=,reps=,rows=,row=,stride=,json");
+    while (cli_getopt_next(&g)) {
+        const char *a = g.opt, *v = g.val;
         int rc = 0;
-        if (!strcmp(a, "--transport")) {
+        if (!strcmp(a, "--json"))
+            o->json = true;
+        else if (!strcmp(a, "--transport")) {
             if (strcmp(v, "shm") && strcmp(v, "tcp")) {
                 fprintf(stderr, "ferry: --transport wants shm or tcp, not '%s'\n", v);
                 return -1;
@@ -322,10 +316,13 @@ static int parse(int argc, char **argv, bench_opts *o)
         else if (!strcmp(a, "--stride"))
             rc = cli_opt_size(a, v, 1, UINT64_MAX, &o->stride);
         else
-            return cli_bad_arg("bench engine", a, NULL);
+            return cli_getopt_unhandled(&g);
         if (rc < 0)
             return -1;
     }
+    int pr = cli_getopt_end(&g, 0);
+    if (pr != 0)
+        return pr;
     /* the rows must fit the buffers: packed here, stride apart there */
     uint64_t ext;
     if (o->rows && (__builtin_mul_overflow(o->rows - 1, o->stride, &ext) || o->row > o->total ||

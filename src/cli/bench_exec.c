@@ -57,32 +57,35 @@ static void on_signal(int sig)
 
 static void usage_exec(FILE *f)
 {
-    fprintf(f, "usage: ferry bench exec [--model PRESET (qwen3-8b)] [--bytes SIZE (1G)] [--src LAYOUT (fsdp:8)]\n"
-               "                        [--dst LAYOUT (tp:4,dp:2)] [--reps N (3)] [--threads N] [--window N]\n"
-               "                        [--max-ops N] [--json]\n"
+    fprintf(f, "usage: ferry bench exec [--model PRESET] [--bytes SIZE] [--src LAYOUT] [--dst LAYOUT]\n"
+               "                        [--reps N] [--threads N] [--window N] [--max-ops N] [--json]\n"
                "\n"
                "Reshard a model slice between worker processes (sink and reader executors) against\n"
-               "the memcpy floor measured in the same run.\n");
+               "the memcpy floor measured in the same run.\n"
+               "\n"
+               "  --model PRESET  tensor shapes of this preset (default qwen3-8b)\n"
+               "  --bytes SIZE    the slice of the model moved (default 1G)\n"
+               "  --src LAYOUT    the sources' layout (default fsdp:8)\n"
+               "  --dst LAYOUT    the targets' layout (default tp:4,dp:2)\n"
+               "  --reps N        best of N runs each way (default 3)\n"
+               "  --threads N     shm copy threads per worker, 1-64 (default: the engine's)\n"
+               "  --window N      batches in flight, 1-4096 (default: the executor's)\n"
+               "  --max-ops N     ops per batch (default: the executor's)\n"
+               "  --json          one JSON object on stdout (default: a table)\n");
 }
 
 static int parse(int argc, char **argv, bx_opts *o)
 {
     *o = (bx_opts){.model = "qwen3-8b", .src = "fsdp:8", .dst = "tp:4,dp:2", .bytes = 1ull << 30, .reps = 3};
-    static const char *const value_opts[] = { "--model", "--src", "--dst", "--bytes", "--reps",
-                                              "--threads", "--window", "--max-ops", NULL };
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (cli_is_help(a))
-            return CLI_HELP;
-        if (!strcmp(a, "--json")) {
-            o->json = true;
-            continue;
-        }
-        if (!v)
-            return cli_bad_arg("bench exec", a, value_opts);
-        i++;
+    cli_getopt g;
+    cli_getopt_init(&g, "bench exec", argc, argv,
+                    "model=,src=,dst=,bytes=,reps=,threads=,window=,max-ops=,json");
+    while (cli_getopt_next(&g)) {
+        const char *a = g.opt, *v = g.val;
         int rc = 0;
-        if (!strcmp(a, "--model"))
+        if (!strcmp(a, "--json"))
+            o->json = true;
+        else if (!strcmp(a, "--model"))
             o->model = v;
         else if (!strcmp(a, "--src"))
             o->src = v;
@@ -99,11 +102,11 @@ static int parse(int argc, char **argv, bx_opts *o)
         else if (!strcmp(a, "--max-ops"))
             rc = cli_opt_uint(a, v, 1, 1u << 24, &o->max_ops);
         else
-            return cli_bad_arg("bench exec", a, NULL);
+            return cli_getopt_unhandled(&g);
         if (rc < 0)
             return -1;
     }
-    return 0;
+    return cli_getopt_end(&g, 0);
 }
 
 /* Best-of-3 single-threaded memcpy between two pre-touched buffers, GB/s.

@@ -72,21 +72,16 @@ static void usage_scale(FILE *f)
 static int parse_scale(int argc, char **argv, scale_opts *o)
 {
     *o = (scale_opts){ .model = "kimi-k2", .src = "fsdp:256", .dst = "ep:16,tp:8", .gpn = 8 };
-    static const char *const value_opts[] = { "--model", "--src", "--dst", "--gpus-per-node",
-                                              "--workers", NULL };
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (cli_is_help(a))
-            return CLI_HELP;
+    cli_getopt g;
+    cli_getopt_init(&g, "bench weights --scale", argc, argv,
+                    "scale,model=,src=,dst=,gpus-per-node=,workers=,json");
+    while (cli_getopt_next(&g)) {
+        const char *a = g.opt, *v = g.val;
         if (!strcmp(a, "--scale"))
-            continue;
-        if (!strcmp(a, "--json")) {
+            ;   /* the form's own word */
+        else if (!strcmp(a, "--json"))
             o->json = true;
-            continue;
-        }
-        if (!v)
-            return cli_bad_arg("bench weights --scale", a, value_opts);
-        if (!strcmp(a, "--model"))
+        else if (!strcmp(a, "--model"))
             o->model = v;
         else if (!strcmp(a, "--src"))
             o->src = v;
@@ -99,10 +94,9 @@ static int parse_scale(int argc, char **argv, scale_opts *o)
             if (cli_opt_unsigned(a, v, 1, 1u << 20, &o->workers) < 0)
                 return -1;
         } else
-            return cli_bad_arg("bench weights --scale", a, value_opts);
-        i++;
+            return cli_getopt_unhandled(&g);
     }
-    return 0;
+    return cli_getopt_end(&g, 0);
 }
 
 /* VmHWM (peak resident) or VmRSS (now) of this process. */

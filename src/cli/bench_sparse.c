@@ -374,31 +374,27 @@ static void usage_sparse(FILE *f)
 static int parse(int argc, char **argv, sp_opts *o)
 {
     *o = (sp_opts){.reps = 5, .tp = 8, .tile = {128, 128}, .seed = 0x9e3779b97f4a7c15ull};
-    static const char *const value_opts[] = { "--reps", "--tp", "--tile", NULL };
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (cli_is_help(a))
-            return CLI_HELP;
-        if (!strcmp(a, "--json") || !strcmp(a, "--no-store")) {
-            *(a[2] == 'j' ? &o->json : &o->no_store) = true;
-            continue;
-        }
-        if (!v)
-            return cli_bad_arg("bench sparse", a, value_opts);
-        i++;
-        int rc;
-        if (!strcmp(a, "--reps"))
+    cli_getopt g;
+    cli_getopt_init(&g, "bench sparse", argc, argv, "reps=,tp=,tile=,no-store,json");
+    while (cli_getopt_next(&g)) {
+        const char *a = g.opt, *v = g.val;
+        int rc = 0;
+        if (!strcmp(a, "--json"))
+            o->json = true;
+        else if (!strcmp(a, "--no-store"))
+            o->no_store = true;
+        else if (!strcmp(a, "--reps"))
             rc = cli_opt_unsigned(a, v, 1, 100000, &o->reps);
         else if (!strcmp(a, "--tp"))
             rc = cli_opt_unsigned(a, v, 1, 64, &o->tp);
         else if (!strcmp(a, "--tile"))
             rc = parse_tile(a, v, o->tile);
         else
-            return cli_bad_arg("bench sparse", a, NULL);
+            return cli_getopt_unhandled(&g);
         if (rc < 0)
             return -1;
     }
-    return 0;
+    return cli_getopt_end(&g, 0);
 }
 
 static void print_case(const sp_opts *op, const sp_case_in *c, const sp_result *r, bool first)

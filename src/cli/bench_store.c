@@ -607,6 +607,10 @@ static void usage_store(FILE *f)
     fprintf(f,
             "usage: ferry bench store [--clients N] [--seconds N] [--size SIZE] [--total SIZE]\n"
             "                         [--object SIZE] [--batch N] [--reps N] [--no-sync] [--json]\n"
+            "\n"
+            "Store metadata operations per second, and put/get throughput against the engine\n"
+            "and memcpy measured in the same run (a private master and node).\n"
+            "\n"
             "  --clients N    metadata client processes (4)\n"
             "  --seconds N    metadata phase duration (3)\n"
             "  --size SIZE    the node's segment (1G)\n"
@@ -614,32 +618,26 @@ static void usage_store(FILE *f)
             "  --object SIZE  object and engine block size (4M)\n"
             "  --batch N      objects per batch_put_from / batch_get_into call (64)\n"
             "  --reps N       best of N passes (3)\n"
-            "  --no-sync      the master does not fsync its log (not the durable setup)\n");
+            "  --no-sync      the master does not fsync its log (not the durable setup;\n"
+            "                 default: it does)\n"
+            "  --json         one JSON object on stdout (default: a table)\n");
 }
 
 static int parse(int argc, char **argv, bs_opts *o)
 {
     *o = (bs_opts){ .size = 1ull << 30, .total = 512ull << 20, .object = 4ull << 20,
                     .clients = 4, .seconds = 3, .reps = 3, .batch = 64, .sync = true };
-    static const char *const value_opts[] = { "--size", "--total", "--object", "--clients",
-                                              "--seconds", "--reps", "--batch", NULL };
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (cli_is_help(a))
-            return CLI_HELP;
-        if (!strcmp(a, "--json")) {
+    cli_getopt g;
+    cli_getopt_init(&g, "bench store", argc, argv,
+                    "size=,total=,object=,clients=,seconds=,reps=,batch=,no-sync,json");
+    while (cli_getopt_next(&g)) {
+        const char *a = g.opt, *v = g.val;
+        int rc = 0;
+        if (!strcmp(a, "--json"))
             o->json = true;
-            continue;
-        }
-        if (!strcmp(a, "--no-sync")) {
+        else if (!strcmp(a, "--no-sync"))
             o->sync = false;
-            continue;
-        }
-        if (!v)
-            return cli_bad_arg("bench store", a, value_opts);
-        i++;
-        int rc;
-        if (!strcmp(a, "--size"))   /* the node's segment: ferry node wants 1 MiB at least */
+        else if (!strcmp(a, "--size"))   /* the node's segment: ferry node wants 1 MiB at least */
             rc = cli_opt_size(a, v, 1u << 20, UINT64_MAX, &o->size);
         else if (!strcmp(a, "--total"))
             rc = cli_opt_size(a, v, 1, UINT64_MAX, &o->total);
@@ -654,10 +652,13 @@ static int parse(int argc, char **argv, bs_opts *o)
         else if (!strcmp(a, "--batch"))
             rc = cli_opt_unsigned(a, v, 1, BATCH_MAX, &o->batch);
         else
-            return cli_bad_arg("bench store", a, NULL);
+            return cli_getopt_unhandled(&g);
         if (rc < 0)
             return -1;
     }
+    int pr = cli_getopt_end(&g, 0);
+    if (pr != 0)
+        return pr;
     if (o->object <= o->total && o->total <= o->size && o->object >= 8)
         return 0;
     fprintf(stderr, "ferry bench store: need --object <= --total <= --size\n");

@@ -92,9 +92,10 @@ static void print_convert(const conv_bench *cb, bool json)
 
 static void usage_weights(FILE *f)
 {
-    fprintf(f, "usage: ferry bench weights [--trainers N (4)] [--rollouts N (4)] [--dp N] "
+    fprintf(f, "usage: ferry bench weights [--trainers N (4)] [--rollouts N (4)] [--dp N (2 if it divides)] "
                "[--bytes SIZE (1G)] [--model PRESET (qwen3-8b)] [--reps N (3)] [--json]\n"
                "                           [--convert-only] | --scale [...] (see --scale --help)\n"
+               "                           | --torch [...] (against torch.save and gloo; see --torch --help)\n"
                "  --convert-only  only the f32 -> bf16/f16 conversion against memcpy (no "
                "cluster)\n");
 }
@@ -111,24 +112,11 @@ int cmd_bench_weights(int argc, char **argv, const char *self)
     for (int i = 1; i < argc; i++)   /* --torch: against torch.save and gloo (Python) */
         if (!strcmp(argv[i], "--torch"))
             return cmd_bench_torch(argc, argv, self);
-    /* --convert-only is this command's own; the rest are the demo's */
-    bool convert_only = false;
-    char **args = malloc(((size_t)argc + 1) * sizeof *args);
-    if (!args)
-        return 1;
-    int nargs = 0;
-    for (int i = 0; i < argc; i++) {
-        if (i > 0 && !strcmp(argv[i], "--convert-only"))
-            convert_only = true;
-        else
-            args[nargs++] = argv[i];
-    }
-    args[nargs] = NULL;
-    demo_opts o;
-    int pr = demo_parse("bench weights", nargs, args, "--reps", 3, 1ull << 30, &o);
-    free(args);
+    demo_opts o;   /* the demo's options, and --convert-only */
+    int pr = demo_parse("bench weights", argc, argv, "--reps", 3, 1ull << 30, &o);
     if (pr != 0)
         return cli_usage_exit(pr, usage_weights);
+    bool convert_only = o.convert_only;
     conv_bench cb;
     if (bench_convert(&cb) < 0) {
         fprintf(stderr, "ferry bench weights: no memory for the 2 x 256 MiB conversion buffers\n");

@@ -4,6 +4,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <getopt.h>
 #include <stdio.h>
 #include <sys/types.h>
 
@@ -32,14 +33,51 @@ int cli_opt_size(const char *opt, const char *v, uint64_t min, uint64_t max, uin
  * cli_usage_exit turns that into the exit status. */
 #define CLI_HELP 1
 bool cli_is_help(const char *a);
-/* a is an argument that no option of cmd ("demo rl") took: one line to
- * stderr naming it, e.g. "ferry demo rl: unknown option '--bogus'", and -1.
- * value_opts (NULL-terminated, may be NULL) are cmd's options that take a
- * value: a last argument that is one of them is reported as missing it. */
-int cli_bad_arg(const char *cmd, const char *a, const char *const *value_opts);
 /* pr from an option loop: CLI_HELP prints usage to stdout and gives 0, a
  * negative pr prints it to stderr and gives 2. */
 int cli_usage_exit(int pr, void (*usage)(FILE *f));
+/* The option loop of every command, on getopt_long:
+ *
+ *   cli_getopt g;
+ *   cli_getopt_init(&g, "demo rl", argc, argv, "rollouts=,steps=,json");
+ *   while (cli_getopt_next(&g)) {
+ *       if (cli_getopt_is(&g, "--json")) o->json = true;
+ *       else if (cli_getopt_is(&g, "--steps")) { if (cli_opt_uint(g.opt, g.val, ...) < 0) return -1; }
+ *       else return cli_getopt_unhandled(&g);
+ *   }
+ *   return cli_getopt_end(&g, 0);
+ *
+ * spec lists the long options, a trailing '=' for one that takes a value;
+ * --help/-h is added (and wins wherever it is). `--opt value` and
+ * `--opt=value` both work; a prefix of a name does not (a new option never
+ * changes an old command line). argv[0] is the command word; the others
+ * may come in any order. An unknown option, a missing value and a flag given
+ * a value each get one line on stderr that names the option, and the loop
+ * ends: cli_getopt_end gives -1. */
+#define CLI_GETOPT_MAX 48
+typedef struct cli_getopt {
+    const char *cmd;              /* "demo rl", for messages */
+    int argc;
+    char **argv;
+    struct option lo[CLI_GETOPT_MAX + 2];
+    char names[1024];
+    bool help, failed, done;
+    char opt[72];                 /* the option just returned: "--steps" */
+    const char *val;              /* its value (NULL for a flag) */
+    int npos;                     /* once done: the arguments that are not options */
+    char **pos;
+} cli_getopt;
+void cli_getopt_init(cli_getopt *g, const char *cmd, int argc, char **argv, const char *spec);
+/* true: an option is in g->opt (and g->val); false: none left, help, or a
+ * refusal already reported. */
+bool cli_getopt_next(cli_getopt *g);
+bool cli_getopt_is(const cli_getopt *g, const char *opt);
+/* The loop's verdict: CLI_HELP, -1 (reported), or 0; more than max_pos
+ * arguments that are not options are refused, the first extra one named. */
+int cli_getopt_end(cli_getopt *g, int max_pos);
+/* An option of the spec that the loop has no branch for (a programming
+ * error, said as one): -1. */
+int cli_getopt_unhandled(cli_getopt *g);
 /* Format bytes as "4 MiB" etc. into buf. */
 const char *cli_fmt_size(uint64_t n, char *buf, size_t len);
 double cli_now(void);   /* monotonic seconds */
@@ -65,8 +103,12 @@ void cli_target_stop(cli_target *t);
 /* The child side. */
 int cli_target_main(int argc, char **argv);
 
-/* Progress line on stderr (only when stderr is a terminal). */
+/* Progress on stderr: on a terminal one line rewritten in place (`\r`);
+ * otherwise "ferry: progress: WHAT 42% (12 s)" lines, at most one every
+ * FERRY_PROGRESS_SECONDS (default 5; 0: every update), never a `\r`.
+ * cli_progress_text is the same with free text ("step 3/6: ..."). */
 void cli_progress(const char *what, double frac);
+void cli_progress_text(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void cli_progress_done(void);
 
 int cmd_bench(int argc, char **argv, const char *self);

@@ -63,6 +63,17 @@ int cli_args_parse(const char *cmd, int argc, char **argv, const cli_optdef *def
                 fprintf(stderr, "ferry %s: unknown option '%s'\n", cmd, bad);
             return -1;
         }
+        /* whole names only, as every command (cli_getopt.c): --hear is no
+         * --heartbeat-timeout */
+        const char *given = argv[optind - 1];
+        if (optarg && optarg == given && optind >= 2)
+            given = argv[optind - 2];
+        const char *name = c == 'c' ? "config" : c == 'h' ? "help" : defs[c - 256].name;
+        opt_text(given, bad, sizeof bad);
+        if (strncmp(bad, "--", 2) == 0 && strcmp(bad + 2, name) != 0) {
+            fprintf(stderr, "ferry %s: unknown option '%s' (did you mean --%s?)\n", cmd, bad, name);
+            return -1;
+        }
         if (c == 'c') {
             out->config = optarg;
             continue;

@@ -110,30 +110,31 @@ static void run_one(const char *self, const char *transport, uint64_t total, dem
 
 static void usage_engine(FILE *f)
 {
-    fprintf(f, "usage: ferry demo engine [--size SIZE (256M)] [--json]\n"
+    fprintf(f, "usage: ferry demo engine [--size SIZE] [--json]\n"
                "\n"
                "A target process registers SIZE bytes; this process writes them with one-sided\n"
-               "WRITEs and reads them back with READs over shm and over tcp, checking every byte.\n");
+               "WRITEs and reads them back with READs over shm and over tcp, checking every byte.\n"
+               "\n"
+               "  --size SIZE  bytes moved each way per transport (default 256M)\n"
+               "  --json       one JSON object on stdout (default: a table)\n");
 }
 
 static int parse_engine(int argc, char **argv, uint64_t *total, bool *json)
 {
-    static const char *const value_opts[] = { "--size", NULL };
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (cli_is_help(a))
-            return CLI_HELP;
-        if (!strcmp(a, "--json")) {
+    cli_getopt g;
+    cli_getopt_init(&g, "demo engine", argc, argv, "size=,json");
+    while (cli_getopt_next(&g)) {
+        if (cli_getopt_is(&g, "--json")) {
             *json = true;
-        } else if (!strcmp(a, "--size") && i + 1 < argc) {
-            if (cli_opt_size(a, argv[++i], 1, 1ull << 40, total) < 0)
+        } else if (cli_getopt_is(&g, "--size")) {
+            if (cli_opt_size(g.opt, g.val, 1, 1ull << 40, total) < 0)
                 return -1;
             *total = (*total + DEMO_BLOCK - 1) / DEMO_BLOCK * DEMO_BLOCK;
         } else {
-            return cli_bad_arg("demo engine", a, value_opts);
+            return cli_getopt_unhandled(&g);
         }
     }
-    return 0;
+    return cli_getopt_end(&g, 0);
 }
 
 int cmd_demo_engine(int argc, char **argv, const char *self)

@@ -31,12 +31,13 @@ int demo_rollout_main(int argc, char **argv);
 
 /* Options shared by `ferry demo` and `ferry bench weights`: --trainers,
  * --rollouts, --dp (0: 2 when it divides the rollouts), --bytes, --model,
- * --json, and a count flag (--generations / --reps). */
+ * --json, and a count flag (--generations / --reps; with --reps, the
+ * bench's --convert-only too). */
 typedef struct demo_opts {
     unsigned trainers, rollouts, dp, count;
     uint64_t bytes;
     char model[64];
-    bool json;
+    bool json, convert_only;
 } demo_opts;
 /* cmd names the command in messages ("demo"); 0, CLI_HELP or -1 (cli.h). */
 int demo_parse(const char *cmd, int argc, char **argv, const char *count_flag, unsigned count,

@@ -374,8 +374,8 @@ int demo_rl_update_main(int argc, char **argv)
             fprintf(pubs, "%.6f\n", secs);
             ferry_sample_queue_set_version(q, k + 1);
             if (rank == 0)
-                fprintf(stderr, "\r  step %u/%u: version %u published, %" PRIu64 " samples trained  ",
-                        k, steps, k + 1, total);
+                cli_progress_text("step %u/%u: version %u published, %" PRIu64 " samples trained",
+                                  k, steps, k + 1, total);
         }
     }
     if (rc < 0) {
@@ -427,22 +427,16 @@ static int parse_rl(int argc, char **argv, rl_opts *o)
     *o = (rl_opts){ .rollouts = 3, .updaters = 1, .steps = 6, .batch = 64, .tokens = 256,
                     .lag = 0, .rate = 60, .train_ms = 100, .weight_bytes = 8u << 20,
                     .bound = 0, .recompute = true };
-    static const char *const value_opts[] = { "--rollouts", "--updaters", "--steps", "--batch",
-                                              "--tokens", "--bound", "--max-policy-lag", "--rate",
-                                              "--train-ms", "--stale", "--weights", NULL };
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (cli_is_help(a))
-            return CLI_HELP;
-        if (!strcmp(a, "--json")) {
-            o->json = true;
-            continue;
-        }
-        if (!v)
-            return cli_bad_arg("demo rl", a, value_opts);
-        i++;
+    cli_getopt g;
+    cli_getopt_init(&g, "demo rl", argc, argv,
+                    "rollouts=,updaters=,steps=,batch=,tokens=,bound=,max-policy-lag=,rate=,"
+                    "train-ms=,stale=,weights=,json");
+    while (cli_getopt_next(&g)) {
+        const char *a = g.opt, *v = g.val;
         int rc = 0;
-        if (!strcmp(a, "--rollouts"))
+        if (!strcmp(a, "--json"))
+            o->json = true;
+        else if (!strcmp(a, "--rollouts"))
             rc = cli_opt_unsigned(a, v, 1, 64, &o->rollouts);
         else if (!strcmp(a, "--updaters"))
             rc = cli_opt_unsigned(a, v, 1, 64, &o->updaters);
@@ -469,10 +463,13 @@ static int parse_rl(int argc, char **argv, rl_opts *o)
         } else if (!strcmp(a, "--weights"))
             rc = cli_opt_size(a, v, 4096 * NT, 1ull << 40, &o->weight_bytes);
         else
-            return cli_bad_arg("demo rl", a, NULL);
+            return cli_getopt_unhandled(&g);
         if (rc < 0)
             return -1;
     }
+    int pr = cli_getopt_end(&g, 0);
+    if (pr != 0)
+        return pr;
     /* The bound counts leased records too: below the batches every update
      * process holds at once, producers and consumers would wait on each
      * other until leases lapse. */
@@ -619,7 +616,8 @@ int cmd_demo_rl(int argc, char **argv)
     for (unsigned u = 0; u < o.updaters; u++) {
         unsigned long long n = 0;
         if (demo_child_line(&up[u], line, sizeof line) < 0 || sscanf(line, "OK %llu", &n) != 1) {
-            fprintf(stderr, "\nferry demo rl: update process %u: %s\n", u, line);
+            fprintf(stderr, "%sferry demo rl: update process %u: %s\n", isatty(2) ? "\n" : "", u,
+                    line);
             ok = false;
         }
         trained_steps += n;
@@ -650,15 +648,16 @@ int cmd_demo_rl(int argc, char **argv)
         if (demo_child_line(&up[u], line, sizeof line) < 0 ||
             sscanf(line, "OK %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3],
                    &v[4], &v[5], &v[6]) != 7) {
-            fprintf(stderr, "\nferry demo rl: update process %u: %s\n", u, line);
+            fprintf(stderr, "%sferry demo rl: update process %u: %s\n", isatty(2) ? "\n" : "", u,
+                    line);
             ok = false;
         }
         trained += v[0], popped += v[1], stale += v[2], dropped += v[3], sent_back += v[4],
             dups += v[5];
     }
     double total_s = cli_now() - t0;
-    if (!o.json)
-        fprintf(stderr, "\n");
+    if (!o.json && isatty(2))
+        fprintf(stderr, "\n");   /* ends the updater's progress line */
 
     /* accounting over the ids */
     vec pid = { .sz = sizeof(char *) }, tid = { .sz = sizeof(char *) };

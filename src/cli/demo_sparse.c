@@ -558,24 +558,18 @@ static int parse_sparse(int argc, char **argv, sp_spec *o)
     *o = (sp_spec){ .hidden = 512, .ffn = 1024, .experts = 8, .ep = 2, .tp = 0, .layers = 1,
                     .trainers = 2, .gens = 3, .ppm = 10000 };
     unsigned rollouts = 4;
-    static const char *const value_opts[] = { "--rollouts", "--ep", "--trainers", "--generations",
-                                              "--hidden", "--ffn", "--experts", "--layers", "--tile",
-                                              "--density", NULL };
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--json")) {
-            o->json = true;
-            continue;
-        }
-        if (!strcmp(a, "--sparse") || !strcmp(a, "sparse"))
-            continue;   /* however the dispatcher passed its own word */
-        if (cli_is_help(a))
-            return CLI_HELP;
-        if (!v)
-            return cli_bad_arg("demo --sparse", a, value_opts);
-        i++;
+    cli_getopt g;
+    cli_getopt_init(&g, "demo --sparse", argc, argv,
+                    "sparse,rollouts=,ep=,trainers=,generations=,hidden=,ffn=,experts=,layers=,"
+                    "tile=,density=,json");
+    while (cli_getopt_next(&g)) {
+        const char *a = g.opt, *v = g.val;
         int rc = 0;
-        if (!strcmp(a, "--rollouts"))
+        if (!strcmp(a, "--json"))
+            o->json = true;
+        else if (!strcmp(a, "--sparse"))
+            ;   /* the form's own word */
+        else if (!strcmp(a, "--rollouts"))
             rc = cli_opt_unsigned(a, v, 1, 64, &rollouts);
         else if (!strcmp(a, "--ep"))
             rc = cli_opt_unsigned(a, v, 1, 64, &o->ep);
@@ -599,10 +593,13 @@ static int parse_sparse(int argc, char **argv, sp_spec *o)
             if ((rc = cli_opt_double(a, v, 1e-6, 1, &d)) == 0)
                 o->ppm = (uint32_t)(d * 1e6 + 0.5);
         } else
-            return cli_bad_arg("demo --sparse", a, NULL);
+            return cli_getopt_unhandled(&g);
         if (rc < 0)
             return -1;
     }
+    int pr = cli_getopt_end(&g, 0);
+    if (pr != 0)
+        return pr;
     if (rollouts % o->ep) {
         fprintf(stderr, "ferry: --rollouts %u is not a multiple of --ep %u\n", rollouts, o->ep);
         return -1;

@@ -73,15 +73,24 @@ static void print_phases(const gen_row *rows, unsigned ng, uint64_t model_bytes)
 
 static void demo_usage(FILE *f)
 {
-    fprintf(f, "usage: ferry demo [--trainers N (4)] [--rollouts N (4)] [--dp N (2 if it divides)]\n"
-               "                  [--generations N (3)] [--bytes SIZE (2G)] [--model PRESET (qwen3-8b)]\n"
-               "                  [--json]\n"
-               "       ferry demo engine [--size SIZE] [--json]\n"
-               "       ferry demo rl [--rollouts N] [--updaters N] [--steps N] ... (--help)\n"
-               "       ferry demo --sparse [--density D] [--generations N] ... (--help)\n"
+    fprintf(f, "usage: ferry demo [--trainers N] [--rollouts N] [--dp N] [--generations N]\n"
+               "                  [--bytes SIZE] [--model PRESET] [--json]\n"
+               "       ferry demo engine [--size SIZE] [--json]          (ferry demo engine --help)\n"
+               "       ferry demo rl [--rollouts N] [--steps N] ...      (ferry demo rl --help)\n"
+               "       ferry demo --sparse [--density D] ...             (ferry demo --sparse --help)\n"
                "\n"
                "Trainer processes publish weight generations of a model with its real tensor shapes;\n"
-               "rollout processes take each one parameter-direct and whole, checking every byte.\n");
+               "rollout processes take each one parameter-direct and whole, checking every byte.\n"
+               "A private master and node are started unless FERRY_MASTER names a running one.\n"
+               "\n"
+               "  --trainers N     trainer processes, 1-64 (default 4)\n"
+               "  --rollouts N     rollout processes, 1-64 (default 4)\n"
+               "  --dp N           rollout data-parallel replicas; TP is rollouts / dp\n"
+               "                   (default 2 when it divides --rollouts, else 1)\n"
+               "  --generations N  weight generations published, 1-64 (default 3)\n"
+               "  --bytes SIZE     the model's tensors up to this many bf16 bytes (default 2G)\n"
+               "  --model PRESET   tensor shapes of this preset (default qwen3-8b; ferry plan --models)\n"
+               "  --json           one JSON object on stdout (default: a table)\n");
 }
 
 int cmd_demo(int argc, char **argv, const char *self)
@@ -90,8 +99,9 @@ int cmd_demo(int argc, char **argv, const char *self)
         return cmd_demo_engine(argc - 1, argv + 1, self);
     if (argc >= 2 && !strcmp(argv[1], "rl"))
         return cmd_demo_rl(argc - 1, argv + 1);
-    if (argc >= 2 && !strcmp(argv[1], "--sparse"))
-        return cmd_demo_sparse(argc - 1, argv + 1);
+    for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
+        if (!strcmp(argv[i], "--sparse"))   /* a form of its own, wherever the flag is */
+            return cmd_demo_sparse(argc, argv);
     demo_opts o;
     int pr = demo_parse("demo", argc, argv, "--generations", 3, 2ull << 30, &o);
     if (pr != 0)

@@ -42,7 +42,8 @@ static void master_usage(FILE *f)
             "when its connection closed and it did not reconnect within --grace, a new node of\n"
             "the same name mounted, or it stayed suspect past --dead-after.\n"
             "\n"
-            "  --dir DIR               state directory (created if needed; one master at a time)\n"
+            "  --dir DIR               state directory (created if needed; one master at a time;\n"
+            "                          required, no default)\n"
             "  --listen HOST:PORT      address to serve (default 127.0.0.1:0: any free port)\n"
             "  --token-file F          cluster token (else FERRY_TOKEN, else FERRY_TOKEN_FILE)\n"
             "  --heartbeat-timeout MS  a node or client silent this long is suspect (10000)\n"
@@ -51,14 +52,18 @@ static void master_usage(FILE *f)
             "  --dead-after MS         a suspect node is dead after this (default 0: never)\n"
             "  --pending-timeout MS    revoke objects whose writer vanished mid-put (60000)\n"
             "  --checkpoint-records N  snapshot after N log records (1000000)\n"
-            "  --addr-file F           write HOST:PORT to F once listening (atomically)\n"
-            "  --no-sync               do not fsync the log (tests and benchmarks only)\n"
+            "  --addr-file F           write HOST:PORT to F once listening (atomically; default:\n"
+            "                          no file)\n"
+            "  --no-sync               do not fsync the log (tests and benchmarks only; default:\n"
+            "                          every commit is fsynced)\n"
             "  --metrics HOST:PORT     serve Prometheus metrics at http://HOST:PORT/metrics\n"
             "                          (port 0: any free one; default: no metrics server)\n"
-            "  --metrics-file F        write the metrics URL to F once serving (atomically)\n"
+            "  --metrics-file F        write the metrics URL to F once serving (atomically;\n"
+            "                          default: no file)\n"
             "  --config FILE           options from a JSON object whose keys are the option\n"
             "                          names (\"dir\", \"heartbeat-timeout\", ...); options on\n"
-            "                          the command line override it (docs/operations.md)\n");
+            "                          the command line override it (docs/operations.md;\n"
+            "                          default: no file)\n");
 }
 
 static int read_token_file(const char *path, ferry_master_config *c)

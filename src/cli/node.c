@@ -39,15 +39,17 @@ static void node_usage(FILE *f)
             "                       declares the old process's objects lost at once instead\n"
             "                       of after its grace period (default: none)\n"
             "  --token-file F       cluster token (else FERRY_TOKEN, else FERRY_TOKEN_FILE)\n"
-            "  --ready-file F       write the segment id to F once mounted (atomically)\n"
+            "  --ready-file F       write the segment id (decimal) to F once mounted (atomically;\n"
+            "                       default: no file)\n"
             "  --heartbeat MS       heartbeat period to the master (default 1000; keep it\n"
             "                       well below the master's --heartbeat-timeout)\n"
             "  --metrics HOST:PORT  serve Prometheus metrics at http://HOST:PORT/metrics\n"
             "                       (port 0: any free one; default: no metrics server)\n"
-            "  --metrics-file F     write the metrics URL to F once serving (atomically)\n"
+            "  --metrics-file F     write the metrics URL to F once serving (atomically;\n"
+            "                       default: no file)\n"
             "  --config FILE        options from a JSON object whose keys are the option\n"
             "                       names (\"master\", \"size\", ...); options on the command\n"
-            "                       line override it (docs/operations.md)\n");
+            "                       line override it (docs/operations.md; default: no file)\n");
 }
 
 /* Write text to path through a temporary file and a rename. */
@@ -176,7 +178,7 @@ int cmd_node(int argc, char **argv)
             fprintf(stderr, "ferry node: cannot write %s: %s\n", x.ready, strerror(errno));
     }
     char sz[32];
-    printf("ferry node %016llx: segment %llu (%s) mounted on the master at %s\n",
+    printf("ferry node %016llx: segment %016llx (%s) mounted on the master at %s\n",
            (unsigned long long)ferry_node_id(n), (unsigned long long)ferry_node_segment(n),
            cli_fmt_size(cfg->segment_size, sz, sizeof sz), cfg->master);
     if (mx)

@@ -19,98 +19,128 @@ typedef struct plan_opts {
     bool walk_all;
     const char *nic;                   /* --nic: the at-scale update model (plan_model.c) */
     uint32_t nics;
+    bool models;                       /* --models: list the presets */
 } plan_opts;
 
 static void usage_plan(FILE *f, bool bench)
 {
     if (bench)
         fprintf(f, "usage: ferry bench plan --model PRESET --src LAYOUT --dst LAYOUT [--gpus-per-node N]\n"
-                        "                        [--baseline-tensors N] [--walk-all] [--json]\n");
+                   "                        [--baseline-tensors N] [--walk-all] [--json]\n"
+                   "\n"
+                   "Reshard planning time (cold and cached) and peak memory, against a naive\n"
+                   "all-pairs planner measured in the same run.\n"
+                   "\n"
+                   "  --model PRESET        the model (ferry plan --models)\n"
+                   "  --src LAYOUT          the trainers' layout, e.g. fsdp:256\n"
+                   "  --dst LAYOUT          the rollouts' layout, e.g. ep:16,tp:8\n"
+                   "  --gpus-per-node N     ranks per node (default 8)\n"
+                   "  --baseline-tensors N  tensors the naive planner is timed on (default 1200)\n"
+                   "  --walk-all            also walk every target rank's runs (default: rank 0)\n"
+                   "  --json                one JSON object on stdout (default: a table)\n");
     else
         fprintf(f, "usage: ferry plan --model PRESET --src LAYOUT --dst LAYOUT [--gpus-per-node N]\n"
-                        "                  [--save-src FILE] [--save-dst FILE] [--runs N] [--dst-rank R] [--json]\n"
-                        "       ferry plan --model PRESET --src LAYOUT --dst LAYOUT [--gpus-per-node N]\n"
-                        "                  --nic 400gbps [--nics-per-node N] [--json]   (weight update per NIC)\n"
-                        "       ferry plan SRC.json DST.json [--runs N] [--dst-rank R] [--json]\n"
-                        "       ferry plan --models\n"
-                        "LAYOUT: comma-separated fsdp:N tp:N dp:N ep:N pp:N (e.g. fsdp:256, tp:8,dp:16,\n"
-                        "        ep:32,tp:8, pp:4,tp:8), or 'replicated'\n");
+                   "                  [--save-src FILE] [--save-dst FILE] [--runs N] [--dst-rank R] [--json]\n"
+                   "       ferry plan --model PRESET --src LAYOUT --dst LAYOUT [--gpus-per-node N]\n"
+                   "                  --nic 400gbps [--nics-per-node N] [--json]   (weight update per NIC)\n"
+                   "       ferry plan SRC.json DST.json [--runs N] [--dst-rank R] [--json]\n"
+                   "       ferry plan --models [--json]\n"
+                   "\n"
+                   "The reshard plan between two layouts of a model preset, or two manifest files.\n"
+                   "\n"
+                   "  --model PRESET     the model (ferry plan --models lists the presets)\n"
+                   "  --src LAYOUT       the trainers' layout\n"
+                   "  --dst LAYOUT       the rollouts' layout\n"
+                   "  --gpus-per-node N  ranks per node (default 8)\n"
+                   "  --save-src FILE    write the source manifest to FILE (default: not written)\n"
+                   "  --save-dst FILE    write the target manifest to FILE (default: not written)\n"
+                   "  --runs N           print the plan's first N byte runs (default 0)\n"
+                   "  --dst-rank R       only the runs of target rank R (default: every rank)\n"
+                   "  --nic BW           model the weight update over NICs of BW (400gbps, 50GB/s)\n"
+                   "  --nics-per-node N  NICs per node for --nic (default 1)\n"
+                   "  --models           list the model presets\n"
+                   "  --json             JSON on stdout (default: text)\n"
+                   "\n"
+                   "LAYOUT: comma-separated fsdp:N tp:N dp:N ep:N pp:N (e.g. fsdp:256, tp:8,dp:16,\n"
+                   "        ep:32,tp:8, pp:4,tp:8), or 'replicated'\n");
 }
 
 static void usage_plan_cmd(FILE *f) { usage_plan(f, false); }
 static void usage_bench_plan(FILE *f) { usage_plan(f, true); }
+
+/* One option of plan or bench plan: 0, or -1 after a line on stderr. */
+static int plan_opt(plan_opts *o, const char *a, const char *v)
+{
+    uint64_t n;
+    int rc = 0;
+    if (!strcmp(a, "--json"))
+        o->json = true;
+    else if (!strcmp(a, "--walk-all"))
+        o->walk_all = true;
+    else if (!strcmp(a, "--models"))
+        o->models = true;
+    else if (!strcmp(a, "--model"))
+        o->model = v;
+    else if (!strcmp(a, "--src"))
+        o->src = v;
+    else if (!strcmp(a, "--dst"))
+        o->dst = v;
+    else if (!strcmp(a, "--save-src"))
+        o->save_src = v;
+    else if (!strcmp(a, "--save-dst"))
+        o->save_dst = v;
+    else if (!strcmp(a, "--gpus-per-node"))
+        rc = cli_opt_unsigned(a, v, 1, 1024, &o->gpn);
+    else if (!strcmp(a, "--runs")) {
+        if ((rc = cli_opt_uint(a, v, 0, 1000000000, &n)) == 0)
+            o->runs = (long)n;
+    } else if (!strcmp(a, "--dst-rank")) {
+        if ((rc = cli_opt_uint(a, v, 0, UINT32_MAX, &n)) == 0)   /* ranks are uint32 */
+            o->dst_rank = (int64_t)n;
+    } else if (!strcmp(a, "--nic"))
+        o->nic = v;
+    else if (!strcmp(a, "--nics-per-node"))
+        rc = cli_opt_unsigned(a, v, 1, 64, &o->nics);
+    else if (!strcmp(a, "--baseline-tensors")) {
+        if ((rc = cli_opt_uint(a, v, 0, 100000000, &n)) == 0)
+            o->baseline_tensors = (size_t)n;
+    } else {
+        fprintf(stderr, "ferry plan: option %s is not handled\n", a);   /* a table bug */
+        rc = -1;
+    }
+    return rc;
+}
 
 static int parse_plan(int argc, char **argv, plan_opts *o, bool bench)
 {
     memset(o, 0, sizeof *o);
     o->dst_rank = -1;
     o->baseline_tensors = 1200;
-    const char *files[2] = {0};
-    int nfiles = 0;
     const char *cmd = bench ? "bench plan" : "plan";
-    static const char *const value_opts[] = { "--model", "--src", "--dst", "--save-src",
-                                              "--save-dst", "--gpus-per-node", "--runs",
-                                              "--dst-rank", "--nic", "--nics-per-node",
-                                              "--baseline-tensors", NULL };
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (cli_is_help(a))
-            return CLI_HELP;
-        if (!strcmp(a, "--json")) {
-            o->json = true;
-            continue;
-        }
-        if (!strcmp(a, "--walk-all") && bench) {
-            o->walk_all = true;
-            continue;
-        }
-        if (a[0] != '-') {
-            if (bench || nfiles == 2)
-                return cli_bad_arg(cmd, a, NULL);
-            files[nfiles++] = a;
-            continue;
-        }
-        if (!v)
-            return cli_bad_arg(cmd, a, value_opts);
-        uint64_t n;
-        int rc = 0;
-        if (!strcmp(a, "--model"))
-            o->model = v;
-        else if (!strcmp(a, "--src"))
-            o->src = v;
-        else if (!strcmp(a, "--dst"))
-            o->dst = v;
-        else if (!strcmp(a, "--save-src") && !bench)
-            o->save_src = v;
-        else if (!strcmp(a, "--save-dst") && !bench)
-            o->save_dst = v;
-        else if (!strcmp(a, "--gpus-per-node"))
-            rc = cli_opt_unsigned(a, v, 1, 1024, &o->gpn);
-        else if (!strcmp(a, "--runs") && !bench) {
-            if ((rc = cli_opt_uint(a, v, 0, 1000000000, &n)) == 0)
-                o->runs = (long)n;
-        } else if (!strcmp(a, "--dst-rank") && !bench) {
-            if ((rc = cli_opt_uint(a, v, 0, UINT32_MAX, &n)) == 0)   /* ranks are uint32 */
-                o->dst_rank = (int64_t)n;
-        } else if (!strcmp(a, "--nic") && !bench)
-            o->nic = v;
-        else if (!strcmp(a, "--nics-per-node") && !bench)
-            rc = cli_opt_unsigned(a, v, 1, 64, &o->nics);
-        else if (!strcmp(a, "--baseline-tensors") && bench) {
-            if ((rc = cli_opt_uint(a, v, 0, 100000000, &n)) == 0)
-                o->baseline_tensors = (size_t)n;
-        } else
-            return cli_bad_arg(cmd, a, NULL);
-        if (rc < 0)
+    cli_getopt g;
+    cli_getopt_init(&g, cmd, argc, argv,
+                    bench ? "model=,src=,dst=,gpus-per-node=,baseline-tensors=,walk-all,json"
+                          : "model=,src=,dst=,gpus-per-node=,save-src=,save-dst=,runs=,dst-rank=,"
+                            "nic=,nics-per-node=,models,json");
+    while (cli_getopt_next(&g))
+        if (plan_opt(o, g.opt, g.val) < 0)
             return -1;
-        i++;
-    }
-    if (nfiles == 2 && !o->model && !o->src && !o->dst) {
-        o->src = files[0];
-        o->dst = files[1];
+    int pr = cli_getopt_end(&g, bench ? 0 : 2);
+    if (pr != 0)
+        return pr;
+    if (o->models)
+        return 0;
+    if (g.npos == 2 && !o->model && !o->src && !o->dst) {
+        o->src = g.pos[0];
+        o->dst = g.pos[1];
         return 0;
     }
-    if (nfiles || !o->model || !o->src || !o->dst) {
+    if (g.npos == 1) {
+        fprintf(stderr, "ferry %s: one manifest file '%s'; the plan needs two (SRC.json DST.json)\n",
+                cmd, g.pos[0]);
+        return -1;
+    }
+    if (g.npos || !o->model || !o->src || !o->dst) {
         fprintf(stderr, "ferry %s: wants --model, --src and --dst%s\n", cmd,
                 bench ? "" : ", or two manifest files");
         return -1;
@@ -239,24 +269,41 @@ static void print_plan(const plan_opts *o, ferry_plan *p, double build_s)
         print_runs(p, o);
 }
 
+/* `ferry plan --models`: the presets, a table or a JSON array. */
+static int print_models(bool json)
+{
+    if (json)
+        printf("[");
+    size_t shown = 0;
+    for (size_t i = 0; ferry_model_preset_name(i); i++) {
+        ferry_model *m;
+        if (ferry_model_preset(ferry_model_preset_name(i), &m, NULL) < 0)
+            continue;
+        if (json)
+            printf("%s{\"name\":\"%s\",\"tensors\":%zu,\"params\":%" PRIu64 ",\"bytes\":%" PRIu64
+                   ",\"layers\":%u,\"experts\":%u}", shown ? "," : "", ferry_model_name(m),
+                   ferry_model_tensor_count(m), ferry_model_param_count(m), ferry_model_bytes(m),
+                   ferry_model_layers(m), ferry_model_experts(m));
+        else
+            printf("%-16s %8zu tensors %18" PRIu64 " params %4u layers %4u experts\n",
+                   ferry_model_name(m), ferry_model_tensor_count(m), ferry_model_param_count(m),
+                   ferry_model_layers(m), ferry_model_experts(m));
+        shown++;
+        ferry_model_free(m);
+    }
+    if (json)
+        printf("]\n");
+    return 0;
+}
+
 int cmd_plan(int argc, char **argv)
 {
-    if (argc >= 2 && !strcmp(argv[1], "--models")) {
-        for (size_t i = 0; ferry_model_preset_name(i); i++) {
-            ferry_model *m;
-            if (ferry_model_preset(ferry_model_preset_name(i), &m, NULL) < 0)
-                continue;
-            printf("%-16s %8zu tensors %18" PRIu64 " params %4u layers %4u experts\n", ferry_model_name(m),
-                   ferry_model_tensor_count(m), ferry_model_param_count(m), ferry_model_layers(m),
-                   ferry_model_experts(m));
-            ferry_model_free(m);
-        }
-        return 0;
-    }
     plan_opts o;
     int pr = parse_plan(argc, argv, &o, false);
     if (pr != 0)
         return cli_usage_exit(pr, usage_plan_cmd);
+    if (o.models)
+        return print_models(o.json);
     if (o.nic)
         return cli_plan_model(o.model, o.src, o.dst, o.gpn, o.nic, o.nics, o.json);
     ferry_manifest *src, *dst;

@@ -60,16 +60,36 @@ static int open_sink(unsigned *port)
     return fd;
 }
 
+static void usage_target(FILE *f)
+{
+    fprintf(f, "usage: ferry _target [--size SIZE] [--listen HOST:PORT]\n"
+               "\n"
+               "The passive side of `ferry demo engine` and `ferry bench engine`, started by them:\n"
+               "an engine with one registered region and a plain TCP sink, driven over stdin.\n"
+               "\n"
+               "  --size SIZE         the region's bytes (default 64M)\n"
+               "  --listen HOST:PORT  the engine's address (default 127.0.0.1:0)\n");
+}
+
 int cli_target_main(int argc, char **argv)
 {
     uint64_t size = 64ull << 20;
     const char *listen = "127.0.0.1:0";
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--size"))
-            size = strtoull(argv[i + 1], NULL, 10);
-        else if (!strcmp(argv[i], "--listen"))
-            listen = argv[i + 1];
+    cli_getopt g;
+    cli_getopt_init(&g, "_target", argc, argv, "size=,listen=");
+    int pr = 0;
+    while (pr == 0 && cli_getopt_next(&g)) {
+        if (cli_getopt_is(&g, "--size"))
+            pr = cli_opt_size(g.opt, g.val, 1, 1ull << 40, &size);
+        else if (cli_getopt_is(&g, "--listen"))
+            listen = g.val;
+        else
+            pr = cli_getopt_unhandled(&g);
     }
+    if (pr == 0)
+        pr = cli_getopt_end(&g, 0);
+    if (pr != 0)
+        return cli_usage_exit(pr, usage_target);
     ferry_engine_config cfg;
     int rc = ferry_engine_config_init(&cfg);
     snprintf(cfg.listen_addr, sizeof cfg.listen_addr, "%s", listen);

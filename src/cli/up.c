@@ -61,49 +61,53 @@ static int parse(const char *cmd, int argc, char **argv, up_opts *o)
     snprintf(o->listen, sizeof o->listen, "127.0.0.1:0");
     o->size = 1ull << 30;
     bool up = !strcmp(cmd, "up"), status = !strcmp(cmd, "status");
-    static const char *const up_vals[] = { "--dir", "--size", "--listen", NULL };
-    static const char *const status_vals[] = { "--dir", "--master", NULL };
-    static const char *const down_vals[] = { "--dir", NULL };
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (cli_is_help(a))
-            return CLI_HELP;
-        if (up && !strcmp(a, "--detach"))
+    cli_getopt g;
+    cli_getopt_init(&g, cmd, argc, argv,
+                    up ? "dir=,size=,listen=,detach,metrics"
+                       : status ? "dir=,master=,json" : "dir=");
+    while (cli_getopt_next(&g)) {
+        const char *a = g.opt, *v = g.val;
+        if (!strcmp(a, "--detach"))
             o->detach = true;
-        else if (up && !strcmp(a, "--metrics"))
+        else if (!strcmp(a, "--metrics"))
             o->metrics = true;
-        else if (status && !strcmp(a, "--json"))
+        else if (!strcmp(a, "--json"))
             o->json = true;
-        else if (v && !strcmp(a, "--dir"))
-            snprintf(o->dir, sizeof o->dir, "%s", argv[++i]);
-        else if (v && up && !strcmp(a, "--listen"))
-            snprintf(o->listen, sizeof o->listen, "%s", argv[++i]);
-        else if (v && status && !strcmp(a, "--master"))
-            snprintf(o->master, sizeof o->master, "%s", argv[++i]);
-        else if (v && up && !strcmp(a, "--size")) {
-            if (cli_opt_size(a, argv[++i], 1u << 20, UINT64_MAX, &o->size) < 0)
+        else if (!strcmp(a, "--dir"))
+            snprintf(o->dir, sizeof o->dir, "%s", v);
+        else if (!strcmp(a, "--listen"))
+            snprintf(o->listen, sizeof o->listen, "%s", v);
+        else if (!strcmp(a, "--master"))
+            snprintf(o->master, sizeof o->master, "%s", v);
+        else if (!strcmp(a, "--size")) {
+            if (cli_opt_size(a, v, 1u << 20, UINT64_MAX, &o->size) < 0)
                 return -1;
         } else {
-            return cli_bad_arg(cmd, a, up ? up_vals : status ? status_vals : down_vals);
+            return cli_getopt_unhandled(&g);
         }
     }
-    return 0;
+    return cli_getopt_end(&g, 0);
 }
 
 static void up_usage(FILE *f)
 {
     fprintf(f,
-            "usage: ferry up [--dir DIR] [--size SIZE (1G)] [--listen HOST:PORT (127.0.0.1:0)] [--detach]\n"
-            "                [--metrics]\n"
+            "usage: ferry up [--dir DIR] [--size SIZE] [--listen HOST:PORT] [--detach] [--metrics]\n"
             "\n"
-            "Start a master and a node on this machine (state in DIR, default $FERRY_HOME or\n"
-            "~/.ferry; a token is generated there once) and print the line that points clients\n"
-            "at it. It stays in the foreground; Ctrl-C stops both. --detach returns at once\n"
-            "and leaves them running for `ferry down`. A --size above the memory this machine\n"
-            "(and its cgroup) has available is refused before anything starts, and so is a\n"
-            "second `ferry up` on a DIR whose cluster runs. --metrics has the master and the\n"
-            "node serve Prometheus metrics on free loopback ports (their URLs are printed and\n"
-            "kept in DIR/master.metrics and DIR/node.metrics; docs/operations.md).\n");
+            "Start a master and a node on this machine and print the line that points clients\n"
+            "at it. It stays in the foreground; Ctrl-C stops both. A --size above the memory\n"
+            "this machine (and its cgroup) has available is refused before anything starts,\n"
+            "and so is a second `ferry up` on a DIR whose cluster runs.\n"
+            "\n"
+            "  --dir DIR           state directory; a token is generated there once\n"
+            "                      (default $FERRY_HOME, else ~/.ferry)\n"
+            "  --size SIZE         the node's segment: 64M, 4G, ... (default 1G)\n"
+            "  --listen HOST:PORT  the master's address (default 127.0.0.1:0: any free port)\n"
+            "  --detach            return at once and leave both running for `ferry down`\n"
+            "                      (default: stay in the foreground)\n"
+            "  --metrics           the master and the node serve Prometheus metrics on free\n"
+            "                      loopback ports; their URLs are printed and kept in\n"
+            "                      DIR/master.metrics and DIR/node.metrics (default: off)\n");
 }
 
 static void down_usage(FILE *f)
@@ -113,7 +117,9 @@ static void down_usage(FILE *f)
             "\n"
             "Stop the master and the node that `ferry up --detach` started in DIR. A recorded\n"
             "pid that now belongs to another process (same pid, other start time or command\n"
-            "line) is left alone.\n");
+            "line) is left alone.\n"
+            "\n"
+            "  --dir DIR  the state directory of `ferry up` (default $FERRY_HOME, else ~/.ferry)\n");
 }
 
 static void status_usage(FILE *f)
@@ -121,8 +127,13 @@ static void status_usage(FILE *f)
     fprintf(f,
             "usage: ferry status [--dir DIR | --master HOST:PORT] [--json]\n"
             "\n"
-            "Segments (size, used, objects, attached), nodes, clients, objects and the KV\n"
-            "revision of the running master (DIR/master.addr, or --master).\n");
+            "Segments (size, used, objects, attached), nodes (id, state, when last heard),\n"
+            "clients, objects and the KV revision of the running master.\n"
+            "\n"
+            "  --dir DIR           the state directory of `ferry up`: its master.addr and\n"
+            "                      token (default $FERRY_HOME, else ~/.ferry)\n"
+            "  --master HOST:PORT  this master instead (default: DIR/master.addr)\n"
+            "  --json              the master's status as one JSON object (default: a table)\n");
 }
 
 static int read_small(const char *path, char *out, size_t cap)
@@ -393,7 +404,10 @@ int cmd_up(int argc, char **argv)
         remove(addrf);
         return 1;
     }
-    printf("ferry up: master at %s, node segment %s (%s), state in %s\n", addr, seg,
+    uint64_t segid = 0;   /* node.ready holds it in decimal; shown as every id is */
+    (void)cli_parse_uint(seg, &segid);
+    printf("ferry up: master at %s, node segment %016llx (%s), state in %s\n", addr,
+           (unsigned long long)segid,
            cli_fmt_size(o.size, sizes, sizeof sizes), o.dir);
     if (o.metrics && read_small(nmf, nurl, sizeof nurl) == 0)   /* written before node.ready */
         printf("ferry up: metrics at %s (master) and %s (node)\n", murl, nurl);
@@ -505,12 +519,12 @@ static void print_status(json_t *j)
     printf("master %s (instance %s)\n", json_string_value(json_object_get(j, "address")),
            json_string_value(json_object_get(j, "instance")) ?
            json_string_value(json_object_get(j, "instance")) : "?");
-    printf("%-22s %-18s %10s %10s %8s %s\n", "segment", "node", "size", "used", "objects",
+    printf("%-18s %-18s %10s %10s %8s %s\n", "segment", "node", "size", "used", "objects",
            "attached");
     size_t i;
     json_t *s;
     json_array_foreach(json_object_get(j, "segments"), i, s) {
-        printf("%-22llu %-18llx %10s %10s %8lld %s\n",
+        printf("%016llx   %016llx   %10s %10s %8lld %s\n",
                (unsigned long long)json_integer_value(json_object_get(s, "id")),
                (unsigned long long)json_integer_value(json_object_get(s, "node")),
                cli_fmt_size((uint64_t)json_integer_value(json_object_get(s, "size")), a, sizeof a),
@@ -518,9 +532,22 @@ static void print_status(json_t *j)
                (long long)json_integer_value(json_object_get(s, "objects")),
                json_is_true(json_object_get(s, "attached")) ? "yes" : "no");
     }
-    printf("objects %lld, nodes %lld, clients %lld, kv revision %lld\n",
+    json_t *nodes = json_object_get(j, "nodes");
+    if (json_array_size(nodes) > 0)
+        printf("%-18s %-8s %-10s %s\n", "node", "state", "heard", "name");
+    json_array_foreach(nodes, i, s) {
+        const char *name = json_string_value(json_object_get(s, "name"));
+        printf("%016llx   %-8s %7.1f s  %s\n",
+               (unsigned long long)json_integer_value(json_object_get(s, "id")),
+               json_string_value(json_object_get(s, "state")) ?
+               json_string_value(json_object_get(s, "state")) : "?",
+               (double)json_integer_value(json_object_get(s, "heard_ms_ago")) / 1000.0,
+               name && *name ? name : "-");
+    }
+    /* "nodes" is the array of the nodes the master knows, not a count */
+    printf("objects %lld, nodes %zu, clients %lld, kv revision %lld\n",
            (long long)json_integer_value(json_object_get(j, "objects")),
-           (long long)json_integer_value(json_object_get(j, "nodes")),
+           json_array_size(nodes),
            (long long)json_integer_value(json_object_get(j, "clients")),
            (long long)json_integer_value(json_object_get(j, "kv_revision")));
 }

@@ -117,17 +117,6 @@ bool cli_is_help(const char *a)
     return !strcmp(a, "-h") || !strcmp(a, "--help");
 }
 
-int cli_bad_arg(const char *cmd, const char *a, const char *const *value_opts)
-{
-    for (size_t i = 0; value_opts && value_opts[i]; i++)
-        if (!strcmp(a, value_opts[i])) {
-            fprintf(stderr, "ferry %s: %s needs a value\n", cmd, a);
-            return -1;
-        }
-    fprintf(stderr, "ferry %s: unknown %s '%s'\n", cmd, a[0] == '-' ? "option" : "argument", a);
-    return -1;
-}
-
 int cli_usage_exit(int pr, void (*usage)(FILE *f))
 {
     if (pr == CLI_HELP) {
@@ -182,23 +171,66 @@ size_t cli_unhex(const char *s, uint8_t *out, size_t cap)
     return n;
 }
 
-static double g_last_progress;
+/* Progress of this process (one per process: a child reports its own). */
+static double g_last_progress, g_progress_t0;
+static bool g_progress_shown;
+
+/* Seconds between status lines when stderr is not a terminal:
+ * FERRY_PROGRESS_SECONDS (0: every update), default 5. */
+static double progress_period(void)
+{
+    const char *e = getenv("FERRY_PROGRESS_SECONDS");
+    char *end;
+    double v = e && *e ? strtod(e, &end) : 5;
+    return e && *e && (*end || !(v >= 0 && v <= 86400)) ? 5 : v;
+}
+
+/* One status text: on a terminal the `\r` line it replaces, at most 20
+ * times a second; elsewhere (a file, a pipe, a CI log) a whole line at
+ * most every progress_period() seconds, so a log grows by a line at a
+ * time and never holds a `\r`. */
+static void progress_emit(const char *text, bool last)
+{
+    double now = cli_now();
+    if (g_progress_t0 == 0)
+        g_progress_t0 = now;
+    if (isatty(2)) {
+        if (now - g_last_progress < 0.05 && !last)
+            return;
+        g_last_progress = now;
+        fprintf(stderr, "\r  %-72.72s", text);
+        fflush(stderr);
+        return;
+    }
+    if (g_progress_shown && now - g_last_progress < progress_period())
+        return;
+    g_progress_shown = true;
+    g_last_progress = now;
+    fprintf(stderr, "ferry: progress: %s (%.0f s)\n", text, now - g_progress_t0);
+}
 
 void cli_progress(const char *what, double frac)
 {
-    if (!isatty(2))
-        return;
-    double now = cli_now();
-    if (now - g_last_progress < 0.05 && frac < 1.0)
-        return;
-    g_last_progress = now;
     int w = 30, filled = (int)(frac * w + 0.5);
-    char bar[32];
+    char bar[32], text[128];
     for (int i = 0; i < w; i++)
         bar[i] = i < filled ? '#' : '.';
     bar[w] = 0;
-    fprintf(stderr, "\r  %-28s [%s] %3.0f%%", what, bar, frac * 100);
-    fflush(stderr);
+    if (isatty(2))
+        snprintf(text, sizeof text, "%-28s [%s] %3.0f%%", what, bar, frac * 100);
+    else
+        snprintf(text, sizeof text, "%s %.0f%%", what, frac * 100);
+    progress_emit(text, frac >= 1.0);
+}
+
+void cli_progress_text(const char *fmt, ...)
+{
+    char text[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    progress_emit(text, false);
 }
 
 void cli_progress_done(void)

@@ -93,10 +93,10 @@ void fr_client_describe(const fr_smsg *q, size_t n, char *out, size_t cap)
     case FR_SMSG_Q_ACK: snprintf(out, cap, "acknowledging queue record %llu", (unsigned long long)q->id); break;
     case FR_SMSG_Q_NACK: snprintf(out, cap, "handing back queue record %llu", (unsigned long long)q->id); break;
     case FR_SMSG_Q_CONFIG: snprintf(out, cap, "setting the bound of queue %s", key); break;
-    case FR_SMSG_SEGMENT: snprintf(out, cap, "locating segment %llu", (unsigned long long)q->segment); break;
+    case FR_SMSG_SEGMENT: snprintf(out, cap, "locating segment %016llx", (unsigned long long)q->segment); break;
     case FR_SMSG_STATUS: snprintf(out, cap, "reading the master's status"); break;
     case FR_SMSG_MOUNT: snprintf(out, cap, "mounting a segment"); break;
-    case FR_SMSG_UNMOUNT: snprintf(out, cap, "unmounting segment %llu", (unsigned long long)q->segment); break;
+    case FR_SMSG_UNMOUNT: snprintf(out, cap, "unmounting segment %016llx", (unsigned long long)q->segment); break;
     case FR_SMSG_HEARTBEAT: snprintf(out, cap, "a heartbeat"); break;
     default: snprintf(out, cap, "a call to the master"); break;
     }
@@ -188,7 +188,7 @@ int fr_client_segment(ferry_store *s, uint64_t id, fr_segref *out)
     rc = ferry_region_import(s->eng, rep.val.p, rep.val.n, &nr.rr);
     fr_free(buf);
     if (rc < 0)
-        return fr_client_err(rc, "segment %llu of node %llu: cannot reach its node: %s",
+        return fr_client_err(rc, "segment %016llx of node %016llx: cannot reach its node: %s",
                              (unsigned long long)id, (unsigned long long)nr.node,
                              ferry_strerror(rc));
     fr_segref *keep = fr_malloc(sizeof *keep);

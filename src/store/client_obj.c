@@ -344,7 +344,7 @@ static int read_one(ferry_store *s, const char *key, const fr_objloc *loc, uint6
         xfer_free(&x);
         if (rc == 0)
             return 0;
-        fr_client_err(rc, "reading %s from node %llu (segment %llu) failed: %s", key,
+        fr_client_err(rc, "reading %s from node %016llx (segment %016llx) failed: %s", key,
                       (unsigned long long)loc->rep[r].node,
                       (unsigned long long)loc->rep[r].segment, ferry_strerror(rc));
         if (rc == FERRY_ECONNREFUSED || rc == FERRY_ECONNRESET || rc == FERRY_ESTALE)

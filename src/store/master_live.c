@@ -77,14 +77,14 @@ fr_master_node *fr_master_node_heard(fr_master_conn *c, uint64_t node)
             nd->conn->dead = true;
         }
         if (nd->conn == NULL && nd->gone_since != 0)
-            FR_INFO("master", "node %llx reconnected after %.1f s: its segments are reachable "
+            FR_INFO("master", "node %016llx reconnected after %.1f s: its segments are reachable "
                     "again", U(node), secs(m->live - nd->gone_since));
         nd->conn = c;
         nd->gone_since = 0;
     }
     c->node = node;
     if (nd->suspect) {
-        FR_INFO("master", "node %llx heard again after %.1f s: its segments are reachable again",
+        FR_INFO("master", "node %016llx heard again after %.1f s: its segments are reachable again",
                 U(node), secs(m->live - nd->quiet_since));
         nd->suspect = false;
     }
@@ -104,7 +104,7 @@ void fr_master_node_dead(fr_master *m, fr_master_node *nd, const char *why)
     m->lstats.declared_dead += rc == 0;
     m->mx.lost += lost;
     if (rc == 0)
-        FR_WARN("master", "node %llx%s%s%s declared dead: %s; its segments are unmounted, %llu "
+        FR_WARN("master", "node %016llx%s%s%s declared dead: %s; its segments are unmounted, %llu "
                 "objects lost", U(nd->id), nd->name[0] ? " ('" : "", nd->name,
                 nd->name[0] ? "')" : "", why, U(lost));
     uint64_t ids[64];
@@ -183,12 +183,12 @@ void fr_master_conn_gone(fr_master_conn *c)
         if (m->closing)
             continue;
         if (!node_has_segments(m, nd->id)) {   /* it unmounted first: a clean exit */
-            FR_INFO("master", "node %llx left", U(nd->id));
+            FR_INFO("master", "node %016llx left", U(nd->id));
             fr_free(fr_umap_del(&m->nodes, nd->id));
             pos = 0;   /* the walk restarts: a delete may move entries */
             continue;
         }
-        FR_WARN("master", "node %llx disconnected: unreachable until it reconnects; declared "
+        FR_WARN("master", "node %016llx disconnected: unreachable until it reconnects; declared "
                 "dead if it has not within %.1f s", U(nd->id), secs(m->cfg.grace_ms));
         fr_master_node_reach(m, nd);
     }
@@ -213,7 +213,7 @@ static bool node_tick(fr_master *m, fr_master_node *nd)
         nd->suspect = true;
         nd->quiet_since = nd->conn->last_seen;
         m->lstats.suspected++;
-        FR_WARN("master", "node %llx is suspect: not heard for %.1f s; nothing new is placed "
+        FR_WARN("master", "node %016llx is suspect: not heard for %.1f s; nothing new is placed "
                 "there and reads of its objects fail until it is heard again (they are kept)",
                 U(nd->id), secs(quiet));
         fr_master_node_reach(m, nd);

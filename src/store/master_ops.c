@@ -69,14 +69,14 @@ static bool mount_valid(fr_master_conn *c, uint64_t id, const fr_smsg *q)
     fr_region_desc rd;
     if (fr_region_desc_decode(q->val.p, q->val.n, &rd) < 0) {
         fr_master_reply_err(c, id, FERRY_EINVAL, 0,
-                            "segment %llx: its descriptor (%u bytes) is not a region descriptor",
+                            "segment %016llx: its descriptor (%u bytes) is not a region descriptor",
                             U(q->segment), (unsigned)q->val.n);
         return false;
     }
     if (rd.len < q->size || (rd.flags & FERRY_REMOTE_RW) != FERRY_REMOTE_RW ||
         rd.mem_kind != FERRY_MEM_HOST) {
         fr_master_reply_err(c, id, FERRY_EINVAL, 0,
-                            "segment %llx of %llu bytes: its descriptor covers %llu bytes of %s "
+                            "segment %016llx of %llu bytes: its descriptor covers %llu bytes of %s "
                             "memory, %s; want host memory, readable and writable by peers",
                             U(q->segment), U(q->size), U(rd.len),
                             rd.mem_kind == FERRY_MEM_HOST ? "host" : "device",
@@ -87,7 +87,7 @@ static bool mount_valid(fr_master_conn *c, uint64_t id, const fr_smsg *q)
     fr_seg_info si;
     if (fr_meta_seg_info(m->meta, q->segment, &si) == 0 && si.node != q->node) {
         fr_master_reply_err(c, id, FERRY_EEXIST, 0,
-                            "segment %llx is already mounted by node %llx (%llu bytes)",
+                            "segment %016llx is already mounted by node %016llx (%llu bytes)",
                             U(q->segment), U(si.node), U(si.size));
         return false;
     }
@@ -98,7 +98,7 @@ static bool mount_valid(fr_master_conn *c, uint64_t id, const fr_smsg *q)
     const fr_master_node *other = same_name(m, name, q->node);
     if (other != NULL && other->conn != NULL && !other->suspect) {
         fr_master_reply_err(c, id, FERRY_EEXIST, 0,
-                            "node name '%s' belongs to live node %llx (%s); a new incarnation "
+                            "node name '%s' belongs to live node %016llx (%s); a new incarnation "
                             "may mount once that one is gone", name, U(other->id),
                             other->conn->peer);
         return false;
@@ -112,7 +112,7 @@ static void op_mount(fr_master_conn *c, uint64_t id, const fr_smsg *q)
         return;
     int rc = fr_master_probe_start(c, id, q);
     if (rc < 0)
-        fr_master_reply_err(c, id, rc, 0, "cannot probe segment %llx now: %s; mount again",
+        fr_master_reply_err(c, id, rc, 0, "cannot probe segment %016llx now: %s; mount again",
                             U(q->segment), ferry_strerror(rc));
 }
 
@@ -124,12 +124,12 @@ static void mount_finish(fr_master_conn *c, const fr_master_probe *p)
     fr_master_node *other = same_name(m, p->name, p->node);
     if (other != NULL) {
         if (other->conn != NULL && !other->suspect) {
-            fr_master_reply_err(c, id, FERRY_EEXIST, 0, "node name '%s' belongs to live node %llx",
+            fr_master_reply_err(c, id, FERRY_EEXIST, 0, "node name '%s' belongs to live node %016llx",
                                 p->name, U(other->id));
             return;
         }
         char why[160];
-        snprintf(why, sizeof why, "a new incarnation of node '%s' (%llx) mounted", p->name,
+        snprintf(why, sizeof why, "a new incarnation of node '%s' (%016llx) mounted", p->name,
                  U(p->node));
         fr_master_node_dead(m, other, why);
         if (m->fatal)
@@ -140,11 +140,11 @@ static void mount_finish(fr_master_conn *c, const fr_master_probe *p)
         uint64_t g = p->granule ? p->granule : 64;
         if (si.node != p->node || si.size > p->size || p->size - si.size >= g) {
             fr_master_reply_err(c, id, FERRY_EEXIST, 0,
-                                "segment %llx is already mounted by node %llx (%llu bytes)",
+                                "segment %016llx is already mounted by node %016llx (%llu bytes)",
                                 U(p->segment), U(si.node), U(si.size));
             return;
         }
-        FR_INFO("master", "node %llx re-attached segment %llx (%llu bytes)", U(p->node),
+        FR_INFO("master", "node %016llx re-attached segment %016llx (%llu bytes)", U(p->node),
                 U(p->segment), U(si.size));
     } else {
         int rc = fr_meta_mount(m->meta, p->segment, p->node, p->size, p->granule);
@@ -152,7 +152,7 @@ static void mount_finish(fr_master_conn *c, const fr_master_probe *p)
             fr_master_reply_meta_err(c, id, rc, 0);
             return;
         }
-        FR_INFO("master", "node %llx%s%s%s mounted segment %llx (%llu bytes)", U(p->node),
+        FR_INFO("master", "node %016llx%s%s%s mounted segment %016llx (%llu bytes)", U(p->node),
                 p->name[0] ? " ('" : "", p->name, p->name[0] ? "')" : "", U(p->segment),
                 U(p->size));
     }
@@ -196,15 +196,15 @@ void fr_master_probes_done(fr_master *m)
                 c = x;
         }
         if (c == NULL)
-            FR_INFO("master", "node %llx left before its mount of segment %llx was probed",
+            FR_INFO("master", "node %016llx left before its mount of segment %016llx was probed",
                     U(p->node), U(p->segment));
         else if (p->rc < 0)
-            fr_master_reply_err(c, p->req_id, p->rc, 0, "segment %llx is not mounted: %s",
+            fr_master_reply_err(c, p->req_id, p->rc, 0, "segment %016llx is not mounted: %s",
                                 U(p->segment), p->why);
         else
             mount_finish(c, p);
         if (c != NULL && p->rc < 0)
-            FR_WARN("master", "refused the mount of segment %llx from %s: %s", U(p->segment),
+            FR_WARN("master", "refused the mount of segment %016llx from %s: %s", U(p->segment),
                     c->peer, p->why);
         fr_free(p);
         p = next;
@@ -216,13 +216,13 @@ static void op_unmount(fr_master_conn *c, uint64_t id, const fr_smsg *q)
     fr_master *m = c->m;
     fr_seg_info si;
     if (fr_meta_seg_info(m->meta, q->segment, &si) < 0) {
-        fr_master_reply_err(c, id, FERRY_ENOENT, 0, "segment %llx is not mounted", U(q->segment));
+        fr_master_reply_err(c, id, FERRY_ENOENT, 0, "segment %016llx is not mounted", U(q->segment));
         return;
     }
     const fr_master_node *nd = fr_master_node_get(m, si.node, false);
     if (c->role != FR_ROLE_STORE_NODE || nd == NULL || nd->conn != c) {
         fr_master_reply_err(c, id, FERRY_EACCES, 0,
-                            "segment %llx belongs to node %llx: only that node's own connection "
+                            "segment %016llx belongs to node %016llx: only that node's own connection "
                             "may unmount it", U(q->segment), U(si.node));
         return;
     }
@@ -234,7 +234,7 @@ static void op_unmount(fr_master_conn *c, uint64_t id, const fr_smsg *q)
     }
     fr_free(fr_umap_del(&m->segs, q->segment));
     m->mx.lost += lost;
-    FR_INFO("master", "segment %llx unmounted (%llu objects lost)", U(q->segment), U(lost));
+    FR_INFO("master", "segment %016llx unmounted (%llu objects lost)", U(q->segment), U(lost));
     fr_master_reply_ok(c, id);
 }
 
@@ -243,13 +243,13 @@ static void op_segment(fr_master_conn *c, uint64_t id, const fr_smsg *q)
     fr_master *m = c->m;
     fr_seg_info si;
     if (fr_meta_seg_info(m->meta, q->segment, &si) < 0) {
-        fr_master_reply_err(c, id, FERRY_ENOENT, 0, "segment %llx is not mounted", U(q->segment));
+        fr_master_reply_err(c, id, FERRY_ENOENT, 0, "segment %016llx is not mounted", U(q->segment));
         return;
     }
     const fr_master_seg *s = fr_umap_get(&m->segs, q->segment);
     if (s == NULL || !s->attached) {
         fr_master_reply_err(c, id, FERRY_ENOTCONN, 0,
-                            "segment %llx of node %llx has not been re-attached by its node "
+                            "segment %016llx of node %016llx has not been re-attached by its node "
                             "since the master restarted",
                             U(q->segment), U(si.node));
         return;

@@ -274,10 +274,10 @@ bool fr_meta_loading(const fr_meta *m)
 static int seg_mount_apply(fr_meta *m, const fr_rec *r)
 {
     if (fr_umap_get(&m->segs, r->id) != NULL)
-        return meta_fail(m, FERRY_EEXIST, "segment %llu is already mounted",
+        return meta_fail(m, FERRY_EEXIST, "segment %016llx is already mounted",
                          (unsigned long long)r->id);
     if (!pow2(r->granule) || r->size < r->granule)
-        return meta_fail(m, FERRY_EINVAL, "segment %llu: size %llu, granule %llu",
+        return meta_fail(m, FERRY_EINVAL, "segment %016llx: size %llu, granule %llu",
                          (unsigned long long)r->id, (unsigned long long)r->size,
                          (unsigned long long)r->granule);
     meta_seg *s = fr_calloc(1, sizeof(*s));
@@ -318,7 +318,7 @@ static int seg_apply(fr_meta *m, const fr_rec *r)
     case FR_REC_SEG_UNMOUNT:
         s = fr_umap_get(&m->segs, r->id);
         if (s == NULL)
-            return meta_fail(m, FERRY_ENOENT, "segment %llu is not mounted",
+            return meta_fail(m, FERRY_ENOENT, "segment %016llx is not mounted",
                              (unsigned long long)r->id);
         meta_now(m, r->time);
         seg_drop(m, s, s->node, r->time);
@@ -330,7 +330,7 @@ static int seg_apply(fr_meta *m, const fr_rec *r)
             if (s->node == r->node)
                 m->scratch[n++] = s;
         if (n == 0)
-            return meta_fail(m, FERRY_ENOENT, "node %llu has no mounted segment",
+            return meta_fail(m, FERRY_ENOENT, "node %016llx has no mounted segment",
                              (unsigned long long)r->node);
         meta_now(m, r->time);
         for (size_t i = 0; i < n; i++)

@@ -108,11 +108,11 @@ static int obj_create(fr_meta *m, fr_span key, uint64_t size, const fr_rec_rep *
     for (uint32_t i = 0; i < nrep; i++) {
         segs[i] = fr_umap_get(&m->segs, reps[i].seg);
         if (segs[i] == NULL)
-            return meta_fail(m, FERRY_ENOENT, "object '%s': segment %llu is not mounted", k,
+            return meta_fail(m, FERRY_ENOENT, "object '%s': segment %016llx is not mounted", k,
                              (unsigned long long)reps[i].seg);
         for (uint32_t j = 0; j < i; j++)
             if (segs[j] == segs[i])
-                return meta_fail(m, FERRY_EINVAL, "object '%s': two replicas on segment %llu",
+                return meta_fail(m, FERRY_EINVAL, "object '%s': two replicas on segment %016llx",
                                  k, (unsigned long long)reps[i].seg);
     }
     meta_obj *o = fr_calloc(1, sizeof(*o) + nrep * sizeof(meta_rep) + key.n + 1);
@@ -122,7 +122,7 @@ static int obj_create(fr_meta *m, fr_span key, uint64_t size, const fr_rec_rep *
     }
     for (uint32_t i = 0; i < nrep; i++) {
         if (fr_segalloc_reserve(segs[i]->alloc, reps[i].off, size) < 0) {
-            meta_fail(m, FERRY_EINVAL, "object '%s': range at %llu on segment %llu is not free",
+            meta_fail(m, FERRY_EINVAL, "object '%s': range at %llu on segment %016llx is not free",
                       k, (unsigned long long)reps[i].off, (unsigned long long)reps[i].seg);
             while (i-- > 0)
                 fr_segalloc_release(segs[i]->alloc, reps[i].off, size);

@@ -73,7 +73,7 @@ static int evict_one(fr_meta *m, meta_seg *s, uint64_t now)
         meta_obj *o = fr_container_of(n, meta_rep, in_lru)->obj;
         if (leased(o, now))
             continue;
-        FR_DEBUG("store", "evicting '%s' (%llu bytes) for room on segment %llu", o->key,
+        FR_DEBUG("store", "evicting '%s' (%llu bytes) for room on segment %016llx", o->key,
                  (unsigned long long)o->size, (unsigned long long)s->id);
         fr_rec r = { .type = FR_REC_OBJ_EVICT, .key = meta_span(o->key) };
         int rc = meta_commit(m, &r);
@@ -181,7 +181,7 @@ static int lost(fr_meta *m, const meta_obj *o)
 {
     uint64_t ago = m->clock > o->lost_at ? m->clock - o->lost_at : 0;
     return meta_fail(m, FERRY_ELOST,
-                     "object '%s' is lost: its last replica was on node %llx, declared dead "
+                     "object '%s' is lost: its last replica was on node %016llx, declared dead "
                      "(or unmounted) %llu s ago; put it again",
                      o->key, (unsigned long long)o->lost_node, (unsigned long long)(ago / 1000));
 }
@@ -365,7 +365,7 @@ static int reachable(fr_meta *m, const meta_obj *o, uint64_t now)
         return 0;
     uint64_t ago = now > worst->unreachable_since ? now - worst->unreachable_since : 0;
     return meta_fail(m, FERRY_EUNREACH,
-                     "object '%s' is only on node %llx, unreachable for %llu.%01llu s (not heard "
+                     "object '%s' is only on node %016llx, unreachable for %llu.%01llu s (not heard "
                      "from, or reconnecting); its data is kept: retry when the node is back",
                      o->key, (unsigned long long)worst->node, (unsigned long long)(ago / 1000),
                      (unsigned long long)(ago % 1000 / 100));

@@ -53,7 +53,7 @@ static int node_call(ferry_node *n, const fr_smsg *q, int timeout_ms)
     int rc = fr_mconn_call(n->mc, q, 1, NULL, &rep, &b, timeout_ms);
     if (rc == 0 && rep.type == FR_SMSG_ERROR) {
         rc = rep.status;
-        FR_ERROR(TAG, "%s of segment %llu refused by the master: %.*s",
+        FR_ERROR(TAG, "%s of segment %016llx refused by the master: %.*s",
                  fr_smsg_type_name(q->type), (unsigned long long)n->seg, (int)rep.val.n,
                  rep.val.p ? (const char *)rep.val.p : "");
     } else if (rc == 0 && rep.type != FR_SMSG_OK) {
@@ -75,7 +75,7 @@ static int mount(ferry_node *n)
     atomic_store(&n->mounted, rc == 0);
     if (rc == 0) {
         n->mounted_epoch = epoch;
-        FR_INFO(TAG, "segment %llu (%llu bytes) mounted on the master at %s",
+        FR_INFO(TAG, "segment %016llx (%llu bytes) mounted on the master at %s",
                 (unsigned long long)n->seg, (unsigned long long)n->cfg.segment_size,
                 n->cfg.master);
     }

@@ -852,7 +852,7 @@ static void test_node_dead(void **state)
         nap();
     assert_int_equal(e, FERRY_EUNREACH);
     assert_non_null(strstr(why, "unreachable"));
-    assert_non_null(strstr(why, "node 9"));
+    assert_non_null(strstr(why, "node 0000000000000009"));
     assert_non_null(strstr(why, "kept"));
     assert_string_equal(node_state(&cl), "suspect");
     assert_int_equal(exist(&cl, "obj", &st), 1);   /* kept */

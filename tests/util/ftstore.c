@@ -74,7 +74,7 @@ int ft_node_start(ft_cluster *c, int i, uint64_t size, const char *netns, const 
     if (ft_read_line(&c->node[i], line, sizeof line, 30000) != 0 || !strstr(line, "mounted"))
         return -1;
     const char *at = strstr(line, "segment ");
-    c->seg[i] = at ? strtoull(at + 8, NULL, 10) : 0;
+    c->seg[i] = at ? strtoull(at + 8, NULL, 16) : 0;   /* ids print as 16 hex digits */
     return 0;
 }
 
