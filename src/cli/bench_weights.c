@@ -16,6 +16,8 @@
  * (model bytes x rollouts). Every update verifies every byte. */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -29,14 +31,46 @@
  * input bytes per second; the memcpy one is also the floor's bandwidth. */
 typedef struct conv_bench {
     double memcpy_gbps, bf16_gbps, f16_gbps;
+    double first_touch_gbps;   /* memcpy into pages this process never touched (0: not measured) */
 } conv_bench;
 
-enum { CONV_BYTES = 256u << 20, CONV_PASSES = 5 };
+enum { CONV_BYTES = 256u << 20, CONV_PASSES = 5, TOUCH_BYTES = 16u << 20 };
 
 static double rate(size_t n, double t0, double best)
 {
     double dt = cli_now() - t0, r = dt > 0 ? (double)n / dt / 1e9 : 0;
     return r > best ? r : best;
+}
+
+/* What a cold generation pays: memcpy into pages of a memfd that are
+ * resident (another mapping wrote them, as a node's segment is) but that
+ * this mapping never touched, as a process's first write to a part of a
+ * peer's segment is. A fresh mapping each pass, best of a few. */
+static double bench_first_touch(const uint8_t *src)
+{
+    int fd = memfd_create("ferry-bench-touch", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, TOUCH_BYTES) < 0) {
+        if (fd >= 0)
+            close(fd);
+        return 0;
+    }
+    double best = 0;
+    uint8_t *own = mmap(NULL, TOUCH_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (own != MAP_FAILED) {
+        memset(own, 1, TOUCH_BYTES);
+        for (int r = 0; r < CONV_PASSES; r++) {
+            uint8_t *m = mmap(NULL, TOUCH_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            if (m == MAP_FAILED)
+                break;
+            double t0 = cli_now();
+            memcpy(m, src, TOUCH_BYTES);
+            best = rate(TOUCH_BYTES, t0, best);
+            munmap(m, TOUCH_BYTES);
+        }
+        munmap(own, TOUCH_BYTES);
+    }
+    close(fd);
+    return best;
 }
 
 static int bench_convert(conv_bench *cb)
@@ -68,6 +102,7 @@ static int bench_convert(conv_bench *cb)
         rc = rc ? rc : ferry_convert(a, "f32", b, "f16", count);
         cb->f16_gbps = rate(n, t0, cb->f16_gbps);
     }
+    cb->first_touch_gbps = rc == 0 ? bench_first_touch((const uint8_t *)a) : 0;
     free(a);
     free(b);
     return rc;
@@ -79,15 +114,18 @@ static void print_convert(const conv_bench *cb, bool json)
 {
     if (json) {
         printf("{\"memcpy_gbps\":%.3f,\"convert_bf16_gbps\":%.3f,\"convert_f16_gbps\":%.3f,"
-               "\"convert_ratio\":%.3f,\"convert_ratio_f16\":%.3f}\n", cb->memcpy_gbps,
-               cb->bf16_gbps, cb->f16_gbps, ratio(cb->bf16_gbps, cb->memcpy_gbps),
-               ratio(cb->f16_gbps, cb->memcpy_gbps));
+               "\"convert_ratio\":%.3f,\"convert_ratio_f16\":%.3f,\"first_touch_gbps\":%.3f}\n",
+               cb->memcpy_gbps, cb->bf16_gbps, cb->f16_gbps, ratio(cb->bf16_gbps, cb->memcpy_gbps),
+               ratio(cb->f16_gbps, cb->memcpy_gbps), cb->first_touch_gbps);
         return;
     }
     printf("conversion, one thread, 256 MiB f32 in, best of %d: memcpy %.2f GB/s; f32 -> bf16 "
            "%.2f GB/s (convert_ratio %.3f); f32 -> f16 %.2f GB/s (%.3f)\n", CONV_PASSES,
            cb->memcpy_gbps, cb->bf16_gbps, ratio(cb->bf16_gbps, cb->memcpy_gbps), cb->f16_gbps,
            ratio(cb->f16_gbps, cb->memcpy_gbps));
+    printf("first touch: memcpy into 16 MiB of resident memfd pages this process never touched: "
+           "%.3f GB/s (%.1fx slower than memcpy; what a cold generation pays per page)\n",
+           cb->first_touch_gbps, ratio(cb->memcpy_gbps, cb->first_touch_gbps));
 }
 
 static void usage_weights(FILE *f)
@@ -220,14 +258,15 @@ int cmd_bench_weights(int argc, char **argv, const char *self)
                "\"naive_compat_store_read_ratio\":%.3f,\"compat_to_naive_compat\":%.3f,"
                "\"compat_counters\":%s,\"convert_bf16_gbps\":%.3f,\"convert_f16_gbps\":%.3f,"
                "\"convert_ratio\":%.3f,\"convert_ratio_f16\":%.3f,\"compat_floor_s\":%.4f,"
-               "\"compat_ratio_to_floor\":%.3f}\n",
+               "\"compat_ratio_to_floor\":%.3f,\"first_touch_gbps\":%.3f}\n",
                o.model, (unsigned long long)dm.bytes, o.trainers, o.rollouts, o.dp, best_direct,
                best_naive, best_compat, floor_s, bw, floor_s > 0 ? best_direct / floor_s : 0,
                direct_read / pub, naive_read / pub, compat_read / pub,
                (unsigned long long)pushed, cjs ? cjs : "null", pjs ? pjs : "null", best_ncompat,
                ncompat_read / pub, best_ncompat > 0 ? best_compat / best_ncompat : 0,
                kjs ? kjs : "null", cb.bf16_gbps, cb.f16_gbps, ratio(cb.bf16_gbps, bw),
-               ratio(cb.f16_gbps, bw), cfloor_s, ratio(best_compat, cfloor_s));
+               ratio(cb.f16_gbps, bw), cfloor_s, ratio(best_compat, cfloor_s),
+               cb.first_touch_gbps);
     } else {
         char sz[32];
         printf("ferry bench weights: %s, %zu tensors, %s bf16; %u trainers, %u rollouts (TP%u x "
