@@ -71,6 +71,20 @@ const char *ferry_store_last_error(void);
 int ferry_store_register_buffer(ferry_store *s, void *buf, size_t len);
 int ferry_store_unregister_buffer(ferry_store *s, void *buf);
 
+/* A staging buffer owned by this client, for callers that pack bytes before
+ * a put (the weights publish does): at least len bytes, registered as by
+ * ferry_store_register_buffer, and kept across calls so its pages stay
+ * resident — packing into freshly allocated memory pays a page fault per
+ * 4 KiB, which on a virtual machine costs 40-100x the copy itself. One
+ * taker at a time: FERRY_EBUSY while it is taken. Its contents are what the
+ * last taker left. A larger len replaces it (the old one is freed).
+ * Give it back with ferry_store_staging_give: abandon = true when a put from
+ * it timed out and the engine may still read it — it is then left
+ * allocated and registered, never reused, and the next take makes a new
+ * one. Freed by ferry_store_close. */
+int ferry_store_staging_take(ferry_store *s, size_t len, void **out);
+void ferry_store_staging_give(ferry_store *s, bool abandon);
+
 /* ---- objects --------------------------------------------------------------- */
 typedef struct ferry_replicate_config {
     uint32_t replica_num;               /* 0 means 1; at most FERRY_STORE_REPLICAS_MAX */

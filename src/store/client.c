@@ -339,6 +339,7 @@ void ferry_store_close(ferry_store *s)
     fr_umap_fini(&s->segs);
     /* Watches are the caller's to close; detach any left open. */
     fr_umap_fini(&s->watches);
+    fr_client_stage_fini(s);
     for (size_t i = 0; i < s->nbufs; i++)
         (void)ferry_region_unregister(s->bufs[i].reg);
     fr_free(s->bufs);

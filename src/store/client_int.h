@@ -26,7 +26,13 @@ struct ferry_store {
     fr_ubuf *bufs;
     size_t nbufs, cap_bufs;
     fr_umap watches;           /* WATCH req_id -> ferry_watch */
+    uint8_t *stage;            /* ferry_store_staging_take (mmap'd; also in bufs) */
+    size_t stage_len;
+    bool stage_busy;
 };
+
+/* Free the staging buffer (ferry_store_close, before the engine closes). */
+void fr_client_stage_fini(ferry_store *s);
 
 /* Record the calling thread's error text; returns rc. */
 int fr_client_err(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -109,6 +109,43 @@ static void test_put_get(void **state)
     assert_int_equal(ferry_store_remove(f->s, "nope"), FERRY_ENOENT);
 }
 
+/* The staging buffer: one taker at a time, kept (same address, same
+ * bytes) across takes that fit, replaced by a larger one, puts from it
+ * need no registration of their own, an abandoned one is never handed out
+ * again. */
+static void test_staging(void **state)
+{
+    fixture *f = *state;
+    void *a = NULL, *b = NULL;
+    assert_int_equal(ferry_store_staging_take(f->s, 0, &a), FERRY_EINVAL);
+    assert_int_equal(ferry_store_staging_take(f->s, MB, &a), 0);
+    assert_non_null(a);
+    assert_int_equal(ferry_store_staging_take(f->s, MB, &b), FERRY_EBUSY);
+    assert_non_null(strstr(ferry_store_last_error(), "taken"));
+    ft_pattern(a, MB, 7, 0);
+    assert_int_equal(ferry_store_put_from(f->s, "stage/a", a, MB, NULL, NULL), 0);
+    ferry_store_staging_give(f->s, false);
+    assert_int_equal(ferry_store_staging_take(f->s, MB / 2, &b), 0);
+    assert_ptr_equal(a, b);                       /* kept: its pages stay resident */
+    uint8_t *want = pattern(MB, 7);
+    assert_memory_equal(b, want, MB);             /* and what the last taker left */
+    ferry_store_staging_give(f->s, false);
+    assert_int_equal(ferry_store_staging_take(f->s, 5 * MB, &b), 0);   /* grown */
+    memset(b, 0x5a, 5 * MB);
+    ferry_store_staging_give(f->s, true);         /* abandoned: never handed out again */
+    void *c = NULL;
+    assert_int_equal(ferry_store_staging_take(f->s, MB, &c), 0);
+    assert_ptr_not_equal(c, b);
+    ferry_store_staging_give(f->s, false);
+    void *got = NULL;
+    size_t n = 0;
+    assert_int_equal(ferry_store_get(f->s, "stage/a", &got, &n), 0);
+    assert_int_equal(n, MB);
+    assert_memory_equal(got, want, MB);
+    ferry_store_free(got);
+    free(want);
+}
+
 static void test_ranges_and_batches(void **state)
 {
     fixture *f = *state;
@@ -609,6 +646,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_put_get, setup1, teardown),
+        cmocka_unit_test_setup_teardown(test_staging, setup1, teardown),
         cmocka_unit_test_setup_teardown(test_ranges_and_batches, setup1, teardown),
         cmocka_unit_test_setup_teardown(test_struct, setup1, teardown),
         cmocka_unit_test_setup_teardown(test_replicas, setup2, teardown),
