@@ -282,7 +282,7 @@ static int rkey_of(ucx_conn *c, uint64_t key, size_t *at)
         }
     fr_import imp;
     if (!fr_peer_import_find(c->p, key, &imp))
-        return FERRY_EACCES;
+        return FERRY_ENOENT;
     if (imp.rkey_len == 0)
         return FERRY_EACCES;   /* exported as not remote-accessible */
     /* UCX's unpacker takes no length: it gets the checked bytes and zeroes. */
@@ -319,6 +319,10 @@ static int check_chunk(ucx_conn *c, const fr_chunk *ch, ucp_rkey_h *rk)
 {
     size_t i;
     int rc = rkey_of(c, ch->key, &i);
+    const char *why = rc == FERRY_ENOENT ? "its key is not that of a region imported from this peer's descriptors"
+                                         : "access not allowed";
+    if (rc == FERRY_ENOENT)
+        rc = FERRY_EACCES;
     unsigned need = ch->opcode == FERRY_OP_WRITE ? FERRY_REMOTE_WRITE : FERRY_REMOTE_READ;
     if (rc == 0 && !(c->rkeys[i].flags & need))
         rc = FERRY_EACCES;
@@ -334,7 +338,7 @@ static int check_chunk(ucx_conn *c, const fr_chunk *ch, ucp_rkey_h *rk)
                 ch->opcode == FERRY_OP_WRITE ? "write" : "read",
                 (unsigned long long)(ch->span_len ? ch->span_len : fr_chunk_bytes(ch)),
                 (unsigned long long)ch->remote_addr, c->peer,
-                rc == FERRY_EFAULT ? "outside the region" : "bad key or access not allowed");
+                rc == FERRY_EFAULT ? "outside the region" : why);
     if (rc == 0)
         *rk = c->rkeys[i].rk;
     return rc;
