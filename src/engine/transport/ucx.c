@@ -84,6 +84,7 @@ static void batch_free(ucx_batch *b)
 void fr_ucx_batch_complete(ucx_batch *b)
 {
     if (atomic_exchange(&b->claimed, true)) {   /* abandoned: its chunks are done */
+        fr_ucx_abandoned_del(b->st, b);
         batch_free(b);
         return;
     }
@@ -110,8 +111,13 @@ static void abandon_batches(ucx_conn *c)
         pthread_mutex_unlock(&c->lock);
         if (!b)
             return;
-        if (atomic_exchange(&b->claimed, true))
-            continue;   /* its last callback got there first */
+        /* On the state's list before the claim: a late last callback that
+         * sees the claim takes it off again. */
+        fr_ucx_abandoned_add(c->st, b);
+        if (atomic_exchange(&b->claimed, true)) {
+            fr_ucx_abandoned_del(c->st, b);
+            continue;   /* its last callback got there first (and completes it) */
+        }
         batch_chunks_done(b, FERRY_ECONNRESET);
     }
 }
@@ -243,6 +249,9 @@ void fr_ucx_conn_fail(ucx_conn *c, int code)
     c->await_head = c->await_tail = NULL;
     c->out_len = c->out_off = 0;
     pthread_mutex_unlock(&c->lock);
+    /* Its socket is at EOF for good: out of the epoll set, or the progress
+     * thread would wake for it forever until someone disconnects. */
+    (void)epoll_ctl(c->st->epfd, EPOLL_CTL_DEL, c->fd, NULL);
     if (close_ep && c->ep) {
         /* Forced: every request still outstanding on it is completed with
          * an error (their callbacks only count), then it is gone. */

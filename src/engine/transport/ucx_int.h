@@ -63,6 +63,7 @@ struct ucx_state {
     pthread_mutex_t lock;      /* below */
     pthread_cond_t cond;
     ucx_batch *done;           /* batches whose last request finished */
+    ucx_batch *abandoned;      /* failed at a close, UCX still holding requests; freed at stop */
     ucx_conn *conns;           /* initiator connections known to the progress thread */
     bool stopping;
 
@@ -119,6 +120,9 @@ void fr_ucx_stop(void *state);
 int fr_ucx_attach(ucx_state *st, ucx_conn *c);
 /* Wake the progress thread. */
 void fr_ucx_wake(ucx_state *st);
+/* Keep or drop an abandoned batch on the state's list (st->lock inside). */
+void fr_ucx_abandoned_add(ucx_state *st, ucx_batch *b);
+void fr_ucx_abandoned_del(ucx_state *st, ucx_batch *b);
 /* A batch's count reached 0: queue it for completion. */
 void fr_ucx_batch_finished(ucx_batch *b);
 /* UCX status to a ferry code. */

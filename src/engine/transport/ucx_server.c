@@ -62,6 +62,29 @@ void fr_ucx_batch_finished(ucx_batch *b)
     fr_ucx_wake(st);
 }
 
+void fr_ucx_abandoned_add(ucx_state *st, ucx_batch *b)
+{
+    pthread_mutex_lock(&st->lock);
+    b->live_prev = NULL;
+    b->live_next = st->abandoned;
+    if (st->abandoned)
+        st->abandoned->live_prev = b;
+    st->abandoned = b;
+    pthread_mutex_unlock(&st->lock);
+}
+
+void fr_ucx_abandoned_del(ucx_state *st, ucx_batch *b)
+{
+    pthread_mutex_lock(&st->lock);
+    if (b->live_prev)
+        b->live_prev->live_next = b->live_next;
+    else
+        st->abandoned = b->live_next;
+    if (b->live_next)
+        b->live_next->live_prev = b->live_prev;
+    pthread_mutex_unlock(&st->lock);
+}
+
 /* ---- progress thread ------------------------------------------------------ */
 
 static void complete_done(ucx_state *st)
@@ -511,6 +534,14 @@ void fr_ucx_stop(void *state)
         ucp_worker_release_address(st->worker, st->addr);
     if (st->worker)
         ucp_worker_destroy(st->worker);
+    /* No callback can come any more: what UCX never finished is ours. */
+    while (st->abandoned) {
+        ucx_batch *b = st->abandoned;
+        st->abandoned = b->live_next;
+        fr_free(b->chunks);
+        fr_free(b->slots);
+        fr_free(b);
+    }
     if (st->ctx)
         ucp_cleanup(st->ctx);
     if (st->epfd >= 0)
