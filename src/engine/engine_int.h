@@ -274,6 +274,9 @@ int fr_auth_client(ferry_engine *e, int fd, const fr_peer *p, uint16_t role,
 #ifdef FERRY_HAVE_UCX
 int fr_ucx_region_map(ferry_engine *e, ferry_region *r);
 void fr_ucx_region_unmap(ferry_engine *e, ferry_region *r);
+/* A remote-accessible region of this engine by key, as a peer would import
+ * it (base, length, flags, rkey); FERRY_EACCES when there is none. */
+int fr_region_ucx_info(ferry_engine *e, uint64_t key, fr_import *out);
 #endif
 
 /* Stats helper. */

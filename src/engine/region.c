@@ -490,3 +490,19 @@ int fr_region_map_info(ferry_engine *e, uint64_t key, fr_msg_map_resp *out, int 
     out->status = rc;
     return rc;
 }
+
+#ifdef FERRY_HAVE_UCX
+int fr_region_ucx_info(ferry_engine *e, uint64_t key, fr_import *out)
+{
+    pthread_mutex_lock(&e->lock);
+    ferry_region *r = find_by_key(e, key);
+    int rc = r && r->flags && r->ucx_rkey_len ? 0 : FERRY_EACCES;
+    if (rc == 0) {
+        *out = (fr_import){.key = key, .base = (uint64_t)(uintptr_t)r->addr, .len = r->len,
+                           .flags = r->flags, .rkey_len = r->ucx_rkey_len};
+        memcpy(out->rkey, r->ucx_rkey, r->ucx_rkey_len);
+    }
+    pthread_mutex_unlock(&e->lock);
+    return rc;
+}
+#endif

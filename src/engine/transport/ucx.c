@@ -172,31 +172,91 @@ void fr_ucx_conn_flush_out(ucx_conn *c)
         fr_ucx_wake(c->st);
 }
 
-/* Complete ACKs found in the input buffer; FERRY_EPROTO on anything else. */
+static int post_rw(ucx_conn *c, fr_chunk **chunks, size_t n);
+static int post_known(ucx_conn *c, fr_chunk **chunks, size_t n);
+
+/* The answer to a key lookup: record the region and post what waited on
+ * it, or refuse what waited (progress thread, no lock held). */
+static void keyreq_answered(ucx_conn *c, struct ucx_keyreq *q, int status, const uint8_t *d, size_t n)
+{
+    fr_region_desc rd = {.key = q->key, .ep = c->p->ep};
+    if (status == 0) {
+        status = FERRY_EPROTO;
+        if (n >= 20 && n - 20 <= FR_DESC_RKEY_MAX && n > 20 && fr_ucx_rkey_ok(d + 20, n - 20)) {
+            for (int i = 7; i >= 0; i--) {
+                rd.base = rd.base << 8 | d[i];
+                rd.len = rd.len << 8 | d[8 + i];
+            }
+            for (int i = 3; i >= 0; i--)
+                rd.flags = rd.flags << 8 | d[16 + i];
+            rd.rkey_len = (uint16_t)(n - 20);
+            memcpy(rd.rkey, d + 20, n - 20);
+            status = fr_peer_import_add(c->p, &rd);
+        }
+    }
+    size_t k = 0;
+    for (fr_chunk *ch = q->parked; ch; ch = ch->next)
+        k++;
+    fr_chunk **list = fr_calloc(k ? k : 1, sizeof *list);
+    k = 0;
+    for (fr_chunk *ch = q->parked, *next; ch; ch = next) {
+        next = ch->next;
+        if (status == 0 && list)
+            list[k++] = ch;
+        else
+            fr_chunk_done(ch, status == 0 ? FERRY_ENOMEM : FERRY_EACCES, false);
+    }
+    if (status < 0)
+        FR_WARN(UCX_TAG, "%s has no remote-accessible region with key %016llx", c->peer,
+                (unsigned long long)q->key);
+    if (k > 0 && post_rw(c, list, k) < 0)
+        for (size_t i = 0; i < k; i++)
+            fr_chunk_done(list[i], FERRY_ENOMEM, false);
+    fr_free(list);
+    fr_free(q);
+}
+
+/* Complete the ACKs (of notifies) and READ_RESPs (of key lookups) found in
+ * the input buffer; FERRY_EPROTO on anything else. */
 static int parse_in(ucx_conn *c)
 {
-    const size_t meta = fr_wire_meta_len(FR_MSG_ACK), whole = FR_WIRE_HDR_LEN + meta;
     size_t off = 0;
     int rc = 0;
-    while (rc == 0 && c->in_len - off >= whole) {
+    while (rc == 0 && c->in_len - off >= FR_WIRE_HDR_LEN) {
         fr_frame_hdr h;
         fr_msg m;
         rc = fr_wire_hdr_decode(c->in + off, FR_WIRE_HDR_LEN, &h);
-        if (rc == 0 && (h.type != FR_MSG_ACK || h.len != meta))
+        if (rc == 0 && h.type != FR_MSG_ACK && h.type != FR_MSG_READ_RESP)
             rc = FERRY_EPROTO;
-        if (rc == 0)
-            rc = fr_wire_decode(&h, c->in + off + FR_WIRE_HDR_LEN, meta, &m);
+        if (rc == 0 && h.len > sizeof c->in - FR_WIRE_HDR_LEN)
+            rc = FERRY_EPROTO;
+        if (rc < 0 || c->in_len - off < FR_WIRE_HDR_LEN + (size_t)h.len)
+            break;
+        const size_t meta = fr_wire_meta_len(h.type);
+        const uint8_t *body = c->in + off + FR_WIRE_HDR_LEN;
+        rc = fr_wire_decode(&h, body, meta, &m);
         if (rc < 0)
             break;
-        off += whole;
+        off += FR_WIRE_HDR_LEN + h.len;
         pthread_mutex_lock(&c->lock);
-        fr_chunk *ch = c->await_head && c->await_head->req_id == h.req_id ? await_pop(c) : NULL;
+        void *who = NULL;
+        if (h.type == FR_MSG_ACK && c->await_head && c->await_head->req_id == h.req_id) {
+            who = await_pop(c);
+        } else if (h.type == FR_MSG_READ_RESP && c->kq_head && c->kq_head->req_id == h.req_id) {
+            who = c->kq_head;
+            c->kq_head = c->kq_head->next;
+            if (!c->kq_head)
+                c->kq_tail = NULL;
+        }
         pthread_mutex_unlock(&c->lock);
-        if (!ch) {
+        if (!who) {
             rc = FERRY_EPROTO;
             break;
         }
-        fr_chunk_done(ch, m.u.ack.status, false);
+        if (h.type == FR_MSG_ACK)
+            fr_chunk_done(who, m.u.ack.status, false);
+        else
+            keyreq_answered(c, who, m.u.read_resp.status, body + meta, h.len - meta);
     }
     memmove(c->in, c->in + off, c->in_len - off);
     c->in_len -= off;
@@ -247,6 +307,8 @@ void fr_ucx_conn_fail(ucx_conn *c, int code)
     c->ep_closed = true;
     fr_chunk *aw = c->await_head;
     c->await_head = c->await_tail = NULL;
+    struct ucx_keyreq *kq = c->kq_head;
+    c->kq_head = c->kq_tail = NULL;
     c->out_len = c->out_off = 0;
     pthread_mutex_unlock(&c->lock);
     /* Its socket is at EOF for good: out of the epoll set, or the progress
@@ -276,6 +338,15 @@ void fr_ucx_conn_fail(ucx_conn *c, int code)
         fr_chunk *next = aw->next;
         fr_chunk_done(aw, code, false);
         aw = next;
+    }
+    while (kq) {   /* nothing of theirs was posted */
+        struct ucx_keyreq *next = kq->next;
+        for (fr_chunk *ch = kq->parked, *n2; ch; ch = n2) {
+            n2 = ch->next;
+            fr_chunk_done(ch, code, false);
+        }
+        fr_free(kq);
+        kq = next;
     }
 }
 
@@ -377,7 +448,84 @@ static void issue(ucx_conn *c, const fr_chunk *ch, ucp_rkey_h rk, ucx_slot *sl)
     }
 }
 
+/* Queue a frame for the progress thread to send (c->lock held). */
+static int queue_frame(ucx_conn *c, const fr_msg *m, uint64_t req_id)
+{
+    uint8_t frame[FR_WIRE_HDR_LEN + 64];
+    int k = fr_wire_encode(m, req_id, 0, frame, sizeof frame);
+    int rc = k < 0 ? k : fr_grow((void **)&c->out, &c->out_cap, c->out_len + (size_t)k, 1);
+    if (rc < 0)
+        return rc;
+    memcpy(c->out + c->out_len, frame, (size_t)k);
+    c->out_len += (size_t)k;
+    return 0;
+}
+
+/* A chunk whose key this connection has never seen (it came without its
+ * descriptor: an endpoint from ferry_peer_add and a key from the
+ * application's own messages) waits for the peer to describe the region
+ * over the authenticated control connection (c->lock held). true: parked. */
+static bool park_unknown(ucx_conn *c, fr_chunk *ch)
+{
+    for (size_t i = 0; i < c->nrkeys; i++)
+        if (c->rkeys[i].key == ch->key)
+            return false;
+    fr_import imp;
+    if (fr_peer_import_find(c->p, ch->key, &imp))
+        return false;
+    struct ucx_keyreq *q = c->kq_head;
+    while (q && q->key != ch->key)
+        q = q->next;
+    if (!q) {
+        q = fr_calloc(1, sizeof *q);
+        fr_msg m = {.type = FR_MSG_MAP};
+        m.u.map.key = ch->key;
+        if (!q)
+            return false;   /* refused below as an unknown key */
+        q->key = ch->key;
+        q->req_id = ++c->next_req;
+        if (queue_frame(c, &m, q->req_id) < 0) {
+            fr_free(q);
+            return false;
+        }
+        if (c->kq_tail)
+            c->kq_tail->next = q;
+        else
+            c->kq_head = q;
+        c->kq_tail = q;
+    }
+    ch->next = q->parked;
+    q->parked = ch;
+    return true;
+}
+
 static int post_rw(ucx_conn *c, fr_chunk **chunks, size_t n)
+{
+    /* Chunks with unknown keys park first; the rest go now. */
+    fr_chunk **go = fr_calloc(n, sizeof *go);
+    if (!go)
+        return FERRY_ENOMEM;
+    size_t ng = 0;
+    bool parked = false;
+    pthread_mutex_lock(&c->lock);
+    for (size_t i = 0; i < n; i++) {
+        if (!c->failed && park_unknown(c, chunks[i]))
+            parked = true;
+        else
+            go[ng++] = chunks[i];
+    }
+    pthread_mutex_unlock(&c->lock);
+    if (parked)
+        fr_ucx_wake(c->st);
+    int rc = ng ? post_known(c, go, ng) : 0;
+    if (rc < 0)   /* the parked ones were taken: complete these here */
+        for (size_t i = 0; i < ng; i++)
+            fr_chunk_done(go[i], rc, false);
+    fr_free(go);
+    return 0;
+}
+
+static int post_known(ucx_conn *c, fr_chunk **chunks, size_t n)
 {
     ucx_batch *b = fr_calloc(1, sizeof *b);
     if (b) {

@@ -100,6 +100,13 @@ struct ucx_conn {
     size_t out_len, out_off, out_cap;
     bool want_out;             /* EPOLLOUT is armed */
     fr_chunk *await_head, *await_tail;   /* notifies sent or queued, awaiting their ACK */
+    /* Keys asked of the peer (a key that came without its descriptor):
+     * in order, each with the chunks parked on its answer. */
+    struct ucx_keyreq {
+        uint64_t key, req_id;
+        fr_chunk *parked;
+        struct ucx_keyreq *next;
+    } *kq_head, *kq_tail;
     uint64_t next_req;
     uint8_t in[256];           /* partial control frames received */
     size_t in_len;

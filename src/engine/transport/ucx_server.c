@@ -265,6 +265,34 @@ static int srv_ack(int fd, uint64_t req_id)
     return fr_send_msg(fd, &m, req_id);
 }
 
+/* A region by key for a peer that has its key but not its descriptor:
+ * READ_RESP carrying base u64, length u64, flags u32 and the rkey, or
+ * FERRY_EACCES and nothing when there is no such remote-accessible region. */
+static int srv_describe(ucx_srv_conn *sc, uint64_t req_id, uint64_t key)
+{
+    fr_import imp;
+    fr_msg m = {.type = FR_MSG_READ_RESP};
+    uint8_t out[FR_WIRE_HDR_LEN + 64 + 20 + FR_DESC_RKEY_MAX];
+    int rc = fr_region_ucx_info(sc->st->e, key, &imp);
+    if (rc < 0) {
+        m.u.read_resp.status = rc;
+        return fr_send_msg(sc->fd, &m, req_id);
+    }
+    m.u.read_resp.len = 20 + (uint64_t)imp.rkey_len;
+    int k = fr_wire_encode(&m, req_id, m.u.read_resp.len, out, sizeof out - 20 - FR_DESC_RKEY_MAX);
+    if (k < 0)
+        return k;
+    uint8_t *d = out + k;
+    for (int i = 0; i < 8; i++) {
+        d[i] = (uint8_t)(imp.base >> (8 * i));
+        d[8 + i] = (uint8_t)(imp.len >> (8 * i));
+    }
+    for (int i = 0; i < 4; i++)
+        d[16 + i] = (uint8_t)(imp.flags >> (8 * i));
+    memcpy(d + 20, imp.rkey, imp.rkey_len);
+    return fr_write_full(sc->fd, out, (size_t)k + 20 + imp.rkey_len);
+}
+
 /* After the handshake: this worker's address (u32 length, bytes), then
  * NOTIFY frames until the client goes away. */
 static void srv_serve(ucx_srv_conn *sc)
@@ -288,6 +316,11 @@ static void srv_serve(ucx_srv_conn *sc)
         }
         if (rc < 0)
             return;   /* the peer went away */
+        if (hdr.type == FR_MSG_MAP) {   /* here: describe a region by key (ucx.c, key lookups) */
+            if (srv_describe(sc, hdr.req_id, m.u.map.key) < 0)
+                return;
+            continue;
+        }
         if (hdr.type != FR_MSG_NOTIFY) {
             FR_WARN(UCX_TAG, "dropping control connection from %s: unexpected message type %u", sc->peer,
                     (unsigned)hdr.type);
