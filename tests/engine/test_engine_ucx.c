@@ -210,7 +210,52 @@ static void test_killed_while_moving(void **s)
     ferry_engine_close(e);
 }
 
+/* A key that came without its descriptor (endpoint from ferry_peer_add,
+ * address and key from elsewhere, as pull-on-demand and the subscriber
+ * do): the target describes the region over the control connection and
+ * the write lands; a key it does not have is refused untouched. */
+static void test_key_without_descriptor(void **s)
+{
+    (void)s;
+    ferry_engine *e;
+    open_ucx(&e, NULL);
+    ft_peer p;
+    assert_int_equal(ft_peer_start(&p, &(ft_peer_opts){.size = MiB}), 0);
+    fr_region_desc rd;
+    assert_int_equal(fr_region_desc_decode(p.desc, p.desc_len, &rd), 0);
+    ferry_peer_id id;
+    assert_int_equal(ferry_peer_add(e, p.ep, p.ep_len, &id), 0);
+    void *m;
+    ferry_region *lr;
+    assert_int_equal(ferry_mem_alloc(e, 64 * 1024, &m), 0);
+    assert_int_equal(ferry_region_register(e, m, 64 * 1024, 0, FERRY_MEM_HOST, &lr), 0);
+    assert_int_equal(ft_peer_cmd(&p, NULL, 0, 30000, "fill 9"), 0);
+    uint64_t before = ft_peer_hash(&p, 0, MiB);
+    ferry_op w = {.opcode = FERRY_OP_WRITE, .local = m, .len = 4096, .peer = id,
+                  .remote_addr = rd.base + 8192, .key = rd.key ^ 1};
+    ferry_ticket *t;
+    assert_int_equal(ferry_submit(e, &w, 1, 0, &t), 0);
+    assert_int_equal(ferry_ticket_wait(t, 30000), FERRY_TICKET_ABORTED);
+    assert_int_equal(ferry_ticket_error(t), FERRY_EACCES);
+    ferry_ticket_free(t);
+    assert_true(ft_peer_hash(&p, 0, MiB) == before);
+    ft_pattern(m, 4096, 11, 0);
+    w.key = rd.key;
+    assert_int_equal(ferry_submit(e, &w, 1, 0, &t), 0);
+    assert_int_equal(ferry_ticket_wait(t, 30000), FERRY_TICKET_COMPLETED);
+    ferry_ticket_free(t);
+    assert_true(ft_peer_hash(&p, 8192, 4096) == ft_hash(m, 4096));
+    w.remote_addr = rd.base + MiB - 100;   /* the description bounds it too */
+    assert_int_equal(ferry_submit(e, &w, 1, 0, &t), 0);
+    assert_int_equal(ferry_ticket_wait(t, 30000), FERRY_TICKET_ABORTED);
+    assert_int_equal(ferry_ticket_error(t), FERRY_EFAULT);
+    ferry_ticket_free(t);
+    ft_peer_stop(&p);
+    ferry_engine_close(e);
+}
+
 static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_key_without_descriptor),
     cmocka_unit_test(test_no_address_without_token),
     cmocka_unit_test(test_descriptor_rkey),
     cmocka_unit_test(test_killed_while_moving),
