@@ -7,10 +7,13 @@ set -u
 # python3-venv: the environment `pip install .` goes into (README.md);
 # python3-torch: the Python tests of torch tensors in and out;
 # libmicrohttpd-dev: the /metrics endpoint of `ferry master` and `ferry node`;
-# curl: the test that scrapes it (tests/store/test_store_metrics.c).
+# curl: the test that scrapes it (tests/store/test_store_metrics.c);
+# libucx-dev: the ucx transport (src/engine/transport/ucx*.c, RDMA fabrics
+# through UCX; tested here over UCX's tcp and shared-memory transports);
+# ucx-utils: ucx_perftest, the baseline of `ferry bench engine --transport ucx`.
 PKGS=(cmake make gcc pkg-config libxxhash-dev libjansson-dev libcmocka-dev libsodium-dev
       python3-dev python3-numpy python3-pytest iproute2 clang libclang-rt-14-dev
-      libdlpack-dev python3-venv python3-torch libmicrohttpd-dev curl)
+      libdlpack-dev python3-venv python3-torch libmicrohttpd-dev curl libucx-dev ucx-utils)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

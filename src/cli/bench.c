@@ -269,6 +269,7 @@ static void bench_rows(bench_ctx *c)
 static void usage_engine(FILE *f)
 {
     fprintf(f, "usage: ferry bench engine [--transport shm|tcp (shm)] [--block SIZE]... (64K 1M 4M)\n"
+               "       (--transport ucx [--tls tcp|shm]: see ferry bench engine --transport ucx --help)\n"
                "                          [--total SIZE (1G)] [--streams N (4)] [--threads N (2)]\n"
                "                          [--reps N (3)] [--json]\n"
                "                          [--rows N [--row SIZE (4K)] [--stride SIZE (16K)]]\n"
@@ -292,7 +293,7 @@ static int parse(int argc, char **argv, bench_opts *o)
             o->json = true;
         else if (!strcmp(a, "--transport")) {
             if (strcmp(v, "shm") && strcmp(v, "tcp")) {
-                fprintf(stderr, "ferry: --transport wants shm or tcp, not '%s'\n", v);
+                fprintf(stderr, "ferry: --transport wants shm, tcp or ucx, not '%s'\n", v);
                 return -1;
             }
             o->transport = v;
@@ -412,8 +413,13 @@ static void bench_blocks(bench_ctx *c, bool tcp)
                    : "single-threaded memcpy between two pre-touched buffers");
 }
 
+int cmd_bench_engine_ucx(int argc, char **argv, const char *self);   /* bench_ucx.c */
+
 static int bench_engine(int argc, char **argv, const char *self)
 {
+    for (int i = 2; i + 1 < argc; i++)   /* its own options and baseline */
+        if (!strcmp(argv[i], "--transport") && !strcmp(argv[i + 1], "ucx"))
+            return cmd_bench_engine_ucx(argc, argv, self);
     bench_ctx c = {0};
     int pr = parse(argc, argv, &c.o);
     if (pr != 0)

@@ -8,9 +8,26 @@
 
 #include "engine/engine_int.h"
 
-/* Index into e->tp_state. */
-enum { TP_SHM = 0, TP_TCP = 1 };
-static const fr_transport *const transports[2] = {&fr_transport_shm, &fr_transport_tcp};
+/* Indexed like e->tp_state (FR_TP_*). The ucx transport starts only in an
+ * engine that chose it (ferry_engine_config.transport "ucx"): its worker
+ * opens UCX's own listeners, which nothing else should pay for. */
+static const fr_transport *const transports[FR_TP_COUNT] = {
+    &fr_transport_shm, &fr_transport_tcp,
+#ifdef FERRY_HAVE_UCX
+    &fr_transport_ucx,
+#else
+    NULL,
+#endif
+};
+
+static bool transport_known(const char *tr)
+{
+    return strcmp(tr, "shm") == 0 || strcmp(tr, "tcp") == 0
+#ifdef FERRY_HAVE_UCX
+           || strcmp(tr, "ucx") == 0
+#endif
+        ;
+}
 
 static int env_u64(const char *name, uint64_t *out)
 {
@@ -61,8 +78,12 @@ int ferry_engine_config_init(ferry_engine_config *cfg)
     cfg->connect_timeout_ms = 5000;
     const char *tr = getenv("FERRY_TRANSPORT");
     if (tr && *tr) {
-        if (strcmp(tr, "shm") != 0 && strcmp(tr, "tcp") != 0) {
-            FR_ERROR("engine", "FERRY_TRANSPORT=%s: expected shm or tcp", tr);
+        if (!transport_known(tr)) {
+#ifdef FERRY_HAVE_UCX
+            FR_ERROR("engine", "FERRY_TRANSPORT=%s: expected shm, tcp or ucx", tr);
+#else
+            FR_ERROR("engine", "FERRY_TRANSPORT=%s: expected shm or tcp (this build has no UCX)", tr);
+#endif
             return FERRY_EINVAL;
         }
         snprintf(cfg->transport, sizeof cfg->transport, "%s", tr);
@@ -125,7 +146,7 @@ static int validate_config(const ferry_engine_config *c)
         c->tcp_chunk == 0 || c->tcp_chunk > FR_WIRE_MAX_DATA || c->shm_threads == 0 ||
         c->shm_threads > 64 || c->window_bytes == 0 || c->window_ops == 0)
         return FERRY_EINVAL;
-    if (c->transport[0] && strcmp(c->transport, "shm") != 0 && strcmp(c->transport, "tcp") != 0)
+    if (c->transport[0] && !transport_known(c->transport))
         return FERRY_EINVAL;
     return 0;
 }
@@ -161,7 +182,9 @@ int ferry_engine_open(const ferry_engine_config *cfg, ferry_engine **out)
         }
         FR_WARN("engine", "fault injection on: %s", cfg->fault);
     }
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < FR_TP_COUNT; i++) {
+        if (!transports[i] || (i == FR_TP_UCX && strcmp(cfg->transport, "ucx") != 0))
+            continue;
         rc = transports[i]->start(e, &e->tp_state[i]);
         if (rc < 0) {
             FR_ERROR("engine", "cannot start the %s transport: %s", transports[i]->name, ferry_strerror(rc));
@@ -200,7 +223,7 @@ void ferry_engine_close(ferry_engine *e)
         if (e->peers[i])
             peer_disconnect(e, e->peers[i]);
     fr_tickets_wait_drained(e);
-    for (int i = 0; i < 2; i++)
+    for (int i = FR_TP_COUNT - 1; i >= 0; i--)   /* ucx first: it reads the region list */
         if (e->tp_state[i])
             transports[i]->stop(e->tp_state[i]);
     fr_tickets_destroy_all(e);
@@ -208,6 +231,8 @@ void ferry_engine_close(ferry_engine *e)
         if (!e->peers[i])
             continue;
         pthread_rwlock_destroy(&e->peers[i]->rw);
+        pthread_mutex_destroy(&e->peers[i]->imp_lock);
+        fr_free(e->peers[i]->imports);
         fr_free(e->peers[i]);
     }
     fr_free(e->peers);
@@ -236,6 +261,10 @@ const char *ferry_engine_address(const ferry_engine *e) { return e ? e->address 
 
 static const fr_transport *choose_transport(const ferry_engine *e, const fr_endpoint *ep)
 {
+#ifdef FERRY_HAVE_UCX
+    if (strcmp(e->cfg.transport, "ucx") == 0)
+        return (ep->transports & FR_TRANSPORT_UCX) ? &fr_transport_ucx : NULL;
+#endif
     if (strcmp(e->cfg.transport, "tcp") == 0)
         return &fr_transport_tcp;
     bool same_host = memcmp(ep->host, e->ep.host, 16) == 0;
@@ -244,11 +273,14 @@ static const fr_transport *choose_transport(const ferry_engine *e, const fr_endp
     return (ep->transports & FR_TRANSPORT_TCP) ? &fr_transport_tcp : NULL;
 }
 
+static fr_peer *peer_get(ferry_engine *e, ferry_peer_id id);
+
 static int peer_add_ep(ferry_engine *e, const fr_endpoint *ep, ferry_peer_id *out)
 {
     const fr_transport *tp = choose_transport(e, ep);
     if (!tp) {
-        FR_ERROR("engine", "no common transport with peer instance %016llx", (unsigned long long)ep->instance);
+        FR_ERROR("engine", "no common transport with peer instance %016llx%s", (unsigned long long)ep->instance,
+                 strcmp(e->cfg.transport, "ucx") == 0 ? " (this engine uses ucx; the peer does not)" : "");
         return FERRY_ENOTSUP;
     }
     pthread_mutex_lock(&e->lock);
@@ -274,6 +306,7 @@ static int peer_add_ep(ferry_engine *e, const fr_endpoint *ep, ferry_peer_id *ou
         p->tp = &fr_transport_fault;
     }
     pthread_rwlock_init(&p->rw, NULL);
+    pthread_mutex_init(&p->imp_lock, NULL);
     e->peers[e->npeers++] = p;
     *out = p->id;
     pthread_mutex_unlock(&e->lock);
@@ -306,7 +339,11 @@ int ferry_region_import(ferry_engine *e, const void *desc, size_t len, ferry_rem
     if (rc < 0)
         return rc;
     ferry_peer_id id;
-    rc = peer_add_connect(e, &d.ep, &id);
+    rc = peer_add_ep(e, &d.ep, &id);
+    if (rc == 0 && (d.ep.transports & FR_TRANSPORT_UCX))   /* the ucx transport checks against it */
+        rc = fr_peer_import_add(peer_get(e, id), &d);
+    if (rc == 0)
+        rc = fr_peer_connect(e, id);
     if (rc < 0)
         return rc;
     *out = (ferry_remote_region){.peer = id, .addr = d.base, .len = d.len, .key = d.key, .flags = d.flags};
@@ -384,6 +421,40 @@ int ferry_peer_reset(ferry_engine *e, ferry_peer_id id)
     pthread_mutex_unlock(&e->lock);
     FR_INFO("engine", "peer %u reset", id);
     return 0;
+}
+
+int fr_peer_import_add(fr_peer *p, const fr_region_desc *d)
+{
+    const fr_import imp = {.key = d->key, .base = d->base, .len = d->len, .flags = d->flags,
+                           .rkey_len = d->rkey_len};
+    int rc = 0;
+    pthread_mutex_lock(&p->imp_lock);
+    size_t i = 0;
+    while (i < p->nimports && p->imports[i].key != d->key)
+        i++;
+    if (i == p->nimports)
+        rc = fr_grow((void **)&p->imports, &p->cap_imports, p->nimports + 1, sizeof *p->imports);
+    if (rc == 0) {
+        p->imports[i] = imp;
+        memcpy(p->imports[i].rkey, d->rkey, d->rkey_len);
+        if (i == p->nimports)
+            p->nimports++;
+    }
+    pthread_mutex_unlock(&p->imp_lock);
+    return rc;
+}
+
+bool fr_peer_import_find(fr_peer *p, uint64_t key, fr_import *out)
+{
+    bool found = false;
+    pthread_mutex_lock(&p->imp_lock);
+    for (size_t i = 0; i < p->nimports && !found; i++)
+        if (p->imports[i].key == key) {
+            *out = p->imports[i];
+            found = true;
+        }
+    pthread_mutex_unlock(&p->imp_lock);
+    return found;
 }
 
 const char *ferry_peer_transport(const ferry_engine *e, ferry_peer_id id)

@@ -85,6 +85,11 @@ struct fr_transport {
 extern const fr_transport fr_transport_tcp;
 extern const fr_transport fr_transport_shm;
 extern const fr_transport fr_transport_fault;   /* wraps p->inner_tp, see fault.c */
+#ifdef FERRY_HAVE_UCX
+extern const fr_transport fr_transport_ucx;     /* transport/ucx*.c, started only when chosen */
+#endif
+/* e->tp_state slots. */
+enum { FR_TP_SHM = 0, FR_TP_TCP = 1, FR_TP_UCX = 2, FR_TP_COUNT = 3 };
 
 /* Fault injection (enabled by ferry_engine_config.fault / FERRY_FAULT). */
 typedef struct fr_fault fr_fault;
@@ -101,7 +106,25 @@ struct fr_peer {
     uint64_t reset_gen;        /* bumped by ferry_peer_reset: drops older fences */
     bool connecting;           /* a thread is connecting (engine lock) */
     pthread_rwlock_t rw;       /* read: posting to conn; write: replacing conn */
+    /* Regions of this peer imported with a UCX rkey (ferry_region_import):
+     * what the ucx transport checks every access against before posting. */
+    pthread_mutex_t imp_lock;
+    struct fr_import *imports;
+    size_t nimports, cap_imports;
 };
+
+/* One imported remote region of a UCX peer. */
+typedef struct fr_import {
+    uint64_t key, base, len;
+    uint32_t flags;
+    uint16_t rkey_len;
+    uint8_t rkey[FR_DESC_RKEY_MAX];
+} fr_import;
+
+/* Record (or refresh) an imported region of p; 0 or FERRY_ENOMEM. */
+int fr_peer_import_add(fr_peer *p, const fr_region_desc *d);
+/* Copy out p's imported region with this key; false when there is none. */
+bool fr_peer_import_find(fr_peer *p, uint64_t key, fr_import *out);
 
 /* A registered local region. */
 struct ferry_region {
@@ -118,6 +141,9 @@ struct ferry_region {
     uint64_t memfd_len;
     uint32_t memfd_id;
     int slot;                  /* shm key-table slot */
+    void *ucx_memh;            /* ucp_mem_h when the ucx transport mapped it, else NULL */
+    uint16_t ucx_rkey_len;     /* its packed rkey, exported in the descriptor */
+    uint8_t ucx_rkey[FR_DESC_RKEY_MAX];
 };
 
 /* memfd-backed allocation from ferry_mem_alloc. */
@@ -185,7 +211,7 @@ struct ferry_engine {
     size_t nnotify, cap_notify;
     uint64_t notify_seq;       /* arrival number of the next notification (nlock) */
 
-    void *tp_state[2];         /* per transport: [0]=shm, [1]=tcp */
+    void *tp_state[FR_TP_COUNT];   /* per transport (FR_TP_*); ucx only when chosen */
     fr_fault *fault;           /* fault injection, NULL when off */
 
     struct {
@@ -241,6 +267,17 @@ void fr_notify_destroy(ferry_engine *e);
  * FERRY_ECONNRESET. */
 int fr_auth_client(ferry_engine *e, int fd, const fr_peer *p, uint16_t role,
                    uint16_t stream, uint32_t *server_pid);
+
+/* ucx memory mapping (transport/ucx_server.c): a remote-accessible region
+ * is mapped with ucp_mem_map and its rkey packed when the engine runs the
+ * ucx transport; nothing happens otherwise. 0 or a negative code. */
+#ifdef FERRY_HAVE_UCX
+int fr_ucx_region_map(ferry_engine *e, ferry_region *r);
+void fr_ucx_region_unmap(ferry_engine *e, ferry_region *r);
+/* A remote-accessible region of this engine by key, as a peer would import
+ * it (base, length, flags, rkey); FERRY_EACCES when there is none. */
+int fr_region_ucx_info(ferry_engine *e, uint64_t key, fr_import *out);
+#endif
 
 /* Stats helper. */
 #define FR_STAT_ADD(e, field, n) atomic_fetch_add_explicit(&(e)->stats.field, (n), memory_order_relaxed)

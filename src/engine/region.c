@@ -278,6 +278,15 @@ int ferry_region_register(ferry_engine *e, void *addr, size_t len, unsigned flag
     r->slot = -1;
     atomic_init(&r->remote_refs, 0);
     r->key = fr_random_u64();
+#ifdef FERRY_HAVE_UCX
+    if (flags) {
+        int mrc = fr_ucx_region_map(e, r);
+        if (mrc < 0) {
+            fr_free(r);
+            return mrc;
+        }
+    }
+#endif
 
     pthread_mutex_lock(&e->lock);
     int rc = fr_grow((void **)&e->regions, &e->cap_regions, e->nregions + 1, sizeof *e->regions);
@@ -306,6 +315,9 @@ int ferry_region_register(ferry_engine *e, void *addr, size_t len, unsigned flag
     return 0;
 fail:
     pthread_mutex_unlock(&e->lock);
+#ifdef FERRY_HAVE_UCX
+    fr_ucx_region_unmap(e, r);
+#endif
     fr_free(r);
     return rc;
 }
@@ -343,6 +355,9 @@ int ferry_region_unregister(ferry_region *r)
     }
     region_remove_locked(e, r);
     pthread_mutex_unlock(&e->lock);
+#ifdef FERRY_HAVE_UCX
+    fr_ucx_region_unmap(e, r);
+#endif
     fr_free(r);
     return 0;
 }
@@ -389,6 +404,10 @@ int ferry_region_export(const ferry_region *r, void *buf, size_t cap)
         return FERRY_EINVAL;
     fr_region_desc d = {.ep = r->e->ep, .base = (uint64_t)(uintptr_t)r->addr, .len = r->len,
                         .key = r->key, .flags = r->flags, .mem_kind = r->kind};
+    if (d.ep.transports & FR_TRANSPORT_UCX) {
+        d.rkey_len = r->ucx_rkey_len;
+        memcpy(d.rkey, r->ucx_rkey, r->ucx_rkey_len);
+    }
     return fr_region_desc_encode(&d, buf, cap);
 }
 
@@ -471,3 +490,19 @@ int fr_region_map_info(ferry_engine *e, uint64_t key, fr_msg_map_resp *out, int 
     out->status = rc;
     return rc;
 }
+
+#ifdef FERRY_HAVE_UCX
+int fr_region_ucx_info(ferry_engine *e, uint64_t key, fr_import *out)
+{
+    pthread_mutex_lock(&e->lock);
+    ferry_region *r = find_by_key(e, key);
+    int rc = r && r->flags && r->ucx_rkey_len ? 0 : FERRY_EACCES;
+    if (rc == 0) {
+        *out = (fr_import){.key = key, .base = (uint64_t)(uintptr_t)r->addr, .len = r->len,
+                           .flags = r->flags, .rkey_len = r->ucx_rkey_len};
+        memcpy(out->rkey, r->ucx_rkey, r->ucx_rkey_len);
+    }
+    pthread_mutex_unlock(&e->lock);
+    return rc;
+}
+#endif

@@ -16,16 +16,22 @@
  *    44  16  addr
  *    60   2  uds_len    <= FR_UDS_MAX
  *    62   n  uds        uds_len bytes, no NUL
- *  region only, from 62+n:
+ *  UCX endpoints only (transports has FR_TRANSPORT_UCX):
+ *     +0  2  ucx_port   the UCX control port at addr, not 0
+ *  region only, after the endpoint:
  *     +0  8  base
  *     +8  8  len        > 0, base+len does not overflow
  *    +16  8  key
  *    +24  4  flags      FERRY_REMOTE_READ | FERRY_REMOTE_WRITE bits only
  *    +28  4  mem_kind   0 host, 1 device
+ *   UCX endpoints only:
+ *    +32  2  rkey_len   <= FR_DESC_RKEY_MAX
+ *    +34  k  rkey       a UCX packed rkey, structurally valid (fr_ucx_rkey_ok) when k > 0
  *  then  4  check       low 32 bits of XXH3-64 of every byte before it
  *
- * An endpoint blob is 66..173 bytes, a region blob 98..205: both fit in
- * FR_DESC_MAX. The encoding is canonical (one blob per value), so a decoded
+ * An endpoint blob is 66..175 bytes, a region blob 98..205 (UCX: up to
+ * 337, so a UCX region blob must keep rkey and socket name short enough to
+ * fit FR_DESC_MAX: its encoder says FERRY_EMSGSIZE otherwise). The encoding is canonical (one blob per value), so a decoded
  * blob re-encodes to the same bytes.
  *
  * Blobs are handed in by the application, so a malformed one is a bad
@@ -45,7 +51,8 @@
 #define FR_DESC_CHECK_LEN 4
 #define FR_DESC_FLAGS_KNOWN 0x3u    /* FERRY_REMOTE_READ | FERRY_REMOTE_WRITE */
 #define FR_DESC_MEM_KIND_MAX 1u     /* FERRY_MEM_DEVICE */
-#define FR_DESC_TRANSPORTS_KNOWN (FR_TRANSPORT_SHM | FR_TRANSPORT_TCP)
+#define FR_DESC_TRANSPORTS_KNOWN (FR_TRANSPORT_SHM | FR_TRANSPORT_TCP | FR_TRANSPORT_UCX)
+#define FR_DESC_UCX_MEMTYPE_MAX 15u  /* UCS_MEMORY_TYPE_* fit well below */
 
 /* ---- bounded little-endian cursors ------------------------------------ */
 /* Both cursors latch a failure instead of touching memory out of range, so
@@ -123,7 +130,35 @@ static bool endpoint_ok(const fr_endpoint *ep, size_t uds_len)
         return false;
     if (ep->transports == 0 || (ep->transports & ~FR_DESC_TRANSPORTS_KNOWN))
         return false;
+    if ((ep->transports & FR_TRANSPORT_UCX) ? ep->ucx_port == 0 : ep->ucx_port != 0)
+        return false;
     return uds_len <= FR_UDS_MAX;
+}
+
+bool fr_ucx_rkey_ok(const uint8_t *rkey, size_t n)
+{
+    fr_rcur r = { rkey, n, 0, false };
+    uint64_t md_map = r_le(&r, 8);
+    uint64_t mem_type = r_le(&r, 1);
+    if (r.bad || mem_type > FR_DESC_UCX_MEMTYPE_MAX)
+        return false;
+    for (; md_map; md_map &= md_map - 1)
+        (void)r_take(&r, (size_t)r_le(&r, 1));
+    return !r.bad;
+}
+
+/* The rkey fields of a UCX region: a bounded length, zeroes past it (so a
+ * value has one encoding), a UCX-shaped rkey; none for other endpoints. */
+static bool rkey_ok(const fr_region_desc *rd)
+{
+    if (!(rd->ep.transports & FR_TRANSPORT_UCX))
+        return rd->rkey_len == 0;
+    if (rd->rkey_len > FR_DESC_RKEY_MAX)
+        return false;
+    for (size_t i = rd->rkey_len; i < FR_DESC_RKEY_MAX; i++)
+        if (rd->rkey[i])
+            return false;
+    return rd->rkey_len == 0 || fr_ucx_rkey_ok(rd->rkey, rd->rkey_len);
 }
 
 static bool region_ok(const fr_region_desc *rd)
@@ -131,7 +166,8 @@ static bool region_ok(const fr_region_desc *rd)
     uint64_t end;
     if (rd->len == 0 || __builtin_add_overflow(rd->base, rd->len, &end))
         return false;
-    return (rd->flags & ~FR_DESC_FLAGS_KNOWN) == 0 && rd->mem_kind <= FR_DESC_MEM_KIND_MAX;
+    return (rd->flags & ~FR_DESC_FLAGS_KNOWN) == 0 && rd->mem_kind <= FR_DESC_MEM_KIND_MAX &&
+           rkey_ok(rd);
 }
 
 /* ---- encode ----------------------------------------------------------- */
@@ -154,6 +190,8 @@ static void put_endpoint(fr_wcur *w, const fr_endpoint *ep, size_t uds_len)
     w_bytes(w, ep->addr, sizeof ep->addr);
     w_le(w, uds_len, 2);
     w_bytes(w, ep->uds, uds_len);
+    if (ep->transports & FR_TRANSPORT_UCX)
+        w_le(w, ep->ucx_port, 2);
 }
 
 static void put_region(fr_wcur *w, const fr_region_desc *rd)
@@ -163,6 +201,10 @@ static void put_region(fr_wcur *w, const fr_region_desc *rd)
     w_le(w, rd->key, 8);
     w_le(w, rd->flags, 4);
     w_le(w, rd->mem_kind, 4);
+    if (rd->ep.transports & FR_TRANSPORT_UCX) {
+        w_le(w, rd->rkey_len, 2);
+        w_bytes(w, rd->rkey, rd->rkey_len);
+    }
 }
 
 /* Append the check over everything written so far; bytes or EMSGSIZE. */
@@ -238,7 +280,9 @@ static bool get_endpoint(fr_rcur *r, fr_endpoint *ep)
     /* ep->uds was zeroed by the caller, so the name is terminated. */
     if (r->bad || memchr(ep->uds, 0, uds_len))
         return false;
-    return endpoint_ok(ep, uds_len);
+    if (ep->transports & FR_TRANSPORT_UCX)
+        ep->ucx_port = (uint16_t)r_le(r, 2);
+    return !r->bad && endpoint_ok(ep, uds_len);
 }
 
 static void get_region(fr_rcur *r, fr_region_desc *rd)
@@ -248,6 +292,15 @@ static void get_region(fr_rcur *r, fr_region_desc *rd)
     rd->key = r_le(r, 8);
     rd->flags = (uint32_t)r_le(r, 4);
     rd->mem_kind = (uint32_t)r_le(r, 4);
+    if (!(rd->ep.transports & FR_TRANSPORT_UCX))
+        return;
+    size_t k = (size_t)r_le(r, 2);
+    if (r->bad || k > FR_DESC_RKEY_MAX) {
+        r->bad = true;
+        return;
+    }
+    rd->rkey_len = (uint16_t)k;
+    r_bytes(r, rd->rkey, k);
 }
 
 /* Everything before the check consumed, nothing more. */

@@ -32,7 +32,7 @@
  * answers FERRY_EMSGSIZE when cap is too small (and then writes nothing).
  *
  * Rules beyond the comments in wire.h: reserved bytes are zero; a status is
- * 0 or in [-(FERRY_EBASE+1000), -1]; AUTH role is 1..4; READ and WRITE
+ * 0 or in [-(FERRY_EBASE+1000), -1]; AUTH role is 1..5; READ and WRITE
  * name 1..FR_WIRE_MAX_DATA bytes and addr+len does not wrap; READ_ROWS and
  * WRITE_ROWS have 2 <= rows, 0 < len <= stride, rows*len <= FR_WIRE_MAX_DATA
  * (else FERRY_EMSGSIZE) and an extent addr + (rows-1)*stride + len that
@@ -412,7 +412,7 @@ static int msg_check(const fr_msg *m, uint64_t data_len)
     int rc;
     switch (m->type) {
     case FR_MSG_AUTH:
-        rc = (m->u.auth.role >= FR_ROLE_TCP_STREAM && m->u.auth.role <= FR_ROLE_STORE_NODE)
+        rc = (m->u.auth.role >= FR_ROLE_TCP_STREAM && m->u.auth.role <= FR_ROLE_UCX_CTRL)
                  ? 0 : FERRY_EINVAL;
         break;
     case FR_MSG_AUTH_FAIL:

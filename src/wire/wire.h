@@ -65,6 +65,7 @@ enum fr_msg_type {
  * protocol connections to the master from clients and from nodes. */
 enum fr_conn_role {
     FR_ROLE_TCP_STREAM = 1, FR_ROLE_SHM_CTRL = 2, FR_ROLE_STORE_CLIENT = 3, FR_ROLE_STORE_NODE = 4,
+    FR_ROLE_UCX_CTRL = 5,   /* the ucx transport's control connection */
 };
 
 typedef struct {
@@ -161,7 +162,10 @@ int fr_wire_decode(const fr_frame_hdr *hdr, const uint8_t *body, size_t n, fr_ms
 /* ---- descriptors (exported blobs) --------------------------------------- */
 #define FR_TRANSPORT_SHM 1u
 #define FR_TRANSPORT_TCP 2u
+#define FR_TRANSPORT_UCX 4u     /* a UCX worker behind an authenticated control port */
 #define FR_UDS_MAX 107
+/* Most bytes of a region's transport blob (a UCX packed rkey). */
+#define FR_DESC_RKEY_MAX 128
 
 typedef struct {
     uint64_t instance;          /* random per engine open; never 0 */
@@ -172,6 +176,7 @@ typedef struct {
     uint16_t port;
     uint8_t addr[16];           /* IPv4 in the first 4 bytes */
     char uds[FR_UDS_MAX + 1];   /* abstract unix socket name, NUL terminated ("" = none) */
+    uint16_t ucx_port;          /* FR_TRANSPORT_UCX: the control port at addr (never 0) */
 } fr_endpoint;
 
 typedef struct {
@@ -179,14 +184,26 @@ typedef struct {
     uint64_t base, len, key;
     uint32_t flags;             /* FERRY_REMOTE_* */
     uint32_t mem_kind;          /* enum ferry_mem_kind */
+    /* FR_TRANSPORT_UCX endpoints only: the region's packed UCX rkey (0 bytes
+     * when the region is not remote-accessible); bytes past rkey_len are 0. */
+    uint16_t rkey_len;
+    uint8_t rkey[FR_DESC_RKEY_MAX];
 } fr_region_desc;
 
 /* Blob layout: magic "FRYD" u32, version u16, kind u16 (1 endpoint, 2 region),
- * fields, then u32 check (XXH3-64 low bits of everything before). */
+ * fields, then u32 check (XXH3-64 low bits of everything before). The UCX
+ * fields (ucx_port, rkey) are present only when transports has
+ * FR_TRANSPORT_UCX, so other blobs are byte for byte what they were. */
 #define FR_DESC_MAX 256
 int fr_endpoint_encode(const fr_endpoint *ep, uint8_t *out, size_t cap);      /* bytes or <0 */
 int fr_endpoint_decode(const uint8_t *in, size_t n, fr_endpoint *out);
 int fr_region_desc_encode(const fr_region_desc *rd, uint8_t *out, size_t cap);
 int fr_region_desc_decode(const uint8_t *in, size_t n, fr_region_desc *out);
+/* A UCX packed rkey's structure (UCX 1.x): u64 md_map, u8 memory type,
+ * then for each bit of md_map a u8 length and that many bytes, all inside
+ * the n bytes (bytes after the last entry are allowed: later UCX versions
+ * append fields). UCX's own unpacker takes no length, so this is what keeps
+ * it inside the blob. */
+bool fr_ucx_rkey_ok(const uint8_t *rkey, size_t n);
 
 #endif

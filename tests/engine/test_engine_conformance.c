@@ -1,4 +1,5 @@
-/* Transport conformance: every test runs over shm and over tcp, against a
+/* Transport conformance: every test runs over shm and over tcp (and, with
+ * FERRY_TEST_TRANSPORT=ucx, over ucx with whatever UCX_TLS says), against a
  * real peer process. Each asserts the terminal state of its tickets, the
  * bytes that landed (or that nothing landed), and that every process keeps
  * serving afterwards. */
@@ -561,6 +562,10 @@ static void test_strided_refused(void **s)
 static uint64_t strided_chunks(uint64_t rows, uint64_t len, uint64_t rstride)
 {
     const fr_transport *tp = strcmp(g_tp, "shm") == 0 ? &fr_transport_shm : &fr_transport_tcp;
+#ifdef FERRY_HAVE_UCX
+    if (strcmp(g_tp, "ucx") == 0)
+        tp = &fr_transport_ucx;
+#endif
     uint64_t cs = tp->max_chunk ? tp->max_chunk : F.e->cfg.tcp_chunk;
     if (!tp->strided || (tp->disjoint_rows && rstride < len))
         return rows;
@@ -796,8 +801,9 @@ static int raw_connect(void)
     fr_endpoint ep;
     assert_int_equal(fr_endpoint_decode(F.peer.ep, F.peer.ep_len, &ep), 0);
     int fd;
-    if (strcmp(g_tp, "tcp") == 0) {
-        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(ep.port)};
+    if (strcmp(g_tp, "shm") != 0) {   /* tcp, or the ucx control port */
+        uint16_t port = strcmp(g_tp, "ucx") == 0 ? ep.ucx_port : ep.port;
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
         memcpy(&a.sin_addr, ep.addr, 4);
         fd = socket(AF_INET, SOCK_STREAM, 0);
         assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
@@ -818,11 +824,18 @@ static int raw_authed(void)
     int fd = raw_connect();
     fr_peer fake = {.id = 0};
     assert_int_equal(fr_endpoint_decode(F.peer.ep, F.peer.ep_len, &fake.ep), 0);
-    uint16_t role = strcmp(g_tp, "tcp") == 0 ? FR_ROLE_TCP_STREAM : FR_ROLE_SHM_CTRL;
+    uint16_t role = strcmp(g_tp, "tcp") == 0 ? FR_ROLE_TCP_STREAM
+                  : strcmp(g_tp, "ucx") == 0 ? FR_ROLE_UCX_CTRL : FR_ROLE_SHM_CTRL;
     assert_int_equal(fr_auth_client(F.e, fd, &fake, role, 0, NULL), 0);
     if (role == FR_ROLE_SHM_CTRL) {   /* swallow SHM_HELLO (header + meta; its fd is dropped) */
         uint8_t b[FR_WIRE_HDR_LEN + 8];
         assert_int_equal(fr_read_full(fd, b, sizeof b), 0);
+    } else if (role == FR_ROLE_UCX_CTRL) {   /* swallow the worker address (u32 length, bytes) */
+        uint8_t lb[4], b[8192];
+        assert_int_equal(fr_read_full(fd, lb, 4), 0);
+        uint32_t n = lb[0] | (uint32_t)lb[1] << 8 | (uint32_t)lb[2] << 16 | (uint32_t)lb[3] << 24;
+        assert_true(n > 0 && n <= sizeof b);
+        assert_int_equal(fr_read_full(fd, b, n), 0);
     }
     return fd;
 }
@@ -987,5 +1000,14 @@ int main(int argc, char **argv)
         g_tp = "tcp";
         fails += _cmocka_run_group_tests("conformance/tcp", tests, sizeof tests / sizeof *tests, NULL, NULL);
     }
+#ifdef FERRY_HAVE_UCX
+    if (only && !strcmp(only, "ucx")) {   /* only when asked: its UCX_TLS says which UCX transports */
+        g_tp = "ucx";
+        setenv("FERRY_TRANSPORT", "ucx", 1);   /* the peers start their ucx transport too */
+        char name[96];
+        snprintf(name, sizeof name, "conformance/ucx(UCX_TLS=%s)", getenv("UCX_TLS") ? getenv("UCX_TLS") : "default");
+        fails += _cmocka_run_group_tests(name, tests, sizeof tests / sizeof *tests, NULL, NULL);
+    }
+#endif
     return fails;
 }

@@ -1,6 +1,7 @@
 /* The fault-injecting transport: each injected fault must surface as the
  * right terminal state, with the engine's fences, pins and reconnects doing
- * what they do for real failures. Runs over shm and tcp. */
+ * what they do for real failures. Runs over shm and tcp, or, with
+ * FERRY_TEST_TRANSPORT=ucx, over ucx (with the environment's UCX_TLS). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -134,7 +135,8 @@ static void test_dropped_connection(void **s)
 }
 
 /* Faults count chunks: a strided op is one chunk per group of rows, up to
- * the 2 MiB chunk size over shm and up to 512 rows (its row limit) over tcp. */
+ * the 2 MiB chunk size over shm and up to 512 rows (their row limit) over
+ * tcp and ucx. */
 static ferry_op strided_write(uint64_t off, uint64_t rows, uint64_t len, uint64_t rstride)
 {
     return (ferry_op){.opcode = FERRY_OP_WRITE, .local = F.buf, .len = len, .peer = F.rr.peer,
@@ -201,6 +203,12 @@ int main(int argc, char **argv)
     ft_token();
     signal(SIGPIPE, SIG_IGN);
     int fails = 0;
+    const char *only = getenv("FERRY_TEST_TRANSPORT");
+    if (only && !strcmp(only, "ucx")) {
+        g_tp = "ucx";
+        setenv("FERRY_TRANSPORT", "ucx", 1);   /* the peers start their ucx transport too */
+        return _cmocka_run_group_tests("fault/ucx", tests, sizeof tests / sizeof *tests, NULL, NULL);
+    }
     g_tp = "shm";
     fails += _cmocka_run_group_tests("fault/shm", tests, sizeof tests / sizeof *tests, NULL, NULL);
     g_tp = "tcp";

@@ -6,7 +6,10 @@
  *   2  endpoint blob
  *   3  region blob
  *   4  as 1, 5 as 2, 6 as 3, but the harness inserts the check itself
- *      (frame: at byte 20; blob: at the end). A check is a hash the fuzzer
+ *      (frame: at byte 20; blob: at the end).
+ *   7  a UCX packed rkey alone (fr_ucx_rkey_ok), in an exact-size buffer:
+ *      the walk that keeps UCX's length-less unpacker inside the blob must
+ *      itself stay inside it. A check is a hash the fuzzer
  *      cannot forge, so without these modes it would never get past it to
  *      the field rules.
  *
@@ -14,7 +17,8 @@
  * must reproduce the accepted input bytes exactly (every encoding is
  * canonical) and decode to the identical value; anything else aborts. A
  * decoded READ_ROWS/WRITE_ROWS must also describe rows a target can serve
- * without overflow (rows_sane). corpus_wire/ seeds every message type,
+ * without overflow (rows_sane); a decoded UCX region carries a bounded,
+ * UCX-shaped rkey with zeroes after it, and a UCX endpoint a control port. corpus_wire/ seeds every message type,
  * the strided ones (*_rows) included, in modes 0, 1 and 4. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -105,6 +109,7 @@ static void fuzz_endpoint(const uint8_t *in, size_t n)
     FR_FUZZ_CHECK(fr_endpoint_decode(b, (size_t)k, &ep2) == 0);
     FR_FUZZ_CHECK(memcmp(&ep, &ep2, sizeof ep) == 0);
     FR_FUZZ_CHECK(memchr(ep.uds, 0, sizeof ep.uds) != NULL);
+    FR_FUZZ_CHECK(((ep.transports & FR_TRANSPORT_UCX) != 0) == (ep.ucx_port != 0));
 }
 
 static void fuzz_region(const uint8_t *in, size_t n)
@@ -118,6 +123,19 @@ static void fuzz_region(const uint8_t *in, size_t n)
     FR_FUZZ_CHECK(fr_region_desc_decode(b, (size_t)k, &rd2) == 0);
     FR_FUZZ_CHECK(memcmp(&rd, &rd2, sizeof rd) == 0);
     FR_FUZZ_CHECK(memchr(rd.ep.uds, 0, sizeof rd.ep.uds) != NULL);
+    FR_FUZZ_CHECK(rd.rkey_len <= FR_DESC_RKEY_MAX);
+    FR_FUZZ_CHECK(rd.rkey_len == 0 || ((rd.ep.transports & FR_TRANSPORT_UCX) && fr_ucx_rkey_ok(rd.rkey, rd.rkey_len)));
+    for (size_t i = rd.rkey_len; i < FR_DESC_RKEY_MAX; i++)
+        FR_FUZZ_CHECK(rd.rkey[i] == 0);
+}
+
+static void fuzz_rkey(const uint8_t *in, size_t n)
+{
+    uint8_t *b = malloc(n ? n : 1);
+    FR_FUZZ_CHECK(b != NULL);
+    memcpy(b, in, n);
+    (void)fr_ucx_rkey_ok(b, n);   /* ASan: never reads past n */
+    free(b);
 }
 
 /* Run fn on in[0..n) with a valid check over in[0..at) inserted at at, in
@@ -145,14 +163,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     const uint8_t *in = data + 1;
     size_t n = size - 1;
-    switch (data[0] % 7) {
+    switch (data[0] % 8) {
     case 0: fuzz_hdr(in, n); break;
     case 1: fuzz_frame(in, n); break;
     case 2: fuzz_endpoint(in, n); break;
     case 3: fuzz_region(in, n); break;
     case 4: with_check(fuzz_frame, in, n, 20); break;
     case 5: with_check(fuzz_endpoint, in, n, n); break;
-    default: with_check(fuzz_region, in, n, n); break;
+    case 6: with_check(fuzz_region, in, n, n); break;
+    default: fuzz_rkey(in, n); break;
     }
     return 0;
 }

@@ -580,7 +580,7 @@ static void test_status_range(void **state)
 static void test_auth_role(void **state)
 {
     (void)state;
-    static const uint16_t bad[] = { 0, 5, 0x100, UINT16_MAX };
+    static const uint16_t bad[] = { 0, 6, 0x100, UINT16_MAX };   /* 5 is FR_ROLE_UCX_CTRL */
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         fr_msg m;
         uint64_t dl;

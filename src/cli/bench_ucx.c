@@ -1,0 +1,274 @@
+/* `ferry bench engine --transport ucx [--tls tcp|shm]`: ferry's WRITE and
+ * READ throughput over its ucx transport against `ucx_perftest -t
+ * ucp_put_bw` run in the same invocation (server and client on loopback,
+ * the same UCX_TLS and block sizes): the baseline is UCX itself moving
+ * the same blocks, so the ratio is what ferry's engine costs on top of it.
+ * --tls tcp is UCX_TLS=tcp; --tls shm is UCX_TLS=posix,cma,self. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+extern char **environ;
+
+typedef struct ucx_opts {
+    const char *tls, *ucx_tls;
+    uint64_t blocks[8];
+    int nblocks;
+    uint64_t total;
+    unsigned reps;
+    bool json;
+} ucx_opts;
+
+static void usage_ucx(FILE *f)
+{
+    fprintf(f, "usage: ferry bench engine --transport ucx [--tls tcp|shm (tcp)] [--block SIZE]... (64K 1M 4M)\n"
+               "                          [--total SIZE (256M)] [--reps N (3)] [--json]\n"
+               "\n"
+               "Throughput over the ucx transport against ucx_perftest -t ucp_put_bw (loopback, the same\n"
+               "UCX_TLS and block sizes) run in the same invocation. --tls shm is UCX_TLS=posix,cma,self.\n");
+}
+
+static int parse_ucx(int argc, char **argv, ucx_opts *o)
+{
+    *o = (ucx_opts){.tls = "tcp", .total = 256ull << 20, .reps = 3};
+    static const char *const value_opts[] = {"--transport", "--tls", "--block", "--total", "--reps", NULL};
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (cli_is_help(a))
+            return CLI_HELP;
+        if (!strcmp(a, "--json")) {
+            o->json = true;
+            continue;
+        }
+        if (!v)
+            return cli_bad_arg("bench engine", a, value_opts);
+        i++;
+        int rc = 0;
+        if (!strcmp(a, "--transport"))
+            continue;   /* ucx: how we got here */
+        if (!strcmp(a, "--tls")) {
+            if (strcmp(v, "tcp") && strcmp(v, "shm")) {
+                fprintf(stderr, "ferry: --tls wants tcp or shm, not '%s'\n", v);
+                return -1;
+            }
+            o->tls = v;
+        } else if (!strcmp(a, "--block") && o->nblocks == 8) {
+            fprintf(stderr, "ferry bench engine: at most 8 --block sizes\n");
+            return -1;
+        } else if (!strcmp(a, "--block")) {
+            rc = cli_opt_size(a, v, 1, UINT64_MAX, &o->blocks[o->nblocks++]);
+        } else if (!strcmp(a, "--total")) {
+            rc = cli_opt_size(a, v, 1, UINT64_MAX, &o->total);
+        } else if (!strcmp(a, "--reps")) {
+            rc = cli_opt_unsigned(a, v, 1, 100000, &o->reps);
+        } else {
+            return cli_bad_arg("bench engine", a, value_opts);
+        }
+        if (rc < 0)
+            return -1;
+    }
+    if (o->nblocks == 0) {
+        o->blocks[0] = 64 << 10;
+        o->blocks[1] = 1 << 20;
+        o->blocks[2] = 4 << 20;
+        o->nblocks = 3;
+    }
+    for (int i = 0; i < o->nblocks; i++)
+        if (o->blocks[i] > o->total) {
+            fprintf(stderr, "ferry bench engine: a --block is larger than --total\n");
+            return -1;
+        }
+    o->ucx_tls = !strcmp(o->tls, "tcp") ? "tcp" : "posix,cma,self";
+    return 0;
+}
+
+/* A loopback port nobody listens on now (ucx_perftest's own rendezvous). */
+static unsigned free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof a;
+    unsigned port = 0;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &sl) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0)
+        close(fd);
+    return port;
+}
+
+/* One ucx_perftest put bandwidth run; GB/s (10^9 bytes) from its "Final:"
+ * line's overall bandwidth (MB/s there is 2^20 bytes), 0 on failure. */
+static double perftest_pass(uint64_t block, uint64_t iters)
+{
+    char s[32], n[32], p[16];
+    unsigned port = free_port();
+    snprintf(s, sizeof s, "%llu", (unsigned long long)block);
+    snprintf(n, sizeof n, "%llu", (unsigned long long)iters);
+    snprintf(p, sizeof p, "%u", port);
+    char *srv_argv[] = {"ucx_perftest", "-t", "ucp_put_bw", "-s", s, "-n", n, "-p", p, NULL};
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", 1, 0);
+    posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", 1, 0);
+    pid_t srv;
+    int rc = posix_spawnp(&srv, "ucx_perftest", &fa, NULL, srv_argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0) {
+        fprintf(stderr, "ferry bench: cannot run ucx_perftest (apt-get install ucx-utils)\n");
+        return 0;
+    }
+    /* The client until it reaches the server (which takes its first
+     * connection as the client: no probing), by a deadline. */
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "ucx_perftest 127.0.0.1 -t ucp_put_bw -s %s -n %s -p %s 2>&1", s, n, p);
+    double mbps = 0, t0 = cli_now();
+    int st;
+    while (mbps == 0 && cli_now() - t0 < 30 && waitpid(srv, &st, WNOHANG) == 0) {
+        FILE *f = popen(cmd, "r");
+        char line[512];
+        while (f && fgets(line, sizeof line, f)) {
+            double it, l1, l2, l3, bw_avg, bw_all;
+            if (sscanf(line, "Final: %lf %lf %lf %lf %lf %lf", &it, &l1, &l2, &l3, &bw_avg, &bw_all) == 6)
+                mbps = bw_all;
+        }
+        if (f)
+            pclose(f);
+        if (mbps == 0)
+            usleep(50000);
+    }
+    t0 = cli_now();
+    while (waitpid(srv, &st, WNOHANG) == 0) {
+        if (cli_now() - t0 > 30) {
+            kill(srv, SIGKILL);
+            waitpid(srv, &st, 0);
+            break;
+        }
+        usleep(10000);
+    }
+    return mbps * (1 << 20) / 1e9;
+}
+
+static double best_of(unsigned reps, double (*f)(void *, uint64_t), void *arg, uint64_t blk)
+{
+    double b = 0;
+    for (unsigned r = 0; r < reps; r++) {
+        double v = f(arg, blk);
+        b = v > b ? v : b;
+    }
+    return b;
+}
+
+typedef struct ucx_ctx {
+    ucx_opts o;
+    ferry_engine *e;
+    cli_target tgt;
+    ferry_remote_region rr;
+    uint8_t *buf;
+    ferry_region *lr;
+    enum ferry_opcode op;
+} ucx_ctx;
+
+static double perf_fn(void *arg, uint64_t blk)
+{
+    ucx_ctx *c = arg;
+    uint64_t iters = c->o.total / blk;
+    return perftest_pass(blk, iters < 32 ? 32 : iters);
+}
+
+static double engine_fn(void *arg, uint64_t blk)
+{
+    ucx_ctx *c = arg;
+    return cli_engine_pass(c->e, c->op, c->buf, &c->rr, blk, c->o.total);
+}
+
+static int setup_ucx(ucx_ctx *c, const char *self)
+{
+    if (!getenv("FERRY_TOKEN") && !getenv("FERRY_TOKEN_FILE")) {
+        char tok[65];
+        ferry_token_generate(tok);
+        setenv("FERRY_TOKEN", tok, 1);
+    }
+    /* the target process and ucx_perftest inherit both */
+    setenv("UCX_TLS", c->o.ucx_tls, 1);
+    setenv("FERRY_TRANSPORT", "ucx", 1);
+    ferry_engine_config cfg;
+    int rc = ferry_engine_config_init(&cfg);
+    if (rc < 0 || (rc = ferry_engine_open(&cfg, &c->e)) < 0)
+        return rc;
+    void *m;
+    if ((rc = ferry_mem_alloc(c->e, c->o.total, &m)) < 0)
+        return rc;
+    c->buf = m;
+    memset(c->buf, 0x5A, c->o.total);
+    if ((rc = ferry_region_register(c->e, c->buf, c->o.total, 0, FERRY_MEM_HOST, &c->lr)) < 0)
+        return rc;
+    if ((rc = cli_target_start(&c->tgt, self, c->o.total, NULL)) < 0)
+        return rc;
+    return ferry_region_import(c->e, c->tgt.desc, c->tgt.desc_len, &c->rr);
+}
+
+static void run_blocks(ucx_ctx *c)
+{
+    char js[4096];
+    int jn = snprintf(js, sizeof js, "{\"transport\":\"ucx\",\"tls\":\"%s\",\"ucx_tls\":\"%s\",\"total_bytes\":%llu,"
+                      "\"baseline\":\"ucx_perftest -t ucp_put_bw\",\"results\":[",
+                      c->o.tls, c->o.ucx_tls, (unsigned long long)c->o.total);
+    if (!c->o.json)
+        printf("ferry bench engine: transport ucx, UCX_TLS=%s, total %.0f MiB per pass, best of %u\n"
+               "%-6s %10s %12s %14s %8s\n", c->o.ucx_tls, (double)c->o.total / (1 << 20), c->o.reps,
+               "op", "block", "ferry GB/s", "baseline GB/s", "ratio");
+    for (int b = 0; b < c->o.nblocks; b++) {
+        uint64_t blk = c->o.blocks[b];
+        double base = best_of(c->o.reps, perf_fn, c, blk);
+        for (int w = 0; w < 2; w++) {
+            c->op = w == 0 ? FERRY_OP_WRITE : FERRY_OP_READ;
+            double g = best_of(c->o.reps, engine_fn, c, blk);
+            double ratio = base > 0 ? g / base : 0;
+            char sz[32];
+            if (!c->o.json)
+                printf("%-6s %10s %12.2f %14.2f %8.2f\n", w ? "read" : "write", cli_fmt_size(blk, sz, sizeof sz),
+                       g, base, ratio);
+            jn += snprintf(js + jn, sizeof js - (size_t)jn,
+                           "%s{\"op\":\"%s\",\"block_bytes\":%llu,\"gbps\":%.3f,\"baseline_gbps\":%.3f,\"ratio\":%.3f}",
+                           b || w ? "," : "", w ? "read" : "write", (unsigned long long)blk, g, base, ratio);
+        }
+    }
+    ferry_engine_stats st;
+    ferry_engine_get_stats(c->e, &st);
+    if (c->o.json)
+        printf("%s],\"tickets_failed\":%llu}\n", js, (unsigned long long)(st.tickets_failed + st.tickets_aborted));
+    else
+        printf("baseline: ucx_perftest -t ucp_put_bw, server and client on loopback, same UCX_TLS and block\n");
+}
+
+int cmd_bench_engine_ucx(int argc, char **argv, const char *self)
+{
+    ucx_ctx c = {0};
+    int pr = parse_ucx(argc, argv, &c.o);
+    if (pr != 0)
+        return cli_usage_exit(pr, usage_ucx);
+    int rc = setup_ucx(&c, self);
+    if (rc < 0) {
+        fprintf(stderr, "ferry bench: setup failed: %s\n", ferry_strerror(rc));
+        cli_target_stop(&c.tgt);
+        ferry_engine_close(c.e);
+        return 1;
+    }
+    cli_engine_pass(c.e, FERRY_OP_WRITE, c.buf, &c.rr, 1 << 20, c.o.total);   /* warm-up */
+    run_blocks(&c);
+    ferry_engine_stats st;
+    ferry_engine_get_stats(c.e, &st);
+    cli_target_stop(&c.tgt);
+    ferry_engine_close(c.e);
+    return st.tickets_failed + st.tickets_aborted ? 1 : 0;
+}
