@@ -417,8 +417,9 @@ int cmd_bench_engine_ucx(int argc, char **argv, const char *self);   /* bench_uc
 
 static int bench_engine(int argc, char **argv, const char *self)
 {
-    for (int i = 2; i + 1 < argc; i++)   /* its own options and baseline */
-        if (!strcmp(argv[i], "--transport") && !strcmp(argv[i + 1], "ucx"))
+    for (int i = 2; i < argc; i++)   /* its own options and baseline */
+        if ((i + 1 < argc && !strcmp(argv[i], "--transport") && !strcmp(argv[i + 1], "ucx")) ||
+            !strcmp(argv[i], "--transport=ucx"))
             return cmd_bench_engine_ucx(argc, argv, self);
     bench_ctx c = {0};
     int pr = parse(argc, argv, &c.o);

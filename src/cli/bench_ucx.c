@@ -40,42 +40,43 @@ static void usage_ucx(FILE *f)
 static int parse_ucx(int argc, char **argv, ucx_opts *o)
 {
     *o = (ucx_opts){.tls = "tcp", .total = 256ull << 20, .reps = 3};
-    static const char *const value_opts[] = {"--transport", "--tls", "--block", "--total", "--reps", NULL};
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (cli_is_help(a))
-            return CLI_HELP;
-        if (!strcmp(a, "--json")) {
-            o->json = true;
-            continue;
-        }
-        if (!v)
-            return cli_bad_arg("bench engine", a, value_opts);
-        i++;
+    /* argv[0] is "bench", argv[1] "engine" */
+    cli_getopt g;
+    cli_getopt_init(&g, "bench engine", argc - 1, argv + 1, "transport=,tls=,block=,total=,reps=,json");
+    while (cli_getopt_next(&g)) {
+        const char *a = g.opt, *v = g.val;
         int rc = 0;
-        if (!strcmp(a, "--transport"))
-            continue;   /* ucx: how we got here */
-        if (!strcmp(a, "--tls")) {
+        if (cli_getopt_is(&g, "--json")) {
+            o->json = true;
+        } else if (cli_getopt_is(&g, "--transport")) {
+            if (strcmp(v, "ucx")) {
+                fprintf(stderr, "ferry bench engine: --transport ucx was given, then '%s'\n", v);
+                return -1;
+            }
+        } else if (cli_getopt_is(&g, "--tls")) {
             if (strcmp(v, "tcp") && strcmp(v, "shm")) {
                 fprintf(stderr, "ferry: --tls wants tcp or shm, not '%s'\n", v);
                 return -1;
             }
             o->tls = v;
-        } else if (!strcmp(a, "--block") && o->nblocks == 8) {
+        } else if (cli_getopt_is(&g, "--block") && o->nblocks == 8) {
             fprintf(stderr, "ferry bench engine: at most 8 --block sizes\n");
             return -1;
-        } else if (!strcmp(a, "--block")) {
+        } else if (cli_getopt_is(&g, "--block")) {
             rc = cli_opt_size(a, v, 1, UINT64_MAX, &o->blocks[o->nblocks++]);
-        } else if (!strcmp(a, "--total")) {
+        } else if (cli_getopt_is(&g, "--total")) {
             rc = cli_opt_size(a, v, 1, UINT64_MAX, &o->total);
-        } else if (!strcmp(a, "--reps")) {
+        } else if (cli_getopt_is(&g, "--reps")) {
             rc = cli_opt_unsigned(a, v, 1, 100000, &o->reps);
         } else {
-            return cli_bad_arg("bench engine", a, value_opts);
+            return cli_getopt_unhandled(&g);
         }
         if (rc < 0)
             return -1;
     }
+    int pr = cli_getopt_end(&g, 0);
+    if (pr != 0)
+        return pr;
     if (o->nblocks == 0) {
         o->blocks[0] = 64 << 10;
         o->blocks[1] = 1 << 20;
