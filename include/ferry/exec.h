@@ -167,6 +167,18 @@ int ferry_exec_lower(const ferry_attested_plan *a, const ferry_binding *src,
                      ferry_batch_list *out, ferry_error *err);
 void ferry_batch_list_free(ferry_batch_list *b);
 
+/* Lower one run (a plan's, or ferry_box_lower's copy between two local
+ * layouts) between two memories into engine ops: FERRY_OP_WRITE from
+ * src_base + src offsets into dst_base + dst offsets (the source
+ * initiates), or FERRY_OP_READ of the same bytes (the target initiates:
+ * local = dst). The run's innermost loop rides in each op's rows (count,
+ * local_stride, remote_stride), its outer loops are unrolled, one op per
+ * combination. Appended to (*ops, *n), grown as needed (*cap; free with
+ * free()). Pure. FERRY_EINVAL for another opcode, FERRY_ENOMEM (*n kept). */
+int ferry_exec_run_ops(const ferry_run *run, enum ferry_opcode opcode, uint64_t src_base,
+                       uint64_t dst_base, ferry_peer_id peer, uint64_t key, ferry_op **ops,
+                       size_t *n, size_t *cap);
+
 /* ---- executors ------------------------------------------------------------- */
 
 /* An allocation guard: a token that keeps one of the caller's allocations

@@ -125,6 +125,8 @@ typedef struct planner {
     uint32_t *rtid;                /* per tensor: its index in rt (UINT32_MAX: not there yet) */
     uint32_t *rshard;              /* per read piece: my shard */
     size_t caprs, capra;
+    ferry_op *ops;                 /* scratch: one push's WRITEs */
+    size_t capops;
     uint32_t *tnode;               /* per tensor: the dense node its bytes live on, or
                                     * FR_RD_NO_NODE (NULL: nobody named a segment) */
 } planner;
@@ -198,34 +200,19 @@ static uint64_t run_ops(const ferry_run *r)
     return n;
 }
 
-/* The WRITEs of one push (outer loops unrolled, the innermost strided). */
+/* The WRITEs of one push, lowered by exec (outer loops unrolled, the
+ * innermost strided). */
 static int push_ops(planner *P, const ferry_run *r, const fr_sfrag *f, const fr_sfrag *t,
                     uint32_t hop, size_t dep, uint32_t via)
 {
-    const fr_member *mt = &P->mbs[t->worker];
     bool self = t->worker == P->me;
-    uint32_t outer = r->nouter ? r->nouter - 1 : 0;
-    uint64_t reps = run_ops(r), ctr[FERRY_MAX_DIMS] = {0};
-    for (uint64_t k = 0; k < reps; k++) {
-        uint64_t so = r->src_offset, dof = r->dst_offset;
-        for (uint32_t i = 0; i < outer; i++) {
-            so += ctr[i] * r->src_stride[i];
-            dof += ctr[i] * r->dst_stride[i];
-        }
-        ferry_op op = { .opcode = FERRY_OP_WRITE, .local = (void *)(uintptr_t)(f->addr + so),
-                        .len = r->len, .peer = self ? 0 : mt->peer, .remote_addr = t->addr + dof,
-                        .key = self ? 0 : t->key };
-        if (r->nouter) {
-            op.count = r->count[outer];
-            op.local_stride = r->src_stride[outer];
-            op.remote_stride = r->dst_stride[outer];
-        }
-        if (add_push(&P->w->hop[hop - 1], &op, t->worker, dep, via) < 0)
-            return FERRY_ENOMEM;
-        for (int i = (int)outer - 1; i >= 0 && ++ctr[i] == r->count[i]; i--)
-            ctr[i] = 0;
-    }
-    return 0;
+    size_t n = 0;
+    int rc = ferry_exec_run_ops(r, FERRY_OP_WRITE, f->addr, t->addr,
+                                self ? 0 : P->mbs[t->worker].peer, self ? 0 : t->key, &P->ops, &n,
+                                &P->capops);
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        rc = add_push(&P->w->hop[hop - 1], &P->ops[i], t->worker, dep, via);
+    return rc;
 }
 
 /* My read of rows [row0, +rows) of fragment f: a fragment of the read
@@ -516,6 +503,7 @@ int fr_sub_plan(const fr_gen *g, const fr_member *mbs, uint32_t world, uint32_t 
     free(P.rshard);
     free(P.tnode);
     free(P.scratch);
+    free(P.ops);
     free(P.d);
     free(P.wnode);
     free(all);

@@ -6,7 +6,8 @@
  * is lowered or read; a stale binding, reads lowered for other entries,
  * a fragment the locate callback does not know (ABORTED: the target
  * untouched), a missing object (FAILED_DRAINED, named), a binding that
- * lays its box out unlike the placement (refused at lowering). */
+ * lays its box out unlike the placement (refused at lowering); and one
+ * run lowered into engine ops (ferry_exec_run_ops). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -268,12 +269,71 @@ static void test_store_read_refused(void **state)
     free(w);
 }
 
+/* One run into ops: a 3-D box from a dense layout into one with padded
+ * rows and planes is one op per plane (its rows strided); the ops, copied
+ * row by row, move exactly the box. */
+static void test_run_ops(void **state)
+{
+    (void)state;
+    enum { P = 3, R = 4, C = 5, RP = 8, PP = 40 };   /* target: rows of 8, planes of 40 */
+    uint16_t src[P * R * C], dst[P * PP];
+    for (size_t i = 0; i < P * R * C; i++)
+        src[i] = (uint16_t)(i + 1);
+    memset(dst, 0, sizeof dst);
+    uint64_t shape[3] = { P, R, C }, ss[3] = { R * C, C, 1 }, ds[3] = { PP, RP, 1 };
+    ferry_run run = {0};
+    ferry_box_lower(3, shape, 2, ss, ds, &run);
+    ferry_op *ops = NULL;
+    size_t n = 0, cap = 0;
+    uint64_t sb = (uint64_t)(uintptr_t)src, db = (uint64_t)(uintptr_t)dst;
+    assert_int_equal(ferry_exec_run_ops(&run, FERRY_OP_WRITE, sb, db, 3, 9, &ops, &n, &cap), 0);
+    assert_int_equal(n, P);
+    for (size_t k = 0; k < n; k++) {
+        const ferry_op *o = &ops[k];
+        assert_int_equal(o->opcode, FERRY_OP_WRITE);
+        assert_int_equal(o->len, C * 2);
+        assert_int_equal(o->count, R);
+        assert_int_equal(o->local_stride, C * 2);
+        assert_int_equal(o->remote_stride, RP * 2);
+        assert_int_equal((uint64_t)(uintptr_t)o->local, sb + k * R * C * 2);
+        assert_int_equal(o->remote_addr, db + k * PP * 2);
+        assert_int_equal(o->peer, 3);
+        assert_int_equal(o->key, 9);
+        for (uint64_t r = 0; r < o->count; r++)
+            memcpy((uint8_t *)(uintptr_t)o->remote_addr + r * o->remote_stride,
+                   (const uint8_t *)o->local + r * o->local_stride, o->len);
+    }
+    for (size_t p = 0; p < P; p++)
+        for (size_t i = 0; i < PP; i++) {
+            size_t r = i / RP, c = i % RP;
+            uint16_t want = r < R && c < C ? src[(p * R + r) * C + c] : 0;
+            assert_int_equal(dst[p * PP + i], want);
+        }
+    /* READ: the same bytes, seen from the target */
+    assert_int_equal(ferry_exec_run_ops(&run, FERRY_OP_READ, sb, db, 3, 9, &ops, &n, &cap), 0);
+    assert_int_equal(n, 2 * P);
+    for (size_t k = 0; k < P; k++) {
+        const ferry_op *w = &ops[k], *r = &ops[P + k];
+        assert_int_equal(r->opcode, FERRY_OP_READ);
+        assert_ptr_equal(r->local, (void *)(uintptr_t)w->remote_addr);
+        assert_int_equal(r->remote_addr, (uint64_t)(uintptr_t)w->local);
+        assert_int_equal(r->local_stride, w->remote_stride);
+        assert_int_equal(r->remote_stride, w->local_stride);
+        assert_int_equal(r->count, w->count);
+    }
+    assert_int_equal(ferry_exec_run_ops(&run, FERRY_OP_NOTIFY, sb, db, 3, 9, &ops, &n, &cap),
+                     FERRY_EINVAL);
+    assert_int_equal(n, 2 * P);
+    free(ops);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
     (void)argv;
     ft_token();
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_run_ops),
         cmocka_unit_test_setup_teardown(test_store_read, setup, teardown),
         cmocka_unit_test_setup_teardown(test_store_read_refused, setup, teardown),
     };
