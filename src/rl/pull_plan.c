@@ -363,6 +363,10 @@ static int plan_reads(planner *P, ferry_error *err)
     w->rt = P->rt;
     P->rt = NULL;   /* the work keeps it */
     int rc = ferry_plan_create(P->g->m, w->rt, NULL, &w->rplan, err);
+    ferry_plan_stats ps;   /* a read per run in 2-D: sized once, not grown by doubling */
+    if (rc == 0 && ferry_plan_stats_get(w->rplan, &ps) == 0 && ps.runs &&
+        (w->io.v = malloc(ps.runs * sizeof *w->io.v)) != NULL)
+        w->io.cap = ps.runs;
     if (rc == 0)
         rc = fr_sub_read_binding(w, P->g, &b, &att, err);
     if (rc == 0)
