@@ -21,6 +21,7 @@
 #include "ferry/common.h"
 #include "ferry/engine.h"
 #include "ferry/reshard.h"
+#include "ferry/store.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -166,6 +167,18 @@ int ferry_exec_lower(const ferry_attested_plan *a, const ferry_binding *src,
                      ferry_batch_list *out, ferry_error *err);
 void ferry_batch_list_free(ferry_batch_list *b);
 
+/* Lower one run (a plan's, or ferry_box_lower's copy between two local
+ * layouts) between two memories into engine ops: FERRY_OP_WRITE from
+ * src_base + src offsets into dst_base + dst offsets (the source
+ * initiates), or FERRY_OP_READ of the same bytes (the target initiates:
+ * local = dst). The run's innermost loop rides in each op's rows (count,
+ * local_stride, remote_stride), its outer loops are unrolled, one op per
+ * combination. Appended to (*ops, *n), grown as needed (*cap; free with
+ * free()). Pure. FERRY_EINVAL for another opcode, FERRY_ENOMEM (*n kept). */
+int ferry_exec_run_ops(const ferry_run *run, enum ferry_opcode opcode, uint64_t src_base,
+                       uint64_t dst_base, ferry_peer_id peer, uint64_t key, ferry_op **ops,
+                       size_t *n, size_t *cap);
+
 /* ---- executors ------------------------------------------------------------- */
 
 /* An allocation guard: a token that keeps one of the caller's allocations
@@ -251,6 +264,79 @@ int ferry_exec_counterparts(const ferry_attested_plan *a, const ferry_binding *s
                             const ferry_binding *dst, bool of_target, const uint32_t *workers,
                             size_t nworkers, uint32_t *out, size_t cap, size_t *n,
                             ferry_error *err);
+
+/* ---- store reads ------------------------------------------------------------ */
+
+/* A plan whose source is a stored generation (fragments packed into store
+ * objects) is executed by the target with strided store reads, straight
+ * into the target binding's memory (docs/exec.md, "Store reads"). The
+ * source binding of such a plan is an empty binding of the stored
+ * placement at the generation: the attestation binds the generation and
+ * the target binding; no source memory is addressed.
+ *
+ * One strided read: `count` rows of `len` bytes, row i from byte
+ * src_offset + i * src_stride of the source (the object `key`, or, when
+ * key is NULL, the packed bytes of src_fragment, found by the locate
+ * callback at run time: a generation's object keys change from one
+ * generation to the next while its plan stays) into dst + i * dst_stride. */
+typedef struct ferry_store_read {
+    uint64_t src_fragment, dst_fragment;
+    const char *key;                /* the run's src_object (valid while the plan lives), or NULL */
+    uint64_t src_offset;
+    void *dst;
+    uint64_t len, count, src_stride, dst_stride;
+} ferry_store_read;
+
+typedef struct ferry_store_reads {
+    ferry_store_read *v;
+    size_t n, cap;
+    uint64_t bytes;
+    uint8_t layout[16];             /* the entries they were lowered for (generation aside) */
+} ferry_store_reads;
+void ferry_store_reads_free(ferry_store_reads *r);   /* keeps nothing; NULL ok */
+
+/* Lower the attested plan's runs into the selected target workers'
+ * fragments (and, with a filter, only the runs it selects: a tensor, a
+ * source rank) to store reads, appended to *out in plan order (target
+ * fragment by target fragment): a run's innermost loop rides in the read's
+ * rows, its outer loops are unrolled. Checks the target binding against
+ * the attestation first; every target fragment a selected worker reads
+ * must have a binding entry whose layout (strides, storage offset) is the
+ * placement fragment's — the planner's offsets are computed from the
+ * placement (FERRY_EINVAL naming the fragment otherwise). Pure: no store
+ * call. On failure *out keeps what it held before. */
+int ferry_exec_store_lower(const ferry_attested_plan *a, const ferry_binding *dst,
+                           const uint32_t *workers, size_t nworkers,
+                           const ferry_plan_filter *filter, ferry_store_reads *out,
+                           ferry_error *err);
+
+/* Where source fragment `fragment`'s packed bytes start: an object key
+ * (borrowed; valid until the run returns) and a byte offset in it. */
+typedef int (*ferry_store_locate_fn)(void *ctx, uint64_t fragment, const char **key,
+                                     uint64_t *offset);
+
+typedef struct ferry_store_exec_config {
+    ferry_store *store;
+    ferry_store_locate_fn locate;   /* for reads without a key */
+    void *locate_ctx;
+    size_t max_reads;               /* reads per store call (0: 8192) */
+} ferry_store_exec_config;
+
+/* Run reads [from, to) of r, checking `dst` against the attestation
+ * first, and that r was lowered for a binding with dst's entries (r may
+ * come from an earlier generation's attestation of the same plan and
+ * entries: a rollout group lowers once and reads every generation with
+ * it; FERRY_ESTALE when the entries differ). Every read's byte count is checked.
+ * res->state: COMPLETED; ABORTED when no store call was made (a stale
+ * binding, a fragment the locate callback does not know: no byte of the
+ * target touched); FAILED_DRAINED when a store call failed after it was
+ * made (the store call returned: nothing is in flight, but the target may
+ * be written); UNKNOWN when a read timed out (bytes may still land).
+ * Returns 0 when COMPLETED, else the error, with a message naming the
+ * object and offset of the read that failed. */
+int ferry_exec_store_run(const ferry_store_exec_config *cfg, const ferry_attested_plan *a,
+                         const ferry_binding *dst, const ferry_store_reads *r, size_t from,
+                         size_t to, ferry_exec_result *res, ferry_error *err);
 
 #ifdef __cplusplus
 }

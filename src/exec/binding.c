@@ -185,7 +185,21 @@ static void put_u64(fr_hasher *h, uint64_t x)
 
 /* Canonical encoding: every integer as 8 little-endian bytes, entries in
  * fragment order, dims up to ndim only, the descriptor length-prefixed. */
+static void digest_as(const ferry_binding *b, uint64_t instance, uint64_t generation,
+                      uint64_t lease, uint8_t out[16]);
+
 void ferry_binding_digest(const ferry_binding *b, uint8_t out[16])
+{
+    digest_as(b, b->instance, b->generation, b->lease, out);
+}
+
+void fr_binding_layout_digest(const ferry_binding *b, uint8_t out[16])
+{
+    digest_as(b, 0, 0, 0, out);
+}
+
+static void digest_as(const ferry_binding *b, uint64_t instance, uint64_t generation,
+                      uint64_t lease, uint8_t out[16])
 {
     fr_hasher *h = fr_hasher_new(0);
     if (h == NULL) {   /* cannot happen short of OOM; an all-zero digest matches nothing */
@@ -194,9 +208,9 @@ void ferry_binding_digest(const ferry_binding *b, uint8_t out[16])
     }
     fr_hasher_update(h, "ferry-binding-v1", 16);
     fr_hasher_update(h, b->placement_digest, 16);
-    put_u64(h, b->instance);
-    put_u64(h, b->generation);
-    put_u64(h, b->lease);
+    put_u64(h, instance);
+    put_u64(h, generation);
+    put_u64(h, lease);
     put_u64(h, b->n);
     for (size_t i = 0; i < b->n; i++) {
         const ferry_binding_entry *e = &b->v[b->order[i]];

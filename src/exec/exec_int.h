@@ -19,4 +19,9 @@ struct ferry_binding {
 int fr_exec_fail(ferry_error *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* The binding's digest with instance, generation and lease taken as 0:
+ * what its entries are, whatever update they serve (store reads lowered
+ * once are reused across generations while it stays). */
+void fr_binding_layout_digest(const ferry_binding *b, uint8_t out[16]);
+
 #endif

@@ -300,3 +300,38 @@ void ferry_batch_list_free(ferry_batch_list *b)
     fr_free(b->batch_start);
     memset(b, 0, sizeof(*b));
 }
+
+int ferry_exec_run_ops(const ferry_run *run, enum ferry_opcode opcode, uint64_t src_base,
+                       uint64_t dst_base, ferry_peer_id peer, uint64_t key, ferry_op **ops,
+                       size_t *n, size_t *cap)
+{
+    if (!run || !ops || !n || !cap || (opcode != FERRY_OP_WRITE && opcode != FERRY_OP_READ))
+        return FERRY_EINVAL;
+    uint32_t outer = run->nouter ? run->nouter - 1 : 0;
+    uint64_t reps = 1, ctr[FERRY_MAX_DIMS] = {0};
+    for (uint32_t i = 0; i < outer; i++)
+        reps *= run->count[i];
+    if (fr_grow((void **)ops, cap, *n + reps, sizeof **ops) < 0)
+        return FERRY_ENOMEM;
+    const bool write = opcode == FERRY_OP_WRITE;
+    for (uint64_t k = 0; k < reps; k++) {
+        uint64_t so = run->src_offset, dof = run->dst_offset;
+        for (uint32_t i = 0; i < outer; i++) {
+            so += ctr[i] * run->src_stride[i];
+            dof += ctr[i] * run->dst_stride[i];
+        }
+        ferry_op op = { .opcode = opcode,
+                        .local = (void *)(uintptr_t)(write ? src_base + so : dst_base + dof),
+                        .len = run->len, .peer = peer,
+                        .remote_addr = write ? dst_base + dof : src_base + so, .key = key };
+        if (run->nouter) {
+            op.count = run->count[outer];
+            op.local_stride = write ? run->src_stride[outer] : run->dst_stride[outer];
+            op.remote_stride = write ? run->dst_stride[outer] : run->src_stride[outer];
+        }
+        (*ops)[(*n)++] = op;
+        for (int i = (int)outer - 1; i >= 0 && ++ctr[i] == run->count[i]; i--)
+            ctr[i] = 0;
+    }
+    return 0;
+}

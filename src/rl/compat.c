@@ -664,79 +664,29 @@ static bool settled(const apply *ap, size_t a, size_t b)
     return true;
 }
 
-/* The reads of one whole tensor split so that none moves more than CHUNK
- * bytes: rows of a strided read in groups, a long row in pieces. */
-static int split_reads(const fr_gread *v, size_t n, fr_gread **out, size_t *nout)
+typedef struct piece_ctx { apply *ap; size_t t; } piece_ctx;
+
+static void piece_read(void *ctx)
 {
-    size_t cap = 0;
-    *out = NULL;
-    *nout = 0;
-    for (size_t i = 0; i < n; i++) {
-        fr_gread x = v[i];
-        uint64_t rows = x.count > 1 ? x.count : 1;
-        if (x.len <= CHUNK) {
-            uint64_t per = CHUNK / (x.len ? x.len : 1);
-            for (uint64_t r = 0; r < rows; r += per) {
-                if (fr_grow((void **)out, &cap, *nout + 1, sizeof **out) < 0)
-                    return FERRY_ENOMEM;
-                fr_gread y = x;
-                y.src += r * x.sstride;
-                y.dst += r * x.dstride;
-                y.count = rows - r < per ? rows - r : per;
-                (*out)[(*nout)++] = y;
-            }
-            continue;
-        }
-        for (uint64_t r = 0; r < rows; r++)
-            for (uint64_t at = 0; at < x.len; at += CHUNK) {
-                if (fr_grow((void **)out, &cap, *nout + 1, sizeof **out) < 0)
-                    return FERRY_ENOMEM;
-                fr_gread y = { .frag = x.frag, .src = x.src + r * x.sstride + at,
-                               .dst = x.dst + r * x.dstride + at, .count = 1,
-                               .len = x.len - at < CHUNK ? x.len - at : CHUNK };
-                (*out)[(*nout)++] = y;
-            }
-    }
-    return 0;
+    piece_ctx *c = ctx;
+    progress_all(c->ap, c->t);
 }
 
-/* Read tensor t from the store into its place in my staging and check it
- * against its checksums. A large one is read in pieces of about CHUNK
- * bytes, and after each piece those waiting for it hear that it moves. */
+/* Read tensor t from the store into its place in my staging (exec's store
+ * reads of the whole-tensor target) and check it against its checksums.
+ * A large one is read in pieces of about CHUNK bytes, and after each
+ * piece those waiting for it hear that it moves. */
 static int read_tensor(apply *ap, size_t t, ferry_error *err)
 {
     ferry_compat_group *g = ap->g;
     const ferry_weight_entry *e = &ap->m->entries[t];
     uint8_t *dst = g->staging + ap->p->off[t];
     fr_gen *gen = fr_gen_of(ap->m);
-    if (e->bytes <= CHUNK || !gen->whole)
-        return ferry_weights_read(g->s, e, dst, e->bytes, err);
-    ferry_plan_filter f = { .tensor = e->index, .src_rank = -1, .dst_rank = -1 };
-    ferry_plan_iter *it = NULL;
-    fr_gread *v = NULL, *pc = NULL;
-    size_t nv = 0, capv = 0, np = 0;
-    int rc = ferry_plan_iter_open(gen->whole, &f, &it);
-    ferry_run run;
-    while (rc == 0 && (rc = ferry_plan_iter_next_run(it, &run)) == 1)
-        rc = fr_gread_add(&v, &nv, &capv, &run, dst);
-    ferry_plan_iter_close(it);
-    if (rc == 0)
-        rc = split_reads(v, nv, &pc, &np);
-    if (rc < 0)
-        rc = fr_rl_fail(err, rc, "tensor %s: planning its read: %s", e->name, ferry_strerror(rc));
-    for (size_t i = 0; rc == 0 && i < np;) {
-        size_t j = i;
-        for (uint64_t bytes = 0; j < np && (j == i || bytes + pc[j].len * pc[j].count <= CHUNK); j++)
-            bytes += pc[j].len * pc[j].count;
-        rc = fr_gread_run(g->s, gen, pc + i, j - i, NULL, err);
-        if (rc == 0 && j < np)
-            progress_all(ap, t);
-        i = j;
-    }
+    piece_ctx pc = { ap, t };
+    int rc = fr_rl_read_whole(g->s, gen, e->index, dst, e->bytes, e->bytes > CHUNK ? CHUNK : 0,
+                              piece_read, &pc, err);
     if (rc == 0)
         rc = fr_gen_verify_tensor(g->s, gen, e->index, dst, err);
-    free(v);
-    free(pc);
     return rc;
 }
 

@@ -100,16 +100,24 @@ static int register_shards(ferry_subscriber *sub, const fr_gen *g, ferry_error *
     return rc;
 }
 
-/* My read pieces [from, to), every byte count checked. */
-static int do_reads(ferry_subscriber *sub, const fr_gen *g, const fr_work *w, size_t from,
-                    size_t to, ferry_error *err)
+/* My read pieces [from, to) through exec (its store reads into my
+ * parameters, every byte count checked). */
+static int do_reads(ferry_subscriber *sub, const fr_gen *g, const fr_work *w,
+                    const ferry_attested_plan *att, const ferry_binding *b,
+                    const ferry_error *bind_err, size_t from, size_t to, ferry_error *err)
 {
     if (from >= to)
         return 0;
-    size_t a = w->reads[from].first, b = w->reads[to - 1].first + w->reads[to - 1].n;
-    ferry_error e = {0};
-    int rc = fr_gread_run(sub->s, g, w->greads + a, b - a, NULL, &e);
-    return rc < 0 ? fr_rl_fail(err, FERRY_EREBUILD, "subscriber: %s", e.msg) : 0;
+    if (!att)
+        return fr_rl_fail(err, FERRY_EREBUILD, "subscriber: binding my reads: %s", bind_err->msg);
+    size_t a = w->reads[from].first, e = w->reads[to - 1].first + w->reads[to - 1].n;
+    ferry_error why = {0};
+    ferry_exec_result res;
+    ferry_store_exec_config xc = { .store = sub->s, .locate = fr_rl_locate,
+                                   .locate_ctx = (void *)(uintptr_t)g };
+    int rc = ferry_exec_store_run(&xc, att, b, &w->io, a, e, &res, &why);
+    ferry_exec_result_free(&res);
+    return rc < 0 ? fr_rl_fail(err, FERRY_EREBUILD, "subscriber: %s", why.msg) : 0;
 }
 
 static ferry_peer_id peer_of(const fr_member *mb)
@@ -147,6 +155,9 @@ typedef struct apply {
     fr_work *w;
     const fr_member *mbs;
     const fr_gen *g;
+    const ferry_attested_plan *ratt;   /* my reads, attested for this generation */
+    const ferry_binding *rb;
+    ferry_error rbind;                 /* why they could not be (ratt NULL) */
     uint64_t tag[2];
     int rc;                        /* the first failure of my sends (EREBUILD for me) */
     ferry_error *err;
@@ -354,7 +365,7 @@ static int run_apply(apply *ap, bool *reads_ok, bool *fed_ok, int *quiet, ferry_
         for (uint64_t bytes = 0; rb < w->nreads && (rb == ra || bytes < budget); rb++)
             bytes += w->reads[rb].bytes;
         double t0 = (double)fr_now_ns() / 1e9;
-        int rr = do_reads(sub, ap->g, w, ra, rb, ap->err);
+        int rr = do_reads(sub, ap->g, w, ap->ratt, ap->rb, &ap->rbind, ra, rb, ap->err);
         st->read_s += (double)fr_now_ns() / 1e9 - t0;
         st->batches++;
         if (rr < 0) {
@@ -565,10 +576,21 @@ int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_u
         ap.ops = malloc((nmax ? nmax : 1) * sizeof *ap.ops);
         bool reads_ok = false, fed_ok = false;
         int quiet = 0;
+        ferry_binding *rb = NULL;
+        ferry_attested_plan *ratt = NULL;
         if (!ap.t[0] || !ap.t[1] || !ap.at[0] || !ap.at[1] || !ap.ops)
             rc = fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
-        else
+        else {
+            /* A binding that cannot be made fails my first read, so that
+             * the workers I feed are told (FAILED), not left waiting. */
+            if (w->nreads)
+                (void)fr_sub_read_binding(w, g, &rb, &ratt, &ap.rbind);
+            ap.ratt = ratt;
+            ap.rb = rb;
             rc = run_apply(&ap, &reads_ok, &fed_ok, &quiet, st);
+        }
+        ferry_attested_free(ratt);
+        ferry_binding_free(rb);
         for (int h = 0; h < 2; h++)
             free(ap.t[h]), free(ap.at[h]);
         free(ap.ops);

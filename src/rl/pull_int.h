@@ -74,7 +74,7 @@ typedef struct fr_pushes {
     bool *failed, *out_failed;     /* run: it sends me nothing more; it gets nothing more */
 } fr_pushes;
 
-/* One piece this worker reads: greads [first, first + n) of work.greads. */
+/* One piece this worker reads: reads [first, first + n) of work.io. */
 typedef struct fr_rpiece {
     size_t first, n;
     uint64_t bytes;
@@ -83,9 +83,17 @@ typedef struct fr_rpiece {
 typedef struct fr_work {
     fr_rpiece *reads;
     size_t nreads, cap_reads;
-    fr_gread *greads;
-    size_t ngreads, cap_greads;
-    size_t greads_mapped;          /* greads is a mapping of this size (fr_sub_map), or 0 */
+    /* My reads, executed by exec: the read pieces are a target placement
+     * (rt, fragment i = read piece i, bound at raddr[i]) planned against
+     * the stored placement (rplan) and lowered once by
+     * ferry_exec_store_lower into io, piece by piece; every update binds
+     * rt at its generation, attests rplan and runs io's reads batch by
+     * batch (pull.c). */
+    ferry_manifest *rt;
+    ferry_plan *rplan;
+    uint64_t *raddr;
+    ferry_store_reads io;
+    size_t ngreads;                /* io.n: store reads (strided) */
     fr_pushes hop[2];              /* from the reader; forwarded inside a node */
     uint64_t group_read, my_read, pushed, received;
     /* the group's plan, for the counters (the same on every worker) */
@@ -117,6 +125,10 @@ void fr_member_free(fr_member *mb);
  * pushes and what it receives. Pure: no store or engine calls. */
 int fr_sub_plan(const fr_gen *g, const fr_member *mbs, uint32_t world, uint32_t me,
                 fr_work *w, ferry_error *err);
+/* The exec side of my reads at generation g: rt bound where my pieces
+ * live, rplan attested for g (free both). */
+int fr_sub_read_binding(const fr_work *w, const fr_gen *g, ferry_binding **b,
+                        ferry_attested_plan **att, ferry_error *err);
 int fr_work_init(fr_work *w, uint32_t world);
 void fr_work_free(fr_work *w);
 /* Forget the run state of a reused plan (what landed, was sent, failed). */

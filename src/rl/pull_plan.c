@@ -74,10 +74,10 @@ void fr_work_free(fr_work *w)
         free(ps->done), free(ps->progress), free(ps->out_failed);
     }
     free(w->reads);
-    if (w->greads_mapped)
-        fr_sub_unmap(w->greads, w->greads_mapped);
-    else
-        free(w->greads);
+    ferry_store_reads_free(&w->io);
+    ferry_plan_free(w->rplan);
+    ferry_manifest_close(w->rt);
+    free(w->raddr);
     free(w->node_id), free(w->node_workers), free(w->node_read), free(w->loads);
     memset(w, 0, sizeof *w);
 }
@@ -124,7 +124,9 @@ typedef struct planner {
     ferry_manifest *rt;            /* my read pieces as a target placement */
     uint32_t *rtid;                /* per tensor: its index in rt (UINT32_MAX: not there yet) */
     uint32_t *rshard;              /* per read piece: my shard */
-    size_t caprs;
+    size_t caprs, capra;
+    ferry_op *ops;                 /* scratch: one push's WRITEs */
+    size_t capops;
     uint32_t *tnode;               /* per tensor: the dense node its bytes live on, or
                                     * FR_RD_NO_NODE (NULL: nobody named a segment) */
 } planner;
@@ -198,34 +200,19 @@ static uint64_t run_ops(const ferry_run *r)
     return n;
 }
 
-/* The WRITEs of one push (outer loops unrolled, the innermost strided). */
+/* The WRITEs of one push, lowered by exec (outer loops unrolled, the
+ * innermost strided). */
 static int push_ops(planner *P, const ferry_run *r, const fr_sfrag *f, const fr_sfrag *t,
                     uint32_t hop, size_t dep, uint32_t via)
 {
-    const fr_member *mt = &P->mbs[t->worker];
     bool self = t->worker == P->me;
-    uint32_t outer = r->nouter ? r->nouter - 1 : 0;
-    uint64_t reps = run_ops(r), ctr[FERRY_MAX_DIMS] = {0};
-    for (uint64_t k = 0; k < reps; k++) {
-        uint64_t so = r->src_offset, dof = r->dst_offset;
-        for (uint32_t i = 0; i < outer; i++) {
-            so += ctr[i] * r->src_stride[i];
-            dof += ctr[i] * r->dst_stride[i];
-        }
-        ferry_op op = { .opcode = FERRY_OP_WRITE, .local = (void *)(uintptr_t)(f->addr + so),
-                        .len = r->len, .peer = self ? 0 : mt->peer, .remote_addr = t->addr + dof,
-                        .key = self ? 0 : t->key };
-        if (r->nouter) {
-            op.count = r->count[outer];
-            op.local_stride = r->src_stride[outer];
-            op.remote_stride = r->dst_stride[outer];
-        }
-        if (add_push(&P->w->hop[hop - 1], &op, t->worker, dep, via) < 0)
-            return FERRY_ENOMEM;
-        for (int i = (int)outer - 1; i >= 0 && ++ctr[i] == r->count[i]; i--)
-            ctr[i] = 0;
-    }
-    return 0;
+    size_t n = 0;
+    int rc = ferry_exec_run_ops(r, FERRY_OP_WRITE, f->addr, t->addr,
+                                self ? 0 : P->mbs[t->worker].peer, self ? 0 : t->key, &P->ops, &n,
+                                &P->capops);
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        rc = add_push(&P->w->hop[hop - 1], &P->ops[i], t->worker, dep, via);
+    return rc;
 }
 
 /* My read of rows [row0, +rows) of fragment f: a fragment of the read
@@ -254,8 +241,10 @@ static int add_read(planner *P, const fr_sfrag *f, uint64_t row0, uint64_t rows,
         fr.storage_offset = row0 * fr.strides[0];
     }
     if (fr_grow((void **)&w->reads, &w->cap_reads, w->nreads + 1, sizeof *w->reads) < 0 ||
-        fr_grow((void **)&P->rshard, &P->caprs, w->nreads + 1, sizeof *P->rshard) < 0)
+        fr_grow((void **)&P->rshard, &P->caprs, w->nreads + 1, sizeof *P->rshard) < 0 ||
+        fr_grow((void **)&w->raddr, &P->capra, w->nreads + 1, sizeof *w->raddr) < 0)
         return FERRY_ENOMEM;
+    w->raddr[w->nreads] = f->addr;
     int rc = ferry_manifest_add_fragment(P->rt, &fr, NULL);
     if (rc < 0)
         return rc;
@@ -344,84 +333,73 @@ static int plan_set(planner *P, const fr_sfrag *const *fs, size_t k)
     return 0;
 }
 
-/* My reads: the read target planned against the stored placement, each
- * run a strided read into my shard, grouped by piece in piece order. The
- * planner yields runs target fragment by target fragment, in the order
- * the pieces were added, so the reads come grouped already; a counting
- * sort by piece is the fallback. */
+int fr_sub_read_binding(const fr_work *w, const fr_gen *g, ferry_binding **b,
+                        ferry_attested_plan **att, ferry_error *err)
+{
+    *b = NULL;
+    *att = NULL;
+    int rc = fr_rl_bind(w->rt, g->generation, 0, NULL, 0, w->raddr, NULL, b, err);
+    if (rc == 0)
+        rc = fr_rl_attest_reads(g, w->rplan, *b, att, err);
+    if (rc < 0) {
+        ferry_binding_free(*b);
+        *b = NULL;
+    }
+    return rc;
+}
+
+/* My reads: the read target planned against the stored placement and
+ * lowered by exec into strided store reads, grouped by piece in piece
+ * order. The planner yields runs target fragment by target fragment, in
+ * the order the pieces were added, so the reads come grouped already; a
+ * counting sort by piece is the fallback. */
 static int plan_reads(planner *P, ferry_error *err)
 {
     fr_work *w = P->w;
     if (w->nreads == 0)
         return 0;
-    ferry_plan *plan = NULL;
-    ferry_plan_iter *it = NULL;
-    ferry_plan_stats ps;
-    fr_gread *v = NULL;
-    uint32_t *piece = NULL;
-    size_t nv = 0, cap = 0, capp = 0;
-    bool ordered = true;
-    int rc = ferry_plan_create(P->g->m, P->rt, NULL, &plan, err);
-    size_t vmapped = 0;   /* v is a mapping (fr_sub_map) of this size */
-    if (rc == 0 && ferry_plan_stats_get(plan, &ps) == 0 && ps.runs) {   /* a read per run in 2-D */
-        if ((v = fr_sub_map(ps.runs * sizeof *v, &vmapped)) != NULL)
-            cap = ps.runs;
-        if (!v || fr_grow((void **)&piece, &capp, ps.runs, sizeof *piece) < 0)
-            rc = FERRY_ENOMEM;
-    }
+    ferry_binding *b = NULL;
+    ferry_attested_plan *att = NULL;
+    w->rt = P->rt;
+    P->rt = NULL;   /* the work keeps it */
+    int rc = ferry_plan_create(P->g->m, w->rt, NULL, &w->rplan, err);
+    ferry_plan_stats ps;   /* a read per run in 2-D: sized once, not grown by doubling */
+    if (rc == 0 && ferry_plan_stats_get(w->rplan, &ps) == 0 && ps.runs &&
+        (w->io.v = malloc(ps.runs * sizeof *w->io.v)) != NULL)
+        w->io.cap = ps.runs;
     if (rc == 0)
-        rc = ferry_plan_iter_open(plan, NULL, &it);
-    ferry_run run;
-    while (rc == 0 && (rc = ferry_plan_iter_next_run(it, &run)) == 1) {
-        size_t before = nv;
-        uint64_t reps = 1;   /* the reads of this run (its outer loops but the innermost) */
-        for (uint32_t i = 0; i + 1 < run.nouter; i++)
-            reps *= run.count[i];
-        if (vmapped && nv + reps > cap) {   /* more than a read per run: onto the heap */
-            fr_gread *h = malloc(2 * (nv + reps) * sizeof *h);
-            if (!h) {
-                rc = FERRY_ENOMEM;
-                break;
-            }
-            memcpy(h, v, nv * sizeof *v);
-            fr_sub_unmap(v, vmapped);
-            v = h, cap = 2 * (nv + reps), vmapped = 0;
-        }
-        const fr_sfrag *f = &P->mbs[P->me].frags[P->rshard[run.dst_fragment]];
-        rc = fr_gread_add(&v, &nv, &cap, &run, (uint8_t *)(uintptr_t)f->addr);
-        if (rc == 0 && fr_grow((void **)&piece, &capp, nv, sizeof *piece) < 0)
-            rc = FERRY_ENOMEM;
-        ordered &= before == 0 || piece[before - 1] <= run.dst_fragment;
-        for (size_t i = before; rc == 0 && i < nv; i++)
-            piece[i] = (uint32_t)run.dst_fragment;
+        rc = fr_sub_read_binding(w, P->g, &b, &att, err);
+    if (rc == 0)
+        rc = ferry_exec_store_lower(att, b, (const uint32_t[]){ 0 }, 1, NULL, &w->io, err);
+    ferry_attested_free(att);
+    ferry_binding_free(b);
+    ferry_store_read *v = w->io.v;
+    size_t nv = w->io.n;
+    bool ordered = true;
+    for (size_t i = 0; rc == 0 && i < nv; i++) {
+        ordered &= i == 0 || v[i - 1].dst_fragment <= v[i].dst_fragment;
+        w->reads[v[i].dst_fragment].n++;
     }
-    ferry_plan_iter_close(it);
-    ferry_plan_free(plan);
-    for (size_t i = 0; rc == 0 && i < nv; i++)
-        w->reads[piece[i]].n++;
     for (size_t i = 0, at = 0; rc == 0 && i < w->nreads; i++) {
         w->reads[i].first = at;
         at += w->reads[i].n;
         w->reads[i].n = ordered ? w->reads[i].n : 0;
     }
-    if (rc == 0 && ordered) {
-        w->greads = v;
-        w->greads_mapped = vmapped;
-        v = NULL;
-    } else if (rc == 0 && (w->greads = malloc((nv ? nv : 1) * sizeof *w->greads)) == NULL) {
-        rc = FERRY_ENOMEM;
+    if (rc == 0 && !ordered) {
+        ferry_store_read *h = malloc((nv ? nv : 1) * sizeof *h);
+        if (!h)
+            rc = FERRY_ENOMEM;
+        for (size_t i = 0; rc == 0 && i < nv; i++) {
+            fr_rpiece *rp = &w->reads[v[i].dst_fragment];
+            h[rp->first + rp->n++] = v[i];
+        }
+        if (rc == 0) {
+            free(w->io.v);
+            w->io.v = h;
+            w->io.cap = nv;
+        }
     }
-    for (size_t i = 0; rc == 0 && !ordered && i < nv; i++) {
-        fr_rpiece *rp = &w->reads[piece[i]];
-        w->greads[rp->first + rp->n++] = v[i];
-    }
-    w->ngreads = nv;
-    w->cap_greads = rc == 0 && ordered ? cap : nv;
-    if (vmapped)
-        fr_sub_unmap(v, vmapped);
-    else
-        free(v);
-    free(piece);
+    w->ngreads = w->io.n;
     if (rc < 0 && err && !err->msg[0])
         fr_rl_fail(err, rc, "subscriber: planning the reads: %s", ferry_strerror(rc));
     return rc;
@@ -529,6 +507,7 @@ int fr_sub_plan(const fr_gen *g, const fr_member *mbs, uint32_t world, uint32_t 
     free(P.rshard);
     free(P.tnode);
     free(P.scratch);
+    free(P.ops);
     free(P.d);
     free(P.wnode);
     free(all);

@@ -4,7 +4,10 @@
 
 #include <stdbool.h>
 
+#include "ferry/exec.h"
 #include "ferry/weights.h"
+
+struct fr_gen;
 
 /* Fill err (may be NULL) with code and a message; returns code. */
 int fr_rl_fail(ferry_error *err, int code, const char *fmt, ...)
@@ -23,6 +26,42 @@ int fr_rl_active_read(ferry_store *s, const char *model, uint64_t *generation,
 int fr_rl_prepare(ferry_store *s, const char *model, uint64_t *generation,
                   ferry_weight_manifest *m, bool *current, ferry_update_stats *st,
                   ferry_error *err);
+
+/* ---- reading a stored generation through exec (update.c) -----------------------------
+ *
+ * Every consumer reads a generation the same way: its target placement (what
+ * it holds) with an exec binding of its memory, planned against the stored
+ * placement by the reshard planner, attested, lowered once by
+ * ferry_exec_store_lower and run by ferry_exec_store_run. */
+
+/* ferry_store_locate_fn over a generation (ctx: the fr_gen): where a
+ * source fragment's packed bytes are. */
+int fr_rl_locate(void *g, uint64_t fragment, const char **key, uint64_t *offset);
+
+/* The attestation of plan (g's stored placement -> dst's placement) for
+ * g's generation: the source side is an empty binding of the stored
+ * placement (store objects, not memory). */
+int fr_rl_attest_reads(const struct fr_gen *g, ferry_plan *plan, const ferry_binding *dst,
+                       ferry_attested_plan **out, ferry_error *err);
+
+/* The binding of target manifest t, at generation, in worker `worker`:
+ * fragment frags[i] (frags NULL: every fragment, i = its id; n ignored)
+ * lives in the buffer at addr[i] (laid out as the placement says: strides
+ * and storage offset; nbytes[i] bytes there, or NULL / 0: exactly the
+ * box's span). The binding's own checks apply (every element inside the
+ * buffer: FERRY_ERANGE naming the fragment). */
+int fr_rl_bind(ferry_manifest *t, uint64_t generation, uint32_t worker, const uint64_t *frags,
+               size_t n, const uint64_t *addr, const uint64_t *nbytes, ferry_binding **out,
+               ferry_error *err);
+
+/* Read whole tensor `tensor` of g (row-major into dst, cap bytes) through
+ * exec: the tensor's fragment of g->whole_m bound at dst, g->whole
+ * attested and lowered for that tensor; with chunk, in parts of at most
+ * chunk bytes, progress(ctx) after each part but the last. No checksum
+ * check (fr_gen_verify_tensor). A failure after reads began may leave dst
+ * partly written. */
+int fr_rl_read_whole(ferry_store *s, struct fr_gen *g, uint32_t tensor, void *dst, size_t cap,
+                     uint64_t chunk, void (*progress)(void *ctx), void *ctx, ferry_error *err);
 
 /* ---- reader assignment (readers.c) ------------------------------------------------
  *

@@ -135,6 +135,64 @@ int fr_rl_target(const fr_gen *g, const ferry_param_shard *shards, size_t n, uin
     return 0;
 }
 
+int fr_rl_locate(void *g, uint64_t fragment, const char **key, uint64_t *offset)
+{
+    return fr_gen_where(g, fragment, key, offset, NULL);
+}
+
+int fr_rl_attest_reads(const fr_gen *g, ferry_plan *plan, const ferry_binding *dst,
+                       ferry_attested_plan **out, ferry_error *err)
+{
+    ferry_binding *src = NULL;
+    int rc = ferry_binding_create(g->m, 0, g->generation, 0, &src, err);
+    if (rc == 0)
+        rc = ferry_attest(plan, src, dst, g->generation, out, err);
+    ferry_binding_free(src);
+    return rc;
+}
+
+int fr_rl_bind(ferry_manifest *t, uint64_t generation, uint32_t worker, const uint64_t *frags,
+               size_t n, const uint64_t *addr, const uint64_t *nbytes, ferry_binding **out,
+               ferry_error *err)
+{
+    ferry_binding *b = NULL;
+    int rc = ferry_binding_create(t, 0, generation, 0, &b, err);
+    uint64_t nf = frags ? n : ferry_manifest_fragment_count(t);
+    for (uint64_t i = 0; i < nf && rc == 0; i++) {
+        ferry_fragment f;
+        ferry_tensor_desc d;
+        uint64_t j = frags ? frags[i] : i;
+        rc = ferry_manifest_fragment(t, j, &f);
+        if (rc == 0)
+            rc = ferry_manifest_tensor(t, f.tensor, &d);
+        if (rc < 0)
+            break;
+        ferry_binding_entry e = { .fragment = j, .addr = addr[i], .worker = worker,
+                                  .kind = FERRY_MEM_HOST, .itemsize = d.itemsize,
+                                  .ndim = d.ndim, .storage_offset = f.storage_offset };
+        uint64_t dense = 1, last = f.storage_offset;
+        for (uint32_t k = d.ndim; k-- > 0;) {
+            e.shape[k] = f.shape[k];
+            e.strides[k] = f.has_strides ? f.strides[k] : dense;
+            if (e.strides[k] == 0)   /* an extent-1 dim: any stride */
+                e.strides[k] = 1;
+            dense *= f.shape[k];
+            last += (f.shape[k] - 1) * e.strides[k];
+        }
+        e.nbytes = nbytes && nbytes[i] ? nbytes[i] : (last + 1) * d.itemsize;
+        rc = ferry_binding_add(b, &e, err);
+    }
+    if (rc < 0) {
+        ferry_binding_free(b);
+        return rc;
+    }
+    *out = b;
+    return 0;
+}
+
+/* Parameter-direct: the shards are the target placement (one rank), bound
+ * where they live; the planner maps the stored placement onto it and exec
+ * reads it. Nothing is read before the whole plan is made and lowered. */
 int ferry_weights_update_direct(ferry_store *s, const char *model, uint64_t *generation,
                                 const ferry_param_shard *shards, size_t n,
                                 ferry_update_stats *st, ferry_error *err)
@@ -153,35 +211,55 @@ int ferry_weights_update_direct(ferry_store *s, const char *model, uint64_t *gen
     fr_gen *g = fr_gen_of(&m);
     ferry_manifest *tgt = NULL;
     ferry_plan *plan = NULL;
-    ferry_plan_iter *it = NULL;
-    fr_gread *v = NULL;
-    size_t nv = 0, cap = 0, *shard_of = NULL;
+    ferry_binding *dst = NULL;
+    ferry_attested_plan *att = NULL;
+    ferry_store_reads reads = {0};
+    size_t *shard_of = NULL;
+    uint64_t *addr = NULL, *nbytes = NULL;
     rc = fr_rl_target(g, shards, n, 1, NULL, &tgt, &shard_of, err);
+    uint64_t nf = tgt ? ferry_manifest_fragment_count(tgt) : 0;
+    if (rc == 0 && (!(addr = malloc((nf ? nf : 1) * sizeof *addr)) ||
+                    !(nbytes = malloc((nf ? nf : 1) * sizeof *nbytes))))
+        rc = fr_rl_fail(err, FERRY_ENOMEM, "update: out of memory");
+    for (uint64_t j = 0; rc == 0 && j < nf; j++) {
+        addr[j] = (uint64_t)(uintptr_t)shards[shard_of[j]].dst;
+        nbytes[j] = shards[shard_of[j]].dst_bytes;
+    }
     if (rc == 0)
         rc = ferry_plan_create(g->m, tgt, NULL, &plan, err);
     if (rc == 0)
-        rc = ferry_plan_iter_open(plan, NULL, &it);
-    ferry_run run;
-    while (rc == 0 && (rc = ferry_plan_iter_next_run(it, &run)) == 1)
-        rc = fr_gread_add(&v, &nv, &cap, &run, shards[shard_of[run.dst_fragment]].dst);
-    ferry_plan_iter_close(it);
+        rc = fr_rl_bind(tgt, g->generation, 0, NULL, 0, addr, nbytes, &dst, err);
+    if (rc == 0)
+        rc = fr_rl_attest_reads(g, plan, dst, &att, err);
+    if (rc == 0 && nf)
+        rc = ferry_exec_store_lower(att, dst, (const uint32_t[]){ 0 }, 1, NULL, &reads, err);
     if (rc < 0 && err && !err->msg[0])
         fr_rl_fail(err, rc, "update: planning: %s", ferry_strerror(rc));
     st->tensors = n;
     double t1 = now_s();
-    if (rc == 0) {
+    if (rc == 0 && reads.n) {
         ferry_error e = {0};
-        rc = fr_gread_run(s, g, v, nv, &st->bytes_read, &e);
-        st->ranges = nv;
-        if (rc < 0)   /* the parameters may be partly written */
+        ferry_exec_result res;
+        ferry_store_exec_config xc = { .store = s, .locate = fr_rl_locate, .locate_ctx = g };
+        rc = ferry_exec_store_run(&xc, att, dst, &reads, 0, reads.n, &res, &e);
+        st->bytes_read = res.bytes_done;
+        st->ranges = reads.n;
+        if (rc < 0 && res.state == FERRY_TICKET_ABORTED)   /* nothing was written */
+            fr_rl_fail(err, rc, "%s", e.msg);
+        else if (rc < 0)   /* the parameters may be partly written */
             rc = fr_rl_fail(err, FERRY_EREBUILD, "%s; the parameters must be rebuilt", e.msg);
+        ferry_exec_result_free(&res);
     }
     st->read_s = now_s() - t1;
     if (rc == 0) {
         *generation = m.generation;
         st->generation = m.generation;
     }
-    free(v);
+    ferry_store_reads_free(&reads);
+    ferry_attested_free(att);
+    ferry_binding_free(dst);
+    free(addr);
+    free(nbytes);
     free(shard_of);
     ferry_plan_free(plan);
     ferry_manifest_close(tgt);

@@ -201,11 +201,11 @@ static void test_strided_reads_and_pushes(void **state)
             assert_null(mine[k].val);
         const fr_work *w = &c.plan;
         for (size_t i = 0; i < w->ngreads; i++) {
-            const fr_gread *r = &w->greads[i];
+            const ferry_store_read *r = &w->io.v[i];
             if (r->len == row) {   /* w_row: a source fragment's 2048 rows in one read */
                 assert_int_equal(r->count, rows / 4);
-                assert_int_equal(r->sstride, COLS * 2);
-                assert_int_equal(r->dstride, me >= 8 ? PAD * 2 : row);
+                assert_int_equal(r->src_stride, COLS * 2);
+                assert_int_equal(r->dst_stride, me >= 8 ? PAD * 2 : row);
                 row_reads++;
             } else {               /* w_col: contiguous in both */
                 assert_true(r->count <= 1);
@@ -361,10 +361,10 @@ static void test_three_dims_padded(void **state)
         assert_int_equal(fr_sub_plan_records(&c, s.g, copy, WORLD, me, NULL, &err), 0);
         const fr_work *w = &c.plan;
         for (size_t i = 0; i < w->ngreads; i++) {   /* against fsdp:4 pieces [64, 64, 32] */
-            const fr_gread *r = &w->greads[i];
+            const ferry_store_read *r = &w->io.v[i];
             assert_int_equal(r->len, me >= 8 ? 64 : 512);
             assert_int_equal(r->count, me >= 8 ? 8 : 64);
-            assert_int_equal(r->sstride, me >= 8 ? 64 : 64 * 32 * 2);
+            assert_int_equal(r->src_stride, me >= 8 ? 64 : 64 * 32 * 2);
         }
         if (w->nreads)
             assert_int_equal(w->ngreads, me >= 8 ? 4 * 64 : 4);
