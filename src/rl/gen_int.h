@@ -72,10 +72,28 @@ void fr_gen_free(fr_gen *g);
 int fr_gen_where(const fr_gen *g, uint64_t frag, const char **key, uint64_t *offset,
                  uint64_t *bytes);
 
+/* One strided store read of a planned run: rows of len bytes from source
+ * fragment frag (src: offset inside the fragment) into memory. */
+typedef struct fr_gread {
+    uint64_t frag, src;
+    uint8_t *dst;
+    uint64_t len, count, sstride, dstride;
+} fr_gread;
+/* Append the reads of run (its dst_offset taken from dst_base) to *v:
+ * one per combination of its outer loops but the innermost. */
+int fr_gread_add(fr_gread **v, size_t *n, size_t *cap, const ferry_run *run, uint8_t *dst_base);
+/* Do reads v[0..n) (in batches, keys resolved through g); every byte
+ * count is checked. *bytes (may be NULL) adds what was read. */
+int fr_gread_run(ferry_store *s, const fr_gen *g, const fr_gread *v, size_t n, uint64_t *bytes,
+                 ferry_error *err);
 /* XXH3-64 of fragment frag as published (loads its rank's sums). */
 int fr_gen_checksum(ferry_store *s, fr_gen *g, uint64_t frag, uint64_t *out, ferry_error *err);
 
-/* Reading a whole tensor: fr_rl_read_whole (rl_int.h, through exec). */
+/* Read a whole tensor of g into dst (row-major, contiguous, cap bytes)
+ * and check each fragment against its checksum: FERRY_ECORRUPT naming the
+ * tensor and fragment. */
+int fr_gen_read_tensor(ferry_store *s, fr_gen *g, uint32_t tensor, void *dst, size_t cap,
+                       uint64_t *bytes_read, ferry_error *err);
 
 /* Check a whole tensor (row-major, contiguous at data) against its
  * fragments' checksums: FERRY_ECORRUPT naming the tensor and fragment. */

@@ -1,8 +1,7 @@
-/* A stored generation's whole-tensor target (gen_int.h): every tensor
- * whole, planned against the stored placement once per generation (its
- * reads go through exec: fr_rl_read_whole), and the check of a whole
- * tensor fragment by fragment against the checksums the publishers
- * recorded. */
+/* Reading a stored generation through the reshard planner (gen_int.h):
+ * planned runs become strided store reads; whole tensors are a target of
+ * every tensor whole, checked fragment by fragment against the checksums
+ * the publishers recorded. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +10,78 @@
 #include "base/base.h"
 #include "rl/gen_int.h"
 #include "rl/rl_int.h"
+
+#define READ_BATCH 8192
+
+int fr_gread_add(fr_gread **v, size_t *n, size_t *cap, const ferry_run *run, uint8_t *dst_base)
+{
+    /* The innermost loop rides in the strided read; outer ones are unrolled. */
+    uint32_t outer = run->nouter ? run->nouter - 1 : 0;
+    uint64_t reps = 1, ctr[FERRY_MAX_DIMS] = {0};
+    for (uint32_t i = 0; i < outer; i++)
+        reps *= run->count[i];
+    if (fr_grow((void **)v, cap, *n + reps, sizeof **v) < 0)
+        return FERRY_ENOMEM;
+    for (uint64_t r = 0; r < reps; r++) {
+        uint64_t so = run->src_offset, dof = run->dst_offset;
+        for (uint32_t i = 0; i < outer; i++) {
+            so += ctr[i] * run->src_stride[i];
+            dof += ctr[i] * run->dst_stride[i];
+        }
+        fr_gread *g = &(*v)[(*n)++];
+        *g = (fr_gread){ .frag = run->src_fragment, .src = so, .dst = dst_base + dof,
+                         .len = run->len, .count = 1 };
+        if (run->nouter) {
+            g->count = run->count[outer];
+            g->sstride = run->src_stride[outer];
+            g->dstride = run->dst_stride[outer];
+        }
+        for (int i = (int)outer - 1; i >= 0 && ++ctr[i] == run->count[i]; i--)
+            ctr[i] = 0;
+    }
+    return 0;
+}
+
+int fr_gread_run(ferry_store *s, const fr_gen *g, const fr_gread *v, size_t n, uint64_t *bytes,
+                 ferry_error *err)
+{
+    size_t batch = n < READ_BATCH ? n : READ_BATCH;
+    ferry_strided_range *r = malloc((batch ? batch : 1) * sizeof *r);
+    int64_t *res = malloc((batch ? batch : 1) * sizeof *res);
+    int rc = r && res ? 0 : fr_rl_fail(err, FERRY_ENOMEM, "out of memory for the reads");
+    for (size_t at = 0; at < n && rc == 0; at += batch) {
+        size_t k = n - at < batch ? n - at : batch;
+        for (size_t i = 0; i < k && rc == 0; i++) {
+            const fr_gread *x = &v[at + i];
+            const char *key;
+            uint64_t off;
+            if (fr_gen_where(g, x->frag, &key, &off, NULL) < 0)
+                rc = fr_rl_fail(err, FERRY_EPROTO, "a read names fragment %" PRIu64 ", not in "
+                                "generation %" PRIu64, x->frag, g->generation);
+            r[i] = (ferry_strided_range){ .key = key, .src_offset = off + x->src, .dst = x->dst,
+                                          .len = x->len, .count = x->count,
+                                          .src_stride = x->sstride, .dst_stride = x->dstride };
+        }
+        if (rc < 0)
+            break;
+        rc = ferry_store_get_into_strided(s, r, k, res);
+        for (size_t i = 0; i < k; i++) {
+            uint64_t want = r[i].len * (r[i].count ? r[i].count : 1);
+            if (res[i] == (int64_t)want) {
+                if (bytes)
+                    *bytes += want;
+                continue;
+            }
+            rc = fr_rl_fail(err, res[i] < 0 ? (int)res[i] : FERRY_EIO,
+                            "reading %s at %" PRIu64 " failed: %s", r[i].key, r[i].src_offset,
+                            res[i] < 0 ? ferry_store_last_error() : "short read");
+            break;
+        }
+    }
+    free(r);
+    free(res);
+    return rc;
+}
 
 /* ---- whole tensors --------------------------------------------------------------------- */
 
@@ -76,6 +147,42 @@ int fr_gen_verify_tensor(ferry_store *s, fr_gen *g, uint32_t tensor, const void 
     }
     ferry_plan_iter_close(it);
     return rc < 0 ? rc : 0;
+}
+
+int fr_gen_read_tensor(ferry_store *s, fr_gen *g, uint32_t tensor, void *dst, size_t cap,
+                       uint64_t *bytes_read, ferry_error *err)
+{
+    ferry_tensor_desc d;
+    int rc = ferry_manifest_tensor(g->m, tensor, &d);
+    if (rc < 0)
+        return fr_rl_fail(err, FERRY_EINVAL, "no tensor %u in generation %" PRIu64, tensor,
+                          g->generation);
+    uint64_t bytes = d.itemsize;
+    for (uint32_t k = 0; k < d.ndim; k++)
+        bytes *= d.shape[k];
+    if (cap < bytes)
+        return fr_rl_fail(err, FERRY_EMSGSIZE, "tensor %s: %" PRIu64 " bytes, the buffer holds %zu",
+                          d.name, bytes, cap);
+    if ((rc = whole_plan(g, err)) < 0)
+        return rc;
+    ferry_plan_filter f = { .tensor = tensor, .src_rank = -1, .dst_rank = -1 };
+    ferry_plan_iter *it = NULL;
+    fr_gread *v = NULL;
+    size_t nv = 0, capv = 0;
+    rc = ferry_plan_iter_open(g->whole, &f, &it);
+    ferry_run run;
+    while (rc == 0 && (rc = ferry_plan_iter_next_run(it, &run)) == 1) {
+        rc = fr_gread_add(&v, &nv, &capv, &run, dst);
+    }
+    ferry_plan_iter_close(it);
+    if (rc < 0 && !(err && err->msg[0]))
+        fr_rl_fail(err, rc, "tensor %s: planning its read: %s", d.name, ferry_strerror(rc));
+    if (rc == 0)
+        rc = fr_gread_run(s, g, v, nv, bytes_read, err);
+    if (rc == 0)
+        rc = fr_gen_verify_tensor(s, g, tensor, dst, err);
+    free(v);
+    return rc;
 }
 
 /* ---- the public manifest ------------------------------------------------------------------ */
