@@ -283,15 +283,22 @@ static double metric(const char *url, const char *series)
 }
 
 /* Scrape until series reaches at least want (the loop publishes a fresh
- * snapshot at most every 100 ms): its last value. */
-static double wait_metric(const char *url, const char *series, double want)
+ * snapshot at most every 100 ms) or the deadline passes: its last value, -1
+ * when a scrape failed. Never ends the test. */
+static double try_wait_metric(const char *url, const char *series, double want)
 {
     double v = -1;
     uint64_t end = fr_now_ms() + DEADLINE_MS;
-    while ((v = metric(url, series)) < want && fr_now_ms() < end) {
+    while (try_scrape(url) == NULL && (v = value_in(page, series)) < want && fr_now_ms() < end) {
         struct timespec ts = { 0, 20 * 1000 * 1000 };
         nanosleep(&ts, NULL);
     }
+    return v;
+}
+
+static double wait_metric(const char *url, const char *series, double want)
+{
+    double v = try_wait_metric(url, series, want);
     if (v < want)
         fail_msg("%s stayed %g, below %g, for %d s", series, v, want, DEADLINE_MS / 1000);
     return v;
@@ -378,10 +385,12 @@ static void test_format(void **state)
         if (!strstr(page, t))
             fail_msg("no family %s on the master's page", families[i]);
     }
-    assert_true(value_in(page, "ferry_master_connections{role=\"node\"}") >= 1);
-    assert_true(value_in(page, "ferry_master_segments") == 1);
-    scrape(nurl);
-    assert_true(value_in(page, "ferry_node_registrations_total") == 1);
+    /* The page is a snapshot the loop refreshes at most every 100 ms: the one
+     * scraped above may predate the node's mount, so wait for it. */
+    assert_true(wait_metric(murl, "ferry_master_connections{role=\"node\"}", 1) >= 1);
+    assert_true(wait_metric(murl, "ferry_master_segments", 1) == 1);
+    assert_true(wait_metric(nurl, "ferry_node_registrations_total", 1) == 1);
+    wait_metric(nurl, "ferry_node_mounted", 1);
     assert_true(value_in(page, "ferry_node_mounted") == 1);
     assert_true(value_in(page, "ferry_node_segment_bytes") == 16 << 20);
     assert_non_null(strstr(page, "# TYPE ferry_node_served_bytes_total counter"));
@@ -664,12 +673,13 @@ static void test_up_metrics(void **state)
             fclose(fp);
     }
     /* nothing here may end the test before `ferry down` */
-    if (ok && !(ok = try_scrape(mu) == NULL))
-        fprintf(stderr, "%s\n", try_scrape(mu));
-    ok = ok && value_in(page, "ferry_master_nodes{state=\"live\"}") == 1;
-    if (ok && !(ok = try_scrape(nu) == NULL))
-        fprintf(stderr, "%s\n", try_scrape(nu));
-    ok = ok && value_in(page, "ferry_node_registrations_total") == 1;
+    /* the pages are snapshots refreshed at most every 100 ms: wait for them */
+    double live = ok ? try_wait_metric(mu, "ferry_master_nodes{state=\"live\"}", 1) : -1;
+    if (ok && !(ok = live == 1))
+        fprintf(stderr, "live nodes on %s: %g (%s)\n", mu, live, try_scrape(mu) ? try_scrape(mu) : "");
+    double reg = ok ? try_wait_metric(nu, "ferry_node_registrations_total", 1) : -1;
+    if (ok && !(ok = reg == 1))
+        fprintf(stderr, "registrations on %s: %g (%s)\n", nu, reg, try_scrape(nu) ? try_scrape(nu) : "");
     int down = ft_run(out, sizeof out, "%s down --dir %s 2>&1", ft_ferry_bin(), dir);
     ft_run(out, sizeof out, "rm -rf '%s'", dir);
     assert_true(ok);
