@@ -279,6 +279,12 @@ typedef struct ferry_update_stats {
     uint32_t nodes;               /* distinct nodes of the group (ferry_subscriber_nodes) */
     uint64_t nic_max_in, nic_max_out;    /* the busiest node's NIC, each direction */
     double nic_mean_in, nic_mean_out;    /* mean over the group's nodes */
+    /* (appended) The membership this update ran with (docs/weights.md,
+     * "Elastic groups"): fixed groups report epoch 0, members = world and
+     * position = rank; elastic ones the epoch's number, its size and this
+     * worker's place in it. */
+    uint64_t epoch;
+    uint32_t members, position;
 } ferry_update_stats;
 
 /* Parameter-direct update, each worker reading its own demand from the
@@ -323,7 +329,9 @@ typedef struct ferry_subscriber ferry_subscriber;
 typedef struct ferry_subscriber_config {
     char model[128];
     char group[64];          /* the rollout group: every member passes the same */
-    uint32_t rank, world;    /* this worker of the group */
+    uint32_t rank, world;    /* this worker of the group; world 0: an elastic group, whose
+                              * membership lives in the store (rank ignored; docs/weights.md,
+                              * "Elastic groups") */
     uint64_t timeout_ms;     /* barriers and notifications (default 60000) */
     uint32_t node;           /* this worker's node (any id; 0 for all: one node). Readers
                               * are chosen to balance every node's NIC load, and a range
@@ -340,6 +348,8 @@ typedef struct ferry_subscriber_config {
                               * on X where the NIC loads allow it, and that read counts as
                               * inside the node (not NIC in); tensors on a segment nobody
                               * named (or named from two nodes) count as off every node */
+    char member[64];         /* (appended) elastic groups (world 0): this member's name in
+                              * errors and in the group's records ("": "HOST:PID") */
 } ferry_subscriber_config;
 
 /* The worker's shards are copied; their buffers stay the caller's and must
@@ -356,7 +366,17 @@ int ferry_subscriber_open(ferry_store *s, const ferry_subscriber_config *cfg,
  * then *generation advances. A failed read anywhere is reported to the
  * workers it would have fed (those that got all their bytes before it are
  * not affected): they return FERRY_EREBUILD (rebuild with a full update).
- * Every member calls it. */
+ * Every member calls it.
+ * Elastic groups (cfg.world 0): open registers the member under the group
+ * in the store and close withdraws it; each update runs with the members
+ * registered at its prepare (a membership epoch every one of them agrees
+ * on; members that died are dropped, new ones included, positions are the
+ * places in the epoch's list). A member that arrives while an update of
+ * the group is in flight waits (up to timeout_ms) for it to end and then
+ * takes the next one: FERRY_ETIMEDOUT naming the update it waited for. A
+ * member whose shards conflict with the generation's layout is refused
+ * (its error names it and the tensor; it leaves the group) and the others
+ * go on without it in the same call. */
 int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_update_stats *st,
                             ferry_error *err);
 void ferry_subscriber_close(ferry_subscriber *sub);

@@ -77,7 +77,7 @@ static const fp_field update_fields[] = {
     F(generation), F(bytes_read), F(ranges), F(tensors), F(bytes_pushed), F(bytes_received),
     F(group_bytes_read), F(prepare_s), F(read_s), F(push_s), F(exchange_s), F(plan_s), F(forward_s),
     F(barrier_s), F(apply_s), F(batches), F(group_pushed_cross), F(group_pushed_intra), F(nic_max_in),
-    F(nic_max_out), F(nic_mean_in), F(nic_mean_out),
+    F(nic_max_out), F(nic_mean_in), F(nic_mean_out), F(epoch), F(members), F(position),
 };
 #undef F
 
@@ -852,13 +852,13 @@ static void sub_close_now(SubObject *self)
 static int sub_init(SubObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwl[] = {"store", "model", "group", "rank", "world", "shards", "timeout_ms", "node",
-                          "batch_bytes", "local_segment", NULL};
+                          "batch_bytes", "local_segment", "member", NULL};
     PyObject *so, *sho;
-    const char *model, *group;
+    const char *model, *group, *member = "";
     unsigned int rank, world, node = 0;
     unsigned long long timeout = 60000, batch = 0, segment = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OssIIO|KIKK:WeightSubscriber", kwl, &so, &model, &group, &rank,
-                                     &world, &sho, &timeout, &node, &batch, &segment))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OssIIO|KIKKs:WeightSubscriber", kwl, &so, &model, &group, &rank,
+                                     &world, &sho, &timeout, &node, &batch, &segment, &member))
         return -1;
     if (fp_check_unopened(self->sub || self->store, "subscriber") < 0)
         return -1;
@@ -868,7 +868,8 @@ static int sub_init(SubObject *self, PyObject *args, PyObject *kw)
     ferry_subscriber_config cfg;
     memset(&cfg, 0, sizeof cfg);
     if (fp_copy_str(cfg.model, sizeof cfg.model, model, "model") < 0 ||
-        fp_copy_str(cfg.group, sizeof cfg.group, group, "group") < 0)
+        fp_copy_str(cfg.group, sizeof cfg.group, group, "group") < 0 ||
+        fp_copy_str(cfg.member, sizeof cfg.member, member, "member") < 0)
         return -1;
     memcpy(self->model, cfg.model, sizeof self->model);
     cfg.rank = rank;
@@ -947,8 +948,9 @@ static PyGetSetDef sub_getset[] = {
 
 static PyTypeObject SubType = {
     FP_CLASS(sub, SubObject, "ferry.WeightSubscriber", Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-             "WeightSubscriber(store, model, group, rank, world, shards, timeout_ms=60000, node=0, batch_bytes=0, local_segment=0)\n--\n\n" "WeightSubscriber(store, model, group, rank, world, shards, timeout_ms=60000, node=0, batch_bytes=0, "
-             "local_segment=0): single-pull updates of a rollout group's parameters (see ferry.weights)"),
+             "WeightSubscriber(store, model, group, rank, world, shards, timeout_ms=60000, node=0, batch_bytes=0, local_segment=0, member='')\n--\n\n" "WeightSubscriber(store, model, group, rank, world, shards, timeout_ms=60000, node=0, batch_bytes=0, "
+             "local_segment=0, member=''): single-pull updates of a rollout group's parameters (see ferry.weights); "
+             "world=0: an elastic group whose membership lives in the store (rank ignored; member names this one)"),
 };
 
 /* ---- CompatGroup ------------------------------------------------------------------------ */

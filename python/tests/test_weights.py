@@ -418,6 +418,52 @@ def test_subscriber_dp2(cluster, store, rollout):
     assert not pad[:, 5:].any()
 
 
+# ---- elastic subscriber group (world=0: the membership lives in the store) -----------------------
+
+def test_subscriber_elastic(cluster, store):
+    tensors, res = _publish(cluster, "elastic", 1, out_dtype="bf16")
+    _raise_any(res)
+    m = weights.manifest(store, "elastic")
+    published = sum(e["bytes"] for e in m)
+    stores, subs = [], []
+    arrays = [[np.zeros(e["shape"], weights.numpy_dtype(e["dtype"])) for e in m] for _ in range(3)]
+
+    def join(i):
+        stores.append(cluster.store())
+        shards = [(e["name"], (0,) * len(e["shape"]), a) for e, a in zip(m, arrays[i])]
+        subs.append(ferry.WeightSubscriber(stores[i], "elastic", "pool", 0, 0, shards,
+                                           timeout_ms=TIMEOUT_MS, member=f"py{i}"))
+
+    def check(stats, n, tensors):
+        assert [st["members"] for st in stats] == [n] * n
+        assert sorted(st["position"] for st in stats) == list(range(n))
+        assert len({st["epoch"] for st in stats}) == 1
+        assert all(st["group_bytes_read"] == published for st in stats)
+        assert sum(st["bytes_read"] for st in stats) == published       # each byte read once
+        for r in range(n):
+            for t, a in zip(tensors, arrays[r]):
+                assert np.array_equal(a, _expected(t, "bf16")[1]), (r, t[0])
+
+    try:
+        join(0)
+        join(1)
+        stats = _raise_any(_run_ranks(2, lambda r, barrier: subs[r].update()))
+        check(stats, 2, tensors)
+        first_epoch = stats[0]["epoch"]
+        join(2)    # a third member joins: the next update includes it
+        tensors, res = _publish(cluster, "elastic", 2, out_dtype="bf16")
+        _raise_any(res)
+        stats = _raise_any(_run_ranks(3, lambda r, barrier: subs[r].update()))
+        check(stats, 3, tensors)
+        assert stats[0]["epoch"] != first_epoch     # the membership changed
+        assert all(sub.generation == 2 for sub in subs)
+    finally:
+        for sub in subs:
+            sub.close()
+        for s in stores:
+            s.close()
+
+
 # ---- compatibility mode for a group (ferry.CompatGroup), worker processes ------------------------
 
 def _compat_worker(addr, token_file, model, rank, world, node, segment, barrier, out):

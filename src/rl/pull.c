@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "rl/members_int.h"
 #include "rl/pull_int.h"
 
 #define BATCH_BYTES (64ull << 20)   /* default ferry_subscriber_config.batch_bytes */
@@ -39,6 +40,14 @@ struct ferry_subscriber {
      * generation) and the stored placement stay the same: a new generation
      * of the same model and layout costs no planning. */
     fr_sub_cache pc;
+    /* This update's place in the group: cfg.rank and cfg.world, or an
+     * elastic group's epoch (pull_elastic.c); scope names its records and
+     * barriers (the group, or the group and the update's number). */
+    uint32_t me, world;
+    uint64_t want;                 /* elastic: the epoch's generation (0: the active one) */
+    char scope[96];
+    fr_sub_round *round;           /* elastic: what the last exchange saw */
+    fr_members *mem;               /* elastic: this member's registration */
 };
 
 bool fr_subscriber_plan_reused(const ferry_subscriber *sub) { return sub && sub->pc.reused; }
@@ -181,7 +190,7 @@ static int fail_once(apply *ap, int code, const char *fmt, uint32_t to)
 
 static void notify(apply *ap, int h, uint32_t to, uint64_t value)
 {
-    uint64_t v = (uint64_t)ap->sub->cfg.rank << NV_SHIFT | value;
+    uint64_t v = (uint64_t)ap->sub->me << NV_SHIFT | value;
     ferry_op op = { .opcode = FERRY_OP_NOTIFY, .peer = peer_of(&ap->mbs[to]), .tag = ap->tag[h],
                     .value = v };
     if (fr_grow((void **)&ap->nt, &ap->cap_nt, ap->nnt + 1, sizeof *ap->nt) < 0 ||
@@ -215,7 +224,7 @@ static void reap_notifies(apply *ap)
 static void send_ops(apply *ap, int h, size_t slot, size_t a, size_t b)
 {
     const fr_pushes *ps = &ap->w->hop[h];
-    uint32_t world = ap->sub->cfg.world, me = ap->sub->cfg.rank;
+    uint32_t world = ap->sub->world, me = ap->sub->me;
     ferry_ticket **t = ap->t[h] + slot * world;
     uint64_t *at = ap->at[h] + slot * world;
     for (size_t i = a; i < b; i++)   /* a worker holding a box twice */
@@ -249,7 +258,7 @@ static void settle(apply *ap, int h, size_t slot)
 {
     reap_notifies(ap);
     fr_pushes *ps = &ap->w->hop[h];
-    uint32_t world = ap->sub->cfg.world;
+    uint32_t world = ap->sub->world;
     ferry_ticket **t = ap->t[h] + slot * world;
     const uint64_t *at = ap->at[h] + slot * world;
     int tmo = ap->sub->cfg.timeout_ms ? (int)ap->sub->cfg.timeout_ms : 60000;
@@ -281,7 +290,7 @@ static void finish(apply *ap, int h)
 {
     fr_pushes *ps = &ap->w->hop[h];
     reap_notifies(ap);
-    for (uint32_t to = 0; to < ap->sub->cfg.world; to++)
+    for (uint32_t to = 0; to < ap->sub->world; to++)
         if (ps->total[to] && !ps->out_failed[to] && ps->done[to] < ps->total[to]) {
             ps->out_failed[to] = true;
             notify(ap, h, to, NV_FAILED);
@@ -309,7 +318,7 @@ static int take(apply *ap, int h, int timeout_ms)
         return rc;
     fr_pushes *ps = &ap->w->hop[h];
     uint64_t from = v >> NV_SHIFT;
-    if (from >= ap->sub->cfg.world)
+    if (from >= ap->sub->world)
         return 0;
     if (v & NV_FAILED)
         ps->failed[from] = true;
@@ -353,7 +362,7 @@ static int run_apply(apply *ap, bool *reads_ok, bool *fed_ok, int *quiet, ferry_
     ferry_subscriber *sub = ap->sub;
     fr_work *w = ap->w;
     const fr_pushes *p1 = &w->hop[0];
-    uint32_t world = sub->cfg.world;
+    uint32_t world = sub->world;
     int tmo = sub->cfg.timeout_ms ? (int)sub->cfg.timeout_ms : 60000;
     uint64_t budget = sub->cfg.batch_bytes ? sub->cfg.batch_bytes : BATCH_BYTES;
     *reads_ok = true;
@@ -455,7 +464,7 @@ static int exchange(ferry_subscriber *sub, const fr_gen *g, uint64_t gen, const 
                     char *bar, size_t barcap, ferry_kv_value *recs, int *brc_out,
                     ferry_error *err)
 {
-    uint32_t world = sub->cfg.world, me = sub->cfg.rank;
+    uint32_t world = sub->world, me = sub->me;
     uint8_t *rec = NULL;
     size_t reclen = 0;
     char key[400];
@@ -465,20 +474,27 @@ static int exchange(ferry_subscriber *sub, const fr_gen *g, uint64_t gen, const 
         rc = regs ? register_shards(sub, g, err) : fr_rl_fail(err, FERRY_ENOMEM, "out of memory");
         for (size_t i = 0; rc == 0 && i < sub->n; i++)
             regs[i] = fr_rl_spans_region(&sub->spans, i);
+        ferry_subscriber_config at = sub->cfg;   /* my place in this update */
+        at.rank = me;
         if (rc == 0)
-            rc = fr_sub_encode(&sub->cfg, g, sub->shards, sub->n, regs, ferry_store_engine(sub->s),
+            rc = fr_sub_encode(&at, g, sub->shards, sub->n, regs, ferry_store_engine(sub->s),
                                &rec, &reclen, err);
         free(regs);
     }
     if (!g || rc < 0) {   /* tell the others why, so they do not wait for me */
         const ferry_error *w = g ? err : why;
-        if (fail_record(gen, me, w && w->code ? w->code : FERRY_EIO, w ? w->msg : "", &rec,
-                        &reclen) < 0)
+        char said[sizeof w->msg + 96];   /* an elastic member names itself */
+        snprintf(said, sizeof said, "%s%s%s", sub->mem ? "member " : "",
+                 sub->mem ? fr_members_name(sub->mem) : "", sub->mem ? ": " : "");
+        snprintf(said + strlen(said), sizeof said - strlen(said), "%s", w ? w->msg : "");
+        if (sub->round)   /* prepared, but my shards do not fit it */
+            sub->round->self_layout = g != NULL;
+        if (fail_record(gen, me, w && w->code ? w->code : FERRY_EIO, said, &rec, &reclen) < 0)
             reclen = 0;
         rc = w && w->code ? w->code : FERRY_EIO;
     }
     snprintf(key, sizeof key, "ferry/wk/%s/sub/%s/%020" PRIu64 "/%u", sub->cfg.model,
-             sub->cfg.group, gen, me);
+             sub->scope, gen, me);
     int prc = reclen ? ferry_kv_put(sub->s, key, rec, reclen, NULL) : FERRY_ENOMEM;
     if (rc == 0 && prc < 0)
         rc = fr_rl_fail(err, prc, "subscriber: cannot publish the demand: %s",
@@ -487,7 +503,7 @@ static int exchange(ferry_subscriber *sub, const fr_gen *g, uint64_t gen, const 
     /* Everyone meets here even after a local failure, so nobody waits for
      * a demand that never comes. */
     snprintf(bar, barcap, "ferry/wb/%s/sub/%s/%020" PRIu64 "/demand", sub->cfg.model,
-             sub->cfg.group, gen);
+             sub->scope, gen);
     char member_name[32];
     snprintf(member_name, sizeof member_name, "worker %u", me);
     uint64_t tmo = sub->cfg.timeout_ms ? sub->cfg.timeout_ms : 60000;
@@ -498,13 +514,15 @@ static int exchange(ferry_subscriber *sub, const fr_gen *g, uint64_t gen, const 
                         sub->cfg.group, ferry_strerror(brc));
     for (uint32_t k = 0; k < world && rc == 0; k++) {
         snprintf(key, sizeof key, "ferry/wk/%s/sub/%s/%020" PRIu64 "/%u", sub->cfg.model,
-                 sub->cfg.group, gen, k);
+                 sub->scope, gen, k);
         rc = ferry_kv_get(sub->s, key, &recs[k]);
         if (rc < 0)
             fr_rl_fail(err, rc, "subscriber: worker %u left no demand", k);
         else if (recs[k].len >= 24 && memcmp(recs[k].val, FAIL_MAGIC, 8) == 0) {
             const uint8_t *b = recs[k].val;
             int32_t code = (int32_t)(b[20] | b[21] << 8 | b[22] << 16 | (uint32_t)b[23] << 24);
+            if (sub->round)
+                sub->round->others_code = code < 0 ? code : FERRY_EIO;
             rc = fr_rl_fail(err, code < 0 ? code : FERRY_EIO, "subscriber: worker %u of group %s "
                             "cannot take generation %" PRIu64 " (nothing was written): %.*s", k,
                             sub->cfg.group, gen, (int)(recs[k].len - 24),
@@ -514,15 +532,10 @@ static int exchange(ferry_subscriber *sub, const fr_gen *g, uint64_t gen, const 
     return rc;
 }
 
-int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_update_stats *st,
-                            ferry_error *err)
+/* One update of the group as sub->me, world, scope and want say. */
+static int update_round(ferry_subscriber *sub, uint64_t *generation, ferry_update_stats *st,
+                        ferry_error *err)
 {
-    ferry_update_stats local = {0};
-    if (!st)
-        st = &local;
-    memset(st, 0, sizeof *st);
-    if (!sub || !generation)
-        return fr_rl_fail(err, FERRY_EINVAL, "subscriber: bad arguments");
     double t0 = (double)fr_now_ns() / 1e9;
     ferry_weight_manifest m = {0};
     bool current = false;
@@ -532,8 +545,13 @@ int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_u
     if (rc < 0)
         return fr_rl_fail(err, rc, "no generation of %s is active (%s)", sub->cfg.model,
                           ferry_strerror(rc));
-    if (active == *generation)
+    if (active == *generation && !sub->want)
         return 0;   /* every member sees the same active generation, or retries */
+    /* An elastic group's update is for the generation of its epoch: the
+     * keys and barriers name that one, and a member that finds another
+     * active fails (telling the others) instead of waiting elsewhere. */
+    if (sub->want)
+        active = sub->want;
     /* A failure to prepare (the generation lost, this worker's engine
      * failing) is still told to the group, so nobody waits for this one. */
     ferry_error perr = {0};
@@ -545,7 +563,7 @@ int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_u
     if (prc == 0 && current)
         prc = fr_rl_fail(&perr, FERRY_ESTATE, "generation %" PRIu64 " became current meanwhile",
                          active);
-    uint32_t world = sub->cfg.world, me = sub->cfg.rank;
+    uint32_t world = sub->world, me = sub->me;
     ferry_kv_value *recs = calloc(world, sizeof *recs);
     char bar[400], key[400];
     int brc = -1;
@@ -613,7 +631,7 @@ int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_u
     if (brc == 0) {
         uint64_t tmo = sub->cfg.timeout_ms ? sub->cfg.timeout_ms : 60000;
         snprintf(bar, sizeof bar, "ferry/wb/%s/sub/%s/%020" PRIu64 "/applied", sub->cfg.model,
-                 sub->cfg.group, active);
+                 sub->scope, active);
         double t6 = (double)fr_now_ns() / 1e9;
         brc = ferry_barrier(sub->s, bar, member_name, world, tmo, NULL);
         st->barrier_s = (double)fr_now_ns() / 1e9 - t6;
@@ -623,7 +641,7 @@ int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_u
     }
     /* Every member has read every demand: mine can go. */
     snprintf(key, sizeof key, "ferry/wk/%s/sub/%s/%020" PRIu64 "/%u", sub->cfg.model,
-             sub->cfg.group, active, me);
+             sub->scope, active, me);
     if (brc == 0)
         (void)ferry_kv_delete(sub->s, key, 0, NULL);
     if (sub->pc.valid) {
@@ -635,6 +653,8 @@ int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_u
         st->batches = st->batches ? st->batches : 0;
     }
     st->tensors = sub->n;
+    st->members = world;
+    st->position = me;
     if (rc == 0) {
         *generation = m.generation;
         st->generation = m.generation;
@@ -647,14 +667,48 @@ int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_u
     return rc;
 }
 
+int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_update_stats *st,
+                            ferry_error *err)
+{
+    ferry_update_stats local = {0};
+    if (!st)
+        st = &local;
+    memset(st, 0, sizeof *st);
+    if (!sub || !generation)
+        return fr_rl_fail(err, FERRY_EINVAL, "subscriber: bad arguments");
+    if (sub->mem)
+        return fr_sub_elastic_update(sub, sub->mem, generation, st, err);
+    return update_round(sub, generation, st, err);
+}
+
+int fr_sub_round_run(ferry_subscriber *sub, fr_sub_round *r, uint64_t *generation,
+                     ferry_update_stats *st, ferry_error *err)
+{
+    sub->me = r->me;
+    sub->world = r->world;
+    sub->want = r->gen;
+    sub->round = r;
+    sub->pc.epoch = r->epoch;
+    snprintf(sub->scope, sizeof sub->scope, "%s/u%" PRIu64, sub->cfg.group, r->seq);
+    memset(st, 0, sizeof *st);
+    int rc = update_round(sub, generation, st, err);
+    st->epoch = r->epoch;
+    sub->round = NULL;
+    return rc;
+}
+
+const ferry_subscriber_config *fr_sub_config(const ferry_subscriber *sub) { return &sub->cfg; }
+ferry_store *fr_sub_store(const ferry_subscriber *sub) { return sub->s; }
+
 /* ---- open / close --------------------------------------------------------------------------- */
 
 int ferry_subscriber_open(ferry_store *s, const ferry_subscriber_config *cfg,
                           const ferry_param_shard *shards, size_t n, ferry_subscriber **out,
                           ferry_error *err)
 {
-    if (!s || !cfg || !out || (n && !shards) || cfg->world == 0 || cfg->rank >= cfg->world ||
-        !cfg->model[0] || !cfg->group[0] || strchr(cfg->group, '/'))
+    if (!s || !cfg || !out || (n && !shards) || (cfg->world && cfg->rank >= cfg->world) ||
+        !cfg->model[0] || !cfg->group[0] || strchr(cfg->group, '/') ||
+        !memchr(cfg->member, 0, sizeof cfg->member))
         return fr_rl_fail(err, FERRY_EINVAL, "subscriber: bad arguments (model, group, rank, world)");
     ferry_subscriber *sub = calloc(1, sizeof *sub);
     if (!sub)
@@ -673,6 +727,18 @@ int ferry_subscriber_open(ferry_store *s, const ferry_subscriber_config *cfg,
         snprintf(sub->names[i], sizeof sub->names[i], "%s", shards[i].tensor ? shards[i].tensor : "");
         sub->shards[i].tensor = sub->names[i];
     }
+    sub->me = cfg->rank;
+    sub->world = cfg->world;
+    snprintf(sub->scope, sizeof sub->scope, "%s", cfg->group);
+    if (cfg->world == 0) {   /* elastic: a member registered in the store */
+        uint64_t tmo = cfg->timeout_ms ? cfg->timeout_ms : 60000;
+        int rc = fr_members_join(s, cfg->model, cfg->group, cfg->member,
+                                 tmo / 4 < 2000 ? tmo / 4 : 2000, &sub->mem, err);
+        if (rc < 0) {
+            ferry_subscriber_close(sub);
+            return rc;
+        }
+    }
     *out = sub;
     return 0;
 }
@@ -681,6 +747,7 @@ void ferry_subscriber_close(ferry_subscriber *sub)
 {
     if (!sub)
         return;
+    fr_members_leave(sub->mem);   /* first: the others stop counting on me */
     fr_rl_spans_free(&sub->spans);
     fr_sub_cache_free(&sub->pc);
     free(sub->names);

@@ -299,10 +299,12 @@ int fr_sub_decode(const uint8_t *b, size_t len, uint32_t worker, uint64_t gen, c
 /* What the plan depends on: the stored placement the reads are planned
  * against (its JSON's hash, checked when the generation was loaded) and
  * every member's record but its generation (the records' digests). */
-static fr_hash128_t plan_key(const ferry_kv_value *recs, uint32_t world, const fr_gen *g)
+static fr_hash128_t plan_key(const ferry_kv_value *recs, uint32_t world, const fr_gen *g,
+                             uint64_t epoch)
 {
-    /* one buffer hashed in one pass: per member its length, magic, digest */
-    uint8_t *b = malloc(20 + 32 * (size_t)world);
+    /* one buffer hashed in one pass: per member its length, magic, digest;
+     * then the membership epoch */
+    uint8_t *b = malloc(28 + 32 * (size_t)world);
     if (!b)
         return (fr_hash128_t){{0}};
     static const uint8_t none[16];
@@ -322,7 +324,8 @@ static fr_hash128_t plan_key(const ferry_kv_value *recs, uint32_t world, const f
             memset(p + 8, 0xff, 24);
         }
     }
-    fr_hash128_t k = fr_hash128(b, 20 + 32 * (size_t)world, 0x66727264);
+    put64(b + 20 + 32 * (size_t)world, epoch);
+    fr_hash128_t k = fr_hash128(b, 28 + 32 * (size_t)world, 0x66727264);
     free(b);
     return k;
 }
@@ -372,7 +375,7 @@ static int decode_all(fr_sub_cache *c, const fr_gen *g, const ferry_kv_value *re
 int fr_sub_plan_records(fr_sub_cache *c, const fr_gen *g, ferry_kv_value *recs,
                         uint32_t world, uint32_t me, ferry_engine *e, ferry_error *err)
 {
-    fr_hash128_t key = plan_key(recs, world, g);
+    fr_hash128_t key = plan_key(recs, world, g, c->epoch);
     c->reused = c->valid && c->world == world && memcmp(key.b, c->key, sizeof c->key) == 0;
     for (uint32_t k = 0; c->reused && k < world; k++) {   /* the generation the key skips */
         uint64_t gen = recs[k].len >= 16 ? get64((const uint8_t *)recs[k].val + 8) : 0;

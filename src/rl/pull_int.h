@@ -146,6 +146,8 @@ typedef struct fr_sub_cache {
     size_t arena_len;
     bool valid, reused;            /* a plan is held; the last call reused it */
     uint8_t key[16];
+    uint64_t epoch;                /* set by the caller before each call: an elastic group's
+                                    * membership epoch, part of the key (0: fixed) */
 } fr_sub_cache;
 
 /* The plan of worker `me` from every member's record recs[0..world)
@@ -158,5 +160,28 @@ typedef struct fr_sub_cache {
 int fr_sub_plan_records(fr_sub_cache *c, const fr_gen *g, ferry_kv_value *recs,
                         uint32_t world, uint32_t me, ferry_engine *e, ferry_error *err);
 void fr_sub_cache_free(fr_sub_cache *c);
+
+/* ---- elastic groups (pull_elastic.c over members.c) ------------------------------------- */
+
+struct fr_members;
+/* One update of an elastic group: this member's position among world,
+ * for generation gen, update seq of membership epoch `epoch`. The
+ * exchange says whether this member prepared but its shards do not fit
+ * the generation (self_layout), and the code another member told the
+ * group it cannot take part with (others_code, 0: none). */
+typedef struct fr_sub_round {
+    uint32_t me, world;
+    uint64_t gen, seq, epoch;
+    bool self_layout;
+    int others_code;
+} fr_sub_round;
+/* pull.c: run that update (st is reset; its membership fields are set). */
+int fr_sub_round_run(ferry_subscriber *sub, fr_sub_round *r, uint64_t *generation,
+                     ferry_update_stats *st, ferry_error *err);
+const ferry_subscriber_config *fr_sub_config(const ferry_subscriber *sub);
+ferry_store *fr_sub_store(const ferry_subscriber *sub);
+/* pull_elastic.c: ferry_subscriber_update of an elastic member. */
+int fr_sub_elastic_update(ferry_subscriber *sub, struct fr_members *mem, uint64_t *generation,
+                          ferry_update_stats *st, ferry_error *err);
 
 #endif
