@@ -5,6 +5,9 @@ updating rollout workers from the store (docs/weights.md, "Python").
   tensors; each tensor is stored once by the rank ``assign`` picks.
 - :class:`WeightSubscriber` — single-pull update of a rollout group: each
   byte read from the store once by one worker and pushed to the others.
+  ``world=0`` makes it an elastic group whose membership lives in the store
+  (``member=`` names this one; each update's stats carry ``epoch``,
+  ``members`` and ``position``; docs/weights.md, "Elastic groups").
 - :func:`update_direct` — each worker reads its own demand (the baseline).
 - :func:`update_compat` — every full tensor, for a ``load_weights(iterable)``
   loader, this worker reading every tensor from the store.

@@ -639,10 +639,12 @@ static int update_round(ferry_subscriber *sub, uint64_t *generation, ferry_updat
             rc = fr_rl_fail(err, FERRY_EREBUILD, "subscriber: the group did not finish together: %s",
                       ferry_strerror(brc));
     }
-    /* Every member has read every demand: mine can go. */
+    /* Every member has read every demand: mine can go. (An elastic
+     * update's records are named by it alone: after a barrier that timed
+     * out, which nobody passed, nobody reads them either.) */
     snprintf(key, sizeof key, "ferry/wk/%s/sub/%s/%020" PRIu64 "/%u", sub->cfg.model,
              sub->scope, active, me);
-    if (brc == 0)
+    if (brc == 0 || (sub->mem && brc == FERRY_ETIMEDOUT))
         (void)ferry_kv_delete(sub->s, key, 0, NULL);
     if (sub->pc.valid) {
         st->bytes_read = w->my_read;

@@ -6,6 +6,8 @@
  *  - a fifth joins: the next update includes it;
  *  - a member restarted (killed, started again) between two updates
  *    catches up in the second;
+ *  - a fresh member joining a group already at the generation updates
+ *    alone, then with the others at the next one;
  *  - a member that arrives while an update is in flight waits for it and,
  *    when it does not end within its timeout, says what it waited for;
  *    the group then updates with everyone;
@@ -26,6 +28,7 @@
 
 #include "util/ftgroup.h"
 #include "ferry/weights.h"
+#include "rl/rl_int.h"   /* fr_subscriber_plan_reused */
 
 #define NT 4
 static const uint64_t shapes[NT][2] = { {512, 256}, {333, 77}, {1024, 64}, {2, 2} };
@@ -44,7 +47,7 @@ typedef struct member {
 
 /* The reply to "update GEN": OK, this worker's store reads, the group's,
  * the elements not holding GEN, the epoch's size, this worker's position,
- * the epoch; or ERR, the code and the message. */
+ * the epoch, whether the plan was reused; or ERR, the code and the message. */
 static void member_update(void *ctx, uint64_t want)
 {
     member *w = ctx;
@@ -59,9 +62,9 @@ static void member_update(void *ctx, uint64_t want)
             bad += p[i] != ftg_bits(want, k, first + i);
     }
     if (rc == 0 && w->gen == want)
-        printf("OK %llu %llu %llu %u %u %llu\n", (unsigned long long)st.bytes_read,
+        printf("OK %llu %llu %llu %u %u %llu %d\n", (unsigned long long)st.bytes_read,
                (unsigned long long)st.group_bytes_read, (unsigned long long)bad, st.members,
-               st.position, (unsigned long long)st.epoch);
+               st.position, (unsigned long long)st.epoch, fr_subscriber_plan_reused(w->sub));
     else
         printf("ERR %d %s\n", rc, err.msg);
 }
@@ -119,6 +122,7 @@ typedef struct reply {
     int ok;
     unsigned long long read, group_read, bad, epoch;
     unsigned members, position;
+    int reused;
     char line[FTG_LINE];
 } reply;
 
@@ -131,8 +135,8 @@ static void update(ftg_env *e, const int *slots, int n, uint64_t gen, reply *out
         reply *r = &out[i];
         memset(r, 0, sizeof *r);
         (void)ft_peer_reply(&e->w[slots[i]], r->line, sizeof r->line, 120000);
-        r->ok = sscanf(r->line, "OK %llu %llu %llu %u %u %llu", &r->read, &r->group_read, &r->bad,
-                       &r->members, &r->position, &r->epoch) == 6;
+        r->ok = sscanf(r->line, "OK %llu %llu %llu %u %u %llu %d", &r->read, &r->group_read,
+                       &r->bad, &r->members, &r->position, &r->epoch, &r->reused) == 7;
         fprintf(stderr, "generation %llu, slot %d: %s\n", (unsigned long long)gen, slots[i],
                 r->line);
     }
@@ -177,7 +181,8 @@ static void test_kill_join_restart(void **state)
     assert_int_equal(ftg_publish(e->s, &model, 2, NULL), 0);
     update(e, (const int[]){ 0, 1, 2 }, 3, 2, r);
     check_group(r, 3, published);
-    assert_true(r[0].epoch != epoch4);   /* the membership changed */
+    assert_true(r[0].epoch != epoch4);   /* the membership changed: planned anew */
+    assert_false(r[0].reused || r[1].reused || r[2].reused);
 
     /* a fifth joins: the next update includes it */
     start(e, 4, names[4], "30000", 0);
@@ -245,6 +250,32 @@ static void test_arrive_in_flight(void **state)
     check_group(r, 3, published);
 }
 
+/* A fresh member joining a group that is already at the active
+ * generation updates alone (the others hold it: they are not part of that
+ * update), then with everyone at the next one. */
+static void test_fresh_member_alone(void **state)
+{
+    ftg_env *e = *state;
+    reply r[4];
+    uint64_t published = 0;
+    start(e, 0, "a", "30000", 0);
+    start(e, 1, "b", "30000", 0);
+    assert_int_equal(ftg_publish(e->s, &model, 1, &published), 0);
+    update(e, (const int[]){ 0, 1 }, 2, 1, r);
+    check_group(r, 2, published);
+    start(e, 2, "fresh", "30000", 0);
+    update(e, (const int[]){ 2 }, 1, 1, r);
+    assert_true(r[0].ok);   /* alone: it read its whole shard itself */
+    assert_int_equal(r[0].bad, 0);
+    assert_int_equal(r[0].members, 1);
+    assert_int_equal(r[0].position, 0);
+    assert_int_equal(r[0].read, r[0].group_read);
+    assert_true(r[0].read > 0 && r[0].read < published);
+    assert_int_equal(ftg_publish(e->s, &model, 2, NULL), 0);
+    update(e, (const int[]){ 0, 1, 2 }, 3, 2, r);
+    check_group(r, 3, published);
+}
+
 static void test_layout_conflict(void **state)
 {
     ftg_env *e = *state;
@@ -264,10 +295,14 @@ static void test_layout_conflict(void **state)
     assert_non_null(strstr(r[2].line, "model.1.weight"));
     /* the others went on without it, in the same call */
     check_group(r, 2, published);
-    /* it left the group: the next update does not wait for it */
+    /* it left the group: the next update does not wait for it; the
+     * membership is the same, so is the epoch, and the plan is reused */
+    unsigned long long epoch = r[0].epoch;
     assert_int_equal(ftg_publish(e->s, &model, 2, NULL), 0);
     update(e, (const int[]){ 0, 1 }, 2, 2, r);
     check_group(r, 2, published);
+    assert_int_equal(r[0].epoch, epoch);
+    assert_true(r[0].reused && r[1].reused);
 }
 
 int main(int argc, char **argv)
@@ -279,6 +314,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_kill_join_restart, ftg_setup, ftg_teardown),
         cmocka_unit_test_setup_teardown(test_arrive_in_flight, ftg_setup, ftg_teardown),
+        cmocka_unit_test_setup_teardown(test_fresh_member_alone, ftg_setup, ftg_teardown),
         cmocka_unit_test_setup_teardown(test_layout_conflict, ftg_setup, ftg_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
