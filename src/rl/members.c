@@ -39,6 +39,31 @@ static void key_of(const fr_members *m, char *out, size_t cap, const char *what,
 
 /* ---- the member list ----------------------------------------------------------------- */
 
+static bool hex_id(const char *p)
+{
+    for (int i = 0; i < FR_MEMBER_ID; i++)
+        if (!((p[i] >= '0' && p[i] <= '9') || (p[i] >= 'a' && p[i] <= 'f')))
+            return false;
+    return true;
+}
+
+
+int fr_members_list_parse(const char *text, size_t len, char (*ids)[FR_MEMBER_ID + 1], size_t *n)
+{
+    *n = 0;
+    if (len % (FR_MEMBER_ID + 1) || len / (FR_MEMBER_ID + 1) > LIST_MAX)
+        return FERRY_EPROTO;
+    for (size_t i = 0; i < len / (FR_MEMBER_ID + 1); i++) {
+        const char *p = text + i * (FR_MEMBER_ID + 1);
+        if (!hex_id(p) || p[FR_MEMBER_ID] != '\n')
+            return FERRY_EPROTO;
+        memcpy(ids[i], p, FR_MEMBER_ID);
+        ids[i][FR_MEMBER_ID] = 0;
+        (*n)++;
+    }
+    return 0;
+}
+
 /* The registered ids (*n of them, *ids: free) and the list's revision (0: none). */
 static int list_get(const fr_members *m, mid **ids, uint32_t *n, uint64_t *rev)
 {
@@ -60,14 +85,15 @@ static int list_get(const fr_members *m, mid **ids, uint32_t *n, uint64_t *rev)
         ferry_store_free(v.val);
         return FERRY_ENOMEM;
     }
-    const char *p = v.val;
-    for (size_t i = 0; i < cnt; i++) {
-        memcpy((*ids)[i], p + i * (FR_MEMBER_ID + 1), FR_MEMBER_ID);
-        (*ids)[i][FR_MEMBER_ID] = 0;
-    }
+    rc = fr_members_list_parse(v.val, v.len, *ids, &cnt);
     *n = (uint32_t)cnt;
     ferry_store_free(v.val);
-    return 0;
+    if (rc < 0) {
+        free(*ids);
+        *ids = NULL;
+        *n = 0;
+    }
+    return rc;
 }
 
 static int list_cas(const fr_members *m, const mid *ids, uint32_t n, uint64_t rev)
@@ -319,6 +345,55 @@ void fr_epoch_free(fr_epoch *ep)
 
 /* ---- epochs ----------------------------------------------------------------------------------- */
 
+int fr_epoch_parse(const char *text, size_t len, const char *me, fr_epoch *ep)
+{
+    memset(ep, 0, sizeof *ep);
+    char head[96];
+    size_t hl = 0;
+    while (hl < len && hl < sizeof head - 1 && text[hl] != '\n')
+        hl++;
+    if (hl == len || text[hl] != '\n')
+        return FERRY_EPROTO;
+    memcpy(head, text, hl);
+    head[hl] = 0;
+    unsigned long long e, q, g;
+    unsigned n;
+    int used = -1;
+    if (sscanf(head, "%llu %llu %llu %u%n", &e, &q, &g, &n, &used) != 4 || used != (int)hl ||
+        n > LIST_MAX || len - hl - 1 != (size_t)n * (FR_MEMBER_ID + 1))
+        return FERRY_EPROTO;
+    if (!(ep->ids = calloc(n ? n : 1, sizeof *ep->ids)))
+        return FERRY_ENOMEM;
+    const char *p = text + hl + 1;
+    for (unsigned i = 0; i < n; i++, p += FR_MEMBER_ID + 1) {
+        if (!hex_id(p) || p[FR_MEMBER_ID] != '\n') {
+            fr_epoch_free(ep);
+            return FERRY_EPROTO;
+        }
+        memcpy(ep->ids[i], p, FR_MEMBER_ID);
+    }
+    *ep = (fr_epoch){ .epoch = e, .seq = q, .gen = g, .n = n, .me = UINT32_MAX, .ids = ep->ids };
+    for (uint32_t i = 0; me && i < n; i++)
+        if (strcmp(ep->ids[i], me) == 0)
+            ep->me = i;
+    return 0;
+}
+
+int fr_epoch_format(const fr_epoch *ep, char **out, size_t *len)
+{
+    size_t cap = 96 + (size_t)ep->n * (FR_MEMBER_ID + 1);
+    char *b = malloc(cap);
+    if (!b)
+        return FERRY_ENOMEM;
+    int l = snprintf(b, cap, "%" PRIu64 " %" PRIu64 " %" PRIu64 " %u\n", ep->epoch, ep->seq,
+                     ep->gen, ep->n);
+    for (uint32_t i = 0; i < ep->n; i++)
+        l += snprintf(b + l, cap - (size_t)l, "%.16s\n", ep->ids[i]);
+    *out = b;
+    *len = (size_t)l;
+    return 0;
+}
+
 /* The epoch record: FERRY_ENOENT when there is none; *rev its revision. */
 static int epoch_get(const fr_members *m, fr_epoch *ep, uint64_t *rev)
 {
@@ -330,53 +405,19 @@ static int epoch_get(const fr_members *m, fr_epoch *ep, uint64_t *rev)
     if (rc < 0)
         return rc;
     *rev = v.mod_rev;
-    char *t = malloc(v.len + 1);
-    if (!t) {
-        ferry_store_free(v.val);
-        return FERRY_ENOMEM;
-    }
-    memcpy(t, v.val, v.len);
-    t[v.len] = 0;
+    rc = fr_epoch_parse(v.val, v.len, m->id, ep);
     ferry_store_free(v.val);
-    unsigned long long e, q, g;
-    unsigned n;
-    int used = 0;
-    rc = sscanf(t, "%llu %llu %llu %u\n%n", &e, &q, &g, &n, &used) == 4 && n <= LIST_MAX
-             ? 0 : FERRY_EPROTO;
-    if (rc == 0 && !(ep->ids = calloc(n ? n : 1, sizeof *ep->ids)))
-        rc = FERRY_ENOMEM;
-    const char *p = t + used;
-    for (unsigned i = 0; rc == 0 && i < n; i++, p += FR_MEMBER_ID + 1) {
-        if (strlen(p) < FR_MEMBER_ID)
-            rc = FERRY_EPROTO;
-        else
-            memcpy(ep->ids[i], p, FR_MEMBER_ID);
-    }
-    free(t);
-    if (rc < 0) {
-        fr_epoch_free(ep);
-        return rc;
-    }
-    *ep = (fr_epoch){ .epoch = e, .seq = q, .gen = g, .n = n, .me = UINT32_MAX, .ids = ep->ids };
-    for (uint32_t i = 0; i < n; i++)
-        if (strcmp(ep->ids[i], m->id) == 0)
-            ep->me = i;
-    return 0;
+    return rc;
 }
 
 static int epoch_cas(const fr_members *m, const fr_epoch *ep, uint64_t rev)
 {
-    char key[400];
+    char key[400], *b;
+    size_t len;
     key_of(m, key, sizeof key, "epoch", NULL);
-    size_t cap = 96 + (size_t)ep->n * (FR_MEMBER_ID + 1);
-    char *b = malloc(cap);
-    if (!b)
-        return FERRY_ENOMEM;
-    int len = snprintf(b, cap, "%" PRIu64 " %" PRIu64 " %" PRIu64 " %u\n", ep->epoch, ep->seq,
-                       ep->gen, ep->n);
-    for (uint32_t i = 0; i < ep->n; i++)
-        len += snprintf(b + len, cap - (size_t)len, "%s\n", ep->ids[i]);
-    int rc = ferry_kv_cas(m->s, key, rev, b, (size_t)len, NULL);
+    int rc = fr_epoch_format(ep, &b, &len);
+    if (rc == 0)
+        rc = ferry_kv_cas(m->s, key, rev, b, len, NULL);
     free(b);
     return rc;
 }

@@ -62,4 +62,14 @@ int fr_members_done(fr_members *m, uint64_t gen, uint64_t seq);
 int fr_members_hold(fr_members *m, uint64_t gen);
 void fr_epoch_free(fr_epoch *ep);
 
+/* The records' codecs (pure; tests/fuzz/fuzz_members.c). An epoch record
+ * is "<epoch> <seq> <gen> <n>\n" and n lines of 16 lowercase hex digits;
+ * parse: 0, FERRY_EPROTO (anything else), FERRY_ENOMEM; ep->me is the
+ * position of id me (UINT32_MAX: absent, or me NULL). format: *out
+ * malloc'd (free), *len its bytes. The list is n such lines: ids has room
+ * for len / 17 of them. */
+int fr_epoch_parse(const char *text, size_t len, const char *me, fr_epoch *ep);
+int fr_epoch_format(const fr_epoch *ep, char **out, size_t *len);
+int fr_members_list_parse(const char *text, size_t len, char (*ids)[FR_MEMBER_ID + 1], size_t *n);
+
 #endif
