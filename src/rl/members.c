@@ -510,6 +510,17 @@ static int epoch_make(fr_members *m, const fr_epoch *prev, uint64_t gen, fr_epoc
     return 0;
 }
 
+bool fr_members_owes(fr_members *m, uint64_t gen)
+{
+    fr_epoch r;
+    uint64_t rev, next = UINT64_MAX;
+    bool owes = false, over = true;
+    if (epoch_get(m, &r, &rev) == 0 && r.gen == gen && r.me != UINT32_MAX && m->seq < r.seq)
+        owes = r.n > 1 && epoch_over(m, &r, &next, false, &over) == 0 && !over;
+    fr_epoch_free(&r);
+    return owes;
+}
+
 static int waited_out(const fr_members *m, const fr_epoch *r, uint64_t gen, ferry_error *err)
 {
     return fr_rl_fail(err, FERRY_ETIMEDOUT, "subscriber: member %s waited for the update of its "

@@ -56,6 +56,9 @@ int fr_members_withdraw(fr_members *m);
  * waited for. ep: fr_epoch_free. */
 int fr_members_epoch(fr_members *m, uint64_t gen, uint64_t deadline_ns, fr_epoch *ep,
                      ferry_error *err);
+/* Whether the update to gen now running names this member, which has not
+ * taken part in it, and others of it are still at it (they wait for it). */
+bool fr_members_owes(fr_members *m, uint64_t gen);
 /* This member took part in update seq and now holds generation gen. */
 int fr_members_done(fr_members *m, uint64_t gen, uint64_t seq);
 /* This member holds gen (a call that found it current): the record says so. */

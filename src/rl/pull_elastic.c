@@ -36,9 +36,16 @@ int fr_sub_elastic_update(ferry_subscriber *sub, fr_members *mem, uint64_t *gene
         return fr_rl_fail(err, rc, "no generation of %s is active (%s)", cfg->model,
                           ferry_strerror(rc));
     st->generation = *generation;
+    /* A member that holds the active generation has nothing to take —
+     * unless an update to it was made while its record said otherwise (it
+     * opened holding it): the others wait for it there, so it takes part,
+     * as if it held nothing (its parameters get the same bytes again). */
+    uint64_t none = 0, *held = generation;
     if (active == *generation) {
-        (void)fr_members_hold(mem, active);   /* so no update of it waits for me */
-        return 0;
+        (void)fr_members_hold(mem, active);   /* so no later update of it waits for me */
+        if (!fr_members_owes(mem, active))
+            return 0;
+        held = &none;
     }
     if ((rc = fr_members_ensure(mem, err)) < 0)
         return rc;
@@ -48,9 +55,10 @@ int fr_sub_elastic_update(ferry_subscriber *sub, fr_members *mem, uint64_t *gene
             return rc;
         fr_sub_round r = { .me = ep.me, .world = ep.n, .gen = ep.gen, .seq = ep.seq,
                            .epoch = ep.epoch };
-        uint64_t held = *generation;
-        rc = fr_sub_round_run(sub, &r, generation, st, err);
-        (void)fr_members_done(mem, rc == 0 ? *generation : held, ep.seq);
+        rc = fr_sub_round_run(sub, &r, held, st, err);
+        (void)fr_members_done(mem, rc == 0 ? *held : *generation, ep.seq);
+        if (rc == 0)
+            *generation = *held;
         fr_epoch_free(&ep);
         if (rc == 0)
             return 0;

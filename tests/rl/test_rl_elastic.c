@@ -72,9 +72,9 @@ static void member_update(void *ctx, uint64_t want)
 /* TP shard tp of 2 of every tensor; wide: its shard of tensor 1 has one
  * column more than the tensor (a layout that conflicts with the group's). */
 static int member_main(const char *addr, uint32_t tp, const char *name, uint64_t timeout_ms,
-                       int wide)
+                       int wide, uint64_t held)
 {
-    member w = {0};
+    member w = { .gen = held };   /* the generation it says it holds at its first update */
     if (ftg_worker_store(addr, &w.s) < 0)
         return 1;
     ftg_names(&model, w.names);
@@ -104,18 +104,26 @@ static int member_main(const char *addr, uint32_t tp, const char *name, uint64_t
 
 /* ---- the test side ---------------------------------------------------------------------------- */
 
-/* Start member `slot` (tp shard slot % 2 unless wide, which takes 0). */
-static void start(ftg_env *e, int slot, const char *name, const char *timeout_ms, int wide)
+/* Start member `slot` (tp shard slot % 2 unless wide, which takes 0),
+ * saying it holds generation held (a string) at its first update. */
+static void start_held(ftg_env *e, int slot, const char *name, const char *timeout_ms, int wide,
+                       const char *held)
 {
     char tp[8];
     snprintf(tp, sizeof tp, "%d", wide ? 0 : slot % 2);
-    const char *argv[] = { "--member", e->c.addr, tp, name, timeout_ms, wide ? "1" : "0", NULL };
+    const char *argv[] = { "--member", e->c.addr, tp, name, timeout_ms, wide ? "1" : "0", held,
+                           NULL };
     assert_int_equal(ft_spawn(&e->w[slot], NULL, argv), 0);
     if (slot >= e->n)
         e->n = slot + 1;
     char line[256] = "";
     assert_int_equal(ft_read_line(&e->w[slot], line, sizeof line, 20000), 0);
     assert_string_equal(line, "READY");
+}
+
+static void start(ftg_env *e, int slot, const char *name, const char *timeout_ms, int wide)
+{
+    start_held(e, slot, name, timeout_ms, wide, "0");
 }
 
 typedef struct reply {
@@ -276,6 +284,37 @@ static void test_fresh_member_alone(void **state)
     check_group(r, 3, published);
 }
 
+/* A member that says it holds the active generation (it loaded it
+ * elsewhere) while an update to it that names it runs takes part in it
+ * (the others wait for it there) and gets every byte again. */
+static void test_member_opened_holding(void **state)
+{
+    ftg_env *e = *state;
+    reply r[4];
+    uint64_t published = 0;
+    start(e, 0, "a", "30000", 0);
+    start(e, 1, "b", "30000", 0);
+    start_held(e, 2, "loaded", "30000", 0, "1");
+    assert_int_equal(ftg_publish(e->s, &model, 1, &published), 0);
+    ferry_watch *w = NULL;
+    assert_int_equal(ferry_kv_watch(e->s, "ferry/wg/elastic/rollout/", 0, &w), 0);
+    assert_int_equal(ft_peer_send(&e->w[0], "update 1"), 0);
+    bool made = epoch_for(w, 1);   /* made by "a": it names all three */
+    ferry_watch_close(w);
+    assert_true(made);
+    for (int k = 1; k < 3; k++)
+        assert_int_equal(ft_peer_send(&e->w[k], "update 1"), 0);
+    for (int k = 0; k < 3; k++) {
+        memset(&r[k], 0, sizeof r[k]);
+        (void)ft_peer_reply(&e->w[k], r[k].line, sizeof r[k].line, 120000);
+        r[k].ok = sscanf(r[k].line, "OK %llu %llu %llu %u %u %llu %d", &r[k].read,
+                         &r[k].group_read, &r[k].bad, &r[k].members, &r[k].position, &r[k].epoch,
+                         &r[k].reused) == 7;
+        fprintf(stderr, "generation 1, slot %d: %s\n", k, r[k].line);
+    }
+    check_group(r, 3, published);
+}
+
 static void test_layout_conflict(void **state)
 {
     ftg_env *e = *state;
@@ -307,14 +346,15 @@ static void test_layout_conflict(void **state)
 
 int main(int argc, char **argv)
 {
-    if (argc == 7 && !strcmp(argv[1], "--member"))
+    if (argc == 8 && !strcmp(argv[1], "--member"))
         return member_main(argv[2], (uint32_t)atoi(argv[3]), argv[4], strtoull(argv[5], NULL, 10),
-                           atoi(argv[6]));
+                           atoi(argv[6]), strtoull(argv[7], NULL, 10));
     ft_token();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_kill_join_restart, ftg_setup, ftg_teardown),
         cmocka_unit_test_setup_teardown(test_arrive_in_flight, ftg_setup, ftg_teardown),
         cmocka_unit_test_setup_teardown(test_fresh_member_alone, ftg_setup, ftg_teardown),
+        cmocka_unit_test_setup_teardown(test_member_opened_holding, ftg_setup, ftg_teardown),
         cmocka_unit_test_setup_teardown(test_layout_conflict, ftg_setup, ftg_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
