@@ -134,9 +134,18 @@ typedef struct reply {
     char line[FTG_LINE];
 } reply;
 
-/* "update gen" to the members in slots[0..n), then their replies. */
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* "update gen" to the members in slots[0..n), then their replies (the
+ * time the group took is printed, never asserted). */
 static void update(ftg_env *e, const int *slots, int n, uint64_t gen, reply *out)
 {
+    double t0 = now_s();
     for (int i = 0; i < n; i++)
         assert_int_equal(ft_peer_send(&e->w[slots[i]], "update %llu", (unsigned long long)gen), 0);
     for (int i = 0; i < n; i++) {
@@ -148,6 +157,8 @@ static void update(ftg_env *e, const int *slots, int n, uint64_t gen, reply *out
         fprintf(stderr, "generation %llu, slot %d: %s\n", (unsigned long long)gen, slots[i],
                 r->line);
     }
+    fprintf(stderr, "generation %llu: %d members answered in %.2f s\n", (unsigned long long)gen, n,
+            now_s() - t0);
 }
 
 /* Every member of the update OK with every byte, the epoch of n members,
