@@ -368,7 +368,9 @@ int ferry_subscriber_open(ferry_store *s, const ferry_subscriber_config *cfg,
  * not affected): they return FERRY_EREBUILD (rebuild with a full update).
  * Every member calls it.
  * Elastic groups (cfg.world 0): open registers the member under the group
- * in the store and close withdraws it; each update runs with the members
+ * in the store and starts a thread of the subscriber's own that keeps an
+ * arrival parked at the member's liveness barrier (it uses the store until
+ * close); close withdraws both. Each update runs with the members
  * registered at its prepare (a membership epoch every one of them agrees
  * on; members that died are dropped, new ones included, positions are the
  * places in the epoch's list). A member that arrives while an update of
