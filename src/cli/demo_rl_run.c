@@ -32,8 +32,8 @@ typedef struct rl_run {
     member ro[RL_POOL_MAX], up[RL_POOL_MAX];
     unsigned nro, nup, inc_ro[RL_POOL_MAX], inc_up[RL_POOL_MAX];
     uint64_t version, rng, push_waits;
-    unsigned kills;
-    double last_kill;
+    unsigned kills, kill_step[100];   /* the steps the first 100 kills landed in */
+    double last_kill, last_train_s;   /* last_train_s: the previous step's training, 0 before */
 } rl_run;
 
 static uint64_t rnd(rl_run *r)
@@ -193,18 +193,23 @@ static int kill_pair(rl_run *r, double t0, double span)
     return 0;
 }
 
-static int train_step(rl_run *r, bool kill_here)
+static int train_step(rl_run *r, unsigned step, bool kill_here)
 {
     const rl_opts *o = r->o;
     for (unsigned u = 0; u < r->nup; u++) {
         r->up[u].trained = false;
         say(&r->up[u], "train\n");
     }
+    double t0 = cli_now();
     if (kill_here) {
-        /* about one step's time: the batches at the producers' rate, and the training */
-        double span = o->train_ms / 1000.0 +
-                      (o->rate > 0 ? (double)o->batch * r->nup / (o->rate * r->nro) : 0.05);
-        if (kill_pair(r, cli_now(), span) < 0)
+        /* the kill lands anywhere in a step's training: as long as the last
+         * one took, or (first step) the batches at the producers' rate */
+        double span = r->last_train_s > 0 ? r->last_train_s
+                      : o->train_ms / 1000.0 +
+                            (o->rate > 0 ? (double)o->batch * r->nup / (o->rate * r->nro) : 0.05);
+        if (r->kills < 100)
+            r->kill_step[r->kills] = step;
+        if (kill_pair(r, t0, span) < 0)
             return -1;
     }
     for (unsigned u = 0; u < r->nup; u++) {
@@ -217,6 +222,8 @@ static int train_step(rl_run *r, bool kill_here)
         }
         r->up[u].trained = true;
     }
+    if (!kill_here)
+        r->last_train_s = cli_now() - t0;
     return 0;
 }
 
@@ -336,6 +343,9 @@ static void print_json(const rl_run *r, const rl_tally *t, double run_s, double 
     for (unsigned i = 0; i < o->nphase; i++)
         printf("%s{\"rollouts\": %u, \"updaters\": %u, \"steps\": %u}", i ? ", " : "",
                o->phase[i].rollouts, o->phase[i].updaters, o->phase[i].steps);
+    printf("], \"kill_steps\": [");
+    for (unsigned i = 0; i < r->kills && i < 100; i++)
+        printf("%s%u", i ? ", " : "", r->kill_step[i]);
     printf("], \"versions\": %u, \"weight_errors\": %" PRIu64 ", \"seed\": %" PRIu64
            ", \"run_s\": %.2f, \"seconds\": %.2f, \"ok\": %s}\n",
            o->steps + 1, t->weight_errors, o->seed, run_s, total_s, ok ? "true" : "false");
@@ -416,7 +426,7 @@ static int run_steps(rl_run *r, double *run_s)
             rc = -1;
         for (unsigned i = 0; rc == 0 && i < o->phase[p].steps; i++) {
             k++;
-            if (train_step(r, kill_at[k]) < 0 || publish_step(r, k + 1) < 0)
+            if (train_step(r, k, kill_at[k]) < 0 || publish_step(r, k + 1) < 0)
                 rc = -1;
             else
                 cli_progress_text("step %u/%u: version %u published by %u update and %u rollout "
@@ -479,8 +489,10 @@ int cmd_demo_rl(int argc, char **argv)
     }
     (void)ferry_kv_delete(s, end_key, 0, NULL);
     double total_s = cli_now() - t0;
+    /* a recompute request lost is the queue's one window (an update process
+     * killed between a stale sample's commit and its request): one per kill at most */
     ok = t.weight_errors == 0 && t.lost == 0 && t.duplicated == 0 && t.inconsistent == 0 &&
-         t.trained > 0 && r.kills == o.kills;
+         t.trained > 0 && r.kills == o.kills && t.recompute_lost <= r.kills;
     if (o.json)
         print_json(&r, &t, run_s, total_s, ok);
     else

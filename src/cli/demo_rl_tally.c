@@ -37,6 +37,7 @@ typedef struct tab {
     pe *p; size_t np, capp;
     dv *l, *t, *done; size_t nl, nt, nd, capl, capt, capd;
     char **b; size_t nb, capb;
+    char **dang; size_t ndang, capdang;   /* the sessions of pushes a kill cut short */
     double *lat, *load, *pub; size_t nlat, nload, npub, caplat, capload, cappub;
     lfile f[4 * RL_POOL_MAX * 64]; unsigned nf;
 } tab;
@@ -182,8 +183,11 @@ static int read_ledgers(tab *tb, const char *dir, rl_tally *t, char *err, size_t
             }
         }
         fclose(f);
-        if (roll && tb->f[fi].killed && pending[0])
+        if (roll && tb->f[fi].killed && pending[0]) {
             t->dangling_pushes++;   /* killed between "A" and knowing whether it landed */
+            if (GROW(tb->dang, tb->ndang, tb->capdang))
+                tb->dang[tb->ndang++] = strdup(pending);
+        }
     }
     closedir(d);
     return rc;
@@ -267,7 +271,7 @@ static void account(tab *tb, bool recompute, rl_tally *t)
     qsort(tb->done, tb->nd, sizeof *tb->done, cmp_dv);
     qsort(tb->b, tb->nb, sizeof *tb->b, cmp_str);
     char **trained_sids = calloc(tb->nd + 1, sizeof *trained_sids);
-    size_t nts = 0;
+    size_t nts = 0, unknown_stale = 0;
     for (size_t i = 0; i < tb->nd;) {
         size_t j = i;
         unsigned ntrain = 0, nstale = 0;
@@ -301,6 +305,8 @@ static void account(tab *tb, bool recompute, rl_tally *t)
             t->stale++;
             if (p && bsearch(&p->sid, tb->b, tb->nb, sizeof *tb->b, cmp_str))
                 t->sent_back++;
+            else if (!p)
+                unknown_stale++;   /* a push a kill cut short: matched below by session */
             else if (recompute)
                 t->recompute_lost++;   /* the window before the request is pushed */
             else
@@ -308,6 +314,18 @@ static void account(tab *tb, bool recompute, rl_tally *t)
         }
         i = j;
     }
+    /* the pushes a kill cut short name their session in "A": those sent back say so in "B" */
+    size_t matched = 0;
+    for (size_t i = 0; i < tb->ndang; i++)
+        if (bsearch(&tb->dang[i], tb->b, tb->nb, sizeof *tb->b, cmp_str))
+            matched++;
+    if (matched > unknown_stale)
+        matched = unknown_stale;
+    t->sent_back += matched;
+    if (recompute)
+        t->recompute_lost += unknown_stale - matched;
+    else
+        t->dropped += unknown_stale;
     /* a session trained under two uids (a recompute redone twice) is trained twice too */
     if (trained_sids) {
         qsort(trained_sids, nts, sizeof *trained_sids, cmp_str);
@@ -377,6 +395,9 @@ int demo_rl_tally(ferry_store *s, const char *queue, const char *dir, ferry_watc
         free(tb->p[i].sid);
     for (size_t i = 0; i < tb->nb; i++)
         free(tb->b[i]);
+    for (size_t i = 0; i < tb->ndang; i++)
+        free(tb->dang[i]);
+    free(tb->dang);
     free(tb->p), free(tb->l), free(tb->t), free(tb->done), free(tb->b);
     free(tb->lat), free(tb->load), free(tb->pub);
     free(tb);
