@@ -332,13 +332,14 @@ int64_t demo_rl_train(ferry_sample_queue *q, unsigned want, bool drain, double t
         ferry_sample_queue_stats(q, &s1);
         if (popped)
             *popped += s1.popped - s0.popped;
+        for (size_t i = got; i < got + n; i++)   /* held from here on */
+            fprintf(led, "L %016" PRIx64 " %" PRIu64 " %" PRIu32 " %" PRIu64 " %s\n", b[i].uid,
+                    b[i].id, b[i].token, b[i].popped_at_ms - b[i].pushed_at_ms,
+                    b[i].session.session_id);
         for (size_t i = got; i < got + n; i++) {
             float rw = 0;
             if (ferry_sample_read(q, &b[i], NULL, tok, lp, &rw, err) < 0)
                 fprintf(stderr, "update: %s\n", err->msg);
-            fprintf(led, "L %016" PRIx64 " %" PRIu64 " %" PRIu32 " %" PRIu64 " %s\n", b[i].uid,
-                    b[i].id, b[i].token, b[i].popped_at_ms - b[i].pushed_at_ms,
-                    b[i].session.session_id);
         }
         got += n;
         if (drain && s1.popped == s0.popped)

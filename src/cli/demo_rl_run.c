@@ -31,7 +31,7 @@ typedef struct rl_run {
     char model[64], queue[64], line[512];
     member ro[RL_POOL_MAX], up[RL_POOL_MAX];
     unsigned nro, nup, inc_ro[RL_POOL_MAX], inc_up[RL_POOL_MAX];
-    uint64_t version, rng, push_waits;
+    uint64_t version, rng, push_waits, trained;   /* trained: as the replies said (progress) */
     unsigned kills, kill_step[100];   /* the steps the first 100 kills landed in */
     double last_kill, last_train_s;   /* last_train_s: the previous step's training, 0 before */
 } rl_run;
@@ -203,7 +203,8 @@ static int train_step(rl_run *r, unsigned step, bool kill_here)
     double t0 = cli_now();
     if (kill_here) {
         /* the kill lands anywhere in a step's training: as long as the last
-         * one took, or (first step) the batches at the producers' rate */
+         * one took (kill and restart included), or (first step) the batches
+         * at the producers' rate */
         double span = r->last_train_s > 0 ? r->last_train_s
                       : o->train_ms / 1000.0 +
                             (o->rate > 0 ? (double)o->batch * r->nup / (o->rate * r->nro) : 0.05);
@@ -221,9 +222,11 @@ static int train_step(rl_run *r, unsigned step, bool kill_here)
             return -1;
         }
         r->up[u].trained = true;
+        unsigned long long n = 0;
+        if (sscanf(r->line, "OK trained %llu", &n) == 1)
+            r->trained += n;
     }
-    if (!kill_here)
-        r->last_train_s = cli_now() - t0;
+    r->last_train_s = cli_now() - t0;
     return 0;
 }
 
@@ -429,8 +432,8 @@ static int run_steps(rl_run *r, double *run_s)
             if (train_step(r, k, kill_at[k]) < 0 || publish_step(r, k + 1) < 0)
                 rc = -1;
             else
-                cli_progress_text("step %u/%u: version %u published by %u update and %u rollout "
-                                  "processes", k, o->steps, k + 1, r->nup, r->nro);
+                cli_progress_text("step %u/%u: version %u published, %" PRIu64 " samples trained",
+                                  k, o->steps, k + 1, r->trained);
         }
     }
     free(kill_at);
