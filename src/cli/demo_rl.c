@@ -174,6 +174,11 @@ static void recompute_some(rollout *r, bool *stop, ferry_error *err)
     if (ferry_sample_pop_recompute(r->q, 8, back, &nb, err) < 0)
         return;
     for (size_t i = 0; i < nb; i++) {
+        if (*stop) {   /* handed back now, not when the lease lapses: the drain reads them */
+            (void)ferry_sample_release(r->q, &back[i], 1);
+            ferry_sample_clear(&back[i]);
+            continue;
+        }
         char sid[FERRY_RECORD_ID_MAX + 1];
         snprintf(sid, sizeof sid, "%.100s+", back[i].session.session_id);
         fprintf(r->led, "B %s\n", back[i].session.session_id);

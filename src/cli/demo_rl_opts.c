@@ -21,9 +21,9 @@ void demo_rl_usage(FILE *f)
             "versions through the weights registry; every sample is accounted for.\n"
             "  --pools 4:2x3,6:2x3  4 rollouts and 2 update processes for 3 steps, then 6 and 2\n"
             "                       for 3 more (a phase without xSTEPS runs --steps steps)\n"
-            "  --kill N             N times, at a random point of a random step (never the last),\n"
-            "                       SIGKILL a random rollout and a random update process and\n"
-            "                       start them again\n"
+            "  --kill N             N times (up to 1000), at a random point of a random step\n"
+            "                       (never the last), SIGKILL a random rollout and a random\n"
+            "                       update process and start them again\n"
             "  --lease-ms MS        how long a popped sample stays leased: a killed member's\n"
             "                       samples come back after it (keep it above one step's time)\n");
 }
@@ -144,7 +144,7 @@ int demo_rl_parse(int argc, char **argv, rl_opts *o)
         else if (!strcmp(a, "--pools"))
             pools = v;
         else if (!strcmp(a, "--kill"))
-            rc = cli_opt_unsigned(a, v, 0, 100000, &o->kills);
+            rc = cli_opt_unsigned(a, v, 0, 1000, &o->kills);
         else if (!strcmp(a, "--seed"))
             rc = cli_opt_uint(a, v, 0, UINT64_MAX, &o->seed), o->seeded = true;
         else if (!strcmp(a, "--lease-ms"))

@@ -32,7 +32,7 @@ typedef struct rl_run {
     member ro[RL_POOL_MAX], up[RL_POOL_MAX];
     unsigned nro, nup, inc_ro[RL_POOL_MAX], inc_up[RL_POOL_MAX];
     uint64_t version, rng, push_waits, trained;   /* trained: as the replies said (progress) */
-    unsigned kills, kill_step[100];   /* the steps the first 100 kills landed in */
+    unsigned kills, kill_step[1000];   /* the step of each kill */
     double last_kill, last_train_s;   /* last_train_s: the previous step's training, 0 before */
 } rl_run;
 
@@ -208,7 +208,7 @@ static int train_step(rl_run *r, unsigned step, bool kill_here)
         double span = r->last_train_s > 0 ? r->last_train_s
                       : o->train_ms / 1000.0 +
                             (o->rate > 0 ? (double)o->batch * r->nup / (o->rate * r->nro) : 0.05);
-        if (r->kills < 100)
+        if (r->kills < 1000)
             r->kill_step[r->kills] = step;
         if (kill_pair(r, t0, span) < 0)
             return -1;
@@ -347,7 +347,7 @@ static void print_json(const rl_run *r, const rl_tally *t, double run_s, double 
         printf("%s{\"rollouts\": %u, \"updaters\": %u, \"steps\": %u}", i ? ", " : "",
                o->phase[i].rollouts, o->phase[i].updaters, o->phase[i].steps);
     printf("], \"kill_steps\": [");
-    for (unsigned i = 0; i < r->kills && i < 100; i++)
+    for (unsigned i = 0; i < r->kills && i < 1000; i++)
         printf("%s%u", i ? ", " : "", r->kill_step[i]);
     printf("], \"versions\": %u, \"weight_errors\": %" PRIu64 ", \"seed\": %" PRIu64
            ", \"run_s\": %.2f, \"seconds\": %.2f, \"ok\": %s}\n",
