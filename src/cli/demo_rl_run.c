@@ -283,7 +283,7 @@ static int drain(rl_run *r, ferry_store *s, uint64_t *trained)
     int rc = 0;
     for (;;) {
         uint64_t popped = 0;
-        int64_t n = demo_rl_train(q, 256, true, 0, o->tokens, led, &popped, &err);
+        int64_t n = demo_rl_train(q, 64, true, 0, o->tokens, led, &popped, &err);
         if (n < 0) {
             fprintf(stderr, "ferry demo rl: the drain: %s\n", err.msg);
             rc = -1;

@@ -88,7 +88,7 @@ static void test_pools_and_kills(void **state)
 {
     (void)state;
     run("--pools 2:1x2,3:2x3 --kill 2 --seed 9 --batch 16 --train-ms 20 --tokens 64 "
-        "--weights 1M --lease-ms 1000");
+        "--weights 1M --lease-ms 2000");
     assert_non_null(strstr(out, "\"ok\": true"));
     char buf[256];
     assert_string_equal(arr("phases", buf, sizeof buf),
@@ -124,7 +124,7 @@ static void test_kills_drop(void **state)
 {
     (void)state;
     run("--pools 3:2x3 --kill 2 --seed 4 --batch 16 --train-ms 20 --tokens 64 --weights 1M "
-        "--lease-ms 1000 --stale drop");
+        "--lease-ms 2000 --stale drop");
     assert_non_null(strstr(out, "\"ok\": true"));
     assert_int_equal((int)num("kills"), 2);
     assert_int_equal((int)num("lost"), 0);
