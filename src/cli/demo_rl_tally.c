@@ -70,11 +70,23 @@ static int cmp_d(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* qsort and bsearch, for arrays that may be empty (and then NULL) */
+static void sort(void *base, size_t n, size_t sz, int (*cmp)(const void *, const void *))
+{
+    if (n > 1)
+        qsort(base, n, sz, cmp);
+}
+static void *find(const void *key, const void *base, size_t n, size_t sz,
+                  int (*cmp)(const void *, const void *))
+{
+    return n ? bsearch(key, base, n, sz, cmp) : NULL;
+}
+
 static double pct(double *v, size_t n, double p)
 {
     if (!n)
         return 0;
-    qsort(v, n, sizeof *v, cmp_d);
+    sort(v, n, sizeof *v, cmp_d);
     size_t k = (size_t)(p * (double)n + 0.999999);
     return v[(k ? k - 1 : 0) < n ? (k ? k - 1 : 0) : n - 1];
 }
@@ -243,10 +255,10 @@ static void payloads_left(ferry_store *s, const char *queue, rl_tally *t)
 static const pe *find_push(const tab *tb, uint64_t uid)
 {
     pe key = { .uid = uid };
-    return bsearch(&key, tb->p, tb->np, sizeof *tb->p, cmp_pe);
+    return find(&key, tb->p, tb->np, sizeof *tb->p, cmp_pe);
 }
 
-static bool has(const dv *arr, size_t n, dv k) { return bsearch(&k, arr, n, sizeof k, cmp_dv); }
+static bool has(const dv *arr, size_t n, dv k) { return find(&k, arr, n, sizeof k, cmp_dv); }
 
 /* The first of the sorted commits with this uid (nd if none). */
 static size_t first_commit(const tab *tb, uint64_t uid)
@@ -265,11 +277,11 @@ static size_t first_commit(const tab *tb, uint64_t uid)
 /* Per uid, over the sorted commits. */
 static void account(tab *tb, bool recompute, rl_tally *t)
 {
-    qsort(tb->p, tb->np, sizeof *tb->p, cmp_pe);
-    qsort(tb->l, tb->nl, sizeof *tb->l, cmp_dv);
-    qsort(tb->t, tb->nt, sizeof *tb->t, cmp_dv);
-    qsort(tb->done, tb->nd, sizeof *tb->done, cmp_dv);
-    qsort(tb->b, tb->nb, sizeof *tb->b, cmp_str);
+    sort(tb->p, tb->np, sizeof *tb->p, cmp_pe);
+    sort(tb->l, tb->nl, sizeof *tb->l, cmp_dv);
+    sort(tb->t, tb->nt, sizeof *tb->t, cmp_dv);
+    sort(tb->done, tb->nd, sizeof *tb->done, cmp_dv);
+    sort(tb->b, tb->nb, sizeof *tb->b, cmp_str);
     char **trained_sids = calloc(tb->nd + 1, sizeof *trained_sids);
     size_t nts = 0, unknown_stale = 0;
     for (size_t i = 0; i < tb->nd;) {
@@ -277,7 +289,7 @@ static void account(tab *tb, bool recompute, rl_tally *t)
         unsigned ntrain = 0, nstale = 0;
         for (; j < tb->nd && tb->done[j].uid == tb->done[i].uid; j++) {
             dv c = tb->done[j];
-            const dv *l = bsearch(&c, tb->l, tb->nl, sizeof c, cmp_dv);
+            const dv *l = find(&c, tb->l, tb->nl, sizeof c, cmp_dv);
             if (!l) {
                 nstale++;
                 continue;
@@ -303,7 +315,7 @@ static void account(tab *tb, bool recompute, rl_tally *t)
                 trained_sids[nts++] = p->sid;
         } else {
             t->stale++;
-            if (p && bsearch(&p->sid, tb->b, tb->nb, sizeof *tb->b, cmp_str))
+            if (p && find(&p->sid, tb->b, tb->nb, sizeof *tb->b, cmp_str))
                 t->sent_back++;
             else if (!p)
                 unknown_stale++;   /* a push a kill cut short: matched below by session */
@@ -317,7 +329,7 @@ static void account(tab *tb, bool recompute, rl_tally *t)
     /* the pushes a kill cut short name their session in "A": those sent back say so in "B" */
     size_t matched = 0;
     for (size_t i = 0; i < tb->ndang; i++)
-        if (bsearch(&tb->dang[i], tb->b, tb->nb, sizeof *tb->b, cmp_str))
+        if (find(&tb->dang[i], tb->b, tb->nb, sizeof *tb->b, cmp_str))
             matched++;
     if (matched > unknown_stale)
         matched = unknown_stale;
@@ -328,7 +340,7 @@ static void account(tab *tb, bool recompute, rl_tally *t)
         t->dropped += unknown_stale;
     /* a session trained under two uids (a recompute redone twice) is trained twice too */
     if (trained_sids) {
-        qsort(trained_sids, nts, sizeof *trained_sids, cmp_str);
+        sort(trained_sids, nts, sizeof *trained_sids, cmp_str);
         for (size_t i = 1; i < nts; i++)
             if (!strcmp(trained_sids[i], trained_sids[i - 1]))
                 t->duplicated++;
