@@ -2,12 +2,15 @@
 # ctest pip_install: the Python package installs as README.md ("Python
 # package") says, from a fresh copy of the tree, offline: a venv of Debian's
 # python3 with its packages, `pip install .`, then `python3 -c 'import
-# ferry'` from elsewhere with no PYTHONPATH. Then `pip wheel .` with another
-# CPython (>= 3.9) when one is installed: the extension builds for whichever
-# interpreter runs pip. PIP_NO_INDEX=1: any attempt to reach an index fails.
-# Usage: pip_install.sh SOURCE_DIR [OTHER_PYTHON]
+# ferry'` from elsewhere with no PYTHONPATH.
+# ctest pip_wheel_other (pip_install.sh SOURCE_DIR --wheel OTHER_PYTHON):
+# `pip wheel .` with another CPython (>= 3.9), when one is installed: the
+# extension builds for whichever interpreter runs pip. The two are separate
+# tests so that ctest builds the two copies of the library side by side.
+# PIP_NO_INDEX=1: any attempt to reach an index fails.
+# Usage: pip_install.sh SOURCE_DIR [--wheel OTHER_PYTHON]
 set -euo pipefail
-src=$1 other=${2:-}
+src=$1 mode=${2:-} other=${3:-}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -18,6 +21,30 @@ mkdir "$tmp/src"
 (cd "$src" && git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$tmp/src")
 [ ! -e "$tmp/src/build" ] || { echo "a build directory travelled with the copy"; exit 1; }
 
+wheel() {
+[ -x "$other" ] || { echo "pip_install.sh --wheel: $other is not an interpreter"; exit 1; }
+cd "$tmp/src"
+start=$(date +%s)
+"$other" -m pip wheel --no-deps . -w "$tmp/wheels" > "$tmp/wheel.log" 2>&1 || { tail -n 60 "$tmp/wheel.log"; exit 1; }
+whl=$(ls "$tmp"/wheels/ferry-*.whl)
+echo "pip wheel . with $("$other" -V) ($(( $(date +%s) - start )) s): $(basename "$whl")"
+# that interpreter may lack numpy (import ferry needs it): load the extension alone
+"$other" - "$whl" <<'PY'
+import importlib.machinery, importlib.util, sys, sysconfig, tempfile, types, zipfile
+whl = sys.argv[1]
+d = tempfile.mkdtemp()
+zipfile.ZipFile(whl).extractall(d)
+so = f"{d}/ferry/_ferry{sysconfig.get_config_var('EXT_SUFFIX')}"
+pkg = types.ModuleType("ferry"); pkg.__path__ = [f"{d}/ferry"]; sys.modules["ferry"] = pkg
+spec = importlib.util.spec_from_file_location("ferry._ferry", so)
+m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
+mem = m.memory(bytearray(8), "probe")
+assert mem.nbytes == 8 and m.strerror(-2)
+print("extension loads in", sys.version.split()[0], "->", so.rsplit("/", 1)[1], "| strerror(-2):", m.strerror(-2))
+PY
+}
+
+install() {
 /usr/bin/python3 -m venv --system-site-packages "$tmp/venv"
 # shellcheck disable=SC1091
 . "$tmp/venv/bin/activate"
@@ -40,27 +67,6 @@ print("signature of Store.put_from:", inspect.signature(ferry.Store.put_from))
 PY
 [ -z "$(ls -A "$tmp/src/build" 2>/dev/null)" ] || { echo "pip install . left a build directory in the tree"; exit 1; }
 deactivate
+}
 
-if [ -z "$other" ] || ! [ -x "$other" ]; then
-  echo "pip wheel with another interpreter: none given or found ($other); only $(/usr/bin/python3 -V) was tried"
-  exit 0
-fi
-cd "$tmp/src"
-start=$(date +%s)
-"$other" -m pip wheel --no-deps . -w "$tmp/wheels" > "$tmp/wheel.log" 2>&1 || { tail -n 60 "$tmp/wheel.log"; exit 1; }
-whl=$(ls "$tmp"/wheels/ferry-*.whl)
-echo "pip wheel . with $("$other" -V) ($(( $(date +%s) - start )) s): $(basename "$whl")"
-# that interpreter may lack numpy (import ferry needs it): load the extension alone
-"$other" - "$whl" <<'PY'
-import importlib.machinery, importlib.util, sys, sysconfig, tempfile, types, zipfile
-whl = sys.argv[1]
-d = tempfile.mkdtemp()
-zipfile.ZipFile(whl).extractall(d)
-so = f"{d}/ferry/_ferry{sysconfig.get_config_var('EXT_SUFFIX')}"
-pkg = types.ModuleType("ferry"); pkg.__path__ = [f"{d}/ferry"]; sys.modules["ferry"] = pkg
-spec = importlib.util.spec_from_file_location("ferry._ferry", so)
-m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
-mem = m.memory(bytearray(8), "probe")
-assert mem.nbytes == 8 and m.strerror(-2)
-print("extension loads in", sys.version.split()[0], "->", so.rsplit("/", 1)[1], "| strerror(-2):", m.strerror(-2))
-PY
+if [ "$mode" = --wheel ]; then wheel; else install; fi
