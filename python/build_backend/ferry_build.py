@@ -162,7 +162,10 @@ def _build_package(build_dir, jobs):
     cmake = shutil.which("cmake")
     if not cmake:
         raise RuntimeError("ferry_build: cmake is needed (scripts/deps.sh installs it)")
-    _run([cmake, "-S", ROOT, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release",
+    # -U first: a kept build-dir may have been configured for another
+    # interpreter, whose cached headers and library FindPython would keep.
+    _run([cmake, "-S", ROOT, "-B", build_dir, "-U", "Python3_*", "-U", "_Python3_*",
+          "-DCMAKE_BUILD_TYPE=Release",
           f"-DPython3_EXECUTABLE={sys.executable}", "-DPython3_FIND_STRATEGY=LOCATION"])
     _run([cmake, "--build", build_dir, "--target", "ferry_python", "-j", str(jobs)])
     pkg = os.path.join(build_dir, "python", "ferry")

@@ -4,7 +4,11 @@
 # python3 with its packages, `pip install .`, then `python3 -c 'import
 # ferry'` from elsewhere with no PYTHONPATH. Then `pip wheel .` with another
 # CPython (>= 3.9) when one is installed: the extension builds for whichever
-# interpreter runs pip. PIP_NO_INDEX=1: any attempt to reach an index fails.
+# interpreter runs pip. Both pass the backend's documented `--config-settings
+# build-dir=DIR` (docs/python.md), the same DIR: the wheel's build then
+# reconfigures for the other interpreter and recompiles only the extension,
+# not libferry a second time (that second library build was half of the
+# suite's compute). PIP_NO_INDEX=1: any attempt to reach an index fails.
 # Usage: pip_install.sh SOURCE_DIR [OTHER_PYTHON]
 set -euo pipefail
 src=$1 other=${2:-}
@@ -18,13 +22,40 @@ mkdir "$tmp/src"
 (cd "$src" && git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$tmp/src")
 [ ! -e "$tmp/src/build" ] || { echo "a build directory travelled with the copy"; exit 1; }
 
+wheel() {
+if [ -z "$other" ] || ! [ -x "$other" ]; then
+  echo "pip wheel with another interpreter: none given or found ($other); only $(/usr/bin/python3 -V) was tried"
+  return 0
+fi
+cd "$tmp/src"
+start=$(date +%s)
+"$other" -m pip wheel --no-deps --config-settings build-dir="$tmp/pbuild" . -w "$tmp/wheels" > "$tmp/wheel.log" 2>&1 || { tail -n 60 "$tmp/wheel.log"; exit 1; }
+whl=$(ls "$tmp"/wheels/ferry-*.whl)
+echo "pip wheel --config-settings build-dir=DIR . with $("$other" -V) ($(( $(date +%s) - start )) s): $(basename "$whl")"
+# that interpreter may lack numpy (import ferry needs it): load the extension alone
+"$other" - "$whl" <<'PY'
+import importlib.machinery, importlib.util, sys, sysconfig, tempfile, types, zipfile
+whl = sys.argv[1]
+d = tempfile.mkdtemp()
+zipfile.ZipFile(whl).extractall(d)
+so = f"{d}/ferry/_ferry{sysconfig.get_config_var('EXT_SUFFIX')}"
+pkg = types.ModuleType("ferry"); pkg.__path__ = [f"{d}/ferry"]; sys.modules["ferry"] = pkg
+spec = importlib.util.spec_from_file_location("ferry._ferry", so)
+m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
+mem = m.memory(bytearray(8), "probe")
+assert mem.nbytes == 8 and m.strerror(-2)
+print("extension loads in", sys.version.split()[0], "->", so.rsplit("/", 1)[1], "| strerror(-2):", m.strerror(-2))
+PY
+}
+
+install() {
 /usr/bin/python3 -m venv --system-site-packages "$tmp/venv"
 # shellcheck disable=SC1091
 . "$tmp/venv/bin/activate"
 cd "$tmp/src"
 start=$(date +%s)
-pip install . > "$tmp/pip.log" 2>&1 || { tail -n 60 "$tmp/pip.log"; exit 1; }
-echo "pip install . ($(( $(date +%s) - start )) s): $(grep -E '^Successfully installed' "$tmp/pip.log")"
+pip install --config-settings build-dir="$tmp/pbuild" . > "$tmp/pip.log" 2>&1 || { tail -n 60 "$tmp/pip.log"; exit 1; }
+echo "pip install --config-settings build-dir=DIR . ($(( $(date +%s) - start )) s): $(grep -E '^Successfully installed' "$tmp/pip.log")"
 cd /
 python3 -c 'import ferry; print("import ferry:", ferry.__version__, ferry.__file__)'
 python3 - <<'PY'
@@ -40,27 +71,7 @@ print("signature of Store.put_from:", inspect.signature(ferry.Store.put_from))
 PY
 [ -z "$(ls -A "$tmp/src/build" 2>/dev/null)" ] || { echo "pip install . left a build directory in the tree"; exit 1; }
 deactivate
+}
 
-if [ -z "$other" ] || ! [ -x "$other" ]; then
-  echo "pip wheel with another interpreter: none given or found ($other); only $(/usr/bin/python3 -V) was tried"
-  exit 0
-fi
-cd "$tmp/src"
-start=$(date +%s)
-"$other" -m pip wheel --no-deps . -w "$tmp/wheels" > "$tmp/wheel.log" 2>&1 || { tail -n 60 "$tmp/wheel.log"; exit 1; }
-whl=$(ls "$tmp"/wheels/ferry-*.whl)
-echo "pip wheel . with $("$other" -V) ($(( $(date +%s) - start )) s): $(basename "$whl")"
-# that interpreter may lack numpy (import ferry needs it): load the extension alone
-"$other" - "$whl" <<'PY'
-import importlib.machinery, importlib.util, sys, sysconfig, tempfile, types, zipfile
-whl = sys.argv[1]
-d = tempfile.mkdtemp()
-zipfile.ZipFile(whl).extractall(d)
-so = f"{d}/ferry/_ferry{sysconfig.get_config_var('EXT_SUFFIX')}"
-pkg = types.ModuleType("ferry"); pkg.__path__ = [f"{d}/ferry"]; sys.modules["ferry"] = pkg
-spec = importlib.util.spec_from_file_location("ferry._ferry", so)
-m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
-mem = m.memory(bytearray(8), "probe")
-assert mem.nbytes == 8 and m.strerror(-2)
-print("extension loads in", sys.version.split()[0], "->", so.rsplit("/", 1)[1], "| strerror(-2):", m.strerror(-2))
-PY
+install
+wheel
