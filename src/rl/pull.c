@@ -39,9 +39,12 @@ struct ferry_subscriber {
      * generation) and the stored placement stay the same: a new generation
      * of the same model and layout costs no planning. */
     fr_sub_cache pc;
+    fr_standby *sb;           /* standby copies (pull_standby.c); NULL: none */
 };
 
 bool fr_subscriber_plan_reused(const ferry_subscriber *sub) { return sub && sub->pc.reused; }
+fr_standby *fr_subscriber_standby(const ferry_subscriber *sub) { return sub->sb; }
+void fr_subscriber_set_standby(ferry_subscriber *sub, fr_standby *sb) { sub->sb = sb; }
 
 int ferry_subscriber_nodes(const ferry_subscriber *sub, ferry_update_node *out, size_t cap)
 {
@@ -545,6 +548,9 @@ int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_u
     if (prc == 0 && current)
         prc = fr_rl_fail(&perr, FERRY_ESTATE, "generation %" PRIu64 " became current meanwhile",
                          active);
+    if (g && sub->sb && (prc = fr_standby_begin(sub->sb, g, sub->shards, &sub->spans, &sub->pc,
+                                                sub->cfg.timeout_ms, &perr)) < 0)
+        g = NULL;   /* the standby copy is the target; told to the group when it cannot be */
     uint32_t world = sub->cfg.world, me = sub->cfg.rank;
     ferry_kv_value *recs = calloc(world, sizeof *recs);
     char bar[400], key[400];
@@ -639,6 +645,10 @@ int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_u
         *generation = m.generation;
         st->generation = m.generation;
         sub->generation = m.generation;
+        if (sub->sb)
+            fr_standby_flip(sub->sb, m.generation);
+    } else if (sub->sb) {
+        fr_standby_failed(sub->sb, err);
     }
     for (uint32_t k = 0; recs && k < world; k++)
         ferry_store_free(recs[k].val);
@@ -683,6 +693,7 @@ void ferry_subscriber_close(ferry_subscriber *sub)
         return;
     fr_rl_spans_free(&sub->spans);
     fr_sub_cache_free(&sub->pc);
+    fr_standby_free(sub->sb);
     free(sub->names);
     free(sub->shards);
     free(sub);
