@@ -33,6 +33,7 @@
 
 #include "util/ftgroup.h"
 #include "ferry/weights.h"
+#include "rl/rl_int.h"
 
 #define NT 5
 static const uint64_t shapes[NT][2] = {
@@ -239,7 +240,7 @@ static void cmd_update(worker *w, uint64_t want)
         bad_other = check_copy(w->copy[1 - v.copy], prev);
     printf("%s rc=%d g=%llu want=%llu copy=%u vgen=%llu flips=%llu cbgen=%llu cbcopy=%u "
            "cbwrong=%llu bad_active=%llu bad_other=%llu reads=%llu mixed=%llu passes=%llu "
-           "hold_bad=%llu recv=%llu msg=%s\n",
+           "hold_bad=%llu recv=%llu reused=%d msg=%s\n",
            rc == 0 && w->gen == want ? "OK" : "ERR", rc, (unsigned long long)w->gen,
            (unsigned long long)want, v.copy, (unsigned long long)v.generation,
            (unsigned long long)atomic_load(&w->flips), (unsigned long long)atomic_load(&w->cb_gen),
@@ -248,7 +249,8 @@ static void cmd_update(worker *w, uint64_t want)
            (unsigned long long)atomic_load(&w->reads), (unsigned long long)atomic_load(&w->mixed),
            (unsigned long long)(atomic_load(&w->passes) - passes0),
            (unsigned long long)atomic_load(&w->hold_bad),
-           (unsigned long long)(rc == 0 ? st.bytes_received : 0), rc ? err.msg : "");
+           (unsigned long long)(rc == 0 ? st.bytes_received : 0),
+           rc == 0 && fr_subscriber_plan_reused(w->sub), rc ? err.msg : "");
 }
 
 static int rollout_main(worker *w)
@@ -387,6 +389,8 @@ static void test_standby(void **state)
                     e->line[k]);
             assert_flipped(e, k, g, flips);
             assert_true(field(e->line[k], "passes") >= 2);   /* pinned across the update */
+            /* each copy keeps its plan: the members alternate in step */
+            assert_int_equal(field(e->line[k], "reused"), g > 2);
         }
     }
 
