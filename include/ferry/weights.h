@@ -426,7 +426,8 @@ int ferry_subscriber_open_standby(ferry_store *s, const ferry_subscriber_config 
  * is of v->generation. A flip meanwhile makes later read_begin calls see
  * the new copy; the pinned one stays whole. Any number of threads may
  * read at once, concurrently with the update. Hold a pin for one step of
- * inference, not across updates: the next update waits for it.
+ * inference, not across updates: the next update waits for it. Close the
+ * subscriber only once no reader holds a pin or will take one.
  * FERRY_EINVAL for a NULL argument or a subscriber opened without standby
  * copies (read_end then does nothing). */
 int ferry_subscriber_read_begin(ferry_subscriber *sub, ferry_standby_view *v);

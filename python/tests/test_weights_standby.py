@@ -32,9 +32,9 @@ def _whole(arrays, gen):
                for n, a in zip(SHAPES, arrays))
 
 
-def _publish(cluster, gen):
+def _publish(cluster, gen, model="sbpy"):
     with cluster.store() as s:
-        pub = ferry.WeightPublisher(s, "sbpy", 0, 1, timeout_ms=TIMEOUT_MS)
+        pub = ferry.WeightPublisher(s, model, 0, 1, timeout_ms=TIMEOUT_MS)
         pub.publish(gen, [(n, _tensor(n, gen)) for n in SHAPES])
 
 
@@ -60,10 +60,19 @@ def _ranks(fn):
     return out
 
 
-def test_standby_reads_whole_generations(cluster):
-    _publish(cluster, 1)
-    first = [[np.zeros(SHAPES[n], np.float32) for n in SHAPES] for _ in range(2)]
-    second = [[np.zeros(SHAPES[n], np.float32) for n in SHAPES] for _ in range(2)]
+def _zeros(kind, shape):
+    if kind == "torch":
+        torch = pytest.importorskip("torch")
+        return torch.zeros(shape, dtype=torch.float32)
+    return np.zeros(shape, np.float32)
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_standby_reads_whole_generations(cluster, kind):
+    model = "sbpy-" + kind
+    _publish(cluster, 1, model)
+    first = [[_zeros(kind, SHAPES[n]) for n in SHAPES] for _ in range(2)]
+    second = [[_zeros(kind, SHAPES[n]) for n in SHAPES] for _ in range(2)]
     flips = [[], []]
     subs = [None, None]
     ready = threading.Event()
@@ -98,7 +107,7 @@ def test_standby_reads_whole_generations(cluster):
     def rank(r, barrier):
         with cluster.store() as s:
             shards = [(n, None, a) for n, a in zip(SHAPES, first[r])]
-            with ferry.WeightSubscriber(s, "sbpy", "sb", r, 2, shards, timeout_ms=TIMEOUT_MS,
+            with ferry.WeightSubscriber(s, model, "sb", r, 2, shards, timeout_ms=TIMEOUT_MS,
                                         batch_bytes=1024, standby=second[r],
                                         on_flip=lambda c, g: flips[r].append((c, g))) as sub:
                 assert sub.active[:2] == (0, 0)
@@ -112,7 +121,7 @@ def test_standby_reads_whole_generations(cluster):
                     for gen in (1, 2):
                         barrier.wait()
                         if r == 0 and gen == 2:
-                            _publish(cluster, 2)
+                            _publish(cluster, 2, model)
                         barrier.wait()
                         st = sub.update()
                         if r == 0 and gen == 1:
@@ -120,6 +129,7 @@ def test_standby_reads_whole_generations(cluster):
                         assert st["generation"] == gen and sub.generation == gen
                         copy, g, arrays = sub.active
                         assert (copy, g) == (gen % 2, gen)
+                        assert all(x is y for x, y in zip(arrays, (first, second)[copy][r]))   # the caller's
                         assert _whole(arrays, gen)
                         # the copy that was active holds the generation before
                         assert _whole((second if copy == 0 else first)[r], gen - 1)

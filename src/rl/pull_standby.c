@@ -102,8 +102,13 @@ int ferry_subscriber_read_begin(ferry_subscriber *sub, ferry_standby_view *v)
 void ferry_subscriber_read_end(ferry_subscriber *sub, const ferry_standby_view *v)
 {
     fr_standby *sb = sub ? fr_subscriber_standby(sub) : NULL;
-    if (sb && v && v->copy < 2)
-        atomic_fetch_sub(&sb->readers[v->copy], 1);
+    if (!sb || !v || v->copy > 1)
+        return;
+    /* never below 0: an unpaired read_end must not make every later
+     * update wait for a reader that is not there */
+    uint64_t n = atomic_load(&sb->readers[v->copy]);
+    while (n && !atomic_compare_exchange_weak(&sb->readers[v->copy], &n, n - 1))
+        ;
 }
 
 int ferry_subscriber_active_view(const ferry_subscriber *sub, ferry_standby_view *v)
