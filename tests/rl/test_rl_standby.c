@@ -333,6 +333,13 @@ static int rc_of(const char *line)
     return atoi(p + 4);
 }
 
+/* Command cmd to worker k; its reply (OK) in r. */
+static void peer_cmd(ftg_env *e, int k, char *r, const char *cmd)
+{
+    if (ft_peer_cmd(&e->w[k], r, FTG_LINE, 60000, "%s", cmd) != 0)
+        fail_msg("worker %d, %s: %s", k, cmd, r);
+}
+
 /* A successful update of worker k to g (flip number flips, into copy g % 2
  * since copy 0 starts active): whole copies, no mixed read. */
 static void assert_flipped(const ftg_env *e, int k, uint64_t g, uint64_t flips)
@@ -398,7 +405,7 @@ static void test_standby(void **state)
      * after next cannot write it, fails before writing anything (half the
      * 8 s timeout), and the other member hears why at once. */
     char r[FTG_LINE];
-    assert_int_equal(ft_peer_cmd(&e->w[0], r, sizeof r, 20000, "hold"), 0);
+    peer_cmd(e, 0, r, "hold");
     assert_int_equal(ftg_publish(e->s, &model, 5, NULL), 0);
     assert_int_equal(ftg_send(e, "update 5"), 0);
     ftg_collect(e, 60000, -1);
@@ -416,7 +423,7 @@ static void test_standby(void **state)
     assert_non_null(strstr(e->line[0], "still hold the standby copy"));
     assert_non_null(strstr(e->line[1], "worker 0"));
     assert_non_null(strstr(e->line[1], "nothing was written"));
-    assert_int_equal(ft_peer_cmd(&e->w[0], r, sizeof r, 20000, "release"), 0);
+    peer_cmd(e, 0, r, "release");
     fprintf(stderr, "released: %s\n", r);
     assert_int_equal(field(r, "hold_bad"), 0);   /* the held copy stayed generation 4 */
     assert_true(field(r, "passes") >= 1);
@@ -429,7 +436,7 @@ static void test_standby(void **state)
     /* Worker 1's engine fails mid-update (no read, push or notification):
      * worker 0 wrote part of its standby copy, flips nothing and keeps
      * generation 6 whole; the next update rewrites the standby copy whole. */
-    assert_int_equal(ft_peer_cmd(&e->w[1], r, sizeof r, 20000, "reopen post_fail_after=1"), 0);
+    peer_cmd(e, 1, r, "reopen post_fail_after=1");
     assert_int_equal(ftg_publish(e->s, &model, 7, NULL), 0);
     assert_int_equal(ftg_send(e, "update 7"), 0);
     ftg_collect(e, 60000, -1);
@@ -437,7 +444,7 @@ static void test_standby(void **state)
     assert_kept(e, 0, 6, flips);
     assert_int_equal(rc_of(e->line[0]), FERRY_EREBUILD);
     assert_int_not_equal(e->rc[1], 0);
-    assert_int_equal(ft_peer_cmd(&e->w[1], r, sizeof r, 20000, "reopen none"), 0);
+    peer_cmd(e, 1, r, "reopen none");
     assert_int_equal(ftg_send(e, "update 7"), 0);
     ftg_collect(e, 60000, -1);
     flips++;
