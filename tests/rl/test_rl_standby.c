@@ -336,6 +336,7 @@ static int rc_of(const char *line)
 /* Command cmd to worker k; its reply (OK) in r. */
 static void peer_cmd(ftg_env *e, int k, char *r, const char *cmd)
 {
+    r[0] = 0;   /* a worker that died says nothing */
     if (ft_peer_cmd(&e->w[k], r, FTG_LINE, 60000, "%s", cmd) != 0)
         fail_msg("worker %d, %s: %s", k, cmd, r);
 }
