@@ -401,6 +401,65 @@ typedef struct ferry_update_node {
  * a NULL out with cap > 0. */
 int ferry_subscriber_nodes(const ferry_subscriber *sub, ferry_update_node *out, size_t cap);
 
+/* ---- standby copies: updates without pausing inference (docs/weights.md,
+ * "Standby copies") ---------------------------------------------------------------------- */
+
+/* One copy of a subscriber's parameters: which one, the generation it
+ * holds, and shard i's buffer in it. */
+typedef struct ferry_standby_view {
+    uint32_t copy;                /* 0: the shards' dst buffers; 1: the standby buffers */
+    uint64_t generation;          /* the generation the copy holds (0: what it held at open) */
+    void *const *bufs;            /* n entries: shard i's buffer in this copy (the caller's
+                                   * pointers, borrowed until close) */
+    size_t n;
+} ferry_standby_view;
+
+/* Called by ferry_subscriber_update on the updating thread after a flip,
+ * before the update returns: v is the new active copy (valid during the
+ * call; v->bufs until close). */
+typedef void (*ferry_standby_flip_fn)(void *ctx, const ferry_standby_view *v);
+
+/* ferry_subscriber_open with a standby copy of every shard: standby[i] is
+ * a second buffer for shards[i], with the same layout (its box, strides
+ * and dst_bytes). Copy 0 (the dst buffers) is active at open. Each update
+ * writes the standby copy only — it is what the demand record advertises,
+ * so the other members push into it — and after the post-apply barrier
+ * (every byte landed on every member) the subscriber flips: the standby
+ * copy becomes active, on_flip (may be NULL) is called, and the next
+ * update writes the other copy. A failed update never flips: the active
+ * copy is untouched and keeps its generation (the error says so).
+ * Before writing a copy, an update waits (at most half of cfg.timeout_ms,
+ * so that the group hears why before its own barrier wait ends) until no
+ * reader holds it (ferry_subscriber_read_begin); on a timeout it fails
+ * with FERRY_ETIMEDOUT before anything is written, and so does the group.
+ * Both copies are the caller's, registered once each and reused, and
+ * must stay valid until close; they must not overlap (FERRY_EINVAL at
+ * the first update, naming the shard). Costs twice the shards' memory.
+ * Dense updates only: ferry_sparse_update needs the base in the buffer it
+ * applies to, which the standby copy does not hold (docs/weights.md). */
+int ferry_subscriber_open_standby(ferry_store *s, const ferry_subscriber_config *cfg,
+                                  const ferry_param_shard *shards, void *const *standby, size_t n,
+                                  ferry_standby_flip_fn on_flip, void *ctx,
+                                  ferry_subscriber **out, ferry_error *err);
+
+/* A reader of the active copy: pins it (lock-free: two atomic operations
+ * and a re-check) and fills *v; until ferry_subscriber_read_end(sub, v)
+ * no update writes into that copy, so every element read through v->bufs
+ * is of v->generation. A flip meanwhile makes later read_begin calls see
+ * the new copy; the pinned one stays whole. Any number of threads may
+ * read at once, concurrently with the update. Hold a pin for one step of
+ * inference, not across updates: the next update waits for it. Close the
+ * subscriber only once no reader holds a pin or will take one.
+ * FERRY_EINVAL for a NULL argument or a subscriber opened without standby
+ * copies (read_end then does nothing). */
+int ferry_subscriber_read_begin(ferry_subscriber *sub, ferry_standby_view *v);
+void ferry_subscriber_read_end(ferry_subscriber *sub, const ferry_standby_view *v);
+
+/* The active copy, without pinning it (for the thread that runs the
+ * updates, or a caller that keeps readers off the standby copy itself,
+ * e.g. by swapping pointers in on_flip between inference steps). */
+int ferry_subscriber_active_view(const ferry_subscriber *sub, ferry_standby_view *v);
+
 /* ---- sparse generations (docs/sparse.md, "Sparse generations") ---------------------------- */
 
 /* What an announcement of a sparse generation did. */

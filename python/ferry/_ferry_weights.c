@@ -835,7 +835,77 @@ typedef struct {
     char model[128];
     uint64_t generation;
     int inflight;
+    /* standby copies (docs/weights.md, "Standby copies"); nstandby 0: none */
+    PyObject *standby;        /* the caller's standby arrays, held */
+    Py_buffer *sviews;        /* one held export per standby array */
+    void **sbufs;
+    size_t nstandby;
+    PyObject *on_flip;        /* on_flip(copy, generation), or NULL */
 } SubObject;
+
+static void standby_free(SubObject *self)
+{
+    for (size_t i = 0; i < self->nstandby; i++)
+        PyBuffer_Release(&self->sviews[i]);
+    PyMem_Free(self->sviews);
+    PyMem_Free(self->sbufs);
+    self->sviews = NULL;
+    self->sbufs = NULL;
+    self->nstandby = 0;
+    Py_CLEAR(self->standby);
+    Py_CLEAR(self->on_flip);
+}
+
+static Py_ssize_t stride_of(const Py_buffer *v, int d)
+{
+    if (v->strides)
+        return v->strides[d];
+    Py_ssize_t st = v->itemsize;   /* no strides: C-contiguous */
+    for (int k = v->ndim - 1; k > d; k--)
+        st *= v->shape[k];
+    return st;
+}
+
+/* standby: one writable array per shard, laid out as the shard's (same
+ * shape, element size and strides): the second copy of its parameters. */
+static int standby_from(SubObject *self, PyObject *o)
+{
+    if (!(self->standby = fp_seq_hold(o, "standby")))
+        return -1;
+    size_t n = (size_t)PyTuple_GET_SIZE(self->standby);
+    if (n != self->shards.n) {
+        PyErr_Format(PyExc_ValueError, "standby: %zu arrays for %zu shards", n, self->shards.n);
+        return -1;
+    }
+    self->sviews = PyMem_Calloc(n ? n : 1, sizeof *self->sviews);
+    self->sbufs = PyMem_Calloc(n ? n : 1, sizeof *self->sbufs);
+    if (!self->sviews || !self->sbufs) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        Py_buffer *v = &self->sviews[i], *a = &self->shards.views[i];
+        char what[96];
+        snprintf(what, sizeof what, "standby[%zu] (%.40s)", i, self->shards.sh[i].tensor);
+        if (fp_buf_get(PyTuple_GET_ITEM(self->standby, (Py_ssize_t)i), v, PyBUF_STRIDES | PyBUF_WRITABLE, what) < 0)
+            return -1;
+        self->nstandby++;
+        int same = v->ndim == a->ndim && v->itemsize == a->itemsize;
+        for (int d = 0; same && d < v->ndim; d++)
+            same = v->shape[d] == a->shape[d] && (v->shape[d] <= 1 || stride_of(v, d) == stride_of(a, d));
+        if (!same) {
+            PyErr_Format(PyExc_ValueError, "%s: the standby array must have the shard's shape, element size and "
+                         "strides", what);
+            return -1;
+        }
+        if (v->buf == a->buf) {
+            PyErr_Format(PyExc_ValueError, "%s: the standby array is the shard's own memory", what);
+            return -1;
+        }
+        self->sbufs[i] = v->buf;
+    }
+    return 0;
+}
 
 static void sub_close_now(SubObject *self)
 {
@@ -847,19 +917,24 @@ static void sub_close_now(SubObject *self)
         fp_store_busy(self->store, -1);
     }
     shards_free(&self->shards);
+    standby_free(self);
 }
 
 static int sub_init(SubObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwl[] = {"store", "model", "group", "rank", "world", "shards", "timeout_ms", "node",
-                          "batch_bytes", "local_segment", "member", NULL};
-    PyObject *so, *sho;
+                          "batch_bytes", "local_segment", "member", "standby", "on_flip", NULL};
+    PyObject *so, *sho, *sbo = Py_None, *flo = Py_None;
     const char *model, *group, *member = "";
     unsigned int rank, world, node = 0;
     unsigned long long timeout = 60000, batch = 0, segment = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OssIIO|KIKKs:WeightSubscriber", kwl, &so, &model, &group, &rank,
-                                     &world, &sho, &timeout, &node, &batch, &segment, &member))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OssIIO|KIKKsOO:WeightSubscriber", kwl, &so, &model, &group, &rank,
+                                     &world, &sho, &timeout, &node, &batch, &segment, &member, &sbo, &flo))
         return -1;
+    if (flo != Py_None && (sbo == Py_None || !PyCallable_Check(flo))) {
+        PyErr_SetString(PyExc_TypeError, "on_flip must be a callable, and needs standby arrays");
+        return -1;
+    }
     if (fp_check_unopened(self->sub || self->store, "subscriber") < 0)
         return -1;
     ferry_store *s = fp_store_handle(so);
@@ -880,12 +955,23 @@ static int sub_init(SubObject *self, PyObject *args, PyObject *kw)
     cfg.local_segment = segment;
     if (shards_from(&self->shards, sho) < 0)
         return -1;
+    if (sbo != Py_None && standby_from(self, sbo) < 0) {
+        shards_free(&self->shards);
+        standby_free(self);
+        return -1;
+    }
+    self->on_flip = flo != Py_None ? Py_NewRef(flo) : NULL;
     ferry_error err = {0};
     ferry_subscriber *sub = NULL;
     int rc;
-    FP_STORE_CALL(so, rc = ferry_subscriber_open(s, &cfg, self->shards.sh, self->shards.n, &sub, &err));
+    if (self->standby)
+        FP_STORE_CALL(so, rc = ferry_subscriber_open_standby(s, &cfg, self->shards.sh, self->sbufs, self->shards.n,
+                                                             NULL, NULL, &sub, &err));
+    else
+        FP_STORE_CALL(so, rc = ferry_subscriber_open(s, &cfg, self->shards.sh, self->shards.n, &sub, &err));
     if (rc < 0) {
         shards_free(&self->shards);
+        standby_free(self);
         fp_raise_err_class(rc, &err);
         return -1;
     }
@@ -921,12 +1007,90 @@ static PyObject *sub_update(SubObject *self, PyObject *unused)
     Py_END_ALLOW_THREADS self->inflight--;
     if (rc < 0)
         return fp_raise_err_class(rc, &err);
+    bool flipped = self->standby && g != self->generation;
     self->generation = g;
     st.generation = g;
     PyObject *d = FP_FIELDS_DICT(&st, update_fields);
     if (d && fp_dict_set(d, "nodes", nodes_list(self->sub)) < 0)
         Py_CLEAR(d);
+    if (d && flipped && self->on_flip) {   /* the flip, told before update() returns */
+        ferry_standby_view v;
+        (void)ferry_subscriber_active_view(self->sub, &v);
+        PyObject *r = PyObject_CallFunction(self->on_flip, "IK", v.copy, (unsigned long long)v.generation);
+        if (!r)
+            Py_CLEAR(d);
+        Py_XDECREF(r);
+    }
     return d;
+}
+
+/* The caller's arrays of copy c (0: the shards', 1: the standby ones). */
+static PyObject *copy_arrays(SubObject *self, uint32_t c)
+{
+    PyObject *t = PyTuple_New((Py_ssize_t)self->shards.n);
+    for (size_t i = 0; t && i < self->shards.n; i++) {
+        PyObject *a = c ? PyTuple_GET_ITEM(self->standby, (Py_ssize_t)i)
+                        : PyTuple_GET_ITEM(PyTuple_GET_ITEM(self->shards.items, (Py_ssize_t)i), 2);
+        PyTuple_SET_ITEM(t, (Py_ssize_t)i, Py_NewRef(a));
+    }
+    return t;
+}
+
+static int sub_has_standby(SubObject *self)
+{
+    if (!self->sub) {
+        fp_raise_class(FERRY_EINVAL, "subscriber: closed");
+        return 0;
+    }
+    if (!self->standby) {
+        fp_raise_class(FERRY_EINVAL, "subscriber: opened without standby arrays");
+        return 0;
+    }
+    return 1;
+}
+
+/* read_begin() -> (copy, generation, arrays): pin the active copy. Runs
+ * while an update is in flight on another thread (that is its purpose). */
+static PyObject *sub_read_begin(SubObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (!sub_has_standby(self))
+        return NULL;
+    ferry_standby_view v;
+    (void)ferry_subscriber_read_begin(self->sub, &v);
+    PyObject *arr = copy_arrays(self, v.copy);
+    if (!arr) {
+        ferry_subscriber_read_end(self->sub, &v);
+        return NULL;
+    }
+    return Py_BuildValue("(IKN)", v.copy, (unsigned long long)v.generation, arr);
+}
+
+static PyObject *sub_read_end(SubObject *self, PyObject *arg)
+{
+    unsigned long c = PyLong_AsUnsignedLong(arg);
+    if (PyErr_Occurred() || c > 1) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "read_end(copy): copy is the 0 or 1 read_begin returned");
+        return NULL;
+    }
+    if (self->sub && self->standby) {   /* after close: nothing is pinned any more */
+        ferry_standby_view v = { .copy = (uint32_t)c };
+        ferry_subscriber_read_end(self->sub, &v);
+    }
+    Py_RETURN_NONE;
+}
+
+/* active -> (copy, generation, arrays), not pinned. */
+static PyObject *sub_get_active(SubObject *self, void *closure)
+{
+    (void)closure;
+    if (!sub_has_standby(self))
+        return NULL;
+    ferry_standby_view v;
+    (void)ferry_subscriber_active_view(self->sub, &v);
+    PyObject *arr = copy_arrays(self, v.copy);
+    return arr ? Py_BuildValue("(IKN)", v.copy, (unsigned long long)v.generation, arr) : NULL;
 }
 
 FP_STORE_HOLDER_CLOSE(sub, SubObject, sub, "close: an update is still running on this subscriber")
@@ -935,6 +1099,13 @@ static PyMethodDef sub_methods[] = {
     {"update", (PyCFunction)sub_update, METH_NOARGS,
      "update($self, /)\n--\n\n"
      "update() -> stats: take the active generation with the whole group (every member calls it)"},
+    {"read_begin", (PyCFunction)sub_read_begin, METH_NOARGS,
+     "read_begin($self, /)\n--\n\n"
+     "read_begin() -> (copy, generation, arrays): pin the active copy (standby arrays only); no update writes it "
+     "until read_end(copy)"},
+    {"read_end", (PyCFunction)sub_read_end, METH_O,
+     "read_end($self, copy, /)\n--\n\n"
+     "read_end(copy): unpin the copy read_begin returned"},
     FP_CLOSE_METHODS(sub, "close(): deregister the parameters and release the arrays"),
     {NULL, NULL, 0, NULL},
 };
@@ -943,13 +1114,15 @@ static PyGetSetDef sub_getset[] = {
     {"generation", fp_get_u64, NULL, "the generation the parameters hold (0: none yet)",
      FP_OFFSET(SubObject, generation)},
     FP_CLOSED_GETTER(sub, "whether close() ran"),
+    {"active", (getter)sub_get_active, NULL,
+     "(copy, generation, arrays) of the active copy (standby arrays only), not pinned", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
 static PyTypeObject SubType = {
     FP_CLASS(sub, SubObject, "ferry.WeightSubscriber", Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-             "WeightSubscriber(store, model, group, rank, world, shards, timeout_ms=60000, node=0, batch_bytes=0, local_segment=0, member='')\n--\n\n" "WeightSubscriber(store, model, group, rank, world, shards, timeout_ms=60000, node=0, batch_bytes=0, "
-             "local_segment=0, member=''): single-pull updates of a rollout group's parameters (see ferry.weights); "
+             "WeightSubscriber(store, model, group, rank, world, shards, timeout_ms=60000, node=0, batch_bytes=0, local_segment=0, member='', standby=None, on_flip=None)\n--\n\n" "WeightSubscriber(store, model, group, rank, world, shards, timeout_ms=60000, node=0, batch_bytes=0, "
+             "local_segment=0, member='', standby=None, on_flip=None): single-pull updates of a rollout group's parameters (see ferry.weights); "
              "world=0: an elastic group whose membership lives in the store (rank ignored; member names this one)"),
 };
 

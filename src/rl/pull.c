@@ -48,9 +48,12 @@ struct ferry_subscriber {
     char scope[96];
     fr_sub_round *round;           /* elastic: what the last exchange saw */
     fr_members *mem;               /* elastic: this member's registration */
+    fr_standby *sb;           /* standby copies (pull_standby.c); NULL: none */
 };
 
 bool fr_subscriber_plan_reused(const ferry_subscriber *sub) { return sub && sub->pc.reused; }
+fr_standby *fr_subscriber_standby(const ferry_subscriber *sub) { return sub->sb; }
+void fr_subscriber_set_standby(ferry_subscriber *sub, fr_standby *sb) { sub->sb = sb; }
 
 int ferry_subscriber_nodes(const ferry_subscriber *sub, ferry_update_node *out, size_t cap)
 {
@@ -563,6 +566,9 @@ static int update_round(ferry_subscriber *sub, uint64_t *generation, ferry_updat
     if (prc == 0 && current)
         prc = fr_rl_fail(&perr, FERRY_ESTATE, "generation %" PRIu64 " became current meanwhile",
                          active);
+    if (g && sub->sb && (prc = fr_standby_begin(sub->sb, g, sub->shards, &sub->spans, &sub->pc,
+                                                sub->cfg.timeout_ms, &perr)) < 0)
+        g = NULL;   /* the standby copy is the target; told to the group when it cannot be */
     uint32_t world = sub->world, me = sub->me;
     ferry_kv_value *recs = calloc(world, sizeof *recs);
     char bar[400], key[400];
@@ -661,6 +667,10 @@ static int update_round(ferry_subscriber *sub, uint64_t *generation, ferry_updat
         *generation = m.generation;
         st->generation = m.generation;
         sub->generation = m.generation;
+        if (sub->sb)
+            fr_standby_flip(sub->sb, m.generation);
+    } else if (sub->sb) {
+        fr_standby_failed(sub->sb, err);
     }
     for (uint32_t k = 0; recs && k < world; k++)
         ferry_store_free(recs[k].val);
@@ -752,6 +762,7 @@ void ferry_subscriber_close(ferry_subscriber *sub)
     fr_members_leave(sub->mem);   /* first: the others stop counting on me */
     fr_rl_spans_free(&sub->spans);
     fr_sub_cache_free(&sub->pc);
+    fr_standby_free(sub->sb);
     free(sub->names);
     free(sub->shards);
     free(sub);

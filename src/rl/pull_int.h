@@ -18,6 +18,7 @@
 #ifndef FR_RL_PULL_INT_H
 #define FR_RL_PULL_INT_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -183,5 +184,45 @@ ferry_store *fr_sub_store(const ferry_subscriber *sub);
 /* pull_elastic.c: ferry_subscriber_update of an elastic member. */
 int fr_sub_elastic_update(ferry_subscriber *sub, struct fr_members *mem, uint64_t *generation,
                           ferry_update_stats *st, ferry_error *err);
+
+/* ---- standby copies (pull_standby.c; weights.h, ferry_subscriber_open_standby) ---- */
+
+/* Two copies of a subscriber's shards. The updating thread swaps the
+ * target copy's buffers into the shards (what register and the demand
+ * record use) and keeps the other copy's registration and plan here, so
+ * that each copy is registered once and each copy's plan is reused while
+ * the members alternate in step. Readers pin a copy by counting
+ * themselves in it (readers[]) and re-checking `active`; an update waits
+ * for the target's count to drop to 0 after publishing nothing yet. */
+typedef struct fr_standby {
+    size_t n;
+    void **bufs[2];                  /* per copy, n buffers (copy 0: the shards' dst) */
+    _Atomic uint32_t active;
+    _Atomic uint64_t gen[2];
+    _Atomic uint64_t readers[2];
+    uint32_t held;                   /* the copy the subscriber's spans and plan describe */
+    fr_rl_spans spans;               /* the other copy's registration */
+    fr_sub_cache pc;                 /* the plan made while the other copy was advertised */
+    bool checked;                    /* the copies were found disjoint */
+    ferry_standby_flip_fn fn;
+    void *ctx;
+} fr_standby;
+
+/* Before an update's demand goes out: wait (timeout_ms) until no reader
+ * holds the standby copy, check once that the copies do not overlap, and
+ * make the standby copy the target (shards' dst, *spans and *pc swapped
+ * with the ones kept for it). Nothing is written on a failure. */
+int fr_standby_begin(fr_standby *sb, const fr_gen *g, ferry_param_shard *shards,
+                     fr_rl_spans *spans, fr_sub_cache *pc, uint64_t timeout_ms,
+                     ferry_error *err);
+/* After the post-apply barrier: the target holds gen and becomes active;
+ * the callback runs. */
+void fr_standby_flip(fr_standby *sb, uint64_t gen);
+/* A failed update: err's message says that nothing flipped. */
+void fr_standby_failed(const fr_standby *sb, ferry_error *err);
+void fr_standby_free(fr_standby *sb);
+/* pull.c: the subscriber's standby copies (NULL: none), and attaching them. */
+fr_standby *fr_subscriber_standby(const ferry_subscriber *sub);
+void fr_subscriber_set_standby(ferry_subscriber *sub, fr_standby *sb);
 
 #endif
