@@ -201,7 +201,7 @@ static int rec_get(const fr_members *m, const char *id, uint64_t *gen, uint64_t 
 /* Drop dead members: out of the list, their records deleted. */
 static void bury(const fr_members *m, const mid *dead, uint32_t n)
 {
-    if (n == 0)
+    if (n == 0 || dead == NULL)   /* NULL: what the compiler cannot rule out on inlined paths */
         return;
     (void)list_change(m, false, dead, n);
     for (uint32_t i = 0; i < n; i++) {
