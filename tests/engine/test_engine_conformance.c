@@ -299,13 +299,16 @@ static void assert_refused(ferry_op op, int want_err)
     assert_true(ft_peer_hash(&F.peer, 0, F.rr.len) == before);   /* target untouched */
 }
 
-static void assert_still_serving(void)
+/* A write at off lands and reads back from the peer. */
+static void assert_serving_at(uint64_t off)
 {
     ft_pattern(F.buf, 4096, 99, 0);
-    ferry_op w = wr(F.buf, 4096, 0);
+    ferry_op w = wr(F.buf, 4096, off);
     assert_int_equal(run(&w, 1, 30000), FERRY_TICKET_COMPLETED);
-    assert_true(ft_peer_hash(&F.peer, 0, 4096) == ft_hash(F.buf, 4096));
+    assert_true(ft_peer_hash(&F.peer, off, 4096) == ft_hash(F.buf, 4096));
 }
+
+static void assert_still_serving(void) { assert_serving_at(0); }
 
 static void test_wrong_key(void **s)
 {
@@ -695,8 +698,28 @@ static void test_reset_drains_unknown(void **s)
     assert_int_equal(st.tickets_completed, 1);   /* the warm-up only */
     assert_int_equal(st.tickets_failed, 1);      /* the writes had begun */
     assert_int_equal(st.tickets_aborted, 0);
+    if (strcmp(g_tp, "ucx") == 0 && getenv("UCX_TLS") && strstr(getenv("UCX_TLS"), "tcp")) {
+        /* UCX 1.13's tcp transport aborts one process or the other now and
+         * then (an internal assertion, tcp_ep.c:294, in its connection
+         * matching) when a peer whose endpoint was force-closed while it
+         * was stopped resumes and is connected to again: about 2 runs in
+         * 100 of this test beside CPU hogs. Not ours to fix; docs/engine.md
+         * says so. Here the reset peer is replaced rather than resumed, and
+         * the engine must reach the new one. */
+        ft_peer_signal(&F.peer, SIGKILL);
+        assert_int_equal(ft_peer_wait_exit(&F.peer, 10000), 0);
+        ft_peer_stop(&F.peer);
+        start_peer(&F.peer, &F.rr, &(ft_peer_opts){.size = 64 * MiB});
+        assert_still_serving();
+        return;
+    }
+    /* The peer was stopped, not dead: what it had already received of the
+     * failed writes (in its socket buffer) it may still apply when it
+     * resumes, at any time after this; a reset frees this side, it cannot
+     * recall bytes from the peer. So the check writes where they never
+     * reach (they cover [0, 4 MiB)). */
     ft_peer_signal(&F.peer, SIGCONT);
-    assert_still_serving();   /* reconnects */
+    assert_serving_at(8 * MiB);   /* reconnects */
 }
 
 static void test_peer_killed_mid_transfer(void **s)
@@ -990,6 +1013,8 @@ int main(int argc, char **argv)
         return rc;
     ft_token();
     signal(SIGPIPE, SIG_IGN);
+    if (getenv("FERRY_TEST_FILTER"))   /* a developer's run of some tests only, e.g. "test_reset*" */
+        cmocka_set_test_filter(getenv("FERRY_TEST_FILTER"));
     const char *only = getenv("FERRY_TEST_TRANSPORT");
     int fails = 0;
     if (!only || !strcmp(only, "shm")) {
