@@ -439,8 +439,9 @@ static int epoch_over(fr_members *m, const fr_epoch *ep, uint64_t *next_probe, b
         uint64_t g, q;
         if (strcmp(ep->ids[i], m->id) == 0 || !has(ids, n, ep->ids[i]))
             continue;
-        int r = rec_get(m, ep->ids[i], &g, &q);
-        if (r == 0 && q < ep->seq)
+        int r = rec_get(m, ep->ids[i], &g, &q);   /* unreadable: still owing (a gone member's
+                                                    * record is deleted: ENOENT) */
+        if ((r == 0 && q < ep->seq) || (r < 0 && r != FERRY_ENOENT))
             memcpy(owe[nowe++], ep->ids[i], sizeof owe[0]);
     }
     free(ids);

@@ -490,8 +490,13 @@ static int exchange(ferry_subscriber *sub, const fr_gen *g, uint64_t gen, const 
         snprintf(said, sizeof said, "%s%s%s", sub->mem ? "member " : "",
                  sub->mem ? fr_members_name(sub->mem) : "", sub->mem ? ": " : "");
         snprintf(said + strlen(said), sizeof said - strlen(said), "%s", w ? w->msg : "");
-        if (sub->round)   /* prepared, but my shards do not fit it */
-            sub->round->self_layout = g != NULL;
+        if (sub->round && g && fr_layout_conflict(rc)) {
+            /* prepared, but my shards do not fit it: out of the group
+             * before the others hear of it, so that the epoch they make
+             * next, right after the barrier below, goes without me */
+            sub->round->self_layout = true;
+            (void)fr_members_withdraw(sub->mem);
+        }
         if (fail_record(gen, me, w && w->code ? w->code : FERRY_EIO, said, &rec, &reclen) < 0)
             reclen = 0;
         rc = w && w->code ? w->code : FERRY_EIO;

@@ -17,13 +17,6 @@
 #include "rl/members_int.h"
 #include "rl/pull_int.h"
 
-/* A conflict of this member's shards with the generation's layout: a
- * tensor it is not in, a box outside it, a buffer too small. */
-static bool layout_conflict(int rc)
-{
-    return rc == FERRY_ENOENT || rc == FERRY_EINVAL || rc == FERRY_ERANGE;
-}
-
 int fr_sub_elastic_update(ferry_subscriber *sub, fr_members *mem, uint64_t *generation,
                           ferry_update_stats *st, ferry_error *err)
 {
@@ -56,15 +49,14 @@ int fr_sub_elastic_update(ferry_subscriber *sub, fr_members *mem, uint64_t *gene
         fr_sub_round r = { .me = ep.me, .world = ep.n, .gen = ep.gen, .seq = ep.seq,
                            .epoch = ep.epoch };
         rc = fr_sub_round_run(sub, &r, held, st, err);
-        (void)fr_members_done(mem, rc == 0 ? *held : *generation, ep.seq);
+        if (!r.self_layout)   /* refused: it left the group at the exchange, no record */
+            (void)fr_members_done(mem, rc == 0 ? *held : *generation, ep.seq);
         if (rc == 0)
             *generation = *held;
         fr_epoch_free(&ep);
         if (rc == 0)
             return 0;
-        if (r.self_layout && layout_conflict(rc)) {
-            /* out of the group, so that the others go on without me */
-            (void)fr_members_withdraw(mem);
+        if (r.self_layout) {
             ferry_error why = err ? *err : (ferry_error){0};
             return fr_rl_fail(err, rc, "subscriber: member %s of group %s refused at the "
                               "prepare of generation %" PRIu64 " (it left the group; nothing "
@@ -74,7 +66,7 @@ int fr_sub_elastic_update(ferry_subscriber *sub, fr_members *mem, uint64_t *gene
         /* Another member's layout conflicts (it leaves the group) and
          * nothing was written: the next epoch goes without it, within the
          * same deadline. */
-        if (!r.self_layout && layout_conflict(r.others_code) && fr_now_ns() < deadline) {
+        if (!r.self_layout && fr_layout_conflict(r.others_code) && fr_now_ns() < deadline) {
             FR_INFO("rl", "elastic group %s: update %" PRIu64 " to generation %" PRIu64
                     " goes on without a member that cannot take part (%s)", cfg->group, r.seq,
                     active, err ? err->msg : "");

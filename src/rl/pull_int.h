@@ -165,11 +165,20 @@ void fr_sub_cache_free(fr_sub_cache *c);
 /* ---- elastic groups (pull_elastic.c over members.c) ------------------------------------- */
 
 struct fr_members;
+/* A conflict of a member's shards with the generation's layout: a tensor
+ * it is not in, a box outside it, a buffer too small. */
+static inline bool fr_layout_conflict(int rc)
+{
+    return rc == FERRY_ENOENT || rc == FERRY_EINVAL || rc == FERRY_ERANGE;
+}
+
 /* One update of an elastic group: this member's position among world,
  * for generation gen, update seq of membership epoch `epoch`. The
  * exchange says whether this member prepared but its shards do not fit
- * the generation (self_layout), and the code another member told the
- * group it cannot take part with (others_code, 0: none). */
+ * the generation (self_layout: it left the group before it told the
+ * others, so the next epoch they make does not name it), and the code
+ * another member told the group it cannot take part with (others_code,
+ * 0: none). */
 typedef struct fr_sub_round {
     uint32_t me, world;
     uint64_t gen, seq, epoch;

@@ -1013,8 +1013,6 @@ int main(int argc, char **argv)
         return rc;
     ft_token();
     signal(SIGPIPE, SIG_IGN);
-    if (getenv("FERRY_TEST_FILTER"))   /* a developer's run of some tests only, e.g. "test_reset*" */
-        cmocka_set_test_filter(getenv("FERRY_TEST_FILTER"));
     const char *only = getenv("FERRY_TEST_TRANSPORT");
     int fails = 0;
     if (!only || !strcmp(only, "shm")) {

@@ -16,6 +16,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <setjmp.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
 #include "base/base.h"
 
 static char g_token[65];
@@ -23,6 +28,9 @@ static char g_token[65];
 const char *ft_token(void)
 {
     if (!g_token[0]) {
+        const char *only = getenv("FERRY_TEST_FILTER");   /* a developer's run of some tests */
+        if (only && *only)
+            cmocka_set_test_filter(only);
         const char *t = getenv("FERRY_TOKEN");
         if (t && *t && strlen(t) < sizeof g_token) {
             snprintf(g_token, sizeof g_token, "%s", t);

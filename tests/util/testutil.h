@@ -42,7 +42,8 @@ typedef struct ft_peer_opts {
 int ft_main_peer(int argc, char **argv);
 
 /* The token every test process shares (random per test run, exported as
- * FERRY_TOKEN so child processes inherit it). */
+ * FERRY_TOKEN so child processes inherit it). Its first call also applies
+ * FERRY_TEST_FILTER (docs/testing.md): only the tests whose names match run. */
 const char *ft_token(void);
 /* An engine config for the test: token, transport forced to `transport`. */
 void ft_config(ferry_engine_config *cfg, const char *transport);
