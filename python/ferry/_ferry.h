@@ -203,6 +203,21 @@ int fp_check_unopened(int open, const char *what);
         fp_store_busy((store), -1);                                                                                    \
     } while (0)
 
+/* ---- parameter shards: (tensor name, global offset, writable strided array) -------- */
+/* The caller's shard tuples, held (the names live in them), and one held
+ * buffer export per shard: a box's shape and element strides are its
+ * array's (views[i].itemsize its element size). */
+typedef struct {
+    PyObject *items;
+    ferry_param_shard *sh;
+    Py_buffer *views;
+    size_t n, held;
+} fp_shards;
+/* Parse shards (a sequence of such tuples, arrays of 1..max_dims dims);
+ * 0, or -1 with an exception set and nothing held. */
+int fp_shards_from(fp_shards *w, PyObject *o, int max_dims);
+void fp_shards_free(fp_shards *w);
+
 /* ---- shared by the reshard files ---------------------------------------- */
 #define FP_KWFN(f) (PyCFunction)(void (*)(void))(f)
 /* A sequence of at most FERRY_MAX_DIMS non-negative ints into out, *n its

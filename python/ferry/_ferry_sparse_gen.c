@@ -93,89 +93,10 @@ static PyObject *sg_chain(PyObject *self, PyObject *args)
     return out;
 }
 
-/* ---- shards: (tensor name, global offset, writable strided array) ------------------------- */
-
-typedef struct {
-    PyObject *items;
-    ferry_param_shard *sh;
-    Py_buffer *views;
-    size_t n, held;
-} sg_shards;
-
-static void sg_shards_free(sg_shards *w)
-{
-    for (size_t i = 0; i < w->held; i++)
-        PyBuffer_Release(&w->views[i]);
-    PyMem_Free(w->views);
-    PyMem_Free(w->sh);
-    Py_CLEAR(w->items);
-    memset(w, 0, sizeof *w);
-}
-
-static int sg_shards_from(sg_shards *w, PyObject *o)
-{
-    memset(w, 0, sizeof *w);
-    if (!(w->items = fp_seq_hold(o, "shards")))
-        return -1;
-    size_t n = (size_t)PyTuple_GET_SIZE(w->items);
-    w->sh = PyMem_Calloc(n ? n : 1, sizeof *w->sh);
-    w->views = PyMem_Calloc(n ? n : 1, sizeof *w->views);
-    if (!w->sh || !w->views) {
-        PyErr_NoMemory();
-        goto fail;
-    }
-    w->n = n;
-    for (size_t i = 0; i < n; i++) {
-        PyObject *it = PyTuple_GET_ITEM(w->items, (Py_ssize_t)i);
-        ferry_param_shard *sh = &w->sh[i];
-        if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 3) {
-            PyErr_Format(PyExc_TypeError, "shards[%zu] must be (tensor name, offset, array)", i);
-            goto fail;
-        }
-        if (!(sh->tensor = fp_key_of(PyTuple_GET_ITEM(it, 0), "tensor name")))
-            goto fail;
-        Py_buffer *v = &w->views[i];
-        char what[96];
-        snprintf(what, sizeof what, "shards[%zu] (%.40s)", i, sh->tensor);
-        if (fp_buf_get(PyTuple_GET_ITEM(it, 2), v, PyBUF_STRIDES | PyBUF_WRITABLE, what) < 0)
-            goto fail;
-        w->held++;
-        uint32_t nd = 0;
-        if (fp_dims(PyTuple_GET_ITEM(it, 1), sh->offset, &nd, "offset") < 0)
-            goto fail;
-        if (nd == UINT32_MAX)
-            nd = (uint32_t)v->ndim;
-        if (v->ndim < 1 || v->ndim > FERRY_SPARSE_NDIM_MAX || nd != (uint32_t)v->ndim) {
-            PyErr_Format(PyExc_ValueError, "shard %zu (%s): the array has %d dims and the offset %u", i,
-                         sh->tensor, v->ndim, nd);
-            goto fail;
-        }
-        sh->ndim = nd;
-        sh->dst = v->buf;
-        int contiguous = PyBuffer_IsContiguous(v, 'C');
-        for (int d = 0; d < v->ndim; d++) {
-            sh->shape[d] = (uint64_t)v->shape[d];
-            Py_ssize_t b = v->strides ? v->strides[d] : 0;
-            if (contiguous)
-                continue;
-            if (b < 0 || v->itemsize <= 0 || b % v->itemsize) {
-                PyErr_Format(PyExc_ValueError, "shard %zu (%s): stride %zd of dim %d is not a non-negative "
-                             "multiple of the %zd-byte elements", i, sh->tensor, b, d, v->itemsize);
-                goto fail;
-            }
-            sh->strides[d] = (int64_t)(b / v->itemsize);
-        }
-    }
-    return 0;
-fail:
-    sg_shards_free(w);
-    return -1;
-}
-
 /* Without the GIL: each shard's element size against the published dtype
  * of its tensor in the dense generation the chain starts at (the library
  * knows the box, not the element size). 0 or a code with msg. */
-static int sg_itemsizes(ferry_store *s, const char *model, uint64_t held, const sg_shards *w, char *msg,
+static int sg_itemsizes(ferry_store *s, const char *model, uint64_t held, const fp_shards *w, char *msg,
                         size_t cap)
 {
     ferry_sparse_chain ch;
@@ -222,8 +143,8 @@ static PyObject *sg_update(PyObject *self, PyObject *args)
     ferry_sparse_update_config cfg = {.axis_index = axis, .no_dense = no_dense != 0};
     if (fp_copy_str(cfg.model, sizeof cfg.model, model, "model") < 0)
         return NULL;
-    sg_shards w;
-    if (sg_shards_from(&w, sho) < 0)
+    fp_shards w;
+    if (fp_shards_from(&w, sho, FERRY_SPARSE_NDIM_MAX) < 0)
         return NULL;
     ferry_sparse_update_stats st;
     memset(&st, 0, sizeof st);
@@ -232,7 +153,7 @@ static PyObject *sg_update(PyObject *self, PyObject *args)
     int rc;
     FP_STORE_CALL(so, rc = sg_itemsizes(s, model, g, &w, err.msg, sizeof err.msg);
                   if (rc == 0) rc = ferry_sparse_update(s, &cfg, w.sh, w.n, &g, &st, &err));
-    sg_shards_free(&w);
+    fp_shards_free(&w);
     if (rc < 0)
         return fp_raise_err_class(rc, &err);
     PyObject *read = fp_sparse_stats_dict(&st.read);

@@ -588,30 +588,19 @@ done:
     return out;
 }
 
-/* ---- shards ---------------------------------------------------------------------------- */
+/* ---- shards (fp_shards in _ferry.h) ---------------------------------------------------- */
 
-typedef struct {
-    PyObject *items;          /* the caller's shard tuples, held (names live in them) */
-    ferry_param_shard *sh;
-    Py_buffer *views;         /* one held export per shard */
-    Py_ssize_t *itemsize;
-    size_t n, held;
-} w_shards;
-
-static void shards_free(w_shards *w)
+void fp_shards_free(fp_shards *w)
 {
     for (size_t i = 0; i < w->held; i++)
         PyBuffer_Release(&w->views[i]);
     PyMem_Free(w->views);
     PyMem_Free(w->sh);
-    PyMem_Free(w->itemsize);
     Py_CLEAR(w->items);
     memset(w, 0, sizeof *w);
 }
 
-/* shards: (tensor name, global offset, writable buffer with strides). The
- * box's shape and strides are the buffer's; 0 or -1. */
-static int shards_from(w_shards *w, PyObject *o)
+int fp_shards_from(fp_shards *w, PyObject *o, int max_dims)
 {
     memset(w, 0, sizeof *w);
     if (!(w->items = fp_seq_hold(o, "shards")))
@@ -619,8 +608,7 @@ static int shards_from(w_shards *w, PyObject *o)
     size_t n = (size_t)PyTuple_GET_SIZE(w->items);
     w->sh = PyMem_Calloc(n ? n : 1, sizeof *w->sh);
     w->views = PyMem_Calloc(n ? n : 1, sizeof *w->views);
-    w->itemsize = PyMem_Calloc(n ? n : 1, sizeof *w->itemsize);
-    if (!w->sh || !w->views || !w->itemsize) {
+    if (!w->sh || !w->views) {
         PyErr_NoMemory();
         goto fail;
     }
@@ -645,14 +633,13 @@ static int shards_from(w_shards *w, PyObject *o)
             goto fail;
         if (nd == UINT32_MAX)
             nd = (uint32_t)v->ndim;   /* None: the origin */
-        if (v->ndim < 1 || v->ndim > FERRY_MAX_DIMS || nd != (uint32_t)v->ndim) {
+        if (v->ndim < 1 || v->ndim > max_dims || nd != (uint32_t)v->ndim) {
             PyErr_Format(PyExc_ValueError, "shard %zu (%s): the array has %d dims and the offset %u", i, sh->tensor,
                          v->ndim, nd);
             goto fail;
         }
         sh->ndim = nd;
         sh->dst = v->buf;
-        w->itemsize[i] = v->itemsize;
         int contiguous = PyBuffer_IsContiguous(v, 'C');
         for (int d = 0; d < v->ndim; d++) {
             sh->shape[d] = (uint64_t)v->shape[d];
@@ -671,7 +658,7 @@ static int shards_from(w_shards *w, PyObject *o)
     }
     return 0;
 fail:
-    shards_free(w);
+    fp_shards_free(w);
     return -1;
 }
 
@@ -685,7 +672,7 @@ static int entry_cmp(const void *a, const void *b)
  * knows the destination's box, not its element size). A shard naming no
  * published tensor is left to the update (which names it). 0, or a
  * negative code with msg set (FERRY_EINVAL: a mismatch). */
-static int shards_check(ferry_store *s, const char *model, uint64_t current, const w_shards *w, char *msg,
+static int shards_check(ferry_store *s, const char *model, uint64_t current, const fp_shards *w, char *msg,
                         size_t cap)
 {
     uint64_t gen = 0;
@@ -720,11 +707,11 @@ static int shards_check(ferry_store *s, const char *model, uint64_t current, con
         if (!e)
             continue;
         uint32_t size = ferry_dtype_size((*e)->dtype);
-        if (size != (uint32_t)w->itemsize[i]) {
+        if (size != (uint32_t)w->views[i].itemsize) {
             snprintf(msg, cap,
                      "shard %zu (%s): the array's %zd-byte elements do not match the published dtype %s of "
                      "generation %llu",
-                     i, w->sh[i].tensor, w->itemsize[i], (*e)->dtype, (unsigned long long)gen);
+                     i, w->sh[i].tensor, w->views[i].itemsize, (*e)->dtype, (unsigned long long)gen);
             rc = FERRY_EINVAL;
         }
     }
@@ -747,8 +734,8 @@ static PyObject *w_update_direct(PyObject *self, PyObject *args)
     ferry_store *s = fp_store_handle(so);
     if (!s)
         return NULL;
-    w_shards w;
-    if (shards_from(&w, sho) < 0)
+    fp_shards w;
+    if (fp_shards_from(&w, sho, FERRY_MAX_DIMS) < 0)
         return NULL;
     ferry_update_stats st;
     memset(&st, 0, sizeof st);
@@ -757,7 +744,7 @@ static PyObject *w_update_direct(PyObject *self, PyObject *args)
     int rc;
     FP_STORE_CALL(so, rc = shards_check(s, model, g, &w, err.msg, sizeof err.msg);
                   if (rc == 0) rc = ferry_weights_update_direct(s, model, &g, w.sh, w.n, &st, &err));
-    shards_free(&w);
+    fp_shards_free(&w);
     if (rc < 0)
         return fp_raise_err_class(rc, &err);
     st.generation = g;
@@ -831,7 +818,7 @@ typedef struct {
     PyObject_HEAD
     PyObject *store;          /* strong reference, marked busy while open */
     ferry_subscriber *sub;
-    w_shards shards;          /* the parameter buffers stay held until close */
+    fp_shards shards;          /* the parameter buffers stay held until close */
     char model[128];
     uint64_t generation;
     int inflight;
@@ -916,7 +903,7 @@ static void sub_close_now(SubObject *self)
         Py_END_ALLOW_THREADS
         fp_store_busy(self->store, -1);
     }
-    shards_free(&self->shards);
+    fp_shards_free(&self->shards);
     standby_free(self);
 }
 
@@ -953,10 +940,10 @@ static int sub_init(SubObject *self, PyObject *args, PyObject *kw)
     cfg.node = node;
     cfg.batch_bytes = batch;
     cfg.local_segment = segment;
-    if (shards_from(&self->shards, sho) < 0)
+    if (fp_shards_from(&self->shards, sho, FERRY_MAX_DIMS) < 0)
         return -1;
     if (sbo != Py_None && standby_from(self, sbo) < 0) {
-        shards_free(&self->shards);
+        fp_shards_free(&self->shards);
         standby_free(self);
         return -1;
     }
@@ -970,7 +957,7 @@ static int sub_init(SubObject *self, PyObject *args, PyObject *kw)
     else
         FP_STORE_CALL(so, rc = ferry_subscriber_open(s, &cfg, self->shards.sh, self->shards.n, &sub, &err));
     if (rc < 0) {
-        shards_free(&self->shards);
+        fp_shards_free(&self->shards);
         standby_free(self);
         fp_raise_err_class(rc, &err);
         return -1;

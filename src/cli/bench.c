@@ -35,6 +35,22 @@ typedef struct bench_ctx {
     ferry_region *lr;
 } bench_ctx;
 
+int cli_engine_blocks(uint64_t *blocks, int *nblocks, uint64_t total)
+{
+    if (*nblocks == 0) {
+        blocks[0] = 64 << 10;
+        blocks[1] = 1 << 20;
+        blocks[2] = 4 << 20;
+        *nblocks = 3;
+    }
+    for (int i = 0; i < *nblocks; i++)
+        if (blocks[i] > total) {
+            fprintf(stderr, "ferry bench engine: a --block is larger than --total\n");
+            return -1;
+        }
+    return 0;
+}
+
 /* One timed pass: total bytes as block-sized ops, many tickets in flight. */
 double cli_engine_pass(ferry_engine *e, enum ferry_opcode op, uint8_t *buf,
                        const ferry_remote_region *rr, uint64_t block, uint64_t total)
@@ -331,18 +347,7 @@ static int parse(int argc, char **argv, bench_opts *o)
         fprintf(stderr, "ferry bench engine: --rows of --row bytes, --stride apart, do not fit in --total\n");
         return -1;
     }
-    if (o->nblocks == 0) {
-        o->blocks[0] = 64 << 10;
-        o->blocks[1] = 1 << 20;
-        o->blocks[2] = 4 << 20;
-        o->nblocks = 3;
-    }
-    for (int i = 0; i < o->nblocks; i++)
-        if (o->blocks[i] > o->total) {
-            fprintf(stderr, "ferry bench engine: a --block is larger than --total\n");
-            return -1;
-        }
-    return 0;
+    return cli_engine_blocks(o->blocks, &o->nblocks, o->total);
 }
 
 static int setup(bench_ctx *c, const char *self)

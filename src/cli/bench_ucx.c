@@ -77,17 +77,8 @@ static int parse_ucx(int argc, char **argv, ucx_opts *o)
     int pr = cli_getopt_end(&g, 0);
     if (pr != 0)
         return pr;
-    if (o->nblocks == 0) {
-        o->blocks[0] = 64 << 10;
-        o->blocks[1] = 1 << 20;
-        o->blocks[2] = 4 << 20;
-        o->nblocks = 3;
-    }
-    for (int i = 0; i < o->nblocks; i++)
-        if (o->blocks[i] > o->total) {
-            fprintf(stderr, "ferry bench engine: a --block is larger than --total\n");
-            return -1;
-        }
+    if (cli_engine_blocks(o->blocks, &o->nblocks, o->total) < 0)
+        return -1;
     o->ucx_tls = !strcmp(o->tls, "tcp") ? "tcp" : "posix,cma,self";
     return 0;
 }
