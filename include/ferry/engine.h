@@ -92,9 +92,12 @@ enum ferry_mem_kind { FERRY_MEM_HOST = 0, FERRY_MEM_DEVICE = 1 };
 #define FERRY_REMOTE_WRITE 0x2u
 #define FERRY_REMOTE_RW    (FERRY_REMOTE_READ | FERRY_REMOTE_WRITE)
 
-/* Allocate len bytes of memfd-backed, pre-faulted, page-aligned memory that
- * same-host peers can map directly (the fast shm path). Free with
- * ferry_mem_free; freeing memory that a region still covers is FERRY_EBUSY. */
+/* Allocate len bytes of pre-faulted, page-aligned memory that same-host
+ * peers can map directly: memfd-backed (ferry's shm transport), or, on an
+ * engine that runs the ucx transport, allocated by UCX (so that UCX's
+ * shared-memory transports map it; memfd memory when UCX's posix directory
+ * cannot hold it). Free with ferry_mem_free (or it goes at the engine's
+ * close); freeing memory that a region still covers is FERRY_EBUSY. */
 int ferry_mem_alloc(ferry_engine *e, size_t len, void **addr);
 int ferry_mem_free(ferry_engine *e, void *addr);
 

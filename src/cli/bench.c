@@ -51,9 +51,15 @@ int cli_engine_blocks(uint64_t *blocks, int *nblocks, uint64_t total)
     return 0;
 }
 
-/* One timed pass: total bytes as block-sized ops, many tickets in flight. */
 double cli_engine_pass(ferry_engine *e, enum ferry_opcode op, uint8_t *buf,
                        const ferry_remote_region *rr, uint64_t block, uint64_t total)
+{
+    return cli_engine_pass_at(e, op, buf, rr, block, total, false);
+}
+
+/* One timed pass: total bytes as block-sized ops, many tickets in flight. */
+double cli_engine_pass_at(ferry_engine *e, enum ferry_opcode op, uint8_t *buf,
+                          const ferry_remote_region *rr, uint64_t block, uint64_t total, bool same_block)
 {
     uint64_t nops = total / block;
     uint64_t per = 64ull << 20;            /* bytes per ticket */
@@ -67,7 +73,7 @@ double cli_engine_pass(ferry_engine *e, enum ferry_opcode op, uint8_t *buf,
     for (uint64_t k = 0; k < ntickets; k++) {
         uint64_t first = k * batch, n = nops - first < batch ? nops - first : batch;
         for (uint64_t i = 0; i < n; i++) {
-            uint64_t off = (first + i) * block;
+            uint64_t off = same_block ? 0 : (first + i) * block;
             ops[i] = (ferry_op){.opcode = op, .local = buf + off, .len = block, .peer = rr->peer,
                                 .remote_addr = rr->addr + off, .key = rr->key};
         }

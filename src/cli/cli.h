@@ -116,6 +116,11 @@ int cmd_bench(int argc, char **argv, const char *self);
  * ops against rr with many tickets in flight; GB/s, 0 if any op failed. */
 double cli_engine_pass(ferry_engine *e, enum ferry_opcode op, uint8_t *buf,
                        const ferry_remote_region *rr, uint64_t block, uint64_t total);
+/* The same; same_block: every op moves the first block of buf to/from the
+ * region's first block (the pattern of ucx_perftest, which puts one
+ * buffer to one remote address again and again: the bytes stay in cache). */
+double cli_engine_pass_at(ferry_engine *e, enum ferry_opcode op, uint8_t *buf,
+                          const ferry_remote_region *rr, uint64_t block, uint64_t total, bool same_block);
 /* bench.c: --block sizes defaulted (64K 1M 4M when none given) and each
  * checked against total; 0, or -1 with the error on stderr. */
 int cli_engine_blocks(uint64_t *blocks, int *nblocks, uint64_t total);

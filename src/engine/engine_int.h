@@ -139,18 +139,20 @@ struct ferry_region {
     int memfd;                 /* backing memfd when from ferry_mem_alloc, else -1 */
     uint64_t memfd_off;        /* offset of addr in the memfd */
     uint64_t memfd_len;
-    uint32_t memfd_id;
+    uint32_t memfd_id;         /* the ferry_mem_alloc allocation it lies in (memfd or UCX), 0: none */
     int slot;                  /* shm key-table slot */
     void *ucx_memh;            /* ucp_mem_h when the ucx transport mapped it, else NULL */
     uint16_t ucx_rkey_len;     /* its packed rkey, exported in the descriptor */
     uint8_t ucx_rkey[FR_DESC_RKEY_MAX];
 };
 
-/* memfd-backed allocation from ferry_mem_alloc. */
+/* An allocation from ferry_mem_alloc: memfd-backed, or (an engine that runs
+ * the ucx transport) allocated by UCX, fd -1. */
 typedef struct fr_mem {
     uint8_t *addr;
     uint64_t len;
     int fd;
+    void *ucx_memh;            /* ucp_mem_h of a UCX allocation, else NULL */
     uint32_t id;
     uint32_t regions;          /* regions inside it (engine lock) */
 } fr_mem;
@@ -272,8 +274,19 @@ int fr_auth_client(ferry_engine *e, int fd, const fr_peer *p, uint16_t role,
  * is mapped with ucp_mem_map and its rkey packed when the engine runs the
  * ucx transport; nothing happens otherwise. 0 or a negative code. */
 #ifdef FERRY_HAVE_UCX
-int fr_ucx_region_map(ferry_engine *e, ferry_region *r);
+/* alloc_memh: the ucp_mem_h of the UCX allocation the region lies in (its
+ * rkey is packed from it, so that peers reach that memory the way UCX
+ * reaches its own: a same-host peer maps it), or NULL (user memory,
+ * mapped here and unmapped with the region). */
+int fr_ucx_region_map(ferry_engine *e, ferry_region *r, void *alloc_memh);
 void fr_ucx_region_unmap(ferry_engine *e, ferry_region *r);
+/* ferry_mem_alloc / ferry_mem_free of an engine that runs the ucx
+ * transport: len bytes allocated by UCX (ucp_mem_map with
+ * UCP_MEM_MAP_ALLOCATE, the way ucx_perftest allocates); FERRY_ENOTSUP when
+ * the engine does not run it. fr_ucx_mem_release_all gives every such
+ * allocation back before the UCX context goes (engine close). */
+int fr_ucx_mem_alloc(ferry_engine *e, size_t len, void **addr, void **memh);
+void fr_ucx_mem_free(ferry_engine *e, void *memh);
 /* A remote-accessible region of this engine by key, as a peer would import
  * it (base, length, flags, rkey); FERRY_EACCES when there is none. */
 int fr_region_ucx_info(ferry_engine *e, uint64_t key, fr_import *out);

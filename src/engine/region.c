@@ -1,6 +1,8 @@
 /* Memory registration: memfd-backed allocations, regions with random keys,
  * the shm key table mirrored for same-host peers, and the target-side check
  * of every remote access. */
+#include <errno.h>
+#include <stdbool.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -137,6 +139,35 @@ static void prefault(uint8_t *p, size_t len, size_t page)
     }
 }
 
+#ifdef FERRY_HAVE_UCX
+/* The same for memory UCX allocated, by madvise alone: its shared-memory
+ * file may sit on a tmpfs smaller than len (a container's /dev/shm), where
+ * touching a page past the limit is SIGBUS; populating fails instead
+ * (false), and so does a kernel without MADV_POPULATE_WRITE. */
+static bool populate(uint8_t *p, size_t len)
+{
+    const size_t slice = 16u << 20;
+    for (size_t off = 0; off < len; off += slice)
+        if (madvise(p + off, len - off < slice ? len - off : slice, MADV_POPULATE_WRITE) != 0)
+            return false;
+    return true;
+}
+#endif
+
+static void mem_destroy(ferry_engine *e, fr_mem *m)
+{
+#ifdef FERRY_HAVE_UCX
+    if (m->ucx_memh)
+        fr_ucx_mem_free(e, m->ucx_memh);   /* NULL once the ucx transport stopped */
+#endif
+    (void)e;
+    if (m->fd >= 0) {
+        munmap(m->addr, m->len);
+        close(m->fd);
+    }
+    fr_free(m);
+}
+
 int ferry_mem_alloc(ferry_engine *e, size_t len, void **addr)
 {
     if (!e || !addr || len == 0)
@@ -146,15 +177,32 @@ int ferry_mem_alloc(ferry_engine *e, size_t len, void **addr)
     fr_mem *m = fr_calloc(1, sizeof *m);
     if (!m)
         return FERRY_ENOMEM;
-    m->fd = memfd_create("ferry-mem", MFD_CLOEXEC);
-    if (m->fd < 0)
-        goto fail;
-    if (ftruncate(m->fd, (off_t)rounded) < 0)
-        goto fail;
-    void *p = mmap(NULL, rounded, PROT_READ | PROT_WRITE, MAP_SHARED, m->fd, 0);
-    if (p == MAP_FAILED)
-        goto fail;
-    prefault(p, rounded, (size_t)page);
+    m->fd = -1;
+    void *p = NULL;
+#ifdef FERRY_HAVE_UCX
+    /* An engine on ucx talks to every peer through UCX: memory UCX
+     * allocated itself is what its shared-memory transports let a peer
+     * map and copy into directly (user memory goes through cma or a
+     * bounce copy at the target). */
+    if (fr_ucx_mem_alloc(e, rounded, &p, &m->ucx_memh) == 0 && !populate(p, rounded)) {
+        FR_DEBUG("engine", "UCX's allocation of %llu bytes cannot be populated (%s): memfd memory instead",
+                 (unsigned long long)rounded, strerror(errno));
+        fr_ucx_mem_free(e, m->ucx_memh);
+        m->ucx_memh = NULL;
+        p = NULL;
+    }
+#endif
+    if (!p) {   /* memfd memory (an engine without ucx, or UCX could not allocate) */
+        m->fd = memfd_create("ferry-mem", MFD_CLOEXEC);
+        if (m->fd < 0)
+            goto fail;
+        if (ftruncate(m->fd, (off_t)rounded) < 0)
+            goto fail;
+        p = mmap(NULL, rounded, PROT_READ | PROT_WRITE, MAP_SHARED, m->fd, 0);
+        if (p == MAP_FAILED)
+            goto fail;
+        prefault(p, rounded, (size_t)page);
+    }
     m->addr = p;
     m->len = rounded;
     pthread_mutex_lock(&e->lock);
@@ -165,9 +213,7 @@ int ferry_mem_alloc(ferry_engine *e, size_t len, void **addr)
     }
     pthread_mutex_unlock(&e->lock);
     if (rc < 0) {
-        munmap(p, rounded);
-        close(m->fd);
-        fr_free(m);
+        mem_destroy(e, m);
         return rc;
     }
     *addr = p;
@@ -179,12 +225,6 @@ fail:
     return FERRY_ENOMEM;
 }
 
-static void mem_destroy(fr_mem *m)
-{
-    munmap(m->addr, m->len);
-    close(m->fd);
-    fr_free(m);
-}
 
 int ferry_mem_free(ferry_engine *e, void *addr)
 {
@@ -201,7 +241,7 @@ int ferry_mem_free(ferry_engine *e, void *addr)
         }
         e->mems[i] = e->mems[--e->nmems];
         pthread_mutex_unlock(&e->lock);
-        mem_destroy(m);
+        mem_destroy(e, m);
         return 0;
     }
     pthread_mutex_unlock(&e->lock);
@@ -211,7 +251,7 @@ int ferry_mem_free(ferry_engine *e, void *addr)
 void fr_mem_destroy_all(ferry_engine *e)
 {
     for (size_t i = 0; i < e->nmems; i++)
-        mem_destroy(e->mems[i]);
+        mem_destroy(e, e->mems[i]);
     fr_free(e->mems);
     e->mems = NULL;
     e->nmems = e->cap_mems = 0;
@@ -280,7 +320,11 @@ int ferry_region_register(ferry_engine *e, void *addr, size_t len, unsigned flag
     r->key = fr_random_u64();
 #ifdef FERRY_HAVE_UCX
     if (flags) {
-        int mrc = fr_ucx_region_map(e, r);
+        pthread_mutex_lock(&e->lock);
+        fr_mem *um = mem_find(e, r->addr, r->len);
+        void *alloc_memh = um ? um->ucx_memh : NULL;
+        pthread_mutex_unlock(&e->lock);
+        int mrc = fr_ucx_region_map(e, r, alloc_memh);
         if (mrc < 0) {
             fr_free(r);
             return mrc;
@@ -336,7 +380,7 @@ static void region_remove_locked(ferry_engine *e, ferry_region *r)
         slot_write(&e->keytab[r->slot], FR_KEY_TOMB, NULL);
         e->slot_region[r->slot] = NULL;
     }
-    if (r->memfd >= 0) {
+    if (r->memfd_id) {   /* inside a ferry_mem_alloc allocation (memfd or UCX's) */
         fr_mem *m = mem_find(e, r->addr, r->len);
         if (m && m->regions > 0)
             m->regions--;

@@ -1,7 +1,7 @@
 /* The ucx transport beyond the conformance suite: what a peer without the
  * cluster token gets (nothing: no worker address, no endpoint), region
- * descriptors carrying rkeys, and a peer killed while a large transfer is
- * moving. Runs with whatever UCX_TLS the environment gives (ctest runs it
+ * descriptors carrying rkeys, memory from ferry_mem_alloc allocated by UCX,
+ * and a peer killed while a large transfer is moving. Runs with whatever UCX_TLS the environment gives (ctest runs it
  * with tcp and with posix,cma,self). */
 #include <stdarg.h>
 #include <stddef.h>
@@ -260,7 +260,63 @@ static void test_key_without_descriptor(void **s)
     ferry_engine_close(e);
 }
 
+/* ferry_mem_alloc of an engine on ucx is UCX's own allocation (no memfd),
+ * the way ucx_perftest allocates: another engine's writes land in it, its
+ * region's rkey comes from that allocation, it is freed like any other
+ * (EBUSY while a region covers it), and one still allocated at the
+ * engine's close goes with it. */
+static void test_mem_alloc_is_ucx_memory(void **s)
+{
+    (void)s;
+    ferry_engine *e, *e2;
+    open_ucx(&e, NULL);
+    open_ucx(&e2, NULL);
+    void *m, *kept, *src;
+    assert_int_equal(ferry_mem_alloc(e, 4 * MiB, &m), 0);
+    assert_int_equal(ferry_mem_alloc(e, MiB, &kept), 0);
+    fr_mem *fm = NULL;
+    for (size_t i = 0; i < e->nmems; i++)
+        if (e->mems[i]->addr == m)
+            fm = e->mems[i];
+    assert_non_null(fm);
+    assert_non_null(fm->ucx_memh);
+    assert_int_equal(fm->fd, -1);
+    ferry_region *rw, *lr;
+    assert_int_equal(ferry_region_register(e, m, 4 * MiB, FERRY_REMOTE_RW, FERRY_MEM_HOST, &rw), 0);
+    assert_null(rw->ucx_memh);            /* the allocation's mapping, not one of its own */
+    assert_true(rw->ucx_rkey_len > 0);
+    uint8_t d[FERRY_DESC_MAX], ep[FERRY_DESC_MAX];
+    int n = ferry_region_export(rw, d, sizeof d), epn = ferry_engine_export(e, ep, sizeof ep);
+    assert_true(n > 0 && epn > 0);
+    fr_region_desc rd;
+    assert_int_equal(fr_region_desc_decode(d, (size_t)n, &rd), 0);
+    ferry_peer_id id;
+    assert_int_equal(ferry_peer_add(e2, ep, (size_t)epn, &id), 0);
+    assert_int_equal(ferry_mem_alloc(e2, MiB, &src), 0);
+    assert_int_equal(ferry_region_register(e2, src, MiB, 0, FERRY_MEM_HOST, &lr), 0);
+    ft_pattern(src, MiB, 31, 0);
+    memset(m, 0, 4 * MiB);
+    ferry_op w = {.opcode = FERRY_OP_WRITE, .local = src, .len = MiB, .peer = id,
+                  .remote_addr = rd.base + 3 * MiB, .key = rd.key};
+    ferry_ticket *t;
+    assert_int_equal(ferry_submit(e2, &w, 1, 0, &t), 0);
+    assert_int_equal(ferry_ticket_wait(t, 30000), FERRY_TICKET_COMPLETED);
+    ferry_ticket_free(t);
+    assert_memory_equal((uint8_t *)m + 3 * MiB, src, MiB);
+    uint8_t *zero = calloc(1, 3 * MiB);   /* what it did not write stays zero */
+    assert_non_null(zero);
+    assert_memory_equal(m, zero, 3 * MiB);
+    free(zero);
+    assert_int_equal(ferry_mem_free(e, m), FERRY_EBUSY);
+    assert_int_equal(ferry_region_unregister(rw), 0);
+    assert_int_equal(ferry_mem_free(e, m), 0);
+    ferry_engine_close(e2);
+    ferry_engine_close(e);   /* `kept` goes with it */
+    (void)kept;
+}
+
 static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_mem_alloc_is_ucx_memory),
     cmocka_unit_test(test_key_without_descriptor),
     cmocka_unit_test(test_no_address_without_token),
     cmocka_unit_test(test_descriptor_rkey),

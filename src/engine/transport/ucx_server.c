@@ -10,12 +10,18 @@
  * the memory mapped here. */
 #include <errno.h>
 #include <netinet/in.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/statvfs.h>
+#include <stdarg.h>
 #include <unistd.h>
+
+#include <ucs/debug/log_def.h>
 
 #include "engine/transport/ucx_int.h"
 
@@ -208,17 +214,64 @@ int fr_ucx_attach(ucx_state *st, ucx_conn *c)
 
 /* ---- memory -------------------------------------------------------------- */
 
-int fr_ucx_region_map(ferry_engine *e, ferry_region *r)
+int fr_ucx_mem_alloc(ferry_engine *e, size_t len, void **addr, void **memh)
+{
+    ucx_state *st = e->tp_state[FR_TP_UCX];
+    if (!st)
+        return FERRY_ENOTSUP;
+    /* UCX puts such memory in a file of its posix directory: where that
+     * tmpfs cannot hold it (a container's 64 MiB /dev/shm), UCX would log
+     * an error on stdout — where ferry's processes print their protocol
+     * lines — and hand back memory no peer can map; memfd memory then. */
+    const char *dir = getenv("UCX_POSIX_DIR");
+    struct statvfs fs;
+    if (statvfs(dir && *dir ? dir : "/dev/shm", &fs) != 0 ||
+        (uint64_t)fs.f_bavail * fs.f_frsize < (uint64_t)len + ((uint64_t)len >> 4))
+        return FERRY_ENOTSUP;
+    ucp_mem_map_params_t mp = {
+        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                      UCP_MEM_MAP_PARAM_FIELD_FLAGS,
+        .address = NULL, .length = len, .flags = UCP_MEM_MAP_ALLOCATE,
+    };
+    ucp_mem_h mh;
+    ucs_status_t s = ucp_mem_map(st->ctx, &mp, &mh);
+    if (s != UCS_OK) {
+        FR_ERROR(UCX_TAG, "cannot allocate %zu bytes: %s", len, ucs_status_string(s));
+        return FERRY_ENOMEM;
+    }
+    ucp_mem_attr_t at = {.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH};
+    s = ucp_mem_query(mh, &at);
+    if (s != UCS_OK || !at.address || at.length < len) {
+        FR_ERROR(UCX_TAG, "UCX allocated %zu bytes it cannot describe: %s", len, ucs_status_string(s));
+        (void)ucp_mem_unmap(st->ctx, mh);
+        return FERRY_EIO;
+    }
+    *addr = at.address;
+    *memh = mh;
+    return 0;
+}
+
+void fr_ucx_mem_free(ferry_engine *e, void *memh)
+{
+    ucx_state *st = e->tp_state[FR_TP_UCX];
+    if (st && memh)
+        (void)ucp_mem_unmap(st->ctx, memh);
+}
+
+int fr_ucx_region_map(ferry_engine *e, ferry_region *r, void *alloc_memh)
 {
     ucx_state *st = e->tp_state[FR_TP_UCX];
     if (!st)
         return 0;
-    ucp_mem_map_params_t mp = {
-        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
-        .address = r->addr, .length = r->len,
-    };
-    ucp_mem_h mh;
-    ucs_status_t s = ucp_mem_map(st->ctx, &mp, &mh);
+    ucp_mem_h mh = alloc_memh;
+    ucs_status_t s = UCS_OK;
+    if (!mh) {
+        ucp_mem_map_params_t mp = {
+            .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+            .address = r->addr, .length = r->len,
+        };
+        s = ucp_mem_map(st->ctx, &mp, &mh);
+    }
     if (s != UCS_OK) {
         FR_ERROR(UCX_TAG, "cannot map %llu bytes at %p for remote access: %s", (unsigned long long)r->len,
                  (void *)r->addr, ucs_status_string(s));
@@ -238,11 +291,11 @@ int fr_ucx_region_map(ferry_engine *e, ferry_region *r)
     } else {
         memcpy(r->ucx_rkey, rk, rkl);
         r->ucx_rkey_len = (uint16_t)rkl;
-        r->ucx_memh = mh;
+        r->ucx_memh = alloc_memh ? NULL : mh;   /* an allocation's mapping is the allocation's */
     }
     if (s == UCS_OK)
         ucp_rkey_buffer_release(rk);
-    if (rc < 0)
+    if (rc < 0 && !alloc_memh)
         (void)ucp_mem_unmap(st->ctx, mh);
     return rc;
 }
@@ -250,9 +303,8 @@ int fr_ucx_region_map(ferry_engine *e, ferry_region *r)
 void fr_ucx_region_unmap(ferry_engine *e, ferry_region *r)
 {
     ucx_state *st = e->tp_state[FR_TP_UCX];
-    if (!st || !r->ucx_memh)
-        return;
-    (void)ucp_mem_unmap(st->ctx, r->ucx_memh);
+    if (st && r->ucx_memh)
+        (void)ucp_mem_unmap(st->ctx, r->ucx_memh);
     r->ucx_memh = NULL;
     r->ucx_rkey_len = 0;
 }
@@ -510,8 +562,35 @@ static int open_events(ucx_state *st)
     return 0;
 }
 
+/* UCX's own log lines through ferry's log (stderr or the embedding
+ * program's callback, with time, level and the "ucx" subsystem). UCX
+ * prints to stdout by default, where ferry's processes print their
+ * protocol lines (READY, results, JSON): one UCX warning there broke the
+ * reading of a demo worker's result line. */
+static ucs_log_func_rc_t ucx_log(const char *file, unsigned line, const char *function,
+                                 ucs_log_level_t level, const ucs_log_component_config_t *comp,
+                                 const char *fmt, va_list ap)
+{
+    (void)function;
+    (void)comp;
+    enum ferry_log_level l = level <= UCS_LOG_LEVEL_ERROR ? FERRY_LOG_ERROR
+                             : level == UCS_LOG_LEVEL_WARN ? FERRY_LOG_WARN
+                             : level <= UCS_LOG_LEVEL_INFO ? FERRY_LOG_INFO : FERRY_LOG_DEBUG;
+    if (!fr_log_on(l))
+        return UCS_LOG_FUNC_RC_STOP;
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    const char *base = strrchr(file, '/');
+    fr_log(l, UCX_TAG, "UCX %s:%u: %s", base ? base + 1 : file, line, msg);
+    return UCS_LOG_FUNC_RC_STOP;
+}
+
+static void ucx_log_install(void) { ucs_log_push_handler(ucx_log); }
+
 int fr_ucx_start(ferry_engine *e, void **state)
 {
+    static pthread_once_t log_once = PTHREAD_ONCE_INIT;
+    pthread_once(&log_once, ucx_log_install);
     ucx_state *st = fr_calloc(1, sizeof *st);
     if (!st)
         return FERRY_ENOMEM;
@@ -560,6 +639,13 @@ void fr_ucx_stop(void *state)
         if (e->regions[i]->ucx_memh) {
             (void)ucp_mem_unmap(st->ctx, e->regions[i]->ucx_memh);
             e->regions[i]->ucx_memh = NULL;
+        }
+    /* and so do the allocations UCX made (ferry_mem_alloc): their memory
+     * goes now, as a memfd allocation's goes at the engine's close */
+    for (size_t i = 0; i < e->nmems; i++)
+        if (e->mems[i]->ucx_memh) {
+            (void)ucp_mem_unmap(st->ctx, e->mems[i]->ucx_memh);
+            e->mems[i]->ucx_memh = NULL;
         }
     pthread_mutex_unlock(&e->lock);
     e->tp_state[FR_TP_UCX] = NULL;
