@@ -1,4 +1,5 @@
-/* Memory registration: memfd-backed allocations, regions with random keys,
+/* Memory registration: allocations (memfd-backed, or UCX's on an engine
+ * that runs the ucx transport), regions with random keys,
  * the shm key table mirrored for same-host peers, and the target-side check
  * of every remote access. */
 #include <errno.h>
@@ -106,7 +107,7 @@ void fr_keytab_destroy(ferry_engine *e)
     e->keytab_fd = -1;
 }
 
-/* ---- memfd allocations -------------------------------------------------- */
+/* ---- allocations (ferry_mem_alloc) ----------------------------------- */
 
 static fr_mem *mem_find(ferry_engine *e, const uint8_t *addr, uint64_t len)
 {
@@ -224,7 +225,6 @@ fail:
     fr_free(m);
     return FERRY_ENOMEM;
 }
-
 
 int ferry_mem_free(ferry_engine *e, void *addr)
 {
