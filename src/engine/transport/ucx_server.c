@@ -513,6 +513,18 @@ static int open_worker(ucx_state *st)
         FR_ERROR(UCX_TAG, "cannot read the UCX configuration: %s", ucs_status_string(s));
         return FERRY_EINVAL;
     }
+    /* UCX's own keepalive off unless UCX_KEEPALIVE_INTERVAL says otherwise:
+     * ferry's control connection and ticket deadlines already notice a dead
+     * or stalled peer, and over UCX 1.13's tcp transport the keepalive's
+     * EP_CHECK message makes the receiver open a new connection back to its
+     * sender to answer; when the sender has just closed its endpoint or is
+     * exiting, that connect is refused and UCX aborts the process now and
+     * then (an assertion in tcp_ep.c, seen in CI after a peer reset). */
+    if (!getenv("UCX_KEEPALIVE_INTERVAL")) {
+        s = ucp_config_modify(cfg, "KEEPALIVE_INTERVAL", "inf");
+        if (s != UCS_OK)
+            FR_DEBUG(UCX_TAG, "cannot turn UCX's keepalive off: %s", ucs_status_string(s));
+    }
     ucp_params_t pp = {
         .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
         .features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP,
