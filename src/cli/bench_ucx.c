@@ -120,9 +120,11 @@ static double perftest_pass(uint64_t block, uint64_t iters)
         return 0;
     }
     /* The client until it reaches the server (which takes its first
-     * connection as the client: no probing), by a deadline. */
+     * connection as the client: no probing), by a deadline. Each client
+     * run is bounded too (coreutils' timeout): a client whose server died
+     * mid-run would otherwise wait for it forever. */
     char cmd[256];
-    snprintf(cmd, sizeof cmd, "ucx_perftest 127.0.0.1 -t ucp_put_bw -s %s -n %s -p %s 2>&1", s, n, p);
+    snprintf(cmd, sizeof cmd, "timeout 120 ucx_perftest 127.0.0.1 -t ucp_put_bw -s %s -n %s -p %s 2>&1", s, n, p);
     double mbps = 0, t0 = cli_now();
     int st;
     while (mbps == 0 && cli_now() - t0 < 30 && waitpid(srv, &st, WNOHANG) == 0) {
