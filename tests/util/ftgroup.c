@@ -65,7 +65,7 @@ int ftg_start(ftg_env *e, int n, ftg_args_fn *fn, const void *ctx, int fault_ran
         return -1;
     for (int k = 0; k < n; k++) {
         char line[256] = "";
-        if (ft_read_line(&e->w[k], line, sizeof line, 20000) != 0 || strcmp(line, "READY") != 0) {
+        if (ft_read_line(&e->w[k], line, sizeof line, FT_START_MS) != 0 || strcmp(line, "READY") != 0) {
             fprintf(stderr, "worker %d did not start: \"%s\"\n", k, line);
             return -1;
         }

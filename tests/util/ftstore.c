@@ -24,9 +24,11 @@ static int start_master(ft_cluster *c, const char *listen, const char *const *ex
     args[n] = NULL;
     if (ft_spawn_exe(&c->master, c->master_netns, ft_ferry_bin(), args) != 0)
         return -1;
-    char line[512];
-    if (ft_read_line(&c->master, line, sizeof line, 20000) != 0)
+    char line[512] = "";
+    if (ft_read_line(&c->master, line, sizeof line, FT_START_MS) != 0) {
+        fprintf(stderr, "the master did not say where it listens within %d ms\n", FT_START_MS);
         return -1;
+    }
     const char *at = strstr(line, "listening on ");
     if (!at)
         return -1;
@@ -70,9 +72,11 @@ int ft_node_start(ft_cluster *c, int i, uint64_t size, const char *netns, const 
     args[n] = NULL;
     if (ft_spawn_exe(&c->node[i], netns, ft_ferry_bin(), args) != 0)
         return -1;
-    char line[512];
-    if (ft_read_line(&c->node[i], line, sizeof line, 30000) != 0 || !strstr(line, "mounted"))
+    char line[512] = "";
+    if (ft_read_line(&c->node[i], line, sizeof line, FT_START_MS) != 0 || !strstr(line, "mounted")) {
+        fprintf(stderr, "node %d did not mount: \"%.200s\"\n", i, line);
         return -1;
+    }
     const char *at = strstr(line, "segment ");
     c->seg[i] = at ? strtoull(at + 8, NULL, 16) : 0;   /* ids print as 16 hex digits */
     return 0;

@@ -360,8 +360,11 @@ int ft_peer_start(ft_peer *p, const ft_peer_opts *o)
     argv[n] = NULL;
     if (ft_spawn(p, o->netns, argv) < 0)
         return -1;
-    char line[2048];
-    if (ft_read_line(p, line, sizeof line, 20000) < 0 || strncmp(line, "READY ", 6) != 0) {
+    char line[2048] = "";
+    if (ft_read_line(p, line, sizeof line, FT_START_MS) < 0 || strncmp(line, "READY ", 6) != 0) {
+        fprintf(stderr, "peer (pid %d) did not start: %s%.200s%s\n", (int)p->pid,
+                line[0] ? "it printed \"" : "no READY line within the deadline or it exited",
+                line, line[0] ? "\"" : "");
         ft_peer_stop(p);
         return -1;
     }

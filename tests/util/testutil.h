@@ -48,7 +48,14 @@ const char *ft_token(void);
 /* An engine config for the test: token, transport forced to `transport`. */
 void ft_config(ferry_engine_config *cfg, const char *transport);
 
-/* Start a peer; waits for READY up to 20 s. 0 or a negative code. */
+/* How long a child process started by a test may take to say it is ready.
+ * A generous deadline on that condition, never a measurement: under a
+ * sanitizer beside five other tests and CPU hogs, a peer that maps and
+ * registers 1 GiB took longer than the 20 s this was. */
+#define FT_START_MS 120000
+
+/* Start a peer; waits for READY up to FT_START_MS. 0 or a negative code;
+ * on failure says on stderr what the peer printed or that it said nothing. */
 int ft_peer_start(ft_peer *p, const ft_peer_opts *o);
 /* Run this test binary with args (NULL-terminated) as a child, optionally
  * inside a network namespace, its stdin/stdout on pipes (no READY wait). */
