@@ -26,12 +26,14 @@ static int start_master(ft_cluster *c, const char *listen, const char *const *ex
         return -1;
     char line[512] = "";
     if (ft_read_line(&c->master, line, sizeof line, FT_START_MS) != 0) {
-        fprintf(stderr, "the master did not say where it listens within %d ms\n", FT_START_MS);
+        fprintf(stderr, "the master exited or said nothing within %d ms\n", FT_START_MS);
         return -1;
     }
     const char *at = strstr(line, "listening on ");
-    if (!at)
+    if (!at) {
+        fprintf(stderr, "the master did not say where it listens: \"%.200s\"\n", line);
         return -1;
+    }
     if (sscanf(at + 13, "%63s", c->addr) != 1)
         return -1;
     return 0;
