@@ -50,6 +50,8 @@
                                   * landed, more follows (the sender is alive and moving) */
 #define POLL_MS 20              /* notification waits are cut into slices to reap tickets */
 #define CHUNK (64ull << 20)     /* a tensor moves in pieces of this much, each one progress */
+#define GROUP_BYTES (4ull << 20)  /* small tensors a leader reads in one store run: up to this */
+#define GROUP_TENSORS 128        /* ... and this many */
 
 typedef struct mate {
     uint32_t node, dnode;       /* as passed; dense 0..nnodes-1 */
@@ -700,22 +702,59 @@ static void lead(apply *ap, size_t a, size_t b, size_t lo, size_t hi, size_t rea
     ferry_compat_group *g = ap->g;
     uint32_t me = g->cfg.rank;
     uint64_t v;
-    for (size_t t = a; t < b; t++) {
-        if (ap->p->leader[t] != me)
+    uint32_t idx[GROUP_TENSORS];
+    size_t tt[GROUP_TENSORS], cap[GROUP_TENSORS];
+    void *dst[GROUP_TENSORS];
+    for (size_t t = a; t < b;) {
+        if (ap->p->leader[t] != me) {
+            t++;
             continue;
-        const ferry_weight_entry *e = &ap->m->entries[t];
-        ferry_error rerr = {0};
-        double t0 = now_s();
-        int r = read_tensor(ap, t, &rerr);
-        ap->st->read_s += now_s() - t0;
-        if (r < 0)
-            failf(ap, FERRY_EREBUILD, "%s; the loaded weights must be rebuilt", rerr.msg);
-        else {
-            ap->st->bytes_read += e->bytes;
-            ap->st->tensors_led++;
         }
-        ap->state[t] = r < 0 ? FAILED : LANDED;
-        send_all(ap, t, r == 0);
+        /* the small tensors I lead from t on, read in one store run; a
+         * large one alone, in pieces with progress */
+        size_t n = 0;
+        uint64_t sum = 0;
+        for (size_t u = t; u < b && n < GROUP_TENSORS; u++) {
+            const ferry_weight_entry *e = &ap->m->entries[u];
+            if (ap->p->leader[u] != me)
+                continue;
+            if (n && (e->bytes > GROUP_BYTES || sum + e->bytes > GROUP_BYTES))
+                break;
+            tt[n] = u;
+            idx[n] = e->index;
+            dst[n] = g->staging + ap->p->off[u];
+            cap[n++] = e->bytes;
+            sum += e->bytes;
+            if (e->bytes > GROUP_BYTES)
+                break;
+        }
+        double t0 = now_s();
+        bool together = false;
+        if (n > 1) {
+            ferry_error gerr = {0};
+            together = fr_rl_read_wholes(g->s, fr_gen_of(ap->m), idx, dst, cap, n, &gerr) == 0;
+        }
+        ap->st->read_s += now_s() - t0;
+        for (size_t k = 0; k < n; k++) {
+            size_t u = tt[k];
+            const ferry_weight_entry *e = &ap->m->entries[u];
+            ferry_error rerr = {0};
+            /* read together: checked one by one; or (alone, or the run
+             * together failed: which tensor it was is found here) read one by one */
+            t0 = now_s();
+            int r = together ? fr_gen_verify_tensor(g->s, fr_gen_of(ap->m), e->index, dst[k], &rerr)
+                             : read_tensor(ap, u, &rerr);
+            ap->st->read_s += now_s() - t0;
+            if (r < 0)
+                failf(ap, FERRY_EREBUILD, "%s; the loaded weights must be rebuilt", rerr.msg);
+            else {
+                ap->st->bytes_read += e->bytes;
+                ap->st->tensors_led++;
+            }
+            ap->state[u] = r < 0 ? FAILED : LANDED;
+            send_all(ap, u, r == 0);
+        }
+        t = tt[n - 1] + 1;
         while (ferry_wait_notify(g->e, ap->tag, 1, 0, &v) == 0)
             on_notify(ap, v, lo, hi);
         deliver(ap, ready);

@@ -63,6 +63,14 @@ int fr_rl_bind(ferry_manifest *t, uint64_t generation, uint32_t worker, const ui
 int fr_rl_read_whole(ferry_store *s, struct fr_gen *g, uint32_t tensor, void *dst, size_t cap,
                      uint64_t chunk, void (*progress)(void *ctx), void *ctx, ferry_error *err);
 
+/* Read whole tensors tensors[0..n) of g (each row-major into dst[i], cap[i]
+ * bytes) in one exec store run: one binding, one attestation, their reads
+ * lowered together, so n small tensors cost one store call (a few) rather
+ * than n. No checksum check; a failure may leave any of them partly
+ * written and does not say which tensor (read them one by one for that). */
+int fr_rl_read_wholes(ferry_store *s, struct fr_gen *g, const uint32_t *tensors, void *const *dst,
+                      const size_t *cap, size_t n, ferry_error *err);
+
 /* ---- reader assignment (readers.c) ------------------------------------------------
  *
  * Which worker reads each demanded byte of a source object from the store,

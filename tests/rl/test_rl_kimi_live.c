@@ -312,11 +312,13 @@ static int compat_main(const char *addr, uint32_t rank, uint64_t gen)
     double t1 = now_s();
     if (rc == 0)
         printf("OK update_s %.3f tensors %llu bytes %llu gen %llu bad %llu order_bad %llu "
-               "read %llu group_read %llu batches %u\n", t1 - t0,
+               "read %llu group_read %llu batches %u prepare_s %.3f read_s %.3f wait_s %.3f verify_s %.3f "
+               "load_s %.3f barrier_s %.3f\n", t1 - t0,
                (unsigned long long)ctx.tensors, (unsigned long long)ctx.bytes,
                (unsigned long long)g, (unsigned long long)ctx.bad,
                (unsigned long long)ctx.order_bad, (unsigned long long)st.bytes_read,
-               (unsigned long long)st.group_bytes_read, st.batches);
+               (unsigned long long)st.group_bytes_read, st.batches, st.prepare_s, st.read_s, st.wait_s,
+               st.verify_s, st.load_s, st.barrier_s);
     else
         printf("ERR %d %s\n", rc, err.msg);
     fflush(stdout);
