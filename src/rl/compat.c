@@ -729,25 +729,31 @@ static void lead(apply *ap, size_t a, size_t b, size_t lo, size_t hi, size_t rea
                 break;
         }
         double t0 = now_s();
-        bool together = false;
-        if (n > 1) {
-            ferry_error gerr = {0};
-            together = fr_rl_read_wholes(g->s, fr_gen_of(ap->m), idx, dst, cap, n, &gerr) == 0;
-        }
+        int grc = 0;
+        ferry_error gerr = {0};
+        if (n > 1)
+            grc = fr_rl_read_wholes(g->s, fr_gen_of(ap->m), idx, dst, cap, n, &gerr);
         ap->st->read_s += now_s() - t0;
+        /* A run that failed fails all its tensors with its error (which
+         * names the object): reading them again one by one could wait out
+         * the store's timeout once per tensor behind a stalled node. */
+        if (grc < 0)
+            failf(ap, FERRY_EREBUILD, "compat: reading %zu tensors from %s on: %s; the loaded "
+                  "weights must be rebuilt", n, ap->m->entries[tt[0]].name, gerr.msg);
         for (size_t k = 0; k < n; k++) {
             size_t u = tt[k];
             const ferry_weight_entry *e = &ap->m->entries[u];
             ferry_error rerr = {0};
-            /* read together: checked one by one; or (alone, or the run
-             * together failed: which tensor it was is found here) read one by one */
+            /* read together: checked one by one; a tensor alone: read
+             * (in pieces when large) and checked */
             t0 = now_s();
-            int r = together ? fr_gen_verify_tensor(g->s, fr_gen_of(ap->m), e->index, dst[k], &rerr)
-                             : read_tensor(ap, u, &rerr);
+            int r = grc < 0 ? grc
+                  : n > 1 ? fr_gen_verify_tensor(g->s, fr_gen_of(ap->m), e->index, dst[k], &rerr)
+                          : read_tensor(ap, u, &rerr);
             ap->st->read_s += now_s() - t0;
-            if (r < 0)
+            if (r < 0 && grc == 0)
                 failf(ap, FERRY_EREBUILD, "%s; the loaded weights must be rebuilt", rerr.msg);
-            else {
+            else if (r == 0) {
                 ap->st->bytes_read += e->bytes;
                 ap->st->tensors_led++;
             }

@@ -67,7 +67,7 @@ int fr_rl_read_whole(ferry_store *s, struct fr_gen *g, uint32_t tensor, void *ds
  * bytes) in one exec store run: one binding, one attestation, their reads
  * lowered together, so n small tensors cost one store call (a few) rather
  * than n. No checksum check; a failure may leave any of them partly
- * written and does not say which tensor (read them one by one for that). */
+ * written, and its message names the object and offset, not the tensor. */
 int fr_rl_read_wholes(ferry_store *s, struct fr_gen *g, const uint32_t *tensors, void *const *dst,
                       const size_t *cap, size_t n, ferry_error *err);
 

@@ -363,6 +363,25 @@ static void test_compat_silent_leader(void **state)
     pair_refuses(e, &o, 1, "post_fail_after=1", "faulty group", want);
 }
 
+/* The same with 8 MiB of staging: the whole model (9 tensors, 2.1 MiB) is
+ * one batch, and each leader reads its tensors in one store run. That run
+ * fails on worker 1; it fails all its tensors at once with the run's error
+ * (naming how many and where they start, and the object), without reading
+ * them again one by one (behind a stalled node, each of those reads could
+ * wait out the store's timeout); worker 0, to which worker 1's engine can
+ * send nothing, not even FAILED, gives up after the group timeout. */
+static void test_compat_failed_group_read(void **state)
+{
+    ftg_env *e = *state;
+    const rollout_opts o = { .addr = e->c.addr, .group = "faultyrun", .world = "2",
+                             .staging = "8388608", .timeout_ms = "1500" };
+    char want[32];
+    snprintf(want, sizeof want, "ERR %d 0 ", FERRY_EREBUILD);
+    pair_refuses(e, &o, 1, "post_fail_after=1", "faulty group read", want);
+    assert_non_null(strstr(e->line[1], " tensors from model."));
+    assert_non_null(strstr(e->line[1], "input/output error"));
+}
+
 /* A staging buffer smaller than the largest tensor (512 KiB) on one
  * worker of two: both refuse the generation before anything moves. */
 static void test_compat_staging_too_small(void **state)
@@ -467,6 +486,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_compat_group, ftg_setup, ftg_teardown),
         cmocka_unit_test_setup_teardown(test_compat_silent_leader, ftg_setup, ftg_teardown),
+        cmocka_unit_test_setup_teardown(test_compat_failed_group_read, ftg_setup, ftg_teardown),
         cmocka_unit_test_setup_teardown(test_compat_staging_too_small, ftg_setup, ftg_teardown),
         cmocka_unit_test_setup_teardown(test_compat_segment_local, ftg_setup, ftg_teardown),
         cmocka_unit_test_setup_teardown(test_compat_killed_peer, ftg_setup, ftg_teardown),
