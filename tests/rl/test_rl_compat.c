@@ -351,33 +351,35 @@ static void pair_refuses(ftg_env *e, const rollout_opts *o, int fault_rank, cons
 /* A worker whose engine fails every post after its first (FERRY_FAULT=
  * post_fail_after=1: no store read, no WRITE, no NOTIFY) in a group of two on two nodes: the
  * other one hears nothing for the tensors that worker leads and gives up
- * after the group timeout; both return FERRY_EREBUILD, neither hangs. */
-static void test_compat_silent_leader(void **state)
+ * after the group timeout; both return FERRY_EREBUILD, neither hangs.
+ * Staging bytes as given; the worker that fails says why on e->line[1]. */
+static void silent_leader(ftg_env *e, const char *group, const char *staging, const char *what)
 {
-    ftg_env *e = *state;
-    const rollout_opts o = { .addr = e->c.addr, .group = "faulty", .world = "2",
-                             .staging = "1048576", .timeout_ms = "1500" };
+    const rollout_opts o = { .addr = e->c.addr, .group = group, .world = "2",
+                             .staging = staging, .timeout_ms = "1500" };
     char want[32];
     snprintf(want, sizeof want, "ERR %d 0 ", FERRY_EREBUILD);
     /* (one post goes: the read of the generation's placement in prepare) */
-    pair_refuses(e, &o, 1, "post_fail_after=1", "faulty group", want);
+    pair_refuses(e, &o, 1, "post_fail_after=1", what, want);
 }
 
-/* The same with 8 MiB of staging: the whole model (9 tensors, 2.1 MiB) is
- * one batch, and each leader reads its tensors in one store run. That run
- * fails on worker 1; it fails all its tensors at once with the run's error
- * (naming how many and where they start, and the object), without reading
- * them again one by one (behind a stalled node, each of those reads could
- * wait out the store's timeout); worker 0, to which worker 1's engine can
- * send nothing, not even FAILED, gives up after the group timeout. */
+/* 1 MiB of staging: five batches of a few tensors. */
+static void test_compat_silent_leader(void **state)
+{
+    silent_leader(*state, "faulty", "1048576", "faulty group");
+}
+
+/* 8 MiB of staging: the whole model (9 tensors, 2.1 MiB) is one batch, and
+ * each leader reads its tensors in one store run. That run fails on worker
+ * 1; it fails all its tensors at once with the run's error (naming how
+ * many and where they start, and the object), without reading them again
+ * one by one (behind a stalled node, each of those reads could wait out
+ * the store's timeout); worker 0, to which worker 1's engine can send
+ * nothing, not even FAILED, gives up after the group timeout. */
 static void test_compat_failed_group_read(void **state)
 {
     ftg_env *e = *state;
-    const rollout_opts o = { .addr = e->c.addr, .group = "faultyrun", .world = "2",
-                             .staging = "8388608", .timeout_ms = "1500" };
-    char want[32];
-    snprintf(want, sizeof want, "ERR %d 0 ", FERRY_EREBUILD);
-    pair_refuses(e, &o, 1, "post_fail_after=1", "faulty group read", want);
+    silent_leader(e, "faultyrun", "8388608", "faulty group read");
     assert_non_null(strstr(e->line[1], " tensors from model."));
     assert_non_null(strstr(e->line[1], "input/output error"));
 }
