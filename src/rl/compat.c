@@ -718,7 +718,7 @@ static void lead(apply *ap, size_t a, size_t b, size_t lo, size_t hi, size_t rea
             const ferry_weight_entry *e = &ap->m->entries[u];
             if (ap->p->leader[u] != me)
                 continue;
-            if (n && (e->bytes > GROUP_BYTES || sum + e->bytes > GROUP_BYTES))
+            if (n && sum + e->bytes > GROUP_BYTES)
                 break;
             tt[n] = u;
             idx[n] = e->index;

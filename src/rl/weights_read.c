@@ -219,25 +219,28 @@ int ferry_weights_read(ferry_store *s, const ferry_weight_entry *e, void *dst, s
     return rc < 0 ? rc : fr_gen_verify_tensor(s, g, e->index, dst, err);
 }
 
-int fr_rl_read_wholes(ferry_store *s, fr_gen *g, const uint32_t *tensors, void *const *dst,
-                      const size_t *cap, size_t n, ferry_error *err)
+/* The reads of whole tensors tensors[0..n) of g into dst[i] (cap[i] bytes
+ * each): each checked (in g, fits, has its whole fragment), the whole
+ * fragments bound at dst, g->whole attested and lowered tensor by tensor
+ * into *r. On success the caller owns *b, *att and *r. */
+static int plan_wholes(fr_gen *g, const uint32_t *tensors, void *const *dst, const size_t *cap,
+                       size_t n, ferry_binding **b, ferry_attested_plan **att,
+                       ferry_store_reads *r, ferry_error *err)
 {
-    if (!g->whole)
-        return fr_rl_fail(err, FERRY_EINVAL, "generation %" PRIu64 " has no whole-tensor reads",
-                          g->generation);
-    uint64_t *frag = calloc(n ? n : 1, sizeof *frag), *at = calloc(n ? n : 1, sizeof *at);
-    if (!frag || !at) {
-        free(frag), free(at);
-        return fr_rl_fail(err, FERRY_ENOMEM, "reading %zu tensors: out of memory", n);
-    }
-    int rc = 0;
+    *b = NULL;
+    *att = NULL;
+    memset(r, 0, sizeof *r);
+    if (!g->whole || !n)
+        return fr_rl_fail(err, FERRY_EINVAL, "no tensor %u in generation %" PRIu64,
+                          n ? tensors[0] : 0, g->generation);
+    uint64_t *frag = calloc(n, sizeof *frag), *at = calloc(n, sizeof *at);
+    int rc = frag && at ? 0 : fr_rl_fail(err, FERRY_ENOMEM, "reading %zu tensors: out of memory", n);
     for (size_t i = 0; i < n && rc == 0; i++) {
         ferry_tensor_desc d;
         ferry_fragment f;
-        rc = ferry_manifest_tensor(g->m, tensors[i], &d);
-        if (rc < 0) {
-            fr_rl_fail(err, FERRY_EINVAL, "no tensor %u in generation %" PRIu64, tensors[i],
-                       g->generation);
+        if (ferry_manifest_tensor(g->m, tensors[i], &d) < 0) {
+            rc = fr_rl_fail(err, FERRY_EINVAL, "no tensor %u in generation %" PRIu64, tensors[i],
+                            g->generation);
             break;
         }
         uint64_t bytes = d.itemsize;
@@ -248,38 +251,52 @@ int fr_rl_read_wholes(ferry_store *s, fr_gen *g, const uint32_t *tensors, void *
                             "%zu", d.name, bytes, cap[i]);
             break;
         }
-        rc = ferry_manifest_fragment(g->whole_m, tensors[i], &f);
-        if (rc < 0 || f.tensor != tensors[i]) {
+        /* whole_m holds one whole fragment per tensor, in tensor order */
+        if (ferry_manifest_fragment(g->whole_m, tensors[i], &f) < 0 || f.tensor != tensors[i]) {
             rc = fr_rl_fail(err, FERRY_EPROTO, "tensor %s: no whole fragment of it", d.name);
             break;
         }
         frag[i] = tensors[i];
         at[i] = (uint64_t)(uintptr_t)dst[i];
     }
-    ferry_binding *b = NULL;
-    ferry_attested_plan *att = NULL;
-    ferry_store_reads r = {0};
     if (rc == 0)
-        rc = fr_rl_bind(g->whole_m, g->generation, 0, frag, n, at, NULL, &b, err);
+        rc = fr_rl_bind(g->whole_m, g->generation, 0, frag, n, at, NULL, b, err);
     if (rc == 0)
-        rc = fr_rl_attest_reads(g, g->whole, b, &att, err);
+        rc = fr_rl_attest_reads(g, g->whole, *b, att, err);
     for (size_t i = 0; i < n && rc == 0; i++) {   /* lowering appends to r */
         ferry_plan_filter flt = { .tensor = tensors[i], .src_rank = -1, .dst_rank = -1 };
-        rc = ferry_exec_store_lower(att, b, (const uint32_t[]){ 0 }, 1, &flt, &r, err);
+        rc = ferry_exec_store_lower(*att, *b, (const uint32_t[]){ 0 }, 1, &flt, r, err);
     }
     if (rc < 0 && !(err && err->msg[0]))
         fr_rl_fail(err, rc, "planning the reads of %zu tensors: %s", n, ferry_strerror(rc));
-    if (rc == 0) {
-        ferry_store_exec_config xc = { .store = s, .locate = fr_rl_locate, .locate_ctx = g };
-        ferry_exec_result res;
-        rc = ferry_exec_store_run(&xc, att, b, &r, 0, r.n, &res, err);
-        ferry_exec_result_free(&res);
+    free(frag);
+    free(at);
+    if (rc < 0) {
+        ferry_store_reads_free(r);
+        ferry_attested_free(*att);
+        ferry_binding_free(*b);
+        *b = NULL;
+        *att = NULL;
     }
+    return rc;
+}
+
+int fr_rl_read_wholes(ferry_store *s, fr_gen *g, const uint32_t *tensors, void *const *dst,
+                      const size_t *cap, size_t n, ferry_error *err)
+{
+    ferry_binding *b;
+    ferry_attested_plan *att;
+    ferry_store_reads r;
+    int rc = plan_wholes(g, tensors, dst, cap, n, &b, &att, &r, err);
+    if (rc < 0)
+        return rc;
+    ferry_store_exec_config xc = { .store = s, .locate = fr_rl_locate, .locate_ctx = g };
+    ferry_exec_result res;
+    rc = ferry_exec_store_run(&xc, att, b, &r, 0, r.n, &res, err);
+    ferry_exec_result_free(&res);
     ferry_store_reads_free(&r);
     ferry_attested_free(att);
     ferry_binding_free(b);
-    free(frag);
-    free(at);
     return rc;
 }
 
@@ -316,35 +333,14 @@ static int cut_reads(const ferry_store_reads *in, uint64_t chunk, ferry_store_re
 int fr_rl_read_whole(ferry_store *s, fr_gen *g, uint32_t tensor, void *dst, size_t cap,
                      uint64_t chunk, void (*progress)(void *ctx), void *ctx, ferry_error *err)
 {
+    ferry_binding *b;
+    ferry_attested_plan *att;
+    ferry_store_reads r, cut = {0};
+    int rc = plan_wholes(g, &tensor, &dst, &cap, 1, &b, &att, &r, err);
+    if (rc < 0)
+        return rc;
     ferry_tensor_desc d;
-    ferry_fragment f;
-    int rc = ferry_manifest_tensor(g->m, tensor, &d);
-    if (rc < 0 || !g->whole)
-        return fr_rl_fail(err, FERRY_EINVAL, "no tensor %u in generation %" PRIu64, tensor,
-                          g->generation);
-    uint64_t bytes = d.itemsize;
-    for (uint32_t k = 0; k < d.ndim; k++)
-        bytes *= d.shape[k];
-    if (cap < bytes)
-        return fr_rl_fail(err, FERRY_EMSGSIZE, "tensor %s: %" PRIu64 " bytes, the buffer holds %zu",
-                          d.name, bytes, cap);
-    /* whole_m holds one whole fragment per tensor, in tensor order */
-    rc = ferry_manifest_fragment(g->whole_m, tensor, &f);
-    if (rc < 0 || f.tensor != tensor)
-        return fr_rl_fail(err, FERRY_EPROTO, "tensor %s: no whole fragment of it", d.name);
-    ferry_binding *b = NULL;
-    ferry_attested_plan *att = NULL;
-    ferry_store_reads r = {0}, cut = {0};
-    uint64_t at = (uint64_t)(uintptr_t)dst, frag = tensor;
-    rc = fr_rl_bind(g->whole_m, g->generation, 0, &frag, 1, &at, NULL, &b, err);
-    if (rc == 0)
-        rc = fr_rl_attest_reads(g, g->whole, b, &att, err);
-    ferry_plan_filter flt = { .tensor = tensor, .src_rank = -1, .dst_rank = -1 };
-    if (rc == 0)
-        rc = ferry_exec_store_lower(att, b, (const uint32_t[]){ 0 }, 1, &flt, &r, err);
-    if (rc == 0 && chunk)
-        rc = cut_reads(&r, chunk, &cut);
-    if (rc < 0 && !(err && err->msg[0]))
+    if (chunk && (rc = cut_reads(&r, chunk, &cut)) < 0 && ferry_manifest_tensor(g->m, tensor, &d) == 0)
         fr_rl_fail(err, rc, "tensor %s: planning its read: %s", d.name, ferry_strerror(rc));
     const ferry_store_reads *v = chunk ? &cut : &r;
     ferry_store_exec_config xc = { .store = s, .locate = fr_rl_locate, .locate_ctx = g };
