@@ -429,7 +429,7 @@ static void send(apply *ap, size_t t, uint32_t to, bool ok)
     ferry_ticket *tk = NULL;
     int rc = ferry_submit(g->e, ops, n, 0, &tk);
     if (rc < 0) {
-        failf(ap, FERRY_EREBUILD, "compat: sending tensor %s to worker %u: %s",
+        failf(ap, FERRY_EREBUILD, "compat: sending tensor %s to worker %u failed: %s",
               ap->m->entries[t].name, to, ferry_strerror(rc));
         return;   /* the target hears nothing: it times out */
     }
@@ -486,7 +486,7 @@ static void send_all(apply *ap, size_t t, bool ok)
             int rc = ferry_submit(g->e, ops, 2, 0, &tk[(size_t)k * (pieces - 1) + p]);
             if (rc < 0) {
                 bad[k] = true;
-                failf(ap, FERRY_EREBUILD, "compat: sending tensor %s to worker %u: %s",
+                failf(ap, FERRY_EREBUILD, "compat: sending tensor %s to worker %u failed: %s",
                       ap->m->entries[t].name, k, ferry_strerror(rc));
             }
         }

@@ -464,7 +464,8 @@ static void test_compat_killed_peer(void **state)
          * (after the 2000 ms liveness deadline), or, for a worker sending
          * to the dead one, the lost connection (under load the sender can
          * notice first: "sending tensor ... to worker 1 failed: connection
-         * to peer lost") */
+         * to peer lost", or, when its submit tries to reconnect, "...
+         * failed: connection refused: peer not listening") */
         bool waited = strstr(line, "nothing came from worker") != NULL ||
                       strstr(line, "did not finish batch") != NULL;
         bool sent = strstr(line, "to worker 1 failed") != NULL;
