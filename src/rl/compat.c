@@ -25,8 +25,8 @@
  * the plan. The staging is two halves, batch k in half k % 2: the reads
  * and sends of batch k+1 go out before batch k is finished, and a half is
  * written again only after the barrier of the batch it held. A worker
- * that fails posts an abort key before the batch barrier; after the
- * barrier everyone reads it and all stop together.
+ * that fails posts the batch's abort key before the batch barrier; after
+ * the barrier everyone reads that batch's key and all stop together.
  *
  * Record (little-endian): "FRYCOMP2", u64 generation, u32 rank, u32 node,
  * i32 verdict, u32 pad, u64 nonce, u64 staging bytes, u32 desc length,
@@ -830,8 +830,6 @@ static int run_apply(apply *ap, uint64_t id)
     const plan *p = ap->p;
     char bar[400], abort_key[400], member[32];
     snprintf(bar, sizeof bar, "ferry/wc/%s/%s/%016" PRIx64 "/batch", g->cfg.model, g->cfg.group, id);
-    snprintf(abort_key, sizeof abort_key, "ferry/wc/%s/%s/%016" PRIx64 "/abort", g->cfg.model,
-             g->cfg.group, id);
     snprintf(member, sizeof member, "worker %u", g->cfg.rank);
     bool posted = false;
     const size_t nb = p->nbatches;
@@ -854,6 +852,12 @@ static int run_apply(apply *ap, uint64_t id)
         }
         ap->st->batches++;
         double t0 = now_s();
+        /* One abort key per batch: a worker that passed this barrier and
+         * failed in the next batch posts under that batch's key, so a
+         * slower one still checking this batch does not stop a batch
+         * early while the others go on to its barrier. */
+        snprintf(abort_key, sizeof abort_key, "ferry/wc/%s/%s/%016" PRIx64 "/abort/%zu",
+                 g->cfg.model, g->cfg.group, id, k);
         if (ap->rc && !ap->derived && !posted) {   /* the first cause posted wins */
             char why[600];
             int n = snprintf(why, sizeof why, "worker %u: %s", g->cfg.rank,
