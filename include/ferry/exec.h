@@ -256,6 +256,62 @@ size_t ferry_executor_registered(const ferry_executor *x);
  * engine, which unregisters it at close). NULL is a no-op. */
 void ferry_executor_free(ferry_executor *x);
 
+/* ---- push streams --------------------------------------------------------- */
+
+/* The executors' batch lifecycle for a caller that submits batches one at
+ * a time, as their bytes become ready, with many in flight, and needs each
+ * batch's outcome at a point of its own: the rollout group's pipelined
+ * pushes and compatibility mode's WRITEs (docs/exec.md, "Push streams");
+ * ferry_executor_run runs its batches through one. The ops come lowered
+ * (ferry_exec_run_ops, ferry_exec_lower) against memory the caller
+ * registered; the stream registers nothing.
+ *
+ * open acquires every guard (on a failure: the ones acquired are released,
+ * failed releases quarantined, *res says ABORTED, no stream). Each batch
+ * is waited for (or tested) by its id; its outcome is tallied: bytes of
+ * completed batches, the first error, whether I/O began, and the ticket id
+ * of a batch whose wait expired (UNKNOWN: the engine's pending manager
+ * keeps it, its peers fenced). close waits for every batch still in flight
+ * — nothing stays in flight past it — then releases the guards, or, when a
+ * batch was UNKNOWN, releases none (all quarantined: that memory may still
+ * be touched), fills *res like ferry_executor_run and frees the stream.
+ * One thread per stream. */
+typedef struct ferry_exec_stream ferry_exec_stream;
+
+typedef struct ferry_stream_config {
+    ferry_engine *engine;
+    int timeout_ms;               /* one batch's wait (default 60000; < 0: forever) */
+    const ferry_guard *guards;    /* copied */
+    size_t nguards;
+} ferry_stream_config;
+
+/* res may be NULL (then a failed acquisition's quarantine is not reported). */
+int ferry_exec_stream_open(const ferry_stream_config *cfg, ferry_exec_stream **out,
+                           ferry_exec_result *res, ferry_error *err);
+/* Submit ops[0..n) as one engine batch (ferry_submit: blocks while the
+ * engine's window is full). *id names it until its terminal wait. A batch
+ * the engine refuses is not submitted; its error becomes the stream's
+ * first error when none was yet. */
+int ferry_exec_stream_submit(ferry_exec_stream *s, const ferry_op *ops, size_t n, uint64_t *id);
+/* The batch's state: block waits up to the stream's timeout (an expired
+ * wait is UNKNOWN), otherwise PENDING is returned while it is in flight.
+ * A terminal state is tallied and frees the id; *error (may be NULL) gets
+ * the batch's error (0 when COMPLETED, FERRY_ETIMEDOUT when UNKNOWN).
+ * FERRY_EINVAL for an id not in flight. */
+int ferry_exec_stream_wait(ferry_exec_stream *s, uint64_t id, bool block, int *error);
+size_t ferry_exec_stream_inflight(const ferry_exec_stream *s);
+/* The stream's first error (0 while none). */
+int ferry_exec_stream_error(const ferry_exec_stream *s);
+/* Record a failure of the caller's part of the work (out of memory before
+ * a submit) as the first error when none was yet. */
+void ferry_exec_stream_fail(ferry_exec_stream *s, int code);
+/* Returns 0 when every batch completed and no failure was recorded, else
+ * the first error; *res (may be NULL) as for ferry_executor_run: state
+ * COMPLETED, ABORTED (no batch began I/O), FAILED_DRAINED or UNKNOWN;
+ * bytes, ops, batches submitted, bytes_done, pending, quarantined. s is
+ * freed; NULL is FERRY_EINVAL. */
+int ferry_exec_stream_close(ferry_exec_stream *s, ferry_exec_result *res);
+
 /* The workers on the other side that the given workers exchange bytes
  * with under the plan (a passive sink target uses it to know how many
  * sources will notify it). Writes up to cap ids, ascending, into out;

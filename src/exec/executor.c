@@ -84,16 +84,6 @@ int ferry_executor_create(const ferry_exec_config *cfg, ferry_executor **out, fe
 
 /* ---- guards ------------------------------------------------------------------- */
 
-static int push_id(uint64_t **v, size_t *n, uint64_t id)
-{
-    uint64_t *nv = realloc(*v, (*n + 1) * sizeof **v);
-    if (!nv)
-        return FERRY_ENOMEM;
-    nv[(*n)++] = id;
-    *v = nv;
-    return 0;
-}
-
 static int cmp_u64(const void *a, const void *b)
 {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -118,24 +108,6 @@ static int check_guard_ids(const ferry_executor *x, ferry_error *err)
                               ids[i]);
     free(ids);
     return rc;
-}
-
-/* Release guards [0, n): every one is tried; a failure quarantines it. */
-static void release_guards(const ferry_executor *x, size_t n, ferry_exec_result *res)
-{
-    for (size_t i = 0; i < n; i++) {
-        const ferry_guard *g = &x->guards[i];
-        int rc = g->release ? g->release(g->ctx, g->id) : 0;
-        if (rc < 0 && push_id(&res->quarantined, &res->nquarantined, g->id) < 0)
-            break;   /* out of memory: the caller still has the guard list */
-    }
-}
-
-static void quarantine_all(const ferry_executor *x, ferry_exec_result *res)
-{
-    for (size_t i = 0; i < x->cfg.nguards; i++)
-        if (push_id(&res->quarantined, &res->nquarantined, x->guards[i].id) < 0)
-            break;
 }
 
 /* ---- local memory ----------------------------------------------------------------- */
@@ -202,82 +174,32 @@ size_t ferry_executor_registered(const ferry_executor *x)
 
 /* ---- the batches ---------------------------------------------------------------------- */
 
-typedef struct flight {
-    ferry_ticket *t;
-    size_t batch;
-} flight;
-
-typedef struct tally {
-    bool io;          /* some bytes moved (a batch completed or drained) */
-    bool unknown;
-    int first_err;
-} tally;
-
-static uint64_t batch_bytes(const ferry_batch_list *bl, size_t b)
-{
-    uint64_t s = 0;
-    for (size_t i = bl->batch_start[b]; i < bl->batch_start[b + 1]; i++)
-        s += bl->ops[i].count > 1 ? bl->ops[i].count * bl->ops[i].len : bl->ops[i].len;
-    return s;
-}
-
-static void settle(ferry_executor *x, const ferry_batch_list *bl, flight *f, tally *t,
-                   ferry_exec_result *res)
-{
-    int st = ferry_ticket_wait(f->t, x->cfg.timeout_ms);
-    int e = ferry_ticket_error(f->t);
-    switch (st) {
-    case FERRY_TICKET_COMPLETED:
-        t->io = true;
-        res->bytes_done += batch_bytes(bl, f->batch);
-        break;
-    case FERRY_TICKET_FAILED_DRAINED:
-        t->io = true;
-        if (!t->first_err)
-            t->first_err = e < 0 ? e : FERRY_EIO;
-        break;
-    case FERRY_TICKET_UNKNOWN:
-        t->unknown = true;
-        (void)push_id(&res->pending, &res->npending, ferry_ticket_id(f->t));
-        if (!t->first_err)
-            t->first_err = FERRY_ETIMEDOUT;
-        break;
-    default:   /* ABORTED: nothing of this batch touched */
-        if (!t->first_err)
-            t->first_err = e < 0 ? e : FERRY_EIO;
-        break;
-    }
-    ferry_ticket_free(f->t);   /* an UNKNOWN ticket goes to the pending manager */
-    f->t = NULL;
-}
-
-static void run_batches(ferry_executor *x, const ferry_batch_list *bl, tally *t,
-                        ferry_exec_result *res)
+/* Keep `window` batches in flight through the stream until every batch is
+ * terminal; after the first failure submit nothing new and drain what is
+ * in flight (the stream keeps the tally). */
+static void run_batches(ferry_executor *x, ferry_exec_stream *s, const ferry_batch_list *bl)
 {
     uint32_t w = x->cfg.window;
-    flight *fl = calloc(w, sizeof *fl);
+    uint64_t *fl = calloc(w, sizeof *fl);
     if (!fl) {
-        t->first_err = FERRY_ENOMEM;
+        ferry_exec_stream_fail(s, FERRY_ENOMEM);
         return;
     }
     size_t next = 0, head = 0, inflight = 0;
     while (next < bl->nbatches || inflight > 0) {
-        if (next < bl->nbatches && inflight < w && !t->first_err) {
+        if (next < bl->nbatches && inflight < w && !ferry_exec_stream_error(s)) {
             size_t b = next++;
-            ferry_ticket *tk = NULL;
-            int rc = ferry_submit(x->cfg.engine, bl->ops + bl->batch_start[b],
-                                  bl->batch_start[b + 1] - bl->batch_start[b], 0, &tk);
-            if (rc < 0) {
-                t->first_err = rc;   /* nothing of this batch was submitted */
-                continue;
-            }
-            fl[(head + inflight) % w] = (flight){ .t = tk, .batch = b };
+            uint64_t id = 0;
+            if (ferry_exec_stream_submit(s, bl->ops + bl->batch_start[b],
+                                         bl->batch_start[b + 1] - bl->batch_start[b], &id) < 0)
+                continue;   /* nothing of this batch was submitted; the stream has the error */
+            fl[(head + inflight) % w] = id;
             inflight++;
             continue;
         }
         if (inflight == 0)
             break;   /* a failure stopped submission and everything drained */
-        settle(x, bl, &fl[head], t, res);
+        (void)ferry_exec_stream_wait(s, fl[head], true, NULL);
         head = (head + 1) % w;
         inflight--;
     }
@@ -285,11 +207,14 @@ static void run_batches(ferry_executor *x, const ferry_batch_list *bl, tally *t,
 }
 
 /* Sink: one NOTIFY(tag, generation) to every target peer of the ops. */
-static int notify_targets(ferry_executor *x, const ferry_batch_list *bl, uint64_t generation)
+static void notify_targets(ferry_executor *x, ferry_exec_stream *s, const ferry_batch_list *bl,
+                           uint64_t generation)
 {
     ferry_op *ops = calloc(x->cfg.npeers ? x->cfg.npeers : 1, sizeof *ops);
-    if (!ops)
-        return FERRY_ENOMEM;
+    if (!ops) {
+        ferry_exec_stream_fail(s, FERRY_ENOMEM);
+        return;
+    }
     size_t n = 0;
     for (size_t i = 0; i < bl->nops; i++) {
         size_t k = 0;
@@ -299,15 +224,11 @@ static int notify_targets(ferry_executor *x, const ferry_batch_list *bl, uint64_
             ops[n++] = (ferry_op){ .opcode = FERRY_OP_NOTIFY, .peer = bl->ops[i].peer,
                                    .tag = x->cfg.notify_tag, .value = generation };
     }
-    ferry_ticket *t = NULL;
-    int rc = ferry_submit(x->cfg.engine, ops, n, 0, &t);
+    uint64_t id = 0;
+    if (n && ferry_exec_stream_submit(s, ops, n, &id) == 0)
+        (void)ferry_exec_stream_wait(s, id, true, NULL);   /* a failure: the bytes landed but
+                                                            * the targets were not told */
     free(ops);
-    if (rc < 0)
-        return rc;
-    int st = ferry_ticket_wait(t, x->cfg.timeout_ms);
-    int e = ferry_ticket_error(t);
-    ferry_ticket_free(t);
-    return st == FERRY_TICKET_COMPLETED ? 0 : (e < 0 ? e : FERRY_EIO);
 }
 
 int ferry_executor_run(ferry_executor *x, const ferry_attested_plan *a, const ferry_binding *src,
@@ -330,53 +251,37 @@ int ferry_executor_run(ferry_executor *x, const ferry_attested_plan *a, const fe
         rc = ferry_exec_lower(a, src, dst, &la, &bl, err);   /* checks the attestation first */
     if (rc < 0)
         return res->error = rc;
-    res->ops = bl.nops;
-    res->batches = bl.nbatches;
-    res->bytes = bl.bytes;
 
-    size_t acquired = 0;
-    for (; acquired < x->cfg.nguards && rc == 0; acquired++) {
-        const ferry_guard *g = &x->guards[acquired];
-        rc = g->acquire ? g->acquire(g->ctx, g->id) : 0;
-        if (rc < 0) {
-            fr_exec_fail(err, rc, "executor: guard %" PRIu64 " could not be acquired: %s",
-                         g->id, ferry_strerror(rc));
-            break;
-        }
-    }
-    if (rc == 0)
-        rc = register_local(x, x->cfg.mode == FERRY_EXEC_READER ? dst : src, err);
-    if (rc < 0) {   /* nothing moved: roll back completely */
-        release_guards(x, acquired, res);
+    /* The stream acquires the guards (rolled back on a failure) and, at
+     * close, releases them — or quarantines them all when a batch is
+     * UNKNOWN: its memory may still be written. */
+    ferry_stream_config sc = { .engine = x->cfg.engine, .timeout_ms = x->cfg.timeout_ms,
+                               .guards = x->guards, .nguards = x->cfg.nguards };
+    ferry_exec_stream *s = NULL;
+    rc = ferry_exec_stream_open(&sc, &s, res, err);
+    if (rc == 0 && (rc = register_local(x, x->cfg.mode == FERRY_EXEC_READER ? dst : src,
+                                        err)) < 0)
+        (void)ferry_exec_stream_close(s, res);   /* nothing moved: roll back completely */
+    if (rc < 0) {
+        res->state = FERRY_TICKET_ABORTED;
+        res->error = rc;
+        res->ops = bl.nops, res->batches = bl.nbatches, res->bytes = bl.bytes;
         (void)ferry_executor_cleanup(x);
         ferry_batch_list_free(&bl);
-        return res->error = rc;
+        return rc;
     }
 
-    tally t = {0};
-    run_batches(x, &bl, &t, res);
-    if (!t.first_err && x->cfg.mode == FERRY_EXEC_SINK && x->cfg.notify_tag) {
-        int nrc = notify_targets(x, &bl, ferry_attested_generation(a));
-        if (nrc < 0)
-            t.first_err = nrc;   /* the bytes landed but the targets were not told */
-    }
-    if (t.unknown)
-        res->state = FERRY_TICKET_UNKNOWN;
-    else if (!t.first_err)
-        res->state = FERRY_TICKET_COMPLETED;
-    else
-        res->state = t.io ? FERRY_TICKET_FAILED_DRAINED : FERRY_TICKET_ABORTED;
-    res->error = t.first_err;
-    if (t.first_err)
-        fr_exec_fail(err, t.first_err, "executor: %s after %" PRIu64 " of %" PRIu64 " bytes: %s",
+    run_batches(x, s, &bl);
+    if (!ferry_exec_stream_error(s) && x->cfg.mode == FERRY_EXEC_SINK && x->cfg.notify_tag)
+        notify_targets(x, s, &bl, ferry_attested_generation(a));
+    (void)ferry_exec_stream_close(s, res);
+    res->ops = bl.nops;   /* planned for this process */
+    res->batches = bl.nbatches;
+    res->bytes = bl.bytes;
+    if (res->error)
+        fr_exec_fail(err, res->error, "executor: %s after %" PRIu64 " of %" PRIu64 " bytes: %s",
                      ferry_ticket_state_name(res->state), res->bytes_done, res->bytes,
-                     ferry_strerror(t.first_err));
-
-    /* An UNKNOWN batch may still write: its guards stay held. */
-    if (t.unknown)
-        quarantine_all(x, res);
-    else
-        release_guards(x, x->cfg.nguards, res);
+                     ferry_strerror(res->error));
     (void)ferry_executor_cleanup(x);
     ferry_batch_list_free(&bl);
     return res->state == FERRY_TICKET_COMPLETED ? 0 : res->error;

@@ -361,7 +361,7 @@ out:
 enum { PENDING = 0, LANDED = 1, FAILED = 2 };
 
 typedef struct sent {
-    ferry_ticket *t;
+    uint64_t t;               /* the batch in the push stream */
     size_t tensor;
     uint32_t to;
     bool write;
@@ -377,6 +377,7 @@ typedef struct apply {
     ferry_compat_stats *st;
     ferry_error *err;
     uint64_t tag;
+    ferry_exec_stream *xs;    /* my WRITEs and notifications (exec's push stream) */
     uint8_t *state;           /* per tensor */
     uint64_t silent_ns;       /* time spent waiting since the last notification came */
     sent *out;
@@ -426,8 +427,8 @@ static void send(apply *ap, size_t t, uint32_t to, bool ok)
         failf(ap, FERRY_EREBUILD, "compat: out of memory sending tensor %s", ap->m->entries[t].name);
         return;
     }
-    ferry_ticket *tk = NULL;
-    int rc = ferry_submit(g->e, ops, n, 0, &tk);
+    uint64_t tk = 0;
+    int rc = ferry_exec_stream_submit(ap->xs, ops, n, &tk);
     if (rc < 0) {
         failf(ap, FERRY_EREBUILD, "compat: sending tensor %s to worker %u failed: %s",
               ap->m->entries[t].name, to, ferry_strerror(rc));
@@ -463,7 +464,7 @@ static void send_all(apply *ap, size_t t, bool ok)
     const uint32_t world = g->cfg.world;
     const uint64_t len = ap->m->entries[t].bytes;
     uint64_t pieces = ok ? (len + CHUNK - 1) / CHUNK : 0;
-    ferry_ticket **tk = pieces > 1 ? calloc((size_t)world * (pieces - 1), sizeof *tk) : NULL;
+    uint64_t *tk = pieces > 1 ? calloc((size_t)world * (pieces - 1), sizeof *tk) : NULL;
     bool *bad = pieces > 1 ? calloc(world, sizeof *bad) : NULL;
     if (pieces > 1 && (!tk || !bad)) {
         free(tk), free(bad);
@@ -483,7 +484,7 @@ static void send_all(apply *ap, size_t t, bool ok)
                   .key = mt->rr.key },
                 { .opcode = FERRY_OP_NOTIFY, .peer = mt->rr.peer, .tag = ap->tag,
                   .value = NV_PROGRESS | (uint64_t)t << 1 } };
-            int rc = ferry_submit(g->e, ops, 2, 0, &tk[(size_t)k * (pieces - 1) + p]);
+            int rc = ferry_exec_stream_submit(ap->xs, ops, 2, &tk[(size_t)k * (pieces - 1) + p]);
             if (rc < 0) {
                 bad[k] = true;
                 failf(ap, FERRY_EREBUILD, "compat: sending tensor %s to worker %u failed: %s",
@@ -494,12 +495,11 @@ static void send_all(apply *ap, size_t t, bool ok)
         if (!feeds(ap, t, k))
             continue;
         for (uint64_t p = 0; p + 1 < pieces; p++) {
-            ferry_ticket *x = tk[(size_t)k * (pieces - 1) + p];
+            uint64_t x = tk[(size_t)k * (pieces - 1) + p];
             if (!x)
                 continue;
-            int st = ferry_ticket_wait(x, (int)tmo_of(g));   /* one piece: a liveness bound */
-            int te = ferry_ticket_error(x);
-            ferry_ticket_free(x);
+            int te = 0;   /* one piece: the stream's timeout is a liveness bound */
+            int st = ferry_exec_stream_wait(ap->xs, x, true, &te);
             if (st == FERRY_TICKET_COMPLETED && !bad[k]) {
                 if (g->mates[k].dnode == g->mates[g->cfg.rank].dnode)
                     ap->st->bytes_sent_intra += CHUNK;
@@ -526,9 +526,9 @@ static void progress_all(apply *ap, size_t t)
             continue;
         ferry_op op = { .opcode = FERRY_OP_NOTIFY, .peer = g->mates[k].rr.peer, .tag = ap->tag,
                         .value = NV_PROGRESS | (uint64_t)t << 1 };
-        ferry_ticket *tk = NULL;
+        uint64_t tk = 0;
         if (fr_grow((void **)&ap->out, &ap->cap_out, ap->nout + 1, sizeof *ap->out) < 0 ||
-            ferry_submit(g->e, &op, 1, 0, &tk) < 0)
+            ferry_exec_stream_submit(ap->xs, &op, 1, &tk) < 0)
             continue;   /* a hint only: the tensor's own notification says what happened */
         ap->out[ap->nout++] = (sent){ tk, t, k, false, 0 };
     }
@@ -573,13 +573,12 @@ static void reap(apply *ap, bool wait)
         sent s = ap->out[i];
         /* each ticket is a tensor (its pieces land one after the other):
          * the timeout is per ticket, not for everything in flight */
-        int state = wait ? ferry_ticket_wait(s.t, (int)tmo_of(g)) : ferry_ticket_test(s.t);
+        int te = 0;
+        int state = ferry_exec_stream_wait(ap->xs, s.t, wait, &te);
         if (state == FERRY_TICKET_PENDING) {
             ap->out[keep++] = s;
             continue;
         }
-        int te = ferry_ticket_error(s.t);
-        ferry_ticket_free(s.t);
         if (state == FERRY_TICKET_COMPLETED) {
             if (s.write) {
                 uint64_t len = s.bytes;
@@ -953,9 +952,16 @@ int ferry_compat_group_update(ferry_compat_group *g, uint64_t *generation,
         st->group_intra_bytes = total * (g->cfg.world - p.nnodes);
         apply ap = { .g = g, .m = &m, .p = &p, .fn = fn, .ctx = ctx, .st = st, .err = err,
                      .tag = id | 1, .state = calloc(m.n ? m.n : 1, 1) };
-        rc = ap.state ? run_apply(&ap, id)
-                      : fr_rl_fail(err, FERRY_ENOMEM, "compat: out of memory");
-        reap(&ap, true);   /* nothing stays in flight after a failure */
+        /* The WRITEs go through exec's push stream: each batch's outcome
+         * tallied, nothing left in flight once it is closed. */
+        ferry_stream_config sc = { .engine = g->e, .timeout_ms = (int)tmo_of(g) };
+        rc = ap.state && ferry_exec_stream_open(&sc, &ap.xs, NULL, NULL) == 0
+                 ? run_apply(&ap, id)
+                 : fr_rl_fail(err, FERRY_ENOMEM, "compat: out of memory");
+        if (ap.xs) {
+            reap(&ap, true);   /* nothing stays in flight after a failure */
+            (void)ferry_exec_stream_close(ap.xs, NULL);
+        }
         free(ap.out);
         free(ap.state);
         st->apply_s = now_s() - t3;

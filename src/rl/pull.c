@@ -173,9 +173,10 @@ typedef struct apply {
     uint64_t tag[2];
     int rc;                        /* the first failure of my sends (EREBUILD for me) */
     ferry_error *err;
-    ferry_ticket **t[2];           /* per hop, WATERMARK slots x world WRITE tickets */
+    ferry_exec_stream *xs;         /* my pushes and notifications (exec's push stream) */
+    uint64_t *t[2];                /* per hop, WATERMARK slots x world WRITE batches (0: none) */
     uint64_t *at[2];               /* per hop and slot: what each target's count reaches */
-    ferry_ticket **nt;             /* NOTIFY tickets in flight, reaped before the next ones */
+    uint64_t *nt;                  /* NOTIFY batches in flight, reaped before the next ones */
     uint32_t *nto;                 /* their targets */
     size_t nnt, cap_nt, cap_nto;
     ferry_op *ops;                 /* scratch for one target's WRITEs */
@@ -201,7 +202,7 @@ static void notify(apply *ap, int h, uint32_t to, uint64_t value)
         fail_once(ap, FERRY_ENOMEM, "subscriber: notifying worker %u: %s", to);
         return;
     }
-    int s = ferry_submit(ap->e, &op, 1, 0, &ap->nt[ap->nnt]);
+    int s = ferry_exec_stream_submit(ap->xs, &op, 1, &ap->nt[ap->nnt]);
     if (s < 0)
         fail_once(ap, s, "subscriber: notifying worker %u: %s", to);
     else
@@ -210,11 +211,9 @@ static void notify(apply *ap, int h, uint32_t to, uint64_t value)
 
 static void reap_notifies(apply *ap)
 {
-    int tmo = ap->sub->cfg.timeout_ms ? (int)ap->sub->cfg.timeout_ms : 60000;
     for (size_t i = 0; i < ap->nnt; i++) {
-        int st = ferry_ticket_wait(ap->nt[i], tmo);
-        int te = ferry_ticket_error(ap->nt[i]);
-        ferry_ticket_free(ap->nt[i]);
+        int te = 0;
+        int st = ferry_exec_stream_wait(ap->xs, ap->nt[i], true, &te);
         if (st != FERRY_TICKET_COMPLETED)
             fail_once(ap, te ? te : FERRY_EIO, "subscriber: notifying worker %u failed: %s",
                       ap->nto[i]);
@@ -228,7 +227,7 @@ static void send_ops(apply *ap, int h, size_t slot, size_t a, size_t b)
 {
     const fr_pushes *ps = &ap->w->hop[h];
     uint32_t world = ap->sub->world, me = ap->sub->me;
-    ferry_ticket **t = ap->t[h] + slot * world;
+    uint64_t *t = ap->t[h] + slot * world;
     uint64_t *at = ap->at[h] + slot * world;
     for (size_t i = a; i < b; i++)   /* a worker holding a box twice */
         if (ps->to[i] == me)
@@ -240,9 +239,9 @@ static void send_ops(apply *ap, int h, size_t slot, size_t a, size_t b)
                 ap->ops[n++] = ps->ops[i];
         if (n == 0)
             continue;
-        int s = ferry_submit(ap->e, ap->ops, n, 0, &t[to]);
+        int s = ferry_exec_stream_submit(ap->xs, ap->ops, n, &t[to]);
         if (s < 0) {
-            t[to] = NULL;
+            t[to] = 0;
             ap->w->hop[h].out_failed[to] = true;
             notify(ap, h, to, NV_FAILED);
             fail_once(ap, s, "subscriber: pushing to worker %u: %s", to);
@@ -262,16 +261,14 @@ static void settle(apply *ap, int h, size_t slot)
     reap_notifies(ap);
     fr_pushes *ps = &ap->w->hop[h];
     uint32_t world = ap->sub->world;
-    ferry_ticket **t = ap->t[h] + slot * world;
+    uint64_t *t = ap->t[h] + slot * world;
     const uint64_t *at = ap->at[h] + slot * world;
-    int tmo = ap->sub->cfg.timeout_ms ? (int)ap->sub->cfg.timeout_ms : 60000;
     for (uint32_t to = 0; to < world; to++) {
         if (!t[to])
             continue;
-        int st = ferry_ticket_wait(t[to], tmo);
-        int te = ferry_ticket_error(t[to]);
-        ferry_ticket_free(t[to]);
-        t[to] = NULL;
+        int te = 0;
+        int st = ferry_exec_stream_wait(ap->xs, t[to], true, &te);
+        t[to] = 0;
         if (ps->out_failed[to])
             continue;
         if (st != FERRY_TICKET_COMPLETED) {
@@ -607,7 +604,14 @@ static int update_round(ferry_subscriber *sub, uint64_t *generation, ferry_updat
         int quiet = 0;
         ferry_binding *rb = NULL;
         ferry_attested_plan *ratt = NULL;
-        if (!ap.t[0] || !ap.t[1] || !ap.at[0] || !ap.at[1] || !ap.ops)
+        /* The pushes go through exec's push stream: every batch's outcome
+         * tallied, and nothing left in flight once it is closed (a batch
+         * whose wait expired stays with the engine's pending manager,
+         * its peer fenced). */
+        ferry_stream_config sc = { .engine = ap.e, .timeout_ms = sub->cfg.timeout_ms
+                                                                ? (int)sub->cfg.timeout_ms : 60000 };
+        if (!ap.t[0] || !ap.t[1] || !ap.at[0] || !ap.at[1] || !ap.ops ||
+            ferry_exec_stream_open(&sc, &ap.xs, NULL, NULL) < 0)
             rc = fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
         else {
             /* A binding that cannot be made fails my first read, so that
@@ -617,6 +621,7 @@ static int update_round(ferry_subscriber *sub, uint64_t *generation, ferry_updat
             ap.ratt = ratt;
             ap.rb = rb;
             rc = run_apply(&ap, &reads_ok, &fed_ok, &quiet, st);
+            (void)ferry_exec_stream_close(ap.xs, NULL);   /* every batch was settled above */
         }
         ferry_attested_free(ratt);
         ferry_binding_free(rb);
