@@ -251,29 +251,32 @@ static uint32_t segment_node(const ferry_compat_group *g, uint64_t segment)
     return n;
 }
 
-/* Leaders, longest tensor first (ties: lower index): a tensor on a
- * segment that members of node X named goes to X (its read stays inside
- * the node), any other to the node with the fewest leader bytes so far
- * (ties: lower node id) — ferry_weights_assign's rule — and inside the
- * node to its worker with the fewest (ties: lower rank), so every node's
- * NIC sends about the same. Delegates, in the same order: on the leader's
- * node the leader; on another node the worker there with the fewest
- * fan-out bytes so far (ties: lower rank). Batches: tensors in manifest
- * order, each at a 64-byte aligned offset, as many as fit in one half of
- * the smallest staging buffer of the group, batch k in half k % 2 (so the
- * reads of batch k+1 need not wait for batch k to be loaded); when the
- * largest tensor needs more than half, in the whole buffer, one batch at a
- * time. */
+/* Leaders and delegates come from the group update's reader assignment
+ * (fr_readers, readers.c): each tensor is an object every worker wants
+ * whole, never cut (chunk 0: one leader reads it whole and checks its
+ * checksum), relayed (one WRITE per other node, to a delegate that
+ * forwards it there). Tensors go longest first (ties: lower index), so the
+ * greedy choice balances like longest-processing-time: the reader is the
+ * worker whose choice leaves the busiest NIC direction of the group least
+ * loaded — a tensor on a segment that members of node X named is read on
+ * X (its read stays inside the node) — and, among a node's workers, the
+ * one that read least; a node's delegate is its worker that forwarded
+ * least. Batches: tensors in manifest order, each at a 64-byte aligned
+ * offset, as many as fit in one half of the smallest staging buffer of
+ * the group, batch k in half k % 2 (so the reads of batch k+1 need not
+ * wait for batch k to be loaded); when the largest tensor needs more than
+ * half, in the whole buffer, one batch at a time. */
 static int make_plan(ferry_compat_group *g, const ferry_weight_manifest *m, plan *p)
 {
     uint32_t world = g->cfg.world;
     size_t n = m->n;
-    uint32_t *ids = malloc(world * sizeof *ids);
-    uint64_t *bytes = malloc((n ? n : 1) * sizeof *bytes), *fan = calloc(world, sizeof *fan);
-    uint64_t *wload = calloc(world, sizeof *wload), *nload = calloc(world, sizeof *nload);
+    uint32_t *ids = malloc(world * sizeof *ids), *wnode = malloc(world * sizeof *wnode);
+    uint64_t *bytes = malloc((n ? n : 1) * sizeof *bytes);
+    fr_rd_demand *want = malloc(world * sizeof *want);
     lpt *ord = malloc((n ? n : 1) * sizeof *ord);
+    fr_readers *rd = NULL;
     int rc = FERRY_ENOMEM;
-    if (!ids || !bytes || !fan || !wload || !nload || !ord)
+    if (!ids || !wnode || !bytes || !want || !ord)
         goto out;
     uint64_t cap = UINT64_MAX;
     for (uint32_t k = 0; k < world; k++) {
@@ -304,33 +307,40 @@ static int make_plan(ferry_compat_group *g, const ferry_weight_manifest *m, plan
         ord[i] = (lpt){ bytes[i], i };
     }
     qsort(ord, n, sizeof *ord, by_size_desc);
+    for (uint32_t k = 0; k < world; k++)
+        wnode[k] = g->mates[k].dnode;
+    fr_rd_config rcfg = { .nworkers = world, .worker_node = wnode, .nnodes = nn, .chunk = 0,
+                          .relay = true };
+    if ((rc = fr_readers_open(&rcfg, &rd)) < 0)
+        goto out;
     for (size_t j = 0; j < n; j++) {
         size_t i = ord[j].i;
-        uint32_t d = segment_node(g, m->entries[i].segment);
-        if (d == UINT32_MAX) {
-            d = 0;
-            for (uint32_t x = 1; x < nn; x++)
-                if (nload[x] < nload[d])
-                    d = x;
-        }
-        uint32_t best = UINT32_MAX;
+        uint32_t src = segment_node(g, m->entries[i].segment);
         for (uint32_t k = 0; k < world; k++)
-            if (g->mates[k].dnode == d && (best == UINT32_MAX || wload[k] < wload[best]))
-                best = k;
-        p->leader[i] = best;
-        nload[d] += bytes[i];
-        wload[best] += bytes[i];
-    }
-    for (size_t j = 0; j < n; j++) {
-        size_t i = ord[j].i;
-        uint32_t l = p->leader[i], ln = g->mates[l].dnode;
+            want[k] = (fr_rd_demand){ .worker = k, .off = 0, .len = bytes[i] };
+        const fr_rd_range *rg;
+        const fr_rd_push *ps;
+        size_t nr = 0, np = 0;
+        if ((rc = fr_readers_object(rd, src == UINT32_MAX ? FR_RD_NO_NODE : src, bytes[i], want,
+                                    world, &rg, &nr, &ps, &np)) < 0)
+            goto out;
+        /* an empty tensor has no range: rank 0 leads it, the lowest rank
+         * of every other node is its delegate (nothing moves but the
+         * notification) */
+        uint32_t l = nr ? want[rg[0].reader].worker : 0, ln = g->mates[l].dnode;
+        p->leader[i] = l;
         for (uint32_t d = 0; d < nn; d++) {
-            uint32_t best = l;
-            for (uint32_t k = 0; d != ln && k < world; k++)
-                if (g->mates[k].dnode == d && (best == l || fan[k] < fan[best]))
-                    best = k;
-            p->delegate[i * nn + d] = best;
-            fan[best] += bytes[i] * (p->nworkers[d] - 1);
+            uint32_t dl = l;
+            for (uint32_t k = 0; d != ln && k < world && dl == l; k++)
+                if (g->mates[k].dnode == d)
+                    dl = k;
+            p->delegate[i * nn + d] = dl;
+        }
+        for (size_t x = 0; nr && x < rg[0].npush; x++) {
+            const fr_rd_push *q = &ps[rg[0].push + x];
+            uint32_t to = want[q->to].worker, tn = g->mates[to].dnode;
+            if (q->hop == 1 && tn != ln)
+                p->delegate[i * nn + tn] = to;
         }
     }
     uint64_t half = (cap / 2) & ~(SLOT_ALIGN - 1), largest = 0;
@@ -352,7 +362,8 @@ static int make_plan(ferry_compat_group *g, const ferry_weight_manifest *m, plan
     p->bstart[p->nbatches] = n;
     rc = 0;
 out:
-    free(ids), free(bytes), free(fan), free(wload), free(nload), free(ord);
+    fr_readers_close(rd);
+    free(ids), free(wnode), free(bytes), free(want), free(ord);
     return rc;
 }
 
