@@ -147,6 +147,30 @@ int ferry_region_import(ferry_engine *e, const void *desc, size_t len, ferry_rem
  * drain (FAILED_DRAINED or ABORTED), its fence is lifted, and the next
  * submission reconnects. */
 int ferry_peer_reset(ferry_engine *e, ferry_peer_id peer);
+/* A read-only view of a same-host peer's memory (ferry_remote_map). */
+typedef struct ferry_mapping {
+    const void *addr;   /* the first byte asked for, in this process */
+    void *base;         /* the whole mapping (for ferry_remote_unmap) */
+    size_t len;
+} ferry_mapping;
+
+/* Map bytes [addr, addr + len) of an imported remote region read-only into
+ * this process: zero-copy reads of a same-host peer's memory. The peer must
+ * be reached over shm and the range must lie in a region it allocated with
+ * ferry_mem_alloc (FERRY_ENOTSUP otherwise: tcp, ucx, heap memory reached
+ * by cross-memory attach), registered remote-readable (FERRY_EACCES),
+ * checked against its live key table like a READ (FERRY_EFAULT outside
+ * it). The view is the caller's until ferry_remote_unmap: it outlives the
+ * connection (a reset or the peer's exit leave it readable: the pages stay
+ * while mapped), and revoking the region's key afterwards does not revoke
+ * it. The bytes are the peer's live memory, seen as it writes them: the
+ * reader synchronises with the writer by other means (a NOTIFY after the
+ * writes). */
+int ferry_remote_map(ferry_engine *e, const ferry_remote_region *rr, uint64_t addr, uint64_t len,
+                     ferry_mapping *out);
+/* Release a view (and zero it); an empty one is a no-op. */
+void ferry_remote_unmap(ferry_mapping *m);
+
 /* Name of the transport chosen for a peer ("shm"/"tcp"), NULL if unknown. */
 const char *ferry_peer_transport(const ferry_engine *e, ferry_peer_id peer);
 

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -455,6 +456,33 @@ bool fr_peer_import_find(fr_peer *p, uint64_t key, fr_import *out)
         }
     pthread_mutex_unlock(&p->imp_lock);
     return found;
+}
+
+int ferry_remote_map(ferry_engine *e, const ferry_remote_region *rr, uint64_t addr, uint64_t len,
+                     ferry_mapping *out)
+{
+    if (out)
+        memset(out, 0, sizeof *out);
+    if (!e || !rr || !out || len == 0)
+        return FERRY_EINVAL;
+    int rc = fr_peer_connect(e, rr->peer);
+    if (rc < 0)
+        return rc;
+    fr_peer *p = peer_get(e, rr->peer);
+    pthread_rwlock_rdlock(&p->rw);
+    rc = !p->conn ? FERRY_ECONNRESET
+       : p->tp->map ? p->tp->map(p->conn, rr->key, addr, len, out) : FERRY_ENOTSUP;
+    pthread_rwlock_unlock(&p->rw);
+    return rc;
+}
+
+void ferry_remote_unmap(ferry_mapping *m)
+{
+    if (!m)
+        return;
+    if (m->base)
+        (void)munmap(m->base, m->len);
+    memset(m, 0, sizeof *m);
 }
 
 const char *ferry_peer_transport(const ferry_engine *e, ferry_peer_id id)

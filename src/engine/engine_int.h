@@ -80,6 +80,9 @@ struct fr_transport {
     void (*disconnect)(void *conn);
     /* false once the connection has failed (the engine then reconnects). */
     bool (*alive)(void *conn);
+    /* Optional (NULL: FERRY_ENOTSUP): a read-only mapping of the peer's
+     * bytes [addr, addr + len) of the region of `key` (ferry_remote_map). */
+    int (*map)(void *conn, uint64_t key, uint64_t addr, uint64_t len, ferry_mapping *out);
 };
 
 extern const fr_transport fr_transport_tcp;

@@ -230,6 +230,14 @@ static bool fault_alive(void *conn)
     return !atomic_load(&fc->dropped) && fc->inner->alive(fc->ic);
 }
 
+static int fault_map(void *conn, uint64_t key, uint64_t addr, uint64_t len, ferry_mapping *out)
+{
+    fault_conn *fc = conn;
+    if (atomic_load(&fc->dropped))
+        return FERRY_ECONNRESET;
+    return fc->inner->map ? fc->inner->map(fc->ic, key, addr, len, out) : FERRY_ENOTSUP;
+}
+
 const fr_transport fr_transport_fault = {
     .name = "fault",
     .bit = 0,
@@ -240,4 +248,5 @@ const fr_transport fr_transport_fault = {
     .post = fault_post,
     .disconnect = fault_disconnect,
     .alive = fault_alive,
+    .map = fault_map,
 };

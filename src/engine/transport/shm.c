@@ -333,6 +333,34 @@ static bool target_alive(shm_conn *c)
     return alive;
 }
 
+/* Ask the target for the memfd behind the region of `key` (its fd in *fd,
+ * to be closed by the caller, and the map response). */
+static int request_memfd(shm_conn *c, uint64_t key, fr_msg *resp, int *fd)
+{
+    fr_msg req = {.type = FR_MSG_MAP};
+    req.u.map.key = key;
+    *fd = -1;
+    pthread_mutex_lock(&c->ctrl_lock);
+    int rc = fr_send_msg(c->ctrl, &req, ++c->next_req);
+    if (rc == 0)
+        rc = recv_with_fd(c->ctrl, resp, fd);
+    pthread_mutex_unlock(&c->ctrl_lock);
+    if (rc < 0) {
+        if (*fd >= 0)
+            close(*fd);
+        *fd = -1;
+        atomic_store(&c->dead, true);
+        return FERRY_ECONNRESET;
+    }
+    if (resp->type != FR_MSG_MAP_RESP || resp->u.map_resp.status < 0 || *fd < 0) {
+        if (*fd >= 0)
+            close(*fd);
+        *fd = -1;
+        return resp->type == FR_MSG_MAP_RESP && resp->u.map_resp.status < 0 ? resp->u.map_resp.status : FERRY_EPROTO;
+    }
+    return 0;
+}
+
 /* The mapping of a target memfd, asking the target for it the first time. */
 static int get_map(shm_conn *c, const fr_keyslot *s, uint64_t key, uint8_t **base)
 {
@@ -346,23 +374,11 @@ static int get_map(shm_conn *c, const fr_keyslot *s, uint64_t key, uint8_t **bas
     }
     pthread_mutex_unlock(&c->lock);
 
-    fr_msg req = {.type = FR_MSG_MAP}, resp;
-    req.u.map.key = key;
+    fr_msg resp;
     int fd = -1;
-    pthread_mutex_lock(&c->ctrl_lock);
-    int rc = fr_send_msg(c->ctrl, &req, ++c->next_req);
-    if (rc == 0)
-        rc = recv_with_fd(c->ctrl, &resp, &fd);
-    pthread_mutex_unlock(&c->ctrl_lock);
-    if (rc < 0) {
-        atomic_store(&c->dead, true);
-        return FERRY_ECONNRESET;
-    }
-    if (resp.type != FR_MSG_MAP_RESP || resp.u.map_resp.status < 0 || fd < 0) {
-        if (fd >= 0)
-            close(fd);
-        return resp.type == FR_MSG_MAP_RESP && resp.u.map_resp.status < 0 ? resp.u.map_resp.status : FERRY_EPROTO;
-    }
+    int rc = request_memfd(c, key, &resp, &fd);
+    if (rc < 0)
+        return rc;
     void *p = mmap(NULL, resp.u.map_resp.map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (p == MAP_FAILED)
@@ -666,6 +682,41 @@ static void shm_disconnect(void *conn)
     conn_free(c);
 }
 
+/* ferry_remote_map: a read-only view of [addr, addr + len) of the region
+ * of `key`, checked against the live key table like a READ, in a mapping
+ * of its own (not the connection's cache): the caller unmaps it. */
+static int shm_map_remote(void *conn, uint64_t key, uint64_t addr, uint64_t len, ferry_mapping *out)
+{
+    shm_conn *c = conn;
+    if (!target_alive(c))
+        return FERRY_ECONNRESET;
+    fr_keyslot s;
+    if (fr_keytab_lookup(c->keytab, key, &s) < 0 || !(s.flags & FERRY_REMOTE_READ))
+        return FERRY_EACCES;
+    if (addr < s.base || addr - s.base > s.len || len > s.len - (addr - s.base))
+        return FERRY_EFAULT;
+    if (s.memfd_id == 0)
+        return FERRY_ENOTSUP;   /* heap memory: cross-memory attach only, no mapping */
+    fr_msg resp;
+    int fd = -1;
+    int rc = request_memfd(c, key, &resp, &fd);
+    if (rc < 0)
+        return rc;
+    const fr_msg_map_resp *mr = &resp.u.map_resp;
+    uint64_t at = mr->fd_offset + (addr - s.base);
+    if (mr->region_base != s.base || at < mr->fd_offset || at > mr->map_len ||
+        len > mr->map_len - at) {
+        close(fd);
+        return FERRY_EPROTO;   /* the answer does not match the key table */
+    }
+    void *p = mmap(NULL, mr->map_len, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED)
+        return FERRY_ENOMEM;
+    *out = (ferry_mapping){ .addr = (const uint8_t *)p + at, .base = p, .len = mr->map_len };
+    return 0;
+}
+
 static bool shm_alive(void *conn)
 {
     return target_alive(conn);
@@ -682,4 +733,5 @@ const fr_transport fr_transport_shm = {
     .post = shm_post,
     .disconnect = shm_disconnect,
     .alive = shm_alive,
+    .map = shm_map_remote,
 };
