@@ -60,6 +60,7 @@ typedef struct ferry_engine_config {
      *                          (bytes moved: FAILED_DRAINED)
      *   delay_ms=N             every completion is delayed by N ms
      *   drop_after=N           after N posted chunks the connection is dropped
+     *   map_fail=1             ferry_remote_map fails with FERRY_ENOTSUP
      * Counters are per engine, across peers. */
     char fault[128];
 } ferry_engine_config;

@@ -73,6 +73,12 @@ typedef struct ferry_compat_stats {
      * batch was finished (batches - 1 with two halves) */
     uint32_t staging_slots;
     uint32_t pipelined_batches;
+    /* (appended) bytes this worker handed to the loader straight from the
+     * staging of a worker of its node (over shm) through a read-only view:
+     * no WRITE into its own staging. bytes_received counts what landed in
+     * its own staging (WRITEs from other nodes, and READs where no view
+     * could be made). */
+    uint64_t bytes_viewed;
 } ferry_compat_stats;
 
 /* Allocate and register this worker's staging buffer (shm-mappable,

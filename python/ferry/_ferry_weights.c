@@ -1182,7 +1182,7 @@ static const fp_field compat_fields[] = {
     F(generation), F(tensors), F(bytes), F(tensors_led), F(bytes_read), F(bytes_sent_cross), F(bytes_sent_intra),
     F(bytes_received), F(batches), F(imported), F(group_bytes_read), F(group_cross_bytes), F(group_intra_bytes),
     F(nodes), F(staging_slots), F(pipelined_batches), F(prepare_s), F(exchange_s), F(plan_s), F(read_s),
-    F(wait_s), F(verify_s), F(load_s), F(barrier_s), F(apply_s), F(total_s),
+    F(wait_s), F(verify_s), F(load_s), F(barrier_s), F(apply_s), F(total_s), F(bytes_viewed),
 };
 #undef F
 

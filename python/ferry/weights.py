@@ -332,7 +332,9 @@ class CompatGroup:
         group is already at the active generation. Stats: ``tensors``,
         ``bytes``, ``tensors_led``, ``bytes_read`` (this worker's store
         reads), ``bytes_sent_cross``, ``bytes_sent_intra``,
-        ``bytes_received``, ``batches``, ``imported``, the group's
+        ``bytes_received`` (landed in its staging), ``bytes_viewed`` (taken
+        from a same-node worker's staging through a read-only view, nothing
+        copied), ``batches``, ``imported``, the group's
         ``group_bytes_read`` (= the published bytes), ``group_cross_bytes``,
         ``group_intra_bytes``, ``nodes``, and the phases ``prepare_s``,
         ``exchange_s``, ``plan_s``, ``read_s``, ``wait_s``, ``verify_s``,

@@ -158,13 +158,14 @@ static json_t *update_json(const ferry_subscriber *sub, const ferry_update_stats
 
 static json_t *compat_json(const ferry_compat_stats *st)
 {
-    return json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:f,s:f,s:f,s:f,s:f,"
-                     "s:f,s:f,s:f,s:f}",
+    return json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:f,s:f,s:f,s:f,"
+                     "s:f,s:f,s:f,s:f,s:f}",
                      "tensors", (json_int_t)st->tensors, "bytes", (json_int_t)st->bytes,
                      "bytes_read", (json_int_t)st->bytes_read,
                      "bytes_sent_cross", (json_int_t)st->bytes_sent_cross,
                      "bytes_sent_intra", (json_int_t)st->bytes_sent_intra,
                      "bytes_received", (json_int_t)st->bytes_received,
+                     "bytes_viewed", (json_int_t)st->bytes_viewed,
                      "batches", (json_int_t)st->batches,
                      "group_bytes_read", (json_int_t)st->group_bytes_read,
                      "group_cross_bytes", (json_int_t)st->group_cross_bytes,
@@ -199,7 +200,7 @@ json_t *demo_counters_collect(const char *dir, const char *role, unsigned n)
 {
     static const char *const sums[] = { "bytes", "tensors", "cross_node_bytes", "local_bytes",
                                         "bytes_read", "bytes_pushed", "bytes_received", "batches",
-                                        "bytes_sent_cross", "bytes_sent_intra" };
+                                        "bytes_sent_cross", "bytes_sent_intra", "bytes_viewed" };
     json_t *out = NULL;
     for (unsigned r = 0; r < n; r++) {
         char path[512];

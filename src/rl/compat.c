@@ -48,6 +48,8 @@
 #define NV_FAILED 1ull          /* notification value: tensor << 1 | FAILED */
 #define NV_PROGRESS (1ull << 63) /* ... or PROGRESS | tensor << 1: a piece of it was read or
                                   * landed, more follows (the sender is alive and moving) */
+#define NV_VIEW (1ull << 62)    /* ... or VIEW | tensor << 1: it is in the sender's staging (a
+                                  * worker of the receiver's node, over shm): take it from there */
 #define POLL_MS 20              /* notification waits are cut into slices to reap tickets */
 #define CHUNK (64ull << 20)     /* a tensor moves in pieces of this much, each one progress */
 #define GROUP_BYTES (4ull << 20)  /* small tensors a leader reads in one store run: up to this */
@@ -61,6 +63,10 @@ typedef struct mate {
     uint32_t desc_len;
     ferry_remote_region rr;
     bool imported;
+    bool shm;                   /* this update: a worker of my node, reached over shm */
+    ferry_mapping view;         /* a read-only view of its staging (ferry_remote_map), made
+                                 * at the first tensor it leaves there for me */
+    int view_rc;                /* < 0: the view could not be made (its tensors are READ) */
 } mate;
 
 struct ferry_compat_group {
@@ -184,6 +190,8 @@ static int read_records(ferry_compat_group *g, uint64_t gen, uint64_t *id, uint3
             if (k != g->cfg.rank && (!mt->imported || mt->desc_len != dl ||
                                      memcmp(mt->desc, b + HDR, dl) != 0)) {
                 mt->imported = false;
+                ferry_remote_unmap(&mt->view);   /* a restarted worker: another staging */
+                mt->view_rc = 0;
                 rc = ferry_region_import(g->e, b + HDR, dl, &mt->rr);
                 if (rc < 0) {
                     fr_rl_fail(err, rc, "compat: cannot reach worker %u: %s", k, ferry_strerror(rc));
@@ -390,6 +398,7 @@ typedef struct apply {
     uint64_t tag;
     ferry_exec_stream *xs;    /* my WRITEs and notifications (exec's push stream) */
     uint8_t *state;           /* per tensor */
+    const uint8_t **src;      /* per tensor: where it is for the loader (NULL: my staging) */
     uint64_t silent_ns;       /* time spent waiting since the last notification came */
     sent *out;
     size_t nout, cap_out;
@@ -417,15 +426,18 @@ static int failf(apply *ap, int code, const char *fmt, ...)
 /* One engine batch to worker `to`: the tensor's bytes into the same place
  * of its staging and a NOTIFY after them (not sent if the WRITE fails:
  * the ticket then says so and the target is told FAILED), or only a
- * NOTIFY saying FAILED. Not waited for. */
+ * NOTIFY saying FAILED — or, to a worker of my node over shm, only a
+ * NOTIFY saying VIEW: it takes the tensor from my staging through a
+ * read-only view, and nothing is copied for it. Not waited for. */
 static void send(apply *ap, size_t t, uint32_t to, bool ok)
 {
     ferry_compat_group *g = ap->g;
     const mate *mt = &g->mates[to];
+    bool view = ok && mt->shm;
     /* the last piece of a large tensor (send_all), or all of a small one */
     uint64_t at = ok ? ap->m->entries[t].bytes / CHUNK * CHUNK : 0;
     at = at == ap->m->entries[t].bytes && at ? at - CHUNK : at;
-    uint64_t len = ok ? ap->m->entries[t].bytes - at : 0;
+    uint64_t len = ok && !view ? ap->m->entries[t].bytes - at : 0;
     ferry_op ops[2];
     size_t n = 0;
     if (len)
@@ -433,7 +445,7 @@ static void send(apply *ap, size_t t, uint32_t to, bool ok)
                                .len = len, .peer = mt->rr.peer,
                                .remote_addr = mt->rr.addr + ap->p->off[t] + at, .key = mt->rr.key };
     ops[n++] = (ferry_op){ .opcode = FERRY_OP_NOTIFY, .peer = mt->rr.peer, .tag = ap->tag,
-                           .value = (uint64_t)t << 1 | (ok ? 0 : NV_FAILED) };
+                           .value = (uint64_t)t << 1 | (!ok ? NV_FAILED : view ? NV_VIEW : 0) };
     if (fr_grow((void **)&ap->out, &ap->cap_out, ap->nout + 1, sizeof *ap->out) < 0) {
         failf(ap, FERRY_EREBUILD, "compat: out of memory sending tensor %s", ap->m->entries[t].name);
         return;
@@ -445,7 +457,7 @@ static void send(apply *ap, size_t t, uint32_t to, bool ok)
               ap->m->entries[t].name, to, ferry_strerror(rc));
         return;   /* the target hears nothing: it times out */
     }
-    ap->out[ap->nout++] = (sent){ tk, t, to, ok && len, ok ? len : 0 };
+    ap->out[ap->nout++] = (sent){ tk, t, to, len > 0, len };
 }
 
 /* Whether worker k gets tensor t from me: as its leader, the other
@@ -485,7 +497,7 @@ static void send_all(apply *ap, size_t t, bool ok)
     }
     for (uint64_t p = 0; p + 1 < pieces; p++)
         for (uint32_t k = 0; k < world; k++) {
-            if (!feeds(ap, t, k) || bad[k])
+            if (!feeds(ap, t, k) || bad[k] || g->mates[k].shm)   /* a view: nothing to copy */
                 continue;
             const mate *mt = &g->mates[k];
             uint64_t at = p * CHUNK;
@@ -624,7 +636,7 @@ static void deliver(apply *ap, size_t end)
                   "read or send it); the loaded weights must be rebuilt", e->name, ap->p->leader[t]);
             return;
         }
-        const uint8_t *data = g->staging + ap->p->off[t];
+        const uint8_t *data = ap->src[t] ? ap->src[t] : g->staging + ap->p->off[t];
         double t1 = now_s();
         int r = ap->fn(ap->ctx, e, data);
         ap->st->load_s += now_s() - t1;
@@ -638,6 +650,44 @@ static void deliver(apply *ap, size_t end)
     }
 }
 
+/* Tensor t is in the staging of its sender, a worker of my node: through
+ * a read-only view of that staging (made at the first such tensor and
+ * kept while the sender's registration stays), or, when no view can be
+ * made, READ into my staging. false when the READ failed. */
+static bool take_view(apply *ap, size_t t)
+{
+    ferry_compat_group *g = ap->g;
+    uint32_t from = sender_of(ap, t);
+    mate *mt = &g->mates[from];
+    const ferry_weight_entry *e = &ap->m->entries[t];
+    if (!mt->view.addr && mt->view_rc == 0) {
+        mt->view_rc = ferry_remote_map(g->e, &mt->rr, mt->rr.addr, mt->rr.len, &mt->view);
+        if (mt->view_rc < 0)
+            FR_WARN("compat", "no view of worker %u's staging (%s): its tensors are READ instead",
+                    from, ferry_strerror(mt->view_rc));
+    }
+    if (mt->view.addr) {
+        ap->src[t] = (const uint8_t *)mt->view.addr + ap->p->off[t];
+        ap->st->bytes_viewed += e->bytes;
+        return true;
+    }
+    ferry_op op = { .opcode = FERRY_OP_READ, .local = g->staging + ap->p->off[t], .len = e->bytes,
+                    .peer = mt->rr.peer, .remote_addr = mt->rr.addr + ap->p->off[t],
+                    .key = mt->rr.key };
+    uint64_t id = 0;
+    int te = 0;
+    int rc = e->bytes == 0 ? 0 : ferry_exec_stream_submit(ap->xs, &op, 1, &id);
+    if (rc == 0 && id && ferry_exec_stream_wait(ap->xs, id, true, &te) != FERRY_TICKET_COMPLETED)
+        rc = te ? te : FERRY_EIO;
+    if (rc < 0) {
+        failf(ap, FERRY_EREBUILD, "compat: reading tensor %s from the staging of worker %u "
+              "failed: %s; the loaded weights must be rebuilt", e->name, from, ferry_strerror(rc));
+        return false;
+    }
+    ap->st->bytes_received += e->bytes;
+    return true;
+}
+
 /* One notification: tensor t landed here (forward it if I am my node's
  * delegate for it) or will not. */
 static void on_notify(apply *ap, uint64_t v, size_t a, size_t b)
@@ -646,18 +696,21 @@ static void on_notify(apply *ap, uint64_t v, size_t a, size_t b)
     ap->silent_ns = 0;   /* the group moves: the deadline starts again */
     if (v & NV_PROGRESS)
         return;
-    size_t t = (size_t)(v >> 1);
+    size_t t = (size_t)((v & ~NV_VIEW) >> 1);
     uint32_t me = g->cfg.rank;
     if (t < a || t >= b || ap->p->leader[t] == me || ap->state[t] != PENDING)
         return;   /* not this batch's, or not mine to receive: ignore */
     bool ok = !(v & NV_FAILED);
-    if (ok)
+    if (ok && (v & NV_VIEW))
+        ok = take_view(ap, t);
+    else if (ok)
         ap->st->bytes_received += ap->m->entries[t].bytes;
     if (ok && check_on_arrival(ap, t)) {   /* before it is forwarded or loaded */
         const ferry_weight_entry *e = &ap->m->entries[t];
         double t0 = now_s();
         ferry_error verr = {0};
-        ok = fr_gen_verify_tensor(g->s, fr_gen_of(ap->m), e->index, g->staging + ap->p->off[t],
+        ok = fr_gen_verify_tensor(g->s, fr_gen_of(ap->m), e->index,
+                                  ap->src[t] ? ap->src[t] : g->staging + ap->p->off[t],
                                   &verr) == 0;
         ap->st->verify_s += now_s() - t0;
         if (!ok)
@@ -961,12 +1014,21 @@ int ferry_compat_group_update(ferry_compat_group *g, uint64_t *generation,
         st->group_bytes_read = total;
         st->group_cross_bytes = total * (p.nnodes - 1);
         st->group_intra_bytes = total * (g->cfg.world - p.nnodes);
+        /* Who takes my tensors through a view of my staging: the workers of
+         * my node that I reach over shm (every sender decides for its own
+         * targets; a receiver that cannot make the view READs instead). */
+        for (uint32_t k = 0; k < g->cfg.world; k++) {
+            const char *tp = k == g->cfg.rank ? NULL : ferry_peer_transport(g->e, g->mates[k].rr.peer);
+            g->mates[k].shm = tp && !strcmp(tp, "shm") &&
+                              g->mates[k].dnode == g->mates[g->cfg.rank].dnode;
+        }
         apply ap = { .g = g, .m = &m, .p = &p, .fn = fn, .ctx = ctx, .st = st, .err = err,
-                     .tag = id | 1, .state = calloc(m.n ? m.n : 1, 1) };
+                     .tag = id | 1, .state = calloc(m.n ? m.n : 1, 1),
+                     .src = calloc(m.n ? m.n : 1, sizeof *ap.src) };
         /* The WRITEs go through exec's push stream: each batch's outcome
          * tallied, nothing left in flight once it is closed. */
         ferry_stream_config sc = { .engine = g->e, .timeout_ms = (int)tmo_of(g) };
-        rc = ap.state && ferry_exec_stream_open(&sc, &ap.xs, NULL, NULL) == 0
+        rc = ap.state && ap.src && ferry_exec_stream_open(&sc, &ap.xs, NULL, NULL) == 0
                  ? run_apply(&ap, id)
                  : fr_rl_fail(err, FERRY_ENOMEM, "compat: out of memory");
         if (ap.xs) {
@@ -975,6 +1037,7 @@ int ferry_compat_group_update(ferry_compat_group *g, uint64_t *generation,
         }
         free(ap.out);
         free(ap.state);
+        free(ap.src);
         st->apply_s = now_s() - t3;
     }
     plan_free(&p);
@@ -1013,7 +1076,9 @@ int ferry_compat_group_open(ferry_store *s, const ferry_compat_config *cfg,
                    g->cfg.staging_bytes, ferry_strerror(rc));
         goto fail;
     }
-    rc = ferry_region_register(g->e, g->staging, (size_t)g->cfg.staging_bytes, FERRY_REMOTE_WRITE,
+    /* remote-readable too: the workers of my node take my tensors from it
+     * through a view (or READ them) */
+    rc = ferry_region_register(g->e, g->staging, (size_t)g->cfg.staging_bytes, FERRY_REMOTE_RW,
                                FERRY_MEM_HOST, &g->reg);
     int dl = rc == 0 ? ferry_region_export(g->reg, g->desc, sizeof g->desc) : rc;
     if (dl < 0) {
@@ -1037,6 +1102,8 @@ void ferry_compat_group_close(ferry_compat_group *g)
         (void)ferry_region_unregister(g->reg);
     if (g->staging)
         (void)ferry_mem_free(g->e, g->staging);
+    for (uint32_t k = 0; g->mates && k < g->cfg.world; k++)
+        ferry_remote_unmap(&g->mates[k].view);
     free(g->mates);
     free(g);
 }

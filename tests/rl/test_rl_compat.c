@@ -4,8 +4,10 @@
  * staging buffer smaller than the model (several batches): every worker
  * gets every tensor, in manifest order, bit-exact; the group's store reads
  * equal the published bytes (the naive compat path reads world x that);
- * the WRITEs that cross nodes add up to (nodes - 1) x published, those
- * inside a node to (workers - nodes) x published; the second generation
+ * the WRITEs that cross nodes add up to (nodes - 1) x published; inside a
+ * node nothing is written: (workers - nodes) x published is taken through
+ * read-only views of a node-mate's staging (a worker that cannot make
+ * views READs instead, test_compat_no_view); the second generation
  * imports no region and registers nothing new. Then failures: an object
  * removed before an update fails prepare on every worker (nothing loaded,
  * the generation stays); an object whose bytes no longer match their
@@ -92,7 +94,7 @@ static void rollout_update(void *ctx, uint64_t want)
     int rc = ferry_compat_group_update(w->g, &w->gen, load, &c, &st, &err);
     size_t regions_after = ferry_engine_region_count(ferry_store_engine(w->s));
     if (rc == 0 && w->gen == want)
-        printf("OK %llu %llu %llu %llu %llu %llu %llu %llu %u %u %u %zu %llu %zu %zu %u %u"
+        printf("OK %llu %llu %llu %llu %llu %llu %llu %llu %u %u %u %zu %llu %zu %zu %u %u %llu"
                " | prepare %.4f exchange %.4f plan %.4f read %.4f wait %.4f verify %.4f"
                " load %.4f barrier %.4f apply %.4f total %.4f\n",
                (unsigned long long)st.bytes_read, (unsigned long long)st.bytes_sent_cross,
@@ -100,7 +102,8 @@ static void rollout_update(void *ctx, uint64_t want)
                (unsigned long long)st.group_bytes_read, (unsigned long long)st.group_cross_bytes,
                (unsigned long long)st.group_intra_bytes, (unsigned long long)st.bytes,
                st.nodes, st.batches, st.imported, c.seen, (unsigned long long)c.bad, regions,
-               regions_after, st.staging_slots, st.pipelined_batches, st.prepare_s, st.exchange_s, st.plan_s, st.read_s, st.wait_s,
+               regions_after, st.staging_slots, st.pipelined_batches,
+               (unsigned long long)st.bytes_viewed, st.prepare_s, st.exchange_s, st.plan_s, st.read_s, st.wait_s,
                st.verify_s, st.load_s, st.barrier_s, st.apply_s, st.total_s);
     else
         printf("ERR %d %llu %zu %s\n", rc, (unsigned long long)w->gen, c.seen, err.msg);
@@ -156,26 +159,29 @@ static void rollout_args(const void *ctx, int rank, ftg_args *a)
 }
 
 /* Per worker, the store reads and cross-node WRITEs of the last update_ok. */
-static uint64_t last_read[WORLD], last_cross[WORLD];
+static uint64_t last_read[WORLD], last_cross[WORLD], last_viewed[WORLD], last_received[WORLD];
 
 /* Every worker takes generation g; sums its counters. */
+/* The rank started with FERRY_FAULT=map_fail=1 (no views), or -1. */
+static int no_view_rank = -1;
+
 static void update_ok(ftg_env *e, uint64_t g, uint64_t published, unsigned want_imported,
                       unsigned want_slots)
 {
     assert_int_equal(ftg_send(e, "update %llu", (unsigned long long)g), 0);
     ftg_collect(e, 60000, -1);
-    uint64_t read = 0, cross = 0, intra = 0, received = 0;
+    uint64_t read = 0, cross = 0, intra = 0, received = 0, viewed = 0;
     unsigned batches = 0;
     for (int k = 0; k < WORLD; k++) {
         const char *line = e->line[k];
         if (e->rc[k] != 0)
             fail_msg("worker %d: %s", k, line);
-        unsigned long long a, b, c2, d, gr, gc, gi, bytes, bad;
+        unsigned long long a, b, c2, d, gr, gc, gi, bytes, bad, vw;
         unsigned nodes, nb, imported, slots, pipelined;
         size_t seen, regions, regions_after;
-        if (sscanf(line, "OK %llu %llu %llu %llu %llu %llu %llu %llu %u %u %u %zu %llu %zu %zu %u %u",
-                   &a, &b, &c2, &d, &gr, &gc, &gi, &bytes, &nodes, &nb, &imported, &seen, &bad,
-                   &regions, &regions_after, &slots, &pipelined) != 17)
+        if (sscanf(line, "OK %llu %llu %llu %llu %llu %llu %llu %llu %u %u %u %zu %llu %zu %zu %u %u "
+                   "%llu", &a, &b, &c2, &d, &gr, &gc, &gi, &bytes, &nodes, &nb, &imported, &seen,
+                   &bad, &regions, &regions_after, &slots, &pipelined, &vw) != 18)
             fail_msg("worker %d: %s", k, line);
         fprintf(stderr, "generation %llu, worker %d (node %u): %s\n", (unsigned long long)g, k,
                 node_of[k], line);
@@ -202,24 +208,42 @@ static void update_ok(ftg_env *e, uint64_t g, uint64_t published, unsigned want_
         } else {
             assert_int_equal(pipelined, 0);
         }
+        /* what this worker took in, through its staging or a view of a
+         * node-mate's: everything it did not read itself */
+        assert_int_equal(d + vw, published - a);
         last_read[k] = a;
         last_cross[k] = b;
+        last_viewed[k] = vw;
+        last_received[k] = d;
         read += a;
         cross += b;
         intra += c2;
         received += d;
+        viewed += vw;
     }
     fprintf(stderr, "generation %llu: published %llu, store read %llu (%.2fx; the naive compat "
             "path reads %.2fx), cross-node WRITEs %llu (%.2fx), intra-node %llu (%.2fx), "
-            "received %llu, %u batches\n",
+            "received %llu, through views %llu, %u batches\n",
             (unsigned long long)g, (unsigned long long)published, (unsigned long long)read,
             (double)read / (double)published, (double)WORLD, (unsigned long long)cross,
             (double)cross / (double)published, (unsigned long long)intra,
-            (double)intra / (double)published, (unsigned long long)received, batches);
+            (double)intra / (double)published, (unsigned long long)received,
+            (unsigned long long)viewed, batches);
     assert_int_equal(read, published);               /* each byte read from the store once */
     assert_int_equal(cross, (2 - 1) * published);    /* one WRITE per remote node */
-    assert_int_equal(intra, (WORLD - 2) * published);
-    assert_int_equal(received, (WORLD - 1) * published);
+    /* inside a node (one machine: shm) no tensor is copied into a worker's
+     * staging: its node-mates take it from the staging that has it,
+     * through a view — unless a worker cannot make views (no_view_rank),
+     * which READs them */
+    if (no_view_rank < 0) {
+        assert_int_equal(intra, 0);
+        assert_int_equal(viewed, (WORLD - 2) * published);
+    } else {
+        assert_int_equal(intra, 0);
+        assert_int_equal(last_viewed[no_view_rank], 0);
+        assert_true(viewed > 0 && viewed < (WORLD - 2) * published);
+    }
+    assert_int_equal(received + viewed, (WORLD - 1) * published);
 }
 
 /* Every worker fails generation g with code `want` (or, want 0, any
@@ -430,6 +454,28 @@ static void test_compat_segment_local(void **state)
     assert_int_equal(last_cross[2] + last_cross[3], 0);
 }
 
+/* A worker whose engine refuses views (FERRY_FAULT=map_fail=1: as if its
+ * node-mates' staging could not be mapped) READs what its node-mates leave
+ * in their staging for it: the update is whole and bit-exact, it viewed
+ * nothing, the others still view. */
+static void test_compat_no_view(void **state)
+{
+    ftg_env *e = *state;
+    const rollout_opts group = { .addr = e->c.addr, .group = "noview", .world = "4",
+                                 .staging = "1048576", .timeout_ms = "20000" };
+    assert_int_equal(ftg_start(e, WORLD, rollout_args, &group, 1, "map_fail=1"), 0);
+    uint64_t published = 0;
+    assert_int_equal(ftg_publish(e->s, &model, 1, &published), 0);
+    no_view_rank = 1;
+    update_ok(e, 1, published, WORLD - 1, 2);
+    no_view_rank = -1;
+    /* worker 1 (node 7) took in by READ what worker 0 led, by WRITE what
+     * came from node 9 */
+    assert_int_equal(last_viewed[1], 0);
+    assert_int_equal(last_received[1], published - last_read[1]);
+    assert_true(last_viewed[0] > 0 && last_viewed[2] > 0 && last_viewed[3] > 0);
+}
+
 /* A worker killed in the middle of an update (SIGKILL from inside its
  * loader, at its third tensor, after it led and sent part of the first
  * batches): the three others do not wait for it for ever, nor for a fixed
@@ -493,6 +539,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_compat_staging_too_small, ftg_setup, ftg_teardown),
         cmocka_unit_test_setup_teardown(test_compat_segment_local, ftg_setup, ftg_teardown),
         cmocka_unit_test_setup_teardown(test_compat_killed_peer, ftg_setup, ftg_teardown),
+        cmocka_unit_test_setup_teardown(test_compat_no_view, ftg_setup, ftg_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

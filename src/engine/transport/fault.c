@@ -31,6 +31,7 @@ typedef struct delayed {
 
 struct fr_fault {
     uint64_t post_fail_after, complete_fail_after, delay_ms;
+    bool map_fail;                       /* ferry_remote_map refused (FERRY_ENOTSUP) */
     _Atomic uint64_t drop_after;         /* one-shot: OFF once it fired */
     _Atomic uint64_t posts, completions, posted_chunks;
     pthread_mutex_t lock;
@@ -72,6 +73,8 @@ static int parse(const char *spec, fr_fault *f)
             f->delay_ms = v;
         else if (!strcmp(tok, "drop_after"))
             atomic_store(&f->drop_after, v);
+        else if (!strcmp(tok, "map_fail"))
+            f->map_fail = v != 0;
         else
             return FERRY_EINVAL;
     }
@@ -235,6 +238,8 @@ static int fault_map(void *conn, uint64_t key, uint64_t addr, uint64_t len, ferr
     fault_conn *fc = conn;
     if (atomic_load(&fc->dropped))
         return FERRY_ECONNRESET;
+    if (fc->f->map_fail)
+        return FERRY_ENOTSUP;   /* as for a peer whose memory cannot be mapped */
     return fc->inner->map ? fc->inner->map(fc->ic, key, addr, len, out) : FERRY_ENOTSUP;
 }
 
