@@ -3,15 +3,17 @@
  * generation (for an existing load_weights(name, tensor) loader) while the
  * store serves each published byte once (docs/weights_compat.md).
  *
- * Per tensor one leader (byte-balanced over the group's nodes, then over
- * the workers of a node; every worker computes the same) reads it from the
- * store into its staging buffer, WRITEs it once into the staging buffer of
- * one delegate on every other node, and into the staging of the other
- * workers of its own node; each delegate forwards it to the other workers
- * of its node (same host: shm). Every WRITE is followed by a NOTIFY that
- * says it landed (or that it never will). Each worker verifies the
- * tensor's XXH3-64 checksum from the manifest and hands it to the loader
- * callback, in manifest order. */
+ * Per tensor one leader (chosen by the group update's reader assignment,
+ * balancing the nodes' NIC loads; every worker computes the same) reads it
+ * from the store into its staging buffer and WRITEs it once into the
+ * staging buffer of one delegate on every other node, which forwards it to
+ * the other workers of its node. Inside a node, over shm, nothing is
+ * written: the leader or delegate sends a NOTIFY and its node-mates load
+ * the tensor from its staging through a read-only view (ferry_remote_map;
+ * READ where no view can be made). Every WRITE is followed by a NOTIFY
+ * that says it landed (or that it never will). The tensor's XXH3-64
+ * checksum from the manifest is verified by whoever brings it onto a node,
+ * and every worker hands it to the loader callback, in manifest order. */
 #ifndef FERRY_WEIGHTS_COMPAT_H
 #define FERRY_WEIGHTS_COMPAT_H
 
@@ -93,7 +95,8 @@ int ferry_compat_group_open(ferry_store *s, const ferry_compat_config *cfg,
  * calls it; a worker already at the active generation returns 0 at once,
  * so members are kept at the same generation). fn(ctx, entry, data) gets
  * every tensor whole and checksum-verified, in manifest order; data is
- * valid during the call only (it points into the staging buffer).
+ * valid during the call only and read-only (it points into this worker's
+ * staging buffer, or into a view of a node-mate's).
  *
  * Prepare (nothing moves, fn is not called): the manifest (digest
  * checked), a share of the objects checked and leased by each worker, the
