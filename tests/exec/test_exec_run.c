@@ -19,6 +19,7 @@
 #include <cmocka.h>
 
 #include "ferry/ferry.h"
+#include "util/ftguard.h"
 #include "util/testutil.h"
 
 #define ROWS 256
@@ -228,38 +229,15 @@ static void test_sink_and_reader(void **state)
 
 /* ---- guards ---------------------------------------------------------------------------- */
 
-typedef struct gstate {
-    int acquired[8], released[8];
-    int fail_acquire, fail_release;   /* guard ids that fail */
-} gstate;
-
-static int g_acquire(void *ctx, uint64_t id)
-{
-    gstate *g = ctx;
-    if ((int)id == g->fail_acquire)
-        return FERRY_EBUSY;
-    g->acquired[id]++;
-    return 0;
-}
-
-static int g_release(void *ctx, uint64_t id)
-{
-    gstate *g = ctx;
-    g->released[id]++;
-    return (int)id == g->fail_release ? FERRY_EIO : 0;
-}
-
 static void test_guard_rollback(void **state)
 {
     (void)state;
     world w;
     world_open(&w, 2, false, NULL, NULL);
     world_bind(&w, 1, 2);
-    gstate gs = {.fail_acquire = 4, .fail_release = 2};
+    ft_guards gs = {.fail_acquire = 4, .fail_release = 2};
     ferry_guard g[4];
-    for (int i = 0; i < 4; i++)
-        g[i] = (ferry_guard){.id = (uint64_t)i + 1, .ctx = &gs, .acquire = g_acquire,
-                             .release = g_release};
+    ft_guards_make(&gs, g, 4);
     const uint32_t sw[] = {0, 1};
     ferry_exec_config c = sink_cfg(&w, sw, 2);
     c.guards = g;
@@ -315,8 +293,9 @@ static void test_unknown_then_cleanup(void **state)
     world w;
     world_open(&w, 2, true, "delay_ms=1500", NULL);
     world_bind(&w, 1, 2);
-    gstate gs = {.fail_acquire = -1, .fail_release = -1};
-    ferry_guard g = {.id = 1, .ctx = &gs, .acquire = g_acquire, .release = g_release};
+    ft_guards gs = {.fail_acquire = -1, .fail_release = -1};
+    ferry_guard g;
+    ft_guards_make(&gs, &g, 1);
     const uint32_t sw[] = {0, 1};
     ferry_exec_config c = sink_cfg(&w, sw, 2);
     c.window = 1;             /* batch 0 (worker 0's fragment) only */

@@ -16,6 +16,7 @@
 #include <cmocka.h>
 
 #include "ferry/ferry.h"
+#include "util/ftguard.h"
 #include "util/testutil.h"
 
 #define BYTES (1u << 20)
@@ -80,45 +81,30 @@ static void piece_ops(const pair *p, uint32_t k, ferry_op ops[2])
     ops[1] = (ferry_op){ .opcode = FERRY_OP_NOTIFY, .peer = p->rr.peer, .tag = TAG, .value = k };
 }
 
-typedef struct gstate {
-    int acquired[8], released[8];
-    int fail_acquire, fail_release;   /* guard ids that fail */
-} gstate;
-
-static int g_acquire(void *ctx, uint64_t id)
+/* A pair (fault on the source engine) and a stream on its source with n
+ * guards (ids 1..n) over gs. */
+static ferry_exec_stream *stream_on(pair *p, const char *fault, ft_guards *gs, ferry_guard *g,
+                                    size_t n, int timeout_ms)
 {
-    gstate *g = ctx;
-    if ((int)id == g->fail_acquire)
-        return FERRY_EBUSY;
-    g->acquired[id]++;
-    return 0;
-}
-
-static int g_release(void *ctx, uint64_t id)
-{
-    gstate *g = ctx;
-    g->released[id]++;
-    return (int)id == g->fail_release ? FERRY_EIO : 0;
-}
-
-static void guards(gstate *gs, ferry_guard *g, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        g[i] = (ferry_guard){ .id = i + 1, .ctx = gs, .acquire = g_acquire, .release = g_release };
+    pair_open(p, fault);
+    *gs = (ft_guards){ .fail_acquire = -1, .fail_release = -1 };
+    ft_guards_make(gs, g, n);
+    ferry_stream_config sc = { .engine = p->es, .timeout_ms = timeout_ms, .guards = g,
+                               .nguards = n };
+    ferry_exec_stream *s = NULL;
+    ferry_error err = {0};
+    assert_int_equal(ferry_exec_stream_open(&sc, &s, NULL, &err), 0);
+    assert_non_null(s);
+    return s;
 }
 
 static void test_writes_in_any_order(void **state)
 {
     (void)state;
     pair p;
-    pair_open(&p, NULL);
-    gstate gs = {.fail_acquire = -1, .fail_release = -1};
+    ft_guards gs;
     ferry_guard g[2];
-    guards(&gs, g, 2);
-    ferry_stream_config sc = { .engine = p.es, .guards = g, .nguards = 2 };
-    ferry_exec_stream *s = NULL;
-    ferry_error err = {0};
-    assert_int_equal(ferry_exec_stream_open(&sc, &s, NULL, &err), 0);
+    ferry_exec_stream *s = stream_on(&p, NULL, &gs, g, 2, 0);
     assert_int_equal(gs.acquired[1] + gs.acquired[2], 2);
     uint64_t id[PIECES];
     for (uint32_t k = 0; k < PIECES; k++) {
@@ -175,10 +161,9 @@ static void test_close_waits_for_inflight(void **state)
 {
     (void)state;
     pair p;
-    pair_open(&p, "delay_ms=200");
-    ferry_stream_config sc = { .engine = p.es };
-    ferry_exec_stream *s = NULL;
-    assert_int_equal(ferry_exec_stream_open(&sc, &s, NULL, NULL), 0);
+    ft_guards gs;
+    ferry_guard g[1];
+    ferry_exec_stream *s = stream_on(&p, "delay_ms=200", &gs, g, 0, 0);
     for (uint32_t k = 0; k < PIECES; k++) {
         ferry_op ops[2];
         piece_ops(&p, k, ops);
@@ -198,13 +183,9 @@ static void test_refused_submit(void **state)
 {
     (void)state;
     pair p;
-    pair_open(&p, NULL);
-    gstate gs = {.fail_acquire = -1, .fail_release = -1};
+    ft_guards gs;
     ferry_guard g[1];
-    guards(&gs, g, 1);
-    ferry_stream_config sc = { .engine = p.es, .guards = g, .nguards = 1 };
-    ferry_exec_stream *s = NULL;
-    assert_int_equal(ferry_exec_stream_open(&sc, &s, NULL, NULL), 0);
+    ferry_exec_stream *s = stream_on(&p, NULL, &gs, g, 1, 0);
     uint8_t stray[64] = {0};   /* not registered: the engine refuses the batch */
     ferry_op op = { .opcode = FERRY_OP_WRITE, .local = stray, .len = sizeof stray,
                     .peer = p.rr.peer, .remote_addr = p.rr.addr, .key = p.rr.key };
@@ -231,10 +212,10 @@ static void test_io_then_failure_is_drained(void **state)
 {
     (void)state;
     pair p;
-    pair_open(&p, "post_fail_after=1");   /* the first post goes, later ones fail */
-    ferry_stream_config sc = { .engine = p.es };
-    ferry_exec_stream *s = NULL;
-    assert_int_equal(ferry_exec_stream_open(&sc, &s, NULL, NULL), 0);
+    ft_guards gs;
+    ferry_guard g[1];
+    /* the first post goes, later ones fail */
+    ferry_exec_stream *s = stream_on(&p, "post_fail_after=1", &gs, g, 0, 0);
     ferry_op op = { .opcode = FERRY_OP_WRITE, .local = p.sbuf, .len = 4096, .peer = p.rr.peer,
                     .remote_addr = p.rr.addr, .key = p.rr.key };
     uint64_t id = 0;
@@ -263,13 +244,10 @@ static void test_expired_wait_is_unknown(void **state)
 {
     (void)state;
     pair p;
-    pair_open(&p, "delay_ms=1500");   /* no completion before 1.5 s: the 100 ms wait expires */
-    gstate gs = {.fail_acquire = -1, .fail_release = -1};
+    ft_guards gs;
     ferry_guard g[2];
-    guards(&gs, g, 2);
-    ferry_stream_config sc = { .engine = p.es, .timeout_ms = 100, .guards = g, .nguards = 2 };
-    ferry_exec_stream *s = NULL;
-    assert_int_equal(ferry_exec_stream_open(&sc, &s, NULL, NULL), 0);
+    /* no completion before 1.5 s: the 100 ms wait expires */
+    ferry_exec_stream *s = stream_on(&p, "delay_ms=1500", &gs, g, 2, 100);
     ferry_op ops[2];
     piece_ops(&p, 0, ops);
     uint64_t id;
@@ -297,9 +275,9 @@ static void test_guard_rollback(void **state)
     (void)state;
     pair p;
     pair_open(&p, NULL);
-    gstate gs = {.fail_acquire = 3, .fail_release = 2};
+    ft_guards gs = {.fail_acquire = 3, .fail_release = 2};
     ferry_guard g[4];
-    guards(&gs, g, 4);
+    ft_guards_make(&gs, g, 4);
     ferry_stream_config sc = { .engine = p.es, .guards = g, .nguards = 4 };
     ferry_exec_stream *s = (ferry_exec_stream *)&gs;   /* overwritten: NULL on failure */
     ferry_exec_result res;
