@@ -12,7 +12,8 @@ updating rollout workers from the store (docs/weights.md, "Python").
 - :func:`update_compat` — every full tensor, for a ``load_weights(iterable)``
   loader, this worker reading every tensor from the store.
 - :class:`CompatGroup` — the same for a rollout group, each tensor read from
-  the store once (by its leader) and written to the other workers.
+  the store once (by its leader) and handed to the other workers (written
+  across machines; on one machine they load it from the leader's staging).
 - :func:`active`, :func:`manifest`, :func:`assign`, :func:`convert`,
   :func:`key`.
 

@@ -503,7 +503,8 @@ int demo_rollout_main(int argc, char **argv)
                 printf("ERR %s\n", rc ? err.msg : "not at the expected generation");
         } else if (sscanf(line, "compat %llu", &g) == 1) {
             /* The group update: each byte read from the store once, by the
-             * tensor's leader, and written to the others. */
+             * tensor's leader, and handed to the others (on one machine
+             * through a view of its staging). */
             verify_ctx *v = calloc(1, sizeof *v);
             if (!v)
                 return 1;

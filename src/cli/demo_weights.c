@@ -126,8 +126,8 @@ int cmd_demo(int argc, char **argv, const char *self)
         fprintf(stderr, "ferry demo: %u trainers publish %u generations of %s (%zu tensors with "
                 "its real shapes, %s bf16) through the store at %s;\n%u rollout workers (TP%u x DP%u) "
                 "take each one parameter-direct, single-pull (every byte read from the store once, "
-                "pushed to its replicas),\nand whole (compatibility: each tensor read once by its leader and "
-                "written to the others), checking every byte.\n",
+                "pushed to its replicas),\nand whole (compatibility: each tensor read once by its leader, "
+                "the others of its machine loading it from the leader's staging), checking every byte.\n",
                 o.trainers, o.count, o.model, dm.n, cli_fmt_size(dm.bytes, sz, sizeof sz),
                 grp.addr, o.rollouts, o.rollouts / o.dp, o.dp);
     unsigned ng = o.count > 64 ? 64 : o.count;
@@ -203,7 +203,7 @@ int cmd_demo(int argc, char **argv, const char *self)
         }
         printf("direct: the group read %.2fx the published bytes from the store (each byte once; "
                "a worker-reads-its-own baseline reads %ux); compat: the group read %.2fx (each "
-               "tensor once, by its leader, written to the other workers; every worker reading "
+               "tensor once, by its leader, the others loading it through a view of its staging; every worker reading "
                "every tensor reads %ux).\n", (double)rows[0].direct_read / (double)dm.bytes, o.dp,
                (double)rows[0].compat_read / (double)dm.bytes, o.rollouts);
         if (rows[ng - 1].update)
