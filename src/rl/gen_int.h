@@ -139,7 +139,11 @@ typedef struct fr_rl_spans {
     ferry_region **reg;
     size_t *of;                  /* per shard: its span (SIZE_MAX: it spans no byte) */
     size_t nshards;
+    bool borrowed;               /* reg[0] is the caller's (fr_rl_spans_borrow) */
 } fr_rl_spans;
+/* Every one of n shards lies in r, which the caller registered and keeps:
+ * not registered again, not unregistered by fr_rl_spans_free. */
+int fr_rl_spans_borrow(ferry_region *r, size_t n, fr_rl_spans *sp, ferry_error *err);
 /* Register the spans of shards (addr[i], len[i] bytes; 0: none), keeping
  * the regions of the last call when the merged spans are the same. */
 int fr_rl_spans_register(ferry_engine *e, uint8_t *const *addr, const uint64_t *len, size_t n,

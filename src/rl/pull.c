@@ -49,7 +49,28 @@ struct ferry_subscriber {
     fr_sub_round *round;           /* elastic: what the last exchange saw */
     fr_members *mem;               /* elastic: this member's registration */
     fr_standby *sb;           /* standby copies (pull_standby.c); NULL: none */
+    fr_sub_hooks hooks;       /* compatibility mode's (compat.c); zero: none */
+    bool derived;             /* the last round failed because a worker feeding me did */
 };
+
+void fr_subscriber_set_hooks(ferry_subscriber *sub, const fr_sub_hooks *h) { sub->hooks = *h; }
+void fr_subscriber_set_whole(ferry_subscriber *sub) { sub->pc.whole = true; }
+void fr_subscriber_seed(ferry_subscriber *sub, const fr_work *w)
+{
+    sub->pc.seed = (fr_rd_seed){ .load = w->loads, .wread = w->wread, .wfwd = w->wfwd };
+    /* the plan depends on the seed: it is part of the plan's key */
+    uint64_t h = fr_hash64(w->loads, w->nnodes * sizeof *w->loads, 0x73656564);
+    h = fr_hash64(w->wread, sub->world * sizeof *w->wread, h);
+    sub->pc.epoch = fr_hash64(w->wfwd, sub->world * sizeof *w->wfwd, h);
+}
+const fr_work *fr_subscriber_work(const ferry_subscriber *sub)
+{
+    return sub->pc.valid ? &sub->pc.plan : NULL;
+}
+void fr_subscriber_set_scope(ferry_subscriber *sub, const char *scope)
+{
+    snprintf(sub->scope, sizeof sub->scope, "%s", scope);
+}
 
 bool fr_subscriber_plan_reused(const ferry_subscriber *sub) { return sub && sub->pc.reused; }
 fr_standby *fr_subscriber_standby(const ferry_subscriber *sub) { return sub->sb; }
@@ -105,7 +126,9 @@ static int register_shards(ferry_subscriber *sub, const fr_gen *g, ferry_error *
         addr[i] = p->dst;
         rc = fr_rl_shard_check(p, &d, &len[i], err);   /* a buffer too small: refused */
     }
-    if (rc == 0)
+    if (rc == 0 && sub->hooks.region)   /* inside memory the caller registered */
+        rc = fr_rl_spans_borrow(sub->hooks.region, sub->n, &sub->spans, err);
+    else if (rc == 0)
         rc = fr_rl_spans_register(ferry_store_engine(sub->s), addr, len, sub->n, &sub->spans, err);
     free(addr);
     free(len);
@@ -129,6 +152,9 @@ static int do_reads(ferry_subscriber *sub, const fr_gen *g, const fr_work *w,
                                    .locate_ctx = (void *)(uintptr_t)g };
     int rc = ferry_exec_store_run(&xc, att, b, &w->io, a, e, &res, &why);
     ferry_exec_result_free(&res);
+    if (rc < 0 && sub->hooks.verify)   /* whole tensors: say which */
+        return fr_rl_fail(err, FERRY_EREBUILD, "subscriber: reading %zu tensors from %s on: %s",
+                          to - from, sub->shards[w->reads[from].shard].tensor, why.msg);
     return rc < 0 ? fr_rl_fail(err, FERRY_EREBUILD, "subscriber: %s", why.msg) : 0;
 }
 
@@ -159,7 +185,8 @@ static void local_copy(const ferry_op *op)
  * the pipeline); the others, and hop 2, hear once, at the end. */
 #define NV_SHIFT 40
 #define NV_FAILED (1ull << 39)
-#define NV_COUNT (NV_FAILED - 1)
+#define NV_VIEW (1ull << 38)     /* with a count: nothing was written, take it from my memory */
+#define NV_COUNT (NV_VIEW - 1)
 
 typedef struct apply {
     ferry_subscriber *sub;
@@ -183,6 +210,8 @@ typedef struct apply {
     size_t fnext;                  /* hop 2: WRITEs [0, fnext) are submitted */
     uint64_t fround;
     bool fstop;                    /* a worker feeding my forwards failed or went quiet */
+    bool *checked;                 /* hooks.verify: per shard, checked already */
+    uint64_t heard;                /* fr_now_ns of the last notification taken */
 } apply;
 
 static int fail_once(apply *ap, int code, const char *fmt, uint32_t to)
@@ -232,13 +261,27 @@ static void send_ops(apply *ap, int h, size_t slot, size_t a, size_t b)
     for (size_t i = a; i < b; i++)   /* a worker holding a box twice */
         if (ps->to[i] == me)
             local_copy(&ps->ops[i]);
+    const bool *view = ap->sub->hooks.view;
     for (uint32_t to = 0; to < world; to++) {
         size_t n = 0;
+        uint64_t bytes = 0;
         for (size_t i = a; to != me && !ps->out_failed[to] && i < b; i++)
-            if (ps->to[i] == to)
+            if (ps->to[i] == to) {
                 ap->ops[n++] = ps->ops[i];
+                bytes += ps->ops[i].len * (ps->ops[i].count > 1 ? ps->ops[i].count : 1);
+            }
         if (n == 0)
             continue;
+        if (view && view[to]) {   /* its bytes are in my memory now: nothing to write */
+            ps->sent[to] += n;
+            ps->done[to] = ps->sent[to];
+            notify(ap, h, to, NV_VIEW | ps->done[to]);
+            continue;
+        }
+        if (ap->mbs[to].node == ap->mbs[me].node)
+            ap->w->wrote_intra += bytes;
+        else
+            ap->w->wrote_cross += bytes;
         int s = ferry_exec_stream_submit(ap->xs, ap->ops, n, &t[to]);
         if (s < 0) {
             t[to] = 0;
@@ -280,7 +323,7 @@ static void settle(apply *ap, int h, size_t slot)
         if (at[to] <= ps->done[to])
             continue;
         ps->done[to] = at[to];
-        if (ps->done[to] == ps->total[to] || ps->progress[to])
+        if (ps->done[to] == ps->total[to] || ps->progress[to] || ap->sub->hooks.verify)
             notify(ap, h, to, ps->done[to]);
     }
 }
@@ -318,13 +361,30 @@ static int take(apply *ap, int h, int timeout_ms)
         return rc;
     fr_pushes *ps = &ap->w->hop[h];
     uint64_t from = v >> NV_SHIFT;
+    ap->heard = fr_now_ns();
     if (from >= ap->sub->world)
         return 0;
     if (v & NV_FAILED)
         ps->failed[from] = true;
     else if ((v & NV_COUNT) > ps->got[from])
         ps->got[from] = v & NV_COUNT;
+    if (v & NV_VIEW)
+        ps->viewed[from] = true;
     return 0;
+}
+
+/* hooks.verify on my shard s, once; false (and my failure recorded) when
+ * its bytes are not what was published. */
+static bool checked_ok(apply *ap, uint32_t s)
+{
+    if (!ap->sub->hooks.verify || !ap->checked || ap->checked[s])
+        return true;
+    ap->checked[s] = true;
+    ferry_error why = {0};
+    int rc = ap->sub->hooks.verify(ap->sub->hooks.ctx, s, &why);
+    if (rc < 0 && ap->rc == 0)
+        ap->rc = fr_rl_fail(ap->err, FERRY_EREBUILD, "%s", why.msg);
+    return rc == 0;
 }
 
 /* Hop 2: submit the forwards whose bytes have landed, in plan order. */
@@ -343,6 +403,12 @@ static void forward(apply *ap)
     }
     if (b == ap->fnext)
         return;
+    /* what I forward is checked first (hooks: where it came to my node) */
+    for (size_t i = ap->fnext; i < b && !ap->fstop; i++)
+        if (p2->via[i] != UINT32_MAX && !checked_ok(ap, p2->shard[i]))
+            ap->fstop = true;
+    if (ap->fstop)
+        return;
     size_t slot = (size_t)(ap->fround++ % WATERMARK);
     settle(ap, 1, slot);
     send_ops(ap, 1, slot, ap->fnext, b);
@@ -357,7 +423,17 @@ static void forward(apply *ap)
  * then until every worker feeding me has told me everything, what landed
  * for my node is forwarded (hop 2). The reads land in my parameters,
  * which are the WRITEs' source: no staging copy. */
-static int run_apply(apply *ap, bool *reads_ok, bool *fed_ok, int *quiet, ferry_update_stats *st)
+/* The first worker I still wait for on a hop. */
+static uint32_t quiet_one(const fr_pushes *ps, uint32_t world)
+{
+    for (uint32_t k = 0; k < world; k++)
+        if (!ps->failed[k] && ps->got[k] < ps->expect[k])
+            return k;
+    return UINT32_MAX;
+}
+
+static int run_apply(apply *ap, bool *reads_ok, bool *fed_ok, int *quiet, uint32_t *silent,
+                     ferry_update_stats *st)
 {
     ferry_subscriber *sub = ap->sub;
     fr_work *w = ap->w;
@@ -377,6 +453,9 @@ static int run_apply(apply *ap, bool *reads_ok, bool *fed_ok, int *quiet, ferry_
         int rr = do_reads(sub, ap->g, w, ap->ratt, ap->rb, &ap->rbind, ra, rb, ap->err);
         st->read_s += (double)fr_now_ns() / 1e9 - t0;
         st->batches++;
+        for (size_t i = ra; rr == 0 && i < rb; i++)   /* hooks: checked before they leave */
+            if (!checked_ok(ap, w->reads[i].shard))
+                rr = ap->rc;
         if (rr < 0) {
             *reads_ok = false;
             if (ap->rc == 0)
@@ -397,15 +476,17 @@ static int run_apply(apply *ap, bool *reads_ok, bool *fed_ok, int *quiet, ferry_
         settle(ap, 0, (size_t)((st->batches + k) % WATERMARK));
     finish(ap, 0);
     double t1 = (double)fr_now_ns() / 1e9;
-    /* what reaches me, forwarded as it lands */
-    uint64_t deadline = fr_now_ns() + (uint64_t)tmo * 1000000u;
+    /* What reaches me, forwarded as it lands. The deadline is one of
+     * liveness: it runs out only after tmo in which no notification came. */
     bool ok = true;
+    ap->heard = fr_now_ns();
     while (!fed(&w->hop[0], world, &ok)) {
-        uint64_t now = fr_now_ns();
+        uint64_t now = fr_now_ns(), deadline = ap->heard + (uint64_t)tmo * 1000000u;
         int left = now < deadline ? (int)((deadline - now) / 1000000u) : 0;
         int r = take(ap, 0, left);
         if (r < 0) {
             *quiet = r;
+            *silent = quiet_one(&w->hop[0], world);
             ap->fstop = true;
             break;
         }
@@ -416,13 +497,15 @@ static int run_apply(apply *ap, bool *reads_ok, bool *fed_ok, int *quiet, ferry_
         settle(ap, 1, (size_t)((ap->fround + k) % WATERMARK));
     finish(ap, 1);
     reap_notifies(ap);
-    deadline = fr_now_ns() + (uint64_t)tmo * 1000000u;
+    ap->heard = fr_now_ns();
     while (!fed(&w->hop[1], world, &ok)) {
-        uint64_t now = fr_now_ns();
+        uint64_t now = fr_now_ns(), deadline = ap->heard + (uint64_t)tmo * 1000000u;
         int left = now < deadline ? (int)((deadline - now) / 1000000u) : 0;
         int r = take(ap, 1, left);
         if (r < 0) {
             *quiet = r;
+            if (*silent == UINT32_MAX)
+                *silent = quiet_one(&w->hop[1], world);
             ok = false;
             break;
         }
@@ -528,12 +611,141 @@ static int exchange(ferry_subscriber *sub, const fr_gen *g, uint64_t gen, const 
             int32_t code = (int32_t)(b[20] | b[21] << 8 | b[22] << 16 | (uint32_t)b[23] << 24);
             if (sub->round)
                 sub->round->others_code = code < 0 ? code : FERRY_EIO;
+            sub->derived = true;   /* another member's failure: it knows the cause */
             rc = fr_rl_fail(err, code < 0 ? code : FERRY_EIO, "subscriber: worker %u of group %s "
                             "cannot take generation %" PRIu64 " (nothing was written): %.*s", k,
                             sub->cfg.group, gen, (int)(recs[k].len - 24),
                             (const char *)b + 24);
         }
     }
+    return rc;
+}
+
+/* The part of a round after prepare: the exchange (telling the group
+ * why not, g NULL), the plan, apply and (not given) the post-apply
+ * barrier. t0: when the round began. */
+static int round_body(ferry_subscriber *sub, const fr_gen *g, uint64_t active,
+                      const ferry_error *perr, int prc, bool given, double t0,
+                      ferry_update_stats *st, ferry_error *err)
+{
+    int rc;
+    sub->derived = false;
+    uint32_t world = sub->world, me = sub->me;
+    ferry_kv_value *recs = calloc(world, sizeof *recs);
+    char bar[400], key[400];
+    int brc = -1;
+    double tx = (double)fr_now_ns() / 1e9;
+    rc = recs ? exchange(sub, g, active, perr, bar, sizeof bar, recs, &brc, err)
+                     : fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+    if (prc < 0 && err)
+        *err = *perr;   /* my own failure, not the group's echo of it */
+    double t1 = (double)fr_now_ns() / 1e9;
+    st->prepare_s = t1 - t0;
+    st->exchange_s = t1 - tx;
+    if (rc == 0)
+        rc = fr_sub_plan_records(&sub->pc, g, recs, world, me, ferry_store_engine(sub->s), err);
+    double t2 = (double)fr_now_ns() / 1e9;
+    st->plan_s = t2 - t1;
+    fr_work *w = &sub->pc.plan;
+    if (rc == 0) {
+        plan_stats(w, st);
+        /* reads, pushes and forwards as one pipeline (run_apply) */
+        apply ap = { .sub = sub, .e = ferry_store_engine(sub->s), .w = w, .mbs = sub->pc.mbs, .g = g,
+                     .err = err,
+                     .tag = { fr_hash64(bar, strlen(bar), 0) | 1, fr_hash64(bar, strlen(bar), 1) | 1 } };
+        size_t nmax = w->hop[0].n > w->hop[1].n ? w->hop[0].n : w->hop[1].n;
+        for (int h = 0; h < 2; h++) {
+            ap.t[h] = calloc((size_t)world * WATERMARK, sizeof *ap.t[h]);
+            ap.at[h] = calloc((size_t)world * WATERMARK, sizeof *ap.at[h]);
+        }
+        ap.ops = malloc((nmax ? nmax : 1) * sizeof *ap.ops);
+        bool reads_ok = false, fed_ok = false;
+        int quiet = 0;
+        uint32_t silent = UINT32_MAX;
+        if (sub->hooks.verify)
+            ap.checked = calloc(sub->n ? sub->n : 1, 1);
+        ferry_binding *rb = NULL;
+        ferry_attested_plan *ratt = NULL;
+        /* The pushes go through exec's push stream: every batch's outcome
+         * tallied, and nothing left in flight once it is closed (a batch
+         * whose wait expired stays with the engine's pending manager,
+         * its peer fenced). */
+        ferry_stream_config sc = { .engine = ap.e, .timeout_ms = sub->cfg.timeout_ms
+                                                                ? (int)sub->cfg.timeout_ms : 60000 };
+        if (!ap.t[0] || !ap.t[1] || !ap.at[0] || !ap.at[1] || !ap.ops ||
+            (sub->hooks.verify && !ap.checked) ||
+            ferry_exec_stream_open(&sc, &ap.xs, NULL, NULL) < 0)
+            rc = fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+        else {
+            /* A binding that cannot be made fails my first read, so that
+             * the workers I feed are told (FAILED), not left waiting. */
+            if (w->nreads)
+                (void)fr_sub_read_binding(w, g, &rb, &ratt, &ap.rbind);
+            ap.ratt = ratt;
+            ap.rb = rb;
+            rc = run_apply(&ap, &reads_ok, &fed_ok, &quiet, &silent, st);
+            (void)ferry_exec_stream_close(ap.xs, NULL);   /* every batch was settled above */
+        }
+        ferry_attested_free(ratt);
+        ferry_binding_free(rb);
+        for (int h = 0; h < 2; h++)
+            free(ap.t[h]), free(ap.at[h]);
+        free(ap.ops);
+        free(ap.nt);
+        free(ap.nto);
+        free(ap.checked);
+        st->apply_s = (double)fr_now_ns() / 1e9 - t2;
+        /* the part of apply after the time spent reading */
+        st->push_s = st->apply_s - st->read_s > 0 ? st->apply_s - st->read_s : 0;
+        if (rc == 0 && !fed_ok && quiet < 0 && silent != UINT32_MAX)
+            rc = fr_rl_fail(err, FERRY_EREBUILD, "subscriber: nothing came from worker %u for %"
+                            PRIu64 " ms (it died, hung or cannot reach this worker); the "
+                            "parameters must be rebuilt", silent,
+                            sub->cfg.timeout_ms ? sub->cfg.timeout_ms : 60000);
+        else if (rc == 0 && !fed_ok)
+            rc = fr_rl_fail(err, FERRY_EREBUILD, "subscriber: %s from a worker that feeds this one; "
+                      "the parameters must be rebuilt", quiet < 0 ? "no notification" : "a failed read");
+        sub->derived = rc < 0 && ap.rc == 0 && !fed_ok && quiet == 0;
+    }
+    /* The group meets again only if it met the first time. When that
+     * barrier timed out nobody passed it (an arrival that times out is
+     * withdrawn, so it could not release without me); when my reply was
+     * lost, I did not apply and the others fail without me. Waiting here
+     * for members that will not come would take the timeout a second time. */
+    char member_name[32];
+    snprintf(member_name, sizeof member_name, "worker %u", me);
+    if (brc == 0 && !given) {
+        uint64_t tmo = sub->cfg.timeout_ms ? sub->cfg.timeout_ms : 60000;
+        snprintf(bar, sizeof bar, "ferry/wb/%s/sub/%s/%020" PRIu64 "/applied", sub->cfg.model,
+                 sub->scope, active);
+        double t6 = (double)fr_now_ns() / 1e9;
+        brc = ferry_barrier(sub->s, bar, member_name, world, tmo, NULL);
+        st->barrier_s = (double)fr_now_ns() / 1e9 - t6;
+        if (rc == 0 && brc < 0)
+            rc = fr_rl_fail(err, FERRY_EREBUILD, "subscriber: the group did not finish together: %s",
+                      ferry_strerror(brc));
+    }
+    /* Every member has read every demand: mine can go. (An elastic
+     * update's records are named by it alone: after a barrier that timed
+     * out, which nobody passed, nobody reads them either.) */
+    snprintf(key, sizeof key, "ferry/wk/%s/sub/%s/%020" PRIu64 "/%u", sub->cfg.model,
+             sub->scope, active, me);
+    if (!given && (brc == 0 || (sub->mem && brc == FERRY_ETIMEDOUT)))
+        (void)ferry_kv_delete(sub->s, key, 0, NULL);
+    if (sub->pc.valid) {
+        st->bytes_read = w->my_read;
+        st->group_bytes_read = w->group_read;
+        st->bytes_pushed = w->pushed;
+        st->bytes_received = w->received;
+        st->ranges = w->nreads;   /* pieces read (each one or more strided runs) */
+        st->batches = st->batches ? st->batches : 0;
+    }
+    st->tensors = sub->n;
+    st->members = world;
+    st->position = me;
+    for (uint32_t k = 0; recs && k < world; k++)
+        ferry_store_free(recs[k].val);
+    free(recs);
     return rc;
 }
 
@@ -571,108 +783,7 @@ static int update_round(ferry_subscriber *sub, uint64_t *generation, ferry_updat
     if (g && sub->sb && (prc = fr_standby_begin(sub->sb, g, sub->shards, &sub->spans, &sub->pc,
                                                 sub->cfg.timeout_ms, &perr)) < 0)
         g = NULL;   /* the standby copy is the target; told to the group when it cannot be */
-    uint32_t world = sub->world, me = sub->me;
-    ferry_kv_value *recs = calloc(world, sizeof *recs);
-    char bar[400], key[400];
-    int brc = -1;
-    double tx = (double)fr_now_ns() / 1e9;
-    rc = recs ? exchange(sub, g, active, &perr, bar, sizeof bar, recs, &brc, err)
-                     : fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
-    if (prc < 0 && err)
-        *err = perr;   /* my own failure, not the group's echo of it */
-    double t1 = (double)fr_now_ns() / 1e9;
-    st->prepare_s = t1 - t0;
-    st->exchange_s = t1 - tx;
-    if (rc == 0)
-        rc = fr_sub_plan_records(&sub->pc, g, recs, world, me, ferry_store_engine(sub->s), err);
-    double t2 = (double)fr_now_ns() / 1e9;
-    st->plan_s = t2 - t1;
-    fr_work *w = &sub->pc.plan;
-    if (rc == 0) {
-        plan_stats(w, st);
-        /* reads, pushes and forwards as one pipeline (run_apply) */
-        apply ap = { .sub = sub, .e = ferry_store_engine(sub->s), .w = w, .mbs = sub->pc.mbs, .g = g,
-                     .err = err,
-                     .tag = { fr_hash64(bar, strlen(bar), 0) | 1, fr_hash64(bar, strlen(bar), 1) | 1 } };
-        size_t nmax = w->hop[0].n > w->hop[1].n ? w->hop[0].n : w->hop[1].n;
-        for (int h = 0; h < 2; h++) {
-            ap.t[h] = calloc((size_t)world * WATERMARK, sizeof *ap.t[h]);
-            ap.at[h] = calloc((size_t)world * WATERMARK, sizeof *ap.at[h]);
-        }
-        ap.ops = malloc((nmax ? nmax : 1) * sizeof *ap.ops);
-        bool reads_ok = false, fed_ok = false;
-        int quiet = 0;
-        ferry_binding *rb = NULL;
-        ferry_attested_plan *ratt = NULL;
-        /* The pushes go through exec's push stream: every batch's outcome
-         * tallied, and nothing left in flight once it is closed (a batch
-         * whose wait expired stays with the engine's pending manager,
-         * its peer fenced). */
-        ferry_stream_config sc = { .engine = ap.e, .timeout_ms = sub->cfg.timeout_ms
-                                                                ? (int)sub->cfg.timeout_ms : 60000 };
-        if (!ap.t[0] || !ap.t[1] || !ap.at[0] || !ap.at[1] || !ap.ops ||
-            ferry_exec_stream_open(&sc, &ap.xs, NULL, NULL) < 0)
-            rc = fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
-        else {
-            /* A binding that cannot be made fails my first read, so that
-             * the workers I feed are told (FAILED), not left waiting. */
-            if (w->nreads)
-                (void)fr_sub_read_binding(w, g, &rb, &ratt, &ap.rbind);
-            ap.ratt = ratt;
-            ap.rb = rb;
-            rc = run_apply(&ap, &reads_ok, &fed_ok, &quiet, st);
-            (void)ferry_exec_stream_close(ap.xs, NULL);   /* every batch was settled above */
-        }
-        ferry_attested_free(ratt);
-        ferry_binding_free(rb);
-        for (int h = 0; h < 2; h++)
-            free(ap.t[h]), free(ap.at[h]);
-        free(ap.ops);
-        free(ap.nt);
-        free(ap.nto);
-        st->apply_s = (double)fr_now_ns() / 1e9 - t2;
-        /* the part of apply after the time spent reading */
-        st->push_s = st->apply_s - st->read_s > 0 ? st->apply_s - st->read_s : 0;
-        if (rc == 0 && !fed_ok)
-            rc = fr_rl_fail(err, FERRY_EREBUILD, "subscriber: %s from a worker that feeds this one; "
-                      "the parameters must be rebuilt", quiet < 0 ? "no notification" : "a failed read");
-    }
-    /* The group meets again only if it met the first time. When that
-     * barrier timed out nobody passed it (an arrival that times out is
-     * withdrawn, so it could not release without me); when my reply was
-     * lost, I did not apply and the others fail without me. Waiting here
-     * for members that will not come would take the timeout a second time. */
-    char member_name[32];
-    snprintf(member_name, sizeof member_name, "worker %u", me);
-    if (brc == 0) {
-        uint64_t tmo = sub->cfg.timeout_ms ? sub->cfg.timeout_ms : 60000;
-        snprintf(bar, sizeof bar, "ferry/wb/%s/sub/%s/%020" PRIu64 "/applied", sub->cfg.model,
-                 sub->scope, active);
-        double t6 = (double)fr_now_ns() / 1e9;
-        brc = ferry_barrier(sub->s, bar, member_name, world, tmo, NULL);
-        st->barrier_s = (double)fr_now_ns() / 1e9 - t6;
-        if (rc == 0 && brc < 0)
-            rc = fr_rl_fail(err, FERRY_EREBUILD, "subscriber: the group did not finish together: %s",
-                      ferry_strerror(brc));
-    }
-    /* Every member has read every demand: mine can go. (An elastic
-     * update's records are named by it alone: after a barrier that timed
-     * out, which nobody passed, nobody reads them either.) */
-    snprintf(key, sizeof key, "ferry/wk/%s/sub/%s/%020" PRIu64 "/%u", sub->cfg.model,
-             sub->scope, active, me);
-    if (brc == 0 || (sub->mem && brc == FERRY_ETIMEDOUT))
-        (void)ferry_kv_delete(sub->s, key, 0, NULL);
-    if (sub->pc.valid) {
-        st->bytes_read = w->my_read;
-        st->group_bytes_read = w->group_read;
-        st->bytes_pushed = w->pushed;
-        st->bytes_received = w->received;
-        st->ranges = w->nreads;   /* pieces read (each one or more strided runs) */
-        st->batches = st->batches ? st->batches : 0;
-    }
-    st->tensors = sub->n;
-    st->members = world;
-    st->position = me;
+    rc = round_body(sub, g, active, &perr, prc, false, t0, st, err);
     if (rc == 0) {
         *generation = m.generation;
         st->generation = m.generation;
@@ -682,11 +793,30 @@ static int update_round(ferry_subscriber *sub, uint64_t *generation, ferry_updat
     } else if (sub->sb) {
         fr_standby_failed(sub->sb, err);
     }
-    for (uint32_t k = 0; recs && k < world; k++)
-        ferry_store_free(recs[k].val);
-    free(recs);
     ferry_weight_manifest_free(&m);
     return rc;
+}
+
+int fr_sub_round_given(ferry_subscriber *sub, const ferry_weight_manifest *m, uint64_t gen,
+                       const ferry_error *why, ferry_update_stats *st, bool *derived,
+                       ferry_error *err)
+{
+    memset(st, 0, sizeof *st);
+    st->generation = gen;
+    ferry_error none = {0};
+    int rc = round_body(sub, m ? fr_gen_of((ferry_weight_manifest *)m) : NULL, gen,
+                        why ? why : &none, m ? 0 : (why && why->code ? why->code : FERRY_EIO),
+                        true, (double)fr_now_ns() / 1e9, st, err);
+    *derived = sub->derived;
+    return rc;
+}
+
+void fr_subscriber_forget(ferry_subscriber *sub, uint64_t gen)
+{
+    char key[400];
+    snprintf(key, sizeof key, "ferry/wk/%s/sub/%s/%020" PRIu64 "/%u", sub->cfg.model,
+             sub->scope, gen, sub->me);
+    (void)ferry_kv_delete(sub->s, key, 0, NULL);
 }
 
 int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_update_stats *st,

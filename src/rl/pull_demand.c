@@ -387,13 +387,19 @@ int fr_sub_plan_records(fr_sub_cache *c, const fr_gen *g, ferry_kv_value *recs,
         fr_work_reset(&c->plan, world);
         return 0;
     }
+    bool whole = c->whole;
+    fr_rd_seed seed = c->seed;
     fr_sub_cache_free(c);
+    c->whole = whole;
+    c->seed = seed;
     c->world = world;
     c->mbs = calloc(world, sizeof *c->mbs);
     c->recs = calloc(world, sizeof *c->recs);
     int rc = c->mbs && c->recs ? fr_work_init(&c->plan, world) : FERRY_ENOMEM;
     if (rc < 0)
         return fr_rl_fail(err, rc, "subscriber: out of memory");
+    c->plan.whole = c->whole;
+    c->plan.seed = c->seed.load ? &c->seed : NULL;
     for (uint32_t k = 0; k < world; k++) {   /* the members point into them */
         c->recs[k] = recs[k];
         recs[k].val = NULL;

@@ -68,17 +68,21 @@ typedef struct fr_pushes {
                                     * must have landed */
     uint32_t *via;                 /* hop 2: the reader whose WRITE brings the bytes
                                     * (UINT32_MAX: none to wait for) */
+    uint32_t *shard;               /* my shard each WRITE copies from */
     size_t n, cap;
     uint64_t *expect, *total;      /* plan: WRITEs each worker sends me; I send each */
     bool *progress;                /* plan, hop 1: it forwards my bytes: tell it early */
     uint64_t *got, *sent, *done;   /* run: landed so far; submitted; landed (sending) */
     bool *failed, *out_failed;     /* run: it sends me nothing more; it gets nothing more */
+    bool *viewed;                  /* run: what it counted for me is in its memory, for me to
+                                    * take through a view (it wrote nothing: fr_sub_hooks) */
 } fr_pushes;
 
 /* One piece this worker reads: reads [first, first + n) of work.io. */
 typedef struct fr_rpiece {
     size_t first, n;
     uint64_t bytes;
+    uint32_t shard;                /* my shard it lands in */
 } fr_rpiece;
 
 typedef struct fr_work {
@@ -97,6 +101,17 @@ typedef struct fr_work {
     size_t ngreads;                /* io.n: store reads (strided) */
     fr_pushes hop[2];              /* from the reader; forwarded inside a node */
     uint64_t group_read, my_read, pushed, received;
+    uint64_t wrote_cross, wrote_intra;   /* run: bytes my WRITEs carried to another node's
+                                          * workers, to my node's */
+    /* Set before planning: shared sets are not cut into pieces (every set
+     * has one reader, which reads it whole: compatibility mode's tensors) */
+    bool whole;
+    const fr_rd_seed *seed;        /* ... and, non-NULL, the loads the assignment starts from */
+    uint64_t *wread, *wfwd;        /* per worker, the assignment's loads after this plan (with
+                                    * loads[]: the seed of a plan made after this one) */
+    /* per shard of mine: the member whose push brings its bytes, me when I
+     * read it, UINT32_MAX when several do (pieces from several readers) */
+    uint32_t *src;
     /* the group's plan, for the counters (the same on every worker) */
     fr_rd_summary sum;
     uint32_t nnodes;
@@ -149,6 +164,9 @@ typedef struct fr_sub_cache {
     uint8_t key[16];
     uint64_t epoch;                /* set by the caller before each call: an elastic group's
                                     * membership epoch, part of the key (0: fixed) */
+    bool whole;                    /* plans with fr_work.whole */
+    fr_rd_seed seed;               /* plans from these loads (seed.load NULL: none); the
+                                    * caller keys them in epoch */
 } fr_sub_cache;
 
 /* The plan of worker `me` from every member's record recs[0..world)
@@ -161,6 +179,44 @@ typedef struct fr_sub_cache {
 int fr_sub_plan_records(fr_sub_cache *c, const fr_gen *g, ferry_kv_value *recs,
                         uint32_t world, uint32_t me, ferry_engine *e, ferry_error *err);
 void fr_sub_cache_free(fr_sub_cache *c);
+
+/* ---- the group update under another mode's control (compat.c) ------------------------- */
+
+/* What compatibility mode (compat.c) changes in a group update whose
+ * shards are whole tensors in its staging: the memory is registered by
+ * the caller; each shared set is read whole by one reader, whose bytes
+ * are checked by `verify` where they come to a node (by the reader after
+ * its read, by a worker that forwards them before it forwards, never
+ * twice in one worker) before they leave it; a worker of the reader's
+ * node marked in `view` is sent no WRITE: the NOTIFY that counts its
+ * bytes says VIEW, and it takes them from the sender's memory itself;
+ * every target hears what landed after every batch (a liveness signal). */
+typedef struct fr_sub_hooks {
+    ferry_region *region;          /* every shard lies inside it (not registered again) */
+    const bool *view;              /* per member (NULL: none) */
+    int (*verify)(void *ctx, uint32_t shard, ferry_error *err);
+    void *ctx;
+} fr_sub_hooks;
+void fr_subscriber_set_hooks(ferry_subscriber *sub, const fr_sub_hooks *h);
+/* Plan with fr_work.whole: every set read whole by one reader. */
+void fr_subscriber_set_whole(ferry_subscriber *sub);
+/* Plan the next round from the loads after plan w (another subscriber's,
+ * made before: the reader assignment balances across both). */
+void fr_subscriber_seed(ferry_subscriber *sub, const fr_work *w);
+/* One update of sub's group to the generation of m (prepared by the
+ * caller: nothing is read or leased again), or, m NULL, the exchange that
+ * tells the group why this worker cannot take part (why). No post-apply
+ * barrier: the caller's next round or barrier is the group's meeting.
+ * *derived: the failure came from a worker that fed this one (it knows the
+ * cause). */
+int fr_sub_round_given(ferry_subscriber *sub, const ferry_weight_manifest *m, uint64_t gen,
+                       const ferry_error *why, ferry_update_stats *st, bool *derived,
+                       ferry_error *err);
+/* The plan of the last round (NULL before one was made). */
+const fr_work *fr_subscriber_work(const ferry_subscriber *sub);
+/* Remove this worker's demand record of generation gen (after the group met). */
+void fr_subscriber_forget(ferry_subscriber *sub, uint64_t gen);
+void fr_subscriber_set_scope(ferry_subscriber *sub, const char *scope);
 
 /* ---- elastic groups (pull_elastic.c over members.c) ------------------------------------- */
 

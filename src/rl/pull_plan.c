@@ -46,8 +46,9 @@ int fr_work_init(fr_work *w, uint32_t world)
         ps->done = calloc(world, sizeof *ps->done);
         ps->progress = calloc(world, sizeof *ps->progress);
         ps->out_failed = calloc(world, sizeof *ps->out_failed);
+        ps->viewed = calloc(world, sizeof *ps->viewed);
         if (!ps->expect || !ps->got || !ps->failed || !ps->total || !ps->sent || !ps->done ||
-            !ps->progress || !ps->out_failed)
+            !ps->progress || !ps->out_failed || !ps->viewed)
             return FERRY_ENOMEM;
     }
     return 0;
@@ -55,6 +56,7 @@ int fr_work_init(fr_work *w, uint32_t world)
 
 void fr_work_reset(fr_work *w, uint32_t world)
 {
+    w->wrote_cross = w->wrote_intra = 0;
     for (int h = 0; h < 2; h++) {
         fr_pushes *ps = &w->hop[h];
         memset(ps->got, 0, world * sizeof *ps->got);
@@ -62,6 +64,7 @@ void fr_work_reset(fr_work *w, uint32_t world)
         memset(ps->done, 0, world * sizeof *ps->done);
         memset(ps->failed, 0, world * sizeof *ps->failed);
         memset(ps->out_failed, 0, world * sizeof *ps->out_failed);
+        memset(ps->viewed, 0, world * sizeof *ps->viewed);
     }
 }
 
@@ -69,7 +72,7 @@ void fr_work_free(fr_work *w)
 {
     for (int h = 0; h < 2; h++) {
         fr_pushes *ps = &w->hop[h];
-        free(ps->ops), free(ps->to), free(ps->dep), free(ps->via);
+        free(ps->ops), free(ps->to), free(ps->dep), free(ps->via), free(ps->shard), free(ps->viewed);
         free(ps->expect), free(ps->got), free(ps->failed), free(ps->total), free(ps->sent);
         free(ps->done), free(ps->progress), free(ps->out_failed);
     }
@@ -78,11 +81,14 @@ void fr_work_free(fr_work *w)
     ferry_plan_free(w->rplan);
     ferry_manifest_close(w->rt);
     free(w->raddr);
+    free(w->src);
+    free(w->wread), free(w->wfwd);
     free(w->node_id), free(w->node_workers), free(w->node_read), free(w->loads);
     memset(w, 0, sizeof *w);
 }
 
-static int add_push(fr_pushes *ps, const ferry_op *op, uint32_t to, size_t dep, uint32_t via)
+static int add_push(fr_pushes *ps, const ferry_op *op, uint32_t to, size_t dep, uint32_t via,
+                    uint32_t shard)
 {
     size_t cap = ps->cap;
     if (fr_grow((void **)&ps->ops, &ps->cap, ps->n + 1, sizeof *ps->ops) < 0)
@@ -97,14 +103,18 @@ static int add_push(fr_pushes *ps, const ferry_op *op, uint32_t to, size_t dep, 
         uint32_t *nv = realloc(ps->via, ps->cap * sizeof *nv);
         if (nv)
             ps->via = nv;
-        if (!nt || !nd || !nv) {
-            ps->cap = cap;   /* to, dep and via keep their old size */
+        uint32_t *ns = realloc(ps->shard, ps->cap * sizeof *ns);
+        if (ns)
+            ps->shard = ns;
+        if (!nt || !nd || !nv || !ns) {
+            ps->cap = cap;   /* to, dep, via and shard keep their old size */
             return FERRY_ENOMEM;
         }
     }
     ps->ops[ps->n] = *op;
     ps->dep[ps->n] = dep;
     ps->via[ps->n] = via;
+    ps->shard[ps->n] = shard;
     ps->to[ps->n++] = to;
     return 0;
 }
@@ -211,7 +221,7 @@ static int push_ops(planner *P, const ferry_run *r, const fr_sfrag *f, const fr_
                                 self ? 0 : P->mbs[t->worker].peer, self ? 0 : t->key, &P->ops, &n,
                                 &P->capops);
     for (size_t i = 0; rc == 0 && i < n; i++)
-        rc = add_push(&P->w->hop[hop - 1], &P->ops[i], t->worker, dep, via);
+        rc = add_push(&P->w->hop[hop - 1], &P->ops[i], t->worker, dep, via, f->shard);
     return rc;
 }
 
@@ -249,9 +259,17 @@ static int add_read(planner *P, const fr_sfrag *f, uint64_t row0, uint64_t rows,
     if (rc < 0)
         return rc;
     P->rshard[w->nreads] = f->shard;
-    w->reads[w->nreads] = (fr_rpiece){ .bytes = bytes };
+    w->reads[w->nreads] = (fr_rpiece){ .bytes = bytes, .shard = f->shard };
     *idx = w->nreads++;
     return 0;
+}
+
+#define SRC_NONE (UINT32_MAX - 1)   /* fr_work.src: nothing brings it (yet) */
+
+/* Member k brings bytes of my shard: the one source, or several. */
+static void note_src(fr_work *w, uint32_t shard, uint32_t k)
+{
+    w->src[shard] = w->src[shard] == SRC_NONE || w->src[shard] == k ? k : UINT32_MAX;
 }
 
 /* One replica set fs[0..k): its pieces, their readers and pushes; my part. */
@@ -264,7 +282,8 @@ static int plan_set(planner *P, const fr_sfrag *const *fs, size_t k)
     uint64_t rows = nd ? fs[0]->dims[nd] : 1, row = d.itemsize;
     for (uint32_t i = 1; i < nd; i++)
         row *= fs[0]->dims[nd + i];
-    uint64_t per = k > 1 ? (FR_SUB_PIECE / row ? FR_SUB_PIECE / row : 1) : rows;
+    uint64_t per = k > 1 && !w->whole ? (FR_SUB_PIECE / row ? FR_SUB_PIECE / row : 1) : rows;
+    per = per ? per : 1;   /* (a tensor of no rows: one empty piece) */
     uint64_t np = (rows + per - 1) / per;
     w->sets++;
     w->shared_sets += k > 1;
@@ -292,6 +311,7 @@ static int plan_set(planner *P, const fr_sfrag *const *fs, size_t k)
             if ((rc = add_read(P, reader, row0, nrows, g[q].len, &read)) < 0)
                 return rc;
             w->my_read += g[q].len;
+            note_src(w, reader->shard, P->me);
         }
         if (fr_grow((void **)&P->scratch, &P->caps, g[q].npush ? g[q].npush : 1,
                     sizeof *P->scratch) < 0)
@@ -308,6 +328,7 @@ static int plan_set(planner *P, const fr_sfrag *const *fs, size_t k)
                     ps->expect[f->worker] += nops;
                     P->scratch[x - g[q].push] = ps->expect[f->worker];
                     w->received += g[q].len;
+                    note_src(w, t->shard, f->worker);
                 }
                 if (hop == 2 && reader->worker == P->me)
                     w->hop[0].progress[f->worker] = true;   /* it forwards what I read */
@@ -470,11 +491,16 @@ int fr_sub_plan(const fr_gen *g, const fr_member *mbs, uint32_t world, uint32_t 
         total += mbs[k].nshards;
     const fr_sfrag **all = malloc((total ? total : 1) * sizeof *all);
     P.wnode = malloc(world * sizeof *P.wnode);
-    int rc = all && P.wnode ? dense_nodes(&P) : FERRY_ENOMEM;
+    w->src = malloc((mbs[me].nshards ? mbs[me].nshards : 1) * sizeof *w->src);
+    int rc = all && P.wnode && w->src ? dense_nodes(&P) : FERRY_ENOMEM;
+    for (uint32_t i = 0; w->src && i < mbs[me].nshards; i++)
+        w->src[i] = SRC_NONE;
     fr_rd_config cfg = { .nworkers = world, .worker_node = P.wnode, .nnodes = w->nnodes,
                          .chunk = 0, .relay = true };
     if (rc == 0)
         rc = fr_readers_open(&cfg, &P.rd);
+    if (rc == 0 && w->seed)
+        fr_readers_seed(P.rd, w->seed);
     if (rc == 0)
         rc = tensor_nodes(&P);
     if (rc == 0)
@@ -497,6 +523,16 @@ int fr_sub_plan(const fr_gen *g, const fr_member *mbs, uint32_t world, uint32_t 
     if (rc == 0) {
         fr_readers_summary(P.rd, &w->sum);
         memcpy(w->loads, fr_readers_loads(P.rd), w->nnodes * sizeof *w->loads);
+        w->wread = malloc(world * sizeof *w->wread);
+        w->wfwd = malloc(world * sizeof *w->wfwd);
+        if (!w->wread || !w->wfwd)
+            rc = FERRY_ENOMEM;
+        else {
+            memcpy(w->wread, fr_readers_wread(P.rd), world * sizeof *w->wread);
+            memcpy(w->wfwd, fr_readers_wfwd(P.rd), world * sizeof *w->wfwd);
+        }
+    }
+    if (rc == 0) {
         rc = plan_reads(&P, err);
     } else if (!(err && err->msg[0])) {
         fr_rl_fail(err, rc, "subscriber: planning: %s", ferry_strerror(rc));

@@ -93,6 +93,15 @@ void fr_readers_close(fr_readers *r)
 }
 
 const fr_rd_load *fr_readers_loads(const fr_readers *r) { return r->load; }
+const uint64_t *fr_readers_wread(const fr_readers *r) { return r->wread; }
+const uint64_t *fr_readers_wfwd(const fr_readers *r) { return r->wfwd; }
+
+void fr_readers_seed(fr_readers *r, const fr_rd_seed *s)
+{
+    memcpy(r->load, s->load, r->cfg.nnodes * sizeof *r->load);
+    memcpy(r->wread, s->wread, r->cfg.nworkers * sizeof *r->wread);
+    memcpy(r->wfwd, s->wfwd, r->cfg.nworkers * sizeof *r->wfwd);
+}
 
 void fr_readers_summary(const fr_readers *r, fr_rd_summary *out)
 {

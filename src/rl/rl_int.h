@@ -163,8 +163,19 @@ void fr_readers_close(fr_readers *r);
 int fr_readers_object(fr_readers *r, uint32_t src_node, uint64_t size, const fr_rd_demand *d,
                       size_t n, const fr_rd_range **ranges, size_t *nranges,
                       const fr_rd_push **pushes, size_t *npushes);
-/* Loads of nodes 0..nnodes-1 so far (borrowed) and their summary. */
+/* Loads of nodes 0..nnodes-1 so far (borrowed) and their summary; per
+ * worker, the bytes it read and forwarded so far. */
 const fr_rd_load *fr_readers_loads(const fr_readers *r);
+const uint64_t *fr_readers_wread(const fr_readers *r);
+const uint64_t *fr_readers_wfwd(const fr_readers *r);
+/* Loads to start from (those of an assignment made before, for objects
+ * assigned apart: compatibility mode's batches), as if its objects had
+ * been assigned first. */
+typedef struct fr_rd_seed {
+    const fr_rd_load *load;       /* nnodes */
+    const uint64_t *wread, *wfwd; /* nworkers */
+} fr_rd_seed;
+void fr_readers_seed(fr_readers *r, const fr_rd_seed *s);
 void fr_readers_summary(const fr_readers *r, fr_rd_summary *out);
 
 /* pull.c: whether the subscriber's last update reused the plan of the one

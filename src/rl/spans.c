@@ -22,12 +22,13 @@ static int by_addr(const void *a, const void *b)
 
 static void release(fr_rl_spans *sp)
 {
-    for (size_t i = 0; i < sp->n; i++)
+    for (size_t i = 0; i < sp->n && !sp->borrowed; i++)
         if (sp->reg && sp->reg[i])
             (void)ferry_region_unregister(sp->reg[i]);
     free(sp->base), free(sp->len), free(sp->reg);
     sp->base = NULL, sp->len = NULL, sp->reg = NULL;
     sp->n = 0;
+    sp->borrowed = false;
 }
 
 void fr_rl_spans_free(fr_rl_spans *sp)
@@ -42,6 +43,30 @@ void fr_rl_spans_free(fr_rl_spans *sp)
 ferry_region *fr_rl_spans_region(const fr_rl_spans *sp, size_t shard)
 {
     return sp && shard < sp->nshards && sp->of[shard] < sp->n ? sp->reg[sp->of[shard]] : NULL;
+}
+
+int fr_rl_spans_borrow(ferry_region *r, size_t n, fr_rl_spans *sp, ferry_error *err)
+{
+    size_t *of = malloc((n ? n : 1) * sizeof *of);
+    if (!of)
+        return fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+    if (!sp->borrowed || sp->n != 1 || sp->reg[0] != r) {
+        release(sp);
+        sp->reg = calloc(1, sizeof *sp->reg);
+        if (!sp->reg) {
+            free(of);
+            return fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+        }
+        sp->reg[0] = r;
+        sp->n = 1;
+        sp->borrowed = true;
+    }
+    for (size_t i = 0; i < n; i++)
+        of[i] = 0;
+    free(sp->of);
+    sp->of = of;
+    sp->nshards = n;
+    return 0;
 }
 
 int fr_rl_spans_register(ferry_engine *e, uint8_t *const *addr, const uint64_t *len, size_t n,
@@ -74,7 +99,7 @@ int fr_rl_spans_register(ferry_engine *e, uint8_t *const *addr, const uint64_t *
         of[v[i].shard] = nb - 1;
     }
     free(v);
-    bool same = sp->reg && nb == sp->n && !memcmp(base, sp->base, nb * sizeof *base) &&
+    bool same = sp->reg && !sp->borrowed && nb == sp->n && !memcmp(base, sp->base, nb * sizeof *base) &&
                 !memcmp(blen, sp->len, nb * sizeof *blen);
     free(sp->of);
     sp->of = of;
