@@ -2,31 +2,42 @@
  * of a rollout group gets every full tensor; the store serves each byte
  * once.
  *
+ * Compatibility mode is the group update (pull.c) with whole-tensor
+ * targets: every worker's shards are whole tensors in its staging buffer,
+ * so every tensor is a replica set held by the whole group, read once by
+ * the reader the group update's assignment picks (readers.c, balanced over
+ * all batches), and pushed by it to the rest — once to each other node,
+ * then forwarded there. What compat adds is the staging and the loader.
+ *
  * An update: prepare (manifest, a share of the objects leased by each
  * worker, the staging size) → one KV record per worker ("verdict": ok or
  * why not, its node, staging size and region descriptor, a nonce) →
  * barrier → every record read: one failure fails everyone before anything
- * moves; otherwise every worker computes the same plan (leaders,
- * delegates, batches) and the records' nonces name this attempt (the
- * NOTIFY tag, the batch barrier). Then, batch by batch: leaders read their
- * tensors into their staging and WRITE each one, followed by a NOTIFY in
- * the same engine batch (sent only once the WRITE landed), to the other
- * workers of their node and to one delegate per other node; delegates
- * forward what lands to the rest of their node; everyone calls the loader
- * in manifest order. A tensor is checked against its checksum once on
- * every node, by whoever brings it there (the leader from the store, a
- * delegate from the network, before it forwards); a copy from a worker of
- * the same node over shm is not hashed again. A tensor larger than CHUNK
- * is read and written in pieces, each followed by a PROGRESS notification,
- * and a receiver's wait is a liveness deadline: it runs out only after
- * timeout_ms in which nothing of the attempt came (finish()), never for a
- * whole tensor or batch. Every tensor sits at the same
- * offset in every worker's staging, so a WRITE needs no addressing beyond
- * the plan. The staging is two halves, batch k in half k % 2: the reads
- * and sends of batch k+1 go out before batch k is finished, and a half is
- * written again only after the barrier of the batch it held. A worker
- * that fails posts the batch's abort key before the batch barrier; after
- * the barrier everyone reads that batch's key and all stop together.
+ * moves. Then the layout: tensors in manifest order cut into batches that
+ * fit in half of the smallest staging (batch k in half k % 2; the whole
+ * buffer when a tensor needs more than half), every tensor at the same
+ * offset in every staging. Each batch is a subscriber (one per batch,
+ * kept while the layout stays, so each batch's plan is reused across
+ * generations) over the staging the group registered once, and each
+ * update runs one round of each (fr_sub_round_given) with compat's hooks
+ * (pull_int.h, fr_sub_hooks): a tensor is checked against its checksum
+ * once on every node, by whoever brings it there (its reader after the
+ * store read, a forwarder before it forwards, else the worker it landed
+ * in from another node); a worker of the sender's node over shm gets no
+ * WRITE but a VIEW count, and takes the tensor through a read-only view of
+ * the sender's staging (ferry_remote_map; a READ when no view can be made).
+ *
+ * The rounds run on a helper thread, the loader on the caller's: the
+ * caller hands batch k to the loader while batch k+1 moves. Round k begins
+ * once this worker loaded batch k - slots, and its exchange barrier is
+ * where the group meets, so no half is written before every worker is
+ * done with the batch it held. A worker that fails tells the group in the
+ * next round's exchange (a failure record: everyone stops there) or, after
+ * the last round, at the final barrier; a cause of its own (not a FAILED
+ * it was told, nor another worker's record) it first posts under the
+ * attempt's abort key, and whoever only heard that something failed reads
+ * the cause there once it stops. A round whose barrier timed out was
+ * passed by nobody: the group stops there without another meeting.
  *
  * Record (little-endian): "FRYCOMP2", u64 generation, u32 rank, u32 node,
  * i32 verdict, u32 pad, u64 nonce, u64 staging bytes, u32 desc length,
