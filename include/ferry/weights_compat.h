@@ -3,16 +3,17 @@
  * generation (for an existing load_weights(name, tensor) loader) while the
  * store serves each published byte once (docs/weights_compat.md).
  *
- * Per tensor one leader (chosen by the group update's reader assignment,
- * balancing the nodes' NIC loads; every worker computes the same) reads it
- * from the store into its staging buffer and WRITEs it once into the
- * staging buffer of one delegate on every other node, which forwards it to
- * the other workers of its node. Inside a node, over shm, nothing is
- * written: the leader or delegate sends a NOTIFY and its node-mates load
- * the tensor from its staging through a read-only view (ferry_remote_map;
- * READ where no view can be made). Every WRITE is followed by a NOTIFY
- * that says it landed (or that it never will). The tensor's XXH3-64
- * checksum from the manifest is verified by whoever brings it onto a node,
+ * It is the single-pull group update (weights.h, ferry_subscriber_*) with
+ * whole-tensor targets: the staging buffer holds the model batch by batch,
+ * each batch is one round of the group update whose shards are its
+ * tensors whole, so each tensor is read once, by the reader the group's
+ * assignment picks (balancing the nodes' NIC loads; every worker computes
+ * the same), and written once into the staging of one worker on every
+ * other node, which forwards it to the other workers of its node. Inside
+ * a node, over shm, nothing is written: the node-mates load the tensor
+ * from the sender's staging through a read-only view (ferry_remote_map;
+ * READ where no view can be made). The tensor's checksums from the
+ * manifest are verified by whoever brings it onto a node,
  * and every worker hands it to the loader callback, in manifest order. */
 #ifndef FERRY_WEIGHTS_COMPAT_H
 #define FERRY_WEIGHTS_COMPAT_H

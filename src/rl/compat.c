@@ -715,7 +715,8 @@ static int run_update(ferry_compat_group *g, const ferry_weight_manifest *m, con
             }
             ferry_store_free(v.val);
         }
-        rc = r.rc ? FERRY_EREBUILD : 0;
+        /* the worker whose fn stopped it returns fn's code, the others EREBUILD */
+        rc = !r.rc ? 0 : r.lrc && r.rc == r.lrc && !r.derived ? r.lrc : FERRY_EREBUILD;
         if (rc && err) {
             *err = r.err;
             err->code = rc;

@@ -56,20 +56,11 @@ int fr_rl_bind(ferry_manifest *t, uint64_t generation, uint32_t worker, const ui
 
 /* Read whole tensor `tensor` of g (row-major into dst, cap bytes) through
  * exec: the tensor's fragment of g->whole_m bound at dst, g->whole
- * attested and lowered for that tensor; with chunk, in parts of at most
- * chunk bytes, progress(ctx) after each part but the last. No checksum
- * check (fr_gen_verify_tensor). A failure after reads began may leave dst
+ * attested and lowered for that tensor. No checksum check
+ * (fr_gen_verify_tensor). A failure after reads began may leave dst
  * partly written. */
 int fr_rl_read_whole(ferry_store *s, struct fr_gen *g, uint32_t tensor, void *dst, size_t cap,
-                     uint64_t chunk, void (*progress)(void *ctx), void *ctx, ferry_error *err);
-
-/* Read whole tensors tensors[0..n) of g (each row-major into dst[i], cap[i]
- * bytes) in one exec store run: one binding, one attestation, their reads
- * lowered together, so n small tensors cost one store call (a few) rather
- * than n. No checksum check; a failure may leave any of them partly
- * written, and its message names the object and offset, not the tensor. */
-int fr_rl_read_wholes(ferry_store *s, struct fr_gen *g, const uint32_t *tensors, void *const *dst,
-                      const size_t *cap, size_t n, ferry_error *err);
+                     ferry_error *err);
 
 /* ---- reader assignment (readers.c) ------------------------------------------------
  *

@@ -215,7 +215,7 @@ int ferry_weights_read(ferry_store *s, const ferry_weight_entry *e, void *dst, s
         return fr_rl_fail(err, FERRY_EINVAL, "read: bad arguments (an entry of a manifest from "
                           "ferry_weights_manifest)");
     fr_gen *g = e->internal;
-    int rc = fr_rl_read_whole(s, g, e->index, dst, cap, 0, NULL, NULL, err);
+    int rc = fr_rl_read_whole(s, g, e->index, dst, cap, err);
     return rc < 0 ? rc : fr_gen_verify_tensor(s, g, e->index, dst, err);
 }
 
@@ -281,13 +281,13 @@ static int plan_wholes(fr_gen *g, const uint32_t *tensors, void *const *dst, con
     return rc;
 }
 
-int fr_rl_read_wholes(ferry_store *s, fr_gen *g, const uint32_t *tensors, void *const *dst,
-                      const size_t *cap, size_t n, ferry_error *err)
+int fr_rl_read_whole(ferry_store *s, fr_gen *g, uint32_t tensor, void *dst, size_t cap,
+                     ferry_error *err)
 {
     ferry_binding *b;
     ferry_attested_plan *att;
     ferry_store_reads r;
-    int rc = plan_wholes(g, tensors, dst, cap, n, &b, &att, &r, err);
+    int rc = plan_wholes(g, &tensor, &dst, &cap, 1, &b, &att, &r, err);
     if (rc < 0)
         return rc;
     ferry_store_exec_config xc = { .store = s, .locate = fr_rl_locate, .locate_ctx = g };
@@ -295,69 +295,6 @@ int fr_rl_read_wholes(ferry_store *s, fr_gen *g, const uint32_t *tensors, void *
     rc = ferry_exec_store_run(&xc, att, b, &r, 0, r.n, &res, err);
     ferry_exec_result_free(&res);
     ferry_store_reads_free(&r);
-    ferry_attested_free(att);
-    ferry_binding_free(b);
-    return rc;
-}
-
-/* Reads v[0..n) cut so that none moves more than chunk bytes: rows of a
- * strided read in groups, a long row in pieces. */
-static int cut_reads(const ferry_store_reads *in, uint64_t chunk, ferry_store_reads *out)
-{
-    for (size_t i = 0; i < in->n; i++) {
-        ferry_store_read x = in->v[i];
-        uint64_t rows = x.count > 1 ? x.count : 1;
-        uint64_t per = x.len <= chunk ? chunk / (x.len ? x.len : 1) : 1;
-        for (uint64_t r = 0; r < rows; r += per) {
-            uint64_t nr = rows - r < per ? rows - r : per;
-            for (uint64_t at = 0; at < x.len || (at == 0 && x.len == 0); at += chunk) {
-                if (fr_grow((void **)&out->v, &out->cap, out->n + 1, sizeof *out->v) < 0)
-                    return FERRY_ENOMEM;
-                ferry_store_read y = x;
-                y.src_offset += r * x.src_stride + at;
-                y.dst = (uint8_t *)x.dst + r * x.dst_stride + at;
-                y.count = nr;
-                if (x.len > chunk)
-                    y.len = x.len - at < chunk ? x.len - at : chunk;
-                out->v[out->n++] = y;
-                out->bytes += y.len * y.count;
-                if (x.len <= chunk)
-                    break;
-            }
-        }
-    }
-    memcpy(out->layout, in->layout, sizeof out->layout);
-    return 0;
-}
-
-int fr_rl_read_whole(ferry_store *s, fr_gen *g, uint32_t tensor, void *dst, size_t cap,
-                     uint64_t chunk, void (*progress)(void *ctx), void *ctx, ferry_error *err)
-{
-    ferry_binding *b;
-    ferry_attested_plan *att;
-    ferry_store_reads r, cut = {0};
-    int rc = plan_wholes(g, &tensor, &dst, &cap, 1, &b, &att, &r, err);
-    if (rc < 0)
-        return rc;
-    ferry_tensor_desc d;
-    if (chunk && (rc = cut_reads(&r, chunk, &cut)) < 0 && ferry_manifest_tensor(g->m, tensor, &d) == 0)
-        fr_rl_fail(err, rc, "tensor %s: planning its read: %s", d.name, ferry_strerror(rc));
-    const ferry_store_reads *v = chunk ? &cut : &r;
-    ferry_store_exec_config xc = { .store = s, .locate = fr_rl_locate, .locate_ctx = g };
-    for (size_t i = 0; rc == 0 && i < v->n;) {
-        size_t j = i;
-        for (uint64_t n = 0; j < v->n && (j == i || !chunk ||
-                                         n + v->v[j].len * v->v[j].count <= chunk); j++)
-            n += v->v[j].len * v->v[j].count;
-        ferry_exec_result res;
-        rc = ferry_exec_store_run(&xc, att, b, v, i, j, &res, err);
-        ferry_exec_result_free(&res);
-        if (rc == 0 && j < v->n && progress)
-            progress(ctx);
-        i = j;
-    }
-    ferry_store_reads_free(&r);
-    ferry_store_reads_free(&cut);
     ferry_attested_free(att);
     ferry_binding_free(b);
     return rc;
