@@ -405,7 +405,7 @@ static void forward(apply *ap)
         return;
     /* what I forward is checked first (hooks: where it came to my node) */
     for (size_t i = ap->fnext; i < b && !ap->fstop; i++)
-        if (p2->via[i] != UINT32_MAX && !checked_ok(ap, p2->shard[i]))
+        if (p2->via[i] != UINT32_MAX && p2->last[i] && !checked_ok(ap, p2->shard[i]))
             ap->fstop = true;
     if (ap->fstop)
         return;
@@ -454,7 +454,7 @@ static int run_apply(apply *ap, bool *reads_ok, bool *fed_ok, int *quiet, uint32
         st->read_s += (double)fr_now_ns() / 1e9 - t0;
         st->batches++;
         for (size_t i = ra; rr == 0 && i < rb; i++)   /* hooks: checked before they leave */
-            if (!checked_ok(ap, w->reads[i].shard))
+            if (w->reads[i].last && !checked_ok(ap, w->reads[i].shard))
                 rr = ap->rc;
         if (rr < 0) {
             *reads_ok = false;

@@ -30,6 +30,7 @@
 #include "rl_int.h"
 
 #define FR_SUB_PIECE (4ull << 20)   /* shared sets are cut into pieces of about this */
+#define FR_SUB_WHOLE_PART (64ull << 20)   /* a set read whole moves in parts of about this */
 
 /* One member's shard as a fragment of the group's target placement. */
 typedef struct fr_sfrag {
@@ -69,6 +70,7 @@ typedef struct fr_pushes {
     uint32_t *via;                 /* hop 2: the reader whose WRITE brings the bytes
                                     * (UINT32_MAX: none to wait for) */
     uint32_t *shard;               /* my shard each WRITE copies from */
+    bool *last;                    /* it carries the last part of its set (fr_work.whole) */
     size_t n, cap;
     uint64_t *expect, *total;      /* plan: WRITEs each worker sends me; I send each */
     bool *progress;                /* plan, hop 1: it forwards my bytes: tell it early */
@@ -83,6 +85,8 @@ typedef struct fr_rpiece {
     size_t first, n;
     uint64_t bytes;
     uint32_t shard;                /* my shard it lands in */
+    bool last;                     /* the last part of its set (fr_work.whole: a set read
+                                    * whole moves in parts; it is checked after this one) */
 } fr_rpiece;
 
 typedef struct fr_work {

@@ -72,7 +72,7 @@ void fr_work_free(fr_work *w)
 {
     for (int h = 0; h < 2; h++) {
         fr_pushes *ps = &w->hop[h];
-        free(ps->ops), free(ps->to), free(ps->dep), free(ps->via), free(ps->shard), free(ps->viewed);
+        free(ps->ops), free(ps->to), free(ps->dep), free(ps->via), free(ps->shard), free(ps->last), free(ps->viewed);
         free(ps->expect), free(ps->got), free(ps->failed), free(ps->total), free(ps->sent);
         free(ps->done), free(ps->progress), free(ps->out_failed);
     }
@@ -88,7 +88,7 @@ void fr_work_free(fr_work *w)
 }
 
 static int add_push(fr_pushes *ps, const ferry_op *op, uint32_t to, size_t dep, uint32_t via,
-                    uint32_t shard)
+                    uint32_t shard, bool last)
 {
     size_t cap = ps->cap;
     if (fr_grow((void **)&ps->ops, &ps->cap, ps->n + 1, sizeof *ps->ops) < 0)
@@ -106,8 +106,11 @@ static int add_push(fr_pushes *ps, const ferry_op *op, uint32_t to, size_t dep, 
         uint32_t *ns = realloc(ps->shard, ps->cap * sizeof *ns);
         if (ns)
             ps->shard = ns;
-        if (!nt || !nd || !nv || !ns) {
-            ps->cap = cap;   /* to, dep, via and shard keep their old size */
+        bool *nl = realloc(ps->last, ps->cap * sizeof *nl);
+        if (nl)
+            ps->last = nl;
+        if (!nt || !nd || !nv || !ns || !nl) {
+            ps->cap = cap;   /* to, dep, via, shard and last keep their old size */
             return FERRY_ENOMEM;
         }
     }
@@ -115,6 +118,7 @@ static int add_push(fr_pushes *ps, const ferry_op *op, uint32_t to, size_t dep, 
     ps->dep[ps->n] = dep;
     ps->via[ps->n] = via;
     ps->shard[ps->n] = shard;
+    ps->last[ps->n] = last;
     ps->to[ps->n++] = to;
     return 0;
 }
@@ -213,7 +217,7 @@ static uint64_t run_ops(const ferry_run *r)
 /* The WRITEs of one push, lowered by exec (outer loops unrolled, the
  * innermost strided). */
 static int push_ops(planner *P, const ferry_run *r, const fr_sfrag *f, const fr_sfrag *t,
-                    uint32_t hop, size_t dep, uint32_t via)
+                    uint32_t hop, size_t dep, uint32_t via, bool last)
 {
     bool self = t->worker == P->me;
     size_t n = 0;
@@ -221,7 +225,7 @@ static int push_ops(planner *P, const ferry_run *r, const fr_sfrag *f, const fr_
                                 self ? 0 : P->mbs[t->worker].peer, self ? 0 : t->key, &P->ops, &n,
                                 &P->capops);
     for (size_t i = 0; rc == 0 && i < n; i++)
-        rc = add_push(&P->w->hop[hop - 1], &P->ops[i], t->worker, dep, via, f->shard);
+        rc = add_push(&P->w->hop[hop - 1], &P->ops[i], t->worker, dep, via, f->shard, last);
     return rc;
 }
 
@@ -259,7 +263,7 @@ static int add_read(planner *P, const fr_sfrag *f, uint64_t row0, uint64_t rows,
     if (rc < 0)
         return rc;
     P->rshard[w->nreads] = f->shard;
-    w->reads[w->nreads] = (fr_rpiece){ .bytes = bytes, .shard = f->shard };
+    w->reads[w->nreads] = (fr_rpiece){ .bytes = bytes, .shard = f->shard, .last = true };
     *idx = w->nreads++;
     return 0;
 }
@@ -302,15 +306,26 @@ static int plan_set(planner *P, const fr_sfrag *const *fs, size_t k)
     if (rc < 0)
         return rc;
     for (size_t q = 0; q < ng; q++) {
-        uint64_t p = g[q].off / (per * row), row0 = p * per, nrows = g[q].len / row;
+        uint64_t p = g[q].off / (per * row), rowq = p * per, nrowsq = g[q].len / row;
+        /* A set read whole (fr_work.whole) by one reader still moves in
+         * parts of about FR_SUB_WHOLE_PART: each part its own read and its
+         * own pushes, so that those waiting for it hear after each part;
+         * its check waits for the last part (fr_rpiece.last). */
+        uint64_t sub = w->whole && k > 1 ? FR_SUB_WHOLE_PART / row : nrowsq;
+        sub = sub ? sub : 1;
+        for (uint64_t r0 = 0; r0 < nrowsq; r0 += sub) {
+        uint64_t row0 = rowq + r0, nrows = nrowsq - r0 < sub ? nrowsq - r0 : sub;
+        uint64_t len = nrows * row;
+        bool last = r0 + nrows == nrowsq;
         const fr_sfrag *reader = fs[g[q].reader % k];
-        w->group_read += g[q].len;
-        w->node_read[P->wnode[reader->worker]] += g[q].len;
+        w->group_read += len;
+        w->node_read[P->wnode[reader->worker]] += len;
         size_t read = 0;
         if (reader->worker == P->me) {
-            if ((rc = add_read(P, reader, row0, nrows, g[q].len, &read)) < 0)
+            if ((rc = add_read(P, reader, row0, nrows, len, &read)) < 0)
                 return rc;
-            w->my_read += g[q].len;
+            w->reads[read].last = last;
+            w->my_read += len;
             note_src(w, reader->shard, P->me);
         }
         if (fr_grow((void **)&P->scratch, &P->caps, g[q].npush ? g[q].npush : 1,
@@ -327,7 +342,7 @@ static int plan_set(planner *P, const fr_sfrag *const *fs, size_t k)
                 if (t->worker == P->me) {
                     ps->expect[f->worker] += nops;
                     P->scratch[x - g[q].push] = ps->expect[f->worker];
-                    w->received += g[q].len;
+                    w->received += len;
                     note_src(w, t->shard, f->worker);
                 }
                 if (hop == 2 && reader->worker == P->me)
@@ -343,12 +358,13 @@ static int plan_set(planner *P, const fr_sfrag *const *fs, size_t k)
                     via = fs[pu[j].from % k]->worker;
                     break;
                 }
-            if ((rc = push_ops(P, &run, f, t, hop, dep, via)) < 0)
+            if ((rc = push_ops(P, &run, f, t, hop, dep, via, last)) < 0)
                 return rc;
             if (t->worker != P->me) {
                 ps->total[t->worker] += nops;
-                w->pushed += g[q].len;
+                w->pushed += len;
             }
+        }
         }
     }
     return 0;
