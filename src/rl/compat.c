@@ -413,8 +413,8 @@ static void post_cause(run *r, const char *msg)
     char key[400], why[600];
     abort_key(r, key, sizeof key);
     int n = snprintf(why, sizeof why, "worker %u: %s", r->g->cfg.rank, msg);
-    (void)ferry_kv_cas(r->g->s, key, 0, why, (size_t)(n < (int)sizeof why ? n : (int)sizeof why - 1),
-                       NULL);
+    size_t len = (size_t)(n < (int)sizeof why ? n : (int)sizeof why - 1);
+    (void)ferry_kv_cas(r->g->s, key, 0, why, len, NULL);
 }
 
 static int verify_hook(void *ctx, uint32_t shard, ferry_error *err)
@@ -828,8 +828,9 @@ int ferry_compat_group_open(ferry_store *s, const ferry_compat_config *cfg,
     g->e = ferry_store_engine(s);
     g->mates = calloc(cfg->world, sizeof *g->mates);
     g->view = calloc(cfg->world, sizeof *g->view);
-    int rc = g->mates && g->view ? ferry_mem_alloc(g->e, (size_t)g->cfg.staging_bytes, (void **)&g->staging)
-                      : FERRY_ENOMEM;
+    int rc = g->mates && g->view
+                 ? ferry_mem_alloc(g->e, (size_t)g->cfg.staging_bytes, (void **)&g->staging)
+                 : FERRY_ENOMEM;
     if (rc < 0) {
         g->staging = NULL;
         fr_rl_fail(err, rc, "compat: cannot allocate %" PRIu64 " bytes of staging: %s",

@@ -72,7 +72,8 @@ void fr_work_free(fr_work *w)
 {
     for (int h = 0; h < 2; h++) {
         fr_pushes *ps = &w->hop[h];
-        free(ps->ops), free(ps->to), free(ps->dep), free(ps->via), free(ps->shard), free(ps->last), free(ps->viewed);
+        free(ps->ops), free(ps->to), free(ps->dep), free(ps->via), free(ps->shard);
+        free(ps->last), free(ps->viewed);
         free(ps->expect), free(ps->got), free(ps->failed), free(ps->total), free(ps->sent);
         free(ps->done), free(ps->progress), free(ps->out_failed);
     }
@@ -87,32 +88,29 @@ void fr_work_free(fr_work *w)
     memset(w, 0, sizeof *w);
 }
 
+/* One parallel array of a push list grown to cap entries of size bytes. */
+static bool regrow(void **p, size_t cap, size_t size)
+{
+    void *n = realloc(*p, cap * size);
+    if (n)
+        *p = n;
+    return n != NULL;
+}
+
 static int add_push(fr_pushes *ps, const ferry_op *op, uint32_t to, size_t dep, uint32_t via,
                     uint32_t shard, bool last)
 {
     size_t cap = ps->cap;
     if (fr_grow((void **)&ps->ops, &ps->cap, ps->n + 1, sizeof *ps->ops) < 0)
         return FERRY_ENOMEM;
-    if (ps->cap != cap) {
-        uint32_t *nt = realloc(ps->to, ps->cap * sizeof *nt);
-        if (nt)
-            ps->to = nt;
-        size_t *nd = realloc(ps->dep, ps->cap * sizeof *nd);
-        if (nd)
-            ps->dep = nd;
-        uint32_t *nv = realloc(ps->via, ps->cap * sizeof *nv);
-        if (nv)
-            ps->via = nv;
-        uint32_t *ns = realloc(ps->shard, ps->cap * sizeof *ns);
-        if (ns)
-            ps->shard = ns;
-        bool *nl = realloc(ps->last, ps->cap * sizeof *nl);
-        if (nl)
-            ps->last = nl;
-        if (!nt || !nd || !nv || !ns || !nl) {
-            ps->cap = cap;   /* to, dep, via, shard and last keep their old size */
-            return FERRY_ENOMEM;
-        }
+    /* every array grown (&, not &&), so that none is left shorter than cap */
+    if (ps->cap != cap && !(regrow((void **)&ps->to, ps->cap, sizeof *ps->to) &
+                            regrow((void **)&ps->dep, ps->cap, sizeof *ps->dep) &
+                            regrow((void **)&ps->via, ps->cap, sizeof *ps->via) &
+                            regrow((void **)&ps->shard, ps->cap, sizeof *ps->shard) &
+                            regrow((void **)&ps->last, ps->cap, sizeof *ps->last))) {
+        ps->cap = cap;   /* the arrays grown keep at least their old size */
+        return FERRY_ENOMEM;
     }
     ps->ops[ps->n] = *op;
     ps->dep[ps->n] = dep;
@@ -314,57 +312,57 @@ static int plan_set(planner *P, const fr_sfrag *const *fs, size_t k)
         uint64_t sub = w->whole && k > 1 ? FR_SUB_WHOLE_PART / row : nrowsq;
         sub = sub ? sub : 1;
         for (uint64_t r0 = 0; r0 < nrowsq; r0 += sub) {
-        uint64_t row0 = rowq + r0, nrows = nrowsq - r0 < sub ? nrowsq - r0 : sub;
-        uint64_t len = nrows * row;
-        bool last = r0 + nrows == nrowsq;
-        const fr_sfrag *reader = fs[g[q].reader % k];
-        w->group_read += len;
-        w->node_read[P->wnode[reader->worker]] += len;
-        size_t read = 0;
-        if (reader->worker == P->me) {
-            if ((rc = add_read(P, reader, row0, nrows, len, &read)) < 0)
-                return rc;
-            w->reads[read].last = last;
-            w->my_read += len;
-            note_src(w, reader->shard, P->me);
-        }
-        if (fr_grow((void **)&P->scratch, &P->caps, g[q].npush ? g[q].npush : 1,
-                    sizeof *P->scratch) < 0)
-            return FERRY_ENOMEM;
-        for (size_t x = g[q].push; x < g[q].push + g[q].npush; x++) {
-            const fr_sfrag *f = fs[pu[x].from % k], *t = fs[pu[x].to % k];
-            uint32_t hop = pu[x].hop;
-            fr_pushes *ps = &w->hop[hop - 1];
-            ferry_run run;
-            piece_run(&d, f, t, row0, nrows, &run);
-            uint64_t nops = run_ops(&run);
-            if (f->worker != P->me) {
-                if (t->worker == P->me) {
-                    ps->expect[f->worker] += nops;
-                    P->scratch[x - g[q].push] = ps->expect[f->worker];
-                    w->received += len;
-                    note_src(w, t->shard, f->worker);
-                }
-                if (hop == 2 && reader->worker == P->me)
-                    w->hop[0].progress[f->worker] = true;   /* it forwards what I read */
-                continue;
+            uint64_t row0 = rowq + r0, nrows = nrowsq - r0 < sub ? nrowsq - r0 : sub;
+            uint64_t len = nrows * row;
+            bool last = r0 + nrows == nrowsq;
+            const fr_sfrag *reader = fs[g[q].reader % k];
+            w->group_read += len;
+            w->node_read[P->wnode[reader->worker]] += len;
+            size_t read = 0;
+            if (reader->worker == P->me) {
+                if ((rc = add_read(P, reader, row0, nrows, len, &read)) < 0)
+                    return rc;
+                w->reads[read].last = last;
+                w->my_read += len;
+                note_src(w, reader->shard, P->me);
             }
-            size_t dep = read;
-            uint32_t via = UINT32_MAX;
-            for (size_t j = g[q].push; hop == 2 && j < x; j++)   /* the hop-1 WRITE into f */
-                if (pu[j].hop == 1 && pu[j].to == pu[x].from &&
-                    fs[pu[j].from % k]->worker != P->me) {
-                    dep = (size_t)P->scratch[j - g[q].push];
-                    via = fs[pu[j].from % k]->worker;
-                    break;
+            if (fr_grow((void **)&P->scratch, &P->caps, g[q].npush ? g[q].npush : 1,
+                        sizeof *P->scratch) < 0)
+                return FERRY_ENOMEM;
+            for (size_t x = g[q].push; x < g[q].push + g[q].npush; x++) {
+                const fr_sfrag *f = fs[pu[x].from % k], *t = fs[pu[x].to % k];
+                uint32_t hop = pu[x].hop;
+                fr_pushes *ps = &w->hop[hop - 1];
+                ferry_run run;
+                piece_run(&d, f, t, row0, nrows, &run);
+                uint64_t nops = run_ops(&run);
+                if (f->worker != P->me) {
+                    if (t->worker == P->me) {
+                        ps->expect[f->worker] += nops;
+                        P->scratch[x - g[q].push] = ps->expect[f->worker];
+                        w->received += len;
+                        note_src(w, t->shard, f->worker);
+                    }
+                    if (hop == 2 && reader->worker == P->me)
+                        w->hop[0].progress[f->worker] = true;   /* it forwards what I read */
+                    continue;
                 }
-            if ((rc = push_ops(P, &run, f, t, hop, dep, via, last)) < 0)
-                return rc;
-            if (t->worker != P->me) {
-                ps->total[t->worker] += nops;
-                w->pushed += len;
+                size_t dep = read;
+                uint32_t via = UINT32_MAX;
+                for (size_t j = g[q].push; hop == 2 && j < x; j++)   /* the hop-1 WRITE into f */
+                    if (pu[j].hop == 1 && pu[j].to == pu[x].from &&
+                        fs[pu[j].from % k]->worker != P->me) {
+                        dep = (size_t)P->scratch[j - g[q].push];
+                        via = fs[pu[j].from % k]->worker;
+                        break;
+                    }
+                if ((rc = push_ops(P, &run, f, t, hop, dep, via, last)) < 0)
+                    return rc;
+                if (t->worker != P->me) {
+                    ps->total[t->worker] += nops;
+                    w->pushed += len;
+                }
             }
-        }
         }
     }
     return 0;

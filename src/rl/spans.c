@@ -99,7 +99,8 @@ int fr_rl_spans_register(ferry_engine *e, uint8_t *const *addr, const uint64_t *
         of[v[i].shard] = nb - 1;
     }
     free(v);
-    bool same = sp->reg && !sp->borrowed && nb == sp->n && !memcmp(base, sp->base, nb * sizeof *base) &&
+    bool same = sp->reg && !sp->borrowed && nb == sp->n &&
+                !memcmp(base, sp->base, nb * sizeof *base) &&
                 !memcmp(blen, sp->len, nb * sizeof *blen);
     free(sp->of);
     sp->of = of;
