@@ -103,12 +103,16 @@ static int add_push(fr_pushes *ps, const ferry_op *op, uint32_t to, size_t dep, 
     size_t cap = ps->cap;
     if (fr_grow((void **)&ps->ops, &ps->cap, ps->n + 1, sizeof *ps->ops) < 0)
         return FERRY_ENOMEM;
-    /* every array grown (&, not &&), so that none is left shorter than cap */
-    if (ps->cap != cap && !(regrow((void **)&ps->to, ps->cap, sizeof *ps->to) &
-                            regrow((void **)&ps->dep, ps->cap, sizeof *ps->dep) &
-                            regrow((void **)&ps->via, ps->cap, sizeof *ps->via) &
-                            regrow((void **)&ps->shard, ps->cap, sizeof *ps->shard) &
-                            regrow((void **)&ps->last, ps->cap, sizeof *ps->last))) {
+    /* every array grown (each call first), so that none is left shorter than cap */
+    bool ok = ps->cap == cap;
+    if (!ok) {
+        ok = regrow((void **)&ps->to, ps->cap, sizeof *ps->to);
+        ok = regrow((void **)&ps->dep, ps->cap, sizeof *ps->dep) && ok;
+        ok = regrow((void **)&ps->via, ps->cap, sizeof *ps->via) && ok;
+        ok = regrow((void **)&ps->shard, ps->cap, sizeof *ps->shard) && ok;
+        ok = regrow((void **)&ps->last, ps->cap, sizeof *ps->last) && ok;
+    }
+    if (!ok) {
         ps->cap = cap;   /* the arrays grown keep at least their old size */
         return FERRY_ENOMEM;
     }
