@@ -41,7 +41,8 @@
  *
  * Record (little-endian): "FRYCOMP2", u64 generation, u32 rank, u32 node,
  * i32 verdict, u32 pad, u64 nonce, u64 staging bytes, u32 desc length,
- * u32 message length, u64 local segment, desc, message. */
+ * u32 message length, u64 local segment (not read back: each batch's demand
+ * record carries it to the group update's planner), desc, message. */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -61,7 +62,6 @@
 
 typedef struct mate {
     uint32_t node;              /* as passed */
-    uint64_t segment;           /* the store segment on its node (0: unknown) */
     uint64_t staging;
     uint8_t desc[FERRY_DESC_MAX];
     uint32_t desc_len;
@@ -198,7 +198,6 @@ static int read_records(ferry_compat_group *g, uint64_t gen, uint64_t *id, uint3
             mate *mt = &g->mates[k];
             mt->node = get32(b + 20);
             mt->staging = get64(b + 40);
-            mt->segment = get64(b + 56);
             fr_hasher_update(h, b + 32, 8);
             if (k != g->cfg.rank && (!mt->imported || mt->desc_len != dl ||
                                      memcmp(mt->desc, b + HDR, dl) != 0)) {
