@@ -169,6 +169,21 @@ typedef struct ferry_mapping {
  * writes). */
 int ferry_remote_map(ferry_engine *e, const ferry_remote_region *rr, uint64_t addr, uint64_t len,
                      ferry_mapping *out);
+/* Warm this process's way to bytes [addr, addr + len) of an imported
+ * remote region: where the engine copies through a mapping of the peer's
+ * memory (a same-host peer over shm, memory from ferry_mem_alloc), touch
+ * every page of that mapping once, so that later READs and WRITEs there
+ * copy at memory speed instead of paying a first touch per page (on VMs
+ * 20-50x a warm copy; docs/engine.md, "Warm mappings"). write: touch for
+ * writing (the region must be remote-writable, FERRY_EACCES otherwise):
+ * each page's first word is rewritten with its own value by a locked add
+ * of 0, which a concurrent writer cannot lose; else a read. Checked like
+ * the op it prepares (FERRY_EFAULT outside the region). *touched (may be
+ * NULL): the bytes warmed, 0 where there is no mapping to warm (tcp, ucx,
+ * heap memory reached by cross-memory attach). Costs one first touch per
+ * page, once per process: call it at set-up, off the critical path. */
+int ferry_remote_warm(ferry_engine *e, const ferry_remote_region *rr, uint64_t addr, uint64_t len,
+                      bool write, uint64_t *touched);
 /* Release a view (and zero it); an empty one is a no-op. */
 void ferry_remote_unmap(ferry_mapping *m);
 

@@ -91,6 +91,14 @@ typedef struct ferry_replicate_config {
     const uint64_t *preferred_segments; /* tried first, in order; a preference only */
     uint32_t npreferred;
     bool hard_pin;                      /* never evicted */
+    /* (appended) Placement slot, 0 for none: the master remembers where the
+     * last few objects put under a slot were when they were removed, and a
+     * put under the same slot takes one of those places when it is free and
+     * large enough, before any other. A preference, like preferred_segments.
+     * What it is for: a process copies fast only into memory it has written
+     * before, so a writer that puts each new version of an object under one
+     * slot writes where it wrote before (docs/store.md, "Placement slots"). */
+    uint64_t slot;
 } ferry_replicate_config;
 
 typedef struct ferry_replica_info {
@@ -276,6 +284,18 @@ int ferry_queue_nack(ferry_store *s, uint64_t id, uint32_t token);
 
 /* The master's state as JSON text (ferry_store_free). */
 int ferry_store_status_json(ferry_store *s, char **json);
+
+/* Warm this process's way to the store's memory: every page of every
+ * segment this client reaches through a mapping (the segments of this
+ * machine's nodes, over shm) is touched once through the mapping its puts
+ * and gets copy through (ferry_remote_warm; write: for writing, as a
+ * publisher's puts need, else for reading). Segments on other machines
+ * have nothing to warm. Costs one first touch per page of the segments
+ * (docs/store.md, "Warm mappings"): a set-up step, off the critical path,
+ * after which no put or get pays for a page-table entry. *bytes (may be
+ * NULL): the bytes warmed. Returns 0, or the first error met (the other
+ * segments are still warmed). */
+int ferry_store_warm(ferry_store *s, bool write, uint64_t *bytes);
 
 /* ---- the master process ----------------------------------------------------------- */
 /* The metadata server: an event loop over TCP serving the store protocol,

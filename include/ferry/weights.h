@@ -96,6 +96,10 @@ typedef struct ferry_publish_stats {
     uint64_t swept_generations;           /* (appended) coordinator only: generations older than
                                            * this one that were never announced, whose leftover
                                            * objects this publish removed */
+    uint64_t faults;                      /* (appended) minor page faults the process took
+                                           * during the call, every thread's: first touches
+                                           * of memory or mappings (0 in a warm steady
+                                           * state; docs/weights.md, "Warm memory") */
 } ferry_publish_stats;
 
 /* Publish `generation` (> every earlier one) from this rank. Every rank of
@@ -154,6 +158,19 @@ typedef struct ferry_shard_data {
 int ferry_publish_shards(ferry_store *s, const ferry_publisher_config *cfg, uint64_t generation,
                          ferry_manifest *placement, const ferry_shard_data *mine, size_t n,
                          ferry_publish_stats *st, ferry_error *err);
+
+/* The publisher's warm-up (docs/weights.md, "Warm memory"): what this
+ * rank's publishes of `placement` will write is written once now, off the
+ * critical path — the store client's staging buffer sized for this rank's
+ * largest packed object, and every page of the store's segments on this
+ * machine through the mapping the puts copy through (ferry_store_warm for
+ * writing). Local to the rank: no barrier, nothing stored, no generation.
+ * *bytes (may be NULL): the bytes touched. Without it, the first
+ * generations pay a first touch per page they land on (on VMs 20-50x a
+ * warm copy). FERRY_EINVAL for a bad config or placement, FERRY_EBUSY when
+ * another thread holds the staging buffer. */
+int ferry_publish_warm(ferry_store *s, const ferry_publisher_config *cfg,
+                       ferry_manifest *placement, uint64_t *bytes, ferry_error *err);
 
 /* This rank cannot publish `generation` (why: its reason, e.g. a check of
  * its own inputs failed before it could call ferry_publish). It takes part
@@ -285,6 +302,8 @@ typedef struct ferry_update_stats {
      * worker's place in it. */
     uint64_t epoch;
     uint32_t members, position;
+    uint64_t faults;              /* (appended) minor page faults the process took during the
+                                   * call, every thread's (docs/weights.md, "Warm memory") */
 } ferry_update_stats;
 
 /* Parameter-direct update, each worker reading its own demand from the

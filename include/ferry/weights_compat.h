@@ -82,6 +82,8 @@ typedef struct ferry_compat_stats {
      * its own staging (WRITEs from other nodes, and READs where no view
      * could be made). */
     uint64_t bytes_viewed;
+    uint64_t faults;                /* (appended) minor page faults the process took during the
+                                     * call, every thread's (docs/weights.md, "Warm memory") */
 } ferry_compat_stats;
 
 /* Allocate and register this worker's staging buffer (shm-mappable,

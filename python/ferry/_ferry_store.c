@@ -1572,6 +1572,24 @@ static PyObject *st_status(StoreObject *self, PyObject *unused)
     return d;
 }
 
+/* warm(write=False) -> bytes warmed (ferry_store_warm). */
+static PyObject *st_warm(StoreObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"write", NULL};
+    int write = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|p:warm", kwl, &write))
+        return NULL;
+    ferry_store *s = st_of(self);
+    if (!s)
+        return NULL;
+    uint64_t bytes = 0;
+    int rc;
+    ST_CALL(self, rc = ferry_store_warm(s, write != 0, &bytes));
+    if (rc < 0)
+        return st_raise(rc);
+    return PyLong_FromUnsignedLongLong(bytes);
+}
+
 static PyObject *st_engine_address(StoreObject *self, PyObject *unused)
 {
     (void)unused;
@@ -1670,6 +1688,9 @@ static PyMethodDef st_methods[] = {
      "queue_nack(id, token): deliver again now"},
     {"status", (PyCFunction)st_status, METH_NOARGS, "status($self, /)\n--\n\n"
      "status() -> the master's state (dict)"},
+    {"warm", FP_KWFN(st_warm), METH_VARARGS | METH_KEYWORDS, "warm($self, /, write=False)\n--\n\n"
+     "warm(write=False) -> bytes: touch every page of this machine's segments once through this "
+     "client's mappings (a set-up step: later puts and gets pay no first touch)"},
     {"engine_address", (PyCFunction)st_engine_address, METH_NOARGS, "engine_address($self, /)\n--\n\n"
      "engine_address() -> the client engine's address"},
     {NULL, NULL, 0, NULL},

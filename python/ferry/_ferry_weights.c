@@ -77,7 +77,7 @@ static const fp_field update_fields[] = {
     F(generation), F(bytes_read), F(ranges), F(tensors), F(bytes_pushed), F(bytes_received),
     F(group_bytes_read), F(prepare_s), F(read_s), F(push_s), F(exchange_s), F(plan_s), F(forward_s),
     F(barrier_s), F(apply_s), F(batches), F(group_pushed_cross), F(group_pushed_intra), F(nic_max_in),
-    F(nic_max_out), F(nic_mean_in), F(nic_mean_out), F(epoch), F(members), F(position),
+    F(nic_max_out), F(nic_mean_in), F(nic_mean_out), F(epoch), F(members), F(position), F(faults),
 };
 #undef F
 
@@ -279,7 +279,7 @@ int fp_publisher_config(ferry_publisher_config *cfg, const char *model, const ch
 static const fp_field publish_fields[] = {
     F(tensors), F(bytes), F(total_tensors), F(total_bytes), F(cross_node_bytes), F(put_s),
     F(commit_s), F(removed_generations), F(convert_s), F(store_s), F(barrier_s), F(local_bytes),
-    F(swept_generations),
+    F(swept_generations), F(faults),
 };
 #undef F
 #define PUBLISH_BASE_FIELDS 8
@@ -586,6 +586,37 @@ done:
     PyMem_Free(d);
     Py_XDECREF(items);
     return out;
+}
+
+/* weights_publish_warm(store, model, rank, world, out_dtype, placement) ->
+ * bytes touched (ferry_publish_warm). */
+static PyObject *w_publish_warm(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *so, *po;
+    const char *model, *out_dtype;
+    unsigned int rank, world;
+    if (!PyArg_ParseTuple(args, "OsIIsO:weights_publish_warm", &so, &model, &rank, &world, &out_dtype,
+                          &po))
+        return NULL;
+    ferry_store *s = fp_store_handle(so);
+    if (!s)
+        return NULL;
+    ferry_publisher_config cfg;
+    if (fp_publisher_config(&cfg, model, out_dtype, rank, world, 0, 0, 0) < 0)
+        return NULL;
+    ferry_manifest *pl = fp_manifest_of(po);
+    if (!pl)
+        return NULL;
+    uint64_t bytes = 0;
+    ferry_error err = {0};
+    int rc;
+    FP_STORE_CALL(so, rc = ferry_publish_warm(s, &cfg, pl, &bytes, &err));
+    if (rc < 0) {
+        fp_raise_err_class(rc, &err);
+        return NULL;
+    }
+    return PyLong_FromUnsignedLongLong(bytes);
 }
 
 /* ---- shards (fp_shards in _ferry.h) ---------------------------------------------------- */
@@ -1182,7 +1213,7 @@ static const fp_field compat_fields[] = {
     F(generation), F(tensors), F(bytes), F(tensors_led), F(bytes_read), F(bytes_sent_cross), F(bytes_sent_intra),
     F(bytes_received), F(batches), F(imported), F(group_bytes_read), F(group_cross_bytes), F(group_intra_bytes),
     F(nodes), F(staging_slots), F(pipelined_batches), F(prepare_s), F(exchange_s), F(plan_s), F(read_s),
-    F(wait_s), F(verify_s), F(load_s), F(barrier_s), F(apply_s), F(total_s), F(bytes_viewed),
+    F(wait_s), F(verify_s), F(load_s), F(barrier_s), F(apply_s), F(total_s), F(bytes_viewed), F(faults),
 };
 #undef F
 
@@ -1278,6 +1309,10 @@ static PyMethodDef w_methods[] = {
      "weights_publish($module, store, model, rank, world, rank_node, out_dtype, segment, keep, timeout_ms, generation, tensors, /)\n--\n\n"
      "weights_publish(store, model, rank, world, rank_node, out_dtype, segment, keep, timeout_ms, generation, "
      "tensors) -> stats"},
+    {"weights_publish_warm", w_publish_warm, METH_VARARGS,
+     "weights_publish_warm($module, store, model, rank, world, out_dtype, placement, /)\n--\n\n"
+     "weights_publish_warm(store, model, rank, world, out_dtype, placement) -> bytes touched "
+     "(ferry_publish_warm: the staging buffer and the segments, for writing)"},
     {"weights_publish_shards", w_publish_shards, METH_VARARGS,
      "weights_publish_shards($module, store, model, rank, world, out_dtype, segment, keep, timeout_ms, generation, placement, mine, /)\n--\n\n"
      "weights_publish_shards(store, model, rank, world, out_dtype, segment, keep, timeout_ms, generation, "

@@ -132,6 +132,33 @@ def _box_view(t, offset, shape):
     return v
 
 
+def _module_placement(publisher, items, layout, rules, roles, shapes):
+    """(name, full shape, dtype) of every tensor of ``items`` and the
+    placement of ``layout`` over them (publish_module's)."""
+    shapes = shapes or {}
+    tensors = []
+    for n, t in items:
+        tensors.append((n, tuple(shapes.get(n, tuple(t.shape))), _tensors.dtype_of(t)))
+    placement = build_layout(publisher.model, tensors, layout, rules, roles)
+    if placement.ranks != publisher.world:
+        raise ValueError(f"layout {layout!r} has {placement.ranks} ranks; the trainer world is {publisher.world}")
+    return tensors, placement
+
+
+def warm_publisher(publisher, module, layout=None, *, buffers=False, rules=None, roles=None, shapes=None):
+    """The trainer's warm-up before its first :func:`publish_module` with
+    the same arguments (docs/weights.md, "Warm memory"): what those
+    publishes write — the store client's staging buffer and this
+    machine's segments, through this process's mappings — is touched once
+    now, so that generation 1 costs what later ones do. Local to this rank.
+    Without ``layout`` only the segments are warmed. Returns the bytes
+    touched."""
+    if layout is None:
+        return publisher.store.warm(write=True)
+    _, placement = _module_placement(publisher, _named(module, buffers), layout, rules, roles, shapes)
+    return publisher.warm(placement)
+
+
 def publish_module(publisher, generation, module, layout=None, *, buffers=False, rules=None, roles=None,
                    shapes=None):
     """Publish ``generation`` of a module's parameters (``named_parameters()``;
@@ -152,13 +179,7 @@ def publish_module(publisher, generation, module, layout=None, *, buffers=False,
     items = _named(module, buffers)
     if layout is None:
         return publisher.publish(generation, [(n, t, _tensors.dtype_of(t)) for n, t in items])
-    shapes = shapes or {}
-    tensors = []
-    for n, t in items:
-        tensors.append((n, tuple(shapes.get(n, tuple(t.shape))), _tensors.dtype_of(t)))
-    placement = build_layout(publisher.model, tensors, layout, rules, roles)
-    if placement.ranks != publisher.world:
-        raise ValueError(f"layout {layout!r} has {placement.ranks} ranks; the trainer world is {publisher.world}")
+    tensors, placement = _module_placement(publisher, items, layout, rules, roles, shapes)
     mine = []
     for ti, boxes in _boxes(placement, publisher.rank, replica0=True).items():
         name, t = items[ti]
@@ -318,6 +339,13 @@ class Subscriber:
         since open (``p.data = other``): an update would write the old storage."""
         for d in self._dests.values():
             d.check()
+
+    def warm(self):
+        """The rollout's warm-up before its first :meth:`update`
+        (docs/weights.md, "Warm memory"): this machine's segments are
+        touched once through this process's mappings, so that the first
+        update reads them at memory speed. Returns the bytes touched."""
+        return self.store.warm(write=False)
 
     def update(self, alone=False):
         """Take the active generation into the parameters; returns the stats

@@ -2,8 +2,9 @@
 do today, on the same shards in one run (docs/weights.md, "Against
 torch.save and gloo"; ``ferry bench weights --torch`` runs it).
 
-``python3 -m ferry.bench_torch [--json] [--rounds 5] [--warmup 1]
-[--hidden 1024] [--layers 8] [--ffn 4096] [--vocab 15000] [--ctx 1024]``
+``python3 -m ferry.bench_torch [--json] [--rounds 5] [--warmup 0]
+[--hidden 1024] [--layers 8] [--ffn 4096] [--vocab 15000] [--ctx 1024]
+[--variants torch_save,gloo_bcast,p2p,ferry_shard]``
 
 A GPT-style model (the tensors of python/tests/gpt_model.py's GPT, scaled
 up: about 166 M parameters, 332 MB in bf16 by default) is held by 4 trainer
@@ -11,16 +12,23 @@ processes as FSDP dim-0 shards (``fsdp:4``: every tensor cut along dim 0;
 each rank's shards are views into one flat buffer, as FSDP keeps them) and
 is wanted by 4 rollout processes in TP2 x DP2 (``tp:2,dp:2``: torch
 parameters of their TP boxes, the role rules of ferry.torch). Each round the
-trainers fill their shards with new values, then three updates run back to
+trainers fill their shards with new values, then four updates run back to
 back, in an order that rotates from round to round:
 
 - ``torch_save``: gather the shards to trainer 0 (gloo), which rebuilds the
-  full tensors and ``torch.save``s them into /dev/shm; a gloo broadcast
-  tells the rollouts, each ``torch.load``s the file and copies its TP
-  slices into its parameters;
+  full tensors and ``torch.save``s them into /dev/shm (a temporary name,
+  then renamed); each rollout polls for the file and, as soon as it is
+  there, ``torch.load``s it and copies its TP slices into its parameters;
 - ``gloo_bcast``: gather the shards to trainer 0, which broadcasts them
   (gloo, every rank's shards as one buffer) to the rollouts, each copying
   its slices out of them;
+- ``p2p``: point-to-point (gloo ``isend``/``irecv`` over loopback, the same
+  world): each trainer sends every rollout exactly the part of each of its
+  shards that the rollout's TP box holds (shard rows x the box's columns;
+  each piece once to each rollout that wants it, no gather), received
+  straight into the rollout's parameter (a run of its whole rows). The
+  schedule is computed once; pieces that are not contiguous in the shard
+  (column-cut tensors) are copied into send buffers allocated once;
 - ``ferry_shard``: every trainer publishes its own shards
   (``ferry.torch.publish_module(..., layout="fsdp:4")`` over
   ``ferry_publish_shards``: no gather), and the rollouts, told by a watch
@@ -35,8 +43,11 @@ CLOCK_MONOTONIC readings compare). After each variant every rollout
 hashes each parameter (BLAKE2b) and the parent compares it with the hash
 of the same slice of the full model that it rebuilt from the trainers'
 values (and the trainers' hashes of their shards with the parent's).
-The reported figure per variant is the median over the rounds after the
-warm-up ones.
+The first round (the first update of a fresh process set) is reported on
+its own (``<variant>_first_s``); the steady state is the ``--rounds``
+rounds after it (and after ``--warmup`` more, 0 by default): their median
+(``<variant>_s``) and max (``<variant>_max_s``). Each worker's minor page
+faults (getrusage) over its part of each variant are summed per side.
 
 Processes: the parent starts a ferry cluster with ``ferry up`` (FERRY_BIN,
 else ``ferry`` next to build/python, else on PATH) in a temporary
@@ -48,9 +59,11 @@ Everything started is stopped on exit, also on failure.
 import argparse
 import hashlib
 import json
+import mmap
 import multiprocessing
 import os
 import queue
+import resource
 import shutil
 import statistics
 import subprocess
@@ -69,9 +82,25 @@ import ferry.torch as ft
 MODEL = "torchbench"
 TRAINERS, ROLLOUTS = 4, 4
 SRC_LAYOUT, DST_LAYOUT = "fsdp:4", "tp:2,dp:2"
-VARIANTS = ("torch_save", "gloo_bcast", "ferry_shard")
+VARIANTS = ("torch_save", "gloo_bcast", "p2p", "ferry_shard")
 POISON = -3.0
 START_S = 120.0        # deadline for the cluster to come up (a bound, not a measure)
+POLL_S = 0.001         # torch_save: how long a rollout sleeps between looks for the file
+TOUCH_BYTES, WARM_BYTES, PASSES = 16 << 20, 256 << 20, 5
+TIMING_RULE = (
+    "every variant: from the moment all 8 processes have left one gloo barrier (the trainers hold the round's "
+    "values in their FSDP shards, the rollouts' parameters were poisoned before it) to the moment the last "
+    "rollout has all its parameters written (latest rollout end - earliest start, CLOCK_MONOTONIC); filling, "
+    "poisoning and hashing are outside. ferry_shard: the trainers' publish (packing and any conversion of the "
+    "shards, the store writes, the publishers' barrier and the generation's announcement), then each "
+    "rollout's wait for the announcement (a watch) and its update into its parameters. p2p: copying the "
+    "column-cut pieces into send buffers allocated once, posting and completing every isend/irecv (gloo, "
+    "loopback) straight into the rollouts' parameters. torch_save: the gather to trainer 0, rebuilding the "
+    "full tensors, torch.save into /dev/shm (temporary name, rename), the rollouts' polling for the file, "
+    "torch.load and the copy of each rollout's boxes. gloo_bcast: the gather to trainer 0, its broadcast of "
+    "the four shard buffers, each rollout's slice copy into its parameters. The first round (fresh processes, "
+    "fresh buffers) is reported alone as <variant>_first_s; <variant>_s / <variant>_max_s are the median / "
+    "max of the steady-state rounds after it.")
 
 
 # ---- the model: names and shapes --------------------------------------------------------------
@@ -185,6 +214,24 @@ def _u8(t):
     return t.view(-1).view(torch.uint8)      # gloo in torch 1.13 has no bf16 (nor int16) collectives
 
 
+def p2p_plan(L):
+    """The point-to-point schedule, the same in every process: (trainer,
+    rollout, tensor index, lo, hi) for every trainer shard that meets a
+    rollout's box, rows [lo, hi) of the full tensor (the shard's rows inside
+    the box's; the piece is those rows x the box's other extents). Each
+    piece goes once to each rollout whose box holds it."""
+    out = []
+    for ti in range(len(L.names)):
+        for r in range(TRAINERS):
+            poff, pshp = L.src[r][ti]
+            for q in range(ROLLOUTS):
+                off, shp = L.dst[q][ti]
+                lo, hi = max(off[0], poff[0]), min(off[0] + shp[0], poff[0] + pshp[0])
+                if lo < hi:
+                    out.append((r, q, ti, lo, hi))
+    return out
+
+
 # ---- workers ----------------------------------------------------------------------------------
 
 class _Ctx:
@@ -204,13 +251,18 @@ class _Ctx:
 
     def start(self):
         """Leave the barrier: the variant's clock starts here (and this
-        process's CPU clock, all its threads, for cpu())."""
+        process's CPU clock and minor-fault count, all its threads, for
+        cpu() and faults())."""
         dist.barrier()
         self.cpu0 = time.process_time()
+        self.flt0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         return time.monotonic()
 
     def cpu(self):
         return time.process_time() - self.cpu0
+
+    def faults(self):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - self.flt0
 
     def close(self):
         self.store.close()
@@ -241,6 +293,22 @@ def _trainer(a, rank, cmd, out):
     gathered = [torch.empty(L.flat_max, dtype=torch.bfloat16) for _ in range(TRAINERS)] if rank == 0 else None
     pub = ferry.WeightPublisher(c.store, MODEL, rank, TRAINERS, keep=2, timeout_ms=a["timeout_s"] * 1000)
     shm_dir = a["shm_dir"]
+    # p2p, once: what this trainer sends to whom; a piece not contiguous in the shard (a column box) gets a
+    # send buffer of its own, allocated here, filled each round, sent to every rollout that wants it
+    sends, staged = [], {}
+    for r, q, ti, lo, hi in p2p_plan(L):
+        if r != rank:
+            continue
+        off, shp = L.dst[q][ti]
+        src = box_view(views[ti].narrow(0, lo - L.src[rank][ti][0][0], hi - lo),
+                       (0,) + tuple(off[1:]), (hi - lo,) + tuple(shp[1:]))
+        if not src.is_contiguous():
+            key = (ti, lo, hi, tuple(off[1:]), tuple(shp[1:]))
+            if key not in staged:
+                staged[key] = (torch.empty(tuple(src.shape), dtype=torch.bfloat16), src)
+            src = staged[key][0]
+        sends.append((TRAINERS + q, ti, _u8(src)))
+    staged = list(staged.values())
 
     def new_round(rnd):
         for f in os.listdir(shm_dir) if rank == 0 else ():   # the last round's file, outside any timing
@@ -270,9 +338,8 @@ def _trainer(a, rank, cmd, out):
                 sd = full_tensors()
                 path = os.path.join(shm_dir, f"weights-{rnd}.pt")
                 torch.save(sd, path + ".tmp")
-                os.rename(path + ".tmp", path)
+                os.rename(path + ".tmp", path)        # the rollouts poll for this name
                 ph["save_s"] = time.monotonic() - t1
-                dist.broadcast(torch.tensor([rnd]), 0, group=c.bcast_group)   # "the file is there"
         elif variant == "gloo_bcast":
             gather()
             ph["gather_s"] = time.monotonic() - t0
@@ -281,13 +348,32 @@ def _trainer(a, rank, cmd, out):
                 for g in gathered:
                     dist.broadcast(_u8(g), 0, group=c.bcast_group)
                 ph["bcast_s"] = time.monotonic() - t1
+        elif variant == "p2p":
+            for buf, src in staged:
+                buf.copy_(src)
+            t1 = time.monotonic()
+            ph["stage_s"] = t1 - t0
+            works = [dist.isend(u8, dst, tag=tag) for dst, tag, u8 in sends]
+            for w in works:
+                w.wait()
+            ph["send_s"] = time.monotonic() - t1
         else:
             st = ft.publish_module(pub, gen, module, layout=SRC_LAYOUT, shapes=L.shapes)
             ph["publish_s"] = time.monotonic() - t0
             ph.update({"publish." + k: v for k, v in st.items() if k.endswith("_s")})
-        return {"t0": t0, "cpu_s": c.cpu(), "phases": ph}
+        return {"t0": t0, "cpu_s": c.cpu(), "faults": c.faults(), "phases": ph}
 
-    _serve(("trainer", rank), cmd, out, {"round": new_round, "run": run})
+    def plan():
+        return {"messages": len(sends), "bytes": sum(u8.numel() for _, _, u8 in sends), "staged": len(staged),
+                "staged_bytes": sum(2 * b.numel() for b, _ in staged)}
+
+    def warm():
+        """ferry's documented warm-up of a trainer (ft.warm_publisher)."""
+        t0 = time.monotonic()
+        b = ft.warm_publisher(pub, module, layout=SRC_LAYOUT, shapes=L.shapes)
+        return {"warm_s": time.monotonic() - t0, "bytes": b}
+
+    _serve(("trainer", rank), cmd, out, {"round": new_round, "run": run, "plan": plan, "warm": warm})
     for f in os.listdir(shm_dir) if rank == 0 else ():
         os.unlink(os.path.join(shm_dir, f))
     c.close()
@@ -303,6 +389,19 @@ def _rollout(a, rank, cmd, out):
     sub = ft.Subscriber(c.store, MODEL, module, DST_LAYOUT, rank, group="bench", tensors=L.specs,
                         timeout_ms=a["timeout_s"] * 1000)
     active_key = f"ferry/wk/{MODEL}/active"
+    # p2p, once: what this rollout receives from whom, straight into its parameter (the piece is a run of the
+    # parameter's whole rows, so contiguous there; a piece that were not would land in a buffer allocated
+    # here and be copied: none in these layouts)
+    recvs, rstaged = [], []
+    for r, q, ti, lo, hi in p2p_plan(L):
+        if q != rank:
+            continue
+        dst = params[ti].data.narrow(0, lo - mine[ti][0][0], hi - lo)
+        if not dst.is_contiguous():
+            buf = torch.empty(tuple(dst.shape), dtype=torch.bfloat16)
+            rstaged.append((buf, dst))
+            dst = buf
+        recvs.append((r, ti, _u8(dst)))
 
     def from_full(sd):
         for ti, name in enumerate(L.names):
@@ -338,12 +437,16 @@ def _rollout(a, rank, cmd, out):
             p.data.fill_(POISON)
         ph = {}
         if variant == "torch_save":
+            path = os.path.join(a["shm_dir"], f"weights-{rnd}.pt")
             t0 = c.start()
-            note = torch.zeros(1, dtype=torch.int64)
-            dist.broadcast(note, 0, group=c.bcast_group)
+            deadline = t0 + a["timeout_s"]
+            while not os.path.exists(path):         # load it the moment it is there (renamed: complete)
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{path} did not appear within {a['timeout_s']} s")
+                time.sleep(POLL_S)
             t1 = time.monotonic()
             ph["wait_s"] = t1 - t0
-            sd = torch.load(os.path.join(a["shm_dir"], f"weights-{int(note[0])}.pt"))
+            sd = torch.load(path)
             t2 = time.monotonic()
             ph["load_s"] = t2 - t1
             from_full(sd)
@@ -357,6 +460,14 @@ def _rollout(a, rank, cmd, out):
             ph["recv_s"] = t1 - t0
             from_pieces()
             ph["slice_s"] = time.monotonic() - t1
+        elif variant == "p2p":
+            t0 = c.start()
+            works = [dist.irecv(u8, src, tag=tag) for src, tag, u8 in recvs]
+            for w in works:
+                w.wait()
+            for buf, dst in rstaged:
+                dst.copy_(buf)
+            ph["recv_s"] = time.monotonic() - t0
         else:
             with c.store.watch(active_key) as w:
                 t0 = c.start()
@@ -368,10 +479,20 @@ def _rollout(a, rank, cmd, out):
                 raise RuntimeError(f"the update took generation {st['generation']}, not {gen}")
             ph["update_s"] = time.monotonic() - t1
             ph.update({"update." + k: v for k, v in st.items() if k.endswith("_s")})
-        t_end, cpu = time.monotonic(), c.cpu()
-        return {"t0": t0, "t1": t_end, "cpu_s": cpu, "phases": ph, "params": [digest(p) for p in params]}
+        t_end, cpu, flt = time.monotonic(), c.cpu(), c.faults()
+        return {"t0": t0, "t1": t_end, "cpu_s": cpu, "faults": flt, "phases": ph,
+                "params": [digest(p) for p in params]}
 
-    _serve(("rollout", rank), cmd, out, {"run": run})
+    def plan():
+        return {"messages": len(recvs), "bytes": sum(u8.numel() for _, _, u8 in recvs), "staged": len(rstaged)}
+
+    def warm():
+        """ferry's documented warm-up of a rollout (Subscriber.warm)."""
+        t0 = time.monotonic()
+        b = sub.warm()
+        return {"warm_s": time.monotonic() - t0, "bytes": b}
+
+    _serve(("rollout", rank), cmd, out, {"run": run, "plan": plan, "warm": warm})
     sub.close()
     c.close()
 
@@ -422,9 +543,10 @@ class Cluster:
         self.log.flush()
         raise RuntimeError(f"ferry up exited ({self.proc.wait()}) before it was ready: {' | '.join(got)}")
 
-    def cpu_s(self):
-        """CPU seconds the master and the node (the children of ferry up) have used so far."""
-        total = 0
+    def usage(self):
+        """(CPU seconds, minor faults) the master and the node (the children
+        of ferry up) have had so far."""
+        ticks = flt = 0
         try:
             kids = set()
             for tid in os.listdir(f"/proc/{self.proc.pid}/task"):
@@ -433,10 +555,11 @@ class Cluster:
             for pid in kids:
                 with open(f"/proc/{pid}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
-                total += int(fields[11]) + int(fields[12])     # utime, stime (fields 14, 15)
+                ticks += int(fields[11]) + int(fields[12])     # utime, stime (fields 14, 15)
+                flt += int(fields[7])                          # minflt (field 10)
         except OSError:
-            return 0.0
-        return total / os.sysconf("SC_CLK_TCK")
+            return 0.0, 0
+        return ticks / os.sysconf("SC_CLK_TCK"), flt
 
     def stop(self):
         if self.proc.poll() is None:
@@ -531,16 +654,68 @@ def _median(xs):
     return statistics.median(xs) if xs else 0.0
 
 
-def run(cfg, rounds=5, warmup=1, timeout_s=600, log=None, variants=VARIANTS):
-    """Run the benchmark; returns the result dict (the JSON). ``log``: a
-    callable taking progress lines (default: none); ``variants``: a subset
-    to run (for profiling one of them; the speedups need all three)."""
+def first_touch_gbps(n=TOUCH_BYTES, passes=PASSES):
+    """GB/s of a memcpy into n bytes of memfd pages that are resident
+    (another mapping wrote them, as a node's segment is) but that a fresh
+    mapping never touched; best of ``passes`` (bench_first_touch of
+    src/cli/bench_weights.c). 0.0 where memfd_create is missing."""
+    src = bytearray(b"\x01") * n                  # touched
+    try:
+        fd = os.memfd_create("ferry-bench-touch", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        return 0.0
+    best = 0.0
+    try:
+        os.ftruncate(fd, n)
+        with mmap.mmap(fd, n) as own:
+            own[:] = bytes(n)                         # resident, written through another mapping
+            for _ in range(passes):
+                with mmap.mmap(fd, n) as m:
+                    t0 = time.perf_counter()
+                    m[:] = src                        # one memcpy (mmap slice assignment)
+                    dt = time.perf_counter() - t0
+                best = max(best, n / dt / 1e9 if dt > 0 else 0.0)
+    finally:
+        os.close(fd)
+    return best
+
+
+def warm_memcpy_gbps(n=WARM_BYTES, passes=PASSES):
+    """GB/s of a single-thread memcpy between two already-touched n-byte
+    buffers (numpy), best of ``passes``."""
+    import numpy as np
+    a, b = np.empty(n, np.uint8), np.empty(n, np.uint8)
+    a.fill(1)
+    b.fill(2)
+    best = 0.0
+    for _ in range(passes):
+        t0 = time.perf_counter()
+        np.copyto(b, a)
+        dt = time.perf_counter() - t0
+        best = max(best, n / dt / 1e9 if dt > 0 else 0.0)
+    return best
+
+
+def run(cfg, rounds=5, warmup=0, timeout_s=600, log=None, variants=VARIANTS, cold=False):
+    """Run the benchmark; returns the result dict (the JSON). The first
+    round is reported alone, then ``warmup`` rounds (timed, checked, in
+    rounds_s only), then ``rounds`` steady-state ones (the medians and
+    maxima). ``log``: a callable taking progress lines (default: none);
+    ``variants``: a subset to run (for profiling; a speedup is reported
+    where its baseline and ferry_shard both ran); ``cold``: skip ferry's
+    documented warm-up (ft.warm_publisher on the trainers, Subscriber.warm
+    on the rollouts), which otherwise runs once before the first round."""
     log = log or (lambda s: None)
     if rounds < 1 or warmup < 0:
         raise ValueError("rounds must be at least 1 and warmup at least 0")
     L = Layout(cfg)
     model_bytes = 2 * L.params
+    plan = p2p_plan(L)
+    rollout_bytes = 2 * sum(_numel(L.dst[q][ti][1]) for q in range(ROLLOUTS) for ti in range(len(L.names)))
     load0 = os.getloadavg()
+    touch = first_touch_gbps()          # before anything else runs here: the machine as the workers find it
+    warm = warm_memcpy_gbps()
+    log(f"first touch {touch:.3f} GB/s, warm memcpy {warm:.3f} GB/s (one thread, best of {PASSES})")
     tmp = tempfile.mkdtemp(prefix="ferry-bench-torch-")
     shm = tempfile.mkdtemp(prefix="ferry-bench-torch-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     cluster, job = None, None
@@ -557,46 +732,87 @@ def run(cfg, rounds=5, warmup=1, timeout_s=600, log=None, variants=VARIANTS):
             job.start(trainers[r], _trainer, r)
         for r in range(ROLLOUTS):
             job.start(rollouts[r], _rollout, r)
-        times = {v: [] for v in VARIANTS}
+        sp = job.ask(trainers + rollouts, "plan")
+        p2p_stats = {"messages": sum(v["messages"] for v in sp.values()) // 2,   # each counted by both ends
+                     "bytes": sum(v["bytes"] for w, v in sp.items() if w[0] == "trainer"),
+                     "staged_send_buffers": sum(v["staged"] for w, v in sp.items() if w[0] == "trainer"),
+                     "staged_send_bytes": sum(v["staged_bytes"] for w, v in sp.items() if w[0] == "trainer"),
+                     "staged_recv_buffers": sum(v["staged"] for w, v in sp.items() if w[0] == "rollout")}
+        if p2p_stats["messages"] != len(plan):
+            raise RuntimeError(f"p2p: the workers post {p2p_stats['messages']} pieces, the plan has {len(plan)}")
+        got_bytes = sum(v["bytes"] for w, v in sp.items() if w[0] == "rollout")
+        if got_bytes != rollout_bytes or p2p_stats["bytes"] != rollout_bytes:
+            raise RuntimeError(f"p2p: the plan moves {p2p_stats['bytes']} bytes into {got_bytes}, "
+                               f"not every rollout byte once ({rollout_bytes})")
+        wu = {"warm_s": 0.0, "bytes": 0}
+        if not cold and "ferry_shard" in variants:   # ferry's documented warm-up, before round 1
+            got = job.ask(trainers + rollouts, "warm")
+            wu = {"warm_s": max(v["warm_s"] for v in got.values()), "bytes": sum(v["bytes"] for v in got.values())}
+            log(f"ferry warm-up: {wu['bytes']} bytes touched, the slowest process {wu['warm_s']:.3f} s")
+        times = {v: [] for v in VARIANTS}       # every round's, the first at [0]
         phases = {v: [] for v in VARIANTS}
+        faults = {v: [] for v in VARIANTS}
         checks = 0
         gen = 0
-        for rnd in range(1, warmup + rounds + 1):
+        steady0 = 1 + warmup                    # the index of the first steady-state round
+        for rnd in range(1, steady0 + rounds + 1):
             got = job.ask(trainers, "round", rnd)
             want_shards, want = expected(L, rnd)
             for (_, r), v in got.items():
                 if v["shards"] != want_shards[r]:
                     raise RuntimeError(f"round {rnd}: trainer {r}'s shards differ from the values computed here")
-            order = [v for v in VARIANTS[rnd % 3:] + VARIANTS[:rnd % 3] if v in variants]
+            k = rnd % len(VARIANTS)
+            order = [v for v in VARIANTS[k:] + VARIANTS[:k] if v in variants]
+            what = " (first)" if rnd == 1 else " (warm-up)" if rnd <= steady0 else ""
             for variant in order:
                 gen += variant == "ferry_shard"
-                ccpu = cluster.cpu_s()
+                ccpu, cflt = cluster.usage()
                 got = job.ask(trainers + rollouts, "run", variant, rnd, gen)
-                ccpu = cluster.cpu_s() - ccpu
+                ccpu2, cflt2 = cluster.usage()
                 checks += _check(L, variant, rnd, got, want)
                 t = max(v["t1"] for w, v in got.items() if w[0] == "rollout") - min(v["t0"] for v in got.values())
-                ph = {"cpu_s": sum(v["cpu_s"] for v in got.values()), "cluster_cpu_s": ccpu}
+                ph = {"cpu_s": sum(v["cpu_s"] for v in got.values()), "cluster_cpu_s": ccpu2 - ccpu}
                 for _, v in got.items():
-                    for k, x in v["phases"].items():
-                        ph[k] = max(ph.get(k, 0.0), x)
-                log(f"round {rnd}{' (warm-up)' if rnd <= warmup else ''}: {variant} {t:.3f} s "
-                    f"({', '.join(f'{k} {x:.3f}' for k, x in ph.items())})")
-                if rnd > warmup:
-                    times[variant].append(t)
-                    phases[variant].append(ph)
+                    for key, x in v["phases"].items():
+                        ph[key] = max(ph.get(key, 0.0), x)
+                flt = {"trainers": sum(v["faults"] for w, v in got.items() if w[0] == "trainer"),
+                       "rollouts": sum(v["faults"] for w, v in got.items() if w[0] == "rollout"),
+                       "cluster": cflt2 - cflt}
+                log(f"round {rnd}{what}: {variant} {t:.3f} s ({', '.join(f'{k} {x:.3f}' for k, x in ph.items())}; "
+                    f"minor faults: trainers {flt['trainers']}, rollouts {flt['rollouts']}, "
+                    f"cluster {flt['cluster']})")
+                times[variant].append(t)
+                phases[variant].append(ph)
+                faults[variant].append(flt)
         res = {"params": L.params, "model_bytes": model_bytes, "tensors": len(L.names), "trainers": TRAINERS,
                "rollouts": ROLLOUTS, "src_layout": SRC_LAYOUT, "dst_layout": DST_LAYOUT, "rounds": rounds,
-               "warmup": warmup, "config": cfg}
+               "warmup": warmup, "config": cfg, "variants": list(variants), "timing_rule": TIMING_RULE,
+               "first_touch_gbps": touch, "warm_memcpy_gbps": warm, "warm_up": not cold,
+               "warm_up_s": wu["warm_s"], "warm_up_bytes": wu["bytes"]}
         for v in variants:
-            res[v + "_s"] = _median(times[v])
-        if set(variants) == set(VARIANTS):
-            res["speedup_vs_torch_save"] = res["torch_save_s"] / res["ferry_shard_s"] if res["ferry_shard_s"] else 0.0
-            res["speedup_vs_gloo"] = res["gloo_bcast_s"] / res["ferry_shard_s"] if res["ferry_shard_s"] else 0.0
+            steady = times[v][steady0:]
+            res[v + "_first_s"] = times[v][0]
+            res[v + "_s"] = _median(steady)
+            res[v + "_max_s"] = max(steady)
+        f = res.get("ferry_shard_s", 0.0)
+        for base, key in (("torch_save", "speedup_vs_torch_save"), ("gloo_bcast", "speedup_vs_gloo"),
+                          ("p2p", "speedup_vs_p2p")):
+            if base in variants and "ferry_shard" in variants:
+                res[key] = res[base + "_s"] / f if f else 0.0
         res["hashes_ok"] = True
         res["hash_checks"] = checks
         res["rounds_s"] = {v: times[v] for v in variants}
-        res["phases_s"] = {v: {k: _median([p[k] for p in phases[v]]) for k in (phases[v][0] if phases[v] else {})}
+        res["phases_s"] = {v: {k: _median([p[k] for p in phases[v][steady0:]]) for k in phases[v][0]}
                            for v in variants}
+        res["phases_first_s"] = {v: phases[v][0] for v in variants}
+        res["faults"] = {v: {side: _median([x[side] for x in faults[v][steady0:]])
+                             for side in ("trainers", "rollouts", "cluster")} for v in variants}
+        res["faults_first"] = {v: faults[v][0] for v in variants}
+        if "ferry_shard" in variants:
+            res["faults_per_update"] = res["faults"]["ferry_shard"]["rollouts"]
+        res["rollout_bytes"] = rollout_bytes
+        res["pages_written"] = rollout_bytes // 4096
+        res["p2p_plan"] = p2p_stats
         res["loadavg_start"], res["loadavg_end"] = list(load0), list(os.getloadavg())
         return res
     finally:
@@ -609,12 +825,23 @@ def run(cfg, rounds=5, warmup=1, timeout_s=600, log=None, variants=VARIANTS):
 
 
 def human(res):
-    """The one-line summary of a result."""
+    """The summary of a result (three lines)."""
+    names = {"torch_save": "torch.save", "gloo_bcast": "gloo broadcast", "p2p": "gloo p2p",
+             "ferry_shard": "ferry shard"}
+    vs = [v for v in VARIANTS if v + "_s" in res]
+    steady = ", ".join(f"{names[v]} {res[v + '_s']:.3f} s (max {res[v + '_max_s']:.3f})" for v in vs)
+    first = ", ".join(f"{names[v]} {res[v + '_first_s']:.3f} s" for v in vs)
+    speed = ", ".join(f"{res[k]:.2f}x vs {n}" for k, n in (("speedup_vs_torch_save", "torch.save"),
+                                                          ("speedup_vs_gloo", "gloo"), ("speedup_vs_p2p", "p2p"))
+                      if k in res)
+    flt = res["faults"].get("ferry_shard", {})
     return (f"torch bench: {res['params'] / 1e6:.1f}M params ({res['model_bytes'] / 1e6:.0f} MB bf16, "
             f"{res['tensors']} tensors), {res['trainers']} trainers {res['src_layout']} -> {res['rollouts']} "
-            f"rollouts {res['dst_layout']}, median of {res['rounds']} rounds: torch.save {res['torch_save_s']:.3f} s, "
-            f"gloo broadcast {res['gloo_bcast_s']:.3f} s, ferry shard {res['ferry_shard_s']:.3f} s; "
-            f"speedup {res['speedup_vs_torch_save']:.2f}x vs torch.save, {res['speedup_vs_gloo']:.2f}x vs gloo; "
+            f"rollouts {res['dst_layout']}; first touch {res['first_touch_gbps']:.2f} GB/s, warm memcpy "
+            f"{res['warm_memcpy_gbps']:.2f} GB/s\n"
+            f"  steady state, median of {res['rounds']} rounds: {steady}; speedup {speed or 'n/a'}\n"
+            f"  first round: {first}; ferry minor faults per update: rollouts {flt.get('rollouts', 0):.0f}, "
+            f"trainers {flt.get('trainers', 0):.0f} ({res['pages_written']} pages written); "
             f"{res['hash_checks']} parameter hashes equal to the trainers' model")
 
 
@@ -639,21 +866,29 @@ def _count(x):
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python3 -m ferry.bench_torch",
                                  description="A torch weight update, 4 FSDP trainers -> 4 TP2xDP2 rollouts: "
-                                             "torch.save through /dev/shm, a gloo broadcast and ferry's shard "
-                                             "publish + parameter-direct update, on the same shards.",
+                                             "torch.save through /dev/shm, a gloo broadcast, gloo point-to-point "
+                                             "from the shards into the parameters and ferry's shard publish + "
+                                             "parameter-direct update, on the same shards.",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--rounds", type=_positive, default=5, help="timed rounds (the medians)")
-    ap.add_argument("--warmup", type=_count, default=1, help="rounds before them, checked but not timed")
+    ap.add_argument("--rounds", type=_positive, default=5,
+                    help="steady-state rounds after the first one (their median and max)")
+    ap.add_argument("--warmup", type=_count, default=0,
+                    help="rounds between the first and the steady ones: timed and checked, in rounds_s only "
+                         "(the first round is always reported alone, as <variant>_first_s)")
     ap.add_argument("--hidden", type=_positive, help="the model's width", default=1024)
     ap.add_argument("--layers", type=_positive, help="transformer blocks", default=8)
     ap.add_argument("--ffn", type=_positive, help="the MLP's inner width", default=4096)
     ap.add_argument("--vocab", type=_positive, help="vocabulary size", default=15000)
     ap.add_argument("--ctx", type=_positive, help="context length (position embeddings)", default=1024)
     ap.add_argument("--timeout", type=_positive, default=600, help="seconds any one step may take")
+    ap.add_argument("--cold", action="store_true",
+                    help="skip ferry's warm-up before the first round (the first round then pays ferry's first "
+                         "touches)")
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     ap.add_argument("--quiet", action="store_true", help="no per-round lines on stderr")
     ap.add_argument("--variants", default=",".join(VARIANTS),
-                    help="the variants to run, comma-separated (one alone: for profiling; no speedups then)")
+                    help="the variants to run, comma-separated (a subset: for profiling; a speedup only where "
+                         "its baseline and ferry_shard both ran)")
     o = ap.parse_args(argv)
     cfg = {"hidden": o.hidden, "layers": o.layers, "ffn": o.ffn, "vocab": o.vocab, "ctx": o.ctx}
     for k in ("hidden", "ffn", "vocab", "ctx"):
@@ -665,11 +900,11 @@ def main(argv=None):
         ap.error(f"--variants: {', '.join(bad) or 'none'} not among {', '.join(VARIANTS)}")
     log = None if o.quiet else (lambda s: print("ferry.bench_torch: " + s, file=sys.stderr, flush=True))
     try:
-        res = run(cfg, o.rounds, o.warmup, o.timeout, log, variants)
+        res = run(cfg, o.rounds, o.warmup, o.timeout, log, variants, o.cold)
     except (RuntimeError, TimeoutError, OSError, ferry.Error) as e:
         print(f"ferry.bench_torch: {e}", file=sys.stderr)
         return 1
-    print(json.dumps(res) if o.json or "speedup_vs_gloo" not in res else human(res), flush=True)
+    print(json.dumps(res) if o.json else human(res), flush=True)
     return 0
 
 

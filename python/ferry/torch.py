@@ -33,11 +33,12 @@ from . import store as _store
 from . import weights as _weights
 from .store import ReplicateConfig
 from ._torch_weights import (DEFAULT_RULES, ROLES, NameMap, Subscriber, Weights, build_layout, publish_module,
-                             role_of, weights)
+                             role_of, warm_publisher, weights)
 
 __all__ = ["Store", "ReplicateConfig", "CompatGroup", "update_compat", "get_tensor", "get_tensor_into", "read_member",
            "read_sparse_objects", "read_sample", "convert", "torch_dtype", "ferry_dtype", "empty", "ROLES", "DEFAULT_RULES",
-           "NameMap", "Subscriber", "Weights", "build_layout", "publish_module", "role_of", "weights"]
+           "NameMap", "Subscriber", "Weights", "build_layout", "publish_module", "role_of", "warm_publisher",
+           "weights"]
 
 FRAMEWORK = "torch"
 

@@ -204,6 +204,17 @@ class WeightPublisher:
                                              self.segment, self.keep, self.timeout_ms, int(generation), placement,
                                              mine)
 
+    def warm(self, placement):
+        """The publisher's warm-up (``ferry_publish_warm``; docs/weights.md,
+        "Warm memory"): touch once, now, what publishes of ``placement`` (a
+        :class:`ferry.reshard.Manifest` of the trainer world, as for
+        :meth:`publish_shards`) will write — the store client's staging
+        buffer and this machine's segments through this process's mappings
+        — so that the first generation costs what later ones do. Local: no
+        other rank takes part. Returns the bytes touched."""
+        return _ferry.weights_publish_warm(self.store, self.model, self.rank, self.world, self.out_dtype or "",
+                                           placement)
+
     def _abort(self, generation, exc):
         """This rank cannot publish ``generation`` (exc says why): fail the
         attempt for every rank and raise what they all get, from exc."""

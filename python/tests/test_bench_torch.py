@@ -1,7 +1,10 @@
 """`ferry bench weights --torch` (python/ferry/bench_torch.py) at a few MB:
-one round of all three variants through the C launcher, every rollout
-parameter hash-checked against the trainers' model, the JSON keys there
-(no timing asserted), and a usage error relayed as exit status 2."""
+the first round and one steady-state round of all four variants through
+the C launcher, every rollout parameter hash-checked against the trainers'
+model (p2p's too), the JSON keys there (first/steady split, faults, the
+machine's memcpy rates; no timing asserted), the p2p schedule covering
+every rollout element exactly once, and a usage error relayed as exit
+status 2."""
 
 import json
 import os
@@ -26,30 +29,84 @@ def _env():
     return env
 
 
+VARIANTS = ("torch_save", "gloo_bcast", "p2p", "ferry_shard")
+
+
 def test_bench_torch_small():
     require_ferry_bin()
-    p = subprocess.run([FERRY_BIN, "bench", "weights", "--torch", "--json", "--rounds", "1", "--warmup", "0",
-                        *SMALL], capture_output=True, text=True, timeout=RUN_S, env=_env(), cwd=REPO)
+    p = subprocess.run([FERRY_BIN, "bench", "weights", "--torch", "--json", "--rounds", "1", *SMALL],
+                       capture_output=True, text=True, timeout=RUN_S, env=_env(), cwd=REPO)
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.loads(p.stdout.strip().splitlines()[-1])
-    for k in ("torch_save_s", "gloo_bcast_s", "ferry_shard_s", "speedup_vs_torch_save", "speedup_vs_gloo"):
+    for v in VARIANTS:
+        for k in (v + "_s", v + "_first_s", v + "_max_s"):
+            assert k in res and res[k] > 0, (k, res.get(k))
+        assert res[v + "_max_s"] >= res[v + "_s"]
+    for k in ("speedup_vs_torch_save", "speedup_vs_gloo", "speedup_vs_p2p", "first_touch_gbps",
+              "warm_memcpy_gbps"):
         assert k in res and res[k] > 0, (k, res.get(k))
+    assert isinstance(res["timing_rule"], str) and all(v in res["timing_rule"] for v in VARIANTS)
     assert res["hashes_ok"] is True
-    # every parameter of every rollout, once per variant
-    assert res["hash_checks"] == 3 * res["rollouts"] * res["tensors"]
+    # every parameter of every rollout, once per variant (p2p included) and round (the first and one steady)
+    assert res["rounds"] == 1 and res["warmup"] == 0
+    assert res["hash_checks"] == len(VARIANTS) * 2 * res["rollouts"] * res["tensors"]
     assert res["trainers"] == 4 and res["rollouts"] == 4
     assert res["src_layout"] == "fsdp:4" and res["dst_layout"] == "tp:2,dp:2"
     assert res["model_bytes"] == 2 * res["params"]
-    assert all(len(res["rounds_s"][v]) == 1 for v in ("torch_save", "gloo_bcast", "ferry_shard"))
-    # the per-variant lines on stderr name each variant of the round
-    for v in ("torch_save", "gloo_bcast", "ferry_shard"):
-        assert f"round 1: {v}" in p.stderr, p.stderr[-3000:]
+    # rounds_s: the first round at [0], then the steady ones
+    for v in VARIANTS:
+        assert len(res["rounds_s"][v]) == 2
+        assert res["rounds_s"][v][0] == res[v + "_first_s"]
+        assert res["rounds_s"][v][1] == res[v + "_s"] == res[v + "_max_s"]
+        assert set(res["phases_s"][v]) == set(res["phases_first_s"][v]) >= {"cpu_s", "cluster_cpu_s"}
+        for d in (res["faults"][v], res["faults_first"][v]):
+            assert set(d) == {"trainers", "rollouts", "cluster"} and all(x >= 0 for x in d.values()), d
+    assert {"stage_s", "send_s", "recv_s"} <= set(res["phases_s"]["p2p"])
+    assert res["faults_per_update"] == res["faults"]["ferry_shard"]["rollouts"]
+    # the rollouts' boxes: DP2 copies of the model, plus the whole tensors every TP rank holds
+    assert res["pages_written"] == res["rollout_bytes"] // 4096
+    assert 2 * res["model_bytes"] <= res["rollout_bytes"] < 4 * res["model_bytes"]
+    plan = res["p2p_plan"]
+    assert plan["bytes"] == res["rollout_bytes"] and plan["messages"] > 0
+    assert plan["staged_send_buffers"] > 0 and plan["staged_recv_buffers"] == 0
+    # the per-variant lines on stderr name each variant of each round
+    for v in VARIANTS:
+        assert f"round 1 (first): {v}" in p.stderr, p.stderr[-3000:]
+        assert f"round 2: {v}" in p.stderr, p.stderr[-3000:]
 
 
-def test_bench_torch_usage_error():
+def test_p2p_plan_covers_every_rollout_element_once():
+    import torch
+    from ferry import bench_torch as bt
+    cfg = {"hidden": 64, "layers": 1, "ffn": 128, "vocab": 256, "ctx": 32}
+    L = bt.Layout(cfg)
+    plan = bt.p2p_plan(L)
+    seen = {}
+    for r, q, ti, lo, hi in plan:
+        assert (r, q, ti) not in seen, "one piece per trainer, rollout and tensor"
+        seen[(r, q, ti)] = (lo, hi)
+        poff, pshp = L.src[r][ti]
+        assert poff[0] <= lo < hi <= poff[0] + pshp[0]
+    for q in range(bt.ROLLOUTS):
+        for ti, (name, shape) in enumerate(L.tensors):
+            off, shp = L.dst[q][ti]
+            cover = torch.zeros(shp[0], dtype=torch.int32)
+            for r in range(bt.TRAINERS):
+                if (r, q, ti) in seen:
+                    lo, hi = seen[(r, q, ti)]
+                    cover[lo - off[0]:hi - off[0]] += 1
+            assert bool((cover == 1).all()), (name, q, cover.tolist())
+
+
+@pytest.mark.parametrize("args, names", [
+    (["--rounds", "0"], ["--rounds", "at least 1"]),
+    (["--warmup", "-1"], ["--warmup", "at least 0"]),
+    (["--variants", "p2p,nccl"], ["--variants", "nccl", "p2p"]),
+])
+def test_bench_torch_usage_error(args, names):
     require_ferry_bin()
-    p = subprocess.run([FERRY_BIN, "bench", "weights", "--torch", "--rounds", "0"], capture_output=True, text=True,
+    p = subprocess.run([FERRY_BIN, "bench", "weights", "--torch", *args], capture_output=True, text=True,
                        timeout=RUN_S, env=_env(), cwd=REPO)
     assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
-    assert "--rounds" in p.stderr and "at least 1" in p.stderr, p.stderr[-2000:]
+    assert all(n in p.stderr for n in names), p.stderr[-2000:]
     assert p.stdout == ""

@@ -34,6 +34,19 @@ def test_put_get_roundtrip(store):
     assert not store.is_exist("rt/strided")
 
 
+def test_warm_keeps_objects(store):
+    """Store.warm touches every page of this machine's segments (every one of
+    the NODES nodes runs here) and leaves what they hold as it was."""
+    a = np.random.default_rng(3).integers(0, 255, size=1 << 20, dtype=np.uint8)
+    store.put("warm/a", a)
+    segs = store.status()["segments"]
+    total = sum(sg["size"] for sg in segs)
+    assert len(segs) == NODES
+    assert store.warm() == total                   # for reading
+    assert store.warm(write=True) == total         # for writing: each page rewritten with its own value
+    assert np.array_equal(np.frombuffer(store.get("warm/a"), dtype=np.uint8), a)
+
+
 def test_put_from_get_into_registered(store):
     src = np.random.default_rng(1).integers(0, 1 << 30, size=(256, 1024), dtype=np.int64)
     dst = np.zeros_like(src)

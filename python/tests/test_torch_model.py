@@ -105,7 +105,12 @@ def _trainer(addr, token_file, rank, cmd, out):
                 ref = gm.forward(dict(model.named_parameters()), gm.TOKENS)
             return {"keys": keys, "ref": gm.bits(ref)}
 
-        _reply(out, ("trainer", rank), lambda: publish(1))
+        def first():
+            # the documented warm-up (docs/weights.md, "Warm memory") before generation 1
+            warmed = [ft.warm_publisher(p, model, layout="fsdp:4") for p in pubs]
+            return dict(publish(1), warmed=warmed)
+
+        _reply(out, ("trainer", rank), first)
         assert cmd.get(timeout=RUN_S) == "step"
         _reply(out, ("trainer", rank), lambda: (gm.train_step(model), publish(2))[1])
         assert cmd.get(timeout=RUN_S) == "sparse"
@@ -135,6 +140,7 @@ def _rollout(addr, token_file, rank, restarted, cmd, out):
         w.init_ferry(store=s, model="gpt16", group="compat", world_size=ROLLOUTS, names=gm.hf_name,
                      staging_bytes=1 << 20, timeout_ms=TIMEOUT_MS)
         alone = restarted
+        warmed = sub.warm()
 
         def update():
             nonlocal alone
@@ -142,6 +148,7 @@ def _rollout(addr, token_file, rank, restarted, cmd, out):
             g16 = w.update_weights_from_ferry(alone=alone)
             alone = False
             return {"generation": sub.generation, "gen16": g16, "bytes_read": st["bytes_read"],
+                    "warmed": warmed, "faults": st["faults"],
                     "group_bytes_read": st.get("group_bytes_read"),
                     "same_storage": all(p.data_ptr() == ptrs[n] for n, p in m32.named_parameters())}
 
@@ -261,6 +268,8 @@ def test_gpt_trainers_to_tp2_dp2_rollouts(cluster, store):
         assert st["total_tensors"] == len(gm._trainer_names())
         assert sum(v["stats"][0]["bytes"] for v in pub1.values()) == st["total_bytes"]
         assert all(v["stats"][0]["bytes"] > 0 for v in pub1.values())     # every FSDP rank stored its quarter
+        # the warm-up touched the staging and this machine's segment (whole), publish counts its faults
+        assert all(min(v["warmed"]) > 0 and v["stats"][0]["faults"] >= 0 for v in pub1.values()), pub1
         for w in rollouts:
             job.start(w, _rollout, False)
         job.send(rollouts, ("update",))
@@ -269,6 +278,7 @@ def test_gpt_trainers_to_tp2_dp2_rollouts(cluster, store):
         # single-pull: the group read each published byte once
         assert sum(v["bytes_read"] for v in up1.values()) == st["total_bytes"]
         assert all(v["group_bytes_read"] == st["total_bytes"] for v in up1.values())
+        assert all(v["warmed"] > 0 and v["faults"] >= 0 for v in up1.values()), up1
         job.send(rollouts, ("logits", "g1"))
         _check_logits(job.replies(rollouts), ref1, 1)
 

@@ -187,6 +187,10 @@ int fr_convert_path(fr_conv_path path, const void *src, fr_ftype st, void *dst, 
 /* ---- time ------------------------------------------------------------- */
 uint64_t fr_now_ns(void);             /* CLOCK_MONOTONIC */
 uint64_t fr_now_ms(void);
+/* Minor page faults this process has taken so far (getrusage: every
+ * thread's); the difference around a call is what the call cost in first
+ * touches of memory or of mappings (docs/weights.md, "Warm memory"). */
+uint64_t fr_minor_faults(void);
 /* Deadline helpers. timeout_ms < 0 means "forever" (deadline UINT64_MAX). */
 uint64_t fr_deadline_ns(int64_t timeout_ms);
 /* Absolute CLOCK_MONOTONIC timespec for pthread_cond_timedwait on a condvar

@@ -1,5 +1,6 @@
 /* Monotonic time and deadlines. */
 #include <stdint.h>
+#include <sys/resource.h>
 
 #include "base/base.h"
 
@@ -23,6 +24,12 @@ uint64_t fr_now_ns(void)
 uint64_t fr_now_ms(void)
 {
     return fr_now_ns() / FR_NS_PER_MS;
+}
+
+uint64_t fr_minor_faults(void)
+{
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) == 0 ? (uint64_t)ru.ru_minflt : 0;
 }
 
 /* Huge timeouts saturate to UINT64_MAX ("forever") instead of wrapping into

@@ -4,9 +4,10 @@
  * launcher runs it with the interpreter $FERRY_PYTHON (default
  * /usr/bin/python3, where Debian's torch lives), the package built next to
  * this binary (build/python) ahead of an installed one, and this binary as
- * the `ferry up` it starts, then relays its JSON (--json) or prints one
- * line from it. The module's progress lines and errors go to stderr as
- * they come. */
+ * the `ferry up` it starts, then relays its JSON (--json) or prints a
+ * short table from it (each variant's first round, steady-state median
+ * and max, the speedups). The module's progress lines and errors go to
+ * stderr as they come. */
 #include <errno.h>
 #include <limits.h>
 #include <stdlib.h>
@@ -84,37 +85,71 @@ static double num(const json_t *o, const char *k)
     return json_number_value(json_object_get(o, k));
 }
 
+static const char *const bt_variant[] = { "torch_save", "gloo_bcast", "p2p", "ferry_shard" };
+static const char *const bt_name[] = { "torch.save/load via /dev/shm", "gloo broadcast",
+                                       "gloo p2p into the parameters",
+                                       "ferry shard publish + direct update" };
+
+/* <variant><suffix>, or -1 where the result lacks it (a variant not run). */
+static double vnum(const json_t *r, const char *v, const char *suffix)
+{
+    char k[64];
+    snprintf(k, sizeof k, "%s%s", v, suffix);
+    const json_t *x = json_object_get(r, k);
+    return x ? json_number_value(x) : -1;
+}
+
 static void print_human(const json_t *r)
 {
     char sz[32];
     printf("torch model: %.1fM parameters (%s bf16, %lld tensors), %lld trainers %s -> %lld "
-           "rollouts %s; median of %lld rounds:\n",
+           "rollouts %s; first touch %.2f GB/s, warm memcpy %.2f GB/s\n",
            num(r, "params") / 1e6, cli_fmt_size((uint64_t)num(r, "model_bytes"), sz, sizeof sz),
            (long long)num(r, "tensors"), (long long)num(r, "trainers"),
            json_string_value(json_object_get(r, "src_layout")), (long long)num(r, "rollouts"),
-           json_string_value(json_object_get(r, "dst_layout")), (long long)num(r, "rounds"));
-    if (!json_object_get(r, "speedup_vs_gloo")) {   /* --variants: some of them only */
-        printf("  ferry shard publish + direct update %.3f s, torch.save %.3f s, gloo %.3f s "
-               "(0: not run); %lld parameter hashes equal to the trainers' model\n",
-               num(r, "ferry_shard_s"), num(r, "torch_save_s"), num(r, "gloo_bcast_s"),
-               (long long)num(r, "hash_checks"));
-        return;
+           json_string_value(json_object_get(r, "dst_layout")), num(r, "first_touch_gbps"),
+           num(r, "warm_memcpy_gbps"));
+    if (json_is_true(json_object_get(r, "warm_up")))
+        printf("  ferry's warm-up before round 1: %s touched, the slowest process %.2f s\n",
+               cli_fmt_size((uint64_t)num(r, "warm_up_bytes"), sz, sizeof sz), num(r, "warm_up_s"));
+    else
+        printf("  no warm-up (--cold): ferry's first round pays its first touches\n");
+    printf("  %-36s %9s %12s %9s\n", "", "first", "steady med", "max");
+    for (size_t i = 0; i < sizeof bt_variant / sizeof *bt_variant; i++) {
+        const char *v = bt_variant[i];
+        if (vnum(r, v, "_s") < 0)
+            continue;   /* --variants: not run */
+        printf("  %-36s %7.3f s %10.3f s %7.3f s\n", bt_name[i], vnum(r, v, "_first_s"),
+               vnum(r, v, "_s"), vnum(r, v, "_max_s"));
     }
-    printf("  torch.save/load via /dev/shm %.3f s, gloo broadcast %.3f s, ferry shard publish + "
-           "direct update %.3f s: %.2fx and %.2fx faster (goal 2.0); %lld parameter hashes equal "
-           "to the trainers' model\n",
-           num(r, "torch_save_s"), num(r, "gloo_bcast_s"), num(r, "ferry_shard_s"),
-           num(r, "speedup_vs_torch_save"), num(r, "speedup_vs_gloo"),
-           (long long)num(r, "hash_checks"));
+    printf("  steady state: the %lld round(s) after the first", (long long)num(r, "rounds"));
+    static const char *const sp[][2] = { { "speedup_vs_torch_save", "torch.save" },
+                                         { "speedup_vs_gloo", "gloo" },
+                                         { "speedup_vs_p2p", "p2p" } };
+    const char *sep = "; ferry's median";
+    for (size_t i = 0; i < sizeof sp / sizeof *sp; i++)
+        if (json_object_get(r, sp[i][0])) {
+            printf("%s %.2fx vs %s", sep, num(r, sp[i][0]), sp[i][1]);
+            sep = ",";
+        }
+    printf("\n  %lld parameter hashes equal to the trainers' model", (long long)num(r, "hash_checks"));
+    if (json_object_get(r, "faults_per_update"))
+        printf("; ferry minor faults per update: rollouts %.0f (%lld pages written)",
+               num(r, "faults_per_update"), (long long)num(r, "pages_written"));
+    printf("\n");
 }
 
 static void usage_torch(FILE *f)
 {
-    fprintf(f, "usage: ferry bench weights --torch [--json] [--rounds N (5)] [--warmup N (1)] "
+    fprintf(f, "usage: ferry bench weights --torch [--json] [--rounds N (5)] [--warmup N (0)] "
                "[--hidden N (1024)] [--layers N (8)]\n"
                "                                   [--ffn N (4096)] [--vocab N (15000)] "
-               "[--ctx N (1024)] [--timeout S (600)] [--quiet]\n"
-               "                                   [--variants torch_save,gloo_bcast,ferry_shard]\n"
+               "[--ctx N (1024)] [--timeout S (600)] [--cold] [--quiet]\n"
+               "                                   [--variants torch_save,gloo_bcast,p2p,ferry_shard]\n"
+               "  the first round is reported alone; --rounds steady-state rounds follow it "
+               "(after --warmup more);\n"
+               "  ferry's warm-up (ferry.torch.warm_publisher, Subscriber.warm) runs before the first "
+               "round unless --cold\n"
                "  runs $FERRY_PYTHON (default /usr/bin/python3) -m ferry.bench_torch; "
                "--help there says more\n");
 }

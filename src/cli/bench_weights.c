@@ -131,11 +131,231 @@ static void print_convert(const conv_bench *cb, bool json)
 static void usage_weights(FILE *f)
 {
     fprintf(f, "usage: ferry bench weights [--trainers N (4)] [--rollouts N (4)] [--dp N (2 if it divides)] "
-               "[--bytes SIZE (1G)] [--model PRESET (qwen3-8b)] [--reps N (3)] [--json]\n"
+               "[--bytes SIZE (1G)] [--model PRESET (qwen3-8b)] [--reps N (5)] [--cold] [--json]\n"
                "                           [--convert-only] | --scale [...] (see --scale --help)\n"
                "                           | --torch [...] (against torch.save and gloo; see --torch --help)\n"
                "  --convert-only  only the f32 -> bf16/f16 conversion against memcpy (no "
                "cluster)\n");
+}
+
+/* ---- per generation, then first and steady state -------------------------------------- */
+
+enum { FIG_PUBLISH, FIG_DIRECT, FIG_NAIVE, FIG_COMPAT, FIG_NCOMPAT, FIG_N };
+static const char *const fig_key[FIG_N] = { "publish", "direct", "naive", "compat",
+                                            "naive_compat" };
+
+/* One generation's figures: each phase's time (the slowest process), the
+ * store bytes read, and the counters of the publish, the direct and the
+ * compat group update (summed bytes and faults, the slowest phases). */
+typedef struct gen_fig {
+    double t[FIG_N];
+    uint64_t read[FIG_N], pushed;
+    json_t *pj, *cj, *kj;
+} gen_fig;
+
+/* First generation, then the median and the max over the steady state. */
+typedef struct fig_sum { double first, median, max; } fig_sum;
+
+static int cmp_dbl(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static fig_sum summarize(const double *v, unsigned n)
+{
+    fig_sum s = { .first = v[0] };
+    unsigned m = n - 1;
+    double *w = malloc((m ? m : 1) * sizeof *w);
+    if (!w || !m) {
+        free(w);
+        return s;
+    }
+    memcpy(w, v + 1, m * sizeof *w);
+    qsort(w, m, sizeof *w, cmp_dbl);
+    s.median = m % 2 ? w[m / 2] : (w[m / 2 - 1] + w[m / 2]) / 2;
+    s.max = w[m - 1];
+    free(w);
+    return s;
+}
+
+static double counter(const json_t *j, const char *k)
+{
+    return j ? json_number_value(json_object_get(j, k)) : 0;
+}
+
+/* The steady-state generation whose direct update took the median time
+ * (the upper one of two): its counters are the ones printed. */
+static unsigned median_gen(const gen_fig *gf, unsigned ngen)
+{
+    unsigned best = 1;
+    fig_sum d;
+    double *v = malloc(ngen * sizeof *v);
+    if (!v || ngen < 2) {
+        free(v);
+        return ngen - 1;
+    }
+    for (unsigned g = 0; g < ngen; g++)
+        v[g] = gf[g].t[FIG_DIRECT];
+    d = summarize(v, ngen);
+    for (unsigned g = 1; g < ngen; g++)
+        if (v[g] >= d.median && (v[best] < d.median || v[g] < v[best]))
+            best = g;
+    free(v);
+    return best;
+}
+
+static char *dump(const json_t *j)
+{
+    return j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10)) : NULL;
+}
+
+#define TIMING_RULE                                                                              \
+    "each figure is the slowest process's time of one step of one generation: publish = "        \
+    "ferry_publish_shards on every trainer (packing and conversion, the store puts, the ranks' " \
+    "barrier, the announcement and retention); direct/naive/compat/naive_compat = the rollouts' " \
+    "update call (exchange, plan, store reads, pushes, forwards, apply, post-apply barrier; "     \
+    "compat includes the loader's check of every element); the byte checks run after, outside " \
+    "the timing; first = generation 1 in freshly started processes, steady = generations 2.. "  \
+    "(median and max); faults = minor page faults summed over the role's processes during the " \
+    "call"
+
+static void bench_report(const demo_opts *o, const demo_model *dm, const conv_bench *cb,
+                         const demo_group *grp, const gen_fig *gf, unsigned ngen)
+{
+    double bw = cb->memcpy_gbps, pub = (double)dm->bytes;
+    uint64_t delivered = dm->bytes * o->dp, cdelivered = dm->bytes * o->rollouts;
+    double floor_s = bw > 0 ? (double)delivered / (bw * 1e9) : 0;
+    double cfloor_s = bw > 0 ? (double)cdelivered / (bw * 1e9) : 0;
+    fig_sum fs[FIG_N], flt[3];
+    double *v = calloc(ngen, sizeof *v);
+    if (!v)
+        return;
+    for (int k = 0; k < FIG_N; k++) {
+        for (unsigned g = 0; g < ngen; g++)
+            v[g] = gf[g].t[k];
+        fs[k] = summarize(v, ngen);
+    }
+    for (int k = 0; k < 3; k++) {   /* faults: publish, direct, compat */
+        for (unsigned g = 0; g < ngen; g++)
+            v[g] = counter(k == 0 ? gf[g].pj : k == 1 ? gf[g].cj : gf[g].kj, "faults");
+        flt[k] = summarize(v, ngen);
+    }
+    free(v);
+    /* pages each step writes: the publish stores the model once, a direct
+     * update lands model x DP in the parameters, compat every tensor in
+     * every rollout's staging (or a view of a mate's) */
+    double pages[3] = { pub / 4096, (double)delivered / 4096, (double)cdelivered / 4096 };
+    const gen_fig *m = &gf[median_gen(gf, ngen)];
+    char *cjs = dump(m->cj), *pjs = dump(m->pj), *kjs = dump(m->kj);
+    if (o->json) {
+        printf("{\"model\":\"%s\",\"bytes\":%llu,\"trainers\":%u,\"rollouts\":%u,\"dp\":%u,"
+               "\"steady_generations\":%u,\"timing_rule\":\"%s\",\"warm_up\":%s,"
+               "\"warm_up_s\":%.4f,\"warm_up_bytes\":%llu,", o->model,
+               (unsigned long long)dm->bytes, o->trainers, o->rollouts, o->dp, ngen - 1,
+               TIMING_RULE, o->cold ? "false" : "true", grp->warm_s,
+               (unsigned long long)grp->warm_bytes);
+        for (int k = 0; k < FIG_N; k++)
+            printf("\"%s_s\":%.4f,\"%s_first_s\":%.4f,\"%s_max_s\":%.4f,", fig_key[k],
+                   fs[k].median, fig_key[k], fs[k].first, fig_key[k], fs[k].max);
+        printf("\"floor_s\":%.4f,\"compat_floor_s\":%.4f,\"memcpy_gbps\":%.3f,"
+               "\"warm_memcpy_gbps\":%.3f,\"first_touch_gbps\":%.3f,"
+               "\"direct_ratio_to_floor\":%.3f,\"direct_first_ratio_to_floor\":%.3f,"
+               "\"direct_max_ratio_to_floor\":%.3f,\"compat_ratio_to_floor\":%.3f,"
+               "\"compat_first_ratio_to_floor\":%.3f,\"compat_max_ratio_to_floor\":%.3f,"
+               "\"store_read_ratio\":%.3f,\"naive_store_read_ratio\":%.3f,"
+               "\"compat_store_read_ratio\":%.3f,\"naive_compat_store_read_ratio\":%.3f,"
+               "\"compat_to_naive_compat\":%.3f,\"pushed_bytes\":%llu,\"verified\":true,",
+               floor_s, cfloor_s, bw, bw, cb->first_touch_gbps, ratio(fs[FIG_DIRECT].median, floor_s),
+               ratio(fs[FIG_DIRECT].first, floor_s), ratio(fs[FIG_DIRECT].max, floor_s),
+               ratio(fs[FIG_COMPAT].median, cfloor_s), ratio(fs[FIG_COMPAT].first, cfloor_s),
+               ratio(fs[FIG_COMPAT].max, cfloor_s), m->read[FIG_DIRECT] / pub,
+               m->read[FIG_NAIVE] / pub, m->read[FIG_COMPAT] / pub, m->read[FIG_NCOMPAT] / pub,
+               ratio(fs[FIG_COMPAT].median, fs[FIG_NCOMPAT].median),
+               (unsigned long long)m->pushed);
+        static const char *const fk[3] = { "publish", "update", "compat_update" };
+        for (int k = 0; k < 3; k++)
+            printf("\"faults_per_%s\":%.0f,\"faults_per_%s_first\":%.0f,"
+                   "\"faults_per_%s_max\":%.0f,\"pages_per_%s\":%.0f,\"fault_ratio_%s\":%.5f,",
+                   fk[k], flt[k].median, fk[k], flt[k].first, fk[k], flt[k].max, fk[k], pages[k],
+                   fk[k], ratio(flt[k].median, pages[k]));
+        printf("\"generations_s\":{");
+        for (int k = 0; k < FIG_N; k++) {
+            printf("%s\"%s\":[", k ? "," : "", fig_key[k]);
+            for (unsigned g = 0; g < ngen; g++)
+                printf("%s%.4f", g ? "," : "", gf[g].t[k]);
+            printf("]");
+        }
+        printf("},\"direct_counters\":%s,\"publish_counters\":%s,\"compat_counters\":%s,"
+               "\"convert_bf16_gbps\":%.3f,\"convert_f16_gbps\":%.3f,\"convert_ratio\":%.3f,"
+               "\"convert_ratio_f16\":%.3f}\n", cjs ? cjs : "null", pjs ? pjs : "null",
+               kjs ? kjs : "null", cb->bf16_gbps, cb->f16_gbps, ratio(cb->bf16_gbps, bw),
+               ratio(cb->f16_gbps, bw));
+    } else {
+        char sz[32];
+        printf("ferry bench weights: %s, %zu tensors, %s bf16; %u trainers, %u rollouts (TP%u x "
+               "DP%u); generation 1, then %u in the steady state\n", o->model, dm->n,
+               cli_fmt_size(dm->bytes, sz, sizeof sz), o->trainers, o->rollouts,
+               o->rollouts / o->dp, o->dp, ngen - 1);
+        printf("machine: warm memcpy %.2f GB/s (one thread), first touch %.3f GB/s (%.1fx slower)\n",
+               bw, cb->first_touch_gbps, ratio(bw, cb->first_touch_gbps));
+        if (o->cold)
+            printf("warm-up: none (--cold): generation 1 pays a first touch per page it lands on\n");
+        else
+            printf("warm-up: %s touched by the %u processes before generation 1 (staging, and "
+                   "the segment through each one's mapping), the slowest in %.2f s\n",
+                   cli_fmt_size(grp->warm_bytes, sz, sizeof sz), o->trainers + o->rollouts,
+                   grp->warm_s);
+        printf("%-22s %9s %9s %9s %9s %9s %7s %9s %9s\n", "step", "first s", "median s",
+               "max s", "x floor", "1st x fl", "read", "faults", "1st flts");
+        for (int k = 0; k < FIG_N; k++) {
+            double fl = k == FIG_PUBLISH ? 0 : k <= FIG_NAIVE ? floor_s : cfloor_s;
+            int fi = k == FIG_PUBLISH ? 0 : k == FIG_DIRECT ? 1 : k == FIG_COMPAT ? 2 : -1;
+            char xf[16] = "-", x1[16] = "-", fa[16] = "-", f1[16] = "-", rd[16] = "-";
+            if (fl > 0) {
+                snprintf(xf, sizeof xf, "%.2f", fs[k].median / fl);
+                snprintf(x1, sizeof x1, "%.2f", fs[k].first / fl);
+                snprintf(rd, sizeof rd, "%.2fx", m->read[k] / pub);
+            }
+            if (fi >= 0) {
+                snprintf(fa, sizeof fa, "%.0f", flt[fi].median);
+                snprintf(f1, sizeof f1, "%.0f", flt[fi].first);
+            }
+            printf("%-22s %9.3f %9.3f %9.3f %9s %9s %7s %9s %9s\n", fig_key[k], fs[k].first,
+                   fs[k].median, fs[k].max, xf, x1, rd, fa, f1);
+        }
+        char sz2[32];
+        printf("floor: %s into the rollouts' parameters at %.2f GB/s = %.3f s; compat floor: %s "
+               "(every full tensor into every rollout) = %.3f s\n",
+               cli_fmt_size(delivered, sz, sizeof sz), bw, floor_s,
+               cli_fmt_size(cdelivered, sz2, sizeof sz2), cfloor_s);
+        printf("faults: minor page faults summed over the processes of the step (median of the "
+               "steady state; the update writes %.0f pages, the publish %.0f)\n", pages[1],
+               pages[0]);
+        if (m->cj) {
+            const json_t *u = m->cj;
+#define N(k) counter(u, k)
+            printf("direct, slowest worker, median generation (s): prepare %.3f (exchange %.3f), "
+                   "plan %.3f, read %.3f, push %.3f (forward %.3f), barrier %.3f; apply %.3f in "
+                   "%.0f batches; pushed cross-node %.0f, intra-node %.0f bytes; NIC in max/mean "
+                   "%.2f\n", N("prepare_s"), N("exchange_s"), N("plan_s"), N("read_s"),
+                   N("push_s"), N("forward_s"), N("barrier_s"), N("apply_s"), N("batches"),
+                   N("pushed_cross"), N("pushed_intra"), N("nic_max_ratio_in"));
+#undef N
+        }
+        if (m->pj) {
+            const json_t *u = m->pj;
+            printf("publish, slowest rank, median generation (s): put %.3f (convert %.3f, store "
+                   "%.3f), barrier %.3f, commit %.3f\n", counter(u, "put_s"),
+                   counter(u, "convert_s"), counter(u, "store_s"), counter(u, "barrier_s"),
+                   counter(u, "commit_s"));
+        }
+        printf("timing: %s\n", TIMING_RULE);
+        print_convert(cb, false);
+    }
+    free(cjs);
+    free(pjs);
+    free(kjs);
 }
 
 int cmd_bench_scale(int argc, char **argv);   /* bench_scale.c */
@@ -151,10 +371,14 @@ int cmd_bench_weights(int argc, char **argv, const char *self)
         if (!strcmp(argv[i], "--torch"))
             return cmd_bench_torch(argc, argv, self);
     demo_opts o;   /* the demo's options, and --convert-only */
-    int pr = demo_parse("bench weights", argc, argv, "--reps", 3, 1ull << 30, &o);
+    int pr = demo_parse("bench weights", argc, argv, "--reps", 5, 1ull << 30, &o);
     if (pr != 0)
         return cli_usage_exit(pr, usage_weights);
     bool convert_only = o.convert_only;
+    if (o.cold)
+        setenv("FERRY_DEMO_COLD", "1", 1);
+    else
+        unsetenv("FERRY_DEMO_COLD");
     conv_bench cb;
     if (bench_convert(&cb) < 0) {
         fprintf(stderr, "ferry bench weights: no memory for the 2 x 256 MiB conversion buffers\n");
@@ -169,68 +393,42 @@ int cmd_bench_weights(int argc, char **argv, const char *self)
         fprintf(stderr, "ferry bench weights: unknown model preset %s\n", o.model);
         return 2;
     }
-    double bw = cb.memcpy_gbps;
-    demo_group grp;
+    demo_group grp = {0};
     int rc = 1;
-    double best_direct = 0, best_naive = 0, best_compat = 0, best_ncompat = 0;
-    uint64_t direct_read = 0, naive_read = 0, compat_read = 0, ncompat_read = 0, pushed = 0;
-    bool ok = true;
+    unsigned ngen = o.count + 1;   /* the first generation, then o.count in the steady state */
+    gen_fig *gf = calloc(ngen, sizeof *gf);
+    bool ok = gf != NULL;
     char err[256] = "";
     char cdir[64] = "";
-    json_t *counters = NULL;   /* of the best direct update */
-    json_t *pcounters = NULL;  /* of the publish before it */
-    json_t *ccounters = NULL;  /* of the best compat group update */
     if (demo_counters_open(cdir, sizeof cdir) < 0)
         cdir[0] = 0;
-    if (demo_group_start(&grp, o.model, o.bytes, dm.bytes, o.trainers, o.rollouts, o.dp,
-                         "ferry bench weights") < 0)
+    if (!ok || demo_group_start(&grp, o.model, o.bytes, dm.bytes, o.trainers, o.rollouts, o.dp,
+                                "ferry bench weights") < 0)
         goto out;
-    for (unsigned g = 1; g <= o.count + 1 && ok; g++) {
+    for (unsigned g = 1; g <= ngen && ok; g++) {
+        gen_fig *f = &gf[g - 1];
         char cmd[64];
-        double t;
         uint64_t a, b, c;
         if (!o.json)
-            cli_progress("bench weights", (double)(g - 1) / (o.count + 1));
+            cli_progress("bench weights", (double)(g - 1) / ngen);
         snprintf(cmd, sizeof cmd, "publish %u", g);
-        ok = demo_round(grp.tr, grp.ntr, cmd, &t, &a, &b, NULL, err, sizeof err);
-        json_t *pj = ok && cdir[0] ? demo_counters_collect(cdir, "trainer", grp.ntr) : NULL;
-        /* generation 1 warms every buffer up and is not counted */
+        ok = demo_round(grp.tr, grp.ntr, cmd, &f->t[FIG_PUBLISH], &a, &b, NULL, err, sizeof err);
+        f->pj = ok && cdir[0] ? demo_counters_collect(cdir, "trainer", grp.ntr) : NULL;
         snprintf(cmd, sizeof cmd, "direct %u", g);
-        ok = ok && demo_round(grp.ro, grp.nro, cmd, &t, &a, &b, &c, err, sizeof err) && b == 0;
-        json_t *cj = ok && cdir[0] ? demo_counters_collect(cdir, "rollout", grp.nro) : NULL;
-        if (ok && g > 1 && (best_direct == 0 || t < best_direct)) {
-            best_direct = t;
-            direct_read = a;
-            pushed = c;
-            json_decref(counters);
-            counters = json_incref(cj);
-            json_decref(pcounters);
-            pcounters = json_incref(pj);
-        }
-        json_decref(cj);
-        json_decref(pj);
+        ok = ok && demo_round(grp.ro, grp.nro, cmd, &f->t[FIG_DIRECT], &f->read[FIG_DIRECT], &b,
+                              &f->pushed, err, sizeof err) && b == 0;
+        f->cj = ok && cdir[0] ? demo_counters_collect(cdir, "rollout", grp.nro) : NULL;
         snprintf(cmd, sizeof cmd, "naive %u", g);
-        ok = ok && demo_round(grp.ro, grp.nro, cmd, &t, &a, &b, NULL, err, sizeof err);
-        if (ok && g > 1 && (best_naive == 0 || t < best_naive)) {
-            best_naive = t;
-            naive_read = a;
-        }
+        ok = ok && demo_round(grp.ro, grp.nro, cmd, &f->t[FIG_NAIVE], &f->read[FIG_NAIVE], &b,
+                              NULL, err, sizeof err) && b == 0;
         snprintf(cmd, sizeof cmd, "compat %u", g);
-        ok = ok && demo_round(grp.ro, grp.nro, cmd, &t, &a, &b, NULL, err, sizeof err) && b == 0;
-        json_t *kj = ok && cdir[0] ? demo_counters_collect(cdir, "compat", grp.nro) : NULL;
-        if (ok && g > 1 && (best_compat == 0 || t < best_compat)) {
-            best_compat = t;
-            compat_read = a;
-            json_decref(ccounters);
-            ccounters = json_incref(kj);
-        }
-        json_decref(kj);
+        ok = ok && demo_round(grp.ro, grp.nro, cmd, &f->t[FIG_COMPAT], &f->read[FIG_COMPAT], &b,
+                              NULL, err, sizeof err) && b == 0;
+        f->kj = ok && cdir[0] ? demo_counters_collect(cdir, "compat", grp.nro) : NULL;
         snprintf(cmd, sizeof cmd, "naive_compat %u", g);
-        ok = ok && demo_round(grp.ro, grp.nro, cmd, &t, &a, &b, NULL, err, sizeof err) && b == 0;
-        if (ok && g > 1 && (best_ncompat == 0 || t < best_ncompat)) {
-            best_ncompat = t;
-            ncompat_read = a;
-        }
+        ok = ok && demo_round(grp.ro, grp.nro, cmd, &f->t[FIG_NCOMPAT], &f->read[FIG_NCOMPAT], &b,
+                              NULL, err, sizeof err) && b == 0;
+        (void)c;
     }
     if (!o.json)
         cli_progress_done();
@@ -238,78 +436,17 @@ int cmd_bench_weights(int argc, char **argv, const char *self)
         fprintf(stderr, "ferry bench weights: an update failed: %s\n", err);
         goto out;
     }
-    uint64_t delivered = dm.bytes * o.dp, cdelivered = dm.bytes * o.rollouts;
-    double floor_s = bw > 0 ? (double)delivered / (bw * 1e9) : 0;
-    double cfloor_s = bw > 0 ? (double)cdelivered / (bw * 1e9) : 0;
-    double pub = (double)dm.bytes;
-    char *cjs = counters ? json_dumps(counters, JSON_COMPACT | JSON_PRESERVE_ORDER |
-                                                     JSON_REAL_PRECISION(10)) : NULL;
-    char *pjs = pcounters ? json_dumps(pcounters, JSON_COMPACT | JSON_PRESERVE_ORDER |
-                                                       JSON_REAL_PRECISION(10)) : NULL;
-    char *kjs = ccounters ? json_dumps(ccounters, JSON_COMPACT | JSON_PRESERVE_ORDER |
-                                                       JSON_REAL_PRECISION(10)) : NULL;
-    if (o.json) {
-        printf("{\"model\":\"%s\",\"bytes\":%llu,\"trainers\":%u,\"rollouts\":%u,\"dp\":%u,"
-               "\"direct_s\":%.4f,\"naive_s\":%.4f,\"compat_s\":%.4f,\"floor_s\":%.4f,"
-               "\"memcpy_gbps\":%.3f,\"direct_ratio_to_floor\":%.3f,\"store_read_ratio\":%.3f,"
-               "\"naive_store_read_ratio\":%.3f,\"compat_store_read_ratio\":%.3f,"
-               "\"pushed_bytes\":%llu,\"verified\":true,\"direct_counters\":%s,"
-               "\"publish_counters\":%s,\"naive_compat_s\":%.4f,"
-               "\"naive_compat_store_read_ratio\":%.3f,\"compat_to_naive_compat\":%.3f,"
-               "\"compat_counters\":%s,\"convert_bf16_gbps\":%.3f,\"convert_f16_gbps\":%.3f,"
-               "\"convert_ratio\":%.3f,\"convert_ratio_f16\":%.3f,\"compat_floor_s\":%.4f,"
-               "\"compat_ratio_to_floor\":%.3f,\"first_touch_gbps\":%.3f}\n",
-               o.model, (unsigned long long)dm.bytes, o.trainers, o.rollouts, o.dp, best_direct,
-               best_naive, best_compat, floor_s, bw, floor_s > 0 ? best_direct / floor_s : 0,
-               direct_read / pub, naive_read / pub, compat_read / pub,
-               (unsigned long long)pushed, cjs ? cjs : "null", pjs ? pjs : "null", best_ncompat,
-               ncompat_read / pub, best_ncompat > 0 ? best_compat / best_ncompat : 0,
-               kjs ? kjs : "null", cb.bf16_gbps, cb.f16_gbps, ratio(cb.bf16_gbps, bw),
-               ratio(cb.f16_gbps, bw), cfloor_s, ratio(best_compat, cfloor_s),
-               cb.first_touch_gbps);
-    } else {
-        char sz[32];
-        printf("ferry bench weights: %s, %zu tensors, %s bf16; %u trainers, %u rollouts (TP%u x "
-               "DP%u); best of %u generations after a warm-up one\n", o.model, dm.n,
-               cli_fmt_size(dm.bytes, sz, sizeof sz), o.trainers, o.rollouts, o.rollouts / o.dp,
-               o.dp, o.count);
-        printf("%-28s %10s %12s %12s\n", "update", "seconds", "x its floor", "store read");
-        printf("%-28s %10.3f %12.2f %11.2fx\n", "direct (single-pull)", best_direct,
-               best_direct / floor_s, direct_read / pub);
-        printf("%-28s %10.3f %12.2f %11.2fx\n", "naive (each reads its own)", best_naive,
-               best_naive / floor_s, naive_read / pub);
-        printf("%-28s %10.3f %12.2f %11.2fx\n", "compat (group, leaders)", best_compat,
-               ratio(best_compat, cfloor_s), compat_read / pub);
-        printf("%-28s %10.3f %12.2f %11.2fx\n", "naive compat (each reads all)", best_ncompat,
-               ratio(best_ncompat, cfloor_s), ncompat_read / pub);
-        printf("floor: %s into the rollouts' parameters at %.2f GB/s (memcpy, one thread) = "
-               "%.3f s\n", cli_fmt_size(delivered, sz, sizeof sz), bw, floor_s);
-        printf("compat floor: %s (every full tensor into every rollout) at %.2f GB/s = %.3f s "
-               "(compat_ratio_to_floor %.2f)\n", cli_fmt_size(cdelivered, sz, sizeof sz), bw,
-               cfloor_s, ratio(best_compat, cfloor_s));
-        if (counters) {
-            const json_t *u = counters;
-#define N(k) json_number_value(json_object_get(u, k))
-            printf("direct, slowest worker (s): prepare %.3f (exchange %.3f), plan %.3f, read %.3f, "
-                   "push %.3f (forward %.3f), barrier %.3f; apply %.3f in %.0f batches; pushed "
-                   "cross-node %.0f, intra-node %.0f bytes; NIC in max/mean %.2f\n",
-                   N("prepare_s"), N("exchange_s"), N("plan_s"), N("read_s"), N("push_s"),
-                   N("forward_s"), N("barrier_s"), N("apply_s"), N("batches"), N("pushed_cross"),
-                   N("pushed_intra"), N("nic_max_ratio_in"));
-#undef N
-        }
-        print_convert(&cb, false);
-    }
-    free(cjs);
-    free(pjs);
-    free(kjs);
+    bench_report(&o, &dm, &cb, &grp, gf, ngen);
     rc = 0;
 out:
     demo_group_stop(&grp);
     demo_model_free(&dm);
-    json_decref(counters);
-    json_decref(pcounters);
-    json_decref(ccounters);
+    for (unsigned g = 0; gf && g < ngen; g++) {
+        json_decref(gf[g].pj);
+        json_decref(gf[g].cj);
+        json_decref(gf[g].kj);
+    }
+    free(gf);
     if (cdir[0])
         demo_counters_close(cdir);
     return rc;

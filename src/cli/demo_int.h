@@ -38,6 +38,7 @@ typedef struct demo_opts {
     uint64_t bytes;
     char model[64];
     bool json, convert_only;
+    bool cold;                 /* --cold: the processes skip the warm-up (FERRY_DEMO_COLD) */
 } demo_opts;
 /* cmd names the command in messages ("demo"); 0, CLI_HELP or -1 (cli.h). */
 int demo_parse(const char *cmd, int argc, char **argv, const char *count_flag, unsigned count,
@@ -55,6 +56,8 @@ typedef struct demo_group {
     pid_t master, node;
     child tr[64], ro[64];
     unsigned ntr, nro;
+    double warm_s;             /* the slowest process's warm-up (READY's first number) */
+    uint64_t warm_bytes;       /* bytes the processes touched in it, summed */
 } demo_group;
 int demo_group_start(demo_group *g, const char *model, uint64_t budget, uint64_t model_bytes,
                      unsigned trainers, unsigned rollouts, unsigned dp, const char *who);

@@ -228,10 +228,26 @@ int demo_group_start(demo_group *g, const char *model, uint64_t budget, uint64_t
         const char *args[] = { "ferry", t ? "_demo_trainer" : "_demo_rollout", g->addr, rk, ws,
                                model, buf, dps, NULL };
         child *c = t ? &g->tr[r] : &g->ro[r];
+        if (demo_child_start(c, args) < 0) {
+            fprintf(stderr, "%s: a %s did not start\n", who, t ? "trainer" : "rollout");
+            return -1;
+        }
+    }
+    /* every process started before any is waited for: their warm-ups
+     * (READY's figures) run side by side */
+    for (unsigned k = 0; k < trainers + rollouts; k++) {
+        bool t = k < trainers;
+        child *c = t ? &g->tr[k] : &g->ro[k - trainers];
         char line[512] = "";
-        if (demo_child_start(c, args) < 0 || demo_child_line(c, line, sizeof line) < 0) {
+        if (demo_child_line(c, line, sizeof line) < 0) {
             fprintf(stderr, "%s: a %s did not start: %s\n", who, t ? "trainer" : "rollout", line);
             return -1;
+        }
+        double ws = 0;
+        unsigned long long wb = 0;
+        if (sscanf(line, "READY %lf %llu", &ws, &wb) == 2) {
+            g->warm_s = ws > g->warm_s ? ws : g->warm_s;
+            g->warm_bytes += wb;
         }
     }
     return 0;
@@ -261,7 +277,7 @@ int demo_parse(const char *cmd, int argc, char **argv, const char *count_flag, u
     /* bench weights (--reps) also has --convert-only */
     bool bench = !strcmp(count_flag, "--reps");
     char spec[128];
-    snprintf(spec, sizeof spec, "trainers=,rollouts=,dp=,%s=,bytes=,model=,json%s", count_flag + 2,
+    snprintf(spec, sizeof spec, "trainers=,rollouts=,dp=,%s=,bytes=,model=,json,cold%s", count_flag + 2,
              bench ? ",convert-only" : "");
     cli_getopt g;
     cli_getopt_init(&g, cmd, argc, argv, spec);
@@ -270,6 +286,8 @@ int demo_parse(const char *cmd, int argc, char **argv, const char *count_flag, u
         int rc = 0;
         if (!strcmp(a, "--json"))
             o->json = true;
+        else if (!strcmp(a, "--cold"))
+            o->cold = true;
         else if (!strcmp(a, "--convert-only"))
             o->convert_only = true;
         else if (!strcmp(a, "--trainers"))

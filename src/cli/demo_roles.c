@@ -105,17 +105,18 @@ static void stats_write(const char *role, uint32_t rank, json_t *j)
 
 static json_t *publish_json(const ferry_publish_stats *st)
 {
-    return json_pack("{s:I,s:I,s:I,s:I,s:f,s:f,s:f,s:f,s:f}", "bytes", (json_int_t)st->bytes,
+    return json_pack("{s:I,s:I,s:I,s:I,s:f,s:f,s:f,s:f,s:f,s:I}", "bytes", (json_int_t)st->bytes,
                      "tensors", (json_int_t)st->tensors, "cross_node_bytes",
                      (json_int_t)st->cross_node_bytes, "local_bytes", (json_int_t)st->local_bytes,
                      "put_s", st->put_s, "convert_s", st->convert_s, "store_s", st->store_s,
-                     "barrier_s", st->barrier_s, "commit_s", st->commit_s);
+                     "barrier_s", st->barrier_s, "commit_s", st->commit_s, "faults",
+                     (json_int_t)st->faults);
 }
 
 static json_t *update_json(const ferry_subscriber *sub, const ferry_update_stats *st)
 {
     json_t *j = json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,"
-                          "s:f,s:f,s:f,s:f}",
+                          "s:f,s:f,s:f,s:f,s:I}",
                           "bytes_read", (json_int_t)st->bytes_read,
                           "group_bytes_read", (json_int_t)st->group_bytes_read,
                           "bytes_pushed", (json_int_t)st->bytes_pushed,
@@ -132,7 +133,8 @@ static json_t *update_json(const ferry_subscriber *sub, const ferry_update_stats
                           "apply_s", st->apply_s, "nic_max_ratio_in",
                           st->nic_mean_in > 0 ? (double)st->nic_max_in / st->nic_mean_in : 0.0,
                           "nic_max_ratio_out",
-                          st->nic_mean_out > 0 ? (double)st->nic_max_out / st->nic_mean_out : 0.0);
+                          st->nic_mean_out > 0 ? (double)st->nic_max_out / st->nic_mean_out : 0.0,
+                          "faults", (json_int_t)st->faults);
     int n = ferry_subscriber_nodes(sub, NULL, 0);
     ferry_update_node *v = n > 0 ? calloc((size_t)n, sizeof *v) : NULL;
     json_t *nodes = json_array();
@@ -159,7 +161,7 @@ static json_t *update_json(const ferry_subscriber *sub, const ferry_update_stats
 static json_t *compat_json(const ferry_compat_stats *st)
 {
     return json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:f,s:f,s:f,s:f,"
-                     "s:f,s:f,s:f,s:f,s:f}",
+                     "s:f,s:f,s:f,s:f,s:f,s:I}",
                      "tensors", (json_int_t)st->tensors, "bytes", (json_int_t)st->bytes,
                      "bytes_read", (json_int_t)st->bytes_read,
                      "bytes_sent_cross", (json_int_t)st->bytes_sent_cross,
@@ -175,7 +177,7 @@ static json_t *compat_json(const ferry_compat_stats *st)
                      "prepare_s", st->prepare_s, "exchange_s", st->exchange_s, "plan_s", st->plan_s,
                      "read_s", st->read_s, "wait_s", st->wait_s, "verify_s", st->verify_s,
                      "load_s", st->load_s, "barrier_s", st->barrier_s, "apply_s", st->apply_s,
-                     "total_s", st->total_s);
+                     "total_s", st->total_s, "faults", (json_int_t)st->faults);
 }
 
 int demo_counters_open(char *dir, size_t cap)
@@ -200,7 +202,8 @@ json_t *demo_counters_collect(const char *dir, const char *role, unsigned n)
 {
     static const char *const sums[] = { "bytes", "tensors", "cross_node_bytes", "local_bytes",
                                         "bytes_read", "bytes_pushed", "bytes_received", "batches",
-                                        "bytes_sent_cross", "bytes_sent_intra", "bytes_viewed" };
+                                        "bytes_sent_cross", "bytes_sent_intra", "bytes_viewed",
+                                        "faults" };
     json_t *out = NULL;
     for (unsigned r = 0; r < n; r++) {
         char path[512];
@@ -264,9 +267,21 @@ static int open_role(int argc, char **argv, role_args *a)
     a->dp = (uint32_t)atoi(argv[6]);
     if (a->dp == 0 || a->world % a->dp)
         a->dp = 1;
-    printf("READY\n");
+    return 0;   /* the role says READY after its set-up (ready()) */
+}
+
+/* Set-up done: "READY <warm-up s> <bytes warmed>", the figures of the
+ * documented warm-up (docs/weights.md, "Warm memory"); 0 0 with --cold. */
+static void ready(double warm_s, uint64_t warm_bytes)
+{
+    printf("READY %.4f %llu\n", warm_s, (unsigned long long)warm_bytes);
     fflush(stdout);
-    return 0;
+}
+
+static bool demo_cold(void)
+{
+    const char *v = getenv("FERRY_DEMO_COLD");
+    return v && *v && strcmp(v, "0") != 0;
 }
 
 /* ---- trainer ------------------------------------------------------------------------ */
@@ -328,6 +343,19 @@ int demo_trainer_main(int argc, char **argv)
         data[k] = (ferry_shard_data){ .fragment = mine[k].fragment, .data = mem + off };
         off += mine[k].rows * row_elems(&a.m.t[mine[k].tensor]) * 2;
     }
+    memset(mem, 0, bytes);   /* a trainer's shards live in memory it has written */
+    ferry_publisher_config pc = { .rank = a.rank, .world = a.world, .keep = 2,
+                                  .timeout_ms = 120000 };
+    snprintf(pc.model, sizeof pc.model, "%s", a.model);
+    double w0 = cli_now();
+    uint64_t wb = 0;
+    ferry_error werr = {0};
+    if (!demo_cold() && ferry_publish_warm(a.s, &pc, pl, &wb, &werr) < 0) {
+        printf("ERR %s\n", werr.msg);
+        fflush(stdout);
+        return 1;
+    }
+    ready(demo_cold() ? 0 : cli_now() - w0, wb);
     char line[256];
     while (fgets(line, sizeof line, stdin)) {
         unsigned long long g;
@@ -338,9 +366,6 @@ int demo_trainer_main(int argc, char **argv)
             fill((uint16_t *)(uintptr_t)data[k].data, g, mine[k].tensor, mine[k].r0 * re,
                  mine[k].rows * re);
         }
-        ferry_publisher_config pc = { .rank = a.rank, .world = a.world, .keep = 2,
-                                      .timeout_ms = 120000 };
-        snprintf(pc.model, sizeof pc.model, "%s", a.model);
         ferry_publish_stats st;
         ferry_error err = {0};
         double t0 = cli_now();
@@ -443,6 +468,7 @@ int demo_rollout_main(int argc, char **argv)
         p->dst = malloc(rows * row_elems(t) * 2);
         if (!p->dst)
             return 1;
+        memset(p->dst, 0, rows * row_elems(t) * 2);   /* loaded weights live in written memory */
         first[ns++] = i;
     }
     ferry_subscriber_config sc = { .rank = a.rank, .world = a.world, .timeout_ms = 120000 };
@@ -470,6 +496,14 @@ int demo_rollout_main(int argc, char **argv)
         fflush(stdout);
         return 1;
     }
+    double w0 = cli_now();
+    uint64_t wb = 0;
+    if (!demo_cold() && ferry_store_warm(a.s, false, &wb) < 0) {
+        printf("ERR %s\n", ferry_store_last_error());
+        fflush(stdout);
+        return 1;
+    }
+    ready(demo_cold() ? 0 : cli_now() - w0, wb);
     uint64_t cur = 0, naive_gen = 0, compat_gen = 0;
     char line[256];
     while (fgets(line, sizeof line, stdin)) {

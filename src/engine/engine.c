@@ -458,6 +458,22 @@ bool fr_peer_import_find(fr_peer *p, uint64_t key, fr_import *out)
     return found;
 }
 
+/* The peer of rr connected and read-locked with a live connection (the
+ * caller unlocks p->rw), or NULL with *rc set. */
+static fr_peer *peer_conn_locked(ferry_engine *e, const ferry_remote_region *rr, int *rc)
+{
+    if ((*rc = fr_peer_connect(e, rr->peer)) < 0)
+        return NULL;
+    fr_peer *p = peer_get(e, rr->peer);
+    pthread_rwlock_rdlock(&p->rw);
+    if (!p->conn) {
+        pthread_rwlock_unlock(&p->rw);
+        *rc = FERRY_ECONNRESET;
+        return NULL;
+    }
+    return p;
+}
+
 int ferry_remote_map(ferry_engine *e, const ferry_remote_region *rr, uint64_t addr, uint64_t len,
                      ferry_mapping *out)
 {
@@ -465,13 +481,29 @@ int ferry_remote_map(ferry_engine *e, const ferry_remote_region *rr, uint64_t ad
         memset(out, 0, sizeof *out);
     if (!e || !rr || !out || len == 0)
         return FERRY_EINVAL;
-    int rc = fr_peer_connect(e, rr->peer);
-    if (rc < 0)
+    int rc;
+    fr_peer *p = peer_conn_locked(e, rr, &rc);
+    if (!p)
         return rc;
-    fr_peer *p = peer_get(e, rr->peer);
-    pthread_rwlock_rdlock(&p->rw);
-    rc = !p->conn ? FERRY_ECONNRESET
-       : p->tp->map ? p->tp->map(p->conn, rr->key, addr, len, out) : FERRY_ENOTSUP;
+    rc = p->tp->map ? p->tp->map(p->conn, rr->key, addr, len, out) : FERRY_ENOTSUP;
+    pthread_rwlock_unlock(&p->rw);
+    return rc;
+}
+
+int ferry_remote_warm(ferry_engine *e, const ferry_remote_region *rr, uint64_t addr, uint64_t len,
+                      bool write, uint64_t *touched)
+{
+    uint64_t none = 0;
+    if (!touched)
+        touched = &none;
+    *touched = 0;
+    if (!e || !rr)
+        return FERRY_EINVAL;
+    int rc;
+    fr_peer *p = peer_conn_locked(e, rr, &rc);
+    if (!p)
+        return rc;
+    rc = p->tp->warm ? p->tp->warm(p->conn, rr->key, addr, len, write, touched) : 0;
     pthread_rwlock_unlock(&p->rw);
     return rc;
 }

@@ -83,6 +83,11 @@ struct fr_transport {
     /* Optional (NULL: FERRY_ENOTSUP): a read-only mapping of the peer's
      * bytes [addr, addr + len) of the region of `key` (ferry_remote_map). */
     int (*map)(void *conn, uint64_t key, uint64_t addr, uint64_t len, ferry_mapping *out);
+    /* Optional (NULL: nothing to warm, *touched = 0): touch every page of
+     * [addr, addr + len) of the region of `key` through the mapping this
+     * connection's own copies use (ferry_remote_warm); *touched = bytes. */
+    int (*warm)(void *conn, uint64_t key, uint64_t addr, uint64_t len, bool write,
+                uint64_t *touched);
 };
 
 extern const fr_transport fr_transport_tcp;

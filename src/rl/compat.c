@@ -732,6 +732,9 @@ static int run_update(ferry_compat_group *g, const ferry_weight_manifest *m, con
     return rc;
 }
 
+static int group_update(ferry_compat_group *g, uint64_t *generation, ferry_weights_tensor_fn fn,
+                        void *ctx, ferry_compat_stats *st, ferry_error *err);
+
 int ferry_compat_group_update(ferry_compat_group *g, uint64_t *generation,
                               ferry_weights_tensor_fn fn, void *ctx, ferry_compat_stats *st,
                               ferry_error *err)
@@ -740,6 +743,15 @@ int ferry_compat_group_update(ferry_compat_group *g, uint64_t *generation,
     if (!st)
         st = &local;
     memset(st, 0, sizeof *st);
+    uint64_t f0 = fr_minor_faults();
+    int rc = group_update(g, generation, fn, ctx, st, err);
+    st->faults = fr_minor_faults() - f0;
+    return rc;
+}
+
+static int group_update(ferry_compat_group *g, uint64_t *generation, ferry_weights_tensor_fn fn,
+                        void *ctx, ferry_compat_stats *st, ferry_error *err)
+{
     if (err)
         err->msg[0] = 0;
     if (!g || !generation || !fn)

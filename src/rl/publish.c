@@ -147,7 +147,38 @@ int ferry_publish_shards(ferry_store *s, const ferry_publisher_config *c, uint64
     if (!config_ok(s, c, gen) || !placement || (n && !mine))
         return fr_rl_fail(err, FERRY_EINVAL, "publish: bad arguments (model, rank, world, "
                           "generation, placement)");
-    return attempt(s, c, gen, NULL, placement, mine, n, NULL, st, err);
+    uint64_t f0 = fr_minor_faults();
+    int rc = attempt(s, c, gen, NULL, placement, mine, n, NULL, st, err);
+    st->faults = fr_minor_faults() - f0;
+    return rc;
+}
+
+int ferry_publish_warm(ferry_store *s, const ferry_publisher_config *c, ferry_manifest *placement,
+                       uint64_t *bytes, ferry_error *err)
+{
+    uint64_t none = 0, most = 0, seg = 0;
+    if (!bytes)
+        bytes = &none;
+    *bytes = 0;
+    if (!config_ok(s, c, 1) || !placement)
+        return fr_rl_fail(err, FERRY_EINVAL, "publish warm-up: bad arguments (model, rank, "
+                          "world, placement)");
+    int rc = fr_pub_mine_most(c, placement, &most, err);
+    if (rc < 0)
+        return rc;
+    void *stage = NULL;
+    if (most && (rc = ferry_store_staging_take(s, (size_t)most, &stage)) < 0)
+        return fr_rl_fail(err, rc, "publish warm-up: %s", ferry_store_last_error());
+    if (stage) {
+        memset(stage, 0, (size_t)most);   /* the pages a publish packs into */
+        ferry_store_staging_give(s, false);
+        *bytes += most;
+    }
+    rc = ferry_store_warm(s, true, &seg);
+    *bytes += seg;
+    if (rc < 0)
+        return fr_rl_fail(err, rc, "publish warm-up: %s", ferry_store_last_error());
+    return 0;
 }
 
 /* ---- whole tensors: the placement of their assigned pieces -------------------------------- */
@@ -290,6 +321,7 @@ int fr_rl_publish(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
     memset(st, 0, sizeof *st);
     if (!config_ok(s, c, gen) || !c->rank_node || (n && !t))
         return fr_rl_fail(err, FERRY_EINVAL, "publish: bad arguments (model, rank, world, generation)");
+    uint64_t f0 = fr_minor_faults();
     ferry_manifest *pl = NULL;
     ferry_shard_data *data = NULL;
     size_t nd = 0;
@@ -302,6 +334,7 @@ int fr_rl_publish(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
         err->code = rc;
     free(data);
     ferry_manifest_close(pl);
+    st->faults = fr_minor_faults() - f0;
     return rc;
 }
 

@@ -82,6 +82,9 @@ int fr_pub_mine_prepare(fr_pub_mine *p, const ferry_publisher_config *c, ferry_m
 int fr_pub_mine_store(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
                       ferry_manifest *placement, fr_pub_mine *p, ferry_publish_stats *st,
                       ferry_error *err);
+/* The bytes of this rank's largest packed object of placement (0: none). */
+int fr_pub_mine_most(const ferry_publisher_config *c, ferry_manifest *placement, uint64_t *most,
+                     ferry_error *err);
 /* Remove what fr_pub_mine_store stored (an attempt failed). */
 void fr_pub_mine_remove(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
                         const fr_pub_mine *p);

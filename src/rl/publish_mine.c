@@ -375,6 +375,24 @@ int fr_pub_mine_prepare(fr_pub_mine *p, const ferry_publisher_config *c, ferry_m
     return rc;
 }
 
+int fr_pub_mine_most(const ferry_publisher_config *c, ferry_manifest *placement, uint64_t *most,
+                     ferry_error *err)
+{
+    ferry_manifest *stored = NULL;
+    ferry_pack *pack = NULL;
+    *most = 0;
+    int rc = ferry_manifest_stored(placement, c->out_dtype[0] ? c->out_dtype : NULL, &stored, err);
+    if (rc == 0)
+        rc = ferry_manifest_pack(stored, FR_GEN_ALIGN, FR_GEN_OBJECT_MAX, &pack, err);
+    uint32_t n = rc == 0 ? ferry_pack_objects(pack, c->rank) : 0;
+    for (uint32_t k = 0; k < n; k++)
+        if (ferry_pack_object_bytes(pack, c->rank, k) > *most)
+            *most = ferry_pack_object_bytes(pack, c->rank, k);
+    ferry_pack_free(pack);
+    ferry_manifest_close(stored);
+    return rc;
+}
+
 /* ---- storing ------------------------------------------------------------------------------ */
 
 /* Piece pc into its packed place at base: rows copied or converted out of
@@ -427,6 +445,19 @@ int fr_pub_put(ferry_store *s, const char *key, const void *data, uint64_t nb,
     return ferry_store_put_from(s, key, data, nb, repl, d);
 }
 
+/* The placement slot of one of this rank's objects (store.h): the same for
+ * that object in every generation, so that the master puts it where the
+ * same object of a retired generation was — memory this rank's process
+ * and its readers have written and read before (docs/weights.md, "Warm
+ * memory"). */
+static uint64_t piece_slot(const char *model, uint32_t rank, const char *what)
+{
+    char b[FR_GEN_KEY];
+    int n = snprintf(b, sizeof b, "%s/r%u/%s", model, rank, what);
+    uint64_t h = fr_hash64(b, n > 0 ? (size_t)n : 0, 0x736c6f74u);
+    return h ? h : 1;
+}
+
 int fr_pub_mine_store(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
                       ferry_manifest *placement, fr_pub_mine *p, ferry_publish_stats *st,
                       ferry_error *err)
@@ -476,9 +507,11 @@ int fr_pub_mine_store(ferry_store *s, const ferry_publisher_config *c, uint64_t 
         if (stage && nb > pos)
             memset(buf + pos, 0, nb - pos);
         uint64_t c1 = fr_now_ns();
-        char key[FR_GEN_KEY];
+        char key[FR_GEN_KEY], what[16];
         ferry_object_desc d = {0};
         (void)fr_gen_object_key(c->model, gen, c->rank, k, key, sizeof key);
+        snprintf(what, sizeof what, "%u", k);
+        repl.slot = piece_slot(c->model, c->rank, what);
         rc = fr_pub_put(s, key, buf, nb, &repl, &d);
         /* A put that timed out may still be read by the engine (its
          * outcome is unknown until the transfer drains): its source must
@@ -522,6 +555,7 @@ int fr_pub_mine_store(ferry_store *s, const ferry_publisher_config *c, uint64_t 
         else
             snprintf(what, sizeof what, "manifest.json");
         (void)fr_gen_file_key(c->model, gen, what, key, sizeof key);
+        repl.slot = piece_slot(c->model, c->rank, what);
         rc = fr_pub_put(s, key, extra[i].data, extra[i].len, &repl, NULL);
         if (rc < 0)
             fr_rl_fail(err, rc, "could not store %s: %s", what, ferry_store_last_error());

@@ -828,9 +828,11 @@ int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_u
     memset(st, 0, sizeof *st);
     if (!sub || !generation)
         return fr_rl_fail(err, FERRY_EINVAL, "subscriber: bad arguments");
-    if (sub->mem)
-        return fr_sub_elastic_update(sub, sub->mem, generation, st, err);
-    return update_round(sub, generation, st, err);
+    uint64_t f0 = fr_minor_faults();
+    int rc = sub->mem ? fr_sub_elastic_update(sub, sub->mem, generation, st, err)
+                      : update_round(sub, generation, st, err);
+    st->faults = fr_minor_faults() - f0;
+    return rc;
 }
 
 int fr_sub_round_run(ferry_subscriber *sub, fr_sub_round *r, uint64_t *generation,

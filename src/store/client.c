@@ -204,6 +204,43 @@ int fr_client_segment(ferry_store *s, uint64_t id, fr_segref *out)
     return 0;
 }
 
+int ferry_store_warm(ferry_store *s, bool write, uint64_t *bytes)
+{
+    uint64_t none = 0;
+    if (!bytes)
+        bytes = &none;
+    *bytes = 0;
+    if (!s)
+        return FERRY_EINVAL;
+    char *text = NULL;
+    int rc = ferry_store_status_json(s, &text);
+    if (rc < 0)
+        return fr_client_err(rc, "warm: cannot list the segments: %s", ferry_strerror(rc));
+    json_t *j = NULL;
+    char jerr[128];
+    rc = fr_json_parse(text, strlen(text), &j, jerr, sizeof jerr);
+    free(text);
+    if (rc < 0)
+        return fr_client_err(FERRY_EPROTO, "warm: the master's status: %s", jerr);
+    const json_t *segs = json_object_get(j, "segments");
+    int first = 0;
+    for (size_t i = 0; i < json_array_size(segs); i++) {
+        uint64_t id = 0, b = 0;
+        fr_segref ref;
+        rc = fr_json_get_u64(json_array_get(segs, i), "id", &id, jerr, sizeof jerr);
+        if (rc == 0)
+            rc = fr_client_segment(s, id, &ref);
+        if (rc == 0)
+            rc = ferry_remote_warm(s->eng, &ref.rr, ref.rr.addr, ref.rr.len, write, &b);
+        *bytes += b;
+        if (rc < 0 && first == 0)
+            first = fr_client_err(rc, "warm: segment %016llx: %s", (unsigned long long)id,
+                                  ferry_strerror(rc));
+    }
+    json_decref(j);
+    return first;
+}
+
 void fr_client_forget_segment(ferry_store *s, uint64_t id)
 {
     pthread_mutex_lock(&s->lock);

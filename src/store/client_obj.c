@@ -93,6 +93,7 @@ static void rc_to_msg(const ferry_replicate_config *rc, fr_smsg *q)
     q->flag = rc->hard_pin;
     q->npreferred = rc->npreferred;
     q->preferred = rc->preferred_segments;
+    q->slot = rc->slot;
 }
 
 static void placed_from(const fr_smsg *rep, ferry_object_desc *d)

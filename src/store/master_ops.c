@@ -283,7 +283,7 @@ static void op_put_start(fr_master_conn *c, uint64_t id, const fr_smsg *q)
     for (uint32_t i = 0; i < np; i++)
         pref[i] = fr_smsg_preferred(q, i);
     fr_replicate rc = { .replica_num = q->replica_num, .preferred = pref, .npreferred = np,
-                        .hard_pin = q->flag };
+                        .hard_pin = q->flag, .slot = q->slot };
     fr_obj_desc d;
     int err = fr_meta_put_start(m->meta, m->k1, q->size, &rc, m->now_wall, &d);
     if (err < 0) {

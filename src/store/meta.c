@@ -56,6 +56,7 @@ void fr_meta_destroy(fr_meta *m)
     if (m == NULL)
         return;
     meta_obj_free_all(m);
+    meta_slot_free_all(m);
     size_t pos = 0;
     meta_seg *s;
     while ((s = fr_umap_next(&m->segs, &pos)) != NULL) {

@@ -42,6 +42,8 @@ struct meta_obj {
     uint64_t lost_node, lost_at;
     fr_dnode pending;         /* in fr_meta.pending while PENDING */
     uint64_t writer;          /* client that started a PENDING put; 0: unknown. Not logged */
+    uint64_t slot;            /* put_start's placement slot (meta_slot.c); 0: none. Not
+                               * logged: a hint, lost with a restart */
     meta_rep rep[];
 };
 
@@ -124,6 +126,7 @@ struct fr_meta {
     void **scratch;           /* for applies and read-only walks */
     size_t scratch_cap;
     struct meta_cand *cand;   /* placement candidates (put_start only) */
+    struct meta_slots *slots; /* where objects of each placement slot were (meta_slot.c) */
     size_t cand_cap;
     char err[512];
 };
@@ -147,6 +150,12 @@ static inline void meta_cstr(char buf[FR_KEY_MAX + 1], fr_span s)
 int meta_scratch(fr_meta *m, size_t n);
 bool meta_prefix(const char *key, const char *prefix, size_t plen);
 int meta_cmp_str(const void *a, const void *b);   /* qsort over const char * */
+
+/* meta_slot.c: where the objects of each placement slot were */
+void meta_slot_freed(fr_meta *m, uint64_t slot, uint64_t seg, uint64_t off, uint64_t len);
+bool meta_slot_place(const fr_meta *m, uint64_t slot, const meta_seg *s, uint64_t len,
+                     uint64_t *off);
+void meta_slot_free_all(fr_meta *m);
 
 /* meta_obj.c */
 int meta_obj_apply(fr_meta *m, const fr_rec *r);

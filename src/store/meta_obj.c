@@ -79,6 +79,7 @@ static void obj_free(fr_meta *m, meta_obj *o)
             continue;
         int rc = fr_segalloc_release(p->seg->alloc, p->off, o->size);
         (void)rc;   /* cannot fail: the range was reserved by this object */
+        meta_slot_freed(m, o->slot, p->seg->id, p->off, fr_segalloc_round(p->seg->alloc, o->size));
         fr_dlist_remove(&p->in_seg);
         lru_unlink(p);
         p->seg->nreps--;

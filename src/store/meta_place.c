@@ -246,11 +246,14 @@ int fr_meta_put_start(fr_meta *m, const char *key, uint64_t size, const fr_repli
         return meta_fail(m, FERRY_ENOSPC, "object '%s' needs %u distinct segments; %zu mounted",
                          key, want, m->segs.n);
 
-    /* Pass 1: segments with room below the watermark, in candidate order. */
+    /* Pass 1: segments with room below the watermark, in candidate order;
+     * on each, a place the slot had before (meta_slot.c) ahead of the best
+     * fit. */
     for (size_t i = 0; i < ncand && got < want; i++) {
         meta_cand *c = &m->cand[i];
         uint64_t len = fr_segalloc_round(c->s->alloc, size);
-        if (fr_segalloc_find(c->s->alloc, len, m->cfg.align, &c->off) == 0 &&
+        if ((meta_slot_place(m, rc->slot, c->s, len, &c->off) ||
+             fr_segalloc_find(c->s->alloc, len, m->cfg.align, &c->off) == 0) &&
             seg_used(c->s) + len <= c->s->hw_limit) {
             c->chosen = true;
             got++;
@@ -296,8 +299,11 @@ int fr_meta_put_start(fr_meta *m, const char *key, uint64_t size, const fr_repli
     }
     if ((err = meta_commit(m, &r)) < 0)
         return err;
+    meta_obj *made = meta_obj_find(m, key);
+    if (made != NULL)
+        made->slot = rc->slot;
     if (out != NULL) {
-        fill_desc(meta_obj_find(m, key), false, out);
+        fill_desc(made, false, out);
         for (uint32_t i = 0, k = 0; i < ncand && k < out->nrep; i++)
             if (m->cand[i].chosen)
                 out->rep[k++].preferred = m->cand[i].pref;

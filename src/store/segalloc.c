@@ -243,6 +243,19 @@ int fr_segalloc_reserve(fr_segalloc *a, uint64_t off, uint64_t len)
     return 0;
 }
 
+bool fr_segalloc_is_free(const fr_segalloc *a, uint64_t off, uint64_t len)
+{
+    if (a == NULL)
+        return false;
+    len = fr_segalloc_round(a, len);
+    if (!range_ok(a, off, len))
+        return false;
+    extent probe = { .off = off };
+    fr_avl_node *n = fr_avl_floor(&a->by_off, &probe.by_off);
+    const extent *e = n ? fr_container_of(n, extent, by_off) : NULL;
+    return e != NULL && off + len <= e->off + e->len;
+}
+
 int fr_segalloc_release(fr_segalloc *a, uint64_t off, uint64_t len)
 {
     if (a == NULL)

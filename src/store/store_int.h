@@ -145,6 +145,9 @@ int fr_segalloc_alloc(fr_segalloc *a, uint64_t len, uint64_t align, uint64_t *of
 /* Take exactly [off, off+round(len)): FERRY_EINVAL unless it lies inside
  * one free extent and off is granule-aligned; FERRY_ENOMEM (unchanged). */
 int fr_segalloc_reserve(fr_segalloc *a, uint64_t off, uint64_t len);
+/* Whether reserve(off, len) would succeed for lack of a conflict: the range
+ * is granule-aligned, in bounds and inside one free extent. */
+bool fr_segalloc_is_free(const fr_segalloc *a, uint64_t off, uint64_t len);
 /* Give back a range taken by alloc/reserve with the same len. Coalesces
  * with free neighbours. FERRY_EINVAL if the range is out of bounds,
  * misaligned or overlaps free space (a double free). */
@@ -327,6 +330,7 @@ typedef struct fr_replicate {
     const uint64_t *preferred;     /* segment ids, tried first, in order */
     uint32_t npreferred;
     bool hard_pin;                 /* never evicted */
+    uint64_t slot;                 /* placement slot (meta_slot.c); 0: none */
 } fr_replicate;
 typedef struct fr_replica_desc {
     uint64_t segment, node, offset;

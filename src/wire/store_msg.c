@@ -20,6 +20,7 @@
  *   s n z g l t u r c v i C k p G   u64: segment node size granule lease_ms
  *               timeout_ms until rev create_rev version id count
  *               skipped_leased skipped_pending generation
+ *   h slot      u64: a put's placement slot (0: none)
  *   x preferred  u16 n <= PREFERRED_MAX, n x u64
  *   y replicas   u8 n <= REPLICAS_MAX, n x (segment u64, node u64,
  *                offset u64, length u64, preferred u8 0/1)
@@ -47,7 +48,7 @@ typedef struct { uint16_t type; const char *name; const char *fields; } smsg_def
 static const smsg_def defs[] = {
     { FR_SMSG_MOUNT, "MOUNT", "snzgDP" },
     { FR_SMSG_UNMOUNT, "UNMOUNT", "s" },
-    { FR_SMSG_PUT_START, "PUT_START", "KzRFx" },
+    { FR_SMSG_PUT_START, "PUT_START", "KzRFxh" },
     { FR_SMSG_PUT_END, "PUT_END", "K" },
     { FR_SMSG_PUT_REVOKE, "PUT_REVOKE", "K" },
     { FR_SMSG_GET_REPLICAS, "GET_REPLICAS", "Kl" },
@@ -147,6 +148,7 @@ static uint64_t *u64_field(fr_smsg *m, char k)
     case 'k': return &m->skipped_leased;
     case 'p': return &m->skipped_pending;
     case 'G': return &m->generation;
+    case 'h': return &m->slot;
     default: return NULL;
     }
 }

@@ -124,6 +124,7 @@ typedef struct fr_smsg {
     uint64_t count;                /* REMOVED: removed */
     uint64_t skipped_leased, skipped_pending;  /* REMOVED */
     uint64_t generation;           /* BARRIER_DONE */
+    uint64_t slot;                 /* PUT_START: placement slot (0: none; store.h) */
     uint32_t replica_num;          /* PUT_START: 0..FR_SMSG_REPLICAS_MAX (0 means 1) */
     uint32_t limit;                /* LIST: max keys; Q_POP: max records */
     uint32_t members;              /* BARRIER: member count */

@@ -20,15 +20,6 @@
 #define OFF 4096u
 #define LEN (256u << 10)
 
-static ferry_engine *open_engine(const char *transport)
-{
-    ferry_engine_config c;
-    ft_config(&c, transport);
-    ferry_engine *e = NULL;
-    assert_int_equal(ferry_engine_open(&c, &e), 0);
-    return e;
-}
-
 /* The peer's pattern `seed` over [OFF, OFF + LEN) equals the view. */
 static bool view_is(const ferry_mapping *m, uint64_t seed)
 {
@@ -46,7 +37,7 @@ static void test_map_live_and_outlives_peer(void **state)
     ft_peer p;
     ft_peer_opts o = {.size = SIZE, .flags = "rw"};
     assert_int_equal(ft_peer_start(&p, &o), 0);
-    ferry_engine *e = open_engine("");
+    ferry_engine *e = ft_engine_open("");
     ferry_remote_region rr;
     assert_int_equal(ferry_region_import(e, p.desc, p.desc_len, &rr), 0);
     char reply[128];
@@ -77,7 +68,7 @@ static void refused(const char *flags, bool heap, const char *transport, uint64_
     ft_peer p;
     ft_peer_opts o = {.size = SIZE, .flags = flags, .malloc_mem = heap};
     assert_int_equal(ft_peer_start(&p, &o), 0);
-    ferry_engine *e = open_engine(transport);
+    ferry_engine *e = ft_engine_open(transport);
     ferry_remote_region rr;
     assert_int_equal(ferry_region_import(e, p.desc, p.desc_len, &rr), 0);
     ferry_mapping m = { .addr = &m };

@@ -114,6 +114,61 @@ static void test_placement_fallback(void **state)
     fr_meta_destroy(m);
 }
 
+/* Placement slots: generation g's object k lands where the same slot's
+ * object of generation g - 3 was (two kept plus the one being put), small
+ * objects of other slots in between; a place that is taken is no error
+ * (best fit instead); slot 0 remembers nothing. */
+static void test_placement_slots(void **state)
+{
+    (void)state;
+    fr_meta *m = mk(1.0);
+    fr_obj_desc d;
+    assert_int_equal(fr_meta_mount(m, 1, 1, 2048 * KiB, 0), 0);
+    uint64_t at[8][4];
+    char key[32];
+    for (int g = 0; g < 8; g++) {
+        for (int k = 0; k < 4; k++) {
+            fr_replicate rc = { .hard_pin = true, .slot = 0x5100 + (uint64_t)k };
+            snprintf(key, sizeof key, "g%d/o%d", g, k);
+            put(m, key, 100 * KiB + (uint64_t)k * KiB, &rc, 0, &d);
+            at[g][k] = d.rep[0].offset;
+            fr_replicate rs = { .hard_pin = true, .slot = 0x5200 + (uint64_t)k };
+            snprintf(key, sizeof key, "g%d/small%d", g, k);   /* interleaved, slots of their own */
+            put(m, key, 3 * KiB, &rs, 0, NULL);
+        }
+        if (g >= 2) {   /* retention: generation g - 2 goes once g is in */
+            for (int k = 0; k < 4; k++) {
+                snprintf(key, sizeof key, "g%d/o%d", g - 2, k);
+                assert_int_equal(fr_meta_remove(m, key, 0), 0);
+                snprintf(key, sizeof key, "g%d/small%d", g - 2, k);
+                assert_int_equal(fr_meta_remove(m, key, 0), 0);
+            }
+        }
+        for (int k = 0; g >= 3 && k < 4; k++)
+            assert_true(at[g][k] == at[g - 3][k]);
+    }
+    /* generation 6's places are free again; a slotless object of the same
+     * size comes first: where it did not take slot 0x5100's newest place
+     * the slot's put takes it, where it did the put goes elsewhere, no error */
+    for (int k = 0; k < 4; k++) {
+        snprintf(key, sizeof key, "g6/o%d", k);
+        assert_int_equal(fr_meta_remove(m, key, 0), 0);
+    }
+    fr_replicate plain = { .hard_pin = true };
+    put(m, "squatter", 100 * KiB, &plain, 0, &d);
+    uint64_t squat = d.rep[0].offset;
+    fr_replicate rc0 = { .hard_pin = true, .slot = 0x5100 };
+    put(m, "g9/o0", 100 * KiB, &rc0, 0, &d);
+    if (squat != at[6][0])
+        assert_true(d.rep[0].offset == at[6][0]);
+    else
+        assert_true(d.rep[0].offset != at[6][0]);
+    /* slot 0: nothing remembered, an ordinary best fit */
+    fr_replicate none = { .hard_pin = true };
+    put(m, "n0", 101 * KiB, &none, 0, &d);
+    fr_meta_destroy(m);
+}
+
 /* ---- eviction ---------------------------------------------------------- */
 
 static void test_eviction_lru(void **state)
@@ -829,6 +884,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_placement_preferred),
         cmocka_unit_test(test_placement_fallback),
+        cmocka_unit_test(test_placement_slots),
         cmocka_unit_test(test_eviction_lru),
         cmocka_unit_test(test_eviction_watermark),
         cmocka_unit_test(test_hard_pin_and_enospc),

@@ -49,6 +49,15 @@ void ft_config(ferry_engine_config *cfg, const char *transport)
     snprintf(cfg->transport, sizeof cfg->transport, "%s", transport ? transport : "");
 }
 
+ferry_engine *ft_engine_open(const char *transport)
+{
+    ferry_engine_config c;
+    ft_config(&c, transport);
+    ferry_engine *e = NULL;
+    assert_int_equal(ferry_engine_open(&c, &e), 0);
+    return e;
+}
+
 static uint64_t splitmix(uint64_t x)
 {
     x += 0x9E3779B97F4A7C15ull;

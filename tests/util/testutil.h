@@ -47,6 +47,8 @@ int ft_main_peer(int argc, char **argv);
 const char *ft_token(void);
 /* An engine config for the test: token, transport forced to `transport`. */
 void ft_config(ferry_engine_config *cfg, const char *transport);
+/* An engine opened with ft_config (a cmocka failure if it cannot be). */
+ferry_engine *ft_engine_open(const char *transport);
 
 /* How long a child process started by a test may take to say it is ready.
  * A generous deadline on that condition, never a measurement: under a

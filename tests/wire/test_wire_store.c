@@ -59,7 +59,7 @@ static void sample(uint16_t type, fr_smsg *m)
     case FR_SMSG_UNMOUNT: m->segment = 3; break;
     case FR_SMSG_PUT_START:
         m->key = S("weights/gen7/shard0"); m->size = 4u << 20; m->replica_num = 2; m->flag = true;
-        m->preferred = pref_ids; m->npreferred = 3;
+        m->preferred = pref_ids; m->npreferred = 3; m->slot = 0x1122334455667788ull;
         break;
     case FR_SMSG_PUT_END: case FR_SMSG_PUT_REVOKE: case FR_SMSG_REMOVE: case FR_SMSG_EXIST:
     case FR_SMSG_KV_GET:
@@ -133,11 +133,11 @@ static void assert_same(const fr_smsg *a, const fr_smsg *b)
     const uint64_t *qa[] = { &a->segment, &a->node, &a->size, &a->granule, &a->lease_ms,
                              &a->timeout_ms, &a->until, &a->rev, &a->create_rev, &a->version,
                              &a->id, &a->count, &a->skipped_leased, &a->skipped_pending,
-                             &a->generation };
+                             &a->generation, &a->slot };
     const uint64_t *qb[] = { &b->segment, &b->node, &b->size, &b->granule, &b->lease_ms,
                              &b->timeout_ms, &b->until, &b->rev, &b->create_rev, &b->version,
                              &b->id, &b->count, &b->skipped_leased, &b->skipped_pending,
-                             &b->generation };
+                             &b->generation, &b->slot };
     for (size_t i = 0; i < sizeof qa / sizeof qa[0]; i++)
         if (*qa[i] != *qb[i])
             fail_msg("type %u field %zu", a->type, i);
@@ -222,6 +222,7 @@ static void test_pinned_bytes(void **state)
         7, 0, 0, 0, 0, 0, 0, 0,
         8, 7, 6, 5, 4, 3, 2, 1,
         0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+        0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11,   /* placement slot */
     };
     assert_int_equal(k, FR_WIRE_HDR_LEN + sizeof want);
     assert_memory_equal(buf + FR_WIRE_HDR_LEN, want, sizeof want);
@@ -350,7 +351,7 @@ static void test_bad_counts(void **state)
     assert_int_equal(decode_body(FR_SMSG_PLACEMENT, b, 9 + 33, &d), 0);
     b[9 + 32] = 2;   /* preferred flag */
     assert_int_equal(decode_body(FR_SMSG_PLACEMENT, b, 9 + 33, &d), FERRY_EPROTO);
-    /* PUT_START: key "k", size, replica_num, flag, u16 preferred */
+    /* PUT_START: key "k", size, replica_num, flag, u16 preferred, u64 slot */
     memset(b, 0, sizeof b);
     le(b, 1, 2);
     b[2] = 'k';
@@ -358,9 +359,11 @@ static void test_bad_counts(void **state)
     assert_int_equal(decode_body(FR_SMSG_PUT_START, b, 18, &d), FERRY_EMSGSIZE);
     le(b + 16, 1, 2);
     assert_int_equal(decode_body(FR_SMSG_PUT_START, b, 18 + 7, &d), FERRY_EPROTO);
-    assert_int_equal(decode_body(FR_SMSG_PUT_START, b, 18 + 8, &d), 0);
+    assert_int_equal(decode_body(FR_SMSG_PUT_START, b, 18 + 8, &d), FERRY_EPROTO);   /* no slot */
+    assert_int_equal(decode_body(FR_SMSG_PUT_START, b, 18 + 8 + 7, &d), FERRY_EPROTO);
+    assert_int_equal(decode_body(FR_SMSG_PUT_START, b, 18 + 8 + 8, &d), 0);
     le(b + 11, FR_SMSG_REPLICAS_MAX + 1, 4);
-    assert_int_equal(decode_body(FR_SMSG_PUT_START, b, 18 + 8, &d), FERRY_EMSGSIZE);
+    assert_int_equal(decode_body(FR_SMSG_PUT_START, b, 18 + 8 + 8, &d), FERRY_EMSGSIZE);
 
     /* The encoder applies the same caps. */
     uint8_t out[BUF_MAX];

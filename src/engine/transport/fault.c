@@ -243,6 +243,16 @@ static int fault_map(void *conn, uint64_t key, uint64_t addr, uint64_t len, ferr
     return fc->inner->map ? fc->inner->map(fc->ic, key, addr, len, out) : FERRY_ENOTSUP;
 }
 
+static int fault_warm(void *conn, uint64_t key, uint64_t addr, uint64_t len, bool write,
+                      uint64_t *touched)
+{
+    fault_conn *fc = conn;
+    *touched = 0;
+    if (!fault_alive(conn))
+        return FERRY_ECONNRESET;
+    return fc->inner->warm ? fc->inner->warm(fc->ic, key, addr, len, write, touched) : 0;
+}
+
 const fr_transport fr_transport_fault = {
     .name = "fault",
     .bit = 0,
@@ -254,4 +264,5 @@ const fr_transport fr_transport_fault = {
     .disconnect = fault_disconnect,
     .alive = fault_alive,
     .map = fault_map,
+    .warm = fault_warm,
 };

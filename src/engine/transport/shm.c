@@ -717,6 +717,50 @@ static int shm_map_remote(void *conn, uint64_t key, uint64_t addr, uint64_t len,
     return 0;
 }
 
+/* ferry_remote_warm: touch each page of [addr, addr + len) through the
+ * connection's cached mapping of the region's memfd — the one the copy
+ * workers use — so that their copies find the page-table entries there.
+ * A write touch adds 0 to the first word of each page with a locked
+ * instruction: it keeps the value, and no write of another process or
+ * thread to that word can fall between its read and its write. Heap
+ * memory (reached by cross-memory attach, which the kernel copies
+ * through its own mappings) has nothing to warm. */
+static int shm_warm(void *conn, uint64_t key, uint64_t addr, uint64_t len, bool write,
+                    uint64_t *touched)
+{
+    shm_conn *c = conn;
+    *touched = 0;
+    if (!target_alive(c))
+        return FERRY_ECONNRESET;
+    fr_keyslot s;
+    unsigned need = write ? FERRY_REMOTE_WRITE : FERRY_REMOTE_READ;
+    if (fr_keytab_lookup(c->keytab, key, &s) < 0 || !(s.flags & need))
+        return FERRY_EACCES;
+    if (addr < s.base || addr - s.base > s.len || len > s.len - (addr - s.base))
+        return FERRY_EFAULT;
+    if (s.memfd_id == 0 || len == 0)
+        return 0;
+    uint8_t *base = NULL;
+    int rc = get_map(c, &s, key, &base);
+    if (rc < 0)
+        return rc;
+    const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    uint8_t *p = base + s.memfd_off + (addr - s.base);
+    uint8_t *first = (uint8_t *)((uintptr_t)p & ~(uintptr_t)(page - 1)), *end = p + len;
+    uint64_t sum = 0;
+    for (uint8_t *q = first < p ? first + page : first; q < end; q += page) {
+        if (write)
+            (void)__atomic_fetch_add((uint64_t *)(void *)q, 0, __ATOMIC_RELAXED);
+        else
+            sum += *(volatile const uint8_t *)q;
+    }
+    if (first < p)   /* the partial first page: its first word may lie outside */
+        sum += *(volatile const uint8_t *)p;
+    (void)sum;
+    *touched = len;
+    return 0;
+}
+
 static bool shm_alive(void *conn)
 {
     return target_alive(conn);
@@ -734,4 +778,5 @@ const fr_transport fr_transport_shm = {
     .disconnect = shm_disconnect,
     .alive = shm_alive,
     .map = shm_map_remote,
+    .warm = shm_warm,
 };
