@@ -100,6 +100,9 @@ typedef struct ferry_publish_stats {
                                            * during the call, every thread's: first touches
                                            * of memory or mappings (0 in a warm steady
                                            * state; docs/weights.md, "Warm memory") */
+    double total_s;                       /* (appended) the call's wall time: put_s +
+                                           * barrier_s + commit_s cover it but for reading
+                                           * the active generation first */
 } ferry_publish_stats;
 
 /* Publish `generation` (> every earlier one) from this rank. Every rank of
@@ -304,6 +307,8 @@ typedef struct ferry_update_stats {
     uint32_t members, position;
     uint64_t faults;              /* (appended) minor page faults the process took during the
                                    * call, every thread's (docs/weights.md, "Warm memory") */
+    double total_s;               /* (appended) the call's wall time: prepare_s + plan_s +
+                                   * apply_s + barrier_s cover it (single-pull) */
 } ferry_update_stats;
 
 /* Parameter-direct update, each worker reading its own demand from the

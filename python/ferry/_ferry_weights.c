@@ -77,7 +77,7 @@ static const fp_field update_fields[] = {
     F(generation), F(bytes_read), F(ranges), F(tensors), F(bytes_pushed), F(bytes_received),
     F(group_bytes_read), F(prepare_s), F(read_s), F(push_s), F(exchange_s), F(plan_s), F(forward_s),
     F(barrier_s), F(apply_s), F(batches), F(group_pushed_cross), F(group_pushed_intra), F(nic_max_in),
-    F(nic_max_out), F(nic_mean_in), F(nic_mean_out), F(epoch), F(members), F(position), F(faults),
+    F(nic_max_out), F(nic_mean_in), F(nic_mean_out), F(epoch), F(members), F(position), F(faults), F(total_s),
 };
 #undef F
 
@@ -279,7 +279,7 @@ int fp_publisher_config(ferry_publisher_config *cfg, const char *model, const ch
 static const fp_field publish_fields[] = {
     F(tensors), F(bytes), F(total_tensors), F(total_bytes), F(cross_node_bytes), F(put_s),
     F(commit_s), F(removed_generations), F(convert_s), F(store_s), F(barrier_s), F(local_bytes),
-    F(swept_generations), F(faults),
+    F(swept_generations), F(faults), F(total_s),
 };
 #undef F
 #define PUBLISH_BASE_FIELDS 8

@@ -1,6 +1,7 @@
 """ferry.bench_torch: a torch weight update through ferry against what users
 do today, on the same shards in one run (docs/weights.md, "Against
-torch.save and gloo"; ``ferry bench weights --torch`` runs it).
+torch.save, gloo and point-to-point"; ``ferry bench weights --torch``
+runs it).
 
 ``python3 -m ferry.bench_torch [--json] [--rounds 5] [--warmup 0]
 [--hidden 1024] [--layers 8] [--ffn 4096] [--vocab 15000] [--ctx 1024]

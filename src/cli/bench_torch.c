@@ -1,5 +1,5 @@
 /* `ferry bench weights --torch`: the torch comparison of docs/weights.md
- * ("Against torch.save and gloo"). The benchmark itself is Python
+ * ("Against torch.save, gloo and point-to-point"). The benchmark itself is Python
  * (python/ferry/bench_torch.py: torch, gloo and the ferry package); this
  * launcher runs it with the interpreter $FERRY_PYTHON (default
  * /usr/bin/python3, where Debian's torch lives), the package built next to

@@ -265,14 +265,15 @@ static void bench_report(const demo_opts *o, const demo_model *dm, const conv_be
                "\"compat_first_ratio_to_floor\":%.3f,\"compat_max_ratio_to_floor\":%.3f,"
                "\"store_read_ratio\":%.3f,\"naive_store_read_ratio\":%.3f,"
                "\"compat_store_read_ratio\":%.3f,\"naive_compat_store_read_ratio\":%.3f,"
-               "\"compat_to_naive_compat\":%.3f,\"pushed_bytes\":%llu,\"verified\":true,",
+               "\"compat_to_naive_compat\":%.3f,\"pushed_bytes\":%llu,\"verified\":true,"
+               "\"publish_phase_coverage\":%.3f,\"update_phase_coverage\":%.3f,",
                floor_s, cfloor_s, bw, bw, cb->first_touch_gbps, ratio(fs[FIG_DIRECT].median, floor_s),
                ratio(fs[FIG_DIRECT].first, floor_s), ratio(fs[FIG_DIRECT].max, floor_s),
                ratio(fs[FIG_COMPAT].median, cfloor_s), ratio(fs[FIG_COMPAT].first, cfloor_s),
                ratio(fs[FIG_COMPAT].max, cfloor_s), m->read[FIG_DIRECT] / pub,
                m->read[FIG_NAIVE] / pub, m->read[FIG_COMPAT] / pub, m->read[FIG_NCOMPAT] / pub,
                ratio(fs[FIG_COMPAT].median, fs[FIG_NCOMPAT].median),
-               (unsigned long long)m->pushed);
+               (unsigned long long)m->pushed, counter(m->pj, "coverage"), counter(m->cj, "coverage"));
         static const char *const fk[3] = { "publish", "update", "compat_update" };
         for (int k = 0; k < 3; k++)
             printf("\"faults_per_%s\":%.0f,\"faults_per_%s_first\":%.0f,"
@@ -338,17 +339,20 @@ static void bench_report(const demo_opts *o, const demo_model *dm, const conv_be
             printf("direct, slowest worker, median generation (s): prepare %.3f (exchange %.3f), "
                    "plan %.3f, read %.3f, push %.3f (forward %.3f), barrier %.3f; apply %.3f in "
                    "%.0f batches; pushed cross-node %.0f, intra-node %.0f bytes; NIC in max/mean "
-                   "%.2f\n", N("prepare_s"), N("exchange_s"), N("plan_s"), N("read_s"),
+                   "%.2f; prepare + plan + apply + barrier = %.0f%% of each worker's call at "
+                   "least\n", N("prepare_s"), N("exchange_s"), N("plan_s"), N("read_s"),
                    N("push_s"), N("forward_s"), N("barrier_s"), N("apply_s"), N("batches"),
-                   N("pushed_cross"), N("pushed_intra"), N("nic_max_ratio_in"));
+                   N("pushed_cross"), N("pushed_intra"), N("nic_max_ratio_in"),
+                   100 * N("coverage"));
 #undef N
         }
         if (m->pj) {
             const json_t *u = m->pj;
             printf("publish, slowest rank, median generation (s): put %.3f (convert %.3f, store "
-                   "%.3f), barrier %.3f, commit %.3f\n", counter(u, "put_s"),
-                   counter(u, "convert_s"), counter(u, "store_s"), counter(u, "barrier_s"),
-                   counter(u, "commit_s"));
+                   "%.3f), barrier %.3f, commit %.3f; put + barrier + commit = %.0f%% of each "
+                   "rank's call at least\n", counter(u, "put_s"), counter(u, "convert_s"),
+                   counter(u, "store_s"), counter(u, "barrier_s"), counter(u, "commit_s"),
+                   100 * counter(u, "coverage"));
         }
         printf("timing: %s\n", TIMING_RULE);
         print_convert(cb, false);

@@ -105,18 +105,21 @@ static void stats_write(const char *role, uint32_t rank, json_t *j)
 
 static json_t *publish_json(const ferry_publish_stats *st)
 {
-    return json_pack("{s:I,s:I,s:I,s:I,s:f,s:f,s:f,s:f,s:f,s:I}", "bytes", (json_int_t)st->bytes,
+    double cover = st->total_s > 0 ? (st->put_s + st->barrier_s + st->commit_s) / st->total_s : 0;
+    return json_pack("{s:I,s:I,s:I,s:I,s:f,s:f,s:f,s:f,s:f,s:I,s:f,s:f}", "bytes", (json_int_t)st->bytes,
                      "tensors", (json_int_t)st->tensors, "cross_node_bytes",
                      (json_int_t)st->cross_node_bytes, "local_bytes", (json_int_t)st->local_bytes,
                      "put_s", st->put_s, "convert_s", st->convert_s, "store_s", st->store_s,
                      "barrier_s", st->barrier_s, "commit_s", st->commit_s, "faults",
-                     (json_int_t)st->faults);
+                     (json_int_t)st->faults, "total_s", st->total_s, "coverage", cover);
 }
 
 static json_t *update_json(const ferry_subscriber *sub, const ferry_update_stats *st)
 {
+    double cover = st->total_s > 0
+                   ? (st->prepare_s + st->plan_s + st->apply_s + st->barrier_s) / st->total_s : 0;
     json_t *j = json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,"
-                          "s:f,s:f,s:f,s:f,s:I}",
+                          "s:f,s:f,s:f,s:f,s:I,s:f,s:f}",
                           "bytes_read", (json_int_t)st->bytes_read,
                           "group_bytes_read", (json_int_t)st->group_bytes_read,
                           "bytes_pushed", (json_int_t)st->bytes_pushed,
@@ -134,7 +137,8 @@ static json_t *update_json(const ferry_subscriber *sub, const ferry_update_stats
                           st->nic_mean_in > 0 ? (double)st->nic_max_in / st->nic_mean_in : 0.0,
                           "nic_max_ratio_out",
                           st->nic_mean_out > 0 ? (double)st->nic_max_out / st->nic_mean_out : 0.0,
-                          "faults", (json_int_t)st->faults);
+                          "faults", (json_int_t)st->faults, "total_s", st->total_s,
+                          "coverage", cover);
     int n = ferry_subscriber_nodes(sub, NULL, 0);
     ferry_update_node *v = n > 0 ? calloc((size_t)n, sizeof *v) : NULL;
     json_t *nodes = json_array();
@@ -229,6 +233,9 @@ json_t *demo_counters_collect(const char *dir, const char *role, unsigned n)
                 json_integer_set(o, json_integer_value(o) + json_integer_value(v));
             else if (json_is_real(v) && strlen(k) > 2 && !strcmp(k + strlen(k) - 2, "_s") &&
                      json_real_value(v) > json_real_value(o))
+                json_real_set(o, json_real_value(v));
+            else if (json_is_real(v) && !strcmp(k, "coverage") &&
+                     json_real_value(v) < json_real_value(o))   /* the worst process's */
                 json_real_set(o, json_real_value(v));
         }
         json_decref(j);

@@ -147,9 +147,10 @@ int ferry_publish_shards(ferry_store *s, const ferry_publisher_config *c, uint64
     if (!config_ok(s, c, gen) || !placement || (n && !mine))
         return fr_rl_fail(err, FERRY_EINVAL, "publish: bad arguments (model, rank, world, "
                           "generation, placement)");
-    uint64_t f0 = fr_minor_faults();
+    uint64_t f0 = fr_minor_faults(), t0 = fr_now_ns();
     int rc = attempt(s, c, gen, NULL, placement, mine, n, NULL, st, err);
     st->faults = fr_minor_faults() - f0;
+    st->total_s = (double)(fr_now_ns() - t0) / 1e9;
     return rc;
 }
 
@@ -321,7 +322,7 @@ int fr_rl_publish(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
     memset(st, 0, sizeof *st);
     if (!config_ok(s, c, gen) || !c->rank_node || (n && !t))
         return fr_rl_fail(err, FERRY_EINVAL, "publish: bad arguments (model, rank, world, generation)");
-    uint64_t f0 = fr_minor_faults();
+    uint64_t f0 = fr_minor_faults(), t0 = fr_now_ns();
     ferry_manifest *pl = NULL;
     ferry_shard_data *data = NULL;
     size_t nd = 0;
@@ -335,6 +336,7 @@ int fr_rl_publish(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
     free(data);
     ferry_manifest_close(pl);
     st->faults = fr_minor_faults() - f0;
+    st->total_s = (double)(fr_now_ns() - t0) / 1e9;
     return rc;
 }
 

@@ -828,10 +828,11 @@ int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_u
     memset(st, 0, sizeof *st);
     if (!sub || !generation)
         return fr_rl_fail(err, FERRY_EINVAL, "subscriber: bad arguments");
-    uint64_t f0 = fr_minor_faults();
+    uint64_t f0 = fr_minor_faults(), t0 = fr_now_ns();
     int rc = sub->mem ? fr_sub_elastic_update(sub, sub->mem, generation, st, err)
                       : update_round(sub, generation, st, err);
     st->faults = fr_minor_faults() - f0;
+    st->total_s = (double)(fr_now_ns() - t0) / 1e9;
     return rc;
 }
 
