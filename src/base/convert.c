@@ -5,6 +5,7 @@
  * an instruction given that rounding explicitly), so no path depends on the
  * FPU's rounding mode or flush-to-zero bits. bf16 <-> f16 goes through f32,
  * which holds both exactly, so it is rounded once too. */
+#include <stdatomic.h>
 #include <string.h>
 
 #include "base/base.h"
@@ -186,7 +187,27 @@ const fr_conv_ops fr_conv_portable_ops = { port_f32_bf16, port_f32_f16, port_bf1
 
 /* ---- dispatch ---------------------------------------------------------------------------- */
 
+/* What the CPU offers, probed once: CPUID is a trap to the hypervisor on
+ * a VM (microseconds each), and conversions are called per tensor or per
+ * element by callers; the answer cannot change while the process runs. */
+static bool probe_path(fr_conv_path path);
+
 bool fr_conv_path_available(fr_conv_path path)
+{
+    static atomic_uint known, have;   /* bit p: probed; bit p: available */
+    unsigned bit = (unsigned)path < 32 ? 1u << (unsigned)path : 0;
+    if (bit && (atomic_load_explicit(&known, memory_order_acquire) & bit))
+        return (atomic_load_explicit(&have, memory_order_relaxed) & bit) != 0;
+    bool ok = probe_path(path);
+    if (bit) {
+        if (ok)
+            atomic_fetch_or_explicit(&have, bit, memory_order_relaxed);
+        atomic_fetch_or_explicit(&known, bit, memory_order_release);
+    }
+    return ok;
+}
+
+static bool probe_path(fr_conv_path path)
 {
     switch (path) {
     case FR_CONV_AUTO:
