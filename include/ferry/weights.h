@@ -240,6 +240,16 @@ int ferry_weights_active_status(ferry_store *s, const char *model, ferry_weights
  * set) when its objects are gone. */
 int ferry_weights_active(ferry_store *s, const char *model, uint64_t *generation,
                          uint8_t digest[16]);
+/* Wait, at most timeout_ms (< 0: forever), until the model's announced
+ * generation is at least `at_least` (> 0), and set *generation to it: a
+ * watch of the model's announcement, no polling. A receiver started
+ * together with the publish it waits for (as verl starts them) calls this
+ * first, so it never takes the generation before. FERRY_ETIMEDOUT with
+ * err "generation G of M was not announced within T ms (the active one is
+ * A)" (*generation: the active one, 0 if none); FERRY_ELOST when the
+ * generation reached is lost, as ferry_weights_active. */
+int ferry_weights_wait_active(ferry_store *s, const char *model, uint64_t at_least, int timeout_ms,
+                              uint64_t *generation, ferry_error *err);
 /* The manifest of a generation, its digest checked against the announced
  * one when it is the active generation. Free with ferry_weight_manifest_free. */
 int ferry_weights_manifest(ferry_store *s, const char *model, uint64_t generation,

@@ -619,6 +619,31 @@ static PyObject *w_publish_warm(PyObject *self, PyObject *args)
     return PyLong_FromUnsignedLongLong(bytes);
 }
 
+/* weights_wait_active(store, model, at_least, timeout_ms) -> the announced
+ * generation once it is at least at_least (ferry_weights_wait_active). */
+static PyObject *w_wait_active(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *so;
+    const char *model;
+    unsigned long long at_least;
+    int timeout_ms;
+    if (!PyArg_ParseTuple(args, "OsKi:weights_wait_active", &so, &model, &at_least, &timeout_ms))
+        return NULL;
+    ferry_store *s = fp_store_handle(so);
+    if (!s)
+        return NULL;
+    uint64_t gen = 0;
+    ferry_error err = {0};
+    int rc;
+    FP_STORE_CALL(so, rc = ferry_weights_wait_active(s, model, at_least, timeout_ms, &gen, &err));
+    if (rc < 0) {
+        fp_raise_err_class(rc, &err);
+        return NULL;
+    }
+    return PyLong_FromUnsignedLongLong(gen);
+}
+
 /* ---- shards (fp_shards in _ferry.h) ---------------------------------------------------- */
 
 void fp_shards_free(fp_shards *w)
@@ -1309,6 +1334,10 @@ static PyMethodDef w_methods[] = {
      "weights_publish($module, store, model, rank, world, rank_node, out_dtype, segment, keep, timeout_ms, generation, tensors, /)\n--\n\n"
      "weights_publish(store, model, rank, world, rank_node, out_dtype, segment, keep, timeout_ms, generation, "
      "tensors) -> stats"},
+    {"weights_wait_active", w_wait_active, METH_VARARGS,
+     "weights_wait_active($module, store, model, at_least, timeout_ms, /)\n--\n\n"
+     "weights_wait_active(store, model, at_least, timeout_ms) -> the announced generation, once it is at "
+     "least at_least (ferry_weights_wait_active; raises TimeoutError naming what it waited for)"},
     {"weights_publish_warm", w_publish_warm, METH_VARARGS,
      "weights_publish_warm($module, store, model, rank, world, out_dtype, placement, /)\n--\n\n"
      "weights_publish_warm(store, model, rank, world, out_dtype, placement) -> bytes touched "

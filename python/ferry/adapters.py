@@ -29,30 +29,55 @@ def _open_store(store, master, token_file):
     return _store.Store(master=master, token_file=token_file, framework="torch"), True
 
 
-class CheckpointEngine:
-    """ferry as verl's checkpoint engine: trainer ranks publish a generation
-    into the store (each tensor stored once, by the rank ``assign`` picks),
-    rollout ranks take it (every full tensor, streamed; with a group each
-    published byte is read from the store once).
+STATS_PREFIX = "ferry/"           # every key of send_weights' stats, as verl merges them into its metrics
+DEFAULT_STAGING = 256 << 20        # a rollout group's staging when bucket_size asks for more (see below)
 
-    ``bucket_size`` is verl's constructor argument (the staging of a rollout
-    group when not 0); ``master``/``token_file`` (or ``store``) the cluster;
-    ``model`` the published model's name; ``out_dtype`` the rollout dtype
-    ("bf16", ...; None keeps each tensor's); ``group`` the rollout group's
-    name (None: each rollout rank reads every tensor itself); ``names`` the
-    trainer -> rollout name map (:class:`ferry.torch.NameMap`, dict or
-    callable). The role of a rank comes with ``init_process_group``."""
+
+class CheckpointEngine:
+    """ferry as verl's checkpoint engine (``verl.checkpoint_engine.CheckpointEngine``:
+    ``prepare``, ``build_topology``, ``init_process_group``, ``send_weights``,
+    ``receive_weights``, ``finalize``). Trainer ranks publish a generation
+    into the store (each tensor stored once, by the rank ``assign`` picks);
+    rollout ranks take it (every full tensor, streamed; with a group each
+    published byte is read from the store once). verl starts every
+    trainer's ``send_weights(weights, global_steps=step)`` and every
+    rollout's ``receive_weights(global_steps=step)`` at once: the step is the
+    generation, and a receive waits for it (docs/adapters.md).
+
+    verl constructs it as ``CheckpointEngine(bucket_size=..., **engine_kwargs)``
+    (plus ``is_master`` on trainers); ``engine_kwargs`` is the
+    ``checkpoint_engine.engine_kwargs.ferry`` dict of its config:
+    ``master``/``token_file`` (or ``store``) the cluster; ``model`` the
+    published model's name; ``out_dtype`` the rollout dtype ("bf16", ...;
+    None keeps each tensor's); ``group`` the rollout group's name (None:
+    each rollout rank reads every tensor itself); ``names`` the trainer ->
+    rollout name map (:class:`ferry.torch.NameMap`, dict or callable);
+    ``staging_bytes`` a rollout group's staging (default: ``bucket_size``,
+    at most 256 MiB); ``timeout_ms`` how long a receive waits for its
+    generation and a group for its members."""
 
     def __init__(self, bucket_size=0, *, master=None, token_file=None, store=None, model="policy", out_dtype=None,
-                 group=None, names=None, node=0, segment=0, timeout_ms=60000, is_master=False):
+                 group=None, names=None, node=0, segment=0, timeout_ms=60000, is_master=False, staging_bytes=None):
         self.bucket_size, self.model, self.out_dtype, self.group = int(bucket_size), model, out_dtype, group
-        self.names, self.node, self.segment, self.timeout_ms = names, node, segment, timeout_ms
+        self.names, self.node, self.segment, self.timeout_ms = names, node, segment, int(timeout_ms)
         self.is_master = is_master
+        self.staging_bytes = self.staging_of(self.bucket_size, staging_bytes)
         self._master, self._token_file = master, token_file
         self.store, self._own_store = (store, False) if store is not None else (None, True)
         self.role = self.rank = self.world_size = None
-        self.generation = 0
+        self.generation = 0        # the last one sent (trainer) or received (rollout); kept across steps
         self._pub = self._cg = None
+
+    @staticmethod
+    def staging_of(bucket_size, staging_bytes=None):
+        """A rollout group's staging buffer: ``staging_bytes`` when given
+        (0: ferry's default), else ``bucket_size`` capped at 256 MiB (verl's
+        default bucket is 2 GiB, and every rollout rank would hold one),
+        else 256 MiB. It must hold the largest tensor; larger ones fail the
+        group's update with a message saying so."""
+        if staging_bytes is not None:
+            return int(staging_bytes)
+        return min(int(bucket_size), DEFAULT_STAGING) if bucket_size else DEFAULT_STAGING
 
     def _store(self):
         if self.store is None:
@@ -84,7 +109,9 @@ class CheckpointEngine:
         """This worker is ``rank`` of ``world_size`` trainers (``role``
         "trainer") or rollouts ("rollout"). ``generation``: the last one
         published (from build_topology; default: the store's active one);
-        trainers number the next send from it."""
+        a trainer with no ``global_steps`` numbers its next send after it.
+        The generation a rollout holds stays what it received, across
+        ``finalize`` and ``init_process_group``."""
         if role not in ("trainer", "rollout"):
             raise ValueError(f"role: 'trainer' or 'rollout', not {role!r}")
         self.role, self.rank, self.world_size = role, int(rank), int(world_size)
@@ -98,12 +125,13 @@ class CheckpointEngine:
                                                  segment=self.segment, timeout_ms=self.timeout_ms)
         elif self.group is not None and self._cg is None:
             self._cg = _weights.CompatGroup(s, self.model, self.group, self.rank, self.world_size, node=self.node,
-                                            staging_bytes=self.bucket_size, timeout_ms=self.timeout_ms,
+                                            staging_bytes=self.staging_bytes, timeout_ms=self.timeout_ms,
                                             local_segment=self.segment, framework="torch")
 
     def finalize(self):
         """After each update: a rollout group's staging is freed (the next
-        ``init_process_group`` allocates it again); the store stays open."""
+        ``init_process_group`` allocates it again); the store stays open and
+        the generation held is kept."""
         if self._cg is not None:
             self._cg.close()
             self._cg = None
@@ -117,43 +145,90 @@ class CheckpointEngine:
 
     # ---- trainer side ----
 
-    def send_weights_sync(self, weights, generation=None):
-        """Publish the next generation (or ``generation``) from the ``(name,
-        tensor)`` pairs of ``weights`` — the full tensors, the same on every
-        trainer rank (verl's ``get_per_tensor_param``). Every trainer rank
-        calls it; returns this rank's publish stats."""
+    @staticmethod
+    def generation_of(global_steps):
+        """The generation of verl's step: ``global_steps + 1`` (verl ships the
+        initial or resumed weights with step 0; a generation is at least 1)."""
+        steps = int(global_steps)
+        if steps < 0:
+            raise ValueError(f"global_steps: a step of at least 0, not {global_steps!r}")
+        return steps + 1
+
+    def _next_generation(self, global_steps, generation=None):
+        if global_steps is not None:
+            return self.generation_of(global_steps)
+        return self.generation + 1 if generation is None else int(generation)
+
+    def send_weights_sync(self, weights, global_steps=None, generation=None):
+        """Publish the generation of verl's step ``global_steps``
+        (:meth:`generation_of`: step + 1; default: the one after the last
+        sent) from the ``(name, tensor)`` pairs of ``weights``
+        — the full tensors, the same on every trainer rank (verl's
+        ``get_per_tensor_param``). Every trainer rank calls it; returns this
+        rank's publish stats, each key prefixed ``ferry/`` (verl merges the
+        senders' dicts into its metrics). ``generation`` is an older name of
+        ``global_steps``, a generation number itself."""
         if self.role != "trainer":
             raise RuntimeError("send_weights: this worker is not a trainer (init_process_group(role='trainer'))")
-        gen = self.generation + 1 if generation is None else int(generation)
-        st = self._pub.publish(gen, [(n, t) for n, t in weights])
+        gen = self._next_generation(global_steps, generation)
+        try:
+            st = self._pub.publish(gen, [(n, t) for n, t in weights])
+        except _store.Error as e:
+            act = _weights.active(self._store(), self.model)
+            if act is not None and act[0] >= gen:
+                said = type(e)(f"{e} (generation {gen} is global_steps {gen - 1} + 1; this store holds "
+                               f"generation {act[0]} of {self.model} already: a resumed job needs a fresh store or "
+                               f"another model name)")
+                said.code = getattr(e, "code", None)
+                raise said from e
+            raise
         self.generation = gen
-        return st
+        return {STATS_PREFIX + k: v for k, v in st.items()}
 
-    async def send_weights(self, weights, generation=None):
-        """:meth:`send_weights_sync` for ``await engine.send_weights(...)``:
-        the tensors are gathered here, the publish runs in a thread (it
-        releases the GIL), so the event loop runs on meanwhile."""
-        items = [(n, t) for n, t in weights]
+    async def send_weights(self, weights, global_steps=None, generation=None):
+        """:meth:`send_weights_sync` for ``await engine.send_weights(weights,
+        global_steps=step)``: the tensors are taken from the generator here
+        (every rank passes them all to one publish: each tensor's storing
+        rank is chosen from all of their sizes), the publish runs in a
+        thread (it releases the GIL), so the event loop runs on meanwhile."""
+        items = [(n, t) async for n, t in _aiter(weights)]
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, self.send_weights_sync, items, generation)
+        return await loop.run_in_executor(None, lambda: self.send_weights_sync(items, global_steps, generation))
 
     # ---- rollout side ----
 
-    def receive_weights_sync(self):
-        """The active generation's tensors as ``(name, torch.Tensor)``,
-        streamed as they arrive (:class:`ferry.torch.Weights`; names through
-        ``names``); every rollout rank of a group iterates it together."""
+    def _wanted(self, global_steps):
+        """The generation a receive waits for: ``global_steps`` when given,
+        else the one after the generation held; never one received before."""
+        want = self.generation + 1 if global_steps is None else self.generation_of(global_steps)
+        if want <= self.generation:
+            raise _tw._stale(f"generation {want} of {self.model} (global_steps {want - 1}) was asked for; this "
+                             f"worker already received generation {self.generation}")
+        return want
+
+    def receive_weights_sync(self, global_steps=None):
+        """Wait, at most ``timeout_ms``, until the generation of step
+        ``global_steps`` (:meth:`generation_of`; default: one newer than the
+        generation held) is announced, then
+        the active generation's tensors as ``(name, torch.Tensor)``, streamed
+        as they arrive (:class:`ferry.torch.Weights`; names through
+        ``names``); every rollout rank of a group iterates it together.
+        Raises ``ferry.TimeoutError`` naming the generation it waited for,
+        and ``ferry.StaleError`` when asked for a generation it received
+        before."""
         if self.role != "rollout":
             raise RuntimeError("receive_weights: this worker is not a rollout (init_process_group(role='rollout'))")
+        want = self._wanted(global_steps)
+        _weights.wait_active(self._store(), self.model, want, self.timeout_ms)
         w = _tw.weights(self._store(), self.model, self.names, group=self._cg, generation=self.generation)
-        return _Tracking(self, w)
+        return _Tracking(self, w, want)
 
-    async def receive_weights(self):
+    async def receive_weights(self, global_steps=None):
         """:meth:`receive_weights_sync` as an async generator (``async for
-        name, tensor in engine.receive_weights()``): each tensor is awaited
-        without blocking the event loop."""
-        it = self.receive_weights_sync()
+        name, tensor in engine.receive_weights(global_steps=step)``): the
+        wait and each tensor are awaited without blocking the event loop."""
         loop = asyncio.get_running_loop()
+        it = await loop.run_in_executor(None, self.receive_weights_sync, global_steps)
         end = object()
         try:
             while True:
@@ -165,11 +240,23 @@ class CheckpointEngine:
             it.close()
 
 
-class _Tracking:
-    """A Weights iterator that records the generation in its engine at the end."""
+async def _aiter(weights):
+    """A generator or an async generator, as verl hands either."""
+    if hasattr(weights, "__aiter__"):
+        async for item in weights:
+            yield item
+    else:
+        for item in weights:
+            yield item
 
-    def __init__(self, engine, w):
-        self.engine, self.w = engine, w
+
+class _Tracking:
+    """A Weights iterator that records the generation in its engine at the end
+    (at least ``want``: the group or the worker took the active one, newer
+    than the one held)."""
+
+    def __init__(self, engine, w, want=0):
+        self.engine, self.w, self.want = engine, w, want
 
     @property
     def generation(self):
@@ -186,6 +273,9 @@ class _Tracking:
         try:
             return next(self.w)
         except StopIteration:
+            if self.w.generation < self.want:
+                raise RuntimeError(f"generation {self.w.generation} of {self.engine.model} was loaded, not "
+                                   f"{self.want} or newer") from None
             self.engine.generation = self.w.generation
             raise
 

@@ -32,7 +32,7 @@ from . import _ferry
 from . import _tensors
 from ._ferry import WeightSubscriber
 
-__all__ = ["WeightPublisher", "WeightSubscriber", "CompatGroup", "assign", "convert", "key", "active",
+__all__ = ["WeightPublisher", "WeightSubscriber", "CompatGroup", "assign", "convert", "key", "active", "wait_active",
            "manifest", "update_direct", "update_compat", "CompatUpdate", "numpy_dtype"]
 
 _CONVERTIBLE = ("f32", "bf16", "f16")
@@ -88,6 +88,16 @@ def active(store, model):
     or died: it is not current any more, and the next publish must use a
     newer number."""
     return _ferry.weights_active(store, model)
+
+
+def wait_active(store, model, at_least, timeout_ms=60000):
+    """Wait, at most ``timeout_ms`` (negative: forever), until the model's
+    announced generation is at least ``at_least`` and return it
+    (``ferry_weights_wait_active``: a watch of the announcement, no
+    polling). Raises ``ferry.TimeoutError`` ("generation G of M was not
+    announced within T ms (the active one is A)") or ``ferry.LostError``
+    when the generation reached is lost."""
+    return _ferry.weights_wait_active(store, model, int(at_least), int(timeout_ms))
 
 
 def manifest(store, model, generation=None):

@@ -19,6 +19,7 @@ import ferry.torch as ft                  # noqa: E402
 
 import gpt_model as gm                    # noqa: E402
 from conftest import cluster_fixture      # noqa: E402
+from jobs import Registry                 # noqa: E402
 
 cluster = cluster_fixture(1, "adapters")
 RUN_S = 120.0
@@ -101,7 +102,8 @@ def test_verl_checkpoint_engine(cluster):
                 return names
 
             sent = _threads([lambda e=e: send(e) for e in trainer_engines])
-            assert sum(st["tensors"] for st in sent) == len(gm._trainer_names())   # each stored once
+            assert all(k.startswith("ferry/") for st in sent for k in st)           # verl merges them into metrics
+            assert sum(st["ferry/tensors"] for st in sent) == len(gm._trainer_names())   # each stored once
             got = _threads([lambda e=e, m=m: receive(e, m) for e, m in zip(rollout_engines, rollouts)])
             want = [gm.hf_name(n) for n, _ in model.named_parameters()]
             assert got == [want, want]
@@ -113,6 +115,79 @@ def test_verl_checkpoint_engine(cluster):
     finally:
         for e in trainer_engines + rollout_engines:
             e.close()
+
+
+def test_verl_receive_waits_and_never_repeats(cluster):
+    """A receive named by verl's step waits for that step's generation
+    (step + 1): started before the send, it gets the new weights, never the
+    ones before; asked again for a step it had, StaleError; for a step
+    nobody sends, TimeoutError naming the generation, after timeout_ms."""
+    kw = dict(master=cluster.addr, token_file=cluster.token_file, model="verl-wait")
+    tr = fa.CheckpointEngine(is_master=True, **kw)
+    ro = fa.CheckpointEngine(2 << 30, timeout_ms=TIMEOUT_MS, **kw)
+    assert ro.staging_bytes == 256 << 20 and fa.CheckpointEngine.staging_of(0) == 256 << 20
+    assert fa.CheckpointEngine.staging_of(2 << 30, 1 << 20) == 1 << 20
+    assert fa.CheckpointEngine.generation_of(0) == 1
+    with pytest.raises(ValueError):
+        fa.CheckpointEngine.generation_of(-1)
+    try:
+        tr.init_process_group(rank=0, world_size=1, role="trainer")
+        ro.init_process_group(rank=0, world_size=1, role="rollout")
+        for step in range(3):
+            value = float(step + 1)
+            started = threading.Event()
+
+            def receive(value=value, step=step):
+                async def go():
+                    out = {}
+                    agen = ro.receive_weights(global_steps=step)
+                    started.set()
+                    async for name, t in agen:
+                        out[name] = t.clone()
+                    return out
+                return asyncio.run(go())
+
+            def send(step=step, value=value):
+                assert started.wait(RUN_S)          # the receive is under way before the send starts
+                w = {"a": torch.full((64, 32), value), "b": torch.full((7,), -value)}
+                return asyncio.run(tr.send_weights(iter(w.items()), global_steps=step))
+
+            got, st = _threads([receive, send])
+            assert tr.generation == ro.generation == step + 1 and st["ferry/total_tensors"] == 2
+            assert torch.equal(got["a"], torch.full((64, 32), value)) and torch.equal(got["b"], torch.full((7,), -value))
+            ro.finalize()                           # verl's finalize after every step: the generation stays
+            ro.init_process_group(rank=0, world_size=1, role="rollout")
+        with pytest.raises(ferry.StaleError, match="already received generation 3"):
+            ro.receive_weights_sync(global_steps=1)
+        quick = fa.CheckpointEngine(timeout_ms=300, **kw)
+        quick.init_process_group(rank=0, world_size=1, role="rollout")
+        quick.generation = 3
+        with pytest.raises(ferry.TimeoutError, match="generation 9 of verl-wait was not announced within 300 ms"):
+            quick.receive_weights_sync(global_steps=8)
+        quick.close()
+    finally:
+        tr.close()
+        ro.close()
+
+
+def test_verl_registers_as_backend():
+    """ferry.verl registers "ferry" in a registry shaped like verl's
+    CheckpointEngineRegistry, as a subclass of its abstract base too; an
+    instance made the way verl makes one is ferry's engine."""
+    import abc
+    import ferry.verl as fv
+
+    class Base(abc.ABC):                     # verl's abstract CheckpointEngine: its abstract methods
+        for _m in ("prepare", "init_process_group", "finalize", "send_weights", "receive_weights"):
+            locals()[_m] = abc.abstractmethod(lambda self, *a, **k: None)
+
+    cls = fv.register(Registry, Base)
+    assert Registry._registry[fv.BACKEND] is cls and fv.BACKEND == "ferry"
+    eng = Registry.new("ferry", is_master=True, bucket_size=2048 << 20, model="m", group="g")
+    assert isinstance(eng, Base) and isinstance(eng, fa.CheckpointEngine)
+    assert eng.staging_bytes == 256 << 20 and eng.is_master
+    with pytest.raises(TypeError):
+        Registry.new("ferry", bucket_size=0, no_such_kwarg=1)     # a misspelt engine_kwargs key is named
 
 
 class _Worker(fa.WorkerExtension):

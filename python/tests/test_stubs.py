@@ -12,7 +12,8 @@ import pytest
 
 import ferry
 
-MODULES = ["ferry", "ferry.store", "ferry.weights", "ferry.samples", "ferry.sparse", "ferry.reshard", "ferry.torch", "ferry.adapters"]
+MODULES = ["ferry", "ferry.store", "ferry.weights", "ferry.samples", "ferry.sparse", "ferry.reshard", "ferry.torch", "ferry.adapters",
+           "ferry.verl"]
 PKG = os.path.dirname(ferry.__file__)
 
 

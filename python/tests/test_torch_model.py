@@ -23,7 +23,6 @@ transfer did."""
 
 import multiprocessing
 import os
-import queue
 import signal
 import time
 import types
@@ -39,6 +38,7 @@ from ferry import weights                 # noqa: E402
 
 import gpt_model as gm                    # noqa: E402
 from conftest import cluster_fixture      # noqa: E402
+from jobs import Job                      # noqa: E402
 
 cluster = cluster_fixture(1, "torch_model")
 RUN_S = 240.0          # deadline for every reply of a worker (a generous bound, not a measure)
@@ -204,47 +204,6 @@ def _rebind(sub, m):
 
 # ---- the test -------------------------------------------------------------------------------
 
-class _Job:
-    def __init__(self, ctx, cluster):
-        self.ctx, self.cluster = ctx, cluster
-        self.out = ctx.Queue()
-        self.procs, self.cmds = {}, {}
-
-    def start(self, who, target, *args):
-        q = self.ctx.Queue()
-        p = self.ctx.Process(target=target, args=(self.cluster.addr, self.cluster.token_file, who[1], *args, q,
-                                                 self.out), daemon=True)
-        p.start()
-        self.procs[who], self.cmds[who] = p, q
-
-    def send(self, whos, c):
-        for w in whos:
-            self.cmds[w].put(c)
-
-    def replies(self, whos):
-        got, deadline = {}, time.monotonic() + RUN_S
-        while len(got) < len(whos):
-            try:
-                who, v = self.out.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
-                dead = {w: p.exitcode for w, p in self.procs.items() if p.exitcode is not None}
-                pytest.fail(f"no reply from {sorted(set(whos) - set(got))} in {RUN_S} s (exited: {dead})")
-            if isinstance(v, str) and v.startswith("ERROR"):
-                pytest.fail(f"{who}: {v}")
-            got[who] = v
-        return got
-
-    def stop(self):
-        for w, p in self.procs.items():
-            if p.is_alive() and w[0] == "rollout":
-                self.cmds[w].put(("exit",))
-        for p in self.procs.values():
-            p.join(30)
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-
-
 def _check_logits(got, refs, gen):
     for who, v in got.items():
         assert v["generation"] == gen, (who, v["generation"])
@@ -255,7 +214,7 @@ def _check_logits(got, refs, gen):
 def test_gpt_trainers_to_tp2_dp2_rollouts(cluster, store):
     t0 = time.monotonic()
     ctx = _ctx()
-    job = _Job(ctx, cluster)
+    job = Job(ctx, cluster, RUN_S)
     trainers = [("trainer", r) for r in range(TRAINERS)]
     rollouts = [("rollout", r) for r in range(ROLLOUTS)]
     try:

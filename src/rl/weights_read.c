@@ -182,6 +182,51 @@ int ferry_weights_active(ferry_store *s, const char *model, uint64_t *generation
     return rc;
 }
 
+int ferry_weights_wait_active(ferry_store *s, const char *model, uint64_t at_least, int timeout_ms,
+                              uint64_t *generation, ferry_error *err)
+{
+    if (!s || !model || !generation || at_least == 0)
+        return fr_rl_fail(err, FERRY_EINVAL, "wait_active: bad arguments");
+    *generation = 0;
+    char k[300];
+    fr_wk_key(k, sizeof k, model, 0, "active");
+    /* the watch first, then the read: an announcement between them is an
+     * event of the watch, never missed */
+    ferry_watch *w = NULL;
+    int rc = ferry_kv_watch(s, k, 0, &w);
+    if (rc < 0)
+        return fr_rl_fail(err, rc, "cannot watch the announcements of %s: %s", model,
+                          ferry_store_last_error());
+    uint64_t deadline = fr_deadline_ns(timeout_ms);
+    for (;;) {
+        rc = ferry_weights_active(s, model, generation, NULL);
+        if ((rc == 0 || rc == FERRY_ELOST) && *generation >= at_least)
+            break;   /* reached (a lost one is said so) */
+        if (rc < 0 && rc != FERRY_ENOENT && rc != FERRY_ELOST)
+            break;   /* an older one lost, or none yet: the one awaited may still come */
+        uint64_t now = fr_now_ns();
+        int left = deadline == UINT64_MAX ? -1
+                 : now >= deadline ? 0 : (int)((deadline - now + 999999) / 1000000);
+        ferry_kv_event ev;
+        rc = left == 0 ? FERRY_ETIMEDOUT : ferry_watch_next(w, left, &ev);
+        if (rc < 0)
+            break;
+    }
+    ferry_watch_close(w);
+    if (rc == FERRY_ETIMEDOUT)
+        return fr_rl_fail(err, rc, "generation %" PRIu64 " of %s was not announced within %d ms "
+                          "(the active one is %" PRIu64 ")", at_least, model, timeout_ms,
+                          *generation);
+    if (rc == FERRY_ELOST)
+        return fr_rl_fail(err, rc, "generation %" PRIu64 " of %s is lost: its objects are gone; "
+                          "publish generation %" PRIu64 " or later", *generation, model,
+                          *generation + 1);
+    if (rc < 0)
+        return fr_rl_fail(err, rc, "waiting for generation %" PRIu64 " of %s: %s", at_least,
+                          model, ferry_strerror(rc));
+    return 0;
+}
+
 /* ---- manifests and tensors ------------------------------------------------------------- */
 
 int ferry_weights_manifest(ferry_store *s, const char *model, uint64_t generation,
