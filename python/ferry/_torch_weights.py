@@ -358,18 +358,20 @@ class Subscriber:
         ``timeout_ms``)."""
         self.check()
         act = _weights.active(self.store, self.model)
-        if act is not None and act[0] <= self.generation:
+        group = self._sub is not None and not alone
+        if not group and act is not None and act[0] <= self.generation:
             return {"generation": self.generation, "bytes_read": 0}   # current, or a newer sparse delta
         from . import sparse as _sparse
-        if act is not None and _sparse.chain(self.store, self.model, self.generation)["links"]:
+        if act is not None and act[0] > self.generation and \
+                _sparse.chain(self.store, self.model, self.generation)["links"]:
             # a sparse generation is active: follow its chain (each worker reads its own entries)
             st = _sparse.update(self.store, self.model, self.shards, self.generation)
             self.generation = st["generation"]
             st["bytes_read"] = st["dense_bytes"] + st["read"]["bytes_read"]
             return st
-        if self._sub is None or alone:
+        if not group:
             st = _weights.update_direct(self.store, self.model, self.shards, self.generation)
-        else:
+        else:   # the group agrees on the generation (nothing moves when every member holds it)
             st = self._sub.update()
         self.generation = st["generation"]
         return st

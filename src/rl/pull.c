@@ -758,24 +758,44 @@ static int update_round(ferry_subscriber *sub, uint64_t *generation, ferry_updat
     bool current = false;
     uint64_t active = 0, gen = *generation;
     st->generation = *generation;
-    int rc = fr_rl_active_read(sub->s, sub->cfg.model, &active, NULL);
-    if (rc < 0)
-        return fr_rl_fail(err, rc, "no generation of %s is active (%s)", sub->cfg.model,
-                          ferry_strerror(rc));
-    if (active == *generation && !sub->want)
-        return 0;   /* every member sees the same active generation, or retries */
-    /* An elastic group's update is for the generation of its epoch: the
-     * keys and barriers name that one, and a member that finds another
-     * active fails (telling the others) instead of waiting elsewhere. */
-    if (sub->want)
-        active = sub->want;
-    /* A failure to prepare (the generation lost, this worker's engine
-     * failing) is still told to the group, so nobody waits for this one. */
     ferry_error perr = {0};
-    int prc = fr_rl_prepare(sub->s, sub->cfg.model, &gen, &m, &current, st, &perr);
-    if (prc == 0 && !current && m.generation != active)
-        prc = fr_rl_fail(&perr, FERRY_ESTATE, "the active generation of %s moved on while this "
-                         "worker prepared; retry", sub->cfg.model);
+    int prc;
+    if (!sub->want) {
+        /* A fixed group: every member agrees on the generation first
+         * (pull_agree.c), then every member takes that one, or none. */
+        bool need = false;
+        int rc = fr_sub_agree(sub->s, sub->cfg.model, sub->scope, sub->me, sub->world, *generation,
+                              sub->cfg.timeout_ms ? sub->cfg.timeout_ms : 60000, &active, &need, err);
+        if (rc == 0 && active == 0)
+            rc = fr_rl_fail(err, FERRY_ENOENT, "no generation of %s is active (%s)",
+                            sub->cfg.model, ferry_strerror(FERRY_ENOENT));
+        if (rc < 0) {
+            if (sub->sb)
+                fr_standby_failed(sub->sb, err);   /* says which generation the active copy keeps */
+            return rc;
+        }
+        if (!need)
+            return 0;   /* the whole group holds the newest generation announced */
+        /* A failure to prepare (the generation retired or lost meanwhile,
+         * this worker's engine failing) is still told to the group, so
+         * nobody waits for this one. */
+        double tp = (double)fr_now_ns() / 1e9;
+        prc = fr_rl_prepare_at(sub->s, sub->cfg.model, active, &m, &perr);
+        st->prepare_s = (double)fr_now_ns() / 1e9 - tp;
+    } else {
+        int rc = fr_rl_active_read(sub->s, sub->cfg.model, &active, NULL);
+        if (rc < 0)
+            return fr_rl_fail(err, rc, "no generation of %s is active (%s)", sub->cfg.model,
+                              ferry_strerror(rc));
+        /* An elastic group's update is for the generation of its epoch: the
+         * keys and barriers name that one, and a member that finds another
+         * active fails (telling the others) instead of waiting elsewhere. */
+        active = sub->want;
+        prc = fr_rl_prepare(sub->s, sub->cfg.model, &gen, &m, &current, st, &perr);
+        if (prc == 0 && !current && m.generation != active)
+            prc = fr_rl_fail(&perr, FERRY_ESTATE, "the active generation of %s moved on while "
+                             "this worker prepared; retry", sub->cfg.model);
+    }
     const fr_gen *g = prc == 0 && !current ? fr_gen_of(&m) : NULL;
     if (prc == 0 && current)
         prc = fr_rl_fail(&perr, FERRY_ESTATE, "generation %" PRIu64 " became current meanwhile",
@@ -783,7 +803,7 @@ static int update_round(ferry_subscriber *sub, uint64_t *generation, ferry_updat
     if (g && sub->sb && (prc = fr_standby_begin(sub->sb, g, sub->shards, &sub->spans, &sub->pc,
                                                 sub->cfg.timeout_ms, &perr)) < 0)
         g = NULL;   /* the standby copy is the target; told to the group when it cannot be */
-    rc = round_body(sub, g, active, &perr, prc, false, t0, st, err);
+    int rc = round_body(sub, g, active, &perr, prc, false, t0, st, err);
     if (rc == 0) {
         *generation = m.generation;
         st->generation = m.generation;

@@ -246,6 +246,12 @@ typedef struct fr_sub_round {
     int others_code;
 } fr_sub_round;
 /* pull.c: run that update (st is reset; its membership fields are set). */
+/* pull_agree.c: a fixed group's members agree, at every update call, on
+ * the generation to take (*target: the newest any member saw announced)
+ * and whether to move (*need: some member holds less); held: this
+ * member's. The same answer on every member, or every member fails. */
+int fr_sub_agree(ferry_store *s, const char *model, const char *scope, uint32_t me, uint32_t world,
+                 uint64_t held, uint64_t timeout_ms, uint64_t *target, bool *need, ferry_error *err);
 int fr_sub_round_run(ferry_subscriber *sub, fr_sub_round *r, uint64_t *generation,
                      ferry_update_stats *st, ferry_error *err);
 const ferry_subscriber_config *fr_sub_config(const ferry_subscriber *sub);

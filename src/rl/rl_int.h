@@ -20,6 +20,10 @@ int fr_rl_fail(ferry_error *err, int code, const char *fmt, ...)
 int fr_rl_active_read(ferry_store *s, const char *model, uint64_t *generation,
                       uint8_t digest[16]);
 
+/* Generation `generation`'s manifest (every object leased), whether or not
+ * it is the active one: what a group agreed on (pull_agree.c). */
+int fr_rl_prepare_at(ferry_store *s, const char *model, uint64_t generation,
+                     ferry_weight_manifest *m, ferry_error *err);
 /* The active generation and its manifest (every object leased), unless
  * *generation is already the active one (*current). Sets st->generation
  * (the current one) and st->prepare_s. */

@@ -55,6 +55,18 @@ static int prepare_once(ferry_store *s, const char *model, uint64_t *generation,
     return rc;
 }
 
+int fr_rl_prepare_at(ferry_store *s, const char *model, uint64_t generation,
+                     ferry_weight_manifest *m, ferry_error *err)
+{
+    int rc = ferry_weights_manifest(s, model, generation, m, err);
+    if (rc < 0)
+        return rc;
+    rc = fr_gen_lease_all(s, fr_gen_of(m), err);
+    if (rc < 0)
+        ferry_weight_manifest_free(m);
+    return rc;
+}
+
 /* ---- parameter-direct ----------------------------------------------------------------- */
 
 int fr_rl_target(const fr_gen *g, const ferry_param_shard *shards, size_t n, uint32_t ranks,

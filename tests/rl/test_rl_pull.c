@@ -4,7 +4,11 @@
  * one before); the store serves every published byte exactly once (1.00x),
  * the other replica gets it pushed, every parameter byte is checked, and
  * the group counters every worker reports say the same. Then a
- * reader whose engine fails during apply: both workers get FERRY_EREBUILD. */
+ * reader whose engine fails during apply: both workers get FERRY_EREBUILD.
+ * And a group of two updating in a loop, each member on its own, for 500
+ * rounds while the test publishes generation after generation: the
+ * members agree on every round's generation, so no round ends in a
+ * timeout, and after every round each holds its generation exactly. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,6 +20,8 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <pthread.h>
+#include <stdatomic.h>
 
 #include "util/ftgroup.h"
 #include "ferry/weights.h"
@@ -62,6 +68,36 @@ static int rollout_main(const char *addr, uint32_t rank, uint32_t world, uint32_
     if (ftg_sub_open(&w, &model, addr, &sc, rank % tpdeg, tpdeg) < 0)
         return 1;
     ftg_sub_serve(&w, rollout_report);
+    ftg_sub_close(&w);
+    return 0;
+}
+
+/* A member of the nonstop group: each "round" line is one update, as a
+ * controller asks every member of its group for one per step and waits
+ * for all of them; the reply is "OK <rc> <generation held> <elements not
+ * of that generation> <error>". */
+static const uint64_t small_shapes[2][2] = { {64, 32}, {48, 16} };
+static const ftg_model small = { .name = "nonstop", .prefix = "model", .nt = 2,
+                                  .shapes = small_shapes, .bits = ftg_bits };
+
+static int looper_main(const char *addr, uint32_t rank, const char *group)
+{
+    ferry_subscriber_config sc = { .model = "nonstop", .rank = rank, .world = 2,
+                                   .timeout_ms = 3000 };
+    snprintf(sc.group, sizeof sc.group, "%s", group);
+    ftg_sub w;
+    if (ftg_sub_open(&w, &small, addr, &sc, 0, 1) < 0)   /* both hold every tensor whole: DP2 */
+        return 1;
+    printf("READY\n");
+    fflush(stdout);
+    char line[128];
+    while (fgets(line, sizeof line, stdin) && !strncmp(line, "round", 5)) {
+        ferry_error err = {0};
+        int rc = ferry_subscriber_update(w.sub, &w.gen, NULL, &err);
+        printf("OK %d %llu %llu %s\n", rc, (unsigned long long)w.gen,
+               (unsigned long long)(rc == 0 ? ftg_sub_bad(&w, w.gen) : 0), rc ? err.msg : "-");
+        fflush(stdout);
+    }
     ftg_sub_close(&w);
     return 0;
 }
@@ -172,6 +208,88 @@ static double now_s(void)
  * of waiting the timeout again at the post-apply barrier. The timeout is
  * seconds long and the bound generous (1.8x), so scheduling noise on a
  * loaded machine cannot decide the verdict; before, the call took 2x. */
+typedef struct publisher {
+    ferry_store *s;
+    atomic_bool stop;
+    uint64_t last;   /* the last generation published */
+    int rc;          /* the first failure */
+} publisher;
+
+/* The trainer of the nonstop test: one generation after another until told
+ * to stop. */
+static void *publish_nonstop(void *arg)
+{
+    publisher *p = arg;
+    for (uint64_t g = p->last + 1; !atomic_load(&p->stop); g++) {
+        int rc = ftg_publish(p->s, &small, g, NULL);
+        if (rc < 0) {
+            p->rc = rc;
+            break;
+        }
+        p->last = g;
+    }
+    return NULL;
+}
+
+typedef struct looper_opts { const char *addr, *group; } looper_opts;
+
+static void looper_args(const void *ctx, int rank, ftg_args *a)
+{
+    const looper_opts *o = ctx;
+    snprintf(a->buf[0], sizeof a->buf[0], "%d", rank);
+    const char *v[] = { "--looper", o->addr, a->buf[0], o->group, NULL };
+    memcpy(a->argv, v, sizeof v);
+}
+
+static void test_nonstop_publisher(void **state)
+{
+    ftg_env *e = *state;
+    const looper_opts o = { e->c.addr, "nonstop" };
+    publisher p = { .s = e->s };
+    assert_int_equal(ftg_publish(e->s, &small, 1, NULL), 0);
+    p.last = 1;
+    assert_int_equal(ftg_start(e, 2, looper_args, &o, -1, NULL), 0);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, publish_nonstop, &p), 0);
+    int rounds = 0, ok = 0, timeouts = 0, errors = 0, apart = 0, moved = 0;
+    unsigned long long bad = 0, last = 1;
+    char first[FTG_LINE] = "";
+    for (; rounds < 500; rounds++) {
+        if (ftg_send(e, "round") < 0 || ftg_collect(e, 60000, -1) != 2)
+            break;
+        int rc[2];
+        unsigned long long gen[2], b[2];
+        for (int k = 0; k < 2; k++)
+            if (sscanf(e->line[k], "OK %d %llu %llu", &rc[k], &gen[k], &b[k]) != 3)
+                rc[k] = INT32_MIN;
+        if (rc[0] == INT32_MIN || rc[1] == INT32_MIN)
+            break;
+        for (int k = 0; k < 2; k++) {
+            timeouts += rc[k] == FERRY_ETIMEDOUT;
+            errors += rc[k] != 0 && rc[k] != FERRY_ETIMEDOUT;
+            bad += b[k];
+            if (rc[k] != 0 && !first[0])
+                snprintf(first, sizeof first, "round %d, worker %d: %s", rounds, k, e->line[k]);
+        }
+        ok += rc[0] == 0 && rc[1] == 0;
+        apart += (rc[0] == 0) != (rc[1] == 0) || gen[0] != gen[1];
+        moved += gen[0] != last;
+        last = gen[0];
+    }
+    atomic_store(&p.stop, true);
+    pthread_join(t, NULL);
+    fprintf(stderr, "nonstop: %d rounds, %d ok on both, %d timeouts, %d other errors, %d apart, "
+            "%llu wrong elements, moved %d times, published up to %llu; first failure: %s\n",
+            rounds, ok, timeouts, errors, apart, bad, moved, (unsigned long long)p.last,
+            first[0] ? first : "none");
+    assert_int_equal(p.rc, 0);
+    assert_int_equal(rounds, 500);
+    assert_int_equal(timeouts, 0);   /* no member ever waited in vain for the other */
+    assert_int_equal(apart, 0);      /* both moved to the same generation, or both failed */
+    assert_int_equal(bad, 0);        /* every round's bytes right */
+    assert_true(moved > 1);          /* the publisher really ran beside them */
+}
+
 static void test_first_barrier_fails(void **state)
 {
     ftg_env *e = *state;
@@ -195,6 +313,8 @@ static void test_first_barrier_fails(void **state)
 
 int main(int argc, char **argv)
 {
+    if (argc == 5 && !strcmp(argv[1], "--looper"))
+        return looper_main(argv[2], (uint32_t)atoi(argv[3]), argv[4]);
     if (argc == 8 && !strcmp(argv[1], "--rollout"))
         return rollout_main(argv[2], (uint32_t)atoi(argv[3]), (uint32_t)atoi(argv[4]),
                             (uint32_t)atoi(argv[5]), argv[6], strtoull(argv[7], NULL, 10));
@@ -202,6 +322,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_single_pull, ftg_setup, ftg_teardown),
         cmocka_unit_test_setup_teardown(test_first_barrier_fails, ftg_setup, ftg_teardown),
+        cmocka_unit_test_setup_teardown(test_nonstop_publisher, ftg_setup, ftg_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -226,6 +226,18 @@ fail:
 
 typedef struct sub_serve { ftg_sub *w; ftg_sub_report_fn *report; } sub_serve;
 
+uint64_t ftg_sub_bad(const ftg_sub *w, uint64_t gen)
+{
+    uint64_t bad = 0;
+    for (size_t k = 0; k < w->m->nt; k++) {
+        const uint16_t *p = w->sh[k].dst;
+        uint64_t cols = w->m->shapes[k][1], first = w->sh[k].offset[0] * cols;
+        for (uint64_t i = 0; i < w->sh[k].shape[0] * cols; i++)
+            bad += p[i] != w->m->bits(gen, k, first + i);
+    }
+    return bad;
+}
+
 static void sub_update(void *ctx, uint64_t want)
 {
     const sub_serve *c = ctx;
@@ -233,14 +245,7 @@ static void sub_update(void *ctx, uint64_t want)
     ferry_update_stats st;
     ferry_error err = {0};
     int rc = ferry_subscriber_update(w->sub, &w->gen, &st, &err);
-    uint64_t bad = 0;
-    for (size_t k = 0; rc == 0 && k < w->m->nt; k++) {
-        const uint16_t *p = w->sh[k].dst;
-        uint64_t cols = w->m->shapes[k][1], first = w->sh[k].offset[0] * cols;
-        for (uint64_t i = 0; i < w->sh[k].shape[0] * cols; i++)
-            bad += p[i] != w->m->bits(want, k, first + i);
-    }
-    c->report(w, want, rc, &st, bad, &err);
+    c->report(w, want, rc, &st, rc == 0 ? ftg_sub_bad(w, want) : 0, &err);
 }
 
 void ftg_sub_serve(ftg_sub *w, ftg_sub_report_fn *report)

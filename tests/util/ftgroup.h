@@ -112,6 +112,8 @@ typedef void ftg_sub_report_fn(const ftg_sub *w, uint64_t want, int rc,
 /* ftg_worker_serve: each "update GEN" updates w and checks every shard
  * element, then report prints the reply. */
 void ftg_sub_serve(ftg_sub *w, ftg_sub_report_fn *report);
+/* The shards' elements that do not hold generation gen. */
+uint64_t ftg_sub_bad(const ftg_sub *w, uint64_t gen);
 void ftg_sub_close(ftg_sub *w);
 
 #endif

@@ -1,0 +1,83 @@
+/* What a fixed group's update takes (pull.c, ferry_subscriber_update): the
+ * members agree on it before anything else, so that a generation announced
+ * between two members' calls cannot send one member home ("nothing new")
+ * while another waits for it at the demand barrier until its timeout.
+ *
+ * Each call: every member meets at the group's agreement barrier (reusable:
+ * its generation r numbers the call, the same for every member, also for
+ * one that restarted), reads the announced generation, posts (that
+ * generation, the one it holds) under r, and meets again; then every
+ * member reads every proposal and takes the same decision: the target is
+ * the newest generation any member saw, and the round runs when any member
+ * holds less — every member moves to the target together, or none does. A
+ * member that does not come makes the others fail at the barrier after
+ * timeout_ms, with one message. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "rl/pull_int.h"
+#include "rl/rl_int.h"
+
+#define AGREE_KEY 400   /* "ferry/wk/<model>/sub/<scope>/agree/<r>/<member>" */
+
+static void proposal_key(char *out, size_t cap, const char *model, const char *scope, uint64_t r,
+                         uint32_t member)
+{
+    snprintf(out, cap, "ferry/wk/%s/sub/%s/agree/%020" PRIu64 "/%u", model, scope, r, member);
+}
+
+int fr_sub_agree(ferry_store *s, const char *model, const char *scope, uint32_t me, uint32_t world,
+                 uint64_t held, uint64_t timeout_ms, uint64_t *target, bool *need, ferry_error *err)
+{
+    char bar[AGREE_KEY], key[AGREE_KEY], member[32];
+    snprintf(member, sizeof member, "worker %u", me);
+    *target = 0;
+    *need = false;
+    uint64_t r = 0;
+    snprintf(bar, sizeof bar, "ferry/wb/%s/sub/%s/agree", model, scope);
+    int rc = ferry_barrier(s, bar, member, world, timeout_ms, &r);
+    if (rc < 0)
+        return fr_rl_fail(err, rc, "subscriber: not every worker of group %s came to the update "
+                          "within %" PRIu64 " ms: %s", scope, timeout_ms, ferry_strerror(rc));
+    if (r > 1) {   /* every member is past call r - 1's reads: my proposal there can go */
+        proposal_key(key, sizeof key, model, scope, r - 1, me);
+        (void)ferry_kv_delete(s, key, 0, NULL);
+    }
+    uint64_t seen = 0;
+    rc = fr_rl_active_read(s, model, &seen, NULL);
+    if (rc < 0 && rc != FERRY_ENOENT)
+        seen = 0;   /* cannot tell: the others' proposals decide, a failure shows at prepare */
+    char val[48];
+    snprintf(val, sizeof val, "%" PRIu64 " %" PRIu64, seen, held);
+    proposal_key(key, sizeof key, model, scope, r, me);
+    rc = ferry_kv_put(s, key, val, strlen(val), NULL);
+    if (rc < 0)
+        return fr_rl_fail(err, rc, "subscriber: cannot post this worker's generation for group %s: "
+                          "%s", scope, ferry_store_last_error());
+    snprintf(bar, sizeof bar, "ferry/wb/%s/sub/%s/agreed", model, scope);
+    rc = ferry_barrier(s, bar, member, world, timeout_ms, NULL);
+    if (rc < 0)
+        return fr_rl_fail(err, rc, "subscriber: not every worker of group %s said which generation "
+                          "it saw within %" PRIu64 " ms: %s", scope, timeout_ms, ferry_strerror(rc));
+    uint64_t newest = 0, least = UINT64_MAX;
+    for (uint32_t k = 0; k < world; k++) {
+        ferry_kv_value v = {0};
+        proposal_key(key, sizeof key, model, scope, r, k);
+        rc = ferry_kv_get(s, key, &v);
+        unsigned long long a = 0, h = 0;
+        if (rc == 0 && (v.len >= sizeof val || sscanf(v.val, "%llu %llu", &a, &h) != 2))
+            rc = FERRY_EPROTO;
+        ferry_store_free(v.val);
+        if (rc < 0)
+            return fr_rl_fail(err, rc, "subscriber: worker %u of group %s left no readable "
+                              "generation: %s", k, scope, ferry_strerror(rc));
+        newest = a > newest ? a : newest;
+        least = h < least ? h : least;
+    }
+    *target = newest;
+    *need = newest > least;
+    return 0;
+}
