@@ -45,14 +45,7 @@ static int prepare_once(ferry_store *s, const char *model, uint64_t *generation,
         *current = true;
         return 0;
     }
-    rc = ferry_weights_manifest(s, model, active, m, err);
-    if (rc < 0)
-        return rc;
-    /* Every object must be there (and leased) before a parameter is touched. */
-    rc = fr_gen_lease_all(s, fr_gen_of(m), err);
-    if (rc < 0)
-        ferry_weight_manifest_free(m);
-    return rc;
+    return fr_rl_prepare_at(s, model, active, m, err);
 }
 
 int fr_rl_prepare_at(ferry_store *s, const char *model, uint64_t generation,
@@ -61,6 +54,7 @@ int fr_rl_prepare_at(ferry_store *s, const char *model, uint64_t generation,
     int rc = ferry_weights_manifest(s, model, generation, m, err);
     if (rc < 0)
         return rc;
+    /* Every object must be there (and leased) before a parameter is touched. */
     rc = fr_gen_lease_all(s, fr_gen_of(m), err);
     if (rc < 0)
         ferry_weight_manifest_free(m);
