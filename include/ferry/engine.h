@@ -277,8 +277,19 @@ int ferry_engine_pending(ferry_engine *e, ferry_pending_info *out, size_t cap);
  * a warning logged once until that backlog is consumed). Counts stay exact
  * below the bound; past it a waiter sees the newest FERRY_NOTIFY_PENDING_MAX
  * of that peer, never a dropped one, and a wait for more than that which
- * only this peer's notifications could satisfy ends only by its timeout. */
+ * only this peer's notifications could satisfy ends only by its timeout.
+ *
+ * And bounded per sending peer across all its tags: a peer with
+ * FERRY_NOTIFY_PEER_MAX unconsumed notifications in all has every new
+ * one dropped (not an old one: it may be what a waiter is about to take)
+ * until some are consumed — unless its backlog on the new one's tag is
+ * full, where the per-tag rule above drops that tag's oldest instead —,
+ * counted in notify_dropped and in notify_peer_capped, warned once per
+ * backlog. A peer that sends a new tag with each notification (which no
+ * waiter asked for) so grows this engine's memory by at most about
+ * FERRY_NOTIFY_PEER_MAX x 400 bytes (22.6 MiB measured for 600,000). */
 #define FERRY_NOTIFY_PENDING_MAX 65536u
+#define FERRY_NOTIFY_PEER_MAX 65536u
 int ferry_wait_notify(ferry_engine *e, uint64_t tag, uint32_t count, int timeout_ms,
                       uint64_t *values);
 
@@ -297,6 +308,8 @@ typedef struct ferry_engine_stats {
      * process; what it serves them is the mapping (shm_maps_served). */
     uint64_t served_read_bytes, served_write_bytes;
     uint64_t shm_maps_served;
+    uint64_t notify_peer_capped;              /* (appended) of notify_dropped: new ones refused
+                                               * at a peer's FERRY_NOTIFY_PEER_MAX across tags */
 } ferry_engine_stats;
 void ferry_engine_get_stats(const ferry_engine *e, ferry_engine_stats *out);
 

@@ -533,6 +533,6 @@ void ferry_engine_get_stats(const ferry_engine *e, ferry_engine_stats *o)
     LD(bytes_written); LD(bytes_read); LD(ops_completed); LD(ops_failed);
     LD(tickets_completed); LD(tickets_aborted); LD(tickets_failed); LD(tickets_unknown);
     LD(remote_refused); LD(auth_refused); LD(frames_rejected); LD(notify_dropped);
-    LD(served_read_bytes); LD(served_write_bytes); LD(shm_maps_served);
+    LD(served_read_bytes); LD(served_write_bytes); LD(shm_maps_served); LD(notify_peer_capped);
 #undef LD
 }

@@ -220,6 +220,8 @@ struct ferry_engine {
     struct fr_notify_q *notify;
     size_t nnotify, cap_notify;
     uint64_t notify_seq;       /* arrival number of the next notification (nlock) */
+    struct fr_notify_peer *npeer;  /* unconsumed notifications per sending peer (nlock) */
+    size_t nnpeer, cap_npeer;
 
     void *tp_state[FR_TP_COUNT];   /* per transport (FR_TP_*); ucx only when chosen */
     fr_fault *fault;           /* fault injection, NULL when off */
@@ -230,6 +232,7 @@ struct ferry_engine {
         _Atomic uint64_t remote_refused, auth_refused, frames_rejected;
         _Atomic uint64_t notify_dropped;
         _Atomic uint64_t served_read_bytes, served_write_bytes, shm_maps_served;
+        _Atomic uint64_t notify_peer_capped;
     } stats;
 };
 

@@ -7,7 +7,10 @@
  * FERRY_NOTIFY_PENDING_MAX: a sender that outruns every waiter loses its
  * oldest, not the others' and not its newest (see engine.h). A tag whose
  * notifications are all consumed is freed, so tags used once (one per
- * update) do not pile up. */
+ * update) do not pile up. Across its tags a peer may hold at most
+ * FERRY_NOTIFY_PEER_MAX unconsumed (a count per peer, struct
+ * fr_notify_peer): past it its new ones are refused, so a peer sending a
+ * fresh tag each time cannot grow this engine without bound. */
 #include <string.h>
 
 #include "engine/engine_int.h"
@@ -15,7 +18,7 @@
 _Static_assert((FERRY_NOTIFY_PENDING_MAX & (FERRY_NOTIFY_PENDING_MAX - 1)) == 0,
                "the ring arithmetic needs a power of two");
 
-#define RING_MIN 16u
+#define RING_MIN 2u   /* a tag holds one or two at a time, mostly: rings double from here */
 
 typedef struct nt_ent { uint64_t seq, value; } nt_ent;
 
@@ -25,6 +28,12 @@ typedef struct nt_src {
     uint32_t cap, head, n;
     bool dropping;          /* full and dropping its oldest: warned once */
 } nt_src;
+
+struct fr_notify_peer {
+    uint64_t peer;
+    uint64_t n;             /* its unconsumed notifications, every tag */
+    bool capped;            /* refusing new ones: warned once */
+};
 
 struct fr_notify_q {
     uint64_t tag;
@@ -60,12 +69,12 @@ static void q_remove(ferry_engine *e, struct fr_notify_q *q)
     *q = e->notify[--e->nnotify];
 }
 
-static nt_src *src_find(struct fr_notify_q *q, uint64_t peer)
+static nt_src *src_find(struct fr_notify_q *q, uint64_t peer, bool create)
 {
-    for (size_t i = 0; i < q->nsrc; i++)
+    for (size_t i = 0; q && i < q->nsrc; i++)
         if (q->src[i].peer == peer)
             return &q->src[i];
-    if (fr_grow((void **)&q->src, &q->cap_src, q->nsrc + 1, sizeof *q->src) < 0)
+    if (!q || !create || fr_grow((void **)&q->src, &q->cap_src, q->nsrc + 1, sizeof *q->src) < 0)
         return NULL;
     nt_src *s = &q->src[q->nsrc++];
     memset(s, 0, sizeof *s);
@@ -91,8 +100,34 @@ static int src_room(nt_src *s)
     return 0;
 }
 
+/* The count of peer's unconsumed notifications (created at 0 when create). */
+static struct fr_notify_peer *peer_count(ferry_engine *e, uint64_t peer, bool create)
+{
+    for (size_t i = 0; i < e->nnpeer; i++)
+        if (e->npeer[i].peer == peer)
+            return &e->npeer[i];
+    if (!create || fr_grow((void **)&e->npeer, &e->cap_npeer, e->nnpeer + 1, sizeof *e->npeer) < 0)
+        return NULL;
+    struct fr_notify_peer *c = &e->npeer[e->nnpeer++];
+    *c = (struct fr_notify_peer){ .peer = peer };
+    return c;
+}
+
+/* One of peer's notifications consumed or dropped. */
+static void peer_less(ferry_engine *e, uint64_t peer)
+{
+    struct fr_notify_peer *c = peer_count(e, peer, false);
+    if (!c)
+        return;
+    if (--c->n == 0)
+        *c = e->npeer[--e->nnpeer];
+    else if (c->n < FERRY_NOTIFY_PEER_MAX)
+        c->capped = false;
+}
+
 static void drop_oldest(ferry_engine *e, struct fr_notify_q *q, nt_src *s)
 {
+    peer_less(e, s->peer);
     s->head = (s->head + 1) & (s->cap - 1);
     s->n--;
     q->n--;
@@ -109,27 +144,46 @@ static void drop_oldest(ferry_engine *e, struct fr_notify_q *q, nt_src *s)
 void fr_notify_deliver(ferry_engine *e, uint64_t peer, uint64_t tag, uint64_t value)
 {
     pthread_mutex_lock(&e->nlock);
-    struct fr_notify_q *q = find(e, tag, true);
-    nt_src *s = q ? src_find(q, peer) : NULL;
+    struct fr_notify_peer *c = peer_count(e, peer, true);
+    const nt_src *full = src_find(find(e, tag, false), peer, false);
+    /* at the bound over all tags: refused, unless its ring on this tag is
+     * full (then the per-tag rule drops its oldest there: no more held) */
+    if (c && c->n >= FERRY_NOTIFY_PEER_MAX && !(full && full->n == FERRY_NOTIFY_PENDING_MAX)) {
+        FR_STAT_ADD(e, notify_dropped, 1);
+        FR_STAT_ADD(e, notify_peer_capped, 1);
+        if (!c->capped)
+            FR_WARN("engine", "peer %016llx has %u unconsumed notifications over all its tags; "
+                    "refusing its new ones until some are consumed (counted in "
+                    "notify_peer_capped)", (unsigned long long)peer,
+                    (unsigned)FERRY_NOTIFY_PEER_MAX);
+        c->capped = true;
+        pthread_mutex_unlock(&e->nlock);
+        return;
+    }
+    struct fr_notify_q *q = c ? find(e, tag, true) : NULL;
+    nt_src *s = q ? src_find(q, peer, true) : NULL;
     if (s && s->n == FERRY_NOTIFY_PENDING_MAX)
         drop_oldest(e, q, s);
     if (s && src_room(s) == 0) {
         s->ring[(s->head + s->n) & (s->cap - 1)] = (nt_ent){ e->notify_seq++, value };
         s->n++;
         q->n++;
+        c->n++;
     } else {
         FR_STAT_ADD(e, notify_dropped, 1);
         FR_ERROR("engine", "out of memory: a notification with tag %llu from peer %016llx dropped",
                  (unsigned long long)tag, (unsigned long long)peer);
         if (q && q->n == 0)
             q_remove(e, q);
+        if (c && c->n == 0)
+            *c = e->npeer[--e->nnpeer];
     }
     pthread_cond_broadcast(&e->ncond);
     pthread_mutex_unlock(&e->nlock);
 }
 
 /* Take the oldest unconsumed notification of q (q->n > 0). */
-static uint64_t take_oldest(struct fr_notify_q *q)
+static uint64_t take_oldest(ferry_engine *e, struct fr_notify_q *q)
 {
     nt_src *best = NULL;
     for (size_t i = 0; i < q->nsrc; i++) {
@@ -142,6 +196,7 @@ static uint64_t take_oldest(struct fr_notify_q *q)
     if (--best->n == 0)
         best->dropping = false;
     q->n--;
+    peer_less(e, best->peer);
     return v;
 }
 
@@ -156,7 +211,7 @@ int ferry_wait_notify(ferry_engine *e, uint64_t tag, uint32_t count, int timeout
         struct fr_notify_q *q = find(e, tag, false);
         if (q && q->n >= count) {
             for (uint32_t i = 0; i < count; i++) {
-                uint64_t v = take_oldest(q);
+                uint64_t v = take_oldest(e, q);
                 if (values)
                     values[i] = v;
             }
@@ -181,4 +236,7 @@ void fr_notify_destroy(ferry_engine *e)
     fr_free(e->notify);
     e->notify = NULL;
     e->nnotify = e->cap_notify = 0;
+    fr_free(e->npeer);
+    e->npeer = NULL;
+    e->nnpeer = e->cap_npeer = 0;
 }

@@ -59,6 +59,12 @@ int ferry_node_metrics(ferry_node *n, char **text)
         "Engine connections refused at the handshake (wrong token).", es.auth_refused);
     one(f, "ferry_node_frames_rejected_total", "counter", "Malformed frames dropped.",
         es.frames_rejected);
+    one(f, "ferry_node_notify_dropped_total", "counter",
+        "Notifications dropped unconsumed (a peer's backlog on one tag, or over all its tags).",
+        es.notify_dropped);
+    one(f, "ferry_node_notify_peer_capped_total", "counter",
+        "Of those, new notifications refused because their peer had FERRY_NOTIFY_PEER_MAX "
+        "unconsumed over all its tags.", es.notify_peer_capped);
     *text = fr_mx_finish(f, &buf, &len);
     return *text ? 0 : FERRY_ENOMEM;
 }

@@ -7,7 +7,9 @@
 #include <cmocka.h>
 
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/engine_int.h"
 #include "util/testutil.h"
@@ -226,6 +228,86 @@ static void test_notify_bound(void **s)
     free(vals);
 }
 
+/* This process's resident memory (bytes). */
+static uint64_t rss_bytes(void)
+{
+    unsigned long long size = 0, res = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f) {
+        if (fscanf(f, "%llu %llu", &size, &res) != 2)
+            res = 0;
+        fclose(f);
+    }
+    return (uint64_t)res * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+/* A peer that sends every notification with a tag of its own (that nobody
+ * waits for) is held to FERRY_NOTIFY_PEER_MAX unconsumed over all its tags:
+ * 600,000 such frames leave memory within the stated bound (about 400
+ * bytes a notification), the rest are refused and counted, another
+ * sender's are still delivered, and a consumed one makes room again. */
+static void test_notify_peer_bound(void **s)
+{
+    (void)s;
+    enum { FRAMES = 600000, BATCH = 256 };
+    ferry_engine_config c;
+    ft_config(&c, "tcp");
+    ferry_engine *e, *other;
+    assert_int_equal(ferry_engine_open(&c, &e), 0);
+    assert_int_equal(ferry_engine_open(&c, &other), 0);
+    void *m;
+    ferry_region *r;
+    assert_int_equal(ferry_mem_alloc(e, 4096, &m), 0);
+    assert_int_equal(ferry_region_register(e, m, 4096, FERRY_REMOTE_WRITE, FERRY_MEM_HOST, &r), 0);
+    uint8_t blob[FERRY_DESC_MAX];
+    int n = ferry_region_export(r, blob, sizeof blob);
+    ferry_remote_region self, from_other;
+    assert_int_equal(ferry_region_import(e, blob, (size_t)n, &self), 0);
+    assert_int_equal(ferry_region_import(other, blob, (size_t)n, &from_other), 0);
+    send_notifies(e, self.peer, 1, 0, 1);   /* connections up, first allocations made */
+    assert_int_equal(ferry_wait_notify(e, 1, 1, 10000, NULL), 0);
+    uint64_t rss0 = rss_bytes(), x = 0x9e3779b97f4a7c15ull;
+    ferry_op ops[BATCH];
+    for (uint64_t done = 0; done < FRAMES;) {
+        uint32_t k = FRAMES - done < BATCH ? (uint32_t)(FRAMES - done) : BATCH;
+        for (uint32_t i = 0; i < k; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;   /* a fresh tag each */
+            ops[i] = (ferry_op){ .opcode = FERRY_OP_NOTIFY, .peer = self.peer,
+                                 .tag = (x >> 1) | (1ull << 62), .value = done + i };
+        }
+        ferry_ticket *t;
+        assert_int_equal(ferry_submit(e, ops, k, 0, &t), 0);
+        assert_int_equal(ferry_ticket_wait(t, 60000), FERRY_TICKET_COMPLETED);
+        ferry_ticket_free(t);
+        done += k;
+    }
+    uint64_t grown = rss_bytes() - rss0;
+    ferry_engine_stats st;
+    ferry_engine_get_stats(e, &st);
+    print_message("%d notifications with fresh tags: memory +%.1f MiB, %llu refused at the "
+                  "peer's bound of %u\n", FRAMES, grown / 1048576.0,
+                  (unsigned long long)st.notify_peer_capped, (unsigned)FERRY_NOTIFY_PEER_MAX);
+    assert_int_equal(st.notify_peer_capped, FRAMES - FERRY_NOTIFY_PEER_MAX);
+    assert_int_equal(st.notify_dropped, FRAMES - FERRY_NOTIFY_PEER_MAX);
+    assert_true(grown <= (uint64_t)FERRY_NOTIFY_PEER_MAX * 400 + (8ull << 20));
+    /* another sender is not held to e's bound */
+    send_notifies(other, from_other.peer, 5, 100, 3);
+    uint64_t vals[3];
+    assert_int_equal(ferry_wait_notify(e, 5, 3, 10000, vals), 0);
+    assert_true(vals[0] == 100 && vals[2] == 102);
+    /* the first tag e sent was kept: consuming it makes room for one more */
+    x = 0x9e3779b97f4a7c15ull * 6364136223846793005ull + 1442695040888963407ull;
+    assert_int_equal(ferry_wait_notify(e, (x >> 1) | (1ull << 62), 1, 10000, vals), 0);
+    assert_int_equal(vals[0], 0);
+    send_notifies(e, self.peer, 7, 42, 1);
+    assert_int_equal(ferry_wait_notify(e, 7, 1, 10000, vals), 0);
+    assert_int_equal(vals[0], 42);
+    ferry_engine_get_stats(e, &st);
+    assert_int_equal(st.notify_peer_capped, FRAMES - FERRY_NOTIFY_PEER_MAX);
+    ferry_engine_close(other);
+    ferry_engine_close(e);
+}
+
 static void test_names(void **s)
 {
     (void)s;
@@ -249,6 +331,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_descriptors),
         cmocka_unit_test(test_loopback_self),
         cmocka_unit_test(test_notify_bound),
+        cmocka_unit_test(test_notify_peer_bound),
         cmocka_unit_test(test_names),
     };
     return cmocka_run_group_tests_name("engine_api", tests, NULL, NULL);
