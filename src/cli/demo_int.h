@@ -105,6 +105,10 @@ void demo_reaped(pid_t pid);
 bool demo_stopping(void);
 /* mkdtemp(tmpl) and remember it (tmpl shorter than 128): 0 or -1. */
 int demo_mkdtemp(char *tmpl);
+/* Remove the /tmp/ferry-demo-* and /tmp/ferry-counters-* directories whose
+ * owner process is gone (a demo killed with SIGKILL); how many. The first
+ * demo_mkdtemp of a process does it. */
+int demo_sweep_stale(void);
 /* Remove dir and everything in it, and forget it. */
 void demo_rmtree(const char *dir);
 #endif

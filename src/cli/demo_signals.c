@@ -8,12 +8,19 @@
  * sigwait, then does the cleanup in ordinary thread context. Signals are
  * process-wide, so this is one static registry (children and directories)
  * behind a mutex; children are tracked through pidfds, so a child that was
- * reaped meanwhile and whose pid went to another process is never hit. */
+ * reaped meanwhile and whose pid went to another process is never hit.
+ *
+ * SIGKILL cannot be handled: a demo killed so leaves its directories. Each
+ * one holds the owner's pid and start time (OWNER_FILE), and the next demo
+ * or benchmark, before it makes its own, removes every directory of these
+ * names whose owner is gone (demo_sweep_stale). */
+#include <dirent.h>
 #include <errno.h>
 #include <ftw.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +33,9 @@
 
 #define KIDS_MAX 512
 #define DIRS_MAX 8
+#define OWNER_FILE ".ferry-owner"   /* "<pid> <start time>" of the process that made the dir */
+#define TMP_DIR "/tmp"
+static const char *const tmp_prefixes[] = { "ferry-demo-", "ferry-counters-" };
 
 static _Atomic bool g_interrupted;   /* read without the mutex by demo_stopping */
 
@@ -197,8 +207,64 @@ void demo_reaped(pid_t pid)
     pthread_mutex_unlock(&g_sig.mu);
 }
 
+/* Write dir's owner (this process). */
+static void own(const char *dir)
+{
+    cli_proc me;
+    char path[256];
+    snprintf(path, sizeof path, "%s/" OWNER_FILE, dir);
+    FILE *f = cli_proc_read((int)getpid(), &me) == 0 ? fopen(path, "w") : NULL;
+    if (f) {
+        fprintf(f, "%d %llu\n", (int)getpid(), me.start);
+        fclose(f);
+    }
+}
+
+/* Is the owner recorded in dir gone? false when it cannot tell (no owner
+ * file yet: a directory being made, or one of an older ferry). */
+static bool owner_gone(const char *dir)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/" OWNER_FILE, dir);
+    FILE *f = fopen(path, "r");
+    int pid = 0;
+    unsigned long long start = 0;
+    bool read = f && fscanf(f, "%d %llu", &pid, &start) == 2 && pid > 0;
+    if (f)
+        fclose(f);
+    if (!read)
+        return false;
+    cli_proc p;
+    return cli_proc_read(pid, &p) < 0 || p.start != start;
+}
+
+int demo_sweep_stale(void)
+{
+    DIR *d = opendir(TMP_DIR);
+    int removed = 0;
+    if (!d)
+        return 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        bool ours = false;
+        for (size_t i = 0; i < sizeof tmp_prefixes / sizeof *tmp_prefixes; i++)
+            ours |= !strncmp(de->d_name, tmp_prefixes[i], strlen(tmp_prefixes[i]));
+        char path[256];
+        if (!ours || snprintf(path, sizeof path, TMP_DIR "/%s", de->d_name) >= (int)sizeof path ||
+            !owner_gone(path))
+            continue;
+        (void)nftw(path, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+        removed++;
+    }
+    closedir(d);
+    return removed;
+}
+
 int demo_mkdtemp(char *tmpl)
 {
+    static _Atomic bool swept;
+    if (!atomic_exchange(&swept, true))
+        (void)demo_sweep_stale();   /* what demos killed with SIGKILL left */
     pthread_mutex_lock(&g_sig.mu);
     int rc = -1;
     size_t slot = DIRS_MAX;
@@ -207,6 +273,7 @@ int demo_mkdtemp(char *tmpl)
             slot = i;
     if (!g_sig.stopping && slot < DIRS_MAX && strlen(tmpl) < sizeof g_sig.dir[0] && mkdtemp(tmpl)) {
         snprintf(g_sig.dir[slot], sizeof g_sig.dir[slot], "%s", tmpl);
+        own(tmpl);
         rc = 0;
     }
     pthread_mutex_unlock(&g_sig.mu);

@@ -3,7 +3,9 @@
  * signal, its temporary directories (the cluster's /tmp/ferry-demo-*, the
  * weight demo's /tmp/ferry-counters-*) are gone, and none of the processes
  * it started (master, node, trainers, rollouts, update processes) still
- * runs. */
+ * runs. Ended by SIGKILL, which nothing can handle: the children end, the
+ * directories stay, and the next demo removes them (their owner is gone)
+ * before it makes its own. */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -134,6 +136,27 @@ static void interrupted(const char *what, const char *const *args, const char *r
     print_message("after SIG%s: %zu of %zu children still run; %s %s; %s %s\n",
                   sigabbrev_np(sig), alive, n, dir, dir_left ? "is still there" : "is gone",
                   cdir[0] ? cdir : "(no counters dir)", cdir_left ? "is still there" : "");
+    if (sig == SIGKILL && dir_left) {
+        /* the next demo sweeps what this one left */
+        static const char *const next[] = { "demo", "--bytes", "8M", "--trainers", "1",
+                                            "--rollouts", "1", "--generations", "1", NULL };
+        ft_peer q;
+        assert_int_equal(ft_spawn_exe(&q, NULL, ft_ferry_bin(), next), 0);
+        int qs = 0;
+        int qw = ft_wait_status(q.pid, 120000, &qs);
+        if (qw < 0)
+            kill(q.pid, SIGINT);
+        q.pid = qw < 0 ? q.pid : -1;
+        ft_peer_stop(&q);
+        bool swept = access(dir, F_OK) != 0 && !(cdir[0] && access(cdir, F_OK) == 0);
+        print_message("the next demo (exit %d): %s\n", qw == 0 && WIFEXITED(qs) ? WEXITSTATUS(qs) : -1,
+                      swept ? "removed what the killed one left" : "left them");
+        assert_true(swept);
+        dir_left = cdir_left = false;
+        assert_int_equal(qw, 0);
+    } else if (sig == SIGKILL) {
+        fail_msg("SIGKILL left nothing to sweep: %s", dir);
+    }
     if (dir_left) {   /* leave no trace of a failed run either */
         char out[256];
         ft_run(out, sizeof out, "rm -rf '%s'", dir);
@@ -176,6 +199,18 @@ static void test_demo_rl_sigterm(void **state)
     interrupted("ferry demo rl", rl_args, "_demo_rl_rollout", SIGTERM, false);
 }
 
+static void test_demo_sigkill(void **state)
+{
+    (void)state;
+    interrupted("ferry demo", demo_args, "_demo_rollout", SIGKILL, true);
+}
+
+static void test_demo_rl_sigkill(void **state)
+{
+    (void)state;
+    interrupted("ferry demo rl", rl_args, "_demo_rl_rollout", SIGKILL, false);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -183,6 +218,8 @@ int main(void)
         cmocka_unit_test(test_demo_sigterm),
         cmocka_unit_test(test_demo_rl_sigint),
         cmocka_unit_test(test_demo_rl_sigterm),
+        cmocka_unit_test(test_demo_sigkill),
+        cmocka_unit_test(test_demo_rl_sigkill),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
