@@ -14,29 +14,47 @@
 
 #include "cli.h"
 
+/* A size: digits, an optional fraction (".5"), an optional unit K, M, G,
+ * T or P (either case; binary: K = 1024) with an optional "iB" or "B", so
+ * "1.5G", "1.5GiB" and "1536M" are the same. Whole bytes: a fraction is
+ * rounded down. 0 or -1 (not a size, 0 bytes, or too large). */
 int cli_parse_size(const char *s, uint64_t *out)
 {
-    char *end;
     if (!isdigit((unsigned char)s[0]))
         return -1;   /* strtoull would take spaces and a sign: "-1" is not 16 EiB */
     errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s)
+    char *end;
+    unsigned long long whole = strtoull(s, &end, 10);
+    if (errno)
         return -1;
-    uint64_t mul = 1;
-    switch (*end) {
-    case 'k': case 'K': mul = 1ull << 10; end++; break;
-    case 'm': case 'M': mul = 1ull << 20; end++; break;
-    case 'g': case 'G': mul = 1ull << 30; end++; break;
-    default: break;
+    uint64_t frac = 0, scale = 1;   /* the fraction's digits, and 10^their count */
+    if (*end == '.') {
+        end++;
+        if (!isdigit((unsigned char)*end))
+            return -1;
+        for (; isdigit((unsigned char)*end); end++)
+            if (scale < 1000000000000000000ull) {   /* 18 digits are plenty */
+                frac = frac * 10 + (uint64_t)(*end - '0');
+                scale *= 10;
+            }
     }
-    if (*end == 'i' || *end == 'B')
+    static const char units[] = "kmgtp";
+    const char *u = *end ? strchr(units, tolower((unsigned char)*end)) : NULL;
+    unsigned shift = u ? 10u * (unsigned)(u - units + 1) : 0;
+    if (u)
         end++;
-    if (*end == 'B')
+    if (u && *end == 'i' && end[1] == 'B')
+        end += 2;
+    else if (*end == 'B' || (u && *end == 'b'))
         end++;
-    if (*end != '\0' || v == 0 || v > UINT64_MAX / mul)
+    if (*end != '\0' || (shift && whole > (UINT64_MAX >> shift)) || (!shift && frac))
+        return -1;   /* trailing text, too large, or a fraction of a byte */
+    uint64_t v = (uint64_t)whole << shift;
+    /* the fraction of a unit: frac / scale of 2^shift, exact in 128 bits */
+    unsigned __int128 part = ((unsigned __int128)frac << shift) / scale;
+    if (part > UINT64_MAX - v || v + (uint64_t)part == 0)
         return -1;
-    *out = v * mul;
+    *out = v + (uint64_t)part;
     return 0;
 }
 
@@ -94,21 +112,24 @@ int cli_opt_double(const char *opt, const char *v, double min, double max, doubl
 int cli_opt_size(const char *opt, const char *v, uint64_t min, uint64_t max, uint64_t *out)
 {
     uint64_t x;
-    if (cli_parse_size(v, &x) == 0 && x >= min && x <= max) {
+    int parsed = cli_parse_size(v, &x);
+    if (parsed == 0 && x >= min && x <= max) {
         *out = x;
         return 0;
     }
-    char lo[32], hi[32];
+    char lo[32], hi[32], got[32];
     cli_fmt_size(min, lo, sizeof lo);
     cli_fmt_size(max, hi, sizeof hi);
-    const char *eg = min >= (1u << 20) ? "64M or 4G" : "64K, 4M or 1G";
-    if (max == UINT64_MAX && min <= 1)
-        fprintf(stderr, "ferry: %s wants a size such as %s, not '%s'\n", opt, eg, v);
-    else if (max == UINT64_MAX)
-        fprintf(stderr, "ferry: %s wants a size of at least %s (such as %s), not '%s'\n", opt, lo, eg, v);
+    const char *eg = min >= (1u << 20) ? "64M, 1.5G or 2TiB" : "64K, 4M or 1.5G";
+    if (parsed < 0)
+        fprintf(stderr, "ferry: %s wants a size: a number (decimals allowed) with K, M, G, T or P, "
+                "with or without iB (binary units), such as %s; this is not one: '%s'\n", opt, eg, v);
+    else if (max == UINT64_MAX || x < min)
+        fprintf(stderr, "ferry: %s wants a size of at least %s (this one reads %s), not '%s'\n", opt,
+                lo, cli_fmt_size(x, got, sizeof got), v);
     else
-        fprintf(stderr, "ferry: %s wants a size from %s to %s (such as %s), not '%s'\n", opt, lo, hi, eg,
-                v);
+        fprintf(stderr, "ferry: %s wants a size of at most %s (this one reads %s), not '%s'\n", opt,
+                hi, cli_fmt_size(x, got, sizeof got), v);
     return -1;
 }
 

@@ -76,6 +76,36 @@ static void test_demo(void **state)
     refused("demo --sparse --density 0", "--density", "0");
     refused("demo --sparse --ep 2.5", "--ep", "2.5");
     refused("demo engine --size 4X", "--size", "4X");
+    assert_non_null(strstr(out, "this is not one: '4X'"));          /* named as not a size */
+    refused("demo --bytes 512K", "--bytes", "512K");
+    assert_non_null(strstr(out, "at least 1 MiB (this one reads 512 KiB)"));   /* a size, too small */
+}
+
+/* Sizes: decimals, units K to P in either case with or without iB or B,
+ * read as binary units; what was read is said back when it is out of
+ * range (--bytes wants at least 1 MiB), and what is not a size is named. */
+static void test_sizes(void **state)
+{
+    (void)state;
+    static const char *const read[][2] = {
+        { "0.5M", "reads 512 KiB" }, { "0.5MiB", "reads 512 KiB" }, { "512k", "reads 512 KiB" },
+        { "0.25mb", "reads 256 KiB" }, { "1023K", "reads 1023 KiB" },
+    };
+    for (size_t i = 0; i < sizeof read / sizeof *read; i++) {
+        char cmd[64];
+        snprintf(cmd, sizeof cmd, "demo --bytes %s", read[i][0]);
+        refused(cmd, "--bytes", read[i][0]);
+        if (!strstr(out, read[i][1]))
+            fail_msg("%s: want %s in: %s", cmd, read[i][1], out);
+    }
+    static const char *const bad[] = { "1.5", "16384P", "1e9", "1.G", "2GX", "1.5.2G" };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char cmd[64];
+        snprintf(cmd, sizeof cmd, "demo --bytes %s", bad[i]);
+        refused(cmd, "--bytes", bad[i]);
+        if (!strstr(out, "this is not one"))
+            fail_msg("%s: want 'this is not one' in: %s", cmd, out);
+    }
 }
 
 static void test_bench(void **state)
@@ -247,6 +277,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_demo_rl),
         cmocka_unit_test(test_demo),
+        cmocka_unit_test(test_sizes),
         cmocka_unit_test(test_bench),
         cmocka_unit_test(test_plan),
         cmocka_unit_test(test_master_node_up),
