@@ -82,6 +82,21 @@ def test_connection_and_auth_failures(cluster):
     check_message(e)
 
 
+def test_setup_mistakes_lead_with_the_cause(cluster, monkeypatch):
+    """No token at all, and an address without a port: the message says
+    which, first, not what failed because of it."""
+    monkeypatch.delenv("FERRY_TOKEN", raising=False)
+    monkeypatch.delenv("FERRY_TOKEN_FILE", raising=False)
+    e = failure(lambda: ferry.Store(master=cluster.addr), ferry.AuthError)
+    assert str(e).startswith("no cluster token: set FERRY_TOKEN or FERRY_TOKEN_FILE"), str(e)
+    e = failure(lambda: ferry.Store(master="localhost", token_file=cluster.token_file), ferry.Error)
+    check_message(e, "'localhost' has no port", "HOST:PORT")
+    with ferry.Store(master=cluster.addr, token_file=cluster.token_file) as s:
+        s.put("errors/plain", b"x" * 64)
+        e = failure(lambda: s.read_member("errors/plain", "w"), ferry.Error)
+        check_message(e, "plain object, not a structured one")
+
+
 def test_lost_master_mid_session(tmp_path):
     require_ferry_bin()
     with running_cluster(tmp_path, 1) as c:

@@ -309,6 +309,17 @@ int fr_client_local(ferry_store *s, const void *p, size_t len, ferry_region **tm
 
 /* ---- open / close --------------------------------------------------------------------- */
 
+/* Does addr end in ":PORT" (a port number, 1 to 65535)? */
+static bool has_port(const char *addr)
+{
+    const char *c = strrchr(addr, ':');
+    if (!c || !c[1] || (strchr(addr, ':') != c && addr[0] != '['))
+        return false;   /* none, empty, or a bare IPv6 address (write [::1]:PORT) */
+    char *end;
+    unsigned long p = strtoul(c + 1, &end, 10);
+    return *end == '\0' && p >= 1 && p <= 65535 && c[1] >= '0' && c[1] <= '9';
+}
+
 int ferry_store_open(const ferry_store_config *cfg, ferry_store **out)
 {
     if (!cfg || !out)
@@ -316,6 +327,12 @@ int ferry_store_open(const ferry_store_config *cfg, ferry_store **out)
     if (!cfg->master[0])
         return fr_client_err(FERRY_EINVAL, "no master address: set FERRY_MASTER=HOST:PORT "
                              "(ferry up prints it)");
+    if (!has_port(cfg->master))
+        return fr_client_err(FERRY_EINVAL, "the master address '%s' has no port: give HOST:PORT, "
+                             "as ferry up prints it (e.g. 127.0.0.1:7700)", cfg->master);
+    if (cfg->engine.token_len == 0)
+        return fr_client_err(FERRY_EAUTH, "no cluster token: set FERRY_TOKEN or FERRY_TOKEN_FILE "
+                             "(or give the store a token or a token file; ferry up writes one)");
     if (cfg->lease_ms > FERRY_STORE_LEASE_MAX_MS)
         return fr_client_err(FERRY_EINVAL, "lease_ms %llu is above the longest lease, %u ms "
                              "(an hour)", (unsigned long long)cfg->lease_ms,

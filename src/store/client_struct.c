@@ -135,7 +135,11 @@ static int parse_header(const char *key, const uint8_t *p, uint64_t n, uint64_t 
                         ferry_member *out, size_t cap, size_t *count, uint64_t *need)
 {
     *need = 0;
-    if (n < HDR_FIXED || memcmp(p, MAGIC, 8) != 0 || (get64(p + 8) & 0xffffffffu) != 1)
+    if (n < HDR_FIXED || memcmp(p, MAGIC, 8) != 0)
+        return fr_client_err(FERRY_EPROTO, "%s is a plain object, not a structured one (those are "
+                             "made by put_struct or put_tensor); read it whole with get or "
+                             "get_into", key);
+    if ((get64(p + 8) & 0xffffffffu) != 1)
         goto bad;
     uint64_t cnt = get64(p + 8) >> 32;
     uint64_t hdr = get64(p + 16);
@@ -171,7 +175,8 @@ static int parse_header(const char *key, const uint8_t *p, uint64_t n, uint64_t 
     }
     return 0;
 bad:
-    return fr_client_err(FERRY_EPROTO, "%s is not a structured object (bad header)", key);
+    return fr_client_err(FERRY_EPROTO, "%s is a structured object whose member table is damaged "
+                         "or of another version", key);
 }
 
 /* Locate the object and read its member table. */

@@ -277,6 +277,7 @@ static void test_struct(void **state)
     /* A plain object is not a structured one. */
     assert_int_equal(ferry_store_put(f->s, "plain", vals, sizeof vals, NULL, NULL), 0);
     assert_int_equal(ferry_store_get_members(f->s, "plain", got, 4, &n), FERRY_EPROTO);
+    assert_non_null(strstr(ferry_store_last_error(), "plain is a plain object, not a structured one"));
 }
 
 static void test_replicas(void **state)
