@@ -35,6 +35,13 @@ from .sparse import put_sparse_object, sparse_admit, read_sparse_objects, sparse
 
 __version__ = f"{VERSION_MAJOR}.{VERSION_MINOR}.{VERSION_PATCH}"
 
+
+def hex_id(n):
+    """An id (segment, node, instance, record) as the CLI, the logs and the
+    metrics print it: 16 hex digits. The dicts of the Python API keep ids as
+    integers, for programs; this is the form to read or match by eye."""
+    return f"{int(n) & 0xffffffffffffffff:016x}"
+
 _log._install()
 
 __all__ = ["Error", "Engine", "strerror", "reshard", "store", "Store", "Watch", "ReplicateConfig", "NotFoundError",
@@ -43,4 +50,4 @@ __all__ = ["Error", "Engine", "strerror", "reshard", "store", "Store", "Watch", 
            "CompatGroup", "samples", "RolloutSession", "UpdateSession", "PolicyVersion", "PolicyRegistry",
            "PolicyWatch", "SampleQueue", "Sample", "KVCacheGate", "QueueFullError", "sparse", "put_sparse_object",
            "sparse_admit", "read_sparse_objects", "sparse_apply", "set_log_level", "get_log_level", "log_flush",
-           "__version__"]
+           "hex_id", "__version__"]

@@ -4,14 +4,16 @@ names (PUT_START:, GET_REPLICAS:) and no absolute epoch milliseconds — and
 one event raises one exception class, in every module and on every rank."""
 
 import errno
+import os
 import re
+import subprocess
 import threading
 
 import numpy as np
 import pytest
 
 import ferry
-from conftest import NODE_SIZE, cluster_fixture, running_cluster, require_ferry_bin
+from conftest import FERRY_BIN, NODE_SIZE, cluster_fixture, running_cluster, require_ferry_bin
 from ferry import reshard
 
 cluster = cluster_fixture(1, "errors")
@@ -95,6 +97,12 @@ def test_setup_mistakes_lead_with_the_cause(cluster, monkeypatch):
         s.put("errors/plain", b"x" * 64)
         e = failure(lambda: s.read_member("errors/plain", "w"), ferry.Error)
         check_message(e, "plain object, not a structured one")
+        # ids: integers in the dicts, 16 hex digits as the CLI, logs and metrics print them
+        seg = s.get_replica_desc("errors/plain")["replicas"][0]["segment"]
+        assert isinstance(seg, int) and len(ferry.hex_id(seg)) == 16 and int(ferry.hex_id(seg), 16) == seg
+        env = dict(os.environ, FERRY_MASTER=cluster.addr, FERRY_TOKEN_FILE=cluster.token_file)
+        shown = subprocess.run([FERRY_BIN, "status"], env=env, capture_output=True, text=True, timeout=60)
+        assert ferry.hex_id(seg) in shown.stdout, shown.stdout      # the form `ferry status` prints
 
 
 def test_lost_master_mid_session(tmp_path):
