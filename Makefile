@@ -7,7 +7,8 @@
 #   make fuzz            timed fuzzing: every fuzz target for FUZZ_SECONDS
 #                        seconds (default 60), two at a time; fails on a
 #                        finding and says where the input was kept
-#   make demo, make bench
+#   make demo            the main job: only the library and the CLI built
+#   make bench
 #   make install PREFIX=DIR  libferry, headers, the CLI and ferry.pc
 # The fuzz targets live in their own build, build-fuzz/ (clang, libFuzzer,
 # ASan + UBSan), compiled once and shared by `make test`, `make test
@@ -31,12 +32,19 @@ endif
 
 .PHONY: all deps test fuzz fuzz-build demo bench clean install
 
+CONFIGURE = cmake -S . -B $(BUILD) $(CMAKE_FLAGS) -DFERRY_FUZZ_DIR=$(CURDIR)/$(FUZZ_BUILD)
+
+# Everything: the library, the CLI, the tests and the Python package. A
+# build first configured by `make demo` (no test framework then) is
+# configured again once the full set of packages is there.
 all: $(BUILD)/Makefile
+	@scripts/deps.sh --check || scripts/deps.sh
+	@grep -q '^CMOCKA_FOUND:INTERNAL=1' $(BUILD)/CMakeCache.txt || $(CONFIGURE)
 	@$(MAKE) --no-print-directory -C $(BUILD) -j$(JOBS)
 
 $(BUILD)/Makefile: CMakeLists.txt
 	@scripts/deps.sh --check || scripts/deps.sh
-	cmake -S . -B $(BUILD) $(CMAKE_FLAGS) -DFERRY_FUZZ_DIR=$(CURDIR)/$(FUZZ_BUILD)
+	$(CONFIGURE)
 
 fuzz-build: $(FUZZ_BUILD)/Makefile
 	@$(MAKE) --no-print-directory -C $(FUZZ_BUILD) -j$(JOBS)
@@ -55,7 +63,13 @@ test: all fuzz-build
 fuzz: fuzz-build
 	scripts/fuzz.sh $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZ_JOBS)
 
-demo: all
+# The main job, with only what it needs: the packages of the library and
+# the CLI (scripts/deps.sh --demo), and those two targets built.
+demo:
+	@scripts/deps.sh --check --demo || scripts/deps.sh --demo
+	@[ -f $(BUILD)/Makefile ] || $(CONFIGURE)
+	@echo "ferry: building the library and the ferry command ($(JOBS) jobs; about 2 minutes on 2 cores the first time)"
+	@$(MAKE) --no-print-directory -C $(BUILD) -j$(JOBS) ferry
 	$(BUILD)/ferry demo
 
 bench: all

@@ -2,6 +2,8 @@
 # Installs the Debian packages ferry's build and tests need.
 #   scripts/deps.sh          install what is missing (as root), else print the apt-get line and fail
 #   scripts/deps.sh --check  exit 0 when everything is present, 1 otherwise; installs nothing
+#   --demo (with either)     only what the library and the CLI need (`make demo`): no test
+#                            framework, no clang, no Python, no torch
 set -u
 # libdlpack-dev: the DLPack header the Python extension takes tensors with;
 # python3-venv: the environment `pip install .` goes into (README.md);
@@ -11,15 +13,24 @@ set -u
 # libucx-dev: the ucx transport (src/engine/transport/ucx*.c, RDMA fabrics
 # through UCX; tested here over UCX's tcp and shared-memory transports);
 # ucx-utils: ucx_perftest, the baseline of `ferry bench engine --transport ucx`.
-PKGS=(cmake make gcc pkg-config libxxhash-dev libjansson-dev libcmocka-dev libsodium-dev
-      python3-dev python3-numpy python3-pytest iproute2 clang libclang-rt-14-dev
-      libdlpack-dev python3-venv python3-torch libmicrohttpd-dev curl libucx-dev ucx-utils)
+DEMO_PKGS=(cmake make gcc pkg-config libxxhash-dev libjansson-dev libsodium-dev libmicrohttpd-dev
+           libucx-dev)
+PKGS=("${DEMO_PKGS[@]}" libcmocka-dev python3-dev python3-numpy python3-pytest iproute2 clang
+      libclang-rt-14-dev libdlpack-dev python3-venv python3-torch curl ucx-utils)
+check=""
+for a in "$@"; do
+  case "$a" in
+    --check) check=1 ;;
+    --demo) PKGS=("${DEMO_PKGS[@]}") ;;
+    *) echo "usage: scripts/deps.sh [--check] [--demo]" >&2; exit 2 ;;
+  esac
+done
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
 done
 [ ${#missing[@]} -eq 0 ] && exit 0
-[ "${1:-}" = "--check" ] && exit 1
+[ -n "$check" ] && exit 1
 line="apt-get install -y ${missing[*]}"
 if [ "$(id -u)" -ne 0 ]; then
   echo "ferry: missing Debian packages; run as root:" >&2
