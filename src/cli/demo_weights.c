@@ -74,7 +74,7 @@ static void print_phases(const gen_row *rows, unsigned ng, uint64_t model_bytes)
 static void demo_usage(FILE *f)
 {
     fprintf(f, "usage: ferry demo [--trainers N] [--rollouts N] [--dp N] [--generations N]\n"
-               "                  [--bytes SIZE] [--model PRESET] [--json]\n"
+               "                  [--bytes SIZE] [--model PRESET] [--cold] [--json]\n"
                "       ferry demo engine [--size SIZE] [--json]          (ferry demo engine --help)\n"
                "       ferry demo rl [--rollouts N] [--steps N] ...      (ferry demo rl --help)\n"
                "       ferry demo --sparse [--density D] ...             (ferry demo --sparse --help)\n"
@@ -90,6 +90,8 @@ static void demo_usage(FILE *f)
                "  --generations N  weight generations published, 1-64 (default 3)\n"
                "  --bytes SIZE     the model's tensors up to this many bf16 bytes (default 2G)\n"
                "  --model PRESET   tensor shapes of this preset (default qwen3-8b; ferry plan --models)\n"
+               "  --cold           skip the processes' warm-up (generation 1 then pays the first\n"
+               "                   touches of the store's memory)\n"
                "  --json           one JSON object on stdout (default: a table)\n");
 }
 
@@ -117,11 +119,25 @@ int cmd_demo(int argc, char **argv, const char *self)
     char cdir[64] = "";
     if (demo_counters_open(cdir, sizeof cdir) < 0)
         cdir[0] = 0;
+    if (o.cold)
+        setenv("FERRY_DEMO_COLD", "1", 1);
+    else
+        unsetenv("FERRY_DEMO_COLD");
+    char sz[32];
+    double w0 = cli_now();
+    if (!o.json)
+        fprintf(stderr, "ferry demo: starting a master, a node and %u processes%s\n",
+                o.trainers + o.rollouts, o.cold ? " (--cold: no warm-up)"
+                : "; each first touches the store's memory it will use (the documented warm-up, "
+                  "docs/weights.md \"Warm memory\")");
     if (demo_group_start(&grp, o.model, o.bytes, dm.bytes, o.trainers, o.rollouts, o.dp,
                          "ferry demo") < 0)
         goto out;
+    if (!o.json && !o.cold)
+        fprintf(stderr, "ferry demo: warm-up done: %s touched, the slowest process in %.1f s "
+                "(%.1f s to start them all)\n", cli_fmt_size(grp.warm_bytes, sz, sizeof sz),
+                grp.warm_s, cli_now() - w0);
     child *tr = grp.tr, *ro = grp.ro;
-    char sz[32];
     if (!o.json)
         fprintf(stderr, "ferry demo: %u trainers publish %u generations of %s (%zu tensors with "
                 "its real shapes, %s bf16) through the store at %s;\n%u rollout workers (TP%u x DP%u) "
@@ -206,6 +222,11 @@ int cmd_demo(int argc, char **argv, const char *self)
                "tensor once, by its leader, the others loading it through a view of its staging; every worker reading "
                "every tensor reads %ux).\n", (double)rows[0].direct_read / (double)dm.bytes, o.dp,
                (double)rows[0].compat_read / (double)dm.bytes, o.rollouts);
+        printf("(gen: the generation; publish s: every trainer storing its shards and the "
+               "announcement, GB/s: the model's bytes / publish s; direct s: the parameter-direct "
+               "update, slowest rollout; store read: bytes the group read from the store; pushed: "
+               "bytes a reader wrote into its replica's parameters; compat s: every full tensor "
+               "to every rollout; every byte: each rollout checked every element)\n");
         if (rows[ng - 1].update)
             print_phases(rows, ng, dm.bytes);
         printf("%s\n", all_ok ? "demo ok" : "demo FAILED");
