@@ -3,6 +3,7 @@
 #   make test            build, then the whole suite: unit, multi-process,
 #                        conformance, Python, and every fuzz target's seed
 #                        corpus replayed plus a fixed number of executions
+#   make test-long       the long cases (pip install . from a fresh copy)
 #   make test SANITIZE=1 the same, built into build-san/ with ASan + UBSan
 #   make fuzz            timed fuzzing: every fuzz target for FUZZ_SECONDS
 #                        seconds (default 60), two at a time; fails on a
@@ -30,7 +31,7 @@ BUILD := build
 CMAKE_FLAGS := -DCMAKE_BUILD_TYPE=RelWithDebInfo
 endif
 
-.PHONY: all deps test fuzz fuzz-build demo bench clean install
+.PHONY: all deps test test-long fuzz fuzz-build demo bench clean install
 
 CONFIGURE = cmake -S . -B $(BUILD) $(CMAKE_FLAGS) -DFERRY_FUZZ_DIR=$(CURDIR)/$(FUZZ_BUILD)
 
@@ -58,7 +59,12 @@ deps:
 	scripts/deps.sh
 
 test: all fuzz-build
-	cd $(BUILD) && ctest --output-on-failure -j$(TEST_JOBS)
+	cd $(BUILD) && ctest --output-on-failure -j$(TEST_JOBS) -LE long
+
+# The long cases (label "long": `pip install .` from a fresh copy, 2-3
+# minutes), apart so that no one test decides `make test`'s wall time.
+test-long: all
+	cd $(BUILD) && ctest --output-on-failure -L long
 
 fuzz: fuzz-build
 	scripts/fuzz.sh $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZ_JOBS)

@@ -86,7 +86,11 @@ static int looper_main(const char *addr, uint32_t rank, const char *group)
                                    .timeout_ms = 3000 };
     snprintf(sc.group, sizeof sc.group, "%s", group);
     ftg_sub w;
-    if (ftg_sub_open(&w, &small, addr, &sc, 0, 1) < 0)   /* both hold every tensor whole: DP2 */
+    /* both hold every tensor whole (DP2); reads leased 30 s, as a real
+     * worker's (5 s by default) outlast its reads: the test fixture's 1 ms
+     * would let retention free a generation under a read, and a later
+     * generation put into its place (placement slots) be read instead */
+    if (ftg_sub_open_lease(&w, &small, addr, &sc, 0, 1, 30000) < 0)
         return 1;
     printf("READY\n");
     fflush(stdout);

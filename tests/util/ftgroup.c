@@ -161,10 +161,15 @@ out:
 
 int ftg_worker_store(const char *addr, ferry_store **s)
 {
+    return ftg_worker_store_lease(addr, 1, s);
+}
+
+int ftg_worker_store_lease(const char *addr, uint64_t lease_ms, ferry_store **s)
+{
     ferry_store_config cfg;
     ferry_store_config_init(&cfg);
     snprintf(cfg.master, sizeof cfg.master, "%s", addr);
-    cfg.lease_ms = 1;
+    cfg.lease_ms = lease_ms;
     *s = NULL;
     if (ferry_store_open(&cfg, s) < 0) {
         printf("ERR open %s\n", ferry_store_last_error());
@@ -190,9 +195,16 @@ void ftg_worker_serve(void (*update)(void *ctx, uint64_t gen), void *ctx)
 int ftg_sub_open(ftg_sub *w, const ftg_model *m, const char *addr,
                  const ferry_subscriber_config *sc, uint32_t tp, uint32_t tpdeg)
 {
+    return ftg_sub_open_lease(w, m, addr, sc, tp, tpdeg, 1);
+}
+
+int ftg_sub_open_lease(ftg_sub *w, const ftg_model *m, const char *addr,
+                       const ferry_subscriber_config *sc, uint32_t tp, uint32_t tpdeg,
+                       uint64_t lease_ms)
+{
     memset(w, 0, sizeof *w);
     w->m = m;
-    if (ftg_worker_store(addr, &w->s) < 0)
+    if (ftg_worker_store_lease(addr, lease_ms, &w->s) < 0)
         return -1;
     w->names = calloc(m->nt, sizeof *w->names);
     w->sh = calloc(m->nt, sizeof *w->sh);

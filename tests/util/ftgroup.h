@@ -82,6 +82,9 @@ int ftg_publish(ferry_store *s, const ftg_model *m, uint64_t gen, uint64_t *byte
 /* In a worker: a store handle on the master at addr, lease 1 ms. On
  * failure prints "ERR open <why>" as the worker's reply and returns -1. */
 int ftg_worker_store(const char *addr, ferry_store **s);
+/* The same with reads leased lease_ms: a worker whose reads must keep a
+ * generation from being retired under them while the publisher runs on. */
+int ftg_worker_store_lease(const char *addr, uint64_t lease_ms, ferry_store **s);
 /* In a worker: say READY, then run update(ctx, GEN) for every "update GEN"
  * line on stdin (it prints the one reply line); returns at EOF or at any
  * other line. */
@@ -104,6 +107,10 @@ typedef struct ftg_sub {
  * "ERR <why>" as the worker's reply and returns -1. */
 int ftg_sub_open(ftg_sub *w, const ftg_model *m, const char *addr,
                  const ferry_subscriber_config *sc, uint32_t tp, uint32_t tpdeg);
+/* The same, its store's reads leased lease_ms (ftg_worker_store_lease). */
+int ftg_sub_open_lease(ftg_sub *w, const ftg_model *m, const char *addr,
+                       const ferry_subscriber_config *sc, uint32_t tp, uint32_t tpdeg,
+                       uint64_t lease_ms);
 /* Prints the reply to "update want" from what ferry_subscriber_update
  * returned (rc, st, err; w->gen the generation it left) and the shards'
  * elements that do not hold generation want (bad; 0 when it failed). */
