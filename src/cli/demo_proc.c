@@ -3,6 +3,7 @@
  * over pipes (demo_int.h). */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -208,6 +209,8 @@ int demo_cluster_start(demo_group *g, uint64_t seg_bytes, const char *who)
     return 0;
 }
 
+#define PROGRESS_MS 2000   /* a progress call this often while the processes set up */
+
 int demo_group_start(demo_group *g, const char *model, uint64_t budget, uint64_t model_bytes,
                      unsigned trainers, unsigned rollouts, unsigned dp, const char *who)
 {
@@ -234,11 +237,17 @@ int demo_group_start(demo_group *g, const char *model, uint64_t budget, uint64_t
         }
     }
     /* every process started before any is waited for: their warm-ups
-     * (READY's figures) run side by side */
+     * (READY's figures) run side by side; a progress line every few
+     * seconds while they set up (allocating and touching their memory
+     * takes tens of seconds on a VM) */
     for (unsigned k = 0; k < trainers + rollouts; k++) {
         bool t = k < trainers;
         child *c = t ? &g->tr[k] : &g->ro[k - trainers];
         char line[512] = "";
+        struct pollfd pf = { .fd = c->out ? fileno(c->out) : -1, .events = POLLIN };
+        while (pf.fd >= 0 && poll(&pf, 1, PROGRESS_MS) == 0)
+            cli_progress_text("%s: %u of %u processes set up and warmed", who, k,
+                              trainers + rollouts);
         if (demo_child_line(c, line, sizeof line) < 0) {
             fprintf(stderr, "%s: a %s did not start: %s\n", who, t ? "trainer" : "rollout", line);
             return -1;
