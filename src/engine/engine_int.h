@@ -220,6 +220,8 @@ struct ferry_engine {
     struct fr_notify_q *notify;
     size_t nnotify, cap_notify;
     uint64_t notify_seq;       /* arrival number of the next notification (nlock) */
+    uint32_t *ntag;            /* tag -> notify position + 1, open addressing (notify.c) */
+    size_t cap_ntag;
     struct fr_notify_peer *npeer;  /* unconsumed notifications per sending peer (nlock) */
     size_t nnpeer, cap_npeer;
 

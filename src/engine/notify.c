@@ -42,16 +42,76 @@ struct fr_notify_q {
     uint64_t n;             /* unconsumed, every sender */
 };
 
+/* ---- the tag index: tag -> position in e->notify ------------------------------------------
+ *
+ * Open addressing with linear probing over a power-of-two table of
+ * positions + 1 (0: empty), at most half full; removal shifts the probe run
+ * back, so there are no tombstones. A peer may hold tens of thousands of
+ * tags (FERRY_NOTIFY_PEER_MAX), so a scan per notification is no option. */
+
+static size_t tag_home(const ferry_engine *e, uint64_t tag)
+{
+    return (size_t)((tag * 0x9e3779b97f4a7c15ull) >> 17) & (e->cap_ntag - 1);
+}
+
+/* The slot of tag in the index, or the empty slot where it would go. */
+static size_t tag_slot(const ferry_engine *e, uint64_t tag)
+{
+    size_t h = tag_home(e, tag);
+    while (e->ntag[h] && e->notify[e->ntag[h] - 1].tag != tag)
+        h = (h + 1) & (e->cap_ntag - 1);
+    return h;
+}
+
+/* Room for one more tag: the index grown (and rebuilt) to stay half empty. */
+static int tag_room(ferry_engine *e)
+{
+    if (2 * (e->nnotify + 1) <= e->cap_ntag)
+        return 0;
+    size_t cap = e->cap_ntag ? 2 * e->cap_ntag : 64;
+    uint32_t *t = fr_calloc(cap, sizeof *t);
+    if (!t)
+        return -1;
+    fr_free(e->ntag);
+    e->ntag = t;
+    e->cap_ntag = cap;
+    for (size_t i = 0; i < e->nnotify; i++)
+        e->ntag[tag_slot(e, e->notify[i].tag)] = (uint32_t)i + 1;
+    return 0;
+}
+
+/* Take tag out of the index, then close the gap its slot leaves. */
+static void tag_unindex(ferry_engine *e, uint64_t tag)
+{
+    size_t mask = e->cap_ntag - 1, h = tag_slot(e, tag);
+    if (!e->ntag[h])
+        return;
+    for (size_t j = (h + 1) & mask; e->ntag[j]; j = (j + 1) & mask) {
+        size_t k = tag_home(e, e->notify[e->ntag[j] - 1].tag);
+        /* the entry at j may move back to h unless its home lies in (h, j] */
+        bool stays = h <= j ? (k > h && k <= j) : (k > h || k <= j);
+        if (!stays) {
+            e->ntag[h] = e->ntag[j];
+            h = j;
+        }
+    }
+    e->ntag[h] = 0;
+}
+
 static struct fr_notify_q *find(ferry_engine *e, uint64_t tag, bool create)
 {
-    for (size_t i = 0; i < e->nnotify; i++)
-        if (e->notify[i].tag == tag)
-            return &e->notify[i];
-    if (!create || fr_grow((void **)&e->notify, &e->cap_notify, e->nnotify + 1, sizeof *e->notify) < 0)
+    if (e->cap_ntag) {
+        size_t h = tag_slot(e, tag);
+        if (e->ntag[h])
+            return &e->notify[e->ntag[h] - 1];
+    }
+    if (!create || tag_room(e) < 0 ||
+        fr_grow((void **)&e->notify, &e->cap_notify, e->nnotify + 1, sizeof *e->notify) < 0)
         return NULL;
     struct fr_notify_q *q = &e->notify[e->nnotify++];
     memset(q, 0, sizeof *q);
     q->tag = tag;
+    e->ntag[tag_slot(e, tag)] = (uint32_t)e->nnotify;
     return q;
 }
 
@@ -62,11 +122,18 @@ static void q_free(struct fr_notify_q *q)
     fr_free(q->src);
 }
 
-/* Drop q (all consumed) from the engine's list. */
+/* Drop q (all consumed) from the engine's list and the index; the last
+ * queue moves into its place. */
 static void q_remove(ferry_engine *e, struct fr_notify_q *q)
 {
+    tag_unindex(e, q->tag);
     q_free(q);
-    *q = e->notify[--e->nnotify];
+    size_t at = (size_t)(q - e->notify), last = --e->nnotify;
+    if (at != last) {
+        uint64_t moved = e->notify[last].tag;
+        *q = e->notify[last];
+        e->ntag[tag_slot(e, moved)] = (uint32_t)at + 1;
+    }
 }
 
 static nt_src *src_find(struct fr_notify_q *q, uint64_t peer, bool create)
@@ -145,9 +212,10 @@ void fr_notify_deliver(ferry_engine *e, uint64_t peer, uint64_t tag, uint64_t va
 {
     pthread_mutex_lock(&e->nlock);
     struct fr_notify_peer *c = peer_count(e, peer, true);
-    const nt_src *full = src_find(find(e, tag, false), peer, false);
     /* at the bound over all tags: refused, unless its ring on this tag is
      * full (then the per-tag rule drops its oldest there: no more held) */
+    const nt_src *full = c && c->n >= FERRY_NOTIFY_PEER_MAX
+                       ? src_find(find(e, tag, false), peer, false) : NULL;
     if (c && c->n >= FERRY_NOTIFY_PEER_MAX && !(full && full->n == FERRY_NOTIFY_PENDING_MAX)) {
         FR_STAT_ADD(e, notify_dropped, 1);
         FR_STAT_ADD(e, notify_peer_capped, 1);
@@ -236,6 +304,9 @@ void fr_notify_destroy(ferry_engine *e)
     fr_free(e->notify);
     e->notify = NULL;
     e->nnotify = e->cap_notify = 0;
+    fr_free(e->ntag);
+    e->ntag = NULL;
+    e->cap_ntag = 0;
     fr_free(e->npeer);
     e->npeer = NULL;
     e->nnpeer = e->cap_npeer = 0;
