@@ -172,6 +172,25 @@ static void send_notifies(ferry_engine *e, ferry_peer_id peer, uint64_t tag, uin
     }
 }
 
+/* Two engines over transport tp, e and other, each with the peer of e's
+ * notification target: e reaches itself (self), other reaches e. */
+static void notify_pair(const char *tp, ferry_engine **e, ferry_engine **other,
+                        ferry_remote_region *self, ferry_remote_region *from_other)
+{
+    ferry_engine_config c;
+    ft_config(&c, tp);
+    assert_int_equal(ferry_engine_open(&c, e), 0);
+    assert_int_equal(ferry_engine_open(&c, other), 0);
+    void *m;
+    ferry_region *r;
+    assert_int_equal(ferry_mem_alloc(*e, 4096, &m), 0);
+    assert_int_equal(ferry_region_register(*e, m, 4096, FERRY_REMOTE_WRITE, FERRY_MEM_HOST, &r), 0);
+    uint8_t blob[FERRY_DESC_MAX];
+    int n = ferry_region_export(r, blob, sizeof blob);
+    assert_int_equal(ferry_region_import(*e, blob, (size_t)n, self), 0);
+    assert_int_equal(ferry_region_import(*other, blob, (size_t)n, from_other), 0);
+}
+
 /* Notifications nobody consumes are bounded per (peer, tag): past
  * FERRY_NOTIFY_PENDING_MAX a sender's oldest are dropped and counted, the
  * other senders' are kept, and a waiter sees the newest in arrival order. */
@@ -184,20 +203,9 @@ static void test_notify_bound(void **s)
     uint64_t *vals = malloc(FERRY_NOTIFY_PENDING_MAX * sizeof *vals);
     assert_non_null(vals);
     for (int k = 0; k < 2; k++) {
-        ferry_engine_config c;
-        ft_config(&c, tps[k]);
         ferry_engine *e, *other;
-        assert_int_equal(ferry_engine_open(&c, &e), 0);
-        assert_int_equal(ferry_engine_open(&c, &other), 0);
-        void *m;
-        ferry_region *r;
-        assert_int_equal(ferry_mem_alloc(e, 4096, &m), 0);
-        assert_int_equal(ferry_region_register(e, m, 4096, FERRY_REMOTE_WRITE, FERRY_MEM_HOST, &r), 0);
-        uint8_t blob[FERRY_DESC_MAX];
-        int n = ferry_region_export(r, blob, sizeof blob);
         ferry_remote_region self, from_other;
-        assert_int_equal(ferry_region_import(e, blob, (size_t)n, &self), 0);
-        assert_int_equal(ferry_region_import(other, blob, (size_t)n, &from_other), 0);
+        notify_pair(tps[k], &e, &other, &self, &from_other);
 
         /* Another sender first: its few are never dropped for e's flood. */
         send_notifies(other, from_other.peer, tag, 1u << 30, OTHER);
@@ -250,20 +258,9 @@ static void test_notify_peer_bound(void **s)
 {
     (void)s;
     enum { FRAMES = 600000, BATCH = 256 };
-    ferry_engine_config c;
-    ft_config(&c, "tcp");
     ferry_engine *e, *other;
-    assert_int_equal(ferry_engine_open(&c, &e), 0);
-    assert_int_equal(ferry_engine_open(&c, &other), 0);
-    void *m;
-    ferry_region *r;
-    assert_int_equal(ferry_mem_alloc(e, 4096, &m), 0);
-    assert_int_equal(ferry_region_register(e, m, 4096, FERRY_REMOTE_WRITE, FERRY_MEM_HOST, &r), 0);
-    uint8_t blob[FERRY_DESC_MAX];
-    int n = ferry_region_export(r, blob, sizeof blob);
     ferry_remote_region self, from_other;
-    assert_int_equal(ferry_region_import(e, blob, (size_t)n, &self), 0);
-    assert_int_equal(ferry_region_import(other, blob, (size_t)n, &from_other), 0);
+    notify_pair("tcp", &e, &other, &self, &from_other);
     send_notifies(e, self.peer, 1, 0, 1);   /* connections up, first allocations made */
     assert_int_equal(ferry_wait_notify(e, 1, 1, 10000, NULL), 0);
     uint64_t rss0 = rss_bytes(), x = 0x9e3779b97f4a7c15ull;
