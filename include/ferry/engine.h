@@ -144,6 +144,9 @@ typedef struct ferry_remote_region {
 int ferry_peer_add(ferry_engine *e, const void *desc, size_t len, ferry_peer_id *out);
 /* Decode a region blob, add its peer, fill out. */
 int ferry_region_import(ferry_engine *e, const void *desc, size_t len, ferry_remote_region *out);
+/* Whether a region descriptor's owner runs on this machine (the same boot
+ * id): 1 or 0, without connecting; FERRY_EINVAL for a malformed one. */
+int ferry_region_desc_local(const ferry_engine *e, const void *desc, size_t len);
 /* Drop every connection to the peer: its in-flight ops fail, their tickets
  * drain (FAILED_DRAINED or ABORTED), its fence is lifted, and the next
  * submission reconnects. */

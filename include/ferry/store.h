@@ -290,7 +290,7 @@ int ferry_store_status_json(ferry_store *s, char **json);
  * machine's nodes, over shm) is touched once through the mapping its puts
  * and gets copy through (ferry_remote_warm; write: for writing, as a
  * publisher's puts need, else for reading). Segments on other machines
- * have nothing to warm. Costs one first touch per page of the segments
+ * have nothing to warm and are not connected to. Costs one first touch per page of the segments
  * (docs/store.md, "Warm mappings"): a set-up step, off the critical path,
  * after which no put or get pays for a page-table entry. *bytes (may be
  * NULL): the bytes warmed. Returns 0, or the first error met (the other

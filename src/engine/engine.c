@@ -331,6 +331,14 @@ int ferry_peer_add(ferry_engine *e, const void *desc, size_t len, ferry_peer_id 
     return peer_add_connect(e, &ep, out);
 }
 
+int ferry_region_desc_local(const ferry_engine *e, const void *desc, size_t len)
+{
+    fr_region_desc d;
+    if (!e || !desc || fr_region_desc_decode(desc, len, &d) < 0)
+        return FERRY_EINVAL;
+    return memcmp(d.ep.host, e->ep.host, 16) == 0;
+}
+
 int ferry_region_import(ferry_engine *e, const void *desc, size_t len, ferry_remote_region *out)
 {
     if (!e || !desc || !out)

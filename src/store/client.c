@@ -167,7 +167,17 @@ void fr_client_free_bufs(uint8_t **bufs, size_t n)
 
 /* ---- segments ------------------------------------------------------------------- */
 
+static int segment_ref(ferry_store *s, uint64_t id, bool local_only, fr_segref *out);
+
 int fr_client_segment(ferry_store *s, uint64_t id, fr_segref *out)
+{
+    return segment_ref(s, id, false, out);
+}
+
+/* The segment's reference, imported (and kept) on first use; with
+ * local_only, a segment of another machine is neither imported nor
+ * connected to: 1 is returned for it (0 when *out is set). */
+static int segment_ref(ferry_store *s, uint64_t id, bool local_only, fr_segref *out)
 {
     pthread_mutex_lock(&s->lock);
     fr_segref *r = fr_umap_get(&s->segs, id);
@@ -183,6 +193,10 @@ int fr_client_segment(ferry_store *s, uint64_t id, fr_segref *out)
     if (rc < 0) {
         fr_free(buf);
         return rc;
+    }
+    if (local_only && ferry_region_desc_local(s->eng, rep.val.p, rep.val.n) != 1) {
+        fr_free(buf);
+        return 1;
     }
     fr_segref nr = {.id = id, .node = rep.node};
     rc = ferry_region_import(s->eng, rep.val.p, rep.val.n, &nr.rr);
@@ -229,9 +243,11 @@ int ferry_store_warm(ferry_store *s, bool write, uint64_t *bytes)
         fr_segref ref;
         rc = fr_json_get_u64(json_array_get(segs, i), "id", &id, jerr, sizeof jerr);
         if (rc == 0)
-            rc = fr_client_segment(s, id, &ref);
+            rc = segment_ref(s, id, true, &ref);   /* another machine's: nothing to warm */
         if (rc == 0)
             rc = ferry_remote_warm(s->eng, &ref.rr, ref.rr.addr, ref.rr.len, write, &b);
+        if (rc == 1)
+            rc = 0;
         *bytes += b;
         if (rc < 0 && first == 0)
             first = fr_client_err(rc, "warm: segment %016llx: %s", (unsigned long long)id,

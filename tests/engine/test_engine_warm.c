@@ -104,6 +104,10 @@ static void test_warm_read_only(void **state)
     ft_peer_opts o = {.size = SIZE, .flags = "r"};
     assert_int_equal(ft_peer_start(&p, &o), 0);
     ferry_engine *e = ft_engine_open("");
+    /* the peer runs here (what ferry_store_warm asks before connecting) */
+    assert_int_equal(ferry_region_desc_local(e, p.desc, p.desc_len), 1);
+    const uint8_t junk[8] = {0};
+    assert_int_equal(ferry_region_desc_local(e, junk, sizeof junk), FERRY_EINVAL);
     ferry_remote_region rr;
     assert_int_equal(ferry_region_import(e, p.desc, p.desc_len, &rr), 0);
     uint64_t touched = 1;
