@@ -257,7 +257,7 @@ static void test_nonstop_publisher(void **state)
     assert_int_equal(pthread_create(&t, NULL, publish_nonstop, &p), 0);
     int rounds = 0, ok = 0, timeouts = 0, errors = 0, apart = 0, moved = 0;
     unsigned long long bad = 0, last = 1;
-    char first[FTG_LINE] = "";
+    char first[FTG_LINE + 64] = "";
     for (; rounds < 500; rounds++) {
         if (ftg_send(e, "round") < 0 || ftg_collect(e, 60000, -1) != 2)
             break;
