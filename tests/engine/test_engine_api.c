@@ -286,7 +286,11 @@ static void test_notify_peer_bound(void **s)
                   (unsigned long long)st.notify_peer_capped, (unsigned)FERRY_NOTIFY_PEER_MAX);
     assert_int_equal(st.notify_peer_capped, FRAMES - FERRY_NOTIFY_PEER_MAX);
     assert_int_equal(st.notify_dropped, FRAMES - FERRY_NOTIFY_PEER_MAX);
+#ifndef __SANITIZE_ADDRESS__
+    /* (under AddressSanitizer its quarantine and redzones, not ferry,
+     * decide the resident size: the counts above and below still hold) */
     assert_true(grown <= (uint64_t)FERRY_NOTIFY_PEER_MAX * 400 + (8ull << 20));
+#endif
     /* another sender is not held to e's bound */
     send_notifies(other, from_other.peer, 5, 100, 3);
     uint64_t vals[3];
