@@ -193,6 +193,9 @@ uint64_t fr_now_ms(void);
 uint64_t fr_minor_faults(void);
 /* Deadline helpers. timeout_ms < 0 means "forever" (deadline UINT64_MAX). */
 uint64_t fr_deadline_ns(int64_t timeout_ms);
+/* Milliseconds left before deadline (ns), rounded up, for poll and
+ * timeouts in ms: -1 for UINT64_MAX (forever), 0 once it has passed. */
+int fr_ms_left(uint64_t deadline_ns);
 /* Absolute CLOCK_MONOTONIC timespec for pthread_cond_timedwait on a condvar
  * created with fr_cond_init_monotonic. */
 struct timespec fr_timespec_at(uint64_t deadline_ns);

@@ -47,6 +47,17 @@ uint64_t fr_deadline_ns(int64_t timeout_ms)
     return deadline;
 }
 
+int fr_ms_left(uint64_t deadline_ns)
+{
+    if (deadline_ns == UINT64_MAX)
+        return -1;
+    uint64_t now = fr_now_ns();
+    if (now >= deadline_ns)
+        return 0;
+    uint64_t ms = (deadline_ns - now + 999999) / 1000000;
+    return ms > INT32_MAX ? INT32_MAX : (int)ms;
+}
+
 struct timespec fr_timespec_at(uint64_t deadline_ns)
 {
     struct timespec ts;

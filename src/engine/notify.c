@@ -180,16 +180,23 @@ static struct fr_notify_peer *peer_count(ferry_engine *e, uint64_t peer, bool cr
     return c;
 }
 
+/* A peer's count with nothing left unconsumed leaves the list (the last
+ * count moves into its place). */
+static void peer_drop_empty(ferry_engine *e, struct fr_notify_peer *c)
+{
+    if (c->n == 0)
+        *c = e->npeer[--e->nnpeer];
+}
+
 /* One of peer's notifications consumed or dropped. */
 static void peer_less(ferry_engine *e, uint64_t peer)
 {
     struct fr_notify_peer *c = peer_count(e, peer, false);
     if (!c)
         return;
-    if (--c->n == 0)
-        *c = e->npeer[--e->nnpeer];
-    else if (c->n < FERRY_NOTIFY_PEER_MAX)
+    if (--c->n < FERRY_NOTIFY_PEER_MAX)
         c->capped = false;
+    peer_drop_empty(e, c);
 }
 
 static void drop_oldest(ferry_engine *e, struct fr_notify_q *q, nt_src *s)
@@ -214,9 +221,9 @@ void fr_notify_deliver(ferry_engine *e, uint64_t peer, uint64_t tag, uint64_t va
     struct fr_notify_peer *c = peer_count(e, peer, true);
     /* at the bound over all tags: refused, unless its ring on this tag is
      * full (then the per-tag rule drops its oldest there: no more held) */
-    const nt_src *full = c && c->n >= FERRY_NOTIFY_PEER_MAX
-                       ? src_find(find(e, tag, false), peer, false) : NULL;
-    if (c && c->n >= FERRY_NOTIFY_PEER_MAX && !(full && full->n == FERRY_NOTIFY_PENDING_MAX)) {
+    bool at_bound = c && c->n >= FERRY_NOTIFY_PEER_MAX;
+    const nt_src *mine = at_bound ? src_find(find(e, tag, false), peer, false) : NULL;
+    if (at_bound && !(mine && mine->n == FERRY_NOTIFY_PENDING_MAX)) {
         FR_STAT_ADD(e, notify_dropped, 1);
         FR_STAT_ADD(e, notify_peer_capped, 1);
         if (!c->capped)
@@ -243,8 +250,8 @@ void fr_notify_deliver(ferry_engine *e, uint64_t peer, uint64_t tag, uint64_t va
                  (unsigned long long)tag, (unsigned long long)peer);
         if (q && q->n == 0)
             q_remove(e, q);
-        if (c && c->n == 0)
-            *c = e->npeer[--e->nnpeer];
+        if (c)
+            peer_drop_empty(e, c);
     }
     pthread_cond_broadcast(&e->ncond);
     pthread_mutex_unlock(&e->nlock);

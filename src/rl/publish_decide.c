@@ -429,10 +429,9 @@ void fr_rl_await(ferry_store *s, const ferry_publisher_config *c, uint64_t gen, 
             take(d, &st);
             return;
         }
-        uint64_t now = fr_now_ns();
-        if (now >= deadline)
+        int left = fr_ms_left(deadline);
+        if (left == 0)
             break;
-        int left = (int)((deadline - now + 999999) / 1000000);
         if (w) {
             ferry_kv_event ev;
             int rc = ferry_watch_next(w, left, &ev);

@@ -204,9 +204,7 @@ int ferry_weights_wait_active(ferry_store *s, const char *model, uint64_t at_lea
             break;   /* reached (a lost one is said so) */
         if (rc < 0 && rc != FERRY_ENOENT && rc != FERRY_ELOST)
             break;   /* an older one lost, or none yet: the one awaited may still come */
-        uint64_t now = fr_now_ns();
-        int left = deadline == UINT64_MAX ? -1
-                 : now >= deadline ? 0 : (int)((deadline - now + 999999) / 1000000);
+        int left = fr_ms_left(deadline);
         ferry_kv_event ev;
         rc = left == 0 ? FERRY_ETIMEDOUT : ferry_watch_next(w, left, &ev);
         if (rc < 0)

@@ -419,14 +419,9 @@ int fr_sock_connect_deadline(int fd, const struct sockaddr_storage *ss, socklen_
             return connect_errno(errno);
         for (;;) {
             struct pollfd pfd = { .fd = fd, .events = POLLOUT };
-            uint64_t now = fr_now_ns();
-            if (deadline != UINT64_MAX && now >= deadline)
+            int ms = fr_ms_left(deadline);
+            if (ms == 0)
                 return FERRY_ETIMEDOUT;
-            int ms = -1;
-            if (deadline != UINT64_MAX) {
-                uint64_t left = (deadline - now + 999999) / 1000000;
-                ms = left > INT32_MAX ? INT32_MAX : (int)left;
-            }
             int n = poll(&pfd, 1, ms);
             if (n > 0)
                 break;

@@ -431,18 +431,6 @@ static void *receiver_main(void *arg)
 
 /* ---- connect / post / disconnect ------------------------------------------ */
 
-/* Milliseconds left before deadline (ns): -1 forever, 0 expired. */
-static int ms_left(uint64_t deadline)
-{
-    if (deadline == UINT64_MAX)
-        return -1;
-    uint64_t now = fr_now_ns();
-    if (now >= deadline)
-        return 0;
-    uint64_t ms = (deadline - now + 999999) / 1000000;
-    return ms > INT32_MAX ? INT32_MAX : (int)ms;
-}
-
 static int stream_open(tcp_conn *c, tcp_stream *s, const fr_peer *p,
                        const struct sockaddr_storage *ss, socklen_t sl, uint64_t deadline)
 {
@@ -455,7 +443,7 @@ static int stream_open(tcp_conn *c, tcp_stream *s, const fr_peer *p,
     if (rc < 0)
         return rc;
     fr_tcp_set_nodelay(s->fd);
-    int ms = ms_left(deadline);
+    int ms = fr_ms_left(deadline);
     if (ms == 0)
         return FERRY_ETIMEDOUT;
     rc = fr_sock_timeouts(s->fd, ms < 0 ? 0 : ms);
