@@ -105,7 +105,11 @@ void demo_reaped(pid_t pid);
 bool demo_stopping(void);
 /* mkdtemp(tmpl) and remember it (tmpl shorter than 128): 0 or -1. */
 int demo_mkdtemp(char *tmpl);
-/* Remove the /tmp/ferry-demo-* and /tmp/ferry-counters-* directories whose
+/* Where the demos make their directories: $TMPDIR when it is an absolute
+ * path of at most 32 characters (the paths made under it must fit the
+ * demo's buffers), else /tmp. */
+const char *demo_tmp_dir(void);
+/* Remove the ferry-demo-* and ferry-counters-* directories of demo_tmp_dir whose
  * owner process is gone (a demo killed with SIGKILL); how many. The first
  * demo_mkdtemp of a process does it. */
 int demo_sweep_stale(void);

@@ -172,7 +172,7 @@ bool demo_round(child *cs, unsigned n, const char *cmd, double *wall, uint64_t *
 int demo_cluster_start(demo_group *g, uint64_t seg_bytes, const char *who)
 {
     memset(g, 0, sizeof *g);
-    snprintf(g->dir, sizeof g->dir, "/tmp/ferry-demo-XXXXXX");
+    snprintf(g->dir, sizeof g->dir, "%s/ferry-demo-XXXXXX", demo_tmp_dir());
     const char *ext = getenv("FERRY_MASTER");
     if (!getenv("FERRY_TOKEN") && !getenv("FERRY_TOKEN_FILE")) {
         char tok[65];

@@ -186,7 +186,7 @@ static json_t *compat_json(const ferry_compat_stats *st)
 
 int demo_counters_open(char *dir, size_t cap)
 {
-    snprintf(dir, cap, "/tmp/ferry-counters-XXXXXX");
+    snprintf(dir, cap, "%s/ferry-counters-XXXXXX", demo_tmp_dir());
     if (demo_signals_start() < 0 || demo_mkdtemp(dir) < 0)
         return -1;
     return setenv("FERRY_DEMO_STATS", dir, 1);

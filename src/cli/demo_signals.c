@@ -34,7 +34,6 @@
 #define KIDS_MAX 512
 #define DIRS_MAX 8
 #define OWNER_FILE ".ferry-owner"   /* "<pid> <start time>" of the process that made the dir */
-#define TMP_DIR "/tmp"
 static const char *const tmp_prefixes[] = { "ferry-demo-", "ferry-counters-" };
 
 static _Atomic bool g_interrupted;   /* read without the mutex by demo_stopping */
@@ -238,9 +237,16 @@ static bool owner_gone(const char *dir)
     return cli_proc_read(pid, &p) < 0 || p.start != start;
 }
 
+const char *demo_tmp_dir(void)
+{
+    const char *t = getenv("TMPDIR");
+    return t && t[0] == '/' && strlen(t) <= 32 ? t : "/tmp";
+}
+
 int demo_sweep_stale(void)
 {
-    DIR *d = opendir(TMP_DIR);
+    const char *tmp = demo_tmp_dir();
+    DIR *d = opendir(tmp);
     int removed = 0;
     if (!d)
         return 0;
@@ -250,7 +256,7 @@ int demo_sweep_stale(void)
         for (size_t i = 0; i < sizeof tmp_prefixes / sizeof *tmp_prefixes; i++)
             ours |= !strncmp(de->d_name, tmp_prefixes[i], strlen(tmp_prefixes[i]));
         char path[256];
-        if (!ours || snprintf(path, sizeof path, TMP_DIR "/%s", de->d_name) >= (int)sizeof path ||
+        if (!ours || snprintf(path, sizeof path, "%s/%s", tmp, de->d_name) >= (int)sizeof path ||
             !owner_gone(path))
             continue;
         (void)nftw(path, rm_one, 16, FTW_DEPTH | FTW_PHYS);

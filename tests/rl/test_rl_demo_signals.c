@@ -199,6 +199,34 @@ static void test_demo_rl_sigterm(void **state)
     interrupted("ferry demo rl", rl_args, "_demo_rl_rollout", SIGTERM, false);
 }
 
+/* The SIGKILL runs in a TMPDIR of their own: any demo sweeps what a killed
+ * one left in its TMPDIR, so a demo of another test running beside this
+ * one could sweep it before this test looks. Made by the setup, removed by
+ * the teardown (which runs when the test fails too). */
+static char g_tmp[64], g_was_tmp[256];
+static bool g_had_tmp;
+
+static int own_tmpdir(void **state)
+{
+    (void)state;
+    snprintf(g_tmp, sizeof g_tmp, "/tmp/ferry-sigkill-XXXXXX");
+    const char *was = getenv("TMPDIR");
+    g_had_tmp = was != NULL;
+    snprintf(g_was_tmp, sizeof g_was_tmp, "%s", was ? was : "");
+    return mkdtemp(g_tmp) && setenv("TMPDIR", g_tmp, 1) == 0 ? 0 : -1;
+}
+
+static int drop_tmpdir(void **state)
+{
+    (void)state;
+    char out[256];
+    if (g_had_tmp)
+        setenv("TMPDIR", g_was_tmp, 1);
+    else
+        unsetenv("TMPDIR");
+    return ft_run(out, sizeof out, "rm -rf '%s'", g_tmp) == 0 ? 0 : -1;
+}
+
 static void test_demo_sigkill(void **state)
 {
     (void)state;
@@ -218,8 +246,8 @@ int main(void)
         cmocka_unit_test(test_demo_sigterm),
         cmocka_unit_test(test_demo_rl_sigint),
         cmocka_unit_test(test_demo_rl_sigterm),
-        cmocka_unit_test(test_demo_sigkill),
-        cmocka_unit_test(test_demo_rl_sigkill),
+        cmocka_unit_test_setup_teardown(test_demo_sigkill, own_tmpdir, drop_tmpdir),
+        cmocka_unit_test_setup_teardown(test_demo_rl_sigkill, own_tmpdir, drop_tmpdir),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
