@@ -697,6 +697,8 @@ int fp_shards_from(fp_shards *w, PyObject *o, int max_dims)
         sh->ndim = nd;
         sh->dst = v->buf;
         int contiguous = PyBuffer_IsContiguous(v, 'C');
+        if (contiguous)   /* its size known at open: huge-page advice there (weights.h) */
+            sh->dst_bytes = (uint64_t)v->len;
         for (int d = 0; d < v->ndim; d++) {
             sh->shape[d] = (uint64_t)v->shape[d];
             Py_ssize_t b = v->strides ? v->strides[d] : 0;

@@ -448,6 +448,19 @@ static uint64_t check_shards(const demo_model *m, const ferry_param_shard *sh,
     return bad;
 }
 
+/* A rollout's parameter buffer, as an inference engine's allocator
+ * hands out large blocks: 2 MiB-aligned from 2 MiB on, so that the
+ * subscriber's huge-page advice (docs/weights.md, "Warm memory") covers
+ * all of it. */
+static void *param_alloc(size_t n)
+{
+    const size_t huge = 2u << 20;
+    void *p = NULL;
+    if (n < huge)
+        return malloc(n ? n : 1);
+    return posix_memalign(&p, huge, (n + huge - 1) & ~(huge - 1)) == 0 ? p : NULL;
+}
+
 int demo_rollout_main(int argc, char **argv)
 {
     role_args a;
@@ -472,10 +485,11 @@ int demo_rollout_main(int argc, char **argv)
             p->offset[0] = r0;
             p->shape[0] = rows;
         }
-        p->dst = malloc(rows * row_elems(t) * 2);
+        p->dst = param_alloc(rows * row_elems(t) * 2);
         if (!p->dst)
             return 1;
         memset(p->dst, 0, rows * row_elems(t) * 2);   /* loaded weights live in written memory */
+        p->dst_bytes = rows * row_elems(t) * 2;
         first[ns++] = i;
     }
     ferry_subscriber_config sc = { .rank = a.rank, .world = a.world, .timeout_ms = 120000 };

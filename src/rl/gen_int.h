@@ -148,6 +148,11 @@ int fr_rl_spans_borrow(ferry_region *r, size_t n, fr_rl_spans *sp, ferry_error *
  * the regions of the last call when the merged spans are the same. */
 int fr_rl_spans_register(ferry_engine *e, uint8_t *const *addr, const uint64_t *len, size_t n,
                          fr_rl_spans *sp, ferry_error *err);
+/* Advise the merged spans of shards (addr[i], len[i] bytes; 0: none) for
+ * transparent huge pages, collapsing what is resident (spans.c): pushes
+ * from same-host peers copy into them at memcpy speed. Done at
+ * registration and, for shards whose size is known then, at open. */
+void fr_rl_spans_advise(uint8_t *const *addr, const uint64_t *len, size_t n);
 /* The region holding shard i (NULL when it spans no byte). */
 ferry_region *fr_rl_spans_region(const fr_rl_spans *sp, size_t shard);
 void fr_rl_spans_free(fr_rl_spans *sp);   /* unregisters; NULL ok */

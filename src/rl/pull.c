@@ -877,6 +877,24 @@ ferry_store *fr_sub_store(const ferry_subscriber *sub) { return sub->s; }
 
 /* ---- open / close --------------------------------------------------------------------------- */
 
+/* Set-up, off the critical path: the buffers whose size the caller gave
+ * (dst_bytes) are advised for huge pages now, so that the collapse of
+ * what is resident is not paid by the first update (spans.c). */
+void fr_sub_advise(const ferry_param_shard *shards, void *const *bufs, size_t n)
+{
+    uint8_t **addr = malloc((n ? n : 1) * sizeof *addr);
+    uint64_t *len = malloc((n ? n : 1) * sizeof *len);
+    if (addr && len) {
+        for (size_t i = 0; i < n; i++) {
+            addr[i] = bufs ? bufs[i] : shards[i].dst;
+            len[i] = shards[i].dst_bytes;
+        }
+        fr_rl_spans_advise(addr, len, n);
+    }
+    free(addr);
+    free(len);
+}
+
 int ferry_subscriber_open(ferry_store *s, const ferry_subscriber_config *cfg,
                           const ferry_param_shard *shards, size_t n, ferry_subscriber **out,
                           ferry_error *err)
@@ -902,6 +920,7 @@ int ferry_subscriber_open(ferry_store *s, const ferry_subscriber_config *cfg,
         snprintf(sub->names[i], sizeof sub->names[i], "%s", shards[i].tensor ? shards[i].tensor : "");
         sub->shards[i].tensor = sub->names[i];
     }
+    fr_sub_advise(shards, NULL, n);
     sub->me = cfg->rank;
     sub->world = cfg->world;
     snprintf(sub->scope, sizeof sub->scope, "%s", cfg->group);

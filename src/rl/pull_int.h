@@ -299,5 +299,8 @@ void fr_standby_free(fr_standby *sb);
 /* pull.c: the subscriber's standby copies (NULL: none), and attaching them. */
 fr_standby *fr_subscriber_standby(const ferry_subscriber *sub);
 void fr_subscriber_set_standby(ferry_subscriber *sub, fr_standby *sb);
+/* Advise the buffers of shards (bufs[i], or shards[i].dst when bufs is
+ * NULL) whose dst_bytes the caller gave for huge pages (spans.c). */
+void fr_sub_advise(const ferry_param_shard *shards, void *const *bufs, size_t n);
 
 #endif

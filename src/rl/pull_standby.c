@@ -64,6 +64,7 @@ int ferry_subscriber_open_standby(ferry_store *s, const ferry_subscriber_config 
         fr_standby_free(sb);
         return rc;
     }
+    fr_sub_advise(shards, standby, n);
     sb->n = n;
     for (size_t i = 0; i < n; i++) {
         sb->bufs[0][i] = shards[i].dst;

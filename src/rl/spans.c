@@ -8,6 +8,7 @@
  * written; a region adds no byte that is not some shard's. */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "rl/gen_int.h"
 #include "rl/rl_int.h"
@@ -69,6 +70,50 @@ int fr_rl_spans_borrow(ferry_region *r, size_t n, fr_rl_spans *sp, ferry_error *
     return 0;
 }
 
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25   /* Linux 6.1 */
+#endif
+
+/* Back the 2 MiB-aligned inside of a span with transparent huge pages
+ * where the kernel allows: a same-host peer's push is a cross-memory
+ * attach (process_vm_writev), which pins the target's pages a few at a
+ * time; on 4 KiB pages it copied at 5.6 GB/s on the development VM, on
+ * huge pages at 9.5 (memcpy's rate). MADV_COLLAPSE moves what is resident
+ * now into huge pages (a copy, once, here at registration); MADV_HUGEPAGE
+ * makes later faults take them. Advice only: memory that is not private
+ * anonymous (a memfd, a file, shmem with THP off), a kernel without
+ * either, or no free huge page leaves the span as it was. */
+static void advise_huge(uint8_t *addr, uint64_t len)
+{
+    const uintptr_t huge = 2u << 20;
+    uintptr_t a = ((uintptr_t)addr + huge - 1) & ~(huge - 1);
+    uintptr_t e = ((uintptr_t)addr + len) & ~(huge - 1);
+    if (e <= a)
+        return;
+    if (madvise((void *)a, e - a, MADV_HUGEPAGE) == 0)
+        (void)madvise((void *)a, e - a, MADV_COLLAPSE);
+}
+
+void fr_rl_spans_advise(uint8_t *const *addr, const uint64_t *len, size_t n)
+{
+    sp_ent *v = malloc((n ? n : 1) * sizeof *v);
+    if (!v)
+        return;   /* advice only */
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (addr[i] && len[i])
+            v[m++] = (sp_ent){ addr[i], len[i], i };
+    qsort(v, m, sizeof *v, by_addr);
+    for (size_t i = 0; i < m;) {
+        uint8_t *b = v[i].addr, *end = b + v[i].len;
+        for (i++; i < m && v[i].addr <= end; i++)
+            if (v[i].addr + v[i].len > end)
+                end = v[i].addr + v[i].len;
+        advise_huge(b, (uint64_t)(end - b));
+    }
+    free(v);
+}
+
 int fr_rl_spans_register(ferry_engine *e, uint8_t *const *addr, const uint64_t *len, size_t n,
                          fr_rl_spans *sp, ferry_error *err)
 {
@@ -117,6 +162,7 @@ int fr_rl_spans_register(ferry_engine *e, uint8_t *const *addr, const uint64_t *
         return fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
     sp->n = nb;
     for (size_t i = 0; i < nb; i++) {
+        advise_huge(base[i], blen[i]);
         int rc = ferry_region_register(e, base[i], (size_t)blen[i], FERRY_REMOTE_WRITE,
                                        FERRY_MEM_HOST, &sp->reg[i]);
         if (rc < 0) {
