@@ -190,6 +190,26 @@ int ferry_remote_warm(ferry_engine *e, const ferry_remote_region *rr, uint64_t a
 /* Release a view (and zero it); an empty one is a no-op. */
 void ferry_remote_unmap(ferry_mapping *m);
 
+/* Direct access to a same-host peer's memory, as UCX's ucp_rkey_ptr: *ptr
+ * points at byte addr of an imported remote region through the mapping
+ * this engine's own copies use (warm once ferry_remote_warm or earlier
+ * copies touched it), so the caller reads or writes [addr, addr + len)
+ * in place, with no copy by the engine. access: FERRY_REMOTE_READ and/or
+ * FERRY_REMOTE_WRITE, checked like the op against the live key table
+ * (FERRY_EACCES, FERRY_EFAULT outside the region). FERRY_ENOTSUP where
+ * there is no such mapping (tcp, ucx, heap memory reached by cross-memory
+ * attach): the caller moves the bytes with ops instead. The pointer is
+ * valid until ferry_remote_access_end(*out), which the caller must call
+ * soon: until then the connection to the peer is held (a reset or a
+ * reconnect waits for it), so hold it for a copy, not across a wait for
+ * the engine. The peer sees the bytes as they are written: synchronise
+ * by other means (a NOTIFY, the store's commit). */
+typedef struct ferry_remote_access ferry_remote_access;
+int ferry_remote_access_begin(ferry_engine *e, const ferry_remote_region *rr, uint64_t addr,
+                              uint64_t len, unsigned access, void **ptr,
+                              ferry_remote_access **out);
+void ferry_remote_access_end(ferry_remote_access *a);   /* NULL: a no-op */
+
 /* Name of the transport chosen for a peer ("shm"/"tcp"), NULL if unknown. */
 const char *ferry_peer_transport(const ferry_engine *e, ferry_peer_id peer);
 

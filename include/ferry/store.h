@@ -121,6 +121,26 @@ int ferry_store_put(ferry_store *s, const char *key, const void *buf, size_t len
                     const ferry_replicate_config *rc, ferry_object_desc *placed);
 int ferry_store_put_from(ferry_store *s, const char *key, const void *buf, size_t len,
                          const ferry_replicate_config *rc, ferry_object_desc *placed);
+/* A put whose bytes the caller writes in place, with no copy where the
+ * store allows it: ferry_store_put_begin places the object (as a put
+ * does: FERRY_EEXIST, FERRY_ENOSPC, FERRY_EINVAL, len > 0) and sets *at to
+ * len bytes the caller fills — the object's place in its segment itself
+ * when it has one replica on a node of this machine reached over shm (the
+ * client's own mapping of that segment, which ferry_store_warm warms), or
+ * else the client's staging buffer (ferry_store_staging_take; a buffer of
+ * the put's own while another thread holds it), copied to every replica
+ * at the end. ferry_store_put_end(p, commit, placed) completes it (commit)
+ * or revokes it (!commit, or a failed copy): until it returns nobody sees
+ * the object, and a revoked one is never seen. Until then the caller holds
+ * the connection to the segment's node (ferry_remote_access_begin): fill
+ * *at and end the put; do not wait on the store in between. placed (may be
+ * NULL) as for ferry_store_put. p is freed by put_end. */
+typedef struct ferry_put_slot ferry_put_slot;
+int ferry_store_put_begin(ferry_store *s, const char *key, size_t len,
+                          const ferry_replicate_config *rc, void **at, ferry_put_slot **out);
+int ferry_store_put_end(ferry_put_slot *p, bool commit, ferry_object_desc *placed);
+/* Whether the put's bytes go straight into the segment (no copy at end). */
+bool ferry_store_put_in_place(const ferry_put_slot *p);
 /* Many puts: one master round trip to place them all, one engine batch for
  * the bytes, one round trip to complete them. results[i]: 0 or an error;
  * every entry is set, also when the whole call fails (then each holds that

@@ -516,6 +516,47 @@ int ferry_remote_warm(ferry_engine *e, const ferry_remote_region *rr, uint64_t a
     return rc;
 }
 
+struct ferry_remote_access { fr_peer *p; };
+
+int ferry_remote_access_begin(ferry_engine *e, const ferry_remote_region *rr, uint64_t addr,
+                              uint64_t len, unsigned access, void **ptr,
+                              ferry_remote_access **out)
+{
+    if (out)
+        *out = NULL;
+    if (ptr)
+        *ptr = NULL;
+    if (!e || !rr || !ptr || !out || len == 0 || !access || (access & ~FERRY_REMOTE_RW))
+        return FERRY_EINVAL;
+    ferry_remote_access *a = fr_calloc(1, sizeof *a);
+    if (!a)
+        return FERRY_ENOMEM;
+    int rc;
+    fr_peer *p = peer_conn_locked(e, rr, &rc);
+    if (!p) {
+        fr_free(a);
+        return rc;
+    }
+    rc = p->tp->access ? p->tp->access(p->conn, rr->key, addr, len, access, ptr) : FERRY_ENOTSUP;
+    if (rc < 0) {
+        pthread_rwlock_unlock(&p->rw);
+        fr_free(a);
+        *ptr = NULL;
+        return rc;
+    }
+    a->p = p;
+    *out = a;
+    return 0;
+}
+
+void ferry_remote_access_end(ferry_remote_access *a)
+{
+    if (!a)
+        return;
+    pthread_rwlock_unlock(&a->p->rw);
+    fr_free(a);
+}
+
 void ferry_remote_unmap(ferry_mapping *m)
 {
     if (!m)

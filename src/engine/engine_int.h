@@ -88,6 +88,12 @@ struct fr_transport {
      * connection's own copies use (ferry_remote_warm); *touched = bytes. */
     int (*warm)(void *conn, uint64_t key, uint64_t addr, uint64_t len, bool write,
                 uint64_t *touched);
+    /* Optional (NULL: FERRY_ENOTSUP): *ptr = byte addr of the region of
+     * `key` through the mapping this connection's own copies use, checked
+     * for `access` and bounds (ferry_remote_access_begin); valid while the
+     * caller holds the peer's lock. */
+    int (*access)(void *conn, uint64_t key, uint64_t addr, uint64_t len, unsigned access,
+                  void **ptr);
 };
 
 extern const fr_transport fr_transport_tcp;

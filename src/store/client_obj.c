@@ -290,6 +290,133 @@ int ferry_store_batch_put_from(ferry_store *s, const char *const *keys, const vo
 
 /* ---- reads ------------------------------------------------------------------------------ */
 
+/* ---- puts written in place (ferry_store_put_begin) ------------------------------------ */
+
+struct ferry_put_slot {
+    ferry_store *s;
+    char *key;
+    fr_smsg rep;                 /* the placement (its replicas point into rb) */
+    uint8_t *rb;
+    void *at;
+    size_t len;
+    ferry_remote_access *acc;    /* in place: the segment's bytes themselves */
+    bool staged;                 /* the client's staging buffer */
+    void *own;                   /* or a buffer of the put's own */
+};
+
+static void slot_free(ferry_put_slot *p)
+{
+    fr_client_free_bufs(&p->rb, 1);
+    fr_free(p->key);
+    fr_free(p);
+}
+
+int ferry_store_put_begin(ferry_store *s, const char *key, size_t len,
+                          const ferry_replicate_config *rc, void **at, ferry_put_slot **out)
+{
+    if (at)
+        *at = NULL;
+    if (out)
+        *out = NULL;
+    if (!s || !at || !out || len == 0)
+        return fr_client_err(FERRY_EINVAL, "put_begin %s: no store, destination or length",
+                             key ? key : "");
+    int ret = fr_client_key(key);
+    if (ret < 0)
+        return ret;
+    if (rc && rc->replica_num > FERRY_STORE_REPLICAS_MAX)
+        return fr_client_err(FERRY_EINVAL, "put: replica_num above %d", FERRY_STORE_REPLICAS_MAX);
+    ferry_put_slot *p = fr_calloc(1, sizeof *p);
+    size_t kl = strlen(key);
+    if (p)
+        p->key = fr_malloc(kl + 1);
+    if (!p || !p->key) {
+        if (p)
+            slot_free(p);
+        return fr_client_err(FERRY_ENOMEM, "put_begin %s: out of memory", key);
+    }
+    memcpy(p->key, key, kl + 1);
+    p->s = s;
+    p->len = len;
+    fr_smsg q = { .type = FR_SMSG_PUT_START, .key = fr_client_str(key), .size = len };
+    rc_to_msg(rc, &q);
+    int res = 0;
+    ret = place(s, &q, 1, &p->rep, &p->rb, &res);
+    if (ret == 0 && res < 0)
+        ret = res;
+    if (ret < 0) {
+        slot_free(p);
+        return ret;
+    }
+    fr_segref seg;
+    if (p->rep.nrep == 1 && fr_client_segment(s, p->rep.rep[0].segment, &seg) == 0 &&
+        ferry_remote_access_begin(s->eng, &seg.rr, seg.rr.addr + p->rep.rep[0].offset, len,
+                                  FERRY_REMOTE_WRITE, &p->at, &p->acc) == 0) {
+        *at = p->at;
+        *out = p;
+        return 0;
+    }
+    ret = ferry_store_staging_take(s, len, &p->at);
+    p->staged = ret == 0;
+    if (ret == FERRY_EBUSY)
+        ret = (p->at = p->own = fr_malloc(len)) ? 0 : FERRY_ENOMEM;
+    if (ret < 0) {
+        (void)ferry_store_put_end(p, false, NULL);
+        return fr_client_err(ret, "put_begin %s: no buffer for %zu bytes", key, len);
+    }
+    *at = p->at;
+    *out = p;
+    return 0;
+}
+
+bool ferry_store_put_in_place(const ferry_put_slot *p)
+{
+    return p && p->acc;
+}
+
+int ferry_store_put_end(ferry_put_slot *p, bool commit, ferry_object_desc *placed)
+{
+    if (!p)
+        return fr_client_err(FERRY_EINVAL, "put_end: no put");
+    ferry_store *s = p->s;
+    int rc = 0;
+    if (p->acc) {
+        ferry_remote_access_end(p->acc);   /* every byte is in the segment */
+    } else if (commit && p->at) {
+        xfer x = {0};
+        ferry_ticket *t = NULL;
+        rc = put_bytes(s, &p->rep, p->at, p->len, &x, &t);
+        int w = xfer_wait(s, t, p->len);
+        rc = rc < 0 ? rc : w;
+        xfer_free(&x);
+        if (rc < 0)
+            fr_client_err(rc, "put %s: writing the bytes failed: %s", p->key, ferry_strerror(rc));
+    }
+    /* A copy that timed out may still be read by the engine: its source
+     * is left allocated (staging: abandoned, never reused). */
+    if (p->staged)
+        ferry_store_staging_give(s, rc == FERRY_ETIMEDOUT);
+    else if (rc != FERRY_ETIMEDOUT)
+        fr_free(p->own);
+    fr_smsg q = { .type = commit && rc == 0 ? FR_SMSG_PUT_END : FR_SMSG_PUT_REVOKE,
+                  .key = fr_client_str(p->key) };
+    fr_smsg er;
+    uint8_t *eb = NULL;
+    int st = 0;
+    int ret = fr_client_rpc_many(s, &q, 1, FR_SMSG_OK, &er, &eb, &st);
+    fr_client_free_bufs(&eb, 1);
+    if (placed)
+        placed_from(&p->rep, placed);
+    slot_free(p);
+    if (rc < 0)
+        return rc;
+    if (ret < 0)
+        return ret;
+    if (!commit)
+        return 0;
+    return st < 0 ? st : 0;
+}
+
 int fr_client_locate(ferry_store *s, const char *const *keys, size_t n, fr_objloc *locs,
                      int *status)
 {

@@ -2,7 +2,9 @@
  * ferry_mem_alloc'd region shows its bytes as it writes them and outlives
  * the peer; a region that is not remote-readable, a range outside it, heap
  * memory, a peer reached over tcp and bad arguments are refused with
- * nothing mapped. */
+ * nothing mapped. ferry_remote_access_begin: bytes written through its
+ * pointer are the peer's (its own hash of them agrees), and the same
+ * refusals hold for it, with nothing held. */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -91,6 +93,77 @@ static void test_map_refused(void **state)
     assert_int_equal(ferry_remote_map(NULL, NULL, 0, 1, &m), FERRY_EINVAL);
 }
 
+static void test_access_writes_in_place(void **state)
+{
+    (void)state;
+    ft_peer p;
+    ft_peer_opts o = {.size = SIZE, .flags = "rw"};
+    assert_int_equal(ft_peer_start(&p, &o), 0);
+    ferry_engine *e = ft_engine_open("");
+    ferry_remote_region rr;
+    assert_int_equal(ferry_region_import(e, p.desc, p.desc_len, &rr), 0);
+    uint8_t *want = malloc(LEN);
+    assert_non_null(want);
+    ft_pattern(want, LEN, 31, 0);
+    void *at = NULL;
+    ferry_remote_access *a = NULL;
+    assert_int_equal(ferry_remote_access_begin(e, &rr, rr.addr + OFF, LEN, FERRY_REMOTE_WRITE,
+                                               &at, &a), 0);
+    assert_non_null(at);
+    assert_non_null(a);
+    memcpy(at, want, LEN);
+    ferry_remote_access_end(a);
+    ferry_remote_access_end(NULL);   /* a no-op */
+    assert_int_equal(ft_peer_hash(&p, OFF, LEN), ft_hash(want, LEN));
+    /* reading: what the peer wrote */
+    char reply[128];
+    assert_int_equal(ft_peer_cmd(&p, reply, sizeof reply, 10000, "fill 5"), 0);
+    assert_int_equal(ferry_remote_access_begin(e, &rr, rr.addr, SIZE, FERRY_REMOTE_READ, &at,
+                                               &a), 0);
+    assert_int_equal(ft_hash(at, SIZE), ft_peer_hash(&p, 0, SIZE));
+    ferry_remote_access_end(a);
+    /* the connection is not held after the end: a reset goes through */
+    assert_int_equal(ferry_peer_reset(e, rr.peer), 0);
+    free(want);
+    ferry_engine_close(e);
+    ft_peer_stop(&p);
+}
+
+static void access_refused(const char *flags, bool heap, const char *transport, uint64_t off,
+                           uint64_t len, unsigned access, int want)
+{
+    ft_peer p;
+    ft_peer_opts o = {.size = SIZE, .flags = flags, .malloc_mem = heap};
+    assert_int_equal(ft_peer_start(&p, &o), 0);
+    ferry_engine *e = ft_engine_open(transport);
+    ferry_remote_region rr;
+    assert_int_equal(ferry_region_import(e, p.desc, p.desc_len, &rr), 0);
+    void *at = &at;
+    ferry_remote_access *a = (ferry_remote_access *)&at;
+    assert_int_equal(ferry_remote_access_begin(e, &rr, rr.addr + off, len, access, &at, &a), want);
+    assert_null(at);
+    assert_null(a);
+    assert_int_equal(ferry_peer_reset(e, rr.peer), 0);   /* nothing held */
+    ferry_engine_close(e);
+    ft_peer_stop(&p);
+}
+
+static void test_access_refused(void **state)
+{
+    (void)state;
+    access_refused("r", false, "", OFF, LEN, FERRY_REMOTE_WRITE, FERRY_EACCES);
+    access_refused("w", false, "", OFF, LEN, FERRY_REMOTE_READ, FERRY_EACCES);
+    access_refused("rw", false, "", SIZE - 16, 32, FERRY_REMOTE_WRITE, FERRY_EFAULT);
+    access_refused("rw", true, "", OFF, LEN, FERRY_REMOTE_WRITE, FERRY_ENOTSUP);
+    access_refused("rw", false, "tcp", OFF, LEN, FERRY_REMOTE_WRITE, FERRY_ENOTSUP);
+    access_refused("rw", false, "", OFF, 0, FERRY_REMOTE_WRITE, FERRY_EINVAL);
+    access_refused("rw", false, "", OFF, LEN, 0, FERRY_EINVAL);
+    void *at;
+    ferry_remote_access *a;
+    assert_int_equal(ferry_remote_access_begin(NULL, NULL, 0, 1, FERRY_REMOTE_READ, &at, &a),
+                     FERRY_EINVAL);
+}
+
 int main(int argc, char **argv)
 {
     int rc = ft_main_peer(argc, argv);
@@ -100,6 +173,8 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_map_live_and_outlives_peer),
         cmocka_unit_test(test_map_refused),
+        cmocka_unit_test(test_access_writes_in_place),
+        cmocka_unit_test(test_access_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,5 +1,6 @@
 /* The store client against real `ferry master` and `ferry node` processes:
- * objects, ranged reads, batches, replicas and preferences, structured
+ * objects, ranged reads, batches, puts written in place, replicas and
+ * preferences, structured
  * objects, KV/watch/barrier/queues, node death, and a master killed with
  * SIGKILL in the middle of a workload. */
 #include <pthread.h>
@@ -278,6 +279,88 @@ static void test_struct(void **state)
     assert_int_equal(ferry_store_put(f->s, "plain", vals, sizeof vals, NULL, NULL), 0);
     assert_int_equal(ferry_store_get_members(f->s, "plain", got, 4, &n), FERRY_EPROTO);
     assert_non_null(strstr(ferry_store_last_error(), "plain is a plain object, not a structured one"));
+}
+
+/* A put written in place (ferry_store_put_begin): on a same-host node's
+ * segment its bytes are the segment's, nobody sees the object before the
+ * end, a revoked one is never seen, a taken key is refused before
+ * anything is handed out. */
+static void test_put_in_place(void **state)
+{
+    fixture *f = *state;
+    uint8_t *want = pattern(3 * MB + 5, 41);
+    void *at = NULL;
+    ferry_put_slot *p = NULL;
+    ferry_object_desc d;
+    assert_int_equal(ferry_store_put_begin(f->s, "inplace/a", 3 * MB + 5, NULL, &at, &p), 0);
+    assert_non_null(at);
+    assert_true(ferry_store_put_in_place(p));
+    memcpy(at, want, 3 * MB + 5);
+    assert_int_equal(ferry_store_exist(f->s, "inplace/a"), 0);   /* not before the end */
+    assert_int_equal(ferry_store_put_end(p, true, &d), 0);
+    assert_int_equal(d.nreplicas, 1);
+    assert_int_equal(d.replicas[0].segment, f->c.seg[0]);
+    void *got = NULL;
+    size_t n = 0;
+    assert_int_equal(ferry_store_get(f->s, "inplace/a", &got, &n), 0);
+    assert_int_equal(n, 3 * MB + 5);
+    assert_memory_equal(got, want, n);
+    ferry_store_free(got);
+    /* taken: refused, nothing handed out */
+    at = want;
+    assert_int_equal(ferry_store_put_begin(f->s, "inplace/a", MB, NULL, &at, &p), FERRY_EEXIST);
+    assert_null(at);
+    assert_null(p);
+    /* revoked: never seen, and the key is free again */
+    assert_int_equal(ferry_store_put_begin(f->s, "inplace/b", MB, NULL, &at, &p), 0);
+    memset(at, 0x77, MB);
+    assert_int_equal(ferry_store_put_end(p, false, NULL), 0);
+    assert_int_equal(ferry_store_exist(f->s, "inplace/b"), 0);
+    assert_int_equal(ferry_store_put_begin(f->s, "inplace/b", MB, NULL, &at, &p), 0);
+    memcpy(at, want, MB);
+    assert_int_equal(ferry_store_put_end(p, true, NULL), 0);
+    assert_int_equal(ferry_store_get(f->s, "inplace/b", &got, &n), 0);
+    assert_memory_equal(got, want, MB);
+    ferry_store_free(got);
+    /* bad arguments */
+    assert_int_equal(ferry_store_put_begin(f->s, "inplace/c", 0, NULL, &at, &p), FERRY_EINVAL);
+    assert_int_equal(ferry_store_put_begin(f->s, "", MB, NULL, &at, &p), FERRY_EINVAL);
+    assert_int_equal(ferry_store_put_end(NULL, true, NULL), FERRY_EINVAL);
+    free(want);
+}
+
+/* Two replicas cannot be written in place: the bytes go to a buffer that
+ * is copied to both at the end (the staging buffer, or one of the put's
+ * own while the staging buffer is taken). */
+static void test_put_begin_replicated(void **state)
+{
+    fixture *f = *state;
+    uint8_t *want = pattern(MB, 43);
+    ferry_replicate_config rc = { .replica_num = 2, .hard_pin = true };
+    void *stage = NULL;
+    for (int taken = 0; taken < 2; taken++) {
+        if (taken)
+            assert_int_equal(ferry_store_staging_take(f->s, MB, &stage), 0);
+        char key[32];
+        snprintf(key, sizeof key, "repl/%d", taken);
+        void *at = NULL;
+        ferry_put_slot *p = NULL;
+        ferry_object_desc d;
+        assert_int_equal(ferry_store_put_begin(f->s, key, MB, &rc, &at, &p), 0);
+        assert_false(ferry_store_put_in_place(p));
+        assert_true(taken ? at != stage : at != NULL);
+        memcpy(at, want, MB);
+        assert_int_equal(ferry_store_put_end(p, true, &d), 0);
+        assert_int_equal(d.nreplicas, 2);
+        void *got = NULL;
+        size_t n = 0;
+        assert_int_equal(ferry_store_get(f->s, key, &got, &n), 0);
+        assert_int_equal(n, MB);
+        assert_memory_equal(got, want, MB);
+        ferry_store_free(got);
+    }
+    ferry_store_staging_give(f->s, false);
+    free(want);
 }
 
 static void test_replicas(void **state)
@@ -650,6 +733,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_staging, setup1, teardown),
         cmocka_unit_test_setup_teardown(test_ranges_and_batches, setup1, teardown),
         cmocka_unit_test_setup_teardown(test_struct, setup1, teardown),
+        cmocka_unit_test_setup_teardown(test_put_in_place, setup1, teardown),
+        cmocka_unit_test_setup_teardown(test_put_begin_replicated, setup2, teardown),
         cmocka_unit_test_setup_teardown(test_replicas, setup2, teardown),
         cmocka_unit_test_setup_teardown(test_kv_watch_barrier_queue, setup1, teardown),
         cmocka_unit_test_setup_teardown(test_wrong_token, setup1, teardown),

@@ -761,6 +761,28 @@ static int shm_warm(void *conn, uint64_t key, uint64_t addr, uint64_t len, bool 
     return 0;
 }
 
+/* ferry_remote_access_begin: a pointer through the cached mapping. */
+static int shm_access(void *conn, uint64_t key, uint64_t addr, uint64_t len, unsigned access,
+                      void **ptr)
+{
+    shm_conn *c = conn;
+    if (!target_alive(c))
+        return FERRY_ECONNRESET;
+    fr_keyslot s;
+    if (fr_keytab_lookup(c->keytab, key, &s) < 0 || (s.flags & access) != access)
+        return FERRY_EACCES;
+    if (addr < s.base || addr - s.base > s.len || len > s.len - (addr - s.base))
+        return FERRY_EFAULT;
+    if (s.memfd_id == 0)
+        return FERRY_ENOTSUP;   /* heap memory: cross-memory attach only */
+    uint8_t *base = NULL;
+    int rc = get_map(c, &s, key, &base);
+    if (rc < 0)
+        return rc;
+    *ptr = base + s.memfd_off + (addr - s.base);
+    return 0;
+}
+
 static bool shm_alive(void *conn)
 {
     return target_alive(conn);
@@ -779,4 +801,5 @@ const fr_transport fr_transport_shm = {
     .alive = shm_alive,
     .map = shm_map_remote,
     .warm = shm_warm,
+    .access = shm_access,
 };
