@@ -476,6 +476,29 @@ int ferry_subscriber_open_standby(ferry_store *s, const ferry_subscriber_config 
                                   ferry_standby_flip_fn on_flip, void *ctx,
                                   ferry_subscriber **out, ferry_error *err);
 
+/* An overlapped update (docs/weights.md, "Overlapped updates"): take
+ * generation `next` while the trainers may still be publishing it. Every
+ * member of a standby group (ferry_subscriber_open_standby, a fixed
+ * group, not compatibility mode) calls it with the same next. In the
+ * steady state — next keeps the layout of the generation the group took
+ * last — the group exchanges its demands and plans at once, on the held
+ * generation's layout, reads each byte as soon as every trainer rank has
+ * stored its part of next, pushes as an update does, all into the standby
+ * copy; then member 0 checks that every member's apply succeeded, that no
+ * trainer rank's attempt failed during the reads, and that next was
+ * announced with the layout and checksums the reads followed, and the
+ * group flips (*overlapped true). Otherwise — a group's first update, a
+ * changed layout, a failed attempt meanwhile, a newer generation
+ * announced instead — nothing flips and every member falls back to a
+ * plain update once next is announced (*overlapped false; the reason is
+ * logged at info level). A generation never announced is never flipped
+ * to: FERRY_ETIMEDOUT after cfg.timeout_ms, the active copy untouched.
+ * Other subscribers (no standby copies, elastic groups, compatibility
+ * mode) wait for next's announcement and update plainly. overlapped and
+ * st may be NULL. Errors as ferry_subscriber_update. */
+int ferry_subscriber_update_next(ferry_subscriber *sub, uint64_t next, uint64_t *generation,
+                                 bool *overlapped, ferry_update_stats *st, ferry_error *err);
+
 /* A reader of the active copy: pins it (lock-free: two atomic operations
  * and a re-check) and fills *v; until ferry_subscriber_read_end(sub, v)
  * no update writes into that copy, so every element read through v->bufs

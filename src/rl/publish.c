@@ -6,7 +6,9 @@
  *   ferry/wk/M/history      announced generations still stored, ascending
  *   ferry/wk/M/G/part/R     rank R's part of its current attempt: "ok 2" then "<digest of
  *                           its stored placement> <objects> <segment> <checksums hash>", or
- *                           "failed <code> <why>"; removed once the attempt is decided
+ *                           "failed <code> <why>"; removed once a failed attempt is decided
+ *                           (before its objects), kept after a successful one until
+ *                           retention (overlapped updates read it: pull_early.c)
  *   ferry/wk/M/G/parts      the barrier every rank of an attempt meets at; the number of
  *                           its release numbers the attempt (A)
  *   ferry/wk/M/G/status     attempt A's decision: "A deciding", "A ok", "A failed <code> <why>"
@@ -120,7 +122,12 @@ static int attempt(ferry_store *s, const ferry_publisher_config *c, uint64_t gen
         fr_rl_await(s, c, gen, a, &d);
     }
     st->commit_s = (double)fr_now_ns() / 1e9 - t1;
-    (void)ferry_kv_delete(s, pk, 0, NULL);   /* decided: nobody reads it again */
+    /* A failed attempt's part goes before its objects: an overlapped
+     * update that read them sees it gone (pull_early.c). A successful
+     * one's stays, for the same check, until retention drops the
+     * generation's keys. */
+    if (d.rc < 0)
+        (void)ferry_kv_delete(s, pk, 0, NULL);
     if (d.rc < 0 && !d.keep)
         fr_pub_mine_remove(s, c, gen, &mine);
     fr_pub_mine_free(&mine);

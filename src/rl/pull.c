@@ -51,6 +51,11 @@ struct ferry_subscriber {
     fr_standby *sb;           /* standby copies (pull_standby.c); NULL: none */
     fr_sub_hooks hooks;       /* compatibility mode's (compat.c); zero: none */
     bool derived;             /* the last round failed because a worker feeding me did */
+    /* Standby subscribers of fixed groups: the manifest of the generation
+     * the last update took, kept for overlapped updates (pull_early.c),
+     * which plan the next generation from its layout. */
+    ferry_weight_manifest held;
+    fr_early *early;          /* an overlapped round in progress (NULL: none) */
 };
 
 void fr_subscriber_set_hooks(ferry_subscriber *sub, const fr_sub_hooks *h) { sub->hooks = *h; }
@@ -595,8 +600,11 @@ static int exchange(ferry_subscriber *sub, const fr_gen *g, uint64_t gen, const 
     char member_name[32];
     snprintf(member_name, sizeof member_name, "worker %u", me);
     uint64_t tmo = sub->cfg.timeout_ms ? sub->cfg.timeout_ms : 60000;
-    int brc = ferry_barrier(sub->s, bar, member_name, world, tmo, NULL);
+    uint64_t release = 0;
+    int brc = ferry_barrier(sub->s, bar, member_name, world, tmo, &release);
     *brc_out = brc;
+    if (sub->early && brc == 0)
+        fr_early_round_id(sub->early, release);   /* names this round's outcomes and verdict */
     if (rc == 0 && brc < 0)
         rc = fr_rl_fail(err, brc, "subscriber: not every worker of group %s arrived: %s",
                         sub->cfg.group, ferry_strerror(brc));
@@ -646,6 +654,11 @@ static int round_body(ferry_subscriber *sub, const fr_gen *g, uint64_t active,
         rc = fr_sub_plan_records(&sub->pc, g, recs, world, me, ferry_store_engine(sub->s), err);
     double t2 = (double)fr_now_ns() / 1e9;
     st->plan_s = t2 - t1;
+    if (rc == 0 && sub->early) {   /* overlapped: until every trainer rank stored its part */
+        rc = fr_early_wait(sub->early, err);
+        st->exchange_s += (double)fr_now_ns() / 1e9 - t2;
+        t2 = (double)fr_now_ns() / 1e9;
+    }
     fr_work *w = &sub->pc.plan;
     if (rc == 0) {
         plan_stats(w, st);
@@ -714,6 +727,8 @@ static int round_body(ferry_subscriber *sub, const fr_gen *g, uint64_t active,
      * for members that will not come would take the timeout a second time. */
     char member_name[32];
     snprintf(member_name, sizeof member_name, "worker %u", me);
+    if (sub->early)
+        fr_early_outcome(sub->early, rc);   /* before the barrier: the verdict counts on it */
     if (brc == 0 && !given) {
         uint64_t tmo = sub->cfg.timeout_ms ? sub->cfg.timeout_ms : 60000;
         snprintf(bar, sizeof bar, "ferry/wb/%s/sub/%s/%020" PRIu64 "/applied", sub->cfg.model,
@@ -813,8 +828,56 @@ static int update_round(ferry_subscriber *sub, uint64_t *generation, ferry_updat
     } else if (sub->sb) {
         fr_standby_failed(sub->sb, err);
     }
-    ferry_weight_manifest_free(&m);
+    if (rc == 0 && g && sub->sb && !sub->mem && !sub->hooks.verify) {
+        ferry_weight_manifest_free(&sub->held);   /* the layout the next overlapped round plans on */
+        sub->held = m;
+    } else {
+        ferry_weight_manifest_free(&m);
+    }
     return rc;
+}
+
+fr_gen *fr_sub_held(ferry_subscriber *sub)
+{
+    return sub->held.internal && sub->held.generation == sub->generation ? fr_gen_of(&sub->held)
+                                                                         : NULL;
+}
+
+bool fr_sub_can_overlap(const ferry_subscriber *sub)
+{
+    return sub->sb && !sub->mem && !sub->hooks.verify;
+}
+
+int fr_sub_early_round(ferry_subscriber *sub, fr_early *ea, const fr_gen *gs, uint64_t next,
+                       const ferry_error *why, ferry_update_stats *st, ferry_error *err)
+{
+    double t0 = (double)fr_now_ns() / 1e9;
+    char keep[sizeof sub->scope];
+    memcpy(keep, sub->scope, sizeof keep);
+    snprintf(sub->scope, sizeof sub->scope, "%s/early", sub->cfg.group);
+    ferry_error perr = why ? *why : (ferry_error){0};
+    int prc = gs ? 0 : (perr.code ? perr.code : FERRY_ESTATE);
+    if (gs && (prc = fr_standby_begin(sub->sb, gs, sub->shards, &sub->spans, &sub->pc,
+                                      sub->cfg.timeout_ms, &perr)) < 0)
+        gs = NULL;
+    sub->early = ea;
+    int rc = round_body(sub, gs, next, &perr, prc, false, t0, st, err);
+    sub->early = NULL;
+    memcpy(sub->scope, keep, sizeof keep);
+    return rc;
+}
+
+void fr_sub_early_took(ferry_subscriber *sub, uint64_t next)
+{
+    sub->generation = next;
+    sub->held.generation = next;
+    fr_standby_flip(sub->sb, next);
+}
+
+int fr_sub_update_round(ferry_subscriber *sub, uint64_t *generation, ferry_update_stats *st,
+                        ferry_error *err)
+{
+    return update_round(sub, generation, st, err);
 }
 
 int fr_sub_round_given(ferry_subscriber *sub, const ferry_weight_manifest *m, uint64_t gen,
@@ -942,6 +1005,7 @@ void ferry_subscriber_close(ferry_subscriber *sub)
     if (!sub)
         return;
     fr_members_leave(sub->mem);   /* first: the others stop counting on me */
+    ferry_weight_manifest_free(&sub->held);
     fr_rl_spans_free(&sub->spans);
     fr_sub_cache_free(&sub->pc);
     fr_standby_free(sub->sb);

@@ -299,6 +299,33 @@ void fr_standby_free(fr_standby *sb);
 /* pull.c: the subscriber's standby copies (NULL: none), and attaching them. */
 fr_standby *fr_subscriber_standby(const ferry_subscriber *sub);
 void fr_subscriber_set_standby(ferry_subscriber *sub, fr_standby *sb);
+
+/* ---- overlapped updates (pull_early.c) ------------------------------------------------- */
+typedef struct fr_early fr_early;
+/* The generation the last update took, kept when the subscriber can
+ * overlap (standby copies, a fixed group, not compatibility mode), NULL
+ * otherwise or when none is held. */
+fr_gen *fr_sub_held(ferry_subscriber *sub);
+bool fr_sub_can_overlap(const ferry_subscriber *sub);
+/* One overlapped round of generation next planned on gs (NULL: this
+ * member cannot, why says so and the group hears it): its records and
+ * barriers under the group's "early" scope, the standby copy its target,
+ * fr_early_wait between the plan and the apply, fr_early_outcome before
+ * the post-apply barrier. Nothing flips. */
+int fr_sub_early_round(ferry_subscriber *sub, fr_early *ea, const fr_gen *gs, uint64_t next,
+                       const ferry_error *why, ferry_update_stats *st, ferry_error *err);
+/* The group's verdict was "ok": the standby copy (holding next) flips. */
+void fr_sub_early_took(ferry_subscriber *sub, uint64_t next);
+/* A plain update of a fixed group (ferry_subscriber_update's round). */
+int fr_sub_update_round(ferry_subscriber *sub, uint64_t *generation, ferry_update_stats *st,
+                        ferry_error *err);
+/* Until every trainer rank has stored its part of the generation. */
+int fr_early_wait(fr_early *ea, ferry_error *err);
+/* The release number of the round's demand barrier: the same on every
+ * member, new for every round (a retried generation included). */
+void fr_early_round_id(fr_early *ea, uint64_t release);
+/* This member's outcome of the round's apply (rc), for the verdict. */
+void fr_early_outcome(fr_early *ea, int rc);
 /* Advise the buffers of shards (bufs[i], or shards[i].dst when bufs is
  * NULL) whose dst_bytes the caller gave for huge pages (spans.c). */
 void fr_sub_advise(const ferry_param_shard *shards, void *const *bufs, size_t n);

@@ -14,7 +14,12 @@
  * Then the failures: a reader that holds the standby copy too long (the
  * update fails before writing, the group with it), a member whose engine
  * fails mid-update (FERRY_EREBUILD), a member killed (the barrier times
- * out): no flip, the active copy keeps its generation, every element. */
+ * out): no flip, the active copy keeps its generation, every element.
+ * Overlapped updates (ferry_subscriber_update_next): started before the
+ * publish or after it, they take the generation overlapped, whole, read
+ * throughout; a group's first update falls back to a plain one; a failed
+ * attempt of the generation meanwhile still ends with its retry's bytes;
+ * a generation never announced is never flipped to. */
 #include <pthread.h>
 #include <sched.h>
 #include <setjmp.h>
@@ -253,6 +258,32 @@ static void cmd_update(worker *w, uint64_t want)
            rc == 0 && fr_subscriber_plan_reused(w->sub), rc ? err.msg : "");
 }
 
+/* "next G": ferry_subscriber_update_next, then the checks of "update". */
+static void cmd_next(worker *w, uint64_t want)
+{
+    uint64_t prev = w->gen;
+    ferry_update_stats st;
+    ferry_error err = {0};
+    bool ov = false;
+    int rc = ferry_subscriber_update_next(w->sub, want, &w->gen, &ov, &st, &err);
+    ferry_standby_view v;
+    (void)ferry_subscriber_active_view(w->sub, &v);
+    uint64_t bad_active = check_copy(v.bufs, v.generation), bad_other = 0;
+    if (rc == 0)
+        bad_other = check_copy(w->copy[1 - v.copy], prev);
+    printf("%s rc=%d g=%llu want=%llu ov=%d copy=%u vgen=%llu flips=%llu cbgen=%llu cbcopy=%u "
+           "cbwrong=%llu bad_active=%llu bad_other=%llu reads=%llu mixed=%llu passes=0 "
+           "hold_bad=%llu recv=%llu msg=%s\n",
+           rc == 0 && w->gen == want ? "OK" : "ERR", rc, (unsigned long long)w->gen,
+           (unsigned long long)want, ov, v.copy, (unsigned long long)v.generation,
+           (unsigned long long)atomic_load(&w->flips), (unsigned long long)atomic_load(&w->cb_gen),
+           atomic_load(&w->cb_copy), (unsigned long long)atomic_load(&w->cb_wrong),
+           (unsigned long long)bad_active, (unsigned long long)bad_other,
+           (unsigned long long)atomic_load(&w->reads), (unsigned long long)atomic_load(&w->mixed),
+           (unsigned long long)atomic_load(&w->hold_bad),
+           (unsigned long long)(rc == 0 ? st.bytes_received : 0), rc ? err.msg : "");
+}
+
 static int rollout_main(worker *w)
 {
     ftg_names(&model, w->names);
@@ -272,6 +303,8 @@ static int rollout_main(worker *w)
         char spec[128];
         if (sscanf(line, "update %llu", &g) == 1) {
             cmd_update(w, g);
+        } else if (sscanf(line, "next %llu", &g) == 1) {
+            cmd_next(w, g);
         } else if (!strncmp(line, "hold", 4)) {
             atomic_store(&w->hold, 1);
             printf(wait_flag(&w->held, 1) ? "OK held\n" : "ERR not held\n");
@@ -465,6 +498,78 @@ static void test_standby(void **state)
     assert_int_equal(rc_of(e->line[0]), FERRY_ETIMEDOUT);
 }
 
+/* Overlapped updates of a group of two (see the top). */
+static void test_update_next(void **state)
+{
+    ftg_env *e = *state;
+    const rollout_opts o = { e->c.addr, "2", "ov", "8000" };
+    assert_int_equal(ftg_start(e, 2, rollout_args, &o, -1, NULL), 0);
+    /* the first update holds nothing to plan on: a plain one */
+    assert_int_equal(ftg_publish(e->s, &model, 1, NULL), 0);
+    assert_int_equal(ftg_send(e, "next 1"), 0);
+    ftg_collect(e, 60000, -1);
+    uint64_t flips = 1;
+    for (int k = 0; k < 2; k++) {
+        fprintf(stderr, "first, worker %d: %s\n", k, e->line[k]);
+        assert_flipped(e, k, 1, flips);
+        assert_int_equal(field(e->line[k], "ov"), 0);
+    }
+    /* started before the publish, and after it: overlapped, whole */
+    for (uint64_t g = 2; g <= 5; g++) {
+        bool before = g % 2 == 0;
+        if (!before)
+            assert_int_equal(ftg_publish(e->s, &model, g, NULL), 0);
+        assert_int_equal(ftg_send(e, "next %llu", (unsigned long long)g), 0);
+        if (before)
+            assert_int_equal(ftg_publish(e->s, &model, g, NULL), 0);
+        ftg_collect(e, 60000, -1);
+        flips++;
+        for (int k = 0; k < 2; k++) {
+            fprintf(stderr, "next %llu (%s the publish), worker %d: %s\n", (unsigned long long)g,
+                    before ? "before" : "after", k, e->line[k]);
+            assert_flipped(e, k, g, flips);
+            assert_int_equal(field(e->line[k], "ov"), 1);
+        }
+    }
+    /* an attempt of generation 6 fails (its part said so, then removed),
+     * the retry stores it: the update ends with the retry's bytes */
+    assert_int_equal(ftg_send(e, "next 6"), 0);
+    uint32_t node0 = 0;
+    ferry_publisher_config pc = { .model = "standby", .rank = 0, .world = 1, .rank_node = &node0,
+                                  .keep = 2, .timeout_ms = 10000 };
+    ferry_error err = {0};
+    assert_int_equal(ferry_publish_abort(e->s, &pc, 6, "a trainer failed", &err), FERRY_EINVAL);
+    assert_int_equal(ftg_publish(e->s, &model, 6, NULL), 0);
+    ftg_collect(e, 60000, -1);
+    flips++;
+    for (int k = 0; k < 2; k++) {
+        fprintf(stderr, "after a failed attempt, worker %d: %s\n", k, e->line[k]);
+        assert_flipped(e, k, 6, flips);
+    }
+    /* generation 7 is never announced: nothing flips, 6 stays whole */
+    assert_int_equal(ftg_send(e, "next 7"), 0);
+    ftg_collect(e, 60000, -1);
+    for (int k = 0; k < 2; k++) {
+        const char *l = e->line[k];
+        fprintf(stderr, "never announced, worker %d: %s\n", k, l);
+        assert_int_not_equal(e->rc[k], 0);
+        assert_int_equal(rc_of(l), FERRY_ETIMEDOUT);
+        assert_int_equal(field(l, "g"), 6);
+        assert_int_equal(field(l, "vgen"), 6);
+        assert_int_equal(field(l, "flips"), flips);
+        assert_int_equal(field(l, "bad_active"), 0);
+        assert_int_equal(field(l, "mixed"), 0);
+        assert_non_null(strstr(l, "generation 7"));
+    }
+    /* and the group goes on */
+    assert_int_equal(ftg_publish(e->s, &model, 7, NULL), 0);
+    assert_int_equal(ftg_send(e, "next 7"), 0);
+    ftg_collect(e, 60000, -1);
+    flips++;
+    for (int k = 0; k < 2; k++)
+        assert_flipped(e, k, 7, flips);
+}
+
 /* Bad input: a standby copy that overlaps the first copy is refused at
  * the first update (nothing written, the group told); a NULL one at open. */
 static void test_overlap_refused(void **state)
@@ -524,6 +629,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_standby, ftg_setup, ftg_teardown),
         cmocka_unit_test_setup_teardown(test_overlap_refused, ftg_setup, ftg_teardown),
+        cmocka_unit_test_setup_teardown(test_update_next, ftg_setup, ftg_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
