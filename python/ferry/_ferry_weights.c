@@ -1032,9 +1032,12 @@ static SubObject *sub_open(SubObject *self)
     return fp_check_open(self->sub, self->inflight, "subscriber", busy) < 0 ? NULL : self;
 }
 
-static PyObject *sub_update(SubObject *self, PyObject *unused)
+static PyObject *sub_update(SubObject *self, PyObject *args, PyObject *kw)
 {
-    (void)unused;
+    static char *kwlist[] = {"next", NULL};
+    unsigned long long next = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|K:update", kwlist, &next))
+        return NULL;
     if (!sub_open(self))
         return NULL;
     ferry_store *s = fp_store_handle(self->store);
@@ -1045,11 +1048,18 @@ static PyObject *sub_update(SubObject *self, PyObject *unused)
     ferry_error err = {0};
     uint64_t g = self->generation;
     int rc;
+    bool overlapped = false;
     self->inflight++;
-    Py_BEGIN_ALLOW_THREADS rc = shards_check(s, self->model, g, &self->shards, err.msg, sizeof err.msg);
-    if (rc == 0)
-        rc = ferry_subscriber_update(self->sub, &g, &st, &err);
-    Py_END_ALLOW_THREADS self->inflight--;
+    if (next) {   /* overlapped (weights.h, ferry_subscriber_update_next): next is not announced yet */
+        Py_BEGIN_ALLOW_THREADS rc = ferry_subscriber_update_next(self->sub, next, &g, &overlapped, &st, &err);
+        Py_END_ALLOW_THREADS
+    } else {
+        Py_BEGIN_ALLOW_THREADS rc = shards_check(s, self->model, g, &self->shards, err.msg, sizeof err.msg);
+        if (rc == 0)
+            rc = ferry_subscriber_update(self->sub, &g, &st, &err);
+        Py_END_ALLOW_THREADS
+    }
+    self->inflight--;
     if (rc < 0)
         return fp_raise_err_class(rc, &err);
     bool flipped = self->standby && g != self->generation;
@@ -1057,6 +1067,8 @@ static PyObject *sub_update(SubObject *self, PyObject *unused)
     st.generation = g;
     PyObject *d = FP_FIELDS_DICT(&st, update_fields);
     if (d && fp_dict_set(d, "nodes", nodes_list(self->sub)) < 0)
+        Py_CLEAR(d);
+    if (d && next && fp_dict_set(d, "overlapped", PyBool_FromLong(overlapped)) < 0)
         Py_CLEAR(d);
     if (d && flipped && self->on_flip) {   /* the flip, told before update() returns */
         ferry_standby_view v;
@@ -1141,9 +1153,11 @@ static PyObject *sub_get_active(SubObject *self, void *closure)
 FP_STORE_HOLDER_CLOSE(sub, SubObject, sub, "close: an update is still running on this subscriber")
 
 static PyMethodDef sub_methods[] = {
-    {"update", (PyCFunction)sub_update, METH_NOARGS,
-     "update($self, /)\n--\n\n"
-     "update() -> stats: take the active generation with the whole group (every member calls it)"},
+    {"update", (PyCFunction)(void (*)(void))sub_update, METH_VARARGS | METH_KEYWORDS,
+     "update($self, /, next=0)\n--\n\n"
+     "update(next=0) -> stats: take the active generation with the whole group (every member calls it); "
+     "next: an overlapped update of generation next, which the trainers may still be publishing (standby "
+     "arrays; stats['overlapped'] says whether it overlapped or fell back to a plain update)"},
     {"read_begin", (PyCFunction)sub_read_begin, METH_NOARGS,
      "read_begin($self, /)\n--\n\n"
      "read_begin() -> (copy, generation, arrays): pin the active copy (standby arrays only); no update writes it "

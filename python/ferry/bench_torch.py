@@ -83,7 +83,8 @@ import ferry.torch as ft
 MODEL = "torchbench"
 TRAINERS, ROLLOUTS = 4, 4
 SRC_LAYOUT, DST_LAYOUT = "fsdp:4", "tp:2,dp:2"
-VARIANTS = ("torch_save", "gloo_bcast", "p2p", "ferry_shard")
+VARIANTS = ("torch_save", "gloo_bcast", "p2p", "ferry_shard", "ferry_overlap")
+FERRY = ("ferry_shard", "ferry_overlap")
 POISON = -3.0
 START_S = 120.0        # deadline for the cluster to come up (a bound, not a measure)
 POLL_S = 0.001         # torch_save: how long a rollout sleeps between looks for the file
@@ -99,7 +100,12 @@ TIMING_RULE = (
     "loopback) straight into the rollouts' parameters. torch_save: the gather to trainer 0, rebuilding the "
     "full tensors, torch.save into /dev/shm (temporary name, rename), the rollouts' polling for the file, "
     "torch.load and the copy of each rollout's boxes. gloo_bcast: the gather to trainer 0, its broadcast of "
-    "the four shard buffers, each rollout's slice copy into its parameters. The first round (fresh processes, "
+    "the four shard buffers, each rollout's slice copy into its parameters. ferry_overlap: the same publish, "
+    "while the rollouts (a group with a standby copy of every parameter) take the generation with an "
+    "overlapped update (WeightSubscriber.update(next=...)): demands exchanged and planned at once, reads "
+    "started as soon as every trainer has stored its part, all into the standby copy, flipped once the "
+    "generation is announced and checked; its end is the last rollout's flip (its first round, the group's "
+    "first update, is a plain one). The first round (fresh processes, "
     "fresh buffers) is reported alone as <variant>_first_s; <variant>_s / <variant>_max_s are the median / "
     "max of the steady-state rounds after it.")
 
@@ -390,6 +396,14 @@ def _rollout(a, rank, cmd, out):
     sub = ft.Subscriber(c.store, MODEL, module, DST_LAYOUT, rank, group="bench", tensors=L.specs,
                         timeout_ms=a["timeout_s"] * 1000)
     active_key = f"ferry/wk/{MODEL}/active"
+    # ferry_overlap: a second group over the same boxes, with a standby copy of every parameter; the copy that
+    # holds the round's generation after the flip is the one hashed
+    copies = ([p.data for p in params], [torch.empty_like(p.data) for p in params])
+    sub_ov = ferry.WeightSubscriber(c.store, MODEL, "bench-ov", rank, ROLLOUTS,
+                                    [(n, tuple(mine[ti][0]), copies[0][ti]) for ti, n in enumerate(L.names)],
+                                    standby=[copies[1][ti] for ti in range(len(L.names))],
+                                    timeout_ms=a["timeout_s"] * 1000)
+    active_copy = [0]
     # p2p, once: what this rollout receives from whom, straight into its parameter (the piece is a run of the
     # parameter's whole rows, so contiguous there; a piece that were not would land in a buffer allocated
     # here and be copied: none in these layouts)
@@ -436,7 +450,10 @@ def _rollout(a, rank, cmd, out):
     def run(variant, rnd, gen):
         for p in params:
             p.data.fill_(POISON)
+        for t in copies[1]:
+            t.fill_(POISON)
         ph = {}
+        hashed = params
         if variant == "torch_save":
             path = os.path.join(a["shm_dir"], f"weights-{rnd}.pt")
             t0 = c.start()
@@ -469,6 +486,16 @@ def _rollout(a, rank, cmd, out):
             for buf, dst in rstaged:
                 dst.copy_(buf)
             ph["recv_s"] = time.monotonic() - t0
+        elif variant == "ferry_overlap":
+            t0 = c.start()
+            st = sub_ov.update(next=gen)
+            if st["generation"] != gen:
+                raise RuntimeError(f"the overlapped update took generation {st['generation']}, not {gen}")
+            active_copy[0] = 1 - active_copy[0]
+            ph["update_s"] = time.monotonic() - t0
+            ph["overlapped"] = float(st["overlapped"])
+            ph.update({"update." + k: v for k, v in st.items() if k.endswith("_s")})
+            hashed = copies[active_copy[0]]
         else:
             with c.store.watch(active_key) as w:
                 t0 = c.start()
@@ -482,7 +509,7 @@ def _rollout(a, rank, cmd, out):
             ph.update({"update." + k: v for k, v in st.items() if k.endswith("_s")})
         t_end, cpu, flt = time.monotonic(), c.cpu(), c.faults()
         return {"t0": t0, "t1": t_end, "cpu_s": cpu, "faults": flt, "phases": ph,
-                "params": [digest(p) for p in params]}
+                "params": [digest(p) for p in hashed]}
 
     def plan():
         return {"messages": len(recvs), "bytes": sum(u8.numel() for _, _, u8 in recvs), "staged": len(rstaged)}
@@ -494,6 +521,7 @@ def _rollout(a, rank, cmd, out):
         return {"warm_s": time.monotonic() - t0, "bytes": b}
 
     _serve(("rollout", rank), cmd, out, {"run": run, "plan": plan, "warm": warm})
+    sub_ov.close()
     sub.close()
     c.close()
 
@@ -766,7 +794,7 @@ def run(cfg, rounds=5, warmup=0, timeout_s=600, log=None, variants=VARIANTS, col
             order = [v for v in VARIANTS[k:] + VARIANTS[:k] if v in variants]
             what = " (first)" if rnd == 1 else " (warm-up)" if rnd <= steady0 else ""
             for variant in order:
-                gen += variant == "ferry_shard"
+                gen += variant in FERRY
                 ccpu, cflt = cluster.usage()
                 got = job.ask(trainers + rollouts, "run", variant, rnd, gen)
                 ccpu2, cflt2 = cluster.usage()
@@ -811,6 +839,14 @@ def run(cfg, rounds=5, warmup=0, timeout_s=600, log=None, variants=VARIANTS, col
         res["faults_first"] = {v: faults[v][0] for v in variants}
         if "ferry_shard" in variants:
             res["faults_per_update"] = res["faults"]["ferry_shard"]["rollouts"]
+        if "ferry_overlap" in variants:
+            # rounds after the first: every one overlapped (1.0), or how many fell back to a plain update
+            res["overlapped_rounds"] = sum(p.get("overlapped", 0.0) for p in phases["ferry_overlap"][1:])
+            if "ferry_shard" in variants and f:
+                res["overlap_s"] = res["ferry_overlap_s"]
+                res["overlap_ratio"] = res["ferry_overlap_s"] / f   # against publish, then update
+            if "p2p" in variants and res["ferry_overlap_s"]:
+                res["overlap_speedup_vs_p2p"] = res["p2p_s"] / res["ferry_overlap_s"]
         res["rollout_bytes"] = rollout_bytes
         res["pages_written"] = rollout_bytes // 4096
         res["p2p_plan"] = p2p_stats
@@ -828,13 +864,17 @@ def run(cfg, rounds=5, warmup=0, timeout_s=600, log=None, variants=VARIANTS, col
 def human(res):
     """The summary of a result (three lines)."""
     names = {"torch_save": "torch.save", "gloo_bcast": "gloo broadcast", "p2p": "gloo p2p",
-             "ferry_shard": "ferry shard"}
+             "ferry_shard": "ferry shard", "ferry_overlap": "ferry overlapped"}
     vs = [v for v in VARIANTS if v + "_s" in res]
     steady = ", ".join(f"{names[v]} {res[v + '_s']:.3f} s (max {res[v + '_max_s']:.3f})" for v in vs)
     first = ", ".join(f"{names[v]} {res[v + '_first_s']:.3f} s" for v in vs)
     speed = ", ".join(f"{res[k]:.2f}x vs {n}" for k, n in (("speedup_vs_torch_save", "torch.save"),
-                                                          ("speedup_vs_gloo", "gloo"), ("speedup_vs_p2p", "p2p"))
+                                                          ("speedup_vs_gloo", "gloo"), ("speedup_vs_p2p", "p2p"),
+                                                          ("overlap_speedup_vs_p2p", "p2p, overlapped"))
                       if k in res)
+    if "overlap_ratio" in res:
+        speed += (f"; overlapped / publish-then-update {res['overlap_ratio']:.2f} "
+                  f"({res['overlapped_rounds']:.0f} of {res['rounds']} steady rounds overlapped)")
     flt = res["faults"].get("ferry_shard", {})
     return (f"torch bench: {res['params'] / 1e6:.1f}M params ({res['model_bytes'] / 1e6:.0f} MB bf16, "
             f"{res['tensors']} tensors), {res['trainers']} trainers {res['src_layout']} -> {res['rollouts']} "
