@@ -199,6 +199,8 @@ static int wait_file(const char *path, pid_t child, double secs, char *out, size
     while (cli_now() < end) {
         if (read_small(path, out, cap) == 0)
             return 0;
+        if (g_stop)
+            return 2;   /* SIGINT/SIGTERM while starting */
         if (waitpid(child, status, WNOHANG) == child)
             return 1;
         struct timespec ts = { 0, 20 * 1000 * 1000 };
@@ -372,10 +374,23 @@ int cmd_up(int argc, char **argv)
     snprintf(nlog, sizeof nlog, "%s/node.log", o.dir);
     uint64_t oom0 = cli_oom_kills();
     int st = 0;
+    /* From before the first child: a SIGTERM or SIGINT while the cluster
+     * starts stops what was started (the default action would leave the
+     * children running, orphaned). */
+    struct sigaction sa = {0};
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
     pid_t mp = spawn(margs, o.detach, mlog, lock);
     int w = mp < 0 ? 1 : wait_file(addrf, mp, 15, addr, sizeof addr, &st);
     if (w == 0 && o.metrics)
         w = wait_file(mmf, mp, 15, murl, sizeof murl, &st);
+    if (w == 2) {
+        stop_child(mp);
+        remove(addrf);
+        fprintf(stderr, "ferry up: stopped by a signal while starting; nothing is left running\n");
+        return 0;
+    }
     if (w != 0) {
         explain_start("master", w, st, oom0, 15, o.detach, mlog);
         if (w < 0)
@@ -396,6 +411,14 @@ int cmd_up(int argc, char **argv)
                             NULL };
     pid_t np = spawn(nargs, o.detach, nlog, lock);
     w = np < 0 ? 1 : wait_file(readyf, np, 60, seg, sizeof seg, &st);
+    if (w == 2) {
+        stop_child(np);
+        stop_child(mp);
+        remove(addrf);
+        remove(readyf);
+        fprintf(stderr, "ferry up: stopped by a signal while starting; nothing is left running\n");
+        return 0;
+    }
     if (w != 0) {
         explain_start("node", w, st, oom0, 60, o.detach, nlog);
         if (w < 0)
@@ -424,10 +447,6 @@ int cmd_up(int argc, char **argv)
         }
         return 0;
     }
-    struct sigaction sa = {0};
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
     int rc = 0;
     while (!g_stop) {
         pid_t p = waitpid(-1, &st, 0);

@@ -397,6 +397,55 @@ static void test_node_killed_at_start(void **state)
     assert_int_equal(left, 0);
 }
 
+/* SIGTERM while the cluster starts (the master up, the node not yet
+ * ready): `ferry up` stops what it started and exits 0, nothing left
+ * running. Before, the signal's default action killed `ferry up` alone
+ * and left the master and the node running, orphaned. A run where the
+ * node was ready first is redone. */
+static void test_up_signal_while_starting(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/ferry-upsig-test-XXXXXX", out[8192], addrf[300], readyf[300];
+    assert_non_null(mkdtemp(dir));
+    snprintf(addrf, sizeof addrf, "%s/master.addr", dir);
+    snprintf(readyf, sizeof readyf, "%s/node.ready", dir);
+    const char *bin = ft_ferry_bin();
+    bool early = false;
+    int ws = 0, w = 0;
+    for (int attempt = 0; attempt < 5 && !early; attempt++) {
+        pid_t up = fork();
+        if (up == 0) {
+            int fd = open("/dev/null", O_WRONLY);
+            dup2(fd, 1);
+            dup2(fd, 2);
+            execl(bin, "ferry", "up", "--dir", dir, "--size", "512M", (char *)NULL);
+            _exit(127);
+        }
+        assert_true(up > 0);
+        for (int i = 0; i < 30000 && access(addrf, F_OK) != 0; i++)   /* 30 s */
+            usleep(1000);
+        early = access(readyf, F_OK) != 0;   /* the node not ready yet */
+        kill(up, SIGTERM);
+        w = ft_wait_status(up, 120000, &ws);
+        if (w < 0) {
+            kill(up, SIGKILL);
+            waitpid(up, &ws, 0);
+        }
+        print_message("attempt %d: SIGTERM %s the node was ready -> %d\n", attempt,
+                      early ? "before" : "after", WIFEXITED(ws) ? WEXITSTATUS(ws) : -1);
+    }
+    for (int i = 0; i < 500 && procs_naming(dir); i++)
+        sleep_ms(10);
+    size_t left = procs_naming(dir);
+    if (left)
+        ft_run(out, sizeof out, "pkill -f %s", dir);
+    rm_rf(dir);
+    assert_true(early);
+    assert_int_equal(w, 0);
+    assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+    assert_int_equal(left, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -404,6 +453,7 @@ int main(void)
         cmocka_unit_test(test_down_stale_pids),
         cmocka_unit_test(test_second_up_changes_nothing),
         cmocka_unit_test(test_second_up_foreground),
+        cmocka_unit_test(test_up_signal_while_starting),
         cmocka_unit_test(test_size_refused),
         cmocka_unit_test(test_node_exits_at_start),
         cmocka_unit_test(test_node_killed_at_start),
