@@ -29,7 +29,7 @@ def _env():
     return env
 
 
-VARIANTS = ("torch_save", "gloo_bcast", "p2p", "ferry_shard")
+VARIANTS = ("torch_save", "gloo_bcast", "p2p", "ferry_shard", "ferry_overlap")
 
 
 def test_bench_torch_small():
@@ -63,6 +63,12 @@ def test_bench_torch_small():
             assert set(d) == {"trainers", "rollouts", "cluster"} and all(x >= 0 for x in d.values()), d
     assert {"stage_s", "send_s", "recv_s"} <= set(res["phases_s"]["p2p"])
     assert res["faults_per_update"] == res["faults"]["ferry_shard"]["rollouts"]
+    # the overlapped group: its first update is a plain one, the steady round overlapped
+    assert res["overlapped_rounds"] == 1
+    assert res["phases_first_s"]["ferry_overlap"]["overlapped"] == 0.0
+    assert res["overlap_s"] == res["ferry_overlap_s"]
+    assert res["overlap_ratio"] == pytest.approx(res["ferry_overlap_s"] / res["ferry_shard_s"])
+    assert res["overlap_speedup_vs_p2p"] == pytest.approx(res["p2p_s"] / res["ferry_overlap_s"])
     # the rollouts' boxes: DP2 copies of the model, plus the whole tensors every TP rank holds
     assert res["pages_written"] == res["rollout_bytes"] // 4096
     assert 2 * res["model_bytes"] <= res["rollout_bytes"] < 4 * res["model_bytes"]
