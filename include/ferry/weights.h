@@ -175,6 +175,37 @@ int ferry_publish_shards(ferry_store *s, const ferry_publisher_config *cfg, uint
 int ferry_publish_warm(ferry_store *s, const ferry_publisher_config *cfg,
                        ferry_manifest *placement, uint64_t *bytes, ferry_error *err);
 
+/* Publishing as a stream (docs/weights.md, "Streaming publish"): for a
+ * framework that hands every trainer rank the full tensors one at a time
+ * (a weight generator, as verl's), without any rank holding the model.
+ * Every rank of the world calls begin, then add with the same tensors in
+ * the same order, then end. Each tensor is stored by one rank, chosen as
+ * it comes — the rank with the fewest bytes so far (ties: the lower
+ * rank), the same choice on every rank, so no rank stores more than the
+ * mean plus the largest tensor — converted to out_dtype straight into
+ * that rank's current object; an object is put as soon as the next
+ * tensor would pass it (256 MiB), so a rank holds at most one object, or
+ * one tensor larger than that, at a time (ferry_publish_stream_held).
+ * The tensor's data is not used after add returns. end announces the
+ * generation as ferry_publish does (the same outcome, errors, cleanup
+ * and retention; the stream's placement — each tensor whole on its
+ * storing rank — is what every rank checks against the others).
+ * begin refuses a generation not newer than the active one before
+ * anything is stored (FERRY_EINVAL). A tensor add refuses (a bad name,
+ * dtype, no data, a failed store) fails this rank's part of the attempt:
+ * later adds return the same error, and end fails the attempt on every
+ * rank at once, this rank's objects removed. Always call end (it frees
+ * the stream). cfg->rank_node is not used. */
+typedef struct ferry_publish_stream ferry_publish_stream;
+int ferry_publish_stream_begin(ferry_store *s, const ferry_publisher_config *cfg,
+                               uint64_t generation, ferry_publish_stream **out, ferry_error *err);
+int ferry_publish_stream_add(ferry_publish_stream *ps, const ferry_weight_tensor *t,
+                             ferry_error *err);
+int ferry_publish_stream_end(ferry_publish_stream *ps, ferry_publish_stats *st, ferry_error *err);
+/* The most bytes this rank's stream has held at once so far (its object
+ * being filled). */
+uint64_t ferry_publish_stream_held(const ferry_publish_stream *ps);
+
 /* This rank cannot publish `generation` (why: its reason, e.g. a check of
  * its own inputs failed before it could call ferry_publish). It takes part
  * in the attempt with a failed part, so the other ranks fail at once rather

@@ -47,9 +47,42 @@
 /* Every rank's side: prepare and store (unless `why`, this rank's own
  * failure, is given, or the placement is missing), leave a part, meet at
  * the barrier, then decide (rank 0) or wait for the decision. */
+/* A streamed rank's pieces (sx) as the prepared attempt's: the same
+ * packing, its checksums, its counters. */
+static int adopt(fr_pub_mine *m, const ferry_publisher_config *c, const fr_pub_streamed *sx,
+                 ferry_publish_stats *st, ferry_error *err)
+{
+    if (m->npieces != sx->npieces || m->nobjects != sx->nobjects)
+        return fr_rl_fail(err, FERRY_EPROTO, "rank %u streamed %zu pieces in %u objects; the "
+                          "placement packs %zu in %u", c->rank, sx->npieces, sx->nobjects,
+                          m->npieces, m->nobjects);
+    for (size_t i = 0; i < m->npieces; i++) {
+        const ferry_packed *a = &m->pieces[i].at, *b = &sx->at[i];
+        if (a->object != b->object || a->offset != b->offset || a->bytes != b->bytes)
+            return fr_rl_fail(err, FERRY_EPROTO, "rank %u streamed piece %zu to object %u at %"
+                              PRIu64 " (%" PRIu64 " bytes); the placement packs it to object %u "
+                              "at %" PRIu64 " (%" PRIu64 ")", c->rank, i, b->object, b->offset,
+                              b->bytes, a->object, a->offset, a->bytes);
+    }
+    m->sums = malloc((m->npieces ? m->npieces : 1) * sizeof *m->sums);
+    if (!m->sums)
+        return fr_rl_fail(err, FERRY_ENOMEM, "publish: out of memory");
+    memcpy(m->sums, sx->sums, m->npieces * sizeof *m->sums);
+    m->segment = sx->segment;
+    m->streamed = true;
+    st->tensors = sx->tensors;
+    st->bytes = sx->bytes;
+    st->cross_node_bytes = sx->cross_node_bytes;
+    st->local_bytes = sx->local_bytes;
+    st->convert_s = sx->convert_s;
+    st->store_s = sx->store_s;
+    return 0;
+}
+
 static int attempt(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
                    const char *record, ferry_manifest *placement, const ferry_shard_data *data,
-                   size_t n, const char *why, ferry_publish_stats *st, ferry_error *err)
+                   size_t n, const char *why, const fr_pub_streamed *sx, ferry_publish_stats *st,
+                   ferry_error *err)
 {
     /* Generations only move forward: refuse before storing (or replacing)
      * anything under an existing generation's keys. */
@@ -66,6 +99,8 @@ static int attempt(ferry_store *s, const ferry_publisher_config *c, uint64_t gen
     ferry_error me = {0};
     int my_rc = why ? fr_rl_fail(&me, FERRY_EINVAL, "%s", why)
                     : fr_pub_mine_prepare(&mine, c, placement, data, n, &me);
+    if (my_rc == 0 && sx)
+        my_rc = adopt(&mine, c, sx, st, &me);
     if (my_rc == 0) {
         st->total_tensors = ferry_manifest_tensor_count(mine.stored);
         for (uint64_t id = 0; id < ferry_manifest_fragment_count(mine.stored); id++) {
@@ -155,7 +190,7 @@ int ferry_publish_shards(ferry_store *s, const ferry_publisher_config *c, uint64
         return fr_rl_fail(err, FERRY_EINVAL, "publish: bad arguments (model, rank, world, "
                           "generation, placement)");
     uint64_t f0 = fr_minor_faults(), t0 = fr_now_ns();
-    int rc = attempt(s, c, gen, NULL, placement, mine, n, NULL, st, err);
+    int rc = attempt(s, c, gen, NULL, placement, mine, n, NULL, NULL, st, err);
     st->faults = fr_minor_faults() - f0;
     st->total_s = (double)(fr_now_ns() - t0) / 1e9;
     return rc;
@@ -337,13 +372,36 @@ int fr_rl_publish(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
     int my_rc = check_tensors(t, n, &me);
     if (my_rc == 0)
         my_rc = fr_rl_whole_placement(c, t, n, &pl, &data, &nd, &me);
-    int rc = attempt(s, c, gen, record, pl, data, nd, my_rc < 0 ? me.msg : NULL, st, err);
+    int rc = attempt(s, c, gen, record, pl, data, nd, my_rc < 0 ? me.msg : NULL, NULL, st, err);
     if (my_rc < 0 && rc < 0 && err)
         err->code = rc;
     free(data);
     ferry_manifest_close(pl);
     st->faults = fr_minor_faults() - f0;
     st->total_s = (double)(fr_now_ns() - t0) / 1e9;
+    return rc;
+}
+
+int fr_rl_publish_streamed(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
+                           ferry_manifest *placement, const fr_pub_streamed *sx, const char *why,
+                           ferry_publish_stats *st, ferry_error *err)
+{
+    uint64_t f0 = fr_minor_faults(), t0 = fr_now_ns();
+    /* this rank's fragments (copy 0): stored already, so no data is read */
+    uint64_t nf = placement ? ferry_manifest_fragment_count(placement) : 0;
+    ferry_shard_data *data = calloc(nf ? nf : 1, sizeof *data);
+    size_t n = 0;
+    for (uint64_t id = 0; data && id < nf; id++) {
+        ferry_fragment f;
+        if (ferry_manifest_fragment(placement, id, &f) == 0 && f.rank == c->rank && f.replica == 0)
+            data[n++] = (ferry_shard_data){ .fragment = id, .data = sx };
+    }
+    int rc = !data ? fr_rl_fail(err, FERRY_ENOMEM, "publish: out of memory")
+                   : attempt(s, c, gen, NULL, placement, data, n, why, why ? NULL : sx, st, err);
+    free(data);
+    st->put_s += sx ? sx->convert_s + sx->store_s : 0;
+    st->faults += fr_minor_faults() - f0;
+    st->total_s += (double)(fr_now_ns() - t0) / 1e9;
     return rc;
 }
 
@@ -358,7 +416,7 @@ int ferry_publish_abort(ferry_store *s, const ferry_publisher_config *c, uint64_
     for (char *p = w; *p; p++)
         if (*p == '\n' || *p == '\t')
             *p = ' ';   /* one line in the part and the status */
-    int rc = attempt(s, c, gen, NULL, NULL, NULL, 0, w, &st, err);
+    int rc = attempt(s, c, gen, NULL, NULL, NULL, 0, w, NULL, &st, err);
     return rc < 0 ? rc : fr_rl_fail(err, FERRY_EPROTO, "publish of %s generation %" PRIu64
                                     " was announced without rank %u", c->model, gen, c->rank);
 }

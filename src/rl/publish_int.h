@@ -70,7 +70,31 @@ typedef struct fr_pub_mine {
     uint32_t ntensors;
     char *json;                  /* rank 0: the stored manifest's JSON */
     size_t json_len;
+    bool streamed;               /* its objects were stored as a stream (publish_stream.c):
+                                  * fr_pub_mine_store stores the files only */
 } fr_pub_mine;
+
+/* The placement slot of one of a rank's objects or files ("<k>", "sums",
+ * "decl", "manifest.json"): the same in every generation (store.h). */
+uint64_t fr_pub_slot(const char *model, uint32_t rank, const char *what);
+
+/* What a rank stored as a stream (publish_stream.c), adopted by the
+ * attempt once the placement is known: the packing must be the one the
+ * generation's placement gives. */
+typedef struct fr_pub_streamed {
+    uint32_t nobjects;
+    uint64_t segment;            /* where its objects landed */
+    size_t npieces;
+    uint64_t *sums;              /* per piece, in id order */
+    ferry_packed *at;            /* where each piece was packed */
+    uint64_t tensors, bytes, cross_node_bytes, local_bytes;
+    double convert_s, store_s;
+} fr_pub_streamed;
+/* Publish gen from a placement whose pieces this rank already stored
+ * (sx), or fail the attempt on every rank with why. */
+int fr_rl_publish_streamed(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
+                           ferry_manifest *placement, const fr_pub_streamed *sx, const char *why,
+                           ferry_publish_stats *st, ferry_error *err);
 
 /* Check the placement (ranks, dtypes, every tensor covered once), make
  * its stored form, packing and declaration, and find this rank's pieces

@@ -450,13 +450,16 @@ int fr_pub_put(ferry_store *s, const char *key, const void *data, uint64_t nb,
  * same object of a retired generation was — memory this rank's process
  * and its readers have written and read before (docs/weights.md, "Warm
  * memory"). */
-static uint64_t piece_slot(const char *model, uint32_t rank, const char *what)
+uint64_t fr_pub_slot(const char *model, uint32_t rank, const char *what)
 {
     char b[FR_GEN_KEY];
     int n = snprintf(b, sizeof b, "%s/r%u/%s", model, rank, what);
     uint64_t h = fr_hash64(b, n > 0 ? (size_t)n : 0, 0x736c6f74u);
     return h ? h : 1;
 }
+
+static int store_files(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
+                       fr_pub_mine *p, ferry_replicate_config *rp, ferry_error *err);
 
 int fr_pub_mine_store(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
                       ferry_manifest *placement, fr_pub_mine *p, ferry_publish_stats *st,
@@ -465,6 +468,8 @@ int fr_pub_mine_store(ferry_store *s, const ferry_publisher_config *c, uint64_t 
     ferry_replicate_config repl = { .replica_num = 1, .hard_pin = true,
                                     .preferred_segments = &c->segment,
                                     .npreferred = c->segment ? 1 : 0 };
+    if (p->streamed)   /* the objects are stored (publish_stream.c): the files are left */
+        return store_files(s, c, gen, p, &repl, err);
     p->sums = calloc(p->npieces ? p->npieces : 1, sizeof *p->sums);
     if (!p->sums)
         return fr_rl_fail(err, FERRY_ENOMEM, "publish: out of memory");
@@ -483,7 +488,7 @@ int fr_pub_mine_store(ferry_store *s, const ferry_publisher_config *c, uint64_t 
         ferry_object_desc d = {0};
         (void)fr_gen_object_key(c->model, gen, c->rank, k, key, sizeof key);
         snprintf(what, sizeof what, "%u", k);
-        repl.slot = piece_slot(c->model, c->rank, what);
+        repl.slot = fr_pub_slot(c->model, c->rank, what);
         uint64_t c0 = fr_now_ns();
         void *at = NULL;
         ferry_put_slot *ps = NULL;
@@ -527,6 +532,16 @@ int fr_pub_mine_store(ferry_store *s, const ferry_publisher_config *c, uint64_t 
         else if (c->segment)
             st->local_bytes += nb;
     }
+    return store_files(s, c, gen, p, &repl, err);
+}
+
+/* A rank's files beside its objects: its checksums and declaration, and
+ * rank 0's stored manifest. */
+static int store_files(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
+                       fr_pub_mine *p, ferry_replicate_config *rp, ferry_error *err)
+{
+    ferry_replicate_config repl = *rp;
+    int rc = 0;
     char key[FR_GEN_KEY];
     struct { const char *what; const void *data; uint64_t len; } extra[3] = {
         { "sums", p->sums, p->npieces * 8 },
@@ -543,7 +558,7 @@ int fr_pub_mine_store(ferry_store *s, const ferry_publisher_config *c, uint64_t 
         else
             snprintf(what, sizeof what, "manifest.json");
         (void)fr_gen_file_key(c->model, gen, what, key, sizeof key);
-        repl.slot = piece_slot(c->model, c->rank, what);
+        repl.slot = fr_pub_slot(c->model, c->rank, what);
         rc = fr_pub_put(s, key, extra[i].data, extra[i].len, &repl, NULL);
         if (rc < 0)
             fr_rl_fail(err, rc, "could not store %s: %s", what, ferry_store_last_error());
