@@ -202,6 +202,9 @@ int ferry_publish_stream_begin(ferry_store *s, const ferry_publisher_config *cfg
 int ferry_publish_stream_add(ferry_publish_stream *ps, const ferry_weight_tensor *t,
                              ferry_error *err);
 int ferry_publish_stream_end(ferry_publish_stream *ps, ferry_publish_stats *st, ferry_error *err);
+/* This rank cannot go on (why: its reason, e.g. a tensor its caller could
+ * not hand over): end fails the attempt on every rank with it. */
+int ferry_publish_stream_abort(ferry_publish_stream *ps, const char *why);
 /* The most bytes this rank's stream has held at once so far (its object
  * being filled). */
 uint64_t ferry_publish_stream_held(const ferry_publish_stream *ps);

@@ -470,6 +470,152 @@ done:
     return out;
 }
 
+/* ---- a streaming publish (ferry_publish_stream_*): a capsule -------------------------- */
+
+typedef struct fp_stream { ferry_publish_stream *ps; PyObject *store; uint64_t gen; } fp_stream;
+
+static void stream_capsule_free(PyObject *cap)
+{
+    fp_stream *x = PyCapsule_GetPointer(cap, "ferry.publish_stream");
+    if (!x)
+        return;
+    if (x->ps) {   /* dropped without end: the attempt fails on every rank */
+        ferry_store *s = fp_store_handle(x->store);
+        (void)s;
+        (void)ferry_publish_stream_abort(x->ps, "the stream was dropped before its end");
+        Py_BEGIN_ALLOW_THREADS (void)ferry_publish_stream_end(x->ps, NULL, NULL);
+        Py_END_ALLOW_THREADS
+    }
+    Py_XDECREF(x->store);
+    PyMem_Free(x);
+}
+
+static fp_stream *stream_of(PyObject *cap)
+{
+    fp_stream *x = PyCapsule_GetPointer(cap, "ferry.publish_stream");
+    if (x && !x->ps) {
+        PyErr_SetString(PyExc_ValueError, "the publish stream has ended");
+        return NULL;
+    }
+    return x;
+}
+
+/* weights_stream_begin(store, model, rank, world, out_dtype, segment, keep,
+ * timeout_ms, generation) -> stream */
+static PyObject *w_stream_begin(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *so;
+    const char *model, *out_dtype;
+    unsigned int rank, world, keep;
+    unsigned long long segment, timeout, gen;
+    if (!PyArg_ParseTuple(args, "OsIIsKIKK:weights_stream_begin", &so, &model, &rank, &world, &out_dtype,
+                          &segment, &keep, &timeout, &gen))
+        return NULL;
+    ferry_store *s = fp_store_handle(so);
+    if (!s)
+        return NULL;
+    ferry_publisher_config cfg;
+    if (fp_publisher_config(&cfg, model, out_dtype, rank, world, segment, keep, timeout) < 0)
+        return NULL;
+    fp_stream *x = PyMem_Calloc(1, sizeof *x);
+    if (!x)
+        return PyErr_NoMemory();
+    ferry_error err = {0};
+    int rc;
+    FP_STORE_CALL(so, rc = ferry_publish_stream_begin(s, &cfg, gen, &x->ps, &err));
+    if (rc < 0) {
+        PyMem_Free(x);
+        return fp_raise_err_class(rc, &err);
+    }
+    Py_INCREF(so);
+    x->store = so;
+    x->gen = gen;
+    PyObject *cap = PyCapsule_New(x, "ferry.publish_stream", stream_capsule_free);
+    if (!cap) {
+        (void)ferry_publish_stream_abort(x->ps, "out of memory");
+        (void)ferry_publish_stream_end(x->ps, NULL, NULL);
+        Py_DECREF(so);
+        PyMem_Free(x);
+    }
+    return cap;
+}
+
+/* weights_stream_add(stream, name, buffer, dtype) -> None: C-contiguous
+ * buffer of dtype's elements; the stream keeps nothing of it. */
+static PyObject *w_stream_add(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *cap, *bo;
+    const char *name, *dtype;
+    if (!PyArg_ParseTuple(args, "OsOs:weights_stream_add", &cap, &name, &bo, &dtype))
+        return NULL;
+    fp_stream *x = stream_of(cap);
+    if (!x)
+        return NULL;
+    Py_buffer v;
+    char what[300];
+    snprintf(what, sizeof what, "tensor %.200s", name);
+    if (fp_buf_get(bo, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT, what) < 0)
+        return NULL;
+    if (ferry_dtype_size(dtype) != (uint32_t)v.itemsize || v.ndim > FERRY_MAX_DIMS) {
+        PyErr_Format(PyExc_ValueError, "tensor %s: dtype %s does not match the array's %zd-byte elements "
+                     "(or more than %d dims)", name, dtype, v.itemsize, FERRY_MAX_DIMS);
+        PyBuffer_Release(&v);
+        return NULL;
+    }
+    ferry_weight_tensor t = { .name = name, .dtype = dtype, .ndim = (uint32_t)v.ndim, .data = v.buf };
+    for (int d = 0; d < v.ndim; d++)
+        t.shape[d] = (uint64_t)v.shape[d];
+    ferry_error err = {0};
+    int rc;
+    FP_STORE_CALL(x->store, rc = ferry_publish_stream_add(x->ps, &t, &err));
+    PyBuffer_Release(&v);
+    if (rc < 0)
+        return fp_raise_err_class(rc, &err);
+    Py_RETURN_NONE;
+}
+
+/* weights_stream_abort(stream, why) -> None */
+static PyObject *w_stream_abort(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *cap;
+    const char *why;
+    if (!PyArg_ParseTuple(args, "Os:weights_stream_abort", &cap, &why))
+        return NULL;
+    fp_stream *x = stream_of(cap);
+    if (!x)
+        return NULL;
+    (void)ferry_publish_stream_abort(x->ps, why);
+    Py_RETURN_NONE;
+}
+
+/* weights_stream_held(stream) -> the most bytes held at once so far */
+static PyObject *w_stream_held(PyObject *self, PyObject *cap)
+{
+    (void)self;
+    fp_stream *x = stream_of(cap);
+    return x ? PyLong_FromUnsignedLongLong(ferry_publish_stream_held(x->ps)) : NULL;
+}
+
+/* weights_stream_end(stream) -> stats (the publish's outcome) */
+static PyObject *w_stream_end(PyObject *self, PyObject *cap)
+{
+    (void)self;
+    fp_stream *x = stream_of(cap);
+    if (!x)
+        return NULL;
+    ferry_publish_stats st;
+    memset(&st, 0, sizeof st);
+    ferry_error err = {0};
+    int rc;
+    ferry_publish_stream *ps = x->ps;
+    x->ps = NULL;   /* ended, whatever the outcome */
+    FP_STORE_CALL(x->store, rc = ferry_publish_stream_end(ps, &st, &err));
+    return publish_outcome(rc, &err, x->gen, &st);
+}
+
 /* The bytes a fragment's data must hold: its dense size, or, with strides,
  * up to its last element past the storage offset. 0 for an empty box. */
 static uint64_t fragment_extent(const ferry_fragment *f, uint32_t ndim, uint32_t itemsize)
@@ -1346,6 +1492,22 @@ static PyMethodDef w_methods[] = {
      "weights_publish_abort($module, store, model, rank, world, timeout_ms, generation, why, /)\n--\n\n"
      "weights_publish_abort(store, model, rank, world, timeout_ms, generation, why): this rank cannot publish; "
      "raises the error every rank gets"},
+    {"weights_stream_begin", w_stream_begin, METH_VARARGS,
+     "weights_stream_begin($module, store, model, rank, world, out_dtype, segment, keep, timeout_ms, generation, /)"
+     "\n--\n\n"
+     "weights_stream_begin(...) -> stream: a streaming publish of generation (ferry_publish_stream_begin)"},
+    {"weights_stream_add", w_stream_add, METH_VARARGS,
+     "weights_stream_add($module, stream, name, buffer, dtype, /)\n--\n\n"
+     "weights_stream_add(stream, name, buffer, dtype): one tensor, stored now or by another rank"},
+    {"weights_stream_abort", w_stream_abort, METH_VARARGS,
+     "weights_stream_abort($module, stream, why, /)\n--\n\n"
+     "weights_stream_abort(stream, why): this rank cannot go on; the end fails on every rank"},
+    {"weights_stream_held", w_stream_held, METH_O,
+     "weights_stream_held($module, stream, /)\n--\n\n"
+     "weights_stream_held(stream) -> int: the most bytes this rank held at once"},
+    {"weights_stream_end", w_stream_end, METH_O,
+     "weights_stream_end($module, stream, /)\n--\n\n"
+     "weights_stream_end(stream) -> stats: announce (or fail on every rank)"},
     {"weights_publish", w_publish, METH_VARARGS,
      "weights_publish($module, store, model, rank, world, rank_node, out_dtype, segment, keep, timeout_ms, generation, tensors, /)\n--\n\n"
      "weights_publish(store, model, rank, world, rank_node, out_dtype, segment, keep, timeout_ms, generation, "

@@ -15,6 +15,7 @@ ferry.adapters`` imports torch).
 """
 
 import asyncio
+import queue
 
 from . import _torch_weights as _tw
 from . import store as _store
@@ -171,8 +172,9 @@ class CheckpointEngine:
         if self.role != "trainer":
             raise RuntimeError("send_weights: this worker is not a trainer (init_process_group(role='trainer'))")
         gen = self._next_generation(global_steps, generation)
-        try:
-            st = self._pub.publish(gen, [(n, t) for n, t in weights])
+        try:   # streamed: each tensor stored (or dropped) as it comes, no list of the model
+            self.last_held = []
+            st = self._pub.publish_stream(gen, ((n, _contiguous(t)) for n, t in weights), held=self.last_held)
         except _store.Error as e:
             act = _weights.active(self._store(), self.model)
             if act is not None and act[0] >= gen:
@@ -187,13 +189,46 @@ class CheckpointEngine:
 
     async def send_weights(self, weights, global_steps=None, generation=None):
         """:meth:`send_weights_sync` for ``await engine.send_weights(weights,
-        global_steps=step)``: the tensors are taken from the generator here
-        (every rank passes them all to one publish: each tensor's storing
-        rank is chosen from all of their sizes), the publish runs in a
-        thread (it releases the GIL), so the event loop runs on meanwhile."""
-        items = [(n, t) async for n, t in _aiter(weights)]
+        global_steps=step)``, streamed: the publish runs in a thread (it
+        releases the GIL) and takes each tensor from the generator, a
+        generator or an async one, as it comes — handed over through a
+        queue of one, so at most two tensors (the one being stored, the
+        next) and the rank's current object (at most 256 MiB) are held,
+        never the model. The event loop runs on meanwhile."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, lambda: self.send_weights_sync(items, global_steps, generation))
+        q = queue.Queue(maxsize=1)
+        done = object()
+
+        def items():
+            while True:
+                it = q.get()
+                if it is done:
+                    return
+                if isinstance(it, BaseException):
+                    raise it
+                yield it
+
+        task = loop.run_in_executor(None, lambda: self.send_weights_sync(items(), global_steps, generation))
+
+        def drain(_):   # the publish ended (a failure: it takes no more): free a feeder blocked on put
+            while True:
+                try:
+                    q.get_nowait()
+                except queue.Empty:
+                    return
+
+        task.add_done_callback(drain)
+        try:
+            async for item in _aiter(weights):
+                if task.done():   # the publish stopped taking tensors (it failed): no more to give
+                    break
+                await loop.run_in_executor(None, q.put, item)
+            else:
+                await loop.run_in_executor(None, q.put, done)
+        except Exception as e:   # noqa: B902 - the generator failed: the publish fails on every rank
+            if not task.done():
+                await loop.run_in_executor(None, q.put, e)
+        return await task
 
     # ---- rollout side ----
 
@@ -238,6 +273,11 @@ class CheckpointEngine:
                 yield item
         finally:
             it.close()
+
+
+def _contiguous(t):
+    """A tensor the publish can read as it is (verl's generator may yield views)."""
+    return t.contiguous() if hasattr(t, "is_contiguous") and not t.is_contiguous() else t
 
 
 async def _aiter(weights):

@@ -191,6 +191,40 @@ class WeightPublisher:
                                       self.out_dtype or "", self.segment, self.keep, self.timeout_ms,
                                       int(generation), items)
 
+    def publish_stream(self, generation, tensors, held=None):
+        """Publish ``generation`` as the ``(name, tensor)`` pairs come
+        (``ferry_publish_stream_*``; docs/weights.md, "Streaming
+        publish"): ``tensors`` may be a generator, the same full tensors in
+        the same order on every rank (verl's weight generator). Each tensor
+        is stored by one rank chosen as it comes (the fewest bytes so far:
+        the stored bytes stay balanced, no rank-0 funnel), converted into
+        that rank's current object, which is put as soon as it is full
+        (256 MiB): no rank holds the model, and a tensor may be freed as
+        soon as the next one is asked for. ``held`` (a list, may be None)
+        gets the most bytes this rank held at once. Outcome and errors as
+        :meth:`publish`; a tensor this rank cannot take fails the attempt
+        on every rank (the generator is not read further here)."""
+        st = _ferry.weights_stream_begin(self.store, self.model, self.rank, self.world, self.out_dtype or "",
+                                         self.segment, self.keep, self.timeout_ms, int(generation))
+        cause = None
+        try:
+            for i, t in enumerate(tensors):
+                name, a, dtype = _tensor_item(i, t)
+                _ferry.weights_stream_add(st, name, a, dtype)
+        except _ferry.Error:
+            pass   # recorded in the stream: its end fails on every rank with it
+        except Exception as e:   # noqa: B902 - every rank must hear of it
+            cause = e
+            _ferry.weights_stream_abort(st, str(e))
+        if held is not None:
+            held.append(_ferry.weights_stream_held(st))
+        try:
+            return _ferry.weights_stream_end(st)
+        except _ferry.Error as e:
+            if cause is not None:
+                raise e from cause
+            raise
+
     def publish_shards(self, generation, placement, mine):
         """Publish ``generation`` from the pieces this rank holds, with no
         gather (``ferry_publish_shards``): ``placement`` is a

@@ -36,10 +36,16 @@ SHAPES = {"embed.weight": (512, 64), "layers.0.mlp.up.weight": (256, 64), "layer
 BUCKET = 2048 << 20    # verl's default update_weights_bucket_megabytes
 
 
-def weights_of(step):
-    """The trainers' full tensors at a step: the same on every rank, new each step."""
+def weights_of(step, only=None):
+    """The trainers' full tensors at a step: the same on every rank, new each step (only: just that one,
+    the same values)."""
     g = torch.Generator().manual_seed(1000 + step)
-    return {n: (torch.randn(s, generator=g) * 0.02).to(torch.bfloat16) for n, s in SHAPES.items()}
+    out = {}
+    for n, s in SHAPES.items():
+        t = (torch.randn(s, generator=g) * 0.02).to(torch.bfloat16)
+        if only is None or n == only:
+            out[n] = t
+    return out
 
 
 def digest(t):
@@ -93,10 +99,19 @@ def _worker(addr, token_file, rank, role, cmd, out):
             elif c[0] == "update" and role == "trainer":
                 step = c[1]
 
+                alive = []
+
                 def per_tensor(step=step):          # verl's get_per_tensor_param: a generator
-                    yield from weights_of(step).items()
+                    import weakref
+                    refs = []
+                    for name in list(SHAPES):       # each tensor made as it is asked for
+                        t = weights_of(step, only=name)[name]
+                        refs.append(weakref.ref(t))
+                        alive.append(sum(r() is not None for r in refs))
+                        yield name, t
+                        del t
                 st = asyncio.run(eng.send_weights(per_tensor(), global_steps=step))
-                out.put((who, {"stats": st, "generation": eng.generation}))
+                out.put((who, {"stats": st, "generation": eng.generation, "alive": max(alive)}))
             elif c[0] == "update":
                 step = c[1]
 
@@ -148,6 +163,9 @@ def test_verl_manager_replayed(cluster):
                 assert got[w]["generation"] == step + 1
                 assert all(k.startswith("ferry/") for k in got[w]["stats"])
             assert sum(got[w]["stats"]["ferry/tensors"] for w in trainers) == len(SHAPES)   # each stored once
+            # streamed: the send asks for a tensor only once it is nearly done with the last (the one
+            # being stored, one handed over, the one just made), never the whole model
+            assert all(got[w]["alive"] <= 3 for w in trainers), [got[w]["alive"] for w in trainers]
             for w in rollouts:
                 assert got[w]["generation"] == step + 1, (w, got[w]["generation"], step)
                 assert got[w]["tensors"] == len(SHAPES)

@@ -177,6 +177,64 @@ def test_publish_and_manifest(store, plain):
         weights.manifest(store, "no-such-model")
 
 
+def test_publish_stream_takes_tensors_as_they_come(cluster, store):
+    """publish_stream from a generator on two ranks: each rank asks for the
+    next tensor only once it is done with the last (never more than two
+    alive, none kept), the stored bytes are balanced, every byte reads back
+    as published (bf16, converted), and a tensor one rank cannot take fails
+    the attempt on both with that rank's reason."""
+    import weakref
+    model, world = "streamed", 2
+    shapes = [(64, 33), (128, 17), (5,), (300, 40), (7, 7), (96, 96)]
+
+    def values(gen, i, shape):
+        rng = np.random.default_rng(gen * 100 + i)
+        return (rng.integers(-64, 64, size=shape) / 8).astype(np.float32)
+
+    def generator(gen, alive, bad=False):
+        refs = []
+        for i, shp in enumerate(shapes):
+            a = values(gen, i, shp) if not (bad and i == 3) else np.zeros(shp, dtype=np.int8)
+            refs.append(weakref.ref(a))
+            alive.append(sum(r() is not None for r in refs))
+            yield (f"layers.{i}.w", a)
+            del a
+
+    def rank(r, barrier, gen, bad_rank=None):
+        with cluster.store() as s:
+            pub = ferry.WeightPublisher(s, model, r, world, out_dtype="bf16", timeout_ms=TIMEOUT_MS)
+            alive, held = [], []
+            barrier.wait()
+            try:
+                st = pub.publish_stream(gen, generator(gen, alive, bad=r == bad_rank), held=held)
+            except ferry.Error as e:
+                return e, alive
+            return (st, held[0]), alive
+
+    res = _run_ranks(world, lambda r, b: rank(r, b, 1))
+    _raise_any(res)
+    total = sum(int(np.prod(shp)) * 2 for shp in shapes)
+    for (st, held), alive in res:
+        assert max(alive) <= 2, alive                    # taken as they come, none kept
+        assert held <= st["bytes"] + 64 * len(shapes)    # its one object (with its 64-byte alignment)
+        assert st["total_tensors"] == len(shapes) and st["total_bytes"] == total
+        assert st["bytes"] <= total / world + max(int(np.prod(x)) * 2 for x in shapes)   # balanced
+    assert sum(st["bytes"] for (st, _), _ in res) == total
+    assert weights.active(store, model)[0] == 1
+    m = weights.manifest(store, model)
+    assert [e["name"] for e in m] == [f"layers.{i}.w" for i in range(len(shapes))]
+    got = dict(weights.update_compat(store, model))
+    for i, shp in enumerate(shapes):
+        want = weights.convert(values(1, i, shp), "f32", "bf16")
+        assert np.array_equal(got[f"layers.{i}.w"].reshape(-1), want.reshape(-1)), i
+    # rank 1 is handed an int8 tensor: both ranks fail with its reason, nothing announced
+    res = _run_ranks(world, lambda r, b: rank(r, b, 2, bad_rank=1))
+    for e, _ in res:
+        assert isinstance(e, ferry.Error), e
+        assert "rank 1" in str(e) and "layers.3.w" in str(e), str(e)
+    assert weights.active(store, model)[0] == 1
+
+
 def test_publish_older_generation_raises(cluster, store):
     _, res = _publish(cluster, "older", 2)
     _raise_any(res)

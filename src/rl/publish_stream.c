@@ -326,6 +326,15 @@ int ferry_publish_stream_end(ferry_publish_stream *ps, ferry_publish_stats *st, 
     return rc;
 }
 
+int ferry_publish_stream_abort(ferry_publish_stream *ps, const char *why)
+{
+    if (!ps)
+        return FERRY_EINVAL;
+    ferry_error e = {0};
+    fail(ps, &e, FERRY_EINVAL, "rank %u: %s", ps->cfg.rank, why && *why ? why : "it gave up");
+    return 0;
+}
+
 uint64_t ferry_publish_stream_held(const ferry_publish_stream *ps)
 {
     return ps ? ps->most : 0;
