@@ -67,6 +67,7 @@ class CheckpointEngine:
         self.store, self._own_store = (store, False) if store is not None else (None, True)
         self.role = self.rank = self.world_size = None
         self.generation = 0        # the last one sent (trainer) or received (rollout); kept across steps
+        self.last_held = []        # trainer: the most bytes the last send's stream held at once
         self._pub = self._cg = None
 
     @staticmethod

@@ -18,6 +18,7 @@ class CheckpointEngine:
     rank: Optional[int]
     world_size: Optional[int]
     generation: int
+    last_held: List[int]
     store: Optional[_store.Store]
     def __init__(self, bucket_size: int = ..., *, master: Optional[str] = ..., token_file: Optional[str] = ...,
                  store: Optional[_store.Store] = ..., model: str = ..., out_dtype: Optional[str] = ..., group: Optional[str] = ...,
