@@ -276,6 +276,15 @@ class CheckpointEngine:
             it.close()
 
 
+def _process_weights_after_loading():
+    """vLLM's post-load hook (``vllm.model_executor.model_loader.utils``), or None without vLLM."""
+    try:
+        from vllm.model_executor.model_loader.utils import process_weights_after_loading   # type: ignore
+        return process_weights_after_loading
+    except Exception:   # noqa: B902 - vLLM absent
+        return None
+
+
 def _contiguous(t):
     """A tensor the publish can read as it is (verl's generator may yield views)."""
     return t.contiguous() if hasattr(t, "is_contiguous") and not t.is_contiguous() else t
@@ -369,14 +378,31 @@ class WorkerExtension:
             return self._ferry_generation
         w = _tw.weights(self._ferry_store, self._ferry_model, self._ferry_names,
                         group=None if alone else self._ferry_group, generation=self._ferry_generation)
+        runner = self.model_runner
+        # speculative decoding: the drafter (MTP) takes the same tensors, as in checkpoint-engine's
+        # VllmColocateWorkerExtension (vLLM's model_runner.drafter.model)
+        drafter = getattr(runner, "drafter", None) if getattr(runner, "speculative_config", None) is not None \
+            else None
         try:
-            self.model_runner.model.load_weights(weights=w)
+            if drafter is None:
+                runner.model.load_weights(weights=w)
+            else:
+                for item in w:
+                    runner.model.load_weights(weights=[item])
+                    drafter.model.load_weights(weights=[item])
             left = next(w, None)
             if left is not None:   # stopping the update stops it on every worker of the group
                 raise RuntimeError(f"load_weights returned before taking every tensor (next: {left[0]}); "
                                    f"generation {act[0]} is not loaded")
         finally:
             w.close()
+        # quantized layers (FP8 and the like) repack what was loaded: vLLM's
+        # process_weights_after_loading, as its own loaders and checkpoint-engine call it
+        post = _process_weights_after_loading()
+        if post is not None:
+            post(runner.model, getattr(self, "model_config", None), getattr(self, "device", None))
+            if drafter is not None:
+                post(drafter.model, getattr(self, "model_config", None), getattr(self, "device", None))
         self._ferry_generation = w.generation
         return self._ferry_generation
 
