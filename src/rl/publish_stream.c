@@ -175,6 +175,34 @@ static int room(ferry_publish_stream *ps, uint64_t need, ferry_error *err)
     return 0;
 }
 
+/* n elements of src (dtype sd) into dst as dd, hashed as they are written
+ * (*sum: fr_gen_bytes_hash of the bytes written), a cache-sized chunk at a
+ * time so that the hash reads them from cache, not memory. */
+static void convert_hashed(const void *src, const char *sd, uint8_t *dst, const char *dd,
+                           uint64_t n, uint64_t *sum)
+{
+    const uint64_t chunk = 8192;
+    uint32_t is = ferry_dtype_size(sd), os = ferry_dtype_size(dd);
+    bool same = strcmp(sd, dd) == 0;
+    fr_hasher *h = fr_hasher_new(0);
+    for (uint64_t e = 0; e < n; e += chunk) {
+        uint64_t k = n - e < chunk ? n - e : chunk;
+        if (same)
+            memcpy(dst + e * os, (const uint8_t *)src + e * is, (size_t)(k * is));
+        else
+            (void)ferry_convert((const uint8_t *)src + e * is, sd, dst + e * os, dd, k);
+        if (h)
+            fr_hasher_update(h, dst + e * os, (size_t)(k * os));
+    }
+    if (h) {
+        fr_hash128_t d = fr_hasher_digest(h);
+        memcpy(sum, d.b, sizeof *sum);
+        fr_hasher_free(h);
+    } else {
+        *sum = fr_gen_bytes_hash(dst, (size_t)(n * os));
+    }
+}
+
 static int check_tensor(ferry_publish_stream *ps, const ferry_weight_tensor *t, uint64_t *elems,
                         ferry_error *err)
 {
@@ -235,11 +263,8 @@ int ferry_publish_stream_add(ferry_publish_stream *ps, const ferry_weight_tensor
         return rc;
     if (at > ps->obj_bytes)
         memset(ps->buf + ps->obj_bytes, 0, (size_t)(at - ps->obj_bytes));
-    uint64_t t0 = fr_now_ns();
-    if (strcmp(t->dtype, od) == 0)
-        memcpy(ps->buf + at, t->data, (size_t)bytes);
-    else
-        (void)ferry_convert(t->data, t->dtype, ps->buf + at, od, elems);
+    uint64_t t0 = fr_now_ns(), sum = 0;
+    convert_hashed(t->data, t->dtype, ps->buf + at, od, elems, &sum);
     if (fr_grow((void **)&ps->sx.sums, &ps->cap_pieces, ps->sx.npieces + 1,
                 sizeof *ps->sx.sums) < 0)
         return fail(ps, err, FERRY_ENOMEM, "publish stream: out of memory");
@@ -247,7 +272,7 @@ int ferry_publish_stream_add(ferry_publish_stream *ps, const ferry_weight_tensor
     if (!np)
         return fail(ps, err, FERRY_ENOMEM, "publish stream: out of memory");
     ps->sx.at = np;
-    ps->sx.sums[ps->sx.npieces] = fr_gen_bytes_hash(ps->buf + at, (size_t)bytes);
+    ps->sx.sums[ps->sx.npieces] = sum;
     ps->sx.at[ps->sx.npieces++] = (ferry_packed){ .rank = r, .object = ps->sx.nobjects,
                                                   .offset = at, .bytes = bytes };
     ps->sx.convert_s += (double)(fr_now_ns() - t0) / 1e9;
