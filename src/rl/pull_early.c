@@ -44,7 +44,6 @@ struct fr_early {
     uint64_t *sums;              /* its checksums hash */
     uint32_t *nobj;
     uint64_t deadline;           /* ns */
-    bool waited;                 /* every part was seen */
     char tag[48];                /* "<next>.<release of the demand barrier>": names the round's
                                   * values ("": the group never met) */
 };
@@ -133,7 +132,6 @@ int fr_early_wait(fr_early *ea, ferry_error *err)
     }
     ferry_watch_close(w);
     free(have);
-    ea->waited = rc == 0;
     return rc;
 }
 
