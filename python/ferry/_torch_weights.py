@@ -250,9 +250,11 @@ class _Dest:
         self.name, self.p = name, p
         self.ptr, self.shape, self.stride, self.dtype = p.data_ptr(), tuple(p.shape), p.stride(), p.dtype
 
-    def check(self):
+    def check(self, ptrs=None):
+        """ptrs: the storages the parameter may hold (standby copies: either copy); default its own."""
         p = self.p
-        if (p.data_ptr(), tuple(p.shape), p.stride(), p.dtype) != (self.ptr, self.shape, self.stride, self.dtype):
+        if (tuple(p.shape), p.stride(), p.dtype) != (self.shape, self.stride, self.dtype) or \
+                p.data_ptr() not in (ptrs or (self.ptr,)):
             raise _stale(f"parameter {self.name} was re-bound after the subscriber opened (p.data = ...): it is now "
                          f"{_tensors.describe(p)} at {p.data_ptr():#x}, the subscriber writes the storage at "
                          f"{self.ptr:#x} (shape {list(self.shape)}, {self.dtype}); nothing was written — close the "
@@ -275,10 +277,15 @@ class Subscriber:
     ``tensors``: the published ``(name, shape, dtype)`` list (default: the
     active generation's manifest). With ``group`` the workers of the layout
     update together (``WeightSubscriber``: each byte read once, pushed to
-    the replicas); without, each reads its own demand."""
+    the replicas); without, each reads its own demand. ``standby=True``
+    (with a group) keeps a second storage per parameter: each update writes
+    the copy the module does not hold, then re-binds every parameter's
+    ``.data`` to it in one step (docs/weights.md, "Standby copies"; 2x the
+    parameters' memory), and ``update(next=G)`` becomes possible."""
 
     def __init__(self, store, model, module, layout, rank, group=None, *, names=None, rules=None, roles=None,
-                 buffers=False, tensors=None, node=0, timeout_ms=60000, batch_bytes=0, local_segment=0):
+                 buffers=False, tensors=None, node=0, timeout_ms=60000, batch_bytes=0, local_segment=0,
+                 standby=False):
         self.store, self.model, self.rank, self.layout, self.group = store, model, int(rank), layout, group
         self.names = NameMap.of(names)
         if tensors is None:   # the dense generation the active chain starts at (the active one when dense)
@@ -293,10 +300,34 @@ class Subscriber:
         self.shards, self._dests = self._plan(tensors, placement, params)
         self.generation = 0
         self._sub = None
+        self._copies = None
+        if standby and group is None:
+            raise ValueError("standby copies need a group (the standby copy is what the group writes)")
         if group is not None:
+            kw = {}
+            if standby:   # a second storage per parameter; every shard's view into it, as into the first
+                self._copies = ({n: d.p.data for n, d in self._dests.items()},
+                                {n: torch.empty_like(d.p.data) for n, d in self._dests.items()})
+                kw = {"standby": [self._standby_view(dst) for _, _, dst in self.shards], "on_flip": self._on_flip}
             self._sub = _weights.WeightSubscriber(store, model, group, self.rank, self.world, self.shards,
                                                   timeout_ms=timeout_ms, node=node, batch_bytes=batch_bytes,
-                                                  local_segment=local_segment)
+                                                  local_segment=local_segment, **kw)
+
+    def _standby_view(self, dst):
+        """The standby copy's view of a shard: the same place in its parameter's second storage."""
+        for n, d in self._dests.items():
+            base = self._copies[0][n]
+            off = dst.storage_offset() - base.storage_offset()
+            if dst.data_ptr() >= base.data_ptr() and \
+                    dst.data_ptr() < base.data_ptr() + max(1, base.numel()) * base.element_size():
+                other = self._copies[1][n]
+                return other.as_strided(dst.size(), dst.stride(), other.storage_offset() + off)
+        raise ValueError("a shard lies in no parameter")
+
+    def _on_flip(self, copy, generation):
+        """The standby copy became active: every parameter now holds it (between inference steps)."""
+        for n, d in self._dests.items():
+            d.p.data = self._copies[copy][n]
 
     def _plan(self, tensors, placement, params):
         boxes = _boxes(placement, self.rank)
@@ -336,9 +367,11 @@ class Subscriber:
 
     def check(self):
         """Raise ``ferry.StaleError`` naming the first parameter re-bound
-        since open (``p.data = other``): an update would write the old storage."""
-        for d in self._dests.values():
-            d.check()
+        since open (``p.data = other``): an update would write the old storage.
+        With standby copies a parameter holds one of its two copies."""
+        for n, d in self._dests.items():
+            d.check(None if self._copies is None else (self._copies[0][n].data_ptr(),
+                                                       self._copies[1][n].data_ptr()))
 
     def warm(self):
         """The rollout's warm-up before its first :meth:`update`
@@ -347,7 +380,7 @@ class Subscriber:
         update reads them at memory speed. Returns the bytes touched."""
         return self.store.warm(write=False)
 
-    def update(self, alone=False):
+    def update(self, alone=False, next=None):
         """Take the active generation into the parameters; returns the stats
         (``generation``: the one held now). With a group, every member calls
         it (single-pull); ``alone=True`` (or no group) reads this worker's
@@ -355,8 +388,17 @@ class Subscriber:
         generation. Nothing moves when the parameters hold the active one.
         A re-bound parameter raises ``ferry.StaleError`` before anything is
         read (the group's other members then time out after
-        ``timeout_ms``)."""
+        ``timeout_ms``). ``next=G`` (standby copies only): an overlapped
+        update of generation G, which the trainers may still be publishing
+        (``WeightSubscriber.update(next=)``; docs/weights.md, "Overlapped
+        updates"); the stats say ``overlapped``."""
         self.check()
+        if next is not None:   # overlapped: the group takes `next` while the trainers publish it
+            if self._copies is None:
+                raise ValueError("update(next=...) needs standby copies (Subscriber(..., standby=True))")
+            st = self._sub.update(next=int(next))
+            self.generation = st["generation"]
+            return st
         act = _weights.active(self.store, self.model)
         group = self._sub is not None and not alone
         if not group and act is not None and act[0] <= self.generation:

@@ -207,6 +207,56 @@ def test_subscriber_rebound_parameter(store):
     sub.close()
 
 
+def test_subscriber_standby_overlapped(cluster, store):
+    """Subscriber(standby=True) in a TP2 group of two: each update writes the
+    copy the module does not hold and re-binds every parameter to it;
+    update(next=G) started before G's publish takes it overlapped (after the
+    group's first, plain, update), the module equal to the trainer's bits."""
+    model = gm.GPT()
+    names = ft.NameMap(gm.hf_name, gm.STACKED)
+    mods = [gm.VLLMGPT(2, r) for r in range(2)]
+    stores = [ferry.Store(master=cluster.addr, token_file=cluster.token_file, framework="torch") for _ in range(2)]
+    _publish_gpt(store, "sbov", 1, model)
+    subs = [ft.Subscriber(stores[r], "sbov", mods[r], "tp:2", r, group="sbov", names=names, standby=True)
+            for r in range(2)]
+    try:
+        def want():
+            return {n: gm.bits(p.detach()) for n, p in model.named_parameters()}
+
+        def got():
+            full = gm.vllm_to_trainer([dict(m.named_parameters()) for m in mods], 2)
+            return {n: gm.bits(t) for n, t in full.items()}
+
+        p0 = dict(mods[0].named_parameters())["model.embed_tokens.weight"]
+        ptrs = [p0.data_ptr()]
+        res, err = _threads([lambda s=s: s.update() for s in subs])
+        assert err == [None, None], err
+        assert got() == want() and [s.generation for s in subs] == [1, 1]
+        ptrs.append(p0.data_ptr())
+        for g in (2, 3):
+            gm.train_step(model, seed=g)
+            res, err = _threads([lambda s=s, g=g: s.update(next=g) for s in subs] +
+                                [lambda g=g: _publish_gpt(store, "sbov", g, model)])
+            assert err == [None] * 3, err
+            assert [r["overlapped"] for r in res[:2]] == [True, True]
+            assert got() == want() and [s.generation for s in subs] == [g, g]
+            ptrs.append(p0.data_ptr())
+            for s in subs:
+                s.check()                       # a parameter on either of its copies is not re-bound
+        assert ptrs[0] != ptrs[1] and ptrs[1] != ptrs[2] and ptrs[0] == ptrs[2] == ptrs[0] and ptrs[3] == ptrs[1]
+        plain = ft.Subscriber(store, "sbov", gm.VLLMGPT(2, 0), "tp:2", 0, group="plain", names=names)
+        with pytest.raises(ValueError, match=r"needs standby copies"):
+            plain.update(next=4)
+        plain.close()
+        with pytest.raises(ValueError, match=r"standby copies need a group"):
+            ft.Subscriber(store, "sbov", gm.VLLMGPT(2, 0), "tp:2", 0, names=names, standby=True)
+    finally:
+        for s in subs:
+            s.close()
+        for st in stores:
+            st.close()
+
+
 def test_weights_iterator_streams_and_stops(store):
     model = gm.GPT()
     _publish_gpt(store, "stream", 1, model)
