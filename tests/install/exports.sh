@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# libferry.so exports the public API only (src/libferry.map): every
+# defined dynamic symbol is ferry_*, and the public API is there.
+set -euo pipefail
+lib=$1
+syms=$(nm -D --defined-only "$lib" | awk 'NF == 3 {print $3}')
+total=$(printf '%s\n' "$syms" | grep -c . || true)
+other=$(printf '%s\n' "$syms" | grep -v '^ferry_' || true)
+echo "exports: $total defined dynamic symbols in $lib"
+if [ -n "$other" ]; then
+    echo "exports: $(printf '%s\n' "$other" | grep -c .) are not ferry_*:"
+    printf '%s\n' "$other" | head -20
+    exit 1
+fi
+for want in ferry_store_open ferry_engine_open ferry_publish ferry_subscriber_update_next \
+            ferry_publish_stream_begin ferry_store_put_begin ferry_remote_access_begin; do
+    printf '%s\n' "$syms" | grep -qx "$want" || { echo "exports: $want is missing"; exit 1; }
+done
+echo "exports: all ferry_*"
