@@ -1,16 +1,11 @@
-/* ferry weight updates: the pieces of publishing a policy generation that
- * every trainer rank computes for itself (docs/weights.md).
- *
- * Built so far: the deterministic byte-balanced choice of one publisher
- * rank per tensor, the rollout dtype conversion (round-to-nearest-even),
- * the deterministic object keys of a generation, publishing a generation
- * from every trainer rank with commit/announce and retention, and reading
- * the active generation's manifest and tensors back from the store, and
- * updating rollout workers from it in parameter-direct and compatibility
- * form with each worker reading its own demand, and the single-pull update
- * of a rollout group (one store read per byte, pushes between workers,
- * applied as a read -> push -> forward pipeline), with counters for every
- * publish and update. */
+/* ferry weight updates (docs/weights.md): publishing a policy generation
+ * from every trainer rank — from whole tensors, from the shards each rank
+ * holds, or as a stream of tensors — with one announcement and retention;
+ * reading a generation back; updating rollout workers from it, each worker
+ * reading its own demand or a rollout group reading each byte once
+ * (single-pull, pushes between workers), into the parameters or into
+ * standby copies flipped after the update, plainly or overlapped with the
+ * publish; sparse generations; counters for every publish and update. */
 #ifndef FERRY_WEIGHTS_H
 #define FERRY_WEIGHTS_H
 
@@ -365,8 +360,8 @@ typedef struct ferry_update_stats {
  * FERRY_ENOENT (not in the generation), FERRY_ERANGE (a box outside it),
  * FERRY_ELOST (a node holding part of it died). On an error during the
  * reads the parameters may be partly written: FERRY_EREBUILD (rebuild them
- * with a full update). This is the baseline path: the single-pull planner
- * (one reader per byte, pushes to the other consumers) is future work. */
+ * with a full update). Each worker reads its own demand: for a group, the
+ * single-pull update below reads each byte once for all of its workers. */
 int ferry_weights_update_direct(ferry_store *s, const char *model, uint64_t *generation,
                                 const ferry_param_shard *shards, size_t n,
                                 ferry_update_stats *st, ferry_error *err);

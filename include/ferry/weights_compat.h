@@ -1,7 +1,8 @@
 /* ferry weight updates, compatibility mode through single-pull: every
  * worker of a rollout group receives every full tensor of the active
  * generation (for an existing load_weights(name, tensor) loader) while the
- * store serves each published byte once (docs/weights_compat.md).
+ * store serves each published byte once (docs/weights.md, "Compatibility
+ * mode, single-pull").
  *
  * It is the single-pull group update (weights.h, ferry_subscriber_*) with
  * whole-tensor targets: the staging buffer holds the model batch by batch,

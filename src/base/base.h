@@ -220,34 +220,6 @@ void fr_hasher_free(fr_hasher *h);
 /* Lower-case hex of a 128-bit digest: 32 chars + NUL. */
 void fr_hash128_hex(fr_hash128_t h, char out[33]);
 
-/* ---- interval sets ---------------------------------------------------- */
-/* Half-open [start, end) byte intervals. An fr_iset is kept sorted, disjoint
- * and coalesced (adjacent intervals merged). */
-typedef struct { uint64_t start, end; } fr_interval;
-typedef struct { fr_interval *v; size_t n, cap; } fr_iset;
-void fr_iset_init(fr_iset *s);
-void fr_iset_free(fr_iset *s);
-void fr_iset_clear(fr_iset *s);
-int fr_iset_insert(fr_iset *s, uint64_t start, uint64_t end);     /* union in one interval */
-int fr_iset_union(fr_iset *dst, const fr_iset *src);
-int fr_iset_subtract(fr_iset *s, uint64_t start, uint64_t end);   /* remove [start,end) */
-int fr_iset_subtract_set(fr_iset *dst, const fr_iset *src);
-int fr_iset_intersect(fr_iset *out, const fr_iset *a, const fr_iset *b);
-bool fr_iset_contains(const fr_iset *s, uint64_t start, uint64_t end); /* fully covered? */
-bool fr_iset_overlaps(const fr_iset *s, uint64_t start, uint64_t end);
-uint64_t fr_iset_total(const fr_iset *s);                         /* sum of lengths */
-
-/* Partition: given n tagged, possibly overlapping intervals, produce the
- * disjoint pieces of their union, each with the tags of the inputs covering
- * it (tags sorted ascending). Pieces are sorted by start; two adjacent pieces
- * with the same tag set are merged. Caller frees with fr_partition_free.
- * Runs in O(n log n + output). */
-typedef struct { uint64_t start, end; uint64_t tag; } fr_tagged_interval;
-typedef struct { uint64_t start, end; uint32_t ntags; uint64_t *tags; } fr_piece;
-typedef struct { fr_piece *pieces; size_t n; uint64_t *tag_storage; } fr_partition;
-int fr_partition_build(const fr_tagged_interval *in, size_t n, fr_partition *out);
-void fr_partition_free(fr_partition *p);
-
 /* ---- JSON (jansson) ----------------------------------------------------- */
 /* Load/parse with an error message (file:line:col: text) into err (may be NULL). */
 int fr_json_load_file(const char *path, json_t **out, char *err, size_t errlen);

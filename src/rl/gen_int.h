@@ -89,12 +89,6 @@ int fr_gread_run(ferry_store *s, const fr_gen *g, const fr_gread *v, size_t n, u
 /* XXH3-64 of fragment frag as published (loads its rank's sums). */
 int fr_gen_checksum(ferry_store *s, fr_gen *g, uint64_t frag, uint64_t *out, ferry_error *err);
 
-/* Read a whole tensor of g into dst (row-major, contiguous, cap bytes)
- * and check each fragment against its checksum: FERRY_ECORRUPT naming the
- * tensor and fragment. */
-int fr_gen_read_tensor(ferry_store *s, fr_gen *g, uint32_t tensor, void *dst, size_t cap,
-                       uint64_t *bytes_read, ferry_error *err);
-
 /* Check a whole tensor (row-major, contiguous at data) against its
  * fragments' checksums: FERRY_ECORRUPT naming the tensor and fragment. */
 int fr_gen_verify_tensor(ferry_store *s, fr_gen *g, uint32_t tensor, const void *data,

@@ -149,42 +149,6 @@ int fr_gen_verify_tensor(ferry_store *s, fr_gen *g, uint32_t tensor, const void 
     return rc < 0 ? rc : 0;
 }
 
-int fr_gen_read_tensor(ferry_store *s, fr_gen *g, uint32_t tensor, void *dst, size_t cap,
-                       uint64_t *bytes_read, ferry_error *err)
-{
-    ferry_tensor_desc d;
-    int rc = ferry_manifest_tensor(g->m, tensor, &d);
-    if (rc < 0)
-        return fr_rl_fail(err, FERRY_EINVAL, "no tensor %u in generation %" PRIu64, tensor,
-                          g->generation);
-    uint64_t bytes = d.itemsize;
-    for (uint32_t k = 0; k < d.ndim; k++)
-        bytes *= d.shape[k];
-    if (cap < bytes)
-        return fr_rl_fail(err, FERRY_EMSGSIZE, "tensor %s: %" PRIu64 " bytes, the buffer holds %zu",
-                          d.name, bytes, cap);
-    if ((rc = whole_plan(g, err)) < 0)
-        return rc;
-    ferry_plan_filter f = { .tensor = tensor, .src_rank = -1, .dst_rank = -1 };
-    ferry_plan_iter *it = NULL;
-    fr_gread *v = NULL;
-    size_t nv = 0, capv = 0;
-    rc = ferry_plan_iter_open(g->whole, &f, &it);
-    ferry_run run;
-    while (rc == 0 && (rc = ferry_plan_iter_next_run(it, &run)) == 1) {
-        rc = fr_gread_add(&v, &nv, &capv, &run, dst);
-    }
-    ferry_plan_iter_close(it);
-    if (rc < 0 && !(err && err->msg[0]))
-        fr_rl_fail(err, rc, "tensor %s: planning its read: %s", d.name, ferry_strerror(rc));
-    if (rc == 0)
-        rc = fr_gread_run(s, g, v, nv, bytes_read, err);
-    if (rc == 0)
-        rc = fr_gen_verify_tensor(s, g, tensor, dst, err);
-    free(v);
-    return rc;
-}
-
 /* ---- the public manifest ------------------------------------------------------------------ */
 
 int fr_gen_to_manifest(fr_gen *g, ferry_weight_manifest *out, ferry_error *err)
