@@ -95,7 +95,7 @@ struct ferry_compat_group {
 };
 
 static double now_s(void) { return (double)fr_now_ns() / 1e9; }
-static uint64_t tmo_of(const ferry_compat_group *g) { return g->cfg.timeout_ms ? g->cfg.timeout_ms : 60000; }
+static uint64_t tmo_of(const ferry_compat_group *g) { return fr_rl_timeout(g->cfg.timeout_ms); }
 
 static void put64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++, v >>= 8) p[i] = (uint8_t)v; }
 static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++, v >>= 8) p[i] = (uint8_t)v; }

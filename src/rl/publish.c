@@ -127,7 +127,7 @@ static int attempt(ferry_store *s, const ferry_publisher_config *c, uint64_t gen
     char pk[300], bk[300], what[32], member[32];
     snprintf(what, sizeof what, "part/%u", c->rank);
     fr_wk_key(pk, sizeof pk, c->model, gen, what);
-    uint64_t tmo = c->timeout_ms ? c->timeout_ms : 60000;
+    uint64_t tmo = fr_rl_timeout(c->timeout_ms);
     rc = ferry_kv_put(s, pk, pv, strlen(pv), NULL);
     fr_pub_decision d = {0};
     if (rc < 0) {

@@ -10,6 +10,14 @@
 struct fr_gen;
 
 /* Fill err (may be NULL) with code and a message; returns code. */
+/* The default of every rl config's timeout_ms (0 in a config means it):
+ * barriers, notifications, waits for an announcement. */
+#define FR_RL_TIMEOUT_MS 60000u
+static inline uint64_t fr_rl_timeout(uint64_t timeout_ms)
+{
+    return timeout_ms ? timeout_ms : FR_RL_TIMEOUT_MS;
+}
+
 int fr_rl_fail(ferry_error *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 

@@ -41,7 +41,7 @@ int ferry_sample_queue_open(ferry_store *s, const ferry_sample_queue_config *cfg
     q->s = s;
     q->cfg = *cfg;
     if (!q->cfg.push_timeout_ms)
-        q->cfg.push_timeout_ms = 60000;
+        q->cfg.push_timeout_ms = FR_RL_TIMEOUT_MS;
     if (!q->cfg.lease_ms)
         q->cfg.lease_ms = 30000;
     if (!q->cfg.consumer[0]) {
