@@ -50,6 +50,10 @@ extern "C" {
 #define FERRY_EREBUILD   (-(FERRY_EBASE + 6)) /* partial apply: parameters must be rebuilt */
 #define FERRY_ELAST      (-(FERRY_EBASE + 6))
 
+/* The default of every config's timeout_ms (barriers, notifications, one
+ * batch's wait): one minute. Each config's *_config_init() sets it. */
+#define FERRY_DEFAULT_TIMEOUT_MS 60000
+
 /* A static, human-readable text for any code (or "unknown error N"). Never NULL. */
 const char *ferry_strerror(int code);
 

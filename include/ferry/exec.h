@@ -203,12 +203,18 @@ typedef struct ferry_exec_config {
     ferry_exec_limits limits;     /* per batch; 0 fields: 4096 ops, 64 MiB */
     uint32_t window;              /* batches in flight (default 8) */
     int timeout_ms;               /* wait for one batch; on expiry the outcome is UNKNOWN
-                                     (default 60000; < 0: forever) */
+                                     (default FERRY_DEFAULT_TIMEOUT_MS; < 0: forever) */
     uint64_t notify_tag;          /* sink: after every WRITE landed, one NOTIFY(tag,
                                      generation) to each target peer; 0: none */
     const ferry_guard *guards;    /* tokens for the allocations the ops touch */
     size_t nguards;
 } ferry_exec_config;
+
+/* Every field of *cfg to its default (limits 4096 ops and 64 MiB per
+ * batch, window 8, timeout_ms FERRY_DEFAULT_TIMEOUT_MS, the rest empty or
+ * 0). A zeroed config is taken the same way: a 0 limit, window or
+ * timeout_ms is its default. */
+int ferry_exec_config_init(ferry_exec_config *cfg);
 
 /* What a run did. Owned arrays are freed by ferry_exec_result_free. */
 typedef struct ferry_exec_result {
@@ -280,10 +286,14 @@ typedef struct ferry_exec_stream ferry_exec_stream;
 
 typedef struct ferry_stream_config {
     ferry_engine *engine;
-    int timeout_ms;               /* one batch's wait (default 60000; < 0: forever) */
+    int timeout_ms;               /* one batch's wait (default FERRY_DEFAULT_TIMEOUT_MS; < 0: forever) */
     const ferry_guard *guards;    /* copied */
     size_t nguards;
 } ferry_stream_config;
+
+/* Every field of *cfg to its default (timeout_ms FERRY_DEFAULT_TIMEOUT_MS,
+ * the rest 0). A 0 timeout_ms in a zeroed config is its default. */
+int ferry_stream_config_init(ferry_stream_config *cfg);
 
 /* res may be NULL (then a failed acquisition's quarantine is not reported). */
 int ferry_exec_stream_open(const ferry_stream_config *cfg, ferry_exec_stream **out,
@@ -377,6 +387,10 @@ typedef struct ferry_store_exec_config {
     void *locate_ctx;
     size_t max_reads;               /* reads per store call (0: 8192) */
 } ferry_store_exec_config;
+
+/* Every field of *cfg to its default (max_reads 8192, the rest 0). A 0
+ * max_reads in a zeroed config is its default. */
+int ferry_store_exec_config_init(ferry_store_exec_config *cfg);
 
 /* Run reads [from, to) of r, checking `dst` against the attestation
  * first, and that r was lowered for a binding with dst's entries (r may

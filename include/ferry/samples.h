@@ -137,7 +137,7 @@ typedef struct ferry_sample_queue_config {
     char queue[128];             /* payloads live under "ferry/rl/<queue>/" */
     uint64_t bound;              /* > 0: set the queue's bound (records outstanding) */
     bool fail_when_full;         /* push: FERRY_EAGAIN at once instead of waiting for room */
-    uint64_t push_timeout_ms;    /* waiting for room or for the master (default 60000) */
+    uint64_t push_timeout_ms;    /* waiting for room or for the master (default FERRY_DEFAULT_TIMEOUT_MS) */
     /* consumer side */
     uint64_t input_version;      /* the policy version being trained */
     uint32_t max_policy_lag;     /* 0: exact version only */
@@ -145,6 +145,12 @@ typedef struct ferry_sample_queue_config {
     uint64_t lease_ms;           /* a popped sample's lease (default 30000) */
     char consumer[64];           /* names the consumer in claims ("" : host:pid) */
 } ferry_sample_queue_config;
+
+/* Every field of *cfg to its default (push_timeout_ms
+ * FERRY_DEFAULT_TIMEOUT_MS, lease_ms 30000, the rest empty or 0). A zeroed
+ * config is taken the same way: a 0 push_timeout_ms or lease_ms is its
+ * default. */
+int ferry_sample_queue_config_init(ferry_sample_queue_config *cfg);
 
 /* The payload of one sample, stored as one structured object with members
  * "prompt" (i32[prompt_len], omitted when 0), "tokens" (i32[ntokens]),

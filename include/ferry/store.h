@@ -101,6 +101,10 @@ typedef struct ferry_replicate_config {
     uint64_t slot;
 } ferry_replicate_config;
 
+/* Every field of *cfg to its default (replica_num 1, the rest empty or 0).
+ * A 0 replica_num in a zeroed config means 1. */
+int ferry_replicate_config_init(ferry_replicate_config *cfg);
+
 typedef struct ferry_replica_info {
     uint64_t segment, node, offset;
     bool preferred;                     /* landed on a segment the caller preferred */
@@ -334,7 +338,7 @@ typedef struct ferry_master_config {
                                      * (objects lost; puts revoked, queue leases returned) after
                                      * this unless it reconnects (0: heartbeat_timeout_ms) */
     uint64_t dead_after_ms;         /* a suspect node is declared dead after this (0: never) */
-    uint64_t pending_timeout_ms;    /* revoke puts whose writer vanished (60000) */
+    uint64_t pending_timeout_ms;    /* revoke puts whose writer vanished (FERRY_DEFAULT_TIMEOUT_MS) */
     uint64_t checkpoint_records;    /* snapshot after this many log records (1000000) */
     bool no_sync;                   /* do not fsync the log: tests and benchmarks only */
 } ferry_master_config;

@@ -71,8 +71,13 @@ typedef struct ferry_publisher_config {
     char out_dtype[16];             /* rollout dtype ("f32","bf16","f16"); "" keeps each tensor's */
     uint64_t segment;               /* this node's store segment, preferred (0: none) */
     uint32_t keep;                  /* generations retained (default 2) */
-    uint64_t timeout_ms;            /* barrier wait (default 60000) */
+    uint64_t timeout_ms;            /* barrier wait (default FERRY_DEFAULT_TIMEOUT_MS) */
 } ferry_publisher_config;
+
+/* Every field of *cfg to its default (keep 2, timeout_ms
+ * FERRY_DEFAULT_TIMEOUT_MS, the rest empty or 0). A config the caller zeroed
+ * instead is taken the same way: a 0 keep or timeout_ms is its default. */
+int ferry_publisher_config_init(ferry_publisher_config *cfg);
 
 typedef struct ferry_publish_stats {
     uint64_t tensors, bytes;              /* stored by this rank */
@@ -395,7 +400,7 @@ typedef struct ferry_subscriber_config {
     uint32_t rank, world;    /* this worker of the group; world 0: an elastic group, whose
                               * membership lives in the store (rank ignored; docs/weights.md,
                               * "Elastic groups") */
-    uint64_t timeout_ms;     /* barriers and notifications (default 60000) */
+    uint64_t timeout_ms;     /* barriers and notifications (default FERRY_DEFAULT_TIMEOUT_MS) */
     uint32_t node;           /* this worker's node (any id; 0 for all: one node). Readers
                               * are chosen to balance every node's NIC load, and a range
                               * crosses to another node once, then is forwarded there */
@@ -414,6 +419,11 @@ typedef struct ferry_subscriber_config {
     char member[64];         /* (appended) elastic groups (world 0): this member's name in
                               * errors and in the group's records ("": "HOST:PID") */
 } ferry_subscriber_config;
+
+/* Every field of *cfg to its default (timeout_ms FERRY_DEFAULT_TIMEOUT_MS,
+ * batch_bytes 64 MiB, the rest empty or 0). A zeroed config is taken the
+ * same way: a 0 timeout_ms or batch_bytes is its default. */
+int ferry_subscriber_config_init(ferry_subscriber_config *cfg);
 
 /* The worker's shards are copied; their buffers stay the caller's and must
  * stay valid until close (they are registered for remote writes, and the
@@ -617,6 +627,9 @@ typedef struct ferry_sparse_update_config {
     bool no_dense;                   /* never load a dense generation: a worker that is not on
                                       * the active chain is refused (FERRY_ESTATE), nothing applied */
 } ferry_sparse_update_config;
+
+/* Every field of *cfg to its default (every field empty or 0). */
+int ferry_sparse_update_config_init(ferry_sparse_update_config *cfg);
 
 typedef struct ferry_sparse_update_stats {
     uint64_t generation;             /* held after the call */

@@ -38,12 +38,17 @@ typedef struct ferry_compat_config {
     uint64_t staging_bytes;  /* this worker's staging buffer (0: 256 MiB); at least the
                               * largest tensor, else an update fails with FERRY_EMSGSIZE
                               * on every worker; tensors travel in batches that fit */
-    uint64_t timeout_ms;     /* barriers and notifications (0: 60000) */
+    uint64_t timeout_ms;     /* barriers and notifications (default FERRY_DEFAULT_TIMEOUT_MS) */
     uint64_t local_segment;  /* (appended) the store segment on this worker's node (0:
                               * unknown). A tensor stored on a segment that members of node X
                               * named is led by a worker on X (its read stays inside the
                               * node); the others are balanced over all nodes as before */
 } ferry_compat_config;
+
+/* Every field of *cfg to its default (staging_bytes 256 MiB, timeout_ms
+ * FERRY_DEFAULT_TIMEOUT_MS, the rest empty or 0). A zeroed config is taken
+ * the same way: a 0 staging_bytes or timeout_ms is its default. */
+int ferry_compat_config_init(ferry_compat_config *cfg);
 
 typedef struct ferry_compat_stats {
     uint64_t generation;

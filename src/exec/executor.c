@@ -22,10 +22,6 @@
 
 #include "exec/exec_int.h"
 
-#define DEF_OPS 4096u
-#define DEF_BYTES (64ull << 20)
-#define DEF_WINDOW 8u
-#define DEF_TIMEOUT_MS 60000
 
 struct ferry_executor {
     ferry_exec_config cfg;
@@ -70,14 +66,7 @@ int ferry_executor_create(const ferry_exec_config *cfg, ferry_executor **out, fe
     x->cfg.workers = x->workers;
     x->cfg.peers = x->peers;
     x->cfg.guards = x->guards;
-    if (!x->cfg.limits.max_ops)
-        x->cfg.limits.max_ops = DEF_OPS;
-    if (!x->cfg.limits.max_bytes)
-        x->cfg.limits.max_bytes = DEF_BYTES;
-    if (!x->cfg.window)
-        x->cfg.window = DEF_WINDOW;
-    if (!x->cfg.timeout_ms)
-        x->cfg.timeout_ms = DEF_TIMEOUT_MS;
+    fr_exec_config_resolve(&x->cfg);
     *out = x;
     return 0;
 }

@@ -11,7 +11,6 @@
 #include "base/base.h"
 #include "exec/exec_int.h"
 
-#define DEF_READS 8192u
 
 void ferry_store_reads_free(ferry_store_reads *r)
 {
@@ -195,7 +194,9 @@ int ferry_exec_store_run(const ferry_store_exec_config *cfg, const ferry_atteste
     for (size_t i = from; i < to; i++)
         res->bytes += r->v[i].len * r->v[i].count;
     res->ops = to - from;
-    size_t batch = cfg->max_reads ? cfg->max_reads : DEF_READS;
+    ferry_store_exec_config conf = *cfg;
+    fr_store_exec_config_resolve(&conf);
+    size_t batch = conf.max_reads;
     if (batch > to - from)
         batch = to - from;
     ferry_strided_range *rg = malloc((batch ? batch : 1) * sizeof *rg);

@@ -20,7 +20,6 @@
 
 #include "exec/exec_int.h"
 
-#define DEF_TIMEOUT_MS 60000
 
 typedef struct slot {
     ferry_ticket *t;      /* NULL: free */
@@ -94,8 +93,7 @@ int ferry_exec_stream_open(const ferry_stream_config *cfg, ferry_exec_stream **o
         memcpy(s->guards, cfg->guards, cfg->nguards * sizeof *s->guards);
     }
     s->cfg.guards = s->guards;
-    if (!s->cfg.timeout_ms)
-        s->cfg.timeout_ms = DEF_TIMEOUT_MS;
+    fr_stream_config_resolve(&s->cfg);
     for (size_t i = 0; i < cfg->nguards; i++) {
         const ferry_guard *g = &s->guards[i];
         int rc = g->acquire ? g->acquire(g->ctx, g->id) : 0;

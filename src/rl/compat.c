@@ -57,7 +57,6 @@
 
 #define MAGIC "FRYCOMP2"
 #define HDR 64
-#define STAGING_DEFAULT (256ull << 20)
 #define SLOT_ALIGN 64ull
 
 typedef struct mate {
@@ -95,7 +94,7 @@ struct ferry_compat_group {
 };
 
 static double now_s(void) { return (double)fr_now_ns() / 1e9; }
-static uint64_t tmo_of(const ferry_compat_group *g) { return fr_rl_timeout(g->cfg.timeout_ms); }
+static uint64_t tmo_of(const ferry_compat_group *g) { return g->cfg.timeout_ms; }
 
 static void put64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++, v >>= 8) p[i] = (uint8_t)v; }
 static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++, v >>= 8) p[i] = (uint8_t)v; }
@@ -834,8 +833,7 @@ int ferry_compat_group_open(ferry_store *s, const ferry_compat_config *cfg,
         return fr_rl_fail(err, FERRY_ENOMEM, "compat: out of memory");
     g->s = s;
     g->cfg = *cfg;
-    if (!g->cfg.staging_bytes)
-        g->cfg.staging_bytes = STAGING_DEFAULT;
+    fr_rl_compat_resolve(&g->cfg);
     g->e = ferry_store_engine(s);
     g->mates = calloc(cfg->world, sizeof *g->mates);
     g->view = calloc(cfg->world, sizeof *g->view);

@@ -84,6 +84,9 @@ static int attempt(ferry_store *s, const ferry_publisher_config *c, uint64_t gen
                    size_t n, const char *why, const fr_pub_streamed *sx, ferry_publish_stats *st,
                    ferry_error *err)
 {
+    ferry_publisher_config resolved = *c;
+    fr_rl_publisher_resolve(&resolved);
+    c = &resolved;
     /* Generations only move forward: refuse before storing (or replacing)
      * anything under an existing generation's keys. */
     uint64_t active = 0;
@@ -127,7 +130,7 @@ static int attempt(ferry_store *s, const ferry_publisher_config *c, uint64_t gen
     char pk[300], bk[300], what[32], member[32];
     snprintf(what, sizeof what, "part/%u", c->rank);
     fr_wk_key(pk, sizeof pk, c->model, gen, what);
-    uint64_t tmo = fr_rl_timeout(c->timeout_ms);
+    uint64_t tmo = c->timeout_ms;
     rc = ferry_kv_put(s, pk, pv, strlen(pv), NULL);
     fr_pub_decision d = {0};
     if (rc < 0) {

@@ -271,7 +271,7 @@ static int announce(ferry_store *s, const ferry_publisher_config *c, uint64_t ge
         /* The other ranks give up on a decision timeout_ms after the
          * barrier: past half of it, announcing could contradict them. */
         failed(d, FERRY_ETIMEDOUT, "the coordinator (rank 0) could not announce it within %"
-               PRIu64 " ms of the barrier", fr_rl_timeout(c->timeout_ms) / 2);
+               PRIu64 " ms of the barrier", c->timeout_ms / 2);
         free(val);
         return d->rc;
     }
@@ -333,7 +333,7 @@ void fr_rl_decide(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
                   const fr_pub_mine *mine, const char *record, ferry_publish_stats *pst,
                   fr_pub_decision *d)
 {
-    uint64_t tmo = fr_rl_timeout(c->timeout_ms);
+    uint64_t tmo = c->timeout_ms;
     uint64_t cas_by = fr_deadline_ns((int64_t)(tmo / 2));
     char sk[300], sv[700];
     fr_wk_key(sk, sizeof sk, c->model, gen, "status");
@@ -414,7 +414,7 @@ void fr_rl_await(ferry_store *s, const ferry_publisher_config *c, uint64_t gen, 
     memset(d, 0, sizeof *d);
     char sk[300];
     fr_wk_key(sk, sizeof sk, c->model, gen, "status");
-    uint64_t tmo = fr_rl_timeout(c->timeout_ms);
+    uint64_t tmo = c->timeout_ms;
     uint64_t deadline = fr_deadline_ns(tmo);
     ferry_watch *w = NULL;
     for (;;) {

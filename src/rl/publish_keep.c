@@ -136,7 +136,7 @@ void fr_rl_keep(ferry_store *s, const ferry_publisher_config *c, uint64_t gen, u
             gens[u++] = gens[i];
     ng = u;
     /* Retention: keep the last `keep` announced generations. */
-    uint32_t keep = c->keep ? c->keep : 2;
+    uint32_t keep = c->keep;
     uint64_t kept[GENS_MAX + 2];
     size_t nkept = 0;
     for (size_t i = 0; i < ng; i++) {

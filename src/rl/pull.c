@@ -25,7 +25,6 @@
 #include "rl/members_int.h"
 #include "rl/pull_int.h"
 
-#define BATCH_BYTES (64ull << 20)   /* default ferry_subscriber_config.batch_bytes */
 #define WATERMARK 2          /* batches in flight: the pushes of one while the next is read */
 
 struct ferry_subscriber {
@@ -444,8 +443,8 @@ static int run_apply(apply *ap, bool *reads_ok, bool *fed_ok, int *quiet, uint32
     fr_work *w = ap->w;
     const fr_pushes *p1 = &w->hop[0];
     uint32_t world = sub->world;
-    int tmo = (int)fr_rl_timeout(sub->cfg.timeout_ms);
-    uint64_t budget = sub->cfg.batch_bytes ? sub->cfg.batch_bytes : BATCH_BYTES;
+    int tmo = (int)sub->cfg.timeout_ms;
+    uint64_t budget = sub->cfg.batch_bytes;
     *reads_ok = true;
     size_t ra = 0, pa = 0;
     for (uint64_t b = 0; ra < w->nreads; b++) {
@@ -599,7 +598,7 @@ static int exchange(ferry_subscriber *sub, const fr_gen *g, uint64_t gen, const 
              sub->scope, gen);
     char member_name[32];
     snprintf(member_name, sizeof member_name, "worker %u", me);
-    uint64_t tmo = fr_rl_timeout(sub->cfg.timeout_ms);
+    uint64_t tmo = sub->cfg.timeout_ms;
     uint64_t release = 0;
     int brc = ferry_barrier(sub->s, bar, member_name, world, tmo, &release);
     *brc_out = brc;
@@ -683,7 +682,7 @@ static int round_body(ferry_subscriber *sub, const fr_gen *g, uint64_t active,
          * tallied, and nothing left in flight once it is closed (a batch
          * whose wait expired stays with the engine's pending manager,
          * its peer fenced). */
-        ferry_stream_config sc = { .engine = ap.e, .timeout_ms = (int)fr_rl_timeout(sub->cfg.timeout_ms) };
+        ferry_stream_config sc = { .engine = ap.e, .timeout_ms = (int)sub->cfg.timeout_ms };
         if (!ap.t[0] || !ap.t[1] || !ap.at[0] || !ap.at[1] || !ap.ops ||
             (sub->hooks.verify && !ap.checked) ||
             ferry_exec_stream_open(&sc, &ap.xs, NULL, NULL) < 0)
@@ -713,7 +712,7 @@ static int round_body(ferry_subscriber *sub, const fr_gen *g, uint64_t active,
             rc = fr_rl_fail(err, FERRY_EREBUILD, "subscriber: nothing came from worker %u for %"
                             PRIu64 " ms (it died, hung or cannot reach this worker); the "
                             "parameters must be rebuilt", silent,
-                            fr_rl_timeout(sub->cfg.timeout_ms));
+                            sub->cfg.timeout_ms);
         else if (rc == 0 && !fed_ok)
             rc = fr_rl_fail(err, FERRY_EREBUILD, "subscriber: %s from a worker that feeds this one; "
                       "the parameters must be rebuilt", quiet < 0 ? "no notification" : "a failed read");
@@ -729,7 +728,7 @@ static int round_body(ferry_subscriber *sub, const fr_gen *g, uint64_t active,
     if (sub->early)
         fr_early_outcome(sub->early, rc);   /* before the barrier: the verdict counts on it */
     if (brc == 0 && !given) {
-        uint64_t tmo = fr_rl_timeout(sub->cfg.timeout_ms);
+        uint64_t tmo = sub->cfg.timeout_ms;
         snprintf(bar, sizeof bar, "ferry/wb/%s/sub/%s/%020" PRIu64 "/applied", sub->cfg.model,
                  sub->scope, active);
         double t6 = (double)fr_now_ns() / 1e9;
@@ -779,7 +778,7 @@ static int update_round(ferry_subscriber *sub, uint64_t *generation, ferry_updat
          * (pull_agree.c), then every member takes that one, or none. */
         bool need = false;
         int rc = fr_sub_agree(sub->s, sub->cfg.model, sub->scope, sub->me, sub->world, *generation,
-                              fr_rl_timeout(sub->cfg.timeout_ms), &active, &need, err);
+                              sub->cfg.timeout_ms, &active, &need, err);
         if (rc == 0 && active == 0)
             rc = fr_rl_fail(err, FERRY_ENOENT, "no generation of %s is active (%s)",
                             sub->cfg.model, ferry_strerror(FERRY_ENOENT));
@@ -970,6 +969,7 @@ int ferry_subscriber_open(ferry_store *s, const ferry_subscriber_config *cfg,
         return FERRY_ENOMEM;
     sub->s = s;
     sub->cfg = *cfg;
+    fr_rl_subscriber_resolve(&sub->cfg);
     sub->n = n;
     sub->shards = calloc(n ? n : 1, sizeof *sub->shards);
     sub->names = calloc(n ? n : 1, sizeof *sub->names);
@@ -987,7 +987,7 @@ int ferry_subscriber_open(ferry_store *s, const ferry_subscriber_config *cfg,
     sub->world = cfg->world;
     snprintf(sub->scope, sizeof sub->scope, "%s", cfg->group);
     if (cfg->world == 0) {   /* elastic: a member registered in the store */
-        uint64_t tmo = fr_rl_timeout(cfg->timeout_ms);
+        uint64_t tmo = sub->cfg.timeout_ms;
         int rc = fr_members_join(s, cfg->model, cfg->group, cfg->member,
                                  tmo / 4 < 2000 ? tmo / 4 : 2000, &sub->mem, err);
         if (rc < 0) {

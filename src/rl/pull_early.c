@@ -282,7 +282,7 @@ static int plain(ferry_subscriber *sub, uint64_t next, uint64_t deadline, uint64
         return fr_rl_fail(err, rc, "subscriber: generation %" PRIu64 " of %s was not announced "
                           "within %" PRIu64 " ms (the active one is %" PRIu64 "); nothing "
                           "flipped: the group still holds generation %" PRIu64, next, c->model,
-                          fr_rl_timeout(c->timeout_ms), active, *generation);
+                          c->timeout_ms, active, *generation);
     if (rc < 0)
         return fr_rl_fail(err, rc, "%s", e.msg);
     return fr_sub_update_round(sub, generation, st, err);
@@ -303,7 +303,7 @@ int ferry_subscriber_update_next(ferry_subscriber *sub, uint64_t next, uint64_t 
         return fr_rl_fail(err, FERRY_EINVAL, "subscriber: bad arguments");
     const ferry_subscriber_config *c = fr_sub_config(sub);
     uint64_t f0 = fr_minor_faults(), t0 = fr_now_ns();
-    uint64_t tmo = fr_rl_timeout(c->timeout_ms);
+    uint64_t tmo = c->timeout_ms;
     uint64_t deadline = fr_deadline_ns((int64_t)tmo);
     int rc;
     if (!fr_sub_can_overlap(sub)) {

@@ -22,7 +22,7 @@ int fr_sub_elastic_update(ferry_subscriber *sub, fr_members *mem, uint64_t *gene
 {
     const ferry_subscriber_config *cfg = fr_sub_config(sub);
     ferry_store *s = fr_sub_store(sub);
-    uint64_t tmo = fr_rl_timeout(cfg->timeout_ms);
+    uint64_t tmo = cfg->timeout_ms;
     uint64_t deadline = fr_now_ns() + tmo * 1000000u, active = 0;
     int rc = fr_rl_active_read(s, cfg->model, &active, NULL);
     if (rc < 0)

@@ -217,7 +217,7 @@ int fr_standby_begin(fr_standby *sb, const fr_gen *g, ferry_param_shard *shards,
     }
     /* half the group's timeout: the others, waiting at the demand barrier
      * for this member, hear why before their own wait ends */
-    int rc = wait_readers(sb, target, fr_rl_timeout(timeout_ms) / 2, err);
+    int rc = wait_readers(sb, target, timeout_ms / 2, err);
     if (rc < 0)
         return rc;
     for (size_t i = 0; i < sb->n; i++)

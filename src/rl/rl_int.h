@@ -9,15 +9,17 @@
 
 struct fr_gen;
 
-/* Fill err (may be NULL) with code and a message; returns code. */
-/* The default of every rl config's timeout_ms (0 in a config means it):
- * barriers, notifications, waits for an announcement. */
-#define FR_RL_TIMEOUT_MS 60000u
-static inline uint64_t fr_rl_timeout(uint64_t timeout_ms)
-{
-    return timeout_ms ? timeout_ms : FR_RL_TIMEOUT_MS;
-}
+/* A config's zeroed fields to their defaults (config.c: the values of
+ * the *_config_init() calls), once, where an entry point takes the config;
+ * what runs after reads every field as it is. */
+void fr_rl_publisher_resolve(ferry_publisher_config *c);
+void fr_rl_subscriber_resolve(ferry_subscriber_config *c);
+struct ferry_compat_config;
+void fr_rl_compat_resolve(struct ferry_compat_config *c);
+struct ferry_sample_queue_config;
+void fr_rl_sample_queue_resolve(struct ferry_sample_queue_config *c);
 
+/* Fill err (may be NULL) with code and a message; returns code. */
 int fr_rl_fail(ferry_error *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 

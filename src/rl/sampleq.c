@@ -40,10 +40,7 @@ int ferry_sample_queue_open(ferry_store *s, const ferry_sample_queue_config *cfg
         return fr_rl_fail(err, FERRY_ENOMEM, "sample queue: out of memory");
     q->s = s;
     q->cfg = *cfg;
-    if (!q->cfg.push_timeout_ms)
-        q->cfg.push_timeout_ms = FR_RL_TIMEOUT_MS;
-    if (!q->cfg.lease_ms)
-        q->cfg.lease_ms = 30000;
+    fr_rl_sample_queue_resolve(&q->cfg);
     if (!q->cfg.consumer[0]) {
         char host[40] = "";
         gethostname(host, sizeof host - 1);

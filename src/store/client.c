@@ -53,9 +53,9 @@ int ferry_store_config_init(ferry_store_config *cfg)
             return FERRY_EINVAL;
         snprintf(cfg->master, sizeof cfg->master, "%s", m);
     }
-    cfg->timeout_ms = 10000;
-    cfg->lease_ms = 5000;
-    cfg->heartbeat_ms = 1000;
+    cfg->timeout_ms = FR_STORE_TIMEOUT_MS;
+    cfg->lease_ms = FR_STORE_LEASE_MS;
+    cfg->heartbeat_ms = FR_STORE_HEARTBEAT_MS;
     return rc;
 }
 
@@ -357,10 +357,11 @@ int ferry_store_open(const ferry_store_config *cfg, ferry_store **out)
     if (!s)
         return FERRY_ENOMEM;
     s->cfg = *cfg;
+    /* a zeroed config: ferry_store_config_init's values */
     if (s->cfg.timeout_ms == 0)
-        s->cfg.timeout_ms = 10000;
+        s->cfg.timeout_ms = FR_STORE_TIMEOUT_MS;
     if (s->cfg.lease_ms == 0)
-        s->cfg.lease_ms = 5000;
+        s->cfg.lease_ms = FR_STORE_LEASE_MS;
     pthread_mutex_init(&s->lock, NULL);
     fr_umap_init(&s->segs);
     fr_umap_init(&s->watches);

@@ -85,11 +85,24 @@ static int xfer_wait(ferry_store *s, ferry_ticket *t, uint64_t bytes)
     return err < 0 ? err : FERRY_EIO;
 }
 
+int ferry_replicate_config_init(ferry_replicate_config *cfg)
+{
+    if (!cfg)
+        return FERRY_EINVAL;
+    memset(cfg, 0, sizeof *cfg);
+    cfg->replica_num = 1;
+    return 0;
+}
+
+/* The put's placement request: a NULL or zeroed config is the defaults
+ * (ferry_replicate_config_init), resolved here, once, for every put. */
 static void rc_to_msg(const ferry_replicate_config *rc, fr_smsg *q)
 {
+    ferry_replicate_config d;
+    (void)ferry_replicate_config_init(&d);
     if (!rc)
-        return;
-    q->replica_num = rc->replica_num;
+        rc = &d;
+    q->replica_num = rc->replica_num ? rc->replica_num : d.replica_num;
     q->flag = rc->hard_pin;
     q->npreferred = rc->npreferred;
     q->preferred = rc->preferred_segments;

@@ -27,7 +27,7 @@ void fr_master_config_default(fr_master_config *c)
     c->heartbeat_timeout_ms = 10000;
     c->grace_ms = 0;
     c->dead_after_ms = 0;
-    c->pending_timeout_ms = 60000;
+    c->pending_timeout_ms = FERRY_DEFAULT_TIMEOUT_MS;
     c->checkpoint_records = 1000000;
 }
 

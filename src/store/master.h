@@ -33,7 +33,7 @@ typedef struct fr_master_config {
     uint64_t grace_ms;              /* a node or client whose connection closed is dead after
                                      * this unless it reconnects; 0: heartbeat_timeout_ms */
     uint64_t dead_after_ms;         /* a suspect peer is dead after this; 0 (default): never */
-    uint64_t pending_timeout_ms;    /* default 60000: a PENDING object whose writer vanished is revoked */
+    uint64_t pending_timeout_ms;    /* default FERRY_DEFAULT_TIMEOUT_MS: a PENDING object whose writer vanished is revoked */
     uint64_t checkpoint_records;    /* snapshot after this many log records, default 1000000 */
     bool no_sync;                   /* tests/bench only: the log is not fsynced */
 } fr_master_config;

@@ -427,9 +427,9 @@ int fr_mconn_open(const fr_mconn_config *cfg, fr_mconn **out)
         return FERRY_ENOMEM;
     c->cfg = *cfg;
     if (!c->cfg.heartbeat_ms)
-        c->cfg.heartbeat_ms = 1000;
+        c->cfg.heartbeat_ms = FR_STORE_HEARTBEAT_MS;
     if (!c->cfg.timeout_ms)
-        c->cfg.timeout_ms = 10000;
+        c->cfg.timeout_ms = FR_STORE_TIMEOUT_MS;
     snprintf(c->addr, sizeof c->addr, "%s", cfg->addr);
     memcpy(c->key, cfg->key, 32);
     c->cfg.addr = c->addr;

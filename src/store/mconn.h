@@ -28,6 +28,14 @@ typedef struct fr_mconn_hooks {
     void (*lost)(void *ctx);
 } fr_mconn_hooks;
 
+/* The store's defaults, set by ferry_store_config_init and
+ * ferry_node_config_init and taken for 0 fields at open (client.c,
+ * node.c, mconn.c): one master round trip's wait, an object's read lease,
+ * the heartbeat. */
+#define FR_STORE_TIMEOUT_MS 10000u
+#define FR_STORE_LEASE_MS 5000u
+#define FR_STORE_HEARTBEAT_MS 1000u
+
 typedef struct fr_mconn_config {
     const char *addr;          /* "HOST:PORT" */
     const uint8_t *key;        /* 32-byte key from fr_auth_key */

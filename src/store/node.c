@@ -40,8 +40,8 @@ int ferry_node_config_init(ferry_node_config *cfg)
     if (m && *m)
         snprintf(cfg->master, sizeof cfg->master, "%s", m);
     cfg->segment_size = 1ull << 30;
-    cfg->heartbeat_ms = 1000;
-    cfg->timeout_ms = 10000;
+    cfg->heartbeat_ms = FR_STORE_HEARTBEAT_MS;
+    cfg->timeout_ms = FR_STORE_TIMEOUT_MS;
     return rc;
 }
 
@@ -91,8 +91,8 @@ int ferry_node_open(const ferry_node_config *cfg, ferry_node **out)
     if (!n)
         return FERRY_ENOMEM;
     n->cfg = *cfg;
-    if (!n->cfg.timeout_ms)
-        n->cfg.timeout_ms = 10000;
+    if (!n->cfg.timeout_ms)   /* a zeroed config: ferry_node_config_init's value */
+        n->cfg.timeout_ms = FR_STORE_TIMEOUT_MS;
     n->stop[0] = n->stop[1] = -1;
     /* 63-bit ids: they stay positive in JSON (status) and Python ints. */
     n->id = fr_random_u64() >> 1;

@@ -413,7 +413,8 @@ static int wait_ms(const fr_hsgate *g, uint64_t now)
     if (t <= now)
         return 0;
     uint64_t ms = (t - now + 999999) / 1000000;
-    return ms > 60000 ? 60000 : (int)ms;
+    /* asleep at most one default timeout: nothing depends on waking sooner */
+    return ms > FERRY_DEFAULT_TIMEOUT_MS ? FERRY_DEFAULT_TIMEOUT_MS : (int)ms;
 }
 
 static void timers(fr_hsgate *g, uint64_t now)

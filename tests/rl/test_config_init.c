@@ -1,0 +1,150 @@
+/* Every config struct's *_config_init() sets the documented defaults and
+ * refuses NULL; a config the caller zeroed instead resolves, where the
+ * library takes it, to exactly the init's values, and a field the caller
+ * set is kept. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "exec/exec_int.h"
+#include "ferry/ferry.h"
+#include "ferry/weights_compat.h"
+#include "rl/rl_int.h"
+
+static void test_null_refused(void **state)
+{
+    (void)state;
+    assert_int_equal(ferry_publisher_config_init(NULL), FERRY_EINVAL);
+    assert_int_equal(ferry_subscriber_config_init(NULL), FERRY_EINVAL);
+    assert_int_equal(ferry_sparse_update_config_init(NULL), FERRY_EINVAL);
+    assert_int_equal(ferry_compat_config_init(NULL), FERRY_EINVAL);
+    assert_int_equal(ferry_sample_queue_config_init(NULL), FERRY_EINVAL);
+    assert_int_equal(ferry_exec_config_init(NULL), FERRY_EINVAL);
+    assert_int_equal(ferry_stream_config_init(NULL), FERRY_EINVAL);
+    assert_int_equal(ferry_store_exec_config_init(NULL), FERRY_EINVAL);
+    assert_int_equal(ferry_replicate_config_init(NULL), FERRY_EINVAL);
+    assert_int_equal(ferry_engine_config_init(NULL), FERRY_EINVAL);
+    assert_int_equal(ferry_store_config_init(NULL), FERRY_EINVAL);
+    assert_int_equal(ferry_master_config_init(NULL), FERRY_EINVAL);
+    assert_int_equal(ferry_node_config_init(NULL), FERRY_EINVAL);
+}
+
+static void test_documented_defaults(void **state)
+{
+    (void)state;
+    ferry_publisher_config pc;
+    memset(&pc, 0xa5, sizeof pc);   /* init sets every field, garbage or not */
+    assert_int_equal(ferry_publisher_config_init(&pc), 0);
+    assert_int_equal(pc.keep, 2);
+    assert_int_equal(pc.timeout_ms, FERRY_DEFAULT_TIMEOUT_MS);
+    assert_string_equal(pc.model, "");
+    assert_null(pc.rank_node);
+    ferry_subscriber_config sc;
+    memset(&sc, 0xa5, sizeof sc);
+    assert_int_equal(ferry_subscriber_config_init(&sc), 0);
+    assert_int_equal(sc.timeout_ms, FERRY_DEFAULT_TIMEOUT_MS);
+    assert_int_equal(sc.batch_bytes, 64ull << 20);
+    assert_int_equal(sc.world, 0);
+    ferry_sparse_update_config uc;
+    memset(&uc, 0xa5, sizeof uc);
+    assert_int_equal(ferry_sparse_update_config_init(&uc), 0);
+    assert_false(uc.no_dense);
+    assert_int_equal(uc.axis_index, 0);
+    ferry_compat_config cc;
+    memset(&cc, 0xa5, sizeof cc);
+    assert_int_equal(ferry_compat_config_init(&cc), 0);
+    assert_int_equal(cc.staging_bytes, 256ull << 20);
+    assert_int_equal(cc.timeout_ms, FERRY_DEFAULT_TIMEOUT_MS);
+    ferry_sample_queue_config qc;
+    memset(&qc, 0xa5, sizeof qc);
+    assert_int_equal(ferry_sample_queue_config_init(&qc), 0);
+    assert_int_equal(qc.push_timeout_ms, FERRY_DEFAULT_TIMEOUT_MS);
+    assert_int_equal(qc.lease_ms, 30000);
+    assert_int_equal(qc.bound, 0);
+    ferry_exec_config xc;
+    memset(&xc, 0xa5, sizeof xc);
+    assert_int_equal(ferry_exec_config_init(&xc), 0);
+    assert_int_equal(xc.limits.max_ops, 4096);
+    assert_int_equal(xc.limits.max_bytes, 64ull << 20);
+    assert_int_equal(xc.window, 8);
+    assert_int_equal(xc.timeout_ms, FERRY_DEFAULT_TIMEOUT_MS);
+    assert_null(xc.engine);
+    ferry_stream_config tc;
+    memset(&tc, 0xa5, sizeof tc);
+    assert_int_equal(ferry_stream_config_init(&tc), 0);
+    assert_int_equal(tc.timeout_ms, FERRY_DEFAULT_TIMEOUT_MS);
+    assert_int_equal(tc.nguards, 0);
+    ferry_store_exec_config rc;
+    memset(&rc, 0xa5, sizeof rc);
+    assert_int_equal(ferry_store_exec_config_init(&rc), 0);
+    assert_int_equal(rc.max_reads, 8192);
+    assert_null(rc.store);
+    ferry_replicate_config pl;
+    memset(&pl, 0xa5, sizeof pl);
+    assert_int_equal(ferry_replicate_config_init(&pl), 0);
+    assert_int_equal(pl.replica_num, 1);
+    assert_false(pl.hard_pin);
+    assert_int_equal(pl.slot, 0);
+}
+
+/* A zeroed config resolves to the init's values; what the caller set stays. */
+static void test_zeroed_resolves_to_init(void **state)
+{
+    (void)state;
+    ferry_publisher_config pz = {0}, pi;
+    ferry_publisher_config_init(&pi);
+    fr_rl_publisher_resolve(&pz);
+    assert_memory_equal(&pz, &pi, sizeof pz);
+    ferry_subscriber_config sz = {0}, si;
+    ferry_subscriber_config_init(&si);
+    fr_rl_subscriber_resolve(&sz);
+    assert_memory_equal(&sz, &si, sizeof sz);
+    ferry_compat_config cz = {0}, ci;
+    ferry_compat_config_init(&ci);
+    fr_rl_compat_resolve(&cz);
+    assert_memory_equal(&cz, &ci, sizeof cz);
+    ferry_sample_queue_config qz = {0}, qi;
+    ferry_sample_queue_config_init(&qi);
+    fr_rl_sample_queue_resolve(&qz);
+    assert_memory_equal(&qz, &qi, sizeof qz);
+    ferry_exec_config xz = {0}, xi;
+    ferry_exec_config_init(&xi);
+    fr_exec_config_resolve(&xz);
+    assert_memory_equal(&xz, &xi, sizeof xz);
+    ferry_stream_config tz = {0}, ti;
+    ferry_stream_config_init(&ti);
+    fr_stream_config_resolve(&tz);
+    assert_memory_equal(&tz, &ti, sizeof tz);
+    ferry_store_exec_config rz = {0}, ri;
+    ferry_store_exec_config_init(&ri);
+    fr_store_exec_config_resolve(&rz);
+    assert_memory_equal(&rz, &ri, sizeof rz);
+
+    ferry_subscriber_config set = {0};
+    set.timeout_ms = 1234;
+    set.batch_bytes = 1;
+    fr_rl_subscriber_resolve(&set);
+    assert_int_equal(set.timeout_ms, 1234);
+    assert_int_equal(set.batch_bytes, 1);
+    ferry_exec_config xs = {0};
+    xs.timeout_ms = -1;   /* forever: kept, not taken for "unset" */
+    xs.window = 3;
+    fr_exec_config_resolve(&xs);
+    assert_int_equal(xs.timeout_ms, -1);
+    assert_int_equal(xs.window, 3);
+    assert_int_equal(xs.limits.max_ops, 4096);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_null_refused),
+        cmocka_unit_test(test_documented_defaults),
+        cmocka_unit_test(test_zeroed_resolves_to_init),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
