@@ -63,6 +63,8 @@ typedef struct ferry_engine_config {
      *   map_fail=1             ferry_remote_map fails with FERRY_ENOTSUP
      * Counters are per engine, across peers. */
     char fault[128];
+    uint64_t reserved[8];   /* zero (the init zeroes it; the library refuses anything else):
+                             * room for fields to come, docs/design.md "Growth" */
 } ferry_engine_config;
 
 /* Fill cfg with defaults and the FERRY_* environment. Returns 0, or
@@ -331,8 +333,9 @@ typedef struct ferry_engine_stats {
      * process; what it serves them is the mapping (shm_maps_served). */
     uint64_t served_read_bytes, served_write_bytes;
     uint64_t shm_maps_served;
-    uint64_t notify_peer_capped;              /* (appended) of notify_dropped: new ones refused
+    uint64_t notify_peer_capped;              /* of notify_dropped: new ones refused
                                                * at a peer's FERRY_NOTIFY_PEER_MAX across tags */
+    uint64_t reserved[8];   /* zeroed by the library: room for fields to come */
 } ferry_engine_stats;
 void ferry_engine_get_stats(const ferry_engine *e, ferry_engine_stats *out);
 

@@ -138,6 +138,8 @@ typedef struct ferry_lower_args {
     const ferry_peer_map *peers;
     size_t npeers;
     ferry_exec_limits limits;
+    uint64_t reserved[8];   /* zero (the init zeroes it; the library refuses anything else):
+                             * room for fields to come, docs/design.md "Growth" */
 } ferry_lower_args;
 
 /* Lowered batches: ops of batch i are ops[batch_start[i] .. batch_start[i+1]). */
@@ -208,6 +210,8 @@ typedef struct ferry_exec_config {
                                      generation) to each target peer; 0: none */
     const ferry_guard *guards;    /* tokens for the allocations the ops touch */
     size_t nguards;
+    uint64_t reserved[8];   /* zero (the init zeroes it; the library refuses anything else):
+                             * room for fields to come, docs/design.md "Growth" */
 } ferry_exec_config;
 
 /* Every field of *cfg to its default (limits 4096 ops and 64 MiB per
@@ -230,6 +234,7 @@ typedef struct ferry_exec_result {
                                        their transfer is UNKNOWN (release them once
                                        ferry_engine_pending no longer lists the ids) */
     size_t nquarantined;
+    uint64_t reserved[8];   /* zeroed by the library: room for fields to come */
 } ferry_exec_result;
 void ferry_exec_result_free(ferry_exec_result *r);
 
@@ -289,6 +294,8 @@ typedef struct ferry_stream_config {
     int timeout_ms;               /* one batch's wait (default FERRY_DEFAULT_TIMEOUT_MS; < 0: forever) */
     const ferry_guard *guards;    /* copied */
     size_t nguards;
+    uint64_t reserved[8];   /* zero (the init zeroes it; the library refuses anything else):
+                             * room for fields to come, docs/design.md "Growth" */
 } ferry_stream_config;
 
 /* Every field of *cfg to its default (timeout_ms FERRY_DEFAULT_TIMEOUT_MS,
@@ -386,6 +393,8 @@ typedef struct ferry_store_exec_config {
     ferry_store_locate_fn locate;   /* for reads without a key */
     void *locate_ctx;
     size_t max_reads;               /* reads per store call (0: 8192) */
+    uint64_t reserved[8];   /* zero (the init zeroes it; the library refuses anything else):
+                             * room for fields to come, docs/design.md "Growth" */
 } ferry_store_exec_config;
 
 /* Every field of *cfg to its default (max_reads 8192, the rest 0). A 0

@@ -255,6 +255,8 @@ typedef struct ferry_plan_options {
     uint64_t max_fragments;   /* per manifest (default 2^36) */
     uint64_t max_regions;     /* regions of the plan (default 2^40) */
     uint64_t max_overlaps;    /* (source split, target split) pairs held in memory (default 2^24) */
+    uint64_t reserved[8];   /* zero (the init zeroes it; the library refuses anything else):
+                             * room for fields to come, docs/design.md "Growth" */
 } ferry_plan_options;
 
 /* Build the plan that fills every target fragment of `dst` from `src`.
@@ -280,6 +282,7 @@ typedef struct ferry_plan_stats {
     uint32_t dst_ranks;
     double plan_s;             /* wall time ferry_plan_create spent */
     uint8_t src_digest[16], dst_digest[16], topology_digest[16];
+    uint64_t reserved[8];   /* zeroed by the library: room for fields to come */
 } ferry_plan_stats;
 int ferry_plan_stats_get(const ferry_plan *p, ferry_plan_stats *out);
 ferry_manifest *ferry_plan_src(const ferry_plan *p);   /* borrowed */

@@ -144,6 +144,8 @@ typedef struct ferry_sample_queue_config {
     enum ferry_stale_policy stale_policy;
     uint64_t lease_ms;           /* a popped sample's lease (default 30000) */
     char consumer[64];           /* names the consumer in claims ("" : host:pid) */
+    uint64_t reserved[8];   /* zero (the init zeroes it; the library refuses anything else):
+                             * room for fields to come, docs/design.md "Growth" */
 } ferry_sample_queue_config;
 
 /* Every field of *cfg to its default (push_timeout_ms
@@ -181,6 +183,7 @@ typedef struct ferry_sample_stats {
     uint64_t acked, ack_stale;
     /* rollout side of recompute */
     uint64_t recompute_popped;
+    uint64_t reserved[8];   /* zeroed by the library: room for fields to come */
 } ferry_sample_stats;
 
 typedef struct ferry_sample_queue ferry_sample_queue;
@@ -232,6 +235,7 @@ void ferry_sample_clear(ferry_sample *smp);
 
 typedef struct ferry_kvcache_stats {
     uint64_t stored, hits, refused, retired;
+    uint64_t reserved[8];   /* zeroed by the library: room for fields to come */
 } ferry_kvcache_stats;
 
 /* KV cache objects live under their policy version:

@@ -148,6 +148,7 @@ typedef struct ferry_sparse_plan_stats {
     uint64_t ranges, ranges_coalesced_from;
     uint64_t unique_reads, dedup_hits; /* physical reads after dedup; ranges served by one */
     double plan_s;
+    uint64_t reserved[8];   /* zeroed by the library: room for fields to come */
 } ferry_sparse_plan_stats;
 
 typedef struct ferry_sparse_plan {
@@ -196,7 +197,7 @@ typedef struct ferry_sparse_stats {
     uint64_t bytes_read;             /* entry bytes read (indices + values) */
     uint64_t entries_read, entries_kept, boundary_filtered;
     double plan_s, read_s, filter_s;
-    /* Appended (docs/sparse.md, "Counters"). The compact indexes: */
+    /* (docs/sparse.md, "Counters") The compact indexes: */
     uint64_t index_checks;           /* cached indexes checked against the store (one metadata
                                       * round trip each) */
     uint64_t index_bytes_read;       /* meta + tile_coords + tile_ptr bytes read (index_gets) */
@@ -209,6 +210,7 @@ typedef struct ferry_sparse_stats {
     uint64_t index_range_bytes;      /* their bytes (the coordinates) */
     uint64_t value_range_bytes;      /* bytes of the values ranges (bytes_read = the two) */
     double index_range_s, value_range_s;
+    uint64_t reserved[8];   /* zeroed by the library: room for fields to come */
 } ferry_sparse_stats;
 
 /* For the targets (all on this node, or each read on its node: reads are

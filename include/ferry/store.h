@@ -48,6 +48,8 @@ typedef struct ferry_store_config {
     uint64_t lease_ms;       /* lease taken by reads (default 5000; at most
                               * FERRY_STORE_LEASE_MAX_MS, else open fails) */
     uint32_t heartbeat_ms;   /* heartbeat period to the master (default 1000) */
+    uint64_t reserved[8];   /* zero (the init zeroes it; the library refuses anything else):
+                             * room for fields to come, docs/design.md "Growth" */
 } ferry_store_config;
 
 /* Defaults and the FERRY_* environment. FERRY_EINVAL for a malformed value. */
@@ -91,7 +93,7 @@ typedef struct ferry_replicate_config {
     const uint64_t *preferred_segments; /* tried first, in order; a preference only */
     uint32_t npreferred;
     bool hard_pin;                      /* never evicted */
-    /* (appended) Placement slot, 0 for none: the master remembers where the
+    /* Placement slot, 0 for none: the master remembers where the
      * last few objects put under a slot were when they were removed, and a
      * put under the same slot takes one of those places when it is free and
      * large enough, before any other. A preference, like preferred_segments.
@@ -99,6 +101,8 @@ typedef struct ferry_replicate_config {
      * before, so a writer that puts each new version of an object under one
      * slot writes where it wrote before (docs/store.md, "Placement slots"). */
     uint64_t slot;
+    uint64_t reserved[8];   /* zero (the init zeroes it; the library refuses anything else):
+                             * room for fields to come, docs/design.md "Growth" */
 } ferry_replicate_config;
 
 /* Every field of *cfg to its default (replica_num 1, the rest empty or 0).
@@ -114,6 +118,7 @@ typedef struct ferry_object_desc {
     uint64_t size;
     uint32_t nreplicas;
     ferry_replica_info replicas[FERRY_STORE_REPLICAS_MAX];
+    uint64_t reserved[8];   /* zeroed by the library: room for fields to come */
 } ferry_object_desc;
 
 /* Store len bytes under key (rc may be NULL: one replica, soft). Any memory
@@ -341,6 +346,8 @@ typedef struct ferry_master_config {
     uint64_t pending_timeout_ms;    /* revoke puts whose writer vanished (FERRY_DEFAULT_TIMEOUT_MS) */
     uint64_t checkpoint_records;    /* snapshot after this many log records (1000000) */
     bool no_sync;                   /* do not fsync the log: tests and benchmarks only */
+    uint64_t reserved[8];   /* zero (the init zeroes it; the library refuses anything else):
+                             * room for fields to come, docs/design.md "Growth" */
 } ferry_master_config;
 /* Defaults; the token from FERRY_TOKEN or FERRY_TOKEN_FILE when set. */
 int ferry_master_config_init(ferry_master_config *cfg);
@@ -386,6 +393,8 @@ typedef struct ferry_node_config {
     uint64_t segment_size;   /* bytes (default 1 GiB) */
     uint32_t heartbeat_ms;   /* default 1000 */
     int timeout_ms;          /* first connection to the master (default 10000) */
+    uint64_t reserved[8];   /* zero (the init zeroes it; the library refuses anything else):
+                             * room for fields to come, docs/design.md "Growth" */
 } ferry_node_config;
 int ferry_node_config_init(ferry_node_config *cfg);
 /* Allocate and pre-fault the segment, connect, mount. FERRY_ENOMEM when the

@@ -62,6 +62,7 @@ typedef struct ferry_weight_tensor {
     uint32_t ndim;
     uint64_t shape[FERRY_MAX_DIMS];
     const void *data;
+    uint64_t reserved[4];   /* zero: room for fields to come */
 } ferry_weight_tensor;
 
 typedef struct ferry_publisher_config {
@@ -72,6 +73,8 @@ typedef struct ferry_publisher_config {
     uint64_t segment;               /* this node's store segment, preferred (0: none) */
     uint32_t keep;                  /* generations retained (default 2) */
     uint64_t timeout_ms;            /* barrier wait (default FERRY_DEFAULT_TIMEOUT_MS) */
+    uint64_t reserved[8];   /* zero (the init zeroes it; the library refuses anything else):
+                             * room for fields to come, docs/design.md "Growth" */
 } ferry_publisher_config;
 
 /* Every field of *cfg to its default (keep 2, timeout_ms
@@ -85,7 +88,7 @@ typedef struct ferry_publish_stats {
     uint64_t cross_node_bytes;            /* this rank's bytes that landed off its segment */
     double put_s, commit_s;
     uint64_t removed_generations;         /* retention, coordinator only */
-    /* Appended. Phases, in order: put_s (= convert_s + store_s), barrier_s,
+    /* Phases, in order: put_s (= convert_s + store_s), barrier_s,
      * commit_s (the coordinator's gather, announce and retention, or the
      * wait for its decision). */
     double convert_s;                     /* dtype conversion and checksums (in put_s) */
@@ -93,16 +96,17 @@ typedef struct ferry_publish_stats {
     double barrier_s;                     /* recording this rank's part, waiting for every rank */
     uint64_t local_bytes;                 /* this rank's bytes that landed on its segment
                                            * (with cfg.segment; bytes = local + cross-node) */
-    uint64_t swept_generations;           /* (appended) coordinator only: generations older than
+    uint64_t swept_generations;           /* coordinator only: generations older than
                                            * this one that were never announced, whose leftover
                                            * objects this publish removed */
-    uint64_t faults;                      /* (appended) minor page faults the process took
+    uint64_t faults;                      /* minor page faults the process took
                                            * during the call, every thread's: first touches
                                            * of memory or mappings (0 in a warm steady
                                            * state; docs/weights.md, "Warm memory") */
-    double total_s;                       /* (appended) the call's wall time: put_s +
+    double total_s;                       /* the call's wall time: put_s +
                                            * barrier_s + commit_s cover it but for reading
                                            * the active generation first */
+    uint64_t reserved[8];   /* zeroed by the library: room for fields to come */
 } ferry_publish_stats;
 
 /* Publish `generation` (> every earlier one) from this rank. Every rank of
@@ -236,8 +240,9 @@ typedef struct ferry_weight_entry {
      * "Stored generations"): publisher, segment and key above are those of
      * its first piece, checksum is 0 (every piece has its own, checked by
      * ferry_weights_read). */
-    uint32_t index;                 /* (appended) its index in the stored placement */
-    void *internal;                 /* (appended) the generation it belongs to */
+    uint32_t index;                 /* its index in the stored placement */
+    void *internal;                 /* the generation it belongs to */
+    uint64_t reserved[4];   /* zero: room for fields to come */
 } ferry_weight_entry;
 
 typedef struct ferry_weight_manifest {
@@ -246,9 +251,10 @@ typedef struct ferry_weight_manifest {
     ferry_weight_entry *entries;
     size_t n;
     uint64_t bytes;
-    ferry_manifest *stored;         /* (appended) the stored placement: every piece of every
+    ferry_manifest *stored;         /* the stored placement: every piece of every
                                      * tensor, its rank and box (borrowed until free) */
-    void *internal;                 /* (appended) */
+    void *internal;                 /* */
+    uint64_t reserved[4];   /* zero: room for fields to come */
 } ferry_weight_manifest;
 
 /* The announced generation of a model and whether its objects are still
@@ -261,6 +267,7 @@ typedef struct ferry_weights_status {
     uint32_t segments;              /* store segments holding its objects (0: not recorded) */
     uint32_t lost_segments;         /* of them, whose objects are gone (lost or removed) */
     bool lost;                      /* lost_segments > 0: the generation cannot be loaded */
+    uint64_t reserved[8];   /* zeroed by the library: room for fields to come */
 } ferry_weights_status;
 /* 0 when the generation is whole; FERRY_ENOENT when none was announced;
  * FERRY_ELOST when objects of it are gone — a node holding them restarted
@@ -306,10 +313,11 @@ typedef struct ferry_param_shard {
     uint64_t shape[FERRY_MAX_DIMS];
     int64_t strides[FERRY_MAX_DIMS];     /* elements, >= 0 */
     void *dst;
-    uint64_t dst_bytes;                  /* (appended) bytes of the buffer at dst; 0: not
+    uint64_t dst_bytes;                  /* bytes of the buffer at dst; 0: not
                                           * said. A box whose last element lies past them
                                           * is refused at prepare (FERRY_EINVAL naming the
                                           * tensor and box), before anything is written */
+    uint64_t reserved[4];   /* zero: room for fields to come */
 } ferry_param_shard;
 
 typedef struct ferry_update_stats {
@@ -321,7 +329,7 @@ typedef struct ferry_update_stats {
     uint64_t bytes_received;      /* single-pull: pushed into this worker's parameters */
     uint64_t group_bytes_read;    /* single-pull: the whole group's store reads */
     double prepare_s, read_s, push_s;
-    /* Appended (docs/weights.md, "Counters"). Single-pull only unless said;
+    /* (docs/weights.md, "Counters") Single-pull only unless said;
      * 0 elsewhere. Phases: prepare_s covers the manifest and leases and the
      * demand exchange; read_s is the time inside store reads (summed over
      * batches); push_s runs from the end of the last read to the end of the
@@ -343,16 +351,17 @@ typedef struct ferry_update_stats {
     uint32_t nodes;               /* distinct nodes of the group (ferry_subscriber_nodes) */
     uint64_t nic_max_in, nic_max_out;    /* the busiest node's NIC, each direction */
     double nic_mean_in, nic_mean_out;    /* mean over the group's nodes */
-    /* (appended) The membership this update ran with (docs/weights.md,
+    /* The membership this update ran with (docs/weights.md,
      * "Elastic groups"): fixed groups report epoch 0, members = world and
      * position = rank; elastic ones the epoch's number, its size and this
      * worker's place in it. */
     uint64_t epoch;
     uint32_t members, position;
-    uint64_t faults;              /* (appended) minor page faults the process took during the
+    uint64_t faults;              /* minor page faults the process took during the
                                    * call, every thread's (docs/weights.md, "Warm memory") */
-    double total_s;               /* (appended) the call's wall time: prepare_s + plan_s +
+    double total_s;               /* the call's wall time: prepare_s + plan_s +
                                    * apply_s + barrier_s cover it (single-pull) */
+    uint64_t reserved[8];   /* zeroed by the library: room for fields to come */
 } ferry_update_stats;
 
 /* Parameter-direct update, each worker reading its own demand from the
@@ -404,20 +413,22 @@ typedef struct ferry_subscriber_config {
     uint32_t node;           /* this worker's node (any id; 0 for all: one node). Readers
                               * are chosen to balance every node's NIC load, and a range
                               * crosses to another node once, then is forwarded there */
-    uint64_t batch_bytes;    /* (appended) apply runs in batches of about this many bytes
+    uint64_t batch_bytes;    /* apply runs in batches of about this many bytes
                               * of this worker's reads: the pushes of batch k are in flight
                               * (and forwarded inside the other nodes as they land) while
                               * batch k+1 is read, at most two batches at once (0: 64 MiB;
                               * a batch holds at least one range; shared ranges are 4 MiB
                               * pieces) */
-    uint64_t local_segment;  /* (appended) the store segment on this worker's node (0: unknown).
+    uint64_t local_segment;  /* the store segment on this worker's node (0: unknown).
                               * Exchanged with the demands: a tensor stored on a segment that
                               * members of node X named lives on X, so it is read by a worker
                               * on X where the NIC loads allow it, and that read counts as
                               * inside the node (not NIC in); tensors on a segment nobody
                               * named (or named from two nodes) count as off every node */
-    char member[64];         /* (appended) elastic groups (world 0): this member's name in
+    char member[64];         /* elastic groups (world 0): this member's name in
                               * errors and in the group's records ("": "HOST:PID") */
+    uint64_t reserved[8];   /* zero (the init zeroes it; the library refuses anything else):
+                             * room for fields to come, docs/design.md "Growth" */
 } ferry_subscriber_config;
 
 /* Every field of *cfg to its default (timeout_ms FERRY_DEFAULT_TIMEOUT_MS,
@@ -566,6 +577,7 @@ typedef struct ferry_sparse_announce_stats {
     uint32_t chain;                  /* generations of the chain, the dense one and this included */
     uint64_t removed_generations;    /* retention: generations retired by this announcement */
     double announce_s;
+    uint64_t reserved[8];   /* zeroed by the library: room for fields to come */
 } ferry_sparse_announce_stats;
 
 /* Announce sparse generation `generation` of model: the delta base ->
@@ -626,6 +638,8 @@ typedef struct ferry_sparse_update_config {
                                       * OWNER objects reach only the matching index */
     bool no_dense;                   /* never load a dense generation: a worker that is not on
                                       * the active chain is refused (FERRY_ESTATE), nothing applied */
+    uint64_t reserved[8];   /* zero (the init zeroes it; the library refuses anything else):
+                             * room for fields to come, docs/design.md "Growth" */
 } ferry_sparse_update_config;
 
 /* Every field of *cfg to its default (every field empty or 0). */
@@ -639,6 +653,7 @@ typedef struct ferry_sparse_update_stats {
     uint64_t entries_applied;
     ferry_sparse_stats read;         /* the chain's sparse reads, summed */
     double resolve_s, read_s, dense_s, apply_s;
+    uint64_t reserved[8];   /* zeroed by the library: room for fields to come */
 } ferry_sparse_update_stats;
 
 /* Bring a worker's shards (boxes of the published tensors, each with its

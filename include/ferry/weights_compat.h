@@ -39,10 +39,12 @@ typedef struct ferry_compat_config {
                               * largest tensor, else an update fails with FERRY_EMSGSIZE
                               * on every worker; tensors travel in batches that fit */
     uint64_t timeout_ms;     /* barriers and notifications (default FERRY_DEFAULT_TIMEOUT_MS) */
-    uint64_t local_segment;  /* (appended) the store segment on this worker's node (0:
+    uint64_t local_segment;  /* the store segment on this worker's node (0:
                               * unknown). A tensor stored on a segment that members of node X
                               * named is led by a worker on X (its read stays inside the
                               * node); the others are balanced over all nodes as before */
+    uint64_t reserved[8];   /* zero (the init zeroes it; the library refuses anything else):
+                             * room for fields to come, docs/design.md "Growth" */
 } ferry_compat_config;
 
 /* Every field of *cfg to its default (staging_bytes 256 MiB, timeout_ms
@@ -73,7 +75,7 @@ typedef struct ferry_compat_stats {
      * abort check); apply is the wall time of all batches */
     double prepare_s, exchange_s, plan_s, read_s, wait_s, verify_s, load_s, barrier_s, apply_s;
     double total_s;
-    /* (appended) the pipeline: staging_slots is 2 when the staging is split
+    /* the pipeline: staging_slots is 2 when the staging is split
      * in two halves (batch k in half k % 2; the reads and sends of batch k+1
      * go out while batch k is still forwarded, verified and loaded, and a
      * half is written again only after every worker finished the batch it
@@ -82,14 +84,15 @@ typedef struct ferry_compat_stats {
      * batch was finished (batches - 1 with two halves) */
     uint32_t staging_slots;
     uint32_t pipelined_batches;
-    /* (appended) bytes this worker handed to the loader straight from the
+    /* bytes this worker handed to the loader straight from the
      * staging of a worker of its node (over shm) through a read-only view:
      * no WRITE into its own staging. bytes_received counts what landed in
      * its own staging (WRITEs from other nodes, and READs where no view
      * could be made). */
     uint64_t bytes_viewed;
-    uint64_t faults;                /* (appended) minor page faults the process took during the
+    uint64_t faults;                /* minor page faults the process took during the
                                      * call, every thread's (docs/weights.md, "Warm memory") */
+    uint64_t reserved[8];   /* zeroed by the library: room for fields to come */
 } ferry_compat_stats;
 
 /* Allocate and register this worker's staging buffer (shm-mappable,

@@ -156,6 +156,11 @@ int ferry_engine_open(const ferry_engine_config *cfg, ferry_engine **out)
 {
     if (!cfg || !out)
         return FERRY_EINVAL;
+    if (!FR_RESERVED_OK(cfg)) {
+        FR_ERROR("engine", "engine config: its reserved fields must be zero (start from "
+                 "ferry_engine_config_init)");
+        return FERRY_EINVAL;
+    }
     int rc = validate_config(cfg);
     if (rc < 0)
         return rc;

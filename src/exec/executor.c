@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/base.h"
 #include "exec/exec_int.h"
 
 
@@ -47,6 +48,9 @@ int ferry_executor_create(const ferry_exec_config *cfg, ferry_executor **out, fe
 {
     if (!cfg || !out || !cfg->engine)
         return fr_exec_fail(err, FERRY_EINVAL, "executor: a config with an engine is required");
+    if (!FR_RESERVED_OK(cfg))
+        return fr_exec_fail(err, FERRY_EINVAL, "executor: the config's reserved fields must be "
+                            "zero (start from ferry_exec_config_init)");
     if (cfg->mode != FERRY_EXEC_READER && cfg->mode != FERRY_EXEC_SINK)
         return fr_exec_fail(err, FERRY_EINVAL, "executor: mode must be reader or sink");
     if (cfg->nguards && !cfg->guards)

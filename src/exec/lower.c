@@ -196,6 +196,8 @@ static int check_args(const ferry_binding *init, const ferry_lower_args *a, ferr
 {
     if (a->mode != FERRY_EXEC_READER && a->mode != FERRY_EXEC_SINK)
         return fr_exec_fail(err, FERRY_EINVAL, "lower: mode must be reader or sink");
+    if (!FR_RESERVED_OK(a))
+        return fr_exec_fail(err, FERRY_EINVAL, "lower: the arguments' reserved fields must be zero");
     if (a->limits.max_ops == 0 || a->limits.max_bytes == 0)
         return fr_exec_fail(err, FERRY_EINVAL, "lower: max ops and max bytes per batch must be >= 1");
     if (a->workers == NULL || a->nworkers == 0)

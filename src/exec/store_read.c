@@ -183,6 +183,10 @@ int ferry_exec_store_run(const ferry_store_exec_config *cfg, const ferry_atteste
     res->state = FERRY_TICKET_ABORTED;
     if (!cfg || !cfg->store || !a || !dst || !r || from > to || to > r->n)
         return res->error = fr_exec_fail(err, FERRY_EINVAL, "store read: bad arguments");
+    if (!FR_RESERVED_OK(cfg))
+        return res->error = fr_exec_fail(err, FERRY_EINVAL, "store read: the config's reserved "
+                                         "fields must be zero (start from "
+                                         "ferry_store_exec_config_init)");
     int rc = ferry_attested_check(a, NULL, dst, err);
     if (rc < 0)
         return res->error = rc;

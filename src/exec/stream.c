@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/base.h"
 #include "exec/exec_int.h"
 
 
@@ -77,6 +78,9 @@ int ferry_exec_stream_open(const ferry_stream_config *cfg, ferry_exec_stream **o
         memset(res, 0, sizeof *res);
     if (!cfg || !out || !cfg->engine)
         return fr_exec_fail(err, FERRY_EINVAL, "stream: a config with an engine is required");
+    if (!FR_RESERVED_OK(cfg))
+        return fr_exec_fail(err, FERRY_EINVAL, "stream: the config's reserved fields must be "
+                            "zero (start from ferry_stream_config_init)");
     *out = NULL;
     if (cfg->nguards && !cfg->guards)
         return fr_exec_fail(err, FERRY_EINVAL, "stream: %zu guards but no array", cfg->nguards);

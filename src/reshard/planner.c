@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/base.h"
 #include "reshard/reshard_int.h"
 
 void fr_plan_options_resolve(const ferry_plan_options *in, ferry_plan_options *out)
@@ -524,6 +525,8 @@ int ferry_plan_create(ferry_manifest *src, ferry_manifest *dst, const ferry_plan
 {
     if (!src || !dst || !out)
         return fr_rs_err(err, FERRY_EINVAL, "null argument");
+    if (opt && !FR_RESERVED_OK(opt))
+        return fr_rs_err(err, FERRY_EINVAL, "plan options: the reserved fields must be zero");
     uint64_t t0 = fr_now_ns();
     int rc = ferry_manifest_validate(src, err);
     if (rc == 0)

@@ -828,6 +828,9 @@ int ferry_compat_group_open(ferry_store *s, const ferry_compat_config *cfg,
     if (!s || !cfg || !out || cfg->world == 0 || cfg->rank >= cfg->world || !cfg->model[0] ||
         strchr(cfg->model, '/') || !cfg->group[0] || strchr(cfg->group, '/'))
         return fr_rl_fail(err, FERRY_EINVAL, "compat: bad arguments (model, group, rank, world)");
+    if (!FR_RESERVED_OK(cfg))
+        return fr_rl_fail(err, FERRY_EINVAL, "compat: the config's reserved fields must be zero "
+                          "(start from ferry_compat_config_init)");
     ferry_compat_group *g = calloc(1, sizeof *g);
     if (!g)
         return fr_rl_fail(err, FERRY_ENOMEM, "compat: out of memory");

@@ -154,6 +154,9 @@ int ferry_sparse_update(ferry_store *s, const ferry_sparse_update_config *cfg,
     if (!st)
         st = &local;
     memset(st, 0, sizeof *st);
+    if (cfg && !FR_RESERVED_OK(cfg))
+        return fr_rl_fail(err, FERRY_EINVAL, "sparse update: the config's reserved fields must "
+                          "be zero (start from ferry_sparse_update_config_init)");
     if (!s || !cfg || !generation || (n && !shards))
         return fr_rl_fail(err, FERRY_EINVAL, "sparse update: bad arguments (store, config, "
                           "generation, shards)");

@@ -178,7 +178,8 @@ static int attempt(ferry_store *s, const ferry_publisher_config *c, uint64_t gen
 static bool config_ok(ferry_store *s, const ferry_publisher_config *c, uint64_t gen)
 {
     return s && c && gen != 0 && c->world != 0 && c->rank < c->world && c->model[0] &&
-           !strchr(c->model, '/') && memchr(c->model, '\0', sizeof c->model);
+           !strchr(c->model, '/') && memchr(c->model, '\0', sizeof c->model) &&
+           FR_RESERVED_OK(c);
 }
 
 int ferry_publish_shards(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,

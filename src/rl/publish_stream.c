@@ -81,7 +81,8 @@ int ferry_publish_stream_begin(ferry_store *s, const ferry_publisher_config *cfg
     if (out)
         *out = NULL;
     if (!s || !cfg || !out || generation == 0 || cfg->world == 0 || cfg->rank >= cfg->world ||
-        !cfg->model[0] || strchr(cfg->model, '/') || !memchr(cfg->model, '\0', sizeof cfg->model))
+        !cfg->model[0] || strchr(cfg->model, '/') || !memchr(cfg->model, '\0', sizeof cfg->model) ||
+        !FR_RESERVED_OK(cfg))
         return fr_rl_fail(err, FERRY_EINVAL, "publish stream: bad arguments (model, rank, world, "
                           "generation)");
     /* Generations only move forward: refused before anything is stored. */

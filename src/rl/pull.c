@@ -964,6 +964,9 @@ int ferry_subscriber_open(ferry_store *s, const ferry_subscriber_config *cfg,
         !cfg->model[0] || !cfg->group[0] || strchr(cfg->group, '/') ||
         !memchr(cfg->member, 0, sizeof cfg->member))
         return fr_rl_fail(err, FERRY_EINVAL, "subscriber: bad arguments (model, group, rank, world)");
+    if (!FR_RESERVED_OK(cfg))
+        return fr_rl_fail(err, FERRY_EINVAL, "subscriber: the config's reserved fields must be "
+                          "zero (start from ferry_subscriber_config_init)");
     ferry_subscriber *sub = calloc(1, sizeof *sub);
     if (!sub)
         return FERRY_ENOMEM;

@@ -35,6 +35,9 @@ int ferry_sample_queue_open(ferry_store *s, const ferry_sample_queue_config *cfg
     if (!s || !cfg || !out || !cfg->queue[0] || strchr(cfg->queue, '/') ||
         strlen(cfg->queue) >= sizeof cfg->queue)
         return fr_rl_fail(err, FERRY_EINVAL, "sample queue: bad arguments (queue name without '/')");
+    if (!FR_RESERVED_OK(cfg))
+        return fr_rl_fail(err, FERRY_EINVAL, "sample queue: the config's reserved fields must be "
+                          "zero (start from ferry_sample_queue_config_init)");
     ferry_sample_queue *q = calloc(1, sizeof *q);
     if (!q)
         return fr_rl_fail(err, FERRY_ENOMEM, "sample queue: out of memory");

@@ -340,6 +340,9 @@ int ferry_store_open(const ferry_store_config *cfg, ferry_store **out)
 {
     if (!cfg || !out)
         return FERRY_EINVAL;
+    if (!FR_RESERVED_OK(cfg) || !FR_RESERVED_OK(&cfg->engine))
+        return fr_client_err(FERRY_EINVAL, "store config: its reserved fields must be zero "
+                             "(start from ferry_store_config_init)");
     if (!cfg->master[0])
         return fr_client_err(FERRY_EINVAL, "no master address: set FERRY_MASTER=HOST:PORT "
                              "(ferry up prints it)");

@@ -192,6 +192,9 @@ static int put_batch(ferry_store *s, const char *const *keys, const void *const 
         return fr_client_err(FERRY_EINVAL, "put: bad arguments");
     if (rc && rc->replica_num > FERRY_STORE_REPLICAS_MAX)
         return fr_client_err(FERRY_EINVAL, "put: replica_num above %d", FERRY_STORE_REPLICAS_MAX);
+    if (rc && !FR_RESERVED_OK(rc))
+        return fr_client_err(FERRY_EINVAL, "put: the placement config's reserved fields must be "
+                             "zero (start from ferry_replicate_config_init)");
     fr_smsg *q = fr_calloc(n ? n : 1, sizeof *q);
     fr_smsg *rep = fr_calloc(n ? n : 1, sizeof *rep);
     uint8_t **rb = fr_calloc(n ? n : 1, sizeof *rb);
@@ -339,6 +342,9 @@ int ferry_store_put_begin(ferry_store *s, const char *key, size_t len,
         return ret;
     if (rc && rc->replica_num > FERRY_STORE_REPLICAS_MAX)
         return fr_client_err(FERRY_EINVAL, "put: replica_num above %d", FERRY_STORE_REPLICAS_MAX);
+    if (rc && !FR_RESERVED_OK(rc))
+        return fr_client_err(FERRY_EINVAL, "put: the placement config's reserved fields must be "
+                             "zero (start from ferry_replicate_config_init)");
     ferry_put_slot *p = fr_calloc(1, sizeof *p);
     size_t kl = strlen(key);
     if (p)

@@ -34,7 +34,8 @@ int ferry_master_config_init(ferry_master_config *cfg)
 
 int ferry_master_open(const ferry_master_config *cfg, ferry_master **out)
 {
-    if (!cfg || !out || cfg->token_len > sizeof ((fr_master_config *)0)->token)
+    if (!cfg || !out || cfg->token_len > sizeof ((fr_master_config *)0)->token ||
+        !FR_RESERVED_OK(cfg))
         return FERRY_EINVAL;
     fr_master_config c;
     fr_master_config_default(&c);

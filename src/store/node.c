@@ -85,7 +85,8 @@ static int mount(ferry_node *n)
 int ferry_node_open(const ferry_node_config *cfg, ferry_node **out)
 {
     if (!cfg || !out || !cfg->master[0] || cfg->segment_size < 4096 ||
-        strnlen(cfg->name, sizeof cfg->name) >= sizeof cfg->name)
+        strnlen(cfg->name, sizeof cfg->name) >= sizeof cfg->name || !FR_RESERVED_OK(cfg) ||
+        !FR_RESERVED_OK(&cfg->engine))
         return FERRY_EINVAL;
     ferry_node *n = fr_calloc(1, sizeof *n);
     if (!n)

@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -139,12 +140,58 @@ static void test_zeroed_resolves_to_init(void **state)
     assert_int_equal(xs.limits.max_ops, 4096);
 }
 
+/* A config whose reserved tail is not zero is refused, with nothing opened. */
+static void test_reserved_refused(void **state)
+{
+    (void)state;
+    ferry_engine_config ec;
+    assert_int_equal(ferry_engine_config_init(&ec), 0);
+    ec.reserved[7] = 1;
+    ferry_engine *e = NULL;
+    ferry_log_set_level(FERRY_LOG_OFF);
+    assert_int_equal(ferry_engine_open(&ec, &e), FERRY_EINVAL);
+    assert_null(e);
+    ferry_store_config sc;
+    assert_int_equal(ferry_store_config_init(&sc), 0);
+    snprintf(sc.master, sizeof sc.master, "127.0.0.1:1");
+    sc.reserved[0] = 1;
+    ferry_store *s = NULL;
+    assert_int_equal(ferry_store_open(&sc, &s), FERRY_EINVAL);
+    assert_null(s);
+    assert_non_null(strstr(ferry_store_last_error(), "reserved"));
+    ferry_plan_options po = {0};
+    po.reserved[3] = 9;
+    ferry_plan *p = NULL;
+    ferry_manifest *m = NULL;
+    ferry_error err = {0};
+    assert_int_equal(ferry_manifest_create(1, NULL, 1, &m), 0);
+    assert_int_equal(ferry_plan_create(m, m, &po, &p, &err), FERRY_EINVAL);
+    assert_null(p);
+    assert_non_null(strstr(err.msg, "reserved"));
+    ferry_manifest_close(m);
+    /* the configs with an rl or exec entry: the same check, through the
+     * resolve that every entry runs */
+    ferry_exec_config xc;
+    ferry_exec_config_init(&xc);
+    xc.reserved[0] = 1;
+    ferry_executor *x = NULL;
+    memset(&err, 0, sizeof err);
+    int fake;
+    xc.engine = (ferry_engine *)&fake;   /* never used: the reserved check comes first */
+    xc.workers = (const uint32_t[]){ 0 };
+    xc.nworkers = 1;
+    assert_int_equal(ferry_executor_create(&xc, &x, &err), FERRY_EINVAL);
+    assert_null(x);
+    assert_non_null(strstr(err.msg, "reserved"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_null_refused),
         cmocka_unit_test(test_documented_defaults),
         cmocka_unit_test(test_zeroed_resolves_to_init),
+        cmocka_unit_test(test_reserved_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
