@@ -6,11 +6,17 @@
  * and a request's headers bounded by a memory limit. Only GET and HEAD of
  * /metrics are answered with the page; anything else gets 404 or 405, and
  * whatever arrives never reaches the master: the page is a copy of the
- * master's published snapshot. */
+ * master's published snapshot.
+ *
+ * ferry does not link libmicrohttpd (nor, through it, gnutls): the first
+ * cli_metrics_start loads it, so that every other command starts without
+ * paying for either. */
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +30,55 @@
 #define CONN_TIMEOUT_S 10      /* an idle or slow connection is closed after this */
 #define CONN_MEMORY (64 << 10) /* bytes of request (headers) per connection */
 
+#define MHD_LIBRARY "libmicrohttpd.so.12"
+
+/* The functions of libmicrohttpd used here, resolved by load_mhd. */
+#define MHD_FUNCS(X) \
+    X(MHD_add_response_header) X(MHD_create_response_from_buffer) X(MHD_destroy_response) \
+    X(MHD_queue_response) X(MHD_start_daemon) X(MHD_stop_daemon)
+
+static struct {
+#define MHD_SLOT(f) __typeof__(f) *f;
+    MHD_FUNCS(MHD_SLOT)
+#undef MHD_SLOT
+} mhd;
+static bool mhd_ok;            /* loaded */
+static char mhd_error[256];    /* else why not */
+
+static void load_mhd(void)
+{
+    void *h = dlopen(MHD_LIBRARY, RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL) {
+        snprintf(mhd_error, sizeof mhd_error, "cannot load %s (install libmicrohttpd12): %s", MHD_LIBRARY,
+                 dlerror());
+        return;
+    }
+#define MHD_RESOLVE(f)                                                                     \
+    {                                                                                      \
+        void *sym = dlsym(h, #f);                                                          \
+        if (sym == NULL) {                                                                 \
+            snprintf(mhd_error, sizeof mhd_error, "%s has no %s", MHD_LIBRARY, #f);        \
+            return;                                                                        \
+        }                                                                                  \
+        memcpy(&mhd.f, &sym, sizeof sym); /* ISO C has no cast from void * to a function */ \
+    }
+    MHD_FUNCS(MHD_RESOLVE)
+#undef MHD_RESOLVE
+    mhd_ok = true;
+}
+
+/* 0 once libmicrohttpd is loaded (once per process), or -1 after a line on
+ * stderr naming cmd and the library. */
+static int mhd_loaded(const char *cmd)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, load_mhd);
+    if (mhd_ok)
+        return 0;
+    fprintf(stderr, "ferry %s: --metrics: %s\n", cmd, mhd_error);
+    return -1;
+}
+
 struct cli_metrics {
     struct MHD_Daemon *d;
     int fd;
@@ -35,15 +90,15 @@ struct cli_metrics {
 static enum MHD_Result reply(struct MHD_Connection *c, unsigned code, const char *type,
                              const char *body, size_t len, bool allow)
 {
-    struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body,
-                                                             MHD_RESPMEM_MUST_COPY);
+    struct MHD_Response *r = mhd.MHD_create_response_from_buffer(len, (void *)body,
+                                                                 MHD_RESPMEM_MUST_COPY);
     if (r == NULL)
         return MHD_NO;
-    MHD_add_response_header(r, "Content-Type", type);
+    mhd.MHD_add_response_header(r, "Content-Type", type);
     if (allow)
-        MHD_add_response_header(r, "Allow", "GET, HEAD");
-    enum MHD_Result rc = MHD_queue_response(c, code, r);
-    MHD_destroy_response(r);
+        mhd.MHD_add_response_header(r, "Allow", "GET, HEAD");
+    enum MHD_Result rc = mhd.MHD_queue_response(c, code, r);
+    mhd.MHD_destroy_response(r);
     return rc;
 }
 
@@ -111,6 +166,8 @@ int cli_metrics_start(const char *cmd, const char *addr, cli_metrics_fn fn, void
                 "not '%s'\n", cmd, addr);
         return -1;
     }
+    if (mhd_loaded(cmd) < 0)
+        return -1;
     cli_metrics *h = calloc(1, sizeof *h);
     if (h == NULL)
         return -1;
@@ -133,12 +190,12 @@ int cli_metrics_start(const char *cmd, const char *addr, cli_metrics_fn fn, void
     char ip[INET_ADDRSTRLEN];
     inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof ip);
     snprintf(h->addr, sizeof h->addr, "%s:%u", ip, (unsigned)ntohs(sa.sin_port));
-    h->d = MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD, 0, NULL, NULL, on_request, h,
-                            MHD_OPTION_LISTEN_SOCKET, h->fd,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)CONN_LIMIT,
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)CONN_TIMEOUT_S,
-                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)CONN_MEMORY,
-                            MHD_OPTION_END);
+    h->d = mhd.MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD, 0, NULL, NULL, on_request, h,
+                                MHD_OPTION_LISTEN_SOCKET, h->fd,
+                                MHD_OPTION_CONNECTION_LIMIT, (unsigned)CONN_LIMIT,
+                                MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)CONN_TIMEOUT_S,
+                                MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)CONN_MEMORY,
+                                MHD_OPTION_END);
     if (h->d == NULL) {
         /* Whether MHD closed the socket it was given is not documented:
          * leave it rather than risk closing a descriptor twice. */
@@ -159,7 +216,7 @@ void cli_metrics_stop(cli_metrics *h)
 {
     if (h == NULL)
         return;
-    MHD_stop_daemon(h->d);   /* joins its thread and closes the listening socket */
+    mhd.MHD_stop_daemon(h->d);   /* joins its thread and closes the listening socket */
     free(h);
 }
 

@@ -9,10 +9,9 @@
 
 #include "engine/engine_int.h"
 
-/* Indexed like e->tp_state (FR_TP_*). The ucx transport starts only in an
- * engine that chose it (ferry_engine_config.transport "ucx"): its worker
- * opens UCX's own listeners, which nothing else should pay for. */
-static const fr_transport *const transports[FR_TP_COUNT] = {
+/* Indexed like e->tp_state (FR_TP_*): the one place that lists the
+ * transports a build has. */
+const fr_transport *const fr_transports[FR_TP_COUNT] = {
     &fr_transport_shm, &fr_transport_tcp,
 #ifdef FERRY_HAVE_UCX
     &fr_transport_ucx,
@@ -21,13 +20,13 @@ static const fr_transport *const transports[FR_TP_COUNT] = {
 #endif
 };
 
-static bool transport_known(const char *tr)
+/* The transport of this build named tr, or NULL. */
+static const fr_transport *transport_named(const char *tr)
 {
-    return strcmp(tr, "shm") == 0 || strcmp(tr, "tcp") == 0
-#ifdef FERRY_HAVE_UCX
-           || strcmp(tr, "ucx") == 0
-#endif
-        ;
+    for (int i = 0; i < FR_TP_COUNT; i++)
+        if (fr_transports[i] && strcmp(fr_transports[i]->name, tr) == 0)
+            return fr_transports[i];
+    return NULL;
 }
 
 static int env_u64(const char *name, uint64_t *out)
@@ -79,12 +78,12 @@ int ferry_engine_config_init(ferry_engine_config *cfg)
     cfg->connect_timeout_ms = 5000;
     const char *tr = getenv("FERRY_TRANSPORT");
     if (tr && *tr) {
-        if (!transport_known(tr)) {
-#ifdef FERRY_HAVE_UCX
-            FR_ERROR("engine", "FERRY_TRANSPORT=%s: expected shm, tcp or ucx", tr);
-#else
-            FR_ERROR("engine", "FERRY_TRANSPORT=%s: expected shm or tcp (this build has no UCX)", tr);
-#endif
+        if (!transport_named(tr)) {
+            char names[64] = "";
+            for (int i = 0; i < FR_TP_COUNT; i++)
+                if (fr_transports[i])
+                    snprintf(names + strlen(names), sizeof names - strlen(names), " %s", fr_transports[i]->name);
+            FR_ERROR("engine", "FERRY_TRANSPORT=%s: expected one of this build's transports:%s", tr, names);
             return FERRY_EINVAL;
         }
         snprintf(cfg->transport, sizeof cfg->transport, "%s", tr);
@@ -147,7 +146,7 @@ static int validate_config(const ferry_engine_config *c)
         c->tcp_chunk == 0 || c->tcp_chunk > FR_WIRE_MAX_DATA || c->shm_threads == 0 ||
         c->shm_threads > 64 || c->window_bytes == 0 || c->window_ops == 0)
         return FERRY_EINVAL;
-    if (c->transport[0] && !transport_known(c->transport))
+    if (c->transport[0] && !transport_named(c->transport))
         return FERRY_EINVAL;
     return 0;
 }
@@ -189,11 +188,12 @@ int ferry_engine_open(const ferry_engine_config *cfg, ferry_engine **out)
         FR_WARN("engine", "fault injection on: %s", cfg->fault);
     }
     for (int i = 0; i < FR_TP_COUNT; i++) {
-        if (!transports[i] || (i == FR_TP_UCX && strcmp(cfg->transport, "ucx") != 0))
+        const fr_transport *tp = fr_transports[i];
+        if (!tp || (tp->on_demand && strcmp(cfg->transport, tp->name) != 0))
             continue;
-        rc = transports[i]->start(e, &e->tp_state[i]);
+        rc = tp->start(e, &e->tp_state[i]);
         if (rc < 0) {
-            FR_ERROR("engine", "cannot start the %s transport: %s", transports[i]->name, ferry_strerror(rc));
+            FR_ERROR("engine", "cannot start the %s transport: %s", tp->name, ferry_strerror(rc));
             goto fail;
         }
     }
@@ -231,7 +231,7 @@ void ferry_engine_close(ferry_engine *e)
     fr_tickets_wait_drained(e);
     for (int i = FR_TP_COUNT - 1; i >= 0; i--)   /* ucx first: it reads the region list */
         if (e->tp_state[i])
-            transports[i]->stop(e->tp_state[i]);
+            fr_transports[i]->stop(e->tp_state[i]);
     fr_tickets_destroy_all(e);
     for (size_t i = 0; i < e->npeers; i++) {
         if (!e->peers[i])
@@ -267,10 +267,9 @@ const char *ferry_engine_address(const ferry_engine *e) { return e ? e->address 
 
 static const fr_transport *choose_transport(const ferry_engine *e, const fr_endpoint *ep)
 {
-#ifdef FERRY_HAVE_UCX
-    if (strcmp(e->cfg.transport, "ucx") == 0)
-        return (ep->transports & FR_TRANSPORT_UCX) ? &fr_transport_ucx : NULL;
-#endif
+    const fr_transport *named = e->cfg.transport[0] ? transport_named(e->cfg.transport) : NULL;
+    if (named && named->on_demand)   /* the only one this engine reaches peers by */
+        return (ep->transports & named->bit) ? named : NULL;
     if (strcmp(e->cfg.transport, "tcp") == 0)
         return &fr_transport_tcp;
     bool same_host = memcmp(ep->host, e->ep.host, 16) == 0;
@@ -285,8 +284,8 @@ static int peer_add_ep(ferry_engine *e, const fr_endpoint *ep, ferry_peer_id *ou
 {
     const fr_transport *tp = choose_transport(e, ep);
     if (!tp) {
-        FR_ERROR("engine", "no common transport with peer instance %016llx%s", (unsigned long long)ep->instance,
-                 strcmp(e->cfg.transport, "ucx") == 0 ? " (this engine uses ucx; the peer does not)" : "");
+        FR_ERROR("engine", "no common transport with peer instance %016llx%s%s", (unsigned long long)ep->instance,
+                 e->cfg.transport[0] ? "; this engine uses only " : "", e->cfg.transport);
         return FERRY_ENOTSUP;
     }
     pthread_mutex_lock(&e->lock);

@@ -63,6 +63,10 @@ struct fr_transport {
     bool strided;
     bool disjoint_rows;
     uint32_t max_rows;
+    /* Started only in an engine that names it (ferry_engine_config.transport),
+     * and then the only one its peers are reached by; otherwise started in
+     * every engine and chosen per peer. */
+    bool on_demand;
     /* Server side: start listening, fill the engine's endpoint fields that
      * belong to this transport, and serve authenticated peers. */
     int (*start)(ferry_engine *e, void **state);
@@ -94,16 +98,36 @@ struct fr_transport {
      * caller holds the peer's lock. */
     int (*access)(void *conn, uint64_t key, uint64_t addr, uint64_t len, unsigned access,
                   void **ptr);
+
+    /* Memory hooks, each optional (NULL: the transport needs none). region.c
+     * calls them on the running transport that has them, with the state its
+     * start() made; at most one transport of an engine may have them (a
+     * region carries one remote key and one handle).
+     * mem_alloc: ferry_mem_alloc's len bytes (whole pages), allocated by the
+     * transport and populated, *handle its own. Any negative code: the
+     * engine allocates memfd memory instead. mem_free gives one back. */
+    int (*mem_alloc)(void *state, size_t len, void **addr, void **handle);
+    void (*mem_free)(void *state, void *handle);
+    /* reg: a remote-accessible region (flags != 0) is being registered: make
+     * it reachable by the transport's peers, fill r->rkey / r->rkey_len (the
+     * remote key ferry_region_export carries) and r->tp_handle (what dereg
+     * releases; NULL: nothing). alloc_handle: the mem_alloc handle of the
+     * allocation the region lies in, or NULL. A negative code fails the
+     * registration and leaves nothing to undo. dereg: undo a reg that
+     * succeeded, from any thread, the engine lock held or not. */
+    int (*reg)(void *state, ferry_region *r, void *alloc_handle);
+    void (*dereg)(void *state, ferry_region *r);
 };
 
 extern const fr_transport fr_transport_tcp;
 extern const fr_transport fr_transport_shm;
 extern const fr_transport fr_transport_fault;   /* wraps p->inner_tp, see fault.c */
-#ifdef FERRY_HAVE_UCX
-extern const fr_transport fr_transport_ucx;     /* transport/ucx*.c, started only when chosen */
-#endif
+extern const fr_transport fr_transport_ucx;     /* transport/ucx*.c, when the build has UCX */
 /* e->tp_state slots. */
 enum { FR_TP_SHM = 0, FR_TP_TCP = 1, FR_TP_UCX = 2, FR_TP_COUNT = 3 };
+/* The transports this build has, indexed like e->tp_state; NULL where a
+ * transport is not built (engine.c). */
+extern const fr_transport *const fr_transports[FR_TP_COUNT];
 
 /* Fault injection (enabled by ferry_engine_config.fault / FERRY_FAULT). */
 typedef struct fr_fault fr_fault;
@@ -120,14 +144,14 @@ struct fr_peer {
     uint64_t reset_gen;        /* bumped by ferry_peer_reset: drops older fences */
     bool connecting;           /* a thread is connecting (engine lock) */
     pthread_rwlock_t rw;       /* read: posting to conn; write: replacing conn */
-    /* Regions of this peer imported with a UCX rkey (ferry_region_import):
+    /* Regions of this peer imported with a remote key (ferry_region_import):
      * what the ucx transport checks every access against before posting. */
     pthread_mutex_t imp_lock;
     struct fr_import *imports;
     size_t nimports, cap_imports;
 };
 
-/* One imported remote region of a UCX peer. */
+/* One imported remote region of a peer, with the remote key it exported. */
 typedef struct fr_import {
     uint64_t key, base, len;
     uint32_t flags;
@@ -153,20 +177,21 @@ struct ferry_region {
     int memfd;                 /* backing memfd when from ferry_mem_alloc, else -1 */
     uint64_t memfd_off;        /* offset of addr in the memfd */
     uint64_t memfd_len;
-    uint32_t memfd_id;         /* the ferry_mem_alloc allocation it lies in (memfd or UCX), 0: none */
+    uint32_t memfd_id;         /* the ferry_mem_alloc allocation it lies in (memfd or a transport's), 0: none */
     int slot;                  /* shm key-table slot */
-    void *ucx_memh;            /* ucp_mem_h when the ucx transport mapped it, else NULL */
-    uint16_t ucx_rkey_len;     /* its packed rkey, exported in the descriptor */
-    uint8_t ucx_rkey[FR_DESC_RKEY_MAX];
+    void *tp_handle;           /* the memory transport's, from its reg hook, else NULL */
+    uint16_t rkey_len;         /* remote key from the reg hook, exported in the descriptor; 0: none */
+    uint8_t rkey[FR_DESC_RKEY_MAX];
 };
 
 /* An allocation from ferry_mem_alloc: memfd-backed, or (an engine that runs
- * the ucx transport) allocated by UCX, fd -1. */
+ * a transport with a mem_alloc hook) the transport's, fd -1. */
 typedef struct fr_mem {
     uint8_t *addr;
     uint64_t len;
     int fd;
-    void *ucx_memh;            /* ucp_mem_h of a UCX allocation, else NULL */
+    int tp;                    /* FR_TP_* of the transport whose allocation it is, or -1 */
+    void *tp_handle;           /* the transport's handle; NULL once it gave the memory back */
     uint32_t id;
     uint32_t regions;          /* regions inside it (engine lock) */
 } fr_mem;
@@ -289,27 +314,19 @@ void fr_notify_destroy(ferry_engine *e);
 int fr_auth_client(ferry_engine *e, int fd, const fr_peer *p, uint16_t role,
                    uint16_t stream, uint32_t *server_pid);
 
-/* ucx memory mapping (transport/ucx_server.c): a remote-accessible region
- * is mapped with ucp_mem_map and its rkey packed when the engine runs the
- * ucx transport; nothing happens otherwise. 0 or a negative code. */
-#ifdef FERRY_HAVE_UCX
-/* alloc_memh: the ucp_mem_h of the UCX allocation the region lies in (its
- * rkey is packed from it, so that peers reach that memory the way UCX
- * reaches its own: a same-host peer maps it), or NULL (user memory,
- * mapped here and unmapped with the region). */
-int fr_ucx_region_map(ferry_engine *e, ferry_region *r, void *alloc_memh);
-void fr_ucx_region_unmap(ferry_engine *e, ferry_region *r);
-/* ferry_mem_alloc / ferry_mem_free of an engine that runs the ucx
- * transport: len bytes allocated by UCX (ucp_mem_map with
- * UCP_MEM_MAP_ALLOCATE, the way ucx_perftest allocates); FERRY_ENOTSUP when
- * the engine does not run it. fr_ucx_mem_release_all gives every such
- * allocation back before the UCX context goes (engine close). */
-int fr_ucx_mem_alloc(ferry_engine *e, size_t len, void **addr, void **memh);
-void fr_ucx_mem_free(ferry_engine *e, void *memh);
-/* A remote-accessible region of this engine by key, as a peer would import
- * it (base, length, flags, rkey); FERRY_EACCES when there is none. */
-int fr_region_ucx_info(ferry_engine *e, uint64_t key, fr_import *out);
-#endif
+/* The transport slot (FR_TP_*) running on e with memory hooks, or -1. */
+int fr_mem_transport(const ferry_engine *e);
+/* Called by a transport's stop() once nothing of it can touch memory any
+ * more (its threads joined) and before it releases what its memory hooks
+ * need: every region's registration with it goes (dereg) and so does every
+ * allocation it made (mem_free, the memory gone as a memfd allocation's
+ * goes at close); the regions and allocations stay listed until the
+ * engine frees them. slot: the transport's FR_TP_*. */
+void fr_mem_transport_stopping(ferry_engine *e, int slot);
+/* A remote-accessible region of this engine by key, as a peer imports it
+ * (base, length, flags, remote key); FERRY_EACCES when there is none or it
+ * has no remote key. */
+int fr_region_rkey_info(ferry_engine *e, uint64_t key, fr_import *out);
 
 /* Stats helper. */
 #define FR_STAT_ADD(e, field, n) atomic_fetch_add_explicit(&(e)->stats.field, (n), memory_order_relaxed)

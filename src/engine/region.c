@@ -1,7 +1,8 @@
-/* Memory registration: allocations (memfd-backed, or UCX's on an engine
- * that runs the ucx transport), regions with random keys,
- * the shm key table mirrored for same-host peers, and the target-side check
- * of every remote access. */
+/* Memory registration: allocations (memfd-backed, or the memory transport's:
+ * the running transport with memory hooks, see fr_transport), regions with
+ * random keys registered with that transport too, the shm key table
+ * mirrored for same-host peers, and the target-side check of every remote
+ * access. */
 #include <errno.h>
 #include <stdbool.h>
 #include <string.h>
@@ -140,28 +141,20 @@ static void prefault(uint8_t *p, size_t len, size_t page)
     }
 }
 
-#ifdef FERRY_HAVE_UCX
-/* The same for memory UCX allocated, by madvise alone: its shared-memory
- * file may sit on a tmpfs smaller than len (a container's /dev/shm), where
- * touching a page past the limit is SIGBUS; populating fails instead
- * (false), and so does a kernel without MADV_POPULATE_WRITE. */
-static bool populate(uint8_t *p, size_t len)
+int fr_mem_transport(const ferry_engine *e)
 {
-    const size_t slice = 16u << 20;
-    for (size_t off = 0; off < len; off += slice)
-        if (madvise(p + off, len - off < slice ? len - off : slice, MADV_POPULATE_WRITE) != 0)
-            return false;
-    return true;
+    for (int i = 0; i < FR_TP_COUNT; i++) {
+        const fr_transport *tp = fr_transports[i];
+        if (tp && e->tp_state[i] && (tp->mem_alloc || tp->reg))
+            return i;
+    }
+    return -1;
 }
-#endif
 
 static void mem_destroy(ferry_engine *e, fr_mem *m)
 {
-#ifdef FERRY_HAVE_UCX
-    if (m->ucx_memh)
-        fr_ucx_mem_free(e, m->ucx_memh);   /* NULL once the ucx transport stopped */
-#endif
-    (void)e;
+    if (m->tp_handle)   /* NULL once its transport stopped */
+        fr_transports[m->tp]->mem_free(e->tp_state[m->tp], m->tp_handle);
     if (m->fd >= 0) {
         munmap(m->addr, m->len);
         close(m->fd);
@@ -179,21 +172,17 @@ int ferry_mem_alloc(ferry_engine *e, size_t len, void **addr)
     if (!m)
         return FERRY_ENOMEM;
     m->fd = -1;
+    m->tp = -1;
     void *p = NULL;
-#ifdef FERRY_HAVE_UCX
-    /* An engine on ucx talks to every peer through UCX: memory UCX
-     * allocated itself is what its shared-memory transports let a peer
-     * map and copy into directly (user memory goes through cma or a
-     * bounce copy at the target). */
-    if (fr_ucx_mem_alloc(e, rounded, &p, &m->ucx_memh) == 0 && !populate(p, rounded)) {
-        FR_DEBUG("engine", "UCX's allocation of %llu bytes cannot be populated (%s): memfd memory instead",
-                 (unsigned long long)rounded, strerror(errno));
-        fr_ucx_mem_free(e, m->ucx_memh);
-        m->ucx_memh = NULL;
-        p = NULL;
-    }
-#endif
-    if (!p) {   /* memfd memory (an engine without ucx, or UCX could not allocate) */
+    /* The memory transport's own memory first: what it lets a peer map and
+     * copy into directly (ucx: UCX's shared-memory transports). */
+    int mt = fr_mem_transport(e);
+    if (mt >= 0 && fr_transports[mt]->mem_alloc &&
+        fr_transports[mt]->mem_alloc(e->tp_state[mt], rounded, &p, &m->tp_handle) == 0)
+        m->tp = mt;
+    else
+        p = m->tp_handle = NULL;
+    if (!p) {   /* memfd memory (no memory transport, or it could not allocate) */
         m->fd = memfd_create("ferry-mem", MFD_CLOEXEC);
         if (m->fd < 0)
             goto fail;
@@ -297,6 +286,14 @@ bool ferry_region_covers(ferry_engine *e, const void *addr, size_t len)
     return yes;
 }
 
+/* Undo the memory transport's reg hook, if it ran. */
+static void region_dereg(ferry_engine *e, ferry_region *r)
+{
+    int mt = fr_mem_transport(e);
+    if (mt >= 0 && fr_transports[mt]->dereg && (r->tp_handle || r->rkey_len))
+        fr_transports[mt]->dereg(e->tp_state[mt], r);
+}
+
 int ferry_region_register(ferry_engine *e, void *addr, size_t len, unsigned flags,
                           enum ferry_mem_kind kind, ferry_region **out)
 {
@@ -318,19 +315,18 @@ int ferry_region_register(ferry_engine *e, void *addr, size_t len, unsigned flag
     r->slot = -1;
     atomic_init(&r->remote_refs, 0);
     r->key = fr_random_u64();
-#ifdef FERRY_HAVE_UCX
-    if (flags) {
+    int mt = flags ? fr_mem_transport(e) : -1;
+    if (mt >= 0 && fr_transports[mt]->reg) {
         pthread_mutex_lock(&e->lock);
-        fr_mem *um = mem_find(e, r->addr, r->len);
-        void *alloc_memh = um ? um->ucx_memh : NULL;
+        fr_mem *tm = mem_find(e, r->addr, r->len);
+        void *alloc_handle = tm && tm->tp == mt ? tm->tp_handle : NULL;
         pthread_mutex_unlock(&e->lock);
-        int mrc = fr_ucx_region_map(e, r, alloc_memh);
+        int mrc = fr_transports[mt]->reg(e->tp_state[mt], r, alloc_handle);
         if (mrc < 0) {
             fr_free(r);
             return mrc;
         }
     }
-#endif
 
     pthread_mutex_lock(&e->lock);
     int rc = fr_grow((void **)&e->regions, &e->cap_regions, e->nregions + 1, sizeof *e->regions);
@@ -359,9 +355,7 @@ int ferry_region_register(ferry_engine *e, void *addr, size_t len, unsigned flag
     return 0;
 fail:
     pthread_mutex_unlock(&e->lock);
-#ifdef FERRY_HAVE_UCX
-    fr_ucx_region_unmap(e, r);
-#endif
+    region_dereg(e, r);
     fr_free(r);
     return rc;
 }
@@ -380,7 +374,7 @@ static void region_remove_locked(ferry_engine *e, ferry_region *r)
         slot_write(&e->keytab[r->slot], FR_KEY_TOMB, NULL);
         e->slot_region[r->slot] = NULL;
     }
-    if (r->memfd_id) {   /* inside a ferry_mem_alloc allocation (memfd or UCX's) */
+    if (r->memfd_id) {   /* inside a ferry_mem_alloc allocation (memfd or a transport's) */
         fr_mem *m = mem_find(e, r->addr, r->len);
         if (m && m->regions > 0)
             m->regions--;
@@ -399,9 +393,7 @@ int ferry_region_unregister(ferry_region *r)
     }
     region_remove_locked(e, r);
     pthread_mutex_unlock(&e->lock);
-#ifdef FERRY_HAVE_UCX
-    fr_ucx_region_unmap(e, r);
-#endif
+    region_dereg(e, r);
     fr_free(r);
     return 0;
 }
@@ -448,10 +440,8 @@ int ferry_region_export(const ferry_region *r, void *buf, size_t cap)
         return FERRY_EINVAL;
     fr_region_desc d = {.ep = r->e->ep, .base = (uint64_t)(uintptr_t)r->addr, .len = r->len,
                         .key = r->key, .flags = r->flags, .mem_kind = r->kind};
-    if (d.ep.transports & FR_TRANSPORT_UCX) {
-        d.rkey_len = r->ucx_rkey_len;
-        memcpy(d.rkey, r->ucx_rkey, r->ucx_rkey_len);
-    }
+    d.rkey_len = r->rkey_len;   /* 0 unless the memory transport gave the region a remote key */
+    memcpy(d.rkey, r->rkey, r->rkey_len);
     return fr_region_desc_encode(&d, buf, cap);
 }
 
@@ -535,18 +525,34 @@ int fr_region_map_info(ferry_engine *e, uint64_t key, fr_msg_map_resp *out, int 
     return rc;
 }
 
-#ifdef FERRY_HAVE_UCX
-int fr_region_ucx_info(ferry_engine *e, uint64_t key, fr_import *out)
+int fr_region_rkey_info(ferry_engine *e, uint64_t key, fr_import *out)
 {
     pthread_mutex_lock(&e->lock);
     ferry_region *r = find_by_key(e, key);
-    int rc = r && r->flags && r->ucx_rkey_len ? 0 : FERRY_EACCES;
+    int rc = r && r->flags && r->rkey_len ? 0 : FERRY_EACCES;
     if (rc == 0) {
         *out = (fr_import){.key = key, .base = (uint64_t)(uintptr_t)r->addr, .len = r->len,
-                           .flags = r->flags, .rkey_len = r->ucx_rkey_len};
-        memcpy(out->rkey, r->ucx_rkey, r->ucx_rkey_len);
+                           .flags = r->flags, .rkey_len = r->rkey_len};
+        memcpy(out->rkey, r->rkey, r->rkey_len);
     }
     pthread_mutex_unlock(&e->lock);
     return rc;
 }
-#endif
+
+void fr_mem_transport_stopping(ferry_engine *e, int slot)
+{
+    const fr_transport *tp = fr_transports[slot];
+    void *state = e->tp_state[slot];
+    pthread_mutex_lock(&e->lock);
+    for (size_t i = 0; i < e->nregions; i++)
+        if (tp->dereg && (e->regions[i]->tp_handle || e->regions[i]->rkey_len))
+            tp->dereg(state, e->regions[i]);
+    for (size_t i = 0; i < e->nmems; i++) {
+        fr_mem *m = e->mems[i];
+        if (m->tp == slot && m->tp_handle) {
+            tp->mem_free(state, m->tp_handle);
+            m->tp_handle = NULL;
+        }
+    }
+    pthread_mutex_unlock(&e->lock);
+}

@@ -279,12 +279,12 @@ static void test_mem_alloc_is_ucx_memory(void **s)
         if (e->mems[i]->addr == m)
             fm = e->mems[i];
     assert_non_null(fm);
-    assert_non_null(fm->ucx_memh);
+    assert_non_null(fm->tp_handle);
     assert_int_equal(fm->fd, -1);
     ferry_region *rw, *lr;
     assert_int_equal(ferry_region_register(e, m, 4 * MiB, FERRY_REMOTE_RW, FERRY_MEM_HOST, &rw), 0);
-    assert_null(rw->ucx_memh);            /* the allocation's mapping, not one of its own */
-    assert_true(rw->ucx_rkey_len > 0);
+    assert_null(rw->tp_handle);            /* the allocation's mapping, not one of its own */
+    assert_true(rw->rkey_len > 0);
     uint8_t d[FERRY_DESC_MAX], ep[FERRY_DESC_MAX];
     int n = ferry_region_export(rw, d, sizeof d), epn = ferry_engine_export(e, ep, sizeof ep);
     assert_true(n > 0 && epn > 0);

@@ -811,10 +811,17 @@ const fr_transport fr_transport_ucx = {
     .strided = true,           /* a put or get per row, all under one check */
     .disjoint_rows = false,
     .max_rows = 512,           /* as tcp: a fault or a completion covers at most 512 rows */
+    /* Only in an engine that names it: its start loads UCX and its worker
+     * opens UCX's own listeners, which nothing else should pay for. */
+    .on_demand = true,
     .start = fr_ucx_start,
     .stop = fr_ucx_stop,
     .connect = ucx_connect,
     .post = ucx_post,
     .disconnect = ucx_disconnect,
     .alive = ucx_alive,
+    .mem_alloc = fr_ucx_mem_alloc,
+    .mem_free = fr_ucx_mem_free,
+    .reg = fr_ucx_region_map,
+    .dereg = fr_ucx_region_unmap,
 };

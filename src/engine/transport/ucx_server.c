@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/statvfs.h>
 #include <stdarg.h>
@@ -214,11 +215,31 @@ int fr_ucx_attach(ucx_state *st, ucx_conn *c)
 
 /* ---- memory -------------------------------------------------------------- */
 
-int fr_ucx_mem_alloc(ferry_engine *e, size_t len, void **addr, void **memh)
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23   /* Linux 5.14 */
+#endif
+
+/* Pre-fault memory UCX allocated, by madvise alone: its shared-memory file
+ * may sit on a tmpfs smaller than len (a container's /dev/shm), where
+ * touching a page past the limit is SIGBUS; populating fails instead
+ * (false), and so does a kernel without MADV_POPULATE_WRITE. */
+static bool populate(uint8_t *p, size_t len)
 {
-    ucx_state *st = e->tp_state[FR_TP_UCX];
-    if (!st)
-        return FERRY_ENOTSUP;
+    const size_t slice = 16u << 20;
+    for (size_t off = 0; off < len; off += slice)
+        if (madvise(p + off, len - off < slice ? len - off : slice, MADV_POPULATE_WRITE) != 0)
+            return false;
+    return true;
+}
+
+/* An engine on ucx talks to every peer through UCX: memory UCX allocated
+ * itself (ucp_mem_map with UCP_MEM_MAP_ALLOCATE, the way ucx_perftest
+ * allocates) is what its shared-memory transports let a peer map and copy
+ * into directly; user memory goes through cma or a bounce copy at the
+ * target. */
+int fr_ucx_mem_alloc(void *state, size_t len, void **addr, void **handle)
+{
+    ucx_state *st = state;
     /* UCX puts such memory in a file of its posix directory: where that
      * tmpfs cannot hold it (a container's 64 MiB /dev/shm), UCX would log
      * an error on stdout — where ferry's processes print their protocol
@@ -246,24 +267,27 @@ int fr_ucx_mem_alloc(ferry_engine *e, size_t len, void **addr, void **memh)
         (void)ucp_mem_unmap(st->ctx, mh);
         return FERRY_EIO;
     }
+    if (!populate(at.address, len)) {
+        FR_DEBUG(UCX_TAG, "UCX's allocation of %zu bytes cannot be populated (%s): memfd memory instead", len,
+                 strerror(errno));
+        (void)ucp_mem_unmap(st->ctx, mh);
+        return FERRY_ENOMEM;
+    }
     *addr = at.address;
-    *memh = mh;
+    *handle = mh;
     return 0;
 }
 
-void fr_ucx_mem_free(ferry_engine *e, void *memh)
+void fr_ucx_mem_free(void *state, void *handle)
 {
-    ucx_state *st = e->tp_state[FR_TP_UCX];
-    if (st && memh)
-        (void)ucp_mem_unmap(st->ctx, memh);
+    ucx_state *st = state;
+    (void)ucp_mem_unmap(st->ctx, handle);
 }
 
-int fr_ucx_region_map(ferry_engine *e, ferry_region *r, void *alloc_memh)
+int fr_ucx_region_map(void *state, ferry_region *r, void *alloc_handle)
 {
-    ucx_state *st = e->tp_state[FR_TP_UCX];
-    if (!st)
-        return 0;
-    ucp_mem_h mh = alloc_memh;
+    ucx_state *st = state;
+    ucp_mem_h mh = alloc_handle;
     ucs_status_t s = UCS_OK;
     if (!mh) {
         ucp_mem_map_params_t mp = {
@@ -289,24 +313,24 @@ int fr_ucx_region_map(ferry_engine *e, ferry_region *r, void *alloc_memh)
                  " (restrict UCX_TLS to fewer transports)", rkl, FR_DESC_RKEY_MAX);
         rc = FERRY_ENOSPC;
     } else {
-        memcpy(r->ucx_rkey, rk, rkl);
-        r->ucx_rkey_len = (uint16_t)rkl;
-        r->ucx_memh = alloc_memh ? NULL : mh;   /* an allocation's mapping is the allocation's */
+        memcpy(r->rkey, rk, rkl);
+        r->rkey_len = (uint16_t)rkl;
+        r->tp_handle = alloc_handle ? NULL : mh;   /* an allocation's mapping is the allocation's */
     }
     if (s == UCS_OK)
         ucp_rkey_buffer_release(rk);
-    if (rc < 0 && !alloc_memh)
+    if (rc < 0 && !alloc_handle)
         (void)ucp_mem_unmap(st->ctx, mh);
     return rc;
 }
 
-void fr_ucx_region_unmap(ferry_engine *e, ferry_region *r)
+void fr_ucx_region_unmap(void *state, ferry_region *r)
 {
-    ucx_state *st = e->tp_state[FR_TP_UCX];
-    if (st && r->ucx_memh)
-        (void)ucp_mem_unmap(st->ctx, r->ucx_memh);
-    r->ucx_memh = NULL;
-    r->ucx_rkey_len = 0;
+    ucx_state *st = state;
+    if (r->tp_handle)
+        (void)ucp_mem_unmap(st->ctx, r->tp_handle);
+    r->tp_handle = NULL;
+    r->rkey_len = 0;
 }
 
 /* ---- control listener ------------------------------------------------------ */
@@ -325,7 +349,7 @@ static int srv_describe(ucx_srv_conn *sc, uint64_t req_id, uint64_t key)
     fr_import imp;
     fr_msg m = {.type = FR_MSG_READ_RESP};
     uint8_t out[FR_WIRE_HDR_LEN + 64 + 20 + FR_DESC_RKEY_MAX];
-    int rc = fr_region_ucx_info(sc->st->e, key, &imp);
+    int rc = fr_region_rkey_info(sc->st->e, key, &imp);
     if (rc < 0) {
         m.u.read_resp.status = rc;
         return fr_send_msg(sc->fd, &m, req_id);
@@ -601,6 +625,9 @@ static void ucx_log_install(void) { ucs_log_push_handler(ucx_log); }
 
 int fr_ucx_start(ferry_engine *e, void **state)
 {
+    int rc = fr_ucx_load();   /* the first ucx engine of the process loads UCX */
+    if (rc < 0)
+        return rc;
     static pthread_once_t log_once = PTHREAD_ONCE_INIT;
     pthread_once(&log_once, ucx_log_install);
     ucx_state *st = fr_calloc(1, sizeof *st);
@@ -610,7 +637,7 @@ int fr_ucx_start(ferry_engine *e, void **state)
     st->lfd = st->wake_fd = st->epfd = -1;
     pthread_mutex_init(&st->lock, NULL);
     pthread_cond_init(&st->cond, NULL);
-    int rc = open_worker(st);
+    rc = open_worker(st);
     if (rc == 0)
         rc = open_events(st);
     if (rc == 0)
@@ -645,21 +672,9 @@ void fr_ucx_stop(void *state)
         pthread_join(st->progress, NULL);
     }
     /* Regions still registered give their UCX mappings back before the
-     * context goes; the engine frees the regions themselves later. */
-    pthread_mutex_lock(&e->lock);
-    for (size_t i = 0; i < e->nregions; i++)
-        if (e->regions[i]->ucx_memh) {
-            (void)ucp_mem_unmap(st->ctx, e->regions[i]->ucx_memh);
-            e->regions[i]->ucx_memh = NULL;
-        }
-    /* and so do the allocations UCX made (ferry_mem_alloc): their memory
-     * goes now, as a memfd allocation's goes at the engine's close */
-    for (size_t i = 0; i < e->nmems; i++)
-        if (e->mems[i]->ucx_memh) {
-            (void)ucp_mem_unmap(st->ctx, e->mems[i]->ucx_memh);
-            e->mems[i]->ucx_memh = NULL;
-        }
-    pthread_mutex_unlock(&e->lock);
+     * context goes, and so do the allocations UCX made (ferry_mem_alloc);
+     * the engine frees the regions and allocations themselves later. */
+    fr_mem_transport_stopping(e, FR_TP_UCX);
     e->tp_state[FR_TP_UCX] = NULL;
     if (st->addr)
         ucp_worker_release_address(st->worker, st->addr);
