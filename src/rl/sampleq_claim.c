@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "base/base.h"
+#include "rl/keys.h"
 #include "rl/sampleq_int.h"
 
 uint64_t fr_sq_wall_ms(void)
@@ -62,7 +63,7 @@ typedef struct cval { uint64_t id, rev; uint32_t token; bool done; } cval;
 
 static void claim_key(const ferry_sample_queue *q, uint64_t uid, char *key, size_t cap)
 {
-    snprintf(key, cap, "ferry/rl/%s/claim/%016" PRIx64, q->cfg.queue, uid);
+    (void)fr_key_claim(key, cap, q->cfg.queue, uid);
 }
 
 static int claim_text(char *buf, size_t cap, const ferry_sample *smp, bool done)
@@ -142,7 +143,7 @@ static bool claim_rev(const ferry_sample_queue *q, const ferry_sample *smp, uint
 
 int fr_sq_take(ferry_sample_queue *q, const ferry_sample *smp, bool done)
 {
-    char key[300], val[64];
+    char key[FR_KEY_MAX], val[64];
     claim_key(q, smp->uid, key, sizeof key);
     int n = claim_text(val, sizeof val, smp, done);
     unsigned wait = 2;
@@ -206,7 +207,7 @@ int fr_sq_mark_done(ferry_sample_queue *q, const ferry_sample *smp)
 {
     uint64_t rev = 0;
     bool have_rev = claim_rev(q, smp, &rev);   /* else one more round trip to read it */
-    char key[300], val[64];
+    char key[FR_KEY_MAX], val[64];
     claim_key(q, smp->uid, key, sizeof key);
     int n = claim_text(val, sizeof val, smp, true);
     unsigned wait = 2;
