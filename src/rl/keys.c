@@ -215,3 +215,21 @@ int fr_key_kvcache(char *buf, size_t cap, const char *ns, uint64_t version)
     NAMES_OR_REFUSE(ns && ns[0] && !strchr(ns, '/'));
     return fmt(buf, cap, "ferry/kv/%s/%020" PRIu64 "/", ns, version);
 }
+
+int fr_key_kvcache_version(const char *key, uint64_t *version)
+{
+    static const char kv[] = "ferry/kv/";
+    if (!key || !version || strncmp(key, kv, sizeof kv - 1) != 0)
+        return FERRY_EINVAL;
+    const char *p = strchr(key + sizeof kv - 1, '/');   /* after <ns> */
+    if (!p || strlen(p + 1) < 21 || p[21] != '/')
+        return FERRY_EINVAL;
+    uint64_t v = 0;
+    for (int i = 1; i <= 20; i++) {
+        if (p[i] < '0' || p[i] > '9')
+            return FERRY_EINVAL;
+        v = v * 10 + (uint64_t)(p[i] - '0');
+    }
+    *version = v;
+    return 0;
+}

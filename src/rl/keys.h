@@ -105,5 +105,8 @@ int fr_key_claims_mark(char *buf, size_t cap, const char *queue);
 /* Object prefix "ferry/kv/NS/<version, 20 digits>/" of the KV cache; ns
  * must be non-empty and hold no '/' (FERRY_EINVAL). */
 int fr_key_kvcache(char *buf, size_t cap, const char *ns, uint64_t version);
+/* The version of a KV-cache key ("ferry/kv/NS/<20 digits>/<name>"): 0, or
+ * FERRY_EINVAL for anything else. */
+int fr_key_kvcache_version(const char *key, uint64_t *version);
 
 #endif

@@ -488,19 +488,9 @@ void ferry_sample_queue_set_version(ferry_sample_queue *q, uint64_t input_versio
 
 int ferry_kvcache_ref_version(const char *ref, uint64_t *version)
 {
-    if (!ref || !version || strncmp(ref, "store://ferry/kv/", 17) != 0)
+    if (!ref || !version || strncmp(ref, "store://", 8) != 0)
         return FERRY_EINVAL;
-    const char *p = strchr(ref + 17, '/');   /* after <ns> */
-    if (!p || strlen(p + 1) < 21 || p[21] != '/')
-        return FERRY_EINVAL;
-    uint64_t v = 0;
-    for (int i = 1; i <= 20; i++) {
-        if (p[i] < '0' || p[i] > '9')
-            return FERRY_EINVAL;
-        v = v * 10 + (uint64_t)(p[i] - '0');
-    }
-    *version = v;
-    return 0;
+    return fr_key_kvcache_version(ref + 8, version);
 }
 
 int ferry_kvcache_put(ferry_store *s, const char *ns, uint64_t version, const char *name,

@@ -63,6 +63,11 @@ static void test_layout(void **state)
     KEY_IS(fr_key_claims(k, sizeof k, "q"), k, "ferry/rl/q/claim/");
     KEY_IS(fr_key_claims_mark(k, sizeof k, "q"), k, "ferry/rl/q/claim/end");
     KEY_IS(fr_key_kvcache(k, sizeof k, "ns", 3), k, "ferry/kv/ns/00000000000000000003/");
+    uint64_t v = 0;
+    assert_int_equal(fr_key_kvcache_version("ferry/kv/ns/00000000000000000003/x", &v), 0);
+    assert_int_equal(v, 3);
+    assert_int_equal(fr_key_kvcache_version("ferry/kv/ns/0000000000000000003/x", &v), FERRY_EINVAL);
+    assert_int_equal(fr_key_kvcache_version("ferry/rl/ns/00000000000000000003/x", &v), FERRY_EINVAL);
     /* the public builder agrees with the internal one */
     char p[FR_KEY_MAX];
     int np = ferry_weights_key("m", 7, "r2.5", p, sizeof p);
