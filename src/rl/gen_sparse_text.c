@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "ferry/sparse.h"
 #include "rl/gen_int.h"
 #include "rl/keys.h"
 
@@ -123,12 +124,9 @@ bool fr_sgen_drop_objects(ferry_store *s, const char *model, uint64_t g)
         return true;   /* a dense generation (or unreadable): its objects are ferry/w/ */
     bool gone = true;
     for (size_t i = 0; i < sg.nkeys; i++) {
-        int r = ferry_store_remove(s, sg.keys[i]);
+        int r = ferry_sparse_remove(s, sg.keys[i]);   /* and its admission key */
         if (r < 0 && r != FERRY_ENOENT)
             gone = false;   /* leased: a later publish retires it */
-        char ok[FERRY_STORE_KEY_MAX + 16];
-        snprintf(ok, sizeof ok, "%s/owner", sg.keys[i]);
-        (void)ferry_kv_delete(s, ok, 0, NULL);
     }
     fr_sgen_free(&sg);
     return gone;
