@@ -8,7 +8,6 @@
 #include "base/base.h"
 #include "rl/gen_int.h"
 #include "rl/keys.h"
-#include "rl/publish_int.h"
 #include "rl/rl_int.h"
 
 int fr_rl_active_read(ferry_store *s, const char *model, uint64_t *generation,
