@@ -231,6 +231,42 @@ int ferry_sample_pop_recompute(ferry_sample_queue *q, uint32_t max, ferry_sample
                                size_t *n, ferry_error *err);
 void ferry_sample_clear(ferry_sample *smp);
 
+/* ---- auditing a queue: its claim log and payloads --------------------------------------
+ * For tools that check exactly-once training from outside the consumers
+ * (ferry demo rl; docs/samples.md, "Auditing a queue"), without knowing
+ * how the queue lays out its keys. */
+
+/* One claim write of the log: the consumer's view of a sample, as in
+ * "Ending a record". */
+typedef struct ferry_sample_claim {
+    uint64_t uid;        /* the sample */
+    uint64_t id;         /* the queue record whose delivery holds it */
+    uint32_t token;      /* that delivery */
+    bool done;           /* the commit of an ack (or of a stale sample's rejection) */
+    bool deleted;        /* the claim was dropped (uid only) */
+    bool mark;           /* no claim: the mark of ferry_sample_claims_mark (nothing else set) */
+} ferry_sample_claim;
+
+typedef struct ferry_sample_claims ferry_sample_claims;
+/* Watch queue's claim log: every claim written from now on, in the order
+ * the master applied them. Close with ferry_sample_claims_close (NULL ok). */
+int ferry_sample_claims_open(ferry_store *s, const char *queue, ferry_sample_claims **out);
+/* The next claim written, waiting up to timeout_ms (<0: forever): 0,
+ * FERRY_ETIMEDOUT, FERRY_EPROTO for a write that is no claim this
+ * version of ferry knows (out->uid set when it is one; the log goes on),
+ * or the store's error. */
+int ferry_sample_claims_next(ferry_sample_claims *c, int timeout_ms, ferry_sample_claim *out);
+/* Put a mark into the log: a reader of c meets it (out->mark) after every
+ * claim written before this call. */
+int ferry_sample_claims_mark(ferry_sample_claims *c);
+void ferry_sample_claims_close(ferry_sample_claims *c);
+/* The store keys of queue's payload objects, at most max, ascending: an
+ * acked sample's is gone, so what a drained queue still lists was left by
+ * a push cut short. *keys is one allocation (free with ferry_store_free);
+ * *more (may be NULL): there are further keys. */
+int ferry_sample_payloads(ferry_store *s, const char *queue, size_t max, char ***keys, size_t *n,
+                          bool *more);
+
 /* ---- the KV-reuse gate -------------------------------------------------------------- */
 
 typedef struct ferry_kvcache_stats {

@@ -91,6 +91,16 @@ int ferry_put_sparse_object(ferry_store *s, const ferry_sparse_desc *d, const vo
 int ferry_sparse_admit(ferry_store *s, const ferry_sparse_desc *d, uint32_t rank, bool *admitted,
                        ferry_error *err);
 
+/* Remove the sparse object at key (as ferry_put_sparse_object returned it)
+ * and its admission key: the object's removal says what came of it (0,
+ * FERRY_ENOENT when gone already, a reader's lease refusing it, or the
+ * store's error); the admission key goes either way. */
+int ferry_sparse_remove(ferry_store *s, const char *key);
+/* Remove every sparse object whose tensor id starts with tensor_prefix
+ * (e.g. "<model>." for a model's tensors); *removed (may be NULL) counts
+ * them, as ferry_store_remove_prefix. Their admission keys stay. */
+int ferry_sparse_remove_tensors(ferry_store *s, const char *tensor_prefix, uint64_t *removed);
+
 /* ---- the compact index --------------------------------------------------------------- */
 
 typedef struct ferry_sparse_index {

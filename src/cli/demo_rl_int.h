@@ -65,10 +65,10 @@ typedef struct rl_tally {
     double latency_ms_p50, latency_ms_p99, load_s_p50, publish_s_p50;
 } rl_tally;
 
-/* Read every ledger in dir and the claim log (w, watching
- * "ferry/rl/<queue>/claim/", up to the event for end_key), list the payload
- * objects left under the queue, and account. 0, or -1 with why in err. */
-int demo_rl_tally(ferry_store *s, const char *queue, const char *dir, ferry_watch *w,
-                  const char *end_key, bool recompute, rl_tally *t, char *err, size_t cap);
+/* Read every ledger in dir and the claim log (opened on queue before the
+ * first sample, up to its mark), list the payload objects left under the
+ * queue, and account. 0, or -1 with why in err. */
+int demo_rl_tally(ferry_store *s, const char *queue, const char *dir, ferry_sample_claims *claims,
+                  bool recompute, rl_tally *t, char *err, size_t cap);
 
 #endif

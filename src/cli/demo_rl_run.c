@@ -457,14 +457,12 @@ int cmd_demo_rl(int argc, char **argv)
     snprintf(r.queue, sizeof r.queue, "demorl%d", (int)getpid());
     int rc = 1;
     ferry_store *s = NULL;
-    ferry_watch *w = NULL;
-    char prefix[192], end_key[224], why[256] = "";
-    snprintf(prefix, sizeof prefix, "ferry/rl/%s/claim/", r.queue);
-    snprintf(end_key, sizeof end_key, "%send", prefix);
+    ferry_sample_claims *claims = NULL;
+    char why[256] = "";
     if (demo_cluster_start(&r.g, o.weight_bytes * 3 + (256ull << 20), "ferry demo rl") < 0)
         goto out;
     /* the claim log: every claim the queue writes, from before the first sample */
-    if (!(s = demo_rl_open_store(r.g.addr)) || ferry_kv_watch(s, prefix, 0, &w) < 0) {
+    if (!(s = demo_rl_open_store(r.g.addr)) || ferry_sample_claims_open(s, r.queue, &claims) < 0) {
         fprintf(stderr, "ferry demo rl: cannot watch the queue's claims: %s\n",
                 ferry_store_last_error());
         goto out;
@@ -485,12 +483,11 @@ int cmd_demo_rl(int argc, char **argv)
     if (!ok)
         goto out;
     rl_tally t;
-    if (ferry_kv_put(s, end_key, "end", 3, NULL) < 0 ||
-        demo_rl_tally(s, r.queue, r.g.dir, w, end_key, o.recompute, &t, why, sizeof why) < 0) {
+    if (ferry_sample_claims_mark(claims) < 0 ||
+        demo_rl_tally(s, r.queue, r.g.dir, claims, o.recompute, &t, why, sizeof why) < 0) {
         fprintf(stderr, "ferry demo rl: accounting: %s\n", why[0] ? why : ferry_store_last_error());
         goto out;
     }
-    (void)ferry_kv_delete(s, end_key, 0, NULL);
     double total_s = cli_now() - t0;
     /* a recompute request lost is the queue's one window (an update process
      * killed between a stale sample's commit and its request): one per kill at most */
@@ -506,8 +503,7 @@ out:
         demo_child_stop(&r.ro[i].c);
         demo_child_stop(&r.up[i].c);
     }
-    if (w)
-        ferry_watch_close(w);
+    ferry_sample_claims_close(claims);
     if (s)
         ferry_store_close(s);
     demo_group_stop(&r.g);

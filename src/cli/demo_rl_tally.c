@@ -7,9 +7,8 @@
  *   delivery before its ack, "T uid id token" for each ack that held, "W
  *   version seconds wrong" per weight load, "U seconds" per publish, "E" at
  *   a clean exit (a ledger without it belongs to a killed incarnation);
- * - the queue's claim log: every value the queue wrote to
- *   ferry/rl/<queue>/claim/<uid>, watched by the parent from before the
- *   first sample. A value "<id> <token> done" is the commit of that delivery
+ * - the queue's claim log (ferry_sample_claims_open): every claim the
+ *   queue wrote, watched by the parent from before the first sample. A value "<id> <token> done" is the commit of that delivery
  *   (docs/samples.md, "Ending a record"): of an ack when the delivery was
  *   admitted (an "L" line names it), of a stale rejection otherwise (a
  *   rejected delivery never leaves ferry_sample_pop, so no ledger names it).
@@ -205,30 +204,19 @@ static int read_ledgers(tab *tb, const char *dir, rl_tally *t, char *err, size_t
     return rc;
 }
 
-/* The claim log up to end_key: the done commits. */
-static int read_claims(tab *tb, ferry_watch *w, const char *queue, const char *end_key,
-                       rl_tally *t, char *err, size_t cap)
+/* The claim log up to its mark: the done commits. */
+static int read_claims(tab *tb, ferry_sample_claims *claims, rl_tally *t, char *err, size_t cap)
 {
-    char prefix[192];
-    int plen = snprintf(prefix, sizeof prefix, "ferry/rl/%s/claim/", queue);
     for (;;) {
-        ferry_kv_event ev;
-        int rc = ferry_watch_next(w, 60000, &ev);
-        if (rc < 0)
+        ferry_sample_claim c;
+        int rc = ferry_sample_claims_next(claims, 60000, &c);
+        if (rc < 0 && rc != FERRY_EPROTO)
             return snprintf(err, cap, "the claim log stopped: %s", ferry_strerror(rc)), -1;
-        if (!strcmp(ev.key, end_key))
+        if (rc == 0 && c.mark)
             return 0;
         t->claim_events++;
-        if (ev.deleted || strncmp(ev.key, prefix, (size_t)plen))
-            continue;
-        char val[64];
-        snprintf(val, sizeof val, "%.*s", (int)(ev.len < 63 ? ev.len : 63), (const char *)ev.val);
-        unsigned long long id;
-        unsigned tok;
-        char word[8] = "";
-        uint64_t uid = strtoull(ev.key + plen, NULL, 16);
-        if (sscanf(val, "%llu %u %7s", &id, &tok, word) == 3 && !strcmp(word, "done") &&
-            !add_dv(&tb->done, &tb->nd, &tb->capd, (dv){ uid, id, tok, 0 }))
+        if (rc == 0 && c.done && !c.deleted &&
+            !add_dv(&tb->done, &tb->nd, &tb->capd, (dv){ c.uid, c.id, c.token, 0 }))
             return snprintf(err, cap, "out of memory"), -1;
     }
 }
@@ -237,18 +225,15 @@ static int read_claims(tab *tb, ferry_watch *w, const char *queue, const char *e
  * between the payload and its record (removed here). */
 static void payloads_left(ferry_store *s, const char *queue, rl_tally *t)
 {
-    char prefix[192];
-    snprintf(prefix, sizeof prefix, "ferry/rl/%s/", queue);
     char **keys = NULL;
     size_t n = 0;
     bool more = false;
-    if (ferry_store_list(s, prefix, NULL, 4096, &keys, &n, &more) < 0)
+    if (ferry_sample_payloads(s, queue, 4096, &keys, &n, &more) < 0)
         return;
-    for (size_t i = 0; i < n; i++)
-        if (!strstr(keys[i], "/claim/")) {
-            t->orphaned_payloads++;
-            (void)ferry_store_remove(s, keys[i]);
-        }
+    for (size_t i = 0; i < n; i++) {
+        t->orphaned_payloads++;
+        (void)ferry_store_remove(s, keys[i]);
+    }
     ferry_store_free(keys);
 }
 
@@ -382,8 +367,8 @@ static void account(tab *tb, bool recompute, rl_tally *t)
     }
 }
 
-int demo_rl_tally(ferry_store *s, const char *queue, const char *dir, ferry_watch *w,
-                  const char *end_key, bool recompute, rl_tally *t, char *err, size_t cap)
+int demo_rl_tally(ferry_store *s, const char *queue, const char *dir, ferry_sample_claims *claims,
+                  bool recompute, rl_tally *t, char *err, size_t cap)
 {
     memset(t, 0, sizeof *t);
     tab *tb = calloc(1, sizeof *tb);
@@ -391,7 +376,7 @@ int demo_rl_tally(ferry_store *s, const char *queue, const char *dir, ferry_watc
         return snprintf(err, cap, "out of memory"), -1;
     int rc = read_ledgers(tb, dir, t, err, cap);
     if (rc == 0)
-        rc = read_claims(tb, w, queue, end_key, t, err, cap);
+        rc = read_claims(tb, claims, t, err, cap);
     if (rc == 0) {
         payloads_left(s, queue, t);
         account(tb, recompute, t);

@@ -970,8 +970,8 @@ int cmd_demo_sparse(int argc, char **argv)
 out:
     if (s) {
         char p[128];
-        snprintf(p, sizeof p, "ferry/sp/%s.", model);
-        (void)ferry_store_remove_prefix(s, p, NULL);
+        snprintf(p, sizeof p, "%s.", model);   /* every tensor of the model */
+        (void)ferry_sparse_remove_tensors(s, p, NULL);
         ferry_store_close(s);
     }
     for (unsigned k = 0; k < 64; k++) {

@@ -89,15 +89,3 @@ int ferry_weights_assign(const uint64_t *tensor_bytes, size_t ntensors,
     free(rk), free(rank_load), free(nodes), free(it);
     return 0;
 }
-
-int ferry_weights_key(const char *model, uint64_t generation, const char *fragment, char *buf,
-                      size_t cap)
-{
-    if (!model || !*model || strchr(model, '/') || !fragment || !*fragment || (!buf && cap))
-        return FERRY_EINVAL;
-    int n = snprintf(buf, cap, "ferry/w/%s/%020llu/%s", model, (unsigned long long)generation,
-                     fragment);
-    if (n < 0 || (size_t)n >= cap)
-        return FERRY_EMSGSIZE;
-    return n;
-}

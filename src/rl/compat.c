@@ -52,6 +52,7 @@
 #include "base/base.h"
 #include "ferry/weights_compat.h"
 #include "rl/gen_int.h"
+#include "rl/keys.h"
 #include "rl/pull_int.h"
 #include "rl/rl_int.h"
 
@@ -132,7 +133,7 @@ static int prepare(ferry_compat_group *g, uint64_t *active, ferry_weight_manifes
 
 static void rec_key(const ferry_compat_group *g, uint32_t rank, char *buf, size_t cap)
 {
-    snprintf(buf, cap, "ferry/wc/%s/%s/rec/%u", g->cfg.model, g->cfg.group, rank);
+    (void)fr_key_compat_rec(buf, cap, g->cfg.model, g->cfg.group, rank);
 }
 
 static int put_record(ferry_compat_group *g, uint64_t gen, int verdict, uint64_t nonce,
@@ -155,7 +156,7 @@ static int put_record(ferry_compat_group *g, uint64_t gen, int verdict, uint64_t
     put64(b + 56, g->cfg.local_segment);
     memcpy(b + HDR, g->desc, g->desc_len);
     memcpy(b + HDR + g->desc_len, msg, ml);
-    char key[400];
+    char key[FR_KEY_MAX];
     rec_key(g, g->cfg.rank, key, sizeof key);
     int rc = ferry_kv_put(g->s, key, b, HDR + g->desc_len + ml, NULL);
     free(b);
@@ -173,7 +174,7 @@ static int read_records(ferry_compat_group *g, uint64_t gen, uint64_t *id, uint3
         return fr_rl_fail(err, FERRY_ENOMEM, "compat: out of memory");
     int rc = 0;
     for (uint32_t k = 0; k < world && rc == 0; k++) {
-        char key[400];
+        char key[FR_KEY_MAX];
         ferry_kv_value v = {0};
         rec_key(g, k, key, sizeof key);
         rc = ferry_kv_get(g->s, key, &v);
@@ -396,8 +397,7 @@ struct run {
 
 static void abort_key(const run *r, char *buf, size_t cap)
 {
-    snprintf(buf, cap, "ferry/wc/%s/%s/%016" PRIx64 "/abort", r->g->cfg.model, r->g->cfg.group,
-             r->id);
+    (void)fr_key_compat_run(buf, cap, r->g->cfg.model, r->g->cfg.group, r->id, "abort");
 }
 
 /* A cause of my own, posted for the group (the first one posted wins)
@@ -408,7 +408,7 @@ static void post_cause(run *r, const char *msg)
     if (r->posted)
         return;
     r->posted = true;
-    char key[400], why[600];
+    char key[FR_KEY_MAX], why[600];
     abort_key(r, key, sizeof key);
     int n = snprintf(why, sizeof why, "worker %u: %s", r->g->cfg.rank, msg);
     size_t len = (size_t)(n < (int)sizeof why ? n : (int)sizeof why - 1);
@@ -685,9 +685,8 @@ static int run_update(ferry_compat_group *g, const ferry_weight_manifest *m, con
             helper_failed(&r, r.lrc, &r.lerr, false);
         /* Stopped at a round (all did), or the final barrier: all meet. */
         if (!r.early) {
-            char bar[400], member[32];
-            snprintf(bar, sizeof bar, "ferry/wc/%s/%s/%016" PRIx64 "/done", g->cfg.model,
-                     g->cfg.group, id);
+            char bar[FR_KEY_MAX], member[32];
+            (void)fr_key_compat_run(bar, sizeof bar, g->cfg.model, g->cfg.group, id, "done");
             snprintf(member, sizeof member, "worker %u", g->cfg.rank);
             double t0 = now_s();
             int brc = ferry_barrier(g->s, bar, member, g->cfg.world, tmo_of(g), NULL);
@@ -702,7 +701,7 @@ static int run_update(ferry_compat_group *g, const ferry_weight_manifest *m, con
                 helper_failed(&r, FERRY_EREBUILD, &e, false);
             }
         }
-        char key[400];
+        char key[FR_KEY_MAX];
         abort_key(&r, key, sizeof key);
         ferry_kv_value v = {0};
         if (ferry_kv_get(g->s, key, &v) == 0) {
@@ -777,8 +776,8 @@ static int group_update(ferry_compat_group *g, uint64_t *generation, ferry_weigh
     if (rc < 0)
         fr_rl_fail(err, rc, "compat: cannot record this worker's verdict: %s",
                    ferry_store_last_error());
-    char bar[400], member[32];
-    snprintf(bar, sizeof bar, "ferry/wc/%s/%s/prepared", g->cfg.model, g->cfg.group);
+    char bar[FR_KEY_MAX], member[32];
+    (void)fr_key_compat(bar, sizeof bar, g->cfg.model, g->cfg.group, "prepared");
     snprintf(member, sizeof member, "worker %u", g->cfg.rank);
     int brc = ferry_barrier(g->s, bar, member, g->cfg.world, tmo_of(g), NULL);
     if (rc == 0 && brc < 0)

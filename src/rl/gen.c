@@ -1,4 +1,5 @@
-/* A weight generation as it is stored, read back (gen_int.h). */
+/* A weight generation as it is stored, read back (gen_int.h), and the
+ * active key that names the announced one (fr_rl_active_read, rl_int.h). */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -6,20 +7,35 @@
 
 #include "base/base.h"
 #include "rl/gen_int.h"
-#include "rl/publish_int.h"
+#include "rl/keys.h"
 #include "rl/rl_int.h"
 
-int fr_gen_object_key(const char *model, uint64_t gen, uint32_t rank, uint32_t object, char *out,
-                      size_t cap)
+int fr_rl_active_read(ferry_store *s, const char *model, uint64_t *generation,
+                      uint8_t digest[16])
 {
-    char what[40];
-    snprintf(what, sizeof what, "r%u.%u", rank, object);
-    return ferry_weights_key(model, gen, what, out, cap);
-}
-
-int fr_gen_file_key(const char *model, uint64_t gen, const char *what, char *out, size_t cap)
-{
-    return ferry_weights_key(model, gen, what, out, cap);
+    if (!s || !model || !generation)
+        return FERRY_EINVAL;
+    char k[FR_KEY_MAX];
+    fr_key_wk(k, sizeof k, model, 0, "active");
+    ferry_kv_value v = {0};
+    *generation = 0;
+    int rc = ferry_kv_get(s, k, &v);
+    if (rc < 0)
+        return rc;
+    char hex[33] = "";
+    unsigned long long g = 0;
+    if (sscanf(v.val, "%llu %32s", &g, hex) != 2 || strlen(hex) != 32)
+        rc = FERRY_EPROTO;
+    ferry_store_free(v.val);
+    if (rc < 0)
+        return rc;
+    *generation = g;
+    for (int i = 0; digest && i < 16; i++) {
+        unsigned x;
+        sscanf(hex + 2 * i, "%2x", &x);
+        digest[i] = (uint8_t)x;
+    }
+    return 0;
 }
 
 void fr_gen_free(fr_gen *g)
@@ -88,8 +104,8 @@ static int parse_text(fr_gen *g, char *text, uint64_t *mbytes, uint8_t mhash[16]
 static int load_manifest(ferry_store *s, fr_gen *g, uint64_t bytes, const uint8_t hash[16],
                          ferry_error *err)
 {
-    char key[FR_GEN_KEY];
-    if (fr_gen_file_key(g->model, g->generation, "manifest.json", key, sizeof key) < 0)
+    char key[FR_KEY_MAX];
+    if (fr_key_gen_file(key, sizeof key, g->model, g->generation, "manifest.json") < 0)
         return fr_rl_fail(err, FERRY_EINVAL, "model name too long");
     char *text = malloc(bytes + 1);
     if (!text)
@@ -125,8 +141,8 @@ static int load_manifest(ferry_store *s, fr_gen *g, uint64_t bytes, const uint8_
                               gr->nobjects, ferry_pack_objects(g->pack, r));
         gr->keys = calloc(gr->nobjects ? gr->nobjects : 1, sizeof *gr->keys);
         for (uint32_t k = 0; gr->keys && k < gr->nobjects; k++) {
-            char key[FR_GEN_KEY];
-            (void)fr_gen_object_key(g->model, g->generation, r, k, key, sizeof key);
+            char key[FR_KEY_MAX];
+            (void)fr_key_gen_object(key, sizeof key, g->model, g->generation, r, k);
             if (!(gr->keys[k] = strdup(key)))
                 break;
         }
@@ -144,8 +160,8 @@ int fr_gen_load(ferry_store *s, const char *model, uint64_t gen, fr_gen **out, f
         return fr_rl_fail(err, FERRY_ENOMEM, "out of memory");
     snprintf(g->model, sizeof g->model, "%s", model);
     g->generation = gen;
-    char k[300];
-    fr_wk_key(k, sizeof k, model, gen, "manifest");
+    char k[FR_KEY_MAX];
+    fr_key_wk(k, sizeof k, model, gen, "manifest");
     ferry_kv_value v = {0};
     int rc = ferry_kv_get(s, k, &v);
     if (rc < 0) {
@@ -311,9 +327,9 @@ static int load_sums(ferry_store *s, fr_gen *g, uint32_t rank, ferry_error *err)
         }
         free(count);
     }
-    char key[FR_GEN_KEY], what[32];
+    char key[FR_KEY_MAX], what[32];
     snprintf(what, sizeof what, "r%u.sums", rank);
-    if (fr_gen_file_key(g->model, g->generation, what, key, sizeof key) < 0)
+    if (fr_key_gen_file(key, sizeof key, g->model, g->generation, what) < 0)
         return fr_rl_fail(err, FERRY_EINVAL, "model name %s too long for a key", g->model);
     void *buf = NULL;
     size_t len = 0;

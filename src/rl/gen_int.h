@@ -29,7 +29,6 @@
 #define FR_GEN_ALIGN 64                  /* a fragment's offset in its object */
 #define FR_GEN_OBJECT_MAX (256ull << 20) /* packed objects are at most this (unless one
                                           * fragment is larger) */
-#define FR_GEN_KEY 384
 
 typedef struct fr_gen_rank {
     uint64_t segment;            /* where its objects landed (0: unknown) */
@@ -55,11 +54,6 @@ typedef struct fr_gen {
     ferry_plan *whole;           /* every tensor whole on one rank: reads of whole tensors */
     ferry_manifest *whole_m;
 } fr_gen;
-
-/* Object keys of a generation. */
-int fr_gen_object_key(const char *model, uint64_t gen, uint32_t rank, uint32_t object, char *out,
-                      size_t cap);
-int fr_gen_file_key(const char *model, uint64_t gen, const char *what, char *out, size_t cap);
 
 /* Read generation gen of model: its text (checked against the announced
  * digest when it is the active one), the stored manifest, the packing.
@@ -165,7 +159,7 @@ fr_gen *fr_gen_of(const ferry_weight_manifest *m);
 int fr_gen_read_shards(ferry_store *s, fr_gen *g, const ferry_param_shard *shards, size_t n,
                        uint64_t *bytes, uint64_t *ranges, ferry_error *err);
 
-/* ---- sparse generations (gen_sparse.c) ---------------------------------------------------
+/* ---- sparse generations (gen_sparse_text.c, gen_sparse.c) -------------------------------
  *
  * A sparse generation G of model M is announced like a dense one (the
  * active key "G <digest>", the digest over its generation text in
@@ -195,6 +189,11 @@ bool fr_sgen_is(const char *text, size_t len);
 /* Parse a sparse generation text (FERRY_EPROTO when malformed). */
 int fr_sgen_parse(const char *text, size_t len, uint64_t generation, fr_sgen *out);
 void fr_sgen_free(fr_sgen *g);
+/* Generation gen's text (any generation's, dense or sparse) from its
+ * manifest key, NUL-terminated in *text (the caller frees), and its
+ * digest. 0 or the store's error. */
+int fr_sgen_text(ferry_store *s, const char *model, uint64_t gen, char **text, size_t *len,
+                 uint8_t digest[16]);
 /* Retention: remove the sparse objects of generation g of model (and their
  * admission keys). true when none is left, also when g is not a sparse
  * generation or its text is gone; false while a reader still leases one

@@ -1,7 +1,9 @@
 /* Reading a stored generation through the reshard planner (gen_int.h):
  * planned runs become strided store reads; whole tensors are a target of
  * every tensor whole, checked fragment by fragment against the checksums
- * the publishers recorded. */
+ * the publishers recorded; the target, binding and attestation every
+ * consumer plans its reads with (rl_int.h). Below update.c and
+ * weights_read.c, which call it, and above gen.c. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -251,4 +253,139 @@ int fr_gen_read_shards(ferry_store *s, fr_gen *g, const ferry_param_shard *shard
     ferry_plan_free(plan);
     ferry_manifest_close(tgt);
     return rc;
+}
+
+/* ---- planning reads of a generation (update.c, weights_read.c) ---------------------------- */
+
+int fr_rl_target(const fr_gen *g, const ferry_param_shard *shards, size_t n, uint32_t ranks,
+                 const uint32_t *rank_of, ferry_manifest **out, size_t **shard_of,
+                 ferry_error *err)
+{
+    *out = NULL;
+    *shard_of = malloc((n ? n : 1) * sizeof **shard_of);
+    if (!*shard_of)
+        return fr_rl_fail(err, FERRY_ENOMEM, "out of memory");
+    size_t nf = 0;
+    ferry_manifest *t = NULL;
+    int rc = ferry_manifest_create(ranks ? ranks : 1, NULL, 1, &t);
+    uint32_t nt = ferry_manifest_tensor_count(g->m);
+    for (uint32_t i = 0; i < nt && rc >= 0; i++) {
+        ferry_tensor_desc d;
+        rc = ferry_manifest_tensor(g->m, i, &d);
+        if (rc == 0)
+            rc = ferry_manifest_add_tensor(t, &d, err);
+    }
+    for (size_t i = 0; i < n && rc >= 0; i++) {
+        const ferry_param_shard *p = &shards[i];
+        int ti = ferry_manifest_find_tensor(g->m, p->tensor ? p->tensor : "");
+        if (ti < 0) {
+            rc = fr_rl_fail(err, FERRY_ENOENT, "tensor %s is not in generation %" PRIu64 " of %s",
+                            p->tensor ? p->tensor : "(null)", g->generation, g->model);
+            break;
+        }
+        ferry_tensor_desc d;
+        (void)ferry_manifest_tensor(g->m, (uint32_t)ti, &d);
+        if (p->ndim != d.ndim) {
+            rc = fr_rl_fail(err, FERRY_EINVAL, "shard of %s has %u dims, the tensor %u", d.name,
+                            p->ndim, d.ndim);
+            break;
+        }
+        if ((rc = fr_rl_shard_check(p, &d, NULL, err)) < 0)   /* a buffer too small */
+            break;
+        ferry_fragment f = { .tensor = (uint32_t)ti, .rank = rank_of ? rank_of[i] : 0 };
+        bool strided = false, empty = false;
+        for (uint32_t k = 0; k < d.ndim; k++) {
+            if (p->offset[k] > d.shape[k] || p->shape[k] > d.shape[k] - p->offset[k]) {
+                rc = fr_rl_fail(err, FERRY_ERANGE, "shard of %s: dim %u [%" PRIu64 ", +%" PRIu64
+                                ") outside %" PRIu64, d.name, k, p->offset[k], p->shape[k],
+                                d.shape[k]);
+                break;
+            }
+            if (p->strides[k] < 0) {
+                rc = fr_rl_fail(err, FERRY_EINVAL, "shard of %s: negative stride", d.name);
+                break;
+            }
+            f.offset[k] = p->offset[k];
+            f.shape[k] = p->shape[k];
+            f.strides[k] = (uint64_t)p->strides[k];
+            strided |= p->strides[k] != 0;
+            empty |= p->shape[k] == 0;
+        }
+        if (rc < 0)
+            break;
+        if (empty)   /* nothing of the tensor: an empty box is no fragment */
+            continue;
+        f.has_strides = strided;
+        for (uint32_t k = 0; strided && k < d.ndim; k++)
+            if (f.strides[k] == 0)
+                f.strides[k] = p->shape[k] == 1 ? 1 : 0;   /* extent 1: any stride */
+        rc = ferry_manifest_add_fragment(t, &f, err);
+        if (rc < 0 && err)
+            fr_rl_fail(err, rc, "shard %zu of %s: %s", i, d.name, err->msg);
+        else
+            (*shard_of)[nf++] = i;
+    }
+    if (rc < 0) {
+        ferry_manifest_close(t);
+        free(*shard_of);
+        *shard_of = NULL;
+        return rc;
+    }
+    *out = t;
+    return 0;
+}
+
+int fr_rl_locate(void *g, uint64_t fragment, const char **key, uint64_t *offset)
+{
+    return fr_gen_where(g, fragment, key, offset, NULL);
+}
+
+int fr_rl_attest_reads(const fr_gen *g, ferry_plan *plan, const ferry_binding *dst,
+                       ferry_attested_plan **out, ferry_error *err)
+{
+    ferry_binding *src = NULL;
+    int rc = ferry_binding_create(g->m, 0, g->generation, 0, &src, err);
+    if (rc == 0)
+        rc = ferry_attest(plan, src, dst, g->generation, out, err);
+    ferry_binding_free(src);
+    return rc;
+}
+
+int fr_rl_bind(ferry_manifest *t, uint64_t generation, uint32_t worker, const uint64_t *frags,
+               size_t n, const uint64_t *addr, const uint64_t *nbytes, ferry_binding **out,
+               ferry_error *err)
+{
+    ferry_binding *b = NULL;
+    int rc = ferry_binding_create(t, 0, generation, 0, &b, err);
+    uint64_t nf = frags ? n : ferry_manifest_fragment_count(t);
+    for (uint64_t i = 0; i < nf && rc == 0; i++) {
+        ferry_fragment f;
+        ferry_tensor_desc d;
+        uint64_t j = frags ? frags[i] : i;
+        rc = ferry_manifest_fragment(t, j, &f);
+        if (rc == 0)
+            rc = ferry_manifest_tensor(t, f.tensor, &d);
+        if (rc < 0)
+            break;
+        ferry_binding_entry e = { .fragment = j, .addr = addr[i], .worker = worker,
+                                  .kind = FERRY_MEM_HOST, .itemsize = d.itemsize,
+                                  .ndim = d.ndim, .storage_offset = f.storage_offset };
+        uint64_t dense = 1, last = f.storage_offset;
+        for (uint32_t k = d.ndim; k-- > 0;) {
+            e.shape[k] = f.shape[k];
+            e.strides[k] = f.has_strides ? f.strides[k] : dense;
+            if (e.strides[k] == 0)   /* an extent-1 dim: any stride */
+                e.strides[k] = 1;
+            dense *= f.shape[k];
+            last += (f.shape[k] - 1) * e.strides[k];
+        }
+        e.nbytes = nbytes && nbytes[i] ? nbytes[i] : (last + 1) * d.itemsize;
+        rc = ferry_binding_add(b, &e, err);
+    }
+    if (rc < 0) {
+        ferry_binding_free(b);
+        return rc;
+    }
+    *out = b;
+    return 0;
 }

@@ -11,105 +11,9 @@
 
 #include "base/base.h"
 #include "rl/gen_int.h"
+#include "rl/keys.h"
 #include "rl/publish_int.h"
 #include "rl/rl_int.h"
-
-/* ---- the generation text ------------------------------------------------------------------ */
-
-bool fr_sgen_is(const char *text, size_t len)
-{
-    size_t m = strlen(FR_SGEN_MAGIC);
-    return text && len >= m && memcmp(text, FR_SGEN_MAGIC, m) == 0;
-}
-
-void fr_sgen_free(fr_sgen *g)
-{
-    if (!g)
-        return;
-    for (size_t i = 0; i < g->nkeys; i++)
-        free(g->keys[i]);
-    free(g->keys);
-    memset(g, 0, sizeof *g);
-}
-
-static int hex_digest(const char *h, uint8_t out[16])
-{
-    if (strlen(h) != 32)
-        return FERRY_EPROTO;
-    for (int i = 0; i < 16; i++) {
-        unsigned x;
-        if (sscanf(h + 2 * i, "%2x", &x) != 1)
-            return FERRY_EPROTO;
-        out[i] = (uint8_t)x;
-    }
-    return 0;
-}
-
-int fr_sgen_parse(const char *text, size_t len, uint64_t generation, fr_sgen *out)
-{
-    memset(out, 0, sizeof *out);
-    out->generation = generation;
-    if (!fr_sgen_is(text, len))
-        return FERRY_EPROTO;
-    char *t = malloc(len + 1);
-    if (!t)
-        return FERRY_ENOMEM;
-    memcpy(t, text, len);
-    t[len] = '\0';
-    char *save = NULL, *line = strtok_r(t, "\n", &save);   /* the magic */
-    int rc = 0, have = 0;
-    size_t cap = 0;
-    while (rc == 0 && (line = strtok_r(NULL, "\n", &save)) != NULL) {
-        unsigned long long a;
-        char hx[40];
-        if (sscanf(line, "base %llu %39s", &a, hx) == 2 && hex_digest(hx, out->base_digest) == 0) {
-            out->base = a;
-            have |= 1;
-        } else if (sscanf(line, "dense %llu", &a) == 1) {
-            out->dense = a;
-            have |= 2;
-        } else if (!strncmp(line, "object ", 7) && line[7]) {
-            if (fr_grow((void **)&out->keys, &cap, out->nkeys + 1, sizeof *out->keys) < 0 ||
-                !(out->keys[out->nkeys] = strdup(line + 7)))
-                rc = FERRY_ENOMEM;
-            else
-                out->nkeys++;
-        } else {
-            rc = FERRY_EPROTO;
-        }
-    }
-    free(t);
-    if (rc == 0 && (have != 3 || out->base >= generation || out->dense > out->base ||
-                    out->dense == 0))
-        rc = FERRY_EPROTO;
-    if (rc < 0)
-        fr_sgen_free(out);
-    return rc;
-}
-
-/* A generation's text, NUL-terminated (free), and its digest. */
-static int text_get(ferry_store *s, const char *model, uint64_t gen, char **text, size_t *len,
-                    uint8_t digest[16])
-{
-    char k[300];
-    fr_wk_key(k, sizeof k, model, gen, "manifest");
-    ferry_kv_value v = {0};
-    int rc = ferry_kv_get(s, k, &v);
-    if (rc < 0)
-        return rc;
-    *text = malloc(v.len + 1);
-    if (!*text) {
-        ferry_store_free(v.val);
-        return FERRY_ENOMEM;
-    }
-    memcpy(*text, v.val, v.len);
-    (*text)[v.len] = '\0';
-    *len = v.len;
-    fr_hash128_t h = fr_hash128(v.val, v.len, 0);
-    memcpy(digest, h.b, 16);
-    ferry_store_free(v.val);
-    return 0;
-}
 
 /* ---- the chain ---------------------------------------------------------------------------- */
 
@@ -139,7 +43,7 @@ static int walk(ferry_store *s, const char *model, uint64_t top, const uint8_t d
         char *text = NULL;
         size_t len = 0;
         uint8_t got[16];
-        int rc = text_get(s, model, g, &text, &len, got);
+        int rc = fr_sgen_text(s, model, g, &text, &len, got);
         if (rc == FERRY_ENOENT)
             return fr_rl_fail(err, FERRY_ELOST, "generation %" PRIu64 " of %s, a link of the chain "
                               "to the active generation %" PRIu64 ", is gone (retired or never "
@@ -341,8 +245,8 @@ int ferry_sparse_announce(ferry_store *s, const char *model, uint64_t base, uint
         return fr_rl_fail(err, FERRY_EINVAL, "sparse announce of %s: generation %" PRIu64 " must be "
                           "newer than its base %" PRIu64 " (>= 1); nothing announced", model, gen,
                           base);
-    char ak[300];
-    fr_wk_key(ak, sizeof ak, model, 0, "active");
+    char ak[FR_KEY_MAX];
+    fr_key_wk(ak, sizeof ak, model, 0, "active");
     ferry_kv_value cur = {0};
     int rc = ferry_kv_get(s, ak, &cur);
     if (rc == FERRY_ENOENT)
@@ -384,21 +288,21 @@ int ferry_sparse_announce(ferry_store *s, const char *model, uint64_t base, uint
     if ((rc = fr_gen_load(s, model, st->dense_generation, &dense, err)) == 0)
         rc = check_objects(s, model, base, gen, dense, keys, nkeys, st, &probe, err);
     fr_gen_free(dense);
-    if (rc == 0 && (rc = text_get(s, model, base, &btext, &blen, bdg)) < 0)
+    if (rc == 0 && (rc = fr_sgen_text(s, model, base, &btext, &blen, bdg)) < 0)
         fr_rl_fail(err, rc, "sparse announce of %s: cannot read generation %" PRIu64 ": %s", model,
                    base, ferry_strerror(rc));
     free(btext);
     if (rc == 0 && !(text = text_make(base, bdg, st->dense_generation, keys, nkeys, &tlen)))
         rc = fr_rl_fail(err, FERRY_ENOMEM, "out of memory");
-    char k[300];
+    char k[FR_KEY_MAX];
     if (rc == 0) {
-        fr_wk_key(k, sizeof k, model, gen, "manifest");
+        fr_key_wk(k, sizeof k, model, gen, "manifest");
         if ((rc = ferry_kv_put(s, k, text, tlen, NULL)) < 0)
             fr_rl_fail(err, rc, "sparse announce of %s: cannot store the generation text: %s",
                        model, ferry_store_last_error());
     }
     if (rc == 0) {
-        fr_wk_key(k, sizeof k, model, gen, "probe");
+        fr_key_wk(k, sizeof k, model, gen, "probe");
         if ((rc = ferry_kv_put(s, k, probe ? probe : "", probe ? strlen(probe) : 0, NULL)) < 0)
             fr_rl_fail(err, rc, "sparse announce of %s: cannot store the probes: %s", model,
                        ferry_store_last_error());
@@ -437,28 +341,3 @@ int ferry_sparse_announce(ferry_store *s, const char *model, uint64_t base, uint
 }
 
 /* ---- retention ------------------------------------------------------------------------------- */
-
-bool fr_sgen_drop_objects(ferry_store *s, const char *model, uint64_t g)
-{
-    char *text = NULL;
-    size_t len = 0;
-    uint8_t dg[16];
-    if (text_get(s, model, g, &text, &len, dg) < 0)
-        return true;   /* no text: nothing of it is known here */
-    fr_sgen sg;
-    int rc = fr_sgen_is(text, len) ? fr_sgen_parse(text, len, g, &sg) : -1;
-    free(text);
-    if (rc < 0)
-        return true;   /* a dense generation (or unreadable): its objects are ferry/w/ */
-    bool gone = true;
-    for (size_t i = 0; i < sg.nkeys; i++) {
-        int r = ferry_store_remove(s, sg.keys[i]);
-        if (r < 0 && r != FERRY_ENOENT)
-            gone = false;   /* leased: a later publish retires it */
-        char ok[FERRY_STORE_KEY_MAX + 16];
-        snprintf(ok, sizeof ok, "%s/owner", sg.keys[i]);
-        (void)ferry_kv_delete(s, ok, 0, NULL);
-    }
-    fr_sgen_free(&sg);
-    return gone;
-}

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "rl/keys.h"
 #include "rl/members_int.h"
 #include "rl/rl_int.h"
 
@@ -19,8 +20,8 @@ typedef char mid[FR_MEMBER_ID + 1];
 
 struct fr_members {
     ferry_store *s;
-    char prefix[300];       /* ferry/wg/<model>/<group>/ */
-    char lprefix[300];      /* ferry/wl/<model>/<group>/ */
+    char model[FR_KEY_NAME_MAX + 1], group[FR_KEY_NAME_MAX + 1];
+    char prefix[FR_KEY_MAX];    /* of every key of the group's members */
     mid id;
     char name[64];
     uint64_t probe_ms;
@@ -34,7 +35,7 @@ const char *fr_members_name(const fr_members *m) { return m->name; }
 
 static void key_of(const fr_members *m, char *out, size_t cap, const char *what, const char *id)
 {
-    snprintf(out, cap, "%s%s%s", m->prefix, what, id ? id : "");
+    (void)fr_key_member(out, cap, m->model, m->group, what, id);
 }
 
 /* ---- the member list ----------------------------------------------------------------- */
@@ -67,7 +68,7 @@ int fr_members_list_parse(const char *text, size_t len, char (*ids)[FR_MEMBER_ID
 /* The registered ids (*n of them, *ids: free) and the list's revision (0: none). */
 static int list_get(const fr_members *m, mid **ids, uint32_t *n, uint64_t *rev)
 {
-    char key[400];
+    char key[FR_KEY_MAX];
     key_of(m, key, sizeof key, "list", NULL);
     ferry_kv_value v = {0};
     *ids = NULL;
@@ -98,7 +99,7 @@ static int list_get(const fr_members *m, mid **ids, uint32_t *n, uint64_t *rev)
 
 static int list_cas(const fr_members *m, const mid *ids, uint32_t n, uint64_t rev)
 {
-    char key[400];
+    char key[FR_KEY_MAX];
     key_of(m, key, sizeof key, "list", NULL);
     char *b = malloc((size_t)n * (FR_MEMBER_ID + 1) + 1);
     if (!b)
@@ -165,7 +166,7 @@ static int list_change(const fr_members *m, bool add, const mid *gone, uint32_t 
 
 static int rec_put(fr_members *m, uint64_t gen, uint64_t seq)
 {
-    char key[400], val[128];
+    char key[FR_KEY_MAX], val[128];
     key_of(m, key, sizeof key, "m/", m->id);
     int n = snprintf(val, sizeof val, "%" PRIu64 " %" PRIu64 " %s", gen, seq, m->name);
     int rc = ferry_kv_put(m->s, key, val, (size_t)n, NULL);
@@ -179,7 +180,7 @@ static int rec_put(fr_members *m, uint64_t gen, uint64_t seq)
 /* Member id's generation and last update: FERRY_ENOENT when it has no record. */
 static int rec_get(const fr_members *m, const char *id, uint64_t *gen, uint64_t *seq)
 {
-    char key[400];
+    char key[FR_KEY_MAX];
     key_of(m, key, sizeof key, "m/", id);
     ferry_kv_value v = {0};
     int rc = ferry_kv_get(m->s, key, &v);
@@ -205,7 +206,7 @@ static void bury(const fr_members *m, const mid *dead, uint32_t n)
         return;
     (void)list_change(m, false, dead, n);
     for (uint32_t i = 0; i < n; i++) {
-        char key[400];
+        char key[FR_KEY_MAX];
         key_of(m, key, sizeof key, "m/", dead[i]);
         (void)ferry_kv_delete(m->s, key, 0, NULL);
         FR_INFO("rl", "elastic group %s: member %s is gone (its liveness probe timed out)",
@@ -218,8 +219,8 @@ static void bury(const fr_members *m, const mid *dead, uint32_t n)
 static void *live_main(void *arg)
 {
     fr_members *m = arg;
-    char bar[400];
-    snprintf(bar, sizeof bar, "%s%s", m->lprefix, m->id);
+    char bar[FR_KEY_MAX];
+    (void)fr_key_member_live(bar, sizeof bar, m->model, m->group, m->id);
     while (!atomic_load(&m->stop)) {
         int rc = ferry_barrier(m->s, bar, "member", 2, PARK_MS, NULL);
         /* the master unreachable: try again shortly, never spin */
@@ -233,8 +234,8 @@ static void *live_main(void *arg)
  * other failure says nothing about it: kept). */
 static bool alive(const fr_members *m, const char *id)
 {
-    char bar[400];
-    snprintf(bar, sizeof bar, "%s%s", m->lprefix, id);
+    char bar[FR_KEY_MAX];
+    (void)fr_key_member_live(bar, sizeof bar, m->model, m->group, id);
     return ferry_barrier(m->s, bar, "probe", 2, m->probe_ms, NULL) != FERRY_ETIMEDOUT;
 }
 
@@ -248,8 +249,9 @@ int fr_members_join(ferry_store *s, const char *model, const char *group, const 
         return fr_rl_fail(err, FERRY_ENOMEM, "out of memory");
     m->s = s;
     m->probe_ms = probe_ms;
-    snprintf(m->prefix, sizeof m->prefix, "ferry/wg/%s/%s/", model, group);
-    snprintf(m->lprefix, sizeof m->lprefix, "ferry/wl/%s/%s/", model, group);
+    snprintf(m->model, sizeof m->model, "%s", model);
+    snprintf(m->group, sizeof m->group, "%s", group);
+    (void)fr_key_member(m->prefix, sizeof m->prefix, model, group, "", NULL);
     snprintf(m->id, sizeof m->id, "%016" PRIx64, fr_random_u64());
     if (name && name[0]) {
         snprintf(m->name, sizeof m->name, "%s", name);
@@ -284,7 +286,7 @@ int fr_members_withdraw(fr_members *m)
     mid me;
     memcpy(me, m->id, sizeof me);
     int rc = list_change(m, false, &me, 1);
-    char key[400];
+    char key[FR_KEY_MAX];
     key_of(m, key, sizeof key, "m/", m->id);
     int rc2 = ferry_kv_delete(m->s, key, 0, NULL);
     return rc < 0 ? rc : rc2 == FERRY_ENOENT ? 0 : rc2;
@@ -297,8 +299,8 @@ void fr_members_leave(fr_members *m)
     (void)fr_members_withdraw(m);
     if (m->th_started) {
         atomic_store(&m->stop, true);
-        char bar[400];
-        snprintf(bar, sizeof bar, "%s%s", m->lprefix, m->id);
+        char bar[FR_KEY_MAX];
+        (void)fr_key_member_live(bar, sizeof bar, m->model, m->group, m->id);
         (void)ferry_barrier(m->s, bar, "probe", 2, 2000, NULL);   /* releases the thread */
         pthread_join(m->th, NULL);
     }
@@ -397,7 +399,7 @@ int fr_epoch_format(const fr_epoch *ep, char **out, size_t *len)
 /* The epoch record: FERRY_ENOENT when there is none; *rev its revision. */
 static int epoch_get(const fr_members *m, fr_epoch *ep, uint64_t *rev)
 {
-    char key[400];
+    char key[FR_KEY_MAX];
     key_of(m, key, sizeof key, "epoch", NULL);
     ferry_kv_value v = {0};
     memset(ep, 0, sizeof *ep);
@@ -412,7 +414,7 @@ static int epoch_get(const fr_members *m, fr_epoch *ep, uint64_t *rev)
 
 static int epoch_cas(const fr_members *m, const fr_epoch *ep, uint64_t rev)
 {
-    char key[400], *b;
+    char key[FR_KEY_MAX], *b;
     size_t len;
     key_of(m, key, sizeof key, "epoch", NULL);
     int rc = fr_epoch_format(ep, &b, &len);

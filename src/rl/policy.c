@@ -11,6 +11,7 @@
 
 #include "base/base.h"
 #include "ferry/samples.h"
+#include "rl/keys.h"
 #include "rl/policy_int.h"
 #include "rl/publish_int.h"
 #include "rl/rl_int.h"
@@ -24,7 +25,7 @@ static int model_ok(const char *model)
 
 static void active_key(char *k, size_t cap, const char *model)
 {
-    snprintf(k, cap, "ferry/wk/%s/active", model);
+    (void)fr_key_wk(k, cap, model, 0, "active");
 }
 
 /* Parse an active value into a version record. */
@@ -65,8 +66,8 @@ static int parse_active(const char *model, const char *val, size_t len, ferry_po
 
 static void history_append(ferry_store *s, const char *model, const char *record)
 {
-    char k[300];
-    snprintf(k, sizeof k, "ferry/pv/%s/history", model);
+    char k[FR_KEY_MAX];
+    (void)fr_key_policy_history(k, sizeof k, model);
     for (int attempt = 0; attempt < 16; attempt++) {
         ferry_kv_value v = {0};
         uint64_t expected = 0;
@@ -136,7 +137,7 @@ int ferry_policy_current(ferry_store *s, const char *model, ferry_policy_version
     if (!s || !model_ok(model) || !out)
         return fr_rl_fail(err, FERRY_EINVAL, "policy_current: bad arguments");
     memset(out, 0, sizeof *out);
-    char k[300];
+    char k[FR_KEY_MAX];
     active_key(k, sizeof k, model);
     ferry_kv_value v = {0};
     int rc = ferry_kv_get(s, k, &v);
@@ -163,8 +164,8 @@ int ferry_policy_history(ferry_store *s, const char *model, ferry_policy_version
     if (!s || !model_ok(model) || !n || (cap && !out))
         return fr_rl_fail(err, FERRY_EINVAL, "policy_history: bad arguments");
     *n = 0;
-    char k[300];
-    snprintf(k, sizeof k, "ferry/pv/%s/history", model);
+    char k[FR_KEY_MAX];
+    (void)fr_key_policy_history(k, sizeof k, model);
     ferry_kv_value v = {0};
     int rc = ferry_kv_get(s, k, &v);
     if (rc == FERRY_ENOENT)
@@ -196,7 +197,7 @@ struct ferry_policy_watch {
     ferry_store *s;
     ferry_watch *w;
     char model[128];
-    char key[300];
+    char key[FR_KEY_MAX];
     uint64_t last;              /* newest version returned */
     ferry_policy_version first; /* the current version at open, returned first */
     bool have_first;

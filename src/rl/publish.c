@@ -38,6 +38,7 @@
 #include "base/base.h"
 #include "ferry/weights.h"
 #include "rl/gen_int.h"
+#include "rl/keys.h"
 #include "rl/policy_int.h"
 #include "rl/publish_int.h"
 #include "rl/rl_int.h"
@@ -127,9 +128,8 @@ static int attempt(ferry_store *s, const ferry_publisher_config *c, uint64_t gen
         snprintf(pv, sizeof pv, "ok 2\n%s %u %" PRIu64 " %016" PRIx64 "\n", dh, mine.nobjects,
                  mine.segment, mine.sums_hash);
     }
-    char pk[300], bk[300], what[32], member[32];
-    snprintf(what, sizeof what, "part/%u", c->rank);
-    fr_wk_key(pk, sizeof pk, c->model, gen, what);
+    char pk[FR_KEY_MAX], bk[FR_KEY_MAX], member[32];
+    (void)fr_key_wk_part(pk, sizeof pk, c->model, gen, c->rank);
     uint64_t tmo = c->timeout_ms;
     rc = ferry_kv_put(s, pk, pv, strlen(pv), NULL);
     fr_pub_decision d = {0};
@@ -141,7 +141,7 @@ static int attempt(ferry_store *s, const ferry_publisher_config *c, uint64_t gen
         return fr_rl_fail(err, rc, "publish of %s generation %" PRIu64 " failed: rank %u cannot "
                           "record its part: %s", c->model, gen, c->rank, ferry_store_last_error());
     }
-    fr_wk_key(bk, sizeof bk, c->model, gen, "parts");
+    fr_key_wk(bk, sizeof bk, c->model, gen, "parts");
     snprintf(member, sizeof member, "rank %u", c->rank);
     uint64_t a = 0;
     int brc = ferry_barrier(s, bk, member, c->world, tmo, &a);

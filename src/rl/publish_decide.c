@@ -30,6 +30,7 @@
 #include "base/base.h"
 #include "ferry/weights.h"
 #include "rl/gen_int.h"
+#include "rl/keys.h"
 #include "rl/publish_int.h"
 #include "rl/rl_int.h"
 
@@ -112,9 +113,9 @@ static void failed(fr_pub_decision *d, int code, const char *fmt, ...)
 static void differs(ferry_store *s, const ferry_publisher_config *c, uint64_t gen, uint32_t r,
                     const fr_pub_mine *mine, fr_pub_decision *d)
 {
-    char key[FR_GEN_KEY], what[40];
+    char key[FR_KEY_MAX], what[40];
     snprintf(what, sizeof what, "r%u.decl", r);
-    (void)fr_gen_file_key(c->model, gen, what, key, sizeof key);
+    (void)fr_key_gen_file(key, sizeof key, c->model, gen, what);
     void *buf = NULL;
     size_t len = 0;
     if (ferry_store_get(s, key, &buf, &len) < 0 || len < 8) {
@@ -173,9 +174,8 @@ static int gather(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
                               jhex);
     }
     for (uint32_t r = 0; r < c->world && rc == 0; r++) {
-        char k[300], what[32];
-        snprintf(what, sizeof what, "part/%u", r);
-        fr_wk_key(k, sizeof k, c->model, gen, what);
+        char k[FR_KEY_MAX];
+        (void)fr_key_wk_part(k, sizeof k, c->model, gen, r);
         ferry_kv_value v = {0};
         rc = ferry_kv_get(s, k, &v);
         if (rc < 0) {
@@ -230,8 +230,8 @@ static int announce(ferry_store *s, const ferry_publisher_config *c, uint64_t ge
                     const char *record, const char *man, size_t mlen, uint64_t cas_by_ns,
                     uint64_t *prev, fr_pub_decision *d)
 {
-    char k[300];
-    fr_wk_key(k, sizeof k, c->model, gen, "manifest");
+    char k[FR_KEY_MAX];
+    fr_key_wk(k, sizeof k, c->model, gen, "manifest");
     int rc = ferry_kv_put(s, k, man, mlen, NULL);
     if (rc < 0) {
         failed(d, rc, "cannot store the manifest: %s", ferry_store_last_error());
@@ -253,7 +253,7 @@ static int announce(ferry_store *s, const ferry_publisher_config *c, uint64_t ge
     }
     int vn = snprintf(val, vcap, "%" PRIu64 " %s%s%s", gen, hex, record ? " " : "",
                       record ? record : "");
-    fr_wk_key(k, sizeof k, c->model, 0, "active");
+    fr_key_wk(k, sizeof k, c->model, 0, "active");
     ferry_kv_value cur = {0};
     uint64_t expected = 0, active = 0;
     rc = ferry_kv_get(s, k, &cur);
@@ -335,8 +335,8 @@ void fr_rl_decide(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
 {
     uint64_t tmo = c->timeout_ms;
     uint64_t cas_by = fr_deadline_ns((int64_t)(tmo / 2));
-    char sk[300], sv[700];
-    fr_wk_key(sk, sizeof sk, c->model, gen, "status");
+    char sk[FR_KEY_MAX], sv[700];
+    fr_key_wk(sk, sizeof sk, c->model, gen, "status");
     memset(d, 0, sizeof *d);
     char *man = NULL;
     size_t mlen = 0;
@@ -412,8 +412,8 @@ void fr_rl_await(ferry_store *s, const ferry_publisher_config *c, uint64_t gen, 
                  fr_pub_decision *d)
 {
     memset(d, 0, sizeof *d);
-    char sk[300];
-    fr_wk_key(sk, sizeof sk, c->model, gen, "status");
+    char sk[FR_KEY_MAX];
+    fr_key_wk(sk, sizeof sk, c->model, gen, "status");
     uint64_t tmo = c->timeout_ms;
     uint64_t deadline = fr_deadline_ns(tmo);
     ferry_watch *w = NULL;

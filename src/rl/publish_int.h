@@ -11,10 +11,6 @@
 
 #include "ferry/weights.h"
 
-/* "ferry/wk/<model>/<gen, 20 digits>/<what>", or "ferry/wk/<model>/<what>"
- * for gen 0. */
-void fr_wk_key(char *out, size_t cap, const char *model, uint64_t gen, const char *what);
-
 /* Check the objects of generation out->generation of model through its
  * probe key (one object per store segment): fills out->segments,
  * lost_segments and lost. 0 when whole (or nothing was recorded), FERRY_ELOST

@@ -19,6 +19,7 @@
 #include "base/base.h"
 #include "ferry/weights.h"
 #include "rl/gen_int.h"
+#include "rl/keys.h"
 #include "rl/publish_int.h"
 
 #define GENS_MAX 256   /* generations the history lists at most */
@@ -27,15 +28,13 @@
 static void drop_keys(ferry_store *s, const ferry_publisher_config *c, uint64_t g)
 {
     static const char *const what[] = { "manifest", "probe", "status" };
-    char k[300];
+    char k[FR_KEY_MAX];
     for (size_t i = 0; i < sizeof what / sizeof what[0]; i++) {
-        fr_wk_key(k, sizeof k, c->model, g, what[i]);
+        fr_key_wk(k, sizeof k, c->model, g, what[i]);
         (void)ferry_kv_delete(s, k, 0, NULL);
     }
     for (uint32_t r = 0; r < c->world; r++) {
-        char part[32];
-        snprintf(part, sizeof part, "part/%u", r);
-        fr_wk_key(k, sizeof k, c->model, g, part);
+        (void)fr_key_wk_part(k, sizeof k, c->model, g, r);
         (void)ferry_kv_delete(s, k, 0, NULL);
     }
 }
@@ -45,11 +44,9 @@ static bool drop_objects(ferry_store *s, const char *model, uint64_t g)
 {
     if (!fr_sgen_drop_objects(s, model, g))   /* a sparse generation's objects (gen_sparse.c) */
         return false;
-    char prefix[300];
-    int kl = ferry_weights_key(model, g, "x", prefix, sizeof prefix);
-    if (kl <= 0)
+    char prefix[FR_KEY_MAX];
+    if (fr_key_gen_prefix(prefix, sizeof prefix, model, g) <= 0)
         return false;
-    prefix[kl - 1] = '\0';   /* "ferry/w/M/G/" */
     (void)ferry_store_remove_prefix(s, prefix, NULL);
     char **ks = NULL;
     size_t nk = 0;
@@ -75,9 +72,9 @@ static bool listed(const uint64_t *gens, size_t n, uint64_t g)
 static void sweep(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
                   const uint64_t *keep, size_t nkeep, ferry_publish_stats *st)
 {
-    char prefix[300], after[400] = "";
-    int kl = snprintf(prefix, sizeof prefix, "ferry/w/%s/", c->model);
-    if (kl <= 0 || (size_t)kl >= sizeof prefix)
+    char prefix[FR_KEY_MAX], after[FR_KEY_MAX] = "";
+    int kl = fr_key_gens(prefix, sizeof prefix, c->model);
+    if (kl <= 0)
         return;
     for (int round = 0; round < 4096; round++) {
         char **ks = NULL;
@@ -102,15 +99,15 @@ static void sweep(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
             drop_keys(s, c, g);
             st->swept_generations++;
         }
-        snprintf(after, sizeof after, "%s%020" PRIu64 "0", prefix, g);
+        (void)fr_key_gen_past(after, sizeof after, c->model, g);
     }
 }
 
 void fr_rl_keep(ferry_store *s, const ferry_publisher_config *c, uint64_t gen, uint64_t prev,
                 ferry_publish_stats *st)
 {
-    char hk[300];
-    fr_wk_key(hk, sizeof hk, c->model, 0, "history");
+    char hk[FR_KEY_MAX];
+    fr_key_wk(hk, sizeof hk, c->model, 0, "history");
     ferry_kv_value h = {0};
     uint64_t hrev = 0, gens[GENS_MAX + 2];
     size_t ng = 0;

@@ -9,6 +9,7 @@
 
 #include "base/base.h"
 #include "rl/gen_int.h"
+#include "rl/keys.h"
 #include "rl/publish_int.h"
 #include "rl/rl_int.h"
 
@@ -473,7 +474,7 @@ int fr_pub_put(ferry_store *s, const char *key, const void *data, uint64_t nb,
  * memory"). */
 uint64_t fr_pub_slot(const char *model, uint32_t rank, const char *what)
 {
-    char b[FR_GEN_KEY];
+    char b[FR_KEY_MAX];
     int n = snprintf(b, sizeof b, "%s/r%u/%s", model, rank, what);
     uint64_t h = fr_hash64(b, n > 0 ? (size_t)n : 0, 0x736c6f74u);
     return h ? h : 1;
@@ -505,9 +506,9 @@ int fr_pub_mine_store(ferry_store *s, const ferry_publisher_config *c, uint64_t 
     int rc = 0;
     for (uint32_t k = 0; k < p->nobjects && rc == 0; k++) {
         uint64_t nb = ferry_pack_object_bytes(p->pack, c->rank, k);
-        char key[FR_GEN_KEY], what[16];
+        char key[FR_KEY_MAX], what[16];
         ferry_object_desc d = {0};
-        (void)fr_gen_object_key(c->model, gen, c->rank, k, key, sizeof key);
+        (void)fr_key_gen_object(key, sizeof key, c->model, gen, c->rank, k);
         snprintf(what, sizeof what, "%u", k);
         repl.slot = fr_pub_slot(c->model, c->rank, what);
         uint64_t c0 = fr_now_ns();
@@ -562,7 +563,7 @@ static int store_files(ferry_store *s, const ferry_publisher_config *c, uint64_t
 {
     ferry_replicate_config repl = *rp;
     int rc = 0;
-    char key[FR_GEN_KEY];
+    char key[FR_KEY_MAX];
     struct { const char *what; const void *data; uint64_t len; } extra[3] = {
         { "sums", p->sums, p->npieces * 8 },
         { "decl", p->decl, ((uint64_t)p->ntensors * FR_PUB_DECL + 1) * 8 },
@@ -577,7 +578,7 @@ static int store_files(ferry_store *s, const ferry_publisher_config *c, uint64_t
             snprintf(what, sizeof what, "r%u.%s", c->rank, extra[i].what);
         else
             snprintf(what, sizeof what, "manifest.json");
-        (void)fr_gen_file_key(c->model, gen, what, key, sizeof key);
+        (void)fr_key_gen_file(key, sizeof key, c->model, gen, what);
         repl.slot = fr_pub_slot(c->model, c->rank, what);
         rc = fr_pub_put(s, key, extra[i].data, extra[i].len, &repl, NULL);
         if (rc < 0)
@@ -589,17 +590,17 @@ static int store_files(ferry_store *s, const ferry_publisher_config *c, uint64_t
 void fr_pub_mine_remove(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
                         const fr_pub_mine *p)
 {
-    char key[FR_GEN_KEY];
+    char key[FR_KEY_MAX];
     for (uint32_t k = 0; k < p->nobjects; k++)
-        if (fr_gen_object_key(c->model, gen, c->rank, k, key, sizeof key) > 0)
+        if (fr_key_gen_object(key, sizeof key, c->model, gen, c->rank, k) > 0)
             (void)ferry_store_remove(s, key);
     const char *what[] = { "sums", "decl" };
     for (int i = 0; i < 2; i++) {
         char w[40];
         snprintf(w, sizeof w, "r%u.%s", c->rank, what[i]);
-        if (fr_gen_file_key(c->model, gen, w, key, sizeof key) > 0)
+        if (fr_key_gen_file(key, sizeof key, c->model, gen, w) > 0)
             (void)ferry_store_remove(s, key);
     }
-    if (c->rank == 0 && fr_gen_file_key(c->model, gen, "manifest.json", key, sizeof key) > 0)
+    if (c->rank == 0 && fr_key_gen_file(key, sizeof key, c->model, gen, "manifest.json") > 0)
         (void)ferry_store_remove(s, key);
 }

@@ -28,6 +28,7 @@
 #include "base/base.h"
 #include "ferry/weights.h"
 #include "rl/gen_int.h"
+#include "rl/keys.h"
 #include "rl/publish_int.h"
 #include "rl/rl_int.h"
 
@@ -118,8 +119,8 @@ static int flush(ferry_publish_stream *ps, ferry_error *err)
         return 0;
     const ferry_publisher_config *c = &ps->cfg;
     uint32_t k = ps->sx.nobjects;
-    char key[FR_GEN_KEY], what[16];
-    (void)fr_gen_object_key(c->model, ps->gen, c->rank, k, key, sizeof key);
+    char key[FR_KEY_MAX], what[16];
+    (void)fr_key_gen_object(key, sizeof key, c->model, ps->gen, c->rank, k);
     snprintf(what, sizeof what, "%u", k);
     ferry_replicate_config repl = { .replica_num = 1, .hard_pin = true,
                                     .preferred_segments = &c->segment,
@@ -337,9 +338,9 @@ int ferry_publish_stream_end(ferry_publish_stream *ps, ferry_publish_stats *st, 
     if (ps->failed) {
         /* my own failure: the attempt fails on every rank, so nothing of
          * mine can be announced — my objects go now */
-        char key[FR_GEN_KEY];
+        char key[FR_KEY_MAX];
         for (uint32_t k = 0; k <= ps->sx.nobjects; k++)
-            if (fr_gen_object_key(ps->cfg.model, ps->gen, ps->cfg.rank, k, key, sizeof key) > 0)
+            if (fr_key_gen_object(key, sizeof key, ps->cfg.model, ps->gen, ps->cfg.rank, k) > 0)
                 (void)ferry_store_remove(ps->s, key);
     }
     uint32_t node0 = 0;

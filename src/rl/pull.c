@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "rl/keys.h"
 #include "rl/members_int.h"
 #include "rl/pull_int.h"
 
@@ -554,7 +555,7 @@ static int exchange(ferry_subscriber *sub, const fr_gen *g, uint64_t gen, const 
     uint32_t world = sub->world, me = sub->me;
     uint8_t *rec = NULL;
     size_t reclen = 0;
-    char key[400];
+    char key[FR_KEY_MAX];
     int rc = 0;
     if (g) {
         ferry_region **regs = malloc((sub->n ? sub->n : 1) * sizeof *regs);
@@ -585,8 +586,7 @@ static int exchange(ferry_subscriber *sub, const fr_gen *g, uint64_t gen, const 
             reclen = 0;
         rc = w && w->code ? w->code : FERRY_EIO;
     }
-    snprintf(key, sizeof key, "ferry/wk/%s/sub/%s/%020" PRIu64 "/%u", sub->cfg.model,
-             sub->scope, gen, me);
+    (void)fr_key_sub_demand(key, sizeof key, sub->cfg.model, sub->scope, gen, me);
     int prc = reclen ? ferry_kv_put(sub->s, key, rec, reclen, NULL) : FERRY_ENOMEM;
     if (rc == 0 && prc < 0)
         rc = fr_rl_fail(err, prc, "subscriber: cannot publish the demand: %s",
@@ -594,8 +594,7 @@ static int exchange(ferry_subscriber *sub, const fr_gen *g, uint64_t gen, const 
     free(rec);
     /* Everyone meets here even after a local failure, so nobody waits for
      * a demand that never comes. */
-    snprintf(bar, barcap, "ferry/wb/%s/sub/%s/%020" PRIu64 "/demand", sub->cfg.model,
-             sub->scope, gen);
+    (void)fr_key_sub_barrier(bar, barcap, sub->cfg.model, sub->scope, gen, "demand");
     char member_name[32];
     snprintf(member_name, sizeof member_name, "worker %u", me);
     uint64_t tmo = sub->cfg.timeout_ms;
@@ -608,8 +607,7 @@ static int exchange(ferry_subscriber *sub, const fr_gen *g, uint64_t gen, const 
         rc = fr_rl_fail(err, brc, "subscriber: not every worker of group %s arrived: %s",
                         sub->cfg.group, ferry_strerror(brc));
     for (uint32_t k = 0; k < world && rc == 0; k++) {
-        snprintf(key, sizeof key, "ferry/wk/%s/sub/%s/%020" PRIu64 "/%u", sub->cfg.model,
-                 sub->scope, gen, k);
+        (void)fr_key_sub_demand(key, sizeof key, sub->cfg.model, sub->scope, gen, k);
         rc = ferry_kv_get(sub->s, key, &recs[k]);
         if (rc < 0)
             fr_rl_fail(err, rc, "subscriber: worker %u left no demand", k);
@@ -639,7 +637,7 @@ static int round_body(ferry_subscriber *sub, const fr_gen *g, uint64_t active,
     sub->derived = false;
     uint32_t world = sub->world, me = sub->me;
     ferry_kv_value *recs = calloc(world, sizeof *recs);
-    char bar[400], key[400];
+    char bar[FR_KEY_MAX], key[FR_KEY_MAX];
     int brc = -1;
     double tx = (double)fr_now_ns() / 1e9;
     rc = recs ? exchange(sub, g, active, perr, bar, sizeof bar, recs, &brc, err)
@@ -729,8 +727,7 @@ static int round_body(ferry_subscriber *sub, const fr_gen *g, uint64_t active,
         fr_early_outcome(sub->early, rc);   /* before the barrier: the verdict counts on it */
     if (brc == 0 && !given) {
         uint64_t tmo = sub->cfg.timeout_ms;
-        snprintf(bar, sizeof bar, "ferry/wb/%s/sub/%s/%020" PRIu64 "/applied", sub->cfg.model,
-                 sub->scope, active);
+        (void)fr_key_sub_barrier(bar, sizeof bar, sub->cfg.model, sub->scope, active, "applied");
         double t6 = (double)fr_now_ns() / 1e9;
         brc = ferry_barrier(sub->s, bar, member_name, world, tmo, NULL);
         st->barrier_s = (double)fr_now_ns() / 1e9 - t6;
@@ -741,8 +738,7 @@ static int round_body(ferry_subscriber *sub, const fr_gen *g, uint64_t active,
     /* Every member has read every demand: mine can go. (An elastic
      * update's records are named by it alone: after a barrier that timed
      * out, which nobody passed, nobody reads them either.) */
-    snprintf(key, sizeof key, "ferry/wk/%s/sub/%s/%020" PRIu64 "/%u", sub->cfg.model,
-             sub->scope, active, me);
+    (void)fr_key_sub_demand(key, sizeof key, sub->cfg.model, sub->scope, active, me);
     if (!given && (brc == 0 || (sub->mem && brc == FERRY_ETIMEDOUT)))
         (void)ferry_kv_delete(sub->s, key, 0, NULL);
     if (sub->pc.valid) {
@@ -894,9 +890,8 @@ int fr_sub_round_given(ferry_subscriber *sub, const ferry_weight_manifest *m, ui
 
 void fr_subscriber_forget(ferry_subscriber *sub, uint64_t gen)
 {
-    char key[400];
-    snprintf(key, sizeof key, "ferry/wk/%s/sub/%s/%020" PRIu64 "/%u", sub->cfg.model,
-             sub->scope, gen, sub->me);
+    char key[FR_KEY_MAX];
+    (void)fr_key_sub_demand(key, sizeof key, sub->cfg.model, sub->scope, gen, sub->me);
     (void)ferry_kv_delete(sub->s, key, 0, NULL);
 }
 

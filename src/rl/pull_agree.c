@@ -18,26 +18,25 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "rl/keys.h"
 #include "rl/pull_int.h"
 #include "rl/rl_int.h"
-
-#define AGREE_KEY 400   /* "ferry/wk/<model>/sub/<scope>/agree/<r>/<member>" */
 
 static void proposal_key(char *out, size_t cap, const char *model, const char *scope, uint64_t r,
                          uint32_t member)
 {
-    snprintf(out, cap, "ferry/wk/%s/sub/%s/agree/%020" PRIu64 "/%u", model, scope, r, member);
+    (void)fr_key_agree(out, cap, model, scope, r, member);
 }
 
 int fr_sub_agree(ferry_store *s, const char *model, const char *scope, uint32_t me, uint32_t world,
                  uint64_t held, uint64_t timeout_ms, uint64_t *target, bool *need, ferry_error *err)
 {
-    char bar[AGREE_KEY], key[AGREE_KEY], member[32];
+    char bar[FR_KEY_MAX], key[FR_KEY_MAX], member[32];
     snprintf(member, sizeof member, "worker %u", me);
     *target = 0;
     *need = false;
     uint64_t r = 0;
-    snprintf(bar, sizeof bar, "ferry/wb/%s/sub/%s/agree", model, scope);
+    (void)fr_key_agree_barrier(bar, sizeof bar, model, scope, "agree");
     int rc = ferry_barrier(s, bar, member, world, timeout_ms, &r);
     if (rc < 0)
         return fr_rl_fail(err, rc, "subscriber: not every worker of group %s came to the update "
@@ -57,7 +56,7 @@ int fr_sub_agree(ferry_store *s, const char *model, const char *scope, uint32_t 
     if (rc < 0)
         return fr_rl_fail(err, rc, "subscriber: cannot post this worker's generation for group %s: "
                           "%s", scope, ferry_store_last_error());
-    snprintf(bar, sizeof bar, "ferry/wb/%s/sub/%s/agreed", model, scope);
+    (void)fr_key_agree_barrier(bar, sizeof bar, model, scope, "agreed");
     rc = ferry_barrier(s, bar, member, world, timeout_ms, NULL);
     if (rc < 0)
         return fr_rl_fail(err, rc, "subscriber: not every worker of group %s said which generation "

@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "rl/keys.h"
 #include "rl/publish_int.h"
 #include "rl/pull_int.h"
 
@@ -60,7 +61,7 @@ void fr_early_round_id(fr_early *ea, uint64_t release)
 static void early_key(char *out, size_t cap, const ferry_subscriber *sub, const char *what)
 {
     const ferry_subscriber_config *c = fr_sub_config(sub);
-    snprintf(out, cap, "ferry/wk/%s/sub/%s/early/%s", c->model, c->group, what);
+    (void)fr_key_early(out, cap, c->model, c->group, what);
 }
 
 /* "ok 2\n<digest> <objects> <segment> <sums hash>": the part of a rank that
@@ -83,8 +84,8 @@ static bool part_ok(const ferry_kv_value *v, uint32_t *nobj, uint64_t *seg, uint
 
 int fr_early_wait(fr_early *ea, ferry_error *err)
 {
-    char prefix[300], k[300];
-    fr_wk_key(prefix, sizeof prefix, ea->model, ea->next, "part/");
+    char prefix[FR_KEY_MAX], k[FR_KEY_MAX];
+    (void)fr_key_wk_part(prefix, sizeof prefix, ea->model, ea->next, -1);
     ferry_watch *w = NULL;
     int rc = ferry_kv_watch(ea->s, prefix, 0, &w);
     if (rc < 0)
@@ -100,9 +101,7 @@ int fr_early_wait(fr_early *ea, ferry_error *err)
         for (uint32_t r = 0; r < ea->nranks && rc == 0; r++) {
             if (have[r])
                 continue;
-            char what[32];
-            snprintf(what, sizeof what, "part/%u", r);
-            fr_wk_key(k, sizeof k, ea->model, ea->next, what);
+            (void)fr_key_wk_part(k, sizeof k, ea->model, ea->next, r);
             ferry_kv_value v = {0};
             uint64_t seg = 0;
             if (ferry_kv_get(ea->s, k, &v) == 0 && part_ok(&v, &ea->nobj[r], &seg, &ea->sums[r])) {
@@ -137,7 +136,7 @@ int fr_early_wait(fr_early *ea, ferry_error *err)
 
 void fr_early_outcome(fr_early *ea, int rc)
 {
-    char k[400], what[32], v[64];
+    char k[FR_KEY_MAX], what[32], v[64];
     snprintf(what, sizeof what, "out/%u", fr_sub_config(ea->sub)->rank);
     early_key(k, sizeof k, ea->sub, what);
     if (!ea->tag[0])
@@ -179,7 +178,7 @@ static int wait_key(ferry_store *s, const char *key, const char *tag, uint64_t d
 static void decide(fr_early *ea, int my_rc, const ferry_error *my_err, char *out, size_t cap)
 {
     const ferry_subscriber_config *c = fr_sub_config(ea->sub);
-    char k[400], v[128];
+    char k[FR_KEY_MAX], v[128];
     if (my_rc < 0) {
         snprintf(out, cap, "redo member 0: %s", my_err->msg);
         return;
@@ -198,9 +197,7 @@ static void decide(fr_early *ea, int my_rc, const ferry_error *my_err, char *out
         }
     }
     for (uint32_t r = 0; r < ea->nranks; r++) {
-        char what[32];
-        snprintf(what, sizeof what, "part/%u", r);
-        fr_wk_key(k, sizeof k, ea->model, ea->next, what);
+        (void)fr_key_wk_part(k, sizeof k, ea->model, ea->next, r);
         ferry_kv_value pv = {0};
         int rc = ferry_kv_get(ea->s, k, &pv);
         ferry_store_free(pv.val);
@@ -248,8 +245,8 @@ static int spec_gen(const fr_gen *held, uint64_t next, fr_gen *gs)
         if (!d->keys)
             return FERRY_ENOMEM;
         for (uint32_t k = 0; k < h->nobjects; k++) {
-            char key[FR_GEN_KEY];
-            if (fr_gen_object_key(held->model, next, r, k, key, sizeof key) < 0 ||
+            char key[FR_KEY_MAX];
+            if (fr_key_gen_object(key, sizeof key, held->model, next, r, k) < 0 ||
                 !(d->keys[k] = strdup(key)))
                 return FERRY_ENOMEM;
         }
@@ -334,7 +331,7 @@ int ferry_subscriber_update_next(ferry_subscriber *sub, uint64_t next, uint64_t 
     ferry_update_stats est = {0};
     ferry_error rerr = {0};
     int rrc = fr_sub_early_round(sub, &ea, ea.gs, next, &why, &est, &rerr);
-    char verdict[sizeof rerr.msg + 64], k[400];
+    char verdict[sizeof rerr.msg + 64], k[FR_KEY_MAX];
     early_key(k, sizeof k, sub, "verdict");
     if (!ea.tag[0]) {   /* the group never met: no verdict to wait for */
         snprintf(verdict, sizeof verdict, "lost");

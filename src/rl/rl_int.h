@@ -41,7 +41,7 @@ int fr_rl_prepare(ferry_store *s, const char *model, uint64_t *generation,
                   ferry_weight_manifest *m, bool *current, ferry_update_stats *st,
                   ferry_error *err);
 
-/* ---- reading a stored generation through exec (update.c) -----------------------------
+/* ---- reading a stored generation through exec (gen_read.c) --------------------------
  *
  * Every consumer reads a generation the same way: its target placement (what
  * it holds) with an exec binding of its memory, planned against the stored

@@ -25,6 +25,7 @@
 
 #include "base/base.h"
 #include "ferry/samples.h"
+#include "rl/keys.h"
 #include "rl/rl_int.h"
 #include "rl/sampleq_int.h"
 
@@ -200,7 +201,7 @@ int ferry_sample_push(ferry_sample_queue *q, ferry_rollout_session *rs,
     unsigned wait = 2;
     ferry_replicate_config rc1 = { .replica_num = 1 };
     uint64_t uid;
-    char key[300];   /* queue name < 128: fits, with room for "store://" and "#member" */
+    char key[FR_KEY_SAMPLE_MAX];
     ferry_member m[4];
     const void *data[4];
     size_t nm;
@@ -210,8 +211,7 @@ int ferry_sample_push(ferry_sample_queue *q, ferry_rollout_session *rs,
      * half-done one is revoked by the master (or orphaned, if it landed). */
     for (;;) {
         uid = fr_random_u64();
-        snprintf(key, sizeof key, "ferry/rl/%s/%020" PRIu64 "/%016" PRIx64, q->cfg.queue,
-                 rs->policy_version, uid);
+        (void)fr_key_sample(key, sizeof key, q->cfg.queue, rs->policy_version, uid);
         nm = 0;
         const struct { const char *name, *dtype; uint64_t n; const void *p; char *ref; } mem[4] = {
             { "prompt", "i32", d->prompt_len, d->prompt, rs->prompt_ref },
@@ -488,27 +488,9 @@ void ferry_sample_queue_set_version(ferry_sample_queue *q, uint64_t input_versio
 
 int ferry_kvcache_ref_version(const char *ref, uint64_t *version)
 {
-    if (!ref || !version || strncmp(ref, "store://ferry/kv/", 17) != 0)
+    if (!ref || !version || strncmp(ref, "store://", 8) != 0)
         return FERRY_EINVAL;
-    const char *p = strchr(ref + 17, '/');   /* after <ns> */
-    if (!p || strlen(p + 1) < 21 || p[21] != '/')
-        return FERRY_EINVAL;
-    uint64_t v = 0;
-    for (int i = 1; i <= 20; i++) {
-        if (p[i] < '0' || p[i] > '9')
-            return FERRY_EINVAL;
-        v = v * 10 + (uint64_t)(p[i] - '0');
-    }
-    *version = v;
-    return 0;
-}
-
-static int kv_prefix(char *buf, size_t cap, const char *ns, uint64_t version)
-{
-    if (!ns || !ns[0] || strchr(ns, '/'))
-        return FERRY_EINVAL;
-    int k = snprintf(buf, cap, "ferry/kv/%s/%020" PRIu64 "/", ns, version);
-    return k < 0 || (size_t)k >= cap ? FERRY_EMSGSIZE : k;
+    return fr_key_kvcache_version(ref + 8, version);
 }
 
 int ferry_kvcache_put(ferry_store *s, const char *ns, uint64_t version, const char *name,
@@ -516,7 +498,7 @@ int ferry_kvcache_put(ferry_store *s, const char *ns, uint64_t version, const ch
                       ferry_kvcache_stats *st)
 {
     char key[FERRY_RECORD_REF_MAX + 1];
-    int k = kv_prefix(key, sizeof key, ns, version);
+    int k = fr_key_kvcache(key, sizeof key, ns, version);
     if (k < 0 || !s || !name || !name[0] || !ref)
         return k < 0 ? k : FERRY_EINVAL;
     if (snprintf(key + k, sizeof key - (size_t)k, "%s", name) >= (int)(sizeof key - (size_t)k) ||
@@ -551,7 +533,7 @@ int ferry_kvcache_retire(ferry_store *s, const char *ns, uint64_t version, uint6
                          ferry_kvcache_stats *st)
 {
     char prefix[FERRY_RECORD_REF_MAX + 1];
-    int k = kv_prefix(prefix, sizeof prefix, ns, version);
+    int k = fr_key_kvcache(prefix, sizeof prefix, ns, version);
     if (k < 0 || !s)
         return k < 0 ? k : FERRY_EINVAL;
     uint64_t r = 0;

@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "base/base.h"
+#include "rl/keys.h"
 #include "rl/sampleq_int.h"
 
 uint64_t fr_sq_wall_ms(void)
@@ -62,7 +63,7 @@ typedef struct cval { uint64_t id, rev; uint32_t token; bool done; } cval;
 
 static void claim_key(const ferry_sample_queue *q, uint64_t uid, char *key, size_t cap)
 {
-    snprintf(key, cap, "ferry/rl/%s/claim/%016" PRIx64, q->cfg.queue, uid);
+    (void)fr_key_claim(key, cap, q->cfg.queue, uid);
 }
 
 static int claim_text(char *buf, size_t cap, const ferry_sample *smp, bool done)
@@ -142,7 +143,7 @@ static bool claim_rev(const ferry_sample_queue *q, const ferry_sample *smp, uint
 
 int fr_sq_take(ferry_sample_queue *q, const ferry_sample *smp, bool done)
 {
-    char key[300], val[64];
+    char key[FR_KEY_MAX], val[64];
     claim_key(q, smp->uid, key, sizeof key);
     int n = claim_text(val, sizeof val, smp, done);
     unsigned wait = 2;
@@ -206,7 +207,7 @@ int fr_sq_mark_done(ferry_sample_queue *q, const ferry_sample *smp)
 {
     uint64_t rev = 0;
     bool have_rev = claim_rev(q, smp, &rev);   /* else one more round trip to read it */
-    char key[300], val[64];
+    char key[FR_KEY_MAX], val[64];
     claim_key(q, smp->uid, key, sizeof key);
     int n = claim_text(val, sizeof val, smp, true);
     unsigned wait = 2;
@@ -311,4 +312,110 @@ void fr_sq_drop_claims(ferry_sample_queue *q, uint64_t input_version)
             q->claims[keep++] = *c;
     }
     q->nclaims = keep;
+}
+
+/* ---- the claim log (samples.h) -------------------------------------------------------- */
+
+struct ferry_sample_claims {
+    ferry_store *s;
+    ferry_watch *w;
+    char prefix[FR_KEY_MAX];     /* of the queue's claims */
+    char mark[FR_KEY_MAX];
+    size_t plen;
+};
+
+int ferry_sample_claims_open(ferry_store *s, const char *queue, ferry_sample_claims **out)
+{
+    if (!s || !queue || !queue[0] || !out)
+        return FERRY_EINVAL;
+    *out = NULL;
+    ferry_sample_claims *c = calloc(1, sizeof *c);
+    if (!c)
+        return FERRY_ENOMEM;
+    c->s = s;
+    int n = fr_key_claims(c->prefix, sizeof c->prefix, queue);
+    int rc = n < 0 ? n : fr_key_claims_mark(c->mark, sizeof c->mark, queue);
+    if (rc >= 0)
+        rc = ferry_kv_watch(s, c->prefix, 0, &c->w);
+    if (rc < 0) {
+        free(c);
+        return rc;
+    }
+    c->plen = (size_t)n;
+    *out = c;
+    return 0;
+}
+
+int ferry_sample_claims_next(ferry_sample_claims *c, int timeout_ms, ferry_sample_claim *out)
+{
+    if (!c || !out)
+        return FERRY_EINVAL;
+    memset(out, 0, sizeof *out);
+    ferry_kv_event ev;
+    int rc;
+    do   /* the mark's removal is no event of the log */
+        rc = ferry_watch_next(c->w, timeout_ms, &ev);
+    while (rc == 0 && ev.deleted && !strcmp(ev.key, c->mark));
+    if (rc < 0)
+        return rc;
+    out->deleted = ev.deleted;
+    if (!strcmp(ev.key, c->mark)) {
+        out->mark = true;
+        return 0;
+    }
+    const char *u = ev.key + c->plen;
+    char *end = NULL;
+    out->uid = strtoull(u, &end, 16);
+    if (end != u + 16 || *end)
+        return FERRY_EPROTO;   /* under the prefix, but no claim of this queue */
+    cval v;
+    if (ev.deleted)
+        return 0;
+    if (!claim_parse(ev.val, ev.len, &v))
+        return FERRY_EPROTO;
+    out->id = v.id;
+    out->token = v.token;
+    out->done = v.done;
+    return 0;
+}
+
+int ferry_sample_claims_mark(ferry_sample_claims *c)
+{
+    if (!c)
+        return FERRY_EINVAL;
+    int rc = ferry_kv_put(c->s, c->mark, "mark", 4, NULL);
+    if (rc == 0)
+        (void)ferry_kv_delete(c->s, c->mark, 0, NULL);   /* the watch saw the put */
+    return rc;
+}
+
+void ferry_sample_claims_close(ferry_sample_claims *c)
+{
+    if (!c)
+        return;
+    ferry_watch_close(c->w);
+    free(c);
+}
+
+int ferry_sample_payloads(ferry_store *s, const char *queue, size_t max, char ***keys, size_t *n,
+                          bool *more)
+{
+    if (!s || !queue || !queue[0] || !keys || !n)
+        return FERRY_EINVAL;
+    *keys = NULL;
+    *n = 0;
+    char prefix[FR_KEY_MAX], claims[FR_KEY_MAX];
+    int rc = fr_key_samples(prefix, sizeof prefix, queue);
+    int cl = rc < 0 ? rc : fr_key_claims(claims, sizeof claims, queue);
+    if (cl < 0)
+        return cl;
+    rc = ferry_store_list(s, prefix, NULL, max, keys, n, more);
+    if (rc < 0)
+        return rc;
+    size_t k = 0;
+    for (size_t i = 0; i < *n; i++)   /* claims are KV, never objects: defensive */
+        if (strncmp((*keys)[i], claims, (size_t)cl) != 0)
+            (*keys)[k++] = (*keys)[i];
+    *n = k;
+    return 0;
 }

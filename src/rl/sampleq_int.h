@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "ferry/samples.h"
+#include "rl/keys.h"
 
 #define FR_SQ_DEFERRED_MAX 4096
 
@@ -16,7 +17,7 @@
 typedef struct fr_sq_claim {
     uint64_t version, uid, id, rev;
     uint32_t token;
-    char key[300];
+    char key[FR_KEY_MAX];
 } fr_sq_claim;
 
 /* A finished record whose payload removal a reader's lease refused: the

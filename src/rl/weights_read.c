@@ -1,6 +1,6 @@
 /* Reading published generations back (weights.h): the active generation
  * and whether its objects are still there, manifests and tensors. The KV
- * layout is described at the top of publish.c. */
+ * layout is described at the top of publish.c, its keys built in keys.c. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,44 +9,9 @@
 #include "base/base.h"
 #include "ferry/weights.h"
 #include "rl/gen_int.h"
+#include "rl/keys.h"
 #include "rl/publish_int.h"
 #include "rl/rl_int.h"
-
-void fr_wk_key(char *out, size_t cap, const char *model, uint64_t gen, const char *what)
-{
-    if (gen)
-        snprintf(out, cap, "ferry/wk/%s/%020" PRIu64 "/%s", model, gen, what);
-    else
-        snprintf(out, cap, "ferry/wk/%s/%s", model, what);
-}
-
-int fr_rl_active_read(ferry_store *s, const char *model, uint64_t *generation,
-                      uint8_t digest[16])
-{
-    if (!s || !model || !generation)
-        return FERRY_EINVAL;
-    char k[300];
-    fr_wk_key(k, sizeof k, model, 0, "active");
-    ferry_kv_value v = {0};
-    *generation = 0;
-    int rc = ferry_kv_get(s, k, &v);
-    if (rc < 0)
-        return rc;
-    char hex[33] = "";
-    unsigned long long g = 0;
-    if (sscanf(v.val, "%llu %32s", &g, hex) != 2 || strlen(hex) != 32)
-        rc = FERRY_EPROTO;
-    ferry_store_free(v.val);
-    if (rc < 0)
-        return rc;
-    *generation = g;
-    for (int i = 0; digest && i < 16; i++) {
-        unsigned x;
-        sscanf(hex + 2 * i, "%2x", &x);
-        digest[i] = (uint8_t)x;
-    }
-    return 0;
-}
 
 /* ---- probes: one object per store segment ------------------------------------------ */
 
@@ -75,8 +40,8 @@ int fr_rl_probe_put(ferry_store *s, const char *model, uint64_t gen, const char 
             seen = segs[i] == seg;
         if (seen)
             continue;
-        char key[FR_GEN_KEY];
-        if (fr_gen_object_key(model, gen, r, 0, key, sizeof key) < 0)
+        char key[FR_KEY_MAX];
+        if (fr_key_gen_object(key, sizeof key, model, gen, r, 0) < 0)
             continue;
         if (nseg == segcap) {
             uint64_t *ns = realloc(segs, 2 * segcap * sizeof *segs);
@@ -100,8 +65,8 @@ int fr_rl_probe_put(ferry_store *s, const char *model, uint64_t gen, const char 
         n += (size_t)snprintf(out + n, cap - n, "%llu\t%s\n", seg, key);
     }
     if (rc == 0) {
-        char k[300];
-        fr_wk_key(k, sizeof k, model, gen, "probe");
+        char k[FR_KEY_MAX];
+        fr_key_wk(k, sizeof k, model, gen, "probe");
         rc = ferry_kv_put(s, k, out, n, NULL);
     }
     free(out);
@@ -115,8 +80,8 @@ int fr_rl_check_whole(ferry_store *s, const char *model, ferry_weights_status *o
 {
     out->segments = out->lost_segments = 0;
     out->lost = false;
-    char k[300];
-    fr_wk_key(k, sizeof k, model, out->generation, "probe");
+    char k[FR_KEY_MAX];
+    fr_key_wk(k, sizeof k, model, out->generation, "probe");
     ferry_kv_value v = {0};
     int rc = ferry_kv_get(s, k, &v);
     if (rc == FERRY_ENOENT)
@@ -188,8 +153,8 @@ int ferry_weights_wait_active(ferry_store *s, const char *model, uint64_t at_lea
     if (!s || !model || !generation || at_least == 0)
         return fr_rl_fail(err, FERRY_EINVAL, "wait_active: bad arguments");
     *generation = 0;
-    char k[300];
-    fr_wk_key(k, sizeof k, model, 0, "active");
+    char k[FR_KEY_MAX];
+    fr_key_wk(k, sizeof k, model, 0, "active");
     /* the watch first, then the read: an announcement between them is an
      * event of the watch, never missed */
     ferry_watch *w = NULL;

@@ -34,6 +34,32 @@ int fr_sparse_key(const ferry_sparse_desc *d, char *buf, size_t cap)
     return n;
 }
 
+/* "<object key>/owner": the admission key of a sparse object (KV). */
+static int owner_key(const char *key, char *buf, size_t cap)
+{
+    int n = snprintf(buf, cap, "%s/owner", key);
+    return n < 0 || (size_t)n >= cap ? FERRY_EMSGSIZE : n;
+}
+
+int ferry_sparse_remove(ferry_store *s, const char *key)
+{
+    char ok[FERRY_STORE_KEY_MAX + 16];
+    if (!s || !key || !key[0] || owner_key(key, ok, sizeof ok) < 0)
+        return FERRY_EINVAL;
+    int rc = ferry_store_remove(s, key);
+    (void)ferry_kv_delete(s, ok, 0, NULL);
+    return rc;
+}
+
+int ferry_sparse_remove_tensors(ferry_store *s, const char *tensor_prefix, uint64_t *removed)
+{
+    char p[FERRY_SPARSE_ID_MAX + 16];
+    if (!s || !tensor_prefix || !tensor_prefix[0] || strlen(tensor_prefix) > FERRY_SPARSE_ID_MAX)
+        return FERRY_EINVAL;
+    snprintf(p, sizeof p, "ferry/sp/%s", tensor_prefix);
+    return ferry_store_remove_prefix(s, p, removed);
+}
+
 static bool id_ok(const char *s, size_t cap)
 {
     size_t n = strnlen(s, cap);
@@ -582,11 +608,9 @@ int ferry_sparse_admit(ferry_store *s, const ferry_sparse_desc *d, uint32_t rank
     if (desc_check(&sd, false, why, sizeof why) < 0)
         return fr_sp_fail(err, FERRY_EINVAL, "sparse_admit %.*s: %s", FERRY_SPARSE_ID_MAX,
                           d->tensor_id, why);
-    char k[600], val[16];
-    int n = fr_sparse_key(&sd, k, sizeof k - 8);
-    if (n < 0)
+    char ok[600], k[600], val[16];
+    if (fr_sparse_key(&sd, ok, sizeof ok) < 0 || owner_key(ok, k, sizeof k) < 0)
         return fr_sp_fail(err, FERRY_EINVAL, "sparse_admit %s: key too long", d->tensor_id);
-    memcpy(k + n, "/owner", 7);
     int vl = snprintf(val, sizeof val, "%" PRIu32, rank);
     *admitted = false;
     for (int attempt = 0; attempt < 3; attempt++) {

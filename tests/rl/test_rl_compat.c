@@ -30,6 +30,7 @@
 #include <cmocka.h>
 
 #include "rl/gen_int.h"
+#include "rl/keys.h"
 #include "util/ftgroup.h"
 #include "ferry/weights_compat.h"
 
@@ -323,7 +324,7 @@ static void test_compat_group(void **state)
     /* An object gone before the update: prepare fails on every worker,
      * nothing is loaded, everyone stays on generation 2. */
     assert_int_equal(ftg_publish(e->s, &model, 3, NULL), 0);
-    char key[FR_GEN_KEY];
+    char key[FR_KEY_MAX];
     uint64_t off = 0, pbytes = 0;
     piece_of(e->s, 3, 6, key, sizeof key, &off, &pbytes);
     assert_int_equal(ferry_store_remove(e->s, key), 0);

@@ -24,6 +24,7 @@
 #include <cmocka.h>
 
 #include "rl/gen_int.h"
+#include "rl/keys.h"
 #include "util/ftgroup.h"
 #include "ferry/samples.h"
 #include "ferry/weights.h"
@@ -104,8 +105,8 @@ static int trainer_main(char **argv)
     ferry_weight_tensor *t = make_tensors(gen, names);
     if (strstr(mode, "die")) {
         size_t k = !strcmp(mode, "die") ? 0 : first_of(rank);
-        char key[FR_GEN_KEY];   /* what a rank dying mid-publish leaves: its first object */
-        fr_gen_object_key("tiny", gen, rank, 0, key, sizeof key);
+        char key[FR_KEY_MAX];   /* what a rank dying mid-publish leaves: its first object */
+        fr_key_gen_object(key, sizeof key, "tiny", gen, rank, 0);
         (void)ferry_store_put(s, key, t[k].data, 1024, NULL, NULL);
         if (!strcmp(mode, "arrive_die") || !strcmp(mode, "claim_die")) {
             char bk[128], member[32];
@@ -399,8 +400,8 @@ static void test_publish_generations(void **state)
      * parameter is touched and the worker stays on its generation. */
     ft_proc_kill(&f->c.node[0], 9);
     struct timespec ts = { 0, 20 * 1000 * 1000 };
-    char key[FR_GEN_KEY];
-    fr_gen_object_key("tiny", 4, 0, 0, key, sizeof key);   /* rank 0's first object */
+    char key[FR_KEY_MAX];
+    fr_key_gen_object(key, sizeof key, "tiny", 4, 0, 0);   /* rank 0's first object */
     int ex = 1;
     for (int i = 0; i < 1000 && ex != FERRY_ELOST; i++) {
         ex = ferry_store_exist(f->s, key);

@@ -21,6 +21,7 @@
 
 #include "rl/rl_int.h"
 #include "rl/gen_int.h"
+#include "rl/keys.h"
 #include "util/ftgroup.h"
 
 #define MIB (1ull << 20)
@@ -621,8 +622,8 @@ static void test_subscriber_two_nodes(void **state)
     const rollout_opts lost_node = { .addr = e->c.addr, .group = "n", .timeout_ms = "3000" };
     assert_int_equal(ftg_start(e, WORLD, rollout_args, &lost_node, -1, NULL), 0);
     ft_proc_kill(&e->c.node[0], SIGKILL);
-    char key[FR_GEN_KEY];
-    fr_gen_object_key("relay", 6, 0, 0, key, sizeof key);   /* trainer rank 0's first object */
+    char key[FR_KEY_MAX];
+    fr_key_gen_object(key, sizeof key, "relay", 6, 0, 0);   /* trainer rank 0's first object */
     int ex = 1;
     for (int i = 0; i < 2000 && ex != FERRY_ELOST; i++) {   /* deadline 20 s */
         ex = ferry_store_exist(e->s, key);

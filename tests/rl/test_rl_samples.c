@@ -429,6 +429,66 @@ static void test_payload_and_ack(void **state)
     ferry_rollout_session_clear(&rs);
 }
 
+/* The claim log and the payload listing (samples.h, "auditing a queue"):
+ * a claim per delivery popped, the commit of the ack, then the mark; the
+ * payloads listed are the popped samples', the acked one's gone. */
+static void test_claim_log(void **state)
+{
+    fixture *f = *state;
+    ferry_sample_claims *log = NULL;
+    assert_int_equal(ferry_sample_claims_open(f->s, "cl", &log), 0);
+    ferry_sample_queue *q = open_q(f, "cl", 3, 0, FERRY_STALE_DROP);
+    assert_int_equal(push_one(q, "c1", 3, 1), 0);
+    assert_int_equal(push_one(q, "c2", 3, 2), 0);
+    ferry_sample s[2];
+    assert_int_equal(pop_n(q, s, 2, 5000), 2);
+    char **keys = NULL;
+    size_t n = 0;
+    bool more = true;
+    assert_int_equal(ferry_sample_payloads(f->s, "cl", 16, &keys, &n, &more), 0);
+    assert_int_equal(n, 2);
+    assert_false(more);
+    for (size_t i = 0; i < 2; i++)
+        assert_true(!strcmp(keys[i], s[0].payload) || !strcmp(keys[i], s[1].payload));
+    ferry_store_free(keys);
+    bool ok = false;
+    ferry_error err = {0};
+    assert_int_equal(ferry_sample_ack(q, &s[0], 1, &ok, &err), 0);
+    assert_true(ok);
+    assert_int_equal(ferry_sample_claims_mark(log), 0);
+    ferry_sample_claim c;
+    unsigned taken = 0, done = 0;
+    for (;;) {
+        assert_int_equal(ferry_sample_claims_next(log, 5000, &c), 0);
+        if (c.mark)
+            break;
+        const ferry_sample *m = c.uid == s[0].uid ? &s[0] : &s[1];
+        assert_int_equal(c.uid, m->uid);
+        assert_int_equal(c.id, m->id);
+        assert_int_equal(c.token, m->token);
+        assert_false(c.deleted);
+        taken += !c.done;
+        done += c.done;
+        assert_true(!c.done || c.uid == s[0].uid);
+    }
+    assert_int_equal(taken, 2);
+    assert_int_equal(done, 1);
+    assert_int_equal(ferry_sample_claims_next(log, 50, &c), FERRY_ETIMEDOUT);
+    assert_int_equal(ferry_sample_payloads(f->s, "cl", 16, &keys, &n, NULL), 0);
+    assert_int_equal(n, 1);
+    assert_string_equal(keys[0], s[1].payload);
+    ferry_store_free(keys);
+    assert_int_equal(ferry_sample_payloads(f->s, "", 16, &keys, &n, NULL), FERRY_EINVAL);
+    ferry_sample_claims *none = NULL;
+    assert_int_equal(ferry_sample_claims_open(f->s, NULL, &none), FERRY_EINVAL);
+    assert_null(none);
+    ferry_sample_claims_close(log);
+    ferry_sample_claims_close(NULL);
+    for (size_t i = 0; i < 2; i++)
+        ferry_sample_clear(&s[i]);
+    ferry_sample_queue_close(q);
+}
+
 /* ---- backpressure ---------------------------------------------------------------------------- */
 
 typedef struct pusher { ferry_sample_queue *q; volatile int rc; volatile bool done; } pusher;
@@ -899,6 +959,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_policy_registry, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stale_rules, setup, teardown),
         cmocka_unit_test_setup_teardown(test_payload_and_ack, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_claim_log, setup, teardown),
         cmocka_unit_test_setup_teardown(test_backpressure, setup, teardown),
         cmocka_unit_test_setup_teardown(test_redelivery_after_kill9, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ack_killed_no_orphan, setup, teardown),

@@ -351,6 +351,43 @@ static void test_idempotent_and_admit(void **state)
     assert_true(r1);
 }
 
+/* ferry_sparse_remove takes the object and its admission key (admitted
+ * afresh after it); ferry_sparse_remove_tensors every object of the tensors
+ * named by a prefix, and nothing else. */
+static void test_remove(void **state)
+{
+    fixture *f = *state;
+    int64_t ind[4] = {1, 2, 3, 4};
+    float vals[2] = {1, 2};
+    ferry_error err = {0};
+    char key[512];
+    ferry_sparse_desc d = desc2("rm.a", 16, 16, "i64", "f32", 2);
+    assert_int_equal(ferry_put_sparse_object(f->s, &d, ind, vals, NULL, key, sizeof key, &err), 0);
+    bool adm = false;
+    assert_int_equal(ferry_sparse_admit(f->s, &d, 0, &adm, &err), 0);
+    assert_true(adm);
+    assert_int_equal(ferry_sparse_admit(f->s, &d, 1, &adm, &err), 0);
+    assert_false(adm);
+    assert_int_equal(ferry_sparse_remove(f->s, key), 0);
+    assert_int_equal(ferry_store_exist(f->s, key), 0);
+    assert_int_equal(ferry_sparse_remove(f->s, key), FERRY_ENOENT);
+    assert_int_equal(ferry_sparse_admit(f->s, &d, 1, &adm, &err), 0);
+    assert_true(adm);   /* its admission key went with it */
+    assert_int_equal(ferry_sparse_remove(f->s, ""), FERRY_EINVAL);
+
+    const char *ids[] = { "rm.a", "rm.b", "rmx.c" };
+    for (size_t i = 0; i < 3; i++) {
+        ferry_sparse_desc e = desc2(ids[i], 16, 16, "i64", "f32", 2);
+        assert_int_equal(ferry_put_sparse_object(f->s, &e, ind, vals, NULL, NULL, 0, &err), 0);
+    }
+    uint64_t removed = 0;
+    assert_int_equal(ferry_sparse_remove_tensors(f->s, "rm.", &removed), 0);
+    assert_int_equal(removed, 2);
+    assert_int_equal(count_prefix(f->s, "ferry/sp/rm."), 0);
+    assert_int_equal(count_prefix(f->s, "ferry/sp/rmx."), 1);
+    assert_int_equal(ferry_sparse_remove_tensors(f->s, "", NULL), FERRY_EINVAL);
+}
+
 static void test_bad_input(void **state)
 {
     fixture *f = *state;
@@ -453,6 +490,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_default_tile, setup, teardown),
         cmocka_unit_test_setup_teardown(test_duplicates, setup, teardown),
         cmocka_unit_test_setup_teardown(test_idempotent_and_admit, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_remove, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_input, setup, teardown),
         cmocka_unit_test_setup_teardown(test_index_refuses, setup, teardown),
     };
