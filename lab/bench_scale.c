@@ -1,4 +1,4 @@
-/* `ferry bench weights --scale`: the single-pull group plan of every worker
+/* `ferry-lab bench weights --scale`: the single-pull group plan of every worker
  * of a large rollout group, on one machine, with no store and no network
  * (docs/weights.md, "Scale benchmark").
  *
@@ -31,7 +31,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "lab.h"
 #include "../base/base.h"
 #include "../rl/pull_int.h"   /* the subscriber's planning: internal, as pull.c uses it */
 
@@ -61,7 +61,7 @@ typedef struct scale_result {
 
 static void usage_scale(FILE *f)
 {
-    fprintf(f, "usage: ferry bench weights --scale [--model PRESET (kimi-k2)] [--src LAYOUT "
+    fprintf(f, "usage: ferry-lab bench weights --scale [--model PRESET (kimi-k2)] [--src LAYOUT "
                "(fsdp:256)]\n"
                "                           [--dst LAYOUT (ep:16,tp:8)] [--gpus-per-node N (8)] "
                "[--workers N (all)] [--json]\n"
@@ -275,7 +275,7 @@ static int encode_all(const ferry_model *model, const scale_opts *o, const fr_ge
         free(sh);
     }
     if (rc < 0)
-        fprintf(stderr, "ferry bench weights --scale: building the demand records failed: %s\n",
+        fprintf(stderr, "ferry-lab bench weights --scale: building the demand records failed: %s\n",
                 err.msg[0] ? err.msg : ferry_strerror(rc));
     free(fill);
     free(first);
@@ -493,12 +493,12 @@ static int plan_all(const fr_gen *g, ferry_kv_value *recs, uint32_t world, uint3
             close(fd);
         ok = pid > 0 && reap(pid) && ok;
         if (!ok || r.rc < 0) {
-            fprintf(stderr, "ferry bench weights --scale: planning failed: %s\n",
+            fprintf(stderr, "ferry-lab bench weights --scale: planning failed: %s\n",
                     ok ? r.msg : "the planning process died");
             return -1;
         }
         if (s->group_read && (r.group_read != s->group_read || r.sets != s->sets)) {
-            fprintf(stderr, "ferry bench weights --scale: worker %u's group plan differs from "
+            fprintf(stderr, "ferry-lab bench weights --scale: worker %u's group plan differs from "
                     "worker 0's\n", me);
             return -1;
         }
@@ -520,7 +520,7 @@ static int plan_all(const fr_gen *g, ferry_kv_value *recs, uint32_t world, uint3
     if (progress)
         cli_progress_done();
     if (n == world && reads != s->group_read) {
-        fprintf(stderr, "ferry bench weights --scale: the workers read %" PRIu64 " bytes, the "
+        fprintf(stderr, "ferry-lab bench weights --scale: the workers read %" PRIu64 " bytes, the "
                 "group plan %" PRIu64 "\n", reads, s->group_read);
         return -1;
     }
@@ -578,7 +578,7 @@ static void print_scale(const scale_opts *o, const fr_gen *g, uint32_t world, ui
         return;
     }
     char a[32], b[32], c[32];
-    printf("ferry bench weights --scale: %s %s -> %s, %u tensors, %u workers (%u planned), "
+    printf("ferry-lab bench weights --scale: %s %s -> %s, %u tensors, %u workers (%u planned), "
            "%s read by the group\n", o->model, o->src, o->dst, ferry_manifest_tensor_count(g->m),
            world, r->planned, cli_fmt_size(r->group_read, a, sizeof a));
     printf("demand record: largest %s (goal <= 1 MiB), all %s; encode <= %.4f s\n",
@@ -610,7 +610,7 @@ int cmd_bench_scale(int argc, char **argv)
     if (rc == 0)
         rc = build_gen(model, o.src, &g, &err);
     if (rc < 0) {
-        fprintf(stderr, "ferry bench weights --scale: %s\n", err.msg[0] ? err.msg : ferry_strerror(rc));
+        fprintf(stderr, "ferry-lab bench weights --scale: %s\n", err.msg[0] ? err.msg : ferry_strerror(rc));
         ferry_model_free(model);
         return 2;
     }
@@ -630,7 +630,7 @@ int cmd_bench_scale(int argc, char **argv)
     malloc_trim(0);   /* what building the generation freed is no worker's memory */
     scale_result r = {0};
     if (!ok)
-        fprintf(stderr, "ferry bench weights --scale: no demand records came back\n");
+        fprintf(stderr, "ferry-lab bench weights --scale: no demand records came back\n");
     else
         ok = plan_all(g, recs, world, o.workers && o.workers < world ? o.workers : world,
                       !o.json, &r) == 0;

@@ -1,4 +1,4 @@
-/* The processes of the weight-update demo (`ferry demo`): trainer ranks
+/* The processes of the weight-update demo (`ferry-lab demo`): trainer ranks
  * that publish generations, rollout workers that take them in
  * parameter-direct and compatibility form, and the synthetic model they
  * share (the real tensor shapes of a preset, cut to a byte budget, bf16).
@@ -10,7 +10,7 @@
 
 #include <jansson.h>
 
-#include "cli.h"
+#include "lab.h"
 #include "demo_int.h"
 
 int demo_model_build(const char *preset, uint64_t budget, demo_model *dm)

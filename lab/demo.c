@@ -1,12 +1,12 @@
-/* `ferry demo`: the engine between two processes. A target process
+/* `ferry-lab demo`: the engine between two processes. A target process
  * registers memory; this process writes a pattern into it with one-sided
  * WRITEs, tells it with a notification that follows the writes, reads it
  * all back with one-sided READs and checks every byte — over shm and over
- * tcp. `ferry demo engine`; `ferry demo` is the weight-update demo. */
+ * tcp. `ferry-lab demo engine`; `ferry-lab demo` is the weight-update demo. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "lab.h"
 
 #define DEMO_BLOCK (4u << 20)
 
@@ -110,7 +110,7 @@ static void run_one(const char *self, const char *transport, uint64_t total, dem
 
 static void usage_engine(FILE *f)
 {
-    fprintf(f, "usage: ferry demo engine [--size SIZE] [--json]\n"
+    fprintf(f, "usage: ferry-lab demo engine [--size SIZE] [--json]\n"
                "\n"
                "A target process registers SIZE bytes; this process writes them with one-sided\n"
                "WRITEs and reads them back with READs over shm and over tcp, checking every byte.\n"
@@ -150,7 +150,7 @@ int cmd_demo_engine(int argc, char **argv, const char *self)
         setenv("FERRY_TOKEN", tok, 1);
     }
     if (!json)
-        fprintf(stderr, "ferry demo: a target process registers %llu MiB; this process writes it with one-sided\n"
+        fprintf(stderr, "ferry-lab demo: a target process registers %llu MiB; this process writes it with one-sided\n"
                         "WRITEs (a notification follows each batch), reads it back with READs, checks every byte.\n",
                 (unsigned long long)(total >> 20));
     demo_row rows[2];

@@ -1,4 +1,4 @@
-/* `ferry _exec_worker`: one process of `ferry bench exec` — a source or a
+/* `ferry-lab worker exec`: one process of `ferry-lab bench exec` — a source or a
  * target rank of a reshard. It plans the same reshard as its parent (a pure
  * function of the arguments, so every process holds the same plan), lays
  * its fragments out in one memfd buffer registered REMOTE_RW, fills source
@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "lab.h"
 
 #define XW_GENERATION 1
 #define XW_MAX_RANKS 64

@@ -23,13 +23,13 @@ typedef struct demo_model { demo_tensor *t; size_t n; uint64_t bytes; } demo_mod
 int demo_model_build(const char *preset, uint64_t budget, demo_model *dm);
 void demo_model_free(demo_model *dm);
 
-/* Child processes: `ferry _demo_trainer|_demo_rollout MASTER RANK WORLD MODEL BUDGET DP`.
+/* Child processes: `ferry-lab worker trainer|rollout MASTER RANK WORLD MODEL BUDGET DP`.
  * Trainers answer "publish G"; rollouts "direct G" (single-pull), "naive G"
  * (each reads its own demand), "compat G"; replies "OK seconds a b c". */
 int demo_trainer_main(int argc, char **argv);
 int demo_rollout_main(int argc, char **argv);
 
-/* Options shared by `ferry demo` and `ferry bench weights`: --trainers,
+/* Options shared by `ferry-lab demo` and `ferry-lab bench weights`: --trainers,
  * --rollouts, --dp (0: 2 when it divides the rollouts), --bytes, --model,
  * --json, and a count flag (--generations / --reps; with --reps, the
  * bench's --convert-only too). */
@@ -79,7 +79,7 @@ int demo_counters_open(char *dir, size_t cap);
 void demo_counters_close(const char *dir);
 json_t *demo_counters_collect(const char *dir, const char *role, unsigned n);
 
-/* `ferry demo rl` and its children. */
+/* `ferry-lab demo rl` and its children. */
 int cmd_demo_rl(int argc, char **argv);
 int demo_rl_rollout_main(int argc, char **argv);
 int demo_rl_update_main(int argc, char **argv);
@@ -89,7 +89,7 @@ int demo_rl_update_main(int argc, char **argv);
 bool demo_round(child *cs, unsigned n, const char *cmd, double *wall, uint64_t *sum2,
                 uint64_t *sum3, uint64_t *sum4, char *err, size_t errcap);
 
-int cmd_demo_sparse(int argc, char **argv);   /* `ferry demo sparse` and its _demo_sparse_* children */
+int cmd_demo_sparse(int argc, char **argv);   /* `ferry-lab demo --sparse` and its sparse-* workers */
 
 /* demo_signals.c: from demo_signals_start on (call it before any thread
  * starts; demo_cluster_start and demo_counters_open do), SIGINT and SIGTERM

@@ -1,4 +1,4 @@
-/* `ferry demo rl`'s accounting, robust to members killed at any point.
+/* `ferry-lab demo rl`'s accounting, robust to members killed at any point.
  *
  * Two records, kept apart:
  * - the members' ledgers (demo_rl.c): "A sid" before a push, "P sid uid
@@ -26,7 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "lab.h"
 #include "demo_rl_int.h"
 
 typedef struct dv { uint64_t uid, id; uint32_t tok; unsigned file; } dv;   /* a delivery */
