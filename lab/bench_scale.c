@@ -5,8 +5,9 @@
  * It runs the code a subscriber runs between the demand barrier and the
  * reads: the generation is the trainers' placement in its stored form
  * (round-tripped through its JSON, as fr_gen_load reads it), every
- * worker's demand record is encoded by fr_sub_encode from its shards of
- * the rollout layout, and each worker's plan is fr_sub_plan_records over
+ * worker's demand record is encoded as a subscriber encodes it from its
+ * shards of the rollout layout, and each worker's plan is the subscriber's
+ * (fr_sub_plan_records, reached through src/testing/testing.h) over
  * all the records — decode, replica sets, reader assignment, push
  * lowering, reads planned by the reshard planner — first cold (nothing
  * cached), then with the next generation's records (the same layouts:
@@ -32,8 +33,7 @@
 #include <unistd.h>
 
 #include "lab.h"
-#include "../base/base.h"
-#include "../rl/pull_int.h"   /* the subscriber's planning: internal, as pull.c uses it */
+#include "testing.h"   /* the subscriber's planning, as pull.c runs it: not public API */
 
 #define FAKE_BASE 0x7f0000000000ull   /* workers' parameter memory: addresses only, never touched */
 
@@ -138,48 +138,6 @@ static int read_all(int fd, void *p, size_t n)
 
 /* ---- the generation ----------------------------------------------------------------------- */
 
-/* The trainers' placement stored as a publish stores it, read back as a
- * subscriber reads it (through its JSON). */
-static int build_gen(const ferry_model *model, const char *src, fr_gen **out, ferry_error *err)
-{
-    ferry_layout l;
-    ferry_manifest *pl = NULL, *st = NULL;
-    fr_gen *g = calloc(1, sizeof *g);
-    if (!g)
-        return FERRY_ENOMEM;
-    snprintf(g->model, sizeof g->model, "%s", ferry_model_name(model));
-    g->generation = 1;
-    int rc = ferry_layout_parse(src, &l, err);
-    if (rc == 0)
-        rc = ferry_layout_build(model, &l, &pl, err);
-    if (rc == 0)
-        rc = ferry_manifest_stored(pl, NULL, &st, err);
-    ferry_manifest_close(pl);
-    char *json = rc == 0 ? ferry_manifest_to_json(st) : NULL;
-    ferry_manifest_close(st);
-    if (rc == 0 && !json)
-        rc = FERRY_ENOMEM;
-    if (rc == 0) {   /* what fr_gen_load checks the JSON against and keeps */
-        fr_hash128_t h = fr_hash128(json, strlen(json), 0);
-        memcpy(g->placement, h.b, sizeof g->placement);
-        rc = ferry_manifest_from_json(json, strlen(json), &g->m, err);
-    }
-    free(json);
-    if (rc == 0)
-        rc = ferry_manifest_pack(g->m, FR_GEN_ALIGN, FR_GEN_OBJECT_MAX, &g->pack, err);
-    if (rc == 0) {
-        g->nranks = ferry_manifest_rank_count(g->m);
-        g->ranks = calloc(g->nranks, sizeof *g->ranks);   /* segments unknown: off every node */
-        rc = g->ranks ? 0 : FERRY_ENOMEM;
-    }
-    if (rc < 0) {
-        fr_gen_free(g);
-        return rc;
-    }
-    *out = g;
-    return 0;
-}
-
 /* ---- the records (a child) ---------------------------------------------------------------- */
 
 /* Worker r's shards: its fragments of the rollout placement, each in a
@@ -264,7 +222,7 @@ static int encode_all(const ferry_model *model, const scale_opts *o, const fr_ge
         ferry_subscriber_config cfg = { .rank = r, .world = world, .node = r / o->gpn };
         double t0 = cli_now();
         if (rc == 0)
-            rc = fr_sub_encode(&cfg, g, sh, n, regs, e, &rec, &len, &err);
+            rc = fr_test_sub_encode(&cfg, g, sh, n, regs, e, &rec, &len, &err);
         double dt = cli_now() - t0;
         uint64_t l64 = len;
         if (rc == 0 && (write_all(fd, &l64, sizeof l64) < 0 || write_all(fd, &dt, sizeof dt) < 0 ||
@@ -307,30 +265,27 @@ static uint64_t box_bytes(const ferry_manifest *m, uint32_t tensor, uint32_t ndi
 
 /* Worker me's plan checked: it gets exactly its demand (read or pushed),
  * the group reads the whole model once; its figures into r. */
-static int check_plan(const fr_sub_cache *c, uint32_t me, const fr_gen *g, worker_result *r)
+static int check_plan(const fr_test_sub *c, uint32_t me, const fr_gen *g, worker_result *r)
 {
-    const fr_work *w = &c->plan;
-    const fr_member *mb = &c->mbs[me];
-    uint64_t want = 0, model = 0;
-    for (uint32_t i = 0; i < mb->nshards; i++) {
-        const fr_sfrag *f = &mb->frags[i];
-        want += box_bytes(g->m, f->tensor, f->ndim, f->dims + f->ndim);
-    }
-    for (uint32_t t = 0; t < ferry_manifest_tensor_count(g->m); t++) {
+    const ferry_manifest *m = fr_test_gen_manifest(g);
+    fr_test_sub_figures w;
+    fr_test_sub_figures_get(c, me, &w);
+    uint64_t model = 0;
+    for (uint32_t t = 0; t < ferry_manifest_tensor_count(m); t++) {
         ferry_tensor_desc d;
-        (void)ferry_manifest_tensor(g->m, t, &d);
-        model += box_bytes(g->m, t, d.ndim, NULL);
+        (void)ferry_manifest_tensor(m, t, &d);
+        model += box_bytes(m, t, d.ndim, NULL);
     }
-    if (w->my_read + w->received != want || w->group_read != model) {
+    if (w.my_read + w.received != w.demand || w.group_read != model) {
         snprintf(r->msg, sizeof r->msg, "worker %u: reads %" PRIu64 " + receives %" PRIu64
                  " bytes of a demand of %" PRIu64 "; the group reads %" PRIu64 " of %" PRIu64,
-                 me, w->my_read, w->received, want, w->group_read, model);
+                 me, w.my_read, w.received, w.demand, w.group_read, model);
         return FERRY_EIO;
     }
-    r->my_read = w->my_read;
-    r->group_read = w->group_read;
-    r->sets = w->sets, r->shared_sets = w->shared_sets;
-    r->reads = w->ngreads, r->pieces = w->nreads, r->pushes = w->hop[0].n + w->hop[1].n;
+    r->my_read = w.my_read;
+    r->group_read = w.group_read;
+    r->sets = w.sets, r->shared_sets = w.shared_sets;
+    r->reads = w.reads, r->pieces = w.pieces, r->pushes = w.pushes;
     return 0;
 }
 
@@ -399,7 +354,7 @@ static void plan_worker(const fr_gen *g, ferry_kv_value *recs, uint32_t world, u
 {
     touch_inherited();
     r->base_rss = vm_status("VmRSS");
-    fr_sub_cache c = {0};
+    fr_test_sub *c = NULL;
     ferry_error err = {0};
     /* the cache takes the records it plans from over: give it the pointers
      * (what it frees dies with this child) and keep them for the next round */
@@ -411,29 +366,31 @@ static void plan_worker(const fr_gen *g, ferry_kv_value *recs, uint32_t world, u
     }
     memcpy(mine, recs, world * sizeof *mine);
     double c0 = cpu_now(), t0 = cli_now();
-    int rc = fr_sub_plan_records(&c, g, mine, world, me, NULL, &err);
+    int rc = fr_test_sub_plan(&c, g, 1, mine, world, me, &err);
     double t1 = cli_now();
     r->cold_cpu_s = cpu_now() - c0;
-    fr_gen next = *g;   /* the same stored placement (its JSON's hash), one generation on */
-    next.generation = g->generation + 1;
+    uint64_t next = 2;   /* the same stored placement, one generation on */
     for (uint32_t k = 0; k < world; k++)
         for (int i = 0; i < 8; i++)
-            ((uint8_t *)recs[k].val)[8 + i] = (uint8_t)(next.generation >> (8 * i));
+            ((uint8_t *)recs[k].val)[8 + i] = (uint8_t)(next >> (8 * i));
     double t2 = cli_now();
     if (rc == 0)
-        rc = fr_sub_plan_records(&c, &next, recs, world, me, NULL, &err);
+        rc = fr_test_sub_plan(&c, g, next, recs, world, me, &err);
     double t3 = cli_now();
-    if (rc == 0 && !c.reused) {
+    fr_test_sub_figures fig;
+    if (rc == 0)
+        fr_test_sub_figures_get(c, me, &fig);
+    if (rc == 0 && !fig.reused) {
         snprintf(r->msg, sizeof r->msg, "worker %u: the next generation was planned again", me);
         rc = FERRY_EIO;
     }
     if (rc == 0)
-        rc = check_plan(&c, me, g, r);
+        rc = check_plan(c, me, g, r);
     else if (!r->msg[0])
         snprintf(r->msg, sizeof r->msg, "worker %u: %s", me,
                  err.msg[0] ? err.msg : ferry_strerror(rc));
     r->peak_rss = vm_status("VmHWM");   /* before the plan is freed */
-    fr_sub_cache_free(&c);   /* and the records it took over */
+    fr_test_sub_free(c);   /* and the records it took over */
     free(mine);
     r->rc = rc;
     r->cold_s = t1 - t0;
@@ -571,7 +528,7 @@ static void print_scale(const scale_opts *o, const fr_gen *g, uint32_t world, ui
                ",\"shared_sets\":%" PRIu64 ",\"reads_max\":%" PRIu64 ",\"read_pieces_max\":%"
                PRIu64 ",\"pushes_max\":%" PRIu64 ",\"group_read_bytes\":%" PRIu64
                ",\"verified\":true,\"goals_met\":%s}\n",
-               o->model, o->src, o->dst, ferry_manifest_tensor_count(g->m), world, r->planned,
+               o->model, o->src, o->dst, ferry_manifest_tensor_count(fr_test_gen_manifest(g)), world, r->planned,
                max_len, total, enc_max, r->cold_max, cold_mean, r->cold_cpu_max, r->cold_worker, r->cached_max,
                cached_mean, r->peak_rss, r->base_rss, r->sets, r->shared_sets, r->reads_max, r->pieces_max,
                r->pushes_max, r->group_read, met ? "true" : "false");
@@ -579,7 +536,7 @@ static void print_scale(const scale_opts *o, const fr_gen *g, uint32_t world, ui
     }
     char a[32], b[32], c[32];
     printf("ferry-lab bench weights --scale: %s %s -> %s, %u tensors, %u workers (%u planned), "
-           "%s read by the group\n", o->model, o->src, o->dst, ferry_manifest_tensor_count(g->m),
+           "%s read by the group\n", o->model, o->src, o->dst, ferry_manifest_tensor_count(fr_test_gen_manifest(g)),
            world, r->planned, cli_fmt_size(r->group_read, a, sizeof a));
     printf("demand record: largest %s (goal <= 1 MiB), all %s; encode <= %.4f s\n",
            cli_fmt_size(max_len, b, sizeof b), cli_fmt_size(total, c, sizeof c), enc_max);
@@ -608,7 +565,7 @@ int cmd_bench_scale(int argc, char **argv)
     if (rc == 0)
         rc = ferry_model_preset(o.model, &model, &err);
     if (rc == 0)
-        rc = build_gen(model, o.src, &g, &err);
+        rc = fr_test_gen_build(model, o.src, &g, &err);
     if (rc < 0) {
         fprintf(stderr, "ferry-lab bench weights --scale: %s\n", err.msg[0] ? err.msg : ferry_strerror(rc));
         ferry_model_free(model);
@@ -639,6 +596,6 @@ int cmd_bench_scale(int argc, char **argv)
     for (uint32_t k = 0; recs && k < world; k++)
         free(recs[k].val);
     free(recs);
-    fr_gen_free(g);
+    fr_test_gen_free(g);
     return ok ? 0 : 1;
 }
