@@ -6,60 +6,41 @@
 #include <sys/resource.h>
 
 #include "lab.h"
+#include "cli_opts.h"
 
 typedef struct bp_opts {
     const char *model, *src, *dst;
     uint32_t gpn;
-    size_t baseline_tensors;
+    uint64_t baseline_tensors;
     bool walk_all, json;
 } bp_opts;
 
-static void usage(FILE *f)
-{
-    fprintf(f, "usage: ferry-lab bench plan --model PRESET --src LAYOUT --dst LAYOUT [--gpus-per-node N]\n"
-               "                            [--baseline-tensors N] [--walk-all] [--json]\n"
-               "\n"
-               "Reshard planning time (cold and cached) and peak memory, against a naive\n"
-               "all-pairs planner measured in the same run.\n"
-               "\n"
-               "  --model PRESET        the model (ferry plan --models)\n"
-               "  --src LAYOUT          the trainers' layout, e.g. fsdp:256\n"
-               "  --dst LAYOUT          the rollouts' layout, e.g. ep:16,tp:8\n"
-               "  --gpus-per-node N     ranks per node (default 8)\n"
-               "  --baseline-tensors N  tensors the naive planner is timed on (default 1200)\n"
-               "  --walk-all            also walk every target rank's runs (default: rank 0)\n"
-               "  --json                one JSON object on stdout (default: a table)\n");
-}
+static const cli_opt bp_table[] = {
+    CLI_ARG(bp_opts, model, "model", "PRESET", "the model (ferry plan --models)"),
+    CLI_ARG(bp_opts, src, "src", "LAYOUT", "the trainers' layout, e.g. fsdp:256"),
+    CLI_ARG(bp_opts, dst, "dst", "LAYOUT", "the rollouts' layout, e.g. ep:16,tp:8"),
+    CLI_UINT(bp_opts, gpn, "gpus-per-node", "N", 1, 1024, "ranks per node (default 8)"),
+    CLI_UINT(bp_opts, baseline_tensors, "baseline-tensors", "N", 0, 100000000,
+             "tensors the naive planner is timed on (default 1200)"),
+    CLI_FLAG(bp_opts, walk_all, "walk-all", "also walk every target rank's runs (default: rank 0)"),
+    CLI_FLAG(bp_opts, json, "json", "one JSON object on stdout (default: a table)"),
+};
+
+static const cli_cmd bp_cmd = {
+    .name = "bench plan",
+    .forms = "--model PRESET --src LAYOUT --dst LAYOUT [--gpus-per-node N]\n"
+             " [--baseline-tensors N] [--walk-all] [--json]",
+    .about = "Reshard planning time (cold and cached) and peak memory, against a naive\n"
+             "all-pairs planner measured in the same run.",
+    .opts = bp_table,
+    .nopts = sizeof bp_table / sizeof bp_table[0],
+};
 
 static int parse(int argc, char **argv, bp_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->baseline_tensors = 1200;
-    uint64_t n;
-    cli_getopt g;
-    cli_getopt_init(&g, "bench plan", argc, argv, "model=,src=,dst=,gpus-per-node=,baseline-tensors=,walk-all,json");
-    while (cli_getopt_next(&g)) {
-        if (cli_getopt_is(&g, "--json"))
-            o->json = true;
-        else if (cli_getopt_is(&g, "--walk-all"))
-            o->walk_all = true;
-        else if (cli_getopt_is(&g, "--model"))
-            o->model = g.val;
-        else if (cli_getopt_is(&g, "--src"))
-            o->src = g.val;
-        else if (cli_getopt_is(&g, "--dst"))
-            o->dst = g.val;
-        else if (cli_getopt_is(&g, "--gpus-per-node")) {
-            if (cli_opt_unsigned(g.opt, g.val, 1, 1024, &o->gpn) < 0)
-                return -1;
-        } else if (cli_getopt_is(&g, "--baseline-tensors")) {
-            if (cli_opt_uint(g.opt, g.val, 0, 100000000, &n) < 0)
-                return -1;
-            o->baseline_tensors = (size_t)n;
-        } else
-            return cli_getopt_unhandled(&g);
-    }
-    int pr = cli_getopt_end(&g, 0);
+    int pr = cli_parse(&bp_cmd, argc, argv, o, NULL, NULL);
     if (pr != 0)
         return pr;
     if (!o->model || !o->src || !o->dst) {
@@ -177,7 +158,7 @@ int cmd_bench_plan(int argc, char **argv)
     bp_opts o;
     int pr = parse(argc, argv, &o);
     if (pr != 0)
-        return cli_usage_exit(pr, usage);
+        return cli_cmd_usage_exit(pr, &bp_cmd);
     ferry_manifest *src, *dst;
     uint64_t mb = 0;
     double t0 = cli_now();

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "lab.h"
+#include "cli_opts.h"
 
 typedef struct sink_job {
     int lfd;
@@ -65,36 +66,32 @@ static int open_sink(unsigned *port)
     return fd;
 }
 
-static void usage_target(FILE *f)
-{
-    fprintf(f, "usage: ferry-lab worker target [--size SIZE] [--listen HOST:PORT]\n"
-               "\n"
-               "The passive side of `ferry-lab demo engine` and `ferry-lab bench engine`, started by them:\n"
-               "an engine with one registered region and a plain TCP sink, driven over stdin.\n"
-               "\n"
-               "  --size SIZE         the region's bytes (default 64M)\n"
-               "  --listen HOST:PORT  the engine's address (default 127.0.0.1:0)\n");
-}
+typedef struct target_opts {
+    uint64_t size;
+    char listen[64];
+} target_opts;
+
+static const cli_opt target_table[] = {
+    CLI_SIZE(target_opts, size, "size", "SIZE", 1, 1ull << 40, "the region's bytes (default 64M)"),
+    CLI_STR(target_opts, listen, "listen", "HOST:PORT", "the engine's address (default 127.0.0.1:0)"),
+};
+
+static const cli_cmd target_cmd = {
+    .name = "worker target",
+    .about = "The passive side of `ferry-lab demo engine` and `ferry-lab bench engine`, started by them:\n"
+             "an engine with one registered region and a plain TCP sink, driven over stdin.",
+    .opts = target_table,
+    .nopts = sizeof target_table / sizeof target_table[0],
+};
 
 int cli_target_main(int argc, char **argv)
 {
-    uint64_t size = 64ull << 20;
-    const char *listen = "127.0.0.1:0";
-    cli_getopt g;
-    cli_getopt_init(&g, "worker target", argc, argv, "size=,listen=");
-    int pr = 0;
-    while (pr == 0 && cli_getopt_next(&g)) {
-        if (cli_getopt_is(&g, "--size"))
-            pr = cli_opt_size(g.opt, g.val, 1, 1ull << 40, &size);
-        else if (cli_getopt_is(&g, "--listen"))
-            listen = g.val;
-        else
-            pr = cli_getopt_unhandled(&g);
-    }
-    if (pr == 0)
-        pr = cli_getopt_end(&g, 0);
+    target_opts o = { .size = 64ull << 20, .listen = "127.0.0.1:0" };
+    int pr = cli_parse(&target_cmd, argc, argv, &o, NULL, NULL);
     if (pr != 0)
-        return cli_usage_exit(pr, usage_target);
+        return cli_cmd_usage_exit(pr, &target_cmd);
+    uint64_t size = o.size;
+    const char *listen = o.listen;
     ferry_engine_config cfg;
     int rc = ferry_engine_config_init(&cfg);
     snprintf(cfg.listen_addr, sizeof cfg.listen_addr, "%s", listen);
