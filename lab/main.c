@@ -117,8 +117,9 @@ void lab_exec_self(const char *const *args)
     execv("/proc/self/exe", (char *const *)args);
 }
 
-static int run_worker(int argc, char **argv)
+static int run_worker(int argc, char **argv, const char *self)
 {
+    (void)self;
     if (argc >= 2)
         for (size_t i = 0; i < sizeof workers / sizeof workers[0]; i++)
             if (!strcmp(argv[1], workers[i].name))
@@ -134,6 +135,22 @@ static int run_worker(int argc, char **argv)
     return 2;
 }
 
+static int cmd_help(int argc, char **argv, const char *self)
+{
+    (void)argc, (void)argv, (void)self;
+    usage(stdout);
+    return 0;
+}
+
+/* ferry-lab's commands: argv[0] is the command's name, self this program
+ * as started (where /proc/self/exe is missing). */
+static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv, const char *self);
+} commands[] = {
+    { "demo", cmd_demo }, { "bench", cmd_bench }, { "worker", run_worker }, { "help", cmd_help },
+};
+
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -142,16 +159,11 @@ int main(int argc, char **argv)
         return 2;
     }
     const char *cmd = argv[1];
-    if (!strcmp(cmd, "demo"))
-        return cmd_demo(argc - 1, argv + 1, argv[0]);
-    if (!strcmp(cmd, "bench"))
-        return cmd_bench(argc - 1, argv + 1, argv[0]);
-    if (!strcmp(cmd, "worker"))
-        return run_worker(argc - 1, argv + 1);
-    if (!strcmp(cmd, "help") || cli_is_help(cmd)) {
-        usage(stdout);
-        return 0;
-    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(cmd, commands[i].name))
+            return commands[i].run(argc - 1, argv + 1, argv[0]);
+    if (cli_is_help(cmd))
+        return cmd_help(argc - 1, argv + 1, argv[0]);
     fprintf(stderr, "ferry-lab: unknown %s '%s' (ferry-lab --help lists the commands)\n",
             cmd[0] == '-' ? "option" : "command", cmd);
     return 2;
