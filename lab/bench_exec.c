@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "lab.h"
+#include "cli_opts.h"
 
 #define BX_MAX_PROCS 128
 
@@ -55,58 +56,31 @@ static void on_signal(int sig)
     _exit(128 + sig);
 }
 
-static void usage_exec(FILE *f)
-{
-    fprintf(f, "usage: ferry-lab bench exec [--model PRESET] [--bytes SIZE] [--src LAYOUT] [--dst LAYOUT]\n"
-               "                        [--reps N] [--threads N] [--window N] [--max-ops N] [--json]\n"
-               "\n"
-               "Reshard a model slice between worker processes (sink and reader executors) against\n"
-               "the memcpy floor measured in the same run.\n"
-               "\n"
-               "  --model PRESET  tensor shapes of this preset (default qwen3-8b)\n"
-               "  --bytes SIZE    the slice of the model moved (default 1G)\n"
-               "  --src LAYOUT    the sources' layout (default fsdp:8)\n"
-               "  --dst LAYOUT    the targets' layout (default tp:4,dp:2)\n"
-               "  --reps N        best of N runs each way (default 3)\n"
-               "  --threads N     shm copy threads per worker, 1-64 (default: the engine's)\n"
-               "  --window N      batches in flight, 1-4096 (default: the executor's)\n"
-               "  --max-ops N     ops per batch (default: the executor's)\n"
-               "  --json          one JSON object on stdout (default: a table)\n");
-}
+static const cli_opt exec_table[] = {
+    CLI_ARG(bx_opts, model, "model", "PRESET", "tensor shapes of this preset (default qwen3-8b)"),
+    CLI_SIZE(bx_opts, bytes, "bytes", "SIZE", 1, UINT64_MAX, "the slice of the model moved (default 1G)"),
+    CLI_ARG(bx_opts, src, "src", "LAYOUT", "the sources' layout (default fsdp:8)"),
+    CLI_ARG(bx_opts, dst, "dst", "LAYOUT", "the targets' layout (default tp:4,dp:2)"),
+    CLI_UINT(bx_opts, reps, "reps", "N", 1, 100000, "best of N runs each way (default 3)"),
+    CLI_UINT(bx_opts, threads, "threads", "N", 1, 64, "shm copy threads per worker, 1-64 (default: the engine's)"),
+    /* batches in flight; the engine's own op window is 4096 */
+    CLI_UINT(bx_opts, window, "window", "N", 1, 4096, "batches in flight, 1-4096 (default: the executor's)"),
+    CLI_UINT(bx_opts, max_ops, "max-ops", "N", 1, 1u << 24, "ops per batch (default: the executor's)"),
+    CLI_FLAG(bx_opts, json, "json", "one JSON object on stdout (default: a table)"),
+};
+
+static const cli_cmd exec_cmd = {
+    .name = "bench exec",
+    .about = "Reshard a model slice between worker processes (sink and reader executors) against\n"
+             "the memcpy floor measured in the same run.",
+    .opts = exec_table,
+    .nopts = sizeof exec_table / sizeof exec_table[0],
+};
 
 static int parse(int argc, char **argv, bx_opts *o)
 {
     *o = (bx_opts){.model = "qwen3-8b", .src = "fsdp:8", .dst = "tp:4,dp:2", .bytes = 1ull << 30, .reps = 3};
-    cli_getopt g;
-    cli_getopt_init(&g, "bench exec", argc, argv,
-                    "model=,src=,dst=,bytes=,reps=,threads=,window=,max-ops=,json");
-    while (cli_getopt_next(&g)) {
-        const char *a = g.opt, *v = g.val;
-        int rc = 0;
-        if (!strcmp(a, "--json"))
-            o->json = true;
-        else if (!strcmp(a, "--model"))
-            o->model = v;
-        else if (!strcmp(a, "--src"))
-            o->src = v;
-        else if (!strcmp(a, "--dst"))
-            o->dst = v;
-        else if (!strcmp(a, "--bytes"))
-            rc = cli_opt_size(a, v, 1, UINT64_MAX, &o->bytes);
-        else if (!strcmp(a, "--reps"))
-            rc = cli_opt_unsigned(a, v, 1, 100000, &o->reps);
-        else if (!strcmp(a, "--threads"))
-            rc = cli_opt_unsigned(a, v, 1, 64, &o->threads);
-        else if (!strcmp(a, "--window"))   /* batches in flight; the engine's own op window is 4096 */
-            rc = cli_opt_unsigned(a, v, 1, 4096, &o->window);
-        else if (!strcmp(a, "--max-ops"))
-            rc = cli_opt_uint(a, v, 1, 1u << 24, &o->max_ops);
-        else
-            return cli_getopt_unhandled(&g);
-        if (rc < 0)
-            return -1;
-    }
-    return cli_getopt_end(&g, 0);
+    return cli_parse(&exec_cmd, argc, argv, o, NULL, NULL);
 }
 
 /* Best-of-3 single-threaded memcpy between two pre-touched buffers, GB/s.
@@ -367,7 +341,7 @@ int cmd_bench_exec(int argc, char **argv, const char *self)
     bx_opts o;
     int pr = parse(argc, argv, &o);
     if (pr != 0)
-        return cli_usage_exit(pr, usage_exec);
+        return cli_cmd_usage_exit(pr, &exec_cmd);
     if (!getenv("FERRY_TOKEN") && !getenv("FERRY_TOKEN_FILE")) {
         char tok[65];
         ferry_token_generate(tok);   /* a private cluster for this run */

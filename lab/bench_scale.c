@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "lab.h"
+#include "cli_opts.h"
 #include "testing.h"   /* the subscriber's planning, as pull.c runs it: not public API */
 
 #define FAKE_BASE 0x7f0000000000ull   /* workers' parameter memory: addresses only, never touched */
@@ -41,7 +42,7 @@ typedef struct scale_opts {
     const char *model, *src, *dst;
     uint32_t gpn;                  /* rollout GPUs per node (the node in each record) */
     uint32_t workers;              /* how many to plan (0: all) */
-    bool json;
+    bool scale, json;              /* scale: the form's own word */
 } scale_opts;
 
 /* What a worker's planning child reports. */
@@ -59,44 +60,30 @@ typedef struct scale_result {
     uint64_t peak_rss, base_rss, reads_max, pushes_max, pieces_max, group_read, sets, shared_sets;
 } scale_result;
 
-static void usage_scale(FILE *f)
-{
-    fprintf(f, "usage: ferry-lab bench weights --scale [--model PRESET (kimi-k2)] [--src LAYOUT "
-               "(fsdp:256)]\n"
-               "                           [--dst LAYOUT (ep:16,tp:8)] [--gpus-per-node N (8)] "
-               "[--workers N (all)] [--json]\n"
-               "  plans the single-pull update of every rollout worker of dst on this machine "
-               "(no store, no network)\n");
-}
+static const cli_opt scale_table[] = {
+    CLI_FLAG(scale_opts, scale, "scale", "this form: the planning at scale"),
+    CLI_ARG(scale_opts, model, "model", "PRESET", "the model (default kimi-k2)"),
+    CLI_ARG(scale_opts, src, "src", "LAYOUT", "the trainers' layout (default fsdp:256)"),
+    CLI_ARG(scale_opts, dst, "dst", "LAYOUT", "the rollout workers' layout (default ep:16,tp:8)"),
+    CLI_UINT(scale_opts, gpn, "gpus-per-node", "N", 1, 1u << 16, "rollout GPUs per node (default 8)"),
+    CLI_UINT(scale_opts, workers, "workers", "N", 1, 1u << 20, "how many workers to plan (default: all)"),
+    CLI_FLAG(scale_opts, json, "json", "one JSON object on stdout (default: text)"),
+};
+
+static const cli_cmd scale_cmd = {
+    .name = "bench weights",
+    .forms = "--scale [--model PRESET] [--src LAYOUT] [--dst LAYOUT]\n"
+             " [--gpus-per-node N] [--workers N] [--json]",
+    .about = "Plans the single-pull update of every rollout worker of dst on this machine\n"
+             "(no store, no network).",
+    .opts = scale_table,
+    .nopts = sizeof scale_table / sizeof scale_table[0],
+};
 
 static int parse_scale(int argc, char **argv, scale_opts *o)
 {
     *o = (scale_opts){ .model = "kimi-k2", .src = "fsdp:256", .dst = "ep:16,tp:8", .gpn = 8 };
-    cli_getopt g;
-    cli_getopt_init(&g, "bench weights --scale", argc, argv,
-                    "scale,model=,src=,dst=,gpus-per-node=,workers=,json");
-    while (cli_getopt_next(&g)) {
-        const char *a = g.opt, *v = g.val;
-        if (!strcmp(a, "--scale"))
-            ;   /* the form's own word */
-        else if (!strcmp(a, "--json"))
-            o->json = true;
-        else if (!strcmp(a, "--model"))
-            o->model = v;
-        else if (!strcmp(a, "--src"))
-            o->src = v;
-        else if (!strcmp(a, "--dst"))
-            o->dst = v;
-        else if (!strcmp(a, "--gpus-per-node")) {
-            if (cli_opt_unsigned(a, v, 1, 1u << 16, &o->gpn) < 0)
-                return -1;
-        } else if (!strcmp(a, "--workers")) {
-            if (cli_opt_unsigned(a, v, 1, 1u << 20, &o->workers) < 0)
-                return -1;
-        } else
-            return cli_getopt_unhandled(&g);
-    }
-    return cli_getopt_end(&g, 0);
+    return cli_parse(&scale_cmd, argc, argv, o, NULL, NULL);
 }
 
 /* VmHWM (peak resident) or VmRSS (now) of this process. */
@@ -556,7 +543,7 @@ int cmd_bench_scale(int argc, char **argv)
     scale_opts o;
     int pr = parse_scale(argc, argv, &o);
     if (pr != 0)
-        return cli_usage_exit(pr, usage_scale);
+        return cli_cmd_usage_exit(pr, &scale_cmd);
     ferry_error err = {0};
     ferry_model *model = NULL;
     fr_gen *g = NULL;

@@ -27,11 +27,13 @@
 #include <string.h>
 
 #include "lab.h"
+#include "cli_opts.h"
 #include "demo_int.h"
 
 typedef struct sp_opts {
     bool json, no_store;
     unsigned reps, tp;
+    const char *tile_text;         /* --tile as given (NULL: 128x128) */
     uint64_t tile[2];
     uint64_t seed;
 } sp_opts;
@@ -363,38 +365,28 @@ static int parse_tile(const char *opt, const char *v, uint64_t tile[2])
     return -1;
 }
 
-static void usage_sparse(FILE *f)
-{
-    fprintf(f, "usage: ferry-lab bench sparse [--tp N (8)] [--tile RxC (128x128)] [--reps N (5)] [--no-store]\n"
-               "                          [--json]\n"
-               "\n"
-               "The sparse planner against a scan of every nonzero, and the reads it plans from the store.\n");
-}
+static const cli_opt sparse_table[] = {
+    CLI_UINT(sp_opts, tp, "tp", "N", 1, 64, "TP ranks: target boxes along rows and along columns (default 8)"),
+    CLI_ARG(sp_opts, tile_text, "tile", "RxC", "the tile given to the put, each side 1-2048 (default 128x128)"),
+    CLI_UINT(sp_opts, reps, "reps", "N", 1, 100000, "best of N scans, of 10 x N plans (default 5)"),
+    CLI_FLAG(sp_opts, no_store, "no-store", "no store: the index built in memory, bytes read the plan's\n(default: a private master and node)"),
+    CLI_FLAG(sp_opts, json, "json", "one JSON object on stdout (default: a table)"),
+};
+
+static const cli_cmd sparse_cmd = {
+    .name = "bench sparse",
+    .about = "The sparse planner against a scan of every nonzero, and the reads it plans from the store.",
+    .opts = sparse_table,
+    .nopts = sizeof sparse_table / sizeof sparse_table[0],
+};
 
 static int parse(int argc, char **argv, sp_opts *o)
 {
     *o = (sp_opts){.reps = 5, .tp = 8, .tile = {128, 128}, .seed = 0x9e3779b97f4a7c15ull};
-    cli_getopt g;
-    cli_getopt_init(&g, "bench sparse", argc, argv, "reps=,tp=,tile=,no-store,json");
-    while (cli_getopt_next(&g)) {
-        const char *a = g.opt, *v = g.val;
-        int rc = 0;
-        if (!strcmp(a, "--json"))
-            o->json = true;
-        else if (!strcmp(a, "--no-store"))
-            o->no_store = true;
-        else if (!strcmp(a, "--reps"))
-            rc = cli_opt_unsigned(a, v, 1, 100000, &o->reps);
-        else if (!strcmp(a, "--tp"))
-            rc = cli_opt_unsigned(a, v, 1, 64, &o->tp);
-        else if (!strcmp(a, "--tile"))
-            rc = parse_tile(a, v, o->tile);
-        else
-            return cli_getopt_unhandled(&g);
-        if (rc < 0)
-            return -1;
-    }
-    return cli_getopt_end(&g, 0);
+    int pr = cli_parse(&sparse_cmd, argc, argv, o, NULL, NULL);
+    if (pr == 0 && o->tile_text && parse_tile("--tile", o->tile_text, o->tile) < 0)
+        return -1;
+    return pr;
 }
 
 static void print_case(const sp_opts *op, const sp_case_in *c, const sp_result *r, bool first)
@@ -434,7 +426,7 @@ int cmd_bench_sparse(int argc, char **argv)
     sp_opts op;
     int pr = parse(argc, argv, &op);
     if (pr != 0)
-        return cli_usage_exit(pr, usage_sparse);
+        return cli_cmd_usage_exit(pr, &sparse_cmd);
     static const char *const names[] = {"expert.w1", "shared"};
     static const uint64_t shapes[][2] = {{2048, 7168}, {7168, 7168}};
     static const double dens[] = {0.001, 0.01, 0.05};

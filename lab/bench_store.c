@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "lab.h"
+#include "cli_opts.h"
 
 enum { META_BATCH = 64, CLIENTS_MAX = 64, PIDS_MAX = CLIENTS_MAX + 4, BATCH_MAX = 256 };
 
@@ -38,7 +39,7 @@ enum { META_BATCH = 64, CLIENTS_MAX = 64, PIDS_MAX = CLIENTS_MAX + 4, BATCH_MAX 
 typedef struct bs_opts {
     uint64_t size, total, object;
     unsigned clients, seconds, reps, batch;
-    bool json, sync;
+    bool json, no_sync, sync;      /* sync: !no_sync */
 } bs_opts;
 
 typedef struct bs_meta {
@@ -604,63 +605,36 @@ static int xfer_phase(const bs_opts *o, const char *master, const char *transpor
 
 /* ---- command ---------------------------------------------------------------------- */
 
-static void usage_store(FILE *f)
-{
-    fprintf(f,
-            "usage: ferry-lab bench store [--clients N] [--seconds N] [--size SIZE] [--total SIZE]\n"
-            "                         [--object SIZE] [--batch N] [--reps N] [--no-sync] [--json]\n"
-            "\n"
-            "Store metadata operations per second, and put/get throughput against the engine\n"
-            "and memcpy measured in the same run (a private master and node).\n"
-            "\n"
-            "  --clients N    metadata client processes (4)\n"
-            "  --seconds N    metadata phase duration (3)\n"
-            "  --size SIZE    the node's segment (1G)\n"
-            "  --total SIZE   bytes per throughput pass (512M)\n"
-            "  --object SIZE  object and engine block size (4M)\n"
-            "  --batch N      objects per batch_put_from / batch_get_into call (64)\n"
-            "  --reps N       best of N passes (3)\n"
-            "  --no-sync      the master does not fsync its log (not the durable setup;\n"
-            "                 default: it does)\n"
-            "  --json         one JSON object on stdout (default: a table)\n");
-}
+static const cli_opt store_table[] = {
+    CLI_UINT(bs_opts, clients, "clients", "N", 1, CLIENTS_MAX, "metadata client processes (4)"),
+    CLI_UINT(bs_opts, seconds, "seconds", "N", 1, 3600, "metadata phase duration (3)"),
+    /* the node's segment: ferry node wants 1 MiB at least */
+    CLI_SIZE(bs_opts, size, "size", "SIZE", 1u << 20, UINT64_MAX, "the node's segment (1G)"),
+    CLI_SIZE(bs_opts, total, "total", "SIZE", 1, UINT64_MAX, "bytes per throughput pass (512M)"),
+    CLI_SIZE(bs_opts, object, "object", "SIZE", 8, UINT64_MAX, "object and engine block size (4M)"),
+    CLI_UINT(bs_opts, batch, "batch", "N", 1, BATCH_MAX, "objects per batch_put_from / batch_get_into call (64)"),
+    CLI_UINT(bs_opts, reps, "reps", "N", 1, 100000, "best of N passes (3)"),
+    CLI_FLAG(bs_opts, no_sync, "no-sync",
+             "the master does not fsync its log (not the durable setup;\ndefault: it does)"),
+    CLI_FLAG(bs_opts, json, "json", "one JSON object on stdout (default: a table)"),
+};
+
+static const cli_cmd store_cmd = {
+    .name = "bench store",
+    .about = "Store metadata operations per second, and put/get throughput against the engine\n"
+             "and memcpy measured in the same run (a private master and node).",
+    .opts = store_table,
+    .nopts = sizeof store_table / sizeof store_table[0],
+};
 
 static int parse(int argc, char **argv, bs_opts *o)
 {
     *o = (bs_opts){ .size = 1ull << 30, .total = 512ull << 20, .object = 4ull << 20,
-                    .clients = 4, .seconds = 3, .reps = 3, .batch = 64, .sync = true };
-    cli_getopt g;
-    cli_getopt_init(&g, "bench store", argc, argv,
-                    "size=,total=,object=,clients=,seconds=,reps=,batch=,no-sync,json");
-    while (cli_getopt_next(&g)) {
-        const char *a = g.opt, *v = g.val;
-        int rc = 0;
-        if (!strcmp(a, "--json"))
-            o->json = true;
-        else if (!strcmp(a, "--no-sync"))
-            o->sync = false;
-        else if (!strcmp(a, "--size"))   /* the node's segment: ferry node wants 1 MiB at least */
-            rc = cli_opt_size(a, v, 1u << 20, UINT64_MAX, &o->size);
-        else if (!strcmp(a, "--total"))
-            rc = cli_opt_size(a, v, 1, UINT64_MAX, &o->total);
-        else if (!strcmp(a, "--object"))
-            rc = cli_opt_size(a, v, 8, UINT64_MAX, &o->object);
-        else if (!strcmp(a, "--clients"))
-            rc = cli_opt_unsigned(a, v, 1, CLIENTS_MAX, &o->clients);
-        else if (!strcmp(a, "--seconds"))
-            rc = cli_opt_unsigned(a, v, 1, 3600, &o->seconds);
-        else if (!strcmp(a, "--reps"))
-            rc = cli_opt_unsigned(a, v, 1, 100000, &o->reps);
-        else if (!strcmp(a, "--batch"))
-            rc = cli_opt_unsigned(a, v, 1, BATCH_MAX, &o->batch);
-        else
-            return cli_getopt_unhandled(&g);
-        if (rc < 0)
-            return -1;
-    }
-    int pr = cli_getopt_end(&g, 0);
+                    .clients = 4, .seconds = 3, .reps = 3, .batch = 64 };
+    int pr = cli_parse(&store_cmd, argc, argv, o, NULL, NULL);
     if (pr != 0)
         return pr;
+    o->sync = !o->no_sync;
     if (o->object <= o->total && o->total <= o->size && o->object >= 8)
         return 0;
     fprintf(stderr, "ferry-lab bench store: need --object <= --total <= --size\n");
@@ -738,7 +712,7 @@ int cmd_bench_store(int argc, char **argv, const char *self)
     bs_opts o;
     int pr = parse(argc, argv, &o);
     if (pr != 0)
-        return cli_usage_exit(pr, usage_store);
+        return cli_cmd_usage_exit(pr, &store_cmd);
     if (!getenv("FERRY_TOKEN") && !getenv("FERRY_TOKEN_FILE")) {
         char tok[65];
         ferry_token_generate(tok);   /* a private cluster for this run */
