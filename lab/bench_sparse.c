@@ -28,7 +28,7 @@
 
 #include "lab.h"
 #include "cli_opts.h"
-#include "demo_int.h"
+#include "demo.h"
 
 typedef struct sp_opts {
     bool json, no_store;

@@ -22,7 +22,7 @@
 #include <jansson.h>
 
 #include "lab.h"
-#include "demo_int.h"
+#include "demo.h"
 
 
 /* Single-thread memcpy and f32 -> bf16 / f16 conversion (ferry_convert)

@@ -1,6 +1,6 @@
 /* Processes of the weight-update demo and benchmark: a private master and
  * node (unless FERRY_MASTER is set), trainer and rollout children driven
- * over pipes (demo_int.h). */
+ * over pipes (demo.h). */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "lab.h"
-#include "demo_int.h"
+#include "demo.h"
 
 int demo_child_start(child *c, const char *const *args)
 {

@@ -21,8 +21,8 @@
 #include <unistd.h>
 
 #include "lab.h"
-#include "demo_int.h"
-#include "demo_rl_int.h"
+#include "demo.h"
+#include "demo_rl.h"
 
 static void sleep_s(double s)
 {

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "lab.h"
-#include "demo_rl_int.h"
+#include "demo_rl.h"
 
 void demo_rl_usage(FILE *f)
 {

@@ -20,8 +20,8 @@
 #include <unistd.h>
 
 #include "lab.h"
-#include "demo_int.h"
-#include "demo_rl_int.h"
+#include "demo.h"
+#include "demo_rl.h"
 
 typedef struct member { child c; unsigned inc; bool trained; } member;
 

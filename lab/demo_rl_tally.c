@@ -27,7 +27,7 @@
 #include <string.h>
 
 #include "lab.h"
-#include "demo_rl_int.h"
+#include "demo_rl.h"
 
 typedef struct dv { uint64_t uid, id; uint32_t tok; unsigned file; } dv;   /* a delivery */
 typedef struct pe { uint64_t uid; char *sid; unsigned file; } pe;           /* a push */

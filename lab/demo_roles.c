@@ -11,7 +11,7 @@
 #include <jansson.h>
 
 #include "lab.h"
-#include "demo_int.h"
+#include "demo.h"
 
 int demo_model_build(const char *preset, uint64_t budget, demo_model *dm)
 {

@@ -29,7 +29,7 @@
 #include <unistd.h>
 
 #include "lab.h"
-#include "demo_int.h"
+#include "demo.h"
 
 #define KIDS_MAX 512
 #define DIRS_MAX 8

@@ -23,7 +23,7 @@
 #include <jansson.h>
 
 #include "lab.h"
-#include "demo_int.h"
+#include "demo.h"
 #include "ferry/sparse.h"
 
 typedef struct sp_spec {

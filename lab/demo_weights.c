@@ -14,7 +14,7 @@
 #include <jansson.h>
 
 #include "lab.h"
-#include "demo_int.h"
+#include "demo.h"
 
 
 

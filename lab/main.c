@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "lab.h"
-#include "demo_int.h"
+#include "demo.h"
 
 /* A worker's entry point: argv[0] is its name. */
 typedef struct lab_worker {

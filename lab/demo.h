@@ -1,6 +1,6 @@
 /* The weight-update demo's shared pieces (demo_weights.c, demo_roles.c). */
-#ifndef FERRY_DEMO_INT_H
-#define FERRY_DEMO_INT_H
+#ifndef FERRY_LAB_DEMO_H
+#define FERRY_LAB_DEMO_H
 
 #include <stdbool.h>
 #include <stdint.h>
