@@ -128,15 +128,22 @@ static void print_convert(const conv_bench *cb, bool json)
            cb->first_touch_gbps, ratio(cb->memcpy_gbps, cb->first_touch_gbps));
 }
 
-static void usage_weights(FILE *f)
-{
-    fprintf(f, "usage: ferry-lab bench weights [--trainers N (4)] [--rollouts N (4)] [--dp N (2 if it divides)] "
-               "[--bytes SIZE (1G)] [--model PRESET (qwen3-8b)] [--reps N (5)] [--cold] [--json]\n"
-               "                           [--convert-only] | --scale [...] (see --scale --help)\n"
-               "                           | --torch [...] (against torch.save and gloo; see --torch --help)\n"
-               "  --convert-only  only the f32 -> bf16/f16 conversion against memcpy (no "
-               "cluster)\n");
-}
+static const cli_opt weights_table[] = {
+    DEMO_OPT_ROWS("reps", 100000, "steady-state generations timed after the first (default 5)",
+                  "the model's tensors up to this many bf16 bytes (default 1G)"),
+    CLI_FLAG(demo_opts, convert_only, "convert-only",
+             "only the f32 -> bf16/f16 conversion against memcpy (no cluster)"),
+};
+
+static const cli_cmd weights_cmd = {
+    .name = "bench weights",
+    .about = "Weight-update time (single-pull, naive, compat) against the memcpy floor, the\n"
+             "first generation and the steady state.",
+    .opts = weights_table,
+    .nopts = sizeof weights_table / sizeof weights_table[0],
+    .footer = "Other forms: ferry-lab bench weights --scale (the planning at scale, no cluster)\n"
+              "and --torch (against torch.save and gloo), each with --help.\n",
+};
 
 /* ---- per generation, then first and steady state -------------------------------------- */
 
@@ -375,9 +382,9 @@ int cmd_bench_weights(int argc, char **argv, const char *self)
         if (!strcmp(argv[i], "--torch"))
             return cmd_bench_torch(argc, argv, self);
     demo_opts o;   /* the demo's options, and --convert-only */
-    int pr = demo_parse("bench weights", argc, argv, "--reps", 5, 1ull << 30, &o);
+    int pr = demo_parse(&weights_cmd, argc, argv, 5, 1ull << 30, &o);
     if (pr != 0)
-        return cli_usage_exit(pr, usage_weights);
+        return cli_cmd_usage_exit(pr, &weights_cmd);
     bool convert_only = o.convert_only;
     if (o.cold)
         setenv("FERRY_DEMO_COLD", "1", 1);

@@ -276,50 +276,11 @@ void demo_group_stop(demo_group *g)
     }
 }
 
-int demo_parse(const char *cmd, int argc, char **argv, const char *count_flag, unsigned count,
-               uint64_t bytes, demo_opts *o)
+int demo_parse(const cli_cmd *c, int argc, char **argv, unsigned count, uint64_t bytes, demo_opts *o)
 {
     *o = (demo_opts){ .trainers = 4, .rollouts = 4, .count = count, .bytes = bytes };
     snprintf(o->model, sizeof o->model, "qwen3-8b");
-    /* ferry-lab demo keeps one row per generation, 64 at most */
-    unsigned count_max = !strcmp(count_flag, "--generations") ? 64 : 100000;
-    /* bench weights (--reps) also has --convert-only */
-    bool bench = !strcmp(count_flag, "--reps");
-    char spec[128];
-    snprintf(spec, sizeof spec, "trainers=,rollouts=,dp=,%s=,bytes=,model=,json,cold%s", count_flag + 2,
-             bench ? ",convert-only" : "");
-    cli_getopt g;
-    cli_getopt_init(&g, cmd, argc, argv, spec);
-    while (cli_getopt_next(&g)) {
-        const char *a = g.opt, *v = g.val;
-        int rc = 0;
-        if (!strcmp(a, "--json"))
-            o->json = true;
-        else if (!strcmp(a, "--cold"))
-            o->cold = true;
-        else if (!strcmp(a, "--convert-only"))
-            o->convert_only = true;
-        else if (!strcmp(a, "--trainers"))
-            rc = cli_opt_unsigned(a, v, 1, 64, &o->trainers);
-        else if (!strcmp(a, "--rollouts"))
-            rc = cli_opt_unsigned(a, v, 1, 64, &o->rollouts);
-        else if (!strcmp(a, "--dp"))   /* 0: the default below */
-            rc = cli_opt_unsigned(a, v, 0, 64, &o->dp);
-        else if (!strcmp(a, count_flag))
-            rc = cli_opt_unsigned(a, v, 1, count_max, &o->count);
-        else if (!strcmp(a, "--bytes"))
-            rc = cli_opt_size(a, v, 1u << 20, UINT64_MAX, &o->bytes);
-        else if (!strcmp(a, "--model") && strlen(v) >= sizeof o->model) {
-            fprintf(stderr, "ferry-lab: --model wants a preset name (ferry plan --models), not '%s'\n", v);
-            rc = -1;
-        } else if (!strcmp(a, "--model"))
-            snprintf(o->model, sizeof o->model, "%s", v);
-        else
-            return cli_getopt_unhandled(&g);
-        if (rc < 0)
-            return -1;
-    }
-    int pr = cli_getopt_end(&g, 0);
+    int pr = cli_parse(c, argc, argv, o, NULL, NULL);
     if (pr != 0)
         return pr;
     if (o->dp == 0)

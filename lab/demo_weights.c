@@ -71,29 +71,21 @@ static void print_phases(const gen_row *rows, unsigned ng, uint64_t model_bytes)
                (unsigned long long)model_bytes);
 }
 
-static void demo_usage(FILE *f)
-{
-    fprintf(f, "usage: ferry-lab demo [--trainers N] [--rollouts N] [--dp N] [--generations N]\n"
-               "                  [--bytes SIZE] [--model PRESET] [--cold] [--json]\n"
-               "       ferry-lab demo engine [--size SIZE] [--json]          (ferry-lab demo engine --help)\n"
-               "       ferry-lab demo rl [--rollouts N] [--steps N] ...      (ferry-lab demo rl --help)\n"
-               "       ferry-lab demo --sparse [--density D] ...             (ferry-lab demo --sparse --help)\n"
-               "\n"
-               "Trainer processes publish weight generations of a model with its real tensor shapes;\n"
-               "rollout processes take each one parameter-direct and whole, checking every byte.\n"
-               "A private master and node are started unless FERRY_MASTER names a running one.\n"
-               "\n"
-               "  --trainers N     trainer processes, 1-64 (default 4)\n"
-               "  --rollouts N     rollout processes, 1-64 (default 4)\n"
-               "  --dp N           rollout data-parallel replicas; TP is rollouts / dp\n"
-               "                   (default 2 when it divides --rollouts, else 1)\n"
-               "  --generations N  weight generations published, 1-64 (default 3)\n"
-               "  --bytes SIZE     the model's tensors up to this many bf16 bytes (default 2G)\n"
-               "  --model PRESET   tensor shapes of this preset (default qwen3-8b; ferry plan --models)\n"
-               "  --cold           skip the processes' warm-up (generation 1 then pays the first\n"
-               "                   touches of the store's memory)\n"
-               "  --json           one JSON object on stdout (default: a table)\n");
-}
+static const cli_opt demo_table[] = {
+    DEMO_OPT_ROWS("generations", 64, "weight generations published, 1-64 (default 3)",
+                  "the model's tensors up to this many bf16 bytes (default 2G)"),
+};
+
+static const cli_cmd demo_cmd = {
+    .name = "demo",
+    .about = "Trainer processes publish weight generations of a model with its real tensor shapes;\n"
+             "rollout processes take each one parameter-direct and whole, checking every byte.\n"
+             "A private master and node are started unless FERRY_MASTER names a running one.",
+    .opts = demo_table,
+    .nopts = sizeof demo_table / sizeof demo_table[0],
+    .footer = "The other demos: ferry-lab demo engine, ferry-lab demo rl, ferry-lab demo --sparse\n"
+              "(each with --help).\n",
+};
 
 int cmd_demo(int argc, char **argv, const char *self)
 {
@@ -105,9 +97,9 @@ int cmd_demo(int argc, char **argv, const char *self)
         if (!strcmp(argv[i], "--sparse"))   /* a form of its own, wherever the flag is */
             return cmd_demo_sparse(argc, argv);
     demo_opts o;
-    int pr = demo_parse("demo", argc, argv, "--generations", 3, 2ull << 30, &o);
+    int pr = demo_parse(&demo_cmd, argc, argv, 3, 2ull << 30, &o);
     if (pr != 0)
-        return cli_usage_exit(pr, demo_usage);
+        return cli_cmd_usage_exit(pr, &demo_cmd);
     demo_model dm;
     if (demo_model_build(o.model, o.bytes, &dm) < 0) {
         fprintf(stderr, "ferry-lab demo: unknown model preset %s (ferry plan --models)\n", o.model);
