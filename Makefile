@@ -8,9 +8,11 @@
 #   make fuzz            timed fuzzing: every fuzz target for FUZZ_SECONDS
 #                        seconds (default 60), two at a time; fails on a
 #                        finding and says where the input was kept
-#   make demo            the main job: only the library and the CLI built
-#   make bench
-#   make install PREFIX=DIR  libferry, headers, the CLI and ferry.pc
+#   make demo            the main job (ferry-lab demo): only the library,
+#                        ferry and ferry-lab built
+#   make bench           every benchmark of ferry-lab
+#   make install PREFIX=DIR  libferry, headers, the ferry CLI and ferry.pc
+#                        (ferry-lab, the demos and benchmarks, is not installed)
 # The fuzz targets live in their own build, build-fuzz/ (clang, libFuzzer,
 # ASan + UBSan), compiled once and shared by `make test`, `make test
 # SANITIZE=1` and `make fuzz`.
@@ -35,7 +37,7 @@ endif
 
 CONFIGURE = cmake -S . -B $(BUILD) $(CMAKE_FLAGS) -DFERRY_FUZZ_DIR=$(CURDIR)/$(FUZZ_BUILD)
 
-# Everything: the library, the CLI, the tests and the Python package. A
+# Everything: the library, ferry, ferry-lab, the tests and the Python package. A
 # build first configured by `make demo` (no test framework then) is
 # configured again once the full set of packages is there.
 all: $(BUILD)/Makefile
@@ -70,24 +72,25 @@ fuzz: fuzz-build
 	scripts/fuzz.sh $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZ_JOBS)
 
 # The main job, with only what it needs: the packages of the library and
-# the CLI (scripts/deps.sh --demo), and those two targets built.
+# the programs (scripts/deps.sh --demo), and ferry-lab (the demo) and ferry
+# (the cluster it starts) built.
 demo:
 	@scripts/deps.sh --check --demo || scripts/deps.sh --demo
 	@[ -f $(BUILD)/Makefile ] || $(CONFIGURE)
-	@echo "ferry: building the library and the ferry command ($(JOBS) jobs; about 2 minutes on 2 cores the first time)"
-	@$(MAKE) --no-print-directory -C $(BUILD) -j$(JOBS) ferry
-	$(BUILD)/ferry demo
+	@echo "ferry: building the library, ferry and ferry-lab ($(JOBS) jobs; about 2 minutes on 2 cores the first time)"
+	@$(MAKE) --no-print-directory -C $(BUILD) -j$(JOBS) ferry ferry-lab
+	$(BUILD)/ferry-lab demo
 
 bench: all
-	$(BUILD)/ferry bench engine --transport shm
-	$(BUILD)/ferry bench engine --transport tcp
-	$(BUILD)/ferry bench store
-	$(BUILD)/ferry bench exec
-	$(BUILD)/ferry bench weights
-	$(BUILD)/ferry bench weights --scale
-	$(BUILD)/ferry bench weights --torch
-	$(BUILD)/ferry bench plan --model kimi-k2 --src fsdp:256 --dst ep:16,tp:8
-	$(BUILD)/ferry bench sparse
+	$(BUILD)/ferry-lab bench engine --transport shm
+	$(BUILD)/ferry-lab bench engine --transport tcp
+	$(BUILD)/ferry-lab bench store
+	$(BUILD)/ferry-lab bench exec
+	$(BUILD)/ferry-lab bench weights
+	$(BUILD)/ferry-lab bench weights --scale
+	$(BUILD)/ferry-lab bench weights --torch
+	$(BUILD)/ferry-lab bench plan --model kimi-k2 --src fsdp:256 --dst ep:16,tp:8
+	$(BUILD)/ferry-lab bench sparse
 
 clean:
 	rm -rf build build-san build-fuzz

@@ -12,7 +12,7 @@ set -u
 # curl: the test that scrapes it (tests/store/test_store_metrics.c);
 # libucx-dev: the ucx transport (src/engine/transport/ucx*.c, RDMA fabrics
 # through UCX; tested here over UCX's tcp and shared-memory transports);
-# ucx-utils: ucx_perftest, the baseline of `ferry bench engine --transport ucx`.
+# ucx-utils: ucx_perftest, the baseline of `ferry-lab bench engine --transport ucx`.
 DEMO_PKGS=(cmake make gcc pkg-config libxxhash-dev libjansson-dev libsodium-dev libmicrohttpd-dev
            libucx-dev)
 PKGS=("${DEMO_PKGS[@]}" libcmocka-dev python3-dev python3-numpy python3-pytest iproute2 clang

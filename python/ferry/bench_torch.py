@@ -1,6 +1,6 @@
 """ferry.bench_torch: a torch weight update through ferry against what users
 do today, on the same shards in one run (docs/weights.md, "Against
-torch.save, gloo and point-to-point"; ``ferry bench weights --torch``
+torch.save, gloo and point-to-point"; ``ferry-lab bench weights --torch``
 runs it).
 
 ``python3 -m ferry.bench_torch [--json] [--rounds 5] [--warmup 0]

@@ -1,4 +1,4 @@
-# ferry.bench_torch: `ferry bench weights --torch` (docs/weights.md, "Against torch.save, gloo and point-to-point")
+# ferry.bench_torch: `ferry-lab bench weights --torch` (docs/weights.md, "Against torch.save, gloo and point-to-point")
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch

@@ -16,6 +16,8 @@ import ferry
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FERRY_BIN = os.environ.get("FERRY_BIN", os.path.join(REPO, "build", "ferry"))
+# the demos and benchmarks (ferry-lab, built beside ferry)
+FERRY_LAB = os.environ.get("FERRY_LAB", os.path.join(os.path.dirname(FERRY_BIN), "ferry-lab"))
 NODE_SIZE = 64 << 20
 START_S = 30.0          # deadline for the master and each node to come up
 
@@ -102,6 +104,12 @@ class Cluster:
 def require_ferry_bin():
     if not os.access(FERRY_BIN, os.X_OK):
         pytest.skip(f"no ferry binary at {FERRY_BIN} (set FERRY_BIN)")
+
+
+def require_ferry_lab():
+    require_ferry_bin()
+    if not os.access(FERRY_LAB, os.X_OK):
+        pytest.skip(f"no ferry-lab binary at {FERRY_LAB} (set FERRY_LAB)")
 
 
 def _start(tmp, nodes, procs, drains, master_args):

@@ -1,4 +1,4 @@
-"""`ferry bench weights --torch` (python/ferry/bench_torch.py) at a few MB:
+"""`ferry-lab bench weights --torch` (python/ferry/bench_torch.py) at a few MB:
 the first round and one steady-state round of all four variants through
 the C launcher, every rollout parameter hash-checked against the trainers'
 model (p2p's too), the JSON keys there (first/steady split, faults, the
@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from conftest import FERRY_BIN, REPO, require_ferry_bin   # noqa: E402
+from conftest import FERRY_BIN, FERRY_LAB, REPO, require_ferry_lab   # noqa: E402
 
 RUN_S = 900       # deadline for the whole run on a loaded machine (a bound, not a measure)
 SMALL = ["--hidden", "128", "--layers", "2", "--ffn", "512", "--vocab", "4096", "--ctx", "64"]   # 1.6 M params
@@ -33,8 +33,8 @@ VARIANTS = ("torch_save", "gloo_bcast", "p2p", "ferry_shard", "ferry_overlap")
 
 
 def test_bench_torch_small():
-    require_ferry_bin()
-    p = subprocess.run([FERRY_BIN, "bench", "weights", "--torch", "--json", "--rounds", "1", *SMALL],
+    require_ferry_lab()
+    p = subprocess.run([FERRY_LAB, "bench", "weights", "--torch", "--json", "--rounds", "1", *SMALL],
                        capture_output=True, text=True, timeout=RUN_S, env=_env(), cwd=REPO)
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.loads(p.stdout.strip().splitlines()[-1])
@@ -110,8 +110,8 @@ def test_p2p_plan_covers_every_rollout_element_once():
     (["--variants", "p2p,nccl"], ["--variants", "nccl", "p2p"]),
 ])
 def test_bench_torch_usage_error(args, names):
-    require_ferry_bin()
-    p = subprocess.run([FERRY_BIN, "bench", "weights", "--torch", *args], capture_output=True, text=True,
+    require_ferry_lab()
+    p = subprocess.run([FERRY_LAB, "bench", "weights", "--torch", *args], capture_output=True, text=True,
                        timeout=RUN_S, env=_env(), cwd=REPO)
     assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
     assert all(n in p.stderr for n in names), p.stderr[-2000:]

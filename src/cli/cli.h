@@ -10,6 +10,9 @@
 
 #include "ferry/ferry.h"
 
+/* The program's name for messages: "ferry", or "ferry-lab" (what it was
+ * started as, without the directory). */
+const char *cli_prog(void);
 /* Parse "4M", "64k", "1G", "123" (binary units). 0 on success. */
 int cli_parse_size(const char *s, uint64_t *out);
 /* Parse a whole decimal number: digits only (no sign, no spaces, no
@@ -19,7 +22,7 @@ int cli_parse_uint(const char *s, uint64_t *out);
 /* The value v of the user-facing option opt (e.g. "--rollouts"), within
  * [min, max]. On success 0 and *out set; on bad input one line to stderr
  * that names opt, the range and v, e.g.
- *   ferry: --rollouts wants a whole number from 1 to 64, not '3x'
+ *   ferry-lab: --rollouts wants a whole number from 1 to 64, not '3x'
  * and -1, *out untouched. The caller exits with status 2. */
 int cli_opt_uint(const char *opt, const char *v, uint64_t min, uint64_t max, uint64_t *out);
 int cli_opt_unsigned(const char *opt, const char *v, unsigned min, unsigned max, unsigned *out);
@@ -85,52 +88,8 @@ double cli_now(void);   /* monotonic seconds */
 void cli_hex(const uint8_t *b, size_t n, char *out);
 size_t cli_unhex(const char *s, uint8_t *out, size_t cap);
 
-/* A child `ferry _target` process: an engine with one registered memfd
- * region, plus a plain TCP sink for baselines. Driven over pipes. */
-typedef struct cli_target {
-    pid_t pid;
-    FILE *in, *out;
-    uint8_t desc[FERRY_DESC_MAX];
-    size_t desc_len;
-    unsigned sink_port;
-} cli_target;
-
-int cli_target_start(cli_target *t, const char *self, uint64_t size, const char *listen);
-/* Send a command, read one reply line into reply. 0 if it starts with OK. */
-int cli_target_cmd(cli_target *t, char *reply, size_t cap, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-void cli_target_stop(cli_target *t);
-/* The child side. */
-int cli_target_main(int argc, char **argv);
-
-/* Progress on stderr: on a terminal one line rewritten in place (`\r`);
- * otherwise "ferry: progress: WHAT 42% (12 s)" lines, at most one every
- * FERRY_PROGRESS_SECONDS (default 5; 0: every update), never a `\r`.
- * cli_progress_text is the same with free text ("step 3/6: ..."). */
-void cli_progress(const char *what, double frac);
-void cli_progress_text(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-void cli_progress_done(void);
-
-int cmd_bench(int argc, char **argv, const char *self);
-/* bench.c: one timed engine pass, total bytes from/to buf as block-sized
- * ops against rr with many tickets in flight; GB/s, 0 if any op failed. */
-double cli_engine_pass(ferry_engine *e, enum ferry_opcode op, uint8_t *buf,
-                       const ferry_remote_region *rr, uint64_t block, uint64_t total);
-/* The same; same_block: every op moves the first block of buf to/from the
- * region's first block (the pattern of ucx_perftest, which puts one
- * buffer to one remote address again and again: the bytes stay in cache). */
-double cli_engine_pass_at(ferry_engine *e, enum ferry_opcode op, uint8_t *buf,
-                          const ferry_remote_region *rr, uint64_t block, uint64_t total, bool same_block);
-/* bench.c: --block sizes defaulted (64K 1M 4M when none given) and each
- * checked against total; 0, or -1 with the error on stderr. */
-int cli_engine_blocks(uint64_t *blocks, int *nblocks, uint64_t total);
-/* bench_store.c: `ferry bench store` and its metadata client child */
-int cmd_bench_store(int argc, char **argv, const char *self);
-int cli_bench_store_client_main(int argc, char **argv);
-int cmd_demo(int argc, char **argv, const char *self);        /* demo_weights.c */
-int cmd_bench_weights(int argc, char **argv, const char *self); /* bench_weights.c */
-int cmd_demo_engine(int argc, char **argv, const char *self); /* demo.c */
-/* master.c: `ferry master` */
+/* plan.c: `ferry plan`; master.c: `ferry master` */
+int cmd_plan(int argc, char **argv);
 int cmd_master(int argc, char **argv);
 /* node.c: `ferry node`; up.c: `ferry up`, `ferry down`, `ferry status` */
 int cmd_node(int argc, char **argv);
@@ -195,22 +154,9 @@ uint64_t cli_mem_headroom(const cli_mem *m);
 
 /* Write text to path through a temporary file and a rename: 0 or -1. */
 int cli_write_file_atomic(const char *path, const char *text);
-/* plan.c: `ferry plan` and `ferry bench plan` */
-int cmd_plan(int argc, char **argv);
-int cmd_bench_plan(int argc, char **argv);
-/* bench_exec.c: `ferry bench exec`; bench_exec_worker.c: its worker child
- * and the model slice + plan that parent and workers build alike. */
-int cmd_bench_exec(int argc, char **argv, const char *self);
-int cli_exec_worker_main(int argc, char **argv);
-int cli_exec_plan(const char *preset, uint64_t budget, const char *src, const char *dst,
-                  ferry_plan **out, uint64_t *model_bytes, ferry_error *err);
-
 /* plan_model.c: `ferry plan --nic BW`: the weight update of the modelled
  * cluster per NIC for ferry direct, compatibility, broadcast and naive. */
 int cli_plan_model(const char *model, const char *src, const char *dst, uint32_t gpn, const char *nic,
                    uint32_t nics_per_node, bool json);
-
-/* bench_sparse.c: `ferry bench sparse`, the sparse planner vs a scan of nnz */
-int cmd_bench_sparse(int argc, char **argv);
 
 #endif

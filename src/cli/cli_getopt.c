@@ -42,7 +42,7 @@ void cli_getopt_init(cli_getopt *g, const char *cmd, int argc, char **argv, cons
     g->argc = argc;
     g->argv = argv;
     if (build_table(g, spec) < 0) {   /* a table bug, not the user's */
-        fprintf(stderr, "ferry %s: option table too long\n", cmd);
+        fprintf(stderr, "%s %s: option table too long\n", cli_prog(), cmd);
         g->failed = true;
     }
     /* Help wins wherever it is (before a "--"), so that nothing is checked
@@ -68,17 +68,17 @@ static void refuse(cli_getopt *g, int c)
     char text[80];
     if (c == '?' && optopt > 0 && optopt < 256 && optopt != 'h') {
         snprintf(text, sizeof text, "-%c", optopt);   /* a short option */
-        fprintf(stderr, "ferry %s: unknown option '%s'\n", g->cmd, text);
+        fprintf(stderr, "%s %s: unknown option '%s'\n", cli_prog(), g->cmd, text);
         return;
     }
     opt_text(arg, text, sizeof text);
     if (c == ':')
-        fprintf(stderr, "ferry %s: %s needs a value\n", g->cmd, text);
+        fprintf(stderr, "%s %s: %s needs a value\n", cli_prog(), g->cmd, text);
     else if (optopt != 0)   /* a flag given a value: --json=1 */
-        fprintf(stderr, "ferry %s: %s takes no value, not '%s'\n", g->cmd, text,
+        fprintf(stderr, "%s %s: %s takes no value, not '%s'\n", cli_prog(), g->cmd, text,
                 strchr(arg, '=') ? strchr(arg, '=') + 1 : "");
     else
-        fprintf(stderr, "ferry %s: unknown option '%s'\n", g->cmd, text);
+        fprintf(stderr, "%s %s: unknown option '%s'\n", cli_prog(), g->cmd, text);
 }
 
 bool cli_getopt_next(cli_getopt *g)
@@ -112,7 +112,7 @@ bool cli_getopt_next(cli_getopt *g)
     char text[80];
     opt_text(given, text, sizeof text);
     if (strcmp(text + 2, o->name) != 0) {
-        fprintf(stderr, "ferry %s: unknown option '%s' (did you mean --%s?)\n", g->cmd, text,
+        fprintf(stderr, "%s %s: unknown option '%s' (did you mean --%s?)\n", cli_prog(), g->cmd, text,
                 o->name);
         g->failed = true;
         return false;
@@ -135,7 +135,7 @@ int cli_getopt_end(cli_getopt *g, int max_pos)
         return -1;
     if (g->npos > max_pos) {
         const char *a = g->pos[max_pos];
-        fprintf(stderr, "ferry %s: unexpected argument '%s'%s\n", g->cmd, a,
+        fprintf(stderr, "%s %s: unexpected argument '%s'%s\n", cli_prog(), g->cmd, a,
                 max_pos == 0 ? " (this command takes options only)" : "");
         return -1;
     }
@@ -144,7 +144,7 @@ int cli_getopt_end(cli_getopt *g, int max_pos)
 
 int cli_getopt_unhandled(cli_getopt *g)
 {
-    fprintf(stderr, "ferry %s: option %s is not handled\n", g->cmd, g->opt);   /* a table bug */
+    fprintf(stderr, "%s %s: option %s is not handled\n", cli_prog(), g->cmd, g->opt);   /* a table bug */
     g->failed = true;
     return -1;
 }

@@ -1,4 +1,6 @@
-/* ferry — command-line entry point. */
+/* ferry: the operator's command line (master, node, up, down, status,
+ * plan, token, version). Each command's options are one table
+ * (cli_opts.h); the demos and benchmarks are ferry-lab (lab/). */
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -6,108 +8,35 @@
 #include <sys/resource.h>
 
 #include "cli.h"
-#include "demo_int.h"
+#include "cli_opts.h"
 
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "usage: ferry <command> [options]      ferry <command> --help: that command's options\n"
-            "       ferry --version | -V           ferry --help | -h | help\n"
-            "\n"
-            "commands:\n"
-            "  demo [--trainers N] [--rollouts N] [--dp N] [--generations N] [--bytes SIZE]\n"
-            "       [--model PRESET] [--json]\n"
-            "                                the main job: trainers publish weight generations, rollouts\n"
-            "                                take them (TP shards and whole tensors), every byte checked\n"
-            "  demo engine [--size SIZE] [--json]\n"
-            "                                one-sided engine transfers between two processes\n"
-            "  demo rl [--rollouts N] [--updaters N] [--steps N] [--batch N] [--max-policy-lag K]\n"
-            "          [--stale drop|recompute] [--weights SIZE] [--pools R:U[xSTEPS],...] [--kill N]\n"
-            "          [--json] ...\n"
-            "                                rollout and update processes exchanging samples and policy\n"
-            "                                versions; pools of changing sizes, members killed and restarted\n"
-            "  demo --sparse [--density D] [--rollouts N] [--ep N] [--generations N] [--json] ...\n"
-            "                                sparse COO delta generations applied by EP x TP rollouts\n"
-            "  bench weights [--rollouts N] [--dp N] [--bytes SIZE] [--model PRESET] [--reps N] [--json]\n"
-            "                                weight-update time (single-pull, naive, compat) against\n"
-            "                                the memcpy floor\n"
-            "  bench weights --convert-only [--json]\n"
-            "                                dtype conversion (f32 -> bf16/f16) against memcpy\n"
-            "  bench weights --scale [--model PRESET] [--src LAYOUT] [--dst LAYOUT] [--workers N] [--json]\n"
-            "                                the group plan of every rollout worker at scale (no cluster)\n"
-            "  bench weights --torch [--rounds N] [--json]\n"
-            "                                a torch model's FSDP -> TP2xDP2 update against torch.save\n"
-            "                                and a gloo broadcast (Python, /usr/bin/python3 or $FERRY_PYTHON)\n"
-            "  bench engine [--transport shm|tcp] [--block SIZE] [--total SIZE] [--streams N]\n"
-            "               [--threads N] [--reps N] [--rows N [--row SIZE] [--stride SIZE]] [--json]\n"
-            "                                engine throughput against a baseline measured in the same run\n"
-            "  bench store [--clients N] [--seconds N] [--size SIZE] [--total SIZE] [--object SIZE]\n"
-            "              [--batch N] [--reps N] [--no-sync] [--json]\n"
-            "                                store metadata ops/s, put/get throughput against the engine\n"
-            "  bench plan --model PRESET --src LAYOUT --dst LAYOUT [--baseline-tensors N] [--walk-all] [--json]\n"
-            "                                reshard planning time (cold, cached) and peak memory\n"
-            "  bench exec [--model PRESET] [--bytes SIZE] [--src LAYOUT] [--dst LAYOUT] [--reps N] [--json]\n"
-            "                                reshard 8 FSDP -> 8 TP4xDP2 processes (sink, reader) vs memcpy\n"
-            "  bench sparse [--tp N] [--tile RxC] [--reps N] [--no-store] [--json]\n"
-            "                                the sparse planner against a scan of every nonzero\n"
-            "  plan --model PRESET --src LAYOUT --dst LAYOUT [--runs N] [--dst-rank R] [--json]\n"
-            "  plan --model PRESET --src LAYOUT --dst LAYOUT --nic BW [--nics-per-node N] [--json]\n"
-            "  plan SRC.json DST.json [--runs N] [--dst-rank R] [--json]\n"
-            "  plan --models [--json]\n"
-            "                                the reshard plan between two layouts or manifests, the\n"
-            "                                modelled update per NIC, the model presets\n"
-            "                                (LAYOUT: fsdp:256, tp:8,dp:16, ep:32,tp:8, pp:4,tp:8)\n"
-            "  master --dir DIR [--listen HOST:PORT] [--metrics HOST:PORT] [--config FILE] ...\n"
-            "                                the store's metadata server\n"
-            "  node --master HOST:PORT [--size SIZE] [--listen HOST:PORT] [--metrics HOST:PORT]\n"
-            "       [--config FILE] ...\n"
-            "                                this machine's segment of store memory\n"
-            "  up [--dir DIR] [--size SIZE] [--listen HOST:PORT] [--detach] [--metrics]\n"
-            "                                a master and a node on this machine; prints the export line\n"
-            "  down [--dir DIR]              stop a cluster started with up --detach\n"
-            "  status [--dir DIR | --master HOST:PORT] [--json]\n"
-            "                                segments, nodes, clients, objects of the running master\n"
-            "  token                         print a new random cluster token\n"
-            "  version                       print the version (also ferry --version, ferry -V)\n"
-            "  help                          this text\n"
-            "\n"
-            "Every command takes --opt value and --opt=value; -h/--help prints its options and\n"
-            "their defaults; a usage error exits with status 2.\n"
-            "\n"
-            "environment: FERRY_TOKEN / FERRY_TOKEN_FILE (cluster token), FERRY_MASTER=HOST:PORT,\n"
-            "             FERRY_HOME (state of up/down/status), FERRY_LOG=debug|info|warn|error|off,\n"
-            "             FERRY_LOG_FORMAT=json, FERRY_TRANSPORT=shm|tcp (force a transport),\n"
-            "             FERRY_LISTEN=HOST:PORT, FERRY_PROGRESS_SECONDS=N (progress lines off a terminal)\n");
-}
+static void usage(FILE *f);
 
-static void usage_token(FILE *f)
-{
-    fprintf(f, "usage: ferry token\n\nPrint a new random cluster token (64 hex digits) on stdout.\n");
-}
-
-static void usage_version(FILE *f)
-{
-    fprintf(f, "usage: ferry version (or ferry --version, ferry -V)\n\nPrint ferry's version.\n");
-}
+static const cli_cmd token_cmd = {
+    .name = "token", .forms = "", .about = "Print a new random cluster token (64 hex digits) on stdout.",
+};
+static const cli_cmd version_cmd = {
+    .name = "version", .forms = "(or ferry --version, ferry -V)", .about = "Print ferry's version.",
+};
 
 /* token and version take no options (but --help). */
-static int cmd_simple(const char *cmd, int argc, char **argv)
+static int cmd_token(int argc, char **argv)
 {
-    bool token = !strcmp(cmd, "token");
-    cli_getopt g;
-    cli_getopt_init(&g, cmd, argc, argv, "");
-    while (cli_getopt_next(&g))
-        return cli_usage_exit(cli_getopt_unhandled(&g), token ? usage_token : usage_version);
-    int pr = cli_getopt_end(&g, 0);
+    int pr = cli_parse(&token_cmd, argc, argv, NULL, NULL, NULL);
     if (pr != 0)
-        return cli_usage_exit(pr, token ? usage_token : usage_version);
-    if (token) {
-        char t[65];
-        ferry_token_generate(t);
-        printf("%s\n", t);
-    } else {
-        printf("ferry %d.%d.%d\n", FERRY_VERSION_MAJOR, FERRY_VERSION_MINOR, FERRY_VERSION_PATCH);
-    }
+        return cli_cmd_usage_exit(pr, &token_cmd);
+    char t[65];
+    ferry_token_generate(t);
+    printf("%s\n", t);
+    return 0;
+}
+
+static int cmd_version(int argc, char **argv)
+{
+    int pr = cli_parse(&version_cmd, argc, argv, NULL, NULL, NULL);
+    if (pr != 0)
+        return cli_cmd_usage_exit(pr, &version_cmd);
+    printf("ferry %d.%d.%d\n", FERRY_VERSION_MAJOR, FERRY_VERSION_MINOR, FERRY_VERSION_PATCH);
     return 0;
 }
 
@@ -123,6 +52,102 @@ static void raise_nofile(void)
     }
 }
 
+/* The operator's commands: the one place a command's name, its function
+ * and its lines in `ferry --help` are given (each command's own --help
+ * comes from its option table). */
+typedef struct cli_command {
+    const char *name;
+    int (*run)(int argc, char **argv);   /* argv[0]: the command's name */
+    const char *synopsis;                /* after the name; '\n' starts another form,
+                                          * '\n ' goes on the line above's form */
+    const char *help;                    /* what it does; '\n' breaks the line */
+} cli_command;
+
+static int cmd_help(int argc, char **argv)
+{
+    (void)argc, (void)argv;
+    usage(stdout);
+    return 0;
+}
+
+static const cli_command commands[] = {
+    { "master", cmd_master, "--dir DIR [--listen HOST:PORT] [--metrics HOST:PORT] [--config FILE] ...",
+      "the store's metadata server" },
+    { "node", cmd_node, "--master HOST:PORT [--size SIZE] [--listen HOST:PORT] [--metrics HOST:PORT]\n"
+                        " [--config FILE] ...",
+      "this machine's segment of store memory" },
+    { "up", cmd_up, "[--dir DIR] [--size SIZE] [--listen HOST:PORT] [--detach] [--metrics]",
+      "a master and a node on this machine; prints the export line" },
+    { "down", cmd_down, "[--dir DIR]", "stop a cluster started with up --detach" },
+    { "status", cmd_status, "[--dir DIR | --master HOST:PORT] [--json]",
+      "segments, nodes, clients, objects of the running master" },
+    { "plan", cmd_plan, "--model PRESET --src LAYOUT --dst LAYOUT [--runs N] [--dst-rank R] [--json]\n"
+                        "--model PRESET --src LAYOUT --dst LAYOUT --nic BW [--nics-per-node N] [--json]\n"
+                        "SRC.json DST.json [--runs N] [--dst-rank R] [--json]\n"
+                        "--models [--json]",
+      "the reshard plan between two layouts or manifests, the\n"
+      "modelled update per NIC, the model presets\n"
+      "(LAYOUT: fsdp:256, tp:8,dp:16, ep:32,tp:8, pp:4,tp:8)" },
+    { "token", cmd_token, "", "print a new random cluster token" },
+    { "version", cmd_version, "", "print the version (also ferry --version, ferry -V)" },
+    { "help", cmd_help, "", "this text" },
+};
+#define NCOMMANDS (sizeof commands / sizeof commands[0])
+
+/* Text with '\n' line breaks, each line after the first indented by ind. */
+static void print_lines(FILE *f, const char *s, int ind)
+{
+    for (bool first = true; *s; first = false) {
+        size_t n = strcspn(s, "\n");
+        fprintf(f, "%*s%.*s\n", first ? 0 : ind, "", (int)n, s);
+        s += n + (s[n] == '\n');
+    }
+}
+
+/* A command's forms, each "  NAME FORM" (a line that starts with a space
+ * goes on the form above it, under its first option). */
+static void print_forms(FILE *f, const cli_command *c)
+{
+    int ind = 2 + (int)strlen(c->name);
+    for (const char *s = c->synopsis; *s;) {
+        size_t n = strcspn(s, "\n");
+        if (s[0] == ' ')
+            fprintf(f, "%*s%.*s\n", ind, "", (int)n, s);
+        else
+            fprintf(f, "  %s %.*s\n", c->name, (int)n, s);
+        s += n + (s[n] == '\n');
+    }
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: ferry <command> [options]      ferry <command> --help: that command's options\n"
+               "       ferry --version | -V           ferry --help | -h | help\n"
+               "\n"
+               "commands:\n");
+    enum { COL = 32 };
+    for (size_t i = 0; i < NCOMMANDS; i++) {
+        const cli_command *c = &commands[i];
+        int w = 2 + (int)strlen(c->name) + (c->synopsis[0] ? 1 : 0) + (int)strlen(c->synopsis);
+        if (!strchr(c->synopsis, '\n') && w < COL) {   /* the help beside it */
+            fprintf(f, "  %s%s%s%*s", c->name, c->synopsis[0] ? " " : "", c->synopsis, COL - w, "");
+        } else {
+            print_forms(f, c);
+            fprintf(f, "%*s", COL, "");
+        }
+        print_lines(f, c->help, COL);
+    }
+    fprintf(f, "\n"
+               "Every command takes --opt value and --opt=value; -h/--help prints its options and\n"
+               "their defaults; a usage error exits with status 2. The demos and benchmarks are\n"
+               "ferry-lab, built beside ferry and not installed (ferry-lab --help).\n"
+               "\n"
+               "environment: FERRY_TOKEN / FERRY_TOKEN_FILE (cluster token), FERRY_MASTER=HOST:PORT,\n"
+               "             FERRY_HOME (state of up/down/status), FERRY_LOG=debug|info|warn|error|off,\n"
+               "             FERRY_LOG_FORMAT=json, FERRY_TRANSPORT=shm|tcp (force a transport),\n"
+               "             FERRY_LISTEN=HOST:PORT, FERRY_PROGRESS_SECONDS=N (progress lines off a terminal)\n");
+}
+
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -132,46 +157,13 @@ int main(int argc, char **argv)
         return 2;
     }
     const char *cmd = argv[1];
-    if (!strcmp(cmd, "_demo_trainer"))
-        return demo_trainer_main(argc - 1, argv + 1);
-    if (!strcmp(cmd, "_demo_rollout"))
-        return demo_rollout_main(argc - 1, argv + 1);
-    if (!strcmp(cmd, "_demo_rl_rollout"))
-        return demo_rl_rollout_main(argc - 1, argv + 1);
-    if (!strcmp(cmd, "_demo_rl_update"))
-        return demo_rl_update_main(argc - 1, argv + 1);
-    if (!strncmp(cmd, "_demo_sparse_", 13))
-        return cmd_demo_sparse(argc - 1, argv + 1);
-    if (!strcmp(cmd, "_target"))
-        return cli_target_main(argc - 1, argv + 1);
-    if (!strcmp(cmd, "_exec_worker"))
-        return cli_exec_worker_main(argc - 1, argv + 1);
-    if (!strcmp(cmd, "_bench_store_client"))
-        return cli_bench_store_client_main(argc - 1, argv + 1);
-    if (!strcmp(cmd, "bench"))
-        return cmd_bench(argc - 1, argv + 1, argv[0]);
-    if (!strcmp(cmd, "plan"))
-        return cmd_plan(argc - 1, argv + 1);
-    if (!strcmp(cmd, "master"))
-        return cmd_master(argc - 1, argv + 1);
-    if (!strcmp(cmd, "node"))
-        return cmd_node(argc - 1, argv + 1);
-    if (!strcmp(cmd, "up"))
-        return cmd_up(argc - 1, argv + 1);
-    if (!strcmp(cmd, "down"))
-        return cmd_down(argc - 1, argv + 1);
-    if (!strcmp(cmd, "status"))
-        return cmd_status(argc - 1, argv + 1);
-    if (!strcmp(cmd, "demo"))
-        return cmd_demo(argc - 1, argv + 1, argv[0]);
+    for (size_t i = 0; i < NCOMMANDS; i++)
+        if (!strcmp(cmd, commands[i].name))
+            return commands[i].run(argc - 1, argv + 1);
     if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V"))
-        return cmd_simple("version", 1, (char *[]){ "version", NULL });
-    if (!strcmp(cmd, "token") || !strcmp(cmd, "version"))
-        return cmd_simple(cmd, argc - 1, argv + 1);
-    if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
-        usage(stdout);
-        return 0;
-    }
+        return cmd_version(1, (char *[]){ "version", NULL });
+    if (cli_is_help(cmd))
+        return cmd_help(argc - 1, argv + 1);
     fprintf(stderr, "ferry: unknown %s '%s' (ferry --help lists the commands)\n",
             cmd[0] == '-' ? "option" : "command", cmd);
     return 2;

@@ -1,7 +1,7 @@
 /* `ferry master`: the store's metadata server in the foreground.
  *
- * The server is ferry_master_* (store.h); this file parses options (the
- * command line over a --config file: cli_config.h), finds the cluster
+ * The server is ferry_master_* (store.h); this file parses options (one
+ * table: the command line over a --config file, cli_opts.h), finds the cluster
  * token, reports the bound address, serves --metrics (metrics_http.h) and
  * turns SIGTERM/SIGINT into a clean stop. */
 #include <errno.h>
@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "cli_config.h"
+#include "cli_opts.h"
 #include "metrics_http.h"
 
 static ferry_master *g_master;   /* for the signal handler only */
@@ -21,49 +21,6 @@ static void on_signal(int sig)
 {
     (void)sig;
     ferry_master_stop(g_master);
-}
-
-static void master_usage(FILE *f)
-{
-    fprintf(f,
-            "usage: ferry master --dir DIR [--listen HOST:PORT] [--token-file F]\n"
-            "                    [--heartbeat-timeout MS] [--grace MS] [--dead-after MS]\n"
-            "                    [--pending-timeout MS] [--checkpoint-records N]\n"
-            "                    [--addr-file F] [--no-sync] [--metrics HOST:PORT]\n"
-            "                    [--metrics-file F] [--config FILE]\n"
-            "\n"
-            "Serve the store's metadata (segments, objects, KV, barriers, queues) over TCP.\n"
-            "Every change is logged in DIR before it is acknowledged; a restart on the same\n"
-            "DIR recovers it. Nodes that owned segments get --grace to re-attach.\n"
-            "\n"
-            "A node or client silent for --heartbeat-timeout is suspect: nothing new is placed\n"
-            "on a suspect node and reads of its objects fail fast, but its objects are kept and\n"
-            "come back when it is heard again. A node is declared dead (its objects lost) only\n"
-            "when its connection closed and it did not reconnect within --grace, a new node of\n"
-            "the same name mounted, or it stayed suspect past --dead-after.\n"
-            "\n"
-            "  --dir DIR               state directory (created if needed; one master at a time;\n"
-            "                          required, no default)\n"
-            "  --listen HOST:PORT      address to serve (default 127.0.0.1:0: any free port)\n"
-            "  --token-file F          cluster token (else FERRY_TOKEN, else FERRY_TOKEN_FILE)\n"
-            "  --heartbeat-timeout MS  a node or client silent this long is suspect (10000)\n"
-            "  --grace MS              a peer whose connection closed is dead after this unless\n"
-            "                          it reconnects (default: the heartbeat timeout)\n"
-            "  --dead-after MS         a suspect node is dead after this (default 0: never)\n"
-            "  --pending-timeout MS    revoke objects whose writer vanished mid-put (60000)\n"
-            "  --checkpoint-records N  snapshot after N log records (1000000)\n"
-            "  --addr-file F           write HOST:PORT to F once listening (atomically; default:\n"
-            "                          no file)\n"
-            "  --no-sync               do not fsync the log (tests and benchmarks only; default:\n"
-            "                          every commit is fsynced)\n"
-            "  --metrics HOST:PORT     serve Prometheus metrics at http://HOST:PORT/metrics\n"
-            "                          (port 0: any free one; default: no metrics server)\n"
-            "  --metrics-file F        write the metrics URL to F once serving (atomically;\n"
-            "                          default: no file)\n"
-            "  --config FILE           options from a JSON object whose keys are the option\n"
-            "                          names (\"dir\", \"heartbeat-timeout\", ...); options on\n"
-            "                          the command line override it (docs/operations.md;\n"
-            "                          default: no file)\n");
 }
 
 static int read_token_file(const char *path, ferry_master_config *c)
@@ -141,66 +98,54 @@ static const char *open_error(int rc, const ferry_master_config *c)
     return buf;
 }
 
-static const cli_optdef master_opts[] = {
-    { "dir", CLI_OPT_STR }, { "listen", CLI_OPT_STR }, { "token-file", CLI_OPT_STR },
-    { "heartbeat-timeout", CLI_OPT_NUM }, { "grace", CLI_OPT_NUM }, { "dead-after", CLI_OPT_NUM },
-    { "pending-timeout", CLI_OPT_NUM }, { "checkpoint-records", CLI_OPT_NUM },
-    { "addr-file", CLI_OPT_STR }, { "no-sync", CLI_OPT_FLAG }, { "metrics", CLI_OPT_STR },
-    { "metrics-file", CLI_OPT_STR },
-};
-
 typedef struct master_ctx {
     ferry_master_config c;
     char dir[4096], token_file[4096], addr_file[4096], metrics[64], metrics_file[4096];
 } master_ctx;
 
-/* A string option into its buffer, refused when it does not fit. */
-static int set_str(const char *opt, const char *v, char *dst, size_t cap)
-{
-    if (strlen(v) >= cap) {
-        fprintf(stderr, "ferry master: --%s is at most %zu bytes, not %zu\n", opt, cap - 1,
-                strlen(v));
-        return -1;
-    }
-    snprintf(dst, cap, "%s", v);
-    return 0;
-}
+static const cli_opt master_table[] = {
+    CLI_STR_REQUIRED(master_ctx, dir, "dir", "DIR",
+                     "state directory (created if needed; one master at a time;\n"
+                     "required, no default)"),
+    CLI_STR(master_ctx, c.listen, "listen", "HOST:PORT", "address to serve (default 127.0.0.1:0: any free port)"),
+    CLI_STR(master_ctx, token_file, "token-file", "F", "cluster token (else FERRY_TOKEN, else FERRY_TOKEN_FILE)"),
+    CLI_UINT(master_ctx, c.heartbeat_timeout_ms, "heartbeat-timeout", "MS", 1, 86400000,   /* up to a day */
+             "a node or client silent this long is suspect (10000)"),
+    CLI_UINT(master_ctx, c.grace_ms, "grace", "MS", 1, 86400000,
+             "a peer whose connection closed is dead after this unless\n"
+             "it reconnects (default: the heartbeat timeout)"),
+    CLI_UINT(master_ctx, c.dead_after_ms, "dead-after", "MS", 0, 30ull * 86400000,
+             "a suspect node is dead after this (default 0: never)"),
+    CLI_UINT(master_ctx, c.pending_timeout_ms, "pending-timeout", "MS", 1, 86400000,
+             "revoke objects whose writer vanished mid-put (default: a minute)"),
+    CLI_UINT(master_ctx, c.checkpoint_records, "checkpoint-records", "N", 1, 1000000000,
+             "snapshot after N log records (1000000)"),
+    CLI_STR(master_ctx, addr_file, "addr-file", "F",
+            "write HOST:PORT to F once listening (atomically; default:\nno file)"),
+    CLI_FLAG(master_ctx, c.no_sync, "no-sync",
+             "do not fsync the log (tests and benchmarks only; default:\nevery commit is fsynced)"),
+    CLI_STR(master_ctx, metrics, "metrics", "HOST:PORT",
+            "serve Prometheus metrics at http://HOST:PORT/metrics\n"
+            "(port 0: any free one; default: no metrics server)"),
+    CLI_STR(master_ctx, metrics_file, "metrics-file", "F",
+            "write the metrics URL to F once serving (atomically;\ndefault: no file)"),
+};
 
-static int master_apply(void *arg, const char *name, const char *v)
-{
-    master_ctx *x = arg;
-    ferry_master_config *c = &x->c;
-    char opt[64];
-    snprintf(opt, sizeof opt, "--%s", name);
-    if (!strcmp(name, "dir"))
-        return set_str(name, v, x->dir, sizeof x->dir);
-    if (!strcmp(name, "listen"))
-        return set_str(name, v, c->listen, sizeof c->listen);
-    if (!strcmp(name, "token-file"))
-        return set_str(name, v, x->token_file, sizeof x->token_file);
-    if (!strcmp(name, "addr-file"))
-        return set_str(name, v, x->addr_file, sizeof x->addr_file);
-    if (!strcmp(name, "metrics"))
-        return set_str(name, v, x->metrics, sizeof x->metrics);
-    if (!strcmp(name, "metrics-file"))
-        return set_str(name, v, x->metrics_file, sizeof x->metrics_file);
-    if (!strcmp(name, "no-sync")) {
-        c->no_sync = true;
-        return 0;
-    }
-    if (!strcmp(name, "heartbeat-timeout"))   /* up to a day */
-        return cli_opt_uint(opt, v, 1, 86400000, &c->heartbeat_timeout_ms);
-    if (!strcmp(name, "grace"))
-        return cli_opt_uint(opt, v, 1, 86400000, &c->grace_ms);
-    if (!strcmp(name, "dead-after"))   /* 0: never */
-        return cli_opt_uint(opt, v, 0, 30ull * 86400000, &c->dead_after_ms);
-    if (!strcmp(name, "pending-timeout"))
-        return cli_opt_uint(opt, v, 1, 86400000, &c->pending_timeout_ms);
-    if (!strcmp(name, "checkpoint-records"))
-        return cli_opt_uint(opt, v, 1, 1000000000, &c->checkpoint_records);
-    fprintf(stderr, "ferry master: option --%s is not handled\n", name);   /* a table bug */
-    return -1;
-}
+static const cli_cmd master_cmd = {
+    .name = "master",
+    .about = "Serve the store's metadata (segments, objects, KV, barriers, queues) over TCP.\n"
+             "Every change is logged in DIR before it is acknowledged; a restart on the same\n"
+             "DIR recovers it. Nodes that owned segments get --grace to re-attach.\n"
+             "\n"
+             "A node or client silent for --heartbeat-timeout is suspect: nothing new is placed\n"
+             "on a suspect node and reads of its objects fail fast, but its objects are kept and\n"
+             "come back when it is heard again. A node is declared dead (its objects lost) only\n"
+             "when its connection closed and it did not reconnect within --grace, a new node of\n"
+             "the same name mounted, or it stayed suspect past --dead-after.",
+    .opts = master_table,
+    .nopts = sizeof master_table / sizeof master_table[0],
+    .config_key = "\"dir\", \"heartbeat-timeout\"",
+};
 
 static int master_page(void *arg, char **text)
 {
@@ -215,18 +160,9 @@ static int master_parse(int argc, char **argv, master_ctx *x, bool *run)
     memset(x, 0, sizeof *x);
     ferry_master_config_init(&x->c);
     x->c.token_len = 0;   /* found below, with its own error messages */
-    cli_args a;
-    size_t nopts = sizeof master_opts / sizeof master_opts[0];
-    int pr = cli_args_parse("master", argc, argv, master_opts, nopts, &a);
-    if (pr == 0 && cli_args_apply("master", &a, master_opts, nopts, master_apply, x) < 0)
-        pr = -1;
+    int pr = cli_parse(&master_cmd, argc, argv, x, NULL, NULL);
     if (pr != 0)
-        return cli_usage_exit(pr, master_usage);
-    if (x->dir[0] == 0) {
-        fprintf(stderr, "ferry master: --dir DIR is required\n\n");
-        master_usage(stderr);
-        return 2;
-    }
+        return cli_cmd_usage_exit(pr, &master_cmd);
     snprintf(x->c.dir, sizeof x->c.dir, "%s", x->dir);
     if (find_token(x->token_file[0] ? x->token_file : NULL, &x->c) < 0)
         return 2;

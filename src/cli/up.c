@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "cli_opts.h"
 
 typedef struct up_opts {
     char dir[4096];
@@ -53,87 +54,66 @@ static void default_dir(char *out, size_t cap)
         snprintf(out, cap, "%s/.ferry", getenv("HOME") ? getenv("HOME") : ".");
 }
 
-/* up, down and status each take their own options: 0, CLI_HELP or -1. */
-static int parse(const char *cmd, int argc, char **argv, up_opts *o)
+/* The options of up, down and status, each command's own table. */
+#define DIR_DEFAULT "(default $FERRY_HOME, else ~/.ferry)"
+static const cli_opt up_table[] = {
+    CLI_STR(up_opts, dir, "dir", "DIR", "state directory; a token is generated there once\n" DIR_DEFAULT),
+    CLI_SIZE(up_opts, size, "size", "SIZE", 1u << 20, UINT64_MAX, "the node's segment: 64M, 4G, ... (default 1G)"),
+    CLI_STR(up_opts, listen, "listen", "HOST:PORT", "the master's address (default 127.0.0.1:0: any free port)"),
+    CLI_FLAG(up_opts, detach, "detach",
+             "return at once and leave both running for `ferry down`\n(default: stay in the foreground)"),
+    CLI_FLAG(up_opts, metrics, "metrics",
+             "the master and the node serve Prometheus metrics on free\n"
+             "loopback ports; their URLs are printed and kept in\n"
+             "DIR/master.metrics and DIR/node.metrics (default: off)"),
+};
+static const cli_cmd up_cmd = {
+    .name = "up",
+    .about = "Start a master and a node on this machine and print the line that points clients\n"
+             "at it. It stays in the foreground; Ctrl-C stops both. A --size above the memory\n"
+             "this machine (and its cgroup) has available is refused before anything starts,\n"
+             "and so is a second `ferry up` on a DIR whose cluster runs.",
+    .opts = up_table,
+    .nopts = sizeof up_table / sizeof up_table[0],
+};
+
+static const cli_opt down_table[] = {
+    CLI_STR(up_opts, dir, "dir", "DIR", "the state directory of `ferry up` " DIR_DEFAULT),
+};
+static const cli_cmd down_cmd = {
+    .name = "down",
+    .about = "Stop the master and the node that `ferry up --detach` started in DIR. A recorded\n"
+             "pid that now belongs to another process (same pid, other start time or command\n"
+             "line) is left alone.",
+    .opts = down_table,
+    .nopts = sizeof down_table / sizeof down_table[0],
+};
+
+static const cli_opt status_table[] = {
+    CLI_STR(up_opts, dir, "dir", "DIR", "the state directory of `ferry up`: its master.addr and\ntoken " DIR_DEFAULT),
+    CLI_STR(up_opts, master, "master", "HOST:PORT", "this master instead (default: DIR/master.addr)"),
+    CLI_FLAG(up_opts, json, "json", "the master's status as one JSON object (default: a table)"),
+};
+static const cli_cmd status_cmd = {
+    .name = "status",
+    .forms = "[--dir DIR | --master HOST:PORT] [--json]",
+    .about = "Segments (size, used, objects, attached), nodes (id, state, when last heard),\n"
+             "clients, objects and the KV revision of the running master.",
+    .opts = status_table,
+    .nopts = sizeof status_table / sizeof status_table[0],
+};
+
+/* The defaults, then the command's options: 0, or the exit status and
+ * *run false (0 after --help, 2 on a usage error). */
+static int parse(const cli_cmd *c, int argc, char **argv, up_opts *o, bool *run)
 {
     memset(o, 0, sizeof *o);
     default_dir(o->dir, sizeof o->dir);
     snprintf(o->listen, sizeof o->listen, "127.0.0.1:0");
     o->size = 1ull << 30;
-    bool up = !strcmp(cmd, "up"), status = !strcmp(cmd, "status");
-    cli_getopt g;
-    cli_getopt_init(&g, cmd, argc, argv,
-                    up ? "dir=,size=,listen=,detach,metrics"
-                       : status ? "dir=,master=,json" : "dir=");
-    while (cli_getopt_next(&g)) {
-        const char *a = g.opt, *v = g.val;
-        if (!strcmp(a, "--detach"))
-            o->detach = true;
-        else if (!strcmp(a, "--metrics"))
-            o->metrics = true;
-        else if (!strcmp(a, "--json"))
-            o->json = true;
-        else if (!strcmp(a, "--dir"))
-            snprintf(o->dir, sizeof o->dir, "%s", v);
-        else if (!strcmp(a, "--listen"))
-            snprintf(o->listen, sizeof o->listen, "%s", v);
-        else if (!strcmp(a, "--master"))
-            snprintf(o->master, sizeof o->master, "%s", v);
-        else if (!strcmp(a, "--size")) {
-            if (cli_opt_size(a, v, 1u << 20, UINT64_MAX, &o->size) < 0)
-                return -1;
-        } else {
-            return cli_getopt_unhandled(&g);
-        }
-    }
-    return cli_getopt_end(&g, 0);
-}
-
-static void up_usage(FILE *f)
-{
-    fprintf(f,
-            "usage: ferry up [--dir DIR] [--size SIZE] [--listen HOST:PORT] [--detach] [--metrics]\n"
-            "\n"
-            "Start a master and a node on this machine and print the line that points clients\n"
-            "at it. It stays in the foreground; Ctrl-C stops both. A --size above the memory\n"
-            "this machine (and its cgroup) has available is refused before anything starts,\n"
-            "and so is a second `ferry up` on a DIR whose cluster runs.\n"
-            "\n"
-            "  --dir DIR           state directory; a token is generated there once\n"
-            "                      (default $FERRY_HOME, else ~/.ferry)\n"
-            "  --size SIZE         the node's segment: 64M, 4G, ... (default 1G)\n"
-            "  --listen HOST:PORT  the master's address (default 127.0.0.1:0: any free port)\n"
-            "  --detach            return at once and leave both running for `ferry down`\n"
-            "                      (default: stay in the foreground)\n"
-            "  --metrics           the master and the node serve Prometheus metrics on free\n"
-            "                      loopback ports; their URLs are printed and kept in\n"
-            "                      DIR/master.metrics and DIR/node.metrics (default: off)\n");
-}
-
-static void down_usage(FILE *f)
-{
-    fprintf(f,
-            "usage: ferry down [--dir DIR]\n"
-            "\n"
-            "Stop the master and the node that `ferry up --detach` started in DIR. A recorded\n"
-            "pid that now belongs to another process (same pid, other start time or command\n"
-            "line) is left alone.\n"
-            "\n"
-            "  --dir DIR  the state directory of `ferry up` (default $FERRY_HOME, else ~/.ferry)\n");
-}
-
-static void status_usage(FILE *f)
-{
-    fprintf(f,
-            "usage: ferry status [--dir DIR | --master HOST:PORT] [--json]\n"
-            "\n"
-            "Segments (size, used, objects, attached), nodes (id, state, when last heard),\n"
-            "clients, objects and the KV revision of the running master.\n"
-            "\n"
-            "  --dir DIR           the state directory of `ferry up`: its master.addr and\n"
-            "                      token (default $FERRY_HOME, else ~/.ferry)\n"
-            "  --master HOST:PORT  this master instead (default: DIR/master.addr)\n"
-            "  --json              the master's status as one JSON object (default: a table)\n");
+    int pr = cli_parse(c, argc, argv, o, NULL, NULL);
+    *run = pr == 0;
+    return pr == 0 ? 0 : cli_cmd_usage_exit(pr, c);
 }
 
 static int read_small(const char *path, char *out, size_t cap)
@@ -322,9 +302,10 @@ static int check_old_pids(const char *dir, const char *pidf, const char *addrf)
 int cmd_up(int argc, char **argv)
 {
     up_opts o;
-    int pr = parse("up", argc, argv, &o);
-    if (pr != 0)
-        return cli_usage_exit(pr, up_usage);
+    bool run;
+    int pst = parse(&up_cmd, argc, argv, &o, &run);
+    if (!run)
+        return pst;
     if (check_size(&o) < 0)
         return 1;
     char tok[4200], mdir[4200], addrf[4200], readyf[4200], pidf[4200], addr[128], seg[64];
@@ -474,9 +455,10 @@ int cmd_up(int argc, char **argv)
 int cmd_down(int argc, char **argv)
 {
     up_opts o;
-    int pr = parse("down", argc, argv, &o);
-    if (pr != 0)
-        return cli_usage_exit(pr, down_usage);
+    bool run;
+    int pst = parse(&down_cmd, argc, argv, &o, &run);
+    if (!run)
+        return pst;
     char pidf[4200], f[4200];
     snprintf(pidf, sizeof pidf, "%s/up.pids", o.dir);
     cli_pidrec r[2];
@@ -574,9 +556,10 @@ static void print_status(json_t *j)
 int cmd_status(int argc, char **argv)
 {
     up_opts o;
-    int pr = parse("status", argc, argv, &o);
-    if (pr != 0)
-        return cli_usage_exit(pr, status_usage);
+    bool run;
+    int pst = parse(&status_cmd, argc, argv, &o, &run);
+    if (!run)
+        return pst;
     ferry_store_config cfg;
     ferry_store_config_init(&cfg);
     char f[4200], addr[128];

@@ -18,6 +18,11 @@
  * T or P (either case; binary: K = 1024) with an optional "iB" or "B", so
  * "1.5G", "1.5GiB" and "1536M" are the same. Whole bytes: a fraction is
  * rounded down. 0 or -1 (not a size, 0 bytes, or too large). */
+const char *cli_prog(void)
+{
+    return program_invocation_short_name;
+}
+
 int cli_parse_size(const char *s, uint64_t *out)
 {
     if (!isdigit((unsigned char)s[0]))
@@ -80,7 +85,7 @@ int cli_opt_uint(const char *opt, const char *v, uint64_t min, uint64_t max, uin
         *out = x;
         return 0;
     }
-    fprintf(stderr, "ferry: %s wants a whole number from %llu to %llu, not '%s'\n", opt,
+    fprintf(stderr, "%s: %s wants a whole number from %llu to %llu, not '%s'\n", cli_prog(), opt,
             (unsigned long long)min, (unsigned long long)max, v);
     return -1;
 }
@@ -105,7 +110,7 @@ int cli_opt_double(const char *opt, const char *v, double min, double max, doubl
             return 0;
         }
     }
-    fprintf(stderr, "ferry: %s wants a number from %.15g to %.15g, not '%s'\n", opt, min, max, v);
+    fprintf(stderr, "%s: %s wants a number from %.15g to %.15g, not '%s'\n", cli_prog(), opt, min, max, v);
     return -1;
 }
 
@@ -122,13 +127,13 @@ int cli_opt_size(const char *opt, const char *v, uint64_t min, uint64_t max, uin
     cli_fmt_size(max, hi, sizeof hi);
     const char *eg = min >= (1u << 20) ? "64M, 1.5G or 2TiB" : "64K, 4M or 1.5G";
     if (parsed < 0)
-        fprintf(stderr, "ferry: %s wants a size: a number (decimals allowed) with K, M, G, T or P, "
-                "with or without iB (binary units), such as %s; this is not one: '%s'\n", opt, eg, v);
+        fprintf(stderr, "%s: %s wants a size: a number (decimals allowed) with K, M, G, T or P, "
+                "with or without iB (binary units), such as %s; this is not one: '%s'\n", cli_prog(), opt, eg, v);
     else if (max == UINT64_MAX || x < min)
-        fprintf(stderr, "ferry: %s wants a size of at least %s (this one reads %s), not '%s'\n", opt,
+        fprintf(stderr, "%s: %s wants a size of at least %s (this one reads %s), not '%s'\n", cli_prog(), opt,
                 lo, cli_fmt_size(x, got, sizeof got), v);
     else
-        fprintf(stderr, "ferry: %s wants a size of at most %s (this one reads %s), not '%s'\n", opt,
+        fprintf(stderr, "%s: %s wants a size of at most %s (this one reads %s), not '%s'\n", cli_prog(), opt,
                 hi, cli_fmt_size(x, got, sizeof got), v);
     return -1;
 }
@@ -190,151 +195,4 @@ size_t cli_unhex(const char *s, uint8_t *out, size_t cap)
         out[n++] = (uint8_t)strtoul(tmp, NULL, 16);
     }
     return n;
-}
-
-/* Progress of this process (one per process: a child reports its own). */
-static double g_last_progress, g_progress_t0;
-static bool g_progress_shown;
-
-/* Seconds between status lines when stderr is not a terminal:
- * FERRY_PROGRESS_SECONDS (0: every update), default 5. */
-static double progress_period(void)
-{
-    const char *e = getenv("FERRY_PROGRESS_SECONDS");
-    char *end;
-    double v = e && *e ? strtod(e, &end) : 5;
-    return e && *e && (*end || !(v >= 0 && v <= 86400)) ? 5 : v;
-}
-
-/* One status text: on a terminal the `\r` line it replaces, at most 20
- * times a second; elsewhere (a file, a pipe, a CI log) a whole line at
- * most every progress_period() seconds, so a log grows by a line at a
- * time and never holds a `\r`. */
-static void progress_emit(const char *text, bool last)
-{
-    double now = cli_now();
-    if (g_progress_t0 == 0)
-        g_progress_t0 = now;
-    if (isatty(2)) {
-        if (now - g_last_progress < 0.05 && !last)
-            return;
-        g_last_progress = now;
-        fprintf(stderr, "\r  %-72.72s", text);
-        fflush(stderr);
-        return;
-    }
-    if (g_progress_shown && now - g_last_progress < progress_period())
-        return;
-    g_progress_shown = true;
-    g_last_progress = now;
-    fprintf(stderr, "ferry: progress: %s (%.0f s)\n", text, now - g_progress_t0);
-}
-
-void cli_progress(const char *what, double frac)
-{
-    int w = 30, filled = (int)(frac * w + 0.5);
-    char bar[32], text[128];
-    for (int i = 0; i < w; i++)
-        bar[i] = i < filled ? '#' : '.';
-    bar[w] = 0;
-    if (isatty(2))
-        snprintf(text, sizeof text, "%-28s [%s] %3.0f%%", what, bar, frac * 100);
-    else
-        snprintf(text, sizeof text, "%s %.0f%%", what, frac * 100);
-    progress_emit(text, frac >= 1.0);
-}
-
-void cli_progress_text(const char *fmt, ...)
-{
-    char text[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
-    progress_emit(text, false);
-}
-
-void cli_progress_done(void)
-{
-    if (isatty(2))
-        fprintf(stderr, "\r%80s\r", "");
-}
-
-/* ---- target child ------------------------------------------------------ */
-
-int cli_target_start(cli_target *t, const char *self, uint64_t size, const char *listen)
-{
-    memset(t, 0, sizeof *t);
-    int in[2], out[2];
-    if (pipe2(in, O_CLOEXEC) < 0 || pipe2(out, O_CLOEXEC) < 0)
-        return FERRY_EIO;
-    char sz[32];
-    snprintf(sz, sizeof sz, "%llu", (unsigned long long)size);
-    pid_t pid = fork();
-    if (pid < 0)
-        return FERRY_EIO;
-    if (pid == 0) {
-        /* a demo's parent blocks these for its signal thread; exec keeps the mask */
-        sigset_t set;
-        sigemptyset(&set);
-        sigaddset(&set, SIGINT);
-        sigaddset(&set, SIGTERM);
-        sigprocmask(SIG_UNBLOCK, &set, NULL);
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        dup2(in[0], 0);
-        dup2(out[1], 1);
-        const char *exe = access("/proc/self/exe", X_OK) == 0 ? "/proc/self/exe" : self;
-        execl(exe, "ferry", "_target", "--size", sz, "--listen", listen ? listen : "127.0.0.1:0", (char *)NULL);
-        _exit(127);
-    }
-    close(in[0]);
-    close(out[1]);
-    t->pid = pid;
-    t->in = fdopen(in[1], "w");
-    t->out = fdopen(out[0], "r");
-    char line[1024];
-    if (!fgets(line, sizeof line, t->out) || strncmp(line, "READY ", 6) != 0) {
-        fprintf(stderr, "ferry: target process failed to start%s%s", line[0] ? ": " : "\n", line);
-        cli_target_stop(t);
-        return FERRY_EIO;
-    }
-    char *sp = strchr(line + 6, ' ');
-    t->desc_len = cli_unhex(line + 6, t->desc, sizeof t->desc);
-    t->sink_port = sp ? (unsigned)strtoul(sp + 1, NULL, 10) : 0;
-    return 0;
-}
-
-int cli_target_cmd(cli_target *t, char *reply, size_t cap, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vfprintf(t->in, fmt, ap);
-    va_end(ap);
-    fputc('\n', t->in);
-    fflush(t->in);
-    char tmp[256];
-    if (!reply) {
-        reply = tmp;
-        cap = sizeof tmp;
-    }
-    if (!fgets(reply, (int)cap, t->out))
-        return -1;
-    reply[strcspn(reply, "\n")] = 0;
-    return strncmp(reply, "OK", 2) == 0 ? 0 : -1;
-}
-
-void cli_target_stop(cli_target *t)
-{
-    if (t->in) {
-        fputs("quit\n", t->in);
-        fclose(t->in);
-    }
-    if (t->out)
-        fclose(t->out);
-    if (t->pid > 0) {
-        int st;
-        /* The child exits on "quit" or on EOF of its stdin; reap it. */
-        waitpid(t->pid, &st, 0);
-    }
-    memset(t, 0, sizeof *t);
 }

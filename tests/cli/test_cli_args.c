@@ -30,20 +30,22 @@ static double now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* `ferry ARGS` must fail with status 2, its first line "ferry: OPT ...
+/* `ferry ARGS` (`ferry-lab` for demo and bench) must fail with status 2,
+ * its first line "ferry: OPT ... (or "ferry-lab: OPT ...
  * 'BAD'", before it starts anything: within seconds on a loaded machine,
  * where a started cluster or benchmark would run far longer (a master or a
  * node forever, until `timeout` ends it with 124). */
 static void refused(const char *args, const char *opt, const char *bad)
 {
     double t0 = now();
-    int st = ft_run(out, sizeof out, "timeout 60 %s %s 2>&1", ft_ferry_bin(), args);
+    const char *bin = ft_bin_for(args);
+    int st = ft_run(out, sizeof out, "timeout 60 %s %s 2>&1", bin, args);
     double dt = now() - t0;
     fprintf(stderr, "ferry %s -> %d in %.2f s: %.*s\n", args, st, dt, (int)strcspn(out, "\n"), out);
     assert_int_equal(st, 2);
     assert_true(dt < 15);
     char want[160];
-    snprintf(want, sizeof want, "ferry: %s wants ", opt);
+    snprintf(want, sizeof want, "%s: %s wants ", strcmp(bin, ft_lab_bin()) ? "ferry" : "ferry-lab", opt);
     assert_int_equal(strncmp(out, want, strlen(want)), 0);   /* the reason comes first */
     snprintf(want, sizeof want, "'%s'\n", bad);
     const char *nl = strchr(out, '\n');
@@ -56,7 +58,7 @@ static void test_demo_rl(void **state)
 {
     (void)state;
     refused("demo rl --rollouts 3x", "--rollouts", "3x");
-    assert_non_null(strstr(out, "usage: ferry demo rl"));   /* the usage still follows */
+    assert_non_null(strstr(out, "usage: ferry-lab demo rl"));   /* the usage still follows */
     refused("demo rl --rollouts abc", "--rollouts", "abc");
     refused("demo rl --rollouts 65", "--rollouts", "65");
     refused("demo rl --steps 0", "--steps", "0");
@@ -165,17 +167,17 @@ static void test_master_node_up(void **state)
 /* The commands and the first words of their usage. Each would start
  * processes (a cluster, workers, a benchmark) if it ran. */
 static const char *const cmds[][2] = {
-    { "demo", "usage: ferry demo " },
-    { "demo rl", "usage: ferry demo rl " },
-    { "demo --sparse", "usage: ferry demo --sparse " },
-    { "demo engine", "usage: ferry demo engine " },
-    { "bench", "usage: ferry bench " },
-    { "bench engine", "usage: ferry bench engine " },
-    { "bench store", "usage: ferry bench store " },
-    { "bench weights", "usage: ferry bench weights " },
-    { "bench plan", "usage: ferry bench plan " },
-    { "bench exec", "usage: ferry bench exec " },
-    { "bench sparse", "usage: ferry bench sparse " },
+    { "demo", "usage: ferry-lab demo " },
+    { "demo rl", "usage: ferry-lab demo rl " },
+    { "demo --sparse", "usage: ferry-lab demo --sparse " },
+    { "demo engine", "usage: ferry-lab demo engine " },
+    { "bench", "usage: ferry-lab bench " },
+    { "bench engine", "usage: ferry-lab bench engine " },
+    { "bench store", "usage: ferry-lab bench store " },
+    { "bench weights", "usage: ferry-lab bench weights " },
+    { "bench plan", "usage: ferry-lab bench plan " },
+    { "bench exec", "usage: ferry-lab bench exec " },
+    { "bench sparse", "usage: ferry-lab bench sparse " },
     { "up", "usage: ferry up " },
     { "down", "usage: ferry down " },
     { "status", "usage: ferry status " },
@@ -188,7 +190,7 @@ static const char *const cmds[][2] = {
 
 static char err[1 << 16];
 
-/* `ferry ARGS`: its stdout in out, its stderr in err, its exit status. */
+/* `ferry ARGS` (ferry-lab for demo and bench): its stdout in out, its stderr in err, its exit status. */
 static int run_split(const char *args, double *secs)
 {
     char path[] = "/tmp/ferry-cli-err-XXXXXX";
@@ -196,7 +198,7 @@ static int run_split(const char *args, double *secs)
     assert_true(fd >= 0);
     close(fd);
     double t0 = now();
-    int st = ft_run(out, sizeof out, "timeout 60 %s %s 2>%s", ft_ferry_bin(), args, path);
+    int st = ft_run(out, sizeof out, "timeout 60 %s %s 2>%s", ft_bin_for(args), args, path);
     *secs = now() - t0;
     FILE *f = fopen(path, "r");
     size_t n = f ? fread(err, 1, sizeof err - 1, f) : 0;
@@ -269,7 +271,7 @@ static void test_unknown_option(void **state)
     /* a value option given last, without its value */
     double dt;
     assert_int_equal(run_split("demo rl --steps", &dt), 2);
-    assert_int_equal(strncmp(err, "ferry demo rl: --steps needs a value", 36), 0);
+    assert_int_equal(strncmp(err, "ferry-lab demo rl: --steps needs a value", 40), 0);
 }
 
 int main(void)

@@ -1,5 +1,6 @@
-/* The command-line convention (docs/operations.md, "Command line"), for every command `ferry help` lists and the internal
- * _target: --help and -h print the command's usage on stdout and exit 0;
+/* The command-line convention (docs/operations.md, "Command line"), for
+ * every command `ferry help` and `ferry-lab --help` list, workers included:
+ * --help and -h print the command's usage on stdout and exit 0;
  * --bogus exits 2 and the first line on stderr names '--bogus'; the
  * --opt=value form reaches the option (a bad value is refused by that
  * option's own message, a good one is taken and the next bad option is
@@ -30,7 +31,7 @@
 
 static char out[1 << 17], err[1 << 17];
 
-/* `ferry ARGS` (a shell line): stdout in out, stderr in err, exit status. */
+/* `ferry ARGS` (a shell line; ferry-lab for demo, bench and worker): stdout in out, stderr in err, exit status. */
 static int run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static int run(const char *fmt, ...)
 {
@@ -42,7 +43,7 @@ static int run(const char *fmt, ...)
     int fd = mkstemp(path);
     assert_true(fd >= 0);
     close(fd);
-    int st = ft_run(out, sizeof out, "timeout 120 %s %s 2>%s", ft_ferry_bin(), args, path);
+    int st = ft_run(out, sizeof out, "timeout 120 %s %s 2>%s", ft_bin_for(args), args, path);
     FILE *f = fopen(path, "r");
     size_t n = f ? fread(err, 1, sizeof err - 1, f) : 0;
     err[n] = 0;
@@ -90,7 +91,7 @@ static const cmd_case cases[] = {
     { "up --dir=/nonexistent/ferry-conv", "--size=1x", "--size", "1x", "--size=64M" },
     { "down", NULL, NULL, NULL, "--dir=/nonexistent/ferry-conv" },
     { "status", NULL, NULL, NULL, "--dir=/nonexistent/ferry-conv" },
-    { "_target", "--size=4X", "--size", "4X", "--size=1M" },
+    { "worker target", "--size=4X", "--size", "4X", "--size=1M" },
     { "bench", NULL, NULL, NULL, NULL },
     { "token", NULL, NULL, NULL, NULL },
     { "version", NULL, NULL, NULL, NULL },
@@ -180,12 +181,16 @@ static void test_version_and_top_help(void **state)
     }
     const char *helps[] = { "--help", "-h", "help" };
     static const char *const listed[] = {
+        "plan --model", "plan SRC.json", "plan --models [--json]", "--nic BW", "master --dir",
+        "node --master", "up [", "--listen HOST:PORT", "--detach", "--metrics", "down [",
+        "status [", "token", "version", "--version", "-V", "FERRY_MASTER", "FERRY_HOME", "ferry-lab",
+    };
+    /* the demos and benchmarks are ferry-lab's, and only there */
+    static const char *const lab_listed[] = {
         "demo [", "demo engine", "demo rl", "demo --sparse", "--model PRESET", "--steps N",
         "bench weights [", "bench weights --scale", "bench weights --convert-only",
         "bench engine", "bench store", "bench plan", "bench exec", "bench sparse",
-        "plan --model", "plan SRC.json", "plan --models [--json]", "--nic BW", "master --dir",
-        "node --master", "up [", "--listen HOST:PORT", "--detach", "--metrics", "down [",
-        "status [", "token", "version", "--version", "-V", "FERRY_MASTER", "FERRY_HOME",
+        "worker target", "worker trainer", "worker exec", "worker store-client",
     };
     for (int k = 0; k < 3; k++) {
         assert_int_equal(run("%s", helps[k]), 0);
@@ -194,14 +199,24 @@ static void test_version_and_top_help(void **state)
             if (!strstr(out, listed[i]))
                 fail_msg("ferry %s does not mention '%s'", helps[k], listed[i]);
         }
+        if (strstr(out, "  demo") || strstr(out, "  bench") || strstr(out, "  worker") ||
+            strstr(out, " _"))
+            fail_msg("ferry %s lists a demo, a benchmark or a worker", helps[k]);
     }
-    /* every command of the table is in it */
+    /* every operator command of the table is in it */
     for (size_t i = 0; i < NCASES; i++) {
         char word[64];
         snprintf(word, sizeof word, "  %.*s", (int)strcspn(cases[i].cmd, " "), cases[i].cmd);
-        if (cases[i].cmd[0] != '_' && !strstr(out, word))
+        if (!strcmp(ft_bin_for(cases[i].cmd), ft_ferry_bin()) && !strstr(out, word))
             fail_msg("ferry help does not list '%s'", cases[i].cmd);
     }
+    /* and ferry-lab's help, every demo, benchmark and worker */
+    char lab_help[1 << 14];
+    assert_int_equal(ft_run(lab_help, sizeof lab_help, "%s --help", ft_lab_bin()), 0);
+    assert_int_equal(strncmp(lab_help, "usage: ferry-lab ", 17), 0);
+    for (size_t i = 0; i < sizeof lab_listed / sizeof lab_listed[0]; i++)
+        if (!strstr(lab_help, lab_listed[i]))
+            fail_msg("ferry-lab --help does not mention '%s'", lab_listed[i]);
 }
 
 static void test_plan_models_json(void **state)

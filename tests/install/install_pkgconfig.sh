@@ -4,7 +4,7 @@
 # engine"), extracted as it is written there, compiled against the install
 # with pkg-config twice — shared (`cc app.c $(pkg-config --cflags --libs
 # ferry)`) and static (`cc -static app.c $(pkg-config --static --cflags
-# --libs ferry)`) — and run. Usage: install_pkgconfig.sh BUILD_DIR SOURCE_DIR SANITIZE(0|1)
+# --libs ferry)`) — and run; bin/ferry is there and bin/ferry-lab is not. Usage: install_pkgconfig.sh BUILD_DIR SOURCE_DIR SANITIZE(0|1)
 set -euo pipefail
 build=$1 src=$2 sanitize=${3:-0}
 tmp=$(mktemp -d)
@@ -19,6 +19,9 @@ echo "installed: $(cd "$tmp/prefix" && find . -type f -o -type l | sort | tr '\n
 soname=$(objdump -p "$libdir/libferry.so" | awk '/SONAME/ {print $2}')
 echo "SONAME: $soname; pkg-config --modversion ferry: $(pkg-config --modversion ferry)"
 case "$soname" in libferry.so.[0-9]*) ;; *) echo "libferry.so has no versioned SONAME"; exit 1 ;; esac
+# the operator's ferry is installed; ferry-lab (the demos and benchmarks) is not
+[ -x "$tmp/prefix/bin/ferry" ] || { echo "bin/ferry is not installed"; exit 1; }
+[ ! -e "$tmp/prefix/bin/ferry-lab" ] || { echo "bin/ferry-lab is installed: it must not be"; exit 1; }
 
 # the first ```c block after the "## Using the engine" heading
 awk '/^## Using the engine/ {s=1} s && /^```c/ {c=1; next} c && /^```/ {exit} c {print}' "$src/README.md" \

@@ -1,5 +1,5 @@
 """Every store key a layer writes is formatted in one file of that layer
-(CONVENTIONS.md): no string literal under src/ spells a ferry/<kind>/ key
+(CONVENTIONS.md): no string literal under src/ or lab/ spells a ferry/<kind>/ key
 outside src/rl/keys.c (the rl layer) and src/sparse/object.c (sparse
 objects). Comments are not code and are skipped. Prints each literal found
 elsewhere; exits 1 if any."""
@@ -45,7 +45,8 @@ def literals(text):
 
 
 bad = []
-for path in sorted(glob.glob(os.path.join(root, "src", "**", "*.[ch]"), recursive=True)):
+for path in sorted(glob.glob(os.path.join(root, "src", "**", "*.[ch]"), recursive=True) +
+                   glob.glob(os.path.join(root, "lab", "**", "*.[ch]"), recursive=True)):
     rel = os.path.relpath(path, root)
     if rel in OWNERS:
         continue

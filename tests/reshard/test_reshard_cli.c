@@ -1,6 +1,8 @@
-/* `ferry plan` and `ferry bench plan` through the built binary (FERRY_BIN):
+/* `ferry plan` and `ferry-lab bench plan` through the built binaries
+ * (FERRY_BIN, FERRY_LAB):
  * layouts, --json, manifests saved and planned from files, bad input. */
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <setjmp.h>
@@ -15,13 +17,15 @@
 
 #include "ferry/reshard.h"
 
-static const char *bin(void)
+/* ferry-lab for "bench ...", ferry for the rest. */
+static const char *bin(const char *args)
 {
-    const char *b = getenv("FERRY_BIN");
-    return b && *b ? b : "./ferry";
+    bool lab = !strncmp(args, "bench ", 6);
+    const char *b = getenv(lab ? "FERRY_LAB" : "FERRY_BIN");
+    return b && *b ? b : lab ? "./ferry-lab" : "./ferry";
 }
 
-/* Run `ferry ARGS`, capture stdout (and stderr into *err_out when given);
+/* Run `ferry ARGS` (or `ferry-lab bench ...`), capture stdout (and stderr into *err_out when given);
  * returns the exit status. */
 static int run(char **out, char **err_out, const char *fmt, ...)
 {
@@ -33,7 +37,7 @@ static int run(char **out, char **err_out, const char *fmt, ...)
     int fd = mkstemp(errf);
     assert_true(fd >= 0);
     close(fd);
-    snprintf(cmd, sizeof cmd, "%s %s 2>%s", bin(), args, errf);
+    snprintf(cmd, sizeof cmd, "%s %s 2>%s", bin(args), args, errf);
     FILE *p = popen(cmd, "r");
     assert_non_null(p);
     size_t cap = 1 << 16, n = 0;

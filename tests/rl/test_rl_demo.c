@@ -1,4 +1,4 @@
-/* `ferry demo` end to end at a small size through the built binary: it
+/* `ferry-lab demo` end to end at a small size through the built binary: it
  * starts its own master and node, trainers and rollouts, and must verify
  * every byte of every generation in both update forms, with the direct
  * and the compatibility (group) forms reading exactly the published bytes
@@ -20,7 +20,7 @@ static void test_demo_small(void **state)
     (void)state;
     static char out[1 << 16];
     int st = ft_run(out, sizeof out, "%s demo --bytes 48M --trainers 3 --rollouts 2 --generations 2 --json",
-                    ft_ferry_bin());
+                    ft_lab_bin());
     fprintf(stderr, "%s", out);
     assert_int_equal(st, 0);
     assert_non_null(strstr(out, "\"ok\":true"));

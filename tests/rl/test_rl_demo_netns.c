@@ -1,6 +1,6 @@
-/* `ferry demo` across two hosts: network namespaces joined by a veth pair,
+/* `ferry-lab demo` across two hosts: network namespaces joined by a veth pair,
  * made and removed by this test. Host A runs the master and the only store
- * node; host B runs `ferry demo` against it (FERRY_MASTER), so every
+ * node; host B runs `ferry-lab demo` against it (FERRY_MASTER), so every
  * published byte crosses the link to A's segment and every byte the rollouts
  * read comes back across it, while the rollouts' pushes to each other stay
  * on host B. Every parameter byte of both generations must verify. Needs
@@ -53,7 +53,7 @@ static void test_demo_two_hosts(void **state)
     const char *args[] = { "demo", "--bytes", "48M", "--trainers", "2", "--rollouts", "2",
                            "--generations", "2", "--json", NULL };
     ft_peer p;
-    int sp = ft_spawn_exe(&p, ns.b, ft_ferry_bin(), args);
+    int sp = ft_spawn_exe(&p, ns.b, ft_lab_bin(), args);
     unsetenv("FERRY_MASTER");
     unsetenv("FERRY_LISTEN");
     char line[8192] = "";

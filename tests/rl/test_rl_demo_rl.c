@@ -1,4 +1,4 @@
-/* `ferry demo rl` end to end through the built binary: separate rollout
+/* `ferry-lab demo rl` end to end through the built binary: separate rollout
  * and update processes on the demo's own master and node; every produced
  * sample must end trained once, dropped or sent back for recompute (lost 0,
  * duplicated 0), the rollouts must load every version's weights correctly,
@@ -22,7 +22,7 @@ static char out[1 << 16];
 
 static void run(const char *args)
 {
-    int st = ft_run(out, sizeof out, "%s demo rl %s --json", ft_ferry_bin(), args);
+    int st = ft_run(out, sizeof out, "%s demo rl %s --json", ft_lab_bin(), args);
     fprintf(stderr, "%s: %s", args, out);
     assert_int_equal(st, 0);
 }
@@ -151,18 +151,18 @@ static void test_bad_pools_refused(void **state)
         { "--lease-ms 5", "--lease-ms wants a whole number from 100" },
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        int st = ft_run(out, sizeof out, "%s demo rl %s 2>&1", ft_ferry_bin(), bad[i].args);
+        int st = ft_run(out, sizeof out, "%s demo rl %s 2>&1", ft_lab_bin(), bad[i].args);
         fprintf(stderr, "%s: %s", bad[i].args, out);
         assert_int_equal(st, 2);
         assert_non_null(strstr(out, bad[i].says));
-        assert_non_null(strstr(out, "usage: ferry demo rl"));
+        assert_non_null(strstr(out, "usage: ferry-lab demo rl"));
     }
 }
 
 static void test_bad_bound_refused(void **state)
 {
     (void)state;
-    int st = ft_run(out, sizeof out, "%s demo rl --batch 32 --updaters 2 --bound 64 2>&1", ft_ferry_bin());
+    int st = ft_run(out, sizeof out, "%s demo rl --batch 32 --updaters 2 --bound 64 2>&1", ft_lab_bin());
     assert_int_equal(st, 2);
     assert_non_null(strstr(out, "must exceed batch x updaters"));
 }

@@ -1,4 +1,4 @@
-/* `ferry demo` and `ferry demo rl` ended by SIGINT and by SIGTERM in the
+/* `ferry-lab demo` and `ferry-lab demo rl` ended by SIGINT and by SIGTERM in the
  * middle of a run, through the built binary: the process ends by that
  * signal, its temporary directories (the cluster's /tmp/ferry-demo-*, the
  * weight demo's /tmp/ferry-counters-*) are gone, and none of the processes
@@ -72,7 +72,7 @@ static void interrupted(const char *what, const char *const *args, const char *r
 {
     unsetenv("FERRY_MASTER");   /* the demo's own cluster, in its own temp dir */
     ft_peer p;
-    assert_int_equal(ft_spawn_exe(&p, NULL, ft_ferry_bin(), args), 0);
+    assert_int_equal(ft_spawn_exe(&p, NULL, ft_lab_bin(), args), 0);
     pid_t kids[KIDS];
     unsigned long long start[KIDS];
     size_t n = 0;
@@ -141,7 +141,7 @@ static void interrupted(const char *what, const char *const *args, const char *r
         static const char *const next[] = { "demo", "--bytes", "8M", "--trainers", "1",
                                             "--rollouts", "1", "--generations", "1", NULL };
         ft_peer q;
-        assert_int_equal(ft_spawn_exe(&q, NULL, ft_ferry_bin(), next), 0);
+        assert_int_equal(ft_spawn_exe(&q, NULL, ft_lab_bin(), next), 0);
         int qs = 0;
         int qw = ft_wait_status(q.pid, 120000, &qs);
         if (qw < 0)
@@ -178,25 +178,25 @@ static const char *const rl_args[] = { "demo", "rl", "--rollouts", "1", "--steps
 static void test_demo_sigint(void **state)
 {
     (void)state;
-    interrupted("ferry demo", demo_args, "_demo_rollout", SIGINT, true);
+    interrupted("ferry-lab demo", demo_args, "worker rollout ", SIGINT, true);
 }
 
 static void test_demo_sigterm(void **state)
 {
     (void)state;
-    interrupted("ferry demo", demo_args, "_demo_rollout", SIGTERM, true);
+    interrupted("ferry-lab demo", demo_args, "worker rollout ", SIGTERM, true);
 }
 
 static void test_demo_rl_sigint(void **state)
 {
     (void)state;
-    interrupted("ferry demo rl", rl_args, "_demo_rl_rollout", SIGINT, false);
+    interrupted("ferry-lab demo rl", rl_args, "worker rl-rollout ", SIGINT, false);
 }
 
 static void test_demo_rl_sigterm(void **state)
 {
     (void)state;
-    interrupted("ferry demo rl", rl_args, "_demo_rl_rollout", SIGTERM, false);
+    interrupted("ferry-lab demo rl", rl_args, "worker rl-rollout ", SIGTERM, false);
 }
 
 /* The SIGKILL runs in a TMPDIR of their own: any demo sweeps what a killed
@@ -230,13 +230,13 @@ static int drop_tmpdir(void **state)
 static void test_demo_sigkill(void **state)
 {
     (void)state;
-    interrupted("ferry demo", demo_args, "_demo_rollout", SIGKILL, true);
+    interrupted("ferry-lab demo", demo_args, "worker rollout ", SIGKILL, true);
 }
 
 static void test_demo_rl_sigkill(void **state)
 {
     (void)state;
-    interrupted("ferry demo rl", rl_args, "_demo_rl_rollout", SIGKILL, false);
+    interrupted("ferry-lab demo rl", rl_args, "worker rl-rollout ", SIGKILL, false);
 }
 
 int main(void)

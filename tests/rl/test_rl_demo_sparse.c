@@ -1,4 +1,4 @@
-/* `ferry demo --sparse` end to end through the built binary, small sizes:
+/* `ferry-lab demo --sparse` end to end through the built binary, small sizes:
  * trainers publish a dense base and sparse delta generations, EP2 x TP2
  * rollouts apply them; every generation must verify (no wrong element),
  * move fewer sparse bytes than a dense update of the same boxes, need no
@@ -24,10 +24,10 @@
 
 static char out[1 << 17];
 
-/* Run `ferry demo --sparse ARGS --json`; the exit status. */
+/* Run `ferry-lab demo --sparse ARGS --json`; the exit status. */
 static int run(const char *args)
 {
-    int st = ft_run(out, sizeof out, "%s demo --sparse %s --json", ft_ferry_bin(), args);
+    int st = ft_run(out, sizeof out, "%s demo --sparse %s --json", ft_lab_bin(), args);
     fprintf(stderr, "%s: %s", args, out);
     return st;
 }
@@ -99,9 +99,9 @@ static void test_sparse_generations(void **state)
 static void test_bad_shape_refused(void **state)
 {
     (void)state;
-    int st = ft_run(out, sizeof out, "%s demo --sparse --rollouts 3 --ep 2 2>&1", ft_ferry_bin());
+    int st = ft_run(out, sizeof out, "%s demo --sparse --rollouts 3 --ep 2 2>&1", ft_lab_bin());
     assert_int_equal(st, 2);
-    assert_non_null(strstr(out, "usage: ferry demo"));
+    assert_non_null(strstr(out, "usage: ferry-lab demo"));
 }
 
 int main(void)

@@ -439,7 +439,7 @@ static void test_binding_too_small(void **state)
 /* ---- balance of a whole-tensor publish ------------------------------------------------- */
 
 /* The demo's model: qwen3-8b's tensors in order while they fit in 2 GiB,
- * bf16 (src/cli/demo_roles.c, demo_model_build). */
+ * bf16 (lab/demo_roles.c, demo_model_build). */
 static size_t demo_model(ferry_weight_tensor **out, char (**names)[128])
 {
     ferry_model *m = NULL;

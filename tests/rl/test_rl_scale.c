@@ -6,7 +6,7 @@
  * again from the same layouts (the next generation) hits the cache, a
  * changed layout does not, a member at another generation is refused and
  * a record whose body does not match its digest is refused. The full-size
- * figures are `ferry bench weights --scale` (docs/weights.md). */
+ * figures are `ferry-lab bench weights --scale` (docs/weights.md). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -13,6 +13,24 @@ const char *ft_ferry_bin(void)
     return b && *b ? b : "./ferry";
 }
 
+const char *ft_lab_bin(void)
+{
+    const char *b = getenv("FERRY_LAB");
+    return b && *b ? b : "./ferry-lab";
+}
+
+static bool first_word(const char *s, const char *w)
+{
+    size_t n = strlen(w);
+    return !strncmp(s, w, n) && (s[n] == ' ' || s[n] == 0);
+}
+
+const char *ft_bin_for(const char *args)
+{
+    bool lab = first_word(args, "demo") || first_word(args, "bench") || first_word(args, "worker");
+    return lab ? ft_lab_bin() : ft_ferry_bin();
+}
+
 static int start_master(ft_cluster *c, const char *listen, const char *const *extra)
 {
     char mdir[300];

@@ -23,6 +23,11 @@ typedef struct ft_cluster {
 
 /* Path of the ferry CLI (FERRY_BIN or ./ferry). */
 const char *ft_ferry_bin(void);
+/* Path of ferry-lab, the demos and benchmarks (FERRY_LAB or ./ferry-lab). */
+const char *ft_lab_bin(void);
+/* The program that runs a command line: ferry-lab for "demo ...", "bench
+ * ..." and "worker ...", ferry for the rest. */
+const char *ft_bin_for(const char *args);
 /* Make a temp dir and start a master on listen (NULL: 127.0.0.1:0) with
  * extra arguments (NULL-terminated, may be NULL). 0 or -1. */
 int ft_master_start(ft_cluster *c, const char *listen, const char *const *extra);

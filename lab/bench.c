@@ -1,4 +1,4 @@
-/* `ferry bench engine`: WRITE and READ throughput between two processes,
+/* `ferry-lab bench engine`: WRITE and READ throughput between two processes,
  * with the baseline measured in the same run: for shm a single-threaded
  * memcpy between two pre-touched buffers; for tcp a plain blocking
  * send/recv loop over the same number of loopback connections. With
@@ -14,7 +14,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "lab.h"
 
 typedef struct bench_opts {
     const char *transport;
@@ -45,7 +45,7 @@ int cli_engine_blocks(uint64_t *blocks, int *nblocks, uint64_t total)
     }
     for (int i = 0; i < *nblocks; i++)
         if (blocks[i] > total) {
-            fprintf(stderr, "ferry bench engine: a --block is larger than --total\n");
+            fprintf(stderr, "ferry-lab bench engine: a --block is larger than --total\n");
             return -1;
         }
     return 0;
@@ -268,7 +268,7 @@ static void bench_rows(bench_ctx *c)
                c->o.transport, (unsigned long long)c->o.rows, (unsigned long long)c->o.row,
                (unsigned long long)c->o.stride);
     else
-        printf("ferry bench engine: transport %s, %llu rows of %s, remote stride %s, best of %u\n"
+        printf("ferry-lab bench engine: transport %s, %llu rows of %s, remote stride %s, best of %u\n"
                "%-6s %14s %14s %8s\n", c->o.transport, (unsigned long long)c->o.rows,
                cli_fmt_size(c->o.row, sz, sizeof sz), cli_fmt_size(c->o.stride, st, sizeof st), c->o.reps,
                "op", "per-row ms", "strided ms", "ratio");
@@ -290,8 +290,8 @@ static void bench_rows(bench_ctx *c)
 
 static void usage_engine(FILE *f)
 {
-    fprintf(f, "usage: ferry bench engine [--transport shm|tcp (shm)] [--block SIZE]... (64K 1M 4M)\n"
-               "       (--transport ucx [--tls tcp|shm]: see ferry bench engine --transport ucx --help)\n"
+    fprintf(f, "usage: ferry-lab bench engine [--transport shm|tcp (shm)] [--block SIZE]... (64K 1M 4M)\n"
+               "       (--transport ucx [--tls tcp|shm]: see ferry-lab bench engine --transport ucx --help)\n"
                "                          [--total SIZE (1G)] [--streams N (4)] [--threads N (2)]\n"
                "                          [--reps N (3)] [--json]\n"
                "                          [--rows N [--row SIZE (4K)] [--stride SIZE (16K)]]\n"
@@ -315,12 +315,12 @@ static int parse(int argc, char **argv, bench_opts *o)
             o->json = true;
         else if (!strcmp(a, "--transport")) {
             if (strcmp(v, "shm") && strcmp(v, "tcp")) {
-                fprintf(stderr, "ferry: --transport wants shm, tcp or ucx, not '%s'\n", v);
+                fprintf(stderr, "ferry-lab: --transport wants shm, tcp or ucx, not '%s'\n", v);
                 return -1;
             }
             o->transport = v;
         } else if (!strcmp(a, "--block") && o->nblocks == 8) {
-            fprintf(stderr, "ferry bench engine: at most 8 --block sizes\n");
+            fprintf(stderr, "ferry-lab bench engine: at most 8 --block sizes\n");
             return -1;
         } else if (!strcmp(a, "--block"))
             rc = cli_opt_size(a, v, 1, UINT64_MAX, &o->blocks[o->nblocks++]);
@@ -350,7 +350,7 @@ static int parse(int argc, char **argv, bench_opts *o)
     uint64_t ext;
     if (o->rows && (__builtin_mul_overflow(o->rows - 1, o->stride, &ext) || o->row > o->total ||
                     ext > o->total - o->row || o->rows * o->row > o->total)) {
-        fprintf(stderr, "ferry bench engine: --rows of --row bytes, --stride apart, do not fit in --total\n");
+        fprintf(stderr, "ferry-lab bench engine: --rows of --row bytes, --stride apart, do not fit in --total\n");
         return -1;
     }
     return cli_engine_blocks(o->blocks, &o->nblocks, o->total);
@@ -389,7 +389,7 @@ static int setup(bench_ctx *c, const char *self)
 static void bench_blocks(bench_ctx *c, bool tcp)
 {
     if (!c->o.json)
-        printf("ferry bench engine: transport %s, %u %s, total %.0f MiB per pass, best of %u\n",
+        printf("ferry-lab bench engine: transport %s, %u %s, total %.0f MiB per pass, best of %u\n",
                c->o.transport, tcp ? c->o.streams : c->o.threads, tcp ? "streams" : "copy threads",
                (double)c->o.total / (1 << 20), c->o.reps);
     char js[4096];
@@ -438,7 +438,7 @@ static int bench_engine(int argc, char **argv, const char *self)
         return cli_usage_exit(pr, usage_engine);
     int rc = setup(&c, self);
     if (rc < 0) {
-        fprintf(stderr, "ferry bench: setup failed: %s\n", ferry_strerror(rc));
+        fprintf(stderr, "ferry-lab bench: setup failed: %s\n", ferry_strerror(rc));
         cli_target_stop(&c.tgt);
         ferry_engine_close(c.e);
         return 1;
@@ -457,8 +457,8 @@ static int bench_engine(int argc, char **argv, const char *self)
 
 static void usage_bench(FILE *f)
 {
-    fprintf(f, "usage: ferry bench engine|plan|store|exec|weights|sparse [options]\n"
-               "       (ferry bench WHAT --help for each one's options)\n");
+    fprintf(f, "usage: ferry-lab bench engine|plan|store|exec|weights|sparse [options]\n"
+               "       (ferry-lab bench WHAT --help for each one's options)\n");
 }
 
 int cmd_bench(int argc, char **argv, const char *self)
@@ -476,8 +476,8 @@ int cmd_bench(int argc, char **argv, const char *self)
     if (argc >= 2 && !strcmp(argv[1], "sparse"))
         return cmd_bench_sparse(argc - 1, argv + 1);
     if (argc < 2)
-        fprintf(stderr, "ferry bench: which benchmark?\n");
+        fprintf(stderr, "ferry-lab bench: which benchmark?\n");
     else if (!cli_is_help(argv[1]))
-        fprintf(stderr, "ferry bench: unknown benchmark '%s'\n", argv[1]);
+        fprintf(stderr, "ferry-lab bench: unknown benchmark '%s'\n", argv[1]);
     return cli_usage_exit(argc >= 2 && cli_is_help(argv[1]) ? CLI_HELP : -1, usage_bench);
 }

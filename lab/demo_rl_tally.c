@@ -1,4 +1,4 @@
-/* `ferry demo rl`'s accounting, robust to members killed at any point.
+/* `ferry-lab demo rl`'s accounting, robust to members killed at any point.
  *
  * Two records, kept apart:
  * - the members' ledgers (demo_rl.c): "A sid" before a push, "P sid uid
@@ -25,8 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
-#include "demo_rl_int.h"
+#include "lab.h"
+#include "demo_rl.h"
 
 typedef struct dv { uint64_t uid, id; uint32_t tok; unsigned file; } dv;   /* a delivery */
 typedef struct pe { uint64_t uid; char *sid; unsigned file; } pe;           /* a push */
@@ -209,7 +209,7 @@ static int read_claims(tab *tb, ferry_sample_claims *claims, rl_tally *t, char *
 {
     for (;;) {
         ferry_sample_claim c;
-        int rc = ferry_sample_claims_next(claims, 60000, &c);
+        int rc = ferry_sample_claims_next(claims, FERRY_DEFAULT_TIMEOUT_MS, &c);
         if (rc < 0 && rc != FERRY_EPROTO)
             return snprintf(err, cap, "the claim log stopped: %s", ferry_strerror(rc)), -1;
         if (rc == 0 && c.mark)

@@ -1,4 +1,4 @@
-/* `ferry bench sparse`: the sparse planner on MoE-layer-shaped tensors
+/* `ferry-lab bench sparse`: the sparse planner on MoE-layer-shaped tensors
  * (deepseek-v3 / kimi-k2: an expert w1 of moe_inter x hidden = 2048 x 7168,
  * a shared 7168 x 7168 weight) at densities 0.1%, 1% and 5%, against TP-style
  * target boxes (TP ranks split along rows or columns, one node each).
@@ -26,12 +26,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
-#include "demo_int.h"
+#include "lab.h"
+#include "cli_opts.h"
+#include "demo.h"
 
 typedef struct sp_opts {
     bool json, no_store;
     unsigned reps, tp;
+    const char *tile_text;         /* --tile as given (NULL: 128x128) */
     uint64_t tile[2];
     uint64_t seed;
 } sp_opts;
@@ -216,7 +218,7 @@ static double apply_gbps(const ferry_sparse_result *r, unsigned reps)
         int rc = ferry_sparse_apply(r, dense, "bf16", r->base_generation, NULL, &err);
         double dt = cli_now() - t0;
         if (rc < 0) {
-            fprintf(stderr, "ferry bench sparse: apply: %s\n", err.msg);
+            fprintf(stderr, "ferry-lab bench sparse: apply: %s\n", err.msg);
             best = 0;
             break;
         }
@@ -236,7 +238,7 @@ static int time_plans(ferry_sparse_index *ix, const ferry_sparse_target *t, cons
     /* planning is cheap: ten times the reps, best of them */
     for (unsigned r = 0; r <= op->reps * 10; r++) {
         if (ferry_sparse_plan_batch(src, 1, t, op->tp, &p, &err) < 0) {
-            fprintf(stderr, "ferry bench sparse: plan: %s\n", err.msg);
+            fprintf(stderr, "ferry-lab bench sparse: plan: %s\n", err.msg);
             return -1;
         }
         if (r == 0) {
@@ -262,7 +264,7 @@ static int store_case(ferry_store *s, sp_obj *o, const ferry_sparse_target *t, c
     ferry_sparse_desc d = o->ix.desc, got;
     d.ntiles = 0;
     if (ferry_put_sparse_object(s, &d, o->idx, o->val, &got, key, sizeof key, &err) < 0) {
-        fprintf(stderr, "ferry bench sparse: put: %s\n", err.msg);
+        fprintf(stderr, "ferry-lab bench sparse: put: %s\n", err.msg);
         return -1;
     }
     ferry_sparse_index six;
@@ -295,7 +297,7 @@ static int store_case(ferry_store *s, sp_obj *o, const ferry_sparse_target *t, c
         ferry_sparse_results_free(out, n);
     }
     if (rc < 0)
-        fprintf(stderr, "ferry bench sparse: %s\n", err.msg);
+        fprintf(stderr, "ferry-lab bench sparse: %s\n", err.msg);
     ferry_store_remove(s, key);
     return rc < 0 ? -1 : 0;
 }
@@ -359,42 +361,32 @@ static int parse_tile(const char *opt, const char *v, uint64_t tile[2])
             return 0;
         }
     }
-    fprintf(stderr, "ferry: %s wants ROWSxCOLS, each a whole number from 1 to 2048, not '%s'\n", opt, v);
+    fprintf(stderr, "ferry-lab: %s wants ROWSxCOLS, each a whole number from 1 to 2048, not '%s'\n", opt, v);
     return -1;
 }
 
-static void usage_sparse(FILE *f)
-{
-    fprintf(f, "usage: ferry bench sparse [--tp N (8)] [--tile RxC (128x128)] [--reps N (5)] [--no-store]\n"
-               "                          [--json]\n"
-               "\n"
-               "The sparse planner against a scan of every nonzero, and the reads it plans from the store.\n");
-}
+static const cli_opt sparse_table[] = {
+    CLI_UINT(sp_opts, tp, "tp", "N", 1, 64, "TP ranks: target boxes along rows and along columns (default 8)"),
+    CLI_ARG(sp_opts, tile_text, "tile", "RxC", "the tile given to the put, each side 1-2048 (default 128x128)"),
+    CLI_UINT(sp_opts, reps, "reps", "N", 1, 100000, "best of N scans, of 10 x N plans (default 5)"),
+    CLI_FLAG(sp_opts, no_store, "no-store", "no store: the index built in memory, bytes read the plan's\n(default: a private master and node)"),
+    CLI_FLAG(sp_opts, json, "json", "one JSON object on stdout (default: a table)"),
+};
+
+static const cli_cmd sparse_cmd = {
+    .name = "bench sparse",
+    .about = "The sparse planner against a scan of every nonzero, and the reads it plans from the store.",
+    .opts = sparse_table,
+    .nopts = sizeof sparse_table / sizeof sparse_table[0],
+};
 
 static int parse(int argc, char **argv, sp_opts *o)
 {
     *o = (sp_opts){.reps = 5, .tp = 8, .tile = {128, 128}, .seed = 0x9e3779b97f4a7c15ull};
-    cli_getopt g;
-    cli_getopt_init(&g, "bench sparse", argc, argv, "reps=,tp=,tile=,no-store,json");
-    while (cli_getopt_next(&g)) {
-        const char *a = g.opt, *v = g.val;
-        int rc = 0;
-        if (!strcmp(a, "--json"))
-            o->json = true;
-        else if (!strcmp(a, "--no-store"))
-            o->no_store = true;
-        else if (!strcmp(a, "--reps"))
-            rc = cli_opt_unsigned(a, v, 1, 100000, &o->reps);
-        else if (!strcmp(a, "--tp"))
-            rc = cli_opt_unsigned(a, v, 1, 64, &o->tp);
-        else if (!strcmp(a, "--tile"))
-            rc = parse_tile(a, v, o->tile);
-        else
-            return cli_getopt_unhandled(&g);
-        if (rc < 0)
-            return -1;
-    }
-    return cli_getopt_end(&g, 0);
+    int pr = cli_parse(&sparse_cmd, argc, argv, o, NULL, NULL);
+    if (pr == 0 && o->tile_text && parse_tile("--tile", o->tile_text, o->tile) < 0)
+        return -1;
+    return pr;
 }
 
 static void print_case(const sp_opts *op, const sp_case_in *c, const sp_result *r, bool first)
@@ -434,7 +426,7 @@ int cmd_bench_sparse(int argc, char **argv)
     sp_opts op;
     int pr = parse(argc, argv, &op);
     if (pr != 0)
-        return cli_usage_exit(pr, usage_sparse);
+        return cli_cmd_usage_exit(pr, &sparse_cmd);
     static const char *const names[] = {"expert.w1", "shared"};
     static const uint64_t shapes[][2] = {{2048, 7168}, {7168, 7168}};
     static const double dens[] = {0.001, 0.01, 0.05};
@@ -443,17 +435,17 @@ int cmd_bench_sparse(int argc, char **argv)
     int rc = 0;
     if (!op.no_store) {
         ferry_store_config cfg;
-        if (demo_cluster_start(&g, 512ull << 20, "ferry bench sparse") < 0 || (rc = ferry_store_config_init(&cfg)) < 0)
+        if (demo_cluster_start(&g, 512ull << 20, "ferry-lab bench sparse") < 0 || (rc = ferry_store_config_init(&cfg)) < 0)
             goto out;
         snprintf(cfg.master, sizeof cfg.master, "%s", g.addr);
         cfg.lease_ms = 1;   /* each object is removed right after its reads */
         if ((rc = ferry_store_open(&cfg, &s)) < 0) {
-            fprintf(stderr, "ferry bench sparse: store: %s\n", ferry_strerror(rc));
+            fprintf(stderr, "ferry-lab bench sparse: store: %s\n", ferry_strerror(rc));
             goto out;
         }
     }
     if (!op.json)
-        printf("ferry bench sparse: TP%u boxes (one node each), tile %llux%llu, entry %d bytes (i32 x2 + bf16), "
+        printf("ferry-lab bench sparse: TP%u boxes (one node each), tile %llux%llu, entry %d bytes (i32 x2 + bf16), "
                "read = bytes moved by %s; apply GB/s of entry bytes\n"
                "%-9s %-4s %5s %8s %5s %5s %6s %9s %9s %7s %9s %10s %10s %10s %10s %6s %6s\n",
                op.tp, (unsigned long long)op.tile[0], (unsigned long long)op.tile[1], ENTRY_BYTES,

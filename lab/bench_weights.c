@@ -1,7 +1,7 @@
-/* `ferry bench weights`: end-to-end weight-update time on one machine.
+/* `ferry-lab bench weights`: end-to-end weight-update time on one machine.
  *
  * A private master and node, trainer and rollout processes (TP x DP2 by
- * default) as in `ferry demo`. Per generation: publish, then time
+ * default) as in `ferry-lab demo`. Per generation: publish, then time
  *   - direct: the single-pull group update (each byte read from the store
  *     once by one worker, pushed to the replicas),
  *   - naive: every worker reads its own demand from the store,
@@ -21,8 +21,8 @@
 
 #include <jansson.h>
 
-#include "cli.h"
-#include "demo_int.h"
+#include "lab.h"
+#include "demo.h"
 
 
 /* Single-thread memcpy and f32 -> bf16 / f16 conversion (ferry_convert)
@@ -128,15 +128,22 @@ static void print_convert(const conv_bench *cb, bool json)
            cb->first_touch_gbps, ratio(cb->memcpy_gbps, cb->first_touch_gbps));
 }
 
-static void usage_weights(FILE *f)
-{
-    fprintf(f, "usage: ferry bench weights [--trainers N (4)] [--rollouts N (4)] [--dp N (2 if it divides)] "
-               "[--bytes SIZE (1G)] [--model PRESET (qwen3-8b)] [--reps N (5)] [--cold] [--json]\n"
-               "                           [--convert-only] | --scale [...] (see --scale --help)\n"
-               "                           | --torch [...] (against torch.save and gloo; see --torch --help)\n"
-               "  --convert-only  only the f32 -> bf16/f16 conversion against memcpy (no "
-               "cluster)\n");
-}
+static const cli_opt weights_table[] = {
+    DEMO_OPT_ROWS("reps", 100000, "steady-state generations timed after the first (default 5)",
+                  "the model's tensors up to this many bf16 bytes (default 1G)"),
+    CLI_FLAG(demo_opts, convert_only, "convert-only",
+             "only the f32 -> bf16/f16 conversion against memcpy (no cluster)"),
+};
+
+static const cli_cmd weights_cmd = {
+    .name = "bench weights",
+    .about = "Weight-update time (single-pull, naive, compat) against the memcpy floor, the\n"
+             "first generation and the steady state.",
+    .opts = weights_table,
+    .nopts = sizeof weights_table / sizeof weights_table[0],
+    .footer = "Other forms: ferry-lab bench weights --scale (the planning at scale, no cluster)\n"
+              "and --torch (against torch.save and gloo), each with --help.\n",
+};
 
 /* ---- per generation, then first and steady state -------------------------------------- */
 
@@ -294,7 +301,7 @@ static void bench_report(const demo_opts *o, const demo_model *dm, const conv_be
                ratio(cb->f16_gbps, bw));
     } else {
         char sz[32];
-        printf("ferry bench weights: %s, %zu tensors, %s bf16; %u trainers, %u rollouts (TP%u x "
+        printf("ferry-lab bench weights: %s, %zu tensors, %s bf16; %u trainers, %u rollouts (TP%u x "
                "DP%u); generation 1, then %u in the steady state\n", o->model, dm->n,
                cli_fmt_size(dm->bytes, sz, sizeof sz), o->trainers, o->rollouts,
                o->rollouts / o->dp, o->dp, ngen - 1);
@@ -375,9 +382,9 @@ int cmd_bench_weights(int argc, char **argv, const char *self)
         if (!strcmp(argv[i], "--torch"))
             return cmd_bench_torch(argc, argv, self);
     demo_opts o;   /* the demo's options, and --convert-only */
-    int pr = demo_parse("bench weights", argc, argv, "--reps", 5, 1ull << 30, &o);
+    int pr = demo_parse(&weights_cmd, argc, argv, 5, 1ull << 30, &o);
     if (pr != 0)
-        return cli_usage_exit(pr, usage_weights);
+        return cli_cmd_usage_exit(pr, &weights_cmd);
     bool convert_only = o.convert_only;
     if (o.cold)
         setenv("FERRY_DEMO_COLD", "1", 1);
@@ -385,7 +392,7 @@ int cmd_bench_weights(int argc, char **argv, const char *self)
         unsetenv("FERRY_DEMO_COLD");
     conv_bench cb;
     if (bench_convert(&cb) < 0) {
-        fprintf(stderr, "ferry bench weights: no memory for the 2 x 256 MiB conversion buffers\n");
+        fprintf(stderr, "ferry-lab bench weights: no memory for the 2 x 256 MiB conversion buffers\n");
         return 1;
     }
     if (convert_only) {
@@ -394,7 +401,7 @@ int cmd_bench_weights(int argc, char **argv, const char *self)
     }
     demo_model dm;
     if (demo_model_build(o.model, o.bytes, &dm) < 0) {
-        fprintf(stderr, "ferry bench weights: unknown model preset %s\n", o.model);
+        fprintf(stderr, "ferry-lab bench weights: unknown model preset %s\n", o.model);
         return 2;
     }
     demo_group grp = {0};
@@ -407,7 +414,7 @@ int cmd_bench_weights(int argc, char **argv, const char *self)
     if (demo_counters_open(cdir, sizeof cdir) < 0)
         cdir[0] = 0;
     if (!ok || demo_group_start(&grp, o.model, o.bytes, dm.bytes, o.trainers, o.rollouts, o.dp,
-                                "ferry bench weights") < 0)
+                                "ferry-lab bench weights") < 0)
         goto out;
     for (unsigned g = 1; g <= ngen && ok; g++) {
         gen_fig *f = &gf[g - 1];
@@ -437,7 +444,7 @@ int cmd_bench_weights(int argc, char **argv, const char *self)
     if (!o.json)
         cli_progress_done();
     if (!ok) {
-        fprintf(stderr, "ferry bench weights: an update failed: %s\n", err);
+        fprintf(stderr, "ferry-lab bench weights: an update failed: %s\n", err);
         goto out;
     }
     bench_report(&o, &dm, &cb, &grp, gf, ngen);

@@ -1,16 +1,16 @@
-/* `ferry demo rl`'s options: the pool phases (--pools), the kills and the
+/* `ferry-lab demo rl`'s options: the pool phases (--pools), the kills and the
  * rest. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
-#include "demo_rl_int.h"
+#include "lab.h"
+#include "demo_rl.h"
 
 void demo_rl_usage(FILE *f)
 {
     fprintf(f,
-            "usage: ferry demo rl [--rollouts N (3)] [--updaters N (1)] [--steps N (6)] [--batch N (64)]\n"
+            "usage: ferry-lab demo rl [--rollouts N (3)] [--updaters N (1)] [--steps N (6)] [--batch N (64)]\n"
             "                     [--pools R:U[xSTEPS],R:U[xSTEPS],...] [--kill N (0)] [--seed N]\n"
             "                     [--rate SAMPLES_PER_S (60)] [--train-ms MS (100)] [--max-policy-lag K (0)]\n"
             "                     [--stale drop|recompute (recompute)] [--tokens N (256)]\n"
@@ -50,14 +50,14 @@ static int parse_phase(const char *item, size_t len, unsigned idx, unsigned dste
                        : u < 1 || u > RL_POOL_MAX ? "update processes"
                        : s < 1 || s > 100000 ? "steps" : NULL;
     if (what) {
-        fprintf(stderr, "ferry demo rl: --pools phase %u ('%.*s'): %s must be from 1 to %u\n",
+        fprintf(stderr, "ferry-lab demo rl: --pools phase %u ('%.*s'): %s must be from 1 to %u\n",
                 idx + 1, (int)len, item, what, strcmp(what, "steps") ? RL_POOL_MAX : 100000);
         return -1;
     }
     *p = (rl_phase){ (unsigned)r, (unsigned)u, (unsigned)s };
     return 0;
 bad:
-    fprintf(stderr, "ferry demo rl: --pools wants ROLLOUTS:UPDATERS[xSTEPS] phases separated by "
+    fprintf(stderr, "ferry-lab demo rl: --pools wants ROLLOUTS:UPDATERS[xSTEPS] phases separated by "
             "commas (e.g. 4:2x3,6:2x3), not '%.*s'\n", (int)len, item);
     return -1;
 }
@@ -68,7 +68,7 @@ static int parse_pools(const char *v, unsigned dsteps, rl_opts *o)
     for (const char *p = v;;) {
         size_t len = strcspn(p, ",");
         if (o->nphase == RL_PHASES_MAX) {
-            fprintf(stderr, "ferry demo rl: --pools takes at most %d phases\n", RL_PHASES_MAX);
+            fprintf(stderr, "ferry-lab demo rl: --pools takes at most %d phases\n", RL_PHASES_MAX);
             return -1;
         }
         if (parse_phase(p, len, o->nphase, dsteps, &o->phase[o->nphase]) < 0)
@@ -84,7 +84,7 @@ static int parse_pools(const char *v, unsigned dsteps, rl_opts *o)
 static int check_rl(rl_opts *o, const char *pools, bool sized)
 {
     if (pools && sized) {
-        fprintf(stderr, "ferry demo rl: --pools sets the pool sizes; leave out --rollouts and "
+        fprintf(stderr, "ferry-lab demo rl: --pools sets the pool sizes; leave out --rollouts and "
                 "--updaters\n");
         return -1;
     }
@@ -100,7 +100,7 @@ static int check_rl(rl_opts *o, const char *pools, bool sized)
             o->max_updaters = o->phase[i].updaters;
     }
     if (o->kills > 0 && o->kills >= o->steps) {
-        fprintf(stderr, "ferry demo rl: --kill %u needs more steps: one kill per step at most and "
+        fprintf(stderr, "ferry-lab demo rl: --kill %u needs more steps: one kill per step at most and "
                 "none in the last (%u steps allow %u)\n", o->kills, o->steps, o->steps - 1);
         return -1;
     }
@@ -111,7 +111,7 @@ static int check_rl(rl_opts *o, const char *pools, bool sized)
     if (o->bound == 0)
         o->bound = 2 * inflight;
     if (o->bound <= inflight) {
-        fprintf(stderr, "ferry demo rl: --bound %" PRIu64 " must exceed batch x updaters = %" PRIu64
+        fprintf(stderr, "ferry-lab demo rl: --bound %" PRIu64 " must exceed batch x updaters = %" PRIu64
                 " (leased samples count against it)\n", o->bound, inflight);
         return -1;
     }
@@ -163,7 +163,7 @@ int demo_rl_parse(int argc, char **argv, rl_opts *o)
             rc = cli_opt_double(a, v, 0, 3600e3, &o->train_ms);
         else if (!strcmp(a, "--stale")) {
             if (strcmp(v, "drop") && strcmp(v, "recompute")) {
-                fprintf(stderr, "ferry: --stale wants drop or recompute, not '%s'\n", v);
+                fprintf(stderr, "ferry-lab: --stale wants drop or recompute, not '%s'\n", v);
                 return -1;
             }
             o->recompute = !strcmp(v, "recompute");

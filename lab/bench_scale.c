@@ -1,12 +1,13 @@
-/* `ferry bench weights --scale`: the single-pull group plan of every worker
+/* `ferry-lab bench weights --scale`: the single-pull group plan of every worker
  * of a large rollout group, on one machine, with no store and no network
  * (docs/weights.md, "Scale benchmark").
  *
  * It runs the code a subscriber runs between the demand barrier and the
  * reads: the generation is the trainers' placement in its stored form
  * (round-tripped through its JSON, as fr_gen_load reads it), every
- * worker's demand record is encoded by fr_sub_encode from its shards of
- * the rollout layout, and each worker's plan is fr_sub_plan_records over
+ * worker's demand record is encoded as a subscriber encodes it from its
+ * shards of the rollout layout, and each worker's plan is the subscriber's
+ * (fr_sub_plan_records, reached through src/testing/testing.h) over
  * all the records — decode, replica sets, reader assignment, push
  * lowering, reads planned by the reshard planner — first cold (nothing
  * cached), then with the next generation's records (the same layouts:
@@ -31,9 +32,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "cli.h"
-#include "../base/base.h"
-#include "../rl/pull_int.h"   /* the subscriber's planning: internal, as pull.c uses it */
+#include "lab.h"
+#include "cli_opts.h"
+#include "testing.h"   /* the subscriber's planning, as pull.c runs it: not public API */
 
 #define FAKE_BASE 0x7f0000000000ull   /* workers' parameter memory: addresses only, never touched */
 
@@ -41,7 +42,7 @@ typedef struct scale_opts {
     const char *model, *src, *dst;
     uint32_t gpn;                  /* rollout GPUs per node (the node in each record) */
     uint32_t workers;              /* how many to plan (0: all) */
-    bool json;
+    bool scale, json;              /* scale: the form's own word */
 } scale_opts;
 
 /* What a worker's planning child reports. */
@@ -59,44 +60,30 @@ typedef struct scale_result {
     uint64_t peak_rss, base_rss, reads_max, pushes_max, pieces_max, group_read, sets, shared_sets;
 } scale_result;
 
-static void usage_scale(FILE *f)
-{
-    fprintf(f, "usage: ferry bench weights --scale [--model PRESET (kimi-k2)] [--src LAYOUT "
-               "(fsdp:256)]\n"
-               "                           [--dst LAYOUT (ep:16,tp:8)] [--gpus-per-node N (8)] "
-               "[--workers N (all)] [--json]\n"
-               "  plans the single-pull update of every rollout worker of dst on this machine "
-               "(no store, no network)\n");
-}
+static const cli_opt scale_table[] = {
+    CLI_FLAG(scale_opts, scale, "scale", "this form: the planning at scale"),
+    CLI_ARG(scale_opts, model, "model", "PRESET", "the model (default kimi-k2)"),
+    CLI_ARG(scale_opts, src, "src", "LAYOUT", "the trainers' layout (default fsdp:256)"),
+    CLI_ARG(scale_opts, dst, "dst", "LAYOUT", "the rollout workers' layout (default ep:16,tp:8)"),
+    CLI_UINT(scale_opts, gpn, "gpus-per-node", "N", 1, 1u << 16, "rollout GPUs per node (default 8)"),
+    CLI_UINT(scale_opts, workers, "workers", "N", 1, 1u << 20, "how many workers to plan (default: all)"),
+    CLI_FLAG(scale_opts, json, "json", "one JSON object on stdout (default: text)"),
+};
+
+static const cli_cmd scale_cmd = {
+    .name = "bench weights",
+    .forms = "--scale [--model PRESET] [--src LAYOUT] [--dst LAYOUT]\n"
+             " [--gpus-per-node N] [--workers N] [--json]",
+    .about = "Plans the single-pull update of every rollout worker of dst on this machine\n"
+             "(no store, no network).",
+    .opts = scale_table,
+    .nopts = sizeof scale_table / sizeof scale_table[0],
+};
 
 static int parse_scale(int argc, char **argv, scale_opts *o)
 {
     *o = (scale_opts){ .model = "kimi-k2", .src = "fsdp:256", .dst = "ep:16,tp:8", .gpn = 8 };
-    cli_getopt g;
-    cli_getopt_init(&g, "bench weights --scale", argc, argv,
-                    "scale,model=,src=,dst=,gpus-per-node=,workers=,json");
-    while (cli_getopt_next(&g)) {
-        const char *a = g.opt, *v = g.val;
-        if (!strcmp(a, "--scale"))
-            ;   /* the form's own word */
-        else if (!strcmp(a, "--json"))
-            o->json = true;
-        else if (!strcmp(a, "--model"))
-            o->model = v;
-        else if (!strcmp(a, "--src"))
-            o->src = v;
-        else if (!strcmp(a, "--dst"))
-            o->dst = v;
-        else if (!strcmp(a, "--gpus-per-node")) {
-            if (cli_opt_unsigned(a, v, 1, 1u << 16, &o->gpn) < 0)
-                return -1;
-        } else if (!strcmp(a, "--workers")) {
-            if (cli_opt_unsigned(a, v, 1, 1u << 20, &o->workers) < 0)
-                return -1;
-        } else
-            return cli_getopt_unhandled(&g);
-    }
-    return cli_getopt_end(&g, 0);
+    return cli_parse(&scale_cmd, argc, argv, o, NULL, NULL);
 }
 
 /* VmHWM (peak resident) or VmRSS (now) of this process. */
@@ -137,48 +124,6 @@ static int read_all(int fd, void *p, size_t n)
 }
 
 /* ---- the generation ----------------------------------------------------------------------- */
-
-/* The trainers' placement stored as a publish stores it, read back as a
- * subscriber reads it (through its JSON). */
-static int build_gen(const ferry_model *model, const char *src, fr_gen **out, ferry_error *err)
-{
-    ferry_layout l;
-    ferry_manifest *pl = NULL, *st = NULL;
-    fr_gen *g = calloc(1, sizeof *g);
-    if (!g)
-        return FERRY_ENOMEM;
-    snprintf(g->model, sizeof g->model, "%s", ferry_model_name(model));
-    g->generation = 1;
-    int rc = ferry_layout_parse(src, &l, err);
-    if (rc == 0)
-        rc = ferry_layout_build(model, &l, &pl, err);
-    if (rc == 0)
-        rc = ferry_manifest_stored(pl, NULL, &st, err);
-    ferry_manifest_close(pl);
-    char *json = rc == 0 ? ferry_manifest_to_json(st) : NULL;
-    ferry_manifest_close(st);
-    if (rc == 0 && !json)
-        rc = FERRY_ENOMEM;
-    if (rc == 0) {   /* what fr_gen_load checks the JSON against and keeps */
-        fr_hash128_t h = fr_hash128(json, strlen(json), 0);
-        memcpy(g->placement, h.b, sizeof g->placement);
-        rc = ferry_manifest_from_json(json, strlen(json), &g->m, err);
-    }
-    free(json);
-    if (rc == 0)
-        rc = ferry_manifest_pack(g->m, FR_GEN_ALIGN, FR_GEN_OBJECT_MAX, &g->pack, err);
-    if (rc == 0) {
-        g->nranks = ferry_manifest_rank_count(g->m);
-        g->ranks = calloc(g->nranks, sizeof *g->ranks);   /* segments unknown: off every node */
-        rc = g->ranks ? 0 : FERRY_ENOMEM;
-    }
-    if (rc < 0) {
-        fr_gen_free(g);
-        return rc;
-    }
-    *out = g;
-    return 0;
-}
 
 /* ---- the records (a child) ---------------------------------------------------------------- */
 
@@ -264,7 +209,7 @@ static int encode_all(const ferry_model *model, const scale_opts *o, const fr_ge
         ferry_subscriber_config cfg = { .rank = r, .world = world, .node = r / o->gpn };
         double t0 = cli_now();
         if (rc == 0)
-            rc = fr_sub_encode(&cfg, g, sh, n, regs, e, &rec, &len, &err);
+            rc = fr_test_sub_encode(&cfg, g, sh, n, regs, e, &rec, &len, &err);
         double dt = cli_now() - t0;
         uint64_t l64 = len;
         if (rc == 0 && (write_all(fd, &l64, sizeof l64) < 0 || write_all(fd, &dt, sizeof dt) < 0 ||
@@ -275,7 +220,7 @@ static int encode_all(const ferry_model *model, const scale_opts *o, const fr_ge
         free(sh);
     }
     if (rc < 0)
-        fprintf(stderr, "ferry bench weights --scale: building the demand records failed: %s\n",
+        fprintf(stderr, "ferry-lab bench weights --scale: building the demand records failed: %s\n",
                 err.msg[0] ? err.msg : ferry_strerror(rc));
     free(fill);
     free(first);
@@ -307,30 +252,27 @@ static uint64_t box_bytes(const ferry_manifest *m, uint32_t tensor, uint32_t ndi
 
 /* Worker me's plan checked: it gets exactly its demand (read or pushed),
  * the group reads the whole model once; its figures into r. */
-static int check_plan(const fr_sub_cache *c, uint32_t me, const fr_gen *g, worker_result *r)
+static int check_plan(const fr_test_sub *c, uint32_t me, const fr_gen *g, worker_result *r)
 {
-    const fr_work *w = &c->plan;
-    const fr_member *mb = &c->mbs[me];
-    uint64_t want = 0, model = 0;
-    for (uint32_t i = 0; i < mb->nshards; i++) {
-        const fr_sfrag *f = &mb->frags[i];
-        want += box_bytes(g->m, f->tensor, f->ndim, f->dims + f->ndim);
-    }
-    for (uint32_t t = 0; t < ferry_manifest_tensor_count(g->m); t++) {
+    const ferry_manifest *m = fr_test_gen_manifest(g);
+    fr_test_sub_figures w;
+    fr_test_sub_figures_get(c, me, &w);
+    uint64_t model = 0;
+    for (uint32_t t = 0; t < ferry_manifest_tensor_count(m); t++) {
         ferry_tensor_desc d;
-        (void)ferry_manifest_tensor(g->m, t, &d);
-        model += box_bytes(g->m, t, d.ndim, NULL);
+        (void)ferry_manifest_tensor(m, t, &d);
+        model += box_bytes(m, t, d.ndim, NULL);
     }
-    if (w->my_read + w->received != want || w->group_read != model) {
+    if (w.my_read + w.received != w.demand || w.group_read != model) {
         snprintf(r->msg, sizeof r->msg, "worker %u: reads %" PRIu64 " + receives %" PRIu64
                  " bytes of a demand of %" PRIu64 "; the group reads %" PRIu64 " of %" PRIu64,
-                 me, w->my_read, w->received, want, w->group_read, model);
+                 me, w.my_read, w.received, w.demand, w.group_read, model);
         return FERRY_EIO;
     }
-    r->my_read = w->my_read;
-    r->group_read = w->group_read;
-    r->sets = w->sets, r->shared_sets = w->shared_sets;
-    r->reads = w->ngreads, r->pieces = w->nreads, r->pushes = w->hop[0].n + w->hop[1].n;
+    r->my_read = w.my_read;
+    r->group_read = w.group_read;
+    r->sets = w.sets, r->shared_sets = w.shared_sets;
+    r->reads = w.reads, r->pieces = w.pieces, r->pushes = w.pushes;
     return 0;
 }
 
@@ -399,7 +341,7 @@ static void plan_worker(const fr_gen *g, ferry_kv_value *recs, uint32_t world, u
 {
     touch_inherited();
     r->base_rss = vm_status("VmRSS");
-    fr_sub_cache c = {0};
+    fr_test_sub *c = NULL;
     ferry_error err = {0};
     /* the cache takes the records it plans from over: give it the pointers
      * (what it frees dies with this child) and keep them for the next round */
@@ -411,29 +353,31 @@ static void plan_worker(const fr_gen *g, ferry_kv_value *recs, uint32_t world, u
     }
     memcpy(mine, recs, world * sizeof *mine);
     double c0 = cpu_now(), t0 = cli_now();
-    int rc = fr_sub_plan_records(&c, g, mine, world, me, NULL, &err);
+    int rc = fr_test_sub_plan(&c, g, 1, mine, world, me, &err);
     double t1 = cli_now();
     r->cold_cpu_s = cpu_now() - c0;
-    fr_gen next = *g;   /* the same stored placement (its JSON's hash), one generation on */
-    next.generation = g->generation + 1;
+    uint64_t next = 2;   /* the same stored placement, one generation on */
     for (uint32_t k = 0; k < world; k++)
         for (int i = 0; i < 8; i++)
-            ((uint8_t *)recs[k].val)[8 + i] = (uint8_t)(next.generation >> (8 * i));
+            ((uint8_t *)recs[k].val)[8 + i] = (uint8_t)(next >> (8 * i));
     double t2 = cli_now();
     if (rc == 0)
-        rc = fr_sub_plan_records(&c, &next, recs, world, me, NULL, &err);
+        rc = fr_test_sub_plan(&c, g, next, recs, world, me, &err);
     double t3 = cli_now();
-    if (rc == 0 && !c.reused) {
+    fr_test_sub_figures fig;
+    if (rc == 0)
+        fr_test_sub_figures_get(c, me, &fig);
+    if (rc == 0 && !fig.reused) {
         snprintf(r->msg, sizeof r->msg, "worker %u: the next generation was planned again", me);
         rc = FERRY_EIO;
     }
     if (rc == 0)
-        rc = check_plan(&c, me, g, r);
+        rc = check_plan(c, me, g, r);
     else if (!r->msg[0])
         snprintf(r->msg, sizeof r->msg, "worker %u: %s", me,
                  err.msg[0] ? err.msg : ferry_strerror(rc));
     r->peak_rss = vm_status("VmHWM");   /* before the plan is freed */
-    fr_sub_cache_free(&c);   /* and the records it took over */
+    fr_test_sub_free(c);   /* and the records it took over */
     free(mine);
     r->rc = rc;
     r->cold_s = t1 - t0;
@@ -493,12 +437,12 @@ static int plan_all(const fr_gen *g, ferry_kv_value *recs, uint32_t world, uint3
             close(fd);
         ok = pid > 0 && reap(pid) && ok;
         if (!ok || r.rc < 0) {
-            fprintf(stderr, "ferry bench weights --scale: planning failed: %s\n",
+            fprintf(stderr, "ferry-lab bench weights --scale: planning failed: %s\n",
                     ok ? r.msg : "the planning process died");
             return -1;
         }
         if (s->group_read && (r.group_read != s->group_read || r.sets != s->sets)) {
-            fprintf(stderr, "ferry bench weights --scale: worker %u's group plan differs from "
+            fprintf(stderr, "ferry-lab bench weights --scale: worker %u's group plan differs from "
                     "worker 0's\n", me);
             return -1;
         }
@@ -520,7 +464,7 @@ static int plan_all(const fr_gen *g, ferry_kv_value *recs, uint32_t world, uint3
     if (progress)
         cli_progress_done();
     if (n == world && reads != s->group_read) {
-        fprintf(stderr, "ferry bench weights --scale: the workers read %" PRIu64 " bytes, the "
+        fprintf(stderr, "ferry-lab bench weights --scale: the workers read %" PRIu64 " bytes, the "
                 "group plan %" PRIu64 "\n", reads, s->group_read);
         return -1;
     }
@@ -571,15 +515,15 @@ static void print_scale(const scale_opts *o, const fr_gen *g, uint32_t world, ui
                ",\"shared_sets\":%" PRIu64 ",\"reads_max\":%" PRIu64 ",\"read_pieces_max\":%"
                PRIu64 ",\"pushes_max\":%" PRIu64 ",\"group_read_bytes\":%" PRIu64
                ",\"verified\":true,\"goals_met\":%s}\n",
-               o->model, o->src, o->dst, ferry_manifest_tensor_count(g->m), world, r->planned,
+               o->model, o->src, o->dst, ferry_manifest_tensor_count(fr_test_gen_manifest(g)), world, r->planned,
                max_len, total, enc_max, r->cold_max, cold_mean, r->cold_cpu_max, r->cold_worker, r->cached_max,
                cached_mean, r->peak_rss, r->base_rss, r->sets, r->shared_sets, r->reads_max, r->pieces_max,
                r->pushes_max, r->group_read, met ? "true" : "false");
         return;
     }
     char a[32], b[32], c[32];
-    printf("ferry bench weights --scale: %s %s -> %s, %u tensors, %u workers (%u planned), "
-           "%s read by the group\n", o->model, o->src, o->dst, ferry_manifest_tensor_count(g->m),
+    printf("ferry-lab bench weights --scale: %s %s -> %s, %u tensors, %u workers (%u planned), "
+           "%s read by the group\n", o->model, o->src, o->dst, ferry_manifest_tensor_count(fr_test_gen_manifest(g)),
            world, r->planned, cli_fmt_size(r->group_read, a, sizeof a));
     printf("demand record: largest %s (goal <= 1 MiB), all %s; encode <= %.4f s\n",
            cli_fmt_size(max_len, b, sizeof b), cli_fmt_size(total, c, sizeof c), enc_max);
@@ -599,7 +543,7 @@ int cmd_bench_scale(int argc, char **argv)
     scale_opts o;
     int pr = parse_scale(argc, argv, &o);
     if (pr != 0)
-        return cli_usage_exit(pr, usage_scale);
+        return cli_cmd_usage_exit(pr, &scale_cmd);
     ferry_error err = {0};
     ferry_model *model = NULL;
     fr_gen *g = NULL;
@@ -608,9 +552,9 @@ int cmd_bench_scale(int argc, char **argv)
     if (rc == 0)
         rc = ferry_model_preset(o.model, &model, &err);
     if (rc == 0)
-        rc = build_gen(model, o.src, &g, &err);
+        rc = fr_test_gen_build(model, o.src, &g, &err);
     if (rc < 0) {
-        fprintf(stderr, "ferry bench weights --scale: %s\n", err.msg[0] ? err.msg : ferry_strerror(rc));
+        fprintf(stderr, "ferry-lab bench weights --scale: %s\n", err.msg[0] ? err.msg : ferry_strerror(rc));
         ferry_model_free(model);
         return 2;
     }
@@ -630,7 +574,7 @@ int cmd_bench_scale(int argc, char **argv)
     malloc_trim(0);   /* what building the generation freed is no worker's memory */
     scale_result r = {0};
     if (!ok)
-        fprintf(stderr, "ferry bench weights --scale: no demand records came back\n");
+        fprintf(stderr, "ferry-lab bench weights --scale: no demand records came back\n");
     else
         ok = plan_all(g, recs, world, o.workers && o.workers < world ? o.workers : world,
                       !o.json, &r) == 0;
@@ -639,6 +583,6 @@ int cmd_bench_scale(int argc, char **argv)
     for (uint32_t k = 0; recs && k < world; k++)
         free(recs[k].val);
     free(recs);
-    fr_gen_free(g);
+    fr_test_gen_free(g);
     return ok ? 0 : 1;
 }

@@ -1,4 +1,4 @@
-/* `ferry demo`: the main job. A local cluster (a master and a node, unless
+/* `ferry-lab demo`: the main job. A local cluster (a master and a node, unless
  * FERRY_MASTER points at one), trainer processes that publish policy
  * generations of a model with real tensor shapes, and rollout processes
  * that take every generation in parameter-direct form (their own TP shard
@@ -6,15 +6,15 @@
  * compatibility form (every full tensor, checksum-verified, as a
  * load_weights loader would get it; the group update: each tensor read from
  * the store once, by its leader, and written to the other rollouts). Every parameter byte is checked
- * against values computed independently in each process. `ferry demo
+ * against values computed independently in each process. `ferry-lab demo
  * engine` runs the engine demo. */
 #include <stdlib.h>
 #include <string.h>
 
 #include <jansson.h>
 
-#include "cli.h"
-#include "demo_int.h"
+#include "lab.h"
+#include "demo.h"
 
 
 
@@ -71,29 +71,21 @@ static void print_phases(const gen_row *rows, unsigned ng, uint64_t model_bytes)
                (unsigned long long)model_bytes);
 }
 
-static void demo_usage(FILE *f)
-{
-    fprintf(f, "usage: ferry demo [--trainers N] [--rollouts N] [--dp N] [--generations N]\n"
-               "                  [--bytes SIZE] [--model PRESET] [--cold] [--json]\n"
-               "       ferry demo engine [--size SIZE] [--json]          (ferry demo engine --help)\n"
-               "       ferry demo rl [--rollouts N] [--steps N] ...      (ferry demo rl --help)\n"
-               "       ferry demo --sparse [--density D] ...             (ferry demo --sparse --help)\n"
-               "\n"
-               "Trainer processes publish weight generations of a model with its real tensor shapes;\n"
-               "rollout processes take each one parameter-direct and whole, checking every byte.\n"
-               "A private master and node are started unless FERRY_MASTER names a running one.\n"
-               "\n"
-               "  --trainers N     trainer processes, 1-64 (default 4)\n"
-               "  --rollouts N     rollout processes, 1-64 (default 4)\n"
-               "  --dp N           rollout data-parallel replicas; TP is rollouts / dp\n"
-               "                   (default 2 when it divides --rollouts, else 1)\n"
-               "  --generations N  weight generations published, 1-64 (default 3)\n"
-               "  --bytes SIZE     the model's tensors up to this many bf16 bytes (default 2G)\n"
-               "  --model PRESET   tensor shapes of this preset (default qwen3-8b; ferry plan --models)\n"
-               "  --cold           skip the processes' warm-up (generation 1 then pays the first\n"
-               "                   touches of the store's memory)\n"
-               "  --json           one JSON object on stdout (default: a table)\n");
-}
+static const cli_opt demo_table[] = {
+    DEMO_OPT_ROWS("generations", 64, "weight generations published, 1-64 (default 3)",
+                  "the model's tensors up to this many bf16 bytes (default 2G)"),
+};
+
+static const cli_cmd demo_cmd = {
+    .name = "demo",
+    .about = "Trainer processes publish weight generations of a model with its real tensor shapes;\n"
+             "rollout processes take each one parameter-direct and whole, checking every byte.\n"
+             "A private master and node are started unless FERRY_MASTER names a running one.",
+    .opts = demo_table,
+    .nopts = sizeof demo_table / sizeof demo_table[0],
+    .footer = "The other demos: ferry-lab demo engine, ferry-lab demo rl, ferry-lab demo --sparse\n"
+              "(each with --help).\n",
+};
 
 int cmd_demo(int argc, char **argv, const char *self)
 {
@@ -105,12 +97,12 @@ int cmd_demo(int argc, char **argv, const char *self)
         if (!strcmp(argv[i], "--sparse"))   /* a form of its own, wherever the flag is */
             return cmd_demo_sparse(argc, argv);
     demo_opts o;
-    int pr = demo_parse("demo", argc, argv, "--generations", 3, 2ull << 30, &o);
+    int pr = demo_parse(&demo_cmd, argc, argv, 3, 2ull << 30, &o);
     if (pr != 0)
-        return cli_usage_exit(pr, demo_usage);
+        return cli_cmd_usage_exit(pr, &demo_cmd);
     demo_model dm;
     if (demo_model_build(o.model, o.bytes, &dm) < 0) {
-        fprintf(stderr, "ferry demo: unknown model preset %s (ferry plan --models)\n", o.model);
+        fprintf(stderr, "ferry-lab demo: unknown model preset %s (ferry plan --models)\n", o.model);
         return 2;
     }
     int rc = 1;
@@ -126,20 +118,20 @@ int cmd_demo(int argc, char **argv, const char *self)
     char sz[32];
     double w0 = cli_now();
     if (!o.json)
-        fprintf(stderr, "ferry demo: starting a master, a node and %u processes%s\n",
+        fprintf(stderr, "ferry-lab demo: starting a master, a node and %u processes%s\n",
                 o.trainers + o.rollouts, o.cold ? " (--cold: no warm-up)"
                 : "; each first touches the store's memory it will use (the documented warm-up, "
                   "docs/weights.md \"Warm memory\")");
     if (demo_group_start(&grp, o.model, o.bytes, dm.bytes, o.trainers, o.rollouts, o.dp,
-                         "ferry demo") < 0)
+                         "ferry-lab demo") < 0)
         goto out;
     if (!o.json && !o.cold)
-        fprintf(stderr, "ferry demo: warm-up done: %s touched, the slowest process in %.1f s "
+        fprintf(stderr, "ferry-lab demo: warm-up done: %s touched, the slowest process in %.1f s "
                 "(%.1f s to start them all)\n", cli_fmt_size(grp.warm_bytes, sz, sizeof sz),
                 grp.warm_s, cli_now() - w0);
     child *tr = grp.tr, *ro = grp.ro;
     if (!o.json)
-        fprintf(stderr, "ferry demo: %u trainers publish %u generations of %s (%zu tensors with "
+        fprintf(stderr, "ferry-lab demo: %u trainers publish %u generations of %s (%zu tensors with "
                 "its real shapes, %s bf16) through the store at %s;\n%u rollout workers (TP%u x DP%u) "
                 "take each one parameter-direct, single-pull (every byte read from the store once, "
                 "pushed to its replicas),\nand whole (compatibility: each tensor read once by its leader, "

@@ -1,4 +1,4 @@
-/* `ferry demo rl`'s parent: pools of rollout and update processes sized per
+/* `ferry-lab demo rl`'s parent: pools of rollout and update processes sized per
  * phase (--pools), members SIGKILLed and started again (--kill), the final
  * drain, and the report.
  *
@@ -19,9 +19,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cli.h"
-#include "demo_int.h"
-#include "demo_rl_int.h"
+#include "lab.h"
+#include "demo.h"
+#include "demo_rl.h"
 
 typedef struct member { child c; unsigned inc; bool trained; } member;
 
@@ -65,12 +65,12 @@ static int start_rollout(rl_run *r, unsigned rank)
     snprintf(a[3], 32, "%u", o->tokens);
     snprintf(a[4], 32, "%" PRIu64, o->bound);
     snprintf(a[5], 32, "%" PRIu64, o->lease_ms);
-    const char *args[] = { "ferry", "_demo_rl_rollout", r->g.addr, a[0], a[1], r->model, r->queue,
+    const char *args[] = { "ferry-lab", "worker", "rl-rollout", r->g.addr, a[0], a[1], r->model, r->queue,
                            r->g.dir, a[2], a[3], a[4], a[5], NULL };
     member *m = &r->ro[rank];
     m->inc = r->inc_ro[rank]++;
     if (demo_child_start(&m->c, args) < 0 || demo_child_line(&m->c, r->line, sizeof r->line) < 0) {
-        fprintf(stderr, "ferry demo rl: rollout %u did not start: %s\n", rank, r->line);
+        fprintf(stderr, "ferry-lab demo rl: rollout %u did not start: %s\n", rank, r->line);
         return -1;
     }
     return 0;
@@ -90,13 +90,13 @@ static int start_updater(rl_run *r, unsigned rank)
     snprintf(a[7], 32, "%" PRIu64, o->weight_bytes);
     snprintf(a[8], 32, "%" PRIu64, o->lease_ms);
     snprintf(a[9], 32, "%" PRIu64, r->version ? r->version : 1);
-    const char *args[] = { "ferry", "_demo_rl_update", r->g.addr, a[0], a[1], r->model, r->queue,
+    const char *args[] = { "ferry-lab", "worker", "rl-update", r->g.addr, a[0], a[1], r->model, r->queue,
                            r->g.dir, a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], NULL };
     member *m = &r->up[rank];
     m->inc = r->inc_up[rank]++;
     m->trained = false;
     if (demo_child_start(&m->c, args) < 0 || demo_child_line(&m->c, r->line, sizeof r->line) < 0) {
-        fprintf(stderr, "ferry demo rl: update process %u did not start: %s\n", rank, r->line);
+        fprintf(stderr, "ferry-lab demo rl: update process %u did not start: %s\n", rank, r->line);
         return -1;
     }
     return 0;
@@ -121,7 +121,7 @@ static int stop_member(rl_run *r, member *m, const char *what, unsigned rank)
     if (rc == 0 && sscanf(r->line, "OK %llu %llu %llu", &p, &c, &w) == 3)
         r->push_waits += w;
     if (rc < 0)
-        fprintf(stderr, "%sferry demo rl: %s %u: %s\n", isatty(2) ? "\n" : "", what, rank, r->line);
+        fprintf(stderr, "%sferry-lab demo rl: %s %u: %s\n", isatty(2) ? "\n" : "", what, rank, r->line);
     demo_child_stop(&m->c);
     return rc;
 }
@@ -217,7 +217,7 @@ static int train_step(rl_run *r, unsigned step, bool kill_here)
         if (r->up[u].trained)
             continue;
         if (demo_child_line(&r->up[u].c, r->line, sizeof r->line) < 0) {
-            fprintf(stderr, "%sferry demo rl: update process %u: %s\n", isatty(2) ? "\n" : "", u,
+            fprintf(stderr, "%sferry-lab demo rl: update process %u: %s\n", isatty(2) ? "\n" : "", u,
                     r->line);
             return -1;
         }
@@ -237,7 +237,7 @@ static int publish_step(rl_run *r, uint64_t v)
     int rc = 0;
     for (unsigned u = 0; u < r->nup; u++)
         if (demo_child_line(&r->up[u].c, r->line, sizeof r->line) < 0) {
-            fprintf(stderr, "%sferry demo rl: update process %u: publishing version %" PRIu64
+            fprintf(stderr, "%sferry-lab demo rl: update process %u: publishing version %" PRIu64
                     ": %s\n", isatty(2) ? "\n" : "", u, v, r->line);
             rc = -1;
         }
@@ -273,7 +273,7 @@ static int drain(rl_run *r, ferry_store *s, uint64_t *trained)
     ferry_error err = {0};
     FILE *led = demo_rl_ledger(r->g.dir, "upd-drain-0");
     if (!led || ferry_sample_queue_open(s, &qc, &q, &err) < 0) {
-        fprintf(stderr, "ferry demo rl: the drain: %s\n", led ? err.msg : "cannot write its ledger");
+        fprintf(stderr, "ferry-lab demo rl: the drain: %s\n", led ? err.msg : "cannot write its ledger");
         if (led)
             fclose(led);
         return -1;
@@ -285,7 +285,7 @@ static int drain(rl_run *r, ferry_store *s, uint64_t *trained)
         uint64_t popped = 0;
         int64_t n = demo_rl_train(q, 64, true, 0, o->tokens, led, &popped, &err);
         if (n < 0) {
-            fprintf(stderr, "ferry demo rl: the drain: %s\n", err.msg);
+            fprintf(stderr, "ferry-lab demo rl: the drain: %s\n", err.msg);
             rc = -1;
             break;
         }
@@ -302,7 +302,7 @@ static int drain(rl_run *r, ferry_store *s, uint64_t *trained)
         if (popped == 0 && nb == 0 && now >= horizon)
             break;
         if (now > deadline) {
-            fprintf(stderr, "ferry demo rl: the queue still held samples %.0f s into the drain\n",
+            fprintf(stderr, "ferry-lab demo rl: the queue still held samples %.0f s into the drain\n",
                     now - deadline + 120 + (double)o->lease_ms / 1000.0);
             rc = -1;
             break;
@@ -401,7 +401,7 @@ static void print_intro(const rl_run *r)
         k += (size_t)snprintf(pools + k, sizeof pools - k, "%s%u:%u for %u step%s", i ? ", then " : "",
                               o->phase[i].rollouts, o->phase[i].updaters, o->phase[i].steps,
                               o->phase[i].steps == 1 ? "" : "s");
-    printf("ferry demo rl: rollout:update processes %s, on the master at %s\n"
+    printf("ferry-lab demo rl: rollout:update processes %s, on the master at %s\n"
            "  %u samples per update process and step, %u tokens per sample, %.0f samples/s per "
            "rollout,\n  training %.0f ms per step, max_policy_lag %u, stale samples %s, queue bound %"
            PRIu64 ", lease %" PRIu64 " ms, weights %s, %u kill%s (seed %" PRIu64 ")\n",
@@ -459,11 +459,11 @@ int cmd_demo_rl(int argc, char **argv)
     ferry_store *s = NULL;
     ferry_sample_claims *claims = NULL;
     char why[256] = "";
-    if (demo_cluster_start(&r.g, o.weight_bytes * 3 + (256ull << 20), "ferry demo rl") < 0)
+    if (demo_cluster_start(&r.g, o.weight_bytes * 3 + (256ull << 20), "ferry-lab demo rl") < 0)
         goto out;
     /* the claim log: every claim the queue writes, from before the first sample */
     if (!(s = demo_rl_open_store(r.g.addr)) || ferry_sample_claims_open(s, r.queue, &claims) < 0) {
-        fprintf(stderr, "ferry demo rl: cannot watch the queue's claims: %s\n",
+        fprintf(stderr, "ferry-lab demo rl: cannot watch the queue's claims: %s\n",
                 ferry_store_last_error());
         goto out;
     }
@@ -485,7 +485,7 @@ int cmd_demo_rl(int argc, char **argv)
     rl_tally t;
     if (ferry_sample_claims_mark(claims) < 0 ||
         demo_rl_tally(s, r.queue, r.g.dir, claims, o.recompute, &t, why, sizeof why) < 0) {
-        fprintf(stderr, "ferry demo rl: accounting: %s\n", why[0] ? why : ferry_store_last_error());
+        fprintf(stderr, "ferry-lab demo rl: accounting: %s\n", why[0] ? why : ferry_store_last_error());
         goto out;
     }
     double total_s = cli_now() - t0;

@@ -1,12 +1,13 @@
-/* `ferry demo`: the engine between two processes. A target process
+/* `ferry-lab demo`: the engine between two processes. A target process
  * registers memory; this process writes a pattern into it with one-sided
  * WRITEs, tells it with a notification that follows the writes, reads it
  * all back with one-sided READs and checks every byte — over shm and over
- * tcp. `ferry demo engine`; `ferry demo` is the weight-update demo. */
+ * tcp. `ferry-lab demo engine`; `ferry-lab demo` is the weight-update demo. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "lab.h"
+#include "cli_opts.h"
 
 #define DEMO_BLOCK (4u << 20)
 
@@ -51,7 +52,7 @@ static int move(ferry_engine *e, const ferry_remote_region *rr, enum ferry_opcod
     for (uint64_t k = 0; k < nt; k++) {
         if (!t[k])
             continue;
-        int st = ferry_ticket_wait(t[k], 60000);
+        int st = ferry_ticket_wait(t[k], FERRY_DEFAULT_TIMEOUT_MS);
         if (st != FERRY_TICKET_COMPLETED && rc == 0)
             rc = ferry_ticket_error(t[k]) ? ferry_ticket_error(t[k]) : FERRY_EIO;
         ferry_ticket_free(t[k]);
@@ -108,49 +109,39 @@ static void run_one(const char *self, const char *transport, uint64_t total, dem
     ferry_engine_close(e);
 }
 
-static void usage_engine(FILE *f)
-{
-    fprintf(f, "usage: ferry demo engine [--size SIZE] [--json]\n"
-               "\n"
-               "A target process registers SIZE bytes; this process writes them with one-sided\n"
-               "WRITEs and reads them back with READs over shm and over tcp, checking every byte.\n"
-               "\n"
-               "  --size SIZE  bytes moved each way per transport (default 256M)\n"
-               "  --json       one JSON object on stdout (default: a table)\n");
-}
+typedef struct engine_opts {
+    uint64_t total;
+    bool json;
+} engine_opts;
 
-static int parse_engine(int argc, char **argv, uint64_t *total, bool *json)
-{
-    cli_getopt g;
-    cli_getopt_init(&g, "demo engine", argc, argv, "size=,json");
-    while (cli_getopt_next(&g)) {
-        if (cli_getopt_is(&g, "--json")) {
-            *json = true;
-        } else if (cli_getopt_is(&g, "--size")) {
-            if (cli_opt_size(g.opt, g.val, 1, 1ull << 40, total) < 0)
-                return -1;
-            *total = (*total + DEMO_BLOCK - 1) / DEMO_BLOCK * DEMO_BLOCK;
-        } else {
-            return cli_getopt_unhandled(&g);
-        }
-    }
-    return cli_getopt_end(&g, 0);
-}
+static const cli_opt engine_table[] = {
+    CLI_SIZE(engine_opts, total, "size", "SIZE", 1, 1ull << 40, "bytes moved each way per transport (default 256M)"),
+    CLI_FLAG(engine_opts, json, "json", "one JSON object on stdout (default: a table)"),
+};
+
+static const cli_cmd engine_cmd = {
+    .name = "demo engine",
+    .about = "A target process registers SIZE bytes; this process writes them with one-sided\n"
+             "WRITEs and reads them back with READs over shm and over tcp, checking every byte.",
+    .opts = engine_table,
+    .nopts = sizeof engine_table / sizeof engine_table[0],
+};
 
 int cmd_demo_engine(int argc, char **argv, const char *self)
 {
-    bool json = false;
-    uint64_t total = 256ull << 20;
-    int pr = parse_engine(argc, argv, &total, &json);
+    engine_opts o = { .total = 256ull << 20 };
+    int pr = cli_parse(&engine_cmd, argc, argv, &o, NULL, NULL);
     if (pr != 0)
-        return cli_usage_exit(pr, usage_engine);
+        return cli_cmd_usage_exit(pr, &engine_cmd);
+    uint64_t total = (o.total + DEMO_BLOCK - 1) / DEMO_BLOCK * DEMO_BLOCK;
+    bool json = o.json;
     if (!getenv("FERRY_TOKEN") && !getenv("FERRY_TOKEN_FILE")) {
         char tok[65];
         ferry_token_generate(tok);
         setenv("FERRY_TOKEN", tok, 1);
     }
     if (!json)
-        fprintf(stderr, "ferry demo: a target process registers %llu MiB; this process writes it with one-sided\n"
+        fprintf(stderr, "ferry-lab demo: a target process registers %llu MiB; this process writes it with one-sided\n"
                         "WRITEs (a notification follows each batch), reads it back with READs, checks every byte.\n",
                 (unsigned long long)(total >> 20));
     demo_row rows[2];

@@ -1,6 +1,6 @@
 /* Processes of the weight-update demo and benchmark: a private master and
  * node (unless FERRY_MASTER is set), trainer and rollout children driven
- * over pipes (demo_int.h). */
+ * over pipes (demo.h). */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -12,8 +12,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cli.h"
-#include "demo_int.h"
+#include "lab.h"
+#include "demo.h"
 
 int demo_child_start(child *c, const char *const *args)
 {
@@ -101,7 +101,7 @@ static pid_t spawn_quiet(const char *const *args)
         int nul = open("/dev/null", O_WRONLY);
         if (nul >= 0)
             dup2(nul, 1);
-        execv("/proc/self/exe", (char *const *)args);
+        execvp(lab_ferry_bin(), (char *const *)args);   /* the operator's ferry */
         _exit(127);
     }
     return p;
@@ -228,7 +228,7 @@ int demo_group_start(demo_group *g, const char *model, uint64_t budget, uint64_t
         char rk[16], ws[16];
         snprintf(rk, sizeof rk, "%u", r);
         snprintf(ws, sizeof ws, "%u", t ? trainers : rollouts);
-        const char *args[] = { "ferry", t ? "_demo_trainer" : "_demo_rollout", g->addr, rk, ws,
+        const char *args[] = { "ferry-lab", "worker", t ? "trainer" : "rollout", g->addr, rk, ws,
                                model, buf, dps, NULL };
         child *c = t ? &g->tr[r] : &g->ro[r];
         if (demo_child_start(c, args) < 0) {
@@ -276,56 +276,17 @@ void demo_group_stop(demo_group *g)
     }
 }
 
-int demo_parse(const char *cmd, int argc, char **argv, const char *count_flag, unsigned count,
-               uint64_t bytes, demo_opts *o)
+int demo_parse(const cli_cmd *c, int argc, char **argv, unsigned count, uint64_t bytes, demo_opts *o)
 {
     *o = (demo_opts){ .trainers = 4, .rollouts = 4, .count = count, .bytes = bytes };
     snprintf(o->model, sizeof o->model, "qwen3-8b");
-    /* ferry demo keeps one row per generation, 64 at most */
-    unsigned count_max = !strcmp(count_flag, "--generations") ? 64 : 100000;
-    /* bench weights (--reps) also has --convert-only */
-    bool bench = !strcmp(count_flag, "--reps");
-    char spec[128];
-    snprintf(spec, sizeof spec, "trainers=,rollouts=,dp=,%s=,bytes=,model=,json,cold%s", count_flag + 2,
-             bench ? ",convert-only" : "");
-    cli_getopt g;
-    cli_getopt_init(&g, cmd, argc, argv, spec);
-    while (cli_getopt_next(&g)) {
-        const char *a = g.opt, *v = g.val;
-        int rc = 0;
-        if (!strcmp(a, "--json"))
-            o->json = true;
-        else if (!strcmp(a, "--cold"))
-            o->cold = true;
-        else if (!strcmp(a, "--convert-only"))
-            o->convert_only = true;
-        else if (!strcmp(a, "--trainers"))
-            rc = cli_opt_unsigned(a, v, 1, 64, &o->trainers);
-        else if (!strcmp(a, "--rollouts"))
-            rc = cli_opt_unsigned(a, v, 1, 64, &o->rollouts);
-        else if (!strcmp(a, "--dp"))   /* 0: the default below */
-            rc = cli_opt_unsigned(a, v, 0, 64, &o->dp);
-        else if (!strcmp(a, count_flag))
-            rc = cli_opt_unsigned(a, v, 1, count_max, &o->count);
-        else if (!strcmp(a, "--bytes"))
-            rc = cli_opt_size(a, v, 1u << 20, UINT64_MAX, &o->bytes);
-        else if (!strcmp(a, "--model") && strlen(v) >= sizeof o->model) {
-            fprintf(stderr, "ferry: --model wants a preset name (ferry plan --models), not '%s'\n", v);
-            rc = -1;
-        } else if (!strcmp(a, "--model"))
-            snprintf(o->model, sizeof o->model, "%s", v);
-        else
-            return cli_getopt_unhandled(&g);
-        if (rc < 0)
-            return -1;
-    }
-    int pr = cli_getopt_end(&g, 0);
+    int pr = cli_parse(c, argc, argv, o, NULL, NULL);
     if (pr != 0)
         return pr;
     if (o->dp == 0)
         o->dp = o->rollouts % 2 == 0 ? 2 : 1;   /* default: TP x DP2 when it divides */
     if (o->rollouts % o->dp) {
-        fprintf(stderr, "ferry: --rollouts %u is not a multiple of --dp %u\n", o->rollouts, o->dp);
+        fprintf(stderr, "ferry-lab: --rollouts %u is not a multiple of --dp %u\n", o->rollouts, o->dp);
         return -1;
     }
     return o->trainers && o->trainers <= 64 && o->rollouts && o->rollouts <= 64 &&

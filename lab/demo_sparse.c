@@ -1,4 +1,4 @@
-/* `ferry demo --sparse`: sparse COO weight deltas in the weights path. A
+/* `ferry-lab demo --sparse`: sparse COO weight deltas in the weights path. A
  * local cluster (unless FERRY_MASTER is set), trainer processes and rollout
  * processes in EP x TP over MoE-shaped tensors: routed experts owned by one
  * EP rank (OWNER), attention and a shared expert replicated across EP
@@ -22,8 +22,8 @@
 
 #include <jansson.h>
 
-#include "cli.h"
-#include "demo_int.h"
+#include "lab.h"
+#include "demo.h"
 #include "ferry/sparse.h"
 
 typedef struct sp_spec {
@@ -154,7 +154,7 @@ static ferry_store *sp_open(const char *addr, FILE *say)
     cfg.lease_ms = 1;
     ferry_store *s = NULL;
     if (ferry_store_open(&cfg, &s) < 0) {
-        fprintf(say, "%scannot reach the master at %s: %s\n", say == stdout ? "ERR " : "ferry demo sparse: ",
+        fprintf(say, "%scannot reach the master at %s: %s\n", say == stdout ? "ERR " : "ferry-lab demo sparse: ",
                 addr, ferry_store_last_error());
         fflush(say);
         return NULL;
@@ -266,7 +266,7 @@ static int trainer_delta(ferry_store *s, const sp_spec *m, const sp_tensor *t, s
     return rc;
 }
 
-/* argv: _demo_sparse_trainer MASTER RANK MODEL DIR SPEC. Commands: "base"
+/* argv: worker sparse-trainer MASTER RANK MODEL DIR SPEC. Commands: "base"
  * (publish generation 1 dense: "OK s bytes"), "delta G" ("OK s puts skipped
  * nnz bytes"). */
 static int demo_sparse_trainer_main(int argc, char **argv)
@@ -305,7 +305,7 @@ static int demo_sparse_trainer_main(int argc, char **argv)
                 wt[i] = (ferry_weight_tensor){ .name = t[i].name, .dtype = "f32", .ndim = 2,
                                                .shape = { t[i].rows, t[i].cols }, .data = w[i] };
             ferry_publisher_config pc = { .rank = rank, .world = m.trainers, .rank_node = nodes,
-                                          .timeout_ms = 60000 };
+                                          .timeout_ms = FERRY_DEFAULT_TIMEOUT_MS };
             snprintf(pc.model, sizeof pc.model, "%s", model);
             snprintf(pc.out_dtype, sizeof pc.out_dtype, "bf16");
             ferry_publish_stats ps;
@@ -441,7 +441,7 @@ static int ro_apply(ferry_store *s, ro_state *r, const sp_tensor *t, const sp_sp
     return 0;
 }
 
-/* argv: _demo_sparse_rollout MASTER RANK MODEL DIR SPEC. Commands: "load"
+/* argv: worker sparse-rollout MASTER RANK MODEL DIR SPEC. Commands: "load"
  * (the base, dense, into its boxes: "OK s bytes wrong"), "apply G". */
 static int demo_sparse_rollout_main(int argc, char **argv)
 {
@@ -544,7 +544,7 @@ static int demo_sparse_rollout_main(int argc, char **argv)
 static void usage_sparse(FILE *f)
 {
     fprintf(f,
-            "usage: ferry demo --sparse [--rollouts N (4)] [--ep N (2)] [--trainers N (2)]\n"
+            "usage: ferry-lab demo --sparse [--rollouts N (4)] [--ep N (2)] [--trainers N (2)]\n"
             "                          [--generations N (3)] [--density FRACTION (0.01)]\n"
             "                          [--hidden N (512)] [--ffn N (1024)] [--experts N (8)]\n"
             "                          [--layers N (1)] [--tile N (0: chosen)] [--json]\n"
@@ -601,16 +601,16 @@ static int parse_sparse(int argc, char **argv, sp_spec *o)
     if (pr != 0)
         return pr;
     if (rollouts % o->ep) {
-        fprintf(stderr, "ferry: --rollouts %u is not a multiple of --ep %u\n", rollouts, o->ep);
+        fprintf(stderr, "ferry-lab: --rollouts %u is not a multiple of --ep %u\n", rollouts, o->ep);
         return -1;
     }
     o->tp = rollouts / o->ep;
     if (o->experts % o->ep) {
-        fprintf(stderr, "ferry: --experts %u is not a multiple of --ep %u\n", o->experts, o->ep);
+        fprintf(stderr, "ferry-lab: --experts %u is not a multiple of --ep %u\n", o->experts, o->ep);
         return -1;
     }
     if (o->hidden % o->tp || o->ffn % o->tp) {
-        fprintf(stderr, "ferry: --hidden %u and --ffn %u must be multiples of TP = --rollouts / --ep = %u\n",
+        fprintf(stderr, "ferry-lab: --hidden %u and --ffn %u must be multiples of TP = --rollouts / --ep = %u\n",
                 o->hidden, o->ffn, o->tp);
         return -1;
     }
@@ -755,11 +755,11 @@ static int start_children(demo_group *g, const char *model, const char *spec, co
         bool trainer = k < m->trainers;
         char rk[16], line[512] = "";
         snprintf(rk, sizeof rk, "%u", trainer ? k : k - m->trainers);
-        const char *args[] = { "ferry", trainer ? "_demo_sparse_trainer" : "_demo_sparse_rollout",
+        const char *args[] = { "ferry-lab", "worker", trainer ? "sparse-trainer" : "sparse-rollout",
                                g->addr, rk, model, g->dir, spec, NULL };
         child *c = trainer ? &tr[k] : &ro[k - m->trainers];
         if (demo_child_start(c, args) < 0 || demo_child_line(c, line, sizeof line) < 0) {
-            fprintf(stderr, "ferry demo sparse: a %s did not start: %s\n",
+            fprintf(stderr, "ferry-lab demo sparse: a %s did not start: %s\n",
                     trainer ? "trainer" : "rollout", line);
             return -1;
         }
@@ -828,9 +828,9 @@ static void run_gen(ferry_store *s, child *tr, child *ro, const sp_tensor *t, si
 
 int cmd_demo_sparse(int argc, char **argv)
 {
-    if (argc >= 1 && !strcmp(argv[0], "_demo_sparse_trainer"))
+    if (argc >= 1 && !strcmp(argv[0], "sparse-trainer"))
         return demo_sparse_trainer_main(argc, argv);
-    if (argc >= 1 && !strcmp(argv[0], "_demo_sparse_rollout"))
+    if (argc >= 1 && !strcmp(argv[0], "sparse-rollout"))
         return demo_sparse_rollout_main(argc, argv);
     sp_spec m;
     int pr = parse_sparse(argc, argv, &m);
@@ -857,11 +857,11 @@ int cmd_demo_sparse(int argc, char **argv)
     int rc = 1;
     /* the dense generation twice over (publish), the deltas, headroom */
     if (demo_cluster_start(&g, params * 2 * 3 + (uint64_t)m.gens * params * 10 * m.ppm / 1000000 * 2 +
-                                   (256ull << 20), "ferry demo sparse") < 0 ||
+                                   (256ull << 20), "ferry-lab demo sparse") < 0 ||
         start_children(&g, model, spec, &m, tr, ro) < 0 || !(s = sp_open(g.addr, stderr)))
         goto out;
     if (!m.json)
-        printf("ferry demo sparse: %u trainers, %u rollouts (EP%u x TP%u) on the master at %s;\n"
+        printf("ferry-lab demo sparse: %u trainers, %u rollouts (EP%u x TP%u) on the master at %s;\n"
                "  %u layer(s) of %u experts (OWNER by EP) and 4 shared tensors (REPLICATE), "
                "hidden %u, ffn %u: %zu tensors, %" PRIu64 " parameters (%s bf16);\n"
                "  %u delta generations at density %.4g%%, bf16 values, i32 indices\n",
@@ -872,7 +872,7 @@ int cmd_demo_sparse(int argc, char **argv)
     double pub_s = 0, load_s = 0;
     uint64_t load_bytes = 0, load_wrong = 0;
     if (!sp_round(tr, m.trainers, "base", lines, err, sizeof err)) {
-        fprintf(stderr, "ferry demo sparse: publishing the base: %s\n", err);
+        fprintf(stderr, "ferry-lab demo sparse: publishing the base: %s\n", err);
         goto out;
     }
     for (unsigned i = 0; i < m.trainers; i++) {
@@ -881,7 +881,7 @@ int cmd_demo_sparse(int argc, char **argv)
         pub_s = x > pub_s ? x : pub_s;
     }
     if (!sp_round(ro, R, "load", lines, err, sizeof err)) {
-        fprintf(stderr, "ferry demo sparse: loading the base: %s\n", err);
+        fprintf(stderr, "ferry-lab demo sparse: loading the base: %s\n", err);
         goto out;
     }
     for (unsigned i = 0; i < R; i++) {

@@ -28,8 +28,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cli.h"
-#include "demo_int.h"
+#include "lab.h"
+#include "demo.h"
 
 #define KIDS_MAX 512
 #define DIRS_MAX 8
@@ -90,7 +90,7 @@ static int rm_one(const char *path, const struct stat *st, int flag, struct FTW 
     (void)st;
     (void)ftw;
     if ((flag == FTW_DP ? rmdir(path) : unlink(path)) != 0 && errno != ENOENT)
-        fprintf(stderr, "ferry: cannot remove %s: %s\n", path, strerror(errno));
+        fprintf(stderr, "ferry-lab: cannot remove %s: %s\n", path, strerror(errno));
     return 0;
 }
 

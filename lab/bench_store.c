@@ -1,10 +1,10 @@
-/* `ferry bench store`: the store's metadata rate, and its put/get throughput
+/* `ferry-lab bench store`: the store's metadata rate, and its put/get throughput
  * against the engine moving the same bytes in the same run.
  *
  * A private cluster: a master in a temp dir (fsync on, the durable
  * configuration, unless --no-sync) and one node, both children of this
  * process, stopped and removed at the end, on failure and on SIGINT/SIGTERM.
- *  - metadata: --clients processes (`ferry _bench_store_client`) loop for
+ *  - metadata: --clients processes (`ferry-lab worker store-client`) loop for
  *    --seconds over 64 zero-length objects: batch_put_from (64 PUT_START and
  *    64 PUT_END in two pipelined round trips), batch_get_into with capacity
  *    0 (64 GET_REPLICAS in one), then remove_prefix.
@@ -12,7 +12,7 @@
  *    buffer, put in batches of --batch, read back with batch_get_into into a
  *    second one; same host (the engine picks shm) and over tcp. The baseline
  *    is the store client's own engine writing and reading the same bytes in
- *    the same block size to a `ferry _target` child's region, interleaved
+ *    the same block size to a `ferry-lab worker target` child's region, interleaved
  *    with the store passes so both see the same noise. Best of --reps.
  * Reads lease objects; the clients use a 1 ms lease so that the objects can
  * be removed right after (a longer lease would only delay the removal). */
@@ -27,7 +27,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "lab.h"
+#include "cli_opts.h"
 
 enum { META_BATCH = 64, CLIENTS_MAX = 64, PIDS_MAX = CLIENTS_MAX + 4, BATCH_MAX = 256 };
 
@@ -38,7 +39,7 @@ enum { META_BATCH = 64, CLIENTS_MAX = 64, PIDS_MAX = CLIENTS_MAX + 4, BATCH_MAX 
 typedef struct bs_opts {
     uint64_t size, total, object;
     unsigned clients, seconds, reps, batch;
-    bool json, sync;
+    bool json, no_sync, sync;      /* sync: !no_sync */
 } bs_opts;
 
 typedef struct bs_meta {
@@ -125,7 +126,9 @@ static void on_signal(int sig)
  * handler never runs in the child and always sees the pid tracked. */
 static pid_t spawn(const char *self, const char *const *args, int in, int out)
 {
-    const char *exe = access("/proc/self/exe", X_OK) == 0 ? "/proc/self/exe" : self;
+    /* a worker is this program; the master and the node are the operator's ferry */
+    bool worker = args[1] && !strcmp(args[1], "worker");
+    const char *exe = !worker ? lab_ferry_bin() : access("/proc/self/exe", X_OK) == 0 ? "/proc/self/exe" : self;
     sigset_t old;
     block_signals(&old);
     pid_t p = fork();
@@ -136,7 +139,7 @@ static pid_t spawn(const char *self, const char *const *args, int in, int out)
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if ((in >= 0 && dup2(in, 0) < 0) || (out >= 0 && dup2(out, 1) < 0))
             _exit(127);
-        execv(exe, (char *const *)args);
+        execvp(exe, (char *const *)args);
         _exit(127);
     }
     track(p);
@@ -201,7 +204,7 @@ static int cluster_start(bs_cluster *c, const bs_opts *o, const char *self)
     const char *tmp = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     snprintf(c->dir, sizeof c->dir, "%s/ferry-bench-store-XXXXXX", tmp);
     if (!mkdtemp(c->dir)) {
-        fprintf(stderr, "ferry bench store: cannot create a directory in %s: %s\n", tmp,
+        fprintf(stderr, "ferry-lab bench store: cannot create a directory in %s: %s\n", tmp,
                 strerror(errno));
         c->dir[0] = '\0';
         return -1;
@@ -221,7 +224,7 @@ static int cluster_start(bs_cluster *c, const bs_opts *o, const char *self)
                             "--addr-file", addrf, o->sync ? NULL : "--no-sync", NULL };
     c->mpid = spawn(self, margs, -1, null);
     if (c->mpid < 0 || wait_file(addrf, &c->mpid, 15, c->master, sizeof c->master) != 0) {
-        fprintf(stderr, "ferry bench store: the master did not start (see its errors above)\n");
+        fprintf(stderr, "ferry-lab bench store: the master did not start (see its errors above)\n");
         close(null);
         return -1;
     }
@@ -230,7 +233,7 @@ static int cluster_start(bs_cluster *c, const bs_opts *o, const char *self)
     c->npid = spawn(self, nargs, -1, null);
     close(null);
     if (c->npid < 0 || wait_file(readyf, &c->npid, 60, seg, sizeof seg) != 0) {
-        fprintf(stderr, "ferry bench store: the node did not start (see its errors above)\n");
+        fprintf(stderr, "ferry-lab bench store: the node did not start (see its errors above)\n");
         return -1;
     }
     return 0;
@@ -258,13 +261,13 @@ static uint64_t get_failures(const int64_t *res, size_t n, uint64_t want)
 
 /* ---- metadata ---------------------------------------------------------------- */
 
-/* `ferry _bench_store_client MASTER SECONDS ID`: prints READY once
+/* `ferry-lab worker store-client MASTER SECONDS ID`: prints READY once
  * connected, starts on a line on stdin, prints
  * "DONE pairs gets removed failed seconds". */
 int cli_bench_store_client_main(int argc, char **argv)
 {
     if (argc != 4) {
-        fprintf(stderr, "usage: ferry _bench_store_client MASTER SECONDS ID\n");
+        fprintf(stderr, "usage: ferry-lab worker store-client MASTER SECONDS ID\n");
         return 2;
     }
     ferry_store_config cfg;
@@ -316,7 +319,7 @@ int cli_bench_store_client_main(int argc, char **argv)
         if (ferry_store_remove_prefix(s, prefix, &n) == 0)
             m.removed += n;
         if (m.failed && !said) {
-            fprintf(stderr, "ferry bench store: client %s: %s\n", argv[3], ferry_store_last_error());
+            fprintf(stderr, "ferry-lab bench store: client %s: %s\n", argv[3], ferry_store_last_error());
             said = true;
         }
     }
@@ -354,7 +357,7 @@ static int meta_phase(const bs_opts *o, const char *self, const char *master, bs
             close(a[1]);
             break;
         }
-        const char *args[] = { "ferry", "_bench_store_client", master, secs, id, NULL };
+        const char *args[] = { "ferry-lab", "worker", "store-client", master, secs, id, NULL };
         pids[n] = spawn(self, args, a[0], b[1]);
         close(a[0]);
         close(b[1]);
@@ -367,7 +370,7 @@ static int meta_phase(const bs_opts *o, const char *self, const char *master, bs
         rc = -1;
     for (unsigned i = 0; i < n && rc == 0; i++) {
         if (!fgets(line, sizeof line, out[i]) || strncmp(line, "READY", 5) != 0) {
-            fprintf(stderr, "ferry bench store: metadata client %u did not start%s%s", i,
+            fprintf(stderr, "ferry-lab bench store: metadata client %u did not start%s%s", i,
                     line[0] ? ": " : "\n", line);
             rc = -1;
         }
@@ -383,7 +386,7 @@ static int meta_phase(const bs_opts *o, const char *self, const char *master, bs
         double t;
         if (!fgets(line, sizeof line, out[i]) ||
             sscanf(line, "DONE %llu %llu %llu %llu %lf", &p, &g, &r, &f, &t) != 5) {
-            fprintf(stderr, "ferry bench store: metadata client %u failed\n", i);
+            fprintf(stderr, "ferry-lab bench store: metadata client %u failed\n", i);
             rc = -1;
             break;
         }
@@ -502,7 +505,7 @@ static int xfer_reps(xfer_ctx *x, const char *label, bs_xfer *r)
     for (uint64_t i = 0; i < x->bytes / 8; i++)
         w[i] = (i + 1) * 0x9E3779B97F4A7C15ull;
     /* Warm-up of both paths: connections, segment mappings, page tables (as
-     * `ferry bench engine` does), so that --reps 1 is not a cold figure. */
+     * `ferry-lab bench engine` does), so that --reps 1 is not a cold figure. */
     if (cli_engine_pass(x->e, FERRY_OP_WRITE, x->src, &x->rr, x->o->object, x->bytes) <= 0)
         return FERRY_EIO;
     snprintf(what, sizeof what, "warm-up %s", label);
@@ -510,7 +513,7 @@ static int xfer_reps(xfer_ctx *x, const char *label, bs_xfer *r)
     get_pass(x, what, &r->failed);
     int wrc = clear_objects(x);
     if (wrc < 0 || r->failed) {
-        fprintf(stderr, "ferry bench store: %s warm-up failed: %s\n", label, ferry_store_last_error());
+        fprintf(stderr, "ferry-lab bench store: %s warm-up failed: %s\n", label, ferry_store_last_error());
         return wrc < 0 ? wrc : FERRY_EIO;
     }
     for (unsigned rep = 0; rep < x->o->reps; rep++) {
@@ -523,7 +526,7 @@ static int xfer_reps(xfer_ctx *x, const char *label, bs_xfer *r)
         if (rep == 0)
             r->mismatch = memcmp(x->src, x->dst, x->bytes) != 0;
         if (r->failed)
-            fprintf(stderr, "ferry bench store: %s: %llu puts/gets failed: %s\n", label,
+            fprintf(stderr, "ferry-lab bench store: %s: %llu puts/gets failed: %s\n", label,
                     (unsigned long long)r->failed, ferry_store_last_error());
         int rc = clear_objects(x);
         if (rc < 0 || r->failed)
@@ -584,7 +587,7 @@ static int xfer_phase(const bs_opts *o, const char *master, const char *transpor
         snprintf(r->transport, sizeof r->transport, "%s", t ? t : transport);
     }
     if (rc < 0)
-        fprintf(stderr, "ferry bench store: %s pass failed: %s\n", label,
+        fprintf(stderr, "ferry-lab bench store: %s pass failed: %s\n", label,
                 ferry_store_last_error()[0] ? ferry_store_last_error() : ferry_strerror(rc));
     if (reg_src)
         ferry_store_unregister_buffer(x.s, src);
@@ -602,66 +605,39 @@ static int xfer_phase(const bs_opts *o, const char *master, const char *transpor
 
 /* ---- command ---------------------------------------------------------------------- */
 
-static void usage_store(FILE *f)
-{
-    fprintf(f,
-            "usage: ferry bench store [--clients N] [--seconds N] [--size SIZE] [--total SIZE]\n"
-            "                         [--object SIZE] [--batch N] [--reps N] [--no-sync] [--json]\n"
-            "\n"
-            "Store metadata operations per second, and put/get throughput against the engine\n"
-            "and memcpy measured in the same run (a private master and node).\n"
-            "\n"
-            "  --clients N    metadata client processes (4)\n"
-            "  --seconds N    metadata phase duration (3)\n"
-            "  --size SIZE    the node's segment (1G)\n"
-            "  --total SIZE   bytes per throughput pass (512M)\n"
-            "  --object SIZE  object and engine block size (4M)\n"
-            "  --batch N      objects per batch_put_from / batch_get_into call (64)\n"
-            "  --reps N       best of N passes (3)\n"
-            "  --no-sync      the master does not fsync its log (not the durable setup;\n"
-            "                 default: it does)\n"
-            "  --json         one JSON object on stdout (default: a table)\n");
-}
+static const cli_opt store_table[] = {
+    CLI_UINT(bs_opts, clients, "clients", "N", 1, CLIENTS_MAX, "metadata client processes (4)"),
+    CLI_UINT(bs_opts, seconds, "seconds", "N", 1, 3600, "metadata phase duration (3)"),
+    /* the node's segment: ferry node wants 1 MiB at least */
+    CLI_SIZE(bs_opts, size, "size", "SIZE", 1u << 20, UINT64_MAX, "the node's segment (1G)"),
+    CLI_SIZE(bs_opts, total, "total", "SIZE", 1, UINT64_MAX, "bytes per throughput pass (512M)"),
+    CLI_SIZE(bs_opts, object, "object", "SIZE", 8, UINT64_MAX, "object and engine block size (4M)"),
+    CLI_UINT(bs_opts, batch, "batch", "N", 1, BATCH_MAX, "objects per batch_put_from / batch_get_into call (64)"),
+    CLI_UINT(bs_opts, reps, "reps", "N", 1, 100000, "best of N passes (3)"),
+    CLI_FLAG(bs_opts, no_sync, "no-sync",
+             "the master does not fsync its log (not the durable setup;\ndefault: it does)"),
+    CLI_FLAG(bs_opts, json, "json", "one JSON object on stdout (default: a table)"),
+};
+
+static const cli_cmd store_cmd = {
+    .name = "bench store",
+    .about = "Store metadata operations per second, and put/get throughput against the engine\n"
+             "and memcpy measured in the same run (a private master and node).",
+    .opts = store_table,
+    .nopts = sizeof store_table / sizeof store_table[0],
+};
 
 static int parse(int argc, char **argv, bs_opts *o)
 {
     *o = (bs_opts){ .size = 1ull << 30, .total = 512ull << 20, .object = 4ull << 20,
-                    .clients = 4, .seconds = 3, .reps = 3, .batch = 64, .sync = true };
-    cli_getopt g;
-    cli_getopt_init(&g, "bench store", argc, argv,
-                    "size=,total=,object=,clients=,seconds=,reps=,batch=,no-sync,json");
-    while (cli_getopt_next(&g)) {
-        const char *a = g.opt, *v = g.val;
-        int rc = 0;
-        if (!strcmp(a, "--json"))
-            o->json = true;
-        else if (!strcmp(a, "--no-sync"))
-            o->sync = false;
-        else if (!strcmp(a, "--size"))   /* the node's segment: ferry node wants 1 MiB at least */
-            rc = cli_opt_size(a, v, 1u << 20, UINT64_MAX, &o->size);
-        else if (!strcmp(a, "--total"))
-            rc = cli_opt_size(a, v, 1, UINT64_MAX, &o->total);
-        else if (!strcmp(a, "--object"))
-            rc = cli_opt_size(a, v, 8, UINT64_MAX, &o->object);
-        else if (!strcmp(a, "--clients"))
-            rc = cli_opt_unsigned(a, v, 1, CLIENTS_MAX, &o->clients);
-        else if (!strcmp(a, "--seconds"))
-            rc = cli_opt_unsigned(a, v, 1, 3600, &o->seconds);
-        else if (!strcmp(a, "--reps"))
-            rc = cli_opt_unsigned(a, v, 1, 100000, &o->reps);
-        else if (!strcmp(a, "--batch"))
-            rc = cli_opt_unsigned(a, v, 1, BATCH_MAX, &o->batch);
-        else
-            return cli_getopt_unhandled(&g);
-        if (rc < 0)
-            return -1;
-    }
-    int pr = cli_getopt_end(&g, 0);
+                    .clients = 4, .seconds = 3, .reps = 3, .batch = 64 };
+    int pr = cli_parse(&store_cmd, argc, argv, o, NULL, NULL);
     if (pr != 0)
         return pr;
+    o->sync = !o->no_sync;
     if (o->object <= o->total && o->total <= o->size && o->object >= 8)
         return 0;
-    fprintf(stderr, "ferry bench store: need --object <= --total <= --size\n");
+    fprintf(stderr, "ferry-lab bench store: need --object <= --total <= --size\n");
     return -1;
 }
 
@@ -736,7 +712,7 @@ int cmd_bench_store(int argc, char **argv, const char *self)
     bs_opts o;
     int pr = parse(argc, argv, &o);
     if (pr != 0)
-        return cli_usage_exit(pr, usage_store);
+        return cli_cmd_usage_exit(pr, &store_cmd);
     if (!getenv("FERRY_TOKEN") && !getenv("FERRY_TOKEN_FILE")) {
         char tok[65];
         ferry_token_generate(tok);   /* a private cluster for this run */
@@ -752,7 +728,7 @@ int cmd_bench_store(int argc, char **argv, const char *self)
     bs_xfer x[2] = { { .transport = "" }, { .transport = "tcp" } };
     char sz[32], sz2[32];
     if (!o.json) {
-        printf("ferry bench store: master fsync %s, node segment %s; metadata: %u clients for %u s;\n"
+        printf("ferry-lab bench store: master fsync %s, node segment %s; metadata: %u clients for %u s;\n"
                "throughput: %llu x %s objects per pass, batches of %u, best of %u\n",
                o.sync ? "on" : "off", cli_fmt_size(o.size, sz, sizeof sz), o.clients, o.seconds,
                (unsigned long long)(o.total / o.object), cli_fmt_size(o.object, sz2, sizeof sz2),

@@ -1,11 +1,11 @@
-/* `ferry bench exec`: a reshard between processes on one machine through
+/* `ferry-lab bench exec`: a reshard between processes on one machine through
  * the executors — 8 source processes in an FSDP layout to 8 target
  * processes in TP4 x DP2 by default — in sink mode (sources WRITE, then
  * notify) and reader mode (targets READ), against a floor measured in the
  * same run: the bytes the plan delivers divided by single-threaded memcpy
  * bandwidth between two pre-touched buffers. Every target element is
  * checked against the source pattern after every run. The workers are
- * `ferry _exec_worker` children (bench_exec_worker.c). */
+ * `ferry-lab worker exec` children (bench_exec_worker.c). */
 #include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -15,7 +15,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "lab.h"
+#include "cli_opts.h"
 
 #define BX_MAX_PROCS 128
 
@@ -55,58 +56,31 @@ static void on_signal(int sig)
     _exit(128 + sig);
 }
 
-static void usage_exec(FILE *f)
-{
-    fprintf(f, "usage: ferry bench exec [--model PRESET] [--bytes SIZE] [--src LAYOUT] [--dst LAYOUT]\n"
-               "                        [--reps N] [--threads N] [--window N] [--max-ops N] [--json]\n"
-               "\n"
-               "Reshard a model slice between worker processes (sink and reader executors) against\n"
-               "the memcpy floor measured in the same run.\n"
-               "\n"
-               "  --model PRESET  tensor shapes of this preset (default qwen3-8b)\n"
-               "  --bytes SIZE    the slice of the model moved (default 1G)\n"
-               "  --src LAYOUT    the sources' layout (default fsdp:8)\n"
-               "  --dst LAYOUT    the targets' layout (default tp:4,dp:2)\n"
-               "  --reps N        best of N runs each way (default 3)\n"
-               "  --threads N     shm copy threads per worker, 1-64 (default: the engine's)\n"
-               "  --window N      batches in flight, 1-4096 (default: the executor's)\n"
-               "  --max-ops N     ops per batch (default: the executor's)\n"
-               "  --json          one JSON object on stdout (default: a table)\n");
-}
+static const cli_opt exec_table[] = {
+    CLI_ARG(bx_opts, model, "model", "PRESET", "tensor shapes of this preset (default qwen3-8b)"),
+    CLI_SIZE(bx_opts, bytes, "bytes", "SIZE", 1, UINT64_MAX, "the slice of the model moved (default 1G)"),
+    CLI_ARG(bx_opts, src, "src", "LAYOUT", "the sources' layout (default fsdp:8)"),
+    CLI_ARG(bx_opts, dst, "dst", "LAYOUT", "the targets' layout (default tp:4,dp:2)"),
+    CLI_UINT(bx_opts, reps, "reps", "N", 1, 100000, "best of N runs each way (default 3)"),
+    CLI_UINT(bx_opts, threads, "threads", "N", 1, 64, "shm copy threads per worker, 1-64 (default: the engine's)"),
+    /* batches in flight; the engine's own op window is 4096 */
+    CLI_UINT(bx_opts, window, "window", "N", 1, 4096, "batches in flight, 1-4096 (default: the executor's)"),
+    CLI_UINT(bx_opts, max_ops, "max-ops", "N", 1, 1u << 24, "ops per batch (default: the executor's)"),
+    CLI_FLAG(bx_opts, json, "json", "one JSON object on stdout (default: a table)"),
+};
+
+static const cli_cmd exec_cmd = {
+    .name = "bench exec",
+    .about = "Reshard a model slice between worker processes (sink and reader executors) against\n"
+             "the memcpy floor measured in the same run.",
+    .opts = exec_table,
+    .nopts = sizeof exec_table / sizeof exec_table[0],
+};
 
 static int parse(int argc, char **argv, bx_opts *o)
 {
     *o = (bx_opts){.model = "qwen3-8b", .src = "fsdp:8", .dst = "tp:4,dp:2", .bytes = 1ull << 30, .reps = 3};
-    cli_getopt g;
-    cli_getopt_init(&g, "bench exec", argc, argv,
-                    "model=,src=,dst=,bytes=,reps=,threads=,window=,max-ops=,json");
-    while (cli_getopt_next(&g)) {
-        const char *a = g.opt, *v = g.val;
-        int rc = 0;
-        if (!strcmp(a, "--json"))
-            o->json = true;
-        else if (!strcmp(a, "--model"))
-            o->model = v;
-        else if (!strcmp(a, "--src"))
-            o->src = v;
-        else if (!strcmp(a, "--dst"))
-            o->dst = v;
-        else if (!strcmp(a, "--bytes"))
-            rc = cli_opt_size(a, v, 1, UINT64_MAX, &o->bytes);
-        else if (!strcmp(a, "--reps"))
-            rc = cli_opt_unsigned(a, v, 1, 100000, &o->reps);
-        else if (!strcmp(a, "--threads"))
-            rc = cli_opt_unsigned(a, v, 1, 64, &o->threads);
-        else if (!strcmp(a, "--window"))   /* batches in flight; the engine's own op window is 4096 */
-            rc = cli_opt_unsigned(a, v, 1, 4096, &o->window);
-        else if (!strcmp(a, "--max-ops"))
-            rc = cli_opt_uint(a, v, 1, 1u << 24, &o->max_ops);
-        else
-            return cli_getopt_unhandled(&g);
-        if (rc < 0)
-            return -1;
-    }
-    return cli_getopt_end(&g, 0);
+    return cli_parse(&exec_cmd, argc, argv, o, NULL, NULL);
 }
 
 /* Best-of-3 single-threaded memcpy between two pre-touched buffers, GB/s.
@@ -154,7 +128,7 @@ static int spawn(bx_proc *p, const char *self, const bx_opts *o)
         dup2(in[0], 0);
         dup2(out[1], 1);
         const char *exe = access("/proc/self/exe", X_OK) == 0 ? "/proc/self/exe" : self;
-        execl(exe, "ferry", "_exec_worker", "--side", p->src ? "src" : "dst", "--rank", rank, "--bytes",
+        execl(exe, "ferry-lab", "worker", "exec", "--side", p->src ? "src" : "dst", "--rank", rank, "--bytes",
               bytes, "--model", o->model, "--src", o->src, "--dst", o->dst, "--threads", threads,
               "--window", window, "--max-ops", max_ops, (char *)NULL);
         _exit(127);
@@ -230,7 +204,7 @@ static int start_all(bx_proc *ps, size_t n, const char *self, const bx_opts *o)
 {
     for (size_t i = 0; i < n; i++)
         if (spawn(&ps[i], self, o) < 0) {
-            fprintf(stderr, "ferry bench exec: cannot start a worker\n");
+            fprintf(stderr, "ferry-lab bench exec: cannot start a worker\n");
             return -1;
         }
     char buf[1024];
@@ -238,7 +212,7 @@ static int start_all(bx_proc *ps, size_t n, const char *self, const bx_opts *o)
         cli_progress("starting workers", (double)i / (double)n);
         if (reply(&ps[i], ps[i].line, sizeof ps[i].line) < 0 || strncmp(ps[i].line, "READY ", 6) != 0) {
             cli_progress_done();
-            fprintf(stderr, "ferry bench exec: %s rank %u: %s\n", ps[i].src ? "source" : "target",
+            fprintf(stderr, "ferry-lab bench exec: %s rank %u: %s\n", ps[i].src ? "source" : "target",
                     ps[i].rank, ps[i].line);
             return -1;
         }
@@ -252,7 +226,7 @@ static int start_all(bx_proc *ps, size_t n, const char *self, const bx_opts *o)
         cli_progress("binding and attesting", (double)i / (double)n);
         if (reply(&ps[i], buf, sizeof buf) < 0 || strncmp(buf, "OK", 2) != 0) {
             cli_progress_done();
-            fprintf(stderr, "ferry bench exec: %s rank %u: %s\n", ps[i].src ? "source" : "target", ps[i].rank, buf);
+            fprintf(stderr, "ferry-lab bench exec: %s rank %u: %s\n", ps[i].src ? "source" : "target", ps[i].rank, buf);
             return -1;
         }
     }
@@ -279,7 +253,7 @@ static double one_run(bx_proc *ps, size_t n, bool sink, uint64_t tag, double *wo
         double s;
         unsigned long long k;
         if (reply(&ps[i], buf, sizeof buf) < 0 || sscanf(buf, "DONE %lf %llu", &s, &k) != 2) {
-            fprintf(stderr, "ferry bench exec: %s rank %u: %s\n", ps[i].src ? "source" : "target", ps[i].rank, buf);
+            fprintf(stderr, "ferry-lab bench exec: %s rank %u: %s\n", ps[i].src ? "source" : "target", ps[i].rank, buf);
             fail = true;
             continue;
         }
@@ -295,12 +269,12 @@ static double one_run(bx_proc *ps, size_t n, bool sink, uint64_t tag, double *wo
         if (ps[i].src)
             continue;
         if (reply(&ps[i], buf, sizeof buf) < 0 || sscanf(buf, "OK %llu", &b) != 1) {
-            fprintf(stderr, "ferry bench exec: target rank %u: %s\n", ps[i].rank, buf);
+            fprintf(stderr, "ferry-lab bench exec: target rank %u: %s\n", ps[i].rank, buf);
             fail = true;
             continue;
         }
         if (b)
-            fprintf(stderr, "ferry bench exec: target rank %u: %llu elements differ from the source\n",
+            fprintf(stderr, "ferry-lab bench exec: target rank %u: %llu elements differ from the source\n",
                     ps[i].rank, b);
         *bad += b;
     }
@@ -345,7 +319,7 @@ static void report(const bx_opts *o, const ferry_plan_stats *st, uint64_t model_
         return;
     }
     char mb[32], bb[32];
-    printf("ferry bench exec: %s slice of %s, %s -> %s, %zu processes, %s moved, best of %u\n",
+    printf("ferry-lab bench exec: %s slice of %s, %s -> %s, %zu processes, %s moved, best of %u\n",
            cli_fmt_size(model_bytes, mb, sizeof mb), o->model, o->src, o->dst, nprocs,
            cli_fmt_size(st->bytes, bb, sizeof bb), o->reps);
     printf("%-8s %10s %10s %10s %8s\n", "mode", "time s", "GB/s", "floor s", "ratio");
@@ -367,7 +341,7 @@ int cmd_bench_exec(int argc, char **argv, const char *self)
     bx_opts o;
     int pr = parse(argc, argv, &o);
     if (pr != 0)
-        return cli_usage_exit(pr, usage_exec);
+        return cli_cmd_usage_exit(pr, &exec_cmd);
     if (!getenv("FERRY_TOKEN") && !getenv("FERRY_TOKEN_FILE")) {
         char tok[65];
         ferry_token_generate(tok);   /* a private cluster for this run */
@@ -384,18 +358,18 @@ int cmd_bench_exec(int argc, char **argv, const char *self)
     size_t ndst = rc == 0 ? ferry_manifest_rank_count(ferry_plan_dst(plan)) : 0;
     ferry_plan_free(plan);
     if (rc < 0) {
-        fprintf(stderr, "ferry bench exec: %s\n", err.msg[0] ? err.msg : ferry_strerror(rc));
+        fprintf(stderr, "ferry-lab bench exec: %s\n", err.msg[0] ? err.msg : ferry_strerror(rc));
         return 1;
     }
     if (nsrc + ndst > BX_MAX_PROCS || nsrc > 64 || ndst > 64) {
-        fprintf(stderr, "ferry bench exec: at most 64 ranks per side\n");
+        fprintf(stderr, "ferry-lab bench exec: at most 64 ranks per side\n");
         return 2;
     }
     /* The floor first, while no worker competes for the cores. */
     uint64_t flen = o.bytes < (256ull << 20) ? o.bytes : 256ull << 20;
     double gbps = memcpy_gbps(flen);
     if (gbps <= 0) {
-        fprintf(stderr, "ferry bench exec: out of memory for the memcpy floor\n");
+        fprintf(stderr, "ferry-lab bench exec: out of memory for the memcpy floor\n");
         return 1;
     }
 

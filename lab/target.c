@@ -1,8 +1,13 @@
-/* `ferry _target`: the passive side of `ferry demo` and `ferry bench`.
+/* `ferry-lab worker target`: the passive side of `ferry-lab demo` and `ferry-lab bench`.
  * Opens an engine, registers one memfd region, listens with a plain TCP
  * sink for socket baselines, prints "READY <region desc hex> <sink port>",
  * and answers commands on stdin until "quit" or EOF. */
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
@@ -11,7 +16,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "lab.h"
+#include "cli_opts.h"
 
 typedef struct sink_job {
     int lfd;
@@ -60,36 +66,32 @@ static int open_sink(unsigned *port)
     return fd;
 }
 
-static void usage_target(FILE *f)
-{
-    fprintf(f, "usage: ferry _target [--size SIZE] [--listen HOST:PORT]\n"
-               "\n"
-               "The passive side of `ferry demo engine` and `ferry bench engine`, started by them:\n"
-               "an engine with one registered region and a plain TCP sink, driven over stdin.\n"
-               "\n"
-               "  --size SIZE         the region's bytes (default 64M)\n"
-               "  --listen HOST:PORT  the engine's address (default 127.0.0.1:0)\n");
-}
+typedef struct target_opts {
+    uint64_t size;
+    char listen[64];
+} target_opts;
+
+static const cli_opt target_table[] = {
+    CLI_SIZE(target_opts, size, "size", "SIZE", 1, 1ull << 40, "the region's bytes (default 64M)"),
+    CLI_STR(target_opts, listen, "listen", "HOST:PORT", "the engine's address (default 127.0.0.1:0)"),
+};
+
+static const cli_cmd target_cmd = {
+    .name = "worker target",
+    .about = "The passive side of `ferry-lab demo engine` and `ferry-lab bench engine`, started by them:\n"
+             "an engine with one registered region and a plain TCP sink, driven over stdin.",
+    .opts = target_table,
+    .nopts = sizeof target_table / sizeof target_table[0],
+};
 
 int cli_target_main(int argc, char **argv)
 {
-    uint64_t size = 64ull << 20;
-    const char *listen = "127.0.0.1:0";
-    cli_getopt g;
-    cli_getopt_init(&g, "_target", argc, argv, "size=,listen=");
-    int pr = 0;
-    while (pr == 0 && cli_getopt_next(&g)) {
-        if (cli_getopt_is(&g, "--size"))
-            pr = cli_opt_size(g.opt, g.val, 1, 1ull << 40, &size);
-        else if (cli_getopt_is(&g, "--listen"))
-            listen = g.val;
-        else
-            pr = cli_getopt_unhandled(&g);
-    }
-    if (pr == 0)
-        pr = cli_getopt_end(&g, 0);
+    target_opts o = { .size = 64ull << 20, .listen = "127.0.0.1:0" };
+    int pr = cli_parse(&target_cmd, argc, argv, &o, NULL, NULL);
     if (pr != 0)
-        return cli_usage_exit(pr, usage_target);
+        return cli_cmd_usage_exit(pr, &target_cmd);
+    uint64_t size = o.size;
+    const char *listen = o.listen;
     ferry_engine_config cfg;
     int rc = ferry_engine_config_init(&cfg);
     snprintf(cfg.listen_addr, sizeof cfg.listen_addr, "%s", listen);
@@ -141,7 +143,7 @@ int cli_target_main(int argc, char **argv)
             njobs = 0;
             printf("OK\n");
         } else if (sscanf(line, "waitnotify %llu %llu", &tag, &count) == 2) {
-            int w = ferry_wait_notify(e, tag, (uint32_t)count, 60000, NULL);
+            int w = ferry_wait_notify(e, tag, (uint32_t)count, FERRY_DEFAULT_TIMEOUT_MS, NULL);
             printf(w == 0 ? "OK\n" : "ERR %s\n", ferry_strerror(w));
         } else {
             printf("ERR unknown command\n");
@@ -153,4 +155,85 @@ int cli_target_main(int argc, char **argv)
     close(lfd);
     ferry_engine_close(e);
     return 0;
+}
+
+/* ---- the parent's side -------------------------------------------------- */
+
+int cli_target_start(cli_target *t, const char *self, uint64_t size, const char *listen)
+{
+    memset(t, 0, sizeof *t);
+    int in[2], out[2];
+    if (pipe2(in, O_CLOEXEC) < 0 || pipe2(out, O_CLOEXEC) < 0)
+        return FERRY_EIO;
+    char sz[32];
+    snprintf(sz, sizeof sz, "%llu", (unsigned long long)size);
+    pid_t pid = fork();
+    if (pid < 0)
+        return FERRY_EIO;
+    if (pid == 0) {
+        /* a demo's parent blocks these for its signal thread; exec keeps the mask */
+        sigset_t set;
+        sigemptyset(&set);
+        sigaddset(&set, SIGINT);
+        sigaddset(&set, SIGTERM);
+        sigprocmask(SIG_UNBLOCK, &set, NULL);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        dup2(in[0], 0);
+        dup2(out[1], 1);
+        (void)self;
+        const char *args[] = { "ferry-lab", "worker", "target", "--size", sz, "--listen",
+                               listen ? listen : "127.0.0.1:0", NULL };
+        lab_exec_self(args);
+        _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    t->pid = pid;
+    t->in = fdopen(in[1], "w");
+    t->out = fdopen(out[0], "r");
+    char line[1024];
+    if (!fgets(line, sizeof line, t->out) || strncmp(line, "READY ", 6) != 0) {
+        fprintf(stderr, "ferry-lab: target process failed to start%s%s", line[0] ? ": " : "\n", line);
+        cli_target_stop(t);
+        return FERRY_EIO;
+    }
+    char *sp = strchr(line + 6, ' ');
+    t->desc_len = cli_unhex(line + 6, t->desc, sizeof t->desc);
+    t->sink_port = sp ? (unsigned)strtoul(sp + 1, NULL, 10) : 0;
+    return 0;
+}
+
+int cli_target_cmd(cli_target *t, char *reply, size_t cap, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(t->in, fmt, ap);
+    va_end(ap);
+    fputc('\n', t->in);
+    fflush(t->in);
+    char tmp[256];
+    if (!reply) {
+        reply = tmp;
+        cap = sizeof tmp;
+    }
+    if (!fgets(reply, (int)cap, t->out))
+        return -1;
+    reply[strcspn(reply, "\n")] = 0;
+    return strncmp(reply, "OK", 2) == 0 ? 0 : -1;
+}
+
+void cli_target_stop(cli_target *t)
+{
+    if (t->in) {
+        fputs("quit\n", t->in);
+        fclose(t->in);
+    }
+    if (t->out)
+        fclose(t->out);
+    if (t->pid > 0) {
+        int st;
+        /* The child exits on "quit" or on EOF of its stdin; reap it. */
+        waitpid(t->pid, &st, 0);
+    }
+    memset(t, 0, sizeof *t);
 }

@@ -1,4 +1,4 @@
-/* `ferry bench engine --transport ucx [--tls tcp|shm]`: ferry's WRITE and
+/* `ferry-lab bench engine --transport ucx [--tls tcp|shm]`: ferry's WRITE and
  * READ throughput over its ucx transport against `ucx_perftest -t
  * ucp_put_bw` run in the same invocation (server and client on loopback,
  * the same UCX_TLS and block sizes): the baseline is UCX itself moving
@@ -15,7 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "lab.h"
 
 extern char **environ;
 
@@ -30,7 +30,7 @@ typedef struct ucx_opts {
 
 static void usage_ucx(FILE *f)
 {
-    fprintf(f, "usage: ferry bench engine --transport ucx [--tls tcp|shm (tcp)] [--block SIZE]... (64K 1M 4M)\n"
+    fprintf(f, "usage: ferry-lab bench engine --transport ucx [--tls tcp|shm (tcp)] [--block SIZE]... (64K 1M 4M)\n"
                "                          [--total SIZE (256M)] [--reps N (3)] [--json]\n"
                "\n"
                "Throughput over the ucx transport against ucx_perftest -t ucp_put_bw (loopback, the same\n"
@@ -50,17 +50,17 @@ static int parse_ucx(int argc, char **argv, ucx_opts *o)
             o->json = true;
         } else if (cli_getopt_is(&g, "--transport")) {
             if (strcmp(v, "ucx")) {
-                fprintf(stderr, "ferry bench engine: --transport ucx was given, then '%s'\n", v);
+                fprintf(stderr, "ferry-lab bench engine: --transport ucx was given, then '%s'\n", v);
                 return -1;
             }
         } else if (cli_getopt_is(&g, "--tls")) {
             if (strcmp(v, "tcp") && strcmp(v, "shm")) {
-                fprintf(stderr, "ferry: --tls wants tcp or shm, not '%s'\n", v);
+                fprintf(stderr, "ferry-lab: --tls wants tcp or shm, not '%s'\n", v);
                 return -1;
             }
             o->tls = v;
         } else if (cli_getopt_is(&g, "--block") && o->nblocks == 8) {
-            fprintf(stderr, "ferry bench engine: at most 8 --block sizes\n");
+            fprintf(stderr, "ferry-lab bench engine: at most 8 --block sizes\n");
             return -1;
         } else if (cli_getopt_is(&g, "--block")) {
             rc = cli_opt_size(a, v, 1, UINT64_MAX, &o->blocks[o->nblocks++]);
@@ -116,7 +116,7 @@ static double perftest_pass(uint64_t block, uint64_t iters)
     int rc = posix_spawnp(&srv, "ucx_perftest", &fa, NULL, srv_argv, environ);
     posix_spawn_file_actions_destroy(&fa);
     if (rc != 0) {
-        fprintf(stderr, "ferry bench: cannot run ucx_perftest (apt-get install ucx-utils)\n");
+        fprintf(stderr, "ferry-lab bench: cannot run ucx_perftest (apt-get install ucx-utils)\n");
         return 0;
     }
     /* The client until it reaches the server (which takes its first
@@ -219,7 +219,7 @@ static void run_blocks(ucx_ctx *c)
                       "\"baseline\":\"ucx_perftest -t ucp_put_bw\",\"results\":[",
                       c->o.tls, c->o.ucx_tls, (unsigned long long)c->o.total);
     if (!c->o.json)
-        printf("ferry bench engine: transport ucx, UCX_TLS=%s, %.0f MiB per pass, best of %u\n"
+        printf("ferry-lab bench engine: transport ucx, UCX_TLS=%s, %.0f MiB per pass, best of %u\n"
                "%-6s %10s %12s %14s %8s %14s\n", c->o.ucx_tls, (double)c->o.total / (1 << 20), c->o.reps,
                "op", "block", "ferry GB/s", "baseline GB/s", "ratio", "spread GB/s");
     for (int b = 0; b < c->o.nblocks; b++) {
@@ -261,7 +261,7 @@ int cmd_bench_engine_ucx(int argc, char **argv, const char *self)
         return cli_usage_exit(pr, usage_ucx);
     int rc = setup_ucx(&c, self);
     if (rc < 0) {
-        fprintf(stderr, "ferry bench: setup failed: %s\n", ferry_strerror(rc));
+        fprintf(stderr, "ferry-lab bench: setup failed: %s\n", ferry_strerror(rc));
         cli_target_stop(&c.tgt);
         ferry_engine_close(c.e);
         return 1;

@@ -1,4 +1,4 @@
-/* `ferry _exec_worker`: one process of `ferry bench exec` — a source or a
+/* `ferry-lab worker exec`: one process of `ferry-lab bench exec` — a source or a
  * target rank of a reshard. It plans the same reshard as its parent (a pure
  * function of the arguments, so every process holds the same plan), lays
  * its fragments out in one memfd buffer registered REMOTE_RW, fills source
@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "lab.h"
 
 #define XW_GENERATION 1
 #define XW_MAX_RANKS 64
@@ -331,7 +331,7 @@ static int do_run(xw *w, enum ferry_exec_mode mode, uint64_t tag, uint64_t *ops,
     ferry_exec_config cfg = {.mode = mode, .engine = w->e, .workers = &w->rank, .nworkers = 1,
                              .peers = w->pm, .npeers = w->npm, .window = w->window,
                              .limits = {.max_ops = w->max_ops},
-                             .timeout_ms = 60000, .notify_tag = mode == FERRY_EXEC_SINK ? tag : 0};
+                             .timeout_ms = FERRY_DEFAULT_TIMEOUT_MS, .notify_tag = mode == FERRY_EXEC_SINK ? tag : 0};
     ferry_executor *x = NULL;
     ferry_exec_result res = {0};
     int rc = ferry_executor_create(&cfg, &x, err);
@@ -474,7 +474,7 @@ int cli_exec_worker_main(int argc, char **argv)
             double t0 = cli_now();
             uint64_t ops = 0;
             rc = w.is_src ? do_run(&w, FERRY_EXEC_SINK, tag, &ops, &err)
-                          : ferry_wait_notify(w.e, tag, w.counterparts, 60000, NULL);
+                          : ferry_wait_notify(w.e, tag, w.counterparts, FERRY_DEFAULT_TIMEOUT_MS, NULL);
             if (rc < 0)
                 reply_err(w.is_src ? "sink run" : "sink wait", rc, &err);
             else

@@ -1,4 +1,4 @@
-/* `ferry demo rl`'s child processes: rollout/update disaggregation end to
+/* `ferry-lab demo rl`'s child processes: rollout/update disaggregation end to
  * end. Rollouts watch the policy registry, load each new version's weights
  * (checksum-verified and value-checked), and produce synthetic samples
  * (token ids, logprobs, rewards) at a set rate into a bounded sample queue;
@@ -20,9 +20,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cli.h"
-#include "demo_int.h"
-#include "demo_rl_int.h"
+#include "lab.h"
+#include "demo.h"
+#include "demo_rl.h"
 
 static void sleep_s(double s)
 {
@@ -196,7 +196,7 @@ static void recompute_some(rollout *r, bool *stop, ferry_error *err)
     }
 }
 
-/* argv: _demo_rl_rollout MASTER RANK INC MODEL QUEUE DIR RATE TOKENS BOUND LEASE_MS */
+/* argv: worker rl-rollout MASTER RANK INC MODEL QUEUE DIR RATE TOKENS BOUND LEASE_MS */
 int demo_rl_rollout_main(int argc, char **argv)
 {
     if (argc != 11)
@@ -289,7 +289,7 @@ static int publish_version(ferry_store *s, const char *model, unsigned rank, uns
 {
     uint32_t rank_node[RL_POOL_MAX] = { 0 };
     ferry_publisher_config pc = { .rank = rank, .world = world, .rank_node = rank_node,
-                                  .timeout_ms = 60000 };
+                                  .timeout_ms = FERRY_DEFAULT_TIMEOUT_MS };
     snprintf(pc.model, sizeof pc.model, "%s", model);
     uint64_t per = bytes / RL_NT / 4;
     char names[RL_NT][32];
@@ -302,7 +302,7 @@ static int publish_version(ferry_store *s, const char *model, unsigned rank, uns
                                       .shape = { per }, .data = buf + (uint64_t)k * per };
     }
     char meta[96];
-    snprintf(meta, sizeof meta, "{\"algorithm\":\"grpo\",\"demo\":\"ferry demo rl\"}");
+    snprintf(meta, sizeof meta, "{\"algorithm\":\"grpo\",\"demo\":\"ferry-lab demo rl\"}");
     ferry_policy_version pv = { .version = v, .parent = v - 1, .created_at_step = v - 1,
                                 .metadata = meta };
     double t0 = cli_now();
@@ -374,7 +374,7 @@ int64_t demo_rl_train(ferry_sample_queue *q, unsigned want, bool drain, double t
     return res;
 }
 
-/* argv: _demo_rl_update MASTER RANK INC MODEL QUEUE DIR BATCH TRAIN_MS LAG RECOMPUTE TOKENS
+/* argv: worker rl-update MASTER RANK INC MODEL QUEUE DIR BATCH TRAIN_MS LAG RECOMPUTE TOKENS
  * WEIGHT_BYTES LEASE_MS VERSION. Commands on stdin: "train" (one batch; "OK trained N"),
  * "publish V WORLD" (collectively, as rank RANK of WORLD; "OK published SECONDS"), "stop". */
 int demo_rl_update_main(int argc, char **argv)

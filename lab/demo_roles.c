@@ -1,4 +1,4 @@
-/* The processes of the weight-update demo (`ferry demo`): trainer ranks
+/* The processes of the weight-update demo (`ferry-lab demo`): trainer ranks
  * that publish generations, rollout workers that take them in
  * parameter-direct and compatibility form, and the synthetic model they
  * share (the real tensor shapes of a preset, cut to a byte budget, bf16).
@@ -10,8 +10,8 @@
 
 #include <jansson.h>
 
-#include "cli.h"
-#include "demo_int.h"
+#include "lab.h"
+#include "demo.h"
 
 int demo_model_build(const char *preset, uint64_t budget, demo_model *dm)
 {
@@ -265,7 +265,7 @@ static int open_role(int argc, char **argv, role_args *a)
     ferry_store_config_init(&cfg);
     snprintf(cfg.master, sizeof cfg.master, "%s", argv[1]);
     cfg.lease_ms = 2000;
-    cfg.timeout_ms = 60000;
+    cfg.timeout_ms = FERRY_DEFAULT_TIMEOUT_MS;
     if (ferry_store_open(&cfg, &a->s) < 0) {
         printf("ERR %s\n", ferry_store_last_error());
         fflush(stdout);

@@ -1,4 +1,4 @@
-/* `ferry bench weights --torch`: the torch comparison of docs/weights.md
+/* `ferry-lab bench weights --torch`: the torch comparison of docs/weights.md
  * ("Against torch.save, gloo and point-to-point"). The benchmark itself is Python
  * (python/ferry/bench_torch.py: torch, gloo and the ferry package); this
  * launcher runs it with the interpreter $FERRY_PYTHON (default
@@ -18,7 +18,7 @@
 
 #include <jansson.h>
 
-#include "cli.h"
+#include "lab.h"
 
 #define BT_MAX_ARGS 64
 
@@ -141,7 +141,7 @@ static void print_human(const json_t *r)
 
 static void usage_torch(FILE *f)
 {
-    fprintf(f, "usage: ferry bench weights --torch [--json] [--rounds N (5)] [--warmup N (0)] "
+    fprintf(f, "usage: ferry-lab bench weights --torch [--json] [--rounds N (5)] [--warmup N (0)] "
                "[--hidden N (1024)] [--layers N (8)]\n"
                "                                   [--ffn N (4096)] [--vocab N (15000)] "
                "[--ctx N (1024)] [--timeout S (600)] [--cold] [--quiet]\n"
@@ -172,7 +172,7 @@ int cmd_bench_torch(int argc, char **argv, const char *self)
             json = true;
         help = help || cli_is_help(argv[i]);
         if (n >= BT_MAX_ARGS) {
-            fprintf(stderr, "ferry bench weights --torch: more than %d arguments\n", BT_MAX_ARGS - 4);
+            fprintf(stderr, "ferry-lab bench weights --torch: more than %d arguments\n", BT_MAX_ARGS - 4);
             return cli_usage_exit(-1, usage_torch);
         }
         if (strcmp(argv[i], "--json"))
@@ -182,28 +182,28 @@ int cmd_bench_torch(int argc, char **argv, const char *self)
         args[n++] = "--json";   /* the module's JSON is what this relays */
     args[n] = NULL;
     self_path(self, exe, sizeof exe);
-    if (set_pythonpath(exe) < 0 || setenv("FERRY_BIN", exe, 1) < 0) {
-        fprintf(stderr, "ferry bench weights --torch: cannot set the environment: %s\n", strerror(errno));
+    if (set_pythonpath(exe) < 0 || setenv("FERRY_BIN", lab_ferry_bin(), 1) < 0) {
+        fprintf(stderr, "ferry-lab bench weights --torch: cannot set the environment: %s\n", strerror(errno));
         return 1;
     }
     if (help) {   /* the module's own help, straight to stdout */
         usage_torch(stdout);
         fflush(stdout);
         execv(py, (char *const *)args);
-        fprintf(stderr, "ferry bench weights --torch: cannot run %s: %s (set FERRY_PYTHON)\n", py,
+        fprintf(stderr, "ferry-lab bench weights --torch: cannot run %s: %s (set FERRY_PYTHON)\n", py,
                 strerror(errno));
         return 1;
     }
     int pfd[2];
     if (pipe(pfd) < 0) {
-        fprintf(stderr, "ferry bench weights --torch: pipe: %s\n", strerror(errno));
+        fprintf(stderr, "ferry-lab bench weights --torch: pipe: %s\n", strerror(errno));
         return 1;
     }
     fflush(stdout);
     uint64_t oom0 = cli_oom_kills();
     pid_t pid = fork();
     if (pid < 0) {
-        fprintf(stderr, "ferry bench weights --torch: fork: %s\n", strerror(errno));
+        fprintf(stderr, "ferry-lab bench weights --torch: fork: %s\n", strerror(errno));
         close(pfd[0]), close(pfd[1]);
         return 1;
     }
@@ -211,7 +211,7 @@ int cmd_bench_torch(int argc, char **argv, const char *self)
         dup2(pfd[1], STDOUT_FILENO);
         close(pfd[0]), close(pfd[1]);
         execv(py, (char *const *)args);
-        fprintf(stderr, "ferry bench weights --torch: cannot run %s: %s (set FERRY_PYTHON to a "
+        fprintf(stderr, "ferry-lab bench weights --torch: cannot run %s: %s (set FERRY_PYTHON to a "
                 "python3 with torch)\n", py, strerror(errno));
         _exit(127);
     }
@@ -225,7 +225,7 @@ int cmd_bench_torch(int argc, char **argv, const char *self)
         char why[160];
         cli_exit_reason(st, oom0, "", why, sizeof why);
         if (!WIFEXITED(st) || WEXITSTATUS(st) != 127)
-            fprintf(stderr, "ferry bench weights --torch: %s -m ferry.bench_torch %s\n", py, why);
+            fprintf(stderr, "ferry-lab bench weights --torch: %s -m ferry.bench_torch %s\n", py, why);
         free(out);
         return WIFEXITED(st) && WEXITSTATUS(st) == 2 ? 2 : 1;   /* 2: its usage error */
     }
@@ -241,7 +241,7 @@ int cmd_bench_torch(int argc, char **argv, const char *self)
     json_error_t jerr;
     json_t *r = line ? json_loads(line, 0, &jerr) : NULL;
     if (!r || !json_is_object(r) || !json_object_get(r, "hash_checks")) {
-        fprintf(stderr, "ferry bench weights --torch: %s -m ferry.bench_torch printed no result "
+        fprintf(stderr, "ferry-lab bench weights --torch: %s -m ferry.bench_torch printed no result "
                 "object\n", py);
         json_decref(r);
         free(out);

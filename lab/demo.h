@@ -1,6 +1,6 @@
 /* The weight-update demo's shared pieces (demo_weights.c, demo_roles.c). */
-#ifndef FERRY_DEMO_INT_H
-#define FERRY_DEMO_INT_H
+#ifndef FERRY_LAB_DEMO_H
+#define FERRY_LAB_DEMO_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -10,6 +10,7 @@
 #include <jansson.h>
 
 #include "ferry/ferry.h"
+#include "cli_opts.h"
 
 typedef struct demo_tensor {
     char name[160];
@@ -23,16 +24,16 @@ typedef struct demo_model { demo_tensor *t; size_t n; uint64_t bytes; } demo_mod
 int demo_model_build(const char *preset, uint64_t budget, demo_model *dm);
 void demo_model_free(demo_model *dm);
 
-/* Child processes: `ferry _demo_trainer|_demo_rollout MASTER RANK WORLD MODEL BUDGET DP`.
+/* Child processes: `ferry-lab worker trainer|rollout MASTER RANK WORLD MODEL BUDGET DP`.
  * Trainers answer "publish G"; rollouts "direct G" (single-pull), "naive G"
  * (each reads its own demand), "compat G"; replies "OK seconds a b c". */
 int demo_trainer_main(int argc, char **argv);
 int demo_rollout_main(int argc, char **argv);
 
-/* Options shared by `ferry demo` and `ferry bench weights`: --trainers,
+/* Options shared by `ferry-lab demo` and `ferry-lab bench weights`: --trainers,
  * --rollouts, --dp (0: 2 when it divides the rollouts), --bytes, --model,
- * --json, and a count flag (--generations / --reps; with --reps, the
- * bench's --convert-only too). */
+ * --json, and a count flag (--generations / --reps; the bench's
+ * --convert-only too). */
 typedef struct demo_opts {
     unsigned trainers, rollouts, dp, count;
     uint64_t bytes;
@@ -40,9 +41,26 @@ typedef struct demo_opts {
     bool json, convert_only;
     bool cold;                 /* --cold: the processes skip the warm-up (FERRY_DEMO_COLD) */
 } demo_opts;
-/* cmd names the command in messages ("demo"); 0, CLI_HELP or -1 (cli.h). */
-int demo_parse(const char *cmd, int argc, char **argv, const char *count_flag, unsigned count,
-               uint64_t bytes, demo_opts *o);
+/* The rows of both commands' option tables (cli_opts.h), the count's name
+ * ("generations", "reps"), its range's top and the help of it and of --bytes
+ * given. */
+#define DEMO_OPT_ROWS(count_name, count_max, count_help, bytes_help)                                 \
+    CLI_UINT(demo_opts, trainers, "trainers", "N", 1, 64, "trainer processes, 1-64 (default 4)"),    \
+    CLI_UINT(demo_opts, rollouts, "rollouts", "N", 1, 64, "rollout processes, 1-64 (default 4)"),    \
+    CLI_UINT(demo_opts, dp, "dp", "N", 0, 64,                                                        \
+             "rollout data-parallel replicas; TP is rollouts / dp\n"                                 \
+             "(default 2 when it divides --rollouts, else 1)"),                                      \
+    CLI_UINT(demo_opts, count, count_name, "N", 1, count_max, count_help),                           \
+    CLI_SIZE(demo_opts, bytes, "bytes", "SIZE", 1u << 20, UINT64_MAX, bytes_help),                   \
+    CLI_STR(demo_opts, model, "model", "PRESET",                                                     \
+            "tensor shapes of this preset (default qwen3-8b; ferry plan --models)"),                 \
+    CLI_FLAG(demo_opts, cold, "cold",                                                                \
+             "skip the processes' warm-up (generation 1 then pays the first\n"                       \
+             "touches of the store's memory)"),                                                      \
+    CLI_FLAG(demo_opts, json, "json", "one JSON object on stdout (default: a table)")
+/* c: the command's table (of DEMO_OPT_ROWS); count and bytes: their
+ * defaults. 0, CLI_HELP or -1 (cli_opts.h). */
+int demo_parse(const cli_cmd *c, int argc, char **argv, unsigned count, uint64_t bytes, demo_opts *o);
 
 /* A child over pipes. */
 typedef struct child { pid_t pid; FILE *in, *out; } child;
@@ -79,7 +97,7 @@ int demo_counters_open(char *dir, size_t cap);
 void demo_counters_close(const char *dir);
 json_t *demo_counters_collect(const char *dir, const char *role, unsigned n);
 
-/* `ferry demo rl` and its children. */
+/* `ferry-lab demo rl` and its children. */
 int cmd_demo_rl(int argc, char **argv);
 int demo_rl_rollout_main(int argc, char **argv);
 int demo_rl_update_main(int argc, char **argv);
@@ -89,7 +107,7 @@ int demo_rl_update_main(int argc, char **argv);
 bool demo_round(child *cs, unsigned n, const char *cmd, double *wall, uint64_t *sum2,
                 uint64_t *sum3, uint64_t *sum4, char *err, size_t errcap);
 
-int cmd_demo_sparse(int argc, char **argv);   /* `ferry demo sparse` and its _demo_sparse_* children */
+int cmd_demo_sparse(int argc, char **argv);   /* `ferry-lab demo --sparse` and its sparse-* workers */
 
 /* demo_signals.c: from demo_signals_start on (call it before any thread
  * starts; demo_cluster_start and demo_counters_open do), SIGINT and SIGTERM

@@ -1,9 +1,9 @@
-/* `ferry demo rl`'s own pieces: options and phases (demo_rl_opts.c), the
+/* `ferry-lab demo rl`'s own pieces: options and phases (demo_rl_opts.c), the
  * child processes (demo_rl.c), the parent that scales pools and kills
  * members (demo_rl_run.c) and the accounting over the ledgers and the
  * claim log (demo_rl_tally.c). */
-#ifndef FERRY_DEMO_RL_INT_H
-#define FERRY_DEMO_RL_INT_H
+#ifndef FERRY_LAB_DEMO_RL_H
+#define FERRY_LAB_DEMO_RL_H
 
 #include <stdbool.h>
 #include <stdint.h>
