@@ -10,6 +10,15 @@
 extern "C" {
 #endif
 
+/* Marks the public API: the library is built with -fvisibility=hidden, so
+ * only what a header declares FERRY_API is exported (with the linker's
+ * version script, src/libferry.map, as the second fence). */
+#if defined(__GNUC__)
+#define FERRY_API __attribute__((visibility("default")))
+#else
+#define FERRY_API
+#endif
+
 #define FERRY_VERSION_MAJOR 0
 #define FERRY_VERSION_MINOR 2
 #define FERRY_VERSION_PATCH 0
@@ -50,12 +59,21 @@ extern "C" {
 #define FERRY_EREBUILD   (-(FERRY_EBASE + 6)) /* partial apply: parameters must be rebuilt */
 #define FERRY_ELAST      (-(FERRY_EBASE + 6))
 
+/* Why a call failed, for every call that can fail on bad input or a peer:
+ * the code it returned and a sentence naming what failed (the tensor, the
+ * fragment, the key, the peer). Callers pass a ferry_error * (or NULL, to
+ * take only the code); the message may be read right after the call. */
+typedef struct ferry_error {
+    int code;          /* the negative code that was returned */
+    char msg[512];     /* what failed, naming tensor and fragment */
+} ferry_error;
+
 /* The default of every config's timeout_ms (barriers, notifications, one
  * batch's wait): one minute. Each config's *_config_init() sets it. */
 #define FERRY_DEFAULT_TIMEOUT_MS 60000
 
 /* A static, human-readable text for any code (or "unknown error N"). Never NULL. */
-const char *ferry_strerror(int code);
+FERRY_API const char *ferry_strerror(int code);
 
 /* Logging goes to stderr (or to a callback: ferry_log_set_callback); a
  * library never prints to stdout. Level comes from
@@ -71,8 +89,8 @@ enum ferry_log_level {
     FERRY_LOG_ERROR = 3,
     FERRY_LOG_OFF = 4,
 };
-void ferry_log_set_level(enum ferry_log_level level);
-enum ferry_log_level ferry_log_get_level(void);
+FERRY_API void ferry_log_set_level(enum ferry_log_level level);
+FERRY_API enum ferry_log_level ferry_log_get_level(void);
 /* The form of lines on stderr: FERRY_LOG_TEXT as above, or FERRY_LOG_JSON,
  * one object per line:
  *   {"ts":"2025-01-31T12:34:56.789Z","level":"warn","subsystem":"master",
@@ -84,8 +102,8 @@ enum ferry_log_format {
     FERRY_LOG_TEXT = 0,
     FERRY_LOG_JSON = 1,
 };
-void ferry_log_set_format(enum ferry_log_format format);
-enum ferry_log_format ferry_log_get_format(void);
+FERRY_API void ferry_log_set_format(enum ferry_log_format format);
+FERRY_API enum ferry_log_format ferry_log_get_format(void);
 /* Where log lines go instead of stderr: fn(arg, level, tag, msg) is called
  * on the thread that logs, for each line at or above the level, with the
  * subsystem tag and the message without the time, pid and level or a
@@ -94,12 +112,12 @@ enum ferry_log_format ferry_log_get_format(void);
  * NULL fn restores stderr. Process-wide, like the level; a line logged on
  * another thread while this runs may still reach the previous callback. */
 typedef void (*ferry_log_fn)(void *arg, enum ferry_log_level level, const char *tag, const char *msg);
-void ferry_log_set_callback(ferry_log_fn fn, void *arg);
+FERRY_API void ferry_log_set_callback(ferry_log_fn fn, void *arg);
 
 /* Bytes per element of a dtype name ("bool", "u8", "i8", "fp8_e4m3",
  * "fp8_e5m2", "f16", "bf16", "i16", "u16", "f32", "i32", "u32", "f64", "i64",
  * "u64"), or 0 for an unknown one. */
-uint32_t ferry_dtype_size(const char *dtype);
+FERRY_API uint32_t ferry_dtype_size(const char *dtype);
 
 /* Convert count elements between "f32", "bf16" and "f16" (any pair; the
  * same dtype copies). Widening is exact, bit for bit (a NaN keeps its
@@ -111,8 +129,8 @@ uint32_t ferry_dtype_size(const char *dtype);
  * AVX2 + F16C chosen at run time, generic SIMD elsewhere); no alignment
  * needed. src and dst must not overlap unless equal with equal dtypes.
  * FERRY_EINVAL for another dtype, or NULL buffers with count > 0. */
-int ferry_convert(const void *src, const char *src_dtype, void *dst, const char *dst_dtype,
-                  size_t count);
+FERRY_API int ferry_convert(const void *src, const char *src_dtype, void *dst, const char *dst_dtype,
+                            size_t count);
 
 #ifdef __cplusplus
 }

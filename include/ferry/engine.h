@@ -69,25 +69,25 @@ typedef struct ferry_engine_config {
 
 /* Fill cfg with defaults and the FERRY_* environment. Returns 0, or
  * FERRY_EINVAL when an environment value is malformed. */
-int ferry_engine_config_init(ferry_engine_config *cfg);
+FERRY_API int ferry_engine_config_init(ferry_engine_config *cfg);
 /* Load a token from a file (trailing newline stripped). */
-int ferry_engine_config_token_file(ferry_engine_config *cfg, const char *path);
+FERRY_API int ferry_engine_config_token_file(ferry_engine_config *cfg, const char *path);
 /* Generate a random token as 64 hex characters into out[65]. */
-void ferry_token_generate(char out[65]);
+FERRY_API void ferry_token_generate(char out[65]);
 
 /* Open an engine: starts its listeners and progress threads. The engine
  * owns everything it creates; ferry_engine_close(NULL) is a no-op. Close
  * cancels in-flight tickets (they end FAILED_DRAINED or ABORTED), waits for
  * them to drain, unregisters every region and frees every ticket still held. */
-int ferry_engine_open(const ferry_engine_config *cfg, ferry_engine **out);
-void ferry_engine_close(ferry_engine *e);
+FERRY_API int ferry_engine_open(const ferry_engine_config *cfg, ferry_engine **out);
+FERRY_API void ferry_engine_close(ferry_engine *e);
 
 /* The engine's endpoint descriptor (instance, host, addresses): a blob of
  * at most FERRY_DESC_MAX bytes that a peer passes to ferry_peer_add.
  * Returns the blob length or a negative code. */
-int ferry_engine_export(const ferry_engine *e, void *buf, size_t cap);
+FERRY_API int ferry_engine_export(const ferry_engine *e, void *buf, size_t cap);
 /* Human-readable "tcp://127.0.0.1:PORT" of the listener. */
-const char *ferry_engine_address(const ferry_engine *e);
+FERRY_API const char *ferry_engine_address(const ferry_engine *e);
 
 /* ---- memory ---------------------------------------------------------- */
 enum ferry_mem_kind { FERRY_MEM_HOST = 0, FERRY_MEM_DEVICE = 1 };
@@ -101,34 +101,34 @@ enum ferry_mem_kind { FERRY_MEM_HOST = 0, FERRY_MEM_DEVICE = 1 };
  * shared-memory transports map it; memfd memory when UCX's posix directory
  * cannot hold it). Free with ferry_mem_free (or it goes at the engine's
  * close); freeing memory that a region still covers is FERRY_EBUSY. */
-int ferry_mem_alloc(ferry_engine *e, size_t len, void **addr);
-int ferry_mem_free(ferry_engine *e, void *addr);
+FERRY_API int ferry_mem_alloc(ferry_engine *e, size_t len, void **addr);
+FERRY_API int ferry_mem_free(ferry_engine *e, void *addr);
 
 /* Register [addr, addr+len) with a fresh random 64-bit remote key. flags:
  * FERRY_REMOTE_* (0 = local only: usable as the local side of ops, never
  * touched by a peer). Host memory only for now (FERRY_ENOTSUP otherwise).
  * The region stays owned by the engine until unregistered or engine close. */
-int ferry_region_register(ferry_engine *e, void *addr, size_t len, unsigned flags,
-                          enum ferry_mem_kind kind, ferry_region **out);
+FERRY_API int ferry_region_register(ferry_engine *e, void *addr, size_t len, unsigned flags,
+                                    enum ferry_mem_kind kind, ferry_region **out);
 /* Unregister. FERRY_EBUSY while an in-flight or UNKNOWN ticket uses the
  * region (the region stays registered and usable). */
-int ferry_region_unregister(ferry_region *r);
+FERRY_API int ferry_region_unregister(ferry_region *r);
 /* Unregister many regions; interruption-safe bookkeeping: each success sets
  * regions[i] = NULL at once, so after a failure the non-NULL entries are
  * exactly the regions still registered and a retry never unregisters twice.
  * Returns 0 or the first error (the remaining entries were still tried). */
-int ferry_region_unregister_all(ferry_region **regions, size_t n);
+FERRY_API int ferry_region_unregister_all(ferry_region **regions, size_t n);
 /* Regions currently registered with the engine. */
-size_t ferry_engine_region_count(ferry_engine *e);
-uint64_t ferry_region_key(const ferry_region *r);
-void *ferry_region_addr(const ferry_region *r);
-size_t ferry_region_len(const ferry_region *r);
+FERRY_API size_t ferry_engine_region_count(ferry_engine *e);
+FERRY_API uint64_t ferry_region_key(const ferry_region *r);
+FERRY_API void *ferry_region_addr(const ferry_region *r);
+FERRY_API size_t ferry_region_len(const ferry_region *r);
 /* Whether a region registered with e covers [addr, addr+len) (so it can
  * be the local side of ops as it is). */
-bool ferry_region_covers(ferry_engine *e, const void *addr, size_t len);
+FERRY_API bool ferry_region_covers(ferry_engine *e, const void *addr, size_t len);
 /* Export a region descriptor (endpoint + base + len + key + flags). Returns
  * the blob length (<= FERRY_DESC_MAX) or a negative code. */
-int ferry_region_export(const ferry_region *r, void *buf, size_t cap);
+FERRY_API int ferry_region_export(const ferry_region *r, void *buf, size_t cap);
 
 /* ---- peers ----------------------------------------------------------- */
 typedef struct ferry_remote_region {
@@ -143,16 +143,16 @@ typedef struct ferry_remote_region {
  * The same peer instance always maps to the same id. A blob from a previous
  * instance of a peer that has restarted on the same address is refused with
  * FERRY_ESTALE at connect. */
-int ferry_peer_add(ferry_engine *e, const void *desc, size_t len, ferry_peer_id *out);
+FERRY_API int ferry_peer_add(ferry_engine *e, const void *desc, size_t len, ferry_peer_id *out);
 /* Decode a region blob, add its peer, fill out. */
-int ferry_region_import(ferry_engine *e, const void *desc, size_t len, ferry_remote_region *out);
+FERRY_API int ferry_region_import(ferry_engine *e, const void *desc, size_t len, ferry_remote_region *out);
 /* Whether a region descriptor's owner runs on this machine (the same boot
  * id): 1 or 0, without connecting; FERRY_EINVAL for a malformed one. */
-int ferry_region_desc_local(const ferry_engine *e, const void *desc, size_t len);
+FERRY_API int ferry_region_desc_local(const ferry_engine *e, const void *desc, size_t len);
 /* Drop every connection to the peer: its in-flight ops fail, their tickets
  * drain (FAILED_DRAINED or ABORTED), its fence is lifted, and the next
  * submission reconnects. */
-int ferry_peer_reset(ferry_engine *e, ferry_peer_id peer);
+FERRY_API int ferry_peer_reset(ferry_engine *e, ferry_peer_id peer);
 /* A read-only view of a same-host peer's memory (ferry_remote_map). */
 typedef struct ferry_mapping {
     const void *addr;   /* the first byte asked for, in this process */
@@ -172,8 +172,8 @@ typedef struct ferry_mapping {
  * it. The bytes are the peer's live memory, seen as it writes them: the
  * reader synchronises with the writer by other means (a NOTIFY after the
  * writes). */
-int ferry_remote_map(ferry_engine *e, const ferry_remote_region *rr, uint64_t addr, uint64_t len,
-                     ferry_mapping *out);
+FERRY_API int ferry_remote_map(ferry_engine *e, const ferry_remote_region *rr, uint64_t addr, uint64_t len,
+                               ferry_mapping *out);
 /* Warm this process's way to bytes [addr, addr + len) of an imported
  * remote region: where the engine copies through a mapping of the peer's
  * memory (a same-host peer over shm, memory from ferry_mem_alloc), touch
@@ -187,10 +187,10 @@ int ferry_remote_map(ferry_engine *e, const ferry_remote_region *rr, uint64_t ad
  * NULL): the bytes warmed, 0 where there is no mapping to warm (tcp, ucx,
  * heap memory reached by cross-memory attach). Costs one first touch per
  * page, once per process: call it at set-up, off the critical path. */
-int ferry_remote_warm(ferry_engine *e, const ferry_remote_region *rr, uint64_t addr, uint64_t len,
-                      bool write, uint64_t *touched);
+FERRY_API int ferry_remote_warm(ferry_engine *e, const ferry_remote_region *rr, uint64_t addr, uint64_t len,
+                                bool write, uint64_t *touched);
 /* Release a view (and zero it); an empty one is a no-op. */
-void ferry_remote_unmap(ferry_mapping *m);
+FERRY_API void ferry_remote_unmap(ferry_mapping *m);
 
 /* Direct access to a same-host peer's memory, as UCX's ucp_rkey_ptr: *ptr
  * points at byte addr of an imported remote region through the mapping
@@ -207,13 +207,13 @@ void ferry_remote_unmap(ferry_mapping *m);
  * the engine. The peer sees the bytes as they are written: synchronise
  * by other means (a NOTIFY, the store's commit). */
 typedef struct ferry_remote_access ferry_remote_access;
-int ferry_remote_access_begin(ferry_engine *e, const ferry_remote_region *rr, uint64_t addr,
-                              uint64_t len, unsigned access, void **ptr,
-                              ferry_remote_access **out);
-void ferry_remote_access_end(ferry_remote_access *a);   /* NULL: a no-op */
+FERRY_API int ferry_remote_access_begin(ferry_engine *e, const ferry_remote_region *rr, uint64_t addr,
+                                        uint64_t len, unsigned access, void **ptr,
+                                        ferry_remote_access **out);
+FERRY_API void ferry_remote_access_end(ferry_remote_access *a);   /* NULL: a no-op */
 
 /* Name of the transport chosen for a peer ("shm"/"tcp"), NULL if unknown. */
-const char *ferry_peer_transport(const ferry_engine *e, ferry_peer_id peer);
+FERRY_API const char *ferry_peer_transport(const ferry_engine *e, ferry_peer_id peer);
 
 /* ---- batches and tickets ---------------------------------------------- */
 enum ferry_opcode { FERRY_OP_READ = 1, FERRY_OP_WRITE = 2, FERRY_OP_NOTIFY = 3 };
@@ -251,7 +251,7 @@ enum ferry_ticket_state {
     FERRY_TICKET_FAILED_DRAINED = 3, /* I/O began and failed; nothing in flight */
     FERRY_TICKET_UNKNOWN = 4,        /* a wait timed out; retained and fenced */
 };
-const char *ferry_ticket_state_name(enum ferry_ticket_state s);
+FERRY_API const char *ferry_ticket_state_name(enum ferry_ticket_state s);
 
 #define FERRY_SUBMIT_NONBLOCK 0x1u  /* return FERRY_EAGAIN instead of blocking on a full window */
 
@@ -262,25 +262,25 @@ const char *ferry_ticket_state_name(enum ferry_ticket_state s);
  * window is empty), or returns FERRY_EAGAIN with FERRY_SUBMIT_NONBLOCK.
  * Returns FERRY_EFENCED when a peer of the batch is fenced. On success
  * *out is a ticket the caller frees with ferry_ticket_free. */
-int ferry_submit(ferry_engine *e, const ferry_op *ops, size_t n, unsigned flags,
-                 ferry_ticket **out);
+FERRY_API int ferry_submit(ferry_engine *e, const ferry_op *ops, size_t n, unsigned flags,
+                           ferry_ticket **out);
 /* Wait up to timeout_ms (<0: forever) for a terminal state. Returns the
  * state (>= 0); a timeout returns FERRY_TICKET_UNKNOWN and fences the
  * ticket's peers until it drains or they are reset. */
-int ferry_ticket_wait(ferry_ticket *t, int timeout_ms);
+FERRY_API int ferry_ticket_wait(ferry_ticket *t, int timeout_ms);
 /* Current state without waiting (PENDING, UNKNOWN or terminal). */
-int ferry_ticket_test(const ferry_ticket *t);
+FERRY_API int ferry_ticket_test(const ferry_ticket *t);
 /* First error that failed the ticket (0 when none), e.g. FERRY_EACCES. */
-int ferry_ticket_error(const ferry_ticket *t);
+FERRY_API int ferry_ticket_error(const ferry_ticket *t);
 /* The ticket's id: the id ferry_engine_pending reports while its outcome is
  * UNKNOWN. */
-uint64_t ferry_ticket_id(const ferry_ticket *t);
+FERRY_API uint64_t ferry_ticket_id(const ferry_ticket *t);
 /* Bytes confirmed moved (for diagnostics). */
-uint64_t ferry_ticket_bytes(const ferry_ticket *t);
+FERRY_API uint64_t ferry_ticket_bytes(const ferry_ticket *t);
 /* Release the caller's handle. A ticket still in flight is handed to the
  * pending-transfer manager (state UNKNOWN, regions pinned, peers fenced) and
  * freed by the engine once it drains. NULL is a no-op. */
-void ferry_ticket_free(ferry_ticket *t);
+FERRY_API void ferry_ticket_free(ferry_ticket *t);
 
 /* Pending-transfer manager: tickets whose outcome is UNKNOWN. */
 typedef struct ferry_pending_info {
@@ -290,7 +290,7 @@ typedef struct ferry_pending_info {
     uint64_t age_ms;
 } ferry_pending_info;
 /* Fill up to cap entries; returns how many tickets are pending. */
-int ferry_engine_pending(ferry_engine *e, ferry_pending_info *out, size_t cap);
+FERRY_API int ferry_engine_pending(ferry_engine *e, ferry_pending_info *out, size_t cap);
 
 /* Wait until `count` notifications with `tag` have arrived (and consume
  * them). values (may be NULL) receives their values in arrival order.
@@ -315,8 +315,8 @@ int ferry_engine_pending(ferry_engine *e, ferry_pending_info *out, size_t cap);
  * FERRY_NOTIFY_PEER_MAX x 400 bytes (21.0 MiB measured for 600,000). */
 #define FERRY_NOTIFY_PENDING_MAX 65536u
 #define FERRY_NOTIFY_PEER_MAX 65536u
-int ferry_wait_notify(ferry_engine *e, uint64_t tag, uint32_t count, int timeout_ms,
-                      uint64_t *values);
+FERRY_API int ferry_wait_notify(ferry_engine *e, uint64_t tag, uint32_t count, int timeout_ms,
+                                uint64_t *values);
 
 /* Counters since open. */
 typedef struct ferry_engine_stats {
@@ -337,7 +337,7 @@ typedef struct ferry_engine_stats {
                                                * at a peer's FERRY_NOTIFY_PEER_MAX across tags */
     uint64_t reserved[8];   /* zeroed by the library: room for fields to come */
 } ferry_engine_stats;
-void ferry_engine_get_stats(const ferry_engine *e, ferry_engine_stats *out);
+FERRY_API void ferry_engine_get_stats(const ferry_engine *e, ferry_engine_stats *out);
 
 #ifdef __cplusplus
 }

@@ -56,38 +56,38 @@ typedef struct ferry_binding_entry {
  * (frozen from then on) and records the placement's digest. It need not cover every fragment:
  * a process needs entries only for the fragments its operations touch.
  * ferry_binding_free(NULL) is a no-op. */
-int ferry_binding_create(ferry_manifest *placement, uint64_t instance_id, uint64_t generation,
-                         uint64_t lease_id, ferry_binding **out, ferry_error *err);
-void ferry_binding_free(ferry_binding *b);
+FERRY_API int ferry_binding_create(ferry_manifest *placement, uint64_t instance_id, uint64_t generation,
+                                   uint64_t lease_id, ferry_binding **out, ferry_error *err);
+FERRY_API void ferry_binding_free(ferry_binding *b);
 
 /* Add one entry, validated at once against the placement: the fragment
  * exists and has no entry yet; ndim, itemsize and shape match; strides do
  * not alias (0 only on extent-1 dims); every element lies inside nbytes and
  * addr + nbytes does not overflow (all arithmetic overflow-checked); the
  * descriptor fits. The entry is copied. */
-int ferry_binding_add(ferry_binding *b, const ferry_binding_entry *e, ferry_error *err);
+FERRY_API int ferry_binding_add(ferry_binding *b, const ferry_binding_entry *e, ferry_error *err);
 
-uint64_t ferry_binding_instance(const ferry_binding *b);
-uint64_t ferry_binding_generation(const ferry_binding *b);
-uint64_t ferry_binding_lease(const ferry_binding *b);
-size_t ferry_binding_count(const ferry_binding *b);
+FERRY_API uint64_t ferry_binding_instance(const ferry_binding *b);
+FERRY_API uint64_t ferry_binding_generation(const ferry_binding *b);
+FERRY_API uint64_t ferry_binding_lease(const ferry_binding *b);
+FERRY_API size_t ferry_binding_count(const ferry_binding *b);
 /* Entry i in insertion order, or NULL past the end; owned by the binding. */
-const ferry_binding_entry *ferry_binding_entry_at(const ferry_binding *b, size_t i);
+FERRY_API const ferry_binding_entry *ferry_binding_entry_at(const ferry_binding *b, size_t i);
 /* Entry of placement fragment `fragment`, or NULL. O(log n). */
-const ferry_binding_entry *ferry_binding_find(const ferry_binding *b, uint64_t fragment);
+FERRY_API const ferry_binding_entry *ferry_binding_find(const ferry_binding *b, uint64_t fragment);
 /* Digest of the placement the binding was validated against. */
-void ferry_binding_placement_digest(const ferry_binding *b, uint8_t out[16]);
+FERRY_API void ferry_binding_placement_digest(const ferry_binding *b, uint8_t out[16]);
 /* XXH3-128 of the canonical encoding (docs/exec.md): placement digest,
  * instance, generation, lease, then entries sorted by fragment id. */
-void ferry_binding_digest(const ferry_binding *b, uint8_t out[16]);
+FERRY_API void ferry_binding_digest(const ferry_binding *b, uint8_t out[16]);
 
 /* JSON (docs/exec.md). from_json validates every entry against `placement`
  * exactly as ferry_binding_add does and checks the recorded placement
  * digest; errors name the entry and fragment. Text from to_json is freed by
  * the caller with free(); NULL on out-of-memory. */
-int ferry_binding_from_json(const char *text, size_t len, ferry_manifest *placement,
-                            ferry_binding **out, ferry_error *err);
-char *ferry_binding_to_json(const ferry_binding *b);
+FERRY_API int ferry_binding_from_json(const char *text, size_t len, ferry_manifest *placement,
+                                      ferry_binding **out, ferry_error *err);
+FERRY_API char *ferry_binding_to_json(const ferry_binding *b);
 
 /* ---- attested plans ------------------------------------------------------ */
 
@@ -97,19 +97,19 @@ char *ferry_binding_to_json(const ferry_binding *b);
  * generation differs from `generation`. The attested plan holds its own
  * reference to the plan; the bindings are not referenced (only digests are
  * kept). Free with ferry_attested_free (NULL is a no-op). */
-int ferry_attest(ferry_plan *plan, const ferry_binding *src, const ferry_binding *dst,
-                 uint64_t generation, ferry_attested_plan **out, ferry_error *err);
-void ferry_attested_free(ferry_attested_plan *a);
-const ferry_plan *ferry_attested_plan_get(const ferry_attested_plan *a);   /* borrowed */
-uint64_t ferry_attested_generation(const ferry_attested_plan *a);
+FERRY_API int ferry_attest(ferry_plan *plan, const ferry_binding *src, const ferry_binding *dst,
+                           uint64_t generation, ferry_attested_plan **out, ferry_error *err);
+FERRY_API void ferry_attested_free(ferry_attested_plan *a);
+FERRY_API const ferry_plan *ferry_attested_plan_get(const ferry_attested_plan *a);   /* borrowed */
+FERRY_API uint64_t ferry_attested_generation(const ferry_attested_plan *a);
 
 /* Check bindings against an attestation before any byte moves:
  * FERRY_ESTALE when a binding's generation or digest differs from the
  * attested one; FERRY_EINVAL when it was validated against a placement
  * that is not the plan's. Either binding may be NULL (not checked), so a
  * process can check the side it holds. */
-int ferry_attested_check(const ferry_attested_plan *a, const ferry_binding *src,
-                         const ferry_binding *dst, ferry_error *err);
+FERRY_API int ferry_attested_check(const ferry_attested_plan *a, const ferry_binding *src,
+                                   const ferry_binding *dst, ferry_error *err);
 
 /* ---- lowering ---------------------------------------------------------- */
 
@@ -164,10 +164,10 @@ typedef struct ferry_batch_list {
  * whose remote worker has no peer mapping (FERRY_ENOENT); overflow
  * (FERRY_ERANGE). On success the caller frees *out with
  * ferry_batch_list_free; on failure *out is empty. */
-int ferry_exec_lower(const ferry_attested_plan *a, const ferry_binding *src,
-                     const ferry_binding *dst, const ferry_lower_args *args,
-                     ferry_batch_list *out, ferry_error *err);
-void ferry_batch_list_free(ferry_batch_list *b);
+FERRY_API int ferry_exec_lower(const ferry_attested_plan *a, const ferry_binding *src,
+                               const ferry_binding *dst, const ferry_lower_args *args,
+                               ferry_batch_list *out, ferry_error *err);
+FERRY_API void ferry_batch_list_free(ferry_batch_list *b);
 
 /* Lower one run (a plan's, or ferry_box_lower's copy between two local
  * layouts) between two memories into engine ops: FERRY_OP_WRITE from
@@ -177,9 +177,9 @@ void ferry_batch_list_free(ferry_batch_list *b);
  * local_stride, remote_stride), its outer loops are unrolled, one op per
  * combination. Appended to (*ops, *n), grown as needed (*cap; free with
  * free()). Pure. FERRY_EINVAL for another opcode, FERRY_ENOMEM (*n kept). */
-int ferry_exec_run_ops(const ferry_run *run, enum ferry_opcode opcode, uint64_t src_base,
-                       uint64_t dst_base, ferry_peer_id peer, uint64_t key, ferry_op **ops,
-                       size_t *n, size_t *cap);
+FERRY_API int ferry_exec_run_ops(const ferry_run *run, enum ferry_opcode opcode, uint64_t src_base,
+                                 uint64_t dst_base, ferry_peer_id peer, uint64_t key, ferry_op **ops,
+                                 size_t *n, size_t *cap);
 
 /* ---- executors ------------------------------------------------------------- */
 
@@ -218,7 +218,7 @@ typedef struct ferry_exec_config {
  * batch, window 8, timeout_ms FERRY_DEFAULT_TIMEOUT_MS, the rest empty or
  * 0). A zeroed config is taken the same way: a 0 limit, window or
  * timeout_ms is its default. */
-int ferry_exec_config_init(ferry_exec_config *cfg);
+FERRY_API int ferry_exec_config_init(ferry_exec_config *cfg);
 
 /* What a run did. Owned arrays are freed by ferry_exec_result_free. */
 typedef struct ferry_exec_result {
@@ -236,12 +236,12 @@ typedef struct ferry_exec_result {
     size_t nquarantined;
     uint64_t reserved[8];   /* zeroed by the library: room for fields to come */
 } ferry_exec_result;
-void ferry_exec_result_free(ferry_exec_result *r);
+FERRY_API void ferry_exec_result_free(ferry_exec_result *r);
 
 typedef struct ferry_executor ferry_executor;
 
 /* An executor for one process: the config is copied (arrays too). */
-int ferry_executor_create(const ferry_exec_config *cfg, ferry_executor **out, ferry_error *err);
+FERRY_API int ferry_executor_create(const ferry_exec_config *cfg, ferry_executor **out, ferry_error *err);
 /* Run the attested plan's ops of the selected workers: check the bindings
  * against the attestation, reject duplicate guard ids, acquire every guard
  * (on a failure: release what was acquired, best effort and complete —
@@ -252,20 +252,20 @@ int ferry_executor_create(const ferry_exec_config *cfg, ferry_executor **out, fe
  * when the run's state is COMPLETED, else its error; *res is filled in
  * both cases (free it). Errors before any byte moved (stale binding, bad
  * selector, duplicate guard, guard acquisition) leave state ABORTED. */
-int ferry_executor_run(ferry_executor *x, const ferry_attested_plan *a, const ferry_binding *src,
-                       const ferry_binding *dst, ferry_exec_result *res, ferry_error *err);
+FERRY_API int ferry_executor_run(ferry_executor *x, const ferry_attested_plan *a, const ferry_binding *src,
+                                 const ferry_binding *dst, ferry_exec_result *res, ferry_error *err);
 /* Local memory still registered after a run (a region pinned by an UNKNOWN
  * batch cannot be unregistered): every unregistration is checkpointed at
  * once, an interrupted cleanup marks the executor restart-required, and
  * ferry_executor_cleanup retries only what is still registered — never an
  * address already released. 0 when nothing is left; FERRY_EBUSY while
  * something stays pinned. */
-int ferry_executor_cleanup(ferry_executor *x);
-bool ferry_executor_restart_required(const ferry_executor *x);
-size_t ferry_executor_registered(const ferry_executor *x);
+FERRY_API int ferry_executor_cleanup(ferry_executor *x);
+FERRY_API bool ferry_executor_restart_required(const ferry_executor *x);
+FERRY_API size_t ferry_executor_registered(const ferry_executor *x);
 /* Free (after a best-effort cleanup; what stays pinned is left to the
  * engine, which unregisters it at close). NULL is a no-op. */
-void ferry_executor_free(ferry_executor *x);
+FERRY_API void ferry_executor_free(ferry_executor *x);
 
 /* ---- push streams --------------------------------------------------------- */
 
@@ -300,43 +300,43 @@ typedef struct ferry_stream_config {
 
 /* Every field of *cfg to its default (timeout_ms FERRY_DEFAULT_TIMEOUT_MS,
  * the rest 0). A 0 timeout_ms in a zeroed config is its default. */
-int ferry_stream_config_init(ferry_stream_config *cfg);
+FERRY_API int ferry_stream_config_init(ferry_stream_config *cfg);
 
 /* res may be NULL (then a failed acquisition's quarantine is not reported). */
-int ferry_exec_stream_open(const ferry_stream_config *cfg, ferry_exec_stream **out,
-                           ferry_exec_result *res, ferry_error *err);
+FERRY_API int ferry_exec_stream_open(const ferry_stream_config *cfg, ferry_exec_stream **out,
+                                     ferry_exec_result *res, ferry_error *err);
 /* Submit ops[0..n) as one engine batch (ferry_submit: blocks while the
  * engine's window is full). *id names it until its terminal wait. A batch
  * the engine refuses is not submitted; its error becomes the stream's
  * first error when none was yet. */
-int ferry_exec_stream_submit(ferry_exec_stream *s, const ferry_op *ops, size_t n, uint64_t *id);
+FERRY_API int ferry_exec_stream_submit(ferry_exec_stream *s, const ferry_op *ops, size_t n, uint64_t *id);
 /* The batch's state: block waits up to the stream's timeout (an expired
  * wait is UNKNOWN), otherwise PENDING is returned while it is in flight.
  * A terminal state is tallied and frees the id; *error (may be NULL) gets
  * the batch's error (0 when COMPLETED, FERRY_ETIMEDOUT when UNKNOWN).
  * FERRY_EINVAL for an id not in flight. */
-int ferry_exec_stream_wait(ferry_exec_stream *s, uint64_t id, bool block, int *error);
-size_t ferry_exec_stream_inflight(const ferry_exec_stream *s);
+FERRY_API int ferry_exec_stream_wait(ferry_exec_stream *s, uint64_t id, bool block, int *error);
+FERRY_API size_t ferry_exec_stream_inflight(const ferry_exec_stream *s);
 /* The stream's first error (0 while none). */
-int ferry_exec_stream_error(const ferry_exec_stream *s);
+FERRY_API int ferry_exec_stream_error(const ferry_exec_stream *s);
 /* Record a failure of the caller's part of the work (out of memory before
  * a submit) as the first error when none was yet. */
-void ferry_exec_stream_fail(ferry_exec_stream *s, int code);
+FERRY_API void ferry_exec_stream_fail(ferry_exec_stream *s, int code);
 /* Returns 0 when every batch completed and no failure was recorded, else
  * the first error; *res (may be NULL) as for ferry_executor_run: state
  * COMPLETED, ABORTED (no batch began I/O), FAILED_DRAINED or UNKNOWN;
  * bytes, ops, batches submitted, bytes_done, pending, quarantined. s is
  * freed; NULL is FERRY_EINVAL. */
-int ferry_exec_stream_close(ferry_exec_stream *s, ferry_exec_result *res);
+FERRY_API int ferry_exec_stream_close(ferry_exec_stream *s, ferry_exec_result *res);
 
 /* The workers on the other side that the given workers exchange bytes
  * with under the plan (a passive sink target uses it to know how many
  * sources will notify it). Writes up to cap ids, ascending, into out;
  * *n = how many there are. */
-int ferry_exec_counterparts(const ferry_attested_plan *a, const ferry_binding *src,
-                            const ferry_binding *dst, bool of_target, const uint32_t *workers,
-                            size_t nworkers, uint32_t *out, size_t cap, size_t *n,
-                            ferry_error *err);
+FERRY_API int ferry_exec_counterparts(const ferry_attested_plan *a, const ferry_binding *src,
+                                      const ferry_binding *dst, bool of_target, const uint32_t *workers,
+                                      size_t nworkers, uint32_t *out, size_t cap, size_t *n,
+                                      ferry_error *err);
 
 /* ---- store reads ------------------------------------------------------------ */
 
@@ -366,7 +366,7 @@ typedef struct ferry_store_reads {
     uint64_t bytes;
     uint8_t layout[16];             /* the entries they were lowered for (generation aside) */
 } ferry_store_reads;
-void ferry_store_reads_free(ferry_store_reads *r);   /* keeps nothing; NULL ok */
+FERRY_API void ferry_store_reads_free(ferry_store_reads *r);   /* keeps nothing; NULL ok */
 
 /* Lower the attested plan's runs into the selected target workers'
  * fragments (and, with a filter, only the runs it selects: a tensor, a
@@ -378,10 +378,10 @@ void ferry_store_reads_free(ferry_store_reads *r);   /* keeps nothing; NULL ok *
  * placement fragment's — the planner's offsets are computed from the
  * placement (FERRY_EINVAL naming the fragment otherwise). Pure: no store
  * call. On failure *out keeps what it held before. */
-int ferry_exec_store_lower(const ferry_attested_plan *a, const ferry_binding *dst,
-                           const uint32_t *workers, size_t nworkers,
-                           const ferry_plan_filter *filter, ferry_store_reads *out,
-                           ferry_error *err);
+FERRY_API int ferry_exec_store_lower(const ferry_attested_plan *a, const ferry_binding *dst,
+                                     const uint32_t *workers, size_t nworkers,
+                                     const ferry_plan_filter *filter, ferry_store_reads *out,
+                                     ferry_error *err);
 
 /* Where source fragment `fragment`'s packed bytes start: an object key
  * (borrowed; valid until the run returns) and a byte offset in it. */
@@ -399,7 +399,7 @@ typedef struct ferry_store_exec_config {
 
 /* Every field of *cfg to its default (max_reads 8192, the rest 0). A 0
  * max_reads in a zeroed config is its default. */
-int ferry_store_exec_config_init(ferry_store_exec_config *cfg);
+FERRY_API int ferry_store_exec_config_init(ferry_store_exec_config *cfg);
 
 /* Run reads [from, to) of r, checking `dst` against the attestation
  * first, and that r was lowered for a binding with dst's entries (r may
@@ -413,9 +413,9 @@ int ferry_store_exec_config_init(ferry_store_exec_config *cfg);
  * be written); UNKNOWN when a read timed out (bytes may still land).
  * Returns 0 when COMPLETED, else the error, with a message naming the
  * object and offset of the read that failed. */
-int ferry_exec_store_run(const ferry_store_exec_config *cfg, const ferry_attested_plan *a,
-                         const ferry_binding *dst, const ferry_store_reads *r, size_t from,
-                         size_t to, ferry_exec_result *res, ferry_error *err);
+FERRY_API int ferry_exec_store_run(const ferry_store_exec_config *cfg, const ferry_attested_plan *a,
+                                   const ferry_binding *dst, const ferry_store_reads *r, size_t from,
+                                   size_t to, ferry_exec_result *res, ferry_error *err);
 
 #ifdef __cplusplus
 }

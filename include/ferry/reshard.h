@@ -31,11 +31,6 @@ extern "C" {
 #define FERRY_MAX_DIMS 8
 #define FERRY_DTYPE_MAX 16   /* dtype names are shorter than this */
 
-typedef struct ferry_error {
-    int code;          /* the negative code that was returned */
-    char msg[512];     /* what failed, naming tensor and fragment */
-} ferry_error;
-
 typedef struct ferry_manifest ferry_manifest;
 typedef struct ferry_model ferry_model;
 typedef struct ferry_plan ferry_plan;
@@ -100,57 +95,57 @@ typedef struct ferry_split {
  * The manifest copies everything it is given. Close drops the caller's
  * reference: plans keep their own, so a manifest lives until the last
  * plan using it is freed. ferry_manifest_close(NULL) is a no-op. */
-int ferry_manifest_create(uint32_t nranks, const uint32_t *nodes, uint32_t gpus_per_node,
-                          ferry_manifest **out);
-void ferry_manifest_close(ferry_manifest *m);
+FERRY_API int ferry_manifest_create(uint32_t nranks, const uint32_t *nodes, uint32_t gpus_per_node,
+                                    ferry_manifest **out);
+FERRY_API void ferry_manifest_close(ferry_manifest *m);
 
 /* Add a tensor; returns its index (>= 0). Fails on a duplicate name, an
  * unknown dtype/itemsize pair, a zero dim, more than FERRY_MAX_DIMS dims or
  * an element count whose bytes overflow 64 bits. */
-int ferry_manifest_add_tensor(ferry_manifest *m, const ferry_tensor_desc *t, ferry_error *err);
+FERRY_API int ferry_manifest_add_tensor(ferry_manifest *m, const ferry_tensor_desc *t, ferry_error *err);
 /* Add one fragment (validated at once: box inside the tensor, rank inside
  * the topology, strides that never alias, byte spans without overflow). */
-int ferry_manifest_add_fragment(ferry_manifest *m, const ferry_fragment *f, ferry_error *err);
+FERRY_API int ferry_manifest_add_fragment(ferry_manifest *m, const ferry_fragment *f, ferry_error *err);
 /* Add a split (same checks for every piece and every copy). */
-int ferry_manifest_add_split(ferry_manifest *m, const ferry_split *s, ferry_error *err);
+FERRY_API int ferry_manifest_add_split(ferry_manifest *m, const ferry_split *s, ferry_error *err);
 /* Whole-manifest checks that single additions cannot make: fragments bound
  * to the same store object must be on the same rank (an object has one
  * home) and occupy disjoint byte spans of it. */
-int ferry_manifest_validate(ferry_manifest *m, ferry_error *err);
+FERRY_API int ferry_manifest_validate(ferry_manifest *m, ferry_error *err);
 
-uint32_t ferry_manifest_rank_count(const ferry_manifest *m);
-uint32_t ferry_manifest_node_of(const ferry_manifest *m, uint32_t rank);
-uint32_t ferry_manifest_tensor_count(const ferry_manifest *m);
+FERRY_API uint32_t ferry_manifest_rank_count(const ferry_manifest *m);
+FERRY_API uint32_t ferry_manifest_node_of(const ferry_manifest *m, uint32_t rank);
+FERRY_API uint32_t ferry_manifest_tensor_count(const ferry_manifest *m);
 /* Fill *out; the strings stay owned by the manifest. */
-int ferry_manifest_tensor(const ferry_manifest *m, uint32_t index, ferry_tensor_desc *out);
+FERRY_API int ferry_manifest_tensor(const ferry_manifest *m, uint32_t index, ferry_tensor_desc *out);
 /* Index of the tensor named `name`, or FERRY_ENOENT. */
-int ferry_manifest_find_tensor(const ferry_manifest *m, const char *name);
+FERRY_API int ferry_manifest_find_tensor(const ferry_manifest *m, const char *name);
 /* Fragments, empty split pieces excluded. */
-uint64_t ferry_manifest_fragment_count(const ferry_manifest *m);
+FERRY_API uint64_t ferry_manifest_fragment_count(const ferry_manifest *m);
 /* Fragment `id` (0 <= id < count) in full; out->object stays owned by the
  * manifest. O(log groups). */
-int ferry_manifest_fragment(const ferry_manifest *m, uint64_t id, ferry_fragment *out);
+FERRY_API int ferry_manifest_fragment(const ferry_manifest *m, uint64_t id, ferry_fragment *out);
 /* Bytes stored by the fragments on `rank` (sum of their box sizes);
  * FERRY_ERANGE if the sum overflows 64 bits. */
-int ferry_manifest_rank_bytes(const ferry_manifest *m, uint32_t rank, uint64_t *out);
+FERRY_API int ferry_manifest_rank_bytes(const ferry_manifest *m, uint32_t rank, uint64_t *out);
 
 /* XXH3-128 of a canonical encoding of the tensors and fragments (not the
  * topology), in the order they were added; the same description gives the
  * same digest on every machine. A split and the same pieces added one by
  * one are different descriptions with different digests. */
-int ferry_manifest_digest(ferry_manifest *m, uint8_t out[16]);
+FERRY_API int ferry_manifest_digest(ferry_manifest *m, uint8_t out[16]);
 /* XXH3-128 of the rank -> node map. */
-int ferry_manifest_topology_digest(const ferry_manifest *m, uint8_t out[16]);
+FERRY_API int ferry_manifest_topology_digest(const ferry_manifest *m, uint8_t out[16]);
 /* Lower-case hex of a digest: out holds 33 bytes. */
-void ferry_digest_hex(const uint8_t d[16], char out[33]);
+FERRY_API void ferry_digest_hex(const uint8_t d[16], char out[33]);
 
 /* JSON (docs/manifest.md). Parsing checks everything the add functions
  * check; errors name the JSON entry. Text from ferry_manifest_to_json is
  * freed by the caller with free(). Save writes atomically. */
-int ferry_manifest_from_json(const char *text, size_t len, ferry_manifest **out, ferry_error *err);
-int ferry_manifest_load(const char *path, ferry_manifest **out, ferry_error *err);
-char *ferry_manifest_to_json(const ferry_manifest *m);
-int ferry_manifest_save(const ferry_manifest *m, const char *path, ferry_error *err);
+FERRY_API int ferry_manifest_from_json(const char *text, size_t len, ferry_manifest **out, ferry_error *err);
+FERRY_API int ferry_manifest_load(const char *path, ferry_manifest **out, ferry_error *err);
+FERRY_API char *ferry_manifest_to_json(const ferry_manifest *m);
+FERRY_API int ferry_manifest_save(const ferry_manifest *m, const char *path, ferry_error *err);
 
 /* ---- stored manifests and packing ------------------------------------- */
 
@@ -159,8 +154,8 @@ int ferry_manifest_save(const ferry_manifest *m, const char *path, ferry_error *
  * replicas dropped: a box is stored once), contiguous row-major local
  * storage (strides dropped), no object bindings. Splits stay splits. The
  * caller closes *out. */
-int ferry_manifest_stored(const ferry_manifest *m, const char *dtype, ferry_manifest **out,
-                          ferry_error *err);
+FERRY_API int ferry_manifest_stored(const ferry_manifest *m, const char *dtype, ferry_manifest **out,
+                                    ferry_error *err);
 
 /* Where every fragment of a manifest lives when each rank's fragments are
  * packed into store objects: in fragment-id order, each at an offset
@@ -175,12 +170,12 @@ typedef struct ferry_packed {
     uint64_t offset;     /* bytes into the object */
     uint64_t bytes;      /* the fragment's box, contiguous */
 } ferry_packed;
-int ferry_manifest_pack(const ferry_manifest *m, uint64_t align, uint64_t max_bytes,
-                        ferry_pack **out, ferry_error *err);
-void ferry_pack_free(ferry_pack *p);   /* NULL ok */
-int ferry_pack_fragment(const ferry_pack *p, uint64_t id, ferry_packed *out);
-uint32_t ferry_pack_objects(const ferry_pack *p, uint32_t rank);
-uint64_t ferry_pack_object_bytes(const ferry_pack *p, uint32_t rank, uint32_t object);
+FERRY_API int ferry_manifest_pack(const ferry_manifest *m, uint64_t align, uint64_t max_bytes,
+                                  ferry_pack **out, ferry_error *err);
+FERRY_API void ferry_pack_free(ferry_pack *p);   /* NULL ok */
+FERRY_API int ferry_pack_fragment(const ferry_pack *p, uint64_t id, ferry_packed *out);
+FERRY_API uint32_t ferry_pack_objects(const ferry_pack *p, uint32_t rank);
+FERRY_API uint64_t ferry_pack_object_bytes(const ferry_pack *p, uint32_t rank, uint32_t object);
 
 /* ---- models and layouts ---------------------------------------------- */
 
@@ -204,22 +199,22 @@ typedef struct ferry_model_tensor {
 
 /* A model: a named tensor list with roles. Free with ferry_model_free
  * (NULL is a no-op). */
-int ferry_model_create(const char *name, uint32_t layers, uint32_t experts, ferry_model **out);
-void ferry_model_free(ferry_model *m);
-int ferry_model_add_tensor(ferry_model *m, const ferry_model_tensor *t, ferry_error *err);
+FERRY_API int ferry_model_create(const char *name, uint32_t layers, uint32_t experts, ferry_model **out);
+FERRY_API void ferry_model_free(ferry_model *m);
+FERRY_API int ferry_model_add_tensor(ferry_model *m, const ferry_model_tensor *t, ferry_error *err);
 /* Presets with the shapes of the public configs, in bf16: "qwen3-8b",
  * "qwen3-30b-a3b", "deepseek-v3", "kimi-k2". FERRY_ENOENT for others. */
-int ferry_model_preset(const char *name, ferry_model **out, ferry_error *err);
+FERRY_API int ferry_model_preset(const char *name, ferry_model **out, ferry_error *err);
 /* Name of preset i, or NULL past the last. */
-const char *ferry_model_preset_name(size_t i);
-const char *ferry_model_name(const ferry_model *m);
-uint32_t ferry_model_layers(const ferry_model *m);
-uint32_t ferry_model_experts(const ferry_model *m);
-size_t ferry_model_tensor_count(const ferry_model *m);
+FERRY_API const char *ferry_model_preset_name(size_t i);
+FERRY_API const char *ferry_model_name(const ferry_model *m);
+FERRY_API uint32_t ferry_model_layers(const ferry_model *m);
+FERRY_API uint32_t ferry_model_experts(const ferry_model *m);
+FERRY_API size_t ferry_model_tensor_count(const ferry_model *m);
 /* Fill *out; strings stay owned by the model. */
-int ferry_model_tensor_at(const ferry_model *m, size_t i, ferry_model_tensor *out);
-uint64_t ferry_model_param_count(const ferry_model *m);
-uint64_t ferry_model_bytes(const ferry_model *m);
+FERRY_API int ferry_model_tensor_at(const ferry_model *m, size_t i, ferry_model_tensor *out);
+FERRY_API uint64_t ferry_model_param_count(const ferry_model *m);
+FERRY_API uint64_t ferry_model_bytes(const ferry_model *m);
 
 /* A parallel layout. Absent dimensions are 1. Ranks are numbered with tp
  * innermost: rank = (((pp*dp + dp_i)*ep + ep_i)*fsdp + fsdp_i)*tp + tp_i.
@@ -232,11 +227,11 @@ typedef struct ferry_layout {
 
 /* Parse "fsdp:256", "tp:8,dp:16", "ep:32,tp:8", "pp:4,tp:8", also
  * "replicated" (one rank) and "gpn:N" (gpus per node). */
-int ferry_layout_parse(const char *text, ferry_layout *out, ferry_error *err);
+FERRY_API int ferry_layout_parse(const char *text, ferry_layout *out, ferry_error *err);
 /* Canonical text of a layout into buf; returns its length or a code. */
-int ferry_layout_format(const ferry_layout *l, char *buf, size_t cap);
+FERRY_API int ferry_layout_format(const ferry_layout *l, char *buf, size_t cap);
 /* Ranks in the layout, or 0 when the product overflows 32 bits. */
-uint32_t ferry_layout_ranks(const ferry_layout *l);
+FERRY_API uint32_t ferry_layout_ranks(const ferry_layout *l);
 /* Build the placement of every tensor of `model` under `l`:
  *  fsdp  dim-0 pieces of every tensor (of the TP piece when tp > 1);
  *  tp    by role: column dim 0, row dim 1, vocab dim 0, replicated whole;
@@ -245,8 +240,8 @@ uint32_t ferry_layout_ranks(const ferry_layout *l);
  *  pp    layer l on stage l*pp/layers, embedding first, head last;
  *  dp    replicas, each a distinct fragment on a distinct rank.
  * The caller closes *out. */
-int ferry_layout_build(const ferry_model *model, const ferry_layout *l, ferry_manifest **out,
-                       ferry_error *err);
+FERRY_API int ferry_layout_build(const ferry_model *model, const ferry_layout *l, ferry_manifest **out,
+                                 ferry_error *err);
 
 /* ---- plans ----------------------------------------------------------- */
 
@@ -267,9 +262,9 @@ typedef struct ferry_plan_options {
  * a limit of `opt` (may be NULL) is passed. On success both manifests are
  * frozen and referenced by the plan; a failure leaves them as they were.
  * Free with ferry_plan_free (NULL is a no-op). */
-int ferry_plan_create(ferry_manifest *src, ferry_manifest *dst, const ferry_plan_options *opt,
-                      ferry_plan **out, ferry_error *err);
-void ferry_plan_free(ferry_plan *p);
+FERRY_API int ferry_plan_create(ferry_manifest *src, ferry_manifest *dst, const ferry_plan_options *opt,
+                                ferry_plan **out, ferry_error *err);
+FERRY_API void ferry_plan_free(ferry_plan *p);
 
 typedef struct ferry_plan_stats {
     uint64_t tensors;          /* target tensors planned */
@@ -284,9 +279,9 @@ typedef struct ferry_plan_stats {
     uint8_t src_digest[16], dst_digest[16], topology_digest[16];
     uint64_t reserved[8];   /* zeroed by the library: room for fields to come */
 } ferry_plan_stats;
-int ferry_plan_stats_get(const ferry_plan *p, ferry_plan_stats *out);
-ferry_manifest *ferry_plan_src(const ferry_plan *p);   /* borrowed */
-ferry_manifest *ferry_plan_dst(const ferry_plan *p);   /* borrowed */
+FERRY_API int ferry_plan_stats_get(const ferry_plan *p, ferry_plan_stats *out);
+FERRY_API ferry_manifest *ferry_plan_src(const ferry_plan *p);   /* borrowed */
+FERRY_API ferry_manifest *ferry_plan_dst(const ferry_plan *p);   /* borrowed */
 
 /* One overlap: the box of tensor `tensor` that target fragment
  * `dst_fragment` takes from source fragment `src_fragment`. Tensor indices
@@ -331,8 +326,8 @@ typedef struct ferry_run {
  * into len, contiguous neighbours into one loop. The lowering every plan
  * run goes through, for copies between two local layouts (a replica's
  * push, a piece into a staging buffer). */
-void ferry_box_lower(uint32_t ndim, const uint64_t *shape, uint32_t itemsize,
-                     const uint64_t *src_strides, const uint64_t *dst_strides, ferry_run *run);
+FERRY_API void ferry_box_lower(uint32_t ndim, const uint64_t *shape, uint32_t itemsize,
+                               const uint64_t *src_strides, const uint64_t *dst_strides, ferry_run *run);
 
 /* Which part of a plan an iterator walks: -1 means any. */
 typedef struct ferry_plan_filter {
@@ -344,10 +339,10 @@ typedef struct ferry_plan_filter {
  * tensor, target split, source box, target fragment, source fragment.
  * filter may be NULL. The iterator references the plan, which must outlive
  * it. next returns 1 with *out filled, 0 at the end, or a negative code. */
-int ferry_plan_iter_open(const ferry_plan *p, const ferry_plan_filter *filter, ferry_plan_iter **out);
-int ferry_plan_iter_next_region(ferry_plan_iter *it, ferry_region *out);
-int ferry_plan_iter_next_run(ferry_plan_iter *it, ferry_run *out);
-void ferry_plan_iter_close(ferry_plan_iter *it);
+FERRY_API int ferry_plan_iter_open(const ferry_plan *p, const ferry_plan_filter *filter, ferry_plan_iter **out);
+FERRY_API int ferry_plan_iter_next_region(ferry_plan_iter *it, ferry_region *out);
+FERRY_API int ferry_plan_iter_next_run(ferry_plan_iter *it, ferry_run *out);
+FERRY_API void ferry_plan_iter_close(ferry_plan_iter *it);
 
 /* A cache of plans keyed by (source digest, target digest, topology digest
  * of both manifests), least recently used evicted past `capacity` plans.
@@ -355,12 +350,12 @@ void ferry_plan_iter_close(ferry_plan_iter *it);
  * returns the cached plan without planning again (*hit set when not NULL).
  * A hit still checks the limits of `opt`. Free releases the cache's own
  * references (NULL is a no-op). */
-int ferry_plan_cache_create(size_t capacity, ferry_plan_cache **out);
-void ferry_plan_cache_free(ferry_plan_cache *c);
-int ferry_plan_cache_get(ferry_plan_cache *c, ferry_manifest *src, ferry_manifest *dst,
-                         const ferry_plan_options *opt, ferry_plan **out, bool *hit,
-                         ferry_error *err);
-size_t ferry_plan_cache_size(ferry_plan_cache *c);
+FERRY_API int ferry_plan_cache_create(size_t capacity, ferry_plan_cache **out);
+FERRY_API void ferry_plan_cache_free(ferry_plan_cache *c);
+FERRY_API int ferry_plan_cache_get(ferry_plan_cache *c, ferry_manifest *src, ferry_manifest *dst,
+                                   const ferry_plan_options *opt, ferry_plan **out, bool *hit,
+                                   ferry_error *err);
+FERRY_API size_t ferry_plan_cache_size(ferry_plan_cache *c);
 
 #ifdef __cplusplus
 }

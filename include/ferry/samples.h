@@ -69,20 +69,20 @@ typedef struct ferry_policy_version {
 
 /* JSON text of a record (free()); FERRY_EINVAL for metadata that is not a
  * JSON object, an id holding a control character, FERRY_ENOMEM. */
-int ferry_rollout_session_to_json(const ferry_rollout_session *r, char **json);
-int ferry_update_session_to_json(const ferry_update_session *r, char **json);
-int ferry_policy_version_to_json(const ferry_policy_version *r, char **json);
+FERRY_API int ferry_rollout_session_to_json(const ferry_rollout_session *r, char **json);
+FERRY_API int ferry_update_session_to_json(const ferry_update_session *r, char **json);
+FERRY_API int ferry_policy_version_to_json(const ferry_policy_version *r, char **json);
 /* Parse; FERRY_EPROTO with a sentence in err for malformed text, a missing
  * or mistyped field, an over-long id or reference. out is cleared first. */
-int ferry_rollout_session_from_json(const char *json, size_t len, ferry_rollout_session *out,
-                                    ferry_error *err);
-int ferry_update_session_from_json(const char *json, size_t len, ferry_update_session *out,
-                                   ferry_error *err);
-int ferry_policy_version_from_json(const char *json, size_t len, ferry_policy_version *out,
-                                   ferry_error *err);
-void ferry_rollout_session_clear(ferry_rollout_session *r);
-void ferry_update_session_clear(ferry_update_session *r);
-void ferry_policy_version_clear(ferry_policy_version *r);
+FERRY_API int ferry_rollout_session_from_json(const char *json, size_t len, ferry_rollout_session *out,
+                                              ferry_error *err);
+FERRY_API int ferry_update_session_from_json(const char *json, size_t len, ferry_update_session *out,
+                                             ferry_error *err);
+FERRY_API int ferry_policy_version_from_json(const char *json, size_t len, ferry_policy_version *out,
+                                             ferry_error *err);
+FERRY_API void ferry_rollout_session_clear(ferry_rollout_session *r);
+FERRY_API void ferry_update_session_clear(ferry_update_session *r);
+FERRY_API void ferry_policy_version_clear(ferry_policy_version *r);
 
 /* ---- version rules -------------------------------------------------------------------- */
 
@@ -92,8 +92,8 @@ enum ferry_version_verdict {
     FERRY_VERSION_AHEAD = 2,   /* newer than the consumer's input version */
 };
 /* The lag rule: max_policy_lag 0 admits only sample_version == input_version. */
-enum ferry_version_verdict ferry_policy_admit(uint64_t sample_version, uint64_t input_version,
-                                              uint32_t max_policy_lag);
+FERRY_API enum ferry_version_verdict ferry_policy_admit(uint64_t sample_version, uint64_t input_version,
+                                                        uint32_t max_policy_lag);
 
 /* ---- policy registry ---------------------------------------------------------------- */
 
@@ -101,18 +101,18 @@ enum ferry_version_verdict ferry_policy_admit(uint64_t sample_version, uint64_t 
  * calls it, as ferry_publish): the announcing compare-and-swap carries the
  * policy record, so the version and its weights become current together,
  * or neither does. The record then joins the model's history. */
-int ferry_policy_publish(ferry_store *s, const ferry_publisher_config *cfg,
-                         const ferry_policy_version *pv, const ferry_weight_tensor *tensors,
-                         size_t n, ferry_publish_stats *st, ferry_error *err);
+FERRY_API int ferry_policy_publish(ferry_store *s, const ferry_publisher_config *cfg,
+                                   const ferry_policy_version *pv, const ferry_weight_tensor *tensors,
+                                   size_t n, ferry_publish_stats *st, ferry_error *err);
 /* The current version of a model (FERRY_ENOENT when none was announced).
  * A generation announced by plain ferry_publish reads as a version without
  * parent or metadata. */
-int ferry_policy_current(ferry_store *s, const char *model, ferry_policy_version *out,
-                         ferry_error *err);
+FERRY_API int ferry_policy_current(ferry_store *s, const char *model, ferry_policy_version *out,
+                                   ferry_error *err);
 /* Announced versions, oldest first (up to the last 1024), into out (cap
  * records; *n = count stored). Clear each record. */
-int ferry_policy_history(ferry_store *s, const char *model, ferry_policy_version *out,
-                         size_t cap, size_t *n, ferry_error *err);
+FERRY_API int ferry_policy_history(ferry_store *s, const char *model, ferry_policy_version *out,
+                                   size_t cap, size_t *n, ferry_error *err);
 
 /* Learn of new versions through a watch on the announcing key (no polling).
  * next: the next version newer than any returned so far (the current one
@@ -120,10 +120,10 @@ int ferry_policy_history(ferry_store *s, const char *model, ferry_policy_version
  * announced in between are skipped: a rollout worker wants the newest. */
 typedef struct ferry_policy_watch ferry_policy_watch;
 /* Errors of open are the store's (ferry_store_last_error() says why). */
-int ferry_policy_watch_open(ferry_store *s, const char *model, ferry_policy_watch **out);
-int ferry_policy_watch_next(ferry_policy_watch *w, int timeout_ms, ferry_policy_version *out,
-                            ferry_error *err);
-void ferry_policy_watch_close(ferry_policy_watch *w);
+FERRY_API int ferry_policy_watch_open(ferry_store *s, const char *model, ferry_policy_watch **out);
+FERRY_API int ferry_policy_watch_next(ferry_policy_watch *w, int timeout_ms, ferry_policy_version *out,
+                                      ferry_error *err);
+FERRY_API void ferry_policy_watch_close(ferry_policy_watch *w);
 
 /* ---- sample queues -------------------------------------------------------------------- */
 
@@ -152,7 +152,7 @@ typedef struct ferry_sample_queue_config {
  * FERRY_DEFAULT_TIMEOUT_MS, lease_ms 30000, the rest empty or 0). A zeroed
  * config is taken the same way: a 0 push_timeout_ms or lease_ms is its
  * default. */
-int ferry_sample_queue_config_init(ferry_sample_queue_config *cfg);
+FERRY_API int ferry_sample_queue_config_init(ferry_sample_queue_config *cfg);
 
 /* The payload of one sample, stored as one structured object with members
  * "prompt" (i32[prompt_len], omitted when 0), "tokens" (i32[ntokens]),
@@ -187,14 +187,14 @@ typedef struct ferry_sample_stats {
 } ferry_sample_stats;
 
 typedef struct ferry_sample_queue ferry_sample_queue;
-int ferry_sample_queue_open(ferry_store *s, const ferry_sample_queue_config *cfg,
-                            ferry_sample_queue **out, ferry_error *err);
-void ferry_sample_queue_close(ferry_sample_queue *q);
+FERRY_API int ferry_sample_queue_open(ferry_store *s, const ferry_sample_queue_config *cfg,
+                                      ferry_sample_queue **out, ferry_error *err);
+FERRY_API void ferry_sample_queue_close(ferry_sample_queue *q);
 /* Change the consumer's input version (after an optimizer step). */
-void ferry_sample_queue_set_version(ferry_sample_queue *q, uint64_t input_version);
+FERRY_API void ferry_sample_queue_set_version(ferry_sample_queue *q, uint64_t input_version);
 /* A queue handle is for one thread at a time; stats read from another
  * thread while it works are a snapshot that may be a step behind. */
-void ferry_sample_queue_stats(const ferry_sample_queue *q, ferry_sample_stats *out);
+FERRY_API void ferry_sample_queue_stats(const ferry_sample_queue *q, ferry_sample_stats *out);
 
 /* Store the payload and push the record (rs's refs are filled in and its
  * status set to "ready_for_update"). A full bounded queue makes the call
@@ -203,33 +203,33 @@ void ferry_sample_queue_stats(const ferry_sample_queue *q, ferry_sample_stats *o
  * behind. A master restart in the middle is retried; a retried push that
  * had landed is caught by the consumers (the sample's uid), so a sample is
  * trained at most once. */
-int ferry_sample_push(ferry_sample_queue *q, ferry_rollout_session *rs,
-                      const ferry_sample_data *d, uint64_t *id, ferry_error *err);
+FERRY_API int ferry_sample_push(ferry_sample_queue *q, ferry_rollout_session *rs,
+                                const ferry_sample_data *d, uint64_t *id, ferry_error *err);
 /* Lease up to max records and apply the version rule: admitted samples go
  * to out (*n of them, possibly 0); stale ones are dropped or sent for
  * recompute by policy, ahead ones are handed back, duplicates of a sample
  * already claimed by another record are acked away; each counted. Clear
  * every returned sample with ferry_sample_clear. */
-int ferry_sample_pop(ferry_sample_queue *q, uint32_t max, ferry_sample *out, size_t *n,
-                     ferry_error *err);
+FERRY_API int ferry_sample_pop(ferry_sample_queue *q, uint32_t max, ferry_sample *out, size_t *n,
+                               ferry_error *err);
 /* Read a popped sample's payload members (any pointer may be NULL; sizes
  * are the sample's counts). FERRY_ECORRUPT if the object disagrees. */
-int ferry_sample_read(ferry_sample_queue *q, const ferry_sample *smp, int32_t *prompt,
-                      int32_t *tokens, float *logprobs, float *rewards, ferry_error *err);
+FERRY_API int ferry_sample_read(ferry_sample_queue *q, const ferry_sample *smp, int32_t *prompt,
+                                int32_t *tokens, float *logprobs, float *rewards, ferry_error *err);
 /* After the optimizer step: ack each sample (it is now trained, exactly
  * once) and remove its payload. ok[i] (may be NULL) tells which acks held;
  * a sample whose lease lapsed and was delivered again is not acked
  * (counted ack_stale) and FERRY_ESTALE is returned after the rest. */
-int ferry_sample_ack(ferry_sample_queue *q, const ferry_sample *smp, size_t n, bool *ok,
-                     ferry_error *err);
+FERRY_API int ferry_sample_ack(ferry_sample_queue *q, const ferry_sample *smp, size_t n, bool *ok,
+                               ferry_error *err);
 /* Give samples back for someone else now (nack). */
-int ferry_sample_release(ferry_sample_queue *q, const ferry_sample *smp, size_t n);
+FERRY_API int ferry_sample_release(ferry_sample_queue *q, const ferry_sample *smp, size_t n);
 /* Rollout side: lease up to max samples the consumers sent back for
  * recompute (sessions only; payload ""). After pushing the recomputed
  * sample, ack these with ferry_sample_ack. */
-int ferry_sample_pop_recompute(ferry_sample_queue *q, uint32_t max, ferry_sample *out,
-                               size_t *n, ferry_error *err);
-void ferry_sample_clear(ferry_sample *smp);
+FERRY_API int ferry_sample_pop_recompute(ferry_sample_queue *q, uint32_t max, ferry_sample *out,
+                                         size_t *n, ferry_error *err);
+FERRY_API void ferry_sample_clear(ferry_sample *smp);
 
 /* ---- auditing a queue: its claim log and payloads --------------------------------------
  * For tools that check exactly-once training from outside the consumers
@@ -250,22 +250,22 @@ typedef struct ferry_sample_claim {
 typedef struct ferry_sample_claims ferry_sample_claims;
 /* Watch queue's claim log: every claim written from now on, in the order
  * the master applied them. Close with ferry_sample_claims_close (NULL ok). */
-int ferry_sample_claims_open(ferry_store *s, const char *queue, ferry_sample_claims **out);
+FERRY_API int ferry_sample_claims_open(ferry_store *s, const char *queue, ferry_sample_claims **out);
 /* The next claim written, waiting up to timeout_ms (<0: forever): 0,
  * FERRY_ETIMEDOUT, FERRY_EPROTO for a write that is no claim this
  * version of ferry knows (out->uid set when it is one; the log goes on),
  * or the store's error. */
-int ferry_sample_claims_next(ferry_sample_claims *c, int timeout_ms, ferry_sample_claim *out);
+FERRY_API int ferry_sample_claims_next(ferry_sample_claims *c, int timeout_ms, ferry_sample_claim *out);
 /* Put a mark into the log: a reader of c meets it (out->mark) after every
  * claim written before this call. */
-int ferry_sample_claims_mark(ferry_sample_claims *c);
-void ferry_sample_claims_close(ferry_sample_claims *c);
+FERRY_API int ferry_sample_claims_mark(ferry_sample_claims *c);
+FERRY_API void ferry_sample_claims_close(ferry_sample_claims *c);
 /* The store keys of queue's payload objects, at most max, ascending: an
  * acked sample's is gone, so what a drained queue still lists was left by
  * a push cut short. *keys is one allocation (free with ferry_store_free);
  * *more (may be NULL): there are further keys. */
-int ferry_sample_payloads(ferry_store *s, const char *queue, size_t max, char ***keys, size_t *n,
-                          bool *more);
+FERRY_API int ferry_sample_payloads(ferry_store *s, const char *queue, size_t max, char ***keys, size_t *n,
+                                    bool *more);
 
 /* ---- the KV-reuse gate -------------------------------------------------------------- */
 
@@ -281,15 +281,15 @@ typedef struct ferry_kvcache_stats {
  * retire removes every KV object of a version by prefix (objects of other
  * versions and every other key stay); *removed counts them. stats may be
  * NULL. */
-int ferry_kvcache_put(ferry_store *s, const char *ns, uint64_t version, const char *name,
-                      const void *data, size_t len, char *ref, size_t refcap,
-                      ferry_kvcache_stats *st);
-int ferry_kvcache_get(ferry_store *s, const char *ref, uint64_t active_version, void *dst,
-                      size_t cap, size_t *len, ferry_kvcache_stats *st);
-int ferry_kvcache_retire(ferry_store *s, const char *ns, uint64_t version, uint64_t *removed,
-                         ferry_kvcache_stats *st);
+FERRY_API int ferry_kvcache_put(ferry_store *s, const char *ns, uint64_t version, const char *name,
+                                const void *data, size_t len, char *ref, size_t refcap,
+                                ferry_kvcache_stats *st);
+FERRY_API int ferry_kvcache_get(ferry_store *s, const char *ref, uint64_t active_version, void *dst,
+                                size_t cap, size_t *len, ferry_kvcache_stats *st);
+FERRY_API int ferry_kvcache_retire(ferry_store *s, const char *ns, uint64_t version, uint64_t *removed,
+                                   ferry_kvcache_stats *st);
 /* The version a KV reference was made under (FERRY_EINVAL if not one). */
-int ferry_kvcache_ref_version(const char *ref, uint64_t *version);
+FERRY_API int ferry_kvcache_ref_version(const char *ref, uint64_t *version);
 
 #ifdef __cplusplus
 }

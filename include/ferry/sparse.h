@@ -23,7 +23,6 @@
 #include <stdint.h>
 
 #include "ferry/common.h"
-#include "ferry/reshard.h"   /* ferry_error */
 #include "ferry/store.h"
 
 #ifdef __cplusplus
@@ -79,27 +78,27 @@ typedef struct ferry_sparse_desc {
  * same logical key again returns FERRY_EEXIST and stores nothing, so a
  * retry never creates a second object. Bad input: FERRY_EINVAL with a
  * sentence in err; nothing stored. */
-int ferry_put_sparse_object(ferry_store *s, const ferry_sparse_desc *d, const void *indices,
-                            const void *values, ferry_sparse_desc *out, char *key, size_t keycap,
-                            ferry_error *err);
+FERRY_API int ferry_put_sparse_object(ferry_store *s, const ferry_sparse_desc *d, const void *indices,
+                                      const void *values, ferry_sparse_desc *out, char *key, size_t keycap,
+                                      ferry_error *err);
 
 /* Owner admission for a weight several source ranks hold (a replicated,
  * non-EP weight): exactly one caller per logical key is admitted (*admitted
  * true: compute the delta and put it); every other caller is told to skip.
  * A compare-and-swap on "ferry/sp/<tensor>/<base>-<delta>/<placement>/owner"
  * naming the rank. */
-int ferry_sparse_admit(ferry_store *s, const ferry_sparse_desc *d, uint32_t rank, bool *admitted,
-                       ferry_error *err);
+FERRY_API int ferry_sparse_admit(ferry_store *s, const ferry_sparse_desc *d, uint32_t rank, bool *admitted,
+                                 ferry_error *err);
 
 /* Remove the sparse object at key (as ferry_put_sparse_object returned it)
  * and its admission key: the object's removal says what came of it (0,
  * FERRY_ENOENT when gone already, a reader's lease refusing it, or the
  * store's error); the admission key goes either way. */
-int ferry_sparse_remove(ferry_store *s, const char *key);
+FERRY_API int ferry_sparse_remove(ferry_store *s, const char *key);
 /* Remove every sparse object whose tensor id starts with tensor_prefix
  * (e.g. "<model>." for a model's tensors); *removed (may be NULL) counts
  * them, as ferry_store_remove_prefix. Their admission keys stay. */
-int ferry_sparse_remove_tensors(ferry_store *s, const char *tensor_prefix, uint64_t *removed);
+FERRY_API int ferry_sparse_remove_tensors(ferry_store *s, const char *tensor_prefix, uint64_t *removed);
 
 /* ---- the compact index --------------------------------------------------------------- */
 
@@ -115,9 +114,9 @@ typedef struct ferry_sparse_index {
  * indices or values). FERRY_EPROTO when the object is not a sparse object
  * or its index is inconsistent (tile_ptr not ascending, ends != nnz, tiles
  * out of the shape). */
-int ferry_sparse_index_read(ferry_store *s, const char *key, ferry_sparse_index *out,
-                            ferry_error *err);
-void ferry_sparse_index_free(ferry_sparse_index *ix);
+FERRY_API int ferry_sparse_index_read(ferry_store *s, const char *key, ferry_sparse_index *out,
+                                      ferry_error *err);
+FERRY_API void ferry_sparse_index_free(ferry_sparse_index *ix);
 
 /* ---- the planner (pure: no store, no payload) ------------------------------------------ */
 
@@ -176,10 +175,10 @@ typedef struct ferry_sparse_plan {
  * flagged, reads deduplicated by (source, node, range). Sources and targets
  * match by tensor_id. The planner may build and keep secondary indexes in
  * sources[i]->aux. */
-int ferry_sparse_plan_batch(ferry_sparse_index *const *sources, size_t nsources,
-                            const ferry_sparse_target *targets, size_t ntargets,
-                            ferry_sparse_plan *out, ferry_error *err);
-void ferry_sparse_plan_free(ferry_sparse_plan *p);
+FERRY_API int ferry_sparse_plan_batch(ferry_sparse_index *const *sources, size_t nsources,
+                                      const ferry_sparse_target *targets, size_t ntargets,
+                                      ferry_sparse_plan *out, ferry_error *err);
+FERRY_API void ferry_sparse_plan_free(ferry_sparse_plan *p);
 
 /* ---- execution ------------------------------------------------------------------------ */
 
@@ -230,13 +229,13 @@ typedef struct ferry_sparse_stats {
  * array of results (one per (source, target) pair with entries, or an
  * empty one). publish_prefix non-NULL: also store each result as a
  * target-local structured object under "<prefix>/<target>/<tensor>". */
-int ferry_read_sparse_objects(ferry_store *s, const char *const *keys, size_t nkeys,
-                              const ferry_sparse_target *targets, size_t ntargets,
-                              const char *publish_prefix, ferry_sparse_result **out,
-                              size_t *nout, ferry_sparse_stats *st, ferry_error *err);
-void ferry_sparse_results_free(ferry_sparse_result *r, size_t n);
+FERRY_API int ferry_read_sparse_objects(ferry_store *s, const char *const *keys, size_t nkeys,
+                                        const ferry_sparse_target *targets, size_t ntargets,
+                                        const char *publish_prefix, ferry_sparse_result **out,
+                                        size_t *nout, ferry_sparse_stats *st, ferry_error *err);
+FERRY_API void ferry_sparse_results_free(ferry_sparse_result *r, size_t n);
 /* sum += x, field by field (counters and times alike). */
-void ferry_sparse_stats_add(ferry_sparse_stats *sum, const ferry_sparse_stats *x);
+FERRY_API void ferry_sparse_stats_add(ferry_sparse_stats *sum, const ferry_sparse_stats *x);
 
 /* Where a result lands: a view of the target box in memory — element
  * (i0, ..., in) of the box at data + sum(ik * strides[k]) elements. The
@@ -262,17 +261,17 @@ typedef struct ferry_sparse_view {
  * stride, each dimension's stride is at least the extent the smaller ones
  * span), a view reaching past v->bytes, an index outside the shape.
  * new_generation (may be NULL) = r->delta_generation on success. */
-int ferry_sparse_apply_view(const ferry_sparse_result *r, const ferry_sparse_view *v,
-                            uint64_t current_generation, uint64_t *new_generation,
-                            ferry_error *err);
+FERRY_API int ferry_sparse_apply_view(const ferry_sparse_result *r, const ferry_sparse_view *v,
+                                      uint64_t current_generation, uint64_t *new_generation,
+                                      ferry_error *err);
 
 /* Apply a result into a dense local buffer (row-major, r->shape, dtype
  * "f32", "bf16" or "f16"): scatter_add or scatter_set. Base fence: when
  * r->apply is SCATTER_ADD and current_generation != r->base_generation,
  * FERRY_ESTATE naming both generations and nothing changes. *
  * new_generation (may be NULL) = r->delta_generation on success. */
-int ferry_sparse_apply(const ferry_sparse_result *r, void *dst, const char *dst_dtype,
-                       uint64_t current_generation, uint64_t *new_generation, ferry_error *err);
+FERRY_API int ferry_sparse_apply(const ferry_sparse_result *r, void *dst, const char *dst_dtype,
+                                 uint64_t current_generation, uint64_t *new_generation, ferry_error *err);
 
 #ifdef __cplusplus
 }

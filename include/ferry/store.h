@@ -53,25 +53,25 @@ typedef struct ferry_store_config {
 } ferry_store_config;
 
 /* Defaults and the FERRY_* environment. FERRY_EINVAL for a malformed value. */
-int ferry_store_config_init(ferry_store_config *cfg);
+FERRY_API int ferry_store_config_init(ferry_store_config *cfg);
 /* Connect to the master (authenticating with the token) and open the
  * client's engine. FERRY_EAUTH for a token the master refuses,
  * FERRY_ECONNREFUSED/FERRY_ETIMEDOUT when no master answers. */
-int ferry_store_open(const ferry_store_config *cfg, ferry_store **out);
+FERRY_API int ferry_store_open(const ferry_store_config *cfg, ferry_store **out);
 /* Close the connection and the engine; buffers stay the caller's. NULL ok. */
-void ferry_store_close(ferry_store *s);
+FERRY_API void ferry_store_close(ferry_store *s);
 /* The client's engine (to register memory, or to use directly). */
-ferry_engine *ferry_store_engine(ferry_store *s);
+FERRY_API ferry_engine *ferry_store_engine(ferry_store *s);
 /* The calling thread's last error text ("" if none). */
-const char *ferry_store_last_error(void);
+FERRY_API const char *ferry_store_last_error(void);
 
 /* ---- registered buffers -------------------------------------------------- */
 /* Register [buf, buf+len) for put_from/get_into without a copy. Buffers that
  * were not registered are registered for the duration of each call (a
  * little slower, still no copy). FERRY_EEXIST if it overlaps one already
  * registered. Unregister: FERRY_ENOENT if buf does not start one. */
-int ferry_store_register_buffer(ferry_store *s, void *buf, size_t len);
-int ferry_store_unregister_buffer(ferry_store *s, void *buf);
+FERRY_API int ferry_store_register_buffer(ferry_store *s, void *buf, size_t len);
+FERRY_API int ferry_store_unregister_buffer(ferry_store *s, void *buf);
 
 /* A staging buffer owned by this client, for callers that pack bytes before
  * a put (the weights publish does): at least len bytes, registered as by
@@ -84,8 +84,8 @@ int ferry_store_unregister_buffer(ferry_store *s, void *buf);
  * it timed out and the engine may still read it — it is then left
  * allocated and registered, never reused, and the next take makes a new
  * one. Freed by ferry_store_close. */
-int ferry_store_staging_take(ferry_store *s, size_t len, void **out);
-void ferry_store_staging_give(ferry_store *s, bool abandon);
+FERRY_API int ferry_store_staging_take(ferry_store *s, size_t len, void **out);
+FERRY_API void ferry_store_staging_give(ferry_store *s, bool abandon);
 
 /* ---- objects --------------------------------------------------------------- */
 typedef struct ferry_replicate_config {
@@ -107,7 +107,7 @@ typedef struct ferry_replicate_config {
 
 /* Every field of *cfg to its default (replica_num 1, the rest empty or 0).
  * A 0 replica_num in a zeroed config means 1. */
-int ferry_replicate_config_init(ferry_replicate_config *cfg);
+FERRY_API int ferry_replicate_config_init(ferry_replicate_config *cfg);
 
 typedef struct ferry_replica_info {
     uint64_t segment, node, offset;
@@ -126,10 +126,10 @@ typedef struct ferry_object_desc {
  * NULL) reports where each replica landed. FERRY_EEXIST, FERRY_ENOSPC (with
  * sizes in the error text), FERRY_EINVAL. A failed transfer revokes the
  * object: nothing partial is ever visible. */
-int ferry_store_put(ferry_store *s, const char *key, const void *buf, size_t len,
-                    const ferry_replicate_config *rc, ferry_object_desc *placed);
-int ferry_store_put_from(ferry_store *s, const char *key, const void *buf, size_t len,
-                         const ferry_replicate_config *rc, ferry_object_desc *placed);
+FERRY_API int ferry_store_put(ferry_store *s, const char *key, const void *buf, size_t len,
+                              const ferry_replicate_config *rc, ferry_object_desc *placed);
+FERRY_API int ferry_store_put_from(ferry_store *s, const char *key, const void *buf, size_t len,
+                                   const ferry_replicate_config *rc, ferry_object_desc *placed);
 /* A put whose bytes the caller writes in place, with no copy where the
  * store allows it: ferry_store_put_begin places the object (as a put
  * does: FERRY_EEXIST, FERRY_ENOSPC, FERRY_EINVAL, len > 0) and sets *at to
@@ -145,29 +145,29 @@ int ferry_store_put_from(ferry_store *s, const char *key, const void *buf, size_
  * *at and end the put; do not wait on the store in between. placed (may be
  * NULL) as for ferry_store_put. p is freed by put_end. */
 typedef struct ferry_put_slot ferry_put_slot;
-int ferry_store_put_begin(ferry_store *s, const char *key, size_t len,
-                          const ferry_replicate_config *rc, void **at, ferry_put_slot **out);
-int ferry_store_put_end(ferry_put_slot *p, bool commit, ferry_object_desc *placed);
+FERRY_API int ferry_store_put_begin(ferry_store *s, const char *key, size_t len,
+                                    const ferry_replicate_config *rc, void **at, ferry_put_slot **out);
+FERRY_API int ferry_store_put_end(ferry_put_slot *p, bool commit, ferry_object_desc *placed);
 /* Whether the put's bytes go straight into the segment (no copy at end). */
-bool ferry_store_put_in_place(const ferry_put_slot *p);
+FERRY_API bool ferry_store_put_in_place(const ferry_put_slot *p);
 /* Many puts: one master round trip to place them all, one engine batch for
  * the bytes, one round trip to complete them. results[i]: 0 or an error;
  * every entry is set, also when the whole call fails (then each holds that
  * error, or FERRY_ECANCELED for puts never tried). Returns 0 or the first
  * failure. */
-int ferry_store_batch_put_from(ferry_store *s, const char *const *keys, const void *const *bufs,
-                               const size_t *lens, size_t n, const ferry_replicate_config *rc,
-                               int *results);
+FERRY_API int ferry_store_batch_put_from(ferry_store *s, const char *const *keys, const void *const *bufs,
+                                         const size_t *lens, size_t n, const ferry_replicate_config *rc,
+                                         int *results);
 
 /* Read a whole object into a new buffer (*buf, free with ferry_store_free). */
-int ferry_store_get(ferry_store *s, const char *key, void **buf, size_t *len);
-void ferry_store_free(void *buf);
+FERRY_API int ferry_store_get(ferry_store *s, const char *key, void **buf, size_t *len);
+FERRY_API void ferry_store_free(void *buf);
 /* Read a whole object into buf (cap bytes): *len = its size. FERRY_ENOENT,
  * FERRY_ELOST (its last replica's node died), FERRY_EMSGSIZE if cap is too
  * small (nothing read, *len says how much is needed). */
-int ferry_store_get_into(ferry_store *s, const char *key, void *buf, size_t cap, size_t *len);
-int ferry_store_batch_get_into(ferry_store *s, const char *const *keys, void *const *bufs,
-                               const size_t *caps, size_t n, int64_t *results);
+FERRY_API int ferry_store_get_into(ferry_store *s, const char *key, void *buf, size_t cap, size_t *len);
+FERRY_API int ferry_store_batch_get_into(ferry_store *s, const char *const *keys, void *const *bufs,
+                                         const size_t *caps, size_t n, int64_t *results);
 
 /* One byte range of an object, read into dst. */
 typedef struct ferry_range {
@@ -181,8 +181,8 @@ typedef struct ferry_range {
  * the object ends first) or a negative error for that range (FERRY_ERANGE:
  * src_offset past the end). Every entry is set, also when the whole call
  * fails. Returns 0 when every range succeeded, else the first failure. */
-int ferry_store_get_into_ranges(ferry_store *s, const ferry_range *ranges, size_t n,
-                                int64_t *results);
+FERRY_API int ferry_store_get_into_ranges(ferry_store *s, const ferry_range *ranges, size_t n,
+                                          int64_t *results);
 
 /* Rows of one object read into memory: row i is bytes [src_offset + i *
  * src_stride, + len) of the object, landing at dst + i * dst_stride. */
@@ -198,24 +198,24 @@ typedef struct ferry_strided_range {
  * one engine op per range whatever its row count). The whole extent must
  * lie inside the object (FERRY_ERANGE otherwise, nothing read for that
  * range); results[i]: len * count, or the range's error. */
-int ferry_store_get_into_strided(ferry_store *s, const ferry_strided_range *ranges, size_t n,
-                                 int64_t *results);
+FERRY_API int ferry_store_get_into_strided(ferry_store *s, const ferry_strided_range *ranges, size_t n,
+                                           int64_t *results);
 
 /* 1 if the object exists and is complete, 0 if not, FERRY_ELOST. */
-int ferry_store_exist(ferry_store *s, const char *key);
+FERRY_API int ferry_store_exist(ferry_store *s, const char *key);
 /* FERRY_EBUSY while a reader holds a lease (every read takes one for the
  * config's lease_ms, 5 s by default), FERRY_ENOENT. */
-int ferry_store_remove(ferry_store *s, const char *key);
+FERRY_API int ferry_store_remove(ferry_store *s, const char *key);
 /* Remove every unleased object whose key starts with prefix. */
-int ferry_store_remove_prefix(ferry_store *s, const char *prefix, uint64_t *removed);
+FERRY_API int ferry_store_remove_prefix(ferry_store *s, const char *prefix, uint64_t *removed);
 /* Where an object lives (no lease taken). replicas[i].preferred is
  * reported by put only (the master does not keep it): false here. */
-int ferry_store_get_replica_desc(ferry_store *s, const char *key, ferry_object_desc *out);
+FERRY_API int ferry_store_get_replica_desc(ferry_store *s, const char *key, ferry_object_desc *out);
 /* Keys with the prefix after `after` (NULL: from the start), ascending, at
  * most max. *keys is one allocation (free with ferry_store_free) holding the
  * pointer array and the strings. *more: there are further keys. */
-int ferry_store_list(ferry_store *s, const char *prefix, const char *after, size_t max,
-                     char ***keys, size_t *n, bool *more);
+FERRY_API int ferry_store_list(ferry_store *s, const char *prefix, const char *after, size_t max,
+                               char ***keys, size_t *n, bool *more);
 
 /* ---- structured objects ----------------------------------------------------- */
 /* Named members stored in one object, each aligned to 64 bytes behind a
@@ -236,19 +236,19 @@ typedef struct ferry_member {
 /* Store members[i] (name, dtype, ndim, shape; offset and nbytes are
  * computed) with bytes data[i]. FERRY_EINVAL for a duplicate or bad name,
  * unknown dtype, bad shape. */
-int ferry_store_put_struct(ferry_store *s, const char *key, const ferry_member *members,
-                           const void *const *data, size_t n, const ferry_replicate_config *rc);
+FERRY_API int ferry_store_put_struct(ferry_store *s, const char *key, const ferry_member *members,
+                                     const void *const *data, size_t n, const ferry_replicate_config *rc);
 /* The members of a structured object (up to cap into out; *n = count).
  * FERRY_EPROTO if the object is not a structured object. */
-int ferry_store_get_members(ferry_store *s, const char *key, ferry_member *out, size_t cap,
-                            size_t *n);
+FERRY_API int ferry_store_get_members(ferry_store *s, const char *key, ferry_member *out, size_t cap,
+                                      size_t *n);
 /* Rows [row_begin, row_end) of member (along its first dimension; a 0-d
  * member has one row) into dst (cap bytes); *len = bytes read.
  * FERRY_ENOENT (no such member), FERRY_ERANGE (rows out of bounds),
  * FERRY_EMSGSIZE (cap too small). */
-int ferry_store_read_member(ferry_store *s, const char *key, const char *member,
-                            uint64_t row_begin, uint64_t row_end, void *dst, size_t cap,
-                            size_t *len);
+FERRY_API int ferry_store_read_member(ferry_store *s, const char *key, const char *member,
+                                      uint64_t row_begin, uint64_t row_end, void *dst, size_t cap,
+                                      size_t *len);
 
 /* ---- KV ------------------------------------------------------------------------ */
 /* Values are at most FERRY_STORE_VALUE_MAX bytes. Every successful change
@@ -257,14 +257,14 @@ typedef struct ferry_kv_value {
     void *val; size_t len;       /* ferry_store_free(val) */
     uint64_t mod_rev, create_rev, version;
 } ferry_kv_value;
-int ferry_kv_get(ferry_store *s, const char *key, ferry_kv_value *out);
-int ferry_kv_put(ferry_store *s, const char *key, const void *val, size_t len, uint64_t *rev);
+FERRY_API int ferry_kv_get(ferry_store *s, const char *key, ferry_kv_value *out);
+FERRY_API int ferry_kv_put(ferry_store *s, const char *key, const void *val, size_t len, uint64_t *rev);
 /* Put only if the key's mod revision is expected (0: must not exist).
  * FERRY_ESTATE on a conflict, with *rev = the key's current revision. */
-int ferry_kv_cas(ferry_store *s, const char *key, uint64_t expected, const void *val,
-                 size_t len, uint64_t *rev);
+FERRY_API int ferry_kv_cas(ferry_store *s, const char *key, uint64_t expected, const void *val,
+                           size_t len, uint64_t *rev);
 /* expected 0: unconditional. */
-int ferry_kv_delete(ferry_store *s, const char *key, uint64_t expected, uint64_t *rev);
+FERRY_API int ferry_kv_delete(ferry_store *s, const char *key, uint64_t expected, uint64_t *rev);
 
 /* Watch: the master pushes every change to keys with the prefix, from
  * revision from_rev (0: from now on). Survives master restarts (resumes from
@@ -276,17 +276,17 @@ typedef struct ferry_kv_event {
     char *key;                   /* valid until the next ferry_watch_next */
     void *val; size_t len;
 } ferry_kv_event;
-int ferry_kv_watch(ferry_store *s, const char *prefix, uint64_t from_rev, ferry_watch **out);
+FERRY_API int ferry_kv_watch(ferry_store *s, const char *prefix, uint64_t from_rev, ferry_watch **out);
 /* Next event, oldest first: 0, or FERRY_ETIMEDOUT after timeout_ms (<0:
  * forever). */
-int ferry_watch_next(ferry_watch *w, int timeout_ms, ferry_kv_event *ev);
-void ferry_watch_close(ferry_watch *w);
+FERRY_API int ferry_watch_next(ferry_watch *w, int timeout_ms, ferry_kv_event *ev);
+FERRY_API void ferry_watch_close(ferry_watch *w);
 
 /* Wait until `count` distinct members arrived at barrier `name` (reusable:
  * the next use starts a new generation). FERRY_ETIMEDOUT after timeout_ms
  * (0: no timeout); the arrival is then withdrawn. */
-int ferry_barrier(ferry_store *s, const char *name, const char *member, uint32_t count,
-                  uint64_t timeout_ms, uint64_t *generation);
+FERRY_API int ferry_barrier(ferry_store *s, const char *name, const char *member, uint32_t count,
+                            uint64_t timeout_ms, uint64_t *generation);
 
 /* ---- queues --------------------------------------------------------------------- */
 typedef struct ferry_qrecord {
@@ -297,22 +297,22 @@ typedef struct ferry_qrecord {
 /* Bound a queue: a push finding `bound` records outstanding (ready +
  * leased) fails with FERRY_EAGAIN (0: unbounded, the default). Durable like
  * every other change; records already queued stay. */
-int ferry_queue_config(ferry_store *s, const char *queue, uint64_t bound);
+FERRY_API int ferry_queue_config(ferry_store *s, const char *queue, uint64_t bound);
 /* Append a record; FERRY_EAGAIN when a bounded queue is full. */
-int ferry_queue_push(ferry_store *s, const char *queue, const void *data, size_t len,
-                     uint64_t *id);
+FERRY_API int ferry_queue_push(ferry_store *s, const char *queue, const void *data, size_t len,
+                               uint64_t *id);
 /* Lease up to max ready records for lease_ms; *n may be 0. max is 1 to
  * FERRY_STORE_POP_MAX, lease_ms 1 to FERRY_STORE_LEASE_MAX_MS (FERRY_EINVAL). */
-int ferry_queue_pop(ferry_store *s, const char *queue, uint32_t max, uint64_t lease_ms,
-                    ferry_qrecord *out, size_t *n);
-void ferry_qrecords_free(ferry_qrecord *recs, size_t n);
+FERRY_API int ferry_queue_pop(ferry_store *s, const char *queue, uint32_t max, uint64_t lease_ms,
+                              ferry_qrecord *out, size_t *n);
+FERRY_API void ferry_qrecords_free(ferry_qrecord *recs, size_t n);
 /* ack: the record is done (FERRY_ESTALE if it was delivered again since
  * your lease lapsed). nack: deliver it again now. */
-int ferry_queue_ack(ferry_store *s, uint64_t id, uint32_t token);
-int ferry_queue_nack(ferry_store *s, uint64_t id, uint32_t token);
+FERRY_API int ferry_queue_ack(ferry_store *s, uint64_t id, uint32_t token);
+FERRY_API int ferry_queue_nack(ferry_store *s, uint64_t id, uint32_t token);
 
 /* The master's state as JSON text (ferry_store_free). */
-int ferry_store_status_json(ferry_store *s, char **json);
+FERRY_API int ferry_store_status_json(ferry_store *s, char **json);
 
 /* Warm this process's way to the store's memory: every page of every
  * segment this client reaches through a mapping (the segments of this
@@ -324,7 +324,7 @@ int ferry_store_status_json(ferry_store *s, char **json);
  * after which no put or get pays for a page-table entry. *bytes (may be
  * NULL): the bytes warmed. Returns 0, or the first error met (the other
  * segments are still warmed). */
-int ferry_store_warm(ferry_store *s, bool write, uint64_t *bytes);
+FERRY_API int ferry_store_warm(ferry_store *s, bool write, uint64_t *bytes);
 
 /* ---- the master process ----------------------------------------------------------- */
 /* The metadata server: an event loop over TCP serving the store protocol,
@@ -350,18 +350,18 @@ typedef struct ferry_master_config {
                              * room for fields to come, docs/design.md "Growth" */
 } ferry_master_config;
 /* Defaults; the token from FERRY_TOKEN or FERRY_TOKEN_FILE when set. */
-int ferry_master_config_init(ferry_master_config *cfg);
+FERRY_API int ferry_master_config_init(ferry_master_config *cfg);
 /* Recover dir and listen. FERRY_EBUSY (another master owns dir),
  * FERRY_ECORRUPT (a damaged log), -EADDRINUSE, FERRY_EINVAL, FERRY_EIO; each
  * also logged with a sentence. */
-int ferry_master_open(const ferry_master_config *cfg, ferry_master **out);
+FERRY_API int ferry_master_open(const ferry_master_config *cfg, ferry_master **out);
 /* "HOST:PORT" actually bound. */
-const char *ferry_master_address(const ferry_master *m);
+FERRY_API const char *ferry_master_address(const ferry_master *m);
 /* Serve until ferry_master_stop: 0, or the fatal error (FERRY_EIO: the log
  * cannot be written; a restart recovers). */
-int ferry_master_run(ferry_master *m);
-void ferry_master_stop(ferry_master *m);    /* async-signal-safe */
-void ferry_master_close(ferry_master *m);   /* NULL ok */
+FERRY_API int ferry_master_run(ferry_master *m);
+FERRY_API void ferry_master_stop(ferry_master *m);    /* async-signal-safe */
+FERRY_API void ferry_master_close(ferry_master *m);   /* NULL ok */
 /* The master's counters and gauges as Prometheus text (format 0.0.4; every
  * series in docs/operations.md, "Metrics"), for an HTTP server such as
  * `ferry master --metrics`. Any thread, while ferry_master_run runs: the
@@ -371,7 +371,7 @@ void ferry_master_close(ferry_master *m);   /* NULL ok */
  * there is comes back when the loop does not answer in time, or has
  * stopped). FERRY_EAGAIN before the loop published its first. *text is
  * NUL-terminated: ferry_store_free. */
-int ferry_master_metrics(ferry_master *m, int wait_ms, char **text);
+FERRY_API int ferry_master_metrics(ferry_master *m, int wait_ms, char **text);
 
 /* ---- the node process ------------------------------------------------------------- */
 /* A node owns one memfd-backed segment of this machine's memory, pre-faulted
@@ -396,24 +396,24 @@ typedef struct ferry_node_config {
     uint64_t reserved[8];   /* zero (the init zeroes it; the library refuses anything else):
                              * room for fields to come, docs/design.md "Growth" */
 } ferry_node_config;
-int ferry_node_config_init(ferry_node_config *cfg);
+FERRY_API int ferry_node_config_init(ferry_node_config *cfg);
 /* Allocate and pre-fault the segment, connect, mount. FERRY_ENOMEM when the
  * memory cannot be had, the master's errors otherwise. */
-int ferry_node_open(const ferry_node_config *cfg, ferry_node **out);
-uint64_t ferry_node_id(const ferry_node *n);
-uint64_t ferry_node_segment(const ferry_node *n);
+FERRY_API int ferry_node_open(const ferry_node_config *cfg, ferry_node **out);
+FERRY_API uint64_t ferry_node_id(const ferry_node *n);
+FERRY_API uint64_t ferry_node_segment(const ferry_node *n);
 /* Serve until ferry_node_stop: keeps the mount alive across master
  * restarts. Returns 0 after a stop. */
-int ferry_node_run(ferry_node *n);
+FERRY_API int ferry_node_run(ferry_node *n);
 /* Async-signal-safe. */
-void ferry_node_stop(ferry_node *n);
+FERRY_API void ferry_node_stop(ferry_node *n);
 /* The node's counters as Prometheus text (docs/operations.md, "Metrics"):
  * its segment, its registrations (mounts) with the master, the bytes its
  * engine served to remote peers per transport. Any thread, while the node
  * is open. *text: ferry_store_free. */
-int ferry_node_metrics(ferry_node *n, char **text);
+FERRY_API int ferry_node_metrics(ferry_node *n, char **text);
 /* Unmount (best effort), unregister and free the segment. NULL ok. */
-void ferry_node_close(ferry_node *n);
+FERRY_API void ferry_node_close(ferry_node *n);
 
 #ifdef __cplusplus
 }

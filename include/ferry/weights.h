@@ -38,9 +38,9 @@ extern "C" {
  * tensor_bytes[ntensors]; rank_node[nranks] (node ids are any u32; a node
  * with no rank never publishes). publisher[ntensors] receives ranks.
  * FERRY_EINVAL for no ranks or NULL arrays, FERRY_ENOMEM. */
-int ferry_weights_assign(const uint64_t *tensor_bytes, size_t ntensors,
-                         const uint32_t *rank_node, uint32_t nranks, uint32_t *publisher,
-                         ferry_error *err);
+FERRY_API int ferry_weights_assign(const uint64_t *tensor_bytes, size_t ntensors,
+                                   const uint32_t *rank_node, uint32_t nranks, uint32_t *publisher,
+                                   ferry_error *err);
 
 /* ferry_convert (f32 / bf16 / f16 conversion, used for the rollout dtype)
  * is declared in ferry/common.h, included above. */
@@ -49,8 +49,8 @@ int ferry_weights_assign(const uint64_t *tensor_bytes, size_t ntensors,
  * "ferry/w/<model>/<generation, 20 digits>/<fragment>". Returns the length
  * (without NUL), or FERRY_EMSGSIZE when it does not fit in cap, FERRY_EINVAL
  * for an empty model name or one holding '/'. */
-int ferry_weights_key(const char *model, uint64_t generation, const char *fragment, char *buf,
-                      size_t cap);
+FERRY_API int ferry_weights_key(const char *model, uint64_t generation, const char *fragment, char *buf,
+                                size_t cap);
 
 
 /* ---- publishing a generation ------------------------------------------------ */
@@ -80,7 +80,7 @@ typedef struct ferry_publisher_config {
 /* Every field of *cfg to its default (keep 2, timeout_ms
  * FERRY_DEFAULT_TIMEOUT_MS, the rest empty or 0). A config the caller zeroed
  * instead is taken the same way: a 0 keep or timeout_ms is its default. */
-int ferry_publisher_config_init(ferry_publisher_config *cfg);
+FERRY_API int ferry_publisher_config_init(ferry_publisher_config *cfg);
 
 typedef struct ferry_publish_stats {
     uint64_t tensors, bytes;              /* stored by this rank */
@@ -136,9 +136,9 @@ typedef struct ferry_publish_stats {
  * last `keep` (objects still leased by readers stay until a later publish).
  * A generation that is not newer than the active one is refused on every
  * rank before anything is stored (FERRY_EINVAL). */
-int ferry_publish(ferry_store *s, const ferry_publisher_config *cfg, uint64_t generation,
-                  const ferry_weight_tensor *tensors, size_t n, ferry_publish_stats *st,
-                  ferry_error *err);
+FERRY_API int ferry_publish(ferry_store *s, const ferry_publisher_config *cfg, uint64_t generation,
+                            const ferry_weight_tensor *tensors, size_t n, ferry_publish_stats *st,
+                            ferry_error *err);
 
 /* One piece this rank holds of a placement: fragment `fragment` of the
  * placement manifest, its bytes at data, laid out as the fragment says
@@ -162,9 +162,9 @@ typedef struct ferry_shard_data {
  * same placement (names, dtypes, shapes, order and pieces), naming the rank
  * and tensor that differ. Announcement, failures, cleanup and retention as
  * for ferry_publish. The placement is frozen. */
-int ferry_publish_shards(ferry_store *s, const ferry_publisher_config *cfg, uint64_t generation,
-                         ferry_manifest *placement, const ferry_shard_data *mine, size_t n,
-                         ferry_publish_stats *st, ferry_error *err);
+FERRY_API int ferry_publish_shards(ferry_store *s, const ferry_publisher_config *cfg, uint64_t generation,
+                                   ferry_manifest *placement, const ferry_shard_data *mine, size_t n,
+                                   ferry_publish_stats *st, ferry_error *err);
 
 /* The publisher's warm-up (docs/weights.md, "Warm memory"): what this
  * rank's publishes of `placement` will write is written once now, off the
@@ -176,8 +176,8 @@ int ferry_publish_shards(ferry_store *s, const ferry_publisher_config *cfg, uint
  * generations pay a first touch per page they land on (on VMs 20-50x a
  * warm copy). FERRY_EINVAL for a bad config or placement, FERRY_EBUSY when
  * another thread holds the staging buffer. */
-int ferry_publish_warm(ferry_store *s, const ferry_publisher_config *cfg,
-                       ferry_manifest *placement, uint64_t *bytes, ferry_error *err);
+FERRY_API int ferry_publish_warm(ferry_store *s, const ferry_publisher_config *cfg,
+                                 ferry_manifest *placement, uint64_t *bytes, ferry_error *err);
 
 /* Publishing as a stream (docs/weights.md, "Streaming publish"): for a
  * framework that hands every trainer rank the full tensors one at a time
@@ -201,17 +201,17 @@ int ferry_publish_warm(ferry_store *s, const ferry_publisher_config *cfg,
  * rank at once, this rank's objects removed. Always call end (it frees
  * the stream). cfg->rank_node is not used. */
 typedef struct ferry_publish_stream ferry_publish_stream;
-int ferry_publish_stream_begin(ferry_store *s, const ferry_publisher_config *cfg,
-                               uint64_t generation, ferry_publish_stream **out, ferry_error *err);
-int ferry_publish_stream_add(ferry_publish_stream *ps, const ferry_weight_tensor *t,
-                             ferry_error *err);
-int ferry_publish_stream_end(ferry_publish_stream *ps, ferry_publish_stats *st, ferry_error *err);
+FERRY_API int ferry_publish_stream_begin(ferry_store *s, const ferry_publisher_config *cfg,
+                                         uint64_t generation, ferry_publish_stream **out, ferry_error *err);
+FERRY_API int ferry_publish_stream_add(ferry_publish_stream *ps, const ferry_weight_tensor *t,
+                                       ferry_error *err);
+FERRY_API int ferry_publish_stream_end(ferry_publish_stream *ps, ferry_publish_stats *st, ferry_error *err);
 /* This rank cannot go on (why: its reason, e.g. a tensor its caller could
  * not hand over): end fails the attempt on every rank with it. */
-int ferry_publish_stream_abort(ferry_publish_stream *ps, const char *why);
+FERRY_API int ferry_publish_stream_abort(ferry_publish_stream *ps, const char *why);
 /* The most bytes this rank's stream has held at once so far (its object
  * being filled). */
-uint64_t ferry_publish_stream_held(const ferry_publish_stream *ps);
+FERRY_API uint64_t ferry_publish_stream_held(const ferry_publish_stream *ps);
 
 /* This rank cannot publish `generation` (why: its reason, e.g. a check of
  * its own inputs failed before it could call ferry_publish). It takes part
@@ -220,8 +220,8 @@ uint64_t ferry_publish_stream_held(const ferry_publish_stream *ps);
  * attempt gets: FERRY_EINVAL "publish of M generation G failed: rank R:
  * <why>" (or, like ferry_publish, a timeout when a rank never arrived).
  * cfg->rank_node may be NULL. Never returns 0. */
-int ferry_publish_abort(ferry_store *s, const ferry_publisher_config *cfg, uint64_t generation,
-                        const char *why, ferry_error *err);
+FERRY_API int ferry_publish_abort(ferry_store *s, const ferry_publisher_config *cfg, uint64_t generation,
+                                  const char *why, ferry_error *err);
 
 /* ---- reading a generation ------------------------------------------------------ */
 
@@ -274,13 +274,13 @@ typedef struct ferry_weights_status {
  * or died — with *out filled and err saying "generation G of M is lost:
  * ...; publish generation G+1 or later" (a lost number is never reused:
  * workers that loaded G before the loss still hold it). */
-int ferry_weights_active_status(ferry_store *s, const char *model, ferry_weights_status *out,
-                                ferry_error *err);
+FERRY_API int ferry_weights_active_status(ferry_store *s, const char *model, ferry_weights_status *out,
+                                          ferry_error *err);
 /* The active generation of a model (0 and FERRY_ENOENT when none), checked
  * as ferry_weights_active_status: FERRY_ELOST (with *generation and digest
  * set) when its objects are gone. */
-int ferry_weights_active(ferry_store *s, const char *model, uint64_t *generation,
-                         uint8_t digest[16]);
+FERRY_API int ferry_weights_active(ferry_store *s, const char *model, uint64_t *generation,
+                                   uint8_t digest[16]);
 /* Wait, at most timeout_ms (< 0: forever), until the model's announced
  * generation is at least `at_least` (> 0), and set *generation to it: a
  * watch of the model's announcement, no polling. A receiver started
@@ -289,17 +289,17 @@ int ferry_weights_active(ferry_store *s, const char *model, uint64_t *generation
  * err "generation G of M was not announced within T ms (the active one is
  * A)" (*generation: the active one, 0 if none); FERRY_ELOST when the
  * generation reached is lost, as ferry_weights_active. */
-int ferry_weights_wait_active(ferry_store *s, const char *model, uint64_t at_least, int timeout_ms,
-                              uint64_t *generation, ferry_error *err);
+FERRY_API int ferry_weights_wait_active(ferry_store *s, const char *model, uint64_t at_least, int timeout_ms,
+                                        uint64_t *generation, ferry_error *err);
 /* The manifest of a generation, its digest checked against the announced
  * one when it is the active generation. Free with ferry_weight_manifest_free. */
-int ferry_weights_manifest(ferry_store *s, const char *model, uint64_t generation,
-                           ferry_weight_manifest *out, ferry_error *err);
-void ferry_weight_manifest_free(ferry_weight_manifest *m);
+FERRY_API int ferry_weights_manifest(ferry_store *s, const char *model, uint64_t generation,
+                                     ferry_weight_manifest *out, ferry_error *err);
+FERRY_API void ferry_weight_manifest_free(ferry_weight_manifest *m);
 /* Read entry i's bytes into dst (cap bytes) straight from the store and
  * verify its checksum: FERRY_ECORRUPT naming the tensor on a mismatch. */
-int ferry_weights_read(ferry_store *s, const ferry_weight_entry *e, void *dst, size_t cap,
-                       ferry_error *err);
+FERRY_API int ferry_weights_read(ferry_store *s, const ferry_weight_entry *e, void *dst, size_t cap,
+                                 ferry_error *err);
 
 /* ---- updating a rollout worker (store reads) ------------------------------------- */
 
@@ -376,18 +376,18 @@ typedef struct ferry_update_stats {
  * reads the parameters may be partly written: FERRY_EREBUILD (rebuild them
  * with a full update). Each worker reads its own demand: for a group, the
  * single-pull update below reads each byte once for all of its workers. */
-int ferry_weights_update_direct(ferry_store *s, const char *model, uint64_t *generation,
-                                const ferry_param_shard *shards, size_t n,
-                                ferry_update_stats *st, ferry_error *err);
+FERRY_API int ferry_weights_update_direct(ferry_store *s, const char *model, uint64_t *generation,
+                                          const ferry_param_shard *shards, size_t n,
+                                          ferry_update_stats *st, ferry_error *err);
 
 /* Compatibility update: every tensor of the active generation, whole and
  * checksum-verified, handed to fn(ctx, entry, data) in manifest order (data
  * valid during the call) — the shape of a load_weights(iterable) loader.
  * A non-zero return from fn stops the update with that code. */
 typedef int (*ferry_weights_tensor_fn)(void *ctx, const ferry_weight_entry *e, const void *data);
-int ferry_weights_update_compat(ferry_store *s, const char *model, uint64_t *generation,
-                                ferry_weights_tensor_fn fn, void *ctx, ferry_update_stats *st,
-                                ferry_error *err);
+FERRY_API int ferry_weights_update_compat(ferry_store *s, const char *model, uint64_t *generation,
+                                          ferry_weights_tensor_fn fn, void *ctx, ferry_update_stats *st,
+                                          ferry_error *err);
 
 /* ---- single-pull update of a rollout group ------------------------------------------ */
 
@@ -434,14 +434,14 @@ typedef struct ferry_subscriber_config {
 /* Every field of *cfg to its default (timeout_ms FERRY_DEFAULT_TIMEOUT_MS,
  * batch_bytes 64 MiB, the rest empty or 0). A zeroed config is taken the
  * same way: a 0 timeout_ms or batch_bytes is its default. */
-int ferry_subscriber_config_init(ferry_subscriber_config *cfg);
+FERRY_API int ferry_subscriber_config_init(ferry_subscriber_config *cfg);
 
 /* The worker's shards are copied; their buffers stay the caller's and must
  * stay valid until close (they are registered for remote writes, and the
  * registrations are reused across updates while address and size stay). */
-int ferry_subscriber_open(ferry_store *s, const ferry_subscriber_config *cfg,
-                          const ferry_param_shard *shards, size_t n, ferry_subscriber **out,
-                          ferry_error *err);
+FERRY_API int ferry_subscriber_open(ferry_store *s, const ferry_subscriber_config *cfg,
+                                    const ferry_param_shard *shards, size_t n, ferry_subscriber **out,
+                                    ferry_error *err);
 /* Update to the active generation with the whole group: prepare (manifest,
  * leases), exchange demands (KV + barrier; every worker must agree on the
  * generation, else FERRY_ESTATE and all stay), read this worker's ranges
@@ -463,9 +463,9 @@ int ferry_subscriber_open(ferry_store *s, const ferry_subscriber_config *cfg,
  * member whose shards conflict with the generation's layout is refused
  * (its error names it and the tensor; it leaves the group) and the others
  * go on without it in the same call. */
-int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_update_stats *st,
-                            ferry_error *err);
-void ferry_subscriber_close(ferry_subscriber *sub);
+FERRY_API int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_update_stats *st,
+                                      ferry_error *err);
+FERRY_API void ferry_subscriber_close(ferry_subscriber *sub);
 
 /* Per node of the group, what the last update's plan moved (the same on
  * every worker): NIC bytes are cross-node only; the store counts as off
@@ -483,7 +483,7 @@ typedef struct ferry_update_node {
  * returns the number of nodes (which may exceed cap: call again with more
  * room), 0 before any update that planned. FERRY_EINVAL for a NULL sub or
  * a NULL out with cap > 0. */
-int ferry_subscriber_nodes(const ferry_subscriber *sub, ferry_update_node *out, size_t cap);
+FERRY_API int ferry_subscriber_nodes(const ferry_subscriber *sub, ferry_update_node *out, size_t cap);
 
 /* ---- standby copies: updates without pausing inference (docs/weights.md,
  * "Standby copies") ---------------------------------------------------------------------- */
@@ -521,10 +521,10 @@ typedef void (*ferry_standby_flip_fn)(void *ctx, const ferry_standby_view *v);
  * the first update, naming the shard). Costs twice the shards' memory.
  * Dense updates only: ferry_sparse_update needs the base in the buffer it
  * applies to, which the standby copy does not hold (docs/weights.md). */
-int ferry_subscriber_open_standby(ferry_store *s, const ferry_subscriber_config *cfg,
-                                  const ferry_param_shard *shards, void *const *standby, size_t n,
-                                  ferry_standby_flip_fn on_flip, void *ctx,
-                                  ferry_subscriber **out, ferry_error *err);
+FERRY_API int ferry_subscriber_open_standby(ferry_store *s, const ferry_subscriber_config *cfg,
+                                            const ferry_param_shard *shards, void *const *standby, size_t n,
+                                            ferry_standby_flip_fn on_flip, void *ctx,
+                                            ferry_subscriber **out, ferry_error *err);
 
 /* An overlapped update (docs/weights.md, "Overlapped updates"): take
  * generation `next` while the trainers may still be publishing it. Every
@@ -546,8 +546,8 @@ int ferry_subscriber_open_standby(ferry_store *s, const ferry_subscriber_config 
  * Other subscribers (no standby copies, elastic groups, compatibility
  * mode) wait for next's announcement and update plainly. overlapped and
  * st may be NULL. Errors as ferry_subscriber_update. */
-int ferry_subscriber_update_next(ferry_subscriber *sub, uint64_t next, uint64_t *generation,
-                                 bool *overlapped, ferry_update_stats *st, ferry_error *err);
+FERRY_API int ferry_subscriber_update_next(ferry_subscriber *sub, uint64_t next, uint64_t *generation,
+                                           bool *overlapped, ferry_update_stats *st, ferry_error *err);
 
 /* A reader of the active copy: pins it (lock-free: two atomic operations
  * and a re-check) and fills *v; until ferry_subscriber_read_end(sub, v)
@@ -559,13 +559,13 @@ int ferry_subscriber_update_next(ferry_subscriber *sub, uint64_t next, uint64_t 
  * subscriber only once no reader holds a pin or will take one.
  * FERRY_EINVAL for a NULL argument or a subscriber opened without standby
  * copies (read_end then does nothing). */
-int ferry_subscriber_read_begin(ferry_subscriber *sub, ferry_standby_view *v);
-void ferry_subscriber_read_end(ferry_subscriber *sub, const ferry_standby_view *v);
+FERRY_API int ferry_subscriber_read_begin(ferry_subscriber *sub, ferry_standby_view *v);
+FERRY_API void ferry_subscriber_read_end(ferry_subscriber *sub, const ferry_standby_view *v);
 
 /* The active copy, without pinning it (for the thread that runs the
  * updates, or a caller that keeps readers off the standby copy itself,
  * e.g. by swapping pointers in on_flip between inference steps). */
-int ferry_subscriber_active_view(const ferry_subscriber *sub, ferry_standby_view *v);
+FERRY_API int ferry_subscriber_active_view(const ferry_subscriber *sub, ferry_standby_view *v);
 
 /* ---- sparse generations (docs/sparse.md, "Sparse generations") ---------------------------- */
 
@@ -598,9 +598,9 @@ typedef struct ferry_sparse_announce_stats {
  * a chain that would pass FR_SGEN_CHAIN_MAX (64) generations (publish a
  * dense one); FERRY_ENOENT for a missing object. Called by one process
  * (the trainers' coordinator) once every rank's objects are stored. */
-int ferry_sparse_announce(ferry_store *s, const char *model, uint64_t base, uint64_t generation,
-                          const char *const *keys, size_t nkeys, uint32_t keep,
-                          ferry_sparse_announce_stats *st, ferry_error *err);
+FERRY_API int ferry_sparse_announce(ferry_store *s, const char *model, uint64_t base, uint64_t generation,
+                                    const char *const *keys, size_t nkeys, uint32_t keep,
+                                    ferry_sparse_announce_stats *st, ferry_error *err);
 
 /* One sparse generation of a chain: the delta base -> generation. */
 typedef struct ferry_sparse_link {
@@ -628,9 +628,9 @@ typedef struct ferry_sparse_chain {
  * FERRY_ELOST naming the generation when a link's text is gone;
  * FERRY_ECORRUPT when a link does not match the digest that names it.
  * Free with ferry_sparse_chain_free (NULL ok). */
-int ferry_sparse_chain_resolve(ferry_store *s, const char *model, uint64_t held,
-                               ferry_sparse_chain *out, ferry_error *err);
-void ferry_sparse_chain_free(ferry_sparse_chain *c);
+FERRY_API int ferry_sparse_chain_resolve(ferry_store *s, const char *model, uint64_t held,
+                                         ferry_sparse_chain *out, ferry_error *err);
+FERRY_API void ferry_sparse_chain_free(ferry_sparse_chain *c);
 
 typedef struct ferry_sparse_update_config {
     char model[128];
@@ -643,7 +643,7 @@ typedef struct ferry_sparse_update_config {
 } ferry_sparse_update_config;
 
 /* Every field of *cfg to its default (every field empty or 0). */
-int ferry_sparse_update_config_init(ferry_sparse_update_config *cfg);
+FERRY_API int ferry_sparse_update_config_init(ferry_sparse_update_config *cfg);
 
 typedef struct ferry_sparse_update_stats {
     uint64_t generation;             /* held after the call */
@@ -671,9 +671,9 @@ typedef struct ferry_sparse_update_stats {
  * worker with cfg->no_dense (FERRY_ESTATE), a failed read. A failure
  * after the first write (a dense read failing midway): FERRY_EREBUILD.
  * On success *generation is the active one. */
-int ferry_sparse_update(ferry_store *s, const ferry_sparse_update_config *cfg,
-                        const ferry_param_shard *shards, size_t n, uint64_t *generation,
-                        ferry_sparse_update_stats *st, ferry_error *err);
+FERRY_API int ferry_sparse_update(ferry_store *s, const ferry_sparse_update_config *cfg,
+                                  const ferry_param_shard *shards, size_t n, uint64_t *generation,
+                                  ferry_sparse_update_stats *st, ferry_error *err);
 
 #ifdef __cplusplus
 }

@@ -50,7 +50,7 @@ typedef struct ferry_compat_config {
 /* Every field of *cfg to its default (staging_bytes 256 MiB, timeout_ms
  * FERRY_DEFAULT_TIMEOUT_MS, the rest empty or 0). A zeroed config is taken
  * the same way: a 0 staging_bytes or timeout_ms is its default. */
-int ferry_compat_config_init(ferry_compat_config *cfg);
+FERRY_API int ferry_compat_config_init(ferry_compat_config *cfg);
 
 typedef struct ferry_compat_stats {
     uint64_t generation;
@@ -100,8 +100,8 @@ typedef struct ferry_compat_stats {
  * updates until close. Local only: the group meets at the first update.
  * FERRY_EINVAL for bad arguments (world 0, rank >= world, empty model or
  * group, a '/' in the group), FERRY_ENOMEM. */
-int ferry_compat_group_open(ferry_store *s, const ferry_compat_config *cfg,
-                            ferry_compat_group **out, ferry_error *err);
+FERRY_API int ferry_compat_group_open(ferry_store *s, const ferry_compat_config *cfg,
+                                      ferry_compat_group **out, ferry_error *err);
 
 /* Update to the active generation with the whole group (every member
  * calls it; a worker already at the active generation returns 0 at once,
@@ -123,12 +123,12 @@ int ferry_compat_group_open(ferry_store *s, const ferry_compat_config *cfg,
  * generation; the message names the tensor and the cause where known), or
  * fn's code on the worker whose fn stopped it. Nobody hangs: every wait
  * ends after timeout_ms. On success *generation advances. */
-int ferry_compat_group_update(ferry_compat_group *g, uint64_t *generation,
-                              ferry_weights_tensor_fn fn, void *ctx, ferry_compat_stats *st,
-                              ferry_error *err);
+FERRY_API int ferry_compat_group_update(ferry_compat_group *g, uint64_t *generation,
+                                        ferry_weights_tensor_fn fn, void *ctx, ferry_compat_stats *st,
+                                        ferry_error *err);
 
 /* Unregister and free the staging buffer. NULL ok. */
-void ferry_compat_group_close(ferry_compat_group *g);
+FERRY_API void ferry_compat_group_close(ferry_compat_group *g);
 
 #ifdef __cplusplus
 }

@@ -15,6 +15,13 @@
 
 #include "ferry/common.h"
 
+/* ---- errors ----------------------------------------------------------- */
+/* Fill err (may be NULL) with code and a sentence; returns code. The
+ * arguments may point into err->msg itself (a message wrapped in more
+ * context): the sentence is formatted aside first. Every layer fails
+ * through it. */
+int fr_fail(ferry_error *err, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 /* ---- logging ---------------------------------------------------------- */
 /* One function, a level and a subsystem tag ("engine", "tcp", ...). Lines go
  * to stderr as "2025-01-31T12:34:56.789Z ferry[pid] LEVEL tag: message"

@@ -1,5 +1,7 @@
 /* ferry_strerror: one static text per FERRY_E* code. */
+#include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "base/base.h"
 
@@ -59,4 +61,18 @@ const char *ferry_strerror(int code)
         return text;
     snprintf(unknown, sizeof(unknown), "unknown error %d", code);
     return unknown;
+}
+
+int fr_fail(ferry_error *err, int code, const char *fmt, ...)
+{
+    if (err) {
+        char msg[sizeof err->msg];   /* the arguments may be err->msg itself */
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        va_end(ap);
+        memcpy(err->msg, msg, sizeof msg);
+        err->code = code;
+    }
+    return code;
 }

@@ -24,21 +24,21 @@ static int check_side(const char *side, const ferry_binding *b, const uint8_t pl
     if (memcmp(b->placement_digest, placement, 16) != 0) {
         ferry_digest_hex(placement, want);
         ferry_digest_hex(b->placement_digest, got);
-        return fr_exec_fail(err, FERRY_EINVAL, "%s binding (instance 0x%" PRIx64 ") belongs to placement %s,"
-                            " the plan's %s placement is %s", side, b->instance, got, side, want);
+        return fr_fail(err, FERRY_EINVAL, "%s binding (instance 0x%" PRIx64 ") belongs to placement %s,"
+                       " the plan's %s placement is %s", side, b->instance, got, side, want);
     }
     if (b->generation != generation)
-        return fr_exec_fail(err, FERRY_ESTALE, "%s binding (instance 0x%" PRIx64 ") is at generation %" PRIu64
-                            ", the plan is attested for generation %" PRIu64, side, b->instance,
-                            b->generation, generation);
+        return fr_fail(err, FERRY_ESTALE, "%s binding (instance 0x%" PRIx64 ") is at generation %" PRIu64
+                       ", the plan is attested for generation %" PRIu64, side, b->instance,
+                       b->generation, generation);
     if (binding_digest != NULL) {
         ferry_binding_digest(b, d);
         if (memcmp(d, binding_digest, 16) != 0) {
             ferry_digest_hex(binding_digest, want);
             ferry_digest_hex(d, got);
-            return fr_exec_fail(err, FERRY_ESTALE, "%s binding (instance 0x%" PRIx64 ") has digest %s,"
-                                " the plan was attested with %s: the binding is stale", side, b->instance,
-                                got, want);
+            return fr_fail(err, FERRY_ESTALE, "%s binding (instance 0x%" PRIx64 ") has digest %s,"
+                           " the plan was attested with %s: the binding is stale", side, b->instance,
+                           got, want);
         }
     }
     return 0;
@@ -50,11 +50,11 @@ int ferry_attest(ferry_plan *plan, const ferry_binding *src, const ferry_binding
     ferry_plan_stats st;
 
     if (plan == NULL || src == NULL || dst == NULL || out == NULL)
-        return fr_exec_fail(err, FERRY_EINVAL, "attest: plan and both bindings are required");
+        return fr_fail(err, FERRY_EINVAL, "attest: plan and both bindings are required");
     *out = NULL;
     int rc = ferry_plan_stats_get(plan, &st);
     if (rc < 0)
-        return fr_exec_fail(err, rc, "attest: %s", ferry_strerror(rc));
+        return fr_fail(err, rc, "attest: %s", ferry_strerror(rc));
     rc = check_side("source", src, st.src_digest, NULL, generation, err);
     if (rc == 0)
         rc = check_side("target", dst, st.dst_digest, NULL, generation, err);
@@ -62,7 +62,7 @@ int ferry_attest(ferry_plan *plan, const ferry_binding *src, const ferry_binding
         return rc;
     ferry_attested_plan *a = fr_calloc(1, sizeof(*a));
     if (a == NULL)
-        return fr_exec_fail(err, FERRY_ENOMEM, "attest: out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "attest: out of memory");
     fr_plan_ref(plan);
     a->plan = plan;
     memcpy(a->src_placement, st.src_digest, 16);
@@ -89,7 +89,7 @@ int ferry_attested_check(const ferry_attested_plan *a, const ferry_binding *src,
                          const ferry_binding *dst, ferry_error *err)
 {
     if (a == NULL)
-        return fr_exec_fail(err, FERRY_EINVAL, "check: no attested plan");
+        return fr_fail(err, FERRY_EINVAL, "check: no attested plan");
     int rc = 0;
     if (src != NULL)
         rc = check_side("source", src, a->src_placement, a->src_binding, a->generation, err);

@@ -9,30 +9,18 @@
 #include "exec/exec_int.h"
 #include "reshard/reshard_int.h"
 
-int fr_exec_fail(ferry_error *err, int code, const char *fmt, ...)
-{
-    if (err != NULL) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
-        va_end(ap);
-        err->code = code;
-    }
-    return code;
-}
-
 int ferry_binding_create(ferry_manifest *placement, uint64_t instance_id, uint64_t generation,
                          uint64_t lease_id, ferry_binding **out, ferry_error *err)
 {
     if (placement == NULL || out == NULL)
-        return fr_exec_fail(err, FERRY_EINVAL, "binding: no placement manifest");
+        return fr_fail(err, FERRY_EINVAL, "binding: no placement manifest");
     ferry_binding *b = fr_calloc(1, sizeof(*b));
     if (b == NULL)
-        return fr_exec_fail(err, FERRY_ENOMEM, "binding: out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "binding: out of memory");
     int rc = ferry_manifest_digest(placement, b->placement_digest);
     if (rc < 0) {
         fr_free(b);
-        return fr_exec_fail(err, rc, "binding: cannot digest the placement: %s", ferry_strerror(rc));
+        return fr_fail(err, rc, "binding: cannot digest the placement: %s", ferry_strerror(rc));
     }
     fr_manifest_ref(placement);
     b->placement = placement;
@@ -75,70 +63,70 @@ static int check_entry(const ferry_binding *b, const ferry_binding_entry *e, fer
     ferry_tensor_desc t;
 
     if (id >= ferry_manifest_fragment_count(b->placement))
-        return fr_exec_fail(err, FERRY_ENOENT, "binding fragment %" PRIu64
-                            ": no such fragment in the placement (%" PRIu64 " fragments)",
-                            id, ferry_manifest_fragment_count(b->placement));
+        return fr_fail(err, FERRY_ENOENT, "binding fragment %" PRIu64
+                       ": no such fragment in the placement (%" PRIu64 " fragments)",
+                       id, ferry_manifest_fragment_count(b->placement));
     int rc = ferry_manifest_fragment(b->placement, id, &f);
     if (rc == 0)
         rc = ferry_manifest_tensor(b->placement, f.tensor, &t);
     if (rc < 0)
-        return fr_exec_fail(err, rc, "binding fragment %" PRIu64 ": %s", id, ferry_strerror(rc));
+        return fr_fail(err, rc, "binding fragment %" PRIu64 ": %s", id, ferry_strerror(rc));
     if (e->kind != FERRY_MEM_HOST && e->kind != FERRY_MEM_DEVICE)
-        return fr_exec_fail(err, FERRY_EINVAL, "binding fragment %" PRIu64 " of %s: unknown device kind %d",
-                            id, t.name, (int)e->kind);
+        return fr_fail(err, FERRY_EINVAL, "binding fragment %" PRIu64 " of %s: unknown device kind %d",
+                       id, t.name, (int)e->kind);
     if (e->itemsize != t.itemsize)
-        return fr_exec_fail(err, FERRY_EINVAL, "binding fragment %" PRIu64 " of %s: itemsize %u, the tensor has %u",
-                            id, t.name, e->itemsize, t.itemsize);
+        return fr_fail(err, FERRY_EINVAL, "binding fragment %" PRIu64 " of %s: itemsize %u, the tensor has %u",
+                       id, t.name, e->itemsize, t.itemsize);
     if (e->ndim != t.ndim)
-        return fr_exec_fail(err, FERRY_EINVAL, "binding fragment %" PRIu64 " of %s: %u dims, the tensor has %u",
-                            id, t.name, e->ndim, t.ndim);
+        return fr_fail(err, FERRY_EINVAL, "binding fragment %" PRIu64 " of %s: %u dims, the tensor has %u",
+                       id, t.name, e->ndim, t.ndim);
     if (e->desc_len > FERRY_DESC_MAX)
-        return fr_exec_fail(err, FERRY_EMSGSIZE, "binding fragment %" PRIu64 " of %s: descriptor of %u bytes (max %d)",
-                            id, t.name, e->desc_len, FERRY_DESC_MAX);
+        return fr_fail(err, FERRY_EMSGSIZE, "binding fragment %" PRIu64 " of %s: descriptor of %u bytes (max %d)",
+                       id, t.name, e->desc_len, FERRY_DESC_MAX);
     /* Highest element index: storage_offset + sum((shape-1) * stride). */
     uint64_t last = e->storage_offset, term, end, top;
     for (uint32_t d = 0; d < e->ndim; d++) {
         if (e->shape[d] != f.shape[d])
-            return fr_exec_fail(err, FERRY_EINVAL, "binding fragment %" PRIu64 " of %s: dim %u has %" PRIu64
-                                " elements, the fragment has %" PRIu64, id, t.name, d, e->shape[d], f.shape[d]);
+            return fr_fail(err, FERRY_EINVAL, "binding fragment %" PRIu64 " of %s: dim %u has %" PRIu64
+                           " elements, the fragment has %" PRIu64, id, t.name, d, e->shape[d], f.shape[d]);
         if (e->strides[d] == 0 && e->shape[d] > 1)
-            return fr_exec_fail(err, FERRY_EINVAL, "binding fragment %" PRIu64 " of %s: stride 0 on dim %u aliases elements",
-                                id, t.name, d);
+            return fr_fail(err, FERRY_EINVAL, "binding fragment %" PRIu64 " of %s: stride 0 on dim %u aliases elements",
+                           id, t.name, d);
         if (fr_mul_u64(e->shape[d] - 1, e->strides[d], &term) < 0 || fr_add_u64(last, term, &last) < 0)
-            return fr_exec_fail(err, FERRY_ERANGE, "binding fragment %" PRIu64 " of %s: strides overflow 64 bits",
-                                id, t.name);
+            return fr_fail(err, FERRY_ERANGE, "binding fragment %" PRIu64 " of %s: strides overflow 64 bits",
+                           id, t.name);
     }
     if (fr_add_u64(last, 1, &end) < 0 || fr_mul_u64(end, e->itemsize, &end) < 0)
-        return fr_exec_fail(err, FERRY_ERANGE, "binding fragment %" PRIu64 " of %s: storage span overflows 64 bits",
-                            id, t.name);
+        return fr_fail(err, FERRY_ERANGE, "binding fragment %" PRIu64 " of %s: storage span overflows 64 bits",
+                       id, t.name);
     if (end > e->nbytes)
-        return fr_exec_fail(err, FERRY_ERANGE, "binding fragment %" PRIu64 " of %s: elements reach byte %" PRIu64
-                            ", past the %" PRIu64 " bytes of the buffer", id, t.name, end, e->nbytes);
+        return fr_fail(err, FERRY_ERANGE, "binding fragment %" PRIu64 " of %s: elements reach byte %" PRIu64
+                       ", past the %" PRIu64 " bytes of the buffer", id, t.name, end, e->nbytes);
     if (fr_add_u64(e->addr, e->nbytes, &top) < 0)
-        return fr_exec_fail(err, FERRY_ERANGE, "binding fragment %" PRIu64 " of %s: addr + nbytes overflows 64 bits",
-                            id, t.name);
+        return fr_fail(err, FERRY_ERANGE, "binding fragment %" PRIu64 " of %s: addr + nbytes overflows 64 bits",
+                       id, t.name);
     return 0;
 }
 
 int ferry_binding_add(ferry_binding *b, const ferry_binding_entry *e, ferry_error *err)
 {
     if (b == NULL || e == NULL)
-        return fr_exec_fail(err, FERRY_EINVAL, "binding: no entry");
+        return fr_fail(err, FERRY_EINVAL, "binding: no entry");
     int rc = check_entry(b, e, err);
     if (rc < 0)
         return rc;
     size_t pos = lower_bound(b, e->fragment);
     if (pos < b->n && b->v[b->order[pos]].fragment == e->fragment)
-        return fr_exec_fail(err, FERRY_EEXIST, "binding fragment %" PRIu64 ": bound twice", e->fragment);
+        return fr_fail(err, FERRY_EEXIST, "binding fragment %" PRIu64 ": bound twice", e->fragment);
     if (b->n == b->cap) {
         size_t nc = b->cap ? b->cap * 2 : 16;
         ferry_binding_entry *nv = fr_reallocarray(b->v, nc, sizeof(*nv));
         if (nv == NULL)
-            return fr_exec_fail(err, FERRY_ENOMEM, "binding: out of memory");
+            return fr_fail(err, FERRY_ENOMEM, "binding: out of memory");
         b->v = nv;
         size_t *no = fr_reallocarray(b->order, nc, sizeof(*no));
         if (no == NULL)
-            return fr_exec_fail(err, FERRY_ENOMEM, "binding: out of memory");
+            return fr_fail(err, FERRY_ENOMEM, "binding: out of memory");
         b->order = no;
         b->cap = nc;
     }

@@ -66,10 +66,10 @@ static int parse_entry(const json_t *o, size_t idx, ferry_binding_entry *e, ferr
 
     memset(e, 0, sizeof(*e));
     if (!json_is_object(o))
-        return fr_exec_fail(err, FERRY_EINVAL, "entries[%zu]: expected an object", idx);
+        return fr_fail(err, FERRY_EINVAL, "entries[%zu]: expected an object", idx);
     if (fr_json_get_u64(o, "fragment", &e->fragment, m, sizeof(m)) < 0)
-        return fr_exec_fail(err, FERRY_EINVAL, "entries[%zu]: %s", idx, m);
-#define BAD(...) fr_exec_fail(err, FERRY_EINVAL, "entries[%zu] (fragment %" PRIu64 "): " __VA_ARGS__)
+        return fr_fail(err, FERRY_EINVAL, "entries[%zu]: %s", idx, m);
+#define BAD(...) fr_fail(err, FERRY_EINVAL, "entries[%zu] (fragment %" PRIu64 "): " __VA_ARGS__)
     if (hex_u64(json_object_get(o, "addr"), &e->addr) < 0)
         return BAD("'addr': expected a \"0x...\" string", idx, e->fragment);
     if (fr_json_get_u64(o, "nbytes", &e->nbytes, m, sizeof(m)) < 0 ||
@@ -112,19 +112,19 @@ int ferry_binding_from_json(const char *text, size_t len, ferry_manifest *placem
     int rc;
 
     if (out == NULL)
-        return fr_exec_fail(err, FERRY_EINVAL, "binding: no output");
+        return fr_fail(err, FERRY_EINVAL, "binding: no output");
     *out = NULL;
     rc = fr_json_parse(text, len, &j, m, sizeof(m));
     if (rc < 0)
-        return fr_exec_fail(err, rc, "binding: %s", m);
+        return fr_fail(err, rc, "binding: %s", m);
     if (!json_is_object(j) || fr_json_get_str(j, "format", &s, m, sizeof(m)) < 0 ||
         strcmp(s, "ferry-binding") != 0 || fr_json_get_u64(j, "version", &ver, m, sizeof(m)) < 0 || ver != 1) {
-        rc = fr_exec_fail(err, FERRY_EINVAL, "binding: not a ferry-binding version 1 document");
+        rc = fr_fail(err, FERRY_EINVAL, "binding: not a ferry-binding version 1 document");
         goto fail;
     }
     if (hex_u64(json_object_get(j, "instance"), &inst) < 0 || hex_u64(json_object_get(j, "lease"), &lease) < 0 ||
         fr_json_get_u64(j, "generation", &gen, m, sizeof(m)) < 0) {
-        rc = fr_exec_fail(err, FERRY_EINVAL, "binding: 'instance', 'lease' (\"0x...\") and 'generation' are required");
+        rc = fr_fail(err, FERRY_EINVAL, "binding: 'instance', 'lease' (\"0x...\") and 'generation' are required");
         goto fail;
     }
     rc = ferry_binding_create(placement, inst, gen, lease, &b, err);
@@ -133,12 +133,12 @@ int ferry_binding_from_json(const char *text, size_t len, ferry_manifest *placem
     char want[33];
     ferry_digest_hex(b->placement_digest, want);
     if (fr_json_get_str(j, "placement", &s, m, sizeof(m)) < 0 || strcmp(s, want) != 0) {
-        rc = fr_exec_fail(err, FERRY_EINVAL, "binding: 'placement' digest is not the placement's (%s)", want);
+        rc = fr_fail(err, FERRY_EINVAL, "binding: 'placement' digest is not the placement's (%s)", want);
         goto fail;
     }
     const json_t *a = json_object_get(j, "entries");
     if (!json_is_array(a)) {
-        rc = fr_exec_fail(err, FERRY_EINVAL, "binding: 'entries': expected an array");
+        rc = fr_fail(err, FERRY_EINVAL, "binding: 'entries': expected an array");
         goto fail;
     }
     for (size_t i = 0; i < json_array_size(a); i++) {

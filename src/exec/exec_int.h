@@ -15,15 +15,11 @@ struct ferry_binding {
     size_t *order;                 /* indices into v, sorted by fragment id */
 };
 
-/* Fill err (may be NULL) and return code. */
 /* A config's zeroed fields to their defaults (config.c: the values of the
  * *_config_init() calls), once, where an open or run takes the config. */
 void fr_exec_config_resolve(ferry_exec_config *c);
 void fr_stream_config_resolve(ferry_stream_config *c);
 void fr_store_exec_config_resolve(ferry_store_exec_config *c);
-
-int fr_exec_fail(ferry_error *err, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
 
 /* The binding's digest with instance, generation and lease taken as 0:
  * what its entries are, whatever update they serve (store reads lowered

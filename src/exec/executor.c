@@ -47,14 +47,14 @@ static void *dup_array(const void *p, size_t n, size_t size)
 int ferry_executor_create(const ferry_exec_config *cfg, ferry_executor **out, ferry_error *err)
 {
     if (!cfg || !out || !cfg->engine)
-        return fr_exec_fail(err, FERRY_EINVAL, "executor: a config with an engine is required");
+        return fr_fail(err, FERRY_EINVAL, "executor: a config with an engine is required");
     if (!FR_RESERVED_OK(cfg))
-        return fr_exec_fail(err, FERRY_EINVAL, "executor: the config's reserved fields must be "
-                            "zero (start from ferry_exec_config_init)");
+        return fr_fail(err, FERRY_EINVAL, "executor: the config's reserved fields must be "
+                       "zero (start from ferry_exec_config_init)");
     if (cfg->mode != FERRY_EXEC_READER && cfg->mode != FERRY_EXEC_SINK)
-        return fr_exec_fail(err, FERRY_EINVAL, "executor: mode must be reader or sink");
+        return fr_fail(err, FERRY_EINVAL, "executor: mode must be reader or sink");
     if (cfg->nguards && !cfg->guards)
-        return fr_exec_fail(err, FERRY_EINVAL, "executor: %zu guards but no array", cfg->nguards);
+        return fr_fail(err, FERRY_EINVAL, "executor: %zu guards but no array", cfg->nguards);
     ferry_executor *x = calloc(1, sizeof *x);
     if (!x)
         return FERRY_ENOMEM;
@@ -97,8 +97,8 @@ static int check_guard_ids(const ferry_executor *x, ferry_error *err)
     int rc = 0;
     for (size_t i = 1; i < n && rc == 0; i++)
         if (ids[i] == ids[i - 1])
-            rc = fr_exec_fail(err, FERRY_EEXIST, "executor: guard id %" PRIu64 " given twice",
-                              ids[i]);
+            rc = fr_fail(err, FERRY_EEXIST, "executor: guard id %" PRIu64 " given twice",
+                         ids[i]);
     free(ids);
     return rc;
 }
@@ -127,8 +127,8 @@ static int register_local(ferry_executor *x, const ferry_binding *init, ferry_er
         int rc = ferry_region_register(x->cfg.engine, (void *)(uintptr_t)e->addr, e->nbytes, 0,
                                        e->kind, &x->regs[x->nregs]);
         if (rc < 0)
-            return fr_exec_fail(err, rc, "executor: cannot register fragment %" PRIu64
-                                " of worker %u: %s", e->fragment, e->worker, ferry_strerror(rc));
+            return fr_fail(err, rc, "executor: cannot register fragment %" PRIu64
+                           " of worker %u: %s", e->fragment, e->worker, ferry_strerror(rc));
         x->nregs++;
     }
     return 0;
@@ -228,13 +228,13 @@ int ferry_executor_run(ferry_executor *x, const ferry_attested_plan *a, const fe
                        const ferry_binding *dst, ferry_exec_result *res, ferry_error *err)
 {
     if (!x || !res)
-        return fr_exec_fail(err, FERRY_EINVAL, "executor: executor and result are required");
+        return fr_fail(err, FERRY_EINVAL, "executor: executor and result are required");
     memset(res, 0, sizeof *res);
     res->state = FERRY_TICKET_ABORTED;
     if (x->restart_required || ferry_executor_registered(x))
-        return res->error = fr_exec_fail(err, FERRY_ESTATE, "executor: restart required: %zu "
-                                         "local regions of an earlier run are still pinned "
-                                         "(ferry_executor_cleanup)", ferry_executor_registered(x));
+        return res->error = fr_fail(err, FERRY_ESTATE, "executor: restart required: %zu "
+                                    "local regions of an earlier run are still pinned "
+                                    "(ferry_executor_cleanup)", ferry_executor_registered(x));
     int rc = check_guard_ids(x, err);
     ferry_batch_list bl = {0};
     ferry_lower_args la = { .mode = x->cfg.mode, .workers = x->workers,
@@ -272,9 +272,9 @@ int ferry_executor_run(ferry_executor *x, const ferry_attested_plan *a, const fe
     res->batches = bl.nbatches;
     res->bytes = bl.bytes;
     if (res->error)
-        fr_exec_fail(err, res->error, "executor: %s after %" PRIu64 " of %" PRIu64 " bytes: %s",
-                     ferry_ticket_state_name(res->state), res->bytes_done, res->bytes,
-                     ferry_strerror(res->error));
+        fr_fail(err, res->error, "executor: %s after %" PRIu64 " of %" PRIu64 " bytes: %s",
+                ferry_ticket_state_name(res->state), res->bytes_done, res->bytes,
+                ferry_strerror(res->error));
     (void)ferry_executor_cleanup(x);
     ferry_batch_list_free(&bl);
     return res->state == FERRY_TICKET_COMPLETED ? 0 : res->error;
@@ -310,7 +310,7 @@ int ferry_exec_counterparts(const ferry_attested_plan *a, const ferry_binding *s
                             ferry_error *err)
 {
     if (!a || !src || !dst || !n || (nworkers && !workers) || (cap && !out))
-        return fr_exec_fail(err, FERRY_EINVAL, "counterparts: bad arguments");
+        return fr_fail(err, FERRY_EINVAL, "counterparts: bad arguments");
     int rc = ferry_attested_check(a, src, dst, err);
     if (rc < 0)
         return rc;
@@ -318,7 +318,7 @@ int ferry_exec_counterparts(const ferry_attested_plan *a, const ferry_binding *s
     ferry_plan_iter *it = NULL;
     rc = ferry_plan_iter_open(ferry_attested_plan_get(a), NULL, &it);
     if (rc < 0)
-        return fr_exec_fail(err, rc, "counterparts: %s", ferry_strerror(rc));
+        return fr_fail(err, rc, "counterparts: %s", ferry_strerror(rc));
     uint32_t *found = NULL;
     size_t nf = 0;
     ferry_region r;
@@ -333,8 +333,8 @@ int ferry_exec_counterparts(const ferry_attested_plan *a, const ferry_binding *s
         uint64_t ofrag = of_target ? r.src_fragment : r.dst_fragment;
         const ferry_binding_entry *oe = ferry_binding_find(other, ofrag);
         if (!oe) {
-            rc = fr_exec_fail(err, FERRY_ENOENT, "counterparts: fragment %" PRIu64
-                              " has no binding entry", ofrag);
+            rc = fr_fail(err, FERRY_ENOENT, "counterparts: fragment %" PRIu64
+                         " has no binding entry", ofrag);
             break;
         }
         size_t k = 0;

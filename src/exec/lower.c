@@ -94,12 +94,12 @@ static int emit(lower_ctx *c, const ferry_op *op)
     }
     if (c->batch_ops == 0 || c->batch_ops >= l->max_ops || c->batch_bytes + op->len > l->max_bytes) {
         if (fr_grow((void **)&b->batch_start, &c->starts_cap, b->nbatches + 2, sizeof(size_t)) < 0)
-            return fr_exec_fail(c->err, FERRY_ENOMEM, "lower: out of memory");
+            return fr_fail(c->err, FERRY_ENOMEM, "lower: out of memory");
         b->batch_start[b->nbatches++] = b->nops;
         c->batch_ops = c->batch_bytes = 0;
     }
     if (fr_grow((void **)&b->ops, &c->ops_cap, b->nops + 1, sizeof(ferry_op)) < 0)
-        return fr_exec_fail(c->err, FERRY_ENOMEM, "lower: out of memory");
+        return fr_fail(c->err, FERRY_ENOMEM, "lower: out of memory");
     b->ops[b->nops++] = *op;
     c->last_local = c->cur_local;
     c->batch_ops++;
@@ -187,28 +187,28 @@ static int lower_region(lower_ctx *c, const ferry_region *r, const ferry_fragmen
     }
     return 0;
 overflow:
-    return fr_exec_fail(c->err, FERRY_ERANGE, "lower: region of source fragment %" PRIu64
-                        " -> target fragment %" PRIu64 " overflows 64-bit addresses",
-                        r->src_fragment, r->dst_fragment);
+    return fr_fail(c->err, FERRY_ERANGE, "lower: region of source fragment %" PRIu64
+                   " -> target fragment %" PRIu64 " overflows 64-bit addresses",
+                   r->src_fragment, r->dst_fragment);
 }
 
 static int check_args(const ferry_binding *init, const ferry_lower_args *a, ferry_error *err)
 {
     if (a->mode != FERRY_EXEC_READER && a->mode != FERRY_EXEC_SINK)
-        return fr_exec_fail(err, FERRY_EINVAL, "lower: mode must be reader or sink");
+        return fr_fail(err, FERRY_EINVAL, "lower: mode must be reader or sink");
     if (!FR_RESERVED_OK(a))
-        return fr_exec_fail(err, FERRY_EINVAL, "lower: the arguments' reserved fields must be zero");
+        return fr_fail(err, FERRY_EINVAL, "lower: the arguments' reserved fields must be zero");
     if (a->limits.max_ops == 0 || a->limits.max_bytes == 0)
-        return fr_exec_fail(err, FERRY_EINVAL, "lower: max ops and max bytes per batch must be >= 1");
+        return fr_fail(err, FERRY_EINVAL, "lower: max ops and max bytes per batch must be >= 1");
     if (a->workers == NULL || a->nworkers == 0)
-        return fr_exec_fail(err, FERRY_EINVAL, "lower: the worker selector is empty");
+        return fr_fail(err, FERRY_EINVAL, "lower: the worker selector is empty");
     for (size_t i = 0; i < a->nworkers; i++) {
         bool found = false;
         for (size_t k = 0; k < init->n && !found; k++)
             found = init->v[k].worker == a->workers[i];
         if (!found)
-            return fr_exec_fail(err, FERRY_ENOENT, "lower: selected worker %u holds no fragment of the %s binding",
-                                a->workers[i], a->mode == FERRY_EXEC_READER ? "target" : "source");
+            return fr_fail(err, FERRY_ENOENT, "lower: selected worker %u holds no fragment of the %s binding",
+                           a->workers[i], a->mode == FERRY_EXEC_READER ? "target" : "source");
     }
     return 0;
 }
@@ -222,7 +222,7 @@ int ferry_exec_lower(const ferry_attested_plan *a, const ferry_binding *src,
     int rc;
 
     if (out == NULL || args == NULL || src == NULL || dst == NULL)
-        return fr_exec_fail(err, FERRY_EINVAL, "lower: bindings, arguments and output are required");
+        return fr_fail(err, FERRY_EINVAL, "lower: bindings, arguments and output are required");
     memset(out, 0, sizeof(*out));
     rc = ferry_attested_check(a, src, dst, err);
     if (rc < 0)
@@ -236,7 +236,7 @@ int ferry_exec_lower(const ferry_attested_plan *a, const ferry_binding *src,
     const ferry_plan *p = ferry_attested_plan_get(a);
     rc = ferry_plan_iter_open(p, NULL, &it);
     if (rc < 0) {
-        fr_exec_fail(err, rc, "lower: %s", ferry_strerror(rc));
+        fr_fail(err, rc, "lower: %s", ferry_strerror(rc));
         goto fail;
     }
     while ((rc = ferry_plan_iter_next_region(it, &r)) == 1) {
@@ -247,21 +247,21 @@ int ferry_exec_lower(const ferry_attested_plan *a, const ferry_binding *src,
             continue;   /* another process's or another worker's operation */
         const ferry_binding_entry *re = ferry_binding_find(remote, rid);
         if (re == NULL) {
-            rc = fr_exec_fail(err, FERRY_ENOENT, "lower: %s fragment %" PRIu64 " (needed by %s fragment %" PRIu64
-                              ") has no binding entry", reader ? "source" : "target", rid,
-                              reader ? "target" : "source", lid);
+            rc = fr_fail(err, FERRY_ENOENT, "lower: %s fragment %" PRIu64 " (needed by %s fragment %" PRIu64
+                         ") has no binding entry", reader ? "source" : "target", rid,
+                         reader ? "target" : "source", lid);
             goto fail;
         }
         const ferry_peer_map *pm = peer_of(args, re->worker);
         if (pm == NULL) {
-            rc = fr_exec_fail(err, FERRY_ENOENT, "lower: worker %u holding %s fragment %" PRIu64
-                              " has no peer mapping", re->worker, reader ? "source" : "target", rid);
+            rc = fr_fail(err, FERRY_ENOENT, "lower: worker %u holding %s fragment %" PRIu64
+                         " has no peer mapping", re->worker, reader ? "source" : "target", rid);
             goto fail;
         }
         const ferry_binding_entry *es = reader ? re : le, *ed = reader ? le : re;
         if (es->itemsize != ed->itemsize) {
-            rc = fr_exec_fail(err, FERRY_EINVAL, "lower: source fragment %" PRIu64 " and target fragment %" PRIu64
-                              " differ in itemsize", r.src_fragment, r.dst_fragment);
+            rc = fr_fail(err, FERRY_EINVAL, "lower: source fragment %" PRIu64 " and target fragment %" PRIu64
+                         " differ in itemsize", r.src_fragment, r.dst_fragment);
             goto fail;
         }
         ferry_fragment fs, fd;
@@ -269,7 +269,7 @@ int ferry_exec_lower(const ferry_attested_plan *a, const ferry_binding *src,
         if (rc == 0)
             rc = ferry_manifest_fragment(ferry_plan_dst(p), r.dst_fragment, &fd);
         if (rc < 0) {
-            fr_exec_fail(err, rc, "lower: fragment lookup: %s", ferry_strerror(rc));
+            fr_fail(err, rc, "lower: fragment lookup: %s", ferry_strerror(rc));
             goto fail;
         }
         rc = lower_region(&c, &r, &fs, es, &fd, ed, pm);
@@ -277,13 +277,13 @@ int ferry_exec_lower(const ferry_attested_plan *a, const ferry_binding *src,
             goto fail;
     }
     if (rc < 0) {
-        fr_exec_fail(err, rc, "lower: plan iteration: %s", ferry_strerror(rc));
+        fr_fail(err, rc, "lower: plan iteration: %s", ferry_strerror(rc));
         goto fail;
     }
     ferry_plan_iter_close(it);
     it = NULL;
     if (out->nops == 0) {
-        rc = fr_exec_fail(err, FERRY_ENOENT, "lower: the selected workers have no planned operation");
+        rc = fr_fail(err, FERRY_ENOENT, "lower: the selected workers have no planned operation");
         goto fail;
     }
     out->batch_start[out->nbatches] = out->nops;

@@ -37,15 +37,15 @@ static int same_layout(const ferry_fragment *f, const ferry_binding_entry *e, ui
     for (uint32_t k = ndim; k-- > 0;) {
         uint64_t want = f->has_strides ? f->strides[k] : dense;
         if (f->shape[k] > 1 && e->strides[k] != want)
-            return fr_exec_fail(err, FERRY_EINVAL, "store lower: target fragment %" PRIu64
-                                ": the binding's stride on dim %u is %" PRIu64 ", the placement's %"
-                                PRIu64, e->fragment, k, e->strides[k], want);
+            return fr_fail(err, FERRY_EINVAL, "store lower: target fragment %" PRIu64
+                           ": the binding's stride on dim %u is %" PRIu64 ", the placement's %"
+                           PRIu64, e->fragment, k, e->strides[k], want);
         dense *= f->shape[k];
     }
     if (e->storage_offset != f->storage_offset)
-        return fr_exec_fail(err, FERRY_EINVAL, "store lower: target fragment %" PRIu64
-                            ": the binding's storage offset is %" PRIu64 ", the placement's %"
-                            PRIu64, e->fragment, e->storage_offset, f->storage_offset);
+        return fr_fail(err, FERRY_EINVAL, "store lower: target fragment %" PRIu64
+                       ": the binding's storage offset is %" PRIu64 ", the placement's %"
+                       PRIu64, e->fragment, e->storage_offset, f->storage_offset);
     return 0;
 }
 
@@ -88,9 +88,9 @@ int ferry_exec_store_lower(const ferry_attested_plan *a, const ferry_binding *ds
                            ferry_error *err)
 {
     if (!a || !dst || !out || (nworkers && !workers))
-        return fr_exec_fail(err, FERRY_EINVAL, "store lower: plan, binding and output are required");
+        return fr_fail(err, FERRY_EINVAL, "store lower: plan, binding and output are required");
     if (nworkers == 0)
-        return fr_exec_fail(err, FERRY_EINVAL, "store lower: the worker selector is empty");
+        return fr_fail(err, FERRY_EINVAL, "store lower: the worker selector is empty");
     int rc = ferry_attested_check(a, NULL, dst, err);
     if (rc < 0)
         return rc;
@@ -101,7 +101,7 @@ int ferry_exec_store_lower(const ferry_attested_plan *a, const ferry_binding *ds
     ferry_plan_iter *it = NULL;
     rc = ferry_plan_iter_open(p, filter, &it);
     if (rc < 0)
-        return fr_exec_fail(err, rc, "store lower: %s", ferry_strerror(rc));
+        return fr_fail(err, rc, "store lower: %s", ferry_strerror(rc));
     ferry_run run;
     uint64_t last = UINT64_MAX, base = 0;
     bool take = false;
@@ -118,8 +118,8 @@ int ferry_exec_store_lower(const ferry_attested_plan *a, const ferry_binding *ds
             if (rc == 0)
                 rc = ferry_manifest_tensor(tm, f.tensor, &d);
             if (rc < 0) {
-                fr_exec_fail(err, rc, "store lower: fragment %" PRIu64 ": %s", last,
-                             ferry_strerror(rc));
+                fr_fail(err, rc, "store lower: fragment %" PRIu64 ": %s", last,
+                        ferry_strerror(rc));
                 break;
             }
             if ((rc = same_layout(&f, e, d.ndim, err)) < 0)
@@ -127,7 +127,7 @@ int ferry_exec_store_lower(const ferry_attested_plan *a, const ferry_binding *ds
             base = e->addr;
         }
         if (take && (rc = add_run(out, &run, base)) < 0) {
-            fr_exec_fail(err, rc, "store lower: out of memory");
+            fr_fail(err, rc, "store lower: out of memory");
             break;
         }
     }
@@ -136,7 +136,7 @@ int ferry_exec_store_lower(const ferry_attested_plan *a, const ferry_binding *ds
         fr_binding_layout_digest(dst, out->layout);
     if (rc < 0) {
         if (err && !err->msg[0])
-            fr_exec_fail(err, rc, "store lower: %s", ferry_strerror(rc));
+            fr_fail(err, rc, "store lower: %s", ferry_strerror(rc));
         out->n = n0;
         out->bytes = b0;
         return rc;
@@ -154,8 +154,8 @@ static int one_call(const ferry_store_exec_config *cfg, const ferry_store_read *
         uint64_t off = 0;
         if (!key && (!cfg->locate || cfg->locate(cfg->locate_ctx, x->src_fragment, &key, &off) < 0 ||
                      !key))
-            return fr_exec_fail(err, FERRY_EPROTO, "store read: source fragment %" PRIu64
-                                " is not stored in this generation", x->src_fragment);
+            return fr_fail(err, FERRY_EPROTO, "store read: source fragment %" PRIu64
+                           " is not stored in this generation", x->src_fragment);
         r[i] = (ferry_strided_range){ .key = key, .src_offset = off + x->src_offset, .dst = x->dst,
                                       .len = x->len, .count = x->count,
                                       .src_stride = x->src_stride, .dst_stride = x->dst_stride };
@@ -166,9 +166,9 @@ static int one_call(const ferry_store_exec_config *cfg, const ferry_store_read *
         uint64_t want = r[i].len * (r[i].count ? r[i].count : 1);
         if (res[i] == (int64_t)want)
             continue;
-        return fr_exec_fail(err, res[i] < 0 ? (int)res[i] : FERRY_EIO,
-                            "reading %s at %" PRIu64 " failed: %s", r[i].key, r[i].src_offset,
-                            res[i] < 0 ? ferry_store_last_error() : "short read");
+        return fr_fail(err, res[i] < 0 ? (int)res[i] : FERRY_EIO,
+                       "reading %s at %" PRIu64 " failed: %s", r[i].key, r[i].src_offset,
+                       res[i] < 0 ? ferry_store_last_error() : "short read");
     }
     return 0;
 }
@@ -178,23 +178,23 @@ int ferry_exec_store_run(const ferry_store_exec_config *cfg, const ferry_atteste
                          size_t to, ferry_exec_result *res, ferry_error *err)
 {
     if (!res)
-        return fr_exec_fail(err, FERRY_EINVAL, "store read: a result is required");
+        return fr_fail(err, FERRY_EINVAL, "store read: a result is required");
     memset(res, 0, sizeof *res);
     res->state = FERRY_TICKET_ABORTED;
     if (!cfg || !cfg->store || !a || !dst || !r || from > to || to > r->n)
-        return res->error = fr_exec_fail(err, FERRY_EINVAL, "store read: bad arguments");
+        return res->error = fr_fail(err, FERRY_EINVAL, "store read: bad arguments");
     if (!FR_RESERVED_OK(cfg))
-        return res->error = fr_exec_fail(err, FERRY_EINVAL, "store read: the config's reserved "
-                                         "fields must be zero (start from "
-                                         "ferry_store_exec_config_init)");
+        return res->error = fr_fail(err, FERRY_EINVAL, "store read: the config's reserved "
+                                    "fields must be zero (start from "
+                                    "ferry_store_exec_config_init)");
     int rc = ferry_attested_check(a, NULL, dst, err);
     if (rc < 0)
         return res->error = rc;
     uint8_t lay[16];
     fr_binding_layout_digest(dst, lay);
     if (memcmp(lay, r->layout, 16) != 0)
-        return res->error = fr_exec_fail(err, FERRY_ESTALE, "store read: the reads were lowered "
-                                         "for other binding entries than the target's");
+        return res->error = fr_fail(err, FERRY_ESTALE, "store read: the reads were lowered "
+                                    "for other binding entries than the target's");
     for (size_t i = from; i < to; i++)
         res->bytes += r->v[i].len * r->v[i].count;
     res->ops = to - from;
@@ -207,7 +207,7 @@ int ferry_exec_store_run(const ferry_store_exec_config *cfg, const ferry_atteste
     int64_t *out = malloc((batch ? batch : 1) * sizeof *out);
     if (!rg || !out) {
         free(rg), free(out);
-        return res->error = fr_exec_fail(err, FERRY_ENOMEM, "store read: out of memory");
+        return res->error = fr_fail(err, FERRY_ENOMEM, "store read: out of memory");
     }
     bool called = false;
     for (size_t at = from; at < to && rc == 0; at += batch) {

@@ -77,22 +77,22 @@ int ferry_exec_stream_open(const ferry_stream_config *cfg, ferry_exec_stream **o
     if (res)
         memset(res, 0, sizeof *res);
     if (!cfg || !out || !cfg->engine)
-        return fr_exec_fail(err, FERRY_EINVAL, "stream: a config with an engine is required");
+        return fr_fail(err, FERRY_EINVAL, "stream: a config with an engine is required");
     if (!FR_RESERVED_OK(cfg))
-        return fr_exec_fail(err, FERRY_EINVAL, "stream: the config's reserved fields must be "
-                            "zero (start from ferry_stream_config_init)");
+        return fr_fail(err, FERRY_EINVAL, "stream: the config's reserved fields must be "
+                       "zero (start from ferry_stream_config_init)");
     *out = NULL;
     if (cfg->nguards && !cfg->guards)
-        return fr_exec_fail(err, FERRY_EINVAL, "stream: %zu guards but no array", cfg->nguards);
+        return fr_fail(err, FERRY_EINVAL, "stream: %zu guards but no array", cfg->nguards);
     ferry_exec_stream *s = calloc(1, sizeof *s);
     if (!s)
-        return fr_exec_fail(err, FERRY_ENOMEM, "stream: out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "stream: out of memory");
     s->cfg = *cfg;
     if (cfg->nguards) {
         s->guards = malloc(cfg->nguards * sizeof *s->guards);
         if (!s->guards) {
             stream_free(s);
-            return fr_exec_fail(err, FERRY_ENOMEM, "stream: out of memory");
+            return fr_fail(err, FERRY_ENOMEM, "stream: out of memory");
         }
         memcpy(s->guards, cfg->guards, cfg->nguards * sizeof *s->guards);
     }
@@ -102,8 +102,8 @@ int ferry_exec_stream_open(const ferry_stream_config *cfg, ferry_exec_stream **o
         const ferry_guard *g = &s->guards[i];
         int rc = g->acquire ? g->acquire(g->ctx, g->id) : 0;
         if (rc < 0) {   /* nothing moved: roll back completely */
-            fr_exec_fail(err, rc, "stream: guard %" PRIu64 " could not be acquired: %s", g->id,
-                         ferry_strerror(rc));
+            fr_fail(err, rc, "stream: guard %" PRIu64 " could not be acquired: %s", g->id,
+                    ferry_strerror(rc));
             if (res) {
                 res->state = FERRY_TICKET_ABORTED;
                 res->error = rc;

@@ -239,13 +239,13 @@ int ferry_plan_cache_get(ferry_plan_cache *c, ferry_manifest *src, ferry_manifes
                          ferry_error *err)
 {
     if (!c || !src || !dst || !out)
-        return fr_rs_err(err, FERRY_EINVAL, "null argument");
+        return fr_fail(err, FERRY_EINVAL, "null argument");
     if (hit)
         *hit = false;
     uint8_t key[48];
     int rc = cache_key(src, dst, key);
     if (rc < 0)
-        return fr_rs_err(err, rc, "digest: %s", ferry_strerror(rc));
+        return fr_fail(err, rc, "digest: %s", ferry_strerror(rc));
     pthread_mutex_lock(&c->mu);
     for (size_t i = 0; i < c->n; i++) {
         if (memcmp(c->v[i].key, key, sizeof key))

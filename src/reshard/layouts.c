@@ -27,7 +27,7 @@ uint32_t ferry_layout_ranks(const ferry_layout *l)
 int ferry_layout_parse(const char *text, ferry_layout *out, ferry_error *err)
 {
     if (!text || !out)
-        return fr_rs_err(err, FERRY_EINVAL, "null argument");
+        return fr_fail(err, FERRY_EINVAL, "null argument");
     ferry_layout l = {1, 1, 1, 1, 1, 8, 0};
     if (!strcmp(text, "replicated")) {
         *out = l;
@@ -38,7 +38,7 @@ int ferry_layout_parse(const char *text, ferry_layout *out, ferry_error *err)
     uint32_t *slot[] = {&l.fsdp, &l.tp, &l.dp, &l.ep, &l.pp, &l.gpus_per_node, &l.first_node};
     const char *p = text;
     if (!*p)
-        return fr_rs_err(err, FERRY_EINVAL, "layout is empty");
+        return fr_fail(err, FERRY_EINVAL, "layout is empty");
     while (*p) {
         const char *colon = strchr(p, ':');
         size_t klen = colon ? (size_t)(colon - p) : 0;
@@ -47,11 +47,11 @@ int ferry_layout_parse(const char *text, ferry_layout *out, ferry_error *err)
             if (strlen(keys[i]) == klen && !strncmp(p, keys[i], klen))
                 k = i;
         if (k < 0)
-            return fr_rs_err(err, FERRY_EINVAL,
-                             "layout '%s': expected NAME:N with NAME one of fsdp, tp, dp, ep, pp, gpn, node at '%s'",
-                             text, p);
+            return fr_fail(err, FERRY_EINVAL,
+                           "layout '%s': expected NAME:N with NAME one of fsdp, tp, dp, ep, pp, gpn, node at '%s'",
+                           text, p);
         if (seen[k])
-            return fr_rs_err(err, FERRY_EINVAL, "layout '%s': %s given twice", text, keys[k]);
+            return fr_fail(err, FERRY_EINVAL, "layout '%s': %s given twice", text, keys[k]);
         seen[k] = true;
         char *end;
         errno = 0;
@@ -59,16 +59,16 @@ int ferry_layout_parse(const char *text, ferry_layout *out, ferry_error *err)
         bool min0 = k == 6;
         if (errno || end == colon + 1 || (*end && *end != ',') || (!min0 && v == 0) || v > MAX_RANKS ||
             colon[1] == '-' || colon[1] == '+')
-            return fr_rs_err(err, FERRY_EINVAL, "layout '%s': %s needs a number in [%d, %u]", text, keys[k],
-                             min0 ? 0 : 1, MAX_RANKS);
+            return fr_fail(err, FERRY_EINVAL, "layout '%s': %s needs a number in [%d, %u]", text, keys[k],
+                           min0 ? 0 : 1, MAX_RANKS);
         *slot[k] = (uint32_t)v;
         p = *end ? end + 1 : end;
         if (*end && !*p)
-            return fr_rs_err(err, FERRY_EINVAL, "layout '%s': trailing comma", text);
+            return fr_fail(err, FERRY_EINVAL, "layout '%s': trailing comma", text);
     }
     uint32_t w = ferry_layout_ranks(&l);
     if (w == 0 || w > MAX_RANKS)
-        return fr_rs_err(err, FERRY_EINVAL, "layout '%s': more than %u ranks", text, MAX_RANKS);
+        return fr_fail(err, FERRY_EINVAL, "layout '%s': more than %u ranks", text, MAX_RANKS);
     *out = l;
     return 0;
 }
@@ -180,32 +180,32 @@ static int place(lay *L, const ferry_model *model, uint32_t ti, const ferry_mode
         }
         return 0;
     }
-    return fr_rs_err(L->err, FERRY_EINVAL, "tensor '%s': unknown role", t->desc.name);
+    return fr_fail(L->err, FERRY_EINVAL, "tensor '%s': unknown role", t->desc.name);
 }
 
 int ferry_layout_build(const ferry_model *model, const ferry_layout *l, ferry_manifest **out,
                        ferry_error *err)
 {
     if (!model || !l || !out)
-        return fr_rs_err(err, FERRY_EINVAL, "null argument");
+        return fr_fail(err, FERRY_EINVAL, "null argument");
     uint32_t w = ferry_layout_ranks(l);
     if (w == 0 || w > MAX_RANKS)
-        return fr_rs_err(err, FERRY_EINVAL, "layout has more than %u ranks", MAX_RANKS);
+        return fr_fail(err, FERRY_EINVAL, "layout has more than %u ranks", MAX_RANKS);
     lay L = {l->fsdp ? l->fsdp : 1, l->tp ? l->tp : 1, l->dp ? l->dp : 1, l->ep ? l->ep : 1,
              l->pp ? l->pp : 1, NULL, err};
     if (L.P > 1 && L.P > ferry_model_layers(model))
-        return fr_rs_err(err, FERRY_EINVAL, "layout: pp:%llu but model '%s' has %u layers", (unsigned long long)L.P,
-                         ferry_model_name(model), ferry_model_layers(model));
+        return fr_fail(err, FERRY_EINVAL, "layout: pp:%llu but model '%s' has %u layers", (unsigned long long)L.P,
+                       ferry_model_name(model), ferry_model_layers(model));
     uint32_t gpn = l->gpus_per_node ? l->gpus_per_node : 8;
     uint32_t *nodes = fr_calloc(w, sizeof *nodes);
     if (!nodes)
-        return fr_rs_err(err, FERRY_ENOMEM, "out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "out of memory");
     for (uint32_t r = 0; r < w; r++)
         nodes[r] = l->first_node + r / gpn;
     int rc = ferry_manifest_create(w, nodes, 0, &L.m);
     fr_free(nodes);
     if (rc < 0)
-        return fr_rs_err(err, rc, "out of memory");
+        return fr_fail(err, rc, "out of memory");
     L.m->gpus_per_node = l->first_node ? 0 : gpn;   /* regular: JSON writes it compactly */
     size_t n = ferry_model_tensor_count(model);
     for (size_t i = 0; i < n && rc >= 0; i++) {

@@ -91,50 +91,50 @@ uint64_t ferry_manifest_fragment_count(const ferry_manifest *m)
 static int check_mutable(ferry_manifest *m, ferry_error *err)
 {
     if (m->frozen)
-        return fr_rs_err(err, FERRY_ESTATE, "manifest is frozen: a plan uses it");
+        return fr_fail(err, FERRY_ESTATE, "manifest is frozen: a plan uses it");
     return 0;
 }
 
 int ferry_manifest_add_tensor(ferry_manifest *m, const ferry_tensor_desc *t, ferry_error *err)
 {
     if (!m || !t)
-        return fr_rs_err(err, FERRY_EINVAL, "null argument");
+        return fr_fail(err, FERRY_EINVAL, "null argument");
     int rc = check_mutable(m, err);
     if (rc < 0)
         return rc;
     size_t idx = m->ntensors;
     if (!t->name || !t->name[0] || strlen(t->name) >= FR_NAME_MAX)
-        return fr_rs_err(err, FERRY_EINVAL, "tensor %zu: name is empty or longer than %d bytes", idx,
-                         FR_NAME_MAX - 1);
+        return fr_fail(err, FERRY_EINVAL, "tensor %zu: name is empty or longer than %d bytes", idx,
+                       FR_NAME_MAX - 1);
     if (idx >= UINT32_MAX - 1)
-        return fr_rs_err(err, FERRY_EMSGSIZE, "tensor '%s': too many tensors", t->name);
+        return fr_fail(err, FERRY_EMSGSIZE, "tensor '%s': too many tensors", t->name);
     if (fr_strmap_find(&m->tnames, t->name, tensor_key, m) >= 0)
-        return fr_rs_err(err, FERRY_EEXIST, "tensor '%s': declared twice", t->name);
+        return fr_fail(err, FERRY_EEXIST, "tensor '%s': declared twice", t->name);
     uint32_t known = ferry_dtype_size(t->dtype);
     if (!known)
-        return fr_rs_err(err, FERRY_EINVAL, "tensor '%s': unknown dtype '%s'", t->name,
-                         t->dtype ? t->dtype : "(null)");
+        return fr_fail(err, FERRY_EINVAL, "tensor '%s': unknown dtype '%s'", t->name,
+                       t->dtype ? t->dtype : "(null)");
     if (t->itemsize != known)
-        return fr_rs_err(err, FERRY_EINVAL, "tensor '%s': itemsize %u does not match dtype %s (%u bytes)",
-                         t->name, t->itemsize, t->dtype, known);
+        return fr_fail(err, FERRY_EINVAL, "tensor '%s': itemsize %u does not match dtype %s (%u bytes)",
+                       t->name, t->itemsize, t->dtype, known);
     if (t->ndim > FR_MAXD)
-        return fr_rs_err(err, FERRY_EINVAL, "tensor '%s': %u dims, at most %d", t->name, t->ndim, FR_MAXD);
+        return fr_fail(err, FERRY_EINVAL, "tensor '%s': %u dims, at most %d", t->name, t->ndim, FR_MAXD);
     uint64_t elems = 1, bytes;
     for (uint32_t d = 0; d < t->ndim; d++) {
         if (t->shape[d] == 0)
-            return fr_rs_err(err, FERRY_EINVAL, "tensor '%s': dim %u is 0", t->name, d);
+            return fr_fail(err, FERRY_EINVAL, "tensor '%s': dim %u is 0", t->name, d);
         if (fr_mul_u64(elems, t->shape[d], &elems) < 0)
-            return fr_rs_err(err, FERRY_ERANGE, "tensor '%s': element count overflows", t->name);
+            return fr_fail(err, FERRY_ERANGE, "tensor '%s': element count overflows", t->name);
     }
     if (fr_mul_u64(elems, t->itemsize, &bytes) < 0)
-        return fr_rs_err(err, FERRY_ERANGE, "tensor '%s': byte size overflows", t->name);
+        return fr_fail(err, FERRY_ERANGE, "tensor '%s': byte size overflows", t->name);
     if (fr_grow((void **)&m->tensors, &m->tcap, idx + 1, sizeof *m->tensors) < 0)
-        return fr_rs_err(err, FERRY_ENOMEM, "out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "out of memory");
     fr_tensor *x = &m->tensors[idx];
     memset(x, 0, sizeof *x);
     x->name = fr_strdup(t->name);
     if (!x->name)
-        return fr_rs_err(err, FERRY_ENOMEM, "out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "out of memory");
     snprintf(x->dtype, sizeof x->dtype, "%s", t->dtype);
     x->itemsize = t->itemsize;
     x->ndim = t->ndim;
@@ -144,7 +144,7 @@ int ferry_manifest_add_tensor(ferry_manifest *m, const ferry_tensor_desc *t, fer
     if (fr_strmap_insert(&m->tnames, x->name, (uint32_t)idx, tensor_key, m) < 0) {
         m->ntensors--;
         fr_free(x->name);
-        return fr_rs_err(err, FERRY_ENOMEM, "out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "out of memory");
     }
     m->digest_valid = false;
     return (int)idx;
@@ -256,68 +256,68 @@ static void commit_group(ferry_manifest *m, fr_group *g)
 int ferry_manifest_add_fragment(ferry_manifest *m, const ferry_fragment *f, ferry_error *err)
 {
     if (!m || !f)
-        return fr_rs_err(err, FERRY_EINVAL, "null argument");
+        return fr_fail(err, FERRY_EINVAL, "null argument");
     int rc = check_mutable(m, err);
     if (rc < 0)
         return rc;
     uint64_t id = m->nfrags;
     if (f->tensor >= m->ntensors)
-        return fr_rs_err(err, FERRY_EINVAL, "fragment %llu: tensor index %u out of range (%zu tensors)",
-                         (unsigned long long)id, f->tensor, m->ntensors);
+        return fr_fail(err, FERRY_EINVAL, "fragment %llu: tensor index %u out of range (%zu tensors)",
+                       (unsigned long long)id, f->tensor, m->ntensors);
     const fr_tensor *t = &m->tensors[f->tensor];
     char b1[200], b2[200];
     if (f->rank >= m->nranks)
-        return fr_rs_err(err, FERRY_EINVAL, "tensor '%s': fragment %llu: rank %u outside the topology (%u ranks)",
-                         t->name, (unsigned long long)id, f->rank, m->nranks);
+        return fr_fail(err, FERRY_EINVAL, "tensor '%s': fragment %llu: rank %u outside the topology (%u ranks)",
+                       t->name, (unsigned long long)id, f->rank, m->nranks);
     if (m->nexplicit >= FR_MAX_EXPLICIT || id >= UINT64_MAX / 2)
-        return fr_rs_err(err, FERRY_EMSGSIZE, "tensor '%s': fragment %llu: more than %llu fragments added one by one",
-                         t->name, (unsigned long long)id, (unsigned long long)FR_MAX_EXPLICIT);
+        return fr_fail(err, FERRY_EMSGSIZE, "tensor '%s': fragment %llu: more than %llu fragments added one by one",
+                       t->name, (unsigned long long)id, (unsigned long long)FR_MAX_EXPLICIT);
     uint64_t elems = 1;
     for (uint32_t d = 0; d < t->ndim; d++) {
         uint64_t end;
         if (f->shape[d] == 0 || fr_add_u64(f->offset[d], f->shape[d], &end) < 0 || end > t->shape[d])
-            return fr_rs_err(err, FERRY_EINVAL,
-                             "tensor '%s': fragment %llu (rank %u): box offset %s shape %s is empty or outside the tensor shape %s",
-                             t->name, (unsigned long long)id, f->rank, fr_fmt_dims(b1, sizeof b1, f->offset, t->ndim),
-                             fr_fmt_dims(b2, sizeof b2, f->shape, t->ndim),
-                             fr_fmt_dims((char[200]){0}, 200, t->shape, t->ndim));
+            return fr_fail(err, FERRY_EINVAL,
+                           "tensor '%s': fragment %llu (rank %u): box offset %s shape %s is empty or outside the tensor shape %s",
+                           t->name, (unsigned long long)id, f->rank, fr_fmt_dims(b1, sizeof b1, f->offset, t->ndim),
+                           fr_fmt_dims(b2, sizeof b2, f->shape, t->ndim),
+                           fr_fmt_dims((char[200]){0}, 200, t->shape, t->ndim));
         elems *= f->shape[d];   /* bounded by the tensor's element count */
     }
     /* Span of the local buffer in bytes: storage offset + the last element. */
     uint64_t span = elems, bytes, end;
     if (f->has_strides) {
         if (!strides_injective(f->shape, f->strides, t->ndim))
-            return fr_rs_err(err, FERRY_EINVAL, "tensor '%s': fragment %llu (rank %u): strides %s alias elements of shape %s",
-                             t->name, (unsigned long long)id, f->rank, fr_fmt_dims(b1, sizeof b1, f->strides, t->ndim),
-                             fr_fmt_dims(b2, sizeof b2, f->shape, t->ndim));
+            return fr_fail(err, FERRY_EINVAL, "tensor '%s': fragment %llu (rank %u): strides %s alias elements of shape %s",
+                           t->name, (unsigned long long)id, f->rank, fr_fmt_dims(b1, sizeof b1, f->strides, t->ndim),
+                           fr_fmt_dims(b2, sizeof b2, f->shape, t->ndim));
         span = 1;
         for (uint32_t d = 0; d < t->ndim; d++) {
             uint64_t x;
             if (fr_mul_u64(f->shape[d] - 1, f->strides[d], &x) < 0 || fr_add_u64(span, x, &span) < 0)
-                return fr_rs_err(err, FERRY_ERANGE, "tensor '%s': fragment %llu: strided span overflows",
-                                 t->name, (unsigned long long)id);
+                return fr_fail(err, FERRY_ERANGE, "tensor '%s': fragment %llu: strided span overflows",
+                               t->name, (unsigned long long)id);
         }
     }
     if (fr_add_u64(span, f->storage_offset, &span) < 0 || fr_mul_u64(span, t->itemsize, &bytes) < 0 ||
         fr_add_u64(bytes, f->object_offset, &end) < 0)
-        return fr_rs_err(err, FERRY_ERANGE, "tensor '%s': fragment %llu (rank %u): byte span overflows 64 bits",
-                         t->name, (unsigned long long)id, f->rank);
+        return fr_fail(err, FERRY_ERANGE, "tensor '%s': fragment %llu (rank %u): byte span overflows 64 bits",
+                       t->name, (unsigned long long)id, f->rank);
     if (f->object && (!f->object[0] || strlen(f->object) >= FR_NAME_MAX))
-        return fr_rs_err(err, FERRY_EINVAL, "tensor '%s': fragment %llu: object key is empty or too long",
-                         t->name, (unsigned long long)id);
+        return fr_fail(err, FERRY_EINVAL, "tensor '%s': fragment %llu: object key is empty or too long",
+                       t->name, (unsigned long long)id);
     if (!f->object && f->object_offset)
-        return fr_rs_err(err, FERRY_EINVAL, "tensor '%s': fragment %llu: object_offset without an object",
-                         t->name, (unsigned long long)id);
+        return fr_fail(err, FERRY_EINVAL, "tensor '%s': fragment %llu: object_offset without an object",
+                       t->name, (unsigned long long)id);
     fr_group *g;
     rc = new_group(m, t->ndim, f->has_strides, &g);
     if (rc < 0)
-        return fr_rs_err(err, rc, "tensor '%s': fragment %llu: %s", t->name, (unsigned long long)id,
-                         ferry_strerror(rc));
+        return fr_fail(err, rc, "tensor '%s': fragment %llu: %s", t->name, (unsigned long long)id,
+                       ferry_strerror(rc));
     if (f->object) {
         int32_t oid;
         rc = intern_object(m, f->object, &oid);
         if (rc < 0)
-            return fr_rs_err(err, rc, "out of memory");
+            return fr_fail(err, rc, "out of memory");
         g->object = oid;
         g->object_offset = f->object_offset;
     }
@@ -343,14 +343,14 @@ int ferry_manifest_add_fragment(ferry_manifest *m, const ferry_fragment *f, ferr
 int ferry_manifest_add_split(ferry_manifest *m, const ferry_split *s, ferry_error *err)
 {
     if (!m || !s)
-        return fr_rs_err(err, FERRY_EINVAL, "null argument");
+        return fr_fail(err, FERRY_EINVAL, "null argument");
     int rc = check_mutable(m, err);
     if (rc < 0)
         return rc;
     uint64_t id = m->nfrags;
     if (s->tensor >= m->ntensors)
-        return fr_rs_err(err, FERRY_EINVAL, "split at fragment %llu: tensor index %u out of range (%zu tensors)",
-                         (unsigned long long)id, s->tensor, m->ntensors);
+        return fr_fail(err, FERRY_EINVAL, "split at fragment %llu: tensor index %u out of range (%zu tensors)",
+                       (unsigned long long)id, s->tensor, m->ntensors);
     const fr_tensor *t = &m->tensors[s->tensor];
     char b1[200], b2[200];
     uint64_t off[FR_MAXD], ext[FR_MAXD], chunk[FR_MAXD], parts[FR_MAXD], rstride[FR_MAXD];
@@ -360,10 +360,10 @@ int ferry_manifest_add_split(ferry_manifest *m, const ferry_split *s, ferry_erro
         ext[d] = s->whole ? t->shape[d] : s->shape[d];
         uint64_t end;
         if (ext[d] == 0 || fr_add_u64(off[d], ext[d], &end) < 0 || end > t->shape[d])
-            return fr_rs_err(err, FERRY_EINVAL,
-                             "tensor '%s': split at fragment %llu: box offset %s shape %s is empty or outside the tensor shape %s",
-                             t->name, (unsigned long long)id, fr_fmt_dims(b1, sizeof b1, off, d + 1),
-                             fr_fmt_dims(b2, sizeof b2, ext, d + 1), fr_fmt_dims((char[200]){0}, 200, t->shape, t->ndim));
+            return fr_fail(err, FERRY_EINVAL,
+                           "tensor '%s': split at fragment %llu: box offset %s shape %s is empty or outside the tensor shape %s",
+                           t->name, (unsigned long long)id, fr_fmt_dims(b1, sizeof b1, off, d + 1),
+                           fr_fmt_dims(b2, sizeof b2, ext, d + 1), fr_fmt_dims((char[200]){0}, 200, t->shape, t->ndim));
         uint64_t want = s->parts[d] ? s->parts[d] : 1;
         chunk[d] = (ext[d] + want - 1) / want;
         parts[d] = (ext[d] + chunk[d] - 1) / chunk[d];
@@ -379,21 +379,21 @@ int ferry_manifest_add_split(ferry_manifest *m, const ferry_split *s, ferry_erro
     if (fr_mul_u64(reps - 1, s->replica_stride, &x) < 0 || fr_add_u64(maxrank, x, &maxrank) < 0)
         maxrank = UINT64_MAX;
     if (maxrank >= m->nranks)
-        return fr_rs_err(err, FERRY_EINVAL,
-                         "tensor '%s': split at fragment %llu: its pieces reach rank %llu, outside the topology (%u ranks)",
-                         t->name, (unsigned long long)id, (unsigned long long)maxrank, m->nranks);
+        return fr_fail(err, FERRY_EINVAL,
+                       "tensor '%s': split at fragment %llu: its pieces reach rank %llu, outside the topology (%u ranks)",
+                       t->name, (unsigned long long)id, (unsigned long long)maxrank, m->nranks);
     if ((uint64_t)s->replica + reps - 1 > UINT32_MAX)
-        return fr_rs_err(err, FERRY_ERANGE, "tensor '%s': split at fragment %llu: replica numbers overflow",
-                         t->name, (unsigned long long)id);
+        return fr_fail(err, FERRY_ERANGE, "tensor '%s': split at fragment %llu: replica numbers overflow",
+                       t->name, (unsigned long long)id);
     uint64_t nf;
     if (fr_mul_u64(cells, reps, &nf) < 0 || fr_add_u64(m->nfrags, nf, &x) < 0 || x >= UINT64_MAX / 2)
-        return fr_rs_err(err, FERRY_EMSGSIZE, "tensor '%s': split at fragment %llu: fragment count overflows",
-                         t->name, (unsigned long long)id);
+        return fr_fail(err, FERRY_EMSGSIZE, "tensor '%s': split at fragment %llu: fragment count overflows",
+                       t->name, (unsigned long long)id);
     fr_group *g;
     rc = new_group(m, t->ndim, false, &g);
     if (rc < 0)
-        return fr_rs_err(err, rc, "tensor '%s': split at fragment %llu: %s", t->name, (unsigned long long)id,
-                         ferry_strerror(rc));
+        return fr_fail(err, rc, "tensor '%s': split at fragment %llu: %s", t->name, (unsigned long long)id,
+                       ferry_strerror(rc));
     g->tensor = s->tensor;
     g->rank = s->rank;
     g->replicas = (uint32_t)reps;

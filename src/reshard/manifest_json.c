@@ -24,7 +24,7 @@ static int bad(rd *r, const char *fmt, const char *what)
 {
     char tmp[256];
     snprintf(tmp, sizeof tmp, fmt, what);
-    return fr_rs_err(r->err, FERRY_EINVAL, "manifest %s: %s", r->where, tmp);
+    return fr_fail(r->err, FERRY_EINVAL, "manifest %s: %s", r->where, tmp);
 }
 
 /* Refuse keys not in `allowed` (NULL-terminated). */
@@ -106,7 +106,7 @@ static int read_topology(rd *r, const json_t *j, ferry_manifest **out)
             return bad(r, "%s", "'nodes' must be a non-empty array, given alone");
         uint32_t *v = fr_calloc(n, sizeof *v);
         if (!v)
-            return fr_rs_err(r->err, FERRY_ENOMEM, "out of memory");
+            return fr_fail(r->err, FERRY_ENOMEM, "out of memory");
         for (size_t i = 0; i < n; i++) {
             const json_t *x = json_array_get(nodes, i);
             if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > UINT32_MAX) {
@@ -117,7 +117,7 @@ static int read_topology(rd *r, const json_t *j, ferry_manifest **out)
         }
         rc = ferry_manifest_create((uint32_t)n, v, 0, out);
         fr_free(v);
-        return rc < 0 ? fr_rs_err(r->err, rc, "out of memory") : 0;
+        return rc < 0 ? fr_fail(r->err, rc, "out of memory") : 0;
     }
     uint32_t ranks, gpn;
     if ((rc = get_u32(r, j, "ranks", true, 0, &ranks)) < 0 || (rc = get_u32(r, j, "gpus_per_node", false, 8, &gpn)) < 0)
@@ -125,7 +125,7 @@ static int read_topology(rd *r, const json_t *j, ferry_manifest **out)
     if (ranks == 0 || ranks > (1u << 24) || gpn == 0)
         return bad(r, "%s", "'ranks' must be in [1, 2^24] and 'gpus_per_node' positive");
     rc = ferry_manifest_create(ranks, NULL, gpn, out);
-    return rc < 0 ? fr_rs_err(r->err, rc, "out of memory") : 0;
+    return rc < 0 ? fr_fail(r->err, rc, "out of memory") : 0;
 }
 
 static int read_tensor(rd *r, ferry_manifest *m, const json_t *j)
@@ -258,7 +258,7 @@ static int from_json(const json_t *root, ferry_manifest **out, ferry_error *err)
     if ((rc = get_u64(&r, root, "version", true, 0, 1000, &ver)) < 0)
         return rc;
     if (ver != 1)
-        return fr_rs_err(err, FERRY_ENOTSUP, "manifest: version %llu is not supported (1 is)", (unsigned long long)ver);
+        return fr_fail(err, FERRY_ENOTSUP, "manifest: version %llu is not supported (1 is)", (unsigned long long)ver);
     const json_t *tensors = json_object_get(root, "tensors"), *frags = json_object_get(root, "fragments");
     if (!json_is_array(tensors) || !json_is_array(frags))
         return bad(&r, "%s", "'tensors' and 'fragments' must be arrays");
@@ -286,12 +286,12 @@ static int from_json(const json_t *root, ferry_manifest **out, ferry_error *err)
 int ferry_manifest_from_json(const char *text, size_t len, ferry_manifest **out, ferry_error *err)
 {
     if (!out || (!text && len))
-        return fr_rs_err(err, FERRY_EINVAL, "null argument");
+        return fr_fail(err, FERRY_EINVAL, "null argument");
     json_t *root;
     char msg[256];
     int rc = fr_json_parse(text, len, &root, msg, sizeof msg);
     if (rc < 0)
-        return fr_rs_err(err, rc, "manifest: %s", msg);
+        return fr_fail(err, rc, "manifest: %s", msg);
     rc = from_json(root, out, err);
     json_decref(root);
     return rc;
@@ -300,12 +300,12 @@ int ferry_manifest_from_json(const char *text, size_t len, ferry_manifest **out,
 int ferry_manifest_load(const char *path, ferry_manifest **out, ferry_error *err)
 {
     if (!path || !out)
-        return fr_rs_err(err, FERRY_EINVAL, "null argument");
+        return fr_fail(err, FERRY_EINVAL, "null argument");
     json_t *root;
     char msg[512];
     int rc = fr_json_load_file(path, &root, msg, sizeof msg);
     if (rc < 0)
-        return fr_rs_err(err, rc, "%s", msg);
+        return fr_fail(err, rc, "%s", msg);
     rc = from_json(root, out, err);
     json_decref(root);
     return rc;
@@ -490,10 +490,10 @@ static int write_all(int fd, const char *p, size_t n)
 int ferry_manifest_save(const ferry_manifest *m, const char *path, ferry_error *err)
 {
     if (!m || !path)
-        return fr_rs_err(err, FERRY_EINVAL, "null argument");
+        return fr_fail(err, FERRY_EINVAL, "null argument");
     char *text = ferry_manifest_to_json(m);
     if (!text)
-        return fr_rs_err(err, FERRY_ENOMEM, "out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "out of memory");
     size_t plen = strlen(path);
     char *tmp = fr_malloc(plen + 16);
     int rc = tmp ? 0 : FERRY_ENOMEM;
@@ -518,5 +518,5 @@ int ferry_manifest_save(const ferry_manifest *m, const char *path, ferry_error *
     }
     free(text);
     fr_free(tmp);
-    return rc < 0 ? fr_rs_err(err, rc, "%s: %s", path, ferry_strerror(rc)) : 0;
+    return rc < 0 ? fr_fail(err, rc, "%s: %s", path, ferry_strerror(rc)) : 0;
 }

@@ -58,15 +58,15 @@ int ferry_manifest_stored(const ferry_manifest *m, const char *dtype, ferry_mani
                           ferry_error *err)
 {
     if (!m || !out)
-        return fr_rs_err(err, FERRY_EINVAL, "stored manifest: null argument");
+        return fr_fail(err, FERRY_EINVAL, "stored manifest: null argument");
     *out = NULL;
     if (dtype && !ferry_dtype_size(dtype))
-        return fr_rs_err(err, FERRY_EINVAL, "stored manifest: unknown dtype '%s'", dtype);
+        return fr_fail(err, FERRY_EINVAL, "stored manifest: unknown dtype '%s'", dtype);
     ferry_manifest *s;
     int rc = ferry_manifest_create(m->nranks, m->gpus_per_node ? NULL : m->nodes,
                                    m->gpus_per_node, &s);
     if (rc < 0)
-        return fr_rs_err(err, rc, "stored manifest: %s", ferry_strerror(rc));
+        return fr_fail(err, rc, "stored manifest: %s", ferry_strerror(rc));
     rc = copy_tensors(m, dtype, s, err);
     for (size_t i = 0; i < m->ngroups && rc == 0; i++)
         rc = copy_group(m, &m->groups[i], s, err);
@@ -133,11 +133,11 @@ int ferry_manifest_pack(const ferry_manifest *m, uint64_t align, uint64_t max_by
                         ferry_pack **out, ferry_error *err)
 {
     if (!m || !out || align == 0 || (align & (align - 1)) || max_bytes == 0)
-        return fr_rs_err(err, FERRY_EINVAL, "pack: bad arguments (align a power of two)");
+        return fr_fail(err, FERRY_EINVAL, "pack: bad arguments (align a power of two)");
     *out = NULL;
     int frc = fr_manifest_freeze((ferry_manifest *)m);   /* the pack describes it as it is */
     if (frc < 0)
-        return fr_rs_err(err, frc, "pack: %s", ferry_strerror(frc));
+        return fr_fail(err, frc, "pack: %s", ferry_strerror(frc));
     ferry_pack *p = calloc(1, sizeof *p);
     uint64_t n = m->nfrags;
     if (p) {
@@ -150,8 +150,8 @@ int ferry_manifest_pack(const ferry_manifest *m, uint64_t align, uint64_t max_by
     }
     if (!p || !p->loc || !p->nobjects || !p->cap || !p->object_bytes) {
         ferry_pack_free(p);
-        return fr_rs_err(err, FERRY_ENOMEM, "pack: out of memory for %llu fragments",
-                         (unsigned long long)n);
+        return fr_fail(err, FERRY_ENOMEM, "pack: out of memory for %llu fragments",
+                       (unsigned long long)n);
     }
     /* Groups hold consecutive fragment ids, copies then pieces: walking
      * groups in order walks ids in order, and so every rank's own. */
@@ -169,8 +169,8 @@ int ferry_manifest_pack(const ferry_manifest *m, uint64_t align, uint64_t max_by
                                max_bytes, &p->loc[id]);
                 if (rc < 0) {
                     ferry_pack_free(p);
-                    return fr_rs_err(err, rc, "pack: %s", rc == FERRY_ERANGE
-                                     ? "an object past 1 TiB or too many objects" : "out of memory");
+                    return fr_fail(err, rc, "pack: %s", rc == FERRY_ERANGE
+                                   ? "an object past 1 TiB or too many objects" : "out of memory");
                 }
             }
         }

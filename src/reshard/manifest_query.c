@@ -171,7 +171,7 @@ static int cmp_span(const void *a, const void *b)
 int ferry_manifest_validate(ferry_manifest *m, ferry_error *err)
 {
     if (!m)
-        return fr_rs_err(err, FERRY_EINVAL, "null manifest");
+        return fr_fail(err, FERRY_EINVAL, "null manifest");
     size_t n = 0;
     for (size_t g = 0; g < m->ngroups; g++)
         n += m->groups[g].object >= 0;
@@ -179,7 +179,7 @@ int ferry_manifest_validate(ferry_manifest *m, ferry_error *err)
         return 0;
     bound_span *v = fr_calloc(n, sizeof *v);
     if (!v)
-        return fr_rs_err(err, FERRY_ENOMEM, "out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "out of memory");
     n = 0;
     for (size_t gi = 0; gi < m->ngroups; gi++) {
         const fr_group *g = &m->groups[gi];
@@ -202,21 +202,21 @@ int ferry_manifest_validate(ferry_manifest *m, ferry_error *err)
         const fr_group *a = &m->groups[v[i - 1].group], *b = &m->groups[v[i].group];
         char da[400], db[400];
         if (a->rank != b->rank) {
-            rc = fr_rs_err(err, FERRY_EINVAL, "tensor '%s': %s and tensor '%s': %s are both in object '%s' "
-                           "but on different ranks; an object has one home",
-                           m->tensors[a->tensor].name, fr_frag_desc(m, a, 0, 0, da, sizeof da),
-                           m->tensors[b->tensor].name, fr_frag_desc(m, b, 0, 0, db, sizeof db), m->objects[v[i].object]);
+            rc = fr_fail(err, FERRY_EINVAL, "tensor '%s': %s and tensor '%s': %s are both in object '%s' "
+                         "but on different ranks; an object has one home",
+                         m->tensors[a->tensor].name, fr_frag_desc(m, a, 0, 0, da, sizeof da),
+                         m->tensors[b->tensor].name, fr_frag_desc(m, b, 0, 0, db, sizeof db), m->objects[v[i].object]);
             break;
         }
         if (v[i].start >= v[i - 1].end)
             continue;
-        rc = fr_rs_err(err, FERRY_EINVAL,
-                       "tensor '%s': %s and tensor '%s': %s overlap in bytes [%llu, %llu) of object '%s'",
-                       m->tensors[a->tensor].name, fr_frag_desc(m, a, 0, 0, da, sizeof da),
-                       m->tensors[b->tensor].name, fr_frag_desc(m, b, 0, 0, db, sizeof db),
-                       (unsigned long long)v[i].start,
-                       (unsigned long long)(v[i].end < v[i - 1].end ? v[i].end : v[i - 1].end),
-                       m->objects[v[i].object]);
+        rc = fr_fail(err, FERRY_EINVAL,
+                     "tensor '%s': %s and tensor '%s': %s overlap in bytes [%llu, %llu) of object '%s'",
+                     m->tensors[a->tensor].name, fr_frag_desc(m, a, 0, 0, da, sizeof da),
+                     m->tensors[b->tensor].name, fr_frag_desc(m, b, 0, 0, db, sizeof db),
+                     (unsigned long long)v[i].start,
+                     (unsigned long long)(v[i].end < v[i - 1].end ? v[i].end : v[i - 1].end),
+                     m->objects[v[i].object]);
         break;
     }
     fr_free(v);

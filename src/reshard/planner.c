@@ -36,17 +36,17 @@ int fr_plan_check_limits(const ferry_plan *p, const ferry_plan_options *opt, fer
     fr_plan_options_resolve(opt, &o);
     const ferry_plan_stats *s = &p->stats;
     if (s->src_fragments > o.max_fragments)
-        return fr_rs_err(err, FERRY_EMSGSIZE, "source manifest has %llu fragments, above the limit of %llu (max_fragments)",
-                         (unsigned long long)s->src_fragments, (unsigned long long)o.max_fragments);
+        return fr_fail(err, FERRY_EMSGSIZE, "source manifest has %llu fragments, above the limit of %llu (max_fragments)",
+                       (unsigned long long)s->src_fragments, (unsigned long long)o.max_fragments);
     if (s->dst_fragments > o.max_fragments)
-        return fr_rs_err(err, FERRY_EMSGSIZE, "target manifest has %llu fragments, above the limit of %llu (max_fragments)",
-                         (unsigned long long)s->dst_fragments, (unsigned long long)o.max_fragments);
+        return fr_fail(err, FERRY_EMSGSIZE, "target manifest has %llu fragments, above the limit of %llu (max_fragments)",
+                       (unsigned long long)s->dst_fragments, (unsigned long long)o.max_fragments);
     if (s->regions > o.max_regions)
-        return fr_rs_err(err, FERRY_EMSGSIZE, "plan has %llu regions, above the limit of %llu (max_regions)",
-                         (unsigned long long)s->regions, (unsigned long long)o.max_regions);
+        return fr_fail(err, FERRY_EMSGSIZE, "plan has %llu regions, above the limit of %llu (max_regions)",
+                       (unsigned long long)s->regions, (unsigned long long)o.max_regions);
     if (p->npairs > o.max_overlaps)
-        return fr_rs_err(err, FERRY_EMSGSIZE, "plan has %zu split overlaps, above the limit of %llu (max_overlaps)",
-                         p->npairs, (unsigned long long)o.max_overlaps);
+        return fr_fail(err, FERRY_EMSGSIZE, "plan has %zu split overlaps, above the limit of %llu (max_overlaps)",
+                       p->npairs, (unsigned long long)o.max_overlaps);
     return 0;
 }
 
@@ -183,7 +183,7 @@ static int build_classes(planner *pl, uint32_t st, size_t *first, size_t *n, boo
         return 0;
     if (fr_grow((void **)&pl->order, &pl->order_cap, ng, sizeof *pl->order) < 0 ||
         fr_grow((void **)&p->members, &p->mcap, p->nmembers + ng, sizeof *p->members) < 0)
-        return fr_rs_err(pl->err, FERRY_ENOMEM, "out of memory");
+        return fr_fail(pl->err, FERRY_ENOMEM, "out of memory");
     memcpy(pl->order, m->tg_list + g0, ng * sizeof *pl->order);
     if (ng > 1)
         qsort_r(pl->order, ng, sizeof *pl->order, cmp_members, (void *)m);
@@ -194,15 +194,15 @@ static int build_classes(planner *pl, uint32_t st, size_t *first, size_t *n, boo
             const fr_group *prev = &m->groups[pl->order[i - 1]];
             if ((uint64_t)prev->replica + prev->replicas > g->replica) {
                 uint32_t r = g->replica;
-                return fr_rs_err(pl->err, FERRY_EINVAL,
-                                 "tensor '%s': source %s and %s hold the same box with the same replica number %u; "
-                                 "copies must carry distinct replica numbers",
-                                 t->name, fr_frag_desc(m, prev, r - prev->replica, 0, da, sizeof da),
-                                 fr_frag_desc(m, g, 0, 0, db, sizeof db), r);
+                return fr_fail(pl->err, FERRY_EINVAL,
+                               "tensor '%s': source %s and %s hold the same box with the same replica number %u; "
+                               "copies must carry distinct replica numbers",
+                               t->name, fr_frag_desc(m, prev, r - prev->replica, 0, da, sizeof da),
+                               fr_frag_desc(m, g, 0, 0, db, sizeof db), r);
             }
         } else {
             if (fr_grow((void **)&p->classes, &p->ccap, p->nclasses + 1, sizeof *p->classes) < 0)
-                return fr_rs_err(pl->err, FERRY_ENOMEM, "out of memory");
+                return fr_fail(pl->err, FERRY_ENOMEM, "out of memory");
             p->classes[p->nclasses++] = (fr_class){.rep = pl->order[i], .first_member = (uint32_t)p->nmembers,
                                                    .min_rank = UINT32_MAX};
             (*n)++;
@@ -226,7 +226,7 @@ static int build_classes(planner *pl, uint32_t st, size_t *first, size_t *n, boo
     if (nc > 1 && ndim > 1) {
         uint64_t *tmp = fr_calloc(nc, sizeof *tmp);
         if (!tmp)
-            return fr_rs_err(pl->err, FERRY_ENOMEM, "out of memory");
+            return fr_fail(pl->err, FERRY_ENOMEM, "out of memory");
         size_t best = 0;
         for (uint32_t d = 0; d < ndim; d++) {
             for (size_t i = 0; i < nc; i++)
@@ -253,7 +253,7 @@ static int build_classes(planner *pl, uint32_t st, size_t *first, size_t *n, boo
     size_t nact = 0;
     if (fr_grow((void **)&pl->active, &pl->active_cap, nc, sizeof *pl->active) < 0 ||
         fr_grow((void **)&pl->pmax, &pl->pmax_cap, nc, sizeof *pl->pmax) < 0)
-        return fr_rs_err(pl->err, FERRY_ENOMEM, "out of memory");
+        return fr_fail(pl->err, FERRY_ENOMEM, "out of memory");
     for (size_t i = 0; i < nc; i++) {
         const fr_group *g = &m->groups[cls[i].rep];
         uint64_t v = 1;
@@ -277,11 +277,11 @@ static int build_classes(planner *pl, uint32_t st, size_t *first, size_t *n, boo
                 }
                 const fr_group *gh = &m->groups[p->members[cls[pl->active[a]].first_member]];
                 const fr_group *gg = &m->groups[p->members[cls[i].first_member]];
-                return fr_rs_err(pl->err, FERRY_EINVAL,
-                                 "tensor '%s': source %s and %s overlap; overlapping source fragments must be "
-                                 "declared replicas (identical boxes, distinct replica numbers)",
-                                 t->name, fr_frag_desc(m, gh, 0, piece_at(m, gh, c), da, sizeof da),
-                                 fr_frag_desc(m, gg, 0, piece_at(m, gg, c), db, sizeof db));
+                return fr_fail(pl->err, FERRY_EINVAL,
+                               "tensor '%s': source %s and %s overlap; overlapping source fragments must be "
+                               "declared replicas (identical boxes, distinct replica numbers)",
+                               t->name, fr_frag_desc(m, gh, 0, piece_at(m, gh, c), da, sizeof da),
+                               fr_frag_desc(m, gg, 0, piece_at(m, gg, c), db, sizeof db));
             }
             pl->active[k++] = pl->active[a];
         }
@@ -348,10 +348,10 @@ static int check_coverage(planner *pl, const fr_tensor *t, const fr_group *tg, s
             have += overlap_volume(off, shape, pl->s, &pl->s->groups[p->classes[p->pairs[i].sclass].rep]);
         if (have != want) {
             char d[400];
-            return fr_rs_err(pl->err, FERRY_EINVAL,
-                             "tensor '%s': target %s is not fully covered by source fragments (%llu of %llu elements)",
-                             t->name, fr_frag_desc(pl->t, tg, 0, lin, d, sizeof d), (unsigned long long)have,
-                             (unsigned long long)want);
+            return fr_fail(pl->err, FERRY_EINVAL,
+                           "tensor '%s': target %s is not fully covered by source fragments (%llu of %llu elements)",
+                           t->name, fr_frag_desc(pl->t, tg, 0, lin, d, sizeof d), (unsigned long long)have,
+                           (unsigned long long)want);
         }
     }
     return 0;
@@ -363,16 +363,16 @@ static int match_tensor(planner *pl, uint32_t ti, int64_t *si)
     *si = ferry_manifest_find_tensor(pl->s, t->name);
     if (*si < 0)
         return pl->t->tg_start[ti + 1] == pl->t->tg_start[ti] ? 0 :
-               fr_rs_err(pl->err, FERRY_ENOENT, "tensor '%s': the target holds it but the source manifest has no such tensor",
-                         t->name);
+               fr_fail(pl->err, FERRY_ENOENT, "tensor '%s': the target holds it but the source manifest has no such tensor",
+                       t->name);
     const fr_tensor *s = &pl->s->tensors[*si];
     char b1[200], b2[200];
     if (strcmp(s->dtype, t->dtype) || s->itemsize != t->itemsize)
-        return fr_rs_err(pl->err, FERRY_EINVAL, "tensor '%s': dtype %s (itemsize %u) in the source, %s (itemsize %u) in the target",
-                         t->name, s->dtype, s->itemsize, t->dtype, t->itemsize);
+        return fr_fail(pl->err, FERRY_EINVAL, "tensor '%s': dtype %s (itemsize %u) in the source, %s (itemsize %u) in the target",
+                       t->name, s->dtype, s->itemsize, t->dtype, t->itemsize);
     if (s->ndim != t->ndim || memcmp(s->shape, t->shape, t->ndim * sizeof(uint64_t)))
-        return fr_rs_err(pl->err, FERRY_EINVAL, "tensor '%s': shape %s in the source, %s in the target", t->name,
-                         fr_fmt_dims(b1, sizeof b1, s->shape, s->ndim), fr_fmt_dims(b2, sizeof b2, t->shape, t->ndim));
+        return fr_fail(pl->err, FERRY_EINVAL, "tensor '%s': shape %s in the source, %s in the target", t->name,
+                       fr_fmt_dims(b1, sizeof b1, s->shape, s->ndim), fr_fmt_dims(b2, sizeof b2, t->shape, t->ndim));
     return 0;
 }
 
@@ -417,18 +417,18 @@ static int plan_tensor(planner *pl, uint32_t ti)
             if (!boxes_overlap(tm, tg, sm, sg))
                 continue;
             if (p->npairs >= pl->o.max_overlaps)
-                return fr_rs_err(pl->err, FERRY_EMSGSIZE,
-                                 "tensor '%s': more than %llu split overlaps (max_overlaps)", t->name,
-                                 (unsigned long long)pl->o.max_overlaps);
+                return fr_fail(pl->err, FERRY_EMSGSIZE,
+                               "tensor '%s': more than %llu split overlaps (max_overlaps)", t->name,
+                               (unsigned long long)pl->o.max_overlaps);
             if (fr_grow((void **)&p->pairs, &p->pcap, p->npairs + 1, sizeof *p->pairs) < 0)
-                return fr_rs_err(pl->err, FERRY_ENOMEM, "out of memory");
+                return fr_fail(pl->err, FERRY_ENOMEM, "out of memory");
             uint64_t nr;
             if (count_regions(tm, tg, sm, sg, &nr) < 0 || fr_add_u64(p->stats.regions, nr, &p->stats.regions) < 0)
-                return fr_rs_err(pl->err, FERRY_ERANGE, "tensor '%s': region count overflows", t->name);
+                return fr_fail(pl->err, FERRY_ERANGE, "tensor '%s': region count overflows", t->name);
             if (p->stats.regions > pl->o.max_regions)
-                return fr_rs_err(pl->err, FERRY_EMSGSIZE,
-                                 "tensor '%s': the plan passes %llu regions (max_regions)", t->name,
-                                 (unsigned long long)pl->o.max_regions);
+                return fr_fail(pl->err, FERRY_EMSGSIZE,
+                               "tensor '%s': the plan passes %llu regions (max_regions)", t->name,
+                               (unsigned long long)pl->o.max_regions);
             p->pairs[p->npairs++] = (fr_pair){.tgroup = tgi, .sclass = (uint32_t)(cfirst + i), .nregions = nr};
         }
         if (!full) {
@@ -448,7 +448,7 @@ static int rank_bytes(planner *pl)
     ferry_plan_stats *s = &pl->p->stats;
     uint64_t *per = fr_calloc(m->nranks, sizeof *per);
     if (!per)
-        return fr_rs_err(pl->err, FERRY_ENOMEM, "out of memory");
+        return fr_fail(pl->err, FERRY_ENOMEM, "out of memory");
     uint64_t idx[FR_MAXD], shape[FR_MAXD];
     for (size_t gi = 0; gi < m->ngroups; gi++) {
         const fr_group *g = &m->groups[gi];
@@ -462,7 +462,7 @@ static int rank_bytes(planner *pl)
                 uint32_t r = fr_group_rank(m, g, idx, k);
                 if (fr_add_u64(per[r], v, &per[r]) < 0 || fr_add_u64(s->bytes, v, &s->bytes) < 0) {
                     fr_free(per);
-                    return fr_rs_err(pl->err, FERRY_ERANGE, "target byte count overflows");
+                    return fr_fail(pl->err, FERRY_ERANGE, "target byte count overflows");
                 }
             }
         }
@@ -487,7 +487,7 @@ static int plan_all(planner *pl)
         return rc;
     p->tensors = fr_calloc(pl->t->ntensors ? pl->t->ntensors : 1, sizeof *p->tensors);
     if (!p->tensors)
-        return fr_rs_err(pl->err, FERRY_ENOMEM, "out of memory");
+        return fr_fail(pl->err, FERRY_ENOMEM, "out of memory");
     for (uint32_t ti = 0; ti < pl->t->ntensors; ti++) {
         rc = plan_tensor(pl, ti);
         if (rc < 0)
@@ -508,7 +508,7 @@ static int plan_all(planner *pl)
     if (shared) {
         rc = fr_plan_count_runs(p, &s->runs);
         if (rc < 0)
-            return fr_rs_err(pl->err, rc, "counting runs: %s", ferry_strerror(rc));
+            return fr_fail(pl->err, rc, "counting runs: %s", ferry_strerror(rc));
     }
     rc = ferry_manifest_digest(p->src, s->src_digest);
     if (rc == 0)
@@ -516,7 +516,7 @@ static int plan_all(planner *pl)
     if (rc == 0)
         rc = fr_topology_pair_digest(p->src, p->dst, s->topology_digest);
     if (rc < 0)
-        return fr_rs_err(pl->err, rc, "digest: %s", ferry_strerror(rc));
+        return fr_fail(pl->err, rc, "digest: %s", ferry_strerror(rc));
     return 0;
 }
 
@@ -524,9 +524,9 @@ int ferry_plan_create(ferry_manifest *src, ferry_manifest *dst, const ferry_plan
                       ferry_plan **out, ferry_error *err)
 {
     if (!src || !dst || !out)
-        return fr_rs_err(err, FERRY_EINVAL, "null argument");
+        return fr_fail(err, FERRY_EINVAL, "null argument");
     if (opt && !FR_RESERVED_OK(opt))
-        return fr_rs_err(err, FERRY_EINVAL, "plan options: the reserved fields must be zero");
+        return fr_fail(err, FERRY_EINVAL, "plan options: the reserved fields must be zero");
     uint64_t t0 = fr_now_ns();
     int rc = ferry_manifest_validate(src, err);
     if (rc == 0)
@@ -537,11 +537,11 @@ int ferry_plan_create(ferry_manifest *src, ferry_manifest *dst, const ferry_plan
     if (fr_manifest_freeze(src) < 0 || fr_manifest_freeze(dst) < 0) {
         if (!src_was)
             fr_manifest_thaw(src);
-        return fr_rs_err(err, FERRY_ENOMEM, "out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "out of memory");
     }
     ferry_plan *p = fr_calloc(1, sizeof *p);
     if (!p)
-        return fr_rs_err(err, FERRY_ENOMEM, "out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "out of memory");
     atomic_init(&p->refs, 1);
     fr_manifest_ref(src);
     fr_manifest_ref(dst);

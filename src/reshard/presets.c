@@ -51,33 +51,33 @@ void ferry_model_free(ferry_model *m)
 int ferry_model_add_tensor(ferry_model *m, const ferry_model_tensor *t, ferry_error *err)
 {
     if (!m || !t || !t->desc.name)
-        return fr_rs_err(err, FERRY_EINVAL, "null argument");
+        return fr_fail(err, FERRY_EINVAL, "null argument");
     const ferry_tensor_desc *d = &t->desc;
     if (ferry_dtype_size(d->dtype) == 0 || ferry_dtype_size(d->dtype) != d->itemsize)
-        return fr_rs_err(err, FERRY_EINVAL, "tensor '%s': dtype/itemsize %s/%u not known", d->name,
-                         d->dtype ? d->dtype : "(null)", d->itemsize);
+        return fr_fail(err, FERRY_EINVAL, "tensor '%s': dtype/itemsize %s/%u not known", d->name,
+                       d->dtype ? d->dtype : "(null)", d->itemsize);
     if (d->ndim > FR_MAXD)
-        return fr_rs_err(err, FERRY_EINVAL, "tensor '%s': too many dims", d->name);
+        return fr_fail(err, FERRY_EINVAL, "tensor '%s': too many dims", d->name);
     if ((t->role == FERRY_TP_ROW && d->ndim < 2) ||
         ((t->role == FERRY_TP_COLUMN || t->role == FERRY_TP_VOCAB) && d->ndim < 1) ||
         (unsigned)t->role > FERRY_TP_VOCAB)
-        return fr_rs_err(err, FERRY_EINVAL, "tensor '%s': role %d does not fit %u dims", d->name, (int)t->role,
-                         d->ndim);
+        return fr_fail(err, FERRY_EINVAL, "tensor '%s': role %d does not fit %u dims", d->name, (int)t->role,
+                       d->ndim);
     if (t->layer < FERRY_LAYER_LAST || (t->layer >= 0 && (uint32_t)t->layer >= m->layers))
-        return fr_rs_err(err, FERRY_EINVAL, "tensor '%s': layer %d outside the model's %u layers", d->name,
-                         t->layer, m->layers);
+        return fr_fail(err, FERRY_EINVAL, "tensor '%s': layer %d outside the model's %u layers", d->name,
+                       t->layer, m->layers);
     if (t->expert < -1 || (t->expert >= 0 && (uint32_t)t->expert >= m->experts))
-        return fr_rs_err(err, FERRY_EINVAL, "tensor '%s': expert %d outside the model's %u experts", d->name,
-                         t->expert, m->experts);
+        return fr_fail(err, FERRY_EINVAL, "tensor '%s': expert %d outside the model's %u experts", d->name,
+                       t->expert, m->experts);
     for (uint32_t i = 0; i < d->ndim; i++)
         if (!d->shape[i])
-            return fr_rs_err(err, FERRY_EINVAL, "tensor '%s': dim %u is 0", d->name, i);
+            return fr_fail(err, FERRY_EINVAL, "tensor '%s': dim %u is 0", d->name, i);
     if (fr_grow((void **)&m->t, &m->cap, m->n + 1, sizeof *m->t) < 0)
-        return fr_rs_err(err, FERRY_ENOMEM, "out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "out of memory");
     fr_mtensor *x = &m->t[m->n];
     memset(x, 0, sizeof *x);
     if (!(x->name = fr_strdup(d->name)))
-        return fr_rs_err(err, FERRY_ENOMEM, "out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "out of memory");
     snprintf(x->dtype, sizeof x->dtype, "%s", d->dtype);
     x->itemsize = d->itemsize;
     x->ndim = d->ndim;
@@ -249,7 +249,7 @@ const char *ferry_model_preset_name(size_t i)
 int ferry_model_preset(const char *name, ferry_model **out, ferry_error *err)
 {
     if (!name || !out)
-        return fr_rs_err(err, FERRY_EINVAL, "null argument");
+        return fr_fail(err, FERRY_EINVAL, "null argument");
     static const qwen3_cfg q8 = {4096, 36, 32, 8, 128, 12288, 151936, 0, 0};
     static const qwen3_cfg q30 = {2048, 48, 32, 4, 128, 6144, 151936, 128, 768};
     static const mla_cfg dsv3 = {7168, 61, 3, 18432, 256, 2048, 1, 128, 1536, 512, 128, 64, 128, 129280};
@@ -265,12 +265,12 @@ int ferry_model_preset(const char *name, ferry_model **out, ferry_error *err)
     else if (!strcmp(name, "kimi-k2"))
         d = &kimi;
     else
-        return fr_rs_err(err, FERRY_ENOENT, "no model preset '%s' (qwen3-8b, qwen3-30b-a3b, deepseek-v3, kimi-k2)",
-                         name);
+        return fr_fail(err, FERRY_ENOENT, "no model preset '%s' (qwen3-8b, qwen3-30b-a3b, deepseek-v3, kimi-k2)",
+                       name);
     ferry_model *m;
     int rc = ferry_model_create(name, (uint32_t)(q ? q->layers : d->layers), (uint32_t)(q ? q->experts : d->experts), &m);
     if (rc < 0)
-        return fr_rs_err(err, rc, "out of memory");
+        return fr_fail(err, rc, "out of memory");
     builder b = {m, err, 0};
     if (q)
         qwen3(&b, q);

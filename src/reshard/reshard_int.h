@@ -14,7 +14,6 @@
 
 /* ---- errors ------------------------------------------------------------ */
 /* Fill err (may be NULL) and return code. */
-int fr_rs_err(ferry_error *err, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* "[a,b,c]" into buf. */
 const char *fr_fmt_dims(char *buf, size_t cap, const uint64_t *v, uint32_t n);
 

@@ -7,18 +7,6 @@
 
 /* ---- errors and formatting ---------------------------------------------- */
 
-int fr_rs_err(ferry_error *err, int code, const char *fmt, ...)
-{
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-        va_end(ap);
-        err->code = code;
-    }
-    return code;
-}
-
 const char *fr_fmt_dims(char *buf, size_t cap, const uint64_t *v, uint32_t n)
 {
     size_t k = 0;

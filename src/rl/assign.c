@@ -8,20 +8,6 @@
 #include "ferry/weights.h"
 #include "rl/rl_int.h"
 
-int fr_rl_fail(ferry_error *err, int code, const char *fmt, ...)
-{
-    if (err) {
-        char msg[sizeof err->msg];   /* the arguments may be err->msg itself */
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(msg, sizeof msg, fmt, ap);
-        va_end(ap);
-        memcpy(err->msg, msg, sizeof msg);
-        err->code = code;
-    }
-    return code;
-}
-
 typedef struct { uint64_t bytes; size_t idx; } item;
 
 static int by_size_desc(const void *a, const void *b)
@@ -49,7 +35,7 @@ int ferry_weights_assign(const uint64_t *tensor_bytes, size_t ntensors,
                          ferry_error *err)
 {
     if (nranks == 0 || !rank_node || (ntensors && (!tensor_bytes || !publisher)))
-        return fr_rl_fail(err, FERRY_EINVAL, "assign: no trainer ranks or no arrays");
+        return fr_fail(err, FERRY_EINVAL, "assign: no trainer ranks or no arrays");
     /* Ranks sorted by (node, rank): each node's ranks are one run. */
     uint64_t *rk = malloc(nranks * sizeof *rk);
     uint64_t *rank_load = calloc(nranks, sizeof *rank_load);
@@ -57,7 +43,7 @@ int ferry_weights_assign(const uint64_t *tensor_bytes, size_t ntensors,
     item *it = malloc((ntensors ? ntensors : 1) * sizeof *it);
     if (!rk || !rank_load || !nodes || !it) {
         free(rk), free(rank_load), free(nodes), free(it);
-        return fr_rl_fail(err, FERRY_ENOMEM, "assign: out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "assign: out of memory");
     }
     for (uint32_t r = 0; r < nranks; r++)
         rk[r] = (uint64_t)rank_node[r] << 32 | r;

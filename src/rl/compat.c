@@ -113,7 +113,7 @@ static int prepare(ferry_compat_group *g, uint64_t *active, ferry_weight_manifes
     const char *model = g->cfg.model;
     int rc = fr_rl_active_read(g->s, model, active, NULL);
     if (rc < 0)
-        return fr_rl_fail(err, rc, "no generation of %s is active (%s)", model, ferry_strerror(rc));
+        return fr_fail(err, rc, "no generation of %s is active (%s)", model, ferry_strerror(rc));
     if (*active == g->generation)
         return 0;
     rc = ferry_weights_manifest(g->s, model, *active, m, err);
@@ -121,10 +121,10 @@ static int prepare(ferry_compat_group *g, uint64_t *active, ferry_weight_manifes
         return rc;
     for (size_t i = 0; i < m->n; i++)
         if (m->entries[i].bytes > g->cfg.staging_bytes)
-            return fr_rl_fail(err, FERRY_EMSGSIZE, "tensor %s (%" PRIu64 " bytes) does not fit in "
-                              "the staging buffer of worker %u (%" PRIu64 " bytes)",
-                              m->entries[i].name, m->entries[i].bytes, g->cfg.rank,
-                              g->cfg.staging_bytes);
+            return fr_fail(err, FERRY_EMSGSIZE, "tensor %s (%" PRIu64 " bytes) does not fit in "
+                           "the staging buffer of worker %u (%" PRIu64 " bytes)",
+                           m->entries[i].name, m->entries[i].bytes, g->cfg.rank,
+                           g->cfg.staging_bytes);
     return fr_gen_lease_all(g->s, fr_gen_of(m), err);
 }
 
@@ -171,7 +171,7 @@ static int read_records(ferry_compat_group *g, uint64_t gen, uint64_t *id, uint3
     uint32_t world = g->cfg.world;
     fr_hasher *h = fr_hasher_new(0x77636f6d);
     if (!h)
-        return fr_rl_fail(err, FERRY_ENOMEM, "compat: out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "compat: out of memory");
     int rc = 0;
     for (uint32_t k = 0; k < world && rc == 0; k++) {
         char key[FR_KEY_MAX];
@@ -179,21 +179,21 @@ static int read_records(ferry_compat_group *g, uint64_t gen, uint64_t *id, uint3
         rec_key(g, k, key, sizeof key);
         rc = ferry_kv_get(g->s, key, &v);
         if (rc < 0) {
-            fr_rl_fail(err, rc, "compat: worker %u left no record", k);
+            fr_fail(err, rc, "compat: worker %u left no record", k);
             break;
         }
         const uint8_t *b = v.val;
         uint32_t dl = v.len >= HDR ? get32(b + 48) : 0, ml = v.len >= HDR ? get32(b + 52) : 0;
         if (v.len < HDR || memcmp(b, MAGIC, 8) != 0 || get32(b + 16) != k ||
             dl > FERRY_DESC_MAX || (uint64_t)HDR + dl + ml != v.len) {
-            rc = fr_rl_fail(err, FERRY_EPROTO, "compat: the record of worker %u is malformed", k);
+            rc = fr_fail(err, FERRY_EPROTO, "compat: the record of worker %u is malformed", k);
         } else if ((int32_t)get32(b + 24) < 0) {
             int code = (int32_t)get32(b + 24);
-            rc = fr_rl_fail(err, code, "worker %u: %.*s", k, (int)(ml > 400 ? 400 : ml),
-                            (const char *)b + HDR + dl);
+            rc = fr_fail(err, code, "worker %u: %.*s", k, (int)(ml > 400 ? 400 : ml),
+                         (const char *)b + HDR + dl);
         } else if (get64(b + 8) != gen) {
-            rc = fr_rl_fail(err, FERRY_ESTATE, "compat: worker %u is updating to generation %" PRIu64
-                            ", this one to %" PRIu64 "; retry", k, get64(b + 8), gen);
+            rc = fr_fail(err, FERRY_ESTATE, "compat: worker %u is updating to generation %" PRIu64
+                         ", this one to %" PRIu64 "; retry", k, get64(b + 8), gen);
         } else {
             mate *mt = &g->mates[k];
             mt->node = get32(b + 20);
@@ -206,7 +206,7 @@ static int read_records(ferry_compat_group *g, uint64_t gen, uint64_t *id, uint3
                 mt->view_rc = 0;
                 rc = ferry_region_import(g->e, b + HDR, dl, &mt->rr);
                 if (rc < 0) {
-                    fr_rl_fail(err, rc, "compat: cannot reach worker %u: %s", k, ferry_strerror(rc));
+                    fr_fail(err, rc, "compat: cannot reach worker %u: %s", k, ferry_strerror(rc));
                 } else {
                     memcpy(mt->desc, b + HDR, dl);
                     mt->desc_len = dl;
@@ -297,7 +297,7 @@ static int open_batch(ferry_compat_group *g, const ferry_weight_manifest *m, con
     size_t a = p->bstart[k], n = p->bstart[k + 1] - a;
     ferry_param_shard *sh = calloc(n ? n : 1, sizeof *sh);
     if (!sh)
-        return fr_rl_fail(err, FERRY_ENOMEM, "compat: out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "compat: out of memory");
     for (size_t i = 0; i < n; i++) {
         const ferry_weight_entry *e = &m->entries[a + i];
         ferry_param_shard *s = &sh[i];
@@ -355,7 +355,7 @@ static int batches_for(ferry_compat_group *g, const ferry_weight_manifest *m, co
     g->bctx = calloc(p->nbatches ? p->nbatches : 1, sizeof *g->bctx);
     if (!g->subs || !g->bctx) {
         close_batches(g);
-        return fr_rl_fail(err, FERRY_ENOMEM, "compat: out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "compat: out of memory");
     }
     g->nsubs = p->nbatches;
     for (size_t k = 0; k < p->nbatches; k++) {
@@ -463,9 +463,9 @@ static int take_view(run *r, size_t t, uint32_t from, ferry_error *err)
     if (rc == 0 && id && ferry_exec_stream_wait(r->xs, id, true, &te) != FERRY_TICKET_COMPLETED)
         rc = te ? te : FERRY_EIO;
     if (rc < 0)
-        return fr_rl_fail(err, FERRY_EREBUILD, "compat: reading tensor %s from the staging of "
-                          "worker %u failed: %s; the loaded weights must be rebuilt", e->name,
-                          from, ferry_strerror(rc));
+        return fr_fail(err, FERRY_EREBUILD, "compat: reading tensor %s from the staging of "
+                       "worker %u failed: %s; the loaded weights must be rebuilt", e->name,
+                       from, ferry_strerror(rc));
     r->st->bytes_received += e->bytes;
     return 0;
 }
@@ -581,10 +581,10 @@ static void *rounds(void *arg)
             if (rc == FERRY_ETIMEDOUT) {
                 char was[sizeof e.msg];
                 snprintf(was, sizeof was, "%s", e.msg);
-                fr_rl_fail(&e, FERRY_ETIMEDOUT, "compat: the group did not reach batch %zu "
-                           "together within %" PRIu64 " ms of this worker arriving (a worker "
-                           "died, hung or cannot reach the master): %s; the loaded weights "
-                           "must be rebuilt", k, tmo_of(g), was);
+                fr_fail(&e, FERRY_ETIMEDOUT, "compat: the group did not reach batch %zu "
+                        "together within %" PRIu64 " ms of this worker arriving (a worker "
+                        "died, hung or cannot reach the master): %s; the loaded weights "
+                        "must be rebuilt", k, tmo_of(g), was);
             }
             helper_failed(r, rc, &e, derived);
             if (rc == FERRY_ETIMEDOUT) {   /* nobody passed that barrier: nobody goes on */
@@ -667,7 +667,7 @@ static int run_update(ferry_compat_group *g, const ferry_weight_manifest *m, con
     ferry_stream_config sc = { .engine = g->e, .timeout_ms = (int)tmo_of(g) };
     if (!r.src || !g->checked || ferry_exec_stream_open(&sc, &r.xs, NULL, NULL) < 0) {
         free(r.src);
-        return fr_rl_fail(err, FERRY_ENOMEM, "compat: out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "compat: out of memory");
     }
     pthread_mutex_init(&r.mu, NULL);
     pthread_cond_init(&r.cv, NULL);
@@ -677,7 +677,7 @@ static int run_update(ferry_compat_group *g, const ferry_weight_manifest *m, con
     pthread_t th;
     int rc = pthread_create(&th, NULL, rounds, &r);
     if (rc != 0) {
-        rc = fr_rl_fail(err, FERRY_ENOMEM, "compat: cannot start a thread: %s", strerror(rc));
+        rc = fr_fail(err, FERRY_ENOMEM, "compat: cannot start a thread: %s", strerror(rc));
     } else {
         load_all(&r, fn, ctx);
         pthread_join(th, NULL);
@@ -693,11 +693,11 @@ static int run_update(ferry_compat_group *g, const ferry_weight_manifest *m, con
             st->barrier_s += now_s() - t0;
             if (brc < 0 && r.rc == 0) {
                 ferry_error e = {0};
-                fr_rl_fail(&e, FERRY_EREBUILD, "compat: the group did not finish batch %zu "
-                           "together within %" PRIu64 " ms of this worker arriving (a worker "
-                           "died, hung or cannot reach the master): %s; the loaded weights "
-                           "must be rebuilt", p->nbatches ? p->nbatches - 1 : 0, tmo_of(g),
-                           ferry_strerror(brc));
+                fr_fail(&e, FERRY_EREBUILD, "compat: the group did not finish batch %zu "
+                        "together within %" PRIu64 " ms of this worker arriving (a worker "
+                        "died, hung or cannot reach the master): %s; the loaded weights "
+                        "must be rebuilt", p->nbatches ? p->nbatches - 1 : 0, tmo_of(g),
+                        ferry_strerror(brc));
                 helper_failed(&r, FERRY_EREBUILD, &e, false);
             }
         }
@@ -753,7 +753,7 @@ static int group_update(ferry_compat_group *g, uint64_t *generation, ferry_weigh
     if (err)
         err->msg[0] = 0;
     if (!g || !generation || !fn)
-        return fr_rl_fail(err, FERRY_EINVAL, "compat: bad arguments");
+        return fr_fail(err, FERRY_EINVAL, "compat: bad arguments");
     double t0 = now_s();
     g->generation = *generation;
     st->generation = *generation;
@@ -774,15 +774,15 @@ static int group_update(ferry_compat_group *g, uint64_t *generation, ferry_weigh
      * for a record that never comes. */
     int rc = put_record(g, active, verdict, fr_random_u64(), perr.msg);
     if (rc < 0)
-        fr_rl_fail(err, rc, "compat: cannot record this worker's verdict: %s",
-                   ferry_store_last_error());
+        fr_fail(err, rc, "compat: cannot record this worker's verdict: %s",
+                ferry_store_last_error());
     char bar[FR_KEY_MAX], member[32];
     (void)fr_key_compat(bar, sizeof bar, g->cfg.model, g->cfg.group, "prepared");
     snprintf(member, sizeof member, "worker %u", g->cfg.rank);
     int brc = ferry_barrier(g->s, bar, member, g->cfg.world, tmo_of(g), NULL);
     if (rc == 0 && brc < 0)
-        rc = fr_rl_fail(err, brc, "compat: not every worker of group %s arrived: %s",
-                        g->cfg.group, ferry_strerror(brc));
+        rc = fr_fail(err, brc, "compat: not every worker of group %s arrived: %s",
+                     g->cfg.group, ferry_strerror(brc));
     uint64_t id = 0;
     if (rc == 0)
         rc = read_records(g, active, &id, &st->imported, err);
@@ -790,7 +790,7 @@ static int group_update(ferry_compat_group *g, uint64_t *generation, ferry_weigh
     st->exchange_s = t2 - t1;
     layout p = {0};
     if (rc == 0 && (rc = make_layout(g, &m, &p)) < 0)
-        fr_rl_fail(err, rc, "compat: planning: %s", ferry_strerror(rc));
+        fr_fail(err, rc, "compat: planning: %s", ferry_strerror(rc));
     if (rc == 0)
         rc = batches_for(g, &m, &p, err);
     double t3 = now_s();
@@ -826,13 +826,13 @@ int ferry_compat_group_open(ferry_store *s, const ferry_compat_config *cfg,
 {
     if (!s || !cfg || !out || cfg->world == 0 || cfg->rank >= cfg->world || !cfg->model[0] ||
         strchr(cfg->model, '/') || !cfg->group[0] || strchr(cfg->group, '/'))
-        return fr_rl_fail(err, FERRY_EINVAL, "compat: bad arguments (model, group, rank, world)");
+        return fr_fail(err, FERRY_EINVAL, "compat: bad arguments (model, group, rank, world)");
     if (!FR_RESERVED_OK(cfg))
-        return fr_rl_fail(err, FERRY_EINVAL, "compat: the config's reserved fields must be zero "
-                          "(start from ferry_compat_config_init)");
+        return fr_fail(err, FERRY_EINVAL, "compat: the config's reserved fields must be zero "
+                       "(start from ferry_compat_config_init)");
     ferry_compat_group *g = calloc(1, sizeof *g);
     if (!g)
-        return fr_rl_fail(err, FERRY_ENOMEM, "compat: out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "compat: out of memory");
     g->s = s;
     g->cfg = *cfg;
     fr_rl_compat_resolve(&g->cfg);
@@ -844,8 +844,8 @@ int ferry_compat_group_open(ferry_store *s, const ferry_compat_config *cfg,
                  : FERRY_ENOMEM;
     if (rc < 0) {
         g->staging = NULL;
-        fr_rl_fail(err, rc, "compat: cannot allocate %" PRIu64 " bytes of staging: %s",
-                   g->cfg.staging_bytes, ferry_strerror(rc));
+        fr_fail(err, rc, "compat: cannot allocate %" PRIu64 " bytes of staging: %s",
+                g->cfg.staging_bytes, ferry_strerror(rc));
         goto fail;
     }
     /* remote-readable too: the workers of my node take my tensors from it
@@ -855,7 +855,7 @@ int ferry_compat_group_open(ferry_store *s, const ferry_compat_config *cfg,
     int dl = rc == 0 ? ferry_region_export(g->reg, g->desc, sizeof g->desc) : rc;
     if (dl < 0) {
         rc = dl;
-        fr_rl_fail(err, rc, "compat: cannot register the staging buffer: %s", ferry_strerror(rc));
+        fr_fail(err, rc, "compat: cannot register the staging buffer: %s", ferry_strerror(rc));
         goto fail;
     }
     g->desc_len = (uint32_t)dl;

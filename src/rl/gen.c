@@ -106,22 +106,22 @@ static int load_manifest(ferry_store *s, fr_gen *g, uint64_t bytes, const uint8_
 {
     char key[FR_KEY_MAX];
     if (fr_key_gen_file(key, sizeof key, g->model, g->generation, "manifest.json") < 0)
-        return fr_rl_fail(err, FERRY_EINVAL, "model name too long");
+        return fr_fail(err, FERRY_EINVAL, "model name too long");
     char *text = malloc(bytes + 1);
     if (!text)
-        return fr_rl_fail(err, FERRY_ENOMEM, "out of memory for the manifest of %s", g->model);
+        return fr_fail(err, FERRY_ENOMEM, "out of memory for the manifest of %s", g->model);
     size_t got = 0;
     int rc = ferry_store_get_into(s, key, text, bytes, &got);
     if (rc < 0) {
         free(text);
-        return fr_rl_fail(err, rc, "generation %" PRIu64 " of %s is not whole: its placement "
-                          "cannot be read: %s", g->generation, g->model, ferry_store_last_error());
+        return fr_fail(err, rc, "generation %" PRIu64 " of %s is not whole: its placement "
+                       "cannot be read: %s", g->generation, g->model, ferry_store_last_error());
     }
     fr_hash128_t h = fr_hash128(text, got, 0);
     if (got != bytes || memcmp(h.b, hash, 16) != 0) {
         free(text);
-        return fr_rl_fail(err, FERRY_ECORRUPT, "the placement of %s generation %" PRIu64
-                          " does not match its digest", g->model, g->generation);
+        return fr_fail(err, FERRY_ECORRUPT, "the placement of %s generation %" PRIu64
+                       " does not match its digest", g->model, g->generation);
     }
     memcpy(g->placement, hash, 16);
     rc = ferry_manifest_from_json(text, got, &g->m, err);
@@ -129,16 +129,16 @@ static int load_manifest(ferry_store *s, fr_gen *g, uint64_t bytes, const uint8_
     if (rc < 0)
         return rc;
     if (ferry_manifest_rank_count(g->m) != g->nranks)
-        return fr_rl_fail(err, FERRY_EPROTO, "generation %" PRIu64 " of %s: %u ranks listed, its "
-                          "placement has %u", g->generation, g->model, g->nranks,
-                          ferry_manifest_rank_count(g->m));
+        return fr_fail(err, FERRY_EPROTO, "generation %" PRIu64 " of %s: %u ranks listed, its "
+                       "placement has %u", g->generation, g->model, g->nranks,
+                       ferry_manifest_rank_count(g->m));
     rc = ferry_manifest_pack(g->m, FR_GEN_ALIGN, FR_GEN_OBJECT_MAX, &g->pack, err);
     for (uint32_t r = 0; r < g->nranks && rc == 0; r++) {
         fr_gen_rank *gr = &g->ranks[r];
         if (ferry_pack_objects(g->pack, r) != gr->nobjects)
-            return fr_rl_fail(err, FERRY_EPROTO, "generation %" PRIu64 " of %s: rank %u stored %u "
-                              "objects, its placement packs into %u", g->generation, g->model, r,
-                              gr->nobjects, ferry_pack_objects(g->pack, r));
+            return fr_fail(err, FERRY_EPROTO, "generation %" PRIu64 " of %s: rank %u stored %u "
+                           "objects, its placement packs into %u", g->generation, g->model, r,
+                           gr->nobjects, ferry_pack_objects(g->pack, r));
         gr->keys = calloc(gr->nobjects ? gr->nobjects : 1, sizeof *gr->keys);
         for (uint32_t k = 0; gr->keys && k < gr->nobjects; k++) {
             char key[FR_KEY_MAX];
@@ -147,7 +147,7 @@ static int load_manifest(ferry_store *s, fr_gen *g, uint64_t bytes, const uint8_
                 break;
         }
         if (!gr->keys || (gr->nobjects && !gr->keys[gr->nobjects - 1]))
-            return fr_rl_fail(err, FERRY_ENOMEM, "out of memory");
+            return fr_fail(err, FERRY_ENOMEM, "out of memory");
     }
     return rc;
 }
@@ -157,7 +157,7 @@ int fr_gen_load(ferry_store *s, const char *model, uint64_t gen, fr_gen **out, f
     *out = NULL;
     fr_gen *g = calloc(1, sizeof *g);
     if (!g)
-        return fr_rl_fail(err, FERRY_ENOMEM, "out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "out of memory");
     snprintf(g->model, sizeof g->model, "%s", model);
     g->generation = gen;
     char k[FR_KEY_MAX];
@@ -166,8 +166,8 @@ int fr_gen_load(ferry_store *s, const char *model, uint64_t gen, fr_gen **out, f
     int rc = ferry_kv_get(s, k, &v);
     if (rc < 0) {
         fr_gen_free(g);
-        return fr_rl_fail(err, rc, "generation %" PRIu64 " of %s: %s", gen, model,
-                          rc == FERRY_ENOENT ? "not published" : ferry_store_last_error());
+        return fr_fail(err, rc, "generation %" PRIu64 " of %s: %s", gen, model,
+                       rc == FERRY_ENOENT ? "not published" : ferry_store_last_error());
     }
     fr_hash128_t d = fr_hash128(v.val, v.len, 0);
     memcpy(g->digest, d.b, 16);
@@ -175,26 +175,26 @@ int fr_gen_load(ferry_store *s, const char *model, uint64_t gen, fr_gen **out, f
     uint8_t want[16];
     if (fr_rl_active_read(s, model, &active, want) == 0 && active == gen &&
         memcmp(want, g->digest, 16) != 0)
-        rc = fr_rl_fail(err, FERRY_ECORRUPT, "the manifest of %s generation %" PRIu64
-                        " does not match the announced digest", model, gen);
+        rc = fr_fail(err, FERRY_ECORRUPT, "the manifest of %s generation %" PRIu64
+                     " does not match the announced digest", model, gen);
     uint64_t mbytes = 0;
     uint8_t mhash[16];
     fr_sgen sg = {0};
     if (rc == 0 && fr_sgen_is(v.val, v.len)) {
         /* A delta is not a whole generation: say what can load it. */
         bool ok = fr_sgen_parse(v.val, v.len, gen, &sg) == 0;
-        rc = ok ? fr_rl_fail(err, FERRY_ESTATE, "generation %" PRIu64 " of %s is a sparse delta "
-                             "on generation %" PRIu64 " (its chain starts at dense generation %"
-                             PRIu64 "): a dense update cannot load it; update with "
-                             "ferry_sparse_update, which applies the chain (loading generation %"
-                             PRIu64 " first when needed)", gen, model, sg.base, sg.dense, sg.dense)
-                : fr_rl_fail(err, FERRY_EPROTO, "the manifest of %s generation %" PRIu64 " is a "
-                             "malformed sparse generation", model, gen);
+        rc = ok ? fr_fail(err, FERRY_ESTATE, "generation %" PRIu64 " of %s is a sparse delta "
+                          "on generation %" PRIu64 " (its chain starts at dense generation %"
+                          PRIu64 "): a dense update cannot load it; update with "
+                          "ferry_sparse_update, which applies the chain (loading generation %"
+                          PRIu64 " first when needed)", gen, model, sg.base, sg.dense, sg.dense)
+                : fr_fail(err, FERRY_EPROTO, "the manifest of %s generation %" PRIu64 " is a "
+                          "malformed sparse generation", model, gen);
         fr_sgen_free(&sg);
     }
     if (rc == 0 && (rc = parse_text(g, v.val, &mbytes, mhash)) < 0)
-        fr_rl_fail(err, rc, "the manifest of %s generation %" PRIu64 " is malformed (or of an "
-                   "older ferry)", model, gen);
+        fr_fail(err, rc, "the manifest of %s generation %" PRIu64 " is malformed (or of an "
+                "older ferry)", model, gen);
     ferry_store_free(v.val);
     if (rc == 0)
         rc = load_manifest(s, g, mbytes, mhash, err);
@@ -255,11 +255,11 @@ int fr_rl_shard_check(const ferry_param_shard *p, const ferry_tensor_desc *d, ui
     dims_text(off, sizeof off, p->offset, nd);
     dims_text(shp, sizeof shp, p->shape, nd);
     if (!p->dst)
-        return fr_rl_fail(err, FERRY_EINVAL, "tensor %s: the shard at offset %s, shape %s has no "
-                          "buffer", d->name, off, shp);
-    return fr_rl_fail(err, FERRY_EINVAL, "tensor %s: the shard at offset %s, shape %s spans %"
-                      PRIu64 " bytes of its buffer, which holds %" PRIu64, d->name, off, shp,
-                      bytes, p->dst_bytes);
+        return fr_fail(err, FERRY_EINVAL, "tensor %s: the shard at offset %s, shape %s has no "
+                       "buffer", d->name, off, shp);
+    return fr_fail(err, FERRY_EINVAL, "tensor %s: the shard at offset %s, shape %s spans %"
+                   PRIu64 " bytes of its buffer, which holds %" PRIu64, d->name, off, shp,
+                   bytes, p->dst_bytes);
 }
 
 /* ---- checksums ------------------------------------------------------------------------ */
@@ -318,7 +318,7 @@ static int load_sums(ferry_store *s, fr_gen *g, uint32_t rank, ferry_error *err)
             free(count);
             free(g->ordinal);
             g->ordinal = NULL;
-            return fr_rl_fail(err, FERRY_ENOMEM, "out of memory");
+            return fr_fail(err, FERRY_ENOMEM, "out of memory");
         }
         for (uint64_t id = 0; id < n; id++) {
             ferry_packed p;
@@ -330,25 +330,25 @@ static int load_sums(ferry_store *s, fr_gen *g, uint32_t rank, ferry_error *err)
     char key[FR_KEY_MAX], what[32];
     snprintf(what, sizeof what, "r%u.sums", rank);
     if (fr_key_gen_file(key, sizeof key, g->model, g->generation, what) < 0)
-        return fr_rl_fail(err, FERRY_EINVAL, "model name %s too long for a key", g->model);
+        return fr_fail(err, FERRY_EINVAL, "model name %s too long for a key", g->model);
     void *buf = NULL;
     size_t len = 0;
     int rc = ferry_store_get(s, key, &buf, &len);
     if (rc < 0)
-        return fr_rl_fail(err, rc, "the checksums of rank %u of %s generation %" PRIu64
-                          " cannot be read: %s", rank, g->model, g->generation,
-                          ferry_store_last_error());
+        return fr_fail(err, rc, "the checksums of rank %u of %s generation %" PRIu64
+                       " cannot be read: %s", rank, g->model, g->generation,
+                       ferry_store_last_error());
     if (fr_hash64(buf, len, 0) != g->ranks[rank].sums_hash || len % 8) {
         ferry_store_free(buf);
-        return fr_rl_fail(err, FERRY_ECORRUPT, "the checksums of rank %u of %s generation %"
-                          PRIu64 " do not match the manifest", rank, g->model, g->generation);
+        return fr_fail(err, FERRY_ECORRUPT, "the checksums of rank %u of %s generation %"
+                       PRIu64 " do not match the manifest", rank, g->model, g->generation);
     }
     g->ranks[rank].sums = malloc(len ? len : 8);
     if (g->ranks[rank].sums)
         memcpy(g->ranks[rank].sums, buf, len);
     g->ranks[rank].nsums = len / 8;
     ferry_store_free(buf);
-    return g->ranks[rank].sums ? 0 : fr_rl_fail(err, FERRY_ENOMEM, "out of memory");
+    return g->ranks[rank].sums ? 0 : fr_fail(err, FERRY_ENOMEM, "out of memory");
 }
 
 int fr_gen_checksum(ferry_store *s, fr_gen *g, uint64_t frag, uint64_t *out, ferry_error *err)
@@ -356,13 +356,13 @@ int fr_gen_checksum(ferry_store *s, fr_gen *g, uint64_t frag, uint64_t *out, fer
     ferry_packed p;
     int rc = ferry_pack_fragment(g->pack, frag, &p);
     if (rc < 0 || p.rank >= g->nranks)
-        return fr_rl_fail(err, FERRY_EINVAL, "no fragment %" PRIu64, frag);
+        return fr_fail(err, FERRY_EINVAL, "no fragment %" PRIu64, frag);
     if (!g->ranks[p.rank].sums && (rc = load_sums(s, g, p.rank, err)) < 0)
         return rc;
     uint32_t o = g->ordinal[frag];
     if (o >= g->ranks[p.rank].nsums)
-        return fr_rl_fail(err, FERRY_EPROTO, "rank %u of %s generation %" PRIu64 " has no "
-                          "checksum for fragment %" PRIu64, p.rank, g->model, g->generation, frag);
+        return fr_fail(err, FERRY_EPROTO, "rank %u of %s generation %" PRIu64 " has no "
+                       "checksum for fragment %" PRIu64, p.rank, g->model, g->generation, frag);
     *out = g->ranks[p.rank].sums[o];
     return 0;
 }
@@ -376,7 +376,7 @@ int fr_gen_lease_all(ferry_store *s, const fr_gen *g, ferry_error *err)
     void **bufs = calloc(n ? n : 1, sizeof *bufs);
     size_t *caps = calloc(n ? n : 1, sizeof *caps);
     int64_t *res = calloc(n ? n : 1, sizeof *res);
-    int rc = keys && bufs && caps && res ? 0 : fr_rl_fail(err, FERRY_ENOMEM, "out of memory");
+    int rc = keys && bufs && caps && res ? 0 : fr_fail(err, FERRY_ENOMEM, "out of memory");
     size_t k = 0;
     for (uint32_t r = 0; rc == 0 && r < g->nranks; r++)
         for (uint32_t o = 0; o < g->ranks[r].nobjects; o++)
@@ -385,8 +385,8 @@ int fr_gen_lease_all(ferry_store *s, const fr_gen *g, ferry_error *err)
         rc = ferry_store_batch_get_into(s, keys, bufs, caps, n, res);
     for (size_t i = 0; rc < 0 && i < n; i++)
         if (res[i] < 0 && res[i] != FERRY_EMSGSIZE) {
-            rc = fr_rl_fail(err, (int)res[i], "generation %" PRIu64 " of %s is not whole: %s: %s",
-                            g->generation, g->model, keys[i], ferry_strerror((int)res[i]));
+            rc = fr_fail(err, (int)res[i], "generation %" PRIu64 " of %s is not whole: %s: %s",
+                         g->generation, g->model, keys[i], ferry_strerror((int)res[i]));
             break;
         }
     if (rc == FERRY_EMSGSIZE)

@@ -50,7 +50,7 @@ int fr_gread_run(ferry_store *s, const fr_gen *g, const fr_gread *v, size_t n, u
     size_t batch = n < READ_BATCH ? n : READ_BATCH;
     ferry_strided_range *r = malloc((batch ? batch : 1) * sizeof *r);
     int64_t *res = malloc((batch ? batch : 1) * sizeof *res);
-    int rc = r && res ? 0 : fr_rl_fail(err, FERRY_ENOMEM, "out of memory for the reads");
+    int rc = r && res ? 0 : fr_fail(err, FERRY_ENOMEM, "out of memory for the reads");
     for (size_t at = 0; at < n && rc == 0; at += batch) {
         size_t k = n - at < batch ? n - at : batch;
         for (size_t i = 0; i < k && rc == 0; i++) {
@@ -58,8 +58,8 @@ int fr_gread_run(ferry_store *s, const fr_gen *g, const fr_gread *v, size_t n, u
             const char *key;
             uint64_t off;
             if (fr_gen_where(g, x->frag, &key, &off, NULL) < 0)
-                rc = fr_rl_fail(err, FERRY_EPROTO, "a read names fragment %" PRIu64 ", not in "
-                                "generation %" PRIu64, x->frag, g->generation);
+                rc = fr_fail(err, FERRY_EPROTO, "a read names fragment %" PRIu64 ", not in "
+                             "generation %" PRIu64, x->frag, g->generation);
             r[i] = (ferry_strided_range){ .key = key, .src_offset = off + x->src, .dst = x->dst,
                                           .len = x->len, .count = x->count,
                                           .src_stride = x->sstride, .dst_stride = x->dstride };
@@ -74,9 +74,9 @@ int fr_gread_run(ferry_store *s, const fr_gen *g, const fr_gread *v, size_t n, u
                     *bytes += want;
                 continue;
             }
-            rc = fr_rl_fail(err, res[i] < 0 ? (int)res[i] : FERRY_EIO,
-                            "reading %s at %" PRIu64 " failed: %s", r[i].key, r[i].src_offset,
-                            res[i] < 0 ? ferry_store_last_error() : "short read");
+            rc = fr_fail(err, res[i] < 0 ? (int)res[i] : FERRY_EIO,
+                         "reading %s at %" PRIu64 " failed: %s", r[i].key, r[i].src_offset,
+                         res[i] < 0 ? ferry_store_last_error() : "short read");
             break;
         }
     }
@@ -114,7 +114,7 @@ int fr_gen_verify_tensor(ferry_store *s, fr_gen *g, uint32_t tensor, const void 
     ferry_tensor_desc d;
     int rc = ferry_manifest_tensor(g->m, tensor, &d);
     if (rc < 0)
-        return fr_rl_fail(err, FERRY_EINVAL, "no tensor %u", tensor);
+        return fr_fail(err, FERRY_EINVAL, "no tensor %u", tensor);
     uint64_t strides[FERRY_MAX_DIMS], st = 1;
     for (int k = (int)d.ndim - 1; k >= 0; k--) {
         strides[k] = st;
@@ -143,9 +143,9 @@ int fr_gen_verify_tensor(ferry_store *s, fr_gen *g, uint32_t tensor, const void 
             off += fr.offset[k] * strides[k];
         if (fr_gen_box_hash((const uint8_t *)data + off * d.itemsize, d.ndim, fr.shape, strides,
                             d.itemsize) != want)
-            rc = fr_rl_fail(err, FERRY_ECORRUPT, "tensor %s: the bytes of fragment %" PRIu64
-                            " (published by rank %u) fail its checksum", d.name, r.src_fragment,
-                            fr.rank);
+            rc = fr_fail(err, FERRY_ECORRUPT, "tensor %s: the bytes of fragment %" PRIu64
+                         " (published by rank %u) fail its checksum", d.name, r.src_fragment,
+                         fr.rank);
     }
     ferry_plan_iter_close(it);
     return rc < 0 ? rc : 0;
@@ -159,7 +159,7 @@ int fr_gen_to_manifest(fr_gen *g, ferry_weight_manifest *out, ferry_error *err)
     uint32_t nt = ferry_manifest_tensor_count(g->m);
     out->entries = calloc(nt ? nt : 1, sizeof *out->entries);
     if (!out->entries)
-        return fr_rl_fail(err, FERRY_ENOMEM, "manifest: out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "manifest: out of memory");
     if (whole_plan(g, err) < 0) {
         free(out->entries);
         out->entries = NULL;
@@ -170,7 +170,7 @@ int fr_gen_to_manifest(fr_gen *g, ferry_weight_manifest *out, ferry_error *err)
     uint64_t *first = malloc((nt ? nt : 1) * sizeof *first);
     if (!first) {
         free(out->entries);
-        return fr_rl_fail(err, FERRY_ENOMEM, "manifest: out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "manifest: out of memory");
     }
     for (uint32_t t = 0; t < nt; t++)
         first[t] = UINT64_MAX;
@@ -238,15 +238,15 @@ int fr_gen_read_shards(ferry_store *s, fr_gen *g, const ferry_param_shard *shard
         rc = fr_gread_add(&v, &nv, &cap, &run, shards[shard_of[run.dst_fragment]].dst);
     ferry_plan_iter_close(it);
     if (rc < 0 && err && !err->msg[0])
-        fr_rl_fail(err, rc, "planning the reads of generation %" PRIu64 ": %s", g->generation,
-                   ferry_strerror(rc));
+        fr_fail(err, rc, "planning the reads of generation %" PRIu64 ": %s", g->generation,
+                ferry_strerror(rc));
     if (rc == 0) {
         ferry_error e = {0};
         rc = fr_gread_run(s, g, v, nv, bytes, &e);
         if (ranges)
             *ranges += nv;
         if (rc < 0)   /* the parameters may be partly written */
-            rc = fr_rl_fail(err, FERRY_EREBUILD, "%s; the parameters must be rebuilt", e.msg);
+            rc = fr_fail(err, FERRY_EREBUILD, "%s; the parameters must be rebuilt", e.msg);
     }
     free(v);
     free(shard_of);
@@ -264,7 +264,7 @@ int fr_rl_target(const fr_gen *g, const ferry_param_shard *shards, size_t n, uin
     *out = NULL;
     *shard_of = malloc((n ? n : 1) * sizeof **shard_of);
     if (!*shard_of)
-        return fr_rl_fail(err, FERRY_ENOMEM, "out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "out of memory");
     size_t nf = 0;
     ferry_manifest *t = NULL;
     int rc = ferry_manifest_create(ranks ? ranks : 1, NULL, 1, &t);
@@ -279,15 +279,15 @@ int fr_rl_target(const fr_gen *g, const ferry_param_shard *shards, size_t n, uin
         const ferry_param_shard *p = &shards[i];
         int ti = ferry_manifest_find_tensor(g->m, p->tensor ? p->tensor : "");
         if (ti < 0) {
-            rc = fr_rl_fail(err, FERRY_ENOENT, "tensor %s is not in generation %" PRIu64 " of %s",
-                            p->tensor ? p->tensor : "(null)", g->generation, g->model);
+            rc = fr_fail(err, FERRY_ENOENT, "tensor %s is not in generation %" PRIu64 " of %s",
+                         p->tensor ? p->tensor : "(null)", g->generation, g->model);
             break;
         }
         ferry_tensor_desc d;
         (void)ferry_manifest_tensor(g->m, (uint32_t)ti, &d);
         if (p->ndim != d.ndim) {
-            rc = fr_rl_fail(err, FERRY_EINVAL, "shard of %s has %u dims, the tensor %u", d.name,
-                            p->ndim, d.ndim);
+            rc = fr_fail(err, FERRY_EINVAL, "shard of %s has %u dims, the tensor %u", d.name,
+                         p->ndim, d.ndim);
             break;
         }
         if ((rc = fr_rl_shard_check(p, &d, NULL, err)) < 0)   /* a buffer too small */
@@ -296,13 +296,13 @@ int fr_rl_target(const fr_gen *g, const ferry_param_shard *shards, size_t n, uin
         bool strided = false, empty = false;
         for (uint32_t k = 0; k < d.ndim; k++) {
             if (p->offset[k] > d.shape[k] || p->shape[k] > d.shape[k] - p->offset[k]) {
-                rc = fr_rl_fail(err, FERRY_ERANGE, "shard of %s: dim %u [%" PRIu64 ", +%" PRIu64
-                                ") outside %" PRIu64, d.name, k, p->offset[k], p->shape[k],
-                                d.shape[k]);
+                rc = fr_fail(err, FERRY_ERANGE, "shard of %s: dim %u [%" PRIu64 ", +%" PRIu64
+                             ") outside %" PRIu64, d.name, k, p->offset[k], p->shape[k],
+                             d.shape[k]);
                 break;
             }
             if (p->strides[k] < 0) {
-                rc = fr_rl_fail(err, FERRY_EINVAL, "shard of %s: negative stride", d.name);
+                rc = fr_fail(err, FERRY_EINVAL, "shard of %s: negative stride", d.name);
                 break;
             }
             f.offset[k] = p->offset[k];
@@ -321,7 +321,7 @@ int fr_rl_target(const fr_gen *g, const ferry_param_shard *shards, size_t n, uin
                 f.strides[k] = p->shape[k] == 1 ? 1 : 0;   /* extent 1: any stride */
         rc = ferry_manifest_add_fragment(t, &f, err);
         if (rc < 0 && err)
-            fr_rl_fail(err, rc, "shard %zu of %s: %s", i, d.name, err->msg);
+            fr_fail(err, rc, "shard %zu of %s: %s", i, d.name, err->msg);
         else
             (*shard_of)[nf++] = i;
     }

@@ -45,17 +45,17 @@ static int walk(ferry_store *s, const char *model, uint64_t top, const uint8_t d
         uint8_t got[16];
         int rc = fr_sgen_text(s, model, g, &text, &len, got);
         if (rc == FERRY_ENOENT)
-            return fr_rl_fail(err, FERRY_ELOST, "generation %" PRIu64 " of %s, a link of the chain "
-                              "to the active generation %" PRIu64 ", is gone (retired or never "
-                              "written); publish a dense generation", g, model, top);
+            return fr_fail(err, FERRY_ELOST, "generation %" PRIu64 " of %s, a link of the chain "
+                           "to the active generation %" PRIu64 ", is gone (retired or never "
+                           "written); publish a dense generation", g, model, top);
         if (rc < 0)
-            return fr_rl_fail(err, rc, "cannot read generation %" PRIu64 " of %s: %s", g, model,
-                              ferry_store_last_error());
+            return fr_fail(err, rc, "cannot read generation %" PRIu64 " of %s: %s", g, model,
+                           ferry_store_last_error());
         if (memcmp(got, want, 16) != 0) {
             free(text);
-            return fr_rl_fail(err, FERRY_ECORRUPT, "generation %" PRIu64 " of %s does not match "
-                              "the digest %s names it by", g, model,
-                              g == top ? "the announcement" : "the next link");
+            return fr_fail(err, FERRY_ECORRUPT, "generation %" PRIu64 " of %s does not match "
+                           "the digest %s names it by", g, model,
+                           g == top ? "the announcement" : "the next link");
         }
         if (!fr_sgen_is(text, len)) {   /* the dense root */
             free(text);
@@ -66,14 +66,14 @@ static int walk(ferry_store *s, const char *model, uint64_t top, const uint8_t d
         rc = fr_sgen_parse(text, len, g, &sg);
         free(text);
         if (rc < 0)
-            return fr_rl_fail(err, rc, "generation %" PRIu64 " of %s is a malformed sparse "
-                              "generation", g, model);
+            return fr_fail(err, rc, "generation %" PRIu64 " of %s is a malformed sparse "
+                           "generation", g, model);
         if (depth + 1 >= FR_SGEN_CHAIN_MAX ||
             fr_grow((void **)&out->links, &cap, out->nlinks + 1, sizeof *out->links) < 0) {
             fr_sgen_free(&sg);
-            return fr_rl_fail(err, depth + 1 >= FR_SGEN_CHAIN_MAX ? FERRY_EPROTO : FERRY_ENOMEM,
-                              "the chain of %s from generation %" PRIu64 " is too long", model,
-                              top);
+            return fr_fail(err, depth + 1 >= FR_SGEN_CHAIN_MAX ? FERRY_EPROTO : FERRY_ENOMEM,
+                           "the chain of %s from generation %" PRIu64 " is too long", model,
+                           top);
         }
         out->links[out->nlinks++] = (ferry_sparse_link){ .generation = g, .base = sg.base,
                                                          .keys = sg.keys, .nkeys = sg.nkeys };
@@ -88,18 +88,18 @@ int ferry_sparse_chain_resolve(ferry_store *s, const char *model, uint64_t held,
                                ferry_sparse_chain *out, ferry_error *err)
 {
     if (!s || !model || !*model || strchr(model, '/') || !out)
-        return fr_rl_fail(err, FERRY_EINVAL, "sparse chain: bad arguments (store, model, out)");
+        return fr_fail(err, FERRY_EINVAL, "sparse chain: bad arguments (store, model, out)");
     memset(out, 0, sizeof *out);
     uint8_t dg[16];
     int rc = fr_rl_active_read(s, model, &out->active, dg);
     if (rc == FERRY_ENOENT)
-        return fr_rl_fail(err, rc, "no generation of %s was announced", model);
+        return fr_fail(err, rc, "no generation of %s was announced", model);
     if (rc < 0)
-        return fr_rl_fail(err, rc, "cannot read the active generation of %s: %s", model,
-                          ferry_store_last_error());
+        return fr_fail(err, rc, "cannot read the active generation of %s: %s", model,
+                       ferry_store_last_error());
     if (held > out->active)
-        return fr_rl_fail(err, FERRY_ESTATE, "the worker holds generation %" PRIu64 " of %s, newer "
-                          "than the active generation %" PRIu64, held, model, out->active);
+        return fr_fail(err, FERRY_ESTATE, "the worker holds generation %" PRIu64 " of %s, newer "
+                       "than the active generation %" PRIu64, held, model, out->active);
     if (held == out->active)
         return 0;
     if ((rc = walk(s, model, out->active, dg, out, err)) < 0) {
@@ -147,24 +147,24 @@ static int check_objects(ferry_store *s, const char *model, uint64_t base, uint6
     const char **sorted = malloc((n ? n : 1) * sizeof *sorted);
     uint64_t *segs = malloc((n ? n : 1) * sizeof *segs);
     size_t nseg = 0, plen = 0, pcap = 0;
-    int rc = sorted && segs ? 0 : fr_rl_fail(err, FERRY_ENOMEM, "out of memory");
+    int rc = sorted && segs ? 0 : fr_fail(err, FERRY_ENOMEM, "out of memory");
     for (size_t i = 0; rc == 0 && i < n; i++)
         if (!(sorted[i] = keys[i]))
-            rc = fr_rl_fail(err, FERRY_EINVAL, "sparse announce of %s generation %" PRIu64 ": key %zu "
-                            "is NULL; nothing announced", model, gen, i);
+            rc = fr_fail(err, FERRY_EINVAL, "sparse announce of %s generation %" PRIu64 ": key %zu "
+                         "is NULL; nothing announced", model, gen, i);
     if (rc == 0)
         qsort(sorted, n, sizeof *sorted, key_cmp);
     for (size_t i = 1; rc == 0 && i < n; i++)
         if (!strcmp(sorted[i - 1], sorted[i]))
-            rc = fr_rl_fail(err, FERRY_EINVAL, "sparse announce of %s generation %" PRIu64 ": %s is "
-                            "named twice; nothing announced", model, gen, sorted[i]);
+            rc = fr_fail(err, FERRY_EINVAL, "sparse announce of %s generation %" PRIu64 ": %s is "
+                         "named twice; nothing announced", model, gen, sorted[i]);
     for (size_t i = 0; rc == 0 && i < n; i++) {
         ferry_sparse_index ix;
         ferry_error e = {0};
         rc = ferry_sparse_index_read(s, keys[i], &ix, &e);
         if (rc < 0) {
-            rc = fr_rl_fail(err, rc == FERRY_EPROTO ? FERRY_EINVAL : rc, "sparse announce of %s "
-                            "generation %" PRIu64 ": %s; nothing announced", model, gen, e.msg);
+            rc = fr_fail(err, rc == FERRY_EPROTO ? FERRY_EINVAL : rc, "sparse announce of %s "
+                         "generation %" PRIu64 ": %s; nothing announced", model, gen, e.msg);
             break;
         }
         const ferry_sparse_desc *d = &ix.desc;
@@ -175,19 +175,19 @@ static int check_objects(ferry_store *s, const char *model, uint64_t base, uint6
         for (uint32_t k = 0; same && k < d->ndim; k++)
             same = td.shape[k] == d->shape[k];
         if (d->base_generation != base || d->delta_generation != gen)
-            rc = fr_rl_fail(err, FERRY_EINVAL, "sparse announce of %s generation %" PRIu64 ": %s is "
-                            "the delta %" PRIu64 " -> %" PRIu64 ", not %" PRIu64 " -> %" PRIu64
-                            "; nothing announced", model, gen, keys[i], d->base_generation,
-                            d->delta_generation, base, gen);
+            rc = fr_fail(err, FERRY_EINVAL, "sparse announce of %s generation %" PRIu64 ": %s is "
+                         "the delta %" PRIu64 " -> %" PRIu64 ", not %" PRIu64 " -> %" PRIu64
+                         "; nothing announced", model, gen, keys[i], d->base_generation,
+                         d->delta_generation, base, gen);
         else if (t < 0)
-            rc = fr_rl_fail(err, FERRY_EINVAL, "sparse announce of %s generation %" PRIu64 ": tensor "
-                            "%s of %s is not in dense generation %" PRIu64 "; nothing announced",
-                            model, gen, d->tensor_id, keys[i], dense->generation);
+            rc = fr_fail(err, FERRY_EINVAL, "sparse announce of %s generation %" PRIu64 ": tensor "
+                         "%s of %s is not in dense generation %" PRIu64 "; nothing announced",
+                         model, gen, d->tensor_id, keys[i], dense->generation);
         else if (!same)
-            rc = fr_rl_fail(err, FERRY_EINVAL, "sparse announce of %s generation %" PRIu64 ": tensor "
-                            "%s of %s has another shape than in dense generation %" PRIu64
-                            "; nothing announced", model, gen, d->tensor_id, keys[i],
-                            dense->generation);
+            rc = fr_fail(err, FERRY_EINVAL, "sparse announce of %s generation %" PRIu64 ": tensor "
+                         "%s of %s has another shape than in dense generation %" PRIu64
+                         "; nothing announced", model, gen, d->tensor_id, keys[i],
+                         dense->generation);
         st->objects++;
         st->nnz += d->nnz;
         ferry_sparse_index_free(&ix);
@@ -198,7 +198,7 @@ static int check_objects(ferry_store *s, const char *model, uint64_t base, uint6
                 seen = segs[k] == od.replicas[0].segment;
             size_t need = plen + strlen(keys[i]) + 32;
             if (!seen && fr_grow((void **)probe, &pcap, need, 1) < 0) {
-                rc = fr_rl_fail(err, FERRY_ENOMEM, "out of memory");
+                rc = fr_fail(err, FERRY_ENOMEM, "out of memory");
             } else if (!seen) {
                 segs[nseg++] = od.replicas[0].segment;
                 plen += (size_t)snprintf(*probe + plen, pcap - plen, "%" PRIu64 "\t%s\n",
@@ -240,47 +240,47 @@ int ferry_sparse_announce(ferry_store *s, const char *model, uint64_t base, uint
     memset(st, 0, sizeof *st);
     uint64_t t0 = fr_now_ns();
     if (!s || !model || !*model || strchr(model, '/') || strlen(model) >= 128 || (nkeys && !keys))
-        return fr_rl_fail(err, FERRY_EINVAL, "sparse announce: bad arguments (store, model, keys)");
+        return fr_fail(err, FERRY_EINVAL, "sparse announce: bad arguments (store, model, keys)");
     if (gen <= base || base == 0)
-        return fr_rl_fail(err, FERRY_EINVAL, "sparse announce of %s: generation %" PRIu64 " must be "
-                          "newer than its base %" PRIu64 " (>= 1); nothing announced", model, gen,
-                          base);
+        return fr_fail(err, FERRY_EINVAL, "sparse announce of %s: generation %" PRIu64 " must be "
+                       "newer than its base %" PRIu64 " (>= 1); nothing announced", model, gen,
+                       base);
     char ak[FR_KEY_MAX];
     fr_key_wk(ak, sizeof ak, model, 0, "active");
     ferry_kv_value cur = {0};
     int rc = ferry_kv_get(s, ak, &cur);
     if (rc == FERRY_ENOENT)
-        return fr_rl_fail(err, FERRY_ESTATE, "sparse announce of %s generation %" PRIu64 ": no "
-                          "generation is active, so base %" PRIu64 " is not; publish it dense "
-                          "first; nothing announced", model, gen, base);
+        return fr_fail(err, FERRY_ESTATE, "sparse announce of %s generation %" PRIu64 ": no "
+                       "generation is active, so base %" PRIu64 " is not; publish it dense "
+                       "first; nothing announced", model, gen, base);
     if (rc < 0)
-        return fr_rl_fail(err, rc, "sparse announce of %s: cannot read the active generation: %s",
-                          model, ferry_store_last_error());
+        return fr_fail(err, rc, "sparse announce of %s: cannot read the active generation: %s",
+                       model, ferry_store_last_error());
     uint64_t expected = cur.mod_rev, active = strtoull(cur.val, NULL, 10);
     ferry_store_free(cur.val);
     if (active != base)
-        return fr_rl_fail(err, FERRY_ESTATE, "sparse announce of %s generation %" PRIu64 ": its "
-                          "base is %" PRIu64 " but the active generation is %" PRIu64 "; a delta "
-                          "is announced only on the active generation; nothing announced", model,
-                          gen, base, active);
+        return fr_fail(err, FERRY_ESTATE, "sparse announce of %s generation %" PRIu64 ": its "
+                       "base is %" PRIu64 " but the active generation is %" PRIu64 "; a delta "
+                       "is announced only on the active generation; nothing announced", model,
+                       gen, base, active);
     ferry_sparse_chain ch;
     if ((rc = ferry_sparse_chain_resolve(s, model, 0, &ch, err)) < 0)
         return rc;
     /* ch: the active chain as a fresh worker sees it (every link) */
     if (ch.active != base) {
         ferry_sparse_chain_free(&ch);
-        return fr_rl_fail(err, FERRY_ESTATE, "sparse announce of %s generation %" PRIu64 ": the "
-                          "active generation moved on while announcing; nothing announced", model,
-                          gen);
+        return fr_fail(err, FERRY_ESTATE, "sparse announce of %s generation %" PRIu64 ": the "
+                       "active generation moved on while announcing; nothing announced", model,
+                       gen);
     }
     st->dense_generation = ch.dense;
     st->chain = (uint32_t)ch.nlinks + 2;
     ferry_sparse_chain_free(&ch);
     if (st->chain > FR_SGEN_CHAIN_MAX)
-        return fr_rl_fail(err, FERRY_EINVAL, "sparse announce of %s generation %" PRIu64 ": the "
-                          "chain from dense generation %" PRIu64 " would hold %u generations, more "
-                          "than %d; publish a dense generation; nothing announced", model, gen,
-                          st->dense_generation, st->chain, FR_SGEN_CHAIN_MAX);
+        return fr_fail(err, FERRY_EINVAL, "sparse announce of %s generation %" PRIu64 ": the "
+                       "chain from dense generation %" PRIu64 " would hold %u generations, more "
+                       "than %d; publish a dense generation; nothing announced", model, gen,
+                       st->dense_generation, st->chain, FR_SGEN_CHAIN_MAX);
     fr_gen *dense = NULL;
     char *probe = NULL, *text = NULL, *btext = NULL;
     size_t blen = 0, tlen = 0;
@@ -289,23 +289,23 @@ int ferry_sparse_announce(ferry_store *s, const char *model, uint64_t base, uint
         rc = check_objects(s, model, base, gen, dense, keys, nkeys, st, &probe, err);
     fr_gen_free(dense);
     if (rc == 0 && (rc = fr_sgen_text(s, model, base, &btext, &blen, bdg)) < 0)
-        fr_rl_fail(err, rc, "sparse announce of %s: cannot read generation %" PRIu64 ": %s", model,
-                   base, ferry_strerror(rc));
+        fr_fail(err, rc, "sparse announce of %s: cannot read generation %" PRIu64 ": %s", model,
+                base, ferry_strerror(rc));
     free(btext);
     if (rc == 0 && !(text = text_make(base, bdg, st->dense_generation, keys, nkeys, &tlen)))
-        rc = fr_rl_fail(err, FERRY_ENOMEM, "out of memory");
+        rc = fr_fail(err, FERRY_ENOMEM, "out of memory");
     char k[FR_KEY_MAX];
     if (rc == 0) {
         fr_key_wk(k, sizeof k, model, gen, "manifest");
         if ((rc = ferry_kv_put(s, k, text, tlen, NULL)) < 0)
-            fr_rl_fail(err, rc, "sparse announce of %s: cannot store the generation text: %s",
-                       model, ferry_store_last_error());
+            fr_fail(err, rc, "sparse announce of %s: cannot store the generation text: %s",
+                    model, ferry_store_last_error());
     }
     if (rc == 0) {
         fr_key_wk(k, sizeof k, model, gen, "probe");
         if ((rc = ferry_kv_put(s, k, probe ? probe : "", probe ? strlen(probe) : 0, NULL)) < 0)
-            fr_rl_fail(err, rc, "sparse announce of %s: cannot store the probes: %s", model,
-                       ferry_store_last_error());
+            fr_fail(err, rc, "sparse announce of %s: cannot store the probes: %s", model,
+                    ferry_store_last_error());
     }
     if (rc == 0) {
         fr_hash128_t dg = fr_hash128(text, tlen, 0);
@@ -315,13 +315,13 @@ int ferry_sparse_announce(ferry_store *s, const char *model, uint64_t base, uint
         rc = ferry_kv_cas(s, ak, expected, val, (size_t)vn, NULL);
         uint64_t now = 0;
         if (rc == FERRY_ESTATE)
-            fr_rl_fail(err, rc, "sparse announce of %s generation %" PRIu64 ": another publish "
-                       "announced a generation meanwhile; nothing announced", model, gen);
+            fr_fail(err, rc, "sparse announce of %s generation %" PRIu64 ": another publish "
+                    "announced a generation meanwhile; nothing announced", model, gen);
         else if (rc < 0 && fr_rl_active_read(s, model, &now, NULL) == 0 && now == gen)
             rc = 0;   /* the CAS landed before its reply was lost */
         else if (rc < 0)
-            fr_rl_fail(err, rc, "sparse announce of %s: cannot announce: %s", model,
-                       ferry_store_last_error());
+            fr_fail(err, rc, "sparse announce of %s: cannot announce: %s", model,
+                    ferry_store_last_error());
     }
     free(text);
     free(probe);

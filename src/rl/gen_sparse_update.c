@@ -47,25 +47,25 @@ static int shards_check(upd *u, ferry_error *err)
     u->targets = calloc(u->n ? u->n : 1, sizeof *u->targets);
     u->shard_of = calloc(u->n ? u->n : 1, sizeof *u->shard_of);
     if (!u->views || !u->targets || !u->shard_of)
-        return fr_rl_fail(err, FERRY_ENOMEM, "out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "out of memory");
     for (size_t i = 0; i < u->n; i++) {
         const ferry_param_shard *p = &u->shards[i];
         int ti = ferry_manifest_find_tensor(g->m, p->tensor ? p->tensor : "");
         if (ti < 0)
-            return fr_rl_fail(err, FERRY_ENOENT, "tensor %s is not in generation %" PRIu64 " of %s; "
-                              "nothing applied", p->tensor ? p->tensor : "(null)", g->generation,
-                              g->model);
+            return fr_fail(err, FERRY_ENOENT, "tensor %s is not in generation %" PRIu64 " of %s; "
+                           "nothing applied", p->tensor ? p->tensor : "(null)", g->generation,
+                           g->model);
         ferry_tensor_desc d;
         (void)ferry_manifest_tensor(g->m, (uint32_t)ti, &d);
         if (p->ndim != d.ndim || p->ndim > FERRY_SPARSE_NDIM_MAX)
-            return fr_rl_fail(err, FERRY_EINVAL, "shard %zu of %s has %u dims, the tensor %u; "
-                              "nothing applied", i, d.name, p->ndim, d.ndim);
+            return fr_fail(err, FERRY_EINVAL, "shard %zu of %s has %u dims, the tensor %u; "
+                           "nothing applied", i, d.name, p->ndim, d.ndim);
         bool empty = false;
         for (uint32_t k = 0; k < d.ndim; k++) {
             if (p->offset[k] > d.shape[k] || p->shape[k] > d.shape[k] - p->offset[k])
-                return fr_rl_fail(err, FERRY_ERANGE, "shard %zu of %s: dim %u [%" PRIu64 ", +%"
-                                  PRIu64 ") outside %" PRIu64 "; nothing applied", i, d.name, k,
-                                  p->offset[k], p->shape[k], d.shape[k]);
+                return fr_fail(err, FERRY_ERANGE, "shard %zu of %s: dim %u [%" PRIu64 ", +%"
+                               PRIu64 ") outside %" PRIu64 "; nothing applied", i, d.name, k,
+                               p->offset[k], p->shape[k], d.shape[k]);
             empty |= p->shape[k] == 0;
         }
         int rc = fr_rl_shard_check(p, &d, NULL, err);
@@ -97,7 +97,7 @@ static int read_links(upd *u, uint64_t start, ferry_sparse_update_stats *st, fer
     u->res = calloc(u->ch.nlinks ? u->ch.nlinks : 1, sizeof *u->res);
     u->nres = calloc(u->ch.nlinks ? u->ch.nlinks : 1, sizeof *u->nres);
     if (!u->res || !u->nres)
-        return fr_rl_fail(err, FERRY_ENOMEM, "out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "out of memory");
     uint64_t at = start;
     for (size_t l = 0; l < u->ch.nlinks; l++) {
         const ferry_sparse_link *k = &u->ch.links[l];
@@ -111,10 +111,10 @@ static int read_links(upd *u, uint64_t start, ferry_sparse_update_stats *st, fer
             const ferry_sparse_result *r = &u->res[l][i];
             if (r->delta_generation != k->generation ||
                 (r->apply == FERRY_SPARSE_SCATTER_ADD && r->base_generation != at))
-                return fr_rl_fail(err, FERRY_ESTATE, "the delta of %s in generation %" PRIu64 " of %s "
-                                  "is %" PRIu64 " -> %" PRIu64 ", but it would apply to generation %"
-                                  PRIu64 "; nothing applied", r->tensor_id, k->generation,
-                                  u->cfg->model, r->base_generation, r->delta_generation, at);
+                return fr_fail(err, FERRY_ESTATE, "the delta of %s in generation %" PRIu64 " of %s "
+                               "is %" PRIu64 " -> %" PRIu64 ", but it would apply to generation %"
+                               PRIu64 "; nothing applied", r->tensor_id, k->generation,
+                               u->cfg->model, r->base_generation, r->delta_generation, at);
             ferry_sparse_result dry = *r;
             dry.nnz = 0;
             dry.apply = FERRY_SPARSE_SCATTER_SET;
@@ -136,8 +136,8 @@ static int apply_links(upd *u, uint64_t start, ferry_sparse_update_stats *st, fe
             ferry_error e = {0};
             int rc = ferry_sparse_apply_view(r, &u->views[u->shard_of[r->target]], at, NULL, &e);
             if (rc < 0)   /* checked before: earlier deltas are in */
-                return fr_rl_fail(err, FERRY_EREBUILD, "%s; the parameters must be rebuilt",
-                                  e.msg);
+                return fr_fail(err, FERRY_EREBUILD, "%s; the parameters must be rebuilt",
+                               e.msg);
             st->entries_applied += r->nnz;
         }
         at = u->ch.links[l].generation;
@@ -155,11 +155,11 @@ int ferry_sparse_update(ferry_store *s, const ferry_sparse_update_config *cfg,
         st = &local;
     memset(st, 0, sizeof *st);
     if (cfg && !FR_RESERVED_OK(cfg))
-        return fr_rl_fail(err, FERRY_EINVAL, "sparse update: the config's reserved fields must "
-                          "be zero (start from ferry_sparse_update_config_init)");
+        return fr_fail(err, FERRY_EINVAL, "sparse update: the config's reserved fields must "
+                       "be zero (start from ferry_sparse_update_config_init)");
     if (!s || !cfg || !generation || (n && !shards))
-        return fr_rl_fail(err, FERRY_EINVAL, "sparse update: bad arguments (store, config, "
-                          "generation, shards)");
+        return fr_fail(err, FERRY_EINVAL, "sparse update: bad arguments (store, config, "
+                       "generation, shards)");
     st->generation = *generation;
     upd u = { .s = s, .cfg = cfg, .shards = shards, .n = n };
     uint64_t t0 = fr_now_ns();
@@ -170,11 +170,11 @@ int ferry_sparse_update(ferry_store *s, const ferry_sparse_update_config *cfg,
         return rc;
     }
     if (u.ch.load_dense && cfg->no_dense) {
-        rc = fr_rl_fail(err, FERRY_ESTATE, "the worker holds generation %" PRIu64 " of %s, which is "
-                        "not on the active chain (dense generation %" PRIu64 " to %" PRIu64 "): "
-                        "no delta applies to it and loading generation %" PRIu64 " was not "
-                        "allowed; nothing applied", *generation, cfg->model, u.ch.dense,
-                        u.ch.active, u.ch.dense);
+        rc = fr_fail(err, FERRY_ESTATE, "the worker holds generation %" PRIu64 " of %s, which is "
+                     "not on the active chain (dense generation %" PRIu64 " to %" PRIu64 "): "
+                     "no delta applies to it and loading generation %" PRIu64 " was not "
+                     "allowed; nothing applied", *generation, cfg->model, u.ch.dense,
+                     u.ch.active, u.ch.dense);
         upd_free(&u);
         return rc;
     }

@@ -246,7 +246,7 @@ int fr_members_join(ferry_store *s, const char *model, const char *group, const 
 {
     fr_members *m = calloc(1, sizeof *m);
     if (!m)
-        return fr_rl_fail(err, FERRY_ENOMEM, "out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "out of memory");
     m->s = s;
     m->probe_ms = probe_ms;
     snprintf(m->model, sizeof m->model, "%s", model);
@@ -272,8 +272,8 @@ int fr_members_join(ferry_store *s, const char *model, const char *group, const 
         m->th_started = rc == 0;
     }
     if (rc < 0) {
-        fr_rl_fail(err, rc, "subscriber: member %s cannot join group %s: %s", m->name, group,
-                   ferry_strerror(rc));
+        fr_fail(err, rc, "subscriber: member %s cannot join group %s: %s", m->name, group,
+                ferry_strerror(rc));
         fr_members_leave(m);
         return rc;
     }
@@ -322,8 +322,8 @@ int fr_members_ensure(fr_members *m, ferry_error *err)
     if (rc == 0)
         rc = list_change(m, true, NULL, 0);
     if (rc < 0)
-        return fr_rl_fail(err, rc, "subscriber: member %s cannot register in its group: %s",
-                          m->name, ferry_strerror(rc));
+        return fr_fail(err, rc, "subscriber: member %s cannot register in its group: %s",
+                       m->name, ferry_strerror(rc));
     return 0;
 }
 
@@ -414,8 +414,8 @@ static int epoch_get(const fr_members *m, fr_epoch *ep, uint64_t *rev)
 
 static int epoch_cas(const fr_members *m, const fr_epoch *ep, uint64_t rev)
 {
-    char key[FR_KEY_MAX], *b;
-    size_t len;
+    char key[FR_KEY_MAX], *b = NULL;
+    size_t len = 0;
     key_of(m, key, sizeof key, "epoch", NULL);
     int rc = fr_epoch_format(ep, &b, &len);
     if (rc == 0)
@@ -526,10 +526,10 @@ bool fr_members_owes(fr_members *m, uint64_t gen)
 
 static int waited_out(const fr_members *m, const fr_epoch *r, uint64_t gen, ferry_error *err)
 {
-    return fr_rl_fail(err, FERRY_ETIMEDOUT, "subscriber: member %s waited for the update of its "
-                      "group to generation %" PRIu64 " (update %" PRIu64 ", epoch %" PRIu64
-                      ", %u members) to finish, to take the next one, and it has not; retry",
-                      m->name, r ? r->gen : gen, r ? r->seq : 0, r ? r->epoch : 0, r ? r->n : 0);
+    return fr_fail(err, FERRY_ETIMEDOUT, "subscriber: member %s waited for the update of its "
+                   "group to generation %" PRIu64 " (update %" PRIu64 ", epoch %" PRIu64
+                   ", %u members) to finish, to take the next one, and it has not; retry",
+                   m->name, r ? r->gen : gen, r ? r->seq : 0, r ? r->epoch : 0, r ? r->n : 0);
 }
 
 int fr_members_epoch(fr_members *m, uint64_t gen, uint64_t deadline_ns, fr_epoch *ep,
@@ -543,8 +543,8 @@ int fr_members_epoch(fr_members *m, uint64_t gen, uint64_t deadline_ns, fr_epoch
         uint64_t rev = 0;
         int g = epoch_get(m, &r, &rev);
         if (g < 0 && g != FERRY_ENOENT) {
-            rc = fr_rl_fail(err, g, "subscriber: member %s cannot read its group's epoch: %s",
-                            m->name, ferry_strerror(g));
+            rc = fr_fail(err, g, "subscriber: member %s cannot read its group's epoch: %s",
+                         m->name, ferry_strerror(g));
             break;
         }
         bool have = g == 0;
@@ -575,8 +575,8 @@ int fr_members_epoch(fr_members *m, uint64_t gen, uint64_t deadline_ns, fr_epoch
         if (rc == 0 && now >= deadline_ns)
             rc = waited_out(m, have ? &r : NULL, gen, err);
         else if (rc < 0)
-            fr_rl_fail(err, rc, "subscriber: member %s: the group's membership: %s", m->name,
-                       ferry_strerror(rc));
+            fr_fail(err, rc, "subscriber: member %s: the group's membership: %s", m->name,
+                    ferry_strerror(rc));
         fr_epoch_free(&r);
         if (rc < 0 || over)
             continue;
@@ -594,7 +594,7 @@ int fr_members_epoch(fr_members *m, uint64_t gen, uint64_t deadline_ns, fr_epoch
     if (w)
         ferry_watch_close(w);
     else if (rc < 0 && err && !err->code)
-        fr_rl_fail(err, rc, "subscriber: member %s cannot watch its group: %s", m->name,
-                   ferry_strerror(rc));
+        fr_fail(err, rc, "subscriber: member %s cannot watch its group: %s", m->name,
+                ferry_strerror(rc));
     return rc;
 }

@@ -35,15 +35,15 @@ static int parse_active(const char *model, const char *val, size_t len, ferry_po
     memset(out, 0, sizeof *out);
     char *text = malloc(len + 1);
     if (!text)
-        return fr_rl_fail(err, FERRY_ENOMEM, "policy: out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "policy: out of memory");
     memcpy(text, val, len);
     text[len] = '\0';
     char *e = NULL, *p = text;
     uint64_t g = strtoull(p, &e, 10);
     int rc = 0;
     if (e == p || *e != ' ' || g == 0) {
-        rc = fr_rl_fail(err, FERRY_EPROTO, "policy: the active key of %s holds no generation",
-                        model);
+        rc = fr_fail(err, FERRY_EPROTO, "policy: the active key of %s holds no generation",
+                     model);
     } else {
         p = e + 1;
         while (*p && *p != ' ')
@@ -51,8 +51,8 @@ static int parse_active(const char *model, const char *val, size_t len, ferry_po
         if (*p == ' ') {
             rc = ferry_policy_version_from_json(p + 1, strlen(p + 1), out, err);
             if (rc == 0 && out->version != g)
-                rc = fr_rl_fail(err, FERRY_EPROTO, "policy: %s generation %" PRIu64
-                                " announced a record of version %" PRIu64, model, g, out->version);
+                rc = fr_fail(err, FERRY_EPROTO, "policy: %s generation %" PRIu64
+                             " announced a record of version %" PRIu64, model, g, out->version);
         } else {
             out->version = out->weight_generation = g;
             snprintf(out->model, sizeof out->model, "%s", model);
@@ -112,18 +112,18 @@ int ferry_policy_publish(ferry_store *s, const ferry_publisher_config *cfg,
                          size_t n, ferry_publish_stats *st, ferry_error *err)
 {
     if (!s || !cfg || !pv || pv->version == 0 || !model_ok(cfg->model))
-        return fr_rl_fail(err, FERRY_EINVAL, "policy_publish: bad arguments");
+        return fr_fail(err, FERRY_EINVAL, "policy_publish: bad arguments");
     if (pv->parent >= pv->version)
-        return fr_rl_fail(err, FERRY_EINVAL, "policy_publish: parent version %" PRIu64
-                          " is not older than version %" PRIu64, pv->parent, pv->version);
+        return fr_fail(err, FERRY_EINVAL, "policy_publish: parent version %" PRIu64
+                       " is not older than version %" PRIu64, pv->parent, pv->version);
     ferry_policy_version r = *pv;
     r.weight_generation = pv->version;
     snprintf(r.model, sizeof r.model, "%s", cfg->model);
     char *json = NULL;
     int rc = ferry_policy_version_to_json(&r, &json);
     if (rc < 0)
-        return fr_rl_fail(err, rc, "policy_publish: the record of version %" PRIu64
-                          " cannot be encoded (metadata must be a JSON object)", pv->version);
+        return fr_fail(err, rc, "policy_publish: the record of version %" PRIu64
+                       " cannot be encoded (metadata must be a JSON object)", pv->version);
     rc = fr_rl_publish(s, cfg, pv->version, json, tensors, n, st, err);
     if (rc == 0 && cfg->rank == 0)
         history_append(s, cfg->model, json);
@@ -135,17 +135,17 @@ int ferry_policy_current(ferry_store *s, const char *model, ferry_policy_version
                          ferry_error *err)
 {
     if (!s || !model_ok(model) || !out)
-        return fr_rl_fail(err, FERRY_EINVAL, "policy_current: bad arguments");
+        return fr_fail(err, FERRY_EINVAL, "policy_current: bad arguments");
     memset(out, 0, sizeof *out);
     char k[FR_KEY_MAX];
     active_key(k, sizeof k, model);
     ferry_kv_value v = {0};
     int rc = ferry_kv_get(s, k, &v);
     if (rc == FERRY_ENOENT)
-        return fr_rl_fail(err, rc, "policy: no version of %s was announced", model);
+        return fr_fail(err, rc, "policy: no version of %s was announced", model);
     if (rc < 0)
-        return fr_rl_fail(err, rc, "policy: cannot read the current version of %s: %s", model,
-                          ferry_store_last_error());
+        return fr_fail(err, rc, "policy: cannot read the current version of %s: %s", model,
+                       ferry_store_last_error());
     rc = parse_active(model, v.val, v.len, out, err);
     ferry_store_free(v.val);
     if (rc < 0)
@@ -162,7 +162,7 @@ int ferry_policy_history(ferry_store *s, const char *model, ferry_policy_version
                          size_t cap, size_t *n, ferry_error *err)
 {
     if (!s || !model_ok(model) || !n || (cap && !out))
-        return fr_rl_fail(err, FERRY_EINVAL, "policy_history: bad arguments");
+        return fr_fail(err, FERRY_EINVAL, "policy_history: bad arguments");
     *n = 0;
     char k[FR_KEY_MAX];
     (void)fr_key_policy_history(k, sizeof k, model);
@@ -171,8 +171,8 @@ int ferry_policy_history(ferry_store *s, const char *model, ferry_policy_version
     if (rc == FERRY_ENOENT)
         return 0;
     if (rc < 0)
-        return fr_rl_fail(err, rc, "policy: cannot read the history of %s: %s", model,
-                          ferry_store_last_error());
+        return fr_fail(err, rc, "policy: cannot read the history of %s: %s", model,
+                       ferry_store_last_error());
     const char *p = v.val, *end = p + v.len;
     while (rc == 0 && p < end && *n < cap) {
         const char *nl = memchr(p, '\n', (size_t)(end - p));
@@ -271,8 +271,8 @@ int ferry_policy_watch_next(ferry_policy_watch *w, int timeout_ms, ferry_policy_
         int rc = ferry_watch_next(w->w, left, &ev);
         if (rc < 0)
             return rc == FERRY_ETIMEDOUT ? rc
-                                         : fr_rl_fail(err, rc, "policy watch of %s: %s", w->model,
-                                                      ferry_strerror(rc));
+                                         : fr_fail(err, rc, "policy watch of %s: %s", w->model,
+                                                   ferry_strerror(rc));
         if (ev.deleted || strcmp(ev.key, w->key) != 0)
             continue;
         ferry_policy_version pv;

@@ -54,20 +54,20 @@ static int adopt(fr_pub_mine *m, const ferry_publisher_config *c, const fr_pub_s
                  ferry_publish_stats *st, ferry_error *err)
 {
     if (m->npieces != sx->npieces || m->nobjects != sx->nobjects)
-        return fr_rl_fail(err, FERRY_EPROTO, "rank %u streamed %zu pieces in %u objects; the "
-                          "placement packs %zu in %u", c->rank, sx->npieces, sx->nobjects,
-                          m->npieces, m->nobjects);
+        return fr_fail(err, FERRY_EPROTO, "rank %u streamed %zu pieces in %u objects; the "
+                       "placement packs %zu in %u", c->rank, sx->npieces, sx->nobjects,
+                       m->npieces, m->nobjects);
     for (size_t i = 0; i < m->npieces; i++) {
         const ferry_packed *a = &m->pieces[i].at, *b = &sx->at[i];
         if (a->object != b->object || a->offset != b->offset || a->bytes != b->bytes)
-            return fr_rl_fail(err, FERRY_EPROTO, "rank %u streamed piece %zu to object %u at %"
-                              PRIu64 " (%" PRIu64 " bytes); the placement packs it to object %u "
-                              "at %" PRIu64 " (%" PRIu64 ")", c->rank, i, b->object, b->offset,
-                              b->bytes, a->object, a->offset, a->bytes);
+            return fr_fail(err, FERRY_EPROTO, "rank %u streamed piece %zu to object %u at %"
+                           PRIu64 " (%" PRIu64 " bytes); the placement packs it to object %u "
+                           "at %" PRIu64 " (%" PRIu64 ")", c->rank, i, b->object, b->offset,
+                           b->bytes, a->object, a->offset, a->bytes);
     }
     m->sums = malloc((m->npieces ? m->npieces : 1) * sizeof *m->sums);
     if (!m->sums)
-        return fr_rl_fail(err, FERRY_ENOMEM, "publish: out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "publish: out of memory");
     memcpy(m->sums, sx->sums, m->npieces * sizeof *m->sums);
     m->segment = sx->segment;
     m->streamed = true;
@@ -93,15 +93,15 @@ static int attempt(ferry_store *s, const ferry_publisher_config *c, uint64_t gen
     uint64_t active = 0;
     int rc = fr_rl_active_read(s, c->model, &active, NULL);
     if (rc < 0 && rc != FERRY_ENOENT)
-        return fr_rl_fail(err, rc, "publish: cannot read the active generation of %s: %s", c->model,
+        return fr_fail(err, rc, "publish: cannot read the active generation of %s: %s", c->model,
                     ferry_store_last_error());
     if (active >= gen)
-        return fr_rl_fail(err, FERRY_EINVAL, "publish: generation %" PRIu64 " of %s is not newer "
+        return fr_fail(err, FERRY_EINVAL, "publish: generation %" PRIu64 " of %s is not newer "
                     "than the active %" PRIu64, gen, c->model, active);
     double t0 = (double)fr_now_ns() / 1e9;
     fr_pub_mine mine = {0};
     ferry_error me = {0};
-    int my_rc = why ? fr_rl_fail(&me, FERRY_EINVAL, "%s", why)
+    int my_rc = why ? fr_fail(&me, FERRY_EINVAL, "%s", why)
                     : fr_pub_mine_prepare(&mine, c, placement, data, n, &me);
     if (my_rc == 0 && sx)
         my_rc = adopt(&mine, c, sx, st, &me);
@@ -138,8 +138,8 @@ static int attempt(ferry_store *s, const ferry_publisher_config *c, uint64_t gen
          * coordinator would read an earlier attempt's). */
         fr_pub_mine_remove(s, c, gen, &mine);
         fr_pub_mine_free(&mine);
-        return fr_rl_fail(err, rc, "publish of %s generation %" PRIu64 " failed: rank %u cannot "
-                          "record its part: %s", c->model, gen, c->rank, ferry_store_last_error());
+        return fr_fail(err, rc, "publish of %s generation %" PRIu64 " failed: rank %u cannot "
+                       "record its part: %s", c->model, gen, c->rank, ferry_store_last_error());
     }
     fr_key_wk(bk, sizeof bk, c->model, gen, "parts");
     snprintf(member, sizeof member, "rank %u", c->rank);
@@ -170,8 +170,8 @@ static int attempt(ferry_store *s, const ferry_publisher_config *c, uint64_t gen
         fr_pub_mine_remove(s, c, gen, &mine);
     fr_pub_mine_free(&mine);
     if (d.rc < 0)
-        return fr_rl_fail(err, d.rc, "publish of %s generation %" PRIu64 " failed: %s", c->model,
-                          gen, d.why);
+        return fr_fail(err, d.rc, "publish of %s generation %" PRIu64 " failed: %s", c->model,
+                       gen, d.why);
     return 0;
 }
 
@@ -191,8 +191,8 @@ int ferry_publish_shards(ferry_store *s, const ferry_publisher_config *c, uint64
         st = &local;
     memset(st, 0, sizeof *st);
     if (!config_ok(s, c, gen) || !placement || (n && !mine))
-        return fr_rl_fail(err, FERRY_EINVAL, "publish: bad arguments (model, rank, world, "
-                          "generation, placement)");
+        return fr_fail(err, FERRY_EINVAL, "publish: bad arguments (model, rank, world, "
+                       "generation, placement)");
     uint64_t f0 = fr_minor_faults(), t0 = fr_now_ns();
     int rc = attempt(s, c, gen, NULL, placement, mine, n, NULL, NULL, st, err);
     st->faults = fr_minor_faults() - f0;
@@ -208,14 +208,14 @@ int ferry_publish_warm(ferry_store *s, const ferry_publisher_config *c, ferry_ma
         bytes = &none;
     *bytes = 0;
     if (!config_ok(s, c, 1) || !placement)
-        return fr_rl_fail(err, FERRY_EINVAL, "publish warm-up: bad arguments (model, rank, "
-                          "world, placement)");
+        return fr_fail(err, FERRY_EINVAL, "publish warm-up: bad arguments (model, rank, "
+                       "world, placement)");
     int rc = fr_pub_mine_most(c, placement, &most, err);
     if (rc < 0)
         return rc;
     void *stage = NULL;
     if (most && (rc = ferry_store_staging_take(s, (size_t)most, &stage)) < 0)
-        return fr_rl_fail(err, rc, "publish warm-up: %s", ferry_store_last_error());
+        return fr_fail(err, rc, "publish warm-up: %s", ferry_store_last_error());
     if (stage) {
         memset(stage, 0, (size_t)most);   /* the pages a publish packs into */
         ferry_store_staging_give(s, false);
@@ -224,7 +224,7 @@ int ferry_publish_warm(ferry_store *s, const ferry_publisher_config *c, ferry_ma
     rc = ferry_store_warm(s, true, &seg);
     *bytes += seg;
     if (rc < 0)
-        return fr_rl_fail(err, rc, "publish warm-up: %s", ferry_store_last_error());
+        return fr_fail(err, rc, "publish warm-up: %s", ferry_store_last_error());
     return 0;
 }
 
@@ -240,14 +240,14 @@ static int check_names_unique(const ferry_weight_tensor *t, size_t n, ferry_erro
 {
     const ferry_weight_tensor **by = malloc((n ? n : 1) * sizeof *by);
     if (!by)
-        return fr_rl_fail(err, FERRY_ENOMEM, "out of memory checking the tensor names");
+        return fr_fail(err, FERRY_ENOMEM, "out of memory checking the tensor names");
     for (size_t i = 0; i < n; i++)
         by[i] = &t[i];
     qsort(by, n, sizeof *by, by_name);
     int rc = 0;
     for (size_t i = 1; i < n && rc == 0; i++)
         if (!strcmp(by[i - 1]->name, by[i]->name))
-            rc = fr_rl_fail(err, FERRY_EINVAL, "tensor %s is named twice", by[i]->name);
+            rc = fr_fail(err, FERRY_EINVAL, "tensor %s is named twice", by[i]->name);
     free(by);
     return rc;
 }
@@ -256,15 +256,15 @@ static int check_tensors(const ferry_weight_tensor *t, size_t n, ferry_error *er
 {
     for (size_t i = 0; i < n; i++) {
         if (!t[i].name || !*t[i].name)
-            return fr_rl_fail(err, FERRY_EINVAL, "tensor %zu has no usable name", i);
+            return fr_fail(err, FERRY_EINVAL, "tensor %zu has no usable name", i);
         if (!t[i].dtype || !ferry_dtype_size(t[i].dtype) || t[i].ndim > FERRY_MAX_DIMS)
-            return fr_rl_fail(err, FERRY_EINVAL, "tensor %s: unknown dtype or too many dims",
-                              t[i].name);
+            return fr_fail(err, FERRY_EINVAL, "tensor %s: unknown dtype or too many dims",
+                           t[i].name);
         for (uint32_t d = 0; d < t[i].ndim; d++)
             if (t[i].shape[d] == 0)
-                return fr_rl_fail(err, FERRY_EINVAL, "tensor %s: dimension %u is 0", t[i].name, d);
+                return fr_fail(err, FERRY_EINVAL, "tensor %s: dimension %u is 0", t[i].name, d);
         if (!t[i].data)
-            return fr_rl_fail(err, FERRY_EINVAL, "tensor %s: no data", t[i].name);
+            return fr_fail(err, FERRY_EINVAL, "tensor %s: no data", t[i].name);
     }
     return check_names_unique(t, n, err);
 }
@@ -347,7 +347,7 @@ int fr_rl_whole_placement(const ferry_publisher_config *c, const ferry_weight_te
     free(sizes);
     free(pub);
     if (rc < 0 && !(err && err->msg[0]))
-        fr_rl_fail(err, rc, "publish: %s", ferry_strerror(rc));
+        fr_fail(err, rc, "publish: %s", ferry_strerror(rc));
     return rc < 0 ? rc : 0;
 }
 
@@ -367,7 +367,7 @@ int fr_rl_publish(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
         st = &local;
     memset(st, 0, sizeof *st);
     if (!config_ok(s, c, gen) || !c->rank_node || (n && !t))
-        return fr_rl_fail(err, FERRY_EINVAL, "publish: bad arguments (model, rank, world, generation)");
+        return fr_fail(err, FERRY_EINVAL, "publish: bad arguments (model, rank, world, generation)");
     uint64_t f0 = fr_minor_faults(), t0 = fr_now_ns();
     ferry_manifest *pl = NULL;
     ferry_shard_data *data = NULL;
@@ -400,7 +400,7 @@ int fr_rl_publish_streamed(ferry_store *s, const ferry_publisher_config *c, uint
         if (ferry_manifest_fragment(placement, id, &f) == 0 && f.rank == c->rank && f.replica == 0)
             data[n++] = (ferry_shard_data){ .fragment = id, .data = sx };
     }
-    int rc = !data ? fr_rl_fail(err, FERRY_ENOMEM, "publish: out of memory")
+    int rc = !data ? fr_fail(err, FERRY_ENOMEM, "publish: out of memory")
                    : attempt(s, c, gen, NULL, placement, data, n, why, why ? NULL : sx, st, err);
     free(data);
     st->put_s += sx ? sx->convert_s + sx->store_s : 0;
@@ -413,7 +413,7 @@ int ferry_publish_abort(ferry_store *s, const ferry_publisher_config *c, uint64_
                         const char *why, ferry_error *err)
 {
     if (!config_ok(s, c, gen))
-        return fr_rl_fail(err, FERRY_EINVAL, "publish: bad arguments (model, rank, world, generation)");
+        return fr_fail(err, FERRY_EINVAL, "publish: bad arguments (model, rank, world, generation)");
     ferry_publish_stats st = {0};
     char w[512];
     snprintf(w, sizeof w, "%s", why && *why ? why : "it gave up");
@@ -421,6 +421,6 @@ int ferry_publish_abort(ferry_store *s, const ferry_publisher_config *c, uint64_
         if (*p == '\n' || *p == '\t')
             *p = ' ';   /* one line in the part and the status */
     int rc = attempt(s, c, gen, NULL, NULL, NULL, 0, w, NULL, &st, err);
-    return rc < 0 ? rc : fr_rl_fail(err, FERRY_EPROTO, "publish of %s generation %" PRIu64
-                                    " was announced without rank %u", c->model, gen, c->rank);
+    return rc < 0 ? rc : fr_fail(err, FERRY_EPROTO, "publish of %s generation %" PRIu64
+                                 " was announced without rank %u", c->model, gen, c->rank);
 }

@@ -138,7 +138,7 @@ static int name_gap(ferry_manifest *m, bool copy0, const char *what, ferry_error
     uint64_t nf = ferry_manifest_fragment_count(m);
     uint64_t *vol = calloc(nt ? nt : 1, sizeof *vol);
     if (!vol)
-        return fr_rl_fail(err, FERRY_ENOMEM, "publish: out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "publish: out of memory");
     for (uint64_t id = 0; id < nf; id++) {
         ferry_fragment f;
         (void)ferry_manifest_fragment(m, id, &f);
@@ -176,13 +176,13 @@ static int name_gap(ferry_manifest *m, bool copy0, const char *what, ferry_error
         uint64_t off[FERRY_MAX_DIMS], shape[FERRY_MAX_DIMS];
         char b1[160], b2[160];
         if (find_gap(&d, b, n, off, shape))
-            rc = fr_rl_fail(err, FERRY_EINVAL, "tensor %s: %s the box at offset %s, shape %s "
-                            "(%" PRIu64 " of %" PRIu64 " elements held)", d.name, what,
-                            dims(b1, sizeof b1, off, d.ndim), dims(b2, sizeof b2, shape, d.ndim),
-                            vol[t], elems);
+            rc = fr_fail(err, FERRY_EINVAL, "tensor %s: %s the box at offset %s, shape %s "
+                         "(%" PRIu64 " of %" PRIu64 " elements held)", d.name, what,
+                         dims(b1, sizeof b1, off, d.ndim), dims(b2, sizeof b2, shape, d.ndim),
+                         vol[t], elems);
         else
-            rc = fr_rl_fail(err, FERRY_EINVAL, "tensor %s: %s some of its elements (%" PRIu64
-                            " of %" PRIu64 " held)", d.name, what, vol[t], elems);
+            rc = fr_fail(err, FERRY_EINVAL, "tensor %s: %s some of its elements (%" PRIu64
+                         " of %" PRIu64 " held)", d.name, what, vol[t], elems);
         free(b);
     }
     free(vol);
@@ -226,8 +226,8 @@ static int check_cover(ferry_manifest *placement, ferry_manifest *stored, ferry_
     if (rc < 0) {
         if (name_gap(placement, false, "no rank holds", err) < 0)
             return err ? err->code : FERRY_EINVAL;
-        return fr_rl_fail(err, rc, "the placement does not hold every tensor exactly once: %s",
-                          pe.msg);
+        return fr_fail(err, rc, "the placement does not hold every tensor exactly once: %s",
+                       pe.msg);
     }
     /* Replicas dropped: a box declared only as copies numbered above 0
      * is stored by nobody. */
@@ -236,8 +236,8 @@ static int check_cover(ferry_manifest *placement, ferry_manifest *stored, ferry_
         return 0;
     if (name_gap(placement, true, "no rank holds copy 0 of", err) < 0)
         return err ? err->code : FERRY_EINVAL;
-    return fr_rl_fail(err, FERRY_EINVAL, "the placement's copies numbered 0 do not hold every "
-                      "tensor exactly once: %s", pe.msg);
+    return fr_fail(err, FERRY_EINVAL, "the placement's copies numbered 0 do not hold every "
+                   "tensor exactly once: %s", pe.msg);
 }
 
 /* Per tensor: hashes of its name, of the dtype this rank holds it in (the
@@ -250,7 +250,7 @@ static int make_decl(fr_pub_mine *p, ferry_manifest *placement, ferry_error *err
     p->ntensors = nt;
     p->decl = calloc((size_t)nt * FR_PUB_DECL + 1, sizeof *p->decl);
     if (!p->decl)
-        return fr_rl_fail(err, FERRY_ENOMEM, "publish: out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "publish: out of memory");
     p->decl[0] = nt;
     for (uint32_t t = 0; t < nt; t++) {
         ferry_tensor_desc d, src;
@@ -289,7 +289,7 @@ static int find_mine(fr_pub_mine *p, const ferry_publisher_config *c, ferry_mani
 {
     ferry_shard_data *by = malloc((n ? n : 1) * sizeof *by);
     if (!by)
-        return fr_rl_fail(err, FERRY_ENOMEM, "publish: out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "publish: out of memory");
     memcpy(by, data, n * sizeof *by);
     qsort(by, n, sizeof *by, by_fragment);
     uint64_t nf = ferry_manifest_fragment_count(placement), sid = 0;
@@ -298,12 +298,12 @@ static int find_mine(fr_pub_mine *p, const ferry_publisher_config *c, ferry_mani
     for (size_t i = 0; i < n && rc == 0; i++) {
         ferry_fragment f;
         if (by[i].fragment >= nf || (i && by[i].fragment == by[i - 1].fragment))
-            rc = fr_rl_fail(err, FERRY_EINVAL, "rank %u: data for fragment %" PRIu64 " is %s",
-                            c->rank, by[i].fragment, by[i].fragment >= nf ? "not in the placement"
+            rc = fr_fail(err, FERRY_EINVAL, "rank %u: data for fragment %" PRIu64 " is %s",
+                         c->rank, by[i].fragment, by[i].fragment >= nf ? "not in the placement"
                                                                            : "given twice");
         else if (ferry_manifest_fragment(placement, by[i].fragment, &f) == 0 && f.rank != c->rank)
-            rc = fr_rl_fail(err, FERRY_EINVAL, "rank %u: fragment %" PRIu64 " is on rank %u, not "
-                            "this one", c->rank, by[i].fragment, f.rank);
+            rc = fr_fail(err, FERRY_EINVAL, "rank %u: fragment %" PRIu64 " is on rank %u, not "
+                         "this one", c->rank, by[i].fragment, f.rank);
     }
     for (uint64_t id = 0; id < nf && rc == 0; id++) {
         ferry_fragment f;
@@ -319,13 +319,13 @@ static int find_mine(fr_pub_mine *p, const ferry_publisher_config *c, ferry_mani
         if (!hit || !hit->data) {
             ferry_tensor_desc d;
             (void)ferry_manifest_tensor(placement, f.tensor, &d);
-            rc = fr_rl_fail(err, FERRY_EINVAL, "rank %u holds fragment %" PRIu64 " of tensor %s "
-                            "(stored once, by it) but was given no data for it", c->rank, id,
-                            d.name);
+            rc = fr_fail(err, FERRY_EINVAL, "rank %u holds fragment %" PRIu64 " of tensor %s "
+                         "(stored once, by it) but was given no data for it", c->rank, id,
+                         d.name);
             break;
         }
         if (fr_grow((void **)&p->pieces, &cap, p->npieces + 1, sizeof *p->pieces) < 0) {
-            rc = fr_rl_fail(err, FERRY_ENOMEM, "publish: out of memory");
+            rc = fr_fail(err, FERRY_ENOMEM, "publish: out of memory");
             break;
         }
         fr_pub_piece *pc = &p->pieces[p->npieces++];
@@ -341,18 +341,18 @@ int fr_pub_mine_prepare(fr_pub_mine *p, const ferry_publisher_config *c, ferry_m
 {
     memset(p, 0, sizeof *p);
     if (ferry_manifest_rank_count(placement) != c->world)
-        return fr_rl_fail(err, FERRY_EINVAL, "the placement has %u ranks, the trainer world %u",
-                          ferry_manifest_rank_count(placement), c->world);
+        return fr_fail(err, FERRY_EINVAL, "the placement has %u ranks, the trainer world %u",
+                       ferry_manifest_rank_count(placement), c->world);
     uint32_t nt = ferry_manifest_tensor_count(placement);
     for (uint32_t t = 0; t < nt; t++) {
         ferry_tensor_desc d;
         (void)ferry_manifest_tensor(placement, t, &d);
         if (c->out_dtype[0] && strcmp(d.dtype, c->out_dtype) != 0 &&
             ferry_convert(NULL, d.dtype, NULL, c->out_dtype, 0) < 0)
-            return fr_rl_fail(err, FERRY_EINVAL, "tensor %s: cannot convert %s to %s", d.name,
-                              d.dtype, c->out_dtype);
+            return fr_fail(err, FERRY_EINVAL, "tensor %s: cannot convert %s to %s", d.name,
+                           d.dtype, c->out_dtype);
         if (strpbrk(d.name, "\t\n") || strlen(d.name) >= sizeof ((ferry_weight_entry *)0)->name)
-            return fr_rl_fail(err, FERRY_EINVAL, "tensor %u has no usable name", t);
+            return fr_fail(err, FERRY_EINVAL, "tensor %u has no usable name", t);
     }
     int rc = ferry_manifest_stored(placement, c->out_dtype[0] ? c->out_dtype : NULL, &p->stored,
                                    err);
@@ -370,7 +370,7 @@ int fr_pub_mine_prepare(fr_pub_mine *p, const ferry_publisher_config *c, ferry_m
         p->json = ferry_manifest_to_json(p->stored);
         p->json_len = p->json ? strlen(p->json) : 0;
         if (!p->json)
-            rc = fr_rl_fail(err, FERRY_ENOMEM, "publish: out of memory");
+            rc = fr_fail(err, FERRY_ENOMEM, "publish: out of memory");
     }
     p->nobjects = p->pack ? ferry_pack_objects(p->pack, c->rank) : 0;
     return rc;
@@ -494,7 +494,7 @@ int fr_pub_mine_store(ferry_store *s, const ferry_publisher_config *c, uint64_t 
         return store_files(s, c, gen, p, &repl, err);
     p->sums = calloc(p->npieces ? p->npieces : 1, sizeof *p->sums);
     if (!p->sums)
-        return fr_rl_fail(err, FERRY_ENOMEM, "publish: out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "publish: out of memory");
     /* Each object is packed where the store will keep it: a put written
      * in place (ferry_store_put_begin) hands out its bytes in the segment
      * itself when the segment is on this machine — no copy after the
@@ -545,8 +545,8 @@ int fr_pub_mine_store(ferry_store *s, const ferry_publisher_config *c, uint64_t 
         st->convert_s += (double)(c2 - c1) / 1e9;
         st->store_s += (double)(c1 - c0 + fr_now_ns() - c2) / 1e9;
         if (rc < 0)
-            return fr_rl_fail(err, rc, "could not store %" PRIu64 " bytes of rank %u's pieces: %s",
-                              nb, c->rank, ferry_store_last_error());
+            return fr_fail(err, rc, "could not store %" PRIu64 " bytes of rank %u's pieces: %s",
+                           nb, c->rank, ferry_store_last_error());
         p->segment = d.nreplicas ? d.replicas[0].segment : 0;
         if (c->segment && p->segment != c->segment)
             st->cross_node_bytes += nb;
@@ -582,7 +582,7 @@ static int store_files(ferry_store *s, const ferry_publisher_config *c, uint64_t
         repl.slot = fr_pub_slot(c->model, c->rank, what);
         rc = fr_pub_put(s, key, extra[i].data, extra[i].len, &repl, NULL);
         if (rc < 0)
-            fr_rl_fail(err, rc, "could not store %s: %s", what, ferry_store_last_error());
+            fr_fail(err, rc, "could not store %s: %s", what, ferry_store_last_error());
     }
     return rc;
 }

@@ -73,7 +73,7 @@ static int fail(ferry_publish_stream *ps, ferry_error *err, int code, const char
         ps->failed = code;
         snprintf(ps->why, sizeof ps->why, "%s", m);
     }
-    return fr_rl_fail(err, code, "%s", m);
+    return fr_fail(err, code, "%s", m);
 }
 
 int ferry_publish_stream_begin(ferry_store *s, const ferry_publisher_config *cfg,
@@ -84,17 +84,17 @@ int ferry_publish_stream_begin(ferry_store *s, const ferry_publisher_config *cfg
     if (!s || !cfg || !out || generation == 0 || cfg->world == 0 || cfg->rank >= cfg->world ||
         !cfg->model[0] || strchr(cfg->model, '/') || !memchr(cfg->model, '\0', sizeof cfg->model) ||
         !FR_RESERVED_OK(cfg))
-        return fr_rl_fail(err, FERRY_EINVAL, "publish stream: bad arguments (model, rank, world, "
-                          "generation)");
+        return fr_fail(err, FERRY_EINVAL, "publish stream: bad arguments (model, rank, world, "
+                       "generation)");
     /* Generations only move forward: refused before anything is stored. */
     uint64_t active = 0;
     int rc = fr_rl_active_read(s, cfg->model, &active, NULL);
     if (rc < 0 && rc != FERRY_ENOENT)
-        return fr_rl_fail(err, rc, "publish stream: cannot read the active generation of %s: %s",
-                          cfg->model, ferry_store_last_error());
+        return fr_fail(err, rc, "publish stream: cannot read the active generation of %s: %s",
+                       cfg->model, ferry_store_last_error());
     if (active >= generation)
-        return fr_rl_fail(err, FERRY_EINVAL, "publish stream: generation %" PRIu64 " of %s is "
-                          "not newer than the active %" PRIu64, generation, cfg->model, active);
+        return fr_fail(err, FERRY_EINVAL, "publish stream: generation %" PRIu64 " of %s is "
+                       "not newer than the active %" PRIu64, generation, cfg->model, active);
     ferry_publish_stream *ps = calloc(1, sizeof *ps);
     if (ps)
         ps->load = calloc(cfg->world, sizeof *ps->load);
@@ -102,7 +102,7 @@ int ferry_publish_stream_begin(ferry_store *s, const ferry_publisher_config *cfg
         if (ps)
             free(ps->load);
         free(ps);
-        return fr_rl_fail(err, FERRY_ENOMEM, "publish stream: out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "publish stream: out of memory");
     }
     ps->s = s;
     ps->cfg = *cfg;
@@ -229,9 +229,9 @@ int ferry_publish_stream_add(ferry_publish_stream *ps, const ferry_weight_tensor
                              ferry_error *err)
 {
     if (!ps || !t)
-        return fr_rl_fail(err, FERRY_EINVAL, "publish stream: bad arguments");
+        return fr_fail(err, FERRY_EINVAL, "publish stream: bad arguments");
     if (ps->failed)   /* said once; end() fails the attempt on every rank */
-        return fr_rl_fail(err, ps->failed, "%s", ps->why);
+        return fr_fail(err, ps->failed, "%s", ps->why);
     uint64_t elems = 0;
     int rc = check_tensor(ps, t, &elems, err);
     if (rc < 0)
@@ -327,7 +327,7 @@ int ferry_publish_stream_end(ferry_publish_stream *ps, ferry_publish_stats *st, 
         st = &local;
     memset(st, 0, sizeof *st);
     if (!ps)
-        return fr_rl_fail(err, FERRY_EINVAL, "publish stream: bad arguments");
+        return fr_fail(err, FERRY_EINVAL, "publish stream: bad arguments");
     ferry_error me = {0};
     if (!ps->failed)
         (void)flush(ps, &me);

@@ -117,13 +117,13 @@ static int register_shards(ferry_subscriber *sub, const fr_gen *g, ferry_error *
 {
     uint8_t **addr = malloc((sub->n ? sub->n : 1) * sizeof *addr);
     uint64_t *len = malloc((sub->n ? sub->n : 1) * sizeof *len);
-    int rc = addr && len ? 0 : fr_rl_fail(err, FERRY_ENOMEM, "out of memory");
+    int rc = addr && len ? 0 : fr_fail(err, FERRY_ENOMEM, "out of memory");
     for (size_t i = 0; i < sub->n && rc == 0; i++) {
         const ferry_param_shard *p = &sub->shards[i];
         int ti = ferry_manifest_find_tensor(g->m, p->tensor);
         if (ti < 0) {
-            rc = fr_rl_fail(err, FERRY_ENOENT, "tensor %s is not in generation %" PRIu64,
-                            p->tensor, g->generation);
+            rc = fr_fail(err, FERRY_ENOENT, "tensor %s is not in generation %" PRIu64,
+                         p->tensor, g->generation);
             break;
         }
         ferry_tensor_desc d;
@@ -149,7 +149,7 @@ static int do_reads(ferry_subscriber *sub, const fr_gen *g, const fr_work *w,
     if (from >= to)
         return 0;
     if (!att)
-        return fr_rl_fail(err, FERRY_EREBUILD, "subscriber: binding my reads: %s", bind_err->msg);
+        return fr_fail(err, FERRY_EREBUILD, "subscriber: binding my reads: %s", bind_err->msg);
     size_t a = w->reads[from].first, e = w->reads[to - 1].first + w->reads[to - 1].n;
     ferry_error why = {0};
     ferry_exec_result res;
@@ -158,9 +158,9 @@ static int do_reads(ferry_subscriber *sub, const fr_gen *g, const fr_work *w,
     int rc = ferry_exec_store_run(&xc, att, b, &w->io, a, e, &res, &why);
     ferry_exec_result_free(&res);
     if (rc < 0 && sub->hooks.verify)   /* whole tensors: say which */
-        return fr_rl_fail(err, FERRY_EREBUILD, "subscriber: reading %zu tensors from %s on: %s",
-                          to - from, sub->shards[w->reads[from].shard].tensor, why.msg);
-    return rc < 0 ? fr_rl_fail(err, FERRY_EREBUILD, "subscriber: %s", why.msg) : 0;
+        return fr_fail(err, FERRY_EREBUILD, "subscriber: reading %zu tensors from %s on: %s",
+                       to - from, sub->shards[w->reads[from].shard].tensor, why.msg);
+    return rc < 0 ? fr_fail(err, FERRY_EREBUILD, "subscriber: %s", why.msg) : 0;
 }
 
 static ferry_peer_id peer_of(const fr_member *mb)
@@ -222,7 +222,7 @@ typedef struct apply {
 static int fail_once(apply *ap, int code, const char *fmt, uint32_t to)
 {
     if (ap->rc == 0)
-        ap->rc = fr_rl_fail(ap->err, FERRY_EREBUILD, fmt, to, ferry_strerror(code));
+        ap->rc = fr_fail(ap->err, FERRY_EREBUILD, fmt, to, ferry_strerror(code));
     return ap->rc;
 }
 
@@ -388,7 +388,7 @@ static bool checked_ok(apply *ap, uint32_t s)
     ferry_error why = {0};
     int rc = ap->sub->hooks.verify(ap->sub->hooks.ctx, s, &why);
     if (rc < 0 && ap->rc == 0)
-        ap->rc = fr_rl_fail(ap->err, FERRY_EREBUILD, "%s", why.msg);
+        ap->rc = fr_fail(ap->err, FERRY_EREBUILD, "%s", why.msg);
     return rc == 0;
 }
 
@@ -559,7 +559,7 @@ static int exchange(ferry_subscriber *sub, const fr_gen *g, uint64_t gen, const 
     int rc = 0;
     if (g) {
         ferry_region **regs = malloc((sub->n ? sub->n : 1) * sizeof *regs);
-        rc = regs ? register_shards(sub, g, err) : fr_rl_fail(err, FERRY_ENOMEM, "out of memory");
+        rc = regs ? register_shards(sub, g, err) : fr_fail(err, FERRY_ENOMEM, "out of memory");
         for (size_t i = 0; rc == 0 && i < sub->n; i++)
             regs[i] = fr_rl_spans_region(&sub->spans, i);
         ferry_subscriber_config at = sub->cfg;   /* my place in this update */
@@ -589,8 +589,8 @@ static int exchange(ferry_subscriber *sub, const fr_gen *g, uint64_t gen, const 
     (void)fr_key_sub_demand(key, sizeof key, sub->cfg.model, sub->scope, gen, me);
     int prc = reclen ? ferry_kv_put(sub->s, key, rec, reclen, NULL) : FERRY_ENOMEM;
     if (rc == 0 && prc < 0)
-        rc = fr_rl_fail(err, prc, "subscriber: cannot publish the demand: %s",
-                        ferry_store_last_error());
+        rc = fr_fail(err, prc, "subscriber: cannot publish the demand: %s",
+                     ferry_store_last_error());
     free(rec);
     /* Everyone meets here even after a local failure, so nobody waits for
      * a demand that never comes. */
@@ -604,23 +604,23 @@ static int exchange(ferry_subscriber *sub, const fr_gen *g, uint64_t gen, const 
     if (sub->early && brc == 0)
         fr_early_round_id(sub->early, release);   /* names this round's outcomes and verdict */
     if (rc == 0 && brc < 0)
-        rc = fr_rl_fail(err, brc, "subscriber: not every worker of group %s arrived: %s",
-                        sub->cfg.group, ferry_strerror(brc));
+        rc = fr_fail(err, brc, "subscriber: not every worker of group %s arrived: %s",
+                     sub->cfg.group, ferry_strerror(brc));
     for (uint32_t k = 0; k < world && rc == 0; k++) {
         (void)fr_key_sub_demand(key, sizeof key, sub->cfg.model, sub->scope, gen, k);
         rc = ferry_kv_get(sub->s, key, &recs[k]);
         if (rc < 0)
-            fr_rl_fail(err, rc, "subscriber: worker %u left no demand", k);
+            fr_fail(err, rc, "subscriber: worker %u left no demand", k);
         else if (recs[k].len >= 24 && memcmp(recs[k].val, FAIL_MAGIC, 8) == 0) {
             const uint8_t *b = recs[k].val;
             int32_t code = (int32_t)(b[20] | b[21] << 8 | b[22] << 16 | (uint32_t)b[23] << 24);
             if (sub->round)
                 sub->round->others_code = code < 0 ? code : FERRY_EIO;
             sub->derived = true;   /* another member's failure: it knows the cause */
-            rc = fr_rl_fail(err, code < 0 ? code : FERRY_EIO, "subscriber: worker %u of group %s "
-                            "cannot take generation %" PRIu64 " (nothing was written): %.*s", k,
-                            sub->cfg.group, gen, (int)(recs[k].len - 24),
-                            (const char *)b + 24);
+            rc = fr_fail(err, code < 0 ? code : FERRY_EIO, "subscriber: worker %u of group %s "
+                         "cannot take generation %" PRIu64 " (nothing was written): %.*s", k,
+                         sub->cfg.group, gen, (int)(recs[k].len - 24),
+                         (const char *)b + 24);
         }
     }
     return rc;
@@ -641,7 +641,7 @@ static int round_body(ferry_subscriber *sub, const fr_gen *g, uint64_t active,
     int brc = -1;
     double tx = (double)fr_now_ns() / 1e9;
     rc = recs ? exchange(sub, g, active, perr, bar, sizeof bar, recs, &brc, err)
-                     : fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+                     : fr_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
     if (prc < 0 && err)
         *err = *perr;   /* my own failure, not the group's echo of it */
     double t1 = (double)fr_now_ns() / 1e9;
@@ -684,7 +684,7 @@ static int round_body(ferry_subscriber *sub, const fr_gen *g, uint64_t active,
         if (!ap.t[0] || !ap.t[1] || !ap.at[0] || !ap.at[1] || !ap.ops ||
             (sub->hooks.verify && !ap.checked) ||
             ferry_exec_stream_open(&sc, &ap.xs, NULL, NULL) < 0)
-            rc = fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+            rc = fr_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
         else {
             /* A binding that cannot be made fails my first read, so that
              * the workers I feed are told (FAILED), not left waiting. */
@@ -707,12 +707,12 @@ static int round_body(ferry_subscriber *sub, const fr_gen *g, uint64_t active,
         /* the part of apply after the time spent reading */
         st->push_s = st->apply_s - st->read_s > 0 ? st->apply_s - st->read_s : 0;
         if (rc == 0 && !fed_ok && quiet < 0 && silent != UINT32_MAX)
-            rc = fr_rl_fail(err, FERRY_EREBUILD, "subscriber: nothing came from worker %u for %"
-                            PRIu64 " ms (it died, hung or cannot reach this worker); the "
-                            "parameters must be rebuilt", silent,
-                            sub->cfg.timeout_ms);
+            rc = fr_fail(err, FERRY_EREBUILD, "subscriber: nothing came from worker %u for %"
+                         PRIu64 " ms (it died, hung or cannot reach this worker); the "
+                         "parameters must be rebuilt", silent,
+                         sub->cfg.timeout_ms);
         else if (rc == 0 && !fed_ok)
-            rc = fr_rl_fail(err, FERRY_EREBUILD, "subscriber: %s from a worker that feeds this one; "
+            rc = fr_fail(err, FERRY_EREBUILD, "subscriber: %s from a worker that feeds this one; "
                       "the parameters must be rebuilt", quiet < 0 ? "no notification" : "a failed read");
         sub->derived = rc < 0 && ap.rc == 0 && !fed_ok && quiet == 0;
     }
@@ -732,7 +732,7 @@ static int round_body(ferry_subscriber *sub, const fr_gen *g, uint64_t active,
         brc = ferry_barrier(sub->s, bar, member_name, world, tmo, NULL);
         st->barrier_s = (double)fr_now_ns() / 1e9 - t6;
         if (rc == 0 && brc < 0)
-            rc = fr_rl_fail(err, FERRY_EREBUILD, "subscriber: the group did not finish together: %s",
+            rc = fr_fail(err, FERRY_EREBUILD, "subscriber: the group did not finish together: %s",
                       ferry_strerror(brc));
     }
     /* Every member has read every demand: mine can go. (An elastic
@@ -776,8 +776,8 @@ static int update_round(ferry_subscriber *sub, uint64_t *generation, ferry_updat
         int rc = fr_sub_agree(sub->s, sub->cfg.model, sub->scope, sub->me, sub->world, *generation,
                               sub->cfg.timeout_ms, &active, &need, err);
         if (rc == 0 && active == 0)
-            rc = fr_rl_fail(err, FERRY_ENOENT, "no generation of %s is active (%s)",
-                            sub->cfg.model, ferry_strerror(FERRY_ENOENT));
+            rc = fr_fail(err, FERRY_ENOENT, "no generation of %s is active (%s)",
+                         sub->cfg.model, ferry_strerror(FERRY_ENOENT));
         if (rc < 0) {
             if (sub->sb)
                 fr_standby_failed(sub->sb, err);   /* says which generation the active copy keeps */
@@ -794,21 +794,21 @@ static int update_round(ferry_subscriber *sub, uint64_t *generation, ferry_updat
     } else {
         int rc = fr_rl_active_read(sub->s, sub->cfg.model, &active, NULL);
         if (rc < 0)
-            return fr_rl_fail(err, rc, "no generation of %s is active (%s)", sub->cfg.model,
-                              ferry_strerror(rc));
+            return fr_fail(err, rc, "no generation of %s is active (%s)", sub->cfg.model,
+                           ferry_strerror(rc));
         /* An elastic group's update is for the generation of its epoch: the
          * keys and barriers name that one, and a member that finds another
          * active fails (telling the others) instead of waiting elsewhere. */
         active = sub->want;
         prc = fr_rl_prepare(sub->s, sub->cfg.model, &gen, &m, &current, st, &perr);
         if (prc == 0 && !current && m.generation != active)
-            prc = fr_rl_fail(&perr, FERRY_ESTATE, "the active generation of %s moved on while "
-                             "this worker prepared; retry", sub->cfg.model);
+            prc = fr_fail(&perr, FERRY_ESTATE, "the active generation of %s moved on while "
+                          "this worker prepared; retry", sub->cfg.model);
     }
     const fr_gen *g = prc == 0 && !current ? fr_gen_of(&m) : NULL;
     if (prc == 0 && current)
-        prc = fr_rl_fail(&perr, FERRY_ESTATE, "generation %" PRIu64 " became current meanwhile",
-                         active);
+        prc = fr_fail(&perr, FERRY_ESTATE, "generation %" PRIu64 " became current meanwhile",
+                      active);
     if (g && sub->sb && (prc = fr_standby_begin(sub->sb, g, sub->shards, &sub->spans, &sub->pc,
                                                 sub->cfg.timeout_ms, &perr)) < 0)
         g = NULL;   /* the standby copy is the target; told to the group when it cannot be */
@@ -903,7 +903,7 @@ int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_u
         st = &local;
     memset(st, 0, sizeof *st);
     if (!sub || !generation)
-        return fr_rl_fail(err, FERRY_EINVAL, "subscriber: bad arguments");
+        return fr_fail(err, FERRY_EINVAL, "subscriber: bad arguments");
     uint64_t f0 = fr_minor_faults(), t0 = fr_now_ns();
     int rc = sub->mem ? fr_sub_elastic_update(sub, sub->mem, generation, st, err)
                       : update_round(sub, generation, st, err);
@@ -958,10 +958,10 @@ int ferry_subscriber_open(ferry_store *s, const ferry_subscriber_config *cfg,
     if (!s || !cfg || !out || (n && !shards) || (cfg->world && cfg->rank >= cfg->world) ||
         !cfg->model[0] || !cfg->group[0] || strchr(cfg->group, '/') ||
         !memchr(cfg->member, 0, sizeof cfg->member))
-        return fr_rl_fail(err, FERRY_EINVAL, "subscriber: bad arguments (model, group, rank, world)");
+        return fr_fail(err, FERRY_EINVAL, "subscriber: bad arguments (model, group, rank, world)");
     if (!FR_RESERVED_OK(cfg))
-        return fr_rl_fail(err, FERRY_EINVAL, "subscriber: the config's reserved fields must be "
-                          "zero (start from ferry_subscriber_config_init)");
+        return fr_fail(err, FERRY_EINVAL, "subscriber: the config's reserved fields must be "
+                       "zero (start from ferry_subscriber_config_init)");
     ferry_subscriber *sub = calloc(1, sizeof *sub);
     if (!sub)
         return FERRY_ENOMEM;

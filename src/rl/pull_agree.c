@@ -39,8 +39,8 @@ int fr_sub_agree(ferry_store *s, const char *model, const char *scope, uint32_t 
     (void)fr_key_agree_barrier(bar, sizeof bar, model, scope, "agree");
     int rc = ferry_barrier(s, bar, member, world, timeout_ms, &r);
     if (rc < 0)
-        return fr_rl_fail(err, rc, "subscriber: not every worker of group %s came to the update "
-                          "within %" PRIu64 " ms: %s", scope, timeout_ms, ferry_strerror(rc));
+        return fr_fail(err, rc, "subscriber: not every worker of group %s came to the update "
+                       "within %" PRIu64 " ms: %s", scope, timeout_ms, ferry_strerror(rc));
     if (r > 1) {   /* every member is past call r - 1's reads: my proposal there can go */
         proposal_key(key, sizeof key, model, scope, r - 1, me);
         (void)ferry_kv_delete(s, key, 0, NULL);
@@ -54,13 +54,13 @@ int fr_sub_agree(ferry_store *s, const char *model, const char *scope, uint32_t 
     proposal_key(key, sizeof key, model, scope, r, me);
     rc = ferry_kv_put(s, key, val, strlen(val), NULL);
     if (rc < 0)
-        return fr_rl_fail(err, rc, "subscriber: cannot post this worker's generation for group %s: "
-                          "%s", scope, ferry_store_last_error());
+        return fr_fail(err, rc, "subscriber: cannot post this worker's generation for group %s: "
+                       "%s", scope, ferry_store_last_error());
     (void)fr_key_agree_barrier(bar, sizeof bar, model, scope, "agreed");
     rc = ferry_barrier(s, bar, member, world, timeout_ms, NULL);
     if (rc < 0)
-        return fr_rl_fail(err, rc, "subscriber: not every worker of group %s said which generation "
-                          "it saw within %" PRIu64 " ms: %s", scope, timeout_ms, ferry_strerror(rc));
+        return fr_fail(err, rc, "subscriber: not every worker of group %s said which generation "
+                       "it saw within %" PRIu64 " ms: %s", scope, timeout_ms, ferry_strerror(rc));
     uint64_t newest = 0, least = UINT64_MAX;
     for (uint32_t k = 0; k < world; k++) {
         ferry_kv_value v = {0};
@@ -71,8 +71,8 @@ int fr_sub_agree(ferry_store *s, const char *model, const char *scope, uint32_t 
             rc = FERRY_EPROTO;
         ferry_store_free(v.val);
         if (rc < 0)
-            return fr_rl_fail(err, rc, "subscriber: worker %u of group %s left no readable "
-                              "generation: %s", k, scope, ferry_strerror(rc));
+            return fr_fail(err, rc, "subscriber: worker %u of group %s left no readable "
+                           "generation: %s", k, scope, ferry_strerror(rc));
         newest = a > newest ? a : newest;
         least = h < least ? h : least;
     }

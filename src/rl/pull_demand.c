@@ -58,11 +58,11 @@ static int put_shard(const fr_gen *g, const ferry_param_shard *s, const ferry_re
     int ti = ferry_manifest_find_tensor(g->m, s->tensor ? s->tensor : "");
     ferry_tensor_desc d;
     if (ti < 0 || ferry_manifest_tensor(g->m, (uint32_t)ti, &d) < 0)
-        return fr_rl_fail(err, FERRY_ENOENT, "tensor %s is not in generation %" PRIu64 " of %s",
-                          s->tensor ? s->tensor : "(null)", g->generation, g->model);
+        return fr_fail(err, FERRY_ENOENT, "tensor %s is not in generation %" PRIu64 " of %s",
+                       s->tensor ? s->tensor : "(null)", g->generation, g->model);
     if (s->ndim != d.ndim)
-        return fr_rl_fail(err, FERRY_EINVAL, "shard of %s has %u dims, the tensor %u", d.name,
-                          s->ndim, d.ndim);
+        return fr_fail(err, FERRY_EINVAL, "shard of %s has %u dims, the tensor %u", d.name,
+                       s->ndim, d.ndim);
     *wrote = 0;
     if (empty_box(s))
         return 0;
@@ -70,9 +70,9 @@ static int put_shard(const fr_gen *g, const ferry_param_shard *s, const ferry_re
     for (uint32_t k = 0; k < d.ndim; k++) {
         if (s->offset[k] > d.shape[k] || s->shape[k] > d.shape[k] - s->offset[k] ||
             s->strides[k] < 0)
-            return fr_rl_fail(err, FERRY_ERANGE, "shard of %s: dim %u [%" PRIu64 ", +%" PRIu64
-                              ") is empty or outside %" PRIu64, d.name, k, s->offset[k],
-                              s->shape[k], d.shape[k]);
+            return fr_fail(err, FERRY_ERANGE, "shard of %s: dim %u [%" PRIu64 ", +%" PRIu64
+                           ") is empty or outside %" PRIu64, d.name, k, s->offset[k],
+                           s->shape[k], d.shape[k]);
         strided |= s->strides[k] != 0;
     }
     put32(p, (uint32_t)ti);
@@ -100,7 +100,7 @@ int fr_sub_encode(const ferry_subscriber_config *cfg, const fr_gen *g,
     uint8_t ep[FERRY_DESC_MAX];
     int el = ferry_engine_export(e, ep, sizeof ep);
     if (el < 0)
-        return fr_rl_fail(err, el, "subscriber: cannot describe this worker's engine");
+        return fr_fail(err, el, "subscriber: cannot describe this worker's engine");
     size_t pad = (8 - (size_t)el % 8) % 8;   /* the shards start 8-aligned */
     size_t cap = HDR + (size_t)el + pad;
     uint32_t nonempty = 0;   /* a shard with an empty box holds nothing: left out */
@@ -110,7 +110,7 @@ int fr_sub_encode(const ferry_subscriber_config *cfg, const fr_gen *g,
     }
     uint8_t *b = malloc(cap), *p = b;
     if (!b)
-        return fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
     memcpy(p, MAGIC, 8);
     put64(p + 8, g->generation);
     put32(p + 32, cfg->rank);
@@ -216,7 +216,7 @@ size_t fr_sub_decode_size(const uint8_t *b, size_t len)
 
 static int cut_short(ferry_error *err, uint32_t worker)
 {
-    return fr_rl_fail(err, FERRY_EPROTO, "subscriber: the demand of worker %u is cut short", worker);
+    return fr_fail(err, FERRY_EPROTO, "subscriber: the demand of worker %u is cut short", worker);
 }
 
 /* The shards of a record, from p to end: into mb->frags; their dims in
@@ -234,8 +234,8 @@ static int get_shards(const uint8_t *p, const uint8_t *end, uint32_t worker, con
         ferry_tensor_desc d;
         if (f->tensor >= nt || ferry_manifest_tensor(g->m, f->tensor, &d) < 0 ||
             f->ndim != d.ndim || (size_t)(end - p - 32) < 24 * (size_t)f->ndim)
-            return fr_rl_fail(err, FERRY_EPROTO, "subscriber: worker %u names an unknown tensor "
-                              "or a bad shard", worker);
+            return fr_fail(err, FERRY_EPROTO, "subscriber: worker %u names an unknown tensor "
+                           "or a bad shard", worker);
         p += 32;
         if (copy) {
             for (uint32_t k = 0; k < 3 * f->ndim; k++)
@@ -248,14 +248,14 @@ static int get_shards(const uint8_t *p, const uint8_t *end, uint32_t worker, con
         for (uint32_t k = 0; k < f->ndim; k++) {
             uint64_t o = f->dims[k], s = f->dims[f->ndim + k];
             if (s == 0 || o > d.shape[k] || s > d.shape[k] - o)
-                return fr_rl_fail(err, FERRY_EPROTO, "subscriber: worker %u demands a box outside "
-                                  "tensor %s", worker, d.name);
+                return fr_fail(err, FERRY_EPROTO, "subscriber: worker %u demands a box outside "
+                               "tensor %s", worker, d.name);
         }
         p += 24 * (size_t)f->ndim;
     }
     if (p != end)
-        return fr_rl_fail(err, FERRY_EPROTO, "subscriber: the demand of worker %u is malformed",
-                          worker);
+        return fr_fail(err, FERRY_EPROTO, "subscriber: the demand of worker %u is malformed",
+                       worker);
     return 0;
 }
 
@@ -264,15 +264,15 @@ int fr_sub_decode(const uint8_t *b, size_t len, uint32_t worker, uint64_t gen, c
 {
     memset(mb, 0, sizeof *mb);
     if (len < HDR || memcmp(b, MAGIC, 8) != 0 || get32(b + 32) != worker)
-        return fr_rl_fail(err, FERRY_EPROTO, "subscriber: the demand of worker %u is malformed",
-                          worker);
+        return fr_fail(err, FERRY_EPROTO, "subscriber: the demand of worker %u is malformed",
+                       worker);
     if (get64(b + 8) != gen)
-        return fr_rl_fail(err, FERRY_ESTATE, "subscriber: worker %u is updating to generation %"
-                          PRIu64 ", this one to %" PRIu64 "; retry", worker, get64(b + 8), gen);
+        return fr_fail(err, FERRY_ESTATE, "subscriber: worker %u is updating to generation %"
+                       PRIu64 ", this one to %" PRIu64 "; retry", worker, get64(b + 8), gen);
     fr_hash128_t d = body_digest(b, len);
     if (memcmp(d.b, b + DIGEST_AT, 16) != 0)
-        return fr_rl_fail(err, FERRY_EPROTO, "subscriber: the demand of worker %u does not match "
-                          "its digest", worker);
+        return fr_fail(err, FERRY_EPROTO, "subscriber: the demand of worker %u does not match "
+                       "its digest", worker);
     uint32_t ns;
     size_t ndims;
     if (!counts(b, len, &ns, &ndims))
@@ -280,15 +280,15 @@ int fr_sub_decode(const uint8_t *b, size_t len, uint32_t worker, uint64_t gen, c
     mb->node = get32(b + 40);
     mb->segment = get64(b + 48);
     if (!space && !(space = mb->owned = malloc(fr_sub_decode_size(b, len) + 8)))
-        return fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
     mb->frags = space;
     mb->nshards = ns;
     mb->peer = worker;
     if (e) {
         int rc = ferry_peer_add(e, b + HDR, get32(b + 44), &mb->peer);
         if (rc < 0)
-            return fr_rl_fail(err, rc, "subscriber: cannot reach worker %u: %s", worker,
-                              ferry_strerror(rc));
+            return fr_fail(err, rc, "subscriber: cannot reach worker %u: %s", worker,
+                           ferry_strerror(rc));
     }
     uint64_t *copy = in_place(b) ? NULL : (uint64_t *)(void *)(mb->frags + ns);
     return get_shards(b + body_at(b), b + len, worker, g, copy, mb, err);
@@ -360,8 +360,8 @@ static int decode_all(fr_sub_cache *c, const fr_gen *g, const ferry_kv_value *re
     for (uint32_t k = 0; k < world; k++)
         total += (fr_sub_decode_size(recs[k].val, recs[k].len) + 7) & ~(size_t)7;
     if (!(c->arena = fr_sub_map(total, &c->arena_len)))
-        return fr_rl_fail(err, FERRY_ENOMEM, "subscriber: no memory for the group's demand "
-                          "(%zu bytes)", total);
+        return fr_fail(err, FERRY_ENOMEM, "subscriber: no memory for the group's demand "
+                       "(%zu bytes)", total);
     int rc = 0;
     uint8_t *at = c->arena;
     for (uint32_t k = 0; k < world && rc == 0; k++) {
@@ -380,8 +380,8 @@ int fr_sub_plan_records(fr_sub_cache *c, const fr_gen *g, ferry_kv_value *recs,
     for (uint32_t k = 0; c->reused && k < world; k++) {   /* the generation the key skips */
         uint64_t gen = recs[k].len >= 16 ? get64((const uint8_t *)recs[k].val + 8) : 0;
         if (gen != g->generation)
-            return fr_rl_fail(err, FERRY_ESTATE, "subscriber: worker %u is updating to generation "
-                              "%" PRIu64 ", this one to %" PRIu64 "; retry", k, gen, g->generation);
+            return fr_fail(err, FERRY_ESTATE, "subscriber: worker %u is updating to generation "
+                           "%" PRIu64 ", this one to %" PRIu64 "; retry", k, gen, g->generation);
     }
     if (c->reused) {
         fr_work_reset(&c->plan, world);
@@ -397,7 +397,7 @@ int fr_sub_plan_records(fr_sub_cache *c, const fr_gen *g, ferry_kv_value *recs,
     c->recs = calloc(world, sizeof *c->recs);
     int rc = c->mbs && c->recs ? fr_work_init(&c->plan, world) : FERRY_ENOMEM;
     if (rc < 0)
-        return fr_rl_fail(err, rc, "subscriber: out of memory");
+        return fr_fail(err, rc, "subscriber: out of memory");
     c->plan.whole = c->whole;
     c->plan.seed = c->seed.load ? &c->seed : NULL;
     for (uint32_t k = 0; k < world; k++) {   /* the members point into them */

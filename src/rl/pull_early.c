@@ -89,12 +89,12 @@ int fr_early_wait(fr_early *ea, ferry_error *err)
     ferry_watch *w = NULL;
     int rc = ferry_kv_watch(ea->s, prefix, 0, &w);
     if (rc < 0)
-        return fr_rl_fail(err, rc, "subscriber: cannot watch the trainers' parts of generation %"
-                          PRIu64 ": %s", ea->next, ferry_store_last_error());
+        return fr_fail(err, rc, "subscriber: cannot watch the trainers' parts of generation %"
+                       PRIu64 ": %s", ea->next, ferry_store_last_error());
     bool *have = calloc(ea->nranks ? ea->nranks : 1, sizeof *have);
     if (!have) {
         ferry_watch_close(w);
-        return fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
     }
     uint32_t missing = ea->nranks;
     while (rc == 0) {
@@ -109,10 +109,10 @@ int fr_early_wait(fr_early *ea, ferry_error *err)
                 missing--;
                 ea->rev[r] = v.mod_rev;
                 if (ea->nobj[r] != ea->gs->ranks[r].nobjects)
-                    rc = fr_rl_fail(err, FERRY_ESTATE, "subscriber: trainer rank %u stores "
-                                    "generation %" PRIu64 " in %u objects, not %u: its layout "
-                                    "changed", r, ea->next, ea->nobj[r],
-                                    ea->gs->ranks[r].nobjects);
+                    rc = fr_fail(err, FERRY_ESTATE, "subscriber: trainer rank %u stores "
+                                 "generation %" PRIu64 " in %u objects, not %u: its layout "
+                                 "changed", r, ea->next, ea->nobj[r],
+                                 ea->gs->ranks[r].nobjects);
             }
             ferry_store_free(v.val);
         }
@@ -122,12 +122,12 @@ int fr_early_wait(fr_early *ea, ferry_error *err)
         ferry_kv_event ev;
         rc = left == 0 ? FERRY_ETIMEDOUT : ferry_watch_next(w, left, &ev);
         if (rc == FERRY_ETIMEDOUT)
-            rc = fr_rl_fail(err, rc, "subscriber: %u of %u trainer ranks had not stored their "
-                            "part of generation %" PRIu64 " in time", missing, ea->nranks,
-                            ea->next);
+            rc = fr_fail(err, rc, "subscriber: %u of %u trainer ranks had not stored their "
+                         "part of generation %" PRIu64 " in time", missing, ea->nranks,
+                         ea->next);
         else if (rc < 0)
-            rc = fr_rl_fail(err, rc, "subscriber: watching the trainers' parts: %s",
-                            ferry_strerror(rc));
+            rc = fr_fail(err, rc, "subscriber: watching the trainers' parts: %s",
+                         ferry_strerror(rc));
     }
     ferry_watch_close(w);
     free(have);
@@ -276,12 +276,12 @@ static int plain(ferry_subscriber *sub, uint64_t next, uint64_t deadline, uint64
     int rc = ferry_weights_wait_active(fr_sub_store(sub), c->model, next, left ? left : 1, &active,
                                        &e);
     if (rc == FERRY_ETIMEDOUT)
-        return fr_rl_fail(err, rc, "subscriber: generation %" PRIu64 " of %s was not announced "
-                          "within %" PRIu64 " ms (the active one is %" PRIu64 "); nothing "
-                          "flipped: the group still holds generation %" PRIu64, next, c->model,
-                          c->timeout_ms, active, *generation);
+        return fr_fail(err, rc, "subscriber: generation %" PRIu64 " of %s was not announced "
+                       "within %" PRIu64 " ms (the active one is %" PRIu64 "); nothing "
+                       "flipped: the group still holds generation %" PRIu64, next, c->model,
+                       c->timeout_ms, active, *generation);
     if (rc < 0)
-        return fr_rl_fail(err, rc, "%s", e.msg);
+        return fr_fail(err, rc, "%s", e.msg);
     return fr_sub_update_round(sub, generation, st, err);
 }
 
@@ -297,7 +297,7 @@ int ferry_subscriber_update_next(ferry_subscriber *sub, uint64_t next, uint64_t 
     memset(st, 0, sizeof *st);
     *overlapped = false;
     if (!sub || !generation || next == 0)
-        return fr_rl_fail(err, FERRY_EINVAL, "subscriber: bad arguments");
+        return fr_fail(err, FERRY_EINVAL, "subscriber: bad arguments");
     const ferry_subscriber_config *c = fr_sub_config(sub);
     uint64_t f0 = fr_minor_faults(), t0 = fr_now_ns();
     uint64_t tmo = c->timeout_ms;
@@ -317,15 +317,15 @@ int ferry_subscriber_update_next(ferry_subscriber *sub, uint64_t next, uint64_t 
     ea.sums = calloc(nr ? nr : 1, sizeof *ea.sums);
     ea.nobj = calloc(nr ? nr : 1, sizeof *ea.nobj);
     if (!ea.rev || !ea.sums || !ea.nobj)
-        fr_rl_fail(&why, FERRY_ENOMEM, "out of memory");
+        fr_fail(&why, FERRY_ENOMEM, "out of memory");
     else if (!held)
-        fr_rl_fail(&why, FERRY_ESTATE, "it holds no generation to plan on (a group's first "
-                   "update is a plain one)");
+        fr_fail(&why, FERRY_ESTATE, "it holds no generation to plan on (a group's first "
+                "update is a plain one)");
     else if (next <= held->generation)
-        fr_rl_fail(&why, FERRY_ESTATE, "it holds generation %" PRIu64 " already",
-                   held->generation);
+        fr_fail(&why, FERRY_ESTATE, "it holds generation %" PRIu64 " already",
+                held->generation);
     else if (spec_gen(held, next, &gs) < 0)
-        fr_rl_fail(&why, FERRY_ENOMEM, "out of memory");
+        fr_fail(&why, FERRY_ENOMEM, "out of memory");
     else
         ea.gs = &gs;
     ferry_update_stats est = {0};
@@ -362,11 +362,11 @@ int ferry_subscriber_update_next(ferry_subscriber *sub, uint64_t next, uint64_t 
         *overlapped = true;
         rc = 0;
     } else if (strcmp(verdict, "lost") == 0) {
-        rc = ea.tag[0] ? fr_rl_fail(err, FERRY_ETIMEDOUT, "subscriber: member 0 of group %s gave "
-                                    "no verdict on generation %" PRIu64 " within %" PRIu64
-                                    " ms; nothing flipped", c->group, next, tmo)
-                       : fr_rl_fail(err, rrc < 0 ? rrc : FERRY_EIO, "%s; nothing flipped",
-                                    rerr.msg);
+        rc = ea.tag[0] ? fr_fail(err, FERRY_ETIMEDOUT, "subscriber: member 0 of group %s gave "
+                                 "no verdict on generation %" PRIu64 " within %" PRIu64
+                                 " ms; nothing flipped", c->group, next, tmo)
+                       : fr_fail(err, rrc < 0 ? rrc : FERRY_EIO, "%s; nothing flipped",
+                                 rerr.msg);
     } else {
         FR_INFO("rl", "group %s: generation %" PRIu64 " not overlapped (%s): a plain update",
                 c->group, next, verdict + 5);

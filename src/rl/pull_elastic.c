@@ -26,8 +26,8 @@ int fr_sub_elastic_update(ferry_subscriber *sub, fr_members *mem, uint64_t *gene
     uint64_t deadline = fr_now_ns() + tmo * 1000000u, active = 0;
     int rc = fr_rl_active_read(s, cfg->model, &active, NULL);
     if (rc < 0)
-        return fr_rl_fail(err, rc, "no generation of %s is active (%s)", cfg->model,
-                          ferry_strerror(rc));
+        return fr_fail(err, rc, "no generation of %s is active (%s)", cfg->model,
+                       ferry_strerror(rc));
     st->generation = *generation;
     /* A member that holds the active generation has nothing to take —
      * unless an update to it was made while its record said otherwise (it
@@ -58,10 +58,10 @@ int fr_sub_elastic_update(ferry_subscriber *sub, fr_members *mem, uint64_t *gene
             return 0;
         if (r.self_layout) {
             ferry_error why = err ? *err : (ferry_error){0};
-            return fr_rl_fail(err, rc, "subscriber: member %s of group %s refused at the "
-                              "prepare of generation %" PRIu64 " (it left the group; nothing "
-                              "was written): %s", fr_members_name(mem), cfg->group, active,
-                              why.msg);
+            return fr_fail(err, rc, "subscriber: member %s of group %s refused at the "
+                           "prepare of generation %" PRIu64 " (it left the group; nothing "
+                           "was written): %s", fr_members_name(mem), cfg->group, active,
+                           why.msg);
         }
         /* Another member's layout conflicts (it leaves the group) and
          * nothing was written: the next epoch goes without it, within the

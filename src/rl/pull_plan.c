@@ -440,7 +440,7 @@ static int plan_reads(planner *P, ferry_error *err)
     }
     w->ngreads = w->io.n;
     if (rc < 0 && err && !err->msg[0])
-        fr_rl_fail(err, rc, "subscriber: planning the reads: %s", ferry_strerror(rc));
+        fr_fail(err, rc, "subscriber: planning the reads: %s", ferry_strerror(rc));
     return rc;
 }
 
@@ -553,7 +553,7 @@ int fr_sub_plan(const fr_gen *g, const fr_member *mbs, uint32_t world, uint32_t 
     if (rc == 0) {
         rc = plan_reads(&P, err);
     } else if (!(err && err->msg[0])) {
-        fr_rl_fail(err, rc, "subscriber: planning: %s", ferry_strerror(rc));
+        fr_fail(err, rc, "subscriber: planning: %s", ferry_strerror(rc));
     }
     fr_readers_close(P.rd);
     ferry_manifest_close(P.rt);

@@ -44,12 +44,12 @@ int ferry_subscriber_open_standby(ferry_store *s, const ferry_subscriber_config 
                                   ferry_subscriber **out, ferry_error *err)
 {
     if (!out || (n && !standby))
-        return fr_rl_fail(err, FERRY_EINVAL, "subscriber: bad arguments (standby copies)");
+        return fr_fail(err, FERRY_EINVAL, "subscriber: bad arguments (standby copies)");
     for (size_t i = 0; i < n; i++)
         if (shards && (!standby[i] || standby[i] == shards[i].dst))
-            return fr_rl_fail(err, FERRY_EINVAL, "subscriber: shard %zu (%s): the standby copy "
-                              "must be a buffer of its own", i,
-                              shards[i].tensor ? shards[i].tensor : "(null)");
+            return fr_fail(err, FERRY_EINVAL, "subscriber: shard %zu (%s): the standby copy "
+                           "must be a buffer of its own", i,
+                           shards[i].tensor ? shards[i].tensor : "(null)");
     fr_standby *sb = calloc(1, sizeof *sb);
     if (sb) {
         sb->bufs[0] = calloc(n ? n : 1, sizeof *sb->bufs[0]);
@@ -57,7 +57,7 @@ int ferry_subscriber_open_standby(ferry_store *s, const ferry_subscriber_config 
     }
     if (!sb || !sb->bufs[0] || !sb->bufs[1]) {
         fr_standby_free(sb);
-        return fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
     }
     int rc = ferry_subscriber_open(s, cfg, shards, n, out, err);
     if (rc < 0) {
@@ -139,7 +139,7 @@ static int check_disjoint(const fr_standby *sb, const fr_gen *g, const ferry_par
 {
     sb_iv *v = malloc((sb->n ? 2 * sb->n : 1) * sizeof *v);
     if (!v)
-        return fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
     size_t m = 0;
     int rc = 0;
     for (size_t i = 0; i < sb->n && rc == 0; i++) {
@@ -161,9 +161,9 @@ static int check_disjoint(const fr_standby *sb, const fr_gen *g, const ferry_par
     uintptr_t end[2] = { 0, 0 };
     for (size_t k = 0; k < m && rc == 0; k++) {
         if (v[k].a < end[1 - v[k].copy])
-            rc = fr_rl_fail(err, FERRY_EINVAL, "subscriber: shard %zu (%s): its %s copy overlaps "
-                            "the other copy of the parameters", v[k].shard,
-                            shards[v[k].shard].tensor, v[k].copy ? "standby" : "first");
+            rc = fr_fail(err, FERRY_EINVAL, "subscriber: shard %zu (%s): its %s copy overlaps "
+                         "the other copy of the parameters", v[k].shard,
+                         shards[v[k].shard].tensor, v[k].copy ? "standby" : "first");
         if (v[k].e > end[v[k].copy])
             end[v[k].copy] = v[k].e;
     }
@@ -178,10 +178,10 @@ static int wait_readers(fr_standby *sb, uint32_t c, uint64_t timeout_ms, ferry_e
     long pause_ns = 20000;
     while (atomic_load(&sb->readers[c]) != 0) {
         if (fr_now_ns() >= deadline)
-            return fr_rl_fail(err, FERRY_ETIMEDOUT, "subscriber: %" PRIu64 " reader(s) still "
-                              "hold the standby copy (generation %" PRIu64 ") after %" PRIu64
-                              " ms; nothing was written", (uint64_t)atomic_load(&sb->readers[c]),
-                              (uint64_t)atomic_load(&sb->gen[c]), timeout_ms);
+            return fr_fail(err, FERRY_ETIMEDOUT, "subscriber: %" PRIu64 " reader(s) still "
+                           "hold the standby copy (generation %" PRIu64 ") after %" PRIu64
+                           " ms; nothing was written", (uint64_t)atomic_load(&sb->readers[c]),
+                           (uint64_t)atomic_load(&sb->gen[c]), timeout_ms);
         struct timespec ts = { 0, pause_ns };
         nanosleep(&ts, NULL);   /* a reader's step, not a busy core */
         if (pause_ns < 1000000)

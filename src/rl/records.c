@@ -174,14 +174,14 @@ static int get_str(const json_t *o, const char *k, char *dst, size_t cap, ferry_
 {
     const json_t *v = json_object_get(o, k);
     if (!json_is_string(v))
-        return fr_rl_fail(err, FERRY_EPROTO, "record: field '%s' is %s", k,
-                          v ? "not a string" : "missing");
+        return fr_fail(err, FERRY_EPROTO, "record: field '%s' is %s", k,
+                       v ? "not a string" : "missing");
     size_t n = json_string_length(v);
     const char *p = json_string_value(v);
     if (n >= cap || strlen(p) != n || !clean(p))
-        return fr_rl_fail(err, FERRY_EPROTO,
-                          "record: field '%s' is longer than %zu bytes or holds a control "
-                          "character", k, cap - 1);
+        return fr_fail(err, FERRY_EPROTO,
+                       "record: field '%s' is longer than %zu bytes or holds a control "
+                       "character", k, cap - 1);
     memcpy(dst, p, n + 1);
     return 0;
 }
@@ -190,8 +190,8 @@ static int get_u64(const json_t *o, const char *k, uint64_t *out, ferry_error *e
 {
     const json_t *v = json_object_get(o, k);
     if (!json_is_integer(v) || json_integer_value(v) < 0)
-        return fr_rl_fail(err, FERRY_EPROTO, "record: field '%s' is %s", k,
-                          v ? "not a non-negative integer" : "missing");
+        return fr_fail(err, FERRY_EPROTO, "record: field '%s' is %s", k,
+                       v ? "not a non-negative integer" : "missing");
     *out = (uint64_t)json_integer_value(v);
     return 0;
 }
@@ -203,9 +203,9 @@ static int get_meta(const json_t *o, char **out, ferry_error *err)
     if (!v)
         return 0;
     if (!json_is_object(v))
-        return fr_rl_fail(err, FERRY_EPROTO, "record: 'metadata' is not an object");
+        return fr_fail(err, FERRY_EPROTO, "record: 'metadata' is not an object");
     *out = fr_json_dump_canonical(v);
-    return *out ? 0 : fr_rl_fail(err, FERRY_ENOMEM, "record: out of memory");
+    return *out ? 0 : fr_fail(err, FERRY_ENOMEM, "record: out of memory");
 }
 
 static int get_list(const json_t *o, const char *k, char ***out, size_t *n, ferry_error *err)
@@ -214,23 +214,23 @@ static int get_list(const json_t *o, const char *k, char ***out, size_t *n, ferr
     *out = NULL;
     *n = 0;
     if (!json_is_array(a))
-        return fr_rl_fail(err, FERRY_EPROTO, "record: field '%s' is %s", k,
-                          a ? "not an array" : "missing");
+        return fr_fail(err, FERRY_EPROTO, "record: field '%s' is %s", k,
+                       a ? "not an array" : "missing");
     size_t m = json_array_size(a);
     if (m == 0)
         return 0;
     char **v = calloc(m, sizeof *v);
     if (!v)
-        return fr_rl_fail(err, FERRY_ENOMEM, "record: out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "record: out of memory");
     *out = v;
     for (size_t i = 0; i < m; i++) {
         const json_t *e = json_array_get(a, i);
         const char *p = json_string_value(e);
         if (!p || strlen(p) != json_string_length(e) || !clean(p) ||
             strlen(p) > FERRY_RECORD_REF_MAX)
-            return fr_rl_fail(err, FERRY_EPROTO, "record: %s[%zu] is not a reference", k, i);
+            return fr_fail(err, FERRY_EPROTO, "record: %s[%zu] is not a reference", k, i);
         if (!(v[i] = strdup(p)))
-            return fr_rl_fail(err, FERRY_ENOMEM, "record: out of memory");
+            return fr_fail(err, FERRY_ENOMEM, "record: out of memory");
         *n = i + 1;
     }
     return 0;
@@ -240,13 +240,13 @@ static int parse(const char *json, size_t len, json_t **o, ferry_error *err)
 {
     char why[256];
     if (!json)
-        return fr_rl_fail(err, FERRY_EINVAL, "record: no text");
+        return fr_fail(err, FERRY_EINVAL, "record: no text");
     if (fr_json_parse(json, len, o, why, sizeof why) < 0)
-        return fr_rl_fail(err, FERRY_EPROTO, "record: %s", why);
+        return fr_fail(err, FERRY_EPROTO, "record: %s", why);
     if (!json_is_object(*o)) {
         json_decref(*o);
         *o = NULL;
-        return fr_rl_fail(err, FERRY_EPROTO, "record: not a JSON object");
+        return fr_fail(err, FERRY_EPROTO, "record: not a JSON object");
     }
     return 0;
 }

@@ -19,9 +19,6 @@ void fr_rl_compat_resolve(struct ferry_compat_config *c);
 struct ferry_sample_queue_config;
 void fr_rl_sample_queue_resolve(struct ferry_sample_queue_config *c);
 
-/* Fill err (may be NULL) with code and a message; returns code. */
-int fr_rl_fail(ferry_error *err, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
 
 /* The announced generation and digest (may be NULL) from the active key
  * alone, without checking that its objects are still there (publish.c

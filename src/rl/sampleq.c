@@ -35,13 +35,13 @@ int ferry_sample_queue_open(ferry_store *s, const ferry_sample_queue_config *cfg
 {
     if (!s || !cfg || !out || !cfg->queue[0] || strchr(cfg->queue, '/') ||
         strlen(cfg->queue) >= sizeof cfg->queue)
-        return fr_rl_fail(err, FERRY_EINVAL, "sample queue: bad arguments (queue name without '/')");
+        return fr_fail(err, FERRY_EINVAL, "sample queue: bad arguments (queue name without '/')");
     if (!FR_RESERVED_OK(cfg))
-        return fr_rl_fail(err, FERRY_EINVAL, "sample queue: the config's reserved fields must be "
-                          "zero (start from ferry_sample_queue_config_init)");
+        return fr_fail(err, FERRY_EINVAL, "sample queue: the config's reserved fields must be "
+                       "zero (start from ferry_sample_queue_config_init)");
     ferry_sample_queue *q = calloc(1, sizeof *q);
     if (!q)
-        return fr_rl_fail(err, FERRY_ENOMEM, "sample queue: out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "sample queue: out of memory");
     q->s = s;
     q->cfg = *cfg;
     fr_rl_sample_queue_resolve(&q->cfg);
@@ -55,8 +55,8 @@ int ferry_sample_queue_open(ferry_store *s, const ferry_sample_queue_config *cfg
         int rc = ferry_queue_config(s, cfg->queue, cfg->bound);
         if (rc < 0) {
             free(q);
-            return fr_rl_fail(err, rc, "sample queue %s: cannot set its bound: %s", cfg->queue,
-                              ferry_store_last_error());
+            return fr_fail(err, rc, "sample queue %s: cannot set its bound: %s", cfg->queue,
+                           ferry_store_last_error());
         }
     }
     *out = q;
@@ -121,7 +121,7 @@ static int decode_envelope(const void *data, size_t len, ferry_sample *out, ferr
     json_t *o = NULL;
     char why[200];
     if (fr_json_parse(data, len, &o, why, sizeof why) < 0)
-        return fr_rl_fail(err, FERRY_EPROTO, "sample record: %s", why);
+        return fr_fail(err, FERRY_EPROTO, "sample record: %s", why);
     int rc = 0;
     const json_t *sess = json_object_get(o, "session");
     const char *uh = json_string_value(json_object_get(o, "uid"));
@@ -132,17 +132,17 @@ static int decode_envelope(const void *data, size_t len, ferry_sample *out, ferr
     for (int i = 0; i < 4 && rc == 0; i++) {
         const json_t *x = json_object_get(o, nk[i]);
         if (!json_is_integer(x) || json_integer_value(x) < 0)
-            rc = fr_rl_fail(err, FERRY_EPROTO, "sample record: '%s' missing or not a count", nk[i]);
+            rc = fr_fail(err, FERRY_EPROTO, "sample record: '%s' missing or not a count", nk[i]);
         else
             v[i] = (uint64_t)json_integer_value(x);
     }
     char *e = NULL;
     if (rc == 0 && (!sj || !uh || strlen(uh) != 16 || !pl || strlen(pl) > FERRY_RECORD_REF_MAX))
-        rc = fr_rl_fail(err, FERRY_EPROTO, "sample record: session, uid or payload missing");
+        rc = fr_fail(err, FERRY_EPROTO, "sample record: session, uid or payload missing");
     if (rc == 0) {
         out->uid = strtoull(uh, &e, 16);
         if (*e)
-            rc = fr_rl_fail(err, FERRY_EPROTO, "sample record: bad uid");
+            rc = fr_fail(err, FERRY_EPROTO, "sample record: bad uid");
     }
     if (rc == 0)
         rc = ferry_rollout_session_from_json(sj, strlen(sj), &out->session, err);
@@ -171,12 +171,12 @@ static int push_record(ferry_sample_queue *q, const char *queue, const char *rec
             return 0;
         if (rc == FERRY_EAGAIN && q->cfg.fail_when_full) {
             q->st.push_full++;
-            return fr_rl_fail(err, rc, "sample queue %s is full (bound %" PRIu64 ")", queue,
-                              q->cfg.bound);
+            return fr_fail(err, rc, "sample queue %s is full (bound %" PRIu64 ")", queue,
+                           q->cfg.bound);
         }
         if (rc != FERRY_EAGAIN && !fr_sq_retryable(rc))
-            return fr_rl_fail(err, rc, "sample queue %s: push failed: %s", queue,
-                              ferry_store_last_error());
+            return fr_fail(err, rc, "sample queue %s: push failed: %s", queue,
+                           ferry_store_last_error());
         if (rc == FERRY_EAGAIN && !waited) {
             q->st.push_waits++;
             waited = true;
@@ -184,9 +184,9 @@ static int push_record(ferry_sample_queue *q, const char *queue, const char *rec
         if (rc != FERRY_EAGAIN)
             q->st.push_retries++;
         if (fr_now_ns() >= dl)
-            return fr_rl_fail(err, FERRY_ETIMEDOUT, "sample queue %s: %s for %" PRIu64 " ms",
-                              queue, rc == FERRY_EAGAIN ? "no room" : "master unreachable",
-                              q->cfg.push_timeout_ms);
+            return fr_fail(err, FERRY_ETIMEDOUT, "sample queue %s: %s for %" PRIu64 " ms",
+                           queue, rc == FERRY_EAGAIN ? "no room" : "master unreachable",
+                           q->cfg.push_timeout_ms);
         fr_sq_backoff(&wait);
     }
 }
@@ -196,7 +196,7 @@ int ferry_sample_push(ferry_sample_queue *q, ferry_rollout_session *rs,
 {
     if (!q || !rs || !d || (d->ntokens && (!d->tokens || !d->logprobs)) ||
         (d->prompt_len && !d->prompt) || (d->nrewards && !d->rewards))
-        return fr_rl_fail(err, FERRY_EINVAL, "sample_push: bad arguments");
+        return fr_fail(err, FERRY_EINVAL, "sample_push: bad arguments");
     uint64_t dl = fr_deadline_ns((int64_t)q->cfg.push_timeout_ms);
     unsigned wait = 2;
     ferry_replicate_config rc1 = { .replica_num = 1 };
@@ -234,8 +234,8 @@ int ferry_sample_push(ferry_sample_queue *q, ferry_rollout_session *rs,
         if (rc == 0)
             break;
         if (!fr_sq_retryable(rc) || fr_now_ns() >= dl)
-            return fr_rl_fail(err, rc, "sample_push: storing the payload of '%s': %s",
-                              rs->session_id, ferry_store_last_error());
+            return fr_fail(err, rc, "sample_push: storing the payload of '%s': %s",
+                           rs->session_id, ferry_store_last_error());
         q->st.push_retries++;
         fr_sq_backoff(&wait);
     }
@@ -244,8 +244,8 @@ int ferry_sample_push(ferry_sample_queue *q, ferry_rollout_session *rs,
     rc = envelope(rs, uid, fr_sq_wall_ms(), d, key, &rec);
     if (rc < 0) {
         (void)ferry_store_remove(q->s, key);
-        return fr_rl_fail(err, rc, "sample_push: the record of session '%s' cannot be encoded",
-                          rs->session_id);
+        return fr_fail(err, rc, "sample_push: the record of session '%s' cannot be encoded",
+                       rs->session_id);
     }
     rc = push_record(q, q->cfg.queue, rec, id, err);
     free(rec);
@@ -297,20 +297,20 @@ static int pop_from(ferry_sample_queue *q, const char *queue, bool samples, uint
                     ferry_sample *out, size_t *n, ferry_error *err)
 {
     if (!q || !out || !n || max == 0)
-        return fr_rl_fail(err, FERRY_EINVAL, "sample_pop: bad arguments");
+        return fr_fail(err, FERRY_EINVAL, "sample_pop: bad arguments");
     *n = 0;
     fr_sq_retry_deferred(q, false);
     if (max > 4096)
         max = 4096;
     ferry_qrecord *recs = calloc(max, sizeof *recs);
     if (!recs)
-        return fr_rl_fail(err, FERRY_ENOMEM, "sample_pop: out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "sample_pop: out of memory");
     size_t got = 0;
     int rc = ferry_queue_pop(q->s, queue, max, q->cfg.lease_ms, recs, &got);
     if (rc < 0) {
         free(recs);
-        return fr_rl_fail(err, rc, "sample queue %s: pop failed: %s", queue,
-                          ferry_store_last_error());
+        return fr_fail(err, rc, "sample queue %s: pop failed: %s", queue,
+                       ferry_store_last_error());
     }
     uint64_t now = fr_sq_wall_ms();
     size_t k = 0, i;
@@ -347,8 +347,8 @@ static int pop_from(ferry_sample_queue *q, const char *queue, bool samples, uint
         if (t < 0) {
             (void)ferry_queue_nack(q->s, smp->id, smp->token);
             ferry_sample_clear(smp);
-            rc = fr_rl_fail(err, t, "sample queue %s: claiming a sample: %s", queue,
-                            ferry_store_last_error());
+            rc = fr_fail(err, t, "sample queue %s: claiming a sample: %s", queue,
+                         ferry_store_last_error());
             break;
         }
         if (t != FR_SQ_TAKEN) {
@@ -402,7 +402,7 @@ int ferry_sample_read(ferry_sample_queue *q, const ferry_sample *smp, int32_t *p
                       int32_t *tokens, float *logprobs, float *rewards, ferry_error *err)
 {
     if (!q || !smp || !smp->payload[0])
-        return fr_rl_fail(err, FERRY_EINVAL, "sample_read: no payload");
+        return fr_fail(err, FERRY_EINVAL, "sample_read: no payload");
     const struct { const char *name; void *dst; uint64_t n; } want[4] = {
         { "prompt", prompt, smp->prompt_len }, { "tokens", tokens, smp->ntokens },
         { "logprobs", logprobs, smp->ntokens }, { "rewards", rewards, smp->nrewards },
@@ -416,10 +416,10 @@ int ferry_sample_read(ferry_sample_queue *q, const ferry_sample *smp, int32_t *p
         if (rc == 0 && len != cap)
             rc = FERRY_ECORRUPT;
         if (rc < 0)
-            return fr_rl_fail(err, rc == FERRY_ERANGE ? FERRY_ECORRUPT : rc,
-                              "sample '%s': reading %s of %s: %s", smp->session.session_id,
-                              want[i].name, smp->payload,
-                              rc == FERRY_ECORRUPT || rc == FERRY_ERANGE
+            return fr_fail(err, rc == FERRY_ERANGE ? FERRY_ECORRUPT : rc,
+                           "sample '%s': reading %s of %s: %s", smp->session.session_id,
+                           want[i].name, smp->payload,
+                           rc == FERRY_ECORRUPT || rc == FERRY_ERANGE
                                   ? "the object disagrees with the record"
                                   : ferry_store_last_error());
     }
@@ -430,7 +430,7 @@ int ferry_sample_ack(ferry_sample_queue *q, const ferry_sample *smp, size_t n, b
                      ferry_error *err)
 {
     if (!q || (n && !smp))
-        return fr_rl_fail(err, FERRY_EINVAL, "sample_ack: bad arguments");
+        return fr_fail(err, FERRY_EINVAL, "sample_ack: bad arguments");
     int first = 0;
     size_t nstale = 0;
     for (size_t i = 0; i < n; i++) {
@@ -453,13 +453,13 @@ int ferry_sample_ack(ferry_sample_queue *q, const ferry_sample *smp, size_t n, b
             if (!first)
                 first = FERRY_ESTALE;
         } else if (!first || first == FERRY_ESTALE) {
-            first = fr_rl_fail(err, rc, "sample_ack: sample '%s': %s", x->session.session_id,
-                               ferry_store_last_error());
+            first = fr_fail(err, rc, "sample_ack: sample '%s': %s", x->session.session_id,
+                            ferry_store_last_error());
         }
     }
     if (first == FERRY_ESTALE)
-        fr_rl_fail(err, first, "sample_ack: %zu of %zu samples were delivered again after their "
-                   "lease lapsed; not acked", nstale, n);
+        fr_fail(err, first, "sample_ack: %zu of %zu samples were delivered again after their "
+                "lease lapsed; not acked", nstale, n);
     return first;
 }
 

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "base/base.h"
 #include "rl/gen_int.h"
 #include "rl/rl_int.h"
 
@@ -50,13 +51,13 @@ int fr_rl_spans_borrow(ferry_region *r, size_t n, fr_rl_spans *sp, ferry_error *
 {
     size_t *of = malloc((n ? n : 1) * sizeof *of);
     if (!of)
-        return fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
     if (!sp->borrowed || sp->n != 1 || sp->reg[0] != r) {
         release(sp);
         sp->reg = calloc(1, sizeof *sp->reg);
         if (!sp->reg) {
             free(of);
-            return fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+            return fr_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
         }
         sp->reg[0] = r;
         sp->n = 1;
@@ -123,7 +124,7 @@ int fr_rl_spans_register(ferry_engine *e, uint8_t *const *addr, const uint64_t *
     uint64_t *blen = malloc((n ? n : 1) * sizeof *blen);
     if (!v || !of || !base || !blen) {
         free(v), free(of), free(base), free(blen);
-        return fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
     }
     size_t m = 0, nb = 0;
     for (size_t i = 0; i < n; i++) {
@@ -159,7 +160,7 @@ int fr_rl_spans_register(ferry_engine *e, uint8_t *const *addr, const uint64_t *
     sp->len = blen;
     sp->reg = calloc(nb ? nb : 1, sizeof *sp->reg);
     if (!sp->reg)
-        return fr_rl_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
     sp->n = nb;
     for (size_t i = 0; i < nb; i++) {
         advise_huge(base[i], blen[i]);
@@ -167,9 +168,9 @@ int fr_rl_spans_register(ferry_engine *e, uint8_t *const *addr, const uint64_t *
                                        FERRY_MEM_HOST, &sp->reg[i]);
         if (rc < 0) {
             release(sp);
-            return fr_rl_fail(err, rc, "subscriber: cannot register %zu bytes of parameters "
-                              "(span %zu of %zu): %s", (size_t)blen[i], i + 1, nb,
-                              ferry_strerror(rc));
+            return fr_fail(err, rc, "subscriber: cannot register %zu bytes of parameters "
+                           "(span %zu of %zu): %s", (size_t)blen[i], i + 1, nb,
+                           ferry_strerror(rc));
         }
     }
     return 0;

@@ -40,7 +40,7 @@ static int prepare_once(ferry_store *s, const char *model, uint64_t *generation,
     *current = false;
     int rc = fr_rl_active_read(s, model, &active, NULL);
     if (rc < 0)
-        return fr_rl_fail(err, rc, "no generation of %s is active (%s)", model, ferry_strerror(rc));
+        return fr_fail(err, rc, "no generation of %s is active (%s)", model, ferry_strerror(rc));
     if (active == *generation) {
         *current = true;
         return 0;
@@ -75,7 +75,7 @@ int ferry_weights_update_direct(ferry_store *s, const char *model, uint64_t *gen
         st = &local;
     memset(st, 0, sizeof *st);
     if (!s || !model || !generation || (n && !shards))
-        return fr_rl_fail(err, FERRY_EINVAL, "update: bad arguments");
+        return fr_fail(err, FERRY_EINVAL, "update: bad arguments");
     ferry_weight_manifest m = {0};
     bool current = false;
     int rc = fr_rl_prepare(s, model, generation, &m, &current, st, err);
@@ -93,7 +93,7 @@ int ferry_weights_update_direct(ferry_store *s, const char *model, uint64_t *gen
     uint64_t nf = tgt ? ferry_manifest_fragment_count(tgt) : 0;
     if (rc == 0 && (!(addr = malloc((nf ? nf : 1) * sizeof *addr)) ||
                     !(nbytes = malloc((nf ? nf : 1) * sizeof *nbytes))))
-        rc = fr_rl_fail(err, FERRY_ENOMEM, "update: out of memory");
+        rc = fr_fail(err, FERRY_ENOMEM, "update: out of memory");
     for (uint64_t j = 0; rc == 0 && j < nf; j++) {
         addr[j] = (uint64_t)(uintptr_t)shards[shard_of[j]].dst;
         nbytes[j] = shards[shard_of[j]].dst_bytes;
@@ -107,7 +107,7 @@ int ferry_weights_update_direct(ferry_store *s, const char *model, uint64_t *gen
     if (rc == 0 && nf)
         rc = ferry_exec_store_lower(att, dst, (const uint32_t[]){ 0 }, 1, NULL, &reads, err);
     if (rc < 0 && err && !err->msg[0])
-        fr_rl_fail(err, rc, "update: planning: %s", ferry_strerror(rc));
+        fr_fail(err, rc, "update: planning: %s", ferry_strerror(rc));
     st->tensors = n;
     double t1 = now_s();
     if (rc == 0 && reads.n) {
@@ -118,9 +118,9 @@ int ferry_weights_update_direct(ferry_store *s, const char *model, uint64_t *gen
         st->bytes_read = res.bytes_done;
         st->ranges = reads.n;
         if (rc < 0 && res.state == FERRY_TICKET_ABORTED)   /* nothing was written */
-            fr_rl_fail(err, rc, "%s", e.msg);
+            fr_fail(err, rc, "%s", e.msg);
         else if (rc < 0)   /* the parameters may be partly written */
-            rc = fr_rl_fail(err, FERRY_EREBUILD, "%s; the parameters must be rebuilt", e.msg);
+            rc = fr_fail(err, FERRY_EREBUILD, "%s; the parameters must be rebuilt", e.msg);
         ferry_exec_result_free(&res);
     }
     st->read_s = now_s() - t1;
@@ -151,7 +151,7 @@ int ferry_weights_update_compat(ferry_store *s, const char *model, uint64_t *gen
         st = &local;
     memset(st, 0, sizeof *st);
     if (!s || !model || !generation || !fn)
-        return fr_rl_fail(err, FERRY_EINVAL, "update: bad arguments");
+        return fr_fail(err, FERRY_EINVAL, "update: bad arguments");
     ferry_weight_manifest m = {0};
     bool current = false;
     int rc = fr_rl_prepare(s, model, generation, &m, &current, st, err);
@@ -165,7 +165,7 @@ int ferry_weights_update_compat(ferry_store *s, const char *model, uint64_t *gen
         if (e->bytes > cap) {
             void *nb = realloc(buf, e->bytes);
             if (!nb) {
-                rc = fr_rl_fail(err, FERRY_ENOMEM, "tensor %s: cannot allocate %" PRIu64 " bytes",
+                rc = fr_fail(err, FERRY_ENOMEM, "tensor %s: cannot allocate %" PRIu64 " bytes",
                           e->name, e->bytes);
                 break;
             }
@@ -179,7 +179,7 @@ int ferry_weights_update_compat(ferry_store *s, const char *model, uint64_t *gen
             st->tensors++;
             rc = fn(ctx, e, buf);
             if (rc != 0)
-                fr_rl_fail(err, rc, "the loader stopped at tensor %s (%d)", e->name, rc);
+                fr_fail(err, rc, "the loader stopped at tensor %s (%d)", e->name, rc);
         }
     }
     free(buf);

@@ -87,8 +87,8 @@ int fr_rl_check_whole(ferry_store *s, const char *model, ferry_weights_status *o
     if (rc == FERRY_ENOENT)
         return 0;   /* published before probes were recorded: not checked */
     if (rc < 0)
-        return fr_rl_fail(err, rc, "cannot check generation %" PRIu64 " of %s: %s",
-                          out->generation, model, ferry_store_last_error());
+        return fr_fail(err, rc, "cannot check generation %" PRIu64 " of %s: %s",
+                       out->generation, model, ferry_store_last_error());
     char *p = v.val, *end = p + v.len;
     while (rc == 0 && p < end) {
         char *eol = memchr(p, '\n', (size_t)(end - p));
@@ -101,8 +101,8 @@ int fr_rl_check_whole(ferry_store *s, const char *model, ferry_weights_status *o
         if (ex == 0 || ex == FERRY_ELOST)
             out->lost_segments++;
         else if (ex < 0)
-            rc = fr_rl_fail(err, ex, "cannot check generation %" PRIu64 " of %s: %s",
-                            out->generation, model, ferry_store_last_error());
+            rc = fr_fail(err, ex, "cannot check generation %" PRIu64 " of %s: %s",
+                         out->generation, model, ferry_store_last_error());
         p = eol + 1;
     }
     ferry_store_free(v.val);
@@ -110,10 +110,10 @@ int fr_rl_check_whole(ferry_store *s, const char *model, ferry_weights_status *o
         return rc;
     out->lost = out->lost_segments > 0;
     if (out->lost)
-        return fr_rl_fail(err, FERRY_ELOST, "generation %" PRIu64 " of %s is lost: its objects on "
-                          "%u of %u store segments are gone (a node holding them restarted or "
-                          "died); publish generation %" PRIu64 " or later", out->generation, model,
-                          out->lost_segments, out->segments, out->generation + 1);
+        return fr_fail(err, FERRY_ELOST, "generation %" PRIu64 " of %s is lost: its objects on "
+                       "%u of %u store segments are gone (a node holding them restarted or "
+                       "died); publish generation %" PRIu64 " or later", out->generation, model,
+                       out->lost_segments, out->segments, out->generation + 1);
     return 0;
 }
 
@@ -121,16 +121,16 @@ int ferry_weights_active_status(ferry_store *s, const char *model, ferry_weights
                                 ferry_error *err)
 {
     if (!s || !model || !out)
-        return fr_rl_fail(err, FERRY_EINVAL, "active status: bad arguments");
+        return fr_fail(err, FERRY_EINVAL, "active status: bad arguments");
     memset(out, 0, sizeof *out);
     int rc = fr_rl_active_read(s, model, &out->generation, out->digest);
     if (rc == FERRY_ENOENT)
-        return fr_rl_fail(err, rc, "no generation of %s was announced", model);
+        return fr_fail(err, rc, "no generation of %s was announced", model);
     if (rc == FERRY_EPROTO)
-        return fr_rl_fail(err, rc, "the active key of %s holds no generation", model);
+        return fr_fail(err, rc, "the active key of %s holds no generation", model);
     if (rc < 0)
-        return fr_rl_fail(err, rc, "cannot read the active generation of %s: %s", model,
-                          ferry_store_last_error());
+        return fr_fail(err, rc, "cannot read the active generation of %s: %s", model,
+                       ferry_store_last_error());
     return fr_rl_check_whole(s, model, out, err);
 }
 
@@ -151,7 +151,7 @@ int ferry_weights_wait_active(ferry_store *s, const char *model, uint64_t at_lea
                               uint64_t *generation, ferry_error *err)
 {
     if (!s || !model || !generation || at_least == 0)
-        return fr_rl_fail(err, FERRY_EINVAL, "wait_active: bad arguments");
+        return fr_fail(err, FERRY_EINVAL, "wait_active: bad arguments");
     *generation = 0;
     char k[FR_KEY_MAX];
     fr_key_wk(k, sizeof k, model, 0, "active");
@@ -160,8 +160,8 @@ int ferry_weights_wait_active(ferry_store *s, const char *model, uint64_t at_lea
     ferry_watch *w = NULL;
     int rc = ferry_kv_watch(s, k, 0, &w);
     if (rc < 0)
-        return fr_rl_fail(err, rc, "cannot watch the announcements of %s: %s", model,
-                          ferry_store_last_error());
+        return fr_fail(err, rc, "cannot watch the announcements of %s: %s", model,
+                       ferry_store_last_error());
     uint64_t deadline = fr_deadline_ns(timeout_ms);
     for (;;) {
         rc = ferry_weights_active(s, model, generation, NULL);
@@ -177,16 +177,16 @@ int ferry_weights_wait_active(ferry_store *s, const char *model, uint64_t at_lea
     }
     ferry_watch_close(w);
     if (rc == FERRY_ETIMEDOUT)
-        return fr_rl_fail(err, rc, "generation %" PRIu64 " of %s was not announced within %d ms "
-                          "(the active one is %" PRIu64 ")", at_least, model, timeout_ms,
-                          *generation);
+        return fr_fail(err, rc, "generation %" PRIu64 " of %s was not announced within %d ms "
+                       "(the active one is %" PRIu64 ")", at_least, model, timeout_ms,
+                       *generation);
     if (rc == FERRY_ELOST)
-        return fr_rl_fail(err, rc, "generation %" PRIu64 " of %s is lost: its objects are gone; "
-                          "publish generation %" PRIu64 " or later", *generation, model,
-                          *generation + 1);
+        return fr_fail(err, rc, "generation %" PRIu64 " of %s is lost: its objects are gone; "
+                       "publish generation %" PRIu64 " or later", *generation, model,
+                       *generation + 1);
     if (rc < 0)
-        return fr_rl_fail(err, rc, "waiting for generation %" PRIu64 " of %s: %s", at_least,
-                          model, ferry_strerror(rc));
+        return fr_fail(err, rc, "waiting for generation %" PRIu64 " of %s: %s", at_least,
+                       model, ferry_strerror(rc));
     return 0;
 }
 
@@ -196,7 +196,7 @@ int ferry_weights_manifest(ferry_store *s, const char *model, uint64_t generatio
                            ferry_weight_manifest *out, ferry_error *err)
 {
     if (!s || !model || !out)
-        return fr_rl_fail(err, FERRY_EINVAL, "manifest: bad arguments");
+        return fr_fail(err, FERRY_EINVAL, "manifest: bad arguments");
     memset(out, 0, sizeof *out);
     fr_gen *g = NULL;
     int rc = fr_gen_load(s, model, generation, &g, err);
@@ -220,8 +220,8 @@ int ferry_weights_read(ferry_store *s, const ferry_weight_entry *e, void *dst, s
                        ferry_error *err)
 {
     if (!s || !e || (cap && !dst) || !e->internal)
-        return fr_rl_fail(err, FERRY_EINVAL, "read: bad arguments (an entry of a manifest from "
-                          "ferry_weights_manifest)");
+        return fr_fail(err, FERRY_EINVAL, "read: bad arguments (an entry of a manifest from "
+                       "ferry_weights_manifest)");
     fr_gen *g = e->internal;
     int rc = fr_rl_read_whole(s, g, e->index, dst, cap, err);
     return rc < 0 ? rc : fr_gen_verify_tensor(s, g, e->index, dst, err);
@@ -239,29 +239,29 @@ static int plan_wholes(fr_gen *g, const uint32_t *tensors, void *const *dst, con
     *att = NULL;
     memset(r, 0, sizeof *r);
     if (!g->whole || !n)
-        return fr_rl_fail(err, FERRY_EINVAL, "no tensor %u in generation %" PRIu64,
-                          n ? tensors[0] : 0, g->generation);
+        return fr_fail(err, FERRY_EINVAL, "no tensor %u in generation %" PRIu64,
+                       n ? tensors[0] : 0, g->generation);
     uint64_t *frag = calloc(n, sizeof *frag), *at = calloc(n, sizeof *at);
-    int rc = frag && at ? 0 : fr_rl_fail(err, FERRY_ENOMEM, "reading %zu tensors: out of memory", n);
+    int rc = frag && at ? 0 : fr_fail(err, FERRY_ENOMEM, "reading %zu tensors: out of memory", n);
     for (size_t i = 0; i < n && rc == 0; i++) {
         ferry_tensor_desc d;
         ferry_fragment f;
         if (ferry_manifest_tensor(g->m, tensors[i], &d) < 0) {
-            rc = fr_rl_fail(err, FERRY_EINVAL, "no tensor %u in generation %" PRIu64, tensors[i],
-                            g->generation);
+            rc = fr_fail(err, FERRY_EINVAL, "no tensor %u in generation %" PRIu64, tensors[i],
+                         g->generation);
             break;
         }
         uint64_t bytes = d.itemsize;
         for (uint32_t k = 0; k < d.ndim; k++)
             bytes *= d.shape[k];
         if (cap[i] < bytes) {
-            rc = fr_rl_fail(err, FERRY_EMSGSIZE, "tensor %s: %" PRIu64 " bytes, the buffer holds "
-                            "%zu", d.name, bytes, cap[i]);
+            rc = fr_fail(err, FERRY_EMSGSIZE, "tensor %s: %" PRIu64 " bytes, the buffer holds "
+                         "%zu", d.name, bytes, cap[i]);
             break;
         }
         /* whole_m holds one whole fragment per tensor, in tensor order */
         if (ferry_manifest_fragment(g->whole_m, tensors[i], &f) < 0 || f.tensor != tensors[i]) {
-            rc = fr_rl_fail(err, FERRY_EPROTO, "tensor %s: no whole fragment of it", d.name);
+            rc = fr_fail(err, FERRY_EPROTO, "tensor %s: no whole fragment of it", d.name);
             break;
         }
         frag[i] = tensors[i];
@@ -276,7 +276,7 @@ static int plan_wholes(fr_gen *g, const uint32_t *tensors, void *const *dst, con
         rc = ferry_exec_store_lower(*att, *b, (const uint32_t[]){ 0 }, 1, &flt, r, err);
     }
     if (rc < 0 && !(err && err->msg[0]))
-        fr_rl_fail(err, rc, "planning the reads of %zu tensors: %s", n, ferry_strerror(rc));
+        fr_fail(err, rc, "planning the reads of %zu tensors: %s", n, ferry_strerror(rc));
     free(frag);
     free(at);
     if (rc < 0) {

@@ -145,10 +145,10 @@ static int get_sources(sp_call *c, const char *const *keys, size_t nkeys, ferry_
     c->src = fr_calloc(nkeys ? nkeys : 1, sizeof *c->src);
     c->ixs = fr_calloc(nkeys ? nkeys : 1, sizeof *c->ixs);
     if (!c->src || !c->ixs)
-        return fr_sp_fail(err, FERRY_ENOMEM, "read_sparse_objects: out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "read_sparse_objects: out of memory");
     for (size_t i = 0; i < nkeys; i++) {
         if (!keys[i])
-            return fr_sp_fail(err, FERRY_EINVAL, "read_sparse_objects: key %zu is NULL", i);
+            return fr_fail(err, FERRY_EINVAL, "read_sparse_objects: key %zu is NULL", i);
         bool dup = false;
         for (size_t j = 0; j < c->nsrc && !dup; j++)
             dup = strcmp(c->src[j].c.ix.key, keys[i]) == 0;
@@ -159,8 +159,8 @@ static int get_sources(sp_call *c, const char *const *keys, size_t nkeys, ferry_
         int rc = ferry_store_get_replica_desc(c->s, keys[i], &od);
         c->st.index_checks++;
         if (rc < 0)
-            return fr_sp_fail(err, rc, "read_sparse_objects %s: %s", keys[i],
-                              ferry_store_last_error());
+            return fr_fail(err, rc, "read_sparse_objects %s: %s", keys[i],
+                           ferry_store_last_error());
         sp_src *e = &c->src[c->nsrc];
         if (cache_take(c->s, keys[i], &od, &e->c)) {
             c->st.index_cache_hits++;
@@ -232,22 +232,22 @@ static int do_reads(sp_call *c, ferry_error *err)
     int64_t *res = fr_calloc(2 * n + 1, sizeof *res);
     int rc = 0;
     if (!c->bufs || !c->order || !r || !res) {
-        rc = fr_sp_fail(err, FERRY_ENOMEM, "read_sparse_objects: out of memory");
+        rc = fr_fail(err, FERRY_ENOMEM, "read_sparse_objects: out of memory");
         goto out;
     }
     for (size_t i = 0; i < n; i++) {
         const ferry_sparse_read *rd = &c->plan.reads[i];
         if (rd->source >= c->nsrc) {
-            rc = fr_sp_fail(err, FERRY_EPROTO, "read_sparse_objects: plan read %zu names source "
-                            "%" PRIu32 " of %zu", i, rd->source, c->nsrc);
+            rc = fr_fail(err, FERRY_EPROTO, "read_sparse_objects: plan read %zu names source "
+                         "%" PRIu32 " of %zu", i, rd->source, c->nsrc);
             goto out;
         }
         const sp_cached *e = &c->src[rd->source].c;
         const ferry_sparse_desc *d = &e->ix.desc;
         if (rd->start >= rd->end || rd->end > d->nnz) {
-            rc = fr_sp_fail(err, FERRY_EPROTO, "read_sparse_objects %s: plan read [%" PRIu64
-                            ", %" PRIu64 ") outside 0..%" PRIu64, e->ix.key, rd->start, rd->end,
-                            d->nnz);
+            rc = fr_fail(err, FERRY_EPROTO, "read_sparse_objects %s: plan read [%" PRIu64
+                         ", %" PRIu64 ") outside 0..%" PRIu64, e->ix.key, rd->start, rd->end,
+                         d->nnz);
             goto out;
         }
         uint64_t rows = rd->end - rd->start;
@@ -255,8 +255,8 @@ static int do_reads(sp_call *c, ferry_error *err)
         c->bufs[i].indices = fr_malloc(rows * irow);
         c->bufs[i].values = fr_malloc(rows * vrow);
         if (!c->bufs[i].indices || !c->bufs[i].values) {
-            rc = fr_sp_fail(err, FERRY_ENOMEM, "read_sparse_objects: out of memory for %" PRIu64
-                            " entries", rows);
+            rc = fr_fail(err, FERRY_ENOMEM, "read_sparse_objects: out of memory for %" PRIu64
+                         " entries", rows);
             goto out;
         }
         /* indices ranges first, values ranges after: two batches */
@@ -282,15 +282,15 @@ static int do_reads(sp_call *c, ferry_error *err)
         *(part ? &c->st.value_range_s : &c->st.index_range_s) = dt;
         c->st.read_s += dt;
         if (rc < 0) {
-            fr_sp_fail(err, rc, "read_sparse_objects: ranged read of the %s: %s",
-                       part ? "values" : "indices", ferry_store_last_error());
+            fr_fail(err, rc, "read_sparse_objects: ranged read of the %s: %s",
+                    part ? "values" : "indices", ferry_store_last_error());
             goto out;
         }
     }
     for (size_t i = 0; i < 2 * n; i++)
         if ((uint64_t)res[i] != r[i].len) {
-            rc = fr_sp_fail(err, FERRY_EPROTO, "read_sparse_objects %s: short ranged read",
-                            r[i].key);
+            rc = fr_fail(err, FERRY_EPROTO, "read_sparse_objects %s: short ranged read",
+                         r[i].key);
             goto out;
         }
     qsort(c->order, n, sizeof *c->order, rkey_cmp);
@@ -326,7 +326,7 @@ static int make_result(sp_call *c, const ferry_sparse_pair *p, const ferry_spars
     res->indices = fr_malloc(cap * d->ndim * sizeof(int64_t));
     res->values = fr_malloc(cap * vsz);
     if (!res->indices || !res->values)
-        return fr_sp_fail(err, FERRY_ENOMEM, "read_sparse_objects: out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "read_sparse_objects: out of memory");
     uint64_t lo[FERRY_SPARSE_NDIM_MAX], hi[FERRY_SPARSE_NDIM_MAX], o = 0;
     for (uint32_t k = 0; k < d->ndim; k++) {
         lo[k] = t->offset[k];
@@ -336,9 +336,9 @@ static int make_result(sp_call *c, const ferry_sparse_pair *p, const ferry_spars
         const ferry_sparse_range *g = &c->plan.ranges[p->first + j];
         size_t ri = find_read(c, p->source, t->node, g->start, g->end);
         if (ri == SIZE_MAX)
-            return fr_sp_fail(err, FERRY_EPROTO, "read_sparse_objects %s: the plan has no read "
-                              "for range [%" PRIu64 ", %" PRIu64 ") of target %" PRIu32,
-                              e->ix.key, g->start, g->end, p->target);
+            return fr_fail(err, FERRY_EPROTO, "read_sparse_objects %s: the plan has no read "
+                           "for range [%" PRIu64 ", %" PRIu64 ") of target %" PRIu32,
+                           e->ix.key, g->start, g->end, p->target);
         sp_buf *b = &c->bufs[ri];
         c->st.dedup_hits += b->uses++ > 0;
         uint64_t base = c->plan.reads[ri].start;
@@ -370,7 +370,7 @@ static int publish(ferry_store *s, const char *prefix, const ferry_sparse_result
     char key[FERRY_STORE_KEY_MAX + 1];
     int n = snprintf(key, sizeof key, "%s/%" PRIu32 "/%s", prefix, r->target, r->tensor_id);
     if (n < 0 || (size_t)n >= sizeof key)
-        return fr_sp_fail(err, FERRY_EINVAL, "read_sparse_objects: publish key too long");
+        return fr_fail(err, FERRY_EINVAL, "read_sparse_objects: publish key too long");
     json_t *shape = json_array();
     for (uint32_t k = 0; k < r->ndim; k++)
         json_array_append_new(shape, json_integer((json_int_t)r->shape[k]));
@@ -385,7 +385,7 @@ static int publish(ferry_store *s, const char *prefix, const ferry_sparse_result
     char *meta = j ? fr_json_dump_canonical(j) : NULL;
     json_decref(j);
     if (!meta)
-        return fr_sp_fail(err, FERRY_ENOMEM, "read_sparse_objects: out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "read_sparse_objects: out of memory");
     ferry_member m[3];
     memset(m, 0, sizeof m);
     snprintf(m[0].name, sizeof m[0].name, "meta");
@@ -406,8 +406,8 @@ static int publish(ferry_store *s, const char *prefix, const ferry_sparse_result
     int st = ferry_store_put_struct(s, key, m, data, 3, &rc);
     free(meta);
     if (st < 0)
-        return fr_sp_fail(err, st, "read_sparse_objects: publish %s: %s", key,
-                          ferry_store_last_error());
+        return fr_fail(err, st, "read_sparse_objects: publish %s: %s", key,
+                       ferry_store_last_error());
     return 0;
 }
 
@@ -433,8 +433,8 @@ int ferry_read_sparse_objects(ferry_store *s, const char *const *keys, size_t nk
                               size_t *nout, ferry_sparse_stats *st, ferry_error *err)
 {
     if (!s || (nkeys && !keys) || (ntargets && !targets) || !out || !nout)
-        return fr_sp_fail(err, FERRY_EINVAL, "read_sparse_objects: store, keys, targets and out "
-                          "are required");
+        return fr_fail(err, FERRY_EINVAL, "read_sparse_objects: store, keys, targets and out "
+                       "are required");
     *out = NULL;
     *nout = 0;
     sp_call c;
@@ -453,15 +453,15 @@ int ferry_read_sparse_objects(ferry_store *s, const char *const *keys, size_t nk
     uint64_t t0 = fr_now_ns();
     res = fr_calloc(c.plan.npairs ? c.plan.npairs : 1, sizeof *res);
     if (!res) {
-        rc = fr_sp_fail(err, FERRY_ENOMEM, "read_sparse_objects: out of memory");
+        rc = fr_fail(err, FERRY_ENOMEM, "read_sparse_objects: out of memory");
         goto fail;
     }
     for (size_t i = 0; i < c.plan.npairs; i++) {
         const ferry_sparse_pair *p = &c.plan.pairs[i];
         if (p->source >= c.nsrc || p->target >= ntargets ||
             p->first + p->n > c.plan.nranges) {
-            rc = fr_sp_fail(err, FERRY_EPROTO, "read_sparse_objects: plan pair %zu is malformed",
-                            i);
+            rc = fr_fail(err, FERRY_EPROTO, "read_sparse_objects: plan pair %zu is malformed",
+                         i);
             goto fail;
         }
         nres++;

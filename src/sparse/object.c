@@ -171,7 +171,7 @@ int fr_sparse_meta_encode(const ferry_sparse_desc *d, char **out, size_t *len)
 
 static int meta_fail(ferry_error *err, const char *why)
 {
-    return fr_sp_fail(err, FERRY_EPROTO, "sparse meta: %s", why);
+    return fr_fail(err, FERRY_EPROTO, "sparse meta: %s", why);
 }
 
 static int get_u64_array(const json_t *j, const char *name, uint64_t *out, size_t max, size_t *n)
@@ -403,9 +403,9 @@ static int make_keys(const ferry_sparse_desc *d, const void *indices, size_t isz
                     cc[q] = fr_sp_coord(indices, isz, i, d->ndim, q);
                 fmt_coord(a, sizeof a, cc, d->ndim);
                 fmt_shape(s, sizeof s, d->shape, d->ndim);
-                return fr_sp_fail(err, FERRY_EINVAL,
-                                  "put_sparse_object %s: indices[%" PRIu64 "] = (%s) is outside "
-                                  "the shape (%s); nothing stored", d->tensor_id, i, a, s);
+                return fr_fail(err, FERRY_EINVAL,
+                               "put_sparse_object %s: indices[%" PRIu64 "] = (%s) is outside "
+                               "the shape (%s); nothing stored", d->tensor_id, i, a, s);
             }
             t = t * grid[k] + (uint64_t)c / d->tile[k];
             e = e * d->tile[k] + (uint64_t)c % d->tile[k];
@@ -438,10 +438,10 @@ static int build_sorted(const ferry_sparse_desc *d, const void *indices, const v
             for (uint32_t q = 0; q < d->ndim; q++)
                 cc[q] = fr_sp_coord(indices, isz, b->ent[i].idx, d->ndim, q);
             fmt_coord(a, sizeof a, cc, d->ndim);
-            return fr_sp_fail(err, FERRY_EINVAL,
-                              "put_sparse_object %s: coordinate (%s) appears twice (entries %"
-                              PRIu64 " and %" PRIu64 "); scatter_set refuses duplicates; nothing "
-                              "stored", d->tensor_id, a, b->ent[i - 1].idx, b->ent[i].idx);
+            return fr_fail(err, FERRY_EINVAL,
+                           "put_sparse_object %s: coordinate (%s) appears twice (entries %"
+                           PRIu64 " and %" PRIu64 "); scatter_set refuses duplicates; nothing "
+                           "stored", d->tensor_id, a, b->ent[i - 1].idx, b->ent[i].idx);
         }
         uniq += !dup;
         tiles += !i || b->ent[i].key / vol != b->ent[i - 1].key / vol;
@@ -489,7 +489,7 @@ static int store_object(ferry_store *s, const char *key, const ferry_sparse_desc
     size_t mlen = 0;
     int rc = fr_sparse_meta_encode(sd, &meta, &mlen);
     if (rc < 0)
-        return fr_sp_fail(err, rc, "put_sparse_object %s: cannot encode meta", sd->tensor_id);
+        return fr_fail(err, rc, "put_sparse_object %s: cannot encode meta", sd->tensor_id);
     ferry_member m[5];
     memset(m, 0, sizeof m);
     snprintf(m[0].name, sizeof m[0].name, "meta");
@@ -519,10 +519,10 @@ static int store_object(ferry_store *s, const char *key, const ferry_sparse_desc
     rc = ferry_store_put_struct(s, key, m, data, 5, &rcfg);
     free(meta);
     if (rc == FERRY_EEXIST)
-        return fr_sp_fail(err, rc, "put_sparse_object: %s already exists (same tensor, base, "
-                          "delta and placement); nothing stored", key);
+        return fr_fail(err, rc, "put_sparse_object: %s already exists (same tensor, base, "
+                       "delta and placement); nothing stored", key);
     if (rc < 0)
-        return fr_sp_fail(err, rc, "put_sparse_object %s: %s", key, ferry_store_last_error());
+        return fr_fail(err, rc, "put_sparse_object %s: %s", key, ferry_store_last_error());
     return 0;
 }
 
@@ -531,53 +531,53 @@ int ferry_put_sparse_object(ferry_store *s, const ferry_sparse_desc *d, const vo
                             ferry_error *err)
 {
     if (!s || !d || !indices || !values)
-        return fr_sp_fail(err, FERRY_EINVAL, "put_sparse_object: store, descriptor, indices and "
-                          "values are required");
+        return fr_fail(err, FERRY_EINVAL, "put_sparse_object: store, descriptor, indices and "
+                       "values are required");
     char why[256];
     if (desc_check(d, false, why, sizeof why) < 0)
-        return fr_sp_fail(err, FERRY_EINVAL, "put_sparse_object %.*s: %s; nothing stored",
-                          FERRY_SPARSE_ID_MAX, d->tensor_id, why);
+        return fr_fail(err, FERRY_EINVAL, "put_sparse_object %.*s: %s; nothing stored",
+                       FERRY_SPARSE_ID_MAX, d->tensor_id, why);
     ferry_sparse_desc sd = *d;
     bool chosen = true;
     for (uint32_t k = 0; k < sd.ndim; k++)
         chosen = chosen && sd.tile[k] == 0;
     for (uint32_t k = 0; k < sd.ndim && !chosen; k++)
         if (sd.tile[k] == 0)
-            return fr_sp_fail(err, FERRY_EINVAL, "put_sparse_object %s: tile shape must be all 0 "
-                              "(chosen) or all set; tile[%" PRIu32 "] is 0; nothing stored",
-                              d->tensor_id, k);
+            return fr_fail(err, FERRY_EINVAL, "put_sparse_object %s: tile shape must be all 0 "
+                           "(chosen) or all set; tile[%" PRIu32 "] is 0; nothing stored",
+                           d->tensor_id, k);
     for (uint32_t k = sd.ndim; k < FERRY_SPARSE_NDIM_MAX; k++)
         sd.shape[k] = sd.tile[k] = 0;
     if (chosen)
         default_tile(sd.shape, sd.ndim, sd.tile);
     if (grid_fits(&sd) < 0)
-        return fr_sp_fail(err, FERRY_EINVAL, "put_sparse_object %s: the tile grid of this shape "
-                          "has more than 2^64 elements; nothing stored", d->tensor_id);
+        return fr_fail(err, FERRY_EINVAL, "put_sparse_object %s: the tile grid of this shape "
+                       "has more than 2^64 elements; nothing stored", d->tensor_id);
     size_t isz = fr_sp_index_size(sd.index_dtype), vsz = fr_sp_value_size(sd.value_dtype);
     uint64_t bytes;
     if (sd.nnz == 0 || fr_mul_u64(sd.nnz, (uint64_t)sd.ndim * 8 + 16, &bytes) < 0 ||
         bytes > SIZE_MAX / 2)
-        return fr_sp_fail(err, FERRY_EINVAL, "put_sparse_object %s: nnz %" PRIu64 " must be in "
-                          "1..%zu (an update with no entries is not stored); nothing stored",
-                          d->tensor_id, sd.nnz, (size_t)(SIZE_MAX / 2 / (sd.ndim * 8 + 16)));
+        return fr_fail(err, FERRY_EINVAL, "put_sparse_object %s: nnz %" PRIu64 " must be in "
+                       "1..%zu (an update with no entries is not stored); nothing stored",
+                       d->tensor_id, sd.nnz, (size_t)(SIZE_MAX / 2 / (sd.ndim * 8 + 16)));
     char k[512];
     if (fr_sparse_key(&sd, k, sizeof k) < 0)
-        return fr_sp_fail(err, FERRY_EINVAL, "put_sparse_object %s: key too long", d->tensor_id);
+        return fr_fail(err, FERRY_EINVAL, "put_sparse_object %s: key too long", d->tensor_id);
     int rc = ferry_store_exist(s, k);
     if (rc == 1)
-        return fr_sp_fail(err, FERRY_EEXIST, "put_sparse_object: %s already exists (same tensor, "
-                          "base, delta and placement); nothing stored", k);
+        return fr_fail(err, FERRY_EEXIST, "put_sparse_object: %s already exists (same tensor, "
+                       "base, delta and placement); nothing stored", k);
     built b;
     memset(&b, 0, sizeof b);
     b.ent = fr_malloc(sd.nnz * sizeof *b.ent);
     if (!b.ent)
-        return fr_sp_fail(err, FERRY_ENOMEM, "put_sparse_object %s: out of memory for %" PRIu64
-                          " entries", d->tensor_id, sd.nnz);
+        return fr_fail(err, FERRY_ENOMEM, "put_sparse_object %s: out of memory for %" PRIu64
+                       " entries", d->tensor_id, sd.nnz);
     rc = make_keys(&sd, indices, isz, &b, err);
     if (rc == 0 && (rc = radix_sort(b.ent, sd.nnz)) < 0)
-        fr_sp_fail(err, rc, "put_sparse_object %s: out of memory sorting", d->tensor_id);
+        fr_fail(err, rc, "put_sparse_object %s: out of memory sorting", d->tensor_id);
     if (rc == 0 && (rc = build_sorted(&sd, indices, values, isz, vsz, &b, err)) == FERRY_ENOMEM)
-        fr_sp_fail(err, rc, "put_sparse_object %s: out of memory", d->tensor_id);
+        fr_fail(err, rc, "put_sparse_object %s: out of memory", d->tensor_id);
     if (rc == 0) {
         sd.nnz = b.nnz;
         sd.ntiles = b.ntiles;
@@ -599,18 +599,18 @@ int ferry_sparse_admit(ferry_store *s, const ferry_sparse_desc *d, uint32_t rank
                        ferry_error *err)
 {
     if (!s || !d || !admitted)
-        return fr_sp_fail(err, FERRY_EINVAL, "sparse_admit: store, descriptor and result are "
-                          "required");
+        return fr_fail(err, FERRY_EINVAL, "sparse_admit: store, descriptor and result are "
+                       "required");
     char why[256];
     ferry_sparse_desc sd = *d;
     for (uint32_t k = 0; k < FERRY_SPARSE_NDIM_MAX; k++)
         sd.tile[k] = 0;
     if (desc_check(&sd, false, why, sizeof why) < 0)
-        return fr_sp_fail(err, FERRY_EINVAL, "sparse_admit %.*s: %s", FERRY_SPARSE_ID_MAX,
-                          d->tensor_id, why);
+        return fr_fail(err, FERRY_EINVAL, "sparse_admit %.*s: %s", FERRY_SPARSE_ID_MAX,
+                       d->tensor_id, why);
     char ok[600], k[600], val[16];
     if (fr_sparse_key(&sd, ok, sizeof ok) < 0 || owner_key(ok, k, sizeof k) < 0)
-        return fr_sp_fail(err, FERRY_EINVAL, "sparse_admit %s: key too long", d->tensor_id);
+        return fr_fail(err, FERRY_EINVAL, "sparse_admit %s: key too long", d->tensor_id);
     int vl = snprintf(val, sizeof val, "%" PRIu32, rank);
     *admitted = false;
     for (int attempt = 0; attempt < 3; attempt++) {
@@ -621,7 +621,7 @@ int ferry_sparse_admit(ferry_store *s, const ferry_sparse_desc *d, uint32_t rank
             return 0;
         }
         if (rc != FERRY_ESTATE && rc != FERRY_ECONNRESET)
-            return fr_sp_fail(err, rc, "sparse_admit %s: %s", k, ferry_store_last_error());
+            return fr_fail(err, rc, "sparse_admit %s: %s", k, ferry_store_last_error());
         /* Taken, or our own CAS whose reply was lost: the value names the
          * owner. Not there after a lost reply: the CAS never landed, try again. */
         ferry_kv_value cur;
@@ -630,13 +630,13 @@ int ferry_sparse_admit(ferry_store *s, const ferry_sparse_desc *d, uint32_t rank
         if (rc == FERRY_ENOENT)
             continue;
         if (rc < 0)
-            return fr_sp_fail(err, rc, "sparse_admit %s: %s", k, ferry_store_last_error());
+            return fr_fail(err, rc, "sparse_admit %s: %s", k, ferry_store_last_error());
         *admitted = cur.len == (size_t)vl && memcmp(cur.val, val, (size_t)vl) == 0;
         ferry_store_free(cur.val);
         return 0;
     }
-    return fr_sp_fail(err, FERRY_ECONNRESET, "sparse_admit %s: the master connection kept "
-                      "resetting", k);
+    return fr_fail(err, FERRY_ECONNRESET, "sparse_admit %s: the master connection kept "
+                   "resetting", k);
 }
 
 /* ---- the compact index ---------------------------------------------------------------- */
@@ -685,16 +685,16 @@ int fr_sparse_index_load(ferry_store *s, const char *key, ferry_sparse_index *ou
                          ferry_member *mi, ferry_member *mv, ferry_error *err)
 {
     if (!s || !key || !out)
-        return fr_sp_fail(err, FERRY_EINVAL, "sparse_index_read: store, key and out are required");
+        return fr_fail(err, FERRY_EINVAL, "sparse_index_read: store, key and out are required");
     memset(out, 0, sizeof *out);
     if (strlen(key) >= sizeof out->key)
-        return fr_sp_fail(err, FERRY_EINVAL, "sparse_index_read: key longer than %zu bytes",
-                          sizeof out->key - 1);
+        return fr_fail(err, FERRY_EINVAL, "sparse_index_read: key longer than %zu bytes",
+                       sizeof out->key - 1);
     ferry_member m[16];
     size_t n = 0;
     int rc = ferry_store_get_members(s, key, m, 16, &n);
     if (rc < 0)
-        return fr_sp_fail(err, rc, "sparse_index_read %s: %s", key, ferry_store_last_error());
+        return fr_fail(err, rc, "sparse_index_read %s: %s", key, ferry_store_last_error());
     if (n > 16)
         n = 16;
     const ferry_member *fm = find_member(m, n, "meta"), *fc = find_member(m, n, "tile_coords"),
@@ -702,13 +702,13 @@ int fr_sparse_index_load(ferry_store *s, const char *key, ferry_sparse_index *ou
                        *fv = find_member(m, n, "values");
     if (!fm || !fc || !fp || !fi || !fv || strcmp(fm->dtype, "u8") != 0 || fm->ndim != 1 ||
         fm->nbytes == 0 || fm->nbytes > META_MAX || fc->ndim != 2 || fp->ndim != 1)
-        return fr_sp_fail(err, FERRY_EPROTO, "sparse_index_read %s: not a sparse object (members "
-                          "meta, tile_coords, tile_ptr, indices, values expected)", key);
+        return fr_fail(err, FERRY_EPROTO, "sparse_index_read %s: not a sparse object (members "
+                       "meta, tile_coords, tile_ptr, indices, values expected)", key);
     char *meta = fr_malloc(fm->nbytes);
     out->tile_coords = fr_malloc(fc->nbytes ? fc->nbytes : 1);
     out->tile_ptr = fr_malloc(fp->nbytes ? fp->nbytes : 1);
     if (!meta || !out->tile_coords || !out->tile_ptr) {
-        rc = fr_sp_fail(err, FERRY_ENOMEM, "sparse_index_read %s: out of memory", key);
+        rc = fr_fail(err, FERRY_ENOMEM, "sparse_index_read %s: out of memory", key);
         goto fail;
     }
     ferry_range r[3] = {
@@ -719,18 +719,18 @@ int fr_sparse_index_load(ferry_store *s, const char *key, ferry_sparse_index *ou
     int64_t got[3] = {0};
     size_t nr = fc->nbytes ? 3 : 1;   /* an empty tile_coords is refused below */
     if ((rc = ferry_store_get_into_ranges(s, r, nr, got)) < 0) {
-        fr_sp_fail(err, rc, "sparse_index_read %s: %s", key, ferry_store_last_error());
+        fr_fail(err, rc, "sparse_index_read %s: %s", key, ferry_store_last_error());
         goto fail;
     }
     for (size_t i = 0; i < nr; i++)
         if ((uint64_t)got[i] != r[i].len) {
-            rc = fr_sp_fail(err, FERRY_EPROTO, "sparse_index_read %s: short read", key);
+            rc = fr_fail(err, FERRY_EPROTO, "sparse_index_read %s: short read", key);
             goto fail;
         }
     if ((rc = fr_sparse_meta_decode(meta, fm->nbytes, &out->desc, err)) < 0) {
         char m2[sizeof err->msg];
         snprintf(m2, sizeof m2, "%s", err ? err->msg : "");
-        fr_sp_fail(err, rc, "sparse_index_read %s: %s", key, m2);
+        fr_fail(err, rc, "sparse_index_read %s: %s", key, m2);
         goto fail;
     }
     const ferry_sparse_desc *d = &out->desc;
@@ -743,7 +743,7 @@ int fr_sparse_index_load(ferry_store *s, const char *key, ferry_sparse_index *ou
     else
         why = check_tiles(out);
     if (why) {
-        rc = fr_sp_fail(err, FERRY_EPROTO, "sparse_index_read %s: %s", key, why);
+        rc = fr_fail(err, FERRY_EPROTO, "sparse_index_read %s: %s", key, why);
         goto fail;
     }
     snprintf(out->key, sizeof out->key, "%s", key);

@@ -30,17 +30,17 @@ static int view_strides(const ferry_sparse_result *r, const ferry_sparse_view *v
     uint64_t s = 1, last = 0;
     for (int k = (int)v->ndim - 1; k >= 0; k--) {
         if (v->strides[k] < 0)
-            return fr_sp_fail(err, FERRY_EINVAL, "sparse_apply %s: stride %" PRId64 " of dimension "
-                              "%d is negative; nothing changed", r->tensor_id, v->strides[k], k);
+            return fr_fail(err, FERRY_EINVAL, "sparse_apply %s: stride %" PRId64 " of dimension "
+                           "%d is negative; nothing changed", r->tensor_id, v->strides[k], k);
         st[k] = given ? (uint64_t)v->strides[k] : s;
         uint64_t reach;
         if (fr_mul_u64(st[k], v->shape[k] ? v->shape[k] - 1 : 0, &reach) < 0 || last + reach < last)
-            return fr_sp_fail(err, FERRY_EINVAL, "sparse_apply %s: the view's strides overflow; "
-                              "nothing changed", r->tensor_id);
+            return fr_fail(err, FERRY_EINVAL, "sparse_apply %s: the view's strides overflow; "
+                           "nothing changed", r->tensor_id);
         last += reach;
         if (fr_mul_u64(s, v->shape[k], &s) < 0)
-            return fr_sp_fail(err, FERRY_EINVAL, "sparse_apply %s: shape overflows; nothing "
-                              "changed", r->tensor_id);
+            return fr_fail(err, FERRY_EINVAL, "sparse_apply %s: shape overflows; nothing "
+                           "changed", r->tensor_id);
     }
     /* One address per element: sorted by stride, each stride must clear
      * what the smaller ones reach (extent 1 dimensions take no room). */
@@ -55,19 +55,19 @@ static int view_strides(const ferry_sparse_result *r, const ferry_sparse_view *v
     uint64_t reach = 0;   /* elements the smaller dimensions span, minus one */
     for (uint32_t i = 0; i < n; i++) {
         if (ds[i][0] <= reach)
-            return fr_sp_fail(err, FERRY_EINVAL, "sparse_apply %s: the view's strides put two "
-                              "elements of the box on one address (stride %" PRIu64 " within the %"
-                              PRIu64 " elements the smaller strides span); nothing changed",
-                              r->tensor_id, ds[i][0], reach + 1);
+            return fr_fail(err, FERRY_EINVAL, "sparse_apply %s: the view's strides put two "
+                           "elements of the box on one address (stride %" PRIu64 " within the %"
+                           PRIu64 " elements the smaller strides span); nothing changed",
+                           r->tensor_id, ds[i][0], reach + 1);
         reach += ds[i][0] * (ds[i][1] - 1);
     }
     if (fr_mul_u64(last + 1, dsz, span) < 0)
-        return fr_sp_fail(err, FERRY_EINVAL, "sparse_apply %s: the view's span overflows; "
-                          "nothing changed", r->tensor_id);
+        return fr_fail(err, FERRY_EINVAL, "sparse_apply %s: the view's span overflows; "
+                       "nothing changed", r->tensor_id);
     if (v->bytes && *span > v->bytes)
-        return fr_sp_fail(err, FERRY_EINVAL, "sparse_apply %s: the view spans %" PRIu64 " bytes, "
-                          "its memory holds %" PRIu64 "; nothing changed", r->tensor_id, *span,
-                          v->bytes);
+        return fr_fail(err, FERRY_EINVAL, "sparse_apply %s: the view spans %" PRIu64 " bytes, "
+                       "its memory holds %" PRIu64 "; nothing changed", r->tensor_id, *span,
+                       v->bytes);
     return 0;
 }
 
@@ -75,44 +75,44 @@ static int check(const ferry_sparse_result *r, const ferry_sparse_view *v,
                  uint64_t current_generation, size_t *dsz, ferry_error *err)
 {
     if (!r || !v || (r->nnz && (!v->data || !r->indices || !r->values)))
-        return fr_sp_fail(err, FERRY_EINVAL, "sparse_apply: result, buffer, indices and values "
-                          "are required");
+        return fr_fail(err, FERRY_EINVAL, "sparse_apply: result, buffer, indices and values "
+                       "are required");
     *dsz = fr_sp_value_size(v->dtype);
     size_t vsz = fr_sp_value_size(r->value_dtype);
     if (!*dsz || !vsz)
-        return fr_sp_fail(err, FERRY_EINVAL, "sparse_apply %s: dtypes must be f32, bf16 or f16 "
-                          "(buffer '%.7s', values '%.7s')", r->tensor_id, v->dtype,
-                          r->value_dtype);
+        return fr_fail(err, FERRY_EINVAL, "sparse_apply %s: dtypes must be f32, bf16 or f16 "
+                       "(buffer '%.7s', values '%.7s')", r->tensor_id, v->dtype,
+                       r->value_dtype);
     if (r->ndim < 1 || r->ndim > FERRY_SPARSE_NDIM_MAX)
-        return fr_sp_fail(err, FERRY_EINVAL, "sparse_apply %s: ndim %" PRIu32 " outside 1..%d",
-                          r->tensor_id, r->ndim, FERRY_SPARSE_NDIM_MAX);
+        return fr_fail(err, FERRY_EINVAL, "sparse_apply %s: ndim %" PRIu32 " outside 1..%d",
+                       r->tensor_id, r->ndim, FERRY_SPARSE_NDIM_MAX);
     if (r->apply == FERRY_SPARSE_SCATTER_ADD && current_generation != r->base_generation)
-        return fr_sp_fail(err, FERRY_ESTATE, "sparse_apply %s: the delta %" PRIu64 " -> %" PRIu64
-                          " applies to base generation %" PRIu64 " but the buffer holds "
-                          "generation %" PRIu64 "; nothing changed", r->tensor_id,
-                          r->base_generation, r->delta_generation, r->base_generation,
-                          current_generation);
+        return fr_fail(err, FERRY_ESTATE, "sparse_apply %s: the delta %" PRIu64 " -> %" PRIu64
+                       " applies to base generation %" PRIu64 " but the buffer holds "
+                       "generation %" PRIu64 "; nothing changed", r->tensor_id,
+                       r->base_generation, r->delta_generation, r->base_generation,
+                       current_generation);
     if (r->apply != FERRY_SPARSE_SCATTER_ADD && r->apply != FERRY_SPARSE_SCATTER_SET)
-        return fr_sp_fail(err, FERRY_EINVAL, "sparse_apply %s: unknown apply mode %d",
-                          r->tensor_id, (int)r->apply);
+        return fr_fail(err, FERRY_EINVAL, "sparse_apply %s: unknown apply mode %d",
+                       r->tensor_id, (int)r->apply);
     if (v->ndim != r->ndim)
-        return fr_sp_fail(err, FERRY_EINVAL, "sparse_apply %s: the view has %" PRIu32 " dimensions,"
-                          " the target %" PRIu32 "; nothing changed", r->tensor_id, v->ndim,
-                          r->ndim);
+        return fr_fail(err, FERRY_EINVAL, "sparse_apply %s: the view has %" PRIu32 " dimensions,"
+                       " the target %" PRIu32 "; nothing changed", r->tensor_id, v->ndim,
+                       r->ndim);
     for (uint32_t k = 0; k < r->ndim; k++)
         if (v->shape[k] != r->shape[k])
-            return fr_sp_fail(err, FERRY_EINVAL, "sparse_apply %s: dimension %" PRIu32 " of the "
-                              "view is %" PRIu64 ", of the target's local shape %" PRIu64
-                              "; nothing changed", r->tensor_id, k, v->shape[k], r->shape[k]);
+            return fr_fail(err, FERRY_EINVAL, "sparse_apply %s: dimension %" PRIu32 " of the "
+                           "view is %" PRIu64 ", of the target's local shape %" PRIu64
+                           "; nothing changed", r->tensor_id, k, v->shape[k], r->shape[k]);
     /* Every index first: a bad one must leave the buffer untouched. */
     for (uint64_t i = 0; i < r->nnz; i++)
         for (uint32_t k = 0; k < r->ndim; k++) {
             int64_t x = r->indices[i * r->ndim + k];
             if (x < 0 || (uint64_t)x >= r->shape[k])
-                return fr_sp_fail(err, FERRY_EINVAL, "sparse_apply %s: entry %" PRIu64 " has "
-                                  "coordinate %" PRId64 " in dimension %" PRIu32 ", outside 0..%"
-                                  PRIu64 "; nothing changed", r->tensor_id, i, x, k,
-                                  r->shape[k]);
+                return fr_fail(err, FERRY_EINVAL, "sparse_apply %s: entry %" PRIu64 " has "
+                               "coordinate %" PRId64 " in dimension %" PRIu32 ", outside 0..%"
+                               PRIu64 "; nothing changed", r->tensor_id, i, x, k,
+                               r->shape[k]);
         }
     return 0;
 }
@@ -161,8 +161,8 @@ int ferry_sparse_apply(const ferry_sparse_result *r, void *dst, const char *dst_
                        uint64_t current_generation, uint64_t *new_generation, ferry_error *err)
 {
     if (!r)
-        return fr_sp_fail(err, FERRY_EINVAL, "sparse_apply: result, buffer, indices and values "
-                          "are required");
+        return fr_fail(err, FERRY_EINVAL, "sparse_apply: result, buffer, indices and values "
+                       "are required");
     ferry_sparse_view v = {.data = dst, .ndim = r->ndim};
     snprintf(v.dtype, sizeof v.dtype, "%s", dst_dtype ? dst_dtype : "");
     if (r->ndim <= FERRY_SPARSE_NDIM_MAX)

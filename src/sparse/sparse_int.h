@@ -12,22 +12,6 @@
 #include "ferry/reshard.h"
 #include "ferry/sparse.h"
 
-/* Fail with code and a sentence in err (may be NULL); returns code. Inline
- * so that every file of the layer can use it whichever lands first. */
-static inline int fr_sp_fail(ferry_error *err, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static inline int fr_sp_fail(ferry_error *err, int code, const char *fmt, ...)
-{
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-        va_end(ap);
-        err->code = code;
-    }
-    return code;
-}
-
 /* Frees what the planner keeps in ferry_sparse_index.aux (its lazily built
  * secondary indexes). NULL ok. Implemented by sparse_plan.c; called by
  * ferry_sparse_index_free (object.c). */

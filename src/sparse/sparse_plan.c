@@ -73,33 +73,33 @@ static int check_index(const ferry_sparse_index *ix, ferry_error *err)
 {
     const ferry_sparse_desc *d = &ix->desc;
     if (d->ndim < 1 || d->ndim > FERRY_SPARSE_NDIM_MAX)
-        return fr_sp_fail(err, FERRY_EPROTO, "sparse source '%s': ndim %u is not 1..%d", d->tensor_id,
-                          d->ndim, FERRY_SPARSE_NDIM_MAX);
+        return fr_fail(err, FERRY_EPROTO, "sparse source '%s': ndim %u is not 1..%d", d->tensor_id,
+                       d->ndim, FERRY_SPARSE_NDIM_MAX);
     for (uint32_t k = 0; k < d->ndim; k++)
         if (d->shape[k] == 0 || d->tile[k] == 0)
-            return fr_sp_fail(err, FERRY_EPROTO, "sparse source '%s': shape or tile %u is 0", d->tensor_id, k);
+            return fr_fail(err, FERRY_EPROTO, "sparse source '%s': shape or tile %u is 0", d->tensor_id, k);
     if (d->ntiles > 0 && (!ix->tile_coords || !ix->tile_ptr))
-        return fr_sp_fail(err, FERRY_EPROTO, "sparse source '%s': no tile index", d->tensor_id);
+        return fr_fail(err, FERRY_EPROTO, "sparse source '%s': no tile index", d->tensor_id);
     if (d->ntiles > d->nnz || (d->ntiles == 0) != (d->nnz == 0) || (ix->tile_ptr && (ix->tile_ptr[0] != 0 || (uint64_t)ix->tile_ptr[d->ntiles] != d->nnz)))
-        return fr_sp_fail(err, FERRY_EPROTO, "sparse source '%s': tile_ptr does not span nnz %llu",
-                          d->tensor_id, (unsigned long long)d->nnz);
+        return fr_fail(err, FERRY_EPROTO, "sparse source '%s': tile_ptr does not span nnz %llu",
+                       d->tensor_id, (unsigned long long)d->nnz);
     for (uint64_t i = 0; i < d->ntiles; i++) {
         const int64_t *c = ix->tile_coords + i * d->ndim;
         if (ix->tile_ptr[i + 1] < ix->tile_ptr[i])
-            return fr_sp_fail(err, FERRY_EPROTO, "sparse source '%s': tile_ptr descends at tile %llu",
-                              d->tensor_id, (unsigned long long)i);
+            return fr_fail(err, FERRY_EPROTO, "sparse source '%s': tile_ptr descends at tile %llu",
+                           d->tensor_id, (unsigned long long)i);
         for (uint32_t k = 0; k < d->ndim; k++)
             if (c[k] < 0 || (uint64_t)c[k] >= tiles_along(d, k))
-                return fr_sp_fail(err, FERRY_EPROTO, "sparse source '%s': tile %llu lies outside the shape",
-                                  d->tensor_id, (unsigned long long)i);
+                return fr_fail(err, FERRY_EPROTO, "sparse source '%s': tile %llu lies outside the shape",
+                               d->tensor_id, (unsigned long long)i);
         if (i > 0) {
             const int64_t *p = c - d->ndim;
             uint32_t k = 0;
             while (k < d->ndim && p[k] == c[k])
                 k++;
             if (k == d->ndim || p[k] > c[k])
-                return fr_sp_fail(err, FERRY_EPROTO, "sparse source '%s': tile_coords not strictly ascending at %llu",
-                                  d->tensor_id, (unsigned long long)i);
+                return fr_fail(err, FERRY_EPROTO, "sparse source '%s': tile_coords not strictly ascending at %llu",
+                               d->tensor_id, (unsigned long long)i);
         }
     }
     return 0;
@@ -160,12 +160,12 @@ static int aux_get(ferry_sparse_index *ix, sp_aux **out, ferry_error *err)
         return rc;
     a = fr_calloc(1, sizeof *a);
     if (!a)
-        return fr_sp_fail(err, FERRY_ENOMEM, "sparse planner: out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "sparse planner: out of memory");
     a->ntiles = ix->desc.ntiles;
     a->ndim = ix->desc.ndim;
     if (a->ndim == 2 && ((rc = groups_build(ix, 0, &a->rows)) < 0 || (rc = groups_build(ix, 1, &a->cols)) < 0)) {
         fr_sparse_aux_free(a);
-        return fr_sp_fail(err, rc, "sparse planner: out of memory building the secondary indexes");
+        return fr_fail(err, rc, "sparse planner: out of memory building the secondary indexes");
     }
     fr_sparse_aux_free(ix->aux);
     ix->aux = a;
@@ -365,14 +365,14 @@ static int check_target(const ferry_sparse_index *ix, const ferry_sparse_target 
 {
     const ferry_sparse_desc *d = &ix->desc;
     if (t->ndim != d->ndim)
-        return fr_sp_fail(err, FERRY_EINVAL, "sparse target %zu of '%s': ndim %u, the tensor has %u", ti,
-                          d->tensor_id, t->ndim, d->ndim);
+        return fr_fail(err, FERRY_EINVAL, "sparse target %zu of '%s': ndim %u, the tensor has %u", ti,
+                       d->tensor_id, t->ndim, d->ndim);
     for (uint32_t k = 0; k < d->ndim; k++)
         if (t->shape[k] == 0 || t->offset[k] > d->shape[k] || t->shape[k] > d->shape[k] - t->offset[k])
-            return fr_sp_fail(err, FERRY_EINVAL,
-                              "sparse target %zu of '%s': box dim %u [%llu, +%llu) is empty or outside the tensor (%llu)",
-                              ti, d->tensor_id, k, (unsigned long long)t->offset[k],
-                              (unsigned long long)t->shape[k], (unsigned long long)d->shape[k]);
+            return fr_fail(err, FERRY_EINVAL,
+                           "sparse target %zu of '%s': box dim %u [%llu, +%llu) is empty or outside the tensor (%llu)",
+                           ti, d->tensor_id, k, (unsigned long long)t->offset[k],
+                           (unsigned long long)t->shape[k], (unsigned long long)d->shape[k]);
     return 0;
 }
 
@@ -403,7 +403,7 @@ static int plan_pair(sp_out *o, sp_query *q, ferry_sparse_index *ix, uint32_t si
     if (rc == 0)
         rc = fr_grow((void **)&p->pairs, &o->pcap, p->npairs + 1, sizeof *p->pairs);
     if (rc < 0)
-        return fr_sp_fail(err, rc, "sparse planner: out of memory");
+        return fr_fail(err, rc, "sparse planner: out of memory");
     p->pairs[p->npairs++] = (ferry_sparse_pair){si, ti, first, n};
     return 0;
 }
@@ -460,9 +460,9 @@ int ferry_sparse_plan_batch(ferry_sparse_index *const *sources, size_t nsources,
                             ferry_sparse_plan *out, ferry_error *err)
 {
     if (!out || (nsources && !sources) || (ntargets && !targets))
-        return fr_sp_fail(err, FERRY_EINVAL, "sparse planner: NULL sources, targets or out");
+        return fr_fail(err, FERRY_EINVAL, "sparse planner: NULL sources, targets or out");
     if (nsources > UINT32_MAX || ntargets > UINT32_MAX)
-        return fr_sp_fail(err, FERRY_EINVAL, "sparse planner: more than 2^32 sources or targets");
+        return fr_fail(err, FERRY_EINVAL, "sparse planner: more than 2^32 sources or targets");
     memset(out, 0, sizeof *out);
     uint64_t t0 = fr_now_ns();
     sp_out o = {.p = out};
@@ -470,7 +470,7 @@ int ferry_sparse_plan_batch(ferry_sparse_index *const *sources, size_t nsources,
     int rc = 0;
     for (size_t s = 0; s < nsources; s++)
         if (!sources[s]) {
-            rc = fr_sp_fail(err, FERRY_EINVAL, "sparse planner: source %zu is NULL", s);
+            rc = fr_fail(err, FERRY_EINVAL, "sparse planner: source %zu is NULL", s);
             goto fail;
         }
     for (size_t ti = 0; ti < ntargets; ti++) {
@@ -490,7 +490,7 @@ int ferry_sparse_plan_batch(ferry_sparse_index *const *sources, size_t nsources,
         }
     }
     if ((rc = dedup(out, targets)) < 0) {
-        fr_sp_fail(err, rc, "sparse planner: out of memory");
+        fr_fail(err, rc, "sparse planner: out of memory");
         goto fail;
     }
     fr_free(q.hits);

@@ -16,4 +16,13 @@ for want in ferry_store_open ferry_engine_open ferry_publish ferry_subscriber_up
             ferry_publish_stream_begin ferry_store_put_begin ferry_remote_access_begin; do
     printf '%s\n' "$syms" | grep -qx "$want" || { echo "exports: $want is missing"; exit 1; }
 done
-echo "exports: all ferry_*"
+# Every call a header declares FERRY_API is exported (the library is built
+# with -fvisibility=hidden: a declaration without the marker would be
+# hidden), and nothing else is.
+inc=$(dirname "$0")/../../include/ferry
+declared=$(grep -ho '^FERRY_API [^(]*(' "$inc"/*.h | grep -o 'ferry_[a-z0-9_]*($' | tr -d '(' | sort -u)
+missing=$(comm -23 <(printf '%s\n' "$declared") <(printf '%s\n' "$syms" | sort -u))
+extra=$(comm -13 <(printf '%s\n' "$declared") <(printf '%s\n' "$syms" | sort -u))
+[ -z "$missing" ] || { echo "exports: declared FERRY_API but not exported:"; echo "$missing"; exit 1; }
+[ -z "$extra" ] || { echo "exports: exported but not declared FERRY_API in include/ferry:"; echo "$extra"; exit 1; }
+echo "exports: all ferry_*, $(printf '%s\n' "$declared" | grep -c .) declared FERRY_API, each exported"
