@@ -6,26 +6,72 @@
 
 #include "lab.h"
 #include "demo_rl.h"
+#include "cli_opts.h"
+
+/* What the table stores: rl_opts itself, and the options check_rl reads
+ * whole (--pools, --stale). --rollouts and --updaters are 0 unless given
+ * (their minimum is 1): --pools refuses them. */
+typedef struct rl_args {
+    rl_opts o;
+    const char *pools, *stale;
+} rl_args;
+
+static int seed_each(void *opts, const char *flag, const char *v)
+{
+    rl_opts *o = &((rl_args *)opts)->o;
+    o->seeded = true;
+    return cli_opt_uint(flag, v, 0, UINT64_MAX, &o->seed);
+}
+
+static const cli_opt rl_table[] = {
+    CLI_UINT(rl_args, o.phase[0].rollouts, "rollouts", "N", 1, RL_POOL_MAX,
+             "rollout processes (default 3)"),
+    CLI_UINT(rl_args, o.phase[0].updaters, "updaters", "N", 1, RL_POOL_MAX,
+             "update processes (default 1)"),
+    CLI_UINT(rl_args, o.steps, "steps", "N", 1, 100000, "update steps (default 6)"),
+    CLI_UINT(rl_args, o.batch, "batch", "N", 1, 65536,
+             "samples per update process and step (default 64)"),
+    CLI_ARG(rl_args, pools, "pools", "R:U[xSTEPS],...",
+            "phases: 4:2x3,6:2x3 is 4 rollouts and 2 update\n"
+            "processes for 3 steps, then 6 and 2 for 3 more (a\n"
+            "phase without xSTEPS runs --steps steps; default: one\n"
+            "phase of --rollouts and --updaters)"),
+    CLI_UINT(rl_args, o.kills, "kill", "N", 0, 1000,
+             "N times, at a random point of a random step (never\n"
+             "the last), SIGKILL a random rollout and a random\n"
+             "update process and start them again (default 0)"),
+    CLI_EACH("seed", "N", seed_each, "the kills' random seed (default: the time and pid)"),
+    CLI_DOUBLE(rl_args, o.rate, "rate", "SAMPLES_PER_S", 0, 1e6,
+               "samples/s per rollout, 0: as fast as it can\n(default 60)"),
+    CLI_DOUBLE(rl_args, o.train_ms, "train-ms", "MS", 0, 3600e3,
+               "time one update step trains (default 100)"),
+    CLI_UINT(rl_args, o.lag, "max-policy-lag", "K", 0, 1000000,
+             "the sample queue's max_policy_lag (default 0)"),
+    CLI_CHOICE(rl_args, stale, "stale", "drop|recompute",
+               "what becomes of a sample past --max-policy-lag\n(default recompute)"),
+    CLI_UINT(rl_args, o.tokens, "tokens", "N", 1, 1u << 20, "tokens per sample (default 256)"),
+    CLI_UINT(rl_args, o.bound, "bound", "N", 0, 1000000000,
+             "the sample queue's bound (default 2 x batch x most\nupdaters)"),
+    CLI_UINT(rl_args, o.lease_ms, "lease-ms", "MS", 100, 600000,
+             "how long a popped sample stays leased: a killed\n"
+             "member's samples come back after it (keep it above\n"
+             "one step's time; default 5000)"),
+    CLI_SIZE(rl_args, o.weight_bytes, "weights", "SIZE", 4096 * RL_NT, 1ull << 40,
+             "the policy weights (default 8M)"),
+    CLI_FLAG(rl_args, o.json, "json", "one JSON object on stdout (default: text)"),
+};
+
+static const cli_cmd rl_cmd = {
+    .name = "demo rl",
+    .about = "Rollout and update processes exchange samples through a sample queue and policy\n"
+             "versions through the weights registry; every sample is accounted for.",
+    .opts = rl_table,
+    .nopts = sizeof rl_table / sizeof rl_table[0],
+};
 
 void demo_rl_usage(FILE *f)
 {
-    fprintf(f,
-            "usage: ferry-lab demo rl [--rollouts N (3)] [--updaters N (1)] [--steps N (6)] [--batch N (64)]\n"
-            "                     [--pools R:U[xSTEPS],R:U[xSTEPS],...] [--kill N (0)] [--seed N]\n"
-            "                     [--rate SAMPLES_PER_S (60)] [--train-ms MS (100)] [--max-policy-lag K (0)]\n"
-            "                     [--stale drop|recompute (recompute)] [--tokens N (256)]\n"
-            "                     [--bound N (2 x batch x most updaters)] [--lease-ms MS (5000)]\n"
-            "                     [--weights SIZE (8M)] [--json]\n"
-            "\n"
-            "Rollout and update processes exchange samples through a sample queue and policy\n"
-            "versions through the weights registry; every sample is accounted for.\n"
-            "  --pools 4:2x3,6:2x3  4 rollouts and 2 update processes for 3 steps, then 6 and 2\n"
-            "                       for 3 more (a phase without xSTEPS runs --steps steps)\n"
-            "  --kill N             N times (up to 1000), at a random point of a random step\n"
-            "                       (never the last), SIGKILL a random rollout and a random\n"
-            "                       update process and start them again\n"
-            "  --lease-ms MS        how long a popped sample stays leased: a killed member's\n"
-            "                       samples come back after it (keep it above one step's time)\n");
+    cli_cmd_usage(f, &rl_cmd);
 }
 
 /* "R:U" or "R:UxS", each a whole number; -1 and a line on stderr otherwise. */
@@ -120,63 +166,19 @@ static int check_rl(rl_opts *o, const char *pools, bool sized)
 
 int demo_rl_parse(int argc, char **argv, rl_opts *o)
 {
-    *o = (rl_opts){ .steps = 6, .batch = 64, .tokens = 256, .lag = 0, .rate = 60,
-                    .train_ms = 100, .weight_bytes = 8u << 20, .bound = 0, .recompute = true,
-                    .lease_ms = 5000, .nphase = 1 };
-    o->phase[0] = (rl_phase){ 3, 1, 0 };
-    const char *pools = NULL;
-    bool sized = false;
-    cli_getopt g;
-    cli_getopt_init(&g, "demo rl", argc, argv,
-                    "rollouts=,updaters=,steps=,batch=,tokens=,bound=,max-policy-lag=,rate=,"
-                    "train-ms=,stale=,weights=,pools=,kill=,seed=,lease-ms=,json");
-    while (cli_getopt_next(&g)) {
-        const char *a = g.opt, *v = g.val;
-        int rc = 0;
-        if (!strcmp(a, "--json"))
-            o->json = true;
-        else if (!strcmp(a, "--rollouts"))
-            rc = cli_opt_unsigned(a, v, 1, RL_POOL_MAX, &o->phase[0].rollouts), sized = true;
-        else if (!strcmp(a, "--updaters"))
-            rc = cli_opt_unsigned(a, v, 1, RL_POOL_MAX, &o->phase[0].updaters), sized = true;
-        else if (!strcmp(a, "--steps"))
-            rc = cli_opt_unsigned(a, v, 1, 100000, &o->steps);
-        else if (!strcmp(a, "--pools"))
-            pools = v;
-        else if (!strcmp(a, "--kill"))
-            rc = cli_opt_unsigned(a, v, 0, 1000, &o->kills);
-        else if (!strcmp(a, "--seed"))
-            rc = cli_opt_uint(a, v, 0, UINT64_MAX, &o->seed), o->seeded = true;
-        else if (!strcmp(a, "--lease-ms"))
-            rc = cli_opt_uint(a, v, 100, 600000, &o->lease_ms);
-        else if (!strcmp(a, "--batch"))
-            rc = cli_opt_unsigned(a, v, 1, 65536, &o->batch);
-        else if (!strcmp(a, "--tokens"))
-            rc = cli_opt_unsigned(a, v, 1, 1u << 20, &o->tokens);
-        else if (!strcmp(a, "--bound"))   /* 0: 2 x batch x updaters */
-            rc = cli_opt_uint(a, v, 0, 1000000000, &o->bound);
-        else if (!strcmp(a, "--max-policy-lag"))
-            rc = cli_opt_unsigned(a, v, 0, 1000000, &o->lag);
-        else if (!strcmp(a, "--rate"))   /* 0: as fast as it can */
-            rc = cli_opt_double(a, v, 0, 1e6, &o->rate);
-        else if (!strcmp(a, "--train-ms"))
-            rc = cli_opt_double(a, v, 0, 3600e3, &o->train_ms);
-        else if (!strcmp(a, "--stale")) {
-            if (strcmp(v, "drop") && strcmp(v, "recompute")) {
-                fprintf(stderr, "ferry-lab: --stale wants drop or recompute, not '%s'\n", v);
-                return -1;
-            }
-            o->recompute = !strcmp(v, "recompute");
-        } else if (!strcmp(a, "--weights"))
-            rc = cli_opt_size(a, v, 4096 * RL_NT, 1ull << 40, &o->weight_bytes);
-        else
-            return cli_getopt_unhandled(&g);
-        if (rc < 0)
-            return -1;
-    }
-    int pr = cli_getopt_end(&g, 0);
+    rl_args a = { .o = { .steps = 6, .batch = 64, .tokens = 256, .lag = 0, .rate = 60,
+                         .train_ms = 100, .weight_bytes = 8u << 20, .bound = 0,
+                         .lease_ms = 5000, .nphase = 1 } };
+    int pr = cli_parse(&rl_cmd, argc, argv, &a, NULL, NULL);
     if (pr != 0)
         return pr;
+    *o = a.o;
+    bool sized = o->phase[0].rollouts || o->phase[0].updaters;
+    if (!o->phase[0].rollouts)
+        o->phase[0].rollouts = 3;
+    if (!o->phase[0].updaters)
+        o->phase[0].updaters = 1;
+    o->recompute = !a.stale || !strcmp(a.stale, "recompute");
     o->phase[0].steps = o->steps;
-    return check_rl(o, pools, sized);
+    return check_rl(o, a.pools, sized);
 }

@@ -51,6 +51,33 @@ static int store(const cli_cmd *c, const cli_opt *o, const char *text, void *opt
         else
             *(uint64_t *)field = n;
         return 0;
+    case CLI_OPT_DOUBLE:
+        return cli_opt_double(flag, text, o->dmin, o->dmax, (double *)field);
+    case CLI_OPT_CHOICE:
+        for (const char *w = o->arg;; w++) {
+            size_t n = strcspn(w, "|");
+            if (strlen(text) == n && !strncmp(w, text, n)) {
+                if (from_file && (text = strdup(text)) == NULL)
+                    return -1;
+                *(const char **)field = text;
+                return 0;
+            }
+            if (!w[n])
+                break;
+            w += n;
+        }
+        fprintf(stderr, "%s %s: %s wants ", cli_prog(), c->name, flag);
+        for (const char *w = o->arg; *w;) {   /* "a, b or c" */
+            size_t n = strcspn(w, "|");
+            fprintf(stderr, "%s%.*s", w == o->arg ? "" : w[n] ? ", " : " or ", (int)n, w);
+            w += n + (w[n] == '|');
+        }
+        fprintf(stderr, ", not '%s'\n", text);
+        return -1;
+    case CLI_OPT_EACH:
+        if (from_file && (text = strdup(text)) == NULL)   /* fn may keep it */
+            return -1;
+        return o->each(opts, flag, text);
     }
     return -1;
 }
@@ -62,6 +89,10 @@ static const char *key_value(const cli_cmd *c, const char *path, const char *key
 {
     *skip = false;
     bool num = o->kind == CLI_OPT_UINT || o->kind == CLI_OPT_SIZE;
+    if (o->kind == CLI_OPT_DOUBLE && json_is_number(v)) {
+        snprintf(buf, cap, "%.17g", json_number_value(v));
+        return buf;
+    }
     if (o->kind == CLI_OPT_FLAG) {
         if (json_is_boolean(v)) {
             *skip = json_is_false(v);
@@ -77,7 +108,8 @@ static const char *key_value(const cli_cmd *c, const char *path, const char *key
         return buf;
     }
     fprintf(stderr, "%s %s: %s: key '%s' must be %s\n", cli_prog(), c->name, path, key,
-            num ? "a whole number (or a string such as \"64M\")" : "a string");
+            num ? "a whole number (or a string such as \"64M\")"
+                : o->kind == CLI_OPT_DOUBLE ? "a number" : "a string");
     return NULL;
 }
 
@@ -210,11 +242,12 @@ static void lines(FILE *f, const char *s, int ind)
     }
 }
 
-/* "[--name ARG]", or "--name ARG" for a required option. */
+/* "[--name ARG]", "--name ARG" for a required option, "[--name ARG]..."
+ * for a repeatable one. */
 static int form_item(const cli_opt *o, char *buf, size_t cap)
 {
-    return snprintf(buf, cap, "%s--%s%s%s%s", o->required ? "" : "[", o->name, o->arg ? " " : "",
-                    o->arg ? o->arg : "", o->required ? "" : "]");
+    return snprintf(buf, cap, "%s--%s%s%s%s%s", o->required ? "" : "[", o->name, o->arg ? " " : "",
+                    o->arg ? o->arg : "", o->required ? "" : "]", o->repeat ? "..." : "");
 }
 
 /* The one form the table makes: required options first, --config last,

@@ -30,7 +30,15 @@ enum cli_opt_kind {
     CLI_OPT_ARG,    /* a string kept as a const char * (argv's, or the file's, kept) */
     CLI_OPT_UINT,   /* a whole number in [min, max] into a uint64_t or a uint32_t */
     CLI_OPT_SIZE,   /* a size ("64M") in [min, max] into a uint64_t */
+    CLI_OPT_DOUBLE, /* a decimal number in [dmin, dmax] into a double */
+    CLI_OPT_CHOICE, /* one of the words of arg ("drop|recompute"), kept as a const char * */
+    CLI_OPT_EACH,   /* every occurrence, in order, handed to each(): the command stores it
+                     * (a repeatable option appends; repeat marks it "..." in the help) */
 };
+
+/* A CLI_OPT_EACH option's value: 0, or -1 after a line on stderr (the
+ * cli_opt_* checks in cli.h say it in the table's words). flag: "--block". */
+typedef int (*cli_opt_each)(void *opts, const char *flag, const char *val);
 
 typedef struct cli_opt {
     const char *name;          /* "heartbeat-timeout": --heartbeat-timeout, and the file's key */
@@ -40,18 +48,33 @@ typedef struct cli_opt {
     uint64_t min, max;         /* CLI_OPT_UINT and CLI_OPT_SIZE */
     bool required;
     const char *help;          /* its lines in --help ('\n' breaks one), its default said */
+    double dmin, dmax;         /* CLI_OPT_DOUBLE */
+    cli_opt_each each;         /* CLI_OPT_EACH */
+    bool repeat;               /* CLI_OPT_EACH: given more than once, each one counts */
 } cli_opt;
 
 #define CLI_FIELD(T, f) offsetof(T, f), sizeof(((T *)0)->f)
-#define CLI_FLAG(T, f, name, help) { name, CLI_OPT_FLAG, NULL, CLI_FIELD(T, f), 0, 0, false, help }
-#define CLI_STR(T, f, name, arg, help) { name, CLI_OPT_STR, arg, CLI_FIELD(T, f), 0, 0, false, help }
-#define CLI_ARG(T, f, name, arg, help) { name, CLI_OPT_ARG, arg, CLI_FIELD(T, f), 0, 0, false, help }
+#define CLI_FLAG(T, f, name, help) { name, CLI_OPT_FLAG, NULL, CLI_FIELD(T, f), 0, 0, false, help, 0, 0, NULL, false }
+#define CLI_STR(T, f, name, arg, help) { name, CLI_OPT_STR, arg, CLI_FIELD(T, f), 0, 0, false, help, 0, 0, NULL, false }
+#define CLI_ARG(T, f, name, arg, help) { name, CLI_OPT_ARG, arg, CLI_FIELD(T, f), 0, 0, false, help, 0, 0, NULL, false }
 #define CLI_UINT(T, f, name, arg, lo, hi, help) \
-    { name, CLI_OPT_UINT, arg, CLI_FIELD(T, f), lo, hi, false, help }
+    { name, CLI_OPT_UINT, arg, CLI_FIELD(T, f), lo, hi, false, help, 0, 0, NULL, false }
 #define CLI_SIZE(T, f, name, arg, lo, hi, help) \
-    { name, CLI_OPT_SIZE, arg, CLI_FIELD(T, f), lo, hi, false, help }
+    { name, CLI_OPT_SIZE, arg, CLI_FIELD(T, f), lo, hi, false, help, 0, 0, NULL, false }
+#define CLI_DOUBLE(T, f, name, arg, lo, hi, help) \
+    { name, CLI_OPT_DOUBLE, arg, CLI_FIELD(T, f), 0, 0, false, help, lo, hi, NULL, false }
+/* arg lists the words: "drop|recompute"; the field is a const char *. */
+#define CLI_CHOICE(T, f, name, arg, help) \
+    { name, CLI_OPT_CHOICE, arg, CLI_FIELD(T, f), 0, 0, false, help, 0, 0, NULL, false }
+/* An option the command stores itself through fn (a seed that also marks
+ * itself given, a list parsed as a whole); CLI_LIST: repeatable, each
+ * occurrence handed over in order ("--block 64K --block 1M"). */
+#define CLI_EACH(name, arg, fn, help) \
+    { name, CLI_OPT_EACH, arg, 0, 0, 0, 0, false, help, 0, 0, fn, false }
+#define CLI_LIST(name, arg, fn, help) \
+    { name, CLI_OPT_EACH, arg, 0, 0, 0, 0, false, help, 0, 0, fn, true }
 /* A string option the command cannot run without (shown without brackets). */
-#define CLI_STR_REQUIRED(T, f, name, arg, help) { name, CLI_OPT_STR, arg, CLI_FIELD(T, f), 0, 0, true, help }
+#define CLI_STR_REQUIRED(T, f, name, arg, help) { name, CLI_OPT_STR, arg, CLI_FIELD(T, f), 0, 0, true, help, 0, 0, NULL, false }
 
 /* A command: its options and the text around them in its --help. */
 typedef struct cli_cmd {
