@@ -24,6 +24,7 @@
 
 #include "lab.h"
 #include "demo.h"
+#include "cli_opts.h"
 #include "ferry/sparse.h"
 
 typedef struct sp_spec {
@@ -541,65 +542,60 @@ static int demo_sparse_rollout_main(int argc, char **argv)
 
 /* ---- the parent --------------------------------------------------------------------------- */
 
-static void usage_sparse(FILE *f)
-{
-    fprintf(f,
-            "usage: ferry-lab demo --sparse [--rollouts N (4)] [--ep N (2)] [--trainers N (2)]\n"
-            "                          [--generations N (3)] [--density FRACTION (0.01)]\n"
-            "                          [--hidden N (512)] [--ffn N (1024)] [--experts N (8)]\n"
-            "                          [--layers N (1)] [--tile N (0: chosen)] [--json]\n"
-            "\n"
-            "Trainers publish a dense base generation and sparse COO delta generations of an MoE\n"
-            "layer; EP x TP rollouts read only the entries of their own boxes and apply them.\n");
-}
+/* What the table stores: the spec, and the options it is derived from
+ * (--rollouts: TP = rollouts / EP; --density: ppm). */
+typedef struct sp_args {
+    sp_spec s;
+    unsigned rollouts;
+    double density;
+} sp_args;
+
+static const cli_opt sp_table[] = {
+    CLI_UINT(sp_args, rollouts, "rollouts", "N", 1, 64, "rollout processes, EP x TP (default 4)"),
+    CLI_UINT(sp_args, s.ep, "ep", "N", 1, 64, "expert-parallel degree (default 2)"),
+    CLI_UINT(sp_args, s.trainers, "trainers", "N", 1, 64, "trainer processes (default 2)"),
+    CLI_UINT(sp_args, s.gens, "generations", "N", 1, 64, "delta generations (default 3)"),
+    /* at least one entry per million: the children count in ppm */
+    CLI_DOUBLE(sp_args, density, "density", "FRACTION", 1e-6, 1,
+               "the deltas' density (default 0.01)"),
+    CLI_UINT(sp_args, s.hidden, "hidden", "N", 1, 16384, "hidden size (default 512)"),
+    CLI_UINT(sp_args, s.ffn, "ffn", "N", 1, 65536, "FFN size (default 1024)"),
+    CLI_UINT(sp_args, s.experts, "experts", "N", 1, 256, "experts (default 8)"),
+    CLI_UINT(sp_args, s.layers, "layers", "N", 1, 64, "MoE layers (default 1)"),
+    /* larger is cut to the shape */
+    CLI_UINT(sp_args, s.tile, "tile", "N", 0, 65536, "COO tile (default 0: the library's choice)"),
+    CLI_FLAG(sp_args, s.json, "json", "one JSON object on stdout (default: text)"),
+};
+
+static const cli_cmd sp_cmd = {
+    .name = "demo --sparse",
+    .about = "Trainers publish a dense base generation and sparse COO delta generations of an MoE\n"
+             "layer; EP x TP rollouts read only the entries of their own boxes and apply them.",
+    .opts = sp_table,
+    .nopts = sizeof sp_table / sizeof sp_table[0],
+};
 
 static int parse_sparse(int argc, char **argv, sp_spec *o)
 {
-    *o = (sp_spec){ .hidden = 512, .ffn = 1024, .experts = 8, .ep = 2, .tp = 0, .layers = 1,
-                    .trainers = 2, .gens = 3, .ppm = 10000 };
-    unsigned rollouts = 4;
-    cli_getopt g;
-    cli_getopt_init(&g, "demo --sparse", argc, argv,
-                    "sparse,rollouts=,ep=,trainers=,generations=,hidden=,ffn=,experts=,layers=,"
-                    "tile=,density=,json");
-    while (cli_getopt_next(&g)) {
-        const char *a = g.opt, *v = g.val;
-        int rc = 0;
-        if (!strcmp(a, "--json"))
-            o->json = true;
-        else if (!strcmp(a, "--sparse"))
-            ;   /* the form's own word */
-        else if (!strcmp(a, "--rollouts"))
-            rc = cli_opt_unsigned(a, v, 1, 64, &rollouts);
-        else if (!strcmp(a, "--ep"))
-            rc = cli_opt_unsigned(a, v, 1, 64, &o->ep);
-        else if (!strcmp(a, "--trainers"))
-            rc = cli_opt_unsigned(a, v, 1, 64, &o->trainers);
-        else if (!strcmp(a, "--generations"))
-            rc = cli_opt_unsigned(a, v, 1, 64, &o->gens);
-        else if (!strcmp(a, "--hidden"))
-            rc = cli_opt_unsigned(a, v, 1, 16384, &o->hidden);
-        else if (!strcmp(a, "--ffn"))
-            rc = cli_opt_unsigned(a, v, 1, 65536, &o->ffn);
-        else if (!strcmp(a, "--experts"))
-            rc = cli_opt_unsigned(a, v, 1, 256, &o->experts);
-        else if (!strcmp(a, "--layers"))
-            rc = cli_opt_unsigned(a, v, 1, 64, &o->layers);
-        else if (!strcmp(a, "--tile"))   /* 0: the library's choice; larger is cut to the shape */
-            rc = cli_opt_uint(a, v, 0, 65536, &o->tile);
-        else if (!strcmp(a, "--density")) {
-            double d;
-            /* at least one entry per million: the children count in ppm */
-            if ((rc = cli_opt_double(a, v, 1e-6, 1, &d)) == 0)
-                o->ppm = (uint32_t)(d * 1e6 + 0.5);
-        } else
-            return cli_getopt_unhandled(&g);
-        if (rc < 0)
-            return -1;
-    }
-    int pr = cli_getopt_end(&g, 0);
+    sp_args a = { .s = { .hidden = 512, .ffn = 1024, .experts = 8, .ep = 2, .tp = 0, .layers = 1,
+                         .trainers = 2, .gens = 3 },
+                  .rollouts = 4, .density = 0.01 };
+    /* --sparse is the form's own word (in the usage's name), wherever it stands */
+    char **args = malloc(((size_t)argc + 1) * sizeof *args);
+    if (!args)
+        return -1;
+    int n = 0;
+    for (int i = 0; i < argc; i++)
+        if (i == 0 || strcmp(argv[i], "--sparse"))
+            args[n++] = argv[i];
+    args[n] = NULL;
+    int pr = cli_parse(&sp_cmd, n, args, &a, NULL, NULL);
+    free(args);
     if (pr != 0)
         return pr;
+    *o = a.s;
+    o->ppm = (uint32_t)(a.density * 1e6 + 0.5);
+    unsigned rollouts = a.rollouts;
     if (rollouts % o->ep) {
         fprintf(stderr, "ferry-lab: --rollouts %u is not a multiple of --ep %u\n", rollouts, o->ep);
         return -1;
@@ -835,7 +831,7 @@ int cmd_demo_sparse(int argc, char **argv)
     sp_spec m;
     int pr = parse_sparse(argc, argv, &m);
     if (pr != 0)
-        return cli_usage_exit(pr, usage_sparse);
+        return cli_cmd_usage_exit(pr, &sp_cmd);
     unsigned R = m.ep * m.tp;
     char model[64], spec[160], sz[32];
     snprintf(model, sizeof model, "demosp%d", (int)getpid());
