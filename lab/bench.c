@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "lab.h"
+#include "cli_opts.h"
 
 typedef struct bench_opts {
     const char *transport;
@@ -288,62 +289,53 @@ static void bench_rows(bench_ctx *c)
         printf("per-row: the same rows as one plain op each, in one batch; ratio = per-row / strided time\n");
 }
 
-static void usage_engine(FILE *f)
+int cli_engine_block_add(uint64_t *blocks, int *nblocks, const char *flag, const char *v)
 {
-    fprintf(f, "usage: ferry-lab bench engine [--transport shm|tcp (shm)] [--block SIZE]... (64K 1M 4M)\n"
-               "       (--transport ucx [--tls tcp|shm]: see ferry-lab bench engine --transport ucx --help)\n"
-               "                          [--total SIZE (1G)] [--streams N (4)] [--threads N (2)]\n"
-               "                          [--reps N (3)] [--json]\n"
-               "                          [--rows N [--row SIZE (4K)] [--stride SIZE (16K)]]\n"
-               "\n"
-               "Engine throughput against a baseline measured in the same run (memcpy for shm,\n"
-               "a plain socket loop for tcp).\n");
+    if (*nblocks == 8) {
+        fprintf(stderr, "ferry-lab bench engine: at most 8 %s sizes\n", flag);
+        return -1;
+    }
+    return cli_opt_size(flag, v, 1, UINT64_MAX, &blocks[(*nblocks)++]);
 }
+
+static int block_each(void *opts, const char *flag, const char *v)
+{
+    bench_opts *o = opts;
+    return cli_engine_block_add(o->blocks, &o->nblocks, flag, v);
+}
+
+static const cli_opt engine_table[] = {
+    CLI_CHOICE(bench_opts, transport, "transport", "shm|tcp|ucx",
+               "the engine's transport (default shm); ucx has its own\n"
+               "options: ferry-lab bench engine --transport ucx --help"),
+    CLI_LIST("block", "SIZE", block_each, "an op's size, up to 8 of them (default 64K 1M 4M)"),
+    CLI_SIZE(bench_opts, total, "total", "SIZE", 1, UINT64_MAX, "bytes per pass (default 1G)"),
+    CLI_UINT(bench_opts, streams, "streams", "N", 1, 64, "streams (default 4)"),
+    CLI_UINT(bench_opts, threads, "threads", "N", 1, 64, "threads (default 2)"),
+    CLI_UINT(bench_opts, reps, "reps", "N", 1, 100000, "passes, the best one reported (default 3)"),
+    CLI_UINT(bench_opts, rows, "rows", "N", 1, 1u << 24,
+             "the strided comparison only: N rows of --row bytes,\n"
+             "--stride apart (default: the block sizes instead)"),
+    CLI_SIZE(bench_opts, row, "row", "SIZE", 1, UINT64_MAX, "with --rows: a row's bytes (default 4K)"),
+    CLI_SIZE(bench_opts, stride, "stride", "SIZE", 1, UINT64_MAX,
+             "with --rows: from one row to the next (default 16K)"),
+    CLI_FLAG(bench_opts, json, "json", "one JSON object on stdout (default: a table)"),
+};
+
+static const cli_cmd engine_cmd = {
+    .name = "bench engine",
+    .about = "Engine throughput against a baseline measured in the same run (memcpy for shm,\n"
+             "a plain socket loop for tcp).",
+    .opts = engine_table,
+    .nopts = sizeof engine_table / sizeof engine_table[0],
+};
 
 static int parse(int argc, char **argv, bench_opts *o)
 {
     *o = (bench_opts){.transport = "shm", .total = 1ull << 30, .streams = 4, .threads = 2, .reps = 3,
                       .row = 4 << 10, .stride = 16 << 10};
     /* argv[0] is "bench", argv[1] "engine" */
-    cli_getopt g;
-    cli_getopt_init(&g, "bench engine", argc - 1, argv + 1,
-                    "transport=,block=,total=,streams=,threads=,reps=,rows=,row=,stride=,json");
-    while (cli_getopt_next(&g)) {
-        const char *a = g.opt, *v = g.val;
-        int rc = 0;
-        if (!strcmp(a, "--json"))
-            o->json = true;
-        else if (!strcmp(a, "--transport")) {
-            if (strcmp(v, "shm") && strcmp(v, "tcp")) {
-                fprintf(stderr, "ferry-lab: --transport wants shm, tcp or ucx, not '%s'\n", v);
-                return -1;
-            }
-            o->transport = v;
-        } else if (!strcmp(a, "--block") && o->nblocks == 8) {
-            fprintf(stderr, "ferry-lab bench engine: at most 8 --block sizes\n");
-            return -1;
-        } else if (!strcmp(a, "--block"))
-            rc = cli_opt_size(a, v, 1, UINT64_MAX, &o->blocks[o->nblocks++]);
-        else if (!strcmp(a, "--total"))
-            rc = cli_opt_size(a, v, 1, UINT64_MAX, &o->total);
-        else if (!strcmp(a, "--streams"))
-            rc = cli_opt_unsigned(a, v, 1, 64, &o->streams);
-        else if (!strcmp(a, "--threads"))
-            rc = cli_opt_unsigned(a, v, 1, 64, &o->threads);
-        else if (!strcmp(a, "--reps"))
-            rc = cli_opt_unsigned(a, v, 1, 100000, &o->reps);
-        else if (!strcmp(a, "--rows"))
-            rc = cli_opt_uint(a, v, 1, 1u << 24, &o->rows);
-        else if (!strcmp(a, "--row"))
-            rc = cli_opt_size(a, v, 1, UINT64_MAX, &o->row);
-        else if (!strcmp(a, "--stride"))
-            rc = cli_opt_size(a, v, 1, UINT64_MAX, &o->stride);
-        else
-            return cli_getopt_unhandled(&g);
-        if (rc < 0)
-            return -1;
-    }
-    int pr = cli_getopt_end(&g, 0);
+    int pr = cli_parse(&engine_cmd, argc - 1, argv + 1, o, NULL, NULL);
     if (pr != 0)
         return pr;
     /* the rows must fit the buffers: packed here, stride apart there */
@@ -435,7 +427,7 @@ static int bench_engine(int argc, char **argv, const char *self)
     bench_ctx c = {0};
     int pr = parse(argc, argv, &c.o);
     if (pr != 0)
-        return cli_usage_exit(pr, usage_engine);
+        return cli_cmd_usage_exit(pr, &engine_cmd);
     int rc = setup(&c, self);
     if (rc < 0) {
         fprintf(stderr, "ferry-lab bench: setup failed: %s\n", ferry_strerror(rc));

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "lab.h"
+#include "cli_opts.h"
 
 extern char **environ;
 
@@ -28,53 +29,59 @@ typedef struct ucx_opts {
     bool json;
 } ucx_opts;
 
-static void usage_ucx(FILE *f)
+static int block_each(void *opts, const char *flag, const char *v)
 {
-    fprintf(f, "usage: ferry-lab bench engine --transport ucx [--tls tcp|shm (tcp)] [--block SIZE]... (64K 1M 4M)\n"
-               "                          [--total SIZE (256M)] [--reps N (3)] [--json]\n"
-               "\n"
-               "Throughput over the ucx transport against ucx_perftest -t ucp_put_bw (loopback, the same\n"
-               "UCX_TLS and block sizes) run in the same invocation. --tls shm is UCX_TLS=posix,cma,self.\n");
+    ucx_opts *o = opts;
+    return cli_engine_block_add(o->blocks, &o->nblocks, flag, v);
 }
+
+static const cli_opt ucx_table[] = {
+    CLI_CHOICE(ucx_opts, tls, "tls", "tcp|shm", "UCX_TLS=tcp, or shm: UCX_TLS=posix,cma,self (default tcp)"),
+    CLI_LIST("block", "SIZE", block_each, "an op's size, up to 8 of them (default 64K 1M 4M)"),
+    CLI_SIZE(ucx_opts, total, "total", "SIZE", 1, UINT64_MAX, "the buffer (default 256M)"),
+    CLI_UINT(ucx_opts, reps, "reps", "N", 1, 100000, "passes, the best one reported (default 3)"),
+    CLI_FLAG(ucx_opts, json, "json", "one JSON object on stdout (default: a table)"),
+};
+
+static const cli_cmd ucx_cmd = {
+    .name = "bench engine --transport ucx",
+    .about = "Throughput over the ucx transport against ucx_perftest -t ucp_put_bw (loopback,\n"
+             "the same UCX_TLS and block sizes) run in the same invocation.",
+    .opts = ucx_table,
+    .nopts = sizeof ucx_table / sizeof ucx_table[0],
+};
 
 static int parse_ucx(int argc, char **argv, ucx_opts *o)
 {
     *o = (ucx_opts){.tls = "tcp", .total = 256ull << 20, .reps = 3};
-    /* argv[0] is "bench", argv[1] "engine" */
-    cli_getopt g;
-    cli_getopt_init(&g, "bench engine", argc - 1, argv + 1, "transport=,tls=,block=,total=,reps=,json");
-    while (cli_getopt_next(&g)) {
-        const char *a = g.opt, *v = g.val;
-        int rc = 0;
-        if (cli_getopt_is(&g, "--json")) {
-            o->json = true;
-        } else if (cli_getopt_is(&g, "--transport")) {
-            if (strcmp(v, "ucx")) {
-                fprintf(stderr, "ferry-lab bench engine: --transport ucx was given, then '%s'\n", v);
-                return -1;
-            }
-        } else if (cli_getopt_is(&g, "--tls")) {
-            if (strcmp(v, "tcp") && strcmp(v, "shm")) {
-                fprintf(stderr, "ferry-lab: --tls wants tcp or shm, not '%s'\n", v);
-                return -1;
-            }
-            o->tls = v;
-        } else if (cli_getopt_is(&g, "--block") && o->nblocks == 8) {
-            fprintf(stderr, "ferry-lab bench engine: at most 8 --block sizes\n");
-            return -1;
-        } else if (cli_getopt_is(&g, "--block")) {
-            rc = cli_opt_size(a, v, 1, UINT64_MAX, &o->blocks[o->nblocks++]);
-        } else if (cli_getopt_is(&g, "--total")) {
-            rc = cli_opt_size(a, v, 1, UINT64_MAX, &o->total);
-        } else if (cli_getopt_is(&g, "--reps")) {
-            rc = cli_opt_unsigned(a, v, 1, 100000, &o->reps);
-        } else {
-            return cli_getopt_unhandled(&g);
+    /* argv[0] is "bench", argv[1] "engine"; --transport ucx (the form's
+     * own words, in the usage's name) taken out, any other --transport
+     * refused */
+    char **args = malloc(((size_t)argc + 1) * sizeof *args);
+    if (!args)
+        return -1;
+    int n = 0;
+    for (int i = 1; i < argc; i++) {
+        if (i > 1 && !strcmp(argv[i], "--transport=ucx"))
+            continue;
+        if (i > 1 && i + 1 < argc && !strcmp(argv[i], "--transport") && !strcmp(argv[i + 1], "ucx")) {
+            i++;
+            continue;
         }
-        if (rc < 0)
+        if (i > 1 && (!strcmp(argv[i], "--transport") || !strncmp(argv[i], "--transport=", 12))) {
+            if (argv[i][11] != '=' && i + 1 == argc)
+                fprintf(stderr, "ferry-lab bench engine: --transport needs a value\n");
+            else
+                fprintf(stderr, "ferry-lab bench engine: --transport ucx was given, then '%s'\n",
+                        argv[i][11] == '=' ? argv[i] + 12 : argv[i + 1]);
+            free(args);
             return -1;
+        }
+        args[n++] = argv[i];
     }
-    int pr = cli_getopt_end(&g, 0);
+    args[n] = NULL;
+    int pr = cli_parse(&ucx_cmd, n, args, o, NULL, NULL);
+    free(args);
     if (pr != 0)
         return pr;
     if (cli_engine_blocks(o->blocks, &o->nblocks, o->total) < 0)
@@ -258,7 +265,7 @@ int cmd_bench_engine_ucx(int argc, char **argv, const char *self)
     ucx_ctx c = {0};
     int pr = parse_ucx(argc, argv, &c.o);
     if (pr != 0)
-        return cli_usage_exit(pr, usage_ucx);
+        return cli_cmd_usage_exit(pr, &ucx_cmd);
     int rc = setup_ucx(&c, self);
     if (rc < 0) {
         fprintf(stderr, "ferry-lab bench: setup failed: %s\n", ferry_strerror(rc));

@@ -55,6 +55,8 @@ double cli_engine_pass_at(ferry_engine *e, enum ferry_opcode op, uint8_t *buf,
 /* bench.c: --block sizes defaulted (64K 1M 4M when none given) and each
  * checked against total; 0, or -1 with the error on stderr. */
 int cli_engine_blocks(uint64_t *blocks, int *nblocks, uint64_t total);
+/* One --block (flag) value appended: at most 8; 0, or -1 after a line on stderr. */
+int cli_engine_block_add(uint64_t *blocks, int *nblocks, const char *flag, const char *v);
 /* bench_store.c: `ferry-lab bench store` and its metadata client worker */
 int cmd_bench_store(int argc, char **argv, const char *self);
 int cli_bench_store_client_main(int argc, char **argv);
