@@ -19,6 +19,7 @@
 #include <jansson.h>
 
 #include "lab.h"
+#include "cli_opts.h"
 
 #define BT_MAX_ARGS 64
 
@@ -139,19 +140,32 @@ static void print_human(const json_t *r)
     printf("\n");
 }
 
-static void usage_torch(FILE *f)
+/* The launcher's own options; every other one is ferry.bench_torch's, whose
+ * argparse declares, checks and explains it (its --help follows this one). */
+typedef struct bt_opts {
+    bool json;
+} bt_opts;
+
+static const cli_opt bt_table[] = {
+    CLI_FLAG(bt_opts, json, "json", "print the module's JSON result (default: a short table)"),
+};
+
+static const cli_cmd bt_cmd = {
+    .name = "bench weights --torch",
+    .forms = "[OPTION]...",
+    .about = "A torch weight update against torch.save, gloo and point-to-point, on the\n"
+             "same shards. Runs $FERRY_PYTHON (default /usr/bin/python3) -m\n"
+             "ferry.bench_torch; every option but the launcher's own (below) is the\n"
+             "module's, passed on: its help follows. The first round is reported alone,\n"
+             "the steady-state rounds after it.",
+    .opts = bt_table,
+    .nopts = sizeof bt_table / sizeof bt_table[0],
+};
+
+/* argv[i] is the launcher's own option o. */
+static bool own(const char *a, const cli_opt *o)
 {
-    fprintf(f, "usage: ferry-lab bench weights --torch [--json] [--rounds N (5)] [--warmup N (0)] "
-               "[--hidden N (1024)] [--layers N (8)]\n"
-               "                                   [--ffn N (4096)] [--vocab N (15000)] "
-               "[--ctx N (1024)] [--timeout S (600)] [--cold] [--quiet]\n"
-               "                                   [--variants torch_save,gloo_bcast,p2p,ferry_shard]\n"
-               "  the first round is reported alone; --rounds steady-state rounds follow it "
-               "(after --warmup more);\n"
-               "  ferry's warm-up (ferry.torch.warm_publisher, Subscriber.warm) runs before the first "
-               "round unless --cold\n"
-               "  runs $FERRY_PYTHON (default /usr/bin/python3) -m ferry.bench_torch; "
-               "--help there says more\n");
+    return !strncmp(a, "--", 2) && !strcmp(a + 2, o->name);
 }
 
 int cmd_bench_torch(int argc, char **argv, const char *self)
@@ -159,7 +173,8 @@ int cmd_bench_torch(int argc, char **argv, const char *self)
     char exe[PATH_MAX];
     const char *args[BT_MAX_ARGS + 6];
     const char *py = getenv("FERRY_PYTHON");
-    bool json = false, help = false;
+    bt_opts o = {0};
+    bool help = false;
     int n = 0;
     py = py && *py ? py : "/usr/bin/python3";
     args[n++] = py;
@@ -168,14 +183,14 @@ int cmd_bench_torch(int argc, char **argv, const char *self)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--torch"))
             continue;
-        if (!strcmp(argv[i], "--json"))
-            json = true;
+        if (own(argv[i], &bt_table[0]))
+            o.json = true;
         help = help || cli_is_help(argv[i]);
         if (n >= BT_MAX_ARGS) {
             fprintf(stderr, "ferry-lab bench weights --torch: more than %d arguments\n", BT_MAX_ARGS - 4);
-            return cli_usage_exit(-1, usage_torch);
+            return cli_cmd_usage_exit(-1, &bt_cmd);
         }
-        if (strcmp(argv[i], "--json"))
+        if (!own(argv[i], &bt_table[0]))
             args[n++] = argv[i];
     }
     if (!help)
@@ -187,7 +202,8 @@ int cmd_bench_torch(int argc, char **argv, const char *self)
         return 1;
     }
     if (help) {   /* the module's own help, straight to stdout */
-        usage_torch(stdout);
+        cli_cmd_usage(stdout, &bt_cmd);
+        printf("\n");
         fflush(stdout);
         execv(py, (char *const *)args);
         fprintf(stderr, "ferry-lab bench weights --torch: cannot run %s: %s (set FERRY_PYTHON)\n", py,
@@ -247,7 +263,7 @@ int cmd_bench_torch(int argc, char **argv, const char *self)
         free(out);
         return 1;
     }
-    if (json)
+    if (o.json)
         printf("%s\n", line);
     else
         print_human(r);
