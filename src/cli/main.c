@@ -53,13 +53,11 @@ static void raise_nofile(void)
 }
 
 /* The operator's commands: the one place a command's name, its function
- * and its lines in `ferry --help` are given (each command's own --help
- * comes from its option table). */
+ * and its lines in `ferry --help` are given. Their options are not: each
+ * command's own --help gives its forms and options from its option table. */
 typedef struct cli_command {
     const char *name;
     int (*run)(int argc, char **argv);   /* argv[0]: the command's name */
-    const char *synopsis;                /* after the name; '\n' starts another form,
-                                          * '\n ' goes on the line above's form */
     const char *help;                    /* what it does; '\n' breaks the line */
 } cli_command;
 
@@ -71,26 +69,18 @@ static int cmd_help(int argc, char **argv)
 }
 
 static const cli_command commands[] = {
-    { "master", cmd_master, "--dir DIR [--listen HOST:PORT] [--metrics HOST:PORT] [--config FILE] ...",
-      "the store's metadata server" },
-    { "node", cmd_node, "--master HOST:PORT [--size SIZE] [--listen HOST:PORT] [--metrics HOST:PORT]\n"
-                        " [--config FILE] ...",
-      "this machine's segment of store memory" },
-    { "up", cmd_up, "[--dir DIR] [--size SIZE] [--listen HOST:PORT] [--detach] [--metrics]",
-      "a master and a node on this machine; prints the export line" },
-    { "down", cmd_down, "[--dir DIR]", "stop a cluster started with up --detach" },
-    { "status", cmd_status, "[--dir DIR | --master HOST:PORT] [--json]",
-      "segments, nodes, clients, objects of the running master" },
-    { "plan", cmd_plan, "--model PRESET --src LAYOUT --dst LAYOUT [--runs N] [--dst-rank R] [--json]\n"
-                        "--model PRESET --src LAYOUT --dst LAYOUT --nic BW [--nics-per-node N] [--json]\n"
-                        "SRC.json DST.json [--runs N] [--dst-rank R] [--json]\n"
-                        "--models [--json]",
-      "the reshard plan between two layouts or manifests, the\n"
-      "modelled update per NIC, the model presets\n"
+    { "master", cmd_master, "the store's metadata server" },
+    { "node", cmd_node, "this machine's segment of store memory" },
+    { "up", cmd_up, "a master and a node on this machine; prints the export line" },
+    { "down", cmd_down, "stop a cluster started with up --detach" },
+    { "status", cmd_status, "segments, nodes, clients, objects of the running master" },
+    { "plan", cmd_plan,
+      "the reshard plan between two layouts or manifests, the modelled\n"
+      "update per NIC, the model presets\n"
       "(LAYOUT: fsdp:256, tp:8,dp:16, ep:32,tp:8, pp:4,tp:8)" },
-    { "token", cmd_token, "", "print a new random cluster token" },
-    { "version", cmd_version, "", "print the version (also ferry --version, ferry -V)" },
-    { "help", cmd_help, "", "this text" },
+    { "token", cmd_token, "print a new random cluster token" },
+    { "version", cmd_version, "print the version (also ferry --version, ferry -V)" },
+    { "help", cmd_help, "this text" },
 };
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
 
@@ -104,38 +94,16 @@ static void print_lines(FILE *f, const char *s, int ind)
     }
 }
 
-/* A command's forms, each "  NAME FORM" (a line that starts with a space
- * goes on the form above it, under its first option). */
-static void print_forms(FILE *f, const cli_command *c)
-{
-    int ind = 2 + (int)strlen(c->name);
-    for (const char *s = c->synopsis; *s;) {
-        size_t n = strcspn(s, "\n");
-        if (s[0] == ' ')
-            fprintf(f, "%*s%.*s\n", ind, "", (int)n, s);
-        else
-            fprintf(f, "  %s %.*s\n", c->name, (int)n, s);
-        s += n + (s[n] == '\n');
-    }
-}
-
 static void usage(FILE *f)
 {
     fprintf(f, "usage: ferry <command> [options]      ferry <command> --help: that command's options\n"
                "       ferry --version | -V           ferry --help | -h | help\n"
                "\n"
                "commands:\n");
-    enum { COL = 32 };
+    enum { COL = 12 };
     for (size_t i = 0; i < NCOMMANDS; i++) {
-        const cli_command *c = &commands[i];
-        int w = 2 + (int)strlen(c->name) + (c->synopsis[0] ? 1 : 0) + (int)strlen(c->synopsis);
-        if (!strchr(c->synopsis, '\n') && w < COL) {   /* the help beside it */
-            fprintf(f, "  %s%s%s%*s", c->name, c->synopsis[0] ? " " : "", c->synopsis, COL - w, "");
-        } else {
-            print_forms(f, c);
-            fprintf(f, "%*s", COL, "");
-        }
-        print_lines(f, c->help, COL);
+        fprintf(f, "  %-*s", COL - 2, commands[i].name);
+        print_lines(f, commands[i].help, COL);
     }
     fprintf(f, "\n"
                "Every command takes --opt value and --opt=value; -h/--help prints its options and\n"
