@@ -188,8 +188,8 @@ static void test_version_and_top_help(void **state)
     static const char *const unlisted[] = { "--dir", "--master", "--model", "--listen", "--json" };
     /* the demos and benchmarks are ferry-lab's, and only there */
     static const char *const lab_listed[] = {
-        "demo [", "demo engine", "demo rl", "demo --sparse", "--model PRESET", "--steps N",
-        "bench weights [", "bench weights --scale", "bench weights --convert-only",
+        "  demo ", "demo engine", "demo rl", "demo --sparse", "  bench weights ",
+        "bench weights --scale", "bench weights --convert-only", "bench weights --torch",
         "bench engine", "bench store", "bench plan", "bench exec", "bench sparse",
         "worker target", "worker trainer", "worker exec", "worker store-client",
     };
