@@ -66,7 +66,7 @@ static int store(const cli_cmd *c, const cli_opt *o, const char *text, void *opt
                 break;
             w += n;
         }
-        fprintf(stderr, "%s %s: %s wants ", cli_prog(), c->name, flag);
+        fprintf(stderr, "%s: %s wants ", cli_prog(), flag);   /* as cli_opt_uint says it */
         for (const char *w = o->arg; *w;) {   /* "a, b or c" */
             size_t n = strcspn(w, "|");
             fprintf(stderr, "%s%.*s", w == o->arg ? "" : w[n] ? ", " : " or ", (int)n, w);

@@ -65,6 +65,10 @@ static void test_demo_rl(void **state)
     refused("demo rl --rate inf", "--rate", "inf");
     refused("demo rl --train-ms 5ms", "--train-ms", "5ms");
     refused("demo rl --weights 1K", "--weights", "1K");
+    refused("demo rl --stale keep", "--stale", "keep");      /* a choice: the words are named */
+    assert_non_null(strstr(out, "wants drop or recompute, not 'keep'"));
+    refused("demo rl --seed -1", "--seed", "-1");           /* through the command's callback */
+    refused("demo rl --rate 1e7", "--rate", "1e7");         /* a decimal out of its range */
 }
 
 static void test_demo(void **state)
@@ -119,6 +123,14 @@ static void test_bench(void **state)
     refused("bench engine --streams 4q", "--streams", "4q");
     refused("bench engine --block -1", "--block", "-1");
     refused("bench engine --rows ' 8'", "--rows", " 8");
+    refused("bench engine --transport rdma", "--transport", "rdma");
+    refused("bench engine --transport ucx --tls rc", "--tls", "rc");
+    refused("bench engine --transport ucx --block 0", "--block", "0");
+    /* --block repeats, each one appended, up to 8 */
+    int st = ft_run(out, sizeof out, "timeout 60 %s bench engine --block 1 --block 2 --block 3 --block 4 "
+                    "--block 5 --block 6 --block 7 --block 8 --block 9 2>&1", ft_lab_bin());
+    assert_int_equal(st, 2);
+    assert_int_equal(strncmp(out, "ferry-lab bench engine: at most 8 --block sizes\n", 48), 0);
     refused("bench store --clients 0", "--clients", "0");
     refused("bench store --size 1x", "--size", "1x");
     refused("bench weights --reps +3", "--reps", "+3");
