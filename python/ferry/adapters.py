@@ -175,7 +175,7 @@ class CheckpointEngine:
         gen = self._next_generation(global_steps, generation)
         try:   # streamed: each tensor stored (or dropped) as it comes, no list of the model
             self.last_held = []
-            st = self._pub.publish_stream(gen, ((n, _contiguous(t)) for n, t in weights), held=self.last_held)
+            st = self._pub.publish_stream(gen, _contiguous_pairs(weights), held=self.last_held)
         except _store.Error as e:
             act = _weights.active(self._store(), self.model)
             if act is not None and act[0] >= gen:
@@ -208,6 +208,7 @@ class CheckpointEngine:
                 if isinstance(it, BaseException):
                     raise it
                 yield it
+                del it   # before the next get: the one stored is let go before the next is taken
 
         task = loop.run_in_executor(None, lambda: self.send_weights_sync(items(), global_steps, generation))
 
@@ -283,6 +284,16 @@ def _process_weights_after_loading():
         return process_weights_after_loading
     except Exception:   # noqa: B902 - vLLM absent
         return None
+
+
+def _contiguous_pairs(weights):
+    """(name, contiguous tensor) of each pair, holding none of them while
+    the next is asked for (a generator's loop names would)."""
+    for n, t in weights:
+        item = (n, _contiguous(t))
+        del t
+        yield item
+        del item
 
 
 def _contiguous(t):

@@ -208,9 +208,15 @@ class WeightPublisher:
                                          self.segment, self.keep, self.timeout_ms, int(generation))
         cause = None
         try:
-            for i, t in enumerate(tensors):
+            # No name here holds a tensor while the next is asked for (nor
+            # enumerate's cached pair): the caller's generator may free it.
+            i = 0
+            for t in tensors:
                 name, a, dtype = _tensor_item(i, t)
+                del t
                 _ferry.weights_stream_add(st, name, a, dtype)
+                del a
+                i += 1
         except _ferry.Error:
             pass   # recorded in the stream: its end fails on every rank with it
         except Exception as e:   # noqa: B902 - every rank must hear of it
