@@ -50,38 +50,6 @@ static int parse(int argc, char **argv, bp_opts *o)
     return 0;
 }
 
-/* Build the two manifests. */
-static int load_pair(const bp_opts *o, ferry_manifest **src, ferry_manifest **dst, uint64_t *model_bytes)
-{
-    ferry_error err = {0};
-    *src = *dst = NULL;
-    ferry_model *m;
-    if (ferry_model_preset(o->model, &m, &err) < 0)
-        goto fail;
-    *model_bytes = ferry_model_bytes(m);
-    ferry_layout ls, ld;
-    int rc = ferry_layout_parse(o->src, &ls, &err);
-    if (rc == 0)
-        rc = ferry_layout_parse(o->dst, &ld, &err);
-    if (rc == 0 && o->gpn)
-        ls.gpus_per_node = ld.gpus_per_node = o->gpn;
-    if (rc == 0)
-        rc = ferry_layout_build(m, &ls, src, &err);
-    if (rc == 0)
-        rc = ferry_layout_build(m, &ld, dst, &err);
-    ferry_model_free(m);
-    if (rc < 0)
-        goto fail;
-    return 0;
-fail:
-    fprintf(stderr, "ferry-lab bench plan: %s\n", err.msg[0] ? err.msg : ferry_strerror(err.code));
-    ferry_manifest_close(*src);
-    ferry_manifest_close(*dst);
-    *src = *dst = NULL;
-    return 1;
-}
-
-
 static uint64_t peak_rss(void)
 {
     struct rusage ru;
@@ -162,7 +130,7 @@ int cmd_bench_plan(int argc, char **argv)
     ferry_manifest *src, *dst;
     uint64_t mb = 0;
     double t0 = cli_now();
-    if (load_pair(&o, &src, &dst, &mb))
+    if (cli_layout_pair("ferry-lab bench plan", o.model, o.src, o.dst, o.gpn, &src, &dst, &mb))
         return 1;
     double build_s = cli_now() - t0;
     ferry_plan_cache *cache;

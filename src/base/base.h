@@ -21,6 +21,10 @@
  * context): the sentence is formatted aside first. Every layer fails
  * through it. */
 int fr_fail(ferry_error *err, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Whether the n bytes at p are all zero: a public struct's reserved tail,
+ * which a caller leaves zero (docs/design.md, "Defaults and growth"). */
+bool fr_all_zero(const void *p, size_t n);
+#define FR_RESERVED_OK(cfg) fr_all_zero((cfg)->reserved, sizeof (cfg)->reserved)
 
 /* ---- logging ---------------------------------------------------------- */
 /* One function, a level and a subsystem tag ("engine", "tcp", ...). Lines go
@@ -31,10 +35,6 @@ int fr_fail(ferry_error *err, int code, const char *fmt, ...) __attribute__((for
 void fr_log(enum ferry_log_level level, const char *tag, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 bool fr_log_on(enum ferry_log_level level);
-/* Whether the n bytes at p are all zero: a public struct's reserved tail,
- * which a caller leaves zero (docs/design.md, "Growth"). */
-bool fr_all_zero(const void *p, size_t n);
-#define FR_RESERVED_OK(cfg) fr_all_zero((cfg)->reserved, sizeof (cfg)->reserved)
 /* Now in UTC as ISO 8601 with milliseconds, "2025-01-31T12:34:56.789Z"
  * (FR_LOG_TS_LEN characters and a NUL). 0, or -1 when the clock cannot be
  * read as a date (the text is then all zeros). */

@@ -76,3 +76,12 @@ int fr_fail(ferry_error *err, int code, const char *fmt, ...)
     }
     return code;
 }
+
+bool fr_all_zero(const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        if (b[i])
+            return false;
+    return true;
+}

@@ -102,15 +102,6 @@ void ferry_log_set_callback(ferry_log_fn fn, void *arg)
     pthread_mutex_unlock(&fr_log_sink_lock);
 }
 
-bool fr_all_zero(const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++)
-        if (b[i])
-            return false;
-    return true;
-}
-
 bool fr_log_on(enum ferry_log_level level)
 {
     int l = (int)level;

@@ -83,6 +83,13 @@ int cli_getopt_end(cli_getopt *g, int max_pos);
 int cli_getopt_unhandled(cli_getopt *g);
 /* Format bytes as "4 MiB" etc. into buf. */
 const char *cli_fmt_size(uint64_t n, char *buf, size_t len);
+
+/* A model preset laid out two ways (`ferry plan --model`, `ferry-lab bench
+ * plan`): *src and *dst built with gpn ranks per node (0: the layouts'
+ * own), *model_bytes set. 0, or 1 with the reason on stderr after "who: "
+ * (nothing kept). */
+int cli_layout_pair(const char *who, const char *model, const char *src_layout, const char *dst_layout,
+                    uint32_t gpn, ferry_manifest **src, ferry_manifest **dst, uint64_t *model_bytes);
 double cli_now(void);   /* monotonic seconds */
 
 void cli_hex(const uint8_t *b, size_t n, char *out);

@@ -83,32 +83,12 @@ static int parse_plan(int argc, char **argv, plan_opts *o)
 /* Build (or load) the two manifests. */
 static int load_pair(const plan_opts *o, ferry_manifest **src, ferry_manifest **dst, uint64_t *model_bytes)
 {
+    if (o->model)
+        return cli_layout_pair("ferry plan", o->model, o->src, o->dst, o->gpn, src, dst, model_bytes);
     ferry_error err = {0};
     *src = *dst = NULL;
-    if (!o->model) {
-        if (ferry_manifest_load(o->src, src, &err) < 0 || ferry_manifest_load(o->dst, dst, &err) < 0)
-            goto fail;
+    if (ferry_manifest_load(o->src, src, &err) == 0 && ferry_manifest_load(o->dst, dst, &err) == 0)
         return 0;
-    }
-    ferry_model *m;
-    if (ferry_model_preset(o->model, &m, &err) < 0)
-        goto fail;
-    *model_bytes = ferry_model_bytes(m);
-    ferry_layout ls, ld;
-    int rc = ferry_layout_parse(o->src, &ls, &err);
-    if (rc == 0)
-        rc = ferry_layout_parse(o->dst, &ld, &err);
-    if (rc == 0 && o->gpn)
-        ls.gpus_per_node = ld.gpus_per_node = o->gpn;
-    if (rc == 0)
-        rc = ferry_layout_build(m, &ls, src, &err);
-    if (rc == 0)
-        rc = ferry_layout_build(m, &ld, dst, &err);
-    ferry_model_free(m);
-    if (rc < 0)
-        goto fail;
-    return 0;
-fail:
     fprintf(stderr, "ferry plan: %s\n", err.msg[0] ? err.msg : ferry_strerror(err.code));
     ferry_manifest_close(*src);
     ferry_manifest_close(*dst);

@@ -196,3 +196,33 @@ size_t cli_unhex(const char *s, uint8_t *out, size_t cap)
     }
     return n;
 }
+
+int cli_layout_pair(const char *who, const char *model, const char *src_layout, const char *dst_layout,
+                    uint32_t gpn, ferry_manifest **src, ferry_manifest **dst, uint64_t *model_bytes)
+{
+    ferry_error err = {0};
+    *src = *dst = NULL;
+    ferry_model *m;
+    if (ferry_model_preset(model, &m, &err) < 0)
+        goto fail;
+    *model_bytes = ferry_model_bytes(m);
+    ferry_layout ls, ld;
+    int rc = ferry_layout_parse(src_layout, &ls, &err);
+    if (rc == 0)
+        rc = ferry_layout_parse(dst_layout, &ld, &err);
+    if (rc == 0 && gpn)
+        ls.gpus_per_node = ld.gpus_per_node = gpn;
+    if (rc == 0)
+        rc = ferry_layout_build(m, &ls, src, &err);
+    if (rc == 0)
+        rc = ferry_layout_build(m, &ld, dst, &err);
+    ferry_model_free(m);
+    if (rc == 0)
+        return 0;
+fail:
+    fprintf(stderr, "%s: %s\n", who, err.msg[0] ? err.msg : ferry_strerror(err.code));
+    ferry_manifest_close(*src);
+    ferry_manifest_close(*dst);
+    *src = *dst = NULL;
+    return 1;
+}
