@@ -298,7 +298,7 @@ static int store_case(ferry_store *s, sp_obj *o, const ferry_sparse_target *t, c
     }
     if (rc < 0)
         fprintf(stderr, "ferry-lab bench sparse: %s\n", err.msg);
-    ferry_store_remove(s, key);
+    ferry_store_remove(s, key, NULL);
     return rc < 0 ? -1 : 0;
 }
 
@@ -439,7 +439,7 @@ int cmd_bench_sparse(int argc, char **argv)
             goto out;
         snprintf(cfg.master, sizeof cfg.master, "%s", g.addr);
         cfg.lease_ms = 1;   /* each object is removed right after its reads */
-        if ((rc = ferry_store_open(&cfg, &s)) < 0) {
+        if ((rc = ferry_store_open(&cfg, &s, NULL)) < 0) {
             fprintf(stderr, "ferry-lab bench sparse: store: %s\n", ferry_strerror(rc));
             goto out;
         }

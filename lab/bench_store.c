@@ -266,6 +266,7 @@ static uint64_t get_failures(const int64_t *res, size_t n, uint64_t want)
  * "DONE pairs gets removed failed seconds". */
 int cli_bench_store_client_main(int argc, char **argv)
 {
+    ferry_error fe = {0};
     if (argc != 4) {
         fprintf(stderr, "usage: ferry-lab worker store-client MASTER SECONDS ID\n");
         return 2;
@@ -276,9 +277,9 @@ int cli_bench_store_client_main(int argc, char **argv)
     snprintf(cfg.master, sizeof cfg.master, "%s", argv[1]);
     cfg.lease_ms = 1;
     if (rc == 0)
-        rc = ferry_store_open(&cfg, &s);
+        rc = ferry_store_open(&cfg, &s, &fe);
     if (rc < 0) {
-        printf("FAIL %s\n", ferry_store_last_error()[0] ? ferry_store_last_error() : ferry_strerror(rc));
+        printf("FAIL %s\n", fe.msg[0] ? fe.msg : ferry_strerror(rc));
         return 1;
     }
     printf("READY\n");
@@ -305,21 +306,21 @@ int cli_bench_store_client_main(int argc, char **argv)
             keys[k] = names[k];
             gres[k] = FERRY_EIO;
         }
-        rc = ferry_store_batch_put_from(s, keys, bufs, lens, META_BATCH, NULL, pres);
+        rc = ferry_store_batch_put_from(s, keys, bufs, lens, META_BATCH, NULL, pres, NULL);
         uint64_t bad = put_failures(rc, pres, META_BATCH);
         m.pairs += META_BATCH - bad;
         m.failed += bad;
-        rc = ferry_store_batch_get_into(s, keys, dst, lens, META_BATCH, gres);
+        rc = ferry_store_batch_get_into(s, keys, dst, lens, META_BATCH, gres, NULL);
         bad = get_failures(gres, META_BATCH, 0);
         m.gets += META_BATCH - bad;
         m.failed += bad;
         uint64_t n = 0;
         /* This round's objects are still leased for a millisecond: the
          * next round removes them. */
-        if (ferry_store_remove_prefix(s, prefix, &n) == 0)
+        if (ferry_store_remove_prefix(s, prefix, &n, &fe) == 0)
             m.removed += n;
         if (m.failed && !said) {
-            fprintf(stderr, "ferry-lab bench store: client %s: %s\n", argv[3], ferry_store_last_error());
+            fprintf(stderr, "ferry-lab bench store: client %s: %s\n", argv[3], fe.msg);
             said = true;
         }
     }
@@ -327,7 +328,7 @@ int cli_bench_store_client_main(int argc, char **argv)
     for (int i = 0; i < 50 && m.removed < m.pairs; i++) {
         uint64_t n = 0;
         sleep_ms(5);
-        if (ferry_store_remove_prefix(s, prefix, &n) == 0)
+        if (ferry_store_remove_prefix(s, prefix, &n, NULL) == 0)
             m.removed += n;
     }
     printf("DONE %llu %llu %llu %llu %.6f\n", (unsigned long long)m.pairs,
@@ -417,7 +418,7 @@ static int meta_phase(const bs_opts *o, const char *self, const char *master, bs
 static int wal_counts(ferry_store *s, uint64_t *appends, uint64_t *commits)
 {
     char *text = NULL;
-    int rc = ferry_store_status_json(s, &text);
+    int rc = ferry_store_status_json(s, &text, NULL);
     json_t *j = rc == 0 ? json_loads(text, 0, NULL) : NULL;
     json_t *w = json_object_get(j, "wal");
     *appends = (uint64_t)json_integer_value(json_object_get(w, "appends"));
@@ -437,6 +438,7 @@ typedef struct xfer_ctx {
     uint8_t *src, *dst;
     const char **keys;
     uint64_t nobj, bytes;
+    ferry_error err;          /* why the last failed store call failed */
 } xfer_ctx;
 
 static double put_pass(xfer_ctx *x, const char *what, uint64_t *failed)
@@ -451,7 +453,7 @@ static double put_pass(xfer_ctx *x, const char *what, uint64_t *failed)
             bufs[k] = x->src + (i + k) * x->o->object;
             lens[k] = x->o->object;
         }
-        int rc = ferry_store_batch_put_from(x->s, x->keys + i, bufs, lens, n, NULL, res);
+        int rc = ferry_store_batch_put_from(x->s, x->keys + i, bufs, lens, n, NULL, res, &x->err);
         *failed += put_failures(rc, res, n);
         cli_progress(what, (double)(i + n) / (double)x->nobj);
     }
@@ -471,7 +473,7 @@ static double get_pass(xfer_ctx *x, const char *what, uint64_t *failed)
             caps[k] = x->o->object;
             res[k] = FERRY_EIO;
         }
-        (void)ferry_store_batch_get_into(x->s, x->keys + i, bufs, caps, n, res);
+        (void)ferry_store_batch_get_into(x->s, x->keys + i, bufs, caps, n, res, &x->err);
         *failed += get_failures(res, n, x->o->object);
         cli_progress(what, (double)(i + n) / (double)x->nobj);
     }
@@ -485,7 +487,7 @@ static int clear_objects(xfer_ctx *x)
     for (int i = 0; i < 200 && total < x->nobj; i++) {
         uint64_t n = 0;
         sleep_ms(5);
-        int rc = ferry_store_remove_prefix(x->s, XFER_PREFIX, &n);
+        int rc = ferry_store_remove_prefix(x->s, XFER_PREFIX, &n, &x->err);
         if (rc < 0)
             return rc;
         total += n;
@@ -513,7 +515,7 @@ static int xfer_reps(xfer_ctx *x, const char *label, bs_xfer *r)
     get_pass(x, what, &r->failed);
     int wrc = clear_objects(x);
     if (wrc < 0 || r->failed) {
-        fprintf(stderr, "ferry-lab bench store: %s warm-up failed: %s\n", label, ferry_store_last_error());
+        fprintf(stderr, "ferry-lab bench store: %s warm-up failed: %s\n", label, x->err.msg);
         return wrc < 0 ? wrc : FERRY_EIO;
     }
     for (unsigned rep = 0; rep < x->o->reps; rep++) {
@@ -527,7 +529,7 @@ static int xfer_reps(xfer_ctx *x, const char *label, bs_xfer *r)
             r->mismatch = memcmp(x->src, x->dst, x->bytes) != 0;
         if (r->failed)
             fprintf(stderr, "ferry-lab bench store: %s: %llu puts/gets failed: %s\n", label,
-                    (unsigned long long)r->failed, ferry_store_last_error());
+                    (unsigned long long)r->failed, x->err.msg);
         int rc = clear_objects(x);
         if (rc < 0 || r->failed)
             return rc < 0 ? rc : FERRY_EIO;
@@ -561,7 +563,7 @@ static int xfer_phase(const bs_opts *o, const char *master, const char *transpor
         snprintf(cfg.master, sizeof cfg.master, "%s", master);
         snprintf(cfg.engine.transport, sizeof cfg.engine.transport, "%s", transport);
         cfg.lease_ms = 1;
-        rc = ferry_store_open(&cfg, &x.s);
+        rc = ferry_store_open(&cfg, &x.s, &x.err);
     }
     for (uint64_t i = 0; rc == 0 && i < x.nobj; i++) {
         snprintf(names[i], sizeof names[i], XFER_PREFIX "%06llu", (unsigned long long)i);
@@ -573,9 +575,9 @@ static int xfer_phase(const bs_opts *o, const char *master, const char *transpor
     }
     if (rc == 0)
         rc = ferry_mem_alloc(x.e, x.bytes, &dst);
-    if (rc == 0 && (rc = ferry_store_register_buffer(x.s, src, x.bytes)) == 0)
+    if (rc == 0 && (rc = ferry_store_register_buffer(x.s, src, x.bytes, &x.err)) == 0)
         reg_src = true;
-    if (rc == 0 && (rc = ferry_store_register_buffer(x.s, dst, x.bytes)) == 0)
+    if (rc == 0 && (rc = ferry_store_register_buffer(x.s, dst, x.bytes, &x.err)) == 0)
         reg_dst = true;
     if (rc == 0)
         rc = ferry_region_import(x.e, tgt->desc, tgt->desc_len, &x.rr);
@@ -588,11 +590,11 @@ static int xfer_phase(const bs_opts *o, const char *master, const char *transpor
     }
     if (rc < 0)
         fprintf(stderr, "ferry-lab bench store: %s pass failed: %s\n", label,
-                ferry_store_last_error()[0] ? ferry_store_last_error() : ferry_strerror(rc));
+                x.err.msg[0] ? x.err.msg : ferry_strerror(rc));
     if (reg_src)
-        ferry_store_unregister_buffer(x.s, src);
+        ferry_store_unregister_buffer(x.s, src, NULL);
     if (reg_dst)
-        ferry_store_unregister_buffer(x.s, dst);
+        ferry_store_unregister_buffer(x.s, dst, NULL);
     if (src)
         ferry_mem_free(x.e, src);
     if (dst)
@@ -741,7 +743,7 @@ int cmd_bench_store(int argc, char **argv, const char *self)
     uint64_t a0 = 0, f0 = 0;
     if (rc == 0 && (rc = ferry_store_config_init(&acfg)) == 0) {
         snprintf(acfg.master, sizeof acfg.master, "%s", c.master);
-        rc = ferry_store_open(&acfg, &admin);
+        rc = ferry_store_open(&acfg, &admin, NULL);
     }
     if (rc == 0)
         rc = wal_counts(admin, &a0, &f0);

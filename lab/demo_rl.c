@@ -44,13 +44,14 @@ static float weight_value(uint64_t v, uint64_t i) { return (float)(v * 1000 + i 
 
 ferry_store *demo_rl_open_store(const char *addr)
 {
+    ferry_error fe = {0};
     ferry_store_config cfg;
     ferry_store_config_init(&cfg);
     snprintf(cfg.master, sizeof cfg.master, "%s", addr);
     cfg.lease_ms = 1;
     ferry_store *s = NULL;
-    if (ferry_store_open(&cfg, &s) < 0) {
-        printf("ERR cannot reach the master at %s: %s\n", addr, ferry_store_last_error());
+    if (ferry_store_open(&cfg, &s, &fe) < 0) {
+        printf("ERR cannot reach the master at %s: %s\n", addr, fe.msg);
         fflush(stdout);
         return NULL;
     }
@@ -175,7 +176,7 @@ static void recompute_some(rollout *r, bool *stop, ferry_error *err)
         return;
     for (size_t i = 0; i < nb; i++) {
         if (*stop) {   /* handed back now, not when the lease lapses: the drain reads them */
-            (void)ferry_sample_release(r->q, &back[i], 1);
+            (void)ferry_sample_release(r->q, &back[i], 1, NULL);
             ferry_sample_clear(&back[i]);
             continue;
         }
@@ -214,8 +215,8 @@ int demo_rl_rollout_main(int argc, char **argv)
     ferry_policy_watch *w = NULL;
     ferry_error err = {0};
     if (ferry_sample_queue_open(r.s, &qc, &r.q, &err) < 0 ||
-        ferry_policy_watch_open(r.s, model, &w) < 0) {
-        printf("ERR rollout %u: %s\n", rank, err.msg[0] ? err.msg : "cannot watch the policy");
+        ferry_policy_watch_open(r.s, model, &w, &err) < 0) {
+        printf("ERR rollout %u: %s\n", rank, err.msg);
         return 1;
     }
     char name[64];
@@ -363,7 +364,7 @@ int64_t demo_rl_train(ferry_sample_queue *q, unsigned want, bool drain, double t
                 res++;
             }
     } else {
-        (void)ferry_sample_release(q, b, got);
+        (void)ferry_sample_release(q, b, got, NULL);
     }
     for (size_t i = 0; i < got; i++)
         ferry_sample_clear(&b[i]);

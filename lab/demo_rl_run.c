@@ -459,12 +459,14 @@ int cmd_demo_rl(int argc, char **argv)
     ferry_store *s = NULL;
     ferry_sample_claims *claims = NULL;
     char why[256] = "";
+    ferry_error e = {0};
     if (demo_cluster_start(&r.g, o.weight_bytes * 3 + (256ull << 20), "ferry-lab demo rl") < 0)
         goto out;
     /* the claim log: every claim the queue writes, from before the first sample */
-    if (!(s = demo_rl_open_store(r.g.addr)) || ferry_sample_claims_open(s, r.queue, &claims) < 0) {
-        fprintf(stderr, "ferry-lab demo rl: cannot watch the queue's claims: %s\n",
-                ferry_store_last_error());
+    if (!(s = demo_rl_open_store(r.g.addr)))
+        goto out;   /* it said why */
+    if (ferry_sample_claims_open(s, r.queue, &claims, &e) < 0) {
+        fprintf(stderr, "ferry-lab demo rl: cannot watch the queue's claims: %s\n", e.msg);
         goto out;
     }
     if (!o.json)
@@ -483,9 +485,9 @@ int cmd_demo_rl(int argc, char **argv)
     if (!ok)
         goto out;
     rl_tally t;
-    if (ferry_sample_claims_mark(claims) < 0 ||
+    if (ferry_sample_claims_mark(claims, &e) < 0 ||
         demo_rl_tally(s, r.queue, r.g.dir, claims, o.recompute, &t, why, sizeof why) < 0) {
-        fprintf(stderr, "ferry-lab demo rl: accounting: %s\n", why[0] ? why : ferry_store_last_error());
+        fprintf(stderr, "ferry-lab demo rl: accounting: %s\n", why[0] ? why : e.msg);
         goto out;
     }
     double total_s = cli_now() - t0;

@@ -209,9 +209,10 @@ static int read_claims(tab *tb, ferry_sample_claims *claims, rl_tally *t, char *
 {
     for (;;) {
         ferry_sample_claim c;
-        int rc = ferry_sample_claims_next(claims, FERRY_DEFAULT_TIMEOUT_MS, &c);
+        ferry_error why = {0};
+        int rc = ferry_sample_claims_next(claims, FERRY_DEFAULT_TIMEOUT_MS, &c, &why);
         if (rc < 0 && rc != FERRY_EPROTO)
-            return snprintf(err, cap, "the claim log stopped: %s", ferry_strerror(rc)), -1;
+            return snprintf(err, cap, "the claim log stopped: %s", why.msg), -1;
         if (rc == 0 && c.mark)
             return 0;
         t->claim_events++;
@@ -228,11 +229,11 @@ static void payloads_left(ferry_store *s, const char *queue, rl_tally *t)
     char **keys = NULL;
     size_t n = 0;
     bool more = false;
-    if (ferry_sample_payloads(s, queue, 4096, &keys, &n, &more) < 0)
+    if (ferry_sample_payloads(s, queue, 4096, &keys, &n, &more, NULL) < 0)
         return;
     for (size_t i = 0; i < n; i++) {
         t->orphaned_payloads++;
-        (void)ferry_store_remove(s, keys[i]);
+        (void)ferry_store_remove(s, keys[i], NULL);
     }
     ferry_store_free(keys);
 }

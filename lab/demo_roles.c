@@ -252,6 +252,7 @@ typedef struct role_args {
 
 static int open_role(int argc, char **argv, role_args *a)
 {
+    ferry_error fe = {0};
     if (argc != 7)
         return -1;
     memset(a, 0, sizeof *a);
@@ -266,8 +267,8 @@ static int open_role(int argc, char **argv, role_args *a)
     snprintf(cfg.master, sizeof cfg.master, "%s", argv[1]);
     cfg.lease_ms = 2000;
     cfg.timeout_ms = FERRY_DEFAULT_TIMEOUT_MS;
-    if (ferry_store_open(&cfg, &a->s) < 0) {
-        printf("ERR %s\n", ferry_store_last_error());
+    if (ferry_store_open(&cfg, &a->s, &fe) < 0) {
+        printf("ERR %s\n", fe.msg);
         fflush(stdout);
         return -1;
     }
@@ -463,6 +464,7 @@ static void *param_alloc(size_t n)
 
 int demo_rollout_main(int argc, char **argv)
 {
+    ferry_error fe = {0};
     role_args a;
     if (open_role(argc, argv, &a) < 0)
         return 1;
@@ -519,8 +521,8 @@ int demo_rollout_main(int argc, char **argv)
     }
     double w0 = cli_now();
     uint64_t wb = 0;
-    if (!demo_cold() && ferry_store_warm(a.s, false, &wb) < 0) {
-        printf("ERR %s\n", ferry_store_last_error());
+    if (!demo_cold() && ferry_store_warm(a.s, false, &wb, &fe) < 0) {
+        printf("ERR %s\n", fe.msg);
         fflush(stdout);
         return 1;
     }

@@ -149,14 +149,15 @@ static size_t sp_targets(const sp_tensor *t, size_t n, const sp_spec *m, unsigne
 /* The children answer on stdout ("ERR ..."), the parent complains on stderr. */
 static ferry_store *sp_open(const char *addr, FILE *say)
 {
+    ferry_error fe = {0};
     ferry_store_config cfg;
     ferry_store_config_init(&cfg);
     snprintf(cfg.master, sizeof cfg.master, "%s", addr);
     cfg.lease_ms = 1;
     ferry_store *s = NULL;
-    if (ferry_store_open(&cfg, &s) < 0) {
+    if (ferry_store_open(&cfg, &s, &fe) < 0) {
         fprintf(say, "%scannot reach the master at %s: %s\n", say == stdout ? "ERR " : "ferry-lab demo sparse: ",
-                addr, ferry_store_last_error());
+                addr, fe.msg);
         fflush(say);
         return NULL;
     }

@@ -119,8 +119,8 @@ FERRY_API int ferry_policy_history(ferry_store *s, const char *model, ferry_poli
  * first, if any); FERRY_ETIMEDOUT after timeout_ms (< 0: forever). Versions
  * announced in between are skipped: a rollout worker wants the newest. */
 typedef struct ferry_policy_watch ferry_policy_watch;
-/* Errors of open are the store's (ferry_store_last_error() says why). */
-FERRY_API int ferry_policy_watch_open(ferry_store *s, const char *model, ferry_policy_watch **out);
+FERRY_API int ferry_policy_watch_open(ferry_store *s, const char *model, ferry_policy_watch **out,
+                                      ferry_error *err);
 FERRY_API int ferry_policy_watch_next(ferry_policy_watch *w, int timeout_ms, ferry_policy_version *out,
                                       ferry_error *err);
 FERRY_API void ferry_policy_watch_close(ferry_policy_watch *w);
@@ -223,7 +223,8 @@ FERRY_API int ferry_sample_read(ferry_sample_queue *q, const ferry_sample *smp, 
 FERRY_API int ferry_sample_ack(ferry_sample_queue *q, const ferry_sample *smp, size_t n, bool *ok,
                                ferry_error *err);
 /* Give samples back for someone else now (nack). */
-FERRY_API int ferry_sample_release(ferry_sample_queue *q, const ferry_sample *smp, size_t n);
+FERRY_API int ferry_sample_release(ferry_sample_queue *q, const ferry_sample *smp, size_t n,
+                                   ferry_error *err);
 /* Rollout side: lease up to max samples the consumers sent back for
  * recompute (sessions only; payload ""). After pushing the recomputed
  * sample, ack these with ferry_sample_ack. */
@@ -250,22 +251,24 @@ typedef struct ferry_sample_claim {
 typedef struct ferry_sample_claims ferry_sample_claims;
 /* Watch queue's claim log: every claim written from now on, in the order
  * the master applied them. Close with ferry_sample_claims_close (NULL ok). */
-FERRY_API int ferry_sample_claims_open(ferry_store *s, const char *queue, ferry_sample_claims **out);
+FERRY_API int ferry_sample_claims_open(ferry_store *s, const char *queue, ferry_sample_claims **out,
+                                       ferry_error *err);
 /* The next claim written, waiting up to timeout_ms (<0: forever): 0,
  * FERRY_ETIMEDOUT, FERRY_EPROTO for a write that is no claim this
  * version of ferry knows (out->uid set when it is one; the log goes on),
  * or the store's error. */
-FERRY_API int ferry_sample_claims_next(ferry_sample_claims *c, int timeout_ms, ferry_sample_claim *out);
+FERRY_API int ferry_sample_claims_next(ferry_sample_claims *c, int timeout_ms, ferry_sample_claim *out,
+                                       ferry_error *err);
 /* Put a mark into the log: a reader of c meets it (out->mark) after every
  * claim written before this call. */
-FERRY_API int ferry_sample_claims_mark(ferry_sample_claims *c);
+FERRY_API int ferry_sample_claims_mark(ferry_sample_claims *c, ferry_error *err);
 FERRY_API void ferry_sample_claims_close(ferry_sample_claims *c);
 /* The store keys of queue's payload objects, at most max, ascending: an
  * acked sample's is gone, so what a drained queue still lists was left by
  * a push cut short. *keys is one allocation (free with ferry_store_free);
  * *more (may be NULL): there are further keys. */
 FERRY_API int ferry_sample_payloads(ferry_store *s, const char *queue, size_t max, char ***keys, size_t *n,
-                                    bool *more);
+                                    bool *more, ferry_error *err);
 
 /* ---- the KV-reuse gate -------------------------------------------------------------- */
 
@@ -283,11 +286,11 @@ typedef struct ferry_kvcache_stats {
  * NULL. */
 FERRY_API int ferry_kvcache_put(ferry_store *s, const char *ns, uint64_t version, const char *name,
                                 const void *data, size_t len, char *ref, size_t refcap,
-                                ferry_kvcache_stats *st);
+                                ferry_kvcache_stats *st, ferry_error *err);
 FERRY_API int ferry_kvcache_get(ferry_store *s, const char *ref, uint64_t active_version, void *dst,
-                                size_t cap, size_t *len, ferry_kvcache_stats *st);
+                                size_t cap, size_t *len, ferry_kvcache_stats *st, ferry_error *err);
 FERRY_API int ferry_kvcache_retire(ferry_store *s, const char *ns, uint64_t version, uint64_t *removed,
-                                   ferry_kvcache_stats *st);
+                                   ferry_kvcache_stats *st, ferry_error *err);
 /* The version a KV reference was made under (FERRY_EINVAL if not one). */
 FERRY_API int ferry_kvcache_ref_version(const char *ref, uint64_t *version);
 

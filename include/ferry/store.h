@@ -11,8 +11,9 @@
  *    reconnects by itself; a call that was in flight when the connection was
  *    lost fails with FERRY_ECONNRESET (its outcome is unknown), later calls
  *    wait for the master to come back (up to the call timeout).
- *  - Errors are negative FERRY_E* codes; ferry_store_last_error() gives the
- *    calling thread's last error as a sentence (often the master's own). */
+ *  - Errors are negative FERRY_E* codes; every call that can fail takes a
+ *    last ferry_error *err (NULL: the code only; common.h) that it fills
+ *    with the code and a sentence (often the master's own). */
 #ifndef FERRY_STORE_H
 #define FERRY_STORE_H
 
@@ -57,21 +58,19 @@ FERRY_API int ferry_store_config_init(ferry_store_config *cfg);
 /* Connect to the master (authenticating with the token) and open the
  * client's engine. FERRY_EAUTH for a token the master refuses,
  * FERRY_ECONNREFUSED/FERRY_ETIMEDOUT when no master answers. */
-FERRY_API int ferry_store_open(const ferry_store_config *cfg, ferry_store **out);
+FERRY_API int ferry_store_open(const ferry_store_config *cfg, ferry_store **out, ferry_error *err);
 /* Close the connection and the engine; buffers stay the caller's. NULL ok. */
 FERRY_API void ferry_store_close(ferry_store *s);
 /* The client's engine (to register memory, or to use directly). */
 FERRY_API ferry_engine *ferry_store_engine(ferry_store *s);
-/* The calling thread's last error text ("" if none). */
-FERRY_API const char *ferry_store_last_error(void);
 
 /* ---- registered buffers -------------------------------------------------- */
 /* Register [buf, buf+len) for put_from/get_into without a copy. Buffers that
  * were not registered are registered for the duration of each call (a
  * little slower, still no copy). FERRY_EEXIST if it overlaps one already
  * registered. Unregister: FERRY_ENOENT if buf does not start one. */
-FERRY_API int ferry_store_register_buffer(ferry_store *s, void *buf, size_t len);
-FERRY_API int ferry_store_unregister_buffer(ferry_store *s, void *buf);
+FERRY_API int ferry_store_register_buffer(ferry_store *s, void *buf, size_t len, ferry_error *err);
+FERRY_API int ferry_store_unregister_buffer(ferry_store *s, void *buf, ferry_error *err);
 
 /* A staging buffer owned by this client, for callers that pack bytes before
  * a put (the weights publish does): at least len bytes, registered as by
@@ -84,7 +83,7 @@ FERRY_API int ferry_store_unregister_buffer(ferry_store *s, void *buf);
  * it timed out and the engine may still read it — it is then left
  * allocated and registered, never reused, and the next take makes a new
  * one. Freed by ferry_store_close. */
-FERRY_API int ferry_store_staging_take(ferry_store *s, size_t len, void **out);
+FERRY_API int ferry_store_staging_take(ferry_store *s, size_t len, void **out, ferry_error *err);
 FERRY_API void ferry_store_staging_give(ferry_store *s, bool abandon);
 
 /* ---- objects --------------------------------------------------------------- */
@@ -127,9 +126,9 @@ typedef struct ferry_object_desc {
  * sizes in the error text), FERRY_EINVAL. A failed transfer revokes the
  * object: nothing partial is ever visible. */
 FERRY_API int ferry_store_put(ferry_store *s, const char *key, const void *buf, size_t len,
-                              const ferry_replicate_config *rc, ferry_object_desc *placed);
+                              const ferry_replicate_config *rc, ferry_object_desc *placed, ferry_error *err);
 FERRY_API int ferry_store_put_from(ferry_store *s, const char *key, const void *buf, size_t len,
-                                   const ferry_replicate_config *rc, ferry_object_desc *placed);
+                                   const ferry_replicate_config *rc, ferry_object_desc *placed, ferry_error *err);
 /* A put whose bytes the caller writes in place, with no copy where the
  * store allows it: ferry_store_put_begin places the object (as a put
  * does: FERRY_EEXIST, FERRY_ENOSPC, FERRY_EINVAL, len > 0) and sets *at to
@@ -146,8 +145,8 @@ FERRY_API int ferry_store_put_from(ferry_store *s, const char *key, const void *
  * NULL) as for ferry_store_put. p is freed by put_end. */
 typedef struct ferry_put_slot ferry_put_slot;
 FERRY_API int ferry_store_put_begin(ferry_store *s, const char *key, size_t len,
-                                    const ferry_replicate_config *rc, void **at, ferry_put_slot **out);
-FERRY_API int ferry_store_put_end(ferry_put_slot *p, bool commit, ferry_object_desc *placed);
+                                    const ferry_replicate_config *rc, void **at, ferry_put_slot **out, ferry_error *err);
+FERRY_API int ferry_store_put_end(ferry_put_slot *p, bool commit, ferry_object_desc *placed, ferry_error *err);
 /* Whether the put's bytes go straight into the segment (no copy at end). */
 FERRY_API bool ferry_store_put_in_place(const ferry_put_slot *p);
 /* Many puts: one master round trip to place them all, one engine batch for
@@ -157,17 +156,17 @@ FERRY_API bool ferry_store_put_in_place(const ferry_put_slot *p);
  * failure. */
 FERRY_API int ferry_store_batch_put_from(ferry_store *s, const char *const *keys, const void *const *bufs,
                                          const size_t *lens, size_t n, const ferry_replicate_config *rc,
-                                         int *results);
+                                         int *results, ferry_error *err);
 
 /* Read a whole object into a new buffer (*buf, free with ferry_store_free). */
-FERRY_API int ferry_store_get(ferry_store *s, const char *key, void **buf, size_t *len);
+FERRY_API int ferry_store_get(ferry_store *s, const char *key, void **buf, size_t *len, ferry_error *err);
 FERRY_API void ferry_store_free(void *buf);
 /* Read a whole object into buf (cap bytes): *len = its size. FERRY_ENOENT,
  * FERRY_ELOST (its last replica's node died), FERRY_EMSGSIZE if cap is too
  * small (nothing read, *len says how much is needed). */
-FERRY_API int ferry_store_get_into(ferry_store *s, const char *key, void *buf, size_t cap, size_t *len);
+FERRY_API int ferry_store_get_into(ferry_store *s, const char *key, void *buf, size_t cap, size_t *len, ferry_error *err);
 FERRY_API int ferry_store_batch_get_into(ferry_store *s, const char *const *keys, void *const *bufs,
-                                         const size_t *caps, size_t n, int64_t *results);
+                                         const size_t *caps, size_t n, int64_t *results, ferry_error *err);
 
 /* One byte range of an object, read into dst. */
 typedef struct ferry_range {
@@ -182,7 +181,7 @@ typedef struct ferry_range {
  * src_offset past the end). Every entry is set, also when the whole call
  * fails. Returns 0 when every range succeeded, else the first failure. */
 FERRY_API int ferry_store_get_into_ranges(ferry_store *s, const ferry_range *ranges, size_t n,
-                                          int64_t *results);
+                                          int64_t *results, ferry_error *err);
 
 /* Rows of one object read into memory: row i is bytes [src_offset + i *
  * src_stride, + len) of the object, landing at dst + i * dst_stride. */
@@ -199,23 +198,23 @@ typedef struct ferry_strided_range {
  * lie inside the object (FERRY_ERANGE otherwise, nothing read for that
  * range); results[i]: len * count, or the range's error. */
 FERRY_API int ferry_store_get_into_strided(ferry_store *s, const ferry_strided_range *ranges, size_t n,
-                                           int64_t *results);
+                                           int64_t *results, ferry_error *err);
 
 /* 1 if the object exists and is complete, 0 if not, FERRY_ELOST. */
-FERRY_API int ferry_store_exist(ferry_store *s, const char *key);
+FERRY_API int ferry_store_exist(ferry_store *s, const char *key, ferry_error *err);
 /* FERRY_EBUSY while a reader holds a lease (every read takes one for the
  * config's lease_ms, 5 s by default), FERRY_ENOENT. */
-FERRY_API int ferry_store_remove(ferry_store *s, const char *key);
+FERRY_API int ferry_store_remove(ferry_store *s, const char *key, ferry_error *err);
 /* Remove every unleased object whose key starts with prefix. */
-FERRY_API int ferry_store_remove_prefix(ferry_store *s, const char *prefix, uint64_t *removed);
+FERRY_API int ferry_store_remove_prefix(ferry_store *s, const char *prefix, uint64_t *removed, ferry_error *err);
 /* Where an object lives (no lease taken). replicas[i].preferred is
  * reported by put only (the master does not keep it): false here. */
-FERRY_API int ferry_store_get_replica_desc(ferry_store *s, const char *key, ferry_object_desc *out);
+FERRY_API int ferry_store_get_replica_desc(ferry_store *s, const char *key, ferry_object_desc *out, ferry_error *err);
 /* Keys with the prefix after `after` (NULL: from the start), ascending, at
  * most max. *keys is one allocation (free with ferry_store_free) holding the
  * pointer array and the strings. *more: there are further keys. */
 FERRY_API int ferry_store_list(ferry_store *s, const char *prefix, const char *after, size_t max,
-                               char ***keys, size_t *n, bool *more);
+                               char ***keys, size_t *n, bool *more, ferry_error *err);
 
 /* ---- structured objects ----------------------------------------------------- */
 /* Named members stored in one object, each aligned to 64 bytes behind a
@@ -237,18 +236,18 @@ typedef struct ferry_member {
  * computed) with bytes data[i]. FERRY_EINVAL for a duplicate or bad name,
  * unknown dtype, bad shape. */
 FERRY_API int ferry_store_put_struct(ferry_store *s, const char *key, const ferry_member *members,
-                                     const void *const *data, size_t n, const ferry_replicate_config *rc);
+                                     const void *const *data, size_t n, const ferry_replicate_config *rc, ferry_error *err);
 /* The members of a structured object (up to cap into out; *n = count).
  * FERRY_EPROTO if the object is not a structured object. */
 FERRY_API int ferry_store_get_members(ferry_store *s, const char *key, ferry_member *out, size_t cap,
-                                      size_t *n);
+                                      size_t *n, ferry_error *err);
 /* Rows [row_begin, row_end) of member (along its first dimension; a 0-d
  * member has one row) into dst (cap bytes); *len = bytes read.
  * FERRY_ENOENT (no such member), FERRY_ERANGE (rows out of bounds),
  * FERRY_EMSGSIZE (cap too small). */
 FERRY_API int ferry_store_read_member(ferry_store *s, const char *key, const char *member,
                                       uint64_t row_begin, uint64_t row_end, void *dst, size_t cap,
-                                      size_t *len);
+                                      size_t *len, ferry_error *err);
 
 /* ---- KV ------------------------------------------------------------------------ */
 /* Values are at most FERRY_STORE_VALUE_MAX bytes. Every successful change
@@ -257,14 +256,14 @@ typedef struct ferry_kv_value {
     void *val; size_t len;       /* ferry_store_free(val) */
     uint64_t mod_rev, create_rev, version;
 } ferry_kv_value;
-FERRY_API int ferry_kv_get(ferry_store *s, const char *key, ferry_kv_value *out);
-FERRY_API int ferry_kv_put(ferry_store *s, const char *key, const void *val, size_t len, uint64_t *rev);
+FERRY_API int ferry_kv_get(ferry_store *s, const char *key, ferry_kv_value *out, ferry_error *err);
+FERRY_API int ferry_kv_put(ferry_store *s, const char *key, const void *val, size_t len, uint64_t *rev, ferry_error *err);
 /* Put only if the key's mod revision is expected (0: must not exist).
  * FERRY_ESTATE on a conflict, with *rev = the key's current revision. */
 FERRY_API int ferry_kv_cas(ferry_store *s, const char *key, uint64_t expected, const void *val,
-                           size_t len, uint64_t *rev);
+                           size_t len, uint64_t *rev, ferry_error *err);
 /* expected 0: unconditional. */
-FERRY_API int ferry_kv_delete(ferry_store *s, const char *key, uint64_t expected, uint64_t *rev);
+FERRY_API int ferry_kv_delete(ferry_store *s, const char *key, uint64_t expected, uint64_t *rev, ferry_error *err);
 
 /* Watch: the master pushes every change to keys with the prefix, from
  * revision from_rev (0: from now on). Survives master restarts (resumes from
@@ -276,17 +275,17 @@ typedef struct ferry_kv_event {
     char *key;                   /* valid until the next ferry_watch_next */
     void *val; size_t len;
 } ferry_kv_event;
-FERRY_API int ferry_kv_watch(ferry_store *s, const char *prefix, uint64_t from_rev, ferry_watch **out);
+FERRY_API int ferry_kv_watch(ferry_store *s, const char *prefix, uint64_t from_rev, ferry_watch **out, ferry_error *err);
 /* Next event, oldest first: 0, or FERRY_ETIMEDOUT after timeout_ms (<0:
  * forever). */
-FERRY_API int ferry_watch_next(ferry_watch *w, int timeout_ms, ferry_kv_event *ev);
+FERRY_API int ferry_watch_next(ferry_watch *w, int timeout_ms, ferry_kv_event *ev, ferry_error *err);
 FERRY_API void ferry_watch_close(ferry_watch *w);
 
 /* Wait until `count` distinct members arrived at barrier `name` (reusable:
  * the next use starts a new generation). FERRY_ETIMEDOUT after timeout_ms
  * (0: no timeout); the arrival is then withdrawn. */
 FERRY_API int ferry_barrier(ferry_store *s, const char *name, const char *member, uint32_t count,
-                            uint64_t timeout_ms, uint64_t *generation);
+                            uint64_t timeout_ms, uint64_t *generation, ferry_error *err);
 
 /* ---- queues --------------------------------------------------------------------- */
 typedef struct ferry_qrecord {
@@ -297,22 +296,22 @@ typedef struct ferry_qrecord {
 /* Bound a queue: a push finding `bound` records outstanding (ready +
  * leased) fails with FERRY_EAGAIN (0: unbounded, the default). Durable like
  * every other change; records already queued stay. */
-FERRY_API int ferry_queue_config(ferry_store *s, const char *queue, uint64_t bound);
+FERRY_API int ferry_queue_config(ferry_store *s, const char *queue, uint64_t bound, ferry_error *err);
 /* Append a record; FERRY_EAGAIN when a bounded queue is full. */
 FERRY_API int ferry_queue_push(ferry_store *s, const char *queue, const void *data, size_t len,
-                               uint64_t *id);
+                               uint64_t *id, ferry_error *err);
 /* Lease up to max ready records for lease_ms; *n may be 0. max is 1 to
  * FERRY_STORE_POP_MAX, lease_ms 1 to FERRY_STORE_LEASE_MAX_MS (FERRY_EINVAL). */
 FERRY_API int ferry_queue_pop(ferry_store *s, const char *queue, uint32_t max, uint64_t lease_ms,
-                              ferry_qrecord *out, size_t *n);
+                              ferry_qrecord *out, size_t *n, ferry_error *err);
 FERRY_API void ferry_qrecords_free(ferry_qrecord *recs, size_t n);
 /* ack: the record is done (FERRY_ESTALE if it was delivered again since
  * your lease lapsed). nack: deliver it again now. */
-FERRY_API int ferry_queue_ack(ferry_store *s, uint64_t id, uint32_t token);
-FERRY_API int ferry_queue_nack(ferry_store *s, uint64_t id, uint32_t token);
+FERRY_API int ferry_queue_ack(ferry_store *s, uint64_t id, uint32_t token, ferry_error *err);
+FERRY_API int ferry_queue_nack(ferry_store *s, uint64_t id, uint32_t token, ferry_error *err);
 
 /* The master's state as JSON text (ferry_store_free). */
-FERRY_API int ferry_store_status_json(ferry_store *s, char **json);
+FERRY_API int ferry_store_status_json(ferry_store *s, char **json, ferry_error *err);
 
 /* Warm this process's way to the store's memory: every page of every
  * segment this client reaches through a mapping (the segments of this
@@ -324,7 +323,7 @@ FERRY_API int ferry_store_status_json(ferry_store *s, char **json);
  * after which no put or get pays for a page-table entry. *bytes (may be
  * NULL): the bytes warmed. Returns 0, or the first error met (the other
  * segments are still warmed). */
-FERRY_API int ferry_store_warm(ferry_store *s, bool write, uint64_t *bytes);
+FERRY_API int ferry_store_warm(ferry_store *s, bool write, uint64_t *bytes, ferry_error *err);
 
 /* ---- the master process ----------------------------------------------------------- */
 /* The metadata server: an event loop over TCP serving the store protocol,

@@ -488,7 +488,7 @@ static int pw_init(WatchObject *self, PyObject *args, PyObject *kw)
         return -1;
     ferry_policy_watch *w = NULL;
     int rc;
-    FP_STORE_CALL(so, rc = ferry_policy_watch_open(s, model, &w));
+    FP_STORE_CALL(so, rc = ferry_policy_watch_open(s, model, &w, NULL));
     if (rc < 0) {
         char msg[256];
         snprintf(msg, sizeof msg, "policy watch of %s: %s", model,
@@ -913,11 +913,12 @@ static PyObject *sq_release(QueueObject *self, PyObject *arg)
     if (!v)
         return NULL;
     int rc;
-    SQ_CALL(self, rc = ferry_sample_release(q, v, n));
+    ferry_error fe = {0};
+    SQ_CALL(self, rc = ferry_sample_release(q, v, n, &fe));
     PyMem_Free(v);
     Py_DECREF(hold);
     if (rc < 0)
-        return sp_raise(rc, ferry_store_last_error());
+        return sp_raise(rc, fe.msg);
     Py_RETURN_NONE;
 }
 
@@ -1084,6 +1085,7 @@ static ferry_store *kv_store(GateObject *self)
 /* put(version, name, data) -> "store://ferry/kv/<ns>/<version>/<name>". */
 static PyObject *kv_put(GateObject *self, PyObject *args)
 {
+    ferry_error fe = {0};
     unsigned long long version;
     const char *name;
     Py_buffer v;
@@ -1098,11 +1100,11 @@ static PyObject *kv_put(GateObject *self, PyObject *args)
         ferry_kvcache_stats d = {0};
         int rc;
         FP_STORE_CALL(self->store,
-                      rc = ferry_kvcache_put(s, self->ns, version, name, v.buf, (size_t)v.len, ref, sizeof ref, &d));
+                      rc = ferry_kvcache_put(s, self->ns, version, name, v.buf, (size_t)v.len, ref, sizeof ref, &d, &fe));
         kv_add(self, &d);
         if (rc < 0)
             sp_raise(rc, rc == FERRY_EMSGSIZE ? "kvcache put: the key is longer than a reference allows"
-                                              : ferry_store_last_error());
+                                              : fe.msg);
         else
             out = fp_str_of(ref);
     }
@@ -1126,6 +1128,7 @@ static PyObject *kv_refused(const char *ref, uint64_t active)
  * under another version (nothing read). */
 static PyObject *kv_get(GateObject *self, PyObject *args)
 {
+    ferry_error fe = {0};
     const char *ref;
     unsigned long long active;
     if (!PyArg_ParseTuple(args, "sK:get", &ref, &active))
@@ -1138,12 +1141,12 @@ static PyObject *kv_get(GateObject *self, PyObject *args)
         size_t len = 0;
         int rc;
         /* the size first (cap 0 reads nothing), then the bytes */
-        FP_STORE_CALL(self->store, rc = ferry_kvcache_get(s, ref, active, NULL, 0, &len, &d));
+        FP_STORE_CALL(self->store, rc = ferry_kvcache_get(s, ref, active, NULL, 0, &len, &d, &fe));
         kv_add(self, &d);
         if (rc == FERRY_ESTALE)
             return kv_refused(ref, active);
         if (rc < 0 && rc != FERRY_EMSGSIZE)
-            return sp_raise(rc, rc == FERRY_EINVAL ? "kvcache get: not a KV cache reference" : ferry_store_last_error());
+            return sp_raise(rc, rc == FERRY_EINVAL ? "kvcache get: not a KV cache reference" : fe.msg);
         if (rc == 0)
             return PyBytes_FromStringAndSize("", 0);
         PyObject *b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)len);
@@ -1151,13 +1154,13 @@ static PyObject *kv_get(GateObject *self, PyObject *args)
             return NULL;
         size_t got = 0;
         memset(&d, 0, sizeof d);
-        FP_STORE_CALL(self->store, rc = ferry_kvcache_get(s, ref, active, PyBytes_AS_STRING(b), len, &got, &d));
+        FP_STORE_CALL(self->store, rc = ferry_kvcache_get(s, ref, active, PyBytes_AS_STRING(b), len, &got, &d, &fe));
         kv_add(self, &d);
         if (rc == 0 && got == len)
             return b;
         Py_DECREF(b);
         if (rc < 0 && rc != FERRY_EMSGSIZE)
-            return sp_raise(rc, ferry_store_last_error());
+            return sp_raise(rc, fe.msg);
         /* replaced by a larger object in between: again */
     }
     return sp_raise(FERRY_EBUSY, "kvcache get: the object kept changing size while it was read; retry");
@@ -1166,6 +1169,7 @@ static PyObject *kv_get(GateObject *self, PyObject *args)
 /* get_into(ref, active_version, buffer) -> bytes read. */
 static PyObject *kv_get_into(GateObject *self, PyObject *args)
 {
+    ferry_error fe = {0};
     const char *ref;
     unsigned long long active;
     Py_buffer v;
@@ -1179,12 +1183,12 @@ static PyObject *kv_get_into(GateObject *self, PyObject *args)
         ferry_kvcache_stats d = {0};
         size_t len = 0;
         int rc;
-        FP_STORE_CALL(self->store, rc = ferry_kvcache_get(s, ref, active, v.buf, (size_t)v.len, &len, &d));
+        FP_STORE_CALL(self->store, rc = ferry_kvcache_get(s, ref, active, v.buf, (size_t)v.len, &len, &d, &fe));
         kv_add(self, &d);
         if (rc == FERRY_ESTALE)
             kv_refused(ref, active);
         else if (rc < 0)
-            sp_raise(rc, ferry_store_last_error());
+            sp_raise(rc, fe.msg);
         else
             out = PyLong_FromSize_t(len);
     }
@@ -1195,6 +1199,7 @@ static PyObject *kv_get_into(GateObject *self, PyObject *args)
 /* retire(version) -> objects removed (every KV object of that version). */
 static PyObject *kv_retire(GateObject *self, PyObject *arg)
 {
+    ferry_error fe = {0};
     unsigned long long version = PyLong_AsUnsignedLongLong(arg);
     if (version == (unsigned long long)-1 && PyErr_Occurred())
         return NULL;
@@ -1204,10 +1209,10 @@ static PyObject *kv_retire(GateObject *self, PyObject *arg)
     ferry_kvcache_stats d = {0};
     uint64_t removed = 0;
     int rc;
-    FP_STORE_CALL(self->store, rc = ferry_kvcache_retire(s, self->ns, version, &removed, &d));
+    FP_STORE_CALL(self->store, rc = ferry_kvcache_retire(s, self->ns, version, &removed, &d, &fe));
     kv_add(self, &d);
     if (rc < 0)
-        return sp_raise(rc, ferry_store_last_error());
+        return sp_raise(rc, fe.msg);
     return fp_u64(removed);
 }
 

@@ -30,16 +30,16 @@ PyObject *fp_err_class(int code)
     }
 }
 
-/* Raise for code with the calling thread's ferry_store_last_error(). */
-static PyObject *st_raise(int code)
+/* Raise for code with the sentence the store call left in *e. */
+static PyObject *st_raise(int code, const ferry_error *e)
 {
-    return fp_err_throw(fp_err_new(code, ferry_store_last_error()));
+    return fp_err_throw(fp_err_new(code, e->msg));
 }
 
 /* Raise ConflictError (or whatever code maps to) with .current_revision. */
-static PyObject *st_raise_rev(int code, uint64_t rev)
+static PyObject *st_raise_rev(int code, uint64_t rev, const ferry_error *fe)
 {
-    PyObject *e = fp_err_new(code, ferry_store_last_error());
+    PyObject *e = fp_err_new(code, fe->msg);
     if (e && code == FERRY_ESTATE) {
         PyObject *r = PyLong_FromUnsignedLongLong(rev);
         if (!r || PyObject_SetAttrString(e, "current_revision", r) < 0)
@@ -275,6 +275,7 @@ static PyObject *desc_dict(const ferry_object_desc *d)
 
 static PyObject *st_setup(StoreObject *self, PyObject *args, PyObject *kw)
 {
+    ferry_error fe = {0};
     static char *kwl[] = {"master", "token", "token_file", "transport", "timeout_ms", "lease_ms", NULL};
     const char *master = NULL, *token_file = NULL, *transport = NULL;
     PyObject *token = Py_None, *timeout = Py_None, *lease = Py_None;
@@ -292,7 +293,7 @@ static PyObject *st_setup(StoreObject *self, PyObject *args, PyObject *kw)
     ferry_store_config cfg;
     int rc = ferry_store_config_init(&cfg);
     if (rc < 0)
-        return st_raise(rc);
+        return st_raise(rc, &fe);
     if (master && fp_copy_str(cfg.master, sizeof cfg.master, master, "master") < 0)
         return NULL;
     if (transport && fp_copy_str(cfg.engine.transport, sizeof cfg.engine.transport, transport, "transport") < 0)
@@ -341,10 +342,10 @@ static PyObject *st_setup(StoreObject *self, PyObject *args, PyObject *kw)
         cfg.lease_ms = l;
     }
     ferry_store *s = NULL;
-    ST_CALL(self, rc = ferry_store_open(&cfg, &s));
+    ST_CALL(self, rc = ferry_store_open(&cfg, &s, &fe));
     memset(&cfg.engine.token, 0, sizeof cfg.engine.token);
     if (rc < 0)
-        return st_raise(rc);
+        return st_raise(rc, &fe);
     if (self->s) {   /* another thread set it up meanwhile */
         ST_CALL(self, ferry_store_close(s));
         PyErr_SetString(PyExc_ValueError, "the store is already set up (close() it first)");
@@ -568,6 +569,7 @@ static int config_like(PyObject *o)
 /* register_buffer(buffer) or register_buffer(ptr, size) -> 0 */
 static PyObject *st_register(StoreObject *self, PyObject *args, PyObject *kw)
 {
+    ferry_error fe = {0};
     static char *kwl[] = {"buffer", "size", NULL};
     PyObject *buffer, *size = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:register_buffer", kwl, &buffer, &size))
@@ -623,17 +625,17 @@ static PyObject *st_register(StoreObject *self, PyObject *args, PyObject *kw)
     PyObject *addr = hold ? PyLong_FromVoidPtr(p) : NULL;
     int rc = 0;
     if (addr)
-        ST_CALL(self, rc = ferry_store_register_buffer(s, p, n));
+        ST_CALL(self, rc = ferry_store_register_buffer(s, p, n, &fe));
     if (!addr || rc < 0 || PyDict_SetItem(self->regs, addr, hold) < 0) {
         if (addr && rc == 0)   /* registered but not recorded: undo */
-            ferry_store_unregister_buffer(s, p);
+            ferry_store_unregister_buffer(s, p, &fe);
         Py_XDECREF(addr);
         if (hold && PyMemoryView_Check(hold)) {
             PyObject *r = PyObject_CallMethod(hold, "release", NULL);
             Py_XDECREF(r);
         }
         Py_XDECREF(hold);
-        return rc < 0 ? st_raise(rc) : NULL;
+        return rc < 0 ? st_raise(rc, &fe) : NULL;
     }
     Py_DECREF(addr);
     Py_DECREF(hold);
@@ -643,6 +645,7 @@ static PyObject *st_register(StoreObject *self, PyObject *args, PyObject *kw)
 /* unregister_buffer(buffer or ptr) -> 0 */
 static PyObject *st_unregister(StoreObject *self, PyObject *buffer)
 {
+    ferry_error fe = {0};
     ferry_store *s = st_of(self);
     if (!s)
         return NULL;
@@ -665,9 +668,9 @@ static PyObject *st_unregister(StoreObject *self, PyObject *buffer)
             return NULL;
     }
     int rc;
-    ST_CALL(self, rc = ferry_store_unregister_buffer(s, p));
+    ST_CALL(self, rc = ferry_store_unregister_buffer(s, p, &fe));
     if (rc < 0)
-        return st_raise(rc);
+        return st_raise(rc, &fe);
     PyObject *addr = PyLong_FromVoidPtr(p);
     if (!addr)
         return NULL;
@@ -695,6 +698,7 @@ enum { PUT_COPY, PUT_FROM, PUT_PLACED };
 
 static PyObject *st_put_any(StoreObject *self, PyObject *args, PyObject *kw, int how)
 {
+    ferry_error fe = {0};
     static char *kwl_put[] = {"key", "value", "config", NULL};
     static char *kwl_from[] = {"key", "buffer", "size", "config", NULL};
     const char *key;
@@ -725,13 +729,13 @@ static PyObject *st_put_any(StoreObject *self, PyObject *args, PyObject *kw, int
     memset(&placed, 0, sizeof placed);
     int rc;
     if (how == PUT_COPY)
-        ST_CALL(self, rc = ferry_store_put(s, key, m.ptr, m.len, rc_ptr(&r), &placed));
+        ST_CALL(self, rc = ferry_store_put(s, key, m.ptr, m.len, rc_ptr(&r), &placed, &fe));
     else
-        ST_CALL(self, rc = ferry_store_put_from(s, key, m.ptr, m.len, rc_ptr(&r), &placed));
+        ST_CALL(self, rc = ferry_store_put_from(s, key, m.ptr, m.len, rc_ptr(&r), &placed, &fe));
     mem_release(&m);
     rc_free(&r);
     if (rc < 0)
-        return st_raise(rc);
+        return st_raise(rc, &fe);
     return how == PUT_PLACED ? desc_dict(&placed) : PyLong_FromLong(0);
 }
 
@@ -752,6 +756,7 @@ static PyObject *st_put_placed(StoreObject *self, PyObject *args, PyObject *kw)
 
 static PyObject *st_get(StoreObject *self, PyObject *args)
 {
+    ferry_error fe = {0};
     const char *key;
     if (!PyArg_ParseTuple(args, "s:get", &key))
         return NULL;
@@ -761,9 +766,9 @@ static PyObject *st_get(StoreObject *self, PyObject *args)
     void *buf = NULL;
     size_t len = 0;
     int rc;
-    ST_CALL(self, rc = ferry_store_get(s, key, &buf, &len));
+    ST_CALL(self, rc = ferry_store_get(s, key, &buf, &len, &fe));
     if (rc < 0)
-        return st_raise(rc);
+        return st_raise(rc, &fe);
     PyObject *b = PyBytes_FromStringAndSize(buf, (Py_ssize_t)len);
     ferry_store_free(buf);
     return b;
@@ -772,6 +777,7 @@ static PyObject *st_get(StoreObject *self, PyObject *args)
 /* get_into(key, buffer, size=None) -> bytes read; buffer may be an address */
 static PyObject *st_get_into(StoreObject *self, PyObject *args, PyObject *kw)
 {
+    ferry_error fe = {0};
     static char *kwl[] = {"key", "buffer", "size", NULL};
     const char *key;
     PyObject *dst, *size = Py_None;
@@ -787,7 +793,7 @@ static PyObject *st_get_into(StoreObject *self, PyObject *args, PyObject *kw)
         return NULL;
     size_t len = 0;
     int rc;
-    ST_CALL(self, rc = ferry_store_get_into(s, key, m.ptr, m.len, &len));
+    ST_CALL(self, rc = ferry_store_get_into(s, key, m.ptr, m.len, &len, &fe));
     size_t cap = m.len;
     mem_release(&m);
     if (rc == FERRY_EMSGSIZE) {
@@ -796,7 +802,7 @@ static PyObject *st_get_into(StoreObject *self, PyObject *args, PyObject *kw)
                  key, len, cap);
         return fp_err_throw(fp_err_new(rc, msg));
     }
-    return rc < 0 ? st_raise(rc) : PyLong_FromSize_t(len);
+    return rc < 0 ? st_raise(rc, &fe) : PyLong_FromSize_t(len);
 }
 
 /* After a batch call that returned rc: whether it failed as a whole (raise)
@@ -838,7 +844,7 @@ static void *results_new(size_t n, int wide)
 
 /* After a batch call that returned rc with results res (from results_new):
  * raise when it failed as a whole, else the results as a list of ints. */
-static PyObject *results_list(int rc, const void *res, size_t n, int wide)
+static PyObject *results_list(int rc, const void *res, size_t n, int wide, const ferry_error *fe)
 {
     int unfilled = 0, anyneg = 0;
     for (size_t i = 0; i < n; i++) {
@@ -847,7 +853,7 @@ static PyObject *results_list(int rc, const void *res, size_t n, int wide)
         anyneg |= x < 0;
     }
     if (call_failed(rc, unfilled, anyneg))
-        return st_raise(rc);
+        return st_raise(rc, fe);
     PyObject *out = PyList_New((Py_ssize_t)n);
     for (size_t i = 0; out && i < n; i++) {
         PyObject *x = PyLong_FromLongLong(wide ? ((const int64_t *)res)[i] : ((const int *)res)[i]);
@@ -861,6 +867,7 @@ static PyObject *results_list(int rc, const void *res, size_t n, int wide)
 
 static PyObject *st_get_into_ranges(StoreObject *self, PyObject *args)
 {
+    ferry_error fe = {0};
     PyObject *ranges;
     if (!PyArg_ParseTuple(args, "O:get_into_ranges", &ranges))
         return NULL;
@@ -918,8 +925,8 @@ static PyObject *st_get_into_ranges(StoreObject *self, PyObject *args)
     }
     int rc = 0;
     if (n)
-        ST_CALL(self, rc = ferry_store_get_into_ranges(s, r, n, res));
-    out = results_list(rc, res, n, 1);
+        ST_CALL(self, rc = ferry_store_get_into_ranges(s, r, n, res, &fe));
+    out = results_list(rc, res, n, 1, &fe);
 done:
     if (v)
         views_release(v, got);
@@ -1008,6 +1015,7 @@ static int batch_from(StoreObject *self, st_batch *b, PyObject *keys, PyObject *
 /* batch_put_from(keys, buffers, sizes=None, config=None) */
 static PyObject *st_batch_put_from(StoreObject *self, PyObject *args, PyObject *kw)
 {
+    ferry_error fe = {0};
     static char *kwl[] = {"keys", "buffers", "sizes", "config", NULL};
     PyObject *keys, *bufs, *sizes = Py_None, *cfg = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OO:batch_put_from", kwl, &keys, &bufs, &sizes, &cfg))
@@ -1031,8 +1039,8 @@ static PyObject *st_batch_put_from(StoreObject *self, PyObject *args, PyObject *
     int rc = 0;
     if (b.n)
         ST_CALL(self, rc = ferry_store_batch_put_from(s, b.keys, (const void *const *)b.bufs, b.lens, b.n,
-                                                      rc_ptr(&r), res));
-    out = results_list(rc, res, b.n, 0);
+                                                      rc_ptr(&r), res, &fe));
+    out = results_list(rc, res, b.n, 0, &fe);
 done:
     PyMem_Free(res);
     batch_free(&b);
@@ -1043,6 +1051,7 @@ done:
 /* batch_get_into(keys, buffers, sizes=None) */
 static PyObject *st_batch_get_into(StoreObject *self, PyObject *args, PyObject *kw)
 {
+    ferry_error fe = {0};
     static char *kwl[] = {"keys", "buffers", "sizes", NULL};
     PyObject *keys, *bufs, *sizes = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O:batch_get_into", kwl, &keys, &bufs, &sizes))
@@ -1060,8 +1069,8 @@ static PyObject *st_batch_get_into(StoreObject *self, PyObject *args, PyObject *
         goto done;
     int rc = 0;
     if (b.n)
-        ST_CALL(self, rc = ferry_store_batch_get_into(s, b.keys, b.bufs, b.lens, b.n, res));
-    out = results_list(rc, res, b.n, 1);
+        ST_CALL(self, rc = ferry_store_batch_get_into(s, b.keys, b.bufs, b.lens, b.n, res, &fe));
+    out = results_list(rc, res, b.n, 1, &fe);
 done:
     PyMem_Free(res);
     batch_free(&b);
@@ -1070,6 +1079,7 @@ done:
 
 static PyObject *st_is_exist(StoreObject *self, PyObject *args)
 {
+    ferry_error fe = {0};
     const char *key;
     if (!PyArg_ParseTuple(args, "s:is_exist", &key))
         return NULL;
@@ -1077,12 +1087,13 @@ static PyObject *st_is_exist(StoreObject *self, PyObject *args)
     if (!s)
         return NULL;
     int rc;
-    ST_CALL(self, rc = ferry_store_exist(s, key));
-    return rc < 0 ? st_raise(rc) : PyLong_FromLong(rc > 0);
+    ST_CALL(self, rc = ferry_store_exist(s, key, &fe));
+    return rc < 0 ? st_raise(rc, &fe) : PyLong_FromLong(rc > 0);
 }
 
 static PyObject *st_remove(StoreObject *self, PyObject *args)
 {
+    ferry_error fe = {0};
     const char *key;
     if (!PyArg_ParseTuple(args, "s:remove", &key))
         return NULL;
@@ -1090,14 +1101,15 @@ static PyObject *st_remove(StoreObject *self, PyObject *args)
     if (!s)
         return NULL;
     int rc;
-    ST_CALL(self, rc = ferry_store_remove(s, key));
+    ST_CALL(self, rc = ferry_store_remove(s, key, &fe));
     if (rc < 0)
-        return st_raise(rc);
+        return st_raise(rc, &fe);
     return PyLong_FromLong(0);
 }
 
 static PyObject *st_remove_prefix(StoreObject *self, PyObject *args)
 {
+    ferry_error fe = {0};
     const char *prefix;
     if (!PyArg_ParseTuple(args, "s:remove_prefix", &prefix))
         return NULL;
@@ -1106,13 +1118,14 @@ static PyObject *st_remove_prefix(StoreObject *self, PyObject *args)
         return NULL;
     uint64_t removed = 0;
     int rc;
-    ST_CALL(self, rc = ferry_store_remove_prefix(s, prefix, &removed));
-    return rc < 0 ? st_raise(rc) : PyLong_FromUnsignedLongLong(removed);
+    ST_CALL(self, rc = ferry_store_remove_prefix(s, prefix, &removed, &fe));
+    return rc < 0 ? st_raise(rc, &fe) : PyLong_FromUnsignedLongLong(removed);
 }
 
 /* list_page(prefix="", after=None, limit=1000) -> (keys, more) */
 static PyObject *st_list_page(StoreObject *self, PyObject *args, PyObject *kw)
 {
+    ferry_error fe = {0};
     static char *kwl[] = {"prefix", "after", "limit", NULL};
     const char *prefix = "", *after = NULL;
     Py_ssize_t limit = 1000;
@@ -1129,9 +1142,9 @@ static PyObject *st_list_page(StoreObject *self, PyObject *args, PyObject *kw)
     size_t n = 0;
     bool more = false;
     int rc;
-    ST_CALL(self, rc = ferry_store_list(s, prefix, after, (size_t)limit, &keys, &n, &more));
+    ST_CALL(self, rc = ferry_store_list(s, prefix, after, (size_t)limit, &keys, &n, &more, &fe));
     if (rc < 0)
-        return st_raise(rc);
+        return st_raise(rc, &fe);
     PyObject *l = fp_list_str(keys, n);
     ferry_store_free(keys);
     return l ? Py_BuildValue("(NO)", l, more ? Py_True : Py_False) : NULL;
@@ -1150,6 +1163,7 @@ static PyObject *st_list(StoreObject *self, PyObject *args, PyObject *kw)
 
 static PyObject *st_replica_desc(StoreObject *self, PyObject *args)
 {
+    ferry_error fe = {0};
     const char *key;
     if (!PyArg_ParseTuple(args, "s:get_replica_desc", &key))
         return NULL;
@@ -1159,8 +1173,8 @@ static PyObject *st_replica_desc(StoreObject *self, PyObject *args)
     ferry_object_desc d;
     memset(&d, 0, sizeof d);
     int rc;
-    ST_CALL(self, rc = ferry_store_get_replica_desc(s, key, &d));
-    return rc < 0 ? st_raise(rc) : desc_dict(&d);
+    ST_CALL(self, rc = ferry_store_get_replica_desc(s, key, &d, &fe));
+    return rc < 0 ? st_raise(rc, &fe) : desc_dict(&d);
 }
 
 /* ---- structured objects ------------------------------------------------------------ */
@@ -1168,6 +1182,7 @@ static PyObject *st_replica_desc(StoreObject *self, PyObject *args)
 /* put_struct_raw(key, [(name, dtype, shape, buffer), ...], config=None) */
 static PyObject *st_put_struct_raw(StoreObject *self, PyObject *args, PyObject *kw)
 {
+    ferry_error fe = {0};
     static char *kwl[] = {"key", "members", "config", NULL};
     const char *key;
     PyObject *members, *cfg = Py_None;
@@ -1239,9 +1254,9 @@ static PyObject *st_put_struct_raw(StoreObject *self, PyObject *args, PyObject *
         }
     }
     int rc;
-    ST_CALL(self, rc = ferry_store_put_struct(s, key, m, data, n, rc_ptr(&r)));
+    ST_CALL(self, rc = ferry_store_put_struct(s, key, m, data, n, rc_ptr(&r), &fe));
     if (rc < 0)
-        st_raise(rc);
+        st_raise(rc, &fe);
     else
         out = Py_NewRef(Py_None);
 done:
@@ -1257,6 +1272,7 @@ done:
 
 static PyObject *st_get_members(StoreObject *self, PyObject *args)
 {
+    ferry_error fe = {0};
     const char *key;
     if (!PyArg_ParseTuple(args, "s:get_members", &key))
         return NULL;
@@ -1273,10 +1289,10 @@ static PyObject *st_get_members(StoreObject *self, PyObject *args)
         }
         m = m2;
         int rc;
-        ST_CALL(self, rc = ferry_store_get_members(s, key, m, cap, &n));
+        ST_CALL(self, rc = ferry_store_get_members(s, key, m, cap, &n, &fe));
         if (rc < 0) {
             PyMem_Free(m);
-            return st_raise(rc);
+            return st_raise(rc, &fe);
         }
         if (n <= cap)
             break;
@@ -1301,6 +1317,7 @@ static PyObject *st_get_members(StoreObject *self, PyObject *args)
  * read; buffer may be an address inside a registered buffer (with size). */
 static PyObject *st_read_member_into(StoreObject *self, PyObject *args, PyObject *kw)
 {
+    ferry_error fe = {0};
     static char *kwl[] = {"key", "member", "row_begin", "row_end", "buffer", "size", NULL};
     const char *key, *member;
     unsigned long long a = 0, b = 0;
@@ -1319,15 +1336,16 @@ static PyObject *st_read_member_into(StoreObject *self, PyObject *args, PyObject
         return NULL;
     size_t len = 0;
     int rc;
-    ST_CALL(self, rc = ferry_store_read_member(s, key, member, a, b, m.ptr, m.len, &len));
+    ST_CALL(self, rc = ferry_store_read_member(s, key, member, a, b, m.ptr, m.len, &len, &fe));
     mem_release(&m);
-    return rc < 0 ? st_raise(rc) : PyLong_FromSize_t(len);
+    return rc < 0 ? st_raise(rc, &fe) : PyLong_FromSize_t(len);
 }
 
 /* ---- KV ----------------------------------------------------------------------------------- */
 
 static PyObject *st_kv_get(StoreObject *self, PyObject *args)
 {
+    ferry_error fe = {0};
     const char *key;
     if (!PyArg_ParseTuple(args, "s:kv_get", &key))
         return NULL;
@@ -1337,11 +1355,11 @@ static PyObject *st_kv_get(StoreObject *self, PyObject *args)
     ferry_kv_value kv;
     memset(&kv, 0, sizeof kv);
     int rc;
-    ST_CALL(self, rc = ferry_kv_get(s, key, &kv));
+    ST_CALL(self, rc = ferry_kv_get(s, key, &kv, &fe));
     if (rc == FERRY_ENOENT)
         Py_RETURN_NONE;
     if (rc < 0)
-        return st_raise(rc);
+        return st_raise(rc, &fe);
     PyObject *b = PyBytes_FromStringAndSize(kv.val, (Py_ssize_t)kv.len);
     ferry_store_free(kv.val);
     return b ? Py_BuildValue("(NK)", b, (unsigned long long)kv.mod_rev) : NULL;
@@ -1349,7 +1367,8 @@ static PyObject *st_kv_get(StoreObject *self, PyObject *args)
 
 /* f(s, name, bytes of the buffer, &n) for (name, buffer) args; returns n. */
 static PyObject *st_name_buf_u64(StoreObject *self, PyObject *args, const char *fmt,
-                                 int (*f)(ferry_store *, const char *, const void *, size_t, uint64_t *))
+                                 int (*f)(ferry_store *, const char *, const void *, size_t, uint64_t *,
+                                          ferry_error *))
 {
     const char *name;
     PyObject *buf;
@@ -1364,9 +1383,10 @@ static PyObject *st_name_buf_u64(StoreObject *self, PyObject *args, const char *
         return NULL;
     uint64_t n = 0;
     int rc;
-    ST_CALL(self, rc = f(s, name, v.buf, (size_t)v.len, &n));
+    ferry_error fe = {0};
+    ST_CALL(self, rc = f(s, name, v.buf, (size_t)v.len, &n, &fe));
     PyBuffer_Release(&v);
-    return rc < 0 ? st_raise(rc) : PyLong_FromUnsignedLongLong(n);
+    return rc < 0 ? st_raise(rc, &fe) : PyLong_FromUnsignedLongLong(n);
 }
 
 static PyObject *st_kv_put(StoreObject *self, PyObject *args)
@@ -1376,6 +1396,7 @@ static PyObject *st_kv_put(StoreObject *self, PyObject *args)
 
 static PyObject *st_kv_cas(StoreObject *self, PyObject *args)
 {
+    ferry_error fe = {0};
     const char *key;
     unsigned long long expected = 0;
     PyObject *oexp, *val;
@@ -1390,13 +1411,14 @@ static PyObject *st_kv_cas(StoreObject *self, PyObject *args)
         return NULL;
     uint64_t rev = 0;
     int rc;
-    ST_CALL(self, rc = ferry_kv_cas(s, key, expected, v.buf, (size_t)v.len, &rev));
+    ST_CALL(self, rc = ferry_kv_cas(s, key, expected, v.buf, (size_t)v.len, &rev, &fe));
     PyBuffer_Release(&v);
-    return rc < 0 ? st_raise_rev(rc, rev) : PyLong_FromUnsignedLongLong(rev);
+    return rc < 0 ? st_raise_rev(rc, rev, &fe) : PyLong_FromUnsignedLongLong(rev);
 }
 
 static PyObject *st_kv_delete(StoreObject *self, PyObject *args, PyObject *kw)
 {
+    ferry_error fe = {0};
     static char *kwl[] = {"key", "expected_rev", NULL};
     const char *key;
     unsigned long long expected = 0;
@@ -1409,12 +1431,13 @@ static PyObject *st_kv_delete(StoreObject *self, PyObject *args, PyObject *kw)
         return NULL;
     uint64_t rev = 0;
     int rc;
-    ST_CALL(self, rc = ferry_kv_delete(s, key, expected, &rev));
-    return rc < 0 ? st_raise_rev(rc, rev) : PyLong_FromUnsignedLongLong(rev);
+    ST_CALL(self, rc = ferry_kv_delete(s, key, expected, &rev, &fe));
+    return rc < 0 ? st_raise_rev(rc, rev, &fe) : PyLong_FromUnsignedLongLong(rev);
 }
 
 static PyObject *st_watch(StoreObject *self, PyObject *args, PyObject *kw)
 {
+    ferry_error fe = {0};
     static char *kwl[] = {"prefix", "from_rev", NULL};
     const char *prefix;
     unsigned long long from = 0;
@@ -1435,10 +1458,10 @@ static PyObject *st_watch(StoreObject *self, PyObject *args, PyObject *kw)
     w->pprev = NULL;
     int rc;
     ferry_watch *fw = NULL;
-    ST_CALL(self, rc = ferry_kv_watch(s, prefix, from, &fw));
+    ST_CALL(self, rc = ferry_kv_watch(s, prefix, from, &fw, &fe));
     if (rc < 0) {
         Py_DECREF(w);
-        return st_raise(rc);
+        return st_raise(rc, &fe);
     }
     if (!self->s) {   /* closed meanwhile: cannot happen (close refuses), kept safe */
         ferry_watch_close(fw);
@@ -1459,6 +1482,7 @@ static PyObject *st_watch(StoreObject *self, PyObject *args, PyObject *kw)
 
 static PyObject *st_barrier(StoreObject *self, PyObject *args, PyObject *kw)
 {
+    ferry_error fe = {0};
     static char *kwl[] = {"name", "member", "count", "timeout_ms", NULL};
     const char *name, *member;
     unsigned long long count = 0, timeout = 0;
@@ -1472,8 +1496,8 @@ static PyObject *st_barrier(StoreObject *self, PyObject *args, PyObject *kw)
         return NULL;
     uint64_t gen = 0;
     int rc;
-    ST_CALL(self, rc = ferry_barrier(s, name, member, (uint32_t)count, timeout, &gen));
-    return rc < 0 ? st_raise(rc) : PyLong_FromUnsignedLongLong(gen);
+    ST_CALL(self, rc = ferry_barrier(s, name, member, (uint32_t)count, timeout, &gen, &fe));
+    return rc < 0 ? st_raise(rc, &fe) : PyLong_FromUnsignedLongLong(gen);
 }
 
 /* ---- queues ------------------------------------------------------------------------------ */
@@ -1487,6 +1511,7 @@ static PyObject *st_queue_push(StoreObject *self, PyObject *args)
 
 static PyObject *st_queue_pop(StoreObject *self, PyObject *args, PyObject *kw)
 {
+    ferry_error fe = {0};
     static char *kwl[] = {"queue", "max", "lease_ms", NULL};
     const char *queue;
     unsigned long long max = 1, lease = 30000;
@@ -1503,10 +1528,10 @@ static PyObject *st_queue_pop(StoreObject *self, PyObject *args, PyObject *kw)
         return PyErr_NoMemory();
     size_t n = 0;
     int rc;
-    ST_CALL(self, rc = ferry_queue_pop(s, queue, (uint32_t)max, lease, recs, &n));
+    ST_CALL(self, rc = ferry_queue_pop(s, queue, (uint32_t)max, lease, recs, &n, &fe));
     if (rc < 0) {
         PyMem_Free(recs);
-        return st_raise(rc);
+        return st_raise(rc, &fe);
     }
     if (n > max)
         n = max;
@@ -1526,6 +1551,7 @@ static PyObject *st_queue_pop(StoreObject *self, PyObject *args, PyObject *kw)
 
 static PyObject *st_queue_ack_any(StoreObject *self, PyObject *args, int ack)
 {
+    ferry_error fe = {0};
     unsigned long long id = 0, token = 0;
     PyObject *oid, *otoken;
     if (!PyArg_ParseTuple(args, ack ? "OO:queue_ack" : "OO:queue_nack", &oid, &otoken) ||
@@ -1536,11 +1562,11 @@ static PyObject *st_queue_ack_any(StoreObject *self, PyObject *args, int ack)
         return NULL;
     int rc;
     if (ack)
-        ST_CALL(self, rc = ferry_queue_ack(s, id, (uint32_t)token));
+        ST_CALL(self, rc = ferry_queue_ack(s, id, (uint32_t)token, &fe));
     else
-        ST_CALL(self, rc = ferry_queue_nack(s, id, (uint32_t)token));
+        ST_CALL(self, rc = ferry_queue_nack(s, id, (uint32_t)token, &fe));
     if (rc < 0)
-        return st_raise(rc);
+        return st_raise(rc, &fe);
     Py_RETURN_NONE;
 }
 
@@ -1556,15 +1582,16 @@ static PyObject *st_queue_nack(StoreObject *self, PyObject *args)
 
 static PyObject *st_status(StoreObject *self, PyObject *unused)
 {
+    ferry_error fe = {0};
     (void)unused;
     ferry_store *s = st_of(self);
     if (!s)
         return NULL;
     char *json = NULL;
     int rc;
-    ST_CALL(self, rc = ferry_store_status_json(s, &json));
+    ST_CALL(self, rc = ferry_store_status_json(s, &json, &fe));
     if (rc < 0)
-        return st_raise(rc);
+        return st_raise(rc, &fe);
     PyObject *mod = PyImport_ImportModule("json");
     PyObject *d = mod ? PyObject_CallMethod(mod, "loads", "s", json ? json : "null") : NULL;
     Py_XDECREF(mod);
@@ -1575,6 +1602,7 @@ static PyObject *st_status(StoreObject *self, PyObject *unused)
 /* warm(write=False) -> bytes warmed (ferry_store_warm). */
 static PyObject *st_warm(StoreObject *self, PyObject *args, PyObject *kw)
 {
+    ferry_error fe = {0};
     static char *kwl[] = {"write", NULL};
     int write = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "|p:warm", kwl, &write))
@@ -1584,9 +1612,9 @@ static PyObject *st_warm(StoreObject *self, PyObject *args, PyObject *kw)
         return NULL;
     uint64_t bytes = 0;
     int rc;
-    ST_CALL(self, rc = ferry_store_warm(s, write != 0, &bytes));
+    ST_CALL(self, rc = ferry_store_warm(s, write != 0, &bytes, &fe));
     if (rc < 0)
-        return st_raise(rc);
+        return st_raise(rc, &fe);
     return PyLong_FromUnsignedLongLong(bytes);
 }
 
@@ -1727,6 +1755,7 @@ static void watch_dealloc(WatchObject *self)
 /* The next event as (rev, key, value or None), Py_None on timeout, NULL on error. */
 static PyObject *watch_wait(WatchObject *self, long timeout_ms)
 {
+    ferry_error fe = {0};
     if (fp_check_open(self->w, 0, "watch", NULL) < 0)
         return NULL;
     ferry_kv_event ev;
@@ -1734,7 +1763,7 @@ static PyObject *watch_wait(WatchObject *self, long timeout_ms)
     for (;;) {
         int slice = timeout_ms < 0 || timeout_ms > WATCH_SLICE_MS ? WATCH_SLICE_MS : (int)timeout_ms;
         memset(&ev, 0, sizeof ev);
-        ST_CALL(self, rc = ferry_watch_next(self->w, slice, &ev));
+        ST_CALL(self, rc = ferry_watch_next(self->w, slice, &ev, &fe));
         if (rc != FERRY_ETIMEDOUT)
             break;
         if (timeout_ms >= 0) {
@@ -1746,7 +1775,7 @@ static PyObject *watch_wait(WatchObject *self, long timeout_ms)
             return NULL;
     }
     if (rc < 0)
-        return st_raise(rc);
+        return st_raise(rc, &fe);
     PyObject *val;
     if (ev.deleted)
         val = Py_NewRef(Py_None);

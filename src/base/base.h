@@ -21,6 +21,10 @@
  * context): the sentence is formatted aside first. Every layer fails
  * through it. */
 int fr_fail(ferry_error *err, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* The sentence a call below left in err, for wrapping in more context
+ * (fr_fail(err, rc, "reading %s: %s", key, fr_why(err))); "" when err is
+ * NULL, where fr_fail formats nothing anyway. */
+#define fr_why(err) ((err) ? (const char *)(err)->msg : "")
 /* Whether the n bytes at p are all zero: a public struct's reserved tail,
  * which a caller leaves zero (docs/design.md, "Defaults and growth"). */
 bool fr_all_zero(const void *p, size_t n);

@@ -573,13 +573,14 @@ int cmd_status(int argc, char **argv)
         snprintf(cfg.master, sizeof cfg.master, "%s", addr);
     cfg.timeout_ms = 5000;
     ferry_store *s = NULL;
-    int rc = ferry_store_open(&cfg, &s);
+    ferry_error e = {0};
+    int rc = ferry_store_open(&cfg, &s, &e);
     char *text = NULL;
     if (rc == 0)
-        rc = ferry_store_status_json(s, &text);
+        rc = ferry_store_status_json(s, &text, &e);
     ferry_store_close(s);
     if (rc < 0) {
-        fprintf(stderr, "ferry status: %s\n", ferry_store_last_error());
+        fprintf(stderr, "ferry status: %s\n", e.msg);
         return 1;
     }
     json_t *j = o.json ? NULL : json_loads(text, 0, NULL);

@@ -161,14 +161,14 @@ static int one_call(const ferry_store_exec_config *cfg, const ferry_store_read *
                                       .src_stride = x->src_stride, .dst_stride = x->dst_stride };
     }
     *called = true;
-    (void)ferry_store_get_into_strided(cfg->store, r, k, res);
+    (void)ferry_store_get_into_strided(cfg->store, r, k, res, err);
     for (size_t i = 0; i < k; i++) {
         uint64_t want = r[i].len * (r[i].count ? r[i].count : 1);
         if (res[i] == (int64_t)want)
             continue;
         return fr_fail(err, res[i] < 0 ? (int)res[i] : FERRY_EIO,
                        "reading %s at %" PRIu64 " failed: %s", r[i].key, r[i].src_offset,
-                       res[i] < 0 ? ferry_store_last_error() : "short read");
+                       res[i] < 0 ? fr_why(err) : "short read");
     }
     return 0;
 }

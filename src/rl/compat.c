@@ -111,7 +111,7 @@ static int prepare(ferry_compat_group *g, uint64_t *active, ferry_weight_manifes
                    ferry_error *err)
 {
     const char *model = g->cfg.model;
-    int rc = fr_rl_active_read(g->s, model, active, NULL);
+    int rc = fr_rl_active_read(g->s, model, active, NULL, NULL);
     if (rc < 0)
         return fr_fail(err, rc, "no generation of %s is active (%s)", model, ferry_strerror(rc));
     if (*active == g->generation)
@@ -137,7 +137,7 @@ static void rec_key(const ferry_compat_group *g, uint32_t rank, char *buf, size_
 }
 
 static int put_record(ferry_compat_group *g, uint64_t gen, int verdict, uint64_t nonce,
-                      const char *msg)
+                      const char *msg, ferry_error *err)
 {
     size_t ml = verdict < 0 ? strlen(msg) : 0;
     uint8_t *b = malloc(HDR + g->desc_len + ml);
@@ -158,7 +158,7 @@ static int put_record(ferry_compat_group *g, uint64_t gen, int verdict, uint64_t
     memcpy(b + HDR + g->desc_len, msg, ml);
     char key[FR_KEY_MAX];
     rec_key(g, g->cfg.rank, key, sizeof key);
-    int rc = ferry_kv_put(g->s, key, b, HDR + g->desc_len + ml, NULL);
+    int rc = ferry_kv_put(g->s, key, b, HDR + g->desc_len + ml, NULL, err);
     free(b);
     return rc;
 }
@@ -177,7 +177,7 @@ static int read_records(ferry_compat_group *g, uint64_t gen, uint64_t *id, uint3
         char key[FR_KEY_MAX];
         ferry_kv_value v = {0};
         rec_key(g, k, key, sizeof key);
-        rc = ferry_kv_get(g->s, key, &v);
+        rc = ferry_kv_get(g->s, key, &v, NULL);
         if (rc < 0) {
             fr_fail(err, rc, "compat: worker %u left no record", k);
             break;
@@ -412,7 +412,7 @@ static void post_cause(run *r, const char *msg)
     abort_key(r, key, sizeof key);
     int n = snprintf(why, sizeof why, "worker %u: %s", r->g->cfg.rank, msg);
     size_t len = (size_t)(n < (int)sizeof why ? n : (int)sizeof why - 1);
-    (void)ferry_kv_cas(r->g->s, key, 0, why, len, NULL);
+    (void)ferry_kv_cas(r->g->s, key, 0, why, len, NULL, NULL);
 }
 
 static int verify_hook(void *ctx, uint32_t shard, ferry_error *err)
@@ -689,7 +689,7 @@ static int run_update(ferry_compat_group *g, const ferry_weight_manifest *m, con
             (void)fr_key_compat_run(bar, sizeof bar, g->cfg.model, g->cfg.group, id, "done");
             snprintf(member, sizeof member, "worker %u", g->cfg.rank);
             double t0 = now_s();
-            int brc = ferry_barrier(g->s, bar, member, g->cfg.world, tmo_of(g), NULL);
+            int brc = ferry_barrier(g->s, bar, member, g->cfg.world, tmo_of(g), NULL, NULL);
             st->barrier_s += now_s() - t0;
             if (brc < 0 && r.rc == 0) {
                 ferry_error e = {0};
@@ -704,7 +704,7 @@ static int run_update(ferry_compat_group *g, const ferry_weight_manifest *m, con
         char key[FR_KEY_MAX];
         abort_key(&r, key, sizeof key);
         ferry_kv_value v = {0};
-        if (ferry_kv_get(g->s, key, &v) == 0) {
+        if (ferry_kv_get(g->s, key, &v, NULL) == 0) {
             if (r.rc == 0 || r.derived) {   /* the cause, for those that only heard of it */
                 r.rc = FERRY_EREBUILD;
                 snprintf(r.err.msg, sizeof r.err.msg, "%.*s", (int)(v.len > 400 ? 400 : v.len),
@@ -772,14 +772,13 @@ static int group_update(ferry_compat_group *g, uint64_t *generation, ferry_weigh
     st->prepare_s = t1 - t0;
     /* Every worker records its verdict, even a failed one, so nobody waits
      * for a record that never comes. */
-    int rc = put_record(g, active, verdict, fr_random_u64(), perr.msg);
+    int rc = put_record(g, active, verdict, fr_random_u64(), perr.msg, err);
     if (rc < 0)
-        fr_fail(err, rc, "compat: cannot record this worker's verdict: %s",
-                ferry_store_last_error());
+        fr_fail(err, rc, "compat: cannot record this worker's verdict: %s", fr_why(err));
     char bar[FR_KEY_MAX], member[32];
     (void)fr_key_compat(bar, sizeof bar, g->cfg.model, g->cfg.group, "prepared");
     snprintf(member, sizeof member, "worker %u", g->cfg.rank);
-    int brc = ferry_barrier(g->s, bar, member, g->cfg.world, tmo_of(g), NULL);
+    int brc = ferry_barrier(g->s, bar, member, g->cfg.world, tmo_of(g), NULL, NULL);
     if (rc == 0 && brc < 0)
         rc = fr_fail(err, brc, "compat: not every worker of group %s arrived: %s",
                      g->cfg.group, ferry_strerror(brc));

@@ -11,21 +11,21 @@
 #include "rl/rl_int.h"
 
 int fr_rl_active_read(ferry_store *s, const char *model, uint64_t *generation,
-                      uint8_t digest[16])
+                      uint8_t digest[16], ferry_error *err)
 {
     if (!s || !model || !generation)
-        return FERRY_EINVAL;
+        return fr_fail(err, FERRY_EINVAL, "reading the active generation: no store, model or result");
     char k[FR_KEY_MAX];
     fr_key_wk(k, sizeof k, model, 0, "active");
     ferry_kv_value v = {0};
     *generation = 0;
-    int rc = ferry_kv_get(s, k, &v);
+    int rc = ferry_kv_get(s, k, &v, err);
     if (rc < 0)
         return rc;
     char hex[33] = "";
     unsigned long long g = 0;
     if (sscanf(v.val, "%llu %32s", &g, hex) != 2 || strlen(hex) != 32)
-        rc = FERRY_EPROTO;
+        rc = fr_fail(err, FERRY_EPROTO, "%s does not hold a generation and its digest", k);
     ferry_store_free(v.val);
     if (rc < 0)
         return rc;
@@ -111,11 +111,11 @@ static int load_manifest(ferry_store *s, fr_gen *g, uint64_t bytes, const uint8_
     if (!text)
         return fr_fail(err, FERRY_ENOMEM, "out of memory for the manifest of %s", g->model);
     size_t got = 0;
-    int rc = ferry_store_get_into(s, key, text, bytes, &got);
+    int rc = ferry_store_get_into(s, key, text, bytes, &got, err);
     if (rc < 0) {
         free(text);
         return fr_fail(err, rc, "generation %" PRIu64 " of %s is not whole: its placement "
-                       "cannot be read: %s", g->generation, g->model, ferry_store_last_error());
+                       "cannot be read: %s", g->generation, g->model, fr_why(err));
     }
     fr_hash128_t h = fr_hash128(text, got, 0);
     if (got != bytes || memcmp(h.b, hash, 16) != 0) {
@@ -163,17 +163,17 @@ int fr_gen_load(ferry_store *s, const char *model, uint64_t gen, fr_gen **out, f
     char k[FR_KEY_MAX];
     fr_key_wk(k, sizeof k, model, gen, "manifest");
     ferry_kv_value v = {0};
-    int rc = ferry_kv_get(s, k, &v);
+    int rc = ferry_kv_get(s, k, &v, err);
     if (rc < 0) {
         fr_gen_free(g);
         return fr_fail(err, rc, "generation %" PRIu64 " of %s: %s", gen, model,
-                       rc == FERRY_ENOENT ? "not published" : ferry_store_last_error());
+                       rc == FERRY_ENOENT ? "not published" : fr_why(err));
     }
     fr_hash128_t d = fr_hash128(v.val, v.len, 0);
     memcpy(g->digest, d.b, 16);
     uint64_t active = 0;
     uint8_t want[16];
-    if (fr_rl_active_read(s, model, &active, want) == 0 && active == gen &&
+    if (fr_rl_active_read(s, model, &active, want, NULL) == 0 && active == gen &&
         memcmp(want, g->digest, 16) != 0)
         rc = fr_fail(err, FERRY_ECORRUPT, "the manifest of %s generation %" PRIu64
                      " does not match the announced digest", model, gen);
@@ -333,11 +333,11 @@ static int load_sums(ferry_store *s, fr_gen *g, uint32_t rank, ferry_error *err)
         return fr_fail(err, FERRY_EINVAL, "model name %s too long for a key", g->model);
     void *buf = NULL;
     size_t len = 0;
-    int rc = ferry_store_get(s, key, &buf, &len);
+    int rc = ferry_store_get(s, key, &buf, &len, err);
     if (rc < 0)
         return fr_fail(err, rc, "the checksums of rank %u of %s generation %" PRIu64
                        " cannot be read: %s", rank, g->model, g->generation,
-                       ferry_store_last_error());
+                       fr_why(err));
     if (fr_hash64(buf, len, 0) != g->ranks[rank].sums_hash || len % 8) {
         ferry_store_free(buf);
         return fr_fail(err, FERRY_ECORRUPT, "the checksums of rank %u of %s generation %"
@@ -382,7 +382,7 @@ int fr_gen_lease_all(ferry_store *s, const fr_gen *g, ferry_error *err)
         for (uint32_t o = 0; o < g->ranks[r].nobjects; o++)
             keys[k++] = g->ranks[r].keys[o];
     if (rc == 0 && n)
-        rc = ferry_store_batch_get_into(s, keys, bufs, caps, n, res);
+        rc = ferry_store_batch_get_into(s, keys, bufs, caps, n, res, NULL);
     for (size_t i = 0; rc < 0 && i < n; i++)
         if (res[i] < 0 && res[i] != FERRY_EMSGSIZE) {
             rc = fr_fail(err, (int)res[i], "generation %" PRIu64 " of %s is not whole: %s: %s",

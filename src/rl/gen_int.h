@@ -193,7 +193,7 @@ void fr_sgen_free(fr_sgen *g);
  * manifest key, NUL-terminated in *text (the caller frees), and its
  * digest. 0 or the store's error. */
 int fr_sgen_text(ferry_store *s, const char *model, uint64_t gen, char **text, size_t *len,
-                 uint8_t digest[16]);
+                 uint8_t digest[16], ferry_error *err);
 /* Retention: remove the sparse objects of generation g of model (and their
  * admission keys). true when none is left, also when g is not a sparse
  * generation or its text is gone; false while a reader still leases one

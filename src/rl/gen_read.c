@@ -66,7 +66,7 @@ int fr_gread_run(ferry_store *s, const fr_gen *g, const fr_gread *v, size_t n, u
         }
         if (rc < 0)
             break;
-        rc = ferry_store_get_into_strided(s, r, k, res);
+        rc = ferry_store_get_into_strided(s, r, k, res, err);
         for (size_t i = 0; i < k; i++) {
             uint64_t want = r[i].len * (r[i].count ? r[i].count : 1);
             if (res[i] == (int64_t)want) {
@@ -76,7 +76,7 @@ int fr_gread_run(ferry_store *s, const fr_gen *g, const fr_gread *v, size_t n, u
             }
             rc = fr_fail(err, res[i] < 0 ? (int)res[i] : FERRY_EIO,
                          "reading %s at %" PRIu64 " failed: %s", r[i].key, r[i].src_offset,
-                         res[i] < 0 ? ferry_store_last_error() : "short read");
+                         res[i] < 0 ? fr_why(err) : "short read");
             break;
         }
     }

@@ -43,14 +43,14 @@ static int walk(ferry_store *s, const char *model, uint64_t top, const uint8_t d
         char *text = NULL;
         size_t len = 0;
         uint8_t got[16];
-        int rc = fr_sgen_text(s, model, g, &text, &len, got);
+        int rc = fr_sgen_text(s, model, g, &text, &len, got, err);
         if (rc == FERRY_ENOENT)
             return fr_fail(err, FERRY_ELOST, "generation %" PRIu64 " of %s, a link of the chain "
                            "to the active generation %" PRIu64 ", is gone (retired or never "
                            "written); publish a dense generation", g, model, top);
         if (rc < 0)
             return fr_fail(err, rc, "cannot read generation %" PRIu64 " of %s: %s", g, model,
-                           ferry_store_last_error());
+                           fr_why(err));
         if (memcmp(got, want, 16) != 0) {
             free(text);
             return fr_fail(err, FERRY_ECORRUPT, "generation %" PRIu64 " of %s does not match "
@@ -91,12 +91,12 @@ int ferry_sparse_chain_resolve(ferry_store *s, const char *model, uint64_t held,
         return fr_fail(err, FERRY_EINVAL, "sparse chain: bad arguments (store, model, out)");
     memset(out, 0, sizeof *out);
     uint8_t dg[16];
-    int rc = fr_rl_active_read(s, model, &out->active, dg);
+    int rc = fr_rl_active_read(s, model, &out->active, dg, err);
     if (rc == FERRY_ENOENT)
         return fr_fail(err, rc, "no generation of %s was announced", model);
     if (rc < 0)
         return fr_fail(err, rc, "cannot read the active generation of %s: %s", model,
-                       ferry_store_last_error());
+                       fr_why(err));
     if (held > out->active)
         return fr_fail(err, FERRY_ESTATE, "the worker holds generation %" PRIu64 " of %s, newer "
                        "than the active generation %" PRIu64, held, model, out->active);
@@ -192,7 +192,7 @@ static int check_objects(ferry_store *s, const char *model, uint64_t base, uint6
         st->nnz += d->nnz;
         ferry_sparse_index_free(&ix);
         ferry_object_desc od;
-        if (rc == 0 && ferry_store_get_replica_desc(s, keys[i], &od) == 0 && od.nreplicas) {
+        if (rc == 0 && ferry_store_get_replica_desc(s, keys[i], &od, NULL) == 0 && od.nreplicas) {
             bool seen = false;
             for (size_t k = 0; k < nseg && !seen; k++)
                 seen = segs[k] == od.replicas[0].segment;
@@ -248,14 +248,14 @@ int ferry_sparse_announce(ferry_store *s, const char *model, uint64_t base, uint
     char ak[FR_KEY_MAX];
     fr_key_wk(ak, sizeof ak, model, 0, "active");
     ferry_kv_value cur = {0};
-    int rc = ferry_kv_get(s, ak, &cur);
+    int rc = ferry_kv_get(s, ak, &cur, err);
     if (rc == FERRY_ENOENT)
         return fr_fail(err, FERRY_ESTATE, "sparse announce of %s generation %" PRIu64 ": no "
                        "generation is active, so base %" PRIu64 " is not; publish it dense "
                        "first; nothing announced", model, gen, base);
     if (rc < 0)
         return fr_fail(err, rc, "sparse announce of %s: cannot read the active generation: %s",
-                       model, ferry_store_last_error());
+                       model, fr_why(err));
     uint64_t expected = cur.mod_rev, active = strtoull(cur.val, NULL, 10);
     ferry_store_free(cur.val);
     if (active != base)
@@ -288,7 +288,7 @@ int ferry_sparse_announce(ferry_store *s, const char *model, uint64_t base, uint
     if ((rc = fr_gen_load(s, model, st->dense_generation, &dense, err)) == 0)
         rc = check_objects(s, model, base, gen, dense, keys, nkeys, st, &probe, err);
     fr_gen_free(dense);
-    if (rc == 0 && (rc = fr_sgen_text(s, model, base, &btext, &blen, bdg)) < 0)
+    if (rc == 0 && (rc = fr_sgen_text(s, model, base, &btext, &blen, bdg, err)) < 0)
         fr_fail(err, rc, "sparse announce of %s: cannot read generation %" PRIu64 ": %s", model,
                 base, ferry_strerror(rc));
     free(btext);
@@ -297,31 +297,31 @@ int ferry_sparse_announce(ferry_store *s, const char *model, uint64_t base, uint
     char k[FR_KEY_MAX];
     if (rc == 0) {
         fr_key_wk(k, sizeof k, model, gen, "manifest");
-        if ((rc = ferry_kv_put(s, k, text, tlen, NULL)) < 0)
+        if ((rc = ferry_kv_put(s, k, text, tlen, NULL, err)) < 0)
             fr_fail(err, rc, "sparse announce of %s: cannot store the generation text: %s",
-                    model, ferry_store_last_error());
+                    model, fr_why(err));
     }
     if (rc == 0) {
         fr_key_wk(k, sizeof k, model, gen, "probe");
-        if ((rc = ferry_kv_put(s, k, probe ? probe : "", probe ? strlen(probe) : 0, NULL)) < 0)
+        if ((rc = ferry_kv_put(s, k, probe ? probe : "", probe ? strlen(probe) : 0, NULL, err)) < 0)
             fr_fail(err, rc, "sparse announce of %s: cannot store the probes: %s", model,
-                    ferry_store_last_error());
+                    fr_why(err));
     }
     if (rc == 0) {
         fr_hash128_t dg = fr_hash128(text, tlen, 0);
         char hex[33], val[64];
         fr_hash128_hex(dg, hex);
         int vn = snprintf(val, sizeof val, "%" PRIu64 " %s", gen, hex);
-        rc = ferry_kv_cas(s, ak, expected, val, (size_t)vn, NULL);
+        rc = ferry_kv_cas(s, ak, expected, val, (size_t)vn, NULL, err);
         uint64_t now = 0;
         if (rc == FERRY_ESTATE)
             fr_fail(err, rc, "sparse announce of %s generation %" PRIu64 ": another publish "
                     "announced a generation meanwhile; nothing announced", model, gen);
-        else if (rc < 0 && fr_rl_active_read(s, model, &now, NULL) == 0 && now == gen)
+        else if (rc < 0 && fr_rl_active_read(s, model, &now, NULL, NULL) == 0 && now == gen)
             rc = 0;   /* the CAS landed before its reply was lost */
         else if (rc < 0)
             fr_fail(err, rc, "sparse announce of %s: cannot announce: %s", model,
-                    ferry_store_last_error());
+                    fr_why(err));
     }
     free(text);
     free(probe);

@@ -86,18 +86,18 @@ int fr_sgen_parse(const char *text, size_t len, uint64_t generation, fr_sgen *ou
 }
 
 int fr_sgen_text(ferry_store *s, const char *model, uint64_t gen, char **text, size_t *len,
-                 uint8_t digest[16])
+                 uint8_t digest[16], ferry_error *err)
 {
     char k[FR_KEY_MAX];
     fr_key_wk(k, sizeof k, model, gen, "manifest");
     ferry_kv_value v = {0};
-    int rc = ferry_kv_get(s, k, &v);
+    int rc = ferry_kv_get(s, k, &v, err);
     if (rc < 0)
         return rc;
     *text = malloc(v.len + 1);
     if (!*text) {
         ferry_store_free(v.val);
-        return FERRY_ENOMEM;
+        return fr_fail(err, FERRY_ENOMEM, "out of memory");
     }
     memcpy(*text, v.val, v.len);
     (*text)[v.len] = '\0';
@@ -115,7 +115,7 @@ bool fr_sgen_drop_objects(ferry_store *s, const char *model, uint64_t g)
     char *text = NULL;
     size_t len = 0;
     uint8_t dg[16];
-    if (fr_sgen_text(s, model, g, &text, &len, dg) < 0)
+    if (fr_sgen_text(s, model, g, &text, &len, dg, NULL) < 0)
         return true;   /* no text: nothing of it is known here */
     fr_sgen sg;
     int rc = fr_sgen_is(text, len) ? fr_sgen_parse(text, len, g, &sg) : -1;

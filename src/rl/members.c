@@ -74,7 +74,7 @@ static int list_get(const fr_members *m, mid **ids, uint32_t *n, uint64_t *rev)
     *ids = NULL;
     *n = 0;
     *rev = 0;
-    int rc = ferry_kv_get(m->s, key, &v);
+    int rc = ferry_kv_get(m->s, key, &v, NULL);
     if (rc == FERRY_ENOENT)
         return 0;
     if (rc < 0)
@@ -108,7 +108,7 @@ static int list_cas(const fr_members *m, const mid *ids, uint32_t n, uint64_t re
         memcpy(b + (size_t)i * (FR_MEMBER_ID + 1), ids[i], FR_MEMBER_ID);
         b[(size_t)i * (FR_MEMBER_ID + 1) + FR_MEMBER_ID] = '\n';
     }
-    int rc = ferry_kv_cas(m->s, key, rev, b, (size_t)n * (FR_MEMBER_ID + 1), NULL);
+    int rc = ferry_kv_cas(m->s, key, rev, b, (size_t)n * (FR_MEMBER_ID + 1), NULL, NULL);
     free(b);
     return rc;
 }
@@ -169,7 +169,7 @@ static int rec_put(fr_members *m, uint64_t gen, uint64_t seq)
     char key[FR_KEY_MAX], val[128];
     key_of(m, key, sizeof key, "m/", m->id);
     int n = snprintf(val, sizeof val, "%" PRIu64 " %" PRIu64 " %s", gen, seq, m->name);
-    int rc = ferry_kv_put(m->s, key, val, (size_t)n, NULL);
+    int rc = ferry_kv_put(m->s, key, val, (size_t)n, NULL, NULL);
     if (rc == 0) {
         m->gen = gen;
         m->seq = seq;
@@ -183,7 +183,7 @@ static int rec_get(const fr_members *m, const char *id, uint64_t *gen, uint64_t 
     char key[FR_KEY_MAX];
     key_of(m, key, sizeof key, "m/", id);
     ferry_kv_value v = {0};
-    int rc = ferry_kv_get(m->s, key, &v);
+    int rc = ferry_kv_get(m->s, key, &v, NULL);
     if (rc < 0)
         return rc;
     char buf[128];
@@ -208,7 +208,7 @@ static void bury(const fr_members *m, const mid *dead, uint32_t n)
     for (uint32_t i = 0; i < n; i++) {
         char key[FR_KEY_MAX];
         key_of(m, key, sizeof key, "m/", dead[i]);
-        (void)ferry_kv_delete(m->s, key, 0, NULL);
+        (void)ferry_kv_delete(m->s, key, 0, NULL, NULL);
         FR_INFO("rl", "elastic group %s: member %s is gone (its liveness probe timed out)",
                  m->prefix, dead[i]);
     }
@@ -222,7 +222,7 @@ static void *live_main(void *arg)
     char bar[FR_KEY_MAX];
     (void)fr_key_member_live(bar, sizeof bar, m->model, m->group, m->id);
     while (!atomic_load(&m->stop)) {
-        int rc = ferry_barrier(m->s, bar, "member", 2, PARK_MS, NULL);
+        int rc = ferry_barrier(m->s, bar, "member", 2, PARK_MS, NULL, NULL);
         /* the master unreachable: try again shortly, never spin */
         for (int i = 0; rc < 0 && rc != FERRY_ETIMEDOUT && i < 10 && !atomic_load(&m->stop); i++)
             nanosleep(&(struct timespec){ .tv_nsec = 20 * 1000000L }, NULL);
@@ -236,7 +236,7 @@ static bool alive(const fr_members *m, const char *id)
 {
     char bar[FR_KEY_MAX];
     (void)fr_key_member_live(bar, sizeof bar, m->model, m->group, id);
-    return ferry_barrier(m->s, bar, "probe", 2, m->probe_ms, NULL) != FERRY_ETIMEDOUT;
+    return ferry_barrier(m->s, bar, "probe", 2, m->probe_ms, NULL, NULL) != FERRY_ETIMEDOUT;
 }
 
 /* ---- join and leave ----------------------------------------------------------------------- */
@@ -288,7 +288,7 @@ int fr_members_withdraw(fr_members *m)
     int rc = list_change(m, false, &me, 1);
     char key[FR_KEY_MAX];
     key_of(m, key, sizeof key, "m/", m->id);
-    int rc2 = ferry_kv_delete(m->s, key, 0, NULL);
+    int rc2 = ferry_kv_delete(m->s, key, 0, NULL, NULL);
     return rc < 0 ? rc : rc2 == FERRY_ENOENT ? 0 : rc2;
 }
 
@@ -301,7 +301,7 @@ void fr_members_leave(fr_members *m)
         atomic_store(&m->stop, true);
         char bar[FR_KEY_MAX];
         (void)fr_key_member_live(bar, sizeof bar, m->model, m->group, m->id);
-        (void)ferry_barrier(m->s, bar, "probe", 2, 2000, NULL);   /* releases the thread */
+        (void)ferry_barrier(m->s, bar, "probe", 2, 2000, NULL, NULL);   /* releases the thread */
         pthread_join(m->th, NULL);
     }
     free(m);
@@ -403,7 +403,7 @@ static int epoch_get(const fr_members *m, fr_epoch *ep, uint64_t *rev)
     key_of(m, key, sizeof key, "epoch", NULL);
     ferry_kv_value v = {0};
     memset(ep, 0, sizeof *ep);
-    int rc = ferry_kv_get(m->s, key, &v);
+    int rc = ferry_kv_get(m->s, key, &v, NULL);
     if (rc < 0)
         return rc;
     *rev = v.mod_rev;
@@ -419,7 +419,7 @@ static int epoch_cas(const fr_members *m, const fr_epoch *ep, uint64_t rev)
     key_of(m, key, sizeof key, "epoch", NULL);
     int rc = fr_epoch_format(ep, &b, &len);
     if (rc == 0)
-        rc = ferry_kv_cas(m->s, key, rev, b, len, NULL);
+        rc = ferry_kv_cas(m->s, key, rev, b, len, NULL, NULL);
     free(b);
     return rc;
 }
@@ -537,7 +537,7 @@ int fr_members_epoch(fr_members *m, uint64_t gen, uint64_t deadline_ns, fr_epoch
 {
     ferry_watch *w = NULL;
     uint64_t next_probe = 0;
-    int rc = ferry_kv_watch(m->s, m->prefix, 0, &w);
+    int rc = ferry_kv_watch(m->s, m->prefix, 0, &w, NULL);
     for (; rc == 0;) {
         fr_epoch r;
         uint64_t rev = 0;
@@ -583,12 +583,12 @@ int fr_members_epoch(fr_members *m, uint64_t gen, uint64_t deadline_ns, fr_epoch
         /* wait for a change of the group's records, or the next probe */
         uint64_t left = (deadline_ns - now) / 1000000u, wait = left < m->probe_ms ? left : m->probe_ms;
         ferry_kv_event ev;
-        int wr = ferry_watch_next(w, (int)(wait ? wait : 1), &ev);
+        int wr = ferry_watch_next(w, (int)(wait ? wait : 1), &ev, NULL);
         if (wr < 0 && wr != FERRY_ETIMEDOUT) {   /* watches end on compaction: poll instead */
             ferry_watch_close(w);
             w = NULL;
             nanosleep(&(struct timespec){ .tv_nsec = 50 * 1000000L }, NULL);
-            rc = ferry_kv_watch(m->s, m->prefix, 0, &w);
+            rc = ferry_kv_watch(m->s, m->prefix, 0, &w, NULL);
         }
     }
     if (w)

@@ -71,7 +71,7 @@ static void history_append(ferry_store *s, const char *model, const char *record
     for (int attempt = 0; attempt < 16; attempt++) {
         ferry_kv_value v = {0};
         uint64_t expected = 0;
-        int rc = ferry_kv_get(s, k, &v);
+        int rc = ferry_kv_get(s, k, &v, NULL);
         if (rc < 0 && rc != FERRY_ENOENT)
             return;
         const char *old = rc == 0 ? v.val : "";
@@ -100,7 +100,7 @@ static void history_append(ferry_store *s, const char *model, const char *record
         memcpy(nv + oldn - skip, record, rn);
         nv[n - 1] = '\n';
         ferry_store_free(v.val);
-        rc = ferry_kv_cas(s, k, expected, nv, n, NULL);
+        rc = ferry_kv_cas(s, k, expected, nv, n, NULL, NULL);
         free(nv);
         if (rc != FERRY_ESTATE)
             return;
@@ -140,12 +140,12 @@ int ferry_policy_current(ferry_store *s, const char *model, ferry_policy_version
     char k[FR_KEY_MAX];
     active_key(k, sizeof k, model);
     ferry_kv_value v = {0};
-    int rc = ferry_kv_get(s, k, &v);
+    int rc = ferry_kv_get(s, k, &v, err);
     if (rc == FERRY_ENOENT)
         return fr_fail(err, rc, "policy: no version of %s was announced", model);
     if (rc < 0)
         return fr_fail(err, rc, "policy: cannot read the current version of %s: %s", model,
-                       ferry_store_last_error());
+                       fr_why(err));
     rc = parse_active(model, v.val, v.len, out, err);
     ferry_store_free(v.val);
     if (rc < 0)
@@ -167,12 +167,12 @@ int ferry_policy_history(ferry_store *s, const char *model, ferry_policy_version
     char k[FR_KEY_MAX];
     (void)fr_key_policy_history(k, sizeof k, model);
     ferry_kv_value v = {0};
-    int rc = ferry_kv_get(s, k, &v);
+    int rc = ferry_kv_get(s, k, &v, err);
     if (rc == FERRY_ENOENT)
         return 0;
     if (rc < 0)
         return fr_fail(err, rc, "policy: cannot read the history of %s: %s", model,
-                       ferry_store_last_error());
+                       fr_why(err));
     const char *p = v.val, *end = p + v.len;
     while (rc == 0 && p < end && *n < cap) {
         const char *nl = memchr(p, '\n', (size_t)(end - p));
@@ -203,19 +203,21 @@ struct ferry_policy_watch {
     bool have_first;
 };
 
-int ferry_policy_watch_open(ferry_store *s, const char *model, ferry_policy_watch **out)
+int ferry_policy_watch_open(ferry_store *s, const char *model, ferry_policy_watch **out,
+                            ferry_error *err)
 {
     if (!s || !model_ok(model) || !out)
-        return FERRY_EINVAL;
+        return fr_fail(err, FERRY_EINVAL, "policy watch: no store or result, or the model name is "
+                       "empty, too long or holds '/'");
     ferry_policy_watch *w = calloc(1, sizeof *w);
     if (!w)
-        return FERRY_ENOMEM;
+        return fr_fail(err, FERRY_ENOMEM, "policy watch: out of memory");
     w->s = s;
     snprintf(w->model, sizeof w->model, "%s", model);
     active_key(w->key, sizeof w->key, model);
     ferry_kv_value v = {0};
     uint64_t from = 0;
-    int rc = ferry_kv_get(s, w->key, &v);
+    int rc = ferry_kv_get(s, w->key, &v, err);
     if (rc == 0) {
         from = v.mod_rev + 1;
         if (parse_active(model, v.val, v.len, &w->first, NULL) == 0)
@@ -230,16 +232,16 @@ int ferry_policy_watch_open(ferry_store *s, const char *model, ferry_policy_watc
         }
     } else if (rc != FERRY_ENOENT) {
         free(w);
-        return rc;
+        return fr_fail(err, rc, "policy watch of %s: %s", model, fr_why(err));
     }
     /* from 0 when absent: every change from now on */
-    rc = ferry_kv_watch(s, w->key, from, &w->w);
+    rc = ferry_kv_watch(s, w->key, from, &w->w, err);
     if (rc < 0) {
         ferry_policy_version_clear(&w->first);
         free(w);
-        return rc;
+        return fr_fail(err, rc, "policy watch of %s: %s", model, fr_why(err));
     }
-    if (from == 0 && ferry_kv_get(s, w->key, &v) == 0) {
+    if (from == 0 && ferry_kv_get(s, w->key, &v, NULL) == 0) {
         /* announced between the read and the watch: take it now (the
          * watch's copy of it is skipped as not newer) */
         if (parse_active(model, v.val, v.len, &w->first, NULL) == 0)
@@ -268,7 +270,7 @@ int ferry_policy_watch_next(ferry_policy_watch *w, int timeout_ms, ferry_policy_
         uint64_t now = fr_now_ns();
         int left = timeout_ms < 0 ? -1 : now >= dl ? 0 : (int)((dl - now) / 1000000u);
         ferry_kv_event ev;
-        int rc = ferry_watch_next(w->w, left, &ev);
+        int rc = ferry_watch_next(w->w, left, &ev, NULL);
         if (rc < 0)
             return rc == FERRY_ETIMEDOUT ? rc
                                          : fr_fail(err, rc, "policy watch of %s: %s", w->model,

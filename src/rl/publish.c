@@ -91,10 +91,10 @@ static int attempt(ferry_store *s, const ferry_publisher_config *c, uint64_t gen
     /* Generations only move forward: refuse before storing (or replacing)
      * anything under an existing generation's keys. */
     uint64_t active = 0;
-    int rc = fr_rl_active_read(s, c->model, &active, NULL);
+    int rc = fr_rl_active_read(s, c->model, &active, NULL, err);
     if (rc < 0 && rc != FERRY_ENOENT)
         return fr_fail(err, rc, "publish: cannot read the active generation of %s: %s", c->model,
-                    ferry_store_last_error());
+                    fr_why(err));
     if (active >= gen)
         return fr_fail(err, FERRY_EINVAL, "publish: generation %" PRIu64 " of %s is not newer "
                     "than the active %" PRIu64, gen, c->model, active);
@@ -131,7 +131,7 @@ static int attempt(ferry_store *s, const ferry_publisher_config *c, uint64_t gen
     char pk[FR_KEY_MAX], bk[FR_KEY_MAX], member[32];
     (void)fr_key_wk_part(pk, sizeof pk, c->model, gen, c->rank);
     uint64_t tmo = c->timeout_ms;
-    rc = ferry_kv_put(s, pk, pv, strlen(pv), NULL);
+    rc = ferry_kv_put(s, pk, pv, strlen(pv), NULL, err);
     fr_pub_decision d = {0};
     if (rc < 0) {
         /* Without a part of this attempt it must not arrive (the
@@ -139,12 +139,12 @@ static int attempt(ferry_store *s, const ferry_publisher_config *c, uint64_t gen
         fr_pub_mine_remove(s, c, gen, &mine);
         fr_pub_mine_free(&mine);
         return fr_fail(err, rc, "publish of %s generation %" PRIu64 " failed: rank %u cannot "
-                       "record its part: %s", c->model, gen, c->rank, ferry_store_last_error());
+                       "record its part: %s", c->model, gen, c->rank, fr_why(err));
     }
     fr_key_wk(bk, sizeof bk, c->model, gen, "parts");
     snprintf(member, sizeof member, "rank %u", c->rank);
     uint64_t a = 0;
-    int brc = ferry_barrier(s, bk, member, c->world, tmo, &a);
+    int brc = ferry_barrier(s, bk, member, c->world, tmo, &a, err);
     double t1 = (double)fr_now_ns() / 1e9;
     st->barrier_s = t1 - t0 - st->put_s;   /* recording the part, then the barrier */
     if (brc == FERRY_ETIMEDOUT) {
@@ -153,7 +153,7 @@ static int attempt(ferry_store *s, const ferry_publisher_config *c, uint64_t gen
     } else if (brc < 0) {
         d.rc = brc;
         snprintf(d.why, sizeof d.why, "rank %u cannot meet the other ranks: %s", c->rank,
-                 ferry_store_last_error());
+                 fr_why(err));
     } else if (c->rank == 0) {
         fr_rl_decide(s, c, gen, a, my_rc == 0 ? &mine : NULL, record, st, &d);
     } else {
@@ -165,7 +165,7 @@ static int attempt(ferry_store *s, const ferry_publisher_config *c, uint64_t gen
      * one's stays, for the same check, until retention drops the
      * generation's keys. */
     if (d.rc < 0)
-        (void)ferry_kv_delete(s, pk, 0, NULL);
+        (void)ferry_kv_delete(s, pk, 0, NULL, NULL);
     if (d.rc < 0 && !d.keep)
         fr_pub_mine_remove(s, c, gen, &mine);
     fr_pub_mine_free(&mine);
@@ -214,17 +214,17 @@ int ferry_publish_warm(ferry_store *s, const ferry_publisher_config *c, ferry_ma
     if (rc < 0)
         return rc;
     void *stage = NULL;
-    if (most && (rc = ferry_store_staging_take(s, (size_t)most, &stage)) < 0)
-        return fr_fail(err, rc, "publish warm-up: %s", ferry_store_last_error());
+    if (most && (rc = ferry_store_staging_take(s, (size_t)most, &stage, err)) < 0)
+        return fr_fail(err, rc, "publish warm-up: %s", fr_why(err));
     if (stage) {
         memset(stage, 0, (size_t)most);   /* the pages a publish packs into */
         ferry_store_staging_give(s, false);
         *bytes += most;
     }
-    rc = ferry_store_warm(s, true, &seg);
+    rc = ferry_store_warm(s, true, &seg, err);
     *bytes += seg;
     if (rc < 0)
-        return fr_fail(err, rc, "publish warm-up: %s", ferry_store_last_error());
+        return fr_fail(err, rc, "publish warm-up: %s", fr_why(err));
     return 0;
 }
 

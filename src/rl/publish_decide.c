@@ -68,11 +68,11 @@ static void parse_status(const char *v, size_t len, status *st)
     }
 }
 
-static int status_get(ferry_store *s, const char *key, status *st)
+static int status_get(ferry_store *s, const char *key, status *st, ferry_error *err)
 {
     memset(st, 0, sizeof *st);
     ferry_kv_value v = {0};
-    int rc = ferry_kv_get(s, key, &v);
+    int rc = ferry_kv_get(s, key, &v, err);
     if (rc == FERRY_ENOENT)
         return 0;
     if (rc < 0)
@@ -86,7 +86,7 @@ static int status_get(ferry_store *s, const char *key, status *st)
 /* Replace the status of revision rev (0: absent) with val: 0, FERRY_ESTATE. */
 static int status_cas(ferry_store *s, const char *key, uint64_t rev, const char *val)
 {
-    return ferry_kv_cas(s, key, rev, val, strlen(val), NULL);
+    return ferry_kv_cas(s, key, rev, val, strlen(val), NULL, NULL);
 }
 
 static void take(fr_pub_decision *d, const status *st)
@@ -118,7 +118,7 @@ static void differs(ferry_store *s, const ferry_publisher_config *c, uint64_t ge
     (void)fr_key_gen_file(key, sizeof key, c->model, gen, what);
     void *buf = NULL;
     size_t len = 0;
-    if (ferry_store_get(s, key, &buf, &len) < 0 || len < 8) {
+    if (ferry_store_get(s, key, &buf, &len, NULL) < 0 || len < 8) {
         failed(d, FERRY_EINVAL, "rank %u passed another placement than rank 0", r);
         ferry_store_free(buf);
         return;
@@ -177,7 +177,7 @@ static int gather(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
         char k[FR_KEY_MAX];
         (void)fr_key_wk_part(k, sizeof k, c->model, gen, r);
         ferry_kv_value v = {0};
-        rc = ferry_kv_get(s, k, &v);
+        rc = ferry_kv_get(s, k, &v, NULL);
         if (rc < 0) {
             failed(d, rc, "rank %u left no part (%s)", r, ferry_strerror(rc));
             break;
@@ -231,14 +231,15 @@ static int announce(ferry_store *s, const ferry_publisher_config *c, uint64_t ge
                     uint64_t *prev, fr_pub_decision *d)
 {
     char k[FR_KEY_MAX];
+    ferry_error se = {0};
     fr_key_wk(k, sizeof k, c->model, gen, "manifest");
-    int rc = ferry_kv_put(s, k, man, mlen, NULL);
+    int rc = ferry_kv_put(s, k, man, mlen, NULL, &se);
     if (rc < 0) {
-        failed(d, rc, "cannot store the manifest: %s", ferry_store_last_error());
+        failed(d, rc, "cannot store the manifest: %s", se.msg);
         return rc;
     }
-    if ((rc = fr_rl_probe_put(s, c->model, gen, man, mlen)) < 0) {
-        failed(d, rc, "cannot store the generation's probes: %s", ferry_store_last_error());
+    if ((rc = fr_rl_probe_put(s, c->model, gen, man, mlen, &se)) < 0) {
+        failed(d, rc, "cannot store the generation's probes: %s", se.msg);
         return rc;
     }
     fr_hash128_t dg = fr_hash128(man, mlen, 0);
@@ -256,13 +257,13 @@ static int announce(ferry_store *s, const ferry_publisher_config *c, uint64_t ge
     fr_key_wk(k, sizeof k, c->model, 0, "active");
     ferry_kv_value cur = {0};
     uint64_t expected = 0, active = 0;
-    rc = ferry_kv_get(s, k, &cur);
+    rc = ferry_kv_get(s, k, &cur, &se);
     if (rc == 0) {
         expected = cur.mod_rev;
         active = strtoull(cur.val, NULL, 10);
         ferry_store_free(cur.val);
     } else if (rc != FERRY_ENOENT) {
-        failed(d, rc, "cannot read the active generation: %s", ferry_store_last_error());
+        failed(d, rc, "cannot read the active generation: %s", se.msg);
         free(val);
         return rc;
     }
@@ -281,7 +282,7 @@ static int announce(ferry_store *s, const ferry_publisher_config *c, uint64_t ge
         free(val);
         return d->rc;
     }
-    rc = ferry_kv_cas(s, k, expected, val, (size_t)vn, NULL);
+    rc = ferry_kv_cas(s, k, expected, val, (size_t)vn, NULL, &se);
     free(val);
     if (rc == FERRY_ESTATE) {
         failed(d, rc, "another publish announced a generation of %s meanwhile", c->model);
@@ -290,9 +291,9 @@ static int announce(ferry_store *s, const ferry_publisher_config *c, uint64_t ge
     if (rc < 0) {
         /* The CAS may have landed before its reply was lost: look. */
         uint64_t now = 0;
-        if (fr_rl_active_read(s, c->model, &now, NULL) == 0 && now == gen)
+        if (fr_rl_active_read(s, c->model, &now, NULL, NULL) == 0 && now == gen)
             return 0;
-        failed(d, rc, "cannot announce: %s", ferry_store_last_error());
+        failed(d, rc, "cannot announce: %s", se.msg);
         return rc;
     }
     return 0;
@@ -309,19 +310,19 @@ static int claim(ferry_store *s, const char *sk, uint64_t attempt, uint64_t *rev
         snprintf(sv, sizeof sv, "%" PRIu64 " failed %d %s", attempt, d->rc, d->why);
     else
         snprintf(sv, sizeof sv, "%" PRIu64 " deciding", attempt);
+    ferry_error se = {0};
     for (int tries = 0; tries < 8; tries++) {
         status st;
-        int rc = status_get(s, sk, &st);
+        int rc = status_get(s, sk, &st, &se);
         if (rc == 0 && st.attempt == attempt && st.kind != ST_NONE && st.rev) {
             take(d, &st);   /* the other ranks gave up waiting: their decision stands */
             return FERRY_ECANCELED;
         }
-        if (rc == 0 && (rc = ferry_kv_cas(s, sk, st.rev, sv, strlen(sv), rev)) == FERRY_ESTATE)
+        if (rc == 0 && (rc = ferry_kv_cas(s, sk, st.rev, sv, strlen(sv), rev, &se)) == FERRY_ESTATE)
             continue;
         if (rc == 0)
             return 0;
-        failed(d, rc, "the coordinator (rank 0) cannot record its decision: %s",
-               ferry_store_last_error());
+        failed(d, rc, "the coordinator (rank 0) cannot record its decision: %s", se.msg);
         return rc;
     }
     failed(d, FERRY_ESTATE, "the coordinator (rank 0) cannot record its decision: the status "
@@ -356,8 +357,8 @@ void fr_rl_decide(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
     /* Over our own claim only: the waiting ranks replace "deciding" once
      * they give up, and then theirs is the decision every rank returns. */
     status st;
-    if (ferry_kv_cas(s, sk, rev, sv, strlen(sv), NULL) == FERRY_ESTATE &&
-        status_get(s, sk, &st) == 0 && st.attempt == attempt && st.kind >= ST_OK) {
+    if (ferry_kv_cas(s, sk, rev, sv, strlen(sv), NULL, NULL) == FERRY_ESTATE &&
+        status_get(s, sk, &st, NULL) == 0 && st.attempt == attempt && st.kind >= ST_OK) {
         take(d, &st);
         arc = arc == 0 && d->rc < 0 ? d->rc : arc;
     }
@@ -382,7 +383,7 @@ static void give_up(ferry_store *s, const ferry_publisher_config *c, uint64_t ge
     bool deciding = false;
     for (int tries = 0; tries < 8; tries++) {
         status st;
-        int rc = status_get(s, sk, &st);
+        int rc = status_get(s, sk, &st, NULL);
         if (rc == 0 && st.attempt == attempt && st.rev && (st.kind == ST_OK || st.kind == ST_FAILED)) {
             take(d, &st);
             return;
@@ -390,7 +391,7 @@ static void give_up(ferry_store *s, const ferry_publisher_config *c, uint64_t ge
         deciding = rc == 0 && st.attempt == attempt && st.rev && st.kind == ST_DECIDING;
         if (deciding) {
             uint64_t now = 0;
-            if (fr_rl_active_read(s, c->model, &now, NULL) == 0 && now == gen) {
+            if (fr_rl_active_read(s, c->model, &now, NULL, NULL) == 0 && now == gen) {
                 d->rc = 0;   /* announced; the coordinator died before saying so */
                 return;
             }
@@ -420,10 +421,10 @@ void fr_rl_await(ferry_store *s, const ferry_publisher_config *c, uint64_t gen, 
     for (;;) {
         /* Watch from now on, then read what is there; each change is read
          * again (there are two: "deciding", then the decision). */
-        if (!w && ferry_kv_watch(s, sk, 0, &w) < 0)
+        if (!w && ferry_kv_watch(s, sk, 0, &w, NULL) < 0)
             w = NULL;
         status st;
-        if (status_get(s, sk, &st) == 0 && st.attempt == attempt && st.rev &&
+        if (status_get(s, sk, &st, NULL) == 0 && st.attempt == attempt && st.rev &&
             (st.kind == ST_OK || st.kind == ST_FAILED)) {
             ferry_watch_close(w);
             take(d, &st);
@@ -434,7 +435,7 @@ void fr_rl_await(ferry_store *s, const ferry_publisher_config *c, uint64_t gen, 
             break;
         if (w) {
             ferry_kv_event ev;
-            int rc = ferry_watch_next(w, left, &ev);
+            int rc = ferry_watch_next(w, left, &ev, NULL);
             if (rc == FERRY_ETIMEDOUT)
                 break;
             if (rc < 0) {   /* the watch broke: open another */

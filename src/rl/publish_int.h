@@ -21,7 +21,7 @@ int fr_rl_check_whole(ferry_store *s, const char *model, ferry_weights_status *o
 /* Write the probe key of generation gen from its manifest text: one
  * "segment TAB key" line per distinct segment. 0 or the store's error. */
 int fr_rl_probe_put(ferry_store *s, const char *model, uint64_t gen, const char *manifest,
-                    size_t len);
+                    size_t len, ferry_error *err);
 
 /* After announcing gen (prev: the generation active before it, 0: none):
  * retire announced generations beyond cfg->keep, then remove the leftover
@@ -111,7 +111,7 @@ void fr_pub_mine_remove(ferry_store *s, const ferry_publisher_config *c, uint64_
 void fr_pub_mine_free(fr_pub_mine *p);
 /* Put, replacing a leftover of an earlier attempt under the key. */
 int fr_pub_put(ferry_store *s, const char *key, const void *data, uint64_t nb,
-               const ferry_replicate_config *repl, ferry_object_desc *d);
+               const ferry_replicate_config *repl, ferry_object_desc *d, ferry_error *err);
 
 /* ---- the decision of one attempt (publish_decide.c) ----------------------------- */
 

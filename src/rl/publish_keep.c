@@ -31,11 +31,11 @@ static void drop_keys(ferry_store *s, const ferry_publisher_config *c, uint64_t 
     char k[FR_KEY_MAX];
     for (size_t i = 0; i < sizeof what / sizeof what[0]; i++) {
         fr_key_wk(k, sizeof k, c->model, g, what[i]);
-        (void)ferry_kv_delete(s, k, 0, NULL);
+        (void)ferry_kv_delete(s, k, 0, NULL, NULL);
     }
     for (uint32_t r = 0; r < c->world; r++) {
         (void)fr_key_wk_part(k, sizeof k, c->model, g, r);
-        (void)ferry_kv_delete(s, k, 0, NULL);
+        (void)ferry_kv_delete(s, k, 0, NULL, NULL);
     }
 }
 
@@ -47,10 +47,10 @@ static bool drop_objects(ferry_store *s, const char *model, uint64_t g)
     char prefix[FR_KEY_MAX];
     if (fr_key_gen_prefix(prefix, sizeof prefix, model, g) <= 0)
         return false;
-    (void)ferry_store_remove_prefix(s, prefix, NULL);
+    (void)ferry_store_remove_prefix(s, prefix, NULL, NULL);
     char **ks = NULL;
     size_t nk = 0;
-    bool gone = ferry_store_list(s, prefix, NULL, 1, &ks, &nk, NULL) == 0 && nk == 0;
+    bool gone = ferry_store_list(s, prefix, NULL, 1, &ks, &nk, NULL, NULL) == 0 && nk == 0;
     ferry_store_free(ks);
     return gone;
 }
@@ -79,7 +79,7 @@ static void sweep(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
     for (int round = 0; round < 4096; round++) {
         char **ks = NULL;
         size_t nk = 0;
-        if (ferry_store_list(s, prefix, after[0] ? after : NULL, 1, &ks, &nk, NULL) < 0 || nk == 0) {
+        if (ferry_store_list(s, prefix, after[0] ? after : NULL, 1, &ks, &nk, NULL, NULL) < 0 || nk == 0) {
             ferry_store_free(ks);
             return;
         }
@@ -111,7 +111,7 @@ void fr_rl_keep(ferry_store *s, const ferry_publisher_config *c, uint64_t gen, u
     ferry_kv_value h = {0};
     uint64_t hrev = 0, gens[GENS_MAX + 2];
     size_t ng = 0;
-    if (ferry_kv_get(s, hk, &h) == 0) {
+    if (ferry_kv_get(s, hk, &h, NULL) == 0) {
         hrev = h.mod_rev;
         for (char *p = h.val; *p && ng < GENS_MAX;) {
             char *e;
@@ -152,7 +152,7 @@ void fr_rl_keep(ferry_store *s, const ferry_publisher_config *c, uint64_t gen, u
         nh[0] = '\0';
         for (size_t i = 0; i < nkept; i++)
             n += (size_t)sprintf(nh + n, "%s%" PRIu64, n ? " " : "", kept[i]);
-        (void)ferry_kv_cas(s, hk, hrev, nh, n, NULL);
+        (void)ferry_kv_cas(s, hk, hrev, nh, n, NULL, NULL);
         free(nh);
     }
     /* Whatever the retired generations left is theirs to lose too. */

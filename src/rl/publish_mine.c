@@ -456,15 +456,15 @@ static void pack_piece(const fr_pub_piece *pc, const ferry_tensor_desc *src,
  * earlier attempt at this generation (never announced: the caller checked
  * that the generation is newer than the active one) and is replaced. */
 int fr_pub_put(ferry_store *s, const char *key, const void *data, uint64_t nb,
-               const ferry_replicate_config *repl, ferry_object_desc *d)
+               const ferry_replicate_config *repl, ferry_object_desc *d, ferry_error *err)
 {
-    int rc = ferry_store_put_from(s, key, data, nb, repl, d);
+    int rc = ferry_store_put_from(s, key, data, nb, repl, d, err);
     if (rc != FERRY_EEXIST)
         return rc;
-    rc = ferry_store_remove(s, key);
+    rc = ferry_store_remove(s, key, err);
     if (rc < 0 && rc != FERRY_ENOENT)
         return rc;
-    return ferry_store_put_from(s, key, data, nb, repl, d);
+    return ferry_store_put_from(s, key, data, nb, repl, d, err);
 }
 
 /* The placement slot of one of this rank's objects (store.h): the same for
@@ -514,11 +514,11 @@ int fr_pub_mine_store(ferry_store *s, const ferry_publisher_config *c, uint64_t 
         uint64_t c0 = fr_now_ns();
         void *at = NULL;
         ferry_put_slot *ps = NULL;
-        rc = nb ? ferry_store_put_begin(s, key, nb, &repl, &at, &ps) : 0;
+        rc = nb ? ferry_store_put_begin(s, key, nb, &repl, &at, &ps, NULL) : 0;
         if (rc == FERRY_EEXIST) {   /* a leftover of an earlier attempt: replaced */
-            rc = ferry_store_remove(s, key);
+            rc = ferry_store_remove(s, key, NULL);
             if (rc == 0 || rc == FERRY_ENOENT)
-                rc = ferry_store_put_begin(s, key, nb, &repl, &at, &ps);
+                rc = ferry_store_put_begin(s, key, nb, &repl, &at, &ps, NULL);
         }
         uint64_t c1 = fr_now_ns();
         uint8_t *buf = at;
@@ -541,12 +541,12 @@ int fr_pub_mine_store(ferry_store *s, const ferry_publisher_config *c, uint64_t 
             memset(buf + pos, 0, nb - pos);
         uint64_t c2 = fr_now_ns();
         if (rc == 0)
-            rc = nb ? ferry_store_put_end(ps, true, &d) : fr_pub_put(s, key, "", 0, &repl, &d);
+            rc = nb ? ferry_store_put_end(ps, true, &d, err) : fr_pub_put(s, key, "", 0, &repl, &d, err);
         st->convert_s += (double)(c2 - c1) / 1e9;
         st->store_s += (double)(c1 - c0 + fr_now_ns() - c2) / 1e9;
         if (rc < 0)
             return fr_fail(err, rc, "could not store %" PRIu64 " bytes of rank %u's pieces: %s",
-                           nb, c->rank, ferry_store_last_error());
+                           nb, c->rank, fr_why(err));
         p->segment = d.nreplicas ? d.replicas[0].segment : 0;
         if (c->segment && p->segment != c->segment)
             st->cross_node_bytes += nb;
@@ -580,9 +580,9 @@ static int store_files(ferry_store *s, const ferry_publisher_config *c, uint64_t
             snprintf(what, sizeof what, "manifest.json");
         (void)fr_key_gen_file(key, sizeof key, c->model, gen, what);
         repl.slot = fr_pub_slot(c->model, c->rank, what);
-        rc = fr_pub_put(s, key, extra[i].data, extra[i].len, &repl, NULL);
+        rc = fr_pub_put(s, key, extra[i].data, extra[i].len, &repl, NULL, err);
         if (rc < 0)
-            fr_fail(err, rc, "could not store %s: %s", what, ferry_store_last_error());
+            fr_fail(err, rc, "could not store %s: %s", what, fr_why(err));
     }
     return rc;
 }
@@ -593,14 +593,14 @@ void fr_pub_mine_remove(ferry_store *s, const ferry_publisher_config *c, uint64_
     char key[FR_KEY_MAX];
     for (uint32_t k = 0; k < p->nobjects; k++)
         if (fr_key_gen_object(key, sizeof key, c->model, gen, c->rank, k) > 0)
-            (void)ferry_store_remove(s, key);
+            (void)ferry_store_remove(s, key, NULL);
     const char *what[] = { "sums", "decl" };
     for (int i = 0; i < 2; i++) {
         char w[40];
         snprintf(w, sizeof w, "r%u.%s", c->rank, what[i]);
         if (fr_key_gen_file(key, sizeof key, c->model, gen, w) > 0)
-            (void)ferry_store_remove(s, key);
+            (void)ferry_store_remove(s, key, NULL);
     }
     if (c->rank == 0 && fr_key_gen_file(key, sizeof key, c->model, gen, "manifest.json") > 0)
-        (void)ferry_store_remove(s, key);
+        (void)ferry_store_remove(s, key, NULL);
 }

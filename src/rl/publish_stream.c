@@ -88,10 +88,10 @@ int ferry_publish_stream_begin(ferry_store *s, const ferry_publisher_config *cfg
                        "generation)");
     /* Generations only move forward: refused before anything is stored. */
     uint64_t active = 0;
-    int rc = fr_rl_active_read(s, cfg->model, &active, NULL);
+    int rc = fr_rl_active_read(s, cfg->model, &active, NULL, err);
     if (rc < 0 && rc != FERRY_ENOENT)
         return fr_fail(err, rc, "publish stream: cannot read the active generation of %s: %s",
-                       cfg->model, ferry_store_last_error());
+                       cfg->model, fr_why(err));
     if (active >= generation)
         return fr_fail(err, FERRY_EINVAL, "publish stream: generation %" PRIu64 " of %s is "
                        "not newer than the active %" PRIu64, generation, cfg->model, active);
@@ -128,7 +128,7 @@ static int flush(ferry_publish_stream *ps, ferry_error *err)
                                     .slot = fr_pub_slot(c->model, c->rank, what) };
     ferry_object_desc d = {0};
     uint64_t t0 = fr_now_ns();
-    int rc = fr_pub_put(ps->s, key, ps->buf, ps->obj_bytes, &repl, &d);
+    int rc = fr_pub_put(ps->s, key, ps->buf, ps->obj_bytes, &repl, &d, err);
     ps->sx.store_s += (double)(fr_now_ns() - t0) / 1e9;
     if (rc == FERRY_ETIMEDOUT && ps->staged) {   /* the engine may still read it */
         ferry_store_staging_give(ps->s, true);
@@ -136,7 +136,7 @@ static int flush(ferry_publish_stream *ps, ferry_error *err)
     }
     if (rc < 0)
         return fail(ps, err, rc, "rank %u could not store %" PRIu64 " bytes of its pieces: %s",
-                    c->rank, ps->obj_bytes, ferry_store_last_error());
+                    c->rank, ps->obj_bytes, fr_why(err));
     ps->sx.segment = d.nreplicas ? d.replicas[0].segment : 0;
     if (c->segment && ps->sx.segment != c->segment)
         ps->sx.cross_node_bytes += ps->obj_bytes;
@@ -156,7 +156,7 @@ static int room(ferry_publish_stream *ps, uint64_t need, ferry_error *err)
     if (!ps->staged && !ps->buf) {   /* the client's staging buffer, kept across generations */
         void *b = NULL;
         uint64_t want = need > FR_GEN_OBJECT_MAX ? need : FR_GEN_OBJECT_MAX;
-        if (ferry_store_staging_take(ps->s, (size_t)want, &b) == 0) {
+        if (ferry_store_staging_take(ps->s, (size_t)want, &b, NULL) == 0) {
             ps->buf = b, ps->buf_cap = (size_t)want, ps->staged = true;
             return 0;
         }
@@ -341,7 +341,7 @@ int ferry_publish_stream_end(ferry_publish_stream *ps, ferry_publish_stats *st, 
         char key[FR_KEY_MAX];
         for (uint32_t k = 0; k <= ps->sx.nobjects; k++)
             if (fr_key_gen_object(key, sizeof key, ps->cfg.model, ps->gen, ps->cfg.rank, k) > 0)
-                (void)ferry_store_remove(ps->s, key);
+                (void)ferry_store_remove(ps->s, key, NULL);
     }
     uint32_t node0 = 0;
     ferry_publisher_config c = ps->cfg;

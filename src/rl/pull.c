@@ -587,10 +587,10 @@ static int exchange(ferry_subscriber *sub, const fr_gen *g, uint64_t gen, const 
         rc = w && w->code ? w->code : FERRY_EIO;
     }
     (void)fr_key_sub_demand(key, sizeof key, sub->cfg.model, sub->scope, gen, me);
-    int prc = reclen ? ferry_kv_put(sub->s, key, rec, reclen, NULL) : FERRY_ENOMEM;
+    int prc = reclen ? ferry_kv_put(sub->s, key, rec, reclen, NULL, err) : FERRY_ENOMEM;
     if (rc == 0 && prc < 0)
         rc = fr_fail(err, prc, "subscriber: cannot publish the demand: %s",
-                     ferry_store_last_error());
+                     fr_why(err));
     free(rec);
     /* Everyone meets here even after a local failure, so nobody waits for
      * a demand that never comes. */
@@ -599,7 +599,7 @@ static int exchange(ferry_subscriber *sub, const fr_gen *g, uint64_t gen, const 
     snprintf(member_name, sizeof member_name, "worker %u", me);
     uint64_t tmo = sub->cfg.timeout_ms;
     uint64_t release = 0;
-    int brc = ferry_barrier(sub->s, bar, member_name, world, tmo, &release);
+    int brc = ferry_barrier(sub->s, bar, member_name, world, tmo, &release, NULL);
     *brc_out = brc;
     if (sub->early && brc == 0)
         fr_early_round_id(sub->early, release);   /* names this round's outcomes and verdict */
@@ -608,7 +608,7 @@ static int exchange(ferry_subscriber *sub, const fr_gen *g, uint64_t gen, const 
                      sub->cfg.group, ferry_strerror(brc));
     for (uint32_t k = 0; k < world && rc == 0; k++) {
         (void)fr_key_sub_demand(key, sizeof key, sub->cfg.model, sub->scope, gen, k);
-        rc = ferry_kv_get(sub->s, key, &recs[k]);
+        rc = ferry_kv_get(sub->s, key, &recs[k], NULL);
         if (rc < 0)
             fr_fail(err, rc, "subscriber: worker %u left no demand", k);
         else if (recs[k].len >= 24 && memcmp(recs[k].val, FAIL_MAGIC, 8) == 0) {
@@ -729,7 +729,7 @@ static int round_body(ferry_subscriber *sub, const fr_gen *g, uint64_t active,
         uint64_t tmo = sub->cfg.timeout_ms;
         (void)fr_key_sub_barrier(bar, sizeof bar, sub->cfg.model, sub->scope, active, "applied");
         double t6 = (double)fr_now_ns() / 1e9;
-        brc = ferry_barrier(sub->s, bar, member_name, world, tmo, NULL);
+        brc = ferry_barrier(sub->s, bar, member_name, world, tmo, NULL, NULL);
         st->barrier_s = (double)fr_now_ns() / 1e9 - t6;
         if (rc == 0 && brc < 0)
             rc = fr_fail(err, FERRY_EREBUILD, "subscriber: the group did not finish together: %s",
@@ -740,7 +740,7 @@ static int round_body(ferry_subscriber *sub, const fr_gen *g, uint64_t active,
      * out, which nobody passed, nobody reads them either.) */
     (void)fr_key_sub_demand(key, sizeof key, sub->cfg.model, sub->scope, active, me);
     if (!given && (brc == 0 || (sub->mem && brc == FERRY_ETIMEDOUT)))
-        (void)ferry_kv_delete(sub->s, key, 0, NULL);
+        (void)ferry_kv_delete(sub->s, key, 0, NULL, NULL);
     if (sub->pc.valid) {
         st->bytes_read = w->my_read;
         st->group_bytes_read = w->group_read;
@@ -792,7 +792,7 @@ static int update_round(ferry_subscriber *sub, uint64_t *generation, ferry_updat
         prc = fr_rl_prepare_at(sub->s, sub->cfg.model, active, &m, &perr);
         st->prepare_s = (double)fr_now_ns() / 1e9 - tp;
     } else {
-        int rc = fr_rl_active_read(sub->s, sub->cfg.model, &active, NULL);
+        int rc = fr_rl_active_read(sub->s, sub->cfg.model, &active, NULL, NULL);
         if (rc < 0)
             return fr_fail(err, rc, "no generation of %s is active (%s)", sub->cfg.model,
                            ferry_strerror(rc));
@@ -892,7 +892,7 @@ void fr_subscriber_forget(ferry_subscriber *sub, uint64_t gen)
 {
     char key[FR_KEY_MAX];
     (void)fr_key_sub_demand(key, sizeof key, sub->cfg.model, sub->scope, gen, sub->me);
-    (void)ferry_kv_delete(sub->s, key, 0, NULL);
+    (void)ferry_kv_delete(sub->s, key, 0, NULL, NULL);
 }
 
 int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_update_stats *st,

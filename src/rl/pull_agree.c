@@ -37,27 +37,27 @@ int fr_sub_agree(ferry_store *s, const char *model, const char *scope, uint32_t 
     *need = false;
     uint64_t r = 0;
     (void)fr_key_agree_barrier(bar, sizeof bar, model, scope, "agree");
-    int rc = ferry_barrier(s, bar, member, world, timeout_ms, &r);
+    int rc = ferry_barrier(s, bar, member, world, timeout_ms, &r, NULL);
     if (rc < 0)
         return fr_fail(err, rc, "subscriber: not every worker of group %s came to the update "
                        "within %" PRIu64 " ms: %s", scope, timeout_ms, ferry_strerror(rc));
     if (r > 1) {   /* every member is past call r - 1's reads: my proposal there can go */
         proposal_key(key, sizeof key, model, scope, r - 1, me);
-        (void)ferry_kv_delete(s, key, 0, NULL);
+        (void)ferry_kv_delete(s, key, 0, NULL, NULL);
     }
     uint64_t seen = 0;
-    rc = fr_rl_active_read(s, model, &seen, NULL);
+    rc = fr_rl_active_read(s, model, &seen, NULL, NULL);
     if (rc < 0 && rc != FERRY_ENOENT)
         seen = 0;   /* cannot tell: the others' proposals decide, a failure shows at prepare */
     char val[48];
     snprintf(val, sizeof val, "%" PRIu64 " %" PRIu64, seen, held);
     proposal_key(key, sizeof key, model, scope, r, me);
-    rc = ferry_kv_put(s, key, val, strlen(val), NULL);
+    rc = ferry_kv_put(s, key, val, strlen(val), NULL, err);
     if (rc < 0)
         return fr_fail(err, rc, "subscriber: cannot post this worker's generation for group %s: "
-                       "%s", scope, ferry_store_last_error());
+                       "%s", scope, fr_why(err));
     (void)fr_key_agree_barrier(bar, sizeof bar, model, scope, "agreed");
-    rc = ferry_barrier(s, bar, member, world, timeout_ms, NULL);
+    rc = ferry_barrier(s, bar, member, world, timeout_ms, NULL, NULL);
     if (rc < 0)
         return fr_fail(err, rc, "subscriber: not every worker of group %s said which generation "
                        "it saw within %" PRIu64 " ms: %s", scope, timeout_ms, ferry_strerror(rc));
@@ -65,7 +65,7 @@ int fr_sub_agree(ferry_store *s, const char *model, const char *scope, uint32_t 
     for (uint32_t k = 0; k < world; k++) {
         ferry_kv_value v = {0};
         proposal_key(key, sizeof key, model, scope, r, k);
-        rc = ferry_kv_get(s, key, &v);
+        rc = ferry_kv_get(s, key, &v, NULL);
         unsigned long long a = 0, h = 0;
         if (rc == 0 && (v.len >= sizeof val || sscanf(v.val, "%llu %llu", &a, &h) != 2))
             rc = FERRY_EPROTO;

@@ -87,10 +87,10 @@ int fr_early_wait(fr_early *ea, ferry_error *err)
     char prefix[FR_KEY_MAX], k[FR_KEY_MAX];
     (void)fr_key_wk_part(prefix, sizeof prefix, ea->model, ea->next, -1);
     ferry_watch *w = NULL;
-    int rc = ferry_kv_watch(ea->s, prefix, 0, &w);
+    int rc = ferry_kv_watch(ea->s, prefix, 0, &w, err);
     if (rc < 0)
         return fr_fail(err, rc, "subscriber: cannot watch the trainers' parts of generation %"
-                       PRIu64 ": %s", ea->next, ferry_store_last_error());
+                       PRIu64 ": %s", ea->next, fr_why(err));
     bool *have = calloc(ea->nranks ? ea->nranks : 1, sizeof *have);
     if (!have) {
         ferry_watch_close(w);
@@ -104,7 +104,7 @@ int fr_early_wait(fr_early *ea, ferry_error *err)
             (void)fr_key_wk_part(k, sizeof k, ea->model, ea->next, r);
             ferry_kv_value v = {0};
             uint64_t seg = 0;
-            if (ferry_kv_get(ea->s, k, &v) == 0 && part_ok(&v, &ea->nobj[r], &seg, &ea->sums[r])) {
+            if (ferry_kv_get(ea->s, k, &v, NULL) == 0 && part_ok(&v, &ea->nobj[r], &seg, &ea->sums[r])) {
                 have[r] = true;
                 missing--;
                 ea->rev[r] = v.mod_rev;
@@ -120,7 +120,7 @@ int fr_early_wait(fr_early *ea, ferry_error *err)
             break;
         int left = fr_ms_left(ea->deadline);
         ferry_kv_event ev;
-        rc = left == 0 ? FERRY_ETIMEDOUT : ferry_watch_next(w, left, &ev);
+        rc = left == 0 ? FERRY_ETIMEDOUT : ferry_watch_next(w, left, &ev, NULL);
         if (rc == FERRY_ETIMEDOUT)
             rc = fr_fail(err, rc, "subscriber: %u of %u trainer ranks had not stored their "
                          "part of generation %" PRIu64 " in time", missing, ea->nranks,
@@ -143,7 +143,7 @@ void fr_early_outcome(fr_early *ea, int rc)
         return;   /* the group never met: nobody waits for it */
     int n = rc == 0 ? snprintf(v, sizeof v, "%s ok", ea->tag)
                     : snprintf(v, sizeof v, "%s failed %d", ea->tag, rc);
-    (void)ferry_kv_put(ea->s, k, v, (size_t)n, NULL);
+    (void)ferry_kv_put(ea->s, k, v, (size_t)n, NULL, NULL);
 }
 
 /* Until key holds a value of round `tag` ("<tag> <rest>"; <rest> copied
@@ -153,10 +153,10 @@ static int wait_key(ferry_store *s, const char *key, const char *tag, uint64_t d
 {
     size_t tl = strlen(tag);
     ferry_watch *w = NULL;
-    int rc = ferry_kv_watch(s, key, 0, &w);
+    int rc = ferry_kv_watch(s, key, 0, &w, NULL);
     while (rc == 0) {
         ferry_kv_value v = {0};
-        if (ferry_kv_get(s, key, &v) == 0) {
+        if (ferry_kv_get(s, key, &v, NULL) == 0) {
             const char *t = v.val;
             bool mine = v.len > tl && !memcmp(t, tag, tl) && t[tl] == ' ';
             if (mine)
@@ -167,7 +167,7 @@ static int wait_key(ferry_store *s, const char *key, const char *tag, uint64_t d
         }
         int left = fr_ms_left(deadline);
         ferry_kv_event ev;
-        rc = left == 0 ? FERRY_ETIMEDOUT : ferry_watch_next(w, left, &ev);
+        rc = left == 0 ? FERRY_ETIMEDOUT : ferry_watch_next(w, left, &ev, NULL);
     }
     ferry_watch_close(w);
     return rc;
@@ -199,7 +199,7 @@ static void decide(fr_early *ea, int my_rc, const ferry_error *my_err, char *out
     for (uint32_t r = 0; r < ea->nranks; r++) {
         (void)fr_key_wk_part(k, sizeof k, ea->model, ea->next, r);
         ferry_kv_value pv = {0};
-        int rc = ferry_kv_get(ea->s, k, &pv);
+        int rc = ferry_kv_get(ea->s, k, &pv, NULL);
         ferry_store_free(pv.val);
         if (rc < 0 || pv.mod_rev != ea->rev[r]) {
             snprintf(out, cap, "redo trainer rank %u's part changed while it was read (an "
@@ -338,7 +338,7 @@ int ferry_subscriber_update_next(ferry_subscriber *sub, uint64_t next, uint64_t 
     } else if (c->rank == 0) {
         int n = snprintf(verdict, sizeof verdict, "%s ", ea.tag);
         decide(&ea, rrc, &rerr, verdict + n, sizeof verdict - (size_t)n);
-        (void)ferry_kv_put(ea.s, k, verdict, strlen(verdict), NULL);
+        (void)ferry_kv_put(ea.s, k, verdict, strlen(verdict), NULL, NULL);
         memmove(verdict, verdict + n, strlen(verdict + n) + 1);
     } else if (wait_key(ea.s, k, ea.tag, deadline, verdict, sizeof verdict) < 0) {
         snprintf(verdict, sizeof verdict, "lost");

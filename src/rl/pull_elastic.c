@@ -24,7 +24,7 @@ int fr_sub_elastic_update(ferry_subscriber *sub, fr_members *mem, uint64_t *gene
     ferry_store *s = fr_sub_store(sub);
     uint64_t tmo = cfg->timeout_ms;
     uint64_t deadline = fr_now_ns() + tmo * 1000000u, active = 0;
-    int rc = fr_rl_active_read(s, cfg->model, &active, NULL);
+    int rc = fr_rl_active_read(s, cfg->model, &active, NULL, NULL);
     if (rc < 0)
         return fr_fail(err, rc, "no generation of %s is active (%s)", cfg->model,
                        ferry_strerror(rc));

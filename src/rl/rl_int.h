@@ -25,7 +25,7 @@ void fr_rl_sample_queue_resolve(struct ferry_sample_queue_config *c);
  * and updates, which lease every object anyway; ferry_weights_active does
  * check). 0, FERRY_ENOENT, FERRY_EPROTO, or the store's error. */
 int fr_rl_active_read(ferry_store *s, const char *model, uint64_t *generation,
-                      uint8_t digest[16]);
+                      uint8_t digest[16], ferry_error *err);
 
 /* Generation `generation`'s manifest (every object leased), whether or not
  * it is the active one: what a group agreed on (pull_agree.c). */

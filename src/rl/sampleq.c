@@ -52,11 +52,11 @@ int ferry_sample_queue_open(ferry_store *s, const ferry_sample_queue_config *cfg
     }
     snprintf(q->recompute, sizeof q->recompute, "%s.recompute", cfg->queue);
     if (cfg->bound) {
-        int rc = ferry_queue_config(s, cfg->queue, cfg->bound);
+        int rc = ferry_queue_config(s, cfg->queue, cfg->bound, err);
         if (rc < 0) {
             free(q);
             return fr_fail(err, rc, "sample queue %s: cannot set its bound: %s", cfg->queue,
-                           ferry_store_last_error());
+                           fr_why(err));
         }
     }
     *out = q;
@@ -166,7 +166,7 @@ static int push_record(ferry_sample_queue *q, const char *queue, const char *rec
     unsigned wait = 2;
     bool waited = false;
     for (;;) {
-        int rc = ferry_queue_push(q->s, queue, rec, strlen(rec), id);
+        int rc = ferry_queue_push(q->s, queue, rec, strlen(rec), id, err);
         if (rc == 0)
             return 0;
         if (rc == FERRY_EAGAIN && q->cfg.fail_when_full) {
@@ -176,7 +176,7 @@ static int push_record(ferry_sample_queue *q, const char *queue, const char *rec
         }
         if (rc != FERRY_EAGAIN && !fr_sq_retryable(rc))
             return fr_fail(err, rc, "sample queue %s: push failed: %s", queue,
-                           ferry_store_last_error());
+                           fr_why(err));
         if (rc == FERRY_EAGAIN && !waited) {
             q->st.push_waits++;
             waited = true;
@@ -230,12 +230,12 @@ int ferry_sample_push(ferry_sample_queue *q, ferry_rollout_session *rs,
             data[nm++] = mem[i].p;
             snprintf(mem[i].ref, FERRY_RECORD_REF_MAX + 1, "store://%s#%s", key, mem[i].name);
         }
-        rc = ferry_store_put_struct(q->s, key, m, data, nm, &rc1);
+        rc = ferry_store_put_struct(q->s, key, m, data, nm, &rc1, err);
         if (rc == 0)
             break;
         if (!fr_sq_retryable(rc) || fr_now_ns() >= dl)
             return fr_fail(err, rc, "sample_push: storing the payload of '%s': %s",
-                           rs->session_id, ferry_store_last_error());
+                           rs->session_id, fr_why(err));
         q->st.push_retries++;
         fr_sq_backoff(&wait);
     }
@@ -243,14 +243,14 @@ int ferry_sample_push(ferry_sample_queue *q, ferry_rollout_session *rs,
     char *rec = NULL;
     rc = envelope(rs, uid, fr_sq_wall_ms(), d, key, &rec);
     if (rc < 0) {
-        (void)ferry_store_remove(q->s, key);
+        (void)ferry_store_remove(q->s, key, NULL);
         return fr_fail(err, rc, "sample_push: the record of session '%s' cannot be encoded",
                        rs->session_id);
     }
     rc = push_record(q, q->cfg.queue, rec, id, err);
     free(rec);
     if (rc < 0) {
-        (void)ferry_store_remove(q->s, key);   /* nothing left behind */
+        (void)ferry_store_remove(q->s, key, NULL);   /* nothing left behind */
         rs->prompt_ref[0] = rs->output_ref[0] = rs->logprob_ref[0] = rs->reward_ref[0] = '\0';
         return rc;
     }
@@ -306,11 +306,11 @@ static int pop_from(ferry_sample_queue *q, const char *queue, bool samples, uint
     if (!recs)
         return fr_fail(err, FERRY_ENOMEM, "sample_pop: out of memory");
     size_t got = 0;
-    int rc = ferry_queue_pop(q->s, queue, max, q->cfg.lease_ms, recs, &got);
+    int rc = ferry_queue_pop(q->s, queue, max, q->cfg.lease_ms, recs, &got, err);
     if (rc < 0) {
         free(recs);
         return fr_fail(err, rc, "sample queue %s: pop failed: %s", queue,
-                       ferry_store_last_error());
+                       fr_why(err));
     }
     uint64_t now = fr_sq_wall_ms();
     size_t k = 0, i;
@@ -321,7 +321,7 @@ static int pop_from(ferry_sample_queue *q, const char *queue, bool samples, uint
             /* A record that is not a sample: ack it away rather than loop on it. */
             FR_WARN("rl", "queue %s: record %" PRIu64 " is not a sample (%s); removed", queue,
                     recs[i].id, e2.msg);
-            (void)ferry_queue_ack(q->s, recs[i].id, recs[i].token);
+            (void)ferry_queue_ack(q->s, recs[i].id, recs[i].token, NULL);
             continue;
         }
         smp->id = recs[i].id;
@@ -339,22 +339,22 @@ static int pop_from(ferry_sample_queue *q, const char *queue, bool samples, uint
             smp->session.policy_version, q->cfg.input_version, q->cfg.max_policy_lag);
         if (vd == FERRY_VERSION_AHEAD) {   /* back, unclaimed, until the consumer catches up */
             q->st.ahead++;
-            (void)ferry_queue_nack(q->s, smp->id, smp->token);
+            (void)ferry_queue_nack(q->s, smp->id, smp->token, NULL);
             ferry_sample_clear(smp);
             continue;
         }
         int t = fr_sq_take(q, smp, vd == FERRY_VERSION_STALE);
         if (t < 0) {
-            (void)ferry_queue_nack(q->s, smp->id, smp->token);
+            (void)ferry_queue_nack(q->s, smp->id, smp->token, err);
             ferry_sample_clear(smp);
             rc = fr_fail(err, t, "sample queue %s: claiming a sample: %s", queue,
-                         ferry_store_last_error());
+                         fr_why(err));
             break;
         }
         if (t != FR_SQ_TAKEN) {
             if (t == FR_SQ_DUPLICATE) {   /* the payload belongs to the claimer */
                 q->st.duplicates++;
-                (void)fr_sq_ack_retry(q, smp->id, smp->token);
+                (void)fr_sq_ack_retry(q, smp->id, smp->token, NULL);
             } else if (t == FR_SQ_DONE) {   /* acked by a consumer that died before the end */
                 q->st.duplicates++;
                 fr_sq_finish(q, smp->payload, smp->uid, smp->id, smp->token);
@@ -373,9 +373,9 @@ static int pop_from(ferry_sample_queue *q, const char *queue, bool samples, uint
     if (rc < 0) {
         /* hand back whatever was not looked at yet, and the admitted ones */
         for (size_t j = i + 1; j < got; j++)
-            (void)ferry_queue_nack(q->s, recs[j].id, recs[j].token);
+            (void)ferry_queue_nack(q->s, recs[j].id, recs[j].token, NULL);
         for (size_t j = 0; j < k; j++) {
-            (void)ferry_queue_nack(q->s, out[j].id, out[j].token);
+            (void)ferry_queue_nack(q->s, out[j].id, out[j].token, NULL);
             ferry_sample_clear(&out[j]);
         }
         k = 0;
@@ -412,7 +412,7 @@ int ferry_sample_read(ferry_sample_queue *q, const ferry_sample *smp, int32_t *p
             continue;
         size_t cap = (size_t)want[i].n * 4, len = 0;
         int rc = ferry_store_read_member(q->s, smp->payload, want[i].name, 0, want[i].n,
-                                         want[i].dst, cap, &len);
+                                         want[i].dst, cap, &len, err);
         if (rc == 0 && len != cap)
             rc = FERRY_ECORRUPT;
         if (rc < 0)
@@ -421,7 +421,7 @@ int ferry_sample_read(ferry_sample_queue *q, const ferry_sample *smp, int32_t *p
                            want[i].name, smp->payload,
                            rc == FERRY_ECORRUPT || rc == FERRY_ERANGE
                                   ? "the object disagrees with the record"
-                                  : ferry_store_last_error());
+                                  : fr_why(err));
     }
     return 0;
 }
@@ -435,11 +435,12 @@ int ferry_sample_ack(ferry_sample_queue *q, const ferry_sample *smp, size_t n, b
     size_t nstale = 0;
     for (size_t i = 0; i < n; i++) {
         const ferry_sample *x = &smp[i];
+        ferry_error se = {0};
         int rc;
         if (!x->payload[0]) {   /* a recompute request: a record and nothing else */
-            rc = fr_sq_ack_retry(q, x->id, x->token);
+            rc = fr_sq_ack_retry(q, x->id, x->token, &se);
         } else {
-            rc = fr_sq_mark_done(q, x);
+            rc = fr_sq_mark_done(q, x, &se);
             if (rc == 0)
                 fr_sq_finish(q, x->payload, x->uid, x->id, x->token);
         }
@@ -454,7 +455,7 @@ int ferry_sample_ack(ferry_sample_queue *q, const ferry_sample *smp, size_t n, b
                 first = FERRY_ESTALE;
         } else if (!first || first == FERRY_ESTALE) {
             first = fr_fail(err, rc, "sample_ack: sample '%s': %s", x->session.session_id,
-                            ferry_store_last_error());
+                            se.msg);
         }
     }
     if (first == FERRY_ESTALE)
@@ -463,15 +464,17 @@ int ferry_sample_ack(ferry_sample_queue *q, const ferry_sample *smp, size_t n, b
     return first;
 }
 
-int ferry_sample_release(ferry_sample_queue *q, const ferry_sample *smp, size_t n)
+int ferry_sample_release(ferry_sample_queue *q, const ferry_sample *smp, size_t n, ferry_error *err)
 {
     if (!q || (n && !smp))
-        return FERRY_EINVAL;
+        return fr_fail(err, FERRY_EINVAL, "sample_release: bad arguments");
     int first = 0;
     for (size_t i = 0; i < n; i++) {
-        int rc = ferry_queue_nack(q->s, smp[i].id, smp[i].token);
+        ferry_error se;
+        int rc = ferry_queue_nack(q->s, smp[i].id, smp[i].token, first ? NULL : &se);
         if (rc < 0 && !first)
-            first = rc;
+            first = fr_fail(err, rc, "sample_release: sample '%s': %s", smp[i].session.session_id,
+                            se.msg);
     }
     return first;
 }
@@ -495,49 +498,56 @@ int ferry_kvcache_ref_version(const char *ref, uint64_t *version)
 
 int ferry_kvcache_put(ferry_store *s, const char *ns, uint64_t version, const char *name,
                       const void *data, size_t len, char *ref, size_t refcap,
-                      ferry_kvcache_stats *st)
+                      ferry_kvcache_stats *st, ferry_error *err)
 {
     char key[FERRY_RECORD_REF_MAX + 1];
     int k = fr_key_kvcache(key, sizeof key, ns, version);
-    if (k < 0 || !s || !name || !name[0] || !ref)
-        return k < 0 ? k : FERRY_EINVAL;
+    if (k < 0)
+        return fr_fail(err, k, "kvcache put: the namespace is too long for a reference");
+    if (!s || !name || !name[0] || !ref)
+        return fr_fail(err, FERRY_EINVAL, "kvcache put: no store, name or reference buffer");
     if (snprintf(key + k, sizeof key - (size_t)k, "%s", name) >= (int)(sizeof key - (size_t)k) ||
         (size_t)snprintf(ref, refcap, "store://%s", key) >= refcap)
-        return FERRY_EMSGSIZE;
+        return fr_fail(err, FERRY_EMSGSIZE, "kvcache put: the key is longer than a reference allows");
     ferry_replicate_config rc1 = { .replica_num = 1 };
-    int rc = ferry_store_put(s, key, data, len, &rc1, NULL);
+    int rc = ferry_store_put(s, key, data, len, &rc1, NULL, err);
     if (rc == 0 && st)
         st->stored++;
     return rc;
 }
 
 int ferry_kvcache_get(ferry_store *s, const char *ref, uint64_t active_version, void *dst,
-                      size_t cap, size_t *len, ferry_kvcache_stats *st)
+                      size_t cap, size_t *len, ferry_kvcache_stats *st, ferry_error *err)
 {
     uint64_t v = 0;
     int rc = ferry_kvcache_ref_version(ref, &v);
-    if (rc < 0 || !s)
-        return rc < 0 ? rc : FERRY_EINVAL;
+    if (rc < 0)
+        return fr_fail(err, rc, "kvcache get: not a KV cache reference");
+    if (!s)
+        return fr_fail(err, FERRY_EINVAL, "kvcache get: no store");
     if (v != active_version) {
         if (st)
             st->refused++;
-        return FERRY_ESTALE;   /* produced under another policy: recompute */
+        return fr_fail(err, FERRY_ESTALE, "kvcache get: %s was produced under policy version %"
+                       PRIu64 ", not the active %" PRIu64 ": recompute it", ref, v, active_version);
     }
-    rc = ferry_store_get_into(s, ref + 8, dst, cap, len);
+    rc = ferry_store_get_into(s, ref + 8, dst, cap, len, err);
     if (rc == 0 && st)
         st->hits++;
     return rc;
 }
 
 int ferry_kvcache_retire(ferry_store *s, const char *ns, uint64_t version, uint64_t *removed,
-                         ferry_kvcache_stats *st)
+                         ferry_kvcache_stats *st, ferry_error *err)
 {
     char prefix[FERRY_RECORD_REF_MAX + 1];
     int k = fr_key_kvcache(prefix, sizeof prefix, ns, version);
-    if (k < 0 || !s)
-        return k < 0 ? k : FERRY_EINVAL;
+    if (k < 0)
+        return fr_fail(err, k, "kvcache retire: the namespace is too long for a reference");
+    if (!s)
+        return fr_fail(err, FERRY_EINVAL, "kvcache retire: no store");
     uint64_t r = 0;
-    int rc = ferry_store_remove_prefix(s, prefix, &r);
+    int rc = ferry_store_remove_prefix(s, prefix, &r, err);
     if (rc == 0 && st)
         st->retired += r;
     if (removed)

@@ -41,13 +41,13 @@ void fr_sq_backoff(unsigned *ms)
     *ms = *ms < 50 ? *ms * 2 : 100;
 }
 
-int fr_sq_ack_retry(ferry_sample_queue *q, uint64_t id, uint32_t token)
+int fr_sq_ack_retry(ferry_sample_queue *q, uint64_t id, uint32_t token, ferry_error *err)
 {
     unsigned wait = 2;
     bool retried = false;
     uint64_t dl = fr_deadline_ns((int64_t)q->cfg.push_timeout_ms);
     for (;;) {
-        int rc = ferry_queue_ack(q->s, id, token);
+        int rc = ferry_queue_ack(q->s, id, token, err);
         if (rc == FERRY_ENOENT && retried)
             return 0;   /* the first try landed; its reply was lost */
         if (!fr_sq_retryable(rc) || fr_now_ns() >= dl)
@@ -99,7 +99,7 @@ static bool claim_parse(const char *p, size_t len, cval *c)
 static int claim_get(ferry_sample_queue *q, const char *key, cval *c)
 {
     ferry_kv_value v = {0};
-    int rc = ferry_kv_get(q->s, key, &v);
+    int rc = ferry_kv_get(q->s, key, &v, NULL);
     if (rc < 0)
         return rc;
     bool ok = claim_parse(v.val, v.len, c);
@@ -152,7 +152,7 @@ int fr_sq_take(ferry_sample_queue *q, const ferry_sample *smp, bool done)
         if (round > 16)
             return FERRY_ESTATE;   /* others keep changing it: give the record back */
         uint64_t r = 0;
-        int rc = ferry_kv_cas(q->s, key, 0, val, (size_t)n, &r);
+        int rc = ferry_kv_cas(q->s, key, 0, val, (size_t)n, &r, NULL);
         if (rc == FERRY_ESTATE) {
             cval c;
             rc = claim_get(q, key, &c);
@@ -169,7 +169,7 @@ int fr_sq_take(ferry_sample_queue *q, const ferry_sample *smp, bool done)
             if (rc == 0 && c.token > smp->token)
                 return FR_SQ_LATE;
             if (rc == 0)   /* an earlier delivery of this record: this one takes over */
-                rc = ferry_kv_cas(q->s, key, c.rev, val, (size_t)n, &r);
+                rc = ferry_kv_cas(q->s, key, c.rev, val, (size_t)n, &r, NULL);
             if (rc == FERRY_ESTATE)
                 continue;
         }
@@ -203,7 +203,7 @@ static int claim_mine(ferry_sample_queue *q, const char *key, const ferry_sample
     return c.done ? 1 : 0;
 }
 
-int fr_sq_mark_done(ferry_sample_queue *q, const ferry_sample *smp)
+int fr_sq_mark_done(ferry_sample_queue *q, const ferry_sample *smp, ferry_error *err)
 {
     uint64_t rev = 0;
     bool have_rev = claim_rev(q, smp, &rev);   /* else one more round trip to read it */
@@ -219,9 +219,11 @@ int fr_sq_mark_done(ferry_sample_queue *q, const ferry_sample *smp)
             rc = claim_mine(q, key, smp, &rev);
             if (rc == 1)   /* done: by our own try whose reply was lost, or acked twice */
                 return retried ? 0 : FERRY_ESTALE;
+            if (rc < 0 && rc != FERRY_ESTALE)
+                fr_fail(err, rc, "reading its claim %s: %s", key, ferry_strerror(rc));
         }
         if (rc == 0)
-            rc = ferry_kv_cas(q->s, key, rev, val, (size_t)n, NULL);
+            rc = ferry_kv_cas(q->s, key, rev, val, (size_t)n, NULL, err);
         if (rc == 0 || rc == FERRY_ESTALE)
             return rc;
         if (rc == FERRY_ESTATE) {
@@ -260,9 +262,9 @@ static void defer(ferry_sample_queue *q, const char *payload, uint64_t uid, uint
 void fr_sq_finish(ferry_sample_queue *q, const char *payload, uint64_t uid, uint64_t id,
                   uint32_t token)
 {
-    int rc = payload[0] ? ferry_store_remove(q->s, payload) : 0;
+    int rc = payload[0] ? ferry_store_remove(q->s, payload, NULL) : 0;
     if (rc == 0 || rc == FERRY_ENOENT)
-        (void)fr_sq_ack_retry(q, id, token);   /* FERRY_ESTALE: delivered again, theirs to end */
+        (void)fr_sq_ack_retry(q, id, token, NULL);   /* FERRY_ESTALE: delivered again, theirs to end */
     else
         defer(q, payload, uid, id, token);     /* a read lease (or the master away) */
 }
@@ -277,9 +279,9 @@ void fr_sq_retry_deferred(ferry_sample_queue *q, bool all)
             q->def[keep++] = *d;
             continue;
         }
-        int rc = ferry_store_remove(q->s, d->key);
+        int rc = ferry_store_remove(q->s, d->key, NULL);
         if (rc == 0 || rc == FERRY_ENOENT) {
-            (void)fr_sq_ack_retry(q, d->id, d->token);
+            (void)fr_sq_ack_retry(q, d->id, d->token, NULL);
         } else if (!all) {
             d->after_ms = now + 100;
             q->def[keep++] = *d;
@@ -307,7 +309,7 @@ void fr_sq_drop_claims(ferry_sample_queue *q, uint64_t input_version)
     for (size_t i = 0; i < q->nclaims; i++) {
         fr_sq_claim *c = &q->claims[i];
         if (c->version + q->cfg.max_policy_lag < input_version && !deferred_uid(q, c->uid))
-            (void)ferry_kv_delete(q->s, c->key, 0, NULL);
+            (void)ferry_kv_delete(q->s, c->key, 0, NULL, NULL);
         else
             q->claims[keep++] = *c;
     }
@@ -324,19 +326,22 @@ struct ferry_sample_claims {
     size_t plen;
 };
 
-int ferry_sample_claims_open(ferry_store *s, const char *queue, ferry_sample_claims **out)
+int ferry_sample_claims_open(ferry_store *s, const char *queue, ferry_sample_claims **out,
+                             ferry_error *err)
 {
     if (!s || !queue || !queue[0] || !out)
-        return FERRY_EINVAL;
+        return fr_fail(err, FERRY_EINVAL, "sample claims: no store, queue or result");
     *out = NULL;
     ferry_sample_claims *c = calloc(1, sizeof *c);
     if (!c)
-        return FERRY_ENOMEM;
+        return fr_fail(err, FERRY_ENOMEM, "sample claims: out of memory");
     c->s = s;
     int n = fr_key_claims(c->prefix, sizeof c->prefix, queue);
     int rc = n < 0 ? n : fr_key_claims_mark(c->mark, sizeof c->mark, queue);
-    if (rc >= 0)
-        rc = ferry_kv_watch(s, c->prefix, 0, &c->w);
+    if (rc < 0)
+        fr_fail(err, rc, "sample claims: the queue name '%s' is too long", queue);
+    else if ((rc = ferry_kv_watch(s, c->prefix, 0, &c->w, err)) < 0)
+        fr_fail(err, rc, "sample claims of queue %s: %s", queue, fr_why(err));
     if (rc < 0) {
         free(c);
         return rc;
@@ -346,16 +351,19 @@ int ferry_sample_claims_open(ferry_store *s, const char *queue, ferry_sample_cla
     return 0;
 }
 
-int ferry_sample_claims_next(ferry_sample_claims *c, int timeout_ms, ferry_sample_claim *out)
+int ferry_sample_claims_next(ferry_sample_claims *c, int timeout_ms, ferry_sample_claim *out,
+                             ferry_error *err)
 {
     if (!c || !out)
-        return FERRY_EINVAL;
+        return fr_fail(err, FERRY_EINVAL, "sample claims: no log or result");
     memset(out, 0, sizeof *out);
     ferry_kv_event ev;
     int rc;
     do   /* the mark's removal is no event of the log */
-        rc = ferry_watch_next(c->w, timeout_ms, &ev);
+        rc = ferry_watch_next(c->w, timeout_ms, &ev, err);
     while (rc == 0 && ev.deleted && !strcmp(ev.key, c->mark));
+    if (rc == FERRY_ETIMEDOUT)
+        return fr_fail(err, rc, "sample claims: no claim written within %d ms", timeout_ms);
     if (rc < 0)
         return rc;
     out->deleted = ev.deleted;
@@ -366,26 +374,27 @@ int ferry_sample_claims_next(ferry_sample_claims *c, int timeout_ms, ferry_sampl
     const char *u = ev.key + c->plen;
     char *end = NULL;
     out->uid = strtoull(u, &end, 16);
-    if (end != u + 16 || *end)
-        return FERRY_EPROTO;   /* under the prefix, but no claim of this queue */
+    if (end != u + 16 || *end)   /* under the prefix, but no claim of this queue */
+        return fr_fail(err, FERRY_EPROTO, "sample claims: %s is no claim of this queue", ev.key);
     cval v;
     if (ev.deleted)
         return 0;
     if (!claim_parse(ev.val, ev.len, &v))
-        return FERRY_EPROTO;
+        return fr_fail(err, FERRY_EPROTO, "sample claims: the claim %s holds no claim this "
+                       "version of ferry knows", ev.key);
     out->id = v.id;
     out->token = v.token;
     out->done = v.done;
     return 0;
 }
 
-int ferry_sample_claims_mark(ferry_sample_claims *c)
+int ferry_sample_claims_mark(ferry_sample_claims *c, ferry_error *err)
 {
     if (!c)
-        return FERRY_EINVAL;
-    int rc = ferry_kv_put(c->s, c->mark, "mark", 4, NULL);
+        return fr_fail(err, FERRY_EINVAL, "sample claims: no log");
+    int rc = ferry_kv_put(c->s, c->mark, "mark", 4, NULL, err);
     if (rc == 0)
-        (void)ferry_kv_delete(c->s, c->mark, 0, NULL);   /* the watch saw the put */
+        (void)ferry_kv_delete(c->s, c->mark, 0, NULL, NULL);   /* the watch saw the put */
     return rc;
 }
 
@@ -398,18 +407,18 @@ void ferry_sample_claims_close(ferry_sample_claims *c)
 }
 
 int ferry_sample_payloads(ferry_store *s, const char *queue, size_t max, char ***keys, size_t *n,
-                          bool *more)
+                          bool *more, ferry_error *err)
 {
     if (!s || !queue || !queue[0] || !keys || !n)
-        return FERRY_EINVAL;
+        return fr_fail(err, FERRY_EINVAL, "sample payloads: no store, queue or result");
     *keys = NULL;
     *n = 0;
     char prefix[FR_KEY_MAX], claims[FR_KEY_MAX];
     int rc = fr_key_samples(prefix, sizeof prefix, queue);
     int cl = rc < 0 ? rc : fr_key_claims(claims, sizeof claims, queue);
     if (cl < 0)
-        return cl;
-    rc = ferry_store_list(s, prefix, NULL, max, keys, n, more);
+        return fr_fail(err, cl, "sample payloads: the queue name '%s' is too long", queue);
+    rc = ferry_store_list(s, prefix, NULL, max, keys, n, more, err);
     if (rc < 0)
         return rc;
     size_t k = 0;

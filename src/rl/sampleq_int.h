@@ -44,7 +44,7 @@ bool fr_sq_retryable(int rc);
 void fr_sq_backoff(unsigned *ms);
 /* ferry_queue_ack, retried while the master is unreachable (up to
  * push_timeout_ms); FERRY_ENOENT after a retry counts as done. */
-int fr_sq_ack_retry(ferry_sample_queue *q, uint64_t id, uint32_t token);
+int fr_sq_ack_retry(ferry_sample_queue *q, uint64_t id, uint32_t token, ferry_error *err);
 
 /* What a popped delivery of a sample record may do (fr_sq_take). */
 enum fr_sq_take {
@@ -63,7 +63,7 @@ int fr_sq_take(ferry_sample_queue *q, const ferry_sample *smp, bool done);
  * FERRY_ESTALE when the record was delivered again since (or this delivery
  * was acked already); another negative code when the master stayed
  * unreachable. */
-int fr_sq_mark_done(ferry_sample_queue *q, const ferry_sample *smp);
+int fr_sq_mark_done(ferry_sample_queue *q, const ferry_sample *smp, ferry_error *err);
 /* End a record whose sample is done: remove the payload, then ack the
  * record, never the other way round. A removal refused by a reader's lease
  * is deferred with the record, which stays leased until then. */

@@ -38,7 +38,7 @@ static int prepare_once(ferry_store *s, const char *model, uint64_t *generation,
 {
     uint64_t active = 0;
     *current = false;
-    int rc = fr_rl_active_read(s, model, &active, NULL);
+    int rc = fr_rl_active_read(s, model, &active, NULL, NULL);
     if (rc < 0)
         return fr_fail(err, rc, "no generation of %s is active (%s)", model, ferry_strerror(rc));
     if (active == *generation) {

@@ -16,14 +16,14 @@
 /* ---- probes: one object per store segment ------------------------------------------ */
 
 int fr_rl_probe_put(ferry_store *s, const char *model, uint64_t gen, const char *manifest,
-                    size_t len)
+                    size_t len, ferry_error *err)
 {
     /* One object per store segment: the first object of the first rank
      * whose objects landed there ("rank R SEGMENT OBJECTS ..." lines). */
     size_t cap = 4096, n = 0, nseg = 0, segcap = 16;
     char *out = malloc(cap), *text = malloc(len + 1);
     uint64_t *segs = malloc(segcap * sizeof *segs);
-    int rc = out && segs && text ? 0 : FERRY_ENOMEM;
+    int rc = out && segs && text ? 0 : fr_fail(err, FERRY_ENOMEM, "out of memory");
     if (text) {
         memcpy(text, manifest, len);
         text[len] = '\0';
@@ -46,7 +46,7 @@ int fr_rl_probe_put(ferry_store *s, const char *model, uint64_t gen, const char 
         if (nseg == segcap) {
             uint64_t *ns = realloc(segs, 2 * segcap * sizeof *segs);
             if (!ns) {
-                rc = FERRY_ENOMEM;
+                rc = fr_fail(err, FERRY_ENOMEM, "out of memory");
                 break;
             }
             segs = ns;
@@ -55,7 +55,7 @@ int fr_rl_probe_put(ferry_store *s, const char *model, uint64_t gen, const char 
         if (n + strlen(key) + 32 > cap) {
             char *no2 = realloc(out, 2 * cap + strlen(key) + 32);
             if (!no2) {
-                rc = FERRY_ENOMEM;
+                rc = fr_fail(err, FERRY_ENOMEM, "out of memory");
                 break;
             }
             out = no2;
@@ -67,7 +67,7 @@ int fr_rl_probe_put(ferry_store *s, const char *model, uint64_t gen, const char 
     if (rc == 0) {
         char k[FR_KEY_MAX];
         fr_key_wk(k, sizeof k, model, gen, "probe");
-        rc = ferry_kv_put(s, k, out, n, NULL);
+        rc = ferry_kv_put(s, k, out, n, NULL, err);
     }
     free(out);
     free(segs);
@@ -83,12 +83,12 @@ int fr_rl_check_whole(ferry_store *s, const char *model, ferry_weights_status *o
     char k[FR_KEY_MAX];
     fr_key_wk(k, sizeof k, model, out->generation, "probe");
     ferry_kv_value v = {0};
-    int rc = ferry_kv_get(s, k, &v);
+    int rc = ferry_kv_get(s, k, &v, err);
     if (rc == FERRY_ENOENT)
         return 0;   /* published before probes were recorded: not checked */
     if (rc < 0)
         return fr_fail(err, rc, "cannot check generation %" PRIu64 " of %s: %s",
-                       out->generation, model, ferry_store_last_error());
+                       out->generation, model, fr_why(err));
     char *p = v.val, *end = p + v.len;
     while (rc == 0 && p < end) {
         char *eol = memchr(p, '\n', (size_t)(end - p));
@@ -96,13 +96,13 @@ int fr_rl_check_whole(ferry_store *s, const char *model, ferry_weights_status *o
         if (!eol || !tab)
             break;
         *eol = '\0';
-        int ex = ferry_store_exist(s, tab + 1);
+        int ex = ferry_store_exist(s, tab + 1, err);
         out->segments++;
         if (ex == 0 || ex == FERRY_ELOST)
             out->lost_segments++;
         else if (ex < 0)
             rc = fr_fail(err, ex, "cannot check generation %" PRIu64 " of %s: %s",
-                         out->generation, model, ferry_store_last_error());
+                         out->generation, model, fr_why(err));
         p = eol + 1;
     }
     ferry_store_free(v.val);
@@ -123,14 +123,14 @@ int ferry_weights_active_status(ferry_store *s, const char *model, ferry_weights
     if (!s || !model || !out)
         return fr_fail(err, FERRY_EINVAL, "active status: bad arguments");
     memset(out, 0, sizeof *out);
-    int rc = fr_rl_active_read(s, model, &out->generation, out->digest);
+    int rc = fr_rl_active_read(s, model, &out->generation, out->digest, err);
     if (rc == FERRY_ENOENT)
         return fr_fail(err, rc, "no generation of %s was announced", model);
     if (rc == FERRY_EPROTO)
         return fr_fail(err, rc, "the active key of %s holds no generation", model);
     if (rc < 0)
         return fr_fail(err, rc, "cannot read the active generation of %s: %s", model,
-                       ferry_store_last_error());
+                       fr_why(err));
     return fr_rl_check_whole(s, model, out, err);
 }
 
@@ -158,10 +158,10 @@ int ferry_weights_wait_active(ferry_store *s, const char *model, uint64_t at_lea
     /* the watch first, then the read: an announcement between them is an
      * event of the watch, never missed */
     ferry_watch *w = NULL;
-    int rc = ferry_kv_watch(s, k, 0, &w);
+    int rc = ferry_kv_watch(s, k, 0, &w, err);
     if (rc < 0)
         return fr_fail(err, rc, "cannot watch the announcements of %s: %s", model,
-                       ferry_store_last_error());
+                       fr_why(err));
     uint64_t deadline = fr_deadline_ns(timeout_ms);
     for (;;) {
         rc = ferry_weights_active(s, model, generation, NULL);
@@ -171,7 +171,7 @@ int ferry_weights_wait_active(ferry_store *s, const char *model, uint64_t at_lea
             break;   /* an older one lost, or none yet: the one awaited may still come */
         int left = fr_ms_left(deadline);
         ferry_kv_event ev;
-        rc = left == 0 ? FERRY_ETIMEDOUT : ferry_watch_next(w, left, &ev);
+        rc = left == 0 ? FERRY_ETIMEDOUT : ferry_watch_next(w, left, &ev, NULL);
         if (rc < 0)
             break;
     }

@@ -156,11 +156,11 @@ static int get_sources(sp_call *c, const char *const *keys, size_t nkeys, ferry_
             continue;
         ferry_object_desc od;
         uint64_t t0 = fr_now_ns();
-        int rc = ferry_store_get_replica_desc(c->s, keys[i], &od);
+        int rc = ferry_store_get_replica_desc(c->s, keys[i], &od, err);
         c->st.index_checks++;
         if (rc < 0)
             return fr_fail(err, rc, "read_sparse_objects %s: %s", keys[i],
-                           ferry_store_last_error());
+                           fr_why(err));
         sp_src *e = &c->src[c->nsrc];
         if (cache_take(c->s, keys[i], &od, &e->c)) {
             c->st.index_cache_hits++;
@@ -277,13 +277,13 @@ static int do_reads(sp_call *c, ferry_error *err)
      * each), so that each is timed on its own. */
     for (int part = 0; part < 2 && n; part++) {
         uint64_t t0 = fr_now_ns();
-        rc = ferry_store_get_into_ranges(c->s, r + part * n, n, res + part * n);
+        rc = ferry_store_get_into_ranges(c->s, r + part * n, n, res + part * n, err);
         double dt = (double)(fr_now_ns() - t0) / 1e9;
         *(part ? &c->st.value_range_s : &c->st.index_range_s) = dt;
         c->st.read_s += dt;
         if (rc < 0) {
             fr_fail(err, rc, "read_sparse_objects: ranged read of the %s: %s",
-                    part ? "values" : "indices", ferry_store_last_error());
+                    part ? "values" : "indices", fr_why(err));
             goto out;
         }
     }
@@ -403,11 +403,11 @@ static int publish(ferry_store *s, const char *prefix, const ferry_sparse_result
     m[2].shape[0] = r->nnz;
     const void *data[3] = {meta, r->indices, r->values};
     ferry_replicate_config rc = {.replica_num = 1, .hard_pin = true};
-    int st = ferry_store_put_struct(s, key, m, data, 3, &rc);
+    int st = ferry_store_put_struct(s, key, m, data, 3, &rc, err);
     free(meta);
     if (st < 0)
         return fr_fail(err, st, "read_sparse_objects: publish %s: %s", key,
-                       ferry_store_last_error());
+                       fr_why(err));
     return 0;
 }
 

@@ -46,8 +46,8 @@ int ferry_sparse_remove(ferry_store *s, const char *key)
     char ok[FERRY_STORE_KEY_MAX + 16];
     if (!s || !key || !key[0] || owner_key(key, ok, sizeof ok) < 0)
         return FERRY_EINVAL;
-    int rc = ferry_store_remove(s, key);
-    (void)ferry_kv_delete(s, ok, 0, NULL);
+    int rc = ferry_store_remove(s, key, NULL);
+    (void)ferry_kv_delete(s, ok, 0, NULL, NULL);
     return rc;
 }
 
@@ -57,7 +57,7 @@ int ferry_sparse_remove_tensors(ferry_store *s, const char *tensor_prefix, uint6
     if (!s || !tensor_prefix || !tensor_prefix[0] || strlen(tensor_prefix) > FERRY_SPARSE_ID_MAX)
         return FERRY_EINVAL;
     snprintf(p, sizeof p, "ferry/sp/%s", tensor_prefix);
-    return ferry_store_remove_prefix(s, p, removed);
+    return ferry_store_remove_prefix(s, p, removed, NULL);
 }
 
 static bool id_ok(const char *s, size_t cap)
@@ -516,13 +516,13 @@ static int store_object(ferry_store *s, const char *key, const ferry_sparse_desc
     m[4].shape[0] = b->nnz;
     const void *data[5] = {meta, b->tile_coords, b->tile_ptr, b->indices, b->values};
     ferry_replicate_config rcfg = {.replica_num = 1, .hard_pin = true};
-    rc = ferry_store_put_struct(s, key, m, data, 5, &rcfg);
+    rc = ferry_store_put_struct(s, key, m, data, 5, &rcfg, err);
     free(meta);
     if (rc == FERRY_EEXIST)
         return fr_fail(err, rc, "put_sparse_object: %s already exists (same tensor, base, "
                        "delta and placement); nothing stored", key);
     if (rc < 0)
-        return fr_fail(err, rc, "put_sparse_object %s: %s", key, ferry_store_last_error());
+        return fr_fail(err, rc, "put_sparse_object %s: %s", key, fr_why(err));
     return 0;
 }
 
@@ -563,7 +563,7 @@ int ferry_put_sparse_object(ferry_store *s, const ferry_sparse_desc *d, const vo
     char k[512];
     if (fr_sparse_key(&sd, k, sizeof k) < 0)
         return fr_fail(err, FERRY_EINVAL, "put_sparse_object %s: key too long", d->tensor_id);
-    int rc = ferry_store_exist(s, k);
+    int rc = ferry_store_exist(s, k, NULL);
     if (rc == 1)
         return fr_fail(err, FERRY_EEXIST, "put_sparse_object: %s already exists (same tensor, "
                        "base, delta and placement); nothing stored", k);
@@ -615,22 +615,22 @@ int ferry_sparse_admit(ferry_store *s, const ferry_sparse_desc *d, uint32_t rank
     *admitted = false;
     for (int attempt = 0; attempt < 3; attempt++) {
         uint64_t rev = 0;
-        int rc = ferry_kv_cas(s, k, 0, val, (size_t)vl, &rev);
+        int rc = ferry_kv_cas(s, k, 0, val, (size_t)vl, &rev, err);
         if (rc == 0) {
             *admitted = true;
             return 0;
         }
         if (rc != FERRY_ESTATE && rc != FERRY_ECONNRESET)
-            return fr_fail(err, rc, "sparse_admit %s: %s", k, ferry_store_last_error());
+            return fr_fail(err, rc, "sparse_admit %s: %s", k, fr_why(err));
         /* Taken, or our own CAS whose reply was lost: the value names the
          * owner. Not there after a lost reply: the CAS never landed, try again. */
         ferry_kv_value cur;
         memset(&cur, 0, sizeof cur);
-        rc = ferry_kv_get(s, k, &cur);
+        rc = ferry_kv_get(s, k, &cur, err);
         if (rc == FERRY_ENOENT)
             continue;
         if (rc < 0)
-            return fr_fail(err, rc, "sparse_admit %s: %s", k, ferry_store_last_error());
+            return fr_fail(err, rc, "sparse_admit %s: %s", k, fr_why(err));
         *admitted = cur.len == (size_t)vl && memcmp(cur.val, val, (size_t)vl) == 0;
         ferry_store_free(cur.val);
         return 0;
@@ -692,9 +692,9 @@ int fr_sparse_index_load(ferry_store *s, const char *key, ferry_sparse_index *ou
                        sizeof out->key - 1);
     ferry_member m[16];
     size_t n = 0;
-    int rc = ferry_store_get_members(s, key, m, 16, &n);
+    int rc = ferry_store_get_members(s, key, m, 16, &n, err);
     if (rc < 0)
-        return fr_fail(err, rc, "sparse_index_read %s: %s", key, ferry_store_last_error());
+        return fr_fail(err, rc, "sparse_index_read %s: %s", key, fr_why(err));
     if (n > 16)
         n = 16;
     const ferry_member *fm = find_member(m, n, "meta"), *fc = find_member(m, n, "tile_coords"),
@@ -718,8 +718,8 @@ int fr_sparse_index_load(ferry_store *s, const char *key, ferry_sparse_index *ou
     };
     int64_t got[3] = {0};
     size_t nr = fc->nbytes ? 3 : 1;   /* an empty tile_coords is refused below */
-    if ((rc = ferry_store_get_into_ranges(s, r, nr, got)) < 0) {
-        fr_fail(err, rc, "sparse_index_read %s: %s", key, ferry_store_last_error());
+    if ((rc = ferry_store_get_into_ranges(s, r, nr, got, err)) < 0) {
+        fr_fail(err, rc, "sparse_index_read %s: %s", key, fr_why(err));
         goto fail;
     }
     for (size_t i = 0; i < nr; i++)

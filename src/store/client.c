@@ -10,34 +10,18 @@
 
 #define TAG "store"
 
-static __thread char t_err[1024];
-
-const char *ferry_store_last_error(void)
-{
-    return t_err;
-}
-
-int fr_client_err(int rc, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(t_err, sizeof t_err, fmt, ap);
-    va_end(ap);
-    return rc;
-}
-
 fr_sbytes fr_client_str(const char *s)
 {
     size_t n = s ? strlen(s) : 0;
     return (fr_sbytes){ .p = n ? (const uint8_t *)s : NULL, .n = (uint32_t)n };
 }
 
-int fr_client_key(const char *key)
+int fr_client_key(const char *key, ferry_error *err)
 {
     if (!key || !*key)
-        return fr_client_err(FERRY_EINVAL, "empty key");
+        return fr_fail(err, FERRY_EINVAL, "empty key");
     if (strlen(key) > FERRY_STORE_KEY_MAX)
-        return fr_client_err(FERRY_EINVAL, "key longer than %d bytes", FERRY_STORE_KEY_MAX);
+        return fr_fail(err, FERRY_EINVAL, "key longer than %d bytes", FERRY_STORE_KEY_MAX);
     return 0;
 }
 
@@ -102,26 +86,26 @@ void fr_client_describe(const fr_smsg *q, size_t n, char *out, size_t cap)
     }
 }
 
-static void reply_error(const fr_smsg *rep, const char *what)
+static void reply_error(const fr_smsg *rep, const char *what, ferry_error *err)
 {
     char text[FR_SMSG_TEXT_MAX + 1];
     size_t n = rep->val.n < FR_SMSG_TEXT_MAX ? rep->val.n : FR_SMSG_TEXT_MAX;
     if (n)
         memcpy(text, rep->val.p, n);
     text[n] = '\0';
-    fr_client_err(rep->status, "%s: %s", what, n ? text : ferry_strerror(rep->status));
+    fr_fail(err, rep->status, "%s: %s", what, n ? text : ferry_strerror(rep->status));
 }
 
-static int conn_error(ferry_store *s, int rc, const char *what)
+static int conn_error(ferry_store *s, int rc, const char *what, ferry_error *err)
 {
     if (rc == FERRY_ECONNRESET)
-        return fr_client_err(rc, "%s: connection to the master at %s lost; the outcome is "
+        return fr_fail(err, rc, "%s: connection to the master at %s lost; the outcome is "
                              "unknown", what, s->cfg.master);
-    return fr_client_err(rc, "%s: master at %s: %s", what, s->cfg.master, ferry_strerror(rc));
+    return fr_fail(err, rc, "%s: master at %s: %s", what, s->cfg.master, ferry_strerror(rc));
 }
 
 int fr_client_rpc_many(ferry_store *s, const fr_smsg *reqs, size_t n, uint16_t want,
-                       fr_smsg *reps, uint8_t **bufs, int *status)
+                       fr_smsg *reps, uint8_t **bufs, int *status, ferry_error *err)
 {
     char what[320];
     if (n)
@@ -136,24 +120,24 @@ int fr_client_rpc_many(ferry_store *s, const fr_smsg *reqs, size_t n, uint16_t w
             char one[320];
             fr_client_describe(&reqs[i], 1, one, sizeof one);   /* names this item's key */
             status[i] = reps[i].status;
-            reply_error(&reps[i], one);
+            reply_error(&reps[i], one, err);
         } else if (reps[i].type != want) {
-            status[i] = fr_client_err(FERRY_EPROTO, "%s: the master sent an answer of another kind "
+            status[i] = fr_fail(err, FERRY_EPROTO, "%s: the master sent an answer of another kind "
                                       "(message type %u): client and master versions differ?",
                                       what, (unsigned)reps[i].type);
         } else
             status[i] = 0;
     }
     if (rc < 0)
-        return conn_error(s, rc, what);
+        return conn_error(s, rc, what, err);
     return 0;
 }
 
 int fr_client_rpc(ferry_store *s, const fr_smsg *req, uint16_t want, fr_smsg *rep,
-                  uint8_t **buf)
+                  uint8_t **buf, ferry_error *err)
 {
     int st = 0;
-    int rc = fr_client_rpc_many(s, req, 1, want, rep, buf, &st);
+    int rc = fr_client_rpc_many(s, req, 1, want, rep, buf, &st, err);
     return rc < 0 ? rc : st;
 }
 
@@ -167,17 +151,17 @@ void fr_client_free_bufs(uint8_t **bufs, size_t n)
 
 /* ---- segments ------------------------------------------------------------------- */
 
-static int segment_ref(ferry_store *s, uint64_t id, bool local_only, fr_segref *out);
+static int segment_ref(ferry_store *s, uint64_t id, bool local_only, fr_segref *out, ferry_error *err);
 
-int fr_client_segment(ferry_store *s, uint64_t id, fr_segref *out)
+int fr_client_segment(ferry_store *s, uint64_t id, fr_segref *out, ferry_error *err)
 {
-    return segment_ref(s, id, false, out);
+    return segment_ref(s, id, false, out, err);
 }
 
 /* The segment's reference, imported (and kept) on first use; with
  * local_only, a segment of another machine is neither imported nor
  * connected to: 1 is returned for it (0 when *out is set). */
-static int segment_ref(ferry_store *s, uint64_t id, bool local_only, fr_segref *out)
+static int segment_ref(ferry_store *s, uint64_t id, bool local_only, fr_segref *out, ferry_error *err)
 {
     pthread_mutex_lock(&s->lock);
     fr_segref *r = fr_umap_get(&s->segs, id);
@@ -189,7 +173,7 @@ static int segment_ref(ferry_store *s, uint64_t id, bool local_only, fr_segref *
 
     fr_smsg q = {.type = FR_SMSG_SEGMENT, .segment = id}, rep;
     uint8_t *buf = NULL;
-    int rc = fr_client_rpc(s, &q, FR_SMSG_SEGMENT_DESC, &rep, &buf);
+    int rc = fr_client_rpc(s, &q, FR_SMSG_SEGMENT_DESC, &rep, &buf, err);
     if (rc < 0) {
         fr_free(buf);
         return rc;
@@ -202,7 +186,7 @@ static int segment_ref(ferry_store *s, uint64_t id, bool local_only, fr_segref *
     rc = ferry_region_import(s->eng, rep.val.p, rep.val.n, &nr.rr);
     fr_free(buf);
     if (rc < 0)
-        return fr_client_err(rc, "segment %016llx of node %016llx: cannot reach its node: %s",
+        return fr_fail(err, rc, "segment %016llx of node %016llx: cannot reach its node: %s",
                              (unsigned long long)id, (unsigned long long)nr.node,
                              ferry_strerror(rc));
     fr_segref *keep = fr_malloc(sizeof *keep);
@@ -218,7 +202,7 @@ static int segment_ref(ferry_store *s, uint64_t id, bool local_only, fr_segref *
     return 0;
 }
 
-int ferry_store_warm(ferry_store *s, bool write, uint64_t *bytes)
+int ferry_store_warm(ferry_store *s, bool write, uint64_t *bytes, ferry_error *err)
 {
     uint64_t none = 0;
     if (!bytes)
@@ -227,15 +211,15 @@ int ferry_store_warm(ferry_store *s, bool write, uint64_t *bytes)
     if (!s)
         return FERRY_EINVAL;
     char *text = NULL;
-    int rc = ferry_store_status_json(s, &text);
+    int rc = ferry_store_status_json(s, &text, err);
     if (rc < 0)
-        return fr_client_err(rc, "warm: cannot list the segments: %s", ferry_strerror(rc));
+        return fr_fail(err, rc, "warm: cannot list the segments: %s", ferry_strerror(rc));
     json_t *j = NULL;
     char jerr[128];
     rc = fr_json_parse(text, strlen(text), &j, jerr, sizeof jerr);
     free(text);
     if (rc < 0)
-        return fr_client_err(FERRY_EPROTO, "warm: the master's status: %s", jerr);
+        return fr_fail(err, FERRY_EPROTO, "warm: the master's status: %s", jerr);
     const json_t *segs = json_object_get(j, "segments");
     int first = 0;
     for (size_t i = 0; i < json_array_size(segs); i++) {
@@ -243,14 +227,14 @@ int ferry_store_warm(ferry_store *s, bool write, uint64_t *bytes)
         fr_segref ref;
         rc = fr_json_get_u64(json_array_get(segs, i), "id", &id, jerr, sizeof jerr);
         if (rc == 0)
-            rc = segment_ref(s, id, true, &ref);   /* another machine's: nothing to warm */
+            rc = segment_ref(s, id, true, &ref, err);   /* another machine's: nothing to warm */
         if (rc == 0)
             rc = ferry_remote_warm(s->eng, &ref.rr, ref.rr.addr, ref.rr.len, write, &b);
         if (rc == 1)
             rc = 0;
         *bytes += b;
         if (rc < 0 && first == 0)
-            first = fr_client_err(rc, "warm: segment %016llx: %s", (unsigned long long)id,
+            first = fr_fail(err, rc, "warm: segment %016llx: %s", (unsigned long long)id,
                                   ferry_strerror(rc));
     }
     json_decref(j);
@@ -266,16 +250,16 @@ void fr_client_forget_segment(ferry_store *s, uint64_t id)
 
 /* ---- local buffers ----------------------------------------------------------------- */
 
-int ferry_store_register_buffer(ferry_store *s, void *buf, size_t len)
+int ferry_store_register_buffer(ferry_store *s, void *buf, size_t len, ferry_error *err)
 {
     if (!s || !buf || !len)
-        return fr_client_err(FERRY_EINVAL, "register_buffer: empty buffer");
+        return fr_fail(err, FERRY_EINVAL, "register_buffer: empty buffer");
     uint8_t *p = buf;
     pthread_mutex_lock(&s->lock);
     int rc = 0;
     for (size_t i = 0; i < s->nbufs && rc == 0; i++)
         if (p < s->bufs[i].addr + s->bufs[i].len && s->bufs[i].addr < p + len)
-            rc = fr_client_err(FERRY_EEXIST, "register_buffer: overlaps a registered buffer");
+            rc = fr_fail(err, FERRY_EEXIST, "register_buffer: overlaps a registered buffer");
     if (rc == 0)
         rc = fr_grow((void **)&s->bufs, &s->cap_bufs, s->nbufs + 1, sizeof *s->bufs);
     ferry_region *reg = NULL;
@@ -287,12 +271,12 @@ int ferry_store_register_buffer(ferry_store *s, void *buf, size_t len)
     return rc;
 }
 
-int ferry_store_unregister_buffer(ferry_store *s, void *buf)
+int ferry_store_unregister_buffer(ferry_store *s, void *buf, ferry_error *err)
 {
     if (!s)
         return FERRY_EINVAL;
     pthread_mutex_lock(&s->lock);
-    int rc = fr_client_err(FERRY_ENOENT, "unregister_buffer: not a registered buffer");
+    int rc = fr_fail(err, FERRY_ENOENT, "unregister_buffer: not a registered buffer");
     for (size_t i = 0; i < s->nbufs; i++) {
         if (s->bufs[i].addr != buf)
             continue;
@@ -305,7 +289,7 @@ int ferry_store_unregister_buffer(ferry_store *s, void *buf)
     return rc;
 }
 
-int fr_client_local(ferry_store *s, const void *p, size_t len, ferry_region **tmp)
+int fr_client_local(ferry_store *s, const void *p, size_t len, ferry_region **tmp, ferry_error *err)
 {
     const uint8_t *b = p;
     *tmp = NULL;
@@ -319,8 +303,12 @@ int fr_client_local(ferry_store *s, const void *p, size_t len, ferry_region **tm
     pthread_mutex_unlock(&s->lock);
     if (ferry_region_covers(s->eng, p, len ? len : 1))   /* registered with the engine itself */
         return 0;
-    return ferry_region_register(s->eng, (void *)(uintptr_t)p, len ? len : 1, 0,
-                                 FERRY_MEM_HOST, tmp);
+    int rc = ferry_region_register(s->eng, (void *)(uintptr_t)p, len ? len : 1, 0,
+                                   FERRY_MEM_HOST, tmp);
+    if (rc < 0)
+        return fr_fail(err, rc, "cannot register the %zu bytes at %p with the engine: %s", len, p,
+                       ferry_strerror(rc));
+    return 0;
 }
 
 /* ---- open / close --------------------------------------------------------------------- */
@@ -336,24 +324,24 @@ static bool has_port(const char *addr)
     return *end == '\0' && p >= 1 && p <= 65535 && c[1] >= '0' && c[1] <= '9';
 }
 
-int ferry_store_open(const ferry_store_config *cfg, ferry_store **out)
+int ferry_store_open(const ferry_store_config *cfg, ferry_store **out, ferry_error *err)
 {
     if (!cfg || !out)
         return FERRY_EINVAL;
     if (!FR_RESERVED_OK(cfg) || !FR_RESERVED_OK(&cfg->engine))
-        return fr_client_err(FERRY_EINVAL, "store config: its reserved fields must be zero "
+        return fr_fail(err, FERRY_EINVAL, "store config: its reserved fields must be zero "
                              "(start from ferry_store_config_init)");
     if (!cfg->master[0])
-        return fr_client_err(FERRY_EINVAL, "no master address: set FERRY_MASTER=HOST:PORT "
+        return fr_fail(err, FERRY_EINVAL, "no master address: set FERRY_MASTER=HOST:PORT "
                              "(ferry up prints it)");
     if (!has_port(cfg->master))
-        return fr_client_err(FERRY_EINVAL, "the master address '%s' has no port: give HOST:PORT, "
+        return fr_fail(err, FERRY_EINVAL, "the master address '%s' has no port: give HOST:PORT, "
                              "as ferry up prints it (e.g. 127.0.0.1:7700)", cfg->master);
     if (cfg->engine.token_len == 0)
-        return fr_client_err(FERRY_EAUTH, "no cluster token: set FERRY_TOKEN or FERRY_TOKEN_FILE "
+        return fr_fail(err, FERRY_EAUTH, "no cluster token: set FERRY_TOKEN or FERRY_TOKEN_FILE "
                              "(or give the store a token or a token file; ferry up writes one)");
     if (cfg->lease_ms > FERRY_STORE_LEASE_MAX_MS)
-        return fr_client_err(FERRY_EINVAL, "lease_ms %llu is above the longest lease, %u ms "
+        return fr_fail(err, FERRY_EINVAL, "lease_ms %llu is above the longest lease, %u ms "
                              "(an hour)", (unsigned long long)cfg->lease_ms,
                              FERRY_STORE_LEASE_MAX_MS);
     ferry_store *s = fr_calloc(1, sizeof *s);
@@ -370,7 +358,7 @@ int ferry_store_open(const ferry_store_config *cfg, ferry_store **out)
     fr_umap_init(&s->watches);
     int rc = ferry_engine_open(&s->cfg.engine, &s->eng);
     if (rc < 0) {
-        fr_client_err(rc, "cannot open the client's engine: %s", ferry_strerror(rc));
+        fr_fail(err, rc, "cannot open the client's engine: %s", ferry_strerror(rc));
         goto fail;
     }
     uint8_t key[32];
@@ -383,21 +371,16 @@ int ferry_store_open(const ferry_store_config *cfg, ferry_store **out)
     rc = fr_mconn_open(&mc, &s->mc);
     if (rc < 0) {
         if (rc == FERRY_EAUTH)
-            fr_client_err(rc, "the master at %s refused our cluster token", s->cfg.master);
+            fr_fail(err, rc, "the master at %s refused our cluster token", s->cfg.master);
         else
-            fr_client_err(rc, "cannot reach the master at %s: %s", s->cfg.master,
+            fr_fail(err, rc, "cannot reach the master at %s: %s", s->cfg.master,
                           ferry_strerror(rc));
         goto fail;
     }
     *out = s;
     return 0;
 fail:
-    {
-        char keep[sizeof t_err];
-        memcpy(keep, t_err, sizeof keep);
-        ferry_store_close(s);
-        memcpy(t_err, keep, sizeof keep);
-    }
+    ferry_store_close(s);
     return rc;
 }
 

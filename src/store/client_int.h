@@ -34,30 +34,28 @@ struct ferry_store {
 /* Free the staging buffer (ferry_store_close, before the engine closes). */
 void fr_client_stage_fini(ferry_store *s);
 
-/* Record the calling thread's error text; returns rc. */
-int fr_client_err(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* One request, one reply of type want (an ERROR reply becomes its status
- * and error text). *buf holds the reply's bytes: fr_free it. */
+ * and *err's text). *buf holds the reply's bytes: fr_free it. */
 int fr_client_rpc(ferry_store *s, const fr_smsg *req, uint16_t want, fr_smsg *rep,
-                  uint8_t **buf);
+                  uint8_t **buf, ferry_error *err);
 /* n requests in one round trip; status[i] per reply as in fr_client_rpc.
  * Returns 0 or the connection error (then every status is that error). */
 int fr_client_rpc_many(ferry_store *s, const fr_smsg *reqs, size_t n, uint16_t want,
-                       fr_smsg *reps, uint8_t **bufs, int *status);
+                       fr_smsg *reps, uint8_t **bufs, int *status, ferry_error *err);
 void fr_client_free_bufs(uint8_t **bufs, size_t n);
 /* What request q (the first of n) does, in words for error messages. */
 void fr_client_describe(const fr_smsg *q, size_t n, char *out, size_t cap);
 /* Where segment id lives (asks the master the first time). */
-int fr_client_segment(ferry_store *s, uint64_t id, fr_segref *out);
+int fr_client_segment(ferry_store *s, uint64_t id, fr_segref *out, ferry_error *err);
 /* Forget a segment (its node restarted or failed). */
 void fr_client_forget_segment(ferry_store *s, uint64_t id);
 /* A local region covering [p, p+len): a registered buffer's, or a temporary
  * registration (*tmp set: unregister it after use). */
-int fr_client_local(ferry_store *s, const void *p, size_t len, ferry_region **tmp);
+int fr_client_local(ferry_store *s, const void *p, size_t len, ferry_region **tmp, ferry_error *err);
 /* fr_sbytes of a C string (NULL: empty). */
 fr_sbytes fr_client_str(const char *s);
 /* Validate a key: 1..FERRY_STORE_KEY_MAX bytes. */
-int fr_client_key(const char *key);
+int fr_client_key(const char *key, ferry_error *err);
 
 /* Where a leased object lives. */
 typedef struct fr_objloc {
@@ -67,7 +65,7 @@ typedef struct fr_objloc {
 } fr_objloc;
 /* Lease and locate many keys in one round trip; status[i] per key. */
 int fr_client_locate(ferry_store *s, const char *const *keys, size_t n, fr_objloc *locs,
-                     int *status);
+                     int *status, ferry_error *err);
 /* Watch plumbing (client_kv.c), called on the connection's receiver thread. */
 void fr_client_watch_push(void *ctx, uint64_t req_id, const fr_smsg *m);
 void fr_client_watch_lost(void *ctx);

@@ -4,13 +4,13 @@
 
 #include "store/client_int.h"
 
-static int check_value(const char *what, const void *val, size_t len)
+static int check_value(const char *what, const void *val, size_t len, ferry_error *err)
 {
     if (len > FERRY_STORE_VALUE_MAX)
-        return fr_client_err(FERRY_EMSGSIZE, "%s: %zu bytes, the limit is %u", what, len,
+        return fr_fail(err, FERRY_EMSGSIZE, "%s: %zu bytes, the limit is %u", what, len,
                              FERRY_STORE_VALUE_MAX);
     if (len && !val)
-        return fr_client_err(FERRY_EINVAL, "%s: no value", what);
+        return fr_fail(err, FERRY_EINVAL, "%s: no value", what);
     return 0;
 }
 
@@ -30,14 +30,14 @@ static void *dup_bytes(const fr_sbytes *b)
     return p;
 }
 
-int ferry_kv_get(ferry_store *s, const char *key, ferry_kv_value *out)
+int ferry_kv_get(ferry_store *s, const char *key, ferry_kv_value *out, ferry_error *err)
 {
-    int rc = fr_client_key(key);
+    int rc = fr_client_key(key, err);
     if (rc < 0 || !s || !out)
         return rc < 0 ? rc : FERRY_EINVAL;
     fr_smsg q = {.type = FR_SMSG_KV_GET, .key = fr_client_str(key)}, rep;
     uint8_t *b = NULL;
-    rc = fr_client_rpc(s, &q, FR_SMSG_KV_VALUE, &rep, &b);
+    rc = fr_client_rpc(s, &q, FR_SMSG_KV_VALUE, &rep, &b, err);
     if (rc == 0) {
         out->val = dup_bytes(&rep.val);
         out->len = rep.val.n;
@@ -52,17 +52,17 @@ int ferry_kv_get(ferry_store *s, const char *key, ferry_kv_value *out)
 }
 
 static int kv_change(ferry_store *s, uint16_t type, const char *key, uint64_t expected,
-                     const void *val, size_t len, uint64_t *rev)
+                     const void *val, size_t len, uint64_t *rev, ferry_error *err)
 {
-    int rc = fr_client_key(key);
+    int rc = fr_client_key(key, err);
     if (rc == 0)
-        rc = check_value(type == FR_SMSG_KV_CAS ? "kv_cas" : "kv_put", val, len);
+        rc = check_value(type == FR_SMSG_KV_CAS ? "kv_cas" : "kv_put", val, len, err);
     if (rc < 0 || !s)
         return rc < 0 ? rc : FERRY_EINVAL;
     fr_smsg q = {.type = type, .key = fr_client_str(key), .rev = expected,
                  .val = bytes_of(val, len)}, rep;
     uint8_t *b = NULL;
-    rc = fr_client_rpc(s, &q, FR_SMSG_REVISION, &rep, &b);
+    rc = fr_client_rpc(s, &q, FR_SMSG_REVISION, &rep, &b, err);
     if (rev && rc == 0)
         *rev = rep.rev;
     else if (rev && rc == FERRY_ESTATE && rep.type == FR_SMSG_ERROR)
@@ -71,20 +71,20 @@ static int kv_change(ferry_store *s, uint16_t type, const char *key, uint64_t ex
     return rc;
 }
 
-int ferry_kv_put(ferry_store *s, const char *key, const void *val, size_t len, uint64_t *rev)
+int ferry_kv_put(ferry_store *s, const char *key, const void *val, size_t len, uint64_t *rev, ferry_error *err)
 {
-    return kv_change(s, FR_SMSG_KV_PUT, key, 0, val, len, rev);
+    return kv_change(s, FR_SMSG_KV_PUT, key, 0, val, len, rev, err);
 }
 
 int ferry_kv_cas(ferry_store *s, const char *key, uint64_t expected, const void *val,
-                 size_t len, uint64_t *rev)
+                 size_t len, uint64_t *rev, ferry_error *err)
 {
-    return kv_change(s, FR_SMSG_KV_CAS, key, expected, val, len, rev);
+    return kv_change(s, FR_SMSG_KV_CAS, key, expected, val, len, rev, err);
 }
 
-int ferry_kv_delete(ferry_store *s, const char *key, uint64_t expected, uint64_t *rev)
+int ferry_kv_delete(ferry_store *s, const char *key, uint64_t expected, uint64_t *rev, ferry_error *err)
 {
-    return kv_change(s, FR_SMSG_KV_DELETE, key, expected, NULL, 0, rev);
+    return kv_change(s, FR_SMSG_KV_DELETE, key, expected, NULL, 0, rev, err);
 }
 
 /* ---- watch --------------------------------------------------------------------------- */
@@ -194,7 +194,7 @@ void fr_client_watch_lost(void *ctx)
 }
 
 /* Send WATCH from w->want under a fresh req_id and queue its backlog. */
-static int subscribe(ferry_watch *w, uint64_t from)
+static int subscribe(ferry_watch *w, uint64_t from, ferry_error *err)
 {
     ferry_store *s = w->s;
     uint64_t id = fr_mconn_reserve_id(s->mc);
@@ -217,11 +217,11 @@ static int subscribe(ferry_watch *w, uint64_t from)
         size_t n = rep.val.n;
         memcpy(text, rep.val.p ? (const void *)rep.val.p : "", n);
         text[n] = 0;
-        st = fr_client_err(rep.status, "watching the keys under '%s': %s", w->prefix, text);
+        st = fr_fail(err, rep.status, "watching the keys under '%s': %s", w->prefix, text);
     } else if (rc == 0 && rep.type != FR_SMSG_EVENTS) {
-        st = fr_client_err(FERRY_EPROTO, "watch: unexpected reply");
+        st = fr_fail(err, FERRY_EPROTO, "watch: unexpected reply");
     } else if (rc < 0) {
-        st = fr_client_err(rc, "watching the keys under '%s': %s", w->prefix, ferry_strerror(rc));
+        st = fr_fail(err, rc, "watching the keys under '%s': %s", w->prefix, ferry_strerror(rc));
     }
     if (st == 0) {
         pthread_mutex_lock(&w->lock);
@@ -233,10 +233,10 @@ static int subscribe(ferry_watch *w, uint64_t from)
     return st;
 }
 
-int ferry_kv_watch(ferry_store *s, const char *prefix, uint64_t from_rev, ferry_watch **out)
+int ferry_kv_watch(ferry_store *s, const char *prefix, uint64_t from_rev, ferry_watch **out, ferry_error *err)
 {
     if (!s || !out || (prefix && strlen(prefix) > FERRY_STORE_KEY_MAX))
-        return fr_client_err(FERRY_EINVAL, "watch: bad arguments");
+        return fr_fail(err, FERRY_EINVAL, "watch: bad arguments");
     ferry_watch *w = fr_calloc(1, sizeof *w);
     if (!w || !(w->prefix = fr_strdup(prefix ? prefix : ""))) {
         fr_free(w);
@@ -246,7 +246,7 @@ int ferry_kv_watch(ferry_store *s, const char *prefix, uint64_t from_rev, ferry_
     pthread_mutex_init(&w->lock, NULL);
     fr_cond_init_monotonic(&w->cond);
     w->want = from_rev;
-    int rc = subscribe(w, from_rev);
+    int rc = subscribe(w, from_rev, err);
     if (rc < 0) {
         ferry_watch_close(w);
         return rc;
@@ -255,7 +255,7 @@ int ferry_kv_watch(ferry_store *s, const char *prefix, uint64_t from_rev, ferry_
     return 0;
 }
 
-int ferry_watch_next(ferry_watch *w, int timeout_ms, ferry_kv_event *ev)
+int ferry_watch_next(ferry_watch *w, int timeout_ms, ferry_kv_event *ev, ferry_error *err)
 {
     if (!w || !ev)
         return FERRY_EINVAL;
@@ -276,7 +276,7 @@ int ferry_watch_next(ferry_watch *w, int timeout_ms, ferry_kv_event *ev)
         if (w->lost) {
             uint64_t from = w->want ? w->want : 0;
             pthread_mutex_unlock(&w->lock);
-            int rc = subscribe(w, from);
+            int rc = subscribe(w, from, err);
             if (rc == FERRY_ERANGE || rc == FERRY_EINVAL)
                 return rc;
             pthread_mutex_lock(&w->lock);
@@ -328,13 +328,13 @@ void ferry_watch_close(ferry_watch *w)
 /* ---- barrier ---------------------------------------------------------------------------- */
 
 int ferry_barrier(ferry_store *s, const char *name, const char *member, uint32_t count,
-                  uint64_t timeout_ms, uint64_t *generation)
+                  uint64_t timeout_ms, uint64_t *generation, ferry_error *err)
 {
-    int rc = fr_client_key(name);
+    int rc = fr_client_key(name, err);
     if (rc == 0)
-        rc = fr_client_key(member);
+        rc = fr_client_key(member, err);
     if (rc < 0 || !s || count == 0)
-        return rc < 0 ? rc : fr_client_err(FERRY_EINVAL, "barrier: count must be >= 1");
+        return rc < 0 ? rc : fr_fail(err, FERRY_EINVAL, "barrier: count must be >= 1");
     fr_smsg q = {.type = FR_SMSG_BARRIER, .key = fr_client_str(name),
                  .key2 = fr_client_str(member), .members = count, .timeout_ms = timeout_ms},
             rep;
@@ -345,12 +345,12 @@ int ferry_barrier(ferry_store *s, const char *name, const char *member, uint32_t
                    ? -1 : (int)timeout_ms + s->cfg.timeout_ms;
     rc = fr_mconn_call(s->mc, &q, 1, NULL, &rep, &b, wait);
     if (rc < 0)
-        rc = fr_client_err(rc, "barrier '%s': %s", name, ferry_strerror(rc));
+        rc = fr_fail(err, rc, "barrier '%s': %s", name, ferry_strerror(rc));
     else if (rep.type == FR_SMSG_ERROR)
-        rc = fr_client_err(rep.status, "barrier '%s': %.*s", name, (int)rep.val.n,
+        rc = fr_fail(err, rep.status, "barrier '%s': %.*s", name, (int)rep.val.n,
                            rep.val.p ? (const char *)rep.val.p : "");
     else if (rep.type != FR_SMSG_BARRIER_DONE)
-        rc = fr_client_err(FERRY_EPROTO, "barrier: unexpected reply");
+        rc = fr_fail(err, FERRY_EPROTO, "barrier: unexpected reply");
     else if (generation)
         *generation = rep.generation;
     fr_free(b);
@@ -360,17 +360,17 @@ int ferry_barrier(ferry_store *s, const char *name, const char *member, uint32_t
 /* ---- queues ------------------------------------------------------------------------------ */
 
 int ferry_queue_push(ferry_store *s, const char *queue, const void *data, size_t len,
-                     uint64_t *id)
+                     uint64_t *id, ferry_error *err)
 {
-    int rc = fr_client_key(queue);
+    int rc = fr_client_key(queue, err);
     if (rc == 0)
-        rc = check_value("queue_push", data, len);
+        rc = check_value("queue_push", data, len, err);
     if (rc < 0 || !s)
         return rc < 0 ? rc : FERRY_EINVAL;
     fr_smsg q = {.type = FR_SMSG_Q_PUSH, .key = fr_client_str(queue), .val = bytes_of(data, len)},
             rep;
     uint8_t *b = NULL;
-    rc = fr_client_rpc(s, &q, FR_SMSG_PUSHED, &rep, &b);
+    rc = fr_client_rpc(s, &q, FR_SMSG_PUSHED, &rep, &b, err);
     if (rc == 0 && id)
         *id = rep.id;
     fr_free(b);
@@ -382,23 +382,23 @@ _Static_assert(FERRY_STORE_POP_MAX == FR_SMSG_POP_MAX && FR_SMSG_POP_MAX == FR_P
                "the pop caps of store.h, the wire and the log differ");
 
 int ferry_queue_pop(ferry_store *s, const char *queue, uint32_t max, uint64_t lease_ms,
-                    ferry_qrecord *out, size_t *n)
+                    ferry_qrecord *out, size_t *n, ferry_error *err)
 {
-    int rc = fr_client_key(queue);
+    int rc = fr_client_key(queue, err);
     if (rc < 0 || !s || !out || !n)
-        return rc < 0 ? rc : fr_client_err(FERRY_EINVAL, "queue_pop: bad arguments");
+        return rc < 0 ? rc : fr_fail(err, FERRY_EINVAL, "queue_pop: bad arguments");
     if (max == 0 || max > FERRY_STORE_POP_MAX)
-        return fr_client_err(FERRY_EINVAL, "queue_pop: max %u is not in 1..%u", max,
+        return fr_fail(err, FERRY_EINVAL, "queue_pop: max %u is not in 1..%u", max,
                              FERRY_STORE_POP_MAX);
     if (lease_ms == 0 || lease_ms > FERRY_STORE_LEASE_MAX_MS)
-        return fr_client_err(FERRY_EINVAL, "queue_pop: a lease of %llu ms is not in 1..%u ms "
+        return fr_fail(err, FERRY_EINVAL, "queue_pop: a lease of %llu ms is not in 1..%u ms "
                              "(an hour at most)", (unsigned long long)lease_ms,
                              FERRY_STORE_LEASE_MAX_MS);
     fr_smsg q = {.type = FR_SMSG_Q_POP, .key = fr_client_str(queue), .limit = max,
                  .lease_ms = lease_ms}, rep;
     uint8_t *b = NULL;
     *n = 0;
-    rc = fr_client_rpc(s, &q, FR_SMSG_RECORDS, &rep, &b);
+    rc = fr_client_rpc(s, &q, FR_SMSG_RECORDS, &rep, &b, err);
     size_t pos = 0, k = 0;
     fr_smsg_item it;
     while (rc == 0 && k < max && fr_smsg_item_next(&rep, &pos, &it)) {
@@ -427,46 +427,46 @@ void ferry_qrecords_free(ferry_qrecord *recs, size_t n)
     }
 }
 
-static int q_settle(ferry_store *s, uint16_t type, uint64_t id, uint32_t token)
+static int q_settle(ferry_store *s, uint16_t type, uint64_t id, uint32_t token, ferry_error *err)
 {
     if (!s)
         return FERRY_EINVAL;
     fr_smsg q = {.type = type, .id = id, .deliveries = token}, rep;
     uint8_t *b = NULL;
-    int rc = fr_client_rpc(s, &q, FR_SMSG_OK, &rep, &b);
+    int rc = fr_client_rpc(s, &q, FR_SMSG_OK, &rep, &b, err);
     fr_free(b);
     return rc;
 }
 
-int ferry_queue_config(ferry_store *s, const char *queue, uint64_t bound)
+int ferry_queue_config(ferry_store *s, const char *queue, uint64_t bound, ferry_error *err)
 {
-    int rc = fr_client_key(queue);
+    int rc = fr_client_key(queue, err);
     if (rc < 0 || !s)
         return rc < 0 ? rc : FERRY_EINVAL;
     fr_smsg q = {.type = FR_SMSG_Q_CONFIG, .key = fr_client_str(queue), .size = bound}, rep;
     uint8_t *b = NULL;
-    rc = fr_client_rpc(s, &q, FR_SMSG_OK, &rep, &b);
+    rc = fr_client_rpc(s, &q, FR_SMSG_OK, &rep, &b, err);
     fr_free(b);
     return rc;
 }
 
-int ferry_queue_ack(ferry_store *s, uint64_t id, uint32_t token)
+int ferry_queue_ack(ferry_store *s, uint64_t id, uint32_t token, ferry_error *err)
 {
-    return q_settle(s, FR_SMSG_Q_ACK, id, token);
+    return q_settle(s, FR_SMSG_Q_ACK, id, token, err);
 }
 
-int ferry_queue_nack(ferry_store *s, uint64_t id, uint32_t token)
+int ferry_queue_nack(ferry_store *s, uint64_t id, uint32_t token, ferry_error *err)
 {
-    return q_settle(s, FR_SMSG_Q_NACK, id, token);
+    return q_settle(s, FR_SMSG_Q_NACK, id, token, err);
 }
 
-int ferry_store_status_json(ferry_store *s, char **json)
+int ferry_store_status_json(ferry_store *s, char **json, ferry_error *err)
 {
     if (!s || !json)
         return FERRY_EINVAL;
     fr_smsg q = {.type = FR_SMSG_STATUS}, rep;
     uint8_t *b = NULL;
-    int rc = fr_client_rpc(s, &q, FR_SMSG_STATUS_TEXT, &rep, &b);
+    int rc = fr_client_rpc(s, &q, FR_SMSG_STATUS_TEXT, &rep, &b, err);
     if (rc == 0) {
         *json = dup_bytes(&rep.val);
         if (!*json)

@@ -34,10 +34,10 @@ static void xfer_free(xfer *x)
     memset(x, 0, sizeof *x);
 }
 
-static int xfer_local(ferry_store *s, xfer *x, const void *p, size_t len)
+static int xfer_local(ferry_store *s, xfer *x, const void *p, size_t len, ferry_error *err)
 {
     ferry_region *t = NULL;
-    int rc = fr_client_local(s, p, len, &t);
+    int rc = fr_client_local(s, p, len, &t, err);
     if (rc < 0 || !t)
         return rc;
     rc = fr_grow((void **)&x->tmp, &x->cap_tmp, x->ntmp + 1, sizeof *x->tmp);
@@ -62,27 +62,32 @@ static int xfer_op(xfer *x, enum ferry_opcode op, void *local, uint64_t len,
 }
 
 /* Submit x's ops as one ticket (or nothing when empty). */
-static int xfer_submit(ferry_store *s, xfer *x, ferry_ticket **t)
+static int xfer_submit(ferry_store *s, xfer *x, ferry_ticket **t, ferry_error *err)
 {
     *t = NULL;
     if (x->nops == 0)
         return 0;
-    return ferry_submit(s->eng, x->ops, x->nops, 0, t);
+    int rc = ferry_submit(s->eng, x->ops, x->nops, 0, t);
+    if (rc < 0)
+        return fr_fail(err, rc, "the engine refused the transfer: %s", ferry_strerror(rc));
+    return 0;
 }
 
 /* Wait for a ticket and free it: 0 or an error. */
-static int xfer_wait(ferry_store *s, ferry_ticket *t, uint64_t bytes)
+static int xfer_wait(ferry_store *s, ferry_ticket *t, uint64_t bytes, ferry_error *err)
 {
     if (!t)
         return 0;
     int st = ferry_ticket_wait(t, xfer_timeout(s, bytes));
-    int err = ferry_ticket_error(t);
+    int why = ferry_ticket_error(t);
     ferry_ticket_free(t);
     if (st == FERRY_TICKET_COMPLETED)
         return 0;
     if (st == FERRY_TICKET_UNKNOWN)
-        return FERRY_ETIMEDOUT;
-    return err < 0 ? err : FERRY_EIO;
+        return fr_fail(err, FERRY_ETIMEDOUT, "the transfer of %llu bytes did not end within %d ms",
+                       (unsigned long long)bytes, xfer_timeout(s, bytes));
+    why = why < 0 ? why : FERRY_EIO;
+    return fr_fail(err, why, "the transfer failed: %s", ferry_strerror(why));
 }
 
 int ferry_replicate_config_init(ferry_replicate_config *cfg)
@@ -123,28 +128,28 @@ static void placed_from(const fr_smsg *rep, ferry_object_desc *d)
 
 /* Write object i's bytes to every replica of its placement and submit. */
 static int put_bytes(ferry_store *s, const fr_smsg *pl, const void *buf, size_t len, xfer *x,
-                     ferry_ticket **t)
+                     ferry_ticket **t, ferry_error *err)
 {
-    int rc = len ? xfer_local(s, x, buf, len) : 0;
+    int rc = len ? xfer_local(s, x, buf, len, err) : 0;
     for (uint32_t r = 0; r < pl->nrep && rc == 0 && len; r++) {
         fr_segref seg;
-        rc = fr_client_segment(s, pl->rep[r].segment, &seg);
+        rc = fr_client_segment(s, pl->rep[r].segment, &seg, err);
         if (rc == 0)
             rc = xfer_op(x, FERRY_OP_WRITE, (void *)(uintptr_t)buf, len, &seg,
                          pl->rep[r].offset);
     }
     if (rc == 0)
-        rc = xfer_submit(s, x, t);
+        rc = xfer_submit(s, x, t, err);
     return rc;
 }
 
 /* PUT_START for every request. The ones refused because too few segments
  * are reachable just now (a node reconnecting, the master just restarted)
  * are asked again, with back-off, until the call's timeout. */
-static int place(ferry_store *s, fr_smsg *q, size_t n, fr_smsg *rep, uint8_t **rb, int *results)
+static int place(ferry_store *s, fr_smsg *q, size_t n, fr_smsg *rep, uint8_t **rb, int *results, ferry_error *err)
 {
     uint64_t deadline = fr_now_ms() + (uint64_t)s->cfg.timeout_ms;
-    int ret = fr_client_rpc_many(s, q, n, FR_SMSG_PLACEMENT, rep, rb, results);
+    int ret = fr_client_rpc_many(s, q, n, FR_SMSG_PLACEMENT, rep, rb, results, err);
     for (unsigned wait = 20; ret == 0; wait = wait < 160 ? wait * 2 : 200) {
         size_t k = 0;
         for (size_t i = 0; i < n; i++)
@@ -166,7 +171,7 @@ static int place(ferry_store *s, fr_smsg *q, size_t n, fr_smsg *rep, uint8_t **r
                     idx[k] = i;
                     q2[k++] = q[i];
                 }
-            ret = fr_client_rpc_many(s, q2, k, FR_SMSG_PLACEMENT, rep2, rb2, res2);
+            ret = fr_client_rpc_many(s, q2, k, FR_SMSG_PLACEMENT, rep2, rb2, res2, err);
             for (size_t j = 0; j < k; j++) {
                 rep[idx[j]] = rep2[j];
                 rb[idx[j]] = rb2[j];
@@ -186,14 +191,14 @@ static int place(ferry_store *s, fr_smsg *q, size_t n, fr_smsg *rep, uint8_t **r
 
 static int put_batch(ferry_store *s, const char *const *keys, const void *const *bufs,
                      const size_t *lens, size_t n, const ferry_replicate_config *rc,
-                     int *results, ferry_object_desc *placed)
+                     int *results, ferry_object_desc *placed, ferry_error *err)
 {
     if (!s || (n && (!keys || !bufs || !lens || !results)))
-        return fr_client_err(FERRY_EINVAL, "put: bad arguments");
+        return fr_fail(err, FERRY_EINVAL, "put: bad arguments");
     if (rc && rc->replica_num > FERRY_STORE_REPLICAS_MAX)
-        return fr_client_err(FERRY_EINVAL, "put: replica_num above %d", FERRY_STORE_REPLICAS_MAX);
+        return fr_fail(err, FERRY_EINVAL, "put: replica_num above %d", FERRY_STORE_REPLICAS_MAX);
     if (rc && !FR_RESERVED_OK(rc))
-        return fr_client_err(FERRY_EINVAL, "put: the placement config's reserved fields must be "
+        return fr_fail(err, FERRY_EINVAL, "put: the placement config's reserved fields must be "
                              "zero (start from ferry_replicate_config_init)");
     fr_smsg *q = fr_calloc(n ? n : 1, sizeof *q);
     fr_smsg *rep = fr_calloc(n ? n : 1, sizeof *rep);
@@ -207,7 +212,7 @@ static int put_batch(ferry_store *s, const char *const *keys, const void *const 
         goto out;
     }
     for (size_t i = 0; i < n; i++) {
-        ret = fr_client_key(keys[i]);
+        ret = fr_client_key(keys[i], err);
         if (ret < 0) {
             for (size_t k = 0; k < n; k++)
                 results[k] = k == i ? ret : FERRY_ECANCELED;
@@ -217,25 +222,24 @@ static int put_batch(ferry_store *s, const char *const *keys, const void *const 
                           .size = lens[i] };
         rc_to_msg(rc, &q[i]);
     }
-    ret = place(s, q, n, rep, rb, results);
+    ret = place(s, q, n, rep, rb, results, err);
     if (ret < 0)
         goto out;
     /* Every transfer starts before any is waited for: they run in parallel. */
     for (size_t i = 0; i < n; i++) {
         if (results[i] < 0)
             continue;
-        results[i] = put_bytes(s, &rep[i], bufs[i], lens[i], &xs[i], &ts[i]);
+        results[i] = put_bytes(s, &rep[i], bufs[i], lens[i], &xs[i], &ts[i], err);
         if (placed && n == 1)
             placed_from(&rep[i], placed);
     }
     for (size_t i = 0; i < n; i++) {
         if (rb[i] && results[i] == 0) {
-            results[i] = xfer_wait(s, ts[i], lens[i]);
+            results[i] = xfer_wait(s, ts[i], lens[i], err);
             if (results[i] < 0)
-                fr_client_err(results[i], "put %s: writing the bytes failed: %s", keys[i],
-                              ferry_strerror(results[i]));
+                fr_fail(err, results[i], "put %s: writing the bytes failed: %s", keys[i], fr_why(err));
         } else if (ts[i]) {
-            (void)xfer_wait(s, ts[i], lens[i]);
+            (void)xfer_wait(s, ts[i], lens[i], NULL);
         }
         xfer_free(&xs[i]);
     }
@@ -255,7 +259,7 @@ static int put_batch(ferry_store *s, const char *const *keys, const void *const 
         ret = FERRY_ENOMEM;
         goto out;
     }
-    ret = fr_client_rpc_many(s, q, m, FR_SMSG_OK, er, eb, st);
+    ret = fr_client_rpc_many(s, q, m, FR_SMSG_OK, er, eb, st, err);
     fr_client_free_bufs(eb, m);
     fr_free(eb);
     fr_free(er);
@@ -283,25 +287,25 @@ out:
 }
 
 int ferry_store_put(ferry_store *s, const char *key, const void *buf, size_t len,
-                    const ferry_replicate_config *rc, ferry_object_desc *placed)
+                    const ferry_replicate_config *rc, ferry_object_desc *placed, ferry_error *err)
 {
     int r = 0;
     if (len && !buf)
-        return fr_client_err(FERRY_EINVAL, "put %s: no buffer", key ? key : "");
-    return put_batch(s, &key, &buf, &len, 1, rc, &r, placed);
+        return fr_fail(err, FERRY_EINVAL, "put %s: no buffer", key ? key : "");
+    return put_batch(s, &key, &buf, &len, 1, rc, &r, placed, err);
 }
 
 int ferry_store_put_from(ferry_store *s, const char *key, const void *buf, size_t len,
-                         const ferry_replicate_config *rc, ferry_object_desc *placed)
+                         const ferry_replicate_config *rc, ferry_object_desc *placed, ferry_error *err)
 {
-    return ferry_store_put(s, key, buf, len, rc, placed);
+    return ferry_store_put(s, key, buf, len, rc, placed, err);
 }
 
 int ferry_store_batch_put_from(ferry_store *s, const char *const *keys, const void *const *bufs,
                                const size_t *lens, size_t n, const ferry_replicate_config *rc,
-                               int *results)
+                               int *results, ferry_error *err)
 {
-    return put_batch(s, keys, bufs, lens, n, rc, results, NULL);
+    return put_batch(s, keys, bufs, lens, n, rc, results, NULL, err);
 }
 
 /* ---- reads ------------------------------------------------------------------------------ */
@@ -328,22 +332,22 @@ static void slot_free(ferry_put_slot *p)
 }
 
 int ferry_store_put_begin(ferry_store *s, const char *key, size_t len,
-                          const ferry_replicate_config *rc, void **at, ferry_put_slot **out)
+                          const ferry_replicate_config *rc, void **at, ferry_put_slot **out, ferry_error *err)
 {
     if (at)
         *at = NULL;
     if (out)
         *out = NULL;
     if (!s || !at || !out || len == 0)
-        return fr_client_err(FERRY_EINVAL, "put_begin %s: no store, destination or length",
+        return fr_fail(err, FERRY_EINVAL, "put_begin %s: no store, destination or length",
                              key ? key : "");
-    int ret = fr_client_key(key);
+    int ret = fr_client_key(key, err);
     if (ret < 0)
         return ret;
     if (rc && rc->replica_num > FERRY_STORE_REPLICAS_MAX)
-        return fr_client_err(FERRY_EINVAL, "put: replica_num above %d", FERRY_STORE_REPLICAS_MAX);
+        return fr_fail(err, FERRY_EINVAL, "put: replica_num above %d", FERRY_STORE_REPLICAS_MAX);
     if (rc && !FR_RESERVED_OK(rc))
-        return fr_client_err(FERRY_EINVAL, "put: the placement config's reserved fields must be "
+        return fr_fail(err, FERRY_EINVAL, "put: the placement config's reserved fields must be "
                              "zero (start from ferry_replicate_config_init)");
     ferry_put_slot *p = fr_calloc(1, sizeof *p);
     size_t kl = strlen(key);
@@ -352,7 +356,7 @@ int ferry_store_put_begin(ferry_store *s, const char *key, size_t len,
     if (!p || !p->key) {
         if (p)
             slot_free(p);
-        return fr_client_err(FERRY_ENOMEM, "put_begin %s: out of memory", key);
+        return fr_fail(err, FERRY_ENOMEM, "put_begin %s: out of memory", key);
     }
     memcpy(p->key, key, kl + 1);
     p->s = s;
@@ -360,7 +364,7 @@ int ferry_store_put_begin(ferry_store *s, const char *key, size_t len,
     fr_smsg q = { .type = FR_SMSG_PUT_START, .key = fr_client_str(key), .size = len };
     rc_to_msg(rc, &q);
     int res = 0;
-    ret = place(s, &q, 1, &p->rep, &p->rb, &res);
+    ret = place(s, &q, 1, &p->rep, &p->rb, &res, err);
     if (ret == 0 && res < 0)
         ret = res;
     if (ret < 0) {
@@ -368,20 +372,20 @@ int ferry_store_put_begin(ferry_store *s, const char *key, size_t len,
         return ret;
     }
     fr_segref seg;
-    if (p->rep.nrep == 1 && fr_client_segment(s, p->rep.rep[0].segment, &seg) == 0 &&
+    if (p->rep.nrep == 1 && fr_client_segment(s, p->rep.rep[0].segment, &seg, err) == 0 &&
         ferry_remote_access_begin(s->eng, &seg.rr, seg.rr.addr + p->rep.rep[0].offset, len,
                                   FERRY_REMOTE_WRITE, &p->at, &p->acc) == 0) {
         *at = p->at;
         *out = p;
         return 0;
     }
-    ret = ferry_store_staging_take(s, len, &p->at);
+    ret = ferry_store_staging_take(s, len, &p->at, err);
     p->staged = ret == 0;
     if (ret == FERRY_EBUSY)
         ret = (p->at = p->own = fr_malloc(len)) ? 0 : FERRY_ENOMEM;
     if (ret < 0) {
-        (void)ferry_store_put_end(p, false, NULL);
-        return fr_client_err(ret, "put_begin %s: no buffer for %zu bytes", key, len);
+        (void)ferry_store_put_end(p, false, NULL, NULL);
+        return fr_fail(err, ret, "put_begin %s: no buffer for %zu bytes", key, len);
     }
     *at = p->at;
     *out = p;
@@ -393,10 +397,10 @@ bool ferry_store_put_in_place(const ferry_put_slot *p)
     return p && p->acc;
 }
 
-int ferry_store_put_end(ferry_put_slot *p, bool commit, ferry_object_desc *placed)
+int ferry_store_put_end(ferry_put_slot *p, bool commit, ferry_object_desc *placed, ferry_error *err)
 {
     if (!p)
-        return fr_client_err(FERRY_EINVAL, "put_end: no put");
+        return fr_fail(err, FERRY_EINVAL, "put_end: no put");
     ferry_store *s = p->s;
     int rc = 0;
     if (p->acc) {
@@ -404,12 +408,12 @@ int ferry_store_put_end(ferry_put_slot *p, bool commit, ferry_object_desc *place
     } else if (commit && p->at) {
         xfer x = {0};
         ferry_ticket *t = NULL;
-        rc = put_bytes(s, &p->rep, p->at, p->len, &x, &t);
-        int w = xfer_wait(s, t, p->len);
+        rc = put_bytes(s, &p->rep, p->at, p->len, &x, &t, err);
+        int w = xfer_wait(s, t, p->len, rc < 0 ? NULL : err);
         rc = rc < 0 ? rc : w;
         xfer_free(&x);
         if (rc < 0)
-            fr_client_err(rc, "put %s: writing the bytes failed: %s", p->key, ferry_strerror(rc));
+            fr_fail(err, rc, "put %s: writing the bytes failed: %s", p->key, fr_why(err));
     }
     /* A copy that timed out may still be read by the engine: its source
      * is left allocated (staging: abandoned, never reused). */
@@ -422,7 +426,7 @@ int ferry_store_put_end(ferry_put_slot *p, bool commit, ferry_object_desc *place
     fr_smsg er;
     uint8_t *eb = NULL;
     int st = 0;
-    int ret = fr_client_rpc_many(s, &q, 1, FR_SMSG_OK, &er, &eb, &st);
+    int ret = fr_client_rpc_many(s, &q, 1, FR_SMSG_OK, &er, &eb, &st, err);
     fr_client_free_bufs(&eb, 1);
     if (placed)
         placed_from(&p->rep, placed);
@@ -437,19 +441,19 @@ int ferry_store_put_end(ferry_put_slot *p, bool commit, ferry_object_desc *place
 }
 
 int fr_client_locate(ferry_store *s, const char *const *keys, size_t n, fr_objloc *locs,
-                     int *status)
+                     int *status, ferry_error *err)
 {
     fr_smsg *q = fr_calloc(n ? n : 1, sizeof *q);
     fr_smsg *rep = fr_calloc(n ? n : 1, sizeof *rep);
     uint8_t **rb = fr_calloc(n ? n : 1, sizeof *rb);
     int rc = q && rep && rb ? 0 : FERRY_ENOMEM;
     for (size_t i = 0; i < n && rc == 0; i++) {
-        rc = fr_client_key(keys[i]);
+        rc = fr_client_key(keys[i], err);
         q[i] = (fr_smsg){ .type = FR_SMSG_GET_REPLICAS, .key = fr_client_str(keys[i]),
                           .lease_ms = s->cfg.lease_ms };
     }
     if (rc == 0)
-        rc = fr_client_rpc_many(s, q, n, FR_SMSG_REPLICAS, rep, rb, status);
+        rc = fr_client_rpc_many(s, q, n, FR_SMSG_REPLICAS, rep, rb, status, err);
     for (size_t i = 0; i < n && rc == 0; i++) {
         if (status[i] < 0)
             continue;
@@ -457,7 +461,7 @@ int fr_client_locate(ferry_store *s, const char *const *keys, size_t n, fr_objlo
         locs[i].nrep = rep[i].nrep;
         memcpy(locs[i].rep, rep[i].rep, sizeof locs[i].rep);
         if (rep[i].nrep == 0)
-            status[i] = fr_client_err(FERRY_ELOST, "%s has no replica", keys[i]);
+            status[i] = fr_fail(err, FERRY_ELOST, "%s has no replica", keys[i]);
     }
     if (rb)
         fr_client_free_bufs(rb, n);
@@ -470,7 +474,7 @@ int fr_client_locate(ferry_store *s, const char *const *keys, size_t n, fr_objlo
 /* Read [off, off+len) of a located object into dst, trying each replica in
  * turn until one answers. */
 static int read_one(ferry_store *s, const char *key, const fr_objloc *loc, uint64_t off,
-                    void *dst, uint64_t len)
+                    void *dst, uint64_t len, ferry_error *err)
 {
     if (len == 0)
         return 0;
@@ -479,34 +483,34 @@ static int read_one(ferry_store *s, const char *key, const fr_objloc *loc, uint6
         fr_segref seg;
         xfer x = {0};
         ferry_ticket *t = NULL;
-        rc = fr_client_segment(s, loc->rep[r].segment, &seg);
+        rc = fr_client_segment(s, loc->rep[r].segment, &seg, err);
         if (rc == 0)
-            rc = xfer_local(s, &x, dst, len);
+            rc = xfer_local(s, &x, dst, len, err);
         if (rc == 0)
             rc = xfer_op(&x, FERRY_OP_READ, dst, len, &seg, loc->rep[r].offset + off);
         if (rc == 0)
-            rc = xfer_submit(s, &x, &t);
+            rc = xfer_submit(s, &x, &t, err);
         if (rc == 0)
-            rc = xfer_wait(s, t, len);
+            rc = xfer_wait(s, t, len, err);
         xfer_free(&x);
         if (rc == 0)
             return 0;
-        fr_client_err(rc, "reading %s from node %016llx (segment %016llx) failed: %s", key,
-                      (unsigned long long)loc->rep[r].node,
-                      (unsigned long long)loc->rep[r].segment, ferry_strerror(rc));
+        fr_fail(err, rc, "reading %s from node %016llx (segment %016llx) failed: %s", key,
+                (unsigned long long)loc->rep[r].node, (unsigned long long)loc->rep[r].segment,
+                fr_why(err));
         if (rc == FERRY_ECONNREFUSED || rc == FERRY_ECONNRESET || rc == FERRY_ESTALE)
             fr_client_forget_segment(s, loc->rep[r].segment);
     }
     return rc;
 }
 
-int ferry_store_get_into(ferry_store *s, const char *key, void *buf, size_t cap, size_t *len)
+int ferry_store_get_into(ferry_store *s, const char *key, void *buf, size_t cap, size_t *len, ferry_error *err)
 {
     if (!s || (cap && !buf))
-        return fr_client_err(FERRY_EINVAL, "get_into: bad arguments");
+        return fr_fail(err, FERRY_EINVAL, "get_into: bad arguments");
     fr_objloc loc;
     int st = 0;
-    int rc = fr_client_locate(s, &key, 1, &loc, &st);
+    int rc = fr_client_locate(s, &key, 1, &loc, &st, err);
     if (rc == 0)
         rc = st;
     if (rc < 0)
@@ -514,27 +518,27 @@ int ferry_store_get_into(ferry_store *s, const char *key, void *buf, size_t cap,
     if (len)
         *len = loc.size;
     if (loc.size > cap)
-        return fr_client_err(FERRY_EMSGSIZE, "get_into %s: the object has %llu bytes, the "
+        return fr_fail(err, FERRY_EMSGSIZE, "get_into %s: the object has %llu bytes, the "
                              "buffer %zu", key, (unsigned long long)loc.size, cap);
-    return read_one(s, key, &loc, 0, buf, loc.size);
+    return read_one(s, key, &loc, 0, buf, loc.size, err);
 }
 
-int ferry_store_get(ferry_store *s, const char *key, void **buf, size_t *len)
+int ferry_store_get(ferry_store *s, const char *key, void **buf, size_t *len, ferry_error *err)
 {
     if (!s || !buf || !len)
-        return fr_client_err(FERRY_EINVAL, "get: bad arguments");
+        return fr_fail(err, FERRY_EINVAL, "get: bad arguments");
     fr_objloc loc;
     int st = 0;
-    int rc = fr_client_locate(s, &key, 1, &loc, &st);
+    int rc = fr_client_locate(s, &key, 1, &loc, &st, err);
     if (rc == 0)
         rc = st;
     if (rc < 0)
         return rc;
     uint8_t *b = fr_malloc(loc.size ? loc.size : 1);
     if (!b)
-        return fr_client_err(FERRY_ENOMEM, "get %s: cannot allocate %llu bytes", key,
+        return fr_fail(err, FERRY_ENOMEM, "get %s: cannot allocate %llu bytes", key,
                              (unsigned long long)loc.size);
-    rc = read_one(s, key, &loc, 0, b, loc.size);
+    rc = read_one(s, key, &loc, 0, b, loc.size, err);
     if (rc < 0) {
         fr_free(b);
         return rc;
@@ -588,7 +592,7 @@ static int distinct_keys(const rread *r, size_t n, const char **keys, size_t *ki
     return rc;
 }
 
-static int read_all(ferry_store *s, const rread *rr, size_t n, bool clip, int64_t *results)
+static int read_all(ferry_store *s, const rread *rr, size_t n, bool clip, int64_t *results, ferry_error *err)
 {
     const char **keys = fr_calloc(n, sizeof *keys);
     size_t *kidx = fr_calloc(n, sizeof *kidx);
@@ -601,7 +605,7 @@ static int read_all(ferry_store *s, const rread *rr, size_t n, bool clip, int64_
     if (ret == 0)
         ret = distinct_keys(rr, n, keys, kidx, &nk);
     if (ret == 0)
-        ret = fr_client_locate(s, keys, nk, locs, st);
+        ret = fr_client_locate(s, keys, nk, locs, st, err);
     for (size_t i = 0; i < n && ret < 0; i++)
         results[i] = ret;   /* every range fails with the call */
     for (size_t i = 0; i < n && ret == 0; i++) {
@@ -619,7 +623,7 @@ static int read_all(ferry_store *s, const rread *rr, size_t n, bool clip, int64_
         else if (!bad && !clip)
             bad = fr_add_u64(r->src, len, &end) < 0 || end > loc->size;
         if (bad) {
-            results[i] = fr_client_err(FERRY_ERANGE, "reading %s at %llu (%llu rows of %llu "
+            results[i] = fr_fail(err, FERRY_ERANGE, "reading %s at %llu (%llu rows of %llu "
                                        "bytes): the object has %llu bytes", keys[kidx[i]],
                                        (unsigned long long)r->src, (unsigned long long)rows,
                                        (unsigned long long)len, (unsigned long long)loc->size);
@@ -631,9 +635,9 @@ static int read_all(ferry_store *s, const rread *rr, size_t n, bool clip, int64_
         if (len == 0)
             continue;
         fr_segref seg;
-        int rc = fr_client_segment(s, loc->rep[0].segment, &seg);
+        int rc = fr_client_segment(s, loc->rep[0].segment, &seg, err);
         for (uint32_t k = 1; rc < 0 && k < loc->nrep; k++)
-            rc = fr_client_segment(s, loc->rep[k].segment, &seg);
+            rc = fr_client_segment(s, loc->rep[k].segment, &seg, err);
         uint64_t base = 0;
         for (uint32_t k = 0; k < loc->nrep; k++)
             if (loc->rep[k].segment == seg.id)
@@ -647,7 +651,7 @@ static int read_all(ferry_store *s, const rread *rr, size_t n, bool clip, int64_
         }
         uint64_t extent = (rows - 1) * r->dstride + len;
         if (rc == 0)
-            rc = xfer_local(s, &pb[b].x, r->dst, extent);
+            rc = xfer_local(s, &pb[b].x, r->dst, extent, err);
         if (rc == 0)
             rc = xfer_op(&pb[b].x, FERRY_OP_READ, r->dst, len, &seg, base + r->src);
         if (rc == 0 && rows > 1) {
@@ -664,15 +668,15 @@ static int read_all(ferry_store *s, const rread *rr, size_t n, bool clip, int64_
         pb_of[i] = b;
     }
     for (size_t b = 0; b < npb && ret == 0; b++)
-        pb[b].rc = xfer_submit(s, &pb[b].x, &pb[b].t);
+        pb[b].rc = xfer_submit(s, &pb[b].x, &pb[b].t, err);
     for (size_t b = 0; b < npb; b++) {
         if (pb[b].rc == 0)
-            pb[b].rc = xfer_wait(s, pb[b].t, pb[b].bytes);
+            pb[b].rc = xfer_wait(s, pb[b].t, pb[b].bytes, err);
         xfer_free(&pb[b].x);
     }
     for (size_t i = 0; i < n && ret == 0; i++) {
         if (pb_of[i] != SIZE_MAX && pb[pb_of[i]].rc < 0)
-            results[i] = fr_client_err(pb[pb_of[i]].rc, "reading %s from node %016llx failed: %s",
+            results[i] = fr_fail(err, pb[pb_of[i]].rc, "reading %s from node %016llx failed: %s",
                                        keys[kidx[i]], (unsigned long long)pb[pb_of[i]].node,
                                        ferry_strerror(pb[pb_of[i]].rc));
     }
@@ -689,54 +693,54 @@ static int read_all(ferry_store *s, const rread *rr, size_t n, bool clip, int64_
 }
 
 int ferry_store_get_into_ranges(ferry_store *s, const ferry_range *ranges, size_t n,
-                                int64_t *results)
+                                int64_t *results, ferry_error *err)
 {
     if (!s || (n && (!ranges || !results)))
-        return fr_client_err(FERRY_EINVAL, "get_into_ranges: bad arguments");
+        return fr_fail(err, FERRY_EINVAL, "get_into_ranges: bad arguments");
     if (n == 0)
         return 0;
     rread *rr = fr_calloc(n, sizeof *rr);
     if (!rr)
-        return fr_client_err(FERRY_ENOMEM, "get_into_ranges: out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "get_into_ranges: out of memory");
     for (size_t i = 0; i < n; i++)
         rr[i] = (rread){ .key = ranges[i].key, .src = ranges[i].src_offset, .len = ranges[i].len,
                          .count = 1, .dst = ranges[i].dst };
-    int rc = read_all(s, rr, n, true, results);
+    int rc = read_all(s, rr, n, true, results, err);
     fr_free(rr);
     return rc;
 }
 
 int ferry_store_get_into_strided(ferry_store *s, const ferry_strided_range *ranges, size_t n,
-                                 int64_t *results)
+                                 int64_t *results, ferry_error *err)
 {
     if (!s || (n && (!ranges || !results)))
-        return fr_client_err(FERRY_EINVAL, "strided get: bad arguments");
+        return fr_fail(err, FERRY_EINVAL, "strided get: bad arguments");
     if (n == 0)
         return 0;
     rread *rr = fr_calloc(n, sizeof *rr);
     if (!rr)
-        return fr_client_err(FERRY_ENOMEM, "strided get: out of memory");
+        return fr_fail(err, FERRY_ENOMEM, "strided get: out of memory");
     for (size_t i = 0; i < n; i++)
         rr[i] = (rread){ .key = ranges[i].key, .src = ranges[i].src_offset, .len = ranges[i].len,
                          .count = ranges[i].count ? ranges[i].count : 1,
                          .sstride = ranges[i].src_stride, .dstride = ranges[i].dst_stride,
                          .dst = ranges[i].dst };
-    int rc = read_all(s, rr, n, false, results);
+    int rc = read_all(s, rr, n, false, results, err);
     fr_free(rr);
     return rc;
 }
 
 int ferry_store_batch_get_into(ferry_store *s, const char *const *keys, void *const *bufs,
-                               const size_t *caps, size_t n, int64_t *results)
+                               const size_t *caps, size_t n, int64_t *results, ferry_error *err)
 {
     if (!s || (n && (!keys || !bufs || !caps || !results)))
-        return fr_client_err(FERRY_EINVAL, "batch_get_into: bad arguments");
+        return fr_fail(err, FERRY_EINVAL, "batch_get_into: bad arguments");
     ferry_range *r = fr_calloc(n ? n : 1, sizeof *r);
     if (!r)
         return FERRY_ENOMEM;
     for (size_t i = 0; i < n; i++)
         r[i] = (ferry_range){ .key = keys[i], .src_offset = 0, .dst = bufs[i], .len = caps[i] };
-    int rc = ferry_store_get_into_ranges(s, r, n, results);
+    int rc = ferry_store_get_into_ranges(s, r, n, results, err);
     fr_free(r);
     return rc;
 }
@@ -744,52 +748,52 @@ int ferry_store_batch_get_into(ferry_store *s, const char *const *keys, void *co
 /* ---- metadata-only calls ---------------------------------------------------------------- */
 
 /* One request that names a key: the key checked, one round trip. */
-static int key_rpc(ferry_store *s, const char *key, uint16_t type, uint16_t want, fr_smsg *rep)
+static int key_rpc(ferry_store *s, const char *key, uint16_t type, uint16_t want, fr_smsg *rep, ferry_error *err)
 {
-    int rc = fr_client_key(key);
+    int rc = fr_client_key(key, err);
     if (rc < 0 || !s)
         return s ? rc : FERRY_EINVAL;
     fr_smsg q = {.type = type, .key = fr_client_str(key)};
     uint8_t *b = NULL;
-    rc = fr_client_rpc(s, &q, want, rep, &b);
+    rc = fr_client_rpc(s, &q, want, rep, &b, err);
     fr_free(b);   /* callers use only fixed fields of the reply */
     return rc;
 }
 
-int ferry_store_exist(ferry_store *s, const char *key)
+int ferry_store_exist(ferry_store *s, const char *key, ferry_error *err)
 {
     fr_smsg rep;
-    int rc = key_rpc(s, key, FR_SMSG_EXIST, FR_SMSG_EXISTS, &rep);
+    int rc = key_rpc(s, key, FR_SMSG_EXIST, FR_SMSG_EXISTS, &rep, err);
     return rc < 0 ? rc : rep.flag ? 1 : 0;
 }
 
-int ferry_store_remove(ferry_store *s, const char *key)
+int ferry_store_remove(ferry_store *s, const char *key, ferry_error *err)
 {
     fr_smsg rep;
-    return key_rpc(s, key, FR_SMSG_REMOVE, FR_SMSG_OK, &rep);
+    return key_rpc(s, key, FR_SMSG_REMOVE, FR_SMSG_OK, &rep, err);
 }
 
-int ferry_store_remove_prefix(ferry_store *s, const char *prefix, uint64_t *removed)
+int ferry_store_remove_prefix(ferry_store *s, const char *prefix, uint64_t *removed, ferry_error *err)
 {
     if (!s || (prefix && strlen(prefix) > FERRY_STORE_KEY_MAX))
-        return fr_client_err(FERRY_EINVAL, "remove_prefix: bad prefix");
+        return fr_fail(err, FERRY_EINVAL, "remove_prefix: bad prefix");
     fr_smsg q = {.type = FR_SMSG_REMOVE_PREFIX, .key = fr_client_str(prefix)}, rep;
     uint8_t *b = NULL;
-    int rc = fr_client_rpc(s, &q, FR_SMSG_REMOVED, &rep, &b);
+    int rc = fr_client_rpc(s, &q, FR_SMSG_REMOVED, &rep, &b, err);
     if (rc == 0 && removed)
         *removed = rep.count;
     fr_free(b);
     return rc;
 }
 
-int ferry_store_get_replica_desc(ferry_store *s, const char *key, ferry_object_desc *out)
+int ferry_store_get_replica_desc(ferry_store *s, const char *key, ferry_object_desc *out, ferry_error *err)
 {
-    int rc = fr_client_key(key);
+    int rc = fr_client_key(key, err);
     if (rc < 0 || !s || !out)
         return rc < 0 ? rc : FERRY_EINVAL;
     fr_smsg q = {.type = FR_SMSG_GET_REPLICAS, .key = fr_client_str(key), .lease_ms = 0}, rep;
     uint8_t *b = NULL;
-    rc = fr_client_rpc(s, &q, FR_SMSG_REPLICAS, &rep, &b);
+    rc = fr_client_rpc(s, &q, FR_SMSG_REPLICAS, &rep, &b, err);
     if (rc == 0)
         placed_from(&rep, out);
     fr_free(b);
@@ -797,16 +801,16 @@ int ferry_store_get_replica_desc(ferry_store *s, const char *key, ferry_object_d
 }
 
 int ferry_store_list(ferry_store *s, const char *prefix, const char *after, size_t max,
-                     char ***keys, size_t *n, bool *more)
+                     char ***keys, size_t *n, bool *more, ferry_error *err)
 {
     if (!s || !keys || !n || max == 0 || (prefix && strlen(prefix) > FERRY_STORE_KEY_MAX) ||
         (after && strlen(after) > FERRY_STORE_KEY_MAX))
-        return fr_client_err(FERRY_EINVAL, "list: bad arguments");
+        return fr_fail(err, FERRY_EINVAL, "list: bad arguments");
     fr_smsg q = {.type = FR_SMSG_LIST, .key = fr_client_str(prefix),
                  .key2 = fr_client_str(after),
                  .limit = max > FR_SMSG_LIST_MAX ? FR_SMSG_LIST_MAX : (uint32_t)max}, rep;
     uint8_t *b = NULL;
-    int rc = fr_client_rpc(s, &q, FR_SMSG_KEYS, &rep, &b);
+    int rc = fr_client_rpc(s, &q, FR_SMSG_KEYS, &rep, &b, err);
     if (rc < 0) {
         fr_free(b);
         return rc;

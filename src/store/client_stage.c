@@ -29,16 +29,16 @@ static void stage_drop(ferry_store *s, bool abandon)
     s->stage_len = 0;
 }
 
-int ferry_store_staging_take(ferry_store *s, size_t len, void **out)
+int ferry_store_staging_take(ferry_store *s, size_t len, void **out, ferry_error *err)
 {
     if (!s || !out || !len)
-        return fr_client_err(FERRY_EINVAL, "staging_take: no store, destination or length");
+        return fr_fail(err, FERRY_EINVAL, "staging_take: no store, destination or length");
     if (len > SIZE_MAX - STAGE_ALIGN)
-        return fr_client_err(FERRY_EINVAL, "staging_take: %zu bytes is too large", len);
+        return fr_fail(err, FERRY_EINVAL, "staging_take: %zu bytes is too large", len);
     pthread_mutex_lock(&s->lock);
     int rc = 0;
     if (s->stage_busy) {
-        rc = fr_client_err(FERRY_EBUSY, "staging_take: the staging buffer is taken");
+        rc = fr_fail(err, FERRY_EBUSY, "staging_take: the staging buffer is taken");
         goto out;
     }
     if (s->stage_len < len) {
@@ -46,7 +46,7 @@ int ferry_store_staging_take(ferry_store *s, size_t len, void **out)
         size_t n = (len + STAGE_ALIGN - 1) / STAGE_ALIGN * STAGE_ALIGN;
         void *m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (m == MAP_FAILED) {
-            rc = fr_client_err(FERRY_ENOMEM, "staging_take: no memory for %zu bytes", n);
+            rc = fr_fail(err, FERRY_ENOMEM, "staging_take: no memory for %zu bytes", n);
             goto out;
         }
         (void)madvise(m, n, MADV_HUGEPAGE);
@@ -56,7 +56,7 @@ int ferry_store_staging_take(ferry_store *s, size_t len, void **out)
             rc = ferry_region_register(s->eng, m, n, 0, FERRY_MEM_HOST, &reg);
         if (rc != 0) {
             munmap(m, n);
-            rc = fr_client_err(rc, "staging_take: cannot register %zu bytes", n);
+            rc = fr_fail(err, rc, "staging_take: cannot register %zu bytes", n);
             goto out;
         }
         s->bufs[s->nbufs++] = (fr_ubuf){ .addr = m, .len = n, .reg = reg };

@@ -61,10 +61,10 @@ static int check_name(const char *name)
 }
 
 int ferry_store_put_struct(ferry_store *s, const char *key, const ferry_member *members,
-                           const void *const *data, size_t n, const ferry_replicate_config *rc)
+                           const void *const *data, size_t n, const ferry_replicate_config *rc, ferry_error *err)
 {
     if (!s || (n && (!members || !data)) || n > (1u << 20))
-        return fr_client_err(FERRY_EINVAL, "put_struct: bad arguments");
+        return fr_fail(err, FERRY_EINVAL, "put_struct: bad arguments");
     uint64_t hdr = align_up(HDR_FIXED + (uint64_t)n * MEMBER_LEN), total = hdr;
     uint8_t *h = fr_calloc(1, hdr);
     if (!h)
@@ -72,24 +72,24 @@ int ferry_store_put_struct(ferry_store *s, const char *key, const ferry_member *
     memcpy(h, MAGIC, 8);
     h[8] = 1;
     put64(h + 12, n);   /* low 4 bytes: members; bytes 16.. are rewritten below */
-    int err = 0;
-    for (size_t i = 0; i < n && err == 0; i++) {
+    int bad = 0;
+    for (size_t i = 0; i < n && bad == 0; i++) {
         const ferry_member *m = &members[i];
         uint64_t nb = 0;
-        if ((err = check_name(m->name)) < 0)
-            fr_client_err(err, "put_struct %s: member names are 1..%d bytes", key,
+        if ((bad = check_name(m->name)) < 0)
+            fr_fail(err, bad, "put_struct %s: member names are 1..%d bytes", key,
                           FERRY_MEMBER_NAME_MAX);
-        for (size_t j = 0; j < i && err == 0; j++)
+        for (size_t j = 0; j < i && bad == 0; j++)
             if (strcmp(members[j].name, m->name) == 0)
-                err = fr_client_err(FERRY_EINVAL, "put_struct %s: member %s appears twice", key,
+                bad = fr_fail(err, FERRY_EINVAL, "put_struct %s: member %s appears twice", key,
                                     m->name);
-        if (err == 0 && (err = member_bytes(m, &nb)) < 0)
-            fr_client_err(err, "put_struct %s: member %s: unknown dtype '%.15s' or bad shape",
+        if (bad == 0 && (bad = member_bytes(m, &nb)) < 0)
+            fr_fail(err, bad, "put_struct %s: member %s: unknown dtype '%.15s' or bad shape",
                           key, m->name, m->dtype);
-        if (err == 0 && nb && !data[i])
-            err = fr_client_err(FERRY_EINVAL, "put_struct %s: member %s has no data", key,
+        if (bad == 0 && nb && !data[i])
+            bad = fr_fail(err, FERRY_EINVAL, "put_struct %s: member %s has no data", key,
                                 m->name);
-        if (err < 0)
+        if (bad < 0)
             break;
         uint8_t *e = h + HDR_FIXED + i * MEMBER_LEN;
         memcpy(e, m->name, strlen(m->name));
@@ -103,9 +103,9 @@ int ferry_store_put_struct(ferry_store *s, const char *key, const ferry_member *
     }
     put64(h + 16, hdr);
     put64(h + 24, 0);
-    if (err < 0) {
+    if (bad < 0) {
         fr_free(h);
-        return err;
+        return bad;
     }
     /* One contiguous staging copy keeps the put a single transfer; members
      * are usually small (indices, values, index tables) next to the round
@@ -124,7 +124,7 @@ int ferry_store_put_struct(ferry_store *s, const char *key, const ferry_member *
             memcpy(obj + get64(e + 152), data[i], nb);
     }
     fr_free(h);
-    int r = ferry_store_put(s, key, obj, total, rc, NULL);
+    int r = ferry_store_put(s, key, obj, total, rc, NULL, err);
     fr_free(obj);
     return r;
 }
@@ -132,11 +132,11 @@ int ferry_store_put_struct(ferry_store *s, const char *key, const ferry_member *
 /* Parse and check a header read from the store (n bytes at p, object of
  * size bytes). *need: header bytes when more must be read first. */
 static int parse_header(const char *key, const uint8_t *p, uint64_t n, uint64_t size,
-                        ferry_member *out, size_t cap, size_t *count, uint64_t *need)
+                        ferry_member *out, size_t cap, size_t *count, uint64_t *need, ferry_error *err)
 {
     *need = 0;
     if (n < HDR_FIXED || memcmp(p, MAGIC, 8) != 0)
-        return fr_client_err(FERRY_EPROTO, "%s is a plain object, not a structured one (those are "
+        return fr_fail(err, FERRY_EPROTO, "%s is a plain object, not a structured one (those are "
                              "made by put_struct or put_tensor); read it whole with get or "
                              "get_into", key);
     if ((get64(p + 8) & 0xffffffffu) != 1)
@@ -175,16 +175,16 @@ static int parse_header(const char *key, const uint8_t *p, uint64_t n, uint64_t 
     }
     return 0;
 bad:
-    return fr_client_err(FERRY_EPROTO, "%s is a structured object whose member table is damaged "
+    return fr_fail(err, FERRY_EPROTO, "%s is a structured object whose member table is damaged "
                          "or of another version", key);
 }
 
 /* Locate the object and read its member table. */
 static int load(ferry_store *s, const char *key, fr_objloc *loc, ferry_member **members,
-                size_t *count)
+                size_t *count, ferry_error *err)
 {
     int st = 0;
-    int rc = fr_client_locate(s, &key, 1, loc, &st);
+    int rc = fr_client_locate(s, &key, 1, loc, &st, err);
     if (rc == 0)
         rc = st;
     if (rc < 0)
@@ -202,12 +202,12 @@ static int load(ferry_store *s, const char *key, fr_objloc *loc, ferry_member **
         r.dst = buf;
         r.len = need;
         int64_t got = 0;
-        rc = ferry_store_get_into_ranges(s, &r, 1, &got);
+        rc = ferry_store_get_into_ranges(s, &r, 1, &got, err);
         if (rc < 0)
             break;
         size_t cnt = 0;
         uint64_t more = 0;
-        rc = parse_header(key, buf, (uint64_t)got, loc->size, NULL, 0, &cnt, &more);
+        rc = parse_header(key, buf, (uint64_t)got, loc->size, NULL, 0, &cnt, &more, err);
         if (rc < 0)
             break;
         if (more) {
@@ -219,27 +219,27 @@ static int load(ferry_store *s, const char *key, fr_objloc *loc, ferry_member **
             rc = FERRY_ENOMEM;
             break;
         }
-        rc = parse_header(key, buf, (uint64_t)got, loc->size, m, cnt, count, &more);
+        rc = parse_header(key, buf, (uint64_t)got, loc->size, m, cnt, count, &more, err);
         break;
     }
     fr_free(buf);
     if (rc < 0 || !m) {
         fr_free(m);
-        return rc < 0 ? rc : fr_client_err(FERRY_EPROTO, "%s: header keeps growing", key);
+        return rc < 0 ? rc : fr_fail(err, FERRY_EPROTO, "%s: header keeps growing", key);
     }
     *members = m;
     return 0;
 }
 
 int ferry_store_get_members(ferry_store *s, const char *key, ferry_member *out, size_t cap,
-                            size_t *n)
+                            size_t *n, ferry_error *err)
 {
     if (!s || !n || (cap && !out))
-        return fr_client_err(FERRY_EINVAL, "get_members: bad arguments");
+        return fr_fail(err, FERRY_EINVAL, "get_members: bad arguments");
     fr_objloc loc;
     ferry_member *m = NULL;
     size_t cnt = 0;
-    int rc = load(s, key, &loc, &m, &cnt);
+    int rc = load(s, key, &loc, &m, &cnt, err);
     if (rc < 0)
         return rc;
     memcpy(out, m, (cnt < cap ? cnt : cap) * sizeof *m);
@@ -250,14 +250,14 @@ int ferry_store_get_members(ferry_store *s, const char *key, ferry_member *out, 
 
 int ferry_store_read_member(ferry_store *s, const char *key, const char *member,
                             uint64_t row_begin, uint64_t row_end, void *dst, size_t cap,
-                            size_t *len)
+                            size_t *len, ferry_error *err)
 {
     if (!s || !member || !len || (cap && !dst))
-        return fr_client_err(FERRY_EINVAL, "read_member: bad arguments");
+        return fr_fail(err, FERRY_EINVAL, "read_member: bad arguments");
     fr_objloc loc;
     ferry_member *m = NULL;
     size_t cnt = 0;
-    int rc = load(s, key, &loc, &m, &cnt);
+    int rc = load(s, key, &loc, &m, &cnt, err);
     if (rc < 0)
         return rc;
     const ferry_member *f = NULL;
@@ -266,16 +266,16 @@ int ferry_store_read_member(ferry_store *s, const char *key, const char *member,
             f = &m[i];
     uint64_t rows = 0, row_bytes = 0;
     if (!f)
-        rc = fr_client_err(FERRY_ENOENT, "%s has no member %s", key, member);
+        rc = fr_fail(err, FERRY_ENOENT, "%s has no member %s", key, member);
     else {
         rows = f->ndim ? f->shape[0] : 1;
         row_bytes = rows ? f->nbytes / rows : 0;
         if (row_begin > row_end || row_end > rows)
-            rc = fr_client_err(FERRY_ERANGE, "%s.%s: rows %llu..%llu outside 0..%llu", key,
+            rc = fr_fail(err, FERRY_ERANGE, "%s.%s: rows %llu..%llu outside 0..%llu", key,
                                member, (unsigned long long)row_begin,
                                (unsigned long long)row_end, (unsigned long long)rows);
         else if ((row_end - row_begin) * row_bytes > cap)
-            rc = fr_client_err(FERRY_EMSGSIZE, "%s.%s: %llu bytes, the buffer has %zu", key,
+            rc = fr_fail(err, FERRY_EMSGSIZE, "%s.%s: %llu bytes, the buffer has %zu", key,
                                member, (unsigned long long)((row_end - row_begin) * row_bytes),
                                cap);
     }
@@ -283,7 +283,7 @@ int ferry_store_read_member(ferry_store *s, const char *key, const char *member,
         ferry_range r = {.key = key, .src_offset = f->offset + row_begin * row_bytes,
                          .dst = dst, .len = (row_end - row_begin) * row_bytes};
         int64_t got = 0;
-        rc = r.len ? ferry_store_get_into_ranges(s, &r, 1, &got) : 0;
+        rc = r.len ? ferry_store_get_into_ranges(s, &r, 1, &got, err) : 0;
         if (rc == 0)
             *len = (size_t)got;
     }

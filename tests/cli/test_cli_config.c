@@ -96,6 +96,7 @@ static int teardown(void **state)
 /* The master's status through a client with the file's token. */
 static json_t *status_of(const char *addr)
 {
+    ferry_error fe = {0};
     ferry_store_config cfg;
     ferry_store_config_init(&cfg);
     snprintf(cfg.master, sizeof cfg.master, "%s", addr);
@@ -103,11 +104,11 @@ static json_t *status_of(const char *addr)
     cfg.engine.token_len = strlen(token);
     cfg.timeout_ms = 30000;
     ferry_store *s = NULL;
-    if (ferry_store_open(&cfg, &s) != 0)
+    if (ferry_store_open(&cfg, &s, &fe) != 0)
         fail_msg("cannot reach the master at %s with the token file's token: %s", addr,
-                 ferry_store_last_error());
+                 fe.msg);
     char *text = NULL;
-    assert_int_equal(ferry_store_status_json(s, &text), 0);
+    assert_int_equal(ferry_store_status_json(s, &text, NULL), 0);
     ferry_store_close(s);
     json_t *j = json_loads(text, 0, NULL);
     ferry_store_free(text);

@@ -107,8 +107,8 @@ static void world_open(world *w, ferry_store *s)
     for (uint64_t r = 0; r < ROWS; r++)
         for (uint64_t c = 0; c < COLS; c++)
             src[r * COLS + c] = value(r, c);
-    (void)ferry_store_remove(s, w->key);
-    assert_int_equal(ferry_store_put(s, w->key, src, ROWS * COLS * 4, NULL, NULL), 0);
+    (void)ferry_store_remove(s, w->key, NULL);
+    assert_int_equal(ferry_store_put(s, w->key, src, ROWS * COLS * 4, NULL, NULL, NULL), 0);
     free(src);
     w->sm = manifest(true);
     w->dm = manifest(false);

@@ -143,6 +143,7 @@ static void test_zeroed_resolves_to_init(void **state)
 /* A config whose reserved tail is not zero is refused, with nothing opened. */
 static void test_reserved_refused(void **state)
 {
+    ferry_error fe = {0};
     (void)state;
     ferry_engine_config ec;
     assert_int_equal(ferry_engine_config_init(&ec), 0);
@@ -156,9 +157,9 @@ static void test_reserved_refused(void **state)
     snprintf(sc.master, sizeof sc.master, "127.0.0.1:1");
     sc.reserved[0] = 1;
     ferry_store *s = NULL;
-    assert_int_equal(ferry_store_open(&sc, &s), FERRY_EINVAL);
+    assert_int_equal(ferry_store_open(&sc, &s, &fe), FERRY_EINVAL);
     assert_null(s);
-    assert_non_null(strstr(ferry_store_last_error(), "reserved"));
+    assert_non_null(strstr(fe.msg, "reserved"));
     ferry_plan_options po = {0};
     po.reserved[3] = 9;
     ferry_plan *p = NULL;

@@ -327,7 +327,7 @@ static void test_compat_group(void **state)
     char key[FR_KEY_MAX];
     uint64_t off = 0, pbytes = 0;
     piece_of(e->s, 3, 6, key, sizeof key, &off, &pbytes);
-    assert_int_equal(ferry_store_remove(e->s, key), 0);
+    assert_int_equal(ferry_store_remove(e->s, key, NULL), 0);
     assert_int_equal(update_fails(e, 3, 0, 2, key, 0), WORLD);
 
     /* An object whose bytes no longer match the manifest: prepare passes,
@@ -337,16 +337,16 @@ static void test_compat_group(void **state)
     piece_of(e->s, 4, 6, key, sizeof key, &off, &pbytes);
     void *obj = NULL;
     size_t len = 0;
-    assert_int_equal(ferry_store_get(e->s, key, &obj, &len), 0);
+    assert_int_equal(ferry_store_get(e->s, key, &obj, &len, NULL), 0);
     memset((uint8_t *)obj + off, 0, pbytes);   /* tensor 6's piece: zeros */
     /* The get leased it for 1 ms: a remove within that millisecond is
      * refused (EBUSY, seen once), so wait for the lease to lapse. */
     int rm = FERRY_EBUSY;
     for (int i = 0; i < 10000 && rm == FERRY_EBUSY; i++)
-        if ((rm = ferry_store_remove(e->s, key)) == FERRY_EBUSY)
+        if ((rm = ferry_store_remove(e->s, key, NULL)) == FERRY_EBUSY)
             nanosleep(&(struct timespec){ .tv_nsec = 1000000 }, NULL);
     assert_int_equal(rm, 0);
-    assert_int_equal(ferry_store_put(e->s, key, obj, len, NULL, NULL), 0);
+    assert_int_equal(ferry_store_put(e->s, key, obj, len, NULL, NULL, NULL), 0);
     ferry_store_free(obj);
     int named = update_fails(e, 4, FERRY_EREBUILD, 2, "checksum", 6);
     assert_int_equal(named, WORLD);   /* the leader's reason reaches everyone */

@@ -223,7 +223,7 @@ static void test_kill_join_restart(void **state)
 static bool epoch_for(ferry_watch *w, uint64_t gen)
 {
     ferry_kv_event ev;
-    while (ferry_watch_next(w, 60000, &ev) == 0) {
+    while (ferry_watch_next(w, 60000, &ev, NULL) == 0) {
         char buf[64];
         size_t n = ev.len < sizeof buf - 1 ? ev.len : sizeof buf - 1;
         memcpy(buf, ev.val, n);
@@ -246,7 +246,7 @@ static void test_arrive_in_flight(void **state)
     assert_int_equal(ftg_publish(e->s, &model, 1, &published), 0);
     /* "first" takes generation 1 with "idle", which does not come yet */
     ferry_watch *w = NULL;
-    assert_int_equal(ferry_kv_watch(e->s, "ferry/wg/elastic/rollout/", 0, &w), 0);
+    assert_int_equal(ferry_kv_watch(e->s, "ferry/wg/elastic/rollout/", 0, &w, NULL), 0);
     assert_int_equal(ft_peer_send(&e->w[0], "update 1"), 0);
     bool made = epoch_for(w, 1);
     ferry_watch_close(w);
@@ -308,7 +308,7 @@ static void test_member_opened_holding(void **state)
     start_held(e, 2, "loaded", "30000", 0, "1");
     assert_int_equal(ftg_publish(e->s, &model, 1, &published), 0);
     ferry_watch *w = NULL;
-    assert_int_equal(ferry_kv_watch(e->s, "ferry/wg/elastic/rollout/", 0, &w), 0);
+    assert_int_equal(ferry_kv_watch(e->s, "ferry/wg/elastic/rollout/", 0, &w, NULL), 0);
     assert_int_equal(ft_peer_send(&e->w[0], "update 1"), 0);
     bool made = epoch_for(w, 1);   /* made by "a": it names all three */
     ferry_watch_close(w);

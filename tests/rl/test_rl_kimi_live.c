@@ -130,14 +130,15 @@ static uint64_t box_elems(uint32_t nd, const uint64_t *shape)
  * than the default 10 s. */
 static int worker_store(const char *addr, ferry_store **s)
 {
+    ferry_error fe = {0};
     ferry_store_config cfg;
     ferry_store_config_init(&cfg);
     snprintf(cfg.master, sizeof cfg.master, "%s", addr);
     cfg.lease_ms = 1;
     cfg.timeout_ms = WAIT_MS;
     *s = NULL;
-    if (ferry_store_open(&cfg, s) < 0) {
-        printf("ERR open %s\n", ferry_store_last_error());
+    if (ferry_store_open(&cfg, s, &fe) < 0) {
+        printf("ERR open %s\n", fe.msg);
         fflush(stdout);
         return -1;
     }

@@ -107,19 +107,19 @@ static int trainer_main(char **argv)
         size_t k = !strcmp(mode, "die") ? 0 : first_of(rank);
         char key[FR_KEY_MAX];   /* what a rank dying mid-publish leaves: its first object */
         fr_key_gen_object(key, sizeof key, "tiny", gen, rank, 0);
-        (void)ferry_store_put(s, key, t[k].data, 1024, NULL, NULL);
+        (void)ferry_store_put(s, key, t[k].data, 1024, NULL, NULL, NULL);
         if (!strcmp(mode, "arrive_die") || !strcmp(mode, "claim_die")) {
             char bk[128], member[32];
             snprintf(bk, sizeof bk, "ferry/wk/tiny/%020llu/parts", (unsigned long long)gen);
             snprintf(member, sizeof member, "rank %u", rank);
             uint64_t a = 0;
-            (void)ferry_barrier(s, bk, member, WORLD, 30000, &a);
+            (void)ferry_barrier(s, bk, member, WORLD, 30000, &a, NULL);
             if (!strcmp(mode, "claim_die")) {
                 /* claim the decision (docs/weights.md, the status key), then die */
                 char sk[128], sv[64];
                 snprintf(sk, sizeof sk, "ferry/wk/tiny/%020llu/status", (unsigned long long)gen);
                 snprintf(sv, sizeof sv, "%llu deciding", (unsigned long long)a);
-                (void)ferry_kv_put(s, sk, sv, strlen(sv), NULL);
+                (void)ferry_kv_put(s, sk, sv, strlen(sv), NULL, NULL);
             }
         }
         fflush(stdout);
@@ -338,7 +338,7 @@ static size_t objects_of(ftg_env *f, uint64_t gen)
     snprintf(prefix, sizeof prefix, "ferry/w/tiny/%020llu/", (unsigned long long)gen);
     char **keys = NULL;
     size_t n = 0;
-    assert_int_equal(ferry_store_list(f->s, prefix, NULL, 1000, &keys, &n, NULL), 0);
+    assert_int_equal(ferry_store_list(f->s, prefix, NULL, 1000, &keys, &n, NULL, NULL), 0);
     ferry_store_free(keys);
     return n;
 }
@@ -404,7 +404,7 @@ static void test_publish_generations(void **state)
     fr_key_gen_object(key, sizeof key, "tiny", 4, 0, 0);   /* rank 0's first object */
     int ex = 1;
     for (int i = 0; i < 1000 && ex != FERRY_ELOST; i++) {
-        ex = ferry_store_exist(f->s, key);
+        ex = ferry_store_exist(f->s, key, NULL);
         if (ex != FERRY_ELOST)
             nanosleep(&ts, NULL);
     }
@@ -537,7 +537,7 @@ static void test_publish_after_node_restart(void **state)
     int ex = 1;
     struct timespec ts = { 0, 20 * 1000 * 1000 };
     for (int i = 0; i < 1000 && ex == 1; i++) {   /* deadline 20 s */
-        ex = ferry_store_exist(f->s, key);
+        ex = ferry_store_exist(f->s, key, NULL);
         if (ex == 1)
             nanosleep(&ts, NULL);
     }

@@ -269,7 +269,7 @@ static size_t objects_of(ftg_env *f, uint64_t gen)
     snprintf(prefix, sizeof prefix, "ferry/w/shards/%020llu/", (unsigned long long)gen);
     char **keys = NULL;
     size_t n = 0;
-    assert_int_equal(ferry_store_list(f->s, prefix, NULL, 1000, &keys, &n, NULL), 0);
+    assert_int_equal(ferry_store_list(f->s, prefix, NULL, 1000, &keys, &n, NULL, NULL), 0);
     ferry_store_free(keys);
     return n;
 }

@@ -201,7 +201,7 @@ static size_t objects_of(fixture *f, uint64_t gen)
     prefix[kl - 1] = '\0';
     char **keys = NULL;
     size_t nk = 0;
-    assert_int_equal(ferry_store_list(f->s, prefix, NULL, 1000, &keys, &nk, NULL), 0);
+    assert_int_equal(ferry_store_list(f->s, prefix, NULL, 1000, &keys, &nk, NULL, NULL), 0);
     ferry_store_free(keys);
     return nk;
 }

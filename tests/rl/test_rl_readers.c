@@ -576,7 +576,7 @@ static void test_subscriber_two_nodes(void **state)
             char key[256];
             snprintf(key, sizeof key, "ferry/wk/relay/sub/k/%020d/%d", 5, k);
             ferry_kv_value v = {0};
-            exchanged = ferry_kv_get(e->s, key, &v) == 0;
+            exchanged = ferry_kv_get(e->s, key, &v, NULL) == 0;
             ferry_store_free(v.val);
         }
         if (!exchanged) {
@@ -626,7 +626,7 @@ static void test_subscriber_two_nodes(void **state)
     fr_key_gen_object(key, sizeof key, "relay", 6, 0, 0);   /* trainer rank 0's first object */
     int ex = 1;
     for (int i = 0; i < 2000 && ex != FERRY_ELOST; i++) {   /* deadline 20 s */
-        ex = ferry_store_exist(e->s, key);
+        ex = ferry_store_exist(e->s, key, NULL);
         if (ex != FERRY_ELOST) {
             struct timespec ts = { 0, 10 * 1000 * 1000 };
             nanosleep(&ts, NULL);

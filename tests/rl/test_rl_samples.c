@@ -237,7 +237,7 @@ static void test_policy_registry(void **state)
     ferry_error err = {0};
     assert_int_equal(ferry_policy_current(f->s, "pol", &cur, &err), FERRY_ENOENT);
     ferry_policy_watch *w = NULL;
-    assert_int_equal(ferry_policy_watch_open(f->s, "pol", &w), 0);
+    assert_int_equal(ferry_policy_watch_open(f->s, "pol", &w, NULL), 0);
     assert_int_equal(ferry_policy_watch_next(w, 50, &cur, &err), FERRY_ETIMEDOUT);
 
     publish_version(f, 1, 0, false);
@@ -281,7 +281,7 @@ static void test_policy_registry(void **state)
 
     /* a watcher opened now gets the current version first */
     ferry_policy_watch *w2 = NULL;
-    assert_int_equal(ferry_policy_watch_open(f->s, "pol", &w2), 0);
+    assert_int_equal(ferry_policy_watch_open(f->s, "pol", &w2, NULL), 0);
     assert_int_equal(ferry_policy_watch_next(w2, 1000, &cur, &err), 0);
     assert_int_equal(cur.version, 3);
     ferry_policy_version_clear(&cur);
@@ -326,7 +326,7 @@ static void test_stale_rules(void **state)
     for (int i = 0; i < 500 && nk; i++) {
         ferry_store_free(keys);
         keys = NULL;
-        assert_int_equal(ferry_store_list(f->s, "ferry/rl/st/", NULL, 100, &keys, &nk, NULL), 0);
+        assert_int_equal(ferry_store_list(f->s, "ferry/rl/st/", NULL, 100, &keys, &nk, NULL, NULL), 0);
         if (nk)
             sleep_ms(10);
     }
@@ -418,7 +418,7 @@ static void test_payload_and_ack(void **state)
         /* a pop retries a removal the read's lease deferred */
         assert_int_equal(ferry_sample_pop(q, 1, &none, &n, &err), 0);
         assert_int_equal(n, 0);
-        ex = ferry_store_exist(f->s, s.payload);
+        ex = ferry_store_exist(f->s, s.payload, NULL);
         if (ex == 1)
             sleep_ms(10);
     }
@@ -436,7 +436,7 @@ static void test_claim_log(void **state)
 {
     fixture *f = *state;
     ferry_sample_claims *log = NULL;
-    assert_int_equal(ferry_sample_claims_open(f->s, "cl", &log), 0);
+    assert_int_equal(ferry_sample_claims_open(f->s, "cl", &log, NULL), 0);
     ferry_sample_queue *q = open_q(f, "cl", 3, 0, FERRY_STALE_DROP);
     assert_int_equal(push_one(q, "c1", 3, 1), 0);
     assert_int_equal(push_one(q, "c2", 3, 2), 0);
@@ -445,7 +445,7 @@ static void test_claim_log(void **state)
     char **keys = NULL;
     size_t n = 0;
     bool more = true;
-    assert_int_equal(ferry_sample_payloads(f->s, "cl", 16, &keys, &n, &more), 0);
+    assert_int_equal(ferry_sample_payloads(f->s, "cl", 16, &keys, &n, &more, NULL), 0);
     assert_int_equal(n, 2);
     assert_false(more);
     for (size_t i = 0; i < 2; i++)
@@ -455,11 +455,11 @@ static void test_claim_log(void **state)
     ferry_error err = {0};
     assert_int_equal(ferry_sample_ack(q, &s[0], 1, &ok, &err), 0);
     assert_true(ok);
-    assert_int_equal(ferry_sample_claims_mark(log), 0);
+    assert_int_equal(ferry_sample_claims_mark(log, NULL), 0);
     ferry_sample_claim c;
     unsigned taken = 0, done = 0;
     for (;;) {
-        assert_int_equal(ferry_sample_claims_next(log, 5000, &c), 0);
+        assert_int_equal(ferry_sample_claims_next(log, 5000, &c, NULL), 0);
         if (c.mark)
             break;
         const ferry_sample *m = c.uid == s[0].uid ? &s[0] : &s[1];
@@ -473,14 +473,17 @@ static void test_claim_log(void **state)
     }
     assert_int_equal(taken, 2);
     assert_int_equal(done, 1);
-    assert_int_equal(ferry_sample_claims_next(log, 50, &c), FERRY_ETIMEDOUT);
-    assert_int_equal(ferry_sample_payloads(f->s, "cl", 16, &keys, &n, NULL), 0);
+    ferry_error ce = {0};
+    assert_int_equal(ferry_sample_claims_next(log, 50, &c, &ce), FERRY_ETIMEDOUT);
+    assert_non_null(strstr(ce.msg, "no claim written within 50 ms"));
+    assert_int_equal(ferry_sample_payloads(f->s, "cl", 16, &keys, &n, NULL, NULL), 0);
     assert_int_equal(n, 1);
     assert_string_equal(keys[0], s[1].payload);
     ferry_store_free(keys);
-    assert_int_equal(ferry_sample_payloads(f->s, "", 16, &keys, &n, NULL), FERRY_EINVAL);
+    assert_int_equal(ferry_sample_payloads(f->s, "", 16, &keys, &n, NULL, &ce), FERRY_EINVAL);
+    assert_non_null(strstr(ce.msg, "no store, queue or result"));
     ferry_sample_claims *none = NULL;
-    assert_int_equal(ferry_sample_claims_open(f->s, NULL, &none), FERRY_EINVAL);
+    assert_int_equal(ferry_sample_claims_open(f->s, NULL, &none, NULL), FERRY_EINVAL);
     assert_null(none);
     ferry_sample_claims_close(log);
     ferry_sample_claims_close(NULL);
@@ -522,7 +525,7 @@ static void test_backpressure(void **state)
     /* nothing left behind by the refused push */
     char **keys = NULL;
     size_t nk = 0;
-    assert_int_equal(ferry_store_list(f->s, "ferry/rl/bp/", NULL, 100, &keys, &nk, NULL), 0);
+    assert_int_equal(ferry_store_list(f->s, "ferry/rl/bp/", NULL, 100, &keys, &nk, NULL, NULL), 0);
     assert_int_equal(nk, 4);
     ferry_store_free(keys);
     ferry_sample_queue_close(q);
@@ -562,12 +565,13 @@ static void test_backpressure(void **state)
 
 static int consumer_main(char **argv)
 {
+    ferry_error fe = {0};
     ferry_store_config cfg;
     ferry_store_config_init(&cfg);
     snprintf(cfg.master, sizeof cfg.master, "%s", argv[0]);
     ferry_store *s = NULL;
-    if (ferry_store_open(&cfg, &s) < 0) {
-        printf("ERR open %s\n", ferry_store_last_error());
+    if (ferry_store_open(&cfg, &s, &fe) < 0) {
+        printf("ERR open %s\n", fe.msg);
         return 1;
     }
     ferry_sample_queue_config qc = { .input_version = 1, .lease_ms = 400 };
@@ -633,12 +637,13 @@ static void test_redelivery_after_kill9(void **state)
  * back soon. */
 static int acker_main(char **argv)
 {
+    ferry_error fe = {0};
     ferry_store_config cfg;
     ferry_store_config_init(&cfg);
     snprintf(cfg.master, sizeof cfg.master, "%s", argv[0]);
     ferry_store *s = NULL;
-    if (ferry_store_open(&cfg, &s) < 0) {
-        printf("ERR open %s\n", ferry_store_last_error());
+    if (ferry_store_open(&cfg, &s, &fe) < 0) {
+        printf("ERR open %s\n", fe.msg);
         return 1;
     }
     ferry_sample_queue_config qc = { .input_version = 1, .lease_ms = 500 };
@@ -677,21 +682,21 @@ static int acker_main(char **argv)
  * taken out again. */
 static bool ak_empty(ferry_store *s)
 {
-    assert_int_equal(ferry_queue_config(s, "ak", 1), 0);
+    assert_int_equal(ferry_queue_config(s, "ak", 1, NULL), 0);
     uint64_t id = 0;
-    int rc = ferry_queue_push(s, "ak", "probe", 5, &id);
+    int rc = ferry_queue_push(s, "ak", "probe", 5, &id, NULL);
     if (rc == 0) {
         ferry_qrecord r[1];
         size_t n = 0;
-        assert_int_equal(ferry_queue_pop(s, "ak", 1, 60000, r, &n), 0);
+        assert_int_equal(ferry_queue_pop(s, "ak", 1, 60000, r, &n, NULL), 0);
         assert_int_equal(n, 1);
         assert_int_equal(r[0].id, id);
-        assert_int_equal(ferry_queue_ack(s, r[0].id, r[0].token), 0);
+        assert_int_equal(ferry_queue_ack(s, r[0].id, r[0].token, NULL), 0);
         ferry_qrecords_free(r, n);
     } else {
         assert_int_equal(rc, FERRY_EAGAIN);
     }
-    assert_int_equal(ferry_queue_config(s, "ak", 0), 0);
+    assert_int_equal(ferry_queue_config(s, "ak", 0, NULL), 0);
     return rc == 0;
 }
 
@@ -754,7 +759,7 @@ static void test_ack_killed_no_orphan(void **state)
     ferry_sample_queue_close(q);   /* its last deferred removals */
     char **keys = NULL;
     size_t orphans = 0;
-    assert_int_equal(ferry_store_list(f->s, "ferry/rl/ak/", NULL, 1000, &keys, &orphans, NULL), 0);
+    assert_int_equal(ferry_store_list(f->s, "ferry/rl/ak/", NULL, 1000, &keys, &orphans, NULL, NULL), 0);
     for (size_t i = 0; i < orphans && i < 5; i++)
         print_message("orphan payload: %s\n", keys[i]);
     ferry_store_free(keys);
@@ -859,8 +864,8 @@ static void test_master_kill9_flow(void **state)
     ferry_store_config cfg;
     ft_store_config(&f->c, &cfg);
     cfg.lease_ms = 1;
-    assert_int_equal(ferry_store_open(&cfg, &fl.ps), 0);
-    assert_int_equal(ferry_store_open(&cfg, &fl.cs), 0);
+    assert_int_equal(ferry_store_open(&cfg, &fl.ps, NULL), 0);
+    assert_int_equal(ferry_store_open(&cfg, &fl.cs, NULL), 0);
     pthread_t tp, tc, tk;
     assert_int_equal(pthread_create(&tk, NULL, flow_killer, &fl), 0);
     assert_int_equal(pthread_create(&tc, NULL, flow_consumer, &fl), 0);
@@ -911,19 +916,19 @@ static void test_kv_gate(void **state)
     char ref1[512], ref1b[512], ref2[512];
     uint8_t kv[4096], got[4096];
     ft_pattern(kv, sizeof kv, 5, 0);
-    assert_int_equal(ferry_kvcache_put(f->s, "llm", 1, "ep1", kv, sizeof kv, ref1, sizeof ref1, &st), 0);
-    assert_int_equal(ferry_kvcache_put(f->s, "llm", 1, "ep2", kv, 100, ref1b, sizeof ref1b, &st), 0);
-    assert_int_equal(ferry_kvcache_put(f->s, "llm", 2, "ep1", kv, 200, ref2, sizeof ref2, &st), 0);
-    assert_int_equal(ferry_store_put(f->s, "user/obj", kv, 10, NULL, NULL), 0);
+    assert_int_equal(ferry_kvcache_put(f->s, "llm", 1, "ep1", kv, sizeof kv, ref1, sizeof ref1, &st, NULL), 0);
+    assert_int_equal(ferry_kvcache_put(f->s, "llm", 1, "ep2", kv, 100, ref1b, sizeof ref1b, &st, NULL), 0);
+    assert_int_equal(ferry_kvcache_put(f->s, "llm", 2, "ep1", kv, 200, ref2, sizeof ref2, &st, NULL), 0);
+    assert_int_equal(ferry_store_put(f->s, "user/obj", kv, 10, NULL, NULL, NULL), 0);
     uint64_t v = 0;
     assert_int_equal(ferry_kvcache_ref_version(ref1, &v), 0);
     assert_int_equal(v, 1);
     size_t len = 0;
-    assert_int_equal(ferry_kvcache_get(f->s, ref1, 1, got, sizeof got, &len, &st), 0);
+    assert_int_equal(ferry_kvcache_get(f->s, ref1, 1, got, sizeof got, &len, &st, NULL), 0);
     assert_int_equal(len, sizeof kv);
     assert_memory_equal(got, kv, sizeof kv);
     memset(got, 0, sizeof got);
-    assert_int_equal(ferry_kvcache_get(f->s, ref1, 2, got, sizeof got, &len, &st), FERRY_ESTALE);
+    assert_int_equal(ferry_kvcache_get(f->s, ref1, 2, got, sizeof got, &len, &st, NULL), FERRY_ESTALE);
     assert_int_equal(got[0], 0);   /* nothing read */
     assert_int_equal(st.hits, 1);
     assert_int_equal(st.refused, 1);
@@ -931,18 +936,18 @@ static void test_kv_gate(void **state)
     uint64_t removed = 0;
     int rc = FERRY_EBUSY;
     for (int i = 0; i < 500; i++) {   /* the read's lease is 1 ms */
-        rc = ferry_kvcache_retire(f->s, "llm", 1, &removed, &st);
-        if (rc == 0 && ferry_store_exist(f->s, ref1 + 8) == 0)
+        rc = ferry_kvcache_retire(f->s, "llm", 1, &removed, &st, NULL);
+        if (rc == 0 && ferry_store_exist(f->s, ref1 + 8, NULL) == 0)
             break;
         sleep_ms(5);
     }
     assert_int_equal(rc, 0);
     assert_int_equal(st.retired, 2);
-    assert_int_equal(ferry_store_exist(f->s, ref1 + 8), 0);
-    assert_int_equal(ferry_store_exist(f->s, ref1b + 8), 0);
-    assert_int_equal(ferry_store_exist(f->s, ref2 + 8), 1);   /* other versions stay */
-    assert_int_equal(ferry_store_exist(f->s, "user/obj"), 1); /* and every other key */
-    assert_int_equal(ferry_kvcache_get(f->s, ref2, 2, got, sizeof got, &len, &st), 0);
+    assert_int_equal(ferry_store_exist(f->s, ref1 + 8, NULL), 0);
+    assert_int_equal(ferry_store_exist(f->s, ref1b + 8, NULL), 0);
+    assert_int_equal(ferry_store_exist(f->s, ref2 + 8, NULL), 1);   /* other versions stay */
+    assert_int_equal(ferry_store_exist(f->s, "user/obj", NULL), 1); /* and every other key */
+    assert_int_equal(ferry_kvcache_get(f->s, ref2, 2, got, sizeof got, &len, &st, NULL), 0);
     assert_int_equal(len, 200);
 }
 

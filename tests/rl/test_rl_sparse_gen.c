@@ -195,7 +195,7 @@ static uint64_t count(ferry_store *s, const char *prefix)
     char **ks = NULL;
     size_t n = 0;
     bool more = false;
-    assert_int_equal(ferry_store_list(s, prefix, NULL, 10000, &ks, &n, &more), 0);
+    assert_int_equal(ferry_store_list(s, prefix, NULL, 10000, &ks, &n, &more, NULL), 0);
     ferry_store_free(ks);
     return n;
 }
@@ -279,7 +279,7 @@ static void test_fresh_and_restarted(void **state)
     ferry_store_config cfg;
     ft_store_config(&f->c, &cfg);
     ferry_store *s2 = NULL;
-    assert_int_equal(ferry_store_open(&cfg, &s2), 0);
+    assert_int_equal(ferry_store_open(&cfg, &s2, NULL), 0);
     ferry_weights_status ws;
     assert_int_equal(ferry_weights_active_status(s2, m.name, &ws, &err), 0);
     assert_int_equal(ws.generation, 3);
@@ -416,7 +416,7 @@ static void test_retention(void **state)
     publish_dense(f->s, &m, 4);   /* keep 2: g1 and g2 retire */
     assert_int_equal(count(f->s, sp), 2);   /* g3's */
     for (size_t i = 0; i < m.nkeys[2]; i++)
-        assert_int_equal(ferry_store_exist(f->s, m.keys[2][i]), 0);
+        assert_int_equal(ferry_store_exist(f->s, m.keys[2][i], NULL), 0);
     char g1[96];
     snprintf(g1, sizeof g1, "%s%020d/", dw, 1);
     assert_int_equal(count(f->s, g1), 0);   /* dense g1 retired too */
@@ -432,7 +432,7 @@ static void test_retention(void **state)
     assert_int_equal(as.chain, 2);
     assert_int_equal(count(f->s, sp), 2);
     for (size_t i = 0; i < m.nkeys[3]; i++)
-        assert_int_equal(ferry_store_exist(f->s, m.keys[3][i]), 0);
+        assert_int_equal(ferry_store_exist(f->s, m.keys[3][i], NULL), 0);
     put_delta(f->s, &m, 6, 5);
     assert_int_equal(announce(f->s, &m, 6, 5, 2, &as, &err), 0);
     assert_int_equal(as.chain, 3);

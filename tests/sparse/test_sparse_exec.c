@@ -254,7 +254,7 @@ static void run_case(fixture *f, spcase *c, ferry_sparse_stats *st_out, ferry_sp
                      res[r].tensor_id);
             ferry_member m[4];
             size_t nm = 0;
-            assert_int_equal(ferry_store_get_members(f->s, pk, m, 4, &nm), 0);
+            assert_int_equal(ferry_store_get_members(f->s, pk, m, 4, &nm, NULL), 0);
             assert_int_equal(nm, 3);
             assert_string_equal(m[1].name, "indices");
             assert_int_equal(m[1].shape[0], res[r].nnz);
@@ -262,7 +262,7 @@ static void run_case(fixture *f, spcase *c, ferry_sparse_stats *st_out, ferry_sp
                 int64_t *pi = malloc(res[r].nnz * d->ndim * 8);
                 size_t len = 0;
                 assert_int_equal(ferry_store_read_member(f->s, pk, "indices", 0, res[r].nnz, pi,
-                                                         res[r].nnz * d->ndim * 8, &len), 0);
+                                                         res[r].nnz * d->ndim * 8, &len, NULL), 0);
                 assert_memory_equal(pi, res[r].indices, len);
                 free(pi);
             }

@@ -31,7 +31,7 @@ static size_t count_prefix(ferry_store *s, const char *prefix)
     char **keys = NULL;
     size_t n = 0;
     bool more = false;
-    assert_int_equal(ferry_store_list(s, prefix, NULL, 1000, &keys, &n, &more), 0);
+    assert_int_equal(ferry_store_list(s, prefix, NULL, 1000, &keys, &n, &more, NULL), 0);
     ferry_store_free(keys);
     return n;
 }
@@ -139,7 +139,7 @@ static void check_object(ferry_store *s, const char *key, const ferry_sparse_des
     int64_t *idx = malloc(d->nnz * nd * sizeof *idx);
     size_t len = 0;
     assert_int_equal(ferry_store_read_member(s, key, "indices", 0, d->nnz, raw, d->nnz * nd * isz,
-                                             &len), 0);
+                                             &len, NULL), 0);
     for (uint64_t i = 0; i < d->nnz * nd; i++) {
         if (isz == 4) {
             int32_t v;
@@ -213,8 +213,8 @@ static void test_put_roundtrip(void **state)
         uint8_t *raw = malloc(nnz * 2 * isz);
         size_t len;
         assert_int_equal(ferry_store_read_member(f->s, key, "indices", 0, nnz, raw, nnz * 2 * isz,
-                                                 &len), 0);
-        assert_int_equal(ferry_store_read_member(f->s, key, "values", 0, nnz, gv, nnz * 4, &len),
+                                                 &len, NULL), 0);
+        assert_int_equal(ferry_store_read_member(f->s, key, "values", 0, nnz, gv, nnz * 4, &len, NULL),
                          0);
         float *dense = calloc(600 * 700, sizeof *dense), *dense2 = calloc(600 * 700, 4);
         for (uint64_t i = 0; i < nnz; i++) {
@@ -296,7 +296,7 @@ static void test_duplicates(void **state)
         uint8_t got[8];
         float gf[2];
         size_t len;
-        assert_int_equal(ferry_store_read_member(f->s, key, "values", 0, 2, got, sizeof got, &len),
+        assert_int_equal(ferry_store_read_member(f->s, key, "values", 0, 2, got, sizeof got, &len, NULL),
                          0);
         assert_int_equal(ferry_convert(got, vdts[v], gf, "f32", 2), 0);
         assert_true(gf[0] == 5.0f && gf[1] == 7.0f);   /* (0,2) then (1,1) */
@@ -331,7 +331,7 @@ static void test_idempotent_and_admit(void **state)
     assert_int_equal(count_prefix(f->s, "ferry/sp/idem/"), 1);
     float got[2];
     size_t len;
-    assert_int_equal(ferry_store_read_member(f->s, key, "values", 0, 2, got, sizeof got, &len), 0);
+    assert_int_equal(ferry_store_read_member(f->s, key, "values", 0, 2, got, sizeof got, &len, NULL), 0);
     assert_true(got[0] == 1.0f);
     /* another placement is another logical key */
     d.placement.kind = FERRY_SPARSE_OWNER;
@@ -369,7 +369,7 @@ static void test_remove(void **state)
     assert_int_equal(ferry_sparse_admit(f->s, &d, 1, &adm, &err), 0);
     assert_false(adm);
     assert_int_equal(ferry_sparse_remove(f->s, key), 0);
-    assert_int_equal(ferry_store_exist(f->s, key), 0);
+    assert_int_equal(ferry_store_exist(f->s, key, NULL), 0);
     assert_int_equal(ferry_sparse_remove(f->s, key), FERRY_ENOENT);
     assert_int_equal(ferry_sparse_admit(f->s, &d, 1, &adm, &err), 0);
     assert_true(adm);   /* its admission key went with it */
@@ -438,7 +438,7 @@ static void test_index_refuses(void **state)
     ferry_error err = {0};
     /* missing, not structured, not sparse */
     assert_int_equal(ferry_sparse_index_read(f->s, "ferry/sp/none", &ix, &err), FERRY_ENOENT);
-    assert_int_equal(ferry_store_put(f->s, "plain", "abcdefgh", 8, NULL, NULL), 0);
+    assert_int_equal(ferry_store_put(f->s, "plain", "abcdefgh", 8, NULL, NULL, NULL), 0);
     assert_int_equal(ferry_sparse_index_read(f->s, "plain", &ix, &err), FERRY_EPROTO);
     /* a well-formed meta over a tile_ptr that does not reach nnz */
     ferry_sparse_desc d = desc2("forged", 16, 16, "i64", "f32", 2);
@@ -462,19 +462,19 @@ static void test_index_refuses(void **state)
         m[i].shape[1] = s1[i];
     }
     const void *data[5] = {meta, tc, tp, ind, vals};
-    assert_int_equal(ferry_store_put_struct(f->s, "forged1", m, data, 5, NULL), 0);
+    assert_int_equal(ferry_store_put_struct(f->s, "forged1", m, data, 5, NULL, NULL), 0);
     memset(&err, 0, sizeof err);
     assert_int_equal(ferry_sparse_index_read(f->s, "forged1", &ix, &err), FERRY_EPROTO);
     assert_non_null(strstr(err.msg, "tile_ptr"));
     /* fixed tile_ptr, but a tile outside the grid */
     tp[1] = 2;
     tc[1] = 2;
-    assert_int_equal(ferry_store_put_struct(f->s, "forged2", m, data, 5, NULL), 0);
+    assert_int_equal(ferry_store_put_struct(f->s, "forged2", m, data, 5, NULL, NULL), 0);
     assert_int_equal(ferry_sparse_index_read(f->s, "forged2", &ix, &err), FERRY_EPROTO);
     assert_non_null(strstr(err.msg, "grid"));
     /* consistent: accepted */
     tc[1] = 1;
-    assert_int_equal(ferry_store_put_struct(f->s, "forged3", m, data, 5, NULL), 0);
+    assert_int_equal(ferry_store_put_struct(f->s, "forged3", m, data, 5, NULL, NULL), 0);
     assert_int_equal(ferry_sparse_index_read(f->s, "forged3", &ix, &err), 0);
     ferry_sparse_index_free(&ix);
     ferry_sparse_index_free(NULL);

@@ -256,7 +256,7 @@ static void test_counters(void **state)
     make_delta("cnt.w", 2, idx, val, delta, key, sizeof key, f->s);
     ferry_member m[8];
     size_t nm = 0;
-    assert_int_equal(ferry_store_get_members(f->s, key, m, 8, &nm), 0);
+    assert_int_equal(ferry_store_get_members(f->s, key, m, 8, &nm, NULL), 0);
     uint64_t index_bytes = 0, ib = 0, vb = 0;
     for (size_t i = 0; i < nm; i++) {
         if (!strcmp(m[i].name, "meta") || !strcmp(m[i].name, "tile_coords") ||

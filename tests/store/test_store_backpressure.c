@@ -102,7 +102,7 @@ static void raw_drain(int fd, int n, const uint8_t *want)
 static int64_t held(ferry_store *s)
 {
     char *text = NULL;
-    assert_int_equal(ferry_store_status_json(s, &text), 0);
+    assert_int_equal(ferry_store_status_json(s, &text, NULL), 0);
     json_t *j = json_loads(text, 0, NULL);
     ferry_store_free(text);
     assert_non_null(j);
@@ -125,12 +125,12 @@ static void run(int nconn, uint64_t bound)
      * timed out once). */
     cfg.timeout_ms = 120000;
     ferry_store *s;
-    assert_int_equal(ferry_store_open(&cfg, &s), 0);
+    assert_int_equal(ferry_store_open(&cfg, &s, NULL), 0);
     uint8_t *val = malloc(VALUE);
     assert_non_null(val);
     ft_pattern(val, VALUE, 7, 0);
-    assert_int_equal(ferry_kv_put(s, "big", val, VALUE, NULL), 0);
-    assert_int_equal(ferry_kv_put(s, "small", "x", 1, NULL), 0);
+    assert_int_equal(ferry_kv_put(s, "big", val, VALUE, NULL, NULL), 0);
+    assert_int_equal(ferry_kv_put(s, "small", "x", 1, NULL, NULL), 0);
     uint64_t base = rss_bytes(c.master.pid), peak = base;
 
     int fds[8];
@@ -150,9 +150,9 @@ static void run(int nconn, uint64_t bound)
     for (int i = 0; i < 20; i++) {
         uint64_t a = now_ms();
         ferry_kv_value v;
-        assert_int_equal(ferry_kv_get(s, "small", &v), 0);
+        assert_int_equal(ferry_kv_get(s, "small", &v, NULL), 0);
         ferry_store_free(v.val);
-        assert_int_equal(ferry_kv_put(s, "other", "y", 1, NULL), 0);
+        assert_int_equal(ferry_kv_put(s, "other", "y", 1, NULL, NULL), 0);
         uint64_t d = now_ms() - a;
         worst = d > worst ? d : worst;
         uint64_t r = rss_bytes(c.master.pid);

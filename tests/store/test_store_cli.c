@@ -50,8 +50,8 @@ static void test_up_status_down(void **state)
     ferry_store *s = NULL;
     int open_rc = ferry_engine_config_token_file(&cfg.engine, tok);
     if (open_rc == 0)
-        open_rc = ferry_store_open(&cfg, &s);
-    int put_rc = s ? ferry_store_put(s, "hello", "world", 5, NULL, NULL) : -1;
+        open_rc = ferry_store_open(&cfg, &s, NULL);
+    int put_rc = s ? ferry_store_put(s, "hello", "world", 5, NULL, NULL, NULL) : -1;
     ferry_store_close(s);
     int down = ft_run(out, sizeof out, "%s down --dir %s", bin, dir);
     int again = ft_run(out, sizeof out, "%s down --dir %s 2>&1", bin, dir);

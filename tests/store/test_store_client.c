@@ -38,7 +38,7 @@ static int setup_n(void **state, int nodes, uint64_t size, const char *const *ex
             return -1;
     ferry_store_config cfg;
     ft_store_config(&f->c, &cfg);
-    return ferry_store_open(&cfg, &f->s) == 0 ? 0 : -1;
+    return ferry_store_open(&cfg, &f->s, NULL) == 0 ? 0 : -1;
 }
 
 static int setup1(void **state) { return setup_n(state, 1, 64 * MB, NULL); }
@@ -65,6 +65,7 @@ static uint8_t *pattern(size_t len, uint64_t seed)
 
 static void test_put_get(void **state)
 {
+    ferry_error fe = {0};
     fixture *f = *state;
     static const size_t sizes[] = { 0, 1, 4097, 3 * MB + 5 };
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
@@ -72,42 +73,42 @@ static void test_put_get(void **state)
         snprintf(key, sizeof key, "obj/%zu", i);
         uint8_t *src = pattern(sizes[i], i + 1);
         ferry_object_desc d;
-        assert_int_equal(ferry_store_put(f->s, key, src, sizes[i], NULL, &d), 0);
+        assert_int_equal(ferry_store_put(f->s, key, src, sizes[i], NULL, &d, NULL), 0);
         assert_int_equal(d.nreplicas, 1);
         assert_int_equal(d.replicas[0].segment, f->c.seg[0]);
         void *got = NULL;
         size_t n = 0;
-        assert_int_equal(ferry_store_get(f->s, key, &got, &n), 0);
+        assert_int_equal(ferry_store_get(f->s, key, &got, &n, NULL), 0);
         assert_int_equal(n, sizes[i]);
         if (sizes[i])
             assert_memory_equal(got, src, sizes[i]);
         ferry_store_free(got);
-        assert_int_equal(ferry_store_exist(f->s, key), 1);
-        assert_int_equal(ferry_store_put(f->s, key, src, sizes[i], NULL, NULL), FERRY_EEXIST);
+        assert_int_equal(ferry_store_exist(f->s, key, NULL), 1);
+        assert_int_equal(ferry_store_put(f->s, key, src, sizes[i], NULL, NULL, NULL), FERRY_EEXIST);
         free(src);
     }
     uint8_t small[16];
     size_t n = 0;
-    assert_int_equal(ferry_store_get_into(f->s, "obj/2", small, sizeof small, &n),
+    assert_int_equal(ferry_store_get_into(f->s, "obj/2", small, sizeof small, &n, NULL),
                      FERRY_EMSGSIZE);
     assert_int_equal(n, 4097);
-    assert_int_equal(ferry_store_get_into(f->s, "nope", small, sizeof small, &n), FERRY_ENOENT);
-    assert_non_null(strstr(ferry_store_last_error(), "nope"));
-    assert_int_equal(ferry_store_exist(f->s, "nope"), 0);
+    assert_int_equal(ferry_store_get_into(f->s, "nope", small, sizeof small, &n, &fe), FERRY_ENOENT);
+    assert_non_null(strstr(fe.msg, "nope"));
+    assert_int_equal(ferry_store_exist(f->s, "nope", NULL), 0);
 
     char **keys = NULL;
     size_t nk = 0;
     bool more = true;
-    assert_int_equal(ferry_store_list(f->s, "obj/", NULL, 10, &keys, &nk, &more), 0);
+    assert_int_equal(ferry_store_list(f->s, "obj/", NULL, 10, &keys, &nk, &more, NULL), 0);
     assert_int_equal(nk, 4);
     assert_false(more);
     assert_string_equal(keys[0], "obj/0");
     ferry_store_free(keys);
     uint64_t removed = 0;
-    assert_int_equal(ferry_store_remove_prefix(f->s, "obj/", &removed), 0);
+    assert_int_equal(ferry_store_remove_prefix(f->s, "obj/", &removed, NULL), 0);
     /* The reads above hold leases: those objects stay until they end. */
     assert_true(removed <= 4);
-    assert_int_equal(ferry_store_remove(f->s, "nope"), FERRY_ENOENT);
+    assert_int_equal(ferry_store_remove(f->s, "nope", NULL), FERRY_ENOENT);
 }
 
 /* The staging buffer: one taker at a time, kept (same address, same
@@ -116,31 +117,32 @@ static void test_put_get(void **state)
  * again. */
 static void test_staging(void **state)
 {
+    ferry_error fe = {0};
     fixture *f = *state;
     void *a = NULL, *b = NULL;
-    assert_int_equal(ferry_store_staging_take(f->s, 0, &a), FERRY_EINVAL);
-    assert_int_equal(ferry_store_staging_take(f->s, MB, &a), 0);
+    assert_int_equal(ferry_store_staging_take(f->s, 0, &a, NULL), FERRY_EINVAL);
+    assert_int_equal(ferry_store_staging_take(f->s, MB, &a, NULL), 0);
     assert_non_null(a);
-    assert_int_equal(ferry_store_staging_take(f->s, MB, &b), FERRY_EBUSY);
-    assert_non_null(strstr(ferry_store_last_error(), "taken"));
+    assert_int_equal(ferry_store_staging_take(f->s, MB, &b, &fe), FERRY_EBUSY);
+    assert_non_null(strstr(fe.msg, "taken"));
     ft_pattern(a, MB, 7, 0);
-    assert_int_equal(ferry_store_put_from(f->s, "stage/a", a, MB, NULL, NULL), 0);
+    assert_int_equal(ferry_store_put_from(f->s, "stage/a", a, MB, NULL, NULL, NULL), 0);
     ferry_store_staging_give(f->s, false);
-    assert_int_equal(ferry_store_staging_take(f->s, MB / 2, &b), 0);
+    assert_int_equal(ferry_store_staging_take(f->s, MB / 2, &b, NULL), 0);
     assert_ptr_equal(a, b);                       /* kept: its pages stay resident */
     uint8_t *want = pattern(MB, 7);
     assert_memory_equal(b, want, MB);             /* and what the last taker left */
     ferry_store_staging_give(f->s, false);
-    assert_int_equal(ferry_store_staging_take(f->s, 5 * MB, &b), 0);   /* grown */
+    assert_int_equal(ferry_store_staging_take(f->s, 5 * MB, &b, NULL), 0);   /* grown */
     memset(b, 0x5a, 5 * MB);
     ferry_store_staging_give(f->s, true);         /* abandoned: never handed out again */
     void *c = NULL;
-    assert_int_equal(ferry_store_staging_take(f->s, MB, &c), 0);
+    assert_int_equal(ferry_store_staging_take(f->s, MB, &c, NULL), 0);
     assert_ptr_not_equal(c, b);
     ferry_store_staging_give(f->s, false);
     void *got = NULL;
     size_t n = 0;
-    assert_int_equal(ferry_store_get(f->s, "stage/a", &got, &n), 0);
+    assert_int_equal(ferry_store_get(f->s, "stage/a", &got, &n, NULL), 0);
     assert_int_equal(n, MB);
     assert_memory_equal(got, want, MB);
     ferry_store_free(got);
@@ -161,15 +163,15 @@ static void test_ranges_and_batches(void **state)
         bufs[i] = src[i];
         lens[i] = LEN - i;
     }
-    assert_int_equal(ferry_store_register_buffer(f->s, src[0], LEN), 0);
-    assert_int_equal(ferry_store_register_buffer(f->s, src[0] + 10, 10), FERRY_EEXIST);
-    assert_int_equal(ferry_store_batch_put_from(f->s, keys, bufs, lens, K, NULL, res), 0);
+    assert_int_equal(ferry_store_register_buffer(f->s, src[0], LEN, NULL), 0);
+    assert_int_equal(ferry_store_register_buffer(f->s, src[0] + 10, 10, NULL), FERRY_EEXIST);
+    assert_int_equal(ferry_store_batch_put_from(f->s, keys, bufs, lens, K, NULL, res, NULL), 0);
     for (int i = 0; i < K; i++)
         assert_int_equal(res[i], 0);
 
     uint8_t *dst = calloc(1, 8 * MB);
     assert_non_null(dst);
-    assert_int_equal(ferry_store_register_buffer(f->s, dst, 8 * MB), 0);
+    assert_int_equal(ferry_store_register_buffer(f->s, dst, 8 * MB, NULL), 0);
     ferry_range r[] = {
         { "r/0", 0, dst, 4096 },
         { "r/3", 12345, dst + 4096, 70000 },
@@ -179,7 +181,7 @@ static void test_ranges_and_batches(void **state)
         { "missing", 0, dst + 400000, 10 },
     };
     int64_t out[6];
-    assert_int_not_equal(ferry_store_get_into_ranges(f->s, r, 6, out), 0);
+    assert_int_not_equal(ferry_store_get_into_ranges(f->s, r, 6, out, NULL), 0);
     assert_int_equal(out[0], 4096);
     assert_memory_equal(dst, src[0], 4096);
     assert_int_equal(out[1], 70000);
@@ -200,7 +202,7 @@ static void test_ranges_and_batches(void **state)
         { "r/4", 5, dst + MB + 600000, 77, 1, 0, 0 },
     };
     int64_t so[3];
-    assert_int_not_equal(ferry_store_get_into_strided(f->s, sr, 3, so), 0);
+    assert_int_not_equal(ferry_store_get_into_strided(f->s, sr, 3, so, NULL), 0);
     assert_int_equal(so[0], 300 * 1000);
     for (int row = 0; row < 1000; row++) {
         assert_memory_equal(dst + row * 512, src[3] + row * 1024 + 100, 300);
@@ -218,14 +220,14 @@ static void test_ranges_and_batches(void **state)
         gb[i] = dst + (size_t)i * LEN;
         caps[i] = LEN;
     }
-    assert_int_equal(ferry_store_batch_get_into(f->s, keys, gb, caps, K, gr), 0);
+    assert_int_equal(ferry_store_batch_get_into(f->s, keys, gb, caps, K, gr, NULL), 0);
     for (int i = 0; i < K; i++) {
         assert_int_equal(gr[i], LEN - i);
         assert_memory_equal(gb[i], src[i], (size_t)(LEN - i));
     }
-    assert_int_equal(ferry_store_unregister_buffer(f->s, dst), 0);
-    assert_int_equal(ferry_store_unregister_buffer(f->s, dst), FERRY_ENOENT);
-    assert_int_equal(ferry_store_unregister_buffer(f->s, src[0]), 0);
+    assert_int_equal(ferry_store_unregister_buffer(f->s, dst, NULL), 0);
+    assert_int_equal(ferry_store_unregister_buffer(f->s, dst, NULL), FERRY_ENOENT);
+    assert_int_equal(ferry_store_unregister_buffer(f->s, src[0], NULL), 0);
     free(dst);
     for (int i = 0; i < K; i++)
         free(src[i]);
@@ -233,6 +235,7 @@ static void test_ranges_and_batches(void **state)
 
 static void test_struct(void **state)
 {
+    ferry_error fe = {0};
     fixture *f = *state;
     float vals[100];
     int64_t idx[50][2];
@@ -249,10 +252,10 @@ static void test_struct(void **state)
     };
     uint64_t step = 42;
     const void *data[3] = { vals, idx, &step };
-    assert_int_equal(ferry_store_put_struct(f->s, "delta/1", m, data, 3, NULL), 0);
+    assert_int_equal(ferry_store_put_struct(f->s, "delta/1", m, data, 3, NULL, NULL), 0);
     ferry_member got[4];
     size_t n = 0;
-    assert_int_equal(ferry_store_get_members(f->s, "delta/1", got, 4, &n), 0);
+    assert_int_equal(ferry_store_get_members(f->s, "delta/1", got, 4, &n, NULL), 0);
     assert_int_equal(n, 3);
     assert_string_equal(got[1].name, "indices");
     assert_int_equal(got[1].nbytes, sizeof idx);
@@ -260,25 +263,25 @@ static void test_struct(void **state)
     int64_t rows[10][2];
     size_t len = 0;
     assert_int_equal(ferry_store_read_member(f->s, "delta/1", "indices", 20, 30, rows,
-                                             sizeof rows, &len), 0);
+                                             sizeof rows, &len, NULL), 0);
     assert_int_equal(len, sizeof rows);
     assert_memory_equal(rows, idx[20], sizeof rows);
     uint64_t st = 0;
-    assert_int_equal(ferry_store_read_member(f->s, "delta/1", "step", 0, 1, &st, 8, &len), 0);
+    assert_int_equal(ferry_store_read_member(f->s, "delta/1", "step", 0, 1, &st, 8, &len, NULL), 0);
     assert_int_equal(st, 42);
     assert_int_equal(ferry_store_read_member(f->s, "delta/1", "indices", 40, 51, rows,
-                                             sizeof rows, &len), FERRY_ERANGE);
+                                             sizeof rows, &len, NULL), FERRY_ERANGE);
     assert_int_equal(ferry_store_read_member(f->s, "delta/1", "nope", 0, 1, rows, sizeof rows,
-                                             &len), FERRY_ENOENT);
+                                             &len, NULL), FERRY_ENOENT);
     /* Bad members are refused before anything is stored. */
     ferry_member bad = { .name = "x", .dtype = "f33", .ndim = 1, .shape = { 1 } };
     const void *bd[1] = { vals };
-    assert_int_equal(ferry_store_put_struct(f->s, "delta/2", &bad, bd, 1, NULL), FERRY_EINVAL);
-    assert_int_equal(ferry_store_exist(f->s, "delta/2"), 0);
+    assert_int_equal(ferry_store_put_struct(f->s, "delta/2", &bad, bd, 1, NULL, NULL), FERRY_EINVAL);
+    assert_int_equal(ferry_store_exist(f->s, "delta/2", NULL), 0);
     /* A plain object is not a structured one. */
-    assert_int_equal(ferry_store_put(f->s, "plain", vals, sizeof vals, NULL, NULL), 0);
-    assert_int_equal(ferry_store_get_members(f->s, "plain", got, 4, &n), FERRY_EPROTO);
-    assert_non_null(strstr(ferry_store_last_error(), "plain is a plain object, not a structured one"));
+    assert_int_equal(ferry_store_put(f->s, "plain", vals, sizeof vals, NULL, NULL, NULL), 0);
+    assert_int_equal(ferry_store_get_members(f->s, "plain", got, 4, &n, &fe), FERRY_EPROTO);
+    assert_non_null(strstr(fe.msg, "plain is a plain object, not a structured one"));
 }
 
 /* A put written in place (ferry_store_put_begin): on a same-host node's
@@ -292,40 +295,40 @@ static void test_put_in_place(void **state)
     void *at = NULL;
     ferry_put_slot *p = NULL;
     ferry_object_desc d;
-    assert_int_equal(ferry_store_put_begin(f->s, "inplace/a", 3 * MB + 5, NULL, &at, &p), 0);
+    assert_int_equal(ferry_store_put_begin(f->s, "inplace/a", 3 * MB + 5, NULL, &at, &p, NULL), 0);
     assert_non_null(at);
     assert_true(ferry_store_put_in_place(p));
     memcpy(at, want, 3 * MB + 5);
-    assert_int_equal(ferry_store_exist(f->s, "inplace/a"), 0);   /* not before the end */
-    assert_int_equal(ferry_store_put_end(p, true, &d), 0);
+    assert_int_equal(ferry_store_exist(f->s, "inplace/a", NULL), 0);   /* not before the end */
+    assert_int_equal(ferry_store_put_end(p, true, &d, NULL), 0);
     assert_int_equal(d.nreplicas, 1);
     assert_int_equal(d.replicas[0].segment, f->c.seg[0]);
     void *got = NULL;
     size_t n = 0;
-    assert_int_equal(ferry_store_get(f->s, "inplace/a", &got, &n), 0);
+    assert_int_equal(ferry_store_get(f->s, "inplace/a", &got, &n, NULL), 0);
     assert_int_equal(n, 3 * MB + 5);
     assert_memory_equal(got, want, n);
     ferry_store_free(got);
     /* taken: refused, nothing handed out */
     at = want;
-    assert_int_equal(ferry_store_put_begin(f->s, "inplace/a", MB, NULL, &at, &p), FERRY_EEXIST);
+    assert_int_equal(ferry_store_put_begin(f->s, "inplace/a", MB, NULL, &at, &p, NULL), FERRY_EEXIST);
     assert_null(at);
     assert_null(p);
     /* revoked: never seen, and the key is free again */
-    assert_int_equal(ferry_store_put_begin(f->s, "inplace/b", MB, NULL, &at, &p), 0);
+    assert_int_equal(ferry_store_put_begin(f->s, "inplace/b", MB, NULL, &at, &p, NULL), 0);
     memset(at, 0x77, MB);
-    assert_int_equal(ferry_store_put_end(p, false, NULL), 0);
-    assert_int_equal(ferry_store_exist(f->s, "inplace/b"), 0);
-    assert_int_equal(ferry_store_put_begin(f->s, "inplace/b", MB, NULL, &at, &p), 0);
+    assert_int_equal(ferry_store_put_end(p, false, NULL, NULL), 0);
+    assert_int_equal(ferry_store_exist(f->s, "inplace/b", NULL), 0);
+    assert_int_equal(ferry_store_put_begin(f->s, "inplace/b", MB, NULL, &at, &p, NULL), 0);
     memcpy(at, want, MB);
-    assert_int_equal(ferry_store_put_end(p, true, NULL), 0);
-    assert_int_equal(ferry_store_get(f->s, "inplace/b", &got, &n), 0);
+    assert_int_equal(ferry_store_put_end(p, true, NULL, NULL), 0);
+    assert_int_equal(ferry_store_get(f->s, "inplace/b", &got, &n, NULL), 0);
     assert_memory_equal(got, want, MB);
     ferry_store_free(got);
     /* bad arguments */
-    assert_int_equal(ferry_store_put_begin(f->s, "inplace/c", 0, NULL, &at, &p), FERRY_EINVAL);
-    assert_int_equal(ferry_store_put_begin(f->s, "", MB, NULL, &at, &p), FERRY_EINVAL);
-    assert_int_equal(ferry_store_put_end(NULL, true, NULL), FERRY_EINVAL);
+    assert_int_equal(ferry_store_put_begin(f->s, "inplace/c", 0, NULL, &at, &p, NULL), FERRY_EINVAL);
+    assert_int_equal(ferry_store_put_begin(f->s, "", MB, NULL, &at, &p, NULL), FERRY_EINVAL);
+    assert_int_equal(ferry_store_put_end(NULL, true, NULL, NULL), FERRY_EINVAL);
     free(want);
 }
 
@@ -340,21 +343,21 @@ static void test_put_begin_replicated(void **state)
     void *stage = NULL;
     for (int taken = 0; taken < 2; taken++) {
         if (taken)
-            assert_int_equal(ferry_store_staging_take(f->s, MB, &stage), 0);
+            assert_int_equal(ferry_store_staging_take(f->s, MB, &stage, NULL), 0);
         char key[32];
         snprintf(key, sizeof key, "repl/%d", taken);
         void *at = NULL;
         ferry_put_slot *p = NULL;
         ferry_object_desc d;
-        assert_int_equal(ferry_store_put_begin(f->s, key, MB, &rc, &at, &p), 0);
+        assert_int_equal(ferry_store_put_begin(f->s, key, MB, &rc, &at, &p, NULL), 0);
         assert_false(ferry_store_put_in_place(p));
         assert_true(taken ? at != stage : at != NULL);
         memcpy(at, want, MB);
-        assert_int_equal(ferry_store_put_end(p, true, &d), 0);
+        assert_int_equal(ferry_store_put_end(p, true, &d, NULL), 0);
         assert_int_equal(d.nreplicas, 2);
         void *got = NULL;
         size_t n = 0;
-        assert_int_equal(ferry_store_get(f->s, key, &got, &n), 0);
+        assert_int_equal(ferry_store_get(f->s, key, &got, &n, NULL), 0);
         assert_int_equal(n, MB);
         assert_memory_equal(got, want, MB);
         ferry_store_free(got);
@@ -365,42 +368,43 @@ static void test_put_begin_replicated(void **state)
 
 static void test_replicas(void **state)
 {
+    ferry_error fe = {0};
     fixture *f = *state;
     uint8_t *src = pattern(MB, 7);
     uint64_t pref[2] = { f->c.seg[1], 12345 };
     ferry_replicate_config rc = { .replica_num = 1, .preferred_segments = pref, .npreferred = 1 };
     ferry_object_desc d;
-    assert_int_equal(ferry_store_put(f->s, "p/1", src, MB, &rc, &d), 0);
+    assert_int_equal(ferry_store_put(f->s, "p/1", src, MB, &rc, &d, NULL), 0);
     assert_int_equal(d.replicas[0].segment, f->c.seg[1]);
     assert_true(d.replicas[0].preferred);
     /* A preferred segment that does not exist is a preference, not a rule. */
     rc.preferred_segments = &pref[1];
-    assert_int_equal(ferry_store_put(f->s, "p/2", src, MB, &rc, &d), 0);
+    assert_int_equal(ferry_store_put(f->s, "p/2", src, MB, &rc, &d, NULL), 0);
     assert_false(d.replicas[0].preferred);
     rc = (ferry_replicate_config){ .replica_num = 2, .hard_pin = true };
-    assert_int_equal(ferry_store_put(f->s, "p/3", src, MB, &rc, &d), 0);
+    assert_int_equal(ferry_store_put(f->s, "p/3", src, MB, &rc, &d, NULL), 0);
     assert_int_equal(d.nreplicas, 2);
     assert_int_not_equal(d.replicas[0].segment, d.replicas[1].segment);
     ferry_object_desc q;
-    assert_int_equal(ferry_store_get_replica_desc(f->s, "p/3", &q), 0);
+    assert_int_equal(ferry_store_get_replica_desc(f->s, "p/3", &q, NULL), 0);
     assert_int_equal(q.nreplicas, 2);
     assert_int_equal(q.size, MB);
     rc.replica_num = 3;
-    assert_int_equal(ferry_store_put(f->s, "p/4", src, MB, &rc, &d), FERRY_ENOSPC);
+    assert_int_equal(ferry_store_put(f->s, "p/4", src, MB, &rc, &d, NULL), FERRY_ENOSPC);
     /* Hard-pinned data fills a segment; then a clear ENOSPC. */
     rc = (ferry_replicate_config){ .replica_num = 1, .hard_pin = true };
     int rcode = 0;
     char key[32];
     for (int i = 0; i < 64 && rcode == 0; i++) {
         snprintf(key, sizeof key, "fill/%d", i);
-        rcode = ferry_store_put(f->s, key, src, MB, &rc, NULL);
+        rcode = ferry_store_put(f->s, key, src, MB, &rc, NULL, &fe);
     }
     assert_int_equal(rcode, FERRY_ENOSPC);
-    fprintf(stderr, "ENOSPC says: %s\n", ferry_store_last_error());
-    assert_non_null(strstr(ferry_store_last_error(), "fill/"));
+    fprintf(stderr, "ENOSPC says: %s\n", fe.msg);
+    assert_non_null(strstr(fe.msg, "fill/"));
     void *got = NULL;
     size_t n = 0;
-    assert_int_equal(ferry_store_get(f->s, "p/3", &got, &n), 0);
+    assert_int_equal(ferry_store_get(f->s, "p/3", &got, &n, NULL), 0);
     assert_memory_equal(got, src, MB);
     ferry_store_free(got);
     free(src);
@@ -411,7 +415,7 @@ typedef struct bar_arg { ferry_store *s; const char *member; int rc; uint64_t ge
 static void *barrier_thread(void *p)
 {
     bar_arg *a = p;
-    a->rc = ferry_barrier(a->s, "b1", a->member, 3, 20000, &a->gen);
+    a->rc = ferry_barrier(a->s, "b1", a->member, 3, 20000, &a->gen, NULL);
     return NULL;
 }
 
@@ -420,29 +424,29 @@ static void test_kv_watch_barrier_queue(void **state)
     fixture *f = *state;
     uint64_t rev = 0, rev2 = 0;
     ferry_watch *w = NULL;
-    assert_int_equal(ferry_kv_watch(f->s, "gen/", 0, &w), 0);
-    assert_int_equal(ferry_kv_put(f->s, "gen/active", "1", 1, &rev), 0);
-    assert_int_equal(ferry_kv_cas(f->s, "gen/active", rev, "2", 1, &rev2), 0);
+    assert_int_equal(ferry_kv_watch(f->s, "gen/", 0, &w, NULL), 0);
+    assert_int_equal(ferry_kv_put(f->s, "gen/active", "1", 1, &rev, NULL), 0);
+    assert_int_equal(ferry_kv_cas(f->s, "gen/active", rev, "2", 1, &rev2, NULL), 0);
     assert_true(rev2 > rev);
     uint64_t cur = 0;
-    assert_int_equal(ferry_kv_cas(f->s, "gen/active", rev, "3", 1, &cur), FERRY_ESTATE);
+    assert_int_equal(ferry_kv_cas(f->s, "gen/active", rev, "3", 1, &cur, NULL), FERRY_ESTATE);
     assert_int_equal(cur, rev2);
     ferry_kv_value v;
-    assert_int_equal(ferry_kv_get(f->s, "gen/active", &v), 0);
+    assert_int_equal(ferry_kv_get(f->s, "gen/active", &v, NULL), 0);
     assert_int_equal(v.len, 1);
     assert_memory_equal(v.val, "2", 1);
     assert_int_equal(v.mod_rev, rev2);
     ferry_store_free(v.val);
     ferry_kv_event ev;
-    assert_int_equal(ferry_watch_next(w, 5000, &ev), 0);
+    assert_int_equal(ferry_watch_next(w, 5000, &ev, NULL), 0);
     assert_int_equal(ev.rev, rev);
     assert_string_equal(ev.key, "gen/active");
-    assert_int_equal(ferry_watch_next(w, 5000, &ev), 0);
+    assert_int_equal(ferry_watch_next(w, 5000, &ev, NULL), 0);
     assert_int_equal(ev.rev, rev2);
-    assert_int_equal(ferry_kv_delete(f->s, "gen/active", 0, &rev), 0);
-    assert_int_equal(ferry_watch_next(w, 5000, &ev), 0);
+    assert_int_equal(ferry_kv_delete(f->s, "gen/active", 0, &rev, NULL), 0);
+    assert_int_equal(ferry_watch_next(w, 5000, &ev, NULL), 0);
     assert_true(ev.deleted);
-    assert_int_equal(ferry_watch_next(w, 50, &ev), FERRY_ETIMEDOUT);
+    assert_int_equal(ferry_watch_next(w, 50, &ev, NULL), FERRY_ETIMEDOUT);
     ferry_watch_close(w);
 
     bar_arg a[3] = { { f->s, "r0", 1, 0 }, { f->s, "r1", 1, 0 }, { f->s, "r2", 1, 0 } };
@@ -455,13 +459,13 @@ static void test_kv_watch_barrier_queue(void **state)
         assert_int_equal(a[i].gen, a[0].gen);
     }
     uint64_t g = 0;
-    assert_int_equal(ferry_barrier(f->s, "b2", "only", 2, 100, &g), FERRY_ETIMEDOUT);
+    assert_int_equal(ferry_barrier(f->s, "b2", "only", 2, 100, &g, NULL), FERRY_ETIMEDOUT);
 
     uint64_t id = 0;
-    assert_int_equal(ferry_queue_push(f->s, "samples", "abc", 3, &id), 0);
+    assert_int_equal(ferry_queue_push(f->s, "samples", "abc", 3, &id, NULL), 0);
     ferry_qrecord rec[4];
     size_t n = 0;
-    assert_int_equal(ferry_queue_pop(f->s, "samples", 4, 100, rec, &n), 0);
+    assert_int_equal(ferry_queue_pop(f->s, "samples", 4, 100, rec, &n, NULL), 0);
     assert_int_equal(n, 1);
     assert_int_equal(rec[0].id, id);
     assert_memory_equal(rec[0].data, "abc", 3);
@@ -471,19 +475,19 @@ static void test_kv_watch_barrier_queue(void **state)
     struct timespec ts = { 0, 20 * 1000 * 1000 };
     n = 0;
     for (int i = 0; i < 250 && n == 0; i++) {
-        assert_int_equal(ferry_queue_pop(f->s, "samples", 4, 10000, rec, &n), 0);
+        assert_int_equal(ferry_queue_pop(f->s, "samples", 4, 10000, rec, &n, NULL), 0);
         if (n == 0)
             nanosleep(&ts, NULL);
     }
     assert_int_equal(n, 1);
     assert_int_equal(rec[0].token, tok + 1);
-    assert_int_equal(ferry_queue_ack(f->s, id, tok), FERRY_ESTALE);
-    assert_int_equal(ferry_queue_ack(f->s, id, rec[0].token), 0);
+    assert_int_equal(ferry_queue_ack(f->s, id, tok, NULL), FERRY_ESTALE);
+    assert_int_equal(ferry_queue_ack(f->s, id, rec[0].token, NULL), 0);
     ferry_qrecords_free(rec, n);
-    assert_int_equal(ferry_queue_ack(f->s, id, 0), FERRY_ENOENT);
+    assert_int_equal(ferry_queue_ack(f->s, id, 0, NULL), FERRY_ENOENT);
 
     char *js = NULL;
-    assert_int_equal(ferry_store_status_json(f->s, &js), 0);
+    assert_int_equal(ferry_store_status_json(f->s, &js, NULL), 0);
     assert_non_null(strstr(js, "segments"));
     ferry_store_free(js);
 }
@@ -496,9 +500,9 @@ static void test_wrong_token(void **state)
     memcpy(cfg.engine.token, "not-the-token", 13);
     cfg.engine.token_len = 13;
     ferry_store *s = NULL;
-    assert_int_equal(ferry_store_open(&cfg, &s), FERRY_EAUTH);
+    assert_int_equal(ferry_store_open(&cfg, &s, NULL), FERRY_EAUTH);
     assert_null(s);
-    assert_int_equal(ferry_store_exist(f->s, "anything"), 0);   /* still served */
+    assert_int_equal(ferry_store_exist(f->s, "anything", NULL), 0);   /* still served */
 }
 
 /* ---- lease bounds ------------------------------------------------------------------------- */
@@ -531,22 +535,23 @@ static int raw_call(const fixture *f, const fr_smsg *req, char *text, size_t cap
  * lease can make an object unremovable or a record undeliverable for good. */
 static void test_lease_bounds(void **state)
 {
+    ferry_error fe = {0};
     fixture *f = *state;
     ferry_store_config cfg;
     ferry_store *s = NULL;
     ft_store_config(&f->c, &cfg);
     cfg.lease_ms = UINT64_MAX;
-    assert_int_equal(ferry_store_open(&cfg, &s), FERRY_EINVAL);
+    assert_int_equal(ferry_store_open(&cfg, &s, &fe), FERRY_EINVAL);
     assert_null(s);
-    assert_non_null(strstr(ferry_store_last_error(), "longest lease"));
+    assert_non_null(strstr(fe.msg, "longest lease"));
     cfg.lease_ms = FERRY_STORE_LEASE_MAX_MS + 1;
-    assert_int_equal(ferry_store_open(&cfg, &s), FERRY_EINVAL);
+    assert_int_equal(ferry_store_open(&cfg, &s, NULL), FERRY_EINVAL);
     cfg.lease_ms = FERRY_STORE_LEASE_MAX_MS;
-    assert_int_equal(ferry_store_open(&cfg, &s), 0);
+    assert_int_equal(ferry_store_open(&cfg, &s, NULL), 0);
     ferry_store_close(s);
 
     /* Reads: a lease beyond the maximum from a raw client leases nothing. */
-    assert_int_equal(ferry_store_put(f->s, "lease/obj", "abc", 3, NULL, NULL), 0);
+    assert_int_equal(ferry_store_put(f->s, "lease/obj", "abc", 3, NULL, NULL, NULL), 0);
     char text[512];
     fr_smsg get = { .type = FR_SMSG_GET_REPLICAS, .key = { (const uint8_t *)"lease/obj", 9 },
                     .lease_ms = UINT64_MAX };
@@ -554,30 +559,30 @@ static void test_lease_bounds(void **state)
     assert_non_null(strstr(text, "longest"));
     get.lease_ms = FERRY_STORE_LEASE_MAX_MS + 1;
     assert_int_equal(raw_call(f, &get, text, sizeof text), FERRY_EINVAL);
-    assert_int_equal(ferry_store_remove(f->s, "lease/obj"), 0);
+    assert_int_equal(ferry_store_remove(f->s, "lease/obj", NULL), 0);
 
     /* Pops: the client and the master refuse; the record stays ready. */
     uint64_t id = 0;
     ferry_qrecord rec[2];
     size_t n = 7;
-    assert_int_equal(ferry_queue_push(f->s, "lease/q", "r", 1, &id), 0);
-    assert_int_equal(ferry_queue_pop(f->s, "lease/q", 1, UINT64_MAX, rec, &n), FERRY_EINVAL);
-    assert_non_null(strstr(ferry_store_last_error(), "an hour at most"));
-    assert_int_equal(ferry_queue_pop(f->s, "lease/q", 1, FERRY_STORE_LEASE_MAX_MS + 1, rec, &n),
+    assert_int_equal(ferry_queue_push(f->s, "lease/q", "r", 1, &id, NULL), 0);
+    assert_int_equal(ferry_queue_pop(f->s, "lease/q", 1, UINT64_MAX, rec, &n, &fe), FERRY_EINVAL);
+    assert_non_null(strstr(fe.msg, "an hour at most"));
+    assert_int_equal(ferry_queue_pop(f->s, "lease/q", 1, FERRY_STORE_LEASE_MAX_MS + 1, rec, &n, NULL),
                      FERRY_EINVAL);
     fr_smsg pop = { .type = FR_SMSG_Q_POP, .key = { (const uint8_t *)"lease/q", 7 }, .limit = 1,
                     .lease_ms = UINT64_MAX };
     assert_int_equal(raw_call(f, &pop, text, sizeof text), FERRY_EINVAL);
     assert_non_null(strstr(text, "an hour at most"));
-    assert_int_equal(ferry_queue_pop(f->s, "lease/q", FERRY_STORE_POP_MAX + 1, 1000, rec, &n),
+    assert_int_equal(ferry_queue_pop(f->s, "lease/q", FERRY_STORE_POP_MAX + 1, 1000, rec, &n, &fe),
                      FERRY_EINVAL);
-    assert_non_null(strstr(ferry_store_last_error(), "1..4096"));
+    assert_non_null(strstr(fe.msg, "1..4096"));
     n = 0;
-    assert_int_equal(ferry_queue_pop(f->s, "lease/q", 1, FERRY_STORE_LEASE_MAX_MS, rec, &n), 0);
+    assert_int_equal(ferry_queue_pop(f->s, "lease/q", 1, FERRY_STORE_LEASE_MAX_MS, rec, &n, NULL), 0);
     assert_int_equal(n, 1);
     assert_int_equal(rec[0].id, id);
     assert_int_equal(rec[0].token, 1);   /* its first delivery: nothing leased it before */
-    assert_int_equal(ferry_queue_ack(f->s, id, rec[0].token), 0);
+    assert_int_equal(ferry_queue_ack(f->s, id, rec[0].token, NULL), 0);
     ferry_qrecords_free(rec, n);
 }
 
@@ -591,37 +596,38 @@ static int setup_hb(void **state)
 
 static void test_node_death(void **state)
 {
+    ferry_error fe = {0};
     fixture *f = *state;
     uint8_t *src = pattern(MB, 9);
     uint64_t pref = f->c.seg[1];
     ferry_replicate_config rc = { .preferred_segments = &pref, .npreferred = 1 };
-    assert_int_equal(ferry_store_put(f->s, "dies", src, MB, &rc, NULL), 0);
+    assert_int_equal(ferry_store_put(f->s, "dies", src, MB, &rc, NULL, NULL), 0);
     assert_int_equal(ferry_store_put(f->s, "lives", src, MB,
                                      &(ferry_replicate_config){ .preferred_segments = &f->c.seg[0],
-                                                                .npreferred = 1 }, NULL), 0);
+                                                                .npreferred = 1 }, NULL, NULL), 0);
     uint8_t *dst = malloc(MB);
     size_t n = 0;
-    assert_int_equal(ferry_store_get_into(f->s, "dies", dst, MB, &n), 0);
+    assert_int_equal(ferry_store_get_into(f->s, "dies", dst, MB, &n, NULL), 0);
     ft_proc_kill(&f->c.node[1], SIGKILL);
     /* Before the master notices: the read fails with a clear error. */
-    int rc2 = ferry_store_get_into(f->s, "dies", dst, MB, &n);
+    int rc2 = ferry_store_get_into(f->s, "dies", dst, MB, &n, NULL);
     assert_true(rc2 < 0);
     /* After the heartbeat timeout: the object is reported lost. */
     struct timespec ts = { 0, 20 * 1000 * 1000 };
     for (int i = 0; i < 500 && rc2 != FERRY_ELOST; i++) {
         nanosleep(&ts, NULL);
-        rc2 = ferry_store_exist(f->s, "dies");
+        rc2 = ferry_store_exist(f->s, "dies", NULL);
     }
     assert_int_equal(rc2, FERRY_ELOST);
-    assert_int_equal(ferry_store_get_into(f->s, "dies", dst, MB, &n), FERRY_ELOST);
-    assert_non_null(strstr(ferry_store_last_error(), "node"));
-    assert_int_equal(ferry_store_get_into(f->s, "lives", dst, MB, &n), 0);
+    assert_int_equal(ferry_store_get_into(f->s, "dies", dst, MB, &n, &fe), FERRY_ELOST);
+    assert_non_null(strstr(fe.msg, "node"));
+    assert_int_equal(ferry_store_get_into(f->s, "lives", dst, MB, &n, NULL), 0);
     assert_memory_equal(dst, src, MB);
     /* A restarted node serves new puts. */
     assert_int_equal(ft_node_start(&f->c, 1, 16 * MB, NULL, NULL), 0);
     pref = f->c.seg[1];
-    assert_int_equal(ferry_store_put(f->s, "dies", src, MB, &rc, NULL), 0);
-    assert_int_equal(ferry_store_get_into(f->s, "dies", dst, MB, &n), 0);
+    assert_int_equal(ferry_store_put(f->s, "dies", src, MB, &rc, NULL, NULL), 0);
+    assert_int_equal(ferry_store_get_into(f->s, "dies", dst, MB, &n, NULL), 0);
     assert_memory_equal(dst, src, MB);
     free(dst);
     free(src);
@@ -669,9 +675,9 @@ static void test_master_kill9(void **state)
         char key[64];
         snprintf(key, sizeof key, "crash/%04d", i);
         ft_pattern(buf, sizeof buf, (uint64_t)i, 0);
-        put_rc[i] = ferry_store_put(f->s, key, buf, sizeof buf, NULL, NULL);
-        kv_rc[i] = ferry_kv_put(f->s, key, buf, 8, NULL);
-        q_rc[i] = ferry_queue_push(f->s, "crashq", buf, 16, &qid[i]);
+        put_rc[i] = ferry_store_put(f->s, key, buf, sizeof buf, NULL, NULL, NULL);
+        kv_rc[i] = ferry_kv_put(f->s, key, buf, 8, NULL, NULL);
+        q_rc[i] = ferry_queue_push(f->s, "crashq", buf, 16, &qid[i], NULL);
         failures += (put_rc[i] != 0) + (kv_rc[i] != 0) + (q_rc[i] != 0);
         cs.progress = i;
     }
@@ -691,15 +697,15 @@ static void test_master_kill9(void **state)
         size_t n = 0;
         if (put_rc[i] == 0) {
             acked++;
-            assert_int_equal(ferry_store_get_into(f->s, key, got, sizeof got, &n), 0);
+            assert_int_equal(ferry_store_get_into(f->s, key, got, sizeof got, &n, NULL), 0);
             assert_int_equal(n, sizeof buf);
             assert_memory_equal(got, buf, sizeof buf);
-        } else if (ferry_store_exist(f->s, key) == 1) {
+        } else if (ferry_store_exist(f->s, key, NULL) == 1) {
             failed_but_complete++;
         }
         if (kv_rc[i] == 0) {
             ferry_kv_value v;
-            assert_int_equal(ferry_kv_get(f->s, key, &v), 0);
+            assert_int_equal(ferry_kv_get(f->s, key, &v, NULL), 0);
             assert_memory_equal(v.val, buf, 8);
             ferry_store_free(v.val);
         }
@@ -709,7 +715,7 @@ static void test_master_kill9(void **state)
     /* Every acknowledged queue record is delivered. */
     ferry_qrecord rec[512];
     size_t n = 0;
-    assert_int_equal(ferry_queue_pop(f->s, "crashq", 512, 60000, rec, &n), 0);
+    assert_int_equal(ferry_queue_pop(f->s, "crashq", 512, 60000, rec, &n, NULL), 0);
     for (int i = 0; i < CRASH_N; i++) {
         if (q_rc[i] != 0)
             continue;

@@ -131,7 +131,7 @@ static void client_open(ferry_store **s, const char *transport)
     cfg.lease_ms = 1;
     if (transport)
         snprintf(cfg.engine.transport, sizeof cfg.engine.transport, "%s", transport);
-    assert_int_equal(ferry_store_open(&cfg, s), 0);
+    assert_int_equal(ferry_store_open(&cfg, s, NULL), 0);
 }
 
 /* A put and a get of 64 KiB through the node's segment. */
@@ -139,9 +139,9 @@ static void put_get(ferry_store *s, const char *key)
 {
     static uint8_t a[64 << 10], b[64 << 10];
     ft_pattern(a, sizeof a, (uint64_t)key[0], 0);
-    assert_int_equal(ferry_store_put(s, key, a, sizeof a, NULL, NULL), 0);
+    assert_int_equal(ferry_store_put(s, key, a, sizeof a, NULL, NULL, NULL), 0);
     size_t len = 0;
-    assert_int_equal(ferry_store_get_into(s, key, b, sizeof b, &len), 0);
+    assert_int_equal(ferry_store_get_into(s, key, b, sizeof b, &len, NULL), 0);
     assert_int_equal(len, sizeof b);
     assert_memory_equal(a, b, sizeof a);
 }
@@ -217,7 +217,7 @@ static void test_master_flood(void **state)
 
     uint64_t t = fr_now_ns();
     client_open(&F.s, NULL);
-    assert_int_equal(ferry_kv_put(F.s, "listen/k", "v", 1, NULL), 0);
+    assert_int_equal(ferry_kv_put(F.s, "listen/k", "v", 1, NULL, NULL), 0);
     const double client_ms = ms_since(t);
     t = fr_now_ns();
     assert_int_equal(ft_node_start(&F.c, 0, 4 * MiB, NULL, NULL), 0);
@@ -266,7 +266,7 @@ static void test_master_flood_same_address(void **state)
 
     uint64_t t = fr_now_ns();
     client_open(&F.s, NULL);
-    assert_int_equal(ferry_kv_put(F.s, "listen/k", "v", 1, NULL), 0);
+    assert_int_equal(ferry_kv_put(F.s, "listen/k", "v", 1, NULL, NULL), 0);
     const double client_ms = ms_since(t);
     t = fr_now_ns();
     assert_int_equal(ft_node_start(&F.c, 0, 4 * MiB, NULL, NULL), 0);
@@ -299,7 +299,7 @@ static void test_master_full(void **state)
     assert_true(fds1 <= fds0 + 1024 + 4);
     uint64_t t = fr_now_ns();
     client_open(&F.s, NULL);
-    assert_int_equal(ferry_kv_put(F.s, "listen/k", "v", 1, NULL), 0);
+    assert_int_equal(ferry_kv_put(F.s, "listen/k", "v", 1, NULL, NULL), 0);
     fprintf(stderr, "full master: a new client connected in %.1f ms\n", ms_since(t));
     assert_true(fr_now_ns() < c.first_start_ns + (uint64_t)DEADLINE_MS * 1000000u);
     assert_true(log_count("handshakes were in flight (the most this listener takes)") <= 2);

@@ -58,7 +58,7 @@ static int lease_client(const char *master)
     snprintf(cfg.master, sizeof cfg.master, "%s", master);
     cfg.heartbeat_ms = 100;
     ferry_store *s;
-    if (ferry_store_open(&cfg, &s) != 0) {
+    if (ferry_store_open(&cfg, &s, NULL) != 0) {
         printf("FAIL open\n");
         return 1;
     }
@@ -72,7 +72,7 @@ static int lease_client(const char *master)
         if (!strncmp(line, "pop", 3)) {
             ferry_qrecords_free(rec, n);
             n = 0;
-            int rc = ferry_queue_pop(s, "q", 3, LONG_LEASE_MS, rec, &n);
+            int rc = ferry_queue_pop(s, "q", 3, LONG_LEASE_MS, rec, &n, NULL);
             printf("%s %d %zu", rc == 0 ? "OK" : "FAIL", rc, n);
             for (size_t i = 0; i < n; i++)
                 printf(" %llu", (unsigned long long)rec[i].id);
@@ -80,13 +80,13 @@ static int lease_client(const char *master)
         } else if (sscanf(line, "start %127s", key) == 1) {   /* a put that never ends */
             fr_smsg q = { .type = FR_SMSG_PUT_START, .key = fr_client_str(key), .size = 4096 }, r;
             uint8_t *buf = NULL;
-            int rc = fr_client_rpc(s, &q, FR_SMSG_PLACEMENT, &r, &buf);
+            int rc = fr_client_rpc(s, &q, FR_SMSG_PLACEMENT, &r, &buf, NULL);
             fr_free(buf);
             printf("%s %d\n", rc == 0 ? "OK" : "FAIL", rc);
         } else if (!strncmp(line, "ack", 3)) {
             int bad = 0;
             for (size_t i = 0; i < n; i++)
-                bad += ferry_queue_ack(s, rec[i].id, rec[i].token) != 0;
+                bad += ferry_queue_ack(s, rec[i].id, rec[i].token, NULL) != 0;
             printf("%s %d\n", bad == 0 ? "OK" : "FAIL", bad);
         } else if (!strncmp(line, "quit", 4)) {
             break;
@@ -118,7 +118,7 @@ static int setup_nodes(void **state, int nodes)
     ferry_store_config cfg;
     ft_store_config(&f->c, &cfg);
     cfg.lease_ms = 1;
-    if (ferry_store_open(&cfg, &f->s) != 0)
+    if (ferry_store_open(&cfg, &f->s, NULL) != 0)
         goto fail;
     *state = f;
     return 0;
@@ -147,7 +147,7 @@ static int teardown(void **state)
 static json_t *status(fx *f)
 {
     char *text = NULL;
-    assert_int_equal(ferry_store_status_json(f->s, &text), 0);
+    assert_int_equal(ferry_store_status_json(f->s, &text, NULL), 0);
     json_t *j = json_loads(text, 0, NULL);
     ferry_store_free(text);
     assert_non_null(j);
@@ -197,7 +197,7 @@ static void put_objects(fx *f, uint64_t seg, uint8_t **src)
         ft_pattern(src[i], MB, (uint64_t)i + 1, 0);
         ferry_replicate_config rc = { .preferred_segments = &seg, .npreferred = 1 };
         ferry_object_desc d;
-        assert_int_equal(ferry_store_put(f->s, key, src[i], MB, &rc, &d), 0);
+        assert_int_equal(ferry_store_put(f->s, key, src[i], MB, &rc, &d, NULL), 0);
         assert_int_equal(d.replicas[0].segment, seg);
     }
 }
@@ -211,20 +211,25 @@ static void check_objects(fx *f, uint8_t **src)
         char key[32];
         snprintf(key, sizeof key, "obj/%d", i);
         size_t n = 0;
-        assert_int_equal(ferry_store_get_into(f->s, key, got, MB, &n), 0);
+        assert_int_equal(ferry_store_get_into(f->s, key, got, MB, &n, NULL), 0);
         assert_int_equal(n, MB);
         assert_memory_equal(got, src[i], MB);
     }
     free(got);
 }
 
-static int read_obj(fx *f, int i)
+static int read_obj_why(fx *f, int i, ferry_error *err)
 {
     char key[32];
     snprintf(key, sizeof key, "obj/%d", i);
     static uint8_t buf[MB];
     size_t n = 0;
-    return ferry_store_get_into(f->s, key, buf, sizeof buf, &n);
+    return ferry_store_get_into(f->s, key, buf, sizeof buf, &n, err);
+}
+
+static int read_obj(fx *f, int i)
+{
+    return read_obj_why(f, i, NULL);
 }
 
 /* ---- tests -------------------------------------------------------------------------- */
@@ -239,10 +244,11 @@ static void test_node_stopped_then_killed(void **state)
     ft_peer_signal(&f->c.node[0], SIGSTOP);
     uint64_t t0 = now_ms();
     int rc = 0;
-    while (now_ms() - t0 < 60000 && (rc = read_obj(f, 0)) == 0)
+    ferry_error fe = {0};
+    while (now_ms() - t0 < 60000 && (rc = read_obj_why(f, 0, &fe)) == 0)
         nap(20);
     assert_int_equal(rc, FERRY_EUNREACH);
-    const char *why = ferry_store_last_error();
+    const char *why = fe.msg;
     assert_non_null(strstr(why, "unreachable"));
     assert_non_null(strstr(why, "kept"));
     assert_true(node_state_is(f, f->c.seg[0], "suspect"));
@@ -257,7 +263,7 @@ static void test_node_stopped_then_killed(void **state)
     uint8_t small[64] = { 1 };
     ferry_replicate_config pref0 = { .preferred_segments = &f->c.seg[0], .npreferred = 1 };
     ferry_object_desc d;
-    assert_int_equal(ferry_store_put(f->s, "new", small, sizeof small, &pref0, &d), 0);
+    assert_int_equal(ferry_store_put(f->s, "new", small, sizeof small, &pref0, &d, NULL), 0);
     assert_int_equal(d.replicas[0].segment, f->c.seg[1]);
     assert_int_equal(live_stat(f, "nodes_declared_dead"), 0);
     printf("stopped %llu ms (%d reads refused with FERRY_EUNREACH meanwhile)\n",
@@ -276,15 +282,15 @@ static void test_node_stopped_then_killed(void **state)
     /* Killed: its connection closes; lost once the grace period passes. */
     ft_proc_kill(&f->c.node[0], SIGKILL);
     uint64_t t2 = now_ms();
-    while (now_ms() - t2 < 60000 && (rc = ferry_store_exist(f->s, "obj/0")) == 1)
+    while (now_ms() - t2 < 60000 && (rc = ferry_store_exist(f->s, "obj/0", NULL)) == 1)
         nap(20);
     assert_int_equal(rc, FERRY_ELOST);
     for (int i = 0; i < NOBJ; i++) {
         char key[32];
         snprintf(key, sizeof key, "obj/%d", i);
-        assert_int_equal(ferry_store_exist(f->s, key), FERRY_ELOST);
+        assert_int_equal(ferry_store_exist(f->s, key, NULL), FERRY_ELOST);
     }
-    assert_int_equal(ferry_store_exist(f->s, "new"), 1);
+    assert_int_equal(ferry_store_exist(f->s, "new", NULL), 1);
     assert_int_equal(live_stat(f, "nodes_declared_dead"), 1);
     printf("killed: %d objects lost %llu ms later (grace 1500 ms)\n", NOBJ,
            (unsigned long long)(now_ms() - t2));
@@ -327,7 +333,7 @@ static int start_client(fx *f, ft_peer *p)
 static size_t pop_all(fx *f, ferry_qrecord *rec, size_t cap)
 {
     size_t n = 0;
-    assert_int_equal(ferry_queue_pop(f->s, "q", (uint32_t)cap, 60000, rec, &n), 0);
+    assert_int_equal(ferry_queue_pop(f->s, "q", (uint32_t)cap, 60000, rec, &n, NULL), 0);
     return n;
 }
 
@@ -335,7 +341,7 @@ static void test_client_stopped_then_killed(void **state)
 {
     fx *f = *state;
     for (int i = 0; i < 6; i++)
-        assert_int_equal(ferry_queue_push(f->s, "q", "rec", 3, NULL), 0);
+        assert_int_equal(ferry_queue_push(f->s, "q", "rec", 3, NULL, NULL), 0);
     ft_peer cl = { .pid = -1 };
     assert_int_equal(start_client(f, &cl), 0);
     char reply[256];
@@ -355,10 +361,10 @@ static void test_client_stopped_then_killed(void **state)
     size_t n = pop_all(f, rec, 16);
     assert_int_equal(n, 3);
     for (size_t i = 0; i < n; i++)
-        assert_int_equal(ferry_queue_nack(f->s, rec[i].id, rec[i].token), 0);
+        assert_int_equal(ferry_queue_nack(f->s, rec[i].id, rec[i].token, NULL), 0);
     ferry_qrecords_free(rec, n);
     uint8_t b[16] = { 0 };
-    assert_int_equal(ferry_store_put(f->s, "half", b, sizeof b, NULL, NULL), FERRY_EEXIST);
+    assert_int_equal(ferry_store_put(f->s, "half", b, sizeof b, NULL, NULL, NULL), FERRY_EEXIST);
     assert_int_equal(live_stat(f, "clients_released"), 0);
 
     ft_peer_signal(&cl, SIGCONT);
@@ -384,7 +390,7 @@ static void test_client_stopped_then_killed(void **state)
     for (size_t i = 0; i < n; i++)
         assert_int_equal(rec[i].token, 3);   /* pushed, popped, nacked, popped: delivery 3 */
     ferry_qrecords_free(rec, n);
-    int rc = ferry_store_put(f->s, "half2", b, sizeof b, NULL, NULL);
+    int rc = ferry_store_put(f->s, "half2", b, sizeof b, NULL, NULL, NULL);
     assert_int_equal(rc, 0);
     assert_int_equal(live_stat(f, "clients_released"), 1);
     printf("client killed: 3 records delivered again and its put revoked after %llu ms "

@@ -342,7 +342,7 @@ static int setup(void **state)
     ferry_store_config cfg;
     ft_store_config(&C, &cfg);
     cfg.lease_ms = 1;
-    return ferry_store_open(&cfg, &S) == 0 ? 0 : -1;
+    return ferry_store_open(&cfg, &S, NULL) == 0 ? 0 : -1;
 }
 
 static int teardown(void **state)
@@ -418,14 +418,14 @@ static void test_counters_move(void **state)
     for (int i = 0; i < 3; i++) {
         char key[32];
         snprintf(key, sizeof key, "mx/counters/%d", i);
-        assert_int_equal(ferry_store_put(S, key, buf, sizes[i], NULL, NULL), 0);
+        assert_int_equal(ferry_store_put(S, key, buf, sizes[i], NULL, NULL, NULL), 0);
         size_t got = 0;
-        assert_int_equal(ferry_store_get_into(S, key, buf, sizeof buf, &got), 0);
+        assert_int_equal(ferry_store_get_into(S, key, buf, sizeof buf, &got, NULL), 0);
         assert_int_equal(got, sizes[i]);
     }
     size_t got;
-    assert_int_equal(ferry_store_get_into(S, "mx/no-such-key", buf, sizeof buf, &got), FERRY_ENOENT);
-    assert_int_equal(ferry_kv_put(S, "mx/kv", "v", 1, NULL), 0);
+    assert_int_equal(ferry_store_get_into(S, "mx/no-such-key", buf, sizeof buf, &got, NULL), FERRY_ENOENT);
+    assert_int_equal(ferry_kv_put(S, "mx/kv", "v", 1, NULL, NULL), 0);
     wait_metric(murl, "ferry_master_requests_total{op=\"kv_put\"}", kv0 + 1);
     assert_true(value_in(page, "ferry_master_requests_total{op=\"put_start\"}") == put0 + 3);
     assert_true(value_in(page, "ferry_master_requests_total{op=\"put_end\"}") == end0 + 3);
@@ -453,7 +453,7 @@ static void test_refused_handshake(void **state)
     cfg.engine.token_len = 32;
     cfg.timeout_ms = 3000;
     ferry_store *bad = NULL;
-    assert_int_not_equal(ferry_store_open(&cfg, &bad), 0);
+    assert_int_not_equal(ferry_store_open(&cfg, &bad, NULL), 0);
     wait_metric(murl, "ferry_master_handshakes_refused_total{reason=\"auth\"}", a0 + 1);
 }
 
@@ -468,10 +468,10 @@ static void test_queues(void **state)
     double r0 = metric(murl, "ferry_master_queue_redeliveries_total{reason=\"lease_expired\"}");
     assert_true(r0 >= 0);
     for (int i = 0; i < 3; i++)
-        assert_int_equal(ferry_queue_push(S, q, "rec", 3, NULL), 0);
+        assert_int_equal(ferry_queue_push(S, q, "rec", 3, NULL, NULL), 0);
     ferry_qrecord rec[1];
     size_t n = 0;
-    assert_int_equal(ferry_queue_pop(S, q, 1, 1, rec, &n), 0);
+    assert_int_equal(ferry_queue_pop(S, q, 1, 1, rec, &n, NULL), 0);
     assert_int_equal(n, 1);
     ferry_qrecords_free(rec, n);
     wait_metric(murl, "ferry_master_queue_redeliveries_total{reason=\"lease_expired\"}", r0 + 1);
@@ -498,15 +498,15 @@ static void test_node_served(void **state)
     snprintf(cfg.engine.transport, sizeof cfg.engine.transport, "tcp");
     cfg.lease_ms = 1;
     ferry_store *t = NULL;
-    assert_int_equal(ferry_store_open(&cfg, &t), 0);
+    assert_int_equal(ferry_store_open(&cfg, &t, NULL), 0);
     size_t len = 1 << 20;
     uint8_t *buf = malloc(len);
     assert_non_null(buf);
     ft_pattern(buf, len, 7, 0);
-    assert_int_equal(ferry_store_put(t, "mx/tcp", buf, len, NULL, NULL), 0);
+    assert_int_equal(ferry_store_put(t, "mx/tcp", buf, len, NULL, NULL, NULL), 0);
     memset(buf, 0, len);
     size_t got = 0;
-    assert_int_equal(ferry_store_get_into(t, "mx/tcp", buf, len, &got), 0);
+    assert_int_equal(ferry_store_get_into(t, "mx/tcp", buf, len, &got, NULL), 0);
     assert_int_equal(got, len);
     ferry_store_close(t);
     free(buf);
@@ -610,9 +610,9 @@ static void test_hostile_http(void **state)
     for (int i = 0; i < 50; i++) {
         char key[32];
         snprintf(key, sizeof key, "mx/hostile/%d", i);
-        assert_int_equal(ferry_store_put(S, key, buf, sizeof buf, NULL, NULL), 0);
+        assert_int_equal(ferry_store_put(S, key, buf, sizeof buf, NULL, NULL, NULL), 0);
         size_t got = 0;
-        assert_int_equal(ferry_store_get_into(S, key, buf, sizeof buf, &got), 0);
+        assert_int_equal(ferry_store_get_into(S, key, buf, sizeof buf, &got, NULL), 0);
     }
     wait_metric(murl, "ferry_master_requests_total{op=\"get_replicas\"}", g0 + 50);
     assert_int_equal(http_code("", murl), 200);
@@ -636,7 +636,7 @@ static void test_evictions_and_lost(void **state)
     for (int i = 0; i < 10; i++) {   /* 30 MiB through a 16 MiB segment */
         char key[32];
         snprintf(key, sizeof key, "mx/evict/%d", i);
-        assert_int_equal(ferry_store_put(S, key, buf, len, NULL, NULL), 0);
+        assert_int_equal(ferry_store_put(S, key, buf, len, NULL, NULL, NULL), 0);
     }
     free(buf);
     double ev = wait_metric(murl, "ferry_master_evictions_total", ev0 + 1);

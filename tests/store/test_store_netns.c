@@ -45,6 +45,7 @@ static int group_teardown(void **s)
  *   quit */
 static int client_main(const char *master)
 {
+    ferry_error fe = {0};
     ferry_store_config cfg;
     ferry_store_config_init(&cfg);
     snprintf(cfg.master, sizeof cfg.master, "%s", master);
@@ -53,8 +54,8 @@ static int client_main(const char *master)
     cfg.heartbeat_ms = 100;
     cfg.timeout_ms = 5000;
     ferry_store *s = NULL;
-    int rc = ferry_store_open(&cfg, &s);
-    printf(rc == 0 ? "READY\n" : "ERR %d %s\n", rc, ferry_store_last_error());
+    int rc = ferry_store_open(&cfg, &s, &fe);
+    printf(rc == 0 ? "READY\n" : "ERR %d %s\n", rc, fe.msg);
     fflush(stdout);
     if (rc < 0)
         return 1;
@@ -68,7 +69,7 @@ static int client_main(const char *master)
             ft_pattern(b, size, seed, 0);
             uint64_t pref = seg;
             ferry_replicate_config rc2 = { .preferred_segments = &pref, .npreferred = k == 4 };
-            rc = ferry_store_put(s, key, b, size, &rc2, NULL);
+            rc = ferry_store_put(s, key, b, size, &rc2, NULL, &fe);
             free(b);
         } else if (sscanf(line, "ranges %255s %llu %llu", key, &size, &seed) == 3) {
             uint8_t *want = malloc(size), *got = calloc(1, size);
@@ -79,7 +80,7 @@ static int client_main(const char *master)
             for (int i = 0; i < 4; i++)
                 r[i] = (ferry_range){ .key = key, .src_offset = i * q + i, .dst = got + i * q + i,
                                       .len = q - 8 };
-            rc = ferry_store_get_into_ranges(s, r, 4, res);
+            rc = ferry_store_get_into_ranges(s, r, 4, res, &fe);
             int64_t total = 0;
             for (int i = 0; rc == 0 && i < 4; i++) {
                 total += res[i];
@@ -97,11 +98,12 @@ static int client_main(const char *master)
             break;
         } else {
             rc = FERRY_EINVAL;
+            snprintf(fe.msg, sizeof fe.msg, "unknown command");
         }
         if (rc == 0)
             printf("OK\n");
         else
-            printf("ERR %d %s\n", rc, ferry_store_last_error());
+            printf("ERR %d %s\n", rc, rc == FERRY_ECORRUPT ? "bytes differ" : fe.msg);
         fflush(stdout);
     }
     ferry_store_close(s);

@@ -171,8 +171,9 @@ int ftg_worker_store_lease(const char *addr, uint64_t lease_ms, ferry_store **s)
     snprintf(cfg.master, sizeof cfg.master, "%s", addr);
     cfg.lease_ms = lease_ms;
     *s = NULL;
-    if (ferry_store_open(&cfg, s) < 0) {
-        printf("ERR open %s\n", ferry_store_last_error());
+    ferry_error e = {0};
+    if (ferry_store_open(&cfg, s, &e) < 0) {
+        printf("ERR open %s\n", e.msg);
         return -1;
     }
     return 0;

@@ -150,7 +150,7 @@ int ft_solo_open(ft_cluster *c, ferry_store **s, uint64_t seg_size, const char *
     ferry_store_config cfg;
     ft_store_config(c, &cfg);
     cfg.lease_ms = 1;
-    if (ferry_store_open(&cfg, s) != 0)
+    if (ferry_store_open(&cfg, s, NULL) != 0)
         goto fail;
     return 0;
 fail:
