@@ -351,9 +351,9 @@ typedef struct ferry_master_config {
 /* Defaults; the token from FERRY_TOKEN or FERRY_TOKEN_FILE when set. */
 FERRY_API int ferry_master_config_init(ferry_master_config *cfg);
 /* Recover dir and listen. FERRY_EBUSY (another master owns dir),
- * FERRY_ECORRUPT (a damaged log), -EADDRINUSE, FERRY_EINVAL, FERRY_EIO; each
- * also logged with a sentence. */
-FERRY_API int ferry_master_open(const ferry_master_config *cfg, ferry_master **out);
+ * FERRY_ECORRUPT (a damaged log: the log names the record), -EADDRINUSE,
+ * FERRY_EINVAL, FERRY_EIO; err says which. */
+FERRY_API int ferry_master_open(const ferry_master_config *cfg, ferry_master **out, ferry_error *err);
 /* "HOST:PORT" actually bound. */
 FERRY_API const char *ferry_master_address(const ferry_master *m);
 /* Serve until ferry_master_stop: 0, or the fatal error (FERRY_EIO: the log
@@ -398,7 +398,7 @@ typedef struct ferry_node_config {
 FERRY_API int ferry_node_config_init(ferry_node_config *cfg);
 /* Allocate and pre-fault the segment, connect, mount. FERRY_ENOMEM when the
  * memory cannot be had, the master's errors otherwise. */
-FERRY_API int ferry_node_open(const ferry_node_config *cfg, ferry_node **out);
+FERRY_API int ferry_node_open(const ferry_node_config *cfg, ferry_node **out, ferry_error *err);
 FERRY_API uint64_t ferry_node_id(const ferry_node *n);
 FERRY_API uint64_t ferry_node_segment(const ferry_node *n);
 /* Serve until ferry_node_stop: keeps the mount alive across master

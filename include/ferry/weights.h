@@ -280,7 +280,7 @@ FERRY_API int ferry_weights_active_status(ferry_store *s, const char *model, fer
  * as ferry_weights_active_status: FERRY_ELOST (with *generation and digest
  * set) when its objects are gone. */
 FERRY_API int ferry_weights_active(ferry_store *s, const char *model, uint64_t *generation,
-                                   uint8_t digest[16]);
+                                   uint8_t digest[16], ferry_error *err);
 /* Wait, at most timeout_ms (< 0: forever), until the model's announced
  * generation is at least `at_least` (> 0), and set *generation to it: a
  * watch of the model's announcement, no polling. A receiver started

@@ -881,7 +881,7 @@ static int shards_check(ferry_store *s, const char *model, uint64_t current, con
 {
     uint64_t gen = 0;
     uint8_t dig[16];
-    int rc = ferry_weights_active(s, model, &gen, dig);
+    int rc = ferry_weights_active(s, model, &gen, dig, NULL);
     if (rc == FERRY_ENOENT || rc == FERRY_ELOST || (rc == 0 && gen == current) || w->n == 0)
         return 0;   /* the update reports no generation, or what is lost / reads nothing */
     if (rc < 0) {

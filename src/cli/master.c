@@ -81,23 +81,6 @@ static int write_addr_file(const char *path, const char *addr)
     return 0;
 }
 
-static const char *open_error(int rc, const ferry_master_config *c)
-{
-    static char buf[4400];
-    if (rc == FERRY_EBUSY)
-        snprintf(buf, sizeof buf, "directory %s is in use by another master", c->dir);
-    else if (rc == FERRY_ECORRUPT)
-        snprintf(buf, sizeof buf, "the log in %s is corrupt (details above); refusing to start",
-                 c->dir);
-    else if (rc == -EADDRINUSE)
-        snprintf(buf, sizeof buf, "address %s is already in use", c->listen);
-    else if (rc == FERRY_EINVAL)
-        snprintf(buf, sizeof buf, "bad configuration (listen address '%s'?)", c->listen);
-    else
-        snprintf(buf, sizeof buf, "%s", ferry_strerror(rc));
-    return buf;
-}
-
 typedef struct master_ctx {
     ferry_master_config c;
     char dir[4096], token_file[4096], addr_file[4096], metrics[64], metrics_file[4096];
@@ -185,9 +168,11 @@ int cmd_master(int argc, char **argv)
         return st;
     ferry_master_config *c = &x.c;
     ferry_master *m = NULL;
-    int rc = ferry_master_open(c, &m);
+    ferry_error err = {0};
+    int rc = ferry_master_open(c, &m, &err);
     if (rc < 0) {
-        fprintf(stderr, "ferry master: cannot start: %s\n", open_error(rc, c));
+        fprintf(stderr, "ferry master: cannot start: %s%s\n", err.msg,
+                rc == FERRY_ECORRUPT ? " (the record is named above); refusing to start" : "");
         return 1;
     }
     cli_metrics *mx = NULL;

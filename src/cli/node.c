@@ -102,10 +102,11 @@ int cmd_node(int argc, char **argv)
         return 2;
     }
     ferry_node *n = NULL;
-    rc = ferry_node_open(cfg, &n);
+    ferry_error err = {0};
+    rc = ferry_node_open(cfg, &n, &err);
     if (rc < 0) {
         fprintf(stderr, "ferry node: cannot start against the master at %s: %s\n", cfg->master,
-                ferry_strerror(rc));
+                err.msg);
         return 1;
     }
     cli_metrics *mx = NULL;

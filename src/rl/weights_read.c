@@ -135,12 +135,12 @@ int ferry_weights_active_status(ferry_store *s, const char *model, ferry_weights
 }
 
 int ferry_weights_active(ferry_store *s, const char *model, uint64_t *generation,
-                         uint8_t digest[16])
+                         uint8_t digest[16], ferry_error *err)
 {
     if (!s || !model || !generation)
-        return FERRY_EINVAL;
+        return fr_fail(err, FERRY_EINVAL, "active generation: no store, model or result");
     ferry_weights_status ws;
-    int rc = ferry_weights_active_status(s, model, &ws, NULL);
+    int rc = ferry_weights_active_status(s, model, &ws, err);
     *generation = ws.generation;
     if (digest)
         memcpy(digest, ws.digest, 16);
@@ -164,7 +164,7 @@ int ferry_weights_wait_active(ferry_store *s, const char *model, uint64_t at_lea
                        fr_why(err));
     uint64_t deadline = fr_deadline_ns(timeout_ms);
     for (;;) {
-        rc = ferry_weights_active(s, model, generation, NULL);
+        rc = ferry_weights_active(s, model, generation, NULL, NULL);
         if ((rc == 0 || rc == FERRY_ELOST) && *generation >= at_least)
             break;   /* reached (a lost one is said so) */
         if (rc < 0 && rc != FERRY_ENOENT && rc != FERRY_ELOST)

@@ -56,12 +56,12 @@ static void clocks(fr_master *m)
 
 /* ---- open / close ----------------------------------------------------------- */
 
-static int master_new(const fr_master_config *c, bool mem, fr_master **out)
+static int master_new(const fr_master_config *c, bool mem, fr_master **out, ferry_error *err)
 {
     *out = NULL;
     fr_master *m = fr_calloc(1, sizeof *m);
     if (m == NULL)
-        return FERRY_ENOMEM;
+        return fr_fail(err, FERRY_ENOMEM, "master: out of memory");
     m->cfg = *c;
     if (m->cfg.grace_ms == 0)
         m->cfg.grace_ms = m->cfg.heartbeat_timeout_ms;
@@ -80,33 +80,35 @@ static int master_new(const fr_master_config *c, bool mem, fr_master **out)
     pthread_cond_init(&m->cv, NULL);
     *out = m;
     if (fr_master_mx_init(&m->mx) < 0)
-        return FERRY_ENOMEM;
+        return fr_fail(err, FERRY_ENOMEM, "master: out of memory");
     m->items_cap = FR_MASTER_EVENTS_FRAME;
     m->events = fr_calloc(FR_MASTER_EVENTS_FRAME, sizeof *m->events);
     m->items = fr_calloc(FR_MASTER_EVENTS_FRAME, sizeof *m->items);
     if (m->events == NULL || m->items == NULL)
-        return FERRY_ENOMEM;
+        return fr_fail(err, FERRY_ENOMEM, "master: out of memory");
     fr_meta_config mc;
     fr_meta_config_default(&mc);
     mc.pending_timeout_ms = c->pending_timeout_ms;
     int rc = fr_meta_new(&mc, &m->meta);
     if (rc < 0)
-        return rc;
+        return fr_fail(err, rc, "master: cannot set up its state: %s", ferry_strerror(rc));
     fr_wal_opts wo = { .no_sync = c->no_sync };
     fr_wal_recovery rep = { 0 };
     rc = fr_wal_open(c->dir, &wo, m->meta, &m->wal, &rep);
-    if (rc < 0) {
-        if (rc == FERRY_EBUSY)
-            FR_ERROR("master", "directory %s is in use by another master (its LOCK is held)", c->dir);
-        else
-            FR_ERROR("master", "cannot recover %s: %s", c->dir, ferry_strerror(rc));
-        return rc;
-    }
+    if (rc == FERRY_EBUSY)
+        return fr_fail(err, rc, "master: directory %s is in use by another master (its LOCK is "
+                       "held)", c->dir);
+    if (rc < 0)   /* the log names the record or file (wal.c) */
+        return fr_fail(err, rc, "master: cannot recover %s: %s", c->dir, ferry_strerror(rc));
     FR_INFO("master", "recovered %s: snapshot at %llu, %llu log records replayed, %llu torn bytes",
             c->dir, U(rep.snapshot_lsn), U(rep.replayed), U(rep.torn_bytes));
     m->ckpt_records = fr_meta_records(m->meta);
     clocks(m);
-    return fr_master_segs_recover(m);
+    rc = fr_master_segs_recover(m);
+    if (rc < 0)
+        return fr_fail(err, rc, "master: cannot recover the segments of %s: %s", c->dir,
+                       ferry_strerror(rc));
+    return 0;
 }
 
 static int parse_listen(const char *s, struct sockaddr_in *sa)
@@ -134,22 +136,21 @@ static int parse_listen(const char *s, struct sockaddr_in *sa)
     return 0;
 }
 
-static int open_sockets(fr_master *m)
+static int open_sockets(fr_master *m, ferry_error *err)
 {
     struct sockaddr_in sa;
-    if (parse_listen(m->cfg.listen, &sa) < 0) {
-        FR_ERROR("master", "bad listen address '%s' (want IPv4 HOST:PORT)", m->cfg.listen);
-        return FERRY_EINVAL;
-    }
+    if (parse_listen(m->cfg.listen, &sa) < 0)
+        return fr_fail(err, FERRY_EINVAL, "master: bad listen address '%s' (want IPv4 HOST:PORT)",
+                       m->cfg.listen);
     m->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (m->lfd < 0)
-        return FERRY_EIO;
+        return fr_fail(err, FERRY_EIO, "master: no socket: %s", strerror(errno));
     int one = 1;
     setsockopt(m->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (bind(m->lfd, (struct sockaddr *)&sa, sizeof sa) < 0 || listen(m->lfd, 512) < 0) {
         int e = errno;
-        FR_ERROR("master", "cannot listen on %s: %s", m->cfg.listen, strerror(e));
-        return e == EADDRINUSE ? -EADDRINUSE : e == EACCES ? FERRY_EACCES : FERRY_EIO;
+        return fr_fail(err, e == EADDRINUSE ? -EADDRINUSE : e == EACCES ? FERRY_EACCES : FERRY_EIO,
+                       "master: cannot listen on %s: %s", m->cfg.listen, strerror(e));
     }
     socklen_t sl = sizeof sa;
     getsockname(m->lfd, (struct sockaddr *)&sa, &sl);
@@ -159,35 +160,43 @@ static int open_sockets(fr_master *m)
     if (pipe2(m->stop_pipe, O_CLOEXEC | O_NONBLOCK) < 0 ||
         (m->handoff_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0 ||
         (m->epfd = epoll_create1(EPOLL_CLOEXEC)) < 0)
-        return FERRY_EIO;
+        return fr_fail(err, FERRY_EIO, "master: cannot set up its event loop: %s", strerror(errno));
     struct epoll_event ev = { .events = EPOLLIN, .data.ptr = &m->stop_pipe };
     if (epoll_ctl(m->epfd, EPOLL_CTL_ADD, m->stop_pipe[0], &ev) < 0)
-        return FERRY_EIO;
+        return fr_fail(err, FERRY_EIO, "master: cannot set up its event loop: %s", strerror(errno));
     ev.data.ptr = &m->handoff_efd;
     if (epoll_ctl(m->epfd, EPOLL_CTL_ADD, m->handoff_efd, &ev) < 0)
-        return FERRY_EIO;
-    return fr_master_mx_open(&m->mx, m->epfd);
+        return fr_fail(err, FERRY_EIO, "master: cannot set up its event loop: %s", strerror(errno));
+    int rc = fr_master_mx_open(&m->mx, m->epfd);
+    if (rc < 0)
+        return fr_fail(err, rc, "master: cannot set up its metrics: %s", ferry_strerror(rc));
+    return 0;
 }
 
 static int accept_open(fr_master *m);   /* the accept path, below */
 
-int fr_master_open(const fr_master_config *c, fr_master **out)
+int fr_master_open(const fr_master_config *c, fr_master **out, ferry_error *err)
 {
-    if (c == NULL || out == NULL || c->dir[0] == 0 || c->token_len == 0 ||
-        c->token_len > sizeof c->token || c->heartbeat_timeout_ms == 0)
-        return FERRY_EINVAL;
-    if (c->dead_after_ms != 0 && c->dead_after_ms < c->heartbeat_timeout_ms) {
-        FR_ERROR("master", "dead-after (%llu ms) must not be shorter than the heartbeat "
-                 "timeout (%llu ms)", U(c->dead_after_ms), U(c->heartbeat_timeout_ms));
-        return FERRY_EINVAL;
-    }
+    if (c == NULL || out == NULL)
+        return fr_fail(err, FERRY_EINVAL, "master: no config or result");
+    if (c->dir[0] == 0)
+        return fr_fail(err, FERRY_EINVAL, "master: no state directory");
+    if (c->token_len == 0 || c->token_len > sizeof c->token)
+        return fr_fail(err, FERRY_EINVAL, "master: no cluster token (set FERRY_TOKEN or "
+                       "FERRY_TOKEN_FILE), or one longer than %zu bytes", sizeof c->token);
+    if (c->heartbeat_timeout_ms == 0)
+        return fr_fail(err, FERRY_EINVAL, "master: a heartbeat timeout of 0 ms");
+    if (c->dead_after_ms != 0 && c->dead_after_ms < c->heartbeat_timeout_ms)
+        return fr_fail(err, FERRY_EINVAL, "master: dead-after (%llu ms) must not be shorter than "
+                       "the heartbeat timeout (%llu ms)", U(c->dead_after_ms),
+                       U(c->heartbeat_timeout_ms));
     fr_master *m;
-    int rc = master_new(c, false, &m);
+    int rc = master_new(c, false, &m, err);
     if (rc == 0) {
         fr_auth_key(c->token, c->token_len, m->key);
-        rc = open_sockets(m);
-        if (rc == 0)
-            rc = accept_open(m);
+        rc = open_sockets(m, err);
+        if (rc == 0 && (rc = accept_open(m)) < 0)
+            fr_fail(err, rc, "master: cannot start accepting connections: %s", ferry_strerror(rc));
     }
     if (rc < 0) {
         fr_master_close(m);
@@ -209,7 +218,7 @@ int fr_master_open_mem(const char *dir, fr_master **out)
     c.no_sync = true;
     c.checkpoint_records = 10000;
     fr_master *m;
-    int rc = master_new(&c, true, &m);
+    int rc = master_new(&c, true, &m, NULL);
     if (rc < 0) {
         fr_master_close(m);
         return rc;

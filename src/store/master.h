@@ -14,13 +14,15 @@
  * The protocol, liveness and back-pressure rules are in docs/store.md
  * ("Master server").
  *
- * Only standard headers here, so the CLI can include this file. */
+ * Only standard headers and ferry/common.h (for ferry_error) here. */
 #ifndef FR_STORE_MASTER_H
 #define FR_STORE_MASTER_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "ferry/common.h"
 
 typedef struct fr_master fr_master;
 
@@ -45,7 +47,7 @@ void fr_master_config_default(fr_master_config *c);
  * FERRY_ECORRUPT (the log is damaged), -EADDRINUSE (the address is taken),
  * FERRY_EIO, FERRY_ENOMEM. Every failure is also logged with a sentence.
  * The caller owns *out and frees it with fr_master_close. */
-int fr_master_open(const fr_master_config *c, fr_master **out);
+int fr_master_open(const fr_master_config *c, fr_master **out, ferry_error *err);
 /* "HOST:PORT" actually bound (the port filled in when 0 was asked for).
  * Valid until fr_master_close. */
 const char *fr_master_address(const fr_master *m);

@@ -32,11 +32,16 @@ int ferry_master_config_init(ferry_master_config *cfg)
     return rc;
 }
 
-int ferry_master_open(const ferry_master_config *cfg, ferry_master **out)
+int ferry_master_open(const ferry_master_config *cfg, ferry_master **out, ferry_error *err)
 {
-    if (!cfg || !out || cfg->token_len > sizeof ((fr_master_config *)0)->token ||
-        !FR_RESERVED_OK(cfg))
-        return FERRY_EINVAL;
+    if (!cfg || !out)
+        return fr_fail(err, FERRY_EINVAL, "master: no config or result");
+    if (cfg->token_len > sizeof ((fr_master_config *)0)->token)
+        return fr_fail(err, FERRY_EINVAL, "master: a token longer than %zu bytes",
+                       sizeof ((fr_master_config *)0)->token);
+    if (!FR_RESERVED_OK(cfg))
+        return fr_fail(err, FERRY_EINVAL, "master config: its reserved fields must be zero (start "
+                       "from ferry_master_config_init)");
     fr_master_config c;
     fr_master_config_default(&c);
     snprintf(c.dir, sizeof c.dir, "%s", cfg->dir);
@@ -51,8 +56,8 @@ int ferry_master_open(const ferry_master_config *cfg, ferry_master **out)
     c.no_sync = cfg->no_sync;
     ferry_master *m = fr_calloc(1, sizeof *m);
     if (!m)
-        return FERRY_ENOMEM;
-    int rc = fr_master_open(&c, &m->m);
+        return fr_fail(err, FERRY_ENOMEM, "master: out of memory");
+    int rc = fr_master_open(&c, &m->m, err);
     if (rc < 0) {
         fr_free(m);
         return rc;

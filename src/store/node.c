@@ -45,32 +45,42 @@ int ferry_node_config_init(ferry_node_config *cfg)
     return rc;
 }
 
-/* One request to the master; an ERROR reply is logged with its text. */
-static int node_call(ferry_node *n, const fr_smsg *q, int timeout_ms)
+/* One request to the master. An ERROR reply's text goes to err, or to the
+ * log when there is no caller to tell (err NULL: the node's own loop). */
+static int node_call(ferry_node *n, const fr_smsg *q, int timeout_ms, ferry_error *err)
 {
     fr_smsg rep;
     uint8_t *b = NULL;
     int rc = fr_mconn_call(n->mc, q, 1, NULL, &rep, &b, timeout_ms);
     if (rc == 0 && rep.type == FR_SMSG_ERROR) {
         rc = rep.status;
-        FR_ERROR(TAG, "%s of segment %016llx refused by the master: %.*s",
-                 fr_smsg_type_name(q->type), (unsigned long long)n->seg, (int)rep.val.n,
-                 rep.val.p ? (const char *)rep.val.p : "");
+        if (err)
+            fr_fail(err, rc, "%s of segment %016llx refused by the master: %.*s",
+                    fr_smsg_type_name(q->type), (unsigned long long)n->seg, (int)rep.val.n,
+                    rep.val.p ? (const char *)rep.val.p : "");
+        else
+            FR_ERROR(TAG, "%s of segment %016llx refused by the master: %.*s",
+                     fr_smsg_type_name(q->type), (unsigned long long)n->seg, (int)rep.val.n,
+                     rep.val.p ? (const char *)rep.val.p : "");
     } else if (rc == 0 && rep.type != FR_SMSG_OK) {
-        rc = FERRY_EPROTO;
+        rc = fr_fail(err, FERRY_EPROTO, "the master answered %s with a message of another kind: "
+                     "node and master versions differ?", fr_smsg_type_name(q->type));
+    } else if (rc < 0) {
+        fr_fail(err, rc, "%s of segment %016llx: the master at %s: %s", fr_smsg_type_name(q->type),
+                (unsigned long long)n->seg, n->cfg.master, ferry_strerror(rc));
     }
     fr_free(b);
     return rc;
 }
 
-static int mount(ferry_node *n)
+static int mount(ferry_node *n, ferry_error *err)
 {
     uint64_t epoch = fr_mconn_epoch(n->mc);
     fr_smsg q = {.type = FR_SMSG_MOUNT, .segment = n->seg, .node = n->id,
                  .size = n->cfg.segment_size,
                  .val = {.p = n->desc, .n = (uint32_t)n->desc_len},
                  .key = {.p = (const uint8_t *)n->cfg.name, .n = (uint32_t)strlen(n->cfg.name)}};
-    int rc = node_call(n, &q, n->cfg.timeout_ms);
+    int rc = node_call(n, &q, n->cfg.timeout_ms, err);
     atomic_fetch_add(rc == 0 ? &n->mounts : &n->mount_failures, 1);
     atomic_store(&n->mounted, rc == 0);
     if (rc == 0) {
@@ -82,15 +92,23 @@ static int mount(ferry_node *n)
     return rc;
 }
 
-int ferry_node_open(const ferry_node_config *cfg, ferry_node **out)
+int ferry_node_open(const ferry_node_config *cfg, ferry_node **out, ferry_error *err)
 {
-    if (!cfg || !out || !cfg->master[0] || cfg->segment_size < 4096 ||
-        strnlen(cfg->name, sizeof cfg->name) >= sizeof cfg->name || !FR_RESERVED_OK(cfg) ||
-        !FR_RESERVED_OK(&cfg->engine))
-        return FERRY_EINVAL;
+    if (!cfg || !out)
+        return fr_fail(err, FERRY_EINVAL, "node: no config or result");
+    if (!cfg->master[0])
+        return fr_fail(err, FERRY_EINVAL, "node: no master address: set FERRY_MASTER=HOST:PORT");
+    if (cfg->segment_size < 4096)
+        return fr_fail(err, FERRY_EINVAL, "node: a segment of %llu bytes (4096 at least)",
+                       (unsigned long long)cfg->segment_size);
+    if (strnlen(cfg->name, sizeof cfg->name) >= sizeof cfg->name)
+        return fr_fail(err, FERRY_EINVAL, "node: its name is not NUL-terminated");
+    if (!FR_RESERVED_OK(cfg) || !FR_RESERVED_OK(&cfg->engine))
+        return fr_fail(err, FERRY_EINVAL, "node config: its reserved fields must be zero (start "
+                       "from ferry_node_config_init)");
     ferry_node *n = fr_calloc(1, sizeof *n);
     if (!n)
-        return FERRY_ENOMEM;
+        return fr_fail(err, FERRY_ENOMEM, "node: out of memory");
     n->cfg = *cfg;
     if (!n->cfg.timeout_ms)   /* a zeroed config: ferry_node_config_init's value */
         n->cfg.timeout_ms = FR_STORE_TIMEOUT_MS;
@@ -98,18 +116,19 @@ int ferry_node_open(const ferry_node_config *cfg, ferry_node **out)
     /* 63-bit ids: they stay positive in JSON (status) and Python ints. */
     n->id = fr_random_u64() >> 1;
     n->seg = fr_random_u64() >> 1;
-    int rc = pipe2(n->stop, O_CLOEXEC | O_NONBLOCK) < 0 ? FERRY_EIO : 0;
-    if (rc == 0)
-        rc = ferry_engine_open(&n->cfg.engine, &n->eng);
+    int rc = pipe2(n->stop, O_CLOEXEC | O_NONBLOCK) < 0
+                 ? fr_fail(err, FERRY_EIO, "node: no pipe: %s", strerror(errno)) : 0;
+    if (rc == 0 && (rc = ferry_engine_open(&n->cfg.engine, &n->eng)) < 0)
+        fr_fail(err, rc, "node: cannot open its engine: %s", ferry_strerror(rc));
     if (rc == 0 && (rc = ferry_mem_alloc(n->eng, n->cfg.segment_size, &n->mem)) < 0)
-        FR_ERROR(TAG, "cannot allocate a segment of %llu bytes: %s",
-                 (unsigned long long)n->cfg.segment_size, ferry_strerror(rc));
-    if (rc == 0)
-        rc = ferry_region_register(n->eng, n->mem, n->cfg.segment_size, FERRY_REMOTE_RW,
-                                   FERRY_MEM_HOST, &n->reg);
+        fr_fail(err, rc, "node: cannot allocate a segment of %llu bytes: %s",
+                (unsigned long long)n->cfg.segment_size, ferry_strerror(rc));
+    if (rc == 0 && (rc = ferry_region_register(n->eng, n->mem, n->cfg.segment_size, FERRY_REMOTE_RW,
+                                               FERRY_MEM_HOST, &n->reg)) < 0)
+        fr_fail(err, rc, "node: cannot register its segment: %s", ferry_strerror(rc));
     if (rc == 0) {
         int k = ferry_region_export(n->reg, n->desc, sizeof n->desc);
-        rc = k < 0 ? k : 0;
+        rc = k < 0 ? fr_fail(err, k, "node: cannot describe its segment: %s", ferry_strerror(k)) : 0;
         n->desc_len = k < 0 ? 0 : (size_t)k;
     }
     uint8_t key[32];
@@ -119,9 +138,11 @@ int ferry_node_open(const ferry_node_config *cfg, ferry_node **out)
         .heartbeat_ms = n->cfg.heartbeat_ms, .timeout_ms = n->cfg.timeout_ms,
     };
     if (rc == 0 && (rc = fr_mconn_open(&mc, &n->mc)) < 0)
-        FR_ERROR(TAG, "cannot reach the master at %s: %s", n->cfg.master, ferry_strerror(rc));
+        fr_fail(err, rc, rc == FERRY_EAUTH ? "node: the master at %s refused our cluster token"
+                                           : "node: cannot reach the master at %s: %s",
+                n->cfg.master, ferry_strerror(rc));
     if (rc == 0)
-        rc = mount(n);
+        rc = mount(n, err);
     if (rc < 0) {
         ferry_node_close(n);
         return rc;
@@ -166,7 +187,7 @@ int ferry_node_run(ferry_node *n)
          * mount again so the master knows where the segment is (and again
          * a second later if the master refused, say while it probes). */
         if (fr_mconn_epoch(n->mc) != n->mounted_epoch && fr_now_ms() >= next_try &&
-            mount(n) < 0)
+            mount(n, NULL) < 0)
             next_try = fr_now_ms() + 1000;
     }
 }
@@ -183,7 +204,7 @@ void ferry_node_close(ferry_node *n)
         return;
     if (n->mc && n->mounted_epoch) {
         fr_smsg q = {.type = FR_SMSG_UNMOUNT, .segment = n->seg};
-        (void)node_call(n, &q, 2000);
+        (void)node_call(n, &q, 2000, NULL);
     }
     fr_mconn_close(n->mc);
     if (n->reg)

@@ -160,6 +160,22 @@ static void test_reserved_refused(void **state)
     assert_int_equal(ferry_store_open(&sc, &s, &fe), FERRY_EINVAL);
     assert_null(s);
     assert_non_null(strstr(fe.msg, "reserved"));
+    /* the master's and the node's opens say why, as the client's does */
+    ferry_master_config mc;
+    assert_int_equal(ferry_master_config_init(&mc), 0);
+    mc.reserved[2] = 1;
+    ferry_master *ma = NULL;
+    assert_int_equal(ferry_master_open(&mc, &ma, &fe), FERRY_EINVAL);
+    assert_null(ma);
+    assert_non_null(strstr(fe.msg, "master config: its reserved fields must be zero"));
+    ferry_node_config nc;
+    assert_int_equal(ferry_node_config_init(&nc), 0);
+    snprintf(nc.master, sizeof nc.master, "127.0.0.1:1");
+    nc.segment_size = 100;
+    ferry_node *no = NULL;
+    assert_int_equal(ferry_node_open(&nc, &no, &fe), FERRY_EINVAL);
+    assert_null(no);
+    assert_non_null(strstr(fe.msg, "a segment of 100 bytes"));
     ferry_plan_options po = {0};
     po.reserved[3] = 9;
     ferry_plan *p = NULL;

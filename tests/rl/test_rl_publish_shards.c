@@ -278,7 +278,7 @@ static size_t objects_of(ftg_env *f, uint64_t gen)
 static void check_generation(ftg_env *f, uint64_t gen)
 {
     uint64_t active = 0;
-    assert_int_equal(ferry_weights_active(f->s, "shards", &active, NULL), 0);
+    assert_int_equal(ferry_weights_active(f->s, "shards", &active, NULL, NULL), 0);
     assert_int_equal(active, gen);
     ferry_weight_manifest m;
     ferry_error err = {0};
@@ -312,7 +312,7 @@ static void disagrees(ftg_env *f, const char *mode, int odd, const char *want)
     all_said(f, line);
     assert_int_equal(objects_of(f, 1), 0);
     uint64_t active = 0;
-    assert_int_equal(ferry_weights_active(f->s, "shards", &active, NULL), FERRY_ENOENT);
+    assert_int_equal(ferry_weights_active(f->s, "shards", &active, NULL, NULL), FERRY_ENOENT);
 }
 
 static void test_ranks_disagree(void **state)

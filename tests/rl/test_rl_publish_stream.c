@@ -225,7 +225,7 @@ static void test_stream(void **state)
         assert_true(a[r].held < a[r].stored);                  /* less than its share */
     }
     uint64_t active = 0;
-    assert_int_equal(ferry_weights_active(f->s, "stream", &active, NULL), 0);
+    assert_int_equal(ferry_weights_active(f->s, "stream", &active, NULL, NULL), 0);
     assert_int_equal(active, 1);
     check_read(f, &big, 1);
 
@@ -247,7 +247,7 @@ static void test_stream(void **state)
         assert_non_null(strstr(a[r].msg, "rank 1"));
         assert_non_null(strstr(a[r].msg, "cannot convert u8"));
     }
-    assert_int_equal(ferry_weights_active(f->s, "stream", &active, NULL), 0);
+    assert_int_equal(ferry_weights_active(f->s, "stream", &active, NULL, NULL), 0);
     assert_int_equal(active, 2);
     assert_int_equal(objects_of(f, 3), 0);
 
@@ -259,7 +259,7 @@ static void test_stream(void **state)
         assert_int_not_equal(a[r].rc, 0);
         assert_non_null(strstr(a[r].msg, "publish of stream generation 4 failed"));
     }
-    assert_int_equal(ferry_weights_active(f->s, "stream", &active, NULL), 0);
+    assert_int_equal(ferry_weights_active(f->s, "stream", &active, NULL, NULL), 0);
     assert_int_equal(active, 2);
 
     /* not newer than the active generation: refused at begin */

@@ -255,7 +255,7 @@ static void test_policy_registry(void **state)
     ferry_policy_version_clear(&cur);
     /* the version and its weights are current together */
     uint64_t gen = 0;
-    assert_int_equal(ferry_weights_active(f->s, "pol", &gen, NULL), 0);
+    assert_int_equal(ferry_weights_active(f->s, "pol", &gen, NULL, NULL), 0);
     assert_int_equal(gen, 2);
     assert_int_equal(ferry_policy_watch_next(w, 10000, &cur, &err), 0);
     assert_int_equal(cur.version, 2);

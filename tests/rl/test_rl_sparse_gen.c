@@ -138,7 +138,7 @@ static void put_and_announce(ferry_store *s, model *m, uint64_t gen, uint64_t ba
         fail_msg("announce %s %" PRIu64 ": %s", m->name, gen, err.msg);
     assert_int_equal(st.objects, m->nkeys[gen]);
     uint64_t active = 0;
-    assert_int_equal(ferry_weights_active(s, m->name, &active, NULL), 0);   /* whole (probes) */
+    assert_int_equal(ferry_weights_active(s, m->name, &active, NULL, NULL), 0);   /* whole (probes) */
     assert_int_equal(active, gen);
 }
 
@@ -386,7 +386,7 @@ static void test_wrong_base(void **state)
     assert_int_equal(ferry_sparse_announce(f->s, m.name, 3, 4, other, 1, 2, &as, &err), FERRY_EINVAL);
     assert_non_null(strstr(err.msg, "is not in dense generation 1"));
     uint64_t active = 0;
-    assert_int_equal(ferry_weights_active(f->s, m.name, &active, NULL), 0);
+    assert_int_equal(ferry_weights_active(f->s, m.name, &active, NULL, NULL), 0);
     assert_int_equal(active, 3);
     /* the worker at g1 still updates through the chain */
     assert_int_equal(update(f->s, &m, &w, false, &st, &err), 0);
