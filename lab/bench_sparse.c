@@ -9,9 +9,11 @@
  *             cold call that builds them is plan_cold_s;
  *   scan_s    the same selection by a full scan of nnz: every entry's
  *             coordinates tested against every box (best of --reps);
- *   read_s    ferry_read_sparse_objects for every TP box against a private
+ *   read_s    ferry_sparse_reader_read for every TP box against a private
  *             store (a master and a node, children of this process): the
- *             index read, plan, ranged reads, filtering and rebasing;
+ *             index (read by the first rep, from the reader's cache after:
+ *             index_gets, index_cache_hits), plan, ranged reads, filtering
+ *             and rebasing;
  *   bytes     bytes_read = the entry bytes that read moved (its stats),
  *             bytes_read_plan = the plan's unique reads x entry bytes,
  *             bytes_in_boxes = entries inside the boxes x entry bytes (from
@@ -203,6 +205,7 @@ typedef struct sp_result {
     double plan_s, plan_cold_s, scan_s, read_s, apply_gbps;
     uint64_t bytes_read, bytes_read_plan, bytes_in_boxes, full_object_bytes, dense_bytes;
     uint64_t range_gets, full_gets;
+    uint64_t index_gets, index_cache_hits;   /* summed over the reps */
     ferry_sparse_plan_stats st;
 } sp_result;
 
@@ -257,7 +260,8 @@ static int time_plans(ferry_sparse_index *ix, const ferry_sparse_target *t, cons
 
 /* The store half: put, index read, plans from that index, reads, apply of
  * rank 0's result; the object is removed after. */
-static int store_case(ferry_store *s, sp_obj *o, const ferry_sparse_target *t, const sp_opts *op, sp_result *res)
+static int store_case(ferry_store *s, ferry_sparse_reader *rd, sp_obj *o, const ferry_sparse_target *t,
+                      const sp_opts *op, sp_result *res)
 {
     ferry_error err = {0};
     char key[512];
@@ -281,10 +285,12 @@ static int store_case(ferry_store *s, sp_obj *o, const ferry_sparse_target *t, c
     for (unsigned r = 0; rc == 0 && r < op->reps; r++) {
         ferry_sparse_result *out = NULL;
         size_t n = 0;
-        ferry_sparse_stats st;
+        ferry_sparse_stats st = {0};
         double t0 = cli_now();
-        rc = ferry_read_sparse_objects(s, keys, 1, t, op->tp, NULL, &out, &n, &st, &err);
+        rc = ferry_sparse_reader_read(rd, keys, 1, t, op->tp, NULL, &out, &n, &st, &err);
         double dt = cli_now() - t0;
+        res->index_gets += st.index_gets;
+        res->index_cache_hits += st.index_cache_hits;
         if (rc == 0 && (r == 0 || dt < res->read_s)) {
             res->read_s = dt;
             res->bytes_read = st.bytes_read;
@@ -302,7 +308,8 @@ static int store_case(ferry_store *s, sp_obj *o, const ferry_sparse_target *t, c
     return rc < 0 ? -1 : 0;
 }
 
-static int run_case(ferry_store *s, const sp_case_in *c, const sp_opts *op, sp_result *res)
+static int run_case(ferry_store *s, ferry_sparse_reader *rd, const sp_case_in *c, const sp_opts *op,
+                    sp_result *res)
 {
     sp_obj o;
     ferry_sparse_target t[64];
@@ -314,7 +321,7 @@ static int run_case(ferry_store *s, const sp_case_in *c, const sp_opts *op, sp_r
     boxes(c, op->tp, t);
     res->nnz = o.ix.desc.nnz;
     res->ntiles = o.ix.desc.ntiles;
-    int rc = s ? store_case(s, &o, t, op, res) : time_plans(&o.ix, t, op, res);
+    int rc = s ? store_case(s, rd, &o, t, op, res) : time_plans(&o.ix, t, op, res);
     if (rc == 0 && !s) {
         ferry_sparse_result local;
         res->bytes_read = res->bytes_read_plan;
@@ -399,6 +406,7 @@ static void print_case(const sp_opts *op, const sp_case_in *c, const sp_result *
                "\"ranges\":%llu,\"unique_reads\":%llu,\"plan_s\":%.9f,\"plan_cold_s\":%.9f,"
                "\"scan_s\":%.9f,\"read_s\":%.6f,\"bytes_read\":%llu,\"bytes_read_from\":\"%s\","
                "\"bytes_read_plan\":%llu,\"unique_range_gets\":%llu,\"full_indices_values_get_count\":%llu,"
+               "\"index_gets\":%llu,\"index_cache_hits\":%llu,"
                "\"bytes_in_boxes\":%llu,\"full_object_bytes\":%llu,\"dense_bytes\":%llu,"
                "\"read_ratio\":%.4f,\"apply_gbps\":%.4f}",
                first ? "" : ",", c->name, (unsigned long long)c->rows, (unsigned long long)c->cols,
@@ -408,6 +416,7 @@ static void print_case(const sp_opts *op, const sp_case_in *c, const sp_result *
                r->plan_cold_s, r->scan_s, r->read_s, (unsigned long long)r->bytes_read,
                op->no_store ? "plan" : "store", (unsigned long long)r->bytes_read_plan,
                (unsigned long long)r->range_gets, (unsigned long long)r->full_gets,
+               (unsigned long long)r->index_gets, (unsigned long long)r->index_cache_hits,
                (unsigned long long)r->bytes_in_boxes, (unsigned long long)r->full_object_bytes,
                (unsigned long long)r->dense_bytes, ratio, r->apply_gbps);
         return;
@@ -432,6 +441,8 @@ int cmd_bench_sparse(int argc, char **argv)
     static const double dens[] = {0.001, 0.01, 0.05};
     demo_group g;
     ferry_store *s = NULL;
+    ferry_sparse_reader *rd = NULL;   /* every case's reads: each case reads its object reps times */
+    uint64_t igets = 0, ihits = 0;
     int rc = 0;
     if (!op.no_store) {
         ferry_store_config cfg;
@@ -443,13 +454,20 @@ int cmd_bench_sparse(int argc, char **argv)
             fprintf(stderr, "ferry-lab bench sparse: store: %s\n", ferry_strerror(rc));
             goto out;
         }
+        ferry_sparse_reader_config rcfg;
+        ferry_error err = {0};
+        if ((rc = ferry_sparse_reader_config_init(&rcfg)) < 0 ||
+            (rc = ferry_sparse_reader_open(s, &rcfg, &rd, &err)) < 0) {
+            fprintf(stderr, "ferry-lab bench sparse: reader: %s\n", err.msg[0] ? err.msg : ferry_strerror(rc));
+            goto out;
+        }
     }
     if (!op.json)
         printf("ferry-lab bench sparse: TP%u boxes (one node each), tile %llux%llu, entry %d bytes (i32 x2 + bf16), "
                "read = bytes moved by %s; apply GB/s of entry bytes\n"
                "%-9s %-4s %5s %8s %5s %5s %6s %9s %9s %7s %9s %10s %10s %10s %10s %6s %6s\n",
                op.tp, (unsigned long long)op.tile[0], (unsigned long long)op.tile[1], ENTRY_BYTES,
-               op.no_store ? "the plan's unique reads (--no-store)" : "ferry_read_sparse_objects",
+               op.no_store ? "the plan's unique reads (--no-store)" : "ferry_sparse_reader_read",
                "tensor", "tp", "dens", "nnz", "tiles", "hit", "groups", "plan_s", "scan_s", "scan/pl", "read_s",
                "read", "in_boxes", "full_obj", "dense", "ratio", "apply");
     else
@@ -461,16 +479,22 @@ int cmd_bench_sparse(int argc, char **argv)
             for (int d = 0; d < 3; d++) {
                 sp_case_in c = {names[t], shapes[t][0], shapes[t][1], dens[d], split};
                 sp_result r;
-                if (run_case(s, &c, &op, &r) < 0) {
+                if (run_case(s, rd, &c, &op, &r) < 0) {
                     rc = -1;
                     continue;
                 }
+                igets += r.index_gets;
+                ihits += r.index_cache_hits;
                 print_case(&op, &c, &r, n++ == 0);
                 fflush(stdout);
             }
     if (op.json)
         printf("]}\n");
+    else if (s)
+        printf("index reads %llu, index cache hits %llu (the reader's, over %u reads of each object)\n",
+               (unsigned long long)igets, (unsigned long long)ihits, op.reps);
 out:
+    ferry_sparse_reader_close(rd);
     ferry_store_close(s);
     if (!op.no_store)
         demo_group_stop(&g);

@@ -9,7 +9,7 @@
  * compute the next weights, put delta = W_next - W_cur (the changed entries)
  * as one sparse object per tensor (replicated tensors: the one rank
  * ferry_sparse_admit admits), and the rollouts read their target-local
- * results (ferry_read_sparse_objects over their boxes), apply them behind
+ * results (ferry_sparse_reader_read over their boxes), apply them behind
  * the base fence (a stale generation is refused first, changing nothing) and
  * compare every byte with the new weights they compute on their own.
  *
@@ -162,6 +162,24 @@ static ferry_store *sp_open(const char *addr, FILE *say)
         return NULL;
     }
     return s;
+}
+
+/* A sparse reader of s with the default cache: each process that reads
+ * sparse objects owns one for its life. */
+static ferry_sparse_reader *sp_reader(ferry_store *s, FILE *say)
+{
+    ferry_sparse_reader_config cfg;
+    ferry_sparse_reader *r = NULL;
+    ferry_error err = {0};
+    int rc = ferry_sparse_reader_config_init(&cfg);
+    if (rc == 0)
+        rc = ferry_sparse_reader_open(s, &cfg, &r, &err);
+    if (rc < 0) {
+        fprintf(say, "%scannot open a sparse reader: %s\n", say == stdout ? "ERR " : "ferry-lab demo sparse: ",
+                err.msg[0] ? err.msg : ferry_strerror(rc));
+        fflush(say);
+    }
+    return r;
 }
 
 /* The keys every trainer put for generation g (dir/keys-G-RANK). */
@@ -347,6 +365,7 @@ static int demo_sparse_trainer_main(int argc, char **argv)
 /* ---- rollout ----------------------------------------------------------------------------- */
 
 typedef struct ro_state {
+    ferry_sparse_reader *rd;     /* the generations' reads */
     ferry_sparse_target *tg;
     size_t *tix, nt;
     uint16_t **buf;              /* bf16 parameters, one box each */
@@ -400,8 +419,8 @@ static int ro_apply(ferry_store *s, ro_state *r, const sp_tensor *t, const sp_sp
         rc = FERRY_ESTATE;
     }
     if (rc == 0)
-        rc = ferry_read_sparse_objects(s, (const char *const *)ch.links[0].keys, ch.links[0].nkeys,
-                                       r->tg, r->nt, NULL, &res, &nres, &st, err);
+        rc = ferry_sparse_reader_read(r->rd, (const char *const *)ch.links[0].keys, ch.links[0].nkeys,
+                                      r->tg, r->nt, NULL, &res, &nres, &st, err);
     ferry_sparse_chain_free(&ch);
     if (rc < 0)
         return rc;
@@ -458,6 +477,10 @@ static int demo_sparse_rollout_main(int argc, char **argv)
     r.tg = t ? calloc(n, sizeof *r.tg) : NULL;
     r.tix = calloc(n, sizeof *r.tix);
     ferry_store *s = r.tg && r.tix ? sp_open(addr, stdout) : NULL;
+    if (s && !(r.rd = sp_reader(s, stdout))) {
+        ferry_store_close(s);
+        s = NULL;
+    }
     if (!s)
         return 1;
     r.nt = sp_targets(t, n, &m, rank, r.tg, r.tix);
@@ -537,6 +560,7 @@ static int demo_sparse_rollout_main(int argc, char **argv)
     free(r.tix);
     free(sh);
     free(t);
+    ferry_sparse_reader_close(r.rd);
     ferry_store_close(s);
     return rc == 0 ? 0 : 1;
 }
@@ -664,8 +688,9 @@ typedef struct gen_row {
 
 /* The same generation read once for all rollouts' boxes on their node, as a
  * node-level reader would: what per-node dedup saves. */
-static int node_read(ferry_store *s, const sp_tensor *t, size_t n, const sp_spec *m,
-                     const char *model, uint64_t g, ferry_sparse_stats *st, ferry_error *err)
+static int node_read(ferry_store *s, ferry_sparse_reader *rd, const sp_tensor *t, size_t n,
+                     const sp_spec *m, const char *model, uint64_t g, ferry_sparse_stats *st,
+                     ferry_error *err)
 {
     unsigned R = m->ep * m->tp;
     ferry_sparse_target *tg = calloc(n * R, sizeof *tg);
@@ -678,8 +703,8 @@ static int node_read(ferry_store *s, const sp_tensor *t, size_t n, const sp_spec
         for (unsigned r = 0; r < R; r++)
             nt += sp_targets(t, n, m, r, tg + nt, tix);
         ferry_sparse_result *res = NULL;
-        rc = ferry_read_sparse_objects(s, (const char *const *)ch.links[0].keys, ch.links[0].nkeys,
-                                       tg, nt, NULL, &res, &nres, st, err);
+        rc = ferry_sparse_reader_read(rd, (const char *const *)ch.links[0].keys, ch.links[0].nkeys,
+                                      tg, nt, NULL, &res, &nres, st, err);
         ferry_sparse_results_free(res, nres);
     }
     if (rc == 0 || rc == FERRY_ENOMEM)
@@ -765,7 +790,7 @@ static int start_children(demo_group *g, const char *model, const char *spec, co
 }
 
 /* One delta generation: put, apply, the node-level read. */
-static void run_gen(ferry_store *s, child *tr, child *ro, const sp_tensor *t, size_t n,
+static void run_gen(ferry_store *s, ferry_sparse_reader *rd, child *tr, child *ro, const sp_tensor *t, size_t n,
                     const sp_spec *m, const char *dir, const char *model, unsigned g, gen_row *row)
 {
     static char lines[64][512];
@@ -812,7 +837,7 @@ static void run_gen(ferry_store *s, child *tr, child *ro, const sp_tensor *t, si
         }
     }
     ferry_error err = {0};
-    if (row->ok && node_read(s, t, n, m, model, g, &row->node, &err) < 0) {
+    if (row->ok && node_read(s, rd, t, n, m, model, g, &row->node, &err) < 0) {
         snprintf(row->error, sizeof row->error, "node read: %.200s", err.msg);
         row->ok = false;
     }
@@ -851,11 +876,13 @@ int cmd_demo_sparse(int argc, char **argv)
     gen_row rows[64];
     memset(rows, 0, sizeof rows);
     ferry_store *s = NULL;
+    ferry_sparse_reader *rd = NULL;   /* the node-level reads */
     int rc = 1;
     /* the dense generation twice over (publish), the deltas, headroom */
     if (demo_cluster_start(&g, params * 2 * 3 + (uint64_t)m.gens * params * 10 * m.ppm / 1000000 * 2 +
                                    (256ull << 20), "ferry-lab demo sparse") < 0 ||
-        start_children(&g, model, spec, &m, tr, ro) < 0 || !(s = sp_open(g.addr, stderr)))
+        start_children(&g, model, spec, &m, tr, ro) < 0 || !(s = sp_open(g.addr, stderr)) ||
+        !(rd = sp_reader(s, stderr)))
         goto out;
     if (!m.json)
         printf("ferry-lab demo sparse: %u trainers, %u rollouts (EP%u x TP%u) on the master at %s;\n"
@@ -896,7 +923,7 @@ int cmd_demo_sparse(int argc, char **argv)
     for (unsigned k = 0; k < m.gens; k++) {
         if (!m.json)
             cli_progress("delta generations", (double)k / m.gens);
-        run_gen(s, tr, ro, t, n, &m, g.dir, model, k + 2, &rows[k]);
+        run_gen(s, rd, tr, ro, t, n, &m, g.dir, model, k + 2, &rows[k]);
         all_ok = all_ok && rows[k].ok;
         if (!rows[k].ok) {
             m.gens = k + 1;
@@ -965,6 +992,7 @@ int cmd_demo_sparse(int argc, char **argv)
     }
     rc = all_ok ? 0 : 1;
 out:
+    ferry_sparse_reader_close(rd);
     if (s) {
         char p[128];
         snprintf(p, sizeof p, "%s.", model);   /* every tensor of the model */

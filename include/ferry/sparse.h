@@ -199,7 +199,8 @@ typedef struct ferry_sparse_result {
 typedef struct ferry_sparse_stats {
     uint64_t source_objects;         /* distinct source objects read */
     uint64_t non_ep_source_object_count;  /* distinct REPLICATE objects */
-    uint64_t index_gets, index_cache_hits;
+    uint64_t index_gets;             /* compact indexes read from the store */
+    uint64_t index_cache_hits;       /* compact indexes a reader's cache served */
     uint64_t unique_range_gets;      /* physical ranged reads (indices+values as one) */
     uint64_t full_indices_values_get_count;  /* reads of a whole object's entries (fallback) */
     uint64_t dedup_hits;             /* target ranges served by another target's read */
@@ -222,13 +223,69 @@ typedef struct ferry_sparse_stats {
     uint64_t reserved[8];   /* zeroed by the library: room for fields to come */
 } ferry_sparse_stats;
 
+/* ---- the reader: reads with an index cache --------------------------------------------- */
+
+/* A reader of sparse objects from one store, keeping the compact indexes
+ * it read (and the planner's secondary indexes built on them) for its
+ * later reads: a second read of an unchanged object costs one metadata
+ * round trip instead of reading its index (the member table, then meta,
+ * tile_coords and tile_ptr) and building the secondary indexes again. The
+ * cache is the reader's own; two readers share nothing. Keyed by object
+ * key; an entry is used only while the object still has the size and
+ * replica placement it had when read (checked on every read), else it is
+ * dropped and the index read again (docs/sparse.md, "The reader"). Bounded
+ * in entries and bytes, least recently used out. Thread-safe: concurrent
+ * reads on one reader are fine (a mutex guards the cache; a read takes its
+ * entries out while it works and puts them back at the end). */
+typedef struct ferry_sparse_reader ferry_sparse_reader;
+
+#define FERRY_SPARSE_READER_CACHE_ENTRIES 64u              /* default: indexes kept */
+#define FERRY_SPARSE_READER_CACHE_ENTRIES_MAX 65536u       /* the most a config may ask */
+#define FERRY_SPARSE_READER_CACHE_BYTES (256ull << 20)     /* default: their bytes, at most */
+
+typedef struct ferry_sparse_reader_config {
+    uint64_t cache_bytes;     /* bytes of cached indexes at most (tile_coords, tile_ptr and
+                               * the entry's own bookkeeping); an index larger than this is
+                               * used for its read and not kept */
+    uint64_t cache_entries;   /* indexes kept at most, 1..FERRY_SPARSE_READER_CACHE_ENTRIES_MAX */
+    uint64_t reserved[8];     /* zero (the init zeroes it; the library refuses anything else):
+                               * room for fields to come, docs/design.md "Growth" */
+} ferry_sparse_reader_config;
+
+/* Every field of *cfg to its default (cache_entries
+ * FERRY_SPARSE_READER_CACHE_ENTRIES, cache_bytes
+ * FERRY_SPARSE_READER_CACHE_BYTES). A zeroed config is taken the same way:
+ * a 0 cache_entries or cache_bytes is its default. FERRY_EINVAL for NULL. */
+FERRY_API int ferry_sparse_reader_config_init(ferry_sparse_reader_config *cfg);
+/* A reader of s with an empty cache. s must outlive the reader (close the
+ * reader first); the config is copied. Refused with FERRY_EINVAL and a
+ * sentence, nothing opened (*out NULL): a NULL argument, a reserved word
+ * that is not zero, cache_entries above FERRY_SPARSE_READER_CACHE_ENTRIES_MAX.
+ * FERRY_ENOMEM. No store call is made. */
+FERRY_API int ferry_sparse_reader_open(ferry_store *s, const ferry_sparse_reader_config *cfg,
+                                       ferry_sparse_reader **out, ferry_error *err);
+/* Free the reader and its cache; no read may be running on it. NULL ok. */
+FERRY_API void ferry_sparse_reader_close(ferry_sparse_reader *r);
+
 /* For the targets (all on this node, or each read on its node: reads are
- * deduplicated per target node): index reads (cached in a per-store cache),
- * planning, ranged reads of indices/values, boundary filtering, rebasing.
- * keys: the source objects (the manifest). *out: ntargets-independent
- * array of results (one per (source, target) pair with entries, or an
- * empty one). publish_prefix non-NULL: also store each result as a
- * target-local structured object under "<prefix>/<target>/<tensor>". */
+ * deduplicated per target node): the compact indexes (from the reader's
+ * cache when still valid, else read and kept), planning, ranged reads of
+ * indices/values, boundary filtering, rebasing. keys: the source objects
+ * (the manifest). *out: ntargets-independent array of results (one per
+ * (source, target) pair with entries, or an empty one), freed with
+ * ferry_sparse_results_free. publish_prefix non-NULL: also store each
+ * result as a target-local structured object under
+ * "<prefix>/<target>/<tensor>". st (may be NULL): this call's counters,
+ * index_cache_hits the indexes the reader's cache served. On failure
+ * nothing is returned (*out NULL, *nout 0), with a sentence in err. */
+FERRY_API int ferry_sparse_reader_read(ferry_sparse_reader *r, const char *const *keys, size_t nkeys,
+                                       const ferry_sparse_target *targets, size_t ntargets,
+                                       const char *publish_prefix, ferry_sparse_result **out,
+                                       size_t *nout, ferry_sparse_stats *st, ferry_error *err);
+/* The same read once, with no cache across calls: every index is read
+ * from the store (index_cache_hits 0) and dropped at the end. For a
+ * caller that reads each object once; one that reads objects again keeps
+ * a ferry_sparse_reader. */
 FERRY_API int ferry_read_sparse_objects(ferry_store *s, const char *const *keys, size_t nkeys,
                                         const ferry_sparse_target *targets, size_t ntargets,
                                         const char *publish_prefix, ferry_sparse_result **out,

@@ -255,6 +255,9 @@ int fp_publish_stats_put(PyObject *d, uint64_t generation, const ferry_publish_s
 /* The C handle of a ferry.Store (borrowed), or NULL with TypeError or
  * ValueError (not open) set. */
 ferry_store *fp_store_handle(PyObject *o);
+/* The sparse reader a ferry.Store owns (borrowed; opened at the first
+ * call, closed with the store), or NULL with an error set. */
+ferry_sparse_reader *fp_store_sparse_reader(PyObject *o);
 /* Parse the positional arguments (store, str) with fmt ("Os:name") and
  * return the store's C handle (*so: the ferry.Store, *str: the string), or
  * NULL with an error set. */

@@ -312,8 +312,8 @@ static PyObject *sp_read(PyObject *self, PyObject *args)
     PyObject *so, *ko, *to, *po;
     if (!PyArg_ParseTuple(args, "OOOO:sparse_read", &so, &ko, &to, &po))
         return NULL;
-    ferry_store *s = fp_store_handle(so);
-    if (!s)
+    ferry_sparse_reader *rd = fp_store_sparse_reader(so);   /* the store's: its cache lasts */
+    if (!rd)
         return NULL;
     const char *prefix = NULL;
     if (po != Py_None && !(prefix = fp_key_of(po, "publish_prefix")))
@@ -340,7 +340,7 @@ static PyObject *sp_read(PyObject *self, PyObject *args)
     memset(&st, 0, sizeof st);
     ferry_error err = {0};
     int rc;
-    FP_STORE_CALL(so, rc = ferry_read_sparse_objects(s, keys, nk, tg, nt, prefix, &res, &nres, &st, &err));
+    FP_STORE_CALL(so, rc = ferry_sparse_reader_read(rd, keys, nk, tg, nt, prefix, &res, &nres, &st, &err));
     if (rc < 0) {
         fp_raise_err_class(rc, &err);
         goto done;

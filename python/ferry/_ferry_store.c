@@ -59,6 +59,8 @@ typedef struct {
     PyObject *regs;         /* address -> memoryview holding a registered buffer */
     int inflight;           /* calls running with the GIL released */
     WatchObject *watches;   /* open watches: closed before the store */
+    ferry_sparse_reader *sparse;   /* sparse_read's, opened at its first call: its index
+                                    * cache serves the store's later reads */
 } StoreObject;
 
 struct WatchObject {
@@ -396,6 +398,8 @@ static void st_close_now(StoreObject *self)
 {
     while (self->watches)
         watch_close_now(self->watches);
+    ferry_sparse_reader_close(self->sparse);   /* reads from s: closed before it */
+    self->sparse = NULL;
     ferry_store *s = self->s;
     self->s = NULL;
     if (s) {
@@ -1854,6 +1858,26 @@ ferry_store *fp_store_handle(PyObject *o)
         return NULL;
     }
     return st_of((StoreObject *)o);
+}
+
+ferry_sparse_reader *fp_store_sparse_reader(PyObject *o)
+{
+    ferry_store *s = fp_store_handle(o);
+    if (!s)
+        return NULL;
+    StoreObject *self = (StoreObject *)o;
+    if (!self->sparse) {   /* with the GIL: one opens it */
+        ferry_sparse_reader_config cfg;
+        ferry_error err = {0};
+        int rc = ferry_sparse_reader_config_init(&cfg);
+        if (rc == 0)
+            rc = ferry_sparse_reader_open(s, &cfg, &self->sparse, &err);
+        if (rc < 0) {
+            fp_raise_err_class(rc, &err);
+            return NULL;
+        }
+    }
+    return self->sparse;
 }
 
 ferry_store *fp_store_str_args(PyObject *args, const char *fmt, PyObject **so, const char **str)

@@ -224,7 +224,10 @@ def read_sparse_objects(store, keys, targets, publish_prefix=None, framework="nu
     target) pair placement filtering kept (also when it has no entries);
     ``counters`` holds every ``ferry_sparse_stats`` field (:data:`COUNTERS`).
     Within the call each unique entry range is read once per node and fanned
-    out to the targets that need it. ``publish_prefix``: each result is also
+    out to the targets that need it. The store keeps the objects' tile
+    indexes for its later calls (its own sparse reader, closed with it), so
+    reading the same objects again costs one metadata check each (counted in
+    ``index_cache_hits``). ``publish_prefix``: each result is also
     stored as ``<prefix>/<target index>/<tensor_id>``. Indices and values are
     numpy arrays, or torch tensors with ``framework="torch"``."""
     fw = _tensors.check_framework(framework)

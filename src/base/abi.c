@@ -61,6 +61,7 @@ PIN(ferry_sparse_plan, 192);
 PIN(ferry_sparse_result, 336);
 PIN(ferry_sparse_stats, 240);
 PIN(ferry_sparse_view, 160);
+PIN(ferry_sparse_reader_config, 80);
 PIN(ferry_store_config, 784);
 PIN(ferry_replicate_config, 96);
 PIN(ferry_replica_info, 32);

@@ -14,6 +14,9 @@
 
 typedef struct upd {
     ferry_store *s;
+    ferry_sparse_reader *rd;         /* the chain's reads: each link's objects are new keys,
+                                      * so a cache kept past the call would serve only a
+                                      * worker that reads a chain again */
     const ferry_sparse_update_config *cfg;
     const ferry_param_shard *shards;
     size_t n;
@@ -37,6 +40,7 @@ static void upd_free(upd *u)
     free(u->shard_of);
     ferry_sparse_chain_free(&u->ch);
     fr_gen_free(u->dense);
+    ferry_sparse_reader_close(u->rd);
 }
 
 /* Each shard against the dense generation's tensors: its view and target. */
@@ -102,8 +106,8 @@ static int read_links(upd *u, uint64_t start, ferry_sparse_update_stats *st, fer
     for (size_t l = 0; l < u->ch.nlinks; l++) {
         const ferry_sparse_link *k = &u->ch.links[l];
         ferry_sparse_stats rs = {0};
-        int rc = ferry_read_sparse_objects(u->s, (const char *const *)k->keys, k->nkeys, u->targets,
-                                           u->ntargets, NULL, &u->res[l], &u->nres[l], &rs, err);
+        int rc = ferry_sparse_reader_read(u->rd, (const char *const *)k->keys, k->nkeys, u->targets,
+                                          u->ntargets, NULL, &u->res[l], &u->nres[l], &rs, err);
         ferry_sparse_stats_add(&st->read, &rs);
         if (rc < 0)
             return rc;
@@ -183,6 +187,9 @@ int ferry_sparse_update(ferry_store *s, const ferry_sparse_update_config *cfg,
     rc = fr_gen_load(s, cfg->model, u.ch.dense, &u.dense, err);
     if (rc == 0)
         rc = shards_check(&u, err);
+    ferry_sparse_reader_config rcfg;
+    if (rc == 0 && (rc = ferry_sparse_reader_config_init(&rcfg)) == 0)
+        rc = ferry_sparse_reader_open(s, &rcfg, &u.rd, err);
     if (rc == 0)
         rc = read_links(&u, start, st, err);
     st->read_s = (double)(fr_now_ns() - t1) / 1e9;

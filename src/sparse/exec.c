@@ -1,108 +1,21 @@
 /* The sparse executor (sparse.h, docs/sparse.md "Execution", "Apply"):
- * compact indexes through a small cache, the batch plan, one ranged read
- * per unique (source, node, range) covering rows of both indices and
- * values, fan-out to every pair that needs the range, boundary filtering,
- * rebasing to target-local coordinates, optional publication; and the
- * scatter apply with its base-generation fence. */
+ * compact indexes through a reader's cache (sparse_reader.c) or none (the
+ * one-shot read), the batch plan, one ranged read per unique (source,
+ * node, range) covering rows of both indices and values, fan-out to every
+ * pair that needs the range, boundary filtering, rebasing to target-local
+ * coordinates, optional publication; and the scatter apply with its
+ * base-generation fence. */
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/base.h"
 #include "sparse/sparse_int.h"
 
-/* ---- the index cache ------------------------------------------------------------------ */
-/* Compact indexes (and the planner's secondary indexes in aux) outlive a
- * call, keyed by (store handle, key). The store handle is opaque to this
- * layer, so the cache is process-wide; an entry is used only while the
- * object still has the size and replica placement it had when read (one
- * metadata round trip, no lease), which also guards against a store handle
- * address reused by a later ferry_store_open. A call takes its entries out
- * and puts them back when done, so concurrent calls never share one (and the
- * planner may build aux without locks). Bounded in entries and bytes. */
-#define CACHE_ENTRIES 64
-#define CACHE_BYTES (256u << 20)
-
-typedef struct sp_cached {
-    ferry_store *s;
-    uint64_t size, segment, offset;   /* the object's identity when read */
-    ferry_member mi, mv;              /* indices and values members */
-    ferry_sparse_index ix;
-    uint64_t bytes, stamp;
-    bool used;
-} sp_cached;
-
-static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
-static sp_cached cache[CACHE_ENTRIES];
-static uint64_t cache_bytes, cache_clock;
-
-static uint64_t index_bytes(const ferry_sparse_index *ix)
-{
-    return ix->desc.ntiles * (ix->desc.ndim + 1) * 8 + sizeof *ix;
-}
-
-static bool cache_take(ferry_store *s, const char *key, const ferry_object_desc *od,
-                       sp_cached *out)
-{
-    bool hit = false;
-    pthread_mutex_lock(&cache_mu);
-    for (size_t i = 0; i < CACHE_ENTRIES; i++) {
-        sp_cached *c = &cache[i];
-        if (!c->used || c->s != s || strcmp(c->ix.key, key) != 0)
-            continue;
-        if (od->nreplicas && c->size == od->size && c->segment == od->replicas[0].segment &&
-            c->offset == od->replicas[0].offset) {
-            *out = *c;
-            hit = true;
-        } else {
-            ferry_sparse_index_free(&c->ix);
-        }
-        cache_bytes -= c->bytes;
-        memset(c, 0, sizeof *c);
-        break;
-    }
-    pthread_mutex_unlock(&cache_mu);
-    return hit;
-}
-
-static void cache_put(sp_cached *e)
-{
-    pthread_mutex_lock(&cache_mu);
-    bool keep = e->bytes <= CACHE_BYTES;
-    for (size_t i = 0; i < CACHE_ENTRIES && keep; i++)
-        if (cache[i].used && cache[i].s == e->s && strcmp(cache[i].ix.key, e->ix.key) == 0)
-            keep = false;   /* another call put it back first */
-    while (keep) {
-        sp_cached *slot = NULL, *victim = NULL;
-        for (size_t i = 0; i < CACHE_ENTRIES; i++) {
-            if (!cache[i].used)
-                slot = slot ? slot : &cache[i];
-            else if (!victim || cache[i].stamp < victim->stamp)
-                victim = &cache[i];
-        }
-        if (slot && cache_bytes + e->bytes <= CACHE_BYTES) {
-            e->stamp = ++cache_clock;
-            e->used = true;
-            *slot = *e;
-            cache_bytes += e->bytes;
-            pthread_mutex_unlock(&cache_mu);
-            return;
-        }
-        if (!victim)
-            break;
-        ferry_sparse_index_free(&victim->ix);
-        cache_bytes -= victim->bytes;
-        memset(victim, 0, sizeof *victim);
-    }
-    pthread_mutex_unlock(&cache_mu);
-    ferry_sparse_index_free(&e->ix);
-}
-
 /* ---- one call's state ------------------------------------------------------------------ */
 
 typedef struct sp_src {
-    sp_cached c;
+    fr_sp_entry c;
     bool have;
 } sp_src;
 
@@ -119,6 +32,7 @@ typedef struct sp_rkey {
 
 typedef struct sp_call {
     ferry_store *s;
+    ferry_sparse_reader *r;    /* whose cache serves the indexes; NULL: none */
     sp_src *src;
     size_t nsrc;
     ferry_sparse_index **ixs;
@@ -162,7 +76,7 @@ static int get_sources(sp_call *c, const char *const *keys, size_t nkeys, ferry_
             return fr_fail(err, rc, "read_sparse_objects %s: %s", keys[i],
                            fr_why(err));
         sp_src *e = &c->src[c->nsrc];
-        if (cache_take(c->s, keys[i], &od, &e->c)) {
+        if (fr_sp_cache_take(c->r, keys[i], &od, &e->c)) {
             c->st.index_cache_hits++;
         } else {
             rc = fr_sparse_index_load(c->s, keys[i], &e->c.ix, &e->c.mi, &e->c.mv, err);
@@ -173,11 +87,10 @@ static int get_sources(sp_call *c, const char *const *keys, size_t nkeys, ferry_
             c->st.index_gets++;
             c->st.index_bytes_read += meta_bytes(&e->c.ix.desc) +
                                       e->c.ix.desc.ntiles * (e->c.ix.desc.ndim + 1) * 8 + 8;
-            e->c.s = c->s;
             e->c.size = od.size;
             e->c.segment = od.nreplicas ? od.replicas[0].segment : 0;
             e->c.offset = od.nreplicas ? od.replicas[0].offset : 0;
-            e->c.bytes = index_bytes(&e->c.ix);
+            e->c.bytes = e->c.ix.desc.ntiles * (e->c.ix.desc.ndim + 1) * 8 + sizeof e->c;
         }
         c->st.index_s += (double)(fr_now_ns() - t0) / 1e9;
         e->have = true;
@@ -242,7 +155,7 @@ static int do_reads(sp_call *c, ferry_error *err)
                          "%" PRIu32 " of %zu", i, rd->source, c->nsrc);
             goto out;
         }
-        const sp_cached *e = &c->src[rd->source].c;
+        const fr_sp_entry *e = &c->src[rd->source].c;
         const ferry_sparse_desc *d = &e->ix.desc;
         if (rd->start >= rd->end || rd->end > d->nnz) {
             rc = fr_fail(err, FERRY_EPROTO, "read_sparse_objects %s: plan read [%" PRIu64
@@ -305,7 +218,7 @@ out:
 static int make_result(sp_call *c, const ferry_sparse_pair *p, const ferry_sparse_target *t,
                        ferry_sparse_result *res, ferry_error *err)
 {
-    const sp_cached *e = &c->src[p->source].c;
+    const fr_sp_entry *e = &c->src[p->source].c;
     const ferry_sparse_desc *d = &e->ix.desc;
     size_t isz = fr_sp_index_size(d->index_dtype), vsz = fr_sp_value_size(d->value_dtype);
     res->target = p->target;
@@ -422,24 +335,26 @@ static void call_end(sp_call *c)
     ferry_sparse_plan_free(&c->plan);
     for (size_t i = 0; i < c->nsrc; i++)
         if (c->src[i].have)
-            cache_put(&c->src[i].c);
+            fr_sp_cache_put(c->r, &c->src[i].c);
     fr_free(c->src);
     fr_free(c->ixs);
 }
 
-int ferry_read_sparse_objects(ferry_store *s, const char *const *keys, size_t nkeys,
-                              const ferry_sparse_target *targets, size_t ntargets,
-                              const char *publish_prefix, ferry_sparse_result **out,
-                              size_t *nout, ferry_sparse_stats *st, ferry_error *err)
+/* One read, through r's cache (NULL: no cache). */
+static int read_objects(ferry_store *s, ferry_sparse_reader *r, const char *const *keys,
+                        size_t nkeys, const ferry_sparse_target *targets, size_t ntargets,
+                        const char *publish_prefix, ferry_sparse_result **out, size_t *nout,
+                        ferry_sparse_stats *st, ferry_error *err)
 {
     if (!s || (nkeys && !keys) || (ntargets && !targets) || !out || !nout)
-        return fr_fail(err, FERRY_EINVAL, "read_sparse_objects: store, keys, targets and out "
-                       "are required");
+        return fr_fail(err, FERRY_EINVAL, "read_sparse_objects: %s, keys, targets and out "
+                       "are required", r ? "reader" : "store");
     *out = NULL;
     *nout = 0;
     sp_call c;
     memset(&c, 0, sizeof c);
     c.s = s;
+    c.r = r;
     ferry_sparse_result *res = NULL;
     size_t nres = 0;
     int rc = get_sources(&c, keys, nkeys, err);
@@ -484,6 +399,27 @@ fail:
     ferry_sparse_results_free(res, nres);
     call_end(&c);
     return rc;
+}
+
+int ferry_sparse_reader_read(ferry_sparse_reader *r, const char *const *keys, size_t nkeys,
+                             const ferry_sparse_target *targets, size_t ntargets,
+                             const char *publish_prefix, ferry_sparse_result **out, size_t *nout,
+                             ferry_sparse_stats *st, ferry_error *err)
+{
+    if (!r)
+        return fr_fail(err, FERRY_EINVAL, "read_sparse_objects: reader, keys, targets and out "
+                       "are required");
+    return read_objects(fr_sp_reader_store(r), r, keys, nkeys, targets, ntargets, publish_prefix,
+                        out, nout, st, err);
+}
+
+int ferry_read_sparse_objects(ferry_store *s, const char *const *keys, size_t nkeys,
+                              const ferry_sparse_target *targets, size_t ntargets,
+                              const char *publish_prefix, ferry_sparse_result **out,
+                              size_t *nout, ferry_sparse_stats *st, ferry_error *err)
+{
+    return read_objects(s, NULL, keys, nkeys, targets, ntargets, publish_prefix, out, nout, st,
+                        err);
 }
 
 void ferry_sparse_results_free(ferry_sparse_result *r, size_t n)

@@ -1,10 +1,12 @@
 /* sparse layer internals shared by object.c (put, admission, the index
- * read), sparse_plan.c (the pure batch planner) and exec.c (ranged reads,
- * filtering, rebasing, apply). Internal names are fr_sp_ / fr_sparse_. */
+ * read), sparse_plan.c (the pure batch planner), sparse_reader.c (the
+ * reader and its index cache) and exec.c (ranged reads, filtering,
+ * rebasing, apply). Internal names are fr_sp_ / fr_sparse_. */
 #ifndef FR_SPARSE_INT_H
 #define FR_SPARSE_INT_H
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 #include <stdio.h>
@@ -37,6 +39,32 @@ int fr_sparse_key(const ferry_sparse_desc *d, char *buf, size_t cap);
  * Implemented in object.c. */
 int fr_sparse_index_load(ferry_store *s, const char *key, ferry_sparse_index *out,
                          ferry_member *indices, ferry_member *values, ferry_error *err);
+
+/* ---- the reader's index cache (sparse_reader.c) ------------------------------------------ */
+
+/* One source object's compact index as a read uses it, and as the
+ * reader's cache keeps it between reads. */
+typedef struct fr_sp_entry {
+    uint64_t size, segment, offset;   /* the object's identity when its index was read */
+    ferry_member mi, mv;              /* its indices and values members */
+    ferry_sparse_index ix;            /* ix.key: the object's key */
+    uint64_t bytes;                   /* what it counts against the cache's bound */
+} fr_sp_entry;
+
+/* The entry of key whose object still has od's size and first replica
+ * (moved out of the cache into *out: the caller owns it until
+ * fr_sp_cache_put), or false. An entry of key that no longer matches is
+ * freed. r NULL: false. */
+bool fr_sp_cache_take(ferry_sparse_reader *r, const char *key, const ferry_object_desc *od,
+                      fr_sp_entry *out);
+/* Give e back to the cache (least recently used entries out to make room),
+ * or free it when it cannot be kept (larger than the bound, another read
+ * put the key back first, r NULL). e is the cache's or freed after. */
+void fr_sp_cache_put(ferry_sparse_reader *r, fr_sp_entry *e);
+/* The store the reader reads from. */
+ferry_store *fr_sp_reader_store(const ferry_sparse_reader *r);
+/* ferry_sparse_reader_config with its 0 fields set to the init's values. */
+void fr_sparse_reader_config_resolve(ferry_sparse_reader_config *cfg);
 
 /* Bytes of one element of a value dtype ("f32" 4, "bf16"/"f16" 2) or of an
  * index dtype ("i32" 4, "i64" 8); 0 for anything else. */

@@ -15,6 +15,7 @@
 #include "ferry/ferry.h"
 #include "ferry/weights_compat.h"
 #include "rl/rl_int.h"
+#include "sparse/sparse_int.h"
 
 static void test_null_refused(void **state)
 {
@@ -32,6 +33,7 @@ static void test_null_refused(void **state)
     assert_int_equal(ferry_store_config_init(NULL), FERRY_EINVAL);
     assert_int_equal(ferry_master_config_init(NULL), FERRY_EINVAL);
     assert_int_equal(ferry_node_config_init(NULL), FERRY_EINVAL);
+    assert_int_equal(ferry_sparse_reader_config_init(NULL), FERRY_EINVAL);
 }
 
 static void test_documented_defaults(void **state)
@@ -90,6 +92,11 @@ static void test_documented_defaults(void **state)
     assert_int_equal(pl.replica_num, 1);
     assert_false(pl.hard_pin);
     assert_int_equal(pl.slot, 0);
+    ferry_sparse_reader_config sp;
+    memset(&sp, 0xa5, sizeof sp);
+    assert_int_equal(ferry_sparse_reader_config_init(&sp), 0);
+    assert_int_equal(sp.cache_entries, 64);
+    assert_int_equal(sp.cache_bytes, 256ull << 20);
 }
 
 /* A zeroed config resolves to the init's values; what the caller set stays. */
@@ -124,6 +131,10 @@ static void test_zeroed_resolves_to_init(void **state)
     ferry_store_exec_config_init(&ri);
     fr_store_exec_config_resolve(&rz);
     assert_memory_equal(&rz, &ri, sizeof rz);
+    ferry_sparse_reader_config spz = {0}, spi;
+    ferry_sparse_reader_config_init(&spi);
+    fr_sparse_reader_config_resolve(&spz);
+    assert_memory_equal(&spz, &spi, sizeof spz);
 
     ferry_subscriber_config set = {0};
     set.timeout_ms = 1234;

@@ -4,7 +4,8 @@
  * by EP2 x TP2 targets on one node: one source object, no full get, two
  * unique range gets) and the same targets over two nodes; an EP expert
  * (owner ep=1: only EP1's targets, TP split inside); EP-only (the target
- * box is the whole tensor); the index cache across calls; publication of
+ * box is the whole tensor); a reader's index cache across calls (and none
+ * in the one-shot read); publication of
  * target-local objects; random shapes, tiles, boxes, densities and dtypes
  * against a brute-force dense oracle (W_old + delta, or the set values,
  * exactly: every value is a small integer). */
@@ -23,10 +24,45 @@
 #include "ferry/sparse.h"
 #include "ferry/weights.h"
 
-typedef ft_solo fixture;
+/* A master, a node, a store and a reader of it. */
+typedef struct fixture {
+    ferry_store *s;
+    ferry_sparse_reader *rd;
+    void *solo;                 /* the ft_solo */
+} fixture;
 
-static int setup(void **state) { return ft_solo_setup(state, 256u << 20, 10000); }
-static int teardown(void **state) { return ft_solo_teardown(state); }
+static int teardown(void **state)
+{
+    fixture *f = *state;
+    if (!f)
+        return 0;
+    ferry_sparse_reader_close(f->rd);
+    ft_solo_teardown(&f->solo);
+    free(f);
+    *state = NULL;
+    return 0;
+}
+
+static int setup(void **state)
+{
+    fixture *f = calloc(1, sizeof *f);
+    *state = f;
+    if (!f || ft_solo_setup(&f->solo, 256u << 20, 10000) != 0) {
+        free(f);   /* cmocka runs no teardown after a failed setup */
+        *state = NULL;
+        return -1;
+    }
+    f->s = ((ft_solo *)f->solo)->s;
+    ferry_sparse_reader_config cfg;
+    ferry_error err = {0};
+    if (ferry_sparse_reader_config_init(&cfg) != 0 ||
+        ferry_sparse_reader_open(f->s, &cfg, &f->rd, &err) != 0) {
+        print_error("sparse reader: %s\n", err.msg);
+        teardown(state);
+        return -1;
+    }
+    return 0;
+}
 
 static uint64_t rng = 0x243f6a8885a308d3ull;
 static uint64_t rnd(void)
@@ -120,6 +156,7 @@ typedef struct spcase {
     size_t nt;
     const char *dst_dtype;
     const char *publish;       /* or NULL */
+    bool one_shot;             /* ferry_read_sparse_objects, not the fixture's reader */
 } spcase;
 
 static uint64_t total_of(const ferry_sparse_desc *d)
@@ -187,9 +224,13 @@ static void run_case(fixture *f, spcase *c, ferry_sparse_stats *st_out, ferry_sp
     ferry_sparse_result *res = NULL;
     size_t nres = 0;
     ferry_sparse_stats st;
-    if (ferry_read_sparse_objects(f->s, keys, 1, c->t, c->nt, c->publish, &res, &nres, &st,
-                                  &err) != 0)
+    int rc = c->one_shot ? ferry_read_sparse_objects(f->s, keys, 1, c->t, c->nt, c->publish, &res,
+                                                     &nres, &st, &err)
+                         : ferry_sparse_reader_read(f->rd, keys, 1, c->t, c->nt, c->publish, &res,
+                                                    &nres, &st, &err);
+    if (rc != 0)
         fail_msg("read: %s", err.msg);
+    assert_int_equal(st.index_cache_hits, 0);   /* a new object: its index is read */
     if (st_out)
         *st_out = st;
     size_t dsz = strcmp(c->dst_dtype, "f32") == 0 ? 4 : 2;
@@ -350,7 +391,7 @@ static void test_acceptance_non_ep(void **state)
     assert_int_equal(st.boundary_filtered, 0);     /* the split is tile-aligned */
 
     /* the same object again, the replicas on two nodes: the index comes
-     * from the cache, each node reads its two ranges */
+     * from the reader's cache, each node reads its two ranges */
     char key[512];
     ferry_error err = {0};
     snprintf(key, sizeof key, "ferry/sp/shared.w/%020d-%020d/rep-ep", 7, 8);
@@ -358,14 +399,21 @@ static void test_acceptance_non_ep(void **state)
     const char *keys[1] = {key};
     ferry_sparse_result *res = NULL;
     size_t nres = 0;
-    assert_int_equal(ferry_read_sparse_objects(f->s, keys, 1, t, 4, NULL, &res, &nres, &st,
-                                               &err), 0);
+    assert_int_equal(ferry_sparse_reader_read(f->rd, keys, 1, t, 4, NULL, &res, &nres, &st,
+                                              &err), 0);
     print_stats("non-EP EP2xTP2, two nodes", &st);
     assert_int_equal(nres, 4);
     assert_int_equal(st.index_cache_hits, 1);
     assert_int_equal(st.index_gets, 0);
     assert_int_equal(st.unique_range_gets, 4);
     assert_int_equal(st.full_indices_values_get_count, 0);
+    ferry_sparse_results_free(res, nres);
+    /* the one-shot read keeps nothing: it reads the index again */
+    assert_int_equal(ferry_read_sparse_objects(f->s, keys, 1, t, 4, NULL, &res, &nres, &st,
+                                               &err), 0);
+    assert_int_equal(nres, 4);
+    assert_int_equal(st.index_cache_hits, 0);
+    assert_int_equal(st.index_gets, 1);
     ferry_sparse_results_free(res, nres);
 
     /* TP splitting columns instead: each TP box needs one range per tile row */
@@ -374,9 +422,10 @@ static void test_acceptance_non_ep(void **state)
         uint64_t off[2] = {0, 1024 * (i % 2)};
         t[i] = mktarget("shared.w", 0, i / 2, 2, off, colhalf);
     }
-    assert_int_equal(ferry_read_sparse_objects(f->s, keys, 1, t, 4, NULL, &res, &nres, &st,
-                                               &err), 0);
+    assert_int_equal(ferry_sparse_reader_read(f->rd, keys, 1, t, 4, NULL, &res, &nres, &st,
+                                              &err), 0);
     print_stats("non-EP EP2xTP2 column split, one node", &st);
+    assert_int_equal(st.index_cache_hits, 1);
     assert_int_equal(st.unique_range_gets, 2 * 4);   /* 4 tile rows x 2 column halves */
     assert_int_equal(st.full_indices_values_get_count, 0);
     ferry_sparse_results_free(res, nres);
@@ -445,6 +494,16 @@ static void test_exec_errors(void **state)
                      FERRY_ENOENT);
     assert_null(res);
     assert_int_equal(n, 0);
+    res = (ferry_sparse_result *)1;
+    n = 7;
+    assert_int_equal(ferry_sparse_reader_read(f->rd, keys, 1, &t, 1, NULL, &res, &n, NULL, &err),
+                     FERRY_ENOENT);
+    assert_null(res);
+    assert_int_equal(n, 0);
+    memset(&err, 0, sizeof err);
+    assert_int_equal(ferry_sparse_reader_read(NULL, keys, 1, &t, 1, NULL, &res, &n, NULL, &err),
+                     FERRY_EINVAL);
+    assert_true(err.msg[0] != 0);
     ferry_sparse_desc d = mkdesc("small", 2, shape);
     d.nnz = 1;
     int64_t ind[2] = {1, 1};
@@ -455,6 +514,10 @@ static void test_exec_errors(void **state)
     t = mktarget("small", 0, 0, 2, zero, big);
     memset(&err, 0, sizeof err);
     assert_int_equal(ferry_read_sparse_objects(f->s, keys, 1, &t, 1, NULL, &res, &n, NULL, &err),
+                     FERRY_EINVAL);
+    assert_true(err.msg[0] != 0);
+    memset(&err, 0, sizeof err);
+    assert_int_equal(ferry_sparse_reader_read(f->rd, keys, 1, &t, 1, NULL, &res, &n, NULL, &err),
                      FERRY_EINVAL);
     assert_true(err.msg[0] != 0);
 }
@@ -474,7 +537,7 @@ static void test_random_oracle(void **state)
             shape[k] = nd == 1 ? 1 + rndn(5000) : nd == 2 ? 1 + rndn(300) : 1 + rndn(40);
         char id[32];
         snprintf(id, sizeof id, "rand.%d", it);
-        spcase c = {.d = mkdesc(id, nd, shape), .dst_dtype = vdts[rndn(3)]};
+        spcase c = {.d = mkdesc(id, nd, shape), .dst_dtype = vdts[rndn(3)], .one_shot = it % 2};
         snprintf(c.d.value_dtype, sizeof c.d.value_dtype, "%s", vdts[rndn(3)]);
         snprintf(c.d.index_dtype, sizeof c.d.index_dtype, "%s", idts[rndn(2)]);
         if (rndn(2))

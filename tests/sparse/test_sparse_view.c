@@ -4,8 +4,9 @@
  * qkv buffer, each element checked against W_old + delta; views refused
  * before any write (overlapping strides, a buffer too small, another
  * shape, a negative stride); and the read counters of the compact indexes
- * and of the per-member ranged reads, checked against the object's own
- * member sizes. */
+ * (read by a reader's first read, from its cache after; by every one-shot
+ * read) and of the per-member ranged reads, checked against the object's
+ * own member sizes. */
 #include <inttypes.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -271,15 +272,25 @@ static void test_counters(void **state)
     ferry_sparse_target t[2] = {{.tensor_id = "cnt.w", .ndim = 2, .offset = {0, 0}, .shape = {32, C}},
                                 {.tensor_id = "cnt.w", .ndim = 2, .offset = {32, 0}, .shape = {32, C}}};
     const char *keys[1] = {key};
-    for (int call = 0; call < 2; call++) {
+    ferry_sparse_reader_config rc;
+    ferry_sparse_reader *rd = NULL;
+    assert_int_equal(ferry_sparse_reader_config_init(&rc), 0);
+    assert_int_equal(ferry_sparse_reader_open(f->s, &rc, &rd, NULL), 0);
+    /* calls 0 and 1 through the reader, 2 and 3 one-shot */
+    for (int call = 0; call < 4; call++) {
         ferry_sparse_result *res = NULL;
         size_t n = 0;
         ferry_sparse_stats st;
         ferry_error err = {0};
-        assert_int_equal(ferry_read_sparse_objects(f->s, keys, 1, t, 2, NULL, &res, &n, &st, &err), 0);
+        bool cached = call == 1;
+        if (call < 2)
+            assert_int_equal(ferry_sparse_reader_read(rd, keys, 1, t, 2, NULL, &res, &n, &st, &err), 0);
+        else
+            assert_int_equal(ferry_read_sparse_objects(f->s, keys, 1, t, 2, NULL, &res, &n, &st, &err), 0);
         assert_int_equal(st.index_checks, 1);
-        assert_int_equal(st.index_gets, call == 0 ? 1 : 0);
-        assert_int_equal(st.index_bytes_read, call == 0 ? index_bytes : 0);
+        assert_int_equal(st.index_gets, cached ? 0 : 1);
+        assert_int_equal(st.index_cache_hits, cached ? 1 : 0);
+        assert_int_equal(st.index_bytes_read, cached ? 0 : index_bytes);
         assert_int_equal(st.index_range_gets, st.unique_range_gets);
         assert_int_equal(st.unique_range_gets, 2);
         assert_int_equal(st.index_range_bytes, ib);   /* every entry once, the whole member */
@@ -300,6 +311,7 @@ static void test_counters(void **state)
         assert_int_equal(sum.bytes_read, 2 * st.bytes_read);
         ferry_sparse_results_free(res, n);
     }
+    ferry_sparse_reader_close(rd);
 }
 
 int main(void)
