@@ -996,7 +996,7 @@ out:
     if (s) {
         char p[128];
         snprintf(p, sizeof p, "%s.", model);   /* every tensor of the model */
-        (void)ferry_sparse_remove_tensors(s, p, NULL);
+        (void)ferry_sparse_remove_tensors(s, p, NULL, NULL);
         ferry_store_close(s);
     }
     for (unsigned k = 0; k < 64; k++) {

@@ -94,11 +94,12 @@ FERRY_API int ferry_sparse_admit(ferry_store *s, const ferry_sparse_desc *d, uin
  * and its admission key: the object's removal says what came of it (0,
  * FERRY_ENOENT when gone already, a reader's lease refusing it, or the
  * store's error); the admission key goes either way. */
-FERRY_API int ferry_sparse_remove(ferry_store *s, const char *key);
+FERRY_API int ferry_sparse_remove(ferry_store *s, const char *key, ferry_error *err);
 /* Remove every sparse object whose tensor id starts with tensor_prefix
  * (e.g. "<model>." for a model's tensors); *removed (may be NULL) counts
  * them, as ferry_store_remove_prefix. Their admission keys stay. */
-FERRY_API int ferry_sparse_remove_tensors(ferry_store *s, const char *tensor_prefix, uint64_t *removed);
+FERRY_API int ferry_sparse_remove_tensors(ferry_store *s, const char *tensor_prefix, uint64_t *removed,
+                                          ferry_error *err);
 
 /* ---- the compact index --------------------------------------------------------------- */
 

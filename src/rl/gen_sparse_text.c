@@ -124,7 +124,7 @@ bool fr_sgen_drop_objects(ferry_store *s, const char *model, uint64_t g)
         return true;   /* a dense generation (or unreadable): its objects are ferry/w/ */
     bool gone = true;
     for (size_t i = 0; i < sg.nkeys; i++) {
-        int r = ferry_sparse_remove(s, sg.keys[i]);   /* and its admission key */
+        int r = ferry_sparse_remove(s, sg.keys[i], NULL);   /* and its admission key */
         if (r < 0 && r != FERRY_ENOENT)
             gone = false;   /* leased: a later publish retires it */
     }

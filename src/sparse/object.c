@@ -41,23 +41,26 @@ static int owner_key(const char *key, char *buf, size_t cap)
     return n < 0 || (size_t)n >= cap ? FERRY_EMSGSIZE : n;
 }
 
-int ferry_sparse_remove(ferry_store *s, const char *key)
+int ferry_sparse_remove(ferry_store *s, const char *key, ferry_error *err)
 {
     char ok[FERRY_STORE_KEY_MAX + 16];
     if (!s || !key || !key[0] || owner_key(key, ok, sizeof ok) < 0)
-        return FERRY_EINVAL;
-    int rc = ferry_store_remove(s, key, NULL);
+        return fr_fail(err, FERRY_EINVAL, "sparse_remove: no store, or '%s' is no sparse object's "
+                       "key", key ? key : "");
+    int rc = ferry_store_remove(s, key, err);
     (void)ferry_kv_delete(s, ok, 0, NULL, NULL);
     return rc;
 }
 
-int ferry_sparse_remove_tensors(ferry_store *s, const char *tensor_prefix, uint64_t *removed)
+int ferry_sparse_remove_tensors(ferry_store *s, const char *tensor_prefix, uint64_t *removed,
+                                ferry_error *err)
 {
     char p[FERRY_SPARSE_ID_MAX + 16];
     if (!s || !tensor_prefix || !tensor_prefix[0] || strlen(tensor_prefix) > FERRY_SPARSE_ID_MAX)
-        return FERRY_EINVAL;
+        return fr_fail(err, FERRY_EINVAL, "sparse_remove_tensors: no store, or an empty tensor "
+                       "prefix or one longer than %d bytes", FERRY_SPARSE_ID_MAX);
     snprintf(p, sizeof p, "ferry/sp/%s", tensor_prefix);
-    return ferry_store_remove_prefix(s, p, removed, NULL);
+    return ferry_store_remove_prefix(s, p, removed, err);
 }
 
 static bool id_ok(const char *s, size_t cap)

@@ -368,12 +368,13 @@ static void test_remove(void **state)
     assert_true(adm);
     assert_int_equal(ferry_sparse_admit(f->s, &d, 1, &adm, &err), 0);
     assert_false(adm);
-    assert_int_equal(ferry_sparse_remove(f->s, key), 0);
+    assert_int_equal(ferry_sparse_remove(f->s, key, NULL), 0);
     assert_int_equal(ferry_store_exist(f->s, key, NULL), 0);
-    assert_int_equal(ferry_sparse_remove(f->s, key), FERRY_ENOENT);
+    assert_int_equal(ferry_sparse_remove(f->s, key, &err), FERRY_ENOENT);
+    assert_non_null(strstr(err.msg, key));
     assert_int_equal(ferry_sparse_admit(f->s, &d, 1, &adm, &err), 0);
     assert_true(adm);   /* its admission key went with it */
-    assert_int_equal(ferry_sparse_remove(f->s, ""), FERRY_EINVAL);
+    assert_int_equal(ferry_sparse_remove(f->s, "", NULL), FERRY_EINVAL);
 
     const char *ids[] = { "rm.a", "rm.b", "rmx.c" };
     for (size_t i = 0; i < 3; i++) {
@@ -381,11 +382,12 @@ static void test_remove(void **state)
         assert_int_equal(ferry_put_sparse_object(f->s, &e, ind, vals, NULL, NULL, 0, &err), 0);
     }
     uint64_t removed = 0;
-    assert_int_equal(ferry_sparse_remove_tensors(f->s, "rm.", &removed), 0);
+    assert_int_equal(ferry_sparse_remove_tensors(f->s, "rm.", &removed, NULL), 0);
     assert_int_equal(removed, 2);
     assert_int_equal(count_prefix(f->s, "ferry/sp/rm."), 0);
     assert_int_equal(count_prefix(f->s, "ferry/sp/rmx."), 1);
-    assert_int_equal(ferry_sparse_remove_tensors(f->s, "", NULL), FERRY_EINVAL);
+    assert_int_equal(ferry_sparse_remove_tensors(f->s, "", NULL, &err), FERRY_EINVAL);
+    assert_non_null(strstr(err.msg, "empty tensor prefix"));
 }
 
 static void test_bad_input(void **state)

@@ -174,7 +174,7 @@ static void test_changed_object(void **state)
      * refused, so wait for the lease to lapse */
     int rm = FERRY_EBUSY;
     for (int i = 0; i < 10000 && rm == FERRY_EBUSY; i++)
-        if ((rm = ferry_sparse_remove(f->s, key)) == FERRY_EBUSY)
+        if ((rm = ferry_sparse_remove(f->s, key, NULL)) == FERRY_EBUSY)
             nanosleep(&(struct timespec){ .tv_nsec = 1000000 }, NULL);
     assert_int_equal(rm, 0);
     /* gone: the read fails, and the entry is not served */
