@@ -20,7 +20,7 @@ extern "C" {
 #endif
 
 #define FERRY_VERSION_MAJOR 0
-#define FERRY_VERSION_MINOR 2
+#define FERRY_VERSION_MINOR 3
 #define FERRY_VERSION_PATCH 0
 
 /*
