@@ -569,16 +569,16 @@ static int xfer_phase(const bs_opts *o, const char *master, const char *transpor
     }
     if (rc == 0) {
         x.e = ferry_store_engine(x.s);
-        rc = ferry_mem_alloc(x.e, x.bytes, &src);
+        rc = ferry_mem_alloc(x.e, x.bytes, &src, NULL);
     }
     if (rc == 0)
-        rc = ferry_mem_alloc(x.e, x.bytes, &dst);
+        rc = ferry_mem_alloc(x.e, x.bytes, &dst, NULL);
     if (rc == 0 && (rc = ferry_store_register_buffer(x.s, src, x.bytes)) == 0)
         reg_src = true;
     if (rc == 0 && (rc = ferry_store_register_buffer(x.s, dst, x.bytes)) == 0)
         reg_dst = true;
     if (rc == 0)
-        rc = ferry_region_import(x.e, tgt->desc, tgt->desc_len, &x.rr);
+        rc = ferry_region_import(x.e, tgt->desc, tgt->desc_len, &x.rr, NULL);
     if (rc == 0) {
         x.src = src;
         x.dst = dst;
@@ -594,9 +594,9 @@ static int xfer_phase(const bs_opts *o, const char *master, const char *transpor
     if (reg_dst)
         ferry_store_unregister_buffer(x.s, dst);
     if (src)
-        ferry_mem_free(x.e, src);
+        ferry_mem_free(x.e, src, NULL);
     if (dst)
-        ferry_mem_free(x.e, dst);
+        ferry_mem_free(x.e, dst, NULL);
     ferry_store_close(x.s);
     free(names);
     free(x.keys);

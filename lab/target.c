@@ -97,13 +97,13 @@ int cli_target_main(int argc, char **argv)
     snprintf(cfg.listen_addr, sizeof cfg.listen_addr, "%s", listen);
     ferry_engine *e = NULL;
     if (rc == 0)
-        rc = ferry_engine_open(&cfg, &e);
+        rc = ferry_engine_open(&cfg, &e, NULL);
     void *mem = NULL;
     ferry_region *r = NULL;
     if (rc == 0)
-        rc = ferry_mem_alloc(e, size, &mem);
+        rc = ferry_mem_alloc(e, size, &mem, NULL);
     if (rc == 0)
-        rc = ferry_region_register(e, mem, size, FERRY_REMOTE_RW, FERRY_MEM_HOST, &r);
+        rc = ferry_region_register(e, mem, size, FERRY_REMOTE_RW, FERRY_MEM_HOST, &r, NULL);
     unsigned port = 0;
     int lfd = rc == 0 ? open_sink(&port) : -1;
     uint8_t d[FERRY_DESC_MAX];
@@ -143,7 +143,7 @@ int cli_target_main(int argc, char **argv)
             njobs = 0;
             printf("OK\n");
         } else if (sscanf(line, "waitnotify %llu %llu", &tag, &count) == 2) {
-            int w = ferry_wait_notify(e, tag, (uint32_t)count, FERRY_DEFAULT_TIMEOUT_MS, NULL);
+            int w = ferry_wait_notify(e, tag, (uint32_t)count, FERRY_DEFAULT_TIMEOUT_MS, NULL, NULL);
             printf(w == 0 ? "OK\n" : "ERR %s\n", ferry_strerror(w));
         } else {
             printf("ERR unknown command\n");

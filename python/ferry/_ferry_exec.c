@@ -526,7 +526,7 @@ static int engine_init(EngineObject *self, PyObject *args, PyObject *kw)
     }
     ferry_engine *e = NULL;
     Py_BEGIN_ALLOW_THREADS
-    rc = ferry_engine_open(&cfg, &e);
+    rc = ferry_engine_open(&cfg, &e, NULL);
     Py_END_ALLOW_THREADS
     if (rc < 0) {
         ex_raise(rc, rc == FERRY_EAUTH ? "engine open: no cluster token (set FERRY_TOKEN or FERRY_TOKEN_FILE, "
@@ -638,14 +638,14 @@ static PyObject *engine_register(EngineObject *self, PyObject *args, PyObject *k
         PyErr_SetString(PyExc_ValueError, "register: the array is empty");
         goto fail;
     }
-    rc = ferry_region_register(self->e, v->buf, (size_t)nbytes, flags, FERRY_MEM_HOST, &r);
+    rc = ferry_region_register(self->e, v->buf, (size_t)nbytes, flags, FERRY_MEM_HOST, &r, NULL);
     if (rc < 0) {
         ex_raise(rc, NULL, NULL, NULL);
         goto fail;
     }
     rc = ferry_region_export(r, desc, sizeof desc);
     if (rc < 0) {
-        ferry_region_unregister(r);
+        ferry_region_unregister(r, NULL);
         ex_raise(rc, NULL, NULL, NULL);
         goto fail;
     }
@@ -687,7 +687,7 @@ static PyObject *engine_wait_notify(EngineObject *self, PyObject *args, PyObject
     int rc;
     self->busy++;
     Py_BEGIN_ALLOW_THREADS
-    rc = ferry_wait_notify(self->e, tag, count, timeout, vals);
+    rc = ferry_wait_notify(self->e, tag, count, timeout, vals, NULL);
     Py_END_ALLOW_THREADS
     self->busy--;
     PyObject *l = rc < 0 ? ex_raise(rc, NULL, NULL, NULL) : fp_list_u64(vals, count);
@@ -708,10 +708,10 @@ static PyObject *engine_peer_transport(EngineObject *self, PyObject *arg)
     int rc;
     self->busy++;
     Py_BEGIN_ALLOW_THREADS
-    rc = ferry_region_import(self->e, desc, len, &rr);
+    rc = ferry_region_import(self->e, desc, len, &rr, NULL);
     peer = rr.peer;
     if (rc < 0)
-        rc = ferry_peer_add(self->e, desc, len, &peer);
+        rc = ferry_peer_add(self->e, desc, len, &peer, NULL);
     Py_END_ALLOW_THREADS
     self->busy--;
     if (rc < 0)
@@ -1084,7 +1084,7 @@ static int peers_from(EngineObject *eng, PyObject *o, ferry_peer_map **out, size
         int rc;
         eng->busy++;
         Py_BEGIN_ALLOW_THREADS
-        rc = ferry_region_import(eng->e, desc, dlen, &rr);
+        rc = ferry_region_import(eng->e, desc, dlen, &rr, NULL);
         Py_END_ALLOW_THREADS
         eng->busy--;
         if (rc < 0) {

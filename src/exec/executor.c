@@ -125,7 +125,7 @@ static int register_local(ferry_executor *x, const ferry_binding *init, ferry_er
         if (!selected(x, e->worker) || e->nbytes == 0)
             continue;
         int rc = ferry_region_register(x->cfg.engine, (void *)(uintptr_t)e->addr, e->nbytes, 0,
-                                       e->kind, &x->regs[x->nregs]);
+                                       e->kind, &x->regs[x->nregs], NULL);
         if (rc < 0)
             return fr_fail(err, rc, "executor: cannot register fragment %" PRIu64
                            " of worker %u: %s", e->fragment, e->worker, ferry_strerror(rc));
@@ -140,7 +140,7 @@ int ferry_executor_cleanup(ferry_executor *x)
         return FERRY_EINVAL;
     /* unregister_all sets each entry to NULL as it succeeds: a retry never
      * touches an address twice. */
-    int rc = ferry_region_unregister_all(x->regs, x->nregs);
+    int rc = ferry_region_unregister_all(x->regs, x->nregs, NULL);
     if (rc < 0) {
         x->restart_required = true;
         return rc;

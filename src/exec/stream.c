@@ -155,7 +155,7 @@ int ferry_exec_stream_submit(ferry_exec_stream *s, const ferry_op *ops, size_t n
         k = s->n;
     }
     ferry_ticket *t = NULL;
-    int rc = ferry_submit(s->cfg.engine, ops, n, 0, &t);
+    int rc = ferry_submit(s->cfg.engine, ops, n, 0, &t, NULL);
     if (rc < 0) {   /* nothing of this batch was submitted: a failure of the stream's work */
         if (!s->first_err)
             s->first_err = rc;
@@ -178,7 +178,7 @@ int ferry_exec_stream_submit(ferry_exec_stream *s, const ferry_op *ops, size_t n
 static void settle(ferry_exec_stream *s, size_t k, int st, int *error)
 {
     slot *sl = &s->v[k];
-    int e = ferry_ticket_error(sl->t);
+    int e = ferry_ticket_error(sl->t, NULL);
     switch (st) {
     case FERRY_TICKET_COMPLETED:
         s->io = true;

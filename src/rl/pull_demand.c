@@ -285,7 +285,7 @@ int fr_sub_decode(const uint8_t *b, size_t len, uint32_t worker, uint64_t gen, c
     mb->nshards = ns;
     mb->peer = worker;
     if (e) {
-        int rc = ferry_peer_add(e, b + HDR, get32(b + 44), &mb->peer);
+        int rc = ferry_peer_add(e, b + HDR, get32(b + 44), &mb->peer, NULL);
         if (rc < 0)
             return fr_fail(err, rc, "subscriber: cannot reach worker %u: %s", worker,
                            ferry_strerror(rc));

@@ -199,7 +199,7 @@ static int segment_ref(ferry_store *s, uint64_t id, bool local_only, fr_segref *
         return 1;
     }
     fr_segref nr = {.id = id, .node = rep.node};
-    rc = ferry_region_import(s->eng, rep.val.p, rep.val.n, &nr.rr);
+    rc = ferry_region_import(s->eng, rep.val.p, rep.val.n, &nr.rr, NULL);
     fr_free(buf);
     if (rc < 0)
         return fr_client_err(rc, "segment %016llx of node %016llx: cannot reach its node: %s",
@@ -245,7 +245,7 @@ int ferry_store_warm(ferry_store *s, bool write, uint64_t *bytes)
         if (rc == 0)
             rc = segment_ref(s, id, true, &ref);   /* another machine's: nothing to warm */
         if (rc == 0)
-            rc = ferry_remote_warm(s->eng, &ref.rr, ref.rr.addr, ref.rr.len, write, &b);
+            rc = ferry_remote_warm(s->eng, &ref.rr, ref.rr.addr, ref.rr.len, write, &b, NULL);
         if (rc == 1)
             rc = 0;
         *bytes += b;
@@ -280,7 +280,7 @@ int ferry_store_register_buffer(ferry_store *s, void *buf, size_t len)
         rc = fr_grow((void **)&s->bufs, &s->cap_bufs, s->nbufs + 1, sizeof *s->bufs);
     ferry_region *reg = NULL;
     if (rc == 0)
-        rc = ferry_region_register(s->eng, buf, len, 0, FERRY_MEM_HOST, &reg);
+        rc = ferry_region_register(s->eng, buf, len, 0, FERRY_MEM_HOST, &reg, NULL);
     if (rc == 0)
         s->bufs[s->nbufs++] = (fr_ubuf){ .addr = p, .len = len, .reg = reg };
     pthread_mutex_unlock(&s->lock);
@@ -296,7 +296,7 @@ int ferry_store_unregister_buffer(ferry_store *s, void *buf)
     for (size_t i = 0; i < s->nbufs; i++) {
         if (s->bufs[i].addr != buf)
             continue;
-        rc = ferry_region_unregister(s->bufs[i].reg);
+        rc = ferry_region_unregister(s->bufs[i].reg, NULL);
         if (rc == 0)
             s->bufs[i] = s->bufs[--s->nbufs];
         break;
@@ -320,7 +320,7 @@ int fr_client_local(ferry_store *s, const void *p, size_t len, ferry_region **tm
     if (ferry_region_covers(s->eng, p, len ? len : 1))   /* registered with the engine itself */
         return 0;
     return ferry_region_register(s->eng, (void *)(uintptr_t)p, len ? len : 1, 0,
-                                 FERRY_MEM_HOST, tmp);
+                                 FERRY_MEM_HOST, tmp, NULL);
 }
 
 /* ---- open / close --------------------------------------------------------------------- */
@@ -368,7 +368,7 @@ int ferry_store_open(const ferry_store_config *cfg, ferry_store **out)
     pthread_mutex_init(&s->lock, NULL);
     fr_umap_init(&s->segs);
     fr_umap_init(&s->watches);
-    int rc = ferry_engine_open(&s->cfg.engine, &s->eng);
+    int rc = ferry_engine_open(&s->cfg.engine, &s->eng, NULL);
     if (rc < 0) {
         fr_client_err(rc, "cannot open the client's engine: %s", ferry_strerror(rc));
         goto fail;
@@ -415,7 +415,7 @@ void ferry_store_close(ferry_store *s)
     fr_umap_fini(&s->watches);
     fr_client_stage_fini(s);
     for (size_t i = 0; i < s->nbufs; i++)
-        (void)ferry_region_unregister(s->bufs[i].reg);
+        (void)ferry_region_unregister(s->bufs[i].reg, NULL);
     fr_free(s->bufs);
     ferry_engine_close(s->eng);
     pthread_mutex_destroy(&s->lock);

@@ -28,7 +28,7 @@ typedef struct xfer {
 static void xfer_free(xfer *x)
 {
     for (size_t i = 0; i < x->ntmp; i++)
-        (void)ferry_region_unregister(x->tmp[i]);
+        (void)ferry_region_unregister(x->tmp[i], NULL);
     fr_free(x->tmp);
     fr_free(x->ops);
     memset(x, 0, sizeof *x);
@@ -42,7 +42,7 @@ static int xfer_local(ferry_store *s, xfer *x, const void *p, size_t len)
         return rc;
     rc = fr_grow((void **)&x->tmp, &x->cap_tmp, x->ntmp + 1, sizeof *x->tmp);
     if (rc < 0) {
-        (void)ferry_region_unregister(t);
+        (void)ferry_region_unregister(t, NULL);
         return rc;
     }
     x->tmp[x->ntmp++] = t;
@@ -67,7 +67,7 @@ static int xfer_submit(ferry_store *s, xfer *x, ferry_ticket **t)
     *t = NULL;
     if (x->nops == 0)
         return 0;
-    return ferry_submit(s->eng, x->ops, x->nops, 0, t);
+    return ferry_submit(s->eng, x->ops, x->nops, 0, t, NULL);
 }
 
 /* Wait for a ticket and free it: 0 or an error. */
@@ -76,7 +76,7 @@ static int xfer_wait(ferry_store *s, ferry_ticket *t, uint64_t bytes)
     if (!t)
         return 0;
     int st = ferry_ticket_wait(t, xfer_timeout(s, bytes));
-    int err = ferry_ticket_error(t);
+    int err = ferry_ticket_error(t, NULL);
     ferry_ticket_free(t);
     if (st == FERRY_TICKET_COMPLETED)
         return 0;
@@ -370,7 +370,7 @@ int ferry_store_put_begin(ferry_store *s, const char *key, size_t len,
     fr_segref seg;
     if (p->rep.nrep == 1 && fr_client_segment(s, p->rep.rep[0].segment, &seg) == 0 &&
         ferry_remote_access_begin(s->eng, &seg.rr, seg.rr.addr + p->rep.rep[0].offset, len,
-                                  FERRY_REMOTE_WRITE, &p->at, &p->acc) == 0) {
+                                  FERRY_REMOTE_WRITE, &p->at, &p->acc, NULL) == 0) {
         *at = p->at;
         *out = p;
         return 0;
