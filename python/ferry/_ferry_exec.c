@@ -525,12 +525,13 @@ static int engine_init(EngineObject *self, PyObject *args, PyObject *kw)
         Py_DECREF(tb);
     }
     ferry_engine *e = NULL;
+    ferry_error err = {0};
     Py_BEGIN_ALLOW_THREADS
-    rc = ferry_engine_open(&cfg, &e, NULL);
+    rc = ferry_engine_open(&cfg, &e, &err);
     Py_END_ALLOW_THREADS
     if (rc < 0) {
         ex_raise(rc, rc == FERRY_EAUTH ? "engine open: no cluster token (set FERRY_TOKEN or FERRY_TOKEN_FILE, "
-                                         "or pass token=)" : NULL, NULL, NULL);
+                                         "or pass token=)" : err.msg, NULL, NULL);
         return -1;
     }
     self->e = e;
@@ -638,9 +639,10 @@ static PyObject *engine_register(EngineObject *self, PyObject *args, PyObject *k
         PyErr_SetString(PyExc_ValueError, "register: the array is empty");
         goto fail;
     }
-    rc = ferry_region_register(self->e, v->buf, (size_t)nbytes, flags, FERRY_MEM_HOST, &r, NULL);
+    ferry_error err = {0};
+    rc = ferry_region_register(self->e, v->buf, (size_t)nbytes, flags, FERRY_MEM_HOST, &r, &err);
     if (rc < 0) {
-        ex_raise(rc, NULL, NULL, NULL);
+        ex_raise(rc, err.msg, NULL, NULL);
         goto fail;
     }
     rc = ferry_region_export(r, desc, sizeof desc);
@@ -685,12 +687,13 @@ static PyObject *engine_wait_notify(EngineObject *self, PyObject *args, PyObject
     if (!vals)
         return PyErr_NoMemory();
     int rc;
+    ferry_error err = {0};
     self->busy++;
     Py_BEGIN_ALLOW_THREADS
-    rc = ferry_wait_notify(self->e, tag, count, timeout, vals, NULL);
+    rc = ferry_wait_notify(self->e, tag, count, timeout, vals, &err);
     Py_END_ALLOW_THREADS
     self->busy--;
-    PyObject *l = rc < 0 ? ex_raise(rc, NULL, NULL, NULL) : fp_list_u64(vals, count);
+    PyObject *l = rc < 0 ? ex_raise(rc, err.msg, NULL, NULL) : fp_list_u64(vals, count);
     PyMem_Free(vals);
     return l;
 }
@@ -706,16 +709,17 @@ static PyObject *engine_peer_transport(EngineObject *self, PyObject *arg)
     ferry_remote_region rr = {0};
     ferry_peer_id peer;
     int rc;
+    ferry_error err = {0};
     self->busy++;
     Py_BEGIN_ALLOW_THREADS
     rc = ferry_region_import(self->e, desc, len, &rr, NULL);
     peer = rr.peer;
-    if (rc < 0)
-        rc = ferry_peer_add(self->e, desc, len, &peer, NULL);
+    if (rc < 0)   /* not a region's descriptor: an engine's */
+        rc = ferry_peer_add(self->e, desc, len, &peer, &err);
     Py_END_ALLOW_THREADS
     self->busy--;
     if (rc < 0)
-        return ex_raise(rc, NULL, NULL, NULL);
+        return ex_raise(rc, err.msg, NULL, NULL);
     const char *t = ferry_peer_transport(self->e, peer);
     if (!t)
         Py_RETURN_NONE;

@@ -99,14 +99,15 @@ int ferry_node_open(const ferry_node_config *cfg, ferry_node **out)
     n->id = fr_random_u64() >> 1;
     n->seg = fr_random_u64() >> 1;
     int rc = pipe2(n->stop, O_CLOEXEC | O_NONBLOCK) < 0 ? FERRY_EIO : 0;
-    if (rc == 0)
-        rc = ferry_engine_open(&n->cfg.engine, &n->eng, NULL);
-    if (rc == 0 && (rc = ferry_mem_alloc(n->eng, n->cfg.segment_size, &n->mem, NULL)) < 0)
+    ferry_error why = {0};   /* the engine's refusals: this open logs them */
+    if (rc == 0 && (rc = ferry_engine_open(&n->cfg.engine, &n->eng, &why)) < 0)
+        FR_ERROR(TAG, "%s", why.msg);
+    if (rc == 0 && (rc = ferry_mem_alloc(n->eng, n->cfg.segment_size, &n->mem, &why)) < 0)
         FR_ERROR(TAG, "cannot allocate a segment of %llu bytes: %s",
-                 (unsigned long long)n->cfg.segment_size, ferry_strerror(rc));
-    if (rc == 0)
-        rc = ferry_region_register(n->eng, n->mem, n->cfg.segment_size, FERRY_REMOTE_RW,
-                                   FERRY_MEM_HOST, &n->reg, NULL);
+                 (unsigned long long)n->cfg.segment_size, why.msg);
+    if (rc == 0 && (rc = ferry_region_register(n->eng, n->mem, n->cfg.segment_size, FERRY_REMOTE_RW,
+                                               FERRY_MEM_HOST, &n->reg, &why)) < 0)
+        FR_ERROR(TAG, "cannot register the segment: %s", why.msg);
     if (rc == 0) {
         int k = ferry_region_export(n->reg, n->desc, sizeof n->desc);
         rc = k < 0 ? k : 0;

@@ -54,7 +54,9 @@ ferry_engine *ft_engine_open(const char *transport)
     ferry_engine_config c;
     ft_config(&c, transport);
     ferry_engine *e = NULL;
-    assert_int_equal(ferry_engine_open(&c, &e, NULL), 0);
+    ferry_error err = {0};
+    if (ferry_engine_open(&c, &e, &err) < 0)
+        fail_msg("engine open: %s", err.msg);
     return e;
 }
 
