@@ -77,9 +77,15 @@ static void test_ucx_engine_loads_ucx(void **s)
     ferry_engine *e = NULL;
     if (lib && *lib) {   /* UCX cannot be loaded: a clear refusal, every time */
         fprintf(stderr, "FERRY_UCX_LIBRARY=%s: a ucx engine must not open\n", lib);
-        assert_int_equal(ferry_engine_open(&c, &e, NULL), FERRY_ENOTSUP);
-        assert_null(e);
-        assert_int_equal(ferry_engine_open(&c, &e, NULL), FERRY_ENOTSUP);
+        ferry_error err = {0};
+        for (int k = 0; k < 2; k++) {   /* the second open says why as well as the first */
+            memset(&err, 0, sizeof err);
+            assert_int_equal(ferry_engine_open(&c, &e, &err), FERRY_ENOTSUP);
+            assert_null(e);
+            assert_int_equal(err.code, FERRY_ENOTSUP);
+            assert_non_null(strstr(err.msg, "cannot start the ucx transport: cannot load "));
+            assert_non_null(strstr(err.msg, lib));
+        }
         assert_false(mapped("libucp"));
         e = ft_engine_open("tcp");   /* the other transports are unaffected */
         assert_int_equal(use_memory(e), 0);

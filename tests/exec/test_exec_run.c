@@ -356,6 +356,10 @@ static void test_io_then_failure_is_drained(void **state)
     assert_true(ferry_executor_run(x, w.a, w.bs, w.bd, &res, &err) < 0);
     assert_int_equal(res.state, FERRY_TICKET_FAILED_DRAINED);
     assert_true(res.bytes_done > 0 && res.bytes_done < res.bytes);
+    /* the message carries the engine's: which op of the failed batch, to which peer */
+    assert_non_null(strstr(err.msg, "executor: FAILED_DRAINED after "));
+    assert_non_null(strstr(err.msg, ": op 0 (WRITE of "));
+    assert_non_null(strstr(err.msg, "input/output error; the ticket ended ABORTED"));
     assert_int_equal(ferry_executor_registered(x), 0);
     ferry_exec_result_free(&res);
     ferry_executor_free(x);
