@@ -78,7 +78,7 @@ double cli_engine_pass_at(ferry_engine *e, enum ferry_opcode op, uint8_t *buf,
             ops[i] = (ferry_op){.opcode = op, .local = buf + off, .len = block, .peer = rr->peer,
                                 .remote_addr = rr->addr + off, .key = rr->key};
         }
-        if (ferry_submit(e, ops, n, 0, &t[k]) < 0) {
+        if (ferry_submit(e, ops, n, 0, &t[k], NULL) < 0) {
             ntickets = k;
             break;
         }
@@ -205,7 +205,7 @@ static double small_ops(bench_ctx *c)
             ops[i] = (ferry_op){.opcode = FERRY_OP_WRITE, .local = c->buf + off, .len = 4096,
                                 .peer = c->rr.peer, .remote_addr = c->rr.addr + off, .key = c->rr.key};
         }
-        if (ferry_submit(c->e, ops, BATCH, 0, slot) < 0)
+        if (ferry_submit(c->e, ops, BATCH, 0, slot, NULL) < 0)
             break;
         total_ops += BATCH;
         k++;
@@ -238,7 +238,7 @@ static double rows_pass(bench_ctx *c, enum ferry_opcode op, bool strided)
         ops[0].remote_stride = c->o.stride;
     }
     double t0 = cli_now();
-    bool ok = ferry_submit(c->e, ops, n, 0, &t) == 0;
+    bool ok = ferry_submit(c->e, ops, n, 0, &t, NULL) == 0;
     if (ok) {
         ok = ferry_ticket_wait(t, -1) == FERRY_TICKET_COMPLETED;
         ferry_ticket_free(t);
@@ -362,19 +362,19 @@ static int setup(bench_ctx *c, const char *self)
     snprintf(cfg.transport, sizeof cfg.transport, "%s", c->o.transport);
     cfg.tcp_streams = c->o.streams;
     cfg.shm_threads = c->o.threads;
-    if ((rc = ferry_engine_open(&cfg, &c->e)) < 0)
+    if ((rc = ferry_engine_open(&cfg, &c->e, NULL)) < 0)
         return rc;
     void *m1, *m2;
-    if ((rc = ferry_mem_alloc(c->e, c->o.total, &m1)) < 0 || (rc = ferry_mem_alloc(c->e, c->o.total, &m2)) < 0)
+    if ((rc = ferry_mem_alloc(c->e, c->o.total, &m1, NULL)) < 0 || (rc = ferry_mem_alloc(c->e, c->o.total, &m2, NULL)) < 0)
         return rc;
     c->buf = m1;
     c->buf2 = m2;
     memset(c->buf, 0x5A, c->o.total);
-    if ((rc = ferry_region_register(c->e, c->buf, c->o.total, 0, FERRY_MEM_HOST, &c->lr)) < 0)
+    if ((rc = ferry_region_register(c->e, c->buf, c->o.total, 0, FERRY_MEM_HOST, &c->lr, NULL)) < 0)
         return rc;
     if ((rc = cli_target_start(&c->tgt, self, c->o.total, NULL)) < 0)
         return rc;
-    return ferry_region_import(c->e, c->tgt.desc, c->tgt.desc_len, &c->rr);
+    return ferry_region_import(c->e, c->tgt.desc, c->tgt.desc_len, &c->rr, NULL);
 }
 
 /* The throughput table against the baseline, then small ops. */

@@ -309,9 +309,11 @@ static int do_bind(xw *w, ferry_error *err)
     xw_side *o = &w->side[w->is_src ? 1 : 0];
     for (uint32_t r = 0; r < o->nranks && rc == 0; r++) {
         ferry_remote_region rr;
-        if ((rc = ferry_region_import(w->e, o->desc[r], o->desc_len[r], &rr)) < 0) {
-            snprintf(err->msg, sizeof err->msg, "importing the region of %s rank %u: %s",
-                     w->is_src ? "target" : "source", r, ferry_strerror(rc));
+        if ((rc = ferry_region_import(w->e, o->desc[r], o->desc_len[r], &rr, err)) < 0) {
+            char why[sizeof err->msg];
+            memcpy(why, err->msg, sizeof why);
+            snprintf(err->msg, sizeof err->msg, "importing the region of %s rank %u: %.400s",
+                     w->is_src ? "target" : "source", r, why);
             break;
         }
         w->pm[w->npm++] = (ferry_peer_map){.worker = r, .peer = rr.peer, .key = rr.key};
@@ -391,18 +393,18 @@ static int setup(xw *w, int argc, char **argv, ferry_error *err)
         return rc;
     if (threads)
         cfg.shm_threads = threads;
-    if ((rc = ferry_engine_open(&cfg, &w->e)) < 0)
+    if ((rc = ferry_engine_open(&cfg, &w->e, NULL)) < 0)
         return rc;
     w->memlen = (me->rank_len[w->rank] + 4095) & ~4095ull;
     if (w->memlen == 0)
         w->memlen = 4096;
     void *mem;
-    if ((rc = ferry_mem_alloc(w->e, w->memlen, &mem)) < 0)
+    if ((rc = ferry_mem_alloc(w->e, w->memlen, &mem, NULL)) < 0)
         return rc;
     w->mem = mem;
     if (w->is_src)
         walk_mine(w, true);
-    return ferry_region_register(w->e, w->mem, w->memlen, FERRY_REMOTE_RW, FERRY_MEM_HOST, &w->reg);
+    return ferry_region_register(w->e, w->mem, w->memlen, FERRY_REMOTE_RW, FERRY_MEM_HOST, &w->reg, NULL);
 }
 
 static void teardown(xw *w)
@@ -474,7 +476,7 @@ int cli_exec_worker_main(int argc, char **argv)
             double t0 = cli_now();
             uint64_t ops = 0;
             rc = w.is_src ? do_run(&w, FERRY_EXEC_SINK, tag, &ops, &err)
-                          : ferry_wait_notify(w.e, tag, w.counterparts, FERRY_DEFAULT_TIMEOUT_MS, NULL);
+                          : ferry_wait_notify(w.e, tag, w.counterparts, FERRY_DEFAULT_TIMEOUT_MS, NULL, &err);
             if (rc < 0)
                 reply_err(w.is_src ? "sink run" : "sink wait", rc, &err);
             else

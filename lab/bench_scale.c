@@ -172,7 +172,7 @@ static int encode_all(const ferry_model *model, const scale_opts *o, const fr_ge
         ferry_token_generate(tok);
         memcpy(ec.token, tok, 64);
         ec.token_len = 64;
-        rc = ferry_engine_open(&ec, &e);
+        rc = ferry_engine_open(&ec, &e, NULL);
     }
     uint32_t world = dst ? ferry_manifest_rank_count(dst) : 0;
     uint64_t nf = dst ? ferry_manifest_fragment_count(dst) : 0;

@@ -571,16 +571,16 @@ static int xfer_phase(const bs_opts *o, const char *master, const char *transpor
     }
     if (rc == 0) {
         x.e = ferry_store_engine(x.s);
-        rc = ferry_mem_alloc(x.e, x.bytes, &src);
+        rc = ferry_mem_alloc(x.e, x.bytes, &src, &x.err);
     }
     if (rc == 0)
-        rc = ferry_mem_alloc(x.e, x.bytes, &dst);
+        rc = ferry_mem_alloc(x.e, x.bytes, &dst, &x.err);
     if (rc == 0 && (rc = ferry_store_register_buffer(x.s, src, x.bytes, &x.err)) == 0)
         reg_src = true;
     if (rc == 0 && (rc = ferry_store_register_buffer(x.s, dst, x.bytes, &x.err)) == 0)
         reg_dst = true;
     if (rc == 0)
-        rc = ferry_region_import(x.e, tgt->desc, tgt->desc_len, &x.rr);
+        rc = ferry_region_import(x.e, tgt->desc, tgt->desc_len, &x.rr, &x.err);
     if (rc == 0) {
         x.src = src;
         x.dst = dst;
@@ -596,9 +596,9 @@ static int xfer_phase(const bs_opts *o, const char *master, const char *transpor
     if (reg_dst)
         ferry_store_unregister_buffer(x.s, dst, NULL);
     if (src)
-        ferry_mem_free(x.e, src);
+        ferry_mem_free(x.e, src, NULL);
     if (dst)
-        ferry_mem_free(x.e, dst);
+        ferry_mem_free(x.e, dst, NULL);
     ferry_store_close(x.s);
     free(names);
     free(x.keys);

@@ -205,18 +205,18 @@ static int setup_ucx(ucx_ctx *c, const char *self)
     setenv("FERRY_TRANSPORT", "ucx", 1);
     ferry_engine_config cfg;
     int rc = ferry_engine_config_init(&cfg);
-    if (rc < 0 || (rc = ferry_engine_open(&cfg, &c->e)) < 0)
+    if (rc < 0 || (rc = ferry_engine_open(&cfg, &c->e, NULL)) < 0)
         return rc;
     void *m;
-    if ((rc = ferry_mem_alloc(c->e, c->o.total, &m)) < 0)
+    if ((rc = ferry_mem_alloc(c->e, c->o.total, &m, NULL)) < 0)
         return rc;
     c->buf = m;
     memset(c->buf, 0x5A, c->o.total);
-    if ((rc = ferry_region_register(c->e, c->buf, c->o.total, 0, FERRY_MEM_HOST, &c->lr)) < 0)
+    if ((rc = ferry_region_register(c->e, c->buf, c->o.total, 0, FERRY_MEM_HOST, &c->lr, NULL)) < 0)
         return rc;
     if ((rc = cli_target_start(&c->tgt, self, c->o.total, NULL)) < 0)
         return rc;
-    return ferry_region_import(c->e, c->tgt.desc, c->tgt.desc_len, &c->rr);
+    return ferry_region_import(c->e, c->tgt.desc, c->tgt.desc_len, &c->rr, NULL);
 }
 
 static void run_blocks(ucx_ctx *c)

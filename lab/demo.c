@@ -47,14 +47,14 @@ static int move(ferry_engine *e, const ferry_remote_region *rr, enum ferry_opcod
                                 .remote_addr = rr->addr + i * DEMO_BLOCK, .key = rr->key};
         if (notify)   /* delivered only after this batch's writes are visible */
             ops[n++] = (ferry_op){.opcode = FERRY_OP_NOTIFY, .peer = rr->peer, .tag = 1, .value = k};
-        rc = ferry_submit(e, ops, n, 0, &t[k]);
+        rc = ferry_submit(e, ops, n, 0, &t[k], NULL);
     }
     for (uint64_t k = 0; k < nt; k++) {
         if (!t[k])
             continue;
         int st = ferry_ticket_wait(t[k], FERRY_DEFAULT_TIMEOUT_MS);
         if (st != FERRY_TICKET_COMPLETED && rc == 0)
-            rc = ferry_ticket_error(t[k]) ? ferry_ticket_error(t[k]) : FERRY_EIO;
+            rc = ferry_ticket_error(t[k], NULL) ? ferry_ticket_error(t[k], NULL) : FERRY_EIO;
         ferry_ticket_free(t[k]);
         cli_progress(label, (double)(k + 1) / (double)nt);
     }
@@ -75,19 +75,19 @@ static void run_one(const char *self, const char *transport, uint64_t total, dem
     int rc = ferry_engine_config_init(&cfg);
     snprintf(cfg.transport, sizeof cfg.transport, "%s", transport);
     if (rc == 0)
-        rc = ferry_engine_open(&cfg, &e);
+        rc = ferry_engine_open(&cfg, &e, NULL);
     if (rc == 0)
-        rc = ferry_mem_alloc(e, total, &a);
+        rc = ferry_mem_alloc(e, total, &a, NULL);
     if (rc == 0)
-        rc = ferry_mem_alloc(e, total, &b);
+        rc = ferry_mem_alloc(e, total, &b, NULL);
     if (rc == 0)
-        rc = ferry_region_register(e, a, total, 0, FERRY_MEM_HOST, &ra);
+        rc = ferry_region_register(e, a, total, 0, FERRY_MEM_HOST, &ra, NULL);
     if (rc == 0)
-        rc = ferry_region_register(e, b, total, 0, FERRY_MEM_HOST, &rb);
+        rc = ferry_region_register(e, b, total, 0, FERRY_MEM_HOST, &rb, NULL);
     if (rc == 0)
         rc = cli_target_start(&tgt, self, total, NULL);
     if (rc == 0)
-        rc = ferry_region_import(e, tgt.desc, tgt.desc_len, &rr);
+        rc = ferry_region_import(e, tgt.desc, tgt.desc_len, &rr, NULL);
     if (rc == 0) {
         fill(a, total, 42);
         char label[48];

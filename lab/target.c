@@ -96,20 +96,21 @@ int cli_target_main(int argc, char **argv)
     int rc = ferry_engine_config_init(&cfg);
     snprintf(cfg.listen_addr, sizeof cfg.listen_addr, "%s", listen);
     ferry_engine *e = NULL;
+    ferry_error err = {0};
     if (rc == 0)
-        rc = ferry_engine_open(&cfg, &e);
+        rc = ferry_engine_open(&cfg, &e, &err);
     void *mem = NULL;
     ferry_region *r = NULL;
     if (rc == 0)
-        rc = ferry_mem_alloc(e, size, &mem);
+        rc = ferry_mem_alloc(e, size, &mem, &err);
     if (rc == 0)
-        rc = ferry_region_register(e, mem, size, FERRY_REMOTE_RW, FERRY_MEM_HOST, &r);
+        rc = ferry_region_register(e, mem, size, FERRY_REMOTE_RW, FERRY_MEM_HOST, &r, &err);
     unsigned port = 0;
     int lfd = rc == 0 ? open_sink(&port) : -1;
     uint8_t d[FERRY_DESC_MAX];
     int dn = rc == 0 ? ferry_region_export(r, d, sizeof d) : rc;
     if (rc < 0 || lfd < 0 || dn < 0) {
-        printf("FAIL %s\n", ferry_strerror(rc < 0 ? rc : dn < 0 ? dn : FERRY_EIO));
+        printf("FAIL %s\n", err.code ? err.msg : ferry_strerror(rc < 0 ? rc : dn < 0 ? dn : FERRY_EIO));
         fflush(stdout);
         ferry_engine_close(e);
         return 1;
@@ -143,7 +144,7 @@ int cli_target_main(int argc, char **argv)
             njobs = 0;
             printf("OK\n");
         } else if (sscanf(line, "waitnotify %llu %llu", &tag, &count) == 2) {
-            int w = ferry_wait_notify(e, tag, (uint32_t)count, FERRY_DEFAULT_TIMEOUT_MS, NULL);
+            int w = ferry_wait_notify(e, tag, (uint32_t)count, FERRY_DEFAULT_TIMEOUT_MS, NULL, NULL);
             printf(w == 0 ? "OK\n" : "ERR %s\n", ferry_strerror(w));
         } else {
             printf("ERR unknown command\n");

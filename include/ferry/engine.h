@@ -12,6 +12,15 @@
  *    pinned, is retained by the pending-transfer manager, and new
  *    submissions to its peers fail with FERRY_EFENCED until it drains or
  *    the peer is reset. Nothing is ever reported complete that is not.
+ *
+ * Errors: every call that can refuse for a reason the caller needs takes a
+ * trailing ferry_error *err (NULL: the code only), filled with the code
+ * and a sentence naming what was refused and why (the op and peer of a
+ * submit, what pins a region, how many notifications of how many came).
+ * The engine does not also log what it returns: the caller decides. What
+ * has no caller to return to (a peer's access this engine refused as
+ * target, a handshake it refused as server, dropped notifications) goes to
+ * the log. A failed ticket's detail comes from ferry_ticket_error.
  */
 #ifndef FERRY_ENGINE_H
 #define FERRY_ENGINE_H
@@ -68,18 +77,25 @@ typedef struct ferry_engine_config {
 } ferry_engine_config;
 
 /* Fill cfg with defaults and the FERRY_* environment. Returns 0, or
- * FERRY_EINVAL when an environment value is malformed. */
+ * FERRY_EINVAL when an environment value is malformed (FERRY_TOKEN_FILE
+ * unreadable: FERRY_ENOENT); having no ferry_error, like every
+ * *_config_init, it logs which value at error level. */
 FERRY_API int ferry_engine_config_init(ferry_engine_config *cfg);
-/* Load a token from a file (trailing newline stripped). */
-FERRY_API int ferry_engine_config_token_file(ferry_engine_config *cfg, const char *path);
+/* Load a token from a file (trailing newline stripped). FERRY_ENOENT when
+ * it cannot be read, FERRY_EINVAL when it is empty; err says which file. */
+FERRY_API int ferry_engine_config_token_file(ferry_engine_config *cfg, const char *path, ferry_error *err);
 /* Generate a random token as 64 hex characters into out[65]. */
 FERRY_API void ferry_token_generate(char out[65]);
 
 /* Open an engine: starts its listeners and progress threads. The engine
  * owns everything it creates; ferry_engine_close(NULL) is a no-op. Close
  * cancels in-flight tickets (they end FAILED_DRAINED or ABORTED), waits for
- * them to drain, unregisters every region and frees every ticket still held. */
-FERRY_API int ferry_engine_open(const ferry_engine_config *cfg, ferry_engine **out);
+ * them to drain, unregisters every region and frees every ticket still held.
+ * Refusals, with err naming the field or step: FERRY_EAUTH (no token),
+ * FERRY_EINVAL (a field out of range, reserved words not zero, a bad fault
+ * spec, an unknown transport), a transport that cannot start (its code:
+ * the listen address taken, UCX missing). */
+FERRY_API int ferry_engine_open(const ferry_engine_config *cfg, ferry_engine **out, ferry_error *err);
 FERRY_API void ferry_engine_close(ferry_engine *e);
 
 /* The engine's endpoint descriptor (instance, host, addresses): a blob of
@@ -100,24 +116,29 @@ enum ferry_mem_kind { FERRY_MEM_HOST = 0, FERRY_MEM_DEVICE = 1 };
  * engine that runs the ucx transport, allocated by UCX (so that UCX's
  * shared-memory transports map it; memfd memory when UCX's posix directory
  * cannot hold it). Free with ferry_mem_free (or it goes at the engine's
- * close); freeing memory that a region still covers is FERRY_EBUSY. */
-FERRY_API int ferry_mem_alloc(ferry_engine *e, size_t len, void **addr);
-FERRY_API int ferry_mem_free(ferry_engine *e, void *addr);
+ * close); freeing memory that a region still covers is FERRY_EBUSY (err:
+ * how many regions), an address ferry_mem_alloc did not return
+ * FERRY_ENOENT. */
+FERRY_API int ferry_mem_alloc(ferry_engine *e, size_t len, void **addr, ferry_error *err);
+FERRY_API int ferry_mem_free(ferry_engine *e, void *addr, ferry_error *err);
 
 /* Register [addr, addr+len) with a fresh random 64-bit remote key. flags:
  * FERRY_REMOTE_* (0 = local only: usable as the local side of ops, never
  * touched by a peer). Host memory only for now (FERRY_ENOTSUP otherwise).
  * The region stays owned by the engine until unregistered or engine close. */
 FERRY_API int ferry_region_register(ferry_engine *e, void *addr, size_t len, unsigned flags,
-                                    enum ferry_mem_kind kind, ferry_region **out);
+                                    enum ferry_mem_kind kind, ferry_region **out, ferry_error *err);
 /* Unregister. FERRY_EBUSY while an in-flight or UNKNOWN ticket uses the
- * region (the region stays registered and usable). */
-FERRY_API int ferry_region_unregister(ferry_region *r);
+ * region or a peer's access to it is being served (the region stays
+ * registered and usable); err says which (a ticket's id, and whether its
+ * outcome is unknown). */
+FERRY_API int ferry_region_unregister(ferry_region *r, ferry_error *err);
 /* Unregister many regions; interruption-safe bookkeeping: each success sets
  * regions[i] = NULL at once, so after a failure the non-NULL entries are
  * exactly the regions still registered and a retry never unregisters twice.
- * Returns 0 or the first error (the remaining entries were still tried). */
-FERRY_API int ferry_region_unregister_all(ferry_region **regions, size_t n);
+ * Returns 0 or the first error (the remaining entries were still tried),
+ * err naming that entry. */
+FERRY_API int ferry_region_unregister_all(ferry_region **regions, size_t n, ferry_error *err);
 /* Regions currently registered with the engine. */
 FERRY_API size_t ferry_engine_region_count(ferry_engine *e);
 FERRY_API uint64_t ferry_region_key(const ferry_region *r);
@@ -142,10 +163,14 @@ typedef struct ferry_remote_region {
 /* Add (or find) the peer described by an endpoint blob and connect to it.
  * The same peer instance always maps to the same id. A blob from a previous
  * instance of a peer that has restarted on the same address is refused with
- * FERRY_ESTALE at connect. */
-FERRY_API int ferry_peer_add(ferry_engine *e, const void *desc, size_t len, ferry_peer_id *out);
-/* Decode a region blob, add its peer, fill out. */
-FERRY_API int ferry_region_import(ferry_engine *e, const void *desc, size_t len, ferry_remote_region *out);
+ * FERRY_ESTALE at connect. err names the failure: a blob that does not
+ * decode, no transport both sides have (FERRY_ENOTSUP, with what the peer
+ * offers), the connect (the address, FERRY_EAUTH: the tokens differ). */
+FERRY_API int ferry_peer_add(ferry_engine *e, const void *desc, size_t len, ferry_peer_id *out,
+                             ferry_error *err);
+/* Decode a region blob, add its peer, fill out; refusals as ferry_peer_add. */
+FERRY_API int ferry_region_import(ferry_engine *e, const void *desc, size_t len, ferry_remote_region *out,
+                                  ferry_error *err);
 /* Whether a region descriptor's owner runs on this machine (the same boot
  * id): 1 or 0, without connecting; FERRY_EINVAL for a malformed one. */
 FERRY_API int ferry_region_desc_local(const ferry_engine *e, const void *desc, size_t len);
@@ -173,7 +198,7 @@ typedef struct ferry_mapping {
  * reader synchronises with the writer by other means (a NOTIFY after the
  * writes). */
 FERRY_API int ferry_remote_map(ferry_engine *e, const ferry_remote_region *rr, uint64_t addr, uint64_t len,
-                               ferry_mapping *out);
+                               ferry_mapping *out, ferry_error *err);
 /* Warm this process's way to bytes [addr, addr + len) of an imported
  * remote region: where the engine copies through a mapping of the peer's
  * memory (a same-host peer over shm, memory from ferry_mem_alloc), touch
@@ -188,7 +213,7 @@ FERRY_API int ferry_remote_map(ferry_engine *e, const ferry_remote_region *rr, u
  * heap memory reached by cross-memory attach). Costs one first touch per
  * page, once per process: call it at set-up, off the critical path. */
 FERRY_API int ferry_remote_warm(ferry_engine *e, const ferry_remote_region *rr, uint64_t addr, uint64_t len,
-                                bool write, uint64_t *touched);
+                                bool write, uint64_t *touched, ferry_error *err);
 /* Release a view (and zero it); an empty one is a no-op. */
 FERRY_API void ferry_remote_unmap(ferry_mapping *m);
 
@@ -205,11 +230,14 @@ FERRY_API void ferry_remote_unmap(ferry_mapping *m);
  * soon: until then the connection to the peer is held (a reset or a
  * reconnect waits for it), so hold it for a copy, not across a wait for
  * the engine. The peer sees the bytes as they are written: synchronise
- * by other means (a NOTIFY, the store's commit). */
+ * by other means (a NOTIFY, the store's commit). ferry_remote_map, _warm
+ * and _access_begin fill err with the range, the peer and why (its key
+ * refused, outside the region, no mapping over this transport, the
+ * connect). */
 typedef struct ferry_remote_access ferry_remote_access;
 FERRY_API int ferry_remote_access_begin(ferry_engine *e, const ferry_remote_region *rr, uint64_t addr,
                                         uint64_t len, unsigned access, void **ptr,
-                                        ferry_remote_access **out);
+                                        ferry_remote_access **out, ferry_error *err);
 FERRY_API void ferry_remote_access_end(ferry_remote_access *a);   /* NULL: a no-op */
 
 /* Name of the transport chosen for a peer ("shm"/"tcp"), NULL if unknown. */
@@ -257,21 +285,29 @@ FERRY_API const char *ferry_ticket_state_name(enum ferry_ticket_state s);
 
 /* Validate and submit ops[0..n) as one batch. Every op is checked before
  * anything moves (registered local buffer, known peer, sizes); a bad op
- * fails the whole call with nothing submitted. Blocks while the in-flight
- * window is full (a batch larger than the whole window is admitted when the
- * window is empty), or returns FERRY_EAGAIN with FERRY_SUBMIT_NONBLOCK.
- * Returns FERRY_EFENCED when a peer of the batch is fenced. On success
- * *out is a ticket the caller frees with ferry_ticket_free. */
+ * fails the whole call with nothing submitted, err naming it ("op 3: local
+ * buffer 0x...+4096 is not inside a registered region"). Blocks while the
+ * in-flight window is full (a batch larger than the whole window is
+ * admitted when the window is empty), or returns FERRY_EAGAIN with
+ * FERRY_SUBMIT_NONBLOCK. Returns FERRY_EFENCED when a peer of the batch is
+ * fenced (err: the op, the peer and the UNKNOWN ticket that fences it). On
+ * success *out is a ticket the caller frees with ferry_ticket_free. */
 FERRY_API int ferry_submit(ferry_engine *e, const ferry_op *ops, size_t n, unsigned flags,
-                           ferry_ticket **out);
+                           ferry_ticket **out, ferry_error *err);
 /* Wait up to timeout_ms (<0: forever) for a terminal state. Returns the
  * state (>= 0); a timeout returns FERRY_TICKET_UNKNOWN and fences the
  * ticket's peers until it drains or they are reset. */
 FERRY_API int ferry_ticket_wait(ferry_ticket *t, int timeout_ms);
 /* Current state without waiting (PENDING, UNKNOWN or terminal). */
 FERRY_API int ferry_ticket_test(const ferry_ticket *t);
-/* First error that failed the ticket (0 when none), e.g. FERRY_EACCES. */
-FERRY_API int ferry_ticket_error(const ferry_ticket *t);
+/* First error that failed the ticket (0 when none), e.g. FERRY_EACCES.
+ * When there is one, err (may be NULL) gets it with a sentence naming the
+ * first op that failed (its index in the batch, opcode, bytes, peer,
+ * remote address and key), the cause ("refused by the peer: access
+ * refused ...", "the connection to the peer was lost") and the ticket's
+ * outcome (ABORTED, FAILED_DRAINED); err is left alone when there is none.
+ * Valid from the failure on, while the ticket is held. */
+FERRY_API int ferry_ticket_error(const ferry_ticket *t, ferry_error *err);
 /* The ticket's id: the id ferry_engine_pending reports while its outcome is
  * UNKNOWN. */
 FERRY_API uint64_t ferry_ticket_id(const ferry_ticket *t);
@@ -294,7 +330,8 @@ FERRY_API int ferry_engine_pending(ferry_engine *e, ferry_pending_info *out, siz
 
 /* Wait until `count` notifications with `tag` have arrived (and consume
  * them). values (may be NULL) receives their values in arrival order.
- * FERRY_ETIMEDOUT after timeout_ms (<0: forever); nothing is consumed then.
+ * FERRY_ETIMEDOUT after timeout_ms (<0: forever); nothing is consumed then,
+ * and err says how many of the count had arrived, from how many peers.
  *
  * Unconsumed notifications are bounded per (sending peer, tag): when a
  * peer has FERRY_NOTIFY_PENDING_MAX of them waiting on a tag, each new one
@@ -316,7 +353,7 @@ FERRY_API int ferry_engine_pending(ferry_engine *e, ferry_pending_info *out, siz
 #define FERRY_NOTIFY_PENDING_MAX 65536u
 #define FERRY_NOTIFY_PEER_MAX 65536u
 FERRY_API int ferry_wait_notify(ferry_engine *e, uint64_t tag, uint32_t count, int timeout_ms,
-                                uint64_t *values);
+                                uint64_t *values, ferry_error *err);
 
 /* Counters since open. */
 typedef struct ferry_engine_stats {

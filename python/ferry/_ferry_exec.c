@@ -33,6 +33,18 @@ static PyObject *ex_raise(int code, const char *msg, PyObject *result, PyObject 
     return fp_err_throw(e);
 }
 
+/* Raise for an engine call's failure: the code's text, as these calls
+ * always said, then the engine's sentence (which op, which peer, why). */
+static PyObject *ex_raise_why(int code, const ferry_error *err)
+{
+    char msg[sizeof err->msg + 160];
+    if (err->msg[0])
+        snprintf(msg, sizeof msg, "%s: %s", ferry_strerror(code), err->msg);
+    else
+        snprintf(msg, sizeof msg, "%s", ferry_strerror(code));
+    return ex_raise(code, msg, NULL, NULL);
+}
+
 static PyObject *busy_error(const char *what)
 {
     return ex_raise(FERRY_EBUSY, what, NULL, NULL);
@@ -525,12 +537,16 @@ static int engine_init(EngineObject *self, PyObject *args, PyObject *kw)
         Py_DECREF(tb);
     }
     ferry_engine *e = NULL;
+    ferry_error err = {0};
     Py_BEGIN_ALLOW_THREADS
-    rc = ferry_engine_open(&cfg, &e);
+    rc = ferry_engine_open(&cfg, &e, &err);
     Py_END_ALLOW_THREADS
     if (rc < 0) {
-        ex_raise(rc, rc == FERRY_EAUTH ? "engine open: no cluster token (set FERRY_TOKEN or FERRY_TOKEN_FILE, "
-                                         "or pass token=)" : NULL, NULL, NULL);
+        if (rc == FERRY_EAUTH)
+            ex_raise(rc, "engine open: no cluster token (set FERRY_TOKEN or FERRY_TOKEN_FILE, "
+                         "or pass token=)", NULL, NULL);
+        else
+            ex_raise_why(rc, &err);
         return -1;
     }
     self->e = e;
@@ -638,14 +654,15 @@ static PyObject *engine_register(EngineObject *self, PyObject *args, PyObject *k
         PyErr_SetString(PyExc_ValueError, "register: the array is empty");
         goto fail;
     }
-    rc = ferry_region_register(self->e, v->buf, (size_t)nbytes, flags, FERRY_MEM_HOST, &r);
+    ferry_error err = {0};
+    rc = ferry_region_register(self->e, v->buf, (size_t)nbytes, flags, FERRY_MEM_HOST, &r, &err);
     if (rc < 0) {
-        ex_raise(rc, NULL, NULL, NULL);
+        ex_raise_why(rc, &err);
         goto fail;
     }
     rc = ferry_region_export(r, desc, sizeof desc);
     if (rc < 0) {
-        ferry_region_unregister(r);
+        ferry_region_unregister(r, NULL);
         ex_raise(rc, NULL, NULL, NULL);
         goto fail;
     }
@@ -685,12 +702,13 @@ static PyObject *engine_wait_notify(EngineObject *self, PyObject *args, PyObject
     if (!vals)
         return PyErr_NoMemory();
     int rc;
+    ferry_error err = {0};
     self->busy++;
     Py_BEGIN_ALLOW_THREADS
-    rc = ferry_wait_notify(self->e, tag, count, timeout, vals);
+    rc = ferry_wait_notify(self->e, tag, count, timeout, vals, &err);
     Py_END_ALLOW_THREADS
     self->busy--;
-    PyObject *l = rc < 0 ? ex_raise(rc, NULL, NULL, NULL) : fp_list_u64(vals, count);
+    PyObject *l = rc < 0 ? ex_raise_why(rc, &err) : fp_list_u64(vals, count);
     PyMem_Free(vals);
     return l;
 }
@@ -706,16 +724,17 @@ static PyObject *engine_peer_transport(EngineObject *self, PyObject *arg)
     ferry_remote_region rr = {0};
     ferry_peer_id peer;
     int rc;
+    ferry_error err = {0};
     self->busy++;
     Py_BEGIN_ALLOW_THREADS
-    rc = ferry_region_import(self->e, desc, len, &rr);
+    rc = ferry_region_import(self->e, desc, len, &rr, NULL);
     peer = rr.peer;
-    if (rc < 0)
-        rc = ferry_peer_add(self->e, desc, len, &peer);
+    if (rc < 0)   /* not a region's descriptor: an engine's */
+        rc = ferry_peer_add(self->e, desc, len, &peer, &err);
     Py_END_ALLOW_THREADS
     self->busy--;
     if (rc < 0)
-        return ex_raise(rc, NULL, NULL, NULL);
+        return ex_raise_why(rc, &err);
     const char *t = ferry_peer_transport(self->e, peer);
     if (!t)
         Py_RETURN_NONE;
@@ -1084,7 +1103,7 @@ static int peers_from(EngineObject *eng, PyObject *o, ferry_peer_map **out, size
         int rc;
         eng->busy++;
         Py_BEGIN_ALLOW_THREADS
-        rc = ferry_region_import(eng->e, desc, dlen, &rr);
+        rc = ferry_region_import(eng->e, desc, dlen, &rr, NULL);
         Py_END_ALLOW_THREADS
         eng->busy--;
         if (rc < 0) {

@@ -301,7 +301,7 @@ static PyObject *st_setup(StoreObject *self, PyObject *args, PyObject *kw)
     if (transport && fp_copy_str(cfg.engine.transport, sizeof cfg.engine.transport, transport, "transport") < 0)
         return NULL;
     if (token_file) {
-        rc = ferry_engine_config_token_file(&cfg.engine, token_file);
+        rc = ferry_engine_config_token_file(&cfg.engine, token_file, NULL);
         if (rc < 0) {
             char msg[512];
             snprintf(msg, sizeof msg, "token file %s: %s", token_file, ferry_strerror(rc));

@@ -89,8 +89,9 @@ int cmd_node(int argc, char **argv)
     int pr = cli_parse(&node_cmd, argc, argv, &x, NULL, NULL);
     if (pr != 0)
         return cli_cmd_usage_exit(pr, &node_cmd);
-    if (x.token_file[0] && ferry_engine_config_token_file(&cfg->engine, x.token_file) < 0) {
-        fprintf(stderr, "ferry node: cannot read the token file %s\n", x.token_file);
+    ferry_error err = {0};
+    if (x.token_file[0] && ferry_engine_config_token_file(&cfg->engine, x.token_file, &err) < 0) {
+        fprintf(stderr, "ferry node: %s\n", err.msg);
         return 2;
     }
     if (!cfg->master[0]) {
@@ -102,7 +103,6 @@ int cmd_node(int argc, char **argv)
         return 2;
     }
     ferry_node *n = NULL;
-    ferry_error err = {0};
     rc = ferry_node_open(cfg, &n, &err);
     if (rc < 0) {
         fprintf(stderr, "ferry node: cannot start against the master at %s: %s\n", cfg->master,

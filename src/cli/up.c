@@ -565,7 +565,7 @@ int cmd_status(int argc, char **argv)
     char f[4200], addr[128];
     snprintf(f, sizeof f, "%s/token", o.dir);
     if (access(f, R_OK) == 0)
-        ferry_engine_config_token_file(&cfg.engine, f);
+        ferry_engine_config_token_file(&cfg.engine, f, NULL);   /* none: the open below says so */
     snprintf(f, sizeof f, "%s/master.addr", o.dir);
     if (o.master[0])
         snprintf(cfg.master, sizeof cfg.master, "%s", o.master);

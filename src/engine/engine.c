@@ -44,21 +44,19 @@ static int env_u64(const char *name, uint64_t *out)
     return 0;
 }
 
-int ferry_engine_config_token_file(ferry_engine_config *cfg, const char *path)
+int ferry_engine_config_token_file(ferry_engine_config *cfg, const char *path, ferry_error *err)
 {
+    if (!cfg || !path)
+        return fr_fail(err, FERRY_EINVAL, "token file: no config or no path");
     FILE *f = fopen(path, "r");
-    if (!f) {
-        FR_ERROR("engine", "cannot read token file %s", path);
-        return FERRY_ENOENT;
-    }
+    if (!f)
+        return fr_fail(err, FERRY_ENOENT, "cannot read token file %s: %s", path, strerror(errno));
     size_t n = fread(cfg->token, 1, sizeof cfg->token, f);
     fclose(f);
     while (n > 0 && (cfg->token[n - 1] == '\n' || cfg->token[n - 1] == '\r'))
         n--;
-    if (n == 0) {
-        FR_ERROR("engine", "token file %s is empty", path);
-        return FERRY_EINVAL;
-    }
+    if (n == 0)
+        return fr_fail(err, FERRY_EINVAL, "token file %s is empty", path);
     cfg->token_len = n;
     return 0;
 }
@@ -99,12 +97,20 @@ int ferry_engine_config_init(ferry_engine_config *cfg)
     const char *tok = getenv("FERRY_TOKEN");
     if (tok && *tok) {
         size_t n = strlen(tok);
-        if (n > sizeof cfg->token)
+        if (n > sizeof cfg->token) {
+            FR_ERROR("engine", "FERRY_TOKEN has %zu bytes; at most %u", n, (unsigned)FERRY_TOKEN_MAX);
             return FERRY_EINVAL;
+        }
         memcpy(cfg->token, tok, n);
         cfg->token_len = n;
     } else if (getenv("FERRY_TOKEN_FILE")) {
-        return ferry_engine_config_token_file(cfg, getenv("FERRY_TOKEN_FILE"));
+        /* No ferry_error here (every *_config_init takes the config only):
+         * the log says which file. */
+        ferry_error err = {0};
+        rc = ferry_engine_config_token_file(cfg, getenv("FERRY_TOKEN_FILE"), &err);
+        if (rc < 0)
+            FR_ERROR("engine", "FERRY_TOKEN_FILE: %s", err.msg);
+        return rc;
     }
     return 0;
 }
@@ -136,36 +142,58 @@ static void host_identity(uint8_t out[16])
     memcpy(out, h.b, 16);
 }
 
-static int validate_config(const ferry_engine_config *c)
+/* The names of this build's transports, " shm tcp ucx", into out. */
+static void transport_names(char *out, size_t cap)
 {
-    if (c->token_len == 0) {
-        FR_ERROR("engine", "no cluster token: set FERRY_TOKEN or FERRY_TOKEN_FILE");
-        return FERRY_EAUTH;
+    out[0] = 0;
+    for (int i = 0; i < FR_TP_COUNT; i++)
+        if (fr_transports[i])
+            snprintf(out + strlen(out), cap - strlen(out), " %s", fr_transports[i]->name);
+}
+
+#define FR_MAX_STREAMS 64   /* tcp_streams and shm_threads at most */
+
+static int validate_config(const ferry_engine_config *c, ferry_error *err)
+{
+    if (c->token_len == 0)
+        return fr_fail(err, FERRY_EAUTH, "engine config: no cluster token (set FERRY_TOKEN or "
+                       "FERRY_TOKEN_FILE, or fill token)");
+    if (c->token_len > FERRY_TOKEN_MAX)
+        return fr_fail(err, FERRY_EINVAL, "engine config: token_len %zu exceeds %u", c->token_len,
+                       (unsigned)FERRY_TOKEN_MAX);
+    if (c->tcp_streams == 0 || c->tcp_streams > FR_MAX_STREAMS)
+        return fr_fail(err, FERRY_EINVAL, "engine config: tcp_streams %u is not in 1..%u", c->tcp_streams,
+                       (unsigned)FR_MAX_STREAMS);
+    if (c->tcp_chunk == 0 || c->tcp_chunk > FR_WIRE_MAX_DATA)
+        return fr_fail(err, FERRY_EINVAL, "engine config: tcp_chunk %llu is not in 1..%llu",
+                       (unsigned long long)c->tcp_chunk, (unsigned long long)FR_WIRE_MAX_DATA);
+    if (c->shm_threads == 0 || c->shm_threads > FR_MAX_STREAMS)
+        return fr_fail(err, FERRY_EINVAL, "engine config: shm_threads %u is not in 1..%u", c->shm_threads,
+                       (unsigned)FR_MAX_STREAMS);
+    if (c->window_bytes == 0 || c->window_ops == 0)
+        return fr_fail(err, FERRY_EINVAL, "engine config: window_bytes and window_ops must not be 0");
+    if (c->transport[0] && !transport_named(c->transport)) {
+        char names[64];
+        transport_names(names, sizeof names);
+        return fr_fail(err, FERRY_EINVAL, "engine config: transport \"%.*s\" is none of this build's:%s",
+                       (int)sizeof c->transport, c->transport, names);
     }
-    if (c->token_len > FERRY_TOKEN_MAX || c->tcp_streams == 0 || c->tcp_streams > 64 ||
-        c->tcp_chunk == 0 || c->tcp_chunk > FR_WIRE_MAX_DATA || c->shm_threads == 0 ||
-        c->shm_threads > 64 || c->window_bytes == 0 || c->window_ops == 0)
-        return FERRY_EINVAL;
-    if (c->transport[0] && !transport_named(c->transport))
-        return FERRY_EINVAL;
     return 0;
 }
 
-int ferry_engine_open(const ferry_engine_config *cfg, ferry_engine **out)
+int ferry_engine_open(const ferry_engine_config *cfg, ferry_engine **out, ferry_error *err)
 {
     if (!cfg || !out)
-        return FERRY_EINVAL;
-    if (!FR_RESERVED_OK(cfg)) {
-        FR_ERROR("engine", "engine config: its reserved fields must be zero (start from "
-                 "ferry_engine_config_init)");
-        return FERRY_EINVAL;
-    }
-    int rc = validate_config(cfg);
+        return fr_fail(err, FERRY_EINVAL, "engine open: no config or no out");
+    if (!FR_RESERVED_OK(cfg))
+        return fr_fail(err, FERRY_EINVAL, "engine config: its reserved fields must be zero (start from "
+                       "ferry_engine_config_init)");
+    int rc = validate_config(cfg, err);
     if (rc < 0)
         return rc;
     ferry_engine *e = fr_calloc(1, sizeof *e);
     if (!e)
-        return FERRY_ENOMEM;
+        return fr_fail(err, FERRY_ENOMEM, "engine open: out of memory");
     e->cfg = *cfg;
     e->keytab_fd = -1;
     fr_auth_key(cfg->token, cfg->token_len, e->auth_key);
@@ -177,23 +205,25 @@ int ferry_engine_open(const ferry_engine_config *cfg, ferry_engine **out)
     e->ep.pid = (uint32_t)getpid();
     host_identity(e->ep.host);
     rc = fr_keytab_create(e);
-    if (rc < 0)
+    if (rc < 0) {
+        fr_fail(err, rc, "engine open: cannot create the key table: %s", ferry_strerror(rc));
         goto fail;
+    }
     if (cfg->fault[0]) {
-        rc = fr_fault_create(cfg->fault, &e->fault);
-        if (rc < 0) {
-            FR_ERROR("engine", "bad fault spec \"%s\"", cfg->fault);
+        rc = fr_fault_create(cfg->fault, &e->fault, err);
+        if (rc < 0)
             goto fail;
-        }
         FR_WARN("engine", "fault injection on: %s", cfg->fault);
     }
     for (int i = 0; i < FR_TP_COUNT; i++) {
         const fr_transport *tp = fr_transports[i];
         if (!tp || (tp->on_demand && strcmp(cfg->transport, tp->name) != 0))
             continue;
-        rc = tp->start(e, &e->tp_state[i]);
+        ferry_error why = {0};
+        rc = tp->start(e, &e->tp_state[i], &why);
         if (rc < 0) {
-            FR_ERROR("engine", "cannot start the %s transport: %s", tp->name, ferry_strerror(rc));
+            fr_fail(err, rc, "engine open: cannot start the %s transport: %s", tp->name,
+                    why.code ? why.msg : ferry_strerror(rc));
             goto fail;
         }
     }
@@ -280,13 +310,25 @@ static const fr_transport *choose_transport(const ferry_engine *e, const fr_endp
 
 static fr_peer *peer_get(ferry_engine *e, ferry_peer_id id);
 
-static int peer_add_ep(ferry_engine *e, const fr_endpoint *ep, ferry_peer_id *out)
+/* The transports an endpoint offers, " shm tcp", into out. */
+static void endpoint_transports(const fr_endpoint *ep, char *out, size_t cap)
+{
+    out[0] = 0;
+    for (int i = 0; i < FR_TP_COUNT; i++)
+        if (fr_transports[i] && (ep->transports & fr_transports[i]->bit))
+            snprintf(out + strlen(out), cap - strlen(out), " %s", fr_transports[i]->name);
+}
+
+static int peer_add_ep(ferry_engine *e, const fr_endpoint *ep, ferry_peer_id *out, ferry_error *err)
 {
     const fr_transport *tp = choose_transport(e, ep);
     if (!tp) {
-        FR_ERROR("engine", "no common transport with peer instance %016llx%s%s", (unsigned long long)ep->instance,
-                 e->cfg.transport[0] ? "; this engine uses only " : "", e->cfg.transport);
-        return FERRY_ENOTSUP;
+        char offers[64];
+        endpoint_transports(ep, offers, sizeof offers);
+        return fr_fail(err, FERRY_ENOTSUP, "no common transport with peer instance %016llx (it offers:%s%s%s%s)",
+                       (unsigned long long)ep->instance, offers[0] ? offers : " none",
+                       memcmp(ep->host, e->ep.host, 16) == 0 ? "; same host" : "; another host",
+                       e->cfg.transport[0] ? "; this engine uses only " : "", e->cfg.transport);
     }
     pthread_mutex_lock(&e->lock);
     for (size_t i = 0; i < e->npeers; i++) {
@@ -301,7 +343,7 @@ static int peer_add_ep(ferry_engine *e, const fr_endpoint *ep, ferry_peer_id *ou
     if (rc < 0) {
         pthread_mutex_unlock(&e->lock);
         fr_free(p);
-        return rc;
+        return fr_fail(err, rc, "cannot add a peer: %s", ferry_strerror(rc));
     }
     p->id = (ferry_peer_id)e->npeers;
     p->ep = *ep;
@@ -318,21 +360,17 @@ static int peer_add_ep(ferry_engine *e, const fr_endpoint *ep, ferry_peer_id *ou
     return 0;
 }
 
-static int peer_add_connect(ferry_engine *e, const fr_endpoint *ep, ferry_peer_id *out)
-{
-    int rc = peer_add_ep(e, ep, out);
-    return rc < 0 ? rc : fr_peer_connect(e, *out);
-}
-
-int ferry_peer_add(ferry_engine *e, const void *desc, size_t len, ferry_peer_id *out)
+int ferry_peer_add(ferry_engine *e, const void *desc, size_t len, ferry_peer_id *out, ferry_error *err)
 {
     if (!e || !desc || !out)
-        return FERRY_EINVAL;
+        return fr_fail(err, FERRY_EINVAL, "peer add: no engine, descriptor or out");
     fr_endpoint ep;
     int rc = fr_endpoint_decode(desc, len, &ep);
     if (rc < 0)
-        return rc;
-    return peer_add_connect(e, &ep, out);
+        return fr_fail(err, rc, "peer add: the %zu-byte endpoint descriptor does not decode: %s", len,
+                       ferry_strerror(rc));
+    rc = peer_add_ep(e, &ep, out, err);
+    return rc < 0 ? rc : fr_peer_connect(e, *out, err);
 }
 
 int ferry_region_desc_local(const ferry_engine *e, const void *desc, size_t len)
@@ -343,20 +381,25 @@ int ferry_region_desc_local(const ferry_engine *e, const void *desc, size_t len)
     return memcmp(d.ep.host, e->ep.host, 16) == 0;
 }
 
-int ferry_region_import(ferry_engine *e, const void *desc, size_t len, ferry_remote_region *out)
+int ferry_region_import(ferry_engine *e, const void *desc, size_t len, ferry_remote_region *out,
+                        ferry_error *err)
 {
     if (!e || !desc || !out)
-        return FERRY_EINVAL;
+        return fr_fail(err, FERRY_EINVAL, "region import: no engine, descriptor or out");
     fr_region_desc d;
     int rc = fr_region_desc_decode(desc, len, &d);
     if (rc < 0)
-        return rc;
+        return fr_fail(err, rc, "region import: the %zu-byte region descriptor does not decode: %s", len,
+                       ferry_strerror(rc));
     ferry_peer_id id;
-    rc = peer_add_ep(e, &d.ep, &id);
-    if (rc == 0 && (d.ep.transports & FR_TRANSPORT_UCX))   /* the ucx transport checks against it */
+    rc = peer_add_ep(e, &d.ep, &id, err);
+    if (rc == 0 && (d.ep.transports & FR_TRANSPORT_UCX)) {   /* the ucx transport checks against it */
         rc = fr_peer_import_add(peer_get(e, id), &d);
+        if (rc < 0)
+            fr_fail(err, rc, "region import: cannot record the region of peer %u: %s", id, ferry_strerror(rc));
+    }
     if (rc == 0)
-        rc = fr_peer_connect(e, id);
+        rc = fr_peer_connect(e, id, err);
     if (rc < 0)
         return rc;
     *out = (ferry_remote_region){.peer = id, .addr = d.base, .len = d.len, .key = d.key, .flags = d.flags};
@@ -371,11 +414,11 @@ static fr_peer *peer_get(ferry_engine *e, ferry_peer_id id)
     return p;
 }
 
-int fr_peer_connect(ferry_engine *e, ferry_peer_id id)
+int fr_peer_connect(ferry_engine *e, ferry_peer_id id, ferry_error *err)
 {
     fr_peer *p = peer_get(e, id);
     if (!p)
-        return FERRY_ENOENT;
+        return fr_fail(err, FERRY_ENOENT, "no peer %u: add it first (ferry_peer_add, ferry_region_import)", id);
     pthread_rwlock_rdlock(&p->rw);
     bool ok = p->conn && p->tp->alive(p->conn);
     pthread_rwlock_unlock(&p->rw);
@@ -389,13 +432,19 @@ int fr_peer_connect(ferry_engine *e, ferry_peer_id id)
         p->conn = NULL;
         if (old)
             p->tp->disconnect(old);
+        ferry_error why = {0};
         if (e->closing)
-            rc = FERRY_ECANCELED;
+            rc = fr_fail(&why, FERRY_ECANCELED, "the engine is closing");
         else
-            rc = p->tp->connect(e, p, &p->conn);
+            rc = p->tp->connect(e, p, &p->conn, &why);
         if (rc < 0) {
             p->conn = NULL;
-            FR_WARN("engine", "cannot connect to peer %u over %s: %s", id, p->tp->name, ferry_strerror(rc));
+            const fr_transport *tp = p->inner_tp ? p->inner_tp : p->tp;
+            /* The caller decides what to tell: debug only here. */
+            FR_DEBUG("engine", "cannot connect to peer %u over %s: %s", id, tp->name,
+                     why.code ? why.msg : ferry_strerror(rc));
+            fr_fail(err, rc, "cannot connect to peer %u (instance %016llx) over %s: %s", id,
+                    (unsigned long long)p->ep.instance, tp->name, why.code ? why.msg : ferry_strerror(rc));
         }
     }
     pthread_rwlock_unlock(&p->rw);
@@ -471,51 +520,82 @@ bool fr_peer_import_find(fr_peer *p, uint64_t key, fr_import *out)
 }
 
 /* The peer of rr connected and read-locked with a live connection (the
- * caller unlocks p->rw), or NULL with *rc set. */
-static fr_peer *peer_conn_locked(ferry_engine *e, const ferry_remote_region *rr, int *rc)
+ * caller unlocks p->rw), or NULL with *rc set and err filled (what: the
+ * call, for the sentence). */
+static fr_peer *peer_conn_locked(ferry_engine *e, const ferry_remote_region *rr, int *rc, const char *what,
+                                 ferry_error *err)
 {
-    if ((*rc = fr_peer_connect(e, rr->peer)) < 0)
+    if ((*rc = fr_peer_connect(e, rr->peer, err)) < 0) {
+        if (err)
+            fr_fail(err, *rc, "%s: %s", what, err->msg);
         return NULL;
+    }
     fr_peer *p = peer_get(e, rr->peer);
     pthread_rwlock_rdlock(&p->rw);
     if (!p->conn) {
         pthread_rwlock_unlock(&p->rw);
-        *rc = FERRY_ECONNRESET;
+        *rc = fr_fail(err, FERRY_ECONNRESET, "%s: the connection to peer %u was lost", what, rr->peer);
         return NULL;
     }
     return p;
 }
 
+/* Why a same-host access to a peer's region was refused (ferry_remote_map,
+ * warm, access_begin), from the transport's code: into err, naming the
+ * range and peer. */
+static int remote_refused(ferry_error *err, int rc, const char *what, const fr_peer *p,
+                          const ferry_remote_region *rr, uint64_t addr, uint64_t len, const char *access)
+{
+    const char *why;
+    switch (rc) {
+    case FERRY_EACCES: why = "the peer has no region with this key that allows it (unregistered, or not remote-"; break;
+    case FERRY_EFAULT: why = "the range lies outside the peer's region"; break;
+    case FERRY_ENOTSUP: why = "no mapping of the peer's memory to use (it is reached over tcp or ucx, or the "
+                              "region is not memory from ferry_mem_alloc): move the bytes with ops"; break;
+    case FERRY_ECONNRESET: why = "the connection to the peer was lost"; break;
+    default: why = ferry_strerror(rc); break;
+    }
+    const fr_transport *tp = p->inner_tp ? p->inner_tp : p->tp;
+    return fr_fail(err, rc, "%s of %llu bytes at 0x%llx of peer %u's region (key %016llx) over %s: %s%s%s", what,
+                   (unsigned long long)len, (unsigned long long)addr, rr->peer, (unsigned long long)rr->key,
+                   tp->name, why, rc == FERRY_EACCES ? access : "", rc == FERRY_EACCES ? ")" : "");
+}
+
 int ferry_remote_map(ferry_engine *e, const ferry_remote_region *rr, uint64_t addr, uint64_t len,
-                     ferry_mapping *out)
+                     ferry_mapping *out, ferry_error *err)
 {
     if (out)
         memset(out, 0, sizeof *out);
     if (!e || !rr || !out || len == 0)
-        return FERRY_EINVAL;
+        return fr_fail(err, FERRY_EINVAL, "remote map: no engine, region or out, or an empty range");
     int rc;
-    fr_peer *p = peer_conn_locked(e, rr, &rc);
+    fr_peer *p = peer_conn_locked(e, rr, &rc, "remote map", err);
     if (!p)
         return rc;
     rc = p->tp->map ? p->tp->map(p->conn, rr->key, addr, len, out) : FERRY_ENOTSUP;
+    if (rc < 0)
+        remote_refused(err, rc, "remote map", p, rr, addr, len, "readable");
     pthread_rwlock_unlock(&p->rw);
     return rc;
 }
 
 int ferry_remote_warm(ferry_engine *e, const ferry_remote_region *rr, uint64_t addr, uint64_t len,
-                      bool write, uint64_t *touched)
+                      bool write, uint64_t *touched, ferry_error *err)
 {
     uint64_t none = 0;
     if (!touched)
         touched = &none;
     *touched = 0;
     if (!e || !rr)
-        return FERRY_EINVAL;
+        return fr_fail(err, FERRY_EINVAL, "remote warm: no engine or region");
     int rc;
-    fr_peer *p = peer_conn_locked(e, rr, &rc);
+    fr_peer *p = peer_conn_locked(e, rr, &rc, "remote warm", err);
     if (!p)
         return rc;
     rc = p->tp->warm ? p->tp->warm(p->conn, rr->key, addr, len, write, touched) : 0;
+    if (rc < 0)
+        remote_refused(err, rc, write ? "remote warm for writing" : "remote warm", p, rr, addr, len,
+                       write ? "writable" : "readable");
     pthread_rwlock_unlock(&p->rw);
     return rc;
 }
@@ -524,25 +604,31 @@ struct ferry_remote_access { fr_peer *p; };
 
 int ferry_remote_access_begin(ferry_engine *e, const ferry_remote_region *rr, uint64_t addr,
                               uint64_t len, unsigned access, void **ptr,
-                              ferry_remote_access **out)
+                              ferry_remote_access **out, ferry_error *err)
 {
     if (out)
         *out = NULL;
     if (ptr)
         *ptr = NULL;
-    if (!e || !rr || !ptr || !out || len == 0 || !access || (access & ~FERRY_REMOTE_RW))
-        return FERRY_EINVAL;
+    if (!e || !rr || !ptr || !out || len == 0)
+        return fr_fail(err, FERRY_EINVAL, "remote access: no engine, region, ptr or out, or an empty range");
+    if (!access || (access & ~FERRY_REMOTE_RW))
+        return fr_fail(err, FERRY_EINVAL, "remote access: access 0x%x is not FERRY_REMOTE_READ and/or "
+                       "FERRY_REMOTE_WRITE", access);
     ferry_remote_access *a = fr_calloc(1, sizeof *a);
     if (!a)
-        return FERRY_ENOMEM;
+        return fr_fail(err, FERRY_ENOMEM, "remote access: out of memory");
     int rc;
-    fr_peer *p = peer_conn_locked(e, rr, &rc);
+    fr_peer *p = peer_conn_locked(e, rr, &rc, "remote access", err);
     if (!p) {
         fr_free(a);
         return rc;
     }
     rc = p->tp->access ? p->tp->access(p->conn, rr->key, addr, len, access, ptr) : FERRY_ENOTSUP;
     if (rc < 0) {
+        remote_refused(err, rc, "remote access", p, rr, addr, len,
+                       access == FERRY_REMOTE_RW ? "readable and writable"
+                       : access == FERRY_REMOTE_WRITE ? "writable" : "readable");
         pthread_rwlock_unlock(&p->rw);
         fr_free(a);
         *ptr = NULL;

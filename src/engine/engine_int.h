@@ -22,6 +22,7 @@ typedef struct fr_transport fr_transport;
 typedef struct fr_chunk {
     struct ferry_ticket *t;
     enum ferry_opcode opcode;
+    uint32_t op;               /* index of its op in the batch (what a failure names) */
     uint8_t *local;            /* READ: destination; WRITE: source */
     uint64_t remote_addr, key, len;
     /* rows > 1 (only to transports with .strided): rows of len bytes, row i
@@ -68,13 +69,17 @@ struct fr_transport {
      * every engine and chosen per peer. */
     bool on_demand;
     /* Server side: start listening, fill the engine's endpoint fields that
-     * belong to this transport, and serve authenticated peers. */
-    int (*start)(ferry_engine *e, void **state);
+     * belong to this transport, and serve authenticated peers. A failure
+     * fills err (fr_fail) with what could not be done; the engine adds
+     * which transport. */
+    int (*start)(ferry_engine *e, void **state, ferry_error *err);
     /* Stop serving: close the listener and every accepted connection, join
      * every thread, free state. */
     void (*stop)(void *state);
-    /* Client side: open the connection(s) to p (handshake included). */
-    int (*connect)(ferry_engine *e, fr_peer *p, void **conn);
+    /* Client side: open the connection(s) to p (handshake included). A
+     * failure may fill err with what failed (the address, the handshake);
+     * the engine adds which peer and falls back to the code's text. */
+    int (*connect)(ferry_engine *e, fr_peer *p, void **conn, ferry_error *err);
     /* Queue chunks for transfer. Never blocks on the network. Returns 0, or
      * a negative code when the connection is already dead (then no chunk
      * was taken: the caller completes them). */
@@ -113,9 +118,10 @@ struct fr_transport {
      * remote key ferry_region_export carries) and r->tp_handle (what dereg
      * releases; NULL: nothing). alloc_handle: the mem_alloc handle of the
      * allocation the region lies in, or NULL. A negative code fails the
-     * registration and leaves nothing to undo. dereg: undo a reg that
-     * succeeded, from any thread, the engine lock held or not. */
-    int (*reg)(void *state, ferry_region *r, void *alloc_handle);
+     * registration and leaves nothing to undo, err filled with why. dereg:
+     * undo a reg that succeeded, from any thread, the engine lock held or
+     * not. */
+    int (*reg)(void *state, ferry_region *r, void *alloc_handle, ferry_error *err);
     void (*dereg)(void *state, ferry_region *r);
 };
 
@@ -131,7 +137,8 @@ extern const fr_transport *const fr_transports[FR_TP_COUNT];
 
 /* Fault injection (enabled by ferry_engine_config.fault / FERRY_FAULT). */
 typedef struct fr_fault fr_fault;
-int fr_fault_create(const char *spec, fr_fault **out);
+/* A malformed spec is FERRY_EINVAL with err naming the entry. */
+int fr_fault_create(const char *spec, fr_fault **out, ferry_error *err);
 void fr_fault_destroy(fr_fault *f);
 
 struct fr_peer {
@@ -291,14 +298,18 @@ void fr_region_destroy_all(ferry_engine *e);
 /* Registered region covering [addr, addr+len) (engine lock held), or NULL. */
 ferry_region *fr_region_find_local(ferry_engine *e, const uint8_t *addr, uint64_t len);
 
-/* Peers (engine.c). Connect the peer if it has no live connection. */
-int fr_peer_connect(ferry_engine *e, ferry_peer_id peer);
+/* Peers (engine.c). Connect the peer if it has no live connection; a
+ * failure fills err with the peer, the transport and why. */
+int fr_peer_connect(ferry_engine *e, ferry_peer_id peer, ferry_error *err);
 /* Post chunks to the peer's live connection; FERRY_ECONNRESET when there is
  * none (the caller completes the chunks). from_completion: called from a
  * transport's completion path (never blocks on a reset in progress). */
 int fr_peer_post(ferry_engine *e, ferry_peer_id peer, fr_chunk **c, size_t n, bool from_completion);
 /* Tickets (ticket.c), for engine close. */
 void fr_tickets_wait_drained(ferry_engine *e);
+/* The id of a ticket that pins r (engine lock held), 0 when none; *unknown:
+ * whether its outcome is UNKNOWN. For ferry_region_unregister's refusal. */
+uint64_t fr_ticket_pinning_locked(ferry_engine *e, const ferry_region *r, bool *unknown);
 void fr_tickets_destroy_all(ferry_engine *e);
 
 /* Deliver a notification that arrived from a peer: peer is the sending
@@ -310,9 +321,9 @@ void fr_notify_destroy(ferry_engine *e);
 /* ---- authentication (auth.c) -------------------------------------------- */
 /* Client side: expects the server to be instance p->ep.instance. Returns 0
  * and the server's pid, or FERRY_EAUTH / FERRY_ESTALE / FERRY_EPROTO /
- * FERRY_ECONNRESET. */
+ * FERRY_ECONNRESET with err saying which. */
 int fr_auth_client(ferry_engine *e, int fd, const fr_peer *p, uint16_t role,
-                   uint16_t stream, uint32_t *server_pid);
+                   uint16_t stream, uint32_t *server_pid, ferry_error *err);
 
 /* The transport slot (FR_TP_*) running on e with memory hooks, or -1. */
 int fr_mem_transport(const ferry_engine *e);

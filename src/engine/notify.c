@@ -275,10 +275,11 @@ static uint64_t take_oldest(ferry_engine *e, struct fr_notify_q *q)
     return v;
 }
 
-int ferry_wait_notify(ferry_engine *e, uint64_t tag, uint32_t count, int timeout_ms, uint64_t *values)
+int ferry_wait_notify(ferry_engine *e, uint64_t tag, uint32_t count, int timeout_ms, uint64_t *values,
+                      ferry_error *err)
 {
     if (!e || count == 0)
-        return FERRY_EINVAL;
+        return fr_fail(err, FERRY_EINVAL, "wait notify: no engine, or a count of 0");
     uint64_t deadline = fr_deadline_ns(timeout_ms);
     struct timespec ts = fr_timespec_at(deadline);
     pthread_mutex_lock(&e->nlock);
@@ -298,8 +299,16 @@ int ferry_wait_notify(ferry_engine *e, uint64_t tag, uint32_t count, int timeout
         if (timeout_ms < 0) {
             pthread_cond_wait(&e->ncond, &e->nlock);
         } else if (pthread_cond_timedwait(&e->ncond, &e->nlock, &ts) != 0 && fr_now_ns() >= deadline) {
+            q = find(e, tag, false);
+            const uint64_t have = q ? q->n : 0;
+            size_t senders = 0;
+            for (size_t i = 0; q && i < q->nsrc; i++)
+                senders += q->src[i].n > 0;
             pthread_mutex_unlock(&e->nlock);
-            return FERRY_ETIMEDOUT;
+            return fr_fail(err, FERRY_ETIMEDOUT, "wait notify: timed out after %d ms waiting for %u notifications "
+                           "with tag %llu: %llu of %u arrived (from %zu peer%s); none consumed", timeout_ms, count,
+                           (unsigned long long)tag, (unsigned long long)have, count, senders,
+                           senders == 1 ? "" : "s");
         }
     }
 }

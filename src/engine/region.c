@@ -162,15 +162,19 @@ static void mem_destroy(ferry_engine *e, fr_mem *m)
     fr_free(m);
 }
 
-int ferry_mem_alloc(ferry_engine *e, size_t len, void **addr)
+int ferry_mem_alloc(ferry_engine *e, size_t len, void **addr, ferry_error *err)
 {
     if (!e || !addr || len == 0)
-        return FERRY_EINVAL;
+        return fr_fail(err, FERRY_EINVAL, "mem alloc: no engine or addr, or 0 bytes");
     long page = sysconf(_SC_PAGESIZE);
+    if (len > SIZE_MAX - (size_t)page)
+        return fr_fail(err, FERRY_ENOMEM, "mem alloc: %zu bytes cannot be allocated", len);
     uint64_t rounded = (len + (uint64_t)page - 1) & ~((uint64_t)page - 1);
+    const char *step = "allocate its bookkeeping";
+    int rc;
     fr_mem *m = fr_calloc(1, sizeof *m);
     if (!m)
-        return FERRY_ENOMEM;
+        goto fail;
     m->fd = -1;
     m->tp = -1;
     void *p = NULL;
@@ -183,11 +187,14 @@ int ferry_mem_alloc(ferry_engine *e, size_t len, void **addr)
     else
         p = m->tp_handle = NULL;
     if (!p) {   /* memfd memory (no memory transport, or it could not allocate) */
+        step = "create a memfd";
         m->fd = memfd_create("ferry-mem", MFD_CLOEXEC);
         if (m->fd < 0)
             goto fail;
+        step = "size its memfd";
         if (ftruncate(m->fd, (off_t)rounded) < 0)
             goto fail;
+        step = "map its memfd";
         p = mmap(NULL, rounded, PROT_READ | PROT_WRITE, MAP_SHARED, m->fd, 0);
         if (p == MAP_FAILED)
             goto fail;
@@ -196,7 +203,7 @@ int ferry_mem_alloc(ferry_engine *e, size_t len, void **addr)
     m->addr = p;
     m->len = rounded;
     pthread_mutex_lock(&e->lock);
-    int rc = fr_grow((void **)&e->mems, &e->cap_mems, e->nmems + 1, sizeof *e->mems);
+    rc = fr_grow((void **)&e->mems, &e->cap_mems, e->nmems + 1, sizeof *e->mems);
     if (rc == 0) {
         m->id = ++e->next_mem_id;
         e->mems[e->nmems++] = m;
@@ -204,29 +211,34 @@ int ferry_mem_alloc(ferry_engine *e, size_t len, void **addr)
     pthread_mutex_unlock(&e->lock);
     if (rc < 0) {
         mem_destroy(e, m);
-        return rc;
+        return fr_fail(err, rc, "mem alloc of %zu bytes: %s", len, ferry_strerror(rc));
     }
     *addr = p;
     return 0;
 fail:
-    if (m->fd >= 0)
+    rc = fr_fail(err, FERRY_ENOMEM, "mem alloc of %zu bytes: cannot %s: %s", len, step,
+                 m ? strerror(errno) : "out of memory");
+    if (m && m->fd >= 0)
         close(m->fd);
     fr_free(m);
-    return FERRY_ENOMEM;
+    return rc;
 }
 
-int ferry_mem_free(ferry_engine *e, void *addr)
+int ferry_mem_free(ferry_engine *e, void *addr, ferry_error *err)
 {
     if (!e || !addr)
-        return FERRY_EINVAL;
+        return fr_fail(err, FERRY_EINVAL, "mem free: no engine or addr");
     pthread_mutex_lock(&e->lock);
     for (size_t i = 0; i < e->nmems; i++) {
         fr_mem *m = e->mems[i];
         if (m->addr != addr)
             continue;
         if (m->regions > 0) {
+            const uint32_t n = m->regions;
             pthread_mutex_unlock(&e->lock);
-            return FERRY_EBUSY;
+            return fr_fail(err, FERRY_EBUSY, "mem free: %u registered region%s still lie%s in the %llu bytes "
+                           "at %p: unregister %s first", n, n == 1 ? "" : "s", n == 1 ? "s" : "",
+                           (unsigned long long)m->len, addr, n == 1 ? "it" : "them");
         }
         e->mems[i] = e->mems[--e->nmems];
         pthread_mutex_unlock(&e->lock);
@@ -234,7 +246,8 @@ int ferry_mem_free(ferry_engine *e, void *addr)
         return 0;
     }
     pthread_mutex_unlock(&e->lock);
-    return FERRY_ENOENT;
+    return fr_fail(err, FERRY_ENOENT, "mem free: %p is not the start of memory from this engine's "
+                   "ferry_mem_alloc", addr);
 }
 
 void fr_mem_destroy_all(ferry_engine *e)
@@ -295,17 +308,21 @@ static void region_dereg(ferry_engine *e, ferry_region *r)
 }
 
 int ferry_region_register(ferry_engine *e, void *addr, size_t len, unsigned flags,
-                          enum ferry_mem_kind kind, ferry_region **out)
+                          enum ferry_mem_kind kind, ferry_region **out, ferry_error *err)
 {
-    if (!e || !addr || !out || len == 0 || (flags & ~FERRY_REMOTE_RW))
-        return FERRY_EINVAL;
+    if (!e || !addr || !out || len == 0)
+        return fr_fail(err, FERRY_EINVAL, "region register: no engine, addr or out, or 0 bytes");
+    if (flags & ~FERRY_REMOTE_RW)
+        return fr_fail(err, FERRY_EINVAL, "region register: flags 0x%x: only FERRY_REMOTE_READ and "
+                       "FERRY_REMOTE_WRITE are defined", flags);
     if (kind != FERRY_MEM_HOST)
-        return FERRY_ENOTSUP;
+        return fr_fail(err, FERRY_ENOTSUP, "region register: memory kind %d: only host memory can be "
+                       "registered", (int)kind);
     if ((uintptr_t)addr + len < (uintptr_t)addr)
-        return FERRY_ERANGE;
+        return fr_fail(err, FERRY_ERANGE, "region register: %p + %zu bytes wraps the address space", addr, len);
     ferry_region *r = fr_calloc(1, sizeof *r);
     if (!r)
-        return FERRY_ENOMEM;
+        return fr_fail(err, FERRY_ENOMEM, "region register: out of memory");
     r->e = e;
     r->addr = addr;
     r->len = len;
@@ -321,17 +338,21 @@ int ferry_region_register(ferry_engine *e, void *addr, size_t len, unsigned flag
         fr_mem *tm = mem_find(e, r->addr, r->len);
         void *alloc_handle = tm && tm->tp == mt ? tm->tp_handle : NULL;
         pthread_mutex_unlock(&e->lock);
-        int mrc = fr_transports[mt]->reg(e->tp_state[mt], r, alloc_handle);
+        ferry_error why = {0};
+        int mrc = fr_transports[mt]->reg(e->tp_state[mt], r, alloc_handle, &why);
         if (mrc < 0) {
             fr_free(r);
-            return mrc;
+            return fr_fail(err, mrc, "region register of %zu bytes at %p: the %s transport refused it: %s", len,
+                           addr, fr_transports[mt]->name, why.code ? why.msg : ferry_strerror(mrc));
         }
     }
 
     pthread_mutex_lock(&e->lock);
     int rc = fr_grow((void **)&e->regions, &e->cap_regions, e->nregions + 1, sizeof *e->regions);
-    if (rc < 0)
+    if (rc < 0) {
+        fr_fail(err, rc, "region register: out of memory");
         goto fail;
+    }
     fr_mem *m = mem_find(e, r->addr, r->len);
     if (m) {
         r->memfd = m->fd;
@@ -341,8 +362,11 @@ int ferry_region_register(ferry_engine *e, void *addr, size_t len, unsigned flag
     }
     if (flags) {
         rc = keytab_insert(e, r);
-        if (rc < 0)
+        if (rc < 0) {
+            fr_fail(err, rc, "region register: the key table is full (%u remote-accessible regions at most)",
+                    (unsigned)FR_KEYTAB_SLOTS);
             goto fail;
+        }
     }
     if (m)
         m->regions++;
@@ -381,15 +405,36 @@ static void region_remove_locked(ferry_engine *e, ferry_region *r)
     }
 }
 
-int ferry_region_unregister(ferry_region *r)
+/* Why r cannot be unregistered now (engine lock held): into err. */
+static int busy_locked(ferry_engine *e, const ferry_region *r, unsigned served, ferry_error *err)
+{
+    char what[160] = "";
+    if (r->pins > 0) {
+        bool unknown = false;
+        uint64_t id = fr_ticket_pinning_locked(e, r, &unknown);
+        snprintf(what, sizeof what, "%u ticket%s of this engine use%s it (ticket %llu %s)", r->pins,
+                 r->pins == 1 ? "" : "s", r->pins == 1 ? "s" : "", (unsigned long long)id,
+                 unknown ? "has an unknown outcome: it stays until it drains or its peer is reset"
+                         : "is in flight");
+    }
+    if (served > 0)
+        snprintf(what + strlen(what), sizeof what - strlen(what), "%s%u remote access%s by peers %s being served",
+                 r->pins > 0 ? "; " : "", served, served == 1 ? "" : "es", served == 1 ? "is" : "are");
+    return fr_fail(err, FERRY_EBUSY, "region unregister: the %llu bytes at %p are pinned: %s",
+                   (unsigned long long)r->len, (void *)r->addr, what);
+}
+
+int ferry_region_unregister(ferry_region *r, ferry_error *err)
 {
     if (!r)
-        return FERRY_EINVAL;
+        return fr_fail(err, FERRY_EINVAL, "region unregister: no region");
     ferry_engine *e = r->e;
     pthread_mutex_lock(&e->lock);
-    if (r->pins > 0 || atomic_load(&r->remote_refs) > 0) {
+    const unsigned served = atomic_load(&r->remote_refs);
+    if (r->pins > 0 || served > 0) {
+        int rc = busy_locked(e, r, served, err);
         pthread_mutex_unlock(&e->lock);
-        return FERRY_EBUSY;
+        return rc;
     }
     region_remove_locked(e, r);
     pthread_mutex_unlock(&e->lock);
@@ -398,17 +443,20 @@ int ferry_region_unregister(ferry_region *r)
     return 0;
 }
 
-int ferry_region_unregister_all(ferry_region **regions, size_t n)
+int ferry_region_unregister_all(ferry_region **regions, size_t n, ferry_error *err)
 {
     int first = 0;
     for (size_t i = 0; i < n; i++) {
         if (!regions[i])
             continue;
-        int rc = ferry_region_unregister(regions[i]);
-        if (rc == 0)
+        int rc = ferry_region_unregister(regions[i], first == 0 ? err : NULL);
+        if (rc == 0) {
             regions[i] = NULL;   /* checkpoint each success at once */
-        else if (first == 0)
+        } else if (first == 0) {
             first = rc;
+            if (err)
+                fr_fail(err, rc, "region %zu of %zu: %s", i, n, err->msg);
+        }
     }
     return first;
 }

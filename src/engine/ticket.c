@@ -6,7 +6,12 @@
  * from what happened: no error -> COMPLETED; an error and no destination
  * byte possibly touched -> ABORTED; an error after I/O began ->
  * FAILED_DRAINED. Because the decision is taken only when every chunk has
- * completed, "drained" is true by construction. */
+ * completed, "drained" is true by construction.
+ *
+ * The first chunk that fails is remembered (a pointer into the ticket's own
+ * chunks, which carry their op's index, opcode, peer, span and key), so
+ * ferry_ticket_error can name the op and the cause later at no cost to the
+ * path of a chunk that succeeds. */
 #include <string.h>
 
 #include "engine/engine_int.h"
@@ -33,6 +38,7 @@ struct ferry_ticket {
     uint32_t nchunks, left;
     uint64_t bytes_total, bytes_done, charged_bytes;
     int error;
+    const fr_chunk *failed;    /* the chunk that set error (one of chunks) */
     bool touched;
     int state;
     bool unknown, orphan;
@@ -235,8 +241,10 @@ void fr_chunk_done(fr_chunk *c, int status, bool touched)
         FR_STAT_ADD(e, ops_completed, 1);
     } else {
         FR_STAT_ADD(e, ops_failed, 1);
-        if (t->error == 0)
+        if (t->error == 0) {
             t->error = status;
+            t->failed = c;
+        }
     }
     if (touched)
         t->touched = true;
@@ -344,33 +352,61 @@ static uint64_t op_chunks(const ferry_op *o, uint64_t cs, uint64_t limit, uint64
     return rows * (o->len / cs + (o->len % cs != 0));
 }
 
-/* Validate every op (engine lock held) and pin the local regions. */
-static int validate_locked(ferry_engine *e, const ferry_op *ops, size_t n, ferry_region **pins)
+/* The id of an UNKNOWN ticket that fences peer (engine lock held), 0 when
+ * none is found (its fence was taken by a ticket freed since). */
+static uint64_t fencing_ticket_locked(ferry_engine *e, ferry_peer_id peer)
+{
+    for (const struct ferry_ticket *t = e->tickets; t; t = t->next)
+        for (size_t i = 0; t->unknown && i < t->ntp; i++)
+            if (t->tp[i].peer == peer && t->tp[i].fenced)
+                return t->id;
+    return 0;
+}
+
+static const char *opcode_name(enum ferry_opcode op)
+{
+    switch (op) {
+    case FERRY_OP_READ: return "READ";
+    case FERRY_OP_WRITE: return "WRITE";
+    case FERRY_OP_NOTIFY: return "NOTIFY";
+    }
+    return "?";
+}
+
+/* Validate every op (engine lock held) and pin the local regions. A refusal
+ * names the op in err; the caller decides whether it is worth a log line. */
+static int validate_locked(ferry_engine *e, const ferry_op *ops, size_t n, ferry_region **pins, ferry_error *err)
 {
     for (size_t i = 0; i < n; i++) {
         const ferry_op *o = &ops[i];
-        if (o->peer >= e->npeers || !e->peers[o->peer]) {
-            FR_WARN("engine", "op %zu names unknown peer %u", i, o->peer);
-            return FERRY_ENOENT;
-        }
+        if (o->peer >= e->npeers || !e->peers[o->peer])
+            return fr_fail(err, FERRY_ENOENT, "op %zu: no peer %u (add it with ferry_peer_add or "
+                           "ferry_region_import)", i, o->peer);
         if (e->peers[o->peer]->fenced) {
-            FR_WARN("engine", "op %zu: peer %u is fenced (a transfer to it has an unknown outcome)", i, o->peer);
-            return FERRY_EFENCED;
+            const uint64_t id = fencing_ticket_locked(e, o->peer);
+            return fr_fail(err, FERRY_EFENCED, "op %zu: peer %u is fenced: a transfer to it (ticket %llu) has an "
+                           "unknown outcome; it lifts when that ticket drains or the peer is reset "
+                           "(ferry_peer_reset)", i, o->peer, (unsigned long long)id);
         }
         pins[i] = NULL;
         if (o->opcode == FERRY_OP_NOTIFY)
             continue;
         if (o->opcode != FERRY_OP_READ && o->opcode != FERRY_OP_WRITE)
-            return FERRY_EINVAL;
+            return fr_fail(err, FERRY_EINVAL, "op %zu: opcode %d is none of READ, WRITE, NOTIFY", i, (int)o->opcode);
+        if (o->len == 0 || !o->local)
+            return fr_fail(err, FERRY_EINVAL, "op %zu: a %s with %s", i, opcode_name(o->opcode),
+                           o->len == 0 ? "len 0" : "no local buffer");
         uint64_t lext, rext, bytes;
-        if (o->len == 0 || !o->local || op_extent(o, &lext, &rext, &bytes) < 0)
-            return FERRY_EINVAL;
+        if (op_extent(o, &lext, &rext, &bytes) < 0)
+            return fr_fail(err, FERRY_EINVAL, "op %zu: its extent overflows 64 bits (%llu rows of %llu bytes, "
+                           "local at %p stride %llu, remote at 0x%llx stride %llu)", i,
+                           (unsigned long long)op_rows(o), (unsigned long long)o->len, o->local,
+                           (unsigned long long)o->local_stride, (unsigned long long)o->remote_addr,
+                           (unsigned long long)o->remote_stride);
         pins[i] = fr_region_find_local(e, o->local, lext);
-        if (!pins[i]) {
-            FR_WARN("engine", "op %zu: local buffer %p+%llu is not inside a registered region", i,
-                    o->local, (unsigned long long)lext);
-            return FERRY_EFAULT;
-        }
+        if (!pins[i])
+            return fr_fail(err, FERRY_EFAULT, "op %zu: local buffer %p+%llu is not inside a registered region "
+                           "(ferry_region_register)", i, o->local, (unsigned long long)lext);
     }
     return 0;
 }
@@ -389,13 +425,13 @@ static int add_peer(struct ferry_ticket *t, ferry_peer_id peer)
 }
 
 /* Build the ticket and its chunks (no lock held; the engine only grows peers). */
-static int build(ferry_engine *e, const ferry_op *ops, size_t n, struct ferry_ticket *t)
+static int build(ferry_engine *e, const ferry_op *ops, size_t n, struct ferry_ticket *t, ferry_error *err)
 {
     size_t nchunks = 0;
     for (size_t i = 0; i < n; i++) {
         int rc = add_peer(t, ops[i].peer);
         if (rc < 0)
-            return rc;
+            return fr_fail(err, rc, "submit: out of memory");
         fr_tpeer *tp = tpeer_of(t, ops[i].peer);
         if (ops[i].opcode == FERRY_OP_NOTIFY) {
             tp->nnotify++;
@@ -405,31 +441,33 @@ static int build(ferry_engine *e, const ferry_op *ops, size_t n, struct ferry_ti
             (void)op_extent(&ops[i], &lext, &rext, &bytes);   /* validated */
             uint64_t k = op_chunks(&ops[i], chunk_size(e, ops[i].peer), row_limit(e, &ops[i]), &per);
             if (k > UINT32_MAX || fr_add_u64(t->bytes_total, bytes, &t->bytes_total) < 0)
-                return FERRY_ERANGE;
+                return fr_fail(err, FERRY_ERANGE, "op %zu: the batch's bytes or pieces overflow (at most %u "
+                               "pieces a batch)", i, (unsigned)UINT32_MAX);
             nchunks += k;
         }
         if (nchunks > UINT32_MAX)
-            return FERRY_ERANGE;
+            return fr_fail(err, FERRY_ERANGE, "op %zu: the batch is cut into more than %u pieces: submit it in "
+                           "parts", i, (unsigned)UINT32_MAX);
     }
     for (size_t i = 0; i < t->ntp; i++) {
         fr_tpeer *tp = &t->tp[i];
         tp->epoch_left = fr_calloc(tp->nnotify + 1, sizeof *tp->epoch_left);
         tp->notifies = fr_calloc(tp->nnotify + 1, sizeof *tp->notifies);
         if (!tp->epoch_left || !tp->notifies)
-            return FERRY_ENOMEM;
+            return fr_fail(err, FERRY_ENOMEM, "submit: out of memory");
         tp->nnotify = 0;     /* recounted while chunking */
     }
     t->chunks = fr_calloc(nchunks, sizeof *t->chunks);
     if (!t->chunks)
-        return FERRY_ENOMEM;
+        return fr_fail(err, FERRY_ENOMEM, "submit: out of memory for %zu pieces", nchunks);
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
         const ferry_op *o = &ops[i];
         fr_tpeer *tp = tpeer_of(t, o->peer);
         if (o->opcode == FERRY_OP_NOTIFY) {
             fr_chunk *c = &t->chunks[k++];
-            *c = (fr_chunk){.t = t, .opcode = o->opcode, .peer_id = o->peer, .tag = o->tag,
-                            .value = o->value, .epoch = tp->nnotify};
+            *c = (fr_chunk){.t = t, .opcode = o->opcode, .op = (uint32_t)i, .peer_id = o->peer,
+                            .tag = o->tag, .value = o->value, .epoch = tp->nnotify};
             tp->notifies[tp->nnotify++] = c;
             continue;
         }
@@ -440,8 +478,9 @@ static int build(ferry_engine *e, const ferry_op *ops, size_t n, struct ferry_ti
         /* Every chunk carries the whole op's span: the target refuses all
          * of a partly-outside op. Row addresses stay inside the validated
          * extents, so they cannot overflow. */
-        const fr_chunk proto = {.t = t, .opcode = o->opcode, .peer_id = o->peer, .key = o->key,
-                                .epoch = tp->nnotify, .span_addr = o->remote_addr, .span_len = rext};
+        const fr_chunk proto = {.t = t, .opcode = o->opcode, .op = (uint32_t)i, .peer_id = o->peer,
+                                .key = o->key, .epoch = tp->nnotify, .span_addr = o->remote_addr,
+                                .span_len = rext};
         for (uint64_t r = 0; r < rows; r += per ? per : 1) {
             uint8_t *local = (uint8_t *)o->local + r * o->local_stride;
             uint64_t remote = o->remote_addr + r * o->remote_stride;
@@ -474,18 +513,21 @@ static int build(ferry_engine *e, const ferry_op *ops, size_t n, struct ferry_ti
 }
 
 /* Admit the ticket into the window (engine lock held). */
-static int admit_locked(ferry_engine *e, struct ferry_ticket *t, unsigned flags)
+static int admit_locked(ferry_engine *e, struct ferry_ticket *t, unsigned flags, ferry_error *err)
 {
     for (;;) {
         if (e->closing)
-            return FERRY_ECANCELED;
+            return fr_fail(err, FERRY_ECANCELED, "submit: the engine is closing");
         bool empty = e->inflight_bytes == 0 && e->inflight_ops == 0;
         bool fits = e->inflight_bytes + t->bytes_total <= e->cfg.window_bytes &&
                     (uint64_t)e->inflight_ops + t->nchunks <= e->cfg.window_ops;
         if (empty || fits)
             break;
         if (flags & FERRY_SUBMIT_NONBLOCK)
-            return FERRY_EAGAIN;
+            return fr_fail(err, FERRY_EAGAIN, "submit: the in-flight window is full (%llu of %llu bytes and %u of "
+                           "%u pieces in flight; this batch needs %llu bytes in %u pieces)",
+                           (unsigned long long)e->inflight_bytes, (unsigned long long)e->cfg.window_bytes,
+                           e->inflight_ops, e->cfg.window_ops, (unsigned long long)t->bytes_total, t->nchunks);
         e->admit_waiters++;
         pthread_cond_wait(&e->cond, &e->lock);
         e->admit_waiters--;
@@ -520,15 +562,18 @@ static int post_all(ferry_engine *e, struct ferry_ticket *t)
     return 0;
 }
 
-int ferry_submit(ferry_engine *e, const ferry_op *ops, size_t n, unsigned flags, ferry_ticket **out)
+int ferry_submit(ferry_engine *e, const ferry_op *ops, size_t n, unsigned flags, ferry_ticket **out,
+                 ferry_error *err)
 {
     if (!e || !ops || n == 0 || !out)
-        return FERRY_EINVAL;
+        return fr_fail(err, FERRY_EINVAL, "submit: no engine, ops or out, or no op");
     struct ferry_ticket *t = fr_calloc(1, sizeof *t);
     ferry_region **pins = fr_calloc(n, sizeof *pins);
     int rc = FERRY_ENOMEM;
-    if (!t || !pins)
+    if (!t || !pins) {
+        fr_fail(err, rc, "submit: out of memory for a ticket of %zu ops", n);
         goto fail;
+    }
     t->e = e;
     t->state = FERRY_TICKET_PENDING;
     t->started_ns = fr_now_ns();
@@ -536,23 +581,26 @@ int ferry_submit(ferry_engine *e, const ferry_op *ops, size_t n, unsigned flags,
     /* Connect every peer first: a refused connect fails the submit with
      * nothing moved. */
     for (size_t i = 0; i < n; i++) {
-        rc = fr_peer_connect(e, ops[i].peer);
-        if (rc < 0)
+        rc = fr_peer_connect(e, ops[i].peer, err);
+        if (rc < 0) {
+            if (err)
+                fr_fail(err, rc, "op %zu: %s", i, err->msg);
             goto fail;
+        }
     }
     pthread_mutex_lock(&e->lock);
-    rc = validate_locked(e, ops, n, pins);
+    rc = validate_locked(e, ops, n, pins, err);
     pthread_mutex_unlock(&e->lock);
     if (rc < 0)
         goto fail;
-    rc = build(e, ops, n, t);
+    rc = build(e, ops, n, t, err);
     if (rc < 0)
         goto fail;
 
     pthread_mutex_lock(&e->lock);
-    rc = admit_locked(e, t, flags);
+    rc = admit_locked(e, t, flags, err);
     if (rc == 0)
-        rc = validate_locked(e, ops, n, pins);   /* regions or fences may have changed while waiting */
+        rc = validate_locked(e, ops, n, pins, err);   /* regions or fences may have changed while waiting */
     if (rc < 0) {
         if (rc != FERRY_EAGAIN && rc != FERRY_ECANCELED) {
             e->inflight_bytes -= t->bytes_total;
@@ -629,14 +677,77 @@ int ferry_ticket_test(const ferry_ticket *t)
     return s;
 }
 
-int ferry_ticket_error(const ferry_ticket *t)
+/* What the code of a failed chunk says happened. */
+static const char *failure_cause(int code)
+{
+    switch (code) {
+    case FERRY_EACCES: return "refused by the peer: access refused: wrong remote key or access not allowed";
+    case FERRY_EFAULT: return "refused by the peer: the range lies outside its region";
+    case FERRY_ECONNRESET: return "the connection to the peer was lost";
+    case FERRY_ECANCELED: return "cancelled: the engine is closing, the peer was reset, or a WRITE before this "
+                                 "NOTIFY failed";
+    default: return NULL;
+    }
+}
+
+/* The sentence of t's first failure (engine lock held): the op it belongs
+ * to, the cause and where the ticket stands. */
+static int describe_failure_locked(const struct ferry_ticket *t, ferry_error *err)
+{
+    const fr_chunk *c = t->failed;
+    const char *cause = failure_cause(t->error);
+    const char *outcome = "; other ops of the ticket are still in flight";
+    if (t->state == FERRY_TICKET_ABORTED)
+        outcome = "; the ticket ended ABORTED: no destination byte touched";
+    else if (t->state == FERRY_TICKET_FAILED_DRAINED)
+        outcome = "; the ticket ended FAILED_DRAINED: the destination may be modified, nothing is in flight";
+    char what[200];
+    if (!c) {   /* cannot happen: every error comes with its chunk */
+        snprintf(what, sizeof what, "ticket %llu", (unsigned long long)t->id);
+    } else if (c->opcode == FERRY_OP_NOTIFY) {
+        snprintf(what, sizeof what, "op %u (NOTIFY tag %llu value %llu to peer %u)", c->op,
+                 (unsigned long long)c->tag, (unsigned long long)c->value, c->peer_id);
+    } else {
+        uint64_t bytes = 0;   /* the op's chunks lie together in t->chunks */
+        for (uint32_t i = 0; i < t->nchunks; i++)
+            if (t->chunks[i].op == c->op)
+                bytes += fr_chunk_bytes(&t->chunks[i]);
+        char span[48] = "";
+        if (bytes != c->span_len)
+            snprintf(span, sizeof span, ", strided over %llu bytes", (unsigned long long)c->span_len);
+        snprintf(what, sizeof what, "op %u (%s of %llu bytes%s %s peer %u at 0x%llx, key %016llx)", c->op,
+                 opcode_name(c->opcode), (unsigned long long)bytes, span,
+                 c->opcode == FERRY_OP_READ ? "from" : "to", c->peer_id, (unsigned long long)c->span_addr,
+                 (unsigned long long)c->key);
+    }
+    return fr_fail(err, t->error, "%s failed: %s%s", what, cause ? cause : ferry_strerror(t->error), outcome);
+}
+
+int ferry_ticket_error(const ferry_ticket *t, ferry_error *err)
 {
     if (!t)
-        return FERRY_EINVAL;
+        return fr_fail(err, FERRY_EINVAL, "ticket error: no ticket");
     pthread_mutex_lock(&t->e->lock);
-    int err = t->error;
+    int code = t->error;
+    if (code < 0 && err)
+        describe_failure_locked(t, err);
     pthread_mutex_unlock(&t->e->lock);
-    return err;
+    return code;
+}
+
+uint64_t fr_ticket_pinning_locked(ferry_engine *e, const ferry_region *r, bool *unknown)
+{
+    for (const struct ferry_ticket *t = e->tickets; t; t = t->next) {
+        if (t->state != FERRY_TICKET_PENDING)
+            continue;
+        for (size_t i = 0; i < t->npins; i++)
+            if (t->pins[i] == r) {
+                *unknown = t->unknown;
+                return t->id;
+            }
+    }
+    *unknown = false;
+    return 0;
 }
 
 uint64_t ferry_ticket_bytes(const ferry_ticket *t)

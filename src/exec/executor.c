@@ -125,10 +125,10 @@ static int register_local(ferry_executor *x, const ferry_binding *init, ferry_er
         if (!selected(x, e->worker) || e->nbytes == 0)
             continue;
         int rc = ferry_region_register(x->cfg.engine, (void *)(uintptr_t)e->addr, e->nbytes, 0,
-                                       e->kind, &x->regs[x->nregs]);
+                                       e->kind, &x->regs[x->nregs], err);
         if (rc < 0)
             return fr_fail(err, rc, "executor: cannot register fragment %" PRIu64
-                           " of worker %u: %s", e->fragment, e->worker, ferry_strerror(rc));
+                           " of worker %u: %s", e->fragment, e->worker, err ? err->msg : "");
         x->nregs++;
     }
     return 0;
@@ -140,7 +140,7 @@ int ferry_executor_cleanup(ferry_executor *x)
         return FERRY_EINVAL;
     /* unregister_all sets each entry to NULL as it succeeds: a retry never
      * touches an address twice. */
-    int rc = ferry_region_unregister_all(x->regs, x->nregs);
+    int rc = ferry_region_unregister_all(x->regs, x->nregs, NULL);
     if (rc < 0) {
         x->restart_required = true;
         return rc;
@@ -267,6 +267,9 @@ int ferry_executor_run(ferry_executor *x, const ferry_attested_plan *a, const fe
     run_batches(x, s, &bl);
     if (!ferry_exec_stream_error(s) && x->cfg.mode == FERRY_EXEC_SINK && x->cfg.notify_tag)
         notify_targets(x, s, &bl, ferry_attested_generation(a));
+    const char *why = fr_exec_stream_why(s);
+    if (why)   /* the stream's sentence goes with it at close */
+        fr_fail(err, ferry_exec_stream_error(s), "%s", why);
     (void)ferry_exec_stream_close(s, res);
     res->ops = bl.nops;   /* planned for this process */
     res->batches = bl.nbatches;
@@ -274,7 +277,7 @@ int ferry_executor_run(ferry_executor *x, const ferry_attested_plan *a, const fe
     if (res->error)
         fr_fail(err, res->error, "executor: %s after %" PRIu64 " of %" PRIu64 " bytes: %s",
                 ferry_ticket_state_name(res->state), res->bytes_done, res->bytes,
-                ferry_strerror(res->error));
+                why && err ? err->msg : ferry_strerror(res->error));
     (void)ferry_executor_cleanup(x);
     ferry_batch_list_free(&bl);
     return res->state == FERRY_TICKET_COMPLETED ? 0 : res->error;

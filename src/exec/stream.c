@@ -13,7 +13,9 @@
  *           past it), release the guards — all quarantined when a batch is
  *           UNKNOWN, its memory may still be touched — and report.
  * A batch's id is its slot + 1; slots are reused once a batch was waited
- * for, so an id is valid from its submit to its terminal wait. */
+ * for, so an id is valid from its submit to its terminal wait. The first
+ * error keeps the engine's sentence (the refused op, or the failed
+ * ticket's), for the executor's message (fr_exec_stream_why). */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +42,7 @@ struct ferry_exec_stream {
     size_t npending;
     bool io, unknown;
     int first_err;
+    ferry_error why;      /* the first error's sentence (why.code 0: none) */
 };
 
 static int push_id(uint64_t **v, size_t *n, uint64_t id)
@@ -155,7 +158,7 @@ int ferry_exec_stream_submit(ferry_exec_stream *s, const ferry_op *ops, size_t n
         k = s->n;
     }
     ferry_ticket *t = NULL;
-    int rc = ferry_submit(s->cfg.engine, ops, n, 0, &t);
+    int rc = ferry_submit(s->cfg.engine, ops, n, 0, &t, s->first_err ? NULL : &s->why);
     if (rc < 0) {   /* nothing of this batch was submitted: a failure of the stream's work */
         if (!s->first_err)
             s->first_err = rc;
@@ -178,7 +181,8 @@ int ferry_exec_stream_submit(ferry_exec_stream *s, const ferry_op *ops, size_t n
 static void settle(ferry_exec_stream *s, size_t k, int st, int *error)
 {
     slot *sl = &s->v[k];
-    int e = ferry_ticket_error(sl->t);
+    ferry_error why = {0};
+    int e = ferry_ticket_error(sl->t, s->first_err ? NULL : &why);
     switch (st) {
     case FERRY_TICKET_COMPLETED:
         s->io = true;
@@ -193,13 +197,18 @@ static void settle(ferry_exec_stream *s, size_t k, int st, int *error)
         s->unknown = true;
         (void)push_id(&s->pending, &s->npending, ferry_ticket_id(sl->t));
         e = FERRY_ETIMEDOUT;
+        fr_fail(&why, e, "a batch (ticket %" PRIu64 ") was still in flight after %d ms: its outcome is "
+                "unknown and its peers are fenced until it drains", ferry_ticket_id(sl->t), s->cfg.timeout_ms);
         break;
     default:   /* ABORTED: nothing of this batch touched */
         e = e < 0 ? e : FERRY_EIO;
         break;
     }
-    if (e && !s->first_err)
+    if (e && !s->first_err) {
         s->first_err = e;
+        if (why.code == e)
+            s->why = why;
+    }
     if (error)
         *error = e;
     ferry_ticket_free(sl->t);   /* an UNKNOWN ticket goes to the engine's pending manager */
@@ -236,6 +245,11 @@ void ferry_exec_stream_fail(ferry_exec_stream *s, int code)
 {
     if (s && code < 0 && !s->first_err)
         s->first_err = code;
+}
+
+const char *fr_exec_stream_why(const ferry_exec_stream *s)
+{
+    return s && s->first_err && s->why.code == s->first_err ? s->why.msg : NULL;
 }
 
 int ferry_exec_stream_close(ferry_exec_stream *s, ferry_exec_result *res)

@@ -204,9 +204,9 @@ static int read_records(ferry_compat_group *g, uint64_t gen, uint64_t *id, uint3
                 mt->imported = false;
                 ferry_remote_unmap(&mt->view);   /* a restarted worker: another staging */
                 mt->view_rc = 0;
-                rc = ferry_region_import(g->e, b + HDR, dl, &mt->rr);
+                rc = ferry_region_import(g->e, b + HDR, dl, &mt->rr, err);
                 if (rc < 0) {
-                    fr_fail(err, rc, "compat: cannot reach worker %u: %s", k, ferry_strerror(rc));
+                    fr_fail(err, rc, "compat: cannot reach worker %u: %s", k, err ? err->msg : "");
                 } else {
                     memcpy(mt->desc, b + HDR, dl);
                     mt->desc_len = dl;
@@ -444,10 +444,11 @@ static int take_view(run *r, size_t t, uint32_t from, ferry_error *err)
     mate *mt = &g->mates[from];
     const ferry_weight_entry *e = &r->m->entries[t];
     if (!mt->view.addr && mt->view_rc == 0) {
-        mt->view_rc = ferry_remote_map(g->e, &mt->rr, mt->rr.addr, mt->rr.len, &mt->view);
+        ferry_error why = {0};
+        mt->view_rc = ferry_remote_map(g->e, &mt->rr, mt->rr.addr, mt->rr.len, &mt->view, &why);
         if (mt->view_rc < 0)
             FR_WARN("compat", "no view of worker %u's staging (%s): its tensors are READ instead",
-                    from, ferry_strerror(mt->view_rc));
+                    from, why.msg);
     }
     if (mt->view.addr) {
         r->src[t] = (const uint8_t *)mt->view.addr + r->p->off[t];
@@ -839,22 +840,23 @@ int ferry_compat_group_open(ferry_store *s, const ferry_compat_config *cfg,
     g->mates = calloc(cfg->world, sizeof *g->mates);
     g->view = calloc(cfg->world, sizeof *g->view);
     int rc = g->mates && g->view
-                 ? ferry_mem_alloc(g->e, (size_t)g->cfg.staging_bytes, (void **)&g->staging)
-                 : FERRY_ENOMEM;
+                 ? ferry_mem_alloc(g->e, (size_t)g->cfg.staging_bytes, (void **)&g->staging, err)
+                 : fr_fail(err, FERRY_ENOMEM, "out of memory");
     if (rc < 0) {
         g->staging = NULL;
         fr_fail(err, rc, "compat: cannot allocate %" PRIu64 " bytes of staging: %s",
-                g->cfg.staging_bytes, ferry_strerror(rc));
+                g->cfg.staging_bytes, err ? err->msg : "");
         goto fail;
     }
     /* remote-readable too: the workers of my node take my tensors from it
      * through a view (or READ them) */
     rc = ferry_region_register(g->e, g->staging, (size_t)g->cfg.staging_bytes, FERRY_REMOTE_RW,
-                               FERRY_MEM_HOST, &g->reg);
+                               FERRY_MEM_HOST, &g->reg, err);
     int dl = rc == 0 ? ferry_region_export(g->reg, g->desc, sizeof g->desc) : rc;
     if (dl < 0) {
+        fr_fail(err, dl, "compat: cannot register the staging buffer: %s",
+                rc < 0 && err ? err->msg : ferry_strerror(dl));
         rc = dl;
-        fr_fail(err, rc, "compat: cannot register the staging buffer: %s", ferry_strerror(rc));
         goto fail;
     }
     g->desc_len = (uint32_t)dl;
@@ -870,9 +872,9 @@ void ferry_compat_group_close(ferry_compat_group *g)
     if (!g)
         return;
     if (g->reg)
-        (void)ferry_region_unregister(g->reg);
+        (void)ferry_region_unregister(g->reg, NULL);
     if (g->staging)
-        (void)ferry_mem_free(g->e, g->staging);
+        (void)ferry_mem_free(g->e, g->staging, NULL);
     close_batches(g);
     for (uint32_t k = 0; g->mates && k < g->cfg.world; k++)
         ferry_remote_unmap(&g->mates[k].view);

@@ -361,7 +361,7 @@ static bool fed(const fr_pushes *ps, uint32_t world, bool *ok)
 static int take(apply *ap, int h, int timeout_ms)
 {
     uint64_t v = 0;
-    int rc = ferry_wait_notify(ap->e, ap->tag[h], 1, timeout_ms, &v);
+    int rc = ferry_wait_notify(ap->e, ap->tag[h], 1, timeout_ms, &v, NULL);   /* polled: a timeout is no failure */
     if (rc < 0)
         return rc;
     fr_pushes *ps = &ap->w->hop[h];

@@ -285,10 +285,9 @@ int fr_sub_decode(const uint8_t *b, size_t len, uint32_t worker, uint64_t gen, c
     mb->nshards = ns;
     mb->peer = worker;
     if (e) {
-        int rc = ferry_peer_add(e, b + HDR, get32(b + 44), &mb->peer);
+        int rc = ferry_peer_add(e, b + HDR, get32(b + 44), &mb->peer, err);
         if (rc < 0)
-            return fr_fail(err, rc, "subscriber: cannot reach worker %u: %s", worker,
-                           ferry_strerror(rc));
+            return fr_fail(err, rc, "subscriber: cannot reach worker %u: %s", worker, err ? err->msg : "");
     }
     uint64_t *copy = in_place(b) ? NULL : (uint64_t *)(void *)(mb->frags + ns);
     return get_shards(b + body_at(b), b + len, worker, g, copy, mb, err);

@@ -26,7 +26,7 @@ static void release(fr_rl_spans *sp)
 {
     for (size_t i = 0; i < sp->n && !sp->borrowed; i++)
         if (sp->reg && sp->reg[i])
-            (void)ferry_region_unregister(sp->reg[i]);
+            (void)ferry_region_unregister(sp->reg[i], NULL);
     free(sp->base), free(sp->len), free(sp->reg);
     sp->base = NULL, sp->len = NULL, sp->reg = NULL;
     sp->n = 0;
@@ -165,12 +165,11 @@ int fr_rl_spans_register(ferry_engine *e, uint8_t *const *addr, const uint64_t *
     for (size_t i = 0; i < nb; i++) {
         advise_huge(base[i], blen[i]);
         int rc = ferry_region_register(e, base[i], (size_t)blen[i], FERRY_REMOTE_WRITE,
-                                       FERRY_MEM_HOST, &sp->reg[i]);
+                                       FERRY_MEM_HOST, &sp->reg[i], err);
         if (rc < 0) {
             release(sp);
             return fr_fail(err, rc, "subscriber: cannot register %zu bytes of parameters "
-                           "(span %zu of %zu): %s", (size_t)blen[i], i + 1, nb,
-                           ferry_strerror(rc));
+                           "(span %zu of %zu): %s", (size_t)blen[i], i + 1, nb, err ? err->msg : "");
         }
     }
     return 0;

@@ -183,12 +183,11 @@ static int segment_ref(ferry_store *s, uint64_t id, bool local_only, fr_segref *
         return 1;
     }
     fr_segref nr = {.id = id, .node = rep.node};
-    rc = ferry_region_import(s->eng, rep.val.p, rep.val.n, &nr.rr);
+    rc = ferry_region_import(s->eng, rep.val.p, rep.val.n, &nr.rr, err);
     fr_free(buf);
     if (rc < 0)
         return fr_fail(err, rc, "segment %016llx of node %016llx: cannot reach its node: %s",
-                             (unsigned long long)id, (unsigned long long)nr.node,
-                             ferry_strerror(rc));
+                       (unsigned long long)id, (unsigned long long)nr.node, fr_why(err));
     fr_segref *keep = fr_malloc(sizeof *keep);
     if (!keep)
         return FERRY_ENOMEM;
@@ -225,17 +224,20 @@ int ferry_store_warm(ferry_store *s, bool write, uint64_t *bytes, ferry_error *e
     for (size_t i = 0; i < json_array_size(segs); i++) {
         uint64_t id = 0, b = 0;
         fr_segref ref;
+        ferry_error *e = first ? NULL : err;   /* the first failure is the one said */
         rc = fr_json_get_u64(json_array_get(segs, i), "id", &id, jerr, sizeof jerr);
+        if (rc < 0)
+            fr_fail(e, rc, "the master's status: %s", jerr);
         if (rc == 0)
-            rc = segment_ref(s, id, true, &ref, err);   /* another machine's: nothing to warm */
+            rc = segment_ref(s, id, true, &ref, e);   /* another machine's: nothing to warm */
         if (rc == 0)
-            rc = ferry_remote_warm(s->eng, &ref.rr, ref.rr.addr, ref.rr.len, write, &b);
+            rc = ferry_remote_warm(s->eng, &ref.rr, ref.rr.addr, ref.rr.len, write, &b, e);
         if (rc == 1)
             rc = 0;
         *bytes += b;
         if (rc < 0 && first == 0)
             first = fr_fail(err, rc, "warm: segment %016llx: %s", (unsigned long long)id,
-                                  ferry_strerror(rc));
+                            fr_why(err));
     }
     json_decref(j);
     return first;
@@ -264,7 +266,7 @@ int ferry_store_register_buffer(ferry_store *s, void *buf, size_t len, ferry_err
         rc = fr_grow((void **)&s->bufs, &s->cap_bufs, s->nbufs + 1, sizeof *s->bufs);
     ferry_region *reg = NULL;
     if (rc == 0)
-        rc = ferry_region_register(s->eng, buf, len, 0, FERRY_MEM_HOST, &reg);
+        rc = ferry_region_register(s->eng, buf, len, 0, FERRY_MEM_HOST, &reg, err);
     if (rc == 0)
         s->bufs[s->nbufs++] = (fr_ubuf){ .addr = p, .len = len, .reg = reg };
     pthread_mutex_unlock(&s->lock);
@@ -280,7 +282,7 @@ int ferry_store_unregister_buffer(ferry_store *s, void *buf, ferry_error *err)
     for (size_t i = 0; i < s->nbufs; i++) {
         if (s->bufs[i].addr != buf)
             continue;
-        rc = ferry_region_unregister(s->bufs[i].reg);
+        rc = ferry_region_unregister(s->bufs[i].reg, err);
         if (rc == 0)
             s->bufs[i] = s->bufs[--s->nbufs];
         break;
@@ -304,10 +306,10 @@ int fr_client_local(ferry_store *s, const void *p, size_t len, ferry_region **tm
     if (ferry_region_covers(s->eng, p, len ? len : 1))   /* registered with the engine itself */
         return 0;
     int rc = ferry_region_register(s->eng, (void *)(uintptr_t)p, len ? len : 1, 0,
-                                   FERRY_MEM_HOST, tmp);
+                                   FERRY_MEM_HOST, tmp, err);
     if (rc < 0)
         return fr_fail(err, rc, "cannot register the %zu bytes at %p with the engine: %s", len, p,
-                       ferry_strerror(rc));
+                       fr_why(err));
     return 0;
 }
 
@@ -356,9 +358,9 @@ int ferry_store_open(const ferry_store_config *cfg, ferry_store **out, ferry_err
     pthread_mutex_init(&s->lock, NULL);
     fr_umap_init(&s->segs);
     fr_umap_init(&s->watches);
-    int rc = ferry_engine_open(&s->cfg.engine, &s->eng);
+    int rc = ferry_engine_open(&s->cfg.engine, &s->eng, err);
     if (rc < 0) {
-        fr_fail(err, rc, "cannot open the client's engine: %s", ferry_strerror(rc));
+        fr_fail(err, rc, "cannot open the client's engine: %s", fr_why(err));
         goto fail;
     }
     uint8_t key[32];
@@ -398,7 +400,7 @@ void ferry_store_close(ferry_store *s)
     fr_umap_fini(&s->watches);
     fr_client_stage_fini(s);
     for (size_t i = 0; i < s->nbufs; i++)
-        (void)ferry_region_unregister(s->bufs[i].reg);
+        (void)ferry_region_unregister(s->bufs[i].reg, NULL);
     fr_free(s->bufs);
     ferry_engine_close(s->eng);
     pthread_mutex_destroy(&s->lock);

@@ -28,7 +28,7 @@ typedef struct xfer {
 static void xfer_free(xfer *x)
 {
     for (size_t i = 0; i < x->ntmp; i++)
-        (void)ferry_region_unregister(x->tmp[i]);
+        (void)ferry_region_unregister(x->tmp[i], NULL);
     fr_free(x->tmp);
     fr_free(x->ops);
     memset(x, 0, sizeof *x);
@@ -42,7 +42,7 @@ static int xfer_local(ferry_store *s, xfer *x, const void *p, size_t len, ferry_
         return rc;
     rc = fr_grow((void **)&x->tmp, &x->cap_tmp, x->ntmp + 1, sizeof *x->tmp);
     if (rc < 0) {
-        (void)ferry_region_unregister(t);
+        (void)ferry_region_unregister(t, NULL);
         return rc;
     }
     x->tmp[x->ntmp++] = t;
@@ -67,9 +67,9 @@ static int xfer_submit(ferry_store *s, xfer *x, ferry_ticket **t, ferry_error *e
     *t = NULL;
     if (x->nops == 0)
         return 0;
-    int rc = ferry_submit(s->eng, x->ops, x->nops, 0, t);
+    int rc = ferry_submit(s->eng, x->ops, x->nops, 0, t, err);
     if (rc < 0)
-        return fr_fail(err, rc, "the engine refused the transfer: %s", ferry_strerror(rc));
+        return fr_fail(err, rc, "the engine refused the transfer: %s", fr_why(err));
     return 0;
 }
 
@@ -79,15 +79,16 @@ static int xfer_wait(ferry_store *s, ferry_ticket *t, uint64_t bytes, ferry_erro
     if (!t)
         return 0;
     int st = ferry_ticket_wait(t, xfer_timeout(s, bytes));
-    int why = ferry_ticket_error(t);
+    int why = ferry_ticket_error(t, err);   /* the first failed op's sentence, when one failed */
     ferry_ticket_free(t);
     if (st == FERRY_TICKET_COMPLETED)
         return 0;
     if (st == FERRY_TICKET_UNKNOWN)
         return fr_fail(err, FERRY_ETIMEDOUT, "the transfer of %llu bytes did not end within %d ms",
                        (unsigned long long)bytes, xfer_timeout(s, bytes));
-    why = why < 0 ? why : FERRY_EIO;
-    return fr_fail(err, why, "the transfer failed: %s", ferry_strerror(why));
+    if (why >= 0)
+        return fr_fail(err, FERRY_EIO, "the transfer failed: %s", ferry_strerror(FERRY_EIO));
+    return why;
 }
 
 int ferry_replicate_config_init(ferry_replicate_config *cfg)
@@ -374,7 +375,7 @@ int ferry_store_put_begin(ferry_store *s, const char *key, size_t len,
     fr_segref seg;
     if (p->rep.nrep == 1 && fr_client_segment(s, p->rep.rep[0].segment, &seg, err) == 0 &&
         ferry_remote_access_begin(s->eng, &seg.rr, seg.rr.addr + p->rep.rep[0].offset, len,
-                                  FERRY_REMOTE_WRITE, &p->at, &p->acc) == 0) {
+                                  FERRY_REMOTE_WRITE, &p->at, &p->acc, NULL) == 0) {
         *at = p->at;
         *out = p;
         return 0;

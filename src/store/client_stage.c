@@ -18,7 +18,7 @@ static void stage_drop(ferry_store *s, bool abandon)
     for (size_t i = 0; i < s->nbufs; i++) {
         if (s->bufs[i].addr != s->stage)
             continue;
-        if (!abandon && ferry_region_unregister(s->bufs[i].reg) != 0)
+        if (!abandon && ferry_region_unregister(s->bufs[i].reg, NULL) != 0)
             abandon = true;   /* still pinned by a transfer: never unmap it */
         s->bufs[i] = s->bufs[--s->nbufs];
         break;
@@ -53,7 +53,7 @@ int ferry_store_staging_take(ferry_store *s, size_t len, void **out, ferry_error
         ferry_region *reg = NULL;
         rc = fr_grow((void **)&s->bufs, &s->cap_bufs, s->nbufs + 1, sizeof *s->bufs);
         if (rc == 0)
-            rc = ferry_region_register(s->eng, m, n, 0, FERRY_MEM_HOST, &reg);
+            rc = ferry_region_register(s->eng, m, n, 0, FERRY_MEM_HOST, &reg, NULL);
         if (rc != 0) {
             munmap(m, n);
             rc = fr_fail(err, rc, "staging_take: cannot register %zu bytes", n);

@@ -44,23 +44,23 @@ static void open_engine(ferry_engine **e, ferry_engine_config *cfg)
         ft_config(&c, g_tp);
         cfg = &c;
     }
-    assert_int_equal(ferry_engine_open(cfg, e), 0);
+    assert_int_equal(ferry_engine_open(cfg, e, NULL), 0);
 }
 
 static void start_peer(ft_peer *p, ferry_remote_region *rr, const ft_peer_opts *o)
 {
     assert_int_equal(ft_peer_start(p, o), 0);
     if (rr)
-        assert_int_equal(ferry_region_import(F.e, p->desc, p->desc_len, rr), 0);
+        assert_int_equal(ferry_region_import(F.e, p->desc, p->desc_len, rr, NULL), 0);
 }
 
 static void local_buf(uint64_t len)
 {
     void *m;
-    assert_int_equal(ferry_mem_alloc(F.e, len, &m), 0);
+    assert_int_equal(ferry_mem_alloc(F.e, len, &m, NULL), 0);
     F.buf = m;
     F.buflen = len;
-    assert_int_equal(ferry_region_register(F.e, F.buf, len, 0, FERRY_MEM_HOST, &F.lr), 0);
+    assert_int_equal(ferry_region_register(F.e, F.buf, len, 0, FERRY_MEM_HOST, &F.lr, NULL), 0);
 }
 
 static int setup_with(uint64_t peer_size, uint64_t local_size, const ft_peer_opts *extra)
@@ -119,7 +119,7 @@ static ferry_op nt(uint64_t tag, uint64_t value)
 static int run(const ferry_op *ops, size_t n, int timeout_ms)
 {
     ferry_ticket *t;
-    int rc = ferry_submit(F.e, ops, n, 0, &t);
+    int rc = ferry_submit(F.e, ops, n, 0, &t, NULL);
     if (rc < 0)
         return rc;
     int st = ferry_ticket_wait(t, timeout_ms);
@@ -221,7 +221,7 @@ static void test_many_tickets_in_flight(void **s)
     ft_pattern(F.buf, N * piece, 12, 0);
     for (int i = 0; i < N; i++) {
         ferry_op w = wr(F.buf + i * piece, piece, i * piece);
-        assert_int_equal(ferry_submit(F.e, &w, 1, 0, &t[i]), 0);
+        assert_int_equal(ferry_submit(F.e, &w, 1, 0, &t[i], NULL), 0);
     }
     for (int i = 0; i < N; i++) {
         assert_int_equal(ferry_ticket_wait(t[i], 30000), FERRY_TICKET_COMPLETED);
@@ -287,13 +287,30 @@ static void test_notify_order_stress(void **s)
 
 /* ---- refused accesses --------------------------------------------------------- */
 
+/* err holds the code and each of the words. */
+static void assert_says(const ferry_error *err, int code, const char *w1, const char *w2, const char *w3)
+{
+    const char *w[] = {w1, w2, w3};
+    if (err->code != code)
+        fail_msg("code %d, expected %d: \"%s\"", err->code, code, err->msg);
+    for (int i = 0; i < 3; i++)
+        if (w[i] && !strstr(err->msg, w[i]))
+            fail_msg("\"%s\" lacks \"%s\"", err->msg, w[i]);
+}
+
 static void assert_refused(ferry_op op, int want_err)
 {
     uint64_t before = ft_peer_hash(&F.peer, 0, F.rr.len);
     ferry_ticket *t;
-    assert_int_equal(ferry_submit(F.e, &op, 1, 0, &t), 0);
+    assert_int_equal(ferry_submit(F.e, &op, 1, 0, &t, NULL), 0);
     assert_int_equal(ferry_ticket_wait(t, 30000), FERRY_TICKET_ABORTED);
-    assert_int_equal(ferry_ticket_error(t), want_err);
+    assert_int_equal(ferry_ticket_error(t, NULL), want_err);
+    /* the detail names the op, its peer and that the peer refused it */
+    ferry_error err = {0};
+    char what[64];
+    snprintf(what, sizeof what, "op 0 (%s of ", op.opcode == FERRY_OP_WRITE ? "WRITE" : "READ");
+    assert_int_equal(ferry_ticket_error(t, &err), want_err);
+    assert_says(&err, want_err, what, "refused by the peer", "ended ABORTED");
     assert_int_equal(ferry_ticket_bytes(t), 0);
     ferry_ticket_free(t);
     assert_true(ft_peer_hash(&F.peer, 0, F.rr.len) == before);   /* target untouched */
@@ -366,16 +383,20 @@ static void test_local_not_registered(void **s)
     uint8_t stack[64];
     ferry_op w = wr(stack, sizeof stack, 0);
     ferry_ticket *t = NULL;
-    assert_int_equal(ferry_submit(F.e, &w, 1, 0, &t), FERRY_EFAULT);
+    ferry_error err = {0};
+    assert_int_equal(ferry_submit(F.e, &w, 1, 0, &t, &err), FERRY_EFAULT);
     assert_null(t);
+    assert_says(&err, FERRY_EFAULT, "op 0: local buffer", "+64 is not inside a registered region", NULL);
     w = wr(F.buf + F.buflen - 8, 16, 0);   /* runs past the local region */
-    assert_int_equal(ferry_submit(F.e, &w, 1, 0, &t), FERRY_EFAULT);
+    assert_int_equal(ferry_submit(F.e, &w, 1, 0, &t, &err), FERRY_EFAULT);
+    assert_says(&err, FERRY_EFAULT, "op 0: local buffer", "+16 is not inside a registered region", NULL);
     w = wr(F.buf, 16, 0);
     w.peer = 999;
-    assert_int_equal(ferry_submit(F.e, &w, 1, 0, &t), FERRY_ENOENT);
+    assert_int_equal(ferry_submit(F.e, &w, 1, 0, &t, &err), FERRY_ENOENT);
+    assert_says(&err, FERRY_ENOENT, "op 0: no peer 999", NULL, NULL);
     w.peer = F.rr.peer;
     w.len = 0;
-    assert_int_equal(ferry_submit(F.e, &w, 1, 0, &t), FERRY_EINVAL);
+    assert_int_equal(ferry_submit(F.e, &w, 1, 0, &t, NULL), FERRY_EINVAL);
     assert_still_serving();
 }
 
@@ -385,7 +406,7 @@ static void test_wrong_token_refused(void **s)
     ft_peer other;
     start_peer(&other, NULL, &(ft_peer_opts){.size = MiB, .token = "another-cluster-token"});
     ferry_remote_region rr;
-    assert_int_equal(ferry_region_import(F.e, other.desc, other.desc_len, &rr), FERRY_EAUTH);
+    assert_int_equal(ferry_region_import(F.e, other.desc, other.desc_len, &rr, NULL), FERRY_EAUTH);
     /* the refusing process keeps serving its own cluster */
     ferry_engine_config c;
     ft_config(&c, g_tp);
@@ -394,16 +415,16 @@ static void test_wrong_token_refused(void **s)
     ferry_engine *e2;
     open_engine(&e2, &c);
     ferry_remote_region rr2;
-    assert_int_equal(ferry_region_import(e2, other.desc, other.desc_len, &rr2), 0);
+    assert_int_equal(ferry_region_import(e2, other.desc, other.desc_len, &rr2, NULL), 0);
     void *m;
     ferry_region *lr;
-    assert_int_equal(ferry_mem_alloc(e2, 4096, &m), 0);
-    assert_int_equal(ferry_region_register(e2, m, 4096, 0, FERRY_MEM_HOST, &lr), 0);
+    assert_int_equal(ferry_mem_alloc(e2, 4096, &m, NULL), 0);
+    assert_int_equal(ferry_region_register(e2, m, 4096, 0, FERRY_MEM_HOST, &lr, NULL), 0);
     ft_pattern(m, 4096, 3, 0);
     ferry_op w = {.opcode = FERRY_OP_WRITE, .local = m, .len = 4096, .peer = rr2.peer,
                   .remote_addr = rr2.addr, .key = rr2.key};
     ferry_ticket *t;
-    assert_int_equal(ferry_submit(e2, &w, 1, 0, &t), 0);
+    assert_int_equal(ferry_submit(e2, &w, 1, 0, &t, NULL), 0);
     assert_int_equal(ferry_ticket_wait(t, 30000), FERRY_TICKET_COMPLETED);
     ferry_ticket_free(t);
     assert_true(ft_peer_hash(&other, 0, 4096) == ft_hash(m, 4096));
@@ -442,7 +463,7 @@ static void strided_write_case(uint64_t seed, uint64_t loff, uint64_t roff, uint
         memcpy(want + roff + i * rs, F.buf + loff + i * ls, len);
     ferry_op w = strided(wr(F.buf + loff, len, roff), rows, ls, rs);
     ferry_ticket *t;
-    assert_int_equal(ferry_submit(F.e, &w, 1, 0, &t), 0);
+    assert_int_equal(ferry_submit(F.e, &w, 1, 0, &t, NULL), 0);
     assert_int_equal(ferry_ticket_wait(t, 60000), FERRY_TICKET_COMPLETED);
     assert_int_equal(ferry_ticket_bytes(t), rows * len);
     ferry_ticket_free(t);
@@ -536,25 +557,25 @@ static void test_strided_refused(void **s)
     /* overflowing arithmetic: nothing is submitted */
     ferry_ticket *t = NULL;
     ferry_op o = strided(wr(F.buf, 16, 0), UINT64_MAX / 2, 16, 4);          /* count*len */
-    assert_int_equal(ferry_submit(F.e, &o, 1, 0, &t), FERRY_EINVAL);
+    assert_int_equal(ferry_submit(F.e, &o, 1, 0, &t, NULL), FERRY_EINVAL);
     o = strided(wr(F.buf, 16, 0), 3, 16, UINT64_MAX / 2);                    /* (count-1)*remote_stride */
-    assert_int_equal(ferry_submit(F.e, &o, 1, 0, &t), FERRY_EINVAL);
+    assert_int_equal(ferry_submit(F.e, &o, 1, 0, &t, NULL), FERRY_EINVAL);
     o = strided(wr(F.buf, 16, 0), 3, UINT64_MAX / 2, 16);                    /* (count-1)*local_stride */
-    assert_int_equal(ferry_submit(F.e, &o, 1, 0, &t), FERRY_EINVAL);
+    assert_int_equal(ferry_submit(F.e, &o, 1, 0, &t, NULL), FERRY_EINVAL);
     o = strided(wr(F.buf, 16, 0), 2, 16, UINT64_MAX - F.rr.addr);            /* remote end */
-    assert_int_equal(ferry_submit(F.e, &o, 1, 0, &t), FERRY_EINVAL);
+    assert_int_equal(ferry_submit(F.e, &o, 1, 0, &t, NULL), FERRY_EINVAL);
     o = strided(wr(F.buf, 0, 0), 4, 16, 16);                                 /* zero-length rows */
-    assert_int_equal(ferry_submit(F.e, &o, 1, 0, &t), FERRY_EINVAL);
+    assert_int_equal(ferry_submit(F.e, &o, 1, 0, &t, NULL), FERRY_EINVAL);
 
     /* local extent outside registered memory: the first row is inside, the
      * last runs past the region; and unregistered memory altogether */
     o = strided(wr(F.buf, 64, 0), 3, F.buflen / 2, 64);
-    assert_int_equal(ferry_submit(F.e, &o, 1, 0, &t), FERRY_EFAULT);
+    assert_int_equal(ferry_submit(F.e, &o, 1, 0, &t, NULL), FERRY_EFAULT);
     o = strided(rd(F.buf, 64, 0), 3, F.buflen / 2, 64);
-    assert_int_equal(ferry_submit(F.e, &o, 1, 0, &t), FERRY_EFAULT);
+    assert_int_equal(ferry_submit(F.e, &o, 1, 0, &t, NULL), FERRY_EFAULT);
     uint8_t stack[256];
     o = strided(wr(stack, 16, 0), 4, 64, 64);
-    assert_int_equal(ferry_submit(F.e, &o, 1, 0, &t), FERRY_EFAULT);
+    assert_int_equal(ferry_submit(F.e, &o, 1, 0, &t, NULL), FERRY_EFAULT);
     assert_null(t);
     assert_still_serving();
 }
@@ -655,7 +676,7 @@ static ferry_ticket *submit_stalled(void)
     ft_pattern(F.buf, 4 * MiB, 21, 0);
     ferry_op ops[2] = {wr(F.buf, 4 * MiB, 0), nt(3, 1)};
     ferry_ticket *t;
-    assert_int_equal(ferry_submit(F.e, ops, 2, 0, &t), 0);
+    assert_int_equal(ferry_submit(F.e, ops, 2, 0, &t, NULL), 0);
     return t;
 }
 
@@ -669,17 +690,17 @@ static void test_timeout_unknown_fences(void **s)
     assert_int_equal(ferry_engine_pending(F.e, info, 4), 1);
     assert_int_equal(info[0].peer, F.rr.peer);
     /* registrations stay pinned, the peer is fenced */
-    assert_int_equal(ferry_region_unregister(F.lr), FERRY_EBUSY);
+    assert_int_equal(ferry_region_unregister(F.lr, NULL), FERRY_EBUSY);
     ferry_op w = wr(F.buf, 64, 0);
     ferry_ticket *t2 = NULL;
-    assert_int_equal(ferry_submit(F.e, &w, 1, 0, &t2), FERRY_EFENCED);
+    assert_int_equal(ferry_submit(F.e, &w, 1, 0, &t2, NULL), FERRY_EFENCED);
     /* the peer comes back: the ticket drains, the fence lifts */
     ft_peer_signal(&F.peer, SIGCONT);
     assert_int_equal(ferry_ticket_wait(t, 30000), FERRY_TICKET_COMPLETED);
     ferry_ticket_free(t);
     assert_int_equal(ferry_engine_pending(F.e, NULL, 0), 0);
     assert_still_serving();
-    assert_int_equal(ferry_region_unregister(F.lr), 0);
+    assert_int_equal(ferry_region_unregister(F.lr, NULL), 0);
     F.lr = NULL;
 }
 
@@ -730,18 +751,25 @@ static void test_peer_killed_mid_transfer(void **s)
     assert_int_equal(ferry_ticket_wait(t, 200), FERRY_TICKET_UNKNOWN);
     ferry_op w0 = wr(F.buf, 64, 0);
     ferry_ticket *t0 = NULL;
-    assert_int_equal(ferry_submit(F.e, &w0, 1, 0, &t0), FERRY_EFENCED);
+    assert_int_equal(ferry_submit(F.e, &w0, 1, 0, &t0, NULL), FERRY_EFENCED);
     ft_peer_signal(&F.peer, SIGKILL);
     assert_int_equal(ft_peer_wait_exit(&F.peer, 10000), 0);
     int st = ferry_ticket_wait(t, 30000);
     assert_int_equal(st, FERRY_TICKET_FAILED_DRAINED);   /* the writes began: never COMPLETED */
-    assert_int_equal(ferry_ticket_error(t), FERRY_ECONNRESET);
+    assert_int_equal(ferry_ticket_error(t, NULL), FERRY_ECONNRESET);
+    ferry_error err = {0};
+    assert_int_equal(ferry_ticket_error(t, &err), FERRY_ECONNRESET);
+    /* its first failed op: the WRITE or the NOTIFY after it, whichever the lost connection failed first */
+    assert_says(&err, FERRY_ECONNRESET, "op ", "connection to the peer was lost", "ended FAILED_DRAINED");
     ferry_ticket_free(t);
     assert_int_equal(ferry_engine_pending(F.e, NULL, 0), 0);
-    /* the dead peer refuses new work; another peer is served */
+    /* the dead peer refuses new work, saying which; another peer is served */
     ferry_op w = wr(F.buf, 64, 0);
     ferry_ticket *t2 = NULL;
-    assert_true(ferry_submit(F.e, &w, 1, 0, &t2) < 0);
+    char peer[48];
+    snprintf(peer, sizeof peer, "op 0: cannot connect to peer %u ", F.rr.peer);
+    assert_true(ferry_submit(F.e, &w, 1, 0, &t2, &err) < 0);
+    assert_says(&err, err.code, peer, NULL, NULL);
     ft_peer_stop(&F.peer);
     start_peer(&F.peer, &F.rr, &(ft_peer_opts){.size = MiB});
     assert_still_serving();
@@ -797,13 +825,13 @@ static void test_peer_restart_same_address(void **s)
     assert_int_not_equal(r1.peer, r2.peer);
     /* the old descriptor is refused: its submit fails, nothing completes */
     ferry_ticket *t = NULL;
-    int rc = ferry_submit(F.e, &w, 1, 0, &t);
+    int rc = ferry_submit(F.e, &w, 1, 0, &t, NULL);
     if (rc == 0) {
         assert_int_not_equal(ferry_ticket_wait(t, 30000), FERRY_TICKET_COMPLETED);
         ferry_ticket_free(t);
     }
     ferry_remote_region again;
-    rc = ferry_region_import(F.e, old_desc, old_len, &again);
+    rc = ferry_region_import(F.e, old_desc, old_len, &again, NULL);
     assert_true(rc == FERRY_ESTALE || rc == FERRY_ECONNREFUSED);
     if (strcmp(g_tp, "tcp") == 0)
         assert_int_equal(rc, FERRY_ESTALE);
@@ -849,7 +877,7 @@ static int raw_authed(void)
     assert_int_equal(fr_endpoint_decode(F.peer.ep, F.peer.ep_len, &fake.ep), 0);
     uint16_t role = strcmp(g_tp, "tcp") == 0 ? FR_ROLE_TCP_STREAM
                   : strcmp(g_tp, "ucx") == 0 ? FR_ROLE_UCX_CTRL : FR_ROLE_SHM_CTRL;
-    assert_int_equal(fr_auth_client(F.e, fd, &fake, role, 0, NULL), 0);
+    assert_int_equal(fr_auth_client(F.e, fd, &fake, role, 0, NULL, NULL), 0);
     if (role == FR_ROLE_SHM_CTRL) {   /* swallow SHM_HELLO (header + meta; its fd is dropped) */
         uint8_t b[FR_WIRE_HDR_LEN + 8];
         assert_int_equal(fr_read_full(fd, b, sizeof b), 0);
@@ -935,14 +963,14 @@ static void test_window_full(void **s)
     ft_peer_signal(&F.peer, SIGSTOP);
     ferry_op n2[2] = {nt(1, 1), nt(1, 2)};
     ferry_ticket *t1, *t2 = NULL;
-    assert_int_equal(ferry_submit(F.e, n2, 2, 0, &t1), 0);   /* fills the 2-op window */
+    assert_int_equal(ferry_submit(F.e, n2, 2, 0, &t1, NULL), 0);   /* fills the 2-op window */
     ferry_op w = wr(F.buf, 4096, 0);
-    assert_int_equal(ferry_submit(F.e, &w, 1, FERRY_SUBMIT_NONBLOCK, &t2), FERRY_EAGAIN);
+    assert_int_equal(ferry_submit(F.e, &w, 1, FERRY_SUBMIT_NONBLOCK, &t2, NULL), FERRY_EAGAIN);
     assert_null(t2);
     ft_peer_signal(&F.peer, SIGCONT);
     assert_int_equal(ferry_ticket_wait(t1, 30000), FERRY_TICKET_COMPLETED);
     ferry_ticket_free(t1);
-    assert_int_equal(ferry_submit(F.e, &w, 1, FERRY_SUBMIT_NONBLOCK, &t2), 0);
+    assert_int_equal(ferry_submit(F.e, &w, 1, FERRY_SUBMIT_NONBLOCK, &t2, NULL), 0);
     assert_int_equal(ferry_ticket_wait(t2, 30000), FERRY_TICKET_COMPLETED);
     ferry_ticket_free(t2);
     assert_int_equal(ft_peer_cmd(&F.peer, NULL, 0, 30000, "waitnotify 1 2 1000 0 0"), 0);
@@ -954,16 +982,16 @@ static void test_interrupted_cleanup(void **s)
     size_t base = ferry_engine_region_count(F.e);
     ferry_region *regs[3];
     for (int i = 0; i < 3; i++)
-        assert_int_equal(ferry_region_register(F.e, F.buf + i * MiB, MiB, 0, FERRY_MEM_HOST, &regs[i]), 0);
+        assert_int_equal(ferry_region_register(F.e, F.buf + i * MiB, MiB, 0, FERRY_MEM_HOST, &regs[i], NULL), 0);
     /* pin the middle one with a ticket whose outcome is unknown */
     ft_peer_signal(&F.peer, SIGSTOP);
     ferry_op ops[2] = {{.opcode = FERRY_OP_WRITE, .local = F.buf + MiB + 8, .len = 64, .peer = F.rr.peer,
                         .remote_addr = F.rr.addr, .key = F.rr.key}, nt(9, 9)};
     ferry_ticket *t;
-    assert_int_equal(ferry_submit(F.e, ops, 2, 0, &t), 0);
+    assert_int_equal(ferry_submit(F.e, ops, 2, 0, &t, NULL), 0);
     assert_int_equal(ferry_ticket_wait(t, 100), FERRY_TICKET_UNKNOWN);
     /* the op's local buffer lies in regs[1] (the innermost region covering it) */
-    int rc = ferry_region_unregister_all(regs, 3);
+    int rc = ferry_region_unregister_all(regs, 3, NULL);
     assert_int_equal(rc, FERRY_EBUSY);
     assert_null(regs[0]);
     assert_non_null(regs[1]);   /* recorded as still registered */
@@ -972,7 +1000,7 @@ static void test_interrupted_cleanup(void **s)
     ft_peer_signal(&F.peer, SIGCONT);
     assert_int_equal(ferry_ticket_wait(t, 30000), FERRY_TICKET_COMPLETED);
     ferry_ticket_free(t);
-    assert_int_equal(ferry_region_unregister_all(regs, 3), 0);
+    assert_int_equal(ferry_region_unregister_all(regs, 3, NULL), 0);
     for (int i = 0; i < 3; i++)
         assert_null(regs[i]);
     assert_int_equal(ferry_engine_region_count(F.e), base);

@@ -24,6 +24,7 @@ typedef struct fx {
     ft_peer peer;
     ferry_remote_region rr;
     uint8_t *buf;
+    ferry_region *lr;   /* over buf */
 } fx;
 
 static fx F;
@@ -35,14 +36,13 @@ static void setup_fault(const char *spec)
     ferry_engine_config c;
     ft_config(&c, g_tp);
     snprintf(c.fault, sizeof c.fault, "%s", spec);
-    assert_int_equal(ferry_engine_open(&c, &F.e), 0);
+    assert_int_equal(ferry_engine_open(&c, &F.e, NULL), 0);
     assert_int_equal(ft_peer_start(&F.peer, &(ft_peer_opts){.size = 16 * MiB}), 0);
-    assert_int_equal(ferry_region_import(F.e, F.peer.desc, F.peer.desc_len, &F.rr), 0);
+    assert_int_equal(ferry_region_import(F.e, F.peer.desc, F.peer.desc_len, &F.rr, NULL), 0);
     assert_string_equal(ferry_peer_transport(F.e, F.rr.peer), g_tp);   /* the real one underneath */
     void *m;
-    ferry_region *lr;
-    assert_int_equal(ferry_mem_alloc(F.e, 16 * MiB, &m), 0);
-    assert_int_equal(ferry_region_register(F.e, m, 16 * MiB, 0, FERRY_MEM_HOST, &lr), 0);
+    assert_int_equal(ferry_mem_alloc(F.e, 16 * MiB, &m, NULL), 0);
+    assert_int_equal(ferry_region_register(F.e, m, 16 * MiB, 0, FERRY_MEM_HOST, &F.lr, NULL), 0);
     F.buf = m;
     ft_pattern(F.buf, 16 * MiB, 3, 0);
 }
@@ -64,7 +64,7 @@ static int run_write(uint64_t off, uint64_t len, int nops, int timeout_ms, ferry
         ops[i] = (ferry_op){.opcode = FERRY_OP_WRITE, .local = F.buf + off + (uint64_t)i * per, .len = per,
                             .peer = F.rr.peer, .remote_addr = F.rr.addr + off + (uint64_t)i * per, .key = F.rr.key};
     ferry_ticket *t;
-    int rc = ferry_submit(F.e, ops, (size_t)nops, 0, &t);
+    int rc = ferry_submit(F.e, ops, (size_t)nops, 0, &t, NULL);
     if (rc < 0)
         return rc;
     int st = ferry_ticket_wait(t, timeout_ms);
@@ -75,6 +75,17 @@ static int run_write(uint64_t off, uint64_t len, int nops, int timeout_ms, ferry
     return st;
 }
 
+/* err holds the code and each of the words. */
+static void assert_says(const ferry_error *err, int code, const char *w1, const char *w2, const char *w3)
+{
+    const char *w[] = {w1, w2, w3};
+    if (err->code != code)
+        fail_msg("code %d, expected %d: \"%s\"", err->code, code, err->msg);
+    for (int i = 0; i < 3; i++)
+        if (w[i] && !strstr(err->msg, w[i]))
+            fail_msg("\"%s\" lacks \"%s\"", err->msg, w[i]);
+}
+
 static void test_post_fails(void **s)
 {
     (void)s;
@@ -83,7 +94,12 @@ static void test_post_fails(void **s)
     uint64_t before = ft_peer_hash(&F.peer, MiB, MiB);
     ferry_ticket *t;
     assert_int_equal(run_write(MiB, MiB, 4, 30000, &t), FERRY_TICKET_ABORTED);   /* never left */
-    assert_int_equal(ferry_ticket_error(t), FERRY_EIO);
+    assert_int_equal(ferry_ticket_error(t, NULL), FERRY_EIO);
+    ferry_error err = {0};
+    char peer[32];
+    snprintf(peer, sizeof peer, "bytes to peer %u at 0x", F.rr.peer);
+    assert_int_equal(ferry_ticket_error(t, &err), FERRY_EIO);
+    assert_says(&err, FERRY_EIO, "(WRITE of 262144 ", peer, "ended ABORTED: no destination byte touched");
     ferry_ticket_free(t);
     assert_true(ft_peer_hash(&F.peer, MiB, MiB) == before);
 }
@@ -95,7 +111,10 @@ static void test_completion_turned_into_failure(void **s)
     ferry_ticket *t;
     /* four ops: two complete, the next two moved their bytes but report failure */
     assert_int_equal(run_write(0, 4 * MiB, 4, 30000, &t), FERRY_TICKET_FAILED_DRAINED);
-    assert_int_equal(ferry_ticket_error(t), FERRY_EIO);
+    assert_int_equal(ferry_ticket_error(t, NULL), FERRY_EIO);
+    ferry_error err = {0};
+    assert_int_equal(ferry_ticket_error(t, &err), FERRY_EIO);
+    assert_says(&err, FERRY_EIO, "(WRITE of 1048576 bytes", "input/output error", "ended FAILED_DRAINED");
     assert_int_equal(ferry_ticket_bytes(t), 2 * MiB);   /* only confirmed bytes count */
     ferry_ticket_free(t);
 }
@@ -110,7 +129,17 @@ static void test_delay_gives_unknown_then_completes(void **s)
     ferry_op w = {.opcode = FERRY_OP_WRITE, .local = F.buf, .len = 64, .peer = F.rr.peer,
                   .remote_addr = F.rr.addr, .key = F.rr.key};
     ferry_ticket *t2 = NULL;
-    assert_int_equal(ferry_submit(F.e, &w, 1, 0, &t2), FERRY_EFENCED);
+    assert_int_equal(ferry_submit(F.e, &w, 1, 0, &t2, NULL), FERRY_EFENCED);
+    /* what fences the peer and pins the buffer, by the ticket's id */
+    ferry_error err = {0};
+    char peer[32], ticket[40];
+    snprintf(peer, sizeof peer, "op 0: peer %u is fenced", F.rr.peer);
+    snprintf(ticket, sizeof ticket, "(ticket %llu)", (unsigned long long)ferry_ticket_id(t));
+    assert_int_equal(ferry_submit(F.e, &w, 1, 0, &t2, &err), FERRY_EFENCED);
+    assert_says(&err, FERRY_EFENCED, peer, ticket, "ferry_peer_reset");
+    snprintf(ticket, sizeof ticket, "ticket %llu has an unknown outcome", (unsigned long long)ferry_ticket_id(t));
+    assert_int_equal(ferry_region_unregister(F.lr, &err), FERRY_EBUSY);
+    assert_says(&err, FERRY_EBUSY, "are pinned: 1 ticket of this engine uses it", ticket, NULL);
     assert_int_equal(ferry_ticket_wait(t, 30000), FERRY_TICKET_COMPLETED);   /* drained: the fence lifts */
     ferry_ticket_free(t);
     assert_int_equal(ferry_engine_pending(F.e, NULL, 0), 0);
@@ -127,7 +156,7 @@ static void test_dropped_connection(void **s)
     /* the third chunk posted drops the connection: what was in flight fails */
     int st = run_write(2 * MiB, 4 * MiB, 4, 30000, &t);
     assert_true(st == FERRY_TICKET_FAILED_DRAINED || st == FERRY_TICKET_ABORTED);
-    assert_int_equal(ferry_ticket_error(t), FERRY_ECONNRESET);
+    assert_int_equal(ferry_ticket_error(t, NULL), FERRY_ECONNRESET);
     ferry_ticket_free(t);
     /* the next submit reconnects (the drop is one-shot) */
     assert_int_equal(run_write(8 * MiB, 2 * MiB, 2, 30000, NULL), FERRY_TICKET_COMPLETED);
@@ -150,14 +179,14 @@ static void test_strided_faults(void **s)
     setup_fault("post_fail_after=1");
     ferry_op w = strided_write(0, 256, 1024, 2048);
     ferry_ticket *t;
-    assert_int_equal(ferry_submit(F.e, &w, 1, 0, &t), 0);
+    assert_int_equal(ferry_submit(F.e, &w, 1, 0, &t, NULL), 0);
     assert_int_equal(ferry_ticket_wait(t, 30000), FERRY_TICKET_COMPLETED);
     ferry_ticket_free(t);
     uint64_t before = ft_peer_hash(&F.peer, MiB, 2 * MiB);
     w = strided_write(MiB, 512, 1024, 2048);
-    assert_int_equal(ferry_submit(F.e, &w, 1, 0, &t), 0);
+    assert_int_equal(ferry_submit(F.e, &w, 1, 0, &t, NULL), 0);
     assert_int_equal(ferry_ticket_wait(t, 30000), FERRY_TICKET_ABORTED);   /* no row left */
-    assert_int_equal(ferry_ticket_error(t), FERRY_EIO);
+    assert_int_equal(ferry_ticket_error(t, NULL), FERRY_EIO);
     assert_int_equal(ferry_ticket_bytes(t), 0);
     ferry_ticket_free(t);
     assert_true(ft_peer_hash(&F.peer, MiB, 2 * MiB) == before);
@@ -165,9 +194,9 @@ static void test_strided_faults(void **s)
 
     setup_fault("complete_fail_after=1");
     w = strided_write(0, 4096, 1024, 2048);   /* 4 MiB of rows in 8 MiB */
-    assert_int_equal(ferry_submit(F.e, &w, 1, 0, &t), 0);
+    assert_int_equal(ferry_submit(F.e, &w, 1, 0, &t, NULL), 0);
     assert_int_equal(ferry_ticket_wait(t, 30000), FERRY_TICKET_FAILED_DRAINED);
-    assert_int_equal(ferry_ticket_error(t), FERRY_EIO);
+    assert_int_equal(ferry_ticket_error(t, NULL), FERRY_EIO);
     /* only the first chunk's rows are confirmed: 2048 rows over shm, 512 over tcp */
     assert_int_equal(ferry_ticket_bytes(t), strcmp(g_tp, "shm") == 0 ? 2 * MiB : 512 * 1024);
     ferry_ticket_free(t);
@@ -180,9 +209,9 @@ static void test_bad_spec(void **s)
     ft_config(&c, g_tp);
     ferry_engine *e = NULL;
     snprintf(c.fault, sizeof c.fault, "explode=1");
-    assert_int_equal(ferry_engine_open(&c, &e), FERRY_EINVAL);
+    assert_int_equal(ferry_engine_open(&c, &e, NULL), FERRY_EINVAL);
     snprintf(c.fault, sizeof c.fault, "delay_ms=");
-    assert_int_equal(ferry_engine_open(&c, &e), FERRY_EINVAL);
+    assert_int_equal(ferry_engine_open(&c, &e, NULL), FERRY_EINVAL);
     assert_null(e);
 }
 

@@ -41,11 +41,11 @@ static void test_map_live_and_outlives_peer(void **state)
     assert_int_equal(ft_peer_start(&p, &o), 0);
     ferry_engine *e = ft_engine_open("");
     ferry_remote_region rr;
-    assert_int_equal(ferry_region_import(e, p.desc, p.desc_len, &rr), 0);
+    assert_int_equal(ferry_region_import(e, p.desc, p.desc_len, &rr, NULL), 0);
     char reply[128];
     assert_int_equal(ft_peer_cmd(&p, reply, sizeof reply, 10000, "fill 7"), 0);
     ferry_mapping m;
-    assert_int_equal(ferry_remote_map(e, &rr, rr.addr + OFF, LEN, &m), 0);
+    assert_int_equal(ferry_remote_map(e, &rr, rr.addr + OFF, LEN, &m, NULL), 0);
     assert_string_equal(ferry_peer_transport(e, rr.peer), "shm");
     assert_non_null(m.addr);
     assert_true(m.len >= OFF + LEN);
@@ -72,9 +72,9 @@ static void refused(const char *flags, bool heap, const char *transport, uint64_
     assert_int_equal(ft_peer_start(&p, &o), 0);
     ferry_engine *e = ft_engine_open(transport);
     ferry_remote_region rr;
-    assert_int_equal(ferry_region_import(e, p.desc, p.desc_len, &rr), 0);
+    assert_int_equal(ferry_region_import(e, p.desc, p.desc_len, &rr, NULL), 0);
     ferry_mapping m = { .addr = &m };
-    assert_int_equal(ferry_remote_map(e, &rr, rr.addr + off, len, &m), want);
+    assert_int_equal(ferry_remote_map(e, &rr, rr.addr + off, len, &m, NULL), want);
     assert_null(m.addr);
     assert_null(m.base);
     ferry_engine_close(e);
@@ -90,7 +90,7 @@ static void test_map_refused(void **state)
     refused("rw", false, "tcp", OFF, LEN, FERRY_ENOTSUP);      /* not a same-host mapping */
     refused("rw", false, "", OFF, 0, FERRY_EINVAL);            /* nothing asked for */
     ferry_mapping m;
-    assert_int_equal(ferry_remote_map(NULL, NULL, 0, 1, &m), FERRY_EINVAL);
+    assert_int_equal(ferry_remote_map(NULL, NULL, 0, 1, &m, NULL), FERRY_EINVAL);
 }
 
 static void test_access_writes_in_place(void **state)
@@ -101,14 +101,14 @@ static void test_access_writes_in_place(void **state)
     assert_int_equal(ft_peer_start(&p, &o), 0);
     ferry_engine *e = ft_engine_open("");
     ferry_remote_region rr;
-    assert_int_equal(ferry_region_import(e, p.desc, p.desc_len, &rr), 0);
+    assert_int_equal(ferry_region_import(e, p.desc, p.desc_len, &rr, NULL), 0);
     uint8_t *want = malloc(LEN);
     assert_non_null(want);
     ft_pattern(want, LEN, 31, 0);
     void *at = NULL;
     ferry_remote_access *a = NULL;
     assert_int_equal(ferry_remote_access_begin(e, &rr, rr.addr + OFF, LEN, FERRY_REMOTE_WRITE,
-                                               &at, &a), 0);
+                                               &at, &a, NULL), 0);
     assert_non_null(at);
     assert_non_null(a);
     memcpy(at, want, LEN);
@@ -119,7 +119,7 @@ static void test_access_writes_in_place(void **state)
     char reply[128];
     assert_int_equal(ft_peer_cmd(&p, reply, sizeof reply, 10000, "fill 5"), 0);
     assert_int_equal(ferry_remote_access_begin(e, &rr, rr.addr, SIZE, FERRY_REMOTE_READ, &at,
-                                               &a), 0);
+                                               &a, NULL), 0);
     assert_int_equal(ft_hash(at, SIZE), ft_peer_hash(&p, 0, SIZE));
     ferry_remote_access_end(a);
     /* the connection is not held after the end: a reset goes through */
@@ -137,10 +137,10 @@ static void access_refused(const char *flags, bool heap, const char *transport, 
     assert_int_equal(ft_peer_start(&p, &o), 0);
     ferry_engine *e = ft_engine_open(transport);
     ferry_remote_region rr;
-    assert_int_equal(ferry_region_import(e, p.desc, p.desc_len, &rr), 0);
+    assert_int_equal(ferry_region_import(e, p.desc, p.desc_len, &rr, NULL), 0);
     void *at = &at;
     ferry_remote_access *a = (ferry_remote_access *)&at;
-    assert_int_equal(ferry_remote_access_begin(e, &rr, rr.addr + off, len, access, &at, &a), want);
+    assert_int_equal(ferry_remote_access_begin(e, &rr, rr.addr + off, len, access, &at, &a, NULL), want);
     assert_null(at);
     assert_null(a);
     assert_int_equal(ferry_peer_reset(e, rr.peer), 0);   /* nothing held */
@@ -160,7 +160,7 @@ static void test_access_refused(void **state)
     access_refused("rw", false, "", OFF, LEN, 0, FERRY_EINVAL);
     void *at;
     ferry_remote_access *a;
-    assert_int_equal(ferry_remote_access_begin(NULL, NULL, 0, 1, FERRY_REMOTE_READ, &at, &a),
+    assert_int_equal(ferry_remote_access_begin(NULL, NULL, 0, 1, FERRY_REMOTE_READ, &at, &a, NULL),
                      FERRY_EINVAL);
 }
 

@@ -31,7 +31,7 @@ static void open_ucx(ferry_engine **e, const char *token)
         memcpy(c.token, token, strlen(token));
         c.token_len = strlen(token);
     }
-    assert_int_equal(ferry_engine_open(&c, e), 0);
+    assert_int_equal(ferry_engine_open(&c, e, NULL), 0);
 }
 
 static ucx_state *ucx_of(ferry_engine *e)
@@ -61,8 +61,8 @@ static void test_no_address_without_token(void **s)
     open_ucx(&t, NULL);
     void *m;
     ferry_region *r;
-    assert_int_equal(ferry_mem_alloc(t, MiB, &m), 0);
-    assert_int_equal(ferry_region_register(t, m, MiB, FERRY_REMOTE_RW, FERRY_MEM_HOST, &r), 0);
+    assert_int_equal(ferry_mem_alloc(t, MiB, &m, NULL), 0);
+    assert_int_equal(ferry_region_register(t, m, MiB, FERRY_REMOTE_RW, FERRY_MEM_HOST, &r, NULL), 0);
     uint8_t d[FERRY_DESC_MAX];
     int dn = ferry_region_export(r, d, sizeof d);
     assert_true(dn > 0);
@@ -86,7 +86,7 @@ static void test_no_address_without_token(void **s)
     ferry_engine *other;
     open_ucx(&other, "not-the-cluster-token");
     ferry_remote_region rr;
-    assert_int_equal(ferry_region_import(other, d, (size_t)dn, &rr), FERRY_EAUTH);
+    assert_int_equal(ferry_region_import(other, d, (size_t)dn, &rr, NULL), FERRY_EAUTH);
     assert_int_equal(atomic_load(&ucx_of(t)->addrs_sent), 0);
     assert_int_equal(atomic_load(&ucx_of(other)->eps_created), 0);
     /* the gate counts a refusal after it has told the client: wait for it */
@@ -101,7 +101,7 @@ static void test_no_address_without_token(void **s)
     /* the cluster's own engine */
     ferry_engine *mine;
     open_ucx(&mine, NULL);
-    assert_int_equal(ferry_region_import(mine, d, (size_t)dn, &rr), 0);
+    assert_int_equal(ferry_region_import(mine, d, (size_t)dn, &rr, NULL), 0);
     /* the connection may still be finishing on the engine's own thread
      * (seen under ASan beside a loaded machine): wait for it */
     deadline = fr_deadline_ns(30000);
@@ -112,13 +112,13 @@ static void test_no_address_without_token(void **s)
     assert_int_equal(atomic_load(&ucx_of(mine)->eps_created), 1);
     void *lm;
     ferry_region *lr;
-    assert_int_equal(ferry_mem_alloc(mine, 4096, &lm), 0);
-    assert_int_equal(ferry_region_register(mine, lm, 4096, 0, FERRY_MEM_HOST, &lr), 0);
+    assert_int_equal(ferry_mem_alloc(mine, 4096, &lm, NULL), 0);
+    assert_int_equal(ferry_region_register(mine, lm, 4096, 0, FERRY_MEM_HOST, &lr, NULL), 0);
     ft_pattern(lm, 4096, 5, 0);
     ferry_op w = {.opcode = FERRY_OP_WRITE, .local = lm, .len = 4096, .peer = rr.peer,
                   .remote_addr = rr.addr + 100, .key = rr.key};
     ferry_ticket *tk;
-    assert_int_equal(ferry_submit(mine, &w, 1, 0, &tk), 0);
+    assert_int_equal(ferry_submit(mine, &w, 1, 0, &tk, NULL), 0);
     assert_int_equal(ferry_ticket_wait(tk, 30000), FERRY_TICKET_COMPLETED);
     ferry_ticket_free(tk);
     assert_memory_equal((uint8_t *)m + 100, lm, 4096);
@@ -135,9 +135,9 @@ static void test_descriptor_rkey(void **s)
     open_ucx(&e, NULL);
     void *m;
     ferry_region *rw, *none;
-    assert_int_equal(ferry_mem_alloc(e, MiB, &m), 0);
-    assert_int_equal(ferry_region_register(e, m, MiB, FERRY_REMOTE_RW, FERRY_MEM_HOST, &rw), 0);
-    assert_int_equal(ferry_region_register(e, m, 4096, 0, FERRY_MEM_HOST, &none), 0);
+    assert_int_equal(ferry_mem_alloc(e, MiB, &m, NULL), 0);
+    assert_int_equal(ferry_region_register(e, m, MiB, FERRY_REMOTE_RW, FERRY_MEM_HOST, &rw, NULL), 0);
+    assert_int_equal(ferry_region_register(e, m, 4096, 0, FERRY_MEM_HOST, &none, NULL), 0);
     uint8_t d[FERRY_DESC_MAX], d2[FERRY_DESC_MAX];
     int n = ferry_region_export(rw, d, sizeof d);
     assert_true(n > 0);
@@ -181,18 +181,18 @@ static void test_killed_while_moving(void **s)
     ft_peer p;
     assert_int_equal(ft_peer_start(&p, &(ft_peer_opts){.size = 256 * MiB}), 0);
     ferry_remote_region rr;
-    assert_int_equal(ferry_region_import(e, p.desc, p.desc_len, &rr), 0);
+    assert_int_equal(ferry_region_import(e, p.desc, p.desc_len, &rr, NULL), 0);
     void *m;
     ferry_region *lr;
-    assert_int_equal(ferry_mem_alloc(e, 256 * MiB, &m), 0);
-    assert_int_equal(ferry_region_register(e, m, 256 * MiB, 0, FERRY_MEM_HOST, &lr), 0);
+    assert_int_equal(ferry_mem_alloc(e, 256 * MiB, &m, NULL), 0);
+    assert_int_equal(ferry_region_register(e, m, 256 * MiB, 0, FERRY_MEM_HOST, &lr, NULL), 0);
     enum { N = 8 };
     ferry_ticket *tk[N];
     for (int i = 0; i < N; i++) {
         ferry_op w = {.opcode = FERRY_OP_WRITE, .local = m, .len = 256 * MiB, .peer = rr.peer,
                       .remote_addr = rr.addr, .key = rr.key};
         ferry_op ops[2] = {w, {.opcode = FERRY_OP_NOTIFY, .peer = rr.peer, .tag = 1, .value = (uint64_t)i}};
-        assert_int_equal(ferry_submit(e, ops, 2, 0, &tk[i]), 0);
+        assert_int_equal(ferry_submit(e, ops, 2, 0, &tk[i], NULL), 0);
     }
     ft_peer_signal(&p, SIGKILL);
     assert_int_equal(ft_peer_wait_exit(&p, 10000), 0);
@@ -211,7 +211,7 @@ static void test_killed_while_moving(void **s)
     ferry_op w = {.opcode = FERRY_OP_WRITE, .local = m, .len = 64, .peer = rr.peer,
                   .remote_addr = rr.addr, .key = rr.key};
     ferry_ticket *t2 = NULL;
-    assert_true(ferry_submit(e, &w, 1, 0, &t2) < 0);   /* the dead peer refuses new work */
+    assert_true(ferry_submit(e, &w, 1, 0, &t2, NULL) < 0);   /* the dead peer refuses new work */
     ft_peer_stop(&p);
     ferry_engine_close(e);
 }
@@ -230,31 +230,31 @@ static void test_key_without_descriptor(void **s)
     fr_region_desc rd;
     assert_int_equal(fr_region_desc_decode(p.desc, p.desc_len, &rd), 0);
     ferry_peer_id id;
-    assert_int_equal(ferry_peer_add(e, p.ep, p.ep_len, &id), 0);
+    assert_int_equal(ferry_peer_add(e, p.ep, p.ep_len, &id, NULL), 0);
     void *m;
     ferry_region *lr;
-    assert_int_equal(ferry_mem_alloc(e, 64 * 1024, &m), 0);
-    assert_int_equal(ferry_region_register(e, m, 64 * 1024, 0, FERRY_MEM_HOST, &lr), 0);
+    assert_int_equal(ferry_mem_alloc(e, 64 * 1024, &m, NULL), 0);
+    assert_int_equal(ferry_region_register(e, m, 64 * 1024, 0, FERRY_MEM_HOST, &lr, NULL), 0);
     assert_int_equal(ft_peer_cmd(&p, NULL, 0, 30000, "fill 9"), 0);
     uint64_t before = ft_peer_hash(&p, 0, MiB);
     ferry_op w = {.opcode = FERRY_OP_WRITE, .local = m, .len = 4096, .peer = id,
                   .remote_addr = rd.base + 8192, .key = rd.key ^ 1};
     ferry_ticket *t;
-    assert_int_equal(ferry_submit(e, &w, 1, 0, &t), 0);
+    assert_int_equal(ferry_submit(e, &w, 1, 0, &t, NULL), 0);
     assert_int_equal(ferry_ticket_wait(t, 30000), FERRY_TICKET_ABORTED);
-    assert_int_equal(ferry_ticket_error(t), FERRY_EACCES);
+    assert_int_equal(ferry_ticket_error(t, NULL), FERRY_EACCES);
     ferry_ticket_free(t);
     assert_true(ft_peer_hash(&p, 0, MiB) == before);
     ft_pattern(m, 4096, 11, 0);
     w.key = rd.key;
-    assert_int_equal(ferry_submit(e, &w, 1, 0, &t), 0);
+    assert_int_equal(ferry_submit(e, &w, 1, 0, &t, NULL), 0);
     assert_int_equal(ferry_ticket_wait(t, 30000), FERRY_TICKET_COMPLETED);
     ferry_ticket_free(t);
     assert_true(ft_peer_hash(&p, 8192, 4096) == ft_hash(m, 4096));
     w.remote_addr = rd.base + MiB - 100;   /* the description bounds it too */
-    assert_int_equal(ferry_submit(e, &w, 1, 0, &t), 0);
+    assert_int_equal(ferry_submit(e, &w, 1, 0, &t, NULL), 0);
     assert_int_equal(ferry_ticket_wait(t, 30000), FERRY_TICKET_ABORTED);
-    assert_int_equal(ferry_ticket_error(t), FERRY_EFAULT);
+    assert_int_equal(ferry_ticket_error(t, NULL), FERRY_EFAULT);
     ferry_ticket_free(t);
     ft_peer_stop(&p);
     ferry_engine_close(e);
@@ -272,8 +272,8 @@ static void test_mem_alloc_is_ucx_memory(void **s)
     open_ucx(&e, NULL);
     open_ucx(&e2, NULL);
     void *m, *kept, *src;
-    assert_int_equal(ferry_mem_alloc(e, 4 * MiB, &m), 0);
-    assert_int_equal(ferry_mem_alloc(e, MiB, &kept), 0);
+    assert_int_equal(ferry_mem_alloc(e, 4 * MiB, &m, NULL), 0);
+    assert_int_equal(ferry_mem_alloc(e, MiB, &kept, NULL), 0);
     fr_mem *fm = NULL;
     for (size_t i = 0; i < e->nmems; i++)
         if (e->mems[i]->addr == m)
@@ -282,7 +282,7 @@ static void test_mem_alloc_is_ucx_memory(void **s)
     assert_non_null(fm->tp_handle);
     assert_int_equal(fm->fd, -1);
     ferry_region *rw, *lr;
-    assert_int_equal(ferry_region_register(e, m, 4 * MiB, FERRY_REMOTE_RW, FERRY_MEM_HOST, &rw), 0);
+    assert_int_equal(ferry_region_register(e, m, 4 * MiB, FERRY_REMOTE_RW, FERRY_MEM_HOST, &rw, NULL), 0);
     assert_null(rw->tp_handle);            /* the allocation's mapping, not one of its own */
     assert_true(rw->rkey_len > 0);
     uint8_t d[FERRY_DESC_MAX], ep[FERRY_DESC_MAX];
@@ -291,15 +291,15 @@ static void test_mem_alloc_is_ucx_memory(void **s)
     fr_region_desc rd;
     assert_int_equal(fr_region_desc_decode(d, (size_t)n, &rd), 0);
     ferry_peer_id id;
-    assert_int_equal(ferry_peer_add(e2, ep, (size_t)epn, &id), 0);
-    assert_int_equal(ferry_mem_alloc(e2, MiB, &src), 0);
-    assert_int_equal(ferry_region_register(e2, src, MiB, 0, FERRY_MEM_HOST, &lr), 0);
+    assert_int_equal(ferry_peer_add(e2, ep, (size_t)epn, &id, NULL), 0);
+    assert_int_equal(ferry_mem_alloc(e2, MiB, &src, NULL), 0);
+    assert_int_equal(ferry_region_register(e2, src, MiB, 0, FERRY_MEM_HOST, &lr, NULL), 0);
     ft_pattern(src, MiB, 31, 0);
     memset(m, 0, 4 * MiB);
     ferry_op w = {.opcode = FERRY_OP_WRITE, .local = src, .len = MiB, .peer = id,
                   .remote_addr = rd.base + 3 * MiB, .key = rd.key};
     ferry_ticket *t;
-    assert_int_equal(ferry_submit(e2, &w, 1, 0, &t), 0);
+    assert_int_equal(ferry_submit(e2, &w, 1, 0, &t, NULL), 0);
     assert_int_equal(ferry_ticket_wait(t, 30000), FERRY_TICKET_COMPLETED);
     ferry_ticket_free(t);
     assert_memory_equal((uint8_t *)m + 3 * MiB, src, MiB);
@@ -307,9 +307,9 @@ static void test_mem_alloc_is_ucx_memory(void **s)
     assert_non_null(zero);
     assert_memory_equal(m, zero, 3 * MiB);
     free(zero);
-    assert_int_equal(ferry_mem_free(e, m), FERRY_EBUSY);
-    assert_int_equal(ferry_region_unregister(rw), 0);
-    assert_int_equal(ferry_mem_free(e, m), 0);
+    assert_int_equal(ferry_mem_free(e, m, NULL), FERRY_EBUSY);
+    assert_int_equal(ferry_region_unregister(rw, NULL), 0);
+    assert_int_equal(ferry_mem_free(e, m, NULL), 0);
     ferry_engine_close(e2);
     ferry_engine_close(e);   /* `kept` goes with it */
     (void)kept;

@@ -36,7 +36,7 @@ static uint64_t write_faults(ferry_engine *e, const ferry_remote_region *rr, voi
                     .remote_addr = rr->addr, .key = rr->key };
     ferry_ticket *t = NULL;
     uint64_t f0 = faults();
-    assert_int_equal(ferry_submit(e, &op, 1, 0, &t), 0);
+    assert_int_equal(ferry_submit(e, &op, 1, 0, &t, NULL), 0);
     assert_int_equal(ferry_ticket_wait(t, 60000), FERRY_TICKET_COMPLETED);
     uint64_t f = faults() - f0;
     ferry_ticket_free(t);
@@ -46,9 +46,9 @@ static uint64_t write_faults(ferry_engine *e, const ferry_remote_region *rr, voi
 static void *local_source(ferry_engine *e, ferry_region **r)
 {
     void *src = NULL;
-    assert_int_equal(ferry_mem_alloc(e, SIZE, &src), 0);
+    assert_int_equal(ferry_mem_alloc(e, SIZE, &src, NULL), 0);
     ft_pattern(src, SIZE, 11, 0);   /* the source's own pages are written here, not in the WRITE */
-    assert_int_equal(ferry_region_register(e, src, SIZE, 0, FERRY_MEM_HOST, r), 0);
+    assert_int_equal(ferry_region_register(e, src, SIZE, 0, FERRY_MEM_HOST, r, NULL), 0);
     return src;
 }
 
@@ -62,11 +62,11 @@ static void test_warm_write_keeps_bytes(void **state)
     assert_int_equal(ft_peer_cmd(&p, reply, sizeof reply, 10000, "fill 7"), 0);
     ferry_engine *e = ft_engine_open("");
     ferry_remote_region rr;
-    assert_int_equal(ferry_region_import(e, p.desc, p.desc_len, &rr), 0);
+    assert_int_equal(ferry_region_import(e, p.desc, p.desc_len, &rr, NULL), 0);
     /* the peer rewrites its region while this process warms it */
     assert_int_equal(ft_peer_send(&p, "fill 9"), 0);
     uint64_t touched = 0;
-    assert_int_equal(ferry_remote_warm(e, &rr, rr.addr, SIZE, true, &touched), 0);
+    assert_int_equal(ferry_remote_warm(e, &rr, rr.addr, SIZE, true, &touched, NULL), 0);
     assert_string_equal(ferry_peer_transport(e, rr.peer), "shm");
     assert_int_equal(touched, SIZE);
     assert_int_equal(ft_peer_reply(&p, reply, sizeof reply, 10000), 0);
@@ -83,7 +83,7 @@ static void test_warm_write_keeps_bytes(void **state)
     /* cold: a second engine, its own fresh mapping of the same region */
     ferry_engine *e2 = ft_engine_open("");
     ferry_remote_region rr2;
-    assert_int_equal(ferry_region_import(e2, p.desc, p.desc_len, &rr2), 0);
+    assert_int_equal(ferry_region_import(e2, p.desc, p.desc_len, &rr2, NULL), 0);
     ferry_region *lr2 = NULL;
     void *src2 = local_source(e2, &lr2);
     uint64_t cold = write_faults(e2, &rr2, src2);
@@ -109,17 +109,17 @@ static void test_warm_read_only(void **state)
     const uint8_t junk[8] = {0};
     assert_int_equal(ferry_region_desc_local(e, junk, sizeof junk), FERRY_EINVAL);
     ferry_remote_region rr;
-    assert_int_equal(ferry_region_import(e, p.desc, p.desc_len, &rr), 0);
+    assert_int_equal(ferry_region_import(e, p.desc, p.desc_len, &rr, NULL), 0);
     uint64_t touched = 1;
-    assert_int_equal(ferry_remote_warm(e, &rr, rr.addr, SIZE, true, &touched), FERRY_EACCES);
+    assert_int_equal(ferry_remote_warm(e, &rr, rr.addr, SIZE, true, &touched, NULL), FERRY_EACCES);
     assert_int_equal(touched, 0);
-    assert_int_equal(ferry_remote_warm(e, &rr, rr.addr + 4096, SIZE - 8192, false, &touched), 0);
+    assert_int_equal(ferry_remote_warm(e, &rr, rr.addr + 4096, SIZE - 8192, false, &touched, NULL), 0);
     assert_int_equal(touched, SIZE - 8192);
-    assert_int_equal(ferry_remote_warm(e, &rr, rr.addr + 4096, SIZE, false, &touched),
+    assert_int_equal(ferry_remote_warm(e, &rr, rr.addr + 4096, SIZE, false, &touched, NULL),
                      FERRY_EFAULT);
-    assert_int_equal(ferry_remote_warm(e, &rr, rr.addr, 1, false, NULL), 0);
-    assert_int_equal(ferry_remote_warm(NULL, &rr, rr.addr, 1, false, NULL), FERRY_EINVAL);
-    assert_int_equal(ferry_remote_warm(e, NULL, 0, 1, false, NULL), FERRY_EINVAL);
+    assert_int_equal(ferry_remote_warm(e, &rr, rr.addr, 1, false, NULL, NULL), 0);
+    assert_int_equal(ferry_remote_warm(NULL, &rr, rr.addr, 1, false, NULL, NULL), FERRY_EINVAL);
+    assert_int_equal(ferry_remote_warm(e, NULL, 0, 1, false, NULL, NULL), FERRY_EINVAL);
     ferry_engine_close(e);
     ft_peer_stop(&p);
 }
@@ -132,9 +132,9 @@ static void nothing_to_warm(bool heap, const char *transport)
     assert_int_equal(ft_peer_start(&p, &o), 0);
     ferry_engine *e = ft_engine_open(transport);
     ferry_remote_region rr;
-    assert_int_equal(ferry_region_import(e, p.desc, p.desc_len, &rr), 0);
+    assert_int_equal(ferry_region_import(e, p.desc, p.desc_len, &rr, NULL), 0);
     uint64_t touched = 1;
-    assert_int_equal(ferry_remote_warm(e, &rr, rr.addr, SIZE, true, &touched), 0);
+    assert_int_equal(ferry_remote_warm(e, &rr, rr.addr, SIZE, true, &touched, NULL), 0);
     assert_int_equal(touched, 0);
     ferry_engine_close(e);
     ft_peer_stop(&p);

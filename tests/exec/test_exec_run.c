@@ -55,21 +55,21 @@ static void world_open(world *w, uint32_t dparts, bool by_rows, const char *faul
     ferry_engine_config c;
     ft_config(&c, "");
     snprintf(c.fault, sizeof c.fault, "%s", fault_src ? fault_src : "");
-    assert_int_equal(ferry_engine_open(&c, &w->es), 0);
+    assert_int_equal(ferry_engine_open(&c, &w->es, NULL), 0);
     ft_config(&c, "");
     snprintf(c.fault, sizeof c.fault, "%s", fault_dst ? fault_dst : "");
-    assert_int_equal(ferry_engine_open(&c, &w->et), 0);
+    assert_int_equal(ferry_engine_open(&c, &w->et, NULL), 0);
     size_t bytes = ROWS * COLS * sizeof(float);
     void *m;
-    assert_int_equal(ferry_mem_alloc(w->es, bytes, &m), 0);
+    assert_int_equal(ferry_mem_alloc(w->es, bytes, &m, NULL), 0);
     w->sbuf = m;
-    assert_int_equal(ferry_mem_alloc(w->et, bytes, &m), 0);
+    assert_int_equal(ferry_mem_alloc(w->et, bytes, &m, NULL), 0);
     w->tbuf = m;
     memset(w->tbuf, 0, bytes);
     assert_int_equal(ferry_region_register(w->es, w->sbuf, bytes, FERRY_REMOTE_RW, FERRY_MEM_HOST,
-                                           &w->sreg), 0);
+                                           &w->sreg, NULL), 0);
     assert_int_equal(ferry_region_register(w->et, w->tbuf, bytes, FERRY_REMOTE_RW, FERRY_MEM_HOST,
-                                           &w->treg), 0);
+                                           &w->treg, NULL), 0);
     for (uint64_t r = 0; r < ROWS / 2; r++)      /* fragment k holds rows k*128.. */
         for (uint64_t k = 0; k < 2; k++)
             for (uint64_t cc = 0; cc < COLS; cc++)
@@ -97,11 +97,11 @@ static void world_open(world *w, uint32_t dparts, bool by_rows, const char *faul
     ferry_remote_region rr;
     int n = ferry_region_export(w->treg, desc, sizeof desc);
     assert_true(n > 0);
-    assert_int_equal(ferry_region_import(w->es, desc, (size_t)n, &rr), 0);
+    assert_int_equal(ferry_region_import(w->es, desc, (size_t)n, &rr, NULL), 0);
     for (uint32_t k = 0; k < dparts; k++)
         w->to_targets[k] = (ferry_peer_map){.worker = 10 + k, .peer = rr.peer, .key = rr.key};
     n = ferry_region_export(w->sreg, desc, sizeof desc);
-    assert_int_equal(ferry_region_import(w->et, desc, (size_t)n, &rr), 0);
+    assert_int_equal(ferry_region_import(w->et, desc, (size_t)n, &rr, NULL), 0);
     for (uint32_t k = 0; k < 2; k++)
         w->to_sources[k] = (ferry_peer_map){.worker = k, .peer = rr.peer, .key = rr.key};
 }
@@ -218,7 +218,7 @@ static void test_sink_and_reader(void **state)
             assert_int_equal(cp[1], 1);
             uint64_t v = 0;
             /* one engine on the source side: one notification */
-            assert_int_equal(ferry_wait_notify(w.et, 77, 1, 5000, &v), 0);
+            assert_int_equal(ferry_wait_notify(w.et, 77, 1, 5000, &v, NULL), 0);
             assert_int_equal(v, 3);
         }
         ferry_exec_result_free(&res);
@@ -356,6 +356,10 @@ static void test_io_then_failure_is_drained(void **state)
     assert_true(ferry_executor_run(x, w.a, w.bs, w.bd, &res, &err) < 0);
     assert_int_equal(res.state, FERRY_TICKET_FAILED_DRAINED);
     assert_true(res.bytes_done > 0 && res.bytes_done < res.bytes);
+    /* the message carries the engine's: which op of the failed batch, to which peer */
+    assert_non_null(strstr(err.msg, "executor: FAILED_DRAINED after "));
+    assert_non_null(strstr(err.msg, ": op 0 (WRITE of "));
+    assert_non_null(strstr(err.msg, "input/output error; the ticket ended ABORTED"));
     assert_int_equal(ferry_executor_registered(x), 0);
     ferry_exec_result_free(&res);
     ferry_executor_free(x);

@@ -36,24 +36,24 @@ static void pair_open(pair *p, const char *fault_src)
     ferry_engine_config c;
     ft_config(&c, "");
     snprintf(c.fault, sizeof c.fault, "%s", fault_src ? fault_src : "");
-    assert_int_equal(ferry_engine_open(&c, &p->es), 0);
+    assert_int_equal(ferry_engine_open(&c, &p->es, NULL), 0);
     ft_config(&c, "");
-    assert_int_equal(ferry_engine_open(&c, &p->et), 0);
+    assert_int_equal(ferry_engine_open(&c, &p->et, NULL), 0);
     void *m;
-    assert_int_equal(ferry_mem_alloc(p->es, BYTES, &m), 0);
+    assert_int_equal(ferry_mem_alloc(p->es, BYTES, &m, NULL), 0);
     p->sbuf = m;
-    assert_int_equal(ferry_mem_alloc(p->et, BYTES, &m), 0);
+    assert_int_equal(ferry_mem_alloc(p->et, BYTES, &m, NULL), 0);
     p->tbuf = m;
     for (size_t i = 0; i < BYTES; i++)
         p->sbuf[i] = (uint8_t)(i * 7 + 1);
     memset(p->tbuf, 0, BYTES);
-    assert_int_equal(ferry_region_register(p->es, p->sbuf, BYTES, 0, FERRY_MEM_HOST, &p->sreg), 0);
+    assert_int_equal(ferry_region_register(p->es, p->sbuf, BYTES, 0, FERRY_MEM_HOST, &p->sreg, NULL), 0);
     assert_int_equal(ferry_region_register(p->et, p->tbuf, BYTES, FERRY_REMOTE_RW, FERRY_MEM_HOST,
-                                           &p->treg), 0);
+                                           &p->treg, NULL), 0);
     uint8_t desc[FERRY_DESC_MAX];
     int n = ferry_region_export(p->treg, desc, sizeof desc);
     assert_true(n > 0);
-    assert_int_equal(ferry_region_import(p->es, desc, (size_t)n, &p->rr), 0);
+    assert_int_equal(ferry_region_import(p->es, desc, (size_t)n, &p->rr, NULL), 0);
 }
 
 static void pair_close(pair *p)
@@ -62,12 +62,12 @@ static void pair_close(pair *p)
     int rc = FERRY_EBUSY;
     struct timespec ts = {0, 20 * 1000 * 1000};
     for (int i = 0; i < 500 && rc == FERRY_EBUSY; i++)
-        if ((rc = ferry_region_unregister(p->sreg)) == FERRY_EBUSY)
+        if ((rc = ferry_region_unregister(p->sreg, NULL)) == FERRY_EBUSY)
             nanosleep(&ts, NULL);
     assert_int_equal(rc, 0);
-    assert_int_equal(ferry_region_unregister(p->treg), 0);
-    ferry_mem_free(p->es, p->sbuf);
-    ferry_mem_free(p->et, p->tbuf);
+    assert_int_equal(ferry_region_unregister(p->treg, NULL), 0);
+    ferry_mem_free(p->es, p->sbuf, NULL);
+    ferry_mem_free(p->et, p->tbuf, NULL);
     ferry_engine_close(p->es);
     ferry_engine_close(p->et);
 }
@@ -153,7 +153,7 @@ static void test_writes_in_any_order(void **state)
     /* every byte landed, and every piece's NOTIFY after it */
     assert_memory_equal(p.tbuf, p.sbuf, BYTES);
     uint64_t v[PIECES + 1];
-    assert_int_equal(ferry_wait_notify(p.et, TAG, PIECES + 1, 10000, v), 0);
+    assert_int_equal(ferry_wait_notify(p.et, TAG, PIECES + 1, 10000, v, NULL), 0);
     pair_close(&p);
 }
 

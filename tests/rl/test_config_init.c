@@ -161,7 +161,7 @@ static void test_reserved_refused(void **state)
     ec.reserved[7] = 1;
     ferry_engine *e = NULL;
     ferry_log_set_level(FERRY_LOG_OFF);
-    assert_int_equal(ferry_engine_open(&ec, &e), FERRY_EINVAL);
+    assert_int_equal(ferry_engine_open(&ec, &e, NULL), FERRY_EINVAL);
     assert_null(e);
     ferry_store_config sc;
     assert_int_equal(ferry_store_config_init(&sc), 0);

@@ -90,7 +90,7 @@ static void scene_open(scene *s, uint64_t rows)
     assert_int_equal(ferry_manifest_rank_count(s->dst), WORLD);
     ferry_engine_config cfg;
     ft_config(&cfg, NULL);
-    assert_int_equal(ferry_engine_open(&cfg, &s->e), 0);
+    assert_int_equal(ferry_engine_open(&cfg, &s->e, NULL), 0);
 }
 
 static void scene_close(scene *s)
@@ -339,7 +339,7 @@ static void test_three_dims_padded(void **state)
     assert_int_equal(ferry_layout_build(m, &l, &s.dst, &err), 0);
     ferry_engine_config cfg;
     ft_config(&cfg, NULL);
-    assert_int_equal(ferry_engine_open(&cfg, &s.e), 0);
+    assert_int_equal(ferry_engine_open(&cfg, &s.e, NULL), 0);
     ferry_kv_value *recs = calloc(WORLD, sizeof *recs);
     assert_non_null(recs);
     for (uint32_t r = 0; r < WORLD; r++) {   /* box [256, 8, 32]; ranks 8-15 padded */

@@ -48,7 +48,7 @@ static void test_up_status_down(void **state)
     ferry_store_config_init(&cfg);
     snprintf(cfg.master, sizeof cfg.master, "%s", master);
     ferry_store *s = NULL;
-    int open_rc = ferry_engine_config_token_file(&cfg.engine, tok);
+    int open_rc = ferry_engine_config_token_file(&cfg.engine, tok, NULL);
     if (open_rc == 0)
         open_rc = ferry_store_open(&cfg, &s, NULL);
     int put_rc = s ? ferry_store_put(s, "hello", "world", 5, NULL, NULL, NULL) : -1;

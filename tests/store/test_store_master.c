@@ -341,12 +341,12 @@ static fr_sbytes region_desc(uint64_t size)
         memcpy(cfg.token, TOKEN, strlen(TOKEN));
         cfg.token_len = strlen(TOKEN);
         snprintf(cfg.transport, sizeof cfg.transport, "tcp");
-        assert_int_equal(ferry_engine_open(&cfg, &g_eng), 0);
+        assert_int_equal(ferry_engine_open(&cfg, &g_eng, NULL), 0);
     }
     void *mem = calloc(1, size);   /* lives as long as the engine: the test's */
     assert_non_null(mem);
     ferry_region *r;
-    assert_int_equal(ferry_region_register(g_eng, mem, size, FERRY_REMOTE_RW, FERRY_MEM_HOST, &r),
+    assert_int_equal(ferry_region_register(g_eng, mem, size, FERRY_REMOTE_RW, FERRY_MEM_HOST, &r, NULL),
                      0);
     int n = ferry_region_export(r, blob, sizeof blob);
     assert_true(n > 0);
@@ -920,15 +920,15 @@ static void test_mount_checks(void **state)
     cfg.token_len = strlen(TOKEN);
     snprintf(cfg.transport, sizeof cfg.transport, "tcp");
     ferry_engine *gone;
-    assert_int_equal(ferry_engine_open(&cfg, &gone), 0);
+    assert_int_equal(ferry_engine_open(&cfg, &gone, NULL), 0);
     void *mem = calloc(1, 1 << 20);
     ferry_region *reg;
     assert_int_equal(ferry_region_register(gone, mem, 1 << 20, FERRY_REMOTE_RW, FERRY_MEM_HOST,
-                                           &reg), 0);
+                                           &reg, NULL), 0);
     uint8_t blob[FERRY_DESC_MAX];
     int bl = ferry_region_export(reg, blob, sizeof blob);
     assert_true(bl > 0);
-    ferry_region_unregister(reg);
+    ferry_region_unregister(reg, NULL);
     ferry_engine_close(gone);
     free(mem);
     m.size = 1 << 20;

@@ -54,7 +54,9 @@ ferry_engine *ft_engine_open(const char *transport)
     ferry_engine_config c;
     ft_config(&c, transport);
     ferry_engine *e = NULL;
-    assert_int_equal(ferry_engine_open(&c, &e), 0);
+    ferry_error err = {0};
+    if (ferry_engine_open(&c, &e, &err) < 0)
+        fail_msg("engine open: %s", err.msg);
     return e;
 }
 
@@ -128,7 +130,7 @@ static int peer_loop(ferry_engine *e, uint8_t *mem, uint64_t size)
                 printf("OK %016" PRIx64 "\n", ft_hash(mem + a, b));
         } else if (sscanf(line, "waitnotify %llu %llu %llu %llu %llu", &a, &b, &c, &d, &f) == 5) {
             uint64_t vals[64];
-            int rc = ferry_wait_notify(e, a, (uint32_t)b, (int)c, b <= 64 ? vals : NULL);
+            int rc = ferry_wait_notify(e, a, (uint32_t)b, (int)c, b <= 64 ? vals : NULL, NULL);
             /* hash right at delivery: the writes before the notify must be visible */
             uint64_t h = d <= size && f <= size - d ? ft_hash(mem + d, f) : 0;
             if (rc < 0) {
@@ -164,13 +166,13 @@ static int initiator_main(const char *desc_hex)
     ferry_remote_region rr;
     void *a, *b;
     ferry_region *ra;
-    int rc = ferry_engine_open(&cfg, &e);
+    int rc = ferry_engine_open(&cfg, &e, NULL);
     if (rc == 0)
-        rc = ferry_region_import(e, d, dn, &rr);
+        rc = ferry_region_import(e, d, dn, &rr, NULL);
     if (rc == 0)
-        rc = ferry_mem_alloc(e, 2 * rr.len, &a);
+        rc = ferry_mem_alloc(e, 2 * rr.len, &a, NULL);
     if (rc == 0)
-        rc = ferry_region_register(e, a, 2 * rr.len, 0, FERRY_MEM_HOST, &ra);
+        rc = ferry_region_register(e, a, 2 * rr.len, 0, FERRY_MEM_HOST, &ra, NULL);
     if (rc < 0) {
         printf("FAIL setup %s\n", ferry_strerror(rc));
         return 1;
@@ -184,14 +186,14 @@ static int initiator_main(const char *desc_hex)
     ferry_ticket *t;
     const char *why = NULL;
     for (int i = 0; i < 2 && !why; i++) {
-        if (ferry_submit(e, &ops[i], 1, 0, &t) < 0 || ferry_ticket_wait(t, 60000) != FERRY_TICKET_COMPLETED)
+        if (ferry_submit(e, &ops[i], 1, 0, &t, NULL) < 0 || ferry_ticket_wait(t, 60000) != FERRY_TICKET_COMPLETED)
             why = i ? "read" : "write";
         ferry_ticket_free(t);
     }
     if (!why && memcmp(a, b, rr.len) != 0)
         why = "read-back mismatch";
     ops[0].key ^= 1;
-    if (!why && (ferry_submit(e, &ops[0], 1, 0, &t) < 0 || ferry_ticket_wait(t, 60000) != FERRY_TICKET_ABORTED))
+    if (!why && (ferry_submit(e, &ops[0], 1, 0, &t, NULL) < 0 || ferry_ticket_wait(t, 60000) != FERRY_TICKET_ABORTED))
         why = "wrong key not refused";
     if (!why)
         ferry_ticket_free(t);
@@ -236,7 +238,7 @@ int ft_main_peer(int argc, char **argv)
     if (listen)
         snprintf(cfg.listen_addr, sizeof cfg.listen_addr, "%s", listen);
     ferry_engine *e;
-    int rc = ferry_engine_open(&cfg, &e);
+    int rc = ferry_engine_open(&cfg, &e, NULL);
     if (rc < 0) {
         printf("FAIL open %d\n", rc);
         return 1;
@@ -246,11 +248,11 @@ int ft_main_peer(int argc, char **argv)
         mem = aligned_alloc(4096, (size + 4095) & ~4095ull);
         if (mem)
             memset(mem, 0, size);
-    } else if (ferry_mem_alloc(e, size, &mem) < 0) {
+    } else if (ferry_mem_alloc(e, size, &mem, NULL) < 0) {
         mem = NULL;
     }
     ferry_region *r;
-    if (!mem || ferry_region_register(e, mem, size, flags, FERRY_MEM_HOST, &r) < 0) {
+    if (!mem || ferry_region_register(e, mem, size, flags, FERRY_MEM_HOST, &r, NULL) < 0) {
         printf("FAIL region\n");
         return 1;
     }

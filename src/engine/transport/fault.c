@@ -51,7 +51,9 @@ typedef struct fault_conn {
 
 /* ---- spec --------------------------------------------------------------- */
 
-static int parse(const char *spec, fr_fault *f)
+#define FAULT_KEYS "post_fail_after, complete_fail_after, delay_ms, drop_after, map_fail"
+
+static int parse(const char *spec, fr_fault *f, ferry_error *err)
 {
     char buf[128];
     snprintf(buf, sizeof buf, "%s", spec);
@@ -59,12 +61,14 @@ static int parse(const char *spec, fr_fault *f)
     for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(tok, '=');
         if (!eq)
-            return FERRY_EINVAL;
+            return fr_fail(err, FERRY_EINVAL, "bad fault spec \"%s\": \"%s\" is not KEY=N (keys: " FAULT_KEYS ")",
+                           spec, tok);
         *eq = 0;
         char *end;
         unsigned long long v = strtoull(eq + 1, &end, 10);
         if (*end || eq[1] == 0)
-            return FERRY_EINVAL;
+            return fr_fail(err, FERRY_EINVAL, "bad fault spec \"%s\": %s=%s: the value is not a number", spec,
+                           tok, eq + 1);
         if (!strcmp(tok, "post_fail_after"))
             f->post_fail_after = v;
         else if (!strcmp(tok, "complete_fail_after"))
@@ -76,7 +80,8 @@ static int parse(const char *spec, fr_fault *f)
         else if (!strcmp(tok, "map_fail"))
             f->map_fail = v != 0;
         else
-            return FERRY_EINVAL;
+            return fr_fail(err, FERRY_EINVAL, "bad fault spec \"%s\": unknown key \"%s\" (keys: " FAULT_KEYS ")",
+                           spec, tok);
     }
     return 0;
 }
@@ -142,14 +147,14 @@ static void fault_done(fr_chunk *c, int status, bool touched)
     deliver(f, c, status, touched);
 }
 
-int fr_fault_create(const char *spec, fr_fault **out)
+int fr_fault_create(const char *spec, fr_fault **out, ferry_error *err)
 {
     fr_fault *f = fr_calloc(1, sizeof *f);
     if (!f)
-        return FERRY_ENOMEM;
+        return fr_fail(err, FERRY_ENOMEM, "fault injection: out of memory");
     f->post_fail_after = f->complete_fail_after = OFF;
     atomic_init(&f->drop_after, OFF);
-    int rc = parse(spec, f);
+    int rc = parse(spec, f, err);
     if (rc < 0) {
         fr_free(f);
         return rc;
@@ -178,14 +183,14 @@ void fr_fault_destroy(fr_fault *f)
 
 /* ---- the wrapper ops -------------------------------------------------------- */
 
-static int fault_connect(ferry_engine *e, fr_peer *p, void **out)
+static int fault_connect(ferry_engine *e, fr_peer *p, void **out, ferry_error *err)
 {
     fault_conn *fc = fr_calloc(1, sizeof *fc);
     if (!fc)
-        return FERRY_ENOMEM;
+        return fr_fail(err, FERRY_ENOMEM, "out of memory");
     fc->f = e->fault;
     fc->inner = p->inner_tp;
-    int rc = fc->inner->connect(e, p, &fc->ic);
+    int rc = fc->inner->connect(e, p, &fc->ic, err);
     if (rc < 0) {
         fr_free(fc);
         return rc;

@@ -216,11 +216,11 @@ static void *accept_main(void *arg)
     return NULL;
 }
 
-static int shm_start(ferry_engine *e, void **state)
+static int shm_start(ferry_engine *e, void **state, ferry_error *err)
 {
     shm_server *s = fr_calloc(1, sizeof *s);
     if (!s)
-        return FERRY_ENOMEM;
+        return fr_fail(err, FERRY_ENOMEM, "out of memory");
     s->e = e;
     pthread_mutex_init(&s->lock, NULL);
     snprintf(e->ep.uds, sizeof e->ep.uds, "ferry-%u-%016llx", (unsigned)getpid(),
@@ -229,9 +229,11 @@ static int shm_start(ferry_engine *e, void **state)
     size_t nl = strlen(e->ep.uds);
     memcpy(a.sun_path + 1, e->ep.uds, nl);   /* abstract namespace: no file to clean up */
     socklen_t alen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + nl);
+    const char *step = "cannot listen on the abstract socket";
     s->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (s->lfd < 0 || bind(s->lfd, (struct sockaddr *)&a, alen) < 0 || listen(s->lfd, 128) < 0)
         goto fail;
+    step = "cannot open the handshake gate of";
     /* Every peer here is a local process: the source a cap counts is its
      * user (SO_PEERCRED). */
     const fr_hsgate_config gc = {
@@ -241,12 +243,14 @@ static int shm_start(ferry_engine *e, void **state)
     };
     if (fr_hsgate_open(&gc, s->lfd, &s->gate) < 0)
         goto fail;
+    step = "cannot start the thread that accepts on";
     if (pthread_create(&s->accept_th, NULL, accept_main, s) != 0)
         goto fail;
     e->ep.transports |= FR_TRANSPORT_SHM;
     *state = s;
     return 0;
 fail:
+    fr_fail(err, FERRY_EIO, "%s @%s: %s", step, e->ep.uds, strerror(errno));
     fr_hsgate_close(s->gate);
     if (s->lfd >= 0)
         close(s->lfd);
@@ -571,38 +575,39 @@ static void conn_free(shm_conn *c)
     fr_free(c);
 }
 
-static int handshake(ferry_engine *e, fr_peer *p, shm_conn *c)
+static int handshake(ferry_engine *e, fr_peer *p, shm_conn *c, ferry_error *err)
 {
     struct sockaddr_un a = {.sun_family = AF_UNIX};
     size_t nl = strnlen(p->ep.uds, FR_UDS_MAX);
     if (nl == 0)
-        return FERRY_ENOTSUP;
+        return fr_fail(err, FERRY_ENOTSUP, "the peer serves no shm socket");
     memcpy(a.sun_path + 1, p->ep.uds, nl);
     socklen_t alen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + nl);
     c->ctrl = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (c->ctrl < 0)
-        return FERRY_EIO;
+        return fr_fail(err, FERRY_EIO, "socket: %s", strerror(errno));
     if (connect(c->ctrl, (struct sockaddr *)&a, alen) < 0)
-        return FERRY_ECONNREFUSED;
+        return fr_fail(err, FERRY_ECONNREFUSED, "connect to @%.*s: %s (is the peer process alive?)", (int)nl,
+                       p->ep.uds, strerror(errno));
     fr_sock_timeouts(c->ctrl, e->cfg.connect_timeout_ms);
     uint32_t pid;
-    int rc = fr_auth_client(e, c->ctrl, p, FR_ROLE_SHM_CTRL, 0, &pid);
+    int rc = fr_auth_client(e, c->ctrl, p, FR_ROLE_SHM_CTRL, 0, &pid, err);
     if (rc < 0)
         return rc;
     fr_msg hello;
     int tfd;
     rc = recv_with_fd(c->ctrl, &hello, &tfd);
     if (rc < 0)
-        return rc;
+        return fr_fail(err, rc, "no key table from the peer: %s", ferry_strerror(rc));
     if (hello.type != FR_MSG_SHM_HELLO || hello.u.shm_hello.table_slots != FR_KEYTAB_SLOTS || tfd < 0) {
         if (tfd >= 0)
             close(tfd);
-        return FERRY_EPROTO;
+        return fr_fail(err, FERRY_EPROTO, "the peer's hello is malformed (another ferry version?)");
     }
     void *t = mmap(NULL, FR_KEYTAB_SLOTS * sizeof(fr_keyslot), PROT_READ, MAP_SHARED, tfd, 0);
     close(tfd);
     if (t == MAP_FAILED)
-        return FERRY_ENOMEM;
+        return fr_fail(err, FERRY_ENOMEM, "cannot map the peer's key table: %s", strerror(errno));
     c->keytab = t;
     c->pid = (pid_t)hello.u.shm_hello.pid;
     c->pidfd = (int)syscall(SYS_pidfd_open, c->pid, 0);
@@ -610,11 +615,11 @@ static int handshake(ferry_engine *e, fr_peer *p, shm_conn *c)
     return 0;
 }
 
-static int shm_connect(ferry_engine *e, fr_peer *p, void **out)
+static int shm_connect(ferry_engine *e, fr_peer *p, void **out, ferry_error *err)
 {
     shm_conn *c = fr_calloc(1, sizeof *c);
     if (!c)
-        return FERRY_ENOMEM;
+        return fr_fail(err, FERRY_ENOMEM, "out of memory");
     c->e = e;
     c->peer = p->id;
     c->ctrl = -1;
@@ -623,18 +628,22 @@ static int shm_connect(ferry_engine *e, fr_peer *p, void **out)
     pthread_mutex_init(&c->ctrl_lock, NULL);
     pthread_cond_init(&c->ctrl_cond, NULL);
     pthread_cond_init(&c->cond, NULL);
-    int rc = handshake(e, p, c);
+    int rc = handshake(e, p, c, err);
     if (rc < 0)
         goto fail;
     c->workers = fr_calloc(e->cfg.shm_threads, sizeof *c->workers);
     rc = FERRY_ENOMEM;
-    if (!c->workers)
+    if (!c->workers) {
+        fr_fail(err, rc, "out of memory");
         goto fail;
+    }
     for (; c->nworkers < e->cfg.shm_threads; c->nworkers++)
         if (pthread_create(&c->workers[c->nworkers], NULL, worker_main, c) != 0)
             break;
-    if (c->nworkers == 0)
+    if (c->nworkers == 0) {
+        fr_fail(err, rc, "cannot start a copy thread");
         goto fail;
+    }
     *out = c;
     return 0;
 fail:

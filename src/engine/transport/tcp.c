@@ -432,28 +432,30 @@ static void *receiver_main(void *arg)
 /* ---- connect / post / disconnect ------------------------------------------ */
 
 static int stream_open(tcp_conn *c, tcp_stream *s, const fr_peer *p,
-                       const struct sockaddr_storage *ss, socklen_t sl, uint64_t deadline)
+                       const struct sockaddr_storage *ss, socklen_t sl, uint64_t deadline, ferry_error *err)
 {
     uint32_t pid = 0;
 
     s->fd = socket(ss->ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (s->fd < 0)
-        return FERRY_EIO;
+        return fr_fail(err, FERRY_EIO, "socket: %s", strerror(errno));
     int rc = fr_sock_connect_deadline(s->fd, ss, sl, deadline);
     if (rc < 0)
-        return rc;
+        return fr_fail(err, rc, "%s", ferry_strerror(rc));
     fr_tcp_set_nodelay(s->fd);
     int ms = fr_ms_left(deadline);
     if (ms == 0)
-        return FERRY_ETIMEDOUT;
+        return fr_fail(err, FERRY_ETIMEDOUT, "no time left for the handshake (connect_timeout_ms %d)",
+                       c->e->cfg.connect_timeout_ms);
     rc = fr_sock_timeouts(s->fd, ms < 0 ? 0 : ms);
     if (rc < 0)
-        return rc;
+        return fr_fail(err, rc, "%s", ferry_strerror(rc));
     /* Its code is passed on unchanged: FERRY_ESTALE must reach the caller. */
-    rc = fr_auth_client(c->e, s->fd, p, FR_ROLE_TCP_STREAM, (uint16_t)s->idx, &pid);
+    rc = fr_auth_client(c->e, s->fd, p, FR_ROLE_TCP_STREAM, (uint16_t)s->idx, &pid, err);
     if (rc < 0)
         return rc;
-    return fr_sock_timeouts(s->fd, 0);
+    rc = fr_sock_timeouts(s->fd, 0);
+    return rc < 0 ? fr_fail(err, rc, "%s", ferry_strerror(rc)) : 0;
 }
 
 static int stream_start(tcp_stream *s)
@@ -532,7 +534,7 @@ static tcp_conn *conn_alloc(ferry_engine *e, unsigned ns)
     return c;
 }
 
-static int tcp_connect(ferry_engine *e, fr_peer *p, void **out)
+static int tcp_connect(ferry_engine *e, fr_peer *p, void **out, ferry_error *err)
 {
     struct sockaddr_storage ss;
     socklen_t sl;
@@ -540,20 +542,25 @@ static int tcp_connect(ferry_engine *e, fr_peer *p, void **out)
     ns = ns < 1 ? 1 : ns > MAX_STREAMS ? MAX_STREAMS : ns;
 
     if (!(p->ep.transports & FR_TRANSPORT_TCP))
-        return FERRY_ENOTSUP;
+        return fr_fail(err, FERRY_ENOTSUP, "the peer does not serve tcp");
     tcp_conn *c = conn_alloc(e, ns);
     if (!c)
-        return FERRY_ENOMEM;
+        return fr_fail(err, FERRY_ENOMEM, "out of memory");
     int rc = fr_tcp_endpoint_sockaddr(&p->ep, &ss, &sl, c->peer, sizeof c->peer);
+    if (rc < 0)
+        fr_fail(err, rc, "its descriptor has no usable tcp address");
     const int tmo = e->cfg.connect_timeout_ms;
     const uint64_t deadline = fr_deadline_ns(tmo > 0 ? tmo : -1);
     for (unsigned i = 0; rc == 0 && i < ns; i++) {
-        rc = stream_open(c, &c->s[i], p, &ss, sl, deadline);
-        if (rc < 0)   /* the engine reports the failure; this adds where */
-            FR_INFO(TAG, "connect to %s (stream %u) failed: %s", c->peer, i, ferry_strerror(rc));
+        rc = stream_open(c, &c->s[i], p, &ss, sl, deadline, err);
+        if (rc < 0 && err)   /* where, before what stream_open said */
+            fr_fail(err, rc, "%s (stream %u of %u): %s", c->peer, i, ns, err->msg);
     }
-    for (unsigned i = 0; rc == 0 && i < ns; i++)
+    for (unsigned i = 0; rc == 0 && i < ns; i++) {
         rc = stream_start(&c->s[i]);
+        if (rc < 0)
+            fr_fail(err, rc, "%s: cannot start the threads of stream %u", c->peer, i);
+    }
     if (rc < 0) {
         conn_free(c);
         return rc;

@@ -30,7 +30,7 @@ int fr_tcp_endpoint_sockaddr(const fr_endpoint *ep, struct sockaddr_storage *ss,
 void fr_tcp_set_nodelay(int fd);
 
 /* Serving side (fr_transport start/stop). */
-int fr_tcp_start(ferry_engine *e, void **state);
+int fr_tcp_start(ferry_engine *e, void **state, ferry_error *err);
 void fr_tcp_stop(void *state);
 
 #endif

@@ -288,43 +288,37 @@ static void *acceptor_main(void *arg)
     return NULL;
 }
 
-static int srv_listen(ferry_engine *e, tcp_server *srv)
+static int srv_listen(ferry_engine *e, tcp_server *srv, ferry_error *err)
 {
     struct sockaddr_storage ss;
     socklen_t sl;
     const int one = 1;
 
     int rc = fr_sock_parse_hostport(e->cfg.listen_addr, &ss, &sl);
-    if (rc < 0) {
-        FR_ERROR(TAG, "bad listen address \"%s\" (want HOST:PORT or [V6]:PORT)", e->cfg.listen_addr);
-        return rc;
-    }
+    if (rc < 0)
+        return fr_fail(err, rc, "bad listen address \"%s\" (want HOST:PORT or [V6]:PORT)", e->cfg.listen_addr);
     srv->lfd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (srv->lfd < 0) {
-        FR_ERROR(TAG, "socket: %s", strerror(errno));
-        return FERRY_EIO;
-    }
+    if (srv->lfd < 0)
+        return fr_fail(err, FERRY_EIO, "socket: %s", strerror(errno));
     (void)setsockopt(srv->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(srv->lfd, (struct sockaddr *)&ss, sl) < 0 || listen(srv->lfd, SOMAXCONN) < 0) {
-        FR_ERROR(TAG, "cannot listen on %s: %s", e->cfg.listen_addr, strerror(errno));
-        return FERRY_EIO;
-    }
+    if (bind(srv->lfd, (struct sockaddr *)&ss, sl) < 0 || listen(srv->lfd, SOMAXCONN) < 0)
+        return fr_fail(err, FERRY_EIO, "cannot listen on %s: %s", e->cfg.listen_addr, strerror(errno));
     sl = sizeof ss;
     if (getsockname(srv->lfd, (struct sockaddr *)&ss, &sl) < 0)
-        return FERRY_EIO;
+        return fr_fail(err, FERRY_EIO, "getsockname: %s", strerror(errno));
     fr_tcp_publish_endpoint(e, &ss);
     return 0;
 }
 
-int fr_tcp_start(ferry_engine *e, void **state)
+int fr_tcp_start(ferry_engine *e, void **state, ferry_error *err)
 {
     tcp_server *srv = fr_calloc(1, sizeof *srv);
     if (!srv)
-        return FERRY_ENOMEM;
+        return fr_fail(err, FERRY_ENOMEM, "out of memory");
     srv->e = e;
     srv->lfd = -1;
     pthread_mutex_init(&srv->lock, NULL);
-    int rc = srv_listen(e, srv);
+    int rc = srv_listen(e, srv, err);
     if (rc == 0) {
         const fr_hsgate_config gc = {
             .tag = TAG, .key = e->auth_key, .instance = e->ep.instance,
@@ -333,9 +327,11 @@ int fr_tcp_start(ferry_engine *e, void **state)
             .stop_fd = -1, .ready = srv_ready, .failed = srv_failed, .arg = srv,
         };
         rc = fr_hsgate_open(&gc, srv->lfd, &srv->gate);
+        if (rc < 0)
+            fr_fail(err, rc, "cannot open the handshake gate: %s", ferry_strerror(rc));
     }
     if (rc == 0 && pthread_create(&srv->acceptor, NULL, acceptor_main, srv) != 0)
-        rc = FERRY_ENOMEM;
+        rc = fr_fail(err, FERRY_ENOMEM, "cannot start the acceptor thread");
     if (rc < 0) {
         fr_hsgate_close(srv->gate);
         if (srv->lfd >= 0)

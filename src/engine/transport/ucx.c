@@ -206,9 +206,9 @@ static void keyreq_answered(ucx_conn *c, struct ucx_keyreq *q, int status, const
         else
             fr_chunk_done(ch, status == 0 ? FERRY_ENOMEM : FERRY_EACCES, false);
     }
-    if (status < 0)
-        FR_WARN(UCX_TAG, "%s has no remote-accessible region with key %016llx", c->peer,
-                (unsigned long long)q->key);
+    if (status < 0)   /* the ticket names the op: debug only */
+        FR_DEBUG(UCX_TAG, "%s has no remote-accessible region with key %016llx", c->peer,
+                 (unsigned long long)q->key);
     if (k > 0 && post_rw(c, list, k) < 0)
         for (size_t i = 0; i < k; i++)
             fr_chunk_done(list[i], FERRY_ENOMEM, false);
@@ -413,8 +413,8 @@ static int check_chunk(ucx_conn *c, const fr_chunk *ch, ucp_rkey_h *rk)
         if (!inside(sa, sn, c->rkeys[i].base, c->rkeys[i].len) || !inside(ch->remote_addr, ext, sa, sn))
             rc = FERRY_EFAULT;
     }
-    if (rc < 0 && (ch->span_len == 0 || ch->remote_addr == ch->span_addr))   /* a line per op */
-        FR_WARN(UCX_TAG, "refused %s of %llu bytes at 0x%llx on %s: %s",
+    if (rc < 0 && (ch->span_len == 0 || ch->remote_addr == ch->span_addr))   /* the ticket names the op */
+        FR_DEBUG(UCX_TAG, "refused %s of %llu bytes at 0x%llx on %s: %s",
                 ch->opcode == FERRY_OP_WRITE ? "write" : "read",
                 (unsigned long long)(ch->span_len ? ch->span_len : fr_chunk_bytes(ch)),
                 (unsigned long long)ch->remote_addr, c->peer,
@@ -662,7 +662,7 @@ static void ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t s)
 }
 
 /* The control handshake, then the worker address the peer sends. */
-static int ctrl_open(ferry_engine *e, ucx_conn *c, uint8_t **addr)
+static int ctrl_open(ferry_engine *e, ucx_conn *c, uint8_t **addr, ferry_error *err)
 {
     struct sockaddr_storage ss;
     socklen_t sl;
@@ -670,28 +670,30 @@ static int ctrl_open(ferry_engine *e, ucx_conn *c, uint8_t **addr)
     const int tmo = e->cfg.connect_timeout_ms;
     c->fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (c->fd < 0)
-        return FERRY_EIO;
+        return fr_fail(err, FERRY_EIO, "socket: %s", strerror(errno));
     int rc = fr_sock_connect_deadline(c->fd, &ss, sl, fr_deadline_ns(tmo > 0 ? tmo : -1));
     if (rc == 0)
         rc = fr_sock_timeouts(c->fd, tmo > 0 ? tmo : 0);
+    if (rc < 0)
+        return fr_fail(err, rc, "control connection to %s: %s", c->peer, ferry_strerror(rc));
     uint32_t pid = 0;
-    if (rc == 0)   /* its code is passed on unchanged: FERRY_ESTALE must reach the caller */
-        rc = fr_auth_client(e, c->fd, c->p, FR_ROLE_UCX_CTRL, 0, &pid);
-    uint8_t lb[4];
-    if (rc == 0)
-        rc = fr_read_full(c->fd, lb, 4);
+    /* its code is passed on unchanged: FERRY_ESTALE must reach the caller */
+    rc = fr_auth_client(e, c->fd, c->p, FR_ROLE_UCX_CTRL, 0, &pid, err);
+    if (rc < 0)
+        return err ? fr_fail(err, rc, "control connection to %s: %s", c->peer, err->msg) : rc;
+    uint8_t lb[4] = {0};
+    rc = fr_read_full(c->fd, lb, 4);
     uint32_t n = (uint32_t)lb[0] | (uint32_t)lb[1] << 8 | (uint32_t)lb[2] << 16 | (uint32_t)lb[3] << 24;
-    if (rc == 0 && (n == 0 || n > UCX_ADDR_MAX)) {
-        FR_WARN(UCX_TAG, "%s sent a %u-byte worker address (at most %u)", c->peer, n, UCX_ADDR_MAX);
-        rc = FERRY_EPROTO;
-    }
+    if (rc == 0 && (n == 0 || n > UCX_ADDR_MAX))
+        return fr_fail(err, FERRY_EPROTO, "%s sent a %u-byte worker address (at most %u)", c->peer, n,
+                       UCX_ADDR_MAX);
     if (rc == 0) {
         *addr = fr_calloc(1, n + UCX_UNPACK_PAD);   /* zeroes after it: UCX takes no length */
         rc = *addr ? fr_read_full(c->fd, *addr, n) : FERRY_ENOMEM;
     }
     if (rc == 0)
         rc = fr_sock_timeouts(c->fd, 0);
-    return rc;
+    return rc < 0 ? fr_fail(err, rc, "no worker address from %s: %s", c->peer, ferry_strerror(rc)) : 0;
 }
 
 /* Peer error handling where the transports have it (tcp, verbs): UCX then
@@ -700,7 +702,7 @@ static int ctrl_open(ferry_engine *e, ucx_conn *c, uint8_t **addr)
  * endpoint is made without; either way the control connection's end is
  * what fails the endpoint (forced close), so a peer that dies is noticed
  * the same way. */
-static int make_ep(ucx_conn *c, const uint8_t *addr)
+static int make_ep(ucx_conn *c, const uint8_t *addr, ferry_error *err)
 {
     ucs_status_t s = UCS_ERR_UNREACHABLE;
     /* Once refused, not tried again: UCX logs an error line for each try. */
@@ -723,9 +725,9 @@ static int make_ep(ucx_conn *c, const uint8_t *addr)
     }
     if (s != UCS_OK) {
         c->ep = NULL;
-        FR_WARN(UCX_TAG, "cannot reach the UCX worker of %s: %s (do both sides share a transport in UCX_TLS?)",
-                c->peer, ucs_status_string(s));
-        return s == UCS_ERR_UNREACHABLE ? FERRY_ENOTSUP : FERRY_ECONNREFUSED;
+        return fr_fail(err, s == UCS_ERR_UNREACHABLE ? FERRY_ENOTSUP : FERRY_ECONNREFUSED,
+                       "cannot reach the UCX worker of %s: %s (do both sides share a transport in UCX_TLS?)",
+                       c->peer, ucs_status_string(s));
     }
     atomic_fetch_add(&c->st->eps_created, 1);
     return 0;
@@ -742,26 +744,26 @@ static void conn_free(ucx_conn *c)
     fr_free(c);
 }
 
-static int ucx_connect(ferry_engine *e, fr_peer *p, void **out)
+static int ucx_connect(ferry_engine *e, fr_peer *p, void **out, ferry_error *err)
 {
     ucx_state *st = e->tp_state[FR_TP_UCX];
     if (!st || !(p->ep.transports & FR_TRANSPORT_UCX))
-        return FERRY_ENOTSUP;
+        return fr_fail(err, FERRY_ENOTSUP, st ? "the peer does not serve ucx" : "this engine does not run ucx");
     ucx_conn *c = fr_calloc(1, sizeof *c);
     if (!c)
-        return FERRY_ENOMEM;
+        return fr_fail(err, FERRY_ENOMEM, "out of memory");
     c->st = st;
     c->p = p;
     c->fd = -1;
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->cond, NULL);
     uint8_t *addr = NULL;
-    int rc = ctrl_open(e, c, &addr);
+    int rc = ctrl_open(e, c, &addr, err);
     if (rc == 0)
-        rc = make_ep(c, addr);
+        rc = make_ep(c, addr, err);
     fr_free(addr);
-    if (rc == 0)
-        rc = fr_ucx_attach(st, c);
+    if (rc == 0 && (rc = fr_ucx_attach(st, c)) < 0)
+        fr_fail(err, rc, "cannot hand the connection to %s to the progress thread: %s", c->peer, ferry_strerror(rc));
     if (rc < 0) {
         if (c->ep) {
             ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};

@@ -120,14 +120,14 @@ struct ucx_conn {
 };
 
 /* ucx_server.c */
-int fr_ucx_start(ferry_engine *e, void **state);
+int fr_ucx_start(ferry_engine *e, void **state, ferry_error *err);
 void fr_ucx_stop(void *state);
 /* The memory hooks of the ops table (fr_transport): mem_alloc allocates
  * with UCX (ucp_mem_map, UCP_MEM_MAP_ALLOCATE), reg maps a region with
  * ucp_mem_map (or uses its allocation's mapping) and packs its rkey. */
 int fr_ucx_mem_alloc(void *state, size_t len, void **addr, void **handle);
 void fr_ucx_mem_free(void *state, void *handle);
-int fr_ucx_region_map(void *state, ferry_region *r, void *alloc_handle);
+int fr_ucx_region_map(void *state, ferry_region *r, void *alloc_handle, ferry_error *err);
 void fr_ucx_region_unmap(void *state, ferry_region *r);
 /* Hand a connection to the progress thread (its control fd joins the epoll
  * set). 0 or a negative code. */

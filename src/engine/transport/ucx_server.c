@@ -284,7 +284,7 @@ void fr_ucx_mem_free(void *state, void *handle)
     (void)ucp_mem_unmap(st->ctx, handle);
 }
 
-int fr_ucx_region_map(void *state, ferry_region *r, void *alloc_handle)
+int fr_ucx_region_map(void *state, ferry_region *r, void *alloc_handle, ferry_error *err)
 {
     ucx_state *st = state;
     ucp_mem_h mh = alloc_handle;
@@ -296,22 +296,19 @@ int fr_ucx_region_map(void *state, ferry_region *r, void *alloc_handle)
         };
         s = ucp_mem_map(st->ctx, &mp, &mh);
     }
-    if (s != UCS_OK) {
-        FR_ERROR(UCX_TAG, "cannot map %llu bytes at %p for remote access: %s", (unsigned long long)r->len,
-                 (void *)r->addr, ucs_status_string(s));
-        return fr_ucx_code(s) == FERRY_ENOMEM ? FERRY_ENOMEM : FERRY_EIO;
-    }
+    if (s != UCS_OK)
+        return fr_fail(err, fr_ucx_code(s) == FERRY_ENOMEM ? FERRY_ENOMEM : FERRY_EIO,
+                       "cannot map %llu bytes at %p for remote access: %s", (unsigned long long)r->len,
+                       (void *)r->addr, ucs_status_string(s));
     void *rk;
     size_t rkl;
     s = ucp_rkey_pack(st->ctx, mh, &rk, &rkl);
     int rc = 0;
     if (s != UCS_OK) {
-        FR_ERROR(UCX_TAG, "cannot pack the remote key of a region: %s", ucs_status_string(s));
-        rc = FERRY_EIO;
+        rc = fr_fail(err, FERRY_EIO, "cannot pack the remote key of a region: %s", ucs_status_string(s));
     } else if (rkl > FR_DESC_RKEY_MAX || !fr_ucx_rkey_ok(rk, rkl)) {
-        FR_ERROR(UCX_TAG, "UCX packed a %zu-byte remote key; a descriptor carries at most %u bytes of UCX's layout"
-                 " (restrict UCX_TLS to fewer transports)", rkl, FR_DESC_RKEY_MAX);
-        rc = FERRY_ENOSPC;
+        rc = fr_fail(err, FERRY_ENOSPC, "UCX packed a %zu-byte remote key; a descriptor carries at most %u bytes "
+                     "of UCX's layout (restrict UCX_TLS to fewer transports)", rkl, FR_DESC_RKEY_MAX);
     } else {
         memcpy(r->rkey, rk, rkl);
         r->rkey_len = (uint16_t)rkl;
@@ -489,28 +486,26 @@ static void *acceptor_main(void *arg)
 }
 
 /* Listen on the engine's listen host, any port; publish it. */
-static int listen_ctrl(ucx_state *st)
+static int listen_ctrl(ucx_state *st, ferry_error *err)
 {
     ferry_engine *e = st->e;
     struct sockaddr_storage ss;
     socklen_t sl;
     int rc = fr_sock_parse_hostport(e->cfg.listen_addr, &ss, &sl);
     if (rc < 0)
-        return rc;
+        return fr_fail(err, rc, "bad listen address \"%s\" (want HOST:PORT or [V6]:PORT)", e->cfg.listen_addr);
     if (ss.ss_family == AF_INET)
         ((struct sockaddr_in *)&ss)->sin_port = 0;
     else
         ((struct sockaddr_in6 *)&ss)->sin6_port = 0;
     st->lfd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (st->lfd < 0)
-        return FERRY_EIO;
-    if (bind(st->lfd, (struct sockaddr *)&ss, sl) < 0 || listen(st->lfd, SOMAXCONN) < 0) {
-        FR_ERROR(UCX_TAG, "cannot listen for ucx control connections: %s", strerror(errno));
-        return FERRY_EIO;
-    }
+        return fr_fail(err, FERRY_EIO, "socket: %s", strerror(errno));
+    if (bind(st->lfd, (struct sockaddr *)&ss, sl) < 0 || listen(st->lfd, SOMAXCONN) < 0)
+        return fr_fail(err, FERRY_EIO, "cannot listen for ucx control connections: %s", strerror(errno));
     sl = sizeof ss;
     if (getsockname(st->lfd, (struct sockaddr *)&ss, &sl) < 0)
-        return FERRY_EIO;
+        return fr_fail(err, FERRY_EIO, "getsockname: %s", strerror(errno));
     e->ep.ucx_port = ntohs(ss.ss_family == AF_INET ? ((struct sockaddr_in *)&ss)->sin_port
                                                    : ((struct sockaddr_in6 *)&ss)->sin6_port);
     const fr_hsgate_config gc = {
@@ -520,23 +515,21 @@ static int listen_ctrl(ucx_state *st)
     };
     rc = fr_hsgate_open(&gc, st->lfd, &st->gate);
     if (rc < 0)
-        return rc;
+        return fr_fail(err, rc, "cannot open the handshake gate: %s", ferry_strerror(rc));
     if (pthread_create(&st->acceptor, NULL, acceptor_main, st) != 0)
-        return FERRY_ENOMEM;
+        return fr_fail(err, FERRY_ENOMEM, "cannot start the acceptor thread");
     st->has_acceptor = true;
     return 0;
 }
 
 /* ---- start / stop ------------------------------------------------------------ */
 
-static int open_worker(ucx_state *st)
+static int open_worker(ucx_state *st, ferry_error *err)
 {
     ucp_config_t *cfg;
     ucs_status_t s = ucp_config_read(NULL, NULL, &cfg);   /* UCX_TLS, UCX_NET_DEVICES, ... */
-    if (s != UCS_OK) {
-        FR_ERROR(UCX_TAG, "cannot read the UCX configuration: %s", ucs_status_string(s));
-        return FERRY_EINVAL;
-    }
+    if (s != UCS_OK)
+        return fr_fail(err, FERRY_EINVAL, "cannot read the UCX configuration: %s", ucs_status_string(s));
     /* UCX's own keepalive off unless UCX_KEEPALIVE_INTERVAL says otherwise:
      * ferry's control connection and ticket deadlines already notice a dead
      * or stalled peer, and over UCX 1.13's tcp transport the keepalive's
@@ -557,43 +550,40 @@ static int open_worker(ucx_state *st)
     s = ucp_init(&pp, cfg, &st->ctx);
     ucp_config_release(cfg);
     if (s != UCS_OK) {
-        FR_ERROR(UCX_TAG, "cannot initialise UCX: %s (check UCX_TLS / UCX_NET_DEVICES)", ucs_status_string(s));
         st->ctx = NULL;
-        return FERRY_EIO;
+        return fr_fail(err, FERRY_EIO, "cannot initialise UCX: %s (check UCX_TLS / UCX_NET_DEVICES)",
+                       ucs_status_string(s));
     }
     ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
                               .thread_mode = UCS_THREAD_MODE_MULTI};
     s = ucp_worker_create(st->ctx, &wp, &st->worker);
     if (s != UCS_OK) {
-        FR_ERROR(UCX_TAG, "cannot create a UCX worker: %s", ucs_status_string(s));
         st->worker = NULL;
-        return FERRY_EIO;
+        return fr_fail(err, FERRY_EIO, "cannot create a UCX worker: %s", ucs_status_string(s));
     }
     s = ucp_worker_get_address(st->worker, &st->addr, &st->addr_len);
     if (s == UCS_OK && st->addr_len > UCX_ADDR_MAX)
         s = UCS_ERR_EXCEEDS_LIMIT;
     if (s == UCS_OK)
         s = ucp_worker_get_efd(st->worker, &st->worker_fd);
-    if (s != UCS_OK) {
-        FR_ERROR(UCX_TAG, "cannot set up the UCX worker: %s", ucs_status_string(s));
-        return FERRY_EIO;
-    }
+    if (s != UCS_OK)
+        return fr_fail(err, FERRY_EIO, "cannot set up the UCX worker: %s", ucs_status_string(s));
     return 0;
 }
 
-static int open_events(ucx_state *st)
+static int open_events(ucx_state *st, ferry_error *err)
 {
     st->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     st->epfd = epoll_create1(EPOLL_CLOEXEC);
     if (st->wake_fd < 0 || st->epfd < 0)
-        return FERRY_EIO;
+        return fr_fail(err, FERRY_EIO, "cannot create the progress thread's events: %s", strerror(errno));
     struct epoll_event w = {.events = EPOLLIN, .data.ptr = &st->wake_fd};
     struct epoll_event u = {.events = EPOLLIN, .data.ptr = &st->worker_fd};
     if (epoll_ctl(st->epfd, EPOLL_CTL_ADD, st->wake_fd, &w) < 0 ||
         epoll_ctl(st->epfd, EPOLL_CTL_ADD, st->worker_fd, &u) < 0)
-        return FERRY_EIO;
+        return fr_fail(err, FERRY_EIO, "epoll_ctl: %s", strerror(errno));
     if (pthread_create(&st->progress, NULL, progress_main, st) != 0)
-        return FERRY_ENOMEM;
+        return fr_fail(err, FERRY_ENOMEM, "cannot start the progress thread");
     st->has_progress = true;
     return 0;
 }
@@ -623,25 +613,25 @@ static ucs_log_func_rc_t ucx_log(const char *file, unsigned line, const char *fu
 
 static void ucx_log_install(void) { ucs_log_push_handler(ucx_log); }
 
-int fr_ucx_start(ferry_engine *e, void **state)
+int fr_ucx_start(ferry_engine *e, void **state, ferry_error *err)
 {
-    int rc = fr_ucx_load();   /* the first ucx engine of the process loads UCX */
+    int rc = fr_ucx_load(err);   /* the first ucx engine of the process loads UCX */
     if (rc < 0)
         return rc;
     static pthread_once_t log_once = PTHREAD_ONCE_INIT;
     pthread_once(&log_once, ucx_log_install);
     ucx_state *st = fr_calloc(1, sizeof *st);
     if (!st)
-        return FERRY_ENOMEM;
+        return fr_fail(err, FERRY_ENOMEM, "out of memory");
     st->e = e;
     st->lfd = st->wake_fd = st->epfd = -1;
     pthread_mutex_init(&st->lock, NULL);
     pthread_cond_init(&st->cond, NULL);
-    rc = open_worker(st);
+    rc = open_worker(st, err);
     if (rc == 0)
-        rc = open_events(st);
+        rc = open_events(st, err);
     if (rc == 0)
-        rc = listen_ctrl(st);
+        rc = listen_ctrl(st, err);
     *state = st;   /* stop() undoes whatever part succeeded */
     if (rc < 0)
         return rc;

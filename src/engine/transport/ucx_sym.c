@@ -11,6 +11,7 @@
 fr_ucx_api fr_ucx;
 
 static int load_rc;
+static char load_why[300];   /* why it failed, for every later caller too */
 
 static void load(void)
 {
@@ -21,8 +22,8 @@ static void load(void)
         lib = FR_UCX_LIBRARY;
     void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
-        FR_ERROR("ucx", "cannot load %s, which the ucx transport needs (install UCX: libucx0): %s",
-                 lib, dlerror());
+        snprintf(load_why, sizeof load_why, "cannot load %s, which the ucx transport needs (install UCX: "
+                 "libucx0): %s", lib, dlerror());
         load_rc = FERRY_ENOTSUP;
         return;
     }
@@ -32,7 +33,8 @@ static void load(void)
     {                                                                                       \
         void *sym = dlsym(h, #f);                                                           \
         if (!sym) {                                                                         \
-            FR_ERROR("ucx", "%s has no %s (a UCX older than this build's)", lib, #f);            \
+            snprintf(load_why, sizeof load_why, "%s has no %s (a UCX older than this build's)", \
+                     lib, #f);                                                              \
             load_rc = FERRY_ENOTSUP;                                                        \
             return;                                                                         \
         }                                                                                   \
@@ -44,9 +46,9 @@ static void load(void)
     FR_DEBUG("ucx", "loaded %s", lib);
 }
 
-int fr_ucx_load(void)
+int fr_ucx_load(ferry_error *err)
 {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, load);
-    return load_rc;
+    return load_rc < 0 ? fr_fail(err, load_rc, "%s", load_why) : 0;
 }

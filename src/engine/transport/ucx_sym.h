@@ -13,6 +13,8 @@
 #include <ucp/api/ucp.h>
 #include <ucs/debug/log_def.h>
 
+#include "ferry/common.h"
+
 /* What fr_ucx_load opens; FERRY_UCX_LIBRARY (a file name the dynamic loader
  * resolves, or a path) names another. */
 #define FR_UCX_LIBRARY "libucp.so.0"
@@ -37,9 +39,9 @@ typedef struct fr_ucx_api {
 extern fr_ucx_api fr_ucx;
 
 /* Load UCX (once per process; later calls return the first call's result).
- * 0, or FERRY_ENOTSUP after an error line naming the library or the
- * missing function. UCX is never unloaded. */
-int fr_ucx_load(void);
+ * 0, or FERRY_ENOTSUP with err naming the library or the missing function.
+ * UCX is never unloaded. */
+int fr_ucx_load(ferry_error *err);
 
 #ifndef FR_UCX_SYM_IMPL
 #define ucp_cleanup (fr_ucx.ucp_cleanup)
