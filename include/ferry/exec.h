@@ -317,8 +317,11 @@ FERRY_API int ferry_exec_stream_submit(ferry_exec_stream *s, const ferry_op *ops
  * FERRY_EINVAL for an id not in flight. */
 FERRY_API int ferry_exec_stream_wait(ferry_exec_stream *s, uint64_t id, bool block, int *error);
 FERRY_API size_t ferry_exec_stream_inflight(const ferry_exec_stream *s);
-/* The stream's first error (0 while none). */
-FERRY_API int ferry_exec_stream_error(const ferry_exec_stream *s);
+/* The stream's first error (0 while none); err (may be NULL), when there is
+ * one, gets its sentence: the refused submit's op, or the failed batch's
+ * first failed op, peer and cause (ferry_ticket_error), or the batch whose
+ * outcome became unknown. Left alone while there is none. */
+FERRY_API int ferry_exec_stream_error(const ferry_exec_stream *s, ferry_error *err);
 /* Record a failure of the caller's part of the work (out of memory before
  * a submit) as the first error when none was yet. */
 FERRY_API void ferry_exec_stream_fail(ferry_exec_stream *s, int code);

@@ -22,7 +22,6 @@ void fr_stream_config_resolve(ferry_stream_config *c);
 /* The sentence of the stream's first error (the engine's: the refused op,
  * or the first failed op of the failed batch), valid until the stream is
  * closed; NULL when there is none or it has none (ferry_exec_stream_fail). */
-const char *fr_exec_stream_why(const ferry_exec_stream *s);
 void fr_store_exec_config_resolve(ferry_store_exec_config *c);
 
 /* The binding's digest with instance, generation and lease taken as 0:

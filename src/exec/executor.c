@@ -180,7 +180,7 @@ static void run_batches(ferry_executor *x, ferry_exec_stream *s, const ferry_bat
     }
     size_t next = 0, head = 0, inflight = 0;
     while (next < bl->nbatches || inflight > 0) {
-        if (next < bl->nbatches && inflight < w && !ferry_exec_stream_error(s)) {
+        if (next < bl->nbatches && inflight < w && !ferry_exec_stream_error(s, NULL)) {
             size_t b = next++;
             uint64_t id = 0;
             if (ferry_exec_stream_submit(s, bl->ops + bl->batch_start[b],
@@ -265,11 +265,10 @@ int ferry_executor_run(ferry_executor *x, const ferry_attested_plan *a, const fe
     }
 
     run_batches(x, s, &bl);
-    if (!ferry_exec_stream_error(s) && x->cfg.mode == FERRY_EXEC_SINK && x->cfg.notify_tag)
+    if (!ferry_exec_stream_error(s, NULL) && x->cfg.mode == FERRY_EXEC_SINK && x->cfg.notify_tag)
         notify_targets(x, s, &bl, ferry_attested_generation(a));
-    const char *why = fr_exec_stream_why(s);
-    if (why)   /* the stream's sentence goes with it at close */
-        fr_fail(err, ferry_exec_stream_error(s), "%s", why);
+    ferry_error why = {0};   /* the stream's sentence goes with it at close */
+    (void)ferry_exec_stream_error(s, &why);
     (void)ferry_exec_stream_close(s, res);
     res->ops = bl.nops;   /* planned for this process */
     res->batches = bl.nbatches;
@@ -277,7 +276,7 @@ int ferry_executor_run(ferry_executor *x, const ferry_attested_plan *a, const fe
     if (res->error)
         fr_fail(err, res->error, "executor: %s after %" PRIu64 " of %" PRIu64 " bytes: %s",
                 ferry_ticket_state_name(res->state), res->bytes_done, res->bytes,
-                why && err ? err->msg : ferry_strerror(res->error));
+                why.msg[0] ? why.msg : ferry_strerror(res->error));
     (void)ferry_executor_cleanup(x);
     ferry_batch_list_free(&bl);
     return res->state == FERRY_TICKET_COMPLETED ? 0 : res->error;

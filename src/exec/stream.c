@@ -236,20 +236,23 @@ size_t ferry_exec_stream_inflight(const ferry_exec_stream *s)
     return s ? s->inflight : 0;
 }
 
-int ferry_exec_stream_error(const ferry_exec_stream *s)
+int ferry_exec_stream_error(const ferry_exec_stream *s, ferry_error *err)
 {
-    return s ? s->first_err : FERRY_EINVAL;
+    if (!s)
+        return fr_fail(err, FERRY_EINVAL, "exec stream: none");
+    if (s->first_err && err) {
+        if (s->why.code == s->first_err && s->why.msg[0])
+            *err = s->why;
+        else
+            fr_fail(err, s->first_err, "%s", ferry_strerror(s->first_err));
+    }
+    return s->first_err;
 }
 
 void ferry_exec_stream_fail(ferry_exec_stream *s, int code)
 {
     if (s && code < 0 && !s->first_err)
         s->first_err = code;
-}
-
-const char *fr_exec_stream_why(const ferry_exec_stream *s)
-{
-    return s && s->first_err && s->why.code == s->first_err ? s->why.msg : NULL;
 }
 
 int ferry_exec_stream_close(ferry_exec_stream *s, ferry_exec_result *res)

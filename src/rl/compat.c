@@ -463,10 +463,13 @@ static int take_view(run *r, size_t t, uint32_t from, ferry_error *err)
     int rc = e->bytes == 0 ? 0 : ferry_exec_stream_submit(r->xs, &op, 1, &id);
     if (rc == 0 && id && ferry_exec_stream_wait(r->xs, id, true, &te) != FERRY_TICKET_COMPLETED)
         rc = te ? te : FERRY_EIO;
-    if (rc < 0)
+    if (rc < 0) {
+        ferry_error se = {0};
+        bool said = ferry_exec_stream_error(r->xs, &se) == rc && se.msg[0];
         return fr_fail(err, FERRY_EREBUILD, "compat: reading tensor %s from the staging of "
                        "worker %u failed: %s; the loaded weights must be rebuilt", e->name,
-                       from, ferry_strerror(rc));
+                       from, said ? se.msg : ferry_strerror(rc));
+    }
     r->st->bytes_received += e->bytes;
     return 0;
 }

@@ -219,10 +219,17 @@ typedef struct apply {
     uint64_t heard;                /* fr_now_ns of the last notification taken */
 } apply;
 
+/* The first failure of the apply is its error: the stream's sentence
+ * (which op, which peer, why) when the stream failed with this code. */
 static int fail_once(apply *ap, int code, const char *fmt, uint32_t to)
 {
-    if (ap->rc == 0)
-        ap->rc = fr_fail(ap->err, FERRY_EREBUILD, fmt, to, ferry_strerror(code));
+    if (ap->rc == 0) {
+        ferry_error se = {0};
+        const char *why = ferry_strerror(code);
+        if (ap->xs && ferry_exec_stream_error(ap->xs, &se) == code && se.msg[0])
+            why = se.msg;
+        ap->rc = fr_fail(ap->err, FERRY_EREBUILD, fmt, to, why);
+    }
     return ap->rc;
 }
 

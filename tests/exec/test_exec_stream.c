@@ -194,7 +194,7 @@ static void test_refused_submit(void **state)
     assert_true(rc < 0);
     assert_int_equal(id, 0);
     assert_int_equal(ferry_exec_stream_inflight(s), 0);
-    assert_int_equal(ferry_exec_stream_error(s), rc);
+    assert_int_equal(ferry_exec_stream_error(s, NULL), rc);
     ferry_exec_result res;
     assert_int_equal(ferry_exec_stream_close(s, &res), rc);
     assert_int_equal(res.state, FERRY_TICKET_ABORTED);   /* no byte moved */
@@ -230,7 +230,9 @@ static void test_io_then_failure_is_drained(void **state)
         assert_int_equal(ferry_exec_stream_wait(s, id, true, &e), FERRY_TICKET_ABORTED);
         assert_true(e < 0);
     }
-    assert_true(ferry_exec_stream_error(s) < 0);
+    ferry_error se = {0};
+    assert_true(ferry_exec_stream_error(s, &se) < 0);
+    assert_non_null(strstr(se.msg, "op 0"));   /* the failed op named, not only a code */
     ferry_exec_result res;
     assert_true(ferry_exec_stream_close(s, &res) < 0);
     assert_int_equal(res.state, FERRY_TICKET_FAILED_DRAINED);   /* I/O began: never ABORTED */
