@@ -21,10 +21,12 @@
  * context): the sentence is formatted aside first. Every layer fails
  * through it. */
 int fr_fail(ferry_error *err, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-/* The sentence a call below left in err, for wrapping in more context
- * (fr_fail(err, rc, "reading %s: %s", key, fr_why(err))); "" when err is
- * NULL, where fr_fail formats nothing anyway. */
-#define fr_why(err) ((err) ? (const char *)(err)->msg : "")
+/* The sentence a call below left in err for its failure rc, to wrap in
+ * more context: fr_fail(err, rc, "reading %s: %s", key, fr_why(err, rc)).
+ * The code's own text when err holds no sentence for rc (a call that
+ * returned the code alone, or err left from an earlier failure), so a stale
+ * sentence is never repeated; "" when err is NULL (fr_fail formats nothing). */
+const char *fr_why(const ferry_error *err, int rc);
 /* Whether the n bytes at p are all zero: a public struct's reserved tail,
  * which a caller leaves zero (docs/design.md, "Defaults and growth"). */
 bool fr_all_zero(const void *p, size_t n);

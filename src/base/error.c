@@ -77,6 +77,13 @@ int fr_fail(ferry_error *err, int code, const char *fmt, ...)
     return code;
 }
 
+const char *fr_why(const ferry_error *err, int rc)
+{
+    if (!err)
+        return "";
+    return err->code == rc && err->msg[0] ? err->msg : ferry_strerror(rc);
+}
+
 bool fr_all_zero(const void *p, size_t n)
 {
     const unsigned char *b = p;

@@ -168,7 +168,7 @@ static int one_call(const ferry_store_exec_config *cfg, const ferry_store_read *
             continue;
         return fr_fail(err, res[i] < 0 ? (int)res[i] : FERRY_EIO,
                        "reading %s at %" PRIu64 " failed: %s", r[i].key, r[i].src_offset,
-                       res[i] < 0 ? fr_why(err) : "short read");
+                       res[i] < 0 ? fr_why(err, (int)res[i]) : "short read");
     }
     return 0;
 }

@@ -778,7 +778,7 @@ static int group_update(ferry_compat_group *g, uint64_t *generation, ferry_weigh
      * for a record that never comes. */
     int rc = put_record(g, active, verdict, fr_random_u64(), perr.msg, err);
     if (rc < 0)
-        fr_fail(err, rc, "compat: cannot record this worker's verdict: %s", fr_why(err));
+        fr_fail(err, rc, "compat: cannot record this worker's verdict: %s", fr_why(err, rc));
     char bar[FR_KEY_MAX], member[32];
     (void)fr_key_compat(bar, sizeof bar, g->cfg.model, g->cfg.group, "prepared");
     snprintf(member, sizeof member, "worker %u", g->cfg.rank);

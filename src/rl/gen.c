@@ -115,7 +115,7 @@ static int load_manifest(ferry_store *s, fr_gen *g, uint64_t bytes, const uint8_
     if (rc < 0) {
         free(text);
         return fr_fail(err, rc, "generation %" PRIu64 " of %s is not whole: its placement "
-                       "cannot be read: %s", g->generation, g->model, fr_why(err));
+                       "cannot be read: %s", g->generation, g->model, fr_why(err, rc));
     }
     fr_hash128_t h = fr_hash128(text, got, 0);
     if (got != bytes || memcmp(h.b, hash, 16) != 0) {
@@ -167,7 +167,7 @@ int fr_gen_load(ferry_store *s, const char *model, uint64_t gen, fr_gen **out, f
     if (rc < 0) {
         fr_gen_free(g);
         return fr_fail(err, rc, "generation %" PRIu64 " of %s: %s", gen, model,
-                       rc == FERRY_ENOENT ? "not published" : fr_why(err));
+                       rc == FERRY_ENOENT ? "not published" : fr_why(err, rc));
     }
     fr_hash128_t d = fr_hash128(v.val, v.len, 0);
     memcpy(g->digest, d.b, 16);
@@ -337,7 +337,7 @@ static int load_sums(ferry_store *s, fr_gen *g, uint32_t rank, ferry_error *err)
     if (rc < 0)
         return fr_fail(err, rc, "the checksums of rank %u of %s generation %" PRIu64
                        " cannot be read: %s", rank, g->model, g->generation,
-                       fr_why(err));
+                       fr_why(err, rc));
     if (fr_hash64(buf, len, 0) != g->ranks[rank].sums_hash || len % 8) {
         ferry_store_free(buf);
         return fr_fail(err, FERRY_ECORRUPT, "the checksums of rank %u of %s generation %"

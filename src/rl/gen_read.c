@@ -76,7 +76,7 @@ int fr_gread_run(ferry_store *s, const fr_gen *g, const fr_gread *v, size_t n, u
             }
             rc = fr_fail(err, res[i] < 0 ? (int)res[i] : FERRY_EIO,
                          "reading %s at %" PRIu64 " failed: %s", r[i].key, r[i].src_offset,
-                         res[i] < 0 ? fr_why(err) : "short read");
+                         res[i] < 0 ? fr_why(err, (int)res[i]) : "short read");
             break;
         }
     }

@@ -50,7 +50,7 @@ static int walk(ferry_store *s, const char *model, uint64_t top, const uint8_t d
                            "written); publish a dense generation", g, model, top);
         if (rc < 0)
             return fr_fail(err, rc, "cannot read generation %" PRIu64 " of %s: %s", g, model,
-                           fr_why(err));
+                           fr_why(err, rc));
         if (memcmp(got, want, 16) != 0) {
             free(text);
             return fr_fail(err, FERRY_ECORRUPT, "generation %" PRIu64 " of %s does not match "
@@ -96,7 +96,7 @@ int ferry_sparse_chain_resolve(ferry_store *s, const char *model, uint64_t held,
         return fr_fail(err, rc, "no generation of %s was announced", model);
     if (rc < 0)
         return fr_fail(err, rc, "cannot read the active generation of %s: %s", model,
-                       fr_why(err));
+                       fr_why(err, rc));
     if (held > out->active)
         return fr_fail(err, FERRY_ESTATE, "the worker holds generation %" PRIu64 " of %s, newer "
                        "than the active generation %" PRIu64, held, model, out->active);
@@ -255,7 +255,7 @@ int ferry_sparse_announce(ferry_store *s, const char *model, uint64_t base, uint
                        "first; nothing announced", model, gen, base);
     if (rc < 0)
         return fr_fail(err, rc, "sparse announce of %s: cannot read the active generation: %s",
-                       model, fr_why(err));
+                       model, fr_why(err, rc));
     uint64_t expected = cur.mod_rev, active = strtoull(cur.val, NULL, 10);
     ferry_store_free(cur.val);
     if (active != base)
@@ -299,13 +299,13 @@ int ferry_sparse_announce(ferry_store *s, const char *model, uint64_t base, uint
         fr_key_wk(k, sizeof k, model, gen, "manifest");
         if ((rc = ferry_kv_put(s, k, text, tlen, NULL, err)) < 0)
             fr_fail(err, rc, "sparse announce of %s: cannot store the generation text: %s",
-                    model, fr_why(err));
+                    model, fr_why(err, rc));
     }
     if (rc == 0) {
         fr_key_wk(k, sizeof k, model, gen, "probe");
         if ((rc = ferry_kv_put(s, k, probe ? probe : "", probe ? strlen(probe) : 0, NULL, err)) < 0)
             fr_fail(err, rc, "sparse announce of %s: cannot store the probes: %s", model,
-                    fr_why(err));
+                    fr_why(err, rc));
     }
     if (rc == 0) {
         fr_hash128_t dg = fr_hash128(text, tlen, 0);
@@ -321,7 +321,7 @@ int ferry_sparse_announce(ferry_store *s, const char *model, uint64_t base, uint
             rc = 0;   /* the CAS landed before its reply was lost */
         else if (rc < 0)
             fr_fail(err, rc, "sparse announce of %s: cannot announce: %s", model,
-                    fr_why(err));
+                    fr_why(err, rc));
     }
     free(text);
     free(probe);

@@ -145,7 +145,7 @@ int ferry_policy_current(ferry_store *s, const char *model, ferry_policy_version
         return fr_fail(err, rc, "policy: no version of %s was announced", model);
     if (rc < 0)
         return fr_fail(err, rc, "policy: cannot read the current version of %s: %s", model,
-                       fr_why(err));
+                       fr_why(err, rc));
     rc = parse_active(model, v.val, v.len, out, err);
     ferry_store_free(v.val);
     if (rc < 0)
@@ -172,7 +172,7 @@ int ferry_policy_history(ferry_store *s, const char *model, ferry_policy_version
         return 0;
     if (rc < 0)
         return fr_fail(err, rc, "policy: cannot read the history of %s: %s", model,
-                       fr_why(err));
+                       fr_why(err, rc));
     const char *p = v.val, *end = p + v.len;
     while (rc == 0 && p < end && *n < cap) {
         const char *nl = memchr(p, '\n', (size_t)(end - p));
@@ -232,14 +232,14 @@ int ferry_policy_watch_open(ferry_store *s, const char *model, ferry_policy_watc
         }
     } else if (rc != FERRY_ENOENT) {
         free(w);
-        return fr_fail(err, rc, "policy watch of %s: %s", model, fr_why(err));
+        return fr_fail(err, rc, "policy watch of %s: %s", model, fr_why(err, rc));
     }
     /* from 0 when absent: every change from now on */
     rc = ferry_kv_watch(s, w->key, from, &w->w, err);
     if (rc < 0) {
         ferry_policy_version_clear(&w->first);
         free(w);
-        return fr_fail(err, rc, "policy watch of %s: %s", model, fr_why(err));
+        return fr_fail(err, rc, "policy watch of %s: %s", model, fr_why(err, rc));
     }
     if (from == 0 && ferry_kv_get(s, w->key, &v, NULL) == 0) {
         /* announced between the read and the watch: take it now (the

@@ -94,7 +94,7 @@ static int attempt(ferry_store *s, const ferry_publisher_config *c, uint64_t gen
     int rc = fr_rl_active_read(s, c->model, &active, NULL, err);
     if (rc < 0 && rc != FERRY_ENOENT)
         return fr_fail(err, rc, "publish: cannot read the active generation of %s: %s", c->model,
-                    fr_why(err));
+                    fr_why(err, rc));
     if (active >= gen)
         return fr_fail(err, FERRY_EINVAL, "publish: generation %" PRIu64 " of %s is not newer "
                     "than the active %" PRIu64, gen, c->model, active);
@@ -139,7 +139,7 @@ static int attempt(ferry_store *s, const ferry_publisher_config *c, uint64_t gen
         fr_pub_mine_remove(s, c, gen, &mine);
         fr_pub_mine_free(&mine);
         return fr_fail(err, rc, "publish of %s generation %" PRIu64 " failed: rank %u cannot "
-                       "record its part: %s", c->model, gen, c->rank, fr_why(err));
+                       "record its part: %s", c->model, gen, c->rank, fr_why(err, rc));
     }
     fr_key_wk(bk, sizeof bk, c->model, gen, "parts");
     snprintf(member, sizeof member, "rank %u", c->rank);
@@ -153,7 +153,7 @@ static int attempt(ferry_store *s, const ferry_publisher_config *c, uint64_t gen
     } else if (brc < 0) {
         d.rc = brc;
         snprintf(d.why, sizeof d.why, "rank %u cannot meet the other ranks: %s", c->rank,
-                 fr_why(err));
+                 fr_why(err, brc));
     } else if (c->rank == 0) {
         fr_rl_decide(s, c, gen, a, my_rc == 0 ? &mine : NULL, record, st, &d);
     } else {
@@ -215,7 +215,7 @@ int ferry_publish_warm(ferry_store *s, const ferry_publisher_config *c, ferry_ma
         return rc;
     void *stage = NULL;
     if (most && (rc = ferry_store_staging_take(s, (size_t)most, &stage, err)) < 0)
-        return fr_fail(err, rc, "publish warm-up: %s", fr_why(err));
+        return fr_fail(err, rc, "publish warm-up: %s", fr_why(err, rc));
     if (stage) {
         memset(stage, 0, (size_t)most);   /* the pages a publish packs into */
         ferry_store_staging_give(s, false);
@@ -224,7 +224,7 @@ int ferry_publish_warm(ferry_store *s, const ferry_publisher_config *c, ferry_ma
     rc = ferry_store_warm(s, true, &seg, err);
     *bytes += seg;
     if (rc < 0)
-        return fr_fail(err, rc, "publish warm-up: %s", fr_why(err));
+        return fr_fail(err, rc, "publish warm-up: %s", fr_why(err, rc));
     return 0;
 }
 

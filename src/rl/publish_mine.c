@@ -546,7 +546,7 @@ int fr_pub_mine_store(ferry_store *s, const ferry_publisher_config *c, uint64_t 
         st->store_s += (double)(c1 - c0 + fr_now_ns() - c2) / 1e9;
         if (rc < 0)
             return fr_fail(err, rc, "could not store %" PRIu64 " bytes of rank %u's pieces: %s",
-                           nb, c->rank, fr_why(err));
+                           nb, c->rank, fr_why(err, rc));
         p->segment = d.nreplicas ? d.replicas[0].segment : 0;
         if (c->segment && p->segment != c->segment)
             st->cross_node_bytes += nb;
@@ -582,7 +582,7 @@ static int store_files(ferry_store *s, const ferry_publisher_config *c, uint64_t
         repl.slot = fr_pub_slot(c->model, c->rank, what);
         rc = fr_pub_put(s, key, extra[i].data, extra[i].len, &repl, NULL, err);
         if (rc < 0)
-            fr_fail(err, rc, "could not store %s: %s", what, fr_why(err));
+            fr_fail(err, rc, "could not store %s: %s", what, fr_why(err, rc));
     }
     return rc;
 }

@@ -91,7 +91,7 @@ int ferry_publish_stream_begin(ferry_store *s, const ferry_publisher_config *cfg
     int rc = fr_rl_active_read(s, cfg->model, &active, NULL, err);
     if (rc < 0 && rc != FERRY_ENOENT)
         return fr_fail(err, rc, "publish stream: cannot read the active generation of %s: %s",
-                       cfg->model, fr_why(err));
+                       cfg->model, fr_why(err, rc));
     if (active >= generation)
         return fr_fail(err, FERRY_EINVAL, "publish stream: generation %" PRIu64 " of %s is "
                        "not newer than the active %" PRIu64, generation, cfg->model, active);
@@ -136,7 +136,7 @@ static int flush(ferry_publish_stream *ps, ferry_error *err)
     }
     if (rc < 0)
         return fail(ps, err, rc, "rank %u could not store %" PRIu64 " bytes of its pieces: %s",
-                    c->rank, ps->obj_bytes, fr_why(err));
+                    c->rank, ps->obj_bytes, fr_why(err, rc));
     ps->sx.segment = d.nreplicas ? d.replicas[0].segment : 0;
     if (c->segment && ps->sx.segment != c->segment)
         ps->sx.cross_node_bytes += ps->obj_bytes;

@@ -597,7 +597,7 @@ static int exchange(ferry_subscriber *sub, const fr_gen *g, uint64_t gen, const 
     int prc = reclen ? ferry_kv_put(sub->s, key, rec, reclen, NULL, err) : FERRY_ENOMEM;
     if (rc == 0 && prc < 0)
         rc = fr_fail(err, prc, "subscriber: cannot publish the demand: %s",
-                     fr_why(err));
+                     fr_why(err, prc));
     free(rec);
     /* Everyone meets here even after a local failure, so nobody waits for
      * a demand that never comes. */

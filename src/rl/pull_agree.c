@@ -55,7 +55,7 @@ int fr_sub_agree(ferry_store *s, const char *model, const char *scope, uint32_t 
     rc = ferry_kv_put(s, key, val, strlen(val), NULL, err);
     if (rc < 0)
         return fr_fail(err, rc, "subscriber: cannot post this worker's generation for group %s: "
-                       "%s", scope, fr_why(err));
+                       "%s", scope, fr_why(err, rc));
     (void)fr_key_agree_barrier(bar, sizeof bar, model, scope, "agreed");
     rc = ferry_barrier(s, bar, member, world, timeout_ms, NULL, NULL);
     if (rc < 0)

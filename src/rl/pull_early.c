@@ -90,7 +90,7 @@ int fr_early_wait(fr_early *ea, ferry_error *err)
     int rc = ferry_kv_watch(ea->s, prefix, 0, &w, err);
     if (rc < 0)
         return fr_fail(err, rc, "subscriber: cannot watch the trainers' parts of generation %"
-                       PRIu64 ": %s", ea->next, fr_why(err));
+                       PRIu64 ": %s", ea->next, fr_why(err, rc));
     bool *have = calloc(ea->nranks ? ea->nranks : 1, sizeof *have);
     if (!have) {
         ferry_watch_close(w);

@@ -56,7 +56,7 @@ int ferry_sample_queue_open(ferry_store *s, const ferry_sample_queue_config *cfg
         if (rc < 0) {
             free(q);
             return fr_fail(err, rc, "sample queue %s: cannot set its bound: %s", cfg->queue,
-                           fr_why(err));
+                           fr_why(err, rc));
         }
     }
     *out = q;
@@ -176,7 +176,7 @@ static int push_record(ferry_sample_queue *q, const char *queue, const char *rec
         }
         if (rc != FERRY_EAGAIN && !fr_sq_retryable(rc))
             return fr_fail(err, rc, "sample queue %s: push failed: %s", queue,
-                           fr_why(err));
+                           fr_why(err, rc));
         if (rc == FERRY_EAGAIN && !waited) {
             q->st.push_waits++;
             waited = true;
@@ -235,7 +235,7 @@ int ferry_sample_push(ferry_sample_queue *q, ferry_rollout_session *rs,
             break;
         if (!fr_sq_retryable(rc) || fr_now_ns() >= dl)
             return fr_fail(err, rc, "sample_push: storing the payload of '%s': %s",
-                           rs->session_id, fr_why(err));
+                           rs->session_id, fr_why(err, rc));
         q->st.push_retries++;
         fr_sq_backoff(&wait);
     }
@@ -310,7 +310,7 @@ static int pop_from(ferry_sample_queue *q, const char *queue, bool samples, uint
     if (rc < 0) {
         free(recs);
         return fr_fail(err, rc, "sample queue %s: pop failed: %s", queue,
-                       fr_why(err));
+                       fr_why(err, rc));
     }
     uint64_t now = fr_sq_wall_ms();
     size_t k = 0, i;
@@ -345,10 +345,10 @@ static int pop_from(ferry_sample_queue *q, const char *queue, bool samples, uint
         }
         int t = fr_sq_take(q, smp, vd == FERRY_VERSION_STALE);
         if (t < 0) {
-            (void)ferry_queue_nack(q->s, smp->id, smp->token, err);
+            (void)ferry_queue_nack(q->s, smp->id, smp->token, NULL);
             ferry_sample_clear(smp);
             rc = fr_fail(err, t, "sample queue %s: claiming a sample: %s", queue,
-                         fr_why(err));
+                         fr_why(err, t));
             break;
         }
         if (t != FR_SQ_TAKEN) {
@@ -421,7 +421,7 @@ int ferry_sample_read(ferry_sample_queue *q, const ferry_sample *smp, int32_t *p
                            want[i].name, smp->payload,
                            rc == FERRY_ECORRUPT || rc == FERRY_ERANGE
                                   ? "the object disagrees with the record"
-                                  : fr_why(err));
+                                  : fr_why(err, rc));
     }
     return 0;
 }

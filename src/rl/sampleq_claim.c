@@ -341,7 +341,7 @@ int ferry_sample_claims_open(ferry_store *s, const char *queue, ferry_sample_cla
     if (rc < 0)
         fr_fail(err, rc, "sample claims: the queue name '%s' is too long", queue);
     else if ((rc = ferry_kv_watch(s, c->prefix, 0, &c->w, err)) < 0)
-        fr_fail(err, rc, "sample claims of queue %s: %s", queue, fr_why(err));
+        fr_fail(err, rc, "sample claims of queue %s: %s", queue, fr_why(err, rc));
     if (rc < 0) {
         free(c);
         return rc;

@@ -88,7 +88,7 @@ int fr_rl_check_whole(ferry_store *s, const char *model, ferry_weights_status *o
         return 0;   /* published before probes were recorded: not checked */
     if (rc < 0)
         return fr_fail(err, rc, "cannot check generation %" PRIu64 " of %s: %s",
-                       out->generation, model, fr_why(err));
+                       out->generation, model, fr_why(err, rc));
     char *p = v.val, *end = p + v.len;
     while (rc == 0 && p < end) {
         char *eol = memchr(p, '\n', (size_t)(end - p));
@@ -102,7 +102,7 @@ int fr_rl_check_whole(ferry_store *s, const char *model, ferry_weights_status *o
             out->lost_segments++;
         else if (ex < 0)
             rc = fr_fail(err, ex, "cannot check generation %" PRIu64 " of %s: %s",
-                         out->generation, model, fr_why(err));
+                         out->generation, model, fr_why(err, ex));
         p = eol + 1;
     }
     ferry_store_free(v.val);
@@ -130,7 +130,7 @@ int ferry_weights_active_status(ferry_store *s, const char *model, ferry_weights
         return fr_fail(err, rc, "the active key of %s holds no generation", model);
     if (rc < 0)
         return fr_fail(err, rc, "cannot read the active generation of %s: %s", model,
-                       fr_why(err));
+                       fr_why(err, rc));
     return fr_rl_check_whole(s, model, out, err);
 }
 
@@ -161,7 +161,7 @@ int ferry_weights_wait_active(ferry_store *s, const char *model, uint64_t at_lea
     int rc = ferry_kv_watch(s, k, 0, &w, err);
     if (rc < 0)
         return fr_fail(err, rc, "cannot watch the announcements of %s: %s", model,
-                       fr_why(err));
+                       fr_why(err, rc));
     uint64_t deadline = fr_deadline_ns(timeout_ms);
     for (;;) {
         rc = ferry_weights_active(s, model, generation, NULL, NULL);

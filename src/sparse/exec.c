@@ -74,7 +74,7 @@ static int get_sources(sp_call *c, const char *const *keys, size_t nkeys, ferry_
         c->st.index_checks++;
         if (rc < 0)
             return fr_fail(err, rc, "read_sparse_objects %s: %s", keys[i],
-                           fr_why(err));
+                           fr_why(err, rc));
         sp_src *e = &c->src[c->nsrc];
         if (fr_sp_cache_take(c->r, keys[i], &od, &e->c)) {
             c->st.index_cache_hits++;
@@ -196,7 +196,7 @@ static int do_reads(sp_call *c, ferry_error *err)
         c->st.read_s += dt;
         if (rc < 0) {
             fr_fail(err, rc, "read_sparse_objects: ranged read of the %s: %s",
-                    part ? "values" : "indices", fr_why(err));
+                    part ? "values" : "indices", fr_why(err, rc));
             goto out;
         }
     }
@@ -320,7 +320,7 @@ static int publish(ferry_store *s, const char *prefix, const ferry_sparse_result
     free(meta);
     if (st < 0)
         return fr_fail(err, st, "read_sparse_objects: publish %s: %s", key,
-                       fr_why(err));
+                       fr_why(err, st));
     return 0;
 }
 

@@ -525,7 +525,7 @@ static int store_object(ferry_store *s, const char *key, const ferry_sparse_desc
         return fr_fail(err, rc, "put_sparse_object: %s already exists (same tensor, base, "
                        "delta and placement); nothing stored", key);
     if (rc < 0)
-        return fr_fail(err, rc, "put_sparse_object %s: %s", key, fr_why(err));
+        return fr_fail(err, rc, "put_sparse_object %s: %s", key, fr_why(err, rc));
     return 0;
 }
 
@@ -624,7 +624,7 @@ int ferry_sparse_admit(ferry_store *s, const ferry_sparse_desc *d, uint32_t rank
             return 0;
         }
         if (rc != FERRY_ESTATE && rc != FERRY_ECONNRESET)
-            return fr_fail(err, rc, "sparse_admit %s: %s", k, fr_why(err));
+            return fr_fail(err, rc, "sparse_admit %s: %s", k, fr_why(err, rc));
         /* Taken, or our own CAS whose reply was lost: the value names the
          * owner. Not there after a lost reply: the CAS never landed, try again. */
         ferry_kv_value cur;
@@ -633,7 +633,7 @@ int ferry_sparse_admit(ferry_store *s, const ferry_sparse_desc *d, uint32_t rank
         if (rc == FERRY_ENOENT)
             continue;
         if (rc < 0)
-            return fr_fail(err, rc, "sparse_admit %s: %s", k, fr_why(err));
+            return fr_fail(err, rc, "sparse_admit %s: %s", k, fr_why(err, rc));
         *admitted = cur.len == (size_t)vl && memcmp(cur.val, val, (size_t)vl) == 0;
         ferry_store_free(cur.val);
         return 0;
@@ -697,7 +697,7 @@ int fr_sparse_index_load(ferry_store *s, const char *key, ferry_sparse_index *ou
     size_t n = 0;
     int rc = ferry_store_get_members(s, key, m, 16, &n, err);
     if (rc < 0)
-        return fr_fail(err, rc, "sparse_index_read %s: %s", key, fr_why(err));
+        return fr_fail(err, rc, "sparse_index_read %s: %s", key, fr_why(err, rc));
     if (n > 16)
         n = 16;
     const ferry_member *fm = find_member(m, n, "meta"), *fc = find_member(m, n, "tile_coords"),
@@ -722,7 +722,7 @@ int fr_sparse_index_load(ferry_store *s, const char *key, ferry_sparse_index *ou
     int64_t got[3] = {0};
     size_t nr = fc->nbytes ? 3 : 1;   /* an empty tile_coords is refused below */
     if ((rc = ferry_store_get_into_ranges(s, r, nr, got, err)) < 0) {
-        fr_fail(err, rc, "sparse_index_read %s: %s", key, fr_why(err));
+        fr_fail(err, rc, "sparse_index_read %s: %s", key, fr_why(err, rc));
         goto fail;
     }
     for (size_t i = 0; i < nr; i++)

@@ -187,7 +187,7 @@ static int segment_ref(ferry_store *s, uint64_t id, bool local_only, fr_segref *
     fr_free(buf);
     if (rc < 0)
         return fr_fail(err, rc, "segment %016llx of node %016llx: cannot reach its node: %s",
-                       (unsigned long long)id, (unsigned long long)nr.node, fr_why(err));
+                       (unsigned long long)id, (unsigned long long)nr.node, fr_why(err, rc));
     fr_segref *keep = fr_malloc(sizeof *keep);
     if (!keep)
         return FERRY_ENOMEM;
@@ -237,7 +237,7 @@ int ferry_store_warm(ferry_store *s, bool write, uint64_t *bytes, ferry_error *e
         *bytes += b;
         if (rc < 0 && first == 0)
             first = fr_fail(err, rc, "warm: segment %016llx: %s", (unsigned long long)id,
-                            fr_why(err));
+                            fr_why(err, rc));
     }
     json_decref(j);
     return first;
@@ -309,7 +309,7 @@ int fr_client_local(ferry_store *s, const void *p, size_t len, ferry_region **tm
                                    FERRY_MEM_HOST, tmp, err);
     if (rc < 0)
         return fr_fail(err, rc, "cannot register the %zu bytes at %p with the engine: %s", len, p,
-                       fr_why(err));
+                       fr_why(err, rc));
     return 0;
 }
 
@@ -360,7 +360,7 @@ int ferry_store_open(const ferry_store_config *cfg, ferry_store **out, ferry_err
     fr_umap_init(&s->watches);
     int rc = ferry_engine_open(&s->cfg.engine, &s->eng, err);
     if (rc < 0) {
-        fr_fail(err, rc, "cannot open the client's engine: %s", fr_why(err));
+        fr_fail(err, rc, "cannot open the client's engine: %s", fr_why(err, rc));
         goto fail;
     }
     uint8_t key[32];

@@ -69,7 +69,7 @@ static int xfer_submit(ferry_store *s, xfer *x, ferry_ticket **t, ferry_error *e
         return 0;
     int rc = ferry_submit(s->eng, x->ops, x->nops, 0, t, err);
     if (rc < 0)
-        return fr_fail(err, rc, "the engine refused the transfer: %s", fr_why(err));
+        return fr_fail(err, rc, "the engine refused the transfer: %s", fr_why(err, rc));
     return 0;
 }
 
@@ -238,7 +238,7 @@ static int put_batch(ferry_store *s, const char *const *keys, const void *const 
         if (rb[i] && results[i] == 0) {
             results[i] = xfer_wait(s, ts[i], lens[i], err);
             if (results[i] < 0)
-                fr_fail(err, results[i], "put %s: writing the bytes failed: %s", keys[i], fr_why(err));
+                fr_fail(err, results[i], "put %s: writing the bytes failed: %s", keys[i], fr_why(err, results[i]));
         } else if (ts[i]) {
             (void)xfer_wait(s, ts[i], lens[i], NULL);
         }
@@ -414,7 +414,7 @@ int ferry_store_put_end(ferry_put_slot *p, bool commit, ferry_object_desc *place
         rc = rc < 0 ? rc : w;
         xfer_free(&x);
         if (rc < 0)
-            fr_fail(err, rc, "put %s: writing the bytes failed: %s", p->key, fr_why(err));
+            fr_fail(err, rc, "put %s: writing the bytes failed: %s", p->key, fr_why(err, rc));
     }
     /* A copy that timed out may still be read by the engine: its source
      * is left allocated (staging: abandoned, never reused). */
@@ -498,7 +498,7 @@ static int read_one(ferry_store *s, const char *key, const fr_objloc *loc, uint6
             return 0;
         fr_fail(err, rc, "reading %s from node %016llx (segment %016llx) failed: %s", key,
                 (unsigned long long)loc->rep[r].node, (unsigned long long)loc->rep[r].segment,
-                fr_why(err));
+                fr_why(err, rc));
         if (rc == FERRY_ECONNREFUSED || rc == FERRY_ECONNRESET || rc == FERRY_ESTALE)
             fr_client_forget_segment(s, loc->rep[r].segment);
     }

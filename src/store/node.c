@@ -119,13 +119,13 @@ int ferry_node_open(const ferry_node_config *cfg, ferry_node **out, ferry_error 
     int rc = pipe2(n->stop, O_CLOEXEC | O_NONBLOCK) < 0
                  ? fr_fail(err, FERRY_EIO, "node: no pipe: %s", strerror(errno)) : 0;
     if (rc == 0 && (rc = ferry_engine_open(&n->cfg.engine, &n->eng, err)) < 0)
-        fr_fail(err, rc, "node: cannot open its engine: %s", fr_why(err));
+        fr_fail(err, rc, "node: cannot open its engine: %s", fr_why(err, rc));
     if (rc == 0 && (rc = ferry_mem_alloc(n->eng, n->cfg.segment_size, &n->mem, err)) < 0)
         fr_fail(err, rc, "node: cannot allocate a segment of %llu bytes: %s",
-                (unsigned long long)n->cfg.segment_size, fr_why(err));
+                (unsigned long long)n->cfg.segment_size, fr_why(err, rc));
     if (rc == 0 && (rc = ferry_region_register(n->eng, n->mem, n->cfg.segment_size, FERRY_REMOTE_RW,
                                                FERRY_MEM_HOST, &n->reg, err)) < 0)
-        fr_fail(err, rc, "node: cannot register its segment: %s", fr_why(err));
+        fr_fail(err, rc, "node: cannot register its segment: %s", fr_why(err, rc));
     if (rc == 0) {
         int k = ferry_region_export(n->reg, n->desc, sizeof n->desc);
         rc = k < 0 ? fr_fail(err, k, "node: cannot describe its segment: %s", ferry_strerror(k)) : 0;
