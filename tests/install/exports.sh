@@ -9,12 +9,14 @@ other=$(printf '%s\n' "$syms" | grep -v '^ferry_' || true)
 echo "exports: $total defined dynamic symbols in $lib"
 if [ -n "$other" ]; then
     echo "exports: $(printf '%s\n' "$other" | grep -c .) are not ferry_*:"
-    printf '%s\n' "$other" | head -20
+    head -20 <<< "$other"
     exit 1
 fi
 for want in ferry_store_open ferry_engine_open ferry_publish ferry_subscriber_update_next \
             ferry_publish_stream_begin ferry_store_put_begin ferry_remote_access_begin; do
-    printf '%s\n' "$syms" | grep -qx "$want" || { echo "exports: $want is missing"; exit 1; }
+    # a here-string, not a pipe: grep -q stops at its match, and under
+    # pipefail the writer's SIGPIPE would fail the check now and then
+    grep -qx "$want" <<< "$syms" || { echo "exports: $want is missing"; exit 1; }
 done
 # Every call a header declares FERRY_API is exported (the library is built
 # with -fvisibility=hidden: a declaration without the marker would be
