@@ -390,7 +390,8 @@ static int run_lab(const cl_opts *o, bool up)
     char master[128] = "";
     if (lab_net_up(&L) < 0 || lab_check_links(&L, o->check_seconds, o->json, &worst) < 0)
         goto out;
-    printf("link check: worst link %.3f of the configured rate (goal: within 0.95..1.05)\n", worst);
+    printf("link check: worst link %.3f of the configured rate (goal: within 0.95..1.05)%s\n", worst,
+           worst < 0.95 || worst > 1.05 ? " - MISSED: the links do not run at RATE" : "");
     if (up) {
         if (start_cluster(&L, o->node_size, master, sizeof master) < 0)
             goto out;

@@ -57,8 +57,8 @@ int lab_enter(const char *ns);
 
 /* cluster_probe.c */
 /* Each host's link checked both ways with a TCP stream of `seconds`; prints
- * achieved / configured per direction. worst gets the lowest ratio of the
- * link's byte counter to the configured rate. 0, or -1 after a line. */
+ * achieved / configured per direction. worst gets the ratio (link rate in
+ * Ethernet frames / configured) farthest from 1. 0, or -1 after a line. */
 int lab_check_links(lab *L, double seconds, bool json, double *worst);
 /* The machine's busy share since the last call (/proc/stat), 0..1; the
  * first call starts the count and gives 0. */

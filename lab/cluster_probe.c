@@ -2,6 +2,7 @@
  * stream, and the machine's CPU use from /proc/stat. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <math.h>
 #include <linux/if_ether.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -235,7 +236,7 @@ int lab_check_links(lab *L, double seconds, bool json, double *worst)
     char sw[64], sw_addr[32];
     snprintf(sw, sizeof sw, "%s-sw", L->prefix);
     snprintf(sw_addr, sizeof sw_addr, "%s.254", L->net);
-    *worst = 1e9;
+    *worst = 0;
     const double mbit = 1e6;
     if (!json)
         printf("link check (%.1f s TCP stream each way, one at a time; link = the payload in "
@@ -260,7 +261,8 @@ int lab_check_links(lab *L, double seconds, bool json, double *worst)
                 return -1;
             }
             double ratio = link / (double)L->rate;
-            *worst = ratio < *worst ? ratio : *worst;
+            if (*worst == 0 || fabs(ratio - 1) > fabs(*worst - 1))
+                *worst = ratio;   /* the one farthest from the configured rate */
             if (json)
                 printf("{\"host\":%u,\"dir\":\"%s\",\"configured_bps\":%llu,\"link_bps\":%.0f,"
                        "\"payload_bps\":%.0f,\"ratio\":%.4f,\"cpu\":%.3f}\n", i, dir ? "down" : "up",
