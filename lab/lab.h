@@ -74,4 +74,7 @@ int cli_exec_plan(const char *preset, uint64_t budget, const char *src, const ch
 /* bench_sparse.c: `ferry-lab bench sparse`, the sparse planner vs a scan of nnz */
 int cmd_bench_sparse(int argc, char **argv);
 
+/* cluster.c: `ferry-lab cluster up|check|clean`, the lab of emulated hosts */
+int cmd_cluster(int argc, char **argv, const char *self);
+
 #endif

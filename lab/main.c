@@ -33,7 +33,7 @@ static const lab_worker workers[] = {
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: ferry-lab demo|bench ... [options]   (WHAT --help: its forms and options)\n"
+            "usage: ferry-lab demo|bench|cluster ... [options]   (WHAT --help: its forms and options)\n"
             "       ferry-lab --help | -h | help\n"
             "\n"
             "The demos and benchmarks of ferry; the operator's commands are `ferry`\n"
@@ -68,6 +68,14 @@ static void usage(FILE *f)
             "  bench exec                    reshard 8 FSDP -> 8 TP4xDP2 processes (sink, reader)\n"
             "                                vs memcpy\n"
             "  bench sparse                  the sparse planner against a scan of every nonzero\n"
+            "\n"
+            "the lab (root; docs/lab.md):\n"
+            "  cluster up                    H hosts (network namespaces on a bridge, links shaped\n"
+            "                                both ways), a master and a node per host, --run\n"
+            "                                commands inside them; all removed on exit or signal\n"
+            "  cluster check                 the hosts and their links only: each link's achieved\n"
+            "                                rate against the configured one, the CPU use\n"
+            "  cluster clean                 remove what a SIGKILLed lab left\n"
             "\n"
             "worker processes (the demos and benchmarks start these themselves):\n");
     for (size_t i = 0; i < sizeof workers / sizeof workers[0]; i++)
@@ -137,7 +145,7 @@ static const struct {
     const char *name;
     int (*run)(int argc, char **argv, const char *self);
 } commands[] = {
-    { "demo", cmd_demo }, { "bench", cmd_bench }, { "worker", run_worker }, { "help", cmd_help },
+    { "demo", cmd_demo }, { "bench", cmd_bench }, { "cluster", cmd_cluster }, { "worker", run_worker }, { "help", cmd_help },
 };
 
 int main(int argc, char **argv)

@@ -192,6 +192,7 @@ static void test_version_and_top_help(void **state)
         "bench weights --scale", "bench weights --convert-only", "bench weights --torch",
         "bench engine", "bench store", "bench plan", "bench exec", "bench sparse",
         "worker target", "worker trainer", "worker exec", "worker store-client",
+        "cluster up", "cluster check", "cluster clean",
     };
     for (int k = 0; k < 3; k++) {
         assert_int_equal(run("%s", helps[k]), 0);

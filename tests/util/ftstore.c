@@ -27,7 +27,8 @@ static bool first_word(const char *s, const char *w)
 
 const char *ft_bin_for(const char *args)
 {
-    bool lab = first_word(args, "demo") || first_word(args, "bench") || first_word(args, "worker");
+    bool lab = first_word(args, "demo") || first_word(args, "bench") || first_word(args, "worker") ||
+               first_word(args, "cluster");
     return lab ? ft_lab_bin() : ft_ferry_bin();
 }
 
