@@ -325,10 +325,19 @@ int ferry_quantize_fp8_blocks(const void *src, const char *src_dtype, size_t src
         size_t nr = rows - r0 < o.block_rows ? rows - r0 : o.block_rows;
         for (size_t c0 = 0; c0 < cols; c0 += o.block_cols) {
             size_t nc = cols - c0 < o.block_cols ? cols - c0 : o.block_cols;
+            /* the next block's rows are in as many pages as rows, each
+             * read for a few lines only: too short for the hardware
+             * prefetcher, so they are asked for while this one's amax runs */
+            size_t pc = c0 + o.block_cols < cols ? c0 + o.block_cols : 0;
+            size_t pr = pc ? r0 : r0 + o.block_rows, pn = pc ? cols - pc : cols;
+            pn = (pn < o.block_cols ? pn : o.block_cols) * es;
             uint32_t amax = 0;
             for (size_t r = r0; r < r0 + nr; r++) {
                 uint32_t m = ops->amax[st - 1](s + (r * src_stride + c0) * es, nc);
                 amax = m > amax ? m : amax;
+                if (pr + (r - r0) < rows)
+                    for (size_t b = 0; b < pn; b += 64)
+                        __builtin_prefetch(s + ((pr + r - r0) * src_stride + pc) * es + b);
             }
             float scale = fr_fp8_block_scale(amax, f, (int)o.scale_format), mul = 1.0f / scale;
             for (size_t r = r0; r < r0 + nr; r++)
