@@ -25,16 +25,19 @@
 #include "demo.h"
 
 
-/* Single-thread memcpy and f32 -> bf16 / f16 conversion (ferry_convert)
- * over the same pre-touched buffers, best of a few passes each, the three
- * interleaved so that load from other processes hits them alike. Rates are
- * input bytes per second; the memcpy one is also the floor's bandwidth. */
+/* Single-thread memcpy, f32 -> bf16 / f16 conversion (ferry_convert) and
+ * FP8 quantization in 128 x 128 blocks (ferry_quantize_fp8_blocks, f32 and
+ * bf16 in, f8e4m3 out) over the same pre-touched buffers, best of a few
+ * passes each, all interleaved so that load from other processes hits them
+ * alike. Rates are input bytes per second; the memcpy one is also the
+ * floor's bandwidth. */
 typedef struct conv_bench {
     double memcpy_gbps, bf16_gbps, f16_gbps;
+    double quant_gbps, quant_bf16_gbps;   /* f32 (bf16) bytes quantized per second */
     double first_touch_gbps;   /* memcpy into pages this process never touched (0: not measured) */
 } conv_bench;
 
-enum { CONV_BYTES = 256u << 20, CONV_PASSES = 5, TOUCH_BYTES = 16u << 20 };
+enum { CONV_BYTES = 256u << 20, CONV_PASSES = 5, TOUCH_BYTES = 16u << 20, QUANT_COLS = 8192 };
 
 static double rate(size_t n, double t0, double best)
 {
@@ -77,12 +80,14 @@ static int bench_convert(conv_bench *cb)
 {
     size_t n = CONV_BYTES, count = n / 4;
     float *a = malloc(n);
-    uint8_t *b = malloc(n);
+    uint8_t *b = malloc(n), *q = malloc(count);
+    float *scales = malloc(count / (FERRY_FP8_DEFAULT_BLOCK * FERRY_FP8_DEFAULT_BLOCK) * 4);
     *cb = (conv_bench){ 0 };
-    if (!a || !b) {
-        free(a), free(b);
+    if (!a || !b || !q || !scales) {
+        free(a), free(b), free(q), free(scales);
         return -1;
     }
+    memset(q, 3, count);
     uint32_t x = 12345;
     for (size_t i = 0; i < count; i++) {   /* weights-like values in (-1, 1), pages touched */
         x = x * 1664525u + 1013904223u;
@@ -96,33 +101,59 @@ static int bench_convert(conv_bench *cb)
         cb->memcpy_gbps = rate(n, t0, cb->memcpy_gbps);
         b[r] ^= ((uint8_t *)a)[n - 1 - (size_t)r];   /* keep the copy observable */
         t0 = cli_now();
-        rc = ferry_convert(a, "f32", b, "bf16", count);
-        cb->bf16_gbps = rate(n, t0, cb->bf16_gbps);
-        t0 = cli_now();
-        rc = rc ? rc : ferry_convert(a, "f32", b, "f16", count);
+        rc = ferry_convert(a, "f32", b, "f16", count);
         cb->f16_gbps = rate(n, t0, cb->f16_gbps);
+        t0 = cli_now();
+        rc = rc ? rc : ferry_convert(a, "f32", b, "bf16", count);
+        cb->bf16_gbps = rate(n, t0, cb->bf16_gbps);
+        /* a QUANT_COLS-wide matrix, the shape of a large projection */
+        t0 = cli_now();
+        rc = rc ? rc : ferry_quantize_fp8_blocks(a, "f32", QUANT_COLS, q, "f8e4m3", QUANT_COLS,
+                                                 count / QUANT_COLS, QUANT_COLS, scales, NULL,
+                                                 NULL);
+        cb->quant_gbps = rate(n, t0, cb->quant_gbps);
+        t0 = cli_now();   /* b holds count bf16 values now */
+        rc = rc ? rc : ferry_quantize_fp8_blocks(b, "bf16", QUANT_COLS, q, "f8e4m3", QUANT_COLS,
+                                                 count / QUANT_COLS, QUANT_COLS, scales, NULL,
+                                                 NULL);
+        cb->quant_bf16_gbps = rate(n / 2, t0, cb->quant_bf16_gbps);
     }
     cb->first_touch_gbps = rc == 0 ? bench_first_touch((const uint8_t *)a) : 0;
     free(a);
     free(b);
+    free(q);
+    free(scales);
     return rc;
 }
 
 static double ratio(double a, double b) { return b > 0 ? a / b : 0; }
 
+static void print_quant(const conv_bench *cb)
+{
+    printf("fp8 quantization, one thread, 128 x 128 blocks, %u columns, f8e4m3 out: f32 in "
+           "%.2f GB/s (quant_ratio %.3f); bf16 in %.2f GB/s (quant_ratio_bf16 %.3f)\n",
+           (unsigned)QUANT_COLS, cb->quant_gbps, ratio(cb->quant_gbps, cb->memcpy_gbps),
+           cb->quant_bf16_gbps, ratio(cb->quant_bf16_gbps, cb->memcpy_gbps));
+}
+
 static void print_convert(const conv_bench *cb, bool json)
 {
     if (json) {
         printf("{\"memcpy_gbps\":%.3f,\"convert_bf16_gbps\":%.3f,\"convert_f16_gbps\":%.3f,"
-               "\"convert_ratio\":%.3f,\"convert_ratio_f16\":%.3f,\"first_touch_gbps\":%.3f}\n",
+               "\"convert_ratio\":%.3f,\"convert_ratio_f16\":%.3f,\"quant_gbps\":%.3f,"
+               "\"quant_bf16_gbps\":%.3f,\"quant_ratio\":%.3f,\"quant_ratio_bf16\":%.3f,"
+               "\"first_touch_gbps\":%.3f}\n",
                cb->memcpy_gbps, cb->bf16_gbps, cb->f16_gbps, ratio(cb->bf16_gbps, cb->memcpy_gbps),
-               ratio(cb->f16_gbps, cb->memcpy_gbps), cb->first_touch_gbps);
+               ratio(cb->f16_gbps, cb->memcpy_gbps), cb->quant_gbps, cb->quant_bf16_gbps,
+               ratio(cb->quant_gbps, cb->memcpy_gbps), ratio(cb->quant_bf16_gbps, cb->memcpy_gbps),
+               cb->first_touch_gbps);
         return;
     }
     printf("conversion, one thread, 256 MiB f32 in, best of %d: memcpy %.2f GB/s; f32 -> bf16 "
            "%.2f GB/s (convert_ratio %.3f); f32 -> f16 %.2f GB/s (%.3f)\n", CONV_PASSES,
            cb->memcpy_gbps, cb->bf16_gbps, ratio(cb->bf16_gbps, cb->memcpy_gbps), cb->f16_gbps,
            ratio(cb->f16_gbps, cb->memcpy_gbps));
+    print_quant(cb);
     printf("first touch: memcpy into 16 MiB of resident memfd pages this process never touched: "
            "%.3f GB/s (%.1fx slower than memcpy; what a cold generation pays per page)\n",
            cb->first_touch_gbps, ratio(cb->memcpy_gbps, cb->first_touch_gbps));
@@ -132,7 +163,7 @@ static const cli_opt weights_table[] = {
     DEMO_OPT_ROWS("reps", 100000, "steady-state generations timed after the first (default 5)",
                   "the model's tensors up to this many bf16 bytes (default 1G)"),
     CLI_FLAG(demo_opts, convert_only, "convert-only",
-             "only the f32 -> bf16/f16 conversion against memcpy (no cluster)"),
+             "only the f32 -> bf16/f16 conversion and FP8 quantization against memcpy (no cluster)"),
 };
 
 static const cli_cmd weights_cmd = {
@@ -296,9 +327,11 @@ static void bench_report(const demo_opts *o, const demo_model *dm, const conv_be
         }
         printf("},\"direct_counters\":%s,\"publish_counters\":%s,\"compat_counters\":%s,"
                "\"convert_bf16_gbps\":%.3f,\"convert_f16_gbps\":%.3f,\"convert_ratio\":%.3f,"
-               "\"convert_ratio_f16\":%.3f}\n", cjs ? cjs : "null", pjs ? pjs : "null",
-               kjs ? kjs : "null", cb->bf16_gbps, cb->f16_gbps, ratio(cb->bf16_gbps, bw),
-               ratio(cb->f16_gbps, bw));
+               "\"convert_ratio_f16\":%.3f,\"quant_gbps\":%.3f,\"quant_bf16_gbps\":%.3f,"
+               "\"quant_ratio\":%.3f,\"quant_ratio_bf16\":%.3f}\n", cjs ? cjs : "null",
+               pjs ? pjs : "null", kjs ? kjs : "null", cb->bf16_gbps, cb->f16_gbps,
+               ratio(cb->bf16_gbps, bw), ratio(cb->f16_gbps, bw), cb->quant_gbps,
+               cb->quant_bf16_gbps, ratio(cb->quant_gbps, bw), ratio(cb->quant_bf16_gbps, bw));
     } else {
         char sz[32];
         printf("ferry-lab bench weights: %s, %zu tensors, %s bf16; %u trainers, %u rollouts (TP%u x "
@@ -392,7 +425,7 @@ int cmd_bench_weights(int argc, char **argv, const char *self)
         unsetenv("FERRY_DEMO_COLD");
     conv_bench cb;
     if (bench_convert(&cb) < 0) {
-        fprintf(stderr, "ferry-lab bench weights: no memory for the 2 x 256 MiB conversion buffers\n");
+        fprintf(stderr, "ferry-lab bench weights: no memory for the conversion buffers (2 x 256 MiB and 64 MiB)\n");
         return 1;
     }
     if (convert_only) {

@@ -54,7 +54,7 @@ static void usage(FILE *f)
             "benchmarks:\n"
             "  bench weights                 weight-update time (single-pull, naive, compat)\n"
             "                                against the memcpy floor\n"
-            "  bench weights --convert-only  dtype conversion (f32 -> bf16/f16) against memcpy\n"
+            "  bench weights --convert-only  dtype conversion (f32 -> bf16/f16) and FP8 quantization against memcpy\n"
             "  bench weights --scale         the group plan of every rollout worker at scale (no\n"
             "                                cluster)\n"
             "  bench weights --torch         a torch model's FSDP -> TP2xDP2 update against\n"

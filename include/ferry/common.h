@@ -114,8 +114,8 @@ FERRY_API enum ferry_log_format ferry_log_get_format(void);
 typedef void (*ferry_log_fn)(void *arg, enum ferry_log_level level, const char *tag, const char *msg);
 FERRY_API void ferry_log_set_callback(ferry_log_fn fn, void *arg);
 
-/* Bytes per element of a dtype name ("bool", "u8", "i8", "fp8_e4m3",
- * "fp8_e5m2", "f16", "bf16", "i16", "u16", "f32", "i32", "u32", "f64", "i64",
+/* Bytes per element of a dtype name ("bool", "u8", "i8", "f8e4m3",
+ * "f8e5m2" (or "fp8_e4m3", "fp8_e5m2"), "f16", "bf16", "i16", "u16", "f32", "i32", "u32", "f64", "i64",
  * "u64"), or 0 for an unknown one. */
 FERRY_API uint32_t ferry_dtype_size(const char *dtype);
 
@@ -131,6 +131,93 @@ FERRY_API uint32_t ferry_dtype_size(const char *dtype);
  * FERRY_EINVAL for another dtype, or NULL buffers with count > 0. */
 FERRY_API int ferry_convert(const void *src, const char *src_dtype, void *dst, const char *dst_dtype,
                             size_t count);
+
+/* ---- FP8 quantization ----------------------------------------------------------------------
+ * The two FP8 formats of weight checkpoints, as dtype names:
+ *   "f8e4m3"  OCP E4M3 "fn": bias 7, no infinities, largest 448 (0x7e), NaN 0x7f/0xff,
+ *             smallest subnormal 2^-9;
+ *   "f8e5m2"  E5M2: bias 15, largest finite 57344 (0x7b), NaN written as 0x7f/0xff,
+ *             smallest subnormal 2^-16 (its infinities are never written: values beyond
+ *             the largest finite saturate, as in E4M3).
+ * "fp8_e4m3" and "fp8_e5m2" are accepted as the same types.
+ *
+ * Quantizing element x with scale s (the dequantization multiplier, what
+ * checkpoints store as weight_scale_inv: x ~ q * s) computes, in f32 and in
+ * the FPU's default round-to-nearest mode,
+ *     m = 1.0f / s;  p = (float)x * m;  q = fp8(p)
+ * where fp8() rounds p once to the nearest FP8 value, ties to even
+ * (subnormals exactly), saturates every |p| beyond the largest finite
+ * (infinities too) to +-largest, and makes a NaN the FP8 NaN with its sign.
+ * The sign of a zero is kept. Every path (portable, AVX2, AVX-512, chosen
+ * at run time) gives the same bytes. docs/weights.md, "FP8 quantization". */
+
+/* Quantize count elements of src ("f32", "bf16" or "f16") into dst
+ * ("f8e4m3" or "f8e5m2") with one scale as above; scale must be finite with
+ * 1/scale a finite, normal f32 (about 3e-39 < scale < 8.5e37). No alignment
+ * needed; src and dst must not overlap. FERRY_EINVAL with a sentence in err
+ * for an unknown dtype, a bad scale or NULL buffers with count > 0; nothing
+ * is written then. */
+FERRY_API int ferry_quantize_fp8(const void *src, const char *src_dtype, void *dst,
+                                 const char *dst_dtype, size_t count, float scale,
+                                 ferry_error *err);
+
+/* Inverse of ferry_quantize_fp8 for consumers and tests that ask for it:
+ * y = (float)q * scale in f32, then written as dst_dtype ("f32", "bf16" or
+ * "f16", narrowing as ferry_convert does); the FP8 NaN gives a NaN. Not
+ * vectorised. Same failures as ferry_quantize_fp8 (any finite scale > 0). */
+FERRY_API int ferry_dequantize_fp8(const void *src, const char *src_dtype, void *dst,
+                                   const char *dst_dtype, size_t count, float scale,
+                                   ferry_error *err);
+
+/* How a block's scale is stored. */
+enum ferry_fp8_scale_format {
+    FERRY_FP8_SCALE_F32 = 0,    /* s = amax / FP8_MAX as an f32 (DeepSeek-V3's weight_scale_inv) */
+    FERRY_FP8_SCALE_UE8M0 = 1,  /* s rounded up to a power of two, 2^ceil(log2(amax / FP8_MAX)),
+                                 * still stored as an f32 (its exponent byte is the ue8m0 code) */
+};
+
+/* The block layout of ferry_quantize_fp8_blocks. ferry_fp8_options_init()
+ * sets the defaults; a zeroed struct (or NULL) is taken as the defaults too:
+ * 0 block sizes are 128, the scale format FERRY_FP8_SCALE_F32. The reserved
+ * words must be zero. */
+typedef struct ferry_fp8_options {
+    uint32_t block_rows;     /* rows of a block (default 128) */
+    uint32_t block_cols;     /* columns of a block (default 128) */
+    uint32_t scale_format;   /* enum ferry_fp8_scale_format */
+    uint32_t reserved32;     /* must be zero */
+    uint64_t reserved[6];    /* must be zero */
+} ferry_fp8_options;
+
+#define FERRY_FP8_DEFAULT_BLOCK 128
+
+FERRY_API void ferry_fp8_options_init(ferry_fp8_options *opt);
+
+/* Quantize a rows x cols row-major region of src (src_stride elements from
+ * one row's start to the next, >= cols) into dst (dst_stride, >= cols) in
+ * blocks of block_rows x block_cols (the last row and column of blocks may
+ * be partial), one scale per block: amax = the largest finite |x| of the
+ * block (NaNs and infinities left out), max(amax, 1e-4f) (a block of zeros
+ * gets 1e-4f / FP8_MAX, as DeepSeek's and vLLM's per-block casts do),
+ * s = that / FP8_MAX (448 or 57344) in f32, rounded up to a power of two
+ * for FERRY_FP8_SCALE_UE8M0; every element is then quantized with s as
+ * ferry_quantize_fp8 does (NaN stays NaN, an infinity saturates). scales
+ * receives ceil(rows / block_rows) x ceil(cols / block_cols) f32s, row-major,
+ * contiguous. FERRY_EINVAL with a sentence for an unknown dtype, a stride
+ * below cols, NULL buffers with elements, an unknown scale format or
+ * nonzero reserved words; nothing is written then. */
+FERRY_API int ferry_quantize_fp8_blocks(const void *src, const char *src_dtype, size_t src_stride,
+                                        void *dst, const char *dst_dtype, size_t dst_stride,
+                                        size_t rows, size_t cols, float *scales,
+                                        const ferry_fp8_options *opt, ferry_error *err);
+
+/* Inverse of ferry_quantize_fp8_blocks, each block with its scale (the
+ * layout above) as ferry_dequantize_fp8 does. Same failures, and a scale
+ * that is not finite and > 0. */
+FERRY_API int ferry_dequantize_fp8_blocks(const void *src, const char *src_dtype,
+                                          size_t src_stride, void *dst, const char *dst_dtype,
+                                          size_t dst_stride, size_t rows, size_t cols,
+                                          const float *scales, const ferry_fp8_options *opt,
+                                          ferry_error *err);
 
 #ifdef __cplusplus
 }

@@ -30,6 +30,7 @@ PIN(ferry_store_read, 72);
 PIN(ferry_store_reads, 48);
 PIN(ferry_store_exec_config, 96);
 PIN(ferry_error, 516);
+PIN(ferry_fp8_options, 64);
 PIN(ferry_tensor_desc, 88);
 PIN(ferry_fragment, 240);
 PIN(ferry_split, 216);

@@ -201,6 +201,64 @@ int fr_convert(const void *src, fr_ftype st, void *dst, fr_ftype dt, size_t coun
 int fr_convert_path(fr_conv_path path, const void *src, fr_ftype st, void *dst, fr_ftype dt,
                     size_t count);
 
+/* ---- FP8 quantization (fp8.c) ------------------------------------------ */
+/* One FP8 format, as the rounding needs it (common.h, "FP8 quantization"). */
+typedef struct fr_fp8_fmt {
+    uint32_t man;        /* mantissa bits: 3 (E4M3), 2 (E5M2) */
+    uint32_t norm_off;   /* (127 - bias) << 23: f32 bits minus this, >> (23 - man), is the code */
+    uint32_t min_norm;   /* f32 bits of the smallest normal */
+    uint32_t sub_base;   /* 151 - bias - man: a subnormal's shift is sub_base - f32 exponent */
+    uint32_t max_bits;   /* f32 bits of the largest finite */
+    uint32_t max_code;   /* its code: 0x7e, 0x7b */
+    uint32_t sub_magic;  /* f32 bits of 2^(23 + log2 of the smallest subnormal) */
+    float max;           /* 448, 57344 */
+} fr_fp8_fmt;
+
+extern const fr_fp8_fmt fr_fp8_e4m3, fr_fp8_e5m2;
+/* The format of a dtype name ("f8e4m3", "f8e5m2" and the fp8_ aliases), or NULL. */
+const fr_fp8_fmt *fr_fp8_fmt_of(const char *dtype);
+
+/* The scalar reference: f32 bits -> FP8, once to nearest, ties to even,
+ * saturating to +-largest (infinities too), NaN -> sign | 0x7f. */
+static inline uint8_t fr_fp8_from_f32_bits(uint32_t u, const fr_fp8_fmt *f)
+{
+    uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u)
+        return sign | 0x7fu;
+    if (a >= f->max_bits)
+        return sign | (uint8_t)f->max_code;
+    uint32_t q, rem, half;
+    if (a >= f->min_norm) {
+        uint32_t v = a - f->norm_off, sh = 23 - f->man;
+        q = v >> sh, rem = v & ((1u << sh) - 1), half = 1u << (sh - 1);
+    } else {
+        uint32_t sh = f->sub_base - (a >> 23);  /* value / smallest subnormal = m >> sh */
+        if (a < 0x00800000u || sh > 25)         /* below a quarter of the smallest subnormal */
+            return sign;
+        uint32_t m = (a & 0x7fffffu) | 0x800000u;
+        q = m >> sh, rem = m & ((1u << sh) - 1), half = 1u << (sh - 1);
+    }
+    if (rem > half || (rem == half && (q & 1u)))
+        q++;                                    /* may carry into the exponent: still right */
+    return sign | (uint8_t)q;
+}
+
+/* FP8 -> f32, exact (the NaN codes give a quiet NaN with their sign). */
+float fr_fp8_to_f32(uint8_t q, const fr_fp8_fmt *f);
+
+/* ferry_quantize_fp8 on one path (fr_conv_path: scalar is the reference,
+ * portable runs it too; avx2, avx512), for tests and the bench. mul is
+ * 1/scale. FERRY_ENOTSUP for a path this CPU cannot run. */
+int fr_quantize_fp8_path(fr_conv_path path, const void *src, fr_ftype st, uint8_t *dst,
+                         const fr_fp8_fmt *f, size_t count, float mul);
+/* The block scale of amax (f32 bits of the largest finite |x|) as
+ * ferry_quantize_fp8_blocks computes it. */
+float fr_fp8_block_scale(uint32_t amax_bits, const fr_fp8_fmt *f, int scale_format);
+/* The f32 bits of the largest finite |x| of n elements of type st on a path. */
+int fr_fp8_amax_path(fr_conv_path path, const void *src, fr_ftype st, size_t count,
+                     uint32_t *amax_bits);
+
 /* ---- time ------------------------------------------------------------- */
 uint64_t fr_now_ns(void);             /* CLOCK_MONOTONIC */
 uint64_t fr_now_ms(void);

@@ -4,7 +4,8 @@
 #include "base/base.h"
 
 static const struct { const char *name; uint32_t size; } dtypes[] = {
-    {"bool", 1}, {"u8", 1}, {"i8", 1}, {"fp8_e4m3", 1}, {"fp8_e5m2", 1},
+    {"bool", 1}, {"u8", 1}, {"i8", 1}, {"f8e4m3", 1}, {"f8e5m2", 1},
+    {"fp8_e4m3", 1}, {"fp8_e5m2", 1},   /* the earlier spellings, kept as aliases */
     {"f16", 2}, {"bf16", 2}, {"i16", 2}, {"u16", 2},
     {"f32", 4}, {"i32", 4}, {"u32", 4},
     {"f64", 8}, {"i64", 8}, {"u64", 8},
