@@ -111,26 +111,25 @@ static uint32_t ref_amax_f32(const uint8_t *s, size_t n)
     return m;
 }
 
-static uint32_t ref_amax_bf16(const uint8_t *s, size_t n)
+static uint32_t ref_amax_16(const uint8_t *s, size_t n, bool bf16)
 {
     uint32_t m = 0;
     for (size_t i = 0; i < n; i++) {
         uint16_t h;
         memcpy(&h, s + 2 * i, 2);
-        m = amax_of(m, fr_bf16_to_f32_bits(h));
+        m = amax_of(m, bf16 ? fr_bf16_to_f32_bits(h) : fr_f16_to_f32_bits(h));
     }
     return m;
 }
 
+static uint32_t ref_amax_bf16(const uint8_t *s, size_t n)
+{
+    return ref_amax_16(s, n, true);
+}
+
 static uint32_t ref_amax_f16(const uint8_t *s, size_t n)
 {
-    uint32_t m = 0;
-    for (size_t i = 0; i < n; i++) {
-        uint16_t h;
-        memcpy(&h, s + 2 * i, 2);
-        m = amax_of(m, fr_f16_to_f32_bits(h));
-    }
-    return m;
+    return ref_amax_16(s, n, false);
 }
 
 const fr_fp8_ops fr_fp8_scalar_ops = { { ref_quant_f32, ref_quant_bf16, ref_quant_f16 },

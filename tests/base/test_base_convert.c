@@ -21,42 +21,10 @@
 
 #include "base/base.h"
 
-static const fr_conv_path paths[] = { FR_CONV_SCALAR, FR_CONV_PORTABLE, FR_CONV_AVX2,
-                                      FR_CONV_AVX512, FR_CONV_AUTO };
-#define NPATHS (sizeof paths / sizeof paths[0])
+#define FT_CONV_TEST "test_base_convert"
+#define FT_CONV_SEED 0x9e3779b97f4a7c15ull
+#include "util/ftconv.h"
 
-static bool path_on(fr_conv_path p)
-{
-    if (fr_conv_path_available(p))
-        return true;
-    static bool said[FR_CONV_NPATHS];
-    if (!said[p])
-        fprintf(stderr, "test_base_convert: this CPU or build has no %s path; its checks are "
-                        "skipped\n", fr_conv_path_name(p));
-    said[p] = true;
-    return false;
-}
-
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static uint32_t rnd32(void)
-{
-    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-    return (uint32_t)(rng >> 16);
-}
-
-static float f_of(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static uint32_t bits_of(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
 
 /* ---- the reference against independent oracles ------------------------------------------ */
 

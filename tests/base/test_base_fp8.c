@@ -19,47 +19,15 @@
 
 #include "base/base.h"
 
-static const fr_conv_path paths[] = { FR_CONV_SCALAR, FR_CONV_PORTABLE, FR_CONV_AVX2,
-                                      FR_CONV_AVX512, FR_CONV_AUTO };
-#define NPATHS (sizeof paths / sizeof paths[0])
+#define FT_CONV_TEST "test_base_fp8"
+#define FT_CONV_SEED 0x243f6a8885a308d3ull
+#include "util/ftconv.h"
+
 static const fr_fp8_fmt *const fmts[] = { &fr_fp8_e4m3, &fr_fp8_e5m2 };
 static const char *const fmt_names[] = { "f8e4m3", "f8e5m2" };
 /* the multipliers (1 / scale) every sweep runs at */
 static const float muls[] = { 1.0f, 448.0f / 1e-4f, 0x1p-8f, 3.7f, 0.01f, 448.0f / 0.73f };
 #define NMULS (sizeof muls / sizeof muls[0])
-
-static bool path_on(fr_conv_path p)
-{
-    if (fr_conv_path_available(p))
-        return true;
-    static bool said[FR_CONV_NPATHS];
-    if (!said[p])
-        fprintf(stderr, "test_base_fp8: this CPU or build has no %s path; its checks are "
-                        "skipped\n", fr_conv_path_name(p));
-    said[p] = true;
-    return false;
-}
-
-static uint64_t rng = 0x243f6a8885a308d3ull;
-static uint32_t rnd32(void)
-{
-    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-    return (uint32_t)(rng >> 16);
-}
-
-static float f_of(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static uint32_t bits_of(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
 
 static uint8_t ref(float x, const fr_fp8_fmt *f) { return fr_fp8_from_f32_bits(bits_of(x), f); }
 

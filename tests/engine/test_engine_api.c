@@ -309,17 +309,6 @@ static void test_notify_peer_bound(void **s)
     ferry_engine_close(e);
 }
 
-/* err (filled) holds each of the words. */
-static void assert_says(const ferry_error *err, int code, const char *w1, const char *w2, const char *w3)
-{
-    const char *w[] = {w1, w2, w3};
-    if (err->code != code)
-        fail_msg("code %d, expected %d: \"%s\"", err->code, code, err->msg);
-    for (int i = 0; i < 3; i++)
-        if (w[i] && !strstr(err->msg, w[i]))
-            fail_msg("\"%s\" lacks \"%s\"", err->msg, w[i]);
-}
-
 /* Refusals at open and with memory say which field, file or region. */
 static void test_detail_setup(void **s)
 {
@@ -332,40 +321,40 @@ static void test_detail_setup(void **s)
     snprintf(bad.fault, sizeof bad.fault, "delay_ms=5,sometimes=1");
     assert_int_equal(ferry_engine_open(&bad, &e, &err), FERRY_EINVAL);
     assert_null(e);
-    assert_says(&err, FERRY_EINVAL, "bad fault spec", "unknown key \"sometimes\"", "post_fail_after");
+    ft_assert_says(&err, FERRY_EINVAL, "bad fault spec", "unknown key \"sometimes\"", "post_fail_after");
     snprintf(bad.fault, sizeof bad.fault, "drop_after=soon");
     assert_int_equal(ferry_engine_open(&bad, &e, &err), FERRY_EINVAL);
-    assert_says(&err, FERRY_EINVAL, "bad fault spec", "drop_after=soon", "not a number");
+    ft_assert_says(&err, FERRY_EINVAL, "bad fault spec", "drop_after=soon", "not a number");
     bad = c;
     bad.token_len = 0;
     assert_int_equal(ferry_engine_open(&bad, &e, &err), FERRY_EAUTH);
-    assert_says(&err, FERRY_EAUTH, "no cluster token", "FERRY_TOKEN", NULL);
+    ft_assert_says(&err, FERRY_EAUTH, "no cluster token", "FERRY_TOKEN", NULL);
     bad = c;
     bad.tcp_streams = 0;
     assert_int_equal(ferry_engine_open(&bad, &e, &err), FERRY_EINVAL);
-    assert_says(&err, FERRY_EINVAL, "tcp_streams 0", NULL, NULL);
+    ft_assert_says(&err, FERRY_EINVAL, "tcp_streams 0", NULL, NULL);
     bad = c;
     bad.reserved[3] = 1;
     assert_int_equal(ferry_engine_open(&bad, &e, &err), FERRY_EINVAL);
-    assert_says(&err, FERRY_EINVAL, "reserved", NULL, NULL);
+    ft_assert_says(&err, FERRY_EINVAL, "reserved", NULL, NULL);
     bad = c;
     snprintf(bad.listen_addr, sizeof bad.listen_addr, "not-an-address");
     assert_true(ferry_engine_open(&bad, &e, &err) < 0);
-    assert_says(&err, err.code, "cannot start the tcp transport", "not-an-address", NULL);
+    ft_assert_says(&err, err.code, "cannot start the tcp transport", "not-an-address", NULL);
     assert_int_equal(ferry_engine_config_token_file(&bad, "/nonexistent/token", &err), FERRY_ENOENT);
-    assert_says(&err, FERRY_ENOENT, "/nonexistent/token", NULL, NULL);
+    ft_assert_says(&err, FERRY_ENOENT, "/nonexistent/token", NULL, NULL);
 
     e = open_default();
     void *m;
     ferry_region *r;
     assert_int_equal(ferry_mem_alloc(e, 8192, &m, NULL), 0);
     assert_int_equal(ferry_region_register(e, m, 10, 0, FERRY_MEM_DEVICE, &r, &err), FERRY_ENOTSUP);
-    assert_says(&err, FERRY_ENOTSUP, "host memory", NULL, NULL);
+    ft_assert_says(&err, FERRY_ENOTSUP, "host memory", NULL, NULL);
     assert_int_equal(ferry_region_register(e, m, 4096, 0, FERRY_MEM_HOST, &r, &err), 0);
     assert_int_equal(ferry_mem_free(e, m, &err), FERRY_EBUSY);
-    assert_says(&err, FERRY_EBUSY, "1 registered region", "unregister it first", NULL);
+    ft_assert_says(&err, FERRY_EBUSY, "1 registered region", "unregister it first", NULL);
     assert_int_equal(ferry_mem_free(e, (char *)m + 4096, &err), FERRY_ENOENT);
-    assert_says(&err, FERRY_ENOENT, "ferry_mem_alloc", NULL, NULL);
+    ft_assert_says(&err, FERRY_ENOENT, "ferry_mem_alloc", NULL, NULL);
     assert_int_equal(ferry_region_unregister(r, NULL), 0);
     assert_int_equal(ferry_mem_free(e, m, NULL), 0);
     ferry_engine_close(e);
@@ -400,15 +389,15 @@ static void test_detail_transfers(void **s)
         ferry_ticket *t = NULL;
         assert_int_equal(ferry_submit(e, ops, 2, 0, &t, &err), FERRY_EFAULT);
         assert_null(t);
-        assert_says(&err, FERRY_EFAULT, "op 1: local buffer", "not inside a registered region", NULL);
+        ft_assert_says(&err, FERRY_EFAULT, "op 1: local buffer", "not inside a registered region", NULL);
         ops[1].local = (uint8_t *)src + 4096;
         ops[1].peer = 99;
         assert_int_equal(ferry_submit(e, ops, 2, 0, &t, &err), FERRY_ENOENT);
-        assert_says(&err, FERRY_ENOENT, "op 1: ", "no peer 99", NULL);
+        ft_assert_says(&err, FERRY_ENOENT, "op 1: ", "no peer 99", NULL);
         ops[1].peer = rr.peer;
         ops[1].opcode = 7;
         assert_int_equal(ferry_submit(e, ops, 2, 0, &t, &err), FERRY_EINVAL);
-        assert_says(&err, FERRY_EINVAL, "op 1: opcode 7", NULL, NULL);
+        ft_assert_says(&err, FERRY_EINVAL, "op 1: opcode 7", NULL, NULL);
 
         /* a wrong remote key on op 1: the ticket names it and its peer */
         ops[1].opcode = FERRY_OP_WRITE;
@@ -418,8 +407,8 @@ static void test_detail_transfers(void **s)
         assert_true(st == FERRY_TICKET_ABORTED || st == FERRY_TICKET_FAILED_DRAINED);
         assert_int_equal(ferry_ticket_error(t, NULL), FERRY_EACCES);
         assert_int_equal(ferry_ticket_error(t, &err), FERRY_EACCES);
-        assert_says(&err, FERRY_EACCES, "op 1 (WRITE of 4096 bytes to ", peer, "refused by the peer");
-        assert_says(&err, FERRY_EACCES, ferry_ticket_state_name(st), NULL, NULL);
+        ft_assert_says(&err, FERRY_EACCES, "op 1 (WRITE of 4096 bytes to ", peer, "refused by the peer");
+        ft_assert_says(&err, FERRY_EACCES, ferry_ticket_state_name(st), NULL, NULL);
         ferry_ticket_free(t);
 
         /* a ticket that completed has no error: err is left alone */
@@ -440,16 +429,16 @@ static void test_detail_transfers(void **s)
             if (strstr(err.msg, "1 of 2 arrived"))
                 break;
         }
-        assert_says(&err, FERRY_ETIMEDOUT, "tag 9", "1 of 2 arrived", "from 1 peer");
+        ft_assert_says(&err, FERRY_ETIMEDOUT, "tag 9", "1 of 2 arrived", "from 1 peer");
 
         ferry_mapping v;
         int rc = ferry_remote_map(e, &rr, rr.addr, 4096, &v, &err);
         if (strcmp(tps[k], "tcp") == 0) {
             assert_int_equal(rc, FERRY_ENOTSUP);
-            assert_says(&err, FERRY_ENOTSUP, "remote map of 4096 bytes", peer, "over tcp");
+            ft_assert_says(&err, FERRY_ENOTSUP, "remote map of 4096 bytes", peer, "over tcp");
         } else {
             assert_int_equal(rc, FERRY_EACCES);   /* registered write-only */
-            assert_says(&err, FERRY_EACCES, "remote map", "not remote-readable", NULL);
+            ft_assert_says(&err, FERRY_EACCES, "remote map", "not remote-readable", NULL);
         }
         free(heap);
         ferry_engine_close(e);
@@ -472,10 +461,10 @@ static void test_detail_auth(void **s)
     int n = ferry_engine_export(a, d, sizeof d);
     ferry_peer_id id;
     assert_int_equal(ferry_peer_add(b, d, (size_t)n, &id, &err), FERRY_EAUTH);
-    assert_says(&err, FERRY_EAUTH, "cannot connect to peer", "over shm", "same cluster token");
+    ft_assert_says(&err, FERRY_EAUTH, "cannot connect to peer", "over shm", "same cluster token");
     d[0] ^= 0xff;
     assert_true(ferry_peer_add(b, d, (size_t)n, &id, &err) < 0);
-    assert_says(&err, err.code, "does not decode", NULL, NULL);
+    ft_assert_says(&err, err.code, "does not decode", NULL, NULL);
     ferry_engine_close(b);
     ferry_engine_close(a);
 }

@@ -287,17 +287,6 @@ static void test_notify_order_stress(void **s)
 
 /* ---- refused accesses --------------------------------------------------------- */
 
-/* err holds the code and each of the words. */
-static void assert_says(const ferry_error *err, int code, const char *w1, const char *w2, const char *w3)
-{
-    const char *w[] = {w1, w2, w3};
-    if (err->code != code)
-        fail_msg("code %d, expected %d: \"%s\"", err->code, code, err->msg);
-    for (int i = 0; i < 3; i++)
-        if (w[i] && !strstr(err->msg, w[i]))
-            fail_msg("\"%s\" lacks \"%s\"", err->msg, w[i]);
-}
-
 static void assert_refused(ferry_op op, int want_err)
 {
     uint64_t before = ft_peer_hash(&F.peer, 0, F.rr.len);
@@ -310,7 +299,7 @@ static void assert_refused(ferry_op op, int want_err)
     char what[64];
     snprintf(what, sizeof what, "op 0 (%s of ", op.opcode == FERRY_OP_WRITE ? "WRITE" : "READ");
     assert_int_equal(ferry_ticket_error(t, &err), want_err);
-    assert_says(&err, want_err, what, "refused by the peer", "ended ABORTED");
+    ft_assert_says(&err, want_err, what, "refused by the peer", "ended ABORTED");
     assert_int_equal(ferry_ticket_bytes(t), 0);
     ferry_ticket_free(t);
     assert_true(ft_peer_hash(&F.peer, 0, F.rr.len) == before);   /* target untouched */
@@ -386,14 +375,14 @@ static void test_local_not_registered(void **s)
     ferry_error err = {0};
     assert_int_equal(ferry_submit(F.e, &w, 1, 0, &t, &err), FERRY_EFAULT);
     assert_null(t);
-    assert_says(&err, FERRY_EFAULT, "op 0: local buffer", "+64 is not inside a registered region", NULL);
+    ft_assert_says(&err, FERRY_EFAULT, "op 0: local buffer", "+64 is not inside a registered region", NULL);
     w = wr(F.buf + F.buflen - 8, 16, 0);   /* runs past the local region */
     assert_int_equal(ferry_submit(F.e, &w, 1, 0, &t, &err), FERRY_EFAULT);
-    assert_says(&err, FERRY_EFAULT, "op 0: local buffer", "+16 is not inside a registered region", NULL);
+    ft_assert_says(&err, FERRY_EFAULT, "op 0: local buffer", "+16 is not inside a registered region", NULL);
     w = wr(F.buf, 16, 0);
     w.peer = 999;
     assert_int_equal(ferry_submit(F.e, &w, 1, 0, &t, &err), FERRY_ENOENT);
-    assert_says(&err, FERRY_ENOENT, "op 0: no peer 999", NULL, NULL);
+    ft_assert_says(&err, FERRY_ENOENT, "op 0: no peer 999", NULL, NULL);
     w.peer = F.rr.peer;
     w.len = 0;
     assert_int_equal(ferry_submit(F.e, &w, 1, 0, &t, NULL), FERRY_EINVAL);
@@ -760,7 +749,7 @@ static void test_peer_killed_mid_transfer(void **s)
     ferry_error err = {0};
     assert_int_equal(ferry_ticket_error(t, &err), FERRY_ECONNRESET);
     /* its first failed op: the WRITE or the NOTIFY after it, whichever the lost connection failed first */
-    assert_says(&err, FERRY_ECONNRESET, "op ", "connection to the peer was lost", "ended FAILED_DRAINED");
+    ft_assert_says(&err, FERRY_ECONNRESET, "op ", "connection to the peer was lost", "ended FAILED_DRAINED");
     ferry_ticket_free(t);
     assert_int_equal(ferry_engine_pending(F.e, NULL, 0), 0);
     /* the dead peer refuses new work, saying which; another peer is served */
@@ -769,7 +758,7 @@ static void test_peer_killed_mid_transfer(void **s)
     char peer[48];
     snprintf(peer, sizeof peer, "op 0: cannot connect to peer %u ", F.rr.peer);
     assert_true(ferry_submit(F.e, &w, 1, 0, &t2, &err) < 0);
-    assert_says(&err, err.code, peer, NULL, NULL);
+    ft_assert_says(&err, err.code, peer, NULL, NULL);
     ft_peer_stop(&F.peer);
     start_peer(&F.peer, &F.rr, &(ft_peer_opts){.size = MiB});
     assert_still_serving();

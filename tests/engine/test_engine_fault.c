@@ -75,17 +75,6 @@ static int run_write(uint64_t off, uint64_t len, int nops, int timeout_ms, ferry
     return st;
 }
 
-/* err holds the code and each of the words. */
-static void assert_says(const ferry_error *err, int code, const char *w1, const char *w2, const char *w3)
-{
-    const char *w[] = {w1, w2, w3};
-    if (err->code != code)
-        fail_msg("code %d, expected %d: \"%s\"", err->code, code, err->msg);
-    for (int i = 0; i < 3; i++)
-        if (w[i] && !strstr(err->msg, w[i]))
-            fail_msg("\"%s\" lacks \"%s\"", err->msg, w[i]);
-}
-
 static void test_post_fails(void **s)
 {
     (void)s;
@@ -99,7 +88,7 @@ static void test_post_fails(void **s)
     char peer[32];
     snprintf(peer, sizeof peer, "bytes to peer %u at 0x", F.rr.peer);
     assert_int_equal(ferry_ticket_error(t, &err), FERRY_EIO);
-    assert_says(&err, FERRY_EIO, "(WRITE of 262144 ", peer, "ended ABORTED: no destination byte touched");
+    ft_assert_says(&err, FERRY_EIO, "(WRITE of 262144 ", peer, "ended ABORTED: no destination byte touched");
     ferry_ticket_free(t);
     assert_true(ft_peer_hash(&F.peer, MiB, MiB) == before);
 }
@@ -114,7 +103,7 @@ static void test_completion_turned_into_failure(void **s)
     assert_int_equal(ferry_ticket_error(t, NULL), FERRY_EIO);
     ferry_error err = {0};
     assert_int_equal(ferry_ticket_error(t, &err), FERRY_EIO);
-    assert_says(&err, FERRY_EIO, "(WRITE of 1048576 bytes", "input/output error", "ended FAILED_DRAINED");
+    ft_assert_says(&err, FERRY_EIO, "(WRITE of 1048576 bytes", "input/output error", "ended FAILED_DRAINED");
     assert_int_equal(ferry_ticket_bytes(t), 2 * MiB);   /* only confirmed bytes count */
     ferry_ticket_free(t);
 }
@@ -136,10 +125,10 @@ static void test_delay_gives_unknown_then_completes(void **s)
     snprintf(peer, sizeof peer, "op 0: peer %u is fenced", F.rr.peer);
     snprintf(ticket, sizeof ticket, "(ticket %llu)", (unsigned long long)ferry_ticket_id(t));
     assert_int_equal(ferry_submit(F.e, &w, 1, 0, &t2, &err), FERRY_EFENCED);
-    assert_says(&err, FERRY_EFENCED, peer, ticket, "ferry_peer_reset");
+    ft_assert_says(&err, FERRY_EFENCED, peer, ticket, "ferry_peer_reset");
     snprintf(ticket, sizeof ticket, "ticket %llu has an unknown outcome", (unsigned long long)ferry_ticket_id(t));
     assert_int_equal(ferry_region_unregister(F.lr, &err), FERRY_EBUSY);
-    assert_says(&err, FERRY_EBUSY, "are pinned: 1 ticket of this engine uses it", ticket, NULL);
+    ft_assert_says(&err, FERRY_EBUSY, "are pinned: 1 ticket of this engine uses it", ticket, NULL);
     assert_int_equal(ferry_ticket_wait(t, 30000), FERRY_TICKET_COMPLETED);   /* drained: the fence lifts */
     ferry_ticket_free(t);
     assert_int_equal(ferry_engine_pending(F.e, NULL, 0), 0);

@@ -622,3 +622,14 @@ bool ft_proc_alive(pid_t pid, unsigned long long start)
     unsigned long long s;
     return stat_fields(pid, &st, &pp, &s) == 0 && s == start && st != 'Z' && st != 'X';
 }
+
+void ft_assert_says(const ferry_error *err, int code, const char *w1, const char *w2,
+                    const char *w3)
+{
+    const char *w[] = {w1, w2, w3};
+    if (err->code != code)
+        fail_msg("code %d, expected %d: \"%s\"", err->code, code, err->msg);
+    for (int i = 0; i < 3; i++)
+        if (w[i] && !strstr(err->msg, w[i]))
+            fail_msg("\"%s\" lacks \"%s\"", err->msg, w[i]);
+}

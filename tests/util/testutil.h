@@ -105,4 +105,9 @@ bool ft_proc_alive(pid_t pid, unsigned long long start);
 void ft_pattern(uint8_t *buf, uint64_t len, uint64_t seed, uint64_t offset);
 uint64_t ft_hash(const void *buf, uint64_t len);
 
+/* The test fails unless err (filled by a failed call) holds code and each
+ * of the words w1..w3 (NULL: none). */
+void ft_assert_says(const ferry_error *err, int code, const char *w1, const char *w2,
+                    const char *w3);
+
 #endif
