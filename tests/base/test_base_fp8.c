@@ -383,6 +383,10 @@ static void test_blocks(void **state)
             check_blocks(FR_FT_BF16, "bf16", k, rows, cols, ss, cols, 128, 128, u, (uint8_t *)h);
             check_blocks(FR_FT_F32, "f32", k, rows, cols, ss, cols, 1, 64, u, (uint8_t *)a);
             check_blocks(FR_FT_F32, "f32", k, 7, 5, 5, 5, 3, 2, u, (uint8_t *)a);
+            /* 501 blocks a row: more than one tile of the driver (at most
+             * 256 blocks side by side), the last tile and block partial */
+            check_blocks(FR_FT_F32, "f32", k, 40, 1001, 1001, 1003, 3, 2, u, (uint8_t *)a);
+            check_blocks(FR_FT_BF16, "bf16", k, 40, 1001, 1001, 1001, 3, 2, u, (uint8_t *)h);
         }
     /* the pinned facts: the zero block's scale, the NaN and the infinity */
     uint8_t *q = malloc(rows * cols);
