@@ -35,6 +35,12 @@ typedef struct fr_tensor {
     uint32_t itemsize, ndim;
     uint64_t shape[FR_MAXD];
     uint64_t elems;
+    /* block quantization (ferry_manifest_quantize): enum ferry_quant_role,
+     * the partner tensor, the blocks, the scale format and the FP8 type */
+    uint32_t qrole, qpartner;
+    uint32_t qblock[2];
+    uint32_t qformat;
+    char qdtype[FERRY_DTYPE_MAX];
 } fr_tensor;
 
 /* A group: a regular grid of pieces over one box (a single fragment is a
@@ -107,6 +113,11 @@ static inline uint32_t fr_node_of(const ferry_manifest *m, uint32_t rank)
 {
     return m->nodes[rank];
 }
+
+/* ---- block quantization (quant.c) -------------------------------------- */
+/* Whether source tensor s and target tensor t (same name) are stored the
+ * same way; a failure names the tensor and says what differs. */
+int fr_quant_agree(const fr_tensor *s, const fr_tensor *t, ferry_error *err);
 
 /* ---- digests ----------------------------------------------------------- */
 int fr_topology_pair_digest(const ferry_manifest *a, const ferry_manifest *b, uint8_t out[16]);
