@@ -141,7 +141,9 @@ FERRY_API void ferry_digest_hex(const uint8_t d[16], char out[33]);
 
 /* JSON (docs/manifest.md). Parsing checks everything the add functions
  * check; errors name the JSON entry. Text from ferry_manifest_to_json is
- * freed by the caller with free(). Save writes atomically. */
+ * freed by the caller with free(); NULL when out of memory or for a
+ * manifest quantized in FP8 blocks, which has no JSON form yet (save:
+ * FERRY_ENOTSUP). Save writes atomically. */
 FERRY_API int ferry_manifest_from_json(const char *text, size_t len, ferry_manifest **out, ferry_error *err);
 FERRY_API int ferry_manifest_load(const char *path, ferry_manifest **out, ferry_error *err);
 FERRY_API char *ferry_manifest_to_json(const ferry_manifest *m);
@@ -340,7 +342,10 @@ typedef struct ferry_plan_options {
  * the source or differs in dtype, itemsize or shape; two source fragments
  * of a tensor overlap without being identical boxes with distinct replica
  * numbers; a target fragment is not fully covered by source fragments;
- * a limit of `opt` (may be NULL) is passed. On success both manifests are
+ * a tensor stored differently (ferry_manifest_quantize: FP8 blocks in
+ * one and not the other, other blocks, scale format or FP8 type; the
+ * sentence says which); a limit of `opt` (may be NULL) is passed. On
+ * success both manifests are
  * frozen and referenced by the plan; a failure leaves them as they were.
  * Free with ferry_plan_free (NULL is a no-op). */
 FERRY_API int ferry_plan_create(ferry_manifest *src, ferry_manifest *dst, const ferry_plan_options *opt,
