@@ -345,8 +345,8 @@ typedef struct ferry_plan_options {
  * a tensor stored differently (ferry_manifest_quantize: FP8 blocks in
  * one and not the other, other blocks, scale format or FP8 type; the
  * sentence says which); a limit of `opt` (may be NULL) is passed. On
- * success both manifests are
- * frozen and referenced by the plan; a failure leaves them as they were.
+ * success both manifests are frozen and referenced by the plan; a failure
+ * leaves them as they were.
  * Free with ferry_plan_free (NULL is a no-op). */
 FERRY_API int ferry_plan_create(ferry_manifest *src, ferry_manifest *dst, const ferry_plan_options *opt,
                                 ferry_plan **out, ferry_error *err);
