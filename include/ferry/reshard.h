@@ -274,7 +274,8 @@ typedef struct ferry_quant_rules {
 #define FERRY_QUANT_EXCLUDE "*embed*,*norm*,*lm_head*,*.gate.weight"
 #define FERRY_QUANT_SCALE_NAME "%s_scale_inv"
 
-FERRY_API void ferry_quant_rules_init(ferry_quant_rules *r);
+/* Set every field to its default; FERRY_EINVAL for NULL. */
+FERRY_API int ferry_quant_rules_init(ferry_quant_rules *r);
 
 /* Whether `r` (NULL: the defaults) selects tensor t: 1 yes, 0 no. A
  * selected tensor that is not 2-D, or not f32, bf16 or f16, and rules that

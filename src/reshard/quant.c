@@ -22,15 +22,16 @@ typedef struct quant_rules {
     uint32_t format;
 } quant_rules;
 
-void ferry_quant_rules_init(ferry_quant_rules *r)
+int ferry_quant_rules_init(ferry_quant_rules *r)
 {
     if (!r)
-        return;
+        return FERRY_EINVAL;
     *r = (ferry_quant_rules){ .dtype = "f8e4m3",
                               .include = FERRY_QUANT_INCLUDE,
                               .exclude = FERRY_QUANT_EXCLUDE,
                               .scale_name = FERRY_QUANT_SCALE_NAME };
     ferry_fp8_options_init(&r->fp8);
+    return 0;
 }
 
 /* "%s" exactly once, "%%" for a '%', no other directive. */

@@ -27,7 +27,14 @@ static void test_rules(void **state)
 {
     (void)state;
     ferry_quant_rules r, z;
-    ferry_quant_rules_init(&r);
+    assert_int_equal(ferry_quant_rules_init(NULL), FERRY_EINVAL);
+    memset(&r, 0xa5, sizeof r);   /* init sets every field */
+    assert_int_equal(ferry_quant_rules_init(&r), 0);
+    assert_string_equal(r.include, FERRY_QUANT_INCLUDE);
+    assert_string_equal(r.exclude, FERRY_QUANT_EXCLUDE);
+    assert_int_equal(r.fp8.scale_format, FERRY_FP8_SCALE_F32);
+    for (size_t i = 0; i < 8; i++)
+        assert_int_equal(r.reserved[i], 0);
     memset(&z, 0, sizeof z);
     assert_string_equal(r.dtype, "f8e4m3");
     assert_string_equal(r.scale_name, "%s_scale_inv");
