@@ -140,10 +140,11 @@ FERRY_API int ferry_manifest_topology_digest(const ferry_manifest *m, uint8_t ou
 FERRY_API void ferry_digest_hex(const uint8_t d[16], char out[33]);
 
 /* JSON (docs/manifest.md). Parsing checks everything the add functions
- * check; errors name the JSON entry. Text from ferry_manifest_to_json is
- * freed by the caller with free(); NULL when out of memory or for a
- * manifest quantized in FP8 blocks, which has no JSON form yet (save:
- * FERRY_ENOTSUP). Save writes atomically. */
+ * check; errors name the JSON entry. A manifest quantized in FP8 blocks is
+ * written as the layout before it and a "quantize" entry, and read by
+ * quantizing again (ferry_manifest_quantize's checks). Text from
+ * ferry_manifest_to_json is freed by the caller with free(). Save writes
+ * atomically. */
 FERRY_API int ferry_manifest_from_json(const char *text, size_t len, ferry_manifest **out, ferry_error *err);
 FERRY_API int ferry_manifest_load(const char *path, ferry_manifest **out, ferry_error *err);
 FERRY_API char *ferry_manifest_to_json(const ferry_manifest *m);

@@ -15,12 +15,7 @@
 
 #include "reshard/reshard_int.h"
 
-/* The rules with their defaults filled in and checked. */
-typedef struct quant_rules {
-    const char *dtype, *include, *exclude, *scale_name;
-    uint32_t block[2];
-    uint32_t format;
-} quant_rules;
+typedef fr_quant_spec quant_rules;   /* the rules with their defaults filled in */
 
 int ferry_quant_rules_init(ferry_quant_rules *r)
 {
@@ -50,6 +45,8 @@ static bool scale_name_ok(const char *fmt)
     return n == 1;
 }
 
+static int spec_check(const quant_rules *q, ferry_error *err);
+
 static int rules_resolve(const ferry_quant_rules *in, quant_rules *q, ferry_error *err)
 {
     ferry_quant_rules d;
@@ -65,11 +62,19 @@ static int rules_resolve(const ferry_quant_rules *in, quant_rules *q, ferry_erro
                         .block = { in->fp8.block_rows ? in->fp8.block_rows : d.fp8.block_rows,
                                    in->fp8.block_cols ? in->fp8.block_cols : d.fp8.block_cols },
                         .format = in->fp8.scale_format };
+    return spec_check(q, err);
+}
+
+static int spec_check(const quant_rules *q, ferry_error *err)
+{
+    if (!q->block[0] || !q->block[1])
+        return fr_fail(err, FERRY_EINVAL, "quantize: a block of %u x %u", q->block[0],
+                       q->block[1]);
     if (!fr_fp8_fmt_of(q->dtype))
         return fr_fail(err, FERRY_EINVAL, "quantize: dtype %s is not f8e4m3 or f8e5m2", q->dtype);
     if (q->format != FERRY_FP8_SCALE_F32 && q->format != FERRY_FP8_SCALE_UE8M0)
         return fr_fail(err, FERRY_EINVAL, "quantize: unknown scale format %u", q->format);
-    if (!scale_name_ok(q->scale_name))
+    if (q->scale_name && !scale_name_ok(q->scale_name))
         return fr_fail(err, FERRY_EINVAL,
                        "quantize: scale name '%s' must hold \"%%s\" exactly once and no other "
                        "%% directive but \"%%%%\"", q->scale_name);
@@ -249,13 +254,16 @@ static int scale_group(const ferry_manifest *m, const fr_group *g, uint32_t scal
 }
 
 /* The tensors of out: m's (the selected ones as FP8), then the scales. */
-static int quant_tensors(const ferry_manifest *m, const quant_rules *q, ferry_manifest *out,
-                         uint32_t *scale_of, ferry_error *err)
+static int quant_tensors(const ferry_manifest *m, const quant_rules *q,
+                         const char *const *names, ferry_manifest *out, uint32_t *scale_of,
+                         ferry_error *err)
 {
     for (uint32_t i = 0; i < m->ntensors; i++) {
         ferry_tensor_desc d;
         ferry_manifest_tensor(m, i, &d);
-        int sel = rules_select(q, &d, err);
+        int sel = names ? names[i] != NULL : rules_select(q, &d, err);
+        if (names && sel && (d.ndim != 2 || fr_ftype_of(d.dtype) == FR_FT_NONE))
+            sel = rules_select(&(quant_rules){ .include = "*", .exclude = "" }, &d, err);
         if (sel < 0)
             return sel;
         scale_of[i] = sel ? 0 : UINT32_MAX;
@@ -270,7 +278,9 @@ static int quant_tensors(const ferry_manifest *m, const quant_rules *q, ferry_ma
         if (scale_of[i] == UINT32_MAX)
             continue;
         const fr_tensor *w = &m->tensors[i];
-        if (scale_name(q->scale_name, w->name, name, sizeof name) < 0)
+        if (names && strlen(names[i]) < sizeof name)
+            strcpy(name, names[i]);
+        else if (names || scale_name(q->scale_name, w->name, name, sizeof name) < 0)
             return fr_fail(err, FERRY_EINVAL, "quantize: tensor '%s': its scale name is longer "
                            "than %d bytes", w->name, FR_NAME_MAX - 1);
         if (ferry_manifest_find_tensor(out, name) >= 0)
@@ -287,9 +297,11 @@ static int quant_tensors(const ferry_manifest *m, const quant_rules *q, ferry_ma
     return 0;
 }
 
-static void mark(fr_tensor *t, uint32_t role, uint32_t partner, const quant_rules *q)
+static void mark(fr_tensor *t, uint32_t role, uint32_t partner, const quant_rules *q,
+                 const char *from)
 {
     t->qrole = role, t->qpartner = partner;
+    snprintf(t->qfrom, sizeof t->qfrom, "%s", from);
     t->qblock[0] = q->block[0], t->qblock[1] = q->block[1];
     t->qformat = q->format;
     snprintf(t->qdtype, sizeof t->qdtype, "%s", q->dtype);
@@ -303,6 +315,15 @@ int ferry_manifest_quantize(const ferry_manifest *m, const ferry_quant_rules *r,
     *out = NULL;
     quant_rules q;
     int rc = rules_resolve(r, &q, err);
+    return rc < 0 ? rc : fr_manifest_quantize(m, &q, NULL, out, err);
+}
+
+int fr_manifest_quantize(const ferry_manifest *m, const fr_quant_spec *spec,
+                         const char *const *names, ferry_manifest **out, ferry_error *err)
+{
+    *out = NULL;
+    quant_rules q = *spec;
+    int rc = spec_check(&q, err);
     if (rc < 0)
         return rc;
     for (size_t i = 0; i < m->ntensors; i++)
@@ -318,7 +339,7 @@ int ferry_manifest_quantize(const ferry_manifest *m, const ferry_quant_rules *r,
     if (rc < 0)
         fr_fail(err, rc, "quantize: %s", ferry_strerror(rc));
     if (rc == 0)
-        rc = quant_tensors(m, &q, x, scale_of, err);
+        rc = quant_tensors(m, &q, names, x, scale_of, err);
     for (size_t i = 0; rc == 0 && i < m->ngroups; i++) {
         const fr_group *g = &m->groups[i];
         if (scale_of[g->tensor] != UINT32_MAX)
@@ -333,8 +354,8 @@ int ferry_manifest_quantize(const ferry_manifest *m, const ferry_quant_rules *r,
     }
     for (uint32_t i = 0; rc == 0 && i < m->ntensors; i++)
         if (scale_of[i] != UINT32_MAX) {
-            mark(&x->tensors[i], FERRY_QUANT_WEIGHT, scale_of[i], &q);
-            mark(&x->tensors[scale_of[i]], FERRY_QUANT_SCALE, i, &q);
+            mark(&x->tensors[i], FERRY_QUANT_WEIGHT, scale_of[i], &q, m->tensors[i].dtype);
+            mark(&x->tensors[scale_of[i]], FERRY_QUANT_SCALE, i, &q, "f32");
         }
     free(scale_of);
     if (rc < 0) {
@@ -344,6 +365,19 @@ int ferry_manifest_quantize(const ferry_manifest *m, const ferry_quant_rules *r,
     x->digest_valid = false;
     *out = x;
     return 0;
+}
+
+bool fr_manifest_quant_spec(const ferry_manifest *m, fr_quant_spec *q)
+{
+    for (size_t i = 0; i < m->ntensors; i++) {
+        const fr_tensor *t = &m->tensors[i];
+        if (t->qrole != FERRY_QUANT_WEIGHT)
+            continue;
+        *q = (fr_quant_spec){ .dtype = t->qdtype, .block = { t->qblock[0], t->qblock[1] },
+                              .format = t->qformat };
+        return true;
+    }
+    return false;
 }
 
 int ferry_manifest_tensor_quant(const ferry_manifest *m, uint32_t index, ferry_tensor_quant *out)

@@ -179,10 +179,33 @@ static void test_scale_tensor(void **state)
     assert_int_equal(ferry_manifest_digest(q3, again), 0);
     assert_memory_equal(dq, again, 16);
     ferry_manifest_close(q3);
-    /* no JSON form yet: nothing rather than a text that loses the blocks */
-    assert_null(ferry_manifest_to_json(q));
-    assert_int_equal(ferry_manifest_save(q, "/nonexistent/q.json", &err), FERRY_ENOTSUP);
-    ft_assert_says(&err, FERRY_ENOTSUP, "FP8 blocks", "JSON", NULL);
+    /* JSON: the layout before and "quantize"; read back, the same manifest */
+    char *text = ferry_manifest_to_json(q2);
+    assert_non_null(text);
+    assert_non_null(strstr(text, "\"quantize\":{\"dtype\":\"f8e4m3\",\"block\":[64,32]"));
+    assert_non_null(strstr(text, "{\"name\":\"a.weight\",\"scale\":\"a.weight.scale%\"}"));
+    assert_null(strstr(text, "\"name\":\"a.weight.scale%\",\"dtype\""));
+    ferry_manifest *back;
+    assert_int_equal(ferry_manifest_from_json(text, strlen(text), &back, &err), 0);
+    assert_int_equal(ferry_manifest_digest(back, again), 0);
+    assert_memory_equal(dq2, again, 16);
+    assert_int_equal(ferry_manifest_tensor_quant(back, 3, &tq), 0);
+    assert_int_equal(tq.role, FERRY_QUANT_SCALE);
+    char *text2 = ferry_manifest_to_json(back);
+    assert_string_equal(text, text2);
+    free(text2);
+    ferry_manifest_close(back);
+    /* a "quantize" that names no tensor of the manifest, or cuts a block */
+    char *at = strstr(text, "{\"name\":\"a.weight\",\"scale\"");
+    memcpy(at, "{\"name\":\"b", 10);
+    assert_int_equal(ferry_manifest_from_json(text, strlen(text), &back, &err), FERRY_EINVAL);
+    ft_assert_says(&err, FERRY_EINVAL, "quantize", "'b.weight'", NULL);
+    memcpy(at, "{\"name\":\"a", 10);
+    at = strstr(text, "[64,32]");
+    memcpy(at, "[96,32]", 7);
+    assert_int_equal(ferry_manifest_from_json(text, strlen(text), &back, &err), 0);
+    ferry_manifest_close(back);   /* one fragment: 300 rows end at the tensor's edge */
+    free(text);
     /* the fragments of a quantized tensor and of its scales are fixed */
     ferry_fragment add = { .tensor = 0, .rank = 0, .replica = 1, .shape = { 300, 260 } };
     assert_int_equal(ferry_manifest_add_fragment(q, &add, &err), FERRY_ESTATE);
@@ -394,6 +417,14 @@ static void test_cut_block_refused(void **state)
     r.fp8.block_rows = 100;
     assert_int_equal(ferry_manifest_quantize(m, &r, &q, &err), 0);
     check_scale_fragments(q);
+    /* its JSON with 128-row blocks instead: refused when read */
+    char *text = ferry_manifest_to_json(q), *at = text ? strstr(text, "\"block\":[100,128]") : NULL;
+    assert_non_null(at);
+    memcpy(at, "\"block\":[128,128]", 17);
+    ferry_manifest *back = (ferry_manifest *)&back;
+    assert_int_equal(ferry_manifest_from_json(text, strlen(text), &back, &err), FERRY_EINVAL);
+    ft_assert_says(&err, FERRY_EINVAL, "worker 1", "starts at row 100", NULL);
+    free(text);
     ferry_manifest_close(q);
     /* a fragment bound to a store object */
     ferry_manifest_close(m);
