@@ -465,6 +465,76 @@ static void test_preset(void **state)
     ferry_model_free(md);
 }
 
+/* Random splits with replicas, each quantized in random blocks: a layout
+ * is refused exactly when one of its fragments (listed through the public
+ * calls) starts or ends inside a block away from the tensor's edge, and an
+ * accepted one has the scale fragments of check_scale_fragments and plans
+ * from a quantized whole-tensor source. */
+static uint64_t rnd_state = 88172645463325252ull;
+static uint64_t rnd(uint64_t n)
+{
+    rnd_state ^= rnd_state << 13, rnd_state ^= rnd_state >> 7, rnd_state ^= rnd_state << 17;
+    return rnd_state % n;
+}
+
+static void test_random_splits(void **state)
+{
+    (void)state;
+    static const uint32_t blocks[] = { 1, 2, 3, 8, 16, 128 };
+    int accepted = 0, refused = 0;
+    for (int it = 0; it < 300; it++) {
+        ferry_error err = { 0 };
+        uint32_t b0 = blocks[rnd(6)], b1 = blocks[rnd(6)];
+        uint64_t rows = 1 + rnd(300), cols = 1 + rnd(300);
+        /* parts that are often whole blocks: a multiple of the block or not */
+        uint32_t p0 = 1 + (uint32_t)rnd(4), p1 = 1 + (uint32_t)rnd(4), reps = 1 + (uint32_t)rnd(2);
+        if (rnd(2))
+            rows = (1 + rnd(4)) * b0 * p0 - rnd(2) * rnd(b0);
+        ferry_manifest *m, *src, *q = NULL, *qs;
+        assert_int_equal(ferry_manifest_create(p0 * p1 * reps, NULL, 8, &m), 0);
+        assert_int_equal(ferry_manifest_create(1, NULL, 8, &src), 0);
+        ferry_tensor_desc t = desc2("w.weight", "bf16", rows, cols);
+        assert_int_equal(ferry_manifest_add_tensor(m, &t, &err), 0);
+        assert_int_equal(ferry_manifest_add_tensor(src, &t, &err), 0);
+        ferry_split sp = { .tensor = 0, .whole = true, .parts = { p0, p1 },
+                           .rank_stride = { p1, 1 }, .replicas = reps,
+                           .replica_stride = p0 * p1 };
+        assert_int_equal(ferry_manifest_add_split(m, &sp, &err), 0);
+        ferry_split whole = { .tensor = 0, .whole = true };
+        assert_int_equal(ferry_manifest_add_split(src, &whole, &err), 0);
+        bool cut = false;
+        for (uint64_t i = 0; i < ferry_manifest_fragment_count(m); i++) {
+            ferry_fragment f;
+            assert_int_equal(ferry_manifest_fragment(m, i, &f), 0);
+            for (int d = 0; d < 2; d++) {
+                uint64_t b = d ? b1 : b0, end = f.offset[d] + f.shape[d], dim = d ? cols : rows;
+                cut |= f.offset[d] % b != 0 || (end != dim && end % b != 0);
+            }
+        }
+        ferry_quant_rules r;
+        ferry_quant_rules_init(&r);
+        r.fp8.block_rows = b0, r.fp8.block_cols = b1;
+        int rc = ferry_manifest_quantize(m, &r, &q, &err);
+        assert_int_equal(rc, cut ? FERRY_EINVAL : 0);
+        if (cut) {
+            ft_assert_says(&err, FERRY_EINVAL, "w.weight", "worker", "whole blocks");
+            refused++;
+        } else {
+            check_scale_fragments(q);
+            assert_int_equal(ferry_manifest_quantize(src, &r, &qs, &err), 0);
+            ferry_plan *p;
+            assert_int_equal(ferry_plan_create(qs, q, NULL, &p, &err), 0);
+            ferry_plan_free(p);
+            ferry_manifest_close(qs);
+            ferry_manifest_close(q);
+            accepted++;
+        }
+        ferry_manifest_close(src);
+        ferry_manifest_close(m);
+    }
+    assert_true(accepted > 30 && refused > 30);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -473,6 +543,7 @@ int main(void)
         cmocka_unit_test(test_tp_scale_slices),
         cmocka_unit_test(test_cut_block_refused),
         cmocka_unit_test(test_preset),
+        cmocka_unit_test(test_random_splits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
