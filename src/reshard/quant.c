@@ -45,7 +45,21 @@ static bool scale_name_ok(const char *fmt)
     return n == 1;
 }
 
-static int spec_check(const quant_rules *q, ferry_error *err);
+static int spec_check(const quant_rules *q, ferry_error *err)
+{
+    if (!q->block[0] || !q->block[1])
+        return fr_fail(err, FERRY_EINVAL, "quantize: blocks of %u x %u: a block has at least "
+                       "one row and one column", q->block[0], q->block[1]);
+    if (!fr_fp8_fmt_of(q->dtype))
+        return fr_fail(err, FERRY_EINVAL, "quantize: dtype %s is not f8e4m3 or f8e5m2", q->dtype);
+    if (q->format != FERRY_FP8_SCALE_F32 && q->format != FERRY_FP8_SCALE_UE8M0)
+        return fr_fail(err, FERRY_EINVAL, "quantize: unknown scale format %u", q->format);
+    if (q->scale_name && !scale_name_ok(q->scale_name))
+        return fr_fail(err, FERRY_EINVAL,
+                       "quantize: scale name '%s' must hold \"%%s\" exactly once and no other "
+                       "%% directive but \"%%%%\"", q->scale_name);
+    return 0;
+}
 
 static int rules_resolve(const ferry_quant_rules *in, quant_rules *q, ferry_error *err)
 {
@@ -63,22 +77,6 @@ static int rules_resolve(const ferry_quant_rules *in, quant_rules *q, ferry_erro
                                    in->fp8.block_cols ? in->fp8.block_cols : d.fp8.block_cols },
                         .format = in->fp8.scale_format };
     return spec_check(q, err);
-}
-
-static int spec_check(const quant_rules *q, ferry_error *err)
-{
-    if (!q->block[0] || !q->block[1])
-        return fr_fail(err, FERRY_EINVAL, "quantize: a block of %u x %u", q->block[0],
-                       q->block[1]);
-    if (!fr_fp8_fmt_of(q->dtype))
-        return fr_fail(err, FERRY_EINVAL, "quantize: dtype %s is not f8e4m3 or f8e5m2", q->dtype);
-    if (q->format != FERRY_FP8_SCALE_F32 && q->format != FERRY_FP8_SCALE_UE8M0)
-        return fr_fail(err, FERRY_EINVAL, "quantize: unknown scale format %u", q->format);
-    if (q->scale_name && !scale_name_ok(q->scale_name))
-        return fr_fail(err, FERRY_EINVAL,
-                       "quantize: scale name '%s' must hold \"%%s\" exactly once and no other "
-                       "%% directive but \"%%%%\"", q->scale_name);
-    return 0;
 }
 
 /* Whether name matches one of the comma-separated globs of list. */
