@@ -179,7 +179,13 @@ static size_t special_values(float *v)
     const float fixed[] = { 0.0f, -0.0f, 448.0f, -448.0f, 464.0f, -464.0f, 463.99997f, 464.00003f,
                             57344.0f, 61440.0f, 61439.996f, 0x1p-9f, 0x1p-10f, 0x1p-16f,
                             0x1p-17f, 0x1p-126f, 0x1p-149f, -0x1p-149f, INFINITY, -INFINITY, NAN,
-                            -NAN, f_of(0x7f800001u), f_of(0xffbfffffu), 3.4e38f };
+                            -NAN, f_of(0x7f800001u), f_of(0xffbfffffu), 3.4e38f,
+                            /* the kernels clamp to the largest finite, then to the bits
+                             * that round to the NaN code (E4M3 480, E5M2 114688): those
+                             * values, their neighbours and NaN payloads either side */
+                            480.0f, -480.0f, 479.99997f, 480.00003f, 114688.0f, -114688.0f,
+                            114687.99f, 114688.01f, f_of(0x7f7fffffu), f_of(0xff7fffffu),
+                            f_of(0x7fffffffu), f_of(0xff800001u), f_of(0x7fc00001u) };
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
         v[n++] = fixed[i];
     for (size_t k = 0; k < 2; k++)
