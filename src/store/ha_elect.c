@@ -106,7 +106,7 @@ int fr_ha_open(const fr_ha_config *cfg, fr_ha_elect **out, ferry_error *err)
     pthread_cond_init(&h->cv, &ca);
     pthread_condattr_destroy(&ca);
     h->ttl_s = cfg->ttl_s ? cfg->ttl_s : FR_HA_TTL_S;
-    snprintf(h->key, sizeof h->key, "ferry/ha/%s/leader", cfg->cluster);
+    snprintf(h->key, sizeof h->key, "ferry-ha/%s/leader", cfg->cluster);
     snprintf(h->id, sizeof h->id, "%s", cfg->id);
     int tmo = cfg->timeout_ms > 0 ? cfg->timeout_ms : 1000;
     int rc = fr_etcd_open(cfg->endpoints, tmo, &h->kv, err);

@@ -30,7 +30,7 @@ typedef struct fr_ha_elect fr_ha_elect;
 
 typedef struct fr_ha_config {
     const char *endpoints;     /* etcd client URLs, comma-separated */
-    const char *cluster;       /* the cluster's name: its key is ferry/ha/<cluster>/leader */
+    const char *cluster;       /* the cluster's name: its etcd key is ferry-ha/<cluster>/leader */
     const char *id;            /* this candidate (its address, "host:port"), < FR_HA_ID_MAX */
     int ttl_s;                 /* lease TTL (0: FR_HA_TTL_S) */
     int timeout_ms;            /* each etcd request (0: 1000) */
