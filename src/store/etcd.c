@@ -264,8 +264,16 @@ void fr_etcd_close(fr_etcd *e)
 
 void fr_etcd_kv_clear(fr_etcd_kv *kv)
 {
+    free(kv->key);
     free(kv->val);
     memset(kv, 0, sizeof *kv);
+}
+
+void fr_etcd_kvs_free(fr_etcd_kv *kvs, size_t n)
+{
+    for (size_t i = 0; kvs && i < n; i++)
+        fr_etcd_kv_clear(&kvs[i]);
+    free(kvs);
 }
 
 /* ---- leases --------------------------------------------------------------------------------- */
@@ -312,6 +320,8 @@ int fr_etcd_lease_revoke(fr_etcd *e, int64_t id, ferry_error *err)
 
 /* ---- keys ------------------------------------------------------------------------------------ */
 
+static int kv_of(const json_t *kv, fr_etcd_kv *out, bool want_key);
+
 /* {"key", "value", "lease"} of a put; NULL when out of memory. */
 static json_t *put_req(const char *key, const void *val, size_t len, int64_t lease)
 {
@@ -354,11 +364,7 @@ int fr_etcd_get(fr_etcd *e, const char *key, fr_etcd_kv *out, ferry_error *err)
         json_decref(r);
         return fr_fail(err, FERRY_ENOENT, "etcd: no key %s", key);
     }
-    out->create_rev = i64(kv, "create_revision");
-    out->mod_rev = i64(kv, "mod_revision");
-    out->version = i64(kv, "version");
-    out->lease = i64(kv, "lease");
-    rc = unb64(json_object_get(kv, "value"), &out->val, &out->len);
+    rc = kv_of(kv, out, false);
     json_decref(r);
     if (rc < 0)
         return fr_fail(err, rc, "etcd: the value of %s is not base64", key);
@@ -414,5 +420,120 @@ int fr_etcd_put_if(fr_etcd *e, const char *cmp_key, int64_t cmp_create_rev, cons
         return fr_fail(err, FERRY_ESTATE, "etcd: %s was not created at revision %" PRId64
                        " (another holds it, or it is gone): %s not written", cmp_key,
                        cmp_create_rev, key);
+    return 0;
+}
+
+/* One etcd kv object of an answer into *out (key too when want_key). */
+static int kv_of(const json_t *kv, fr_etcd_kv *out, bool want_key)
+{
+    memset(out, 0, sizeof *out);
+    out->create_rev = i64(kv, "create_revision");
+    out->mod_rev = i64(kv, "mod_revision");
+    out->version = i64(kv, "version");
+    out->lease = i64(kv, "lease");
+    size_t kl = 0;
+    int rc = want_key ? unb64(json_object_get(kv, "key"), (void **)&out->key, &kl) : 0;
+    if (rc == 0)
+        rc = unb64(json_object_get(kv, "value"), &out->val, &out->len);
+    if (rc < 0)
+        fr_etcd_kv_clear(out);
+    return rc;
+}
+
+int fr_etcd_range(fr_etcd *e, const char *start, const char *end, int64_t limit, fr_etcd_kv **out,
+                  size_t *n, bool *more, ferry_error *err)
+{
+    *out = NULL;
+    *n = 0;
+    char *k = b64(start, strlen(start)), *re = b64(end, strlen(end)), num[24];
+    json_t *q = k && re ? json_pack("{ssss}", "key", k, "range_end", re) : NULL;
+    if (q && limit > 0 && json_object_set_new(q, "limit", json_string(i64s(limit, num))) < 0) {
+        json_decref(q);
+        q = NULL;
+    }
+    free(k);
+    free(re);
+    if (!q)
+        return fr_fail(err, FERRY_ENOMEM, "etcd: out of memory");
+    json_t *r = NULL;
+    int rc = call(e, "/v3/kv/range", q, &r, err);
+    if (rc < 0)
+        return rc;
+    const json_t *kvs = json_object_get(r, "kvs");
+    size_t m = json_array_size(kvs);
+    fr_etcd_kv *v = calloc(m ? m : 1, sizeof *v);
+    if (!v) {
+        json_decref(r);
+        return fr_fail(err, FERRY_ENOMEM, "etcd: out of memory");
+    }
+    for (size_t i = 0; i < m && rc == 0; i++)
+        if ((rc = kv_of(json_array_get(kvs, i), &v[i], true)) < 0)
+            rc = fr_fail(err, rc, "etcd: a key or value in [%s, %s) is not base64", start, end);
+    if (more)
+        *more = json_is_true(json_object_get(r, "more"));
+    json_decref(r);
+    if (rc < 0) {
+        fr_etcd_kvs_free(v, m);
+        return rc;
+    }
+    *out = v;
+    *n = m;
+    return 0;
+}
+
+int fr_etcd_delete_range_if(fr_etcd *e, const char *cmp_key, int64_t cmp_create_rev,
+                            const char *start, const char *end, int64_t *deleted,
+                            ferry_error *err)
+{
+    char *ck = b64(cmp_key, strlen(cmp_key)), *k = b64(start, strlen(start));
+    char *re = b64(end, strlen(end)), n[24];
+    json_t *q = ck && k && re
+        ? json_pack("{s:[{ss ss ss ss}] s:[{s:{ss ss}}]}",
+                    "compare", "key", ck, "target", "CREATE", "result", "EQUAL",
+                    "create_revision", i64s(cmp_create_rev, n),
+                    "success", "request_delete_range", "key", k, "range_end", re)
+        : NULL;
+    free(ck);
+    free(k);
+    free(re);
+    if (!q)
+        return fr_fail(err, FERRY_ENOMEM, "etcd: out of memory");
+    json_t *r = NULL;
+    int rc = call(e, "/v3/kv/txn", q, &r, err);
+    if (rc < 0)
+        return rc;
+    bool ok = json_is_true(json_object_get(r, "succeeded"));
+    if (ok && deleted) {
+        const json_t *d = json_object_get(json_array_get(json_object_get(r, "responses"), 0),
+                                          "response_delete_range");
+        *deleted = i64(d, "deleted");
+    }
+    json_decref(r);
+    if (!ok)
+        return fr_fail(err, FERRY_ESTATE, "etcd: %s was not created at revision %" PRId64
+                       ": nothing in [%s, %s) deleted", cmp_key, cmp_create_rev, start, end);
+    return 0;
+}
+
+int fr_etcd_compact(fr_etcd *e, int64_t rev, ferry_error *err)
+{
+    char n[24];
+    json_t *r = NULL;
+    int rc = call(e, "/v3/kv/compaction", json_pack("{ss}", "revision", i64s(rev, n)), &r, err);
+    json_decref(r);
+    return rc;
+}
+
+int fr_etcd_status(fr_etcd *e, int64_t *db_size, int64_t *revision, ferry_error *err)
+{
+    json_t *r = NULL;
+    int rc = call(e, "/v3/maintenance/status", json_object(), &r, err);
+    if (rc < 0)
+        return rc;
+    if (db_size)
+        *db_size = i64(r, "dbSize");
+    if (revision)
+        *revision = i64(json_object_get(r, "header"), "revision");
+    json_decref(r);
     return 0;
 }

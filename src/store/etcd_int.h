@@ -17,6 +17,7 @@
 #ifndef FR_STORE_ETCD_INT_H
 #define FR_STORE_ETCD_INT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -35,6 +36,7 @@ void fr_etcd_close(fr_etcd *e);
 /* A key as etcd holds it: its value (malloc'd, NUL-terminated past len),
  * its revisions (create_rev 0: absent) and the lease it is attached to. */
 typedef struct fr_etcd_kv {
+    char *key;                   /* fr_etcd_range only (NULL from fr_etcd_get) */
     void *val;
     size_t len;
     int64_t create_rev, mod_rev, version, lease;
@@ -67,5 +69,27 @@ int fr_etcd_delete(fr_etcd *e, const char *key, int64_t *deleted, ferry_error *e
 int fr_etcd_put_if(fr_etcd *e, const char *cmp_key, int64_t cmp_create_rev, const char *key,
                    const void *val, size_t len, int64_t lease, int64_t *rev, int64_t *cur,
                    ferry_error *err);
+
+/* The keys in [start, end) in key order, at most limit of them (0: no
+ * limit): *out (malloc'd, *n entries; fr_etcd_kvs_free), *more whether
+ * etcd holds more in the range (may be NULL). */
+int fr_etcd_range(fr_etcd *e, const char *start, const char *end, int64_t limit, fr_etcd_kv **out,
+                  size_t *n, bool *more, ferry_error *err);
+void fr_etcd_kvs_free(fr_etcd_kv *kvs, size_t n);
+
+/* Delete the keys in [start, end) only if cmp_key's create revision is
+ * cmp_create_rev (FERRY_ESTATE otherwise, nothing deleted); *deleted (may
+ * be NULL): how many. */
+int fr_etcd_delete_range_if(fr_etcd *e, const char *cmp_key, int64_t cmp_create_rev,
+                            const char *start, const char *end, int64_t *deleted,
+                            ferry_error *err);
+
+/* Compact etcd's history up to revision rev (its database keeps no
+ * version older than rev of any key afterwards). */
+int fr_etcd_compact(fr_etcd *e, int64_t rev, ferry_error *err);
+
+/* The size of the etcd member's database file, bytes (the first endpoint
+ * that answers), and the cluster's revision now. */
+int fr_etcd_status(fr_etcd *e, int64_t *db_size, int64_t *revision, ferry_error *err);
 
 #endif

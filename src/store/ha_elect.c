@@ -15,6 +15,7 @@ struct fr_ha_elect {
     fr_etcd *kv;                 /* the caller's requests */
     fr_etcd *ka;                 /* the renewing thread's */
     char key[FR_HA_ID_MAX + 64];
+    char cluster[72];
     char id[FR_HA_ID_MAX];
     int ttl_s;
     _Atomic int64_t lease;       /* 0: none (lost: a campaign takes a new one) */
@@ -107,6 +108,7 @@ int fr_ha_open(const fr_ha_config *cfg, fr_ha_elect **out, ferry_error *err)
     pthread_condattr_destroy(&ca);
     h->ttl_s = cfg->ttl_s ? cfg->ttl_s : FR_HA_TTL_S;
     snprintf(h->key, sizeof h->key, "ferry-ha/%s/leader", cfg->cluster);
+    snprintf(h->cluster, sizeof h->cluster, "%s", cfg->cluster);
     snprintf(h->id, sizeof h->id, "%s", cfg->id);
     int tmo = cfg->timeout_ms > 0 ? cfg->timeout_ms : 1000;
     int rc = fr_etcd_open(cfg->endpoints, tmo, &h->kv, err);
@@ -244,3 +246,7 @@ int fr_ha_fenced_put(fr_ha_elect *h, int64_t epoch, const char *key, const void 
                        "): %s not written", h->id, epoch, cur, key);
     return rc;
 }
+
+fr_etcd *fr_ha_etcd(fr_ha_elect *h) { return h->kv; }
+const char *fr_ha_cluster(const fr_ha_elect *h) { return h->cluster; }
+const char *fr_ha_key(const fr_ha_elect *h) { return h->key; }

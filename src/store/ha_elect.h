@@ -62,4 +62,10 @@ bool fr_ha_leading(fr_ha_elect *h, int64_t epoch);
 int fr_ha_fenced_put(fr_ha_elect *h, int64_t epoch, const char *key, const void *val, size_t len,
                      ferry_error *err);
 
+/* The candidate's etcd connection (for the log: ha_log.h), its cluster's
+ * name and the leadership key that fences. */
+struct fr_etcd *fr_ha_etcd(fr_ha_elect *h);
+const char *fr_ha_cluster(const fr_ha_elect *h);
+const char *fr_ha_key(const fr_ha_elect *h);
+
 #endif
