@@ -1,0 +1,85 @@
+/* rl internals of the delta encoder (weights.h, docs/sparse.md "Deltas from
+ * a trainer"): delta.c keeps the encoder, its layout and its snapshot and
+ * compares; delta_publish.c runs a publish across the ranks. */
+#ifndef FR_RL_DELTA_INT_H
+#define FR_RL_DELTA_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ferry/weights.h"
+
+/* Elements compared at a time (the conversion and index buffers). */
+#define FR_DELTA_CHUNK 16384u
+
+/* One tensor of the placement as a publish sees it. */
+typedef struct fr_dtensor {
+    char *name;
+    char dtype[16];                 /* as the trainer holds it */
+    char out[16];                   /* the rollout dtype */
+    uint32_t ndim;
+    uint64_t shape[FERRY_MAX_DIMS];
+    uint32_t owner;                 /* the rank that puts its sparse object */
+    bool i64;                       /* indices in i64 (an extent past INT32_MAX) */
+} fr_dtensor;
+
+/* One copy-0 piece this rank stores. */
+typedef struct fr_dpiece {
+    uint64_t fragment;              /* its id in the placement */
+    uint32_t tensor;                /* its tensor's index */
+    uint64_t offset[FERRY_MAX_DIMS], shape[FERRY_MAX_DIMS];
+    uint64_t elems;
+    uint8_t *snap;                  /* the encoder's: elems in the rollout dtype */
+    /* this publish */
+    const void *data;
+    bool has_strides;
+    uint64_t strides[FERRY_MAX_DIMS], storage_offset;
+    uint64_t *chg;                  /* changed elements (row-major in the box), ascending */
+    uint8_t *val;                   /* their new values in the rollout dtype */
+    uint64_t nchg;
+    size_t chg_cap, val_cap;
+} fr_dpiece;
+
+typedef struct fr_dlayout {
+    fr_dtensor *t;
+    uint32_t nt;
+    fr_dpiece *p;
+    size_t np;
+} fr_dlayout;
+
+struct ferry_delta_encoder {
+    ferry_publisher_config pc;      /* rank_node points at rank_node below */
+    uint32_t *rank_node;            /* NULL when the caller gave none */
+    ferry_delta_config dc;          /* resolved */
+    bool have;                      /* the snapshot holds generation `last` */
+    uint64_t last;
+    uint32_t chain;                 /* deltas since the dense generation */
+    fr_dlayout lay;                 /* the snapshot's layout (p[i].snap) */
+    uint64_t bytes;                 /* the snapshot's */
+};
+
+/* The layout of a publish: the placement's tensors (owners chosen) and
+ * this rank's copy-0 pieces with their data from mine. FERRY_EINVAL with a
+ * sentence (a piece without data, a dtype that cannot be a delta's). */
+int fr_delta_layout(const ferry_delta_encoder *e, ferry_manifest *placement,
+                    const ferry_shard_data *mine, size_t n, fr_dlayout *out, ferry_error *err);
+void fr_delta_layout_free(fr_dlayout *l, bool snaps);
+/* cur against the snapshot's layout: 0, or FERRY_EINVAL naming the first
+ * difference. */
+int fr_delta_layout_same(const fr_dlayout *snap, const fr_dlayout *cur, ferry_error *err);
+/* Compare every piece of cur with the snapshot's (same layout) and record
+ * the changed elements in cur's pieces. *changed, *bytes: counts. */
+int fr_delta_compare(const fr_dlayout *snap, fr_dlayout *cur, uint64_t *changed, uint64_t *bytes,
+                     ferry_error *err);
+/* Fill cur's snapshots from its data (new buffers, *bytes their size). */
+int fr_delta_fill(fr_dlayout *cur, uint64_t *bytes, ferry_error *err);
+/* Bring the snapshot to cur's values: each recorded change written in. */
+void fr_delta_apply(fr_dlayout *snap, const fr_dlayout *cur);
+/* The entries of tensor t recorded in cur's pieces: global coordinates
+ * (i32 or i64 as t says) and values, appended at idx/val (room for them). */
+uint64_t fr_delta_entries(const fr_dlayout *cur, uint32_t t, uint8_t *idx, uint8_t *val);
+/* Changed entries of tensor t in cur's pieces. */
+uint64_t fr_delta_count(const fr_dlayout *cur, uint32_t t);
+
+#endif
