@@ -730,7 +730,8 @@ typedef struct ferry_delta_stats {
     enum ferry_delta_kind kind;      /* the same on every rank */
     uint32_t chain;                  /* deltas since the dense generation, this one included
                                       * (0: this one is dense) */
-    uint64_t elements, changed;      /* this rank's: elements compared, of them changed */
+    uint64_t elements, changed;      /* this rank's: elements it stores, of them changed (all
+                                      * of them when it had no snapshot to compare with) */
     uint64_t total_elements, total_changed;   /* every rank's */
     uint64_t compared_bytes;         /* bytes of this rank's pieces compared (as held) */
     uint64_t objects, nnz;           /* sparse: objects this rank put as owner, their entries */

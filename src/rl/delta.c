@@ -246,9 +246,18 @@ static void box_text(char *b, size_t cap, const uint64_t *o, const uint64_t *s, 
         snprintf(b + k, cap - k, "]");
 }
 
+static void shape_text(char *b, size_t cap, const uint64_t *s, uint32_t nd)
+{
+    size_t k = (size_t)snprintf(b, cap, "(");
+    for (uint32_t d = 0; d < nd && k < cap; d++)
+        k += (size_t)snprintf(b + k, cap - k, "%s%" PRIu64, d ? ", " : "", s[d]);
+    if (k < cap)
+        snprintf(b + k, cap - k, ")");
+}
+
 int fr_delta_layout_same(const fr_dlayout *a, const fr_dlayout *b, ferry_error *err)
 {
-    static const char *const tail = "; nothing stored (reset the encoder and publish dense)";
+    static const char *const tail = " (reset the encoder and publish dense)";
     if (a->nt != b->nt)
         return fr_fail(err, FERRY_EINVAL, "the placement holds %u tensors, the last generation "
                        "%u%s", b->nt, a->nt, tail);
@@ -266,9 +275,8 @@ int fr_delta_layout_same(const fr_dlayout *a, const fr_dlayout *b, ferry_error *
             same = x->shape[d] == y->shape[d];
         if (!same) {
             char s1[160], s2[160];
-            uint64_t z[FERRY_MAX_DIMS] = {0};
-            box_text(s1, sizeof s1, z, y->shape, y->ndim);
-            box_text(s2, sizeof s2, z, x->shape, x->ndim);
+            shape_text(s1, sizeof s1, y->shape, y->ndim);
+            shape_text(s2, sizeof s2, x->shape, x->ndim);
             return fr_fail(err, FERRY_EINVAL, "tensor %s has the shape %s, in the last "
                            "generation %s%s", y->name, s1, s2, tail);
         }

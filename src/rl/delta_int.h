@@ -57,7 +57,15 @@ struct ferry_delta_encoder {
     uint32_t chain;                 /* deltas since the dense generation */
     fr_dlayout lay;                 /* the snapshot's layout (p[i].snap) */
     uint64_t bytes;                 /* the snapshot's */
+    int fail_at;                    /* tests only (fr_delta_fail_at) */
 };
+
+/* Tests only: make this encoder's rank fail a sparse publish once its
+ * objects are stored — FR_DELTA_FAIL_STORED: its "stored" word says it
+ * failed (FERRY_EIO); FR_DELTA_DIE_STORED: the process exits (status 3)
+ * there, as a rank that died. FR_DELTA_FAIL_NONE: no more. */
+enum { FR_DELTA_FAIL_NONE = 0, FR_DELTA_FAIL_STORED = 1, FR_DELTA_DIE_STORED = 2 };
+void fr_delta_fail_at(ferry_delta_encoder *e, int what);
 
 /* The layout of a publish: the placement's tensors (owners chosen) and
  * this rank's copy-0 pieces with their data from mine. FERRY_EINVAL with a

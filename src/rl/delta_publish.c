@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/base.h"
 #include "rl/delta_int.h"
@@ -431,6 +432,11 @@ static int sparse(run *r, ferry_error *err)
     for (uint32_t t = 0; my == 0 && t < r->cur.nt; t++)
         if (r->cur.t[t].owner == r->c->rank)
             my = object_put(r, t, &me);
+    if (my == 0 && r->e->fail_at == FR_DELTA_DIE_STORED)
+        _exit(3);   /* a rank that dies with its objects stored (tests) */
+    if (my == 0 && r->e->fail_at == FR_DELTA_FAIL_STORED)
+        my = fr_fail(&me, FERRY_EIO, "rank %u failed after storing its objects (injected)",
+                     r->c->rank);
     r->st->store_s = now_s() - t0;
     double t1 = now_s();
     char *word = NULL, fw[900];
@@ -475,6 +481,12 @@ static int sparse(run *r, ferry_error *err)
     }
     r->st->commit_s = now_s() - t1;
     return rc;
+}
+
+void fr_delta_fail_at(ferry_delta_encoder *e, int what)
+{
+    if (e)
+        e->fail_at = what;
 }
 
 /* ---- the call ---------------------------------------------------------------------------- */
@@ -544,12 +556,14 @@ int ferry_delta_publish(ferry_store *s, ferry_delta_encoder *e, uint64_t gen,
         st->encode_gbps = st->encode_s > 0 ? (double)st->compared_bytes / st->encode_s / 1e9 : 0;
     }
     st->elements = elements;
+    if (my == 0 && !have)
+        st->changed = elements;   /* nothing to compare with: every element counts */
     char word[900];
     if (my < 0)
         failed_word(word, sizeof word, my, &me);
     else
         snprintf(word, sizeof word, "ok %u %" PRIu64 " %" PRIu64 " %u", have ? 1u : 0u, elements,
-                 have ? st->changed : elements, have ? e->chain : 0u);
+                 st->changed, have ? e->chain : 0u);
     double x0 = now_s();
     counts sum;
     rc = meet(&r, "count", word, err);
