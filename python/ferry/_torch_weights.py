@@ -179,6 +179,31 @@ def publish_module(publisher, generation, module, layout=None, *, buffers=False,
     items = _named(module, buffers)
     if layout is None:
         return publisher.publish(generation, [(n, t, _tensors.dtype_of(t)) for n, t in items])
+    placement, mine = _module_shards(publisher, items, layout, rules, roles, shapes)
+    return publisher.publish_shards(generation, placement, mine)
+
+
+def publish_delta(encoder, generation, module, layout, *, buffers=False, rules=None, roles=None, shapes=None):
+    """:func:`publish_module` through a :class:`ferry.sparse.DeltaEncoder`
+    (docs/sparse.md, "Deltas from a trainer"): every trainer rank passes
+    its encoder and the same ``layout`` ("fsdp:4", "tp:2,fsdp:2", ...); its
+    boxes are compared, bit for bit in the rollout dtype, with what the rank
+    last published, and the generation goes out as a sparse delta (the
+    changed elements, set semantics: exact) or dense when that is cheaper
+    (the encoder's crossover and chain rule, a rank without a snapshot).
+    Arguments and the module's tensors as for :func:`publish_module`
+    (a layout is required: the encoder compares the boxes it places).
+    Returns this rank's delta stats (``kind``: "sparse", "dense_first",
+    "dense_fraction" or "dense_chain")."""
+    if layout is None:
+        raise ValueError("publish_delta needs a layout (\"fsdp:N\", ...): the encoder compares its boxes")
+    placement, mine = _module_shards(encoder.publisher, _named(module, buffers), layout, rules, roles, shapes)
+    return encoder.publish_shards(generation, placement, mine)
+
+
+def _module_shards(publisher, items, layout, rules, roles, shapes):
+    """The placement of ``layout`` over ``items`` and this rank's
+    ``(fragment id, tensor)`` of it (publish_module's, publish_delta's)."""
     tensors, placement = _module_placement(publisher, items, layout, rules, roles, shapes)
     mine = []
     for ti, boxes in _boxes(placement, publisher.rank, replica0=True).items():
@@ -194,7 +219,7 @@ def publish_module(publisher, generation, module, layout=None, *, buffers=False,
                 raise ValueError(f"tensor {name}: shape {list(data.shape)} is neither the full {list(full)} nor "
                                  f"rank {publisher.rank}'s box {list(shp)} of layout {layout!r}")
             mine.append((fid, v if v.is_contiguous() else v.contiguous()))
-    return publisher.publish_shards(generation, placement, mine)
+    return placement, mine
 
 
 class NameMap:
