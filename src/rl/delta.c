@@ -369,12 +369,20 @@ static const uint8_t *rollout(const fr_dlayout *l, const fr_dpiece *p, uint64_t 
     return out;
 }
 
-int fr_delta_compare(const fr_dlayout *snap, fr_dlayout *cur, uint64_t *changed, uint64_t *bytes,
-                     ferry_error *err)
+void fr_delta_forget(fr_dlayout *cur)
+{
+    for (size_t i = 0; i < cur->np; i++)
+        cur->p[i].nchg = 0;
+}
+
+int fr_delta_compare(const fr_dlayout *snap, fr_dlayout *cur, uint64_t record_max, uint64_t *changed,
+                     uint64_t *bytes, bool *partial, ferry_error *err)
 {
     bufs b;
     int rc = bufs_open(&b, err);
+    uint64_t recorded = 0, counted = 0;
     *changed = *bytes = 0;
+    *partial = false;
     for (size_t i = 0; rc == 0 && i < cur->np; i++) {
         fr_dpiece *p = &cur->p[i];
         const fr_dtensor *t = &cur->t[p->tensor];
@@ -387,6 +395,12 @@ int fr_delta_compare(const fr_dlayout *snap, fr_dlayout *cur, uint64_t *changed,
             size_t k = fr_diff_path(FR_CONV_AUTO, now, old + start * osz, osz, cnt, b.idx);
             if (!k)
                 continue;
+            if (*partial || recorded + k > record_max) {   /* count only from here */
+                *partial = true;
+                counted += k;
+                continue;
+            }
+            recorded += k;
             if (fr_grow((void **)&p->chg, &p->chg_cap, p->nchg + k, sizeof *p->chg) < 0 ||
                 fr_grow((void **)&p->val, &p->val_cap, (p->nchg + k) * osz, 1) < 0) {
                 rc = fr_fail(err, FERRY_ENOMEM, "delta: out of memory for the changed elements");
@@ -398,9 +412,9 @@ int fr_delta_compare(const fr_dlayout *snap, fr_dlayout *cur, uint64_t *changed,
             }
             p->nchg += k;
         }
-        *changed += p->nchg;
         *bytes += p->elems * ferry_dtype_size(t->dtype);
     }
+    *changed = recorded + counted;
     bufs_close(&b);
     return rc;
 }

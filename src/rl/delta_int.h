@@ -77,9 +77,14 @@ void fr_delta_layout_free(fr_dlayout *l, bool snaps);
  * difference. */
 int fr_delta_layout_same(const fr_dlayout *snap, const fr_dlayout *cur, ferry_error *err);
 /* Compare every piece of cur with the snapshot's (same layout) and record
- * the changed elements in cur's pieces. *changed, *bytes: counts. */
-int fr_delta_compare(const fr_dlayout *snap, fr_dlayout *cur, uint64_t *changed, uint64_t *bytes,
-                     ferry_error *err);
+ * the changed elements in cur's pieces, at most record_max of them: past
+ * it the rest are only counted and *partial is set (the generation will
+ * most likely go dense; a sparse one compares again with no bound).
+ * *changed, *bytes: counts. */
+int fr_delta_compare(const fr_dlayout *snap, fr_dlayout *cur, uint64_t record_max, uint64_t *changed,
+                     uint64_t *bytes, bool *partial, ferry_error *err);
+/* Drop the changes recorded in cur's pieces. */
+void fr_delta_forget(fr_dlayout *cur);
 /* Fill cur's snapshots from its data (new buffers, *bytes their size). */
 int fr_delta_fill(fr_dlayout *cur, uint64_t *bytes, ferry_error *err);
 /* Bring the snapshot to cur's values: each recorded change written in. */

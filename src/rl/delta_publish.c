@@ -46,6 +46,8 @@ typedef struct run {
     ferry_delta_stats *st;
     char **keys;                 /* the sparse objects this rank put */
     size_t nkeys;
+    int pre_rc;                  /* this rank failed before the sparse stages (pre_err) */
+    ferry_error pre_err;
     uint8_t **parts;             /* parts read (owner), per rank */
     size_t *part_len;
 } run;
@@ -422,8 +424,8 @@ static int announce(run *r, ferry_error *err)
 static int sparse(run *r, ferry_error *err)
 {
     double t0 = now_s();
-    ferry_error me = {0};
-    int my = parts_put(r, &me);
+    ferry_error me = r->pre_err;
+    int my = r->pre_rc < 0 ? r->pre_rc : parts_put(r, &me);
     int rc = meet(r, "parts", NULL, err);
     if (rc < 0)
         return rc;
@@ -549,11 +551,17 @@ int ferry_delta_publish(ferry_store *s, ferry_delta_encoder *e, uint64_t gen,
     uint64_t elements = 0;
     for (size_t i = 0; my == 0 && i < r.cur.np; i++)
         elements += r.cur.p[i].elems;
+    /* Recording every change of a generation that will go dense costs 10
+     * bytes and more a change: past the crossover (of this rank's own
+     * elements) changes are only counted. */
+    bool partial = false;
+    uint64_t record_max = e->dc.crossover >= 1 ? UINT64_MAX
+                          : (uint64_t)(e->dc.crossover * (double)elements) + 1;
     if (my == 0 && have) {
         double c0 = now_s();
-        my = fr_delta_compare(&e->lay, &r.cur, &st->changed, &st->compared_bytes, &me);
+        my = fr_delta_compare(&e->lay, &r.cur, record_max, &st->changed, &st->compared_bytes,
+                              &partial, &me);
         st->encode_s = now_s() - c0;
-        st->encode_gbps = st->encode_s > 0 ? (double)st->compared_bytes / st->encode_s / 1e9 : 0;
     }
     st->elements = elements;
     if (my == 0 && !have)
@@ -609,6 +617,16 @@ int ferry_delta_publish(ferry_store *s, ferry_delta_encoder *e, uint64_t gen,
         st->snapshot_s = now_s() - s0;
         goto out;
     }
+    if (partial) {   /* other ranks changed less: this one records every change after all */
+        double c0 = now_s();
+        uint64_t changed = 0, bytes = 0;
+        fr_delta_forget(&r.cur);
+        /* a failure here still takes part in the stages (as a failed word) */
+        r.pre_rc = fr_delta_compare(&e->lay, &r.cur, UINT64_MAX, &changed, &bytes, &partial,
+                                    &r.pre_err);
+        st->encode_s += now_s() - c0;
+        st->compared_bytes += bytes;
+    }
     rc = sparse(&r, err);
     if (rc < 0) {
         for (size_t i = 0; i < r.nkeys; i++)
@@ -626,6 +644,7 @@ int ferry_delta_publish(ferry_store *s, ferry_delta_encoder *e, uint64_t gen,
     st->chain = e->chain;
     st->snapshot_s = now_s() - s0;
 out:
+    st->encode_gbps = st->encode_s > 0 ? (double)st->compared_bytes / st->encode_s / 1e9 : 0;
     drop_word(&r, "count");
     drop_word(&r, "stored");
     run_free(&r);
