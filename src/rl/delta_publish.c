@@ -505,6 +505,22 @@ static void run_free(run *r)
     fr_delta_layout_free(&r->cur, false);
 }
 
+/* Move the change buffers of a's pieces to b's (same layout): a publish
+ * records its changes into the buffers the last one grew, whose pages are
+ * touched already. */
+static void lend(fr_dlayout *a, fr_dlayout *b)
+{
+    for (size_t i = 0; i < a->np && i < b->np; i++) {
+        fr_dpiece *x = &a->p[i], *y = &b->p[i];
+        free(y->chg);
+        free(y->val);
+        y->chg = x->chg, y->chg_cap = x->chg_cap;
+        y->val = x->val, y->val_cap = x->val_cap;
+        y->nchg = 0;
+        x->chg = NULL, x->val = NULL, x->chg_cap = x->val_cap = 0, x->nchg = 0;
+    }
+}
+
 /* The dense generation: leftovers of deltas on the base removed by their
  * owners, ferry_publish_shards, the snapshot refilled. */
 static int dense(run *r, ferry_manifest *placement, const ferry_shard_data *mine, size_t n,
@@ -548,6 +564,8 @@ int ferry_delta_publish(ferry_store *s, ferry_delta_encoder *e, uint64_t gen,
     bool have = my == 0 && e->have && e->last == active && active != 0;
     if (have)
         my = fr_delta_layout_same(&e->lay, &r.cur, &me);
+    if (my == 0 && have)
+        lend(&e->lay, &r.cur);   /* the last publish's change buffers, warm */
     uint64_t elements = 0;
     for (size_t i = 0; my == 0 && i < r.cur.np; i++)
         elements += r.cur.p[i].elems;
@@ -644,6 +662,8 @@ int ferry_delta_publish(ferry_store *s, ferry_delta_encoder *e, uint64_t gen,
     st->chain = e->chain;
     st->snapshot_s = now_s() - s0;
 out:
+    if (e->have && e->lay.np == r.cur.np && e->lay.p != r.cur.p)
+        lend(&r.cur, &e->lay);   /* kept for the next publish */
     st->encode_gbps = st->encode_s > 0 ? (double)st->compared_bytes / st->encode_s / 1e9 : 0;
     drop_word(&r, "count");
     drop_word(&r, "stored");
