@@ -288,9 +288,13 @@ def run(cfg, a_opts, log=None):
                                       "changed_fraction": st[0]["total_changed"] / st[0]["total_elements"],
                                       "nnz": sum(x["nnz"] for x in st), "part_bytes": sum(x["part_bytes"] for x in st),
                                       "chain": st[0]["chain"]})
+                    for k in ("exchange_s", "store_s", "commit_s", "snapshot_s", "total_s"):
+                        row[side]["publish." + k] = max(x[k] for x in st)
             d = row["delta"]
             log(f"{label}: changed {d['changed_fraction'] * 100:.3f} %, delta {d['kind']} {d['s']:.3f} s "
-                f"(encode {d.get('encode_s', 0):.3f}, publish {d['publish_s']:.3f}, update {d['update_s']:.3f}, "
+                f"(encode {d.get('encode_s', 0):.3f}, publish {d['publish_s']:.3f} ["
+                f"{', '.join(f'{k[8:]} {v:.3f}' for k, v in d.items() if k.startswith('publish.'))}], "
+                f"update {d['update_s']:.3f}, "
                 f"stored {d['stored_bytes']}, read {d['store_read_bytes']}) vs dense {row['dense']['s']:.3f} s "
                 f"(publish {row['dense']['publish_s']:.3f}, update {row['dense']['update_s']:.3f}): "
                 f"{row['dense']['s'] / d['s']:.2f}x")

@@ -57,6 +57,8 @@ struct ferry_delta_encoder {
     uint32_t chain;                 /* deltas since the dense generation */
     fr_dlayout lay;                 /* the snapshot's layout (p[i].snap) */
     uint64_t bytes;                 /* the snapshot's */
+    uint64_t words;                 /* the generation whose words this rank left (0: none) */
+    uint64_t failed_base;           /* the base of this rank's last attempt when it failed */
     int fail_at;                    /* tests only (fr_delta_fail_at) */
 };
 

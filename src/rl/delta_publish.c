@@ -31,6 +31,7 @@
 
 #include "base/base.h"
 #include "rl/delta_int.h"
+#include "rl/gen_int.h"
 #include "rl/keys.h"
 #include "rl/publish_int.h"
 #include "rl/rl_int.h"
@@ -45,7 +46,10 @@ typedef struct run {
     fr_dlayout cur;
     ferry_delta_stats *st;
     char **keys;                 /* the sparse objects this rank put */
+    uint64_t *segs;              /* where each landed */
     size_t nkeys;
+    bool sweep;                  /* remove leftovers on the base first (an attempt on it failed,
+                                  * or this rank knows nothing of the last ones) */
     int pre_rc;                  /* this rank failed before the sparse stages (pre_err) */
     ferry_error pre_err;
     uint8_t **parts;             /* parts read (owner), per rank */
@@ -112,11 +116,18 @@ static int word_of(run *r, const char *stage, int64_t q, ferry_kv_value *val, fe
     return 0;
 }
 
-static void drop_word(run *r, const char *stage)
+/* This rank's words of generation gen go. Not at the end of the call that
+ * wrote them: another rank may still be reading them (a failed first
+ * stage has no later barrier), so at the start of this rank's next
+ * publish of another generation. */
+static void drop_words(ferry_store *s, const ferry_publisher_config *c, uint64_t gen)
 {
-    char k[FR_KEY_MAX];
-    (void)fr_key_wk_delta(k, sizeof k, r->c->model, r->gen, stage, r->c->rank);
-    (void)ferry_kv_delete(r->s, k, 0, NULL, NULL);
+    static const char *const stage[] = { "count", "stored" };
+    for (size_t i = 0; i < sizeof stage / sizeof *stage; i++) {
+        char k[FR_KEY_MAX];
+        (void)fr_key_wk_delta(k, sizeof k, c->model, gen, stage[i], c->rank);
+        (void)ferry_kv_delete(s, k, 0, NULL, NULL);
+    }
 }
 
 /* ---- stage 1: the counts and the decision ------------------------------------------------- */
@@ -304,7 +315,7 @@ static int object_put(run *r, uint32_t t, ferry_error *err)
         if (r->parts[q] && part_find(l, r->parts[q], r->part_len[q], t, &c, &pi, &pv))
             nnz += c;
     }
-    int rc = ferry_sparse_remove_base(r->s, x->name, r->base, NULL, err);
+    int rc = r->sweep ? ferry_sparse_remove_base(r->s, x->name, r->base, NULL, err) : 0;
     if (rc < 0)
         return fr_fail(err, rc, "removing leftovers of %s on generation %" PRIu64 ": %s",
                        x->name, r->base, fr_why(err, rc));
@@ -337,18 +348,29 @@ static int object_put(run *r, uint32_t t, ferry_error *err)
     char key[FERRY_STORE_KEY_MAX + 1];
     ferry_sparse_desc got;
     rc = ferry_put_sparse_object(r->s, &d, idx, val, &got, key, sizeof key, err);
+    if (rc == FERRY_EEXIST) {   /* a leftover of an attempt at this generation: replaced */
+        (void)ferry_sparse_remove(r->s, key, NULL);
+        rc = ferry_put_sparse_object(r->s, &d, idx, val, &got, key, sizeof key, err);
+    }
     free(idx);
     free(val);
     if (rc < 0)
         return fr_fail(err, rc, "putting the delta of %s: %s", x->name, fr_why(err, rc));
+    ferry_object_desc od;
+    uint64_t seg = ferry_store_get_replica_desc(r->s, key, &od, NULL) == 0 && od.nreplicas
+                       ? od.replicas[0].segment : 0;
     char *k = strdup(key);
     char **nk = k ? realloc(r->keys, (r->nkeys + 1) * sizeof *nk) : NULL;
-    if (!nk) {
+    if (nk)
+        r->keys = nk;
+    uint64_t *ns = nk ? realloc(r->segs, (r->nkeys + 1) * sizeof *ns) : NULL;
+    if (!ns) {
         free(k);
         (void)ferry_sparse_remove(r->s, key, NULL);
         return fr_fail(err, FERRY_ENOMEM, "delta: out of memory");
     }
-    r->keys = nk;
+    r->segs = ns;
+    r->segs[r->nkeys] = seg;
     r->keys[r->nkeys++] = k;
     r->st->objects++;
     r->st->nnz += got.nnz;
@@ -356,26 +378,27 @@ static int object_put(run *r, uint32_t t, ferry_error *err)
     return 0;
 }
 
-/* The "stored" word: "ok <n>\n" then one key a line. */
+/* The "stored" word: "ok <n>\n" then "<segment> TAB <key>" a line. */
 static char *stored_word(const run *r)
 {
     size_t n = 32;
     for (size_t i = 0; i < r->nkeys; i++)
-        n += strlen(r->keys[i]) + 1;
+        n += strlen(r->keys[i]) + 24;
     char *w = malloc(n);
     if (!w)
         return NULL;
     size_t k = (size_t)snprintf(w, n, "ok %zu\n", r->nkeys);
     for (size_t i = 0; i < r->nkeys; i++)
-        k += (size_t)snprintf(w + k, n - k, "%s\n", r->keys[i]);
+        k += (size_t)snprintf(w + k, n - k, "%" PRIu64 "\t%s\n", r->segs[i], r->keys[i]);
     return w;
 }
 
 /* Rank 0: every rank's keys, announced. */
 static int announce(run *r, ferry_error *err)
 {
-    char **all = NULL;
-    size_t n = 0, cap = 0;
+    char **all = NULL, *probe = NULL;
+    uint64_t *segs = NULL;
+    size_t n = 0, cap = 0, scap = 0, pcap = 0, plen = 0;
     int rc = 0;
     char **kept = NULL;
     size_t nkept = 0;
@@ -398,21 +421,41 @@ static int announce(run *r, ferry_error *err)
         kept[nkept++] = t;
         char *save = NULL, *line = strtok_r(t, "\n", &save);   /* "ok <n>" */
         while ((line = strtok_r(NULL, "\n", &save)) != NULL) {
-            if (fr_grow((void **)&all, &cap, n + 1, sizeof *all) < 0) {
+            char *tab = strchr(line, '\t');
+            if (!tab) {
+                rc = fr_fail(err, FERRY_EPROTO, "rank %u: its stored word is malformed", q);
+                break;
+            }
+            uint64_t seg = strtoull(line, NULL, 10);
+            bool seen = false;   /* the probe: one object per segment */
+            for (size_t i = 0; i < n && !seen; i++)
+                seen = segs[i] == seg;
+            if (fr_grow((void **)&all, &cap, n + 1, sizeof *all) < 0 ||
+                fr_grow((void **)&segs, &scap, n + 1, sizeof *segs) < 0 ||
+                (!seen && seg && fr_grow((void **)&probe, &pcap, plen + strlen(line) + 2, 1) < 0)) {
                 rc = fr_fail(err, FERRY_ENOMEM, "delta: out of memory");
                 break;
             }
-            all[n++] = line;
+            if (!seen && seg) {
+                memcpy(probe + plen, line, strlen(line));
+                plen += strlen(line);
+                probe[plen++] = '\n';
+                probe[plen] = '\0';
+            }
+            segs[n] = seg;
+            all[n++] = tab + 1;
         }
     }
     if (rc == 0) {
         ferry_sparse_announce_stats ast;
         ferry_error ae = {0};
-        rc = ferry_sparse_announce(r->s, r->c->model, r->base, r->gen, (const char *const *)all,
-                                   n, r->c->keep, &ast, &ae);
+        rc = fr_sgen_announce(r->s, r->c->model, r->base, r->gen, (const char *const *)all, n,
+                              r->c->keep, probe ? probe : "", &ast, &ae);
         if (rc < 0)
             fr_fail(err, rc, "%s", ae.msg);
     }
+    free(probe);
+    free(segs);
     for (size_t i = 0; i < nkept; i++)
         free(kept[i]);
     free(kept);
@@ -498,6 +541,7 @@ static void run_free(run *r)
     for (size_t i = 0; i < r->nkeys; i++)
         free(r->keys[i]);
     free(r->keys);
+    free(r->segs);
     for (uint32_t q = 0; r->parts && q < r->c->world; q++)
         ferry_store_free(r->parts[q]);
     free(r->parts);
@@ -526,7 +570,7 @@ static void lend(fr_dlayout *a, fr_dlayout *b)
 static int dense(run *r, ferry_manifest *placement, const ferry_shard_data *mine, size_t n,
                  ferry_error *err)
 {
-    for (uint32_t t = 0; r->base && t < r->cur.nt; t++)
+    for (uint32_t t = 0; r->sweep && r->base && t < r->cur.nt; t++)
         if (r->cur.t[t].owner == r->c->rank)
             (void)ferry_sparse_remove_base(r->s, r->cur.t[t].name, r->base, NULL, NULL);
     int rc = ferry_publish_shards(r->s, r->c, r->gen, placement, mine, n, &r->st->dense, err);
@@ -557,7 +601,11 @@ int ferry_delta_publish(ferry_store *s, ferry_delta_encoder *e, uint64_t gen,
     if (active >= gen)
         return fr_fail(err, FERRY_EINVAL, "delta publish: generation %" PRIu64 " of %s is not "
                        "newer than the active %" PRIu64 "; nothing stored", gen, c->model, active);
-    run r = { .s = s, .e = e, .c = c, .gen = gen, .base = active, .st = st };
+    if (e->words && e->words != gen)
+        drop_words(s, c, e->words);
+    e->words = 0;
+    run r = { .s = s, .e = e, .c = c, .gen = gen, .base = active, .st = st,
+              .sweep = !e->have || e->last != active || e->failed_base == active };
     /* Stage 1: this rank's layout and comparison, then every rank's. */
     ferry_error me = {0};
     int my = fr_delta_layout(e, placement, mine, n, &r.cur, &me);
@@ -662,11 +710,11 @@ int ferry_delta_publish(ferry_store *s, ferry_delta_encoder *e, uint64_t gen,
     st->chain = e->chain;
     st->snapshot_s = now_s() - s0;
 out:
+    e->failed_base = rc < 0 ? active : 0;
     if (e->have && e->lay.np == r.cur.np && e->lay.p != r.cur.p)
         lend(&r.cur, &e->lay);   /* kept for the next publish */
     st->encode_gbps = st->encode_s > 0 ? (double)st->compared_bytes / st->encode_s / 1e9 : 0;
-    drop_word(&r, "count");
-    drop_word(&r, "stored");
+    e->words = gen;
     run_free(&r);
     st->total_s = now_s() - t0;
     return rc;
