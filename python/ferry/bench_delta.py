@@ -188,7 +188,10 @@ def _rollout(a, rank, cmd, out):
         if st["generation"] != gen:
             raise RuntimeError(f"{side}: the update took generation {st['generation']}, not {gen}")
         t2 = time.monotonic()
-        return {"t0": t0, "t1": t2, "update_s": t2 - t1, "bytes_read": st.get("bytes_read", 0),
+        phases = {k: v for k, v in st.items() if k.endswith("_s") and isinstance(v, float)}
+        if isinstance(st.get("read"), dict):
+            phases.update({"read." + k: v for k, v in st["read"].items() if k.endswith("_s")})
+        return {"t0": t0, "t1": t2, "update_s": t2 - t1, "bytes_read": st.get("bytes_read", 0), "phases": phases,
                 "group_bytes_read": st.get("group_bytes_read", 0), "deltas": st.get("deltas", 0),
                 "params": [bt.digest(p) for p in params]}
 
@@ -290,11 +293,14 @@ def run(cfg, a_opts, log=None):
                                       "chain": st[0]["chain"]})
                     for k in ("exchange_s", "store_s", "commit_s", "snapshot_s", "total_s"):
                         row[side]["publish." + k] = max(x[k] for x in st)
+                    for k in ro[0]["phases"]:
+                        row[side]["update." + k] = max(v["phases"].get(k, 0.0) for v in ro)
             d = row["delta"]
             log(f"{label}: changed {d['changed_fraction'] * 100:.3f} %, delta {d['kind']} {d['s']:.3f} s "
                 f"(encode {d.get('encode_s', 0):.3f}, publish {d['publish_s']:.3f} ["
                 f"{', '.join(f'{k[8:]} {v:.3f}' for k, v in d.items() if k.startswith('publish.'))}], "
-                f"update {d['update_s']:.3f}, "
+                f"update {d['update_s']:.3f} ["
+                f"{', '.join(f'{k[7:]} {v:.3f}' for k, v in d.items() if k.startswith('update.'))}], "
                 f"stored {d['stored_bytes']}, read {d['store_read_bytes']}) vs dense {row['dense']['s']:.3f} s "
                 f"(publish {row['dense']['publish_s']:.3f}, update {row['dense']['update_s']:.3f}): "
                 f"{row['dense']['s'] / d['s']:.2f}x")
