@@ -746,7 +746,11 @@ typedef struct ferry_delta_stats {
     double snapshot_s;               /* bringing the snapshot to the new generation */
     double total_s;
     ferry_publish_stats dense;       /* the dense publish's own figures (kind != SPARSE) */
-    uint64_t reserved[8];   /* zeroed by the library: room for fields to come */
+    uint64_t sampled;                /* this rank's elements of the first look (a sample of
+                                      * every piece); a generation that went dense by it
+                                      * reports changed and total_changed as the sample's
+                                      * share */
+    uint64_t reserved[7];   /* zeroed by the library: room for fields to come */
 } ferry_delta_stats;
 
 /* Publish `generation` from the pieces this rank holds (the arguments of

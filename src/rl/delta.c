@@ -419,6 +419,30 @@ int fr_delta_compare(const fr_dlayout *snap, fr_dlayout *cur, uint64_t record_ma
     return rc;
 }
 
+int fr_delta_sample(const fr_dlayout *snap, const fr_dlayout *cur, uint64_t stride,
+                    uint64_t *sampled, uint64_t *changed, uint64_t *bytes, ferry_error *err)
+{
+    bufs b;
+    int rc = bufs_open(&b, err);
+    *sampled = *changed = *bytes = 0;
+    for (size_t i = 0; rc == 0 && i < cur->np; i++) {
+        const fr_dpiece *p = &cur->p[i];
+        const fr_dtensor *t = &cur->t[p->tensor];
+        size_t osz = ferry_dtype_size(t->out), isz = ferry_dtype_size(t->dtype);
+        for (uint64_t start = 0; start < p->elems; start += stride * FR_DELTA_CHUNK) {
+            size_t cnt = p->elems - start < FR_DELTA_CHUNK ? (size_t)(p->elems - start)
+                                                            : FR_DELTA_CHUNK;
+            const uint8_t *now = rollout(cur, p, start, cnt, &b, NULL);
+            *changed += fr_diff_path(FR_CONV_AUTO, now, snap->p[i].snap + start * osz, osz, cnt,
+                                     b.idx);
+            *sampled += cnt;
+            *bytes += cnt * isz;
+        }
+    }
+    bufs_close(&b);
+    return rc;
+}
+
 int fr_delta_fill(fr_dlayout *cur, uint64_t *bytes, ferry_error *err)
 {
     bufs b;

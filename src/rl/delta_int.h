@@ -85,6 +85,17 @@ int fr_delta_layout_same(const fr_dlayout *snap, const fr_dlayout *cur, ferry_er
  * *changed, *bytes: counts. */
 int fr_delta_compare(const fr_dlayout *snap, fr_dlayout *cur, uint64_t record_max, uint64_t *changed,
                      uint64_t *bytes, bool *partial, ferry_error *err);
+/* The first look (ferry_delta_publish): every stride-th chunk of every
+ * piece (the first one always) compared, nothing recorded: *sampled
+ * elements, *changed of them, *bytes compared (as held). A generation
+ * whose sampled fraction, over every rank, is above FR_DELTA_SAMPLE_MARGIN
+ * times the crossover goes dense without the whole comparison (when the
+ * sample holds FR_DELTA_SAMPLE_MIN elements at least). */
+#define FR_DELTA_SAMPLE_STRIDE 16u
+#define FR_DELTA_SAMPLE_MARGIN 2.0
+#define FR_DELTA_SAMPLE_MIN 65536u
+int fr_delta_sample(const fr_dlayout *snap, const fr_dlayout *cur, uint64_t stride,
+                    uint64_t *sampled, uint64_t *changed, uint64_t *bytes, ferry_error *err);
 /* Drop the changes recorded in cur's pieces. */
 void fr_delta_forget(fr_dlayout *cur);
 /* Fill cur's snapshots from its data (new buffers, *bytes their size). */

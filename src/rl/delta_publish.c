@@ -122,7 +122,7 @@ static int word_of(run *r, const char *stage, int64_t q, ferry_kv_value *val, fe
  * publish of another generation. */
 static void drop_words(ferry_store *s, const ferry_publisher_config *c, uint64_t gen)
 {
-    static const char *const stage[] = { "count", "stored" };
+    static const char *const stage[] = { "count", "exact", "stored" };
     for (size_t i = 0; i < sizeof stage / sizeof *stage; i++) {
         char k[FR_KEY_MAX];
         (void)fr_key_wk_delta(k, sizeof k, c->model, gen, stage[i], c->rank);
@@ -134,34 +134,45 @@ static void drop_words(ferry_store *s, const ferry_publisher_config *c, uint64_t
 
 typedef struct counts {
     bool have;
-    uint64_t elements, changed;
+    uint64_t elements, sampled, sample_changed, changed;
     uint32_t chain;
 } counts;
 
-/* Every rank's count: 0 with the sums, or the first failed rank's error. */
-static int decide(run *r, counts *sum, ferry_error *err)
+/* Every rank's word at stage ("count": "ok <have> <elements> <sampled>
+ * <changed in the sample> <chain>"; "exact": "ok <changed>"): 0 with the
+ * sums, or the first failed rank's error. */
+static int decide(run *r, const char *stage, counts *sum, ferry_error *err)
 {
-    memset(sum, 0, sizeof *sum);
-    sum->have = true;
+    bool count = !strcmp(stage, "count");
+    if (count) {
+        memset(sum, 0, sizeof *sum);
+        sum->have = true;
+    }
     for (uint32_t q = 0; q < r->c->world; q++) {
         ferry_kv_value v = {0};
         ferry_error we = {0};
-        int rc = word_of(r, "count", q, &v, &we);
+        int rc = word_of(r, stage, q, &v, &we);
         if (rc < 0)
             return fr_fail(err, rc, "rank %u: %s", q, we.msg);
         unsigned have = 0, chain = 0;
-        unsigned long long el = 0, ch = 0;
+        unsigned long long el = 0, sn = 0, sc = 0, ch = 0;
         char *t = strndup(v.val, v.len);
-        int got = t ? sscanf(t, "ok %u %llu %llu %u", &have, &el, &ch, &chain) : 0;
+        int got = !t ? 0 : count ? sscanf(t, "ok %u %llu %llu %llu %u", &have, &el, &sn, &sc, &chain)
+                                 : sscanf(t, "ok %llu", &ch);
         free(t);
         ferry_store_free(v.val);
-        if (got != 4)
-            return fr_fail(err, FERRY_EPROTO, "rank %u: its count word is malformed", q);
-        sum->have &= have != 0;
-        sum->elements += el;
-        sum->changed += ch;
-        if (chain > sum->chain)
-            sum->chain = chain;
+        if (got != (count ? 5 : 1))
+            return fr_fail(err, FERRY_EPROTO, "rank %u: its %s word is malformed", q, stage);
+        if (count) {
+            sum->have &= have != 0;
+            sum->elements += el;
+            sum->sampled += sn;
+            sum->sample_changed += sc;
+            if (chain > sum->chain)
+                sum->chain = chain;
+        } else {
+            sum->changed += ch;
+        }
     }
     return 0;
 }
@@ -617,32 +628,30 @@ int ferry_delta_publish(ferry_store *s, ferry_delta_encoder *e, uint64_t gen,
     uint64_t elements = 0;
     for (size_t i = 0; my == 0 && i < r.cur.np; i++)
         elements += r.cur.p[i].elems;
-    /* Recording every change of a generation that will go dense costs 10
-     * bytes and more a change: past the crossover (of this rank's own
-     * elements) changes are only counted. */
-    bool partial = false;
-    uint64_t record_max = e->dc.crossover >= 1 ? UINT64_MAX
-                          : (uint64_t)(e->dc.crossover * (double)elements) + 1;
-    if (my == 0 && have) {
+    /* First a sample (every FR_DELTA_SAMPLE_STRIDE-th chunk of every
+     * piece): a generation far above the crossover goes dense without the
+     * whole comparison. */
+    uint64_t sampled = 0, sample_changed = 0;
+    bool sampling = e->dc.crossover < 1;
+    if (my == 0 && have && sampling) {
         double c0 = now_s();
-        my = fr_delta_compare(&e->lay, &r.cur, record_max, &st->changed, &st->compared_bytes,
-                              &partial, &me);
+        my = fr_delta_sample(&e->lay, &r.cur, FR_DELTA_SAMPLE_STRIDE, &sampled, &sample_changed,
+                             &st->compared_bytes, &me);
         st->encode_s = now_s() - c0;
     }
     st->elements = elements;
-    if (my == 0 && !have)
-        st->changed = elements;   /* nothing to compare with: every element counts */
+    st->sampled = sampled;
     char word[900];
     if (my < 0)
         failed_word(word, sizeof word, my, &me);
     else
-        snprintf(word, sizeof word, "ok %u %" PRIu64 " %" PRIu64 " %u", have ? 1u : 0u, elements,
-                 st->changed, have ? e->chain : 0u);
+        snprintf(word, sizeof word, "ok %u %" PRIu64 " %" PRIu64 " %" PRIu64 " %u", have ? 1u : 0u,
+                 elements, sampled, sample_changed, have ? e->chain : 0u);
     double x0 = now_s();
     counts sum;
     rc = meet(&r, "count", word, err);
     if (rc == 0)
-        rc = decide(&r, &sum, err);
+        rc = decide(&r, "count", &sum, err);
     st->exchange_s = now_s() - x0;
     if (rc < 0) {
         fr_fail(err, rc, "delta publish of %s generation %" PRIu64 " failed: %s; nothing stored",
@@ -650,15 +659,64 @@ int ferry_delta_publish(ferry_store *s, ferry_delta_encoder *e, uint64_t gen,
         goto out;
     }
     st->total_elements = sum.elements;
-    st->total_changed = sum.changed;
+    double est = sum.sampled ? (double)sum.sample_changed / (double)sum.sampled : 0;
     if (!sum.have)
         st->kind = FERRY_DELTA_DENSE_FIRST;
     else if (sum.chain >= e->dc.max_chain)
         st->kind = FERRY_DELTA_DENSE_CHAIN;
-    else if ((double)sum.changed > e->dc.crossover * (double)sum.elements)
+    else if (sampling && sum.sampled >= FR_DELTA_SAMPLE_MIN &&
+             est > FR_DELTA_SAMPLE_MARGIN * e->dc.crossover)
         st->kind = FERRY_DELTA_DENSE_FRACTION;
     else
-        st->kind = FERRY_DELTA_SPARSE;
+        st->kind = FERRY_DELTA_SPARSE;   /* for now: the exact counts decide */
+    if (st->kind != FERRY_DELTA_SPARSE) {
+        /* every element counts as changed (no snapshot), or the sample's share */
+        st->changed = !sum.have ? elements
+                      : sampled ? (uint64_t)((double)sample_changed / (double)sampled *
+                                             (double)elements) : 0;
+        st->total_changed = !sum.have ? sum.elements : (uint64_t)(est * (double)sum.elements);
+    } else {
+        /* The whole comparison. Recording every change of a generation
+         * that will go dense costs 10 bytes and more a change: past the
+         * crossover (of this rank's own elements) changes are only
+         * counted. */
+        bool partial = false;
+        uint64_t record_max = e->dc.crossover >= 1 ? UINT64_MAX
+                              : (uint64_t)(e->dc.crossover * (double)elements) + 1;
+        double c0 = now_s();
+        uint64_t cbytes = 0;
+        my = my < 0 ? my : fr_delta_compare(&e->lay, &r.cur, record_max, &st->changed, &cbytes,
+                                            &partial, &me);
+        st->encode_s += now_s() - c0;
+        st->compared_bytes += cbytes;
+        if (my < 0)
+            failed_word(word, sizeof word, my, &me);
+        else
+            snprintf(word, sizeof word, "ok %" PRIu64, st->changed);
+        x0 = now_s();
+        rc = meet(&r, "exact", word, err);
+        if (rc == 0)
+            rc = decide(&r, "exact", &sum, err);
+        st->exchange_s += now_s() - x0;
+        if (rc < 0) {
+            fr_fail(err, rc, "delta publish of %s generation %" PRIu64 " failed: %s; nothing "
+                    "stored", c->model, gen, fr_why(err, rc));
+            goto out;
+        }
+        st->total_changed = sum.changed;
+        if ((double)sum.changed > e->dc.crossover * (double)sum.elements) {
+            st->kind = FERRY_DELTA_DENSE_FRACTION;
+        } else if (partial) {   /* other ranks changed less: record every change after all */
+            uint64_t changed = 0, bytes = 0;
+            c0 = now_s();
+            fr_delta_forget(&r.cur);
+            /* a failure here still takes part in the stages (as a failed word) */
+            r.pre_rc = fr_delta_compare(&e->lay, &r.cur, UINT64_MAX, &changed, &bytes, &partial,
+                                        &r.pre_err);
+            st->encode_s += now_s() - c0;
+            st->compared_bytes += bytes;
+        }
+    }
     if (st->kind != FERRY_DELTA_SPARSE) {
         if ((rc = dense(&r, placement, mine, n, err)) < 0)
             goto out;
@@ -682,16 +740,6 @@ int ferry_delta_publish(ferry_store *s, ferry_delta_encoder *e, uint64_t gen,
         }
         st->snapshot_s = now_s() - s0;
         goto out;
-    }
-    if (partial) {   /* other ranks changed less: this one records every change after all */
-        double c0 = now_s();
-        uint64_t changed = 0, bytes = 0;
-        fr_delta_forget(&r.cur);
-        /* a failure here still takes part in the stages (as a failed word) */
-        r.pre_rc = fr_delta_compare(&e->lay, &r.cur, UINT64_MAX, &changed, &bytes, &partial,
-                                    &r.pre_err);
-        st->encode_s += now_s() - c0;
-        st->compared_bytes += bytes;
     }
     rc = sparse(&r, err);
     if (rc < 0) {
