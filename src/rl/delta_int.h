@@ -60,6 +60,7 @@ struct ferry_delta_encoder {
     uint64_t words;                 /* the generation whose words this rank left (0: none) */
     uint64_t failed_base;           /* the base of this rank's last attempt when it failed */
     int fail_at;                    /* tests only (fr_delta_fail_at) */
+    uint64_t sample_min;            /* tests only (fr_delta_sample_min); 0: FR_DELTA_SAMPLE_MIN */
 };
 
 /* Tests only: make this encoder's rank fail a sparse publish once its
@@ -68,6 +69,8 @@ struct ferry_delta_encoder {
  * there, as a rank that died. FR_DELTA_FAIL_NONE: no more. */
 enum { FR_DELTA_FAIL_NONE = 0, FR_DELTA_FAIL_STORED = 1, FR_DELTA_DIE_STORED = 2 };
 void fr_delta_fail_at(ferry_delta_encoder *e, int what);
+/* Tests only: the sample decides from n sampled elements on (small models). */
+void fr_delta_sample_min(ferry_delta_encoder *e, uint64_t n);
 
 /* The layout of a publish: the placement's tensors (owners chosen) and
  * this rank's copy-0 pieces with their data from mine. FERRY_EINVAL with a

@@ -545,6 +545,12 @@ void fr_delta_fail_at(ferry_delta_encoder *e, int what)
         e->fail_at = what;
 }
 
+void fr_delta_sample_min(ferry_delta_encoder *e, uint64_t n)
+{
+    if (e)
+        e->sample_min = n;
+}
+
 /* ---- the call ---------------------------------------------------------------------------- */
 
 static void run_free(run *r)
@@ -664,7 +670,7 @@ int ferry_delta_publish(ferry_store *s, ferry_delta_encoder *e, uint64_t gen,
         st->kind = FERRY_DELTA_DENSE_FIRST;
     else if (sum.chain >= e->dc.max_chain)
         st->kind = FERRY_DELTA_DENSE_CHAIN;
-    else if (sampling && sum.sampled >= FR_DELTA_SAMPLE_MIN &&
+    else if (sampling && sum.sampled >= (e->sample_min ? e->sample_min : FR_DELTA_SAMPLE_MIN) &&
              est > FR_DELTA_SAMPLE_MARGIN * e->dc.crossover)
         st->kind = FERRY_DELTA_DENSE_FRACTION;
     else

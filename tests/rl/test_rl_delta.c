@@ -231,6 +231,7 @@ static int trainer_main(char **argv)
         printf("ERR open %s\n", err.msg);
         return 1;
     }
+    fr_delta_sample_min(e, 1);   /* the first look decides on this small model too */
     float tr[16 * 24];
     printf("READY\n");
     fflush(stdout);
@@ -480,11 +481,13 @@ static void test_chain(void **state)
     inexact += add_inexact(2, fracs);
     assert_int_equal(objects_of(f, 2), 0);        /* the parts are gone */
 
-    /* g3: 30 % change, above the crossover: dense */
+    /* g3: 30 % change, above twice the crossover: dense by the first look
+     * (its sample holds every element here: each piece is one chunk) */
     fracs[3] = 0.3;
     assert_int_equal(pub(f, 3, fracs[3], "-", -1, -1), WORLD);
     all_ok(f, FERRY_DELTA_DENSE_FRACTION, 0, &sum);
-    assert_true((double)sum.changed > 0.05 * (double)model_elems);
+    assert_true((double)sum.tchanged > 0.1 * (double)model_elems);
+    assert_int_equal(sum.nnz, 0);
     assert_int_equal(rollout_check(f, &ro, 3, fracs, &ust), 0);
 
     /* g4, g5 sparse; K = 2: g6 dense, so a chain never holds more */
@@ -579,6 +582,14 @@ static void test_chain(void **state)
     assert_int_equal(pub(f, 11, fracs[11], "-", -1, -1), WORLD);
     all_ok(f, FERRY_DELTA_DENSE_FIRST, 0, &sum);
     assert_int_equal(rollout_check(f, &ro, 11, fracs, &ust), 0);
+    /* g12: 7 %, above the crossover but under twice it: the first look
+     * leaves it to the whole comparison, whose exact counts make it dense */
+    fracs[12] = 0.07;
+    assert_int_equal(pub(f, 12, fracs[12], "-", -1, -1), WORLD);
+    all_ok(f, FERRY_DELTA_DENSE_FRACTION, 0, &sum);
+    assert_int_equal(sum.changed, sum.tchanged);   /* exact, not estimated */
+    assert_true((double)sum.tchanged > 0.05 * (double)model_elems);
+    assert_int_equal(rollout_check(f, &ro, 12, fracs, &ust), 0);
     rollout_close(&ro);
     ftg_stop(f);
 }
