@@ -761,11 +761,13 @@ typedef struct ferry_delta_stats {
  *
  * Each rank converts its copy-0 pieces to the rollout dtype and compares
  * them bit for bit with its snapshot (AVX2 where the CPU has it, else a
- * portable path with the same output); the changed elements' counts meet
- * at a barrier and every rank takes the same decision: dense
- * (ferry_publish_shards, the snapshot refilled) when a rank has no
- * snapshot, the chain holds max_chain deltas, or the changed fraction is
- * above the crossover; otherwise sparse. Sparse: each tensor has one
+ * portable path with the same output): first a sample (every 16th chunk),
+ * whose counts meet at a barrier, then — unless that decided — everything,
+ * whose exact counts meet at a second one; every rank takes the same
+ * decision: dense (ferry_publish_shards, the snapshot refilled) when a
+ * rank has no snapshot, the chain holds max_chain deltas, or the changed
+ * fraction is above the crossover (by the sample when it is above twice
+ * the crossover); otherwise sparse. Sparse: each tensor has one
  * owner (the rank holding all of it, else a byte-balanced choice,
  * ferry_weights_assign); every rank hands the changed elements of
  * tensors it does not own to their owners as one part object per owner

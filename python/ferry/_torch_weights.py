@@ -426,9 +426,12 @@ class Subscriber:
             return st
         act = _weights.active(self.store, self.model)
         group = self._sub is not None and not alone
-        if not group and act is not None and act[0] <= self.generation:
-            return {"generation": self.generation, "bytes_read": 0}   # current, or a newer sparse delta
         from . import sparse as _sparse
+        if act is not None and act[0] <= self.generation and \
+                (not group or _sparse.chain(self.store, self.model, 0)["links"]):
+            # current, or a newer sparse delta; a group member holding an active sparse generation
+            # too (the members of a sparse one each read their own entries: nobody waits for it)
+            return {"generation": self.generation, "bytes_read": 0}
         if act is not None and act[0] > self.generation and \
                 _sparse.chain(self.store, self.model, self.generation)["links"]:
             # a sparse generation is active: follow its chain (each worker reads its own entries)

@@ -143,3 +143,84 @@ def test_delta_encoder_refusals(store):
     enc.close()
     with pytest.raises(ValueError, match="closed"):
         enc.reset()
+
+
+def _tp_module(placement, rank, names):
+    """A bf16 module whose parameters are rollout ``rank``'s boxes of the
+    placement (dotted names as the trainer's)."""
+    boxes = {}
+    for i in range(placement.fragment_count):
+        f = placement.fragment(i)
+        if f["rank"] == rank:
+            boxes[f["tensor"]] = (tuple(f["offset"]), tuple(f["shape"]))
+    root = torch.nn.Module()
+    for ti, name in enumerate(names):
+        *path, leaf = name.split(".")
+        m = root
+        for part in path:
+            if part not in m._modules:
+                m.add_module(part, torch.nn.Module())
+            m = m._modules[part]
+        m.register_parameter(leaf, torch.nn.Parameter(torch.zeros(boxes[ti][1], dtype=torch.bfloat16),
+                                                      requires_grad=False))
+    return root, boxes
+
+
+def test_delta_real_model_tp2_dp2(cluster, store):
+    """Ten generations of real Adam steps published as deltas (a large step
+    dense by the crossover, the chain cut by K = 4) into four rollouts in
+    TP2 x DP2 (each a Subscriber of one group over its TP boxes), every
+    parameter bit-equal to the trainer's cast to bf16 after every
+    generation; rollout 3 restarted after generation 7 rebuilds from the
+    chain (dense 5, deltas 6 and 7)."""
+    model = gm.GPT()
+    names = [n for n, _ in model.named_parameters()]
+    specs = [(n, tuple(p.shape), "bf16") for n, p in model.named_parameters()]
+    placement = ft.build_layout("gptr4", specs, "tp:2,dp:2")
+    tr = _Trainers(cluster, "gptr4", crossover=0.2, max_chain=4)
+    rstores = [cluster.store() for _ in range(4)]
+    mods, boxes = zip(*[_tp_module(placement, r, names) for r in range(4)])
+    mods, subs = list(mods), [None] * 4
+
+    def check():
+        full = {n: p.detach().to(torch.bfloat16) for n, p in model.named_parameters()}
+        for r in range(4):
+            for ti, (n, p) in enumerate(mods[r].named_parameters()):
+                assert n == names[ti]
+                want = full[n]
+                for d, (o, k) in enumerate(zip(*boxes[r][ti])):
+                    want = want.narrow(d, o, k)
+                assert gm.bits(p) == gm.bits(want), (r, n)
+
+    try:
+        kinds = []
+        for gen in range(1, 11):
+            if gen > 1:
+                gm.train_step(model, lr=0.05 if gen == 5 else 1e-5, seed=gen)
+            res, err = tr.publish(gen, model)
+            assert err == [None, None], err
+            kinds.append(res[0]["kind"])
+            if subs[0] is None:
+                subs = [ft.Subscriber(rstores[r], "gptr4", mods[r], "tp:2,dp:2", r, group="g4", tensors=specs,
+                                      timeout_ms=20000) for r in range(4)]
+            if gen == 8:   # rollout 3 restarted after 7: a fresh module and subscriber
+                subs[3].close()
+                mods[3], _ = _tp_module(placement, 3, names)
+                subs[3] = ft.Subscriber(rstores[3], "gptr4", mods[3], "tp:2,dp:2", 3, group="g4",
+                                        tensors=specs, timeout_ms=20000)
+                st = subs[3].update(alone=True)
+                assert st["dense_generation"] == 5 and st["deltas"] == 3, st   # dense 5, deltas 6, 7, 8
+            res, err = _ranks([lambda r=r: subs[r].update() for r in range(4)])
+            assert err == [None] * 4, err
+            assert all(s.generation == gen for s in subs)
+            check()
+        print("kinds", kinds)
+        assert kinds == ["dense_first", "sparse", "sparse", "sparse", "dense_fraction", "sparse", "sparse",
+                         "sparse", "sparse", "dense_chain"]
+    finally:
+        for s in subs:
+            if s is not None:
+                s.close()
+        for s in rstores:
+            s.close()
+        tr.close()

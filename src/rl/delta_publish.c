@@ -1,12 +1,16 @@
 /* A delta publish across the trainer ranks (ferry_delta_publish, weights.h;
  * docs/sparse.md "Deltas from a trainer"). Every rank:
  *
- *   1. compares its copy-0 pieces with its snapshot (delta.c), or finds it
- *      has none, and writes its word "count" (KV ferry/wk/M/G/delta/count/R:
- *      "ok <have> <elements> <changed> <chain>" or "failed <code> <why>");
- *      barrier delta/count; every rank reads every word and takes the same
+ *   1. compares a sample of its copy-0 pieces with its snapshot (delta.c),
+ *      or finds it has none, and writes its word "count" (KV
+ *      ferry/wk/M/G/delta/count/R: "ok <have> <elements> <sampled>
+ *      <changed in the sample> <chain>" or "failed <code> <why>"); barrier
+ *      delta/count; every rank reads every word and takes the same
  *      decision: refuse (a rank failed: nothing stored anywhere), dense
- *      (ferry_publish_shards) or sparse;
+ *      (ferry_publish_shards: no snapshot somewhere, the chain is full, the
+ *      sample far above the crossover), or a look at everything: every
+ *      rank compares all, writes "exact" ("ok <changed>"), barrier
+ *      delta/exact, and the exact counts decide dense or sparse;
  *   2. sparse: hands the changed elements of tensors it does not own to
  *      their owners, one object per other rank on its own segment
  *      (ferry/w/M/G/dpart.R.O, always put, empty or not); barrier
