@@ -363,12 +363,16 @@ static int object_put(run *r, uint32_t t, ferry_error *err)
     char key[FERRY_STORE_KEY_MAX + 1];
     ferry_sparse_desc got;
     rc = ferry_put_sparse_object(r->s, &d, idx, val, &got, key, sizeof key, err);
-    if (rc == FERRY_EEXIST) {   /* a leftover of an attempt at this generation: replaced */
+    if (rc == FERRY_EEXIST && r->sweep) {   /* a leftover of a failed attempt: replaced */
         (void)ferry_sparse_remove(r->s, key, NULL);
         rc = ferry_put_sparse_object(r->s, &d, idx, val, &got, key, sizeof key, err);
     }
     free(idx);
     free(val);
+    if (rc == FERRY_EEXIST)
+        return fr_fail(err, rc, "putting the delta of %s: %s (sparse keys carry no model: "
+                       "two models on one store need distinct tensor names)", x->name,
+                       fr_why(err, rc));
     if (rc < 0)
         return fr_fail(err, rc, "putting the delta of %s: %s", x->name, fr_why(err, rc));
     ferry_object_desc od;
