@@ -111,4 +111,42 @@ uint64_t fr_delta_entries(const fr_dlayout *cur, uint32_t t, uint8_t *idx, uint8
 /* Changed entries of tensor t in cur's pieces. */
 uint64_t fr_delta_count(const fr_dlayout *cur, uint32_t t);
 
+/* ---- one publish across the ranks (delta_publish.c, delta_sparse.c) ---------------------- */
+
+/* What one rank's publish holds while it runs. */
+typedef struct fr_drun {
+    ferry_store *s;
+    ferry_delta_encoder *e;
+    const ferry_publisher_config *c;
+    uint64_t gen, base;
+    fr_dlayout cur;
+    ferry_delta_stats *st;
+    char **keys;                 /* the sparse objects this rank put */
+    uint64_t *segs;              /* where each landed */
+    size_t nkeys;
+    bool sweep;                  /* remove leftovers on the base first (an attempt on it failed,
+                                  * or this rank knows nothing of the last ones) */
+    int pre_rc;                  /* this rank failed before the sparse stages (pre_err) */
+    ferry_error pre_err;
+    uint8_t **parts;             /* parts read (owner), per rank */
+    size_t *part_len;
+} fr_drun;
+
+
+double fr_delta_now(void);
+/* A failed word: "failed <code> <why>" on one line, into buf. */
+void fr_delta_failed_word(char *buf, size_t cap, int rc, const ferry_error *me);
+/* Write this rank's word at stage (word NULL: none), meet every rank there. */
+int fr_delta_meet(fr_drun *r, const char *stage, const char *word, ferry_error *err);
+/* Rank q's word at stage (*val: ferry_store_free); a "failed" word gives
+ * its code and sentence in err. */
+int fr_delta_word(fr_drun *r, const char *stage, int64_t q, ferry_kv_value *val, ferry_error *err);
+/* Stages 2 and 3 of a sparse generation (delta_sparse.c): parts, the
+ * owners' objects, the announcement and the decision. 0 when announced,
+ * else the error every rank returns (the caller removes what r->keys
+ * holds and the parts). */
+int fr_delta_sparse(fr_drun *r, ferry_error *err);
+/* Remove the parts this rank put. */
+void fr_delta_parts_remove(fr_drun *r);
+
 #endif
