@@ -121,11 +121,15 @@ typedef struct counts {
     bool have;
     uint64_t elements, sampled, sample_changed, changed;
     uint32_t chain;
+    double crossover;            /* rank 0's encoder's (every rank's must be the same) */
+    uint32_t max_chain;
 } counts;
 
 /* Every rank's word at stage ("count": "ok <have> <elements> <sampled>
- * <changed in the sample> <chain>"; "exact": "ok <changed>"): 0 with the
- * sums, or the first failed rank's error. */
+ * <changed in the sample> <chain> <crossover, %a> <max_chain>"; "exact":
+ * "ok <changed>"): 0 with the sums, or the first failed rank's error.
+ * Every rank must decide alike: an encoder configured otherwise than
+ * rank 0's fails the generation (nothing stored). */
 static int decide(fr_drun *r, const char *stage, counts *sum, ferry_error *err)
 {
     bool count = !strcmp(stage, "count");
@@ -139,15 +143,25 @@ static int decide(fr_drun *r, const char *stage, counts *sum, ferry_error *err)
         int rc = fr_delta_word(r, stage, q, &v, &we);
         if (rc < 0)
             return fr_fail(err, rc, "rank %u: %s", q, we.msg);
-        unsigned have = 0, chain = 0;
+        unsigned have = 0, chain = 0, kmax = 0;
         unsigned long long el = 0, sn = 0, sc = 0, ch = 0;
+        double cross = 0;
         char *t = strndup(v.val, v.len);
-        int got = !t ? 0 : count ? sscanf(t, "ok %u %llu %llu %llu %u", &have, &el, &sn, &sc, &chain)
+        int got = !t ? 0 : count ? sscanf(t, "ok %u %llu %llu %llu %u %la %u", &have, &el, &sn, &sc,
+                                          &chain, &cross, &kmax)
                                  : sscanf(t, "ok %llu", &ch);
         free(t);
         ferry_store_free(v.val);
-        if (got != (count ? 5 : 1))
+        if (got != (count ? 7 : 1))
             return fr_fail(err, FERRY_EPROTO, "rank %u: its %s word is malformed", q, stage);
+        if (count && q == 0) {
+            sum->crossover = cross;
+            sum->max_chain = kmax;
+        } else if (count && (cross != sum->crossover || kmax != sum->max_chain)) {
+            return fr_fail(err, FERRY_EINVAL, "rank %u: its encoder has crossover %g and max_chain "
+                           "%u, rank 0's %g and %u: every rank must decide alike", q, cross, kmax,
+                           sum->crossover, sum->max_chain);
+        }
         if (count) {
             sum->have &= have != 0;
             sum->elements += el;
@@ -277,9 +291,10 @@ static int look_first(fr_drun *r, ferry_manifest *pl, const ferry_shard_data *mi
     }
     st->elements = L->elements;
     st->sampled = L->sampled;
-    char word[128];
-    snprintf(word, sizeof word, "ok %u %" PRIu64 " %" PRIu64 " %" PRIu64 " %u", L->have ? 1u : 0u,
-             L->elements, L->sampled, L->sample_changed, L->have ? e->chain : 0u);
+    char word[160];
+    snprintf(word, sizeof word, "ok %u %" PRIu64 " %" PRIu64 " %" PRIu64 " %u %a %u",
+             L->have ? 1u : 0u, L->elements, L->sampled, L->sample_changed,
+             L->have ? e->chain : 0u, e->dc.crossover, e->dc.max_chain);
     int rc = exchange(r, "count", word, L, err);
     if (rc < 0)
         return rc;

@@ -197,7 +197,7 @@ static ferry_shard_data *pieces(ferry_manifest *m, const model *w, uint32_t rank
  * generation the worker starts at, generation 1 + their count). Lines
  * "pub G FRAC FLAG FLAGRANK" publish G (stepping the weights to G first
  * when they are older) with FLAG on rank FLAGRANK ("-", "shape", "box",
- * "fail", "die"); "reset" resets the encoder. One reply line each. */
+ * "fail", "die", "cross": another crossover); "reset" resets the encoder. One reply line each. */
 static int trainer_main(char **argv)
 {
     uint32_t rank = (uint32_t)atoi(argv[1]);
@@ -259,7 +259,11 @@ static int trainer_main(char **argv)
         ferry_shard_data *mine = pieces(m, &w, rank, tr, &n);
         ferry_delta_stats st;
         memset(&err, 0, sizeof err);
+        double cross = e->dc.crossover;
+        if (!strcmp(my, "cross"))   /* an encoder configured otherwise than rank 0's */
+            e->dc.crossover = 0.5;
         int rc = ferry_delta_publish(s, e, g, m, mine, n, &st, &err);
+        e->dc.crossover = cross;
         if (rc == 0)
             printf("OK %d %u %llu %llu %llu %llu %llu %llu\n", (int)st.kind, st.chain,
                    (unsigned long long)st.changed, (unsigned long long)st.total_changed,
@@ -517,6 +521,9 @@ static void test_chain(void **state)
     assert_int_equal(pub(f, 7, fracs[7], "box", 2, -1), 0);
     all_err(f, "failed: rank 2: its piece 0 is dl.w0 [68:96, 0:40], in the last generation "
             "dl.w0 [64:96, 0:40] (reset the encoder and publish dense); nothing stored", -1);
+    assert_int_equal(pub(f, 7, fracs[7], "cross", 1, -1), 0);
+    all_err(f, "failed: rank 1: its encoder has crossover 0.5 and max_chain 2, rank 0's 0.05 and 2: "
+            "every rank must decide alike; nothing stored", -1);
     assert_int_equal(sparse_on(f, 6), 0);
     assert_int_equal(objects_of(f, 7), 0);
     assert_int_equal(active_of(f), 6);
