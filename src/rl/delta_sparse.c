@@ -11,6 +11,8 @@
  * and writes the decision (ferry/wk/M/G/delta/decision: "ok" or "failed
  * <code> <why>"); barrier delta/decided; every rank reads it. */
 #include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -157,38 +159,51 @@ static int parts_get(fr_drun *r, ferry_error *err)
     return 0;
 }
 
-/* One sparse object for tensor t (this rank owns it): its own entries and
- * the parts', concatenated (the put sorts them). */
-static int object_put(fr_drun *r, uint32_t t, ferry_error *err)
+/* What one owned tensor's put gave (object_put). */
+typedef struct put_res {
+    uint32_t t;
+    int rc;
+    ferry_error err;
+    char *key;                   /* NULL: no object (nothing changed) */
+    uint64_t seg, nnz, bytes;
+} put_res;
+
+/* One sparse object for tensor p->t (this rank owns it): its own entries
+ * and the parts', concatenated (the put sorts them). */
+static void object_put(const fr_drun *r, put_res *p)
 {
     const fr_dlayout *l = &r->cur;
-    const fr_dtensor *x = &l->t[t];
+    const fr_dtensor *x = &l->t[p->t];
+    ferry_error *err = &p->err;
     size_t isz = x->i64 ? 8 : 4, osz = ferry_dtype_size(x->out), row = x->ndim * isz;
-    uint64_t nnz = fr_delta_count(l, t);
+    uint64_t nnz = fr_delta_count(l, p->t);
     for (uint32_t q = 0; q < r->c->world; q++) {
         uint64_t c = 0;
         const uint8_t *pi, *pv;
-        if (r->parts[q] && part_find(l, r->parts[q], r->part_len[q], t, &c, &pi, &pv))
+        if (r->parts[q] && part_find(l, r->parts[q], r->part_len[q], p->t, &c, &pi, &pv))
             nnz += c;
     }
     int rc = r->sweep ? ferry_sparse_remove_base(r->s, x->name, r->base, NULL, err) : 0;
-    if (rc < 0)
-        return fr_fail(err, rc, "removing leftovers of %s on generation %" PRIu64 ": %s",
-                       x->name, r->base, fr_why(err, rc));
+    if (rc < 0) {
+        p->rc = fr_fail(err, rc, "removing leftovers of %s on generation %" PRIu64 ": %s",
+                        x->name, r->base, fr_why(err, rc));
+        return;
+    }
     if (!nnz)
-        return 0;
+        return;
     uint8_t *idx = malloc(nnz * row), *val = malloc(nnz * osz);
     if (!idx || !val) {
         free(idx);
         free(val);
-        return fr_fail(err, FERRY_ENOMEM, "delta: out of memory for %" PRIu64 " entries of %s",
-                       nnz, x->name);
+        p->rc = fr_fail(err, FERRY_ENOMEM, "delta: out of memory for %" PRIu64 " entries of %s",
+                        nnz, x->name);
+        return;
     }
-    uint64_t n = fr_delta_entries(l, t, idx, val);
+    uint64_t n = fr_delta_entries(l, p->t, idx, val);
     for (uint32_t q = 0; q < r->c->world; q++) {
         uint64_t c = 0;
         const uint8_t *pi, *pv;
-        if (!r->parts[q] || !part_find(l, r->parts[q], r->part_len[q], t, &c, &pi, &pv))
+        if (!r->parts[q] || !part_find(l, r->parts[q], r->part_len[q], p->t, &c, &pi, &pv))
             continue;
         memcpy(idx + n * row, pi, c * row);
         memcpy(val + n * osz, pv, c * osz);
@@ -210,32 +225,92 @@ static int object_put(fr_drun *r, uint32_t t, ferry_error *err)
     }
     free(idx);
     free(val);
-    if (rc == FERRY_EEXIST)
-        return fr_fail(err, rc, "putting the delta of %s: %s (sparse keys carry no model: "
-                       "two models on one store need distinct tensor names)", x->name,
-                       fr_why(err, rc));
-    if (rc < 0)
-        return fr_fail(err, rc, "putting the delta of %s: %s", x->name, fr_why(err, rc));
-    ferry_object_desc od;
-    uint64_t seg = ferry_store_get_replica_desc(r->s, key, &od, NULL) == 0 && od.nreplicas
-                       ? od.replicas[0].segment : 0;
-    char *k = strdup(key);
-    char **nk = k ? realloc(r->keys, (r->nkeys + 1) * sizeof *nk) : NULL;
-    if (nk)
-        r->keys = nk;
-    uint64_t *ns = nk ? realloc(r->segs, (r->nkeys + 1) * sizeof *ns) : NULL;
-    if (!ns) {
-        free(k);
+    if (rc == FERRY_EEXIST) {
+        p->rc = fr_fail(err, rc, "putting the delta of %s: %s (sparse keys carry no model: "
+                        "two models on one store need distinct tensor names)", x->name,
+                        fr_why(err, rc));
+        return;
+    }
+    if (rc < 0) {
+        p->rc = fr_fail(err, rc, "putting the delta of %s: %s", x->name, fr_why(err, rc));
+        return;
+    }
+    if (!(p->key = strdup(key))) {
         (void)ferry_sparse_remove(r->s, key, NULL);
+        p->rc = fr_fail(err, FERRY_ENOMEM, "delta: out of memory");
+        return;
+    }
+    ferry_object_desc od;
+    p->seg = ferry_store_get_replica_desc(r->s, key, &od, NULL) == 0 && od.nreplicas
+                 ? od.replicas[0].segment : 0;
+    p->nnz = got.nnz;
+    p->bytes = got.nnz * (row + osz);
+}
+
+/* The owned tensors' puts, DELTA_PUT_THREADS at a time: each is a few
+ * round trips to the master (and a sort), and an owner may own many
+ * tensors. */
+#define DELTA_PUT_THREADS 4
+
+typedef struct put_job {
+    const fr_drun *r;
+    put_res *res;
+    size_t n;
+    _Atomic size_t next;
+} put_job;
+
+static void *put_thread(void *arg)
+{
+    put_job *j = arg;
+    for (size_t i; (i = atomic_fetch_add(&j->next, 1)) < j->n;)
+        object_put(j->r, &j->res[i]);
+    return NULL;
+}
+
+/* Every owned tensor's object: r->keys and r->segs get the objects put
+ * (also when another failed: the caller removes them); the first
+ * failure, in tensor order, is returned with its sentence in err. */
+static int objects_put(fr_drun *r, ferry_error *err)
+{
+    size_t n = 0;
+    for (uint32_t t = 0; t < r->cur.nt; t++)
+        n += r->cur.t[t].owner == r->c->rank;
+    put_res *res = calloc(n ? n : 1, sizeof *res);
+    r->keys = calloc(n ? n : 1, sizeof *r->keys);
+    r->segs = calloc(n ? n : 1, sizeof *r->segs);
+    if (!res || !r->keys || !r->segs) {
+        free(res);
         return fr_fail(err, FERRY_ENOMEM, "delta: out of memory");
     }
-    r->segs = ns;
-    r->segs[r->nkeys] = seg;
-    r->keys[r->nkeys++] = k;
-    r->st->objects++;
-    r->st->nnz += got.nnz;
-    r->st->stored_bytes += got.nnz * (row + osz);
-    return 0;
+    for (uint32_t t = 0, k = 0; t < r->cur.nt; t++)
+        if (r->cur.t[t].owner == r->c->rank)
+            res[k++].t = t;
+    put_job j = { .r = r, .res = res, .n = n };
+    atomic_init(&j.next, 0);
+    pthread_t th[DELTA_PUT_THREADS];
+    size_t nth = 0, want = n < DELTA_PUT_THREADS ? n : DELTA_PUT_THREADS;
+    while (nth + 1 < want && pthread_create(&th[nth], NULL, put_thread, &j) == 0)
+        nth++;
+    put_thread(&j);
+    for (size_t k = 0; k < nth; k++)
+        pthread_join(th[k], NULL);
+    int rc = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (res[i].rc < 0 && rc == 0) {
+            rc = res[i].rc;
+            if (err)
+                *err = res[i].err;
+        }
+        if (!res[i].key)
+            continue;
+        r->segs[r->nkeys] = res[i].seg;
+        r->keys[r->nkeys++] = res[i].key;
+        r->st->objects++;
+        r->st->nnz += res[i].nnz;
+        r->st->stored_bytes += res[i].bytes;
+    }
+    free(res);
+    return rc;
 }
 
 /* The "stored" word: "ok <n>\n" then "<segment> TAB <key>" a line. */
@@ -334,9 +409,8 @@ int fr_delta_sparse(fr_drun *r, ferry_error *err)
         return rc;
     if (my == 0)
         my = parts_get(r, &me);
-    for (uint32_t t = 0; my == 0 && t < r->cur.nt; t++)
-        if (r->cur.t[t].owner == r->c->rank)
-            my = object_put(r, t, &me);
+    if (my == 0)
+        my = objects_put(r, &me);
     if (my == 0 && r->e->fail_at == FR_DELTA_DIE_STORED)
         _exit(3);   /* a rank that dies with its objects stored (tests) */
     if (my == 0 && r->e->fail_at == FR_DELTA_FAIL_STORED)
