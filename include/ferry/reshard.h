@@ -140,8 +140,11 @@ FERRY_API int ferry_manifest_topology_digest(const ferry_manifest *m, uint8_t ou
 FERRY_API void ferry_digest_hex(const uint8_t d[16], char out[33]);
 
 /* JSON (docs/manifest.md). Parsing checks everything the add functions
- * check; errors name the JSON entry. Text from ferry_manifest_to_json is
- * freed by the caller with free(). Save writes atomically. */
+ * check; errors name the JSON entry. A manifest quantized in FP8 blocks is
+ * written as the layout before it and a "quantize" entry, and read by
+ * quantizing again (ferry_manifest_quantize's checks). Text from
+ * ferry_manifest_to_json is freed by the caller with free(). Save writes
+ * atomically. */
 FERRY_API int ferry_manifest_from_json(const char *text, size_t len, ferry_manifest **out, ferry_error *err);
 FERRY_API int ferry_manifest_load(const char *path, ferry_manifest **out, ferry_error *err);
 FERRY_API char *ferry_manifest_to_json(const ferry_manifest *m);
@@ -243,6 +246,88 @@ FERRY_API uint32_t ferry_layout_ranks(const ferry_layout *l);
 FERRY_API int ferry_layout_build(const ferry_model *model, const ferry_layout *l, ferry_manifest **out,
                                  ferry_error *err);
 
+/* ---- block quantization of a layout ---------------------------------- */
+
+/* Which tensors of a (rollout) layout are stored as FP8 in blocks with f32
+ * scales, and how (docs/weights.md, "FP8 rollouts"). ferry_quant_rules_init()
+ * sets the defaults; a zeroed struct is taken as the defaults too: NULL
+ * strings are the default strings, the fp8 options follow
+ * ferry_fp8_options_init (128 x 128 blocks, FERRY_FP8_SCALE_F32). An empty
+ * string is an empty list. The reserved words must be zero. */
+typedef struct ferry_quant_rules {
+    const char *dtype;        /* "f8e4m3" (default) or "f8e5m2" */
+    /* comma-separated name globs (fnmatch(3), no flags: '*' crosses '.'):
+     * a tensor is quantized when it matches one of `include` and none of
+     * `exclude`. Defaults: FERRY_QUANT_INCLUDE, FERRY_QUANT_EXCLUDE. */
+    const char *include;
+    const char *exclude;
+    /* the scale tensor's name: "%s" (exactly once) is the weight's name;
+     * "%%" is a '%'. Default FERRY_QUANT_SCALE_NAME. */
+    const char *scale_name;
+    ferry_fp8_options fp8;    /* block shape and scale format */
+    uint64_t reserved[8];     /* zero: room for fields to come */
+} ferry_quant_rules;
+
+/* The linear weights, the way FP8 checkpoints (DeepSeek-V3, Kimi-K2) choose
+ * them: every "...weight" except embeddings, norms, lm_head and MoE router
+ * gates ("mlp.gate.weight"). A selected tensor must be 2-D f32, bf16 or f16. */
+#define FERRY_QUANT_INCLUDE "*weight"
+#define FERRY_QUANT_EXCLUDE "*embed*,*norm*,*lm_head*,*.gate.weight"
+#define FERRY_QUANT_SCALE_NAME "%s_scale_inv"
+
+/* Set every field to its default; FERRY_EINVAL for NULL. */
+FERRY_API int ferry_quant_rules_init(ferry_quant_rules *r);
+
+/* Whether `r` (NULL: the defaults) selects tensor t: 1 yes, 0 no. A
+ * selected tensor that is not 2-D, or not f32, bf16 or f16, and rules that
+ * do not hold (an unknown FP8 dtype, a scale name without exactly one
+ * "%s", a block size or scale format ferry_quantize_fp8_blocks refuses,
+ * nonzero reserved words) fail with FERRY_EINVAL and a sentence naming
+ * the tensor or the field. */
+FERRY_API int ferry_quant_rules_match(const ferry_quant_rules *r, const ferry_tensor_desc *t,
+                                      ferry_error *err);
+
+/* The layout m with the tensors `r` selects stored as FP8 in blocks: each
+ * keeps its index, name, shape and fragments (ranks, replicas, strides in
+ * elements), its dtype becomes r's FP8 type (itemsize 1); and, after m's
+ * tensors, in the order of their weights, one scale tensor each: f32, shape
+ * ceil(rows / block_rows) x ceil(cols / block_cols), named by r's
+ * scale_name, with one fragment for each fragment of its weight, on the
+ * same rank with the same replica number: the blocks of the weight's box
+ * (a split gives a split), contiguous. Unselected tensors and their
+ * fragments are copied as they are. The quantization is recorded per
+ * tensor (ferry_manifest_tensor_quant), covered by the digest, and checked
+ * by ferry_plan_create; the fragments of a quantized tensor or a scale
+ * tensor are fixed (adding one fails with FERRY_ESTATE).
+ * Refused, nothing returned, with FERRY_EINVAL and a sentence: a fragment
+ * of a selected tensor whose box starts or ends inside a block (a shard
+ * boundary that cuts a block: the sentence names the tensor, the worker
+ * (rank), the dim and the boundary); a fragment bound to a store object;
+ * a scale name taken by another tensor (FERRY_EEXIST); a manifest with
+ * quantized tensors already; what ferry_quant_rules_match refuses. The
+ * caller closes *out. */
+FERRY_API int ferry_manifest_quantize(const ferry_manifest *m, const ferry_quant_rules *r,
+                                      ferry_manifest **out, ferry_error *err);
+
+enum ferry_quant_role {
+    FERRY_QUANT_NONE = 0,     /* stored as its dtype says */
+    FERRY_QUANT_WEIGHT = 1,   /* FP8 in blocks; `partner` is its scale tensor */
+    FERRY_QUANT_SCALE = 2,    /* the f32 scales of weight `partner`, one per block */
+};
+
+/* How a tensor of a manifest is stored. */
+typedef struct ferry_tensor_quant {
+    uint32_t role;            /* enum ferry_quant_role */
+    uint32_t partner;         /* tensor index; 0 for FERRY_QUANT_NONE */
+    ferry_fp8_options fp8;    /* the blocks and scale format (zero for NONE) */
+    char fp8_dtype[FERRY_DTYPE_MAX];   /* the weight's FP8 dtype ("" for NONE) */
+    uint64_t reserved[4];     /* zeroed by the library */
+} ferry_tensor_quant;
+
+/* Fill *out for tensor `index` of m; FERRY_EINVAL past the last tensor. */
+FERRY_API int ferry_manifest_tensor_quant(const ferry_manifest *m, uint32_t index,
+                                          ferry_tensor_quant *out);
+
 /* ---- plans ----------------------------------------------------------- */
 
 typedef struct ferry_plan_options {
@@ -259,8 +344,11 @@ typedef struct ferry_plan_options {
  * the source or differs in dtype, itemsize or shape; two source fragments
  * of a tensor overlap without being identical boxes with distinct replica
  * numbers; a target fragment is not fully covered by source fragments;
- * a limit of `opt` (may be NULL) is passed. On success both manifests are
- * frozen and referenced by the plan; a failure leaves them as they were.
+ * a tensor stored differently (ferry_manifest_quantize: FP8 blocks in
+ * one and not the other, other blocks, scale format or FP8 type; the
+ * sentence says which); a limit of `opt` (may be NULL) is passed. On
+ * success both manifests are frozen and referenced by the plan; a failure
+ * leaves them as they were.
  * Free with ferry_plan_free (NULL is a no-op). */
 FERRY_API int ferry_plan_create(ferry_manifest *src, ferry_manifest *dst, const ferry_plan_options *opt,
                                 ferry_plan **out, ferry_error *err);

@@ -317,7 +317,12 @@ typedef struct ferry_param_shard {
                                           * said. A box whose last element lies past them
                                           * is refused at prepare (FERRY_EINVAL naming the
                                           * tensor and box), before anything is written */
-    uint64_t reserved[4];   /* zero: room for fields to come */
+    uint64_t elem_bytes;                 /* bytes of one element of the buffer; 0: not
+                                          * said. When set and the published dtype's
+                                          * element has another size, prepare refuses the
+                                          * shard (FERRY_EINVAL naming tensor, sizes and
+                                          * dtype) before anything is written */
+    uint64_t reserved[3];   /* zero: room for fields to come */
 } ferry_param_shard;
 
 typedef struct ferry_update_stats {

@@ -377,6 +377,52 @@ static PyObject *manifest_get_nfrags(ManifestObject *self, void *c)
     return PyLong_FromUnsignedLongLong(ferry_manifest_fragment_count(self->m));
 }
 
+/* The layout with the tensors the rules pick stored as FP8 in blocks
+ * (ferry_manifest_quantize); None arguments are the rules' defaults. */
+static PyObject *manifest_quantize(ManifestObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"dtype", "include", "exclude", "scale_name", "block", "scale_format",
+                          NULL};
+    const char *sf = "f32";
+    unsigned int b0 = 0, b1 = 0;
+    ferry_quant_rules r;
+    ferry_quant_rules_init(&r);
+    r.dtype = r.include = r.exclude = r.scale_name = NULL;   /* NULL: the defaults */
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|zzzz(II)s", kwl, &r.dtype, &r.include,
+                                     &r.exclude, &r.scale_name, &b0, &b1, &sf))
+        return NULL;
+    r.fp8.block_rows = b0, r.fp8.block_cols = b1;
+    if (!strcmp(sf, "ue8m0"))
+        r.fp8.scale_format = FERRY_FP8_SCALE_UE8M0;
+    else if (strcmp(sf, "f32")) {
+        PyErr_Format(PyExc_ValueError, "scale_format must be 'f32' or 'ue8m0', not '%s'", sf);
+        return NULL;
+    }
+    ferry_manifest *q;
+    ferry_error err = {0};
+    int rc = ferry_manifest_quantize(self->m, &r, &q, &err);
+    return rc < 0 ? fp_raise_err(rc, &err) : fp_manifest_wrap(q);
+}
+
+static PyObject *manifest_tensor_quant(ManifestObject *self, PyObject *arg)
+{
+    unsigned long i = PyLong_AsUnsignedLong(arg);
+    if (PyErr_Occurred())
+        return NULL;
+    ferry_tensor_quant q;
+    if (i > UINT32_MAX || ferry_manifest_tensor_quant(self->m, (uint32_t)i, &q) < 0) {
+        PyErr_SetString(PyExc_IndexError, "tensor index out of range");
+        return NULL;
+    }
+    if (q.role == FERRY_QUANT_NONE)
+        Py_RETURN_NONE;
+    return Py_BuildValue("{s:s,s:I,s:s,s:(II),s:s}", "role",
+                         q.role == FERRY_QUANT_WEIGHT ? "weight" : "scale", "partner", q.partner,
+                         "dtype", q.fp8_dtype, "block", q.fp8.block_rows, q.fp8.block_cols,
+                         "scale_format",
+                         q.fp8.scale_format == FERRY_FP8_SCALE_UE8M0 ? "ue8m0" : "f32");
+}
+
 static PyMethodDef manifest_methods[] = {
     {"add_tensor", FP_KWFN(manifest_add_tensor), METH_VARARGS | METH_KEYWORDS, "add_tensor($self, /, name, dtype, shape)\n--\n\n"
      "add_tensor(name, dtype, shape) -> index"},
@@ -388,6 +434,13 @@ static PyMethodDef manifest_methods[] = {
      "add_split($self, /, tensor, rank=0, parts=None, rank_stride=None, offset=None, shape=None, replicas=1, replica_stride=0, replica=0)\n--\n\n"
      "add_split(tensor, rank=0, parts=None, rank_stride=None, offset=None, shape=None, replicas=1, "
      "replica_stride=0, replica=0)"},
+    {"quantize", FP_KWFN(manifest_quantize), METH_VARARGS | METH_KEYWORDS,
+     "quantize($self, /, dtype=None, include=None, exclude=None, scale_name=None, block=(0, 0), scale_format='f32')\n--\n\n"
+     "quantize(dtype=None, include=None, exclude=None, scale_name=None, block=(0, 0), scale_format='f32') "
+     "-> Manifest: the tensors the rules pick stored as FP8 in blocks, with their scale tensors "
+     "(None and 0: the defaults: f8e4m3, every linear weight, '%s_scale_inv', 128 x 128)"},
+    {"tensor_quant", (PyCFunction)manifest_tensor_quant, METH_O, "tensor_quant($self, i, /)\n--\n\n"
+     "tensor_quant(i) -> None, or {role, partner, dtype, block, scale_format}"},
     {"validate", (PyCFunction)manifest_validate, METH_NOARGS, "validate($self, /)\n--\n\n"
      "whole-manifest checks"},
     {"tensor", (PyCFunction)manifest_tensor, METH_O, "tensor($self, i, /)\n--\n\n"

@@ -842,6 +842,7 @@ int fp_shards_from(fp_shards *w, PyObject *o, int max_dims)
         }
         sh->ndim = nd;
         sh->dst = v->buf;
+        sh->elem_bytes = v->itemsize > 0 ? (uint64_t)v->itemsize : 0;   /* checked at prepare */
         int contiguous = PyBuffer_IsContiguous(v, 'C');
         if (contiguous)   /* its size known at open: huge-page advice there (weights.h) */
             sh->dst_bytes = (uint64_t)v->len;
@@ -866,64 +867,6 @@ fail:
     return -1;
 }
 
-static int entry_cmp(const void *a, const void *b)
-{
-    return strcmp((*(const ferry_weight_entry *const *)a)->name, (*(const ferry_weight_entry *const *)b)->name);
-}
-
-/* Without the GIL: when the active generation is not current, check that
- * every shard's itemsize is its published dtype's (the library cannot: it
- * knows the destination's box, not its element size). A shard naming no
- * published tensor is left to the update (which names it). 0, or a
- * negative code with msg set (FERRY_EINVAL: a mismatch). */
-static int shards_check(ferry_store *s, const char *model, uint64_t current, const fp_shards *w, char *msg,
-                        size_t cap)
-{
-    uint64_t gen = 0;
-    uint8_t dig[16];
-    int rc = ferry_weights_active(s, model, &gen, dig, NULL);
-    if (rc == FERRY_ENOENT || rc == FERRY_ELOST || (rc == 0 && gen == current) || w->n == 0)
-        return 0;   /* the update reports no generation, or what is lost / reads nothing */
-    if (rc < 0) {
-        snprintf(msg, cap, "active generation of %s: %s", model, ferry_strerror(rc));
-        return rc;
-    }
-    ferry_weight_manifest m;
-    memset(&m, 0, sizeof m);
-    ferry_error err = {0};
-    if ((rc = ferry_weights_manifest(s, model, gen, &m, &err)) < 0) {
-        snprintf(msg, cap, "%s", err.msg[0] ? err.msg : ferry_strerror(rc));
-        return rc;
-    }
-    const ferry_weight_entry **by = malloc((m.n ? m.n : 1) * sizeof *by);
-    if (!by) {
-        ferry_weight_manifest_free(&m);
-        return FERRY_ENOMEM;
-    }
-    for (size_t i = 0; i < m.n; i++)
-        by[i] = &m.entries[i];
-    qsort(by, m.n, sizeof *by, entry_cmp);
-    ferry_weight_entry key;
-    const ferry_weight_entry *kp = &key;
-    for (size_t i = 0; i < w->n && rc == 0; i++) {
-        snprintf(key.name, sizeof key.name, "%s", w->sh[i].tensor);
-        const ferry_weight_entry **e = bsearch(&kp, by, m.n, sizeof *by, entry_cmp);
-        if (!e)
-            continue;
-        uint32_t size = ferry_dtype_size((*e)->dtype);
-        if (size != (uint32_t)w->views[i].itemsize) {
-            snprintf(msg, cap,
-                     "shard %zu (%s): the array's %zd-byte elements do not match the published dtype %s of "
-                     "generation %llu",
-                     i, w->sh[i].tensor, w->views[i].itemsize, (*e)->dtype, (unsigned long long)gen);
-            rc = FERRY_EINVAL;
-        }
-    }
-    free(by);
-    ferry_weight_manifest_free(&m);
-    return rc;
-}
-
 /* ---- updates --------------------------------------------------------------------------- */
 
 /* weights_update_direct(store, model, shards, generation) -> stats dict. */
@@ -946,8 +889,7 @@ static PyObject *w_update_direct(PyObject *self, PyObject *args)
     ferry_error err = {0};
     uint64_t g = gen;
     int rc;
-    FP_STORE_CALL(so, rc = shards_check(s, model, g, &w, err.msg, sizeof err.msg);
-                  if (rc == 0) rc = ferry_weights_update_direct(s, model, &g, w.sh, w.n, &st, &err));
+    FP_STORE_CALL(so, rc = ferry_weights_update_direct(s, model, &g, w.sh, w.n, &st, &err));
     fp_shards_free(&w);
     if (rc < 0)
         return fp_raise_err_class(rc, &err);
@@ -1200,9 +1142,8 @@ static PyObject *sub_update(SubObject *self, PyObject *args, PyObject *kw)
         Py_BEGIN_ALLOW_THREADS rc = ferry_subscriber_update_next(self->sub, next, &g, &overlapped, &st, &err);
         Py_END_ALLOW_THREADS
     } else {
-        Py_BEGIN_ALLOW_THREADS rc = shards_check(s, self->model, g, &self->shards, err.msg, sizeof err.msg);
-        if (rc == 0)
-            rc = ferry_subscriber_update(self->sub, &g, &st, &err);
+        /* each shard's element size is checked by the update itself (elem_bytes) */
+        Py_BEGIN_ALLOW_THREADS rc = ferry_subscriber_update(self->sub, &g, &st, &err);
         Py_END_ALLOW_THREADS
     }
     self->inflight--;

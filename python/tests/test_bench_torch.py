@@ -68,6 +68,9 @@ def test_bench_torch_small():
     assert res["phases_first_s"]["ferry_overlap"]["overlapped"] == 0.0
     assert res["overlap_s"] == res["ferry_overlap_s"]
     assert res["overlap_ratio"] == pytest.approx(res["ferry_overlap_s"] / res["ferry_shard_s"])
+    ov = res["phases_s"]["ferry_overlap"]
+    assert res["cpus"] >= 1 and res["overlap_cpu_floor_ratio"] == pytest.approx(
+        (ov["cpu_s"] + ov["cluster_cpu_s"]) / res["cpus"] / res["ferry_shard_s"])
     assert res["overlap_speedup_vs_p2p"] == pytest.approx(res["p2p_s"] / res["ferry_overlap_s"])
     # the rollouts' boxes: DP2 copies of the model, plus the whole tensors every TP rank holds
     assert res["pages_written"] == res["rollout_bytes"] // 4096

@@ -234,3 +234,47 @@ def test_cache_filters_and_lifetimes():
 def test_version_and_strerror():
     assert ferry.__version__.count(".") == 2
     assert "invalid" in ferry.strerror(-22).lower() or "argument" in ferry.strerror(-22).lower()
+
+
+def test_fp8_layout_scales_per_worker():
+    """A TP 2 rollout layout in FP8 blocks: each worker's scale rows
+    (column-parallel) or columns (row-parallel) planned from a quantized
+    source; a layout whose shard cuts a block is refused."""
+    model = reshard.Model("q", 1)
+    model.add_tensor("l.q_proj.weight", "bf16", (1024, 600), "column", 0)
+    model.add_tensor("l.o_proj.weight", "bf16", (600, 1024), "row", 0)
+    model.add_tensor("l.norm.weight", "bf16", (600,), "replicated", 0)
+    src = reshard.build(model, "replicated").quantize()
+    dst = reshard.build(model, "tp:2").quantize()
+    q = dst.find_tensor("l.q_proj.weight")
+    qs = dst.find_tensor("l.q_proj.weight_scale_inv")
+    assert dst.tensor(q)[1:3] == ("f8e4m3", 1)
+    assert dst.tensor(qs)[1:] == ("f32", 4, (8, 5))
+    assert dst.tensor_quant(q) == {"role": "weight", "partner": qs, "dtype": "f8e4m3",
+                                   "block": (128, 128), "scale_format": "f32"}
+    assert dst.tensor_quant(qs)["role"] == "scale"
+    assert dst.tensor_quant(dst.find_tensor("l.norm.weight")) is None
+    plan = reshard.Plan(src, dst)
+    os_ = dst.find_tensor("l.o_proj.weight_scale_inv")
+    for rank in range(2):
+        boxes = [(r.offset, r.shape) for r in plan.regions(tensor=qs, dst_rank=rank)]
+        assert boxes == [((4 * rank, 0), (4, 5))]
+        boxes = [(r.offset, r.shape) for r in plan.regions(tensor=os_, dst_rank=rank)]
+        assert boxes == [((0, 4 * rank), (5, 4))]
+    back = reshard.Manifest.from_json(dst.to_json())
+    assert back.digest() == dst.digest()
+    with pytest.raises(ferry.Error) as e:
+        reshard.build(model, "tp:3").quantize()
+    assert "l.q_proj.weight" in str(e.value) and "worker 0" in str(e.value)
+    assert "row 342" in str(e.value) and e.value.code == -22
+    with pytest.raises(ferry.Error) as e:
+        reshard.Plan(reshard.build(model, "replicated"), dst)
+    assert "quantized the same way" in str(e.value)
+    custom = reshard.build(model, "replicated").quantize(
+        exclude="*norm*,*o_proj*", scale_name="%s.scale", block=(64, 32), scale_format="ue8m0")
+    s = custom.find_tensor("l.q_proj.weight.scale")
+    assert custom.tensor(s)[3] == (16, 19)
+    assert custom.tensor_quant(s)["scale_format"] == "ue8m0"
+    assert custom.tensor_quant(custom.find_tensor("l.o_proj.weight")) is None
+    with pytest.raises(ValueError):
+        src.quantize(scale_format="e8m0")

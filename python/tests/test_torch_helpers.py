@@ -127,6 +127,58 @@ def test_publish_from_tp_shards(cluster, store):
             s.close()
 
 
+def test_publish_module_plan_reused_and_renewed(cluster, store):
+    """A rank's placement and views are made once and reused while its
+    tensors stay the same (in-place optimizer steps are published, the
+    row-parallel boxes copied afresh each time); a re-bound parameter makes
+    a new plan, and its new values are what is published."""
+    model = gm.GPT()
+    full = lambda: {n: p.detach().clone() for n, p in model.named_parameters()}   # noqa: E731
+    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    placement = ft.build_layout("reuse", [(n, s, "f32") for n, s in shapes.items()], "tp:2")
+    boxes = {}
+    for i in range(placement.fragment_count):
+        f = placement.fragment(i)
+        if f["rank"] == 1:
+            boxes[placement.tensor(f["tensor"])[0]] = (f["offset"], f["shape"])
+
+    def cut(t, n):
+        v = t
+        for d, (o, k) in enumerate(zip(*boxes[n])):
+            v = v.narrow(d, o, k)
+        return v
+
+    sharded = {n: cut(p.detach(), n).clone() for n, p in model.named_parameters()}
+    stores = [cluster.store() for _ in range(2)]
+    try:
+        pubs = [ferry.WeightPublisher(stores[r], "reuse", r, 2) for r in range(2)]
+
+        def publish(gen):
+            _, err = _threads([lambda: ft.publish_module(pubs[0], gen, model, layout="tp:2"),
+                               lambda: ft.publish_module(pubs[1], gen, sharded, layout="tp:2", shapes=shapes)])
+            assert err == [None, None], err
+            got, want = _full(store, "reuse"), full()
+            for n in want:
+                assert torch.equal(got[n], want[n]), (gen, n)
+
+        publish(1)
+        plans = [p._module_plan for p in pubs]
+        with torch.no_grad():                       # an optimizer step, in place, on both ranks
+            for n, p in model.named_parameters():
+                p.add_(1.0)
+                sharded[n].copy_(cut(p.detach(), n))
+        publish(2)
+        assert [p._module_plan for p in pubs] == plans and pubs[0]._module_plan is plans[0]   # reused
+        name, param = next(iter(model.named_parameters()))
+        param.data = param.data * 3.0 + 0.5         # re-bound: new storage
+        sharded[name] = cut(param.detach(), name).clone()
+        publish(3)
+        assert pubs[0]._module_plan is not plans[0] and pubs[1]._module_plan is not plans[1]
+    finally:
+        for s in stores:
+            s.close()
+
+
 def test_publish_shards_refusals(cluster, store):
     """A buffer of the wrong size, another rank's fragment, a dtype that is
     not the tensor's: every rank raises the one message, nothing is

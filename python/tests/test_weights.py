@@ -3,6 +3,7 @@ node` started for this module (FERRY_BIN, default build/ferry). Trainer ranks
 and rollout workers are threads, each with its own ferry.Store; the
 compatibility group's workers are processes (multiprocessing, spawn)."""
 
+import errno
 import multiprocessing
 import os
 import queue
@@ -413,7 +414,7 @@ def test_update_direct_tp_halves_padded(store, plain):
     wrong = np.zeros((7, 5), np.float16)
     with pytest.raises(ferry.Error) as e:
         weights.update_direct(store, "plain", [("layers.0.w", (0, 0), wrong)])
-    assert "layers.0.w" in str(e.value) and not wrong.any()
+    assert "layers.0.w" in str(e.value) and "2-byte elements" in str(e.value) and not wrong.any()
     with pytest.raises(ValueError):
         weights.update_direct(store, "plain", [("layers.0.w", (0, 0), np.zeros((7, 5), np.float32)[::-1])])
 
@@ -474,6 +475,34 @@ def test_subscriber_dp2(cluster, store, rollout):
         for t, a in zip(tensors, arrays[r]):
             assert np.array_equal(a, _expected(t, "bf16")[1]), (r, t[0])
     assert not pad[:, 5:].any()
+
+
+def test_subscriber_wrong_element_size_fails_the_group(cluster, store, rollout):
+    """A member whose array has another element size than the published
+    dtype is refused at prepare (the update checks it against the manifest
+    it loads itself), and the other member hears of it at once instead of
+    timing out; nothing is written on either."""
+    m = weights.manifest(store, "rollout")
+    arrays = [[np.zeros(e["shape"], weights.numpy_dtype(e["dtype"])) for e in m] for _ in range(2)]
+    arrays[1][0] = np.zeros(m[0]["shape"], np.float32)          # bf16 published: 2-byte elements
+
+    def worker(r, barrier):
+        with cluster.store() as s:
+            shards = [(e["name"], (0,) * len(e["shape"]), a) for e, a in zip(m, arrays[r])]
+            with ferry.WeightSubscriber(s, "rollout", "esize", r, 2, shards, timeout_ms=TIMEOUT_MS) as sub:
+                barrier.wait()
+                t0 = time.monotonic()
+                with pytest.raises(ferry.Error) as e:
+                    sub.update()
+                return str(e.value), e.value.code, time.monotonic() - t0, sub.generation
+
+    got = _raise_any(_run_ranks(2, worker))
+    assert got[1][1] == -errno.EINVAL
+    assert f"tensor {m[0]['name']}: the shard's buffer holds 4-byte elements" in got[1][0]
+    assert "worker 1" in got[0][0] and "nothing was written" in got[0][0], got[0][0]
+    assert all(g[3] == 0 for g in got)
+    assert all(g[2] < TIMEOUT_MS / 1000 for g in got)            # told, not timed out
+    assert not any(a.any() for arrs in arrays for a in arrs)
 
 
 # ---- elastic subscriber group (world=0: the membership lives in the store) -----------------------

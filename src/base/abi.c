@@ -37,6 +37,8 @@ PIN(ferry_split, 216);
 PIN(ferry_packed, 24);
 PIN(ferry_model_tensor, 104);
 PIN(ferry_layout, 28);
+PIN(ferry_quant_rules, 160);
+PIN(ferry_tensor_quant, 120);
 PIN(ferry_plan_options, 88);
 PIN(ferry_plan_stats, 192);
 PIN(ferry_region, 176);

@@ -300,6 +300,59 @@ static int blocks_args(const char *what, const ferry_fp8_options *in, ferry_fp8_
 
 static size_t blocks_of(size_t n, uint32_t b) { return n / b + (n % b != 0); }
 
+/* The block driver walks a strip of block rows in tiles: as many whole
+ * blocks side by side as fit FP8_TILE_BYTES of source (at most
+ * FP8_TILE_BLOCKS), which for the usual widths is the whole strip: rows
+ * read from first column to last, one after the other in memory, so the
+ * hardware prefetcher streams them (block by block, each row was a few
+ * lines in its own page, too short for it: 0.65 of memcpy; tiles of
+ * 256 KiB, L2-sized but with 2 KiB row pieces, ran at 0.51). The first
+ * pass takes the blocks' amax row by row, the second quantizes the tile
+ * again, from cache (docs/weights.md, "Paths"). */
+#define FP8_TILE_BYTES (4u << 20)
+#define FP8_TILE_BLOCKS 256u
+
+typedef struct fp8_strip {
+    fr_fp8_amax_fn *amax;
+    fr_fp8_quant_fn *quant;
+    const fr_fp8_fmt *f;
+    int scale_format;
+    size_t es, src_stride, dst_stride;   /* bytes per source element; strides in elements */
+    uint32_t bc;                         /* block columns */
+} fp8_strip;
+
+/* One strip of nr rows (s, d at its first row), every column; scales gets
+ * its blocks' scales in order. */
+static void quant_strip(const fp8_strip *k, const uint8_t *s, uint8_t *d, size_t nr,
+                        size_t cols, float *scales)
+{
+    size_t per = FP8_TILE_BYTES / (nr * k->bc * k->es);
+    per = per < 1 ? 1 : per > FP8_TILE_BLOCKS ? FP8_TILE_BLOCKS : per;
+    for (size_t c0 = 0, b0 = 0; c0 < cols; c0 += per * k->bc, b0 += per) {
+        size_t w = cols - c0 < per * k->bc ? cols - c0 : per * k->bc;
+        size_t nb = w / k->bc + (w % k->bc != 0);
+        uint32_t amax[FP8_TILE_BLOCKS] = { 0 };
+        float mul[FP8_TILE_BLOCKS];
+        for (size_t r = 0; r < nr; r++) {
+            const uint8_t *row = s + (r * k->src_stride + c0) * k->es;
+            for (size_t b = 0, c = 0; b < nb; b++, c += k->bc) {
+                uint32_t m = k->amax(row + c * k->es, w - c < k->bc ? w - c : k->bc);
+                amax[b] = m > amax[b] ? m : amax[b];
+            }
+        }
+        for (size_t b = 0; b < nb; b++) {
+            scales[b0 + b] = fr_fp8_block_scale(amax[b], k->f, k->scale_format);
+            mul[b] = 1.0f / scales[b0 + b];
+        }
+        for (size_t r = 0; r < nr; r++) {
+            const uint8_t *row = s + (r * k->src_stride + c0) * k->es;
+            uint8_t *out = d + r * k->dst_stride + c0;
+            for (size_t b = 0, c = 0; b < nb; b++, c += k->bc)
+                k->quant(row + c * k->es, out + c, w - c < k->bc ? w - c : k->bc, mul[b], k->f);
+        }
+    }
+}
+
 int ferry_quantize_fp8_blocks(const void *src, const char *src_dtype, size_t src_stride,
                               void *dst, const char *dst_dtype, size_t dst_stride, size_t rows,
                               size_t cols, float *scales, const ferry_fp8_options *opt,
@@ -315,35 +368,14 @@ int ferry_quantize_fp8_blocks(const void *src, const char *src_dtype, size_t src
     if (rc < 0 || !rows || !cols)
         return rc;
     const fr_fp8_ops *ops = fp8_ops_of(FR_CONV_AUTO);
-    const uint8_t *s = src;
-    uint8_t *d = dst;
-    size_t es = esize(st), ncb = blocks_of(cols, o.block_cols);
-    /* block by block: its rows are read twice (amax, then quantize), the
-     * second time from cache */
+    const fp8_strip k = { ops->amax[st - 1], ops->quant[st - 1], f, (int)o.scale_format,
+                          esize(st), src_stride, dst_stride, o.block_cols };
+    size_t ncb = blocks_of(cols, o.block_cols);
     for (size_t r0 = 0; r0 < rows; r0 += o.block_rows) {
         size_t nr = rows - r0 < o.block_rows ? rows - r0 : o.block_rows;
-        for (size_t c0 = 0; c0 < cols; c0 += o.block_cols) {
-            size_t nc = cols - c0 < o.block_cols ? cols - c0 : o.block_cols;
-            /* the next block's rows are in as many pages as rows, each
-             * read for a few lines only: too short for the hardware
-             * prefetcher, so they are asked for while this one's amax runs */
-            size_t pc = c0 + o.block_cols < cols ? c0 + o.block_cols : 0;
-            size_t pr = pc ? r0 : r0 + o.block_rows, pn = pc ? cols - pc : cols;
-            pn = (pn < o.block_cols ? pn : o.block_cols) * es;
-            uint32_t amax = 0;
-            for (size_t r = r0; r < r0 + nr; r++) {
-                uint32_t m = ops->amax[st - 1](s + (r * src_stride + c0) * es, nc);
-                amax = m > amax ? m : amax;
-                if (pr + (r - r0) < rows)
-                    for (size_t b = 0; b < pn; b += 64)
-                        __builtin_prefetch(s + ((pr + r - r0) * src_stride + pc) * es + b);
-            }
-            float scale = fr_fp8_block_scale(amax, f, (int)o.scale_format), mul = 1.0f / scale;
-            for (size_t r = r0; r < r0 + nr; r++)
-                ops->quant[st - 1](s + (r * src_stride + c0) * es, d + r * dst_stride + c0, nc,
-                                   mul, f);
-            scales[r0 / o.block_rows * ncb + c0 / o.block_cols] = scale;
-        }
+        quant_strip(&k, (const uint8_t *)src + r0 * src_stride * k.es,
+                    (uint8_t *)dst + r0 * dst_stride, nr, cols,
+                    scales + r0 / o.block_rows * ncb);
     }
     return 0;
 }

@@ -2,17 +2,20 @@
  * asking the CPU). Each computes exactly the scalar reference
  * (fr_fp8_from_f32_bits of the f32 product), which the tests check bit for
  * bit:
- *   - the product x * mul is the same IEEE f32 multiplication;
+ *   - the product p = x * mul is the same IEEE f32 multiplication;
+ *   - |p| is clamped to the largest finite in the f32 domain (a min that
+ *     keeps a NaN: infinities and everything above saturate), then to the
+ *     bits of the NaN code (sign | 0x7f) in the integer domain, which only
+ *     a NaN reaches;
  *   - normal results: the reference's integer rounding, (a + half - 1 -
- *     bias offset + lsb) >> (23 - man), then an unsigned min with the
- *     largest code, which saturates because the rounding is monotone in a
- *     (infinities included);
+ *     bias offset + lsb) >> (23 - man), which for the clamped values gives
+ *     the largest code and the NaN code exactly;
  *   - subnormal results: |p| + 2^k, with 2^k's ulp the smallest subnormal,
  *     rounds |p| to a multiple of it, ties to even, in one f32 addition
  *     (exact in the default round-to-nearest mode; an f32 subnormal |p|,
  *     read as 0 under DAZ, rounds to 0 either way); minus 2^k's bits is the
  *     code, 8 or 4 (the smallest normal) included;
- *   - NaN lanes: the code ORed with 0x7f; the sign from the product.
+ *   - the sign from the product, ORed in as 0x80.
  * amax: |x| + the f32 (bf16, f16) smallest normal's bits turns every
  * infinity and NaN negative as a signed integer, so a signed max leaves
  * them out (finite values stay ordered by their bits).
@@ -31,6 +34,9 @@
 #define MAGIC(man) ((man) == 3 ? 141u << 23 : 134u << 23)
 #define MAXC(man) ((man) == 3 ? 0x7eu : 0x7bu)
 #define ROUND(man) ((1u << (22 - (man))) - 1 - OFF(man))
+#define MAXF(man) ((man) == 3 ? 448.0f : 57344.0f)
+/* the f32 bits whose rounding is the NaN code 0x7f: above every clamped finite */
+#define NANB(man) ((0x7fu << (23 - (man))) + OFF(man))
 
 /* ---- AVX2 -------------------------------------------------------------------------------- */
 
@@ -39,20 +45,24 @@
 T_AVX2 INLINE __m256i fp8_of8(__m256 x, __m256 mul, const int man)
 {
     const int sh = 23 - man;
-    __m256i u = _mm256_castps_si256(_mm256_mul_ps(x, mul));
-    __m256i a = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
+    __m256 p = _mm256_mul_ps(x, mul);
+    __m256 ab = _mm256_and_ps(p, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
+    ab = _mm256_min_ps(_mm256_set1_ps(MAXF(man)), ab);   /* a NaN (the second operand) stays */
+    __m256i a = _mm256_min_epu32(_mm256_castps_si256(ab), _mm256_set1_epi32((int)NANB(man)));
     __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(a, sh), _mm256_set1_epi32(1));
     __m256i qn = _mm256_add_epi32(_mm256_add_epi32(a, _mm256_set1_epi32((int)ROUND(man))), lsb);
-    qn = _mm256_min_epu32(_mm256_srli_epi32(qn, sh), _mm256_set1_epi32((int)MAXC(man)));
+    qn = _mm256_srli_epi32(qn, sh);
     __m256i magic = _mm256_set1_epi32((int)MAGIC(man));
     __m256i qs = _mm256_sub_epi32(
         _mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(magic))),
         magic);
-    __m256i sub = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(OFF(man) + (1u << 23))), a);
-    __m256i q = _mm256_blendv_epi8(qn, qs, sub);
-    __m256i nan = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7f800000));
-    q = _mm256_or_si256(q, _mm256_and_si256(nan, _mm256_set1_epi32(0x7f)));
-    return _mm256_or_si256(q, _mm256_and_si256(_mm256_srli_epi32(u, 24), _mm256_set1_epi32(0x80)));
+    /* a - the smallest normal's bits is negative (sign bit set) for a subnormal result */
+    __m256 sub = _mm256_castsi256_ps(
+        _mm256_sub_epi32(a, _mm256_set1_epi32((int)(OFF(man) + (1u << 23)))));
+    __m256 q = _mm256_blendv_ps(_mm256_castsi256_ps(qn), _mm256_castsi256_ps(qs), sub);
+    /* the sign: blendv takes p's sign bit */
+    __m256 qneg = _mm256_or_ps(q, _mm256_castsi256_ps(_mm256_set1_epi32(0x80)));
+    return _mm256_castps_si256(_mm256_blendv_ps(q, qneg, p));
 }
 
 /* 4 x 8 codes (each <= 0xff in a 32-bit lane) as 32 bytes in order: the
@@ -161,21 +171,21 @@ const fr_fp8_ops fr_fp8_avx2_ops = { { avx2_quant_f32, avx2_quant_bf16, avx2_qua
 T_AVX512 INLINE __m128i fp8_of16(__m512 x, __m512 mul, const int man)
 {
     const int sh = 23 - man;
-    __m512i u = _mm512_castps_si512(_mm512_mul_ps(x, mul));
-    __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
-    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(a, sh), _mm512_set1_epi32(1));
-    __m512i qn = _mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32((int)ROUND(man))), lsb);
-    qn = _mm512_min_epu32(_mm512_srli_epi32(qn, sh), _mm512_set1_epi32((int)MAXC(man)));
+    __m512 p = _mm512_mul_ps(x, mul);
+    __m512 ab = _mm512_castsi512_ps(
+        _mm512_and_si512(_mm512_castps_si512(p), _mm512_set1_epi32(0x7fffffff)));
+    ab = _mm512_min_ps(_mm512_set1_ps(MAXF(man)), ab);   /* a NaN (the second operand) stays */
+    __m512i a = _mm512_min_epu32(_mm512_castps_si512(ab), _mm512_set1_epi32((int)NANB(man)));
+    __mmask16 odd = _mm512_test_epi32_mask(a, _mm512_set1_epi32(1 << sh));
+    __m512i q = _mm512_add_epi32(a, _mm512_set1_epi32((int)ROUND(man)));
+    q = _mm512_srli_epi32(_mm512_mask_add_epi32(q, odd, q, _mm512_set1_epi32(1)), sh);
     __m512i magic = _mm512_set1_epi32((int)MAGIC(man));
-    __m512i qs = _mm512_sub_epi32(
-        _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(magic))),
-        magic);
     __mmask16 sub = _mm512_cmplt_epu32_mask(a, _mm512_set1_epi32((int)(OFF(man) + (1u << 23))));
-    __m512i q = _mm512_mask_mov_epi32(qn, sub, qs);
-    __mmask16 nan = _mm512_cmpgt_epu32_mask(a, _mm512_set1_epi32(0x7f800000));
-    q = _mm512_mask_or_epi32(q, nan, q, _mm512_set1_epi32(0x7f));
-    /* q | (u >> 24 & 0x80) */
-    q = _mm512_ternarylogic_epi32(q, _mm512_srli_epi32(u, 24), _mm512_set1_epi32(0x80), 0xf8);
+    __m512i qs =
+        _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(magic)));
+    q = _mm512_mask_sub_epi32(q, sub, qs, magic);
+    __mmask16 neg = _mm512_cmplt_epi32_mask(_mm512_castps_si512(p), _mm512_setzero_si512());
+    q = _mm512_mask_or_epi32(q, neg, q, _mm512_set1_epi32(0x80));
     return _mm512_cvtepi32_epi8(q);
 }
 

@@ -117,6 +117,21 @@ int ferry_manifest_digest(ferry_manifest *m, uint8_t out[16])
     enc_u64(e, m->ngroups);
     for (size_t g = 0; g < m->ngroups; g++)
         enc_group(e, m, &m->groups[g]);
+    /* block quantization, only where there is some: the digests of
+     * manifests without it stay what they were */
+    for (size_t i = 0; i < m->ntensors; i++) {
+        const fr_tensor *t = &m->tensors[i];
+        if (!t->qrole)
+            continue;
+        enc_str(e, "quant");
+        enc_u64(e, i);
+        enc_u64(e, t->qrole);
+        enc_u64(e, t->qpartner);
+        enc_u64(e, t->qblock[0]);
+        enc_u64(e, t->qblock[1]);
+        enc_u64(e, t->qformat);
+        enc_str(e, t->qdtype);
+    }
     enc_done(e, m->digest);
     fr_free(e);
     m->digest_valid = true;

@@ -253,6 +253,15 @@ static void commit_group(ferry_manifest *m, fr_group *g)
     m->digest_valid = false;
 }
 
+/* A quantized tensor's fragments and its scale tensor's are made together
+ * by ferry_manifest_quantize, blocks checked: nothing is added to them. */
+static int quantized_fixed(const fr_tensor *t, ferry_error *err)
+{
+    return fr_fail(err, FERRY_ESTATE, "tensor '%s': %s: its fragments are fixed by "
+                   "ferry_manifest_quantize", t->name,
+                   t->qrole == FERRY_QUANT_WEIGHT ? "stored in FP8 blocks" : "a scale tensor");
+}
+
 int ferry_manifest_add_fragment(ferry_manifest *m, const ferry_fragment *f, ferry_error *err)
 {
     if (!m || !f)
@@ -266,6 +275,8 @@ int ferry_manifest_add_fragment(ferry_manifest *m, const ferry_fragment *f, ferr
                        (unsigned long long)id, f->tensor, m->ntensors);
     const fr_tensor *t = &m->tensors[f->tensor];
     char b1[200], b2[200];
+    if (t->qrole)
+        return quantized_fixed(t, err);
     if (f->rank >= m->nranks)
         return fr_fail(err, FERRY_EINVAL, "tensor '%s': fragment %llu: rank %u outside the topology (%u ranks)",
                        t->name, (unsigned long long)id, f->rank, m->nranks);
@@ -353,6 +364,8 @@ int ferry_manifest_add_split(ferry_manifest *m, const ferry_split *s, ferry_erro
                        (unsigned long long)id, s->tensor, m->ntensors);
     const fr_tensor *t = &m->tensors[s->tensor];
     char b1[200], b2[200];
+    if (t->qrole)
+        return quantized_fixed(t, err);
     uint64_t off[FR_MAXD], ext[FR_MAXD], chunk[FR_MAXD], parts[FR_MAXD], rstride[FR_MAXD];
     uint64_t cells = 1, maxrank = s->rank, x;
     for (uint32_t d = 0; d < t->ndim; d++) {

@@ -241,9 +241,58 @@ static int read_fragment(rd *r, ferry_manifest *m, const json_t *j)
     return ferry_manifest_add_fragment(m, &f, r->err);
 }
 
+/* "quantize": the manifest read so far is the layout before; the named
+ * tensors are quantized with the scale tensors named (quant.c). */
+static int read_quantize(rd *r, const ferry_manifest *m, const json_t *j, ferry_manifest **out)
+{
+    static const char *const keys[] = {"dtype", "block", "scale_format", "tensors", NULL};
+    static const char *const tkeys[] = {"name", "scale", NULL};
+    if (!json_is_object(j))
+        return bad(r, "%s", "must be an object");
+    int rc = only_keys(r, j, keys);
+    if (rc < 0)
+        return rc;
+    fr_quant_spec q = { .dtype = json_string_value(json_object_get(j, "dtype")) };
+    const char *fmt = json_string_value(json_object_get(j, "scale_format"));
+    const json_t *ts = json_object_get(j, "tensors");
+    uint64_t block[2];
+    if (!q.dtype || !fmt || !json_is_array(ts))
+        return bad(r, "%s", "'dtype' and 'scale_format' must be strings, 'tensors' an array");
+    if ((rc = get_dims(r, j, "block", true, 2, block, NULL, NULL)) < 0)
+        return rc;
+    if (block[0] > UINT32_MAX || block[1] > UINT32_MAX)
+        return bad(r, "%s", "'block' out of range");
+    q.block[0] = (uint32_t)block[0], q.block[1] = (uint32_t)block[1];
+    if (strcmp(fmt, "f32") && strcmp(fmt, "ue8m0"))
+        return bad(r, "%s", "'scale_format' must be \"f32\" or \"ue8m0\"");
+    q.format = strcmp(fmt, "f32") ? FERRY_FP8_SCALE_UE8M0 : FERRY_FP8_SCALE_F32;
+    size_t n = ferry_manifest_tensor_count(m);
+    const char **names = calloc(n ? n : 1, sizeof *names);
+    if (!names)
+        return fr_fail(r->err, FERRY_ENOMEM, "out of memory");
+    for (size_t i = 0; i < json_array_size(ts) && rc >= 0; i++) {
+        const json_t *t = json_array_get(ts, i);
+        const char *name = json_string_value(json_object_get(t, "name"));
+        const char *scale = json_string_value(json_object_get(t, "scale"));
+        int idx = name ? ferry_manifest_find_tensor(m, name) : -1;
+        if (!json_is_object(t) || (rc = only_keys(r, t, tkeys)) < 0)
+            rc = rc < 0 ? rc : bad(r, "%s", "'tensors' holds objects");
+        else if (!scale || idx < 0 || names[idx])
+            rc = bad(r, "tensor '%s' is not a tensor of the manifest, is listed twice or has no "
+                     "'scale'", name ? name : "(null)");
+        else
+            names[idx] = scale;
+    }
+    if (rc >= 0)
+        rc = fr_manifest_quantize(m, &q, names, out, r->err);
+    free(names);
+    return rc;
+}
+
 static int from_json(const json_t *root, ferry_manifest **out, ferry_error *err)
 {
-    static const char *const keys[] = {"format", "version", "topology", "tensors", "fragments", NULL};
+    static const char *const keys[] = {"format", "version", "topology", "tensors", "fragments",
+                                       "quantize", NULL};
     rd r = {err, "root"};
     char where[64];
     if (!json_is_object(root))
@@ -274,6 +323,14 @@ static int from_json(const json_t *root, ferry_manifest **out, ferry_error *err)
         snprintf(where, sizeof where, "fragments[%zu]", i);
         r.where = where;
         rc = read_fragment(&r, m, json_array_get(frags, i));
+    }
+    const json_t *quant = json_object_get(root, "quantize");
+    if (rc >= 0 && quant) {
+        r.where = "quantize";
+        ferry_manifest *q = NULL;
+        rc = read_quantize(&r, m, quant, &q);
+        ferry_manifest_close(m);
+        m = q;
     }
     if (rc < 0) {
         ferry_manifest_close(m);
@@ -430,6 +487,31 @@ static void write_group(sb *b, const ferry_manifest *m, const fr_group *g)
     sb_puts(b, "}}");
 }
 
+static void write_quantize(sb *b, const ferry_manifest *m)
+{
+    fr_quant_spec q;
+    if (!fr_manifest_quant_spec(m, &q))
+        return;
+    sb_puts(b, ",\n\"quantize\":{\"dtype\":");
+    sb_str(b, q.dtype);
+    uint64_t block[2] = { q.block[0], q.block[1] };
+    sb_dims(b, "block", block, 2);
+    sb_puts(b, ",\"scale_format\":");
+    sb_str(b, q.format == FERRY_FP8_SCALE_UE8M0 ? "ue8m0" : "f32");
+    sb_puts(b, ",\"tensors\":[");
+    for (size_t i = 0, k = 0; i < m->ntensors; i++) {
+        const fr_tensor *t = &m->tensors[i];
+        if (t->qrole != FERRY_QUANT_WEIGHT)
+            continue;
+        sb_puts(b, k++ ? ",\n{\"name\":" : "\n{\"name\":");
+        sb_str(b, t->name);
+        sb_puts(b, ",\"scale\":");
+        sb_str(b, m->tensors[t->qpartner].name);
+        sb_puts(b, "}");
+    }
+    sb_puts(b, "]}");
+}
+
 char *ferry_manifest_to_json(const ferry_manifest *m)
 {
     if (!m)
@@ -450,22 +532,32 @@ char *ferry_manifest_to_json(const ferry_manifest *m)
         sb_puts(&b, "]");
     }
     sb_puts(&b, "},\n\"tensors\":[");
-    for (size_t i = 0; i < m->ntensors; i++) {
+    /* a quantized layout: the layout before, and "quantize" (the scale
+     * tensors come after every other tensor, their fragments after every
+     * other fragment: ferry_manifest_quantize derives them again) */
+    for (size_t i = 0, k = 0; i < m->ntensors; i++) {
         const fr_tensor *t = &m->tensors[i];
-        sb_puts(&b, i ? ",\n{\"name\":" : "\n{\"name\":");
+        if (t->qrole == FERRY_QUANT_SCALE)
+            continue;
+        const char *dtype = t->qrole == FERRY_QUANT_WEIGHT ? t->qfrom : t->dtype;
+        sb_puts(&b, k++ ? ",\n{\"name\":" : "\n{\"name\":");
         sb_str(&b, t->name);
         sb_puts(&b, ",\"dtype\":");
-        sb_str(&b, t->dtype);
-        sb_kv(&b, "itemsize", t->itemsize);
+        sb_str(&b, dtype);
+        sb_kv(&b, "itemsize", ferry_dtype_size(dtype));
         sb_dims(&b, "shape", t->shape, t->ndim);
         sb_puts(&b, "}");
     }
     sb_puts(&b, "],\n\"fragments\":[");
-    for (size_t g = 0; g < m->ngroups; g++) {
-        sb_puts(&b, g ? ",\n" : "\n");
+    for (size_t g = 0, k = 0; g < m->ngroups; g++) {
+        if (m->tensors[m->groups[g].tensor].qrole == FERRY_QUANT_SCALE)
+            continue;
+        sb_puts(&b, k++ ? ",\n" : "\n");
         write_group(&b, m, &m->groups[g]);
     }
-    sb_puts(&b, "]}\n");
+    sb_puts(&b, "]");
+    write_quantize(&b, m);
+    sb_puts(&b, "}\n");
     if (b.oom) {
         free(b.p);
         return NULL;

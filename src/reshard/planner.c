@@ -367,6 +367,8 @@ static int match_tensor(planner *pl, uint32_t ti, int64_t *si)
                        t->name);
     const fr_tensor *s = &pl->s->tensors[*si];
     char b1[200], b2[200];
+    if (fr_quant_agree(s, t, pl->err) < 0)
+        return FERRY_EINVAL;
     if (strcmp(s->dtype, t->dtype) || s->itemsize != t->itemsize)
         return fr_fail(pl->err, FERRY_EINVAL, "tensor '%s': dtype %s (itemsize %u) in the source, %s (itemsize %u) in the target",
                        t->name, s->dtype, s->itemsize, t->dtype, t->itemsize);

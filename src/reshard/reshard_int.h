@@ -35,6 +35,13 @@ typedef struct fr_tensor {
     uint32_t itemsize, ndim;
     uint64_t shape[FR_MAXD];
     uint64_t elems;
+    /* block quantization (ferry_manifest_quantize): enum ferry_quant_role,
+     * the partner tensor, the blocks, the scale format and the FP8 type */
+    uint32_t qrole, qpartner;
+    uint32_t qblock[2];
+    uint32_t qformat;
+    char qdtype[FERRY_DTYPE_MAX];
+    char qfrom[FERRY_DTYPE_MAX];   /* a quantized weight's dtype before */
 } fr_tensor;
 
 /* A group: a regular grid of pieces over one box (a single fragment is a
@@ -107,6 +114,26 @@ static inline uint32_t fr_node_of(const ferry_manifest *m, uint32_t rank)
 {
     return m->nodes[rank];
 }
+
+/* ---- block quantization (quant.c) -------------------------------------- */
+/* The rules of a quantization, resolved: what the JSON form records. */
+typedef struct fr_quant_spec {
+    const char *dtype, *include, *exclude, *scale_name;
+    uint32_t block[2];
+    uint32_t format;
+} fr_quant_spec;
+/* ferry_manifest_quantize with the tensors to quantize and their scale
+ * tensors' names given by names[i] (one per tensor of m; NULL: not
+ * quantized) rather than by the spec's name rules (include, exclude and
+ * scale_name unused); the rest of the spec is checked as the rules are. */
+int fr_manifest_quantize(const ferry_manifest *m, const fr_quant_spec *q,
+                         const char *const *names, ferry_manifest **out, ferry_error *err);
+/* The spec a quantized manifest was made with (its first quantized
+ * weight's); false when m has none. */
+bool fr_manifest_quant_spec(const ferry_manifest *m, fr_quant_spec *q);
+/* Whether source tensor s and target tensor t (same name) are stored the
+ * same way; a failure names the tensor and says what differs. */
+int fr_quant_agree(const fr_tensor *s, const fr_tensor *t, ferry_error *err);
 
 /* ---- digests ----------------------------------------------------------- */
 int fr_topology_pair_digest(const ferry_manifest *a, const ferry_manifest *b, uint8_t out[16]);

@@ -239,6 +239,10 @@ int fr_rl_shard_check(const ferry_param_shard *p, const ferry_tensor_desc *d, ui
     bool strided = false, empty = false;
     uint64_t n = 1, last = 0;
     uint32_t nd = p->ndim < d->ndim ? p->ndim : d->ndim;
+    if (p->elem_bytes && p->elem_bytes != d->itemsize)
+        return fr_fail(err, FERRY_EINVAL, "tensor %s: the shard's buffer holds %" PRIu64 "-byte "
+                       "elements; the published dtype %s has %u-byte ones", d->name,
+                       p->elem_bytes, d->dtype, d->itemsize);
     for (uint32_t k = 0; k < nd; k++) {
         strided |= p->strides[k] != 0;
         empty |= p->shape[k] == 0;

@@ -367,7 +367,8 @@ int fr_rl_publish(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
         st = &local;
     memset(st, 0, sizeof *st);
     if (!config_ok(s, c, gen) || !c->rank_node || (n && !t))
-        return fr_fail(err, FERRY_EINVAL, "publish: bad arguments (model, rank, world, generation)");
+        return fr_fail(err, FERRY_EINVAL, "publish: bad arguments (model, rank, world, generation, "
+                       "rank_node)");
     uint64_t f0 = fr_minor_faults(), t0 = fr_now_ns();
     ferry_manifest *pl = NULL;
     ferry_shard_data *data = NULL;
@@ -413,7 +414,8 @@ int ferry_publish_abort(ferry_store *s, const ferry_publisher_config *c, uint64_
                         const char *why, ferry_error *err)
 {
     if (!config_ok(s, c, gen))
-        return fr_fail(err, FERRY_EINVAL, "publish: bad arguments (model, rank, world, generation)");
+        return fr_fail(err, FERRY_EINVAL, "publish: bad arguments (model, rank, world, generation, "
+                       "rank_node)");
     ferry_publish_stats st = {0};
     char w[512];
     snprintf(w, sizeof w, "%s", why && *why ? why : "it gave up");

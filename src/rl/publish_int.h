@@ -30,6 +30,22 @@ int fr_rl_probe_put(ferry_store *s, const char *model, uint64_t gen, const char 
  * st->swept_generations. Best effort: failures leave work for the next. */
 void fr_rl_keep(ferry_store *s, const ferry_publisher_config *c, uint64_t gen, uint64_t prev,
                 ferry_publish_stats *st);
+/* A rank whose pieces find the segments full: remove the objects of the
+ * announced generations past the newest `keep` (history order, the rule of
+ * fr_rl_keep) that readers no longer lease. True when one of them still
+ * holds leased objects (waiting for its leases to lapse may free space). */
+bool fr_rl_reclaim(ferry_store *s, const ferry_publisher_config *c);
+
+/* A put that found the segments full (FERRY_ENOSPC) retries while this
+ * says so (publish_mine.c): fr_rl_reclaim, then again as leases lapse, for
+ * at most half of timeout_ms. Zero it before the first call. */
+typedef struct fr_space_wait {
+    uint64_t deadline;
+    long pause_ms;
+    int tries;
+    bool leased;
+} fr_space_wait;
+bool fr_pub_space_wait(ferry_store *s, const ferry_publisher_config *c, fr_space_wait *w);
 
 /* The placement of a publish of whole tensors (publish.c): each tensor cut
  * along dim 0 into pieces small against a rank's share, the pieces

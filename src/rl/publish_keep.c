@@ -168,3 +168,31 @@ void fr_rl_keep(ferry_store *s, const ferry_publisher_config *c, uint64_t gen, u
     /* Whatever the retired generations left is theirs to lose too. */
     sweep(s, c, gen, gens, ng, st);
 }
+
+bool fr_rl_reclaim(ferry_store *s, const ferry_publisher_config *c)
+{
+    char hk[FR_KEY_MAX];
+    fr_key_wk(hk, sizeof hk, c->model, 0, "history");
+    ferry_kv_value h = {0};
+    uint64_t gens[GENS_MAX];
+    size_t ng = 0;
+    if (ferry_kv_get(s, hk, &h, NULL) < 0)
+        return false;
+    for (char *p = h.val; *p && ng < GENS_MAX;) {
+        char *e;
+        uint64_t g = strtoull(p, &e, 10);
+        if (e == p)
+            break;
+        gens[ng++] = g;
+        p = e;
+    }
+    ferry_store_free(h.val);
+    qsort(gens, ng, sizeof *gens, cmp_u64);
+    /* The coordinator's next retention drops the keys and the listing of
+     * what is gone; only the objects matter for space. */
+    bool leased = false;
+    size_t keep = c->keep ? c->keep : 1;   /* never the active one */
+    for (size_t i = 0; i + keep < ng; i++)
+        leased |= !drop_objects(s, c->model, gens[i]);
+    return leased;
+}

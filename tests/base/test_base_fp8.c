@@ -179,7 +179,13 @@ static size_t special_values(float *v)
     const float fixed[] = { 0.0f, -0.0f, 448.0f, -448.0f, 464.0f, -464.0f, 463.99997f, 464.00003f,
                             57344.0f, 61440.0f, 61439.996f, 0x1p-9f, 0x1p-10f, 0x1p-16f,
                             0x1p-17f, 0x1p-126f, 0x1p-149f, -0x1p-149f, INFINITY, -INFINITY, NAN,
-                            -NAN, f_of(0x7f800001u), f_of(0xffbfffffu), 3.4e38f };
+                            -NAN, f_of(0x7f800001u), f_of(0xffbfffffu), 3.4e38f,
+                            /* the kernels clamp to the largest finite, then to the bits
+                             * that round to the NaN code (E4M3 480, E5M2 114688): those
+                             * values, their neighbours and NaN payloads either side */
+                            480.0f, -480.0f, 479.99997f, 480.00003f, 114688.0f, -114688.0f,
+                            114687.99f, 114688.01f, f_of(0x7f7fffffu), f_of(0xff7fffffu),
+                            f_of(0x7fffffffu), f_of(0xff800001u), f_of(0x7fc00001u) };
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
         v[n++] = fixed[i];
     for (size_t k = 0; k < 2; k++)
@@ -383,6 +389,10 @@ static void test_blocks(void **state)
             check_blocks(FR_FT_BF16, "bf16", k, rows, cols, ss, cols, 128, 128, u, (uint8_t *)h);
             check_blocks(FR_FT_F32, "f32", k, rows, cols, ss, cols, 1, 64, u, (uint8_t *)a);
             check_blocks(FR_FT_F32, "f32", k, 7, 5, 5, 5, 3, 2, u, (uint8_t *)a);
+            /* 501 blocks a row: more than one tile of the driver (at most
+             * 256 blocks side by side), the last tile and block partial */
+            check_blocks(FR_FT_F32, "f32", k, 40, 1001, 1001, 1003, 3, 2, u, (uint8_t *)a);
+            check_blocks(FR_FT_BF16, "bf16", k, 40, 1001, 1001, 1001, 3, 2, u, (uint8_t *)h);
         }
     /* the pinned facts: the zero block's scale, the NaN and the infinity */
     uint8_t *q = malloc(rows * cols);

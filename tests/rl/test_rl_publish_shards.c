@@ -420,8 +420,28 @@ static void test_binding_too_small(void **state)
     ferry_subscriber_close(sub);
     for (size_t i = 0; i < cap + 64; i++)
         assert_int_equal(buf[i], 0xa5);
-    /* The same binding with room for its box: updated. */
+    /* Room enough, but 4-byte elements said for a bf16 tensor: refused by
+     * the direct update and the subscriber's prepare alike, untouched. */
+    const char *esz = "tensor layers.2.weight: the shard's buffer holds 4-byte elements; the "
+                      "published dtype bf16 has 2-byte ones";
     sh.dst_bytes = cap;
+    sh.elem_bytes = 4;
+    memset(&err, 0, sizeof err);
+    assert_int_equal(ferry_weights_update_direct(f->s, "shards", &g, &sh, 1, NULL, &err),
+                     FERRY_EINVAL);
+    assert_non_null(strstr(err.msg, esz));
+    assert_int_equal(ferry_subscriber_open(f->s, &sc, &sh, 1, &sub, &err), 0);
+    memset(&err, 0, sizeof err);
+    assert_int_equal(ferry_subscriber_update(sub, &g, NULL, &err), FERRY_EINVAL);
+    fprintf(stderr, "subscriber, element size: %s\n", err.msg);
+    assert_non_null(strstr(err.msg, esz));
+    assert_int_equal(g, 0);
+    ferry_subscriber_close(sub);
+    for (size_t i = 0; i < cap + 64; i++)
+        assert_int_equal(buf[i], 0xa5);
+    /* The same binding with room for its box (and the right element size,
+     * or none said): updated. */
+    sh.elem_bytes = 2;
     assert_int_equal(ferry_subscriber_open(f->s, &sc, &sh, 1, &sub, &err), 0);
     assert_int_equal(ferry_subscriber_update(sub, &g, NULL, &err), 0);
     assert_int_equal(g, 1);
