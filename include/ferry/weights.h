@@ -786,7 +786,8 @@ typedef struct ferry_delta_stats {
  * of M generation G failed: rank R: <why>"): a rank whose pieces differ
  * from the layout of its snapshot (a tensor's name, dtype or shape, a
  * piece's box; reset its encoder and publish dense), a piece without
- * data, a rollout dtype other than f32/bf16/f16. A rank failing after
+ * data, a rollout dtype other than f32/bf16/f16, an encoder whose
+ * crossover or max_chain differs from rank 0's. A rank failing after
  * others stored: the generation is not announced; every live rank removes
  * what it stored; what a dead rank left (objects on the base generation)
  * is removed by the owners at the next publish (docs/sparse.md). The
