@@ -703,7 +703,8 @@ FERRY_API int ferry_delta_config_init(ferry_delta_config *cfg);
 
 /* A trainer rank's delta encoder: what this rank last published, in the
  * rollout dtype (its snapshot: one copy of the pieces it stores, the
- * bytes of its part of a dense generation), and the chain it is on. */
+ * bytes of its part of a dense generation), and the chain it is on. One
+ * call at a time on an encoder; encoders share nothing. */
 typedef struct ferry_delta_encoder ferry_delta_encoder;
 
 /* An encoder for rank pc->rank of pc->world publishing pc->model (the
