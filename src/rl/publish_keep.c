@@ -37,6 +37,16 @@ static void drop_keys(ferry_store *s, const ferry_publisher_config *c, uint64_t 
         (void)fr_key_wk_part(k, sizeof k, c->model, g, r);
         (void)ferry_kv_delete(s, k, 0, NULL, NULL);
     }
+    /* a delta publish's words (delta_publish.c) */
+    (void)fr_key_wk_delta(k, sizeof k, c->model, g, "decision", -1);
+    (void)ferry_kv_delete(s, k, 0, NULL, NULL);
+    for (uint32_t r = 0; r < c->world; r++) {
+        static const char *const stage[] = { "count", "exact", "stored" };
+        for (size_t i = 0; i < 3; i++) {
+            (void)fr_key_wk_delta(k, sizeof k, c->model, g, stage[i], r);
+            (void)ferry_kv_delete(s, k, 0, NULL, NULL);
+        }
+    }
 }
 
 /* Remove generation g's objects; true when none is left (leased ones stay). */
