@@ -7,6 +7,7 @@
 #include "base/base.h"
 #include "store/etcd_int.h"
 #include "store/ha_log.h"
+#include "store/store_int.h"
 
 /* The key of entry seq; seq UINT64_MAX: the end of the log's range. */
 static void entry_key(const fr_ha_elect *h, uint64_t seq, char *out, size_t cap)
@@ -105,5 +106,66 @@ int fr_ha_log_truncate(fr_ha_elect *h, int64_t epoch, uint64_t below, int64_t *d
      * every key until a compaction */
     if ((rc = fr_etcd_status(fr_ha_etcd(h), NULL, &rev, err)) == 0)
         rc = fr_etcd_compact(fr_ha_etcd(h), rev, err);
+    return rc;
+}
+
+typedef struct follow_ctx {
+    fr_meta *m;
+    uint64_t applied;
+    int rc;
+} follow_ctx;
+
+static int follow_one(void *ctx, uint64_t lsn, const uint8_t *rec, size_t len)
+{
+    (void)lsn;
+    follow_ctx *c = ctx;
+    int rc = fr_meta_replay(c->m, rec, len);
+    if (rc < 0) {
+        c->rc = rc;
+        return rc == FERRY_ENOMEM ? rc : FERRY_ECORRUPT;
+    }
+    c->applied++;
+    return 0;
+}
+
+int fr_ha_follow(fr_ha_elect *h, fr_meta *m, size_t max_entries, uint64_t *next_seq,
+                 uint64_t *next_lsn, uint64_t *applied, ferry_error *err)
+{
+    follow_ctx c = { .m = m };
+    size_t page = 64, done = 0;
+    int rc = 0;
+    while (rc == 0 && (max_entries == 0 || done < max_entries)) {
+        size_t want = max_entries && max_entries - done < page ? max_entries - done : page;
+        fr_ha_entry *v = NULL;
+        size_t n = 0;
+        if ((rc = fr_ha_log_read(h, *next_seq, want, &v, &n, err)) < 0)
+            break;
+        for (size_t i = 0; i < n && rc == 0; i++) {
+            if (v[i].seq != *next_seq) {
+                rc = fr_fail(err, FERRY_ECORRUPT, "ha log: entry %" PRIu64 " follows %" PRIu64
+                             " (entries missing: truncated past this standby?)", v[i].seq,
+                             *next_seq - 1);
+                break;
+            }
+            fr_wal_scan_result res;
+            rc = fr_wal_scan(v[i].data, v[i].len, *next_lsn, follow_one, &c, &res);
+            if (rc == 0 && res.valid_len != v[i].len)
+                rc = FERRY_ECORRUPT;
+            if (rc < 0) {
+                rc = fr_fail(err, rc == FERRY_ENOMEM ? rc : FERRY_ECORRUPT, "ha log: entry %"
+                             PRIu64 " does not apply at LSN %" PRIu64 "%s%s", v[i].seq,
+                             *next_lsn, c.rc ? ": " : "", c.rc ? fr_meta_errmsg(m) : "");
+                break;
+            }
+            *next_lsn = res.next_lsn;
+            (*next_seq)++;
+            done++;
+        }
+        fr_ha_entries_free(v, n);
+        if (n < want)
+            break;
+    }
+    if (applied)
+        *applied = c.applied;
     return rc;
 }

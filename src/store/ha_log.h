@@ -37,4 +37,17 @@ int fr_ha_log_read(fr_ha_elect *h, uint64_t from, size_t max, fr_ha_entry **out,
 int fr_ha_log_truncate(fr_ha_elect *h, int64_t epoch, uint64_t below, int64_t *deleted,
                        ferry_error *err);
 
+/* A standby keeping up (the hot standby): apply to m the log entries from
+ * *next_seq on, all those there are now (at most max_entries when it is
+ * not 0), each entry's frames walked as recovery walks a log file — the
+ * frames' LSNs continuing *next_lsn — and each record replayed into m
+ * (fr_meta_replay). Advances *next_seq and *next_lsn past the whole
+ * entries it applied; *applied (may be NULL): the records. FERRY_ECORRUPT
+ * for an entry that is not whole frames continuing the LSNs or holds a
+ * record that does not apply (m then holds that entry's records before
+ * it: a standby that gets this rebuilds from a snapshot). */
+struct fr_meta;
+int fr_ha_follow(fr_ha_elect *h, struct fr_meta *m, size_t max_entries, uint64_t *next_seq,
+                 uint64_t *next_lsn, uint64_t *applied, ferry_error *err);
+
 #endif
