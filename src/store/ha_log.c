@@ -169,3 +169,141 @@ int fr_ha_follow(fr_ha_elect *h, fr_meta *m, size_t max_entries, uint64_t *next_
         *applied = c.applied;
     return rc;
 }
+
+/* ---- snapshots --------------------------------------------------------------------------------- */
+
+typedef struct snap_w {
+    fr_ha_elect *h;
+    int64_t epoch;
+    uint64_t seq, lsn;          /* lsn: the frames' own numbering, 1.. */
+    uint8_t *buf;
+    size_t len, cap;
+    uint32_t chunks;
+    int rc;
+    ferry_error *err;
+} snap_w;
+
+static void snap_key(const fr_ha_elect *h, uint64_t seq, int64_t chunk, char *out, size_t cap)
+{
+    if (chunk < 0)
+        snprintf(out, cap, "ferry-ha/%s/snap/%020" PRIu64 "0", fr_ha_cluster(h), seq);  /* past seq's */
+    else
+        snprintf(out, cap, "ferry-ha/%s/snap/%020" PRIu64 "/%08" PRId64, fr_ha_cluster(h), seq, chunk);
+}
+
+static int snap_flush(snap_w *w)
+{
+    if (w->rc < 0 || w->len == 0)
+        return w->rc;
+    char k[200];
+    snap_key(w->h, w->seq, w->chunks, k, sizeof k);
+    int64_t cur = 0;
+    w->rc = fr_etcd_put_if(fr_ha_etcd(w->h), fr_ha_key(w->h), w->epoch, k, w->buf, w->len, 0, NULL,
+                           &cur, w->err);
+    w->chunks++;
+    w->len = 0;
+    return w->rc;
+}
+
+static int snap_rec(void *ctx, const uint8_t *rec, size_t len)
+{
+    snap_w *w = ctx;
+    size_t fl = len + FR_WAL_FRAME_HEAD + FR_WAL_FRAME_TAIL;
+    if (w->rc < 0)
+        return w->rc;
+    if (fl > FR_HA_LOG_ENTRY_MAX)
+        return w->rc = fr_fail(w->err, FERRY_EMSGSIZE, "ha snapshot: a record of %zu bytes", len);
+    if (w->len + fl > FR_HA_LOG_ENTRY_MAX && snap_flush(w) < 0)
+        return w->rc;
+    if (fr_grow((void **)&w->buf, &w->cap, w->len + fl, 1) < 0)
+        return w->rc = fr_fail(w->err, FERRY_ENOMEM, "ha snapshot: out of memory");
+    w->len += fr_wal_frame_encode(w->buf + w->len, w->lsn++, rec, len);
+    return 0;
+}
+
+static void snap_pointer_key(const fr_ha_elect *h, char *out, size_t cap)
+{
+    snprintf(out, cap, "ferry-ha/%s/snapshot", fr_ha_cluster(h));
+}
+
+int fr_ha_snapshot_put(fr_ha_elect *h, int64_t epoch, fr_meta *m, uint64_t seq, uint64_t lsn,
+                       ferry_error *err)
+{
+    snap_w w = { .h = h, .epoch = epoch, .seq = seq, .lsn = 1, .err = err };
+    int rc = fr_meta_snapshot(m, snap_rec, &w);
+    if (rc == 0)
+        rc = snap_flush(&w);
+    if (rc == 0 && w.rc < 0)
+        rc = w.rc;
+    free(w.buf);
+    if (rc < 0)
+        return rc == FERRY_ESTATE ? fr_fail(err, rc, "ha snapshot: epoch %" PRId64 " no longer "
+                                            "leads cluster %s", epoch, fr_ha_cluster(h)) : rc;
+    fr_hash128_t d;
+    char hex[33], val[160], pk[200];
+    if ((rc = fr_meta_digest(m, &d)) < 0)
+        return fr_fail(err, rc, "ha snapshot: cannot digest the state");
+    fr_hash128_hex(d, hex);
+    int n = snprintf(val, sizeof val, "%" PRIu64 " %" PRIu64 " %u %s", seq, lsn, w.chunks, hex);
+    snap_pointer_key(h, pk, sizeof pk);
+    if ((rc = fr_etcd_put_if(fr_ha_etcd(h), fr_ha_key(h), epoch, pk, val, (size_t)n, 0, NULL, NULL,
+                             err)) < 0)
+        return rc;
+    /* what the snapshot makes redundant: older snapshots, the log below seq */
+    char a[200], b[200];
+    snap_key(h, 0, 0, a, sizeof a);
+    snap_key(h, seq, 0, b, sizeof b);
+    if ((rc = fr_etcd_delete_range_if(fr_ha_etcd(h), fr_ha_key(h), epoch, a, b, NULL, err)) < 0)
+        return rc;
+    return fr_ha_log_truncate(h, epoch, seq, NULL, err);
+}
+
+int fr_ha_snapshot_load(fr_ha_elect *h, fr_meta *m, uint64_t *seq, uint64_t *lsn, ferry_error *err)
+{
+    char pk[200];
+    snap_pointer_key(h, pk, sizeof pk);
+    fr_etcd_kv kv;
+    int rc = fr_etcd_get(fr_ha_etcd(h), pk, &kv, err);
+    if (rc < 0)
+        return rc == FERRY_ENOENT ? fr_fail(err, rc, "ha: cluster %s has no snapshot",
+                                            fr_ha_cluster(h)) : rc;
+    unsigned long long s = 0, l = 0;
+    unsigned chunks = 0;
+    char hex[40] = "";
+    int got = sscanf(kv.val, "%llu %llu %u %39s", &s, &l, &chunks, hex);
+    fr_etcd_kv_clear(&kv);
+    if (got != 4 || s == 0 || l == 0)
+        return fr_fail(err, FERRY_ECORRUPT, "ha: the snapshot key of cluster %s is malformed",
+                       fr_ha_cluster(h));
+    if ((rc = fr_meta_load_begin(m)) < 0)
+        return fr_fail(err, rc, "ha: the state to load a snapshot into is not empty");
+    follow_ctx c = { .m = m };
+    uint64_t next = 1;
+    for (unsigned i = 0; i < chunks && rc == 0; i++) {
+        char k[200];
+        snap_key(h, s, i, k, sizeof k);
+        if ((rc = fr_etcd_get(fr_ha_etcd(h), k, &kv, err)) < 0) {
+            rc = fr_fail(err, FERRY_ECORRUPT, "ha: snapshot chunk %u of %u is missing", i, chunks);
+            break;
+        }
+        fr_wal_scan_result res;
+        rc = fr_wal_scan(kv.val, kv.len, next, follow_one, &c, &res);
+        if (rc == 0 && res.valid_len != kv.len)
+            rc = FERRY_ECORRUPT;
+        next = res.next_lsn;
+        fr_etcd_kv_clear(&kv);
+        if (rc < 0)
+            rc = fr_fail(err, FERRY_ECORRUPT, "ha: snapshot chunk %u does not apply", i);
+    }
+    fr_hash128_t d;
+    char dh[33] = "";
+    if (rc == 0 && (fr_meta_loading(m) || fr_meta_digest(m, &d) < 0 ||
+                    (fr_hash128_hex(d, dh), strcmp(dh, hex) != 0)))
+        rc = fr_fail(err, FERRY_ECORRUPT, "ha: the snapshot of cluster %s does not rebuild the "
+                     "state it names", fr_ha_cluster(h));
+    if (rc == 0) {
+        *seq = s;
+        *lsn = l;
+    }
+    return rc;
+}

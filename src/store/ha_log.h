@@ -47,6 +47,24 @@ int fr_ha_log_truncate(fr_ha_elect *h, int64_t epoch, uint64_t below, int64_t *d
  * record that does not apply (m then holds that entry's records before
  * it: a standby that gets this rebuilds from a snapshot). */
 struct fr_meta;
+
+/* Snapshots in etcd: m's state (quiescent: no mutation meanwhile), the
+ * state after the log's entries below `seq`, whose next record carries
+ * LSN `lsn`, written while epoch leads as chunks of at most
+ * FR_HA_LOG_ENTRY_MAX under ferry-ha/<cluster>/snap/<seq>/, then named
+ * by the cluster's snapshot key (seq, lsn, chunks, the state's digest);
+ * then the log below seq and older snapshots are deleted and etcd's
+ * history compacted. FERRY_ESTATE (nothing named, nothing deleted) when
+ * epoch no longer leads. */
+int fr_ha_snapshot_put(fr_ha_elect *h, int64_t epoch, struct fr_meta *m, uint64_t seq,
+                       uint64_t lsn, ferry_error *err);
+/* Load the cluster's snapshot into m (empty): *seq and *lsn of the log
+ * entry and record that follow it (fr_ha_follow from there). FERRY_ENOENT
+ * when there is none (follow from entry 1, LSN 1); FERRY_ECORRUPT when
+ * its chunks do not rebuild the state it names (m partial: drop it). */
+int fr_ha_snapshot_load(fr_ha_elect *h, struct fr_meta *m, uint64_t *seq, uint64_t *lsn,
+                        ferry_error *err);
+
 int fr_ha_follow(fr_ha_elect *h, struct fr_meta *m, size_t max_entries, uint64_t *next_seq,
                  uint64_t *next_lsn, uint64_t *applied, ferry_error *err);
 
