@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/stat.h>
 
 #include <cmocka.h>
 
@@ -171,6 +173,24 @@ static void test_commits_replicated_and_fenced(void **state)
     fr_ha_close(b);
 }
 
+/* Bytes of the regular files in dir. */
+static uint64_t dir_bytes(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    uint64_t n = 0;
+    char p[512];
+    struct stat st;
+    while (d && (e = readdir(d)) != NULL) {
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        if (stat(p, &st) == 0 && S_ISREG(st.st_mode))
+            n += (uint64_t)st.st_size;
+    }
+    if (d)
+        closedir(d);
+    return n;
+}
+
 static fr_hash128_t digest_of(fr_meta *m)
 {
     fr_hash128_t d;
@@ -244,12 +264,68 @@ static void test_standby_follows(void **state)
     fr_ha_close(b);
 }
 
+/* A million metadata commands through a replicated WAL, a snapshot in
+ * etcd every 100,000: etcd's database stays within a bound however many
+ * commands ran, and a standby started at the end rebuilds the state. */
+static void test_million_bounded(void **state)
+{
+    env *v = *state;
+    fr_ha_elect *a = candidate(v, "A"), *b = candidate(v, "B");
+    ferry_error err = {0};
+    int64_t ea = 0, db = 0, dbmax = 0;
+    uint64_t diskmax = 0;
+    assert_int_equal(fr_ha_campaign(a, WAIT_MS, &ea, &err), 0);
+    fr_meta *m = NULL, *sb = NULL;
+    fr_wal *w = NULL;
+    fr_wal_opts o = { .no_sync = true };
+    assert_int_equal(fr_meta_new(NULL, &m), 0);
+    assert_int_equal(fr_wal_open(v->dir, &o, m, &w, NULL), 0);
+    fr_wal_replicate(w, a, ea, 1);
+    uint64_t now = 0;
+    fr_meta_mount(m, 100, 9, 1 << 20, 0);
+    rng_state = 5;
+    enum { OPS = 1000000, COMMIT = 10000, SNAP = 100000 };
+    uint64_t t0 = fr_now_ns();
+    for (int done = 0; done < OPS; done += COMMIT) {
+        workload(m, COMMIT, &now);
+        assert_int_equal(fr_wal_commit(w), 0);
+        if ((done + COMMIT) % SNAP == 0) {
+            assert_int_equal(fr_ha_snapshot_put(a, ea, m, fr_wal_next_seq(w),
+                                                fr_wal_durable_lsn(w) + 1, &err), 0);
+            assert_int_equal(fr_etcd_status(fr_ha_etcd(a), &db, NULL, &err), 0);
+            dbmax = db > dbmax ? db : dbmax;
+            assert_int_equal(fr_wal_checkpoint(w, m), 0);   /* the local log's own bound */
+            uint64_t d = dir_bytes(v->dir);
+            diskmax = d > diskmax ? d : diskmax;
+        }
+    }
+    double took = (double)(fr_now_ns() - t0) / 1e9;
+    fprintf(stderr, "%d commands (%llu records, %llu log entries) in %.1f s; etcd's database at "
+            "most %.1f MiB, the master's log directory at most %.1f MiB\n", OPS,
+            (unsigned long long)fr_meta_records(m), (unsigned long long)fr_wal_next_seq(w) - 1,
+            took, (double)dbmax / (1 << 20), (double)diskmax / (1 << 20));
+    assert_true(dbmax <= 64ll << 20);     /* the documented bounds (docs/store.md) */
+    assert_true(diskmax <= 64ull << 20);
+    uint64_t seq = 0, lsn = 0;
+    assert_int_equal(fr_meta_new(NULL, &sb), 0);
+    assert_int_equal(fr_ha_snapshot_load(b, sb, &seq, &lsn, &err), 0);
+    assert_int_equal(fr_ha_follow(b, sb, 0, &seq, &lsn, NULL, &err), 0);
+    fr_hash128_t dl = digest_of(m), ds = digest_of(sb);
+    assert_memory_equal(dl.b, ds.b, sizeof dl.b);
+    fr_wal_close(w, m);
+    fr_meta_destroy(m);
+    fr_meta_destroy(sb);
+    fr_ha_close(a);
+    fr_ha_close(b);
+}
+
 int main(void)
 {
     ft_token();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_commits_replicated_and_fenced, setup, teardown),
         cmocka_unit_test_setup_teardown(test_standby_follows, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_million_bounded, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
