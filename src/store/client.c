@@ -316,7 +316,26 @@ int fr_client_local(ferry_store *s, const void *p, size_t len, ferry_region **tm
 /* ---- open / close --------------------------------------------------------------------- */
 
 /* Does addr end in ":PORT" (a port number, 1 to 65535)? */
+static bool has_port1(const char *addr);
+
+/* "HOST:PORT", or several separated by commas (a cluster's masters). */
 static bool has_port(const char *addr)
+{
+    char one[128];
+    for (const char *p = addr;;) {
+        size_t n = strcspn(p, ",");
+        if (n == 0 || n >= sizeof one)
+            return false;
+        snprintf(one, sizeof one, "%.*s", (int)n, p);
+        if (!has_port1(one))
+            return false;
+        if (!p[n])
+            return true;
+        p += n + 1;
+    }
+}
+
+static bool has_port1(const char *addr)
 {
     const char *c = strrchr(addr, ':');
     if (!c || !c[1] || (strchr(addr, ':') != c && addr[0] != '['))

@@ -28,7 +28,9 @@ typedef struct waiter {
 
 struct fr_mconn {
     fr_mconn_config cfg;
-    char addr[128];
+    char addr[128];            /* "HOST:PORT", or several comma-separated (masters of a cluster) */
+    char cur[128];             /* the one connected to last (logs) */
+    size_t next;               /* the entry to try first */
     uint8_t key[32];
     uint64_t instance;
     pthread_mutex_t lock;      /* fd state, waiters, epoch */
@@ -46,10 +48,50 @@ struct fr_mconn {
     bool started;
 };
 
+/* One address of the list (entry i mod their count) into out. */
+static size_t list_entry(const char *list, size_t i, char *out, size_t cap)
+{
+    size_t n = 1;
+    for (const char *p = list; *p; p++)
+        n += *p == ',';
+    i %= n;
+    const char *p = list;
+    for (size_t k = 0; k < i; k++)
+        p = strchr(p, ',') + 1;
+    size_t len = strcspn(p, ",");
+    snprintf(out, cap, "%.*s", (int)(len < cap ? len : cap - 1), p);
+    return n;
+}
+
+/* Connect to the master: the one address, or each of the list in turn
+ * from the one that answered last (a cluster's masters: only the leader
+ * accepts); the last refusal is returned. */
+static int connect_one(fr_mconn *c, const char *addr, int timeout_ms, int *out);
+
 static int connect_once(fr_mconn *c, int timeout_ms, int *out)
 {
+    char one[128];
+    size_t n = list_entry(c->addr, c->next, one, sizeof one);
+    int rc = FERRY_ECONNREFUSED;
+    for (size_t k = 0; k < n; k++) {
+        size_t i = (c->next + k) % n;
+        list_entry(c->addr, i, one, sizeof one);
+        rc = connect_one(c, one, timeout_ms, out);
+        if (rc == 0 || rc == FERRY_EAUTH) {   /* a refused token is said, not hidden by the next */
+            if (rc == 0) {
+                c->next = i;
+                snprintf(c->cur, sizeof c->cur, "%s", one);
+            }
+            return rc;
+        }
+    }
+    return rc;
+}
+
+static int connect_one(fr_mconn *c, const char *addr, int timeout_ms, int *out)
+{
     int fd = -1;
-    int rc = fr_sock_connect(c->addr, timeout_ms, &fd);
+    int rc = fr_sock_connect(addr, timeout_ms, &fd);
     if (rc < 0)
         return rc;
     rc = fr_sock_timeouts(fd, timeout_ms);
@@ -92,7 +134,7 @@ static void conn_lost(fr_mconn *c, int why)
         pthread_mutex_unlock(&c->wlock);
     }
     if (!closing) {
-        FR_WARN(TAG, "connection to the master at %s lost (%s); reconnecting", c->addr,
+        FR_WARN(TAG, "connection to the master at %s lost (%s); reconnecting", c->cur,
                 ferry_strerror(why));
         if (c->cfg.hooks.lost)
             c->cfg.hooks.lost(c->cfg.hooks.ctx);
@@ -378,7 +420,7 @@ static void *receiver(void *arg)
                 c->epoch++;
                 c->last_err = 0;
                 c->last_send_ns = fr_now_ns();
-                FR_INFO(TAG, "connected to the master at %s", c->addr);
+                FR_INFO(TAG, "connected to the master at %s", c->cur);
             } else {
                 c->last_err = rc < 0 ? rc : FERRY_ECANCELED;
                 if (rc == 0)

@@ -37,7 +37,9 @@ typedef struct fr_mconn_hooks {
 #define FR_STORE_HEARTBEAT_MS 1000u
 
 typedef struct fr_mconn_config {
-    const char *addr;          /* "HOST:PORT" */
+    const char *addr;          /* "HOST:PORT", or a comma-separated list of a cluster's
+                                * masters: each tried in turn, from the one that answered
+                                * last, on every (re)connect */
     const uint8_t *key;        /* 32-byte key from fr_auth_key */
     uint16_t role;             /* FR_ROLE_STORE_CLIENT or FR_ROLE_STORE_NODE */
     uint64_t node;             /* sent in heartbeats (0 for clients) */
