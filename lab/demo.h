@@ -30,6 +30,12 @@ void demo_model_free(demo_model *dm);
 int demo_trainer_main(int argc, char **argv);
 int demo_rollout_main(int argc, char **argv);
 
+/* The trainers' placement: every tensor cut along dim 0 into `world`
+ * pieces, piece r on rank r (FSDP); *mine (malloc'd) gets rank's pieces,
+ * with their first row and row count. 0 or -1. */
+typedef struct shard_of { size_t tensor; uint64_t fragment, r0, rows; } shard_of;
+int demo_fsdp_placement(const demo_model *m, uint32_t world, uint32_t rank, ferry_manifest **out,
+                        shard_of **mine, size_t *nmine);
 /* Rows [*r0, *r0 + *rows) of dim 0 that TP rank `rank` of `world` holds. */
 void demo_tp_rows(const demo_tensor *t, uint32_t rank, uint32_t world, uint64_t *r0, uint64_t *rows);
 uint64_t demo_row_elems(const demo_tensor *t);   /* elements per row of dim 0 */

@@ -304,9 +304,7 @@ static bool demo_cold(void)
 /* The trainers' placement: every tensor cut along dim 0 into `world`
  * pieces, piece r on rank r (FSDP); *mine gets this rank's pieces, with
  * their first row and row count. */
-typedef struct shard_of { size_t tensor; uint64_t fragment, r0, rows; } shard_of;
-
-static int fsdp_placement(const demo_model *m, uint32_t world, uint32_t rank,
+int demo_fsdp_placement(const demo_model *m, uint32_t world, uint32_t rank,
                           ferry_manifest **out, shard_of **mine, size_t *nmine)
 {
     int rc = ferry_manifest_create(world, NULL, 1, out);
@@ -342,7 +340,7 @@ int demo_trainer_main(int argc, char **argv)
     ferry_manifest *pl = NULL;
     shard_of *mine = NULL;
     size_t nmine = 0;
-    if (fsdp_placement(&a.m, a.world, a.rank, &pl, &mine, &nmine) < 0) {
+    if (demo_fsdp_placement(&a.m, a.world, a.rank, &pl, &mine, &nmine) < 0) {
         printf("ERR cannot describe the trainers' placement\n");
         fflush(stdout);
         return 1;

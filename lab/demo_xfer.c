@@ -97,10 +97,14 @@ int demo_xfer_send(const char *const *peers, const demo_xfer_item *const *items,
     *bytes = 0;
     for (size_t i = 0; rc == 0 && i < npeers; i++) {
         c[i] = (out_conn){ .fd = connect_to(peers[i]), .items = items[i], .n = nitems[i] };
-        if (c[i].fd < 0 || fcntl(c[i].fd, F_SETFL, O_NONBLOCK) < 0)
+        if (c[i].fd < 0 || fcntl(c[i].fd, F_SETFL, O_NONBLOCK) < 0) {
             rc = -1;
-        else
+        } else if (c[i].n == 0) {   /* nothing for this peer: an empty stream says so */
+            close(c[i].fd);
+            c[i].fd = -1;
+        } else {
             open_n++;
+        }
     }
     double end = cli_now() + XFER_DEADLINE_S;
     while (rc == 0 && open_n > 0) {
@@ -148,12 +152,6 @@ int demo_xfer_send(const char *const *peers, const demo_xfer_item *const *items,
                 }
             }
         }
-        for (size_t i = 0; rc == 0 && i < npeers; i++)   /* a peer with nothing to send */
-            if (c[i].fd >= 0 && c[i].n == 0) {
-                close(c[i].fd);
-                c[i].fd = -1;
-                open_n--;
-            }
     }
     for (size_t i = 0; c && i < npeers; i++)
         if (c[i].fd >= 0)
