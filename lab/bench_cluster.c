@@ -25,7 +25,7 @@
 
 typedef struct bc_opts {
     unsigned trainers, trainer_hosts, rollouts, dp, rollout_hosts, slow_hosts, slow_factor;
-    uint64_t bytes;
+    uint64_t bytes, batch;
     char model[64];
     const char *rate;
     double check_seconds;
@@ -37,6 +37,8 @@ static const cli_opt bc_table[] = {
                                            "on a 2-core machine; docs/lab.md)"),
     CLI_SIZE(bc_opts, bytes, "bytes", "SIZE", 1u << 20, 4ull << 30,
              "the model's tensors up to this many bf16 bytes (default 192M)"),
+    CLI_SIZE(bc_opts, batch, "batch", "SIZE", 64u << 10, 1ull << 30,
+             "the direct update's batch_bytes (default 2M: reads and pushes overlap)"),
     CLI_STR(bc_opts, model, "model", "PRESET", "tensor shapes of this preset (default qwen3-8b)"),
     CLI_UINT(bc_opts, trainers, "trainers", "N", 1, 64, "trainer ranks, FSDP (default 4)"),
     CLI_UINT(bc_opts, trainer_hosts, "trainer-hosts", "N", 1, 8, "hosts of the trainers (default 2)"),
@@ -73,6 +75,7 @@ typedef struct bc_run {
     unsigned ntr, nro;
     char master[128];
     char stats[300];
+    json_t *counters[2];   /* the direct and compat updates' own counters (demo_counters_collect) */
     /* the CPU sampler */
     pthread_t cpu_thread;
     bool cpu_on;
@@ -181,6 +184,12 @@ static int start_child(bc_run *R, child *c, unsigned host, const char *role, uns
      * (16 x the lab's segments here), minutes on a busy machine; what a cold
      * generation pays per page (about 1 GB/s) is noise against these links */
     setenv("FERRY_DEMO_COLD", "1", 1);
+    /* the direct update's batches small enough that reads and pushes overlap
+     * (a worker reads model / DP / TP bytes: a few MiB here; with one batch the
+     * pushes wait for every read, and the links take turns) */
+    char batch[32];
+    snprintf(batch, sizeof batch, "%llu", (unsigned long long)o->batch);
+    setenv("FERRY_DEMO_BATCH", batch, 1);
     const char *argv[] = { "/proc/self/exe", "worker", role, R->master, rk, wd, o->model, bud, dp, NULL };
     pid_t p = lab_spawn_io(&R->L, host, log, R->master, argv, in[0], out[1]);
     close(in[0]);
@@ -346,9 +355,11 @@ static int measure(bc_run *R, int s, bc_fig *f, json_t **nodes, char *err, size_
     }
     if (s == S_DIRECT || s == S_COMPAT) {
         json_t *j = demo_counters_collect(R->stats, s == S_DIRECT ? "rollout" : "compat", R->nro);
-        if (s == S_DIRECT && j)
+        if (s == S_DIRECT && j) {
             *nodes = json_incref(json_object_get(j, "nodes"));
-        json_decref(j);
+            json_object_del(j, "nodes");
+        }
+        R->counters[s == S_DIRECT ? 0 : 1] = j;
     }
     if (f->bad) {
         snprintf(err, cap, "%s: %llu elements differ from the generation", s_key[s],
@@ -403,7 +414,11 @@ static void report(const bc_run *R, const bc_opts *o, const bc_fig *f, double pu
             snprintf(k, sizeof k, "%s\"%s\":", s ? "," : "", s_key[s]);
             print_links(t, &f[s], k);
         }
-        printf("}}\n");
+        char *dj = R->counters[0] ? json_dumps(R->counters[0], JSON_COMPACT | JSON_REAL_PRECISION(6)) : NULL;
+        char *cj = R->counters[1] ? json_dumps(R->counters[1], JSON_COMPACT | JSON_REAL_PRECISION(6)) : NULL;
+        printf("},\"direct_counters\":%s,\"compat_counters\":%s}\n", dj ? dj : "null", cj ? cj : "null");
+        free(dj);
+        free(cj);
         return;
     }
     char sz[32];
@@ -453,7 +468,7 @@ int cmd_bench_cluster(int argc, char **argv, const char *self)
 {
     (void)self;
     bc_opts o = { .trainers = 4, .trainer_hosts = 2, .rollouts = 12, .dp = 6, .rollout_hosts = 6,
-                  .slow_factor = 10, .bytes = 192ull << 20, .check_seconds = 1.5 };
+                  .slow_factor = 10, .bytes = 192ull << 20, .batch = 2ull << 20, .check_seconds = 1.5 };
     snprintf(o.model, sizeof o.model, "qwen3-8b");
     int pr = cli_parse(&bc_cmd, argc, argv, &o, NULL, NULL);
     if (pr != 0)
@@ -544,7 +559,10 @@ int cmd_bench_cluster(int argc, char **argv, const char *self)
         goto out;
     }
     json_decref(nodes);
-    bc_model_compat(&R.t, &f[S_COMPAT].model);
+    if (bc_model_compat(&R.t, &f[S_COMPAT].model) < 0) {
+        snprintf(err, sizeof err, "modelling compat: out of memory");
+        goto out;
+    }
     bc_model_p2p(&R.t, &f[S_NAIVE].model);
     bc_model_p2p(&R.t, &f[S_P2P].model);
     bc_model_bcast(&R.t, &g, &sc);
@@ -578,6 +596,8 @@ out:
     stop_children(&R);
     lab_teardown(&R.L);
     unsetenv("FERRY_DEMO_STATS");
+    json_decref(R.counters[0]);
+    json_decref(R.counters[1]);
     bc_topo_free(&R.t);
     demo_model_free(&dm);
     return rc;

@@ -52,8 +52,9 @@ void bc_model_bcast(const bc_topo *t, bc_links *g, bc_links *s);
  * in and out are the reader assignment's (the subscriber's plan, `nodes`
  * of its counters: nic_in, nic_out per rollout node). -1 without them. */
 int bc_model_direct(const bc_topo *t, const json_t *nodes, bc_links *l);
-/* ferry compat: each whole tensor into every rollout host once, the pushes
- * between rollout hosts spread evenly over them. */
-void bc_model_compat(const bc_topo *t, bc_links *l);
+/* ferry compat: each whole tensor into every rollout host once, read by one
+ * reader and pushed once to each other host: the library's reader
+ * assignment over whole tensors (fr_um_compat_whole). 0 or -1. */
+int bc_model_compat(const bc_topo *t, bc_links *l);
 
 #endif

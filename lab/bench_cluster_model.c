@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "bench_cluster.h"
+#include "testing.h"   /* fr_um_compat_whole: the library's reader assignment */
 
 unsigned bc_hosts(const bc_topo *t) { return t->TH + t->RH; }
 unsigned bc_trainer_host(const bc_topo *t, unsigned rank) { return rank / (t->T / t->TH); }
@@ -156,15 +157,25 @@ int bc_model_direct(const bc_topo *t, const json_t *nodes, bc_links *l)
     return seen == t->RH ? 0 : -1;
 }
 
-void bc_model_compat(const bc_topo *t, bc_links *l)
+int bc_model_compat(const bc_topo *t, bc_links *l)
 {
     memset(l, 0, sizeof *l);
     trainers_send_once(t, l);
-    double model = 0;
-    for (size_t i = 0; i < t->m->n; i++)
-        model += (double)t->m->t[i].bytes;
-    for (unsigned h = 0; h < t->RH; h++) {
-        l->down[t->TH + h] = model;
-        l->up[t->TH + h] = model * (t->RH - 1) / t->RH;
+    uint64_t *sizes = calloc(t->m->n ? t->m->n : 1, sizeof *sizes);
+    uint32_t *wnode = calloc(t->W, sizeof *wnode);
+    uint64_t in[LAB_MAX_HOSTS] = { 0 }, out[LAB_MAX_HOSTS] = { 0 };
+    int rc = sizes && wnode ? 0 : -1;
+    for (size_t i = 0; rc == 0 && i < t->m->n; i++)
+        sizes[i] = t->m->t[i].bytes;
+    for (unsigned w = 0; rc == 0 && w < t->W; w++)
+        wnode[w] = bc_rollout_host(t, w) - t->TH;
+    if (rc == 0 && fr_um_compat_whole(sizes, t->m->n, wnode, t->W, t->RH, in, out) < 0)
+        rc = -1;
+    for (unsigned h = 0; rc == 0 && h < t->RH; h++) {
+        l->down[t->TH + h] = (double)in[h];
+        l->up[t->TH + h] = (double)out[h];
     }
+    free(sizes);
+    free(wnode);
+    return rc;
 }

@@ -511,7 +511,8 @@ int demo_rollout_main(int argc, char **argv)
     }
     ferry_subscriber_config sc = { .rank = a.rank, .world = a.world, .timeout_ms = 120000,
                                    .node = (uint32_t)env_u64("FERRY_DEMO_NODE"),
-                                   .local_segment = env_u64("FERRY_DEMO_SEGMENT") };
+                                   .local_segment = env_u64("FERRY_DEMO_SEGMENT"),
+                                   .batch_bytes = env_u64("FERRY_DEMO_BATCH") };
     snprintf(sc.model, sizeof sc.model, "%s", a.model);
     snprintf(sc.group, sizeof sc.group, "demo");
     ferry_subscriber *sub = NULL;
