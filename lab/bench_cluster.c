@@ -26,6 +26,7 @@
 typedef struct bc_opts {
     unsigned trainers, trainer_hosts, rollouts, dp, rollout_hosts, slow_hosts, slow_factor;
     uint64_t bytes, batch;
+    bool ep;
     char model[64];
     const char *rate;
     double check_seconds;
@@ -44,6 +45,8 @@ static const cli_opt bc_table[] = {
     CLI_UINT(bc_opts, trainer_hosts, "trainer-hosts", "N", 1, 8, "hosts of the trainers (default 2)"),
     CLI_UINT(bc_opts, rollouts, "rollouts", "N", 1, 64, "rollout workers (default 12)"),
     CLI_UINT(bc_opts, dp, "dp", "N", 1, 64, "rollout data-parallel replicas; TP = rollouts / dp (default 6)"),
+    CLI_FLAG(bc_opts, ep, "ep", "expert parallelism on the rollouts: each expert tensor whole on one\n"
+                                "worker of each replica (a MoE preset, e.g. --model qwen3-30b-a3b)"),
     CLI_UINT(bc_opts, rollout_hosts, "rollout-hosts", "N", 1, 14, "hosts of the rollouts (default 6)"),
     CLI_UINT(bc_opts, slow_hosts, "slow-hosts", "N", 0, 14,
              "this many rollout hosts (the last ones) on a slower link (default 0)"),
@@ -184,6 +187,7 @@ static int start_child(bc_run *R, child *c, unsigned host, const char *role, uns
      * (16 x the lab's segments here), minutes on a busy machine; what a cold
      * generation pays per page (about 1 GB/s) is noise against these links */
     setenv("FERRY_DEMO_COLD", "1", 1);
+    setenv("FERRY_DEMO_EP", o->ep ? "1" : "0", 1);
     /* the direct update's batches small enough that reads and pushes overlap
      * (a worker reads model / DP / TP bytes: a few MiB here; with one batch the
      * pushes wait for every read, and the links take turns) */
@@ -394,11 +398,11 @@ static void report(const bc_run *R, const bc_opts *o, const bc_fig *f, double pu
     if (o->json) {
         printf("{\"model\":\"%s\",\"bytes\":%llu,\"tensors\":%zu,\"trainers\":%u,\"trainer_hosts\":%u,"
                "\"rollouts\":%u,\"dp\":%u,\"rollout_hosts\":%u,\"rate_bps\":%llu,\"slow_hosts\":%u,"
-               "\"slow_factor\":%u,\"payload_fraction\":%.4f,\"verified\":true,\"publish_s\":%.3f,"
+               "\"slow_factor\":%u,\"ep\":%s,\"payload_fraction\":%.4f,\"verified\":true,\"publish_s\":%.3f,"
                "\"bound_s\":%.3f,\"compat_bound_s\":%.3f", o->model,
                (unsigned long long)t->m->bytes, t->m->n, o->trainers, o->trainer_hosts, o->rollouts,
                o->dp, o->rollout_hosts, (unsigned long long)R->L.rate, o->slow_hosts, o->slow_factor,
-               BC_PAYLOAD_FRACTION, publish_s, bound_s, cbound_s);
+               o->ep ? "true" : "false", BC_PAYLOAD_FRACTION, publish_s, bound_s, cbound_s);
         for (int s = 0; s < S_N; s++)
             printf(",\"%s_s\":%.3f,\"%s_model_s\":%.3f,\"%s_ratio_to_model\":%.3f,"
                    "\"%s_link_bytes_rel_error\":%.4f", s_key[s], f[s].s, s_key[s], f[s].model_s,
@@ -493,7 +497,9 @@ int cmd_bench_cluster(int argc, char **argv, const char *self)
     pthread_mutex_init(&R.cpu_lock, NULL);
     int rc = 1;
     char err[512] = "";
-    if (bc_topo_init(&R.t, &dm, o.trainers, o.trainer_hosts, o.rollouts, o.dp, o.rollout_hosts) < 0 ||
+    int trc = bc_topo_init(&R.t, &dm, o.trainers, o.trainer_hosts, o.rollouts, o.dp, o.rollout_hosts);
+    R.t.ep = o.ep;
+    if (trc < 0 ||
         lab_open(&R.L, bc_hosts(&R.t), rate) < 0) {
         fprintf(stderr, "ferry-lab bench cluster: cannot set up (out of memory, or no temp dir)\n");
         bc_topo_free(&R.t);

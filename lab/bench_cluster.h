@@ -20,6 +20,7 @@
 typedef struct bc_topo {
     const demo_model *m;
     unsigned T, TH, W, DP, RH;
+    bool ep;                        /* experts whole on one worker of each replica */
     uint64_t rate[LAB_MAX_HOSTS];   /* bits/s, each host's link */
     uint64_t *rank_bytes;           /* per trainer rank: the bytes of its shards */
     shard_of **rank_rows;           /* per trainer rank: its shards */

@@ -60,7 +60,7 @@ double bc_time(const bc_topo *t, const bc_links *l)
 static uint64_t demand(const bc_topo *t, unsigned w, size_t i)
 {
     uint64_t r0, rows;
-    demo_tp_rows(&t->m->t[i], w % (t->W / t->DP), t->W / t->DP, &r0, &rows);
+    demo_rollout_rows(&t->m->t[i], w, t->W, t->DP, t->ep, &r0, &rows);
     return rows * row_bytes(&t->m->t[i]);
 }
 
@@ -71,7 +71,7 @@ static uint64_t overlap(const bc_topo *t, unsigned w, unsigned r)
     for (size_t k = 0; k < t->nrank_rows[r]; k++) {
         const shard_of *s = &t->rank_rows[r][k];
         uint64_t r0, rows;
-        demo_tp_rows(&t->m->t[s->tensor], w % (t->W / t->DP), t->W / t->DP, &r0, &rows);
+        demo_rollout_rows(&t->m->t[s->tensor], w, t->W, t->DP, t->ep, &r0, &rows);
         uint64_t a = r0 > s->r0 ? r0 : s->r0, e = r0 + rows < s->r0 + s->rows ? r0 + rows : s->r0 + s->rows;
         if (a < e)
             b += (e - a) * row_bytes(&t->m->t[s->tensor]);
@@ -89,23 +89,35 @@ void bc_model_bound(const bc_topo *t, bool compat, bc_links *l)
 {
     memset(l, 0, sizeof *l);
     trainers_send_once(t, l);
-    unsigned per = t->W / t->RH, tp = t->W / t->DP;
+    unsigned per = t->W / t->RH;
     for (unsigned h = 0; h < t->RH; h++)
         for (size_t i = 0; i < t->m->n; i++) {
             if (compat) {
                 l->down[t->TH + h] += (double)t->m->t[i].bytes;
                 continue;
             }
-            /* the union of the host's workers' rows: TP ranks present on it */
-            uint64_t held = 0;
-            bool seen[64] = { false };
-            for (unsigned k = 0; k < per; k++) {
-                unsigned w = h * per + k;
-                if (w % tp < 64 && !seen[w % tp]) {
-                    seen[w % tp] = true;
-                    held += demand(t, w, i);
-                }
+            /* the union of the host's workers' rows */
+            uint64_t lo[64], hi[64], held = 0;
+            unsigned n = 0;
+            for (unsigned k = 0; k < per && n < 64; k++) {
+                uint64_t r0, rows;
+                demo_rollout_rows(&t->m->t[i], h * per + k, t->W, t->DP, t->ep, &r0, &rows);
+                if (rows)
+                    lo[n] = r0, hi[n++] = r0 + rows;
             }
+            for (unsigned a = 1; a < n; a++)   /* by first row */
+                for (unsigned b = a; b > 0 && lo[b - 1] > lo[b]; b--) {
+                    uint64_t x = lo[b], y = hi[b];
+                    lo[b] = lo[b - 1], hi[b] = hi[b - 1], lo[b - 1] = x, hi[b - 1] = y;
+                }
+            uint64_t end = 0;
+            for (unsigned a = 0; a < n; a++) {
+                uint64_t from = lo[a] > end ? lo[a] : end;
+                if (hi[a] > from)
+                    held += hi[a] - from;
+                end = hi[a] > end ? hi[a] : end;
+            }
+            held *= row_bytes(&t->m->t[i]);
             l->down[t->TH + h] += (double)held;
         }
 }

@@ -39,6 +39,12 @@ int demo_fsdp_placement(const demo_model *m, uint32_t world, uint32_t rank, ferr
 /* Rows [*r0, *r0 + *rows) of dim 0 that TP rank `rank` of `world` holds. */
 void demo_tp_rows(const demo_tensor *t, uint32_t rank, uint32_t world, uint64_t *r0, uint64_t *rows);
 uint64_t demo_row_elems(const demo_tensor *t);   /* elements per row of dim 0 */
+/* What rollout `rank` of `world` (TP world/dp x DP dp) holds of t: its TP
+ * rows; with ep, an expert tensor ("...experts.N...") whole on worker
+ * N mod (world/dp) of each replica and nothing elsewhere (EP over a
+ * replica's workers). */
+void demo_rollout_rows(const demo_tensor *t, uint32_t rank, uint32_t world, uint32_t dp, bool ep,
+                       uint64_t *r0, uint64_t *rows);
 
 /* demo_xfer.c: the plain-socket baselines of `bench cluster` (p2p, bcast). */
 typedef struct demo_xfer_item {

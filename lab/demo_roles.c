@@ -73,6 +73,20 @@ void demo_tp_rows(const demo_tensor *t, uint32_t rank, uint32_t world, uint64_t 
     *rows = *r0 + per <= d0 ? per : d0 - *r0;
 }
 
+void demo_rollout_rows(const demo_tensor *t, uint32_t rank, uint32_t world, uint32_t dp, bool ep,
+                       uint64_t *r0, uint64_t *rows)
+{
+    uint32_t g = dp && world % dp == 0 ? world / dp : world;   /* a replica's workers */
+    const char *e = ep ? strstr(t->name, "experts.") : NULL;
+    if (e && e[8] >= '0' && e[8] <= '9') {   /* an expert: whole, on its owner */
+        uint32_t owner = (uint32_t)(strtoul(e + 8, NULL, 10) % g);
+        *r0 = 0;
+        *rows = rank % g == owner ? (t->ndim ? t->shape[0] : 1) : 0;
+        return;
+    }
+    demo_tp_rows(t, rank % g, g, r0, rows);
+}
+
 uint64_t demo_row_elems(const demo_tensor *t)
 {
     uint64_t e = 1;
@@ -486,12 +500,13 @@ int demo_rollout_main(int argc, char **argv)
     ferry_param_shard *sh = calloc(a.m.n, sizeof *sh);
     uint64_t *first = calloc(a.m.n, sizeof *first);
     size_t ns = 0;
-    /* TP over world/dp ranks, each TP shard held by dp replicas */
-    uint32_t tp = a.world / a.dp;
+    /* TP over world/dp ranks, each TP shard held by dp replicas; with
+     * FERRY_DEMO_EP, each expert whole on one worker of each replica */
+    bool ep = env_u64("FERRY_DEMO_EP") != 0;
     for (size_t i = 0; i < a.m.n; i++) {
         const demo_tensor *t = &a.m.t[i];
         uint64_t r0, rows;
-        demo_tp_rows(t, a.rank % tp, tp, &r0, &rows);
+        demo_rollout_rows(t, a.rank, a.world, a.dp, ep, &r0, &rows);
         if (rows == 0)
             continue;
         ferry_param_shard *p = &sh[ns];

@@ -279,8 +279,8 @@ static int parse_peers(demo_xfer *x, const char *line)
 
 /* Items of worker w's TP rows out of the shards (rows [r0, r0+rows) of
  * tensor, at data), appended to *it. */
-static int items_for(const demo_model *m, const demo_shard *sh, size_t n, uint32_t w, uint32_t tp,
-                     demo_xfer_item **it, size_t *nit)
+static int items_for(const demo_model *m, const demo_shard *sh, size_t n, uint32_t w, uint32_t W,
+                     uint32_t dp, demo_xfer_item **it, size_t *nit)
 {
     *it = calloc(n ? n : 1, sizeof **it);
     *nit = 0;
@@ -289,7 +289,8 @@ static int items_for(const demo_model *m, const demo_shard *sh, size_t n, uint32
     for (size_t k = 0; k < n; k++) {
         const demo_tensor *t = &m->t[sh[k].tensor];
         uint64_t r0, rows;
-        demo_tp_rows(t, w % tp, tp, &r0, &rows);
+        const char *ep = getenv("FERRY_DEMO_EP");
+        demo_rollout_rows(t, w, W, dp, ep && *ep && strcmp(ep, "0"), &r0, &rows);
         uint64_t a = r0 > sh[k].r0 ? r0 : sh[k].r0;
         uint64_t b = r0 + rows < sh[k].r0 + sh[k].rows ? r0 + rows : sh[k].r0 + sh[k].rows;
         if (a >= b)
@@ -305,13 +306,13 @@ static int items_for(const demo_model *m, const demo_shard *sh, size_t n, uint32
 /* Send every rollout worker its rows out of shards sh[0..n). */
 static int scatter(demo_xfer *x, const demo_model *m, const demo_shard *sh, size_t n, uint64_t *bytes)
 {
-    uint32_t W = x->rworld, tp = W / x->rdp;
+    uint32_t W = x->rworld;
     demo_xfer_item **its = calloc(W, sizeof *its);
     size_t *nits = calloc(W, sizeof *nits);
     const char **peers = calloc(W, sizeof *peers);
     int rc = its && nits && peers ? 0 : -1;
     for (uint32_t w = 0; rc == 0 && w < W; w++) {
-        rc = items_for(m, sh, n, w, tp, &its[w], &nits[w]);
+        rc = items_for(m, sh, n, w, W, x->rdp, &its[w], &nits[w]);
         peers[w] = x->peers[w];
     }
     if (rc == 0)
