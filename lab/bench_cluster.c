@@ -12,6 +12,7 @@
 #include <math.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -539,7 +540,13 @@ int cmd_bench_cluster(int argc, char **argv, const char *self)
             snprintf(err, sizeof err, "the trainer and rollout processes did not start");
         goto out;
     }
+    /* the sampler never takes SIGINT/SIGTERM: the main thread must, so that
+     * its wait for a reply is interrupted and the lab comes down */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
     R.cpu_on = pthread_create(&R.cpu_thread, NULL, cpu_main, &R) == 0;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
     double publish_s = 0;
     uint64_t bad = 0;
     bc_fig f[S_N];
