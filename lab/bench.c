@@ -449,7 +449,7 @@ static int bench_engine(int argc, char **argv, const char *self)
 
 static void usage_bench(FILE *f)
 {
-    fprintf(f, "usage: ferry-lab bench engine|plan|store|exec|weights|sparse [options]\n"
+    fprintf(f, "usage: ferry-lab bench engine|plan|store|exec|weights|sparse|cluster [options]\n"
                "       (ferry-lab bench WHAT --help for each one's options)\n");
 }
 
@@ -467,6 +467,8 @@ int cmd_bench(int argc, char **argv, const char *self)
         return cmd_bench_weights(argc - 1, argv + 1, self);
     if (argc >= 2 && !strcmp(argv[1], "sparse"))
         return cmd_bench_sparse(argc - 1, argv + 1);
+    if (argc >= 2 && !strcmp(argv[1], "cluster"))
+        return cmd_bench_cluster(argc - 1, argv + 1, self);
     if (argc < 2)
         fprintf(stderr, "ferry-lab bench: which benchmark?\n");
     else if (!cli_is_help(argv[1]))

@@ -97,8 +97,7 @@ static const cli_cmd clean_cmd = {
     .nopts = sizeof clean_table / sizeof clean_table[0],
 };
 
-/* "100mbit" -> bits/s; 0 after a line on stderr. */
-static uint64_t parse_rate(const char *s)
+uint64_t lab_parse_rate(const char *s, const char *who)
 {
     static const struct { const char *unit; uint64_t mul; } units[] = {
         { "bit", 1 }, { "kbit", 1000 }, { "mbit", 1000000 }, { "gbit", 1000000000 },
@@ -107,7 +106,7 @@ static uint64_t parse_rate(const char *s)
     errno = 0;
     double v = s ? strtod(s, &end) : 0;
     if (!s || end == s || errno) {
-        fprintf(stderr, "ferry-lab cluster: --rate wants a number with a unit (100mbit), not '%s'\n",
+        fprintf(stderr, "%s: --rate wants a number with a unit (100mbit), not '%s'\n", who,
                 s ? s : "");
         return 0;
     }
@@ -115,12 +114,12 @@ static uint64_t parse_rate(const char *s)
         if (!strcasecmp(end, units[i].unit)) {
             double bps = v * (double)units[i].mul;
             if (!(bps >= 8000) || bps > (double)LAB_MAX_RATE) {
-                fprintf(stderr, "ferry-lab cluster: --rate %s is outside 8kbit .. 10gbit\n", s);
+                fprintf(stderr, "%s: --rate %s is outside 8kbit .. 10gbit\n", who, s);
                 return 0;
             }
             return (uint64_t)bps;
         }
-    fprintf(stderr, "ferry-lab cluster: --rate %s: unknown unit '%s' (kbit, mbit or gbit)\n", s, end);
+    fprintf(stderr, "%s: --rate %s: unknown unit '%s' (kbit, mbit or gbit)\n", who, s, end);
     return 0;
 }
 
@@ -140,7 +139,7 @@ static uint64_t mem_available(void)
 /* The child side of a host's process: its own process group, in the host's
  * namespace, output to log (NULL: inherited), the lab's environment. */
 static void child_exec(lab *L, unsigned host, const char *log, const char *master,
-                       const char *const *argv, bool via_path)
+                       const char *const *argv, bool via_path, int in_fd, int out_fd)
 {
     setpgid(0, 0);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -154,9 +153,11 @@ static void child_exec(lab *L, unsigned host, const char *log, const char *maste
         if (fd >= 0)
             dup2(fd, 1), dup2(fd, 2);
     }
-    int nul = open("/dev/null", O_RDONLY);
+    int nul = in_fd >= 0 ? in_fd : open("/dev/null", O_RDONLY);
     if (nul >= 0)
         dup2(nul, 0);
+    if (out_fd >= 0)
+        dup2(out_fd, 1);
     unsetenv("FERRY_TOKEN");
     snprintf(v, sizeof v, "%s/token", L->dir);
     setenv("FERRY_TOKEN_FILE", v, 1);
@@ -194,17 +195,34 @@ static void child_exec(lab *L, unsigned host, const char *log, const char *maste
     _exit(127);
 }
 
-static pid_t spawn(lab *L, unsigned host, const char *log, const char *master, const char *const *argv,
-                   bool via_path)
+static pid_t spawn_fd(lab *L, unsigned host, const char *log, const char *master,
+                      const char *const *argv, bool via_path, int in_fd, int out_fd)
 {
     pid_t p = fork();
     if (p == 0)
-        child_exec(L, host, log, master, argv, via_path);
+        child_exec(L, host, log, master, argv, via_path, in_fd, out_fd);
     if (p > 0) {
         setpgid(p, p);   /* both sides: no moment where a kill of the group misses it */
         lab_record(L, LAB_UNDO_PGRP, p, NULL);
     }
     return p;
+}
+
+static pid_t spawn(lab *L, unsigned host, const char *log, const char *master, const char *const *argv,
+                   bool via_path)
+{
+    return spawn_fd(L, host, log, master, argv, via_path, -1, -1);
+}
+
+pid_t lab_spawn_io(lab *L, unsigned host, const char *log, const char *master,
+                   const char *const *argv, int in_fd, int out_fd)
+{
+    return spawn_fd(L, host, log, master, argv, false, in_fd, out_fd);
+}
+
+uint64_t lab_host_rate(const lab *L, unsigned host)
+{
+    return host < LAB_MAX_HOSTS && L->host_rate[host] ? L->host_rate[host] : L->rate;
 }
 
 /* The last line of log, for "why". */
@@ -255,7 +273,7 @@ static int wait_ready(pid_t p, const char *file, const char *log, unsigned host,
     return -1;
 }
 
-static int start_cluster(lab *L, uint64_t node_size, char *master, size_t cap)
+int lab_cluster_start(lab *L, uint64_t node_size, char *master, size_t cap)
 {
     char tok[65], path[512], log[512], seg[64], size[32];
     ferry_token_generate(tok);
@@ -275,7 +293,6 @@ static int start_cluster(lab *L, uint64_t node_size, char *master, size_t cap)
     pid_t mp = spawn(L, 0, log, NULL, ma, true);
     if (mp < 0 || wait_ready(mp, addr_file, log, 0, "master", master, cap) < 0)
         return -1;
-    snprintf(size, sizeof size, "%llu", (unsigned long long)node_size);
     pid_t np[LAB_MAX_HOSTS];
     char ready[LAB_MAX_HOSTS][512];
     for (unsigned i = 0; i < L->hosts; i++) {   /* all started, then all waited for */
@@ -284,6 +301,8 @@ static int start_cluster(lab *L, uint64_t node_size, char *master, size_t cap)
         snprintf(listen, sizeof listen, "%s.%u:0", L->net, i + 1);
         char name[32];
         snprintf(name, sizeof name, "h%u", i);
+        snprintf(size, sizeof size, "%llu",
+                 (unsigned long long)(L->node_size[i] ? L->node_size[i] : node_size));
         const char *na[] = { lab_ferry_bin(), "node", "--master", master, "--listen", listen,
                              "--size", size, "--name", name, "--token-file", path,
                              "--ready-file", ready[i], NULL };
@@ -295,6 +314,7 @@ static int start_cluster(lab *L, uint64_t node_size, char *master, size_t cap)
         snprintf(log, sizeof log, "%s/h%u-node.log", L->dir, i);
         if (wait_ready(np[i], ready[i], log, i, "node", seg, sizeof seg) < 0)
             return -1;
+        L->segment[i] = strtoull(seg, NULL, 10);
     }
     return 0;
 }
@@ -350,9 +370,27 @@ static int run_phase(lab *L, const cl_opts *o, const char *master)
     return failed || lab_stopping() ? -1 : 0;
 }
 
+int lab_open(lab *L, unsigned hosts, uint64_t rate)
+{
+    memset(L, 0, sizeof *L);
+    L->hosts = hosts;
+    L->rate = rate;
+    int pid = (int)getpid();
+    snprintf(L->prefix, sizeof L->prefix, "fl%d", pid);
+    snprintf(L->net, sizeof L->net, "10.%d.%d", 64 + pid / 250 % 128, pid % 250);
+    const char *t = getenv("TMPDIR");
+    snprintf(L->dir, sizeof L->dir, "%s/ferry-cluster-%s-XXXXXX", t && *t ? t : "/tmp", L->prefix);
+    if (lab_signals_install() < 0 || !mkdtemp(L->dir)) {
+        fprintf(stderr, "ferry-lab: cannot make a temp dir\n");
+        return -1;
+    }
+    lab_record(L, LAB_UNDO_DIR, 0, L->dir);
+    return 0;
+}
+
 static int run_lab(const cl_opts *o, bool up)
 {
-    uint64_t rate = parse_rate(o->rate);
+    uint64_t rate = lab_parse_rate(o->rate, "ferry-lab cluster");
     if (!rate)
         return 2;
     uint64_t avail = mem_available();
@@ -369,19 +407,8 @@ static int run_lab(const cl_opts *o, bool up)
     }
     double t_start = cli_now();
     lab L;
-    memset(&L, 0, sizeof L);
-    L.hosts = o->hosts;
-    L.rate = rate;
-    int pid = (int)getpid();
-    snprintf(L.prefix, sizeof L.prefix, "fl%d", pid);
-    snprintf(L.net, sizeof L.net, "10.%d.%d", 64 + pid / 250 % 128, pid % 250);
-    const char *t = getenv("TMPDIR");
-    snprintf(L.dir, sizeof L.dir, "%s/ferry-cluster-%s-XXXXXX", t && *t ? t : "/tmp", L.prefix);
-    if (lab_signals_install() < 0 || !mkdtemp(L.dir)) {
-        fprintf(stderr, "ferry-lab cluster: cannot make a temp dir\n");
+    if (lab_open(&L, o->hosts, rate) < 0)
         return 1;
-    }
-    lab_record(&L, LAB_UNDO_DIR, 0, L.dir);
     printf("lab %s: %u hosts %s.1-%u on a bridge (%s.254) in namespace %s-sw, links %s each way\n",
            L.prefix, L.hosts, L.net, L.hosts, L.net, L.prefix, o->rate);
     fflush(stdout);
@@ -393,7 +420,7 @@ static int run_lab(const cl_opts *o, bool up)
     printf("link check: worst link %.3f of the configured rate (goal: within 0.95..1.05)%s\n", worst,
            worst < 0.95 || worst > 1.05 ? " - MISSED: the links do not run at RATE" : "");
     if (up) {
-        if (start_cluster(&L, o->node_size, master, sizeof master) < 0)
+        if (lab_cluster_start(&L, o->node_size, master, sizeof master) < 0)
             goto out;
         printf("cluster up: master %s on host 0, a node on each of the %u hosts (dir %s)\n", master,
                L.hosts, L.dir);

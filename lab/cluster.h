@@ -30,10 +30,31 @@ typedef struct lab {
     char net[16];         /* "10.A.B": the hosts are .1 .. .H, the switch's bridge .254 */
     unsigned hosts;
     uint64_t rate;        /* bits/s, each host's link, each direction */
+    uint64_t host_rate[LAB_MAX_HOSTS];   /* a host's own rate (0: rate) */
+    uint64_t node_size[LAB_MAX_HOSTS];   /* a host's node segment (0: the size given to lab_cluster_start) */
+    uint64_t segment[LAB_MAX_HOSTS];     /* each host's node's store segment, once up */
     lab_undo undo[LAB_MAX_UNDO];
     unsigned nundo;
     double cpu_max;       /* busiest sampled second, share of all CPUs (0..1) */
 } lab;
+
+/* cluster.c */
+/* "100mbit" -> bits/s; 0 after a line on stderr (who: the command's name). */
+uint64_t lab_parse_rate(const char *s, const char *who);
+/* L named after this process (prefix, addresses, temp dir made and
+ * recorded), the signal handlers installed; hosts and rate set. 0 or -1. */
+int lab_open(lab *L, unsigned hosts, uint64_t rate);
+/* A host's link rate (host_rate, else rate). */
+uint64_t lab_host_rate(const lab *L, unsigned host);
+/* A master on host 0 and a node on every host (node_size[i], else
+ * node_size), each recorded; master gets its address; L->segment filled.
+ * 0, or -1 after a line on stderr. */
+int lab_cluster_start(lab *L, uint64_t node_size, char *master, size_t cap);
+/* argv run in host (its own process group, recorded for teardown, the
+ * lab's environment): stdin/stdout to the pipes when in/out are given
+ * (else /dev/null and log or inherited), stderr to log when given. */
+pid_t lab_spawn_io(lab *L, unsigned host, const char *log, const char *master,
+                   const char *const *argv, int in_fd, int out_fd);
 
 /* cluster_net.c */
 /* SIGINT/SIGTERM set the flag (and wake lab_wait_fd's poll); true once one came. */

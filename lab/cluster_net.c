@@ -135,7 +135,7 @@ int lab_net_up(lab *L)
         }
         char dev[16];
         snprintf(dev, sizeof dev, "p%u", i);
-        if (shape(ns, "eth0", L->rate) != 0 || shape(sw, dev, L->rate) != 0) {
+        if (shape(ns, "eth0", lab_host_rate(L, i)) != 0 || shape(sw, dev, lab_host_rate(L, i)) != 0) {
             fprintf(stderr, "ferry-lab cluster: cannot shape host %u's link (tc tbf)\n", i);
             return -1;
         }

@@ -260,16 +260,16 @@ int lab_check_links(lab *L, double seconds, bool json, double *worst)
                                     "stream\n", i, dir ? "down" : "up");
                 return -1;
             }
-            double ratio = link / (double)L->rate;
+            double ratio = link / (double)lab_host_rate(L, i);
             if (*worst == 0 || fabs(ratio - 1) > fabs(*worst - 1))
                 *worst = ratio;   /* the one farthest from the configured rate */
             if (json)
                 printf("{\"host\":%u,\"dir\":\"%s\",\"configured_bps\":%llu,\"link_bps\":%.0f,"
                        "\"payload_bps\":%.0f,\"ratio\":%.4f,\"cpu\":%.3f}\n", i, dir ? "down" : "up",
-                       (unsigned long long)L->rate, link, pay, ratio, busy);
+                       (unsigned long long)lab_host_rate(L, i), link, pay, ratio, busy);
             else
                 printf("  host %u %-4s link %8.2f / %8.2f Mbit/s = %.3f (payload %8.2f Mbit/s), cpu "
-                       "%.2f%s%s\n", i, dir ? "down" : "up", link / mbit, (double)L->rate / mbit,
+                       "%.2f%s%s\n", i, dir ? "down" : "up", link / mbit, (double)lab_host_rate(L, i) / mbit,
                        ratio, pay / mbit, busy, ratio < 0.95 || ratio > 1.05 ? "  outside 5 %" : "",
                        busy > LAB_CPU_BOUND ? "  CPU-bound: lower the rate" : "");
             fflush(stdout);

@@ -30,6 +30,67 @@ void demo_model_free(demo_model *dm);
 int demo_trainer_main(int argc, char **argv);
 int demo_rollout_main(int argc, char **argv);
 
+/* The trainers' placement: every tensor cut along dim 0 into `world`
+ * pieces, piece r on rank r (FSDP); *mine (malloc'd) gets rank's pieces,
+ * with their first row and row count. 0 or -1. */
+typedef struct shard_of { size_t tensor; uint64_t fragment, r0, rows; } shard_of;
+int demo_fsdp_placement(const demo_model *m, uint32_t world, uint32_t rank, ferry_manifest **out,
+                        shard_of **mine, size_t *nmine);
+/* Rows [*r0, *r0 + *rows) of dim 0 that TP rank `rank` of `world` holds. */
+void demo_tp_rows(const demo_tensor *t, uint32_t rank, uint32_t world, uint64_t *r0, uint64_t *rows);
+uint64_t demo_row_elems(const demo_tensor *t);   /* elements per row of dim 0 */
+/* What rollout `rank` of `world` (TP world/dp x DP dp) holds of t: its TP
+ * rows; with ep, an expert tensor ("...experts.N...") whole on worker
+ * N mod (world/dp) of each replica and nothing elsewhere (EP over a
+ * replica's workers). */
+void demo_rollout_rows(const demo_tensor *t, uint32_t rank, uint32_t world, uint32_t dp, bool ep,
+                       uint64_t *r0, uint64_t *rows);
+
+/* demo_xfer.c: the plain-socket baselines of `bench cluster` (p2p, bcast). */
+typedef struct demo_xfer_item {
+    uint32_t tensor;
+    uint64_t row0, rows, bytes;
+    const uint8_t *src;
+} demo_xfer_item;
+/* A listening TCP socket on addr (port 0: any); its fd, or -1. */
+int demo_xfer_listen(const char *addr, unsigned *port);
+/* Connect to every peer ("ADDR:PORT") and send each its items, all
+ * streams at once; bytes: what was written. 0 or -1. */
+int demo_xfer_send(const char *const *peers, const demo_xfer_item *const *items,
+                   const size_t *nitems, size_t npeers, uint64_t *bytes);
+/* Where an item's bytes go: its destination (and *len its bytes), NULL to refuse. */
+typedef uint8_t *(*demo_xfer_place)(void *ctx, uint32_t tensor, uint64_t row0, uint64_t rows,
+                                    uint64_t *len);
+/* Accept nsenders streams on listen_fd and take every item into place's
+ * buffers until each sender closes. 0 or -1. */
+int demo_xfer_recv(int listen_fd, unsigned nsenders, demo_xfer_place place, void *ctx,
+                   uint64_t *bytes);
+
+/* A trainer's or rollout's side of the baselines: its listener, and for a
+ * trainer the rollouts' listeners and layout ("peers" command). */
+typedef struct demo_shard { size_t tensor; uint64_t r0, rows; const uint8_t *data; } demo_shard;
+typedef struct demo_xfer {
+    int listen_fd;
+    unsigned port;
+    char gather[64];               /* trainer rank 0's listener */
+    char (*peers)[64];             /* the rollouts' listeners */
+    uint32_t rworld, rdp;          /* the rollouts' world and DP */
+    uint8_t *full;                 /* rank 0's gathered model (bcast) */
+    uint64_t *toff;                /* per tensor: its offset in full */
+} demo_xfer;
+/* The trainer's commands of the baselines: "listen" (OK 0 PORT), "peers
+ * RWORLD RDP GATHER ADDR...", "p2p G", "bcast G" (OK seconds bytes-sent).
+ * 1 when line was one of them (the reply printed), 0 when it was not. */
+int demo_xfer_trainer(demo_xfer *x, const char *line, const demo_model *m, uint32_t rank,
+                      uint32_t world, const demo_shard *mine, size_t n);
+/* The rollout's: "listen" (2, replied here); "p2p G TWORLD" and "bcast G" receive
+ * into the shards (sh[k] holds tensor first[k]) from TWORLD senders (p2p)
+ * or one (bcast): 1 and *secs, *bytes (the caller checks and replies), -1
+ * on failure (replied here), 0 when line was none of them. */
+int demo_xfer_rollout(demo_xfer *x, const char *line, const demo_model *m, ferry_param_shard *sh,
+                      const uint64_t *first, size_t ns, double *secs, uint64_t *bytes, uint64_t *g);
+void demo_xfer_close(demo_xfer *x);
+
 /* Options shared by `ferry-lab demo` and `ferry-lab bench weights`: --trainers,
  * --rollouts, --dp (0: 2 when it divides the rollouts), --bytes, --model,
  * --json, and a count flag (--generations / --reps; the bench's

@@ -65,8 +65,7 @@ static void fill(uint16_t *p, uint64_t g, size_t t, uint64_t first, uint64_t n)
         p[i] = bits(g, t, first + i);
 }
 
-/* Rows [*r0, *r0 + *rows) of dim 0 that rollout `rank` of `world` holds. */
-static void tp_rows(const demo_tensor *t, uint32_t rank, uint32_t world, uint64_t *r0,
+void demo_tp_rows(const demo_tensor *t, uint32_t rank, uint32_t world, uint64_t *r0,
                     uint64_t *rows)
 {
     uint64_t d0 = t->ndim ? t->shape[0] : 1, per = (d0 + world - 1) / world;
@@ -74,7 +73,21 @@ static void tp_rows(const demo_tensor *t, uint32_t rank, uint32_t world, uint64_
     *rows = *r0 + per <= d0 ? per : d0 - *r0;
 }
 
-static uint64_t row_elems(const demo_tensor *t)
+void demo_rollout_rows(const demo_tensor *t, uint32_t rank, uint32_t world, uint32_t dp, bool ep,
+                       uint64_t *r0, uint64_t *rows)
+{
+    uint32_t g = dp && world % dp == 0 ? world / dp : world;   /* a replica's workers */
+    const char *e = ep ? strstr(t->name, "experts.") : NULL;
+    if (e && e[8] >= '0' && e[8] <= '9') {   /* an expert: whole, on its owner */
+        uint32_t owner = (uint32_t)(strtoul(e + 8, NULL, 10) % g);
+        *r0 = 0;
+        *rows = rank % g == owner ? (t->ndim ? t->shape[0] : 1) : 0;
+        return;
+    }
+    demo_tp_rows(t, rank % g, g, r0, rows);
+}
+
+uint64_t demo_row_elems(const demo_tensor *t)
 {
     uint64_t e = 1;
     for (uint32_t d = 1; d < t->ndim; d++)
@@ -286,6 +299,14 @@ static void ready(double warm_s, uint64_t warm_bytes)
     fflush(stdout);
 }
 
+/* A number from the environment (0 when unset): the lab's bench cluster
+ * tells its processes their host's segment and node this way. */
+static uint64_t env_u64(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v ? strtoull(v, NULL, 10) : 0;
+}
+
 static bool demo_cold(void)
 {
     const char *v = getenv("FERRY_DEMO_COLD");
@@ -297,9 +318,7 @@ static bool demo_cold(void)
 /* The trainers' placement: every tensor cut along dim 0 into `world`
  * pieces, piece r on rank r (FSDP); *mine gets this rank's pieces, with
  * their first row and row count. */
-typedef struct shard_of { size_t tensor; uint64_t fragment, r0, rows; } shard_of;
-
-static int fsdp_placement(const demo_model *m, uint32_t world, uint32_t rank,
+int demo_fsdp_placement(const demo_model *m, uint32_t world, uint32_t rank,
                           ferry_manifest **out, shard_of **mine, size_t *nmine)
 {
     int rc = ferry_manifest_create(world, NULL, 1, out);
@@ -335,25 +354,25 @@ int demo_trainer_main(int argc, char **argv)
     ferry_manifest *pl = NULL;
     shard_of *mine = NULL;
     size_t nmine = 0;
-    if (fsdp_placement(&a.m, a.world, a.rank, &pl, &mine, &nmine) < 0) {
+    if (demo_fsdp_placement(&a.m, a.world, a.rank, &pl, &mine, &nmine) < 0) {
         printf("ERR cannot describe the trainers' placement\n");
         fflush(stdout);
         return 1;
     }
     uint64_t bytes = 0;
     for (size_t k = 0; k < nmine; k++)
-        bytes += mine[k].rows * row_elems(&a.m.t[mine[k].tensor]) * 2;
+        bytes += mine[k].rows * demo_row_elems(&a.m.t[mine[k].tensor]) * 2;
     uint8_t *mem = malloc(bytes ? bytes : 1);
     ferry_shard_data *data = calloc(nmine ? nmine : 1, sizeof *data);
     if (!mem || !data)
         return 1;
     for (size_t k = 0, off = 0; k < nmine; k++) {
         data[k] = (ferry_shard_data){ .fragment = mine[k].fragment, .data = mem + off };
-        off += mine[k].rows * row_elems(&a.m.t[mine[k].tensor]) * 2;
+        off += mine[k].rows * demo_row_elems(&a.m.t[mine[k].tensor]) * 2;
     }
     memset(mem, 0, bytes);   /* a trainer's shards live in memory it has written */
     ferry_publisher_config pc = { .rank = a.rank, .world = a.world, .keep = 2,
-                                  .timeout_ms = 120000 };
+                                  .timeout_ms = 120000, .segment = env_u64("FERRY_DEMO_SEGMENT") };
     snprintf(pc.model, sizeof pc.model, "%s", a.model);
     double w0 = cli_now();
     uint64_t wb = 0;
@@ -364,13 +383,21 @@ int demo_trainer_main(int argc, char **argv)
         return 1;
     }
     ready(demo_cold() ? 0 : cli_now() - w0, wb);
-    char line[256];
+    demo_shard *ds = calloc(nmine ? nmine : 1, sizeof *ds);
+    if (!ds)
+        return 1;
+    for (size_t k = 0; k < nmine; k++)
+        ds[k] = (demo_shard){ mine[k].tensor, mine[k].r0, mine[k].rows, data[k].data };
+    demo_xfer x = {0};
+    static char line[4096];
     while (fgets(line, sizeof line, stdin)) {
         unsigned long long g;
+        if (demo_xfer_trainer(&x, line, &a.m, a.rank, a.world, ds, nmine))
+            continue;
         if (sscanf(line, "publish %llu", &g) != 1)
             break;
         for (size_t k = 0; k < nmine; k++) {
-            uint64_t re = row_elems(&a.m.t[mine[k].tensor]);
+            uint64_t re = demo_row_elems(&a.m.t[mine[k].tensor]);
             fill((uint16_t *)(uintptr_t)data[k].data, g, mine[k].tensor, mine[k].r0 * re,
                  mine[k].rows * re);
         }
@@ -387,6 +414,8 @@ int demo_trainer_main(int argc, char **argv)
             printf("ERR %s\n", err.msg);
         fflush(stdout);
     }
+    demo_xfer_close(&x);
+    free(ds);
     ferry_store_close(a.s);
     free(mem);
     free(data);
@@ -441,7 +470,7 @@ static uint64_t check_shards(const demo_model *m, const ferry_param_shard *sh,
     uint64_t bad = 0;
     for (size_t k = 0; k < ns; k++) {
         const demo_tensor *t = &m->t[first[k]];
-        uint64_t n = sh[k].shape[0] * row_elems(t), base = sh[k].offset[0] * row_elems(t);
+        uint64_t n = sh[k].shape[0] * demo_row_elems(t), base = sh[k].offset[0] * demo_row_elems(t);
         const uint16_t *p = sh[k].dst;
         for (uint64_t i = 0; i < n; i++)
             bad += p[i] != bits(g, first[k], base + i);
@@ -471,12 +500,13 @@ int demo_rollout_main(int argc, char **argv)
     ferry_param_shard *sh = calloc(a.m.n, sizeof *sh);
     uint64_t *first = calloc(a.m.n, sizeof *first);
     size_t ns = 0;
-    /* TP over world/dp ranks, each TP shard held by dp replicas */
-    uint32_t tp = a.world / a.dp;
+    /* TP over world/dp ranks, each TP shard held by dp replicas; with
+     * FERRY_DEMO_EP, each expert whole on one worker of each replica */
+    bool ep = env_u64("FERRY_DEMO_EP") != 0;
     for (size_t i = 0; i < a.m.n; i++) {
         const demo_tensor *t = &a.m.t[i];
         uint64_t r0, rows;
-        tp_rows(t, a.rank % tp, tp, &r0, &rows);
+        demo_rollout_rows(t, a.rank, a.world, a.dp, ep, &r0, &rows);
         if (rows == 0)
             continue;
         ferry_param_shard *p = &sh[ns];
@@ -487,14 +517,17 @@ int demo_rollout_main(int argc, char **argv)
             p->offset[0] = r0;
             p->shape[0] = rows;
         }
-        p->dst = param_alloc(rows * row_elems(t) * 2);
+        p->dst = param_alloc(rows * demo_row_elems(t) * 2);
         if (!p->dst)
             return 1;
-        memset(p->dst, 0, rows * row_elems(t) * 2);   /* loaded weights live in written memory */
-        p->dst_bytes = rows * row_elems(t) * 2;
+        memset(p->dst, 0, rows * demo_row_elems(t) * 2);   /* loaded weights live in written memory */
+        p->dst_bytes = rows * demo_row_elems(t) * 2;
         first[ns++] = i;
     }
-    ferry_subscriber_config sc = { .rank = a.rank, .world = a.world, .timeout_ms = 120000 };
+    ferry_subscriber_config sc = { .rank = a.rank, .world = a.world, .timeout_ms = 120000,
+                                   .node = (uint32_t)env_u64("FERRY_DEMO_NODE"),
+                                   .local_segment = env_u64("FERRY_DEMO_SEGMENT"),
+                                   .batch_bytes = env_u64("FERRY_DEMO_BATCH") };
     snprintf(sc.model, sizeof sc.model, "%s", a.model);
     snprintf(sc.group, sizeof sc.group, "demo");
     ferry_subscriber *sub = NULL;
@@ -510,6 +543,8 @@ int demo_rollout_main(int argc, char **argv)
         largest = a.m.t[i].bytes > largest ? a.m.t[i].bytes : largest;
     staging = largest > staging ? largest : staging;
     ferry_compat_config cc = { .rank = a.rank, .world = a.world, .timeout_ms = 120000,
+                               .node = (uint32_t)env_u64("FERRY_DEMO_NODE"),
+                               .local_segment = env_u64("FERRY_DEMO_SEGMENT"),
                                .staging_bytes = staging > (256ull << 20) ? staging : 256ull << 20 };
     snprintf(cc.model, sizeof cc.model, "%s", a.model);
     snprintf(cc.group, sizeof cc.group, "demo");
@@ -528,13 +563,23 @@ int demo_rollout_main(int argc, char **argv)
     }
     ready(demo_cold() ? 0 : cli_now() - w0, wb);
     uint64_t cur = 0, naive_gen = 0, compat_gen = 0;
+    demo_xfer x = {0};
     char line[256];
     while (fgets(line, sizeof line, stdin)) {
         unsigned long long g;
         ferry_update_stats st;
         ferry_error err = {0};
-        double t0 = cli_now();
-        if (sscanf(line, "direct %llu", &g) == 1) {
+        double t0 = cli_now(), xs = 0;
+        uint64_t xb = 0, xg = 0;
+        int xr = demo_xfer_rollout(&x, line, &a.m, sh, first, ns, &xs, &xb, &xg);
+        if (xr == 2) {
+            /* replied */
+        } else if (xr > 0) {   /* a baseline's bytes landed: check them, as every update's */
+            uint64_t bad = check_shards(&a.m, sh, first, ns, xg);
+            printf("OK %.4f %llu %llu 0\n", xs, (unsigned long long)xb, (unsigned long long)bad);
+        } else if (xr < 0) {
+            break;
+        } else if (sscanf(line, "direct %llu", &g) == 1) {
             int rc = ferry_subscriber_update(sub, &cur, &st, &err);
             double dt = cli_now() - t0;
             if (rc == 0)
@@ -548,7 +593,7 @@ int demo_rollout_main(int argc, char **argv)
         } else if (sscanf(line, "naive %llu", &g) == 1) {
             /* The baseline: every worker reads its own demand from the store. */
             for (size_t k = 0; k < ns; k++)   /* so that the check below means something */
-                memset(sh[k].dst, 0, sh[k].shape[0] * row_elems(&a.m.t[first[k]]) * 2);
+                memset(sh[k].dst, 0, sh[k].shape[0] * demo_row_elems(&a.m.t[first[k]]) * 2);
             t0 = cli_now();
             int rc = ferry_weights_update_direct(a.s, a.model, &naive_gen, sh, ns, &st, &err);
             double dt = cli_now() - t0;
@@ -597,6 +642,7 @@ int demo_rollout_main(int argc, char **argv)
         }
         fflush(stdout);
     }
+    demo_xfer_close(&x);
     ferry_compat_group_close(cg);
     ferry_subscriber_close(sub);
     for (size_t k = 0; k < ns; k++)

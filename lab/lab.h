@@ -76,5 +76,7 @@ int cmd_bench_sparse(int argc, char **argv);
 
 /* cluster.c: `ferry-lab cluster up|check|clean`, the lab of emulated hosts */
 int cmd_cluster(int argc, char **argv, const char *self);
+/* bench_cluster.c: `ferry-lab bench cluster`, the strategies over the lab's links */
+int cmd_bench_cluster(int argc, char **argv, const char *self);
 
 #endif

@@ -1,5 +1,5 @@
 /* `ferry plan --model M --src L --dst L --nic BW`: the weight update of a
- * modelled cluster, per NIC, for four ways of doing it (docs/weights.md,
+ * modelled cluster, per NIC, for five ways of doing it (docs/weights.md,
  * "Reader assignment and the at-scale model").
  *
  * Cluster: the trainers (src layout) on their nodes, each tensor stored by
@@ -16,9 +16,11 @@
 #include "cli.h"
 #include "testing.h"   /* fr_update_model: the library's model, not public API */
 
-static const char *const s_key[FR_UM_COUNT] = { "direct", "compat", "broadcast", "naive", "lower_bound" };
+static const char *const s_key[FR_UM_COUNT] = { "direct", "compat", "broadcast", "naive", "p2p",
+                                                "lower_bound" };
 static const char *const s_name[FR_UM_COUNT] = { "ferry direct", "ferry compatibility",
                                                  "broadcast from rank 0", "every worker reads",
+                                                 "trainers point-to-point",
                                                  "lower bound" };
 
 /* "400gbps", "100Gb/s", "25GB/s", "12.5GBps": b = bits, B = bytes. */

@@ -28,6 +28,8 @@ enum {
     FR_UM_COMPAT,   /* compatibility mode: every worker, every whole tensor */
     FR_UM_BCAST,    /* rank 0 reads, then sends each worker its demand */
     FR_UM_NAIVE,    /* every worker reads its own demand from the store */
+    FR_UM_P2P,      /* each publisher sends each worker its demand, no store: the
+                     * bytes of naive, from the same nodes */
     FR_UM_FLOOR,    /* the lower bound */
     FR_UM_COUNT
 };
@@ -45,6 +47,14 @@ typedef struct fr_update_model {
  * memory, or a tensor cut into too many cells). */
 int fr_update_model_build(const ferry_manifest *src, const ferry_manifest *dst, fr_update_model **out);
 void fr_update_model_free(fr_update_model *m);   /* NULL: nothing */
+/* Compatibility mode as the group update runs it (src/rl/compat.c): every
+ * tensor (sizes[0..n), in manifest order) wanted whole by each of nworkers
+ * workers, one reader per tensor (a whole set is never cut: pull_plan.c's
+ * fr_work.whole), one push per other node then forwarded there, the loads
+ * balanced over all tensors; the objects on no worker's node (a trainer's).
+ * Per node (nnodes): bytes in and out of its NIC. 0 or FERRY_ENOMEM. */
+int fr_um_compat_whole(const uint64_t *sizes, size_t n, const uint32_t *worker_node,
+                       uint32_t nworkers, uint32_t nnodes, uint64_t *in, uint64_t *out);
 
 /* ---- the subscriber's planning (sub_probe.c) ------------------------------------------- */
 /* A generation as a subscriber holds it (opaque). */

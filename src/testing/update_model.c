@@ -191,6 +191,7 @@ static int one_tensor(model_run *m, const ferry_tensor_desc *t, uint32_t src)
         uni += g[i].len;
     /* every worker reads its own */
     fr_um_totals *nv = &m->t[FR_UM_NAIVE], *bc = &m->t[FR_UM_BCAST], *fl = &m->t[FR_UM_FLOOR];
+    fr_um_totals *pp = &m->t[FR_UM_P2P];
     uint32_t n0 = m->wnode[0];
     for (size_t i = 0; i < m->nd; i++) {
         uint32_t n = m->wnode[m->d[i].worker];
@@ -200,6 +201,9 @@ static int one_tensor(model_run *m, const ferry_tensor_desc *t, uint32_t src)
         if (n != src) {
             nv->in[n] += len;
             nv->out[src] += len;
+            pp->in[n] += len;   /* p2p: the same bytes from the publisher, no store */
+            pp->out[src] += len;
+            pp->cross_push += len;
         }
         if (n != n0) {   /* broadcast: rank 0 sends each worker its demand */
             bc->out[n0] += len;
@@ -303,8 +307,12 @@ static int build(model_run *m, const ferry_manifest *src, const ferry_manifest *
     }
     fr_rd_config cfg = { .nworkers = m->nworkers, .worker_node = m->wnode, .nnodes = m->nnodes,
                          .chunk = CHUNK, .relay = true };
+    /* compat reads a whole tensor with one reader (pull_plan.c: a whole set
+     * is never cut into pieces), so its loads come in whole tensors */
+    fr_rd_config ccfg = cfg;
+    ccfg.chunk = 0;
     if (rc == 0 && (!m->wnode || fr_readers_open(&cfg, &m->direct) < 0 ||
-                    fr_readers_open(&cfg, &m->compat) < 0))
+                    fr_readers_open(&ccfg, &m->compat) < 0))
         rc = -1;
     /* fragments come in tensor order */
     uint64_t nf = ferry_manifest_fragment_count(dst), id = 0;
@@ -364,4 +372,33 @@ void fr_update_model_free(fr_update_model *u)
     for (int s = 0; s < FR_UM_COUNT; s++)
         free(u->t[s].in), free(u->t[s].out);
     free(u);
+}
+
+int fr_um_compat_whole(const uint64_t *sizes, size_t n, const uint32_t *worker_node,
+                       uint32_t nworkers, uint32_t nnodes, uint64_t *in, uint64_t *out)
+{
+    fr_rd_config cfg = { .nworkers = nworkers, .worker_node = worker_node, .nnodes = nnodes,
+                         .chunk = 0, .relay = true };
+    fr_readers *r = NULL;
+    fr_rd_demand *d = malloc((nworkers ? nworkers : 1) * sizeof *d);
+    int rc = d && fr_readers_open(&cfg, &r) == 0 ? 0 : FERRY_ENOMEM;
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        const fr_rd_range *g;
+        const fr_rd_push *p;
+        size_t ng, np;
+        for (uint32_t w = 0; w < nworkers; w++)
+            d[w] = (fr_rd_demand){ w, 0, sizes[i] };
+        if (fr_readers_object(r, FR_RD_NO_NODE, sizes[i], d, nworkers, &g, &ng, &p, &np) < 0)
+            rc = FERRY_ENOMEM;
+    }
+    if (rc == 0) {
+        const fr_rd_load *l = fr_readers_loads(r);
+        for (uint32_t k = 0; k < nnodes; k++) {
+            in[k] = l[k].read_in + l[k].push_in;
+            out[k] = l[k].push_out + l[k].serve_out;
+        }
+    }
+    fr_readers_close(r);
+    free(d);
+    return rc;
 }

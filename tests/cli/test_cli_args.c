@@ -190,6 +190,7 @@ static const char *const cmds[][2] = {
     { "bench plan", "usage: ferry-lab bench plan " },
     { "bench exec", "usage: ferry-lab bench exec " },
     { "bench sparse", "usage: ferry-lab bench sparse " },
+    { "bench cluster", "usage: ferry-lab bench cluster " },
     { "cluster", "usage: ferry-lab cluster " },
     { "cluster up", "usage: ferry-lab cluster up " },
     { "cluster check", "usage: ferry-lab cluster check " },
