@@ -345,7 +345,14 @@ typedef struct ferry_master_config {
     uint64_t pending_timeout_ms;    /* revoke puts whose writer vanished (FERRY_DEFAULT_TIMEOUT_MS) */
     uint64_t checkpoint_records;    /* snapshot after this many log records (1000000) */
     bool no_sync;                   /* do not fsync the log: tests and benchmarks only */
-    uint64_t reserved[8];   /* zero (the init zeroes it; the library refuses anything else):
+    /* A replicated master (docs/store.md, "High availability"): with etcd
+     * set, ferry_master_open follows the cluster's log in etcd as a standby
+     * until it wins the leadership of `cluster`, then serves, every commit
+     * replicated through etcd first. NULL: a single master. Copied. */
+    const char *etcd;               /* etcd client URLs, comma-separated */
+    const char *cluster;            /* the cluster's name (with etcd; required then) */
+    uint64_t ha_ttl_s;              /* the leadership lease, seconds (0: 2) */
+    uint64_t reserved[5];   /* zero (the init zeroes it; the library refuses anything else):
                              * room for fields to come, docs/design.md "Growth" */
 } ferry_master_config;
 /* Defaults; the token from FERRY_TOKEN or FERRY_TOKEN_FILE when set. */

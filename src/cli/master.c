@@ -84,6 +84,7 @@ static int write_addr_file(const char *path, const char *addr)
 typedef struct master_ctx {
     ferry_master_config c;
     char dir[4096], token_file[4096], addr_file[4096], metrics[64], metrics_file[4096];
+    char etcd[1024], cluster[72];
 } master_ctx;
 
 static const cli_opt master_table[] = {
@@ -112,6 +113,15 @@ static const cli_opt master_table[] = {
             "(port 0: any free one; default: no metrics server)"),
     CLI_STR(master_ctx, metrics_file, "metrics-file", "F",
             "write the metrics URL to F once serving (atomically;\ndefault: no file)"),
+    CLI_STR(master_ctx, etcd, "etcd", "URLS",
+            "replicated: etcd client URLs, comma-separated; this master\n"
+            "follows the cluster's log in etcd as a standby until it\n"
+            "leads (default: none, a single master)"),
+    CLI_STR(master_ctx, cluster, "cluster", "NAME",
+            "the replicated cluster's name in etcd (with --etcd)"),
+    CLI_UINT(master_ctx, c.ha_ttl_s, "ha-ttl", "S", 1, 3600,
+             "the leader's etcd lease: a standby takes over this long\n"
+             "after the leader's machine went silent (default 2)"),
 };
 
 static const cli_cmd master_cmd = {
@@ -147,6 +157,14 @@ static int master_parse(int argc, char **argv, master_ctx *x, bool *run)
     if (pr != 0)
         return cli_cmd_usage_exit(pr, &master_cmd);
     snprintf(x->c.dir, sizeof x->c.dir, "%s", x->dir);
+    if (x->etcd[0] && !x->cluster[0]) {
+        fprintf(stderr, "ferry master: --etcd needs --cluster NAME\n");
+        return 2;
+    }
+    if (x->etcd[0]) {
+        x->c.etcd = x->etcd;
+        x->c.cluster = x->cluster;
+    }
     if (find_token(x->token_file[0] ? x->token_file : NULL, &x->c) < 0)
         return 2;
     if (x->c.dead_after_ms != 0 && x->c.dead_after_ms < x->c.heartbeat_timeout_ms) {

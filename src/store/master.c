@@ -3,6 +3,8 @@
  * itself (master.h). */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <sys/stat.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -14,6 +16,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "store/ha_log.h"
 #include "store/master_int.h"
 #include "wire/hsgate.h"
 #include "wire/sockio.h"
@@ -56,6 +59,70 @@ static void clocks(fr_master *m)
 
 /* ---- open / close ----------------------------------------------------------- */
 
+/* Remove the regular files of dir (a replicated master's local log: the
+ * cluster's state is in etcd, never in what a deposed leader left here). */
+static void empty_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL)
+        if (e->d_type == DT_REG)
+            (void)unlinkat(dirfd(d), e->d_name, 0);
+    if (d)
+        closedir(d);
+}
+
+/* A replicated master's start: a candidate of the cluster; the state from
+ * the cluster's snapshot and log, followed as a standby until this master
+ * wins the leadership; then the rest of the log, a local log of its own
+ * (DIR/ha, emptied first) continuing the cluster's numbering, and every
+ * commit replicated from there on. */
+static int ha_setup(fr_master *m, const fr_master_config *c, const fr_wal_opts *wo,
+                    ferry_error *err)
+{
+    const char *colon = strrchr(c->listen, ':');
+    if (!colon || atoi(colon + 1) == 0)
+        return fr_fail(err, FERRY_EINVAL, "master: with etcd, --listen must name the port: "
+                       "HOST:PORT is this master's address in the cluster (given %s)", c->listen);
+    fr_ha_config hc = { .endpoints = c->etcd, .cluster = c->cluster, .id = c->listen,
+                        .ttl_s = (int)c->ha_ttl_s, .timeout_ms = 2000 };
+    int rc = fr_ha_open(&hc, &m->ha, err);
+    if (rc < 0)
+        return rc;
+    uint64_t seq = 1, lsn = 1;
+    ferry_error e = {0};
+    rc = fr_ha_snapshot_load(m->ha, m->meta, &seq, &lsn, &e);
+    if (rc < 0 && rc != FERRY_ENOENT)
+        return fr_fail(err, rc, "master: cannot load cluster %s's snapshot: %s", c->cluster, e.msg);
+    bool said = false;
+    for (;;) {
+        if ((rc = fr_ha_follow(m->ha, m->meta, 0, &seq, &lsn, NULL, err)) < 0)
+            return rc;
+        memset(&e, 0, sizeof e);
+        rc = fr_ha_campaign(m->ha, 300, &m->epoch, &e);
+        if (rc == 0)
+            break;
+        if (!said)
+            FR_INFO("master", "standby of cluster %s: %s", c->cluster, e.msg);
+        said = rc == FERRY_ETIMEDOUT;
+    }
+    if ((rc = fr_ha_follow(m->ha, m->meta, 0, &seq, &lsn, NULL, err)) < 0)
+        return rc;
+    char dir[sizeof c->dir + 8];
+    snprintf(dir, sizeof dir, "%s/ha", c->dir);
+    if (mkdir(c->dir, 0755) != 0 && errno != EEXIST)
+        return fr_fail(err, FERRY_EIO, "master: cannot create %s: %s", c->dir, strerror(errno));
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return fr_fail(err, FERRY_EIO, "master: cannot create %s: %s", dir, strerror(errno));
+    empty_dir(dir);
+    if ((rc = fr_wal_open_state(dir, wo, m->meta, lsn, &m->wal)) < 0)
+        return fr_fail(err, rc, "master: cannot start its log in %s: %s", dir, ferry_strerror(rc));
+    fr_wal_replicate(m->wal, m->ha, m->epoch, seq);
+    FR_INFO("master", "leads cluster %s (epoch %lld) from log entry %llu, LSN %llu", c->cluster,
+            (long long)m->epoch, U(seq), U(lsn));
+    return 0;
+}
+
 static int master_new(const fr_master_config *c, bool mem, fr_master **out, ferry_error *err)
 {
     *out = NULL;
@@ -94,6 +161,17 @@ static int master_new(const fr_master_config *c, bool mem, fr_master **out, ferr
         return fr_fail(err, rc, "master: cannot set up its state: %s", ferry_strerror(rc));
     fr_wal_opts wo = { .no_sync = c->no_sync };
     fr_wal_recovery rep = { 0 };
+    if (c->etcd[0]) {   /* replicated: the state comes from the cluster's log in etcd */
+        if ((rc = ha_setup(m, c, &wo, err)) < 0)
+            return rc;
+        m->ckpt_records = fr_meta_records(m->meta);
+        clocks(m);
+        rc = fr_master_segs_recover(m);
+        if (rc < 0)
+            return fr_fail(err, rc, "master: cannot recover the segments of cluster %s: %s",
+                           c->cluster, ferry_strerror(rc));
+        return 0;
+    }
     rc = fr_wal_open(c->dir, &wo, m->meta, &m->wal, &rep);
     if (rc == FERRY_EBUSY)
         return fr_fail(err, rc, "master: directory %s is in use by another master (its LOCK is "
@@ -274,6 +352,7 @@ void fr_master_close(fr_master *m)
     if (m->wal && fr_wal_commit(m->wal) < 0)
         FR_ERROR("master", "final commit failed");
     fr_wal_close(m->wal, m->meta);
+    fr_ha_close(m->ha);   /* resign: a standby takes over at once */
     fr_meta_destroy(m->meta);
     fr_master_segs_free(m);
     int fds[] = { m->lfd, m->epfd, m->handoff_efd, m->stop_pipe[0], m->stop_pipe[1] };
@@ -411,12 +490,23 @@ static void finish_batch(fr_master *m)
         int rc = fr_wal_checkpoint(m->wal, m->meta);
         if (rc < 0)
             FR_WARN("master", "checkpoint failed: %s (the log still recovers)", ferry_strerror(rc));
+        ferry_error e = {0};
+        if (m->ha && (rc = fr_ha_snapshot_put(m->ha, m->epoch, m->meta, fr_wal_next_seq(m->wal),
+                                              fr_wal_last_lsn(m->wal) + 1, &e)) < 0)
+            FR_WARN("master", "snapshot into etcd failed: %s (the cluster's log still has it all)",
+                    e.msg);
         m->ckpt_records = fr_meta_records(m->meta);
     }
 }
 
 static void timers(fr_master *m)
 {
+    if (m->ha && m->fatal == 0 && !fr_ha_leading(m->ha, m->epoch)) {
+        /* its lease not renewed for a TTL: another master may lead now */
+        FR_ERROR("master", "lost the leadership of cluster %s (epoch %lld): stopping",
+                 m->cfg.cluster, (long long)m->epoch);
+        fr_master_note_fatal(m, FERRY_ESTATE);
+    }
     if (fr_meta_next_deadline(m->meta) <= m->now_wall) {
         fr_tick_result tr = { 0 };
         int rc = fr_meta_tick(m->meta, m->now_wall, &tr);

@@ -38,6 +38,9 @@ typedef struct fr_master_config {
     uint64_t pending_timeout_ms;    /* default FERRY_DEFAULT_TIMEOUT_MS: a PENDING object whose writer vanished is revoked */
     uint64_t checkpoint_records;    /* snapshot after this many log records, default 1000000 */
     bool no_sync;                   /* tests/bench only: the log is not fsynced */
+    char etcd[1024];                /* replicated: etcd client URLs ("": a single master) */
+    char cluster[72];               /* the cluster's name in etcd */
+    uint32_t ha_ttl_s;              /* the leadership lease (0: FR_HA_TTL_S) */
 } fr_master_config;
 
 void fr_master_config_default(fr_master_config *c);

@@ -54,6 +54,16 @@ int ferry_master_open(const ferry_master_config *cfg, ferry_master **out, ferry_
     c.pending_timeout_ms = cfg->pending_timeout_ms;
     c.checkpoint_records = cfg->checkpoint_records;
     c.no_sync = cfg->no_sync;
+    if (cfg->etcd && *cfg->etcd) {
+        if (strlen(cfg->etcd) >= sizeof c.etcd || !cfg->cluster || !*cfg->cluster ||
+            strlen(cfg->cluster) >= sizeof c.cluster || cfg->ha_ttl_s > 3600)
+            return fr_fail(err, FERRY_EINVAL, "master: with etcd, a cluster name (at most %zu "
+                           "characters), etcd URLs of at most %zu and a TTL of at most an hour",
+                           sizeof c.cluster - 1, sizeof c.etcd - 1);
+        snprintf(c.etcd, sizeof c.etcd, "%s", cfg->etcd);
+        snprintf(c.cluster, sizeof c.cluster, "%s", cfg->cluster);
+        c.ha_ttl_s = (uint32_t)cfg->ha_ttl_s;
+    }
     ferry_master *m = fr_calloc(1, sizeof *m);
     if (!m)
         return fr_fail(err, FERRY_ENOMEM, "master: out of memory");

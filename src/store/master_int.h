@@ -133,6 +133,8 @@ struct fr_master {
     fr_master_config cfg;
     fr_meta *meta;
     fr_wal *wal;
+    struct fr_ha_elect *ha;      /* replicated (cfg.etcd): this master's candidacy */
+    int64_t epoch;               /* its leadership's */
     uint64_t instance;
     uint8_t key[32];
     char address[80];

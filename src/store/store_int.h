@@ -532,6 +532,13 @@ typedef struct fr_wal_recovery {
  * it. rep may be NULL. */
 int fr_wal_open(const char *dir, const fr_wal_opts *opts, fr_meta *m, fr_wal **out,
                 fr_wal_recovery *rep);
+/* A WAL for a state built elsewhere (a standby that followed a cluster's
+ * log): dir (created if needed) must hold no log; m's state is written as
+ * its first snapshot at LSN next_lsn - 1 and its records go on from
+ * next_lsn, so that its numbering continues the state's. FERRY_EEXIST when
+ * dir holds a log. */
+int fr_wal_open_state(const char *dir, const fr_wal_opts *opts, fr_meta *m, uint64_t next_lsn,
+                      fr_wal **out);
 /* Commit what was appended, close the files and detach from m (if
  * attached). Accepts NULL. */
 void fr_wal_close(fr_wal *w, fr_meta *m);

@@ -362,6 +362,43 @@ int fr_wal_open(const char *dir, const fr_wal_opts *opts, fr_meta *m, fr_wal **o
     return 0;
 }
 
+int fr_wal_open_state(const char *dir, const fr_wal_opts *opts, fr_meta *m, uint64_t next_lsn,
+                      fr_wal **out)
+{
+    if (dir == NULL || m == NULL || out == NULL || next_lsn == 0)
+        return FERRY_EINVAL;
+    fr_meta *empty = NULL;
+    int rc = fr_meta_new(NULL, &empty);
+    if (rc < 0)
+        return rc;
+    fr_wal_recovery rep;
+    fr_wal *w = NULL;
+    rc = fr_wal_open(dir, opts, empty, &w, &rep);
+    if (rc == 0 && rep.last_lsn != 0) {
+        FR_ERROR("store", "%s holds a log already: a state from elsewhere is not written over it",
+                 dir);
+        rc = FERRY_EEXIST;
+    }
+    if (rc < 0) {
+        fr_wal_close(w, empty);
+        fr_meta_destroy(empty);
+        return rc;
+    }
+    fr_meta_set_sink(empty, NULL, NULL);
+    fr_meta_destroy(empty);
+    pthread_mutex_lock(&w->mu);
+    w->last_lsn = w->durable_lsn = next_lsn - 1;
+    pthread_mutex_unlock(&w->mu);
+    w->m = m;
+    fr_meta_set_sink(m, meta_sink, w);
+    if (next_lsn > 1 && (rc = fr_wal_checkpoint(w, m)) < 0) {
+        fr_wal_close(w, m);
+        return rc;
+    }
+    *out = w;
+    return 0;
+}
+
 void fr_wal_close(fr_wal *w, fr_meta *m)
 {
     if (w == NULL)
