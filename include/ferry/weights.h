@@ -73,7 +73,14 @@ typedef struct ferry_publisher_config {
     uint64_t segment;               /* this node's store segment, preferred (0: none) */
     uint32_t keep;                  /* generations retained (default 2) */
     uint64_t timeout_ms;            /* barrier wait (default FERRY_DEFAULT_TIMEOUT_MS) */
-    uint64_t reserved[8];   /* zero (the init zeroes it; the library refuses anything else):
+    /* Block quantization before the network (docs/weights.md, "FP8
+     * rollouts"): the tensors these rules pick are stored as FP8 in blocks
+     * with their f32 scale tensors, quantized once by the ranks that hold
+     * them from the values they hold (not from out_dtype); the other
+     * tensors as out_dtype says. NULL (the default): none. Read during the
+     * call only. Not for the streaming publish. */
+    const ferry_quant_rules *quant;
+    uint64_t reserved[7];   /* zero (the init zeroes it; the library refuses anything else):
                              * room for fields to come, docs/design.md "Growth" */
 } ferry_publisher_config;
 
