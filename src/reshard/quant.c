@@ -496,19 +496,20 @@ int fr_manifest_quant_like(ferry_manifest *t, const ferry_manifest *src, bool ch
             continue;
         int ti = ferry_manifest_find_tensor(t, w->name);
         int si = ferry_manifest_find_tensor(t, src->tensors[w->qpartner].name);
-        if (ti < 0 || si < 0)
-            return fr_fail(err, FERRY_EINVAL, "quantize: tensor '%s' or its scale tensor is "
-                           "missing from the target", w->name);
+        if (ti < 0 && si < 0)
+            continue;   /* a target of some tensors only (a subscriber's reads) */
         quant_rules q = { .dtype = w->qdtype, .block = { w->qblock[0], w->qblock[1] },
                           .format = w->qformat };
-        for (size_t g = 0; check && g < t->ngroups; g++)
+        for (size_t g = 0; check && ti >= 0 && g < t->ngroups; g++)
             if (t->groups[g].tensor == (uint32_t)ti) {
                 int rc = check_blocks(t, &t->groups[g], &q, err);
                 if (rc < 0)
                     return rc;
             }
-        mark(&t->tensors[ti], FERRY_QUANT_WEIGHT, (uint32_t)si, &q, w->qfrom);
-        mark(&t->tensors[si], FERRY_QUANT_SCALE, (uint32_t)ti, &q, "f32");
+        if (ti >= 0)   /* the partner of one without the other: none (UINT32_MAX) */
+            mark(&t->tensors[ti], FERRY_QUANT_WEIGHT, (uint32_t)si, &q, w->qfrom);
+        if (si >= 0)
+            mark(&t->tensors[si], FERRY_QUANT_SCALE, (uint32_t)ti, &q, "f32");
     }
     t->digest_valid = false;
     return 0;
