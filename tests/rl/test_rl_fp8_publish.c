@@ -1,0 +1,509 @@
+/* FP8 rollouts quantized once, before the network (docs/weights.md, "FP8
+ * rollouts"), against a real master and node with three trainer processes
+ * publishing FSDP 3 shards (ferry_publish_shards with quantization rules):
+ *  - 1024 x 600 f32 "l.q_proj.weight" and 600 x 1024 bf16 "l.o_proj.weight"
+ *    cut by the FSDP boundaries at rows 342/684 and 200/400 (inside blocks
+ *    2 and 5, and 1 and 3, of 128 rows), a 1-D norm left unquantized (bf16);
+ *    values spread over many magnitudes per block, a block of zeros, NaNs
+ *    and infinities on both sides of a cut, a block whose largest value
+ *    lies on the other side of the cut from most of its rows;
+ *  - TP 2 rollout workers (column-parallel q_proj: rows; row-parallel
+ *    o_proj: columns) read their FP8 shards and the scale rows or columns
+ *    of them with ferry_weights_update_direct, and a subscriber group holding
+ *    every tensor reads each stored byte once: every FP8 byte and scale is
+ *    compared, bit for bit, with a reference quantizer written in this file
+ *    from the documented formula (it shares no code with the library: the
+ *    FP8 value of a product is the nearest of the 255 finite codes, decoded
+ *    here, ties to the even code);
+ *  - the generation's manifest records the quantization (roles, blocks,
+ *    cut blocks) and the bytes stored are FP8 + scales: about half of bf16;
+ *  - a rollout buffer of 2-byte elements for an FP8 tensor and a shard that
+ *    cuts a block are refused at prepare with a sentence, nothing written. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "rl/gen_int.h"
+#include "util/ftgroup.h"
+#include "ferry/weights.h"
+
+#define WORLD 3
+#define MODEL "fp8"
+#define B 128
+
+enum { TQ, TO, TN, NT };   /* q_proj (f32), o_proj (bf16), norm (f32, not quantized) */
+static const char *const names[NT] = { "l.q_proj.weight", "l.o_proj.weight", "l.norm.weight" };
+static const char *const scale_names[2] = { "l.q_proj.weight_scale_inv",
+                                            "l.o_proj.weight_scale_inv" };
+static const uint64_t shapes[NT][2] = { { 1024, 600 }, { 600, 1024 }, { 600, 1 } };
+static const uint32_t rank_node[WORLD] = { 0, 0, 0 };
+
+static uint64_t mix(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    return x ^ (x >> 33);
+}
+
+/* Element (r, c) of tensor t in generation gen, as an f32 (o_proj is held
+ * in bf16: the test rounds it there, see held()). */
+static float value(uint64_t gen, int t, uint64_t r, uint64_t c)
+{
+    if (t == TN)
+        return (float)(r % 17) * 0.25f;
+    if (t == TQ) {
+        if (r < B && c < B)
+            return 0.0f;                                  /* a block of zeros */
+        if ((r == 300 && c == 20) || (r == 345 && c == 21))
+            return NAN;                                   /* both sides of the cut at 342 */
+        if (r == 341 && c == 30)
+            return INFINITY;
+        if (r == 342 && c == 31)
+            return -INFINITY;
+        if (r == 350 && c == 10)
+            return 1.0e4f;                                /* block (2, 0): rank 1's rows */
+        if (r == 683 && c == 599)
+            return -3.0e4f;                               /* block (5, 4), partial, cut at 684 */
+    }
+    uint64_t h = mix(gen * 1000003u + (uint64_t)t * 7919u + r * 4099u + c);
+    int e = (int)((r / B * 7 + c / B * 3 + gen) % 24) - 12;   /* magnitudes per block */
+    float m = (float)(h >> 40) / (float)(1u << 24) - 0.5f;    /* [-0.5, 0.5) */
+    return ldexpf(m, e);
+}
+
+/* The value as a trainer holds it (o_proj in bf16: rounded to nearest
+ * even here, by hand). */
+static float held(uint64_t gen, int t, uint64_t r, uint64_t c)
+{
+    float v = value(gen, t, r, c);
+    if (t != TO || isnan(v))
+        return v;
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&v, &u, 4);
+    return v;
+}
+
+/* ---- the reference quantizer (docs/weights.md: the block and element formulas) -------- */
+
+static double e4m3_value(int code)   /* a finite code 0..0x7e, positive */
+{
+    int e = (code >> 3) & 15, m = code & 7;
+    return e == 0 ? ldexp(m, -9) : ldexp(8 + m, e - 10);
+}
+
+static uint8_t ref_fp8(float p)
+{
+    if (isnan(p))
+        return (uint8_t)(signbit(p) ? 0xff : 0x7f);
+    double a = fabs((double)p);
+    if (isinf(a))   /* saturates: no infinity in E4M3 */
+        a = 448;
+    int best = 0;
+    double bd = INFINITY;
+    for (int k = 0; k <= 0x7e; k++) {
+        double d = fabs(e4m3_value(k) - a);
+        if (d < bd || (d == bd && (k & 1) == 0 && (best & 1))) {
+            bd = d;
+            best = k;
+        }
+    }
+    return (uint8_t)(best | (signbit(p) ? 0x80 : 0));
+}
+
+/* Tensor t quantized whole: q (rows x cols bytes) and scales. */
+static void reference(uint64_t gen, int t, uint8_t *q, float *scales)
+{
+    uint64_t rows = shapes[t][0], cols = shapes[t][1], nbc = (cols + B - 1) / B;
+    for (uint64_t br = 0; br * B < rows; br++)
+        for (uint64_t bc = 0; bc < nbc; bc++) {
+            float amax = 0;
+            for (uint64_t r = br * B; r < rows && r < br * B + B; r++)
+                for (uint64_t c = bc * B; c < cols && c < bc * B + B; c++) {
+                    float x = fabsf(held(gen, t, r, c));
+                    if (isfinite(x) && x > amax)
+                        amax = x;
+                }
+            volatile float s = (amax > 1e-4f ? amax : 1e-4f) / 448.0f;
+            volatile float m = 1.0f / s;
+            scales[br * nbc + bc] = s;
+            for (uint64_t r = br * B; r < rows && r < br * B + B; r++)
+                for (uint64_t c = bc * B; c < cols && c < bc * B + B; c++) {
+                    volatile float p = held(gen, t, r, c) * m;
+                    q[r * cols + c] = ref_fp8(p);
+                }
+        }
+}
+
+/* ---- a trainer process ------------------------------------------------------------------ */
+
+/* FSDP over WORLD ranks along dim 0 of every tensor (the norm whole on
+ * rank 0). */
+static ferry_manifest *placement(void)
+{
+    ferry_manifest *m = NULL;
+    if (ferry_manifest_create(WORLD, rank_node, 1, &m) < 0)
+        return NULL;
+    for (int t = 0; t < NT; t++) {
+        ferry_tensor_desc d = { .name = names[t], .dtype = t == TO ? "bf16" : "f32",
+                                .itemsize = t == TO ? 2 : 4, .ndim = t == TN ? 1 : 2,
+                                .shape = { shapes[t][0], shapes[t][1] } };
+        ferry_split sp = { .tensor = (uint32_t)t, .whole = true,
+                           .parts = { t == TN ? 1 : WORLD }, .rank_stride = { 1 } };
+        if (ferry_manifest_add_tensor(m, &d, NULL) < 0 || ferry_manifest_add_split(m, &sp, NULL) < 0) {
+            ferry_manifest_close(m);
+            return NULL;
+        }
+    }
+    return m;
+}
+
+static ferry_shard_data *my_pieces(ferry_manifest *m, uint32_t rank, uint64_t gen, size_t *n)
+{
+    uint64_t nf = ferry_manifest_fragment_count(m);
+    ferry_shard_data *v = calloc(nf, sizeof *v);
+    *n = 0;
+    for (uint64_t id = 0; id < nf; id++) {
+        ferry_fragment f;
+        if (ferry_manifest_fragment(m, id, &f) < 0 || f.rank != rank)
+            continue;
+        int t = (int)f.tensor;
+        uint64_t cols = t == TN ? 1 : f.shape[1], elems = f.shape[0] * cols;
+        uint8_t *buf = malloc(elems * 4);
+        for (uint64_t i = 0; i < elems; i++) {
+            float x = held(gen, t, f.offset[0] + i / cols, i % cols);
+            if (t == TO) {
+                uint32_t u;
+                memcpy(&u, &x, 4);
+                uint16_t h = (uint16_t)(u >> 16);
+                if (isnan(x))
+                    h = 0x7fc0;
+                memcpy(buf + 2 * i, &h, 2);
+            } else {
+                memcpy(buf + 4 * i, &x, 4);
+            }
+        }
+        v[(*n)++] = (ferry_shard_data){ .fragment = id, .data = buf };
+    }
+    return v;
+}
+
+/* argv: addr rank gen */
+static int trainer_main(char **argv)
+{
+    uint32_t rank = (uint32_t)atoi(argv[1]);
+    uint64_t gen = strtoull(argv[2], NULL, 10);
+    ferry_store *s = NULL;
+    if (ftg_worker_store(argv[0], &s) < 0)
+        return 1;
+    ferry_quant_rules rules;
+    ferry_quant_rules_init(&rules);
+    ferry_publisher_config pc;
+    ferry_publisher_config_init(&pc);
+    snprintf(pc.model, sizeof pc.model, "%s", MODEL);
+    snprintf(pc.out_dtype, sizeof pc.out_dtype, "bf16");
+    pc.rank = rank;
+    pc.world = WORLD;
+    pc.rank_node = rank_node;
+    pc.timeout_ms = 60000;
+    pc.quant = &rules;
+    ferry_manifest *m = placement();
+    size_t n = 0;
+    ferry_shard_data *mine = my_pieces(m, rank, gen, &n);
+    ferry_publish_stats st;
+    ferry_error err = {0};
+    int rc = ferry_publish_shards(s, &pc, gen, m, mine, n, &st, &err);
+    if (rc == 0)
+        printf("OK %llu %llu\n", (unsigned long long)st.bytes, (unsigned long long)st.total_bytes);
+    else
+        printf("ERR %d %s\n", rc, err.msg);
+    fflush(stdout);
+    for (size_t k = 0; k < n; k++)
+        free((void *)mine[k].data);
+    free(mine);
+    ferry_manifest_close(m);
+    ferry_store_close(s);
+    return 0;
+}
+
+/* ---- the test side ---------------------------------------------------------------------- */
+
+typedef struct round_opts {
+    const char *addr;
+    char gen[32];
+} round_opts;
+
+static void trainer_args(const void *ctx, int rank, ftg_args *a)
+{
+    const round_opts *o = ctx;
+    snprintf(a->buf[0], sizeof a->buf[0], "%d", rank);
+    const char *v[] = { "--trainer", o->addr, a->buf[0], o->gen, NULL };
+    memcpy(a->argv, v, sizeof v);
+}
+
+static void publish(ftg_env *f, uint64_t gen)
+{
+    round_opts o = { .addr = f->c.addr };
+    snprintf(o.gen, sizeof o.gen, "%llu", (unsigned long long)gen);
+    assert_int_equal(ftg_spawn(f, WORLD, trainer_args, &o, -1, NULL), 0);
+    int ok = ftg_collect(f, 90000, -1);
+    for (int k = 0; k < WORLD; k++)
+        fprintf(stderr, "  trainer %d: %s\n", k, f->line[k]);
+    ftg_stop(f);
+    assert_int_equal(ok, WORLD);
+}
+
+/* The expected bytes of every quantized tensor and its scales. */
+typedef struct expect {
+    uint8_t *q[2];
+    float *s[2];
+} expect;
+
+static void expect_of(uint64_t gen, expect *e)
+{
+    for (int t = 0; t < 2; t++) {
+        e->q[t] = malloc(shapes[t][0] * shapes[t][1]);
+        e->s[t] = malloc(((shapes[t][0] + B - 1) / B) * ((shapes[t][1] + B - 1) / B) * 4);
+        reference(gen, t, e->q[t], e->s[t]);
+    }
+}
+
+static void expect_free(expect *e)
+{
+    for (int t = 0; t < 2; t++) {
+        free(e->q[t]);
+        free(e->s[t]);
+    }
+}
+
+/* Box [r0, r0+nr) x [c0, c0+nc) of a rows x cols tensor of esz-byte
+ * elements, as bound (contiguous), equals the same box of want. */
+static void same_box(const char *what, const uint8_t *got, const uint8_t *want, uint64_t cols,
+                     uint64_t r0, uint64_t nr, uint64_t c0, uint64_t nc, size_t esz)
+{
+    for (uint64_t r = 0; r < nr; r++)
+        if (memcmp(got + r * nc * esz, want + ((r0 + r) * cols + c0) * esz, nc * esz) != 0) {
+            for (uint64_t c = 0; c < nc; c++)
+                if (memcmp(got + (r * nc + c) * esz, want + ((r0 + r) * cols + c0 + c) * esz, esz))
+                    fail_msg("%s: element [%llu,%llu] differs from the reference", what,
+                             (unsigned long long)(r0 + r), (unsigned long long)(c0 + c));
+        }
+}
+
+/* TP worker w of 2: q_proj rows [512w, +512) (column-parallel), o_proj
+ * columns [512w, +512) (row-parallel), the scale blocks of each, the norm. */
+typedef struct worker {
+    ferry_param_shard sh[5];
+    uint8_t *q, *o;
+    float *qs, *os;
+    uint16_t *norm;
+} worker;
+
+static void worker_bind(worker *w, int k)
+{
+    memset(w, 0, sizeof *w);
+    w->q = calloc(512 * 600, 1);
+    w->o = calloc(600 * 512, 1);
+    w->qs = calloc(4 * 5, 4);
+    w->os = calloc(5 * 4, 4);
+    w->norm = calloc(600, 2);
+    uint64_t o = 512 * (uint64_t)k;
+    w->sh[0] = (ferry_param_shard){ .tensor = names[TQ], .ndim = 2, .offset = { o, 0 },
+                                    .shape = { 512, 600 }, .dst = w->q, .dst_bytes = 512 * 600,
+                                    .elem_bytes = 1 };
+    w->sh[1] = (ferry_param_shard){ .tensor = scale_names[TQ], .ndim = 2, .offset = { o / B, 0 },
+                                    .shape = { 4, 5 }, .dst = w->qs, .dst_bytes = 80,
+                                    .elem_bytes = 4 };
+    w->sh[2] = (ferry_param_shard){ .tensor = names[TO], .ndim = 2, .offset = { 0, o },
+                                    .shape = { 600, 512 }, .dst = w->o, .dst_bytes = 600 * 512,
+                                    .elem_bytes = 1 };
+    w->sh[3] = (ferry_param_shard){ .tensor = scale_names[TO], .ndim = 2, .offset = { 0, o / B },
+                                    .shape = { 5, 4 }, .dst = w->os, .dst_bytes = 80,
+                                    .elem_bytes = 4 };
+    w->sh[4] = (ferry_param_shard){ .tensor = names[TN], .ndim = 1, .shape = { 600 },
+                                    .dst = w->norm, .dst_bytes = 1200, .elem_bytes = 2 };
+}
+
+static void worker_check(const worker *w, int k, const expect *e, uint64_t gen)
+{
+    uint64_t o = 512 * (uint64_t)k;
+    same_box("q_proj", w->q, e->q[TQ], 600, o, 512, 0, 600, 1);
+    same_box("q_proj scales", (const uint8_t *)w->qs, (const uint8_t *)e->s[TQ], 5, o / B, 4, 0,
+             5, 4);
+    same_box("o_proj", w->o, e->q[TO], 1024, 0, 600, o, 512, 1);
+    same_box("o_proj scales", (const uint8_t *)w->os, (const uint8_t *)e->s[TO], 8, 0, 5,
+             o / B, 4, 4);
+    for (uint64_t r = 0; r < 600; r++) {
+        float x = value(gen, TN, r, 0);
+        uint32_t u;
+        memcpy(&u, &x, 4);
+        assert_int_equal(w->norm[r], (uint16_t)(u >> 16));   /* exact in bf16 */
+    }
+}
+
+static void worker_free(worker *w)
+{
+    free(w->q);
+    free(w->o);
+    free(w->qs);
+    free(w->os);
+    free(w->norm);
+}
+
+static void test_fp8_fsdp_to_tp(void **state)
+{
+    ftg_env *f = *state;
+    expect e;
+    for (uint64_t gen = 1; gen <= 2; gen++) {
+        publish(f, gen);
+        expect_of(gen, &e);
+        /* the block (2, 0) of q_proj: its maximum, 1e4, lies in rank 1's rows;
+         * rank 0's rows of it were quantized with that scale too */
+        assert_true(e.s[TQ][2 * 5] == 1.0e4f / 448.0f);
+        assert_true(e.s[TQ][0] == 1e-4f / 448.0f);   /* the block of zeros */
+
+        /* The generation's manifest records the quantization. */
+        fr_gen *g = NULL;
+        ferry_error err = {0};
+        assert_int_equal(fr_gen_load(f->s, MODEL, gen, &g, &err), 0);
+        int qi = ferry_manifest_find_tensor(g->m, names[TQ]);
+        int si = ferry_manifest_find_tensor(g->m, scale_names[TQ]);
+        int ni = ferry_manifest_find_tensor(g->m, names[TN]);
+        assert_true(qi >= 0 && si >= 0 && ni >= 0);
+        ferry_tensor_quant tq;
+        assert_int_equal(ferry_manifest_tensor_quant(g->m, (uint32_t)qi, &tq), 0);
+        assert_int_equal(tq.role, FERRY_QUANT_WEIGHT);
+        assert_int_equal(tq.partner, si);
+        assert_string_equal(tq.fp8_dtype, "f8e4m3");
+        assert_int_equal(ferry_manifest_tensor_quant(g->m, (uint32_t)ni, &tq), 0);
+        assert_int_equal(tq.role, FERRY_QUANT_NONE);
+        char *json = ferry_manifest_to_json(g->m);
+        assert_non_null(strstr(json, "\"cut_blocks\":true"));
+        free(json);
+        /* scale fragments: rank 0 block rows 0-2, rank 1 3-5, rank 2 6-7 of q_proj */
+        uint64_t nf = ferry_manifest_fragment_count(g->m), stored = 0;
+        for (uint64_t id = 0; id < nf; id++) {
+            ferry_fragment fr;
+            assert_int_equal(ferry_manifest_fragment(g->m, id, &fr), 0);
+            ferry_tensor_desc d;
+            assert_int_equal(ferry_manifest_tensor(g->m, fr.tensor, &d), 0);
+            stored += fr.shape[0] * (d.ndim > 1 ? fr.shape[1] : 1) * d.itemsize;
+            if ((int)fr.tensor == si) {
+                static const uint64_t off[3] = { 0, 3, 6 }, len[3] = { 3, 3, 2 };
+                assert_int_equal(fr.offset[0], off[fr.rank]);
+                assert_int_equal(fr.shape[0], len[fr.rank]);
+            }
+        }
+        uint64_t fp8 = 1024 * 600 + 600 * 1024, scales = (8 * 5 + 5 * 8) * 4, norm = 600 * 2;
+        uint64_t bf16 = (1024 * 600 + 600 * 1024) * 2 + norm;
+        assert_int_equal(stored, fp8 + scales + norm);
+        fprintf(stderr, "stored: %llu bytes (FP8 %llu + scales %llu + norm %llu); as bf16 %llu: "
+                "%.3f\n", (unsigned long long)stored, (unsigned long long)fp8,
+                (unsigned long long)scales, (unsigned long long)norm, (unsigned long long)bf16,
+                (double)stored / (double)bf16);
+        fr_gen_free(g);
+
+        /* TP 2, each worker on its own (parameter-direct). */
+        for (int k = 0; k < 2; k++) {
+            worker w;
+            worker_bind(&w, k);
+            uint64_t have = 0;
+            ferry_update_stats st;
+            if (ferry_weights_update_direct(f->s, MODEL, &have, w.sh, 5, &st, &err) != 0)
+                fail_msg("worker %d: %s", k, err.msg);
+            assert_int_equal(have, gen);
+            assert_int_equal(st.bytes_read, 512 * 600 + 600 * 512 + 80 + 80 + 1200);
+            worker_check(&w, k, &e, gen);
+            worker_free(&w);
+        }
+        /* A subscriber group of one holding both workers' shards: every
+         * stored byte read once, FP8 + scales. */
+        worker w[2];
+        ferry_param_shard all[10];
+        for (int k = 0; k < 2; k++) {
+            worker_bind(&w[k], k);
+            memcpy(all + 5 * k, w[k].sh, sizeof w[k].sh);
+        }
+        ferry_subscriber_config sc = { .model = MODEL, .group = "g", .rank = 0, .world = 1,
+                                       .timeout_ms = 30000 };
+        ferry_subscriber *sub = NULL;
+        uint64_t have = 0;
+        ferry_update_stats st;
+        assert_int_equal(ferry_subscriber_open(f->s, &sc, all, 10, &sub, &err), 0);
+        if (ferry_subscriber_update(sub, &have, &st, &err) != 0)
+            fail_msg("subscriber: %s", err.msg);
+        assert_int_equal(have, gen);
+        fprintf(stderr, "subscriber: group bytes read %llu (FP8 + scales + norm %llu; bf16 "
+                "%llu)\n", (unsigned long long)st.group_bytes_read,
+                (unsigned long long)stored, (unsigned long long)bf16);
+        assert_int_equal(st.group_bytes_read, stored);
+        ferry_subscriber_close(sub);
+        for (int k = 0; k < 2; k++) {
+            worker_check(&w[k], k, &e, gen);
+            worker_free(&w[k]);
+        }
+        expect_free(&e);
+    }
+}
+
+/* An FP8 tensor asked into 2-byte elements, or by a shard cutting a block:
+ * refused at prepare, nothing written. */
+static void test_fp8_bindings_refused(void **state)
+{
+    ftg_env *f = *state;
+    publish(f, 1);
+    uint8_t *buf = malloc(342 * 600 * 2);
+    memset(buf, 0xa5, 342 * 600 * 2);
+    ferry_param_shard sh = { .tensor = names[TQ], .ndim = 2, .shape = { 342, 600 }, .dst = buf,
+                             .dst_bytes = 342 * 600 * 2, .elem_bytes = 2 };
+    ferry_error err = {0};
+    uint64_t g = 0;
+    assert_int_equal(ferry_weights_update_direct(f->s, MODEL, &g, &sh, 1, NULL, &err),
+                     FERRY_EINVAL);
+    fprintf(stderr, "bf16 of FP8: %s\n", err.msg);
+    assert_non_null(strstr(err.msg, "tensor l.q_proj.weight is published as f8e4m3 in 128 x 128 "
+                           "blocks (its scales in tensor l.q_proj.weight_scale_inv): the shard's "
+                           "buffer holds 2-byte elements, an FP8 buffer one-byte ones"));
+    sh.elem_bytes = 1;
+    memset(&err, 0, sizeof err);
+    assert_int_equal(ferry_weights_update_direct(f->s, MODEL, &g, &sh, 1, NULL, &err),
+                     FERRY_EINVAL);
+    fprintf(stderr, "cut block: %s\n", err.msg);
+    assert_non_null(strstr(err.msg, "the shard at offset [0,0], shape [342,600] ends at row 342, "
+                           "inside block row 2: a rollout shard must hold whole blocks"));
+    ferry_subscriber_config sc = { .model = MODEL, .group = "r", .rank = 0, .world = 1,
+                                   .timeout_ms = 30000 };
+    ferry_subscriber *sub = NULL;
+    assert_int_equal(ferry_subscriber_open(f->s, &sc, &sh, 1, &sub, &err), 0);
+    memset(&err, 0, sizeof err);
+    assert_int_equal(ferry_subscriber_update(sub, &g, NULL, &err), FERRY_EINVAL);
+    assert_non_null(strstr(err.msg, "a rollout shard must hold whole blocks"));
+    ferry_subscriber_close(sub);
+    assert_int_equal(g, 0);
+    for (size_t i = 0; i < 342 * 600 * 2; i++)
+        assert_int_equal(buf[i], 0xa5);
+    free(buf);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 5 && !strcmp(argv[1], "--trainer"))
+        return trainer_main(argv + 2);
+    ft_token();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_fp8_fsdp_to_tp, ftg_setup, ftg_teardown),
+        cmocka_unit_test_setup_teardown(test_fp8_bindings_refused, ftg_setup, ftg_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
