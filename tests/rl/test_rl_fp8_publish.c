@@ -4,6 +4,9 @@
  *  - 1024 x 600 f32 "l.q_proj.weight" and 600 x 1024 bf16 "l.o_proj.weight"
  *    cut by the FSDP boundaries at rows 342/684 and 200/400 (inside blocks
  *    2 and 5, and 1 and 3, of 128 rows), a 1-D norm left unquantized (bf16);
+ *    then cut along columns (TP row-parallel trainer shards of 3: columns
+ *    200/400 and 342/684), then published whole (ferry_publish: its
+ *    placement cuts q_proj at row 873);
  *    values spread over many magnitudes per block, a block of zeros, NaNs
  *    and infinities on both sides of a cut, a block whose largest value
  *    lies on the other side of the cut from most of its rows;
@@ -149,8 +152,9 @@ static void reference(uint64_t gen, int t, uint8_t *q, float *scales)
 /* ---- a trainer process ------------------------------------------------------------------ */
 
 /* FSDP over WORLD ranks along dim 0 of every tensor (the norm whole on
- * rank 0). */
-static ferry_manifest *placement(void)
+ * rank 0); with cols, along dim 1 (TP row-parallel shards of 3: q_proj's
+ * columns cut at 200 and 400, o_proj's at 342 and 684). */
+static ferry_manifest *placement(bool cols)
 {
     ferry_manifest *m = NULL;
     if (ferry_manifest_create(WORLD, rank_node, 1, &m) < 0)
@@ -159,8 +163,9 @@ static ferry_manifest *placement(void)
         ferry_tensor_desc d = { .name = names[t], .dtype = t == TO ? "bf16" : "f32",
                                 .itemsize = t == TO ? 2 : 4, .ndim = t == TN ? 1 : 2,
                                 .shape = { shapes[t][0], shapes[t][1] } };
-        ferry_split sp = { .tensor = (uint32_t)t, .whole = true,
-                           .parts = { t == TN ? 1 : WORLD }, .rank_stride = { 1 } };
+        ferry_split sp = { .tensor = (uint32_t)t, .whole = true };
+        sp.parts[cols ? 1 : 0] = t == TN ? 1 : WORLD;
+        sp.rank_stride[cols ? 1 : 0] = 1;
         if (ferry_manifest_add_tensor(m, &d, NULL) < 0 || ferry_manifest_add_split(m, &sp, NULL) < 0) {
             ferry_manifest_close(m);
             return NULL;
@@ -182,7 +187,7 @@ static ferry_shard_data *my_pieces(ferry_manifest *m, uint32_t rank, uint64_t ge
         uint64_t cols = t == TN ? 1 : f.shape[1], elems = f.shape[0] * cols;
         uint8_t *buf = malloc(elems * 4);
         for (uint64_t i = 0; i < elems; i++) {
-            float x = held(gen, t, f.offset[0] + i / cols, i % cols);
+            float x = held(gen, t, f.offset[0] + i / cols, f.offset[1] + i % cols);
             if (t == TO) {
                 uint32_t u;
                 memcpy(&u, &x, 4);
@@ -199,11 +204,42 @@ static ferry_shard_data *my_pieces(ferry_manifest *m, uint32_t rank, uint64_t ge
     return v;
 }
 
-/* argv: addr rank gen */
+/* Whole tensors for ferry_publish (every rank holds them): its placement
+ * cuts q_proj into pieces of rows that end inside a block. */
+static int publish_whole(ferry_store *s, const ferry_publisher_config *pc, uint64_t gen,
+                         ferry_publish_stats *st, ferry_error *err)
+{
+    ferry_weight_tensor t[NT];
+    ferry_manifest *m = placement(false), *one = NULL;   /* every tensor whole on one rank */
+    (void)ferry_manifest_create(1, NULL, 1, &one);
+    for (int k = 0; k < NT; k++) {
+        ferry_tensor_desc d;
+        ferry_fragment f = { .tensor = (uint32_t)k, .shape = { shapes[k][0], shapes[k][1] } };
+        (void)ferry_manifest_tensor(m, (uint32_t)k, &d);
+        (void)ferry_manifest_add_tensor(one, &d, NULL);
+        (void)ferry_manifest_add_fragment(one, &f, NULL);
+    }
+    size_t n = 0;
+    ferry_shard_data *v = my_pieces(one, 0, gen, &n);
+    for (int k = 0; k < NT; k++)
+        t[k] = (ferry_weight_tensor){ .name = names[k], .dtype = k == TO ? "bf16" : "f32",
+                                      .ndim = k == TN ? 1 : 2,
+                                      .shape = { shapes[k][0], shapes[k][1] }, .data = v[k].data };
+    free(v);
+    ferry_manifest_close(one);
+    ferry_manifest_close(m);
+    int rc = ferry_publish(s, pc, gen, t, NT, st, err);
+    for (int k = 0; k < NT; k++)
+        free((void *)t[k].data);
+    return rc;
+}
+
+/* argv: addr rank gen mode ("rows", "cols": shards; "whole": ferry_publish) */
 static int trainer_main(char **argv)
 {
     uint32_t rank = (uint32_t)atoi(argv[1]);
     uint64_t gen = strtoull(argv[2], NULL, 10);
+    const char *mode = argv[3];
     ferry_store *s = NULL;
     if (ftg_worker_store(argv[0], &s) < 0)
         return 1;
@@ -218,12 +254,13 @@ static int trainer_main(char **argv)
     pc.rank_node = rank_node;
     pc.timeout_ms = 60000;
     pc.quant = &rules;
-    ferry_manifest *m = placement();
+    ferry_manifest *m = placement(!strcmp(mode, "cols"));
     size_t n = 0;
     ferry_shard_data *mine = my_pieces(m, rank, gen, &n);
     ferry_publish_stats st;
     ferry_error err = {0};
-    int rc = ferry_publish_shards(s, &pc, gen, m, mine, n, &st, &err);
+    int rc = !strcmp(mode, "whole") ? publish_whole(s, &pc, gen, &st, &err)
+                                    : ferry_publish_shards(s, &pc, gen, m, mine, n, &st, &err);
     if (rc == 0)
         printf("OK %llu %llu\n", (unsigned long long)st.bytes, (unsigned long long)st.total_bytes);
     else
@@ -240,7 +277,7 @@ static int trainer_main(char **argv)
 /* ---- the test side ---------------------------------------------------------------------- */
 
 typedef struct round_opts {
-    const char *addr;
+    const char *addr, *mode;
     char gen[32];
 } round_opts;
 
@@ -248,13 +285,13 @@ static void trainer_args(const void *ctx, int rank, ftg_args *a)
 {
     const round_opts *o = ctx;
     snprintf(a->buf[0], sizeof a->buf[0], "%d", rank);
-    const char *v[] = { "--trainer", o->addr, a->buf[0], o->gen, NULL };
+    const char *v[] = { "--trainer", o->addr, a->buf[0], o->gen, o->mode, NULL };
     memcpy(a->argv, v, sizeof v);
 }
 
-static void publish(ftg_env *f, uint64_t gen)
+static void publish(ftg_env *f, uint64_t gen, const char *mode)
 {
-    round_opts o = { .addr = f->c.addr };
+    round_opts o = { .addr = f->c.addr, .mode = mode };
     snprintf(o.gen, sizeof o.gen, "%llu", (unsigned long long)gen);
     assert_int_equal(ftg_spawn(f, WORLD, trainer_args, &o, -1, NULL), 0);
     int ok = ftg_collect(f, 90000, -1);
@@ -361,12 +398,17 @@ static void worker_free(worker *w)
     free(w->norm);
 }
 
+/* Generations 1-3 published from FSDP rows, TP row-parallel columns and
+ * whole tensors, each cutting blocks. */
 static void test_fp8_fsdp_to_tp(void **state)
 {
     ftg_env *f = *state;
     expect e;
-    for (uint64_t gen = 1; gen <= 2; gen++) {
-        publish(f, gen);
+    static const char *const modes[] = { "rows", "cols", "whole" };
+    for (uint64_t gen = 1; gen <= 3; gen++) {
+        const char *mode = modes[gen - 1];
+        fprintf(stderr, "generation %llu, from %s\n", (unsigned long long)gen, mode);
+        publish(f, gen, mode);
         expect_of(gen, &e);
         /* the block (2, 0) of q_proj: its maximum, 1e4, lies in rank 1's rows;
          * rank 0's rows of it were quantized with that scale too */
@@ -391,6 +433,19 @@ static void test_fp8_fsdp_to_tp(void **state)
         char *json = ferry_manifest_to_json(g->m);
         assert_non_null(strstr(json, "\"cut_blocks\":true"));
         free(json);
+        if (!strcmp(mode, "cols")) {   /* o_proj's scale columns 0-2, 3-5, 6-7 */
+            int oi = ferry_manifest_find_tensor(g->m, scale_names[TO]);
+            for (uint64_t id = 0; id < ferry_manifest_fragment_count(g->m); id++) {
+                ferry_fragment fr;
+                assert_int_equal(ferry_manifest_fragment(g->m, id, &fr), 0);
+                if ((int)fr.tensor != oi)
+                    continue;
+                static const uint64_t off[3] = { 0, 3, 6 }, len[3] = { 3, 3, 2 };
+                assert_int_equal(fr.offset[1], off[fr.rank]);
+                assert_int_equal(fr.shape[1], len[fr.rank]);
+                assert_int_equal(fr.shape[0], 5);
+            }
+        }
         /* scale fragments: rank 0 block rows 0-2, rank 1 3-5, rank 2 6-7 of q_proj */
         uint64_t nf = ferry_manifest_fragment_count(g->m), stored = 0;
         for (uint64_t id = 0; id < nf; id++) {
@@ -399,7 +454,7 @@ static void test_fp8_fsdp_to_tp(void **state)
             ferry_tensor_desc d;
             assert_int_equal(ferry_manifest_tensor(g->m, fr.tensor, &d), 0);
             stored += fr.shape[0] * (d.ndim > 1 ? fr.shape[1] : 1) * d.itemsize;
-            if ((int)fr.tensor == si) {
+            if ((int)fr.tensor == si && !strcmp(mode, "rows")) {
                 static const uint64_t off[3] = { 0, 3, 6 }, len[3] = { 3, 3, 2 };
                 assert_int_equal(fr.offset[0], off[fr.rank]);
                 assert_int_equal(fr.shape[0], len[fr.rank]);
@@ -462,7 +517,7 @@ static void test_fp8_fsdp_to_tp(void **state)
 static void test_fp8_bindings_refused(void **state)
 {
     ftg_env *f = *state;
-    publish(f, 1);
+    publish(f, 1, "rows");
     uint8_t *buf = malloc(342 * 600 * 2);
     memset(buf, 0xa5, 342 * 600 * 2);
     ferry_param_shard sh = { .tensor = names[TQ], .ndim = 2, .shape = { 342, 600 }, .dst = buf,
@@ -498,7 +553,7 @@ static void test_fp8_bindings_refused(void **state)
 
 int main(int argc, char **argv)
 {
-    if (argc == 5 && !strcmp(argv[1], "--trainer"))
+    if (argc == 6 && !strcmp(argv[1], "--trainer"))
         return trainer_main(argv + 2);
     ft_token();
     const struct CMUnitTest tests[] = {
