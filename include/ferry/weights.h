@@ -168,7 +168,13 @@ typedef struct ferry_shard_data {
  * piece it must store; the coordinator checks that every rank passed the
  * same placement (names, dtypes, shapes, order and pieces), naming the rank
  * and tensor that differ. Announcement, failures, cleanup and retention as
- * for ferry_publish. The placement is frozen. */
+ * for ferry_publish. The placement is frozen. With cfg->quant, the tensors
+ * the rules pick are stored as FP8 in blocks with their scale tensors
+ * (ferry_manifest_quantize_source: each block's scale with the rank
+ * holding its first element); where a shard cuts a block the ranks agree
+ * on its scale from partial maxima (one more barrier, no dense bytes
+ * exchanged), so every block is quantized as a whole-tensor quantization
+ * would (docs/weights.md, "Publishing FP8"). */
 FERRY_API int ferry_publish_shards(ferry_store *s, const ferry_publisher_config *cfg, uint64_t generation,
                                    ferry_manifest *placement, const ferry_shard_data *mine, size_t n,
                                    ferry_publish_stats *st, ferry_error *err);

@@ -18,6 +18,8 @@
  *    from the documented formula (it shares no code with the library: the
  *    FP8 value of a product is the nearest of the 255 finite codes, decoded
  *    here, ties to the even code);
+ *  - a compatibility loader receives (name, FP8 tensor) and
+ *    (name_scale_inv, scales) whole, equal to the reference;
  *  - the generation's manifest records the quantization (roles, blocks,
  *    cut blocks) and the bytes stored are FP8 + scales: about half of bf16;
  *  - a rollout buffer of 2-byte elements for an FP8 tensor and a shard that
@@ -398,6 +400,34 @@ static void worker_free(worker *w)
     free(w->norm);
 }
 
+/* A compatibility loader's view: (name, FP8 tensor) and (name_scale_inv,
+ * scales), each whole, as an FP8 checkpoint's loader takes them. */
+typedef struct loaded {
+    const expect *e;
+    int seen;
+} loaded;
+
+static int load_one(void *ctx, const ferry_weight_entry *en, const void *data)
+{
+    loaded *l = ctx;
+    for (int t = 0; t < 2; t++) {
+        uint64_t n = shapes[t][0] * shapes[t][1];
+        uint64_t ns = ((shapes[t][0] + B - 1) / B) * ((shapes[t][1] + B - 1) / B);
+        if (!strcmp(en->name, names[t])) {
+            assert_string_equal(en->dtype, "f8e4m3");
+            assert_int_equal(en->bytes, n);
+            assert_memory_equal(data, l->e->q[t], n);
+            l->seen++;
+        } else if (!strcmp(en->name, scale_names[t])) {
+            assert_string_equal(en->dtype, "f32");
+            assert_int_equal(en->shape[0] * en->shape[1], ns);
+            assert_memory_equal(data, l->e->s[t], ns * 4);
+            l->seen++;
+        }
+    }
+    return 0;
+}
+
 /* Generations 1-3 published from FSDP rows, TP row-parallel columns and
  * whole tensors, each cutting blocks. */
 static void test_fp8_fsdp_to_tp(void **state)
@@ -508,6 +538,11 @@ static void test_fp8_fsdp_to_tp(void **state)
             worker_check(&w[k], k, &e, gen);
             worker_free(&w[k]);
         }
+        loaded l = { .e = &e };
+        have = 0;
+        if (ferry_weights_update_compat(f->s, MODEL, &have, load_one, &l, NULL, &err) != 0)
+            fail_msg("compat: %s", err.msg);
+        assert_int_equal(l.seen, 4);
         expect_free(&e);
     }
 }
