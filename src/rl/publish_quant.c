@@ -226,9 +226,10 @@ static int read_partials(ferry_store *s, const ferry_publisher_config *c, uint64
     void *buf = NULL;
     size_t len = 0;
     int rc = ferry_store_get(s, key, &buf, &len, err);
-    if (rc == FERRY_ENOENT)
-        return fr_fail(err, FERRY_EPROTO, "rank %u stored no partial maxima of the blocks it "
-                       "shares with rank %u (it failed before)", r, c->rank);
+    if (rc == FERRY_ENOENT)   /* canceled: the coordinator reports rank r's own reason */
+        return fr_fail(err, FERRY_ECANCELED, "rank %u stored no partial maxima of the blocks "
+                       "it shares with rank %u (it failed before the ranks agreed on their "
+                       "scales)", r, c->rank);
     if (rc < 0)
         return fr_fail(err, rc, "reading rank %u's partial maxima: %s", r, fr_why(err, rc));
     const amax_rec *v = buf;
