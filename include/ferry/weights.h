@@ -335,7 +335,16 @@ typedef struct ferry_param_shard {
                                           * element has another size, prepare refuses the
                                           * shard (FERRY_EINVAL naming tensor, sizes and
                                           * dtype) before anything is written */
-    uint64_t reserved[3];   /* zero: room for fields to come */
+    /* Explicit dequantization (ferry_weights_update_direct only; docs/weights.md,
+     * "FP8 rollouts"): NULL, the default, receives the tensor as published;
+     * "f32", "bf16" or "f16" asks a tensor published as FP8 in blocks for
+     * q * s in that dtype, from its FP8 bytes and the scales of the blocks
+     * the shard meets (lossy with respect to the trainer's weights; the
+     * shard need not hold whole blocks; rows contiguous). Refused
+     * (FERRY_EINVAL) for a tensor not published as FP8, and by the
+     * subscriber (FERRY_ENOTSUP). */
+    const char *dequantize;
+    uint64_t reserved[2];   /* zero: room for fields to come */
 } ferry_param_shard;
 
 typedef struct ferry_update_stats {

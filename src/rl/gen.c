@@ -238,7 +238,8 @@ int fr_rl_shard_quant_check(const fr_gen *g, uint32_t ti, const ferry_param_shar
 {
     ferry_tensor_quant q;
     ferry_tensor_desc d, sd;
-    if (ferry_manifest_tensor_quant(g->m, ti, &q) < 0 || q.role != FERRY_QUANT_WEIGHT)
+    if (ferry_manifest_tensor_quant(g->m, ti, &q) < 0 || q.role != FERRY_QUANT_WEIGHT ||
+        p->dequantize)   /* staged by the direct update, which checked it */
         return 0;
     (void)ferry_manifest_tensor(g->m, ti, &d);
     (void)ferry_manifest_tensor(g->m, q.partner, &sd);

@@ -24,6 +24,9 @@
  *    cut blocks) and the bytes stored are FP8 + scales: about half of bf16;
  *  - a rank that fails before the scale agreement fails the attempt on
  *    every rank at once, nothing announced;
+ *  - explicit dequantization in a direct update (bf16 of rows that cut a
+ *    block, a row pitch) equals the reference's q * s in bf16; refused for
+ *    a tensor not in FP8 and by the subscriber;
  *  - a rollout buffer of 2-byte elements for an FP8 tensor and a shard that
  *    cuts a block are refused at prepare with a sentence, nothing written. */
 #include <math.h>
@@ -605,6 +608,80 @@ static void test_fp8_bindings_refused(void **state)
     free(buf);
 }
 
+/* Explicit dequantization (ferry_param_shard.dequantize, direct updates):
+ * q_proj rows [0, 342) — a shard that cuts a block — into bf16 with a row
+ * pitch of 610, equal to the reference's q * s rounded to bf16 by hand;
+ * asked of a tensor not in FP8, or of the subscriber: refused. */
+static void test_fp8_dequantize(void **state)
+{
+    ftg_env *f = *state;
+    publish(f, 1, "rows");
+    expect e;
+    expect_of(1, &e);
+    uint64_t pitch = 610, rows = 342, cols = 600;
+    uint16_t *buf = malloc(rows * pitch * 2);
+    memset(buf, 0xa5, rows * pitch * 2);
+    ferry_param_shard sh = { .tensor = names[TQ], .ndim = 2, .shape = { rows, cols },
+                             .strides = { (int64_t)pitch, 1 }, .dst = buf,
+                             .dst_bytes = rows * pitch * 2, .elem_bytes = 2,
+                             .dequantize = "bf16" };
+    ferry_error err = {0};
+    uint64_t g = 0;
+    ferry_update_stats st;
+    if (ferry_weights_update_direct(f->s, MODEL, &g, &sh, 1, &st, &err) != 0)
+        fail_msg("dequantize: %s", err.msg);
+    assert_int_equal(g, 1);
+    /* FP8 rows 0-341 and the scales of block rows 0-2 */
+    assert_int_equal(st.bytes_read, rows * cols + 3 * 5 * 4);
+    for (uint64_t r = 0; r < rows; r++) {
+        for (uint64_t c = 0; c < cols; c++) {
+            uint8_t q = e.q[TQ][r * cols + c];
+            float s = e.s[TQ][(r / B) * 5 + c / B];
+            uint16_t want;
+            if ((q & 0x7f) == 0x7f) {
+                want = 0x7fc0;   /* a NaN: checked as one below */
+            } else {
+                volatile float x = (float)e4m3_value(q & 0x7f) * s;
+                if (q & 0x80)
+                    x = -x;
+                uint32_t u;
+                float xv = x;
+                memcpy(&u, &xv, 4);
+                want = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+            }
+            uint16_t got = buf[r * pitch + c];
+            if ((q & 0x7f) == 0x7f)
+                assert_true((got & 0x7f80) == 0x7f80 && (got & 0x7f));
+            else if (got != want)
+                fail_msg("[%llu,%llu]: 0x%04x, the reference 0x%04x", (unsigned long long)r,
+                         (unsigned long long)c, got, want);
+        }
+        for (uint64_t c = cols; c < pitch && r + 1 < rows; c++)
+            assert_int_equal(buf[r * pitch + c], 0xa5a5);   /* the pitch's gap untouched */
+    }
+    /* not an FP8 tensor */
+    ferry_param_shard nn = { .tensor = names[TN], .ndim = 1, .shape = { 600 }, .dst = buf,
+                             .dst_bytes = 1200, .dequantize = "bf16" };
+    g = 0;
+    memset(&err, 0, sizeof err);
+    assert_int_equal(ferry_weights_update_direct(f->s, MODEL, &g, &nn, 1, NULL, &err),
+                     FERRY_EINVAL);
+    assert_non_null(strstr(err.msg, "tensor l.norm.weight is published as bf16, not as FP8 in "
+                           "blocks: there is nothing to dequantize (asked bf16)"));
+    /* the subscriber does not */
+    ferry_subscriber_config sc = { .model = MODEL, .group = "d", .rank = 0, .world = 1,
+                                   .timeout_ms = 30000 };
+    ferry_subscriber *sub = NULL;
+    assert_int_equal(ferry_subscriber_open(f->s, &sc, &sh, 1, &sub, &err), 0);
+    memset(&err, 0, sizeof err);
+    assert_int_equal(ferry_subscriber_update(sub, &g, NULL, &err), FERRY_ENOTSUP);
+    fprintf(stderr, "subscriber: %s\n", err.msg);
+    ferry_subscriber_close(sub);
+    assert_int_equal(g, 0);
+    free(buf);
+    expect_free(&e);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 6 && !strcmp(argv[1], "--trainer"))
@@ -613,6 +690,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_fp8_fsdp_to_tp, ftg_setup, ftg_teardown),
         cmocka_unit_test_setup_teardown(test_fp8_bindings_refused, ftg_setup, ftg_teardown),
+        cmocka_unit_test_setup_teardown(test_fp8_dequantize, ftg_setup, ftg_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
