@@ -246,7 +246,8 @@ int fr_rl_shard_quant_check(const fr_gen *g, uint32_t ti, const ferry_param_shar
     if (p->elem_bytes && p->elem_bytes != 1)
         return fr_fail(err, FERRY_EINVAL, "tensor %s is published as %s in %u x %u blocks (its "
                        "scales in tensor %s): the shard's buffer holds %" PRIu64 "-byte "
-                       "elements, an FP8 buffer one-byte ones; an update does not dequantize",
+                       "elements, an FP8 buffer one-byte ones (a shard's dequantize asks "
+                       "q * s in another dtype)",
                        d.name, q.fp8_dtype, q.fp8.block_rows, q.fp8.block_cols, sd.name,
                        p->elem_bytes);
     static const char *const dim_name[2] = { "row", "column" };
