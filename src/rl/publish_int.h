@@ -94,17 +94,19 @@ typedef struct fr_pub_mine {
     bool amax_put;               /* this rank stored its partial maxima */
 } fr_pub_mine;
 
-/* The ranks' agreement on the scales of cut blocks (publish_quant.c): with
- * p->exchange, every rank stores the partial maxima of its cut blocks,
- * meets the others at the generation's "amax" barrier and reads its
- * neighbours' (failed: this rank could not prepare; it still meets the
- * others, storing nothing). Then every cut piece's scales are set. */
+/* The ranks' agreement on the scales of cut blocks (publish_quant.c),
+ * called by every rank of a publish with rules: with p->exchange (a shard
+ * cuts a block), it stores the partial maxima of its cut blocks; every
+ * rank meets the others at the generation's "amax" barrier (failed: this
+ * rank could not prepare; it still meets them, storing nothing), then
+ * reads its neighbours' maxima. Then every cut piece's scales are set.
+ * A neighbour's maxima missing: FERRY_ECANCELED (that rank failed). */
 int fr_pub_quant_agree(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
                        fr_pub_mine *p, bool failed, ferry_error *err);
 /* Per piece of p: its quantization (role, blocks); the first pass over the
  * cut pieces' data (their partial maxima). */
 int fr_pub_quant_prepare(fr_pub_mine *p, const ferry_publisher_config *c,
-                         ferry_manifest *placement, uint64_t nweights, ferry_error *err);
+                         ferry_manifest *placement, ferry_error *err);
 /* Pack quantized piece i at out (its packed place): FP8 bytes with its
  * blocks' scales, or a scale piece's f32s. */
 void fr_pub_quant_pack(fr_pub_mine *p, size_t i, const ferry_tensor_desc *src, uint8_t *out);

@@ -434,7 +434,7 @@ int fr_pub_mine_prepare(fr_pub_mine *p, const ferry_publisher_config *c, ferry_m
     if (rc == 0 && c->quant)
         rc = scale_pieces(p, c, nweights, err);
     if (rc == 0 && c->quant)
-        rc = fr_pub_quant_prepare(p, c, placement, nweights, err);
+        rc = fr_pub_quant_prepare(p, c, placement, err);
     if (rc == 0 && c->rank == 0) {
         p->json = ferry_manifest_to_json(p->stored);
         p->json_len = p->json ? strlen(p->json) : 0;

@@ -84,9 +84,8 @@ static size_t weight_of(const fr_pub_mine *p, uint32_t tensor, const uint64_t *o
 }
 
 int fr_pub_quant_prepare(fr_pub_mine *p, const ferry_publisher_config *c,
-                         ferry_manifest *placement, uint64_t nweights, ferry_error *err)
+                         ferry_manifest *placement, ferry_error *err)
 {
-    (void)nweights;
     p->q = calloc(p->npieces ? p->npieces : 1, sizeof *p->q);
     if (!p->q)
         return fr_fail(err, FERRY_ENOMEM, "publish: out of memory");
@@ -268,7 +267,7 @@ int fr_pub_quant_agree(ferry_store *s, const ferry_publisher_config *c, uint64_t
 {
     amax_rec *rec = NULL;
     size_t n = 0;
-    int rc = failed || !p->q ? 0 : my_records(p, &rec, &n, err);
+    int rc = failed || !p->q || !p->exchange ? 0 : my_records(p, &rec, &n, err);
     char key[FR_KEY_MAX], what[32];
     snprintf(what, sizeof what, "r%u.amax", c->rank);
     (void)fr_key_gen_file(key, sizeof key, c->model, gen, what);

@@ -28,7 +28,8 @@
  *    block, a row pitch) equals the reference's q * s in bf16; refused for
  *    a tensor not in FP8 and by the subscriber;
  *  - a rollout buffer of 2-byte elements for an FP8 tensor and a shard that
- *    cuts a block are refused at prepare with a sentence, nothing written. */
+ *    cuts a block are refused at prepare with a sentence, nothing written;
+ *    a streamed publish refuses rules. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -606,6 +607,19 @@ static void test_fp8_bindings_refused(void **state)
     for (size_t i = 0; i < 342 * 600 * 2; i++)
         assert_int_equal(buf[i], 0xa5);
     free(buf);
+    /* A streamed publish stores each tensor as it comes: no rules. */
+    ferry_quant_rules rules;
+    ferry_quant_rules_init(&rules);
+    ferry_publisher_config pc;
+    ferry_publisher_config_init(&pc);
+    snprintf(pc.model, sizeof pc.model, "%s", MODEL);
+    pc.world = 1;
+    pc.quant = &rules;
+    ferry_publish_stream *ps = NULL;
+    memset(&err, 0, sizeof err);
+    assert_int_equal(ferry_publish_stream_begin(f->s, &pc, 2, &ps, &err), FERRY_EINVAL);
+    assert_null(ps);
+    assert_non_null(strstr(err.msg, "a streamed publish does not quantize"));
 }
 
 /* Explicit dequantization (ferry_param_shard.dequantize, direct updates):
