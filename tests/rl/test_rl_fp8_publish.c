@@ -12,8 +12,9 @@
  *    lies on the other side of the cut from most of its rows;
  *  - TP 2 rollout workers (column-parallel q_proj: rows; row-parallel
  *    o_proj: columns) read their FP8 shards and the scale rows or columns
- *    of them with ferry_weights_update_direct, and a subscriber group holding
- *    every tensor reads each stored byte once: every FP8 byte and scale is
+ *    of them with ferry_weights_update_direct and as a subscriber group of
+ *    two processes, and a subscriber holding every tensor reads each
+ *    stored byte once (the group of two too): every FP8 byte and scale is
  *    compared, bit for bit, with a reference quantizer written in this file
  *    from the documented formula (it shares no code with the library: the
  *    FP8 value of a product is the nearest of the 255 finite codes, decoded
@@ -414,6 +415,54 @@ static void worker_free(worker *w)
     free(w->norm);
 }
 
+/* argv: addr worker gen. TP worker k of a subscriber group of 2 (its own
+ * process): one update to gen, every byte checked against the reference.
+ * Prints "OK <group bytes read> <group bytes pushed>". */
+static int rollout_main(char **argv)
+{
+    int k = atoi(argv[1]);
+    uint64_t gen = strtoull(argv[2], NULL, 10);
+    ferry_store *s = NULL;
+    if (ftg_worker_store(argv[0], &s) < 0)
+        return 1;
+    worker w;
+    worker_bind(&w, k);
+    ferry_subscriber_config sc = { .model = MODEL, .group = "tp2", .rank = (uint32_t)k,
+                                   .world = 2, .timeout_ms = 60000 };
+    snprintf(sc.group, sizeof sc.group, "tp2-%llu", (unsigned long long)gen);
+    ferry_subscriber *sub = NULL;
+    ferry_error err = {0};
+    ferry_update_stats st = {0};
+    uint64_t have = 0;
+    int rc = ferry_subscriber_open(s, &sc, w.sh, 5, &sub, &err);
+    if (rc == 0)
+        rc = ferry_subscriber_update(sub, &have, &st, &err);
+    ferry_subscriber_close(sub);
+    if (rc != 0) {
+        printf("ERR %d %s\n", rc, err.msg);
+    } else {
+        expect e;
+        expect_of(gen, &e);
+        worker_check(&w, k, &e, gen);   /* fails the process: no OK line */
+        expect_free(&e);
+        printf("OK %llu %llu %llu\n", (unsigned long long)have,
+               (unsigned long long)st.group_bytes_read,
+               (unsigned long long)(st.group_pushed_cross + st.group_pushed_intra));
+    }
+    fflush(stdout);
+    worker_free(&w);
+    ferry_store_close(s);
+    return 0;
+}
+
+static void rollout_args(const void *ctx, int rank, ftg_args *a)
+{
+    const round_opts *o = ctx;
+    snprintf(a->buf[0], sizeof a->buf[0], "%d", rank);
+    const char *v[] = { "--rollout", o->addr, a->buf[0], o->gen, NULL };
+    memcpy(a->argv, v, sizeof v);
+}
+
 /* A compatibility loader's view: (name, FP8 tensor) and (name_scale_inv,
  * scales), each whole, as an FP8 checkpoint's loader takes them. */
 typedef struct loaded {
@@ -552,6 +601,21 @@ static void test_fp8_fsdp_to_tp(void **state)
             worker_check(&w[k], k, &e, gen);
             worker_free(&w[k]);
         }
+        /* TP 2 as a subscriber group of two processes: FP8 rows and
+         * columns, scales and the norm read once and pushed between them */
+        round_opts ro = { .addr = f->c.addr };
+        snprintf(ro.gen, sizeof ro.gen, "%llu", (unsigned long long)gen);
+        assert_int_equal(ftg_spawn(f, 2, rollout_args, &ro, -1, NULL), 0);
+        int ok = ftg_collect(f, 90000, -1);
+        for (int k = 0; k < 2; k++)
+            fprintf(stderr, "  rollout %d: %s\n", k, f->line[k]);
+        ftg_stop(f);
+        assert_int_equal(ok, 2);
+        char want[64];
+        snprintf(want, sizeof want, "OK %llu %llu ", (unsigned long long)gen,
+                 (unsigned long long)stored);
+        for (int k = 0; k < 2; k++)
+            assert_true(!strncmp(f->line[k], want, strlen(want)));
         loaded l = { .e = &e };
         have = 0;
         if (ferry_weights_update_compat(f->s, MODEL, &have, load_one, &l, NULL, &err) != 0)
@@ -700,6 +764,8 @@ int main(int argc, char **argv)
 {
     if (argc == 6 && !strcmp(argv[1], "--trainer"))
         return trainer_main(argv + 2);
+    if (argc == 5 && !strcmp(argv[1], "--rollout"))
+        return rollout_main(argv + 2);
     ft_token();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_fp8_fsdp_to_tp, ftg_setup, ftg_teardown),
