@@ -19,7 +19,8 @@
  *    from the documented formula (it shares no code with the library: the
  *    FP8 value of a product is the nearest of the 255 finite codes, decoded
  *    here, ties to the even code);
- *  - a compatibility loader receives (name, FP8 tensor) and
+ *  - a compatibility loader (ferry_weights_update_compat, and a
+ *    compatibility group) receives (name, FP8 tensor) and
  *    (name_scale_inv, scales) whole, equal to the reference;
  *  - the generation's manifest records the quantization (roles, blocks,
  *    cut blocks) and the bytes stored are FP8 + scales: about half of bf16;
@@ -46,6 +47,7 @@
 #include "rl/gen_int.h"
 #include "util/ftgroup.h"
 #include "ferry/weights.h"
+#include "ferry/weights_compat.h"
 
 #define WORLD 3
 #define MODEL "fp8"
@@ -621,6 +623,17 @@ static void test_fp8_fsdp_to_tp(void **state)
         if (ferry_weights_update_compat(f->s, MODEL, &have, load_one, &l, NULL, &err) != 0)
             fail_msg("compat: %s", err.msg);
         assert_int_equal(l.seen, 4);
+        /* the compatibility group (a group of one): the same tensors */
+        ferry_compat_config cc = { .model = MODEL, .group = "compat", .world = 1,
+                                   .staging_bytes = 4u << 20, .timeout_ms = 30000 };
+        ferry_compat_group *cg = NULL;
+        assert_int_equal(ferry_compat_group_open(f->s, &cc, &cg, &err), 0);
+        loaded lg = { .e = &e };
+        have = 0;
+        if (ferry_compat_group_update(cg, &have, load_one, &lg, NULL, &err) != 0)
+            fail_msg("compat group: %s", err.msg);
+        assert_int_equal(lg.seen, 4);
+        ferry_compat_group_close(cg);
         expect_free(&e);
     }
 }
