@@ -342,7 +342,7 @@ typedef struct ferry_param_shard {
      * the shard meets (lossy with respect to the trainer's weights; the
      * shard need not hold whole blocks; rows contiguous). Refused
      * (FERRY_EINVAL) for a tensor not published as FP8, and by the
-     * subscriber (FERRY_ENOTSUP). */
+     * subscriber and sparse updates (FERRY_ENOTSUP). */
     const char *dequantize;
     uint64_t reserved[2];   /* zero: room for fields to come */
 } ferry_param_shard;
