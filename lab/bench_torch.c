@@ -140,6 +140,36 @@ static void print_human(const json_t *r)
     printf("\n");
 }
 
+/* --delta (ferry.bench_delta): one line per case, then the goals' figures. */
+static void print_delta_human(const json_t *r)
+{
+    char sz[32];
+    printf("torch deltas: %.1fM parameters (%s bf16), %lld trainers %s -> %lld rollouts %s; "
+           "crossover %.3g, K %lld; first touch %.2f GB/s, warm memcpy %.2f GB/s\n",
+           num(r, "params") / 1e6, cli_fmt_size((uint64_t)num(r, "model_bytes"), sz, sizeof sz),
+           (long long)num(r, "trainers"), json_string_value(json_object_get(r, "src_layout")),
+           (long long)num(r, "rollouts"), json_string_value(json_object_get(r, "dst_layout")),
+           num(r, "crossover"), (long long)num(r, "max_chain"), num(r, "first_touch_gbps"),
+           num(r, "warm_memcpy_gbps"));
+    printf("  %-8s %9s %-15s %9s %9s %9s %9s %9s %8s\n", "case", "changed", "delta kind", "encode s",
+           "publish s", "update s", "delta s", "dense s", "speedup");
+    const char *k;
+    json_t *c;
+    json_object_foreach(json_object_get(r, "delta_cases"), k, c) {
+        const json_t *d = json_object_get(c, "delta"), *kinds = json_object_get(d, "kind");
+        const json_t *last = json_array_get(kinds, json_array_size(kinds) - 1);
+        printf("  %-8s %8.3f%% %-15s %9.3f %9.3f %9.3f %9.3f %9.3f %7.2fx\n", k,
+               100 * num(d, "changed_fraction"), last ? json_string_value(last) : "?",
+               num(d, "encode_s"), num(d, "publish_s"), num(d, "update_s"), num(d, "s"),
+               num(json_object_get(c, "dense"), "s"), num(c, "speedup"));
+    }
+    printf("  delta_speedup_1pct %.2f, delta_speedup_min %.2f, delta_real_fraction %.4f, "
+           "delta_real_speedup %.2f, encode_ratio %.2f (%.2f GB/s solo)\n  %lld parameter hashes "
+           "equal to the trainers' model\n", num(r, "delta_speedup_1pct"), num(r, "delta_speedup_min"),
+           num(r, "delta_real_fraction"), num(r, "delta_real_speedup"), num(r, "encode_ratio"),
+           num(r, "encode_gbps_solo"), (long long)num(r, "hash_checks"));
+}
+
 /* The launcher's own options; every other one is ferry.bench_torch's, whose
  * argparse declares, checks and explains it (its --help follows this one). */
 typedef struct bt_opts {
@@ -157,7 +187,9 @@ static const cli_cmd bt_cmd = {
              "same shards. Runs $FERRY_PYTHON (default /usr/bin/python3) -m\n"
              "ferry.bench_torch; every option but the launcher's own (below) is the\n"
              "module's, passed on: its help follows. The first round is reported alone,\n"
-             "the steady-state rounds after it.",
+             "the steady-state rounds after it. With --delta it runs ferry.bench_delta:\n"
+             "deltas from the trainers (ferry.torch.publish_delta) against the dense shard\n"
+             "update of the same weights.",
     .opts = bt_table,
     .nopts = sizeof bt_table / sizeof bt_table[0],
 };
@@ -265,6 +297,8 @@ int cmd_bench_torch(int argc, char **argv, const char *self)
     }
     if (o.json)
         printf("%s\n", line);
+    else if (json_object_get(r, "delta_cases"))
+        print_delta_human(r);
     else
         print_human(r);
     json_decref(r);

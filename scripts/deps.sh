@@ -12,11 +12,14 @@ set -u
 # curl: the test that scrapes it (tests/store/test_store_metrics.c);
 # libucx-dev: the ucx transport (src/engine/transport/ucx*.c, RDMA fabrics
 # through UCX; tested here over UCX's tcp and shared-memory transports);
-# ucx-utils: ucx_perftest, the baseline of `ferry-lab bench engine --transport ucx`.
+# ucx-utils: ucx_perftest, the baseline of `ferry-lab bench engine --transport ucx`;
+# libcurl4-openssl-dev: the etcd client of a replicated master (src/store/etcd.c,
+# etcd's v3 JSON gateway over HTTP; libcurl is loaded when it first talks to etcd);
+# etcd-server: the etcd the tests of that client and of a replicated master start.
 DEMO_PKGS=(cmake make gcc pkg-config libxxhash-dev libjansson-dev libsodium-dev libmicrohttpd-dev
-           libucx-dev)
+           libucx-dev libcurl4-openssl-dev)
 PKGS=("${DEMO_PKGS[@]}" libcmocka-dev python3-dev python3-numpy python3-pytest iproute2 clang
-      libclang-rt-14-dev libdlpack-dev python3-venv python3-torch curl ucx-utils)
+      libclang-rt-14-dev libdlpack-dev python3-venv python3-torch curl ucx-utils etcd-server)
 check=""
 for a in "$@"; do
   case "$a" in

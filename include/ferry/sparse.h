@@ -101,6 +101,14 @@ FERRY_API int ferry_sparse_remove(ferry_store *s, const char *key, ferry_error *
 FERRY_API int ferry_sparse_remove_tensors(ferry_store *s, const char *tensor_prefix, uint64_t *removed,
                                           ferry_error *err);
 
+/* Remove every sparse object of tensor_id whose base generation is `base`
+ * (any delta, any placement): the leftovers of deltas on `base` that were
+ * never announced (docs/sparse.md, "Deltas from a trainer": a delta
+ * publish's owners remove them before putting). Leased objects stay.
+ * *removed (may be NULL) counts them. Their admission keys stay. */
+FERRY_API int ferry_sparse_remove_base(ferry_store *s, const char *tensor_id, uint64_t base,
+                                       uint64_t *removed, ferry_error *err);
+
 /* ---- the compact index --------------------------------------------------------------- */
 
 typedef struct ferry_sparse_index {

@@ -702,6 +702,124 @@ FERRY_API int ferry_sparse_update(ferry_store *s, const ferry_sparse_update_conf
                                   const ferry_param_shard *shards, size_t n, uint64_t *generation,
                                   ferry_sparse_update_stats *st, ferry_error *err);
 
+/* ---- deltas from a trainer (docs/sparse.md, "Deltas from a trainer") ---------------------- */
+
+/* Defaults of ferry_delta_config. */
+#define FERRY_DELTA_CROSSOVER 0.05   /* changed fraction above which a generation goes dense */
+#define FERRY_DELTA_CHAIN 8u         /* deltas after a dense generation at most (K) */
+#define FERRY_DELTA_CHAIN_MAX 62u    /* the most a config may ask (a chain holds 64 at most) */
+
+typedef struct ferry_delta_config {
+    double crossover;        /* a generation whose changed fraction (changed elements over
+                              * every rank's elements) is above it is published dense;
+                              * >= 1: only the chain rule and a missing snapshot make one */
+    uint32_t max_chain;      /* K, 1..FERRY_DELTA_CHAIN_MAX: after K deltas the next
+                              * generation is dense, so a fresh rollout replays at most K */
+    uint64_t reserved[8];    /* zero (the init zeroes it; the library refuses anything else):
+                              * room for fields to come, docs/design.md "Growth" */
+} ferry_delta_config;
+
+/* Every field of *cfg to its default (crossover FERRY_DELTA_CROSSOVER,
+ * max_chain FERRY_DELTA_CHAIN). A zeroed config is taken the same way. */
+FERRY_API int ferry_delta_config_init(ferry_delta_config *cfg);
+
+/* A trainer rank's delta encoder: what this rank last published, in the
+ * rollout dtype (its snapshot: one copy of the pieces it stores, the
+ * bytes of its part of a dense generation), and the chain it is on. One
+ * call at a time on an encoder; encoders share nothing. */
+typedef struct ferry_delta_encoder ferry_delta_encoder;
+
+/* An encoder for rank pc->rank of pc->world publishing pc->model (the
+ * publisher config of ferry_publish_shards: out_dtype, segment, keep,
+ * timeout_ms, rank_node; copied). Empty: its first publish is dense.
+ * Refused with FERRY_EINVAL and a sentence, nothing opened (*out NULL): a
+ * bad publisher config, a reserved word of dc that is not zero, max_chain
+ * above FERRY_DELTA_CHAIN_MAX, a negative or NaN crossover. No store call. */
+FERRY_API int ferry_delta_encoder_open(const ferry_publisher_config *pc, const ferry_delta_config *dc,
+                                       ferry_delta_encoder **out, ferry_error *err);
+/* Forget the snapshot (its memory is freed): the next publish is dense and
+ * takes whatever layout it is given. For a rank whose layout changed. */
+FERRY_API void ferry_delta_encoder_reset(ferry_delta_encoder *e);
+/* The bytes the encoder holds for its snapshot (0 when empty). */
+FERRY_API uint64_t ferry_delta_encoder_bytes(const ferry_delta_encoder *e);
+/* NULL ok. */
+FERRY_API void ferry_delta_encoder_close(ferry_delta_encoder *e);
+
+/* How a generation went. */
+enum ferry_delta_kind {
+    FERRY_DELTA_SPARSE = 0,          /* a sparse generation on the last one */
+    FERRY_DELTA_DENSE_FIRST = 1,     /* dense: a rank had no snapshot (a first publish,
+                                      * a reset, a restart, another publisher meanwhile) */
+    FERRY_DELTA_DENSE_FRACTION = 2,  /* dense: the changed fraction was above the crossover */
+    FERRY_DELTA_DENSE_CHAIN = 3,     /* dense: the chain held max_chain deltas already */
+};
+
+typedef struct ferry_delta_stats {
+    enum ferry_delta_kind kind;      /* the same on every rank */
+    uint32_t chain;                  /* deltas since the dense generation, this one included
+                                      * (0: this one is dense) */
+    uint64_t elements, changed;      /* this rank's: elements it stores, of them changed (all
+                                      * of them when it had no snapshot to compare with) */
+    uint64_t total_elements, total_changed;   /* every rank's */
+    uint64_t compared_bytes;         /* bytes of this rank's pieces compared (as held) */
+    uint64_t objects, nnz;           /* sparse: objects this rank put as owner, their entries */
+    uint64_t stored_bytes;           /* bytes this rank stored: its sparse objects' indices
+                                      * and values, or its dense pieces */
+    uint64_t part_bytes;             /* entries this rank handed to other owners */
+    double encode_s;                 /* compare and encode (0 when not compared) */
+    double encode_gbps;              /* compared_bytes / encode_s / 1e9 */
+    double exchange_s;               /* the counts to every rank and the decision */
+    double store_s;                  /* parts, objects (sparse) or the dense publish's put_s */
+    double commit_s;                 /* meeting, announcing (or the dense publish's rest) */
+    double snapshot_s;               /* bringing the snapshot to the new generation */
+    double total_s;
+    ferry_publish_stats dense;       /* the dense publish's own figures (kind != SPARSE) */
+    uint64_t sampled;                /* this rank's elements of the first look (a sample of
+                                      * every piece); a generation that went dense by it
+                                      * reports changed and total_changed as the sample's
+                                      * share */
+    uint64_t reserved[7];   /* zeroed by the library: room for fields to come */
+} ferry_delta_stats;
+
+/* Publish `generation` from the pieces this rank holds (the arguments of
+ * ferry_publish_shards: the whole world's placement, this rank's
+ * fragments' data), as a sparse delta on the generation this encoder last
+ * published when that is cheaper, else dense. Every rank of the world
+ * calls it with its encoder.
+ *
+ * Each rank converts its copy-0 pieces to the rollout dtype and compares
+ * them bit for bit with its snapshot (AVX2 where the CPU has it, else a
+ * portable path with the same output): first a sample (every 16th chunk),
+ * whose counts meet at a barrier, then — unless that decided — everything,
+ * whose exact counts meet at a second one; every rank takes the same
+ * decision: dense (ferry_publish_shards, the snapshot refilled) when a
+ * rank has no snapshot, the chain holds max_chain deltas, or the changed
+ * fraction is above the crossover (by the sample when it is above twice
+ * the crossover); otherwise sparse. Sparse: each tensor has one
+ * owner (the rank holding all of it, else a byte-balanced choice,
+ * ferry_weights_assign); every rank hands the changed elements of
+ * tensors it does not own to their owners as one part object per owner
+ * on its own segment (changed elements only, never dense bytes); each
+ * owner puts one sparse object per changed tensor — global coordinates,
+ * the new values in the rollout dtype, scatter_set: exact — and rank 0
+ * announces them with ferry_sparse_announce once every rank stored its
+ * objects. Every rank gets the same answer.
+ *
+ * Refused on every rank with nothing stored (FERRY_EINVAL "delta publish
+ * of M generation G failed: rank R: <why>"): a rank whose pieces differ
+ * from the layout of its snapshot (a tensor's name, dtype or shape, a
+ * piece's box; reset its encoder and publish dense), a piece without
+ * data, a rollout dtype other than f32/bf16/f16, an encoder whose
+ * crossover or max_chain differs from rank 0's. A rank failing after
+ * others stored: the generation is not announced; every live rank removes
+ * what it stored; what a dead rank left (objects on the base generation)
+ * is removed by the owners at the next publish (docs/sparse.md). The
+ * snapshot moves only when the generation was announced.
+ * st may be NULL. */
+FERRY_API int ferry_delta_publish(ferry_store *s, ferry_delta_encoder *e, uint64_t generation,
+                                  ferry_manifest *placement, const ferry_shard_data *mine, size_t n,
+                                  ferry_delta_stats *st, ferry_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -247,6 +247,14 @@ int fp_sparse_init(PyObject *m);  /* sparse_put, sparse_admit, sparse_read, spar
  * NULL). 0 or -1 with ValueError (a name too long). */
 int fp_publisher_config(ferry_publisher_config *cfg, const char *model, const char *out_dtype, uint32_t rank,
                         uint32_t world, uint64_t segment, uint32_t keep, uint64_t timeout_ms);
+/* One (fragment id, buffer) of a shard publish, checked against the
+ * placement: the fragment exists and is rank's, the buffer (held into v;
+ * *held counts it) holds what the fragment says in its tensor's dtype.
+ * 0 or -1 raised. (_ferry_weights.c; the delta encoder's too.) */
+int fp_shard_item(ferry_manifest *pl, uint32_t rank, PyObject *it, size_t i, ferry_shard_data *d,
+                  Py_buffer *v, size_t *held);
+/* DeltaEncoder's functions (_ferry_sparse_delta.c), after fp_store_init. */
+int fp_sparse_delta_init(PyObject *m);
 /* d["generation"] and the counters of a publish (all: with the phase times
  * and local_bytes that weights_publish reports). 0 or -1. */
 int fp_publish_stats_put(PyObject *d, uint64_t generation, const ferry_publish_stats *st, bool all);

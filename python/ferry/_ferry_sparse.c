@@ -488,5 +488,5 @@ int fp_sparse_init(PyObject *m)
 {
     if (PyModule_AddFunctions(m, sparse_methods) < 0)
         return -1;
-    return fp_sparse_gen_init(m);
+    return fp_sparse_gen_init(m) < 0 ? -1 : fp_sparse_delta_init(m);
 }

@@ -633,8 +633,8 @@ static uint64_t fragment_extent(const ferry_fragment *f, uint32_t ndim, uint32_t
 /* One (fragment id, buffer) of weights_publish_shards, checked against the
  * placement: the fragment exists and is this rank's, and the buffer holds
  * what the fragment says, in its tensor's dtype. 0 or -1 raised. */
-static int shard_item(ferry_manifest *pl, uint32_t rank, PyObject *it, size_t i, ferry_shard_data *d,
-                      Py_buffer *v, size_t *held)
+int fp_shard_item(ferry_manifest *pl, uint32_t rank, PyObject *it, size_t i, ferry_shard_data *d,
+                  Py_buffer *v, size_t *held)
 {
     if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 2) {
         PyErr_Format(PyExc_TypeError, "mine[%zu] must be (fragment id, buffer)", i);
@@ -714,7 +714,7 @@ static PyObject *w_publish_shards(PyObject *self, PyObject *args)
         goto done;
     }
     for (size_t i = 0; i < n; i++)
-        if (shard_item(pl, rank, PyTuple_GET_ITEM(items, (Py_ssize_t)i), i, &d[i], &v[i], &held) < 0)
+        if (fp_shard_item(pl, rank, PyTuple_GET_ITEM(items, (Py_ssize_t)i), i, &d[i], &v[i], &held) < 0)
             goto done;
     ferry_publish_stats st;
     memset(&st, 0, sizeof st);

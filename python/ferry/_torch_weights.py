@@ -185,9 +185,29 @@ def publish_module(publisher, generation, module, layout=None, *, buffers=False,
                                     [(fid, v.contiguous() if copy else v) for fid, v, copy in pieces])
 
 
+def publish_delta(encoder, generation, module, layout, *, buffers=False, rules=None, roles=None, shapes=None):
+    """:func:`publish_module` through a :class:`ferry.sparse.DeltaEncoder`
+    (docs/sparse.md, "Deltas from a trainer"): every trainer rank passes
+    its encoder and the same ``layout`` ("fsdp:4", "tp:2,fsdp:2", ...); its
+    boxes are compared, bit for bit in the rollout dtype, with what the rank
+    last published, and the generation goes out as a sparse delta (the
+    changed elements, set semantics: exact) or dense when that is cheaper
+    (the encoder's crossover and chain rule, a rank without a snapshot).
+    Arguments and the module's tensors as for :func:`publish_module`
+    (a layout is required: the encoder compares the boxes it places).
+    Returns this rank's delta stats (``kind``: "sparse", "dense_first",
+    "dense_fraction" or "dense_chain")."""
+    if layout is None:
+        raise ValueError("publish_delta needs a layout (\"fsdp:N\", ...): the encoder compares its boxes")
+    placement, pieces = _publish_plan(encoder.publisher, _named(module, buffers), layout, rules, roles, shapes)
+    return encoder.publish_shards(generation, placement,
+                                  [(fid, v.contiguous() if copy else v) for fid, v, copy in pieces])
+
+
 def _publish_plan(publisher, items, layout, rules, roles, shapes):
     """The placement and this rank's pieces ``(fragment id, view, copy?)``
-    of a module publish: made once per publisher and reused while the
+    of a module publish (publish_module's, publish_delta's): made once per
+    publisher and reused while the
     tensors (names, storage, shapes, strides, dtypes) and arguments stay
     the same — an RL job's steady state, where rebuilding the layout and
     cutting ~150 views took a few ms of every rank's publish. The views
@@ -421,9 +441,12 @@ class Subscriber:
             return st
         act = _weights.active(self.store, self.model)
         group = self._sub is not None and not alone
-        if not group and act is not None and act[0] <= self.generation:
-            return {"generation": self.generation, "bytes_read": 0}   # current, or a newer sparse delta
         from . import sparse as _sparse
+        if act is not None and act[0] <= self.generation and \
+                (not group or _sparse.chain(self.store, self.model, 0)["links"]):
+            # current, or a newer sparse delta; a group member holding an active sparse generation
+            # too (the members of a sparse one each read their own entries: nobody waits for it)
+            return {"generation": self.generation, "bytes_read": 0}
         if act is not None and act[0] > self.generation and \
                 _sparse.chain(self.store, self.model, self.generation)["links"]:
             # a sparse generation is active: follow its chain (each worker reads its own entries)

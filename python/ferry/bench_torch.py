@@ -5,7 +5,9 @@ runs it).
 
 ``python3 -m ferry.bench_torch [--json] [--rounds 5] [--warmup 0]
 [--hidden 1024] [--layers 8] [--ffn 4096] [--vocab 15000] [--ctx 1024]
-[--variants torch_save,gloo_bcast,p2p,ferry_shard]``
+[--variants torch_save,gloo_bcast,p2p,ferry_shard]``; with ``--delta`` it
+runs ferry.bench_delta instead (deltas from the trainers against the dense
+shard update; its options follow ``--delta --help``).
 
 A GPT-style model (the tensors of python/tests/gpt_model.py's GPT, scaled
 up: about 166 M parameters, 332 MB in bf16 by default) is held by 4 trainer
@@ -911,6 +913,10 @@ def _count(x):
 
 
 def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--delta" in argv:   # deltas from the trainers against the dense update (ferry.bench_delta)
+        from . import bench_delta
+        return bench_delta.main([x for x in argv if x != "--delta"])
     ap = argparse.ArgumentParser(prog="python3 -m ferry.bench_torch",
                                  description="A torch weight update, 4 FSDP trainers -> 4 TP2xDP2 rollouts: "
                                              "torch.save through /dev/shm, a gloo broadcast, gloo point-to-point "

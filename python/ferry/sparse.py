@@ -20,6 +20,12 @@
   :func:`chain` — what a worker holding a generation needs to reach the
   active one; :func:`update` — follow it into the worker's arrays (load the
   dense generation first when the worker is not on the chain).
+- :class:`DeltaEncoder` — a trainer rank's encoder: each generation
+  compares what the rank holds, bit for bit in the rollout dtype, with what
+  it last published and publishes the changed elements (set semantics:
+  exact) as a sparse generation, or dense when that is cheaper
+  (docs/sparse.md, "Deltas from a trainer"). ``ferry.torch.publish_delta``
+  is its form for a module.
 
 Results are numpy arrays, or torch tensors with ``framework="torch"``
 (bf16 values as ``torch.bfloat16``; numpy has no bf16: ``uint16`` words).
@@ -38,7 +44,7 @@ from . import _ferry
 from . import _tensors
 
 __all__ = ["Target", "SparseResult", "put_sparse_object", "sparse_admit", "read_sparse_objects", "sparse_apply",
-           "announce", "chain", "update", "COUNTERS"]
+           "announce", "chain", "update", "DeltaEncoder", "DELTA_KINDS", "COUNTERS"]
 
 # Every ferry_sparse_stats field, in the header's order.
 COUNTERS = ("source_objects", "non_ep_source_object_count", "index_gets", "index_cache_hits", "unique_range_gets",
@@ -341,3 +347,72 @@ def update(store, model, shards, generation=0, axis_index=0, no_dense=False):
             a, _ = _numpy_of(arr, f"shards[{i}] ({name})", writable=True)
         items.append((name, None if off is None else tuple(int(x) for x in off), a))
     return _ferry.sparse_update(store, str(model), int(axis_index), bool(no_dense), items, int(generation))
+
+
+# ---- deltas from a trainer ----------------------------------------------------------------------
+
+# How a delta publish went (ferry_delta_stats.kind), as its stats' "kind".
+DELTA_KINDS = ("sparse", "dense_first", "dense_fraction", "dense_chain")
+
+
+class DeltaEncoder:
+    """A trainer rank's delta encoder (``ferry_delta_publish``;
+    docs/sparse.md, "Deltas from a trainer") for the rank of ``publisher``
+    (a :class:`ferry.WeightPublisher`: model, rank, world, rank_node,
+    out_dtype, segment, keep, timeout_ms).
+
+    It keeps a snapshot of what this rank last published, in the rollout
+    dtype (one copy of the pieces it stores: :attr:`snapshot_bytes`). Each
+    :meth:`publish_shards` compares this rank's pieces with it, bit for bit;
+    every rank meets the others and all take the same decision: a sparse
+    generation on the last one (each changed tensor one object, set
+    semantics, in global coordinates) or a dense one — when a rank has no
+    snapshot (the first publish, after :meth:`reset`), when the chain
+    already holds ``max_chain`` deltas (default 8), or when the changed
+    fraction of every rank's elements is above ``crossover`` (default
+    0.05). Rollouts follow the chain as they do for any sparse generation
+    (:func:`update`, ``ferry.torch.Subscriber.update()``)."""
+
+    def __init__(self, publisher, crossover=None, max_chain=None):
+        self.publisher = publisher
+        self._cap = _ferry.delta_open(publisher.model, int(publisher.rank), int(publisher.world),
+                                      list(publisher.rank_node) if publisher.rank_node is not None else None,
+                                      publisher.out_dtype or "", int(publisher.segment), int(publisher.keep),
+                                      int(publisher.timeout_ms), float(crossover or 0.0), int(max_chain or 0))
+
+    def publish_shards(self, generation, placement, mine):
+        """Publish ``generation`` from this rank's pieces — the arguments of
+        :meth:`ferry.WeightPublisher.publish_shards` (the whole world's
+        placement, ``(fragment id, buffer)`` of this rank's fragments).
+        Every rank calls it. Returns this rank's stats: ``kind`` (one of
+        :data:`DELTA_KINDS`, the same on every rank), ``chain`` (deltas
+        since the dense generation, 0 for a dense one), ``elements``,
+        ``changed``, ``total_elements``, ``total_changed``,
+        ``compared_bytes``, ``objects``, ``nnz``, ``stored_bytes``,
+        ``part_bytes``, ``encode_s``, ``encode_gbps``, ``exchange_s``,
+        ``store_s``, ``commit_s``, ``snapshot_s``, ``total_s`` and ``dense``
+        (the dense publish's stats when the generation went dense). A rank
+        whose layout changed since its last publish fails the generation on
+        every rank with nothing stored (:class:`ferry.Error`): call
+        :meth:`reset` on it and publish again (dense)."""
+        mine = [tuple(m) for m in mine]
+        return _ferry.delta_publish(self._cap, self.publisher.store, int(generation), placement, mine)
+
+    def reset(self):
+        """Forget the snapshot: the next publish is dense."""
+        _ferry.delta_reset(self._cap)
+
+    @property
+    def snapshot_bytes(self):
+        """Bytes of the snapshot the encoder holds (0 when empty)."""
+        return _ferry.delta_bytes(self._cap)
+
+    def close(self):
+        """Free the encoder and its snapshot (later calls raise)."""
+        _ferry.delta_close(self._cap)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

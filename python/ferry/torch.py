@@ -17,6 +17,9 @@ entry point is the ferry call of the same name with ``framework="torch"``.
 - :func:`torch_dtype`, :func:`ferry_dtype` — dtype names both ways.
 - torch models (docs/python.md, "torch models"): :func:`publish_module`
   (a module or state dict, whole or from the shards of a layout),
+  :func:`publish_delta` with a :class:`DeltaEncoder` (each rank's boxes
+  compared with what it last published: a sparse, exact delta, or dense
+  when cheaper; docs/sparse.md, "Deltas from a trainer"),
   :class:`Subscriber` (parameter-direct into a module's parameters, by
   layout and role rules; with a sparse generation active its ``update()``
   follows the registry's chain: ``ferry.sparse.update``), :func:`weights` (the compatibility iterator for
@@ -32,13 +35,14 @@ from . import sparse as _sparse
 from . import store as _store
 from . import weights as _weights
 from .store import ReplicateConfig
-from ._torch_weights import (DEFAULT_RULES, ROLES, NameMap, Subscriber, Weights, build_layout, publish_module,
-                             role_of, warm_publisher, weights)
+from ._torch_weights import (DEFAULT_RULES, ROLES, NameMap, Subscriber, Weights, build_layout, publish_delta,
+                             publish_module, role_of, warm_publisher, weights)
+from .sparse import DeltaEncoder
 
 __all__ = ["Store", "ReplicateConfig", "CompatGroup", "update_compat", "get_tensor", "get_tensor_into", "read_member",
            "read_sparse_objects", "read_sample", "convert", "torch_dtype", "ferry_dtype", "empty", "ROLES", "DEFAULT_RULES",
-           "NameMap", "Subscriber", "Weights", "build_layout", "publish_module", "role_of", "warm_publisher",
-           "weights"]
+           "NameMap", "Subscriber", "Weights", "build_layout", "publish_module", "publish_delta", "DeltaEncoder",
+           "role_of", "warm_publisher", "weights"]
 
 FRAMEWORK = "torch"
 

@@ -6,7 +6,7 @@ from . import store as _store
 from . import weights as _weights
 from ._ferry import Address, Buffer, SampleQueue
 from .samples import Sample
-from .sparse import SparseResult, Target
+from .sparse import DeltaEncoder, SparseResult, Target
 from .store import ReplicateConfig
 
 FRAMEWORK: str
@@ -45,6 +45,9 @@ def build_layout(model: str, tensors: Sequence[Tuple[str, Sequence[int], str]], 
 def publish_module(publisher: WeightPublisher, generation: int, module: Union[torch.nn.Module, Dict[str, torch.Tensor]],
                    layout: Optional[str] = ..., *, buffers: bool = ..., rules: Optional[Sequence[Tuple[str, str]]] = ...,
                    roles: Optional[Dict[str, str]] = ..., shapes: Optional[Dict[str, Sequence[int]]] = ...) -> Dict[str, Any]: ...
+def publish_delta(encoder: DeltaEncoder, generation: int, module: Union[torch.nn.Module, Dict[str, torch.Tensor]],
+                  layout: str, *, buffers: bool = ..., rules: Optional[Sequence[Tuple[str, str]]] = ...,
+                  roles: Optional[Dict[str, str]] = ..., shapes: Optional[Dict[str, Sequence[int]]] = ...) -> Dict[str, Any]: ...
 def warm_publisher(publisher: WeightPublisher, module: Union[torch.nn.Module, Dict[str, torch.Tensor]],
                    layout: Optional[str] = ..., *, buffers: bool = ..., rules: Optional[Sequence[Tuple[str, str]]] = ...,
                    roles: Optional[Dict[str, str]] = ..., shapes: Optional[Dict[str, Sequence[int]]] = ...) -> int: ...

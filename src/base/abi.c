@@ -94,6 +94,8 @@ PIN(ferry_sparse_link, 32);
 PIN(ferry_sparse_chain, 40);
 PIN(ferry_sparse_update_config, 200);
 PIN(ferry_sparse_update_stats, 384);
+PIN(ferry_delta_config, 80);
+PIN(ferry_delta_stats, 384);
 PIN(ferry_compat_config, 296);
 PIN(ferry_compat_stats, 272);
 #endif

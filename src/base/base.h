@@ -201,6 +201,19 @@ int fr_convert(const void *src, fr_ftype st, void *dst, fr_ftype dt, size_t coun
 int fr_convert_path(fr_conv_path path, const void *src, fr_ftype st, void *dst, fr_ftype dt,
                     size_t count);
 
+/* ---- bitwise difference (diff.c, diff_x86.c) ---------------------------- */
+
+/* The positions i in [0, n) where element i of a and of b (esize bytes
+ * each: 2 or 4; no alignment needed) differ bit for bit, ascending, into
+ * idx (room for n); returns how many. n < 2^32. Every path gives the same
+ * output: FR_CONV_SCALAR compares element by element (the reference),
+ * FR_CONV_PORTABLE skips equal 8-byte words, FR_CONV_AVX2 / AVX512 (where
+ * available; AVX512 runs the AVX2 kernel) 128 bytes at a time; AUTO the
+ * best. An esize other than 2 or 4, or a path this CPU lacks: 0 and
+ * nothing written (callers check the path with fr_conv_path_available). */
+size_t fr_diff_path(fr_conv_path path, const void *a, const void *b, size_t esize, size_t n,
+                    uint32_t *idx);
+
 /* ---- FP8 quantization (fp8.c) ------------------------------------------ */
 /* One FP8 format, as the rounding needs it (common.h, "FP8 quantization"). */
 typedef struct fr_fp8_fmt {

@@ -209,4 +209,13 @@ int fr_sgen_text(ferry_store *s, const char *model, uint64_t gen, char **text, s
  * (the generation stays listed until a later publish). */
 bool fr_sgen_drop_objects(ferry_store *s, const char *model, uint64_t g);
 
+/* ferry_sparse_announce; with probe_given (the probe lines, "segment TAB
+ * key\n" of one object per segment) the objects are taken as they are —
+ * the caller made them itself (the delta encoder: each owner put its
+ * tensors' objects of exactly (base, gen) in the placement's shapes) —
+ * so no index is read; st->nnz stays 0. */
+int fr_sgen_announce(ferry_store *s, const char *model, uint64_t base, uint64_t gen,
+                     const char *const *keys, size_t nkeys, uint32_t keep, const char *probe_given,
+                     ferry_sparse_announce_stats *st, ferry_error *err);
+
 #endif

@@ -234,6 +234,13 @@ int ferry_sparse_announce(ferry_store *s, const char *model, uint64_t base, uint
                           const char *const *keys, size_t nkeys, uint32_t keep,
                           ferry_sparse_announce_stats *st, ferry_error *err)
 {
+    return fr_sgen_announce(s, model, base, gen, keys, nkeys, keep, NULL, st, err);
+}
+
+int fr_sgen_announce(ferry_store *s, const char *model, uint64_t base, uint64_t gen,
+                     const char *const *keys, size_t nkeys, uint32_t keep, const char *probe_given,
+                     ferry_sparse_announce_stats *st, ferry_error *err)
+{
     ferry_sparse_announce_stats local;
     if (!st)
         st = &local;
@@ -285,8 +292,13 @@ int ferry_sparse_announce(ferry_store *s, const char *model, uint64_t base, uint
     char *probe = NULL, *text = NULL, *btext = NULL;
     size_t blen = 0, tlen = 0;
     uint8_t bdg[16];
-    if ((rc = fr_gen_load(s, model, st->dense_generation, &dense, err)) == 0)
+    if (probe_given) {   /* the library's own objects: checked where they were made */
+        st->objects = nkeys;
+        if (!(probe = strdup(probe_given)))
+            rc = fr_fail(err, FERRY_ENOMEM, "out of memory");
+    } else if ((rc = fr_gen_load(s, model, st->dense_generation, &dense, err)) == 0) {
         rc = check_objects(s, model, base, gen, dense, keys, nkeys, st, &probe, err);
+    }
     fr_gen_free(dense);
     if (rc == 0 && (rc = fr_sgen_text(s, model, base, &btext, &blen, bdg, err)) < 0)
         fr_fail(err, rc, "sparse announce of %s: cannot read generation %" PRIu64 ": %s", model,

@@ -52,6 +52,25 @@ int fr_key_wk_part(char *buf, size_t cap, const char *model, uint64_t gen, int64
     return fr_key_wk(buf, cap, model, gen, what);
 }
 
+int fr_key_wk_delta(char *buf, size_t cap, const char *model, uint64_t gen, const char *stage,
+                    int64_t rank)
+{
+    char what[64];
+    if (rank >= 0)
+        snprintf(what, sizeof what, "delta/%s/%" PRIu32, stage, (uint32_t)rank);
+    else
+        snprintf(what, sizeof what, "delta/%s", stage);
+    return fr_key_wk(buf, cap, model, gen, what);
+}
+
+int fr_key_delta_part(char *buf, size_t cap, const char *model, uint64_t gen, uint32_t from,
+                      uint32_t to)
+{
+    char what[48];
+    snprintf(what, sizeof what, "dpart.%" PRIu32 ".%" PRIu32, from, to);
+    return fr_key_gen_file(buf, cap, model, gen, what);
+}
+
 int ferry_weights_key(const char *model, uint64_t generation, const char *fragment, char *buf,
                       size_t cap)
 {

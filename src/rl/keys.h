@@ -37,6 +37,15 @@ int fr_key_wk(char *buf, size_t cap, const char *model, uint64_t gen, const char
 /* KV "ferry/wk/M/G/part/<rank>": a publishing rank's part of an attempt;
  * rank -1: the prefix "ferry/wk/M/G/part/" of every rank's. */
 int fr_key_wk_part(char *buf, size_t cap, const char *model, uint64_t gen, int64_t rank);
+/* KV "ferry/wk/M/G/delta/<stage>/<rank>": a rank's word at one stage of a
+ * delta publish (count, stored); rank -1: "ferry/wk/M/G/delta/<stage>",
+ * the stage's barrier (and the decision's key, stage "decision"). */
+int fr_key_wk_delta(char *buf, size_t cap, const char *model, uint64_t gen, const char *stage,
+                    int64_t rank);
+/* Object "ferry/w/M/G/dpart.<from>.<to>": the changed elements rank
+ * `from` hands to owner `to` in a delta publish. */
+int fr_key_delta_part(char *buf, size_t cap, const char *model, uint64_t gen, uint32_t from,
+                      uint32_t to);
 /* Object "ferry/w/M/G/<what>" (ferry_weights_key, which checks the names). */
 int fr_key_gen_file(char *buf, size_t cap, const char *model, uint64_t gen, const char *what);
 /* Object "ferry/w/M/G/r<rank>.<object>": rank's packed fragments. */

@@ -36,6 +36,17 @@ void fr_rl_keep(ferry_store *s, const ferry_publisher_config *c, uint64_t gen, u
  * holds leased objects (waiting for its leases to lapse may free space). */
 bool fr_rl_reclaim(ferry_store *s, const ferry_publisher_config *c);
 
+/* A put that found the segments full (FERRY_ENOSPC) retries while this
+ * says so (publish_mine.c): fr_rl_reclaim, then again as leases lapse, for
+ * at most half of timeout_ms. Zero it before the first call. */
+typedef struct fr_space_wait {
+    uint64_t deadline;
+    long pause_ms;
+    int tries;
+    bool leased;
+} fr_space_wait;
+bool fr_pub_space_wait(ferry_store *s, const ferry_publisher_config *c, fr_space_wait *w);
+
 /* The placement of a publish of whole tensors (publish.c): each tensor cut
  * along dim 0 into pieces small against a rank's share, the pieces
  * assigned by ferry_weights_assign; *data (malloc'd, *ndata entries) gets

@@ -37,6 +37,21 @@ static void drop_keys(ferry_store *s, const ferry_publisher_config *c, uint64_t 
         (void)fr_key_wk_part(k, sizeof k, c->model, g, r);
         (void)ferry_kv_delete(s, k, 0, NULL, NULL);
     }
+    /* a delta publish's words (delta_publish.c); a generation published
+     * dense by ferry_publish_shards has none: its decision key is absent,
+     * and the 3 x world deletes of stage words are not sent (a delta
+     * attempt that failed before deciding leaves its stage words to that
+     * rank's next delta publish, which replaces them) */
+    (void)fr_key_wk_delta(k, sizeof k, c->model, g, "decision", -1);
+    if (ferry_kv_delete(s, k, 0, NULL, NULL) == FERRY_ENOENT)
+        return;
+    for (uint32_t r = 0; r < c->world; r++) {
+        static const char *const stage[] = { "count", "exact", "stored" };
+        for (size_t i = 0; i < 3; i++) {
+            (void)fr_key_wk_delta(k, sizeof k, c->model, g, stage[i], r);
+            (void)ferry_kv_delete(s, k, 0, NULL, NULL);
+        }
+    }
 }
 
 /* Remove generation g's objects; true when none is left (leased ones stay). */

@@ -560,31 +560,31 @@ static int store_files(ferry_store *s, const ferry_publisher_config *c, uint64_t
 
 /* The segments are full: retired generations whose objects readers still
  * lease (every read leases its object, 5 s by default) hold the space a
- * fast publisher needs. Remove what is free of them, and retry the put as
- * their leases lapse, for at most half of timeout_ms (the other ranks wait
- * timeout_ms at the barrier); FERRY_ENOSPC when nothing is freed by then. */
-static int put_when_freed(ferry_store *s, const ferry_publisher_config *c, const char *key,
-                          uint64_t nb, const ferry_replicate_config *repl, void **at,
-                          ferry_put_slot **ps)
+ * fast publisher needs. Each call removes what of them is free and says
+ * whether to try the put again: at once the first time, then as their
+ * leases lapse, for at most half of timeout_ms (the other ranks wait
+ * timeout_ms at the barrier), while anything retired is still leased. */
+bool fr_pub_space_wait(ferry_store *s, const ferry_publisher_config *c, fr_space_wait *w)
 {
-    uint64_t deadline = fr_deadline_ns((int64_t)(c->timeout_ms / 2));
-    long pause_ms = 5;
-    bool said = false;
-    for (;;) {
-        bool leased = fr_rl_reclaim(s, c);
-        int rc = ferry_store_put_begin(s, key, nb, repl, at, ps, NULL);
-        if (rc != FERRY_ENOSPC || !leased || fr_ms_left(deadline) == 0)
-            return rc;
-        if (!said)
+    if (w->tries == 0) {
+        w->deadline = fr_deadline_ns((int64_t)(c->timeout_ms / 2));
+        w->pause_ms = 5;
+    } else {
+        int left = fr_ms_left(w->deadline);
+        if (!w->leased || left == 0)
+            return false;
+        if (w->tries == 1)
             FR_INFO("rl", "publish of %s, rank %u: the segments are full; waiting up to %" PRIu64
                     " ms for readers' leases on retired generations to lapse", c->model, c->rank,
                     c->timeout_ms / 2);
-        said = true;
-        int left = fr_ms_left(deadline);
-        struct timespec ts = { 0, (left < pause_ms ? left : pause_ms) * 1000000L };
+        long ms = left < w->pause_ms ? left : w->pause_ms;
+        struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
         nanosleep(&ts, NULL);
-        pause_ms = pause_ms < 200 ? pause_ms * 2 : 200;
+        w->pause_ms = w->pause_ms < 200 ? w->pause_ms * 2 : 200;
     }
+    w->tries++;
+    w->leased = fr_rl_reclaim(s, c);
+    return true;
 }
 
 int fr_pub_mine_store(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
@@ -624,8 +624,8 @@ int fr_pub_mine_store(ferry_store *s, const ferry_publisher_config *c, uint64_t 
             if (rc == 0 || rc == FERRY_ENOENT)
                 rc = ferry_store_put_begin(s, key, nb, &repl, &at, &ps, NULL);
         }
-        if (rc == FERRY_ENOSPC)
-            rc = put_when_freed(s, c, key, nb, &repl, &at, &ps);
+        for (fr_space_wait w = {0}; rc == FERRY_ENOSPC && fr_pub_space_wait(s, c, &w);)
+            rc = ferry_store_put_begin(s, key, nb, &repl, &at, &ps, NULL);
         uint64_t c1 = fr_now_ns();
         uint8_t *buf = at;
         uint64_t pos = 0;   /* the alignment gaps are zeroed here */

@@ -133,6 +133,8 @@ static int flush(ferry_publish_stream *ps, ferry_error *err)
     ferry_object_desc d = {0};
     uint64_t t0 = fr_now_ns();
     int rc = fr_pub_put(ps->s, key, ps->buf, ps->obj_bytes, &repl, &d, err);
+    for (fr_space_wait w = {0}; rc == FERRY_ENOSPC && fr_pub_space_wait(ps->s, c, &w);)
+        rc = fr_pub_put(ps->s, key, ps->buf, ps->obj_bytes, &repl, &d, err);
     ps->sx.store_s += (double)(fr_now_ns() - t0) / 1e9;
     if (rc == FERRY_ETIMEDOUT && ps->staged) {   /* the engine may still read it */
         ferry_store_staging_give(ps->s, true);

@@ -6,6 +6,8 @@
  * coordinates, optional publication; and the scatter apply with its
  * base-generation fence. */
 #include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,51 +56,121 @@ static uint64_t meta_bytes(const ferry_sparse_desc *d)
     return len;
 }
 
+/* Sources checked and their indexes taken from the cache or read at
+ * once, at most this many at a time: each is two or three round trips to
+ * the master, and a generation of a model is one object per changed
+ * tensor (hundreds), so one after another they would cost hundreds of
+ * round trips' time. */
+#define SP_INDEX_THREADS 8
+
+typedef struct sp_load {
+    sp_call *c;
+    const char **keys;          /* the distinct keys, slot i for c->src[i] */
+    size_t n;
+    _Atomic size_t next;
+    int *rc;                    /* per slot */
+    ferry_error *err;           /* per slot */
+    uint64_t *checks, *hits, *gets, *ibytes;   /* per slot */
+} sp_load;
+
+static void load_one(sp_load *L, size_t i)
+{
+    sp_call *c = L->c;
+    sp_src *e = &c->src[i];
+    ferry_object_desc od;
+    int rc = ferry_store_get_replica_desc(c->s, L->keys[i], &od, &L->err[i]);
+    L->checks[i] = 1;
+    if (rc < 0) {
+        L->rc[i] = fr_fail(&L->err[i], rc, "read_sparse_objects %s: %s", L->keys[i],
+                           fr_why(&L->err[i], rc));
+        return;
+    }
+    if (fr_sp_cache_take(c->r, L->keys[i], &od, &e->c)) {
+        L->hits[i] = 1;
+    } else {
+        rc = fr_sparse_index_load(c->s, L->keys[i], &e->c.ix, &e->c.mi, &e->c.mv, &L->err[i]);
+        if (rc < 0) {
+            L->rc[i] = rc;
+            return;
+        }
+        L->gets[i] = 1;
+        L->ibytes[i] = meta_bytes(&e->c.ix.desc) + e->c.ix.desc.ntiles * (e->c.ix.desc.ndim + 1) * 8 + 8;
+        e->c.size = od.size;
+        e->c.segment = od.nreplicas ? od.replicas[0].segment : 0;
+        e->c.offset = od.nreplicas ? od.replicas[0].offset : 0;
+        e->c.bytes = e->c.ix.desc.ntiles * (e->c.ix.desc.ndim + 1) * 8 + sizeof e->c;
+    }
+    e->have = true;
+}
+
+static void *load_thread(void *arg)
+{
+    sp_load *L = arg;
+    for (size_t i; (i = atomic_fetch_add(&L->next, 1)) < L->n;)
+        load_one(L, i);
+    return NULL;
+}
+
 static int get_sources(sp_call *c, const char *const *keys, size_t nkeys, ferry_error *err)
 {
-    c->src = fr_calloc(nkeys ? nkeys : 1, sizeof *c->src);
-    c->ixs = fr_calloc(nkeys ? nkeys : 1, sizeof *c->ixs);
-    if (!c->src || !c->ixs)
-        return fr_fail(err, FERRY_ENOMEM, "read_sparse_objects: out of memory");
-    for (size_t i = 0; i < nkeys; i++) {
-        if (!keys[i])
-            return fr_fail(err, FERRY_EINVAL, "read_sparse_objects: key %zu is NULL", i);
-        bool dup = false;
-        for (size_t j = 0; j < c->nsrc && !dup; j++)
-            dup = strcmp(c->src[j].c.ix.key, keys[i]) == 0;
-        if (dup)
-            continue;
-        ferry_object_desc od;
-        uint64_t t0 = fr_now_ns();
-        int rc = ferry_store_get_replica_desc(c->s, keys[i], &od, err);
-        c->st.index_checks++;
-        if (rc < 0)
-            return fr_fail(err, rc, "read_sparse_objects %s: %s", keys[i],
-                           fr_why(err, rc));
-        sp_src *e = &c->src[c->nsrc];
-        if (fr_sp_cache_take(c->r, keys[i], &od, &e->c)) {
-            c->st.index_cache_hits++;
-        } else {
-            rc = fr_sparse_index_load(c->s, keys[i], &e->c.ix, &e->c.mi, &e->c.mv, err);
-            if (rc < 0) {
-                c->st.index_s += (double)(fr_now_ns() - t0) / 1e9;
-                return rc;
-            }
-            c->st.index_gets++;
-            c->st.index_bytes_read += meta_bytes(&e->c.ix.desc) +
-                                      e->c.ix.desc.ntiles * (e->c.ix.desc.ndim + 1) * 8 + 8;
-            e->c.size = od.size;
-            e->c.segment = od.nreplicas ? od.replicas[0].segment : 0;
-            e->c.offset = od.nreplicas ? od.replicas[0].offset : 0;
-            e->c.bytes = e->c.ix.desc.ntiles * (e->c.ix.desc.ndim + 1) * 8 + sizeof e->c;
+    size_t cap = nkeys ? nkeys : 1;
+    c->src = fr_calloc(cap, sizeof *c->src);
+    c->ixs = fr_calloc(cap, sizeof *c->ixs);
+    sp_load L = { .c = c, .keys = fr_calloc(cap, sizeof *L.keys), .rc = fr_calloc(cap, sizeof *L.rc),
+                  .err = fr_calloc(cap, sizeof *L.err), .checks = fr_calloc(cap, 8),
+                  .hits = fr_calloc(cap, 8), .gets = fr_calloc(cap, 8), .ibytes = fr_calloc(cap, 8) };
+    atomic_init(&L.next, 0);
+    int rc = 0;
+    if (!c->src || !c->ixs || !L.keys || !L.rc || !L.err || !L.checks || !L.hits || !L.gets ||
+        !L.ibytes)
+        rc = fr_fail(err, FERRY_ENOMEM, "read_sparse_objects: out of memory");
+    for (size_t i = 0; rc == 0 && i < nkeys; i++) {   /* keys listed twice are read once */
+        if (!keys[i]) {
+            rc = fr_fail(err, FERRY_EINVAL, "read_sparse_objects: key %zu is NULL", i);
+            break;
         }
-        c->st.index_s += (double)(fr_now_ns() - t0) / 1e9;
-        e->have = true;
-        c->ixs[c->nsrc++] = &e->c.ix;
+        bool dup = false;
+        for (size_t j = 0; j < L.n && !dup; j++)
+            dup = strcmp(L.keys[j], keys[i]) == 0;
+        if (!dup)
+            L.keys[L.n++] = keys[i];
+    }
+    uint64_t t0 = fr_now_ns();
+    if (rc == 0) {
+        c->nsrc = L.n;   /* call_end gives back every slot that took an entry */
+        pthread_t th[SP_INDEX_THREADS];
+        size_t nth = 0, want = L.n < SP_INDEX_THREADS ? L.n : SP_INDEX_THREADS;
+        while (nth + 1 < want && pthread_create(&th[nth], NULL, load_thread, &L) == 0)
+            nth++;
+        load_thread(&L);   /* this thread too (alone when no thread could start) */
+        for (size_t k = 0; k < nth; k++)
+            pthread_join(th[k], NULL);
+    }
+    c->st.index_s += (double)(fr_now_ns() - t0) / 1e9;
+    for (size_t i = 0; rc == 0 && i < L.n; i++) {   /* the first failure in key order */
+        c->st.index_checks += L.checks[i];
+        c->st.index_cache_hits += L.hits[i];
+        c->st.index_gets += L.gets[i];
+        c->st.index_bytes_read += L.ibytes[i];
+        if (L.rc[i] < 0) {
+            rc = L.rc[i];
+            if (err)
+                *err = L.err[i];
+            break;
+        }
+        sp_src *e = &c->src[i];
+        c->ixs[i] = &e->c.ix;
         c->st.source_objects++;
         c->st.non_ep_source_object_count += e->c.ix.desc.placement.kind == FERRY_SPARSE_REPLICATE;
     }
-    return 0;
+    fr_free(L.keys);
+    fr_free(L.rc);
+    fr_free(L.err);
+    fr_free(L.checks);
+    fr_free(L.hits);
+    fr_free(L.gets);
+    fr_free(L.ibytes);
+    return rc;
 }
 
 static int rkey_cmp(const void *a, const void *b)

@@ -63,6 +63,20 @@ int ferry_sparse_remove_tensors(ferry_store *s, const char *tensor_prefix, uint6
     return ferry_store_remove_prefix(s, p, removed, err);
 }
 
+int ferry_sparse_remove_base(ferry_store *s, const char *tensor_id, uint64_t base,
+                             uint64_t *removed, ferry_error *err)
+{
+    char p[FERRY_SPARSE_ID_MAX + 48];
+    if (!s || !tensor_id || !tensor_id[0] || strlen(tensor_id) > FERRY_SPARSE_ID_MAX ||
+        strchr(tensor_id, '/'))
+        return fr_fail(err, FERRY_EINVAL, "sparse_remove_base: no store, or a tensor id that is "
+                       "empty, holds '/' or is longer than %d bytes", FERRY_SPARSE_ID_MAX);
+    /* the key's tensor and base, up to the '-' before the delta: nothing
+     * of another tensor or base shares it */
+    snprintf(p, sizeof p, "ferry/sp/%s/%020" PRIu64 "-", tensor_id, base);
+    return ferry_store_remove_prefix(s, p, removed, err);
+}
+
 static bool id_ok(const char *s, size_t cap)
 {
     size_t n = strnlen(s, cap);

@@ -546,6 +546,18 @@ int fr_wal_append(fr_wal *w, const uint8_t *rec, size_t len, uint64_t *lsn);
  * or fsync failure every call returns FERRY_EIO: nothing is retried. */
 int fr_wal_sync(fr_wal *w, uint64_t lsn, uint64_t deadline_ns);
 int fr_wal_commit(fr_wal *w);               /* sync up to the last append */
+/* Replicate from now on (docs/store.md, "High availability"): each group
+ * commit, once written and fsynced here, is appended to the cluster's log
+ * in etcd (ha_log.h) from entry next_seq on, fenced by epoch, before any
+ * record of it counts as durable; a commit larger than an entry's limit
+ * goes in several entries, cut between frames. When an append fails —
+ * etcd unreachable, or the leadership of epoch gone (FERRY_ESTATE) — the
+ * WAL refuses every later commit with that code: nothing it did not
+ * replicate is ever acknowledged. NULL ha: local only again. */
+struct fr_ha_elect;
+void fr_wal_replicate(fr_wal *w, struct fr_ha_elect *ha, int64_t epoch, uint64_t next_seq);
+/* The log entry the next replicated commit appends. */
+uint64_t fr_wal_next_seq(fr_wal *w);
 uint64_t fr_wal_last_lsn(fr_wal *w);
 uint64_t fr_wal_durable_lsn(fr_wal *w);
 typedef struct fr_wal_stats {

@@ -4,6 +4,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "store/ha_log.h"
 #include "store/wal_int.h"
 
 #define WAL_SEED 0x6672792d77616c31ull   /* "fry-wal1" */
@@ -151,6 +152,53 @@ int fr_wal_fsync_dir(int dirfd)
     return fsync(dirfd) == 0 ? 0 : FERRY_EIO;
 }
 
+/* ---- replication ------------------------------------------------------------ */
+
+/* The frames of one commit (out, len) to the cluster's log: entries of at
+ * most FR_HA_LOG_ENTRY_MAX bytes, cut between frames. Runs on the
+ * committing thread without mu: only it touches next_seq then. */
+static int replicate(fr_wal *w, const uint8_t *out, size_t len, ferry_error *err)
+{
+    size_t at = 0;
+    while (at < len) {
+        size_t end = at;
+        while (end < len) {   /* whole frames: head (the record's length first) + rec + tail */
+            size_t fl = FR_WAL_FRAME_HEAD + (size_t)get32(out + end) + FR_WAL_FRAME_TAIL;
+            if (end > at && end + fl - at > FR_HA_LOG_ENTRY_MAX)
+                break;
+            end += fl;
+        }
+        if (end > len || end - at > FR_HA_LOG_ENTRY_MAX)
+            return fr_fail(err, FERRY_EMSGSIZE, "a frame of %zu bytes does not fit a log entry",
+                           end - at);
+        int rc = fr_ha_log_append(w->ha, w->epoch, w->next_seq, out + at, end - at, err);
+        if (rc < 0)
+            return rc;
+        w->next_seq++;
+        at = end;
+    }
+    return 0;
+}
+
+void fr_wal_replicate(fr_wal *w, struct fr_ha_elect *ha, int64_t epoch, uint64_t next_seq)
+{
+    pthread_mutex_lock(&w->mu);
+    while (w->committing)
+        pthread_cond_wait(&w->cv, &w->mu);
+    w->ha = ha;
+    w->epoch = epoch;
+    w->next_seq = next_seq;
+    pthread_mutex_unlock(&w->mu);
+}
+
+uint64_t fr_wal_next_seq(fr_wal *w)
+{
+    pthread_mutex_lock(&w->mu);
+    uint64_t v = w->next_seq;
+    pthread_mutex_unlock(&w->mu);
+    return v;
+}
+
 /* ---- append and group commit -------------------------------------------- */
 
 int fr_wal_append(fr_wal *w, const uint8_t *rec, size_t len, uint64_t *lsn)
@@ -193,6 +241,8 @@ static void lead_commit(fr_wal *w)
     if (rc == 0 && !w->no_sync && fdatasync(fd) != 0)
         rc = FERRY_EIO;
     int saved = errno;
+    ferry_error rerr = {0};
+    int rrc = rc == 0 && w->ha && len ? replicate(w, out, len, &rerr) : 0;
 
     pthread_mutex_lock(&w->mu);
     w->committing = false;
@@ -202,6 +252,12 @@ static void lead_commit(fr_wal *w)
         w->err = FERRY_EIO;
         FR_ERROR("store", "write-ahead log %s: %s failed: %s; refusing further commits",
                  w->dir, len ? "write/fdatasync" : "fdatasync", strerror(saved));
+    } else if (rrc < 0) {
+        /* Not replicated: never acknowledged. Another leader may already
+         * hold what etcd has; this master stops committing. */
+        w->err = rrc;
+        FR_ERROR("store", "write-ahead log %s: replicating a commit failed: %s; refusing further "
+                 "commits", w->dir, rerr.msg);
     } else {
         w->durable_lsn = target;
         w->log_bytes += len;

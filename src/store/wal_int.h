@@ -24,6 +24,11 @@ struct fr_wal {
     uint64_t log_start;       /* LSN of the current log's first record */
     uint64_t log_bytes;       /* bytes in the current log file */
     fr_wal_stats st;
+    /* replicated (fr_wal_replicate): every commit also appended to the
+     * cluster's log in etcd, fenced by the leadership's epoch */
+    struct fr_ha_elect *ha;
+    int64_t epoch;
+    uint64_t next_seq;        /* the log entry the next commit appends */
 };
 
 #endif

@@ -23,6 +23,7 @@ static void test_null_refused(void **state)
     assert_int_equal(ferry_publisher_config_init(NULL), FERRY_EINVAL);
     assert_int_equal(ferry_subscriber_config_init(NULL), FERRY_EINVAL);
     assert_int_equal(ferry_sparse_update_config_init(NULL), FERRY_EINVAL);
+    assert_int_equal(ferry_delta_config_init(NULL), FERRY_EINVAL);
     assert_int_equal(ferry_compat_config_init(NULL), FERRY_EINVAL);
     assert_int_equal(ferry_sample_queue_config_init(NULL), FERRY_EINVAL);
     assert_int_equal(ferry_exec_config_init(NULL), FERRY_EINVAL);
@@ -57,6 +58,13 @@ static void test_documented_defaults(void **state)
     assert_int_equal(ferry_sparse_update_config_init(&uc), 0);
     assert_false(uc.no_dense);
     assert_int_equal(uc.axis_index, 0);
+    ferry_delta_config dc;
+    memset(&dc, 0xa5, sizeof dc);
+    assert_int_equal(ferry_delta_config_init(&dc), 0);
+    assert_true(dc.crossover == FERRY_DELTA_CROSSOVER);
+    assert_int_equal(dc.max_chain, FERRY_DELTA_CHAIN);
+    for (size_t i = 0; i < sizeof dc.reserved / sizeof dc.reserved[0]; i++)
+        assert_int_equal(dc.reserved[i], 0);
     ferry_compat_config cc;
     memset(&cc, 0xa5, sizeof cc);
     assert_int_equal(ferry_compat_config_init(&cc), 0);

@@ -31,6 +31,11 @@ static void test_layout(void **state)
            "ferry/wk/m/00000000000000000007/manifest");
     KEY_IS(fr_key_wk_part(k, sizeof k, "m", 7, 3), k, "ferry/wk/m/00000000000000000007/part/3");
     KEY_IS(fr_key_wk_part(k, sizeof k, "m", 7, -1), k, "ferry/wk/m/00000000000000000007/part/");
+    KEY_IS(fr_key_wk_delta(k, sizeof k, "m", 7, "count", 3), k,
+           "ferry/wk/m/00000000000000000007/delta/count/3");
+    KEY_IS(fr_key_wk_delta(k, sizeof k, "m", 7, "decision", -1), k,
+           "ferry/wk/m/00000000000000000007/delta/decision");
+    KEY_IS(fr_key_delta_part(k, sizeof k, "m", 7, 2, 0), k, "ferry/w/m/00000000000000000007/dpart.2.0");
     KEY_IS(fr_key_gen_file(k, sizeof k, "m", 7, "manifest.json"), k,
            "ferry/w/m/00000000000000000007/manifest.json");
     KEY_IS(fr_key_gen_object(k, sizeof k, "m", 7, 2, 5), k, "ferry/w/m/00000000000000000007/r2.5");

@@ -576,10 +576,39 @@ static void test_publish_after_node_restart(void **state)
  * generations, keep = 1, and a reader leases each generation it takes
  * (for 400 ms). Generation 3 finds the segment full of the active
  * generation and the retired, still leased, generation 1: it waits for
- * that lease to lapse, removes it and publishes. With a lease longer than
+ * that lease to lapse, removes it and publishes; a streamed generation
+ * the same. With a lease longer than
  * half the publisher's timeout it fails with FERRY_ENOSPC instead, nothing
  * announced, and the active generation stays loadable. */
 enum { FULL_ELEMS = 1 << 20 };   /* 4 MiB of f32 per generation */
+
+static int publish_full(ferry_store *s, uint64_t gen, uint64_t timeout_ms, float *data,
+                        ferry_error *err);
+
+/* The same generation through the streaming publish (each tensor handed
+ * over as it comes). */
+static int stream_full(ferry_store *s, uint64_t gen, uint64_t timeout_ms, float *data,
+                       ferry_error *err)
+{
+    for (size_t i = 0; i < FULL_ELEMS; i++)
+        data[i] = (float)(gen * 1000003u + i);
+    ferry_publisher_config pc;
+    ferry_publisher_config_init(&pc);
+    snprintf(pc.model, sizeof pc.model, "full");
+    pc.world = 1;
+    pc.keep = 1;
+    pc.timeout_ms = timeout_ms;
+    static const uint32_t node0[1] = { 0 };
+    pc.rank_node = node0;
+    ferry_weight_tensor t = { .name = "w", .dtype = "f32", .ndim = 1, .shape = { FULL_ELEMS },
+                              .data = data };
+    ferry_publish_stream *ps = NULL;
+    int rc = ferry_publish_stream_begin(s, &pc, gen, &ps, err);
+    if (rc == 0 && (rc = ferry_publish_stream_add(ps, &t, err)) < 0)
+        (void)ferry_publish_stream_abort(ps, "the test's tensor was refused");
+    int erc = ps ? ferry_publish_stream_end(ps, NULL, err) : rc;
+    return rc < 0 ? rc : erc;
+}
 
 static int publish_full(ferry_store *s, uint64_t gen, uint64_t timeout_ms, float *data,
                         ferry_error *err)
@@ -636,24 +665,37 @@ static void test_publish_waits_for_leases(void **state)
     assert_int_equal(rc3, 0);
     read_full(r, 3, out);
     ferry_store_close(r);
+    /* the streaming publish the same way: a reader leasing for 1.5 s takes
+     * 3; 4 retires it, still leased; streamed 5 waits for that lease */
+    rc.lease_ms = 1500;
+    assert_int_equal(ferry_store_open(&rc, &r, NULL), 0);
+    read_full(r, 3, out);
+    assert_int_equal(publish_full(s, 4, 20000, data, &err), 0);
+    read_full(r, 4, out);
+    int rc5 = stream_full(s, 5, 20000, data, &err);
+    fprintf(stderr, "streamed generation 5 beside a leased retired generation: %d %s\n", rc5,
+            rc5 < 0 ? err.msg : "");
+    assert_int_equal(rc5, 0);
+    read_full(r, 5, out);
+    ferry_store_close(r);
     /* a lease that outlives the publisher's patience: refused, nothing lost */
     rc.lease_ms = 60000;
     assert_int_equal(ferry_store_open(&rc, &r, NULL), 0);
-    read_full(r, 3, out);                                           /* leases 3 for a minute */
-    assert_int_equal(publish_full(s, 4, 20000, data, &err), 0);    /* retires 3: it stays */
-    read_full(r, 4, out);
+    read_full(r, 5, out);                                           /* leases 5 for a minute */
+    assert_int_equal(publish_full(s, 6, 20000, data, &err), 0);    /* retires 5: it stays */
+    read_full(r, 6, out);
     memset(&err, 0, sizeof err);
-    assert_int_equal(publish_full(s, 5, 1000, data, &err), FERRY_ENOSPC);
-    fprintf(stderr, "generation 5 beside a generation leased for a minute: %s\n", err.msg);
+    assert_int_equal(publish_full(s, 7, 1000, data, &err), FERRY_ENOSPC);
+    fprintf(stderr, "generation 7 beside a generation leased for a minute: %s\n", err.msg);
     uint64_t active = 0;
     assert_int_equal(ferry_weights_active(s, "full", &active, NULL, NULL), 0);
-    assert_int_equal(active, 4);
+    assert_int_equal(active, 6);
     ferry_store_close(r);
     ferry_store_config lc;
     ft_store_config(&c, &lc);
     lc.lease_ms = 1;
     assert_int_equal(ferry_store_open(&lc, &r, NULL), 0);
-    read_full(r, 4, out);                                           /* still whole */
+    read_full(r, 6, out);                                           /* still whole */
     ferry_store_close(r);
     free(data);
     free(out);

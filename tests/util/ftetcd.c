@@ -1,0 +1,107 @@
+/* A real etcd for tests (ftetcd.h). */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/base.h"
+#include "store/etcd_int.h"
+#include "util/ftetcd.h"
+#include "util/ftstore.h"
+
+/* A loopback port nobody listens on now (the kernel's pick). */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t al = sizeof a;
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &al) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0)
+        close(fd);
+    return port;
+}
+
+static const char *etcd_bin(void)
+{
+    const char *b = getenv("ETCD_BIN");
+    if (b && *b)
+        return b;
+    return access("/usr/bin/etcd", X_OK) == 0 ? "/usr/bin/etcd" : "etcd";
+}
+
+int ft_etcd_start(ft_etcd *e)
+{
+    memset(e, 0, sizeof *e);
+    e->p.pid = -1;
+    snprintf(e->dir, sizeof e->dir, "/tmp/ferry-etcd-test-XXXXXX");
+    if (!mkdtemp(e->dir)) {
+        e->dir[0] = 0;
+        return -1;
+    }
+    int cport = free_port(), pport = free_port();
+    if (cport < 0 || pport < 0 || cport == pport)
+        return -1;
+    char data[300], client[64], peer[64], cluster[96];
+    snprintf(data, sizeof data, "%s/data", e->dir);
+    snprintf(client, sizeof client, "http://127.0.0.1:%d", cport);
+    snprintf(peer, sizeof peer, "http://127.0.0.1:%d", pport);
+    snprintf(cluster, sizeof cluster, "ft=%s", peer);
+    snprintf(e->url, sizeof e->url, "%s", client);
+    const char *args[] = { "--name", "ft", "--data-dir", data, "--listen-client-urls", client,
+                           "--advertise-client-urls", client, "--listen-peer-urls", peer,
+                           "--initial-advertise-peer-urls", peer, "--initial-cluster", cluster,
+                           "--logger", "zap", "--log-level", "error", NULL };
+    const char *bin = etcd_bin();
+    if (ft_spawn_exe(&e->p, NULL, bin, args) != 0) {
+        fprintf(stderr, "ft_etcd_start: cannot run %s (scripts/deps.sh installs etcd-server)\n", bin);
+        return -1;
+    }
+    fr_etcd *c = NULL;
+    if (fr_etcd_open(e->url, 2000, &c, NULL) < 0)
+        return -1;
+    uint64_t deadline = fr_deadline_ns(60000);
+    int rc = -1;
+    for (;;) {
+        fr_etcd_kv kv;
+        ferry_error err = {0};
+        int g = fr_etcd_get(c, "ft/ready", &kv, &err);
+        fr_etcd_kv_clear(&kv);
+        if (g == 0 || g == FERRY_ENOENT) {
+            rc = 0;
+            break;
+        }
+        if (fr_ms_left(deadline) == 0 || !ft_proc_alive(e->p.pid, ft_proc_start(e->p.pid))) {
+            fprintf(stderr, "ft_etcd_start: %s at %s did not answer: %s\n", bin, e->url, err.msg);
+            break;
+        }
+        struct timespec ts = { 0, 20 * 1000 * 1000 };   /* the next try of a deadline-bound wait */
+        nanosleep(&ts, NULL);
+    }
+    fr_etcd_close(c);
+    return rc;
+}
+
+void ft_etcd_kill(ft_etcd *e, int sig)
+{
+    ft_proc_kill(&e->p, sig);
+}
+
+void ft_etcd_stop(ft_etcd *e)
+{
+    ft_proc_kill(&e->p, SIGKILL);
+    if (e->dir[0]) {
+        char cmd[320];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", e->dir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "ft_etcd_stop: could not remove %s\n", e->dir);
+        e->dir[0] = 0;
+    }
+}
