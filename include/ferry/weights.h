@@ -78,7 +78,7 @@ typedef struct ferry_publisher_config {
      * with their f32 scale tensors, quantized once by the ranks that hold
      * them from the values they hold (not from out_dtype); the other
      * tensors as out_dtype says. NULL (the default): none. Read during the
-     * call only. Not for the streaming publish. */
+     * call only. Not for the streaming publish or a delta encoder. */
     const ferry_quant_rules *quant;
     uint64_t reserved[7];   /* zero (the init zeroes it; the library refuses anything else):
                              * room for fields to come, docs/design.md "Growth" */
@@ -733,7 +733,8 @@ typedef struct ferry_delta_encoder ferry_delta_encoder;
  * publisher config of ferry_publish_shards: out_dtype, segment, keep,
  * timeout_ms, rank_node; copied). Empty: its first publish is dense.
  * Refused with FERRY_EINVAL and a sentence, nothing opened (*out NULL): a
- * bad publisher config, a reserved word of dc that is not zero, max_chain
+ * bad publisher config (quantization rules included: deltas are not
+ * quantized), a reserved word of dc that is not zero, max_chain
  * above FERRY_DELTA_CHAIN_MAX, a negative or NaN crossover. No store call. */
 FERRY_API int ferry_delta_encoder_open(const ferry_publisher_config *pc, const ferry_delta_config *dc,
                                        ferry_delta_encoder **out, ferry_error *err);

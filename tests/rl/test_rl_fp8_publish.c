@@ -31,7 +31,7 @@
  *    a tensor not in FP8 and by the subscriber;
  *  - a rollout buffer of 2-byte elements for an FP8 tensor and a shard that
  *    cuts a block are refused at prepare with a sentence, nothing written;
- *    a streamed publish refuses rules. */
+ *    a streamed publish and a delta encoder refuse rules. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -697,6 +697,12 @@ static void test_fp8_bindings_refused(void **state)
     assert_int_equal(ferry_publish_stream_begin(f->s, &pc, 2, &ps, &err), FERRY_EINVAL);
     assert_null(ps);
     assert_non_null(strstr(err.msg, "a streamed publish does not quantize"));
+    /* nor a delta encoder (deltas compare in the rollout dtype) */
+    ferry_delta_encoder *enc = NULL;
+    memset(&err, 0, sizeof err);
+    assert_int_equal(ferry_delta_encoder_open(&pc, NULL, &enc, &err), FERRY_EINVAL);
+    assert_null(enc);
+    assert_non_null(strstr(err.msg, "a delta encoder does not quantize"));
 }
 
 /* Explicit dequantization (ferry_param_shard.dequantize, direct updates):
