@@ -78,6 +78,8 @@ typedef struct fr_pub_q {
     float *scale;                /* nb[0] x nb[1]: the blocks' scales (set by the packing
                                   * for a piece of whole blocks) */
     size_t weight;               /* a scale piece: the weight piece whose blocks it holds */
+    size_t next;                 /* a weight piece: the next one of its tensor on this rank
+                                  * (SIZE_MAX: none) */
 } fr_pub_q;
 
 typedef struct fr_pub_mine {
@@ -101,6 +103,7 @@ typedef struct fr_pub_mine {
     /* block quantization (cfg->quant): per piece, and whether any block of
      * the placement is cut by a shard (the ranks then agree on its scale) */
     fr_pub_q *q;
+    size_t *qhead;               /* per tensor: its first weight piece here (SIZE_MAX: none) */
     bool exchange;
     bool amax_put;               /* this rank stored its partial maxima */
 } fr_pub_mine;

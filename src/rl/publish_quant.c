@@ -42,7 +42,9 @@ void fr_pub_quant_free(fr_pub_mine *p)
         free(p->q[i].scale);
     }
     free(p->q);
+    free(p->qhead);
     p->q = NULL;
+    p->qhead = NULL;
 }
 
 /* The blocks of dim d that [off, end) meets; whether it holds each whole. */
@@ -70,10 +72,8 @@ static bool block_whole(const fr_pub_q *q, const ferry_fragment *f, const uint64
 static size_t weight_of(const fr_pub_mine *p, uint32_t tensor, const uint64_t *off,
                         const uint64_t *shape)
 {
-    for (size_t j = 0; j < p->npieces; j++) {
+    for (size_t j = p->qhead[tensor]; j != SIZE_MAX; j = p->q[j].next) {
         const fr_pub_q *w = &p->q[j];
-        if (w->role != FERRY_QUANT_WEIGHT || p->pieces[j].src.tensor != tensor)
-            continue;
         bool in = true;
         for (uint32_t d = 0; d < 2 && in; d++)
             in = off[d] >= w->b0[d] && off[d] + shape[d] <= w->b0[d] + w->nb[d];
@@ -83,59 +83,86 @@ static size_t weight_of(const fr_pub_mine *p, uint32_t tensor, const uint64_t *o
     return p->npieces;
 }
 
+/* Piece i's quantization: its blocks (a weight: the first pass over a
+ * cut piece), or the weight piece whose blocks a scale piece holds (the
+ * weight pieces come first: their ids are lower). */
+static int prepare_piece(fr_pub_mine *p, const ferry_publisher_config *c,
+                         ferry_manifest *placement, size_t i, ferry_error *err)
+{
+    fr_pub_piece *pc = &p->pieces[i];
+    fr_pub_q *q = &p->q[i];
+    ferry_tensor_quant tq;
+    ferry_tensor_desc d;
+    (void)ferry_manifest_tensor_quant(p->stored, pc->src.tensor, &tq);
+    (void)ferry_manifest_tensor(p->stored, pc->src.tensor, &d);
+    if (tq.role == FERRY_QUANT_NONE)
+        return 0;
+    *q = (fr_pub_q){ .role = tq.role, .block = { tq.fp8.block_rows, tq.fp8.block_cols },
+                     .format = tq.fp8.scale_format, .next = SIZE_MAX };
+    snprintf(q->dtype, sizeof q->dtype, "%s", tq.fp8_dtype);
+    if (tq.role == FERRY_QUANT_SCALE) {
+        q->weight = weight_of(p, tq.partner, pc->src.offset, pc->src.shape);
+        if (q->weight == p->npieces)
+            return fr_fail(err, FERRY_EPROTO, "rank %u: the scales of tensor %s it holds "
+                           "belong to no piece of it", c->rank, d.name);
+        return 0;
+    }
+    ferry_tensor_desc src;
+    (void)ferry_manifest_tensor(placement, pc->src.tensor, &src);
+    if (pc->src.has_strides && pc->src.shape[0] > 0 && pc->src.shape[1] > 1 &&
+        pc->src.strides[1] != 1)
+        return fr_fail(err, FERRY_EINVAL, "tensor %s: rank %u's fragment has strides "
+                       "[%" PRIu64 ",%" PRIu64 "]: a tensor quantized in FP8 blocks is read "
+                       "row by row (the last stride 1)", d.name, c->rank,
+                       pc->src.strides[0], pc->src.strides[1]);
+    for (uint32_t k = 0; k < 2; k++) {
+        blocks_met(pc->src.offset[k], pc->src.shape[k], q->block[k], &q->b0[k], &q->nb[k]);
+        uint64_t end = pc->src.offset[k] + pc->src.shape[k];
+        q->cut |= pc->src.offset[k] % q->block[k] || (end % q->block[k] && end != d.shape[k]);
+    }
+    size_t nb = (size_t)(q->nb[0] * q->nb[1]);
+    q->scale = calloc(nb ? nb : 1, sizeof *q->scale);
+    if (q->cut)
+        q->amax = calloc(nb ? nb : 1, sizeof *q->amax);
+    if (!q->scale || (q->cut && !q->amax))
+        return fr_fail(err, FERRY_ENOMEM, "publish: out of memory");
+    if (q->cut) {   /* the first pass: every block's maximum, whole or partial */
+        size_t stride = pc->src.has_strides ? pc->src.strides[0] : pc->src.shape[1];
+        fr_fp8_region_amax((const uint8_t *)pc->data + pc->src.storage_offset * src.itemsize,
+                           fr_ftype_of(src.dtype), stride, pc->src.shape[0], pc->src.shape[1],
+                           pc->src.offset[0], pc->src.offset[1], q->block, q->amax, q->nb[1]);
+    }
+    return 0;
+}
+
 int fr_pub_quant_prepare(fr_pub_mine *p, const ferry_publisher_config *c,
                          ferry_manifest *placement, ferry_error *err)
 {
+    uint32_t nt = ferry_manifest_tensor_count(p->stored);
     p->q = calloc(p->npieces ? p->npieces : 1, sizeof *p->q);
-    if (!p->q)
+    p->qhead = malloc((nt ? nt : 1) * sizeof *p->qhead);
+    if (!p->q || !p->qhead)
         return fr_fail(err, FERRY_ENOMEM, "publish: out of memory");
-    for (size_t i = 0; i < p->npieces; i++) {
-        fr_pub_piece *pc = &p->pieces[i];
-        fr_pub_q *q = &p->q[i];
-        ferry_tensor_quant tq;
-        ferry_tensor_desc d;
-        (void)ferry_manifest_tensor_quant(p->stored, pc->src.tensor, &tq);
-        (void)ferry_manifest_tensor(p->stored, pc->src.tensor, &d);
-        if (tq.role == FERRY_QUANT_NONE)
-            continue;
-        *q = (fr_pub_q){ .role = tq.role, .block = { tq.fp8.block_rows, tq.fp8.block_cols },
-                         .format = tq.fp8.scale_format };
-        snprintf(q->dtype, sizeof q->dtype, "%s", tq.fp8_dtype);
-        if (tq.role == FERRY_QUANT_SCALE) {
-            q->weight = weight_of(p, tq.partner, pc->src.offset, pc->src.shape);
-            if (q->weight == p->npieces)
-                return fr_fail(err, FERRY_EPROTO, "rank %u: the scales of tensor %s it holds "
-                               "belong to no piece of it", c->rank, d.name);
-            continue;
-        }
-        ferry_tensor_desc src;
-        (void)ferry_manifest_tensor(placement, pc->src.tensor, &src);
-        if (pc->src.has_strides && pc->src.shape[0] > 0 && pc->src.shape[1] > 1 &&
-            pc->src.strides[1] != 1)
-            return fr_fail(err, FERRY_EINVAL, "tensor %s: rank %u's fragment has strides "
-                           "[%" PRIu64 ",%" PRIu64 "]: a tensor quantized in FP8 blocks is read "
-                           "row by row (the last stride 1)", d.name, c->rank,
-                           pc->src.strides[0], pc->src.strides[1]);
-        for (uint32_t k = 0; k < 2; k++) {
-            blocks_met(pc->src.offset[k], pc->src.shape[k], q->block[k], &q->b0[k], &q->nb[k]);
-            uint64_t end = pc->src.offset[k] + pc->src.shape[k];
-            q->cut |= pc->src.offset[k] % q->block[k] || (end % q->block[k] && end != d.shape[k]);
-        }
-        size_t nb = (size_t)(q->nb[0] * q->nb[1]);
-        q->scale = calloc(nb ? nb : 1, sizeof *q->scale);
-        if (q->cut)
-            q->amax = calloc(nb ? nb : 1, sizeof *q->amax);
-        if (!q->scale || (q->cut && !q->amax))
-            return fr_fail(err, FERRY_ENOMEM, "publish: out of memory");
-        if (q->cut) {   /* the first pass: every block's maximum, whole or partial */
-            size_t stride = pc->src.has_strides ? pc->src.strides[0] : pc->src.shape[1];
-            fr_fp8_region_amax((const uint8_t *)pc->data + pc->src.storage_offset * src.itemsize,
-                               fr_ftype_of(src.dtype), stride, pc->src.shape[0],
-                               pc->src.shape[1], pc->src.offset[0], pc->src.offset[1], q->block,
-                               q->amax, q->nb[1]);
+    for (uint32_t t = 0; t < nt; t++)
+        p->qhead[t] = SIZE_MAX;
+    size_t *tail = calloc(nt ? nt : 1, sizeof *tail);   /* last weight piece per tensor */
+    if (!tail)
+        return fr_fail(err, FERRY_ENOMEM, "publish: out of memory");
+    int rc = 0;
+    for (size_t i = 0; i < p->npieces && rc == 0; i++) {
+        rc = prepare_piece(p, c, placement, i, err);
+        if (rc == 0 && p->q[i].role == FERRY_QUANT_WEIGHT) {   /* on its tensor's list */
+            uint32_t t = p->pieces[i].src.tensor;
+            p->q[i].next = SIZE_MAX;
+            if (p->qhead[t] == SIZE_MAX)
+                p->qhead[t] = i;
+            else
+                p->q[tail[t]].next = i;
+            tail[t] = i;
         }
     }
-    return 0;
+    free(tail);
+    return rc;
 }
 
 static int by_block(const void *a, const void *b)
@@ -197,12 +224,14 @@ static int neighbours(const fr_pub_mine *p, uint32_t me, uint32_t world, bool *n
         if (ferry_manifest_fragment(p->stored, id, &f) < 0 || f.rank == me || f.rank >= world ||
             nb[f.rank])
             continue;
+        if (p->qhead[f.tensor] == SIZE_MAX)
+            continue;   /* no piece of its tensor here (a weight or not) */
         (void)ferry_manifest_tensor_quant(p->stored, f.tensor, &tq);
         if (tq.role != FERRY_QUANT_WEIGHT)
             continue;
-        for (size_t i = 0; i < p->npieces && !nb[f.rank]; i++) {
+        for (size_t i = p->qhead[f.tensor]; i != SIZE_MAX && !nb[f.rank]; i = p->q[i].next) {
             const fr_pub_q *q = &p->q[i];
-            if (q->role != FERRY_QUANT_WEIGHT || !q->cut || p->pieces[i].src.tensor != f.tensor)
+            if (!q->cut)
                 continue;
             bool meets = true;
             for (uint32_t d = 0; d < 2 && meets; d++) {
