@@ -853,9 +853,15 @@ int fp_shards_from(fp_shards *w, PyObject *o, int max_dims)
     for (size_t i = 0; i < n; i++) {
         PyObject *it = PyTuple_GET_ITEM(w->items, (Py_ssize_t)i);
         ferry_param_shard *sh = &w->sh[i];
-        if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 3) {
-            PyErr_Format(PyExc_TypeError, "shards[%zu] must be (tensor name, offset, array)", i);
+        if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) < 3 || PyTuple_GET_SIZE(it) > 4) {
+            PyErr_Format(PyExc_TypeError, "shards[%zu] must be (tensor name, offset, array[, "
+                         "dequantize dtype])", i);
             goto fail;
+        }
+        if (PyTuple_GET_SIZE(it) == 4 && PyTuple_GET_ITEM(it, 3) != Py_None) {
+            /* explicit dequantization of an FP8 tensor (weights.h); the tuple holds the str */
+            if (!(sh->dequantize = PyUnicode_AsUTF8(PyTuple_GET_ITEM(it, 3))))
+                goto fail;
         }
         if (!(sh->tensor = fp_key_of(PyTuple_GET_ITEM(it, 0), "tensor name")))
             goto fail;

@@ -304,7 +304,10 @@ def update_direct(store, model, shards, generation=0):
     (any writable strided numpy array or CPU torch tensor, e.g. a view into
     a padded buffer or a model's parameter, written in place)
     receives the box ``[offset, offset + array.shape)`` of the published
-    tensor; its itemsize must be the published dtype's. ``generation`` is
+    tensor; its itemsize must be the published dtype's. A fourth element
+    ``"f32"``, ``"bf16"`` or ``"f16"`` asks a tensor published as FP8 in
+    blocks for ``q * s`` in that dtype (explicit dequantization, lossy with
+    respect to the trainer's weights; docs/weights.md). ``generation`` is
     the worker's current one: nothing is read when it is already active.
     Returns stats; ``stats["generation"]`` is the generation now held."""
     return _ferry.weights_update_direct(store, model, list(shards), int(generation))

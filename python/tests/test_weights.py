@@ -750,6 +750,15 @@ def test_publish_fp8_fsdp_cut_blocks_numpy_reference(cluster, store):
     with pytest.raises(ferry.Error) as e:
         weights.update_direct(store, "fp8", [("w.weight", (0, 0), np.zeros((48, 40), np.float32))])
     assert "published as f8e4m3 in 16 x 16 blocks" in str(e.value)
+    # explicit dequantization: rows 40-59 (cutting block rows 2 and 3) as f32
+    deq = np.zeros((20, 40), np.float32)
+    st = weights.update_direct(store, "fp8", [("w.weight", (40, 0), deq, "f32")])
+    table = np.concatenate([_e4m3_table(), [np.nan]])
+    codes = want_q[40:60]
+    want = (np.where(codes & 0x80, -1.0, 1.0) * table[codes & 0x7f]).astype(np.float32)
+    want = want * np.repeat(np.repeat(want_s[2:4], 16, axis=0), 16, axis=1)[8:28, :40]
+    assert np.array_equal(deq, want, equal_nan=True)
+    assert st["bytes_read"] == 20 * 40 + 2 * 3 * 4
     with cluster.store() as s:
         pub = ferry.WeightPublisher(s, "fp8", 0, 1, quant={})
         with pytest.raises(ValueError):
