@@ -309,6 +309,22 @@ FERRY_API int ferry_quant_rules_match(const ferry_quant_rules *r, const ferry_te
 FERRY_API int ferry_manifest_quantize(const ferry_manifest *m, const ferry_quant_rules *r,
                                       ferry_manifest **out, ferry_error *err);
 
+/* The same for a source (trainer) layout, whose shards may cut blocks
+ * (FSDP shards of a row count that is not a multiple of the block): the
+ * weights as ferry_manifest_quantize makes them, and each block's scale
+ * held by the fragment holding the block's first element (its first row
+ * and first column), so the scale fragments tile the scale tensor once: a
+ * fragment [off, end) holds scale blocks [ceil(off / B), ceil(end / B)) in
+ * each dim (none when that is empty). A split whose pieces hold whole
+ * blocks gives a split; otherwise one scale fragment per piece. Every
+ * rank holding a part of a cut block must quantize it with the scale of
+ * the whole block (the publisher agrees on it: docs/weights.md, "FP8
+ * rollouts"). Recorded as such (JSON: "cut_blocks": true; the digest
+ * covers it); the planner plans from it like from any quantized source.
+ * Refused as ferry_manifest_quantize refuses, but for cut blocks. */
+FERRY_API int ferry_manifest_quantize_source(const ferry_manifest *m, const ferry_quant_rules *r,
+                                             ferry_manifest **out, ferry_error *err);
+
 enum ferry_quant_role {
     FERRY_QUANT_NONE = 0,     /* stored as its dtype says */
     FERRY_QUANT_WEIGHT = 1,   /* FP8 in blocks; `partner` is its scale tensor */

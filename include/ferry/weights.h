@@ -73,7 +73,14 @@ typedef struct ferry_publisher_config {
     uint64_t segment;               /* this node's store segment, preferred (0: none) */
     uint32_t keep;                  /* generations retained (default 2) */
     uint64_t timeout_ms;            /* barrier wait (default FERRY_DEFAULT_TIMEOUT_MS) */
-    uint64_t reserved[8];   /* zero (the init zeroes it; the library refuses anything else):
+    /* Block quantization before the network (docs/weights.md, "FP8
+     * rollouts"): the tensors these rules pick are stored as FP8 in blocks
+     * with their f32 scale tensors, quantized once by the ranks that hold
+     * them from the values they hold (not from out_dtype); the other
+     * tensors as out_dtype says. NULL (the default): none. Read during the
+     * call only. Not for the streaming publish or a delta encoder. */
+    const ferry_quant_rules *quant;
+    uint64_t reserved[7];   /* zero (the init zeroes it; the library refuses anything else):
                              * room for fields to come, docs/design.md "Growth" */
 } ferry_publisher_config;
 
@@ -161,7 +168,13 @@ typedef struct ferry_shard_data {
  * piece it must store; the coordinator checks that every rank passed the
  * same placement (names, dtypes, shapes, order and pieces), naming the rank
  * and tensor that differ. Announcement, failures, cleanup and retention as
- * for ferry_publish. The placement is frozen. */
+ * for ferry_publish. The placement is frozen. With cfg->quant, the tensors
+ * the rules pick are stored as FP8 in blocks with their scale tensors
+ * (ferry_manifest_quantize_source: each block's scale with the rank
+ * holding its first element); where a shard cuts a block the ranks agree
+ * on its scale from partial maxima (one more barrier, no dense bytes
+ * exchanged), so every block is quantized as a whole-tensor quantization
+ * would (docs/weights.md, "Publishing FP8"). */
 FERRY_API int ferry_publish_shards(ferry_store *s, const ferry_publisher_config *cfg, uint64_t generation,
                                    ferry_manifest *placement, const ferry_shard_data *mine, size_t n,
                                    ferry_publish_stats *st, ferry_error *err);
@@ -322,7 +335,16 @@ typedef struct ferry_param_shard {
                                           * element has another size, prepare refuses the
                                           * shard (FERRY_EINVAL naming tensor, sizes and
                                           * dtype) before anything is written */
-    uint64_t reserved[3];   /* zero: room for fields to come */
+    /* Explicit dequantization (ferry_weights_update_direct only; docs/weights.md,
+     * "FP8 rollouts"): NULL, the default, receives the tensor as published;
+     * "f32", "bf16" or "f16" asks a tensor published as FP8 in blocks for
+     * q * s in that dtype, from its FP8 bytes and the scales of the blocks
+     * the shard meets (lossy with respect to the trainer's weights; the
+     * shard need not hold whole blocks; rows contiguous). Refused
+     * (FERRY_EINVAL) for a tensor not published as FP8, and by the
+     * subscriber and sparse updates (FERRY_ENOTSUP). */
+    const char *dequantize;
+    uint64_t reserved[2];   /* zero: room for fields to come */
 } ferry_param_shard;
 
 typedef struct ferry_update_stats {
@@ -711,7 +733,8 @@ typedef struct ferry_delta_encoder ferry_delta_encoder;
  * publisher config of ferry_publish_shards: out_dtype, segment, keep,
  * timeout_ms, rank_node; copied). Empty: its first publish is dense.
  * Refused with FERRY_EINVAL and a sentence, nothing opened (*out NULL): a
- * bad publisher config, a reserved word of dc that is not zero, max_chain
+ * bad publisher config (quantization rules included: deltas are not
+ * quantized), a reserved word of dc that is not zero, max_chain
  * above FERRY_DELTA_CHAIN_MAX, a negative or NaN crossover. No store call. */
 FERRY_API int ferry_delta_encoder_open(const ferry_publisher_config *pc, const ferry_delta_config *dc,
                                        ferry_delta_encoder **out, ferry_error *err);

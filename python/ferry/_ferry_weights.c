@@ -368,6 +368,31 @@ static PyObject *w_publish_abort(PyObject *self, PyObject *args)
     return fp_raise_err_class(rc, &err);
 }
 
+/* The quantization rules of a publish (publisher config's quant): None,
+ * or (dtype, include, exclude, scale_name, (block_rows, block_cols),
+ * scale_format) with None strings and 0 blocks the defaults. 1: rules in
+ * *r, 0: none, -1: an exception set. The strings stay owned by q. */
+static int quant_of(PyObject *q, ferry_quant_rules *r)
+{
+    if (!q || q == Py_None)
+        return 0;
+    const char *sf = "f32";
+    unsigned int b0 = 0, b1 = 0;
+    ferry_quant_rules_init(r);
+    r->dtype = r->include = r->exclude = r->scale_name = NULL;   /* NULL: the defaults */
+    if (!PyArg_ParseTuple(q, "zzzz(II)s:quant", &r->dtype, &r->include, &r->exclude,
+                          &r->scale_name, &b0, &b1, &sf))
+        return -1;
+    r->fp8.block_rows = b0, r->fp8.block_cols = b1;
+    if (!strcmp(sf, "ue8m0"))
+        r->fp8.scale_format = FERRY_FP8_SCALE_UE8M0;
+    else if (strcmp(sf, "f32")) {
+        PyErr_Format(PyExc_ValueError, "scale_format must be 'f32' or 'ue8m0', not '%s'", sf);
+        return -1;
+    }
+    return 1;
+}
+
 /* weights_publish(store, model, rank, world, rank_node, out_dtype, segment,
  * keep, timeout_ms, generation, tensors) -> stats dict. tensors: (name,
  * buffer) or (name, buffer, dtype), C-contiguous. A tensor or rank_node this
@@ -375,19 +400,24 @@ static PyObject *w_publish_abort(PyObject *self, PyObject *args)
 static PyObject *w_publish(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *so, *ro, *to;
+    PyObject *so, *ro, *to, *qo = NULL;
     const char *model, *out_dtype;
     unsigned int rank, world, keep;
     unsigned long long segment, timeout, gen;
-    if (!PyArg_ParseTuple(args, "OsIIOsKIKKO:weights_publish", &so, &model, &rank, &world, &ro, &out_dtype, &segment,
-                          &keep, &timeout, &gen, &to))
+    if (!PyArg_ParseTuple(args, "OsIIOsKIKKO|O:weights_publish", &so, &model, &rank, &world, &ro, &out_dtype, &segment,
+                          &keep, &timeout, &gen, &to, &qo))
         return NULL;
     ferry_store *s = fp_store_handle(so);
     if (!s)
         return NULL;
     ferry_publisher_config cfg;
+    ferry_quant_rules qr;
     if (fp_publisher_config(&cfg, model, out_dtype, rank, world, segment, keep, timeout) < 0)
         return NULL;
+    int qk = quant_of(qo, &qr);
+    if (qk < 0)
+        return NULL;
+    cfg.quant = qk ? &qr : NULL;
     size_t nr = 0, n = 0, held = 0;
     bool called = false;
     uint32_t *nodes = NULL;
@@ -685,19 +715,24 @@ int fp_shard_item(ferry_manifest *pl, uint32_t rank, PyObject *it, size_t i, fer
 static PyObject *w_publish_shards(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *so, *po, *mo;
+    PyObject *so, *po, *mo, *qo = NULL;
     const char *model, *out_dtype;
     unsigned int rank, world, keep;
     unsigned long long segment, timeout, gen;
-    if (!PyArg_ParseTuple(args, "OsIIsKIKKOO:weights_publish_shards", &so, &model, &rank, &world, &out_dtype,
-                          &segment, &keep, &timeout, &gen, &po, &mo))
+    if (!PyArg_ParseTuple(args, "OsIIsKIKKOO|O:weights_publish_shards", &so, &model, &rank, &world, &out_dtype,
+                          &segment, &keep, &timeout, &gen, &po, &mo, &qo))
         return NULL;
     ferry_store *s = fp_store_handle(so);
     if (!s)
         return NULL;
     ferry_publisher_config cfg;
+    ferry_quant_rules qr;
     if (fp_publisher_config(&cfg, model, out_dtype, rank, world, segment, keep, timeout) < 0)
         return NULL;
+    int qk = quant_of(qo, &qr);
+    if (qk < 0)
+        return NULL;
+    cfg.quant = qk ? &qr : NULL;
     size_t n = 0, held = 0;
     bool called = false;
     PyObject *items = NULL, *out = NULL;
@@ -818,9 +853,15 @@ int fp_shards_from(fp_shards *w, PyObject *o, int max_dims)
     for (size_t i = 0; i < n; i++) {
         PyObject *it = PyTuple_GET_ITEM(w->items, (Py_ssize_t)i);
         ferry_param_shard *sh = &w->sh[i];
-        if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 3) {
-            PyErr_Format(PyExc_TypeError, "shards[%zu] must be (tensor name, offset, array)", i);
+        if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) < 3 || PyTuple_GET_SIZE(it) > 4) {
+            PyErr_Format(PyExc_TypeError, "shards[%zu] must be (tensor name, offset, array[, "
+                         "dequantize dtype])", i);
             goto fail;
+        }
+        if (PyTuple_GET_SIZE(it) == 4 && PyTuple_GET_ITEM(it, 3) != Py_None) {
+            /* explicit dequantization of an FP8 tensor (weights.h); the tuple holds the str */
+            if (!(sh->dequantize = PyUnicode_AsUTF8(PyTuple_GET_ITEM(it, 3))))
+                goto fail;
         }
         if (!(sh->tensor = fp_key_of(PyTuple_GET_ITEM(it, 0), "tensor name")))
             goto fail;
@@ -1450,9 +1491,9 @@ static PyMethodDef w_methods[] = {
      "weights_stream_end($module, stream, /)\n--\n\n"
      "weights_stream_end(stream) -> stats: announce (or fail on every rank)"},
     {"weights_publish", w_publish, METH_VARARGS,
-     "weights_publish($module, store, model, rank, world, rank_node, out_dtype, segment, keep, timeout_ms, generation, tensors, /)\n--\n\n"
+     "weights_publish($module, store, model, rank, world, rank_node, out_dtype, segment, keep, timeout_ms, generation, tensors, quant=None, /)\n--\n\n"
      "weights_publish(store, model, rank, world, rank_node, out_dtype, segment, keep, timeout_ms, generation, "
-     "tensors) -> stats"},
+     "tensors, quant=None) -> stats; quant: None or (dtype, include, exclude, scale_name, block, scale_format)"},
     {"weights_wait_active", w_wait_active, METH_VARARGS,
      "weights_wait_active($module, store, model, at_least, timeout_ms, /)\n--\n\n"
      "weights_wait_active(store, model, at_least, timeout_ms) -> the announced generation, once it is at "
@@ -1462,9 +1503,9 @@ static PyMethodDef w_methods[] = {
      "weights_publish_warm(store, model, rank, world, out_dtype, placement) -> bytes touched "
      "(ferry_publish_warm: the staging buffer and the segments, for writing)"},
     {"weights_publish_shards", w_publish_shards, METH_VARARGS,
-     "weights_publish_shards($module, store, model, rank, world, out_dtype, segment, keep, timeout_ms, generation, placement, mine, /)\n--\n\n"
+     "weights_publish_shards($module, store, model, rank, world, out_dtype, segment, keep, timeout_ms, generation, placement, mine, quant=None, /)\n--\n\n"
      "weights_publish_shards(store, model, rank, world, out_dtype, segment, keep, timeout_ms, generation, "
-     "placement, mine) -> stats; mine: [(fragment id, buffer)]"},
+     "placement, mine, quant=None) -> stats; mine: [(fragment id, buffer)]; quant as weights_publish's"},
     {"weights_update_direct", w_update_direct, METH_VARARGS,
      "weights_update_direct($module, store, model, shards, generation, /)\n--\n\n"
      "weights_update_direct(store, model, shards, generation) -> stats"},

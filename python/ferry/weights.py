@@ -149,10 +149,16 @@ class WeightPublisher:
     ``out_dtype`` the rollout dtype ("f32", "bf16", "f16"; None keeps each
     tensor's); ``segment`` this node's store segment, preferred for the
     tensors this rank stores (0: none); ``keep`` generations retained;
-    ``timeout_ms`` the wait for every rank at the barrier."""
+    ``timeout_ms`` the wait for every rank at the barrier. ``quant``
+    (None: none) quantizes before the network (docs/weights.md,
+    "Publishing FP8"): a dict of the rules of
+    :meth:`ferry.reshard.Manifest.quantize` (``dtype``, ``include``,
+    ``exclude``, ``scale_name``, ``block``, ``scale_format``; ``{}`` the
+    defaults), used by :meth:`publish` and :meth:`publish_shards` (the
+    streaming publish refuses it)."""
 
     def __init__(self, store, model, rank, world, rank_node=None, out_dtype=None, segment=0, keep=2,
-                 timeout_ms=60000):
+                 timeout_ms=60000, quant=None):
         if rank_node is None:
             rank_node = [0] * world
         rank_node = [int(n) for n in rank_node]
@@ -165,6 +171,15 @@ class WeightPublisher:
         self.store, self.model, self.rank, self.world = store, model, rank, world
         self.rank_node, self.out_dtype, self.segment = rank_node, out_dtype, segment
         self.keep, self.timeout_ms = keep, timeout_ms
+        self.quant = None
+        if quant is not None:
+            known = {"dtype", "include", "exclude", "scale_name", "block", "scale_format"}
+            bad = set(quant) - known
+            if bad:
+                raise ValueError(f"quant: unknown rules {sorted(bad)} (known: {sorted(known)})")
+            block = tuple(int(b) for b in quant.get("block", (0, 0)))
+            self.quant = (quant.get("dtype"), quant.get("include"), quant.get("exclude"),
+                          quant.get("scale_name"), block, quant.get("scale_format", "f32"))
 
     def publish(self, generation, tensors):
         """Publish ``generation`` (newer than every earlier one) from this
@@ -189,7 +204,7 @@ class WeightPublisher:
             self._abort(generation, e)
         return _ferry.weights_publish(self.store, self.model, self.rank, self.world, self.rank_node,
                                       self.out_dtype or "", self.segment, self.keep, self.timeout_ms,
-                                      int(generation), items)
+                                      int(generation), items, self.quant)
 
     def publish_stream(self, generation, tensors, held=None):
         """Publish ``generation`` as the ``(name, tensor)`` pairs come
@@ -203,7 +218,11 @@ class WeightPublisher:
         soon as the next one is asked for. ``held`` (a list, may be None)
         gets the most bytes this rank held at once. Outcome and errors as
         :meth:`publish`; a tensor this rank cannot take fails the attempt
-        on every rank (the generator is not read further here)."""
+        on every rank (the generator is not read further here). A
+        publisher with ``quant`` raises ValueError: each tensor is stored
+        as it comes, before a placement exists."""
+        if self.quant is not None:
+            raise ValueError("a streamed publish does not quantize: publish or publish_shards do")
         st = _ferry.weights_stream_begin(self.store, self.model, self.rank, self.world, self.out_dtype or "",
                                          self.segment, self.keep, self.timeout_ms, int(generation))
         cause = None
@@ -252,7 +271,7 @@ class WeightPublisher:
             self._abort(generation, e)
         return _ferry.weights_publish_shards(self.store, self.model, self.rank, self.world, self.out_dtype or "",
                                              self.segment, self.keep, self.timeout_ms, int(generation), placement,
-                                             mine)
+                                             mine, self.quant)
 
     def warm(self, placement):
         """The publisher's warm-up (``ferry_publish_warm``; docs/weights.md,
@@ -285,7 +304,10 @@ def update_direct(store, model, shards, generation=0):
     (any writable strided numpy array or CPU torch tensor, e.g. a view into
     a padded buffer or a model's parameter, written in place)
     receives the box ``[offset, offset + array.shape)`` of the published
-    tensor; its itemsize must be the published dtype's. ``generation`` is
+    tensor; its itemsize must be the published dtype's. A fourth element
+    ``"f32"``, ``"bf16"`` or ``"f16"`` asks a tensor published as FP8 in
+    blocks for ``q * s`` in that dtype (explicit dequantization, lossy with
+    respect to the trainer's weights; docs/weights.md). ``generation`` is
     the worker's current one: nothing is read when it is already active.
     Returns stats; ``stats["generation"]`` is the generation now held."""
     return _ferry.weights_update_direct(store, model, list(shards), int(generation))

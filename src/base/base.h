@@ -272,6 +272,27 @@ float fr_fp8_block_scale(uint32_t amax_bits, const fr_fp8_fmt *f, int scale_form
 int fr_fp8_amax_path(fr_conv_path path, const void *src, fr_ftype st, size_t count,
                      uint32_t *amax_bits);
 
+/* Block quantization of a region that lies anywhere in a tensor's block
+ * grid (a trainer's shard, whose boundaries may cut blocks): the region's
+ * first element is element (row0, col0) of the tensor; blocks are
+ * block[0] x block[1] from the tensor's origin. Grids are indexed from the
+ * block holding the region's first element: grid[(r / B0 - row0 / B0) *
+ * grid_stride + (c / B1 - col0 / B1)] for tensor element (r, c). Strides
+ * in elements (src) and bytes (dst: one per FP8 element).
+ * fr_fp8_region_amax: the largest finite |x| (f32 bits) of the region's
+ * part of each block, max-ed into amax (which the caller zeroes).
+ * fr_fp8_region_quant: every element with its block's scale (the
+ * dequantization multiplier), as ferry_quantize_fp8 computes it: the same
+ * bytes a whole-tensor ferry_quantize_fp8_blocks gives when the scales are
+ * the whole blocks'. No checks: the callers check their arguments. */
+void fr_fp8_region_amax(const void *src, fr_ftype st, size_t src_stride, size_t rows,
+                        size_t cols, uint64_t row0, uint64_t col0, const uint32_t block[2],
+                        uint32_t *amax, size_t grid_stride);
+void fr_fp8_region_quant(const void *src, fr_ftype st, size_t src_stride, uint8_t *dst,
+                         size_t dst_stride, size_t rows, size_t cols, uint64_t row0,
+                         uint64_t col0, const uint32_t block[2], const float *scales,
+                         size_t grid_stride, const fr_fp8_fmt *f);
+
 /* ---- time ------------------------------------------------------------- */
 uint64_t fr_now_ns(void);             /* CLOCK_MONOTONIC */
 uint64_t fr_now_ms(void);

@@ -410,3 +410,45 @@ int ferry_dequantize_fp8_blocks(const void *src, const char *src_dtype, size_t s
         }
     return 0;
 }
+
+/* ---- regions of a block grid (a trainer's shard) ------------------------------------------ */
+
+void fr_fp8_region_amax(const void *src, fr_ftype st, size_t src_stride, size_t rows,
+                        size_t cols, uint64_t row0, uint64_t col0, const uint32_t block[2],
+                        uint32_t *amax, size_t grid_stride)
+{
+    const fr_fp8_ops *ops = fp8_ops_of(FR_CONV_AUTO);
+    size_t es = esize(st);
+    for (size_t r = 0; r < rows; r++) {
+        const uint8_t *row = (const uint8_t *)src + r * src_stride * es;
+        uint32_t *g = amax + ((row0 + r) / block[0] - row0 / block[0]) * grid_stride;
+        for (size_t c = 0; c < cols;) {
+            uint64_t gc = col0 + c, n = block[1] - gc % block[1];
+            n = n < cols - c ? n : cols - c;
+            uint32_t m = ops->amax[st - 1](row + c * es, (size_t)n);
+            uint32_t *a = g + (gc / block[1] - col0 / block[1]);
+            *a = m > *a ? m : *a;
+            c += (size_t)n;
+        }
+    }
+}
+
+void fr_fp8_region_quant(const void *src, fr_ftype st, size_t src_stride, uint8_t *dst,
+                         size_t dst_stride, size_t rows, size_t cols, uint64_t row0,
+                         uint64_t col0, const uint32_t block[2], const float *scales,
+                         size_t grid_stride, const fr_fp8_fmt *f)
+{
+    const fr_fp8_ops *ops = fp8_ops_of(FR_CONV_AUTO);
+    size_t es = esize(st);
+    for (size_t r = 0; r < rows; r++) {
+        const uint8_t *row = (const uint8_t *)src + r * src_stride * es;
+        const float *g = scales + ((row0 + r) / block[0] - row0 / block[0]) * grid_stride;
+        for (size_t c = 0; c < cols;) {
+            uint64_t gc = col0 + c, n = block[1] - gc % block[1];
+            n = n < cols - c ? n : cols - c;
+            float mul = 1.0f / g[gc / block[1] - col0 / block[1]];
+            ops->quant[st - 1](row + c * es, dst + r * dst_stride + c, (size_t)n, mul, f);
+            c += (size_t)n;
+        }
+    }
+}

@@ -131,6 +131,8 @@ int ferry_manifest_digest(ferry_manifest *m, uint8_t out[16])
         enc_u64(e, t->qblock[1]);
         enc_u64(e, t->qformat);
         enc_str(e, t->qdtype);
+        if (t->qcut)   /* a source layout whose shards may cut blocks */
+            enc_str(e, "cut");
     }
     enc_done(e, m->digest);
     fr_free(e);

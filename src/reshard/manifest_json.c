@@ -245,7 +245,8 @@ static int read_fragment(rd *r, ferry_manifest *m, const json_t *j)
  * tensors are quantized with the scale tensors named (quant.c). */
 static int read_quantize(rd *r, const ferry_manifest *m, const json_t *j, ferry_manifest **out)
 {
-    static const char *const keys[] = {"dtype", "block", "scale_format", "tensors", NULL};
+    static const char *const keys[] = {"dtype", "block", "scale_format", "cut_blocks",
+                                       "tensors", NULL};
     static const char *const tkeys[] = {"name", "scale", NULL};
     if (!json_is_object(j))
         return bad(r, "%s", "must be an object");
@@ -266,6 +267,10 @@ static int read_quantize(rd *r, const ferry_manifest *m, const json_t *j, ferry_
     if (strcmp(fmt, "f32") && strcmp(fmt, "ue8m0"))
         return bad(r, "%s", "'scale_format' must be \"f32\" or \"ue8m0\"");
     q.format = strcmp(fmt, "f32") ? FERRY_FP8_SCALE_UE8M0 : FERRY_FP8_SCALE_F32;
+    const json_t *cut = json_object_get(j, "cut_blocks");
+    if (cut && !json_is_boolean(cut))
+        return bad(r, "%s", "'cut_blocks' must be true or false");
+    q.cut = cut && json_is_true(cut);
     size_t n = ferry_manifest_tensor_count(m);
     const char **names = calloc(n ? n : 1, sizeof *names);
     if (!names)
@@ -498,6 +503,8 @@ static void write_quantize(sb *b, const ferry_manifest *m)
     sb_dims(b, "block", block, 2);
     sb_puts(b, ",\"scale_format\":");
     sb_str(b, q.format == FERRY_FP8_SCALE_UE8M0 ? "ue8m0" : "f32");
+    if (q.cut)
+        sb_puts(b, ",\"cut_blocks\":true");
     sb_puts(b, ",\"tensors\":[");
     for (size_t i = 0, k = 0; i < m->ntensors; i++) {
         const fr_tensor *t = &m->tensors[i];

@@ -190,7 +190,7 @@ static int check_blocks(const ferry_manifest *m, const fr_group *g, const quant_
 {
     const fr_tensor *t = &m->tensors[g->tensor];
     static const char *const dim_name[2] = { "row", "column" };
-    for (uint32_t d = 0; d < 2; d++) {
+    for (uint32_t d = 0; d < 2 && !q->cut; d++) {
         uint64_t b = q->block[d], off = G_OFF(m, g)[d], end = off + G_EXT(m, g)[d];
         uint64_t chunk = G_CHUNK(m, g)[d], parts = G_PARTS(m, g)[d], at = 0, k = 0;
         bool starts = false;
@@ -223,10 +223,57 @@ static int check_blocks(const ferry_manifest *m, const fr_group *g, const quant_
     return 0;
 }
 
+/* Whether every piece of g starts on a block boundary and ends on one or
+ * at the tensor's edge along both dims: its scale fragments are then the
+ * blocks of its pieces, a split for a split. */
+static bool whole_blocks(const ferry_manifest *m, const fr_group *g, const quant_rules *q)
+{
+    const fr_tensor *t = &m->tensors[g->tensor];
+    for (uint32_t d = 0; d < 2; d++) {
+        uint64_t b = q->block[d], off = G_OFF(m, g)[d], end = off + G_EXT(m, g)[d];
+        if (off % b || (G_PARTS(m, g)[d] > 1 && G_CHUNK(m, g)[d] % b) ||
+            (end != t->shape[d] && end % b))
+            return false;
+    }
+    return true;
+}
+
+/* A source layout whose shards cut blocks: each block's scale is held by
+ * the piece holding the block's first element (first row, first column),
+ * so the scale fragments tile the scale tensor once: piece [off, end)
+ * holds block indices [ceil(off / B), ceil(end / B)) in each dim, none when
+ * that is empty. One fragment per piece and copy. */
+static int scale_pieces(const ferry_manifest *m, const fr_group *g, uint32_t scale,
+                        const quant_rules *q, ferry_manifest *out, ferry_error *err)
+{
+    uint64_t npieces = g->ncells;
+    for (uint64_t lin = 0; lin < npieces; lin++) {
+        uint64_t idx[FR_MAXD], off[FR_MAXD], shape[FR_MAXD];
+        fr_group_piece(m, g, lin, idx, off, shape);
+        ferry_fragment f = { .tensor = scale };
+        bool empty = false;
+        for (uint32_t d = 0; d < 2; d++) {
+            uint64_t b = q->block[d], lo = (off[d] + b - 1) / b, hi = (off[d] + shape[d] + b - 1) / b;
+            empty |= hi <= lo;
+            f.offset[d] = lo, f.shape[d] = hi - lo;
+        }
+        for (uint32_t k = 0; !empty && k < (g->replicas ? g->replicas : 1); k++) {
+            f.rank = fr_group_rank(m, g, idx, k);
+            f.replica = g->replica + k;
+            int rc = ferry_manifest_add_fragment(out, &f, err);
+            if (rc < 0)
+                return rc;
+        }
+    }
+    return 0;
+}
+
 /* The scale fragment(s) of weight group g: the blocks of each piece. */
 static int scale_group(const ferry_manifest *m, const fr_group *g, uint32_t scale,
                        const quant_rules *q, ferry_manifest *out, ferry_error *err)
 {
+    if (q->cut && !whole_blocks(m, g, q))
+        return scale_pieces(m, g, scale, q, out, err);
     uint64_t off[2], ext[2];
     for (uint32_t d = 0; d < 2; d++) {
         uint64_t b = q->block[d], end = G_OFF(m, g)[d] + G_EXT(m, g)[d];
@@ -302,6 +349,7 @@ static void mark(fr_tensor *t, uint32_t role, uint32_t partner, const quant_rule
     snprintf(t->qfrom, sizeof t->qfrom, "%s", from);
     t->qblock[0] = q->block[0], t->qblock[1] = q->block[1];
     t->qformat = q->format;
+    t->qcut = q->cut;
     snprintf(t->qdtype, sizeof t->qdtype, "%s", q->dtype);
 }
 
@@ -313,6 +361,18 @@ int ferry_manifest_quantize(const ferry_manifest *m, const ferry_quant_rules *r,
     *out = NULL;
     quant_rules q;
     int rc = rules_resolve(r, &q, err);
+    return rc < 0 ? rc : fr_manifest_quantize(m, &q, NULL, out, err);
+}
+
+int ferry_manifest_quantize_source(const ferry_manifest *m, const ferry_quant_rules *r,
+                                   ferry_manifest **out, ferry_error *err)
+{
+    if (!m || !out)
+        return fr_fail(err, FERRY_EINVAL, "quantize: null argument");
+    *out = NULL;
+    quant_rules q;
+    int rc = rules_resolve(r, &q, err);
+    q.cut = true;
     return rc < 0 ? rc : fr_manifest_quantize(m, &q, NULL, out, err);
 }
 
@@ -372,7 +432,7 @@ bool fr_manifest_quant_spec(const ferry_manifest *m, fr_quant_spec *q)
         if (t->qrole != FERRY_QUANT_WEIGHT)
             continue;
         *q = (fr_quant_spec){ .dtype = t->qdtype, .block = { t->qblock[0], t->qblock[1] },
-                              .format = t->qformat };
+                              .format = t->qformat, .cut = t->qcut != 0 };
         return true;
     }
     return false;
@@ -425,4 +485,32 @@ int fr_quant_agree(const fr_tensor *s, const fr_tensor *t, ferry_error *err)
     return fr_fail(err, FERRY_EINVAL, "tensor '%s': stored as %s in the source, as %s in the "
                    "target%s", t->name, stored_as(s, b1, sizeof b1), stored_as(t, b2, sizeof b2),
                    why);
+}
+
+int fr_manifest_quant_like(ferry_manifest *t, const ferry_manifest *src, bool check,
+                           ferry_error *err)
+{
+    for (size_t i = 0; i < src->ntensors; i++) {
+        const fr_tensor *w = &src->tensors[i];
+        if (w->qrole != FERRY_QUANT_WEIGHT)
+            continue;
+        int ti = ferry_manifest_find_tensor(t, w->name);
+        int si = ferry_manifest_find_tensor(t, src->tensors[w->qpartner].name);
+        if (ti < 0 && si < 0)
+            continue;   /* a target of some tensors only (a subscriber's reads) */
+        quant_rules q = { .dtype = w->qdtype, .block = { w->qblock[0], w->qblock[1] },
+                          .format = w->qformat };
+        for (size_t g = 0; check && ti >= 0 && g < t->ngroups; g++)
+            if (t->groups[g].tensor == (uint32_t)ti) {
+                int rc = check_blocks(t, &t->groups[g], &q, err);
+                if (rc < 0)
+                    return rc;
+            }
+        if (ti >= 0)   /* the partner of one without the other: none (UINT32_MAX) */
+            mark(&t->tensors[ti], FERRY_QUANT_WEIGHT, (uint32_t)si, &q, w->qfrom);
+        if (si >= 0)
+            mark(&t->tensors[si], FERRY_QUANT_SCALE, (uint32_t)ti, &q, "f32");
+    }
+    t->digest_valid = false;
+    return 0;
 }

@@ -42,6 +42,8 @@ typedef struct fr_tensor {
     uint32_t qformat;
     char qdtype[FERRY_DTYPE_MAX];
     char qfrom[FERRY_DTYPE_MAX];   /* a quantized weight's dtype before */
+    uint32_t qcut;                 /* a source layout: shards may cut blocks, each block's
+                                    * scale is held with the block's first element */
 } fr_tensor;
 
 /* A group: a regular grid of pieces over one box (a single fragment is a
@@ -121,6 +123,8 @@ typedef struct fr_quant_spec {
     const char *dtype, *include, *exclude, *scale_name;
     uint32_t block[2];
     uint32_t format;
+    bool cut;      /* a source (trainer) layout: shards may cut blocks
+                    * (ferry_manifest_quantize_source) */
 } fr_quant_spec;
 /* ferry_manifest_quantize with the tensors to quantize and their scale
  * tensors' names given by names[i] (one per tensor of m; NULL: not
@@ -131,6 +135,15 @@ int fr_manifest_quantize(const ferry_manifest *m, const fr_quant_spec *q,
 /* The spec a quantized manifest was made with (its first quantized
  * weight's); false when m has none. */
 bool fr_manifest_quant_spec(const ferry_manifest *m, fr_quant_spec *q);
+/* Mark the tensors of t named as the quantized tensors of src (weights
+ * and scales) quantized the same way, without deriving fragments: the
+ * scale fragments are what the caller bound (a rollout binds the scale
+ * tensor as a tensor of its own). With check, t's fragments of a weight
+ * must hold whole blocks (ferry_manifest_quantize's sentence otherwise);
+ * without, they are not looked at (the read pieces of a subscriber, rows
+ * of shards checked before). Resets t's digest. */
+int fr_manifest_quant_like(ferry_manifest *t, const ferry_manifest *src, bool check,
+                           ferry_error *err);
 /* Whether source tensor s and target tensor t (same name) are stored the
  * same way; a failure names the tensor and says what differs. */
 int fr_quant_agree(const fr_tensor *s, const fr_tensor *t, ferry_error *err);

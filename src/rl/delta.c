@@ -35,6 +35,9 @@ int ferry_delta_encoder_open(const ferry_publisher_config *pc, const ferry_delta
         !FR_RESERVED_OK(pc))
         return fr_fail(err, FERRY_EINVAL, "delta encoder: bad publisher config (model, rank, "
                        "world, reserved words)");
+    if (pc->quant)   /* deltas compare in the rollout dtype; FP8 blocks are not one */
+        return fr_fail(err, FERRY_EINVAL, "delta encoder: a delta encoder does not quantize "
+                       "(the publisher config's quant must be NULL)");
     ferry_delta_config d;
     (void)ferry_delta_config_init(&d);
     if (dc) {

@@ -233,6 +233,40 @@ static void dims_text(char *buf, size_t cap, const uint64_t *v, uint32_t n)
         snprintf(buf + k, cap - k, "]");
 }
 
+int fr_rl_shard_quant_check(const fr_gen *g, uint32_t ti, const ferry_param_shard *p,
+                            ferry_error *err)
+{
+    ferry_tensor_quant q;
+    ferry_tensor_desc d, sd;
+    if (ferry_manifest_tensor_quant(g->m, ti, &q) < 0 || q.role != FERRY_QUANT_WEIGHT ||
+        p->dequantize)   /* staged by the direct update, which checked it */
+        return 0;
+    (void)ferry_manifest_tensor(g->m, ti, &d);
+    (void)ferry_manifest_tensor(g->m, q.partner, &sd);
+    if (p->elem_bytes && p->elem_bytes != 1)
+        return fr_fail(err, FERRY_EINVAL, "tensor %s is published as %s in %u x %u blocks (its "
+                       "scales in tensor %s): the shard's buffer holds %" PRIu64 "-byte "
+                       "elements, an FP8 buffer one-byte ones (a shard's dequantize asks "
+                       "q * s in another dtype)",
+                       d.name, q.fp8_dtype, q.fp8.block_rows, q.fp8.block_cols, sd.name,
+                       p->elem_bytes);
+    static const char *const dim_name[2] = { "row", "column" };
+    uint32_t b[2] = { q.fp8.block_rows, q.fp8.block_cols };
+    for (uint32_t k = 0; k < 2 && p->ndim == 2; k++) {
+        uint64_t off = p->offset[k], end = off + p->shape[k];
+        if (!p->shape[0] || !p->shape[1] || (off % b[k] == 0 && (end % b[k] == 0 || end == d.shape[k])))
+            continue;
+        uint64_t at = off % b[k] ? off : end;
+        return fr_fail(err, FERRY_EINVAL, "tensor %s (%s in %u x %u blocks): the shard at "
+                       "offset [%" PRIu64 ",%" PRIu64 "], shape [%" PRIu64 ",%" PRIu64 "] %s at "
+                       "%s %" PRIu64 ", inside block %s %" PRIu64 ": a rollout shard must hold "
+                       "whole blocks", d.name, q.fp8_dtype, b[0], b[1], p->offset[0],
+                       p->offset[1], p->shape[0], p->shape[1], off % b[k] ? "starts" : "ends",
+                       dim_name[k], at, dim_name[k], at / b[k]);
+    }
+    return 0;
+}
+
 int fr_rl_shard_check(const ferry_param_shard *p, const ferry_tensor_desc *d, uint64_t *span,
                       ferry_error *err)
 {

@@ -117,6 +117,15 @@ int fr_rl_target(const fr_gen *g, const ferry_param_shard *shards, size_t n, uin
 int fr_rl_shard_check(const ferry_param_shard *p, const ferry_tensor_desc *d, uint64_t *span,
                       ferry_error *err);
 
+/* A rollout binding of tensor ti of g against how g stores it: for a
+ * tensor stored as FP8 in blocks, a buffer of elements other than one byte
+ * (a consumer asking bf16 of an FP8 tensor: ferry does not dequantize in
+ * an update) and a shard whose box cuts a block (it would need the scale
+ * of rows it does not hold) are refused, FERRY_EINVAL with a sentence
+ * naming the tensor. 0 for every other tensor. */
+int fr_rl_shard_quant_check(const fr_gen *g, uint32_t ti, const ferry_param_shard *p,
+                            ferry_error *err);
+
 /* The memory of a rollout worker's shards registered for remote writes
  * (spans.c): shards whose bytes touch or overlap share one region (an
  * engine holds at most 16,384). */

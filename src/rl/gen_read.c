@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "reshard/reshard_int.h"
 #include "rl/gen_int.h"
 #include "rl/rl_int.h"
 
@@ -103,6 +104,8 @@ static int whole_plan(fr_gen *g, ferry_error *err)
         if (rc >= 0)
             rc = ferry_manifest_add_split(g->whole_m, &sp, err);
     }
+    if (rc >= 0)   /* whole tensors hold whole blocks */
+        rc = fr_manifest_quant_like(g->whole_m, g->m, false, err);
     if (rc >= 0)
         rc = ferry_plan_create(g->m, g->whole_m, NULL, &g->whole, err);
     return rc < 0 ? rc : 0;
@@ -290,7 +293,8 @@ int fr_rl_target(const fr_gen *g, const ferry_param_shard *shards, size_t n, uin
                          p->ndim, d.ndim);
             break;
         }
-        if ((rc = fr_rl_shard_check(p, &d, NULL, err)) < 0)   /* a buffer too small */
+        if ((rc = fr_rl_shard_quant_check(g, (uint32_t)ti, p, err)) < 0 ||
+            (rc = fr_rl_shard_check(p, &d, NULL, err)) < 0)   /* FP8 blocks; a buffer too small */
             break;
         ferry_fragment f = { .tensor = (uint32_t)ti, .rank = rank_of ? rank_of[i] : 0 };
         bool strided = false, empty = false;
@@ -325,6 +329,8 @@ int fr_rl_target(const fr_gen *g, const ferry_param_shard *shards, size_t n, uin
         else
             (*shard_of)[nf++] = i;
     }
+    if (rc >= 0)   /* stored as the generation stores it (FP8 blocks: checked above) */
+        rc = fr_manifest_quant_like(t, g->m, false, err);
     if (rc < 0) {
         ferry_manifest_close(t);
         free(*shard_of);

@@ -61,6 +61,10 @@ static int shards_check(upd *u, ferry_error *err)
                            g->model);
         ferry_tensor_desc d;
         (void)ferry_manifest_tensor(g->m, (uint32_t)ti, &d);
+        if (p->dequantize)   /* explicit dequantization is the direct update's */
+            return fr_fail(err, FERRY_ENOTSUP, "shard %zu of %s asks dequantization to %s: a "
+                           "sparse update does not dequantize; nothing applied", i, d.name,
+                           p->dequantize);
         if (p->ndim != d.ndim || p->ndim > FERRY_SPARSE_NDIM_MAX)
             return fr_fail(err, FERRY_EINVAL, "shard %zu of %s has %u dims, the tensor %u; "
                            "nothing applied", i, d.name, p->ndim, d.ndim);

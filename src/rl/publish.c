@@ -105,6 +105,17 @@ static int attempt(ferry_store *s, const ferry_publisher_config *c, uint64_t gen
                     : fr_pub_mine_prepare(&mine, c, placement, data, n, &me);
     if (my_rc == 0 && sx)
         my_rc = adopt(&mine, c, sx, st, &me);
+    /* FP8 blocks: the ranks agree on the scales of blocks their shards cut.
+     * Every rank meets the others whenever rules are given, one that failed
+     * here too: it cannot know whether the others need it. */
+    if (c->quant) {
+        ferry_error qe = {0};
+        int qrc = fr_pub_quant_agree(s, c, gen, &mine, my_rc < 0, &qe);
+        if (my_rc == 0 && qrc < 0) {
+            my_rc = qrc;
+            me = qe;
+        }
+    }
     if (my_rc == 0) {
         st->total_tensors = ferry_manifest_tensor_count(mine.stored);
         for (uint64_t id = 0; id < ferry_manifest_fragment_count(mine.stored); id++) {

@@ -165,6 +165,7 @@ static int gather(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
         return d->rc;
     }
     int rc = 0;
+    bool canceled = false;   /* a part failed only because another rank failed */
     if (mine) {
         ferry_digest_hex(mine->digest, dh);
         fr_hash128_t jh = fr_hash128(mine->json, mine->json_len, 0);
@@ -197,6 +198,14 @@ static int gather(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
                 *eol = '\0';
             snprintf(tmp, sizeof tmp, "0 %s", line);
             parse_status(tmp, strlen(tmp), &st);
+            if (st.kind == ST_FAILED && st.code == FERRY_ECANCELED) {
+                /* it failed because another rank did (publish_quant.c):
+                 * that rank's reason is the one to report */
+                if (!canceled)
+                    failed(d, st.code, "rank %u: %s", r, st.why);
+                canceled = true;
+                continue;
+            }
             if (st.kind == ST_FAILED)
                 failed(d, st.code, "rank %u: %s", r, st.why);
             else
@@ -206,6 +215,8 @@ static int gather(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
             failed(d, FERRY_EPROTO, "rank %u left a malformed part", r);
             rc = d->rc;
         } else if (!mine) {
+            if (canceled)
+                continue;   /* rank 0's own part said why */
             failed(d, FERRY_EPROTO, "rank 0 has no placement");   /* its own part said why */
             rc = d->rc;
         } else if (strcmp(hex, dh) != 0) {
@@ -215,6 +226,8 @@ static int gather(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
             n += (size_t)snprintf(text + n, cap - n, "rank %u %llu %u %016llx\n", r, seg, no, sh);
         }
     }
+    if (rc == 0 && canceled)
+        rc = d->rc;
     if (rc < 0) {
         free(text);
         return rc;

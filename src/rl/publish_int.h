@@ -66,6 +66,22 @@ typedef struct fr_pub_piece {
     ferry_packed at;             /* where it is packed */
 } fr_pub_piece;
 
+/* A piece of a quantized tensor (publish_quant.c): the blocks it meets,
+ * their maxima and scales. */
+typedef struct fr_pub_q {
+    uint32_t role;               /* enum ferry_quant_role; 0: stored as out_dtype says */
+    uint32_t block[2], format;
+    char dtype[16];              /* the FP8 dtype */
+    uint64_t b0[2], nb[2];       /* the blocks it meets: first index and count per dim */
+    bool cut;                    /* a weight piece meeting a block it does not hold whole */
+    uint32_t *amax;              /* nb[0] x nb[1]: a cut piece's maxima, agreed */
+    float *scale;                /* nb[0] x nb[1]: the blocks' scales (set by the packing
+                                  * for a piece of whole blocks) */
+    size_t weight;               /* a scale piece: the weight piece whose blocks it holds */
+    size_t next;                 /* a weight piece: the next one of its tensor on this rank
+                                  * (SIZE_MAX: none) */
+} fr_pub_q;
+
 typedef struct fr_pub_mine {
     ferry_manifest *stored;      /* the placement's stored form */
     ferry_pack *pack;
@@ -84,7 +100,31 @@ typedef struct fr_pub_mine {
     size_t json_len;
     bool streamed;               /* its objects were stored as a stream (publish_stream.c):
                                   * fr_pub_mine_store stores the files only */
+    /* block quantization (cfg->quant): per piece, and whether any block of
+     * the placement is cut by a shard (the ranks then agree on its scale) */
+    fr_pub_q *q;
+    size_t *qhead;               /* per tensor: its first weight piece here (SIZE_MAX: none) */
+    bool exchange;
+    bool amax_put;               /* this rank stored its partial maxima */
 } fr_pub_mine;
+
+/* The ranks' agreement on the scales of cut blocks (publish_quant.c),
+ * called by every rank of a publish with rules: with p->exchange (a shard
+ * cuts a block), it stores the partial maxima of its cut blocks; every
+ * rank meets the others at the generation's "amax" barrier (failed: this
+ * rank could not prepare; it still meets them, storing nothing), then
+ * reads its neighbours' maxima. Then every cut piece's scales are set.
+ * A neighbour's maxima missing: FERRY_ECANCELED (that rank failed). */
+int fr_pub_quant_agree(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
+                       fr_pub_mine *p, bool failed, ferry_error *err);
+/* Per piece of p: its quantization (role, blocks); the first pass over the
+ * cut pieces' data (their partial maxima). */
+int fr_pub_quant_prepare(fr_pub_mine *p, const ferry_publisher_config *c,
+                         ferry_manifest *placement, ferry_error *err);
+/* Pack quantized piece i at out (its packed place): FP8 bytes with its
+ * blocks' scales, or a scale piece's f32s. */
+void fr_pub_quant_pack(fr_pub_mine *p, size_t i, const ferry_tensor_desc *src, uint8_t *out);
+void fr_pub_quant_free(fr_pub_mine *p);
 
 /* The placement slot of one of a rank's objects or files ("<k>", "sums",
  * "decl", "manifest.json"): the same in every generation (store.h). */

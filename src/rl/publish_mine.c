@@ -20,6 +20,7 @@ void fr_pub_mine_free(fr_pub_mine *p)
         return;
     ferry_manifest_close(p->stored);
     ferry_pack_free(p->pack);
+    fr_pub_quant_free(p);
     free(p->pieces);
     free(p->sums);
     free(p->decl);
@@ -256,7 +257,8 @@ static int make_decl(fr_pub_mine *p, ferry_manifest *placement, ferry_error *err
     for (uint32_t t = 0; t < nt; t++) {
         ferry_tensor_desc d, src;
         (void)ferry_manifest_tensor(p->stored, t, &d);
-        (void)ferry_manifest_tensor(placement, t, &src);
+        if (ferry_manifest_tensor(placement, t, &src) < 0)
+            src = d;   /* a scale tensor of the quantization */
         uint64_t *h = p->decl + 1 + FR_PUB_DECL * (size_t)t;
         h[0] = fr_hash64(d.name, strlen(d.name), 0);
         h[1] = fr_hash64(src.dtype, strlen(src.dtype), 0);
@@ -337,6 +339,65 @@ static int find_mine(fr_pub_mine *p, const ferry_publisher_config *c, ferry_mani
     return rc;
 }
 
+/* Whether a fragment of a quantized weight starts or ends inside a block
+ * (away from the tensor's edge). */
+static bool cuts_block(ferry_manifest *m, const ferry_fragment *f)
+{
+    ferry_tensor_quant q;
+    ferry_tensor_desc d;
+    (void)ferry_manifest_tensor_quant(m, f->tensor, &q);
+    if (q.role != FERRY_QUANT_WEIGHT)
+        return false;
+    (void)ferry_manifest_tensor(m, f->tensor, &d);
+    uint32_t b[2] = { q.fp8.block_rows, q.fp8.block_cols };
+    for (uint32_t k = 0; k < 2; k++) {
+        uint64_t end = f->offset[k] + f->shape[k];
+        if (f->offset[k] % b[k] || (end % b[k] && end != d.shape[k]))
+            return true;
+    }
+    return false;
+}
+
+/* The stored layout quantized as a source (shards may cut blocks); whether
+ * any shard cuts a block: the ranks then agree on scales (publish_quant.c).
+ * A pure function of the placement, so every rank decides the same. */
+static int quantize(fr_pub_mine *p, const ferry_publisher_config *c, ferry_error *err)
+{
+    ferry_manifest *q = NULL;
+    int rc = ferry_manifest_quantize_source(p->stored, c->quant, &q, err);
+    if (rc < 0)
+        return rc;
+    ferry_manifest_close(p->stored);
+    p->stored = q;
+    uint64_t nf = ferry_manifest_fragment_count(q);
+    for (uint64_t id = 0; id < nf && !p->exchange; id++) {
+        ferry_fragment f;
+        if (ferry_manifest_fragment(q, id, &f) == 0)
+            p->exchange = cuts_block(q, &f);
+    }
+    return 0;
+}
+
+/* The scale fragments this rank stores (after every weight's, ids from
+ * nweights on): pieces of their own, their values from its weight pieces. */
+static int scale_pieces(fr_pub_mine *p, const ferry_publisher_config *c, uint64_t nweights,
+                        ferry_error *err)
+{
+    uint64_t nf = ferry_manifest_fragment_count(p->stored);
+    size_t cap = p->npieces;
+    for (uint64_t id = nweights; id < nf; id++) {
+        ferry_fragment f;
+        if (ferry_manifest_fragment(p->stored, id, &f) < 0 || f.rank != c->rank)
+            continue;
+        if (fr_grow((void **)&p->pieces, &cap, p->npieces + 1, sizeof *p->pieces) < 0)
+            return fr_fail(err, FERRY_ENOMEM, "publish: out of memory");
+        fr_pub_piece *pc = &p->pieces[p->npieces++];
+        *pc = (fr_pub_piece){ .sid = id, .src = f };
+        (void)ferry_pack_fragment(p->pack, id, &pc->at);
+    }
+    return 0;
+}
+
 int fr_pub_mine_prepare(fr_pub_mine *p, const ferry_publisher_config *c, ferry_manifest *placement,
                         const ferry_shard_data *data, size_t n, ferry_error *err)
 {
@@ -359,6 +420,9 @@ int fr_pub_mine_prepare(fr_pub_mine *p, const ferry_publisher_config *c, ferry_m
                                    err);
     if (rc == 0)
         rc = check_cover(placement, p->stored, err);
+    uint64_t nweights = rc == 0 ? ferry_manifest_fragment_count(p->stored) : 0;
+    if (rc == 0 && c->quant)
+        rc = quantize(p, c, err);
     if (rc == 0)
         rc = ferry_manifest_digest(p->stored, p->digest);
     if (rc == 0)
@@ -367,6 +431,10 @@ int fr_pub_mine_prepare(fr_pub_mine *p, const ferry_publisher_config *c, ferry_m
         rc = make_decl(p, placement, err);
     if (rc == 0)
         rc = find_mine(p, c, placement, data, n, err);
+    if (rc == 0 && c->quant)
+        rc = scale_pieces(p, c, nweights, err);
+    if (rc == 0 && c->quant)
+        rc = fr_pub_quant_prepare(p, c, placement, err);
     if (rc == 0 && c->rank == 0) {
         p->json = ferry_manifest_to_json(p->stored);
         p->json_len = p->json ? strlen(p->json) : 0;
@@ -384,6 +452,12 @@ int fr_pub_mine_most(const ferry_publisher_config *c, ferry_manifest *placement,
     ferry_pack *pack = NULL;
     *most = 0;
     int rc = ferry_manifest_stored(placement, c->out_dtype[0] ? c->out_dtype : NULL, &stored, err);
+    if (rc == 0 && c->quant) {
+        ferry_manifest *q = NULL;
+        rc = ferry_manifest_quantize_source(stored, c->quant, &q, err);
+        ferry_manifest_close(stored);
+        stored = q;
+    }
     if (rc == 0)
         rc = ferry_manifest_pack(stored, FR_GEN_ALIGN, FR_GEN_OBJECT_MAX, &pack, err);
     uint32_t n = rc == 0 ? ferry_pack_objects(pack, c->rank) : 0;
@@ -562,8 +636,17 @@ int fr_pub_mine_store(ferry_store *s, const ferry_publisher_config *c, uint64_t 
             if (pc->at.offset < pos)
                 memset(buf, 0, nb);   /* out of order: not seen, but stay exact */
             ferry_tensor_desc src;
-            (void)ferry_manifest_tensor(placement, pc->src.tensor, &src);
-            pack_piece(pc, &src, c->out_dtype[0] ? c->out_dtype : src.dtype, buf, &p->sums[next]);
+            if (p->q && p->q[next].role) {   /* FP8 in blocks, or scales (publish_quant.c) */
+                (void)ferry_manifest_tensor(p->q[next].role == FERRY_QUANT_WEIGHT ? placement
+                                                                                  : p->stored,
+                                            pc->src.tensor, &src);
+                fr_pub_quant_pack(p, next, &src, buf + pc->at.offset);
+                p->sums[next] = fr_gen_bytes_hash(buf + pc->at.offset, pc->at.bytes);
+            } else {
+                (void)ferry_manifest_tensor(placement, pc->src.tensor, &src);
+                pack_piece(pc, &src, c->out_dtype[0] ? c->out_dtype : src.dtype, buf,
+                           &p->sums[next]);
+            }
             st->tensors += next == 0 || p->pieces[next - 1].src.tensor != pc->src.tensor;
             st->bytes += pc->at.bytes;
             if (pc->at.offset + pc->at.bytes > pos)
@@ -626,8 +709,8 @@ void fr_pub_mine_remove(ferry_store *s, const ferry_publisher_config *c, uint64_
     for (uint32_t k = 0; k < p->nobjects; k++)
         if (fr_key_gen_object(key, sizeof key, c->model, gen, c->rank, k) > 0)
             (void)ferry_store_remove(s, key, NULL);
-    const char *what[] = { "sums", "decl" };
-    for (int i = 0; i < 2; i++) {
+    const char *what[] = { "sums", "decl", "amax" };
+    for (int i = 0; i < 3; i++) {
         char w[40];
         snprintf(w, sizeof w, "r%u.%s", c->rank, what[i]);
         if (fr_key_gen_file(key, sizeof key, c->model, gen, w) > 0)

@@ -86,6 +86,10 @@ int ferry_publish_stream_begin(ferry_store *s, const ferry_publisher_config *cfg
         !FR_RESERVED_OK(cfg))
         return fr_fail(err, FERRY_EINVAL, "publish stream: bad arguments (model, rank, world, "
                        "generation)");
+    if (cfg->quant)   /* each tensor is stored as it comes, before a placement exists */
+        return fr_fail(err, FERRY_EINVAL, "publish stream: a streamed publish does not "
+                       "quantize (the config's quant must be NULL; ferry_publish and "
+                       "ferry_publish_shards do)");
     /* Generations only move forward: refused before anything is stored. */
     uint64_t active = 0;
     int rc = fr_rl_active_read(s, cfg->model, &active, NULL, err);

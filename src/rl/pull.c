@@ -129,7 +129,15 @@ static int register_shards(ferry_subscriber *sub, const fr_gen *g, ferry_error *
         ferry_tensor_desc d;
         (void)ferry_manifest_tensor(g->m, (uint32_t)ti, &d);
         addr[i] = p->dst;
-        rc = fr_rl_shard_check(p, &d, &len[i], err);   /* a buffer too small: refused */
+        if (p->dequantize) {
+            rc = fr_fail(err, FERRY_ENOTSUP, "tensor %s: the subscriber does not dequantize "
+                         "(asked %s): bind its FP8 bytes and scales, or update it with "
+                         "ferry_weights_update_direct", d.name, p->dequantize);
+            break;
+        }
+        rc = fr_rl_shard_quant_check(g, (uint32_t)ti, p, err);   /* FP8: bytes, blocks */
+        if (rc == 0)
+            rc = fr_rl_shard_check(p, &d, &len[i], err);   /* a buffer too small: refused */
     }
     if (rc == 0 && sub->hooks.region)   /* inside memory the caller registered */
         rc = fr_rl_spans_borrow(sub->hooks.region, sub->n, &sub->spans, err);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "reshard/reshard_int.h"
 #include "rl/pull_int.h"
 
 /* ---- the plan ---------------------------------------------------------------------------- */
@@ -401,7 +402,10 @@ static int plan_reads(planner *P, ferry_error *err)
     ferry_attested_plan *att = NULL;
     w->rt = P->rt;
     P->rt = NULL;   /* the work keeps it */
-    int rc = ferry_plan_create(P->g->m, w->rt, NULL, &w->rplan, err);
+    /* FP8 blocks: rows of shards checked at registration (pull.c) */
+    int rc = fr_manifest_quant_like(w->rt, P->g->m, false, err);
+    if (rc == 0)
+        rc = ferry_plan_create(P->g->m, w->rt, NULL, &w->rplan, err);
     ferry_plan_stats ps;   /* a read per run in 2-D: sized once, not grown by doubling */
     if (rc == 0 && ferry_plan_stats_get(w->rplan, &ps) == 0 && ps.runs &&
         (w->io.v = malloc(ps.runs * sizeof *w->io.v)) != NULL)

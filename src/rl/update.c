@@ -61,6 +61,143 @@ int fr_rl_prepare_at(ferry_store *s, const char *model, uint64_t generation,
     return rc;
 }
 
+/* ---- explicit dequantization ------------------------------------------------------------ */
+
+/* A shard asking q * s of an FP8 tensor (ferry_param_shard.dequantize) is
+ * read as two staged shards — its box's FP8 bytes and the scales of the
+ * blocks it meets — and dequantized into its buffer after the reads. */
+typedef struct deq_item {
+    size_t shard;               /* the caller's */
+    uint8_t *fp8;
+    float *scales;
+    uint64_t b0[2], nb[2];
+    uint32_t block[2];
+    char fp8_dtype[16];
+} deq_item;
+
+typedef struct deq {
+    ferry_param_shard *shards;  /* what is read: the caller's, staged ones in place */
+    size_t n;
+    deq_item *items;
+    size_t nitems;
+} deq;
+
+static void deq_free(deq *q)
+{
+    for (size_t i = 0; i < q->nitems; i++) {
+        free(q->items[i].fp8);
+        free(q->items[i].scales);
+    }
+    free(q->items);
+    free(q->shards);
+}
+
+static int deq_check(const fr_gen *g, const ferry_param_shard *p, int ti, ferry_tensor_quant *tq,
+                     ferry_error *err)
+{
+    ferry_tensor_desc d;
+    (void)ferry_manifest_tensor(g->m, (uint32_t)ti, &d);
+    (void)ferry_manifest_tensor_quant(g->m, (uint32_t)ti, tq);
+    if (tq->role != FERRY_QUANT_WEIGHT)
+        return fr_fail(err, FERRY_EINVAL, "tensor %s is published as %s, not as FP8 in blocks: "
+                       "there is nothing to dequantize (asked %s)", d.name, d.dtype, p->dequantize);
+    uint32_t esz = ferry_dtype_size(p->dequantize);
+    if (ferry_convert(NULL, "f32", NULL, p->dequantize, 0) < 0)
+        return fr_fail(err, FERRY_EINVAL, "tensor %s: dequantize to %s: f32, bf16 or f16", d.name,
+                       p->dequantize);
+    if (p->ndim != 2 || (p->shape[1] > 1 && p->strides[1] > 1) ||
+        (p->strides[0] && (uint64_t)p->strides[0] < p->shape[1]))
+        return fr_fail(err, FERRY_EINVAL, "tensor %s: a shard dequantized is 2-D with its rows "
+                       "contiguous", d.name);
+    if (p->elem_bytes && p->elem_bytes != esz)
+        return fr_fail(err, FERRY_EINVAL, "tensor %s: the shard's buffer holds %" PRIu64 "-byte "
+                       "elements; %s has %u-byte ones", d.name, p->elem_bytes, p->dequantize, esz);
+    uint64_t rs = p->strides[0] ? (uint64_t)p->strides[0] : p->shape[1];
+    uint64_t span = p->shape[0] && p->shape[1] ? ((p->shape[0] - 1) * rs + p->shape[1]) * esz : 0;
+    if (p->dst_bytes && span > p->dst_bytes)
+        return fr_fail(err, FERRY_EINVAL, "tensor %s: the shard dequantized to %s spans %" PRIu64
+                       " bytes of its buffer, which holds %" PRIu64, d.name, p->dequantize, span,
+                       p->dst_bytes);
+    return 0;
+}
+
+/* The shards to read: each dequantized one as its FP8 box and its scales. */
+static int deq_stage(const fr_gen *g, const ferry_param_shard *shards, size_t n, deq *q,
+                     ferry_error *err)
+{
+    size_t k = 0, cap = 0, icap = 0;
+    for (size_t i = 0; i < n; i++)
+        k += shards[i].dequantize != NULL;
+    if (!k)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        const ferry_param_shard *p = &shards[i];
+        int ti = p->dequantize ? ferry_manifest_find_tensor(g->m, p->tensor ? p->tensor : "") : -1;
+        bool empty = p->ndim == 2 && (!p->shape[0] || !p->shape[1]);
+        if (fr_grow((void **)&q->shards, &cap, q->n + 2, sizeof *q->shards) < 0)
+            return fr_fail(err, FERRY_ENOMEM, "update: out of memory");
+        if (ti < 0 || empty) {   /* not in the generation: fr_rl_target says so */
+            q->shards[q->n++] = *p;
+            continue;
+        }
+        ferry_tensor_quant tq;
+        int rc = deq_check(g, p, ti, &tq, err);
+        if (rc < 0)
+            return rc;
+        if (fr_grow((void **)&q->items, &icap, q->nitems + 1, sizeof *q->items) < 0)
+            return fr_fail(err, FERRY_ENOMEM, "update: out of memory");
+        deq_item *it = &q->items[q->nitems++];
+        *it = (deq_item){ .shard = i, .block = { tq.fp8.block_rows, tq.fp8.block_cols } };
+        snprintf(it->fp8_dtype, sizeof it->fp8_dtype, "%s", tq.fp8_dtype);
+        for (int d = 0; d < 2; d++) {
+            it->b0[d] = p->offset[d] / it->block[d];
+            it->nb[d] = (p->offset[d] + p->shape[d] - 1) / it->block[d] - it->b0[d] + 1;
+        }
+        it->fp8 = malloc(p->shape[0] * p->shape[1]);
+        it->scales = malloc(it->nb[0] * it->nb[1] * sizeof *it->scales);
+        if (!it->fp8 || !it->scales)
+            return fr_fail(err, FERRY_ENOMEM, "update: out of memory");
+        ferry_tensor_desc sd;
+        (void)ferry_manifest_tensor(g->m, tq.partner, &sd);
+        q->shards[q->n++] = (ferry_param_shard){ .tensor = p->tensor, .ndim = 2,
+            .offset = { p->offset[0], p->offset[1] }, .shape = { p->shape[0], p->shape[1] },
+            .dst = it->fp8, .dst_bytes = p->shape[0] * p->shape[1],
+            .dequantize = p->dequantize };   /* staged: its blocks need not be whole */
+        q->shards[q->n++] = (ferry_param_shard){ .tensor = sd.name, .ndim = 2,
+            .offset = { it->b0[0], it->b0[1] }, .shape = { it->nb[0], it->nb[1] },
+            .dst = it->scales, .dst_bytes = it->nb[0] * it->nb[1] * sizeof *it->scales };
+    }
+    return 0;
+}
+
+/* After the reads: every dequantized shard's buffer from its staging. */
+static int deq_finish(const deq *q, const ferry_param_shard *shards, ferry_error *err)
+{
+    for (size_t i = 0; i < q->nitems; i++) {
+        const deq_item *it = &q->items[i];
+        const ferry_param_shard *p = &shards[it->shard];
+        uint64_t rs = p->strides[0] ? (uint64_t)p->strides[0] : p->shape[1];
+        uint32_t esz = ferry_dtype_size(p->dequantize);
+        for (uint64_t r = 0; r < p->shape[0]; r++) {
+            uint64_t gr = p->offset[0] + r;
+            const float *srow = it->scales + (gr / it->block[0] - it->b0[0]) * it->nb[1];
+            for (uint64_t c = 0; c < p->shape[1];) {
+                uint64_t gc = p->offset[1] + c, len = it->block[1] - gc % it->block[1];
+                len = len < p->shape[1] - c ? len : p->shape[1] - c;
+                int rc = ferry_dequantize_fp8(it->fp8 + r * p->shape[1] + c, it->fp8_dtype,
+                                              (uint8_t *)p->dst + (r * rs + c) * esz,
+                                              p->dequantize, (size_t)len,
+                                              srow[gc / it->block[1] - it->b0[1]], err);
+                if (rc < 0)   /* a scale that is not finite and > 0: written in part */
+                    return fr_fail(err, FERRY_EREBUILD, "tensor %s: %s; the parameters must be "
+                                   "rebuilt", p->tensor, fr_why(err, rc));
+                c += len;
+            }
+        }
+    }
+    return 0;
+}
+
 /* ---- parameter-direct ----------------------------------------------------------------- */
 
 /* Parameter-direct: the shards are the target placement (one rank), bound
@@ -89,7 +226,14 @@ int ferry_weights_update_direct(ferry_store *s, const char *model, uint64_t *gen
     ferry_store_reads reads = {0};
     size_t *shard_of = NULL;
     uint64_t *addr = NULL, *nbytes = NULL;
-    rc = fr_rl_target(g, shards, n, 1, NULL, &tgt, &shard_of, err);
+    deq dq = {0};
+    const ferry_param_shard *caller = shards;
+    size_t ncaller = n;
+    rc = deq_stage(g, shards, n, &dq, err);
+    if (dq.shards)
+        shards = dq.shards, n = dq.n;
+    if (rc == 0)
+        rc = fr_rl_target(g, shards, n, 1, NULL, &tgt, &shard_of, err);
     uint64_t nf = tgt ? ferry_manifest_fragment_count(tgt) : 0;
     if (rc == 0 && (!(addr = malloc((nf ? nf : 1) * sizeof *addr)) ||
                     !(nbytes = malloc((nf ? nf : 1) * sizeof *nbytes))))
@@ -108,7 +252,7 @@ int ferry_weights_update_direct(ferry_store *s, const char *model, uint64_t *gen
         rc = ferry_exec_store_lower(att, dst, (const uint32_t[]){ 0 }, 1, NULL, &reads, err);
     if (rc < 0 && err && !err->msg[0])
         fr_fail(err, rc, "update: planning: %s", ferry_strerror(rc));
-    st->tensors = n;
+    st->tensors = ncaller;
     double t1 = now_s();
     if (rc == 0 && reads.n) {
         ferry_error e = {0};
@@ -123,11 +267,14 @@ int ferry_weights_update_direct(ferry_store *s, const char *model, uint64_t *gen
             rc = fr_fail(err, FERRY_EREBUILD, "%s; the parameters must be rebuilt", e.msg);
         ferry_exec_result_free(&res);
     }
+    if (rc == 0)
+        rc = deq_finish(&dq, caller, err);
     st->read_s = now_s() - t1;
     if (rc == 0) {
         *generation = m.generation;
         st->generation = m.generation;
     }
+    deq_free(&dq);
     ferry_store_reads_free(&reads);
     ferry_attested_free(att);
     ferry_binding_free(dst);

@@ -535,6 +535,88 @@ static void test_random_splits(void **state)
     assert_true(accepted > 30 && refused > 30);
 }
 
+/* A trainer layout quantized as a source (ferry_manifest_quantize_source):
+ * whatever its shards cut, accepted; each scale fragment is the blocks
+ * whose first element its weight fragment holds (none: no fragment), so
+ * the scale fragments of each copy tile the scale tensor (a plan into a
+ * whole quantized target says so: every element held, no overlap but
+ * declared copies); the JSON round trip keeps it, digest included. */
+static void test_source_cut_blocks(void **state)
+{
+    (void)state;
+    static const uint32_t blocks[] = { 1, 2, 3, 8, 16, 128 };
+    int cuts = 0;
+    for (int it = 0; it < 300; it++) {
+        ferry_error err = { 0 };
+        uint32_t b0 = blocks[rnd(6)], b1 = blocks[rnd(6)];
+        uint64_t rows = 1 + rnd(300), cols = 1 + rnd(300);
+        uint32_t p0 = 1 + (uint32_t)rnd(4), p1 = 1 + (uint32_t)rnd(4), reps = 1 + (uint32_t)rnd(2);
+        ferry_manifest *m, *src, *q = NULL, *qs, *back;
+        assert_int_equal(ferry_manifest_create(p0 * p1 * reps, NULL, 8, &m), 0);
+        assert_int_equal(ferry_manifest_create(1, NULL, 8, &src), 0);
+        ferry_tensor_desc t = desc2("w.weight", "bf16", rows, cols);
+        assert_int_equal(ferry_manifest_add_tensor(m, &t, &err), 0);
+        assert_int_equal(ferry_manifest_add_tensor(src, &t, &err), 0);
+        ferry_split sp = { .tensor = 0, .whole = true, .parts = { p0, p1 },
+                           .rank_stride = { p1, 1 }, .replicas = reps,
+                           .replica_stride = p0 * p1 };
+        assert_int_equal(ferry_manifest_add_split(m, &sp, &err), 0);
+        ferry_split whole = { .tensor = 0, .whole = true };
+        assert_int_equal(ferry_manifest_add_split(src, &whole, &err), 0);
+        ferry_quant_rules r;
+        ferry_quant_rules_init(&r);
+        r.fp8.block_rows = b0, r.fp8.block_cols = b1;
+        if (ferry_manifest_quantize_source(m, &r, &q, &err) != 0)
+            fail_msg("%s", err.msg);
+        cuts += ferry_manifest_quantize(m, &r, &qs, NULL) != 0;
+        if (qs != NULL)
+            ferry_manifest_close(qs);
+        uint64_t n = ferry_manifest_fragment_count(q), nb0 = (rows + b0 - 1) / b0,
+                 nb1 = (cols + b1 - 1) / b1, held = 0;
+        for (uint64_t i = 0; i < n; i++) {
+            ferry_fragment s, w;
+            assert_int_equal(ferry_manifest_fragment(q, i, &s), 0);
+            if (s.tensor != 1)
+                continue;
+            held += s.shape[0] * s.shape[1];
+            int found = 0;   /* its weight fragment: same rank and copy, holds its first blocks' starts */
+            for (uint64_t j = 0; j < n; j++) {
+                assert_int_equal(ferry_manifest_fragment(q, j, &w), 0);
+                if (w.tensor != 0 || w.rank != s.rank || w.replica != s.replica)
+                    continue;
+                bool own = true;
+                for (int d = 0; d < 2; d++) {
+                    uint64_t b = d ? b1 : b0;
+                    own &= s.offset[d] == (w.offset[d] + b - 1) / b &&
+                           s.offset[d] + s.shape[d] == (w.offset[d] + w.shape[d] + b - 1) / b;
+                }
+                found += own;
+            }
+            assert_int_equal(found, 1);
+        }
+        assert_int_equal(held, nb0 * nb1 * reps);
+        assert_int_equal(ferry_manifest_quantize(src, &r, &qs, &err), 0);
+        ferry_plan *p;
+        if (ferry_plan_create(q, qs, NULL, &p, &err) != 0)
+            fail_msg("plan: %s", err.msg);
+        ferry_plan_free(p);
+        char *json = ferry_manifest_to_json(q);
+        assert_non_null(strstr(json, "\"cut_blocks\":true"));
+        assert_int_equal(ferry_manifest_from_json(json, strlen(json), &back, &err), 0);
+        uint8_t d1[16], d2[16];
+        assert_int_equal(ferry_manifest_digest(q, d1), 0);
+        assert_int_equal(ferry_manifest_digest(back, d2), 0);
+        assert_memory_equal(d1, d2, 16);
+        free(json);
+        ferry_manifest_close(back);
+        ferry_manifest_close(qs);
+        ferry_manifest_close(q);
+        ferry_manifest_close(src);
+        ferry_manifest_close(m);
+    }
+    assert_true(cuts > 30);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -544,6 +626,7 @@ int main(void)
         cmocka_unit_test(test_cut_block_refused),
         cmocka_unit_test(test_preset),
         cmocka_unit_test(test_random_splits),
+        cmocka_unit_test(test_source_cut_blocks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
