@@ -41,9 +41,12 @@ static int teardown(void **state)
     return 0;
 }
 
+/* A lease of 10 s: these tests do not measure failover, and a 2-core
+ * machine under the whole suite can starve a 2 s lease's renewals (then
+ * the leadership lapses and every fenced append is refused, by design). */
 static fr_ha_elect *candidate(const ft_etcd *e, const char *id)
 {
-    fr_ha_config c = { .endpoints = e->url, .cluster = "log", .id = id, .ttl_s = 2,
+    fr_ha_config c = { .endpoints = e->url, .cluster = "log", .id = id, .ttl_s = 10,
                        .timeout_ms = 10000 };
     fr_ha_elect *h = NULL;
     ferry_error err = {0};
