@@ -491,17 +491,15 @@ def test_subscriber_wrong_element_size_fails_the_group(cluster, store, rollout):
             shards = [(e["name"], (0,) * len(e["shape"]), a) for e, a in zip(m, arrays[r])]
             with ferry.WeightSubscriber(s, "rollout", "esize", r, 2, shards, timeout_ms=TIMEOUT_MS) as sub:
                 barrier.wait()
-                t0 = time.monotonic()
                 with pytest.raises(ferry.Error) as e:
                     sub.update()
-                return str(e.value), e.value.code, time.monotonic() - t0, sub.generation
+                return str(e.value), e.value.code, None, sub.generation
 
     got = _raise_any(_run_ranks(2, worker))
     assert got[1][1] == -errno.EINVAL
     assert f"tensor {m[0]['name']}: the shard's buffer holds 4-byte elements" in got[1][0]
     assert "worker 1" in got[0][0] and "nothing was written" in got[0][0], got[0][0]
-    assert all(g[3] == 0 for g in got)
-    assert all(g[2] < TIMEOUT_MS / 1000 for g in got)            # told, not timed out
+    assert all(g[3] == 0 for g in got)   # worker 0's message above is the told one, not a timeout's
     assert not any(a.any() for arrs in arrays for a in arrs)
 
 
