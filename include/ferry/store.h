@@ -210,6 +210,14 @@ FERRY_API int ferry_store_remove_prefix(ferry_store *s, const char *prefix, uint
 /* Where an object lives (no lease taken). replicas[i].preferred is
  * reported by put only (the master does not keep it): false here. */
 FERRY_API int ferry_store_get_replica_desc(ferry_store *s, const char *key, ferry_object_desc *out, ferry_error *err);
+/* ferry_store_get_replica_desc of many keys in one master round trip (no
+ * lease taken): out[i] the place of keys[i] and results[i] 0, or results[i]
+ * that key's error (FERRY_ENOENT, FERRY_ELOST) and out[i] zeroed. Every
+ * entry is set, also when the whole call fails (then each holds that
+ * error). Returns 0 or the first failure. */
+FERRY_API int ferry_store_batch_get_replica_desc(ferry_store *s, const char *const *keys, size_t n,
+                                                 ferry_object_desc *out, int *results,
+                                                 ferry_error *err);
 /* Keys with the prefix after `after` (NULL: from the start), ascending, at
  * most max. *keys is one allocation (free with ferry_store_free) holding the
  * pointer array and the strings. *more: there are further keys. */
@@ -241,6 +249,15 @@ FERRY_API int ferry_store_put_struct(ferry_store *s, const char *key, const ferr
  * FERRY_EPROTO if the object is not a structured object. */
 FERRY_API int ferry_store_get_members(ferry_store *s, const char *key, ferry_member *out, size_t cap,
                                       size_t *n, ferry_error *err);
+/* ferry_store_get_members of many objects at once: one round trip to
+ * locate them all, one batch of ranged reads for their member tables (a
+ * second one only for tables longer than 4 KiB). Object i's members go to
+ * out[i * cap ...] (up to cap), counts[i] = its member count, results[i] 0
+ * or its error (as get_members'). Every entry is set, also when the whole
+ * call fails. Returns 0 or the first failure. */
+FERRY_API int ferry_store_batch_get_members(ferry_store *s, const char *const *keys, size_t n,
+                                            ferry_member *out, size_t cap, size_t *counts,
+                                            int *results, ferry_error *err);
 /* Rows [row_begin, row_end) of member (along its first dimension; a 0-d
  * member has one row) into dst (cap bytes); *len = bytes read.
  * FERRY_ENOENT (no such member), FERRY_ERANGE (rows out of bounds),

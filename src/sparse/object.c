@@ -698,53 +698,69 @@ static const char *check_tiles(const ferry_sparse_index *ix)
     return NULL;
 }
 
-int fr_sparse_index_load(ferry_store *s, const char *key, ferry_sparse_index *out,
-                         ferry_member *mi, ferry_member *mv, ferry_error *err)
-{
-    if (!s || !key || !out)
-        return fr_fail(err, FERRY_EINVAL, "sparse_index_read: store, key and out are required");
-    memset(out, 0, sizeof *out);
-    if (strlen(key) >= sizeof out->key)
-        return fr_fail(err, FERRY_EINVAL, "sparse_index_read: key longer than %zu bytes",
-                       sizeof out->key - 1);
+/* One object's compact-index read: its member table, then the three
+ * ranges of meta, tile_coords and tile_ptr. */
+typedef struct ix_job {
+    const char *key;
     ferry_member m[16];
-    size_t n = 0;
-    int rc = ferry_store_get_members(s, key, m, 16, &n, err);
-    if (rc < 0)
-        return fr_fail(err, rc, "sparse_index_read %s: %s", key, fr_why(err, rc));
-    if (n > 16)
-        n = 16;
-    const ferry_member *fm = find_member(m, n, "meta"), *fc = find_member(m, n, "tile_coords"),
-                       *fp = find_member(m, n, "tile_ptr"), *fi = find_member(m, n, "indices"),
-                       *fv = find_member(m, n, "values");
-    if (!fm || !fc || !fp || !fi || !fv || strcmp(fm->dtype, "u8") != 0 || fm->ndim != 1 ||
+    size_t n;
+    const ferry_member *fm, *fc, *fp, *fi, *fv;
+    char *meta;
+    ferry_range r[3];
+    size_t nr;
+    int64_t got[3];
+} ix_job;
+
+/* The members checked, out's arrays allocated, j->r set to the ranges to
+ * read. On failure nothing is left allocated. */
+static int ix_prepare(ix_job *j, ferry_sparse_index *out, ferry_error *err)
+{
+    const char *key = j->key;
+    size_t n = j->n > 16 ? 16 : j->n;
+    j->fm = find_member(j->m, n, "meta"), j->fc = find_member(j->m, n, "tile_coords");
+    j->fp = find_member(j->m, n, "tile_ptr"), j->fi = find_member(j->m, n, "indices");
+    j->fv = find_member(j->m, n, "values");
+    const ferry_member *fm = j->fm, *fc = j->fc, *fp = j->fp;
+    if (!fm || !fc || !fp || !j->fi || !j->fv || strcmp(fm->dtype, "u8") != 0 || fm->ndim != 1 ||
         fm->nbytes == 0 || fm->nbytes > META_MAX || fc->ndim != 2 || fp->ndim != 1)
         return fr_fail(err, FERRY_EPROTO, "sparse_index_read %s: not a sparse object (members "
                        "meta, tile_coords, tile_ptr, indices, values expected)", key);
-    char *meta = fr_malloc(fm->nbytes);
+    j->meta = fr_malloc(fm->nbytes);
     out->tile_coords = fr_malloc(fc->nbytes ? fc->nbytes : 1);
     out->tile_ptr = fr_malloc(fp->nbytes ? fp->nbytes : 1);
-    if (!meta || !out->tile_coords || !out->tile_ptr) {
-        rc = fr_fail(err, FERRY_ENOMEM, "sparse_index_read %s: out of memory", key);
-        goto fail;
+    if (!j->meta || !out->tile_coords || !out->tile_ptr) {
+        fr_free(j->meta);
+        fr_free(out->tile_coords);
+        fr_free(out->tile_ptr);
+        j->meta = NULL;
+        memset(out, 0, sizeof *out);
+        return fr_fail(err, FERRY_ENOMEM, "sparse_index_read %s: out of memory", key);
     }
-    ferry_range r[3] = {
-        {.key = key, .src_offset = fm->offset, .dst = meta, .len = fm->nbytes},
-        {.key = key, .src_offset = fc->offset, .dst = out->tile_coords, .len = fc->nbytes},
-        {.key = key, .src_offset = fp->offset, .dst = out->tile_ptr, .len = fp->nbytes},
-    };
-    int64_t got[3] = {0};
-    size_t nr = fc->nbytes ? 3 : 1;   /* an empty tile_coords is refused below */
-    if ((rc = ferry_store_get_into_ranges(s, r, nr, got, err)) < 0) {
+    j->r[0] = (ferry_range){.key = key, .src_offset = fm->offset, .dst = j->meta, .len = fm->nbytes};
+    j->r[1] = (ferry_range){.key = key, .src_offset = fc->offset, .dst = out->tile_coords,
+                            .len = fc->nbytes};
+    j->r[2] = (ferry_range){.key = key, .src_offset = fp->offset, .dst = out->tile_ptr,
+                            .len = fp->nbytes};
+    j->nr = fc->nbytes ? 3 : 1;   /* an empty tile_coords is refused in ix_finish */
+    return 0;
+}
+
+/* The ranges read (rc: the read's result): meta decoded, everything
+ * checked. Frees j->meta; on failure out's arrays too. */
+static int ix_finish(ix_job *j, int rc, ferry_sparse_index *out, ferry_member *mi,
+                     ferry_member *mv, ferry_error *err)
+{
+    const char *key = j->key;
+    if (rc < 0) {
         fr_fail(err, rc, "sparse_index_read %s: %s", key, fr_why(err, rc));
         goto fail;
     }
-    for (size_t i = 0; i < nr; i++)
-        if ((uint64_t)got[i] != r[i].len) {
+    for (size_t i = 0; i < j->nr; i++)
+        if ((uint64_t)j->got[i] != j->r[i].len) {
             rc = fr_fail(err, FERRY_EPROTO, "sparse_index_read %s: short read", key);
             goto fail;
         }
-    if ((rc = fr_sparse_meta_decode(meta, fm->nbytes, &out->desc, err)) < 0) {
+    if ((rc = fr_sparse_meta_decode(j->meta, j->fm->nbytes, &out->desc, err)) < 0) {
         char m2[sizeof err->msg];
         snprintf(m2, sizeof m2, "%s", err ? err->msg : "");
         fr_fail(err, rc, "sparse_index_read %s: %s", key, m2);
@@ -752,10 +768,10 @@ int fr_sparse_index_load(ferry_store *s, const char *key, ferry_sparse_index *ou
     }
     const ferry_sparse_desc *d = &out->desc;
     const char *why = NULL;
-    if (!member_is(fc, "i64", 2, d->ntiles, d->ndim) ||
-        !member_is(fp, "i64", 1, d->ntiles + 1, 0) ||
-        !member_is(fi, d->index_dtype, 2, d->nnz, d->ndim) ||
-        !member_is(fv, d->value_dtype, 1, d->nnz, 0))
+    if (!member_is(j->fc, "i64", 2, d->ntiles, d->ndim) ||
+        !member_is(j->fp, "i64", 1, d->ntiles + 1, 0) ||
+        !member_is(j->fi, d->index_dtype, 2, d->nnz, d->ndim) ||
+        !member_is(j->fv, d->value_dtype, 1, d->nnz, 0))
         why = "member shapes or dtypes disagree with meta";
     else
         why = check_tiles(out);
@@ -765,17 +781,112 @@ int fr_sparse_index_load(ferry_store *s, const char *key, ferry_sparse_index *ou
     }
     snprintf(out->key, sizeof out->key, "%s", key);
     if (mi)
-        *mi = *fi;
+        *mi = *j->fi;
     if (mv)
-        *mv = *fv;
-    fr_free(meta);
+        *mv = *j->fv;
+    fr_free(j->meta);
+    j->meta = NULL;
     return 0;
 fail:
-    fr_free(meta);
+    fr_free(j->meta);
+    j->meta = NULL;
     fr_free(out->tile_coords);
     fr_free(out->tile_ptr);
     memset(out, 0, sizeof *out);
     return rc;
+}
+
+static int ix_key_ok(const char *key, ferry_sparse_index *out, ferry_error *err)
+{
+    memset(out, 0, sizeof *out);
+    if (strlen(key) >= sizeof out->key)
+        return fr_fail(err, FERRY_EINVAL, "sparse_index_read: key longer than %zu bytes",
+                       sizeof out->key - 1);
+    return 0;
+}
+
+int fr_sparse_index_load(ferry_store *s, const char *key, ferry_sparse_index *out,
+                         ferry_member *mi, ferry_member *mv, ferry_error *err)
+{
+    if (!s || !key || !out)
+        return fr_fail(err, FERRY_EINVAL, "sparse_index_read: store, key and out are required");
+    int rc = ix_key_ok(key, out, err);
+    if (rc < 0)
+        return rc;
+    ix_job j = {.key = key};
+    rc = ferry_store_get_members(s, key, j.m, 16, &j.n, err);
+    if (rc < 0)
+        return fr_fail(err, rc, "sparse_index_read %s: %s", key, fr_why(err, rc));
+    if ((rc = ix_prepare(&j, out, err)) < 0)
+        return rc;
+    rc = ferry_store_get_into_ranges(s, j.r, j.nr, j.got, err);
+    return ix_finish(&j, rc, out, mi, mv, err);
+}
+
+int fr_sparse_index_load_many(ferry_store *s, const char *const *keys, size_t n,
+                              ferry_sparse_index *out, ferry_member *mi, ferry_member *mv,
+                              int *rcs)
+{
+    if (n == 0)
+        return 0;
+    ix_job *j = fr_calloc(n, sizeof *j);
+    const char **k = fr_calloc(n, sizeof *k);
+    size_t *slot = fr_calloc(n, sizeof *slot), *cnt = fr_calloc(n, sizeof *cnt);
+    int *res = fr_calloc(n, sizeof *res);
+    ferry_member *m = fr_calloc(n * 16, sizeof *m);
+    ferry_range *r = fr_calloc(3 * n, sizeof *r);
+    int64_t *got = fr_calloc(3 * n, sizeof *got);
+    size_t *rslot = fr_calloc(3 * n, sizeof *rslot);
+    int ret = j && k && slot && cnt && res && m && r && got && rslot ? 0 : FERRY_ENOMEM;
+    size_t nk = 0, nr = 0;
+    ferry_error e;
+    for (size_t i = 0; i < n; i++) {
+        rcs[i] = ret;
+        if (ret == 0 && (rcs[i] = ix_key_ok(keys[i], &out[i], &e)) == 0) {
+            k[nk] = keys[i];
+            slot[nk++] = i;
+        }
+    }
+    if (ret == 0 && nk)
+        ferry_store_batch_get_members(s, k, nk, m, 16, cnt, res, &e);   /* per key below */
+    for (size_t q = 0; q < nk && ret == 0; q++) {
+        size_t i = slot[q];
+        j[i].key = keys[i];
+        if ((rcs[i] = res[q]) < 0)
+            continue;
+        memcpy(j[i].m, m + q * 16, 16 * sizeof *m);
+        j[i].n = cnt[q];
+        if ((rcs[i] = ix_prepare(&j[i], &out[i], &e)) < 0)
+            continue;
+        for (size_t t = 0; t < j[i].nr; t++) {
+            r[nr] = j[i].r[t];
+            rslot[nr++] = i;
+        }
+    }
+    if (ret == 0 && nr)
+        ferry_store_get_into_ranges(s, r, nr, got, &e);   /* each range's result below */
+    for (size_t t = 0, c = 0; t < nr; t++) {
+        size_t i = rslot[t];
+        c = t > 0 && rslot[t - 1] == i ? c + 1 : 0;
+        j[i].got[c] = got[t];
+        if (got[t] < 0 && rcs[i] == 0)
+            rcs[i] = (int)got[t];
+    }
+    for (size_t i = 0; i < n && ret == 0; i++)
+        if (j[i].meta) {   /* prepared: finish it, whatever its reads gave */
+            int rc = rcs[i];
+            rcs[i] = ix_finish(&j[i], rc, &out[i], mi ? &mi[i] : NULL, mv ? &mv[i] : NULL, &e);
+        }
+    fr_free(j);
+    fr_free(k);
+    fr_free(slot);
+    fr_free(cnt);
+    fr_free(res);
+    fr_free(m);
+    fr_free(r);
+    fr_free(got);
+    fr_free(rslot);
+    return ret;
 }
 
 int ferry_sparse_index_read(ferry_store *s, const char *key, ferry_sparse_index *out,
