@@ -245,6 +245,17 @@ typedef struct ferry_member {
  * unknown dtype, bad shape. */
 FERRY_API int ferry_store_put_struct(ferry_store *s, const char *key, const ferry_member *members,
                                      const void *const *data, size_t n, const ferry_replicate_config *rc, ferry_error *err);
+/* Many structured objects stored at once: their bytes built as
+ * put_struct builds one, then one ferry_store_batch_put_from (one round
+ * trip to place them all, one engine batch, one round trip to complete
+ * them). Object i: keys[i], nmembers[i] members members[i] with bytes
+ * data[i]. results[i]: 0 or its error (FERRY_EEXIST, FERRY_EINVAL for its
+ * members, ...); every entry is set. Returns 0 or the first failure. */
+FERRY_API int ferry_store_batch_put_struct(ferry_store *s, const char *const *keys,
+                                           const ferry_member *const *members,
+                                           const void *const *const *data, const size_t *nmembers,
+                                           size_t n, const ferry_replicate_config *rc, int *results,
+                                           ferry_error *err);
 /* The members of a structured object (up to cap into out; *n = count).
  * FERRY_EPROTO if the object is not a structured object. */
 FERRY_API int ferry_store_get_members(ferry_store *s, const char *key, ferry_member *out, size_t cap,

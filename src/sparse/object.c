@@ -499,55 +499,30 @@ static int build_sorted(const ferry_sparse_desc *d, const void *indices, const v
     return 0;
 }
 
-static int store_object(ferry_store *s, const char *key, const ferry_sparse_desc *sd,
-                        const built *b, ferry_error *err)
-{
-    char *meta = NULL;
-    size_t mlen = 0;
-    int rc = fr_sparse_meta_encode(sd, &meta, &mlen);
-    if (rc < 0)
-        return fr_fail(err, rc, "put_sparse_object %s: cannot encode meta", sd->tensor_id);
+/* One object of a put: its descriptor as stored, key, sorted entries,
+ * meta and the struct's members. */
+typedef struct sp_put {
+    ferry_sparse_desc sd;
+    char key[512];
+    built b;
+    char *meta;
     ferry_member m[5];
-    memset(m, 0, sizeof m);
-    snprintf(m[0].name, sizeof m[0].name, "meta");
-    snprintf(m[0].dtype, sizeof m[0].dtype, "u8");
-    m[0].ndim = 1;
-    m[0].shape[0] = mlen;
-    snprintf(m[1].name, sizeof m[1].name, "tile_coords");
-    snprintf(m[1].dtype, sizeof m[1].dtype, "i64");
-    m[1].ndim = 2;
-    m[1].shape[0] = b->ntiles;
-    m[1].shape[1] = sd->ndim;
-    snprintf(m[2].name, sizeof m[2].name, "tile_ptr");
-    snprintf(m[2].dtype, sizeof m[2].dtype, "i64");
-    m[2].ndim = 1;
-    m[2].shape[0] = b->ntiles + 1;
-    snprintf(m[3].name, sizeof m[3].name, "indices");
-    snprintf(m[3].dtype, sizeof m[3].dtype, "%s", sd->index_dtype);
-    m[3].ndim = 2;
-    m[3].shape[0] = b->nnz;
-    m[3].shape[1] = sd->ndim;
-    snprintf(m[4].name, sizeof m[4].name, "values");
-    snprintf(m[4].dtype, sizeof m[4].dtype, "%s", sd->value_dtype);
-    m[4].ndim = 1;
-    m[4].shape[0] = b->nnz;
-    const void *data[5] = {meta, b->tile_coords, b->tile_ptr, b->indices, b->values};
-    ferry_replicate_config rcfg = {.replica_num = 1, .hard_pin = true};
-    rc = ferry_store_put_struct(s, key, m, data, 5, &rcfg, err);
-    free(meta);
-    if (rc == FERRY_EEXIST)
-        return fr_fail(err, rc, "put_sparse_object: %s already exists (same tensor, base, "
-                       "delta and placement); nothing stored", key);
-    if (rc < 0)
-        return fr_fail(err, rc, "put_sparse_object %s: %s", key, fr_why(err, rc));
-    return 0;
+    const void *data[5];
+} sp_put;
+
+static void put_free(sp_put *p)
+{
+    built_free(&p->b);
+    free(p->meta);
+    memset(p, 0, sizeof *p);
 }
 
-int ferry_put_sparse_object(ferry_store *s, const ferry_sparse_desc *d, const void *indices,
-                            const void *values, ferry_sparse_desc *out, char *key, size_t keycap,
-                            ferry_error *err)
+/* Everything checked, the tile chosen and the key made: no store call. */
+static int put_check(const ferry_sparse_desc *d, const void *indices, const void *values,
+                     sp_put *p, ferry_error *err)
 {
-    if (!s || !d || !indices || !values)
+    memset(p, 0, sizeof *p);
+    if (!d || !indices || !values)
         return fr_fail(err, FERRY_EINVAL, "put_sparse_object: store, descriptor, indices and "
                        "values are required");
     char why[256];
@@ -570,44 +545,193 @@ int ferry_put_sparse_object(ferry_store *s, const ferry_sparse_desc *d, const vo
     if (grid_fits(&sd) < 0)
         return fr_fail(err, FERRY_EINVAL, "put_sparse_object %s: the tile grid of this shape "
                        "has more than 2^64 elements; nothing stored", d->tensor_id);
-    size_t isz = fr_sp_index_size(sd.index_dtype), vsz = fr_sp_value_size(sd.value_dtype);
     uint64_t bytes;
     if (sd.nnz == 0 || fr_mul_u64(sd.nnz, (uint64_t)sd.ndim * 8 + 16, &bytes) < 0 ||
         bytes > SIZE_MAX / 2)
         return fr_fail(err, FERRY_EINVAL, "put_sparse_object %s: nnz %" PRIu64 " must be in "
                        "1..%zu (an update with no entries is not stored); nothing stored",
                        d->tensor_id, sd.nnz, (size_t)(SIZE_MAX / 2 / (sd.ndim * 8 + 16)));
-    char k[512];
-    if (fr_sparse_key(&sd, k, sizeof k) < 0)
+    if (fr_sparse_key(&sd, p->key, sizeof p->key) < 0)
         return fr_fail(err, FERRY_EINVAL, "put_sparse_object %s: key too long", d->tensor_id);
-    int rc = ferry_store_exist(s, k, NULL);
-    if (rc == 1)
-        return fr_fail(err, FERRY_EEXIST, "put_sparse_object: %s already exists (same tensor, "
-                       "base, delta and placement); nothing stored", k);
-    built b;
-    memset(&b, 0, sizeof b);
-    b.ent = fr_malloc(sd.nnz * sizeof *b.ent);
-    if (!b.ent)
+    p->sd = sd;
+    return 0;
+}
+
+static int put_exists(const sp_put *p, ferry_error *err)
+{
+    return fr_fail(err, FERRY_EEXIST, "put_sparse_object: %s already exists (same tensor, "
+                   "base, delta and placement); nothing stored", p->key);
+}
+
+/* The entries sorted, duplicates merged, the tile index and meta built and
+ * the struct's members set. On failure p keeps nothing to free but what
+ * put_free frees. */
+static int put_build(const void *indices, const void *values, sp_put *p, ferry_error *err)
+{
+    ferry_sparse_desc *sd = &p->sd;
+    size_t isz = fr_sp_index_size(sd->index_dtype), vsz = fr_sp_value_size(sd->value_dtype);
+    built *b = &p->b;
+    b->ent = fr_malloc(sd->nnz * sizeof *b->ent);
+    if (!b->ent)
         return fr_fail(err, FERRY_ENOMEM, "put_sparse_object %s: out of memory for %" PRIu64
-                       " entries", d->tensor_id, sd.nnz);
-    rc = make_keys(&sd, indices, isz, &b, err);
-    if (rc == 0 && (rc = radix_sort(b.ent, sd.nnz)) < 0)
-        fr_fail(err, rc, "put_sparse_object %s: out of memory sorting", d->tensor_id);
-    if (rc == 0 && (rc = build_sorted(&sd, indices, values, isz, vsz, &b, err)) == FERRY_ENOMEM)
-        fr_fail(err, rc, "put_sparse_object %s: out of memory", d->tensor_id);
-    if (rc == 0) {
-        sd.nnz = b.nnz;
-        sd.ntiles = b.ntiles;
-        rc = store_object(s, k, &sd, &b, err);
-    }
-    built_free(&b);
+                       " entries", sd->tensor_id, sd->nnz);
+    int rc = make_keys(sd, indices, isz, b, err);
+    if (rc == 0 && (rc = radix_sort(b->ent, sd->nnz)) < 0)
+        fr_fail(err, rc, "put_sparse_object %s: out of memory sorting", sd->tensor_id);
+    if (rc == 0 && (rc = build_sorted(sd, indices, values, isz, vsz, b, err)) == FERRY_ENOMEM)
+        fr_fail(err, rc, "put_sparse_object %s: out of memory", sd->tensor_id);
     if (rc < 0)
         return rc;
-    if (out)
-        *out = sd;
-    if (key && keycap)
-        snprintf(key, keycap, "%s", k);
+    fr_free(b->ent);   /* the sort's keys are not needed past here */
+    b->ent = NULL;
+    sd->nnz = b->nnz;
+    sd->ntiles = b->ntiles;
+    size_t mlen = 0;
+    if ((rc = fr_sparse_meta_encode(sd, &p->meta, &mlen)) < 0)
+        return fr_fail(err, rc, "put_sparse_object %s: cannot encode meta", sd->tensor_id);
+    ferry_member *m = p->m;
+    snprintf(m[0].name, sizeof m[0].name, "meta");
+    snprintf(m[0].dtype, sizeof m[0].dtype, "u8");
+    m[0].ndim = 1;
+    m[0].shape[0] = mlen;
+    snprintf(m[1].name, sizeof m[1].name, "tile_coords");
+    snprintf(m[1].dtype, sizeof m[1].dtype, "i64");
+    m[1].ndim = 2;
+    m[1].shape[0] = b->ntiles;
+    m[1].shape[1] = sd->ndim;
+    snprintf(m[2].name, sizeof m[2].name, "tile_ptr");
+    snprintf(m[2].dtype, sizeof m[2].dtype, "i64");
+    m[2].ndim = 1;
+    m[2].shape[0] = b->ntiles + 1;
+    snprintf(m[3].name, sizeof m[3].name, "indices");
+    snprintf(m[3].dtype, sizeof m[3].dtype, "%s", sd->index_dtype);
+    m[3].ndim = 2;
+    m[3].shape[0] = b->nnz;
+    m[3].shape[1] = sd->ndim;
+    snprintf(m[4].name, sizeof m[4].name, "values");
+    snprintf(m[4].dtype, sizeof m[4].dtype, "%s", sd->value_dtype);
+    m[4].ndim = 1;
+    m[4].shape[0] = b->nnz;
+    p->data[0] = p->meta, p->data[1] = b->tile_coords, p->data[2] = b->tile_ptr;
+    p->data[3] = b->indices, p->data[4] = b->values;
     return 0;
+}
+
+/* The store's answer to p's put, in the put's words. */
+static int put_stored(const sp_put *p, int rc, ferry_error *err)
+{
+    if (rc == FERRY_EEXIST)
+        return put_exists(p, err);
+    if (rc < 0)
+        return fr_fail(err, rc, "put_sparse_object %s: %s", p->key, fr_why(err, rc));
+    return 0;
+}
+
+static void put_out(const sp_put *p, ferry_sparse_desc *out, char *key, size_t keycap)
+{
+    if (out)
+        *out = p->sd;
+    if (key && keycap)
+        snprintf(key, keycap, "%s", p->key);
+}
+
+static const ferry_replicate_config sp_repl = {.replica_num = 1, .hard_pin = true};
+
+int ferry_put_sparse_object(ferry_store *s, const ferry_sparse_desc *d, const void *indices,
+                            const void *values, ferry_sparse_desc *out, char *key, size_t keycap,
+                            ferry_error *err)
+{
+    if (!s)
+        return fr_fail(err, FERRY_EINVAL, "put_sparse_object: store, descriptor, indices and "
+                       "values are required");
+    sp_put p;
+    int rc = put_check(d, indices, values, &p, err);
+    if (rc == 0 && ferry_store_exist(s, p.key, NULL) == 1)
+        rc = put_exists(&p, err);
+    if (rc == 0)
+        rc = put_build(indices, values, &p, err);
+    if (rc == 0)
+        rc = put_stored(&p, ferry_store_put_struct(s, p.key, p.m, p.data, 5, &sp_repl, err), err);
+    if (rc == 0)
+        put_out(&p, out, key, keycap);
+    put_free(&p);
+    return rc;
+}
+
+int ferry_put_sparse_objects(ferry_store *s, const ferry_sparse_desc *d,
+                             const void *const *indices, const void *const *values, size_t n,
+                             ferry_sparse_desc *out, char *keys, size_t keycap, int *results,
+                             ferry_error *err)
+{
+    if (!s || (n && (!d || !indices || !values || !results)))
+        return fr_fail(err, FERRY_EINVAL, "put_sparse_objects: store, descriptors, indices, "
+                       "values and results are required");
+    if (n == 0)
+        return 0;
+    sp_put *p = fr_calloc(n, sizeof *p);
+    ferry_error *e = fr_calloc(n, sizeof *e);
+    const char **k = fr_calloc(n, sizeof *k);
+    ferry_object_desc *od = fr_calloc(n, sizeof *od);
+    int *ex = fr_calloc(n, sizeof *ex), *res = fr_calloc(n, sizeof *res);
+    size_t *slot = fr_calloc(n, sizeof *slot);
+    const ferry_member **m = fr_calloc(n, sizeof *m);
+    const void *const **data = fr_calloc(n, sizeof *data);
+    size_t *nm = fr_calloc(n, sizeof *nm);
+    int rc = p && e && k && od && ex && res && slot && m && data && nm ? 0
+             : fr_fail(err, FERRY_ENOMEM, "put_sparse_objects: out of memory");
+    size_t nk = 0;
+    for (size_t i = 0; i < n; i++) {
+        results[i] = rc;
+        if (rc == 0 && (results[i] = put_check(&d[i], indices[i], values[i], &p[i], &e[i])) == 0)
+            k[nk] = p[i].key, slot[nk++] = i;
+    }
+    /* the keys looked up first (one round trip for all): an existing one is
+     * refused before anything of it is sorted */
+    if (rc == 0 && nk)
+        (void)ferry_store_batch_get_replica_desc(s, k, nk, od, ex, NULL);
+    size_t np = 0;
+    for (size_t q = 0; rc == 0 && q < nk; q++) {
+        size_t i = slot[q];
+        if (ex[q] == 0)
+            results[i] = put_exists(&p[i], &e[i]);
+        else if ((results[i] = put_build(indices[i], values[i], &p[i], &e[i])) == 0) {
+            k[np] = p[i].key, m[np] = p[i].m, data[np] = p[i].data, nm[np] = 5;
+            slot[np++] = i;
+        }
+    }
+    if (rc == 0 && np)
+        (void)ferry_store_batch_put_struct(s, k, m, data, nm, np, &sp_repl, res, err);
+    for (size_t q = 0; rc == 0 && q < np; q++) {
+        size_t i = slot[q];
+        if (res[q] < 0)   /* its own words: the batch's err holds the last failure's */
+            fr_fail(&e[i], res[q], "%s", ferry_strerror(res[q]));
+        results[i] = put_stored(&p[i], res[q], &e[i]);
+    }
+    int first = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (rc == 0 && results[i] == 0)
+            put_out(&p[i], out ? &out[i] : NULL, keys ? keys + i * keycap : NULL, keycap);
+        else if (rc == 0 && keys && keycap)   /* its key whenever it has one (EEXIST) */
+            snprintf(keys + i * keycap, keycap, "%s", p[i].key);
+        if (rc == 0 && first == 0 && results[i] < 0) {
+            first = results[i];
+            if (err)
+                *err = e[i];
+        }
+        if (p)
+            put_free(&p[i]);
+    }
+    fr_free(p);
+    fr_free(e);
+    fr_free(k);
+    fr_free(od);
+    fr_free(ex);
+    fr_free(res);
+    fr_free(slot);
+    fr_free(m);
+    fr_free(data);
+    fr_free(nm);
+    return rc < 0 ? rc : first;
 }
 
 /* ---- admission ---------------------------------------------------------------------- */

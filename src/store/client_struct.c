@@ -60,10 +60,12 @@ static int check_name(const char *name)
     return n == 0 || n > FERRY_MEMBER_NAME_MAX ? FERRY_EINVAL : 0;
 }
 
-int ferry_store_put_struct(ferry_store *s, const char *key, const ferry_member *members,
-                           const void *const *data, size_t n, const ferry_replicate_config *rc, ferry_error *err)
+/* The bytes of one structured object (*obj, fr_free; *len its size), every
+ * member checked. */
+static int build(const char *key, const ferry_member *members, const void *const *data, size_t n,
+                 uint8_t **objp, uint64_t *len, ferry_error *err)
 {
-    if (!s || (n && (!members || !data)) || n > (1u << 20))
+    if ((n && (!members || !data)) || n > (1u << 20))
         return fr_fail(err, FERRY_EINVAL, "put_struct: bad arguments");
     uint64_t hdr = align_up(HDR_FIXED + (uint64_t)n * MEMBER_LEN), total = hdr;
     uint8_t *h = fr_calloc(1, hdr);
@@ -124,9 +126,69 @@ int ferry_store_put_struct(ferry_store *s, const char *key, const ferry_member *
             memcpy(obj + get64(e + 152), data[i], nb);
     }
     fr_free(h);
-    int r = ferry_store_put(s, key, obj, total, rc, NULL, err);
+    *objp = obj;
+    *len = total;
+    return 0;
+}
+
+int ferry_store_put_struct(ferry_store *s, const char *key, const ferry_member *members,
+                           const void *const *data, size_t n, const ferry_replicate_config *rc, ferry_error *err)
+{
+    if (!s)
+        return fr_fail(err, FERRY_EINVAL, "put_struct: bad arguments");
+    uint8_t *obj = NULL;
+    uint64_t total = 0;
+    int r = build(key, members, data, n, &obj, &total, err);
+    if (r < 0)
+        return r;
+    r = ferry_store_put(s, key, obj, total, rc, NULL, err);
     fr_free(obj);
     return r;
+}
+
+int ferry_store_batch_put_struct(ferry_store *s, const char *const *keys,
+                                 const ferry_member *const *members, const void *const *const *data,
+                                 const size_t *nmembers, size_t n, const ferry_replicate_config *rc,
+                                 int *results, ferry_error *err)
+{
+    if (!s || (n && (!keys || !members || !data || !nmembers || !results)))
+        return fr_fail(err, FERRY_EINVAL, "batch_put_struct: bad arguments");
+    if (n == 0)
+        return 0;
+    uint8_t **obj = fr_calloc(n, sizeof *obj);
+    const char **k = fr_calloc(n, sizeof *k);
+    const void **b = fr_calloc(n, sizeof *b);
+    size_t *len = fr_calloc(n, sizeof *len), *slot = fr_calloc(n, sizeof *slot);
+    int *res = fr_calloc(n, sizeof *res);
+    int first = obj && k && b && len && slot && res ? 0 : fr_fail(err, FERRY_ENOMEM, "batch_put_struct: out of memory");
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        results[i] = first;
+        if (first < 0)
+            continue;
+        uint64_t total = 0;
+        if ((results[i] = build(keys[i], members[i], data[i], nmembers[i], &obj[i], &total, err)) < 0)
+            continue;
+        k[m] = keys[i], b[m] = obj[i], len[m] = total, slot[m++] = i;
+    }
+    if (first == 0 && m) {
+        (void)ferry_store_batch_put_from(s, k, b, len, m, rc, res, err);   /* per object below */
+        for (size_t q = 0; q < m; q++)
+            results[slot[q]] = res[q];
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (results[i] < 0 && first == 0)
+            first = results[i];
+        if (obj)
+            fr_free(obj[i]);
+    }
+    fr_free(obj);
+    fr_free(k);
+    fr_free(b);
+    fr_free(len);
+    fr_free(slot);
+    fr_free(res);
+    return first;
 }
 
 /* Parse and check a header read from the store (n bytes at p, object of
