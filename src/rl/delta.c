@@ -224,6 +224,15 @@ int fr_delta_layout(const ferry_delta_encoder *e, ferry_manifest *pl, const ferr
         p->has_strides = f.has_strides;
         memcpy(p->strides, f.strides, sizeof p->strides);
         p->storage_offset = f.storage_offset;
+        if (p->has_strides) {   /* row-major strides are contiguous: compared in place */
+            uint64_t want = 1;
+            bool dense = true;
+            for (uint32_t d = l->t[f.tensor].ndim; d-- > 0 && dense;) {
+                dense = p->shape[d] == 1 || (uint64_t)p->strides[d] == want;
+                want *= p->shape[d];
+            }
+            p->has_strides = !dense;
+        }
     }
     for (uint32_t i = 0; rc == 0 && i < nt; i++)
         if (holder[i] == UINT32_MAX - 1)
