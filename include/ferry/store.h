@@ -285,6 +285,12 @@ typedef struct ferry_kv_value {
     uint64_t mod_rev, create_rev, version;
 } ferry_kv_value;
 FERRY_API int ferry_kv_get(ferry_store *s, const char *key, ferry_kv_value *out, ferry_error *err);
+/* ferry_kv_get of n keys in one round trip: out[i] and results[i] 0, or
+ * results[i] that key's error (FERRY_ENOENT) and out[i] zeroed. Every entry
+ * is set, also when the whole call fails. Returns 0 or the first failure.
+ * Free each out[i].val with ferry_store_free. */
+FERRY_API int ferry_kv_batch_get(ferry_store *s, const char *const *keys, size_t n,
+                                 ferry_kv_value *out, int *results, ferry_error *err);
 FERRY_API int ferry_kv_put(ferry_store *s, const char *key, const void *val, size_t len, uint64_t *rev, ferry_error *err);
 /* Put only if the key's mod revision is expected (0: must not exist).
  * FERRY_ESTATE on a conflict, with *rev = the key's current revision. */

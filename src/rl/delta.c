@@ -460,7 +460,7 @@ int fr_delta_fill(fr_dlayout *cur, uint64_t *bytes, ferry_error *err)
     for (size_t i = 0; rc == 0 && i < cur->np; i++) {
         fr_dpiece *p = &cur->p[i];
         size_t osz = ferry_dtype_size(cur->t[p->tensor].out);
-        if (!(p->snap = malloc(p->elems * osz + 1))) {
+        if (!p->snap && !(p->snap = malloc(p->elems * osz + 1))) {
             rc = fr_fail(err, FERRY_ENOMEM, "delta: out of memory for the snapshot (%" PRIu64
                          " bytes)", p->elems * osz);
             break;

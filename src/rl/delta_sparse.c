@@ -356,15 +356,12 @@ static int announce(fr_drun *r, ferry_error *err)
     int rc = 0;
     char **kept = NULL;
     size_t nkept = 0;
+    ferry_kv_value *vals = calloc(r->c->world, sizeof *vals);
+    if (!vals)
+        return fr_fail(err, FERRY_ENOMEM, "delta: out of memory");
+    rc = fr_delta_words(r, "stored", vals, err);   /* every rank's, one round trip */
     for (uint32_t q = 0; rc == 0 && q < r->c->world; q++) {
-        ferry_kv_value v = {0};
-        ferry_error we = {0};
-        if ((rc = fr_delta_word(r, "stored", q, &v, &we)) < 0) {
-            rc = fr_fail(err, rc, "rank %u: %s", q, we.msg);
-            break;
-        }
-        char *t = strndup(v.val, v.len);
-        ferry_store_free(v.val);
+        char *t = strndup(vals[q].val, vals[q].len);
         char **nk = t ? realloc(kept, (nkept + 1) * sizeof *nk) : NULL;
         if (!nk) {
             free(t);
@@ -408,6 +405,9 @@ static int announce(fr_drun *r, ferry_error *err)
         if (rc < 0)
             fr_fail(err, rc, "%s", ae.msg);
     }
+    for (uint32_t q = 0; q < r->c->world; q++)
+        ferry_store_free(vals[q].val);
+    free(vals);
     free(probe);
     free(segs);
     for (size_t i = 0; i < nkept; i++)

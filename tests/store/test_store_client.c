@@ -512,6 +512,23 @@ static void test_kv_watch_barrier_queue(void **state)
     assert_memory_equal(v.val, "2", 1);
     assert_int_equal(v.mod_rev, rev2);
     ferry_store_free(v.val);
+    /* many keys in one round trip: each as its own kv_get answers */
+    assert_int_equal(ferry_kv_put(f->s, "kvb/other", "", 0, NULL, NULL), 0);
+    const char *bk[3] = { "gen/active", "kvb/none", "kvb/other" };
+    ferry_kv_value bv[3];
+    int br[3];
+    assert_int_equal(ferry_kv_batch_get(f->s, bk, 3, bv, br, NULL), FERRY_ENOENT);
+    assert_int_equal(br[0], 0);
+    assert_int_equal(bv[0].len, 1);
+    assert_memory_equal(bv[0].val, "2", 1);
+    assert_int_equal(bv[0].mod_rev, rev2);
+    assert_int_equal(br[1], FERRY_ENOENT);
+    assert_null(bv[1].val);
+    assert_int_equal(br[2], 0);
+    assert_int_equal(bv[2].len, 0);
+    ferry_store_free(bv[0].val);
+    ferry_store_free(bv[2].val);
+    assert_int_equal(ferry_kv_delete(f->s, "kvb/other", 0, NULL, NULL), 0);
     ferry_kv_event ev;
     assert_int_equal(ferry_watch_next(w, 5000, &ev, NULL), 0);
     assert_int_equal(ev.rev, rev);
