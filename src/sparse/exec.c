@@ -320,6 +320,24 @@ static int make_result(sp_call *c, const ferry_sparse_pair *p, const ferry_spars
         sp_buf *b = &c->bufs[ri];
         c->st.dedup_hits += b->uses++ > 0;
         uint64_t base = c->plan.reads[ri].start;
+        if (!g->boundary) {   /* every entry kept: rebased in a tight loop, values in one copy */
+            uint64_t r0 = g->start - base, cnt = g->end - g->start;
+            int64_t *dst = res->indices + o * d->ndim;
+            if (isz == 4)
+                for (uint64_t i = 0; i < cnt; i++)
+                    for (uint32_t k = 0; k < d->ndim; k++)
+                        dst[i * d->ndim + k] = fr_sp_coord(b->indices, 4, r0 + i, d->ndim, k) -
+                                               (int64_t)lo[k];
+            else
+                for (uint64_t i = 0; i < cnt; i++)
+                    for (uint32_t k = 0; k < d->ndim; k++)
+                        dst[i * d->ndim + k] = fr_sp_coord(b->indices, 8, r0 + i, d->ndim, k) -
+                                               (int64_t)lo[k];
+            memcpy((uint8_t *)res->values + o * vsz, (const uint8_t *)b->values + r0 * vsz,
+                   cnt * vsz);
+            o += cnt;
+            continue;
+        }
         for (uint64_t row = g->start - base; row < g->end - base; row++) {
             bool keep = true;
             for (uint32_t k = 0; k < d->ndim && g->boundary; k++) {
