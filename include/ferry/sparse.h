@@ -109,6 +109,12 @@ FERRY_API int ferry_sparse_admit(ferry_store *s, const ferry_sparse_desc *d, uin
  * FERRY_ENOENT when gone already, a reader's lease refusing it, or the
  * store's error); the admission key goes either way. */
 FERRY_API int ferry_sparse_remove(ferry_store *s, const char *key, ferry_error *err);
+/* ferry_sparse_remove of n keys: the objects in one round trip, their
+ * admission keys in another. results[i]: the object's removal (0,
+ * FERRY_EBUSY while leased, FERRY_ENOENT, FERRY_EINVAL for a key that is
+ * no sparse object's); every entry is set. Returns 0 or the first failure. */
+FERRY_API int ferry_sparse_remove_many(ferry_store *s, const char *const *keys, size_t n,
+                                       int *results, ferry_error *err);
 /* Remove every sparse object whose tensor id starts with tensor_prefix
  * (e.g. "<model>." for a model's tensors); *removed (may be NULL) counts
  * them, as ferry_store_remove_prefix. Their admission keys stay. */

@@ -205,6 +205,11 @@ FERRY_API int ferry_store_exist(ferry_store *s, const char *key, ferry_error *er
 /* FERRY_EBUSY while a reader holds a lease (every read takes one for the
  * config's lease_ms, 5 s by default), FERRY_ENOENT. */
 FERRY_API int ferry_store_remove(ferry_store *s, const char *key, ferry_error *err);
+/* ferry_store_remove of many keys in one round trip: results[i] 0 or that
+ * key's error (FERRY_EBUSY, FERRY_ENOENT); every entry is set. Returns 0
+ * or the first failure. */
+FERRY_API int ferry_store_batch_remove(ferry_store *s, const char *const *keys, size_t n,
+                                       int *results, ferry_error *err);
 /* Remove every unleased object whose key starts with prefix. */
 FERRY_API int ferry_store_remove_prefix(ferry_store *s, const char *prefix, uint64_t *removed, ferry_error *err);
 /* Where an object lives (no lease taken). replicas[i].preferred is
@@ -298,6 +303,11 @@ FERRY_API int ferry_kv_cas(ferry_store *s, const char *key, uint64_t expected, c
                            size_t len, uint64_t *rev, ferry_error *err);
 /* expected 0: unconditional. */
 FERRY_API int ferry_kv_delete(ferry_store *s, const char *key, uint64_t expected, uint64_t *rev, ferry_error *err);
+/* Unconditional deletes of many keys in one round trip: results[i] 0 or
+ * that key's error (FERRY_ENOENT); every entry is set. Returns 0 or the
+ * first failure. */
+FERRY_API int ferry_kv_batch_delete(ferry_store *s, const char *const *keys, size_t n,
+                                    int *results, ferry_error *err);
 
 /* Watch: the master pushes every change to keys with the prefix, from
  * revision from_rev (0: from now on). Survives master restarts (resumes from

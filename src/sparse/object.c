@@ -52,6 +52,49 @@ int ferry_sparse_remove(ferry_store *s, const char *key, ferry_error *err)
     return rc;
 }
 
+int ferry_sparse_remove_many(ferry_store *s, const char *const *keys, size_t n, int *results,
+                             ferry_error *err)
+{
+    if (!s || (n && (!keys || !results)))
+        return fr_fail(err, FERRY_EINVAL, "sparse_remove_many: store, keys and results are "
+                       "required");
+    if (n == 0)
+        return 0;
+    char (*ok)[FERRY_STORE_KEY_MAX + 16] = fr_calloc(n, sizeof *ok);
+    const char **k = fr_calloc(n, sizeof *k), **okp = fr_calloc(n, sizeof *okp);
+    size_t *slot = fr_calloc(n, sizeof *slot);
+    int *res = fr_calloc(n, sizeof *res);
+    int rc = ok && k && okp && slot && res ? 0
+             : fr_fail(err, FERRY_ENOMEM, "sparse_remove_many: out of memory");
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        results[i] = rc;
+        if (rc < 0)
+            continue;
+        if (!keys[i] || !keys[i][0] || owner_key(keys[i], ok[m], sizeof ok[m]) < 0) {
+            results[i] = fr_fail(err, FERRY_EINVAL, "sparse_remove: '%s' is no sparse object's "
+                                 "key", keys[i] ? keys[i] : "");
+            continue;
+        }
+        k[m] = keys[i], okp[m] = ok[m], slot[m++] = i;
+    }
+    if (rc == 0 && m) {
+        (void)ferry_store_batch_remove(s, k, m, res, err);   /* per key below */
+        for (size_t q = 0; q < m; q++)
+            results[slot[q]] = res[q];
+        (void)ferry_kv_batch_delete(s, okp, m, res, NULL);   /* the admission keys */
+    }
+    int first = rc;
+    for (size_t i = 0; i < n && first == 0; i++)
+        first = results[i];
+    fr_free(ok);
+    fr_free(k);
+    fr_free(okp);
+    fr_free(slot);
+    fr_free(res);
+    return first;
+}
+
 int ferry_sparse_remove_tensors(ferry_store *s, const char *tensor_prefix, uint64_t *removed,
                                 ferry_error *err)
 {

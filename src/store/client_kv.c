@@ -516,3 +516,9 @@ int ferry_store_status_json(ferry_store *s, char **json, ferry_error *err)
     fr_free(b);
     return rc;
 }
+
+int ferry_kv_batch_delete(ferry_store *s, const char *const *keys, size_t n, int *results,
+                          ferry_error *err)
+{
+    return fr_client_key_rpcs(s, keys, n, FR_SMSG_KV_DELETE, FR_SMSG_REVISION, results, err);
+}

@@ -401,6 +401,25 @@ static void test_put_batch(void **state)
             assert_true(v[0] == 11.0f && v[1] == 12.0f && v[2] == 13.0f);
     }
     assert_int_equal(count_prefix(f->s, "ferry/sp/batch2/"), 0);
+    /* removed many at once, with their admission keys; each key answers */
+    bool adm = false;
+    assert_int_equal(ferry_sparse_admit(f->s, &d[3], 0, &adm, &err), 0);
+    assert_true(adm);
+    char bad[] = "not/a/key";
+    const char *rk[4] = { keys[1], "ferry/sp/batch9/00000000000000000001-00000000000000000002/rep-ep",
+                          keys[3], bad };
+    bad[0] = '\0';   /* an empty key: no sparse object's */
+    int rr[4];
+    assert_int_equal(ferry_sparse_remove_many(f->s, rk, 4, rr, &err), FERRY_ENOENT);
+    assert_int_equal(rr[0], 0);
+    assert_int_equal(rr[1], FERRY_ENOENT);
+    assert_int_equal(rr[2], 0);
+    assert_int_equal(rr[3], FERRY_EINVAL);
+    assert_int_equal(count_prefix(f->s, "ferry/sp/batch1/"), 0);
+    assert_int_equal(count_prefix(f->s, "ferry/sp/batch3/"), 0);
+    adm = false;   /* its admission key went too: admitted afresh */
+    assert_int_equal(ferry_sparse_admit(f->s, &d[3], 1, &adm, &err), 0);
+    assert_true(adm);
     /* zero objects: nothing to do */
     assert_int_equal(ferry_put_sparse_objects(f->s, d, pi, pv, 0, NULL, NULL, 0, res, &err), 0);
 }

@@ -357,6 +357,20 @@ static void test_struct_batch(void **state)
     const char *fk[1] = { "sb/fresh" };
     assert_int_equal(ferry_store_batch_get_replica_desc(f->s, fk, 1, od, r4, NULL), 0);
     assert_int_equal(ferry_store_remove(f->s, "sb/fresh", NULL), 0);
+    /* many removed in one round trip: a leased one refused, a gone one ENOENT */
+    assert_int_equal(ferry_store_put(f->s, "sb/r1", vals, sizeof vals, NULL, NULL, NULL), 0);
+    assert_int_equal(ferry_store_put(f->s, "sb/r2", vals, sizeof vals, NULL, NULL, NULL), 0);
+    float back[4];
+    size_t blen = 0;   /* a read leases sb/r2 */
+    assert_int_equal(ferry_store_get_into(f->s, "sb/r2", back, sizeof back, &blen, NULL), 0);
+    const char *rm[3] = { "sb/r1", "sb/r2", "sb/fresh" };
+    int rr[3];
+    assert_int_equal(ferry_store_batch_remove(f->s, rm, 3, rr, NULL), FERRY_EBUSY);
+    assert_int_equal(rr[0], 0);
+    assert_int_equal(rr[1], FERRY_EBUSY);
+    assert_int_equal(rr[2], FERRY_ENOENT);
+    assert_int_equal(ferry_store_exist(f->s, "sb/r1", NULL), 0);
+    assert_int_equal(ferry_store_exist(f->s, "sb/r2", NULL), 1);
 }
 
 /* A put written in place (ferry_store_put_begin): on a same-host node's
@@ -528,7 +542,13 @@ static void test_kv_watch_barrier_queue(void **state)
     assert_int_equal(bv[2].len, 0);
     ferry_store_free(bv[0].val);
     ferry_store_free(bv[2].val);
-    assert_int_equal(ferry_kv_delete(f->s, "kvb/other", 0, NULL, NULL), 0);
+    assert_int_equal(ferry_kv_put(f->s, "kvb/more", "x", 1, NULL, NULL), 0);
+    const char *dk[2] = { "kvb/other", "kvb/more" };
+    int dr[2];
+    assert_int_equal(ferry_kv_batch_delete(f->s, dk, 2, dr, NULL), 0);
+    assert_int_equal(dr[0], 0);
+    assert_int_equal(dr[1], 0);
+    assert_int_equal(ferry_kv_get(f->s, "kvb/more", &v, NULL), FERRY_ENOENT);
     ferry_kv_event ev;
     assert_int_equal(ferry_watch_next(w, 5000, &ev, NULL), 0);
     assert_int_equal(ev.rev, rev);
