@@ -81,6 +81,20 @@ typedef struct ferry_sparse_desc {
 FERRY_API int ferry_put_sparse_object(ferry_store *s, const ferry_sparse_desc *d, const void *indices,
                                       const void *values, ferry_sparse_desc *out, char *key, size_t keycap,
                                       ferry_error *err);
+/* ferry_put_sparse_object of n objects (d[i], indices[i], values[i]) at
+ * once, each checked, sorted and built as one put does, then stored
+ * together: one master round trip looks every key up (an existing one is
+ * FERRY_EEXIST before anything of it is sorted), one batch of puts stores
+ * the rest (ferry_store_batch_put_struct). results[i]: 0 with out[i] (out
+ * may be NULL) and the key at keys + i * keycap (keys may be NULL) set, or
+ * object i's error (its key set too when its descriptor made one: the
+ * existing object's for FERRY_EEXIST); every entry is set. Returns 0 or the first failure in
+ * order, its sentence in err. An object that failed stores nothing; the
+ * others are stored whatever another's fate. */
+FERRY_API int ferry_put_sparse_objects(ferry_store *s, const ferry_sparse_desc *d,
+                                       const void *const *indices, const void *const *values,
+                                       size_t n, ferry_sparse_desc *out, char *keys, size_t keycap,
+                                       int *results, ferry_error *err);
 
 /* Owner admission for a weight several source ranks hold (a replicated,
  * non-EP weight): exactly one caller per logical key is admitted (*admitted
@@ -95,6 +109,12 @@ FERRY_API int ferry_sparse_admit(ferry_store *s, const ferry_sparse_desc *d, uin
  * FERRY_ENOENT when gone already, a reader's lease refusing it, or the
  * store's error); the admission key goes either way. */
 FERRY_API int ferry_sparse_remove(ferry_store *s, const char *key, ferry_error *err);
+/* ferry_sparse_remove of n keys: the objects in one round trip, their
+ * admission keys in another. results[i]: the object's removal (0,
+ * FERRY_EBUSY while leased, FERRY_ENOENT, FERRY_EINVAL for a key that is
+ * no sparse object's); every entry is set. Returns 0 or the first failure. */
+FERRY_API int ferry_sparse_remove_many(ferry_store *s, const char *const *keys, size_t n,
+                                       int *results, ferry_error *err);
 /* Remove every sparse object whose tensor id starts with tensor_prefix
  * (e.g. "<model>." for a model's tensors); *removed (may be NULL) counts
  * them, as ferry_store_remove_prefix. Their admission keys stay. */

@@ -205,11 +205,24 @@ FERRY_API int ferry_store_exist(ferry_store *s, const char *key, ferry_error *er
 /* FERRY_EBUSY while a reader holds a lease (every read takes one for the
  * config's lease_ms, 5 s by default), FERRY_ENOENT. */
 FERRY_API int ferry_store_remove(ferry_store *s, const char *key, ferry_error *err);
+/* ferry_store_remove of many keys in one round trip: results[i] 0 or that
+ * key's error (FERRY_EBUSY, FERRY_ENOENT); every entry is set. Returns 0
+ * or the first failure. */
+FERRY_API int ferry_store_batch_remove(ferry_store *s, const char *const *keys, size_t n,
+                                       int *results, ferry_error *err);
 /* Remove every unleased object whose key starts with prefix. */
 FERRY_API int ferry_store_remove_prefix(ferry_store *s, const char *prefix, uint64_t *removed, ferry_error *err);
 /* Where an object lives (no lease taken). replicas[i].preferred is
  * reported by put only (the master does not keep it): false here. */
 FERRY_API int ferry_store_get_replica_desc(ferry_store *s, const char *key, ferry_object_desc *out, ferry_error *err);
+/* ferry_store_get_replica_desc of many keys in one master round trip (no
+ * lease taken): out[i] the place of keys[i] and results[i] 0, or results[i]
+ * that key's error (FERRY_ENOENT, FERRY_ELOST) and out[i] zeroed. Every
+ * entry is set, also when the whole call fails (then each holds that
+ * error). Returns 0 or the first failure. */
+FERRY_API int ferry_store_batch_get_replica_desc(ferry_store *s, const char *const *keys, size_t n,
+                                                 ferry_object_desc *out, int *results,
+                                                 ferry_error *err);
 /* Keys with the prefix after `after` (NULL: from the start), ascending, at
  * most max. *keys is one allocation (free with ferry_store_free) holding the
  * pointer array and the strings. *more: there are further keys. */
@@ -237,10 +250,30 @@ typedef struct ferry_member {
  * unknown dtype, bad shape. */
 FERRY_API int ferry_store_put_struct(ferry_store *s, const char *key, const ferry_member *members,
                                      const void *const *data, size_t n, const ferry_replicate_config *rc, ferry_error *err);
+/* Many structured objects stored at once: their bytes built as
+ * put_struct builds one, then one ferry_store_batch_put_from (one round
+ * trip to place them all, one engine batch, one round trip to complete
+ * them). Object i: keys[i], nmembers[i] members members[i] with bytes
+ * data[i]. results[i]: 0 or its error (FERRY_EEXIST, FERRY_EINVAL for its
+ * members, ...); every entry is set. Returns 0 or the first failure. */
+FERRY_API int ferry_store_batch_put_struct(ferry_store *s, const char *const *keys,
+                                           const ferry_member *const *members,
+                                           const void *const *const *data, const size_t *nmembers,
+                                           size_t n, const ferry_replicate_config *rc, int *results,
+                                           ferry_error *err);
 /* The members of a structured object (up to cap into out; *n = count).
  * FERRY_EPROTO if the object is not a structured object. */
 FERRY_API int ferry_store_get_members(ferry_store *s, const char *key, ferry_member *out, size_t cap,
                                       size_t *n, ferry_error *err);
+/* ferry_store_get_members of many objects at once: one round trip to
+ * locate them all, one batch of ranged reads for their member tables (a
+ * second one only for tables longer than 4 KiB). Object i's members go to
+ * out[i * cap ...] (up to cap), counts[i] = its member count, results[i] 0
+ * or its error (as get_members'). Every entry is set, also when the whole
+ * call fails. Returns 0 or the first failure. */
+FERRY_API int ferry_store_batch_get_members(ferry_store *s, const char *const *keys, size_t n,
+                                            ferry_member *out, size_t cap, size_t *counts,
+                                            int *results, ferry_error *err);
 /* Rows [row_begin, row_end) of member (along its first dimension; a 0-d
  * member has one row) into dst (cap bytes); *len = bytes read.
  * FERRY_ENOENT (no such member), FERRY_ERANGE (rows out of bounds),
@@ -257,6 +290,12 @@ typedef struct ferry_kv_value {
     uint64_t mod_rev, create_rev, version;
 } ferry_kv_value;
 FERRY_API int ferry_kv_get(ferry_store *s, const char *key, ferry_kv_value *out, ferry_error *err);
+/* ferry_kv_get of n keys in one round trip: out[i] and results[i] 0, or
+ * results[i] that key's error (FERRY_ENOENT) and out[i] zeroed. Every entry
+ * is set, also when the whole call fails. Returns 0 or the first failure.
+ * Free each out[i].val with ferry_store_free. */
+FERRY_API int ferry_kv_batch_get(ferry_store *s, const char *const *keys, size_t n,
+                                 ferry_kv_value *out, int *results, ferry_error *err);
 FERRY_API int ferry_kv_put(ferry_store *s, const char *key, const void *val, size_t len, uint64_t *rev, ferry_error *err);
 /* Put only if the key's mod revision is expected (0: must not exist).
  * FERRY_ESTATE on a conflict, with *rev = the key's current revision. */
@@ -264,6 +303,11 @@ FERRY_API int ferry_kv_cas(ferry_store *s, const char *key, uint64_t expected, c
                            size_t len, uint64_t *rev, ferry_error *err);
 /* expected 0: unconditional. */
 FERRY_API int ferry_kv_delete(ferry_store *s, const char *key, uint64_t expected, uint64_t *rev, ferry_error *err);
+/* Unconditional deletes of many keys in one round trip: results[i] 0 or
+ * that key's error (FERRY_ENOENT); every entry is set. Returns 0 or the
+ * first failure. */
+FERRY_API int ferry_kv_batch_delete(ferry_store *s, const char *const *keys, size_t n,
+                                    int *results, ferry_error *err);
 
 /* Watch: the master pushes every change to keys with the prefix, from
  * revision from_rev (0: from now on). Survives master restarts (resumes from

@@ -227,6 +227,15 @@ int fr_delta_layout(const ferry_delta_encoder *e, ferry_manifest *pl, const ferr
         p->has_strides = f.has_strides;
         memcpy(p->strides, f.strides, sizeof p->strides);
         p->storage_offset = f.storage_offset;
+        if (p->has_strides) {   /* row-major strides are contiguous: compared in place */
+            uint64_t want = 1;
+            bool dense = true;
+            for (uint32_t d = l->t[f.tensor].ndim; d-- > 0 && dense;) {
+                dense = p->shape[d] == 1 || (uint64_t)p->strides[d] == want;
+                want *= p->shape[d];
+            }
+            p->has_strides = !dense;
+        }
     }
     for (uint32_t i = 0; rc == 0 && i < nt; i++)
         if (holder[i] == UINT32_MAX - 1)
@@ -409,10 +418,15 @@ int fr_delta_compare(const fr_dlayout *snap, fr_dlayout *cur, uint64_t record_ma
                 rc = fr_fail(err, FERRY_ENOMEM, "delta: out of memory for the changed elements");
                 break;
             }
-            for (size_t j = 0; j < k; j++) {
+            uint8_t *val = p->val + p->nchg * osz;
+            for (size_t j = 0; j < k; j++)
                 p->chg[p->nchg + j] = start + b.idx[j];
-                memcpy(p->val + (p->nchg + j) * osz, now + (size_t)b.idx[j] * osz, osz);
-            }
+            if (osz == 2)   /* a constant size: a load and a store, not a call per change */
+                for (size_t j = 0; j < k; j++)
+                    memcpy(val + j * 2, now + (size_t)b.idx[j] * 2, 2);
+            else
+                for (size_t j = 0; j < k; j++)
+                    memcpy(val + j * osz, now + (size_t)b.idx[j] * osz, osz);
             p->nchg += k;
         }
         *bytes += p->elems * ferry_dtype_size(t->dtype);
@@ -454,7 +468,7 @@ int fr_delta_fill(fr_dlayout *cur, uint64_t *bytes, ferry_error *err)
     for (size_t i = 0; rc == 0 && i < cur->np; i++) {
         fr_dpiece *p = &cur->p[i];
         size_t osz = ferry_dtype_size(cur->t[p->tensor].out);
-        if (!(p->snap = malloc(p->elems * osz + 1))) {
+        if (!p->snap && !(p->snap = malloc(p->elems * osz + 1))) {
             rc = fr_fail(err, FERRY_ENOMEM, "delta: out of memory for the snapshot (%" PRIu64
                          " bytes)", p->elems * osz);
             break;

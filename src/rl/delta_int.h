@@ -141,6 +141,10 @@ int fr_delta_meet(fr_drun *r, const char *stage, const char *word, ferry_error *
 /* Rank q's word at stage (*val: ferry_store_free); a "failed" word gives
  * its code and sentence in err. */
 int fr_delta_word(fr_drun *r, const char *stage, int64_t q, ferry_kv_value *val, ferry_error *err);
+/* Every rank's word at stage in one round trip (vals[world]: each
+ * ferry_store_free); the first rank whose word is missing or "failed"
+ * gives the error ("rank q: ..."), with every vals[i].val freed. */
+int fr_delta_words(fr_drun *r, const char *stage, ferry_kv_value *vals, ferry_error *err);
 /* Stages 2 and 3 of a sparse generation (delta_sparse.c): parts, the
  * owners' objects, the announcement and the decision. 0 when announced,
  * else the error every rank returns (the caller removes what r->keys

@@ -11,8 +11,6 @@
  * and writes the decision (ferry/wk/M/G/delta/decision: "ok" or "failed
  * <code> <why>"); barrier delta/decided; every rank reads it. */
 #include <inttypes.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -159,157 +157,178 @@ static int parts_get(fr_drun *r, ferry_error *err)
     return 0;
 }
 
-/* What one owned tensor's put gave (object_put). */
-typedef struct put_res {
-    uint32_t t;
-    int rc;
-    ferry_error err;
-    char *key;                   /* NULL: no object (nothing changed) */
-    uint64_t seg, nnz, bytes;
-} put_res;
-
-/* One sparse object for tensor p->t (this rank owns it): its own entries
- * and the parts', concatenated (the put sorts them). */
-static void object_put(const fr_drun *r, put_res *p)
+/* The entries of owned tensor t: its own and the parts', concatenated
+ * (the put sorts them). *idx, *val: malloc'd, NULL when nothing changed. */
+static int gather(const fr_drun *r, uint32_t t, uint8_t **idx, uint8_t **val, uint64_t *nnz,
+                  ferry_error *err)
 {
     const fr_dlayout *l = &r->cur;
-    const fr_dtensor *x = &l->t[p->t];
-    ferry_error *err = &p->err;
+    const fr_dtensor *x = &l->t[t];
     size_t isz = x->i64 ? 8 : 4, osz = ferry_dtype_size(x->out), row = x->ndim * isz;
-    uint64_t nnz = fr_delta_count(l, p->t);
+    *idx = *val = NULL;
+    *nnz = fr_delta_count(l, t);
     for (uint32_t q = 0; q < r->c->world; q++) {
         uint64_t c = 0;
         const uint8_t *pi, *pv;
-        if (r->parts[q] && part_find(l, r->parts[q], r->part_len[q], p->t, &c, &pi, &pv))
-            nnz += c;
+        if (r->parts[q] && part_find(l, r->parts[q], r->part_len[q], t, &c, &pi, &pv))
+            *nnz += c;
     }
-    int rc = r->sweep ? ferry_sparse_remove_base(r->s, x->name, r->base, NULL, err) : 0;
-    if (rc < 0) {
-        p->rc = fr_fail(err, rc, "removing leftovers of %s on generation %" PRIu64 ": %s",
-                        x->name, r->base, fr_why(err, rc));
-        return;
+    if (!*nnz)
+        return 0;
+    *idx = malloc(*nnz * row);
+    *val = malloc(*nnz * osz);
+    if (!*idx || !*val) {
+        free(*idx);
+        free(*val);
+        *idx = *val = NULL;
+        return fr_fail(err, FERRY_ENOMEM, "delta: out of memory for %" PRIu64 " entries of %s",
+                       *nnz, x->name);
     }
-    if (!nnz)
-        return;
-    uint8_t *idx = malloc(nnz * row), *val = malloc(nnz * osz);
-    if (!idx || !val) {
-        free(idx);
-        free(val);
-        p->rc = fr_fail(err, FERRY_ENOMEM, "delta: out of memory for %" PRIu64 " entries of %s",
-                        nnz, x->name);
-        return;
-    }
-    uint64_t n = fr_delta_entries(l, p->t, idx, val);
+    uint64_t n = fr_delta_entries(l, t, *idx, *val);
     for (uint32_t q = 0; q < r->c->world; q++) {
         uint64_t c = 0;
         const uint8_t *pi, *pv;
-        if (!r->parts[q] || !part_find(l, r->parts[q], r->part_len[q], p->t, &c, &pi, &pv))
+        if (!r->parts[q] || !part_find(l, r->parts[q], r->part_len[q], t, &c, &pi, &pv))
             continue;
-        memcpy(idx + n * row, pi, c * row);
-        memcpy(val + n * osz, pv, c * osz);
+        memcpy(*idx + n * row, pi, c * row);
+        memcpy(*val + n * osz, pv, c * osz);
         n += c;
     }
-    ferry_sparse_desc d = { .ndim = x->ndim, .base_generation = r->base,
-                            .delta_generation = r->gen, .apply = FERRY_SPARSE_SCATTER_SET,
-                            .nnz = nnz, .placement = { .kind = FERRY_SPARSE_REPLICATE } };
-    snprintf(d.tensor_id, sizeof d.tensor_id, "%s", x->name);
-    memcpy(d.shape, x->shape, sizeof d.shape);
-    snprintf(d.index_dtype, sizeof d.index_dtype, "%s", x->i64 ? "i64" : "i32");
-    snprintf(d.value_dtype, sizeof d.value_dtype, "%.7s", x->out);
-    char key[FERRY_STORE_KEY_MAX + 1];
-    ferry_sparse_desc got;
-    rc = ferry_put_sparse_object(r->s, &d, idx, val, &got, key, sizeof key, err);
-    if (rc == FERRY_EEXIST && r->sweep) {   /* a leftover of a failed attempt: replaced */
-        (void)ferry_sparse_remove(r->s, key, NULL);
-        rc = ferry_put_sparse_object(r->s, &d, idx, val, &got, key, sizeof key, err);
-    }
-    free(idx);
-    free(val);
-    if (rc == FERRY_EEXIST) {
-        p->rc = fr_fail(err, rc, "putting the delta of %s: %s (sparse keys carry no model: "
-                        "two models on one store need distinct tensor names)", x->name,
-                        fr_why(err, rc));
-        return;
-    }
-    if (rc < 0) {
-        p->rc = fr_fail(err, rc, "putting the delta of %s: %s", x->name, fr_why(err, rc));
-        return;
-    }
-    if (!(p->key = strdup(key))) {
-        (void)ferry_sparse_remove(r->s, key, NULL);
-        p->rc = fr_fail(err, FERRY_ENOMEM, "delta: out of memory");
-        return;
-    }
-    ferry_object_desc od;
-    p->seg = ferry_store_get_replica_desc(r->s, key, &od, NULL) == 0 && od.nreplicas
-                 ? od.replicas[0].segment : 0;
-    p->nnz = got.nnz;
-    p->bytes = got.nnz * (row + osz);
+    return 0;
 }
 
-/* The owned tensors' puts, DELTA_PUT_THREADS at a time: each is a few
- * round trips to the master (and a sort), and an owner may own many
- * tensors. */
-#define DELTA_PUT_THREADS 4
-
-typedef struct put_job {
-    const fr_drun *r;
-    put_res *res;
+/* The batch of an owner's objects (objects_put). */
+typedef struct put_batch {
     size_t n;
-    _Atomic size_t next;
-} put_job;
+    uint32_t *t;
+    ferry_sparse_desc *d, *got;
+    const void **idx, **val;
+    char *keys;                  /* n keys of KEYCAP bytes */
+    int *rc;
+    ferry_error *err;
+    ferry_object_desc *od;
+    const char **kp;
+} put_batch;
 
-static void *put_thread(void *arg)
+#define KEYCAP (FERRY_STORE_KEY_MAX + 1)
+
+static void batch_free(put_batch *b)
 {
-    put_job *j = arg;
-    for (size_t i; (i = atomic_fetch_add(&j->next, 1)) < j->n;)
-        object_put(j->r, &j->res[i]);
-    return NULL;
+    for (size_t i = 0; b->idx && i < b->n; i++) {
+        free((void *)b->idx[i]);
+        free((void *)b->val[i]);
+    }
+    free(b->t), free(b->d), free(b->got), free(b->idx), free(b->val), free(b->keys);
+    free(b->rc), free(b->err), free(b->od), free(b->kp);
 }
 
-/* Every owned tensor's object: r->keys and r->segs get the objects put
- * (also when another failed: the caller removes them); the first
- * failure, in tensor order, is returned with its sentence in err. */
+/* Object i's failure in the encoder's words. */
+static int put_failed(const fr_drun *r, const put_batch *b, size_t i, ferry_error *err)
+{
+    const char *name = r->cur.t[b->t[i]].name;
+    *err = b->err[i];
+    if (b->rc[i] == FERRY_EEXIST)
+        return fr_fail(err, b->rc[i], "putting the delta of %s: %s (sparse keys carry no model: "
+                       "two models on one store need distinct tensor names)", name,
+                       fr_why(err, b->rc[i]));
+    return fr_fail(err, b->rc[i], "putting the delta of %s: %s", name, fr_why(err, b->rc[i]));
+}
+
+/* Every owned tensor's object, all in one batch of puts
+ * (ferry_put_sparse_objects: a few master round trips for all of them,
+ * however many tensors the rank owns): r->keys and r->segs get the
+ * objects put (also when another failed: the caller removes them); the
+ * first failure, in tensor order, is returned with its sentence in err. */
 static int objects_put(fr_drun *r, ferry_error *err)
 {
     size_t n = 0;
     for (uint32_t t = 0; t < r->cur.nt; t++)
         n += r->cur.t[t].owner == r->c->rank;
-    put_res *res = calloc(n ? n : 1, sizeof *res);
-    r->keys = calloc(n ? n : 1, sizeof *r->keys);
-    r->segs = calloc(n ? n : 1, sizeof *r->segs);
-    if (!res || !r->keys || !r->segs) {
-        free(res);
+    size_t cap = n ? n : 1;
+    put_batch b = { .t = calloc(cap, sizeof *b.t), .d = calloc(cap, sizeof *b.d),
+                    .got = calloc(cap, sizeof *b.got), .idx = calloc(cap, sizeof *b.idx),
+                    .val = calloc(cap, sizeof *b.val), .keys = calloc(cap, KEYCAP),
+                    .rc = calloc(cap, sizeof *b.rc), .err = calloc(cap, sizeof *b.err),
+                    .od = calloc(cap, sizeof *b.od), .kp = calloc(cap, sizeof *b.kp) };
+    r->keys = calloc(cap, sizeof *r->keys);
+    r->segs = calloc(cap, sizeof *r->segs);
+    int rc = 0;
+    if (!b.t || !b.d || !b.got || !b.idx || !b.val || !b.keys || !b.rc || !b.err || !b.od ||
+        !b.kp || !r->keys || !r->segs) {
+        batch_free(&b);
         return fr_fail(err, FERRY_ENOMEM, "delta: out of memory");
     }
-    for (uint32_t t = 0, k = 0; t < r->cur.nt; t++)
-        if (r->cur.t[t].owner == r->c->rank)
-            res[k++].t = t;
-    put_job j = { .r = r, .res = res, .n = n };
-    atomic_init(&j.next, 0);
-    pthread_t th[DELTA_PUT_THREADS];
-    size_t nth = 0, want = n < DELTA_PUT_THREADS ? n : DELTA_PUT_THREADS;
-    while (nth + 1 < want && pthread_create(&th[nth], NULL, put_thread, &j) == 0)
-        nth++;
-    put_thread(&j);
-    for (size_t k = 0; k < nth; k++)
-        pthread_join(th[k], NULL);
-    int rc = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (res[i].rc < 0 && rc == 0) {
-            rc = res[i].rc;
-            if (err)
-                *err = res[i].err;
-        }
-        if (!res[i].key)
+    for (uint32_t t = 0; rc == 0 && t < r->cur.nt; t++) {
+        const fr_dtensor *x = &r->cur.t[t];
+        if (x->owner != r->c->rank)
             continue;
-        r->segs[r->nkeys] = res[i].seg;
-        r->keys[r->nkeys++] = res[i].key;
-        r->st->objects++;
-        r->st->nnz += res[i].nnz;
-        r->st->stored_bytes += res[i].bytes;
+        if (r->sweep && (rc = ferry_sparse_remove_base(r->s, x->name, r->base, NULL, err)) < 0) {
+            fr_fail(err, rc, "removing leftovers of %s on generation %" PRIu64 ": %s", x->name,
+                    r->base, fr_why(err, rc));
+            break;
+        }
+        uint8_t *idx, *val;
+        uint64_t nnz;
+        if ((rc = gather(r, t, &idx, &val, &nnz, err)) < 0 || !nnz)
+            continue;
+        size_t i = b.n++;
+        b.t[i] = t, b.idx[i] = idx, b.val[i] = val;
+        ferry_sparse_desc *d = &b.d[i];
+        *d = (ferry_sparse_desc){ .ndim = x->ndim, .base_generation = r->base,
+                                  .delta_generation = r->gen, .apply = FERRY_SPARSE_SCATTER_SET,
+                                  .nnz = nnz, .placement = { .kind = FERRY_SPARSE_REPLICATE } };
+        snprintf(d->tensor_id, sizeof d->tensor_id, "%s", x->name);
+        memcpy(d->shape, x->shape, sizeof d->shape);
+        snprintf(d->index_dtype, sizeof d->index_dtype, "%s", x->i64 ? "i64" : "i32");
+        snprintf(d->value_dtype, sizeof d->value_dtype, "%.7s", x->out);
     }
-    free(res);
+    if (rc == 0 && b.n) {
+        ferry_error be = {0};
+        (void)ferry_put_sparse_objects(r->s, b.d, b.idx, b.val, b.n, b.got, b.keys, KEYCAP, b.rc,
+                                       &be);
+        for (size_t i = 0, first = 1; i < b.n; i++) {
+            if (b.rc[i] < 0 && first) {   /* the batch's sentence is its first failure's */
+                b.err[i] = be;
+                first = 0;
+            } else if (b.rc[i] < 0) {
+                fr_fail(&b.err[i], b.rc[i], "%s", ferry_strerror(b.rc[i]));
+            }
+            if (b.rc[i] == FERRY_EEXIST && r->sweep) {   /* a leftover of a failed attempt: replaced */
+                if (b.keys[i * KEYCAP])
+                    (void)ferry_sparse_remove(r->s, b.keys + i * KEYCAP, NULL);
+                b.rc[i] = ferry_put_sparse_object(r->s, &b.d[i], b.idx[i], b.val[i], &b.got[i],
+                                                  b.keys + i * KEYCAP, KEYCAP, &b.err[i]);
+            }
+        }
+    }
+    size_t nk = 0;
+    for (size_t i = 0; i < b.n; i++) {
+        if (b.rc[i] < 0) {
+            if (rc == 0)
+                rc = put_failed(r, &b, i, err);
+            continue;
+        }
+        if (!(r->keys[r->nkeys] = strdup(b.keys + i * KEYCAP))) {
+            (void)ferry_sparse_remove(r->s, b.keys + i * KEYCAP, NULL);
+            if (rc == 0)
+                rc = fr_fail(err, FERRY_ENOMEM, "delta: out of memory");
+            continue;
+        }
+        const fr_dtensor *x = &r->cur.t[b.t[i]];
+        size_t row = x->ndim * (x->i64 ? 8u : 4u), osz = ferry_dtype_size(x->out);
+        b.kp[nk++] = r->keys[r->nkeys++];
+        r->st->objects++;
+        r->st->nnz += b.got[i].nnz;
+        r->st->stored_bytes += b.got[i].nnz * (row + osz);
+    }
+    /* where each landed (the announcement's probe): one round trip for all */
+    int *dr = calloc(nk ? nk : 1, sizeof *dr);
+    if (dr && nk)
+        (void)ferry_store_batch_get_replica_desc(r->s, b.kp, nk, b.od, dr, NULL);
+    for (size_t i = 0; i < nk; i++)
+        r->segs[i] = dr && dr[i] == 0 && b.od[i].nreplicas ? b.od[i].replicas[0].segment : 0;
+    free(dr);
+    batch_free(&b);
     return rc;
 }
 
@@ -337,15 +356,12 @@ static int announce(fr_drun *r, ferry_error *err)
     int rc = 0;
     char **kept = NULL;
     size_t nkept = 0;
+    ferry_kv_value *vals = calloc(r->c->world, sizeof *vals);
+    if (!vals)
+        return fr_fail(err, FERRY_ENOMEM, "delta: out of memory");
+    rc = fr_delta_words(r, "stored", vals, err);   /* every rank's, one round trip */
     for (uint32_t q = 0; rc == 0 && q < r->c->world; q++) {
-        ferry_kv_value v = {0};
-        ferry_error we = {0};
-        if ((rc = fr_delta_word(r, "stored", q, &v, &we)) < 0) {
-            rc = fr_fail(err, rc, "rank %u: %s", q, we.msg);
-            break;
-        }
-        char *t = strndup(v.val, v.len);
-        ferry_store_free(v.val);
+        char *t = strndup(vals[q].val, vals[q].len);
         char **nk = t ? realloc(kept, (nkept + 1) * sizeof *nk) : NULL;
         if (!nk) {
             free(t);
@@ -389,6 +405,9 @@ static int announce(fr_drun *r, ferry_error *err)
         if (rc < 0)
             fr_fail(err, rc, "%s", ae.msg);
     }
+    for (uint32_t q = 0; q < r->c->world; q++)
+        ferry_store_free(vals[q].val);
+    free(vals);
     free(probe);
     free(segs);
     for (size_t i = 0; i < nkept; i++)

@@ -123,11 +123,17 @@ bool fr_sgen_drop_objects(ferry_store *s, const char *model, uint64_t g)
     if (rc < 0)
         return true;   /* a dense generation (or unreadable): its objects are ferry/w/ */
     bool gone = true;
-    for (size_t i = 0; i < sg.nkeys; i++) {
-        int r = ferry_sparse_remove(s, sg.keys[i], NULL);   /* and its admission key */
-        if (r < 0 && r != FERRY_ENOENT)
+    /* every object and its admission key, in two round trips however many
+     * (a generation is one object per changed tensor, hundreds: one by one
+     * a dense publish retiring a chain spent half a second here) */
+    int *res = calloc(sg.nkeys ? sg.nkeys : 1, sizeof *res);
+    if (!res || ferry_sparse_remove_many(s, (const char *const *)sg.keys, sg.nkeys, res, NULL) ==
+                    FERRY_ENOMEM)
+        gone = false;
+    for (size_t i = 0; res && gone && i < sg.nkeys; i++)
+        if (res[i] < 0 && res[i] != FERRY_ENOENT)
             gone = false;   /* leased: a later publish retires it */
-    }
+    free(res);
     fr_sgen_free(&sg);
     return gone;
 }

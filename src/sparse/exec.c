@@ -6,8 +6,6 @@
  * coordinates, optional publication; and the scatter apply with its
  * base-generation fence. */
 #include <inttypes.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -56,73 +54,45 @@ static uint64_t meta_bytes(const ferry_sparse_desc *d)
     return len;
 }
 
-/* Sources checked and their indexes taken from the cache or read at
- * once, at most this many at a time: each is two or three round trips to
- * the master, and a generation of a model is one object per changed
- * tensor (hundreds), so one after another they would cost hundreds of
- * round trips' time. */
-#define SP_INDEX_THREADS 8
-
-typedef struct sp_load {
-    sp_call *c;
-    const char **keys;          /* the distinct keys, slot i for c->src[i] */
-    size_t n;
-    _Atomic size_t next;
-    int *rc;                    /* per slot */
-    ferry_error *err;           /* per slot */
-    uint64_t *checks, *hits, *gets, *ibytes;   /* per slot */
-} sp_load;
-
-static void load_one(sp_load *L, size_t i)
+/* The text of key's failure: the one-key calls again (an error path only),
+ * which say what went wrong in their own words. */
+static int source_error(sp_call *c, const char *key, int rc, bool checked, ferry_error *err)
 {
-    sp_call *c = L->c;
-    sp_src *e = &c->src[i];
     ferry_object_desc od;
-    int rc = ferry_store_get_replica_desc(c->s, L->keys[i], &od, &L->err[i]);
-    L->checks[i] = 1;
-    if (rc < 0) {
-        L->rc[i] = fr_fail(&L->err[i], rc, "read_sparse_objects %s: %s", L->keys[i],
-                           fr_why(&L->err[i], rc));
-        return;
+    int again = checked ? 0 : ferry_store_get_replica_desc(c->s, key, &od, err);
+    if (again < 0)
+        return fr_fail(err, again, "read_sparse_objects %s: %s", key, fr_why(err, again));
+    if (checked) {
+        fr_sp_entry e;
+        again = fr_sparse_index_load(c->s, key, &e.ix, NULL, NULL, err);
+        if (again < 0)
+            return again;
+        ferry_sparse_index_free(&e.ix);
     }
-    if (fr_sp_cache_take(c->r, L->keys[i], &od, &e->c)) {
-        L->hits[i] = 1;
-    } else {
-        rc = fr_sparse_index_load(c->s, L->keys[i], &e->c.ix, &e->c.mi, &e->c.mv, &L->err[i]);
-        if (rc < 0) {
-            L->rc[i] = rc;
-            return;
-        }
-        L->gets[i] = 1;
-        L->ibytes[i] = meta_bytes(&e->c.ix.desc) + e->c.ix.desc.ntiles * (e->c.ix.desc.ndim + 1) * 8 + 8;
-        e->c.size = od.size;
-        e->c.segment = od.nreplicas ? od.replicas[0].segment : 0;
-        e->c.offset = od.nreplicas ? od.replicas[0].offset : 0;
-        e->c.bytes = e->c.ix.desc.ntiles * (e->c.ix.desc.ndim + 1) * 8 + sizeof e->c;
-    }
-    e->have = true;
+    return fr_fail(err, rc, "read_sparse_objects %s: %s", key, ferry_strerror(rc));
 }
 
-static void *load_thread(void *arg)
-{
-    sp_load *L = arg;
-    for (size_t i; (i = atomic_fetch_add(&L->next, 1)) < L->n;)
-        load_one(L, i);
-    return NULL;
-}
-
+/* Every source checked against the store and its index taken from the
+ * cache or read, all sources together: one batch of metadata checks, one
+ * of member tables and one of index ranges for those the cache lacks (a
+ * generation of a model is one object per changed tensor, hundreds; one
+ * after another their round trips added up). */
 static int get_sources(sp_call *c, const char *const *keys, size_t nkeys, ferry_error *err)
 {
     size_t cap = nkeys ? nkeys : 1;
     c->src = fr_calloc(cap, sizeof *c->src);
     c->ixs = fr_calloc(cap, sizeof *c->ixs);
-    sp_load L = { .c = c, .keys = fr_calloc(cap, sizeof *L.keys), .rc = fr_calloc(cap, sizeof *L.rc),
-                  .err = fr_calloc(cap, sizeof *L.err), .checks = fr_calloc(cap, 8),
-                  .hits = fr_calloc(cap, 8), .gets = fr_calloc(cap, 8), .ibytes = fr_calloc(cap, 8) };
-    atomic_init(&L.next, 0);
+    const char **dk = fr_calloc(cap, sizeof *dk), **mk = fr_calloc(cap, sizeof *mk);
+    ferry_object_desc *od = fr_calloc(cap, sizeof *od);
+    int *chk = fr_calloc(cap, sizeof *chk), *lrc = fr_calloc(cap, sizeof *lrc);
+    size_t *ms = fr_calloc(cap, sizeof *ms);
+    ferry_sparse_index *mix = fr_calloc(cap, sizeof *mix);
+    ferry_member *mi = fr_calloc(cap, sizeof *mi), *mv = fr_calloc(cap, sizeof *mv);
+    int *mrc = fr_calloc(cap, sizeof *mrc);
+    size_t n = 0, nm = 0;
     int rc = 0;
-    if (!c->src || !c->ixs || !L.keys || !L.rc || !L.err || !L.checks || !L.hits || !L.gets ||
-        !L.ibytes)
+    if (!c->src || !c->ixs || !dk || !mk || !od || !chk || !lrc || !ms || !mix || !mi ||
+        !mv || !mrc)
         rc = fr_fail(err, FERRY_ENOMEM, "read_sparse_objects: out of memory");
     for (size_t i = 0; rc == 0 && i < nkeys; i++) {   /* keys listed twice are read once */
         if (!keys[i]) {
@@ -130,32 +100,52 @@ static int get_sources(sp_call *c, const char *const *keys, size_t nkeys, ferry_
             break;
         }
         bool dup = false;
-        for (size_t j = 0; j < L.n && !dup; j++)
-            dup = strcmp(L.keys[j], keys[i]) == 0;
+        for (size_t j = 0; j < n && !dup; j++)
+            dup = strcmp(dk[j], keys[i]) == 0;
         if (!dup)
-            L.keys[L.n++] = keys[i];
+            dk[n++] = keys[i];
     }
     uint64_t t0 = fr_now_ns();
-    if (rc == 0) {
-        c->nsrc = L.n;   /* call_end gives back every slot that took an entry */
-        pthread_t th[SP_INDEX_THREADS];
-        size_t nth = 0, want = L.n < SP_INDEX_THREADS ? L.n : SP_INDEX_THREADS;
-        while (nth + 1 < want && pthread_create(&th[nth], NULL, load_thread, &L) == 0)
-            nth++;
-        load_thread(&L);   /* this thread too (alone when no thread could start) */
-        for (size_t k = 0; k < nth; k++)
-            pthread_join(th[k], NULL);
+    if (rc == 0 && n) {
+        c->nsrc = n;   /* call_end gives back every slot that took an entry */
+        ferry_error e1;
+        ferry_store_batch_get_replica_desc(c->s, dk, n, od, chk, &e1);   /* per key in chk */
+        c->st.index_checks += n;
+        for (size_t i = 0; i < n; i++) {
+            if (chk[i] < 0)
+                continue;
+            if (fr_sp_cache_take(c->r, dk[i], &od[i], &c->src[i].c)) {
+                c->src[i].have = true;
+                c->st.index_cache_hits++;
+                continue;
+            }
+            mk[nm] = dk[i];
+            ms[nm++] = i;
+        }
+        rc = fr_sparse_index_load_many(c->s, mk, nm, mix, mi, mv, mrc);
+        if (rc < 0)
+            fr_fail(err, rc, "read_sparse_objects: out of memory");
+        for (size_t q = 0; q < nm && rc == 0; q++) {
+            size_t i = ms[q];
+            if ((lrc[i] = mrc[q]) < 0)
+                continue;
+            fr_sp_entry *e = &c->src[i].c;
+            e->ix = mix[q];
+            e->mi = mi[q];
+            e->mv = mv[q];
+            e->size = od[i].size;
+            e->segment = od[i].nreplicas ? od[i].replicas[0].segment : 0;
+            e->offset = od[i].nreplicas ? od[i].replicas[0].offset : 0;
+            e->bytes = e->ix.desc.ntiles * (e->ix.desc.ndim + 1) * 8 + sizeof *e;
+            c->src[i].have = true;
+            c->st.index_gets++;
+            c->st.index_bytes_read += meta_bytes(&e->ix.desc) + e->ix.desc.ntiles * (e->ix.desc.ndim + 1) * 8 + 8;
+        }
     }
     c->st.index_s += (double)(fr_now_ns() - t0) / 1e9;
-    for (size_t i = 0; rc == 0 && i < L.n; i++) {   /* the first failure in key order */
-        c->st.index_checks += L.checks[i];
-        c->st.index_cache_hits += L.hits[i];
-        c->st.index_gets += L.gets[i];
-        c->st.index_bytes_read += L.ibytes[i];
-        if (L.rc[i] < 0) {
-            rc = L.rc[i];
-            if (err)
-                *err = L.err[i];
+    for (size_t i = 0; rc == 0 && i < n; i++) {   /* the first failure in key order */
+        if (chk[i] < 0 || lrc[i] < 0) {
+            rc = source_error(c, dk[i], chk[i] < 0 ? chk[i] : lrc[i], chk[i] == 0, err);
             break;
         }
         sp_src *e = &c->src[i];
@@ -163,13 +153,16 @@ static int get_sources(sp_call *c, const char *const *keys, size_t nkeys, ferry_
         c->st.source_objects++;
         c->st.non_ep_source_object_count += e->c.ix.desc.placement.kind == FERRY_SPARSE_REPLICATE;
     }
-    fr_free(L.keys);
-    fr_free(L.rc);
-    fr_free(L.err);
-    fr_free(L.checks);
-    fr_free(L.hits);
-    fr_free(L.gets);
-    fr_free(L.ibytes);
+    fr_free(dk);
+    fr_free(mk);
+    fr_free(od);
+    fr_free(chk);
+    fr_free(lrc);
+    fr_free(ms);
+    fr_free(mix);
+    fr_free(mi);
+    fr_free(mv);
+    fr_free(mrc);
     return rc;
 }
 
@@ -327,6 +320,24 @@ static int make_result(sp_call *c, const ferry_sparse_pair *p, const ferry_spars
         sp_buf *b = &c->bufs[ri];
         c->st.dedup_hits += b->uses++ > 0;
         uint64_t base = c->plan.reads[ri].start;
+        if (!g->boundary) {   /* every entry kept: rebased in a tight loop, values in one copy */
+            uint64_t r0 = g->start - base, cnt = g->end - g->start;
+            int64_t *dst = res->indices + o * d->ndim;
+            if (isz == 4)
+                for (uint64_t i = 0; i < cnt; i++)
+                    for (uint32_t k = 0; k < d->ndim; k++)
+                        dst[i * d->ndim + k] = fr_sp_coord(b->indices, 4, r0 + i, d->ndim, k) -
+                                               (int64_t)lo[k];
+            else
+                for (uint64_t i = 0; i < cnt; i++)
+                    for (uint32_t k = 0; k < d->ndim; k++)
+                        dst[i * d->ndim + k] = fr_sp_coord(b->indices, 8, r0 + i, d->ndim, k) -
+                                               (int64_t)lo[k];
+            memcpy((uint8_t *)res->values + o * vsz, (const uint8_t *)b->values + r0 * vsz,
+                   cnt * vsz);
+            o += cnt;
+            continue;
+        }
         for (uint64_t row = g->start - base; row < g->end - base; row++) {
             bool keep = true;
             for (uint32_t k = 0; k < d->ndim && g->boundary; k++) {

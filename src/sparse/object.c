@@ -52,6 +52,49 @@ int ferry_sparse_remove(ferry_store *s, const char *key, ferry_error *err)
     return rc;
 }
 
+int ferry_sparse_remove_many(ferry_store *s, const char *const *keys, size_t n, int *results,
+                             ferry_error *err)
+{
+    if (!s || (n && (!keys || !results)))
+        return fr_fail(err, FERRY_EINVAL, "sparse_remove_many: store, keys and results are "
+                       "required");
+    if (n == 0)
+        return 0;
+    char (*ok)[FERRY_STORE_KEY_MAX + 16] = fr_calloc(n, sizeof *ok);
+    const char **k = fr_calloc(n, sizeof *k), **okp = fr_calloc(n, sizeof *okp);
+    size_t *slot = fr_calloc(n, sizeof *slot);
+    int *res = fr_calloc(n, sizeof *res);
+    int rc = ok && k && okp && slot && res ? 0
+             : fr_fail(err, FERRY_ENOMEM, "sparse_remove_many: out of memory");
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        results[i] = rc;
+        if (rc < 0)
+            continue;
+        if (!keys[i] || !keys[i][0] || owner_key(keys[i], ok[m], sizeof ok[m]) < 0) {
+            results[i] = fr_fail(err, FERRY_EINVAL, "sparse_remove: '%s' is no sparse object's "
+                                 "key", keys[i] ? keys[i] : "");
+            continue;
+        }
+        k[m] = keys[i], okp[m] = ok[m], slot[m++] = i;
+    }
+    if (rc == 0 && m) {
+        (void)ferry_store_batch_remove(s, k, m, res, err);   /* per key below */
+        for (size_t q = 0; q < m; q++)
+            results[slot[q]] = res[q];
+        (void)ferry_kv_batch_delete(s, okp, m, res, NULL);   /* the admission keys */
+    }
+    int first = rc;
+    for (size_t i = 0; i < n && first == 0; i++)
+        first = results[i];
+    fr_free(ok);
+    fr_free(k);
+    fr_free(okp);
+    fr_free(slot);
+    fr_free(res);
+    return first;
+}
+
 int ferry_sparse_remove_tensors(ferry_store *s, const char *tensor_prefix, uint64_t *removed,
                                 ferry_error *err)
 {
@@ -499,55 +542,30 @@ static int build_sorted(const ferry_sparse_desc *d, const void *indices, const v
     return 0;
 }
 
-static int store_object(ferry_store *s, const char *key, const ferry_sparse_desc *sd,
-                        const built *b, ferry_error *err)
-{
-    char *meta = NULL;
-    size_t mlen = 0;
-    int rc = fr_sparse_meta_encode(sd, &meta, &mlen);
-    if (rc < 0)
-        return fr_fail(err, rc, "put_sparse_object %s: cannot encode meta", sd->tensor_id);
+/* One object of a put: its descriptor as stored, key, sorted entries,
+ * meta and the struct's members. */
+typedef struct sp_put {
+    ferry_sparse_desc sd;
+    char key[512];
+    built b;
+    char *meta;
     ferry_member m[5];
-    memset(m, 0, sizeof m);
-    snprintf(m[0].name, sizeof m[0].name, "meta");
-    snprintf(m[0].dtype, sizeof m[0].dtype, "u8");
-    m[0].ndim = 1;
-    m[0].shape[0] = mlen;
-    snprintf(m[1].name, sizeof m[1].name, "tile_coords");
-    snprintf(m[1].dtype, sizeof m[1].dtype, "i64");
-    m[1].ndim = 2;
-    m[1].shape[0] = b->ntiles;
-    m[1].shape[1] = sd->ndim;
-    snprintf(m[2].name, sizeof m[2].name, "tile_ptr");
-    snprintf(m[2].dtype, sizeof m[2].dtype, "i64");
-    m[2].ndim = 1;
-    m[2].shape[0] = b->ntiles + 1;
-    snprintf(m[3].name, sizeof m[3].name, "indices");
-    snprintf(m[3].dtype, sizeof m[3].dtype, "%s", sd->index_dtype);
-    m[3].ndim = 2;
-    m[3].shape[0] = b->nnz;
-    m[3].shape[1] = sd->ndim;
-    snprintf(m[4].name, sizeof m[4].name, "values");
-    snprintf(m[4].dtype, sizeof m[4].dtype, "%s", sd->value_dtype);
-    m[4].ndim = 1;
-    m[4].shape[0] = b->nnz;
-    const void *data[5] = {meta, b->tile_coords, b->tile_ptr, b->indices, b->values};
-    ferry_replicate_config rcfg = {.replica_num = 1, .hard_pin = true};
-    rc = ferry_store_put_struct(s, key, m, data, 5, &rcfg, err);
-    free(meta);
-    if (rc == FERRY_EEXIST)
-        return fr_fail(err, rc, "put_sparse_object: %s already exists (same tensor, base, "
-                       "delta and placement); nothing stored", key);
-    if (rc < 0)
-        return fr_fail(err, rc, "put_sparse_object %s: %s", key, fr_why(err, rc));
-    return 0;
+    const void *data[5];
+} sp_put;
+
+static void put_free(sp_put *p)
+{
+    built_free(&p->b);
+    free(p->meta);
+    memset(p, 0, sizeof *p);
 }
 
-int ferry_put_sparse_object(ferry_store *s, const ferry_sparse_desc *d, const void *indices,
-                            const void *values, ferry_sparse_desc *out, char *key, size_t keycap,
-                            ferry_error *err)
+/* Everything checked, the tile chosen and the key made: no store call. */
+static int put_check(const ferry_sparse_desc *d, const void *indices, const void *values,
+                     sp_put *p, ferry_error *err)
 {
-    if (!s || !d || !indices || !values)
+    memset(p, 0, sizeof *p);
+    if (!d || !indices || !values)
         return fr_fail(err, FERRY_EINVAL, "put_sparse_object: store, descriptor, indices and "
                        "values are required");
     char why[256];
@@ -570,44 +588,193 @@ int ferry_put_sparse_object(ferry_store *s, const ferry_sparse_desc *d, const vo
     if (grid_fits(&sd) < 0)
         return fr_fail(err, FERRY_EINVAL, "put_sparse_object %s: the tile grid of this shape "
                        "has more than 2^64 elements; nothing stored", d->tensor_id);
-    size_t isz = fr_sp_index_size(sd.index_dtype), vsz = fr_sp_value_size(sd.value_dtype);
     uint64_t bytes;
     if (sd.nnz == 0 || fr_mul_u64(sd.nnz, (uint64_t)sd.ndim * 8 + 16, &bytes) < 0 ||
         bytes > SIZE_MAX / 2)
         return fr_fail(err, FERRY_EINVAL, "put_sparse_object %s: nnz %" PRIu64 " must be in "
                        "1..%zu (an update with no entries is not stored); nothing stored",
                        d->tensor_id, sd.nnz, (size_t)(SIZE_MAX / 2 / (sd.ndim * 8 + 16)));
-    char k[512];
-    if (fr_sparse_key(&sd, k, sizeof k) < 0)
+    if (fr_sparse_key(&sd, p->key, sizeof p->key) < 0)
         return fr_fail(err, FERRY_EINVAL, "put_sparse_object %s: key too long", d->tensor_id);
-    int rc = ferry_store_exist(s, k, NULL);
-    if (rc == 1)
-        return fr_fail(err, FERRY_EEXIST, "put_sparse_object: %s already exists (same tensor, "
-                       "base, delta and placement); nothing stored", k);
-    built b;
-    memset(&b, 0, sizeof b);
-    b.ent = fr_malloc(sd.nnz * sizeof *b.ent);
-    if (!b.ent)
+    p->sd = sd;
+    return 0;
+}
+
+static int put_exists(const sp_put *p, ferry_error *err)
+{
+    return fr_fail(err, FERRY_EEXIST, "put_sparse_object: %s already exists (same tensor, "
+                   "base, delta and placement); nothing stored", p->key);
+}
+
+/* The entries sorted, duplicates merged, the tile index and meta built and
+ * the struct's members set. On failure p keeps nothing to free but what
+ * put_free frees. */
+static int put_build(const void *indices, const void *values, sp_put *p, ferry_error *err)
+{
+    ferry_sparse_desc *sd = &p->sd;
+    size_t isz = fr_sp_index_size(sd->index_dtype), vsz = fr_sp_value_size(sd->value_dtype);
+    built *b = &p->b;
+    b->ent = fr_malloc(sd->nnz * sizeof *b->ent);
+    if (!b->ent)
         return fr_fail(err, FERRY_ENOMEM, "put_sparse_object %s: out of memory for %" PRIu64
-                       " entries", d->tensor_id, sd.nnz);
-    rc = make_keys(&sd, indices, isz, &b, err);
-    if (rc == 0 && (rc = radix_sort(b.ent, sd.nnz)) < 0)
-        fr_fail(err, rc, "put_sparse_object %s: out of memory sorting", d->tensor_id);
-    if (rc == 0 && (rc = build_sorted(&sd, indices, values, isz, vsz, &b, err)) == FERRY_ENOMEM)
-        fr_fail(err, rc, "put_sparse_object %s: out of memory", d->tensor_id);
-    if (rc == 0) {
-        sd.nnz = b.nnz;
-        sd.ntiles = b.ntiles;
-        rc = store_object(s, k, &sd, &b, err);
-    }
-    built_free(&b);
+                       " entries", sd->tensor_id, sd->nnz);
+    int rc = make_keys(sd, indices, isz, b, err);
+    if (rc == 0 && (rc = radix_sort(b->ent, sd->nnz)) < 0)
+        fr_fail(err, rc, "put_sparse_object %s: out of memory sorting", sd->tensor_id);
+    if (rc == 0 && (rc = build_sorted(sd, indices, values, isz, vsz, b, err)) == FERRY_ENOMEM)
+        fr_fail(err, rc, "put_sparse_object %s: out of memory", sd->tensor_id);
     if (rc < 0)
         return rc;
-    if (out)
-        *out = sd;
-    if (key && keycap)
-        snprintf(key, keycap, "%s", k);
+    fr_free(b->ent);   /* the sort's keys are not needed past here */
+    b->ent = NULL;
+    sd->nnz = b->nnz;
+    sd->ntiles = b->ntiles;
+    size_t mlen = 0;
+    if ((rc = fr_sparse_meta_encode(sd, &p->meta, &mlen)) < 0)
+        return fr_fail(err, rc, "put_sparse_object %s: cannot encode meta", sd->tensor_id);
+    ferry_member *m = p->m;
+    snprintf(m[0].name, sizeof m[0].name, "meta");
+    snprintf(m[0].dtype, sizeof m[0].dtype, "u8");
+    m[0].ndim = 1;
+    m[0].shape[0] = mlen;
+    snprintf(m[1].name, sizeof m[1].name, "tile_coords");
+    snprintf(m[1].dtype, sizeof m[1].dtype, "i64");
+    m[1].ndim = 2;
+    m[1].shape[0] = b->ntiles;
+    m[1].shape[1] = sd->ndim;
+    snprintf(m[2].name, sizeof m[2].name, "tile_ptr");
+    snprintf(m[2].dtype, sizeof m[2].dtype, "i64");
+    m[2].ndim = 1;
+    m[2].shape[0] = b->ntiles + 1;
+    snprintf(m[3].name, sizeof m[3].name, "indices");
+    snprintf(m[3].dtype, sizeof m[3].dtype, "%s", sd->index_dtype);
+    m[3].ndim = 2;
+    m[3].shape[0] = b->nnz;
+    m[3].shape[1] = sd->ndim;
+    snprintf(m[4].name, sizeof m[4].name, "values");
+    snprintf(m[4].dtype, sizeof m[4].dtype, "%s", sd->value_dtype);
+    m[4].ndim = 1;
+    m[4].shape[0] = b->nnz;
+    p->data[0] = p->meta, p->data[1] = b->tile_coords, p->data[2] = b->tile_ptr;
+    p->data[3] = b->indices, p->data[4] = b->values;
     return 0;
+}
+
+/* The store's answer to p's put, in the put's words. */
+static int put_stored(const sp_put *p, int rc, ferry_error *err)
+{
+    if (rc == FERRY_EEXIST)
+        return put_exists(p, err);
+    if (rc < 0)
+        return fr_fail(err, rc, "put_sparse_object %s: %s", p->key, fr_why(err, rc));
+    return 0;
+}
+
+static void put_out(const sp_put *p, ferry_sparse_desc *out, char *key, size_t keycap)
+{
+    if (out)
+        *out = p->sd;
+    if (key && keycap)
+        snprintf(key, keycap, "%s", p->key);
+}
+
+static const ferry_replicate_config sp_repl = {.replica_num = 1, .hard_pin = true};
+
+int ferry_put_sparse_object(ferry_store *s, const ferry_sparse_desc *d, const void *indices,
+                            const void *values, ferry_sparse_desc *out, char *key, size_t keycap,
+                            ferry_error *err)
+{
+    if (!s)
+        return fr_fail(err, FERRY_EINVAL, "put_sparse_object: store, descriptor, indices and "
+                       "values are required");
+    sp_put p;
+    int rc = put_check(d, indices, values, &p, err);
+    if (rc == 0 && ferry_store_exist(s, p.key, NULL) == 1)
+        rc = put_exists(&p, err);
+    if (rc == 0)
+        rc = put_build(indices, values, &p, err);
+    if (rc == 0)
+        rc = put_stored(&p, ferry_store_put_struct(s, p.key, p.m, p.data, 5, &sp_repl, err), err);
+    if (rc == 0)
+        put_out(&p, out, key, keycap);
+    put_free(&p);
+    return rc;
+}
+
+int ferry_put_sparse_objects(ferry_store *s, const ferry_sparse_desc *d,
+                             const void *const *indices, const void *const *values, size_t n,
+                             ferry_sparse_desc *out, char *keys, size_t keycap, int *results,
+                             ferry_error *err)
+{
+    if (!s || (n && (!d || !indices || !values || !results)))
+        return fr_fail(err, FERRY_EINVAL, "put_sparse_objects: store, descriptors, indices, "
+                       "values and results are required");
+    if (n == 0)
+        return 0;
+    sp_put *p = fr_calloc(n, sizeof *p);
+    ferry_error *e = fr_calloc(n, sizeof *e);
+    const char **k = fr_calloc(n, sizeof *k);
+    ferry_object_desc *od = fr_calloc(n, sizeof *od);
+    int *ex = fr_calloc(n, sizeof *ex), *res = fr_calloc(n, sizeof *res);
+    size_t *slot = fr_calloc(n, sizeof *slot);
+    const ferry_member **m = fr_calloc(n, sizeof *m);
+    const void *const **data = fr_calloc(n, sizeof *data);
+    size_t *nm = fr_calloc(n, sizeof *nm);
+    int rc = p && e && k && od && ex && res && slot && m && data && nm ? 0
+             : fr_fail(err, FERRY_ENOMEM, "put_sparse_objects: out of memory");
+    size_t nk = 0;
+    for (size_t i = 0; i < n; i++) {
+        results[i] = rc;
+        if (rc == 0 && (results[i] = put_check(&d[i], indices[i], values[i], &p[i], &e[i])) == 0)
+            k[nk] = p[i].key, slot[nk++] = i;
+    }
+    /* the keys looked up first (one round trip for all): an existing one is
+     * refused before anything of it is sorted */
+    if (rc == 0 && nk)
+        (void)ferry_store_batch_get_replica_desc(s, k, nk, od, ex, NULL);
+    size_t np = 0;
+    for (size_t q = 0; rc == 0 && q < nk; q++) {
+        size_t i = slot[q];
+        if (ex[q] == 0)
+            results[i] = put_exists(&p[i], &e[i]);
+        else if ((results[i] = put_build(indices[i], values[i], &p[i], &e[i])) == 0) {
+            k[np] = p[i].key, m[np] = p[i].m, data[np] = p[i].data, nm[np] = 5;
+            slot[np++] = i;
+        }
+    }
+    if (rc == 0 && np)
+        (void)ferry_store_batch_put_struct(s, k, m, data, nm, np, &sp_repl, res, err);
+    for (size_t q = 0; rc == 0 && q < np; q++) {
+        size_t i = slot[q];
+        if (res[q] < 0)   /* its own words: the batch's err holds the last failure's */
+            fr_fail(&e[i], res[q], "%s", ferry_strerror(res[q]));
+        results[i] = put_stored(&p[i], res[q], &e[i]);
+    }
+    int first = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (rc == 0 && results[i] == 0)
+            put_out(&p[i], out ? &out[i] : NULL, keys ? keys + i * keycap : NULL, keycap);
+        else if (rc == 0 && keys && keycap)   /* its key whenever it has one (EEXIST) */
+            snprintf(keys + i * keycap, keycap, "%s", p[i].key);
+        if (rc == 0 && first == 0 && results[i] < 0) {
+            first = results[i];
+            if (err)
+                *err = e[i];
+        }
+        if (p)
+            put_free(&p[i]);
+    }
+    fr_free(p);
+    fr_free(e);
+    fr_free(k);
+    fr_free(od);
+    fr_free(ex);
+    fr_free(res);
+    fr_free(slot);
+    fr_free(m);
+    fr_free(data);
+    fr_free(nm);
+    return rc < 0 ? rc : first;
 }
 
 /* ---- admission ---------------------------------------------------------------------- */
@@ -698,53 +865,69 @@ static const char *check_tiles(const ferry_sparse_index *ix)
     return NULL;
 }
 
-int fr_sparse_index_load(ferry_store *s, const char *key, ferry_sparse_index *out,
-                         ferry_member *mi, ferry_member *mv, ferry_error *err)
-{
-    if (!s || !key || !out)
-        return fr_fail(err, FERRY_EINVAL, "sparse_index_read: store, key and out are required");
-    memset(out, 0, sizeof *out);
-    if (strlen(key) >= sizeof out->key)
-        return fr_fail(err, FERRY_EINVAL, "sparse_index_read: key longer than %zu bytes",
-                       sizeof out->key - 1);
+/* One object's compact-index read: its member table, then the three
+ * ranges of meta, tile_coords and tile_ptr. */
+typedef struct ix_job {
+    const char *key;
     ferry_member m[16];
-    size_t n = 0;
-    int rc = ferry_store_get_members(s, key, m, 16, &n, err);
-    if (rc < 0)
-        return fr_fail(err, rc, "sparse_index_read %s: %s", key, fr_why(err, rc));
-    if (n > 16)
-        n = 16;
-    const ferry_member *fm = find_member(m, n, "meta"), *fc = find_member(m, n, "tile_coords"),
-                       *fp = find_member(m, n, "tile_ptr"), *fi = find_member(m, n, "indices"),
-                       *fv = find_member(m, n, "values");
-    if (!fm || !fc || !fp || !fi || !fv || strcmp(fm->dtype, "u8") != 0 || fm->ndim != 1 ||
+    size_t n;
+    const ferry_member *fm, *fc, *fp, *fi, *fv;
+    char *meta;
+    ferry_range r[3];
+    size_t nr;
+    int64_t got[3];
+} ix_job;
+
+/* The members checked, out's arrays allocated, j->r set to the ranges to
+ * read. On failure nothing is left allocated. */
+static int ix_prepare(ix_job *j, ferry_sparse_index *out, ferry_error *err)
+{
+    const char *key = j->key;
+    size_t n = j->n > 16 ? 16 : j->n;
+    j->fm = find_member(j->m, n, "meta"), j->fc = find_member(j->m, n, "tile_coords");
+    j->fp = find_member(j->m, n, "tile_ptr"), j->fi = find_member(j->m, n, "indices");
+    j->fv = find_member(j->m, n, "values");
+    const ferry_member *fm = j->fm, *fc = j->fc, *fp = j->fp;
+    if (!fm || !fc || !fp || !j->fi || !j->fv || strcmp(fm->dtype, "u8") != 0 || fm->ndim != 1 ||
         fm->nbytes == 0 || fm->nbytes > META_MAX || fc->ndim != 2 || fp->ndim != 1)
         return fr_fail(err, FERRY_EPROTO, "sparse_index_read %s: not a sparse object (members "
                        "meta, tile_coords, tile_ptr, indices, values expected)", key);
-    char *meta = fr_malloc(fm->nbytes);
+    j->meta = fr_malloc(fm->nbytes);
     out->tile_coords = fr_malloc(fc->nbytes ? fc->nbytes : 1);
     out->tile_ptr = fr_malloc(fp->nbytes ? fp->nbytes : 1);
-    if (!meta || !out->tile_coords || !out->tile_ptr) {
-        rc = fr_fail(err, FERRY_ENOMEM, "sparse_index_read %s: out of memory", key);
-        goto fail;
+    if (!j->meta || !out->tile_coords || !out->tile_ptr) {
+        fr_free(j->meta);
+        fr_free(out->tile_coords);
+        fr_free(out->tile_ptr);
+        j->meta = NULL;
+        memset(out, 0, sizeof *out);
+        return fr_fail(err, FERRY_ENOMEM, "sparse_index_read %s: out of memory", key);
     }
-    ferry_range r[3] = {
-        {.key = key, .src_offset = fm->offset, .dst = meta, .len = fm->nbytes},
-        {.key = key, .src_offset = fc->offset, .dst = out->tile_coords, .len = fc->nbytes},
-        {.key = key, .src_offset = fp->offset, .dst = out->tile_ptr, .len = fp->nbytes},
-    };
-    int64_t got[3] = {0};
-    size_t nr = fc->nbytes ? 3 : 1;   /* an empty tile_coords is refused below */
-    if ((rc = ferry_store_get_into_ranges(s, r, nr, got, err)) < 0) {
+    j->r[0] = (ferry_range){.key = key, .src_offset = fm->offset, .dst = j->meta, .len = fm->nbytes};
+    j->r[1] = (ferry_range){.key = key, .src_offset = fc->offset, .dst = out->tile_coords,
+                            .len = fc->nbytes};
+    j->r[2] = (ferry_range){.key = key, .src_offset = fp->offset, .dst = out->tile_ptr,
+                            .len = fp->nbytes};
+    j->nr = fc->nbytes ? 3 : 1;   /* an empty tile_coords is refused in ix_finish */
+    return 0;
+}
+
+/* The ranges read (rc: the read's result): meta decoded, everything
+ * checked. Frees j->meta; on failure out's arrays too. */
+static int ix_finish(ix_job *j, int rc, ferry_sparse_index *out, ferry_member *mi,
+                     ferry_member *mv, ferry_error *err)
+{
+    const char *key = j->key;
+    if (rc < 0) {
         fr_fail(err, rc, "sparse_index_read %s: %s", key, fr_why(err, rc));
         goto fail;
     }
-    for (size_t i = 0; i < nr; i++)
-        if ((uint64_t)got[i] != r[i].len) {
+    for (size_t i = 0; i < j->nr; i++)
+        if ((uint64_t)j->got[i] != j->r[i].len) {
             rc = fr_fail(err, FERRY_EPROTO, "sparse_index_read %s: short read", key);
             goto fail;
         }
-    if ((rc = fr_sparse_meta_decode(meta, fm->nbytes, &out->desc, err)) < 0) {
+    if ((rc = fr_sparse_meta_decode(j->meta, j->fm->nbytes, &out->desc, err)) < 0) {
         char m2[sizeof err->msg];
         snprintf(m2, sizeof m2, "%s", err ? err->msg : "");
         fr_fail(err, rc, "sparse_index_read %s: %s", key, m2);
@@ -752,10 +935,10 @@ int fr_sparse_index_load(ferry_store *s, const char *key, ferry_sparse_index *ou
     }
     const ferry_sparse_desc *d = &out->desc;
     const char *why = NULL;
-    if (!member_is(fc, "i64", 2, d->ntiles, d->ndim) ||
-        !member_is(fp, "i64", 1, d->ntiles + 1, 0) ||
-        !member_is(fi, d->index_dtype, 2, d->nnz, d->ndim) ||
-        !member_is(fv, d->value_dtype, 1, d->nnz, 0))
+    if (!member_is(j->fc, "i64", 2, d->ntiles, d->ndim) ||
+        !member_is(j->fp, "i64", 1, d->ntiles + 1, 0) ||
+        !member_is(j->fi, d->index_dtype, 2, d->nnz, d->ndim) ||
+        !member_is(j->fv, d->value_dtype, 1, d->nnz, 0))
         why = "member shapes or dtypes disagree with meta";
     else
         why = check_tiles(out);
@@ -765,17 +948,112 @@ int fr_sparse_index_load(ferry_store *s, const char *key, ferry_sparse_index *ou
     }
     snprintf(out->key, sizeof out->key, "%s", key);
     if (mi)
-        *mi = *fi;
+        *mi = *j->fi;
     if (mv)
-        *mv = *fv;
-    fr_free(meta);
+        *mv = *j->fv;
+    fr_free(j->meta);
+    j->meta = NULL;
     return 0;
 fail:
-    fr_free(meta);
+    fr_free(j->meta);
+    j->meta = NULL;
     fr_free(out->tile_coords);
     fr_free(out->tile_ptr);
     memset(out, 0, sizeof *out);
     return rc;
+}
+
+static int ix_key_ok(const char *key, ferry_sparse_index *out, ferry_error *err)
+{
+    memset(out, 0, sizeof *out);
+    if (strlen(key) >= sizeof out->key)
+        return fr_fail(err, FERRY_EINVAL, "sparse_index_read: key longer than %zu bytes",
+                       sizeof out->key - 1);
+    return 0;
+}
+
+int fr_sparse_index_load(ferry_store *s, const char *key, ferry_sparse_index *out,
+                         ferry_member *mi, ferry_member *mv, ferry_error *err)
+{
+    if (!s || !key || !out)
+        return fr_fail(err, FERRY_EINVAL, "sparse_index_read: store, key and out are required");
+    int rc = ix_key_ok(key, out, err);
+    if (rc < 0)
+        return rc;
+    ix_job j = {.key = key};
+    rc = ferry_store_get_members(s, key, j.m, 16, &j.n, err);
+    if (rc < 0)
+        return fr_fail(err, rc, "sparse_index_read %s: %s", key, fr_why(err, rc));
+    if ((rc = ix_prepare(&j, out, err)) < 0)
+        return rc;
+    rc = ferry_store_get_into_ranges(s, j.r, j.nr, j.got, err);
+    return ix_finish(&j, rc, out, mi, mv, err);
+}
+
+int fr_sparse_index_load_many(ferry_store *s, const char *const *keys, size_t n,
+                              ferry_sparse_index *out, ferry_member *mi, ferry_member *mv,
+                              int *rcs)
+{
+    if (n == 0)
+        return 0;
+    ix_job *j = fr_calloc(n, sizeof *j);
+    const char **k = fr_calloc(n, sizeof *k);
+    size_t *slot = fr_calloc(n, sizeof *slot), *cnt = fr_calloc(n, sizeof *cnt);
+    int *res = fr_calloc(n, sizeof *res);
+    ferry_member *m = fr_calloc(n * 16, sizeof *m);
+    ferry_range *r = fr_calloc(3 * n, sizeof *r);
+    int64_t *got = fr_calloc(3 * n, sizeof *got);
+    size_t *rslot = fr_calloc(3 * n, sizeof *rslot);
+    int ret = j && k && slot && cnt && res && m && r && got && rslot ? 0 : FERRY_ENOMEM;
+    size_t nk = 0, nr = 0;
+    ferry_error e;
+    for (size_t i = 0; i < n; i++) {
+        rcs[i] = ret;
+        if (ret == 0 && (rcs[i] = ix_key_ok(keys[i], &out[i], &e)) == 0) {
+            k[nk] = keys[i];
+            slot[nk++] = i;
+        }
+    }
+    if (ret == 0 && nk)
+        ferry_store_batch_get_members(s, k, nk, m, 16, cnt, res, &e);   /* per key below */
+    for (size_t q = 0; q < nk && ret == 0; q++) {
+        size_t i = slot[q];
+        j[i].key = keys[i];
+        if ((rcs[i] = res[q]) < 0)
+            continue;
+        memcpy(j[i].m, m + q * 16, 16 * sizeof *m);
+        j[i].n = cnt[q];
+        if ((rcs[i] = ix_prepare(&j[i], &out[i], &e)) < 0)
+            continue;
+        for (size_t t = 0; t < j[i].nr; t++) {
+            r[nr] = j[i].r[t];
+            rslot[nr++] = i;
+        }
+    }
+    if (ret == 0 && nr)
+        ferry_store_get_into_ranges(s, r, nr, got, &e);   /* each range's result below */
+    for (size_t t = 0, c = 0; t < nr; t++) {
+        size_t i = rslot[t];
+        c = t > 0 && rslot[t - 1] == i ? c + 1 : 0;
+        j[i].got[c] = got[t];
+        if (got[t] < 0 && rcs[i] == 0)
+            rcs[i] = (int)got[t];
+    }
+    for (size_t i = 0; i < n && ret == 0; i++)
+        if (j[i].meta) {   /* prepared: finish it, whatever its reads gave */
+            int rc = rcs[i];
+            rcs[i] = ix_finish(&j[i], rc, &out[i], mi ? &mi[i] : NULL, mv ? &mv[i] : NULL, &e);
+        }
+    fr_free(j);
+    fr_free(k);
+    fr_free(slot);
+    fr_free(cnt);
+    fr_free(res);
+    fr_free(m);
+    fr_free(r);
+    fr_free(got);
+    fr_free(rslot);
+    return ret;
 }
 
 int ferry_sparse_index_read(ferry_store *s, const char *key, ferry_sparse_index *out,

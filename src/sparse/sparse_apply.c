@@ -137,6 +137,19 @@ int ferry_sparse_apply_view(const ferry_sparse_result *r, const ferry_sparse_vie
     size_t vsz = fr_sp_value_size(r->value_dtype);
     bool set = r->apply == FERRY_SPARSE_SCATTER_SET;
     fr_ftype dft = fr_ftype_of(v->dtype), vft = fr_ftype_of(r->value_dtype);
+    if (set && dft == vft && dsz == vsz) {   /* the value's bytes are the element's: copied */
+        const uint8_t *src = r->values;
+        for (uint64_t i = 0; i < r->nnz; i++) {
+            const int64_t *x = r->indices + i * r->ndim;
+            uint64_t at = 0;
+            for (uint32_t k = 0; k < r->ndim; k++)
+                at += (uint64_t)x[k] * st[k];
+            memcpy(d + at * dsz, src + i * vsz, dsz == 2 ? 2 : 4);
+        }
+        if (new_generation)
+            *new_generation = r->delta_generation;
+        return 0;
+    }
     for (uint64_t i0 = 0; i0 < r->nnz; i0 += CH) {
         size_t n = r->nnz - i0 < CH ? (size_t)(r->nnz - i0) : CH;
         fr_convert((const uint8_t *)r->values + i0 * vsz, vft, vf, FR_FT_F32, n);

@@ -39,6 +39,14 @@ int fr_sparse_key(const ferry_sparse_desc *d, char *buf, size_t cap);
  * Implemented in object.c. */
 int fr_sparse_index_load(ferry_store *s, const char *key, ferry_sparse_index *out,
                          ferry_member *indices, ferry_member *values, ferry_error *err);
+/* fr_sparse_index_load of n keys at once: one batch of member tables
+ * (ferry_store_batch_get_members), then one batch of every object's index
+ * ranges. rcs[i]: 0 with out[i] (and mi[i], mv[i] when not NULL) set, or
+ * that key's error, without its sentence (fr_sparse_index_load of that
+ * key gives it). Returns 0, or FERRY_ENOMEM with every rcs[i] that. */
+int fr_sparse_index_load_many(ferry_store *s, const char *const *keys, size_t n,
+                              ferry_sparse_index *out, ferry_member *mi, ferry_member *mv,
+                              int *rcs);
 
 /* ---- the reader's index cache (sparse_reader.c) ------------------------------------------ */
 

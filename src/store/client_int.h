@@ -43,6 +43,10 @@ int fr_client_rpc(ferry_store *s, const fr_smsg *req, uint16_t want, fr_smsg *re
 int fr_client_rpc_many(ferry_store *s, const fr_smsg *reqs, size_t n, uint16_t want,
                        fr_smsg *reps, uint8_t **bufs, int *status, ferry_error *err);
 void fr_client_free_bufs(uint8_t **bufs, size_t n);
+/* n requests of one type naming one key each, one round trip: results[i]
+ * per key (every entry set). Returns 0 or the first failure. */
+int fr_client_key_rpcs(ferry_store *s, const char *const *keys, size_t n, uint16_t type,
+                       uint16_t want, int *results, ferry_error *err);
 /* What request q (the first of n) does, in words for error messages. */
 void fr_client_describe(const fr_smsg *q, size_t n, char *out, size_t cap);
 /* Where segment id lives (asks the master the first time). */

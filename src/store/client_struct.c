@@ -60,10 +60,12 @@ static int check_name(const char *name)
     return n == 0 || n > FERRY_MEMBER_NAME_MAX ? FERRY_EINVAL : 0;
 }
 
-int ferry_store_put_struct(ferry_store *s, const char *key, const ferry_member *members,
-                           const void *const *data, size_t n, const ferry_replicate_config *rc, ferry_error *err)
+/* The bytes of one structured object (*obj, fr_free; *len its size), every
+ * member checked. */
+static int build(const char *key, const ferry_member *members, const void *const *data, size_t n,
+                 uint8_t **objp, uint64_t *len, ferry_error *err)
 {
-    if (!s || (n && (!members || !data)) || n > (1u << 20))
+    if ((n && (!members || !data)) || n > (1u << 20))
         return fr_fail(err, FERRY_EINVAL, "put_struct: bad arguments");
     uint64_t hdr = align_up(HDR_FIXED + (uint64_t)n * MEMBER_LEN), total = hdr;
     uint8_t *h = fr_calloc(1, hdr);
@@ -124,9 +126,69 @@ int ferry_store_put_struct(ferry_store *s, const char *key, const ferry_member *
             memcpy(obj + get64(e + 152), data[i], nb);
     }
     fr_free(h);
-    int r = ferry_store_put(s, key, obj, total, rc, NULL, err);
+    *objp = obj;
+    *len = total;
+    return 0;
+}
+
+int ferry_store_put_struct(ferry_store *s, const char *key, const ferry_member *members,
+                           const void *const *data, size_t n, const ferry_replicate_config *rc, ferry_error *err)
+{
+    if (!s)
+        return fr_fail(err, FERRY_EINVAL, "put_struct: bad arguments");
+    uint8_t *obj = NULL;
+    uint64_t total = 0;
+    int r = build(key, members, data, n, &obj, &total, err);
+    if (r < 0)
+        return r;
+    r = ferry_store_put(s, key, obj, total, rc, NULL, err);
     fr_free(obj);
     return r;
+}
+
+int ferry_store_batch_put_struct(ferry_store *s, const char *const *keys,
+                                 const ferry_member *const *members, const void *const *const *data,
+                                 const size_t *nmembers, size_t n, const ferry_replicate_config *rc,
+                                 int *results, ferry_error *err)
+{
+    if (!s || (n && (!keys || !members || !data || !nmembers || !results)))
+        return fr_fail(err, FERRY_EINVAL, "batch_put_struct: bad arguments");
+    if (n == 0)
+        return 0;
+    uint8_t **obj = fr_calloc(n, sizeof *obj);
+    const char **k = fr_calloc(n, sizeof *k);
+    const void **b = fr_calloc(n, sizeof *b);
+    size_t *len = fr_calloc(n, sizeof *len), *slot = fr_calloc(n, sizeof *slot);
+    int *res = fr_calloc(n, sizeof *res);
+    int first = obj && k && b && len && slot && res ? 0 : fr_fail(err, FERRY_ENOMEM, "batch_put_struct: out of memory");
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        results[i] = first;
+        if (first < 0)
+            continue;
+        uint64_t total = 0;
+        if ((results[i] = build(keys[i], members[i], data[i], nmembers[i], &obj[i], &total, err)) < 0)
+            continue;
+        k[m] = keys[i], b[m] = obj[i], len[m] = total, slot[m++] = i;
+    }
+    if (first == 0 && m) {
+        (void)ferry_store_batch_put_from(s, k, b, len, m, rc, res, err);   /* per object below */
+        for (size_t q = 0; q < m; q++)
+            results[slot[q]] = res[q];
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (results[i] < 0 && first == 0)
+            first = results[i];
+        if (obj)
+            fr_free(obj[i]);
+    }
+    fr_free(obj);
+    fr_free(k);
+    fr_free(b);
+    fr_free(len);
+    fr_free(slot);
+    fr_free(res);
+    return first;
 }
 
 /* Parse and check a header read from the store (n bytes at p, object of
@@ -246,6 +308,92 @@ int ferry_store_get_members(ferry_store *s, const char *key, ferry_member *out, 
     *n = cnt;
     fr_free(m);
     return 0;
+}
+
+/* One object's header of a batch: where it lives, the bytes read of it. */
+typedef struct bhead {
+    uint8_t *buf;
+    uint64_t len;
+} bhead;
+
+int ferry_store_batch_get_members(ferry_store *s, const char *const *keys, size_t n,
+                                  ferry_member *out, size_t cap, size_t *counts, int *results,
+                                  ferry_error *err)
+{
+    if (!s || (n && (!keys || !counts || !results || (cap && !out))))
+        return fr_fail(err, FERRY_EINVAL, "batch_get_members: bad arguments");
+    if (n == 0)
+        return 0;
+    fr_objloc *loc = fr_calloc(n, sizeof *loc);
+    bhead *h = fr_calloc(n, sizeof *h);
+    ferry_range *r = fr_calloc(n, sizeof *r);
+    int64_t *got = fr_calloc(n, sizeof *got);
+    size_t *idx = fr_calloc(n, sizeof *idx);
+    int rc = loc && h && r && got && idx ? 0 : fr_fail(err, FERRY_ENOMEM, "batch_get_members: out of memory");
+    for (size_t i = 0; i < n; i++) {
+        counts[i] = 0;
+        results[i] = rc;
+    }
+    if (rc == 0)
+        rc = fr_client_locate(s, keys, n, loc, results, err);
+    for (size_t i = 0; i < n && rc == 0; i++) {   /* a first read of each, then the rest of long tables */
+        h[i].len = results[i] < 0 ? 0 : loc[i].size < FIRST_READ ? loc[i].size : FIRST_READ;
+        uint64_t more = 0;
+        if (results[i] == 0 && h[i].len == 0)   /* an empty object: refused as a plain one */
+            results[i] = parse_header(keys[i], (const uint8_t *)"", 0, 0, NULL, 0, &counts[i], &more, err);
+    }
+    for (int pass = 0; pass < 2 && rc == 0; pass++) {
+        size_t nr = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (results[i] < 0 || h[i].buf || h[i].len == 0)
+                continue;
+            h[i].buf = fr_malloc(h[i].len);
+            if (!h[i].buf) {
+                results[i] = fr_fail(err, FERRY_ENOMEM, "batch_get_members: out of memory");
+                continue;
+            }
+            r[nr] = (ferry_range){ .key = keys[i], .src_offset = 0, .dst = h[i].buf, .len = h[i].len };
+            idx[nr++] = i;
+        }
+        if (nr)
+            ferry_store_get_into_ranges(s, r, nr, got, err);   /* each range's result below */
+        for (size_t k = 0; k < nr; k++) {
+            size_t i = idx[k];
+            if (got[k] < 0) {
+                results[i] = (int)got[k];
+                continue;
+            }
+            uint64_t more = 0;
+            results[i] = parse_header(keys[i], h[i].buf, (uint64_t)got[k], loc[i].size,
+                                      cap ? out + i * cap : NULL, cap, &counts[i], &more, err);
+            if (results[i] == 0 && more) {
+                if (pass == 1) {
+                    results[i] = fr_fail(err, FERRY_EPROTO, "%s: header keeps growing", keys[i]);
+                    continue;
+                }
+                fr_free(h[i].buf);
+                h[i].buf = NULL;   /* read again, whole, in the second pass */
+                h[i].len = more;
+            }
+        }
+    }
+    int first = rc;
+    for (size_t i = 0; i < n; i++) {
+        if (rc < 0)
+            results[i] = rc;
+        if (results[i] < 0)
+            counts[i] = 0;
+        if (results[i] < 0 && first == 0)
+            first = results[i];
+        if (h)
+            fr_free(h[i].buf);
+    }
+    fr_free(loc);
+    fr_free(h);
+    fr_free(r);
+    fr_free(got);
+    fr_free(idx);
+    return first;
 }
 
 int ferry_store_read_member(ferry_store *s, const char *key, const char *member,

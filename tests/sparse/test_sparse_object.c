@@ -351,6 +351,79 @@ static void test_idempotent_and_admit(void **state)
     assert_true(r1);
 }
 
+/* ferry_put_sparse_objects: each object as its own put would store it
+ * (the same bytes, index and key), an existing key refused, a bad
+ * descriptor refused with its sentence, the others stored all the same. */
+static void test_put_batch(void **state)
+{
+    fixture *f = *state;
+    enum { N = 4 };
+    ferry_sparse_desc d[N];
+    int64_t ind[N][6] = {{3, 1, 0, 0, 3, 1}, {5, 5, 1, 2, 0, 0}, {0, 0, 15, 15, 7, 7},
+                         {1, 1, 2, 2, 3, 3}};
+    float vals[N][3] = {{1, 2, 4}, {5, 6, 7}, {8, 9, 10}, {11, 12, 13}};
+    const void *pi[N], *pv[N];
+    for (int i = 0; i < N; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "batch%d", i);
+        d[i] = desc2(id, 16, 16, "i64", "f32", 3);
+        pi[i] = ind[i], pv[i] = vals[i];
+    }
+    ferry_error err = {0};
+    /* batch1 exists already; batch2's descriptor is bad (base == delta) */
+    assert_int_equal(ferry_put_sparse_object(f->s, &d[1], ind[1], vals[1], NULL, NULL, 0, &err), 0);
+    d[2].base_generation = d[2].delta_generation;
+    ferry_sparse_desc got[N];
+    char keys[N][512];
+    int res[N];
+    memset(keys, 0, sizeof keys);
+    assert_int_equal(ferry_put_sparse_objects(f->s, d, pi, pv, N, got, &keys[0][0], sizeof keys[0],
+                                              res, &err), FERRY_EEXIST);
+    assert_non_null(strstr(err.msg, "already exists"));   /* the first failure, in order */
+    assert_int_equal(res[0], 0);
+    assert_int_equal(res[1], FERRY_EEXIST);
+    assert_int_equal(res[2], FERRY_EINVAL);
+    assert_int_equal(res[3], 0);
+    assert_non_null(strstr(keys[1], "ferry/sp/batch1/"));
+    for (int i = 0; i < N; i += 3) {   /* stored as a single put stores them */
+        assert_int_equal(got[i].nnz, i == 0 ? 2 : 3);   /* batch0 has (3, 1) twice: summed */
+        ferry_sparse_index ix;
+        assert_int_equal(ferry_sparse_index_read(f->s, keys[i], &ix, &err), 0);
+        assert_int_equal(ix.desc.nnz, got[i].nnz);
+        ferry_sparse_index_free(&ix);
+        float v[3];
+        size_t len;
+        assert_int_equal(ferry_store_read_member(f->s, keys[i], "values", 0, got[i].nnz, v,
+                                                 sizeof v, &len, NULL), 0);
+        if (i == 0)   /* sorted: (0, 0) first, then (3, 1) = 1 + 4 */
+            assert_true(v[0] == 2.0f && v[1] == 5.0f);
+        else
+            assert_true(v[0] == 11.0f && v[1] == 12.0f && v[2] == 13.0f);
+    }
+    assert_int_equal(count_prefix(f->s, "ferry/sp/batch2/"), 0);
+    /* removed many at once, with their admission keys; each key answers */
+    bool adm = false;
+    assert_int_equal(ferry_sparse_admit(f->s, &d[3], 0, &adm, &err), 0);
+    assert_true(adm);
+    char bad[] = "not/a/key";
+    const char *rk[4] = { keys[1], "ferry/sp/batch9/00000000000000000001-00000000000000000002/rep-ep",
+                          keys[3], bad };
+    bad[0] = '\0';   /* an empty key: no sparse object's */
+    int rr[4];
+    assert_int_equal(ferry_sparse_remove_many(f->s, rk, 4, rr, &err), FERRY_ENOENT);
+    assert_int_equal(rr[0], 0);
+    assert_int_equal(rr[1], FERRY_ENOENT);
+    assert_int_equal(rr[2], 0);
+    assert_int_equal(rr[3], FERRY_EINVAL);
+    assert_int_equal(count_prefix(f->s, "ferry/sp/batch1/"), 0);
+    assert_int_equal(count_prefix(f->s, "ferry/sp/batch3/"), 0);
+    adm = false;   /* its admission key went too: admitted afresh */
+    assert_int_equal(ferry_sparse_admit(f->s, &d[3], 1, &adm, &err), 0);
+    assert_true(adm);
+    /* zero objects: nothing to do */
+    assert_int_equal(ferry_put_sparse_objects(f->s, d, pi, pv, 0, NULL, NULL, 0, res, &err), 0);
+}
+
 /* ferry_sparse_remove takes the object and its admission key (admitted
  * afresh after it); ferry_sparse_remove_tensors every object of the tensors
  * named by a prefix, and nothing else. */
@@ -492,6 +565,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_default_tile, setup, teardown),
         cmocka_unit_test_setup_teardown(test_duplicates, setup, teardown),
         cmocka_unit_test_setup_teardown(test_idempotent_and_admit, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_put_batch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_remove, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_input, setup, teardown),
         cmocka_unit_test_setup_teardown(test_index_refuses, setup, teardown),

@@ -284,6 +284,95 @@ static void test_struct(void **state)
     assert_non_null(strstr(fe.msg, "plain is a plain object, not a structured one"));
 }
 
+/* The batch forms of the structured calls and of get_replica_desc: each
+ * item answers as its one-key call would, one item's failure is its own. */
+static void test_struct_batch(void **state)
+{
+    ferry_error fe = {0};
+    fixture *f = *state;
+    enum { N = 3 };
+    /* 30 members: a member table longer than the first read (4 KiB) */
+    ferry_member big[30];
+    const void *bigd[30];
+    uint32_t word[30];
+    for (int i = 0; i < 30; i++) {
+        big[i] = (ferry_member){ .dtype = "u32", .ndim = 1, .shape = { 1 } };
+        snprintf(big[i].name, sizeof big[i].name, "m%02d", i);
+        word[i] = (uint32_t)i * 7;
+        bigd[i] = &word[i];
+    }
+    float vals[4] = {1, 2, 3, 4};
+    ferry_member small = { .name = "v", .dtype = "f32", .ndim = 1, .shape = { 4 } };
+    const void *sd[1] = { vals };
+    ferry_member bad = { .name = "x", .dtype = "f33", .ndim = 1, .shape = { 1 } };
+    const char *keys[N] = { "sb/big", "sb/small", "sb/bad" };
+    const ferry_member *m[N] = { big, &small, &bad };
+    const void *const *d[N] = { bigd, sd, sd };
+    size_t nm[N] = { 30, 1, 1 };
+    int res[N];
+    assert_int_equal(ferry_store_batch_put_struct(f->s, keys, m, d, nm, N, NULL, res, NULL),
+                     FERRY_EINVAL);
+    assert_int_equal(res[0], 0);
+    assert_int_equal(res[1], 0);
+    assert_int_equal(res[2], FERRY_EINVAL);
+    assert_int_equal(ferry_store_exist(f->s, "sb/bad", NULL), 0);
+    /* an existing key is refused, the rest of the batch unaffected */
+    assert_int_equal(ferry_store_batch_put_struct(f->s, keys + 1, m + 1, d + 1, nm + 1, 1, NULL,
+                                                  res, NULL), FERRY_EEXIST);
+    assert_int_equal(ferry_store_put(f->s, "sb/plain", vals, sizeof vals, NULL, NULL, NULL), 0);
+    const char *rk[4] = { "sb/big", "sb/small", "sb/none", "sb/plain" };
+    ferry_member got[4 * 32];
+    size_t cnt[4];
+    int r4[4];
+    assert_int_equal(ferry_store_batch_get_members(f->s, rk, 4, got, 32, cnt, r4, &fe), FERRY_ENOENT);
+    assert_int_equal(r4[0], 0);
+    assert_int_equal(cnt[0], 30);
+    assert_string_equal(got[29].name, "m29");
+    uint32_t w = 0;
+    size_t len = 0;
+    assert_int_equal(ferry_store_read_member(f->s, "sb/big", "m29", 0, 1, &w, 4, &len, NULL), 0);
+    assert_int_equal(w, 29 * 7);
+    assert_int_equal(r4[1], 0);
+    assert_int_equal(cnt[1], 1);
+    assert_string_equal(got[32].name, "v");
+    assert_int_equal(got[32].nbytes, sizeof vals);
+    ferry_member one[2];
+    size_t n1 = 0;   /* the same table as the one-key call's */
+    assert_int_equal(ferry_store_get_members(f->s, "sb/small", one, 2, &n1, NULL), 0);
+    assert_memory_equal(&one[0], &got[32], sizeof one[0]);
+    assert_int_equal(r4[2], FERRY_ENOENT);
+    assert_int_equal(cnt[2], 0);
+    assert_int_equal(r4[3], FERRY_EPROTO);
+    ferry_object_desc od[4], one_od;
+    assert_int_equal(ferry_store_batch_get_replica_desc(f->s, rk, 4, od, r4, NULL), FERRY_ENOENT);
+    assert_int_equal(r4[0], 0);
+    assert_int_equal(r4[2], FERRY_ENOENT);
+    assert_int_equal(od[2].nreplicas, 0);
+    assert_int_equal(ferry_store_get_replica_desc(f->s, "sb/small", &one_od, NULL), 0);
+    assert_int_equal(od[1].size, one_od.size);
+    assert_int_equal(od[1].nreplicas, one_od.nreplicas);
+    assert_int_equal(od[1].replicas[0].offset, one_od.replicas[0].offset);
+    /* no lease taken: an object only looked up can be removed at once */
+    assert_int_equal(ferry_store_put(f->s, "sb/fresh", vals, sizeof vals, NULL, NULL, NULL), 0);
+    const char *fk[1] = { "sb/fresh" };
+    assert_int_equal(ferry_store_batch_get_replica_desc(f->s, fk, 1, od, r4, NULL), 0);
+    assert_int_equal(ferry_store_remove(f->s, "sb/fresh", NULL), 0);
+    /* many removed in one round trip: a leased one refused, a gone one ENOENT */
+    assert_int_equal(ferry_store_put(f->s, "sb/r1", vals, sizeof vals, NULL, NULL, NULL), 0);
+    assert_int_equal(ferry_store_put(f->s, "sb/r2", vals, sizeof vals, NULL, NULL, NULL), 0);
+    float back[4];
+    size_t blen = 0;   /* a read leases sb/r2 */
+    assert_int_equal(ferry_store_get_into(f->s, "sb/r2", back, sizeof back, &blen, NULL), 0);
+    const char *rm[3] = { "sb/r1", "sb/r2", "sb/fresh" };
+    int rr[3];
+    assert_int_equal(ferry_store_batch_remove(f->s, rm, 3, rr, NULL), FERRY_EBUSY);
+    assert_int_equal(rr[0], 0);
+    assert_int_equal(rr[1], FERRY_EBUSY);
+    assert_int_equal(rr[2], FERRY_ENOENT);
+    assert_int_equal(ferry_store_exist(f->s, "sb/r1", NULL), 0);
+    assert_int_equal(ferry_store_exist(f->s, "sb/r2", NULL), 1);
+}
+
 /* A put written in place (ferry_store_put_begin): on a same-host node's
  * segment its bytes are the segment's, nobody sees the object before the
  * end, a revoked one is never seen, a taken key is refused before
@@ -437,6 +526,29 @@ static void test_kv_watch_barrier_queue(void **state)
     assert_memory_equal(v.val, "2", 1);
     assert_int_equal(v.mod_rev, rev2);
     ferry_store_free(v.val);
+    /* many keys in one round trip: each as its own kv_get answers */
+    assert_int_equal(ferry_kv_put(f->s, "kvb/other", "", 0, NULL, NULL), 0);
+    const char *bk[3] = { "gen/active", "kvb/none", "kvb/other" };
+    ferry_kv_value bv[3];
+    int br[3];
+    assert_int_equal(ferry_kv_batch_get(f->s, bk, 3, bv, br, NULL), FERRY_ENOENT);
+    assert_int_equal(br[0], 0);
+    assert_int_equal(bv[0].len, 1);
+    assert_memory_equal(bv[0].val, "2", 1);
+    assert_int_equal(bv[0].mod_rev, rev2);
+    assert_int_equal(br[1], FERRY_ENOENT);
+    assert_null(bv[1].val);
+    assert_int_equal(br[2], 0);
+    assert_int_equal(bv[2].len, 0);
+    ferry_store_free(bv[0].val);
+    ferry_store_free(bv[2].val);
+    assert_int_equal(ferry_kv_put(f->s, "kvb/more", "x", 1, NULL, NULL), 0);
+    const char *dk[2] = { "kvb/other", "kvb/more" };
+    int dr[2];
+    assert_int_equal(ferry_kv_batch_delete(f->s, dk, 2, dr, NULL), 0);
+    assert_int_equal(dr[0], 0);
+    assert_int_equal(dr[1], 0);
+    assert_int_equal(ferry_kv_get(f->s, "kvb/more", &v, NULL), FERRY_ENOENT);
     ferry_kv_event ev;
     assert_int_equal(ferry_watch_next(w, 5000, &ev, NULL), 0);
     assert_int_equal(ev.rev, rev);
@@ -739,6 +851,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_staging, setup1, teardown),
         cmocka_unit_test_setup_teardown(test_ranges_and_batches, setup1, teardown),
         cmocka_unit_test_setup_teardown(test_struct, setup1, teardown),
+        cmocka_unit_test_setup_teardown(test_struct_batch, setup1, teardown),
         cmocka_unit_test_setup_teardown(test_put_in_place, setup1, teardown),
         cmocka_unit_test_setup_teardown(test_put_begin_replicated, setup2, teardown),
         cmocka_unit_test_setup_teardown(test_replicas, setup2, teardown),
