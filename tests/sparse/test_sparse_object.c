@@ -13,9 +13,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
+#include "base/base.h"
 #include "util/ftstore.h"
 #include "ferry/sparse.h"
 #include "ferry/weights.h"
@@ -410,7 +412,21 @@ static void test_put_batch(void **state)
                           keys[3], bad };
     bad[0] = '\0';   /* an empty key: no sparse object's */
     int rr[4];
-    assert_int_equal(ferry_sparse_remove_many(f->s, rk, 4, rr, &err), FERRY_ENOENT);
+    int rmrc = ferry_sparse_remove_many(f->s, rk, 4, rr, &err);
+    /* The test's reads lease for 1 ms, but a lease the batch put's lookup
+     * took in the same master loop turn as the removal can still hold on a
+     * loaded machine: such an entry (FERRY_EBUSY) is removed again, alone,
+     * until its lease is gone. */
+    for (int i = 0; i < 4; i++) {
+        uint64_t dl = fr_deadline_ns(10000);
+        while (rr[i] == FERRY_EBUSY && fr_ms_left(dl) > 0) {
+            struct timespec ts = { 0, 10 * 1000 * 1000 };   /* the next try of a deadline-bound wait */
+            nanosleep(&ts, NULL);
+            const char *one[1] = { rk[i] };
+            (void)ferry_sparse_remove_many(f->s, one, 1, &rr[i], NULL);
+        }
+    }
+    assert_true(rmrc == FERRY_ENOENT || rmrc == FERRY_EBUSY);
     assert_int_equal(rr[0], 0);
     assert_int_equal(rr[1], FERRY_ENOENT);
     assert_int_equal(rr[2], 0);
