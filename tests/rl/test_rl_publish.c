@@ -641,13 +641,18 @@ static void read_full(ferry_store *r, uint64_t want, float *out)
         assert_true(out[i] == (float)(want * 1000003u + i));
 }
 
+/* A master and one node whose segment holds two generations (torn down
+ * by the fixture, also after a failed assertion). */
+static int full_setup(void **state)
+{
+    return ft_solo_setup(state, (uint64_t)FULL_ELEMS * 4 * 2 + (1u << 20), 10000);
+}
+
 static void test_publish_waits_for_leases(void **state)
 {
-    (void)state;
-    ft_cluster c;
-    memset(&c, 0, sizeof c);
-    ferry_store *s = NULL, *r = NULL;
-    assert_int_equal(ft_solo_open(&c, &s, (uint64_t)FULL_ELEMS * 4 * 2 + (1u << 20), NULL), 0);
+    ft_solo *f = *state;
+    ft_cluster c = f->c;   /* its address and token, for the readers' configs */
+    ferry_store *s = f->s, *r = NULL;
     ferry_store_config rc;
     ft_store_config(&c, &rc);
     rc.lease_ms = 400;   /* every read the reader makes holds its object for 400 ms */
@@ -699,7 +704,6 @@ static void test_publish_waits_for_leases(void **state)
     ferry_store_close(r);
     free(data);
     free(out);
-    ft_solo_close(&c, &s);
 }
 
 int main(int argc, char **argv)
@@ -716,7 +720,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_publish_coordinator_dies, ftg_setup, ftg_teardown),
         cmocka_unit_test_setup_teardown(test_publish_one_rank_fails, ftg_setup, ftg_teardown),
         cmocka_unit_test_setup_teardown(test_publish_after_node_restart, ftg_setup, ftg_teardown),
-        cmocka_unit_test(test_publish_waits_for_leases),
+        cmocka_unit_test_setup_teardown(test_publish_waits_for_leases, full_setup, ft_solo_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

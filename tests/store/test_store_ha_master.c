@@ -37,79 +37,54 @@ static int free_port(void)
     return port;
 }
 
-static void test_failover(void **state)
+typedef struct member { char port[32], dir[64], mdir[96]; ft_peer p; } member;
+
+/* etcd and the two masters' ports and directories; the teardown kills
+ * whatever runs and removes every directory, also after a failed
+ * assertion. */
+typedef struct env { ft_etcd e; member ms[2]; } env;
+
+static int setup(void **state)
 {
-    (void)state;
-    ft_etcd e;
-    assert_int_equal(ft_etcd_start(&e), 0);
-    char pa[32], pb[32];
-    snprintf(pa, sizeof pa, "127.0.0.1:%d", free_port());
-    snprintf(pb, sizeof pb, "127.0.0.1:%d", free_port());
-    const char *extra[] = { "--etcd", e.url, "--cluster", "t", "--ha-ttl", "2", NULL };
-    ft_cluster a, b;
-    memset(&a, 0, sizeof a);
-    memset(&b, 0, sizeof b);
-    assert_int_equal(ft_master_start(&a, pa, extra), 0);   /* it leads: it listens */
-    /* the standby: it follows and does not listen */
-    char bdir[64];
-    snprintf(bdir, sizeof bdir, "/tmp/ferry-store-test-XXXXXX");
-    assert_non_null(mkdtemp(bdir));
-    snprintf(b.dir, sizeof b.dir, "%s", bdir);
-    char mdir[96];
-    snprintf(mdir, sizeof mdir, "%s/master", bdir);
-    const char *bargs[] = { "master", "--dir", mdir, "--listen", pb, "--etcd", e.url, "--cluster",
-                            "t", "--ha-ttl", "2", NULL };
-    assert_int_equal(ft_spawn_exe(&b.master, NULL, ft_ferry_bin(), bargs), 0);
-    ferry_store_config cfg;
-    ft_store_config(&a, &cfg);
-    snprintf(cfg.master, sizeof cfg.master, "%s,%s", pa, pb);
-    ferry_store *s = NULL;
-    ferry_error err = {0};
-    assert_int_equal(ferry_store_open(&cfg, &s, &err), 0);
-    enum { N = 300 };
-    char k[32], v[32];
-    for (int i = 0; i < N; i++) {
-        snprintf(k, sizeof k, "acked/%d", i);
-        snprintf(v, sizeof v, "v%d", i * 7);
-        assert_int_equal(ferry_kv_put(s, k, v, strlen(v), NULL, &err), 0);   /* acknowledged */
+    env *v = calloc(1, sizeof *v);
+    *state = v;
+    if (!v || ft_etcd_start(&v->e) != 0)
+        return -1;
+    for (int i = 0; i < 2; i++) {
+        member *m = &v->ms[i];
+        m->p.pid = -1;
+        snprintf(m->port, sizeof m->port, "127.0.0.1:%d", free_port());
+        snprintf(m->dir, sizeof m->dir, "/tmp/ferry-store-test-XXXXXX");
+        if (!mkdtemp(m->dir)) {
+            m->dir[0] = 0;
+            return -1;
+        }
+        char md[sizeof m->mdir];   /* via a buffer of its own: the sanitizer build's
+                                    * -Werror=restrict sees one object in m */
+        snprintf(md, sizeof md, "%s/master", m->dir);
+        memcpy(m->mdir, md, sizeof md);
     }
-    uint64_t t0 = fr_now_ns();
-    ft_proc_kill(&a.master, SIGKILL);
-    char line[512] = "";
-    assert_int_equal(ft_read_line(&b.master, line, sizeof line, 30000), 0);
-    double listening = (double)(fr_now_ns() - t0) / 1e9;
-    assert_non_null(strstr(line, "listening on"));
-    uint64_t deadline = fr_deadline_ns(30000);
-    int rc = -1;
-    while (fr_ms_left(deadline) > 0 && (rc = ferry_kv_put(s, "after", "1", 1, NULL, NULL)) != 0) {
-        struct timespec ts = { 0, 20 * 1000 * 1000 };   /* the next try of a deadline-bound wait */
-        nanosleep(&ts, NULL);
-    }
-    double acked = (double)(fr_now_ns() - t0) / 1e9;
-    assert_int_equal(rc, 0);
-    fprintf(stderr, "leader killed: the standby listened after %.2f s, the first write was "
-            "acknowledged by it after %.2f s (TTL 2 s)\n", listening, acked);
-    for (int i = 0; i < N; i++) {
-        snprintf(k, sizeof k, "acked/%d", i);
-        snprintf(v, sizeof v, "v%d", i * 7);
-        ferry_kv_value kv;
-        assert_int_equal(ferry_kv_get(s, k, &kv, &err), 0);
-        assert_int_equal(kv.len, strlen(v));
-        assert_memory_equal(kv.val, v, kv.len);
-        ferry_store_free(kv.val);
-    }
-    ferry_store_close(s);
-    ft_cluster_stop(&a);
-    ft_cluster_stop(&b);
-    ft_etcd_stop(&e);
+    return 0;
 }
 
-/* The leader killed again and again (item 4 (a), small: 3 kills; the
- * note's longer run sets FERRY_HA_KILLS): a client writes nonstop and logs
- * every acknowledgement; after each kill the other master leads, the
- * killed one comes back as a standby; at the end every acknowledged write
- * is there. */
-typedef struct member { char port[32], dir[64], mdir[96]; ft_peer p; } member;
+static int teardown(void **state)
+{
+    env *v = *state;
+    if (!v)
+        return 0;
+    char cmd[160];
+    for (int i = 0; i < 2; i++) {
+        ft_proc_kill(&v->ms[i].p, SIGKILL);
+        if (v->ms[i].dir[0]) {
+            snprintf(cmd, sizeof cmd, "rm -rf '%s'", v->ms[i].dir);
+            if (system(cmd) != 0)
+                fprintf(stderr, "could not remove %s\n", v->ms[i].dir);
+        }
+    }
+    ft_etcd_stop(&v->e);
+    free(v);
+    return 0;
+}
 
 static void start_member(member *m, const char *url)
 {
@@ -125,46 +100,88 @@ static void wait_listening(member *m)
     assert_non_null(strstr(line, "listening on"));
 }
 
-static void test_kill_loop(void **state)
+/* A client config naming both masters. */
+static void both(const env *v, ferry_store_config *cfg)
 {
-    (void)state;
-    int kills = getenv("FERRY_HA_KILLS") ? atoi(getenv("FERRY_HA_KILLS")) : 3;
-    ft_etcd e;
-    assert_int_equal(ft_etcd_start(&e), 0);
-    member ms[2];
-    memset(ms, 0, sizeof ms);
-    for (int i = 0; i < 2; i++) {
-        snprintf(ms[i].port, sizeof ms[i].port, "127.0.0.1:%d", free_port());
-        snprintf(ms[i].dir, sizeof ms[i].dir, "/tmp/ferry-store-test-XXXXXX");
-        assert_non_null(mkdtemp(ms[i].dir));
-        char md[sizeof ms[i].mdir];   /* via a buffer of its own: the sanitizer build's
-                                       * -Werror=restrict sees one object in ms */
-        snprintf(md, sizeof md, "%s/master", ms[i].dir);
-        memcpy(ms[i].mdir, md, sizeof md);
-        ms[i].p.pid = -1;
-    }
-    start_member(&ms[0], e.url);
-    wait_listening(&ms[0]);
-    start_member(&ms[1], e.url);
-    ferry_store_config cfg;
     ft_cluster any;
     memset(&any, 0, sizeof any);
-    snprintf(any.addr, sizeof any.addr, "%s", ms[0].port);
-    ft_store_config(&any, &cfg);
-    snprintf(cfg.master, sizeof cfg.master, "%s,%s", ms[0].port, ms[1].port);
+    snprintf(any.addr, sizeof any.addr, "%s", v->ms[0].port);
+    ft_store_config(&any, cfg);
+    snprintf(cfg->master, sizeof cfg->master, "%s,%s", v->ms[0].port, v->ms[1].port);
+}
+
+static void test_failover(void **state)
+{
+    env *v = *state;
+    start_member(&v->ms[0], v->e.url);
+    wait_listening(&v->ms[0]);                    /* it leads: it listens */
+    start_member(&v->ms[1], v->e.url);            /* the standby: it follows, does not listen */
+    ferry_store_config cfg;
+    both(v, &cfg);
+    ferry_store *s = NULL;
+    ferry_error err = {0};
+    assert_int_equal(ferry_store_open(&cfg, &s, &err), 0);
+    enum { N = 300 };
+    char k[32], val[32];
+    for (int i = 0; i < N; i++) {
+        snprintf(k, sizeof k, "acked/%d", i);
+        snprintf(val, sizeof val, "v%d", i * 7);
+        assert_int_equal(ferry_kv_put(s, k, val, strlen(val), NULL, &err), 0);   /* acknowledged */
+    }
+    uint64_t t0 = fr_now_ns();
+    ft_proc_kill(&v->ms[0].p, SIGKILL);
+    wait_listening(&v->ms[1]);
+    double listening = (double)(fr_now_ns() - t0) / 1e9;
+    uint64_t deadline = fr_deadline_ns(30000);
+    int rc = -1;
+    while (fr_ms_left(deadline) > 0 && (rc = ferry_kv_put(s, "after", "1", 1, NULL, NULL)) != 0) {
+        struct timespec ts = { 0, 20 * 1000 * 1000 };   /* the next try of a deadline-bound wait */
+        nanosleep(&ts, NULL);
+    }
+    double acked = (double)(fr_now_ns() - t0) / 1e9;
+    assert_int_equal(rc, 0);
+    fprintf(stderr, "leader killed: the standby listened after %.2f s, the first write was "
+            "acknowledged by it after %.2f s (TTL 2 s)\n", listening, acked);
+    for (int i = 0; i < N; i++) {
+        snprintf(k, sizeof k, "acked/%d", i);
+        snprintf(val, sizeof val, "v%d", i * 7);
+        ferry_kv_value kv;
+        assert_int_equal(ferry_kv_get(s, k, &kv, &err), 0);
+        assert_int_equal(kv.len, strlen(val));
+        assert_memory_equal(kv.val, val, kv.len);
+        ferry_store_free(kv.val);
+    }
+    ferry_store_close(s);
+}
+
+/* The leader killed again and again (item 4 (a), small: 3 kills; the
+ * note's longer run sets FERRY_HA_KILLS): a client writes nonstop and logs
+ * every acknowledgement; after each kill the other master leads, the
+ * killed one comes back as a standby; at the end every acknowledged write
+ * is there. */
+static void test_kill_loop(void **state)
+{
+    env *v = *state;
+    int kills = getenv("FERRY_HA_KILLS") ? atoi(getenv("FERRY_HA_KILLS")) : 3;
+    member *ms = v->ms;
+    start_member(&ms[0], v->e.url);
+    wait_listening(&ms[0]);
+    start_member(&ms[1], v->e.url);
+    ferry_store_config cfg;
+    both(v, &cfg);
     ferry_store *s = NULL;
     ferry_error err = {0};
     assert_int_equal(ferry_store_open(&cfg, &s, &err), 0);
     int leader = 0, acked = 0;
     double worst = 0;
-    char k[32], v[32];
+    char k[32], val[32];
     for (int round = 0; round <= kills; round++) {
         for (int i = 0; i < 50; i++, acked++) {   /* every one acknowledged before the next */
             snprintf(k, sizeof k, "k/%d", acked);
-            snprintf(v, sizeof v, "%d", acked * 3);
+            snprintf(val, sizeof val, "%d", acked * 3);
             uint64_t deadline = fr_deadline_ns(60000);
             int rc;
-            while ((rc = ferry_kv_put(s, k, v, strlen(v), NULL, NULL)) != 0 && fr_ms_left(deadline)) {
+            while ((rc = ferry_kv_put(s, k, val, strlen(val), NULL, NULL)) != 0 && fr_ms_left(deadline)) {
                 struct timespec ts = { 0, 20 * 1000 * 1000 };   /* retried until a deadline */
                 nanosleep(&ts, NULL);
             }
@@ -177,37 +194,29 @@ static void test_kill_loop(void **state)
         wait_listening(&ms[1 - leader]);
         double took = (double)(fr_now_ns() - t0) / 1e9;
         worst = took > worst ? took : worst;
-        start_member(&ms[leader], e.url);   /* back as a standby */
+        start_member(&ms[leader], v->e.url);   /* back as a standby */
         leader = 1 - leader;
     }
     for (int i = 0; i < acked; i++) {
         snprintf(k, sizeof k, "k/%d", i);
-        snprintf(v, sizeof v, "%d", i * 3);
+        snprintf(val, sizeof val, "%d", i * 3);
         ferry_kv_value kv;
         assert_int_equal(ferry_kv_get(s, k, &kv, &err), 0);
-        assert_int_equal(kv.len, strlen(v));
-        assert_memory_equal(kv.val, v, kv.len);
+        assert_int_equal(kv.len, strlen(val));
+        assert_memory_equal(kv.val, val, kv.len);
         ferry_store_free(kv.val);
     }
     fprintf(stderr, "%d leader kills: %d acknowledged writes, 0 lost; the slowest takeover %.2f s "
             "after the kill (TTL 2 s)\n", kills, acked, worst);
     ferry_store_close(s);
-    char cmd[256];
-    for (int i = 0; i < 2; i++) {
-        ft_proc_kill(&ms[i].p, SIGKILL);
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", ms[i].dir);
-        if (system(cmd) != 0)
-            fprintf(stderr, "could not remove %s\n", ms[i].dir);
-    }
-    ft_etcd_stop(&e);
 }
 
 int main(void)
 {
     ft_token();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_failover),
-        cmocka_unit_test(test_kill_loop),
+        cmocka_unit_test_setup_teardown(test_failover, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_kill_loop, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -27,14 +27,34 @@ static void set_master(ferry_store_config *cfg, const char *a, const char *b, co
     memcpy(cfg->master, buf, (size_t)n + 1);
 }
 
+typedef struct two { ft_cluster a, b; } two;
+
+/* Two masters, stopped and their dirs removed by the teardown (also after
+ * a failed assertion). */
+static int setup(void **state)
+{
+    two *t = calloc(1, sizeof *t);
+    *state = t;
+    if (!t || ft_master_start(&t->a, NULL, NULL) != 0 || ft_master_start(&t->b, NULL, NULL) != 0)
+        return -1;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    two *t = *state;
+    if (t) {
+        ft_cluster_stop(&t->a);
+        ft_cluster_stop(&t->b);
+        free(t);
+    }
+    return 0;
+}
+
 static void test_list_of_masters(void **state)
 {
-    (void)state;
-    ft_cluster a, b;
-    memset(&a, 0, sizeof a);
-    memset(&b, 0, sizeof b);
-    assert_int_equal(ft_master_start(&a, NULL, NULL), 0);
-    assert_int_equal(ft_master_start(&b, NULL, NULL), 0);
+    two *t = *state;
+    ft_cluster a = t->a, b = t->b;   /* copies: their addresses and dirs */
     ferry_store_config cfg;
     ft_store_config(&a, &cfg);
     /* nothing listens on port 9: the next entry answers */
@@ -44,7 +64,7 @@ static void test_list_of_masters(void **state)
     assert_int_equal(ferry_store_open(&cfg, &s, &err), 0);
     assert_int_equal(ferry_kv_put(s, "where", "a", 1, NULL, &err), 0);
     /* A goes: the client reconnects to B (the next that answers) */
-    ft_proc_kill(&a.master, SIGKILL);
+    ft_proc_kill(&t->a.master, SIGKILL);
     uint64_t deadline = fr_deadline_ns(30000);
     int rc = -1;
     while (fr_ms_left(deadline) > 0 && (rc = ferry_kv_put(s, "where", "b", 1, NULL, NULL)) != 0) {
@@ -71,15 +91,13 @@ static void test_list_of_masters(void **state)
     memset(&err, 0, sizeof err);
     assert_true(ferry_store_open(&cfg, &s, &err) < 0);
     fprintf(stderr, "no master answers: %s\n", err.msg);
-    ft_cluster_stop(&a);
-    ft_cluster_stop(&b);
 }
 
 int main(void)
 {
     ft_token();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_list_of_masters),
+        cmocka_unit_test_setup_teardown(test_list_of_masters, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
