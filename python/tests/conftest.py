@@ -181,3 +181,23 @@ def store(cluster):
     s = cluster.store()
     yield s
     s.close()
+
+
+def run_threads(fns, timeout_s=120.0):
+    """Run each of fns on a thread of its own (a rank each): (results,
+    errors), an exception in the errors list where its function raised. Every
+    thread must finish within timeout_s."""
+    res, err = [None] * len(fns), [None] * len(fns)
+
+    def run(i):
+        try:
+            res[i] = fns[i]()
+        except BaseException as e:   # noqa: B902 - returned to the test
+            err[i] = e
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(len(fns))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout_s)
+    assert not any(t.is_alive() for t in ts), "a rank did not finish in time"
+    return res, err

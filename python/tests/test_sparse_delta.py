@@ -10,7 +10,6 @@ cut after max_chain deltas; a rank whose layout changed fails the
 generation on both ranks with nothing stored, and a reset encoder
 publishes dense. One master and one node."""
 
-import threading
 
 import pytest
 
@@ -20,7 +19,7 @@ import ferry                              # noqa: E402
 import ferry.torch as ft                  # noqa: E402
 
 import gpt_model as gm                    # noqa: E402
-from conftest import cluster_fixture      # noqa: E402
+from conftest import cluster_fixture, run_threads   # noqa: E402
 
 cluster = cluster_fixture(1, "sparse_delta")
 RUN_S = 120.0
@@ -28,20 +27,7 @@ WORLD = 2
 
 
 def _ranks(fns):
-    res, err = [None] * len(fns), [None] * len(fns)
-
-    def run(i):
-        try:
-            res[i] = fns[i]()
-        except BaseException as e:   # noqa: B902 - returned to the test
-            err[i] = e
-    ts = [threading.Thread(target=run, args=(i,)) for i in range(len(fns))]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(RUN_S)
-    assert not any(t.is_alive() for t in ts), "a rank did not finish in time"
-    return res, err
+    return run_threads(fns, RUN_S)
 
 
 def _bits_equal(rollout, trainer):

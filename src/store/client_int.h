@@ -44,9 +44,13 @@ int fr_client_rpc_many(ferry_store *s, const fr_smsg *reqs, size_t n, uint16_t w
                        fr_smsg *reps, uint8_t **bufs, int *status, ferry_error *err);
 void fr_client_free_bufs(uint8_t **bufs, size_t n);
 /* n requests of one type naming one key each, one round trip: results[i]
- * per key (every entry set). Returns 0 or the first failure. */
+ * per key (every entry set). each (may be NULL) takes every reply that
+ * succeeded, before its buffer is freed; what it returns is its result.
+ * Returns 0 or the first failure. */
+typedef int (*fr_client_reply_fn)(void *ctx, size_t i, const fr_smsg *rep, ferry_error *err);
 int fr_client_key_rpcs(ferry_store *s, const char *const *keys, size_t n, uint16_t type,
-                       uint16_t want, int *results, ferry_error *err);
+                       uint16_t want, fr_client_reply_fn each, void *ctx, int *results,
+                       ferry_error *err);
 /* What request q (the first of n) does, in words for error messages. */
 void fr_client_describe(const fr_smsg *q, size_t n, char *out, size_t cap);
 /* Where segment id lives (asks the master the first time). */

@@ -51,45 +51,26 @@ int ferry_kv_get(ferry_store *s, const char *key, ferry_kv_value *out, ferry_err
     return rc;
 }
 
+static int kv_value_of(void *ctx, size_t i, const fr_smsg *rep, ferry_error *err)
+{
+    ferry_kv_value *v = &((ferry_kv_value *)ctx)[i];
+    v->val = dup_bytes(&rep->val);
+    v->len = rep->val.n;
+    v->mod_rev = rep->rev;
+    v->create_rev = rep->create_rev;
+    v->version = rep->version;
+    return v->val ? 0 : fr_fail(err, FERRY_ENOMEM, "kv_batch_get: out of memory");
+}
+
 int ferry_kv_batch_get(ferry_store *s, const char *const *keys, size_t n, ferry_kv_value *out,
                        int *results, ferry_error *err)
 {
     if (!s || (n && (!keys || !out || !results)))
         return fr_fail(err, FERRY_EINVAL, "kv_batch_get: bad arguments");
-    if (n == 0)
-        return 0;
-    fr_smsg *q = fr_calloc(n, sizeof *q), *rep = fr_calloc(n, sizeof *rep);
-    uint8_t **rb = fr_calloc(n, sizeof *rb);
-    int rc = q && rep && rb ? 0 : fr_fail(err, FERRY_ENOMEM, "kv_batch_get: out of memory");
-    for (size_t i = 0; i < n && rc == 0; i++) {
-        rc = fr_client_key(keys[i], err);
-        q[i] = (fr_smsg){.type = FR_SMSG_KV_GET, .key = fr_client_str(keys[i])};
-    }
-    if (rc == 0)
-        rc = fr_client_rpc_many(s, q, n, FR_SMSG_KV_VALUE, rep, rb, results, err);
-    int first = rc;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n; i++)
         memset(&out[i], 0, sizeof out[i]);
-        if (rc < 0)
-            results[i] = rc;
-        else if (results[i] == 0) {
-            out[i].val = dup_bytes(&rep[i].val);
-            out[i].len = rep[i].val.n;
-            out[i].mod_rev = rep[i].rev;
-            out[i].create_rev = rep[i].create_rev;
-            out[i].version = rep[i].version;
-            if (!out[i].val)
-                results[i] = fr_fail(err, FERRY_ENOMEM, "kv_batch_get: out of memory");
-        }
-        if (results[i] < 0 && first == 0)
-            first = results[i];
-    }
-    if (rb)
-        fr_client_free_bufs(rb, n);
-    fr_free(q);
-    fr_free(rep);
-    fr_free(rb);
-    return first;
+    return fr_client_key_rpcs(s, keys, n, FR_SMSG_KV_GET, FR_SMSG_KV_VALUE, kv_value_of, out,
+                              results, err);
 }
 
 static int kv_change(ferry_store *s, uint16_t type, const char *key, uint64_t expected,
@@ -520,5 +501,6 @@ int ferry_store_status_json(ferry_store *s, char **json, ferry_error *err)
 int ferry_kv_batch_delete(ferry_store *s, const char *const *keys, size_t n, int *results,
                           ferry_error *err)
 {
-    return fr_client_key_rpcs(s, keys, n, FR_SMSG_KV_DELETE, FR_SMSG_REVISION, results, err);
+    return fr_client_key_rpcs(s, keys, n, FR_SMSG_KV_DELETE, FR_SMSG_REVISION, NULL, NULL, results,
+                              err);
 }

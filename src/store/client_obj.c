@@ -804,7 +804,8 @@ int ferry_store_get_replica_desc(ferry_store *s, const char *key, ferry_object_d
 /* n requests naming one key each (type, reply want), one round trip:
  * results[i] per key; every entry set. Returns 0 or the first failure. */
 int fr_client_key_rpcs(ferry_store *s, const char *const *keys, size_t n, uint16_t type,
-                       uint16_t want, int *results, ferry_error *err)
+                       uint16_t want, fr_client_reply_fn each, void *ctx, int *results,
+                       ferry_error *err)
 {
     if (!s || (n && (!keys || !results)))
         return fr_fail(err, FERRY_EINVAL, "batch call: bad arguments");
@@ -823,6 +824,8 @@ int fr_client_key_rpcs(ferry_store *s, const char *const *keys, size_t n, uint16
     for (size_t i = 0; i < n; i++) {
         if (rc < 0)
             results[i] = rc;
+        else if (results[i] == 0 && each)
+            results[i] = each(ctx, i, &rep[i], err);
         if (results[i] < 0 && first == 0)
             first = results[i];
     }
@@ -837,7 +840,14 @@ int fr_client_key_rpcs(ferry_store *s, const char *const *keys, size_t n, uint16
 int ferry_store_batch_remove(ferry_store *s, const char *const *keys, size_t n, int *results,
                              ferry_error *err)
 {
-    return fr_client_key_rpcs(s, keys, n, FR_SMSG_REMOVE, FR_SMSG_OK, results, err);
+    return fr_client_key_rpcs(s, keys, n, FR_SMSG_REMOVE, FR_SMSG_OK, NULL, NULL, results, err);
+}
+
+static int replica_desc_of(void *ctx, size_t i, const fr_smsg *rep, ferry_error *err)
+{
+    (void)err;
+    placed_from(rep, &((ferry_object_desc *)ctx)[i]);
+    return 0;
 }
 
 int ferry_store_batch_get_replica_desc(ferry_store *s, const char *const *keys, size_t n,
@@ -845,34 +855,10 @@ int ferry_store_batch_get_replica_desc(ferry_store *s, const char *const *keys, 
 {
     if (!s || (n && (!keys || !out || !results)))
         return fr_fail(err, FERRY_EINVAL, "batch_get_replica_desc: bad arguments");
-    if (n == 0)
-        return 0;
-    fr_smsg *q = fr_calloc(n, sizeof *q);
-    fr_smsg *rep = fr_calloc(n, sizeof *rep);
-    uint8_t **rb = fr_calloc(n, sizeof *rb);
-    int rc = q && rep && rb ? 0 : fr_fail(err, FERRY_ENOMEM, "batch_get_replica_desc: out of memory");
-    for (size_t i = 0; i < n && rc == 0; i++) {
-        rc = fr_client_key(keys[i], err);
-        q[i] = (fr_smsg){ .type = FR_SMSG_GET_REPLICAS, .key = fr_client_str(keys[i]), .lease_ms = 0 };
-    }
-    if (rc == 0)
-        rc = fr_client_rpc_many(s, q, n, FR_SMSG_REPLICAS, rep, rb, results, err);
-    int first = rc;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n; i++)
         memset(&out[i], 0, sizeof out[i]);
-        if (rc < 0)
-            results[i] = rc;
-        else if (results[i] == 0)
-            placed_from(&rep[i], &out[i]);
-        if (results[i] < 0 && first == 0)
-            first = results[i];
-    }
-    if (rb)
-        fr_client_free_bufs(rb, n);
-    fr_free(q);
-    fr_free(rep);
-    fr_free(rb);
-    return first;
+    return fr_client_key_rpcs(s, keys, n, FR_SMSG_GET_REPLICAS, FR_SMSG_REPLICAS, replica_desc_of,
+                              out, results, err);
 }
 
 int ferry_store_list(ferry_store *s, const char *prefix, const char *after, size_t max,

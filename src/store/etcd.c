@@ -196,6 +196,26 @@ static int call(fr_etcd *e, const char *path, json_t *body, json_t **reply, ferr
     return 0;
 }
 
+/* POST {field: "<v>"} (etcd's JSON takes int64s as strings) to path. */
+static int call_i64(fr_etcd *e, const char *path, const char *field, int64_t v, json_t **reply,
+                    ferry_error *err)
+{
+    char n[24];
+    return call(e, path, json_pack("{ss}", field, i64s(v, n)), reply, err);
+}
+
+/* POST {"key": base64(key)} to path. */
+static int call_key(fr_etcd *e, const char *path, const char *key, json_t **reply,
+                    ferry_error *err)
+{
+    *reply = NULL;
+    char *k = b64(key, strlen(key));
+    int rc = k ? call(e, path, json_pack("{ss}", "key", k), reply, err)
+               : fr_fail(err, FERRY_ENOMEM, "etcd: out of memory");
+    free(k);
+    return rc;
+}
+
 /* ---- the handle ----------------------------------------------------------------------------- */
 
 int fr_etcd_open(const char *endpoints, int timeout_ms, fr_etcd **out, ferry_error *err)
@@ -280,25 +300,23 @@ void fr_etcd_kvs_free(fr_etcd_kv *kvs, size_t n)
 
 int fr_etcd_lease_grant(fr_etcd *e, int64_t ttl_s, int64_t *id, ferry_error *err)
 {
-    char n[24];
     json_t *r = NULL;
-    int rc = call(e, "/v3/lease/grant", json_pack("{ss}", "TTL", i64s(ttl_s, n)), &r, err);
+    int rc = call_i64(e, "/v3/lease/grant", "TTL", ttl_s, &r, err);
     if (rc < 0)
         return rc;
     *id = i64(r, "ID");
     const json_t *msg = json_object_get(r, "error");
+    if (*id == 0)   /* said before r (which holds msg) goes */
+        rc = fr_fail(err, FERRY_EIO, "etcd: no lease granted%s%s", json_is_string(msg) ? ": " : "",
+                     json_is_string(msg) ? json_string_value(msg) : "");
     json_decref(r);
-    if (*id == 0)
-        return fr_fail(err, FERRY_EIO, "etcd: no lease granted%s%s", json_is_string(msg) ? ": " : "",
-                       json_is_string(msg) ? json_string_value(msg) : "");
-    return 0;
+    return rc;
 }
 
 int fr_etcd_lease_keepalive(fr_etcd *e, int64_t id, int64_t *ttl, ferry_error *err)
 {
-    char n[24];
     json_t *r = NULL;
-    int rc = call(e, "/v3/lease/keepalive", json_pack("{ss}", "ID", i64s(id, n)), &r, err);
+    int rc = call_i64(e, "/v3/lease/keepalive", "ID", id, &r, err);
     if (rc < 0)
         return rc;
     const json_t *res = json_object_get(r, "result");
@@ -311,9 +329,8 @@ int fr_etcd_lease_keepalive(fr_etcd *e, int64_t id, int64_t *ttl, ferry_error *e
 
 int fr_etcd_lease_revoke(fr_etcd *e, int64_t id, ferry_error *err)
 {
-    char n[24];
     json_t *r = NULL;
-    int rc = call(e, "/v3/lease/revoke", json_pack("{ss}", "ID", i64s(id, n)), &r, err);
+    int rc = call_i64(e, "/v3/lease/revoke", "ID", id, &r, err);
     json_decref(r);
     return rc;
 }
@@ -352,11 +369,8 @@ int fr_etcd_put(fr_etcd *e, const char *key, const void *val, size_t len, int64_
 int fr_etcd_get(fr_etcd *e, const char *key, fr_etcd_kv *out, ferry_error *err)
 {
     memset(out, 0, sizeof *out);
-    char *k = b64(key, strlen(key));
     json_t *r = NULL;
-    int rc = k ? call(e, "/v3/kv/range", json_pack("{ss}", "key", k), &r, err)
-               : fr_fail(err, FERRY_ENOMEM, "etcd: out of memory");
-    free(k);
+    int rc = call_key(e, "/v3/kv/range", key, &r, err);
     if (rc < 0)
         return rc;
     const json_t *kvs = json_object_get(r, "kvs"), *kv = json_array_get(kvs, 0);
@@ -373,11 +387,8 @@ int fr_etcd_get(fr_etcd *e, const char *key, fr_etcd_kv *out, ferry_error *err)
 
 int fr_etcd_delete(fr_etcd *e, const char *key, int64_t *deleted, ferry_error *err)
 {
-    char *k = b64(key, strlen(key));
     json_t *r = NULL;
-    int rc = k ? call(e, "/v3/kv/deleterange", json_pack("{ss}", "key", k), &r, err)
-               : fr_fail(err, FERRY_ENOMEM, "etcd: out of memory");
-    free(k);
+    int rc = call_key(e, "/v3/kv/deleterange", key, &r, err);
     if (rc == 0 && deleted)
         *deleted = i64(r, "deleted");
     json_decref(r);
@@ -517,9 +528,8 @@ int fr_etcd_delete_range_if(fr_etcd *e, const char *cmp_key, int64_t cmp_create_
 
 int fr_etcd_compact(fr_etcd *e, int64_t rev, ferry_error *err)
 {
-    char n[24];
     json_t *r = NULL;
-    int rc = call(e, "/v3/kv/compaction", json_pack("{ss}", "revision", i64s(rev, n)), &r, err);
+    int rc = call_i64(e, "/v3/kv/compaction", "revision", rev, &r, err);
     json_decref(r);
     return rc;
 }

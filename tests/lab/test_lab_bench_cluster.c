@@ -23,6 +23,7 @@
 
 #include <jansson.h>
 
+#include "util/ftlab.h"
 #include "util/testutil.h"
 #include "util/ftstore.h"
 
@@ -37,41 +38,12 @@
 
 static char tmp[256];
 
-static void need_root(void)
-{
-    if (geteuid() != 0 || system("ip netns list >/dev/null 2>&1") != 0) {
-        fprintf(stderr, "skipped: the lab needs root and iproute2 to create network namespaces\n");
-        skip();
-    }
-}
 
-static int lab_left(pid_t pid)
-{
-    char ns[32], dirp[64];
-    snprintf(ns, sizeof ns, "fl%d-", (int)pid);
-    snprintf(dirp, sizeof dirp, "ferry-cluster-fl%d-", (int)pid);
-    int n = 0;
-    DIR *d = opendir("/var/run/netns");
-    struct dirent *e;
-    while (d && (e = readdir(d)))
-        if (!strncmp(e->d_name, ns, strlen(ns)) && ++n)
-            fprintf(stderr, "left: namespace %s\n", e->d_name);
-    if (d)
-        closedir(d);
-    const char *t = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
-    d = opendir(t);
-    while (d && (e = readdir(d)))
-        if (!strncmp(e->d_name, dirp, strlen(dirp)) && ++n)
-            fprintf(stderr, "left: %s/%s\n", t, e->d_name);
-    if (d)
-        closedir(d);
-    return n;
-}
 
 static void test_four_hosts_bytes_against_model(void **state)
 {
     (void)state;
-    need_root();
+    ft_lab_need_root();
     char out[300], err[300];
     snprintf(out, sizeof out, "%s/out.json", tmp);
     snprintf(err, sizeof err, "%s/err.log", tmp);
@@ -122,7 +94,7 @@ static void test_four_hosts_bytes_against_model(void **state)
         assert_true(json_number_value(json_object_get(j, key)) > 0);
     }
     json_decref(j);
-    assert_int_equal(lab_left(p), 0);
+    assert_int_equal(ft_lab_leftovers(p, NULL), 0);
 }
 
 int main(void)

@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "util/ftlab.h"
 #include "util/testutil.h"
 #include "util/ftstore.h"
 
@@ -29,13 +30,6 @@
 
 static char tmp[256];
 
-static void need_root(void)
-{
-    if (geteuid() != 0 || system("ip netns list >/dev/null 2>&1") != 0) {
-        fprintf(stderr, "skipped: the lab needs root and iproute2 to create network namespaces\n");
-        skip();
-    }
-}
 
 /* `ferry-lab ARGS...` in the background, stdout and stderr into log. */
 static pid_t lab_start(const char *log, const char *env_bin, const char *const *args)
@@ -72,45 +66,6 @@ static void slurp(const char *path, char *out, size_t cap)
         fclose(f);
 }
 
-/* What a lab of owner pid left: namespaces "fl<pid>-*", temp dirs
- * "ferry-cluster-fl<pid>-*", processes whose command line names either
- * that dir or marker. A count, the first one named on stderr. */
-static int leftovers(pid_t pid, const char *marker)
-{
-    char ns[32], dirp[64];
-    snprintf(ns, sizeof ns, "fl%d-", (int)pid);
-    snprintf(dirp, sizeof dirp, "ferry-cluster-fl%d-", (int)pid);
-    int n = 0;
-    DIR *d = opendir("/var/run/netns");
-    struct dirent *e;
-    while (d && (e = readdir(d)))
-        if (!strncmp(e->d_name, ns, strlen(ns)) && ++n)
-            fprintf(stderr, "left: namespace %s\n", e->d_name);
-    if (d)
-        closedir(d);
-    const char *t = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
-    d = opendir(t);
-    while (d && (e = readdir(d)))
-        if (!strncmp(e->d_name, dirp, strlen(dirp)) && ++n)
-            fprintf(stderr, "left: %s/%s\n", t, e->d_name);
-    if (d)
-        closedir(d);
-    d = opendir("/proc");
-    while (d && (e = readdir(d))) {
-        int p = atoi(e->d_name);
-        char cmd[4096];
-        if (p > 0 && p != getpid() && ft_proc_cmdline(p, cmd, sizeof cmd) == 0 &&
-            (strstr(cmd, dirp) || (marker && strstr(cmd, marker))) && ++n)
-            fprintf(stderr, "left: process %d: %.200s\n", p, cmd);
-    }
-    if (d)
-        closedir(d);
-    char out[256];
-    ft_run(out, sizeof out, "ip link show | grep -c 'fl%d' || true", (int)pid);
-    if (atoi(out) > 0 && ++n)
-        fprintf(stderr, "left: a link named after fl%d in the root namespace\n", (int)pid);
-    return n;
-}
 
 /* Wait (deadline) for the ready file; false when the lab exited first. */
 static bool wait_ready(const char *file, pid_t p)
@@ -129,7 +84,7 @@ static bool wait_ready(const char *file, pid_t p)
 static void test_up_reach_teardown(void **state)
 {
     (void)state;
-    need_root();
+    ft_lab_need_root();
     char log[300], out[1 << 16];
     snprintf(log, sizeof log, "%s/up.log", tmp);
     const char *args[] = { "cluster", "up", "--hosts", "3", "--rate", "100mbit", "--check-seconds",
@@ -152,14 +107,14 @@ static void test_up_reach_teardown(void **state)
     assert_true(atof(w + strlen("link check: worst link ")) > 0);
     assert_non_null(strstr(out, "nodes 3"));
     assert_non_null(strstr(out, "cpu: busiest second used "));
-    assert_int_equal(leftovers(p, NULL), 0);
+    assert_int_equal(ft_lab_leftovers(p, NULL), 0);
 }
 
 /* Killed at random points, setup included: nothing is left. */
 static void test_killed_anywhere(void **state)
 {
     (void)state;
-    need_root();
+    ft_lab_need_root();
     srand((unsigned)getpid());
     for (int it = 0; it < 6; it++) {
         char log[300], ready[300], out[1 << 16];
@@ -185,7 +140,7 @@ static void test_killed_anywhere(void **state)
         slurp(log, out, sizeof out);
         fprintf(stderr, "iteration %d (%s): exit %d, last output: %.300s\n", it,
                 sig == SIGINT ? "SIGINT" : "SIGTERM", rc, out + (strlen(out) > 300 ? strlen(out) - 300 : 0));
-        assert_int_equal(leftovers(p, ready), 0);
+        assert_int_equal(ft_lab_leftovers(p, ready), 0);
     }
     /* SIGKILL: nothing runs the teardown; `cluster clean --prefix` does */
     char log[300], ready[300], out[4096];
@@ -197,11 +152,11 @@ static void test_killed_anywhere(void **state)
     assert_true(wait_ready(ready, p));
     kill(p, SIGKILL);
     lab_exit(p);
-    assert_true(leftovers(p, ready) > 0);
+    assert_true(ft_lab_leftovers(p, ready) > 0);
     assert_int_equal(ft_run(out, sizeof out, "%s cluster clean --prefix fl%d", ft_lab_bin(), (int)p), 0);
     fprintf(stderr, "clean: %s", out);
     unlink(ready);
-    assert_int_equal(leftovers(p, ready), 0);
+    assert_int_equal(ft_lab_leftovers(p, ready), 0);
 }
 
 /* Bad input and no root: status 2, the reason, nothing created. A master
@@ -209,7 +164,7 @@ static void test_killed_anywhere(void **state)
 static void test_refusals(void **state)
 {
     (void)state;
-    need_root();
+    ft_lab_need_root();
     static const struct { const char *args[12]; const char *want; } cases[] = {
         { { "cluster", "up", "--hosts", "1", "--rate", "10mbit" }, "--hosts wants a whole number from 2 to 16" },
         { { "cluster", "up", "--hosts", "17", "--rate", "10mbit" }, "--hosts wants a whole number from 2 to 16" },
@@ -227,7 +182,7 @@ static void test_refusals(void **state)
         slurp(log, out, sizeof out);
         if (!strstr(out, cases[i].want))
             fail_msg("case %zu: '%s' not in: %s", i, cases[i].want, out);
-        assert_int_equal(leftovers(p, NULL), 0);
+        assert_int_equal(ft_lab_leftovers(p, NULL), 0);
     }
     char out[8192];
     if (system("command -v setpriv >/dev/null") == 0) {
@@ -247,7 +202,7 @@ static void test_refusals(void **state)
     slurp(log, out, sizeof out);
     fprintf(stderr, "%s", out);
     assert_non_null(strstr(out, "host 0: the master exited at start"));
-    assert_int_equal(leftovers(p, NULL), 0);
+    assert_int_equal(ft_lab_leftovers(p, NULL), 0);
 }
 
 int main(void)

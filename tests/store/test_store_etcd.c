@@ -17,27 +17,6 @@
 #include "store/etcd_int.h"
 #include "util/ftetcd.h"
 
-static int setup(void **state)
-{
-    ft_etcd *e = calloc(1, sizeof *e);
-    if (!e || ft_etcd_start(e) != 0) {
-        if (e)
-            ft_etcd_stop(e);
-        free(e);
-        return -1;
-    }
-    *state = e;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    ft_etcd *e = *state;
-    ft_etcd_stop(e);
-    free(e);
-    return 0;
-}
-
 static void test_keys(void **state)
 {
     ft_etcd *e = *state;
@@ -180,9 +159,9 @@ int main(void)
 {
     ft_token();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_keys, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_elect_and_fence, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_endpoints, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_keys, ft_etcd_setup, ft_etcd_teardown),
+        cmocka_unit_test_setup_teardown(test_elect_and_fence, ft_etcd_setup, ft_etcd_teardown),
+        cmocka_unit_test_setup_teardown(test_endpoints, ft_etcd_setup, ft_etcd_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -26,36 +26,9 @@
 #define TTL_S 4
 #define WAIT_MS 30000   /* a bound on waits for the TTL to pass, not a measure */
 
-static int setup(void **state)
-{
-    ft_etcd *e = calloc(1, sizeof *e);
-    if (!e || ft_etcd_start(e) != 0) {
-        if (e)
-            ft_etcd_stop(e);
-        free(e);
-        return -1;
-    }
-    *state = e;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    ft_etcd *e = *state;
-    ft_etcd_stop(e);
-    free(e);
-    return 0;
-}
-
 static fr_ha_elect *candidate(const ft_etcd *e, const char *id)
 {
-    fr_ha_config c = { .endpoints = e->url, .cluster = "t", .id = id, .ttl_s = TTL_S,
-                       .timeout_ms = 5000 };
-    fr_ha_elect *h = NULL;
-    ferry_error err = {0};
-    if (fr_ha_open(&c, &h, &err) < 0)
-        fail_msg("%s: %s", id, err.msg);
-    return h;
+    return ft_ha_candidate(e, "t", id, TTL_S);
 }
 
 static void test_one_leader_and_fencing(void **state)
@@ -160,9 +133,9 @@ int main(void)
 {
     ft_token();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_one_leader_and_fencing, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_failover_after_silence, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_cut_off_leader_steps_down, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_one_leader_and_fencing, ft_etcd_setup, ft_etcd_teardown),
+        cmocka_unit_test_setup_teardown(test_failover_after_silence, ft_etcd_setup, ft_etcd_teardown),
+        cmocka_unit_test_setup_teardown(test_cut_off_leader_steps_down, ft_etcd_setup, ft_etcd_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

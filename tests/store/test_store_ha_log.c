@@ -20,39 +20,12 @@
 
 #define WAIT_MS 30000
 
-static int setup(void **state)
-{
-    ft_etcd *e = calloc(1, sizeof *e);
-    if (!e || ft_etcd_start(e) != 0) {
-        if (e)
-            ft_etcd_stop(e);
-        free(e);
-        return -1;
-    }
-    *state = e;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    ft_etcd *e = *state;
-    ft_etcd_stop(e);
-    free(e);
-    return 0;
-}
-
 /* A lease of 10 s: these tests do not measure failover, and a 2-core
  * machine under the whole suite can starve a 2 s lease's renewals (then
  * the leadership lapses and every fenced append is refused, by design). */
 static fr_ha_elect *candidate(const ft_etcd *e, const char *id)
 {
-    fr_ha_config c = { .endpoints = e->url, .cluster = "log", .id = id, .ttl_s = 10,
-                       .timeout_ms = 10000 };
-    fr_ha_elect *h = NULL;
-    ferry_error err = {0};
-    if (fr_ha_open(&c, &h, &err) < 0)
-        fail_msg("%s: %s", id, err.msg);
-    return h;
+    return ft_ha_candidate(e, "log", id, 10);
 }
 
 static void fill(uint8_t *b, size_t n, uint64_t seq)
@@ -163,8 +136,8 @@ int main(void)
 {
     ft_token();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_append_read_fence_truncate, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_bounded, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_append_read_fence_truncate, ft_etcd_setup, ft_etcd_teardown),
+        cmocka_unit_test_setup_teardown(test_bounded, ft_etcd_setup, ft_etcd_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

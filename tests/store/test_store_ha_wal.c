@@ -62,13 +62,7 @@ static int teardown(void **state)
  * the leadership lapses and every fenced append is refused, by design). */
 static fr_ha_elect *candidate(const env *v, const char *id)
 {
-    fr_ha_config c = { .endpoints = v->e.url, .cluster = "wal", .id = id, .ttl_s = 10,
-                       .timeout_ms = 10000 };
-    fr_ha_elect *h = NULL;
-    ferry_error err = {0};
-    if (fr_ha_open(&c, &h, &err) < 0)
-        fail_msg("%s: %s", id, err.msg);
-    return h;
+    return ft_ha_candidate(&v->e, "wal", id, 10);
 }
 
 /* The records of every log entry from 1 on, in order: their count, and

@@ -8,9 +8,16 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
 
 #include "base/base.h"
 #include "store/etcd_int.h"
+#include "store/ha_elect.h"
 #include "util/ftetcd.h"
 #include "util/ftstore.h"
 
@@ -104,4 +111,40 @@ void ft_etcd_stop(ft_etcd *e)
             fprintf(stderr, "ft_etcd_stop: could not remove %s\n", e->dir);
         e->dir[0] = 0;
     }
+}
+
+int ft_etcd_setup(void **state)
+{
+    ft_etcd *e = calloc(1, sizeof *e);
+    *state = NULL;
+    if (!e)
+        return -1;
+    if (ft_etcd_start(e) != 0) {
+        ft_etcd_stop(e);   /* cmocka runs no teardown after a failed setup */
+        free(e);
+        return -1;
+    }
+    *state = e;
+    return 0;
+}
+
+int ft_etcd_teardown(void **state)
+{
+    ft_etcd *e = *state;
+    if (e) {
+        ft_etcd_stop(e);
+        free(e);
+    }
+    return 0;
+}
+
+fr_ha_elect *ft_ha_candidate(const ft_etcd *e, const char *cluster, const char *id, int ttl_s)
+{
+    fr_ha_config c = { .endpoints = e->url, .cluster = cluster, .id = id, .ttl_s = ttl_s,
+                       .timeout_ms = 10000 };
+    fr_ha_elect *h = NULL;
+    ferry_error err = {0};
+    if (fr_ha_open(&c, &h, &err) < 0)
+        fail_msg("candidate %s: %s", id, err.msg);
+    return h;
 }

@@ -23,4 +23,15 @@ void ft_etcd_kill(ft_etcd *e, int sig);
 /* Kill it and remove its dir. Safe twice. */
 void ft_etcd_stop(ft_etcd *e);
 
+/* The same as a cmocka fixture: *state gets the ft_etcd (a failed start
+ * leaves nothing behind). */
+int ft_etcd_setup(void **state);
+int ft_etcd_teardown(void **state);
+
+/* A candidate of `cluster` on e with a lease of ttl_s (the test fails
+ * when it cannot be made). */
+struct fr_ha_elect;
+struct fr_ha_elect *ft_ha_candidate(const ft_etcd *e, const char *cluster, const char *id,
+                                    int ttl_s);
+
 #endif
