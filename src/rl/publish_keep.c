@@ -118,26 +118,39 @@ static void sweep(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
     }
 }
 
+/* The announced generations the history lists (at most GENS_MAX, in its
+ * order) into gens; the history key's revision (0: none) into *rev.
+ * FERRY_ENOENT (or the read's failure) when there is none to read. */
+static int read_history(ferry_store *s, const ferry_publisher_config *c, char *hk, size_t hkcap,
+                        uint64_t *gens, size_t *ng, uint64_t *rev)
+{
+    fr_key_wk(hk, hkcap, c->model, 0, "history");
+    ferry_kv_value h = {0};
+    *ng = 0;
+    *rev = 0;
+    int rc = ferry_kv_get(s, hk, &h, NULL);
+    if (rc < 0)
+        return rc;
+    *rev = h.mod_rev;
+    for (char *p = h.val; *p && *ng < GENS_MAX;) {
+        char *e;
+        uint64_t g = strtoull(p, &e, 10);
+        if (e == p)
+            break;
+        gens[(*ng)++] = g;
+        p = e;
+    }
+    ferry_store_free(h.val);
+    return 0;
+}
+
 void fr_rl_keep(ferry_store *s, const ferry_publisher_config *c, uint64_t gen, uint64_t prev,
                 ferry_publish_stats *st)
 {
     char hk[FR_KEY_MAX];
-    fr_key_wk(hk, sizeof hk, c->model, 0, "history");
-    ferry_kv_value h = {0};
     uint64_t hrev = 0, gens[GENS_MAX + 2];
     size_t ng = 0;
-    if (ferry_kv_get(s, hk, &h, NULL) == 0) {
-        hrev = h.mod_rev;
-        for (char *p = h.val; *p && ng < GENS_MAX;) {
-            char *e;
-            uint64_t g = strtoull(p, &e, 10);
-            if (e == p)
-                break;
-            gens[ng++] = g;
-            p = e;
-        }
-        ferry_store_free(h.val);
-    }
+    (void)read_history(s, c, hk, sizeof hk, gens, &ng, &hrev);
     if (prev)
         gens[ng++] = prev;
     gens[ng++] = gen;
@@ -177,21 +190,10 @@ void fr_rl_keep(ferry_store *s, const ferry_publisher_config *c, uint64_t gen, u
 bool fr_rl_reclaim(ferry_store *s, const ferry_publisher_config *c)
 {
     char hk[FR_KEY_MAX];
-    fr_key_wk(hk, sizeof hk, c->model, 0, "history");
-    ferry_kv_value h = {0};
-    uint64_t gens[GENS_MAX];
+    uint64_t gens[GENS_MAX], rev = 0;
     size_t ng = 0;
-    if (ferry_kv_get(s, hk, &h, NULL) < 0)
+    if (read_history(s, c, hk, sizeof hk, gens, &ng, &rev) < 0)
         return false;
-    for (char *p = h.val; *p && ng < GENS_MAX;) {
-        char *e;
-        uint64_t g = strtoull(p, &e, 10);
-        if (e == p)
-            break;
-        gens[ng++] = g;
-        p = e;
-    }
-    ferry_store_free(h.val);
     qsort(gens, ng, sizeof *gens, cmp_u64);
     /* The coordinator's next retention drops the keys and the listing of
      * what is gone; only the objects matter for space. */
