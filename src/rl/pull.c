@@ -621,9 +621,18 @@ static int exchange(ferry_subscriber *sub, const fr_gen *g, uint64_t gen, const 
     if (rc == 0 && brc < 0)
         rc = fr_fail(err, brc, "subscriber: not every worker of group %s arrived: %s",
                      sub->cfg.group, ferry_strerror(brc));
+    /* every demand in one round trip */
+    char (*keys)[FR_KEY_MAX] = rc == 0 ? malloc((size_t)world * sizeof *keys) : NULL;
+    int *res = rc == 0 ? calloc(world, sizeof *res) : NULL;
+    if (rc == 0 && (!keys || !res))
+        rc = fr_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+    if (rc == 0) {
+        for (uint32_t k = 0; k < world; k++)
+            (void)fr_key_sub_demand(keys[k], sizeof keys[k], sub->cfg.model, sub->scope, gen, k);
+        (void)fr_sub_kv_get_all(sub->s, keys, world, recs, res);
+    }
     for (uint32_t k = 0; k < world && rc == 0; k++) {
-        (void)fr_key_sub_demand(key, sizeof key, sub->cfg.model, sub->scope, gen, k);
-        rc = ferry_kv_get(sub->s, key, &recs[k], NULL);
+        rc = res[k];
         if (rc < 0)
             fr_fail(err, rc, "subscriber: worker %u left no demand", k);
         else if (recs[k].len >= 24 && memcmp(recs[k].val, FAIL_MAGIC, 8) == 0) {
@@ -638,6 +647,8 @@ static int exchange(ferry_subscriber *sub, const fr_gen *g, uint64_t gen, const 
                          (const char *)b + 24);
         }
     }
+    free(keys);
+    free(res);
     return rc;
 }
 

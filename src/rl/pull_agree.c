@@ -61,22 +61,52 @@ int fr_sub_agree(ferry_store *s, const char *model, const char *scope, uint32_t 
     if (rc < 0)
         return fr_fail(err, rc, "subscriber: not every worker of group %s said which generation "
                        "it saw within %" PRIu64 " ms: %s", scope, timeout_ms, ferry_strerror(rc));
+    char (*keys)[FR_KEY_MAX] = malloc((size_t)world * sizeof *keys);
+    ferry_kv_value *v = calloc(world, sizeof *v);
+    int *res = calloc(world, sizeof *res);
+    if (!keys || !v || !res) {
+        free(keys), free(v), free(res);
+        return fr_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
+    }
+    for (uint32_t k = 0; k < world; k++)
+        proposal_key(keys[k], sizeof keys[k], model, scope, r, k);
+    (void)fr_sub_kv_get_all(s, keys, world, v, res);
     uint64_t newest = 0, least = UINT64_MAX;
+    rc = 0;
     for (uint32_t k = 0; k < world; k++) {
-        ferry_kv_value v = {0};
-        proposal_key(key, sizeof key, model, scope, r, k);
-        rc = ferry_kv_get(s, key, &v, NULL);
         unsigned long long a = 0, h = 0;
-        if (rc == 0 && (v.len >= sizeof val || sscanf(v.val, "%llu %llu", &a, &h) != 2))
-            rc = FERRY_EPROTO;
-        ferry_store_free(v.val);
-        if (rc < 0)
-            return fr_fail(err, rc, "subscriber: worker %u of group %s left no readable "
-                           "generation: %s", k, scope, ferry_strerror(rc));
+        int krc = res[k];
+        if (krc == 0 && (v[k].len >= sizeof val || sscanf(v[k].val, "%llu %llu", &a, &h) != 2))
+            krc = FERRY_EPROTO;
+        ferry_store_free(v[k].val);
+        if (krc < 0 && rc == 0)
+            rc = fr_fail(err, krc, "subscriber: worker %u of group %s left no readable "
+                         "generation: %s", k, scope, ferry_strerror(krc));
         newest = a > newest ? a : newest;
         least = h < least ? h : least;
     }
+    free(keys), free(v), free(res);
+    if (rc < 0)
+        return rc;
     *target = newest;
     *need = newest > least;
     return 0;
+}
+
+int fr_sub_kv_get_all(ferry_store *s, char (*keys)[FR_KEY_MAX], size_t n, ferry_kv_value *out,
+                      int *results)
+{
+    const char **kp = malloc((n ? n : 1) * sizeof *kp);
+    if (!kp) {
+        for (size_t k = 0; k < n; k++) {
+            out[k] = (ferry_kv_value){0};
+            results[k] = FERRY_ENOMEM;
+        }
+        return FERRY_ENOMEM;
+    }
+    for (size_t k = 0; k < n; k++)
+        kp[k] = keys[k];
+    int rc = ferry_kv_batch_get(s, kp, n, out, results, NULL);
+    free(kp);
+    return rc;
 }
