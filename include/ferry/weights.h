@@ -659,6 +659,16 @@ FERRY_API int ferry_sparse_chain_resolve(ferry_store *s, const char *model, uint
                                          ferry_sparse_chain *out, ferry_error *err);
 FERRY_API void ferry_sparse_chain_free(ferry_sparse_chain *c);
 
+/* The announced generation (*generation) and whether it is a sparse one
+ * (*sparse), in one round trip and without reading its text: what a worker
+ * of a group checks before it joins the group's dense update (a sparse
+ * generation is followed by each worker alone, ferry_sparse_update).
+ * FERRY_ENOENT when nothing is announced. A sparse generation announced by
+ * a library older than this call reads as dense here; the group's update
+ * then refuses it (FERRY_ESTATE, "is a sparse delta"). */
+FERRY_API int ferry_sparse_active(ferry_store *s, const char *model, uint64_t *generation,
+                                  bool *sparse, ferry_error *err);
+
 typedef struct ferry_sparse_update_config {
     char model[128];
     uint32_t axis_index;             /* this worker's index of the placement axis (its EP rank):

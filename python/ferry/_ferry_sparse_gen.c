@@ -93,6 +93,29 @@ static PyObject *sg_chain(PyObject *self, PyObject *args)
     return out;
 }
 
+/* sparse_active(store, model) -> (generation, sparse) or None (nothing announced) */
+static PyObject *sg_active(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *so;
+    const char *model;
+    if (!PyArg_ParseTuple(args, "Os:sparse_active", &so, &model))
+        return NULL;
+    ferry_store *s = fp_store_handle(so);
+    if (!s)
+        return NULL;
+    uint64_t g = 0;
+    bool sparse = false;
+    ferry_error err = {0};
+    int rc;
+    FP_STORE_CALL(so, rc = ferry_sparse_active(s, model, &g, &sparse, &err));
+    if (rc == FERRY_ENOENT)
+        Py_RETURN_NONE;
+    if (rc < 0)
+        return fp_raise_err_class(rc, &err);
+    return Py_BuildValue("(KO)", (unsigned long long)g, sparse ? Py_True : Py_False);
+}
+
 /* Without the GIL: each shard's element size against the published dtype
  * of its tensor in the dense generation the chain starts at (the library
  * knows the box, not the element size). 0 or a code with msg. */
@@ -171,6 +194,9 @@ static PyMethodDef sparse_gen_methods[] = {
     {"sparse_announce", sg_announce, METH_VARARGS,
      "sparse_announce($module, store, model, base, generation, keys, keep, /)\n--\n\n"
      "sparse_announce(store, model, base, generation, keys, keep) -> stats dict"},
+    {"sparse_active", sg_active, METH_VARARGS,
+     "sparse_active($module, store, model, /)\n--\n\n"
+     "sparse_active(store, model) -> (generation, sparse) or None"},
     {"sparse_chain", sg_chain, METH_VARARGS,
      "sparse_chain($module, store, model, held, /)\n--\n\n"
      "sparse_chain(store, model, held) -> {active, dense, load_dense, links}"},

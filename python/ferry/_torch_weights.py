@@ -439,16 +439,16 @@ class Subscriber:
             st = self._sub.update(next=int(next))
             self.generation = st["generation"]
             return st
-        act = _weights.active(self.store, self.model)
         group = self._sub is not None and not alone
         from . import sparse as _sparse
-        if act is not None and act[0] <= self.generation and \
-                (not group or _sparse.chain(self.store, self.model, 0)["links"]):
+        # one round trip: the announced generation and whether it is sparse (not its manifest: the
+        # dense update reads that itself)
+        act = _sparse.active(self.store, self.model)
+        if act is not None and act[0] <= self.generation and (not group or act[1]):
             # current, or a newer sparse delta; a group member holding an active sparse generation
             # too (the members of a sparse one each read their own entries: nobody waits for it)
             return {"generation": self.generation, "bytes_read": 0}
-        if act is not None and act[0] > self.generation and \
-                _sparse.chain(self.store, self.model, self.generation)["links"]:
+        if act is not None and act[0] > self.generation and act[1]:
             # a sparse generation is active: follow its chain (each worker reads its own entries)
             st = _sparse.update(self.store, self.model, self.shards, self.generation)
             self.generation = st["generation"]

@@ -311,6 +311,17 @@ def announce(store, model, base, generation, keys, keep=2):
     return _ferry.sparse_announce(store, str(model), int(base), int(generation), list(keys), int(keep))
 
 
+def active(store, model):
+    """``(generation, sparse)`` of the model's announced generation — is it
+    a sparse one? — in one master round trip, without reading its text
+    (None when nothing is announced). A group's worker asks it before its
+    group's dense update: a sparse generation is followed by each worker
+    alone (:func:`update`). A sparse generation announced by an older
+    library reads as dense; the group's update then refuses it
+    (``ferry.ConflictError``, "is a sparse delta")."""
+    return _ferry.sparse_active(store, str(model))
+
+
 def chain(store, model, generation=0):
     """What a worker holding ``generation`` (0: none) needs to reach the
     active generation: ``{"active", "dense", "load_dense", "links"}`` —

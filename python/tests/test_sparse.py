@@ -353,7 +353,9 @@ def test_sparse_generations_chain(s1):
     names = [f"{model}.a", f"{model}.b"]
     shapes = [(24, 16), (40,)]
     w = {1: [np.arange(np.prod(s), dtype=np.float32).reshape(s) % 13 for s in shapes]}
+    assert ferry.sparse.active(s1, model) is None
     ferry.WeightPublisher(s1, model, 0, 1, out_dtype="f32").publish(1, list(zip(names, w[1])))
+    assert ferry.sparse.active(s1, model) == (1, False)
     at1 = [np.zeros(s, np.float32) for s in shapes]
     st = ferry.sparse.update(s1, model, [(n, None, a) for n, a in zip(names, at1)])
     assert st["generation"] == 1 and st["dense_generation"] == 1
@@ -374,6 +376,7 @@ def test_sparse_generations_chain(s1):
         a = ferry.sparse.announce(s1, model, g - 1, g, keys[g])
         assert a["objects"] == 2 and a["dense_generation"] == 1 and a["chain"] == g
     assert ferry.weights.active(s1, model)[0] == 3
+    assert ferry.sparse.active(s1, model) == (3, True)
     ch = ferry.sparse.chain(s1, model, 0)
     assert ch["active"] == 3 and ch["dense"] == 1 and ch["load_dense"]
     assert [l["generation"] for l in ch["links"]] == [2, 3] and sorted(ch["links"][1]["keys"]) == sorted(keys[3])

@@ -84,6 +84,38 @@ static int walk(ferry_store *s, const char *model, uint64_t top, const uint8_t d
     }
 }
 
+int ferry_sparse_active(ferry_store *s, const char *model, uint64_t *generation, bool *sparse,
+                        ferry_error *err)
+{
+    if (!s || !model || !*model || strchr(model, '/') || !generation || !sparse)
+        return fr_fail(err, FERRY_EINVAL, "sparse active: bad arguments (store, model, out)");
+    *generation = 0;
+    *sparse = false;
+    char keys[2][FR_KEY_MAX];
+    fr_key_wk(keys[0], sizeof keys[0], model, 0, "active");
+    fr_key_wk(keys[1], sizeof keys[1], model, 0, "sparse");
+    const char *kp[2] = { keys[0], keys[1] };
+    ferry_kv_value v[2] = {{0}};
+    int res[2] = {0};
+    (void)ferry_kv_batch_get(s, kp, 2, v, res, NULL);
+    int rc = res[0];
+    unsigned long long g = 0;
+    char hex[33] = "";   /* the mark is the sparse announcement's value: generation and digest */
+    if (rc == FERRY_ENOENT)
+        fr_fail(err, rc, "no generation of %s was announced", model);
+    else if (rc < 0)
+        fr_fail(err, rc, "cannot read the active generation of %s: %s", model, ferry_strerror(rc));
+    else if (sscanf(v[0].val, "%llu %32s", &g, hex) != 2 || strlen(hex) != 32)
+        rc = fr_fail(err, FERRY_EPROTO, "%s does not hold a generation and its digest", keys[0]);
+    else {
+        *generation = g;
+        *sparse = res[1] == 0 && v[1].len == v[0].len && memcmp(v[0].val, v[1].val, v[0].len) == 0;
+    }
+    ferry_store_free(v[0].val);
+    ferry_store_free(v[1].val);
+    return rc;
+}
+
 int ferry_sparse_chain_resolve(ferry_store *s, const char *model, uint64_t held,
                                ferry_sparse_chain *out, ferry_error *err)
 {
@@ -324,9 +356,16 @@ int fr_sgen_announce(ferry_store *s, const char *model, uint64_t base, uint64_t 
         char hex[33], val[64];
         fr_hash128_hex(dg, hex);
         int vn = snprintf(val, sizeof val, "%" PRIu64 " %s", gen, hex);
-        rc = ferry_kv_cas(s, ak, expected, val, (size_t)vn, NULL, err);
+        /* the sparse mark — this announcement's own value, under its own
+         * key — before the announcement it marks (ferry_sparse_active) */
+        fr_key_wk(k, sizeof k, model, 0, "sparse");
         uint64_t now = 0;
-        if (rc == FERRY_ESTATE)
+        int mrc = ferry_kv_put(s, k, val, (size_t)vn, NULL, err);
+        rc = mrc < 0 ? mrc : ferry_kv_cas(s, ak, expected, val, (size_t)vn, NULL, err);
+        if (mrc < 0)
+            fr_fail(err, rc, "sparse announce of %s: cannot store the sparse mark: %s; nothing "
+                    "announced", model, fr_why(err, rc));
+        else if (rc == FERRY_ESTATE)
             fr_fail(err, rc, "sparse announce of %s generation %" PRIu64 ": another publish "
                     "announced a generation meanwhile; nothing announced", model, gen);
         else if (rc < 0 && fr_rl_active_read(s, model, &now, NULL, NULL) == 0 && now == gen)

@@ -4,6 +4,8 @@
  *
  *   ferry/wk/M/active       "G <digest hex>[ <policy record JSON>]": the announced generation
  *   ferry/wk/M/history      announced generations still stored, ascending
+ *   ferry/wk/M/sparse       the last sparse announcement's value, written just before it
+ *                           (gen_sparse.c, ferry_sparse_active)
  *   ferry/wk/M/G/part/R     rank R's part of its current attempt: "ok 2" then "<digest of
  *                           its stored placement> <objects> <segment> <checksums hash>", or
  *                           "failed <code> <why>"; removed once a failed attempt is decided

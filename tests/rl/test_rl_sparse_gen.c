@@ -311,6 +311,39 @@ static void test_fresh_and_restarted(void **state)
     ferry_store_close(s2);
 }
 
+/* ferry_sparse_active: the announced generation and its kind, as the chain
+ * says it, after dense and sparse announcements in turn. */
+static void test_sparse_active(void **state)
+{
+    ft_solo *f = *state;
+    static model m;
+    model_init(&m, "sgactive");
+    uint64_t g = 7;
+    bool sparse = true;
+    ferry_error err = {0};
+    assert_int_equal(ferry_sparse_active(f->s, m.name, &g, &sparse, &err), FERRY_ENOENT);
+    assert_non_null(strstr(err.msg, "no generation of sgactive"));
+    assert_int_equal(g, 0);
+    assert_false(sparse);
+    assert_int_equal(ferry_sparse_active(f->s, "bad/name", &g, &sparse, &err), FERRY_EINVAL);
+    publish_dense(f->s, &m, 1);
+    assert_int_equal(ferry_sparse_active(f->s, m.name, &g, &sparse, &err), 0);
+    assert_int_equal(g, 1);
+    assert_false(sparse);
+    put_and_announce(f->s, &m, 2, 1);
+    assert_int_equal(ferry_sparse_active(f->s, m.name, &g, &sparse, &err), 0);
+    assert_int_equal(g, 2);
+    assert_true(sparse);
+    ferry_sparse_chain ch;
+    assert_int_equal(ferry_sparse_chain_resolve(f->s, m.name, 1, &ch, &err), 0);
+    assert_int_equal(ch.nlinks, 1);   /* the chain agrees */
+    ferry_sparse_chain_free(&ch);
+    publish_dense(f->s, &m, 3);   /* the mark still names 2: 3 reads as dense */
+    assert_int_equal(ferry_sparse_active(f->s, m.name, &g, &sparse, &err), 0);
+    assert_int_equal(g, 3);
+    assert_false(sparse);
+}
+
 /* Wrong bases: refused, nothing applied, nothing announced. */
 static void test_wrong_base(void **state)
 {
@@ -484,6 +517,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_worker_at_base),
         cmocka_unit_test(test_fresh_and_restarted),
+        cmocka_unit_test(test_sparse_active),
         cmocka_unit_test(test_wrong_base),
         cmocka_unit_test(test_retention),
         cmocka_unit_test(test_empty_delta),
