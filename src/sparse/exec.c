@@ -278,6 +278,48 @@ out:
     return rc;
 }
 
+/* Rows [r0, r1) of a read: the entries inside the box (lo, ext) kept,
+ * rebased to it and appended at dst/vdst; returns how many. Branch-free
+ * (each entry is written, then counted only when kept: dst has room for
+ * every row) and inlined with constant index, value and rank sizes, so the
+ * common layouts compile to straight loads and compares: a column-sharded
+ * target filters every entry of every row it meets. */
+static inline __attribute__((always_inline)) uint64_t
+filter_rows_k(const uint8_t *ix, size_t isz, const uint8_t *vals, size_t vsz, uint32_t ndim,
+              uint64_t r0, uint64_t r1, const uint64_t *lo, const uint64_t *ext, int64_t *dst,
+              uint8_t *vdst)
+{
+    uint64_t o = 0;
+    for (uint64_t row = r0; row < r1; row++) {
+        bool keep = true;
+        for (uint32_t k = 0; k < ndim; k++) {
+            uint64_t x = (uint64_t)fr_sp_coord(ix, isz, row, ndim, k) - lo[k];
+            keep &= x < ext[k];   /* below lo wraps around: out too */
+            dst[o * ndim + k] = (int64_t)x;
+        }
+        memcpy(vdst + o * vsz, vals + row * vsz, vsz);
+        o += keep;
+    }
+    return o;
+}
+
+static uint64_t filter_rows(const void *ix, size_t isz, const void *vals, size_t vsz,
+                            uint32_t ndim, uint64_t r0, uint64_t r1, const uint64_t *lo,
+                            const uint64_t *ext, int64_t *dst, uint8_t *vdst)
+{
+#define FR_FILTER(I, V, N) \
+    if (isz == (I) && vsz == (V) && ndim == (N)) \
+        return filter_rows_k(ix, I, vals, V, N, r0, r1, lo, ext, dst, vdst)
+    FR_FILTER(8, 2, 2);
+    FR_FILTER(8, 4, 2);
+    FR_FILTER(4, 2, 2);
+    FR_FILTER(4, 4, 2);
+    FR_FILTER(8, 2, 1);
+    FR_FILTER(8, 4, 1);
+#undef FR_FILTER
+    return filter_rows_k(ix, isz, vals, vsz, ndim, r0, r1, lo, ext, dst, vdst);
+}
+
 /* One (source, target) pair: its ranges out of the reads, filtered and
  * rebased. */
 static int make_result(sp_call *c, const ferry_sparse_pair *p, const ferry_sparse_target *t,
@@ -305,10 +347,10 @@ static int make_result(sp_call *c, const ferry_sparse_pair *p, const ferry_spars
     res->values = fr_malloc(cap * vsz);
     if (!res->indices || !res->values)
         return fr_fail(err, FERRY_ENOMEM, "read_sparse_objects: out of memory");
-    uint64_t lo[FERRY_SPARSE_NDIM_MAX], hi[FERRY_SPARSE_NDIM_MAX], o = 0;
+    uint64_t lo[FERRY_SPARSE_NDIM_MAX], ext[FERRY_SPARSE_NDIM_MAX], o = 0;
     for (uint32_t k = 0; k < d->ndim; k++) {
         lo[k] = t->offset[k];
-        hi[k] = t->offset[k] + t->shape[k];
+        ext[k] = t->shape[k];
     }
     for (size_t j = 0; j < p->n; j++) {
         const ferry_sparse_range *g = &c->plan.ranges[p->first + j];
@@ -338,22 +380,11 @@ static int make_result(sp_call *c, const ferry_sparse_pair *p, const ferry_spars
             o += cnt;
             continue;
         }
-        for (uint64_t row = g->start - base; row < g->end - base; row++) {
-            bool keep = true;
-            for (uint32_t k = 0; k < d->ndim && g->boundary; k++) {
-                int64_t x = fr_sp_coord(b->indices, isz, row, d->ndim, k);
-                keep = keep && x >= 0 && (uint64_t)x >= lo[k] && (uint64_t)x < hi[k];
-            }
-            if (!keep) {
-                c->st.boundary_filtered++;
-                continue;
-            }
-            for (uint32_t k = 0; k < d->ndim; k++)
-                res->indices[o * d->ndim + k] =
-                    fr_sp_coord(b->indices, isz, row, d->ndim, k) - (int64_t)lo[k];
-            memcpy((uint8_t *)res->values + o * vsz, (const uint8_t *)b->values + row * vsz, vsz);
-            o++;
-        }
+        uint64_t kept = filter_rows(b->indices, isz, b->values, vsz, d->ndim, g->start - base,
+                                    g->end - base, lo, ext, res->indices + o * d->ndim,
+                                    (uint8_t *)res->values + o * vsz);
+        c->st.boundary_filtered += (g->end - g->start) - kept;
+        o += kept;
     }
     res->nnz = o;
     c->st.entries_kept += o;
