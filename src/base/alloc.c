@@ -97,3 +97,101 @@ int fr_grow(void **v, size_t *cap, size_t need, size_t esz)
     *cap = target;
     return 0;
 }
+
+/* ---- warm buffers (base.h) ---------------------------------------------- */
+
+#include <pthread.h>
+#include <sys/mman.h>
+
+#define WARM_HDR 64                          /* keeps the block 64-byte aligned */
+#define WARM_MIN ((size_t)256 << 10)         /* below: malloc's free lists are warm */
+#define WARM_KEEP ((size_t)256 << 20)        /* kept, free, per process at most */
+#define WARM_SLOTS 32
+#define WARM_GRAIN ((size_t)64 << 10)
+
+typedef struct warm_hdr {
+    size_t cap;                              /* bytes after the header; 0: from malloc */
+} warm_hdr;
+
+static pthread_mutex_t warm_mu = PTHREAD_MUTEX_INITIALIZER;
+static void *warm_kept[WARM_SLOTS];          /* oldest first */
+static size_t warm_nkept, warm_bytes;
+
+static void warm_unmap(void *h)
+{
+    (void)munmap(h, ((warm_hdr *)h)->cap + WARM_HDR);
+}
+
+void *fr_warm_alloc(size_t size)
+{
+#ifdef __SANITIZE_ADDRESS__
+    return fr_malloc(size);   /* the sanitizer sees every block */
+#else
+    if (!fr_size_ok(size) || size > PTRDIFF_MAX - WARM_HDR - WARM_GRAIN)
+        return NULL;
+    if (size < WARM_MIN) {
+        warm_hdr *h = malloc(size + WARM_HDR);
+        if (!h)
+            return NULL;
+        h->cap = 0;
+        return (uint8_t *)h + WARM_HDR;
+    }
+    pthread_mutex_lock(&warm_mu);
+    size_t best = SIZE_MAX;
+    for (size_t i = 0; i < warm_nkept; i++) {   /* the smallest that fits, not far too big */
+        size_t cap = ((warm_hdr *)warm_kept[i])->cap;
+        if (cap >= size && cap / 2 <= size + WARM_GRAIN &&
+            (best == SIZE_MAX || cap < ((warm_hdr *)warm_kept[best])->cap))
+            best = i;
+    }
+    void *h = NULL;
+    if (best != SIZE_MAX) {
+        h = warm_kept[best];
+        warm_bytes -= ((warm_hdr *)h)->cap;
+        memmove(&warm_kept[best], &warm_kept[best + 1], (warm_nkept - best - 1) * sizeof h);
+        warm_nkept--;
+    }
+    pthread_mutex_unlock(&warm_mu);
+    if (h)
+        return (uint8_t *)h + WARM_HDR;
+    size_t len = (size + WARM_HDR + WARM_GRAIN - 1) / WARM_GRAIN * WARM_GRAIN;
+    h = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (h == MAP_FAILED)
+        return NULL;
+    ((warm_hdr *)h)->cap = len - WARM_HDR;
+    return (uint8_t *)h + WARM_HDR;
+#endif
+}
+
+void fr_warm_free(void *p)
+{
+#ifdef __SANITIZE_ADDRESS__
+    fr_free(p);
+#else
+    if (!p)
+        return;
+    warm_hdr *h = (warm_hdr *)((uint8_t *)p - WARM_HDR);
+    if (h->cap == 0) {
+        free(h);
+        return;
+    }
+    void *drop[WARM_SLOTS + 1];
+    size_t ndrop = 0;
+    pthread_mutex_lock(&warm_mu);
+    if (h->cap > WARM_KEEP) {
+        drop[ndrop++] = h;
+    } else {
+        while (warm_nkept && (warm_nkept == WARM_SLOTS || warm_bytes + h->cap > WARM_KEEP)) {
+            drop[ndrop++] = warm_kept[0];   /* the oldest goes */
+            warm_bytes -= ((warm_hdr *)warm_kept[0])->cap;
+            memmove(&warm_kept[0], &warm_kept[1], (warm_nkept - 1) * sizeof warm_kept[0]);
+            warm_nkept--;
+        }
+        warm_kept[warm_nkept++] = h;
+        warm_bytes += h->cap;
+    }
+    pthread_mutex_unlock(&warm_mu);
+    for (size_t i = 0; i < ndrop; i++)
+        warm_unmap(drop[i]);
+#endif
+}

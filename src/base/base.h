@@ -67,6 +67,14 @@ void *fr_realloc(void *p, size_t size);
 void *fr_reallocarray(void *p, size_t n, size_t size);
 char *fr_strdup(const char *s);
 void fr_free(void *p);
+/* Warm buffers: large blocks that are freed into a per-process pool (at
+ * most 256 MiB, the oldest returned to the system first) and handed out
+ * again by size, so that a buffer of the same size every update is written
+ * through pages its process has written before (on a VM a first write
+ * through a fresh page costs ~15 us: docs/base.md, "Warm buffers"). Small
+ * ones come from malloc. Free only with fr_warm_free. Under ASan: malloc. */
+void *fr_warm_alloc(size_t size);
+void fr_warm_free(void *p);
 /* Grow *v (element size esz) so it holds at least need elements; doubles capacity. */
 int fr_grow(void **v, size_t *cap, size_t need, size_t esz);
 

@@ -230,8 +230,8 @@ static int do_reads(sp_call *c, ferry_error *err)
         }
         uint64_t rows = rd->end - rd->start;
         uint64_t irow = e->mi.nbytes / d->nnz, vrow = e->mv.nbytes / d->nnz;
-        c->bufs[i].indices = fr_malloc(rows * irow);
-        c->bufs[i].values = fr_malloc(rows * vrow);
+        c->bufs[i].indices = fr_warm_alloc(rows * irow);
+        c->bufs[i].values = fr_warm_alloc(rows * vrow);
         if (!c->bufs[i].indices || !c->bufs[i].values) {
             rc = fr_fail(err, FERRY_ENOMEM, "read_sparse_objects: out of memory for %" PRIu64
                          " entries", rows);
@@ -343,8 +343,8 @@ static int make_result(sp_call *c, const ferry_sparse_pair *p, const ferry_spars
     }
     if (cap == 0)
         return 0;
-    res->indices = fr_malloc(cap * d->ndim * sizeof(int64_t));
-    res->values = fr_malloc(cap * vsz);
+    res->indices = fr_warm_alloc(cap * d->ndim * sizeof(int64_t));   /* ferry_sparse_results_free */
+    res->values = fr_warm_alloc(cap * vsz);
     if (!res->indices || !res->values)
         return fr_fail(err, FERRY_ENOMEM, "read_sparse_objects: out of memory");
     uint64_t lo[FERRY_SPARSE_NDIM_MAX], ext[FERRY_SPARSE_NDIM_MAX], o = 0;
@@ -441,8 +441,8 @@ static int publish(ferry_store *s, const char *prefix, const ferry_sparse_result
 static void call_end(sp_call *c)
 {
     for (size_t i = 0; i < c->plan.nreads && c->bufs; i++) {
-        fr_free(c->bufs[i].indices);
-        fr_free(c->bufs[i].values);
+        fr_warm_free(c->bufs[i].indices);
+        fr_warm_free(c->bufs[i].values);
     }
     fr_free(c->bufs);
     fr_free(c->order);
@@ -541,8 +541,8 @@ void ferry_sparse_results_free(ferry_sparse_result *r, size_t n)
     if (!r)
         return;
     for (size_t i = 0; i < n; i++) {
-        fr_free(r[i].indices);
-        fr_free(r[i].values);
+        fr_warm_free(r[i].indices);
+        fr_warm_free(r[i].values);
     }
     fr_free(r);
 }

@@ -313,6 +313,50 @@ static void test_alloc(void **state)
     fr_free(NULL);
 }
 
+/* Warm buffers: a freed large block comes back for the next request of
+ * its size, written before (its bytes kept); small ones and NULL work;
+ * a request far smaller than the block kept gets another. */
+static void test_warm_alloc(void **state)
+{
+    (void)state;
+    fr_warm_free(NULL);
+    uint8_t *small = fr_warm_alloc(100);
+    assert_non_null(small);
+    memset(small, 7, 100);
+    fr_warm_free(small);
+    assert_null(fr_warm_alloc(SIZE_MAX - 8));
+    size_t n = (size_t)3 << 20;
+    uint8_t *a = fr_warm_alloc(n);
+    assert_non_null(a);
+    assert_int_equal((uintptr_t)a % 64, 0);
+    memset(a, 0x5a, n);
+    fr_warm_free(a);
+    uint8_t *b = fr_warm_alloc(n - 4096);   /* fits the block kept */
+    assert_non_null(b);
+    uint8_t *c = fr_warm_alloc(n);          /* the pool is empty again: a new one */
+    assert_non_null(c);
+    assert_ptr_not_equal(b, c);
+    memset(c, 1, n);
+#ifndef __SANITIZE_ADDRESS__   /* the sanitizer build hands every block to malloc */
+    assert_ptr_equal(b, a);
+    assert_int_equal(b[0], 0x5a);
+    assert_int_equal(b[n - 4097], 0x5a);
+    fr_warm_free(c);
+    uint8_t *d = fr_warm_alloc(300 << 10);  /* far smaller than the 3 MiB kept: not it */
+    assert_ptr_not_equal(d, c);
+    fr_warm_free(d);
+#else
+    fr_warm_free(c);
+#endif
+    fr_warm_free(b);
+    for (int i = 0; i < 40; i++) {          /* more than the pool keeps: the oldest go */
+        uint8_t *e = fr_warm_alloc(((size_t)i + 1) << 20);
+        assert_non_null(e);
+        e[0] = (uint8_t)i;
+        fr_warm_free(e);
+    }
+}
+
 static void test_grow(void **state)
 {
     (void)state;
@@ -675,6 +719,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_log_threads),
         cmocka_unit_test(test_log_env),
         cmocka_unit_test(test_alloc),
+        cmocka_unit_test(test_warm_alloc),
         cmocka_unit_test(test_grow),
         cmocka_unit_test(test_deadline),
         cmocka_unit_test(test_cond_timedwait_expires),
