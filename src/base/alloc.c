@@ -106,7 +106,7 @@ int fr_grow(void **v, size_t *cap, size_t need, size_t esz)
 #define WARM_HDR 64                          /* keeps the block 64-byte aligned */
 #define WARM_MIN ((size_t)256 << 10)         /* below: malloc's free lists are warm */
 #define WARM_KEEP ((size_t)256 << 20)        /* kept, free, per process at most */
-#define WARM_SLOTS 32
+#define WARM_SLOTS 512                       /* an update frees one block per tensor and more */
 #define WARM_GRAIN ((size_t)64 << 10)
 
 typedef struct warm_hdr {

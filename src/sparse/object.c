@@ -383,7 +383,7 @@ typedef struct { uint64_t key, idx; } sortent;
  * bytes every key shares. */
 static int radix_sort(sortent *a, size_t n)
 {
-    sortent *b = fr_malloc(n * sizeof *b);
+    sortent *b = fr_warm_alloc(n * sizeof *b);
     if (!b)
         return FERRY_ENOMEM;
     uint64_t all_or = 0, all_and = UINT64_MAX;
@@ -408,7 +408,7 @@ static int radix_sort(sortent *a, size_t n)
     }
     if (src != a)
         memcpy(a, src, n * sizeof *a);
-    fr_free(b);
+    fr_warm_free(b);
     return 0;
 }
 
@@ -436,9 +436,9 @@ typedef struct built {
 
 static void built_free(built *b)
 {
-    fr_free(b->ent);
-    fr_free(b->indices);
-    fr_free(b->values);
+    fr_warm_free(b->ent);   /* the entry-sized buffers are warm (base.h) */
+    fr_warm_free(b->indices);
+    fr_warm_free(b->values);
     fr_free(b->tile_coords);
     fr_free(b->tile_ptr);
 }
@@ -507,8 +507,8 @@ static int build_sorted(const ferry_sparse_desc *d, const void *indices, const v
         tiles += !i || b->ent[i].key / vol != b->ent[i - 1].key / vol;
     }
     size_t row = (size_t)d->ndim * isz;
-    b->indices = fr_malloc(uniq * row);
-    b->values = fr_malloc(uniq * vsz);
+    b->indices = fr_warm_alloc(uniq * row);
+    b->values = fr_warm_alloc(uniq * vsz);
     b->tile_coords = fr_malloc(tiles * d->ndim * sizeof(int64_t));
     b->tile_ptr = fr_malloc((tiles + 1) * sizeof(int64_t));
     if (!b->indices || !b->values || !b->tile_coords || !b->tile_ptr)
@@ -614,7 +614,7 @@ static int put_build(const void *indices, const void *values, sp_put *p, ferry_e
     ferry_sparse_desc *sd = &p->sd;
     size_t isz = fr_sp_index_size(sd->index_dtype), vsz = fr_sp_value_size(sd->value_dtype);
     built *b = &p->b;
-    b->ent = fr_malloc(sd->nnz * sizeof *b->ent);
+    b->ent = fr_warm_alloc(sd->nnz * sizeof *b->ent);
     if (!b->ent)
         return fr_fail(err, FERRY_ENOMEM, "put_sparse_object %s: out of memory for %" PRIu64
                        " entries", sd->tensor_id, sd->nnz);
@@ -625,7 +625,7 @@ static int put_build(const void *indices, const void *values, sp_put *p, ferry_e
         fr_fail(err, rc, "put_sparse_object %s: out of memory", sd->tensor_id);
     if (rc < 0)
         return rc;
-    fr_free(b->ent);   /* the sort's keys are not needed past here */
+    fr_warm_free(b->ent);   /* the sort's keys are not needed past here */
     b->ent = NULL;
     sd->nnz = b->nnz;
     sd->ntiles = b->ntiles;
