@@ -49,6 +49,7 @@ typedef struct fr_member {
     fr_sfrag *frags;
     ferry_peer_id peer;          /* its engine, imported (the worker id when not) */
     void *owned;                 /* frags and dims, when allocated for it */
+    char where[80];              /* " (node N at ADDR:PORT)": for errors that name it */
 } fr_member;
 
 /* Memory for a plan's large arrays: an anonymous mapping asked for huge
