@@ -228,8 +228,8 @@ typedef struct apply {
 } apply;
 
 /* The first failure of the apply is its error: the stream's sentence
- * (which op, which peer, why) when the stream failed with this code. */
-/* fmt names worker `to` and where it runs ("worker %u%s"), then why. */
+ * (which op, which peer, why) when the stream failed with this code.
+ * fmt names worker `to` and where it runs ("worker %u%s"), then why. */
 static int fail_once(apply *ap, int code, const char *fmt, uint32_t to)
 {
     if (ap->rc == 0) {
@@ -643,6 +643,24 @@ static int exchange(ferry_subscriber *sub, const fr_gen *g, uint64_t gen, const 
     return rc;
 }
 
+/* A ticket of an earlier, failed update whose wait ran out with bytes in
+ * flight (a partition) fences its peer until it drains: over a link that
+ * came back that is TCP's retransmission backoff, up to minutes, and every
+ * update meanwhile fails at the fence. That update's writes are not wanted
+ * any more (its members rebuild), so each such peer is reset (an abortive
+ * close: nothing of them lands later) and this update reconnects. */
+#define UNFENCE_MAX 64
+void fr_sub_unfence(ferry_subscriber *sub)
+{
+    ferry_engine *e = ferry_store_engine(sub->s);
+    ferry_pending_info p[UNFENCE_MAX];
+    for (int pass = 0; pass < 2; pass++) {   /* a ticket fences each of its peers */
+        int n = ferry_engine_pending(e, p, UNFENCE_MAX);
+        for (int i = 0; i < n && i < UNFENCE_MAX; i++)
+            (void)ferry_peer_reset(e, p[i].peer);
+    }
+}
+
 /* The part of a round after prepare: the exchange (telling the group
  * why not, g NULL), the plan, apply and (not given) the post-apply
  * barrier. t0: when the round began. */
@@ -917,23 +935,6 @@ void fr_subscriber_forget(ferry_subscriber *sub, uint64_t gen)
     (void)ferry_kv_delete(sub->s, key, 0, NULL, NULL);
 }
 
-/* A ticket of an earlier, failed update whose wait ran out with bytes in
- * flight (a partition) fences its peer until it drains: over a link that
- * came back that is TCP's retransmission backoff, up to minutes, and every
- * update meanwhile fails at the fence. That update's writes are not wanted
- * any more (its members rebuild), so each such peer is reset (an abortive
- * close: nothing of them lands later) and this update reconnects. */
-#define UNFENCE_MAX 64
-static void unfence(ferry_engine *e)
-{
-    ferry_pending_info p[UNFENCE_MAX];
-    for (int pass = 0; pass < 2; pass++) {   /* a ticket fences each of its peers */
-        int n = ferry_engine_pending(e, p, UNFENCE_MAX);
-        for (int i = 0; i < n && i < UNFENCE_MAX; i++)
-            (void)ferry_peer_reset(e, p[i].peer);
-    }
-}
-
 int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_update_stats *st,
                             ferry_error *err)
 {
@@ -944,7 +945,7 @@ int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_u
     if (!sub || !generation)
         return fr_fail(err, FERRY_EINVAL, "subscriber: bad arguments");
     uint64_t f0 = fr_minor_faults(), t0 = fr_now_ns();
-    unfence(ferry_store_engine(sub->s));
+    fr_sub_unfence(sub);   /* before prepare, whose reads would meet the fence first */
     int rc = sub->mem ? fr_sub_elastic_update(sub, sub->mem, generation, st, err)
                       : update_round(sub, generation, st, err);
     st->faults = fr_minor_faults() - f0;
