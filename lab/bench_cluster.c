@@ -32,6 +32,7 @@ typedef struct bc_opts {
     const char *rate;
     double check_seconds;
     bool json;
+    const char *plot;
 } bc_opts;
 
 static const cli_opt bc_table[] = {
@@ -56,6 +57,9 @@ static const cli_opt bc_table[] = {
     CLI_DOUBLE(bc_opts, check_seconds, "check-seconds", "S", 0.2, 30,
                "each direction's link-check stream (default 1.5)"),
     CLI_FLAG(bc_opts, json, "json", "one JSON object on stdout (default: a table)"),
+    CLI_ARG(bc_opts, plot, "plot", "FILE.svg",
+            "draw each host's link per 100 ms, one panel per strategy, with\n"
+            "its link rate and the modelled bound (gnuplot; default: none)"),
 };
 
 static const cli_cmd bc_cmd = {
@@ -80,6 +84,8 @@ typedef struct bc_run {
     char master[128];
     char stats[300];
     json_t *counters[2];   /* the direct and compat updates' own counters (demo_counters_collect) */
+    bc_series series[S_N]; /* --plot: each strategy's link counters every 100 ms */
+    bool plot;
     /* the CPU sampler */
     pthread_t cpu_thread;
     bool cpu_on;
@@ -124,22 +130,7 @@ static int read_ports(const lab *L, double up[LAB_MAX_HOSTS], double down[LAB_MA
     if (pid > 0)
         while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {
         }
-    unsigned found = 0;
-    for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {
-        unsigned i;
-        int off = 0;
-        while (*line == ' ')
-            line++;
-        unsigned long long v[9];
-        if (sscanf(line, "p%u:%n", &i, &off) != 1 || off == 0 || i >= L->hosts ||
-            sscanf(line + off, "%llu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2],
-                   &v[3], &v[4], &v[5], &v[6], &v[7], &v[8]) != 9)
-            continue;
-        up[i] = (double)v[0];     /* the port receives what the host sends */
-        down[i] = (double)v[8];   /* and sends what it receives */
-        found++;
-    }
-    return found == L->hosts ? 0 : -1;
+    return bc_parse_ports(buf, L->hosts, up, down);
 }
 
 /* ---- the CPU: the busiest second of the measured phases --------------------------------- */
@@ -333,6 +324,11 @@ static int measure(bc_run *R, int s, bc_fig *f, json_t **nodes, char *err, size_
     char cmd[64];
     bool ok;
     f->bad = 0;
+    bc_sampler sp;
+    if (R->plot && bc_sampler_start(&sp, &R->L, &R->series[s]) < 0) {
+        snprintf(err, cap, "--plot: cannot start the link sampler");
+        return -1;
+    }
     switch (s) {
     case S_DIRECT:
     case S_COMPAT:
@@ -347,6 +343,10 @@ static int measure(bc_run *R, int s, bc_fig *f, json_t **nodes, char *err, size_
     default:
         ok = round_all(R, true, true, "bcast 1", &f->s, &f->bad, err, cap);
         break;
+    }
+    if (R->plot && bc_sampler_stop(&sp) < 0 && ok) {
+        snprintf(err, cap, "--plot: cannot sample the switch's port counters");
+        return -1;
     }
     if (ok && read_ports(&R->L, u1, d1) < 0) {
         snprintf(err, cap, "cannot read the switch's port counters");
@@ -493,8 +493,18 @@ int cmd_bench_cluster(int argc, char **argv, const char *self)
         demo_model_free(&dm);
         return 2;
     }
+    if (o.plot) {   /* a file it cannot write is refused before anything is made */
+        int fd = open(o.plot, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+        if (fd < 0) {
+            fprintf(stderr, "ferry-lab bench cluster: --plot %s: %s\n", o.plot, strerror(errno));
+            demo_model_free(&dm);
+            return 2;
+        }
+        close(fd);
+    }
     static bc_run R;
     memset(&R, 0, sizeof R);
+    R.plot = o.plot != NULL;
     pthread_mutex_init(&R.cpu_lock, NULL);
     int rc = 1;
     char err[512] = "";
@@ -596,6 +606,14 @@ int cmd_bench_cluster(int argc, char **argv, const char *self)
         pthread_join(R.cpu_thread, NULL);
         R.cpu_on = false;
     }
+    if (o.plot) {
+        bc_plot_panel pp[S_N];
+        for (int s = 0; s < S_N; s++)
+            pp[s] = (bc_plot_panel){ s_key[s], f[s].s, f[s].model_s, s == S_COMPAT ? cbound_s : bound_s };
+        if (bc_plot_write(o.plot, R.L.dir, &R.t, R.series, pp, S_N, err, sizeof err) < 0)
+            goto out;
+        fprintf(o.json ? stderr : stdout, "plot: %s (one panel per strategy)\n", o.plot);
+    }
     report(&R, &o, f, publish_s, bound_s, cbound_s, worst);
     rc = 0;
 out:
@@ -611,6 +629,8 @@ out:
     unsetenv("FERRY_DEMO_STATS");
     json_decref(R.counters[0]);
     json_decref(R.counters[1]);
+    for (int s = 0; s < S_N; s++)
+        bc_series_free(&R.series[s]);
     bc_topo_free(&R.t);
     demo_model_free(&dm);
     return rc;

@@ -5,6 +5,7 @@
 #define FERRY_LAB_BENCH_CLUSTER_H
 
 #include <jansson.h>
+#include <pthread.h>
 
 #include "demo.h"
 #include "cluster.h"
@@ -57,5 +58,42 @@ int bc_model_direct(const bc_topo *t, const json_t *nodes, bc_links *l);
  * reader and pushed once to each other host: the library's reader
  * assignment over whole tensors (fr_um_compat_whole). 0 or -1. */
 int bc_model_compat(const bc_topo *t, bc_links *l);
+
+/* ---- --plot (bench_cluster_plot.c) ---- */
+
+/* The switch namespace's /proc/net/dev text (buf, modified): each host's
+ * port counters, up[i] (what host i sent) and down[i] (what it received),
+ * bytes. 0, or -1 unless every host's port was there. */
+int bc_parse_ports(char *buf, unsigned hosts, double *up, double *down);
+
+typedef struct bc_hostv { double v[LAB_MAX_HOSTS]; } bc_hostv;
+/* Every host's counters over one strategy, sampled every 100 ms. */
+typedef struct bc_series {
+    unsigned hosts;
+    size_t n, cap;
+    double *t;                 /* seconds since the strategy began */
+    bc_hostv *up, *down;       /* cumulative bytes at t */
+} bc_series;
+typedef struct bc_sampler {
+    pthread_t th;
+    bool on, failed;
+    volatile int stop;
+    const lab *L;
+    bc_series *s;
+    uint64_t t0;               /* CLOCK_MONOTONIC ns */
+} bc_sampler;
+/* A thread (in the switch namespace) filling s until bc_sampler_stop,
+ * which says whether it got at least two samples and every read worked:
+ * 0 or -1. */
+int bc_sampler_start(bc_sampler *sp, const lab *L, bc_series *s);
+int bc_sampler_stop(bc_sampler *sp);
+void bc_series_free(bc_series *s);
+
+/* One panel's captions. */
+typedef struct bc_plot_panel { const char *name; double time_s, model_s, bound_s; } bc_plot_panel;
+/* The SVG: one panel per strategy (s[k], p[k]), its data and gnuplot
+ * script in dir. 0, or -1 with err set. */
+int bc_plot_write(const char *svg, const char *dir, const bc_topo *t, const bc_series *s,
+                  const bc_plot_panel *p, unsigned ns, char *err, size_t cap);
 
 #endif

@@ -31,7 +31,8 @@ typedef struct cl_opts {
     const char *prefix;
     const char *run[MAX_RUN];
     unsigned nrun;
-    bool json;
+    bool json, bare;
+    const char *net;
 } cl_opts;
 
 static int add_run(void *opts, const char *flag, const char *val)
@@ -65,6 +66,11 @@ static const cli_opt up_table[] = {
              "hold until SIGINT/SIGTERM)"),
     CLI_ARG(cl_opts, ready_file, "ready-file", "F",
             "once up, write `prefix P`, `master ADDR`, `dir D` lines to F"),
+    CLI_FLAG(cl_opts, bare, "bare", "the hosts and their links only: no master and no nodes\n"
+                                    "(the commands run there start their own; docs/deploy.md)"),
+    CLI_ARG(cl_opts, net, "net", "A.B.C",
+            "the hosts' private /24: hosts A.B.C.1 .. A.B.C.N, the bridge\n"
+            "A.B.C.254 (default: 10.X.Y from the pid)"),
 };
 static const cli_opt clean_table[] = {
     CLI_ARG(cl_opts, prefix, "prefix", "P", "the lab to remove, e.g. fl12345 (default: every lab\n"
@@ -324,7 +330,8 @@ static int write_ready(const lab *L, const char *file, const char *master)
     char tmp[PATH_MAX];
     snprintf(tmp, sizeof tmp, "%s.tmp", file);
     FILE *f = fopen(tmp, "w");
-    if (!f || fprintf(f, "prefix %s\nmaster %s\ndir %s\n", L->prefix, master, L->dir) < 0 ||
+    if (!f || fprintf(f, "prefix %s\n%s%s%sdir %s\n", L->prefix, master[0] ? "master " : "", master,
+                      master[0] ? "\n" : "", L->dir) < 0 ||
         fclose(f) != 0 || rename(tmp, file) != 0) {
         fprintf(stderr, "ferry-lab cluster: cannot write --ready-file %s\n", file);
         return -1;
@@ -341,7 +348,7 @@ static int run_phase(lab *L, const cl_opts *o, const char *master)
     for (unsigned r = 0; r < o->nrun; r++)
         for (unsigned h = 0; h < L->hosts; h++) {
             const char *argv[] = { "/bin/sh", "-c", o->run[r], NULL };
-            pids[n] = spawn(L, h, NULL, master, argv, false);
+            pids[n] = spawn(L, h, NULL, master[0] ? master : NULL, argv, false);
             if (pids[n] < 0)
                 return -1;
             n++, left++;
@@ -388,10 +395,28 @@ int lab_open(lab *L, unsigned hosts, uint64_t rate)
     return 0;
 }
 
+/* A.B.C of a private /24 (10/8, 172.16/12, 192.168/16): 0, or -1 after a line. */
+static int parse_net(const char *net, char *out, size_t cap)
+{
+    unsigned a, b, c;
+    int n = 0;
+    if (sscanf(net, "%u.%u.%u%n", &a, &b, &c, &n) != 3 || net[n] || b > 255 || c > 255 ||
+        !(a == 10 || (a == 172 && b >= 16 && b < 32) || (a == 192 && b == 168))) {
+        fprintf(stderr, "ferry-lab cluster: --net %s: want the first three numbers of a private "
+                        "/24, such as 10.0.0 (10/8, 172.16/12 or 192.168/16)\n", net);
+        return -1;
+    }
+    snprintf(out, cap, "%u.%u.%u", a, b, c);
+    return 0;
+}
+
 static int run_lab(const cl_opts *o, bool up)
 {
     uint64_t rate = lab_parse_rate(o->rate, "ferry-lab cluster");
     if (!rate)
+        return 2;
+    char net[16] = "";
+    if (o->net && parse_net(o->net, net, sizeof net) < 0)
         return 2;
     uint64_t avail = mem_available();
     if (up && avail && (uint64_t)o->hosts * o->node_size > avail / 4 * 3) {
@@ -409,6 +434,8 @@ static int run_lab(const cl_opts *o, bool up)
     lab L;
     if (lab_open(&L, o->hosts, rate) < 0)
         return 1;
+    if (net[0])   /* the namespaces are the lab's own: one /24 in two labs never meets */
+        snprintf(L.net, sizeof L.net, "%s", net);
     printf("lab %s: %u hosts %s.1-%u on a bridge (%s.254) in namespace %s-sw, links %s each way\n",
            L.prefix, L.hosts, L.net, L.hosts, L.net, L.prefix, o->rate);
     fflush(stdout);
@@ -420,10 +447,13 @@ static int run_lab(const cl_opts *o, bool up)
     printf("link check: worst link %.3f of the configured rate (goal: within 0.95..1.05)%s\n", worst,
            worst < 0.95 || worst > 1.05 ? " - MISSED: the links do not run at RATE" : "");
     if (up) {
-        if (lab_cluster_start(&L, o->node_size, master, sizeof master) < 0)
+        if (!o->bare && lab_cluster_start(&L, o->node_size, master, sizeof master) < 0)
             goto out;
-        printf("cluster up: master %s on host 0, a node on each of the %u hosts (dir %s)\n", master,
-               L.hosts, L.dir);
+        if (o->bare)
+            printf("cluster up: %u bare hosts, no master and no nodes (dir %s)\n", L.hosts, L.dir);
+        else
+            printf("cluster up: master %s on host 0, a node on each of the %u hosts (dir %s)\n",
+                   master, L.hosts, L.dir);
         fflush(stdout);
         if (o->ready_file && write_ready(&L, o->ready_file, master) < 0)
             goto out;

@@ -16,10 +16,13 @@ set -u
 # libcurl4-openssl-dev: the etcd client of a replicated master (src/store/etcd.c,
 # etcd's v3 JSON gateway over HTTP; libcurl is loaded when it first talks to etcd);
 # etcd-server: the etcd the tests of that client and of a replicated master start.
+# gnuplot-nox: `ferry-lab bench cluster --plot FILE.svg` (each host's link per
+# 100 ms, one panel per strategy; tests/lab/test_lab_bench_cluster.c).
 DEMO_PKGS=(cmake make gcc pkg-config libxxhash-dev libjansson-dev libsodium-dev libmicrohttpd-dev
            libucx-dev libcurl4-openssl-dev)
 PKGS=("${DEMO_PKGS[@]}" libcmocka-dev python3-dev python3-numpy python3-pytest iproute2 clang
-      libclang-rt-14-dev libdlpack-dev python3-venv python3-torch curl ucx-utils etcd-server)
+      libclang-rt-14-dev libdlpack-dev python3-venv python3-torch curl ucx-utils etcd-server
+      gnuplot-nox)
 check=""
 for a in "$@"; do
   case "$a" in

@@ -228,7 +228,8 @@ typedef struct apply {
 } apply;
 
 /* The first failure of the apply is its error: the stream's sentence
- * (which op, which peer, why) when the stream failed with this code. */
+ * (which op, which peer, why) when the stream failed with this code.
+ * fmt names worker `to` and where it runs ("worker %u%s"), then why. */
 static int fail_once(apply *ap, int code, const char *fmt, uint32_t to)
 {
     if (ap->rc == 0) {
@@ -236,7 +237,7 @@ static int fail_once(apply *ap, int code, const char *fmt, uint32_t to)
         const char *why = ferry_strerror(code);
         if (ap->xs && ferry_exec_stream_error(ap->xs, &se) == code && se.msg[0])
             why = se.msg;
-        ap->rc = fr_fail(ap->err, FERRY_EREBUILD, fmt, to, why);
+        ap->rc = fr_fail(ap->err, FERRY_EREBUILD, fmt, to, ap->mbs[to].where, why);
     }
     return ap->rc;
 }
@@ -248,12 +249,12 @@ static void notify(apply *ap, int h, uint32_t to, uint64_t value)
                     .value = v };
     if (fr_grow((void **)&ap->nt, &ap->cap_nt, ap->nnt + 1, sizeof *ap->nt) < 0 ||
         fr_grow((void **)&ap->nto, &ap->cap_nto, ap->nnt + 1, sizeof *ap->nto) < 0) {
-        fail_once(ap, FERRY_ENOMEM, "subscriber: notifying worker %u: %s", to);
+        fail_once(ap, FERRY_ENOMEM, "subscriber: notifying worker %u%s: %s", to);
         return;
     }
     int s = ferry_exec_stream_submit(ap->xs, &op, 1, &ap->nt[ap->nnt]);
     if (s < 0)
-        fail_once(ap, s, "subscriber: notifying worker %u: %s", to);
+        fail_once(ap, s, "subscriber: notifying worker %u%s: %s", to);
     else
         ap->nto[ap->nnt++] = to;
 }
@@ -264,7 +265,7 @@ static void reap_notifies(apply *ap)
         int te = 0;
         int st = ferry_exec_stream_wait(ap->xs, ap->nt[i], true, &te);
         if (st != FERRY_TICKET_COMPLETED)
-            fail_once(ap, te ? te : FERRY_EIO, "subscriber: notifying worker %u failed: %s",
+            fail_once(ap, te ? te : FERRY_EIO, "subscriber: notifying worker %u%s failed: %s",
                       ap->nto[i]);
     }
     ap->nnt = 0;
@@ -307,7 +308,7 @@ static void send_ops(apply *ap, int h, size_t slot, size_t a, size_t b)
             t[to] = 0;
             ap->w->hop[h].out_failed[to] = true;
             notify(ap, h, to, NV_FAILED);
-            fail_once(ap, s, "subscriber: pushing to worker %u: %s", to);
+            fail_once(ap, s, "subscriber: pushing to worker %u%s: %s", to);
             continue;
         }
         ap->w->hop[h].sent[to] += n;
@@ -337,7 +338,7 @@ static void settle(apply *ap, int h, size_t slot)
         if (st != FERRY_TICKET_COMPLETED) {
             ps->out_failed[to] = true;
             notify(ap, h, to, NV_FAILED);
-            fail_once(ap, te ? te : FERRY_EIO, "subscriber: pushing to worker %u failed: %s", to);
+            fail_once(ap, te ? te : FERRY_EIO, "subscriber: pushing to worker %u%s failed: %s", to);
             continue;
         }
         if (at[to] <= ps->done[to])
@@ -565,7 +566,7 @@ static int fail_record(uint64_t gen, uint32_t rank, int code, const char *msg, u
  * why set), then all of them in (after the barrier). */
 static int exchange(ferry_subscriber *sub, const fr_gen *g, uint64_t gen, const ferry_error *why,
                     char *bar, size_t barcap, ferry_kv_value *recs, int *brc_out,
-                    ferry_error *err)
+                    uint64_t *release_out, ferry_error *err)
 {
     uint32_t world = sub->world, me = sub->me;
     uint8_t *rec = NULL;
@@ -616,6 +617,7 @@ static int exchange(ferry_subscriber *sub, const fr_gen *g, uint64_t gen, const 
     uint64_t release = 0;
     int brc = ferry_barrier(sub->s, bar, member_name, world, tmo, &release, NULL);
     *brc_out = brc;
+    *release_out = release;
     if (sub->early && brc == 0)
         fr_early_round_id(sub->early, release);   /* names this round's outcomes and verdict */
     if (rc == 0 && brc < 0)
@@ -652,6 +654,24 @@ static int exchange(ferry_subscriber *sub, const fr_gen *g, uint64_t gen, const 
     return rc;
 }
 
+/* A ticket of an earlier, failed update whose wait ran out with bytes in
+ * flight (a partition) fences its peer until it drains: over a link that
+ * came back that is TCP's retransmission backoff, up to minutes, and every
+ * update meanwhile fails at the fence. That update's writes are not wanted
+ * any more (its members rebuild), so each such peer is reset (an abortive
+ * close: nothing of them lands later) and this update reconnects. */
+#define UNFENCE_MAX 64
+void fr_sub_unfence(ferry_subscriber *sub)
+{
+    ferry_engine *e = ferry_store_engine(sub->s);
+    ferry_pending_info p[UNFENCE_MAX];
+    for (int pass = 0; pass < 2; pass++) {   /* a ticket fences each of its peers */
+        int n = ferry_engine_pending(e, p, UNFENCE_MAX);
+        for (int i = 0; i < n && i < UNFENCE_MAX; i++)
+            (void)ferry_peer_reset(e, p[i].peer);
+    }
+}
+
 /* The part of a round after prepare: the exchange (telling the group
  * why not, g NULL), the plan, apply and (not given) the post-apply
  * barrier. t0: when the round began. */
@@ -665,8 +685,9 @@ static int round_body(ferry_subscriber *sub, const fr_gen *g, uint64_t active,
     ferry_kv_value *recs = calloc(world, sizeof *recs);
     char bar[FR_KEY_MAX], key[FR_KEY_MAX];
     int brc = -1;
+    uint64_t release = 0;   /* the demand barrier's use: numbers this attempt */
     double tx = (double)fr_now_ns() / 1e9;
-    rc = recs ? exchange(sub, g, active, perr, bar, sizeof bar, recs, &brc, err)
+    rc = recs ? exchange(sub, g, active, perr, bar, sizeof bar, recs, &brc, &release, err)
                      : fr_fail(err, FERRY_ENOMEM, "subscriber: out of memory");
     if (prc < 0 && err)
         *err = *perr;   /* my own failure, not the group's echo of it */
@@ -688,7 +709,11 @@ static int round_body(ferry_subscriber *sub, const fr_gen *g, uint64_t active,
         /* reads, pushes and forwards as one pipeline (run_apply) */
         apply ap = { .sub = sub, .e = ferry_store_engine(sub->s), .w = w, .mbs = sub->pc.mbs, .g = g,
                      .err = err,
-                     .tag = { fr_hash64(bar, strlen(bar), 0) | 1, fr_hash64(bar, strlen(bar), 1) | 1 } };
+                     /* per attempt, not per generation: a NOTIFY of a failed
+                      * attempt that lands late (a link back up) is never taken
+                      * for one of the retry's */
+                     .tag = { fr_hash64(bar, strlen(bar), 2 * release) | 1,
+                              fr_hash64(bar, strlen(bar), 2 * release + 1) | 1 } };
         size_t nmax = w->hop[0].n > w->hop[1].n ? w->hop[0].n : w->hop[1].n;
         for (int h = 0; h < 2; h++) {
             ap.t[h] = calloc((size_t)world * WATERMARK, sizeof *ap.t[h]);
@@ -733,9 +758,9 @@ static int round_body(ferry_subscriber *sub, const fr_gen *g, uint64_t active,
         /* the part of apply after the time spent reading */
         st->push_s = st->apply_s - st->read_s > 0 ? st->apply_s - st->read_s : 0;
         if (rc == 0 && !fed_ok && quiet < 0 && silent != UINT32_MAX)
-            rc = fr_fail(err, FERRY_EREBUILD, "subscriber: nothing came from worker %u for %"
+            rc = fr_fail(err, FERRY_EREBUILD, "subscriber: nothing came from worker %u%s for %"
                          PRIu64 " ms (it died, hung or cannot reach this worker); the "
-                         "parameters must be rebuilt", silent,
+                         "parameters must be rebuilt", silent, sub->pc.mbs[silent].where,
                          sub->cfg.timeout_ms);
         else if (rc == 0 && !fed_ok)
             rc = fr_fail(err, FERRY_EREBUILD, "subscriber: %s from a worker that feeds this one; "
@@ -931,6 +956,7 @@ int ferry_subscriber_update(ferry_subscriber *sub, uint64_t *generation, ferry_u
     if (!sub || !generation)
         return fr_fail(err, FERRY_EINVAL, "subscriber: bad arguments");
     uint64_t f0 = fr_minor_faults(), t0 = fr_now_ns();
+    fr_sub_unfence(sub);   /* before prepare, whose reads would meet the fence first */
     int rc = sub->mem ? fr_sub_elastic_update(sub, sub->mem, generation, st, err)
                       : update_round(sub, generation, st, err);
     st->faults = fr_minor_faults() - f0;

@@ -15,6 +15,7 @@
  * keys on the digests alone, so an update whose records all carry the
  * digests of the last plan's hashes 16 bytes per member, not every record
  * (a kimi-k2 EP16 x TP8 group sends 128 records of ~400 KB each). */
+#include <arpa/inet.h>
 #include <endian.h>
 #include <inttypes.h>
 #include <stdlib.h>
@@ -23,6 +24,7 @@
 
 #include "base/base.h"
 #include "rl/pull_int.h"
+#include "wire/wire.h"
 
 #define MAGIC "FRYDMND4"
 #define HDR 56
@@ -259,6 +261,20 @@ static int get_shards(const uint8_t *p, const uint8_t *end, uint32_t worker, con
     return 0;
 }
 
+/* Where a member runs, for the errors that name a worker: its node and
+ * its engine's address, from the endpoint blob in its record (a worker
+ * that cannot be reached is named by the host it is on). */
+static void member_where(fr_member *mb, const uint8_t *ep, size_t n)
+{
+    fr_endpoint e;
+    char a[INET6_ADDRSTRLEN];
+    if (fr_endpoint_decode(ep, n, &e) == 0 && (e.family == 4 || e.family == 6) &&
+        inet_ntop(e.family == 4 ? AF_INET : AF_INET6, e.addr, a, sizeof a))
+        snprintf(mb->where, sizeof mb->where, " (node %u at %s:%u)", mb->node, a, e.port);
+    else
+        snprintf(mb->where, sizeof mb->where, " (node %u)", mb->node);
+}
+
 int fr_sub_decode(const uint8_t *b, size_t len, uint32_t worker, uint64_t gen, const fr_gen *g,
                   ferry_engine *e, fr_member *mb, void *space, ferry_error *err)
 {
@@ -284,6 +300,7 @@ int fr_sub_decode(const uint8_t *b, size_t len, uint32_t worker, uint64_t gen, c
     mb->frags = space;
     mb->nshards = ns;
     mb->peer = worker;
+    member_where(mb, b + HDR, get32(b + 44));
     if (e) {
         int rc = ferry_peer_add(e, b + HDR, get32(b + 44), &mb->peer, err);
         if (rc < 0)

@@ -298,6 +298,7 @@ int ferry_subscriber_update_next(ferry_subscriber *sub, uint64_t next, uint64_t 
     *overlapped = false;
     if (!sub || !generation || next == 0)
         return fr_fail(err, FERRY_EINVAL, "subscriber: bad arguments");
+    fr_sub_unfence(sub);   /* peers an earlier failed update left fenced (pull.c) */
     const ferry_subscriber_config *c = fr_sub_config(sub);
     uint64_t f0 = fr_minor_faults(), t0 = fr_now_ns();
     uint64_t tmo = c->timeout_ms;

@@ -50,6 +50,7 @@ typedef struct fr_member {
     fr_sfrag *frags;
     ferry_peer_id peer;          /* its engine, imported (the worker id when not) */
     void *owned;                 /* frags and dims, when allocated for it */
+    char where[80];              /* " (node N at ADDR:PORT)": for errors that name it */
 } fr_member;
 
 /* Memory for a plan's large arrays: an anonymous mapping asked for huge
@@ -130,6 +131,10 @@ typedef struct fr_work {
 int fr_sub_encode(const ferry_subscriber_config *cfg, const fr_gen *g,
                   const ferry_param_shard *shards, size_t n, ferry_region *const *regs,
                   ferry_engine *e, uint8_t **out, size_t *len, ferry_error *err);
+/* Reset every peer of the subscriber's engine that a ticket left UNKNOWN
+ * by an earlier, failed update fences (pull.c: an update's first step). */
+void fr_sub_unfence(ferry_subscriber *sub);
+
 /* Decode member `worker`'s record into mb; with e, its endpoint is
  * imported (else mb->peer = worker). Every count, tensor and box is
  * checked against g, and the record against its digest. mb points into

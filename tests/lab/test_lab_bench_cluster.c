@@ -4,7 +4,8 @@
  * strategy. Checked: every strategy's bytes arrive intact (the benchmark
  * compares every element in every worker and fails otherwise), and every
  * host's measured link bytes, each way, agree with the model's; nothing of
- * the lab is left. Never a time: the timed cases are the benchmark's.
+ * the lab is left; --plot draws one panel per strategy. Never a time:
+ * the timed cases are the benchmark's.
  * Needs root (network namespaces); otherwise it skips and says why. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -40,20 +41,52 @@ static char tmp[256];
 
 
 
+/* --plot's SVG: one panel per strategy, in order, each captioned with its
+ * strategy (gnuplot names a multiplot's curves gnuplot_plot_<curve><panel>,
+ * panels a, b, c, ...). */
+static void check_plot(const char *svg, const char *const *names, size_t n)
+{
+    FILE *f = fopen(svg, "r");
+    assert_non_null(f);
+    static char text[1 << 21];
+    size_t len = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[len] = 0;
+    assert_non_null(strstr(text, "<svg"));
+    const char *at = text;
+    for (size_t k = 0; k < n; k++) {
+        char title[64], panel[32];
+        snprintf(title, sizeof title, "strategy %s: ", names[k]);
+        const char *t = strstr(at, title);
+        if (!t)
+            fail_msg("the plot has no panel for %s (after the one before)", names[k]);
+        assert_null(strstr(t + 1, title));   /* one panel each */
+        at = t;
+        snprintf(panel, sizeof panel, "gnuplot_plot_1%c\"", (char)('a' + k));
+        assert_non_null(strstr(text, panel));
+    }
+    char extra[32];
+    snprintf(extra, sizeof extra, "gnuplot_plot_1%c\"", (char)('a' + n));
+    assert_null(strstr(text, extra));
+    fprintf(stderr, "plot: %zu bytes, %zu panels\n", len, n);
+}
+
 static void test_four_hosts_bytes_against_model(void **state)
 {
     (void)state;
     ft_lab_need_root();
-    char out[300], err[300];
+    char out[300], err[300], svg[300];
     snprintf(out, sizeof out, "%s/out.json", tmp);
     snprintf(err, sizeof err, "%s/err.log", tmp);
+    snprintf(svg, sizeof svg, "%s/links.svg", tmp);
     pid_t p = fork();
     if (p == 0) {
         int fo = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0600), fe = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
         dup2(fo, 1), dup2(fe, 2);
         const char *argv[] = { "ferry-lab", "bench", "cluster", "--trainers", "2", "--trainer-hosts", "2",
                                "--rollouts", "4", "--dp", "2", "--rollout-hosts", "2", "--bytes", "24M",
-                               "--rate", "200mbit", "--check-seconds", "0.3", "--json", NULL };
+                               "--rate", "200mbit", "--check-seconds", "0.3", "--json", "--plot", svg,
+                               NULL };
         execv(ft_lab_bin(), (char *const *)argv);
         _exit(127);
     }
@@ -94,6 +127,7 @@ static void test_four_hosts_bytes_against_model(void **state)
         assert_true(json_number_value(json_object_get(j, key)) > 0);
     }
     json_decref(j);
+    check_plot(svg, strategies, sizeof strategies / sizeof *strategies);
     assert_int_equal(ft_lab_leftovers(p, NULL), 0);
 }
 

@@ -518,18 +518,17 @@ static void test_compat_killed_peer(void **state)
          * 1 failed: connection refused: peer not listening", seen once
          * under the sanitizer), or, for a worker whose round sends to
          * it, the send that found it gone ("subscriber: notifying worker
-         * 1: connection refused: peer not listening", seen once under the
-         * sanitizer; "notifying worker 1 failed: connection to peer lost"
-         * beside four hogs), or, at a round that imports its endpoint,
+         * 1 (node 0 at ADDR): connection refused: peer not listening", seen
+         * once under the sanitizer; "notifying worker 1 (node 0 at ADDR)
+         * failed: connection to peer lost" beside four hogs), or, at a round that imports its endpoint,
          * "cannot reach worker 1: connection refused" (seen beside four
          * hogs) */
         bool waited = strstr(line, "nothing came from worker") != NULL ||
                       strstr(line, "did not reach batch") != NULL ||
                       strstr(line, "did not finish batch") != NULL;
         bool sent = strstr(line, "to worker 1 failed") != NULL ||
-                    strstr(line, "notifying worker 1: ") != NULL ||
-                    strstr(line, "notifying worker 1 failed: ") != NULL ||
-                    strstr(line, "pushing to worker 1: ") != NULL ||
+                    strstr(line, "notifying worker 1 (node ") != NULL ||
+                    strstr(line, "pushing to worker 1 (node ") != NULL ||
                     strstr(line, "cannot reach worker 1: ") != NULL ||
                     strstr(line, "from the staging of worker 1 failed") != NULL;
         if (!waited && !sent)

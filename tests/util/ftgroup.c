@@ -203,10 +203,18 @@ int ftg_sub_open_lease(ftg_sub *w, const ftg_model *m, const char *addr,
                        const ferry_subscriber_config *sc, uint32_t tp, uint32_t tpdeg,
                        uint64_t lease_ms)
 {
+    ferry_store *s = NULL;
+    if (ftg_worker_store_lease(addr, lease_ms, &s) < 0)
+        return -1;
+    return ftg_sub_open_on(w, m, s, sc, tp, tpdeg);
+}
+
+int ftg_sub_open_on(ftg_sub *w, const ftg_model *m, ferry_store *s,
+                    const ferry_subscriber_config *sc, uint32_t tp, uint32_t tpdeg)
+{
     memset(w, 0, sizeof *w);
     w->m = m;
-    if (ftg_worker_store_lease(addr, lease_ms, &w->s) < 0)
-        return -1;
+    w->s = s;
     w->names = calloc(m->nt, sizeof *w->names);
     w->sh = calloc(m->nt, sizeof *w->sh);
     if (!w->names || !w->sh) {

@@ -111,6 +111,10 @@ int ftg_sub_open(ftg_sub *w, const ftg_model *m, const char *addr,
 int ftg_sub_open_lease(ftg_sub *w, const ftg_model *m, const char *addr,
                        const ferry_subscriber_config *sc, uint32_t tp, uint32_t tpdeg,
                        uint64_t lease_ms);
+/* The same on a store the worker opened itself (its own call timeout,
+ * lease, ...): w owns s from then on, also when it fails (ftg_sub_close). */
+int ftg_sub_open_on(ftg_sub *w, const ftg_model *m, ferry_store *s,
+                    const ferry_subscriber_config *sc, uint32_t tp, uint32_t tpdeg);
 /* Prints the reply to "update want" from what ferry_subscriber_update
  * returned (rc, st, err; w->gen the generation it left) and the shards'
  * elements that do not hold generation want (bad; 0 when it failed). */
