@@ -779,6 +779,37 @@ static void test_plan_model_options(void **state)
     assert_int_equal(st, 2);
 }
 
+/* --fp8: the same update of FP8 rollouts (both layouts quantized by the
+ * default rules) moves about half the bytes: every strategy's store reads
+ * and the direct update's busiest NIC; --fp8 without --nic is refused. */
+static void test_plan_model_fp8(void **state)
+{
+    (void)state;
+    const char *base = "--model qwen3-30b-a3b --src fsdp:16 --dst ep:4,tp:2,dp:2 --gpus-per-node 4 "
+                       "--nic 100gbps";
+    char args[512];
+    int st;
+    json_t *a = plan_json(base, &st);
+    assert_int_equal(st, 0);
+    snprintf(args, sizeof args, "%s --fp8", base);
+    json_t *b = plan_json(args, &st);
+    assert_int_equal(st, 0);
+    assert_true(json_is_false(json_object_get(a, "fp8")) && json_is_true(json_object_get(b, "fp8")));
+    double mb = json_number_value(json_object_get(b, "model_bytes")) /
+                json_number_value(json_object_get(a, "model_bytes"));
+    double rd = strategy(b, "direct", "store_read_bytes") / strategy(a, "direct", "store_read_bytes");
+    double tm = strategy(b, "direct", "time_s") / strategy(a, "direct", "time_s");
+    fprintf(stderr, "qwen3-30b-a3b fsdp:16 -> ep:4,tp:2,dp:2, FP8 / bf16: model bytes %.4f, direct store "
+            "reads %.4f, direct time %.4f\n", mb, rd, tm);
+    assert_true(mb > 0.45 && mb < 0.55);
+    assert_true(rd > 0.45 && rd < 0.55);
+    assert_true(tm > 0.4 && tm < 0.6);
+    json_decref(a);
+    json_decref(b);
+    assert_null(plan_json("--model qwen3-30b-a3b --src fsdp:16 --dst ep:4,tp:2,dp:2 --fp8", &st));
+    assert_int_equal(st, 2);
+}
+
 static void test_plan_model_cli(void **state)
 {
     (void)state;
@@ -819,6 +850,7 @@ int main(int argc, char **argv)
                                                  (void *)master_hb),
         cmocka_unit_test_setup_teardown(test_subscriber_segment_local, ftg_setup, ftg_teardown),
         cmocka_unit_test(test_plan_model_options),
+        cmocka_unit_test(test_plan_model_fp8),
         cmocka_unit_test(test_plan_model_cli),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
