@@ -120,9 +120,7 @@ static void print_json(const fr_update_model *m, const figures *f, const char *m
     printf("}\n");
 }
 
-/* FP8 rollouts: *src quantized as the publish stores it (its shards may cut
- * blocks), *dst as the rollouts hold it, both by the default rules. */
-static int quantize_pair(ferry_manifest **src, ferry_manifest **dst, ferry_error *err)
+int cli_quantize_pair(ferry_manifest **src, ferry_manifest **dst, ferry_error *err)
 {
     ferry_manifest *qs = NULL, *qd = NULL;
     int rc = ferry_manifest_quantize_source(*src, NULL, &qs, err);
@@ -167,7 +165,7 @@ int cli_plan_model(const char *model, const char *src, const char *dst, uint32_t
     if (rc == 0)
         rc = ferry_layout_build(pm, &ld, &md, &err);
     if (rc == 0 && fp8)
-        rc = quantize_pair(&ms, &md, &err);
+        rc = cli_quantize_pair(&ms, &md, &err);
     ferry_model_free(pm);
     if (rc < 0) {
         fprintf(stderr, "ferry plan: %s\n", err.msg[0] ? err.msg : ferry_strerror(rc));

@@ -780,8 +780,8 @@ static void test_plan_model_options(void **state)
 }
 
 /* --fp8: the same update of FP8 rollouts (both layouts quantized by the
- * default rules) moves about half the bytes: every strategy's store reads
- * and the direct update's busiest NIC; --fp8 without --nic is refused. */
+ * default rules) moves about half the bytes: the direct update's store
+ * reads and time; so does the plan between the two layouts. */
 static void test_plan_model_fp8(void **state)
 {
     (void)state;
@@ -806,8 +806,20 @@ static void test_plan_model_fp8(void **state)
     assert_true(tm > 0.4 && tm < 0.6);
     json_decref(a);
     json_decref(b);
-    assert_null(plan_json("--model qwen3-30b-a3b --src fsdp:16 --dst ep:4,tp:2,dp:2 --fp8", &st));
-    assert_int_equal(st, 2);
+    /* the plan between the two layouts too: a scale tensor beside every FP8 weight, half the bytes */
+    const char *lay = "--model qwen3-30b-a3b --src fsdp:16 --dst ep:4,tp:2,dp:2 --gpus-per-node 4";
+    a = plan_json(lay, &st);
+    assert_int_equal(st, 0);
+    snprintf(args, sizeof args, "%s --fp8", lay);
+    b = plan_json(args, &st);
+    assert_int_equal(st, 0);
+    double ta = json_number_value(json_object_get(a, "tensors"));
+    double tb = json_number_value(json_object_get(b, "tensors"));
+    double by = json_number_value(json_object_get(b, "bytes")) / json_number_value(json_object_get(a, "bytes"));
+    assert_true(tb > ta && tb < 2 * ta);
+    assert_true(by > 0.45 && by < 0.55);
+    json_decref(a);
+    json_decref(b);
 }
 
 static void test_plan_model_cli(void **state)
