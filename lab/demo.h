@@ -27,6 +27,10 @@ void demo_model_free(demo_model *dm);
 /* Child processes: `ferry-lab worker trainer|rollout MASTER RANK WORLD MODEL BUDGET DP`.
  * Trainers answer "publish G"; rollouts "direct G" (single-pull), "naive G"
  * (each reads its own demand), "compat G"; replies "OK seconds a b c". */
+/* The FP8 model beside it: "publish8 G" (the trainers' shards of G through
+ * the default quantization rules) and "fp8 G" (a group holding FP8 weights
+ * and their scales) act on MODEL DEMO_FP8_MODEL. */
+#define DEMO_FP8_MODEL "-fp8"
 int demo_trainer_main(int argc, char **argv);
 int demo_rollout_main(int argc, char **argv);
 
