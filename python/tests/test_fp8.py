@@ -15,7 +15,8 @@ And the issue's bad input, each refused with a sentence before anything
 is stored or written: a quantized dtype asked for a 1-D or an integer
 tensor, a block shape a rollout shard cuts, scales asked in a format or
 buffer that cannot hold them, a rollout buffer for FP8 that is not one
-byte per element."""
+byte per element. And FP8 through standby copies and an overlapped
+update."""
 
 import numpy as np
 import pytest
@@ -207,3 +208,68 @@ def test_fp8_bad_input_refused_before_anything_is_stored(cluster, store):
         assert want in str(e.value), str(e.value)
         assert np.array_equal(shard[2], before)              # nothing written
     assert weights.active(store, "fp8ok")[0] == 1           # the stored generation stands
+
+
+def _cut(a, off, shp):
+    return a[tuple(slice(o, o + n) for o, n in zip(off, shp))]
+
+
+def test_fp8_standby_and_overlapped_update(cluster):
+    """FP8 through standby copies and the overlapped update: a TP 2 group
+    with a standby copy of every shard takes generation 1 with a plain
+    update, then generation 2 with ``update(next=2)`` called before the
+    trainers publish it (they publish beside it); the copy each update flips
+    to holds that generation's FP8 bytes and scales, bit for bit the
+    reference's, and the other copy still the generation before."""
+    gens = {1: _values()}
+    gens[2] = {n: x * np.float32(-0.375) for n, x in gens[1].items()}
+    src = _layout("fsdp:3")
+    dst = _layout("tp:2").quantize(**weights.quant_rules(QUANT))
+    names = [dst.tensor(i)[0] for i in range(dst.tensor_count)]
+    want = {}
+    for g, vals in gens.items():
+        want[g] = dict(vals)
+        for i in range(dst.tensor_count):
+            q = dst.tensor_quant(i)
+            if q and q["role"] == "weight":
+                want[g][names[i]], want[g][names[q["partner"]]] = ref_fp8_blocks(vals[names[i]], BLOCK)
+    _, err = _publish(cluster, "fp8sb", 1, gens[1], src)
+    assert not any(err), err
+
+    def buffers(r):
+        out = []
+        for fid in range(dst.fragment_count):
+            f = dst.fragment(fid)
+            if f["rank"] == r:
+                dt = np.uint8 if dst.tensor(f["tensor"])[1] == "f8e4m3" else np.float32
+                out.append((names[f["tensor"]], tuple(f["offset"]), np.zeros(f["shape"], dt)))
+        return out
+
+    def holds(arrays, shards, g):
+        return all(np.array_equal(a.view(np.uint8), _cut(want[g][n], off, a.shape).view(np.uint8))
+                   for (n, off, _), a in zip(shards, arrays))
+
+    def rank(r):
+        first, second = buffers(r), buffers(r)
+        with cluster.store() as s:
+            with ferry.WeightSubscriber(s, "fp8sb", "sb8", r, 2, first, timeout_ms=TIMEOUT_MS,
+                                        standby=[a for _, _, a in second]) as sub:
+                st1 = sub.update()
+                copy1, g1, arrays1 = sub.active
+                ok1 = g1 == 1 and holds(arrays1, first, 1)
+                st2 = sub.update(next=2)
+                copy2, g2, arrays2 = sub.active
+                ok2 = g2 == 2 and copy2 != copy1 and holds(arrays2, first, 2) and holds(arrays1, first, 1)
+                return st1["generation"], st2["generation"], ok1, ok2, st2.get("overlapped")
+
+    def trainers():
+        _, e = _publish(cluster, "fp8sb", 2, gens[2], src)
+        if any(e):
+            raise next(x for x in e if x)
+        return "published"
+
+    res, err = run_threads([lambda: rank(0), lambda: rank(1), trainers])
+    assert not any(err), err
+    for r in range(2):
+        assert res[r][:4] == (1, 2, True, True), (r, res[r])
+    print(f"\nFP8 standby group: overlapped {[res[r][4] for r in range(2)]}")
