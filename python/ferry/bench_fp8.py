@@ -243,7 +243,8 @@ def _rollout(a, rank, cmd, out):
             raise RuntimeError(f"{side}: the update took generation {st['generation']}, not {gen}")
         t2 = time.monotonic()
         return {"t0": t0, "t1": t2, "wait_s": t1 - t0, "update_s": t2 - t1, "bytes_read": st["bytes_read"],
-                "bytes_pushed": st["bytes_pushed"], "params": [digest(p) for p in params]}
+                "bytes_pushed": st["bytes_pushed"], "params": [digest(p) for p in params],
+                "phases": {k: v for k, v in st.items() if k.endswith("_s") and isinstance(v, float)}}
 
     def warm():
         t0 = time.monotonic()
@@ -332,6 +333,8 @@ def run(cfg, opts, log=None):
                              "read_bytes": sum(v["bytes_read"] for v in ro),
                              "pushed_bytes": sum(v["bytes_pushed"] for v in ro),
                              "cpu_s": sum(v["cpu_s"] for v in tr)}
+                for k in ro[0]["phases"]:        # the update's own phases, the slowest rollout's
+                    row[side]["update." + k] = max(v["phases"].get(k, 0.0) for v in ro)
             b, f = row["bf16"], row["fp8"]
             log(f"round {rnd}{' (first)' if rnd == 1 else ''}: bf16 {b['s']:.3f} s (publish {b['publish_s']:.3f}, "
                 f"update {b['update_s']:.3f}; read {b['read_bytes']}, pushed {b['pushed_bytes']}), fp8 "
