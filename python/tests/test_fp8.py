@@ -273,3 +273,40 @@ def test_fp8_standby_and_overlapped_update(cluster):
     for r in range(2):
         assert res[r][:4] == (1, 2, True, True), (r, res[r])
     print(f"\nFP8 standby group: overlapped {[res[r][4] for r in range(2)]}")
+
+
+def test_fp8_torch_helpers_and_refusals(store):
+    """ferry.torch's FP8 helpers on this torch (uint8 where it has no
+    float8) and dequantize_fp8 against the reference's q * s on every code;
+    an FP8 Subscriber refuses parameters that cannot hold what is stored,
+    naming them, before anything is read."""
+    torch = pytest.importorskip("torch")
+    import ferry.torch as ft
+    from fp8_ref import dequant
+    e = ft.fp8_empty((4, 4))
+    f8 = getattr(torch, "float8_e4m3fn", None)
+    assert e.dtype == (f8 or torch.uint8) and ft.empty((4, 4), "f8e4m3").dtype == e.dtype
+    u = torch.arange(256, dtype=torch.uint8).reshape(16, 16)
+    assert ft.fp8_view(u).dtype == (f8 or torch.uint8) and ft.fp8_view(u).data_ptr() == u.data_ptr()
+    scales = torch.tensor([[0.5, 3.0], [2.0 ** -7, 1e-4 / 448]], dtype=torch.float32)
+    got = ft.dequantize_fp8(u, scales, (8, 8))
+    want = dequant(u.numpy(), scales.numpy(), (8, 8))
+    assert np.array_equal(got.numpy(), want, equal_nan=True)
+    assert ft.dequantize_fp8(u, scales, (8, 8), torch.bfloat16).dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="needs \\[2, 2\\] float32 scales"):
+        ft.dequantize_fp8(u, scales[:1], (8, 8))
+    tensors = [("l.q_proj.weight", (64, 48), "f32"), ("l.norm.weight", (48,), "f32")]
+    good = {"l.q_proj.weight": ft.fp8_empty((32, 48)), "l.q_proj.weight_scale_inv": torch.zeros(2, 3),
+            "l.norm.weight": torch.zeros(48)}
+    for name, bad, says in (("l.q_proj.weight", torch.zeros(32, 48, dtype=torch.bfloat16),
+                             "parameter l.q_proj.weight is torch.bfloat16; tensor l.q_proj.weight is published "
+                             "as f8e4m3 (FP8: a torch.uint8 parameter, ferry.torch.fp8_empty)"),
+                            ("l.q_proj.weight_scale_inv", torch.zeros(2, 3, dtype=torch.float16),
+                             "tensor l.q_proj.weight_scale_inv is published as f32"),
+                            ("l.q_proj.weight", ft.fp8_empty((64, 48)), "parameter l.q_proj.weight has shape")):
+        mod = dict(good, **{name: bad})
+        with pytest.raises(ValueError) as e:
+            ft.Subscriber(store, "fp8x", mod, "tp:2", 0, tensors=tensors, quant=QUANT)
+        assert says in str(e.value), str(e.value)
+    with ft.Subscriber(store, "fp8x", good, "tp:2", 0, tensors=tensors, quant=QUANT) as sub:
+        assert [n for n, _, _ in sub.shards] == ["l.q_proj.weight", "l.norm.weight", "l.q_proj.weight_scale_inv"]
