@@ -105,6 +105,7 @@ typedef struct demo_opts {
     char model[64];
     bool json, convert_only;
     bool cold;                 /* --cold: the processes skip the warm-up (FERRY_DEMO_COLD) */
+    bool fp8;                  /* demo --fp8: an FP8 rollout group beside the bf16 ones */
 } demo_opts;
 /* The rows of both commands' option tables (cli_opts.h), the count's name
  * ("generations", "reps"), its range's top and the help of it and of --bytes
