@@ -170,6 +170,37 @@ static void print_delta_human(const json_t *r)
            num(r, "encode_gbps_solo"), (long long)num(r, "hash_checks"));
 }
 
+/* --fp8 (ferry.bench_fp8): the first round, the steady state, the goals' figures. */
+static void print_fp8_human(const json_t *r)
+{
+    char sz[32];
+    const json_t *q = json_object_get(r, "quant"), *st = json_object_get(r, "steady");
+    const json_t *blk = json_object_get(q, "block"), *first = json_object_get(r, "first");
+    printf("torch FP8 rollouts: %.1fM parameters (%s bf16; %lld of %lld tensors FP8 in %lld x %lld "
+           "blocks), %lld trainers %s -> %lld rollouts %s; first touch %.2f GB/s, warm memcpy %.2f "
+           "GB/s\n", num(r, "params") / 1e6,
+           cli_fmt_size((uint64_t)num(r, "model_bytes"), sz, sizeof sz), (long long)num(r, "fp8_tensors"),
+           (long long)num(r, "tensors"), (long long)json_integer_value(json_array_get(blk, 0)),
+           (long long)json_integer_value(json_array_get(blk, 1)), (long long)num(r, "trainers"),
+           json_string_value(json_object_get(r, "src_layout")), (long long)num(r, "rollouts"),
+           json_string_value(json_object_get(r, "dst_layout")), num(r, "first_touch_gbps"),
+           num(r, "warm_memcpy_gbps"));
+    printf("  %-6s %9s %12s %10s %10s %12s %12s\n", "", "first", "steady med", "publish", "update",
+           "read", "pushed");
+    static const char *const side[] = { "bf16", "fp8" };
+    for (size_t i = 0; i < 2; i++) {
+        const json_t *s = json_object_get(st, side[i]);
+        printf("  %-6s %7.3f s %10.3f s %8.3f s %8.3f s %12.0f %12.0f\n", side[i],
+               num(json_object_get(first, side[i]), "s"), num(s, "s"), num(s, "publish_s"),
+               num(s, "update_s"), num(s, "read_bytes"), num(s, "pushed_bytes"));
+    }
+    printf("  fp8_speedup %.2f (first %.2f), fp8_bytes_ratio %.3f (the quantized tensors alone "
+           "%.3f), quant_ratio %.3f (bf16 %.3f)\n  %lld parameter hashes equal to the reference\n",
+           num(r, "fp8_speedup"), num(r, "fp8_speedup_first"), num(r, "fp8_bytes_ratio"),
+           num(r, "fp8_bytes_ratio_quantized"), num(r, "quant_ratio"), num(r, "quant_ratio_bf16"),
+           (long long)num(r, "hash_checks"));
+}
+
 /* The launcher's own options; every other one is ferry.bench_torch's, whose
  * argparse declares, checks and explains it (its --help follows this one). */
 typedef struct bt_opts {
@@ -189,7 +220,8 @@ static const cli_cmd bt_cmd = {
              "module's, passed on: its help follows. The first round is reported alone,\n"
              "the steady-state rounds after it. With --delta it runs ferry.bench_delta:\n"
              "deltas from the trainers (ferry.torch.publish_delta) against the dense shard\n"
-             "update of the same weights.",
+             "update of the same weights; with --fp8 ferry.bench_fp8: FP8 rollouts (quantized\n"
+             "once by the trainers) against the bf16 update of the same weights.",
     .opts = bt_table,
     .nopts = sizeof bt_table / sizeof bt_table[0],
 };
@@ -229,7 +261,8 @@ int cmd_bench_torch(int argc, char **argv, const char *self)
         args[n++] = "--json";   /* the module's JSON is what this relays */
     args[n] = NULL;
     self_path(self, exe, sizeof exe);
-    if (set_pythonpath(exe) < 0 || setenv("FERRY_BIN", lab_ferry_bin(), 1) < 0) {
+    if (set_pythonpath(exe) < 0 || setenv("FERRY_BIN", lab_ferry_bin(), 1) < 0 ||
+        setenv("FERRY_LAB", exe, 0) < 0) {   /* --fp8 runs its --convert-only for quant_ratio */
         fprintf(stderr, "ferry-lab bench weights --torch: cannot set the environment: %s\n", strerror(errno));
         return 1;
     }
@@ -299,6 +332,8 @@ int cmd_bench_torch(int argc, char **argv, const char *self)
         printf("%s\n", line);
     else if (json_object_get(r, "delta_cases"))
         print_delta_human(r);
+    else if (json_object_get(r, "fp8_speedup"))
+        print_fp8_human(r);
     else
         print_human(r);
     json_decref(r);

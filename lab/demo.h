@@ -27,6 +27,10 @@ void demo_model_free(demo_model *dm);
 /* Child processes: `ferry-lab worker trainer|rollout MASTER RANK WORLD MODEL BUDGET DP`.
  * Trainers answer "publish G"; rollouts "direct G" (single-pull), "naive G"
  * (each reads its own demand), "compat G"; replies "OK seconds a b c". */
+/* The FP8 model beside it: "publish8 G" (the trainers' shards of G through
+ * the default quantization rules) and "fp8 G" (a group holding FP8 weights
+ * and their scales) act on MODEL DEMO_FP8_MODEL. */
+#define DEMO_FP8_MODEL "-fp8"
 int demo_trainer_main(int argc, char **argv);
 int demo_rollout_main(int argc, char **argv);
 
@@ -101,6 +105,7 @@ typedef struct demo_opts {
     char model[64];
     bool json, convert_only;
     bool cold;                 /* --cold: the processes skip the warm-up (FERRY_DEMO_COLD) */
+    bool fp8;                  /* demo --fp8: an FP8 rollout group beside the bf16 ones */
 } demo_opts;
 /* The rows of both commands' option tables (cli_opts.h), the count's name
  * ("generations", "reps"), its range's top and the help of it and of --bytes

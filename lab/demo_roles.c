@@ -374,6 +374,13 @@ int demo_trainer_main(int argc, char **argv)
     ferry_publisher_config pc = { .rank = a.rank, .world = a.world, .keep = 2,
                                   .timeout_ms = 120000, .segment = env_u64("FERRY_DEMO_SEGMENT") };
     snprintf(pc.model, sizeof pc.model, "%s", a.model);
+    /* The FP8 model ("publish8 G", after "publish G" filled the shards): the
+     * same shards through the default quantization rules, quantized here. */
+    ferry_quant_rules qr;
+    ferry_quant_rules_init(&qr);
+    ferry_publisher_config pc8 = pc;
+    pc8.quant = &qr;
+    snprintf(pc8.model, sizeof pc8.model, "%s" DEMO_FP8_MODEL, a.model);
     double w0 = cli_now();
     uint64_t wb = 0;
     ferry_error werr = {0};
@@ -394,6 +401,18 @@ int demo_trainer_main(int argc, char **argv)
         unsigned long long g;
         if (demo_xfer_trainer(&x, line, &a.m, a.rank, a.world, ds, nmine))
             continue;
+        if (sscanf(line, "publish8 %llu", &g) == 1) {   /* before "publish %llu", which reads "8" */
+            ferry_publish_stats st;
+            ferry_error err = {0};
+            double t0 = cli_now();
+            if (ferry_publish_shards(a.s, &pc8, g, pl, data, nmine, &st, &err) == 0)
+                printf("OK %.4f %llu %llu\n", cli_now() - t0, (unsigned long long)st.bytes,
+                       (unsigned long long)st.tensors);
+            else
+                printf("ERR %s\n", err.msg);
+            fflush(stdout);
+            continue;
+        }
         if (sscanf(line, "publish %llu", &g) != 1)
             break;
         for (size_t k = 0; k < nmine; k++) {
@@ -491,6 +510,131 @@ static void *param_alloc(size_t n)
     return posix_memalign(&p, huge, (n + huge - 1) & ~(huge - 1)) == 0 ? p : NULL;
 }
 
+/* The FP8 rollout group ("fp8 G"), opened at its first update: the same
+ * TP rows as the bf16 group, each weight the default rules pick as FP8
+ * bytes with its scale rows beside it, the rest bf16. */
+typedef struct fp8_group {
+    ferry_subscriber *sub;
+    ferry_param_shard *sh;
+    size_t *tensor;              /* per shard: its demo tensor */
+    int *kind;                   /* 0 bf16, 1 FP8 weight (its scales the next shard), 2 scales */
+    char (*scale_name)[200];
+    size_t n;
+    uint64_t cur;
+} fp8_group;
+
+static void fp8_close(fp8_group *f)
+{
+    ferry_subscriber_close(f->sub);
+    for (size_t k = 0; k < f->n; k++)
+        free(f->sh[k].dst);
+    free(f->sh);
+    free(f->tensor);
+    free(f->kind);
+    free(f->scale_name);
+}
+
+static int fp8_shard(fp8_group *f, const char *name, size_t tensor, int kind, uint32_t ndim,
+                     const uint64_t *off, const uint64_t *shape, size_t bytes)
+{
+    ferry_param_shard *p = &f->sh[f->n];
+    p->tensor = name;
+    p->ndim = ndim;
+    memcpy(p->offset, off, sizeof p->offset);
+    memcpy(p->shape, shape, sizeof p->shape);
+    p->dst = param_alloc(bytes);
+    if (!p->dst)
+        return -1;
+    memset(p->dst, 0, bytes);
+    p->dst_bytes = bytes;
+    f->tensor[f->n] = tensor;
+    f->kind[f->n++] = kind;
+    return 0;
+}
+
+static int fp8_open(fp8_group *f, const role_args *a, bool ep, const ferry_subscriber_config *base,
+                    ferry_error *err)
+{
+    const uint64_t b = FERRY_FP8_DEFAULT_BLOCK;
+    f->sh = calloc(2 * a->m.n + 1, sizeof *f->sh);
+    f->tensor = calloc(2 * a->m.n + 1, sizeof *f->tensor);
+    f->kind = calloc(2 * a->m.n + 1, sizeof *f->kind);
+    f->scale_name = calloc(a->m.n + 1, sizeof *f->scale_name);
+    if (!f->sh || !f->tensor || !f->kind || !f->scale_name)
+        return -1;
+    for (size_t i = 0; i < a->m.n; i++) {
+        const demo_tensor *t = &a->m.t[i];
+        uint64_t r0, rows, off[FERRY_MAX_DIMS] = {0}, shape[FERRY_MAX_DIMS];
+        demo_rollout_rows(t, a->rank, a->world, a->dp, ep, &r0, &rows);
+        if (rows == 0)
+            continue;
+        ferry_tensor_desc d = { .name = t->name, .dtype = "bf16", .itemsize = 2, .ndim = t->ndim };
+        memcpy(d.shape, t->shape, sizeof d.shape);
+        int pick = ferry_quant_rules_match(NULL, &d, err);
+        if (pick < 0)
+            return -1;
+        memcpy(shape, t->shape, sizeof shape);
+        if (t->ndim) {
+            off[0] = r0;
+            shape[0] = rows;
+        }
+        uint64_t n = rows * demo_row_elems(t);
+        if (fp8_shard(f, t->name, i, pick, t->ndim, off, shape, n * (pick ? 1 : 2)) < 0)
+            return -1;
+        if (!pick)
+            continue;
+        snprintf(f->scale_name[i], sizeof f->scale_name[i], "%s_scale_inv", t->name);
+        uint64_t soff[FERRY_MAX_DIMS] = { r0 / b }, sshape[FERRY_MAX_DIMS] = {
+            (rows + b - 1) / b, (t->shape[1] + b - 1) / b };
+        if (fp8_shard(f, f->scale_name[i], i, 2, 2, soff, sshape, sshape[0] * sshape[1] * 4) < 0)
+            return -1;
+    }
+    ferry_subscriber_config sc = *base;
+    snprintf(sc.model, sizeof sc.model, "%s" DEMO_FP8_MODEL, a->model);
+    snprintf(sc.group, sizeof sc.group, "demo-fp8");
+    return ferry_subscriber_open(a->s, &sc, f->sh, f->n, &f->sub, err);
+}
+
+/* Wrong bytes of the FP8 group against generation g: each FP8 shard and its
+ * scales against ferry_quantize_fp8_blocks over the shard's bf16 values (a
+ * shard holds whole blocks: its quantization is the whole tensor's), the
+ * bf16 shards against the values. */
+static uint64_t fp8_check(const fp8_group *f, const demo_model *m, uint64_t g)
+{
+    uint64_t bad = 0;
+    for (size_t k = 0; k < f->n; k++) {
+        const ferry_param_shard *p = &f->sh[k];
+        const demo_tensor *t = &m->t[f->tensor[k]];
+        uint64_t re = demo_row_elems(t), n = p->shape[0] * re, base = p->offset[0] * re;
+        if (f->kind[k] == 0) {
+            const uint16_t *v = p->dst;
+            for (uint64_t i = 0; i < n; i++)
+                bad += v[i] != bits(g, f->tensor[k], base + i);
+            continue;
+        }
+        if (f->kind[k] != 1)
+            continue;   /* scales: checked with their weight */
+        uint16_t *x = malloc(n * 2);
+        uint8_t *q = malloc(n);
+        float *sc = malloc(f->sh[k + 1].dst_bytes);
+        if (!x || !q || !sc) {
+            free(x), free(q), free(sc);
+            return n;
+        }
+        for (uint64_t i = 0; i < n; i++)
+            x[i] = bits(g, f->tensor[k], base + i);
+        if (ferry_quantize_fp8_blocks(x, "bf16", re, q, "f8e4m3", re, p->shape[0], re, sc, NULL,
+                                      NULL) < 0)
+            bad += n;
+        const uint8_t *got = p->dst;
+        for (uint64_t i = 0; i < n; i++)
+            bad += got[i] != q[i];
+        bad += memcmp(sc, f->sh[k + 1].dst, f->sh[k + 1].dst_bytes) != 0;
+        free(x), free(q), free(sc);
+    }
+    return bad;
+}
+
 int demo_rollout_main(int argc, char **argv)
 {
     ferry_error fe = {0};
@@ -563,6 +707,7 @@ int demo_rollout_main(int argc, char **argv)
     }
     ready(demo_cold() ? 0 : cli_now() - w0, wb);
     uint64_t cur = 0, naive_gen = 0, compat_gen = 0;
+    fp8_group f8 = {0};
     demo_xfer x = {0};
     char line[256];
     while (fgets(line, sizeof line, stdin)) {
@@ -590,6 +735,18 @@ int demo_rollout_main(int argc, char **argv)
                        (unsigned long long)bad, (unsigned long long)st.bytes_pushed);
             else
                 printf("ERR %s\n", rc ? err.msg : "not at the expected generation");
+        } else if (sscanf(line, "fp8 %llu", &g) == 1) {
+            int rc = f8.sub ? 0 : fp8_open(&f8, &a, ep, &sc, &err);
+            if (rc == 0)
+                rc = ferry_subscriber_update(f8.sub, &f8.cur, &st, &err);
+            double dt = cli_now() - t0;
+            uint64_t bad = rc == 0 ? fp8_check(&f8, &a.m, g) : 0;
+            if (rc == 0 && f8.cur == g)
+                printf("OK %.4f %llu %llu %llu\n", dt, (unsigned long long)st.bytes_read,
+                       (unsigned long long)bad, (unsigned long long)st.bytes_pushed);
+            else
+                printf("ERR %s\n", rc ? (err.msg[0] ? err.msg : "out of memory") :
+                       "not at the expected generation");
         } else if (sscanf(line, "naive %llu", &g) == 1) {
             /* The baseline: every worker reads its own demand from the store. */
             for (size_t k = 0; k < ns; k++)   /* so that the check below means something */
@@ -643,6 +800,7 @@ int demo_rollout_main(int argc, char **argv)
         fflush(stdout);
     }
     demo_xfer_close(&x);
+    fp8_close(&f8);
     ferry_compat_group_close(cg);
     ferry_subscriber_close(sub);
     for (size_t k = 0; k < ns; k++)

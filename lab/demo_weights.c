@@ -19,8 +19,8 @@
 
 
 typedef struct gen_row {
-    double publish_s, direct_s, compat_s;
-    uint64_t direct_read, compat_read, bad, pushed;
+    double publish_s, direct_s, compat_s, publish8_s, fp8_s;
+    uint64_t direct_read, compat_read, bad, pushed, fp8_stored, fp8_read, fp8_pushed;
     bool ok;
     char error[256];
     json_t *publish, *update;   /* counters: merged over trainers, over rollouts */
@@ -74,6 +74,9 @@ static void print_phases(const gen_row *rows, unsigned ng, uint64_t model_bytes)
 static const cli_opt demo_table[] = {
     DEMO_OPT_ROWS("generations", 64, "weight generations published, 1-64 (default 3)",
                   "the model's tensors up to this many bf16 bytes (default 2G)"),
+    CLI_FLAG(demo_opts, fp8, "fp8", "also an FP8 rollout group: the same shards quantized once by the\n"
+             "trainers (f8e4m3, 128 x 128 blocks), FP8 weights and scales on the rollouts\n"
+             "(half again the store's memory, and the rollouts' FP8 copies)"),
 };
 
 static const cli_cmd demo_cmd = {
@@ -122,8 +125,9 @@ int cmd_demo(int argc, char **argv, const char *self)
                 o.trainers + o.rollouts, o.cold ? " (--cold: no warm-up)"
                 : "; each first touches the store's memory it will use (the documented warm-up, "
                   "docs/weights.md \"Warm memory\")");
-    if (demo_group_start(&grp, o.model, o.bytes, dm.bytes, o.trainers, o.rollouts, o.dp,
-                         "ferry-lab demo") < 0)
+    /* with --fp8 the store holds the FP8 model's generations too: about half the bytes */
+    if (demo_group_start(&grp, o.model, o.bytes, dm.bytes + (o.fp8 ? dm.bytes / 2 : 0), o.trainers,
+                         o.rollouts, o.dp, "ferry-lab demo") < 0)
         goto out;
     if (!o.json && !o.cold)
         fprintf(stderr, "ferry-lab demo: warm-up done: %s touched, the slowest process in %.1f s "
@@ -166,6 +170,15 @@ int cmd_demo(int argc, char **argv, const char *self)
         if (row->ok && cdir[0])
             row->compat = demo_counters_collect(cdir, "compat", o.rollouts);
         row->bad += b;
+        if (o.fp8) {   /* the FP8 group: the same shards quantized once by the trainers */
+            snprintf(cmd, sizeof cmd, "publish8 %u", g);
+            row->ok = row->ok && demo_round(tr, o.trainers, cmd, &row->publish8_s, &row->fp8_stored, &a,
+                                            NULL, row->error, sizeof row->error);
+            snprintf(cmd, sizeof cmd, "fp8 %u", g);
+            row->ok = row->ok && demo_round(ro, o.rollouts, cmd, &row->fp8_s, &row->fp8_read, &b,
+                                            &row->fp8_pushed, row->error, sizeof row->error);
+            row->bad += b;
+        }
         row->ok = row->ok && row->bad == 0;
         all_ok = all_ok && row->ok;
     }
@@ -181,33 +194,46 @@ int cmd_demo(int argc, char **argv, const char *self)
             json_object_set(c, "update", rows[g].update ? rows[g].update : json_null());
             json_object_set(c, "compat", rows[g].compat ? rows[g].compat : json_null());
             char *cj = json_dumps(c, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
+            char f8[400] = "";
+            if (o.fp8)
+                snprintf(f8, sizeof f8, ",\"fp8_publish_s\":%.4f,\"fp8_s\":%.4f,\"fp8_stored_bytes\":%llu,"
+                         "\"fp8_store_bytes\":%llu,\"fp8_pushed_bytes\":%llu,\"fp8_bytes_ratio\":%.3f",
+                         rows[g].publish8_s, rows[g].fp8_s, (unsigned long long)rows[g].fp8_stored,
+                         (unsigned long long)rows[g].fp8_read, (unsigned long long)rows[g].fp8_pushed,
+                         rows[g].direct_read ? (double)rows[g].fp8_read / (double)rows[g].direct_read : 0);
             printf("%s{\"generation\":%u,\"publish_s\":%.4f,\"direct_s\":%.4f,"
                    "\"direct_store_bytes\":%llu,\"direct_read_ratio\":%.3f,\"direct_pushed_bytes\":%llu,"
                    "\"compat_s\":%.4f,"
-                   "\"compat_store_bytes\":%llu,\"compat_read_ratio\":%.3f,\"wrong_bytes\":%llu,"
+                   "\"compat_store_bytes\":%llu,\"compat_read_ratio\":%.3f%s,\"wrong_bytes\":%llu,"
                    "\"ok\":%s,\"counters\":%s}",
                    g ? "," : "", g + 1, rows[g].publish_s, rows[g].direct_s,
                    (unsigned long long)rows[g].direct_read,
                    (double)rows[g].direct_read / (double)dm.bytes,
                    (unsigned long long)rows[g].pushed, rows[g].compat_s,
                    (unsigned long long)rows[g].compat_read,
-                   (double)rows[g].compat_read / (double)dm.bytes, (unsigned long long)rows[g].bad,
+                   (double)rows[g].compat_read / (double)dm.bytes, f8, (unsigned long long)rows[g].bad,
                    rows[g].ok ? "true" : "false", cj ? cj : "null");
             free(cj);
             json_decref(c);
         }
         printf("]}\n");
     } else {
-        printf("%-4s %10s %8s %9s %12s %12s %9s %12s %s\n", "gen", "publish s", "GB/s",
-               "direct s", "store read", "pushed", "compat s", "store read", "every byte");
+        printf("%-4s %10s %8s %9s %12s %12s %9s %12s", "gen", "publish s", "GB/s", "direct s",
+               "store read", "pushed", "compat s", "store read");
+        if (o.fp8)
+            printf(" %11s %7s %12s", "FP8 pub s", "FP8 s", "FP8 read");
+        printf(" %s\n", "every byte");
         for (unsigned g = 0; g < ng; g++) {
-            char r1[32], r2[32], r3[32];
-            printf("%-4u %10.3f %8.2f %9.3f %12s %12s %9.3f %12s %s\n", g + 1, rows[g].publish_s,
+            char r1[32], r2[32], r3[32], r4[32];
+            printf("%-4u %10.3f %8.2f %9.3f %12s %12s %9.3f %12s", g + 1, rows[g].publish_s,
                    rows[g].publish_s > 0 ? (double)dm.bytes / rows[g].publish_s / 1e9 : 0,
                    rows[g].direct_s, cli_fmt_size(rows[g].direct_read, r1, sizeof r1),
                    cli_fmt_size(rows[g].pushed, r3, sizeof r3),
-                   rows[g].compat_s, cli_fmt_size(rows[g].compat_read, r2, sizeof r2),
-                   rows[g].ok ? "verified" : rows[g].error[0] ? rows[g].error : "WRONG");
+                   rows[g].compat_s, cli_fmt_size(rows[g].compat_read, r2, sizeof r2));
+            if (o.fp8)
+                printf(" %11.3f %7.3f %12s", rows[g].publish8_s, rows[g].fp8_s,
+                       cli_fmt_size(rows[g].fp8_read, r4, sizeof r4));
+            printf(" %s\n", rows[g].ok ? "verified" : rows[g].error[0] ? rows[g].error : "WRONG");
         }
         printf("direct: the group read %.2fx the published bytes from the store (each byte once; "
                "a worker-reads-its-own baseline reads %ux); compat: the group read %.2fx (each "
@@ -219,6 +245,13 @@ int cmd_demo(int argc, char **argv, const char *self)
                "update, slowest rollout; store read: bytes the group read from the store; pushed: "
                "bytes a reader wrote into its replica's parameters; compat s: every full tensor "
                "to every rollout; every byte: each rollout checked every element)\n");
+        if (o.fp8)
+            printf("(--fp8: the same shards published again with the default FP8 rules (f8e4m3, 128 x "
+                   "128 blocks, quantized once by the trainers) into a group of the same rollouts holding "
+                   "FP8 weights and their scales; FP8 pub s the publish, FP8 s its update, FP8 read its "
+                   "store reads, %.2fx the bf16 group's; every FP8 byte and scale checked against the base "
+                   "layer's quantization of the shard)\n",
+                   rows[0].direct_read ? (double)rows[0].fp8_read / (double)rows[0].direct_read : 0);
         if (rows[ng - 1].update)
             print_phases(rows, ng, dm.bytes);
         printf("%s\n", all_ok ? "demo ok" : "demo FAILED");

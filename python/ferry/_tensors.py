@@ -19,18 +19,20 @@ FRAMEWORKS = ("numpy", "torch")
 NUMPY = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "uint16",
          "i64": "int64", "i32": "int32", "i16": "int16", "i8": "int8",
          "u64": "uint64", "u32": "uint32", "u16": "uint16", "u8": "uint8", "bool": "bool",
-         "fp8_e4m3": "uint8", "fp8_e5m2": "uint8"}
+         "f8e4m3": "uint8", "f8e5m2": "uint8", "fp8_e4m3": "uint8", "fp8_e5m2": "uint8"}
 # numpy dtype name -> ferry dtype (uint16 is u16: bf16 data must be named)
 FROM_NUMPY = {"float64": "f64", "float32": "f32", "float16": "f16",
               "int64": "i64", "int32": "i32", "int16": "i16", "int8": "i8",
               "uint64": "u64", "uint32": "u32", "uint16": "u16", "uint8": "u8", "bool": "bool"}
-# ferry dtype -> torch dtype attribute (the unsigned wide ones exist from torch 2.3)
-TORCH = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16",
+# ferry dtype -> torch dtype attribute (the unsigned wide ones exist from torch 2.3, float8 from 2.1;
+# the FP8 names come first: dtype_of gives the canonical one)
+TORCH = {"f8e4m3": "float8_e4m3fn", "f8e5m2": "float8_e5m2", "f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16",
          "i64": "int64", "i32": "int32", "i16": "int16", "i8": "int8", "u8": "uint8", "bool": "bool",
          "u16": "uint16", "u32": "uint32", "u64": "uint64",
          "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
 SIZES = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "i16": 2, "i8": 1,
-         "u64": 8, "u32": 4, "u16": 2, "u8": 1, "bool": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+         "u64": 8, "u32": 4, "u16": 2, "u8": 1, "bool": 1, "f8e4m3": 1, "f8e5m2": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+FP8 = ("f8e4m3", "f8e5m2", "fp8_e4m3", "fp8_e5m2")
 
 
 def check_framework(framework):
@@ -58,12 +60,16 @@ def describe(obj):
 
 def torch_dtype(dtype):
     """The torch dtype of ferry dtype ``dtype`` (torch.bfloat16 for "bf16"),
-    or ValueError naming what this torch lacks."""
+    or ValueError naming what this torch lacks. An FP8 dtype is
+    torch.float8_e4m3fn / float8_e5m2 where this torch has them, else
+    torch.uint8 (the raw bytes: torch before 2.1, Debian's 1.13)."""
     import torch
     name = TORCH.get(dtype)
     if name is None:
         raise ValueError(f"unknown ferry dtype {dtype!r} (known: {sorted(TORCH)})")
     t = getattr(torch, name, None)
+    if t is None and dtype in FP8:
+        return torch.uint8
     if t is None:
         raise ValueError(f"ferry dtype {dtype} has no torch dtype in torch {torch.__version__} (torch.{name}); "
                          f"read it with framework='numpy'")

@@ -145,6 +145,73 @@ def _module_placement(publisher, items, layout, rules, roles, shapes):
     return tensors, placement
 
 
+def _unquantized(entries, quant):
+    """The tensors a generation published with FP8 ``quant`` was quantized
+    from: its scale tensors left out (the quantized layout derives them),
+    its FP8 weights as bf16 (any float: quantizing sets the FP8 dtype)."""
+    fmt = _weights.quant_rules(quant)["scale_name"] or "%s_scale_inv"
+    fp8 = [n for n, _, d in entries if d in _tensors.FP8]
+    scales = {fmt % n for n in fp8}          # the C rule: "%s" once, "%%" a "%"
+    return [(n, s, "bf16" if d in _tensors.FP8 else d) for n, s, d in entries if n not in scales]
+
+
+def fp8_empty(shape, dtype="f8e4m3"):
+    """An uninitialised FP8 tensor of ``shape``: ``torch.float8_e4m3fn``
+    (or ``float8_e5m2``) where this torch has it, else ``torch.uint8``
+    holding the raw FP8 bytes (torch before 2.1, Debian's 1.13). Either is
+    a parameter an FP8 :class:`Subscriber` writes."""
+    return torch.empty(tuple(shape), dtype=_tensors.torch_dtype(dtype))
+
+
+def fp8_view(t, dtype="f8e4m3"):
+    """FP8 bytes (a ``torch.uint8`` tensor) as ``torch.float8_e4m3fn`` (or
+    ``float8_e5m2``) where this torch has it — a view, nothing copied —
+    else ``t`` itself."""
+    want = _tensors.torch_dtype(dtype)
+    return t if want == torch.uint8 or t.dtype == want else t.view(want)
+
+
+def _fp8_table(dtype):
+    """The value of each of the 256 codes of ``dtype`` (decoded from the
+    format: OCP E4M3 "fn" — no infinities, NaN at 0x7f/0xff — or E5M2)."""
+    e4m3 = dtype in ("f8e4m3", "fp8_e4m3")
+    mbits, bias = (3, 7) if e4m3 else (2, 15)
+    out = []
+    for code in range(256):
+        e, m = (code & 0x7f) >> mbits, code & ((1 << mbits) - 1)
+        if (e4m3 and e == 15 and m == 7) or (not e4m3 and e == 31 and m):
+            v = float("nan")
+        elif not e4m3 and e == 31:
+            v = float("inf")
+        elif e == 0:
+            v = m * 2.0 ** (1 - bias - mbits)
+        else:
+            v = (1 + m / 2.0 ** mbits) * 2.0 ** (e - bias)
+        out.append(-v if code & 0x80 else v)
+    return torch.tensor(out, dtype=torch.float32)
+
+
+def dequantize_fp8(q, scale_inv, block=(128, 128), dtype=torch.float32, fp8="f8e4m3"):
+    """``q * s`` of a 2-D FP8 tensor (uint8 bytes or a float8 tensor) and
+    its block scales (``scale_inv``: float32, one per ``block``, the
+    blocks of ``q``'s box from its first row and column): each code's value
+    times its block's scale in float32, then as ``dtype`` (torch's
+    rounding). Lossy with respect to the trainer's weights: the FP8 values,
+    not the ones quantized (docs/weights.md, "FP8 rollouts")."""
+    codes = q.view(torch.uint8) if q.dtype != torch.uint8 else q
+    if codes.dim() != 2 or scale_inv.dim() != 2:
+        raise ValueError(f"dequantize_fp8: a 2-D tensor and 2-D scales, not {list(q.shape)} and "
+                         f"{list(scale_inv.shape)}")
+    rows, cols = codes.shape
+    b0, b1 = int(block[0]), int(block[1])
+    need = (-(-rows // b0), -(-cols // b1))
+    if tuple(scale_inv.shape) != need or scale_inv.dtype != torch.float32:
+        raise ValueError(f"dequantize_fp8: {rows} x {cols} in {b0} x {b1} blocks needs {list(need)} float32 "
+                         f"scales, not {list(scale_inv.shape)} {scale_inv.dtype}")
+    s = scale_inv.repeat_interleave(b0, 0)[:rows].repeat_interleave(b1, 1)[:, :cols]
+    return (_fp8_table(fp8)[codes.long()] * s).to(dtype)
+
+
 def warm_publisher(publisher, module, layout=None, *, buffers=False, rules=None, roles=None, shapes=None):
     """The trainer's warm-up before its first :func:`publish_module` with
     the same arguments (docs/weights.md, "Warm memory"): what those
@@ -321,18 +388,33 @@ class Subscriber:
     (with a group) keeps a second storage per parameter: each update writes
     the copy the module does not hold, then re-binds every parameter's
     ``.data`` to it in one step (docs/weights.md, "Standby copies"; 2x the
-    parameters' memory), and ``update(next=G)`` becomes possible."""
+    parameters' memory), and ``update(next=G)`` becomes possible.
+
+    ``quant`` (a dict of FP8 rules, :func:`ferry.weights.quant_rules`; the
+    trainers' ``WeightPublisher(quant=...)``) makes this an FP8 rollout
+    (docs/weights.md, "FP8 rollouts"): the layout is quantized, each picked
+    weight's parameter holds its box as FP8 bytes — a ``torch.uint8``
+    tensor (:func:`fp8_empty`; ``torch.float8_e4m3fn`` where this torch has
+    it) — and the module has the derived scale tensors as parameters of
+    their own (``<weight>_scale_inv``, float32, the scale rows or columns
+    of the box's blocks; fused targets stack them like the weights)."""
 
     def __init__(self, store, model, module, layout, rank, group=None, *, names=None, rules=None, roles=None,
                  buffers=False, tensors=None, node=0, timeout_ms=60000, batch_bytes=0, local_segment=0,
-                 standby=False):
+                 standby=False, quant=None):
         self.store, self.model, self.rank, self.layout, self.group = store, model, int(rank), layout, group
         self.names = NameMap.of(names)
         if tensors is None:   # the dense generation the active chain starts at (the active one when dense)
             from . import sparse as _sparse
             dense = _sparse.chain(store, model, 0)["dense"]
             tensors = [(e["name"], e["shape"], e["dtype"]) for e in _weights.manifest(store, model, dense)]
+            if quant is not None:
+                tensors = _unquantized(tensors, quant)
         placement = build_layout(model, tensors, layout, rules, roles)
+        if quant is not None:   # FP8 weights and their scale tensors, as the trainers publish them
+            placement = placement.quantize(**_weights.quant_rules(quant))
+            tensors = [(n, shape, dtype) for n, dtype, _, shape in
+                       (placement.tensor(i) for i in range(placement.tensor_count))]
         self.world = placement.ranks
         if not 0 <= self.rank < self.world:
             raise ValueError(f"rank {rank} is not in layout {layout!r} ({self.world} ranks)")
@@ -397,9 +479,15 @@ class Subscriber:
             at = 0
             for _, ti, off, shp in parts:
                 name, _, dtype = tensors[ti]
-                if _tensors.dtype_of(p) != dtype:
-                    raise ValueError(f"parameter {pname} is {p.dtype}; tensor {name} is published as {dtype}")
+                got = _tensors.dtype_of(p)
+                fp8 = dtype in _tensors.FP8 and got in ("u8", dtype)
+                if got != dtype and not fp8:
+                    raise ValueError(f"parameter {pname} is {p.dtype}; tensor {name} is published as {dtype}"
+                                     + (" (FP8: a torch.uint8 parameter, ferry.torch.fp8_empty)"
+                                        if dtype in _tensors.FP8 else ""))
                 dst = p.data.narrow(0, at, shp[0]) if parts[0][0] >= 0 else p.data
+                if fp8 and got != "u8":
+                    dst = dst.view(torch.uint8)   # the binding takes the FP8 bytes as bytes
                 at += shp[0]
                 shards.append((name, tuple(off), dst))
             dests[pname] = _Dest(pname, p)

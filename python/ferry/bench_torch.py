@@ -7,7 +7,8 @@ runs it).
 [--hidden 1024] [--layers 8] [--ffn 4096] [--vocab 15000] [--ctx 1024]
 [--variants torch_save,gloo_bcast,p2p,ferry_shard]``; with ``--delta`` it
 runs ferry.bench_delta instead (deltas from the trainers against the dense
-shard update; its options follow ``--delta --help``).
+shard update; its options follow ``--delta --help``), with ``--fp8``
+ferry.bench_fp8 (FP8 rollouts against the bf16 update; ``--fp8 --help``).
 
 A GPT-style model (the tensors of python/tests/gpt_model.py's GPT, scaled
 up: about 166 M parameters, 332 MB in bf16 by default) is held by 4 trainer
@@ -917,6 +918,9 @@ def main(argv=None):
     if "--delta" in argv:   # deltas from the trainers against the dense update (ferry.bench_delta)
         from . import bench_delta
         return bench_delta.main([x for x in argv if x != "--delta"])
+    if "--fp8" in argv:     # FP8 rollouts against the bf16 update (ferry.bench_fp8)
+        from . import bench_fp8
+        return bench_fp8.main([x for x in argv if x != "--fp8"])
     ap = argparse.ArgumentParser(prog="python3 -m ferry.bench_torch",
                                  description="A torch weight update, 4 FSDP trainers -> 4 TP2xDP2 rollouts: "
                                              "torch.save through /dev/shm, a gloo broadcast, gloo point-to-point "

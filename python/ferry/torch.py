@@ -25,6 +25,11 @@ entry point is the ferry call of the same name with ``framework="torch"``.
   follows the registry's chain: ``ferry.sparse.update``), :func:`weights` (the compatibility iterator for
   ``model.load_weights``), :class:`NameMap` (trainer -> rollout names,
   fused targets included), :func:`role_of`, :func:`build_layout`.
+- FP8 rollouts (docs/weights.md, "FP8 rollouts"): ``Subscriber(...,
+  quant=rules)`` writes FP8 bytes and block scales into the parameters;
+  :func:`fp8_empty` and :func:`fp8_view` (``torch.uint8`` on a torch
+  without float8, Debian's 1.13; ``torch.float8_e4m3fn`` where it has it),
+  :func:`dequantize_fp8` (``q * s``, asked explicitly: lossy).
 """
 
 import torch as _torch   # the point of this module: fail here, not later, without torch
@@ -35,14 +40,14 @@ from . import sparse as _sparse
 from . import store as _store
 from . import weights as _weights
 from .store import ReplicateConfig
-from ._torch_weights import (DEFAULT_RULES, ROLES, NameMap, Subscriber, Weights, build_layout, publish_delta,
-                             publish_module, role_of, warm_publisher, weights)
+from ._torch_weights import (DEFAULT_RULES, ROLES, NameMap, Subscriber, Weights, build_layout, dequantize_fp8,
+                             fp8_empty, fp8_view, publish_delta, publish_module, role_of, warm_publisher, weights)
 from .sparse import DeltaEncoder
 
 __all__ = ["Store", "ReplicateConfig", "CompatGroup", "update_compat", "get_tensor", "get_tensor_into", "read_member",
            "read_sparse_objects", "read_sample", "convert", "torch_dtype", "ferry_dtype", "empty", "ROLES", "DEFAULT_RULES",
            "NameMap", "Subscriber", "Weights", "build_layout", "publish_module", "publish_delta", "DeltaEncoder",
-           "role_of", "warm_publisher", "weights"]
+           "role_of", "warm_publisher", "weights", "fp8_empty", "fp8_view", "dequantize_fp8"]
 
 FRAMEWORK = "torch"
 

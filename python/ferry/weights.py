@@ -33,7 +33,8 @@ from . import _tensors
 from ._ferry import WeightSubscriber
 
 __all__ = ["WeightPublisher", "WeightSubscriber", "CompatGroup", "assign", "convert", "key", "active", "wait_active",
-           "manifest", "update_direct", "update_compat", "CompatUpdate", "numpy_dtype"]
+           "manifest", "update_direct", "update_compat", "CompatUpdate", "numpy_dtype",
+           "quant_rules"]
 
 _CONVERTIBLE = ("f32", "bf16", "f16")
 
@@ -142,6 +143,22 @@ def _tensor_item(i, t):
                      f"or (name, array, dtype) (bf16 in numpy: a uint16 array of raw words)")
 
 
+QUANT_RULES = ("dtype", "include", "exclude", "scale_name", "block", "scale_format")
+
+
+def quant_rules(quant):
+    """FP8 rules (docs/weights.md, "FP8 rollouts") as the keyword arguments
+    of :meth:`ferry.reshard.Manifest.quantize`: ``quant`` is a dict of some
+    of :data:`QUANT_RULES` (``{}``: the defaults); an unknown key raises
+    ValueError."""
+    bad = set(quant) - set(QUANT_RULES)
+    if bad:
+        raise ValueError(f"quant: unknown rules {sorted(bad)} (known: {sorted(QUANT_RULES)})")
+    return {"dtype": quant.get("dtype"), "include": quant.get("include"), "exclude": quant.get("exclude"),
+            "scale_name": quant.get("scale_name"), "block": tuple(int(b) for b in quant.get("block", (0, 0))),
+            "scale_format": quant.get("scale_format", "f32")}
+
+
 class WeightPublisher:
     """One trainer rank's publisher of a model's generations.
 
@@ -173,13 +190,8 @@ class WeightPublisher:
         self.keep, self.timeout_ms = keep, timeout_ms
         self.quant = None
         if quant is not None:
-            known = {"dtype", "include", "exclude", "scale_name", "block", "scale_format"}
-            bad = set(quant) - known
-            if bad:
-                raise ValueError(f"quant: unknown rules {sorted(bad)} (known: {sorted(known)})")
-            block = tuple(int(b) for b in quant.get("block", (0, 0)))
-            self.quant = (quant.get("dtype"), quant.get("include"), quant.get("exclude"),
-                          quant.get("scale_name"), block, quant.get("scale_format", "f32"))
+            q = quant_rules(quant)
+            self.quant = (q["dtype"], q["include"], q["exclude"], q["scale_name"], q["block"], q["scale_format"])
 
     def publish(self, generation, tensors):
         """Publish ``generation`` (newer than every earlier one) from this

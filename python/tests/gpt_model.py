@@ -8,6 +8,7 @@ walks ``stacked_params_mapping`` the way vLLM's models do."""
 
 import re
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -128,7 +129,7 @@ class VLLMGPT(nn.Module):
 
     stacked_params_mapping = STACKED
 
-    def __init__(self, tp, tp_rank, dtype=torch.float32, cfg=CFG):
+    def __init__(self, tp, tp_rank, dtype=torch.float32, cfg=CFG, fp8_block=None):
         super().__init__()
         self.tp, self.tp_rank, self.cfg = tp, tp_rank, cfg
         h, f, v = cfg["hidden"], cfg["ffn"], cfg["vocab"]
@@ -151,6 +152,13 @@ class VLLMGPT(nn.Module):
             ps[p + "mlp.gate_up_proj.bias"] = _param((2 * f // tp,), dtype, "col", gu)
             ps[p + "mlp.down_proj.weight"] = _param((h, f // tp), dtype, "row")
             ps[p + "mlp.down_proj.bias"] = _param((h,), dtype, "rep")
+        if fp8_block is not None:   # an FP8 checkpoint's layout: projections as FP8 bytes + block scales
+            b0, b1 = fp8_block
+            for n in [n for n in ps if n.endswith("_proj.weight")]:
+                rows, cols = ps[n].shape
+                parts = ps[n].parts and {k: (at // b0, m // b0) for k, (at, m) in ps[n].parts.items()}
+                ps[n + "_scale_inv"] = _param((-(-rows // b0), -(-cols // b1)), torch.float32, ps[n].kind, parts)
+                ps[n] = _param((rows, cols), torch.uint8, ps[n].kind, ps[n].parts)
         self._names = list(ps)
         for n, p in ps.items():
             self.register_parameter(n.replace(".", "__"), p)
@@ -213,6 +221,37 @@ def vllm_to_trainer(states, tp, cfg=CFG):
         else:
             assert all(torch.equal(parts[0], p) for p in parts[1:]), f"{name} differs between TP ranks"
             out[inv[name]] = parts[0]
+    return out
+
+
+def fp8_expected(sd, tp, tp_rank, quantize, cfg=CFG):
+    """{name: numpy array} of the FP8 parameters of ``VLLMGPT(tp, tp_rank,
+    fp8_block=...)`` — every projection's codes and ``_scale_inv`` — from
+    the trainer's full state dict ``sd`` (numpy f32) through ``quantize(x)
+    -> (codes, scales)`` of each whole tensor: a TP box that holds whole
+    blocks holds the whole tensor's codes of its rows (columns) and the
+    scale rows (columns) of their blocks; fused targets stack q, k, v and
+    gate, up."""
+    def rows(a):
+        n = a.shape[0] // tp
+        return a[tp_rank * n:(tp_rank + 1) * n]
+
+    def cols(a):
+        n = a.shape[1] // tp
+        return a[:, tp_rank * n:(tp_rank + 1) * n]
+
+    out = {}
+    for i in range(cfg["layers"]):
+        q = {t: quantize(sd[f"blocks.{i}.{t}.weight"]) for t in
+             ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
+              "mlp.down_proj")}
+        p = f"model.layers.{i}."
+        for name, parts, cut in (("self_attn.qkv_proj.weight", ("attn.q_proj", "attn.k_proj", "attn.v_proj"), rows),
+                                 ("self_attn.o_proj.weight", ("attn.o_proj",), cols),
+                                 ("mlp.gate_up_proj.weight", ("mlp.gate_proj", "mlp.up_proj"), rows),
+                                 ("mlp.down_proj.weight", ("mlp.down_proj",), cols)):
+            out[p + name] = np.concatenate([cut(q[t][0]) for t in parts])
+            out[p + name + "_scale_inv"] = np.concatenate([cut(q[t][1]) for t in parts])
     return out
 
 

@@ -8,8 +8,16 @@ as f32 ("gpt") and as bf16 ("gpt16"). Every rollout updates
 parameter-direct into the f32 torch parameters of a vLLM-style module
 (fused qkv_proj / gate_up_proj, TP-sharded; ``ferry.torch.Subscriber``, a
 single-pull group) and through compatibility mode into the bf16 one's
-``load_weights`` (``ferry.adapters.WorkerExtension``, a CompatGroup). Each
-rollout then rebuilds the full weights from its TP pair (through the
+``load_weights`` (``ferry.adapters.WorkerExtension``, a CompatGroup). A
+third model ("gpt8") is published with FP8 rules (every projection in
+f8e4m3, 16 x 16 blocks; quantized once by the trainers, whose FSDP shards cut
+blocks) into a third group of the same rollouts: FP8 weights (uint8
+parameters on a torch without float8) and ``*_scale_inv`` parameters of
+the fused vLLM-style module (``Subscriber(..., quant=...)``). Every FP8
+byte and scale equals, bit for bit, a numpy quantizer of the documented
+formula (fp8_ref.py) over the trainers' weights, and so do the weights
+dequantized by ``ferry.torch.dequantize_fp8``, generation after
+generation and after the restart. Each rollout then rebuilds the full weights from its TP pair (through the
 store) and computes logits on a fixed input: equal to the trainers'
 reference bit for bit in f32, and to the reference cast to bf16 in bf16.
 A rollout killed with SIGKILL and restarted loads the active generation
@@ -27,6 +35,7 @@ import signal
 import time
 import types
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -38,12 +47,15 @@ from ferry import weights                 # noqa: E402
 
 import gpt_model as gm                    # noqa: E402
 from conftest import cluster_fixture      # noqa: E402
+from fp8_ref import dequant, ref_fp8_blocks   # noqa: E402
 from jobs import Job                      # noqa: E402
 
 cluster = cluster_fixture(1, "torch_model")
 RUN_S = 240.0          # deadline for every reply of a worker (a generous bound, not a measure)
 TIMEOUT_MS = 120000
 TRAINERS, ROLLOUTS, LAYOUT = 4, 4, "tp:2,dp:2"
+FP8_BLOCK = (16, 16)     # FSDP4 shards of 8 or 16 rows cut them; TP2 boxes hold whole ones
+FP8_RULES = {"include": "*_proj.weight", "block": FP8_BLOCK}
 
 
 def _ctx():
@@ -83,14 +95,17 @@ def _trainer(addr, token_file, rank, cmd, out):
     model = gm.GPT()
     with ferry.Store(master=addr, token_file=token_file) as s:
         pubs = [ferry.WeightPublisher(s, "gpt", rank, TRAINERS, timeout_ms=TIMEOUT_MS),
-                ferry.WeightPublisher(s, "gpt16", rank, TRAINERS, out_dtype="bf16", timeout_ms=TIMEOUT_MS)]
+                ferry.WeightPublisher(s, "gpt16", rank, TRAINERS, out_dtype="bf16", timeout_ms=TIMEOUT_MS),
+                ferry.WeightPublisher(s, "gpt8", rank, TRAINERS, out_dtype="bf16", timeout_ms=TIMEOUT_MS,
+                                      quant=FP8_RULES)]
 
         def publish(gen):
             st = [ft.publish_module(p, gen, model, layout="fsdp:4") for p in pubs]
             with torch.no_grad():
                 ref = gm.forward(dict(model.named_parameters()), gm.TOKENS)
                 ref16 = gm.forward({n: p.bfloat16() for n, p in model.named_parameters()}, gm.TOKENS)
-            return {"stats": st, "ref": gm.bits(ref), "ref16": gm.bits(ref16)}
+            sd = {n: p.detach().numpy().copy() for n, p in model.named_parameters()} if rank == 0 else None
+            return {"stats": st, "ref": gm.bits(ref), "ref16": gm.bits(ref16), "sd": sd}
 
         def sparse():
             delta = _delta(model)
@@ -132,10 +147,13 @@ def _rollout(addr, token_file, rank, restarted, cmd, out):
     tp, dp = rank % 2, rank // 2
     m32 = gm.VLLMGPT(2, tp, torch.float32)
     m16 = gm.VLLMGPT(2, tp, torch.bfloat16)
+    m8 = gm.VLLMGPT(2, tp, torch.bfloat16, fp8_block=FP8_BLOCK)
     ptrs = {n: p.data_ptr() for n, p in m32.named_parameters()}
     with ft.Store(master=addr, token_file=token_file) as s:
         sub = ft.Subscriber(s, "gpt", m32, LAYOUT, rank, group="direct", names=ft.NameMap(gm.hf_name, gm.STACKED),
                             timeout_ms=TIMEOUT_MS)
+        sub8 = ft.Subscriber(s, "gpt8", m8, LAYOUT, rank, group="fp8", names=ft.NameMap(gm.hf_name, gm.STACKED),
+                             timeout_ms=TIMEOUT_MS, quant=FP8_RULES)
         w = _Worker(m16, rank)
         w.init_ferry(store=s, model="gpt16", group="compat", world_size=ROLLOUTS, names=gm.hf_name,
                      staging_bytes=1 << 20, timeout_ms=TIMEOUT_MS)
@@ -146,8 +164,17 @@ def _rollout(addr, token_file, rank, restarted, cmd, out):
             nonlocal alone
             st = sub.update(alone=alone)
             g16 = w.update_weights_from_ferry(alone=alone)
+            st8 = sub8.update(alone=alone)
             alone = False
-            return {"generation": sub.generation, "gen16": g16, "bytes_read": st["bytes_read"],
+            p8, p16 = dict(m8.named_parameters()), dict(m16.named_parameters())
+            fp8 = {n: p.detach().numpy().copy() for n, p in p8.items() if n.endswith(("_proj.weight", "_scale_inv"))}
+            deq = {n: ft.dequantize_fp8(p8[n], p8[n + "_scale_inv"], FP8_BLOCK).numpy() for n in p8
+                   if n + "_scale_inv" in p8}
+            return {"generation": sub.generation, "gen16": g16, "gen8": sub8.generation, "fp8": fp8, "deq": deq,
+                    "bytes_read8": st8["bytes_read"], "group_bytes_read8": st8.get("group_bytes_read"),
+                    "fp8_bf16_same": all(torch.equal(p, p16[n]) for n, p in p8.items() if n not in fp8),
+                    "fp8_u8": all(p8[n].dtype == torch.uint8 for n in deq),
+                    "bytes_read": st["bytes_read"],
                     "warmed": warmed, "faults": st["faults"],
                     "group_bytes_read": st.get("group_bytes_read"),
                     "same_storage": all(p.data_ptr() == ptrs[n] for n, p in m32.named_parameters())}
@@ -185,6 +212,7 @@ def _rollout(addr, token_file, rank, restarted, cmd, out):
                   "rebind": lambda: _rebind(sub, m32)}[c[0]]
             _reply(out, ("rollout", rank), fn)
         sub.close()
+        sub8.close()
         w.close_ferry()
 
 
@@ -203,6 +231,22 @@ def _rebind(sub, m):
 
 
 # ---- the test -------------------------------------------------------------------------------
+
+def _check_fp8(got, sd, gen):
+    """Every rollout's FP8 bytes and scales equal the numpy reference's of
+    the trainers' weights, bit for bit, and their dequantized weights equal
+    the reference's q * s; the other parameters equal the bf16 group's."""
+    for (_, rank), v in got.items():
+        assert v["gen8"] == gen and v["fp8_u8"] and v["fp8_bf16_same"], (rank, v["gen8"])
+        want = gm.fp8_expected(sd, 2, rank % 2, lambda x: ref_fp8_blocks(x, FP8_BLOCK))
+        assert sorted(v["fp8"]) == sorted(want)
+        for n, w in want.items():
+            assert v["fp8"][n].dtype == w.dtype and np.array_equal(v["fp8"][n].view(np.uint8), w.view(np.uint8)), \
+                f"rollout {rank}: {n} differs from the reference at generation {gen}"
+            if not n.endswith("_scale_inv"):
+                assert np.array_equal(v["deq"][n], dequant(w, want[n + "_scale_inv"], FP8_BLOCK), equal_nan=True), \
+                    f"rollout {rank}: {n} dequantized differs from the reference at generation {gen}"
+
 
 def _check_logits(got, refs, gen):
     for who, v in got.items():
@@ -234,6 +278,10 @@ def test_gpt_trainers_to_tp2_dp2_rollouts(cluster, store):
         job.send(rollouts, ("update",))
         up1 = job.replies(rollouts)
         assert all(v["generation"] == 1 and v["gen16"] == 1 and v["same_storage"] for v in up1.values()), up1
+        _check_fp8(up1, ref1["sd"], 1)
+        st8 = pub1[trainers[0]]["stats"][2]
+        assert st8["total_bytes"] < pub1[trainers[0]]["stats"][1]["total_bytes"]   # FP8 below bf16
+        assert all(v["group_bytes_read8"] == st8["total_bytes"] for v in up1.values())   # single-pull
         # single-pull: the group read each published byte once
         assert sum(v["bytes_read"] for v in up1.values()) == st["total_bytes"]
         assert all(v["group_bytes_read"] == st["total_bytes"] for v in up1.values())
@@ -248,6 +296,7 @@ def test_gpt_trainers_to_tp2_dp2_rollouts(cluster, store):
         job.send(rollouts, ("update",))
         up2 = job.replies(rollouts)
         assert all(v["generation"] == 2 and v["gen16"] == 2 and v["same_storage"] for v in up2.values()), up2
+        _check_fp8(up2, ref2["sd"], 2)
         job.send(rollouts, ("logits", "g2"))
         _check_logits(job.replies(rollouts), ref2, 2)
 
@@ -266,6 +315,7 @@ def test_gpt_trainers_to_tp2_dp2_rollouts(cluster, store):
         job.send([victim], ("update",))
         up = job.replies([victim])[victim]
         assert up["generation"] == 2 and up["gen16"] == 2 and up["bytes_read"] > 0, up
+        _check_fp8({victim: up}, ref2["sd"], 2)
         assert weights.active(store, "gpt") == active                       # nothing was republished
         job.send([rollouts[2], victim], ("logits", "restart"))
         _check_logits(job.replies([rollouts[2], victim]), ref2, 2)
@@ -289,4 +339,4 @@ def test_gpt_trainers_to_tp2_dp2_rollouts(cluster, store):
         job.stop()
     print(f"\nreal model: {len(gm._trainer_names())} tensors, {st['total_bytes']} bytes f32; "
           f"{TRAINERS} trainers (fsdp:4), {ROLLOUTS} rollouts ({LAYOUT}); generations 1, 2, restart, sparse 3: "
-          f"logits exact in f32 and bf16; {time.monotonic() - t0:.1f} s")
+          f"logits exact in f32 and bf16, FP8 bytes, scales and dequantized weights equal the numpy reference's; {time.monotonic() - t0:.1f} s")

@@ -18,6 +18,7 @@ import conftest
 import ferry
 from conftest import cluster_fixture
 from ferry import weights
+from fp8_ref import dequant, ref_fp8_blocks
 
 RUN_S = 60.0            # deadline for a group of rank threads
 TIMEOUT_MS = 20000      # barriers inside ferry
@@ -668,42 +669,6 @@ def test_compat_group_processes(cluster, store):
 
 # ---- FP8 blocks quantized before the network (docs/weights.md, "Publishing FP8") -------------
 
-def _e4m3_table():
-    """The 127 finite E4M3 magnitudes, by code (decoded here, from the format)."""
-    codes = np.arange(0x7f)
-    e, m = (codes >> 3) & 15, codes & 7
-    return np.where(e == 0, m * 2.0 ** -9, (8 + m) * 2.0 ** (e - 10))
-
-
-def _ref_fp8_blocks(x, block):
-    """A numpy reference of docs/weights.md's block formula: scales f32 and
-    codes uint8, each product rounded to the nearest finite magnitude, ties
-    to the even code, beyond 448 (infinities too) saturating, NaN 0x7f."""
-    table = _e4m3_table()
-    rows, cols = x.shape
-    nbr, nbc = -(-rows // block[0]), -(-cols // block[1])
-    scales = np.zeros((nbr, nbc), np.float32)
-    q = np.zeros(x.shape, np.uint8)
-    for i in range(nbr):
-        for j in range(nbc):
-            b = x[i * block[0]:(i + 1) * block[0], j * block[1]:(j + 1) * block[1]]
-            a = np.abs(b[np.isfinite(b)])
-            amax = np.float32(a.max()) if a.size else np.float32(0)
-            s = np.float32(max(amax, np.float32(1e-4))) / np.float32(448)
-            p = (b * (np.float32(1) / s)).astype(np.float32)
-            mag = np.minimum(np.abs(p.astype(np.float64)), 448.0)
-            hi = np.clip(np.searchsorted(table, mag), 1, 0x7e)
-            lo = hi - 1
-            dlo, dhi = mag - table[lo], table[hi] - mag
-            code = np.where(dlo < dhi, lo, np.where(dhi < dlo, hi, np.where(lo % 2 == 0, lo, hi)))
-            code = np.where(mag >= table[0x7e], 0x7e, code)
-            code = code | np.where(np.signbit(p), 0x80, 0)
-            code = np.where(np.isnan(p), np.where(np.signbit(p), 0xff, 0x7f), code)
-            scales[i, j] = s
-            q[i * block[0]:(i + 1) * block[0], j * block[1]:(j + 1) * block[1]] = code
-    return q, scales
-
-
 def test_publish_fp8_fsdp_cut_blocks_numpy_reference(cluster, store):
     """Two trainer threads publish an f32 tensor FSDP-split at row 50 —
     inside block row 3 of 16 — with quant rules; TP 2 rollouts read the FP8
@@ -735,7 +700,7 @@ def test_publish_fp8_fsdp_cut_blocks_numpy_reference(cluster, store):
             return pub.publish_shards(1, placement(), mine)
 
     _raise_any(_run_ranks(2, rank))
-    want_q, want_s = _ref_fp8_blocks(x, (16, 16))
+    want_q, want_s = ref_fp8_blocks(x, (16, 16))
     assert want_s[3, 0] == np.float32(1e4) / np.float32(448)
     for half, (r0, rows) in enumerate(((0, 48), (48, 52))):   # whole blocks of 16 rows
         q = np.zeros((rows, 40), np.uint8)
@@ -751,10 +716,7 @@ def test_publish_fp8_fsdp_cut_blocks_numpy_reference(cluster, store):
     # explicit dequantization: rows 40-59 (cutting block rows 2 and 3) as f32
     deq = np.zeros((20, 40), np.float32)
     st = weights.update_direct(store, "fp8", [("w.weight", (40, 0), deq, "f32")])
-    table = np.concatenate([_e4m3_table(), [np.nan]])
-    codes = want_q[40:60]
-    want = (np.where(codes & 0x80, -1.0, 1.0) * table[codes & 0x7f]).astype(np.float32)
-    want = want * np.repeat(np.repeat(want_s[2:4], 16, axis=0), 16, axis=1)[8:28, :40]
+    want = dequant(want_q[32:64], want_s[2:4], (16, 16))[8:28]
     assert np.array_equal(deq, want, equal_nan=True)
     assert st["bytes_read"] == 20 * 40 + 2 * 3 * 4
     with cluster.store() as s:

@@ -162,8 +162,13 @@ uint64_t cli_mem_headroom(const cli_mem *m);
 /* Write text to path through a temporary file and a rename: 0 or -1. */
 int cli_write_file_atomic(const char *path, const char *text);
 /* plan_model.c: `ferry plan --nic BW`: the weight update of the modelled
- * cluster per NIC for ferry direct, compatibility, broadcast and naive. */
+ * cluster per NIC for ferry direct, compatibility, broadcast and naive;
+ * with fp8 of FP8 rollouts (both layouts quantized by the default rules). */
 int cli_plan_model(const char *model, const char *src, const char *dst, uint32_t gpn, const char *nic,
-                   uint32_t nics_per_node, bool json);
+                   uint32_t nics_per_node, bool fp8, bool json);
+/* FP8 rollouts: *src quantized as a publish stores it (its shards may cut
+ * blocks), *dst as the rollouts hold it, both by the default rules; the
+ * old manifests closed. -1 with err (both left as they were) on refusal. */
+int cli_quantize_pair(ferry_manifest **src, ferry_manifest **dst, ferry_error *err);
 
 #endif

@@ -17,6 +17,7 @@ typedef struct plan_opts {
     uint64_t dst_rank;                 /* UINT64_MAX: every rank */
     const char *nic;                   /* --nic: the at-scale update model (plan_model.c) */
     uint32_t nics;
+    bool fp8;                          /* --fp8: FP8 rollouts (the default quantization rules) */
     bool models;                       /* --models: list the presets */
 } plan_opts;
 
@@ -32,17 +33,19 @@ static const cli_opt plan_table[] = {
              "only the runs of target rank R (default: every rank)"),
     CLI_ARG(plan_opts, nic, "nic", "BW", "model the weight update over NICs of BW (400gbps, 50GB/s)"),
     CLI_UINT(plan_opts, nics, "nics-per-node", "N", 1, 64, "NICs per node for --nic (default 1)"),
+    CLI_FLAG(plan_opts, fp8, "fp8", "FP8 rollouts: the linear weights in f8e4m3 128 x 128 blocks with "
+             "f32 scales, as FP8 checkpoints store them (default: as the manifests say)"),
     CLI_FLAG(plan_opts, models, "models", "list the model presets"),
     CLI_FLAG(plan_opts, json, "json", "JSON on stdout (default: text)"),
 };
 
 static const cli_cmd plan_cmd = {
     .name = "plan",
-    .forms = "--model PRESET --src LAYOUT --dst LAYOUT [--gpus-per-node N]\n"
+    .forms = "--model PRESET --src LAYOUT --dst LAYOUT [--gpus-per-node N] [--fp8]\n"
              " [--save-src FILE] [--save-dst FILE] [--runs N] [--dst-rank R] [--json]\n"
              "--model PRESET --src LAYOUT --dst LAYOUT [--gpus-per-node N]\n"
-             " --nic 400gbps [--nics-per-node N] [--json]   (weight update per NIC)\n"
-             "SRC.json DST.json [--runs N] [--dst-rank R] [--json]\n"
+             " --nic 400gbps [--nics-per-node N] [--fp8] [--json]   (weight update per NIC)\n"
+             "SRC.json DST.json [--fp8] [--runs N] [--dst-rank R] [--json]\n"
              "--models [--json]",
     .about = "The reshard plan between two layouts of a model preset, or two manifest files.",
     .opts = plan_table,
@@ -217,16 +220,18 @@ int cmd_plan(int argc, char **argv)
     if (o.models)
         return print_models(o.json);
     if (o.nic)
-        return cli_plan_model(o.model, o.src, o.dst, o.gpn, o.nic, o.nics, o.json);
+        return cli_plan_model(o.model, o.src, o.dst, o.gpn, o.nic, o.nics, o.fp8, o.json);
     ferry_manifest *src, *dst;
     uint64_t mb = 0;
     double t0 = cli_now();
     if (load_pair(&o, &src, &dst, &mb))
         return 1;
-    double build_s = o.model ? cli_now() - t0 : 0;
     ferry_error err = {0};
     int rc = 0;
-    if (o.save_src && ferry_manifest_save(src, o.save_src, &err) < 0)
+    if (o.fp8 && cli_quantize_pair(&src, &dst, &err) < 0)
+        rc = 1;
+    double build_s = o.model ? cli_now() - t0 : 0;
+    if (!rc && o.save_src && ferry_manifest_save(src, o.save_src, &err) < 0)
         rc = 1;
     if (!rc && o.save_dst && ferry_manifest_save(dst, o.save_dst, &err) < 0)
         rc = 1;

@@ -76,13 +76,16 @@ static figures figures_of(const fr_um_totals *t, uint32_t nnodes, uint32_t nics,
 }
 
 static void print_table(const fr_update_model *m, const figures *f, const char *model, const char *src,
-                        const char *dst, const char *nic, uint32_t nics, double bw)
+                        const char *dst, const char *nic, uint32_t nics, double bw, bool fp8)
 {
     char b[6][32];
     uint32_t rn = m->nnodes - m->ntrainer_nodes;
     printf("weight update  %s  %s -> %s  (trainers on %u node%s store each tensor once; rollouts on "
            "%u other node%s)\n", model, src, dst, m->ntrainer_nodes, m->ntrainer_nodes == 1 ? "" : "s",
            rn, rn == 1 ? "" : "s");
+    if (fp8)
+        printf("FP8 rollouts: the linear weights quantized once by the trainers, f8e4m3 in 128 x 128 "
+               "blocks with f32 scales (the default rules); every other tensor bf16\n");
     printf("NIC %s = %.2f GB/s, %u per node; model %s in %s of rollout demand; reader assignment "
            "%.2f s\n\n", nic, bw / 1e9, nics, cli_fmt_size(m->model_bytes, b[0], sizeof b[0]),
            cli_fmt_size(m->demand_bytes, b[1], sizeof b[1]), m->assign_s);
@@ -101,11 +104,12 @@ static void print_table(const fr_update_model *m, const figures *f, const char *
 }
 
 static void print_json(const fr_update_model *m, const figures *f, const char *model, const char *src,
-                       const char *dst, uint32_t nics, double bw)
+                       const char *dst, uint32_t nics, double bw, bool fp8)
 {
-    printf("{\"model\":\"%s\",\"src\":\"%s\",\"dst\":\"%s\",\"nic_bytes_per_s\":%.0f,\"nics_per_node\":%u,"
+    printf("{\"model\":\"%s\",\"src\":\"%s\",\"dst\":\"%s\",\"fp8\":%s,\"nic_bytes_per_s\":%.0f,"
+           "\"nics_per_node\":%u,"
            "\"trainer_nodes\":%u,\"rollout_nodes\":%u,\"model_bytes\":%" PRIu64 ",\"demand_bytes\":%" PRIu64
-           ",\"assign_s\":%.3f", model, src, dst, bw, nics, m->ntrainer_nodes, m->nnodes - m->ntrainer_nodes,
+           ",\"assign_s\":%.3f", model, src, dst, fp8 ? "true" : "false", bw, nics, m->ntrainer_nodes, m->nnodes - m->ntrainer_nodes,
            m->model_bytes, m->demand_bytes, m->assign_s);
     for (int s = 0; s < FR_UM_COUNT; s++)
         printf(",\"%s\":{\"store_read_bytes\":%" PRIu64 ",\"max_in_bytes\":%" PRIu64 ",\"max_out_bytes\":%"
@@ -116,8 +120,24 @@ static void print_json(const fr_update_model *m, const figures *f, const char *m
     printf("}\n");
 }
 
+int cli_quantize_pair(ferry_manifest **src, ferry_manifest **dst, ferry_error *err)
+{
+    ferry_manifest *qs = NULL, *qd = NULL;
+    int rc = ferry_manifest_quantize_source(*src, NULL, &qs, err);
+    if (rc == 0)
+        rc = ferry_manifest_quantize(*dst, NULL, &qd, err);
+    if (rc < 0) {
+        ferry_manifest_close(qs);
+        return rc;
+    }
+    ferry_manifest_close(*src);
+    ferry_manifest_close(*dst);
+    *src = qs, *dst = qd;
+    return 0;
+}
+
 int cli_plan_model(const char *model, const char *src, const char *dst, uint32_t gpn, const char *nic,
-                   uint32_t nics, bool json)
+                   uint32_t nics, bool fp8, bool json)
 {
     double bw;
     if (parse_bw(nic, &bw) < 0) {
@@ -144,6 +164,8 @@ int cli_plan_model(const char *model, const char *src, const char *dst, uint32_t
         rc = ferry_layout_build(pm, &ls, &ms, &err);
     if (rc == 0)
         rc = ferry_layout_build(pm, &ld, &md, &err);
+    if (rc == 0 && fp8)
+        rc = cli_quantize_pair(&ms, &md, &err);
     ferry_model_free(pm);
     if (rc < 0) {
         fprintf(stderr, "ferry plan: %s\n", err.msg[0] ? err.msg : ferry_strerror(rc));
@@ -163,9 +185,9 @@ int cli_plan_model(const char *model, const char *src, const char *dst, uint32_t
     for (int s = 0; s < FR_UM_COUNT; s++)
         f[s] = figures_of(&m->t[s], m->nnodes, nics, bw);
     if (json)
-        print_json(m, f, model, src, dst, nics, bw);
+        print_json(m, f, model, src, dst, nics, bw, fp8);
     else
-        print_table(m, f, model, src, dst, nic, nics, bw);
+        print_table(m, f, model, src, dst, nic, nics, bw, fp8);
     fr_update_model_free(m);
     return 0;
 }

@@ -779,6 +779,49 @@ static void test_plan_model_options(void **state)
     assert_int_equal(st, 2);
 }
 
+/* --fp8: the same update of FP8 rollouts (both layouts quantized by the
+ * default rules) moves about half the bytes: the direct update's store
+ * reads and time; so does the plan between the two layouts. */
+static void test_plan_model_fp8(void **state)
+{
+    (void)state;
+    const char *base = "--model qwen3-30b-a3b --src fsdp:16 --dst ep:4,tp:2,dp:2 --gpus-per-node 4 "
+                       "--nic 100gbps";
+    char args[512];
+    int st;
+    json_t *a = plan_json(base, &st);
+    assert_int_equal(st, 0);
+    snprintf(args, sizeof args, "%s --fp8", base);
+    json_t *b = plan_json(args, &st);
+    assert_int_equal(st, 0);
+    assert_true(json_is_false(json_object_get(a, "fp8")) && json_is_true(json_object_get(b, "fp8")));
+    double mb = json_number_value(json_object_get(b, "model_bytes")) /
+                json_number_value(json_object_get(a, "model_bytes"));
+    double rd = strategy(b, "direct", "store_read_bytes") / strategy(a, "direct", "store_read_bytes");
+    double tm = strategy(b, "direct", "time_s") / strategy(a, "direct", "time_s");
+    fprintf(stderr, "qwen3-30b-a3b fsdp:16 -> ep:4,tp:2,dp:2, FP8 / bf16: model bytes %.4f, direct store "
+            "reads %.4f, direct time %.4f\n", mb, rd, tm);
+    assert_true(mb > 0.45 && mb < 0.55);
+    assert_true(rd > 0.45 && rd < 0.55);
+    assert_true(tm > 0.4 && tm < 0.6);
+    json_decref(a);
+    json_decref(b);
+    /* the plan between the two layouts too: a scale tensor beside every FP8 weight, half the bytes */
+    const char *lay = "--model qwen3-30b-a3b --src fsdp:16 --dst ep:4,tp:2,dp:2 --gpus-per-node 4";
+    a = plan_json(lay, &st);
+    assert_int_equal(st, 0);
+    snprintf(args, sizeof args, "%s --fp8", lay);
+    b = plan_json(args, &st);
+    assert_int_equal(st, 0);
+    double ta = json_number_value(json_object_get(a, "tensors"));
+    double tb = json_number_value(json_object_get(b, "tensors"));
+    double by = json_number_value(json_object_get(b, "bytes")) / json_number_value(json_object_get(a, "bytes"));
+    assert_true(tb > ta && tb < 2 * ta);
+    assert_true(by > 0.45 && by < 0.55);
+    json_decref(a);
+    json_decref(b);
+}
+
 static void test_plan_model_cli(void **state)
 {
     (void)state;
@@ -819,6 +862,7 @@ int main(int argc, char **argv)
                                                  (void *)master_hb),
         cmocka_unit_test_setup_teardown(test_subscriber_segment_local, ftg_setup, ftg_teardown),
         cmocka_unit_test(test_plan_model_options),
+        cmocka_unit_test(test_plan_model_fp8),
         cmocka_unit_test(test_plan_model_cli),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
