@@ -432,3 +432,21 @@ int fr_gen_lease_all(ferry_store *s, const fr_gen *g, ferry_error *err)
     free(keys), free(bufs), free(caps), free(res);
     return rc;
 }
+
+int fr_rl_kv_get_all(ferry_store *s, char (*keys)[FR_KEY_MAX], size_t n, ferry_kv_value *out,
+                      int *results)
+{
+    const char **kp = malloc((n ? n : 1) * sizeof *kp);
+    if (!kp) {
+        for (size_t k = 0; k < n; k++) {
+            out[k] = (ferry_kv_value){0};
+            results[k] = FERRY_ENOMEM;
+        }
+        return FERRY_ENOMEM;
+    }
+    for (size_t k = 0; k < n; k++)
+        kp[k] = keys[k];
+    int rc = ferry_kv_batch_get(s, kp, n, out, results, NULL);
+    free(kp);
+    return rc;
+}

@@ -174,19 +174,27 @@ static int gather(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
         n += (size_t)snprintf(text + n, cap - n, "ferry-gen 2\nmanifest %zu %s\n", mine->json_len,
                               jhex);
     }
+    /* every rank's part in one round trip */
+    char (*keys)[FR_KEY_MAX] = malloc((size_t)c->world * sizeof *keys);
+    ferry_kv_value *parts = calloc(c->world, sizeof *parts);
+    int *res = calloc(c->world, sizeof *res);
+    if (!keys || !parts || !res) {
+        failed(d, FERRY_ENOMEM, "the coordinator (rank 0) ran out of memory");
+        rc = d->rc;
+    } else {
+        for (uint32_t r = 0; r < c->world; r++)
+            (void)fr_key_wk_part(keys[r], sizeof keys[r], c->model, gen, r);
+        (void)fr_rl_kv_get_all(s, keys, c->world, parts, res);
+    }
     for (uint32_t r = 0; r < c->world && rc == 0; r++) {
-        char k[FR_KEY_MAX];
-        (void)fr_key_wk_part(k, sizeof k, c->model, gen, r);
-        ferry_kv_value v = {0};
-        rc = ferry_kv_get(s, k, &v, NULL);
-        if (rc < 0) {
+        const ferry_kv_value v = parts[r];
+        if ((rc = res[r]) < 0) {
             failed(d, rc, "rank %u left no part (%s)", r, ferry_strerror(rc));
             break;
         }
         char line[1000];
         snprintf(line, sizeof line, "%.*s", (int)(v.len < sizeof line ? v.len : sizeof line - 1),
                  (const char *)v.val);
-        ferry_store_free(v.val);
         char hex[40];
         unsigned no;
         unsigned long long seg, sh;
@@ -226,6 +234,11 @@ static int gather(ferry_store *s, const ferry_publisher_config *c, uint64_t gen,
             n += (size_t)snprintf(text + n, cap - n, "rank %u %llu %u %016llx\n", r, seg, no, sh);
         }
     }
+    for (uint32_t r = 0; parts && r < c->world; r++)
+        ferry_store_free(parts[r].val);
+    free(keys);
+    free(parts);
+    free(res);
     if (rc == 0 && canceled)
         rc = d->rc;
     if (rc < 0) {

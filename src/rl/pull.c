@@ -631,7 +631,7 @@ static int exchange(ferry_subscriber *sub, const fr_gen *g, uint64_t gen, const 
     if (rc == 0) {
         for (uint32_t k = 0; k < world; k++)
             (void)fr_key_sub_demand(keys[k], sizeof keys[k], sub->cfg.model, sub->scope, gen, k);
-        (void)fr_sub_kv_get_all(sub->s, keys, world, recs, res);
+        (void)fr_rl_kv_get_all(sub->s, keys, world, recs, res);
     }
     for (uint32_t k = 0; k < world && rc == 0; k++) {
         rc = res[k];

@@ -70,7 +70,7 @@ int fr_sub_agree(ferry_store *s, const char *model, const char *scope, uint32_t 
     }
     for (uint32_t k = 0; k < world; k++)
         proposal_key(keys[k], sizeof keys[k], model, scope, r, k);
-    (void)fr_sub_kv_get_all(s, keys, world, v, res);
+    (void)fr_rl_kv_get_all(s, keys, world, v, res);
     uint64_t newest = 0, least = UINT64_MAX;
     rc = 0;
     for (uint32_t k = 0; k < world; k++) {
@@ -91,22 +91,4 @@ int fr_sub_agree(ferry_store *s, const char *model, const char *scope, uint32_t 
     *target = newest;
     *need = newest > least;
     return 0;
-}
-
-int fr_sub_kv_get_all(ferry_store *s, char (*keys)[FR_KEY_MAX], size_t n, ferry_kv_value *out,
-                      int *results)
-{
-    const char **kp = malloc((n ? n : 1) * sizeof *kp);
-    if (!kp) {
-        for (size_t k = 0; k < n; k++) {
-            out[k] = (ferry_kv_value){0};
-            results[k] = FERRY_ENOMEM;
-        }
-        return FERRY_ENOMEM;
-    }
-    for (size_t k = 0; k < n; k++)
-        kp[k] = keys[k];
-    int rc = ferry_kv_batch_get(s, kp, n, out, results, NULL);
-    free(kp);
-    return rc;
 }

@@ -258,11 +258,6 @@ typedef struct fr_sub_round {
  * member's. The same answer on every member, or every member fails. */
 int fr_sub_agree(ferry_store *s, const char *model, const char *scope, uint32_t me, uint32_t world,
                  uint64_t held, uint64_t timeout_ms, uint64_t *target, bool *need, ferry_error *err);
-/* pull_agree.c: the n keys' values in one batched round trip (the group's
- * records after a barrier): out[k] and results[k] set for every k, as
- * ferry_kv_batch_get says. keys: n strings of FR_KEY_MAX bytes. */
-int fr_sub_kv_get_all(ferry_store *s, char (*keys)[FR_KEY_MAX], size_t n, ferry_kv_value *out,
-                      int *results);
 int fr_sub_round_run(ferry_subscriber *sub, fr_sub_round *r, uint64_t *generation,
                      ferry_update_stats *st, ferry_error *err);
 const ferry_subscriber_config *fr_sub_config(const ferry_subscriber *sub);

@@ -6,6 +6,7 @@
 
 #include "ferry/exec.h"
 #include "ferry/weights.h"
+#include "keys.h"   /* a sibling, by its own name (see pull_int.h) */
 
 struct fr_gen;
 
@@ -26,6 +27,11 @@ void fr_rl_sample_queue_resolve(struct ferry_sample_queue_config *c);
  * check). 0, FERRY_ENOENT, FERRY_EPROTO, or the store's error. */
 int fr_rl_active_read(ferry_store *s, const char *model, uint64_t *generation,
                       uint8_t digest[16], ferry_error *err);
+/* The n keys' values in one batched round trip (a group's records after
+ * a barrier, a publish's parts): out[k] and results[k] set for every k, as
+ * ferry_kv_batch_get says. keys: n strings of FR_KEY_MAX bytes. */
+int fr_rl_kv_get_all(ferry_store *s, char (*keys)[FR_KEY_MAX], size_t n, ferry_kv_value *out,
+                     int *results);
 
 /* Generation `generation`'s manifest (every object leased), whether or not
  * it is the active one: what a group agreed on (pull_agree.c). */
