@@ -95,9 +95,12 @@ static int ha_setup(fr_master *m, const fr_master_config *c, const fr_wal_opts *
     if (rc < 0 && rc != FERRY_ENOENT)
         return fr_fail(err, rc, "master: cannot load cluster %s's snapshot: %s", c->cluster, e.msg);
     bool said = false;
+    uint64_t reported = 0;
     for (;;) {
         if ((rc = fr_ha_follow(m->ha, m->meta, 0, &seq, &lsn, NULL, err)) < 0)
             return rc;
+        if (seq != reported && fr_ha_report(m->ha, seq, NULL) == 0)
+            reported = seq;   /* the leader's metrics show the lag (a lost report: the next) */
         memset(&e, 0, sizeof e);
         rc = fr_ha_campaign(m->ha, 300, &m->epoch, &e);
         if (rc == 0)
@@ -118,6 +121,8 @@ static int ha_setup(fr_master *m, const fr_master_config *c, const fr_wal_opts *
     if ((rc = fr_wal_open_state(dir, wo, m->meta, lsn, &m->wal)) < 0)
         return fr_fail(err, rc, "master: cannot start its log in %s: %s", dir, ferry_strerror(rc));
     fr_wal_replicate(m->wal, m->ha, m->epoch, seq);
+    if ((rc = fr_ha_count_leadership(m->ha, m->epoch, &m->ha_leaderships, err)) < 0)
+        return rc;   /* fenced out already: not the leader */
     FR_INFO("master", "leads cluster %s (epoch %lld) from log entry %llu, LSN %llu", c->cluster,
             (long long)m->epoch, U(seq), U(lsn));
     return 0;

@@ -134,6 +134,7 @@ struct fr_master {
     fr_meta *meta;
     fr_wal *wal;
     struct fr_ha_elect *ha;      /* replicated (cfg.etcd): this master's candidacy */
+    uint64_t ha_leaderships;     /* the cluster's leaderships, this one included */
     int64_t epoch;               /* its leadership's */
     uint64_t instance;
     uint8_t key[32];
