@@ -3,8 +3,6 @@
  * follows as a standby and does not listen. A client given both addresses
  * writes; the leader is killed with SIGKILL (its machine gone); the standby
  * takes over within the lease TTL and every acknowledged write is there. */
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -13,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -22,20 +19,6 @@
 #include "base/base.h"
 #include "util/ftetcd.h"
 #include "util/ftstore.h"
-
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-    socklen_t al = sizeof a;
-    int port = -1;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &al) == 0)
-        port = ntohs(a.sin_port);
-    if (fd >= 0)
-        close(fd);
-    return port;
-}
 
 typedef struct member { char port[32], dir[64], mdir[96]; ft_peer p; } member;
 
@@ -53,7 +36,7 @@ static int setup(void **state)
     for (int i = 0; i < 2; i++) {
         member *m = &v->ms[i];
         m->p.pid = -1;
-        snprintf(m->port, sizeof m->port, "127.0.0.1:%d", free_port());
+        snprintf(m->port, sizeof m->port, "127.0.0.1:%d", ft_free_port());
         snprintf(m->dir, sizeof m->dir, "/tmp/ferry-store-test-XXXXXX");
         if (!mkdtemp(m->dir)) {
             m->dir[0] = 0;

@@ -21,8 +21,7 @@
 #include "util/ftetcd.h"
 #include "util/ftstore.h"
 
-/* A loopback port nobody listens on now (the kernel's pick). */
-static int free_port(void)
+int ft_free_port(void)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
@@ -53,7 +52,7 @@ int ft_etcd_start(ft_etcd *e)
         e->dir[0] = 0;
         return -1;
     }
-    int cport = free_port(), pport = free_port();
+    int cport = ft_free_port(), pport = ft_free_port();
     if (cport < 0 || pport < 0 || cport == pport)
         return -1;
     char data[300], client[64], peer[64], cluster[96];

@@ -14,6 +14,9 @@ typedef struct ft_etcd {
     ft_peer p;
 } ft_etcd;
 
+/* A loopback port nobody listens on now (the kernel's pick); -1. */
+int ft_free_port(void);
+
 /* Start it and wait (a deadline of 60 s, not a sleep) until it answers a
  * read. 0, or -1 with the reason on stderr (etcd not installed: run
  * scripts/deps.sh, which installs etcd-server). */
