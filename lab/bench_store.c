@@ -39,7 +39,7 @@ enum { META_BATCH = 64, PIDS_MAX = CLIENTS_MAX + 6, BATCH_MAX = 256 };
 
 /* Children and the temp dir, for the signal handler. */
 static volatile pid_t g_pids[PIDS_MAX];
-static char g_dir[256];
+static char g_dir[2][256];   /* --ha runs two clusters at once */
 
 static void sleep_ms(long ms)
 {
@@ -93,8 +93,9 @@ static void on_signal(int sig)
     for (int i = 0; i < PIDS_MAX; i++)
         if (g_pids[i] > 0)
             waitpid(g_pids[i], NULL, 0);
-    if (g_dir[0])
-        rm_tree(g_dir);
+    for (int i = 0; i < 2; i++)
+        if (g_dir[i][0])
+            rm_tree(g_dir[i]);
     _exit(128 + sig);
 }
 
@@ -188,9 +189,12 @@ void bs_cluster_stop(bs_cluster *c)
     if (c->dir[0]) {
         sigset_t old;
         block_signals(&old);
-        g_dir[0] = '\0';
+        for (int i = 0; i < 2; i++)
+            if (!strcmp(g_dir[i], c->dir))
+                g_dir[i][0] = '\0';
         sigprocmask(SIG_SETMASK, &old, NULL);
         rm_tree(c->dir);
+        c->dir[0] = '\0';
     }
 }
 
@@ -246,7 +250,8 @@ int bs_cluster_start(bs_cluster *c, const bs_opts *o, const char *self, bool ha)
     }
     sigset_t old;
     block_signals(&old);
-    snprintf(g_dir, sizeof g_dir, "%s", c->dir);
+    int slot = g_dir[0][0] ? 1 : 0;
+    snprintf(g_dir[slot], sizeof g_dir[slot], "%s", c->dir);
     sigprocmask(SIG_SETMASK, &old, NULL);
     char mdir[300], addrf[300], readyf[300], size[32], seg[64];
     snprintf(mdir, sizeof mdir, "%s/master", c->dir);

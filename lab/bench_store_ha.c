@@ -1,12 +1,13 @@
 /* `ferry-lab bench store --ha`: what replication through etcd costs, against
  * the single master in the same run (docs/store.md, "Benchmark").
  *
- * Two private clusters, one after the other, each a node and the same
- * phases: a single master with its local log; then a one-member etcd and
- * two replicated masters (`ferry master --etcd`, the first leads, the
- * second follows as a standby).
- *  - metadata: the --clients processes of `bench store` for --seconds
- *    (PUT_START + PUT_END + GET_REPLICAS per second, summed);
+ * Two private clusters side by side, each with a node: a single master
+ * with its local log; a one-member etcd and two replicated masters
+ * (`ferry master --etcd`, the first leads, the second follows as a
+ * standby).
+ *  - metadata: the --clients processes of `bench store` for --seconds,
+ *    --reps times on each cluster, alternating, so that both see the same
+ *    noise (PUT_START + PUT_END + GET_REPLICAS per second, summed);
  *  - put latency: --puts puts of a 4 KiB object, one after the other from
  *    one client, each timed (p50, p99);
  *  - with HA, the bytes the leader appended to the cluster's log in etcd
@@ -169,23 +170,48 @@ static int failover(bs_cluster *c, ha_fail *f)
     return rc;
 }
 
-/* One setup's phases; ha: also the log's bytes and the failover. */
-static int run_side(const bs_opts *o, const char *self, bool ha, ha_side *r, ha_fail *f)
+/* One metadata phase on one setup, added to r; ha: the log's bytes too. */
+static int meta_rep(const bs_opts *o, const char *self, const bs_cluster *c, bool ha, ha_side *r)
 {
-    bs_cluster c;
+    bs_meta m = { 0 };
     uint64_t b0 = 0, b1 = 0;
-    int rc = bs_cluster_start(&c, o, self, ha);
-    if (rc == 0 && ha)
-        rc = log_bytes(c.master, &b0);
+    int rc = ha ? log_bytes(c->master, &b0) : 0;
     if (rc == 0)
-        rc = bs_meta_phase(o, self, c.master, &r->m);
-    if (rc == 0 && ha && (rc = log_bytes(c.master, &b1)) == 0)
-        r->log_bytes = b1 - b0;
+        rc = bs_meta_phase(o, self, c->master, &m);
+    if (rc == 0 && ha && (rc = log_bytes(c->master, &b1)) == 0)
+        r->log_bytes += b1 - b0;
+    r->m.pairs += m.pairs;
+    r->m.gets += m.gets;
+    r->m.failed += m.failed;
+    r->m.secs += m.secs;
+    return rc;
+}
+
+/* Both setups side by side (one etcd, three masters, two nodes), their
+ * phases interleaved so that both see the same noise of a shared machine:
+ * --reps metadata phases each, alternating, then the put latency of each,
+ * then the failover. */
+static int run_both(const bs_opts *o, const char *self, ha_side *one, ha_side *ha, ha_fail *f)
+{
+    bs_cluster c1, c2;
+    int rc = bs_cluster_start(&c1, o, self, false);
+    c2.dir[0] = '\0';
+    c2.mpid = c2.m2pid = c2.npid = c2.epid = -1;
     if (rc == 0)
-        rc = put_latency(o, c.master, ha ? "put latency, replicated" : "put latency, single", r);
-    if (rc == 0 && ha)
-        rc = failover(&c, f);
-    bs_cluster_stop(&c);
+        rc = bs_cluster_start(&c2, o, self, true);
+    for (unsigned rep = 0; rc == 0 && rep < o->reps; rep++) {
+        rc = meta_rep(o, self, &c1, false, one);
+        if (rc == 0)
+            rc = meta_rep(o, self, &c2, true, ha);
+    }
+    if (rc == 0)
+        rc = put_latency(o, c1.master, "put latency, single", one);
+    if (rc == 0)
+        rc = put_latency(o, c2.master, "put latency, replicated", ha);
+    if (rc == 0)
+        rc = failover(&c2, f);
+    bs_cluster_stop(&c2);
+    bs_cluster_stop(&c1);
     return rc < 0 ? -1 : 0;
 }
 
@@ -194,7 +220,7 @@ static void print_ha(const bs_opts *o, const ha_side *one, const ha_side *ha, co
 {
     double ops1 = bs_meta_ops(&one->m), ops2 = bs_meta_ops(&ha->m);
     double ratio = ops1 > 0 ? ops2 / ops1 : 0;
-    double nops = ops2 * ha->m.secs;
+    double nops = (double)(2 * ha->m.pairs + ha->m.gets);
     double bpo = nops > 0 ? (double)ha->log_bytes / nops : 0;
     uint64_t failed = one->m.failed + ha->m.failed;
     bool met = ratio >= HA_RATIO_GOAL && f->secs <= FAILOVER_GOAL_S && f->lost == 0 && !failed;
@@ -203,11 +229,11 @@ static void print_ha(const bs_opts *o, const ha_side *one, const ha_side *ha, co
                "\"put_p50_ms\":%.3f,\"put_p99_ms\":%.3f,\"ha_put_p50_ms\":%.3f,"
                "\"ha_put_p99_ms\":%.3f,\"log_bytes_per_op\":%.1f,\"failover_s\":%.3f,"
                "\"acked_writes\":%llu,\"acked_lost\":%llu,\"ha_ttl_s\":%u,\"clients\":%u,"
-               "\"seconds\":%u,\"puts\":%u,\"put_bytes\":%d,\"sync\":%s,\"failed\":%llu,"
+               "\"seconds\":%u,\"reps\":%u,\"puts\":%u,\"put_bytes\":%d,\"sync\":%s,\"failed\":%llu,"
                "\"load_avg_start\":%.2f,\"load_avg_end\":%.2f,\"goals_met\":%s}\n",
                ops1, ops2, ratio, one->p50, one->p99, ha->p50, ha->p99, bpo, f->secs,
                (unsigned long long)f->acked, (unsigned long long)f->lost, o->ha_ttl, o->clients,
-               o->seconds, o->puts, PUT_BYTES, o->sync ? "true" : "false",
+               o->seconds, o->reps, o->puts, PUT_BYTES, o->sync ? "true" : "false",
                (unsigned long long)failed, load[0], load[1], met ? "true" : "false");
         return;
     }
@@ -236,12 +262,13 @@ int bs_ha_run(const bs_opts *o, const char *self)
     if (getloadavg(l3, 3) > 0)
         load[0] = l3[0];
     if (!o->json) {
-        printf("ferry-lab bench store --ha: a single master, then two replicated masters on a "
-               "local etcd (TTL %u s), master fsync %s; %u metadata clients for %u s, %u timed "
-               "puts each\n", o->ha_ttl, o->sync ? "on" : "off", o->clients, o->seconds, o->puts);
+        printf("ferry-lab bench store --ha: a single master and two replicated masters on a "
+               "local etcd (TTL %u s), side by side, master fsync %s; %u metadata clients, %u x %u "
+               "s each, interleaved; %u timed puts each\n", o->ha_ttl, o->sync ? "on" : "off",
+               o->clients, o->reps, o->seconds, o->puts);
         fflush(stdout);
     }
-    if (run_side(o, self, false, &one, &f) != 0 || run_side(o, self, true, &ha, &f) != 0)
+    if (run_both(o, self, &one, &ha, &f) != 0)
         return 1;
     if (getloadavg(l3, 3) > 0)
         load[1] = l3[0];

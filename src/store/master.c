@@ -118,7 +118,13 @@ static int ha_setup(fr_master *m, const fr_master_config *c, const fr_wal_opts *
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
         return fr_fail(err, FERRY_EIO, "master: cannot create %s: %s", dir, strerror(errno));
     empty_dir(dir);
-    if ((rc = fr_wal_open_state(dir, wo, m->meta, lsn, &m->wal)) < 0)
+    /* Its local log is never read back (emptied here, at every takeover):
+     * the durable copy is the cluster's log in etcd, on a quorum before a
+     * commit counts. An fsync of it would only add its latency to every
+     * commit's. */
+    fr_wal_opts lwo = *wo;
+    lwo.no_sync = true;
+    if ((rc = fr_wal_open_state(dir, &lwo, m->meta, lsn, &m->wal)) < 0)
         return fr_fail(err, rc, "master: cannot start its log in %s: %s", dir, ferry_strerror(rc));
     fr_wal_replicate(m->wal, m->ha, m->epoch, seq);
     if ((rc = fr_ha_count_leadership(m->ha, m->epoch, &m->ha_leaderships, err)) < 0)
