@@ -94,11 +94,27 @@ static int ha_setup(fr_master *m, const fr_master_config *c, const fr_wal_opts *
     rc = fr_ha_snapshot_load(m->ha, m->meta, &seq, &lsn, &e);
     if (rc < 0 && rc != FERRY_ENOENT)
         return fr_fail(err, rc, "master: cannot load cluster %s's snapshot: %s", c->cluster, e.msg);
-    bool said = false;
+    bool said = false, outage = false;
     uint64_t reported = 0;
     for (;;) {
-        if ((rc = fr_ha_follow(m->ha, m->meta, 0, &seq, &lsn, NULL, err)) < 0)
+        memset(&e, 0, sizeof e);
+        rc = fr_ha_follow(m->ha, m->meta, 0, &seq, &lsn, NULL, &e);
+        if (rc == FERRY_ECONNREFUSED || rc == FERRY_ETIMEDOUT || rc == FERRY_EIO) {
+            /* etcd unreachable or without quorum: a standby waits it out
+             * (the campaign below paces the retries); it proved the
+             * endpoints right at its start */
+            if (!outage)
+                FR_WARN("master", "standby of cluster %s cannot read the log: %s; waiting for "
+                        "etcd", c->cluster, e.msg);
+            outage = true;
+        } else if (rc < 0) {
+            if (err)
+                *err = e;
             return rc;
+        } else if (outage) {
+            FR_INFO("master", "standby of cluster %s: etcd answers again", c->cluster);
+            outage = false;
+        }
         if (seq != reported && fr_ha_report(m->ha, seq, NULL) == 0)
             reported = seq;   /* the leader's metrics show the lag (a lost report: the next) */
         memset(&e, 0, sizeof e);
@@ -107,7 +123,7 @@ static int ha_setup(fr_master *m, const fr_master_config *c, const fr_wal_opts *
             break;
         if (!said)
             FR_INFO("master", "standby of cluster %s: %s", c->cluster, e.msg);
-        said = rc == FERRY_ETIMEDOUT;
+        said = true;   /* once: not a line per try through an etcd outage */
     }
     if ((rc = fr_ha_follow(m->ha, m->meta, 0, &seq, &lsn, NULL, err)) < 0)
         return rc;
