@@ -412,6 +412,7 @@ static void handshake_done(void *arg, int fd, const fr_msg_auth *auth, const cha
     h->fd = fd;
     h->role = auth->role;
     h->instance = auth->client_instance;
+    h->caps = auth->caps & FR_AUTH_CAPS_KNOWN;   /* what AUTH_OK echoed */
     snprintf(h->peer, sizeof h->peer, "%s", peer);
     h->next = m->handoff;
     m->handoff = h;
@@ -458,6 +459,7 @@ static void take_handoffs(fr_master *m)
         fr_master_conn *c = fr_master_conn_new(m, h->fd, h->role, h->peer);
         if (c != NULL) {
             c->instance = h->instance;
+            c->caps = h->caps;
             fr_master_client_attach(c);
         }
         struct epoll_event ev = { .events = EPOLLIN, .data.ptr = c };
