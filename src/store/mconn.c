@@ -142,13 +142,21 @@ static void fail_waiters(fr_mconn *c, int status)
     pthread_cond_broadcast(&c->cond);
 }
 
-static void conn_lost(fr_mconn *c, int why)
+/* stale: the req_id whose answer was refused (0: none), failed with
+ * FERRY_ESTATE in the same step as the connection goes, so that its caller's
+ * next call waits for the next connection. */
+static void conn_lost(fr_mconn *c, int why, uint64_t stale)
 {
     pthread_mutex_lock(&c->lock);
     int fd = c->fd;
     bool closing = c->closing;
     c->fd = -1;
     c->last_err = FERRY_ECONNRESET;
+    for (waiter *w = c->waiters; stale && w; w = w->next)
+        if (w->id == stale && !w->done) {
+            w->done = true;
+            w->status = FERRY_ESTATE;
+        }
     fail_waiters(c, FERRY_ECONNRESET);
     pthread_mutex_unlock(&c->lock);
     if (fd >= 0) {
@@ -458,21 +466,16 @@ static void nap(fr_mconn *c, unsigned ms)
 
 /* A frame from a master with epoch: the newest heard so far is kept; one
  * older than that comes from a deposed leader (the cluster has moved on):
- * its answer is refused (FERRY_ESTATE to the request it answers) and the
- * connection dropped, so that the next one finds the leader. */
-static bool heard_epoch(fr_mconn *c, const fr_frame_hdr *h, uint64_t epoch)
+ * its answer is refused (FERRY_ESTATE to the request it answers, by
+ * conn_lost) and the connection dropped, so that the next one finds the
+ * leader. */
+static bool heard_epoch(fr_mconn *c, uint64_t epoch)
 {
     pthread_mutex_lock(&c->lock);
     uint64_t known = c->leader;
     bool ok = epoch >= known;
     if (ok)
         c->leader = epoch;
-    for (waiter *w = c->waiters; !ok && w; w = w->next)
-        if (w->id == h->req_id && !w->done) {
-            w->done = true;
-            w->status = FERRY_ESTATE;
-            pthread_cond_broadcast(&c->cond);
-        }
     pthread_mutex_unlock(&c->lock);
     if (!ok)
         FR_WARN(TAG, "the master at %s answered with epoch %llu, older than epoch %llu heard "
@@ -536,12 +539,13 @@ static void *receiver(void *arg)
         fr_smsg m;
         uint64_t epoch = 0;
         int rc = read_frame(fd, fcaps, &h, &body, &m, &epoch);
-        if (rc == 0 && (fcaps & FR_AUTH_CAP_EPOCH) && !heard_epoch(c, &h, epoch)) {
+        if (rc == 0 && (fcaps & FR_AUTH_CAP_EPOCH) && !heard_epoch(c, epoch)) {
             fr_free(body);
-            rc = FERRY_ESTATE;
+            conn_lost(c, FERRY_ESTATE, h.req_id);
+            continue;
         }
         if (rc < 0) {
-            conn_lost(c, rc);
+            conn_lost(c, rc, 0);
             continue;
         }
         dispatch(c, &h, body, &m);
