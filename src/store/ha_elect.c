@@ -324,3 +324,26 @@ int fr_ha_count_leadership(fr_ha_elect *h, int64_t epoch, uint64_t *n, ferry_err
         *n = count;
     return rc;
 }
+
+int fr_ha_check_token(fr_ha_elect *h, uint64_t fingerprint, ferry_error *err)
+{
+    char key[128], val[24];
+    snprintf(key, sizeof key, "ferry-ha/%s/token", h->cluster);
+    snprintf(val, sizeof val, "%016" PRIx64, fingerprint);
+    /* the first candidate of the cluster names the token; the others compare */
+    int rc = fr_etcd_put_if(h->kv, key, 0, key, val, strlen(val), 0, NULL, NULL, err);
+    if (rc != FERRY_ESTATE)
+        return rc;
+    fr_etcd_kv kv;
+    if ((rc = fr_etcd_get(h->kv, key, &kv, err)) < 0)
+        return rc;
+    bool same = kv.len == strlen(val) && memcmp(kv.val, val, kv.len) == 0;
+    char theirs[24];
+    snprintf(theirs, sizeof theirs, "%.*s", (int)(kv.len < 23 ? kv.len : 23), (const char *)kv.val);
+    fr_etcd_kv_clear(&kv);
+    if (same)
+        return 0;
+    return fr_fail(err, FERRY_EAUTH, "ha: cluster %s in etcd belongs to masters of another cluster "
+                   "token (its fingerprint %s, this master's %s): refusing to join it; give this "
+                   "master that cluster's token, or another --cluster", h->cluster, theirs, val);
+}

@@ -83,6 +83,12 @@ size_t fr_ha_standbys(fr_ha_elect *h, fr_ha_peer *out, size_t max);
  * count with this one. */
 int fr_ha_count_leadership(fr_ha_elect *h, int64_t epoch, uint64_t *n, ferry_error *err);
 
+/* The cluster's token, by a fingerprint of its key
+ * (ferry-ha/<cluster>/token, written by the cluster's first candidate):
+ * FERRY_EAUTH, with both fingerprints, when the cluster in etcd was made
+ * by masters of another token. */
+int fr_ha_check_token(fr_ha_elect *h, uint64_t fingerprint, ferry_error *err);
+
 /* The candidate's etcd connection (for the log: ha_log.h), its cluster's
  * name and the leadership key that fences. */
 struct fr_etcd *fr_ha_etcd(fr_ha_elect *h);

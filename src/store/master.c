@@ -72,6 +72,8 @@ static void empty_dir(const char *dir)
         closedir(d);
 }
 
+#define HA_TOKEN_SEED 0x6665727279686121ull   /* the token's fingerprint in etcd */
+
 /* A replicated master's start: a candidate of the cluster; the state from
  * the cluster's snapshot and log, followed as a standby until this master
  * wins the leadership; then the rest of the log, a local log of its own
@@ -88,6 +90,10 @@ static int ha_setup(fr_master *m, const fr_master_config *c, const fr_wal_opts *
                         .ttl_s = (int)c->ha_ttl_s, .timeout_ms = 2000 };
     int rc = fr_ha_open(&hc, &m->ha, err);
     if (rc < 0)
+        return rc;
+    uint8_t key[32];   /* the token itself never goes to etcd: a hash of its HMAC key */
+    fr_auth_key(c->token, c->token_len, key);
+    if ((rc = fr_ha_check_token(m->ha, fr_hash64(key, sizeof key, HA_TOKEN_SEED), err)) < 0)
         return rc;
     uint64_t seq = 1, lsn = 1;
     ferry_error e = {0};

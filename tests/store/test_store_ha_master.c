@@ -194,12 +194,37 @@ static void test_kill_loop(void **state)
     ferry_store_close(s);
 }
 
+/* Bad input: a master of another cluster token started on a cluster in
+ * etcd is refused with a sentence naming both fingerprints; the leader
+ * keeps serving. */
+static void test_other_token_refused(void **state)
+{
+    env *v = *state;
+    start_member(&v->ms[0], v->e.url);
+    wait_listening(&v->ms[0]);
+    static char out[8192];
+    int st = ft_run(out, sizeof out, "FERRY_TOKEN_FILE= FERRY_TOKEN=another-token %s master --dir "
+                    "%s --listen %s --etcd %s --cluster k 2>&1", ft_ferry_bin(), v->ms[1].mdir,
+                    v->ms[1].port, v->e.url);
+    fprintf(stderr, "a master of another token -> %d: %s", st, out);
+    assert_int_equal(st, 1);
+    assert_non_null(strstr(out, "another cluster token"));
+    ferry_store_config cfg;
+    both(v, &cfg);
+    ferry_store *s = NULL;
+    ferry_error err = {0};
+    assert_int_equal(ferry_store_open(&cfg, &s, &err), 0);
+    assert_int_equal(ferry_kv_put(s, "still", "1", 1, NULL, &err), 0);
+    ferry_store_close(s);
+}
+
 int main(void)
 {
     ft_token();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_failover, setup, teardown),
         cmocka_unit_test_setup_teardown(test_kill_loop, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_other_token_refused, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
