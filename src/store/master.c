@@ -74,6 +74,45 @@ static void empty_dir(const char *dir)
 
 #define HA_TOKEN_SEED 0x6665727279686121ull   /* the token's fingerprint in etcd */
 
+/* The cluster's snapshot into a fresh state in place of m's. */
+static int ha_reload(fr_master *m, const fr_master_config *c, uint64_t *seq, uint64_t *lsn,
+                     ferry_error *err)
+{
+    fr_meta_config mc;
+    fr_meta_config_default(&mc);
+    mc.pending_timeout_ms = c->pending_timeout_ms;
+    fr_meta *fresh = NULL;
+    int rc = fr_meta_new(&mc, &fresh);
+    if (rc == 0)
+        rc = fr_ha_snapshot_load(m->ha, fresh, seq, lsn, err);
+    if (rc < 0) {
+        fr_meta_destroy(fresh);
+        return rc;
+    }
+    FR_INFO("master", "cluster %s's log was truncated past this standby: it loaded the snapshot "
+            "again (log entry %llu on)", c->cluster, U(*seq));
+    fr_meta_destroy(m->meta);
+    m->meta = fresh;
+    return 0;
+}
+
+/* Apply the log from *seq; a standby the log was truncated past (its next
+ * entry below the cluster's snapshot, or entries missing) starts again
+ * from the snapshot (docs/store.md: a standby behind a truncation point). */
+static int ha_catch_up(fr_master *m, const fr_master_config *c, uint64_t *seq, uint64_t *lsn,
+                       ferry_error *err)
+{
+    uint64_t snap = 0;
+    int rc = fr_ha_snapshot_seq(m->ha, &snap, err);
+    if (rc == 0 && snap > *seq)
+        rc = ha_reload(m, c, seq, lsn, err);
+    if (rc == 0)
+        rc = fr_ha_follow(m->ha, m->meta, 0, seq, lsn, NULL, err);
+    if (rc == FERRY_ECORRUPT && (rc = ha_reload(m, c, seq, lsn, err)) == 0)
+        rc = fr_ha_follow(m->ha, m->meta, 0, seq, lsn, NULL, err);
+    return rc;
+}
+
 /* A replicated master's start: a candidate of the cluster; the state from
  * the cluster's snapshot and log, followed as a standby until this master
  * wins the leadership; then the rest of the log, a local log of its own
@@ -104,7 +143,7 @@ static int ha_setup(fr_master *m, const fr_master_config *c, const fr_wal_opts *
     uint64_t reported = 0;
     for (;;) {
         memset(&e, 0, sizeof e);
-        rc = fr_ha_follow(m->ha, m->meta, 0, &seq, &lsn, NULL, &e);
+        rc = ha_catch_up(m, c, &seq, &lsn, &e);
         if (rc == FERRY_ECONNREFUSED || rc == FERRY_ETIMEDOUT || rc == FERRY_EIO) {
             /* etcd unreachable or without quorum: a standby waits it out
              * (the campaign below paces the retries); it proved the
@@ -131,7 +170,7 @@ static int ha_setup(fr_master *m, const fr_master_config *c, const fr_wal_opts *
             FR_INFO("master", "standby of cluster %s: %s", c->cluster, e.msg);
         said = true;   /* once: not a line per try through an etcd outage */
     }
-    if ((rc = fr_ha_follow(m->ha, m->meta, 0, &seq, &lsn, NULL, err)) < 0)
+    if ((rc = ha_catch_up(m, c, &seq, &lsn, err)) < 0)
         return rc;
     char dir[sizeof c->dir + 8];
     snprintf(dir, sizeof dir, "%s/ha", c->dir);

@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "base/base.h"
+#include "store/ha_log.h"
 #include "util/ftetcd.h"
 #include "util/ftstore.h"
 
@@ -69,11 +70,19 @@ static int teardown(void **state)
     return 0;
 }
 
-static void start_member(member *m, const char *url)
+/* ckpt: --checkpoint-records (NULL: the default): a snapshot into etcd,
+ * and the log below it truncated, every ckpt records. */
+static void start_member_ckpt(member *m, const char *url, const char *ckpt)
 {
     const char *args[] = { "master", "--dir", m->mdir, "--listen", m->port, "--etcd", url,
-                           "--cluster", "k", "--ha-ttl", "2", NULL };
+                           "--cluster", "k", "--ha-ttl", "2", ckpt ? "--checkpoint-records" : NULL,
+                           ckpt, NULL };
     assert_int_equal(ft_spawn_exe(&m->p, NULL, ft_ferry_bin(), args), 0);
+}
+
+static void start_member(member *m, const char *url)
+{
+    start_member_ckpt(m, url, NULL);
 }
 
 static void wait_listening(member *m)
@@ -218,6 +227,70 @@ static void test_other_token_refused(void **state)
     ferry_store_close(s);
 }
 
+/* Bad input: a standby the log was truncated past (stopped while the
+ * leader wrote snapshots and truncated the log below them) loads the
+ * snapshot again by itself; when the leader is killed it leads with every
+ * acknowledged write. */
+static void test_standby_truncated_past(void **state)
+{
+    env *v = *state;
+    start_member_ckpt(&v->ms[0], v->e.url, "40");
+    wait_listening(&v->ms[0]);
+    start_member_ckpt(&v->ms[1], v->e.url, "40");
+    ferry_store_config cfg;
+    both(v, &cfg);
+    ferry_store *s = NULL;
+    ferry_error err = {0};
+    assert_int_equal(ferry_store_open(&cfg, &s, &err), 0);
+    char k[32], val[32];
+    assert_int_equal(ferry_kv_put(s, "t/first", "1", 1, NULL, &err), 0);
+    /* the standby follows (the leader lists its report) before it is stopped */
+    bool following = false;
+    for (uint64_t dl = fr_deadline_ns(60000); !following && fr_ms_left(dl);) {
+        char *text = NULL;
+        if (ferry_store_status_json(s, &text, NULL) == 0)
+            following = strstr(text, v->ms[1].port) != NULL;
+        ferry_store_free(text);
+        struct timespec ts = { 0, 20 * 1000 * 1000 };   /* the next try of a deadline-bound wait */
+        nanosleep(&ts, NULL);
+    }
+    assert_true(following);
+    ft_peer_signal(&v->ms[1].p, SIGSTOP);        /* the standby falls behind */
+    enum { N = 400 };
+    for (int i = 0; i < N; i++) {
+        snprintf(k, sizeof k, "t/%d", i);
+        snprintf(val, sizeof val, "w%d", i);
+        assert_int_equal(ferry_kv_put(s, k, val, strlen(val), NULL, &err), 0);
+    }
+    /* the leader's snapshots moved past what the stopped standby applied
+     * (a few entries at most) and the log below them is gone */
+    fr_ha_elect *probe = ft_ha_candidate(&v->e, "k", "probe", 10);
+    uint64_t snap = 0;
+    assert_int_equal(fr_ha_snapshot_seq(probe, &snap, &err), 0);
+    fr_ha_close(probe);
+    fprintf(stderr, "the cluster's snapshot follows log entry %llu\n", (unsigned long long)snap);
+    assert_true(snap > 100);
+    ft_peer_signal(&v->ms[1].p, SIGCONT);
+    ft_proc_kill(&v->ms[0].p, SIGKILL);
+    wait_listening(&v->ms[1]);                   /* it did not stop on the missing entries */
+    for (int i = 0; i < N; i++) {
+        snprintf(k, sizeof k, "t/%d", i);
+        snprintf(val, sizeof val, "w%d", i);
+        ferry_kv_value kv;
+        uint64_t deadline = fr_deadline_ns(60000);
+        int rc;
+        while ((rc = ferry_kv_get(s, k, &kv, &err)) != 0 && rc != FERRY_ENOENT && fr_ms_left(deadline)) {
+            struct timespec ts = { 0, 20 * 1000 * 1000 };   /* retried until a deadline */
+            nanosleep(&ts, NULL);
+        }
+        assert_int_equal(rc, 0);
+        assert_int_equal(kv.len, strlen(val));
+        assert_memory_equal(kv.val, val, kv.len);
+        ferry_store_free(kv.val);
+    }
+    ferry_store_close(s);
+}
+
 int main(void)
 {
     ft_token();
@@ -225,6 +298,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_failover, setup, teardown),
         cmocka_unit_test_setup_teardown(test_kill_loop, setup, teardown),
         cmocka_unit_test_setup_teardown(test_other_token_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_standby_truncated_past, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
