@@ -1,6 +1,8 @@
 /* The connection to the master (mconn.h). */
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -14,6 +16,12 @@
 
 #define TAG "mconn"
 #define IO_TIMEOUT_MS 30000
+/* What we sent (a request, a heartbeat: one a second at least) unacknowledged
+ * by the master's kernel this long: its host is gone or cut off, the
+ * connection is dropped and the next master of the list tried. The kernel
+ * acknowledges, not the master's loop, so a busy master is not taken for a
+ * silent one. */
+#define USER_TIMEOUT_MS 2000
 #define BACKOFF_MIN_MS 20
 #define BACKOFF_MAX_MS 1000
 
@@ -122,6 +130,9 @@ static int connect_one(fr_mconn *c, const char *addr, int timeout_ms, int *out, 
         rc = handshake(c, addr, timeout_ms, 0, &fd, caps);
     if (rc == 0)
         rc = fr_sock_timeouts(fd, IO_TIMEOUT_MS);
+    int ut = USER_TIMEOUT_MS;
+    if (rc == 0 && setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ut, sizeof ut) != 0)
+        rc = FERRY_EIO;
     if (rc < 0) {
         if (fd >= 0)
             close(fd);

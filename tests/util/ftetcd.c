@@ -77,6 +77,11 @@ static int wait_answers(const char *urls, const ft_peer *ps, int n)
 
 int ft_etcd_start(ft_etcd *e)
 {
+    return ft_etcd_start_on(e, "127.0.0.1");
+}
+
+int ft_etcd_start_on(ft_etcd *e, const char *host)
+{
     memset(e, 0, sizeof *e);
     e->p.pid = -1;
     snprintf(e->dir, sizeof e->dir, "/tmp/ferry-etcd-test-XXXXXX");
@@ -89,7 +94,7 @@ int ft_etcd_start(ft_etcd *e)
         return -1;
     char data[300], client[64], peer[64], cluster[96];
     snprintf(data, sizeof data, "%s/data", e->dir);
-    snprintf(client, sizeof client, "http://127.0.0.1:%d", cport);
+    snprintf(client, sizeof client, "http://%s:%d", host, cport);
     snprintf(peer, sizeof peer, "http://127.0.0.1:%d", pport);
     snprintf(cluster, sizeof cluster, "ft=%s", peer);
     snprintf(e->url, sizeof e->url, "%s", client);

@@ -21,6 +21,9 @@ int ft_free_port(void);
  * read. 0, or -1 with the reason on stderr (etcd not installed: run
  * scripts/deps.sh, which installs etcd-server). */
 int ft_etcd_start(ft_etcd *e);
+/* The same with its client URL on host (an address of this namespace:
+ * one that a namespace the test made reaches over its veth). */
+int ft_etcd_start_on(ft_etcd *e, const char *host);
 /* SIGKILL (a machine gone) or SIGTERM, reaped. Safe twice. */
 void ft_etcd_kill(ft_etcd *e, int sig);
 /* Kill it and remove its dir. Safe twice. */
