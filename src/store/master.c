@@ -125,8 +125,11 @@ static int ha_setup(fr_master *m, const fr_master_config *c, const fr_wal_opts *
     if (!colon || atoi(colon + 1) == 0)
         return fr_fail(err, FERRY_EINVAL, "master: with etcd, --listen must name the port: "
                        "HOST:PORT is this master's address in the cluster (given %s)", c->listen);
+    /* an etcd request may take half the lease, at least 2 s: a longer TTL
+     * (a crowded machine) also waits longer for a slow etcd */
+    int tmo = c->ha_ttl_s > 4 ? (int)c->ha_ttl_s * 500 : 2000;
     fr_ha_config hc = { .endpoints = c->etcd, .cluster = c->cluster, .id = c->listen,
-                        .ttl_s = (int)c->ha_ttl_s, .timeout_ms = 2000 };
+                        .ttl_s = (int)c->ha_ttl_s, .timeout_ms = tmo };
     int rc = fr_ha_open(&hc, &m->ha, err);
     if (rc < 0)
         return rc;

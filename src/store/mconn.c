@@ -16,11 +16,13 @@
 
 #define TAG "mconn"
 #define IO_TIMEOUT_MS 30000
-/* What we sent (a request, a heartbeat: one a second at least) unacknowledged
- * by the master's kernel this long: its host is gone or cut off, the
- * connection is dropped and the next master of the list tried. The kernel
- * acknowledges, not the master's loop, so a busy master is not taken for a
- * silent one. */
+/* A list of masters (a replicated cluster): what we sent (a request, a
+ * heartbeat: one a second at least) unacknowledged by the master's kernel
+ * this long means its host is gone or cut off: the connection is dropped
+ * and the next master of the list tried. The kernel acknowledges, not the
+ * master's loop; but a master holding our input back (its back-pressure)
+ * for longer also drops us (the kernel counts a closed window too), so a
+ * single master, with nowhere else to go, keeps the kernel's default. */
 #define USER_TIMEOUT_MS 2000
 #define BACKOFF_MIN_MS 20
 #define BACKOFF_MAX_MS 1000
@@ -131,7 +133,8 @@ static int connect_one(fr_mconn *c, const char *addr, int timeout_ms, int *out, 
     if (rc == 0)
         rc = fr_sock_timeouts(fd, IO_TIMEOUT_MS);
     int ut = USER_TIMEOUT_MS;
-    if (rc == 0 && setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ut, sizeof ut) != 0)
+    if (rc == 0 && strchr(c->addr, ',') &&
+        setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ut, sizeof ut) != 0)
         rc = FERRY_EIO;
     if (rc < 0) {
         if (fd >= 0)

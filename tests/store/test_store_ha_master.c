@@ -70,19 +70,21 @@ static int teardown(void **state)
     return 0;
 }
 
-/* ckpt: --checkpoint-records (NULL: the default): a snapshot into etcd,
- * and the log below it truncated, every ckpt records. */
-static void start_member_ckpt(member *m, const char *url, const char *ckpt)
+/* ttl: --ha-ttl (the tests that measure no failover take 10 s: 2 s leases
+ * lapse beside the whole suite on 2 cores); ckpt: --checkpoint-records
+ * (NULL: the default): a snapshot into etcd, and the log below it
+ * truncated, every ckpt records. */
+static void start_member_ckpt(member *m, const char *url, const char *ttl, const char *ckpt)
 {
     const char *args[] = { "master", "--dir", m->mdir, "--listen", m->port, "--etcd", url,
-                           "--cluster", "k", "--ha-ttl", "2", ckpt ? "--checkpoint-records" : NULL,
+                           "--cluster", "k", "--ha-ttl", ttl, ckpt ? "--checkpoint-records" : NULL,
                            ckpt, NULL };
     assert_int_equal(ft_spawn_exe(&m->p, NULL, ft_ferry_bin(), args), 0);
 }
 
 static void start_member(member *m, const char *url)
 {
-    start_member_ckpt(m, url, NULL);
+    start_member_ckpt(m, url, "2", NULL);
 }
 
 static void wait_listening(member *m)
@@ -209,7 +211,7 @@ static void test_kill_loop(void **state)
 static void test_other_token_refused(void **state)
 {
     env *v = *state;
-    start_member(&v->ms[0], v->e.url);
+    start_member_ckpt(&v->ms[0], v->e.url, "10", NULL);
     wait_listening(&v->ms[0]);
     static char out[8192];
     int st = ft_run(out, sizeof out, "FERRY_TOKEN_FILE= FERRY_TOKEN=another-token %s master --dir "
@@ -234,9 +236,9 @@ static void test_other_token_refused(void **state)
 static void test_standby_truncated_past(void **state)
 {
     env *v = *state;
-    start_member_ckpt(&v->ms[0], v->e.url, "40");
+    start_member_ckpt(&v->ms[0], v->e.url, "10", "40");
     wait_listening(&v->ms[0]);
-    start_member_ckpt(&v->ms[1], v->e.url, "40");
+    start_member_ckpt(&v->ms[1], v->e.url, "10", "40");
     ferry_store_config cfg;
     both(v, &cfg);
     ferry_store *s = NULL;
