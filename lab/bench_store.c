@@ -28,41 +28,18 @@
 #include <unistd.h>
 
 #include "lab.h"
+#include "bench_store.h"
 #include "cli_opts.h"
 
-enum { META_BATCH = 64, CLIENTS_MAX = 64, PIDS_MAX = CLIENTS_MAX + 4, BATCH_MAX = 256 };
+enum { META_BATCH = 64, PIDS_MAX = CLIENTS_MAX + 6, BATCH_MAX = 256 };
 
 #define META_GOAL 50000.0
 #define RATIO_GOAL 0.85
 #define XFER_PREFIX "bench-xfer/"
 
-typedef struct bs_opts {
-    uint64_t size, total, object;
-    unsigned clients, seconds, reps, batch;
-    bool json, no_sync, sync;      /* sync: !no_sync */
-} bs_opts;
-
-typedef struct bs_meta {
-    uint64_t pairs, gets, removed, failed;
-    double secs;
-    uint64_t appends, commits;  /* the master's log during the phase */
-} bs_meta;
-
-typedef struct bs_xfer {
-    char transport[8];          /* what the engine picked for the peer */
-    double put, get, ewrite, eread;
-    uint64_t failed;
-    bool mismatch;
-} bs_xfer;
-
-typedef struct bs_cluster {
-    char dir[256], master[128];
-    pid_t mpid, npid;
-} bs_cluster;
-
 /* Children and the temp dir, for the signal handler. */
 static volatile pid_t g_pids[PIDS_MAX];
-static char g_dir[256];
+static char g_dir[2][256];   /* --ha runs two clusters at once */
 
 static void sleep_ms(long ms)
 {
@@ -116,19 +93,17 @@ static void on_signal(int sig)
     for (int i = 0; i < PIDS_MAX; i++)
         if (g_pids[i] > 0)
             waitpid(g_pids[i], NULL, 0);
-    if (g_dir[0])
-        rm_tree(g_dir);
+    for (int i = 0; i < 2; i++)
+        if (g_dir[i][0])
+            rm_tree(g_dir[i]);
     _exit(128 + sig);
 }
 
-/* Run `ferry ARGS...` with stdin/stdout from in/out (-1: inherited). The
- * child dies with this process; signals are blocked across the fork so the
+/* Run exe with args, stdin/stdout from in/out (-1: inherited). The child
+ * dies with this process; signals are blocked across the fork so the
  * handler never runs in the child and always sees the pid tracked. */
-static pid_t spawn(const char *self, const char *const *args, int in, int out)
+static pid_t spawn_exe(const char *exe, const char *const *args, int in, int out)
 {
-    /* a worker is this program; the master and the node are the operator's ferry */
-    bool worker = args[1] && !strcmp(args[1], "worker");
-    const char *exe = !worker ? lab_ferry_bin() : access("/proc/self/exe", X_OK) == 0 ? "/proc/self/exe" : self;
     sigset_t old;
     block_signals(&old);
     pid_t p = fork();
@@ -145,6 +120,15 @@ static pid_t spawn(const char *self, const char *const *args, int in, int out)
     track(p);
     sigprocmask(SIG_SETMASK, &old, NULL);
     return p;
+}
+
+/* Run `ferry ARGS...` (or `ferry-lab worker ...`). */
+static pid_t spawn(const char *self, const char *const *args, int in, int out)
+{
+    /* a worker is this program; the master and the node are the operator's ferry */
+    bool worker = args[1] && !strcmp(args[1], "worker");
+    const char *exe = !worker ? lab_ferry_bin() : access("/proc/self/exe", X_OK) == 0 ? "/proc/self/exe" : self;
+    return spawn_exe(exe, args, in, out);
 }
 
 /* SIGTERM, then SIGKILL after 10 s; *p = -1. */
@@ -186,21 +170,76 @@ static int wait_file(const char *path, pid_t *child, double secs, char *out, siz
     return -1;
 }
 
-static void cluster_stop(bs_cluster *c)
+void bs_kill(pid_t *p)
+{
+    if (*p <= 0)
+        return;
+    untrack(*p);
+    kill(*p, SIGKILL);
+    waitpid(*p, NULL, 0);
+    *p = -1;
+}
+
+void bs_cluster_stop(bs_cluster *c)
 {
     stop_child(&c->npid);
     stop_child(&c->mpid);
+    stop_child(&c->m2pid);
+    stop_child(&c->epid);
     if (c->dir[0]) {
         sigset_t old;
         block_signals(&old);
-        g_dir[0] = '\0';
+        for (int i = 0; i < 2; i++)
+            if (!strcmp(g_dir[i], c->dir))
+                g_dir[i][0] = '\0';
         sigprocmask(SIG_SETMASK, &old, NULL);
         rm_tree(c->dir);
+        c->dir[0] = '\0';
     }
 }
 
-static int cluster_start(bs_cluster *c, const bs_opts *o, const char *self)
+/* ha: etcd, then the first master (it leads: it writes its address file),
+ * then the second (a standby: it follows, does not listen). c->master
+ * names both. */
+static int ha_masters(bs_cluster *c, const bs_opts *o, const char *self, int null)
 {
+    cli_etcd e;
+    char elog[300], ttl[16], listen[2][32], mdir[2][300], addrf[2][300], addr[128];
+    if (cli_etcd_prepare(&e, c->dir) != 0)
+        return -1;
+    snprintf(ttl, sizeof ttl, "%u", o->ha_ttl);
+    c->epid = spawn_exe(e.bin, e.args, -1, null);
+    int w = c->epid < 0 ? 1 : cli_etcd_wait(&e, c->epid, 60);
+    if (w != 0) {
+        snprintf(elog, sizeof elog, "%s", w == 1 ? "exited" : "did not answer within 60 s");
+        fprintf(stderr, "ferry-lab bench store: etcd (%s) %s (scripts/deps.sh installs "
+                "etcd-server)\n", e.bin, elog);
+        return -1;
+    }
+    for (int i = 0; i < 2; i++) {
+        snprintf(listen[i], sizeof listen[i], "127.0.0.1:%d", cli_free_port());
+        snprintf(mdir[i], sizeof mdir[i], "%s/master%d", c->dir, i);
+        snprintf(addrf[i], sizeof addrf[i], "%s/master%d.addr", c->dir, i);
+        const char *margs[] = { "ferry", "master", "--dir", mdir[i], "--listen", listen[i],
+                                "--addr-file", addrf[i], "--etcd", e.url, "--cluster", "bench",
+                                "--ha-ttl", ttl, o->sync ? NULL : "--no-sync", NULL };
+        pid_t *p = i == 0 ? &c->mpid : &c->m2pid;
+        *p = spawn(self, margs, -1, null);
+        if (i == 0 && (c->mpid < 0 || wait_file(addrf[0], &c->mpid, 60, addr, sizeof addr) != 0)) {
+            fprintf(stderr, "ferry-lab bench store: the first replicated master did not lead "
+                    "(see its errors above)\n");
+            return -1;
+        }
+        if (i == 1 && c->m2pid < 0)
+            return -1;
+    }
+    snprintf(c->master, sizeof c->master, "%s,%s", listen[0], listen[1]);
+    return 0;
+}
+
+int bs_cluster_start(bs_cluster *c, const bs_opts *o, const char *self, bool ha)
+{
+    *c = (bs_cluster){ .mpid = -1, .npid = -1, .epid = -1, .m2pid = -1 };
     const char *tmp = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     snprintf(c->dir, sizeof c->dir, "%s/ferry-bench-store-XXXXXX", tmp);
     if (!mkdtemp(c->dir)) {
@@ -211,7 +250,8 @@ static int cluster_start(bs_cluster *c, const bs_opts *o, const char *self)
     }
     sigset_t old;
     block_signals(&old);
-    snprintf(g_dir, sizeof g_dir, "%s", c->dir);
+    int slot = g_dir[0][0] ? 1 : 0;
+    snprintf(g_dir[slot], sizeof g_dir[slot], "%s", c->dir);
     sigprocmask(SIG_SETMASK, &old, NULL);
     char mdir[300], addrf[300], readyf[300], size[32], seg[64];
     snprintf(mdir, sizeof mdir, "%s/master", c->dir);
@@ -222,11 +262,17 @@ static int cluster_start(bs_cluster *c, const bs_opts *o, const char *self)
     int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
     const char *margs[] = { "ferry", "master", "--dir", mdir, "--listen", "127.0.0.1:0",
                             "--addr-file", addrf, o->sync ? NULL : "--no-sync", NULL };
-    c->mpid = spawn(self, margs, -1, null);
-    if (c->mpid < 0 || wait_file(addrf, &c->mpid, 15, c->master, sizeof c->master) != 0) {
-        fprintf(stderr, "ferry-lab bench store: the master did not start (see its errors above)\n");
+    if (ha && ha_masters(c, o, self, null) != 0) {
         close(null);
         return -1;
+    }
+    if (!ha) {
+        c->mpid = spawn(self, margs, -1, null);
+        if (c->mpid < 0 || wait_file(addrf, &c->mpid, 15, c->master, sizeof c->master) != 0) {
+            fprintf(stderr, "ferry-lab bench store: the master did not start (see its errors above)\n");
+            close(null);
+            return -1;
+        }
     }
     const char *nargs[] = { "ferry", "node", "--master", c->master, "--size", size,
                             "--ready-file", readyf, NULL };
@@ -339,7 +385,7 @@ int cli_bench_store_client_main(int argc, char **argv)
     return 0;
 }
 
-static int meta_phase(const bs_opts *o, const char *self, const char *master, bs_meta *sum)
+int bs_meta_phase(const bs_opts *o, const char *self, const char *master, bs_meta *sum)
 {
     pid_t pids[CLIENTS_MAX];
     FILE *in[CLIENTS_MAX] = { 0 }, *out[CLIENTS_MAX] = { 0 };
@@ -619,6 +665,13 @@ static const cli_opt store_table[] = {
     CLI_FLAG(bs_opts, no_sync, "no-sync",
              "the master does not fsync its log (not the durable setup;\ndefault: it does)"),
     CLI_FLAG(bs_opts, json, "json", "one JSON object on stdout (default: a table)"),
+    CLI_FLAG(bs_opts, ha, "ha",
+             "replicated masters on a local etcd against the single master,\n"
+             "both in this run: metadata ops/s, put latency, the cluster\n"
+             "log's bytes per op, and one leader kill mid-workload\n"
+             "(instead of the throughput phases; default: off)"),
+    CLI_UINT(bs_opts, ha_ttl, "ha-ttl", "S", 1, 3600, "with --ha: the leader's lease TTL (2)"),
+    CLI_UINT(bs_opts, puts, "puts", "N", 10, 1000000, "with --ha: timed single puts per master setup (300)"),
 };
 
 static const cli_cmd store_cmd = {
@@ -632,7 +685,8 @@ static const cli_cmd store_cmd = {
 static int parse(int argc, char **argv, bs_opts *o)
 {
     *o = (bs_opts){ .size = 1ull << 30, .total = 512ull << 20, .object = 4ull << 20,
-                    .clients = 4, .seconds = 3, .reps = 3, .batch = 64 };
+                    .clients = 4, .seconds = 3, .reps = 3, .batch = 64, .puts = 300,
+                    .ha_ttl = 2 };
     int pr = cli_parse(&store_cmd, argc, argv, o, NULL, NULL);
     if (pr != 0)
         return pr;
@@ -648,9 +702,14 @@ static double ratio(double v, double base)
     return base > 0 ? v / base : 0;
 }
 
+double bs_meta_ops(const bs_meta *m)
+{
+    return m->secs > 0 ? (double)(2 * m->pairs + m->gets) / m->secs : 0;
+}
+
 static void print_json(const bs_opts *o, const bs_meta *m, const bs_xfer *x)
 {
-    double ops = m->secs > 0 ? (double)(2 * m->pairs + m->gets) / m->secs : 0;
+    double ops = bs_meta_ops(m);
     bool met = ops >= META_GOAL && ratio(x[0].put, x[0].ewrite) >= RATIO_GOAL &&
                ratio(x[0].get, x[0].eread) >= RATIO_GOAL;
     printf("{\"meta_ops_per_s\":%.0f,\"put_pairs_per_s\":%.0f,\"gets_per_s\":%.0f,\"clients\":%u,",
@@ -674,7 +733,7 @@ static void print_json(const bs_opts *o, const bs_meta *m, const bs_xfer *x)
 
 static void print_table(const bs_opts *o, const bs_meta *m, const bs_xfer *x)
 {
-    double ops = m->secs > 0 ? (double)(2 * m->pairs + m->gets) / m->secs : 0;
+    double ops = bs_meta_ops(m);
     char row[160], fig[48], base[48];
     printf("%-28s %16s %16s %7s %10s %4s\n", "phase", "figure", "baseline", "ratio", "goal", "met");
     snprintf(row, sizeof row, "metadata, %u clients", o->clients);
@@ -724,11 +783,17 @@ int cmd_bench_store(int argc, char **argv, const char *self)
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
-    bs_cluster c = { .mpid = -1, .npid = -1 };
+    bs_cluster c;
     cli_target tgt = { 0 };
     bs_meta m = { 0 };
     bs_xfer x[2] = { { .transport = "" }, { .transport = "tcp" } };
     char sz[32], sz2[32];
+    if (o.ha) {
+        int st = bs_ha_run(&o, self);
+        sigaction(SIGINT, &old_int, NULL);
+        sigaction(SIGTERM, &old_term, NULL);
+        return st;
+    }
     if (!o.json) {
         printf("ferry-lab bench store: master fsync %s, node segment %s; metadata: %u clients for %u s;\n"
                "throughput: %llu x %s objects per pass, batches of %u, best of %u\n",
@@ -737,7 +802,7 @@ int cmd_bench_store(int argc, char **argv, const char *self)
                o.batch, o.reps);
         fflush(stdout);
     }
-    int rc = cluster_start(&c, &o, self);
+    int rc = bs_cluster_start(&c, &o, self, false);
     ferry_store *admin = NULL;
     ferry_store_config acfg;
     uint64_t a0 = 0, f0 = 0;
@@ -748,7 +813,7 @@ int cmd_bench_store(int argc, char **argv, const char *self)
     if (rc == 0)
         rc = wal_counts(admin, &a0, &f0);
     if (rc == 0)
-        rc = meta_phase(&o, self, c.master, &m);
+        rc = bs_meta_phase(&o, self, c.master, &m);
     if (rc == 0 && (rc = wal_counts(admin, &m.appends, &m.commits)) == 0) {
         m.appends -= a0;
         m.commits -= f0;
@@ -768,7 +833,7 @@ int cmd_bench_store(int argc, char **argv, const char *self)
     untrack(tgt.pid);
     if (tgt.pid > 0)
         cli_target_stop(&tgt);
-    cluster_stop(&c);
+    bs_cluster_stop(&c);
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
     if (rc < 0)

@@ -147,6 +147,22 @@ enum { CLI_P_OURS, CLI_P_GONE, CLI_P_OTHER };
  * process: *now says which). dir: the state directory (legacy records). */
 int cli_pids_check(const cli_pidrec *r, const char *dir, cli_proc *now);
 
+/* up_etcd.c: a local one-member etcd (Debian's etcd-server; ETCD_BIN
+ * overrides the binary) on loopback ports of its own, for `ferry up --ha`
+ * and `ferry-lab bench store --ha`. */
+typedef struct cli_etcd {
+    char bin[256], data[4200], url[64], peer[64], initial[96];
+    int port;                    /* the client port */
+    const char *args[20];        /* argv to exec: args[0] is bin */
+} cli_etcd;
+/* A loopback port nobody listens on now (the kernel's pick); -1. */
+int cli_free_port(void);
+/* Its ports and argv, data in DIR/etcd: 0, or -1 without free ports. */
+int cli_etcd_prepare(cli_etcd *e, const char *dir);
+/* Wait until the etcd run as pid answers /health as healthy: 0; 1 when
+ * pid exited first (reaped); -1 after secs. */
+int cli_etcd_wait(const cli_etcd *e, pid_t pid, double secs);
+
 /* up_mem.c: what a node started now could take. */
 typedef struct cli_mem {
     uint64_t avail;              /* MemAvailable (UINT64_MAX: unknown) */

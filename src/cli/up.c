@@ -28,21 +28,14 @@
 
 #include "cli.h"
 #include "cli_opts.h"
+#include "up.h"
 
-typedef struct up_opts {
-    char dir[4096];
-    char listen[64];
-    uint64_t size;
-    bool detach, json, metrics;
-    char master[128];
-} up_opts;
-
-static volatile sig_atomic_t g_stop;
+volatile sig_atomic_t up_stop;
 
 static void on_signal(int sig)
 {
     (void)sig;
-    g_stop = 1;
+    up_stop = 1;
 }
 
 static void default_dir(char *out, size_t cap)
@@ -66,6 +59,14 @@ static const cli_opt up_table[] = {
              "the master and the node serve Prometheus metrics on free\n"
              "loopback ports; their URLs are printed and kept in\n"
              "DIR/master.metrics and DIR/node.metrics (default: off)"),
+    CLI_FLAG(up_opts, ha, "ha",
+             "replicated masters to try failover on one machine: a local\n"
+             "etcd and two masters (one leads, one follows), kept in\n"
+             "DIR/ha and removed when they stop; a killed master is\n"
+             "started again as a standby (foreground only; default: one\n"
+             "master with its log in DIR/master)"),
+    CLI_UINT(up_opts, ha_ttl, "ha-ttl", "S", 1, 3600,
+             "with --ha: the leader's etcd lease, what a failover takes\n(default 2)"),
 };
 static const cli_cmd up_cmd = {
     .name = "up",
@@ -111,12 +112,13 @@ static int parse(const cli_cmd *c, int argc, char **argv, up_opts *o, bool *run)
     default_dir(o->dir, sizeof o->dir);
     snprintf(o->listen, sizeof o->listen, "127.0.0.1:0");
     o->size = 1ull << 30;
+    o->ha_ttl = 2;
     int pr = cli_parse(c, argc, argv, o, NULL, NULL);
     *run = pr == 0;
     return pr == 0 ? 0 : cli_cmd_usage_exit(pr, c);
 }
 
-static int read_small(const char *path, char *out, size_t cap)
+int up_read_small(const char *path, char *out, size_t cap)
 {
     FILE *f = fopen(path, "r");
     if (!f)
@@ -150,7 +152,8 @@ static int ensure_token(const char *dir, char *path, size_t cap)
 /* Start `ferry ARGS...`; it inherits keep_fd (the directory's lock). A
  * detached child gets its own session and writes to log (so that nothing
  * holds our caller's terminal or pipes open). */
-static pid_t spawn(const char *const *args, bool detach, const char *log, int keep_fd)
+pid_t up_spawn_exe(const char *exe, const char *const *args, bool detach, const char *log,
+                   int keep_fd)
 {
     pid_t p = fork();
     if (p == 0) {
@@ -163,23 +166,28 @@ static pid_t spawn(const char *const *args, bool detach, const char *log, int ke
         }
         if (keep_fd >= 0 && fcntl(keep_fd, F_SETFD, 0) < 0)
             _exit(127);
-        execv("/proc/self/exe", (char *const *)args);
+        execvp(exe, (char *const *)args);
         _exit(127);
     }
     return p;
 }
 
+pid_t up_spawn(const char *const *args, bool detach, const char *log, int keep_fd)
+{
+    return up_spawn_exe("/proc/self/exe", args, detach, log, keep_fd);
+}
+
 /* Wait for a file to appear (the child writes it once ready) or the child
  * to exit; deadline in seconds. 0: ready; 1: the child exited (*status,
  * reaped); -1: neither within the deadline. */
-static int wait_file(const char *path, pid_t child, double secs, char *out, size_t cap,
-                     int *status)
+int up_wait_file(const char *path, pid_t child, double secs, char *out, size_t cap,
+                 int *status)
 {
     double end = cli_now() + secs;
     while (cli_now() < end) {
-        if (read_small(path, out, cap) == 0)
+        if (up_read_small(path, out, cap) == 0)
             return 0;
-        if (g_stop)
+        if (up_stop)
             return 2;   /* SIGINT/SIGTERM while starting */
         if (waitpid(child, status, WNOHANG) == child)
             return 1;
@@ -189,7 +197,7 @@ static int wait_file(const char *path, pid_t child, double secs, char *out, size
     return -1;
 }
 
-static void stop_child(pid_t p)
+void up_stop_child(pid_t p)
 {
     if (p <= 0)
         return;
@@ -205,8 +213,8 @@ static void stop_child(pid_t p)
 }
 
 /* Why a child did not come up, with what its log says when it has one. */
-static void explain_start(const char *who, int w, int status, uint64_t oom0, double secs,
-                          bool detach, const char *log)
+void up_explain_start(const char *who, int w, int status, uint64_t oom0, double secs,
+                      bool detach, const char *log)
 {
     char why[160];
     if (w == 1) {
@@ -220,6 +228,14 @@ static void explain_start(const char *who, int w, int status, uint64_t oom0, dou
         cli_print_log_tail(stderr, log, 8);
     else
         fprintf(stderr, "  (its own messages, if any, are above)\n");
+}
+
+void up_node_name(const char *dir, char *out, size_t cap)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (const char *c = dir; *c; c++)
+        h = (h ^ (unsigned char)*c) * 1099511628211ull;
+    snprintf(out, cap, "up-%016llx", (unsigned long long)h);
 }
 
 /* --size against what the machine (and its cgroup) can give now. */
@@ -252,7 +268,7 @@ static void explain_running(const char *dir, const char *pidf, const char *addrf
     cli_pidrec r[2];
     cli_proc now;
     char addr[128] = "";
-    (void)read_small(addrf, addr, sizeof addr);
+    (void)up_read_small(addrf, addr, sizeof addr);
     if (cli_pids_read(pidf, r) == 0 && cli_pids_check(&r[0], dir, &now) == CLI_P_OURS)
         fprintf(stderr, "ferry up: a cluster started with --detach runs in %s already (master "
                 "%s, pid %d; node pid %d); nothing was changed. `ferry down --dir %s` stops "
@@ -306,6 +322,11 @@ int cmd_up(int argc, char **argv)
     int pst = parse(&up_cmd, argc, argv, &o, &run);
     if (!run)
         return pst;
+    if (o.ha && o.detach) {
+        fprintf(stderr, "ferry up: --ha runs in the foreground (Ctrl-C stops the etcd, the masters "
+                "and the node it started); --detach is for the single master\n");
+        return 2;
+    }
     if (check_size(&o) < 0)
         return 1;
     char tok[4200], mdir[4200], addrf[4200], readyf[4200], pidf[4200], addr[128], seg[64];
@@ -343,6 +364,13 @@ int cmd_up(int argc, char **argv)
     remove(readyf);
     remove(mmf);
     remove(nmf);
+    struct sigaction sa = {0};
+    if (o.ha) {
+        sa.sa_handler = on_signal;
+        sigaction(SIGINT, &sa, NULL);
+        sigaction(SIGTERM, &sa, NULL);
+        return up_ha(&o, lock, tok);
+    }
     snprintf(sizes, sizeof sizes, "%llu", (unsigned long long)o.size);
     /* The metrics file is written after the address file: waiting for it
      * last waits for both. */
@@ -358,53 +386,49 @@ int cmd_up(int argc, char **argv)
     /* From before the first child: a SIGTERM or SIGINT while the cluster
      * starts stops what was started (the default action would leave the
      * children running, orphaned). */
-    struct sigaction sa = {0};
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-    pid_t mp = spawn(margs, o.detach, mlog, lock);
-    int w = mp < 0 ? 1 : wait_file(addrf, mp, 15, addr, sizeof addr, &st);
+    pid_t mp = up_spawn(margs, o.detach, mlog, lock);
+    int w = mp < 0 ? 1 : up_wait_file(addrf, mp, 15, addr, sizeof addr, &st);
     if (w == 0 && o.metrics)
-        w = wait_file(mmf, mp, 15, murl, sizeof murl, &st);
+        w = up_wait_file(mmf, mp, 15, murl, sizeof murl, &st);
     if (w == 2) {
-        stop_child(mp);
+        up_stop_child(mp);
         remove(addrf);
         fprintf(stderr, "ferry up: stopped by a signal while starting; nothing is left running\n");
         return 0;
     }
     if (w != 0) {
-        explain_start("master", w, st, oom0, 15, o.detach, mlog);
+        up_explain_start("master", w, st, oom0, 15, o.detach, mlog);
         if (w < 0)
-            stop_child(mp);
+            up_stop_child(mp);
         return 1;
     }
     /* The node's name follows the directory, so a node restarted by a
      * later `ferry up --dir` is known as a new incarnation of this one and
      * the old one's objects are declared lost at once (docs/store.md). */
-    uint64_t h = 1469598103934665603ull;
-    for (const char *c = o.dir; *c; c++)
-        h = (h ^ (unsigned char)*c) * 1099511628211ull;
     char name[32];
-    snprintf(name, sizeof name, "up-%016llx", (unsigned long long)h);
+    up_node_name(o.dir, name, sizeof name);
     const char *nargs[] = { "ferry", "node", "--master", addr, "--size", sizes, "--name", name,
                             "--token-file", tok, "--ready-file", readyf,
                             o.metrics ? "--metrics" : NULL, "127.0.0.1:0", "--metrics-file", nmf,
                             NULL };
-    pid_t np = spawn(nargs, o.detach, nlog, lock);
-    w = np < 0 ? 1 : wait_file(readyf, np, 60, seg, sizeof seg, &st);
+    pid_t np = up_spawn(nargs, o.detach, nlog, lock);
+    w = np < 0 ? 1 : up_wait_file(readyf, np, 60, seg, sizeof seg, &st);
     if (w == 2) {
-        stop_child(np);
-        stop_child(mp);
+        up_stop_child(np);
+        up_stop_child(mp);
         remove(addrf);
         remove(readyf);
         fprintf(stderr, "ferry up: stopped by a signal while starting; nothing is left running\n");
         return 0;
     }
     if (w != 0) {
-        explain_start("node", w, st, oom0, 60, o.detach, nlog);
+        up_explain_start("node", w, st, oom0, 60, o.detach, nlog);
         if (w < 0)
-            stop_child(np);
-        stop_child(mp);
+            up_stop_child(np);
+        up_stop_child(mp);
         remove(addrf);
         return 1;
     }
@@ -413,7 +437,7 @@ int cmd_up(int argc, char **argv)
     printf("ferry up: master at %s, node segment %016llx (%s), state in %s\n", addr,
            (unsigned long long)segid,
            cli_fmt_size(o.size, sizes, sizeof sizes), o.dir);
-    if (o.metrics && read_small(nmf, nurl, sizeof nurl) == 0)   /* written before node.ready */
+    if (o.metrics && up_read_small(nmf, nurl, sizeof nurl) == 0)   /* written before node.ready */
         printf("ferry up: metrics at %s (master) and %s (node)\n", murl, nurl);
     printf("export FERRY_MASTER=%s FERRY_TOKEN_FILE=%s\n", addr, tok);
     fflush(stdout);
@@ -422,14 +446,14 @@ int cmd_up(int argc, char **argv)
         if (cli_proc_read(mp, &pm) < 0 || cli_proc_read(np, &pn) < 0 ||
             cli_pids_write(pidf, &pm, &pn) != 0) {
             fprintf(stderr, "ferry up: cannot write %s; stopping\n", pidf);
-            stop_child(np);
-            stop_child(mp);
+            up_stop_child(np);
+            up_stop_child(mp);
             return 1;
         }
         return 0;
     }
     int rc = 0;
-    while (!g_stop) {
+    while (!up_stop) {
         pid_t p = waitpid(-1, &st, 0);
         if (p == mp || p == np) {
             char why[160];
@@ -443,8 +467,8 @@ int cmd_up(int argc, char **argv)
             break;
         }
     }
-    stop_child(np);
-    stop_child(mp);
+    up_stop_child(np);
+    up_stop_child(mp);
     remove(addrf);
     remove(readyf);
     remove(mmf);
@@ -569,7 +593,7 @@ int cmd_status(int argc, char **argv)
     snprintf(f, sizeof f, "%s/master.addr", o.dir);
     if (o.master[0])
         snprintf(cfg.master, sizeof cfg.master, "%s", o.master);
-    else if (read_small(f, addr, sizeof addr) == 0)
+    else if (up_read_small(f, addr, sizeof addr) == 0)
         snprintf(cfg.master, sizeof cfg.master, "%s", addr);
     cfg.timeout_ms = 5000;
     ferry_store *s = NULL;

@@ -101,6 +101,10 @@ static int conn_error(ferry_store *s, int rc, const char *what, ferry_error *err
     if (rc == FERRY_ECONNRESET)
         return fr_fail(err, rc, "%s: connection to the master at %s lost; the outcome is "
                              "unknown", what, s->cfg.master);
+    if (rc == FERRY_ESTATE)   /* only the connection gives it: the master's own are replies */
+        return fr_fail(err, rc, "%s: the answer came from a deposed master (an older "
+                       "leadership epoch than one heard before) of %s: refused, the outcome is "
+                       "unknown", what, s->cfg.master);
     return fr_fail(err, rc, "%s: master at %s: %s", what, s->cfg.master, ferry_strerror(rc));
 }
 

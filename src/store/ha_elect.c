@@ -26,6 +26,8 @@ struct fr_ha_elect {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool stop;
+    fr_ha_peer peers[FR_HA_PEERS_MAX];   /* under mu: the standbys' last reports */
+    size_t npeers;
 };
 
 /* Sleep ms, or less when the candidate is stopped. */
@@ -53,8 +55,41 @@ static bool stopping(fr_ha_elect *h)
     return s;
 }
 
+static void peers_prefix(const fr_ha_elect *h, char *start, char *end, size_t cap)
+{
+    snprintf(start, cap, "ferry-ha/%s/standby/", h->cluster);
+    snprintf(end, cap, "ferry-ha/%s/standby0", h->cluster);   /* '0' follows '/' */
+}
+
+/* The standbys' reports (a leader's, after each renewal): kept under mu,
+ * the previous ones kept when etcd does not answer. */
+static void read_peers(fr_ha_elect *h)
+{
+    char start[FR_HA_ID_MAX + 96], end[FR_HA_ID_MAX + 96];
+    peers_prefix(h, start, end, sizeof start);
+    fr_etcd_kv *kvs = NULL;
+    size_t n = 0;
+    if (fr_etcd_range(h->ka, start, end, FR_HA_PEERS_MAX + 1, &kvs, &n, NULL, NULL) < 0)
+        return;
+    fr_ha_peer got[FR_HA_PEERS_MAX];
+    size_t k = 0;
+    for (size_t i = 0; i < n && k < FR_HA_PEERS_MAX; i++) {
+        const char *id = kvs[i].key + strlen(start);
+        if (!strcmp(id, h->id))
+            continue;
+        snprintf(got[k].id, sizeof got[k].id, "%s", id);
+        got[k++].next_seq = strtoull(kvs[i].val, NULL, 10);
+    }
+    fr_etcd_kvs_free(kvs, n);
+    pthread_mutex_lock(&h->mu);
+    memcpy(h->peers, got, k * sizeof *got);
+    h->npeers = k;
+    pthread_mutex_unlock(&h->mu);
+}
+
 /* Renew the lease every third of the TTL; a lease etcd no longer knows is
- * lost (the next campaign takes a new one). */
+ * lost (the next campaign takes a new one). A leader reads the standbys'
+ * reports after each renewal. */
 static void *renew(void *arg)
 {
     fr_ha_elect *h = arg;
@@ -69,6 +104,8 @@ static void *renew(void *arg)
         int rc = fr_etcd_lease_keepalive(h->ka, lease, &ttl, NULL);
         if (rc == 0)
             atomic_store(&h->renewed_ns, sent);
+        if (rc == 0 && fr_ha_leading(h, atomic_load(&h->epoch)))
+            read_peers(h);
         else if (rc == FERRY_ENOENT) {
             int64_t want = lease;   /* unless a campaign replaced it meanwhile */
             atomic_compare_exchange_strong(&h->lease, &want, 0);
@@ -250,3 +287,63 @@ int fr_ha_fenced_put(fr_ha_elect *h, int64_t epoch, const char *key, const void 
 fr_etcd *fr_ha_etcd(fr_ha_elect *h) { return h->kv; }
 const char *fr_ha_cluster(const fr_ha_elect *h) { return h->cluster; }
 const char *fr_ha_key(const fr_ha_elect *h) { return h->key; }
+
+int fr_ha_report(fr_ha_elect *h, uint64_t next_seq, ferry_error *err)
+{
+    char key[FR_HA_ID_MAX + 96], end[FR_HA_ID_MAX + 96], val[24];
+    peers_prefix(h, key, end, sizeof key);
+    snprintf(key + strlen(key), sizeof key - strlen(key), "%s", h->id);
+    snprintf(val, sizeof val, "%" PRIu64, next_seq);
+    int64_t lease = atomic_load(&h->lease);
+    if (lease == 0)
+        return fr_fail(err, FERRY_ESTATE, "ha: %s has no lease to report on", h->id);
+    return fr_etcd_put(h->kv, key, val, strlen(val), lease, NULL, err);
+}
+
+size_t fr_ha_standbys(fr_ha_elect *h, fr_ha_peer *out, size_t max)
+{
+    pthread_mutex_lock(&h->mu);
+    size_t n = h->npeers < max ? h->npeers : max;
+    memcpy(out, h->peers, n * sizeof *out);
+    pthread_mutex_unlock(&h->mu);
+    return n;
+}
+
+int fr_ha_count_leadership(fr_ha_elect *h, int64_t epoch, uint64_t *n, ferry_error *err)
+{
+    char key[128], val[24];
+    snprintf(key, sizeof key, "ferry-ha/%s/leaderships", h->cluster);
+    fr_etcd_kv kv;
+    int rc = fr_etcd_get(h->kv, key, &kv, err);
+    if (rc < 0 && rc != FERRY_ENOENT)
+        return rc;
+    uint64_t count = rc == 0 ? strtoull(kv.val, NULL, 10) + 1 : 1;
+    fr_etcd_kv_clear(&kv);
+    snprintf(val, sizeof val, "%" PRIu64, count);
+    if ((rc = fr_ha_fenced_put(h, epoch, key, val, strlen(val), err)) == 0)
+        *n = count;
+    return rc;
+}
+
+int fr_ha_check_token(fr_ha_elect *h, uint64_t fingerprint, ferry_error *err)
+{
+    char key[128], val[24];
+    snprintf(key, sizeof key, "ferry-ha/%s/token", h->cluster);
+    snprintf(val, sizeof val, "%016" PRIx64, fingerprint);
+    /* the first candidate of the cluster names the token; the others compare */
+    int rc = fr_etcd_put_if(h->kv, key, 0, key, val, strlen(val), 0, NULL, NULL, err);
+    if (rc != FERRY_ESTATE)
+        return rc;
+    fr_etcd_kv kv;
+    if ((rc = fr_etcd_get(h->kv, key, &kv, err)) < 0)
+        return rc;
+    bool same = kv.len == strlen(val) && memcmp(kv.val, val, kv.len) == 0;
+    char theirs[24];
+    snprintf(theirs, sizeof theirs, "%.*s", (int)(kv.len < 23 ? kv.len : 23), (const char *)kv.val);
+    fr_etcd_kv_clear(&kv);
+    if (same)
+        return 0;
+    return fr_fail(err, FERRY_EAUTH, "ha: cluster %s in etcd belongs to masters of another cluster "
+                   "token (its fingerprint %s, this master's %s): refusing to join it; give this "
+                   "master that cluster's token, or another --cluster", h->cluster, theirs, val);
+}

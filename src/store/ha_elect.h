@@ -62,6 +62,33 @@ bool fr_ha_leading(fr_ha_elect *h, int64_t epoch);
 int fr_ha_fenced_put(fr_ha_elect *h, int64_t epoch, const char *key, const void *val, size_t len,
                      ferry_error *err);
 
+/* A standby's progress, for the leader's metrics: the next log entry it
+ * will apply, put on its lease (gone with it) under
+ * ferry-ha/<cluster>/standby/<id>. */
+int fr_ha_report(fr_ha_elect *h, uint64_t next_seq, ferry_error *err);
+
+/* The standbys' reports as the renewing thread last read them: it reads
+ * them after each renewal (every third of the TTL) while this candidate
+ * leads. Up to max into out, the count returned; its own report is left
+ * out. */
+#define FR_HA_PEERS_MAX 16
+typedef struct fr_ha_peer {
+    char id[FR_HA_ID_MAX];
+    uint64_t next_seq;
+} fr_ha_peer;
+size_t fr_ha_standbys(fr_ha_elect *h, fr_ha_peer *out, size_t max);
+
+/* Count the leadership of epoch in the cluster's count of leaderships
+ * (ferry-ha/<cluster>/leaderships, written fenced by epoch): *n, the
+ * count with this one. */
+int fr_ha_count_leadership(fr_ha_elect *h, int64_t epoch, uint64_t *n, ferry_error *err);
+
+/* The cluster's token, by a fingerprint of its key
+ * (ferry-ha/<cluster>/token, written by the cluster's first candidate):
+ * FERRY_EAUTH, with both fingerprints, when the cluster in etcd was made
+ * by masters of another token. */
+int fr_ha_check_token(fr_ha_elect *h, uint64_t fingerprint, ferry_error *err);
+
 /* The candidate's etcd connection (for the log: ha_log.h), its cluster's
  * name and the leadership key that fences. */
 struct fr_etcd *fr_ha_etcd(fr_ha_elect *h);

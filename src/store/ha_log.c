@@ -307,3 +307,24 @@ int fr_ha_snapshot_load(fr_ha_elect *h, fr_meta *m, uint64_t *seq, uint64_t *lsn
     }
     return rc;
 }
+
+int fr_ha_snapshot_seq(fr_ha_elect *h, uint64_t *seq, ferry_error *err)
+{
+    char pk[200];
+    snap_pointer_key(h, pk, sizeof pk);
+    fr_etcd_kv kv;
+    *seq = 0;
+    int rc = fr_etcd_get(fr_ha_etcd(h), pk, &kv, err);
+    if (rc == FERRY_ENOENT)
+        return 0;
+    if (rc < 0)
+        return rc;
+    unsigned long long s = 0;
+    int got = sscanf(kv.val, "%llu", &s);
+    fr_etcd_kv_clear(&kv);
+    if (got != 1 || s == 0)
+        return fr_fail(err, FERRY_ECORRUPT, "ha: the snapshot key of cluster %s is malformed",
+                       fr_ha_cluster(h));
+    *seq = s;
+    return 0;
+}

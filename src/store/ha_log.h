@@ -65,6 +65,11 @@ int fr_ha_snapshot_put(fr_ha_elect *h, int64_t epoch, struct fr_meta *m, uint64_
 int fr_ha_snapshot_load(fr_ha_elect *h, struct fr_meta *m, uint64_t *seq, uint64_t *lsn,
                         ferry_error *err);
 
+/* The log entry that follows the cluster's snapshot (0: no snapshot). A
+ * follower whose next entry is below it was truncated past: it must load
+ * the snapshot (the entries it lacks are gone). */
+int fr_ha_snapshot_seq(fr_ha_elect *h, uint64_t *seq, ferry_error *err);
+
 int fr_ha_follow(fr_ha_elect *h, struct fr_meta *m, size_t max_entries, uint64_t *next_seq,
                  uint64_t *next_lsn, uint64_t *applied, ferry_error *err);
 

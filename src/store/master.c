@@ -72,6 +72,47 @@ static void empty_dir(const char *dir)
         closedir(d);
 }
 
+#define HA_TOKEN_SEED 0x6665727279686121ull   /* the token's fingerprint in etcd */
+
+/* The cluster's snapshot into a fresh state in place of m's. */
+static int ha_reload(fr_master *m, const fr_master_config *c, uint64_t *seq, uint64_t *lsn,
+                     ferry_error *err)
+{
+    fr_meta_config mc;
+    fr_meta_config_default(&mc);
+    mc.pending_timeout_ms = c->pending_timeout_ms;
+    fr_meta *fresh = NULL;
+    int rc = fr_meta_new(&mc, &fresh);
+    if (rc == 0)
+        rc = fr_ha_snapshot_load(m->ha, fresh, seq, lsn, err);
+    if (rc < 0) {
+        fr_meta_destroy(fresh);
+        return rc;
+    }
+    FR_INFO("master", "cluster %s's log was truncated past this standby: it loaded the snapshot "
+            "again (log entry %llu on)", c->cluster, U(*seq));
+    fr_meta_destroy(m->meta);
+    m->meta = fresh;
+    return 0;
+}
+
+/* Apply the log from *seq; a standby the log was truncated past (its next
+ * entry below the cluster's snapshot, or entries missing) starts again
+ * from the snapshot (docs/store.md: a standby behind a truncation point). */
+static int ha_catch_up(fr_master *m, const fr_master_config *c, uint64_t *seq, uint64_t *lsn,
+                       ferry_error *err)
+{
+    uint64_t snap = 0;
+    int rc = fr_ha_snapshot_seq(m->ha, &snap, err);
+    if (rc == 0 && snap > *seq)
+        rc = ha_reload(m, c, seq, lsn, err);
+    if (rc == 0)
+        rc = fr_ha_follow(m->ha, m->meta, 0, seq, lsn, NULL, err);
+    if (rc == FERRY_ECORRUPT && (rc = ha_reload(m, c, seq, lsn, err)) == 0)
+        rc = fr_ha_follow(m->ha, m->meta, 0, seq, lsn, NULL, err);
+    return rc;
+}
+
 /* A replicated master's start: a candidate of the cluster; the state from
  * the cluster's snapshot and log, followed as a standby until this master
  * wins the leadership; then the rest of the log, a local log of its own
@@ -84,29 +125,55 @@ static int ha_setup(fr_master *m, const fr_master_config *c, const fr_wal_opts *
     if (!colon || atoi(colon + 1) == 0)
         return fr_fail(err, FERRY_EINVAL, "master: with etcd, --listen must name the port: "
                        "HOST:PORT is this master's address in the cluster (given %s)", c->listen);
+    /* an etcd request may take half the lease, at least 2 s: a longer TTL
+     * (a crowded machine) also waits longer for a slow etcd */
+    int tmo = c->ha_ttl_s > 4 ? (int)c->ha_ttl_s * 500 : 2000;
     fr_ha_config hc = { .endpoints = c->etcd, .cluster = c->cluster, .id = c->listen,
-                        .ttl_s = (int)c->ha_ttl_s, .timeout_ms = 2000 };
+                        .ttl_s = (int)c->ha_ttl_s, .timeout_ms = tmo };
     int rc = fr_ha_open(&hc, &m->ha, err);
     if (rc < 0)
+        return rc;
+    uint8_t key[32];   /* the token itself never goes to etcd: a hash of its HMAC key */
+    fr_auth_key(c->token, c->token_len, key);
+    if ((rc = fr_ha_check_token(m->ha, fr_hash64(key, sizeof key, HA_TOKEN_SEED), err)) < 0)
         return rc;
     uint64_t seq = 1, lsn = 1;
     ferry_error e = {0};
     rc = fr_ha_snapshot_load(m->ha, m->meta, &seq, &lsn, &e);
     if (rc < 0 && rc != FERRY_ENOENT)
         return fr_fail(err, rc, "master: cannot load cluster %s's snapshot: %s", c->cluster, e.msg);
-    bool said = false;
+    bool said = false, outage = false;
+    uint64_t reported = 0;
     for (;;) {
-        if ((rc = fr_ha_follow(m->ha, m->meta, 0, &seq, &lsn, NULL, err)) < 0)
+        memset(&e, 0, sizeof e);
+        rc = ha_catch_up(m, c, &seq, &lsn, &e);
+        if (rc == FERRY_ECONNREFUSED || rc == FERRY_ETIMEDOUT || rc == FERRY_EIO) {
+            /* etcd unreachable or without quorum: a standby waits it out
+             * (the campaign below paces the retries); it proved the
+             * endpoints right at its start */
+            if (!outage)
+                FR_WARN("master", "standby of cluster %s cannot read the log: %s; waiting for "
+                        "etcd", c->cluster, e.msg);
+            outage = true;
+        } else if (rc < 0) {
+            if (err)
+                *err = e;
             return rc;
+        } else if (outage) {
+            FR_INFO("master", "standby of cluster %s: etcd answers again", c->cluster);
+            outage = false;
+        }
+        if (seq != reported && fr_ha_report(m->ha, seq, NULL) == 0)
+            reported = seq;   /* the leader's metrics show the lag (a lost report: the next) */
         memset(&e, 0, sizeof e);
         rc = fr_ha_campaign(m->ha, 300, &m->epoch, &e);
         if (rc == 0)
             break;
         if (!said)
             FR_INFO("master", "standby of cluster %s: %s", c->cluster, e.msg);
-        said = rc == FERRY_ETIMEDOUT;
+        said = true;   /* once: not a line per try through an etcd outage */
     }
-    if ((rc = fr_ha_follow(m->ha, m->meta, 0, &seq, &lsn, NULL, err)) < 0)
+    if ((rc = ha_catch_up(m, c, &seq, &lsn, err)) < 0)
         return rc;
     char dir[sizeof c->dir + 8];
     snprintf(dir, sizeof dir, "%s/ha", c->dir);
@@ -115,9 +182,17 @@ static int ha_setup(fr_master *m, const fr_master_config *c, const fr_wal_opts *
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
         return fr_fail(err, FERRY_EIO, "master: cannot create %s: %s", dir, strerror(errno));
     empty_dir(dir);
-    if ((rc = fr_wal_open_state(dir, wo, m->meta, lsn, &m->wal)) < 0)
+    /* Its local log is never read back (emptied here, at every takeover):
+     * the durable copy is the cluster's log in etcd, on a quorum before a
+     * commit counts. An fsync of it would only add its latency to every
+     * commit's. */
+    fr_wal_opts lwo = *wo;
+    lwo.no_sync = true;
+    if ((rc = fr_wal_open_state(dir, &lwo, m->meta, lsn, &m->wal)) < 0)
         return fr_fail(err, rc, "master: cannot start its log in %s: %s", dir, ferry_strerror(rc));
     fr_wal_replicate(m->wal, m->ha, m->epoch, seq);
+    if ((rc = fr_ha_count_leadership(m->ha, m->epoch, &m->ha_leaderships, err)) < 0)
+        return rc;   /* fenced out already: not the leader */
     FR_INFO("master", "leads cluster %s (epoch %lld) from log entry %llu, LSN %llu", c->cluster,
             (long long)m->epoch, U(seq), U(lsn));
     return 0;
@@ -385,6 +460,7 @@ static void handshake_done(void *arg, int fd, const fr_msg_auth *auth, const cha
     h->fd = fd;
     h->role = auth->role;
     h->instance = auth->client_instance;
+    h->caps = auth->caps & FR_AUTH_CAPS_KNOWN;   /* what AUTH_OK echoed */
     snprintf(h->peer, sizeof h->peer, "%s", peer);
     h->next = m->handoff;
     m->handoff = h;
@@ -431,6 +507,7 @@ static void take_handoffs(fr_master *m)
         fr_master_conn *c = fr_master_conn_new(m, h->fd, h->role, h->peer);
         if (c != NULL) {
             c->instance = h->instance;
+            c->caps = h->caps;
             fr_master_client_attach(c);
         }
         struct epoll_event ev = { .events = EPOLLIN, .data.ptr = c };

@@ -102,10 +102,14 @@ static int put_frame(fr_master_conn *c, uint64_t req_id, const fr_smsg *r)
     int rc = fr_smsg_body_len(r, &body);
     if (rc < 0)
         return rc;
-    size_t need = FR_WIRE_HDR_LEN + body;
+    bool ep = c->caps & FR_AUTH_CAP_EPOCH;
+    size_t need = FR_WIRE_HDR_LEN + body + (ep ? FR_SMSG_EPOCH_LEN : 0);
     if ((rc = buf_reserve(&c->out, need)) < 0)
         return rc;
-    rc = fr_smsg_encode(r, req_id, c->out.p + c->out.len, c->out.cap - c->out.len);
+    uint8_t *at = c->out.p + c->out.len;
+    size_t room = c->out.cap - c->out.len;
+    rc = ep ? fr_smsg_encode_epoch(r, req_id, (uint64_t)c->m->epoch, at, room)
+            : fr_smsg_encode(r, req_id, at, room);
     if (rc < 0)
         return rc;
     c->out.len += (size_t)rc;
@@ -185,7 +189,20 @@ static void conn_frame(fr_master_conn *c, const fr_frame_hdr *h, const uint8_t *
         return;
     }
     fr_smsg r;
-    int rc = fr_smsg_decode(h, b, h->len, &r);
+    uint64_t epoch = 0;
+    int rc = c->caps & FR_AUTH_CAP_EPOCH ? fr_smsg_decode_epoch(h, b, h->len, &r, &epoch)
+                                         : fr_smsg_decode(h, b, h->len, &r);
+    if (rc == 0 && c->m->ha && epoch > (uint64_t)c->m->epoch) {
+        /* the client heard from a newer leadership: this master is deposed,
+         * whatever its own view says; it answers nothing more */
+        fr_master_reply_err(c, h->req_id, FERRY_ESTATE, epoch, "the master at %s leads epoch "
+                            "%lld, older than epoch %llu this client has seen: it was deposed",
+                            c->m->address, (long long)c->m->epoch, (unsigned long long)epoch);
+        FR_ERROR("master", "a client has seen epoch %llu, newer than this leadership's (%lld): "
+                 "stopping", (unsigned long long)epoch, (long long)c->m->epoch);
+        fr_master_note_fatal(c->m, FERRY_ESTATE);
+        return;
+    }
     if (rc < 0) {
         fr_master_reply_err(c, h->req_id, FERRY_EPROTO, 0, "malformed %s request: %s", name,
                             ferry_strerror(rc));

@@ -38,6 +38,7 @@ typedef struct fr_master_conn {
     uint16_t role;               /* FR_ROLE_STORE_CLIENT / FR_ROLE_STORE_NODE */
     uint64_t node;               /* node id this connection speaks for (0: none) */
     uint64_t instance;           /* the peer's instance from its handshake (0: unknown) */
+    uint32_t caps;               /* FR_AUTH_CAP_EPOCH: every frame carries an epoch */
     fr_master_client *client;    /* client role with an instance: its record */
     char peer[64];
     fr_master_buf in, out;
@@ -125,6 +126,7 @@ typedef struct fr_master_handoff {
     int fd;
     uint16_t role;
     uint64_t instance;           /* the peer's client_instance */
+    uint32_t caps;               /* FR_AUTH_CAP_* the handshake agreed on */
     char peer[64];
     struct fr_master_handoff *next;
 } fr_master_handoff;
@@ -134,6 +136,7 @@ struct fr_master {
     fr_meta *meta;
     fr_wal *wal;
     struct fr_ha_elect *ha;      /* replicated (cfg.etcd): this master's candidacy */
+    uint64_t ha_leaderships;     /* the cluster's leaderships, this one included */
     int64_t epoch;               /* its leadership's */
     uint64_t instance;
     uint8_t key[32];

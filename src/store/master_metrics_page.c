@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "store/ha_elect.h"
 #include "store/master_int.h"
 #include "wire/hsgate.h"
 
@@ -125,6 +126,41 @@ static void wal(FILE *f, fr_master *m)
     one(f, "ferry_master_wal_bytes_total", "counter", "Bytes appended to the log.", ws.bytes);
     one(f, "ferry_master_wal_snapshots_total", "counter", "Snapshots (checkpoints) written.",
         ws.snapshots);
+}
+
+/* A replicated master (--etcd): its leadership and the cluster's log. */
+static void ha(FILE *f, fr_master *m)
+{
+    if (m->ha == NULL)
+        return;
+    fr_wal_stats ws = { 0 };
+    fr_wal_stats_get(m->wal, &ws);
+    one(f, "ferry_master_ha_epoch", "gauge",
+        "The epoch of this master's leadership (the leadership key's create revision in etcd).",
+        (uint64_t)m->epoch);
+    one(f, "ferry_master_ha_leaderships", "gauge",
+        "Leaderships the cluster has had, this one included (each a leadership change).",
+        m->ha_leaderships);
+    one(f, "ferry_master_ha_log_entries_total", "counter",
+        "Entries this leader appended to the cluster's log in etcd.", ws.ha_entries);
+    one(f, "ferry_master_ha_log_bytes_total", "counter",
+        "Bytes this leader appended to the cluster's log in etcd.", ws.ha_bytes);
+    fr_mx_family(f, "ferry_master_ha_log_append_seconds_total", "counter",
+                 "Time the appends to etcd took (each group commit waits for its own).");
+    fprintf(f, "ferry_master_ha_log_append_seconds_total %.9f\n", (double)ws.ha_ns / 1e9);
+    one(f, "ferry_master_ha_log_next_entry", "gauge",
+        "The log entry the next group commit appends.", ws.ha_next_seq);
+    fr_ha_peer peers[FR_HA_PEERS_MAX];
+    size_t n = fr_ha_standbys(m->ha, peers, FR_HA_PEERS_MAX);
+    fr_mx_family(f, "ferry_master_ha_standby_lag_entries", "gauge",
+                 "Log entries a standby has still to apply, by its last report (a standby "
+                 "reports at most every 0.3 s, the leader reads every third of the TTL).");
+    for (size_t i = 0; i < n; i++) {
+        fputs("ferry_master_ha_standby_lag_entries{standby=\"", f);
+        fr_mx_label(f, peers[i].id);
+        fprintf(f, "\"} %llu\n", U(ws.ha_next_seq > peers[i].next_seq ?
+                                   ws.ha_next_seq - peers[i].next_seq : 0));
+    }
 }
 
 static void handshakes(FILE *f, fr_master *m)
@@ -276,6 +312,7 @@ char *fr_master_mx_render(fr_master *m)
     handshakes(f, m);
     liveness(f, m);
     wal(f, m);
+    ha(f, m);
     fr_mx_family(f, "ferry_master_metrics_render_seconds", "gauge",
                  "What rendering the previous snapshot of this page cost the loop.");
     fprintf(f, "ferry_master_metrics_render_seconds %.6f\n", (double)m->mx.render_ns / 1e9);

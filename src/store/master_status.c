@@ -1,6 +1,7 @@
 /* The master's STATUS document (master_int.h). */
 #include <string.h>
 
+#include "store/ha_elect.h"
 #include "store/master_int.h"
 
 static int add_segments(fr_master *m, json_t *arr)
@@ -47,6 +48,31 @@ static int add_nodes(fr_master *m, json_t *arr)
             return FERRY_ENOMEM;
     }
     return 0;
+}
+
+/* A replicated master's leadership, the cluster's log and its standbys. */
+static int add_ha(fr_master *m, json_t *j, const fr_wal_stats *ws)
+{
+    json_t *sb = json_array();
+    fr_ha_peer peers[FR_HA_PEERS_MAX];
+    size_t n = fr_ha_standbys(m->ha, peers, FR_HA_PEERS_MAX);
+    for (size_t i = 0; sb && i < n; i++) {
+        uint64_t lag = ws->ha_next_seq > peers[i].next_seq ? ws->ha_next_seq - peers[i].next_seq : 0;
+        json_t *o = json_pack("{s:s, s:I, s:I}", "id", peers[i].id, "next_entry",
+                              (json_int_t)peers[i].next_seq, "lag_entries", (json_int_t)lag);
+        if (o == NULL || json_array_append_new(sb, o) < 0) {
+            json_decref(sb);
+            return FERRY_ENOMEM;
+        }
+    }
+    json_t *o = sb ? json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:f, s:o}", "cluster",
+                               m->cfg.cluster, "epoch", (json_int_t)m->epoch, "leaderships",
+                               (json_int_t)m->ha_leaderships, "log_next_entry",
+                               (json_int_t)ws->ha_next_seq, "log_entries",
+                               (json_int_t)ws->ha_entries, "log_bytes", (json_int_t)ws->ha_bytes,
+                               "log_append_seconds", (double)ws->ha_ns / 1e9, "standbys", sb)
+                 : NULL;
+    return o && json_object_set_new(j, "ha", o) == 0 ? 0 : FERRY_ENOMEM;
 }
 
 int fr_master_status_json(fr_master *m, char **out)
@@ -101,6 +127,8 @@ int fr_master_status_json(fr_master *m, char **out)
     if (j == NULL)
         return FERRY_ENOMEM;
     int rc = add_segments(m, segs);
+    if (rc == 0 && m->ha)
+        rc = add_ha(m, j, &ws);
     if (rc == 0)
         rc = add_nodes(m, nodes);
     if (rc == 0) {

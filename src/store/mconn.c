@@ -1,6 +1,8 @@
 /* The connection to the master (mconn.h). */
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -14,6 +16,14 @@
 
 #define TAG "mconn"
 #define IO_TIMEOUT_MS 30000
+/* A list of masters (a replicated cluster): what we sent (a request, a
+ * heartbeat: one a second at least) unacknowledged by the master's kernel
+ * this long means its host is gone or cut off: the connection is dropped
+ * and the next master of the list tried. The kernel acknowledges, not the
+ * master's loop; but a master holding our input back (its back-pressure)
+ * for longer also drops us (the kernel counts a closed window too), so a
+ * single master, with nowhere else to go, keeps the kernel's default. */
+#define USER_TIMEOUT_MS 2000
 #define BACKOFF_MIN_MS 20
 #define BACKOFF_MAX_MS 1000
 
@@ -37,7 +47,9 @@ struct fr_mconn {
     pthread_cond_t cond;
     pthread_mutex_t wlock;     /* one writer at a time; close(fd) under it */
     int fd;                    /* -1 while disconnected */
-    uint64_t epoch;
+    uint64_t epoch;            /* connections made so far (a new one: +1) */
+    uint32_t caps;             /* FR_AUTH_CAP_* the connection's handshake agreed on */
+    uint64_t leader;           /* the newest leadership epoch heard (FR_AUTH_CAP_EPOCH) */
     int last_err;
     bool closing;
     uint64_t next_id;
@@ -66,9 +78,9 @@ static size_t list_entry(const char *list, size_t i, char *out, size_t cap)
 /* Connect to the master: the one address, or each of the list in turn
  * from the one that answered last (a cluster's masters: only the leader
  * accepts); the last refusal is returned. */
-static int connect_one(fr_mconn *c, const char *addr, int timeout_ms, int *out);
+static int connect_one(fr_mconn *c, const char *addr, int timeout_ms, int *out, uint32_t *caps);
 
-static int connect_once(fr_mconn *c, int timeout_ms, int *out)
+static int connect_once(fr_mconn *c, int timeout_ms, int *out, uint32_t *caps)
 {
     char one[128];
     size_t n = list_entry(c->addr, c->next, one, sizeof one);
@@ -76,7 +88,7 @@ static int connect_once(fr_mconn *c, int timeout_ms, int *out)
     for (size_t k = 0; k < n; k++) {
         size_t i = (c->next + k) % n;
         list_entry(c->addr, i, one, sizeof one);
-        rc = connect_one(c, one, timeout_ms, out);
+        rc = connect_one(c, one, timeout_ms, out, caps);
         if (rc == 0 || rc == FERRY_EAUTH) {   /* a refused token is said, not hidden by the next */
             if (rc == 0) {
                 c->next = i;
@@ -88,19 +100,45 @@ static int connect_once(fr_mconn *c, int timeout_ms, int *out)
     return rc;
 }
 
-static int connect_one(fr_mconn *c, const char *addr, int timeout_ms, int *out)
+/* One handshake asking for want: the connected socket, or -1 (*out). */
+static int handshake(fr_mconn *c, const char *addr, int timeout_ms, uint32_t want, int *out,
+                     uint32_t *caps)
 {
     int fd = -1;
+    *out = -1;
     int rc = fr_sock_connect(addr, timeout_ms, &fd);
     if (rc < 0)
         return rc;
     rc = fr_sock_timeouts(fd, timeout_ms);
     if (rc == 0)
-        rc = fr_handshake_client(fd, c->key, c->instance, 0, c->cfg.role, 0, NULL, NULL);
+        rc = fr_handshake_client_caps(fd, c->key, c->instance, 0, c->cfg.role, 0, want, caps,
+                                      NULL, NULL);
+    if (rc < 0)
+        close(fd);
+    else
+        *out = fd;
+    return rc;
+}
+
+/* Every frame with the epoch when the master speaks it; a master older
+ * than the epoch refuses the AUTH that asks (FERRY_EPROTO): then again
+ * without. */
+static int connect_one(fr_mconn *c, const char *addr, int timeout_ms, int *out, uint32_t *caps)
+{
+    int fd = -1;
+    *caps = 0;
+    int rc = handshake(c, addr, timeout_ms, FR_AUTH_CAP_EPOCH, &fd, caps);
+    if (rc == FERRY_EPROTO)
+        rc = handshake(c, addr, timeout_ms, 0, &fd, caps);
     if (rc == 0)
         rc = fr_sock_timeouts(fd, IO_TIMEOUT_MS);
+    int ut = USER_TIMEOUT_MS;
+    if (rc == 0 && strchr(c->addr, ',') &&
+        setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ut, sizeof ut) != 0)
+        rc = FERRY_EIO;
     if (rc < 0) {
-        close(fd);
+        if (fd >= 0)
+            close(fd);
         return rc;
     }
     *out = fd;
@@ -118,13 +156,21 @@ static void fail_waiters(fr_mconn *c, int status)
     pthread_cond_broadcast(&c->cond);
 }
 
-static void conn_lost(fr_mconn *c, int why)
+/* stale: the req_id whose answer was refused (0: none), failed with
+ * FERRY_ESTATE in the same step as the connection goes, so that its caller's
+ * next call waits for the next connection. */
+static void conn_lost(fr_mconn *c, int why, uint64_t stale)
 {
     pthread_mutex_lock(&c->lock);
     int fd = c->fd;
     bool closing = c->closing;
     c->fd = -1;
     c->last_err = FERRY_ECONNRESET;
+    for (waiter *w = c->waiters; stale && w; w = w->next)
+        if (w->id == stale && !w->done) {
+            w->done = true;
+            w->status = FERRY_ESTATE;
+        }
     fail_waiters(c, FERRY_ECONNRESET);
     pthread_mutex_unlock(&c->lock);
     if (fd >= 0) {
@@ -141,11 +187,13 @@ static void conn_lost(fr_mconn *c, int why)
     }
 }
 
-static int write_frames(fr_mconn *c, const uint8_t *buf, size_t len)
+/* The frames were encoded for connection number gen (with its
+ * capabilities): on another one they are not sent (FERRY_ECONNRESET). */
+static int write_frames(fr_mconn *c, const uint8_t *buf, size_t len, uint64_t gen)
 {
     pthread_mutex_lock(&c->wlock);
     pthread_mutex_lock(&c->lock);
-    int fd = c->fd;
+    int fd = c->epoch == gen ? c->fd : -1;
     pthread_mutex_unlock(&c->lock);
     int rc = fd < 0 ? FERRY_ECONNRESET : fr_write_full(fd, buf, len);
     if (rc < 0 && fd >= 0)
@@ -155,23 +203,38 @@ static int write_frames(fr_mconn *c, const uint8_t *buf, size_t len)
     return rc;
 }
 
-static int encode_all(const fr_smsg *reqs, size_t n, const uint64_t *ids, uint8_t **out,
-                      size_t *outlen)
+/* The frames' bytes without epochs, or the request's encoding error. */
+static int frames_len(const fr_smsg *reqs, size_t n, size_t *total)
 {
-    size_t total = 0;
+    *total = 0;
     for (size_t i = 0; i < n; i++) {
         size_t bl;
         int rc = fr_smsg_body_len(&reqs[i], &bl);
         if (rc < 0)
             return rc;
-        total += FR_WIRE_HDR_LEN + bl;
+        *total += FR_WIRE_HDR_LEN + bl;
     }
+    return 0;
+}
+
+/* The frames for a connection with caps: with the newest epoch heard after
+ * each body when it speaks FR_AUTH_CAP_EPOCH. */
+static int encode_all(const fr_smsg *reqs, size_t n, const uint64_t *ids, uint32_t caps,
+                      uint64_t epoch, uint8_t **out, size_t *outlen)
+{
+    size_t total = 0;
+    int rc = frames_len(reqs, n, &total);
+    if (rc < 0)
+        return rc;
+    bool ep = caps & FR_AUTH_CAP_EPOCH;
+    total += ep ? n * FR_SMSG_EPOCH_LEN : 0;
     uint8_t *buf = fr_malloc(total ? total : 1);
     if (!buf)
         return FERRY_ENOMEM;
     size_t off = 0;
     for (size_t i = 0; i < n; i++) {
-        int k = fr_smsg_encode(&reqs[i], ids[i], buf + off, total - off);
+        int k = ep ? fr_smsg_encode_epoch(&reqs[i], ids[i], epoch, buf + off, total - off)
+                   : fr_smsg_encode(&reqs[i], ids[i], buf + off, total - off);
         if (k < 0) {
             fr_free(buf);
             return k;
@@ -252,7 +315,7 @@ int fr_mconn_call(fr_mconn *c, const fr_smsg *reqs, size_t n, uint64_t *ids, fr_
 
     uint8_t *frames = NULL;
     size_t flen = 0;
-    int rc = encode_all(reqs, n, use, &frames, &flen);
+    int rc = frames_len(reqs, n, &flen);   /* a bad request is said before any waiting */
     if (rc < 0) {
         fr_free(use);
         fr_free(ws);
@@ -261,6 +324,8 @@ int fr_mconn_call(fr_mconn *c, const fr_smsg *reqs, size_t n, uint64_t *ids, fr_
 
     pthread_mutex_lock(&c->lock);
     rc = wait_connected(c, deadline);
+    uint64_t gen = c->epoch, epoch = c->leader;
+    uint32_t caps = c->caps;
     if (rc == 0) {
         for (size_t i = 0; i < n; i++) {
             ws[i].id = use[i];
@@ -269,9 +334,11 @@ int fr_mconn_call(fr_mconn *c, const fr_smsg *reqs, size_t n, uint64_t *ids, fr_
         }
     }
     pthread_mutex_unlock(&c->lock);
+    if (rc == 0)
+        rc = encode_all(reqs, n, use, caps, epoch, &frames, &flen);
     fr_free(use);
     if (rc == 0)
-        rc = write_frames(c, frames, flen);
+        rc = write_frames(c, frames, flen, gen);
     fr_free(frames);
 
     pthread_mutex_lock(&c->lock);
@@ -304,22 +371,30 @@ int fr_mconn_send(fr_mconn *c, const fr_smsg *req, uint64_t req_id, int timeout_
 {
     uint8_t *frames = NULL;
     size_t flen = 0;
-    int rc = encode_all(req, 1, &req_id, &frames, &flen);
+    int rc = frames_len(req, 1, &flen);
     if (rc < 0)
         return rc;
     pthread_mutex_lock(&c->lock);
     rc = wait_connected(c, fr_deadline_ns(timeout_ms));
+    uint64_t gen = c->epoch, epoch = c->leader;
+    uint32_t caps = c->caps;
     pthread_mutex_unlock(&c->lock);
     if (rc == 0)
-        rc = write_frames(c, frames, flen);
+        rc = encode_all(req, 1, &req_id, caps, epoch, &frames, &flen);
+    if (rc == 0)
+        rc = write_frames(c, frames, flen, gen);
     fr_free(frames);
     return rc;
 }
 
 /* ---- the receiver thread ---------------------------------------------------- */
 
-static int read_frame(int fd, fr_frame_hdr *h, uint8_t **body, fr_smsg *m)
+/* One frame; on a connection with FR_AUTH_CAP_EPOCH, *epoch from its
+ * trailer (else 0). */
+static int read_frame(int fd, uint32_t caps, fr_frame_hdr *h, uint8_t **body, fr_smsg *m,
+                      uint64_t *epoch)
 {
+    *epoch = 0;
     uint8_t raw[FR_WIRE_HDR_LEN];
     int rc = fr_read_full(fd, raw, sizeof raw);
     if (rc < 0)
@@ -335,7 +410,8 @@ static int read_frame(int fd, fr_frame_hdr *h, uint8_t **body, fr_smsg *m)
         return FERRY_ENOMEM;
     rc = fr_read_full(fd, b, h->len);
     if (rc == 0)
-        rc = fr_smsg_decode(h, b, h->len, m);
+        rc = caps & FR_AUTH_CAP_EPOCH ? fr_smsg_decode_epoch(h, b, h->len, m, epoch)
+                                      : fr_smsg_decode(h, b, h->len, m);
     if (rc < 0) {
         fr_free(b);
         return rc;
@@ -379,11 +455,13 @@ static void heartbeat(fr_mconn *c)
     }
     pthread_mutex_lock(&c->lock);
     int fd = c->fd;
-    uint64_t id = c->next_id++;
+    uint64_t id = c->next_id++, epoch = c->leader;
+    uint32_t caps = c->caps;
     pthread_mutex_unlock(&c->lock);
     fr_smsg hb = {.type = FR_SMSG_HEARTBEAT, .node = c->cfg.node};
     uint8_t frame[64];
-    int n = fr_smsg_encode(&hb, id, frame, sizeof frame);
+    int n = caps & FR_AUTH_CAP_EPOCH ? fr_smsg_encode_epoch(&hb, id, epoch, frame, sizeof frame)
+                                     : fr_smsg_encode(&hb, id, frame, sizeof frame);
     struct pollfd p = {.fd = fd, .events = POLLOUT};
     bool room = fd >= 0 && poll(&p, 1, 0) == 1 && (p.revents & POLLOUT);
     if (n > 0 && room && fr_write_full(fd, frame, (size_t)n) < 0)
@@ -400,6 +478,26 @@ static void nap(fr_mconn *c, unsigned ms)
     (void)poll(&p, 1, (int)ms);
 }
 
+/* A frame from a master with epoch: the newest heard so far is kept; one
+ * older than that comes from a deposed leader (the cluster has moved on):
+ * its answer is refused (FERRY_ESTATE to the request it answers, by
+ * conn_lost) and the connection dropped, so that the next one finds the
+ * leader. */
+static bool heard_epoch(fr_mconn *c, uint64_t epoch)
+{
+    pthread_mutex_lock(&c->lock);
+    uint64_t known = c->leader;
+    bool ok = epoch >= known;
+    if (ok)
+        c->leader = epoch;
+    pthread_mutex_unlock(&c->lock);
+    if (!ok)
+        FR_WARN(TAG, "the master at %s answered with epoch %llu, older than epoch %llu heard "
+                "before: a deposed leader; its answer refused", c->cur,
+                (unsigned long long)epoch, (unsigned long long)known);
+    return ok;
+}
+
 static void *receiver(void *arg)
 {
     fr_mconn *c = arg;
@@ -408,15 +506,18 @@ static void *receiver(void *arg)
         pthread_mutex_lock(&c->lock);
         bool closing = c->closing;
         int fd = c->fd;
+        uint32_t fcaps = c->caps;
         pthread_mutex_unlock(&c->lock);
         if (closing)
             break;
         if (fd < 0) {
             int nfd = -1;
-            int rc = connect_once(c, 5000, &nfd);
+            uint32_t caps = 0;
+            int rc = connect_once(c, 5000, &nfd, &caps);
             pthread_mutex_lock(&c->lock);
             if (rc == 0 && !c->closing) {
                 c->fd = nfd;
+                c->caps = caps;
                 c->epoch++;
                 c->last_err = 0;
                 c->last_send_ns = fr_now_ns();
@@ -450,9 +551,15 @@ static void *receiver(void *arg)
         fr_frame_hdr h;
         uint8_t *body = NULL;
         fr_smsg m;
-        int rc = read_frame(fd, &h, &body, &m);
+        uint64_t epoch = 0;
+        int rc = read_frame(fd, fcaps, &h, &body, &m, &epoch);
+        if (rc == 0 && (fcaps & FR_AUTH_CAP_EPOCH) && !heard_epoch(c, epoch)) {
+            fr_free(body);
+            conn_lost(c, FERRY_ESTATE, h.req_id);
+            continue;
+        }
         if (rc < 0) {
-            conn_lost(c, rc);
+            conn_lost(c, rc, 0);
             continue;
         }
         dispatch(c, &h, body, &m);
@@ -485,7 +592,7 @@ int fr_mconn_open(const fr_mconn_config *cfg, fr_mconn **out)
     fr_cond_init_monotonic(&c->cond);
     int rc = pipe2(c->wake, O_CLOEXEC | O_NONBLOCK) < 0 ? FERRY_EIO : 0;
     if (rc == 0)
-        rc = connect_once(c, c->cfg.timeout_ms, &c->fd);
+        rc = connect_once(c, c->cfg.timeout_ms, &c->fd, &c->caps);
     if (rc == 0) {
         c->epoch = 1;
         c->last_send_ns = fr_now_ns();

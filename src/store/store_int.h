@@ -569,6 +569,10 @@ uint64_t fr_wal_last_lsn(fr_wal *w);
 uint64_t fr_wal_durable_lsn(fr_wal *w);
 typedef struct fr_wal_stats {
     uint64_t appends, fsyncs, bytes, log_bytes, snapshots;
+    /* replicated (fr_wal_replicate): entries and bytes appended to the
+     * cluster's log in etcd, the time those appends took, and the entry
+     * the next commit appends */
+    uint64_t ha_entries, ha_bytes, ha_ns, ha_next_seq;
 } fr_wal_stats;
 void fr_wal_stats_get(fr_wal *w, fr_wal_stats *st);
 /* Snapshot m (which must be this WAL's meta, quiescent: no mutation runs

@@ -242,7 +242,9 @@ static void lead_commit(fr_wal *w)
         rc = FERRY_EIO;
     int saved = errno;
     ferry_error rerr = {0};
+    uint64_t seq0 = w->next_seq, t0 = fr_now_ns();
     int rrc = rc == 0 && w->ha && len ? replicate(w, out, len, &rerr) : 0;
+    uint64_t ha_ns = w->next_seq != seq0 ? fr_now_ns() - t0 : 0;
 
     pthread_mutex_lock(&w->mu);
     w->committing = false;
@@ -263,6 +265,11 @@ static void lead_commit(fr_wal *w)
         w->log_bytes += len;
         w->st.fsyncs++;
         w->st.bytes += len;
+    }
+    if (w->next_seq != seq0) {   /* appended, also when a later piece failed */
+        w->st.ha_entries += w->next_seq - seq0;
+        w->st.ha_bytes += rrc == 0 ? len : 0;
+        w->st.ha_ns += ha_ns;
     }
     pthread_cond_broadcast(&w->cv);
 }
@@ -322,5 +329,6 @@ void fr_wal_stats_get(fr_wal *w, fr_wal_stats *st)
     pthread_mutex_lock(&w->mu);
     *st = w->st;
     st->log_bytes = w->log_bytes;
+    st->ha_next_seq = w->next_seq;
     pthread_mutex_unlock(&w->mu);
 }

@@ -123,7 +123,7 @@ static void enc_auth(const fr_msg *m, uint8_t *p)
     put64(p + 40, a->expect_instance);
     put16(p + 48, a->role);
     put16(p + 50, a->stream);
-    put32(p + 52, 0);
+    put32(p + 52, a->caps);
     memcpy(p + 56, a->mac, FR_WIRE_MAC_LEN);
 }
 
@@ -135,22 +135,24 @@ static bool dec_auth(const uint8_t *p, fr_msg *m)
     a->expect_instance = get64(p + 40);
     a->role = get16(p + 48);
     a->stream = get16(p + 50);
+    a->caps = get32(p + 52);
     memcpy(a->mac, p + 56, FR_WIRE_MAC_LEN);
-    return get32(p + 52) == 0;
+    return (a->caps & ~FR_AUTH_CAPS_KNOWN) == 0;
 }
 
 static void enc_auth_ok(const fr_msg *m, uint8_t *p)
 {
     memcpy(p, m->u.auth_ok.mac, FR_WIRE_MAC_LEN);
     put32(p + 32, m->u.auth_ok.pid);
-    put32(p + 36, 0);
+    put32(p + 36, m->u.auth_ok.caps);
 }
 
 static bool dec_auth_ok(const uint8_t *p, fr_msg *m)
 {
     memcpy(m->u.auth_ok.mac, p, FR_WIRE_MAC_LEN);
     m->u.auth_ok.pid = get32(p + 32);
-    return get32(p + 36) == 0;
+    m->u.auth_ok.caps = get32(p + 36);
+    return (m->u.auth_ok.caps & ~FR_AUTH_CAPS_KNOWN) == 0;
 }
 
 static void enc_auth_fail(const fr_msg *m, uint8_t *p)
@@ -412,8 +414,11 @@ static int msg_check(const fr_msg *m, uint64_t data_len)
     int rc;
     switch (m->type) {
     case FR_MSG_AUTH:
-        rc = (m->u.auth.role >= FR_ROLE_TCP_STREAM && m->u.auth.role <= FR_ROLE_UCX_CTRL)
-                 ? 0 : FERRY_EINVAL;
+        rc = (m->u.auth.role >= FR_ROLE_TCP_STREAM && m->u.auth.role <= FR_ROLE_UCX_CTRL &&
+              (m->u.auth.caps & ~FR_AUTH_CAPS_KNOWN) == 0) ? 0 : FERRY_EINVAL;
+        break;
+    case FR_MSG_AUTH_OK:
+        rc = (m->u.auth_ok.caps & ~FR_AUTH_CAPS_KNOWN) == 0 ? 0 : FERRY_EINVAL;
         break;
     case FR_MSG_AUTH_FAIL:
         rc = status_ok(m->u.auth_fail.status) ? 0 : FERRY_EINVAL;

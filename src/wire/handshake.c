@@ -28,17 +28,21 @@ static void client_mac(const uint8_t key[32], const uint8_t *nonce_s, const fr_m
     crypto_auth_hmacsha256_update(&st, nonce_s, FR_WIRE_NONCE_LEN);
     crypto_auth_hmacsha256_update(&st, a->nonce, FR_WIRE_NONCE_LEN);
     crypto_auth_hmacsha256_update(&st, fields, sizeof fields);
+    if (a->caps)   /* covered when set, so that nobody between strips them unseen */
+        crypto_auth_hmacsha256_update(&st, (const uint8_t *)&a->caps, sizeof a->caps);
     crypto_auth_hmacsha256_final(&st, out);
 }
 
 static void server_mac(const uint8_t key[32], const uint8_t *nonce_c, const uint8_t *nonce_s,
-                       uint8_t out[32])
+                       uint32_t caps, uint8_t out[32])
 {
     crypto_auth_hmacsha256_state st;
     crypto_auth_hmacsha256_init(&st, key, 32);
     crypto_auth_hmacsha256_update(&st, (const uint8_t *)"ferry-s", 7);
     crypto_auth_hmacsha256_update(&st, nonce_c, FR_WIRE_NONCE_LEN);
     crypto_auth_hmacsha256_update(&st, nonce_s, FR_WIRE_NONCE_LEN);
+    if (caps)
+        crypto_auth_hmacsha256_update(&st, (const uint8_t *)&caps, sizeof caps);
     crypto_auth_hmacsha256_final(&st, out);
 }
 
@@ -75,7 +79,8 @@ static int server_check(const uint8_t key[32], uint64_t instance, uint16_t role,
         return code;
     }
     reply->type = FR_MSG_AUTH_OK;
-    server_mac(key, a->u.auth.nonce, nonce_s, reply->u.auth_ok.mac);
+    reply->u.auth_ok.caps = a->u.auth.caps & FR_AUTH_CAPS_KNOWN;
+    server_mac(key, a->u.auth.nonce, nonce_s, reply->u.auth_ok.caps, reply->u.auth_ok.mac);
     reply->u.auth_ok.pid = (uint32_t)getpid();
     return 0;
 }
@@ -263,6 +268,15 @@ int fr_handshake_client(int fd, const uint8_t key[32], uint64_t client_instance,
                         uint64_t expect_instance, uint16_t role, uint16_t stream,
                         uint64_t *server_instance, uint32_t *server_pid)
 {
+    return fr_handshake_client_caps(fd, key, client_instance, expect_instance, role, stream, 0,
+                                    NULL, server_instance, server_pid);
+}
+
+int fr_handshake_client_caps(int fd, const uint8_t key[32], uint64_t client_instance,
+                             uint64_t expect_instance, uint16_t role, uint16_t stream,
+                             uint32_t want, uint32_t *got, uint64_t *server_instance,
+                             uint32_t *server_pid)
+{
     /* As on the server: the receive timeout bounds the whole handshake. */
     const uint64_t deadline = fr_sock_rcv_deadline(fd);
     fr_frame_hdr h;
@@ -285,6 +299,7 @@ int fr_handshake_client(int fd, const uint8_t key[32], uint64_t client_instance,
     a.u.auth.expect_instance = expect_instance;
     a.u.auth.role = role;
     a.u.auth.stream = stream;
+    a.u.auth.caps = want;
     client_mac(key, c.u.challenge.nonce, &a.u.auth, a.u.auth.mac);
     rc = fr_send_msg(fd, &a, 0);
     if (rc < 0)
@@ -298,11 +313,13 @@ int fr_handshake_client(int fd, const uint8_t key[32], uint64_t client_instance,
         return r.u.auth_fail.status < 0 ? r.u.auth_fail.status : FERRY_EAUTH;
     if (r.type != FR_MSG_AUTH_OK)
         return FERRY_EPROTO;
-    uint8_t want[32];
-    server_mac(key, a.u.auth.nonce, c.u.challenge.nonce, want);
-    if (sodium_memcmp(want, r.u.auth_ok.mac, 32) != 0)
+    uint8_t mac[32];
+    server_mac(key, a.u.auth.nonce, c.u.challenge.nonce, r.u.auth_ok.caps, mac);
+    if (sodium_memcmp(mac, r.u.auth_ok.mac, 32) != 0 || (r.u.auth_ok.caps & ~want) != 0)
         return FERRY_EAUTH;
     if (server_pid)
         *server_pid = r.u.auth_ok.pid;
+    if (got)
+        *got = r.u.auth_ok.caps;
     return 0;
 }

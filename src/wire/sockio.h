@@ -121,5 +121,12 @@ void fr_hs_server_abort(fr_hs_server *h, int fd, int code);
 int fr_handshake_client(int fd, const uint8_t key[32], uint64_t client_instance,
                         uint64_t expect_instance, uint16_t role, uint16_t stream,
                         uint64_t *server_instance, uint32_t *server_pid);
+/* The same asking for the capabilities want (FR_AUTH_CAP_*): *got (may be
+ * NULL), those the server speaks too. A server older than a bit refuses
+ * the AUTH (FERRY_EPROTO): connect again with want 0. */
+int fr_handshake_client_caps(int fd, const uint8_t key[32], uint64_t client_instance,
+                             uint64_t expect_instance, uint16_t role, uint16_t stream,
+                             uint32_t want, uint32_t *got, uint64_t *server_instance,
+                             uint32_t *server_pid);
 
 #endif

@@ -667,3 +667,43 @@ int fr_smsg_decode(const fr_frame_hdr *hdr, const uint8_t *body, size_t n, fr_sm
     *out = m;
     return 0;
 }
+
+/* ---- the epoch trailer ---------------------------------------------------- */
+
+int fr_smsg_encode_epoch(const fr_smsg *m, uint64_t req_id, uint64_t epoch, uint8_t *out,
+                         size_t cap)
+{
+    size_t body;
+    int rc = fr_smsg_body_len(m, &body);
+    if (rc < 0)
+        return rc;
+    if (body > FR_SMSG_BODY_MAX - FR_SMSG_EPOCH_LEN)
+        return FERRY_EMSGSIZE;
+    if (cap < FR_WIRE_HDR_LEN + FR_SMSG_EPOCH_LEN || cap - FR_WIRE_HDR_LEN - FR_SMSG_EPOCH_LEN < body)
+        return FERRY_EMSGSIZE;
+    int n = fr_smsg_encode(m, req_id, out, cap);
+    if (n < 0)
+        return n;
+    fr_wire_hdr_encode(out, m->type, req_id, (uint32_t)(body + FR_SMSG_EPOCH_LEN));
+    for (int i = 0; i < 8; i++)
+        out[n + i] = (uint8_t)(epoch >> (8 * i));
+    return n + FR_SMSG_EPOCH_LEN;
+}
+
+int fr_smsg_decode_epoch(const fr_frame_hdr *hdr, const uint8_t *body, size_t n, fr_smsg *out,
+                         uint64_t *epoch)
+{
+    assert(hdr && out && epoch && (body || n == 0));
+    if (hdr->len < FR_SMSG_EPOCH_LEN || n < hdr->len)
+        return FERRY_EPROTO;
+    fr_frame_hdr h = *hdr;
+    h.len -= FR_SMSG_EPOCH_LEN;
+    int rc = fr_smsg_decode(&h, body, h.len, out);
+    if (rc < 0)
+        return rc;
+    uint64_t e = 0;
+    for (int i = 0; i < 8; i++)
+        e |= (uint64_t)body[h.len + i] << (8 * i);
+    *epoch = e;
+    return 0;
+}

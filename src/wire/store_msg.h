@@ -162,6 +162,18 @@ int fr_smsg_encode(const fr_smsg *m, uint64_t req_id, uint8_t *out, size_t cap);
  * Never reads past body + n, never allocates. */
 int fr_smsg_decode(const fr_frame_hdr *hdr, const uint8_t *body, size_t n, fr_smsg *out);
 
+/* Connections that agreed on FR_AUTH_CAP_EPOCH in their handshake: the
+ * same frame with the sender's leadership epoch (u64, little-endian) after
+ * the body, counted in the header's length (docs/wire.md, "Epochs").
+ * Encode: as fr_smsg_encode (FERRY_EMSGSIZE when the body leaves no room
+ * for the epoch). Decode: as fr_smsg_decode over the body before the
+ * epoch, then *epoch; FERRY_EPROTO for a body shorter than the epoch. */
+#define FR_SMSG_EPOCH_LEN 8
+int fr_smsg_encode_epoch(const fr_smsg *m, uint64_t req_id, uint64_t epoch, uint8_t *out,
+                         size_t cap);
+int fr_smsg_decode_epoch(const fr_frame_hdr *hdr, const uint8_t *body, size_t n, fr_smsg *out,
+                         uint64_t *epoch);
+
 /* Preferred segment i (< m->npreferred) from either list form. */
 uint64_t fr_smsg_preferred(const fr_smsg *m, uint32_t i);
 /* Walk the list of a KEYS, EVENTS or RECORDS message (decoded, or encodable

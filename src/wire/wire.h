@@ -81,9 +81,17 @@ typedef struct {
     uint64_t expect_instance;   /* 0: any instance; else must equal the server's */
     uint16_t role;              /* enum fr_conn_role */
     uint16_t stream;            /* stream index for FR_ROLE_TCP_STREAM */
+    uint32_t caps;              /* FR_AUTH_CAP_*: what the client can speak (0: none) */
     uint8_t mac[FR_WIRE_MAC_LEN];
 } fr_msg_auth;
-typedef struct { uint8_t mac[FR_WIRE_MAC_LEN]; uint32_t pid; } fr_msg_auth_ok;
+/* caps: the server's AUTH_OK echoes the client's bits it speaks too. A peer
+ * older than a bit refuses a frame with it (the field was reserved, zero):
+ * a client that set one connects again without it (sockio.h). */
+typedef struct { uint8_t mac[FR_WIRE_MAC_LEN]; uint32_t pid; uint32_t caps; } fr_msg_auth_ok;
+/* Store connections: every store frame's body is followed by the sender's
+ * leadership epoch, u64 (docs/wire.md, "Epochs"). */
+#define FR_AUTH_CAP_EPOCH 1u
+#define FR_AUTH_CAPS_KNOWN FR_AUTH_CAP_EPOCH
 typedef struct { int32_t status; } fr_msg_auth_fail;
 /* WRITE (then len data bytes) and READ. span_addr/span_len name the whole op
  * this chunk belongs to: the target checks the whole span on every chunk, so

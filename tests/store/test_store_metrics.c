@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "util/ftetcd.h"
 #include "util/ftstore.h"
 
 #define DEADLINE_MS 60000u  /* a generous deadline on every condition */
@@ -686,6 +687,115 @@ static void test_up_metrics(void **state)
     assert_int_equal(down, 0);
 }
 
+/* ---- replicated masters ---------------------------------------------------------- */
+
+/* etcd and two `ferry master --etcd --metrics`, removed by the teardown
+ * also after a failed assertion. */
+typedef struct ha_env {
+    ft_etcd e;
+    ft_peer m[2];
+    char dir[2][64], port[2][32];
+} ha_env;
+
+static int ha_setup(void **state)
+{
+    ha_env *h = calloc(1, sizeof *h);
+    *state = h;
+    if (!h || ft_etcd_start(&h->e) != 0)
+        return -1;
+    for (int i = 0; i < 2; i++) {
+        h->m[i].pid = -1;
+        snprintf(h->port[i], sizeof h->port[i], "127.0.0.1:%d", ft_free_port());
+        snprintf(h->dir[i], sizeof h->dir[i], "/tmp/ferry-ha-metrics-XXXXXX");
+        if (!mkdtemp(h->dir[i])) {
+            h->dir[i][0] = 0;
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int ha_teardown(void **state)
+{
+    ha_env *h = *state;
+    if (!h)
+        return 0;
+    char cmd[128];
+    for (int i = 0; i < 2; i++) {
+        ft_proc_kill(&h->m[i], SIGKILL);
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", h->dir[i]);
+        if (h->dir[i][0] && system(cmd) != 0)
+            fprintf(stderr, "could not remove %s\n", h->dir[i]);
+    }
+    ft_etcd_stop(&h->e);
+    free(h);
+    return 0;
+}
+
+static void ha_start(ha_env *h, int i)
+{
+    char mdir[96];
+    snprintf(mdir, sizeof mdir, "%s/m", h->dir[i]);
+    const char *args[] = { "master", "--dir", mdir, "--listen", h->port[i], "--etcd", h->e.url,
+                           "--cluster", "mx", "--ha-ttl", "4", "--metrics", "127.0.0.1:0", NULL };
+    assert_int_equal(ft_spawn_exe(&h->m[i], NULL, ft_ferry_bin(), args), 0);
+}
+
+/* It leads once it listens; then its metrics line. */
+static void ha_leading(ha_env *h, int i, char url[128])
+{
+    char line[512] = "";
+    assert_int_equal(ft_read_line(&h->m[i], line, sizeof line, 60000), 0);
+    assert_non_null(strstr(line, "listening on"));
+    url_from(&h->m[i], url);
+}
+
+/* The leader's page: its epoch, the cluster's leaderships, what it
+ * appended to the log, the standby's lag (present, then 0 once it caught
+ * up); after the leader is killed the standby's page counts a second
+ * leadership with a newer epoch. */
+static void test_ha_series(void **state)
+{
+    ha_env *h = *state;
+    char u0[128], u1[128], lag[160];
+    ha_start(h, 0);
+    ha_leading(h, 0, u0);
+    ha_start(h, 1);
+    ferry_store_config cfg;
+    ft_cluster any;
+    memset(&any, 0, sizeof any);
+    snprintf(any.addr, sizeof any.addr, "%s", h->port[0]);
+    ft_store_config(&any, &cfg);
+    snprintf(cfg.master, sizeof cfg.master, "%s,%s", h->port[0], h->port[1]);
+    ferry_store *s = NULL;
+    ferry_error err = {0};
+    assert_int_equal(ferry_store_open(&cfg, &s, &err), 0);
+    for (int i = 0; i < 20; i++)
+        assert_int_equal(ferry_kv_put(s, "ha/mx", "v", 1, NULL, &err), 0);
+    double epoch0 = wait_metric(u0, "ferry_master_ha_epoch", 1);
+    assert_true(value_in(page, "ferry_master_ha_leaderships") == 1);
+    assert_non_null(strstr(page, "# TYPE ferry_master_ha_standby_lag_entries gauge"));
+    assert_true(wait_metric(u0, "ferry_master_ha_log_entries_total", 20) >= 20);
+    assert_true(value_in(page, "ferry_master_ha_log_bytes_total") > 0);
+    assert_true(value_in(page, "ferry_master_ha_log_next_entry") >= 21);
+    snprintf(lag, sizeof lag, "ferry_master_ha_standby_lag_entries{standby=\"%s\"}", h->port[1]);
+    double v = wait_metric(u0, lag, 0);   /* reported: the standby follows */
+    for (uint64_t end = fr_now_ms() + DEADLINE_MS; v != 0 && fr_now_ms() < end;) {
+        struct timespec ts = { 0, 20 * 1000 * 1000 };   /* the next try of a deadline-bound wait */
+        nanosleep(&ts, NULL);
+        v = metric(u0, lag);
+    }
+    assert_true(v == 0);
+    fprintf(stderr, "leader: epoch %g, 1 leadership; the standby caught up (lag 0)\n", epoch0);
+    ft_proc_kill(&h->m[0], SIGKILL);
+    ha_leading(h, 1, u1);
+    assert_true(wait_metric(u1, "ferry_master_ha_leaderships", 2) == 2);
+    double epoch1 = value_in(page, "ferry_master_ha_epoch");
+    assert_true(epoch1 > epoch0);
+    fprintf(stderr, "after the kill: epoch %g, 2 leaderships\n", epoch1);
+    ferry_store_close(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -697,6 +807,7 @@ int main(void)
         cmocka_unit_test(test_hostile_http),
         cmocka_unit_test(test_up_metrics),
         cmocka_unit_test(test_evictions_and_lost),
+        cmocka_unit_test_setup_teardown(test_ha_series, ha_setup, ha_teardown),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -14,10 +14,16 @@ typedef struct ft_etcd {
     ft_peer p;
 } ft_etcd;
 
+/* A loopback port nobody listens on now (the kernel's pick); -1. */
+int ft_free_port(void);
+
 /* Start it and wait (a deadline of 60 s, not a sleep) until it answers a
  * read. 0, or -1 with the reason on stderr (etcd not installed: run
  * scripts/deps.sh, which installs etcd-server). */
 int ft_etcd_start(ft_etcd *e);
+/* The same with its client URL on host (an address of this namespace:
+ * one that a namespace the test made reaches over its veth). */
+int ft_etcd_start_on(ft_etcd *e, const char *host);
 /* SIGKILL (a machine gone) or SIGTERM, reaped. Safe twice. */
 void ft_etcd_kill(ft_etcd *e, int sig);
 /* Kill it and remove its dir. Safe twice. */
@@ -33,5 +39,21 @@ int ft_etcd_teardown(void **state);
 struct fr_ha_elect;
 struct fr_ha_elect *ft_ha_candidate(const ft_etcd *e, const char *cluster, const char *id,
                                     int ttl_s);
+
+/* A 3-member etcd cluster on loopback ports, data in a temp dir: urls
+ * names all three (what masters and clients are given). Start waits until
+ * the cluster answers a read (a deadline of 60 s). A member killed
+ * (SIGKILL: its machine gone) and started again rejoins with its data. */
+typedef struct ft_etcd3 {
+    char dir[256];
+    char url[3][40], urls[128], initial[160];
+    int cport[3], pport[3];
+    ft_peer p[3];
+} ft_etcd3;
+int ft_etcd3_start(ft_etcd3 *c);
+void ft_etcd3_kill(ft_etcd3 *c, int i);
+int ft_etcd3_restart(ft_etcd3 *c, int i);
+/* Kill every member and remove the dir. Safe twice. */
+void ft_etcd3_stop(ft_etcd3 *c);
 
 #endif
