@@ -25,9 +25,27 @@ static PyObject *fp_strerror(PyObject *self, PyObject *arg)
     return PyUnicode_FromString(ferry_strerror((int)code));
 }
 
+/* The module cffi generates from the public headers is compiled into this
+ * one (one libferry in the process) and made on first use, so that this
+ * extension loads without cffi's backend (an interpreter without it can
+ * still load the parts written here). */
+PyMODINIT_FUNC PyInit__ferry_cffi(void);
+
+static PyObject *fp_cffi(PyObject *self, PyObject *unused)
+{
+    static PyObject *mod;
+    (void)self;
+    (void)unused;
+    if (!mod)
+        mod = PyInit__ferry_cffi();
+    return mod ? Py_NewRef(mod) : NULL;
+}
+
 static PyMethodDef fp_methods[] = {
     {"strerror", fp_strerror, METH_O, "strerror($module, code, /)\n--\n\n"
      "strerror(code) -> the text of a ferry error code"},
+    {"_cffi", fp_cffi, METH_NOARGS, "_cffi($module, /)\n--\n\n"
+     "_cffi() -> the cffi module over include/ferry/*.h (its ffi and lib)"},
     {NULL, NULL, 0, NULL},
 };
 
