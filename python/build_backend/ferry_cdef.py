@@ -65,13 +65,15 @@ def constants(cc, include):
 
 
 def bridge_cdef(path):
-    """The declarations between ``FP_CDEF begin`` and ``FP_CDEF end`` of the bridge header."""
+    """The declarations between ``FP_CDEF begin`` and ``FP_CDEF end`` of the
+    bridge header, ``FP_PYTHON(prototype)`` as cffi's ``extern "Python+C"``
+    (a function written in Python that the bridge's C calls)."""
     with open(path) as f:
         text = f.read()
     m = re.search(r"/\* FP_CDEF begin \*/\n(.*?)/\* FP_CDEF end \*/", text, re.S)
     if not m:
         raise SystemExit(f"ferry_cdef: {path} has no FP_CDEF section")
-    return m.group(1)
+    return re.sub(r"FP_PYTHON\((.*?;)\)", r'extern "Python+C" \1', m.group(1))
 
 
 def main(argv):
