@@ -5,6 +5,7 @@ memory arguments under the same rules and messages, and a failed call's
 
 import operator
 
+from . import _ferry
 from ._binding import ffi, lib
 
 U64_MAX = 2**64 - 1
@@ -31,9 +32,30 @@ def uint(value, what, lo=0, hi=U64_MAX):
     return i
 
 
+def source(obj, what):
+    """The memory of a source argument (C-contiguous) as (char *, nbytes);
+    the pointer holds the memory until it is dropped."""
+    if type(obj) is bytes:
+        return ffi.from_buffer(obj), len(obj)
+    v = _ferry._view(obj, what, False)
+    return ffi.from_buffer(v), v.nbytes
+
+
 def strerror(code, /):
     """strerror(code) -> the text of a ferry error code"""
     return ffi.string(lib.ferry_strerror(code)).decode()
 
 
-__all__ = ["ffi", "lib", "text", "uint", "strerror", "U64_MAX"]
+def error(rc, fe=None, msg=None):
+    """The exception of a call that returned rc (its Error subclass, .code
+    rc), with the sentence the call left in fe (or msg)."""
+    if fe is not None:
+        msg = ffi.string(fe.msg).decode("utf-8", "replace")
+    return _ferry._error(rc, msg or "")
+
+
+def new_error():
+    return ffi.new("ferry_error *")
+
+
+__all__ = ["ffi", "lib", "text", "uint", "source", "strerror", "error", "new_error", "U64_MAX"]

@@ -32,7 +32,20 @@ static PyObject *fp_cffi(PyObject *self, PyObject *unused)
     return mod ? Py_NewRef(mod) : NULL;
 }
 
+/* _error(code, msg) -> the exception a call over the cffi binding raises */
+static PyObject *fp_error_fn(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int code;
+    const char *msg;
+    if (!PyArg_ParseTuple(args, "is:_error", &code, &msg))
+        return NULL;
+    return fp_err_new(code, msg);
+}
+
 static PyMethodDef fp_methods[] = {
+    {"_error", fp_error_fn, METH_VARARGS, "_error($module, code, msg, /)\n--\n\n"
+     "_error(code, msg) -> the Error subclass of code, .code set (msg empty: strerror(code))"},
     {"_cffi", fp_cffi, METH_NOARGS, "_cffi($module, /)\n--\n\n"
      "_cffi() -> the cffi module over include/ferry/*.h (its ffi and lib)"},
     {NULL, NULL, 0, NULL},

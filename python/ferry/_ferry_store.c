@@ -36,19 +36,6 @@ static PyObject *st_raise(int code, const ferry_error *e)
     return fp_err_throw(fp_err_new(code, e->msg));
 }
 
-/* Raise ConflictError (or whatever code maps to) with .current_revision. */
-static PyObject *st_raise_rev(int code, uint64_t rev, const ferry_error *fe)
-{
-    PyObject *e = fp_err_new(code, fe->msg);
-    if (e && code == FERRY_ESTATE) {
-        PyObject *r = PyLong_FromUnsignedLongLong(rev);
-        if (!r || PyObject_SetAttrString(e, "current_revision", r) < 0)
-            Py_CLEAR(e);
-        Py_XDECREF(r);
-    }
-    return fp_err_throw(e);
-}
-
 /* ---- objects ------------------------------------------------------------------------ */
 
 typedef struct WatchObject WatchObject;
@@ -455,6 +442,27 @@ static PyObject *st_is_open(StoreObject *self, void *closure)
     return PyBool_FromLong(self->s != NULL);
 }
 
+/* The C handle crosses to the calls written in Python over the cffi
+ * binding (ferry/store.py) as its address: _enter() returns it (ValueError
+ * when not open) and counts a call in flight until _leave(), so that
+ * close() refuses meanwhile as it does for the calls made here. */
+static PyObject *st_enter(StoreObject *self, PyObject *unused)
+{
+    (void)unused;
+    ferry_store *s = st_of(self);
+    if (!s)
+        return NULL;
+    self->inflight++;
+    return PyLong_FromVoidPtr(s);
+}
+
+static PyObject *st_leave(StoreObject *self, PyObject *unused)
+{
+    (void)unused;
+    self->inflight--;
+    Py_RETURN_NONE;
+}
+
 /* ---- memory arguments ------------------------------------------------------------------ */
 
 /* The registration holding [p, p+len) (borrowed: the registered memoryview,
@@ -756,26 +764,6 @@ static PyObject *st_put_from(StoreObject *self, PyObject *args, PyObject *kw)
 static PyObject *st_put_placed(StoreObject *self, PyObject *args, PyObject *kw)
 {
     return st_put_any(self, args, kw, PUT_PLACED);
-}
-
-static PyObject *st_get(StoreObject *self, PyObject *args)
-{
-    ferry_error fe = {0};
-    const char *key;
-    if (!PyArg_ParseTuple(args, "s:get", &key))
-        return NULL;
-    ferry_store *s = st_of(self);
-    if (!s)
-        return NULL;
-    void *buf = NULL;
-    size_t len = 0;
-    int rc;
-    ST_CALL(self, rc = ferry_store_get(s, key, &buf, &len, &fe));
-    if (rc < 0)
-        return st_raise(rc, &fe);
-    PyObject *b = PyBytes_FromStringAndSize(buf, (Py_ssize_t)len);
-    ferry_store_free(buf);
-    return b;
 }
 
 /* get_into(key, buffer, size=None) -> bytes read; buffer may be an address */
@@ -1081,51 +1069,6 @@ done:
     return out;
 }
 
-static PyObject *st_is_exist(StoreObject *self, PyObject *args)
-{
-    ferry_error fe = {0};
-    const char *key;
-    if (!PyArg_ParseTuple(args, "s:is_exist", &key))
-        return NULL;
-    ferry_store *s = st_of(self);
-    if (!s)
-        return NULL;
-    int rc;
-    ST_CALL(self, rc = ferry_store_exist(s, key, &fe));
-    return rc < 0 ? st_raise(rc, &fe) : PyLong_FromLong(rc > 0);
-}
-
-static PyObject *st_remove(StoreObject *self, PyObject *args)
-{
-    ferry_error fe = {0};
-    const char *key;
-    if (!PyArg_ParseTuple(args, "s:remove", &key))
-        return NULL;
-    ferry_store *s = st_of(self);
-    if (!s)
-        return NULL;
-    int rc;
-    ST_CALL(self, rc = ferry_store_remove(s, key, &fe));
-    if (rc < 0)
-        return st_raise(rc, &fe);
-    return PyLong_FromLong(0);
-}
-
-static PyObject *st_remove_prefix(StoreObject *self, PyObject *args)
-{
-    ferry_error fe = {0};
-    const char *prefix;
-    if (!PyArg_ParseTuple(args, "s:remove_prefix", &prefix))
-        return NULL;
-    ferry_store *s = st_of(self);
-    if (!s)
-        return NULL;
-    uint64_t removed = 0;
-    int rc;
-    ST_CALL(self, rc = ferry_store_remove_prefix(s, prefix, &removed, &fe));
-    return rc < 0 ? st_raise(rc, &fe) : PyLong_FromUnsignedLongLong(removed);
-}
-
 /* list_page(prefix="", after=None, limit=1000) -> (keys, more) */
 static PyObject *st_list_page(StoreObject *self, PyObject *args, PyObject *kw)
 {
@@ -1347,98 +1290,6 @@ static PyObject *st_read_member_into(StoreObject *self, PyObject *args, PyObject
 
 /* ---- KV ----------------------------------------------------------------------------------- */
 
-static PyObject *st_kv_get(StoreObject *self, PyObject *args)
-{
-    ferry_error fe = {0};
-    const char *key;
-    if (!PyArg_ParseTuple(args, "s:kv_get", &key))
-        return NULL;
-    ferry_store *s = st_of(self);
-    if (!s)
-        return NULL;
-    ferry_kv_value kv;
-    memset(&kv, 0, sizeof kv);
-    int rc;
-    ST_CALL(self, rc = ferry_kv_get(s, key, &kv, &fe));
-    if (rc == FERRY_ENOENT)
-        Py_RETURN_NONE;
-    if (rc < 0)
-        return st_raise(rc, &fe);
-    PyObject *b = PyBytes_FromStringAndSize(kv.val, (Py_ssize_t)kv.len);
-    ferry_store_free(kv.val);
-    return b ? Py_BuildValue("(NK)", b, (unsigned long long)kv.mod_rev) : NULL;
-}
-
-/* f(s, name, bytes of the buffer, &n) for (name, buffer) args; returns n. */
-static PyObject *st_name_buf_u64(StoreObject *self, PyObject *args, const char *fmt,
-                                 int (*f)(ferry_store *, const char *, const void *, size_t, uint64_t *,
-                                          ferry_error *))
-{
-    const char *name;
-    PyObject *buf;
-    if (!PyArg_ParseTuple(args, fmt, &name, &buf))
-        return NULL;
-    ferry_store *s = st_of(self);
-    char what[FERRY_STORE_KEY_MAX + 48];
-    const char *fn = strchr(fmt, ':');
-    snprintf(what, sizeof what, "%s('%s'): value", fn ? fn + 1 : "call", name);
-    Py_buffer v;
-    if (!s || buf_src(buf, &v, what) < 0)
-        return NULL;
-    uint64_t n = 0;
-    int rc;
-    ferry_error fe = {0};
-    ST_CALL(self, rc = f(s, name, v.buf, (size_t)v.len, &n, &fe));
-    PyBuffer_Release(&v);
-    return rc < 0 ? st_raise(rc, &fe) : PyLong_FromUnsignedLongLong(n);
-}
-
-static PyObject *st_kv_put(StoreObject *self, PyObject *args)
-{
-    return st_name_buf_u64(self, args, "sO:kv_put", ferry_kv_put);
-}
-
-static PyObject *st_kv_cas(StoreObject *self, PyObject *args)
-{
-    ferry_error fe = {0};
-    const char *key;
-    unsigned long long expected = 0;
-    PyObject *oexp, *val;
-    if (!PyArg_ParseTuple(args, "sOO:kv_cas", &key, &oexp, &val) ||
-        st_uint(oexp, "expected_rev", 0, UINT64_MAX, &expected) < 0)
-        return NULL;
-    ferry_store *s = st_of(self);
-    char what[FERRY_STORE_KEY_MAX + 32];
-    snprintf(what, sizeof what, "kv_cas('%s'): value", key);
-    Py_buffer v;
-    if (!s || buf_src(val, &v, what) < 0)
-        return NULL;
-    uint64_t rev = 0;
-    int rc;
-    ST_CALL(self, rc = ferry_kv_cas(s, key, expected, v.buf, (size_t)v.len, &rev, &fe));
-    PyBuffer_Release(&v);
-    return rc < 0 ? st_raise_rev(rc, rev, &fe) : PyLong_FromUnsignedLongLong(rev);
-}
-
-static PyObject *st_kv_delete(StoreObject *self, PyObject *args, PyObject *kw)
-{
-    ferry_error fe = {0};
-    static char *kwl[] = {"key", "expected_rev", NULL};
-    const char *key;
-    unsigned long long expected = 0;
-    PyObject *oexp = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|O:kv_delete", kwl, &key, &oexp) ||
-        st_uint_opt(oexp, "expected_rev", 0, UINT64_MAX, &expected) < 0)
-        return NULL;
-    ferry_store *s = st_of(self);
-    if (!s)
-        return NULL;
-    uint64_t rev = 0;
-    int rc;
-    ST_CALL(self, rc = ferry_kv_delete(s, key, expected, &rev, &fe));
-    return rc < 0 ? st_raise_rev(rc, rev, &fe) : PyLong_FromUnsignedLongLong(rev);
-}
-
 static PyObject *st_watch(StoreObject *self, PyObject *args, PyObject *kw)
 {
     ferry_error fe = {0};
@@ -1484,32 +1335,7 @@ static PyObject *st_watch(StoreObject *self, PyObject *args, PyObject *kw)
     return (PyObject *)w;
 }
 
-static PyObject *st_barrier(StoreObject *self, PyObject *args, PyObject *kw)
-{
-    ferry_error fe = {0};
-    static char *kwl[] = {"name", "member", "count", "timeout_ms", NULL};
-    const char *name, *member;
-    unsigned long long count = 0, timeout = 0;
-    PyObject *ocount, *otimeout = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "ssO|O:barrier", kwl, &name, &member, &ocount, &otimeout) ||
-        st_uint(ocount, "count", 0, UINT32_MAX, &count) < 0 ||
-        st_uint_opt(otimeout, "timeout_ms", 0, UINT64_MAX, &timeout) < 0)
-        return NULL;
-    ferry_store *s = st_of(self);
-    if (!s)
-        return NULL;
-    uint64_t gen = 0;
-    int rc;
-    ST_CALL(self, rc = ferry_barrier(s, name, member, (uint32_t)count, timeout, &gen, &fe));
-    return rc < 0 ? st_raise(rc, &fe) : PyLong_FromUnsignedLongLong(gen);
-}
-
 /* ---- queues ------------------------------------------------------------------------------ */
-
-static PyObject *st_queue_push(StoreObject *self, PyObject *args)
-{
-    return st_name_buf_u64(self, args, "sO:queue_push", ferry_queue_push);
-}
 
 #define ST_POP_MAX FERRY_STORE_POP_MAX
 
@@ -1551,37 +1377,6 @@ static PyObject *st_queue_pop(StoreObject *self, PyObject *args, PyObject *kw)
     ferry_qrecords_free(recs, n);
     PyMem_Free(recs);
     return l;
-}
-
-static PyObject *st_queue_ack_any(StoreObject *self, PyObject *args, int ack)
-{
-    ferry_error fe = {0};
-    unsigned long long id = 0, token = 0;
-    PyObject *oid, *otoken;
-    if (!PyArg_ParseTuple(args, ack ? "OO:queue_ack" : "OO:queue_nack", &oid, &otoken) ||
-        st_uint(oid, "id", 0, UINT64_MAX, &id) < 0 || st_uint(otoken, "token", 0, UINT32_MAX, &token) < 0)
-        return NULL;
-    ferry_store *s = st_of(self);
-    if (!s)
-        return NULL;
-    int rc;
-    if (ack)
-        ST_CALL(self, rc = ferry_queue_ack(s, id, (uint32_t)token, &fe));
-    else
-        ST_CALL(self, rc = ferry_queue_nack(s, id, (uint32_t)token, &fe));
-    if (rc < 0)
-        return st_raise(rc, &fe);
-    Py_RETURN_NONE;
-}
-
-static PyObject *st_queue_ack(StoreObject *self, PyObject *args)
-{
-    return st_queue_ack_any(self, args, 1);
-}
-
-static PyObject *st_queue_nack(StoreObject *self, PyObject *args)
-{
-    return st_queue_ack_any(self, args, 0);
 }
 
 static PyObject *st_status(StoreObject *self, PyObject *unused)
@@ -1633,6 +1428,10 @@ static PyObject *st_engine_address(StoreObject *self, PyObject *unused)
 }
 
 static PyMethodDef st_methods[] = {
+    {"_enter", (PyCFunction)st_enter, METH_NOARGS, "_enter($self, /)\n--\n\n"
+     "_enter() -> the address of the C handle, the call counted in flight until _leave()"},
+    {"_leave", (PyCFunction)st_leave, METH_NOARGS, "_leave($self, /)\n--\n\n"
+     "_leave(): the call of the last _enter() is done"},
     {"setup", FP_KWFN(st_setup), METH_VARARGS | METH_KEYWORDS,
      "setup($self, /, master=None, token=None, token_file=None, transport=None, timeout_ms=None, lease_ms=None)\n--\n\n"
      "setup(master=None, token=None, token_file=None, transport=None, timeout_ms=None, lease_ms=None)\n"
@@ -1654,8 +1453,6 @@ static PyMethodDef st_methods[] = {
     {"put_placed", FP_KWFN(st_put_placed), METH_VARARGS | METH_KEYWORDS,
      "put_placed($self, /, key, value, config=None)\n--\n\n"
      "put_placed(key, value, config=None) -> placement dict {'size', 'replicas': [...]} (as put_from)"},
-    {"get", (PyCFunction)st_get, METH_VARARGS, "get($self, key, /)\n--\n\n"
-     "get(key) -> bytes"},
     {"get_into", FP_KWFN(st_get_into), METH_VARARGS | METH_KEYWORDS,
      "get_into($self, /, key, buffer, size=None)\n--\n\n"
      "get_into(key, buffer, size=None) -> bytes read; buffer: an array, tensor or writable buffer, or an address "
@@ -1669,12 +1466,6 @@ static PyMethodDef st_methods[] = {
     {"batch_get_into", FP_KWFN(st_batch_get_into), METH_VARARGS | METH_KEYWORDS,
      "batch_get_into($self, /, keys, buffers, sizes=None)\n--\n\n"
      "batch_get_into(keys, buffers, sizes=None) -> [bytes read or -code per key]"},
-    {"is_exist", (PyCFunction)st_is_exist, METH_VARARGS, "is_exist($self, key, /)\n--\n\n"
-     "is_exist(key) -> 1 or 0"},
-    {"remove", (PyCFunction)st_remove, METH_VARARGS, "remove($self, key, /)\n--\n\n"
-     "remove(key) -> 0"},
-    {"remove_prefix", (PyCFunction)st_remove_prefix, METH_VARARGS, "remove_prefix($self, prefix, /)\n--\n\n"
-     "remove_prefix(prefix) -> number removed"},
     {"list", FP_KWFN(st_list), METH_VARARGS | METH_KEYWORDS,
      "list($self, /, prefix='', after=None, limit=1000)\n--\n\n"
      "list(prefix='', after=None, limit=1000) -> keys, ascending"},
@@ -1694,30 +1485,11 @@ static PyMethodDef st_methods[] = {
      "read_member_into($self, /, key, member, row_begin, row_end, buffer, size=None)\n--\n\n"
      "read_member_into(key, member, row_begin, row_end, buffer, size=None) -> bytes read (raw bytes; buffer: an "
      "array, tensor or writable buffer, or an address inside a registered buffer with its size)"},
-    {"kv_get", (PyCFunction)st_kv_get, METH_VARARGS, "kv_get($self, key, /)\n--\n\n"
-     "kv_get(key) -> (value, mod_revision) or None"},
-    {"kv_put", (PyCFunction)st_kv_put, METH_VARARGS, "kv_put($self, key, value, /)\n--\n\n"
-     "kv_put(key, value) -> revision"},
-    {"kv_cas", (PyCFunction)st_kv_cas, METH_VARARGS,
-     "kv_cas($self, key, expected_rev, value, /)\n--\n\n"
-     "kv_cas(key, expected_rev, value) -> revision; ConflictError(.current_revision) on a mismatch"},
-    {"kv_delete", FP_KWFN(st_kv_delete), METH_VARARGS | METH_KEYWORDS,
-     "kv_delete($self, /, key, expected_rev=0)\n--\n\n"
-     "kv_delete(key, expected_rev=0) -> revision"},
     {"watch", FP_KWFN(st_watch), METH_VARARGS | METH_KEYWORDS, "watch($self, /, prefix, from_rev=0)\n--\n\n"
      "watch(prefix, from_rev=0) -> Watch"},
-    {"barrier", FP_KWFN(st_barrier), METH_VARARGS | METH_KEYWORDS,
-     "barrier($self, /, name, member, count, timeout_ms=0)\n--\n\n"
-     "barrier(name, member, count, timeout_ms=0) -> generation"},
-    {"queue_push", (PyCFunction)st_queue_push, METH_VARARGS, "queue_push($self, queue, data, /)\n--\n\n"
-     "queue_push(queue, data) -> id"},
     {"queue_pop", FP_KWFN(st_queue_pop), METH_VARARGS | METH_KEYWORDS,
      "queue_pop($self, /, queue, max=1, lease_ms=30000)\n--\n\n"
      "queue_pop(queue, max=1, lease_ms=30000) -> [(id, token, data), ...]"},
-    {"queue_ack", (PyCFunction)st_queue_ack, METH_VARARGS, "queue_ack($self, id, token, /)\n--\n\n"
-     "queue_ack(id, token)"},
-    {"queue_nack", (PyCFunction)st_queue_nack, METH_VARARGS, "queue_nack($self, id, token, /)\n--\n\n"
-     "queue_nack(id, token): deliver again now"},
     {"status", (PyCFunction)st_status, METH_NOARGS, "status($self, /)\n--\n\n"
      "status() -> the master's state (dict)"},
     {"warm", FP_KWFN(st_warm), METH_VARARGS | METH_KEYWORDS, "warm($self, /, write=False)\n--\n\n"

@@ -1,10 +1,13 @@
 """ferry.Store: the client of the ferry store (objects in node memory placed
 by a master, KV with revisions, watch, barriers, leased queues).
 
-The C extension (``ferry._ferry.Store``) does every call with the GIL
-released; this module adds the tensor-facing helpers (structured objects,
-``put_tensor``/``get_tensor``), the Mooncake-style calls built on them
-(``upsert``, ``batch_is_exist``, ``get_size``) and :class:`ReplicateConfig`.
+The C extension (``ferry._ferry.Store``) holds the connection and makes
+the calls that move memory; the one-key calls, KV, barriers and queue
+records are written here over the cffi binding (``ferry._binding``). Every
+call runs with the GIL released. This module also adds the tensor-facing
+helpers (structured objects, ``put_tensor``/``get_tensor``), the
+Mooncake-style calls built on them (``upsert``, ``batch_is_exist``,
+``get_size``) and :class:`ReplicateConfig`.
 Memory arguments are numpy arrays, buffers, torch tensors or DLPack objects;
 results are numpy arrays, or torch tensors with ``framework="torch"`` (or
 through :mod:`ferry.torch`). See docs/store.md ("Python") and docs/python.md.
@@ -13,8 +16,10 @@ through :mod:`ferry.torch`). See docs/store.md ("Python") and docs/python.md.
 import ctypes
 import time
 
+from . import _call
 from . import _ferry
 from . import _tensors
+from ._binding import ffi, lib
 from ._ferry import (Error, NotFoundError, ExistsError, NoSpaceError, LostError, BusyError, ConflictError,
                      TimeoutError, AuthError, ConnectionError, StaleError, UnreachableError, QueueFullError, Watch)
 
@@ -160,6 +165,140 @@ class Store(_ferry.Store):
 
     def _fw(self, framework):
         return self.framework if framework is None else _tensors.check_framework(framework)
+
+    # ---- calls over the cffi binding ------------------------------------------------------
+    # The C handle is the ferry._ferry.Store's: _enter() hands its address
+    # over (an int; ValueError when the store is not open) and counts the
+    # call in flight until _leave(), so that close() refuses meanwhile, as
+    # for the calls the extension still makes itself. cffi releases the GIL
+    # for each lib call.
+
+    def _call(self, fn, *args):
+        h = self._enter()
+        try:
+            return fn(ffi.cast("ferry_store *", h), *args)
+        finally:
+            self._leave()
+
+    def get(self, key, /):
+        """A whole object as bytes (a copy)."""
+        fe, buf, n = _call.new_error(), ffi.new("void **"), ffi.new("size_t *")
+        rc = self._call(lib.ferry_store_get, _call.text("get", 1, key), buf, n, fe)
+        if rc < 0:
+            raise _call.error(rc, fe)
+        try:
+            return ffi.unpack(ffi.cast("char *", buf[0]), n[0])
+        finally:
+            lib.ferry_store_free(buf[0])
+
+    def is_exist(self, key, /):
+        """1 when the object exists (complete), else 0."""
+        fe = _call.new_error()
+        rc = self._call(lib.ferry_store_exist, _call.text("is_exist", 1, key), fe)
+        if rc < 0:
+            raise _call.error(rc, fe)
+        return int(rc > 0)
+
+    def remove(self, key, /):
+        """Remove an object (NotFoundError when there is none, BusyError
+        while a read holds its lease). Returns 0."""
+        fe = _call.new_error()
+        rc = self._call(lib.ferry_store_remove, _call.text("remove", 1, key), fe)
+        if rc < 0:
+            raise _call.error(rc, fe)
+        return 0
+
+    def remove_prefix(self, prefix, /):
+        """Remove every unleased object whose key starts with prefix; the count removed."""
+        fe, n = _call.new_error(), ffi.new("uint64_t *")
+        rc = self._call(lib.ferry_store_remove_prefix, _call.text("remove_prefix", 1, prefix), n, fe)
+        if rc < 0:
+            raise _call.error(rc, fe)
+        return n[0]
+
+    def kv_get(self, key, /):
+        """(value, revision) of a KV key, or None."""
+        fe, kv = _call.new_error(), ffi.new("ferry_kv_value *")
+        rc = self._call(lib.ferry_kv_get, _call.text("kv_get", 1, key), kv, fe)
+        if rc == lib.FERRY_ENOENT:
+            return None
+        if rc < 0:
+            raise _call.error(rc, fe)
+        try:
+            return ffi.unpack(ffi.cast("char *", kv.val), kv.len), kv.mod_rev
+        finally:
+            lib.ferry_store_free(kv.val)
+
+    def _name_value(self, fn, name, what, c_fn, value):
+        """c_fn(store, name, the bytes of value, &n): n (a revision, an id)."""
+        k = _call.text(fn, 1, name)
+        p, nbytes = _call.source(value, f"{fn}('{name}'): {what}")
+        fe, out = _call.new_error(), ffi.new("uint64_t *")
+        rc = self._call(c_fn, k, p, nbytes, out, fe)
+        if rc < 0:
+            raise _call.error(rc, fe)
+        return out[0]
+
+    def kv_put(self, key, value, /):
+        """Set a KV key (any buffer, at most 16 MiB); the new revision."""
+        return self._name_value("kv_put", key, "value", lib.ferry_kv_put, value)
+
+    def _kv_rev(self, c_fn, *args):
+        fe, rev = _call.new_error(), ffi.new("uint64_t *")
+        rc = self._call(c_fn, *args, rev, fe)
+        if rc < 0:
+            e = _call.error(rc, fe)
+            if rc == lib.FERRY_ESTATE:
+                e.current_revision = rev[0]
+            raise e
+        return rev[0]
+
+    def kv_cas(self, key, expected_rev, value, /):
+        """Set key only if its revision is expected_rev (0: only if absent);
+        the new revision, else ConflictError with .current_revision."""
+        k = _call.text("kv_cas", 1, key)
+        expected = _call.uint(expected_rev, "expected_rev")
+        p, nbytes = _call.source(value, f"kv_cas('{key}'): value")
+        return self._kv_rev(lib.ferry_kv_cas, k, expected, p, nbytes)
+
+    def kv_delete(self, key, expected_rev=0):
+        """Delete key (with expected_rev: only at that revision); the
+        deleting revision, else ConflictError with .current_revision."""
+        k = _call.text("kv_delete", 1, key)
+        expected = 0 if expected_rev is None else _call.uint(expected_rev, "expected_rev")
+        return self._kv_rev(lib.ferry_kv_delete, k, expected)
+
+    def barrier(self, name, member, count, timeout_ms=0):
+        """Wait until count distinct members reached barrier name (this one
+        as member); the barrier's generation. TimeoutError after timeout_ms
+        (0: the store's call timeout). The GIL is released while waiting."""
+        n, m = _call.text("barrier", 1, name), _call.text("barrier", 2, member)
+        c = _call.uint(count, "count", 0, 2**32 - 1)
+        t = 0 if timeout_ms is None else _call.uint(timeout_ms, "timeout_ms")
+        fe, gen = _call.new_error(), ffi.new("uint64_t *")
+        rc = self._call(lib.ferry_barrier, n, m, c, t, gen, fe)
+        if rc < 0:
+            raise _call.error(rc, fe)
+        return gen[0]
+
+    def queue_push(self, queue, data, /):
+        """Append a record (any buffer) to a leased queue; its id."""
+        return self._name_value("queue_push", queue, "value", lib.ferry_queue_push, data)
+
+    def _queue_settle(self, c_fn, id, token):
+        i, t = _call.uint(id, "id"), _call.uint(token, "token", 0, 2**32 - 1)
+        fe = _call.new_error()
+        rc = self._call(c_fn, i, t, fe)
+        if rc < 0:
+            raise _call.error(rc, fe)
+
+    def queue_ack(self, id, token, /):
+        """The record (id, token of its delivery) is done: removed."""
+        self._queue_settle(lib.ferry_queue_ack, id, token)
+
+    def queue_nack(self, id, token, /):
+        """The record goes back to the queue at once, for another pop."""
+        self._queue_settle(lib.ferry_queue_nack, id, token)
 
     # ---- structured objects -------------------------------------------------------
 
