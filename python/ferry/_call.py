@@ -41,6 +41,11 @@ def source(obj, what):
     return ffi.from_buffer(v), v.nbytes
 
 
+def str_of(chars):
+    """A str from C's UTF-8 (undecodable bytes as surrogates)."""
+    return ffi.string(chars).decode("utf-8", "surrogateescape")
+
+
 def strerror(code, /):
     """strerror(code) -> the text of a ferry error code"""
     return ffi.string(lib.ferry_strerror(code)).decode()
@@ -58,4 +63,4 @@ def new_error():
     return ffi.new("ferry_error *")
 
 
-__all__ = ["ffi", "lib", "text", "uint", "source", "strerror", "error", "new_error", "U64_MAX"]
+__all__ = ["ffi", "lib", "text", "uint", "source", "str_of", "strerror", "error", "new_error", "U64_MAX"]

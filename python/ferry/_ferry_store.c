@@ -1069,45 +1069,6 @@ done:
     return out;
 }
 
-/* list_page(prefix="", after=None, limit=1000) -> (keys, more) */
-static PyObject *st_list_page(StoreObject *self, PyObject *args, PyObject *kw)
-{
-    ferry_error fe = {0};
-    static char *kwl[] = {"prefix", "after", "limit", NULL};
-    const char *prefix = "", *after = NULL;
-    Py_ssize_t limit = 1000;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|szn:list", kwl, &prefix, &after, &limit))
-        return NULL;
-    if (limit < 0) {
-        PyErr_SetString(PyExc_ValueError, "limit must not be negative");
-        return NULL;
-    }
-    ferry_store *s = st_of(self);
-    if (!s)
-        return NULL;
-    char **keys = NULL;
-    size_t n = 0;
-    bool more = false;
-    int rc;
-    ST_CALL(self, rc = ferry_store_list(s, prefix, after, (size_t)limit, &keys, &n, &more, &fe));
-    if (rc < 0)
-        return st_raise(rc, &fe);
-    PyObject *l = fp_list_str(keys, n);
-    ferry_store_free(keys);
-    return l ? Py_BuildValue("(NO)", l, more ? Py_True : Py_False) : NULL;
-}
-
-static PyObject *st_list(StoreObject *self, PyObject *args, PyObject *kw)
-{
-    PyObject *t = st_list_page(self, args, kw);
-    if (!t)
-        return NULL;
-    PyObject *l = PyTuple_GET_ITEM(t, 0);
-    Py_INCREF(l);
-    Py_DECREF(t);
-    return l;
-}
-
 static PyObject *st_replica_desc(StoreObject *self, PyObject *args)
 {
     ferry_error fe = {0};
@@ -1337,96 +1298,7 @@ static PyObject *st_watch(StoreObject *self, PyObject *args, PyObject *kw)
 
 /* ---- queues ------------------------------------------------------------------------------ */
 
-#define ST_POP_MAX FERRY_STORE_POP_MAX
-
-static PyObject *st_queue_pop(StoreObject *self, PyObject *args, PyObject *kw)
-{
-    ferry_error fe = {0};
-    static char *kwl[] = {"queue", "max", "lease_ms", NULL};
-    const char *queue;
-    unsigned long long max = 1, lease = 30000;
-    PyObject *omax = NULL, *olease = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|OO:queue_pop", kwl, &queue, &omax, &olease) ||
-        st_uint_opt(omax, "max", 1, ST_POP_MAX, &max) < 0 ||
-        st_uint_opt(olease, "lease_ms", 1, FERRY_STORE_LEASE_MAX_MS, &lease) < 0)
-        return NULL;
-    ferry_store *s = st_of(self);
-    if (!s)
-        return NULL;
-    ferry_qrecord *recs = PyMem_Calloc(max, sizeof *recs);
-    if (!recs)
-        return PyErr_NoMemory();
-    size_t n = 0;
-    int rc;
-    ST_CALL(self, rc = ferry_queue_pop(s, queue, (uint32_t)max, lease, recs, &n, &fe));
-    if (rc < 0) {
-        PyMem_Free(recs);
-        return st_raise(rc, &fe);
-    }
-    if (n > max)
-        n = max;
-    PyObject *l = PyList_New((Py_ssize_t)n);
-    for (size_t i = 0; l && i < n; i++) {
-        PyObject *x = Py_BuildValue("(KIy#)", (unsigned long long)recs[i].id, (unsigned int)recs[i].token,
-                                    recs[i].data ? (const char *)recs[i].data : "", (Py_ssize_t)recs[i].len);
-        if (!x)
-            Py_CLEAR(l);
-        else
-            PyList_SET_ITEM(l, (Py_ssize_t)i, x);
-    }
-    ferry_qrecords_free(recs, n);
-    PyMem_Free(recs);
-    return l;
-}
-
-static PyObject *st_status(StoreObject *self, PyObject *unused)
-{
-    ferry_error fe = {0};
-    (void)unused;
-    ferry_store *s = st_of(self);
-    if (!s)
-        return NULL;
-    char *json = NULL;
-    int rc;
-    ST_CALL(self, rc = ferry_store_status_json(s, &json, &fe));
-    if (rc < 0)
-        return st_raise(rc, &fe);
-    PyObject *mod = PyImport_ImportModule("json");
-    PyObject *d = mod ? PyObject_CallMethod(mod, "loads", "s", json ? json : "null") : NULL;
-    Py_XDECREF(mod);
-    ferry_store_free(json);
-    return d;
-}
-
 /* warm(write=False) -> bytes warmed (ferry_store_warm). */
-static PyObject *st_warm(StoreObject *self, PyObject *args, PyObject *kw)
-{
-    ferry_error fe = {0};
-    static char *kwl[] = {"write", NULL};
-    int write = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|p:warm", kwl, &write))
-        return NULL;
-    ferry_store *s = st_of(self);
-    if (!s)
-        return NULL;
-    uint64_t bytes = 0;
-    int rc;
-    ST_CALL(self, rc = ferry_store_warm(s, write != 0, &bytes, &fe));
-    if (rc < 0)
-        return st_raise(rc, &fe);
-    return PyLong_FromUnsignedLongLong(bytes);
-}
-
-static PyObject *st_engine_address(StoreObject *self, PyObject *unused)
-{
-    (void)unused;
-    ferry_store *s = st_of(self);
-    if (!s)
-        return NULL;
-    const char *a = ferry_engine_address(ferry_store_engine(s));
-    return PyUnicode_FromString(a ? a : "");
-}
-
 static PyMethodDef st_methods[] = {
     {"_enter", (PyCFunction)st_enter, METH_NOARGS, "_enter($self, /)\n--\n\n"
      "_enter() -> the address of the C handle, the call counted in flight until _leave()"},
@@ -1466,12 +1338,6 @@ static PyMethodDef st_methods[] = {
     {"batch_get_into", FP_KWFN(st_batch_get_into), METH_VARARGS | METH_KEYWORDS,
      "batch_get_into($self, /, keys, buffers, sizes=None)\n--\n\n"
      "batch_get_into(keys, buffers, sizes=None) -> [bytes read or -code per key]"},
-    {"list", FP_KWFN(st_list), METH_VARARGS | METH_KEYWORDS,
-     "list($self, /, prefix='', after=None, limit=1000)\n--\n\n"
-     "list(prefix='', after=None, limit=1000) -> keys, ascending"},
-    {"list_page", FP_KWFN(st_list_page), METH_VARARGS | METH_KEYWORDS,
-     "list_page($self, /, prefix='', after=None, limit=1000)\n--\n\n"
-     "list_page(prefix='', after=None, limit=1000) -> (keys, more)"},
     {"get_replica_desc", (PyCFunction)st_replica_desc, METH_VARARGS,
      "get_replica_desc($self, key, /)\n--\n\n"
      "get_replica_desc(key) -> {'size', 'replicas': [{'segment', 'node', 'offset', 'preferred'}]}"},
@@ -1487,16 +1353,6 @@ static PyMethodDef st_methods[] = {
      "array, tensor or writable buffer, or an address inside a registered buffer with its size)"},
     {"watch", FP_KWFN(st_watch), METH_VARARGS | METH_KEYWORDS, "watch($self, /, prefix, from_rev=0)\n--\n\n"
      "watch(prefix, from_rev=0) -> Watch"},
-    {"queue_pop", FP_KWFN(st_queue_pop), METH_VARARGS | METH_KEYWORDS,
-     "queue_pop($self, /, queue, max=1, lease_ms=30000)\n--\n\n"
-     "queue_pop(queue, max=1, lease_ms=30000) -> [(id, token, data), ...]"},
-    {"status", (PyCFunction)st_status, METH_NOARGS, "status($self, /)\n--\n\n"
-     "status() -> the master's state (dict)"},
-    {"warm", FP_KWFN(st_warm), METH_VARARGS | METH_KEYWORDS, "warm($self, /, write=False)\n--\n\n"
-     "warm(write=False) -> bytes: touch every page of this machine's segments once through this "
-     "client's mappings (a set-up step: later puts and gets pay no first touch)"},
-    {"engine_address", (PyCFunction)st_engine_address, METH_NOARGS, "engine_address($self, /)\n--\n\n"
-     "engine_address() -> the client engine's address"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -14,6 +14,7 @@ import atexit
 import logging
 
 from ._binding import ffi, lib
+from ._call import str_of
 
 __all__ = ["set_log_level", "get_log_level", "log_flush"]
 
@@ -44,10 +45,6 @@ def emit(lines):
         logger.handle(rec)
 
 
-def _text(chars):
-    return ffi.string(chars).decode("utf-8", "surrogateescape")
-
-
 def log_flush():
     """Deliver the queued log lines now (they are also delivered at the
     main thread's next bytecode, and at exit)."""
@@ -59,7 +56,7 @@ def log_flush():
             return
         if not _installed:
             continue   # not installed: lines are discarded
-        lines = [(ln.level, _text(ln.tag), _text(ln.msg), ln.time, ln.thread) for ln in buf[0:n]]
+        lines = [(ln.level, str_of(ln.tag), str_of(ln.msg), ln.time, ln.thread) for ln in buf[0:n]]
         if dropped[0]:
             lines.append((lib.FERRY_LOG_WARN, "log",
                           f"{dropped[0]} log lines were dropped: Python did not take them fast enough", 0.0, 0))

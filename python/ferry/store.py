@@ -14,6 +14,8 @@ through :mod:`ferry.torch`). See docs/store.md ("Python") and docs/python.md.
 """
 
 import ctypes
+import json
+import operator
 import time
 
 from . import _call
@@ -299,6 +301,69 @@ class Store(_ferry.Store):
     def queue_nack(self, id, token, /):
         """The record goes back to the queue at once, for another pop."""
         self._queue_settle(lib.ferry_queue_nack, id, token)
+
+    def list_page(self, prefix="", after=None, limit=1000):
+        """(keys, more): at most limit keys with the prefix after ``after``
+        (None: from the start), ascending; more: there are further keys."""
+        p = _call.text("list", 1, prefix)
+        a = ffi.NULL if after is None else _call.text("list", 2, after)
+        if operator.index(limit) < 0:
+            raise ValueError("limit must not be negative")
+        fe, keys, n, more = _call.new_error(), ffi.new("char ***"), ffi.new("size_t *"), ffi.new("bool *")
+        rc = self._call(lib.ferry_store_list, p, a, operator.index(limit), keys, n, more, fe)
+        if rc < 0:
+            raise _call.error(rc, fe)
+        try:
+            return [_call.str_of(keys[0][i]) for i in range(n[0])], bool(more[0])
+        finally:
+            lib.ferry_store_free(keys[0])
+
+    def list(self, prefix="", after=None, limit=1000):
+        """Keys with the prefix after ``after``, ascending (list_page without ``more``)."""
+        return self.list_page(prefix, after, limit)[0]
+
+    def queue_pop(self, queue, max=1, lease_ms=30000):
+        """Lease up to max ready records of a queue for lease_ms:
+        [(id, token, data), ...], possibly empty."""
+        q = _call.text("queue_pop", 1, queue)
+        n = _call.uint(max, "max", 1, lib.FERRY_STORE_POP_MAX)
+        lease = _call.uint(lease_ms, "lease_ms", 1, lib.FERRY_STORE_LEASE_MAX_MS)
+        fe, recs, got = _call.new_error(), ffi.new("ferry_qrecord[]", n), ffi.new("size_t *")
+        rc = self._call(lib.ferry_queue_pop, q, n, lease, recs, got, fe)
+        if rc < 0:
+            raise _call.error(rc, fe)
+        k = min(got[0], n)
+        try:
+            return [(r.id, r.token, ffi.unpack(ffi.cast("char *", r.data), r.len) if r.data else b"")
+                    for r in recs[0:k]]
+        finally:
+            lib.ferry_qrecords_free(recs, k)
+
+    def status(self):
+        """The master's state (a dict: segments, objects, kv_revision, ...)."""
+        fe, text = _call.new_error(), ffi.new("char **")
+        rc = self._call(lib.ferry_store_status_json, text, fe)
+        if rc < 0:
+            raise _call.error(rc, fe)
+        try:
+            return json.loads(ffi.string(text[0]) if text[0] else "null")
+        finally:
+            lib.ferry_store_free(text[0])
+
+    def warm(self, write=False):
+        """Touch every page of this machine's segments once through this
+        client's mappings (a set-up step: later puts and gets pay no first
+        touch); the bytes touched."""
+        fe, n = _call.new_error(), ffi.new("uint64_t *")
+        rc = self._call(lib.ferry_store_warm, bool(write), n, fe)
+        if rc < 0:
+            raise _call.error(rc, fe)
+        return n[0]
+
+    def engine_address(self):
+        """The client engine's address."""
+        a = self._call(lambda s: lib.ferry_engine_address(lib.ferry_store_engine(s)))
+        return ffi.string(a).decode() if a else ""
 
     # ---- structured objects -------------------------------------------------------
 
