@@ -240,26 +240,6 @@ static const ferry_replicate_config *rc_ptr(const st_rc *r)
     return r->set ? &r->rc : NULL;
 }
 
-static PyObject *desc_dict(const ferry_object_desc *d)
-{
-    uint32_t n = d->nreplicas <= FERRY_STORE_REPLICAS_MAX ? d->nreplicas : FERRY_STORE_REPLICAS_MAX;
-    PyObject *reps = PyList_New(n);
-    for (uint32_t i = 0; reps && i < n; i++) {
-        const ferry_replica_info *r = &d->replicas[i];
-        PyObject *x = Py_BuildValue("{sKsKsKsO}", "segment", (unsigned long long)r->segment, "node",
-                                    (unsigned long long)r->node, "offset", (unsigned long long)r->offset,
-                                    "preferred", r->preferred ? Py_True : Py_False);
-        if (!x) {
-            Py_CLEAR(reps);
-            break;
-        }
-        PyList_SET_ITEM(reps, i, x);
-    }
-    if (!reps)
-        return NULL;
-    return Py_BuildValue("{sKsN}", "size", (unsigned long long)d->size, "replicas", reps);
-}
-
 /* ---- set-up and lifetime ---------------------------------------------------------- */
 
 static PyObject *st_setup(StoreObject *self, PyObject *args, PyObject *kw)
@@ -576,6 +556,43 @@ static int config_like(PyObject *o)
     return o && o != Py_None && !PyLong_Check(o) && (PyDict_Check(o) || PyObject_HasAttrString(o, "replica_num"));
 }
 
+/* For the calls written in Python over the cffi binding, the two argument
+ * readers the batch and structured calls here share with them:
+ * _memory(obj, size, writable, what) -> (address, bytes, holder): a memory
+ * argument by mem_get, held by holder (a memoryview export, or None for a
+ * raw registration) until the caller drops it; */
+static PyObject *st_memory(StoreObject *self, PyObject *args)
+{
+    PyObject *o, *size;
+    int writable;
+    const char *what;
+    if (!PyArg_ParseTuple(args, "OOps:_memory", &o, &size, &writable, &what) || !st_of(self))
+        return NULL;
+    st_mem m;
+    if (mem_get(self, o, size, writable, what, &m) < 0)
+        return NULL;
+    PyObject *hold = m.v.obj ? PyMemoryView_FromObject(m.v.obj) : Py_NewRef(Py_None);
+    mem_release(&m);
+    return hold ? Py_BuildValue("(NnN)", PyLong_FromVoidPtr(m.ptr), (Py_ssize_t)m.len, hold) : NULL;
+}
+
+/* _replicate(config) -> None, or (replica_num, hard_pin, preferred segment
+ * ids) of a ReplicateConfig or dict, checked by rc_from. */
+static PyObject *st_replicate(PyObject *self, PyObject *cfg)
+{
+    (void)self;
+    st_rc r;
+    if (rc_from(cfg, &r) < 0)
+        return NULL;
+    if (!r.set)
+        Py_RETURN_NONE;
+    PyObject *pref = PyTuple_New(r.rc.npreferred);
+    for (uint32_t i = 0; pref && i < r.rc.npreferred; i++)
+        PyTuple_SET_ITEM(pref, i, PyLong_FromUnsignedLongLong(r.pref[i]));
+    rc_free(&r);
+    return pref ? Py_BuildValue("(IOO)", r.rc.replica_num, r.rc.hard_pin ? Py_True : Py_False, pref) : NULL;
+}
+
 /* ---- registered buffers -------------------------------------------------------------- */
 
 /* register_buffer(buffer) or register_buffer(ptr, size) -> 0 */
@@ -705,97 +722,6 @@ static PyObject *st_unregister(StoreObject *self, PyObject *buffer)
 }
 
 /* ---- objects --------------------------------------------------------------------------- */
-
-enum { PUT_COPY, PUT_FROM, PUT_PLACED };
-
-static PyObject *st_put_any(StoreObject *self, PyObject *args, PyObject *kw, int how)
-{
-    ferry_error fe = {0};
-    static char *kwl_put[] = {"key", "value", "config", NULL};
-    static char *kwl_from[] = {"key", "buffer", "size", "config", NULL};
-    const char *key;
-    PyObject *val, *size = Py_None, *cfg = Py_None;
-    int ok = how == PUT_FROM
-                 ? PyArg_ParseTupleAndKeywords(args, kw, "sO|OO:put_from", kwl_from, &key, &val, &size, &cfg)
-                 : PyArg_ParseTupleAndKeywords(args, kw, how == PUT_COPY ? "sO|O:put" : "sO|O:put_placed", kwl_put,
-                                               &key, &val, &cfg);
-    if (!ok)
-        return NULL;
-    if (config_like(size) && cfg == Py_None) {   /* put_from(key, buffer, config) */
-        cfg = size;
-        size = Py_None;
-    }
-    ferry_store *s = st_of(self);
-    st_rc r;
-    if (!s || rc_from(cfg, &r) < 0)
-        return NULL;
-    char what[FERRY_STORE_KEY_MAX + 48];
-    snprintf(what, sizeof what, "%s('%s'): %s", how == PUT_FROM ? "put_from" : how == PUT_COPY ? "put" : "put_placed",
-             key, how == PUT_FROM ? "buffer" : "value");
-    st_mem m;
-    if (mem_get(self, val, size, 0, what, &m) < 0) {
-        rc_free(&r);
-        return NULL;
-    }
-    ferry_object_desc placed;
-    memset(&placed, 0, sizeof placed);
-    int rc;
-    if (how == PUT_COPY)
-        ST_CALL(self, rc = ferry_store_put(s, key, m.ptr, m.len, rc_ptr(&r), &placed, &fe));
-    else
-        ST_CALL(self, rc = ferry_store_put_from(s, key, m.ptr, m.len, rc_ptr(&r), &placed, &fe));
-    mem_release(&m);
-    rc_free(&r);
-    if (rc < 0)
-        return st_raise(rc, &fe);
-    return how == PUT_PLACED ? desc_dict(&placed) : PyLong_FromLong(0);
-}
-
-static PyObject *st_put(StoreObject *self, PyObject *args, PyObject *kw)
-{
-    return st_put_any(self, args, kw, PUT_COPY);
-}
-
-static PyObject *st_put_from(StoreObject *self, PyObject *args, PyObject *kw)
-{
-    return st_put_any(self, args, kw, PUT_FROM);
-}
-
-static PyObject *st_put_placed(StoreObject *self, PyObject *args, PyObject *kw)
-{
-    return st_put_any(self, args, kw, PUT_PLACED);
-}
-
-/* get_into(key, buffer, size=None) -> bytes read; buffer may be an address */
-static PyObject *st_get_into(StoreObject *self, PyObject *args, PyObject *kw)
-{
-    ferry_error fe = {0};
-    static char *kwl[] = {"key", "buffer", "size", NULL};
-    const char *key;
-    PyObject *dst, *size = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|O:get_into", kwl, &key, &dst, &size))
-        return NULL;
-    ferry_store *s = st_of(self);
-    if (!s)
-        return NULL;
-    char what[FERRY_STORE_KEY_MAX + 32];
-    snprintf(what, sizeof what, "get_into('%s'): buffer", key);
-    st_mem m;
-    if (mem_get(self, dst, size, 1, what, &m) < 0)
-        return NULL;
-    size_t len = 0;
-    int rc;
-    ST_CALL(self, rc = ferry_store_get_into(s, key, m.ptr, m.len, &len, &fe));
-    size_t cap = m.len;
-    mem_release(&m);
-    if (rc == FERRY_EMSGSIZE) {
-        char msg[FERRY_STORE_KEY_MAX + 128];
-        snprintf(msg, sizeof msg, "get_into('%s'): the object is %zu bytes, the buffer holds %zu; nothing was read",
-                 key, len, cap);
-        return fp_err_throw(fp_err_new(rc, msg));
-    }
-    return rc < 0 ? st_raise(rc, &fe) : PyLong_FromSize_t(len);
-}
 
 /* After a batch call that returned rc: whether it failed as a whole (raise)
  * rather than per item (return the list). unfilled: some result kept its
@@ -1069,22 +995,6 @@ done:
     return out;
 }
 
-static PyObject *st_replica_desc(StoreObject *self, PyObject *args)
-{
-    ferry_error fe = {0};
-    const char *key;
-    if (!PyArg_ParseTuple(args, "s:get_replica_desc", &key))
-        return NULL;
-    ferry_store *s = st_of(self);
-    if (!s)
-        return NULL;
-    ferry_object_desc d;
-    memset(&d, 0, sizeof d);
-    int rc;
-    ST_CALL(self, rc = ferry_store_get_replica_desc(s, key, &d, &fe));
-    return rc < 0 ? st_raise(rc, &fe) : desc_dict(&d);
-}
-
 /* ---- structured objects ------------------------------------------------------------ */
 
 /* put_struct_raw(key, [(name, dtype, shape, buffer), ...], config=None) */
@@ -1304,6 +1214,8 @@ static PyMethodDef st_methods[] = {
      "_enter() -> the address of the C handle, the call counted in flight until _leave()"},
     {"_leave", (PyCFunction)st_leave, METH_NOARGS, "_leave($self, /)\n--\n\n"
      "_leave(): the call of the last _enter() is done"},
+    {"_memory", (PyCFunction)st_memory, METH_VARARGS, "_memory($self, obj, size, writable, what, /)\n--\n\n"
+     "_memory(obj, size, writable, what) -> (address, bytes, holder) of a memory argument"},
     {"setup", FP_KWFN(st_setup), METH_VARARGS | METH_KEYWORDS,
      "setup($self, /, master=None, token=None, token_file=None, transport=None, timeout_ms=None, lease_ms=None)\n--\n\n"
      "setup(master=None, token=None, token_file=None, transport=None, timeout_ms=None, lease_ms=None)\n"
@@ -1315,20 +1227,6 @@ static PyMethodDef st_methods[] = {
      "Mooncake's (ptr, size) (the caller keeps that memory alive)"},
     {"unregister_buffer", (PyCFunction)st_unregister, METH_O,
      "unregister_buffer($self, buffer, /)\n--\n\nunregister_buffer(buffer or ptr) -> 0"},
-    {"put", FP_KWFN(st_put), METH_VARARGS | METH_KEYWORDS,
-     "put($self, /, key, value, config=None)\n--\n\n"
-     "put(key, value, config=None) -> 0; value: bytes, an array, a tensor or any contiguous buffer"},
-    {"put_from", FP_KWFN(st_put_from), METH_VARARGS | METH_KEYWORDS,
-     "put_from($self, /, key, buffer, size=None, config=None)\n--\n\n"
-     "put_from(key, buffer, size=None, config=None) -> 0 (no copy; fastest on registered buffers); buffer: an "
-     "array, tensor or buffer, or an address inside a registered buffer with its size"},
-    {"put_placed", FP_KWFN(st_put_placed), METH_VARARGS | METH_KEYWORDS,
-     "put_placed($self, /, key, value, config=None)\n--\n\n"
-     "put_placed(key, value, config=None) -> placement dict {'size', 'replicas': [...]} (as put_from)"},
-    {"get_into", FP_KWFN(st_get_into), METH_VARARGS | METH_KEYWORDS,
-     "get_into($self, /, key, buffer, size=None)\n--\n\n"
-     "get_into(key, buffer, size=None) -> bytes read; buffer: an array, tensor or writable buffer, or an address "
-     "inside a registered buffer with its size"},
     {"get_into_ranges", (PyCFunction)st_get_into_ranges, METH_VARARGS,
      "get_into_ranges($self, ranges, /)\n--\n\n"
      "get_into_ranges([(key, src_offset, buffer[, length]), ...]) -> [bytes read or -code per range]"},
@@ -1338,9 +1236,6 @@ static PyMethodDef st_methods[] = {
     {"batch_get_into", FP_KWFN(st_batch_get_into), METH_VARARGS | METH_KEYWORDS,
      "batch_get_into($self, /, keys, buffers, sizes=None)\n--\n\n"
      "batch_get_into(keys, buffers, sizes=None) -> [bytes read or -code per key]"},
-    {"get_replica_desc", (PyCFunction)st_replica_desc, METH_VARARGS,
-     "get_replica_desc($self, key, /)\n--\n\n"
-     "get_replica_desc(key) -> {'size', 'replicas': [{'segment', 'node', 'offset', 'preferred'}]}"},
     {"put_struct_raw", FP_KWFN(st_put_struct_raw), METH_VARARGS | METH_KEYWORDS,
      "put_struct_raw($self, /, key, members, config=None)\n--\n\n"
      "put_struct_raw(key, [(name, dtype, shape, buffer), ...], config=None)"},
@@ -1566,7 +1461,13 @@ int fp_store_init(PyObject *m)
         if (!*errs[i].slot || PyModule_AddObjectRef(m, errs[i].name, *errs[i].slot) < 0)
             return -1;
     }
-    if (fp_add_type(m, "Store", &StoreType) < 0 || fp_add_type(m, "Watch", &WatchType) < 0)
+    static PyMethodDef functions[] = {
+        {"_replicate", st_replicate, METH_O, "_replicate($module, config, /)\n--\n\n"
+         "_replicate(config) -> None or (replica_num, hard_pin, preferred segment ids), checked"},
+        {NULL, NULL, 0, NULL},
+    };
+    if (fp_add_type(m, "Store", &StoreType) < 0 || fp_add_type(m, "Watch", &WatchType) < 0 ||
+        PyModule_AddFunctions(m, functions) < 0)
         return -1;
     return 0;
 }

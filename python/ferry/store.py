@@ -142,6 +142,32 @@ def _check_dest(out, dtype, nbytes, what):
         raise ValueError(f"{what} ({_tensors.describe(out)}) holds {m.nbytes} bytes; the stored data is {nbytes}")
 
 
+def _config_like(o):
+    """A config given in the place of Mooncake's size (ferry's older
+    put_from(key, buffer, config)): a dict or anything with replica_num."""
+    return o is not None and not isinstance(o, int) and (isinstance(o, dict) or hasattr(o, "replica_num"))
+
+
+def _replicate(config):
+    """(ferry_replicate_config * or NULL, what holds its segment ids) of a
+    ReplicateConfig, a dict with its names, or None."""
+    r = _ferry._replicate(config)
+    if r is None:
+        return ffi.NULL, None
+    c = ffi.new("ferry_replicate_config *")
+    c.replica_num, c.hard_pin = r[0], r[1]
+    ids = ffi.new("uint64_t[]", r[2]) if r[2] else ffi.NULL
+    c.preferred_segments, c.npreferred = ids, len(r[2])
+    return c, ids
+
+
+def _desc(d):
+    """A ferry_object_desc as {'size', 'replicas': [...]}."""
+    n = min(d.nreplicas, lib.FERRY_STORE_REPLICAS_MAX)
+    return {"size": d.size, "replicas": [{"segment": r.segment, "node": r.node, "offset": r.offset,
+                                          "preferred": bool(r.preferred)} for r in d.replicas[0:n]]}
+
+
 class Store(_ferry.Store):
     """A client of the ferry store, with Mooncake's names and signatures.
 
@@ -364,6 +390,62 @@ class Store(_ferry.Store):
         """The client engine's address."""
         a = self._call(lambda s: lib.ferry_engine_address(lib.ferry_store_engine(s)))
         return ffi.string(a).decode() if a else ""
+
+    def _put(self, fn, c_fn, key, value, size, config, what):
+        """A put of value (size: its first bytes) under the config: the placement."""
+        if _config_like(size) and config is None:   # put_from(key, buffer, config)
+            config, size = size, None
+        k = _call.text(fn, 1, key)
+        cfg, keep = _replicate(config)
+        addr, n, hold = self._memory(value, size, False, f"{fn}('{key}'): {what}")
+        fe, placed = _call.new_error(), ffi.new("ferry_object_desc *")
+        rc = self._call(c_fn, k, ffi.cast("void *", addr), n, cfg, placed, fe)
+        del hold, keep
+        if rc < 0:
+            raise _call.error(rc, fe)
+        return placed
+
+    def put(self, key, value, config=None):
+        """Store a copy of value (bytes, an array, a tensor or any contiguous
+        buffer) under key. Returns 0."""
+        self._put("put", lib.ferry_store_put, key, value, None, config, "value")
+        return 0
+
+    def put_from(self, key, buffer, size=None, config=None):
+        """Store buffer (an array, tensor or buffer, or an address inside a
+        registered buffer with its size) under key without a copy; fastest
+        on registered buffers. Returns 0."""
+        self._put("put_from", lib.ferry_store_put_from, key, buffer, size, config, "buffer")
+        return 0
+
+    def put_placed(self, key, value, config=None):
+        """put_from, returning where each replica landed:
+        {'size', 'replicas': [{'segment', 'node', 'offset', 'preferred'}]}."""
+        return _desc(self._put("put_placed", lib.ferry_store_put_from, key, value, None, config, "value"))
+
+    def get_into(self, key, buffer, size=None):
+        """Read an object into buffer (an array, tensor or writable buffer,
+        or an address inside a registered buffer with its size), in place;
+        the bytes read."""
+        k = _call.text("get_into", 1, key)
+        addr, cap, hold = self._memory(buffer, size, True, f"get_into('{key}'): buffer")
+        fe, n = _call.new_error(), ffi.new("size_t *")
+        rc = self._call(lib.ferry_store_get_into, k, ffi.cast("void *", addr), cap, n, fe)
+        del hold
+        if rc == lib.FERRY_EMSGSIZE:
+            raise _call.error(rc, msg=f"get_into('{key}'): the object is {n[0]} bytes, the buffer holds {cap}; "
+                              "nothing was read")
+        if rc < 0:
+            raise _call.error(rc, fe)
+        return n[0]
+
+    def get_replica_desc(self, key, /):
+        """{'size', 'replicas': [{'segment', 'node', 'offset', 'preferred'}]} of an object."""
+        fe, d = _call.new_error(), ffi.new("ferry_object_desc *")
+        rc = self._call(lib.ferry_store_get_replica_desc, _call.text("get_replica_desc", 1, key), d, fe)
+        if rc < 0:
+            raise _call.error(rc, fe)
+        return _desc(d)
 
     # ---- structured objects -------------------------------------------------------
 
