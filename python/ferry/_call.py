@@ -46,6 +46,56 @@ def str_of(chars):
     return ffi.string(chars).decode("utf-8", "surrogateescape")
 
 
+def seq(obj, what):
+    """A tuple copy of a sequence argument (it holds the items for the
+    call); str and bytes refused."""
+    if isinstance(obj, (str, bytes)):
+        raise TypeError(f"{what} must be a list, not {type(obj).__name__}")
+    try:
+        return tuple(obj)
+    except TypeError:
+        raise TypeError(f"{what} must be a sequence") from None
+
+
+def key(obj, what):
+    """A str item (a key in a list) as NUL-terminated UTF-8."""
+    if not isinstance(obj, str):
+        raise TypeError(f"{what} must be str, not {type(obj).__name__}")
+    b = obj.encode()
+    if b"\0" in b:
+        raise ValueError(f"{what} contains a NUL character")
+    return b
+
+
+def dest(obj, what):
+    """The memory of a destination argument (C-contiguous, writable) as
+    (char *, nbytes)."""
+    v = _ferry._view(obj, what, True)
+    return ffi.from_buffer(v, require_writable=True), v.nbytes
+
+
+_SENTINEL = {"int": -2**31, "int64_t": -2**63}
+
+
+def results(n, ctype):
+    """The per-item results of a batch call, each its sentinel (never
+    written by the call), so that an item the call did not reach is seen."""
+    return ffi.new(f"{ctype}[]", [_SENTINEL[ctype]] * n)
+
+
+def results_list(rc, res, fe, ctype):
+    """After a batch call that returned rc: the per-item results as a list,
+    or the error when the call failed as a whole (the connection, the
+    token, or an item it did not reach)."""
+    out = list(res)
+    if rc < 0:
+        sentinel = _SENTINEL[ctype]
+        whole = rc in (lib.FERRY_ECONNRESET, lib.FERRY_ECONNREFUSED, lib.FERRY_EAUTH)
+        if whole or sentinel in out or not any(x < 0 for x in out):
+            raise error(rc, fe)
+    return out
+
+
 def strerror(code, /):
     """strerror(code) -> the text of a ferry error code"""
     return ffi.string(lib.ferry_strerror(code)).decode()
@@ -63,4 +113,5 @@ def new_error():
     return ffi.new("ferry_error *")
 
 
-__all__ = ["ffi", "lib", "text", "uint", "source", "str_of", "strerror", "error", "new_error", "U64_MAX"]
+__all__ = ["ffi", "lib", "text", "uint", "seq", "key", "source", "dest", "results", "results_list", "str_of", "strerror",
+           "error", "new_error", "U64_MAX"]

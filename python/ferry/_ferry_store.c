@@ -549,13 +549,6 @@ static int mem_get(StoreObject *self, PyObject *o, PyObject *size, int writable,
     return 0;
 }
 
-/* A config given in the place of Mooncake's size (ferry's older
- * put_from(key, buffer, config)): a dict or anything with replica_num. */
-static int config_like(PyObject *o)
-{
-    return o && o != Py_None && !PyLong_Check(o) && (PyDict_Check(o) || PyObject_HasAttrString(o, "replica_num"));
-}
-
 /* For the calls written in Python over the cffi binding, the two argument
  * readers the batch and structured calls here share with them:
  * _memory(obj, size, writable, what) -> (address, bytes, holder): a memory
@@ -723,281 +716,19 @@ static PyObject *st_unregister(StoreObject *self, PyObject *buffer)
 
 /* ---- objects --------------------------------------------------------------------------- */
 
-/* After a batch call that returned rc: whether it failed as a whole (raise)
- * rather than per item (return the list). unfilled: some result kept its
- * sentinel; anyneg: some result is negative. */
-static int call_failed(int rc, int unfilled, int anyneg)
-{
-    if (rc >= 0)
-        return 0;
-    if (rc == FERRY_ECONNRESET || rc == FERRY_ECONNREFUSED || rc == FERRY_EAUTH)
-        return 1;
-    return unfilled || !anyneg;
-}
+/* keys, buffers (objects or addresses) and sizes (None, or one per buffer;
+ * required for addresses) of a batch call named fn. 0 or -1. */
+/* batch_put_from(keys, buffers, sizes=None, config=None) */
+/* batch_get_into(keys, buffers, sizes=None) */
+/* ---- structured objects ------------------------------------------------------------ */
 
+/* put_struct_raw(key, [(name, dtype, shape, buffer), ...], config=None) */
 static void views_release(Py_buffer *v, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         PyBuffer_Release(&v[i]);
 }
 
-/* The per-item results of a batch call for n items, each set to its
- * sentinel (never written by the call): int with INT32_MIN, or with wide
- * int64_t with INT64_MIN. NULL with MemoryError. */
-static void *results_new(size_t n, int wide)
-{
-    void *res = PyMem_Calloc(n + 1, wide ? sizeof(int64_t) : sizeof(int));
-    if (!res) {
-        PyErr_NoMemory();
-        return NULL;
-    }
-    for (size_t i = 0; i < n; i++) {
-        if (wide)
-            ((int64_t *)res)[i] = INT64_MIN;
-        else
-            ((int *)res)[i] = INT32_MIN;
-    }
-    return res;
-}
-
-/* After a batch call that returned rc with results res (from results_new):
- * raise when it failed as a whole, else the results as a list of ints. */
-static PyObject *results_list(int rc, const void *res, size_t n, int wide, const ferry_error *fe)
-{
-    int unfilled = 0, anyneg = 0;
-    for (size_t i = 0; i < n; i++) {
-        int64_t x = wide ? ((const int64_t *)res)[i] : ((const int *)res)[i];
-        unfilled |= x == (wide ? INT64_MIN : INT32_MIN);
-        anyneg |= x < 0;
-    }
-    if (call_failed(rc, unfilled, anyneg))
-        return st_raise(rc, fe);
-    PyObject *out = PyList_New((Py_ssize_t)n);
-    for (size_t i = 0; out && i < n; i++) {
-        PyObject *x = PyLong_FromLongLong(wide ? ((const int64_t *)res)[i] : ((const int *)res)[i]);
-        if (!x)
-            Py_CLEAR(out);
-        else
-            PyList_SET_ITEM(out, (Py_ssize_t)i, x);
-    }
-    return out;
-}
-
-static PyObject *st_get_into_ranges(StoreObject *self, PyObject *args)
-{
-    ferry_error fe = {0};
-    PyObject *ranges;
-    if (!PyArg_ParseTuple(args, "O:get_into_ranges", &ranges))
-        return NULL;
-    ferry_store *s = st_of(self);
-    if (!s)
-        return NULL;
-    PyObject *t = fp_seq_hold(ranges, "ranges");
-    if (!t)
-        return NULL;
-    size_t n = (size_t)PyTuple_GET_SIZE(t), got = 0;
-    ferry_range *r = PyMem_Calloc(n + 1, sizeof *r);
-    Py_buffer *v = PyMem_Calloc(n + 1, sizeof *v);
-    int64_t *res = results_new(n, 1);
-    PyObject **items = PyMem_Calloc(n + 1, sizeof *items);   /* each range as a tuple */
-    PyObject *out = NULL;
-    if (!r || !v || !res || !items) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (size_t i = 0; i < n; i++) {
-        PyObject *it = PySequence_Tuple(PyTuple_GET_ITEM(t, i));
-        items[i] = it;
-        Py_ssize_t k = it ? PyTuple_GET_SIZE(it) : 0;
-        if (!it || (k != 3 && k != 4)) {
-            PyErr_Format(PyExc_TypeError, "ranges[%zu] must be (key, src_offset, buffer[, length])", i);
-            goto done;
-        }
-        r[i].key = fp_key_of(PyTuple_GET_ITEM(it, 0), "key");
-        if (!r[i].key)
-            goto done;
-        char what[48];
-        unsigned long long u = 0;
-        snprintf(what, sizeof what, "ranges[%zu]: src_offset", i);
-        if (st_uint(PyTuple_GET_ITEM(it, 1), what, 0, UINT64_MAX, &u) < 0)
-            goto done;
-        snprintf(what, sizeof what, "ranges[%zu]: buffer", i);
-        if (buf_dst(PyTuple_GET_ITEM(it, 2), &v[i], what) < 0)
-            goto done;
-        r[i].src_offset = u;
-        got = i + 1;
-        r[i].dst = v[i].buf;
-        r[i].len = (uint64_t)v[i].len;
-        if (k == 4 && PyTuple_GET_ITEM(it, 3) != Py_None) {
-            unsigned long long len = 0;
-            snprintf(what, sizeof what, "ranges[%zu]: length", i);
-            if (st_uint(PyTuple_GET_ITEM(it, 3), what, 0, UINT64_MAX, &len) < 0)
-                goto done;
-            if (len > (uint64_t)v[i].len) {
-                PyErr_Format(PyExc_ValueError, "ranges[%zu]: length %llu exceeds the buffer (%zd bytes)", i,
-                             (unsigned long long)len, v[i].len);
-                goto done;
-            }
-            r[i].len = len;
-        }
-    }
-    int rc = 0;
-    if (n)
-        ST_CALL(self, rc = ferry_store_get_into_ranges(s, r, n, res, &fe));
-    out = results_list(rc, res, n, 1, &fe);
-done:
-    if (v)
-        views_release(v, got);
-    if (items)
-        for (size_t i = 0; i < n; i++)
-            Py_XDECREF(items[i]);
-    PyMem_Free(items);
-    PyMem_Free(r);
-    PyMem_Free(v);
-    PyMem_Free(res);
-    Py_DECREF(t);
-    return out;
-}
-
-/* Keys and buffers of a batch: the tuples hold the objects, mems the bytes. */
-typedef struct {
-    PyObject *kt, *bt, *st;
-    size_t n, got;
-    const char **keys;
-    st_mem *m;
-    void **bufs;
-    size_t *lens;
-} st_batch;
-
-static void batch_free(st_batch *b)
-{
-    if (b->m)
-        for (size_t i = 0; i < b->got; i++)
-            mem_release(&b->m[i]);
-    PyMem_Free((void *)b->keys);
-    PyMem_Free(b->m);
-    PyMem_Free(b->bufs);
-    PyMem_Free(b->lens);
-    Py_XDECREF(b->kt);
-    Py_XDECREF(b->bt);
-    Py_XDECREF(b->st);
-}
-
-/* keys, buffers (objects or addresses) and sizes (None, or one per buffer;
- * required for addresses) of a batch call named fn. 0 or -1. */
-static int batch_from(StoreObject *self, st_batch *b, PyObject *keys, PyObject *bufs, PyObject *sizes, int writable,
-                      const char *fn)
-{
-    memset(b, 0, sizeof *b);
-    b->kt = fp_seq_hold(keys, "keys");
-    b->bt = b->kt ? fp_seq_hold(bufs, "buffers") : NULL;
-    if (!b->bt)
-        return -1;
-    b->n = (size_t)PyTuple_GET_SIZE(b->kt);
-    if ((size_t)PyTuple_GET_SIZE(b->bt) != b->n) {
-        PyErr_Format(PyExc_ValueError, "%s: %zu keys but %zd buffers", fn, b->n, PyTuple_GET_SIZE(b->bt));
-        return -1;
-    }
-    if (sizes && sizes != Py_None) {
-        if (!(b->st = fp_seq_hold(sizes, "sizes")))
-            return -1;
-        if ((size_t)PyTuple_GET_SIZE(b->st) != b->n) {
-            PyErr_Format(PyExc_ValueError, "%s: %zu keys but %zd sizes", fn, b->n, PyTuple_GET_SIZE(b->st));
-            return -1;
-        }
-    }
-    b->keys = PyMem_Calloc(b->n + 1, sizeof *b->keys);
-    b->m = PyMem_Calloc(b->n + 1, sizeof *b->m);
-    b->bufs = PyMem_Calloc(b->n + 1, sizeof *b->bufs);
-    b->lens = PyMem_Calloc(b->n + 1, sizeof *b->lens);
-    if (!b->keys || !b->m || !b->bufs || !b->lens) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    for (size_t i = 0; i < b->n; i++) {
-        b->keys[i] = fp_key_of(PyTuple_GET_ITEM(b->kt, i), "key");
-        if (!b->keys[i])
-            return -1;
-        char what[FERRY_STORE_KEY_MAX + 64];
-        snprintf(what, sizeof what, "%s: buffers[%zu] (for '%s')", fn, i, b->keys[i]);
-        if (mem_get(self, PyTuple_GET_ITEM(b->bt, i), b->st ? PyTuple_GET_ITEM(b->st, i) : NULL, writable, what,
-                    &b->m[i]) < 0)
-            return -1;
-        b->got = i + 1;
-        b->bufs[i] = b->m[i].ptr;
-        b->lens[i] = b->m[i].len;
-    }
-    return 0;
-}
-
-/* batch_put_from(keys, buffers, sizes=None, config=None) */
-static PyObject *st_batch_put_from(StoreObject *self, PyObject *args, PyObject *kw)
-{
-    ferry_error fe = {0};
-    static char *kwl[] = {"keys", "buffers", "sizes", "config", NULL};
-    PyObject *keys, *bufs, *sizes = Py_None, *cfg = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OO:batch_put_from", kwl, &keys, &bufs, &sizes, &cfg))
-        return NULL;
-    if (config_like(sizes) && cfg == Py_None) {   /* batch_put_from(keys, buffers, config) */
-        cfg = sizes;
-        sizes = Py_None;
-    }
-    ferry_store *s = st_of(self);
-    st_rc r;
-    if (!s || rc_from(cfg, &r) < 0)
-        return NULL;
-    st_batch b;
-    PyObject *out = NULL;
-    int *res = NULL;
-    if (batch_from(self, &b, keys, bufs, sizes, 0, "batch_put_from") < 0)
-        goto done;
-    res = results_new(b.n, 0);
-    if (!res)
-        goto done;
-    int rc = 0;
-    if (b.n)
-        ST_CALL(self, rc = ferry_store_batch_put_from(s, b.keys, (const void *const *)b.bufs, b.lens, b.n,
-                                                      rc_ptr(&r), res, &fe));
-    out = results_list(rc, res, b.n, 0, &fe);
-done:
-    PyMem_Free(res);
-    batch_free(&b);
-    rc_free(&r);
-    return out;
-}
-
-/* batch_get_into(keys, buffers, sizes=None) */
-static PyObject *st_batch_get_into(StoreObject *self, PyObject *args, PyObject *kw)
-{
-    ferry_error fe = {0};
-    static char *kwl[] = {"keys", "buffers", "sizes", NULL};
-    PyObject *keys, *bufs, *sizes = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O:batch_get_into", kwl, &keys, &bufs, &sizes))
-        return NULL;
-    ferry_store *s = st_of(self);
-    if (!s)
-        return NULL;
-    st_batch b;
-    PyObject *out = NULL;
-    int64_t *res = NULL;
-    if (batch_from(self, &b, keys, bufs, sizes, 1, "batch_get_into") < 0)
-        goto done;
-    res = results_new(b.n, 1);
-    if (!res)
-        goto done;
-    int rc = 0;
-    if (b.n)
-        ST_CALL(self, rc = ferry_store_batch_get_into(s, b.keys, b.bufs, b.lens, b.n, res, &fe));
-    out = results_list(rc, res, b.n, 1, &fe);
-done:
-    PyMem_Free(res);
-    batch_free(&b);
-    return out;
-}
-
-/* ---- structured objects ------------------------------------------------------------ */
-
-/* put_struct_raw(key, [(name, dtype, shape, buffer), ...], config=None) */
 static PyObject *st_put_struct_raw(StoreObject *self, PyObject *args, PyObject *kw)
 {
     ferry_error fe = {0};
@@ -1088,77 +819,8 @@ done:
     return out;
 }
 
-static PyObject *st_get_members(StoreObject *self, PyObject *args)
-{
-    ferry_error fe = {0};
-    const char *key;
-    if (!PyArg_ParseTuple(args, "s:get_members", &key))
-        return NULL;
-    ferry_store *s = st_of(self);
-    if (!s)
-        return NULL;
-    size_t cap = 64, n = 0;
-    ferry_member *m = NULL;
-    for (;;) {
-        ferry_member *m2 = PyMem_Realloc(m, cap * sizeof *m);
-        if (!m2) {
-            PyMem_Free(m);
-            return PyErr_NoMemory();
-        }
-        m = m2;
-        int rc;
-        ST_CALL(self, rc = ferry_store_get_members(s, key, m, cap, &n, &fe));
-        if (rc < 0) {
-            PyMem_Free(m);
-            return st_raise(rc, &fe);
-        }
-        if (n <= cap)
-            break;
-        cap = n;
-    }
-    PyObject *l = PyList_New((Py_ssize_t)n);
-    for (size_t i = 0; l && i < n; i++) {
-        uint32_t nd = m[i].ndim <= FERRY_MEMBER_NDIM_MAX ? m[i].ndim : FERRY_MEMBER_NDIM_MAX;
-        PyObject *x = Py_BuildValue("{sssssNsKsK}", "name", m[i].name, "dtype", m[i].dtype, "shape",
-                                    fp_tuple_u64(m[i].shape, nd), "offset", (unsigned long long)m[i].offset,
-                                    "nbytes", (unsigned long long)m[i].nbytes);
-        if (!x)
-            Py_CLEAR(l);
-        else
-            PyList_SET_ITEM(l, (Py_ssize_t)i, x);
-    }
-    PyMem_Free(m);
-    return l;
-}
-
 /* read_member_into(key, member, row_begin, row_end, buffer, size=None) -> bytes
  * read; buffer may be an address inside a registered buffer (with size). */
-static PyObject *st_read_member_into(StoreObject *self, PyObject *args, PyObject *kw)
-{
-    ferry_error fe = {0};
-    static char *kwl[] = {"key", "member", "row_begin", "row_end", "buffer", "size", NULL};
-    const char *key, *member;
-    unsigned long long a = 0, b = 0;
-    PyObject *oa, *ob, *dst, *size = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "ssOOO|O:read_member_into", kwl, &key, &member, &oa, &ob, &dst,
-                                     &size) ||
-        st_uint(oa, "row_begin", 0, UINT64_MAX, &a) < 0 || st_uint(ob, "row_end", 0, UINT64_MAX, &b) < 0)
-        return NULL;
-    ferry_store *s = st_of(self);
-    if (!s)
-        return NULL;
-    char what[FERRY_STORE_KEY_MAX + 96];
-    snprintf(what, sizeof what, "read_member_into('%s', '%.40s'): buffer", key, member);
-    st_mem m;
-    if (mem_get(self, dst, size, 1, what, &m) < 0)
-        return NULL;
-    size_t len = 0;
-    int rc;
-    ST_CALL(self, rc = ferry_store_read_member(s, key, member, a, b, m.ptr, m.len, &len, &fe));
-    mem_release(&m);
-    return rc < 0 ? st_raise(rc, &fe) : PyLong_FromSize_t(len);
-}
-
 /* ---- KV ----------------------------------------------------------------------------------- */
 
 static PyObject *st_watch(StoreObject *self, PyObject *args, PyObject *kw)
@@ -1227,25 +889,9 @@ static PyMethodDef st_methods[] = {
      "Mooncake's (ptr, size) (the caller keeps that memory alive)"},
     {"unregister_buffer", (PyCFunction)st_unregister, METH_O,
      "unregister_buffer($self, buffer, /)\n--\n\nunregister_buffer(buffer or ptr) -> 0"},
-    {"get_into_ranges", (PyCFunction)st_get_into_ranges, METH_VARARGS,
-     "get_into_ranges($self, ranges, /)\n--\n\n"
-     "get_into_ranges([(key, src_offset, buffer[, length]), ...]) -> [bytes read or -code per range]"},
-    {"batch_put_from", FP_KWFN(st_batch_put_from), METH_VARARGS | METH_KEYWORDS,
-     "batch_put_from($self, /, keys, buffers, sizes=None, config=None)\n--\n\n"
-     "batch_put_from(keys, buffers, sizes=None, config=None) -> [0 or -code per key]"},
-    {"batch_get_into", FP_KWFN(st_batch_get_into), METH_VARARGS | METH_KEYWORDS,
-     "batch_get_into($self, /, keys, buffers, sizes=None)\n--\n\n"
-     "batch_get_into(keys, buffers, sizes=None) -> [bytes read or -code per key]"},
     {"put_struct_raw", FP_KWFN(st_put_struct_raw), METH_VARARGS | METH_KEYWORDS,
      "put_struct_raw($self, /, key, members, config=None)\n--\n\n"
      "put_struct_raw(key, [(name, dtype, shape, buffer), ...], config=None)"},
-    {"get_members", (PyCFunction)st_get_members, METH_VARARGS,
-     "get_members($self, key, /)\n--\n\n"
-     "get_members(key) -> [{'name', 'dtype', 'shape', 'offset', 'nbytes'}]"},
-    {"read_member_into", FP_KWFN(st_read_member_into), METH_VARARGS | METH_KEYWORDS,
-     "read_member_into($self, /, key, member, row_begin, row_end, buffer, size=None)\n--\n\n"
-     "read_member_into(key, member, row_begin, row_end, buffer, size=None) -> bytes read (raw bytes; buffer: an "
-     "array, tensor or writable buffer, or an address inside a registered buffer with its size)"},
     {"watch", FP_KWFN(st_watch), METH_VARARGS | METH_KEYWORDS, "watch($self, /, prefix, from_rev=0)\n--\n\n"
      "watch(prefix, from_rev=0) -> Watch"},
     {NULL, NULL, 0, NULL},

@@ -208,12 +208,18 @@ class Store(_ferry.Store):
         finally:
             self._leave()
 
-    def get(self, key, /):
-        """A whole object as bytes (a copy)."""
-        fe, buf, n = _call.new_error(), ffi.new("void **"), ffi.new("size_t *")
-        rc = self._call(lib.ferry_store_get, _call.text("get", 1, key), buf, n, fe)
+    def _checked(self, fn, *args):
+        """fn(store, *args, &error): its result, or its error raised."""
+        fe = _call.new_error()
+        rc = self._call(fn, *args, fe)
         if rc < 0:
             raise _call.error(rc, fe)
+        return rc
+
+    def get(self, key, /):
+        """A whole object as bytes (a copy)."""
+        buf, n = ffi.new("void **"), ffi.new("size_t *")
+        self._checked(lib.ferry_store_get, _call.text("get", 1, key), buf, n)
         try:
             return ffi.unpack(ffi.cast("char *", buf[0]), n[0])
         finally:
@@ -221,27 +227,19 @@ class Store(_ferry.Store):
 
     def is_exist(self, key, /):
         """1 when the object exists (complete), else 0."""
-        fe = _call.new_error()
-        rc = self._call(lib.ferry_store_exist, _call.text("is_exist", 1, key), fe)
-        if rc < 0:
-            raise _call.error(rc, fe)
+        rc = self._checked(lib.ferry_store_exist, _call.text("is_exist", 1, key))
         return int(rc > 0)
 
     def remove(self, key, /):
         """Remove an object (NotFoundError when there is none, BusyError
         while a read holds its lease). Returns 0."""
-        fe = _call.new_error()
-        rc = self._call(lib.ferry_store_remove, _call.text("remove", 1, key), fe)
-        if rc < 0:
-            raise _call.error(rc, fe)
+        self._checked(lib.ferry_store_remove, _call.text("remove", 1, key))
         return 0
 
     def remove_prefix(self, prefix, /):
         """Remove every unleased object whose key starts with prefix; the count removed."""
-        fe, n = _call.new_error(), ffi.new("uint64_t *")
-        rc = self._call(lib.ferry_store_remove_prefix, _call.text("remove_prefix", 1, prefix), n, fe)
-        if rc < 0:
-            raise _call.error(rc, fe)
+        n = ffi.new("uint64_t *")
+        self._checked(lib.ferry_store_remove_prefix, _call.text("remove_prefix", 1, prefix), n)
         return n[0]
 
     def kv_get(self, key, /):
@@ -261,10 +259,8 @@ class Store(_ferry.Store):
         """c_fn(store, name, the bytes of value, &n): n (a revision, an id)."""
         k = _call.text(fn, 1, name)
         p, nbytes = _call.source(value, f"{fn}('{name}'): {what}")
-        fe, out = _call.new_error(), ffi.new("uint64_t *")
-        rc = self._call(c_fn, k, p, nbytes, out, fe)
-        if rc < 0:
-            raise _call.error(rc, fe)
+        out = ffi.new("uint64_t *")
+        self._checked(c_fn, k, p, nbytes, out)
         return out[0]
 
     def kv_put(self, key, value, /):
@@ -303,10 +299,8 @@ class Store(_ferry.Store):
         n, m = _call.text("barrier", 1, name), _call.text("barrier", 2, member)
         c = _call.uint(count, "count", 0, 2**32 - 1)
         t = 0 if timeout_ms is None else _call.uint(timeout_ms, "timeout_ms")
-        fe, gen = _call.new_error(), ffi.new("uint64_t *")
-        rc = self._call(lib.ferry_barrier, n, m, c, t, gen, fe)
-        if rc < 0:
-            raise _call.error(rc, fe)
+        gen = ffi.new("uint64_t *")
+        self._checked(lib.ferry_barrier, n, m, c, t, gen)
         return gen[0]
 
     def queue_push(self, queue, data, /):
@@ -315,10 +309,7 @@ class Store(_ferry.Store):
 
     def _queue_settle(self, c_fn, id, token):
         i, t = _call.uint(id, "id"), _call.uint(token, "token", 0, 2**32 - 1)
-        fe = _call.new_error()
-        rc = self._call(c_fn, i, t, fe)
-        if rc < 0:
-            raise _call.error(rc, fe)
+        self._checked(c_fn, i, t)
 
     def queue_ack(self, id, token, /):
         """The record (id, token of its delivery) is done: removed."""
@@ -335,10 +326,8 @@ class Store(_ferry.Store):
         a = ffi.NULL if after is None else _call.text("list", 2, after)
         if operator.index(limit) < 0:
             raise ValueError("limit must not be negative")
-        fe, keys, n, more = _call.new_error(), ffi.new("char ***"), ffi.new("size_t *"), ffi.new("bool *")
-        rc = self._call(lib.ferry_store_list, p, a, operator.index(limit), keys, n, more, fe)
-        if rc < 0:
-            raise _call.error(rc, fe)
+        keys, n, more = ffi.new("char ***"), ffi.new("size_t *"), ffi.new("bool *")
+        self._checked(lib.ferry_store_list, p, a, operator.index(limit), keys, n, more)
         try:
             return [_call.str_of(keys[0][i]) for i in range(n[0])], bool(more[0])
         finally:
@@ -354,10 +343,8 @@ class Store(_ferry.Store):
         q = _call.text("queue_pop", 1, queue)
         n = _call.uint(max, "max", 1, lib.FERRY_STORE_POP_MAX)
         lease = _call.uint(lease_ms, "lease_ms", 1, lib.FERRY_STORE_LEASE_MAX_MS)
-        fe, recs, got = _call.new_error(), ffi.new("ferry_qrecord[]", n), ffi.new("size_t *")
-        rc = self._call(lib.ferry_queue_pop, q, n, lease, recs, got, fe)
-        if rc < 0:
-            raise _call.error(rc, fe)
+        recs, got = ffi.new("ferry_qrecord[]", n), ffi.new("size_t *")
+        self._checked(lib.ferry_queue_pop, q, n, lease, recs, got)
         k = min(got[0], n)
         try:
             return [(r.id, r.token, ffi.unpack(ffi.cast("char *", r.data), r.len) if r.data else b"")
@@ -367,10 +354,8 @@ class Store(_ferry.Store):
 
     def status(self):
         """The master's state (a dict: segments, objects, kv_revision, ...)."""
-        fe, text = _call.new_error(), ffi.new("char **")
-        rc = self._call(lib.ferry_store_status_json, text, fe)
-        if rc < 0:
-            raise _call.error(rc, fe)
+        text = ffi.new("char **")
+        self._checked(lib.ferry_store_status_json, text)
         try:
             return json.loads(ffi.string(text[0]) if text[0] else "null")
         finally:
@@ -380,10 +365,8 @@ class Store(_ferry.Store):
         """Touch every page of this machine's segments once through this
         client's mappings (a set-up step: later puts and gets pay no first
         touch); the bytes touched."""
-        fe, n = _call.new_error(), ffi.new("uint64_t *")
-        rc = self._call(lib.ferry_store_warm, bool(write), n, fe)
-        if rc < 0:
-            raise _call.error(rc, fe)
+        n = ffi.new("uint64_t *")
+        self._checked(lib.ferry_store_warm, bool(write), n)
         return n[0]
 
     def engine_address(self):
@@ -398,11 +381,9 @@ class Store(_ferry.Store):
         k = _call.text(fn, 1, key)
         cfg, keep = _replicate(config)
         addr, n, hold = self._memory(value, size, False, f"{fn}('{key}'): {what}")
-        fe, placed = _call.new_error(), ffi.new("ferry_object_desc *")
-        rc = self._call(c_fn, k, ffi.cast("void *", addr), n, cfg, placed, fe)
+        placed = ffi.new("ferry_object_desc *")
+        self._checked(c_fn, k, ffi.cast("void *", addr), n, cfg, placed)
         del hold, keep
-        if rc < 0:
-            raise _call.error(rc, fe)
         return placed
 
     def put(self, key, value, config=None):
@@ -441,11 +422,100 @@ class Store(_ferry.Store):
 
     def get_replica_desc(self, key, /):
         """{'size', 'replicas': [{'segment', 'node', 'offset', 'preferred'}]} of an object."""
-        fe, d = _call.new_error(), ffi.new("ferry_object_desc *")
-        rc = self._call(lib.ferry_store_get_replica_desc, _call.text("get_replica_desc", 1, key), d, fe)
-        if rc < 0:
-            raise _call.error(rc, fe)
+        d = ffi.new("ferry_object_desc *")
+        self._checked(lib.ferry_store_get_replica_desc, _call.text("get_replica_desc", 1, key), d)
         return _desc(d)
+
+    def get_members(self, key, /):
+        """The members of a structured object: [{'name', 'dtype', 'shape', 'offset', 'nbytes'}]."""
+        k = _call.text("get_members", 1, key)
+        n, cap = ffi.new("size_t *"), 64
+        while True:
+            m = ffi.new("ferry_member[]", cap)
+            self._checked(lib.ferry_store_get_members, k, m, cap, n)
+            if n[0] <= cap:
+                break
+            cap = n[0]
+        return [{"name": _call.str_of(x.name), "dtype": _call.str_of(x.dtype),
+                 "shape": tuple(x.shape[0:min(x.ndim, lib.FERRY_MEMBER_NDIM_MAX)]), "offset": x.offset,
+                 "nbytes": x.nbytes} for x in m[0:n[0]]]
+
+    def read_member_into(self, key, member, row_begin, row_end, buffer, size=None):
+        """Rows [row_begin, row_end) of a member, raw bytes, into buffer (an
+        array, tensor or writable buffer, or an address inside a registered
+        buffer with its size); the bytes read."""
+        k, mb = _call.text("read_member_into", 1, key), _call.text("read_member_into", 2, member)
+        a, b = _call.uint(row_begin, "row_begin"), _call.uint(row_end, "row_end")
+        addr, cap, hold = self._memory(buffer, size, True, f"read_member_into('{key}', '{member[:40]}'): buffer")
+        n = ffi.new("size_t *")
+        self._checked(lib.ferry_store_read_member, k, mb, a, b, ffi.cast("void *", addr), cap, n)
+        del hold
+        return n[0]
+
+    def _batch(self, fn, keys, buffers, sizes, writable):
+        """(keys as C strings, buffer addresses, lengths, holders) of a batch call."""
+        kt, bt = _call.seq(keys, "keys"), _call.seq(buffers, "buffers")
+        if len(bt) != len(kt):
+            raise ValueError(f"{fn}: {len(kt)} keys but {len(bt)} buffers")
+        st = None if sizes is None else _call.seq(sizes, "sizes")
+        if st is not None and len(st) != len(kt):
+            raise ValueError(f"{fn}: {len(kt)} keys but {len(st)} sizes")
+        cks, mems = [], []
+        for i, b in enumerate(bt):
+            cks.append(ffi.new("char[]", _call.key(kt[i], "key")))
+            mems.append(self._memory(b, None if st is None else st[i], writable,
+                                     f"{fn}: buffers[{i}] (for '{kt[i]}')"))
+        return (cks, ffi.new("const char *[]", cks), ffi.new("void *[]", [ffi.cast("void *", m[0]) for m in mems]),
+                ffi.new("size_t[]", [m[1] for m in mems]), mems)
+
+    def batch_put_from(self, keys, buffers, sizes=None, config=None):
+        """put_from of each (key, buffer[, size]) in one call: a list with
+        0 or the negative code of each key (Mooncake's integer results)."""
+        if _config_like(sizes) and config is None:   # batch_put_from(keys, buffers, config)
+            config, sizes = sizes, None
+        cfg, keep = _replicate(config)
+        held, ks, bufs, lens, mems = self._batch("batch_put_from", keys, buffers, sizes, False)
+        res, fe = _call.results(len(mems), "int"), _call.new_error()
+        rc = self._call(lib.ferry_store_batch_put_from, ks, bufs, lens, len(mems), cfg, res, fe) if mems else 0
+        del held, mems, keep
+        return _call.results_list(rc, res, fe, "int")
+
+    def batch_get_into(self, keys, buffers, sizes=None):
+        """get_into of each (key, buffer[, size]) in one call: a list with
+        the bytes read or the negative code of each key."""
+        held, ks, bufs, lens, mems = self._batch("batch_get_into", keys, buffers, sizes, True)
+        res, fe = _call.results(len(mems), "int64_t"), _call.new_error()
+        rc = self._call(lib.ferry_store_batch_get_into, ks, bufs, lens, len(mems), res, fe) if mems else 0
+        del held, mems
+        return _call.results_list(rc, res, fe, "int64_t")
+
+    def get_into_ranges(self, ranges, /):
+        """Read byte ranges of objects, each (key, src_offset, buffer[,
+        length]), straight into writable buffers in one call: a list with
+        the bytes read or the negative code of each range."""
+        rt = _call.seq(ranges, "ranges")
+        r, held = ffi.new("ferry_range[]", len(rt)), []
+        for i, item in enumerate(rt):
+            try:
+                it = tuple(item)
+            except TypeError:
+                it = ()
+            if len(it) not in (3, 4):
+                raise TypeError(f"ranges[{i}] must be (key, src_offset, buffer[, length])")
+            k = ffi.new("char[]", _call.key(it[0], "key"))
+            off = _call.uint(it[1], f"ranges[{i}]: src_offset")
+            p, n = _call.dest(it[2], f"ranges[{i}]: buffer")
+            if len(it) == 4 and it[3] is not None:
+                length = _call.uint(it[3], f"ranges[{i}]: length")
+                if length > n:
+                    raise ValueError(f"ranges[{i}]: length {length} exceeds the buffer ({n} bytes)")
+                n = length
+            held += [k, p]
+            r[i].key, r[i].src_offset, r[i].dst, r[i].len = k, off, p, n
+        res, fe = _call.results(len(rt), "int64_t"), _call.new_error()
+        rc = self._call(lib.ferry_store_get_into_ranges, r, len(rt), res, fe) if rt else 0
+        del held
+        return _call.results_list(rc, res, fe, "int64_t")
 
     # ---- structured objects -------------------------------------------------------
 
