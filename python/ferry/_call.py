@@ -96,6 +96,15 @@ def results_list(rc, res, fe, ctype):
     return out
 
 
+def copy_str(struct, field, value, what):
+    """value (bytes) into the char array field of a struct, NUL included;
+    ValueError when it does not fit."""
+    cap = len(getattr(struct, field))
+    if len(value) >= cap:
+        raise ValueError(f"{what} is longer than {cap - 1} bytes")
+    setattr(struct, field, value)
+
+
 def strerror(code, /):
     """strerror(code) -> the text of a ferry error code"""
     return ffi.string(lib.ferry_strerror(code)).decode()
@@ -113,5 +122,5 @@ def new_error():
     return ffi.new("ferry_error *")
 
 
-__all__ = ["ffi", "lib", "text", "uint", "seq", "key", "source", "dest", "results", "results_list", "str_of", "strerror",
+__all__ = ["ffi", "lib", "text", "uint", "seq", "key", "copy_str", "source", "dest", "results", "results_list", "str_of", "strerror",
            "error", "new_error", "U64_MAX"]

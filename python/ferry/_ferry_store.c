@@ -235,11 +235,6 @@ static int rc_from(PyObject *o, st_rc *r)
     return 0;
 }
 
-static const ferry_replicate_config *rc_ptr(const st_rc *r)
-{
-    return r->set ? &r->rc : NULL;
-}
-
 /* ---- set-up and lifetime ---------------------------------------------------------- */
 
 static PyObject *st_setup(StoreObject *self, PyObject *args, PyObject *kw)
@@ -723,102 +718,6 @@ static PyObject *st_unregister(StoreObject *self, PyObject *buffer)
 /* ---- structured objects ------------------------------------------------------------ */
 
 /* put_struct_raw(key, [(name, dtype, shape, buffer), ...], config=None) */
-static void views_release(Py_buffer *v, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        PyBuffer_Release(&v[i]);
-}
-
-static PyObject *st_put_struct_raw(StoreObject *self, PyObject *args, PyObject *kw)
-{
-    ferry_error fe = {0};
-    static char *kwl[] = {"key", "members", "config", NULL};
-    const char *key;
-    PyObject *members, *cfg = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|O:put_struct_raw", kwl, &key, &members, &cfg))
-        return NULL;
-    ferry_store *s = st_of(self);
-    st_rc r;
-    if (!s || rc_from(cfg, &r) < 0)
-        return NULL;
-    PyObject *t = fp_seq_hold(members, "members"), *out = NULL;
-    size_t n = t ? (size_t)PyTuple_GET_SIZE(t) : 0, got = 0;
-    ferry_member *m = PyMem_Calloc(n + 1, sizeof *m);
-    Py_buffer *v = PyMem_Calloc(n + 1, sizeof *v);
-    const void **data = PyMem_Calloc(n + 1, sizeof *data);
-    if (!t)
-        goto done;
-    if (!m || !v || !data) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (size_t i = 0; i < n; i++) {
-        PyObject *it = PyTuple_GET_ITEM(t, i);
-        const char *name, *dtype;
-        PyObject *shape, *buf;
-        if (!PyTuple_Check(it) || !PyArg_ParseTuple(it, "ssOO", &name, &dtype, &shape, &buf)) {
-            if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError)) {
-                PyErr_Clear();
-                PyErr_Format(PyExc_TypeError, "members[%zu] must be a tuple (name, dtype, shape, buffer)", i);
-            }
-            goto done;
-        }
-        if (fp_copy_str(m[i].name, sizeof m[i].name, name, "member name") < 0 ||
-            fp_copy_str(m[i].dtype, sizeof m[i].dtype, dtype, "dtype") < 0)
-            goto done;
-        PyObject *sh = fp_seq_hold(shape, "shape");
-        if (!sh)
-            goto done;
-        Py_ssize_t nd = PyTuple_GET_SIZE(sh);
-        if (nd > FERRY_MEMBER_NDIM_MAX) {
-            Py_DECREF(sh);
-            PyErr_Format(PyExc_ValueError, "member %s: at most %d dimensions", name, FERRY_MEMBER_NDIM_MAX);
-            goto done;
-        }
-        uint64_t count = 1;
-        int bad = 0;
-        for (Py_ssize_t d = 0; d < nd && !bad; d++) {
-            unsigned long long x = 0;
-            bad = st_uint(PyTuple_GET_ITEM(sh, d), "a shape dimension", 0, UINT64_MAX, &x);
-            m[i].shape[d] = x;
-            count *= m[i].shape[d];
-        }
-        m[i].ndim = (uint32_t)nd;
-        Py_DECREF(sh);
-        char what[FERRY_STORE_KEY_MAX + 96];
-        snprintf(what, sizeof what, "put_struct('%s'): member %s", key, name);
-        if (bad < 0 || buf_src(buf, &v[i], what) < 0)
-            goto done;
-        got = i + 1;
-        data[i] = v[i].buf;
-        size_t es = ferry_dtype_size(dtype);
-        if (!es) {
-            PyErr_Format(PyExc_ValueError, "member %s: unknown dtype %s", name, dtype);
-            goto done;
-        }
-        if (count * es != (uint64_t)v[i].len) {
-            PyErr_Format(PyExc_ValueError, "member %s: shape and dtype make %llu bytes, the buffer has %zd", name,
-                         (unsigned long long)(count * es), v[i].len);
-            goto done;
-        }
-    }
-    int rc;
-    ST_CALL(self, rc = ferry_store_put_struct(s, key, m, data, n, rc_ptr(&r), &fe));
-    if (rc < 0)
-        st_raise(rc, &fe);
-    else
-        out = Py_NewRef(Py_None);
-done:
-    if (v)
-        views_release(v, got);
-    PyMem_Free(m);
-    PyMem_Free(v);
-    PyMem_Free((void *)data);
-    Py_XDECREF(t);
-    rc_free(&r);
-    return out;
-}
-
 /* read_member_into(key, member, row_begin, row_end, buffer, size=None) -> bytes
  * read; buffer may be an address inside a registered buffer (with size). */
 /* ---- KV ----------------------------------------------------------------------------------- */
@@ -889,9 +788,6 @@ static PyMethodDef st_methods[] = {
      "Mooncake's (ptr, size) (the caller keeps that memory alive)"},
     {"unregister_buffer", (PyCFunction)st_unregister, METH_O,
      "unregister_buffer($self, buffer, /)\n--\n\nunregister_buffer(buffer or ptr) -> 0"},
-    {"put_struct_raw", FP_KWFN(st_put_struct_raw), METH_VARARGS | METH_KEYWORDS,
-     "put_struct_raw($self, /, key, members, config=None)\n--\n\n"
-     "put_struct_raw(key, [(name, dtype, shape, buffer), ...], config=None)"},
     {"watch", FP_KWFN(st_watch), METH_VARARGS | METH_KEYWORDS, "watch($self, /, prefix, from_rev=0)\n--\n\n"
      "watch(prefix, from_rev=0) -> Watch"},
     {NULL, NULL, 0, NULL},

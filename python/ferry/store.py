@@ -1,10 +1,10 @@
 """ferry.Store: the client of the ferry store (objects in node memory placed
 by a master, KV with revisions, watch, barriers, leased queues).
 
-The C extension (``ferry._ferry.Store``) holds the connection and makes
-the calls that move memory; the one-key calls, KV, barriers and queue
-records are written here over the cffi binding (``ferry._binding``). Every
-call runs with the GIL released. This module also adds the tensor-facing
+The C extension (``ferry._ferry.Store``) holds the connection, the
+registered buffers and the watches; the store's calls are written here over
+the cffi binding (``ferry._binding``). Every call runs with the GIL
+released. This module also adds the tensor-facing
 helpers (structured objects, ``put_tensor``/``get_tensor``), the
 Mooncake-style calls built on them (``upsert``, ``batch_is_exist``,
 ``get_size``) and :class:`ReplicateConfig`.
@@ -516,6 +516,39 @@ class Store(_ferry.Store):
         rc = self._call(lib.ferry_store_get_into_ranges, r, len(rt), res, fe) if rt else 0
         del held
         return _call.results_list(rc, res, fe, "int64_t")
+
+    def put_struct_raw(self, key, members, config=None):
+        """Store members, each (name, dtype, shape, buffer) with a ferry
+        dtype name, as one structured object (put_struct is the
+        dict-of-arrays form)."""
+        k = _call.text("put_struct_raw", 1, key)
+        cfg, keep = _replicate(config)
+        mt = _call.seq(members, "members")
+        m, data, held = ffi.new("ferry_member[]", len(mt)), ffi.new("void *[]", len(mt)), []
+        for i, it in enumerate(mt):
+            if not (isinstance(it, tuple) and len(it) == 4 and isinstance(it[0], str) and isinstance(it[1], str)):
+                raise TypeError(f"members[{i}] must be a tuple (name, dtype, shape, buffer)")
+            name, dtype, shape, buf = it
+            _call.copy_str(m[i], "name", _call.text("put_struct_raw", 2, name), "member name")
+            _call.copy_str(m[i], "dtype", _call.text("put_struct_raw", 2, dtype), "dtype")
+            dims = _call.seq(shape, "shape")
+            if len(dims) > lib.FERRY_MEMBER_NDIM_MAX:
+                raise ValueError(f"member {name}: at most {lib.FERRY_MEMBER_NDIM_MAX} dimensions")
+            count = 1
+            for d, x in enumerate(dims):
+                m[i].shape[d] = _call.uint(x, "a shape dimension")
+                count *= m[i].shape[d]
+            m[i].ndim = len(dims)
+            p, nbytes = _call.source(buf, f"put_struct('{key}'): member {name}")
+            held.append(p)
+            data[i] = p
+            es = lib.ferry_dtype_size(dtype.encode())
+            if not es:
+                raise ValueError(f"member {name}: unknown dtype {dtype}")
+            if count * es != nbytes:
+                raise ValueError(f"member {name}: shape and dtype make {count * es} bytes, the buffer has {nbytes}")
+        self._checked(lib.ferry_store_put_struct, k, m, data, len(mt), cfg)
+        del held, keep
 
     # ---- structured objects -------------------------------------------------------
 
