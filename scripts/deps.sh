@@ -6,6 +6,7 @@
 #                            framework, no clang, no Python, no torch
 set -u
 # libdlpack-dev: the DLPack header the Python extension takes tensors with;
+# python3-cffi: the Python binding, declared from include/ferry/*.h at build time;
 # python3-venv: the environment `pip install .` goes into (README.md);
 # python3-torch: the Python tests of torch tensors in and out;
 # libmicrohttpd-dev: the /metrics endpoint of `ferry master` and `ferry node`;
@@ -21,7 +22,7 @@ set -u
 DEMO_PKGS=(cmake make gcc pkg-config libxxhash-dev libjansson-dev libsodium-dev libmicrohttpd-dev
            libucx-dev libcurl4-openssl-dev)
 PKGS=("${DEMO_PKGS[@]}" libcmocka-dev python3-dev python3-numpy python3-pytest iproute2 clang
-      libclang-rt-14-dev libdlpack-dev python3-venv python3-torch curl ucx-utils etcd-server
+      libclang-rt-14-dev libdlpack-dev python3-cffi python3-venv python3-torch curl ucx-utils etcd-server
       gnuplot-nox)
 check=""
 for a in "$@"; do

@@ -18,7 +18,9 @@ import torch). The library's log lines go to logging's ``ferry`` logger
 (``ferry.set_log_level`` sets the library's threshold). See docs/python.md.
 """
 
-from ._ferry import Error, Engine, strerror, VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH
+from ._ferry import Error, Engine
+from ._binding import lib as _lib
+from ._call import strerror
 from . import _log
 from ._log import set_log_level, get_log_level, log_flush
 from . import reshard
@@ -33,6 +35,7 @@ from .samples import (RolloutSession, UpdateSession, PolicyVersion, PolicyRegist
                       KVCacheGate, QueueFullError)
 from .sparse import put_sparse_object, sparse_admit, read_sparse_objects, sparse_apply
 
+VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH = _lib.FERRY_VERSION_MAJOR, _lib.FERRY_VERSION_MINOR, _lib.FERRY_VERSION_PATCH
 __version__ = f"{VERSION_MAJOR}.{VERSION_MINOR}.{VERSION_PATCH}"
 
 

@@ -5,12 +5,9 @@ from . import samples as samples
 from . import sparse as sparse
 from . import store as store
 from . import weights as weights
-from ._ferry import VERSION_MAJOR as VERSION_MAJOR
-from ._ferry import VERSION_MINOR as VERSION_MINOR
-from ._ferry import VERSION_PATCH as VERSION_PATCH
+from ._call import strerror as strerror
 from ._ferry import Engine as Engine
 from ._ferry import Error as Error
-from ._ferry import strerror as strerror
 from .samples import (KVCacheGate as KVCacheGate, PolicyRegistry as PolicyRegistry, PolicyVersion as PolicyVersion,
                       PolicyWatch as PolicyWatch, QueueFullError as QueueFullError, RolloutSession as RolloutSession,
                       Sample as Sample, SampleQueue as SampleQueue, UpdateSession as UpdateSession)
@@ -24,6 +21,9 @@ from .store import (AuthError as AuthError, BusyError as BusyError, ConflictErro
 from .weights import CompatGroup as CompatGroup, WeightPublisher as WeightPublisher, WeightSubscriber as WeightSubscriber
 
 __version__: str
+VERSION_MAJOR: int
+VERSION_MINOR: int
+VERSION_PATCH: int
 
 def set_log_level(level: Union[str, int]) -> str: ...
 def get_log_level() -> str: ...

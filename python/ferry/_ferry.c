@@ -16,18 +16,38 @@ PyObject *fp_raise_err(int code, const ferry_error *err)
     return fp_raise_class(code, err ? err->msg : NULL);
 }
 
-static PyObject *fp_strerror(PyObject *self, PyObject *arg)
+/* The module cffi generates from the public headers is compiled into this
+ * one (one libferry in the process) and made on first use, so that this
+ * extension loads without cffi's backend (an interpreter without it can
+ * still load the parts written here). */
+PyMODINIT_FUNC PyInit__ferry_cffi(void);
+
+static PyObject *fp_cffi(PyObject *self, PyObject *unused)
+{
+    static PyObject *mod;
+    (void)self;
+    (void)unused;
+    if (!mod)
+        mod = PyInit__ferry_cffi();
+    return mod ? Py_NewRef(mod) : NULL;
+}
+
+/* _error(code, msg) -> the exception a call over the cffi binding raises */
+static PyObject *fp_error_fn(PyObject *self, PyObject *args)
 {
     (void)self;
-    long code = PyLong_AsLong(arg);
-    if (code == -1 && PyErr_Occurred())
+    int code;
+    const char *msg;
+    if (!PyArg_ParseTuple(args, "is:_error", &code, &msg))
         return NULL;
-    return PyUnicode_FromString(ferry_strerror((int)code));
+    return fp_err_new(code, msg);
 }
 
 static PyMethodDef fp_methods[] = {
-    {"strerror", fp_strerror, METH_O, "strerror($module, code, /)\n--\n\n"
-     "strerror(code) -> the text of a ferry error code"},
+    {"_error", fp_error_fn, METH_VARARGS, "_error($module, code, msg, /)\n--\n\n"
+     "_error(code, msg) -> the Error subclass of code, .code set (msg empty: strerror(code))"},
+    {"_cffi", fp_cffi, METH_NOARGS, "_cffi($module, /)\n--\n\n"
+     "_cffi() -> the cffi module over include/ferry/*.h (its ffi and lib)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -46,14 +66,11 @@ PyMODINIT_FUNC PyInit__ferry(void)
         return NULL;
     fp_error = PyErr_NewExceptionWithDoc("ferry.Error", "A ferry call failed; .code is the FERRY_E* code.",
                                          PyExc_Exception, NULL);
-    if (!fp_error || PyModule_AddObjectRef(m, "Error", fp_error) < 0 || fp_mem_init(m) < 0 || fp_log_init(m) < 0 || fp_manifest_init(m) < 0 || fp_model_init(m) < 0 ||
+    if (!fp_error || PyModule_AddObjectRef(m, "Error", fp_error) < 0 || fp_mem_init(m) < 0 || fp_manifest_init(m) < 0 || fp_model_init(m) < 0 ||
         fp_plan_init(m) < 0 || fp_store_init(m) < 0 || fp_exec_init(m) < 0 ||
         fp_weights_init(m) < 0 || fp_samples_init(m) < 0 || fp_sparse_init(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }
-    PyModule_AddIntConstant(m, "VERSION_MAJOR", FERRY_VERSION_MAJOR);
-    PyModule_AddIntConstant(m, "VERSION_MINOR", FERRY_VERSION_MINOR);
-    PyModule_AddIntConstant(m, "VERSION_PATCH", FERRY_VERSION_PATCH);
     return m;
 }

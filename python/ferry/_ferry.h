@@ -114,7 +114,6 @@ PyObject *fp_memory(PyObject *o, const char *what);
 /* "torch.Tensor of torch.float32, shape [4, 4]": what o is, for messages. */
 PyObject *fp_describe(PyObject *o);
 int fp_mem_init(PyObject *m);     /* Memory and memory() */
-int fp_log_init(PyObject *m);     /* the log bridge (_ferry_log.c): _log_install, log_flush, ... */
 
 /* ---- dicts, lists and getters from C values (_ferry_util.c) ------------- */
 static inline PyObject *fp_u64(uint64_t v)

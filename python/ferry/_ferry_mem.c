@@ -668,7 +668,28 @@ static PyObject *fp_memory_fn(PyObject *self, PyObject *args, PyObject *kw)
     return m;
 }
 
+/* _view(obj, what, writable) -> a memoryview of obj's memory under
+ * fp_buf_get's rules (C-contiguous; writable for a destination), for the
+ * calls written in Python over the cffi binding */
+static PyObject *fp_view_fn(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *o;
+    const char *what;
+    int writable;
+    if (!PyArg_ParseTuple(args, "Osp:_view", &o, &what, &writable))
+        return NULL;
+    Py_buffer v;
+    if (fp_buf_get(o, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0), what) < 0)
+        return NULL;
+    PyObject *mv = PyMemoryView_FromObject(v.obj);
+    PyBuffer_Release(&v);
+    return mv;
+}
+
 static PyMethodDef mem_functions[] = {
+    {"_view", fp_view_fn, METH_VARARGS, "_view($module, obj, what, writable, /)\n--\n\n"
+     "_view(obj, what, writable) -> memoryview of obj's memory, refused as every call refuses it"},
     {"memory", FP_KWFN(fp_memory_fn), METH_VARARGS | METH_KEYWORDS,
      "memory($module, /, obj, what='buffer', writable=False)\n--\n\n"
      "memory(obj, what='buffer', writable=False) -> Memory: the memory of an array, buffer or tensor (CPU), "

@@ -36,19 +36,6 @@ static PyObject *st_raise(int code, const ferry_error *e)
     return fp_err_throw(fp_err_new(code, e->msg));
 }
 
-/* Raise ConflictError (or whatever code maps to) with .current_revision. */
-static PyObject *st_raise_rev(int code, uint64_t rev, const ferry_error *fe)
-{
-    PyObject *e = fp_err_new(code, fe->msg);
-    if (e && code == FERRY_ESTATE) {
-        PyObject *r = PyLong_FromUnsignedLongLong(rev);
-        if (!r || PyObject_SetAttrString(e, "current_revision", r) < 0)
-            Py_CLEAR(e);
-        Py_XDECREF(r);
-    }
-    return fp_err_throw(e);
-}
-
 /* ---- objects ------------------------------------------------------------------------ */
 
 typedef struct WatchObject WatchObject;
@@ -248,31 +235,6 @@ static int rc_from(PyObject *o, st_rc *r)
     return 0;
 }
 
-static const ferry_replicate_config *rc_ptr(const st_rc *r)
-{
-    return r->set ? &r->rc : NULL;
-}
-
-static PyObject *desc_dict(const ferry_object_desc *d)
-{
-    uint32_t n = d->nreplicas <= FERRY_STORE_REPLICAS_MAX ? d->nreplicas : FERRY_STORE_REPLICAS_MAX;
-    PyObject *reps = PyList_New(n);
-    for (uint32_t i = 0; reps && i < n; i++) {
-        const ferry_replica_info *r = &d->replicas[i];
-        PyObject *x = Py_BuildValue("{sKsKsKsO}", "segment", (unsigned long long)r->segment, "node",
-                                    (unsigned long long)r->node, "offset", (unsigned long long)r->offset,
-                                    "preferred", r->preferred ? Py_True : Py_False);
-        if (!x) {
-            Py_CLEAR(reps);
-            break;
-        }
-        PyList_SET_ITEM(reps, i, x);
-    }
-    if (!reps)
-        return NULL;
-    return Py_BuildValue("{sKsN}", "size", (unsigned long long)d->size, "replicas", reps);
-}
-
 /* ---- set-up and lifetime ---------------------------------------------------------- */
 
 static PyObject *st_setup(StoreObject *self, PyObject *args, PyObject *kw)
@@ -455,6 +417,27 @@ static PyObject *st_is_open(StoreObject *self, void *closure)
     return PyBool_FromLong(self->s != NULL);
 }
 
+/* The C handle crosses to the calls written in Python over the cffi
+ * binding (ferry/store.py) as its address: _enter() returns it (ValueError
+ * when not open) and counts a call in flight until _leave(), so that
+ * close() refuses meanwhile as it does for the calls made here. */
+static PyObject *st_enter(StoreObject *self, PyObject *unused)
+{
+    (void)unused;
+    ferry_store *s = st_of(self);
+    if (!s)
+        return NULL;
+    self->inflight++;
+    return PyLong_FromVoidPtr(s);
+}
+
+static PyObject *st_leave(StoreObject *self, PyObject *unused)
+{
+    (void)unused;
+    self->inflight--;
+    Py_RETURN_NONE;
+}
+
 /* ---- memory arguments ------------------------------------------------------------------ */
 
 /* The registration holding [p, p+len) (borrowed: the registered memoryview,
@@ -561,11 +544,41 @@ static int mem_get(StoreObject *self, PyObject *o, PyObject *size, int writable,
     return 0;
 }
 
-/* A config given in the place of Mooncake's size (ferry's older
- * put_from(key, buffer, config)): a dict or anything with replica_num. */
-static int config_like(PyObject *o)
+/* For the calls written in Python over the cffi binding, the two argument
+ * readers the batch and structured calls here share with them:
+ * _memory(obj, size, writable, what) -> (address, bytes, holder): a memory
+ * argument by mem_get, held by holder (a memoryview export, or None for a
+ * raw registration) until the caller drops it; */
+static PyObject *st_memory(StoreObject *self, PyObject *args)
 {
-    return o && o != Py_None && !PyLong_Check(o) && (PyDict_Check(o) || PyObject_HasAttrString(o, "replica_num"));
+    PyObject *o, *size;
+    int writable;
+    const char *what;
+    if (!PyArg_ParseTuple(args, "OOps:_memory", &o, &size, &writable, &what) || !st_of(self))
+        return NULL;
+    st_mem m;
+    if (mem_get(self, o, size, writable, what, &m) < 0)
+        return NULL;
+    PyObject *hold = m.v.obj ? PyMemoryView_FromObject(m.v.obj) : Py_NewRef(Py_None);
+    mem_release(&m);
+    return hold ? Py_BuildValue("(NnN)", PyLong_FromVoidPtr(m.ptr), (Py_ssize_t)m.len, hold) : NULL;
+}
+
+/* _replicate(config) -> None, or (replica_num, hard_pin, preferred segment
+ * ids) of a ReplicateConfig or dict, checked by rc_from. */
+static PyObject *st_replicate(PyObject *self, PyObject *cfg)
+{
+    (void)self;
+    st_rc r;
+    if (rc_from(cfg, &r) < 0)
+        return NULL;
+    if (!r.set)
+        Py_RETURN_NONE;
+    PyObject *pref = PyTuple_New(r.rc.npreferred);
+    for (uint32_t i = 0; pref && i < r.rc.npreferred; i++)
+        PyTuple_SET_ITEM(pref, i, PyLong_FromUnsignedLongLong(r.pref[i]));
+    rc_free(&r);
+    return pref ? Py_BuildValue("(IOO)", r.rc.replica_num, r.rc.hard_pin ? Py_True : Py_False, pref) : NULL;
 }
 
 /* ---- registered buffers -------------------------------------------------------------- */
@@ -698,746 +711,16 @@ static PyObject *st_unregister(StoreObject *self, PyObject *buffer)
 
 /* ---- objects --------------------------------------------------------------------------- */
 
-enum { PUT_COPY, PUT_FROM, PUT_PLACED };
-
-static PyObject *st_put_any(StoreObject *self, PyObject *args, PyObject *kw, int how)
-{
-    ferry_error fe = {0};
-    static char *kwl_put[] = {"key", "value", "config", NULL};
-    static char *kwl_from[] = {"key", "buffer", "size", "config", NULL};
-    const char *key;
-    PyObject *val, *size = Py_None, *cfg = Py_None;
-    int ok = how == PUT_FROM
-                 ? PyArg_ParseTupleAndKeywords(args, kw, "sO|OO:put_from", kwl_from, &key, &val, &size, &cfg)
-                 : PyArg_ParseTupleAndKeywords(args, kw, how == PUT_COPY ? "sO|O:put" : "sO|O:put_placed", kwl_put,
-                                               &key, &val, &cfg);
-    if (!ok)
-        return NULL;
-    if (config_like(size) && cfg == Py_None) {   /* put_from(key, buffer, config) */
-        cfg = size;
-        size = Py_None;
-    }
-    ferry_store *s = st_of(self);
-    st_rc r;
-    if (!s || rc_from(cfg, &r) < 0)
-        return NULL;
-    char what[FERRY_STORE_KEY_MAX + 48];
-    snprintf(what, sizeof what, "%s('%s'): %s", how == PUT_FROM ? "put_from" : how == PUT_COPY ? "put" : "put_placed",
-             key, how == PUT_FROM ? "buffer" : "value");
-    st_mem m;
-    if (mem_get(self, val, size, 0, what, &m) < 0) {
-        rc_free(&r);
-        return NULL;
-    }
-    ferry_object_desc placed;
-    memset(&placed, 0, sizeof placed);
-    int rc;
-    if (how == PUT_COPY)
-        ST_CALL(self, rc = ferry_store_put(s, key, m.ptr, m.len, rc_ptr(&r), &placed, &fe));
-    else
-        ST_CALL(self, rc = ferry_store_put_from(s, key, m.ptr, m.len, rc_ptr(&r), &placed, &fe));
-    mem_release(&m);
-    rc_free(&r);
-    if (rc < 0)
-        return st_raise(rc, &fe);
-    return how == PUT_PLACED ? desc_dict(&placed) : PyLong_FromLong(0);
-}
-
-static PyObject *st_put(StoreObject *self, PyObject *args, PyObject *kw)
-{
-    return st_put_any(self, args, kw, PUT_COPY);
-}
-
-static PyObject *st_put_from(StoreObject *self, PyObject *args, PyObject *kw)
-{
-    return st_put_any(self, args, kw, PUT_FROM);
-}
-
-static PyObject *st_put_placed(StoreObject *self, PyObject *args, PyObject *kw)
-{
-    return st_put_any(self, args, kw, PUT_PLACED);
-}
-
-static PyObject *st_get(StoreObject *self, PyObject *args)
-{
-    ferry_error fe = {0};
-    const char *key;
-    if (!PyArg_ParseTuple(args, "s:get", &key))
-        return NULL;
-    ferry_store *s = st_of(self);
-    if (!s)
-        return NULL;
-    void *buf = NULL;
-    size_t len = 0;
-    int rc;
-    ST_CALL(self, rc = ferry_store_get(s, key, &buf, &len, &fe));
-    if (rc < 0)
-        return st_raise(rc, &fe);
-    PyObject *b = PyBytes_FromStringAndSize(buf, (Py_ssize_t)len);
-    ferry_store_free(buf);
-    return b;
-}
-
-/* get_into(key, buffer, size=None) -> bytes read; buffer may be an address */
-static PyObject *st_get_into(StoreObject *self, PyObject *args, PyObject *kw)
-{
-    ferry_error fe = {0};
-    static char *kwl[] = {"key", "buffer", "size", NULL};
-    const char *key;
-    PyObject *dst, *size = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|O:get_into", kwl, &key, &dst, &size))
-        return NULL;
-    ferry_store *s = st_of(self);
-    if (!s)
-        return NULL;
-    char what[FERRY_STORE_KEY_MAX + 32];
-    snprintf(what, sizeof what, "get_into('%s'): buffer", key);
-    st_mem m;
-    if (mem_get(self, dst, size, 1, what, &m) < 0)
-        return NULL;
-    size_t len = 0;
-    int rc;
-    ST_CALL(self, rc = ferry_store_get_into(s, key, m.ptr, m.len, &len, &fe));
-    size_t cap = m.len;
-    mem_release(&m);
-    if (rc == FERRY_EMSGSIZE) {
-        char msg[FERRY_STORE_KEY_MAX + 128];
-        snprintf(msg, sizeof msg, "get_into('%s'): the object is %zu bytes, the buffer holds %zu; nothing was read",
-                 key, len, cap);
-        return fp_err_throw(fp_err_new(rc, msg));
-    }
-    return rc < 0 ? st_raise(rc, &fe) : PyLong_FromSize_t(len);
-}
-
-/* After a batch call that returned rc: whether it failed as a whole (raise)
- * rather than per item (return the list). unfilled: some result kept its
- * sentinel; anyneg: some result is negative. */
-static int call_failed(int rc, int unfilled, int anyneg)
-{
-    if (rc >= 0)
-        return 0;
-    if (rc == FERRY_ECONNRESET || rc == FERRY_ECONNREFUSED || rc == FERRY_EAUTH)
-        return 1;
-    return unfilled || !anyneg;
-}
-
-static void views_release(Py_buffer *v, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        PyBuffer_Release(&v[i]);
-}
-
-/* The per-item results of a batch call for n items, each set to its
- * sentinel (never written by the call): int with INT32_MIN, or with wide
- * int64_t with INT64_MIN. NULL with MemoryError. */
-static void *results_new(size_t n, int wide)
-{
-    void *res = PyMem_Calloc(n + 1, wide ? sizeof(int64_t) : sizeof(int));
-    if (!res) {
-        PyErr_NoMemory();
-        return NULL;
-    }
-    for (size_t i = 0; i < n; i++) {
-        if (wide)
-            ((int64_t *)res)[i] = INT64_MIN;
-        else
-            ((int *)res)[i] = INT32_MIN;
-    }
-    return res;
-}
-
-/* After a batch call that returned rc with results res (from results_new):
- * raise when it failed as a whole, else the results as a list of ints. */
-static PyObject *results_list(int rc, const void *res, size_t n, int wide, const ferry_error *fe)
-{
-    int unfilled = 0, anyneg = 0;
-    for (size_t i = 0; i < n; i++) {
-        int64_t x = wide ? ((const int64_t *)res)[i] : ((const int *)res)[i];
-        unfilled |= x == (wide ? INT64_MIN : INT32_MIN);
-        anyneg |= x < 0;
-    }
-    if (call_failed(rc, unfilled, anyneg))
-        return st_raise(rc, fe);
-    PyObject *out = PyList_New((Py_ssize_t)n);
-    for (size_t i = 0; out && i < n; i++) {
-        PyObject *x = PyLong_FromLongLong(wide ? ((const int64_t *)res)[i] : ((const int *)res)[i]);
-        if (!x)
-            Py_CLEAR(out);
-        else
-            PyList_SET_ITEM(out, (Py_ssize_t)i, x);
-    }
-    return out;
-}
-
-static PyObject *st_get_into_ranges(StoreObject *self, PyObject *args)
-{
-    ferry_error fe = {0};
-    PyObject *ranges;
-    if (!PyArg_ParseTuple(args, "O:get_into_ranges", &ranges))
-        return NULL;
-    ferry_store *s = st_of(self);
-    if (!s)
-        return NULL;
-    PyObject *t = fp_seq_hold(ranges, "ranges");
-    if (!t)
-        return NULL;
-    size_t n = (size_t)PyTuple_GET_SIZE(t), got = 0;
-    ferry_range *r = PyMem_Calloc(n + 1, sizeof *r);
-    Py_buffer *v = PyMem_Calloc(n + 1, sizeof *v);
-    int64_t *res = results_new(n, 1);
-    PyObject **items = PyMem_Calloc(n + 1, sizeof *items);   /* each range as a tuple */
-    PyObject *out = NULL;
-    if (!r || !v || !res || !items) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (size_t i = 0; i < n; i++) {
-        PyObject *it = PySequence_Tuple(PyTuple_GET_ITEM(t, i));
-        items[i] = it;
-        Py_ssize_t k = it ? PyTuple_GET_SIZE(it) : 0;
-        if (!it || (k != 3 && k != 4)) {
-            PyErr_Format(PyExc_TypeError, "ranges[%zu] must be (key, src_offset, buffer[, length])", i);
-            goto done;
-        }
-        r[i].key = fp_key_of(PyTuple_GET_ITEM(it, 0), "key");
-        if (!r[i].key)
-            goto done;
-        char what[48];
-        unsigned long long u = 0;
-        snprintf(what, sizeof what, "ranges[%zu]: src_offset", i);
-        if (st_uint(PyTuple_GET_ITEM(it, 1), what, 0, UINT64_MAX, &u) < 0)
-            goto done;
-        snprintf(what, sizeof what, "ranges[%zu]: buffer", i);
-        if (buf_dst(PyTuple_GET_ITEM(it, 2), &v[i], what) < 0)
-            goto done;
-        r[i].src_offset = u;
-        got = i + 1;
-        r[i].dst = v[i].buf;
-        r[i].len = (uint64_t)v[i].len;
-        if (k == 4 && PyTuple_GET_ITEM(it, 3) != Py_None) {
-            unsigned long long len = 0;
-            snprintf(what, sizeof what, "ranges[%zu]: length", i);
-            if (st_uint(PyTuple_GET_ITEM(it, 3), what, 0, UINT64_MAX, &len) < 0)
-                goto done;
-            if (len > (uint64_t)v[i].len) {
-                PyErr_Format(PyExc_ValueError, "ranges[%zu]: length %llu exceeds the buffer (%zd bytes)", i,
-                             (unsigned long long)len, v[i].len);
-                goto done;
-            }
-            r[i].len = len;
-        }
-    }
-    int rc = 0;
-    if (n)
-        ST_CALL(self, rc = ferry_store_get_into_ranges(s, r, n, res, &fe));
-    out = results_list(rc, res, n, 1, &fe);
-done:
-    if (v)
-        views_release(v, got);
-    if (items)
-        for (size_t i = 0; i < n; i++)
-            Py_XDECREF(items[i]);
-    PyMem_Free(items);
-    PyMem_Free(r);
-    PyMem_Free(v);
-    PyMem_Free(res);
-    Py_DECREF(t);
-    return out;
-}
-
-/* Keys and buffers of a batch: the tuples hold the objects, mems the bytes. */
-typedef struct {
-    PyObject *kt, *bt, *st;
-    size_t n, got;
-    const char **keys;
-    st_mem *m;
-    void **bufs;
-    size_t *lens;
-} st_batch;
-
-static void batch_free(st_batch *b)
-{
-    if (b->m)
-        for (size_t i = 0; i < b->got; i++)
-            mem_release(&b->m[i]);
-    PyMem_Free((void *)b->keys);
-    PyMem_Free(b->m);
-    PyMem_Free(b->bufs);
-    PyMem_Free(b->lens);
-    Py_XDECREF(b->kt);
-    Py_XDECREF(b->bt);
-    Py_XDECREF(b->st);
-}
-
 /* keys, buffers (objects or addresses) and sizes (None, or one per buffer;
  * required for addresses) of a batch call named fn. 0 or -1. */
-static int batch_from(StoreObject *self, st_batch *b, PyObject *keys, PyObject *bufs, PyObject *sizes, int writable,
-                      const char *fn)
-{
-    memset(b, 0, sizeof *b);
-    b->kt = fp_seq_hold(keys, "keys");
-    b->bt = b->kt ? fp_seq_hold(bufs, "buffers") : NULL;
-    if (!b->bt)
-        return -1;
-    b->n = (size_t)PyTuple_GET_SIZE(b->kt);
-    if ((size_t)PyTuple_GET_SIZE(b->bt) != b->n) {
-        PyErr_Format(PyExc_ValueError, "%s: %zu keys but %zd buffers", fn, b->n, PyTuple_GET_SIZE(b->bt));
-        return -1;
-    }
-    if (sizes && sizes != Py_None) {
-        if (!(b->st = fp_seq_hold(sizes, "sizes")))
-            return -1;
-        if ((size_t)PyTuple_GET_SIZE(b->st) != b->n) {
-            PyErr_Format(PyExc_ValueError, "%s: %zu keys but %zd sizes", fn, b->n, PyTuple_GET_SIZE(b->st));
-            return -1;
-        }
-    }
-    b->keys = PyMem_Calloc(b->n + 1, sizeof *b->keys);
-    b->m = PyMem_Calloc(b->n + 1, sizeof *b->m);
-    b->bufs = PyMem_Calloc(b->n + 1, sizeof *b->bufs);
-    b->lens = PyMem_Calloc(b->n + 1, sizeof *b->lens);
-    if (!b->keys || !b->m || !b->bufs || !b->lens) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    for (size_t i = 0; i < b->n; i++) {
-        b->keys[i] = fp_key_of(PyTuple_GET_ITEM(b->kt, i), "key");
-        if (!b->keys[i])
-            return -1;
-        char what[FERRY_STORE_KEY_MAX + 64];
-        snprintf(what, sizeof what, "%s: buffers[%zu] (for '%s')", fn, i, b->keys[i]);
-        if (mem_get(self, PyTuple_GET_ITEM(b->bt, i), b->st ? PyTuple_GET_ITEM(b->st, i) : NULL, writable, what,
-                    &b->m[i]) < 0)
-            return -1;
-        b->got = i + 1;
-        b->bufs[i] = b->m[i].ptr;
-        b->lens[i] = b->m[i].len;
-    }
-    return 0;
-}
-
 /* batch_put_from(keys, buffers, sizes=None, config=None) */
-static PyObject *st_batch_put_from(StoreObject *self, PyObject *args, PyObject *kw)
-{
-    ferry_error fe = {0};
-    static char *kwl[] = {"keys", "buffers", "sizes", "config", NULL};
-    PyObject *keys, *bufs, *sizes = Py_None, *cfg = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OO:batch_put_from", kwl, &keys, &bufs, &sizes, &cfg))
-        return NULL;
-    if (config_like(sizes) && cfg == Py_None) {   /* batch_put_from(keys, buffers, config) */
-        cfg = sizes;
-        sizes = Py_None;
-    }
-    ferry_store *s = st_of(self);
-    st_rc r;
-    if (!s || rc_from(cfg, &r) < 0)
-        return NULL;
-    st_batch b;
-    PyObject *out = NULL;
-    int *res = NULL;
-    if (batch_from(self, &b, keys, bufs, sizes, 0, "batch_put_from") < 0)
-        goto done;
-    res = results_new(b.n, 0);
-    if (!res)
-        goto done;
-    int rc = 0;
-    if (b.n)
-        ST_CALL(self, rc = ferry_store_batch_put_from(s, b.keys, (const void *const *)b.bufs, b.lens, b.n,
-                                                      rc_ptr(&r), res, &fe));
-    out = results_list(rc, res, b.n, 0, &fe);
-done:
-    PyMem_Free(res);
-    batch_free(&b);
-    rc_free(&r);
-    return out;
-}
-
 /* batch_get_into(keys, buffers, sizes=None) */
-static PyObject *st_batch_get_into(StoreObject *self, PyObject *args, PyObject *kw)
-{
-    ferry_error fe = {0};
-    static char *kwl[] = {"keys", "buffers", "sizes", NULL};
-    PyObject *keys, *bufs, *sizes = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O:batch_get_into", kwl, &keys, &bufs, &sizes))
-        return NULL;
-    ferry_store *s = st_of(self);
-    if (!s)
-        return NULL;
-    st_batch b;
-    PyObject *out = NULL;
-    int64_t *res = NULL;
-    if (batch_from(self, &b, keys, bufs, sizes, 1, "batch_get_into") < 0)
-        goto done;
-    res = results_new(b.n, 1);
-    if (!res)
-        goto done;
-    int rc = 0;
-    if (b.n)
-        ST_CALL(self, rc = ferry_store_batch_get_into(s, b.keys, b.bufs, b.lens, b.n, res, &fe));
-    out = results_list(rc, res, b.n, 1, &fe);
-done:
-    PyMem_Free(res);
-    batch_free(&b);
-    return out;
-}
-
-static PyObject *st_is_exist(StoreObject *self, PyObject *args)
-{
-    ferry_error fe = {0};
-    const char *key;
-    if (!PyArg_ParseTuple(args, "s:is_exist", &key))
-        return NULL;
-    ferry_store *s = st_of(self);
-    if (!s)
-        return NULL;
-    int rc;
-    ST_CALL(self, rc = ferry_store_exist(s, key, &fe));
-    return rc < 0 ? st_raise(rc, &fe) : PyLong_FromLong(rc > 0);
-}
-
-static PyObject *st_remove(StoreObject *self, PyObject *args)
-{
-    ferry_error fe = {0};
-    const char *key;
-    if (!PyArg_ParseTuple(args, "s:remove", &key))
-        return NULL;
-    ferry_store *s = st_of(self);
-    if (!s)
-        return NULL;
-    int rc;
-    ST_CALL(self, rc = ferry_store_remove(s, key, &fe));
-    if (rc < 0)
-        return st_raise(rc, &fe);
-    return PyLong_FromLong(0);
-}
-
-static PyObject *st_remove_prefix(StoreObject *self, PyObject *args)
-{
-    ferry_error fe = {0};
-    const char *prefix;
-    if (!PyArg_ParseTuple(args, "s:remove_prefix", &prefix))
-        return NULL;
-    ferry_store *s = st_of(self);
-    if (!s)
-        return NULL;
-    uint64_t removed = 0;
-    int rc;
-    ST_CALL(self, rc = ferry_store_remove_prefix(s, prefix, &removed, &fe));
-    return rc < 0 ? st_raise(rc, &fe) : PyLong_FromUnsignedLongLong(removed);
-}
-
-/* list_page(prefix="", after=None, limit=1000) -> (keys, more) */
-static PyObject *st_list_page(StoreObject *self, PyObject *args, PyObject *kw)
-{
-    ferry_error fe = {0};
-    static char *kwl[] = {"prefix", "after", "limit", NULL};
-    const char *prefix = "", *after = NULL;
-    Py_ssize_t limit = 1000;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|szn:list", kwl, &prefix, &after, &limit))
-        return NULL;
-    if (limit < 0) {
-        PyErr_SetString(PyExc_ValueError, "limit must not be negative");
-        return NULL;
-    }
-    ferry_store *s = st_of(self);
-    if (!s)
-        return NULL;
-    char **keys = NULL;
-    size_t n = 0;
-    bool more = false;
-    int rc;
-    ST_CALL(self, rc = ferry_store_list(s, prefix, after, (size_t)limit, &keys, &n, &more, &fe));
-    if (rc < 0)
-        return st_raise(rc, &fe);
-    PyObject *l = fp_list_str(keys, n);
-    ferry_store_free(keys);
-    return l ? Py_BuildValue("(NO)", l, more ? Py_True : Py_False) : NULL;
-}
-
-static PyObject *st_list(StoreObject *self, PyObject *args, PyObject *kw)
-{
-    PyObject *t = st_list_page(self, args, kw);
-    if (!t)
-        return NULL;
-    PyObject *l = PyTuple_GET_ITEM(t, 0);
-    Py_INCREF(l);
-    Py_DECREF(t);
-    return l;
-}
-
-static PyObject *st_replica_desc(StoreObject *self, PyObject *args)
-{
-    ferry_error fe = {0};
-    const char *key;
-    if (!PyArg_ParseTuple(args, "s:get_replica_desc", &key))
-        return NULL;
-    ferry_store *s = st_of(self);
-    if (!s)
-        return NULL;
-    ferry_object_desc d;
-    memset(&d, 0, sizeof d);
-    int rc;
-    ST_CALL(self, rc = ferry_store_get_replica_desc(s, key, &d, &fe));
-    return rc < 0 ? st_raise(rc, &fe) : desc_dict(&d);
-}
-
 /* ---- structured objects ------------------------------------------------------------ */
 
 /* put_struct_raw(key, [(name, dtype, shape, buffer), ...], config=None) */
-static PyObject *st_put_struct_raw(StoreObject *self, PyObject *args, PyObject *kw)
-{
-    ferry_error fe = {0};
-    static char *kwl[] = {"key", "members", "config", NULL};
-    const char *key;
-    PyObject *members, *cfg = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|O:put_struct_raw", kwl, &key, &members, &cfg))
-        return NULL;
-    ferry_store *s = st_of(self);
-    st_rc r;
-    if (!s || rc_from(cfg, &r) < 0)
-        return NULL;
-    PyObject *t = fp_seq_hold(members, "members"), *out = NULL;
-    size_t n = t ? (size_t)PyTuple_GET_SIZE(t) : 0, got = 0;
-    ferry_member *m = PyMem_Calloc(n + 1, sizeof *m);
-    Py_buffer *v = PyMem_Calloc(n + 1, sizeof *v);
-    const void **data = PyMem_Calloc(n + 1, sizeof *data);
-    if (!t)
-        goto done;
-    if (!m || !v || !data) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (size_t i = 0; i < n; i++) {
-        PyObject *it = PyTuple_GET_ITEM(t, i);
-        const char *name, *dtype;
-        PyObject *shape, *buf;
-        if (!PyTuple_Check(it) || !PyArg_ParseTuple(it, "ssOO", &name, &dtype, &shape, &buf)) {
-            if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError)) {
-                PyErr_Clear();
-                PyErr_Format(PyExc_TypeError, "members[%zu] must be a tuple (name, dtype, shape, buffer)", i);
-            }
-            goto done;
-        }
-        if (fp_copy_str(m[i].name, sizeof m[i].name, name, "member name") < 0 ||
-            fp_copy_str(m[i].dtype, sizeof m[i].dtype, dtype, "dtype") < 0)
-            goto done;
-        PyObject *sh = fp_seq_hold(shape, "shape");
-        if (!sh)
-            goto done;
-        Py_ssize_t nd = PyTuple_GET_SIZE(sh);
-        if (nd > FERRY_MEMBER_NDIM_MAX) {
-            Py_DECREF(sh);
-            PyErr_Format(PyExc_ValueError, "member %s: at most %d dimensions", name, FERRY_MEMBER_NDIM_MAX);
-            goto done;
-        }
-        uint64_t count = 1;
-        int bad = 0;
-        for (Py_ssize_t d = 0; d < nd && !bad; d++) {
-            unsigned long long x = 0;
-            bad = st_uint(PyTuple_GET_ITEM(sh, d), "a shape dimension", 0, UINT64_MAX, &x);
-            m[i].shape[d] = x;
-            count *= m[i].shape[d];
-        }
-        m[i].ndim = (uint32_t)nd;
-        Py_DECREF(sh);
-        char what[FERRY_STORE_KEY_MAX + 96];
-        snprintf(what, sizeof what, "put_struct('%s'): member %s", key, name);
-        if (bad < 0 || buf_src(buf, &v[i], what) < 0)
-            goto done;
-        got = i + 1;
-        data[i] = v[i].buf;
-        size_t es = ferry_dtype_size(dtype);
-        if (!es) {
-            PyErr_Format(PyExc_ValueError, "member %s: unknown dtype %s", name, dtype);
-            goto done;
-        }
-        if (count * es != (uint64_t)v[i].len) {
-            PyErr_Format(PyExc_ValueError, "member %s: shape and dtype make %llu bytes, the buffer has %zd", name,
-                         (unsigned long long)(count * es), v[i].len);
-            goto done;
-        }
-    }
-    int rc;
-    ST_CALL(self, rc = ferry_store_put_struct(s, key, m, data, n, rc_ptr(&r), &fe));
-    if (rc < 0)
-        st_raise(rc, &fe);
-    else
-        out = Py_NewRef(Py_None);
-done:
-    if (v)
-        views_release(v, got);
-    PyMem_Free(m);
-    PyMem_Free(v);
-    PyMem_Free((void *)data);
-    Py_XDECREF(t);
-    rc_free(&r);
-    return out;
-}
-
-static PyObject *st_get_members(StoreObject *self, PyObject *args)
-{
-    ferry_error fe = {0};
-    const char *key;
-    if (!PyArg_ParseTuple(args, "s:get_members", &key))
-        return NULL;
-    ferry_store *s = st_of(self);
-    if (!s)
-        return NULL;
-    size_t cap = 64, n = 0;
-    ferry_member *m = NULL;
-    for (;;) {
-        ferry_member *m2 = PyMem_Realloc(m, cap * sizeof *m);
-        if (!m2) {
-            PyMem_Free(m);
-            return PyErr_NoMemory();
-        }
-        m = m2;
-        int rc;
-        ST_CALL(self, rc = ferry_store_get_members(s, key, m, cap, &n, &fe));
-        if (rc < 0) {
-            PyMem_Free(m);
-            return st_raise(rc, &fe);
-        }
-        if (n <= cap)
-            break;
-        cap = n;
-    }
-    PyObject *l = PyList_New((Py_ssize_t)n);
-    for (size_t i = 0; l && i < n; i++) {
-        uint32_t nd = m[i].ndim <= FERRY_MEMBER_NDIM_MAX ? m[i].ndim : FERRY_MEMBER_NDIM_MAX;
-        PyObject *x = Py_BuildValue("{sssssNsKsK}", "name", m[i].name, "dtype", m[i].dtype, "shape",
-                                    fp_tuple_u64(m[i].shape, nd), "offset", (unsigned long long)m[i].offset,
-                                    "nbytes", (unsigned long long)m[i].nbytes);
-        if (!x)
-            Py_CLEAR(l);
-        else
-            PyList_SET_ITEM(l, (Py_ssize_t)i, x);
-    }
-    PyMem_Free(m);
-    return l;
-}
-
 /* read_member_into(key, member, row_begin, row_end, buffer, size=None) -> bytes
  * read; buffer may be an address inside a registered buffer (with size). */
-static PyObject *st_read_member_into(StoreObject *self, PyObject *args, PyObject *kw)
-{
-    ferry_error fe = {0};
-    static char *kwl[] = {"key", "member", "row_begin", "row_end", "buffer", "size", NULL};
-    const char *key, *member;
-    unsigned long long a = 0, b = 0;
-    PyObject *oa, *ob, *dst, *size = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "ssOOO|O:read_member_into", kwl, &key, &member, &oa, &ob, &dst,
-                                     &size) ||
-        st_uint(oa, "row_begin", 0, UINT64_MAX, &a) < 0 || st_uint(ob, "row_end", 0, UINT64_MAX, &b) < 0)
-        return NULL;
-    ferry_store *s = st_of(self);
-    if (!s)
-        return NULL;
-    char what[FERRY_STORE_KEY_MAX + 96];
-    snprintf(what, sizeof what, "read_member_into('%s', '%.40s'): buffer", key, member);
-    st_mem m;
-    if (mem_get(self, dst, size, 1, what, &m) < 0)
-        return NULL;
-    size_t len = 0;
-    int rc;
-    ST_CALL(self, rc = ferry_store_read_member(s, key, member, a, b, m.ptr, m.len, &len, &fe));
-    mem_release(&m);
-    return rc < 0 ? st_raise(rc, &fe) : PyLong_FromSize_t(len);
-}
-
 /* ---- KV ----------------------------------------------------------------------------------- */
-
-static PyObject *st_kv_get(StoreObject *self, PyObject *args)
-{
-    ferry_error fe = {0};
-    const char *key;
-    if (!PyArg_ParseTuple(args, "s:kv_get", &key))
-        return NULL;
-    ferry_store *s = st_of(self);
-    if (!s)
-        return NULL;
-    ferry_kv_value kv;
-    memset(&kv, 0, sizeof kv);
-    int rc;
-    ST_CALL(self, rc = ferry_kv_get(s, key, &kv, &fe));
-    if (rc == FERRY_ENOENT)
-        Py_RETURN_NONE;
-    if (rc < 0)
-        return st_raise(rc, &fe);
-    PyObject *b = PyBytes_FromStringAndSize(kv.val, (Py_ssize_t)kv.len);
-    ferry_store_free(kv.val);
-    return b ? Py_BuildValue("(NK)", b, (unsigned long long)kv.mod_rev) : NULL;
-}
-
-/* f(s, name, bytes of the buffer, &n) for (name, buffer) args; returns n. */
-static PyObject *st_name_buf_u64(StoreObject *self, PyObject *args, const char *fmt,
-                                 int (*f)(ferry_store *, const char *, const void *, size_t, uint64_t *,
-                                          ferry_error *))
-{
-    const char *name;
-    PyObject *buf;
-    if (!PyArg_ParseTuple(args, fmt, &name, &buf))
-        return NULL;
-    ferry_store *s = st_of(self);
-    char what[FERRY_STORE_KEY_MAX + 48];
-    const char *fn = strchr(fmt, ':');
-    snprintf(what, sizeof what, "%s('%s'): value", fn ? fn + 1 : "call", name);
-    Py_buffer v;
-    if (!s || buf_src(buf, &v, what) < 0)
-        return NULL;
-    uint64_t n = 0;
-    int rc;
-    ferry_error fe = {0};
-    ST_CALL(self, rc = f(s, name, v.buf, (size_t)v.len, &n, &fe));
-    PyBuffer_Release(&v);
-    return rc < 0 ? st_raise(rc, &fe) : PyLong_FromUnsignedLongLong(n);
-}
-
-static PyObject *st_kv_put(StoreObject *self, PyObject *args)
-{
-    return st_name_buf_u64(self, args, "sO:kv_put", ferry_kv_put);
-}
-
-static PyObject *st_kv_cas(StoreObject *self, PyObject *args)
-{
-    ferry_error fe = {0};
-    const char *key;
-    unsigned long long expected = 0;
-    PyObject *oexp, *val;
-    if (!PyArg_ParseTuple(args, "sOO:kv_cas", &key, &oexp, &val) ||
-        st_uint(oexp, "expected_rev", 0, UINT64_MAX, &expected) < 0)
-        return NULL;
-    ferry_store *s = st_of(self);
-    char what[FERRY_STORE_KEY_MAX + 32];
-    snprintf(what, sizeof what, "kv_cas('%s'): value", key);
-    Py_buffer v;
-    if (!s || buf_src(val, &v, what) < 0)
-        return NULL;
-    uint64_t rev = 0;
-    int rc;
-    ST_CALL(self, rc = ferry_kv_cas(s, key, expected, v.buf, (size_t)v.len, &rev, &fe));
-    PyBuffer_Release(&v);
-    return rc < 0 ? st_raise_rev(rc, rev, &fe) : PyLong_FromUnsignedLongLong(rev);
-}
-
-static PyObject *st_kv_delete(StoreObject *self, PyObject *args, PyObject *kw)
-{
-    ferry_error fe = {0};
-    static char *kwl[] = {"key", "expected_rev", NULL};
-    const char *key;
-    unsigned long long expected = 0;
-    PyObject *oexp = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|O:kv_delete", kwl, &key, &oexp) ||
-        st_uint_opt(oexp, "expected_rev", 0, UINT64_MAX, &expected) < 0)
-        return NULL;
-    ferry_store *s = st_of(self);
-    if (!s)
-        return NULL;
-    uint64_t rev = 0;
-    int rc;
-    ST_CALL(self, rc = ferry_kv_delete(s, key, expected, &rev, &fe));
-    return rc < 0 ? st_raise_rev(rc, rev, &fe) : PyLong_FromUnsignedLongLong(rev);
-}
 
 static PyObject *st_watch(StoreObject *self, PyObject *args, PyObject *kw)
 {
@@ -1484,155 +767,16 @@ static PyObject *st_watch(StoreObject *self, PyObject *args, PyObject *kw)
     return (PyObject *)w;
 }
 
-static PyObject *st_barrier(StoreObject *self, PyObject *args, PyObject *kw)
-{
-    ferry_error fe = {0};
-    static char *kwl[] = {"name", "member", "count", "timeout_ms", NULL};
-    const char *name, *member;
-    unsigned long long count = 0, timeout = 0;
-    PyObject *ocount, *otimeout = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "ssO|O:barrier", kwl, &name, &member, &ocount, &otimeout) ||
-        st_uint(ocount, "count", 0, UINT32_MAX, &count) < 0 ||
-        st_uint_opt(otimeout, "timeout_ms", 0, UINT64_MAX, &timeout) < 0)
-        return NULL;
-    ferry_store *s = st_of(self);
-    if (!s)
-        return NULL;
-    uint64_t gen = 0;
-    int rc;
-    ST_CALL(self, rc = ferry_barrier(s, name, member, (uint32_t)count, timeout, &gen, &fe));
-    return rc < 0 ? st_raise(rc, &fe) : PyLong_FromUnsignedLongLong(gen);
-}
-
 /* ---- queues ------------------------------------------------------------------------------ */
 
-static PyObject *st_queue_push(StoreObject *self, PyObject *args)
-{
-    return st_name_buf_u64(self, args, "sO:queue_push", ferry_queue_push);
-}
-
-#define ST_POP_MAX FERRY_STORE_POP_MAX
-
-static PyObject *st_queue_pop(StoreObject *self, PyObject *args, PyObject *kw)
-{
-    ferry_error fe = {0};
-    static char *kwl[] = {"queue", "max", "lease_ms", NULL};
-    const char *queue;
-    unsigned long long max = 1, lease = 30000;
-    PyObject *omax = NULL, *olease = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|OO:queue_pop", kwl, &queue, &omax, &olease) ||
-        st_uint_opt(omax, "max", 1, ST_POP_MAX, &max) < 0 ||
-        st_uint_opt(olease, "lease_ms", 1, FERRY_STORE_LEASE_MAX_MS, &lease) < 0)
-        return NULL;
-    ferry_store *s = st_of(self);
-    if (!s)
-        return NULL;
-    ferry_qrecord *recs = PyMem_Calloc(max, sizeof *recs);
-    if (!recs)
-        return PyErr_NoMemory();
-    size_t n = 0;
-    int rc;
-    ST_CALL(self, rc = ferry_queue_pop(s, queue, (uint32_t)max, lease, recs, &n, &fe));
-    if (rc < 0) {
-        PyMem_Free(recs);
-        return st_raise(rc, &fe);
-    }
-    if (n > max)
-        n = max;
-    PyObject *l = PyList_New((Py_ssize_t)n);
-    for (size_t i = 0; l && i < n; i++) {
-        PyObject *x = Py_BuildValue("(KIy#)", (unsigned long long)recs[i].id, (unsigned int)recs[i].token,
-                                    recs[i].data ? (const char *)recs[i].data : "", (Py_ssize_t)recs[i].len);
-        if (!x)
-            Py_CLEAR(l);
-        else
-            PyList_SET_ITEM(l, (Py_ssize_t)i, x);
-    }
-    ferry_qrecords_free(recs, n);
-    PyMem_Free(recs);
-    return l;
-}
-
-static PyObject *st_queue_ack_any(StoreObject *self, PyObject *args, int ack)
-{
-    ferry_error fe = {0};
-    unsigned long long id = 0, token = 0;
-    PyObject *oid, *otoken;
-    if (!PyArg_ParseTuple(args, ack ? "OO:queue_ack" : "OO:queue_nack", &oid, &otoken) ||
-        st_uint(oid, "id", 0, UINT64_MAX, &id) < 0 || st_uint(otoken, "token", 0, UINT32_MAX, &token) < 0)
-        return NULL;
-    ferry_store *s = st_of(self);
-    if (!s)
-        return NULL;
-    int rc;
-    if (ack)
-        ST_CALL(self, rc = ferry_queue_ack(s, id, (uint32_t)token, &fe));
-    else
-        ST_CALL(self, rc = ferry_queue_nack(s, id, (uint32_t)token, &fe));
-    if (rc < 0)
-        return st_raise(rc, &fe);
-    Py_RETURN_NONE;
-}
-
-static PyObject *st_queue_ack(StoreObject *self, PyObject *args)
-{
-    return st_queue_ack_any(self, args, 1);
-}
-
-static PyObject *st_queue_nack(StoreObject *self, PyObject *args)
-{
-    return st_queue_ack_any(self, args, 0);
-}
-
-static PyObject *st_status(StoreObject *self, PyObject *unused)
-{
-    ferry_error fe = {0};
-    (void)unused;
-    ferry_store *s = st_of(self);
-    if (!s)
-        return NULL;
-    char *json = NULL;
-    int rc;
-    ST_CALL(self, rc = ferry_store_status_json(s, &json, &fe));
-    if (rc < 0)
-        return st_raise(rc, &fe);
-    PyObject *mod = PyImport_ImportModule("json");
-    PyObject *d = mod ? PyObject_CallMethod(mod, "loads", "s", json ? json : "null") : NULL;
-    Py_XDECREF(mod);
-    ferry_store_free(json);
-    return d;
-}
-
 /* warm(write=False) -> bytes warmed (ferry_store_warm). */
-static PyObject *st_warm(StoreObject *self, PyObject *args, PyObject *kw)
-{
-    ferry_error fe = {0};
-    static char *kwl[] = {"write", NULL};
-    int write = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|p:warm", kwl, &write))
-        return NULL;
-    ferry_store *s = st_of(self);
-    if (!s)
-        return NULL;
-    uint64_t bytes = 0;
-    int rc;
-    ST_CALL(self, rc = ferry_store_warm(s, write != 0, &bytes, &fe));
-    if (rc < 0)
-        return st_raise(rc, &fe);
-    return PyLong_FromUnsignedLongLong(bytes);
-}
-
-static PyObject *st_engine_address(StoreObject *self, PyObject *unused)
-{
-    (void)unused;
-    ferry_store *s = st_of(self);
-    if (!s)
-        return NULL;
-    const char *a = ferry_engine_address(ferry_store_engine(s));
-    return PyUnicode_FromString(a ? a : "");
-}
-
 static PyMethodDef st_methods[] = {
+    {"_enter", (PyCFunction)st_enter, METH_NOARGS, "_enter($self, /)\n--\n\n"
+     "_enter() -> the address of the C handle, the call counted in flight until _leave()"},
+    {"_leave", (PyCFunction)st_leave, METH_NOARGS, "_leave($self, /)\n--\n\n"
+     "_leave(): the call of the last _enter() is done"},
+    {"_memory", (PyCFunction)st_memory, METH_VARARGS, "_memory($self, obj, size, writable, what, /)\n--\n\n"
+     "_memory(obj, size, writable, what) -> (address, bytes, holder) of a memory argument"},
     {"setup", FP_KWFN(st_setup), METH_VARARGS | METH_KEYWORDS,
      "setup($self, /, master=None, token=None, token_file=None, transport=None, timeout_ms=None, lease_ms=None)\n--\n\n"
      "setup(master=None, token=None, token_file=None, transport=None, timeout_ms=None, lease_ms=None)\n"
@@ -1644,87 +788,8 @@ static PyMethodDef st_methods[] = {
      "Mooncake's (ptr, size) (the caller keeps that memory alive)"},
     {"unregister_buffer", (PyCFunction)st_unregister, METH_O,
      "unregister_buffer($self, buffer, /)\n--\n\nunregister_buffer(buffer or ptr) -> 0"},
-    {"put", FP_KWFN(st_put), METH_VARARGS | METH_KEYWORDS,
-     "put($self, /, key, value, config=None)\n--\n\n"
-     "put(key, value, config=None) -> 0; value: bytes, an array, a tensor or any contiguous buffer"},
-    {"put_from", FP_KWFN(st_put_from), METH_VARARGS | METH_KEYWORDS,
-     "put_from($self, /, key, buffer, size=None, config=None)\n--\n\n"
-     "put_from(key, buffer, size=None, config=None) -> 0 (no copy; fastest on registered buffers); buffer: an "
-     "array, tensor or buffer, or an address inside a registered buffer with its size"},
-    {"put_placed", FP_KWFN(st_put_placed), METH_VARARGS | METH_KEYWORDS,
-     "put_placed($self, /, key, value, config=None)\n--\n\n"
-     "put_placed(key, value, config=None) -> placement dict {'size', 'replicas': [...]} (as put_from)"},
-    {"get", (PyCFunction)st_get, METH_VARARGS, "get($self, key, /)\n--\n\n"
-     "get(key) -> bytes"},
-    {"get_into", FP_KWFN(st_get_into), METH_VARARGS | METH_KEYWORDS,
-     "get_into($self, /, key, buffer, size=None)\n--\n\n"
-     "get_into(key, buffer, size=None) -> bytes read; buffer: an array, tensor or writable buffer, or an address "
-     "inside a registered buffer with its size"},
-    {"get_into_ranges", (PyCFunction)st_get_into_ranges, METH_VARARGS,
-     "get_into_ranges($self, ranges, /)\n--\n\n"
-     "get_into_ranges([(key, src_offset, buffer[, length]), ...]) -> [bytes read or -code per range]"},
-    {"batch_put_from", FP_KWFN(st_batch_put_from), METH_VARARGS | METH_KEYWORDS,
-     "batch_put_from($self, /, keys, buffers, sizes=None, config=None)\n--\n\n"
-     "batch_put_from(keys, buffers, sizes=None, config=None) -> [0 or -code per key]"},
-    {"batch_get_into", FP_KWFN(st_batch_get_into), METH_VARARGS | METH_KEYWORDS,
-     "batch_get_into($self, /, keys, buffers, sizes=None)\n--\n\n"
-     "batch_get_into(keys, buffers, sizes=None) -> [bytes read or -code per key]"},
-    {"is_exist", (PyCFunction)st_is_exist, METH_VARARGS, "is_exist($self, key, /)\n--\n\n"
-     "is_exist(key) -> 1 or 0"},
-    {"remove", (PyCFunction)st_remove, METH_VARARGS, "remove($self, key, /)\n--\n\n"
-     "remove(key) -> 0"},
-    {"remove_prefix", (PyCFunction)st_remove_prefix, METH_VARARGS, "remove_prefix($self, prefix, /)\n--\n\n"
-     "remove_prefix(prefix) -> number removed"},
-    {"list", FP_KWFN(st_list), METH_VARARGS | METH_KEYWORDS,
-     "list($self, /, prefix='', after=None, limit=1000)\n--\n\n"
-     "list(prefix='', after=None, limit=1000) -> keys, ascending"},
-    {"list_page", FP_KWFN(st_list_page), METH_VARARGS | METH_KEYWORDS,
-     "list_page($self, /, prefix='', after=None, limit=1000)\n--\n\n"
-     "list_page(prefix='', after=None, limit=1000) -> (keys, more)"},
-    {"get_replica_desc", (PyCFunction)st_replica_desc, METH_VARARGS,
-     "get_replica_desc($self, key, /)\n--\n\n"
-     "get_replica_desc(key) -> {'size', 'replicas': [{'segment', 'node', 'offset', 'preferred'}]}"},
-    {"put_struct_raw", FP_KWFN(st_put_struct_raw), METH_VARARGS | METH_KEYWORDS,
-     "put_struct_raw($self, /, key, members, config=None)\n--\n\n"
-     "put_struct_raw(key, [(name, dtype, shape, buffer), ...], config=None)"},
-    {"get_members", (PyCFunction)st_get_members, METH_VARARGS,
-     "get_members($self, key, /)\n--\n\n"
-     "get_members(key) -> [{'name', 'dtype', 'shape', 'offset', 'nbytes'}]"},
-    {"read_member_into", FP_KWFN(st_read_member_into), METH_VARARGS | METH_KEYWORDS,
-     "read_member_into($self, /, key, member, row_begin, row_end, buffer, size=None)\n--\n\n"
-     "read_member_into(key, member, row_begin, row_end, buffer, size=None) -> bytes read (raw bytes; buffer: an "
-     "array, tensor or writable buffer, or an address inside a registered buffer with its size)"},
-    {"kv_get", (PyCFunction)st_kv_get, METH_VARARGS, "kv_get($self, key, /)\n--\n\n"
-     "kv_get(key) -> (value, mod_revision) or None"},
-    {"kv_put", (PyCFunction)st_kv_put, METH_VARARGS, "kv_put($self, key, value, /)\n--\n\n"
-     "kv_put(key, value) -> revision"},
-    {"kv_cas", (PyCFunction)st_kv_cas, METH_VARARGS,
-     "kv_cas($self, key, expected_rev, value, /)\n--\n\n"
-     "kv_cas(key, expected_rev, value) -> revision; ConflictError(.current_revision) on a mismatch"},
-    {"kv_delete", FP_KWFN(st_kv_delete), METH_VARARGS | METH_KEYWORDS,
-     "kv_delete($self, /, key, expected_rev=0)\n--\n\n"
-     "kv_delete(key, expected_rev=0) -> revision"},
     {"watch", FP_KWFN(st_watch), METH_VARARGS | METH_KEYWORDS, "watch($self, /, prefix, from_rev=0)\n--\n\n"
      "watch(prefix, from_rev=0) -> Watch"},
-    {"barrier", FP_KWFN(st_barrier), METH_VARARGS | METH_KEYWORDS,
-     "barrier($self, /, name, member, count, timeout_ms=0)\n--\n\n"
-     "barrier(name, member, count, timeout_ms=0) -> generation"},
-    {"queue_push", (PyCFunction)st_queue_push, METH_VARARGS, "queue_push($self, queue, data, /)\n--\n\n"
-     "queue_push(queue, data) -> id"},
-    {"queue_pop", FP_KWFN(st_queue_pop), METH_VARARGS | METH_KEYWORDS,
-     "queue_pop($self, /, queue, max=1, lease_ms=30000)\n--\n\n"
-     "queue_pop(queue, max=1, lease_ms=30000) -> [(id, token, data), ...]"},
-    {"queue_ack", (PyCFunction)st_queue_ack, METH_VARARGS, "queue_ack($self, id, token, /)\n--\n\n"
-     "queue_ack(id, token)"},
-    {"queue_nack", (PyCFunction)st_queue_nack, METH_VARARGS, "queue_nack($self, id, token, /)\n--\n\n"
-     "queue_nack(id, token): deliver again now"},
-    {"status", (PyCFunction)st_status, METH_NOARGS, "status($self, /)\n--\n\n"
-     "status() -> the master's state (dict)"},
-    {"warm", FP_KWFN(st_warm), METH_VARARGS | METH_KEYWORDS, "warm($self, /, write=False)\n--\n\n"
-     "warm(write=False) -> bytes: touch every page of this machine's segments once through this "
-     "client's mappings (a set-up step: later puts and gets pay no first touch)"},
-    {"engine_address", (PyCFunction)st_engine_address, METH_NOARGS, "engine_address($self, /)\n--\n\n"
-     "engine_address() -> the client engine's address"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1938,7 +1003,13 @@ int fp_store_init(PyObject *m)
         if (!*errs[i].slot || PyModule_AddObjectRef(m, errs[i].name, *errs[i].slot) < 0)
             return -1;
     }
-    if (fp_add_type(m, "Store", &StoreType) < 0 || fp_add_type(m, "Watch", &WatchType) < 0)
+    static PyMethodDef functions[] = {
+        {"_replicate", st_replicate, METH_O, "_replicate($module, config, /)\n--\n\n"
+         "_replicate(config) -> None or (replica_num, hard_pin, preferred segment ids), checked"},
+        {NULL, NULL, 0, NULL},
+    };
+    if (fp_add_type(m, "Store", &StoreType) < 0 || fp_add_type(m, "Watch", &WatchType) < 0 ||
+        PyModule_AddFunctions(m, functions) < 0)
         return -1;
     return 0;
 }

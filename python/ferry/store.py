@@ -1,20 +1,27 @@
 """ferry.Store: the client of the ferry store (objects in node memory placed
 by a master, KV with revisions, watch, barriers, leased queues).
 
-The C extension (``ferry._ferry.Store``) does every call with the GIL
-released; this module adds the tensor-facing helpers (structured objects,
-``put_tensor``/``get_tensor``), the Mooncake-style calls built on them
-(``upsert``, ``batch_is_exist``, ``get_size``) and :class:`ReplicateConfig`.
+The C extension (``ferry._ferry.Store``) holds the connection, the
+registered buffers and the watches; the store's calls are written here over
+the cffi binding (``ferry._binding``). Every call runs with the GIL
+released. This module also adds the tensor-facing
+helpers (structured objects, ``put_tensor``/``get_tensor``), the
+Mooncake-style calls built on them (``upsert``, ``batch_is_exist``,
+``get_size``) and :class:`ReplicateConfig`.
 Memory arguments are numpy arrays, buffers, torch tensors or DLPack objects;
 results are numpy arrays, or torch tensors with ``framework="torch"`` (or
 through :mod:`ferry.torch`). See docs/store.md ("Python") and docs/python.md.
 """
 
 import ctypes
+import json
+import operator
 import time
 
+from . import _call
 from . import _ferry
 from . import _tensors
+from ._binding import ffi, lib
 from ._ferry import (Error, NotFoundError, ExistsError, NoSpaceError, LostError, BusyError, ConflictError,
                      TimeoutError, AuthError, ConnectionError, StaleError, UnreachableError, QueueFullError, Watch)
 
@@ -135,6 +142,32 @@ def _check_dest(out, dtype, nbytes, what):
         raise ValueError(f"{what} ({_tensors.describe(out)}) holds {m.nbytes} bytes; the stored data is {nbytes}")
 
 
+def _config_like(o):
+    """A config given in the place of Mooncake's size (ferry's older
+    put_from(key, buffer, config)): a dict or anything with replica_num."""
+    return o is not None and not isinstance(o, int) and (isinstance(o, dict) or hasattr(o, "replica_num"))
+
+
+def _replicate(config):
+    """(ferry_replicate_config * or NULL, what holds its segment ids) of a
+    ReplicateConfig, a dict with its names, or None."""
+    r = _ferry._replicate(config)
+    if r is None:
+        return ffi.NULL, None
+    c = ffi.new("ferry_replicate_config *")
+    c.replica_num, c.hard_pin = r[0], r[1]
+    ids = ffi.new("uint64_t[]", r[2]) if r[2] else ffi.NULL
+    c.preferred_segments, c.npreferred = ids, len(r[2])
+    return c, ids
+
+
+def _desc(d):
+    """A ferry_object_desc as {'size', 'replicas': [...]}."""
+    n = min(d.nreplicas, lib.FERRY_STORE_REPLICAS_MAX)
+    return {"size": d.size, "replicas": [{"segment": r.segment, "node": r.node, "offset": r.offset,
+                                          "preferred": bool(r.preferred)} for r in d.replicas[0:n]]}
+
+
 class Store(_ferry.Store):
     """A client of the ferry store, with Mooncake's names and signatures.
 
@@ -160,6 +193,362 @@ class Store(_ferry.Store):
 
     def _fw(self, framework):
         return self.framework if framework is None else _tensors.check_framework(framework)
+
+    # ---- calls over the cffi binding ------------------------------------------------------
+    # The C handle is the ferry._ferry.Store's: _enter() hands its address
+    # over (an int; ValueError when the store is not open) and counts the
+    # call in flight until _leave(), so that close() refuses meanwhile, as
+    # for the calls the extension still makes itself. cffi releases the GIL
+    # for each lib call.
+
+    def _call(self, fn, *args):
+        h = self._enter()
+        try:
+            return fn(ffi.cast("ferry_store *", h), *args)
+        finally:
+            self._leave()
+
+    def _checked(self, fn, *args):
+        """fn(store, *args, &error): its result, or its error raised."""
+        fe = _call.new_error()
+        rc = self._call(fn, *args, fe)
+        if rc < 0:
+            raise _call.error(rc, fe)
+        return rc
+
+    def get(self, key, /):
+        """A whole object as bytes (a copy)."""
+        buf, n = ffi.new("void **"), ffi.new("size_t *")
+        self._checked(lib.ferry_store_get, _call.text("get", 1, key), buf, n)
+        try:
+            return ffi.unpack(ffi.cast("char *", buf[0]), n[0])
+        finally:
+            lib.ferry_store_free(buf[0])
+
+    def is_exist(self, key, /):
+        """1 when the object exists (complete), else 0."""
+        rc = self._checked(lib.ferry_store_exist, _call.text("is_exist", 1, key))
+        return int(rc > 0)
+
+    def remove(self, key, /):
+        """Remove an object (NotFoundError when there is none, BusyError
+        while a read holds its lease). Returns 0."""
+        self._checked(lib.ferry_store_remove, _call.text("remove", 1, key))
+        return 0
+
+    def remove_prefix(self, prefix, /):
+        """Remove every unleased object whose key starts with prefix; the count removed."""
+        n = ffi.new("uint64_t *")
+        self._checked(lib.ferry_store_remove_prefix, _call.text("remove_prefix", 1, prefix), n)
+        return n[0]
+
+    def kv_get(self, key, /):
+        """(value, revision) of a KV key, or None."""
+        fe, kv = _call.new_error(), ffi.new("ferry_kv_value *")
+        rc = self._call(lib.ferry_kv_get, _call.text("kv_get", 1, key), kv, fe)
+        if rc == lib.FERRY_ENOENT:
+            return None
+        if rc < 0:
+            raise _call.error(rc, fe)
+        try:
+            return ffi.unpack(ffi.cast("char *", kv.val), kv.len), kv.mod_rev
+        finally:
+            lib.ferry_store_free(kv.val)
+
+    def _name_value(self, fn, name, what, c_fn, value):
+        """c_fn(store, name, the bytes of value, &n): n (a revision, an id)."""
+        k = _call.text(fn, 1, name)
+        p, nbytes = _call.source(value, f"{fn}('{name}'): {what}")
+        out = ffi.new("uint64_t *")
+        self._checked(c_fn, k, p, nbytes, out)
+        return out[0]
+
+    def kv_put(self, key, value, /):
+        """Set a KV key (any buffer, at most 16 MiB); the new revision."""
+        return self._name_value("kv_put", key, "value", lib.ferry_kv_put, value)
+
+    def _kv_rev(self, c_fn, *args):
+        fe, rev = _call.new_error(), ffi.new("uint64_t *")
+        rc = self._call(c_fn, *args, rev, fe)
+        if rc < 0:
+            e = _call.error(rc, fe)
+            if rc == lib.FERRY_ESTATE:
+                e.current_revision = rev[0]
+            raise e
+        return rev[0]
+
+    def kv_cas(self, key, expected_rev, value, /):
+        """Set key only if its revision is expected_rev (0: only if absent);
+        the new revision, else ConflictError with .current_revision."""
+        k = _call.text("kv_cas", 1, key)
+        expected = _call.uint(expected_rev, "expected_rev")
+        p, nbytes = _call.source(value, f"kv_cas('{key}'): value")
+        return self._kv_rev(lib.ferry_kv_cas, k, expected, p, nbytes)
+
+    def kv_delete(self, key, expected_rev=0):
+        """Delete key (with expected_rev: only at that revision); the
+        deleting revision, else ConflictError with .current_revision."""
+        k = _call.text("kv_delete", 1, key)
+        expected = 0 if expected_rev is None else _call.uint(expected_rev, "expected_rev")
+        return self._kv_rev(lib.ferry_kv_delete, k, expected)
+
+    def barrier(self, name, member, count, timeout_ms=0):
+        """Wait until count distinct members reached barrier name (this one
+        as member); the barrier's generation. TimeoutError after timeout_ms
+        (0: the store's call timeout). The GIL is released while waiting."""
+        n, m = _call.text("barrier", 1, name), _call.text("barrier", 2, member)
+        c = _call.uint(count, "count", 0, 2**32 - 1)
+        t = 0 if timeout_ms is None else _call.uint(timeout_ms, "timeout_ms")
+        gen = ffi.new("uint64_t *")
+        self._checked(lib.ferry_barrier, n, m, c, t, gen)
+        return gen[0]
+
+    def queue_push(self, queue, data, /):
+        """Append a record (any buffer) to a leased queue; its id."""
+        return self._name_value("queue_push", queue, "value", lib.ferry_queue_push, data)
+
+    def _queue_settle(self, c_fn, id, token):
+        i, t = _call.uint(id, "id"), _call.uint(token, "token", 0, 2**32 - 1)
+        self._checked(c_fn, i, t)
+
+    def queue_ack(self, id, token, /):
+        """The record (id, token of its delivery) is done: removed."""
+        self._queue_settle(lib.ferry_queue_ack, id, token)
+
+    def queue_nack(self, id, token, /):
+        """The record goes back to the queue at once, for another pop."""
+        self._queue_settle(lib.ferry_queue_nack, id, token)
+
+    def list_page(self, prefix="", after=None, limit=1000):
+        """(keys, more): at most limit keys with the prefix after ``after``
+        (None: from the start), ascending; more: there are further keys."""
+        p = _call.text("list", 1, prefix)
+        a = ffi.NULL if after is None else _call.text("list", 2, after)
+        if operator.index(limit) < 0:
+            raise ValueError("limit must not be negative")
+        keys, n, more = ffi.new("char ***"), ffi.new("size_t *"), ffi.new("bool *")
+        self._checked(lib.ferry_store_list, p, a, operator.index(limit), keys, n, more)
+        try:
+            return [_call.str_of(keys[0][i]) for i in range(n[0])], bool(more[0])
+        finally:
+            lib.ferry_store_free(keys[0])
+
+    def list(self, prefix="", after=None, limit=1000):
+        """Keys with the prefix after ``after``, ascending (list_page without ``more``)."""
+        return self.list_page(prefix, after, limit)[0]
+
+    def queue_pop(self, queue, max=1, lease_ms=30000):
+        """Lease up to max ready records of a queue for lease_ms:
+        [(id, token, data), ...], possibly empty."""
+        q = _call.text("queue_pop", 1, queue)
+        n = _call.uint(max, "max", 1, lib.FERRY_STORE_POP_MAX)
+        lease = _call.uint(lease_ms, "lease_ms", 1, lib.FERRY_STORE_LEASE_MAX_MS)
+        recs, got = ffi.new("ferry_qrecord[]", n), ffi.new("size_t *")
+        self._checked(lib.ferry_queue_pop, q, n, lease, recs, got)
+        k = min(got[0], n)
+        try:
+            return [(r.id, r.token, ffi.unpack(ffi.cast("char *", r.data), r.len) if r.data else b"")
+                    for r in recs[0:k]]
+        finally:
+            lib.ferry_qrecords_free(recs, k)
+
+    def status(self):
+        """The master's state (a dict: segments, objects, kv_revision, ...)."""
+        text = ffi.new("char **")
+        self._checked(lib.ferry_store_status_json, text)
+        try:
+            return json.loads(ffi.string(text[0]) if text[0] else "null")
+        finally:
+            lib.ferry_store_free(text[0])
+
+    def warm(self, write=False):
+        """Touch every page of this machine's segments once through this
+        client's mappings (a set-up step: later puts and gets pay no first
+        touch); the bytes touched."""
+        n = ffi.new("uint64_t *")
+        self._checked(lib.ferry_store_warm, bool(write), n)
+        return n[0]
+
+    def engine_address(self):
+        """The client engine's address."""
+        a = self._call(lambda s: lib.ferry_engine_address(lib.ferry_store_engine(s)))
+        return ffi.string(a).decode() if a else ""
+
+    def _put(self, fn, c_fn, key, value, size, config, what):
+        """A put of value (size: its first bytes) under the config: the placement."""
+        if _config_like(size) and config is None:   # put_from(key, buffer, config)
+            config, size = size, None
+        k = _call.text(fn, 1, key)
+        cfg, keep = _replicate(config)
+        addr, n, hold = self._memory(value, size, False, f"{fn}('{key}'): {what}")
+        placed = ffi.new("ferry_object_desc *")
+        self._checked(c_fn, k, ffi.cast("void *", addr), n, cfg, placed)
+        del hold, keep
+        return placed
+
+    def put(self, key, value, config=None):
+        """Store a copy of value (bytes, an array, a tensor or any contiguous
+        buffer) under key. Returns 0."""
+        self._put("put", lib.ferry_store_put, key, value, None, config, "value")
+        return 0
+
+    def put_from(self, key, buffer, size=None, config=None):
+        """Store buffer (an array, tensor or buffer, or an address inside a
+        registered buffer with its size) under key without a copy; fastest
+        on registered buffers. Returns 0."""
+        self._put("put_from", lib.ferry_store_put_from, key, buffer, size, config, "buffer")
+        return 0
+
+    def put_placed(self, key, value, config=None):
+        """put_from, returning where each replica landed:
+        {'size', 'replicas': [{'segment', 'node', 'offset', 'preferred'}]}."""
+        return _desc(self._put("put_placed", lib.ferry_store_put_from, key, value, None, config, "value"))
+
+    def get_into(self, key, buffer, size=None):
+        """Read an object into buffer (an array, tensor or writable buffer,
+        or an address inside a registered buffer with its size), in place;
+        the bytes read."""
+        k = _call.text("get_into", 1, key)
+        addr, cap, hold = self._memory(buffer, size, True, f"get_into('{key}'): buffer")
+        fe, n = _call.new_error(), ffi.new("size_t *")
+        rc = self._call(lib.ferry_store_get_into, k, ffi.cast("void *", addr), cap, n, fe)
+        del hold
+        if rc == lib.FERRY_EMSGSIZE:
+            raise _call.error(rc, msg=f"get_into('{key}'): the object is {n[0]} bytes, the buffer holds {cap}; "
+                              "nothing was read")
+        if rc < 0:
+            raise _call.error(rc, fe)
+        return n[0]
+
+    def get_replica_desc(self, key, /):
+        """{'size', 'replicas': [{'segment', 'node', 'offset', 'preferred'}]} of an object."""
+        d = ffi.new("ferry_object_desc *")
+        self._checked(lib.ferry_store_get_replica_desc, _call.text("get_replica_desc", 1, key), d)
+        return _desc(d)
+
+    def get_members(self, key, /):
+        """The members of a structured object: [{'name', 'dtype', 'shape', 'offset', 'nbytes'}]."""
+        k = _call.text("get_members", 1, key)
+        n, cap = ffi.new("size_t *"), 64
+        while True:
+            m = ffi.new("ferry_member[]", cap)
+            self._checked(lib.ferry_store_get_members, k, m, cap, n)
+            if n[0] <= cap:
+                break
+            cap = n[0]
+        return [{"name": _call.str_of(x.name), "dtype": _call.str_of(x.dtype),
+                 "shape": tuple(x.shape[0:min(x.ndim, lib.FERRY_MEMBER_NDIM_MAX)]), "offset": x.offset,
+                 "nbytes": x.nbytes} for x in m[0:n[0]]]
+
+    def read_member_into(self, key, member, row_begin, row_end, buffer, size=None):
+        """Rows [row_begin, row_end) of a member, raw bytes, into buffer (an
+        array, tensor or writable buffer, or an address inside a registered
+        buffer with its size); the bytes read."""
+        k, mb = _call.text("read_member_into", 1, key), _call.text("read_member_into", 2, member)
+        a, b = _call.uint(row_begin, "row_begin"), _call.uint(row_end, "row_end")
+        addr, cap, hold = self._memory(buffer, size, True, f"read_member_into('{key}', '{member[:40]}'): buffer")
+        n = ffi.new("size_t *")
+        self._checked(lib.ferry_store_read_member, k, mb, a, b, ffi.cast("void *", addr), cap, n)
+        del hold
+        return n[0]
+
+    def _batch(self, fn, keys, buffers, sizes, writable):
+        """(keys as C strings, buffer addresses, lengths, holders) of a batch call."""
+        kt, bt = _call.seq(keys, "keys"), _call.seq(buffers, "buffers")
+        if len(bt) != len(kt):
+            raise ValueError(f"{fn}: {len(kt)} keys but {len(bt)} buffers")
+        st = None if sizes is None else _call.seq(sizes, "sizes")
+        if st is not None and len(st) != len(kt):
+            raise ValueError(f"{fn}: {len(kt)} keys but {len(st)} sizes")
+        cks, mems = [], []
+        for i, b in enumerate(bt):
+            cks.append(ffi.new("char[]", _call.key(kt[i], "key")))
+            mems.append(self._memory(b, None if st is None else st[i], writable,
+                                     f"{fn}: buffers[{i}] (for '{kt[i]}')"))
+        return (cks, ffi.new("const char *[]", cks), ffi.new("void *[]", [ffi.cast("void *", m[0]) for m in mems]),
+                ffi.new("size_t[]", [m[1] for m in mems]), mems)
+
+    def batch_put_from(self, keys, buffers, sizes=None, config=None):
+        """put_from of each (key, buffer[, size]) in one call: a list with
+        0 or the negative code of each key (Mooncake's integer results)."""
+        if _config_like(sizes) and config is None:   # batch_put_from(keys, buffers, config)
+            config, sizes = sizes, None
+        cfg, keep = _replicate(config)
+        held, ks, bufs, lens, mems = self._batch("batch_put_from", keys, buffers, sizes, False)
+        res, fe = _call.results(len(mems), "int"), _call.new_error()
+        rc = self._call(lib.ferry_store_batch_put_from, ks, bufs, lens, len(mems), cfg, res, fe) if mems else 0
+        del held, mems, keep
+        return _call.results_list(rc, res, fe, "int")
+
+    def batch_get_into(self, keys, buffers, sizes=None):
+        """get_into of each (key, buffer[, size]) in one call: a list with
+        the bytes read or the negative code of each key."""
+        held, ks, bufs, lens, mems = self._batch("batch_get_into", keys, buffers, sizes, True)
+        res, fe = _call.results(len(mems), "int64_t"), _call.new_error()
+        rc = self._call(lib.ferry_store_batch_get_into, ks, bufs, lens, len(mems), res, fe) if mems else 0
+        del held, mems
+        return _call.results_list(rc, res, fe, "int64_t")
+
+    def get_into_ranges(self, ranges, /):
+        """Read byte ranges of objects, each (key, src_offset, buffer[,
+        length]), straight into writable buffers in one call: a list with
+        the bytes read or the negative code of each range."""
+        rt = _call.seq(ranges, "ranges")
+        r, held = ffi.new("ferry_range[]", len(rt)), []
+        for i, item in enumerate(rt):
+            try:
+                it = tuple(item)
+            except TypeError:
+                it = ()
+            if len(it) not in (3, 4):
+                raise TypeError(f"ranges[{i}] must be (key, src_offset, buffer[, length])")
+            k = ffi.new("char[]", _call.key(it[0], "key"))
+            off = _call.uint(it[1], f"ranges[{i}]: src_offset")
+            p, n = _call.dest(it[2], f"ranges[{i}]: buffer")
+            if len(it) == 4 and it[3] is not None:
+                length = _call.uint(it[3], f"ranges[{i}]: length")
+                if length > n:
+                    raise ValueError(f"ranges[{i}]: length {length} exceeds the buffer ({n} bytes)")
+                n = length
+            held += [k, p]
+            r[i].key, r[i].src_offset, r[i].dst, r[i].len = k, off, p, n
+        res, fe = _call.results(len(rt), "int64_t"), _call.new_error()
+        rc = self._call(lib.ferry_store_get_into_ranges, r, len(rt), res, fe) if rt else 0
+        del held
+        return _call.results_list(rc, res, fe, "int64_t")
+
+    def put_struct_raw(self, key, members, config=None):
+        """Store members, each (name, dtype, shape, buffer) with a ferry
+        dtype name, as one structured object (put_struct is the
+        dict-of-arrays form)."""
+        k = _call.text("put_struct_raw", 1, key)
+        cfg, keep = _replicate(config)
+        mt = _call.seq(members, "members")
+        m, data, held = ffi.new("ferry_member[]", len(mt)), ffi.new("void *[]", len(mt)), []
+        for i, it in enumerate(mt):
+            if not (isinstance(it, tuple) and len(it) == 4 and isinstance(it[0], str) and isinstance(it[1], str)):
+                raise TypeError(f"members[{i}] must be a tuple (name, dtype, shape, buffer)")
+            name, dtype, shape, buf = it
+            _call.copy_str(m[i], "name", _call.text("put_struct_raw", 2, name), "member name")
+            _call.copy_str(m[i], "dtype", _call.text("put_struct_raw", 2, dtype), "dtype")
+            dims = _call.seq(shape, "shape")
+            if len(dims) > lib.FERRY_MEMBER_NDIM_MAX:
+                raise ValueError(f"member {name}: at most {lib.FERRY_MEMBER_NDIM_MAX} dimensions")
+            count = 1
+            for d, x in enumerate(dims):
+                m[i].shape[d] = _call.uint(x, "a shape dimension")
+                count *= m[i].shape[d]
+            m[i].ndim = len(dims)
+            p, nbytes = _call.source(buf, f"put_struct('{key}'): member {name}")
+            held.append(p)
+            data[i] = p
+            es = lib.ferry_dtype_size(dtype.encode())
+            if not es:
+                raise ValueError(f"member {name}: unknown dtype {dtype}")
+            if count * es != nbytes:
+                raise ValueError(f"member {name}: shape and dtype make {count * es} bytes, the buffer has {nbytes}")
+        self._checked(lib.ferry_store_put_struct, k, m, data, len(mt), cfg)
+        del held, keep
 
     # ---- structured objects -------------------------------------------------------
 

@@ -32,7 +32,8 @@ start=$(date +%s)
 "$other" -m pip wheel --no-deps --config-settings build-dir="$tmp/pbuild" . -w "$tmp/wheels" > "$tmp/wheel.log" 2>&1 || { tail -n 60 "$tmp/wheel.log"; exit 1; }
 whl=$(ls "$tmp"/wheels/ferry-*.whl)
 echo "pip wheel --config-settings build-dir=DIR . with $("$other" -V) ($(( $(date +%s) - start )) s): $(basename "$whl")"
-# that interpreter may lack numpy (import ferry needs it): load the extension alone
+# that interpreter may lack numpy and cffi (import ferry needs both): load the
+# extension alone, and the cffi binding compiled into it where cffi's backend is
 "$other" - "$whl" <<'PY'
 import importlib.machinery, importlib.util, sys, sysconfig, tempfile, types, zipfile
 whl = sys.argv[1]
@@ -43,8 +44,15 @@ pkg = types.ModuleType("ferry"); pkg.__path__ = [f"{d}/ferry"]; sys.modules["fer
 spec = importlib.util.spec_from_file_location("ferry._ferry", so)
 m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
 mem = m.memory(bytearray(8), "probe")
-assert mem.nbytes == 8 and m.strerror(-2)
-print("extension loads in", sys.version.split()[0], "->", so.rsplit("/", 1)[1], "| strerror(-2):", m.strerror(-2))
+assert mem.nbytes == 8
+print("extension loads in", sys.version.split()[0], "->", so.rsplit("/", 1)[1])
+try:
+    c = m._cffi()
+except ImportError as e:
+    assert "_cffi_backend" in str(e), e
+    print("the cffi binding is compiled in; this interpreter has no cffi backend:", e)
+else:
+    print("cffi binding loads | ferry_strerror(-2):", c.ffi.string(c.lib.ferry_strerror(-2)).decode())
 PY
 }
 
