@@ -331,7 +331,10 @@ def run(cfg, a_opts, log=None):
         shutil.rmtree(tmp, ignore_errors=True)
 
     def med(rows, side, k):
-        return statistics.median(r[side][k] for r in rows)
+        # a case's rounds may differ in kind (a chain cut by a dense generation among sparse ones): each
+        # phase over the rounds that have it
+        vals = [r[side][k] for r in rows if k in r[side]]
+        return statistics.median(vals) if vals else None
 
     res = {"params": L.params, "model_bytes": model_bytes, "tensors": len(L.names), "trainers": bt.TRAINERS,
            "rollouts": bt.ROLLOUTS, "src_layout": bt.SRC_LAYOUT, "dst_layout": bt.DST_LAYOUT, "config": cfg,
@@ -342,7 +345,8 @@ def run(cfg, a_opts, log=None):
     speed = {}
     for case in cases:
         rows = results[case]
-        out = {side: {k: med(rows, side, k) for k in rows[0][side] if k not in ("kind",)} for side in SIDES}
+        out = {side: {k: med(rows, side, k) for k in dict.fromkeys(k for r in rows for k in r[side])
+                      if k not in ("kind",)} for side in SIDES}
         for side in SIDES:
             out[side]["kind"] = [r[side]["kind"] for r in rows]
         out["speedup"] = out["dense"]["s"] / out["delta"]["s"]
