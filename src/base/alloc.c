@@ -109,6 +109,7 @@ int fr_grow(void **v, size_t *cap, size_t need, size_t esz)
 #define WARM_SLOTS 512                       /* an update frees one block per tensor and more */
 #define WARM_GRAIN ((size_t)64 << 10)
 
+#if !FR_ASAN
 typedef struct warm_hdr {
     size_t cap;                              /* bytes after the header; 0: from malloc */
 } warm_hdr;
@@ -122,9 +123,11 @@ static void warm_unmap(void *h)
     (void)munmap(h, ((warm_hdr *)h)->cap + WARM_HDR);
 }
 
+#endif
+
 void *fr_warm_alloc(size_t size)
 {
-#ifdef __SANITIZE_ADDRESS__
+#if FR_ASAN
     return fr_malloc(size);   /* the sanitizer sees every block */
 #else
     if (!fr_size_ok(size) || size > PTRDIFF_MAX - WARM_HDR - WARM_GRAIN)
@@ -165,7 +168,7 @@ void *fr_warm_alloc(size_t size)
 
 void fr_warm_free(void *p)
 {
-#ifdef __SANITIZE_ADDRESS__
+#if FR_ASAN
     fr_free(p);
 #else
     if (!p)

@@ -75,6 +75,17 @@ void fr_free(void *p);
  * ones come from malloc. Free only with fr_warm_free. Under ASan: malloc. */
 void *fr_warm_alloc(size_t size);
 void fr_warm_free(void *p);
+/* 1 when built with AddressSanitizer (gcc's macro, clang's feature test). */
+#if defined(__SANITIZE_ADDRESS__)
+#define FR_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define FR_ASAN 1
+#endif
+#endif
+#ifndef FR_ASAN
+#define FR_ASAN 0
+#endif
 /* Grow *v (element size esz) so it holds at least need elements; doubles capacity. */
 int fr_grow(void **v, size_t *cap, size_t need, size_t esz);
 

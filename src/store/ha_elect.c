@@ -231,13 +231,20 @@ int fr_ha_campaign(fr_ha_elect *h, int timeout_ms, int64_t *epoch, ferry_error *
                 kv.lease == atomic_load(&h->lease) && kv.len == strlen(h->id) &&
                 memcmp(kv.val, h->id, kv.len) == 0) {
                 uint64_t sent = fr_now_ns();   /* renewed now: leading counts from here */
-                int64_t ttl = 0;
-                if (fr_etcd_lease_keepalive(h->kv, kv.lease, &ttl, NULL) == 0)
+                int64_t ttl = 0, lease = kv.lease;
+                int krc = fr_etcd_lease_keepalive(h->kv, lease, &ttl, NULL);
+                if (krc == 0) {
                     atomic_store(&h->renewed_ns, sent);
-                atomic_store(&h->epoch, kv.create_rev);
-                *epoch = kv.create_rev;
-                fr_etcd_kv_clear(&kv);
-                return 0;
+                    atomic_store(&h->epoch, kv.create_rev);
+                    *epoch = kv.create_rev;
+                    fr_etcd_kv_clear(&kv);
+                    return 0;
+                }
+                /* not renewed: no leadership to report. A lease etcd let
+                 * lapse meanwhile (its expiry noticed after an outage, the
+                 * key about to go) is replaced on the next try. */
+                if (krc == FERRY_ENOENT)
+                    atomic_compare_exchange_strong(&h->lease, &lease, 0);
             }
             fr_etcd_kv_clear(&kv);
         }

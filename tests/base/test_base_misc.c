@@ -337,7 +337,7 @@ static void test_warm_alloc(void **state)
     assert_non_null(c);
     assert_ptr_not_equal(b, c);
     memset(c, 1, n);
-#ifndef __SANITIZE_ADDRESS__   /* the sanitizer build hands every block to malloc */
+#if !FR_ASAN   /* the sanitizer build hands every block to malloc */
     assert_ptr_equal(b, a);
     assert_int_equal(b[0], 0x5a);
     assert_int_equal(b[n - 4097], 0x5a);
