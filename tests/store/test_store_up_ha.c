@@ -98,7 +98,7 @@ static void test_up_ha_failover(void **state)
     env *v = *state;
     const char *args[] = { "up", "--ha", "--dir", v->dir, "--size", "32M", NULL };
     assert_int_equal(ft_spawn_exe(&v->up, NULL, ft_ferry_bin(), args), 0);
-    char line[1024], masters[160] = "", url[64];
+    char line[1024], masters[sizeof ((ferry_store_config *)0)->master] = "", url[64];
     int epid = 0, p0 = 0, p1 = 0;
     read_until(v, "ferry up --ha: etcd at", line, sizeof line);
     const char *at = strstr(line, "etcd at ");
@@ -113,7 +113,7 @@ static void test_up_ha_failover(void **state)
     saw(v, p0);
     saw(v, p1);
     read_until(v, "export FERRY_MASTER=", line, sizeof line);
-    assert_int_equal(sscanf(strstr(line, "FERRY_MASTER="), "FERRY_MASTER=%159s", masters), 1);
+    assert_int_equal(sscanf(strstr(line, "FERRY_MASTER="), "FERRY_MASTER=%127s", masters), 1);
     assert_non_null(strchr(masters, ','));   /* both masters */
 
     ferry_store_config cfg;
