@@ -24,6 +24,8 @@
 
 #include "base/base.h"
 #include "util/ftetcd.h"
+#include "util/ftlab.h"
+#include "util/ftnetns.h"
 #include "util/ftstore.h"
 
 enum { ROUND_OPS = 15, ROUNDS = 3, OBJ_BYTES = 1024, MAX_PUSH = ROUNDS * ROUND_OPS };
@@ -319,20 +321,6 @@ typedef struct part {
 #define PART_HERE "10.214.7.1"
 #define PART_THERE "10.214.7.2"
 
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...)
-{
-    char cmd[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int st = system(cmd);
-    if (st != 0)
-        fprintf(stderr, "failed (%d): %s\n", st, cmd);
-    return st;
-}
-
 static int part_setup(void **state)
 {
     part *x = calloc(1, sizeof *x);
@@ -347,11 +335,11 @@ static int part_setup(void **state)
     snprintf(x->ns, sizeof x->ns, "ferryha-%d", (int)getpid());
     snprintf(x->va, sizeof x->va, "fha%da", (int)getpid() % 100000);
     snprintf(x->vb, sizeof x->vb, "fha%db", (int)getpid() % 100000);
-    x->made = sh("ip netns add %s", x->ns) == 0;
-    if (!x->made || sh("ip link add %s type veth peer name %s", x->va, x->vb) != 0 ||
-        sh("ip link set %s netns %s", x->vb, x->ns) != 0 ||
-        sh("ip addr add " PART_HERE "/24 dev %s && ip link set %s up", x->va, x->va) != 0 ||
-        sh("ip -n %s addr add " PART_THERE "/24 dev %s && ip -n %s link set %s up && "
+    x->made = ft_sh("ip netns add %s", x->ns) == 0;
+    if (!x->made || ft_sh("ip link add %s type veth peer name %s", x->va, x->vb) != 0 ||
+        ft_sh("ip link set %s netns %s", x->vb, x->ns) != 0 ||
+        ft_sh("ip addr add " PART_HERE "/24 dev %s && ip link set %s up", x->va, x->va) != 0 ||
+        ft_sh("ip -n %s addr add " PART_THERE "/24 dev %s && ip -n %s link set %s up && "
            "ip -n %s link set lo up", x->ns, x->vb, x->ns, x->vb, x->ns) != 0 ||
         ft_etcd_start_on(&x->e, PART_HERE) != 0)
         return -1;
@@ -384,7 +372,7 @@ static int part_teardown(void **state)
     }
     ft_etcd_stop(&x->e);
     if (x->made) {
-        (void)sh("ip netns del %s", x->ns);   /* its end of the pair goes with it */
+        (void)ft_sh("ip netns del %s", x->ns);   /* its end of the pair goes with it */
     }
     if (x->va[0]) {
         snprintf(cmd, sizeof cmd, "ip link del %s 2>/dev/null", x->va);
@@ -421,10 +409,7 @@ static int kv_retry(ferry_store *s, int i)
 static void test_leader_partitioned(void **state)
 {
     part *x = *state;
-    if (geteuid() != 0) {
-        fprintf(stderr, "skipped: the partition test needs root to create a network namespace\n");
-        skip();
-    }
+    ft_lab_need_root();   /* a network namespace of its own */
     part_start(x, 0);
     wait_listening(&x->ms[0]);
     part_start(x, 1);
@@ -442,7 +427,7 @@ static void test_leader_partitioned(void **state)
     for (int i = 0; i < N; i++)
         assert_int_equal(kv_retry(s, i), 0);
     uint64_t t0 = fr_now_ns();
-    assert_int_equal(sh("ip -n %s link set %s down", x->ns, x->vb), 0);   /* the partition */
+    assert_int_equal(ft_sh("ip -n %s link set %s down", x->ns, x->vb), 0);   /* the partition */
     double first = 0;
     for (int i = N; i < 2 * N; i++) {
         assert_int_equal(kv_retry(s, i), 0);      /* acknowledged by the standby, now leading */
@@ -453,7 +438,7 @@ static void test_leader_partitioned(void **state)
     assert_int_equal(ft_peer_wait_exit(&x->ms[0].p, 60000), 0);
     double stopped = (double)(fr_now_ns() - t0) / 1e9;
     x->ms[0].p.pid = -1;
-    assert_int_equal(sh("ip -n %s link set %s up", x->ns, x->vb), 0);    /* healed */
+    assert_int_equal(ft_sh("ip -n %s link set %s up", x->ns, x->vb), 0);    /* healed */
     part_start(x, 0);                              /* back, as a standby */
     for (int i = 2 * N; i < 3 * N; i++)
         assert_int_equal(kv_retry(s, i), 0);

@@ -7,8 +7,7 @@
 
 #include "util/ftnetns.h"
 
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...)
+int ft_sh(const char *fmt, ...)
 {
     char cmd[512];
     va_list ap;
@@ -35,16 +34,16 @@ bool ft_netns_create(ft_netns *n, const char *tag, int subnet)
     snprintf(n->addr_b, sizeof n->addr_b, "10.213.%d.2", subnet);
     snprintf(n->listen_a, sizeof n->listen_a, "%s:0", n->addr_a);
     snprintf(n->listen_b, sizeof n->listen_b, "%s:0", n->addr_b);
-    n->allowed = sh("ip netns add %s", n->a) == 0;
-    n->up = n->allowed && sh("ip netns add %s", n->b) == 0 &&
-            sh("ip link add %s type veth peer name %s", n->veth_a, n->veth_b) == 0 &&
-            sh("ip link set %s netns %s", n->veth_a, n->a) == 0 &&
-            sh("ip link set %s netns %s", n->veth_b, n->b) == 0 &&
-            sh("ip -n %s addr add %s/24 dev %s", n->a, n->addr_a, n->veth_a) == 0 &&
-            sh("ip -n %s addr add %s/24 dev %s", n->b, n->addr_b, n->veth_b) == 0 &&
-            sh("ip -n %s link set %s up", n->a, n->veth_a) == 0 &&
-            sh("ip -n %s link set %s up", n->b, n->veth_b) == 0 &&
-            sh("ip -n %s link set lo up", n->a) == 0 && sh("ip -n %s link set lo up", n->b) == 0;
+    n->allowed = ft_sh("ip netns add %s", n->a) == 0;
+    n->up = n->allowed && ft_sh("ip netns add %s", n->b) == 0 &&
+            ft_sh("ip link add %s type veth peer name %s", n->veth_a, n->veth_b) == 0 &&
+            ft_sh("ip link set %s netns %s", n->veth_a, n->a) == 0 &&
+            ft_sh("ip link set %s netns %s", n->veth_b, n->b) == 0 &&
+            ft_sh("ip -n %s addr add %s/24 dev %s", n->a, n->addr_a, n->veth_a) == 0 &&
+            ft_sh("ip -n %s addr add %s/24 dev %s", n->b, n->addr_b, n->veth_b) == 0 &&
+            ft_sh("ip -n %s link set %s up", n->a, n->veth_a) == 0 &&
+            ft_sh("ip -n %s link set %s up", n->b, n->veth_b) == 0 &&
+            ft_sh("ip -n %s link set lo up", n->a) == 0 && ft_sh("ip -n %s link set lo up", n->b) == 0;
     return n->up;
 }
 
@@ -52,8 +51,8 @@ bool ft_netns_create(ft_netns *n, const char *tag, int subnet)
 void ft_netns_destroy(ft_netns *n)
 {
     if (n->a[0])
-        sh("ip netns del %s 2>/dev/null", n->a);
+        ft_sh("ip netns del %s 2>/dev/null", n->a);
     if (n->b[0])
-        sh("ip netns del %s 2>/dev/null", n->b);
+        ft_sh("ip netns del %s 2>/dev/null", n->b);
     memset(n, 0, sizeof *n);
 }

@@ -16,6 +16,9 @@ typedef struct ft_netns {
 } ft_netns;
 
 /* Namespaces "<tag>-<pid>-a|b" with addresses 10.213.<subnet>.1 and .2. */
+/* A shell command built from fmt (system()); its status, and a line on
+ * stderr naming the command when it fails. */
+int ft_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 bool ft_netns_create(ft_netns *n, const char *tag, int subnet);
 void ft_netns_destroy(ft_netns *n);
 /* In a test: skip, with the reason, only when this process may not create
