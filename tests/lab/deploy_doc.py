@@ -56,7 +56,7 @@ def blocks(path):
 
 
 class Lab:
-    def __init__(self, build, tmp):
+    def __init__(self, build, tmp, env):
         self.build, self.tmp = build, tmp
         self.jobs = {}   # (name, machine) -> Popen
         ready = os.path.join(tmp, "lab.ready")
@@ -64,7 +64,7 @@ class Lab:
         self.proc = subprocess.Popen(
             [os.path.join(build, "ferry-lab"), "cluster", "up", "--hosts", "4", "--rate", "1gbit",
              "--bare", "--net", "10.0.0", "--check-seconds", "0.3", "--ready-file", ready],
-            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         end = time.monotonic() + LAB_UP_S
         while not os.path.exists(ready):
             if self.proc.poll() is not None or time.monotonic() > end:
@@ -94,18 +94,42 @@ class Lab:
             raise RuntimeError(f"the lab left namespaces: {left}")
 
 
+def group_alive(p):
+    """Whether a process of the job's group still runs (zombies excluded:
+    they hold no socket, and an orphan's may wait for its reaper)."""
+    p.poll()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = open(f"/proc/{pid}/stat").read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[2]) == p.pid and fields[0] != "Z":
+            return True
+    return False
+
+
 def stop_group(p):
-    if p.poll() is not None:
-        return
-    try:
-        os.killpg(p.pid, signal.SIGTERM)
-        p.wait(30)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
+    """SIGTERM to the job's process group, then wait until every process of
+    the group is gone, not just the shell the job ran in: a `ferry node`
+    still closing holds its port, and the next step may bind it."""
+    if p.poll() is None or group_alive(p):
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    end = time.monotonic() + 30
+    while group_alive(p) and time.monotonic() < end:
+        time.sleep(0.05)
+    if group_alive(p):
         try:
             os.killpg(p.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        p.wait()
+        end = time.monotonic() + 30
+        while group_alive(p) and time.monotonic() < end:
+            time.sleep(0.05)
+    p.wait()
 
 
 def machines(words):
@@ -180,13 +204,24 @@ def main():
     # the first one on PATH may be another build, without numpy
     pybin = os.path.join(tmp, "bin")
     os.makedirs(pybin)
-    os.symlink(sys.executable, os.path.join(pybin, "python3"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FERRY_")}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("FERRY_") and k not in ("LD_PRELOAD", "ASAN_OPTIONS")}
+    preload = os.environ.get("LD_PRELOAD")
+    if preload:
+        # The sanitizer build: its extension needs the ASan runtime first in
+        # the interpreter, and only there (curl, for one, hangs with it).
+        wrapper = os.path.join(pybin, "python3")
+        with open(wrapper, "w") as f:
+            f.write(f"#!/bin/sh\nLD_PRELOAD='{preload}' ASAN_OPTIONS='{os.environ.get('ASAN_OPTIONS', '')}' "
+                    f"exec '{sys.executable}' \"$@\"\n")
+        os.chmod(wrapper, 0o755)
+    else:
+        os.symlink(sys.executable, os.path.join(pybin, "python3"))
     env.update(HOME=home, PATH=os.pathsep.join([build, pybin, env.get("PATH", "/usr/bin:/bin")]),
                PYTHONPATH=os.path.join(build, "python"))
     lab, rc = None, 1
     try:
-        lab = Lab(build, tmp)
+        lab = Lab(build, tmp, env)
         for line, markers, text in steps:
             for marker in markers[:-1]:   # pseudo-steps before the block's own marker
                 run(lab, work, env, line, marker, "")
