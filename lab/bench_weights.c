@@ -286,6 +286,8 @@ static void bench_report(const demo_opts *o, const demo_model *dm, const conv_be
     double pages[3] = { pub / 4096, (double)delivered / 4096, (double)cdelivered / 4096 };
     const gen_fig *m = &gf[median_gen(gf, ngen)];
     char *cjs = dump(m->cj), *pjs = dump(m->pj), *kjs = dump(m->kj);
+    /* the first generation's, to see where its time goes against the steady state's */
+    char *cjs1 = dump(gf[0].cj), *pjs1 = dump(gf[0].pj), *kjs1 = dump(gf[0].kj);
     if (o->json) {
         printf("{\"model\":\"%s\",\"bytes\":%llu,\"trainers\":%u,\"rollouts\":%u,\"dp\":%u,"
                "\"steady_generations\":%u,\"timing_rule\":\"%s\",\"warm_up\":%s,"
@@ -325,7 +327,9 @@ static void bench_report(const demo_opts *o, const demo_model *dm, const conv_be
                 printf("%s%.4f", g ? "," : "", gf[g].t[k]);
             printf("]");
         }
-        printf("},\"direct_counters\":%s,\"publish_counters\":%s,\"compat_counters\":%s,"
+        printf("},\"first_counters\":{\"direct\":%s,\"publish\":%s,\"compat\":%s}",
+               cjs1 ? cjs1 : "null", pjs1 ? pjs1 : "null", kjs1 ? kjs1 : "null");
+        printf(",\"direct_counters\":%s,\"publish_counters\":%s,\"compat_counters\":%s,"
                "\"convert_bf16_gbps\":%.3f,\"convert_f16_gbps\":%.3f,\"convert_ratio\":%.3f,"
                "\"convert_ratio_f16\":%.3f,\"quant_gbps\":%.3f,\"quant_bf16_gbps\":%.3f,"
                "\"quant_ratio\":%.3f,\"quant_ratio_bf16\":%.3f}\n", cjs ? cjs : "null",
@@ -400,6 +404,9 @@ static void bench_report(const demo_opts *o, const demo_model *dm, const conv_be
     free(cjs);
     free(pjs);
     free(kjs);
+    free(cjs1);
+    free(pjs1);
+    free(kjs1);
 }
 
 int cmd_bench_scale(int argc, char **argv);   /* bench_scale.c */

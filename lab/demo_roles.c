@@ -700,12 +700,14 @@ int demo_rollout_main(int argc, char **argv)
     }
     double w0 = cli_now();
     uint64_t wb = 0;
-    if (!demo_cold() && ferry_store_warm(a.s, false, &wb, &fe) < 0) {
+    uint64_t vb = 0;   /* and the compat group's views of its node-mates' staging */
+    if (!demo_cold() && (ferry_store_warm(a.s, false, &wb, &fe) < 0 ||
+                         ferry_compat_group_warm(cg, &vb, &fe) < 0)) {
         printf("ERR %s\n", fe.msg);
         fflush(stdout);
         return 1;
     }
-    ready(demo_cold() ? 0 : cli_now() - w0, wb);
+    ready(demo_cold() ? 0 : cli_now() - w0, wb + vb);
     uint64_t cur = 0, naive_gen = 0, compat_gen = 0;
     fp8_group f8 = {0};
     demo_xfer x = {0};

@@ -48,6 +48,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/base.h"
 #include "ferry/weights_compat.h"
@@ -819,6 +820,139 @@ static int group_update(ferry_compat_group *g, uint64_t *generation, ferry_weigh
     }
     ferry_weight_manifest_free(&m);
     st->total_s = now_s() - t0;
+    return rc;
+}
+
+/* ---- the warm-up ---------------------------------------------------------------------------- */
+
+/* Worker k's record as a warm-up reads it (any generation: a member may
+ * have gone on to an update): its node, and its staging imported as the
+ * update would (read_records keeps an import whose descriptor is the same).
+ * 1 when there is none yet, 0, or an error. A warm-up only prepares: what
+ * it could not import or map, the update does as without it. */
+static int warm_record(ferry_compat_group *g, uint32_t k, ferry_error *err)
+{
+    char key[FR_KEY_MAX];
+    ferry_kv_value v = {0};
+    rec_key(g, k, key, sizeof key);
+    int rc = ferry_kv_get(g->s, key, &v, NULL);
+    if (rc == FERRY_ENOENT)
+        return 1;
+    if (rc < 0)
+        return fr_fail(err, rc, "compat warm-up: cannot read the record of worker %u: %s", k,
+                       ferry_strerror(rc));
+    const uint8_t *b = v.val;
+    uint32_t dl = v.len >= HDR ? get32(b + 48) : 0, ml = v.len >= HDR ? get32(b + 52) : 0;
+    if (v.len < HDR || memcmp(b, MAGIC, 8) != 0 || get32(b + 16) != k || dl > FERRY_DESC_MAX ||
+        (uint64_t)HDR + dl + ml != v.len) {
+        ferry_store_free(v.val);
+        return fr_fail(err, FERRY_EPROTO, "compat warm-up: the record of worker %u is malformed", k);
+    }
+    mate *mt = &g->mates[k];
+    mt->node = get32(b + 20);
+    mt->staging = get64(b + 40);
+    if (k != g->cfg.rank && (!mt->imported || mt->desc_len != dl || memcmp(mt->desc, b + HDR, dl))) {
+        ferry_remote_unmap(&mt->view);
+        mt->view_rc = 0;
+        mt->imported = false;
+        ferry_error why = {0};
+        if (ferry_region_import(g->e, b + HDR, dl, &mt->rr, &why) < 0) {
+            /* a record of a process gone (a restarted member's, not yet
+             * rewritten): its update imports the new one */
+            FR_WARN("compat", "warm-up: worker %u's staging not imported (%s); its first update "
+                    "does it", k, why.msg);
+        } else {
+            memcpy(mt->desc, b + HDR, dl);
+            mt->desc_len = dl;
+            mt->imported = true;
+        }
+    }
+    ferry_store_free(v.val);
+    return rc;
+}
+
+int ferry_compat_group_warm(ferry_compat_group *g, uint64_t *bytes, ferry_error *err)
+{
+    uint64_t none = 0;
+    if (!bytes)
+        bytes = &none;
+    *bytes = 0;
+    if (!g)
+        return fr_fail(err, FERRY_EINVAL, "compat warm-up: no group");
+    int rc = put_record(g, 0, 0, 0, "", err);
+    if (rc < 0)
+        return fr_fail(err, rc, "compat warm-up: cannot record this worker: %s", fr_why(err, rc));
+    char prefix[FR_KEY_MAX];
+    (void)fr_key_compat(prefix, sizeof prefix, g->cfg.model, g->cfg.group, "rec/");
+    ferry_watch *w = NULL;
+    if ((rc = ferry_kv_watch(g->s, prefix, 0, &w, err)) < 0)
+        return fr_fail(err, rc, "compat warm-up: cannot watch the group's records: %s",
+                       fr_why(err, rc));
+    uint32_t world = g->cfg.world, missing = world;
+    bool *have = calloc(world, sizeof *have);
+    if (!have)
+        rc = fr_fail(err, FERRY_ENOMEM, "compat warm-up: out of memory");
+    uint64_t deadline = fr_deadline_ns((int64_t)tmo_of(g));
+    while (rc == 0) {
+        for (uint32_t k = 0; k < world && rc >= 0; k++)
+            if (!have[k] && (rc = warm_record(g, k, err)) == 0) {
+                have[k] = true;
+                missing--;
+            }
+        if (rc < 0 || missing == 0)
+            break;
+        int left = fr_ms_left(deadline);
+        ferry_kv_event ev;
+        rc = left == 0 ? FERRY_ETIMEDOUT : ferry_watch_next(w, left, &ev, NULL);
+        if (rc == FERRY_ETIMEDOUT) {
+            uint32_t first = 0;
+            while (have[first])
+                first++;
+            rc = fr_fail(err, rc, "compat warm-up: %u of %u workers of group %s left no record "
+                         "within %" PRIu64 " ms (worker %u the first; every member calls "
+                         "ferry_compat_group_warm)", missing, world, g->cfg.group, tmo_of(g), first);
+        } else if (rc < 0) {
+            rc = fr_fail(err, rc, "compat warm-up: watching the group's records: %s",
+                         ferry_strerror(rc));
+        }
+    }
+    ferry_watch_close(w);
+    free(have);
+    /* This worker's own staging, written once through: ferry_mem_alloc
+     * populated it, yet on a VM the first write of each page still costs
+     * a first touch (a first memcpy at 0.3-0.7 GB/s against 10-15 after
+     * one write a page; docs/weights.md, "Warm memory"). A locked add of 0
+     * keeps whatever a page holds. */
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    if (rc == 0) {
+        for (size_t at = 0; at + 8 <= g->cfg.staging_bytes; at += page)
+            (void)__atomic_fetch_add((uint64_t *)(void *)(g->staging + at), 0, __ATOMIC_RELAXED);
+        *bytes += g->cfg.staging_bytes;
+    }
+    /* The views an update takes node-mates' tensors through, made and
+     * touched now: each page of a new mapping costs a first touch. */
+    const uint32_t me = g->cfg.rank;
+    for (uint32_t k = 0; k < world && rc == 0; k++) {
+        mate *mt = &g->mates[k];
+        const char *tp = k == me || !mt->imported ? NULL : ferry_peer_transport(g->e, mt->rr.peer);
+        if (!tp || strcmp(tp, "shm") != 0 || mt->node != g->mates[me].node)
+            continue;
+        if (!mt->view.addr && mt->view_rc == 0) {
+            ferry_error why = {0};
+            mt->view_rc = ferry_remote_map(g->e, &mt->rr, mt->rr.addr, mt->rr.len, &mt->view, &why);
+            if (mt->view_rc < 0)
+                FR_WARN("compat", "no view of worker %u's staging (%s): its tensors are READ instead",
+                        k, why.msg);
+        }
+        if (!mt->view.addr)
+            continue;
+        const volatile uint8_t *v = mt->view.addr;
+        uint64_t sum = 0;
+        for (size_t at = 0; at < mt->rr.len; at += page)
+            sum += v[at];
+        (void)sum;
+        *bytes += mt->rr.len;
+    }
     return rc;
 }
 

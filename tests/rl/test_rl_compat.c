@@ -88,6 +88,13 @@ typedef struct rollout {
 static void rollout_update(void *ctx, uint64_t want)
 {
     rollout *w = ctx;
+    if (want == 0) {   /* "update 0": the warm-up */
+        uint64_t bytes = 0;
+        ferry_error err = {0};
+        int rc = ferry_compat_group_warm(w->g, &bytes, &err);
+        printf("WARM %d %llu %s\n", rc, (unsigned long long)bytes, err.msg);
+        return;
+    }
     check c = { .gen = want, .die_at = w->die_at };
     ferry_compat_stats st;
     ferry_error err = {0};
@@ -356,6 +363,48 @@ static void test_compat_group(void **state)
     update_ok(e, 5, published, 0, 2);
 }
 
+/* The warm-up (ferry_compat_group_warm): every worker imports the
+ * others' staging and touches the view of its node-mate's before the
+ * first update, which then imports nothing and still takes the mate's
+ * tensors through that view; a member that never warms times the others
+ * out with a sentence naming it, and the group still updates. */
+static void test_compat_warm(void **state)
+{
+    ftg_env *e = *state;
+    const rollout_opts group = { .addr = e->c.addr, .group = "warm", .world = "4",
+                                 .staging = "1048576", .timeout_ms = "5000" };
+    assert_int_equal(ftg_start(e, WORLD, rollout_args, &group, -1, NULL), 0);
+    assert_int_equal(ftg_send(e, "update 0"), 0);
+    ftg_collect(e, 60000, -1);
+    for (int k = 0; k < WORLD; k++) {
+        int rc = -1;
+        unsigned long long bytes = 0;
+        fprintf(stderr, "worker %d: %s\n", k, e->line[k]);
+        assert_int_equal(sscanf(e->line[k], "WARM %d %llu", &rc, &bytes), 2);
+        assert_int_equal(rc, 0);
+        assert_int_equal(bytes, 2 * 1048576);   /* its own staging and its one node-mate's */
+    }
+    uint64_t published = 0;
+    assert_int_equal(ftg_publish(e->s, &model, 1, &published), 0);
+    update_ok(e, 1, published, 0, 2);   /* nothing left to import; views as before */
+
+    /* three of four warm: each says who is missing once its timeout passed */
+    ftg_stop(e);
+    const rollout_opts short_wait = { .addr = e->c.addr, .group = "warm3", .world = "4",
+                                      .staging = "1048576", .timeout_ms = "300" };
+    assert_int_equal(ftg_start(e, WORLD - 1, rollout_args, &short_wait, -1, NULL), 0);
+    assert_int_equal(ftg_send(e, "update 0"), 0);
+    ftg_collect(e, 60000, -1);
+    for (int k = 0; k < WORLD - 1; k++) {
+        fprintf(stderr, "worker %d of 3: %s\n", k, e->line[k]);
+        char want[64];
+        snprintf(want, sizeof want, "WARM %d 0 ", FERRY_ETIMEDOUT);
+        assert_true(strncmp(e->line[k], want, strlen(want)) == 0);
+        assert_non_null(strstr(e->line[k], "1 of 4 workers of group warm3 left no record"));
+        assert_non_null(strstr(e->line[k], "worker 3 the first"));
+    }
+}
+
 /* A group of two on two nodes started with o (worker fault_rank with
  * FERRY_FAULT=fault) refuses generation 1 on both workers, each reply
  * starting with `want`. */
@@ -556,6 +605,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_compat_segment_local, ftg_setup, ftg_teardown),
         cmocka_unit_test_setup_teardown(test_compat_killed_peer, ftg_setup, ftg_teardown),
         cmocka_unit_test_setup_teardown(test_compat_no_view, ftg_setup, ftg_teardown),
+        cmocka_unit_test_setup_teardown(test_compat_warm, ftg_setup, ftg_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
