@@ -428,8 +428,10 @@ class Subscriber:
         if group is not None:
             kw = {}
             if standby:   # a second storage per parameter; every shard's view into it, as into the first
+                # zeros, not empty: written once now, at set-up, so that the first update that lands
+                # in it does not pay a first touch per page (docs/weights.md, "Warm memory")
                 self._copies = ({n: d.p.data for n, d in self._dests.items()},
-                                {n: torch.empty_like(d.p.data) for n, d in self._dests.items()})
+                                {n: torch.zeros_like(d.p.data) for n, d in self._dests.items()})
                 kw = {"standby": [self._standby_view(dst) for _, _, dst in self.shards], "on_flip": self._on_flip}
             self._sub = _weights.WeightSubscriber(store, model, group, self.rank, self.world, self.shards,
                                                   timeout_ms=timeout_ms, node=node, batch_bytes=batch_bytes,
