@@ -701,14 +701,17 @@ int demo_rollout_main(int argc, char **argv)
     double w0 = cli_now();
     uint64_t wb = 0;
     uint64_t vb = 0;
-    /* the compat group's part first: it waits for every member's record,
-     * so before the segments' touches, whose time differs between them */
-    if (!demo_cold() && (ferry_compat_group_warm(cg, &vb, &fe) < 0 ||
-                         ferry_store_warm(a.s, false, &wb, &fe) < 0)) {
+    if (!demo_cold() && ferry_store_warm(a.s, false, &wb, &fe) < 0) {
         printf("ERR %s\n", fe.msg);
         fflush(stdout);
         return 1;
     }
+    /* The compat group's part: it waits for every member's record (left at
+     * open). A member far behind in its set-up only costs the first compat
+     * update what the warm-up would have done: said, not fatal. */
+    if (!demo_cold() && ferry_compat_group_warm(cg, &vb, &fe) < 0)
+        fprintf(stderr, "rollout %u: %s; its first compat update makes them instead\n", a.rank,
+                fe.msg);
     ready(demo_cold() ? 0 : cli_now() - w0, wb + vb);
     uint64_t cur = 0, naive_gen = 0, compat_gen = 0;
     fp8_group f8 = {0};

@@ -97,7 +97,9 @@ typedef struct ferry_compat_stats {
 
 /* Allocate and register this worker's staging buffer (shm-mappable,
  * remote-writable) with the store client's engine; it is reused across
- * updates until close. Local only: the group meets at the first update.
+ * updates until close. It leaves this worker's record (its staging's
+ * descriptor) for the others' warm-ups; the group meets at the first
+ * update (or ferry_compat_group_warm).
  * FERRY_EINVAL for bad arguments (world 0, rank >= world, empty model or
  * group, a '/' in the group), FERRY_ENOMEM. */
 FERRY_API int ferry_compat_group_open(ferry_store *s, const ferry_compat_config *cfg,

@@ -997,6 +997,9 @@ int ferry_compat_group_open(ferry_store *s, const ferry_compat_config *cfg,
         goto fail;
     }
     g->desc_len = (uint32_t)dl;
+    /* This worker's record, so that the others' warm-ups find it however
+     * late this one calls its own (best effort: the warm-up writes it again) */
+    (void)put_record(g, 0, 0, 0, "", NULL);
     *out = g;
     return 0;
 fail:
