@@ -112,7 +112,10 @@ def strerror(code, /):
 
 def error(rc, fe=None, msg=None):
     """The exception of a call that returned rc (its Error subclass, .code
-    rc), with the sentence the call left in fe (or msg)."""
+    rc), with the sentence the call left in fe (or msg); MemoryError for
+    FERRY_ENOMEM."""
+    if rc == lib.FERRY_ENOMEM:
+        return MemoryError()
     if fe is not None:
         msg = ffi.string(fe.msg).decode("utf-8", "replace")
     return _ferry._error(rc, msg or "")

@@ -224,17 +224,12 @@ void fp_shards_free(fp_shards *w);
 int fp_dims(PyObject *o, uint64_t *out, uint32_t *n, const char *what);
 PyObject *fp_tuple_u64(const uint64_t *v, uint32_t n);
 PyObject *fp_hex16(const uint8_t d[16]);   /* digest as 32 hex chars */
-extern PyTypeObject fp_ManifestType, fp_ModelType;
-/* Wrap a manifest in a Manifest object, stealing the reference. */
-PyObject *fp_manifest_wrap(ferry_manifest *m);
-/* The manifest of a Manifest object, or NULL with TypeError set. */
+/* The manifest of a ferry.reshard.Manifest (Python, over the cffi binding;
+ * borrowed: the object holds it), or NULL with TypeError set. */
 ferry_manifest *fp_manifest_of(PyObject *o);
-/* The plan of a _ferry.Plan object (borrowed), or NULL with TypeError set. */
+/* The plan of a ferry.reshard.Plan (borrowed), or NULL with TypeError set. */
 ferry_plan *fp_plan_of(PyObject *o);
 /* Add each file's types and functions to module m; 0 or -1. */
-int fp_manifest_init(PyObject *m);
-int fp_model_init(PyObject *m);
-int fp_plan_init(PyObject *m);
 int fp_store_init(PyObject *m);   /* Store, Watch and the store's error classes */
 int fp_exec_init(PyObject *m);    /* Engine, Binding, AttestedPlan, Executor (after fp_store_init) */
 int fp_weights_init(PyObject *m); /* WeightSubscriber and the weights_* functions (after fp_store_init) */
