@@ -233,10 +233,9 @@ ferry_plan *fp_plan_of(PyObject *o);
 int fp_store_init(PyObject *m);   /* Store, Watch and the store's error classes */
 int fp_exec_init(PyObject *m);    /* Engine, Binding, AttestedPlan, Executor (after fp_store_init) */
 int fp_weights_init(PyObject *m); /* WeightSubscriber and the weights_* functions (after fp_store_init) */
-int fp_samples_init(PyObject *m); /* PolicyWatch, SampleQueue, Sample, KVCacheGate, QueueFullError (after fp_store_init) */
 int fp_sparse_init(PyObject *m);  /* sparse_put, sparse_admit, sparse_read, sparse_apply (after fp_store_init) */
 
-/* ---- shared by the publish calls (_ferry_weights.c, policy_publish) ------- */
+/* ---- shared by the publish calls (_ferry_weights.c) ------------------------ */
 /* cfg, zeroed, from the arguments both publish calls take (rank_node left
  * NULL). 0 or -1 with ValueError (a name too long). */
 int fp_publisher_config(ferry_publisher_config *cfg, const char *model, const char *out_dtype, uint32_t rank,

@@ -273,8 +273,9 @@ int fp_publisher_config(ferry_publisher_config *cfg, const char *model, const ch
     return 0;
 }
 
-/* weights_publish's counters after "generation"; policy_publish reports
- * the first PUBLISH_BASE_FIELDS (those that predate the phase times). */
+/* weights_publish's counters after "generation" (policy_publish, in
+ * ferry/_samples.py, reports the first PUBLISH_BASE_FIELDS: those that
+ * predate the phase times). */
 #define F(m) FP_FIELD(ferry_publish_stats, m)
 static const fp_field publish_fields[] = {
     F(tensors), F(bytes), F(total_tensors), F(total_bytes), F(cross_node_bytes), F(put_s),
