@@ -1,6 +1,7 @@
 /* _ferry: sparse COO weight deltas from Python (ferry.sparse) over
- * include/ferry/sparse.h: put, owner admission, the batched read of
- * target-local results with its counters, and scatter apply.
+ * include/ferry/sparse.h: the batched read of target-local results with its
+ * counters, and scatter apply (put and owner admission are
+ * ferry/_weights.py's, over the cffi binding).
  *
  * Thin: validation, sorting, planning, the fence are the C library's.
  * Descriptors, targets and results cross as dicts and tuples; array data as
@@ -84,155 +85,6 @@ static int apply_of(const char *s, enum ferry_sparse_apply *a)
 static const char *apply_name(enum ferry_sparse_apply a)
 {
     return a == FERRY_SPARSE_SCATTER_SET ? "scatter_set" : "scatter_add";
-}
-
-/* The dict ferry.sparse builds into a descriptor: tensor_id, shape,
- * base_generation, delta_generation, placement_kind ("owner"|"replicate"),
- * placement_axis, placement_owner, tile (None: chosen), apply,
- * index_dtype, value_dtype, nnz. */
-static int desc_of(PyObject *d, ferry_sparse_desc *out)
-{
-    memset(out, 0, sizeof *out);
-    if (!PyDict_Check(d)) {
-        PyErr_Format(PyExc_TypeError, "descriptor must be a dict, not %.100s", Py_TYPE(d)->tp_name);
-        return -1;
-    }
-    char kind[16], apply[16];
-    uint64_t owner = 0;
-    if (d_str(d, "tensor_id", out->tensor_id, sizeof out->tensor_id) < 0 ||
-        d_u64(d, "base_generation", &out->base_generation, false) < 0 ||
-        d_u64(d, "delta_generation", &out->delta_generation, false) < 0 ||
-        d_str(d, "placement_kind", kind, sizeof kind) < 0 ||
-        d_str(d, "placement_axis", out->placement.axis, sizeof out->placement.axis) < 0 ||
-        d_u64(d, "placement_owner", &owner, true) < 0 || d_str(d, "apply", apply, sizeof apply) < 0 ||
-        apply_of(apply, &out->apply) < 0 || d_str(d, "index_dtype", out->index_dtype, sizeof out->index_dtype) < 0 ||
-        d_str(d, "value_dtype", out->value_dtype, sizeof out->value_dtype) < 0 ||
-        d_u64(d, "nnz", &out->nnz, true) < 0)
-        return -1;
-    if (!strcmp(kind, "owner"))
-        out->placement.kind = FERRY_SPARSE_OWNER;
-    else if (!strcmp(kind, "replicate"))
-        out->placement.kind = FERRY_SPARSE_REPLICATE;
-    else {
-        PyErr_Format(PyExc_ValueError, "placement kind must be \"owner\" or \"replicate\", not \"%s\"", kind);
-        return -1;
-    }
-    if (owner > UINT32_MAX) {
-        PyErr_SetString(PyExc_ValueError, "placement owner must fit in 32 bits");
-        return -1;
-    }
-    out->placement.owner = (uint32_t)owner;
-    PyObject *shape = PyDict_GetItemString(d, "shape"), *tile = PyDict_GetItemString(d, "tile");
-    if (!shape) {
-        PyErr_SetString(PyExc_KeyError, "sparse descriptor: shape is missing");
-        return -1;
-    }
-    if (dims_of(shape, out->shape, &out->ndim, "global_shape") < 0)
-        return -1;
-    if (tile && tile != Py_None) {
-        uint32_t tn = 0;
-        if (dims_of(tile, out->tile, &tn, "tile_shape") < 0)
-            return -1;
-        if (tn != out->ndim) {
-            PyErr_Format(PyExc_ValueError, "tile_shape has %u dimensions, the tensor %u", tn, out->ndim);
-            return -1;
-        }
-    }
-    return 0;
-}
-
-static PyObject *desc_dict(const ferry_sparse_desc *d)
-{
-    uint32_t nd = d->ndim <= FERRY_SPARSE_NDIM_MAX ? d->ndim : FERRY_SPARSE_NDIM_MAX;
-    PyObject *pl = Py_BuildValue("{sssNsI}", "kind", d->placement.kind == FERRY_SPARSE_OWNER ? "owner" : "replicate",
-                                 "axis", fp_str_of(d->placement.axis), "owner", (unsigned)d->placement.owner);
-    PyObject *o = PyDict_New();
-    if (!o || !pl || fp_dict_set(o, "tensor_id", fp_str_of(d->tensor_id)) < 0 ||
-        fp_dict_set(o, "shape", fp_tuple_u64(d->shape, nd)) < 0 ||
-        fp_dict_set(o, "base_generation", fp_u64(d->base_generation)) < 0 ||
-        fp_dict_set(o, "delta_generation", fp_u64(d->delta_generation)) < 0 ||
-        PyDict_SetItemString(o, "placement", pl) < 0 || fp_dict_set(o, "tile", fp_tuple_u64(d->tile, nd)) < 0 ||
-        fp_dict_set(o, "apply", PyUnicode_FromString(apply_name(d->apply))) < 0 ||
-        fp_dict_set(o, "index_dtype", PyUnicode_FromString(d->index_dtype)) < 0 ||
-        fp_dict_set(o, "value_dtype", PyUnicode_FromString(d->value_dtype)) < 0 ||
-        fp_dict_set(o, "nnz", fp_u64(d->nnz)) < 0 ||
-        fp_dict_set(o, "ntiles", fp_u64(d->ntiles)) < 0) {
-        Py_XDECREF(pl);
-        Py_XDECREF(o);
-        return NULL;
-    }
-    Py_DECREF(pl);
-    return o;
-}
-
-/* ---- put, admit ------------------------------------------------------------------------- */
-
-/* sparse_put(store, desc, indices, values) -> (key, stored desc) */
-static PyObject *sp_put(PyObject *self, PyObject *args)
-{
-    (void)self;
-    PyObject *so, *dd, *io, *vo;
-    if (!PyArg_ParseTuple(args, "OOOO:sparse_put", &so, &dd, &io, &vo))
-        return NULL;
-    ferry_store *s = fp_store_handle(so);
-    ferry_sparse_desc d;
-    if (!s || desc_of(dd, &d) < 0)
-        return NULL;
-    uint32_t isz = ferry_dtype_size(d.index_dtype), vsz = ferry_dtype_size(d.value_dtype);
-    if ((strcmp(d.index_dtype, "i32") && strcmp(d.index_dtype, "i64")) ||
-        (strcmp(d.value_dtype, "f32") && strcmp(d.value_dtype, "bf16") && strcmp(d.value_dtype, "f16")))
-        return PyErr_Format(PyExc_ValueError, "put_sparse_object %s: index dtype %s (i32 or i64) or value dtype %s "
-                            "(f32, bf16 or f16) not supported", d.tensor_id, d.index_dtype, d.value_dtype);
-    Py_buffer iv, vv;
-    if (fp_buf_get(io, &iv, PyBUF_C_CONTIGUOUS, "put_sparse_object: indices") < 0)
-        return NULL;
-    if (fp_buf_get(vo, &vv, PyBUF_C_CONTIGUOUS, "put_sparse_object: values") < 0) {
-        PyBuffer_Release(&iv);
-        return NULL;
-    }
-    PyObject *out = NULL;
-    if ((uint64_t)iv.len != d.nnz * d.ndim * isz || (uint64_t)vv.len != d.nnz * vsz) {
-        PyErr_Format(PyExc_ValueError, "put_sparse_object %s: %llu entries of %u dimensions need %llu index bytes and "
-                     "%llu value bytes; the buffers hold %zd and %zd", d.tensor_id, (unsigned long long)d.nnz,
-                     d.ndim, (unsigned long long)(d.nnz * d.ndim * isz), (unsigned long long)(d.nnz * vsz), iv.len,
-                     vv.len);
-        goto done;
-    }
-    ferry_sparse_desc stored;
-    ferry_error err = {0};
-    char key[600];
-    int rc;
-    FP_STORE_CALL(so, rc = ferry_put_sparse_object(s, &d, iv.buf, vv.buf, &stored, key, sizeof key, &err));
-    if (rc < 0) {
-        fp_raise_err_class(rc, &err);
-        goto done;
-    }
-    out = Py_BuildValue("(NN)", fp_str_of(key), desc_dict(&stored));
-done:
-    PyBuffer_Release(&iv);
-    PyBuffer_Release(&vv);
-    return out;
-}
-
-/* sparse_admit(store, desc, rank) -> bool */
-static PyObject *sp_admit(PyObject *self, PyObject *args)
-{
-    (void)self;
-    PyObject *so, *dd;
-    unsigned int rank;
-    if (!PyArg_ParseTuple(args, "OOI:sparse_admit", &so, &dd, &rank))
-        return NULL;
-    ferry_store *s = fp_store_handle(so);
-    ferry_sparse_desc d;
-    if (!s || desc_of(dd, &d) < 0)
-        return NULL;
-    ferry_error err = {0};
-    bool admitted = false;
-    int rc;
-    FP_STORE_CALL(so, rc = ferry_sparse_admit(s, &d, rank, &admitted, &err));
-    if (rc < 0)
-        return fp_raise_err_class(rc, &err);
-    return PyBool_FromLong(admitted);
 }
 
 /* ---- read ------------------------------------------------------------------------------ */
@@ -463,10 +315,6 @@ done:
 }
 
 static PyMethodDef sparse_methods[] = {
-    {"sparse_put", sp_put, METH_VARARGS, "sparse_put($module, store, desc, indices, values, /)\n--\n\n"
-     "sparse_put(store, desc, indices, values) -> (key, stored desc)"},
-    {"sparse_admit", sp_admit, METH_VARARGS, "sparse_admit($module, store, desc, rank, /)\n--\n\n"
-     "sparse_admit(store, desc, rank) -> admitted"},
     {"sparse_read", sp_read, METH_VARARGS,
      "sparse_read($module, store, keys, targets, publish_prefix, /)\n--\n\n"
      "sparse_read(store, keys, [(tensor_id, node, axis_index, offset, shape)], publish_prefix) "

@@ -29,6 +29,7 @@ the GIL released.
 import collections
 
 from . import _ferry
+from . import _weights
 from . import _tensors
 from ._ferry import WeightSubscriber
 
@@ -49,7 +50,7 @@ def assign(sizes, rank_node):
     """The publisher rank of each tensor (``ferry_weights_assign``): sizes in
     bytes, in tensor order; ``rank_node[r]`` the node of trainer rank r. The
     same inputs give the same answer on every rank."""
-    return _ferry.weights_assign(list(sizes), list(rank_node))
+    return _weights.weights_assign(list(sizes), list(rank_node))
 
 
 def convert(array, src_dtype, dst_dtype, framework="numpy"):
@@ -71,14 +72,14 @@ def convert(array, src_dtype, dst_dtype, framework="numpy"):
     if a.dtype.itemsize != numpy_dtype(src_dtype).itemsize:
         raise ValueError(f"convert: {a.dtype} elements are not {src_dtype}")
     out = _tensors.empty(a.shape, dst_dtype, framework)
-    _ferry.weights_convert(a, src_dtype, out, dst_dtype, a.size)
+    _weights.weights_convert(a, src_dtype, out, dst_dtype, a.size)
     return out
 
 
 def key(model, generation, fragment):
     """The store key of one object of a generation:
     ``ferry/w/<model>/<generation, 20 digits>/<fragment>``."""
-    return _ferry.weights_key(model, generation, fragment)
+    return _weights.weights_key(model, generation, fragment)
 
 
 def active(store, model):
@@ -88,7 +89,7 @@ def active(store, model):
     G+1 or later") when its objects are gone — a node holding them restarted
     or died: it is not current any more, and the next publish must use a
     newer number."""
-    return _ferry.weights_active(store, model)
+    return _weights.weights_active(store, model)
 
 
 def wait_active(store, model, at_least, timeout_ms=60000):
@@ -98,7 +99,7 @@ def wait_active(store, model, at_least, timeout_ms=60000):
     polling). Raises ``ferry.TimeoutError`` ("generation G of M was not
     announced within T ms (the active one is A)") or ``ferry.LostError``
     when the generation reached is lost."""
-    return _ferry.weights_wait_active(store, model, int(at_least), int(timeout_ms))
+    return _weights.weights_wait_active(store, model, int(at_least), int(timeout_ms))
 
 
 def manifest(store, model, generation=None):
@@ -111,7 +112,7 @@ def manifest(store, model, generation=None):
         if a is None:
             raise _ferry.NotFoundError(f"model {model} has no active generation")
         generation = a[0]
-    return _ferry.weights_manifest(store, model, int(generation))
+    return _weights.weights_manifest(store, model, int(generation))
 
 
 def _tensor_item(i, t):
