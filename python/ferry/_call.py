@@ -114,6 +114,22 @@ def copy_str(struct, field, value, what):
     setattr(struct, field, value)
 
 
+_FIELDS = {}
+
+
+def counters(struct):
+    """{field: value} of a counters struct (ferry_*_stats), in the header's
+    order, its reserved room left out: the names are the header's, never
+    retyped."""
+    t = ffi.typeof(struct)
+    if t.kind == "pointer":
+        t = t.item
+    names = _FIELDS.get(t)
+    if names is None:
+        names = _FIELDS[t] = [f for f, _ in t.fields if f != "reserved"]
+    return {f: getattr(struct, f) for f in names}
+
+
 def strerror(code, /):
     """strerror(code) -> the text of a ferry error code"""
     return ffi.string(lib.ferry_strerror(code)).decode()
@@ -135,4 +151,4 @@ def new_error():
 
 
 __all__ = ["ffi", "lib", "text", "uint", "seq", "key", "copy_str", "source", "dest", "results", "results_list", "str_of", "strerror",
-           "error", "new_error", "exported", "U64_MAX"]
+           "error", "new_error", "exported", "counters", "U64_MAX"]

@@ -1,7 +1,7 @@
 /* _ferry: sparse COO weight deltas from Python (ferry.sparse) over
- * include/ferry/sparse.h: the batched read of target-local results with its
- * counters, and scatter apply (put and owner admission are
- * ferry/_weights.py's, over the cffi binding).
+ * include/ferry/sparse.h: scatter apply into a strided destination, and
+ * the read's counters for the sparse update (put, owner admission and the
+ * batched read are ferry/_weights.py's, over the cffi binding).
  *
  * Thin: validation, sorting, planning, the fence are the C library's.
  * Descriptors, targets and results cross as dicts and tuples; array data as
@@ -82,72 +82,6 @@ static int apply_of(const char *s, enum ferry_sparse_apply *a)
     return 0;
 }
 
-static const char *apply_name(enum ferry_sparse_apply a)
-{
-    return a == FERRY_SPARSE_SCATTER_SET ? "scatter_set" : "scatter_add";
-}
-
-/* ---- read ------------------------------------------------------------------------------ */
-
-/* (tensor_id, node, axis_index, offset, shape) into t. */
-static int target_of(PyObject *o, size_t i, ferry_sparse_target *t)
-{
-    memset(t, 0, sizeof *t);
-    const char *id;
-    unsigned int node, axis;
-    PyObject *off, *shape;
-    if (!PyTuple_Check(o) || !PyArg_ParseTuple(o, "sIIOO", &id, &node, &axis, &off, &shape)) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_TypeError, "targets[%zu] must be (tensor_id, node, axis_index, offset, shape)", i);
-        return -1;
-    }
-    uint32_t no = 0, ns = 0;
-    char what[48];
-    snprintf(what, sizeof what, "targets[%zu].offset", i);
-    if (fp_copy_str(t->tensor_id, sizeof t->tensor_id, id, "tensor_id") < 0 || dims_of(off, t->offset, &no, what) < 0)
-        return -1;
-    snprintf(what, sizeof what, "targets[%zu].shape", i);
-    if (dims_of(shape, t->shape, &ns, what) < 0)
-        return -1;
-    if (no != ns) {
-        PyErr_Format(PyExc_ValueError, "targets[%zu]: offset has %u dimensions, shape %u", i, no, ns);
-        return -1;
-    }
-    t->node = node;
-    t->axis_index = axis;
-    t->ndim = ns;
-    return 0;
-}
-
-static PyObject *bytes_of(const void *p, size_t n)
-{
-    PyObject *b = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)n);
-    if (b && n)
-        memcpy(PyByteArray_AS_STRING(b), p, n);
-    return b;
-}
-
-static PyObject *result_dict(const ferry_sparse_result *r)
-{
-    uint32_t nd = r->ndim <= FERRY_SPARSE_NDIM_MAX ? r->ndim : FERRY_SPARSE_NDIM_MAX;
-    uint32_t vsz = ferry_dtype_size(r->value_dtype);
-    PyObject *o = PyDict_New();
-    if (!o || fp_dict_set(o, "target", PyLong_FromUnsignedLong(r->target)) < 0 ||
-        fp_dict_set(o, "tensor_id", fp_str_of(r->tensor_id)) < 0 ||
-        fp_dict_set(o, "shape", fp_tuple_u64(r->shape, nd)) < 0 ||
-        fp_dict_set(o, "base_generation", fp_u64(r->base_generation)) < 0 ||
-        fp_dict_set(o, "delta_generation", fp_u64(r->delta_generation)) < 0 ||
-        fp_dict_set(o, "apply", PyUnicode_FromString(apply_name(r->apply))) < 0 ||
-        fp_dict_set(o, "value_dtype", PyUnicode_FromString(r->value_dtype)) < 0 ||
-        fp_dict_set(o, "nnz", fp_u64(r->nnz)) < 0 ||
-        fp_dict_set(o, "indices", bytes_of(r->indices, r->nnz * nd * sizeof(int64_t))) < 0 ||
-        fp_dict_set(o, "values", bytes_of(r->values, r->nnz * vsz)) < 0) {
-        Py_XDECREF(o);
-        return NULL;
-    }
-    return o;
-}
-
 #define F(m) FP_FIELD(ferry_sparse_stats, m)
 static const fp_field stats_fields[] = {
     F(source_objects), F(non_ep_source_object_count), F(index_gets), F(index_cache_hits), F(unique_range_gets),
@@ -156,65 +90,6 @@ static const fp_field stats_fields[] = {
     F(index_range_gets), F(index_range_bytes), F(value_range_bytes), F(index_range_s), F(value_range_s),
 };
 #undef F
-
-/* sparse_read(store, keys, targets, publish_prefix) -> ([result dict], stats dict) */
-static PyObject *sp_read(PyObject *self, PyObject *args)
-{
-    (void)self;
-    PyObject *so, *ko, *to, *po;
-    if (!PyArg_ParseTuple(args, "OOOO:sparse_read", &so, &ko, &to, &po))
-        return NULL;
-    ferry_sparse_reader *rd = fp_store_sparse_reader(so);   /* the store's: its cache lasts */
-    if (!rd)
-        return NULL;
-    const char *prefix = NULL;
-    if (po != Py_None && !(prefix = fp_key_of(po, "publish_prefix")))
-        return NULL;
-    PyObject *kt = fp_seq_hold(ko, "keys"), *tt = kt ? fp_seq_hold(to, "targets") : NULL, *out = NULL;
-    size_t nk = kt ? (size_t)PyTuple_GET_SIZE(kt) : 0, nt = tt ? (size_t)PyTuple_GET_SIZE(tt) : 0;
-    const char **keys = PyMem_Calloc(nk + 1, sizeof *keys);
-    ferry_sparse_target *tg = PyMem_Calloc(nt + 1, sizeof *tg);
-    ferry_sparse_result *res = NULL;
-    size_t nres = 0;
-    if (!tt)
-        goto done;
-    if (!keys || !tg) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (size_t i = 0; i < nk; i++)
-        if (!(keys[i] = fp_key_of(PyTuple_GET_ITEM(kt, (Py_ssize_t)i), "keys[i]")))
-            goto done;
-    for (size_t i = 0; i < nt; i++)
-        if (target_of(PyTuple_GET_ITEM(tt, (Py_ssize_t)i), i, &tg[i]) < 0)
-            goto done;
-    ferry_sparse_stats st;
-    memset(&st, 0, sizeof st);
-    ferry_error err = {0};
-    int rc;
-    FP_STORE_CALL(so, rc = ferry_sparse_reader_read(rd, keys, nk, tg, nt, prefix, &res, &nres, &st, &err));
-    if (rc < 0) {
-        fp_raise_err_class(rc, &err);
-        goto done;
-    }
-    PyObject *l = PyList_New((Py_ssize_t)nres);
-    for (size_t i = 0; l && i < nres; i++) {
-        PyObject *r = result_dict(&res[i]);
-        if (!r)
-            Py_CLEAR(l);
-        else
-            PyList_SET_ITEM(l, (Py_ssize_t)i, r);
-    }
-    if (l)
-        out = Py_BuildValue("(NN)", l, FP_FIELDS_DICT(&st, stats_fields));
-done:
-    ferry_sparse_results_free(res, nres);
-    PyMem_Free(keys);
-    PyMem_Free(tg);
-    Py_XDECREF(kt);
-    Py_XDECREF(tt);
-    return out;
-}
 
 /* ---- apply ------------------------------------------------------------------------------ */
 
@@ -315,10 +190,6 @@ done:
 }
 
 static PyMethodDef sparse_methods[] = {
-    {"sparse_read", sp_read, METH_VARARGS,
-     "sparse_read($module, store, keys, targets, publish_prefix, /)\n--\n\n"
-     "sparse_read(store, keys, [(tensor_id, node, axis_index, offset, shape)], publish_prefix) "
-     "-> ([result dict], counters dict)"},
     {"sparse_apply", sp_apply, METH_VARARGS,
      "sparse_apply($module, result, indices, values, dst, dst_dtype, current_generation, /)\n--\n\n"
      "sparse_apply(result, indices, values, dst, dst_dtype, current_generation) -> new generation"},

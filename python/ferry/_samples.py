@@ -9,6 +9,7 @@ it is closed; every call that waits releases the GIL (cffi's calls do)."""
 from . import _call
 from . import _ferry
 from . import _tensors
+from . import _weights
 from ._binding import ffi, lib
 
 _POP_MAX = lib.FERRY_STORE_POP_MAX   # the store's cap on one pop
@@ -200,12 +201,7 @@ def policy_publish(store, model, rank, world, rank_node, out_dtype, segment, kee
     """policy_publish(store, model, rank, world, rank_node, out_dtype, segment, keep, timeout_ms, record, tensors) -> stats"""
     if not isinstance(store, _ferry.Store):
         raise TypeError(f"expected a ferry.Store, not {type(store).__name__}")
-    cfg = ffi.new("ferry_publisher_config *")
-    _call.copy_str(cfg, "model", _call.text("policy_publish", 2, model), "model")
-    _call.copy_str(cfg, "out_dtype", _call.text("policy_publish", 6, out_dtype), "out_dtype")
-    cfg.rank, cfg.world = _call.uint(rank, "rank", 0, 2**32 - 1), _call.uint(world, "world", 0, 2**32 - 1)
-    cfg.segment, cfg.keep = _call.uint(segment, "segment"), _call.uint(keep, "keep", 0, 2**32 - 1)
-    cfg.timeout_ms = _call.uint(timeout_ms, "timeout_ms")
+    cfg = _weights.publisher_config("policy_publish", model, out_dtype, rank, world, segment, keep, timeout_ms)
     held = []
     pv = _policy_of(record, ffi.new("ferry_policy_version *"), held)
     nodes = _call.seq(rank_node, "rank_node")
@@ -221,16 +217,12 @@ def policy_publish(store, model, rank, world, rank_node, out_dtype, segment, kee
     for i, it in enumerate(items):
         if not isinstance(it, tuple) or len(it) != 3:
             raise TypeError(f"tensors[{i}] must be (name, array, dtype)")
-        name, dtype = _call.key(it[0], "tensor name"), _call.key(it[2], "dtype")
-        v = _ferry._view(it[1], f"tensors[{i}] ({it[0][:40]})", False)
-        if lib.ferry_dtype_size(dtype) != v.itemsize or v.ndim > lib.FERRY_MAX_DIMS:
+        v = _ferry._view(it[1], f"tensors[{i}] ({_call.key(it[0], 'tensor name').decode()[:40]})", False)
+        one = _weights.tensor_of(t[i], it[0], v, it[2])
+        if one is None:
             raise ValueError(f"tensor {it[0]}: dtype {it[2]} does not match the array's {v.itemsize}-byte elements, "
                              f"or it has more than {lib.FERRY_MAX_DIMS} dims")
-        ndim, shape = v.ndim, list(v.shape)
-        cname, cdtype, (data, _) = ffi.new("char[]", name), ffi.new("char[]", dtype), _call.exported(v)
-        held += [cname, cdtype, data]
-        t[i].name, t[i].dtype, t[i].ndim, t[i].data = cname, cdtype, ndim, data
-        t[i].shape[0:ndim] = shape
+        held += one
     st, fe = ffi.new("ferry_publish_stats *"), _call.new_error()
     rc = _store_call(store, lib.ferry_policy_publish, cfg, pv, t, len(items), st, fe)
     if rc < 0:
@@ -422,10 +414,6 @@ def _buf4(o, dtype, writable, what):
     return p, n // 4
 
 
-_STATS = ("pushed", "push_waits", "push_full", "push_retries", "popped", "admitted", "stale", "dropped", "recompute",
-          "ahead", "redelivered", "duplicates", "acked", "ack_stale", "recompute_popped")
-
-
 class SampleQueue(_Holder):
     """SampleQueue(store, queue, bound=0, fail_when_full=False, push_timeout_ms=0, input_version=0, max_policy_lag=0, stale_policy="drop", lease_ms=0, consumer=""): a leased sample queue"""
 
@@ -566,13 +554,10 @@ class SampleQueue(_Holder):
         """stats() -> dict of counters"""
         st = ffi.new("ferry_sample_stats *")
         lib.ferry_sample_queue_stats(self._check(), st)   # allowed while another thread is in a call
-        return {k: getattr(st, k) for k in _STATS}
+        return _call.counters(st)
 
 
 # ---- KVCacheGate -----------------------------------------------------------------------------
-
-_KV_STATS = ("stored", "hits", "refused", "retired")
-
 
 class KVCacheGate:
     """KVCacheGate(store, ns): KV cache objects kept under the policy version that made them"""
@@ -585,7 +570,8 @@ class KVCacheGate:
             raise ValueError("ns must be non-empty and hold no '/'")
         if len(b) >= 128:
             raise ValueError("ns is longer than 127 bytes")
-        self._store, self._ns, self._st = store, b, dict.fromkeys(_KV_STATS, 0)
+        self._store, self._ns = store, b
+        self._st = _call.counters(ffi.new("ferry_kvcache_stats *"))   # all 0
 
     @property
     def ns(self):
@@ -598,8 +584,8 @@ class KVCacheGate:
             raise ValueError("the gate is not initialised")
         d, fe = ffi.new("ferry_kvcache_stats *"), _call.new_error()
         rc = _store_call(self._store, fn, *args, d, fe)
-        for k in _KV_STATS:   # each call counts into its own, added here with the GIL
-            self._st[k] += getattr(d, k)
+        for k, v in _call.counters(d).items():   # each call counts into its own, added here with the GIL
+            self._st[k] += v
         return rc, fe
 
     def put(self, version, name, data, /):

@@ -140,8 +140,7 @@ def sparse_announce(store, model, base, generation, keys, keep, /):
     st = ffi.new("ferry_sparse_announce_stats *")
     _checked(store, lib.ferry_sparse_announce, m, _call.uint(base, "base"), gen, ffi.new("char *[]", ks + [ffi.NULL]),
              len(ks), _call.uint(keep, "keep", 0, _U32), st)
-    return {"generation": gen, "objects": st.objects, "nnz": st.nnz, "dense_generation": st.dense_generation,
-            "chain": st.chain, "removed_generations": st.removed_generations, "announce_s": st.announce_s}
+    return {"generation": gen, **_call.counters(st)}
 
 
 def sparse_chain(store, model, held, /):
@@ -290,3 +289,136 @@ def sparse_admit(store, desc, rank, /):
     d, admitted = _desc_of(desc), ffi.new("bool *")
     _checked(store, lib.ferry_sparse_admit, d, _call.uint(rank, "rank", 0, _U32), admitted)
     return bool(admitted[0])
+
+
+# ---- the sparse read (the store's reader: its index cache lasts) -----------------------------
+
+def _target_of(o, i, t):
+    """(tensor_id, node, axis_index, offset, shape) into the ferry_sparse_target t."""
+    if not (isinstance(o, tuple) and len(o) == 5 and isinstance(o[0], str) and isinstance(o[1], int)
+            and isinstance(o[2], int) and 0 <= o[1] <= _U32 and 0 <= o[2] <= _U32):
+        raise TypeError(f"targets[{i}] must be (tensor_id, node, axis_index, offset, shape)")
+    _call.copy_str(t, "tensor_id", _call.key(o[0], "tensor_id"), "tensor_id")
+    off, shape = _dims(o[3], f"targets[{i}].offset"), _dims(o[4], f"targets[{i}].shape")
+    if len(off) != len(shape):
+        raise ValueError(f"targets[{i}]: offset has {len(off)} dimensions, shape {len(shape)}")
+    t.node, t.axis_index, t.ndim = o[1], o[2], len(shape)
+    t.offset[0:len(off)], t.shape[0:len(shape)] = off, shape
+
+
+def _result_dict(r):
+    nd = min(r.ndim, _NDIM)
+    vdt = ffi.string(r.value_dtype)
+    return {"target": r.target, "tensor_id": _call.str_of(r.tensor_id), "shape": tuple(r.shape[0:nd]),
+            "base_generation": r.base_generation, "delta_generation": r.delta_generation,
+            "apply": "scatter_set" if r.apply == lib.FERRY_SPARSE_SCATTER_SET else "scatter_add",
+            "value_dtype": vdt.decode(), "nnz": r.nnz,
+            "indices": bytearray(ffi.buffer(r.indices, r.nnz * nd * 8)) if r.nnz else bytearray(),
+            "values": bytearray(ffi.buffer(r.values, r.nnz * lib.ferry_dtype_size(vdt))) if r.nnz else bytearray()}
+
+
+def sparse_read(store, keys, targets, publish_prefix, /):
+    """sparse_read(store, keys, [(tensor_id, node, axis_index, offset, shape)], publish_prefix) -> ([result dict], counters dict)"""
+    if not isinstance(store, _ferry.Store):
+        raise TypeError(f"expected a ferry.Store, not {type(store).__name__}")
+    rd = ffi.cast("ferry_sparse_reader *", store._sparse_reader())   # opened at the first call, closed with the store
+    prefix = ffi.NULL if publish_prefix is None else _call.key(publish_prefix, "publish_prefix")
+    ks = [ffi.new("char[]", _call.key(k, "keys[i]")) for k in _call.seq(keys, "keys")]
+    ts = _call.seq(targets, "targets")
+    tg = ffi.new("ferry_sparse_target[]", len(ts) or 1)
+    for i, o in enumerate(ts):
+        _target_of(o, i, tg[i])
+    res, nres, st = ffi.new("ferry_sparse_result **"), ffi.new("size_t *"), ffi.new("ferry_sparse_stats *")
+    try:
+        _checked(store, lambda h, *a: lib.ferry_sparse_reader_read(rd, *a), ffi.new("char *[]", ks + [ffi.NULL]),
+                 len(ks), tg, len(ts), prefix, res, nres, st)
+        return [_result_dict(res[0][i]) for i in range(nres[0])], _call.counters(st)
+    finally:
+        lib.ferry_sparse_results_free(res[0], nres[0])
+
+
+# ---- publishing: the config, the stats, the streaming publish --------------------------------
+
+def publisher_config(fn, model, out_dtype, rank, world, segment, keep, timeout_ms):
+    """A ferry_publisher_config of the arguments every publish call takes
+    (rank_node left NULL); ValueError for a name too long."""
+    cfg = ffi.new("ferry_publisher_config *")
+    _call.copy_str(cfg, "model", _call.text(fn, 2, model), "model")
+    _call.copy_str(cfg, "out_dtype", _call.text(fn, 6, out_dtype), "out_dtype")
+    cfg.rank, cfg.world = _call.uint(rank, "rank", 0, _U32), _call.uint(world, "world", 0, _U32)
+    cfg.segment, cfg.keep = _call.uint(segment, "segment"), _call.uint(keep, "keep", 0, _U32)
+    cfg.timeout_ms = _call.uint(timeout_ms, "timeout_ms")
+    return cfg
+
+
+def tensor_of(t, name, v, dtype):
+    """The ferry_weight_tensor t of a checked view v (_ferry._view) of a
+    tensor's data in dtype; what t points at, held by the caller."""
+    n = ffi.new("char[]", _call.key(name, "tensor name"))
+    d = ffi.new("char[]", _call.key(dtype, "dtype"))
+    if lib.ferry_dtype_size(d) != v.itemsize or v.ndim > lib.FERRY_MAX_DIMS:
+        return None
+    ndim, shape = v.ndim, list(v.shape)
+    data, _ = _call.exported(v)
+    t.name, t.dtype, t.ndim, t.data = n, d, ndim, data
+    t.shape[0:ndim] = shape
+    return n, d, data
+
+
+class _Stream:
+    """A streaming publish of one generation (ferry_publish_stream_*).
+    Dropped before its end, the attempt fails on every rank."""
+
+    __slots__ = ("ps", "store", "gen")
+
+    def __init__(self, ps, store, gen):
+        self.ps, self.store, self.gen = ps, store, gen
+
+    def live(self):
+        if self.ps is None:
+            raise ValueError("the publish stream has ended")
+        return self.ps
+
+    def __del__(self):
+        if self.ps is not None:
+            lib.ferry_publish_stream_abort(self.ps, b"the stream was dropped before its end")
+            lib.ferry_publish_stream_end(self.ps, ffi.NULL, ffi.NULL)
+            self.ps = None
+
+
+def weights_stream_begin(store, model, rank, world, out_dtype, segment, keep, timeout_ms, generation, /):
+    """weights_stream_begin(...) -> stream: a streaming publish of generation (ferry_publish_stream_begin)"""
+    cfg = publisher_config("weights_stream_begin", model, out_dtype, rank, world, segment, keep, timeout_ms)
+    gen, out = _call.uint(generation, "generation"), ffi.new("ferry_publish_stream **")
+    _checked(store, lib.ferry_publish_stream_begin, cfg, gen, out)
+    return _Stream(out[0], store, gen)
+
+
+def weights_stream_add(stream, name, buffer, dtype, /):
+    """weights_stream_add(stream, name, buffer, dtype): one tensor, stored now or by another rank"""
+    ps = stream.live()
+    v = _ferry._view(buffer, f"tensor {_call.text('weights_stream_add', 2, name).decode()[:200]}", False)
+    t = ffi.new("ferry_weight_tensor *")
+    held = tensor_of(t, name, v, dtype)
+    if held is None:
+        raise ValueError(f"tensor {name}: dtype {dtype} does not match the array's {v.itemsize}-byte elements "
+                         f"(or more than {lib.FERRY_MAX_DIMS} dims)")
+    _checked(stream.store, lambda h, *a: lib.ferry_publish_stream_add(ps, *a), t)
+
+
+def weights_stream_abort(stream, why, /):
+    """weights_stream_abort(stream, why): this rank cannot go on; the end fails on every rank"""
+    lib.ferry_publish_stream_abort(stream.live(), _call.text("weights_stream_abort", 2, why))
+
+
+def weights_stream_held(stream, /):
+    """weights_stream_held(stream) -> int: the most bytes this rank held at once"""
+    return lib.ferry_publish_stream_held(stream.live())
+
+
+def weights_stream_end(stream, /):
+    """weights_stream_end(stream) -> stats: announce (or fail on every rank)"""
+    ps, stream.ps = stream.live(), None   # ended, whatever the outcome
+    st = ffi.new("ferry_publish_stats *")
+    _checked(stream.store, lambda h, *a: lib.ferry_publish_stream_end(ps, *a), st)
+    return {"generation": stream.gen, **_call.counters(st)}

@@ -481,11 +481,7 @@ class Plan:
         """tensors, fragments, regions, runs, bytes, max/mean bytes per target rank, plan_s, digests."""
         s = ffi.new("ferry_plan_stats *")
         lib.ferry_plan_stats_get(self._p, s)
-        d = {k: getattr(s, k) for k in ("tensors", "src_fragments", "dst_fragments", "regions", "runs", "bytes",
-                                        "max_rank_bytes", "mean_rank_bytes", "dst_ranks", "plan_s")}
-        for k in ("src_digest", "dst_digest", "topology_digest"):
-            d[k] = _hex(getattr(s, k))
-        return d
+        return {k: _hex(v) if k.endswith("_digest") else v for k, v in _call.counters(s).items()}
 
     def _iter(self, tensor, src_rank, dst_rank):
         f = ffi.new("ferry_plan_filter *", (tensor, src_rank, dst_rank))

@@ -241,7 +241,7 @@ def read_sparse_objects(store, keys, targets, publish_prefix=None, framework="nu
     if isinstance(keys, str):
         keys = [keys]
     tgt = [_target(t, i) for i, t in enumerate(targets)]
-    raw, counters = _ferry.sparse_read(store, list(keys), tgt, publish_prefix)
+    raw, counters = _weights.sparse_read(store, list(keys), tgt, publish_prefix)
     out = []
     for r in raw:
         nd = len(r["shape"])

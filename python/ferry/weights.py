@@ -236,8 +236,8 @@ class WeightPublisher:
         as it comes, before a placement exists."""
         if self.quant is not None:
             raise ValueError("a streamed publish does not quantize: publish or publish_shards do")
-        st = _ferry.weights_stream_begin(self.store, self.model, self.rank, self.world, self.out_dtype or "",
-                                         self.segment, self.keep, self.timeout_ms, int(generation))
+        st = _weights.weights_stream_begin(self.store, self.model, self.rank, self.world, self.out_dtype or "",
+                                           self.segment, self.keep, self.timeout_ms, int(generation))
         cause = None
         try:
             # No name here holds a tensor while the next is asked for (nor
@@ -246,18 +246,18 @@ class WeightPublisher:
             for t in tensors:
                 name, a, dtype = _tensor_item(i, t)
                 del t
-                _ferry.weights_stream_add(st, name, a, dtype)
+                _weights.weights_stream_add(st, name, a, dtype)
                 del a
                 i += 1
         except _ferry.Error:
             pass   # recorded in the stream: its end fails on every rank with it
         except Exception as e:   # noqa: B902 - every rank must hear of it
             cause = e
-            _ferry.weights_stream_abort(st, str(e))
+            _weights.weights_stream_abort(st, str(e))
         if held is not None:
-            held.append(_ferry.weights_stream_held(st))
+            held.append(_weights.weights_stream_held(st))
         try:
-            return _ferry.weights_stream_end(st)
+            return _weights.weights_stream_end(st)
         except _ferry.Error as e:
             if cause is not None:
                 raise e from cause
