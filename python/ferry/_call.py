@@ -37,8 +37,18 @@ def source(obj, what):
     the pointer holds the memory until it is dropped."""
     if type(obj) is bytes:
         return ffi.from_buffer(obj), len(obj)
-    v = _ferry._view(obj, what, False)
-    return ffi.from_buffer(v), v.nbytes
+    return exported(_ferry._view(obj, what, False), "char[]", False)
+
+
+def exported(view, ctype="char[]", writable=False):
+    """(ctype pointer, nbytes) over the exporter of a checked memoryview
+    (_ferry._view), the view itself released: the pointer holds the
+    exporter, not a memoryview (a memoryview exported to cffi that ends up
+    in cyclic garbage, an exception's frames, is cleared while exported and
+    crashed the interpreter at exit)."""
+    n, obj = view.nbytes, view.obj
+    view.release()
+    return ffi.from_buffer(ctype, obj, require_writable=writable), n
 
 
 def str_of(chars):
@@ -70,8 +80,7 @@ def key(obj, what):
 def dest(obj, what):
     """The memory of a destination argument (C-contiguous, writable) as
     (char *, nbytes)."""
-    v = _ferry._view(obj, what, True)
-    return ffi.from_buffer(v, require_writable=True), v.nbytes
+    return exported(_ferry._view(obj, what, True), "char[]", True)
 
 
 _SENTINEL = {"int": -2**31, "int64_t": -2**63}
@@ -105,6 +114,22 @@ def copy_str(struct, field, value, what):
     setattr(struct, field, value)
 
 
+_FIELDS = {}
+
+
+def counters(struct):
+    """{field: value} of a counters struct (ferry_*_stats), in the header's
+    order, its reserved room left out: the names are the header's, never
+    retyped."""
+    t = ffi.typeof(struct)
+    if t.kind == "pointer":
+        t = t.item
+    names = _FIELDS.get(t)
+    if names is None:
+        names = _FIELDS[t] = [f for f, _ in t.fields if f != "reserved"]
+    return {f: getattr(struct, f) for f in names}
+
+
 def strerror(code, /):
     """strerror(code) -> the text of a ferry error code"""
     return ffi.string(lib.ferry_strerror(code)).decode()
@@ -112,7 +137,10 @@ def strerror(code, /):
 
 def error(rc, fe=None, msg=None):
     """The exception of a call that returned rc (its Error subclass, .code
-    rc), with the sentence the call left in fe (or msg)."""
+    rc), with the sentence the call left in fe (or msg); MemoryError for
+    FERRY_ENOMEM."""
+    if rc == lib.FERRY_ENOMEM:
+        return MemoryError()
     if fe is not None:
         msg = ffi.string(fe.msg).decode("utf-8", "replace")
     return _ferry._error(rc, msg or "")
@@ -123,4 +151,4 @@ def new_error():
 
 
 __all__ = ["ffi", "lib", "text", "uint", "seq", "key", "copy_str", "source", "dest", "results", "results_list", "str_of", "strerror",
-           "error", "new_error", "U64_MAX"]
+           "error", "new_error", "exported", "counters", "U64_MAX"]

@@ -12,6 +12,9 @@
 #define FP_PYTHON(decl) decl
 
 /* FP_CDEF begin */
+/* C's free, for what the library hands back to be freed with free()
+ * (ferry_manifest_to_json's text). */
+void free(void *ptr);
 /* ---- the library's log lines into logging (_cffi_bridge.c, ferry/_log.py) ----
  * Lines come from any thread, library threads included, often while the
  * thread holding the GIL waits on them (a call that closes a store joins

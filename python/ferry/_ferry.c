@@ -66,9 +66,8 @@ PyMODINIT_FUNC PyInit__ferry(void)
         return NULL;
     fp_error = PyErr_NewExceptionWithDoc("ferry.Error", "A ferry call failed; .code is the FERRY_E* code.",
                                          PyExc_Exception, NULL);
-    if (!fp_error || PyModule_AddObjectRef(m, "Error", fp_error) < 0 || fp_mem_init(m) < 0 || fp_manifest_init(m) < 0 || fp_model_init(m) < 0 ||
-        fp_plan_init(m) < 0 || fp_store_init(m) < 0 || fp_exec_init(m) < 0 ||
-        fp_weights_init(m) < 0 || fp_samples_init(m) < 0 || fp_sparse_init(m) < 0) {
+    if (!fp_error || PyModule_AddObjectRef(m, "Error", fp_error) < 0 || fp_mem_init(m) < 0 || fp_store_init(m) < 0 || fp_exec_init(m) < 0 ||
+        fp_weights_init(m) < 0 || fp_sparse_init(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -224,24 +224,18 @@ void fp_shards_free(fp_shards *w);
 int fp_dims(PyObject *o, uint64_t *out, uint32_t *n, const char *what);
 PyObject *fp_tuple_u64(const uint64_t *v, uint32_t n);
 PyObject *fp_hex16(const uint8_t d[16]);   /* digest as 32 hex chars */
-extern PyTypeObject fp_ManifestType, fp_ModelType;
-/* Wrap a manifest in a Manifest object, stealing the reference. */
-PyObject *fp_manifest_wrap(ferry_manifest *m);
-/* The manifest of a Manifest object, or NULL with TypeError set. */
+/* The manifest of a ferry.reshard.Manifest (Python, over the cffi binding;
+ * borrowed: the object holds it), or NULL with TypeError set. */
 ferry_manifest *fp_manifest_of(PyObject *o);
-/* The plan of a _ferry.Plan object (borrowed), or NULL with TypeError set. */
+/* The plan of a ferry.reshard.Plan (borrowed), or NULL with TypeError set. */
 ferry_plan *fp_plan_of(PyObject *o);
 /* Add each file's types and functions to module m; 0 or -1. */
-int fp_manifest_init(PyObject *m);
-int fp_model_init(PyObject *m);
-int fp_plan_init(PyObject *m);
 int fp_store_init(PyObject *m);   /* Store, Watch and the store's error classes */
 int fp_exec_init(PyObject *m);    /* Engine, Binding, AttestedPlan, Executor (after fp_store_init) */
 int fp_weights_init(PyObject *m); /* WeightSubscriber and the weights_* functions (after fp_store_init) */
-int fp_samples_init(PyObject *m); /* PolicyWatch, SampleQueue, Sample, KVCacheGate, QueueFullError (after fp_store_init) */
 int fp_sparse_init(PyObject *m);  /* sparse_put, sparse_admit, sparse_read, sparse_apply (after fp_store_init) */
 
-/* ---- shared by the publish calls (_ferry_weights.c, policy_publish) ------- */
+/* ---- shared by the publish calls (_ferry_weights.c) ------------------------ */
 /* cfg, zeroed, from the arguments both publish calls take (rank_node left
  * NULL). 0 or -1 with ValueError (a name too long). */
 int fp_publisher_config(ferry_publisher_config *cfg, const char *model, const char *out_dtype, uint32_t rank,

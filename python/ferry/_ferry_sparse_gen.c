@@ -1,7 +1,7 @@
-/* _ferry: sparse generations from Python (ferry.sparse.announce, chain,
- * update) over include/ferry/weights.h: the announcement of a sparse
- * generation, the chain a worker needs, and the update that follows it
- * into the worker's arrays (any writable strided numpy array or CPU torch
+/* _ferry: the update of a sparse generation from Python (ferry.sparse.update)
+ * over include/ferry/weights.h (announce, chain and the active mark are
+ * ferry/_weights.py's, over the cffi binding): the update that follows the
+ * chain into the worker's arrays (any writable strided numpy array or CPU torch
  * tensor; their strides are passed on). Store calls run with the GIL
  * released while the arrays stay held. */
 #include <string.h>
@@ -10,111 +10,6 @@
 #include "ferry/weights.h"
 
 PyObject *fp_sparse_stats_dict(const ferry_sparse_stats *st);   /* _ferry_sparse.c */
-
-/* sparse_announce(store, model, base, generation, keys, keep) -> stats dict */
-static PyObject *sg_announce(PyObject *self, PyObject *args)
-{
-    (void)self;
-    PyObject *so, *ko;
-    const char *model;
-    unsigned long long base, gen;
-    unsigned keep;
-    if (!PyArg_ParseTuple(args, "OsKKOI:sparse_announce", &so, &model, &base, &gen, &ko, &keep))
-        return NULL;
-    ferry_store *s = fp_store_handle(so);
-    if (!s)
-        return NULL;
-    PyObject *kt = fp_seq_hold(ko, "keys"), *out = NULL;
-    if (!kt)
-        return NULL;
-    size_t nk = (size_t)PyTuple_GET_SIZE(kt);
-    const char **keys = PyMem_Calloc(nk + 1, sizeof *keys);
-    if (!keys) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (size_t i = 0; i < nk; i++)
-        if (!(keys[i] = fp_key_of(PyTuple_GET_ITEM(kt, (Py_ssize_t)i), "keys[i]")))
-            goto done;
-    ferry_sparse_announce_stats st;
-    memset(&st, 0, sizeof st);
-    ferry_error err = {0};
-    int rc;
-    FP_STORE_CALL(so, rc = ferry_sparse_announce(s, model, base, gen, keys, nk, keep, &st, &err));
-    if (rc < 0) {
-        fp_raise_err_class(rc, &err);
-        goto done;
-    }
-    out = Py_BuildValue("{s:K,s:K,s:K,s:K,s:I,s:K,s:d}", "generation", gen, "objects",
-                        (unsigned long long)st.objects, "nnz", (unsigned long long)st.nnz,
-                        "dense_generation", (unsigned long long)st.dense_generation, "chain", st.chain,
-                        "removed_generations", (unsigned long long)st.removed_generations,
-                        "announce_s", st.announce_s);
-done:
-    PyMem_Free(keys);
-    Py_DECREF(kt);
-    return out;
-}
-
-/* sparse_chain(store, model, held) -> {"active", "dense", "load_dense", "links": [...]} */
-static PyObject *sg_chain(PyObject *self, PyObject *args)
-{
-    (void)self;
-    PyObject *so;
-    const char *model;
-    unsigned long long held;
-    if (!PyArg_ParseTuple(args, "OsK:sparse_chain", &so, &model, &held))
-        return NULL;
-    ferry_store *s = fp_store_handle(so);
-    if (!s)
-        return NULL;
-    ferry_sparse_chain ch;
-    memset(&ch, 0, sizeof ch);
-    ferry_error err = {0};
-    int rc;
-    FP_STORE_CALL(so, rc = ferry_sparse_chain_resolve(s, model, held, &ch, &err));
-    if (rc < 0)
-        return fp_raise_err_class(rc, &err);
-    PyObject *links = PyList_New((Py_ssize_t)ch.nlinks), *out = NULL;
-    for (size_t i = 0; links && i < ch.nlinks; i++) {
-        PyObject *l = Py_BuildValue("{s:K,s:K,s:N}", "generation", (unsigned long long)ch.links[i].generation,
-                                    "base", (unsigned long long)ch.links[i].base, "keys",
-                                    fp_list_str(ch.links[i].keys, ch.links[i].nkeys));
-        if (!l)
-            Py_CLEAR(links);
-        else
-            PyList_SET_ITEM(links, (Py_ssize_t)i, l);
-    }
-    if (links)
-        out = Py_BuildValue("{s:K,s:K,s:O,s:N}", "active", (unsigned long long)ch.active, "dense",
-                            (unsigned long long)ch.dense, "load_dense", ch.load_dense ? Py_True : Py_False,
-                            "links", links);
-    ferry_sparse_chain_free(&ch);
-    return out;
-}
-
-/* sparse_active(store, model) -> (generation, sparse) or None (nothing announced) */
-static PyObject *sg_active(PyObject *self, PyObject *args)
-{
-    (void)self;
-    PyObject *so;
-    const char *model;
-    if (!PyArg_ParseTuple(args, "Os:sparse_active", &so, &model))
-        return NULL;
-    ferry_store *s = fp_store_handle(so);
-    if (!s)
-        return NULL;
-    uint64_t g = 0;
-    bool sparse = false;
-    ferry_error err = {0};
-    int rc;
-    FP_STORE_CALL(so, rc = ferry_sparse_active(s, model, &g, &sparse, &err));
-    if (rc == FERRY_ENOENT)
-        Py_RETURN_NONE;
-    if (rc < 0)
-        return fp_raise_err_class(rc, &err);
-    return Py_BuildValue("(KO)", (unsigned long long)g, sparse ? Py_True : Py_False);
-}
 
 /* Without the GIL: each shard's element size against the published dtype
  * of its tensor in the dense generation the chain starts at (the library
@@ -191,15 +86,6 @@ static PyObject *sg_update(PyObject *self, PyObject *args)
 }
 
 static PyMethodDef sparse_gen_methods[] = {
-    {"sparse_announce", sg_announce, METH_VARARGS,
-     "sparse_announce($module, store, model, base, generation, keys, keep, /)\n--\n\n"
-     "sparse_announce(store, model, base, generation, keys, keep) -> stats dict"},
-    {"sparse_active", sg_active, METH_VARARGS,
-     "sparse_active($module, store, model, /)\n--\n\n"
-     "sparse_active(store, model) -> (generation, sparse) or None"},
-    {"sparse_chain", sg_chain, METH_VARARGS,
-     "sparse_chain($module, store, model, held, /)\n--\n\n"
-     "sparse_chain(store, model, held) -> {active, dense, load_dense, links}"},
     {"sparse_update", sg_update, METH_VARARGS,
      "sparse_update($module, store, model, axis_index, no_dense, shards, generation, /)\n--\n\n"
      "sparse_update(store, model, axis_index, no_dense, [(tensor, offset, array)], generation) -> stats dict"},

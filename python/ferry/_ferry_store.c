@@ -438,6 +438,15 @@ static PyObject *st_leave(StoreObject *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+/* The store's sparse reader for ferry/_weights.py's sparse_read (its
+ * address; opened at the first call, closed with the store). */
+static PyObject *st_sparse_reader(StoreObject *self, PyObject *unused)
+{
+    (void)unused;
+    ferry_sparse_reader *r = fp_store_sparse_reader((PyObject *)self);
+    return r ? PyLong_FromVoidPtr(r) : NULL;
+}
+
 /* ---- memory arguments ------------------------------------------------------------------ */
 
 /* The registration holding [p, p+len) (borrowed: the registered memoryview,
@@ -775,6 +784,8 @@ static PyMethodDef st_methods[] = {
      "_enter() -> the address of the C handle, the call counted in flight until _leave()"},
     {"_leave", (PyCFunction)st_leave, METH_NOARGS, "_leave($self, /)\n--\n\n"
      "_leave(): the call of the last _enter() is done"},
+    {"_sparse_reader", (PyCFunction)st_sparse_reader, METH_NOARGS, "_sparse_reader($self, /)\n--\n\n"
+     "_sparse_reader() -> the address of the store's sparse reader (opened at the first call)"},
     {"_memory", (PyCFunction)st_memory, METH_VARARGS, "_memory($self, obj, size, writable, what, /)\n--\n\n"
      "_memory(obj, size, writable, what) -> (address, bytes, holder) of a memory argument"},
     {"setup", FP_KWFN(st_setup), METH_VARARGS | METH_KEYWORDS,

@@ -228,3 +228,78 @@ PyObject *fp_get_u64(PyObject *self, void *closure)
 {
     return value_at((const char *)self + (uintptr_t)closure, FP_KIND_U64);
 }
+
+/* ---- shared by the reshard calls still here (exec, weights, sparse) ---------- */
+
+int fp_dims(PyObject *o, uint64_t *out, uint32_t *n, const char *what)
+{
+    if (o == NULL || o == Py_None) {
+        *n = UINT32_MAX;
+        return 0;
+    }
+    PyObject *seq = PySequence_Fast(o, "a sequence of ints");
+    if (!seq)
+        return -1;
+    Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
+    if (len > FERRY_MAX_DIMS) {
+        Py_DECREF(seq);
+        PyErr_Format(PyExc_ValueError, "%s: at most %d dims", what, FERRY_MAX_DIMS);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < len; i++) {
+        unsigned long long v = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return -1;
+        }
+        out[i] = v;
+    }
+    Py_DECREF(seq);
+    *n = (uint32_t)len;
+    return 0;
+}
+
+PyObject *fp_tuple_u64(const uint64_t *v, uint32_t n)
+{
+    PyObject *t = PyTuple_New(n);
+    for (uint32_t i = 0; t && i < n; i++) {
+        PyObject *x = PyLong_FromUnsignedLongLong(v[i]);
+        if (!x) {
+            Py_DECREF(t);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(t, i, x);
+    }
+    return t;
+}
+
+PyObject *fp_hex16(const uint8_t d[16])
+{
+    char h[33];
+    ferry_digest_hex(d, h);
+    return PyUnicode_FromString(h);
+}
+
+/* The C pointer a Python object of ferry.reshard (Manifest, Plan) holds,
+ * from its property attr (an address; the object keeps it alive). */
+static void *handle_of(PyObject *o, const char *attr, const char *expected)
+{
+    PyObject *a = PyObject_GetAttrString(o, attr);
+    void *p = a ? PyLong_AsVoidPtr(a) : NULL;
+    Py_XDECREF(a);
+    if (!p) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, expected);
+    }
+    return p;
+}
+
+ferry_manifest *fp_manifest_of(PyObject *o)
+{
+    return handle_of(o, "_manifest_address", "expected a Manifest");
+}
+
+ferry_plan *fp_plan_of(PyObject *o)
+{
+    return handle_of(o, "_plan_address", "expected a Plan");
+}

@@ -107,155 +107,6 @@ static PyObject *nodes_list(const ferry_subscriber *sub)
     return l;
 }
 
-/* ---- assign, convert, key ------------------------------------------------------------ */
-
-static PyObject *w_assign(PyObject *self, PyObject *args)
-{
-    (void)self;
-    PyObject *so, *ro;
-    if (!PyArg_ParseTuple(args, "OO:weights_assign", &so, &ro))
-        return NULL;
-    size_t n = 0, nr = 0;
-    uint64_t *sizes = u64_seq(so, &n, UINT64_MAX, "sizes");
-    if (!sizes)
-        return NULL;
-    uint64_t *nodes64 = u64_seq(ro, &nr, UINT32_MAX, "rank_node");
-    uint32_t *nodes = nodes64 ? u32_of(nodes64, nr) : NULL;
-    uint32_t *pub = nodes ? PyMem_Calloc(n ? n : 1, sizeof *pub) : NULL;
-    PyObject *out = NULL;
-    if (nodes && !pub)
-        PyErr_NoMemory();
-    if (pub) {
-        if (nr > UINT32_MAX) {
-            PyErr_SetString(PyExc_ValueError, "too many ranks");
-        } else {
-            ferry_error err = {0};
-            int rc = ferry_weights_assign(sizes, n, nodes, (uint32_t)nr, pub, &err);
-            if (rc < 0) {
-                fp_raise_err_class(rc, &err);
-            } else {
-                out = fp_list_u32(pub, n);
-            }
-        }
-    }
-    PyMem_Free(sizes);
-    PyMem_Free(nodes64);
-    PyMem_Free(nodes);
-    PyMem_Free(pub);
-    return out;
-}
-
-/* weights_convert(src, src_dtype, dst, dst_dtype, count): dst a writable
- * C-contiguous buffer; both must hold count elements. */
-static PyObject *w_convert(PyObject *self, PyObject *args)
-{
-    (void)self;
-    PyObject *so, *dobj;
-    const char *sd, *dd;
-    unsigned long long count;
-    if (!PyArg_ParseTuple(args, "OsOsK:weights_convert", &so, &sd, &dobj, &dd, &count))
-        return NULL;
-    uint32_t ss = ferry_dtype_size(sd), ds = ferry_dtype_size(dd);
-    if (!ss || !ds)
-        return fp_raise_class(FERRY_EINVAL, "convert: dtypes are \"f32\", \"bf16\" or \"f16\"");
-    Py_buffer sv, dv;
-    if (fp_buf_get(so, &sv, PyBUF_C_CONTIGUOUS, "convert: source") < 0)
-        return NULL;
-    if (fp_buf_get(dobj, &dv, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE, "convert: destination") < 0) {
-        PyBuffer_Release(&sv);
-        return NULL;
-    }
-    PyObject *out = NULL;
-    const char *sb = sv.buf, *db = dv.buf;
-    if (count > (unsigned long long)sv.len / ss || count > (unsigned long long)dv.len / ds) {
-        PyErr_Format(PyExc_ValueError, "convert: %llu elements do not fit the buffers (%zd and %zd bytes)", count,
-                     sv.len, dv.len);
-    } else if (count && sb < db + count * ds && db < sb + count * ss && !(sb == db && !strcmp(sd, dd))) {
-        PyErr_SetString(PyExc_ValueError, "convert: source and destination overlap");
-    } else {
-        int rc;
-        Py_BEGIN_ALLOW_THREADS rc = ferry_convert(sv.buf, sd, dv.buf, dd, (size_t)count);
-        Py_END_ALLOW_THREADS
-        if (rc < 0)
-            fp_raise_class(rc, "convert: dtypes are \"f32\", \"bf16\" or \"f16\"");
-        else
-            out = Py_NewRef(Py_None);
-    }
-    PyBuffer_Release(&sv);
-    PyBuffer_Release(&dv);
-    return out;
-}
-
-static PyObject *w_key(PyObject *self, PyObject *args)
-{
-    (void)self;
-    const char *model, *frag;
-    unsigned long long gen;
-    if (!PyArg_ParseTuple(args, "sKs:weights_key", &model, &gen, &frag))
-        return NULL;
-    size_t cap = strlen(model) + strlen(frag) + 64;
-    char *buf = PyMem_Malloc(cap);
-    if (!buf)
-        return PyErr_NoMemory();
-    int rc = ferry_weights_key(model, gen, frag, buf, cap);
-    PyObject *out = rc < 0 ? fp_raise_class(rc, rc == FERRY_EINVAL ? "key: the model name is empty or holds '/'" : NULL)
-                           : PyUnicode_DecodeUTF8(buf, rc, "surrogateescape");
-    PyMem_Free(buf);
-    return out;
-}
-
-/* ---- reading ------------------------------------------------------------------------- */
-
-static PyObject *w_active(PyObject *self, PyObject *args)
-{
-    (void)self;
-    PyObject *so;
-    const char *model;
-    ferry_store *s = fp_store_str_args(args, "Os:weights_active", &so, &model);
-    if (!s)
-        return NULL;
-    ferry_weights_status ws;
-    ferry_error err = {0};
-    int rc;
-    FP_STORE_CALL(so, rc = ferry_weights_active_status(s, model, &ws, &err));
-    if (rc == FERRY_ENOENT)
-        Py_RETURN_NONE;
-    if (rc < 0)
-        return fp_raise_err_class(rc, &err);   /* LostError: "generation G of M is lost: ..." */
-    return Py_BuildValue("Ky#", (unsigned long long)ws.generation, (const char *)ws.digest, (Py_ssize_t)16);
-}
-
-static PyObject *w_manifest(PyObject *self, PyObject *args)
-{
-    (void)self;
-    PyObject *so;
-    const char *model;
-    unsigned long long gen;
-    if (!PyArg_ParseTuple(args, "OsK:weights_manifest", &so, &model, &gen))
-        return NULL;
-    ferry_store *s = fp_store_handle(so);
-    if (!s)
-        return NULL;
-    ferry_weight_manifest m;
-    memset(&m, 0, sizeof m);
-    ferry_error err = {0};
-    int rc;
-    FP_STORE_CALL(so, rc = ferry_weights_manifest(s, model, gen, &m, &err));
-    if (rc < 0)
-        return fp_raise_err_class(rc, &err);
-    PyObject *l = PyList_New((Py_ssize_t)m.n);
-    for (size_t i = 0; l && i < m.n; i++) {
-        PyObject *d = entry_dict(&m.entries[i]);
-        if (!d) {
-            Py_CLEAR(l);
-            break;
-        }
-        PyList_SET_ITEM(l, (Py_ssize_t)i, d);
-    }
-    ferry_weight_manifest_free(&m);
-    return l;
-}
-
 /* ---- publishing ---------------------------------------------------------------------- */
 
 int fp_publisher_config(ferry_publisher_config *cfg, const char *model, const char *out_dtype, uint32_t rank,
@@ -273,8 +124,9 @@ int fp_publisher_config(ferry_publisher_config *cfg, const char *model, const ch
     return 0;
 }
 
-/* weights_publish's counters after "generation"; policy_publish reports
- * the first PUBLISH_BASE_FIELDS (those that predate the phase times). */
+/* weights_publish's counters after "generation" (policy_publish, in
+ * ferry/_samples.py, reports the first PUBLISH_BASE_FIELDS: those that
+ * predate the phase times). */
 #define F(m) FP_FIELD(ferry_publish_stats, m)
 static const fp_field publish_fields[] = {
     F(tensors), F(bytes), F(total_tensors), F(total_bytes), F(cross_node_bytes), F(put_s),
@@ -500,152 +352,6 @@ done:
     return out;
 }
 
-/* ---- a streaming publish (ferry_publish_stream_*): a capsule -------------------------- */
-
-typedef struct fp_stream { ferry_publish_stream *ps; PyObject *store; uint64_t gen; } fp_stream;
-
-static void stream_capsule_free(PyObject *cap)
-{
-    fp_stream *x = PyCapsule_GetPointer(cap, "ferry.publish_stream");
-    if (!x)
-        return;
-    if (x->ps) {   /* dropped without end: the attempt fails on every rank */
-        ferry_store *s = fp_store_handle(x->store);
-        (void)s;
-        (void)ferry_publish_stream_abort(x->ps, "the stream was dropped before its end");
-        Py_BEGIN_ALLOW_THREADS (void)ferry_publish_stream_end(x->ps, NULL, NULL);
-        Py_END_ALLOW_THREADS
-    }
-    Py_XDECREF(x->store);
-    PyMem_Free(x);
-}
-
-static fp_stream *stream_of(PyObject *cap)
-{
-    fp_stream *x = PyCapsule_GetPointer(cap, "ferry.publish_stream");
-    if (x && !x->ps) {
-        PyErr_SetString(PyExc_ValueError, "the publish stream has ended");
-        return NULL;
-    }
-    return x;
-}
-
-/* weights_stream_begin(store, model, rank, world, out_dtype, segment, keep,
- * timeout_ms, generation) -> stream */
-static PyObject *w_stream_begin(PyObject *self, PyObject *args)
-{
-    (void)self;
-    PyObject *so;
-    const char *model, *out_dtype;
-    unsigned int rank, world, keep;
-    unsigned long long segment, timeout, gen;
-    if (!PyArg_ParseTuple(args, "OsIIsKIKK:weights_stream_begin", &so, &model, &rank, &world, &out_dtype,
-                          &segment, &keep, &timeout, &gen))
-        return NULL;
-    ferry_store *s = fp_store_handle(so);
-    if (!s)
-        return NULL;
-    ferry_publisher_config cfg;
-    if (fp_publisher_config(&cfg, model, out_dtype, rank, world, segment, keep, timeout) < 0)
-        return NULL;
-    fp_stream *x = PyMem_Calloc(1, sizeof *x);
-    if (!x)
-        return PyErr_NoMemory();
-    ferry_error err = {0};
-    int rc;
-    FP_STORE_CALL(so, rc = ferry_publish_stream_begin(s, &cfg, gen, &x->ps, &err));
-    if (rc < 0) {
-        PyMem_Free(x);
-        return fp_raise_err_class(rc, &err);
-    }
-    Py_INCREF(so);
-    x->store = so;
-    x->gen = gen;
-    PyObject *cap = PyCapsule_New(x, "ferry.publish_stream", stream_capsule_free);
-    if (!cap) {
-        (void)ferry_publish_stream_abort(x->ps, "out of memory");
-        (void)ferry_publish_stream_end(x->ps, NULL, NULL);
-        Py_DECREF(so);
-        PyMem_Free(x);
-    }
-    return cap;
-}
-
-/* weights_stream_add(stream, name, buffer, dtype) -> None: C-contiguous
- * buffer of dtype's elements; the stream keeps nothing of it. */
-static PyObject *w_stream_add(PyObject *self, PyObject *args)
-{
-    (void)self;
-    PyObject *cap, *bo;
-    const char *name, *dtype;
-    if (!PyArg_ParseTuple(args, "OsOs:weights_stream_add", &cap, &name, &bo, &dtype))
-        return NULL;
-    fp_stream *x = stream_of(cap);
-    if (!x)
-        return NULL;
-    Py_buffer v;
-    char what[300];
-    snprintf(what, sizeof what, "tensor %.200s", name);
-    if (fp_buf_get(bo, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT, what) < 0)
-        return NULL;
-    if (ferry_dtype_size(dtype) != (uint32_t)v.itemsize || v.ndim > FERRY_MAX_DIMS) {
-        PyErr_Format(PyExc_ValueError, "tensor %s: dtype %s does not match the array's %zd-byte elements "
-                     "(or more than %d dims)", name, dtype, v.itemsize, FERRY_MAX_DIMS);
-        PyBuffer_Release(&v);
-        return NULL;
-    }
-    ferry_weight_tensor t = { .name = name, .dtype = dtype, .ndim = (uint32_t)v.ndim, .data = v.buf };
-    for (int d = 0; d < v.ndim; d++)
-        t.shape[d] = (uint64_t)v.shape[d];
-    ferry_error err = {0};
-    int rc;
-    FP_STORE_CALL(x->store, rc = ferry_publish_stream_add(x->ps, &t, &err));
-    PyBuffer_Release(&v);
-    if (rc < 0)
-        return fp_raise_err_class(rc, &err);
-    Py_RETURN_NONE;
-}
-
-/* weights_stream_abort(stream, why) -> None */
-static PyObject *w_stream_abort(PyObject *self, PyObject *args)
-{
-    (void)self;
-    PyObject *cap;
-    const char *why;
-    if (!PyArg_ParseTuple(args, "Os:weights_stream_abort", &cap, &why))
-        return NULL;
-    fp_stream *x = stream_of(cap);
-    if (!x)
-        return NULL;
-    (void)ferry_publish_stream_abort(x->ps, why);
-    Py_RETURN_NONE;
-}
-
-/* weights_stream_held(stream) -> the most bytes held at once so far */
-static PyObject *w_stream_held(PyObject *self, PyObject *cap)
-{
-    (void)self;
-    fp_stream *x = stream_of(cap);
-    return x ? PyLong_FromUnsignedLongLong(ferry_publish_stream_held(x->ps)) : NULL;
-}
-
-/* weights_stream_end(stream) -> stats (the publish's outcome) */
-static PyObject *w_stream_end(PyObject *self, PyObject *cap)
-{
-    (void)self;
-    fp_stream *x = stream_of(cap);
-    if (!x)
-        return NULL;
-    ferry_publish_stats st;
-    memset(&st, 0, sizeof st);
-    ferry_error err = {0};
-    int rc;
-    ferry_publish_stream *ps = x->ps;
-    x->ps = NULL;   /* ended, whatever the outcome */
-    FP_STORE_CALL(x->store, rc = ferry_publish_stream_end(ps, &st, &err));
-    return publish_outcome(rc, &err, x->gen, &st);
-}
-
 /* The bytes a fragment's data must hold: its dense size, or, with strides,
  * up to its last element past the storage offset. 0 for an empty box. */
 static uint64_t fragment_extent(const ferry_fragment *f, uint32_t ndim, uint32_t itemsize)
@@ -798,31 +504,6 @@ static PyObject *w_publish_warm(PyObject *self, PyObject *args)
         return NULL;
     }
     return PyLong_FromUnsignedLongLong(bytes);
-}
-
-/* weights_wait_active(store, model, at_least, timeout_ms) -> the announced
- * generation once it is at least at_least (ferry_weights_wait_active). */
-static PyObject *w_wait_active(PyObject *self, PyObject *args)
-{
-    (void)self;
-    PyObject *so;
-    const char *model;
-    unsigned long long at_least;
-    int timeout_ms;
-    if (!PyArg_ParseTuple(args, "OsKi:weights_wait_active", &so, &model, &at_least, &timeout_ms))
-        return NULL;
-    ferry_store *s = fp_store_handle(so);
-    if (!s)
-        return NULL;
-    uint64_t gen = 0;
-    ferry_error err = {0};
-    int rc;
-    FP_STORE_CALL(so, rc = ferry_weights_wait_active(s, model, at_least, timeout_ms, &gen, &err));
-    if (rc < 0) {
-        fp_raise_err_class(rc, &err);
-        return NULL;
-    }
-    return PyLong_FromUnsignedLongLong(gen);
 }
 
 /* ---- shards (fp_shards in _ferry.h) ---------------------------------------------------- */
@@ -1460,44 +1141,14 @@ static PyTypeObject CompatType = {
 /* ---- module ------------------------------------------------------------------------------- */
 
 static PyMethodDef w_methods[] = {
-    {"weights_assign", w_assign, METH_VARARGS, "weights_assign($module, sizes, rank_node, /)\n--\n\n"
-     "weights_assign(sizes, rank_node) -> publisher rank per tensor"},
-    {"weights_convert", w_convert, METH_VARARGS, "weights_convert($module, src, src_dtype, dst, dst_dtype, count, /)\n--\n\n"
-     "weights_convert(src, src_dtype, dst, dst_dtype, count)"},
-    {"weights_key", w_key, METH_VARARGS, "weights_key($module, model, generation, fragment, /)\n--\n\n"
-     "weights_key(model, generation, fragment) -> store key"},
-    {"weights_active", w_active, METH_VARARGS, "weights_active($module, store, model, /)\n--\n\n"
-     "weights_active(store, model) -> (generation, digest) or None"},
-    {"weights_manifest", w_manifest, METH_VARARGS, "weights_manifest($module, store, model, generation, /)\n--\n\n"
-     "weights_manifest(store, model, generation) -> [entry dict]"},
     {"weights_publish_abort", w_publish_abort, METH_VARARGS,
      "weights_publish_abort($module, store, model, rank, world, timeout_ms, generation, why, /)\n--\n\n"
      "weights_publish_abort(store, model, rank, world, timeout_ms, generation, why): this rank cannot publish; "
      "raises the error every rank gets"},
-    {"weights_stream_begin", w_stream_begin, METH_VARARGS,
-     "weights_stream_begin($module, store, model, rank, world, out_dtype, segment, keep, timeout_ms, generation, /)"
-     "\n--\n\n"
-     "weights_stream_begin(...) -> stream: a streaming publish of generation (ferry_publish_stream_begin)"},
-    {"weights_stream_add", w_stream_add, METH_VARARGS,
-     "weights_stream_add($module, stream, name, buffer, dtype, /)\n--\n\n"
-     "weights_stream_add(stream, name, buffer, dtype): one tensor, stored now or by another rank"},
-    {"weights_stream_abort", w_stream_abort, METH_VARARGS,
-     "weights_stream_abort($module, stream, why, /)\n--\n\n"
-     "weights_stream_abort(stream, why): this rank cannot go on; the end fails on every rank"},
-    {"weights_stream_held", w_stream_held, METH_O,
-     "weights_stream_held($module, stream, /)\n--\n\n"
-     "weights_stream_held(stream) -> int: the most bytes this rank held at once"},
-    {"weights_stream_end", w_stream_end, METH_O,
-     "weights_stream_end($module, stream, /)\n--\n\n"
-     "weights_stream_end(stream) -> stats: announce (or fail on every rank)"},
     {"weights_publish", w_publish, METH_VARARGS,
      "weights_publish($module, store, model, rank, world, rank_node, out_dtype, segment, keep, timeout_ms, generation, tensors, quant=None, /)\n--\n\n"
      "weights_publish(store, model, rank, world, rank_node, out_dtype, segment, keep, timeout_ms, generation, "
      "tensors, quant=None) -> stats; quant: None or (dtype, include, exclude, scale_name, block, scale_format)"},
-    {"weights_wait_active", w_wait_active, METH_VARARGS,
-     "weights_wait_active($module, store, model, at_least, timeout_ms, /)\n--\n\n"
-     "weights_wait_active(store, model, at_least, timeout_ms) -> the announced generation, once it is at "
-     "least at_least (ferry_weights_wait_active; raises TimeoutError naming what it waited for)"},
     {"weights_publish_warm", w_publish_warm, METH_VARARGS,
      "weights_publish_warm($module, store, model, rank, world, out_dtype, placement, /)\n--\n\n"
      "weights_publish_warm(store, model, rank, world, out_dtype, placement) -> bytes touched "

@@ -24,7 +24,7 @@ import json
 import time
 from dataclasses import dataclass, field
 
-from . import _ferry
+from . import _samples
 from . import _tensors
 from ._ferry import QueueFullError
 
@@ -63,13 +63,13 @@ class _Record:
 
     def to_json(self):
         """The canonical JSON text of the record (the C library's bytes)."""
-        return getattr(_ferry, self._c + "_to_json")(self._dict())
+        return getattr(_samples, self._c + "_to_json")(self._dict())
 
     @classmethod
     def from_json(cls, text):
         """Parse JSON text (str or bytes); ferry.Error (FERRY_EPROTO) names a
         missing, mistyped or over-long field."""
-        return cls._of(getattr(_ferry, cls._c + "_from_json")(text))
+        return cls._of(getattr(_samples, cls._c + "_from_json")(text))
 
 
 @dataclass
@@ -120,12 +120,12 @@ class PolicyVersion(_Record):
 
 def admit(sample_version, input_version, max_policy_lag=0):
     """The lag rule: "admit" (input - lag <= sample <= input), "stale" or "ahead"."""
-    return _ferry.policy_admit(int(sample_version), int(input_version), int(max_policy_lag))
+    return _samples.policy_admit(int(sample_version), int(input_version), int(max_policy_lag))
 
 
 # ---- the policy registry --------------------------------------------------------------------
 
-class PolicyWatch(_ferry.PolicyWatch):
+class PolicyWatch(_samples.PolicyWatch):
     """New versions of a model, by a watch on its announcing key (no polling).
     ``next(timeout_ms=-1)``: the next version newer than any returned so far
     (the current one first, if any), or None once timeout_ms passed;
@@ -158,12 +158,12 @@ class PolicyRegistry:
         """The current :class:`PolicyVersion`, or None when none was announced.
         A generation announced by a plain weight publish reads as a version
         without parent or metadata."""
-        d = _ferry.policy_current(self.store, self.model)
+        d = _samples.policy_current(self.store, self.model)
         return None if d is None else PolicyVersion._of(d)
 
     def history(self):
         """Announced versions, oldest first (the last 1024)."""
-        return [PolicyVersion._of(d) for d in _ferry.policy_history(self.store, self.model)]
+        return [PolicyVersion._of(d) for d in _samples.policy_history(self.store, self.model)]
 
     def watch(self):
         """A :class:`PolicyWatch` of this model (close it, or use ``with``)."""
@@ -186,7 +186,7 @@ class PolicyRegistry:
         if rank_node is None:
             rank_node = [0] * world
         items = [_publish_item(i, t) for i, t in enumerate(tensors)]
-        return _ferry.policy_publish(self.store, self.model, int(rank), int(world), [int(n) for n in rank_node],
+        return _samples.policy_publish(self.store, self.model, int(rank), int(world), [int(n) for n in rank_node],
                                      out_dtype or "", int(segment), int(keep), int(timeout_ms), pv._dict(), items)
 
     def __repr__(self):
@@ -236,7 +236,7 @@ def _array(a, dtype, what):
     return np.ascontiguousarray(a.reshape(-1))
 
 
-class SampleQueue(_ferry.SampleQueue):
+class SampleQueue(_samples.SampleQueue):
     """A leased sample queue (payloads under ``ferry/rl/<queue>/``).
 
     Producer side: ``bound`` (> 0 sets the queue's bound, records
@@ -318,7 +318,7 @@ class SampleQueue(_ferry.SampleQueue):
         return super().set_version(int(input_version))
 
 
-class KVCacheGate(_ferry.KVCacheGate):
+class KVCacheGate(_samples.KVCacheGate):
     """KV cache objects under ``ferry/kv/<ns>/<version>/<name>``:
     ``put(version, name, data) -> ref``; ``get(ref, active_version) -> bytes``
     raises :class:`StaleError` (nothing read, counted refused) when the
@@ -330,7 +330,7 @@ class KVCacheGate(_ferry.KVCacheGate):
     @staticmethod
     def ref_version(ref):
         """The policy version a KV reference was made under."""
-        return _ferry.kvcache_ref_version(ref)
+        return _samples.kvcache_ref_version(ref)
 
     def __repr__(self):
         return f"KVCacheGate(ns={self.ns!r})"

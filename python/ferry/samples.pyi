@@ -1,6 +1,6 @@
 from typing import Any, Dict, Iterator, List, Literal, Optional, Sequence, Union
 
-from . import _ferry
+from . import _samples
 from ._ferry import Buffer, QueueFullError
 from .store import Store
 
@@ -52,7 +52,7 @@ class PolicyVersion(_Record):
 
 def admit(sample_version: int, input_version: int, max_policy_lag: int = ...) -> str: ...
 
-class PolicyWatch(_ferry.PolicyWatch):
+class PolicyWatch(_samples.PolicyWatch):
     def next(self, timeout_ms: int = ...) -> Optional[PolicyVersion]: ...  # type: ignore[override]
     def __iter__(self) -> Iterator[PolicyVersion]: ...
     def __next__(self) -> PolicyVersion: ...
@@ -80,9 +80,9 @@ class Sample:
     ntokens: int
     nrewards: int
     payload: str
-    def __init__(self, c: _ferry.Sample) -> None: ...
+    def __init__(self, c: _samples.Sample) -> None: ...
 
-class SampleQueue(_ferry.SampleQueue):
+class SampleQueue(_samples.SampleQueue):
     def push(self, session: Union[RolloutSession, Dict[str, Any]], tokens: Buffer, logprobs: Buffer,  # type: ignore[override]
              rewards: Buffer, prompt: Optional[Buffer] = ...) -> int: ...
     def pop(self, max: int = ..., timeout_ms: int = ...) -> List[Sample]: ...  # type: ignore[override]
@@ -92,6 +92,6 @@ class SampleQueue(_ferry.SampleQueue):
     def release(self, samples: Sequence[Sample]) -> List[bool]: ...  # type: ignore[override]
     def set_version(self, input_version: int) -> None: ...  # type: ignore[override]
 
-class KVCacheGate(_ferry.KVCacheGate):
+class KVCacheGate(_samples.KVCacheGate):
     @staticmethod
     def ref_version(ref: str) -> int: ...

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _ferry
+from . import _weights
 from . import _tensors
 
 __all__ = ["Target", "SparseResult", "put_sparse_object", "sparse_admit", "read_sparse_objects", "sparse_apply",
@@ -192,7 +193,7 @@ def put_sparse_object(store, tensor_id, global_shape, indices, values, generatio
     val = np.ascontiguousarray(val.astype(val.dtype.newbyteorder("<"), copy=False))
     d = _desc(tensor_id, shape, generation, source_placement, tile_shape, apply,
               "i32" if idx.dtype.itemsize == 4 else "i64", vdt, int(idx.shape[0]))
-    return _ferry.sparse_put(store, d, idx, val)
+    return _weights.sparse_put(store, d, idx, val)
 
 
 def sparse_admit(store, tensor_id, global_shape, generation, source_placement, rank, apply="scatter_add",
@@ -204,7 +205,7 @@ def sparse_admit(store, tensor_id, global_shape, generation, source_placement, r
     if not isinstance(rank, (int, np.integer)) or rank < 0:
         raise ValueError(f"rank must be a non-negative int, not {rank!r}")
     d = _desc(tensor_id, global_shape, generation, source_placement, None, apply, index_dtype, value_dtype, 0)
-    return _ferry.sparse_admit(store, d, int(rank))
+    return _weights.sparse_admit(store, d, int(rank))
 
 
 def _target(t, i):
@@ -240,7 +241,7 @@ def read_sparse_objects(store, keys, targets, publish_prefix=None, framework="nu
     if isinstance(keys, str):
         keys = [keys]
     tgt = [_target(t, i) for i, t in enumerate(targets)]
-    raw, counters = _ferry.sparse_read(store, list(keys), tgt, publish_prefix)
+    raw, counters = _weights.sparse_read(store, list(keys), tgt, publish_prefix)
     out = []
     for r in raw:
         nd = len(r["shape"])
@@ -308,7 +309,7 @@ def announce(store, model, base, generation, keys, keep=2):
     "removed_generations", "announce_s"}``."""
     if isinstance(keys, str):
         keys = [keys]
-    return _ferry.sparse_announce(store, str(model), int(base), int(generation), list(keys), int(keep))
+    return _weights.sparse_announce(store, str(model), int(base), int(generation), list(keys), int(keep))
 
 
 def active(store, model):
@@ -319,7 +320,7 @@ def active(store, model):
     alone (:func:`update`). A sparse generation announced by an older
     library reads as dense; the group's update then refuses it
     (``ferry.ConflictError``, "is a sparse delta")."""
-    return _ferry.sparse_active(store, str(model))
+    return _weights.sparse_active(store, str(model))
 
 
 def chain(store, model, generation=0):
@@ -329,7 +330,7 @@ def chain(store, model, generation=0):
     each link (``{"generation", "base", "keys"}``) in order. The rule
     (docs/sparse.md): a worker on the active chain applies the deltas after
     its generation; any other loads the chain's dense generation first."""
-    return _ferry.sparse_chain(store, str(model), int(generation))
+    return _weights.sparse_chain(store, str(model), int(generation))
 
 
 def update(store, model, shards, generation=0, axis_index=0, no_dense=False):

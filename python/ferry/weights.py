@@ -29,6 +29,7 @@ the GIL released.
 import collections
 
 from . import _ferry
+from . import _weights
 from . import _tensors
 from ._ferry import WeightSubscriber
 
@@ -49,7 +50,7 @@ def assign(sizes, rank_node):
     """The publisher rank of each tensor (``ferry_weights_assign``): sizes in
     bytes, in tensor order; ``rank_node[r]`` the node of trainer rank r. The
     same inputs give the same answer on every rank."""
-    return _ferry.weights_assign(list(sizes), list(rank_node))
+    return _weights.weights_assign(list(sizes), list(rank_node))
 
 
 def convert(array, src_dtype, dst_dtype, framework="numpy"):
@@ -71,14 +72,14 @@ def convert(array, src_dtype, dst_dtype, framework="numpy"):
     if a.dtype.itemsize != numpy_dtype(src_dtype).itemsize:
         raise ValueError(f"convert: {a.dtype} elements are not {src_dtype}")
     out = _tensors.empty(a.shape, dst_dtype, framework)
-    _ferry.weights_convert(a, src_dtype, out, dst_dtype, a.size)
+    _weights.weights_convert(a, src_dtype, out, dst_dtype, a.size)
     return out
 
 
 def key(model, generation, fragment):
     """The store key of one object of a generation:
     ``ferry/w/<model>/<generation, 20 digits>/<fragment>``."""
-    return _ferry.weights_key(model, generation, fragment)
+    return _weights.weights_key(model, generation, fragment)
 
 
 def active(store, model):
@@ -88,7 +89,7 @@ def active(store, model):
     G+1 or later") when its objects are gone — a node holding them restarted
     or died: it is not current any more, and the next publish must use a
     newer number."""
-    return _ferry.weights_active(store, model)
+    return _weights.weights_active(store, model)
 
 
 def wait_active(store, model, at_least, timeout_ms=60000):
@@ -98,7 +99,7 @@ def wait_active(store, model, at_least, timeout_ms=60000):
     polling). Raises ``ferry.TimeoutError`` ("generation G of M was not
     announced within T ms (the active one is A)") or ``ferry.LostError``
     when the generation reached is lost."""
-    return _ferry.weights_wait_active(store, model, int(at_least), int(timeout_ms))
+    return _weights.weights_wait_active(store, model, int(at_least), int(timeout_ms))
 
 
 def manifest(store, model, generation=None):
@@ -111,7 +112,7 @@ def manifest(store, model, generation=None):
         if a is None:
             raise _ferry.NotFoundError(f"model {model} has no active generation")
         generation = a[0]
-    return _ferry.weights_manifest(store, model, int(generation))
+    return _weights.weights_manifest(store, model, int(generation))
 
 
 def _tensor_item(i, t):
@@ -235,8 +236,8 @@ class WeightPublisher:
         as it comes, before a placement exists."""
         if self.quant is not None:
             raise ValueError("a streamed publish does not quantize: publish or publish_shards do")
-        st = _ferry.weights_stream_begin(self.store, self.model, self.rank, self.world, self.out_dtype or "",
-                                         self.segment, self.keep, self.timeout_ms, int(generation))
+        st = _weights.weights_stream_begin(self.store, self.model, self.rank, self.world, self.out_dtype or "",
+                                           self.segment, self.keep, self.timeout_ms, int(generation))
         cause = None
         try:
             # No name here holds a tensor while the next is asked for (nor
@@ -245,18 +246,18 @@ class WeightPublisher:
             for t in tensors:
                 name, a, dtype = _tensor_item(i, t)
                 del t
-                _ferry.weights_stream_add(st, name, a, dtype)
+                _weights.weights_stream_add(st, name, a, dtype)
                 del a
                 i += 1
         except _ferry.Error:
             pass   # recorded in the stream: its end fails on every rank with it
         except Exception as e:   # noqa: B902 - every rank must hear of it
             cause = e
-            _ferry.weights_stream_abort(st, str(e))
+            _weights.weights_stream_abort(st, str(e))
         if held is not None:
-            held.append(_ferry.weights_stream_held(st))
+            held.append(_weights.weights_stream_held(st))
         try:
-            return _ferry.weights_stream_end(st)
+            return _weights.weights_stream_end(st)
         except _ferry.Error as e:
             if cause is not None:
                 raise e from cause
