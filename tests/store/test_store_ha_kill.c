@@ -84,6 +84,16 @@ typedef struct env {
     int tries[MAX_PUSH], times[MAX_PUSH];   /* push attempts; acked deliveries */
     uint64_t gen_acked, gen_next;
     int lost, dups, half, split, announced, not_announced;
+    /* host A's node (each incarnation's segment): what landed there is lost
+     * with the host, by the placement's own rule (one replica; a preferred
+     * segment is a preference: during a takeover's re-attach window a put
+     * lands on whichever node re-attached first) — counted, not a loss of
+     * an acknowledgement */
+    uint64_t seg_a[MAX_KILLS + 2];
+    int nseg_a, with_host, objs_with_host;
+    uint64_t gen_with_host;     /* the last generation found lost with the host */
+    uint64_t obj_seg[MAX_PUSH]; /* where each object landed (0: not known) */
+    bool obj_gone[MAX_PUSH];
     char why[512];              /* the first loss or half-visible generation */
     /* the killer thread */
     pthread_t killer;
@@ -118,8 +128,11 @@ static int node_start(env *v, int i, const char *ns, const char *listen, uint64_
     if (ft_read_line(&v->node[i], line, sizeof line, FT_START_MS) != 0 || !strstr(line, "mounted"))
         return -1;
     const char *at = strstr(line, "segment ");
+    uint64_t id = at ? strtoull(at + 8, NULL, 16) : 0;
     if (seg)
-        *seg = at ? strtoull(at + 8, NULL, 16) : 0;
+        *seg = id;
+    if (i == 0 && v->nseg_a < MAX_KILLS + 2)
+        v->seg_a[v->nseg_a++] = id;
     return 0;
 }
 
@@ -224,10 +237,13 @@ static void put_objects(env *v)
         snprintf(k, sizeof k, "hak/obj/%d", id);
         ft_pattern(buf, OBJ_BYTES, (uint64_t)id, 0);
         uint64_t dl = fr_deadline_ns(RETRY_MS);
-        while ((r = ferry_store_put(v->s, k, buf, OBJ_BYTES, &rc, NULL, NULL)) != 0 &&
+        ferry_object_desc placed;
+        memset(&placed, 0, sizeof placed);
+        while ((r = ferry_store_put(v->s, k, buf, OBJ_BYTES, &rc, &placed, NULL)) != 0 &&
                !(r == FERRY_EEXIST && complete(v, k, buf)) && fr_ms_left(dl))
             pause_20ms();
         assert_true(r == 0 || r == FERRY_EEXIST);   /* EEXIST: an earlier try landed, whole */
+        v->obj_seg[id] = r == 0 && placed.nreplicas ? placed.replicas[0].segment : 0;
         v->objs++;
         step(v);
     }
@@ -428,6 +444,56 @@ static int update_check(ferry_store *s, uint64_t *gen, char *why, size_t cap)
     return 0;
 }
 
+/* update_check retried across a failover; a lost generation (FERRY_ELOST,
+ * its node gone) for at most LOST_MS: nodes re-attach to a new leader
+ * within that. */
+#define LOST_MS 15000
+static int update_retried(ferry_store *s, uint64_t *g, char *why, size_t cap)
+{
+    uint64_t dl = fr_deadline_ns(RETRY_MS), lost_dl = fr_deadline_ns(LOST_MS);
+    int rc;
+    while ((rc = update_check(s, g, why, cap)) != 0 && fr_ms_left(dl) &&
+           (rc != FERRY_ELOST || fr_ms_left(lost_dl)))
+        pause_20ms();
+    return rc;
+}
+
+static bool on_host_a(const env *v, uint64_t seg)
+{
+    for (int i = 0; i < v->nseg_a; i++)
+        if (seg && seg == v->seg_a[i])
+            return true;
+    return false;
+}
+
+/* The active generation is lost (FERRY_ELOST): whether it landed on host
+ * A's node (its probes name one segment per segment it landed on), and
+ * then counted once as lost with the host. */
+static bool with_host(env *v, ferry_store *s)
+{
+    uint64_t g = 0;
+    uint8_t d[16];
+    if (ferry_weights_active(s, MODEL, &g, d, NULL) != FERRY_ELOST || g == 0)
+        return false;
+    char k[128], text[2048];
+    snprintf(k, sizeof k, "ferry/wk/%s/%020llu/probe", MODEL, (unsigned long long)g);
+    ferry_kv_value kv = {0};
+    if (ferry_kv_get(s, k, &kv, NULL) != 0)
+        return false;
+    snprintf(text, sizeof text, "%.*s", (int)kv.len, (const char *)kv.val);
+    ferry_store_free(kv.val);
+    bool on = false;
+    for (char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        on |= on_host_a(v, strtoull(p, NULL, 10));   /* "segment TAB key" lines */
+    if (on && g != v->gen_with_host) {
+        v->with_host++;
+        v->gen_with_host = g;
+        fprintf(stderr, "generation %llu lost with host A's node (placed there)\n",
+                (unsigned long long)g);
+    }
+    return on;
+}
+
 /* The active generation loads whole and is not older than the last one
  * acknowledged; retried across a failover. Counts a half-visible or lost
  * generation. */
@@ -437,11 +503,10 @@ static void check_generation(env *v, ferry_store *s)
         return;
     char why[400] = "";
     uint64_t g = 0;
-    int rc;
-    uint64_t dl = fr_deadline_ns(RETRY_MS);
-    while ((rc = update_check(s, &g, why, sizeof why)) != 0 && fr_ms_left(dl))
-        pause_20ms();
-    if (rc != 0) {
+    int rc = update_retried(s, &g, why, sizeof why);
+    if (rc == FERRY_ELOST && with_host(v, s)) {
+        /* counted by with_host */
+    } else if (rc != 0) {
         v->half++;
         snprintf(v->why, sizeof v->why, "the active generation does not load whole: %s", why);
     } else if (g < v->gen_acked) {
@@ -525,11 +590,10 @@ static void round_of(env *v)
     step(v);
     char why[400] = "";
     uint64_t g = 0;
-    int rc;
-    uint64_t dl = fr_deadline_ns(RETRY_MS);
-    while ((rc = update_check(v->s, &g, why, sizeof why)) != 0 && fr_ms_left(dl))
-        pause_20ms();
-    if (rc != 0 || g < v->gen_acked) {
+    int rc = update_retried(v->s, &g, why, sizeof why);
+    if (rc == FERRY_ELOST && with_host(v, v->s)) {
+        /* counted by with_host */
+    } else if (rc != 0 || g < v->gen_acked) {
         v->half += rc != 0;
         v->lost += rc == 0;
         snprintf(v->why, sizeof v->why, "the update after generation %llu: %s (got %llu)",
@@ -544,6 +608,8 @@ static void check_all(env *v)
     static uint8_t want[OBJ_BYTES];
     char k[48], val[32];
     for (int id = 0; id < v->objs; id++) {
+        if (v->obj_gone[id])
+            continue;
         snprintf(k, sizeof k, "hak/obj/%d", id);
         void *got = NULL;
         size_t len = 0;
@@ -552,7 +618,10 @@ static void check_all(env *v)
         while (transient(rc = ferry_store_get(v->s, k, &got, &len, NULL)) && fr_ms_left(dl))
             pause_20ms();
         ft_pattern(want, OBJ_BYTES, (uint64_t)id, 0);
-        if (rc != 0 || len != OBJ_BYTES || memcmp(got, want, OBJ_BYTES)) {
+        if ((rc == FERRY_ELOST || rc == FERRY_ENOENT) && on_host_a(v, v->obj_seg[id])) {
+            v->obj_gone[id] = true;   /* it landed on host A's node */
+            v->objs_with_host++;
+        } else if (rc != 0 || len != OBJ_BYTES || memcmp(got, want, OBJ_BYTES)) {
             v->lost++;
             snprintf(v->why, sizeof v->why, "object %s: %d", k, rc);
         }
@@ -924,10 +993,12 @@ static void report(env *v, fclass *c, int kills)
     fprintf(stderr, "%s, %d times: acknowledged %d objects, %d CAS, %d pushes, %llu generations "
             "(%d announced, %d attempts not announced, %d answered apart); acked lost %d; "
             "failover (kill to the first acknowledged write) min %.2f / median %.2f / max %.2f s "
-            "over %d; duplicate deliveries %d; half-visible generations %d%s%s\n",
+            "over %d; duplicate deliveries %d; half-visible generations %d; lost with host A's "
+            "node (placed there): %d generations, %d objects%s%s\n",
             c->name, kills, v->objs, v->cas, v->npushed, (unsigned long long)v->gen_acked,
             v->announced, v->not_announced, v->split, v->lost, c->n ? t[0] : 0, med,
-            c->n ? t[c->n - 1] : 0, c->n, v->dups, v->half, v->why[0] ? ": " : "", v->why);
+            c->n ? t[c->n - 1] : 0, c->n, v->dups, v->half, v->with_host, v->objs_with_host,
+            v->why[0] ? ": " : "", v->why);
 }
 
 /* Item 4 (a): the leader SIGKILLed, each time in another phase of a round
