@@ -190,6 +190,52 @@ static int place(ferry_store *s, fr_smsg *q, size_t n, fr_smsg *rep, uint8_t **r
     return ret;
 }
 
+/* A call whose answer was lost with the connection: the master died or
+ * lost its leadership (FERRY_ECONNRESET), or the answer came from a
+ * deposed leader and was refused (FERRY_ESTATE from the call itself, not
+ * a reply). Whether it was applied is unknown. */
+#define FR_PUT_SETTLE_TRIES 2
+
+static bool outcome_unknown(int call_rc)
+{
+    return call_rc == FERRY_ECONNRESET || call_rc == FERRY_ESTATE;
+}
+
+static int one_call(ferry_store *s, uint16_t type, const char *key)
+{
+    fr_smsg q = { .type = type, .key = fr_client_str(key) }, er;
+    uint8_t *eb = NULL;
+    int st = 0;
+    int rc = fr_client_rpc_many(s, &q, 1, FR_SMSG_OK, &er, &eb, &st, NULL);
+    fr_client_free_bufs(&eb, 1);
+    return rc < 0 ? rc : st;
+}
+
+/* Settle a put whose PUT_START or completion had an unknown outcome
+ * (outcome_unknown): an object left pending would refuse every later put
+ * of its key until the master's pending timeout (a publish retried after
+ * a failover failed at once, again and again). On the next connection (a
+ * new leader, or the master restarted on its log): with the bytes
+ * written, PUT_END again — 0: complete; else a PUT_REVOKE, which a
+ * complete object refuses (FERRY_ESTATE: the lost PUT_END had landed, 0);
+ * without them, a PUT_REVOKE. Anything else: the put failed, nothing of it
+ * left (or the master is still unreachable, and the pending timeout
+ * revokes it). */
+static int put_settle(ferry_store *s, const char *key, bool written)
+{
+    int rc = FERRY_ECONNRESET;
+    /* a second try when the first finds no master yet (a takeover takes
+     * the lease TTL; each try waits the call timeout for a connection) */
+    for (int i = 0; i < FR_PUT_SETTLE_TRIES && outcome_unknown(rc); i++) {
+        rc = written ? one_call(s, FR_SMSG_PUT_END, key) : 0;
+        if (written && rc == 0)
+            return 0;
+        if (!outcome_unknown(rc))
+            rc = one_call(s, FR_SMSG_PUT_REVOKE, key);
+    }
+    return written && rc == FERRY_ESTATE ? 0 : -1;
+}
+
 static int put_batch(ferry_store *s, const char *const *keys, const void *const *bufs,
                      const size_t *lens, size_t n, const ferry_replicate_config *rc,
                      int *results, ferry_object_desc *placed, ferry_error *err)
@@ -224,8 +270,11 @@ static int put_batch(ferry_store *s, const char *const *keys, const void *const 
         rc_to_msg(rc, &q[i]);
     }
     ret = place(s, q, n, rep, rb, results, err);
-    if (ret < 0)
+    if (ret < 0) {
+        for (size_t i = 0; i < n && outcome_unknown(ret); i++)
+            (void)put_settle(s, keys[i], false);
         goto out;
+    }
     /* Every transfer starts before any is waited for: they run in parallel. */
     for (size_t i = 0; i < n; i++) {
         if (results[i] < 0)
@@ -264,13 +313,21 @@ static int put_batch(ferry_store *s, const char *const *keys, const void *const 
     fr_client_free_bufs(eb, m);
     fr_free(eb);
     fr_free(er);
+    bool unknown = outcome_unknown(ret);
     m = 0;
     for (size_t i = 0; i < n; i++) {
         if (rep[i].type != FR_SMSG_PLACEMENT)
             continue;
+        if (unknown && put_settle(s, keys[i], results[i] == 0) == 0 && results[i] == 0)
+            st[m] = 0;   /* settled: complete */
         if (results[i] == 0)
             results[i] = st[m];
         m++;
+    }
+    if (unknown) {   /* the call's error stands only for the puts it left failed */
+        ret = 0;
+        for (size_t i = 0; i < n && ret == 0; i++)
+            ret = results[i] < 0 ? results[i] : 0;
     }
     if (ret == 0)
         for (size_t i = 0; i < n && ret == 0; i++)
@@ -366,6 +423,8 @@ int ferry_store_put_begin(ferry_store *s, const char *key, size_t len,
     rc_to_msg(rc, &q);
     int res = 0;
     ret = place(s, &q, 1, &p->rep, &p->rb, &res, err);
+    if (outcome_unknown(ret))
+        (void)put_settle(s, key, false);
     if (ret == 0 && res < 0)
         ret = res;
     if (ret < 0) {
@@ -429,6 +488,8 @@ int ferry_store_put_end(ferry_put_slot *p, bool commit, ferry_object_desc *place
     int st = 0;
     int ret = fr_client_rpc_many(s, &q, 1, FR_SMSG_OK, &er, &eb, &st, err);
     fr_client_free_bufs(&eb, 1);
+    if (outcome_unknown(ret) && put_settle(s, p->key, commit && rc == 0) == 0)
+        ret = st = 0;   /* settled: complete */
     if (placed)
         placed_from(&p->rep, placed);
     slot_free(p);

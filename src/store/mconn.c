@@ -26,6 +26,7 @@
 #define USER_TIMEOUT_MS 2000
 #define BACKOFF_MIN_MS 20
 #define BACKOFF_MAX_MS 1000
+#define LIST_CONNECT_MS 500    /* a TCP connect to one master of a list */
 
 typedef struct waiter {
     struct waiter *next;
@@ -40,7 +41,8 @@ struct fr_mconn {
     fr_mconn_config cfg;
     char addr[128];            /* "HOST:PORT", or several comma-separated (masters of a cluster) */
     char cur[128];             /* the one connected to last (logs) */
-    size_t next;               /* the entry to try first */
+    size_t next;               /* the entry that answered last */
+    bool after_loss;           /* its connection was lost: try it last, not first */
     uint8_t key[32];
     uint64_t instance;
     pthread_mutex_t lock;      /* fd state, waiters, epoch */
@@ -77,21 +79,31 @@ static size_t list_entry(const char *list, size_t i, char *out, size_t cap)
 
 /* Connect to the master: the one address, or each of the list in turn
  * from the one that answered last (a cluster's masters: only the leader
- * accepts); the last refusal is returned. */
+ * accepts) — after its connection was lost, from the one after it, until
+ * a connection is made: a leader whose host went silent answers nothing,
+ * and trying it first held every reconnect for its connect timeout while
+ * the standby that took over was next in the list. The last refusal is
+ * returned. */
 static int connect_one(fr_mconn *c, const char *addr, int timeout_ms, int *out, uint32_t *caps);
 
 static int connect_once(fr_mconn *c, int timeout_ms, int *out, uint32_t *caps)
 {
     char one[128];
     size_t n = list_entry(c->addr, c->next, one, sizeof one);
+    pthread_mutex_lock(&c->lock);
+    size_t first = c->next + (c->after_loss && n > 1);
+    pthread_mutex_unlock(&c->lock);
     int rc = FERRY_ECONNREFUSED;
     for (size_t k = 0; k < n; k++) {
-        size_t i = (c->next + k) % n;
+        size_t i = (first + k) % n;
         list_entry(c->addr, i, one, sizeof one);
         rc = connect_one(c, one, timeout_ms, out, caps);
         if (rc == 0 || rc == FERRY_EAUTH) {   /* a refused token is said, not hidden by the next */
             if (rc == 0) {
+                pthread_mutex_lock(&c->lock);
                 c->next = i;
+                c->after_loss = false;
+                pthread_mutex_unlock(&c->lock);
                 snprintf(c->cur, sizeof c->cur, "%s", one);
             }
             return rc;
@@ -106,7 +118,11 @@ static int handshake(fr_mconn *c, const char *addr, int timeout_ms, uint32_t wan
 {
     int fd = -1;
     *out = -1;
-    int rc = fr_sock_connect(addr, timeout_ms, &fd);
+    /* A master of a list whose host is gone answers no SYN: the next one
+     * is tried after LIST_CONNECT_MS, not after the call's timeout (the
+     * handshake that follows, answered by the master's loop, keeps it). */
+    int cms = strchr(c->addr, ',') && timeout_ms > LIST_CONNECT_MS ? LIST_CONNECT_MS : timeout_ms;
+    int rc = fr_sock_connect(addr, cms, &fd);
     if (rc < 0)
         return rc;
     rc = fr_sock_timeouts(fd, timeout_ms);
@@ -166,6 +182,7 @@ static void conn_lost(fr_mconn *c, int why, uint64_t stale)
     bool closing = c->closing;
     c->fd = -1;
     c->last_err = FERRY_ECONNRESET;
+    c->after_loss = true;
     for (waiter *w = c->waiters; stale && w; w = w->next)
         if (w->id == stale && !w->done) {
             w->done = true;

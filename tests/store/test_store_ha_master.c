@@ -2,7 +2,9 @@
  * one cluster on a real etcd; the first leads and serves, the second
  * follows as a standby and does not listen. A client given both addresses
  * writes; the leader is killed with SIGKILL (its machine gone); the standby
- * takes over within the lease TTL and every acknowledged write is there. */
+ * takes over within the lease TTL and every acknowledged write is there.
+ * The leader killed again and again under the whole workload is
+ * test_store_ha_kill. */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -148,63 +150,6 @@ static void test_failover(void **state)
     ferry_store_close(s);
 }
 
-/* The leader killed again and again (item 4 (a), small: 3 kills; the
- * note's longer run sets FERRY_HA_KILLS): a client writes nonstop and logs
- * every acknowledgement; after each kill the other master leads, the
- * killed one comes back as a standby; at the end every acknowledged write
- * is there. */
-static void test_kill_loop(void **state)
-{
-    env *v = *state;
-    int kills = getenv("FERRY_HA_KILLS") ? atoi(getenv("FERRY_HA_KILLS")) : 3;
-    member *ms = v->ms;
-    start_member(&ms[0], v->e.url);
-    wait_listening(&ms[0]);
-    start_member(&ms[1], v->e.url);
-    ferry_store_config cfg;
-    both(v, &cfg);
-    ferry_store *s = NULL;
-    ferry_error err = {0};
-    assert_int_equal(ferry_store_open(&cfg, &s, &err), 0);
-    int leader = 0, acked = 0;
-    double worst = 0;
-    char k[32], val[32];
-    for (int round = 0; round <= kills; round++) {
-        for (int i = 0; i < 50; i++, acked++) {   /* every one acknowledged before the next */
-            snprintf(k, sizeof k, "k/%d", acked);
-            snprintf(val, sizeof val, "%d", acked * 3);
-            uint64_t deadline = fr_deadline_ns(60000);
-            int rc;
-            while ((rc = ferry_kv_put(s, k, val, strlen(val), NULL, NULL)) != 0 && fr_ms_left(deadline)) {
-                struct timespec ts = { 0, 20 * 1000 * 1000 };   /* retried until a deadline */
-                nanosleep(&ts, NULL);
-            }
-            assert_int_equal(rc, 0);
-        }
-        if (round == kills)
-            break;
-        uint64_t t0 = fr_now_ns();
-        ft_proc_kill(&ms[leader].p, SIGKILL);
-        wait_listening(&ms[1 - leader]);
-        double took = (double)(fr_now_ns() - t0) / 1e9;
-        worst = took > worst ? took : worst;
-        start_member(&ms[leader], v->e.url);   /* back as a standby */
-        leader = 1 - leader;
-    }
-    for (int i = 0; i < acked; i++) {
-        snprintf(k, sizeof k, "k/%d", i);
-        snprintf(val, sizeof val, "%d", i * 3);
-        ferry_kv_value kv;
-        assert_int_equal(ferry_kv_get(s, k, &kv, &err), 0);
-        assert_int_equal(kv.len, strlen(val));
-        assert_memory_equal(kv.val, val, kv.len);
-        ferry_store_free(kv.val);
-    }
-    fprintf(stderr, "%d leader kills: %d acknowledged writes, 0 lost; the slowest takeover %.2f s "
-            "after the kill (TTL 2 s)\n", kills, acked, worst);
-    ferry_store_close(s);
-}
-
 /* Bad input: a master of another cluster token started on a cluster in
  * etcd is refused with a sentence naming both fingerprints; the leader
  * keeps serving. */
@@ -298,7 +243,6 @@ int main(void)
     ft_token();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_failover, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_kill_loop, setup, teardown),
         cmocka_unit_test_setup_teardown(test_other_token_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_standby_truncated_past, setup, teardown),
     };

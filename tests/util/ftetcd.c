@@ -170,7 +170,7 @@ static int member_spawn(ft_etcd3 *c, int i)
     char name[16], data[300], client[64], peer[64];
     snprintf(name, sizeof name, "m%d", i);
     snprintf(data, sizeof data, "%s/m%d", c->dir, i);
-    snprintf(client, sizeof client, "http://127.0.0.1:%d", c->cport[i]);
+    snprintf(client, sizeof client, "http://%s:%d", c->host, c->cport[i]);
     snprintf(peer, sizeof peer, "http://127.0.0.1:%d", c->pport[i]);
     const char *args[] = { "--name", name, "--data-dir", data, "--listen-client-urls", client,
                            "--advertise-client-urls", client, "--listen-peer-urls", peer,
@@ -187,7 +187,13 @@ static int member_spawn(ft_etcd3 *c, int i)
 
 int ft_etcd3_start(ft_etcd3 *c)
 {
+    return ft_etcd3_start_on(c, "127.0.0.1");
+}
+
+int ft_etcd3_start_on(ft_etcd3 *c, const char *host)
+{
     memset(c, 0, sizeof *c);
+    snprintf(c->host, sizeof c->host, "%s", host);
     for (int i = 0; i < 3; i++)
         c->p[i].pid = -1;
     snprintf(c->dir, sizeof c->dir, "/tmp/ferry-etcd3-test-XXXXXX");
@@ -201,7 +207,7 @@ int ft_etcd3_start(ft_etcd3 *c)
         c->pport[i] = ft_free_port();
         if (c->cport[i] < 0 || c->pport[i] < 0)
             return -1;
-        snprintf(c->url[i], sizeof c->url[i], "http://127.0.0.1:%d", c->cport[i]);
+        snprintf(c->url[i], sizeof c->url[i], "http://%s:%d", c->host, c->cport[i]);
         il += (size_t)snprintf(c->initial + il, sizeof c->initial - il, "%sm%d=http://127.0.0.1:%d",
                                i ? "," : "", i, c->pport[i]);
         ul += (size_t)snprintf(c->urls + ul, sizeof c->urls - ul, "%s%s", i ? "," : "", c->url[i]);

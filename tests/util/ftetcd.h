@@ -46,11 +46,15 @@ struct fr_ha_elect *ft_ha_candidate(const ft_etcd *e, const char *cluster, const
  * (SIGKILL: its machine gone) and started again rejoins with its data. */
 typedef struct ft_etcd3 {
     char dir[256];
+    char host[16];              /* where the client URLs listen (an IPv4 address) */
     char url[3][40], urls[128], initial[160];
     int cport[3], pport[3];
     ft_peer p[3];
 } ft_etcd3;
 int ft_etcd3_start(ft_etcd3 *c);
+/* The same with the client URLs on host (an address of this namespace
+ * that a namespace the test made reaches over its veth). */
+int ft_etcd3_start_on(ft_etcd3 *c, const char *host);
 void ft_etcd3_kill(ft_etcd3 *c, int i);
 int ft_etcd3_restart(ft_etcd3 *c, int i);
 /* Kill every member and remove the dir. Safe twice. */
