@@ -374,22 +374,32 @@ void fr_update_model_free(fr_update_model *u)
     free(u);
 }
 
-int fr_um_compat_whole(const uint64_t *sizes, size_t n, const uint32_t *worker_node,
-                       uint32_t nworkers, uint32_t nnodes, uint64_t *in, uint64_t *out)
+int fr_um_compat(const uint64_t *sizes, const uint64_t *rows, size_t n,
+                 const uint32_t *worker_node, uint32_t nworkers, uint32_t nnodes, uint64_t *in,
+                 uint64_t *out)
 {
     fr_rd_config cfg = { .nworkers = nworkers, .worker_node = worker_node, .nnodes = nnodes,
                          .chunk = 0, .relay = true };
     fr_readers *r = NULL;
     fr_rd_demand *d = malloc((nworkers ? nworkers : 1) * sizeof *d);
     int rc = d && fr_readers_open(&cfg, &r) == 0 ? 0 : FERRY_ENOMEM;
+    bool spread = false;
+    for (uint32_t w = 1; w < nworkers; w++)
+        spread |= worker_node[w] != worker_node[0];
     for (size_t i = 0; rc == 0 && i < n; i++) {
-        const fr_rd_range *g;
-        const fr_rd_push *p;
-        size_t ng, np;
-        for (uint32_t w = 0; w < nworkers; w++)
-            d[w] = (fr_rd_demand){ w, 0, sizes[i] };
-        if (fr_readers_object(r, FR_RD_NO_NODE, sizes[i], d, nworkers, &g, &ng, &p, &np) < 0)
-            rc = FERRY_ENOMEM;
+        uint64_t rb = rows[i] ? sizes[i] / rows[i] : 0;
+        uint64_t per = spread ? fr_rl_compat_block_rows(rows[i], rb) : rows[i];
+        uint64_t nb = per && rows[i] > per ? (rows[i] + per - 1) / per : 1;
+        for (uint64_t b = 0; rc == 0 && b < nb; b++) {
+            uint64_t len = nb == 1 ? sizes[i] : (rows[i] - b * per < per ? rows[i] - b * per : per) * rb;
+            const fr_rd_range *g;
+            const fr_rd_push *p;
+            size_t ng, np;
+            for (uint32_t w = 0; w < nworkers; w++)
+                d[w] = (fr_rd_demand){ w, 0, len };
+            if (fr_readers_object(r, FR_RD_NO_NODE, len, d, nworkers, &g, &ng, &p, &np) < 0)
+                rc = FERRY_ENOMEM;
+        }
     }
     if (rc == 0) {
         const fr_rd_load *l = fr_readers_loads(r);
