@@ -24,7 +24,7 @@ void fr_rl_compat_resolve(struct ferry_compat_config *c);
  * of `rows` rows of `row_bytes` each; `rows` when it is not cut. A block
  * holds a multiple of FR_COMPAT_BLOCK_ALIGN rows where it can (an FP8
  * tensor's blocks of scales are never cut). The lab's model cuts with it. */
-#define FR_COMPAT_BLOCK (4ull << 20)
+#define FR_COMPAT_BLOCK (2ull << 20)
 #define FR_COMPAT_BLOCK_ALIGN 128u
 uint64_t fr_rl_compat_block_rows(uint64_t rows, uint64_t row_bytes);
 struct ferry_sample_queue_config;
