@@ -275,7 +275,9 @@ uint64_t fr_rl_compat_block_rows(uint64_t rows, uint64_t row_bytes)
     uint64_t per = FR_COMPAT_BLOCK / row_bytes;
     if (per >= FR_COMPAT_BLOCK_ALIGN)
         per -= per % FR_COMPAT_BLOCK_ALIGN;
-    return per;
+    else if (rows > FR_COMPAT_BLOCK_ALIGN)
+        per = FR_COMPAT_BLOCK_ALIGN;   /* wide rows: a larger block, never a cut FP8 block */
+    return per < rows ? per : rows;
 }
 
 /* The shards of every tensor (layout.tshard): one per tensor, or, in a
