@@ -56,7 +56,8 @@ void bc_model_bcast(const bc_topo *t, bc_links *g, bc_links *s);
 int bc_model_direct(const bc_topo *t, const json_t *nodes, bc_links *l);
 /* ferry compat: each whole tensor into every rollout host once, read by one
  * reader and pushed once to each other host: the library's reader
- * assignment over whole tensors (fr_um_compat_whole). 0 or -1. */
+ * assignment over whole tensors, the large ones cut into blocks of rows as
+ * compat cuts them in a group over several nodes (fr_um_compat). 0 or -1. */
 int bc_model_compat(const bc_topo *t, bc_links *l);
 
 /* ---- --plot (bench_cluster_plot.c) ---- */

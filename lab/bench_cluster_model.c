@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "bench_cluster.h"
-#include "testing.h"   /* fr_um_compat_whole: the library's reader assignment */
+#include "testing.h"   /* fr_um_compat: the library's reader assignment */
 
 unsigned bc_hosts(const bc_topo *t) { return t->TH + t->RH; }
 unsigned bc_trainer_host(const bc_topo *t, unsigned rank) { return rank / (t->T / t->TH); }
@@ -174,20 +174,22 @@ int bc_model_compat(const bc_topo *t, bc_links *l)
     memset(l, 0, sizeof *l);
     trainers_send_once(t, l);
     uint64_t *sizes = calloc(t->m->n ? t->m->n : 1, sizeof *sizes);
+    uint64_t *rows = calloc(t->m->n ? t->m->n : 1, sizeof *rows);
     uint32_t *wnode = calloc(t->W, sizeof *wnode);
     uint64_t in[LAB_MAX_HOSTS] = { 0 }, out[LAB_MAX_HOSTS] = { 0 };
-    int rc = sizes && wnode ? 0 : -1;
+    int rc = sizes && rows && wnode ? 0 : -1;
     for (size_t i = 0; rc == 0 && i < t->m->n; i++)
-        sizes[i] = t->m->t[i].bytes;
+        sizes[i] = t->m->t[i].bytes, rows[i] = t->m->t[i].bytes / row_bytes(&t->m->t[i]);
     for (unsigned w = 0; rc == 0 && w < t->W; w++)
         wnode[w] = bc_rollout_host(t, w) - t->TH;
-    if (rc == 0 && fr_um_compat_whole(sizes, t->m->n, wnode, t->W, t->RH, in, out) < 0)
+    if (rc == 0 && fr_um_compat(sizes, rows, t->m->n, wnode, t->W, t->RH, in, out) < 0)
         rc = -1;
     for (unsigned h = 0; rc == 0 && h < t->RH; h++) {
         l->down[t->TH + h] = (double)in[h];
         l->up[t->TH + h] = (double)out[h];
     }
     free(sizes);
+    free(rows);
     free(wnode);
     return rc;
 }

@@ -60,6 +60,10 @@
 #define MAGIC "FRYCOMP2"
 #define HDR 64
 #define SLOT_ALIGN 64ull
+/* In a group over several nodes a worker's reads go in batches of about
+ * one block (the subscriber's batch_bytes), so that a block's pushes leave
+ * while the next one is read: the NICs' in and out overlap. */
+#define SPREAD_BATCH FR_COMPAT_BLOCK
 
 typedef struct mate {
     uint32_t node;              /* as passed */
@@ -92,6 +96,8 @@ struct ferry_compat_group {
     size_t nsubs;
     uint64_t lkey;
     bool *checked;              /* this update: per tensor, checked on its way here */
+    bool node_checker;          /* this update: the lowest rank of my node, which checks
+                                 * the tensors cut into blocks for it (assemble) */
     struct run *run;            /* this update */
 };
 
@@ -240,19 +246,78 @@ typedef struct layout {
     size_t *bstart;           /* batch k: tensors [bstart[k], bstart[k+1]) */
     size_t nbatches;
     uint32_t slots;
+    /* The subscribers' shards: tensor t is shards [tshard[t], tshard[t+1])
+     * (global indices; batch k's shard i is tshard[bstart[k]] + i), blocks
+     * of brows[t] rows (fr_rl_compat_block_rows; one shard, the whole
+     * tensor, in a group on one node); stensor: each shard's tensor. */
+    size_t *tshard;
+    uint64_t *brows;
+    uint32_t *stensor;
+    bool spread;              /* the group spans several nodes: large tensors are cut */
 } layout;
 
-static void layout_free(layout *l) { free(l->off), free(l->bstart); }
+static void layout_free(layout *l)
+{
+    free(l->off), free(l->bstart), free(l->tshard), free(l->brows), free(l->stensor);
+}
+
+static uint64_t rows_of(const ferry_weight_entry *e) { return e->ndim ? e->shape[0] : 1; }
+static uint64_t row_bytes_of(const ferry_weight_entry *e)
+{
+    uint64_t rows = rows_of(e);
+    return rows ? e->bytes / rows : 0;
+}
+
+uint64_t fr_rl_compat_block_rows(uint64_t rows, uint64_t row_bytes)
+{
+    if (rows < 2 || row_bytes == 0 || row_bytes > FR_COMPAT_BLOCK / 2 ||
+        rows <= FR_COMPAT_BLOCK / row_bytes)
+        return rows;
+    uint64_t per = FR_COMPAT_BLOCK / row_bytes;
+    if (per >= FR_COMPAT_BLOCK_ALIGN)
+        per -= per % FR_COMPAT_BLOCK_ALIGN;
+    else if (rows > FR_COMPAT_BLOCK_ALIGN)
+        per = FR_COMPAT_BLOCK_ALIGN;   /* wide rows: a larger block, never a cut FP8 block */
+    return per < rows ? per : rows;
+}
+
+/* The shards of every tensor (layout.tshard): one per tensor, or, in a
+ * group over several nodes, one per block of rows. */
+static int make_shards(const ferry_weight_manifest *m, layout *p)
+{
+    size_t n = m->n, ns = 0;
+    p->tshard = malloc((n + 1) * sizeof *p->tshard);
+    p->brows = malloc((n ? n : 1) * sizeof *p->brows);
+    if (!p->tshard || !p->brows)
+        return FERRY_ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        const ferry_weight_entry *e = &m->entries[i];
+        uint64_t rows = rows_of(e);
+        p->brows[i] = p->spread ? fr_rl_compat_block_rows(rows, row_bytes_of(e)) : rows;
+        p->tshard[i] = ns;
+        ns += p->brows[i] && rows > p->brows[i] ? (rows + p->brows[i] - 1) / p->brows[i] : 1;
+    }
+    p->tshard[n] = ns;
+    p->stensor = malloc((ns ? ns : 1) * sizeof *p->stensor);
+    if (!p->stensor)
+        return FERRY_ENOMEM;
+    for (size_t i = 0; i < n; i++)
+        for (size_t s = p->tshard[i]; s < p->tshard[i + 1]; s++)
+            p->stensor[s] = (uint32_t)i;
+    return 0;
+}
 
 static int make_layout(const ferry_compat_group *g, const ferry_weight_manifest *m, layout *p)
 {
     size_t n = m->n;
     uint64_t cap = UINT64_MAX, largest = 0;
-    for (uint32_t k = 0; k < g->cfg.world; k++)
+    for (uint32_t k = 0; k < g->cfg.world; k++) {
         cap = g->mates[k].staging < cap ? g->mates[k].staging : cap;
+        p->spread |= g->mates[k].node != g->mates[0].node;
+    }
     p->off = malloc((n ? n : 1) * sizeof *p->off);
     p->bstart = malloc((n + 1) * sizeof *p->bstart);
-    if (!p->off || !p->bstart)
+    if (!p->off || !p->bstart || make_shards(m, p) < 0)
         return FERRY_ENOMEM;
     for (size_t i = 0; i < n; i++)
         largest = m->entries[i].bytes > largest ? m->entries[i].bytes : largest;
@@ -277,7 +342,7 @@ static int make_layout(const ferry_compat_group *g, const ferry_weight_manifest 
  * (their shards) are kept while it stays. */
 static uint64_t layout_key(const ferry_weight_manifest *m, const layout *p, uint32_t world)
 {
-    uint64_t h = fr_hash64(&world, sizeof world, p->nbatches);
+    uint64_t h = fr_hash64(&world, sizeof world, p->nbatches ^ (uint64_t)p->spread << 63);
     for (size_t i = 0; i < m->n; i++) {
         const ferry_weight_entry *e = &m->entries[i];
         h = fr_hash64(e->name, strlen(e->name), h);
@@ -295,12 +360,13 @@ static uint64_t layout_key(const ferry_weight_manifest *m, const layout *p, uint
 static int open_batch(ferry_compat_group *g, const ferry_weight_manifest *m, const layout *p,
                       size_t k, ferry_error *err)
 {
-    size_t a = p->bstart[k], n = p->bstart[k + 1] - a;
+    size_t a = p->tshard[p->bstart[k]], n = p->tshard[p->bstart[k + 1]] - a;
     ferry_param_shard *sh = calloc(n ? n : 1, sizeof *sh);
     if (!sh)
         return fr_fail(err, FERRY_ENOMEM, "compat: out of memory");
     for (size_t i = 0; i < n; i++) {
-        const ferry_weight_entry *e = &m->entries[a + i];
+        size_t t = p->stensor[a + i];
+        const ferry_weight_entry *e = &m->entries[t];
         ferry_param_shard *s = &sh[i];
         s->tensor = e->name;
         s->ndim = e->ndim;
@@ -310,12 +376,19 @@ static int open_batch(ferry_compat_group *g, const ferry_weight_manifest *m, con
             s->strides[d] = stride;
             stride *= (int64_t)e->shape[d];
         }
-        s->dst = g->staging + p->off[a + i];
-        s->dst_bytes = e->bytes;
+        /* block j of the tensor: rows [j * brows, ...) at their place */
+        uint64_t r0 = (a + i - p->tshard[t]) * p->brows[t], rb = row_bytes_of(e);
+        if (e->ndim && p->tshard[t + 1] - p->tshard[t] > 1) {
+            s->offset[0] = r0;
+            s->shape[0] = e->shape[0] - r0 < p->brows[t] ? e->shape[0] - r0 : p->brows[t];
+        }
+        s->dst = g->staging + p->off[t] + r0 * rb;
+        s->dst_bytes = e->ndim ? s->shape[0] * rb : e->bytes;
     }
     ferry_subscriber_config sc = { .rank = g->cfg.rank, .world = g->cfg.world,
                                    .timeout_ms = tmo_of(g), .node = g->cfg.node,
-                                   .local_segment = g->cfg.local_segment };
+                                   .local_segment = g->cfg.local_segment,
+                                   .batch_bytes = p->spread ? SPREAD_BATCH : 0 };
     snprintf(sc.model, sizeof sc.model, "%s", g->cfg.model);
     snprintf(sc.group, sizeof sc.group, "%s", g->cfg.group);
     int rc = ferry_subscriber_open(g->s, &sc, sh, n, &g->subs[k], err);
@@ -420,7 +493,10 @@ static int verify_hook(void *ctx, uint32_t shard, ferry_error *err)
 {
     bctx *b = ctx;
     run *r = b->g->run;
-    size_t t = r->p->bstart[b->k] + shard;
+    const layout *p = r->p;
+    size_t t = p->stensor[p->tshard[p->bstart[b->k]] + shard];
+    if (p->tshard[t + 1] - p->tshard[t] > 1)
+        return 0;   /* one block of a tensor cut: checked whole once here (batch_arrived) */
     const ferry_weight_entry *e = &r->m->entries[t];
     uint64_t t0 = fr_now_ns();
     int rc = fr_gen_verify_tensor(b->g->s, fr_gen_of(r->m), e->index,
@@ -439,11 +515,9 @@ static int verify_hook(void *ctx, uint32_t shard, ferry_error *err)
  * (a worker of my node over shm): a read-only view of that staging, made
  * at its first such tensor and kept while its registration stays, or,
  * when no view can be made, a READ into my own staging. */
-static int take_view(run *r, size_t t, uint32_t from, ferry_error *err)
+static const uint8_t *mate_view(ferry_compat_group *g, uint32_t from)
 {
-    ferry_compat_group *g = r->g;
     mate *mt = &g->mates[from];
-    const ferry_weight_entry *e = &r->m->entries[t];
     if (!mt->view.addr && mt->view_rc == 0) {
         ferry_error why = {0};
         mt->view_rc = ferry_remote_map(g->e, &mt->rr, mt->rr.addr, mt->rr.len, &mt->view, &why);
@@ -451,17 +525,21 @@ static int take_view(run *r, size_t t, uint32_t from, ferry_error *err)
             FR_WARN("compat", "no view of worker %u's staging (%s): its tensors are READ instead",
                     from, why.msg);
     }
-    if (mt->view.addr) {
-        r->src[t] = (const uint8_t *)mt->view.addr + r->p->off[t];
-        r->st->bytes_viewed += e->bytes;
-        return 0;
-    }
-    ferry_op op = { .opcode = FERRY_OP_READ, .local = g->staging + r->p->off[t], .len = e->bytes,
-                    .peer = mt->rr.peer, .remote_addr = mt->rr.addr + r->p->off[t],
-                    .key = mt->rr.key };
+    return mt->view.addr;
+}
+
+/* Bytes [off, off + len) of worker from's staging (a node-mate's, where
+ * it left them for me) READ into the same place of mine. */
+static int read_mate(run *r, const ferry_weight_entry *e, uint32_t from, uint64_t off,
+                     uint64_t len, ferry_error *err)
+{
+    ferry_compat_group *g = r->g;
+    const mate *mt = &g->mates[from];
+    ferry_op op = { .opcode = FERRY_OP_READ, .local = g->staging + off, .len = len,
+                    .peer = mt->rr.peer, .remote_addr = mt->rr.addr + off, .key = mt->rr.key };
     uint64_t id = 0;
     int te = 0;
-    int rc = e->bytes == 0 ? 0 : ferry_exec_stream_submit(r->xs, &op, 1, &id);
+    int rc = len == 0 ? 0 : ferry_exec_stream_submit(r->xs, &op, 1, &id);
     if (rc == 0 && id && ferry_exec_stream_wait(r->xs, id, true, &te) != FERRY_TICKET_COMPLETED)
         rc = te ? te : FERRY_EIO;
     if (rc < 0) {
@@ -471,8 +549,74 @@ static int take_view(run *r, size_t t, uint32_t from, ferry_error *err)
                        "worker %u failed: %s; the loaded weights must be rebuilt", e->name,
                        from, said ? se.msg : ferry_strerror(rc));
     }
-    r->st->bytes_received += e->bytes;
+    r->st->bytes_received += len;
     return 0;
+}
+
+static int take_view(run *r, size_t t, uint32_t from, ferry_error *err)
+{
+    const ferry_weight_entry *e = &r->m->entries[t];
+    const uint8_t *v = mate_view(r->g, from);
+    if (v) {
+        r->src[t] = v + r->p->off[t];
+        r->st->bytes_viewed += e->bytes;
+        return 0;
+    }
+    return read_mate(r, e, from, r->p->off[t], e->bytes, err);
+}
+
+static int verify_arrived(run *r, size_t t, ferry_error *err)
+{
+    const ferry_weight_entry *e = &r->m->entries[t];
+    uint64_t t0 = fr_now_ns();
+    int rc = fr_gen_verify_tensor(r->g->s, fr_gen_of(r->m), e->index, r->src[t], err);
+    r->verify_ns += fr_now_ns() - t0;
+    if (rc < 0) {
+        snprintf(err->msg + strlen(err->msg), sizeof err->msg - strlen(err->msg),
+                 " as it arrived; the loaded weights must be rebuilt");
+        return FERRY_EREBUILD;
+    }
+    return 0;
+}
+
+/* Tensor t of batch k, cut into blocks: each block in my staging, copied
+ * from a node-mate's where it left it for me (through its view, or READ),
+ * then the whole tensor checked by one worker of the node (its blocks came
+ * by several ways and nobody checked it whole on the way; every block
+ * came to the node once, so the node's copies are the same bytes). A
+ * failed check fails the group (the cause posted): the loaded weights
+ * must be rebuilt. */
+static int assemble(run *r, size_t k, size_t t, const fr_work *w, ferry_error *err)
+{
+    ferry_compat_group *g = r->g;
+    const layout *p = r->p;
+    const ferry_weight_entry *e = &r->m->entries[t];
+    uint32_t me = g->cfg.rank;
+    size_t base = p->tshard[p->bstart[k]];
+    uint64_t rb = row_bytes_of(e), rows = rows_of(e);
+    r->src[t] = g->staging + p->off[t];
+    for (size_t s = p->tshard[t]; s < p->tshard[t + 1]; s++) {
+        uint32_t from = w->src[s - base];
+        uint64_t r0 = (s - p->tshard[t]) * p->brows[t];
+        uint64_t off = p->off[t] + r0 * rb;
+        uint64_t len = (rows - r0 < p->brows[t] ? rows - r0 : p->brows[t]) * rb;
+        if (from == me || from >= g->cfg.world)   /* I read it; nothing brings it */
+            continue;
+        if (!w->hop[0].viewed[from] && !w->hop[1].viewed[from]) {
+            r->st->bytes_received += len;
+            continue;
+        }
+        const uint8_t *v = mate_view(g, from);
+        if (v) {
+            memcpy(g->staging + off, v + off, len);
+            r->st->bytes_viewed += len;
+            continue;
+        }
+        int rc = read_mate(r, e, from, off, len, err);
+        if (rc < 0)
+            return rc;
+    }
+    return g->node_checker ? verify_arrived(r, t, err) : 0;
 }
 
 /* After round k: where each tensor of the batch is for the loader, and a
@@ -482,9 +626,16 @@ static int batch_arrived(run *r, size_t k, const fr_work *w, ferry_error *err)
 {
     ferry_compat_group *g = r->g;
     uint32_t me = g->cfg.rank;
-    for (size_t i = 0, t = r->p->bstart[k]; t < r->p->bstart[k + 1]; i++, t++) {
+    const layout *p = r->p;
+    for (size_t t = p->bstart[k]; t < p->bstart[k + 1]; t++) {
+        if (p->tshard[t + 1] - p->tshard[t] > 1) {
+            int rc = assemble(r, k, t, w, err);
+            if (rc < 0)
+                return rc;
+            continue;
+        }
         const ferry_weight_entry *e = &r->m->entries[t];
-        uint32_t from = w->src[i];
+        uint32_t from = w->src[p->tshard[t] - p->tshard[p->bstart[k]]];
         r->src[t] = g->staging + r->p->off[t];
         if (from == me || from >= g->cfg.world)   /* I read it; nothing brings it (empty) */
             continue;
@@ -497,14 +648,9 @@ static int batch_arrived(run *r, size_t k, const fr_work *w, ferry_error *err)
         r->st->bytes_received += e->bytes;
         if (g->checked[t] || (g->mates[from].node == g->mates[me].node && g->mates[from].shm))
             continue;   /* a copy of bytes checked on this node */
-        uint64_t t0 = fr_now_ns();
-        int rc = fr_gen_verify_tensor(g->s, fr_gen_of(r->m), e->index, r->src[t], err);
-        r->verify_ns += fr_now_ns() - t0;
-        if (rc < 0) {
-            snprintf(err->msg + strlen(err->msg), sizeof err->msg - strlen(err->msg),
-                     " as it arrived; the loaded weights must be rebuilt");
-            return FERRY_EREBUILD;
-        }
+        int rc = verify_arrived(r, t, err);
+        if (rc < 0)
+            return rc;
     }
     return 0;
 }
@@ -809,6 +955,9 @@ static int group_update(ferry_compat_group *g, uint64_t *generation, ferry_weigh
                               g->mates[k].node == g->mates[g->cfg.rank].node;
             g->view[k] = g->mates[k].shm;
         }
+        g->node_checker = true;
+        for (uint32_t k = 0; k < g->cfg.rank; k++)
+            g->node_checker &= g->mates[k].node != g->mates[g->cfg.rank].node;
         rc = run_update(g, &m, &p, id, fn, ctx, st, err);
         st->apply_s = now_s() - t3;
     }

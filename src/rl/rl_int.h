@@ -17,6 +17,18 @@ void fr_rl_publisher_resolve(ferry_publisher_config *c);
 void fr_rl_subscriber_resolve(ferry_subscriber_config *c);
 struct ferry_compat_config;
 void fr_rl_compat_resolve(struct ferry_compat_config *c);
+/* Compatibility mode in a group over several nodes cuts a large tensor
+ * into blocks of whole rows, each a replica set of its own with its own
+ * reader, so that the pushes of one tensor leave from every node's NIC,
+ * not all from its reader's (compat.c): the rows of one block of a tensor
+ * of `rows` rows of `row_bytes` each; `rows` when it is not cut. A block
+ * holds a multiple of FR_COMPAT_BLOCK_ALIGN rows (more than
+ * FR_COMPAT_BLOCK when the rows are wide) unless the tensor has fewer
+ * rows, so an FP8 tensor's 128-row blocks are never cut. The lab's model
+ * cuts with it. */
+#define FR_COMPAT_BLOCK (2ull << 20)
+#define FR_COMPAT_BLOCK_ALIGN 128u
+uint64_t fr_rl_compat_block_rows(uint64_t rows, uint64_t row_bytes);
 struct ferry_sample_queue_config;
 void fr_rl_sample_queue_resolve(struct ferry_sample_queue_config *c);
 

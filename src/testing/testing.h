@@ -48,13 +48,17 @@ typedef struct fr_update_model {
 int fr_update_model_build(const ferry_manifest *src, const ferry_manifest *dst, fr_update_model **out);
 void fr_update_model_free(fr_update_model *m);   /* NULL: nothing */
 /* Compatibility mode as the group update runs it (src/rl/compat.c): every
- * tensor (sizes[0..n), in manifest order) wanted whole by each of nworkers
- * workers, one reader per tensor (a whole set is never cut: pull_plan.c's
+ * tensor (sizes[0..n) bytes of rows[0..n) rows, in manifest order) wanted
+ * whole by each of nworkers workers; in a group over several nodes a large
+ * tensor is cut into blocks of whole rows (fr_rl_compat_block_rows), each
+ * read by one reader (a set is never cut further: pull_plan.c's
  * fr_work.whole), one push per other node then forwarded there, the loads
- * balanced over all tensors; the objects on no worker's node (a trainer's).
- * Per node (nnodes): bytes in and out of its NIC. 0 or FERRY_ENOMEM. */
-int fr_um_compat_whole(const uint64_t *sizes, size_t n, const uint32_t *worker_node,
-                       uint32_t nworkers, uint32_t nnodes, uint64_t *in, uint64_t *out);
+ * balanced over all blocks; the objects on no worker's node (a
+ * trainer's). Per node (nnodes): bytes in and out of its NIC. 0 or
+ * FERRY_ENOMEM. */
+int fr_um_compat(const uint64_t *sizes, const uint64_t *rows, size_t n,
+                 const uint32_t *worker_node, uint32_t nworkers, uint32_t nnodes, uint64_t *in,
+                 uint64_t *out);
 
 /* ---- the subscriber's planning (sub_probe.c) ------------------------------------------- */
 /* A generation as a subscriber holds it (opaque). */

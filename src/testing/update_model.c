@@ -30,6 +30,7 @@ typedef struct fbox { uint32_t rank; uint64_t off[FERRY_MAX_DIMS], shape[FERRY_M
 typedef struct model_run {
     uint32_t nnodes, ntrainer_nodes, nworkers;
     uint32_t *wnode;              /* rollout worker -> node */
+    bool spread;                  /* the workers are on several nodes (compat cuts tensors) */
     fr_um_totals t[FR_UM_COUNT];
     fr_readers *direct, *compat;
     /* per tensor scratch */
@@ -230,16 +231,24 @@ static int one_tensor(model_run *m, const ferry_tensor_desc *t, uint32_t src)
         if (away)
             fl->out[src] += len;
     }
-    /* compatibility: every worker, the whole tensor */
-    m->nd = 0;
+    /* compatibility: every worker, the whole tensor; in a group over
+     * several nodes a large one in blocks of rows, each its own set
+     * (compat.c, fr_rl_compat_block_rows) */
     if (grow((void **)&m->d, &m->cap_d, m->nworkers, sizeof *m->d) < 0)
         return -1;
-    for (uint32_t w = 0; w < m->nworkers; w++)
-        m->d[m->nd++] = (fr_rd_demand){ w, 0, size };
-    t0 = now_s();
-    if (fr_readers_object(m->compat, src, size, m->d, m->nd, &g, &ng, &p, &np) < 0)
-        return -1;
-    m->assign_s += now_s() - t0;
+    uint64_t rows = t->ndim ? t->shape[0] : 1, rb = rows ? size / rows : 0;
+    uint64_t per = m->spread ? fr_rl_compat_block_rows(rows, rb) : rows;
+    uint64_t nb = per && rows > per ? (rows + per - 1) / per : 1;
+    for (uint64_t b = 0; b < nb; b++) {
+        uint64_t len = nb == 1 ? size : (rows - b * per < per ? rows - b * per : per) * rb;
+        m->nd = 0;
+        for (uint32_t w = 0; w < m->nworkers; w++)
+            m->d[m->nd++] = (fr_rd_demand){ w, 0, len };
+        t0 = now_s();
+        if (fr_readers_object(m->compat, src, len, m->d, m->nd, &g, &ng, &p, &np) < 0)
+            return -1;
+        m->assign_s += now_s() - t0;
+    }
     return 0;
 }
 
@@ -307,8 +316,11 @@ static int build(model_run *m, const ferry_manifest *src, const ferry_manifest *
     }
     fr_rd_config cfg = { .nworkers = m->nworkers, .worker_node = m->wnode, .nnodes = m->nnodes,
                          .chunk = CHUNK, .relay = true };
-    /* compat reads a whole tensor with one reader (pull_plan.c: a whole set
-     * is never cut into pieces), so its loads come in whole tensors */
+    /* compat reads a whole set with one reader (pull_plan.c: a whole set
+     * is never cut into pieces), its sets whole tensors or, over several
+     * nodes, blocks of rows (compat.c) */
+    for (uint32_t w = 1; rc == 0 && m->wnode && w < m->nworkers; w++)
+        m->spread |= m->wnode[w] != m->wnode[0];
     fr_rd_config ccfg = cfg;
     ccfg.chunk = 0;
     if (rc == 0 && (!m->wnode || fr_readers_open(&cfg, &m->direct) < 0 ||
@@ -374,22 +386,32 @@ void fr_update_model_free(fr_update_model *u)
     free(u);
 }
 
-int fr_um_compat_whole(const uint64_t *sizes, size_t n, const uint32_t *worker_node,
-                       uint32_t nworkers, uint32_t nnodes, uint64_t *in, uint64_t *out)
+int fr_um_compat(const uint64_t *sizes, const uint64_t *rows, size_t n,
+                 const uint32_t *worker_node, uint32_t nworkers, uint32_t nnodes, uint64_t *in,
+                 uint64_t *out)
 {
     fr_rd_config cfg = { .nworkers = nworkers, .worker_node = worker_node, .nnodes = nnodes,
                          .chunk = 0, .relay = true };
     fr_readers *r = NULL;
     fr_rd_demand *d = malloc((nworkers ? nworkers : 1) * sizeof *d);
     int rc = d && fr_readers_open(&cfg, &r) == 0 ? 0 : FERRY_ENOMEM;
+    bool spread = false;
+    for (uint32_t w = 1; w < nworkers; w++)
+        spread |= worker_node[w] != worker_node[0];
     for (size_t i = 0; rc == 0 && i < n; i++) {
-        const fr_rd_range *g;
-        const fr_rd_push *p;
-        size_t ng, np;
-        for (uint32_t w = 0; w < nworkers; w++)
-            d[w] = (fr_rd_demand){ w, 0, sizes[i] };
-        if (fr_readers_object(r, FR_RD_NO_NODE, sizes[i], d, nworkers, &g, &ng, &p, &np) < 0)
-            rc = FERRY_ENOMEM;
+        uint64_t rb = rows[i] ? sizes[i] / rows[i] : 0;
+        uint64_t per = spread ? fr_rl_compat_block_rows(rows[i], rb) : rows[i];
+        uint64_t nb = per && rows[i] > per ? (rows[i] + per - 1) / per : 1;
+        for (uint64_t b = 0; rc == 0 && b < nb; b++) {
+            uint64_t len = nb == 1 ? sizes[i] : (rows[i] - b * per < per ? rows[i] - b * per : per) * rb;
+            const fr_rd_range *g;
+            const fr_rd_push *p;
+            size_t ng, np;
+            for (uint32_t w = 0; w < nworkers; w++)
+                d[w] = (fr_rd_demand){ w, 0, len };
+            if (fr_readers_object(r, FR_RD_NO_NODE, len, d, nworkers, &g, &ng, &p, &np) < 0)
+                rc = FERRY_ENOMEM;
+        }
     }
     if (rc == 0) {
         const fr_rd_load *l = fr_readers_loads(r);
