@@ -107,17 +107,17 @@ FERRY_API int ferry_compat_group_open(ferry_store *s, const ferry_compat_config 
 
 /* The group's part of the documented warm-up (docs/weights.md, "Warm
  * memory"), once after open, off the critical path; every member calls it.
- * It leaves this worker's record, waits (at most cfg.timeout_ms) until
- * every member left one, imports the members' staging regions, makes
+ * It leaves this worker's record, meets the others (a barrier, at most
+ * cfg.timeout_ms), imports the members' staging regions, makes
  * and touches the read-only views of the staging of this worker's
  * node-mates that the first update would otherwise make and touch while
  * the loader waits, and writes through its own staging once (populated
  * memory too: on a VM the first write of each page costs a first touch,
  * 20-50x a warm copy). *bytes (may be NULL): the bytes touched, its own
  * staging and the views.
- * FERRY_ETIMEDOUT when a member left no record in time (the message says
- * how many and the first); what could not be imported or mapped is left to
- * the update, which does it as without a warm-up. */
+ * FERRY_ETIMEDOUT when a member did not arrive in time; what could not be
+ * imported or mapped is left to the update, which does it as without a
+ * warm-up. */
 FERRY_API int ferry_compat_group_warm(ferry_compat_group *g, uint64_t *bytes, ferry_error *err);
 
 /* Update to the active generation with the whole group (every member

@@ -1114,9 +1114,29 @@ static PyObject *cg_update(CompatObject *self, PyObject *args)
     return FP_FIELDS_DICT(&st, compat_fields);
 }
 
+/* warm() -> bytes touched: the group's part of the warm-up (every member;
+ * ferry_compat_group_warm). */
+static PyObject *cg_warm(CompatObject *self, PyObject *Py_UNUSED(args))
+{
+    if (fp_check_open(self->g, self->inflight, "compat group",
+                      "an update is already running on this compat group") < 0)
+        return NULL;
+    uint64_t bytes = 0;
+    ferry_error err = {0};
+    int rc;
+    self->inflight++;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ferry_compat_group_warm(self->g, &bytes, &err);
+    Py_END_ALLOW_THREADS
+    self->inflight--;
+    return rc < 0 ? fp_raise_err_class(rc, &err) : PyLong_FromUnsignedLongLong(bytes);
+}
+
 FP_STORE_HOLDER_CLOSE(cg, CompatObject, g, "close: an update is still running on this compat group")
 
 static PyMethodDef cg_methods[] = {
+    {"warm", (PyCFunction)cg_warm, METH_NOARGS,
+     "warm($self, /)\n--\n\nwarm() -> bytes touched: the group's part of the warm-up (every member)"},
     {"update", (PyCFunction)cg_update, METH_VARARGS,
      "update($self, fn, /)\n--\n\n"
      "update(fn) -> stats: take the active generation with the whole group (every member calls it); "

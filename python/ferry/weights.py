@@ -414,6 +414,16 @@ class CompatGroup:
     def closed(self):
         return self._g.closed
 
+    def warm(self):
+        """The group's part of the documented warm-up (docs/weights.md, "Warm
+        memory"), once after opening, before the first :meth:`update`; every
+        member calls it. Meets the others (at most ``timeout_ms``), then makes and touches the views of its node-mates'
+        staging and writes through its own staging once, so that the first
+        update does not pay those first touches. Returns the bytes touched.
+        ``ferry.TimeoutError`` when a member did not arrive in time (the group
+        still updates: the first update does what the warm-up could not)."""
+        return self._g.warm()
+
     def update(self, fn=None, framework=None):
         """Take the active generation with the whole group (every member
         calls it). With ``fn``: ``fn(name, array)`` for each tensor in

@@ -977,8 +977,8 @@ static int group_update(ferry_compat_group *g, uint64_t *generation, ferry_weigh
 /* Worker k's record as a warm-up reads it (any generation: a member may
  * have gone on to an update): its node, and its staging imported as the
  * update would (read_records keeps an import whose descriptor is the same).
- * 1 when there is none yet, 0, or an error. A warm-up only prepares: what
- * it could not import or map, the update does as without it. */
+ * 1 when there is none, 0, or an error. A warm-up only prepares: what it
+ * could not import or map, the update does as without it. */
 static int warm_record(ferry_compat_group *g, uint32_t k, ferry_error *err)
 {
     char key[FR_KEY_MAX];
@@ -1031,42 +1031,21 @@ int ferry_compat_group_warm(ferry_compat_group *g, uint64_t *bytes, ferry_error 
     int rc = put_record(g, 0, 0, 0, "", err);
     if (rc < 0)
         return fr_fail(err, rc, "compat warm-up: cannot record this worker: %s", fr_why(err, rc));
-    char prefix[FR_KEY_MAX];
-    (void)fr_key_compat(prefix, sizeof prefix, g->cfg.model, g->cfg.group, "rec/");
-    ferry_watch *w = NULL;
-    if ((rc = ferry_kv_watch(g->s, prefix, 0, &w, err)) < 0)
-        return fr_fail(err, rc, "compat warm-up: cannot watch the group's records: %s",
-                       fr_why(err, rc));
-    uint32_t world = g->cfg.world, missing = world;
-    bool *have = calloc(world, sizeof *have);
-    if (!have)
-        rc = fr_fail(err, FERRY_ENOMEM, "compat warm-up: out of memory");
-    uint64_t deadline = fr_deadline_ns((int64_t)tmo_of(g));
-    while (rc == 0) {
-        for (uint32_t k = 0; k < world && rc >= 0; k++)
-            if (!have[k] && (rc = warm_record(g, k, err)) == 0) {
-                have[k] = true;
-                missing--;
-            }
-        if (rc < 0 || missing == 0)
-            break;
-        int left = fr_ms_left(deadline);
-        ferry_kv_event ev;
-        rc = left == 0 ? FERRY_ETIMEDOUT : ferry_watch_next(w, left, &ev, NULL);
-        if (rc == FERRY_ETIMEDOUT) {
-            uint32_t first = 0;
-            while (have[first])
-                first++;
-            rc = fr_fail(err, rc, "compat warm-up: %u of %u workers of group %s left no record "
-                         "within %" PRIu64 " ms (worker %u the first; every member calls "
-                         "ferry_compat_group_warm)", missing, world, g->cfg.group, tmo_of(g), first);
-        } else if (rc < 0) {
-            rc = fr_fail(err, rc, "compat warm-up: watching the group's records: %s",
-                         ferry_strerror(rc));
-        }
-    }
-    ferry_watch_close(w);
-    free(have);
+    /* Every member meets here after leaving its record: the records read
+     * after it are this incarnation's, not those a group of the same name
+     * left before (a job restarted against the same master). */
+    char bar[FR_KEY_MAX], member[32];
+    (void)fr_key_compat(bar, sizeof bar, g->cfg.model, g->cfg.group, "warm");
+    snprintf(member, sizeof member, "worker %u", g->cfg.rank);
+    const uint32_t world = g->cfg.world;
+    rc = ferry_barrier(g->s, bar, member, world, tmo_of(g), NULL, NULL);
+    if (rc < 0)
+        return fr_fail(err, rc, "compat warm-up: not every worker of group %s arrived within %" PRIu64
+                       " ms (%s; every member calls ferry_compat_group_warm)", g->cfg.group, tmo_of(g),
+                       ferry_strerror(rc));
+    for (uint32_t k = 0; k < world && rc == 0; k++)
+        if ((rc = warm_record(g, k, err)) == 1)
+            rc = fr_fail(err, FERRY_EPROTO, "compat warm-up: worker %u arrived without a record", k);
     /* This worker's own staging, written once through: ferry_mem_alloc
      * populated it, yet on a VM the first write of each page still costs
      * a first touch (a first memcpy at 0.3-0.7 GB/s against 10-15 after
