@@ -239,6 +239,11 @@ def policy_current(store, model, /):
     rc = _store_call(store, lib.ferry_policy_current, _call.text("policy_current", 2, model), pv, fe)
     if rc == lib.FERRY_ENOENT:
         return None
+    return _policy_taken(rc, pv, fe)
+
+
+def _policy_taken(rc, pv, fe):
+    """The version a call filled (rc 0), cleared after; raises its error."""
     if rc < 0:
         raise _call.error(rc, fe)
     try:
@@ -355,12 +360,7 @@ class PolicyWatch(_Holder):
                 if timeout <= 0:
                     return None
             # the interpreter takes signals between two slices (KeyboardInterrupt)
-        if rc < 0:
-            raise _call.error(rc, fe)
-        try:
-            return _policy_dict(pv)
-        finally:
-            lib.ferry_policy_version_clear(pv)
+        return _policy_taken(rc, pv, fe)
 
 
 # ---- Sample and SampleQueue ------------------------------------------------------------------

@@ -170,6 +170,41 @@ static int put_record(ferry_compat_group *g, uint64_t gen, int verdict, uint64_t
     return rc;
 }
 
+/* Whether v is a well-formed record of worker k; *dl and *ml: the lengths
+ * of its descriptor and message. */
+static bool record_ok(const ferry_kv_value *v, uint32_t k, uint32_t *dl, uint32_t *ml)
+{
+    const uint8_t *b = v->val;
+    *dl = v->len >= HDR ? get32(b + 48) : 0;
+    *ml = v->len >= HDR ? get32(b + 52) : 0;
+    return v->len >= HDR && memcmp(b, MAGIC, 8) == 0 && get32(b + 16) == k &&
+           *dl <= FERRY_DESC_MAX && (uint64_t)HDR + *dl + *ml == v->len;
+}
+
+/* Mate k's node and staging from its record b, and its staging imported
+ * unless the same descriptor already is (a restarted worker has another:
+ * its old view goes). 1 when imported now, 0 when kept, or the import's
+ * error. */
+static int mate_take(ferry_compat_group *g, uint32_t k, const uint8_t *b, uint32_t dl,
+                     ferry_error *err)
+{
+    mate *mt = &g->mates[k];
+    mt->node = get32(b + 20);
+    mt->staging = get64(b + 40);
+    if (k == g->cfg.rank || (mt->imported && mt->desc_len == dl && !memcmp(mt->desc, b + HDR, dl)))
+        return 0;
+    mt->imported = false;
+    ferry_remote_unmap(&mt->view);
+    mt->view_rc = 0;
+    int rc = ferry_region_import(g->e, b + HDR, dl, &mt->rr, err);
+    if (rc < 0)
+        return rc;
+    memcpy(mt->desc, b + HDR, dl);
+    mt->desc_len = dl;
+    mt->imported = true;
+    return 1;
+}
+
 /* Read every record: the group's verdict, the mates' nodes and regions,
  * the attempt's id. */
 static int read_records(ferry_compat_group *g, uint64_t gen, uint64_t *id, uint32_t *imported,
@@ -190,9 +225,8 @@ static int read_records(ferry_compat_group *g, uint64_t gen, uint64_t *id, uint3
             break;
         }
         const uint8_t *b = v.val;
-        uint32_t dl = v.len >= HDR ? get32(b + 48) : 0, ml = v.len >= HDR ? get32(b + 52) : 0;
-        if (v.len < HDR || memcmp(b, MAGIC, 8) != 0 || get32(b + 16) != k ||
-            dl > FERRY_DESC_MAX || (uint64_t)HDR + dl + ml != v.len) {
+        uint32_t dl, ml;
+        if (!record_ok(&v, k, &dl, &ml)) {
             rc = fr_fail(err, FERRY_EPROTO, "compat: the record of worker %u is malformed", k);
         } else if ((int32_t)get32(b + 24) < 0) {
             int code = (int32_t)get32(b + 24);
@@ -202,25 +236,12 @@ static int read_records(ferry_compat_group *g, uint64_t gen, uint64_t *id, uint3
             rc = fr_fail(err, FERRY_ESTATE, "compat: worker %u is updating to generation %" PRIu64
                          ", this one to %" PRIu64 "; retry", k, get64(b + 8), gen);
         } else {
-            mate *mt = &g->mates[k];
-            mt->node = get32(b + 20);
-            mt->staging = get64(b + 40);
             fr_hasher_update(h, b + 32, 8);
-            if (k != g->cfg.rank && (!mt->imported || mt->desc_len != dl ||
-                                     memcmp(mt->desc, b + HDR, dl) != 0)) {
-                mt->imported = false;
-                ferry_remote_unmap(&mt->view);   /* a restarted worker: another staging */
-                mt->view_rc = 0;
-                rc = ferry_region_import(g->e, b + HDR, dl, &mt->rr, err);
-                if (rc < 0) {
-                    fr_fail(err, rc, "compat: cannot reach worker %u: %s", k, err ? err->msg : "");
-                } else {
-                    memcpy(mt->desc, b + HDR, dl);
-                    mt->desc_len = dl;
-                    mt->imported = true;
-                    (*imported)++;
-                }
-            }
+            int took = mate_take(g, k, b, dl, err);
+            if (took < 0)
+                rc = fr_fail(err, took, "compat: cannot reach worker %u: %s", k, err ? err->msg : "");
+            else
+                *imported += (uint32_t)took;
         }
         ferry_store_free(v.val);
     }
@@ -990,32 +1011,17 @@ static int warm_record(ferry_compat_group *g, uint32_t k, ferry_error *err)
     if (rc < 0)
         return fr_fail(err, rc, "compat warm-up: cannot read the record of worker %u: %s", k,
                        ferry_strerror(rc));
-    const uint8_t *b = v.val;
-    uint32_t dl = v.len >= HDR ? get32(b + 48) : 0, ml = v.len >= HDR ? get32(b + 52) : 0;
-    if (v.len < HDR || memcmp(b, MAGIC, 8) != 0 || get32(b + 16) != k || dl > FERRY_DESC_MAX ||
-        (uint64_t)HDR + dl + ml != v.len) {
+    uint32_t dl, ml;
+    if (!record_ok(&v, k, &dl, &ml)) {
         ferry_store_free(v.val);
         return fr_fail(err, FERRY_EPROTO, "compat warm-up: the record of worker %u is malformed", k);
     }
-    mate *mt = &g->mates[k];
-    mt->node = get32(b + 20);
-    mt->staging = get64(b + 40);
-    if (k != g->cfg.rank && (!mt->imported || mt->desc_len != dl || memcmp(mt->desc, b + HDR, dl))) {
-        ferry_remote_unmap(&mt->view);
-        mt->view_rc = 0;
-        mt->imported = false;
-        ferry_error why = {0};
-        if (ferry_region_import(g->e, b + HDR, dl, &mt->rr, &why) < 0) {
-            /* a record of a process gone (a restarted member's, not yet
-             * rewritten): its update imports the new one */
-            FR_WARN("compat", "warm-up: worker %u's staging not imported (%s); its first update "
-                    "does it", k, why.msg);
-        } else {
-            memcpy(mt->desc, b + HDR, dl);
-            mt->desc_len = dl;
-            mt->imported = true;
-        }
-    }
+    ferry_error why = {0};
+    if (mate_take(g, k, v.val, dl, &why) < 0)
+        /* a record of a process gone (a restarted member's, not yet
+         * rewritten): its update imports the new one */
+        FR_WARN("compat", "warm-up: worker %u's staging not imported (%s); its first update "
+                "does it", k, why.msg);
     ferry_store_free(v.val);
     return rc;
 }

@@ -109,26 +109,25 @@ def group_alive(p):
     return False
 
 
+def signal_group(p, sig, wait_s):
+    """sig to the job's group, then wait (at most wait_s) until none of its
+    processes runs; whether they all ended."""
+    try:
+        os.killpg(p.pid, sig)
+    except ProcessLookupError:
+        pass
+    end = time.monotonic() + wait_s
+    while group_alive(p) and time.monotonic() < end:
+        time.sleep(0.05)
+    return not group_alive(p)
+
+
 def stop_group(p):
     """SIGTERM to the job's process group, then wait until every process of
     the group is gone, not just the shell the job ran in: a `ferry node`
     still closing holds its port, and the next step may bind it."""
-    if p.poll() is None or group_alive(p):
-        try:
-            os.killpg(p.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    end = time.monotonic() + 30
-    while group_alive(p) and time.monotonic() < end:
-        time.sleep(0.05)
-    if group_alive(p):
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        end = time.monotonic() + 30
-        while group_alive(p) and time.monotonic() < end:
-            time.sleep(0.05)
+    if (p.poll() is None or group_alive(p)) and not signal_group(p, signal.SIGTERM, 30):
+        signal_group(p, signal.SIGKILL, 30)
     p.wait()
 
 

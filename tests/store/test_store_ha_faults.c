@@ -113,12 +113,6 @@ static void masters(const env *v, char *out, size_t cap)
     snprintf(out, cap, "%s,%s", v->ms[0].port, v->ms[1].port);
 }
 
-static void pause_20ms(void)
-{
-    struct timespec ts = { 0, 20 * 1000 * 1000 };   /* the next try of a deadline-bound wait */
-    nanosleep(&ts, NULL);
-}
-
 static void obj_bytes(uint8_t *b, int id)
 {
     ft_pattern(b, OBJ_BYTES, (uint64_t)id, 0);
@@ -138,39 +132,19 @@ static void workload(env *v, ferry_store *s)
         uint64_t dl = fr_deadline_ns(RETRY_MS);
         while ((rc = ferry_store_put(s, k, buf, OBJ_BYTES, NULL, NULL, NULL)) != 0 &&
                rc != FERRY_EEXIST && fr_ms_left(dl))
-            pause_20ms();
+            ft_pause_20ms();
         assert_true(rc == 0 || rc == FERRY_EEXIST);   /* EEXIST: an earlier try landed */
         v->objs++;
 
         id = v->cas;
         snprintf(k, sizeof k, "f/cas/%d", id);
         snprintf(val, sizeof val, "c%d", id * 3);
-        dl = fr_deadline_ns(RETRY_MS);
-        for (;;) {
-            rc = ferry_kv_cas(s, k, 0, val, strlen(val), NULL, NULL);
-            if (rc == FERRY_ESTATE) {   /* exists: ours, from a try whose answer was lost? */
-                ferry_kv_value kv;
-                if (ferry_kv_get(s, k, &kv, NULL) == 0) {
-                    bool ours = kv.len == strlen(val) && !memcmp(kv.val, val, kv.len);
-                    ferry_store_free(kv.val);
-                    assert_true(ours);
-                    rc = 0;
-                }
-            }
-            if (rc == 0 || !fr_ms_left(dl))
-                break;
-            pause_20ms();
-        }
+        rc = ft_kv_create_retried(s, k, val, RETRY_MS);   /* ESTATE: another value there */
         assert_int_equal(rc, 0);
         v->cas++;
 
         snprintf(v->pushed[v->npushed], sizeof v->pushed[0], "r%d", v->npushed);
-        dl = fr_deadline_ns(RETRY_MS);
-        do
-            v->tries[v->npushed]++;
-        while ((rc = ferry_queue_push(s, QUEUE, v->pushed[v->npushed],
-                                      strlen(v->pushed[v->npushed]), NULL, NULL)) != 0 &&
-               fr_ms_left(dl) && (pause_20ms(), true));
+        rc = ft_queue_push_retried(s, QUEUE, v->pushed[v->npushed], RETRY_MS, &v->tries[v->npushed]);
         assert_int_equal(rc, 0);
         v->npushed++;
     }
@@ -188,7 +162,7 @@ static void drain(env *v, ferry_store *s)
         ferry_qrecord recs[16];
         size_t n = 0;
         if (ferry_queue_pop(s, QUEUE, 16, 2000, recs, &n, NULL) != 0 || n == 0) {
-            pause_20ms();
+            ft_pause_20ms();
             continue;
         }
         for (size_t i = 0; i < n; i++) {
@@ -398,7 +372,7 @@ static int kv_retry(ferry_store *s, int i)
     uint64_t dl = fr_deadline_ns(RETRY_MS);
     int rc;
     while ((rc = ferry_kv_put(s, k, val, strlen(val), NULL, NULL)) != 0 && fr_ms_left(dl))
-        pause_20ms();
+        ft_pause_20ms();
     return rc;
 }
 

@@ -167,16 +167,10 @@ static bool accepts(const char *hostport)
     return ok;
 }
 
-static void pause_20ms(void)
-{
-    struct timespec ts = { 0, 20 * 1000 * 1000 };   /* the next try of a deadline-bound wait */
-    nanosleep(&ts, NULL);
-}
-
 /* The member that leads (listens), within the deadline; -1. */
 static int leader_of(env *v, int timeout_ms)
 {
-    for (uint64_t dl = fr_deadline_ns(timeout_ms); fr_ms_left(dl); pause_20ms())
+    for (uint64_t dl = fr_deadline_ns(timeout_ms); fr_ms_left(dl); ft_pause_20ms())
         for (int i = 0; i < 2; i++)
             if (v->ms[i].p.pid > 0 && ft_proc_alive(v->ms[i].p.pid, ft_proc_start(v->ms[i].p.pid)) &&
                 accepts(v->ms[i].port))
@@ -243,7 +237,7 @@ static void put_objects(env *v)
         memset(&placed, 0, sizeof placed);
         while ((r = ferry_store_put(v->s, k, buf, OBJ_BYTES, &rc, &placed, NULL)) != 0 &&
                !(r == FERRY_EEXIST && complete(v, k, buf)) && fr_ms_left(dl))
-            pause_20ms();
+            ft_pause_20ms();
         assert_true(r == 0 || r == FERRY_EEXIST);   /* EEXIST: an earlier try landed, whole */
         v->obj_seg[id] = r == 0 && placed.nreplicas ? placed.replicas[0].segment : 0;
         v->objs++;
@@ -258,22 +252,7 @@ static void cas_values(env *v)
         int id = v->cas, r;
         snprintf(k, sizeof k, "hak/cas/%d", id);
         snprintf(val, sizeof val, "c%d", id * 3);
-        uint64_t dl = fr_deadline_ns(RETRY_MS);
-        for (;;) {
-            r = ferry_kv_cas(v->s, k, 0, val, strlen(val), NULL, NULL);
-            if (r == FERRY_ESTATE) {   /* exists: ours, from a try whose answer was lost? */
-                ferry_kv_value kv;
-                if (ferry_kv_get(v->s, k, &kv, NULL) == 0) {
-                    bool ours = kv.len == strlen(val) && !memcmp(kv.val, val, kv.len);
-                    ferry_store_free(kv.val);
-                    assert_true(ours);
-                    r = 0;
-                }
-            }
-            if (r == 0 || !fr_ms_left(dl))
-                break;
-            pause_20ms();
-        }
+        r = ft_kv_create_retried(v->s, k, val, RETRY_MS);   /* ESTATE: another value there */
         assert_int_equal(r, 0);
         v->cas++;
         step(v);
@@ -286,11 +265,7 @@ static void push_records(env *v)
     for (int i = 0; i < OPS && v->npushed < MAX_PUSH; i++) {
         int n = v->npushed, r;
         snprintf(rec, sizeof rec, "r%d", n);
-        uint64_t dl = fr_deadline_ns(RETRY_MS);
-        do
-            v->tries[n]++;   /* a retried push whose answer was lost may queue a second copy */
-        while ((r = ferry_queue_push(v->s, QUEUE, rec, strlen(rec), NULL, NULL)) != 0 &&
-               fr_ms_left(dl) && (pause_20ms(), true));
+        r = ft_queue_push_retried(v->s, QUEUE, rec, RETRY_MS, &v->tries[n]);
         assert_int_equal(r, 0);
         v->npushed++;
         step(v);
@@ -306,7 +281,7 @@ static bool ack_one(env *v, const ferry_qrecord *r)
     int rc, tries = 0;
     while (tries++, (rc = ferry_queue_ack(v->s, r->id, r->token, NULL)) != 0 && transient(rc) &&
            fr_ms_left(dl))
-        pause_20ms();
+        ft_pause_20ms();
     return rc == 0 || (rc == FERRY_ENOENT && tries > 1);
 }
 
@@ -362,7 +337,7 @@ static void drain(env *v)
             return;
         }
         if (pop_ack(v, 16) == 0)
-            pause_20ms();
+            ft_pause_20ms();
     }
 }
 
@@ -456,7 +431,7 @@ static int update_retried(ferry_store *s, uint64_t *g, char *why, size_t cap)
     int rc;
     while ((rc = update_check(s, g, why, cap)) != 0 && fr_ms_left(dl) &&
            (rc != FERRY_ELOST || fr_ms_left(lost_dl)))
-        pause_20ms();
+        ft_pause_20ms();
     return rc;
 }
 
@@ -527,7 +502,7 @@ static uint64_t active_gen(env *v)
     int rc;
     while ((rc = ferry_weights_active(v->s, MODEL, &g, d, NULL)) != 0 && rc != FERRY_ENOENT &&
            rc != FERRY_ELOST && fr_ms_left(dl))
-        pause_20ms();
+        ft_pause_20ms();
     return rc == FERRY_ENOENT ? 0 : g;
 }
 
@@ -575,7 +550,7 @@ static void publish_round(env *v)
         fprintf(stderr, "generation %llu attempt %d not announced (%d %s); active %llu\n",
                 (unsigned long long)gen, attempt, j[0].rc, j[0].msg, (unsigned long long)a);
         check_generation(v, v->s);   /* the previous one still loads whole */
-        pause_20ms();
+        ft_pause_20ms();
     }
     fail_msg("generation %llu was never published", (unsigned long long)gen);
 }
@@ -618,7 +593,7 @@ static void check_all(env *v)
         int rc;
         uint64_t dl = fr_deadline_ns(RETRY_MS);
         while (transient(rc = ferry_store_get(v->s, k, &got, &len, NULL)) && fr_ms_left(dl))
-            pause_20ms();
+            ft_pause_20ms();
         ft_pattern(want, OBJ_BYTES, (uint64_t)id, 0);
         if ((rc == FERRY_ELOST || rc == FERRY_ENOENT) && on_host_a(v, v->obj_seg[id])) {
             v->obj_gone[id] = true;   /* it landed on host A's node */
@@ -636,7 +611,7 @@ static void check_all(env *v)
         int rc;
         uint64_t dl = fr_deadline_ns(RETRY_MS);
         while (transient(rc = ferry_kv_get(v->s, k, &kv, NULL)) && fr_ms_left(dl))
-            pause_20ms();
+            ft_pause_20ms();
         if (rc != 0 || kv.len != strlen(val) || memcmp(kv.val, val, kv.len)) {
             v->lost++;
             snprintf(v->why, sizeof v->why, "CAS %s: %d", k, rc);
@@ -667,7 +642,7 @@ static double first_ack(env *v, uint64_t t0, int k)
 {
     char key[32];
     snprintf(key, sizeof key, "hak/probe/%d", k);
-    for (uint64_t dl = fr_deadline_ns(RETRY_MS); fr_ms_left(dl); pause_20ms())
+    for (uint64_t dl = fr_deadline_ns(RETRY_MS); fr_ms_left(dl); ft_pause_20ms())
         if (ferry_kv_put(v->probe, key, "1", 1, NULL, NULL) == 0)
             return (double)(fr_now_ns() - t0) / 1e9;
     return -1;
@@ -710,7 +685,7 @@ static int host_lost(env *v, int k)
 {
     /* the phase of the publish to strike in: started, a part recorded, the decision claimed */
     const char *wait_for = v->kphase == 1 ? "part/0" : v->kphase == 2 ? "status" : NULL;
-    for (uint64_t dl = fr_deadline_ns(PUB_TIMEOUT_MS); wait_for && fr_ms_left(dl); pause_20ms()) {
+    for (uint64_t dl = fr_deadline_ns(PUB_TIMEOUT_MS); wait_for && fr_ms_left(dl); ft_pause_20ms()) {
         uint64_t a = 0;
         uint8_t d[16];
         if (key_seen(v, wait_for) ||

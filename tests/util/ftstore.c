@@ -3,8 +3,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "base/base.h"
 #include "util/ftstore.h"
 
 const char *ft_ferry_bin(void)
@@ -192,4 +194,43 @@ int ft_solo_teardown(void **state)
     free(f);
     *state = NULL;
     return 0;
+}
+
+void ft_pause_20ms(void)
+{
+    struct timespec ts = { 0, 20 * 1000 * 1000 };   /* the next try of a deadline-bound wait */
+    nanosleep(&ts, NULL);
+}
+
+int ft_kv_create_retried(ferry_store *s, const char *k, const char *val, uint64_t retry_ms)
+{
+    uint64_t dl = fr_deadline_ns((int64_t)retry_ms);
+    for (;;) {
+        int rc = ferry_kv_cas(s, k, 0, val, strlen(val), NULL, NULL);
+        if (rc == FERRY_ESTATE) {   /* exists: ours, from a try whose answer was lost? */
+            ferry_kv_value kv;
+            if (ferry_kv_get(s, k, &kv, NULL) == 0) {
+                bool ours = kv.len == strlen(val) && !memcmp(kv.val, val, kv.len);
+                ferry_store_free(kv.val);
+                rc = ours ? 0 : FERRY_ESTATE;
+                if (!ours)
+                    return rc;
+            }
+        }
+        if (rc == 0 || !fr_ms_left(dl))
+            return rc;
+        ft_pause_20ms();
+    }
+}
+
+int ft_queue_push_retried(ferry_store *s, const char *queue, const char *rec, uint64_t retry_ms,
+                          int *tries)
+{
+    uint64_t dl = fr_deadline_ns((int64_t)retry_ms);
+    int rc;
+    do
+        (*tries)++;
+    while ((rc = ferry_queue_push(s, queue, rec, strlen(rec), NULL, NULL)) != 0 && fr_ms_left(dl) &&
+           (ft_pause_20ms(), true));
+    return rc;
 }

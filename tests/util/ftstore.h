@@ -56,4 +56,15 @@ typedef struct ft_solo { ft_cluster c; ferry_store *s; } ft_solo;
 int ft_solo_setup(void **state, uint64_t seg_size, int heartbeat_timeout_ms);
 int ft_solo_teardown(void **state);
 
+/* Operations retried across a failover (the HA tests): each try again 20
+ * ms after a failed one, until acknowledged or retry_ms passed; the last
+ * code. ft_kv_create_retried: a CAS creating key k with val; a key that
+ * exists with val is a try whose answer was lost (0), with another value
+ * FERRY_ESTATE. ft_queue_push_retried counts every try in *tries (a retried
+ * push whose answer was lost may queue a second copy). */
+void ft_pause_20ms(void);
+int ft_kv_create_retried(ferry_store *s, const char *k, const char *val, uint64_t retry_ms);
+int ft_queue_push_retried(ferry_store *s, const char *queue, const char *rec, uint64_t retry_ms,
+                          int *tries);
+
 #endif
